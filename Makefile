@@ -1,0 +1,85 @@
+# rootspec build. `make` builds the CPU engine into build/, `make test` runs the Check
+# suites (under ASan+UBSan), `make cuda` builds the CUDA backend with nvcc, `make setup`
+# installs Debian packages and fetches the default model, `make run` is the main job.
+CC      ?= cc
+PKGS    := libzmq libcjson libpcre2-8 libutf8proc openblas
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lmsgpackc
+CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
+WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wno-sign-compare
+CFLAGS  ?= -O2 -march=x86-64-v2 -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE -pthread $(WARN) $(PKG_CFLAGS) -I. -MMD -MP
+LDLIBS  := $(PKG_LIBS) -lm -pthread
+SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+
+DEFAULT_MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
+
+# Library sources: every .c in these folders except program entry points (*_main.c).
+LIB_DIRS := common kernels proto draft_proc target_proc bench
+LIB_SRCS := $(filter-out %_main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
+MAIN_SRCS := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*_main.c))
+TEST_SRCS := $(wildcard tests/test_*.c)
+
+LIB_OBJS  := $(LIB_SRCS:%.c=build/obj/%.o)
+SAN_OBJS  := $(LIB_SRCS:%.c=build/san/%.o)
+TEST_OBJS := $(TEST_SRCS:%.c=build/san/%.o) build/san/tests/main.o build/san/tests/testutil.o
+# target_proc/target_main.c -> build/rootspec-target
+BINS := $(foreach m,$(MAIN_SRCS),build/rootspec-$(patsubst %_main.c,%,$(notdir $(m))))
+
+.PHONY: all test test-bin setup run cuda clean fuzz bench-micro gpu-bundle
+all: $(BINS)
+
+build/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+build/san/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out -O2 -O3,$(CFLAGS)) $(SAN_FLAGS) -c $< -o $@
+
+build/librootspec.a: $(LIB_OBJS)
+	@mkdir -p build
+	ar rcs $@ $^
+
+build/librootspec-san.a: $(SAN_OBJS)
+	@mkdir -p build
+	ar rcs $@ $^
+
+define BIN_RULE
+build/rootspec-$(patsubst %_main.c,%,$(notdir $(1))): build/obj/$(1:.c=.o) build/librootspec.a
+	$$(CC) $$(CFLAGS) $$^ -o $$@ $$(LDLIBS)
+endef
+$(foreach m,$(MAIN_SRCS),$(eval $(call BIN_RULE,$(m))))
+
+# One test binary, one Check summary: tests/test_NAME.c defines Suite *suite_NAME(void).
+build/suites.inc: $(TEST_SRCS)
+	@mkdir -p build
+	@printf '%s\n' $(patsubst tests/test_%.c,SUITE(%),$(TEST_SRCS)) > $@.tmp
+	@cmp -s $@.tmp $@ || mv $@.tmp $@; rm -f $@.tmp
+
+build/san/tests/main.o: build/suites.inc
+build/rootspec-tests: $(TEST_OBJS) build/librootspec-san.a
+	$(CC) $(SAN_FLAGS) $^ -o $@ $(LDLIBS) $(CHECK_LIBS)
+
+test-bin: build/rootspec-tests $(BINS)
+
+# ASAN_OPTIONS: openblas threads and check's fork mode are fine with leak checks on.
+test: test-bin $(DEFAULT_MODEL)
+	OPENBLAS_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+	UBSAN_OPTIONS=print_stacktrace=1 ./build/rootspec-tests
+
+setup:
+	bash tools/setup.sh
+
+$(DEFAULT_MODEL):
+	bash tools/setup.sh --model-only
+
+run: all $(DEFAULT_MODEL)
+	bash deploy/run-main.sh
+
+clean:
+	rm -rf build
+
+-include kernels/cuda.mk
+-include tests/fuzz.mk
+-include $(LIB_OBJS:.o=.d) $(SAN_OBJS:.o=.d) $(TEST_OBJS:.o=.d)

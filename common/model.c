@@ -1,0 +1,88 @@
+/* Model lifetime: load dispatch (GGUF file or Hugging Face directory), the self-drafter
+ * layer view, and freeing. The format parsers live in gguf.c and hf.c. */
+#include "model.h"
+#include "model_internal.h"
+#include <string.h>
+#include <sys/stat.h>
+
+int model_load(const char *path, Model **out, RsErr *e) {
+    *out = NULL;
+    struct stat st;
+    if (!path || !*path) return rs_err(e, RS_EINVAL, "no model path given");
+    if (stat(path, &st) != 0) return rs_err(e, RS_EIO, "model path '%s' does not exist", path);
+    if (S_ISDIR(st.st_mode)) return hf_load_model(path, out, e);
+    return gguf_load_model(path, out, e);
+}
+
+/* Parses "0-5,24-29" into a list of layer indices < n_layers. */
+static int parse_layer_spec(const char *spec, int n_layers, int *idx, int *n, RsErr *e) {
+    *n = 0;
+    const char *s = spec;
+    if (!s || !*s) return rs_err(e, RS_EINVAL, "empty --draft-layers spec");
+    while (*s) {
+        char *end;
+        long a = strtol(s, &end, 10);
+        if (end == s) return rs_err(e, RS_EINVAL, "bad --draft-layers spec '%s' at '%s'", spec, s);
+        long b = a;
+        s = end;
+        if (*s == '-') {
+            s++;
+            b = strtol(s, &end, 10);
+            if (end == s) return rs_err(e, RS_EINVAL, "bad --draft-layers range in '%s'", spec);
+            s = end;
+        }
+        if (a < 0 || b < a || b >= n_layers)
+            return rs_err(e, RS_EINVAL, "--draft-layers '%s': range %ld-%ld outside 0-%d", spec,
+                          a, b, n_layers - 1);
+        for (long i = a; i <= b; i++) {
+            if (*n >= n_layers)
+                return rs_err(e, RS_EINVAL, "--draft-layers '%s' lists more than %d layers", spec,
+                              n_layers);
+            idx[(*n)++] = (int)i;
+        }
+        if (*s == ',') s++;
+        else if (*s) return rs_err(e, RS_EINVAL, "bad --draft-layers spec '%s' at '%s'", spec, s);
+    }
+    return RS_OK;
+}
+
+int model_layer_view(const Model *parent, const char *spec, Model **out, RsErr *e) {
+    *out = NULL;
+    int *idx = rs_xcalloc((size_t)parent->cfg.n_layers, sizeof(int));
+    int n = 0;
+    int rc = parse_layer_spec(spec, parent->cfg.n_layers, idx, &n, e);
+    if (rc) {
+        free(idx);
+        return rc;
+    }
+    Model *m = rs_xcalloc(1, sizeof(Model));
+    *m = *parent;
+    m->is_view = 1;
+    m->gguf = NULL; /* borrowed through parent; never freed by a view */
+    m->cfg.n_layers = n;
+    m->w.layers = rs_xcalloc((size_t)n, sizeof(LayerWeights));
+    for (int i = 0; i < n; i++) m->w.layers[i] = parent->w.layers[idx[i]];
+    snprintf(m->fingerprint, sizeof m->fingerprint, "%.40s-L%s", parent->fingerprint, spec);
+    free(idx);
+    *out = m;
+    return RS_OK;
+}
+
+void model_free(Model **pm) {
+    if (!pm || !*pm) return;
+    Model *m = *pm;
+    free(m->w.layers);
+    if (!m->is_view) {
+        free(m->arena);
+        gguf_close(&m->gguf);
+    }
+    free(m);
+    *pm = NULL;
+}
+
+size_t model_weight_bytes(const Model *m) {
+    const Config *c = &m->cfg;
+    size_t q = (size_t)c->n_heads * c->head_dim, kv = (size_t)c->n_kv_heads * c->head_dim;
+    size_t per_layer = (q + 2 * kv) * c->dim + c->dim * q + 3 * (size_t)c->hidden_dim * c->dim;
+    return sizeof(float) * (per_layer * c->n_layers + (size_t)c->vocab_size * c->dim);
+}

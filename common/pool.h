@@ -1,0 +1,47 @@
+/* The drafter's candidate pool (SPEC §2) and the trees selected from it (SPEC §3).
+ * Shared by draft_proc (which grows it), proto (which ships it) and target_proc (which
+ * selects and verifies). Pool index = creation order; parent -1 = the root. */
+#ifndef ROOTSPEC_POOL_H
+#define ROOTSPEC_POOL_H
+#include <stdint.h>
+
+#define POOL_TOPK 10       /* children per expanded node, and depth-1 candidates */
+#define POOL_MAX_DEPTH 8
+#define POOL_EXPAND 10     /* nodes expanded per step */
+#define POOL_MAX 710       /* 10 + 7*100 */
+#define POOL_N_EXPANDED 70 /* 10 depth-1 + 6*10 */
+#define TREE_MAX 64        /* largest budget B */
+
+typedef struct {
+    int n;                        /* candidates in the pool (710 when full) */
+    int32_t token[POOL_MAX];      /* candidate token id */
+    int32_t parent[POOL_MAX];     /* pool index of parent, -1 = root */
+    float logq[POOL_MAX];         /* draft log-prob of token given its parent's prefix */
+    uint8_t depth[POOL_MAX];      /* 1..8 */
+    /* derived by pool_finalize(): */
+    float score[POOL_MAX];        /* sum of logq along the path */
+    int32_t first_child[POOL_MAX];/* pool index of first child or -1 */
+    int32_t n_children[POOL_MAX]; /* children are contiguous in creation order */
+    int32_t root_first_child, root_n_children;
+    /* drafter's own timings for this pool, nanoseconds */
+    uint64_t draft_ns;            /* commit pass + growth, measured by the drafter */
+    int n_passes;                 /* drafter passes after the commit pass (8) */
+    int n_expanded;               /* nodes expanded (70) */
+} Pool;
+
+/* A selected tree: ancestor-closed list of pool indices, parents before children. */
+typedef struct {
+    int n;                    /* non-root nodes */
+    int32_t node[TREE_MAX];   /* pool indices */
+    int32_t parent[TREE_MAX]; /* index into node[] of parent, -1 = root (or X1 for
+                                 pearl/rootdraw trees, where node[0] is X1 itself) */
+} Tree;
+
+/* Validates a pool (parents precede children, depths consistent, tokens in [0, vocab),
+ * logq <= 0 and finite) and fills score / child links. Returns 0 or -1 (bad pool). */
+int pool_finalize(Pool *p, int vocab_size);
+
+/* Ranking (SPEC §2): score desc, depth asc, pool index asc. Returns <0 if a before b. */
+int pool_rank_cmp(const Pool *p, int a, int b);
+
+#endif

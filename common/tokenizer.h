@@ -1,0 +1,54 @@
+/* Byte-level BPE tokenizer (GPT-2 style, as used by Llama-3, SmolLM2, Qwen) loaded from
+ * GGUF metadata (tokenizer.ggml.*) or a Hugging Face tokenizer.json, plus the chat
+ * templates the engine supports. */
+#ifndef ROOTSPEC_TOKENIZER_H
+#define ROOTSPEC_TOKENIZER_H
+#include "util.h"
+#include <stdint.h>
+
+typedef struct Tokenizer Tokenizer;
+struct Model;
+
+typedef enum {
+    CHAT_NONE = 0,
+    CHAT_SMOLLM2, /* ChatML with SmolLM2's default system prompt */
+    CHAT_QWEN2,   /* Qwen2.5 ChatML with its default system prompt */
+    CHAT_QWEN3,   /* ChatML, non-thinking: empty <think></think> block after the prompt */
+    CHAT_LLAMA3,  /* <|start_header_id|> ... <|eot_id|> */
+} ChatTemplate;
+
+/* From the model's own source (GGUF metadata or the directory's tokenizer.json). */
+int tokenizer_load_model(const struct Model *m, Tokenizer **out, RsErr *e);
+/* From a tokenizer.json file. */
+int tokenizer_load_json(const char *path, Tokenizer **out, RsErr *e);
+void tokenizer_free(Tokenizer **t);
+
+int tokenizer_vocab_size(const Tokenizer *t);
+int tokenizer_eos_id(const Tokenizer *t); /* -1 if none */
+int tokenizer_bos_id(const Tokenizer *t); /* -1 if none */
+/* Whether the model's reference tokenizer adds BOS when encoding a prompt. */
+int tokenizer_add_bos(const Tokenizer *t);
+/* True for EOS and end-of-turn tokens (<|im_end|>, <|eot_id|>, <|endoftext|> as declared). */
+int tokenizer_is_eog(const Tokenizer *t, int id);
+/* 64-bit FNV-1a over the vocabulary strings and merges: equal hashes = same tokenizer. */
+uint64_t tokenizer_hash(const Tokenizer *t);
+
+/* Encodes UTF-8 text. Special tokens written literally in the text (e.g. "<|im_start|>")
+ * become their ids, as HF tokenizers do by default. Does not add BOS (callers decide with
+ * tokenizer_add_bos). *ids is malloc'd; caller frees. */
+int tokenizer_encode(const Tokenizer *t, const char *text, int **ids, int *n, RsErr *e);
+
+/* Raw bytes of one token (byte-level decoded). Returns the byte count written into buf
+ * (at most cap), or -1 for an out-of-range id. Special tokens decode to their text. */
+int tokenizer_token_bytes(const Tokenizer *t, int id, char *buf, int cap);
+/* Decodes a whole sequence to a malloc'd NUL-terminated string; caller frees. */
+char *tokenizer_decode(const Tokenizer *t, const int *ids, int n);
+
+/* Picks the template for a model (GGUF tokenizer.chat_template / general.name or the
+ * directory's tokenizer_config.json); CHAT_NONE if unrecognised. */
+ChatTemplate chat_template_for_model(const struct Model *m);
+/* Builds the prompt string exactly as transformers' apply_chat_template(
+ * [{"role":"user","content":user}], add_generation_prompt=True) does. Caller frees. */
+char *chat_build_prompt(ChatTemplate tpl, const char *user);
+
+#endif

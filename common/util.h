@@ -1,0 +1,52 @@
+/* Shared status codes, error reporting and small helpers used by every module.
+ * Two kinds of errors: programming errors abort via RS_ASSERT; I/O, network,
+ * protocol and user-input errors return a negative RsStatus with a message in RsErr. */
+#ifndef ROOTSPEC_UTIL_H
+#define ROOTSPEC_UTIL_H
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef enum {
+    RS_OK = 0,
+    RS_EIO = -1,          /* file or socket I/O failed */
+    RS_EFORMAT = -2,      /* malformed / truncated input (model file, message, prompt file) */
+    RS_EUNSUPPORTED = -3, /* well-formed but not supported (dtype, architecture, version) */
+    RS_EINVAL = -4,       /* bad user argument (option value, prompt too long, ...) */
+    RS_EPROTO = -5,       /* protocol violation by a peer */
+    RS_ETIMEOUT = -6,     /* peer did not answer in time */
+    RS_EPEER = -7,        /* peer reported an error or refused */
+    RS_ENOMEM = -8,       /* allocation failed */
+} RsStatus;
+
+typedef struct {
+    int code;       /* RsStatus of the last failure, RS_OK if none */
+    char msg[1024]; /* human-readable, names the offending value */
+} RsErr;
+
+/* Sets e (if non-NULL) and returns code, so callers can `return rs_err(e, RS_EIO, "...")`. */
+int rs_err(RsErr *e, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+const char *rs_status_name(int code);
+
+/* Programming errors: abort with expression, file and line. */
+#define RS_ASSERT(cond)                                                                    \
+    do {                                                                                   \
+        if (!(cond)) {                                                                     \
+            fprintf(stderr, "rootspec: assertion failed: %s (%s:%d)\n", #cond, __FILE__,   \
+                    __LINE__);                                                             \
+            abort();                                                                       \
+        }                                                                                  \
+    } while (0)
+
+/* Allocation that aborts on failure (start-up buffers only). */
+void *rs_xmalloc(size_t n);
+void *rs_xcalloc(size_t n, size_t size);
+
+/* Monotonic clock in nanoseconds (CLOCK_MONOTONIC). */
+uint64_t rs_now_ns(void);
+
+/* Reads a whole file into a NUL-terminated malloc'd buffer; caller frees *out. */
+int rs_read_file(const char *path, char **out, size_t *len, RsErr *e);
+
+#endif

@@ -1,0 +1,23 @@
+/* Helpers shared by the Check suites: fixture paths, tolerant float comparison that
+ * prints the first mismatches (llm.c style), and tiny random models built in memory. */
+#ifndef ROOTSPEC_TESTUTIL_H
+#define ROOTSPEC_TESTUTIL_H
+#include <check.h>
+#include "common/model.h"
+
+/* Path of the default model (models/...gguf); the test fails loudly if it is missing. */
+const char *tu_default_model_path(void);
+/* Path under tests/fixtures/. Returned pointer is static storage. */
+const char *tu_fixture(const char *rel);
+
+/* Counts elements where |a-b| > atol + rtol*|ref|; prints up to 5 mismatches with label.
+ * Returns the number of mismatches; *max_abs gets the largest |a-b|. */
+int tu_compare(const char *label, const float *got, const float *ref, size_t n, float atol,
+               float rtol, float *max_abs);
+
+/* A random Llama-shaped model built in memory (no file), owned by the caller
+ * (model_free). Weights ~ N(0, scale) from the given seed; norms = 1 + small noise. */
+Model *tu_random_model(Arch arch, int dim, int hidden_dim, int n_layers, int n_heads,
+                       int n_kv_heads, int vocab, uint64_t seed);
+
+#endif
