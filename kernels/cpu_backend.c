@@ -1,0 +1,353 @@
+/* CPU reference backend: the whole transformer forward in f32, llama2.c style. Every
+ * buffer lives in a RunState allocated once in create(); forward() never allocates.
+ * Matrix products run over the whole batch with OpenBLAS sgemm; attention is plain loops
+ * (it is a small share of the work at the batch sizes the engine uses). It is the
+ * reference the CUDA backend and the golden tests are checked against, so it favours
+ * matching transformers' arithmetic over speed. */
+#include "backend.h"
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+typedef struct {
+    float *x;           // (max_batch, dim) residual stream
+    float *xb;          // (max_batch, dim) normed input / sublayer output
+    float *q;           // (max_batch, n_heads*head_dim)
+    float *att_out;     // (max_batch, n_heads*head_dim)
+    float *hb;          // (max_batch, hidden_dim) gate, then silu(gate)*up
+    float *hb2;         // (max_batch, hidden_dim) up
+    float *att;         // (kv_capacity) scores of one (token, head)
+    float *key_cache;   // (n_layers, kv_capacity, kv_dim), RoPE already applied
+    float *value_cache; // (n_layers, kv_capacity, kv_dim)
+    float *kv_tmp;      // (2, max_pending, kv_dim) staging for kv_commit
+    float *inv_freq;    // (head_dim/2) RoPE inverse frequencies (llama3-scaled if asked)
+    float *rope_cos;    // (max_batch, head_dim/2)
+    float *rope_sin;    // (max_batch, head_dim/2)
+    int *att_idx;       // (max_batch, max_pending) pending slots each new token attends to
+    int *att_cnt;       // (max_batch)
+    uint8_t *keep_seen; // (max_pending) duplicate check in kv_commit
+} RunState;
+
+typedef struct {
+    Backend base; /* must stay first: Backend * is cast to CpuBackend * */
+    RunState s;
+    int q_dim, kv_dim;
+} CpuBackend;
+
+/* Inverse frequencies exactly as transformers computes them: float32 of
+ * 1 / theta^(2i/d), then (optionally) _compute_llama3_parameters' smoothing. */
+static void rope_init(const Config *c, float *inv_freq) {
+    int half = c->head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float expo = (float)(2 * i) / (float)c->head_dim;
+        inv_freq[i] = (float)(1.0 / pow((double)c->rope_theta, (double)expo));
+    }
+    if (!c->rope_scaling) return;
+    double factor = c->rope_factor, lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
+    double old_ctx = c->rope_orig_max_pos;
+    double lo_wavelen = old_ctx / lo, hi_wavelen = old_ctx / hi;
+    for (int i = 0; i < half; i++) {
+        double f = inv_freq[i];
+        double wavelen = 2.0 * M_PI / f;
+        double scaled = wavelen > lo_wavelen ? f / factor : f;
+        if (!(wavelen < hi_wavelen) && !(wavelen > lo_wavelen)) {
+            double smooth = (old_ctx / wavelen - lo) / (hi - lo);
+            scaled = (1.0 - smooth) * scaled / factor + smooth * scaled;
+        }
+        inv_freq[i] = (float)scaled;
+    }
+}
+
+static void rmsnorm(float *o, const float *x, const float *w, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) o[i] = w[i] * (x[i] * r);
+}
+
+/* Rotate-half RoPE on one head vector: pairs (i, i + half). */
+static void rope_apply(float *v, const float *cs, const float *sn, int half) {
+    for (int i = 0; i < half; i++) {
+        float a = v[i], b = v[i + half];
+        v[i] = a * cs[i] - b * sn[i];
+        v[i + half] = b * cs[i] + a * sn[i];
+    }
+}
+
+/* Y (n, out) = X (n, in) @ W^T with W (out, in) row-major. */
+static void matmul(float *y, const float *x, const float *w, int n, int in, int out, int ldy) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, 0.0f, y,
+                ldy);
+}
+
+static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
+    *out = NULL;
+    const Config *c = &m->cfg;
+    if (p->kv_capacity <= 0 || p->max_batch <= 0 || p->max_pending <= 0)
+        return rs_err(e, RS_EINVAL,
+                      "backend sizes must be positive (kv_capacity %d, max_batch %d, "
+                      "max_pending %d)",
+                      p->kv_capacity, p->max_batch, p->max_pending);
+    if (c->head_dim % 2 || c->n_heads % c->n_kv_heads)
+        return rs_err(e, RS_EUNSUPPORTED, "head_dim %d must be even and n_heads %d a multiple "
+                      "of n_kv_heads %d", c->head_dim, c->n_heads, c->n_kv_heads);
+    CpuBackend *b = rs_xcalloc(1, sizeof *b);
+    b->base.ops = &cpu_backend_ops;
+    b->base.model = m;
+    b->base.params = *p;
+    b->q_dim = c->n_heads * c->head_dim;
+    b->kv_dim = c->n_kv_heads * c->head_dim;
+    size_t B = (size_t)p->max_batch, cap = (size_t)p->kv_capacity, P = (size_t)p->max_pending;
+    size_t half = (size_t)c->head_dim / 2;
+    RunState *s = &b->s;
+    s->x = rs_xcalloc(B * c->dim, sizeof(float));
+    s->xb = rs_xcalloc(B * c->dim, sizeof(float));
+    s->q = rs_xcalloc(B * b->q_dim, sizeof(float));
+    s->att_out = rs_xcalloc(B * b->q_dim, sizeof(float));
+    s->hb = rs_xcalloc(B * c->hidden_dim, sizeof(float));
+    s->hb2 = rs_xcalloc(B * c->hidden_dim, sizeof(float));
+    s->att = rs_xcalloc(cap, sizeof(float));
+    s->key_cache = rs_xcalloc((size_t)c->n_layers * cap * b->kv_dim, sizeof(float));
+    s->value_cache = rs_xcalloc((size_t)c->n_layers * cap * b->kv_dim, sizeof(float));
+    s->kv_tmp = rs_xcalloc(2 * P * b->kv_dim, sizeof(float));
+    s->inv_freq = rs_xcalloc(half, sizeof(float));
+    s->rope_cos = rs_xcalloc(B * half, sizeof(float));
+    s->rope_sin = rs_xcalloc(B * half, sizeof(float));
+    s->att_idx = rs_xcalloc(B * P, sizeof(int));
+    s->att_cnt = rs_xcalloc(B, sizeof(int));
+    s->keep_seen = rs_xcalloc(P, 1);
+    rope_init(c, s->inv_freq);
+    if (p->threads > 0) openblas_set_num_threads(p->threads);
+    *out = &b->base;
+    return RS_OK;
+}
+
+static void cpu_destroy(Backend **pb) {
+    if (!pb || !*pb) return;
+    CpuBackend *b = (CpuBackend *)*pb;
+    RunState *s = &b->s;
+    free(s->x);
+    free(s->xb);
+    free(s->q);
+    free(s->att_out);
+    free(s->hb);
+    free(s->hb2);
+    free(s->att);
+    free(s->key_cache);
+    free(s->value_cache);
+    free(s->kv_tmp);
+    free(s->inv_freq);
+    free(s->rope_cos);
+    free(s->rope_sin);
+    free(s->att_idx);
+    free(s->att_cnt);
+    free(s->keep_seen);
+    free(b);
+    *pb = NULL;
+}
+
+/* Checks every argument before touching the cache, so a failed call changes nothing. */
+static int check_args(CpuBackend *b, const int *tokens, const int *pos, int n,
+                      const uint8_t *mask, const int *out_rows, int n_out, RsErr *e) {
+    const BackendParams *p = &b->base.params;
+    int nc = b->base.n_committed, np = b->base.n_pending;
+    int vocab = b->base.model->cfg.vocab_size;
+    if (n <= 0) return rs_err(e, RS_EINVAL, "forward of %d tokens: need at least 1", n);
+    if (n > p->max_batch)
+        return rs_err(e, RS_EINVAL, "batch of %d tokens exceeds max_batch %d (chunk the prefill)",
+                      n, p->max_batch);
+    if (nc + np + n > p->kv_capacity)
+        return rs_err(e, RS_EINVAL,
+                      "batch of %d tokens exceeds KV capacity %d (committed %d, pending %d)", n,
+                      p->kv_capacity, nc, np);
+    if (np + n > p->max_pending)
+        return rs_err(e, RS_EINVAL, "batch of %d tokens exceeds max_pending %d (pending %d)", n,
+                      p->max_pending, np);
+    if (n_out < 0 || n_out > n)
+        return rs_err(e, RS_EINVAL, "n_out %d outside [0, %d] for a batch of %d tokens", n_out,
+                      n, n);
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= vocab)
+            return rs_err(e, RS_EINVAL, "token %d at batch index %d outside vocabulary [0, %d)",
+                          tokens[i], i, vocab);
+        if (pos[i] < 0)
+            return rs_err(e, RS_EINVAL, "position %d at batch index %d is negative", pos[i], i);
+        if (mask && !mask[(size_t)i * (np + n) + np + i])
+            return rs_err(e, RS_EINVAL, "mask row %d does not attend to its own token", i);
+    }
+    for (int i = 0; i < n_out; i++)
+        if (out_rows[i] < 0 || out_rows[i] >= n)
+            return rs_err(e, RS_EINVAL, "out_rows[%d] = %d outside [0, %d)", i, out_rows[i], n);
+    return RS_OK;
+}
+
+static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
+                       const uint8_t *mask, const int *out_rows, int n_out, float *logits,
+                       RsErr *e) {
+    CpuBackend *b = (CpuBackend *)bb;
+    int rc = check_args(b, tokens, pos, n, mask, out_rows, n_out, e);
+    if (rc) return rc;
+    const Model *m = bb->model;
+    const Config *c = &m->cfg;
+    const Weights *w = &m->w;
+    RunState *s = &b->s;
+    int dim = c->dim, hd = c->head_dim, half = hd / 2, qd = b->q_dim, kvd = b->kv_dim;
+    int hidden = c->hidden_dim, cap = bb->params.kv_capacity, P = bb->params.max_pending;
+    int nc = bb->n_committed, np = bb->n_pending, start = nc + np;
+    int group = c->n_heads / c->n_kv_heads;
+    float scale = 1.0f / sqrtf((float)hd);
+
+    /* Pending slots (relative to nc) each token may see; shared by all layers. */
+    for (int t = 0; t < n; t++) {
+        int *idx = s->att_idx + (size_t)t * P, k = 0;
+        for (int j = 0; j < np + n; j++) {
+            int ok = mask ? mask[(size_t)t * (np + n) + j] != 0 : j < np + t + 1;
+            if (ok) idx[k++] = j;
+        }
+        s->att_cnt[t] = k;
+    }
+    /* cos/sin per token: angle = float32(pos) * inv_freq in float32, as transformers. */
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < half; i++) {
+            float ang = (float)pos[t] * s->inv_freq[i];
+            s->rope_cos[(size_t)t * half + i] = (float)cos((double)ang);
+            s->rope_sin[(size_t)t * half + i] = (float)sin((double)ang);
+        }
+    for (int t = 0; t < n; t++)
+        memcpy(s->x + (size_t)t * dim, w->tok_embeddings + (size_t)tokens[t] * dim,
+               dim * sizeof(float));
+
+    for (int l = 0; l < c->n_layers; l++) {
+        const LayerWeights *L = &w->layers[l];
+        float *kc = s->key_cache + (size_t)l * cap * kvd;   // (cap, kvd)
+        float *vc = s->value_cache + (size_t)l * cap * kvd; // (cap, kvd)
+        float *knew = kc + (size_t)start * kvd;             // (n, kvd)
+        float *vnew = vc + (size_t)start * kvd;             // (n, kvd)
+        for (int t = 0; t < n; t++)
+            rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim,
+                    c->norm_eps);
+        matmul(s->q, s->xb, L->wq, n, dim, qd, qd);
+        matmul(knew, s->xb, L->wk, n, dim, kvd, kvd);
+        matmul(vnew, s->xb, L->wv, n, dim, kvd, kvd);
+        for (int t = 0; t < n; t++) {
+            float *qt = s->q + (size_t)t * qd, *kt = knew + (size_t)t * kvd;
+            float *vt = vnew + (size_t)t * kvd;
+            if (L->bq)
+                for (int i = 0; i < qd; i++) qt[i] += L->bq[i];
+            if (L->bk)
+                for (int i = 0; i < kvd; i++) kt[i] += L->bk[i];
+            if (L->bv)
+                for (int i = 0; i < kvd; i++) vt[i] += L->bv[i];
+            const float *cs = s->rope_cos + (size_t)t * half, *sn = s->rope_sin + (size_t)t * half;
+            for (int h = 0; h < c->n_heads; h++) {
+                if (L->q_norm) rmsnorm(qt + h * hd, qt + h * hd, L->q_norm, hd, c->norm_eps);
+                rope_apply(qt + h * hd, cs, sn, half);
+            }
+            for (int h = 0; h < c->n_kv_heads; h++) {
+                if (L->k_norm) rmsnorm(kt + h * hd, kt + h * hd, L->k_norm, hd, c->norm_eps);
+                rope_apply(kt + h * hd, cs, sn, half);
+            }
+        }
+        /* Attention: committed entries [0, nc) plus the allowed pending ones. */
+        for (int t = 0; t < n; t++) {
+            const int *idx = s->att_idx + (size_t)t * P;
+            int cnt = s->att_cnt[t], len = nc + cnt;
+            for (int h = 0; h < c->n_heads; h++) {
+                const float *qh = s->q + (size_t)t * qd + h * hd;
+                int off = (h / group) * hd;
+                float *att = s->att, mx = -INFINITY;
+                for (int j = 0; j < len; j++) {
+                    int slot = j < nc ? j : nc + idx[j - nc];
+                    const float *kh = kc + (size_t)slot * kvd + off;
+                    float d = 0.0f;
+                    for (int i = 0; i < hd; i++) d += qh[i] * kh[i];
+                    att[j] = d * scale;
+                    if (att[j] > mx) mx = att[j];
+                }
+                float sum = 0.0f;
+                for (int j = 0; j < len; j++) {
+                    att[j] = expf(att[j] - mx);
+                    sum += att[j];
+                }
+                float inv = 1.0f / sum;
+                float *o = s->att_out + (size_t)t * qd + h * hd;
+                memset(o, 0, hd * sizeof(float));
+                for (int j = 0; j < len; j++) {
+                    int slot = j < nc ? j : nc + idx[j - nc];
+                    const float *vh = vc + (size_t)slot * kvd + off;
+                    float a = att[j] * inv;
+                    for (int i = 0; i < hd; i++) o[i] += a * vh[i];
+                }
+            }
+        }
+        matmul(s->xb, s->att_out, L->wo, n, qd, dim, dim);
+        for (size_t i = 0; i < (size_t)n * dim; i++) s->x[i] += s->xb[i];
+        /* SwiGLU MLP. */
+        for (int t = 0; t < n; t++)
+            rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim,
+                    c->norm_eps);
+        matmul(s->hb, s->xb, L->w_gate, n, dim, hidden, hidden);
+        matmul(s->hb2, s->xb, L->w_up, n, dim, hidden, hidden);
+        for (size_t i = 0; i < (size_t)n * hidden; i++) {
+            float g = s->hb[i];
+            s->hb[i] = g / (1.0f + expf(-g)) * s->hb2[i];
+        }
+        matmul(s->xb, s->hb, L->w_down, n, hidden, dim, dim);
+        for (size_t i = 0; i < (size_t)n * dim; i++) s->x[i] += s->xb[i];
+    }
+    /* Final norm and head only for the requested rows. */
+    for (int r = 0; r < n_out; r++)
+        rmsnorm(s->xb + (size_t)r * dim, s->x + (size_t)out_rows[r] * dim, w->final_norm, dim,
+                c->norm_eps);
+    if (n_out > 0) matmul(logits, s->xb, w->wcls, n_out, dim, c->vocab_size, c->vocab_size);
+    bb->n_pending += n;
+    return RS_OK;
+}
+
+static int cpu_kv_commit(Backend *bb, const int *keep, int n_keep, RsErr *e) {
+    CpuBackend *b = (CpuBackend *)bb;
+    RunState *s = &b->s;
+    int np = bb->n_pending, nc = bb->n_committed, kvd = b->kv_dim;
+    int cap = bb->params.kv_capacity;
+    if (n_keep < 0 || n_keep > np)
+        return rs_err(e, RS_EINVAL, "kv_commit of %d entries with %d pending", n_keep, np);
+    memset(s->keep_seen, 0, (size_t)np);
+    for (int i = 0; i < n_keep; i++) {
+        if (keep[i] < 0 || keep[i] >= np)
+            return rs_err(e, RS_EINVAL, "kv_commit keep[%d] = %d outside the %d pending entries",
+                          i, keep[i], np);
+        if (s->keep_seen[keep[i]])
+            return rs_err(e, RS_EINVAL, "kv_commit keeps pending entry %d twice", keep[i]);
+        s->keep_seen[keep[i]] = 1;
+    }
+    /* Staged through kv_tmp because keep need not be ascending (in place could clobber). */
+    size_t row = (size_t)kvd * sizeof(float);
+    float *tk = s->kv_tmp, *tv = s->kv_tmp + (size_t)bb->params.max_pending * kvd;
+    for (int l = 0; l < bb->model->cfg.n_layers; l++) {
+        float *kc = s->key_cache + ((size_t)l * cap + nc) * kvd;
+        float *vc = s->value_cache + ((size_t)l * cap + nc) * kvd;
+        for (int i = 0; i < n_keep; i++) {
+            memcpy(tk + (size_t)i * kvd, kc + (size_t)keep[i] * kvd, row);
+            memcpy(tv + (size_t)i * kvd, vc + (size_t)keep[i] * kvd, row);
+        }
+        memcpy(kc, tk, n_keep * row);
+        memcpy(vc, tv, n_keep * row);
+    }
+    bb->n_committed += n_keep;
+    bb->n_pending = 0;
+    return RS_OK;
+}
+
+static void cpu_kv_reset(Backend *bb) {
+    bb->n_committed = 0;
+    bb->n_pending = 0;
+}
+
+const BackendOps cpu_backend_ops = {
+    .name = "cpu",
+    .create = cpu_create,
+    .destroy = cpu_destroy,
+    .forward = cpu_forward,
+    .kv_commit = cpu_kv_commit,
+    .kv_reset = cpu_kv_reset,
+};
