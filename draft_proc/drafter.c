@@ -1,0 +1,190 @@
+/* Pool growth, exactly SPEC §2: the commit pass gives 10 depth-1 candidates; 7 expansion
+ * passes of 10 nodes each (all of depth 1, then the 10 best new candidates of each of
+ * depths 2..7) add 100 candidates per depth 2..8: 710 candidates, 70 expanded, 8 passes
+ * in all counting the commit pass. Expanded nodes stay pending in the drafter's KV cache
+ * for the round so later passes attend to them through the tree mask; the next commit
+ * drops them. */
+#include "drafter.h"
+#include "common/rng.h"
+#include <math.h>
+#include <string.h>
+
+#define PREFILL_CHUNK 64
+
+struct Drafter {
+    const Model *m;
+    Backend *b;
+    int vocab;
+    float *logits;      // (POOL_EXPAND, vocab)
+    float *logprobs;    // (vocab) scratch
+    int *pos;           // (PREFILL_CHUNK)
+    uint8_t *mask;      // (POOL_EXPAND, POOL_N_EXPANDED)
+    int slot_of[POOL_MAX]; /* pending KV slot of an expanded pool node, -1 if none */
+};
+
+int drafter_create(const Model *m, const BackendOps *ops, int kv_capacity, int threads,
+                   int device, Drafter **out, RsErr *e) {
+    *out = NULL;
+    Drafter *d = rs_xcalloc(1, sizeof *d);
+    d->m = m;
+    d->vocab = m->cfg.vocab_size;
+    if (d->vocab < POOL_TOPK) {
+        free(d);
+        return rs_err(e, RS_EUNSUPPORTED, "drafter vocabulary of %d tokens is smaller than %d",
+                      m->cfg.vocab_size, POOL_TOPK);
+    }
+    BackendParams bp = {.kv_capacity = kv_capacity,
+                        .max_batch = PREFILL_CHUNK,
+                        .max_pending = POOL_N_EXPANDED + PREFILL_CHUNK,
+                        .threads = threads,
+                        .device = device};
+    int rc = ops->create(m, &bp, &d->b, e);
+    if (rc) {
+        free(d);
+        return rc;
+    }
+    d->logits = rs_xmalloc(sizeof(float) * POOL_EXPAND * (size_t)d->vocab);
+    d->logprobs = rs_xmalloc(sizeof(float) * (size_t)d->vocab);
+    d->pos = rs_xmalloc(sizeof(int) * PREFILL_CHUNK);
+    d->mask = rs_xmalloc(POOL_EXPAND * POOL_N_EXPANDED);
+    *out = d;
+    return RS_OK;
+}
+
+void drafter_free(Drafter **pd) {
+    if (!pd || !*pd) return;
+    Drafter *d = *pd;
+    backend_destroy(&d->b);
+    free(d->logits);
+    free(d->logprobs);
+    free(d->pos);
+    free(d->mask);
+    free(d);
+    *pd = NULL;
+}
+
+void drafter_reset(Drafter *d) { d->b->ops->kv_reset(d->b); }
+int drafter_n_committed(const Drafter *d) { return d->b->n_committed; }
+const Model *drafter_model(const Drafter *d) { return d->m; }
+
+/* log-softmax of a row into d->logprobs, then its top-10 as new pool candidates. */
+static void add_children(Drafter *d, Pool *p, const float *row, int parent, int depth) {
+    int V = d->vocab;
+    float mx = row[row_argmax(row, V)];
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)row[i] - mx);
+    float lse = mx + (float)log(sum);
+    int top[POOL_TOPK];
+    row_topk(row, V, POOL_TOPK, top);
+    for (int k = 0; k < POOL_TOPK; k++) {
+        int i = p->n++;
+        p->token[i] = top[k];
+        p->parent[i] = parent;
+        float lq = row[top[k]] - lse;
+        p->logq[i] = lq > 0 ? 0 : lq; /* rounding can push the top token a hair above 0 */
+        p->depth[i] = (uint8_t)depth;
+        p->score[i] = (parent >= 0 ? p->score[parent] : 0) + p->logq[i];
+    }
+}
+
+/* One expansion pass over `nodes` (pool indices, all of one depth): runs them through the
+ * drafter with a mask over their pending ancestors, then adds their children. */
+static int expand(Drafter *d, Pool *p, const int *nodes, int n, RsErr *e) {
+    Backend *b = d->b;
+    int np = b->n_pending, cols = np + n;
+    int tokens[POOL_EXPAND], pos[POOL_EXPAND], rows[POOL_EXPAND];
+    memset(d->mask, 0, (size_t)n * cols);
+    for (int k = 0; k < n; k++) {
+        int u = nodes[k];
+        tokens[k] = p->token[u];
+        pos[k] = b->n_committed - 1 + p->depth[u];
+        rows[k] = k;
+        d->mask[k * cols + np + k] = 1;
+        for (int a = p->parent[u]; a >= 0; a = p->parent[a]) {
+            RS_ASSERT(d->slot_of[a] >= 0);
+            d->mask[k * cols + d->slot_of[a]] = 1;
+        }
+    }
+    int rc = backend_forward(b, tokens, pos, n, d->mask, rows, n, d->logits, e);
+    if (rc) return rc;
+    for (int k = 0; k < n; k++) d->slot_of[nodes[k]] = np + k;
+    for (int k = 0; k < n; k++)
+        add_children(d, p, d->logits + (size_t)k * d->vocab, nodes[k], p->depth[nodes[k]] + 1);
+    return RS_OK;
+}
+
+static int score_cmp_desc(const Pool *p, int a, int b) {
+    if (p->score[a] != p->score[b]) return p->score[a] > p->score[b] ? -1 : 1;
+    return a < b ? -1 : (a > b);
+}
+
+int drafter_commit_grow(Drafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
+    uint64_t t0 = rs_now_ns();
+    Backend *b = d->b;
+    if (n < 1) return rs_err(e, RS_EINVAL, "commit of %d tokens: need at least one", n);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= d->vocab)
+            return rs_err(e, RS_EINVAL, "token id %d at %d outside drafter vocabulary of %d",
+                          tokens[i], i, d->vocab);
+    int need = b->n_committed + n + POOL_N_EXPANDED;
+    if (need > b->params.kv_capacity)
+        return rs_err(e, RS_EINVAL,
+                      "drafter KV cache full: %d committed + %d new + %d tree entries > "
+                      "capacity %d",
+                      b->n_committed, n, POOL_N_EXPANDED, b->params.kv_capacity);
+    int rc = backend_kv_commit(b, NULL, 0, e); /* drop last round's tree entries */
+    if (rc) return rc;
+    /* Commit pass, chunked; only the final row is needed. */
+    for (int off = 0; off < n; off += PREFILL_CHUNK) {
+        int m = n - off < PREFILL_CHUNK ? n - off : PREFILL_CHUNK;
+        for (int i = 0; i < m; i++) d->pos[i] = b->n_committed + i;
+        int last = m - 1, want = off + m == n;
+        rc = backend_forward(b, tokens + off, d->pos, m, NULL, &last, want, d->logits, e);
+        if (rc) return rc;
+        int keep[PREFILL_CHUNK];
+        for (int i = 0; i < m; i++) keep[i] = i;
+        rc = backend_kv_commit(b, keep, m, e);
+        if (rc) return rc;
+    }
+    p->n = 0;
+    for (int i = 0; i < POOL_MAX; i++) d->slot_of[i] = -1;
+    add_children(d, p, d->logits, -1, 1);
+    int passes = 1, expanded = 0;
+    int nodes[POOL_EXPAND];
+    for (int k = 0; k < POOL_TOPK; k++) nodes[k] = k;
+    for (int depth = 1; depth < POOL_MAX_DEPTH; depth++) {
+        int first_new = p->n;
+        rc = expand(d, p, nodes, POOL_EXPAND, e);
+        if (rc) return rc;
+        passes++;
+        expanded += POOL_EXPAND;
+        if (depth + 1 == POOL_MAX_DEPTH) break;
+        /* The 10 best of the 100 new candidates (score desc, then pool index). */
+        int cand[POOL_EXPAND * POOL_TOPK], nc = p->n - first_new;
+        for (int i = 0; i < nc; i++) cand[i] = first_new + i;
+        for (int k = 0; k < POOL_EXPAND; k++) { /* partial selection sort */
+            int best = k;
+            for (int i = k + 1; i < nc; i++)
+                if (score_cmp_desc(p, cand[i], cand[best]) < 0) best = i;
+            int t = cand[k];
+            cand[k] = cand[best];
+            cand[best] = t;
+            nodes[k] = cand[k];
+        }
+        /* Expansion order = pool order, so children stay in creation order by parent. */
+        for (int k = 1; k < POOL_EXPAND; k++)
+            for (int j = k; j > 0 && nodes[j] < nodes[j - 1]; j--) {
+                int t = nodes[j];
+                nodes[j] = nodes[j - 1];
+                nodes[j - 1] = t;
+            }
+    }
+    RS_ASSERT(p->n == POOL_MAX && expanded == POOL_N_EXPANDED);
+    if (pool_finalize(p, d->vocab) != 0) {
+        RS_ASSERT(!"drafter produced an invalid pool");
+    }
+    p->n_passes = passes;
+    p->n_expanded = expanded;
+    p->draft_ns = rs_now_ns() - t0;
+    return RS_OK;
+}

@@ -1,0 +1,91 @@
+/* The target side of a decode: plain autoregressive decoding and the speculative round
+ * (root pass, selection, one tree-masked pass, exhaustive target sampling, KV compaction)
+ * against any drafter behind the DraftClient interface (in-process or over ZeroMQ). */
+#ifndef ROOTSPEC_DECODE_H
+#define ROOTSPEC_DECODE_H
+#include "common/pool.h"
+#include "common/rng.h"
+#include "kernels/backend.h"
+#include "select.h"
+
+/* A drafter as the target sees it. grow_begin starts growth below the last of `tokens`
+ * (the round's emitted tokens; with reset=1 the whole prompt after forgetting the old
+ * context) and may return before the pool is ready; grow_end waits for it. */
+typedef struct DraftClient {
+    int (*grow_begin)(struct DraftClient *c, const int *tokens, int n, int reset, RsErr *e);
+    int (*grow_end)(struct DraftClient *c, Pool *out, RsErr *e);
+    void *self;
+} DraftClient;
+
+typedef struct {
+    Rule rule;
+    int budget;        /* B, 1..TREE_MAX */
+    int temp;          /* 0 greedy, 1 sampling */
+    uint64_t seed;
+    uint64_t prompt_id;
+    int max_new;       /* stop after the round in which output reaches this */
+    int score_all;     /* also score every rule's tree in the tree pass (root-pass rules) */
+    int stream_eos;    /* unused by the core; for callers */
+} DecodeOpts;
+
+#define ROUND_MAX_EMIT (TREE_MAX + 2)
+
+typedef struct {
+    int round;
+    int emitted, accepted, tree_size;
+    int x1_in_pool;        /* -1: rule has no X1 */
+    int tree_pass_skipped; /* root rule, X1 off the tree */
+    double tau;            /* expected acceptance of the verified tree; NAN if unknown */
+    int have_tau_rule;
+    double tau_rule[RULE_COUNT]; /* with score_all: tau of each rule's tree (NAN: n/a) */
+    int tree_size_rule[RULE_COUNT];
+    /* monotonic ns, target process clock; 0 where the decoder has no such phase */
+    uint64_t t_round_start, t_grow_sent, t_root_start, t_root_end, t_pool_recv,
+        t_select_done, t_tree_start, t_tree_end, t_commit;
+    uint64_t draft_ns; /* drafter's own time from its pool */
+    int fallback_ar;   /* this round ran autoregressively because the drafter failed */
+    uint64_t graph_replays, eager_launches; /* backend counters, cumulative */
+    int tokens[ROUND_MAX_EMIT];
+} RoundInfo;
+
+typedef struct {
+    void (*on_tokens)(void *user, const int *tokens, int n); /* streaming, before EOS */
+    void (*on_round)(void *user, const RoundInfo *r);
+    void (*on_event)(void *user, const char *event, const char *detail);
+    void *user;
+} DecodeHooks;
+
+typedef struct {
+    int *tokens;   // (cap) emitted tokens, caller-owned storage
+    int cap;
+    int n_tokens;  /* emitted up to and including the first EOS */
+    int hit_eos;
+    int hit_capacity; /* stopped because the KV cache is full (reported, never silent) */
+    int rounds;
+    long accepted_total;
+    double tau_total;
+    uint64_t t_start, t_end; /* prefill start, last commit */
+    int drafter_failed;
+} DecodeResult;
+
+typedef struct Target Target;
+
+/* Borrows m; creates a backend with kv_capacity entries. eog: tokens that end a decode
+ * (n_eog ids). */
+int target_create(const Model *m, const BackendOps *ops, int kv_capacity, int threads,
+                  int device, const int *eog, int n_eog, Target **out, RsErr *e);
+void target_free(Target **t);
+Backend *target_backend(Target *t);
+int target_kv_capacity(const Target *t);
+
+/* Runs one decode. dc may be NULL for RULE_AR. On a drafter failure mid-decode the
+ * target finishes autoregressively, keeps every emitted token, and reports the event. */
+int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt,
+               const DecodeOpts *o, const DecodeHooks *h, DecodeResult *res, RsErr *e);
+
+/* An in-process DraftClient over a Drafter (grows synchronously in grow_begin). */
+struct Drafter;
+void draftclient_local_init(DraftClient *c, struct Drafter *d);
+void draftclient_local_free(DraftClient *c);
+
+#endif

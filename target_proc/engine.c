@@ -1,0 +1,132 @@
+/* Engine set-up: model(s), tokenizer, backend choice, drafter wiring. */
+#include "engine.h"
+#include "draft_proc/drafter.h"
+#include "remote.h"
+#include <string.h>
+
+const BackendOps *engine_backend_ops(const char *name, RsErr *e) {
+    if (!name || strcmp(name, "cpu") == 0) return &cpu_backend_ops;
+    if (strcmp(name, "cuda") == 0) {
+        const BackendOps *ops = cuda_backend_ops_get();
+        if (!ops) rs_err(e, RS_EUNSUPPORTED, "this binary was built without CUDA (use build/cuda/)");
+        return ops;
+    }
+    rs_err(e, RS_EINVAL, "--backend: unknown backend '%s' (cpu, cuda)", name);
+    return NULL;
+}
+
+static void collect_eog(const Engine *en, int **eog, int *n) {
+    int V = en->target_model->cfg.vocab_size, k = 0;
+    *eog = rs_xcalloc((size_t)V + 1, sizeof(int));
+    for (int i = 0; i < V && en->tok; i++)
+        if (tokenizer_is_eog(en->tok, i)) (*eog)[k++] = i;
+    if (k == 0 && en->target_model->cfg.eos_id >= 0) (*eog)[k++] = en->target_model->cfg.eos_id;
+    *n = k;
+}
+
+int engine_open(const EngineOpts *o, int need_drafter, Engine *en, RsErr *e) {
+    memset(en, 0, sizeof *en);
+    const BackendOps *ops = engine_backend_ops(o->backend, e);
+    if (!ops) return e ? e->code : RS_EINVAL;
+    int rc = model_load(o->model_path, &en->target_model, e);
+    if (rc) return rc;
+    rc = tokenizer_load_model(en->target_model, &en->tok, e);
+    if (rc) goto fail;
+    if (tokenizer_vocab_size(en->tok) > en->target_model->cfg.vocab_size) {
+        rc = rs_err(e, RS_EFORMAT, "tokenizer has %d tokens but the model's vocabulary is %d",
+                    tokenizer_vocab_size(en->tok), en->target_model->cfg.vocab_size);
+        goto fail;
+    }
+    en->chat = chat_template_for_model(en->target_model);
+    int *eog, n_eog;
+    collect_eog(en, &eog, &n_eog);
+    rc = target_create(en->target_model, ops, o->ctx, o->threads, o->device, eog, n_eog,
+                       &en->target, e);
+    free(eog);
+    if (rc) goto fail;
+    if (!need_drafter) return RS_OK;
+    if (o->draft_endpoint) {
+        rc = remote_client_open(&en->dc, o->draft_endpoint, en->target_model, en->tok,
+                                o->draft_timeout_ms, o->insecure, o->curve_dir, e);
+        if (rc) goto fail;
+        en->remote = en->dc.self;
+        en->have_dc = 1;
+        return RS_OK;
+    }
+    if (o->draft_model_path) {
+        rc = model_load(o->draft_model_path, &en->draft_model, e);
+        if (rc) goto fail;
+        if (en->draft_model->cfg.vocab_size != en->target_model->cfg.vocab_size) {
+            rc = rs_err(e, RS_EINVAL,
+                        "drafter vocabulary (%d tokens, %s) differs from the target's (%d "
+                        "tokens, %s): they must share a tokenizer",
+                        en->draft_model->cfg.vocab_size, o->draft_model_path,
+                        en->target_model->cfg.vocab_size, o->model_path);
+            goto fail;
+        }
+        Tokenizer *dt = NULL;
+        rc = tokenizer_load_model(en->draft_model, &dt, e);
+        if (rc) goto fail;
+        uint64_t h1 = tokenizer_hash(en->tok), h2 = tokenizer_hash(dt);
+        tokenizer_free(&dt);
+        if (h1 != h2) {
+            rc = rs_err(e, RS_EINVAL,
+                        "drafter tokenizer (hash %016llx, %s) differs from the target's (hash "
+                        "%016llx, %s)",
+                        (unsigned long long)h2, o->draft_model_path, (unsigned long long)h1,
+                        o->model_path);
+            goto fail;
+        }
+    } else {
+        rc = model_layer_view(en->target_model,
+                              o->draft_layers ? o->draft_layers : ENGINE_DEFAULT_DRAFT_LAYERS,
+                              &en->draft_model, e);
+        if (rc) goto fail;
+    }
+    rc = drafter_create(en->draft_model, ops, o->ctx, o->threads, o->device, &en->drafter, e);
+    if (rc) goto fail;
+    draftclient_local_init(&en->dc, en->drafter);
+    en->have_dc = 1;
+    return RS_OK;
+fail:
+    engine_close(en);
+    return rc;
+}
+
+void engine_close(Engine *en) {
+    if (en->remote) {
+        remote_client_close(&en->dc);
+        en->remote = NULL;
+    } else if (en->have_dc) {
+        draftclient_local_free(&en->dc);
+    }
+    en->have_dc = 0;
+    drafter_free(&en->drafter);
+    target_free(&en->target);
+    model_free(&en->draft_model); /* a view: before its parent */
+    tokenizer_free(&en->tok);
+    model_free(&en->target_model);
+}
+
+int engine_prompt_ids(const Engine *en, const char *text, int chat, int **ids, int *n, RsErr *e) {
+    char *built = NULL;
+    if (chat) {
+        if (en->chat == CHAT_NONE)
+            return rs_err(e, RS_EUNSUPPORTED,
+                          "--chat: no known chat template for model '%s'", en->target_model->path);
+        built = chat_build_prompt(en->chat, text);
+        text = built;
+    }
+    int *raw = NULL, nr = 0;
+    int rc = tokenizer_encode(en->tok, text, &raw, &nr, e);
+    free(built);
+    if (rc) return rc;
+    int bos = tokenizer_add_bos(en->tok) ? tokenizer_bos_id(en->tok) : -1;
+    int add = bos >= 0 && !(nr > 0 && raw[0] == bos);
+    *ids = rs_xmalloc(sizeof(int) * (size_t)(nr + 1));
+    if (add) (*ids)[0] = bos;
+    memcpy(*ids + add, raw, sizeof(int) * (size_t)nr);
+    *n = nr + add;
+    free(raw);
+    return RS_OK;
+}

@@ -1,0 +1,43 @@
+/* Engine set-up shared by rootspec-target and rootspec-bench: loads the target (and the
+ * drafter: a model of its own, a layer subset of the target, or a remote drafter process),
+ * the tokenizer, and builds prompt token ids. */
+#ifndef ROOTSPEC_ENGINE_H
+#define ROOTSPEC_ENGINE_H
+#include "common/tokenizer.h"
+#include "decode.h"
+
+#define ENGINE_DEFAULT_DRAFT_LAYERS "0-5"
+
+typedef struct {
+    const char *model_path;
+    const char *draft_model_path; /* NULL: self-drafter from draft_layers */
+    const char *draft_layers;     /* NULL: ENGINE_DEFAULT_DRAFT_LAYERS */
+    const char *draft_endpoint;   /* NULL: in-process drafter */
+    const char *backend;          /* "cpu" (default) or "cuda" */
+    int threads, device, ctx;
+    int draft_timeout_ms;         /* remote drafter reply timeout */
+    int insecure;                 /* allow plain tcp:// */
+    const char *curve_dir;        /* key files for tcp:// */
+} EngineOpts;
+
+typedef struct {
+    Model *target_model;
+    Model *draft_model;  /* NULL when remote; a view of target_model for a self-drafter */
+    Tokenizer *tok;
+    ChatTemplate chat;
+    Target *target;
+    struct Drafter *drafter;
+    DraftClient dc;
+    int have_dc;
+    void *remote;        /* remote client state (target_proc/remote.c) */
+} Engine;
+
+/* need_drafter: 0 for --decoder ar (no drafter is loaded or contacted). */
+int engine_open(const EngineOpts *o, int need_drafter, Engine *en, RsErr *e);
+void engine_close(Engine *en);
+/* Encodes a user prompt (through the chat template when chat != 0), adding BOS when the
+ * model's tokenizer does. *ids is malloc'd; caller frees. */
+int engine_prompt_ids(const Engine *en, const char *text, int chat, int **ids, int *n, RsErr *e);
+const BackendOps *engine_backend_ops(const char *name, RsErr *e);
+
+#endif

@@ -1,0 +1,60 @@
+/* JSONL writer for RoundInfo. Timestamps are the target process's monotonic ns; phases a
+ * decoder does not have are written as null so readers never mistake 0 for a time. */
+#include "roundlog.h"
+#include <inttypes.h>
+#include <math.h>
+
+static void ts(FILE *f, const char *k, uint64_t v) {
+    if (v) fprintf(f, ",\"%s\":%" PRIu64, k, v);
+    else fprintf(f, ",\"%s\":null", k);
+}
+
+static void num(FILE *f, const char *k, double v) {
+    if (isnan(v)) fprintf(f, ",\"%s\":null", k);
+    else fprintf(f, ",\"%s\":%.6f", k, v);
+}
+
+void roundlog_write(FILE *f, const RoundLogCtx *c, const RoundInfo *r) {
+    fprintf(f, "{\"decoder\":\"%s\",\"temp\":%d,\"budget\":%d,\"prompt_id\":%" PRIu64
+               ",\"round\":%d,\"emitted\":%d,\"accepted\":%d,\"tree_size\":%d",
+            c->decoder, c->temp, c->budget, c->prompt_id, r->round, r->emitted, r->accepted,
+            r->tree_size);
+    if (r->x1_in_pool < 0) fprintf(f, ",\"x1_in_pool\":null");
+    else fprintf(f, ",\"x1_in_pool\":%s", r->x1_in_pool ? "true" : "false");
+    num(f, "tau", r->tau);
+    fprintf(f, ",\"tree_pass_skipped\":%s,\"fallback_ar\":%s", r->tree_pass_skipped ? "true" : "false",
+            r->fallback_ar ? "true" : "false");
+    ts(f, "t_round_start", r->t_round_start);
+    ts(f, "t_grow_sent", r->t_grow_sent);
+    ts(f, "t_root_start", r->t_root_start);
+    ts(f, "t_root_end", r->t_root_end);
+    ts(f, "t_pool_recv", r->t_pool_recv);
+    ts(f, "t_select_done", r->t_select_done);
+    ts(f, "t_tree_start", r->t_tree_start);
+    ts(f, "t_tree_end", r->t_tree_end);
+    ts(f, "t_commit", r->t_commit);
+    if (r->draft_ns) fprintf(f, ",\"draft_ns\":%" PRIu64, r->draft_ns);
+    else fprintf(f, ",\"draft_ns\":null");
+    fprintf(f, ",\"graph_replays\":%" PRIu64 ",\"eager_launches\":%" PRIu64, r->graph_replays,
+            r->eager_launches);
+    if (r->have_tau_rule) {
+        fprintf(f, ",\"tau_rule\":{");
+        int first = 1;
+        for (int k = RULE_DRAFT; k <= RULE_ROOT; k++) {
+            if (isnan(r->tau_rule[k])) continue;
+            fprintf(f, "%s\"%s\":%.6f", first ? "" : ",", rule_name((Rule)k), r->tau_rule[k]);
+            first = 0;
+        }
+        fprintf(f, "},\"tree_size_rule\":{");
+        first = 1;
+        for (int k = RULE_DRAFT; k <= RULE_ROOT; k++) {
+            fprintf(f, "%s\"%s\":%d", first ? "" : ",", rule_name((Rule)k), r->tree_size_rule[k]);
+            first = 0;
+        }
+        fprintf(f, "}");
+    }
+    fprintf(f, ",\"tokens\":[");
+    for (int i = 0; i < r->emitted; i++) fprintf(f, "%s%d", i ? "," : "", r->tokens[i]);
+    fprintf(f, "]}\n");
+    fflush(f);
+}

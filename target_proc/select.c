@@ -1,0 +1,193 @@
+/* Selection rules and tau. Every rule ranks with the same total order (score desc, depth
+ * asc, pool index asc), which makes any top-k set ancestor-closed because scores never
+ * increase along a path; the sorted order also lists parents before children. */
+#include "select.h"
+#include "common/util.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const RULE_NAMES[RULE_COUNT] = {"ar", "draft", "pearl", "rootdraw", "root",
+                                                   "oracle"};
+
+const char *rule_name(Rule r) { return (r >= 0 && r < RULE_COUNT) ? RULE_NAMES[r] : "?"; }
+
+int rule_parse(const char *s) {
+    for (int i = 0; i < RULE_COUNT; i++)
+        if (s && strcmp(s, RULE_NAMES[i]) == 0) return i;
+    return -1;
+}
+
+int rule_needs_root(Rule r) { return r == RULE_PEARL || r == RULE_ROOTDRAW || r == RULE_ROOT; }
+
+typedef struct {
+    const Pool *p;
+    const double *score; /* (p->n) */
+} RankCtx;
+
+static int rank_cmp(const void *a, const void *b, void *vctx) {
+    const RankCtx *c = vctx;
+    int i = *(const int *)a, j = *(const int *)b;
+    double si = c->score[i], sj = c->score[j];
+    if (si > sj) return -1;
+    if (si < sj) return 1;
+    if (c->p->depth[i] != c->p->depth[j]) return c->p->depth[i] < c->p->depth[j] ? -1 : 1;
+    return i < j ? -1 : (i > j);
+}
+
+/* Sorts idx[0..n) by the ranking under `score`. */
+static void rank_sort(const Pool *p, const double *score, int *idx, int n) {
+    RankCtx c = {p, score};
+    qsort_r(idx, (size_t)n, sizeof(int), rank_cmp, &c);
+}
+
+/* Fills s->t from an ordered, ancestor-closed list of pool indices (parents first).
+ * If x1_root >= 0, that pool node must be list[0] and becomes the X1 root of the tree. */
+static void build_tree(const Pool *p, const int *list, int n, Selection *s) {
+    int map[POOL_MAX];
+    for (int i = 0; i < p->n; i++) map[i] = -1;
+    s->t.n = n;
+    for (int k = 0; k < n; k++) {
+        int u = list[k];
+        s->t.node[k] = u;
+        int par = p->parent[u];
+        if (k == 0 && s->rooted_at_x1) par = -1;
+        s->t.parent[k] = par < 0 ? -1 : map[par];
+        RS_ASSERT(par < 0 || map[par] >= 0); /* ancestor-closed, parents first */
+        map[u] = k;
+    }
+}
+
+static void sel_init(Selection *s) {
+    memset(s, 0, sizeof *s);
+    s->x1_token = -1;
+}
+
+static void pool_scores(const Pool *p, double *score) {
+    for (int i = 0; i < p->n; i++) score[i] = p->score[i];
+}
+
+/* Top-B of the pool by `score` into list; returns count. */
+static int top_b(const Pool *p, const double *score, int B, int *list) {
+    int idx[POOL_MAX];
+    for (int i = 0; i < p->n; i++) idx[i] = i;
+    rank_sort(p, score, idx, p->n);
+    int n = B < p->n ? B : p->n;
+    memcpy(list, idx, (size_t)n * sizeof(int));
+    return n;
+}
+
+void select_draft(const Pool *p, int B, Selection *out) {
+    RS_ASSERT(B >= 1 && B <= TREE_MAX);
+    sel_init(out);
+    double score[POOL_MAX];
+    int list[TREE_MAX];
+    pool_scores(p, score);
+    build_tree(p, list, top_b(p, score, B, list), out);
+}
+
+static int first_level_node(const Pool *p, int token) {
+    for (int k = 0; k < p->root_n_children; k++) {
+        int i = p->root_first_child + k;
+        if (p->token[i] == token) return i;
+    }
+    return -1;
+}
+
+static void x1_alone(Selection *out, int x1) {
+    out->t.n = 1;
+    out->t.node[0] = TREE_X1_OFFPOOL;
+    out->t.parent[0] = -1;
+}
+
+static int is_descendant(const Pool *p, int u, int anc) {
+    while (u >= 0 && u != anc) u = p->parent[u];
+    return u == anc;
+}
+
+void select_pearl(const Pool *p, int B, int x1, Selection *out) {
+    Selection d;
+    select_draft(p, B, &d);
+    sel_init(out);
+    out->x1_token = x1;
+    out->rooted_at_x1 = 1;
+    int x1n = first_level_node(p, x1);
+    out->x1_in_pool = x1n >= 0;
+    int list[TREE_MAX], n = 0;
+    for (int k = 0; k < d.t.n; k++)
+        if (x1n >= 0 && is_descendant(p, d.t.node[k], x1n)) list[n++] = d.t.node[k];
+    if (n == 0) {
+        x1_alone(out, x1);
+        return;
+    }
+    RS_ASSERT(list[0] == x1n);
+    build_tree(p, list, n, out);
+}
+
+void select_rootdraw(const Pool *p, int B, int x1, Selection *out) {
+    RS_ASSERT(B >= 1 && B <= TREE_MAX);
+    sel_init(out);
+    out->x1_token = x1;
+    out->rooted_at_x1 = 1;
+    int x1n = first_level_node(p, x1);
+    out->x1_in_pool = x1n >= 0;
+    if (x1n < 0) {
+        x1_alone(out, x1);
+        return;
+    }
+    /* Descendants of x1n: children are contiguous, so walk breadth-first. */
+    int desc[POOL_MAX], nd = 0, head = 0;
+    desc[nd++] = x1n;
+    while (head < nd) {
+        int u = desc[head++];
+        for (int c = 0; c < p->n_children[u]; c++) desc[nd++] = p->first_child[u] + c;
+    }
+    double score[POOL_MAX];
+    pool_scores(p, score);
+    rank_sort(p, score, desc + 1, nd - 1);
+    int n = nd < B ? nd : B;
+    build_tree(p, desc, n, out);
+}
+
+void select_root(const Pool *p, int B, const float *p0, int x1, Selection *out) {
+    RS_ASSERT(B >= 1 && B <= TREE_MAX);
+    sel_init(out);
+    out->x1_token = x1;
+    out->x1_in_pool = first_level_node(p, x1) >= 0;
+    double score[POOL_MAX];
+    for (int i = 0; i < p->n; i++) {
+        int a = i;
+        while (p->parent[a] >= 0) a = p->parent[a];
+        double pr = p0[p->token[a]];
+        score[i] = (pr > 0 ? log(pr) : -INFINITY) + ((double)p->score[i] - p->logq[a]);
+    }
+    int list[TREE_MAX];
+    build_tree(p, list, top_b(p, score, B, list), out);
+}
+
+void select_oracle(const Pool *p, int B, const double *path_prob, Selection *out) {
+    RS_ASSERT(B >= 1 && B <= TREE_MAX);
+    sel_init(out);
+    int list[TREE_MAX];
+    build_tree(p, list, top_b(p, path_prob, B, list), out);
+}
+
+int tree_child_with_token(const Pool *p, const Selection *s, int at, int token) {
+    for (int k = (at < 0 ? 0 : at + 1); k < s->t.n; k++) {
+        if (s->t.parent[k] != at) continue;
+        int u = s->t.node[k];
+        int tok = u == TREE_X1_OFFPOOL ? s->x1_token : p->token[u];
+        if (tok == token) return k;
+    }
+    return -1;
+}
+
+double tree_tau(const Selection *s, const double *trans) {
+    double path[TREE_MAX], tau = 0;
+    for (int k = 0; k < s->t.n; k++) {
+        double par = s->t.parent[k] < 0 ? 1.0 : path[s->t.parent[k]];
+        path[k] = (k == 0 && s->rooted_at_x1) ? 1.0 : par * trans[k];
+        tau += path[k];
+    }
+    return tau;
+}

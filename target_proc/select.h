@@ -1,0 +1,56 @@
+/* Tree selection rules (SPEC §3) and expected acceptance tau (SPEC §4). Pure functions
+ * over a finalized Pool: no model, no I/O, so properties are testable on random pools. */
+#ifndef ROOTSPEC_SELECT_H
+#define ROOTSPEC_SELECT_H
+#include "common/pool.h"
+
+typedef enum {
+    RULE_AR = 0,   /* plain autoregressive decoding: no pool */
+    RULE_DRAFT,    /* top-B by draft score, verified with the continuation in one pass */
+    RULE_PEARL,    /* draw X1 ~ p0, keep the draft tree's part beneath X1 */
+    RULE_ROOTDRAW, /* draw X1 ~ p0, keep X1 and its B-1 best pool descendants */
+    RULE_ROOT,     /* replace q(u1) by p0(u1), top-B */
+    RULE_ORACLE,   /* offline: maximises tau given every target row */
+    RULE_COUNT
+} Rule;
+
+const char *rule_name(Rule r);
+/* Parses "ar", "draft", ...; returns -1 when unknown. */
+int rule_parse(const char *s);
+/* Whether the rule runs the one-token root pass before selecting. */
+int rule_needs_root(Rule r);
+
+/* Tree whose node[0] may be a synthetic X1 that is not in the pool (rootdraw/pearl when
+ * the draw is off the first level): then node[0] == TREE_X1_OFFPOOL and x1_token holds it. */
+#define TREE_X1_OFFPOOL (-2)
+typedef struct {
+    Tree t;
+    int x1_token;   /* pearl/rootdraw/root: the drawn first token; -1 otherwise */
+    int x1_in_pool; /* 1 if X1 is on the pool's first level */
+    int rooted_at_x1; /* 1: node[0] is X1 (accepted), verification starts at X1's row */
+} Selection;
+
+/* draft: top-B pool candidates by the ranking. */
+void select_draft(const Pool *p, int B, Selection *out);
+/* pearl: the draft tree's part beneath x1 (x1 first), or x1 alone. */
+void select_pearl(const Pool *p, int B, int x1, Selection *out);
+/* rootdraw: x1 and its B-1 highest-ranked pool descendants, or x1 alone. */
+void select_rootdraw(const Pool *p, int B, int x1, Selection *out);
+/* root: top-B after replacing each first factor by p0(u1). p0: (vocab) probabilities;
+ * x1 is the token drawn from p0 (recorded; the caller skips the tree pass when the tree's
+ * first level lacks it). */
+void select_root(const Pool *p, int B, const float *p0, int x1, Selection *out);
+/* oracle: top-B by target path probability. path_prob: (pool n) = p(u | c) for every
+ * candidate (product of target transitions along its path). */
+void select_oracle(const Pool *p, int B, const double *path_prob, Selection *out);
+
+/* Index into sel->t.node of the child of tree node `at` (-1 = tree root) with `token`,
+ * or -1. */
+int tree_child_with_token(const Pool *p, const Selection *s, int at, int token);
+
+/* Expected acceptance of a selection. trans[i] = target probability of tree node i's token
+ * given its parent's prefix (for rooted_at_x1 trees node 0's entry is ignored: X1 counts 1).
+ * tau = sum over non-root nodes of the product of trans along the path. */
+double tree_tau(const Selection *s, const double *trans);
+
+#endif

@@ -1,0 +1,207 @@
+/* rootspec-target: decodes one prompt with the target model, autoregressively or with a
+ * speculative decoder, streaming text to stdout and a summary to stderr. */
+#include "common/cli.h"
+#include "engine.h"
+#include "roundlog.h"
+#include <string.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: rootspec-target --model PATH (--prompt TEXT | --prompt-ids 1,2,3) [options]\n"
+            "\n"
+            "  --model PATH          target model: GGUF file or Hugging Face directory\n"
+            "  --prompt TEXT         user prompt (UTF-8)\n"
+            "  --prompt-ids LIST     prompt as comma-separated token ids (no template, no BOS)\n"
+            "  --chat                wrap the prompt in the model's chat template\n"
+            "  --decoder NAME        ar | draft | pearl | rootdraw | root   (default ar)\n"
+            "  --budget B            tree budget, 1..%d (default 59)\n"
+            "  --temp T              0 (greedy) or 1 (sample softmax of raw logits) (default 0)\n"
+            "  --seed S              sampling seed (default 1)\n"
+            "  --max-new N           stop after the round reaching N new tokens (default 256)\n"
+            "  --threads N           CPU threads (default 1)\n"
+            "  --ctx N               KV cache entries per process (default 2048)\n"
+            "  --backend NAME        cpu | cuda (default cpu)\n"
+            "  --device N            CUDA device ordinal (default 0)\n"
+            "  --draft-model PATH    drafter model sharing the target's tokenizer\n"
+            "  --draft-layers SPEC   self-drafter from target layers, e.g. 0-5,24-29 (default %s)\n"
+            "  --draft-endpoint EP   use a rootspec-draft process at EP (ipc://, tcp://)\n"
+            "  --draft-timeout-ms N  remote drafter reply timeout (default 10000)\n"
+            "  --insecure            allow plain tcp:// to the drafter (no CURVE)\n"
+            "  --curve-dir DIR       CURVE key files for tcp:// (see deploy/README)\n"
+            "  --log-rounds FILE     append one JSON object per round to FILE\n"
+            "  --score-all-rules     also score every rule's tree in each tree pass (tau per rule)\n"
+            "  --output-ids          print emitted token ids instead of text\n"
+            "  --prompt-id N         prompt id for the log and the seed stream (default 0)\n"
+            "  -h, --help            this text\n"
+            "\n"
+            "Exit status: 0 ok, 1 runtime failure, 2 bad usage or input.\n",
+            TREE_MAX, ENGINE_DEFAULT_DRAFT_LAYERS);
+}
+
+typedef struct {
+    const Tokenizer *tok;
+    int output_ids;
+    FILE *log;
+    RoundLogCtx lc;
+    int first_id;
+} Sink;
+
+static void on_tokens(void *u, const int *t, int n) {
+    Sink *s = u;
+    for (int i = 0; i < n; i++) {
+        if (s->output_ids) {
+            printf("%s%d", s->first_id ? "" : " ", t[i]);
+            s->first_id = 0;
+        } else {
+            char buf[256];
+            int k = tokenizer_token_bytes(s->tok, t[i], buf, sizeof buf);
+            if (k > 0) fwrite(buf, 1, (size_t)k, stdout);
+        }
+    }
+    fflush(stdout);
+}
+
+static void on_round(void *u, const RoundInfo *r) {
+    Sink *s = u;
+    if (s->log) roundlog_write(s->log, &s->lc, r);
+}
+
+static void on_event(void *u, const char *ev, const char *detail) {
+    fprintf(stderr, "rootspec-target: %s: %s\n", ev, detail);
+}
+
+static int parse_ids(const char *s, int **ids, int *n, RsErr *e) {
+    int cap = 16, k = 0;
+    int *a = rs_xmalloc(sizeof(int) * cap);
+    const char *p = s;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > 0x7fffffff) {
+            free(a);
+            return rs_err(e, RS_EINVAL, "--prompt-ids: bad token id at '%s'", p);
+        }
+        if (k == cap) a = realloc(a, sizeof(int) * (cap *= 2));
+        a[k++] = (int)v;
+        p = end;
+        if (*p == ',') p++;
+        else if (*p) {
+            free(a);
+            return rs_err(e, RS_EINVAL, "--prompt-ids: unexpected '%c' in '%s'", *p, s);
+        }
+    }
+    *ids = a;
+    *n = k;
+    return RS_OK;
+}
+
+int main(int argc, char **argv) {
+    EngineOpts eo = {.backend = "cpu", .threads = 1, .ctx = 2048, .draft_timeout_ms = 10000};
+    DecodeOpts d = {.rule = RULE_AR, .budget = 59, .temp = 0, .seed = 1, .max_new = 256};
+    const char *prompt = NULL, *prompt_ids = NULL, *log_path = NULL;
+    int chat = 0, output_ids = 0;
+    RsErr e = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        int rc = 0;
+#define VAL() (rc = cli_value(argc, argv, i, &v, &e), i += !rc, rc == 0)
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--model")) { if (VAL()) eo.model_path = v; }
+        else if (!strcmp(a, "--prompt")) { if (VAL()) prompt = v; }
+        else if (!strcmp(a, "--prompt-ids")) { if (VAL()) prompt_ids = v; }
+        else if (!strcmp(a, "--chat")) chat = 1;
+        else if (!strcmp(a, "--decoder")) {
+            if (VAL()) {
+                int r = rule_parse(v);
+                if (r < 0 || r == RULE_ORACLE)
+                    rc = rs_err(&e, RS_EINVAL, "--decoder: unknown decoder '%s' (ar, draft, pearl, rootdraw, root)", v);
+                else d.rule = (Rule)r;
+            }
+        } else if (!strcmp(a, "--budget")) { if (VAL()) rc = cli_int(a, v, 1, TREE_MAX, &d.budget, &e); }
+        else if (!strcmp(a, "--temp")) { if (VAL()) rc = cli_int(a, v, 0, 1, &d.temp, &e); }
+        else if (!strcmp(a, "--seed")) { if (VAL()) rc = cli_u64(a, v, &d.seed, &e); }
+        else if (!strcmp(a, "--prompt-id")) { if (VAL()) rc = cli_u64(a, v, &d.prompt_id, &e); }
+        else if (!strcmp(a, "--max-new")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 20, &d.max_new, &e); }
+        else if (!strcmp(a, "--threads")) { if (VAL()) rc = cli_int(a, v, 1, 256, &eo.threads, &e); }
+        else if (!strcmp(a, "--ctx")) { if (VAL()) rc = cli_int(a, v, 256, 1 << 20, &eo.ctx, &e); }
+        else if (!strcmp(a, "--backend")) { if (VAL()) eo.backend = v; }
+        else if (!strcmp(a, "--device")) { if (VAL()) rc = cli_int(a, v, 0, 64, &eo.device, &e); }
+        else if (!strcmp(a, "--draft-model")) { if (VAL()) eo.draft_model_path = v; }
+        else if (!strcmp(a, "--draft-layers")) { if (VAL()) eo.draft_layers = v; }
+        else if (!strcmp(a, "--draft-endpoint")) { if (VAL()) eo.draft_endpoint = v; }
+        else if (!strcmp(a, "--draft-timeout-ms")) { if (VAL()) rc = cli_int(a, v, 1, 3600000, &eo.draft_timeout_ms, &e); }
+        else if (!strcmp(a, "--insecure")) eo.insecure = 1;
+        else if (!strcmp(a, "--curve-dir")) { if (VAL()) eo.curve_dir = v; }
+        else if (!strcmp(a, "--log-rounds")) { if (VAL()) log_path = v; }
+        else if (!strcmp(a, "--score-all-rules")) d.score_all = 1;
+        else if (!strcmp(a, "--output-ids")) output_ids = 1;
+        else rc = rs_err(&e, RS_EINVAL, "unknown option '%s' (see --help)", a);
+#undef VAL
+        if (rc) {
+            fprintf(stderr, "rootspec-target: %s\n", e.msg);
+            return 2;
+        }
+    }
+    if (!eo.model_path || (!prompt == !prompt_ids)) {
+        fprintf(stderr, "rootspec-target: need --model and exactly one of --prompt / --prompt-ids\n");
+        usage(stderr);
+        return 2;
+    }
+    if (d.score_all && !rule_needs_root(d.rule)) {
+        fprintf(stderr, "rootspec-target: --score-all-rules needs --decoder pearl, rootdraw or root\n");
+        return 2;
+    }
+    Engine en;
+    int rc = engine_open(&eo, d.rule != RULE_AR, &en, &e);
+    if (rc) {
+        fprintf(stderr, "rootspec-target: %s\n", e.msg);
+        return rc == RS_EINVAL || rc == RS_EFORMAT || rc == RS_EUNSUPPORTED ? 2 : 1;
+    }
+    int *ids = NULL, n = 0;
+    rc = prompt_ids ? parse_ids(prompt_ids, &ids, &n, &e)
+                    : engine_prompt_ids(&en, prompt, chat, &ids, &n, &e);
+    if (rc) {
+        fprintf(stderr, "rootspec-target: %s\n", e.msg);
+        engine_close(&en);
+        return 2;
+    }
+    Sink s = {.tok = en.tok, .output_ids = output_ids, .first_id = 1};
+    s.lc = (RoundLogCtx){rule_name(d.rule), d.temp, d.budget, d.prompt_id};
+    if (log_path) {
+        s.log = fopen(log_path, "a");
+        if (!s.log) {
+            fprintf(stderr, "rootspec-target: cannot open --log-rounds '%s'\n", log_path);
+            free(ids);
+            engine_close(&en);
+            return 2;
+        }
+    }
+    DecodeHooks h = {on_tokens, on_round, on_event, &s};
+    DecodeResult res = {0};
+    res.cap = d.max_new + ROUND_MAX_EMIT;
+    res.tokens = rs_xmalloc(sizeof(int) * (size_t)res.cap);
+    rc = decode_run(en.target, en.have_dc ? &en.dc : NULL, ids, n, &d, &h, &res, &e);
+    printf("\n");
+    fflush(stdout);
+    if (rc) {
+        fprintf(stderr, "rootspec-target: %s\n", e.msg);
+    } else {
+        double secs = (double)(res.t_end - res.t_start) * 1e-9;
+        fprintf(stderr,
+                "rootspec-target: decoder=%s T=%d B=%d prompt=%d tokens, emitted %d tokens in "
+                "%d rounds, %.3f s, %.2f tok/s, mean accepted %.3f%s%s%s\n",
+                rule_name(d.rule), d.temp, d.budget, n, res.n_tokens, res.rounds, secs,
+                secs > 0 ? res.n_tokens / secs : 0.0,
+                res.rounds ? (double)res.accepted_total / res.rounds : 0.0,
+                res.hit_eos ? ", stopped at EOS" : "",
+                res.hit_capacity ? ", STOPPED: KV cache full (raise --ctx)" : "",
+                res.drafter_failed ? ", drafter failed (finished autoregressively)" : "");
+    }
+    if (s.log) fclose(s.log);
+    free(res.tokens);
+    free(ids);
+    engine_close(&en);
+    return rc ? (rc == RS_EINVAL ? 2 : 1) : 0;
+}
