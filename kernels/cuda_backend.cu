@@ -1,0 +1,629 @@
+/* CUDA backend: the same forward as kernels/cpu_backend.c on an NVIDIA GPU. Weights are
+ * bf16 (converted from the Model's f32 arrays at create), the KV cache is bf16
+ * (layer, kv_capacity, kv_dim), activations and softmax are f32, and every projection is
+ * one cublasGemmEx (bf16 in, f32 accumulate, f32 out) over the whole batch; q/k/v and
+ * gate/up are fused into one matrix each so a decode step is 4 GEMMs per layer.
+ *
+ * Every buffer is allocated in create(); forward() only enqueues work. Calls of at most
+ * 65 tokens are padded to a bucket (1, 2, 4, 8, 16, 32, 48, 65) and, unless
+ * ROOTSPEC_CUDA_GRAPHS=0, replayed from a CUDA graph captured on the bucket's first use:
+ * per-call scalars live in device memory (CuMeta), so the graph stays valid; it is
+ * re-captured only when a buffer pointer or shape it baked in changes. Larger batches
+ * (prefill chunks) run eagerly without padding. */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cuda_backend.h"
+#include "cuda_kernels.h"
+
+#define CUBLAS_CHECK(expr)                                                                 \
+    do {                                                                                   \
+        cublasStatus_t st_ = (expr);                                                       \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                \
+            fprintf(stderr, "rootspec: cuBLAS error %s: %s (%s:%d)\n",                     \
+                    cublasGetStatusString(st_), #expr, __FILE__, __LINE__);                \
+            abort();                                                                       \
+        }                                                                                  \
+    } while (0)
+
+static const int kBuckets[] = {1, 2, 4, 8, 16, 32, 48, 65};
+#define N_BUCKETS ((int)(sizeof kBuckets / sizeof kBuckets[0]))
+#define GRAPH_MAX_TOKENS 65
+#define N_GRAPH_KEYS 12
+
+typedef struct {
+    rs_bf16 *wqkv;    // (q_dim + 2*kv_dim, dim)
+    rs_bf16 *wo;      // (dim, q_dim)
+    rs_bf16 *wgu;     // (2*hidden, dim): gate rows then up rows
+    rs_bf16 *wdown;   // (dim, hidden)
+    float *attn_norm; // (dim)
+    float *ffn_norm;  // (dim)
+    float *bqkv;      // (q_dim + 2*kv_dim) or NULL
+    float *q_norm;    // (head_dim) or NULL
+    float *k_norm;    // (head_dim) or NULL
+} CuLayer;
+
+typedef struct {
+    int valid;
+    cudaGraphExec_t exec;
+    const void *key[N_GRAPH_KEYS]; /* pointers and shape the capture baked in */
+} CuGraph;
+
+typedef struct {
+    Backend base; /* must stay first */
+    int dim, hd, nh, nkv, qd, kvd, qkv_w, hidden, vocab, nl, rows;
+    float eps;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_ws;
+    size_t blas_ws_bytes;
+    CuLayer *layers;   // (nl) host array of device pointers
+    rs_bf16 *emb;      // (vocab, dim)
+    rs_bf16 *wcls;     // (vocab, dim); == emb when tied
+    float *final_norm; // (dim)
+    float *inv_freq;   // (hd/2)
+    /* activations, `rows` = padded max batch */
+    float *x;          // (rows, dim) residual stream
+    rs_bf16 *xb;       // (rows, dim) normed, GEMM input
+    float *qkv;        // (rows, qkv_w)
+    rs_bf16 *att;      // (rows, q_dim)
+    float *tmp;        // (rows, dim) sublayer output
+    float *gu;         // (rows, 2*hidden)
+    rs_bf16 *hb;       // (rows, hidden)
+    float *logits;     // (rows, vocab)
+    float *cos_t, *sin_t; // (rows, hd/2)
+    rs_bf16 *kc, *vc;  // (nl, kv_capacity, kv_dim)
+    rs_bf16 *kv_scratch; // (nl, max_pending, kv_dim)
+    int *d_tokens, *d_pos, *d_rows, *d_keep; // (rows), (rows), (rows), (max_pending)
+    uint8_t *d_mask;   // (max_batch, max_pending)
+    CuMeta *d_meta;
+    /* pinned host staging of the same */
+    int *h_tokens, *h_pos, *h_rows, *h_keep;
+    uint8_t *h_mask;
+    CuMeta *h_meta;
+    uint8_t *keep_seen; // (max_pending)
+    int use_graphs;
+    CuGraph graphs[N_BUCKETS];
+    uint64_t n_captures;
+    size_t weight_bytes;
+} CudaBackend;
+
+static int cuda_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e);
+static void cuda_destroy(Backend **pb);
+static int cuda_forward(Backend *bb, const int *tokens, const int *pos, int n,
+                        const uint8_t *mask, const int *out_rows, int n_out, float *logits,
+                        RsErr *e);
+static int cuda_kv_commit(Backend *bb, const int *keep, int n_keep, RsErr *e);
+static void cuda_kv_reset(Backend *bb);
+
+/* C++ has no tentative definitions: the table comes first, after the prototypes. */
+static const BackendOps cuda_ops = {
+    .name = "cuda",
+    .create = cuda_create,
+    .destroy = cuda_destroy,
+    .forward = cuda_forward,
+    .kv_commit = cuda_kv_commit,
+    .kv_reset = cuda_kv_reset,
+};
+
+
+/* ---- allocation helpers: failures become RS_ENOMEM, not aborts (a too-large model or
+ * context is a user error) ---- */
+
+static int dalloc(void *pp, size_t bytes, const char *what, RsErr *e) {
+    void **p = (void **)pp;
+    *p = NULL;
+    if (!bytes) bytes = 16;
+    cudaError_t rc = cudaMalloc(p, bytes);
+    if (rc != cudaSuccess) {
+        *p = NULL;
+        cudaGetLastError(); /* clear the sticky-free error state */
+        return rs_err(e, RS_ENOMEM, "cudaMalloc of %zu bytes for %s failed: %s", bytes, what,
+                      cudaGetErrorString(rc));
+    }
+    return RS_OK;
+}
+
+static int halloc(void *pp, size_t bytes, const char *what, RsErr *e) {
+    void **p = (void **)pp;
+    *p = NULL;
+    if (!bytes) bytes = 16;
+    cudaError_t rc = cudaMallocHost(p, bytes);
+    if (rc != cudaSuccess) {
+        *p = NULL;
+        cudaGetLastError();
+        return rs_err(e, RS_ENOMEM, "cudaMallocHost of %zu bytes for %s failed: %s", bytes, what,
+                      cudaGetErrorString(rc));
+    }
+    return RS_OK;
+}
+
+#define DFREE(p) do { if (p) cudaFree(p); (p) = NULL; } while (0)
+#define HFREE(p) do { if (p) cudaFreeHost(p); (p) = NULL; } while (0)
+
+static void graphs_drop(CudaBackend *b) {
+    for (int i = 0; i < N_BUCKETS; i++) {
+        if (b->graphs[i].valid) CUDA_CHECK(cudaGraphExecDestroy(b->graphs[i].exec));
+        b->graphs[i].valid = 0;
+    }
+}
+
+static void cuda_destroy(Backend **pb) {
+    if (!pb || !*pb) return;
+    CudaBackend *b = (CudaBackend *)*pb;
+    cudaSetDevice(b->base.params.device);
+    if (b->stream) cudaStreamSynchronize(b->stream);
+    graphs_drop(b);
+    if (b->layers) {
+        for (int l = 0; l < b->nl; l++) {
+            CuLayer *L = &b->layers[l];
+            DFREE(L->wqkv); DFREE(L->wo); DFREE(L->wgu); DFREE(L->wdown);
+            DFREE(L->attn_norm); DFREE(L->ffn_norm); DFREE(L->bqkv);
+            DFREE(L->q_norm); DFREE(L->k_norm);
+        }
+        free(b->layers);
+    }
+    if (b->wcls != b->emb) DFREE(b->wcls);
+    DFREE(b->emb);
+    DFREE(b->final_norm); DFREE(b->inv_freq);
+    DFREE(b->x); DFREE(b->xb); DFREE(b->qkv); DFREE(b->att); DFREE(b->tmp); DFREE(b->gu);
+    DFREE(b->hb); DFREE(b->logits); DFREE(b->cos_t); DFREE(b->sin_t);
+    DFREE(b->kc); DFREE(b->vc); DFREE(b->kv_scratch);
+    DFREE(b->d_tokens); DFREE(b->d_pos); DFREE(b->d_rows); DFREE(b->d_keep);
+    DFREE(b->d_mask); DFREE(b->d_meta); DFREE(b->blas_ws);
+    HFREE(b->h_tokens); HFREE(b->h_pos); HFREE(b->h_rows); HFREE(b->h_keep);
+    HFREE(b->h_mask); HFREE(b->h_meta);
+    free(b->keep_seen);
+    if (b->blas) cublasDestroy(b->blas);
+    if (b->stream) cudaStreamDestroy(b->stream);
+    free(b);
+    *pb = NULL;
+}
+
+static int bucket_of(int n) {
+    for (int i = 0; i < N_BUCKETS; i++)
+        if (n <= kBuckets[i]) return i;
+    return -1;
+}
+
+/* Weight source: the Model's f32 arrays (uploaded through a staging buffer and converted on
+ * the device) or a seeded device-side fill. */
+typedef struct {
+    const Model *m; /* NULL: random */
+    uint64_t seed;
+    float *stage;   // (stage_floats) device f32 staging
+    size_t stage_floats;
+    uint64_t tensor_id;
+} WeightSrc;
+
+static void put_bf16(CudaBackend *b, WeightSrc *ws, rs_bf16 *dst, const float *src, size_t n,
+                     float scale, float base) {
+    ws->tensor_id++;
+    if (!ws->m) {
+        cuk_fill_random_bf16(b->stream, dst, n, ws->seed * 1000003ull + ws->tensor_id, scale, base);
+        return;
+    }
+    RS_ASSERT(src);
+    for (size_t off = 0; off < n; off += ws->stage_floats) {
+        size_t k = n - off < ws->stage_floats ? n - off : ws->stage_floats;
+        CUDA_CHECK(cudaMemcpyAsync(ws->stage, src + off, k * sizeof(float),
+                                   cudaMemcpyHostToDevice, b->stream));
+        cuk_f32_to_bf16(b->stream, ws->stage, dst + off, k);
+    }
+}
+
+static void put_f32(CudaBackend *b, WeightSrc *ws, float *dst, const float *src, size_t n,
+                    float scale, float base) {
+    ws->tensor_id++;
+    if (!ws->m) {
+        cuk_fill_random_f32(b->stream, dst, n, ws->seed * 1000003ull + ws->tensor_id, scale, base);
+        return;
+    }
+    RS_ASSERT(src);
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, b->stream));
+}
+
+static int create_impl(const Model *m, const BackendParams *p, int random, uint64_t seed,
+                       Backend **out, RsErr *e) {
+    *out = NULL;
+    const Config *c = &m->cfg;
+    if (p->kv_capacity <= 0 || p->max_batch <= 0 || p->max_pending <= 0)
+        return rs_err(e, RS_EINVAL,
+                      "backend sizes must be positive (kv_capacity %d, max_batch %d, "
+                      "max_pending %d)",
+                      p->kv_capacity, p->max_batch, p->max_pending);
+    if (c->head_dim % 2 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads)
+        return rs_err(e, RS_EUNSUPPORTED, "head_dim %d must be even and n_heads %d a multiple "
+                      "of n_kv_heads %d", c->head_dim, c->n_heads, c->n_kv_heads);
+    if (c->head_dim > 256)
+        return rs_err(e, RS_EUNSUPPORTED, "head_dim %d > 256 is not supported by the CUDA "
+                      "attention kernel", c->head_dim);
+    int ndev = 0;
+    cudaError_t crc = cudaGetDeviceCount(&ndev);
+    if (crc != cudaSuccess || ndev == 0) {
+        cudaGetLastError();
+        return rs_err(e, RS_EUNSUPPORTED, "no CUDA device (%s)",
+                      crc != cudaSuccess ? cudaGetErrorString(crc) : "device count 0");
+    }
+    if (p->device < 0 || p->device >= ndev)
+        return rs_err(e, RS_EINVAL, "CUDA device %d does not exist (%d device%s)", p->device, ndev,
+                      ndev == 1 ? "" : "s");
+    CUDA_CHECK(cudaSetDevice(p->device));
+
+    CudaBackend *b = (CudaBackend *)rs_xcalloc(1, sizeof *b);
+    b->base.ops = &cuda_ops;
+    b->base.model = m;
+    b->base.params = *p;
+    b->dim = c->dim;
+    b->hd = c->head_dim;
+    b->nh = c->n_heads;
+    b->nkv = c->n_kv_heads;
+    b->qd = c->n_heads * c->head_dim;
+    b->kvd = c->n_kv_heads * c->head_dim;
+    b->qkv_w = b->qd + 2 * b->kvd;
+    b->hidden = c->hidden_dim;
+    b->vocab = c->vocab_size;
+    b->nl = c->n_layers;
+    b->eps = c->norm_eps;
+    /* Padded batches of up to 65 rows need room for the whole bucket. */
+    int small = p->max_batch < GRAPH_MAX_TOKENS ? p->max_batch : GRAPH_MAX_TOKENS;
+    b->rows = p->max_batch > kBuckets[bucket_of(small)] ? p->max_batch : kBuckets[bucket_of(small)];
+    const char *env = getenv("ROOTSPEC_CUDA_GRAPHS");
+    b->use_graphs = !(env && strcmp(env, "0") == 0);
+    CUDA_CHECK(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasCreate(&b->blas));
+    CUBLAS_CHECK(cublasSetStream(b->blas, b->stream));
+    /* An explicit workspace: cuBLAS must not allocate while a graph is being captured. */
+    b->blas_ws_bytes = 32u << 20;
+
+    size_t R = (size_t)b->rows, cap = (size_t)p->kv_capacity, P = (size_t)p->max_pending;
+    size_t dim = b->dim, half = b->hd / 2, nl = b->nl;
+    int rc = RS_OK;
+#define DA(ptr, bytes, what) if (!rc) rc = dalloc(&(ptr), (bytes), (what), e)
+#define HA(ptr, bytes, what) if (!rc) rc = halloc(&(ptr), (bytes), (what), e)
+    DA(b->blas_ws, b->blas_ws_bytes, "cuBLAS workspace");
+    b->layers = (CuLayer *)rs_xcalloc(nl, sizeof(CuLayer));
+    for (size_t l = 0; l < nl && !rc; l++) {
+        CuLayer *L = &b->layers[l];
+        DA(L->wqkv, (size_t)b->qkv_w * dim * 2, "wq|wk|wv");
+        DA(L->wo, dim * b->qd * 2, "wo");
+        DA(L->wgu, 2 * (size_t)b->hidden * dim * 2, "w_gate|w_up");
+        DA(L->wdown, dim * b->hidden * 2, "w_down");
+        DA(L->attn_norm, dim * 4, "attn_norm");
+        DA(L->ffn_norm, dim * 4, "ffn_norm");
+        if (c->has_qkv_bias) DA(L->bqkv, (size_t)b->qkv_w * 4, "q/k/v bias");
+        if (c->has_qk_norm) {
+            DA(L->q_norm, b->hd * 4, "q_norm");
+            DA(L->k_norm, b->hd * 4, "k_norm");
+        }
+    }
+    DA(b->emb, (size_t)b->vocab * dim * 2, "token embeddings");
+    /* Tied head: one bf16 copy serves both (the Model marks it by sharing the pointer). */
+    if (random ? c->tied_embeddings : m->w.wcls == m->w.tok_embeddings) b->wcls = b->emb;
+    else DA(b->wcls, (size_t)b->vocab * dim * 2, "output head");
+    DA(b->final_norm, dim * 4, "final_norm");
+    DA(b->inv_freq, half * 4, "inv_freq");
+    DA(b->x, R * dim * 4, "x");
+    DA(b->xb, R * dim * 2, "xb");
+    DA(b->qkv, R * b->qkv_w * 4, "qkv");
+    DA(b->att, R * b->qd * 2, "attention output");
+    DA(b->tmp, R * dim * 4, "tmp");
+    DA(b->gu, R * 2 * b->hidden * 4, "gate|up");
+    DA(b->hb, R * b->hidden * 2, "hb");
+    DA(b->logits, R * b->vocab * 4, "logits");
+    DA(b->cos_t, R * half * 4, "cos");
+    DA(b->sin_t, R * half * 4, "sin");
+    DA(b->kc, nl * cap * b->kvd * 2, "key cache");
+    DA(b->vc, nl * cap * b->kvd * 2, "value cache");
+    DA(b->kv_scratch, nl * P * b->kvd * 2, "kv_commit scratch");
+    DA(b->d_tokens, R * 4, "tokens");
+    DA(b->d_pos, R * 4, "positions");
+    DA(b->d_rows, R * 4, "out rows");
+    DA(b->d_keep, P * 4, "keep");
+    DA(b->d_mask, (size_t)p->max_batch * P, "mask");
+    DA(b->d_meta, sizeof(CuMeta), "meta");
+    HA(b->h_tokens, R * 4, "tokens (host)");
+    HA(b->h_pos, R * 4, "positions (host)");
+    HA(b->h_rows, R * 4, "out rows (host)");
+    HA(b->h_keep, P * 4, "keep (host)");
+    HA(b->h_mask, (size_t)p->max_batch * P, "mask (host)");
+    HA(b->h_meta, sizeof(CuMeta), "meta (host)");
+#undef DA
+#undef HA
+    if (rc) {
+        Backend *bb = &b->base;
+        cuda_destroy(&bb);
+        return rc;
+    }
+    CUBLAS_CHECK(cublasSetWorkspace(b->blas, b->blas_ws, b->blas_ws_bytes));
+    b->keep_seen = (uint8_t *)rs_xcalloc(P, 1);
+
+    /* Weights. */
+    WeightSrc ws = {random ? NULL : m, seed, NULL, 0, 0};
+    if (!random) {
+        ws.stage_floats = (size_t)16 << 20; /* 64 MiB of f32 per upload */
+        rc = dalloc(&ws.stage, ws.stage_floats * 4, "weight upload staging", e);
+        if (rc) {
+            Backend *bb = &b->base;
+            cuda_destroy(&bb);
+            return rc;
+        }
+    }
+    const Weights *w = &m->w;
+    float s_in = 1.0f / sqrtf((float)dim);
+    for (int l = 0; l < b->nl; l++) {
+        const LayerWeights *LW = random ? NULL : &w->layers[l];
+        CuLayer *L = &b->layers[l];
+#define SRC(f) (LW ? LW->f : NULL)
+        put_bf16(b, &ws, L->wqkv, SRC(wq), (size_t)b->qd * dim, s_in, 0);
+        put_bf16(b, &ws, L->wqkv + (size_t)b->qd * dim, SRC(wk), (size_t)b->kvd * dim, s_in, 0);
+        put_bf16(b, &ws, L->wqkv + (size_t)(b->qd + b->kvd) * dim, SRC(wv), (size_t)b->kvd * dim,
+                 s_in, 0);
+        put_bf16(b, &ws, L->wo, SRC(wo), dim * b->qd, 1.0f / sqrtf((float)b->qd), 0);
+        put_bf16(b, &ws, L->wgu, SRC(w_gate), (size_t)b->hidden * dim, s_in, 0);
+        put_bf16(b, &ws, L->wgu + (size_t)b->hidden * dim, SRC(w_up), (size_t)b->hidden * dim,
+                 s_in, 0);
+        put_bf16(b, &ws, L->wdown, SRC(w_down), dim * b->hidden, 1.0f / sqrtf((float)b->hidden),
+                 0);
+        put_f32(b, &ws, L->attn_norm, SRC(attn_norm), dim, 0.1f, 1.0f);
+        put_f32(b, &ws, L->ffn_norm, SRC(ffn_norm), dim, 0.1f, 1.0f);
+        if (L->bqkv) {
+            put_f32(b, &ws, L->bqkv, SRC(bq), b->qd, 0.1f, 0);
+            put_f32(b, &ws, L->bqkv + b->qd, SRC(bk), b->kvd, 0.1f, 0);
+            put_f32(b, &ws, L->bqkv + b->qd + b->kvd, SRC(bv), b->kvd, 0.1f, 0);
+        }
+        if (L->q_norm) {
+            put_f32(b, &ws, L->q_norm, SRC(q_norm), b->hd, 0.1f, 1.0f);
+            put_f32(b, &ws, L->k_norm, SRC(k_norm), b->hd, 0.1f, 1.0f);
+        }
+#undef SRC
+    }
+    put_bf16(b, &ws, b->emb, random ? NULL : w->tok_embeddings, (size_t)b->vocab * dim, 1.0f, 0);
+    if (b->wcls != b->emb)
+        put_bf16(b, &ws, b->wcls, random ? NULL : w->wcls, (size_t)b->vocab * dim, 3.0f * s_in, 0);
+    put_f32(b, &ws, b->final_norm, random ? NULL : w->final_norm, dim, 0.1f, 1.0f);
+    float *inv = (float *)rs_xcalloc(half, sizeof(float));
+    cuk_rope_inv_freq(c, inv);
+    CUDA_CHECK(cudaMemcpyAsync(b->inv_freq, inv, half * 4, cudaMemcpyHostToDevice, b->stream));
+    /* Defined contents for padding rows and caches (never NaN from stale memory). */
+    CUDA_CHECK(cudaMemsetAsync(b->kc, 0, nl * cap * b->kvd * 2, b->stream));
+    CUDA_CHECK(cudaMemsetAsync(b->vc, 0, nl * cap * b->kvd * 2, b->stream));
+    CUDA_CHECK(cudaMemsetAsync(b->d_mask, 0, (size_t)p->max_batch * P, b->stream));
+    CUDA_CHECK(cudaStreamSynchronize(b->stream));
+    free(inv);
+    DFREE(ws.stage);
+    size_t per_layer = ((size_t)b->qkv_w * dim + dim * b->qd + 3 * (size_t)b->hidden * dim) * 2;
+    b->weight_bytes = per_layer * nl + (size_t)b->vocab * dim * 2;
+    *out = &b->base;
+    return RS_OK;
+}
+
+static int cuda_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
+    return create_impl(m, p, 0, 0, out, e);
+}
+
+extern "C" int cuda_backend_create_random(const Model *shape, const BackendParams *p,
+                                          uint64_t seed, Backend **out, RsErr *e) {
+    return create_impl(shape, p, 1, seed, out, e);
+}
+
+extern "C" void cuda_backend_set_graphs(Backend *bb, int on) {
+    RS_ASSERT(bb && bb->ops == &cuda_ops);
+    ((CudaBackend *)bb)->use_graphs = on != 0;
+}
+
+extern "C" size_t cuda_backend_weight_bytes(const Backend *bb) {
+    RS_ASSERT(bb && bb->ops == &cuda_ops);
+    return ((const CudaBackend *)bb)->weight_bytes;
+}
+
+extern "C" uint64_t cuda_backend_n_captures(const Backend *bb) {
+    RS_ASSERT(bb && bb->ops == &cuda_ops);
+    return ((const CudaBackend *)bb)->n_captures;
+}
+
+/* Y (n, out) f32 = X (n, in) bf16 @ W^T, W (out, in) row-major bf16. cuBLAS is column-major:
+ * this is C (out, n) = op(A)=W^T-view^T ... i.e. A = W as a column-major (in, out) matrix,
+ * transposed; B = X as a column-major (in, n) matrix. */
+static void gemm(CudaBackend *b, const rs_bf16 *W, int out, int in, const rs_bf16 *X, int n,
+                 float *Y) {
+    const float alpha = 1.0f, beta = 0.0f;
+    CUBLAS_CHECK(cublasGemmEx(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, W,
+                              CUDA_R_16BF, in, X, CUDA_R_16BF, in, &beta, Y, CUDA_R_32F, out,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+/* Enqueues one forward of nb rows (device inputs already staged) and the head for the
+ * first n_head rows of d_rows. Everything here may be captured into a graph. */
+static void enqueue_forward(CudaBackend *b, int nb, int n_head) {
+    cudaStream_t s = b->stream;
+    size_t cap = (size_t)b->base.params.kv_capacity;
+    cuk_rope_table(s, b->d_pos, b->inv_freq, nb, b->hd / 2, b->cos_t, b->sin_t);
+    cuk_embed(s, b->emb, b->d_tokens, nb, b->dim, b->x);
+    for (int l = 0; l < b->nl; l++) {
+        const CuLayer *L = &b->layers[l];
+        rs_bf16 *kc = b->kc + (size_t)l * cap * b->kvd, *vc = b->vc + (size_t)l * cap * b->kvd;
+        float *q = b->qkv, *k = b->qkv + b->qd, *v = b->qkv + b->qd + b->kvd;
+        cuk_rmsnorm(s, b->x, NULL, L->attn_norm, nb, b->dim, b->eps, NULL, b->xb);
+        gemm(b, L->wqkv, b->qkv_w, b->dim, b->xb, nb, b->qkv);
+        if (L->bqkv) cuk_bias_add(s, b->qkv, b->qkv_w, nb, b->qkv_w, L->bqkv);
+        if (L->q_norm) {
+            cuk_head_rmsnorm(s, q, b->qkv_w, nb, b->nh, b->hd, L->q_norm, b->eps);
+            cuk_head_rmsnorm(s, k, b->qkv_w, nb, b->nkv, b->hd, L->k_norm, b->eps);
+        }
+        /* q heads and k heads are adjacent in a qkv row: one RoPE launch for both. */
+        cuk_rope(s, b->qkv, b->qkv_w, nb, b->nh + b->nkv, b->hd, b->cos_t, b->sin_t);
+        cuk_kv_store(s, k, v, b->qkv_w, nb, b->kvd, b->d_meta, kc, vc);
+        cuk_attention(s, q, b->qkv_w, kc, vc, b->d_mask, b->d_meta, nb, b->nh, b->nkv, b->hd,
+                      b->att, NULL);
+        gemm(b, L->wo, b->dim, b->qd, b->att, nb, b->tmp);
+        cuk_residual_add(s, b->x, b->tmp, (size_t)nb * b->dim);
+        cuk_rmsnorm(s, b->x, NULL, L->ffn_norm, nb, b->dim, b->eps, NULL, b->xb);
+        gemm(b, L->wgu, 2 * b->hidden, b->dim, b->xb, nb, b->gu);
+        cuk_swiglu(s, b->gu, nb, b->hidden, b->hb, NULL);
+        gemm(b, L->wdown, b->dim, b->hidden, b->hb, nb, b->tmp);
+        cuk_residual_add(s, b->x, b->tmp, (size_t)nb * b->dim);
+    }
+    if (n_head > 0) {
+        cuk_rmsnorm(s, b->x, b->d_rows, b->final_norm, n_head, b->dim, b->eps, NULL, b->xb);
+        gemm(b, b->wcls, b->vocab, b->dim, b->xb, n_head, b->logits);
+    }
+}
+
+/* Same checks (and messages) as the CPU backend, before anything is touched. */
+static int check_args(CudaBackend *b, const int *tokens, const int *pos, int n,
+                      const uint8_t *mask, const int *out_rows, int n_out, RsErr *e) {
+    const BackendParams *p = &b->base.params;
+    int nc = b->base.n_committed, np = b->base.n_pending;
+    int vocab = b->vocab;
+    if (n <= 0) return rs_err(e, RS_EINVAL, "forward of %d tokens: need at least 1", n);
+    if (n > p->max_batch)
+        return rs_err(e, RS_EINVAL, "batch of %d tokens exceeds max_batch %d (chunk the prefill)",
+                      n, p->max_batch);
+    if (nc + np + n > p->kv_capacity)
+        return rs_err(e, RS_EINVAL,
+                      "batch of %d tokens exceeds KV capacity %d (committed %d, pending %d)", n,
+                      p->kv_capacity, nc, np);
+    if (np + n > p->max_pending)
+        return rs_err(e, RS_EINVAL, "batch of %d tokens exceeds max_pending %d (pending %d)", n,
+                      p->max_pending, np);
+    if (n_out < 0 || n_out > n)
+        return rs_err(e, RS_EINVAL, "n_out %d outside [0, %d] for a batch of %d tokens", n_out,
+                      n, n);
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= vocab)
+            return rs_err(e, RS_EINVAL, "token %d at batch index %d outside vocabulary [0, %d)",
+                          tokens[i], i, vocab);
+        if (pos[i] < 0)
+            return rs_err(e, RS_EINVAL, "position %d at batch index %d is negative", pos[i], i);
+        if (mask && !mask[(size_t)i * (np + n) + np + i])
+            return rs_err(e, RS_EINVAL, "mask row %d does not attend to its own token", i);
+    }
+    for (int i = 0; i < n_out; i++)
+        if (out_rows[i] < 0 || out_rows[i] >= n)
+            return rs_err(e, RS_EINVAL, "out_rows[%d] = %d outside [0, %d)", i, out_rows[i], n);
+    return RS_OK;
+}
+
+static void graph_key(CudaBackend *b, int nb, const void **key) {
+    const void *k[N_GRAPH_KEYS] = {b->x,      b->qkv,    b->kc,     b->vc,
+                                   b->logits, b->d_mask, b->d_meta, b->emb,
+                                   b->wcls,   b->blas_ws, (const void *)(intptr_t)nb,
+                                   (const void *)(intptr_t)b->base.params.kv_capacity};
+    memcpy(key, k, sizeof k);
+}
+
+static void launch_graph(CudaBackend *b, int bi) {
+    CuGraph *g = &b->graphs[bi];
+    int nb = kBuckets[bi];
+    const void *key[N_GRAPH_KEYS];
+    graph_key(b, nb, key);
+    if (g->valid && memcmp(key, g->key, sizeof key) != 0) {
+        CUDA_CHECK(cudaGraphExecDestroy(g->exec));
+        g->valid = 0;
+    }
+    if (!g->valid) {
+        cudaGraph_t graph;
+        CUDA_CHECK(cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal));
+        enqueue_forward(b, nb, nb);
+        CUDA_CHECK(cudaStreamEndCapture(b->stream, &graph));
+        CUDA_CHECK(cudaGraphInstantiate(&g->exec, graph, 0));
+        CUDA_CHECK(cudaGraphDestroy(graph));
+        memcpy(g->key, key, sizeof key);
+        g->valid = 1;
+        b->n_captures++;
+    }
+    CUDA_CHECK(cudaGraphLaunch(g->exec, b->stream));
+}
+
+static int cuda_forward(Backend *bb, const int *tokens, const int *pos, int n,
+                        const uint8_t *mask, const int *out_rows, int n_out, float *logits,
+                        RsErr *e) {
+    CudaBackend *b = (CudaBackend *)bb;
+    int rc = check_args(b, tokens, pos, n, mask, out_rows, n_out, e);
+    if (rc) return rc;
+    CUDA_CHECK(cudaSetDevice(bb->params.device));
+    int nc = bb->n_committed, np = bb->n_pending, stride = np + n;
+    /* Small calls are padded to their bucket (graph or not, so replay == eager exactly). */
+    int bi = n <= GRAPH_MAX_TOKENS ? bucket_of(n) : -1;
+    int nb = bi >= 0 ? kBuckets[bi] : n;
+    RS_ASSERT(nb <= b->rows);
+    for (int i = 0; i < nb; i++) {
+        b->h_tokens[i] = i < n ? tokens[i] : 0;
+        b->h_pos[i] = i < n ? pos[i] : 0;
+    }
+    int n_head = bi >= 0 ? nb : n_out;
+    for (int i = 0; i < n_head; i++) b->h_rows[i] = i < n_out ? out_rows[i] : 0;
+    if (mask) {
+        memcpy(b->h_mask, mask, (size_t)n * stride);
+    } else { /* causal within the batch, every earlier pending entry visible */
+        for (int t = 0; t < n; t++)
+            for (int j = 0; j < stride; j++) b->h_mask[(size_t)t * stride + j] = j < np + t + 1;
+    }
+    b->h_meta->n = n;
+    b->h_meta->kv_base = nc + np;
+    b->h_meta->n_committed = nc;
+    b->h_meta->mask_stride = stride;
+    cudaStream_t s = b->stream;
+    CUDA_CHECK(cudaMemcpyAsync(b->d_tokens, b->h_tokens, nb * 4, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(b->d_pos, b->h_pos, nb * 4, cudaMemcpyHostToDevice, s));
+    if (n_head)
+        CUDA_CHECK(cudaMemcpyAsync(b->d_rows, b->h_rows, n_head * 4, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(b->d_mask, b->h_mask, (size_t)n * stride, cudaMemcpyHostToDevice,
+                               s));
+    CUDA_CHECK(cudaMemcpyAsync(b->d_meta, b->h_meta, sizeof(CuMeta), cudaMemcpyHostToDevice, s));
+    if (bi >= 0 && b->use_graphs) {
+        launch_graph(b, bi);
+        bb->n_graph_replays++;
+    } else {
+        enqueue_forward(b, nb, n_head);
+        bb->n_eager_launches++;
+    }
+    if (n_out > 0)
+        CUDA_CHECK(cudaMemcpyAsync(logits, b->logits, (size_t)n_out * b->vocab * 4,
+                                   cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    bb->n_pending += n;
+    return RS_OK;
+}
+
+static int cuda_kv_commit(Backend *bb, const int *keep, int n_keep, RsErr *e) {
+    CudaBackend *b = (CudaBackend *)bb;
+    int np = bb->n_pending, nc = bb->n_committed;
+    if (n_keep < 0 || n_keep > np)
+        return rs_err(e, RS_EINVAL, "kv_commit of %d entries with %d pending", n_keep, np);
+    memset(b->keep_seen, 0, (size_t)np);
+    int identity = 1;
+    for (int i = 0; i < n_keep; i++) {
+        if (keep[i] < 0 || keep[i] >= np)
+            return rs_err(e, RS_EINVAL, "kv_commit keep[%d] = %d outside the %d pending entries",
+                          i, keep[i], np);
+        if (b->keep_seen[keep[i]])
+            return rs_err(e, RS_EINVAL, "kv_commit keeps pending entry %d twice", keep[i]);
+        b->keep_seen[keep[i]] = 1;
+        identity &= keep[i] == i;
+    }
+    if (!identity) { /* entries already in place need no copy (e.g. a prefill commit) */
+        CUDA_CHECK(cudaSetDevice(bb->params.device));
+        memcpy(b->h_keep, keep, (size_t)n_keep * 4);
+        CUDA_CHECK(cudaMemcpyAsync(b->d_keep, b->h_keep, (size_t)n_keep * 4,
+                                   cudaMemcpyHostToDevice, b->stream));
+        int cap = bb->params.kv_capacity;
+        cuk_kv_compact(b->stream, b->kc, b->nl, cap, b->kvd, nc, b->d_keep, n_keep, b->kv_scratch);
+        cuk_kv_compact(b->stream, b->vc, b->nl, cap, b->kvd, nc, b->d_keep, n_keep, b->kv_scratch);
+        CUDA_CHECK(cudaStreamSynchronize(b->stream));
+    }
+    bb->n_committed += n_keep;
+    bb->n_pending = 0;
+    return RS_OK;
+}
+
+static void cuda_kv_reset(Backend *bb) {
+    bb->n_committed = 0;
+    bb->n_pending = 0;
+}
+
+extern "C" const BackendOps *cuda_backend_ops_get(void) { return &cuda_ops; }

@@ -1,0 +1,32 @@
+/* Extras of the CUDA backend beyond BackendOps (kernels/cuda_backend.cu), for tests and
+ * the GPU benchmark. Only available in the CUDA build (make cuda): the CPU library does
+ * not define these. */
+#ifndef ROOTSPEC_CUDA_BACKEND_H
+#define ROOTSPEC_CUDA_BACKEND_H
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "backend.h"
+
+/* Like cuda_ops.create, but `shape` supplies only the Config (its weight pointers are not
+ * read): every weight is random, made on the device from `seed` with tu_random_model's
+ * scales. For benchmarks of 8B-sized models that have no f32 copy on the host. */
+int cuda_backend_create_random(const Model *shape, const BackendParams *p, uint64_t seed,
+                               Backend **out, RsErr *e);
+/* Turns CUDA graphs on (1) or off (0) for later forward() calls; the default comes from
+ * ROOTSPEC_CUDA_GRAPHS (unset or not "0": on). */
+void cuda_backend_set_graphs(Backend *b, int on);
+/* Weight bytes one forward streams (bf16 layers + output head), for bandwidth figures. */
+size_t cuda_backend_weight_bytes(const Backend *b);
+/* Number of graph captures so far (a re-capture after a pointer/shape change counts). */
+uint64_t cuda_backend_n_captures(const Backend *b);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

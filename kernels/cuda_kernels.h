@@ -1,0 +1,112 @@
+/* CUDA kernels of the transformer forward (kernels/cuda_kernels.cu), callable from C.
+ * Every launcher takes device pointers and a stream and only enqueues work, so the
+ * backend can capture a whole forward in a CUDA graph. bf16 values cross this C interface
+ * as raw uint16_t bits (the device side reads them as __nv_bfloat16).
+ *
+ * Per-call scalars that change between decode calls (batch size, cache offsets, mask
+ * stride) are read by the kernels from a device-resident CuMeta, never passed by value:
+ * a graph captured once then stays valid for every later call of the same padded size.
+ * Rows >= meta->n of a padded batch are computed or skipped but never written to the
+ * KV cache. */
+#ifndef ROOTSPEC_CUDA_KERNELS_H
+#define ROOTSPEC_CUDA_KERNELS_H
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "../common/model.h"
+
+typedef uint16_t rs_bf16; /* raw bfloat16 bits */
+
+typedef struct {
+    int n;           /* real tokens in this batch; rows [n, nb) are padding */
+    int kv_base;     /* cache slot of this batch's first token (n_committed + n_pending) */
+    int n_committed; /* committed entries: always visible */
+    int mask_stride; /* mask row length = pending before this batch + n */
+} CuMeta;
+
+/* Aborts with the expression, file, line and CUDA's message. */
+#define CUDA_CHECK(expr)                                                                   \
+    do {                                                                                   \
+        cudaError_t err_ = (expr);                                                         \
+        if (err_ != cudaSuccess) {                                                         \
+            fprintf(stderr, "rootspec: CUDA error %s: %s (%s:%d)\n", cudaGetErrorName(err_), \
+                    #expr, __FILE__, __LINE__);                                            \
+            fprintf(stderr, "rootspec:   %s\n", cudaGetErrorString(err_));                  \
+            abort();                                                                       \
+        }                                                                                  \
+    } while (0)
+
+/* Host helpers (no device needed). */
+/* RoPE inverse frequencies (head_dim/2), exactly as kernels/cpu_backend.c computes them. */
+void cuk_rope_inv_freq(const Config *c, float *inv_freq);
+/* Round-to-nearest-even f32 -> bf16 and back, as the device converts. */
+rs_bf16 cuk_f32_to_bf16_host(float f);
+float cuk_bf16_to_f32_host(rs_bf16 h);
+
+/* Conversions and initialisation. */
+void cuk_f32_to_bf16(cudaStream_t s, const float *in, rs_bf16 *out, size_t n);
+/* out[i] = base + scale * U(-sqrt3, sqrt3) from a counter hash of (seed, i): unit variance
+ * noise for random-weight benchmark models, made on the device (no host arrays). */
+void cuk_fill_random_bf16(cudaStream_t s, rs_bf16 *out, size_t n, uint64_t seed, float scale,
+                          float base);
+void cuk_fill_random_f32(cudaStream_t s, float *out, size_t n, uint64_t seed, float scale,
+                         float base);
+
+/* x (nb, dim) = bf16 embedding rows of tokens (nb). */
+void cuk_embed(cudaStream_t s, const rs_bf16 *emb, const int *tokens, int nb, int dim,
+               float *x);
+/* out row r = w * x[row r'] / rms(x[row r']) with r' = rows ? rows[r] : r, for r < nb.
+ * Writes out_f32 and/or out_bf16 (either may be NULL); both (nb, dim). */
+void cuk_rmsnorm(cudaStream_t s, const float *x, const int *rows, const float *w, int nb,
+                 int dim, float eps, float *out_f32, rs_bf16 *out_bf16);
+/* In place per-head RMSNorm (Qwen3 q/k norm): x rows of row_stride floats, n_heads heads of
+ * hd each starting at x; w (hd). */
+void cuk_head_rmsnorm(cudaStream_t s, float *x, int row_stride, int nb, int n_heads, int hd,
+                      const float *w, float eps);
+/* x[t, i] += bias[i] for i < width (rows of row_stride floats). */
+void cuk_bias_add(cudaStream_t s, float *x, int row_stride, int nb, int width,
+                  const float *bias);
+/* cos/sin tables (nb, hd/2): angle = float(pos[t]) * inv_freq[i]; cos/sin in double, as the
+ * CPU reference. */
+void cuk_rope_table(cudaStream_t s, const int *pos, const float *inv_freq, int nb, int half,
+                    float *cos_t, float *sin_t);
+/* Rotate-half RoPE in place on n_heads heads of hd at the start of each row. */
+void cuk_rope(cudaStream_t s, float *x, int row_stride, int nb, int n_heads, int hd,
+              const float *cos_t, const float *sin_t);
+/* Writes k and v rows t < meta->n (f32, at k / v with row_stride) as bf16 into cache slots
+ * meta->kv_base + t of kc / vc (cap, kv_dim) (one layer). */
+void cuk_kv_store(cudaStream_t s, const float *k, const float *v, int row_stride, int nb,
+                  int kv_dim, const CuMeta *meta, rs_bf16 *kc, rs_bf16 *vc);
+/* Attention of query rows t < meta->n over cache slots [0, kv_base + n): committed slots
+ * always, pending slot j (relative to n_committed) where mask[t * mask_stride + j]. GQA,
+ * scale 1/sqrt(hd), f32 online softmax. q rows of q_stride floats (n_heads*hd used);
+ * out (nb, n_heads*hd) bf16 and/or f32; padding rows get zeros. hd <= 256. */
+void cuk_attention(cudaStream_t s, const float *q, int q_stride, const rs_bf16 *kc,
+                   const rs_bf16 *vc, const uint8_t *mask, const CuMeta *meta, int nb,
+                   int n_heads, int n_kv_heads, int hd, rs_bf16 *out_bf16, float *out_f32);
+/* gu (nb, 2*hidden): gate then up. out (nb, hidden) = silu(gate) * up, bf16 and/or f32. */
+void cuk_swiglu(cudaStream_t s, const float *gu, int nb, int hidden, rs_bf16 *out_bf16,
+                float *out_f32);
+/* x[i] += y[i], i < n. */
+void cuk_residual_add(cudaStream_t s, float *x, const float *y, size_t n);
+/* *out = index of the largest of row (n), ties to the lowest index (row_argmax). */
+void cuk_argmax(cudaStream_t s, const float *row, int n, int *out);
+/* *out = one draw from softmax(row) by inverse CDF at u in [0,1) (row_sample with the
+ * host Rng's uniform). */
+void cuk_sample(cudaStream_t s, const float *row, int n, double u, int *out);
+/* KV compaction for one cache (n_layers, cap, kv_dim): for every layer, slot
+ * n_committed + i <- slot n_committed + keep[i] for i < n_keep (keep on the device),
+ * staged through scratch (n_layers, n_keep, kv_dim) so any order is safe. */
+void cuk_kv_compact(cudaStream_t s, rs_bf16 *cache, int n_layers, int cap, int kv_dim,
+                    int n_committed, const int *keep, int n_keep, rs_bf16 *scratch);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
