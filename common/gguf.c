@@ -1,0 +1,615 @@
+/* GGUF v3 (and v2, same layout) reader: mmaps the file, parses header, metadata and tensor
+ * table with every read bounds-checked against the mapping, then builds a llama Model:
+ * config from llama.* keys, tensors dequantized to f32 into the arena, q/k rows
+ * un-permuted back to the Hugging Face (rotate-half RoPE) layout. The file stays mapped in
+ * Model.gguf because the tokenizer reads tokenizer.ggml.* through gguf_get_*. */
+#include "loader.h"
+#include "model_internal.h"
+#include "quant.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <strings.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum {
+    GV_U8 = 0, GV_I8 = 1, GV_U16 = 2, GV_I16 = 3, GV_U32 = 4, GV_I32 = 5, GV_F32 = 6,
+    GV_BOOL = 7, GV_STR = 8, GV_ARR = 9, GV_U64 = 10, GV_I64 = 11, GV_F64 = 12, GV_COUNT
+};
+#define GGUF_MAX_DEPTH 8 /* nested arrays deeper than this are refused (stack safety) */
+
+typedef struct {
+    const char *key;
+    size_t key_len;
+    uint32_t type;
+    const uint8_t *val;  /* the value; for arrays the first element */
+    uint32_t arr_type;   /* arrays only */
+    uint64_t arr_n;      /* arrays only */
+    uint64_t *str_off;   /* string arrays: entry i's length prefix is at val + str_off[i] */
+} GGUFKV;
+
+typedef struct {
+    const char *name;
+    size_t name_len;
+    uint32_t n_dims;
+    uint64_t ne[4];
+    uint32_t type;
+    uint64_t offset, nbytes;
+    const uint8_t *data;
+} GGUFTensor;
+
+struct GGUFFile {
+    char path[1024];
+    const uint8_t *map;
+    size_t size;
+    uint32_t version;
+    GGUFKV *kv;
+    size_t n_kv;
+    GGUFTensor *t;
+    size_t n_t;
+    uint64_t alignment, data_off;
+};
+
+/* ---- bounds-checked reader ---- */
+
+typedef struct {
+    const uint8_t *base;
+    size_t size, pos;
+    const char *path;
+    RsErr *e;
+} Rd;
+
+static int rd_need(Rd *r, uint64_t n, const char *what) {
+    if (n > r->size - r->pos)
+        return rs_err(r->e, RS_EFORMAT,
+                      "'%s' is truncated: %s at byte %zu needs %llu bytes, file has %zu", r->path,
+                      what, r->pos, (unsigned long long)n, r->size);
+    return RS_OK;
+}
+
+static uint64_t le(const uint8_t *p, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+static int rd_u32(Rd *r, uint32_t *v, const char *what) {
+    int rc = rd_need(r, 4, what);
+    if (rc) return rc;
+    *v = (uint32_t)le(r->base + r->pos, 4);
+    r->pos += 4;
+    return RS_OK;
+}
+
+static int rd_u64(Rd *r, uint64_t *v, const char *what) {
+    int rc = rd_need(r, 8, what);
+    if (rc) return rc;
+    *v = le(r->base + r->pos, 8);
+    r->pos += 8;
+    return RS_OK;
+}
+
+static int rd_str(Rd *r, const char **s, size_t *len, const char *what) {
+    uint64_t n;
+    int rc = rd_u64(r, &n, what);
+    if (rc) return rc;
+    if ((rc = rd_need(r, n, what))) return rc;
+    *s = (const char *)r->base + r->pos;
+    *len = (size_t)n;
+    r->pos += (size_t)n;
+    return RS_OK;
+}
+
+static size_t scalar_size(uint32_t t) {
+    switch (t) {
+    case GV_U8: case GV_I8: case GV_BOOL: return 1;
+    case GV_U16: case GV_I16: return 2;
+    case GV_U32: case GV_I32: case GV_F32: return 4;
+    case GV_U64: case GV_I64: case GV_F64: return 8;
+    default: return 0;
+    }
+}
+
+/* Skips one value of type t; `key` only names the metadata entry in messages. */
+static int skip_value(Rd *r, uint32_t t, int depth, const char *key, size_t klen) {
+    if (t == GV_STR) {
+        const char *s;
+        size_t n;
+        return rd_str(r, &s, &n, "metadata string");
+    }
+    if (t == GV_ARR) {
+        if (depth >= GGUF_MAX_DEPTH)
+            return rs_err(r->e, RS_EFORMAT, "'%s': metadata '%.*s' nests arrays deeper than %d",
+                          r->path, (int)klen, key, GGUF_MAX_DEPTH);
+        uint32_t at;
+        uint64_t n;
+        int rc = rd_u32(r, &at, "array type");
+        if (!rc) rc = rd_u64(r, &n, "array length");
+        if (rc) return rc;
+        if (at >= GV_COUNT)
+            return rs_err(r->e, RS_EFORMAT, "'%s': metadata '%.*s' has unknown array type %u",
+                          r->path, (int)klen, key, at);
+        size_t es = scalar_size(at);
+        /* minimum bytes per element: a string has its 8-byte length, an array 12 bytes */
+        size_t min_es = es ? es : (at == GV_STR ? 8 : 12);
+        if (n > (r->size - r->pos) / min_es)
+            return rs_err(r->e, RS_EFORMAT,
+                          "'%s': metadata '%.*s' claims %llu array elements, more than the "
+                          "file holds",
+                          r->path, (int)klen, key, (unsigned long long)n);
+        if (es) {
+            r->pos += (size_t)(n * es);
+            return RS_OK;
+        }
+        for (uint64_t i = 0; i < n; i++) {
+            rc = skip_value(r, at, depth + 1, key, klen);
+            if (rc) return rc;
+        }
+        return RS_OK;
+    }
+    size_t es = scalar_size(t);
+    if (!es)
+        return rs_err(r->e, RS_EFORMAT, "'%s': metadata '%.*s' has unknown value type %u",
+                      r->path, (int)klen, key, t);
+    int rc = rd_need(r, es, "metadata value");
+    if (rc) return rc;
+    r->pos += es;
+    return RS_OK;
+}
+
+/* ---- parsing ---- */
+
+void gguf_close(GGUFFile **pg) {
+    if (!pg || !*pg) return;
+    GGUFFile *g = *pg;
+    if (g->kv)
+        for (size_t i = 0; i < g->n_kv; i++) free(g->kv[i].str_off);
+    free(g->kv);
+    free(g->t);
+    if (g->map) munmap((void *)g->map, g->size);
+    free(g);
+    *pg = NULL;
+}
+
+static const GGUFKV *find_kv(const GGUFFile *g, const char *key) {
+    if (!g) return NULL;
+    size_t n = strlen(key);
+    for (size_t i = 0; i < g->n_kv; i++)
+        if (g->kv[i].key_len == n && memcmp(g->kv[i].key, key, n) == 0) return &g->kv[i];
+    return NULL;
+}
+
+static int parse(GGUFFile *g, RsErr *e) {
+    Rd r = {g->map, g->size, 0, g->path, e};
+    int rc = rd_need(&r, 4, "magic");
+    if (rc) return rc;
+    if (memcmp(g->map, "GGUF", 4) != 0) {
+        char m[20];
+        snprintf(m, sizeof m, "%02x %02x %02x %02x", g->map[0], g->map[1], g->map[2], g->map[3]);
+        return rs_err(e, RS_EFORMAT, "'%s' is not a GGUF file: bad magic (bytes %s)", g->path, m);
+    }
+    r.pos = 4;
+    if ((rc = rd_u32(&r, &g->version, "version"))) return rc;
+    if (g->version != 2 && g->version != 3)
+        return rs_err(e, RS_EUNSUPPORTED, "'%s': unsupported GGUF version %u (rootspec reads 2 and 3)",
+                      g->path, g->version);
+    uint64_t n_t, n_kv;
+    if ((rc = rd_u64(&r, &n_t, "tensor count"))) return rc;
+    if ((rc = rd_u64(&r, &n_kv, "metadata count"))) return rc;
+    /* each metadata entry takes >= 13 bytes, each tensor info >= 28 */
+    if (n_kv > (r.size - r.pos) / 13 || n_t > (r.size - r.pos) / 28)
+        return rs_err(e, RS_EFORMAT,
+                      "'%s': header claims %llu metadata entries and %llu tensors, more than the "
+                      "file of %zu bytes holds",
+                      g->path, (unsigned long long)n_kv, (unsigned long long)n_t, g->size);
+    g->kv = rs_xcalloc((size_t)n_kv, sizeof(GGUFKV));
+    g->t = rs_xcalloc((size_t)n_t, sizeof(GGUFTensor));
+    g->alignment = 32;
+    for (uint64_t i = 0; i < n_kv; i++) {
+        GGUFKV *kv = &g->kv[g->n_kv++];
+        if ((rc = rd_str(&r, &kv->key, &kv->key_len, "metadata key"))) return rc;
+        if ((rc = rd_u32(&r, &kv->type, "metadata type"))) return rc;
+        size_t start = r.pos;
+        if (kv->type == GV_ARR) {
+            if ((rc = rd_u32(&r, &kv->arr_type, "array type"))) return rc;
+            if ((rc = rd_u64(&r, &kv->arr_n, "array length"))) return rc;
+            r.pos = start;
+        }
+        if ((rc = skip_value(&r, kv->type, 0, kv->key, kv->key_len))) return rc;
+        kv->val = g->map + start + (kv->type == GV_ARR ? 12 : 0);
+        if (kv->type == GV_ARR && kv->arr_type == GV_STR) {
+            /* index string entries once so gguf_arr_str is O(1) for 50k-token vocabularies */
+            kv->str_off = rs_xmalloc((size_t)kv->arr_n * sizeof(uint64_t) + 1);
+            uint64_t off = 0;
+            for (uint64_t j = 0; j < kv->arr_n; j++) {
+                kv->str_off[j] = off;
+                off += 8 + le(kv->val + off, 8); /* validated by skip_value */
+            }
+        }
+    }
+    const GGUFKV *al = find_kv(g, "general.alignment");
+    if (al) {
+        uint64_t a = al->type == GV_U32 ? le(al->val, 4) : al->type == GV_U64 ? le(al->val, 8) : 0;
+        if (a == 0 || a > (1u << 20) || (a & (a - 1)))
+            return rs_err(e, RS_EFORMAT,
+                          "'%s': general.alignment %llu is not a power of two up to 1 MiB", g->path,
+                          (unsigned long long)a);
+        g->alignment = a;
+    }
+    for (uint64_t i = 0; i < n_t; i++) {
+        GGUFTensor *t = &g->t[g->n_t++];
+        if ((rc = rd_str(&r, &t->name, &t->name_len, "tensor name"))) return rc;
+        if ((rc = rd_u32(&r, &t->n_dims, "tensor dimension count"))) return rc;
+        if (t->n_dims < 1 || t->n_dims > 4)
+            return rs_err(e, RS_EFORMAT, "'%s': tensor '%.*s' has %u dimensions (1 to 4 allowed)",
+                          g->path, (int)t->name_len, t->name, t->n_dims);
+        uint64_t nel = 1;
+        for (uint32_t d = 0; d < 4; d++) t->ne[d] = 1;
+        for (uint32_t d = 0; d < t->n_dims; d++) {
+            if ((rc = rd_u64(&r, &t->ne[d], "tensor dimension"))) return rc;
+            if (t->ne[d] == 0 || t->ne[d] > (1ull << 40) || nel > (1ull << 48) / t->ne[d])
+                return rs_err(e, RS_EFORMAT, "'%s': tensor '%.*s' has absurd dimension ne[%u] = %llu",
+                              g->path, (int)t->name_len, t->name, d, (unsigned long long)t->ne[d]);
+            nel *= t->ne[d];
+        }
+        if ((rc = rd_u32(&r, &t->type, "tensor type"))) return rc;
+        if ((rc = rd_u64(&r, &t->offset, "tensor offset"))) return rc;
+        size_t be, bb;
+        if (quant_type_geometry(t->type, &be, &bb) != 0)
+            return rs_err(e, RS_EFORMAT, "'%s': tensor '%.*s' has unknown ggml type %u", g->path,
+                          (int)t->name_len, t->name, t->type);
+        if (t->ne[0] % be != 0)
+            return rs_err(e, RS_EFORMAT,
+                          "'%s': tensor '%.*s' row length %llu is not a multiple of the %s block "
+                          "size %zu",
+                          g->path, (int)t->name_len, t->name, (unsigned long long)t->ne[0],
+                          quant_type_name(t->type), be);
+        t->nbytes = nel / be * bb;
+        if (t->offset % g->alignment != 0)
+            return rs_err(e, RS_EFORMAT, "'%s': tensor '%.*s' offset %llu is not aligned to %llu",
+                          g->path, (int)t->name_len, t->name, (unsigned long long)t->offset,
+                          (unsigned long long)g->alignment);
+    }
+    g->data_off = (r.pos + g->alignment - 1) / g->alignment * g->alignment;
+    for (size_t i = 0; i < g->n_t; i++) {
+        GGUFTensor *t = &g->t[i];
+        /* offsets < 2^64 - 2^49 and sizes < 2^49 keep these sums from wrapping */
+        if (t->offset > (1ull << 62) || g->data_off + t->offset + t->nbytes > g->size)
+            return rs_err(e, RS_EFORMAT,
+                          "'%s' is truncated: tensor '%.*s' data ends at byte %llu, file has %zu "
+                          "bytes",
+                          g->path, (int)t->name_len, t->name,
+                          (unsigned long long)(g->data_off + t->offset + t->nbytes), g->size);
+        t->data = g->map + g->data_off + t->offset;
+    }
+    return RS_OK;
+}
+
+static int gguf_open(const char *path, GGUFFile **out, RsErr *e) {
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return rs_err(e, RS_EIO, "cannot open '%s': %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int err = errno;
+        close(fd);
+        return rs_err(e, RS_EIO, "cannot stat '%s': %s", path, strerror(err));
+    }
+    if (st.st_size < 4) {
+        close(fd);
+        return rs_err(e, RS_EFORMAT, "'%s' is truncated: %lld bytes, too short for a GGUF header",
+                      path, (long long)st.st_size);
+    }
+    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int err = errno;
+    close(fd);
+    if (map == MAP_FAILED) return rs_err(e, RS_EIO, "cannot mmap '%s': %s", path, strerror(err));
+    GGUFFile *g = rs_xcalloc(1, sizeof *g);
+    snprintf(g->path, sizeof g->path, "%s", path);
+    g->map = map;
+    g->size = (size_t)st.st_size;
+    int rc = parse(g, e);
+    if (rc) {
+        gguf_close(&g);
+        return rc;
+    }
+    *out = g;
+    return RS_OK;
+}
+
+/* ---- metadata accessors ---- */
+
+int gguf_get_str(const GGUFFile *g, const char *key, const char **s, size_t *len) {
+    const GGUFKV *kv = find_kv(g, key);
+    if (!kv || kv->type != GV_STR) return -1;
+    *len = (size_t)le(kv->val, 8);
+    *s = (const char *)kv->val + 8;
+    return 0;
+}
+
+/* Reads a scalar of numeric type t at p as a double (integers up to 2^53 exactly). */
+static int num_at(uint32_t t, const uint8_t *p, double *v) {
+    switch (t) {
+    case GV_U8: case GV_BOOL: *v = p[0]; return 0;
+    case GV_I8: *v = (int8_t)p[0]; return 0;
+    case GV_U16: *v = (uint16_t)le(p, 2); return 0;
+    case GV_I16: *v = (int16_t)(uint16_t)le(p, 2); return 0;
+    case GV_U32: *v = (uint32_t)le(p, 4); return 0;
+    case GV_I32: *v = (int32_t)(uint32_t)le(p, 4); return 0;
+    case GV_U64: *v = (double)le(p, 8); return 0;
+    case GV_I64: *v = (double)(int64_t)le(p, 8); return 0;
+    case GV_F32: { uint32_t b = (uint32_t)le(p, 4); float f; memcpy(&f, &b, 4); *v = f; return 0; }
+    case GV_F64: { uint64_t b = le(p, 8); double d; memcpy(&d, &b, 8); *v = d; return 0; }
+    default: return -1;
+    }
+}
+
+int gguf_get_int(const GGUFFile *g, const char *key, long long *v) {
+    const GGUFKV *kv = find_kv(g, key);
+    if (!kv) return -1;
+    switch (kv->type) {
+    case GV_U64: *v = (long long)le(kv->val, 8); return 0;
+    case GV_I64: *v = (long long)(int64_t)le(kv->val, 8); return 0;
+    case GV_F32: case GV_F64: case GV_STR: case GV_ARR: return -1;
+    default: {
+        double d;
+        if (num_at(kv->type, kv->val, &d)) return -1;
+        *v = (long long)d;
+        return 0;
+    }
+    }
+}
+
+static int gguf_get_float(const GGUFFile *g, const char *key, double *v) {
+    const GGUFKV *kv = find_kv(g, key);
+    if (!kv || kv->type == GV_STR || kv->type == GV_ARR) return -1;
+    return num_at(kv->type, kv->val, v);
+}
+
+int gguf_get_arr_n(const GGUFFile *g, const char *key, size_t *n) {
+    const GGUFKV *kv = find_kv(g, key);
+    if (!kv || kv->type != GV_ARR) return -1;
+    *n = (size_t)kv->arr_n;
+    return 0;
+}
+
+int gguf_arr_str(const GGUFFile *g, const char *key, size_t i, const char **s, size_t *len) {
+    const GGUFKV *kv = find_kv(g, key);
+    if (!kv || kv->type != GV_ARR || kv->arr_type != GV_STR || i >= kv->arr_n) return -1;
+    const uint8_t *p = kv->val + kv->str_off[i];
+    *len = (size_t)le(p, 8);
+    *s = (const char *)p + 8;
+    return 0;
+}
+
+int gguf_arr_num(const GGUFFile *g, const char *key, size_t i, double *v) {
+    const GGUFKV *kv = find_kv(g, key);
+    if (!kv || kv->type != GV_ARR || i >= kv->arr_n) return -1;
+    size_t es = scalar_size(kv->arr_type);
+    if (!es) return -1;
+    return num_at(kv->arr_type, kv->val + i * es, v);
+}
+
+/* ---- model building ---- */
+
+static const GGUFTensor *find_tensor(const GGUFFile *g, const char *name) {
+    size_t n = strlen(name);
+    for (size_t i = 0; i < g->n_t; i++)
+        if (g->t[i].name_len == n && memcmp(g->t[i].name, name, n) == 0) return &g->t[i];
+    return NULL;
+}
+
+/* Required integer hyper-parameter `llama.<key>`. */
+static int need_int(const GGUFFile *g, const char *key, int *v, RsErr *e) {
+    char full[128];
+    snprintf(full, sizeof full, "llama.%s", key);
+    long long x;
+    if (gguf_get_int(g, full, &x) != 0)
+        return rs_err(e, RS_EFORMAT, "'%s': missing or non-integer metadata '%s'", g->path, full);
+    if (x < 0 || x > (1 << 30))
+        return rs_err(e, RS_EFORMAT, "'%s': metadata '%s' = %lld is out of range", g->path, full, x);
+    *v = (int)x;
+    return RS_OK;
+}
+
+static int read_config(const GGUFFile *g, Config *c, RsErr *e) {
+    const char *arch;
+    size_t alen;
+    if (gguf_get_str(g, "general.architecture", &arch, &alen) != 0)
+        return rs_err(e, RS_EFORMAT, "'%s': no general.architecture metadata", g->path);
+    if (alen != 5 || memcmp(arch, "llama", 5) != 0)
+        return rs_err(e, RS_EUNSUPPORTED,
+                      "'%s': architecture '%.*s' is not supported (the GGUF loader reads llama)",
+                      g->path, (int)(alen > 64 ? 64 : alen), arch);
+    memset(c, 0, sizeof *c);
+    c->arch = ARCH_LLAMA;
+    int rc;
+    if ((rc = need_int(g, "embedding_length", &c->dim, e))) return rc;
+    if ((rc = need_int(g, "feed_forward_length", &c->hidden_dim, e))) return rc;
+    if ((rc = need_int(g, "block_count", &c->n_layers, e))) return rc;
+    if ((rc = need_int(g, "attention.head_count", &c->n_heads, e))) return rc;
+    long long x;
+    c->n_kv_heads = c->n_heads;
+    if (gguf_get_int(g, "llama.attention.head_count_kv", &x) == 0)
+        c->n_kv_heads = x > 0 && x <= 1024 ? (int)x : -1; /* -1: reported by loader_check_config */
+    c->head_dim = c->n_heads > 0 ? c->dim / c->n_heads : 0;
+    if (gguf_get_int(g, "llama.attention.key_length", &x) == 0) c->head_dim = x > 0 && x < 4096 ? (int)x : -1;
+    size_t nt;
+    if (gguf_get_int(g, "llama.vocab_size", &x) == 0) c->vocab_size = x > 0 && x < (1 << 30) ? (int)x : -1;
+    else if (gguf_get_arr_n(g, "tokenizer.ggml.tokens", &nt) == 0) c->vocab_size = nt < (1u << 30) ? (int)nt : -1;
+    else {
+        const GGUFTensor *t = find_tensor(g, "token_embd.weight");
+        c->vocab_size = t && t->n_dims == 2 && t->ne[1] < (1u << 30) ? (int)t->ne[1] : -1;
+    }
+    c->max_seq_len = gguf_get_int(g, "llama.context_length", &x) == 0 && x > 0 && x < (1 << 30) ? (int)x : 4096;
+    double d;
+    c->norm_eps = gguf_get_float(g, "llama.attention.layer_norm_rms_epsilon", &d) == 0 ? (float)d : 1e-5f;
+    c->rope_theta = gguf_get_float(g, "llama.rope.freq_base", &d) == 0 ? (float)d : 10000.0f;
+    const char *st;
+    size_t stl;
+    if (gguf_get_str(g, "llama.rope.scaling.type", &st, &stl) == 0 &&
+        !(stl == 4 && memcmp(st, "none", 4) == 0))
+        return rs_err(e, RS_EUNSUPPORTED, "'%s': rope scaling type '%.*s' is not supported",
+                      g->path, (int)(stl > 64 ? 64 : stl), st);
+    c->bos_id = gguf_get_int(g, "tokenizer.ggml.bos_token_id", &x) == 0 ? (int)x : -1;
+    c->eos_id = gguf_get_int(g, "tokenizer.ggml.eos_token_id", &x) == 0 ? (int)x : -1;
+    c->tied_embeddings = find_tensor(g, "output.weight") == NULL;
+    return loader_check_config(c, g->path, e);
+}
+
+/* Llama-3.x GGUFs carry rope scaling as a rope_freqs.weight tensor of per-frequency
+ * divisors. Recover the llama3 parameters by checking the tensor against the llama3 formula
+ * with the metadata (or Meta's defaults); anything else is refused rather than guessed. */
+static int read_rope_freqs(const GGUFFile *g, Config *c, RsErr *e) {
+    const GGUFTensor *t = find_tensor(g, "rope_freqs.weight");
+    if (!t) return RS_OK;
+    int half = c->head_dim / 2;
+    if (t->type != QT_F32 || t->n_dims != 1 || t->ne[0] != (uint64_t)half)
+        return rs_err(e, RS_EUNSUPPORTED, "'%s': rope_freqs.weight is not F32 [%d]", g->path, half);
+    float *f = rs_xmalloc(sizeof(float) * (size_t)half);
+    quant_dequantize(QT_F32, t->data, f, (size_t)half);
+    double factor = 0, lo = 1.0, hi = 4.0, orig = 8192, v;
+    for (int i = 0; i < half; i++) factor = f[i] > factor ? f[i] : factor;
+    if (gguf_get_float(g, "llama.rope.scaling.factor", &v) == 0) factor = v;
+    if (gguf_get_float(g, "llama.rope.scaling.original_context_length", &v) == 0) orig = v;
+    int ok = factor >= 1.0;
+    for (int i = 0; i < half && ok; i++) {
+        double freq = 1.0 / pow(c->rope_theta, (2.0 * i) / c->head_dim);
+        double wl = 2 * 3.141592653589793 / freq, want;
+        if (wl < orig / hi) want = 1.0;
+        else if (wl > orig / lo) want = factor;
+        else {
+            double s = (orig / wl - lo) / (hi - lo);
+            want = 1.0 / ((1 - s) / factor + s);
+        }
+        ok = fabs(f[i] - want) <= 1e-3 * want;
+    }
+    free(f);
+    if (!ok)
+        return rs_err(e, RS_EUNSUPPORTED,
+                      "'%s': rope_freqs.weight does not match llama3 rope scaling (factor %g, "
+                      "low 1, high 4, original context %g)",
+                      g->path, factor, orig);
+    c->rope_scaling = 1;
+    c->rope_factor = (float)factor;
+    c->rope_low_freq_factor = (float)lo;
+    c->rope_high_freq_factor = (float)hi;
+    c->rope_orig_max_pos = (int)orig;
+    return RS_OK;
+}
+
+static void fmt_shape(char *buf, size_t n, const uint64_t *ne, int nd) {
+    int k = snprintf(buf, n, "[");
+    for (int d = 0; d < nd && k < (int)n; d++)
+        k += snprintf(buf + k, n - (size_t)k, "%s%llu", d ? ", " : "", (unsigned long long)ne[d]);
+    if (k < (int)n) snprintf(buf + k, n - (size_t)k, "]");
+}
+
+/* Dequantizes one planned weight. q/k rows were permuted by llama.cpp's converter
+ * (HF row h*hd + j*hd/2 + i went to GGUF row h*hd + 2*i + j); write each GGUF row to its
+ * HF row so RoPE can use the rotate-half form. */
+static int load_tensor(const GGUFFile *g, const WeightReq *w, uint64_t *fp, RsErr *e) {
+    const GGUFTensor *t = find_tensor(g, w->gguf_name);
+    if (!t) return rs_err(e, RS_EFORMAT, "'%s': missing tensor '%s'", g->path, w->gguf_name);
+    uint64_t want[2] = {(uint64_t)(w->cols ? w->cols : w->rows), (uint64_t)w->rows};
+    int want_nd = w->cols ? 2 : 1;
+    if ((int)t->n_dims != want_nd || t->ne[0] != want[0] || (want_nd == 2 && t->ne[1] != want[1])) {
+        char a[96], b[96];
+        fmt_shape(a, sizeof a, t->ne, (int)t->n_dims);
+        fmt_shape(b, sizeof b, want, want_nd);
+        return rs_err(e, RS_EFORMAT,
+                      "'%s': tensor '%s' has shape %s, expected %s (GGUF order, ne[0] first)",
+                      g->path, w->gguf_name, a, b);
+    }
+    if (!quant_type_supported(t->type))
+        return rs_err(e, RS_EUNSUPPORTED,
+                      "'%s': tensor '%s' has type %s, which rootspec cannot dequantize (F32, F16, "
+                      "BF16, Q8_0, Q4_0, Q4_1 are supported)",
+                      g->path, w->gguf_name, quant_type_name(t->type));
+    *fp = loader_fnv(*fp, w->gguf_name, strlen(w->gguf_name));
+    *fp = loader_fnv(*fp, &t->type, sizeof t->type);
+    *fp = loader_fnv(*fp, t->ne, sizeof t->ne);
+    float *dst = *w->slot;
+    size_t rows = (size_t)w->rows, cols = (size_t)(w->cols ? w->cols : 1);
+    if (!w->perm_heads || rows % (size_t)w->perm_heads != 0) {
+        quant_dequantize(t->type, t->data, dst, rows * cols);
+        return RS_OK;
+    }
+    size_t be, bb;
+    quant_type_geometry(t->type, &be, &bb);
+    if (!w->cols) { /* a vector (bias) is permuted element-wise: blocks of 1 only */
+        be = 1;
+        RS_ASSERT(t->type == QT_F32 || t->type == QT_F16 || t->type == QT_BF16);
+    }
+    size_t row_bytes = cols / be * bb, hd = rows / (size_t)w->perm_heads;
+    if (!w->cols) { /* dequantize then scatter */
+        float *tmp = rs_xmalloc(rows * sizeof(float));
+        quant_dequantize(t->type, t->data, tmp, rows);
+        for (size_t r = 0; r < rows; r++)
+            dst[(r / hd) * hd + (r % 2) * (hd / 2) + (r % hd) / 2] = tmp[r];
+        free(tmp);
+        return RS_OK;
+    }
+    for (size_t r = 0; r < rows; r++) {
+        size_t h = r / hd, rem = r % hd;
+        size_t hf_row = h * hd + (rem % 2) * (hd / 2) + rem / 2;
+        quant_dequantize(t->type, t->data + r * row_bytes, dst + hf_row * cols, cols);
+    }
+    return RS_OK;
+}
+
+static int contains(const char *s, size_t n, const char *needle, int icase) {
+    size_t k = strlen(needle);
+    for (size_t i = 0; i + k <= n; i++)
+        if (icase ? strncasecmp(s + i, needle, k) == 0 : memcmp(s + i, needle, k) == 0) return 1;
+    return 0;
+}
+
+static void chat_hint(const GGUFFile *g, char *out, size_t n) {
+    const char *name = "", *tmpl = "";
+    size_t nl = 0, tl = 0;
+    gguf_get_str(g, "general.name", &name, &nl);
+    gguf_get_str(g, "tokenizer.chat_template", &tmpl, &tl);
+    const char *h = "";
+    if (contains(name, nl, "smollm", 1) || contains(tmpl, tl, "SmolLM", 0)) h = "smollm2";
+    else if (contains(tmpl, tl, "<|im_start|>", 0) &&
+             (contains(name, nl, "qwen3", 1) || contains(tmpl, tl, "<think>", 0)))
+        h = "qwen3";
+    else if (contains(tmpl, tl, "<|im_start|>", 0) &&
+             (contains(name, nl, "qwen", 1) || contains(tmpl, tl, "Qwen", 0)))
+        h = "qwen2";
+    else if (contains(tmpl, tl, "<|start_header_id|>", 0)) h = "llama3";
+    snprintf(out, n, "%s", h);
+}
+
+int gguf_load_model(const char *path, Model **out, RsErr *e) {
+    *out = NULL;
+    GGUFFile *g;
+    int rc = gguf_open(path, &g, e);
+    if (rc) return rc;
+    Model *m = rs_xcalloc(1, sizeof(Model));
+    m->gguf = g;
+    snprintf(m->path, sizeof m->path, "%s", path);
+    m->tok_source = TOKSRC_GGUF;
+    WeightReq *reqs = NULL;
+    int n = 0;
+    if ((rc = read_config(g, &m->cfg, e)) || (rc = read_rope_freqs(g, &m->cfg, e)) ||
+        (rc = loader_plan(m, &reqs, &n, e))) {
+        model_free(&m);
+        return rc;
+    }
+    uint64_t fp = loader_fnv_config(0xcbf29ce484222325ull, &m->cfg);
+    for (int i = 0; i < n && !rc; i++) rc = load_tensor(g, &reqs[i], &fp, e);
+    free(reqs);
+    if (rc) {
+        model_free(&m);
+        return rc;
+    }
+    snprintf(m->fingerprint, sizeof m->fingerprint, "%016llx", (unsigned long long)fp);
+    chat_hint(g, m->chat_hint, sizeof m->chat_hint);
+    *out = m;
+    return RS_OK;
+}

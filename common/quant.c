@@ -1,0 +1,121 @@
+/* Dequantization of the ggml tensor types rootspec accepts (F32, F16, BF16, Q8_0, Q4_0,
+ * Q4_1), plus the geometry table of every ggml type so the GGUF parser can bounds-check
+ * tensors it will later refuse. Reads go through memcpy/byte loads: block fields are
+ * only 2-byte aligned inside a mapping and UBSan rejects misaligned loads. */
+#include "quant.h"
+#include "util.h"
+#include <string.h>
+
+typedef struct {
+    uint32_t id;
+    const char *name;
+    uint16_t block_elems, block_bytes;
+} TypeInfo;
+
+/* From gguf-py's GGML_QUANT_SIZES (gguf 0.19). */
+static const TypeInfo TYPES[] = {
+    {0, "F32", 1, 4},         {1, "F16", 1, 2},          {2, "Q4_0", 32, 18},
+    {3, "Q4_1", 32, 20},      {6, "Q5_0", 32, 22},       {7, "Q5_1", 32, 24},
+    {8, "Q8_0", 32, 34},      {9, "Q8_1", 32, 40},       {10, "Q2_K", 256, 84},
+    {11, "Q3_K", 256, 110},   {12, "Q4_K", 256, 144},    {13, "Q5_K", 256, 176},
+    {14, "Q6_K", 256, 210},   {15, "Q8_K", 256, 292},    {16, "IQ2_XXS", 256, 66},
+    {17, "IQ2_XS", 256, 74},  {18, "IQ3_XXS", 256, 98},  {19, "IQ1_S", 256, 50},
+    {20, "IQ4_NL", 32, 18},   {21, "IQ3_S", 256, 110},   {22, "IQ2_S", 256, 82},
+    {23, "IQ4_XS", 256, 136}, {24, "I8", 1, 1},          {25, "I16", 1, 2},
+    {26, "I32", 1, 4},        {27, "I64", 1, 8},         {28, "F64", 1, 8},
+    {29, "IQ1_M", 256, 56},   {30, "BF16", 1, 2},        {34, "TQ1_0", 256, 54},
+    {35, "TQ2_0", 256, 66},   {39, "MXFP4", 32, 17},
+};
+
+static const TypeInfo *type_info(uint32_t type) {
+    for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++)
+        if (TYPES[i].id == type) return &TYPES[i];
+    return NULL;
+}
+
+int quant_type_geometry(uint32_t type, size_t *block_elems, size_t *block_bytes) {
+    const TypeInfo *t = type_info(type);
+    if (!t) return -1;
+    *block_elems = t->block_elems;
+    *block_bytes = t->block_bytes;
+    return 0;
+}
+
+const char *quant_type_name(uint32_t type) {
+    const TypeInfo *t = type_info(type);
+    return t ? t->name : NULL;
+}
+
+int quant_type_supported(uint32_t type) {
+    return type == QT_F32 || type == QT_F16 || type == QT_BF16 || type == QT_Q8_0 ||
+           type == QT_Q4_0 || type == QT_Q4_1;
+}
+
+static inline float bits_to_f32(uint32_t b) {
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+float quant_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0) {
+        /* zero or subnormal: man * 2^-24, exact in f32 */
+        float f = (float)man * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    if (exp == 31) return bits_to_f32(sign | 0x7f800000u | (man << 13));
+    return bits_to_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+float quant_bf16_to_f32(uint16_t h) { return bits_to_f32((uint32_t)h << 16); }
+
+static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+void quant_dequantize(uint32_t type, const void *src, float *dst, size_t n) {
+    const uint8_t *p = src;
+    switch (type) {
+    case QT_F32:
+        memcpy(dst, p, n * sizeof(float));
+        return;
+    case QT_F16:
+        for (size_t i = 0; i < n; i++) dst[i] = quant_f16_to_f32(rd16(p + 2 * i));
+        return;
+    case QT_BF16:
+        for (size_t i = 0; i < n; i++) dst[i] = quant_bf16_to_f32(rd16(p + 2 * i));
+        return;
+    case QT_Q8_0: /* { f16 d; int8 qs[32]; } */
+        RS_ASSERT(n % 32 == 0);
+        for (size_t b = 0; b < n / 32; b++, p += 34, dst += 32) {
+            float d = quant_f16_to_f32(rd16(p));
+            const int8_t *qs = (const int8_t *)(p + 2);
+            for (int j = 0; j < 32; j++) dst[j] = d * (float)qs[j];
+        }
+        return;
+    case QT_Q4_0: /* { f16 d; u8 qs[16]; }: low nibbles are elements 0..15, high 16..31 */
+        RS_ASSERT(n % 32 == 0);
+        for (size_t b = 0; b < n / 32; b++, p += 18, dst += 32) {
+            float d = quant_f16_to_f32(rd16(p));
+            const uint8_t *qs = p + 2;
+            for (int j = 0; j < 16; j++) {
+                dst[j] = d * (float)((int)(qs[j] & 0x0f) - 8);
+                dst[j + 16] = d * (float)((int)(qs[j] >> 4) - 8);
+            }
+        }
+        return;
+    case QT_Q4_1: /* { f16 d; f16 m; u8 qs[16]; }: x = d*q + m */
+        RS_ASSERT(n % 32 == 0);
+        for (size_t b = 0; b < n / 32; b++, p += 20, dst += 32) {
+            float d = quant_f16_to_f32(rd16(p)), m = quant_f16_to_f32(rd16(p + 2));
+            const uint8_t *qs = p + 4;
+            for (int j = 0; j < 16; j++) {
+                dst[j] = d * (float)(qs[j] & 0x0f) + m;
+                dst[j + 16] = d * (float)(qs[j] >> 4) + m;
+            }
+        }
+        return;
+    default:
+        RS_ASSERT(!"quant_dequantize: unsupported type");
+    }
+}
