@@ -54,7 +54,7 @@ $(foreach m,$(MAIN_SRCS),$(eval $(call BIN_RULE,$(m))))
 # One test binary, one Check summary: tests/test_NAME.c defines Suite *suite_NAME(void).
 build/suites.inc: $(TEST_SRCS)
 	@mkdir -p build
-	@printf '%s\n' $(patsubst tests/test_%.c,SUITE(%),$(TEST_SRCS)) > $@.tmp
+	@printf '%s\n' $(patsubst tests/test_%.c,'SUITE(%)',$(TEST_SRCS)) > $@.tmp
 	@cmp -s $@.tmp $@ || mv $@.tmp $@; rm -f $@.tmp
 
 build/san/tests/main.o: build/suites.inc

@@ -405,6 +405,15 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
                 goto commit;
             }
             ri.draft_ns = pool->draft_ns;
+            if (o->test_wrong_x1 && need_root) {
+                double z = 0, u;
+                for (int k = 0; k < pool->root_n_children; k++) z += exp(pool->logq[k]);
+                u = rng_uniform(&rng) * z;
+                for (int k = 0; k < pool->root_n_children; k++) {
+                    x1 = pool->token[k];
+                    if ((u -= exp(pool->logq[k])) < 0) break;
+                }
+            }
             /* Selection. */
             Selection sel, other[RULE_COUNT];
             int B = o->budget;

@@ -25,7 +25,8 @@ typedef struct {
     uint64_t prompt_id;
     int max_new;       /* stop after the round in which output reaches this */
     int score_all;     /* also score every rule's tree in the tree pass (root-pass rules) */
-    int stream_eos;    /* unused by the core; for callers */
+    int test_wrong_x1; /* tests only: draw X1 from the drafter's first level instead of
+                          p0 (a deliberately wrong verifier that must fail exactness) */
 } DecodeOpts;
 
 #define ROUND_MAX_EMIT (TREE_MAX + 2)
