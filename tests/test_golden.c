@@ -1,0 +1,208 @@
+/* Golden forward: the CPU backend (through model_load) against transformers' logits.
+ * Fixtures come from tools/gen_golden.py: tiny random Llama / Llama-3-rope / Qwen2 (f16
+ * safetensors) / Qwen3 models with full logits ("RSGL"), the tiny Llama also as GGUF, and
+ * the default SmolLM2 Q4_1 model's top-10 at a few positions of 3 prompts ("RSTK"). */
+#include "testutil.h"
+#include "common/rng.h"
+#include "kernels/backend.h"
+#include <string.h>
+
+/* Tiny models: relative 1e-4 plus this absolute floor (logits reach |64|; the largest
+ * error measured is printed by each test). */
+#define GOLDEN_RTOL 1e-4f
+#define GOLDEN_ATOL 1e-5f
+/* Default model: 30 layers of f32 re-association on both sides (measured 3.4e-5). */
+#define TOPK_ATOL 5e-4f
+
+typedef struct {
+    int n, vocab;
+    int *tokens;   // (n)
+    float *logits; // (n, vocab)
+} Golden;
+
+/* Bounds-checked reader for "RSGL" v1 (see tools/gen_golden.py). */
+static void golden_read(const char *path, Golden *g) {
+    char *buf = NULL;
+    size_t len = 0;
+    RsErr e = {0};
+    ck_assert_msg(rs_read_file(path, &buf, &len, &e) == RS_OK, "%s", e.msg);
+    uint32_t hdr[3];
+    ck_assert_msg(len >= 16 && memcmp(buf, "RSGL", 4) == 0, "%s: not an RSGL file", path);
+    memcpy(hdr, buf + 4, sizeof hdr);
+    ck_assert_msg(hdr[0] == 1, "%s: RSGL version %u, want 1", path, hdr[0]);
+    ck_assert_msg(hdr[1] > 0 && hdr[1] < 4096 && hdr[2] > 0 && hdr[2] < (1u << 20),
+                  "%s: bad sizes n=%u vocab=%u", path, hdr[1], hdr[2]);
+    g->n = (int)hdr[1];
+    g->vocab = (int)hdr[2];
+    size_t need = 16 + 4 * (size_t)g->n + 4 * (size_t)g->n * g->vocab;
+    ck_assert_msg(len == need, "%s: %zu bytes, want %zu", path, len, need);
+    g->tokens = rs_xmalloc(4 * (size_t)g->n);
+    g->logits = rs_xmalloc(4 * (size_t)g->n * g->vocab);
+    memcpy(g->tokens, buf + 16, 4 * (size_t)g->n);
+    memcpy(g->logits, buf + 16 + 4 * (size_t)g->n, 4 * (size_t)g->n * g->vocab);
+    free(buf);
+}
+
+static Backend *golden_backend(const Model *m, int n) {
+    BackendParams p = {.kv_capacity = n, .max_batch = n, .max_pending = n, .threads = 1};
+    Backend *b = NULL;
+    RsErr e = {0};
+    ck_assert_msg(cpu_backend_ops.create(m, &p, &b, &e) == RS_OK, "%s", e.msg);
+    return b;
+}
+
+static const struct {
+    const char *model;  /* under tests/fixtures/golden/ */
+    const char *logits; /* RSGL fixture */
+    Arch arch;
+} tiny[] = {
+    {"llama", "llama/logits.bin", ARCH_LLAMA},
+    {"llama/llama.gguf", "llama/logits.bin", ARCH_LLAMA},
+    {"llama3_rope", "llama3_rope/logits.bin", ARCH_LLAMA},
+    {"qwen2", "qwen2/logits.bin", ARCH_QWEN2},
+    {"qwen3", "qwen3/logits.bin", ARCH_QWEN3},
+};
+#define N_TINY ((int)(sizeof tiny / sizeof tiny[0]))
+
+/* Whole sequence in one causal batch, then again as two chunks with a commit between. */
+START_TEST(test_tiny_golden) {
+    char mpath[512], lpath[512];
+    snprintf(mpath, sizeof mpath, "tests/fixtures/golden/%s", tiny[_i].model);
+    snprintf(lpath, sizeof lpath, "tests/fixtures/golden/%s", tiny[_i].logits);
+    Golden g;
+    golden_read(lpath, &g);
+    Model *m = NULL;
+    RsErr e = {0};
+    ck_assert_msg(model_load(mpath, &m, &e) == RS_OK, "model_load %s: %s", mpath, e.msg);
+    ck_assert_int_eq(m->cfg.arch, tiny[_i].arch);
+    ck_assert_int_eq(m->cfg.vocab_size, g.vocab);
+    if (strcmp(tiny[_i].model, "llama3_rope") == 0) ck_assert_int_eq(m->cfg.rope_scaling, 1);
+    Backend *b = golden_backend(m, g.n);
+    int *pos = rs_xmalloc(sizeof(int) * g.n), *rows = rs_xmalloc(sizeof(int) * g.n);
+    for (int i = 0; i < g.n; i++) pos[i] = rows[i] = i;
+    float *got = rs_xmalloc(sizeof(float) * g.n * g.vocab), mx = 0, mx2 = 0;
+    ck_assert_msg(backend_forward(b, g.tokens, pos, g.n, NULL, rows, g.n, got, &e) == RS_OK,
+                  "%s", e.msg);
+    int bad = tu_compare(tiny[_i].model, got, g.logits, (size_t)g.n * g.vocab, GOLDEN_ATOL,
+                         GOLDEN_RTOL, &mx);
+
+    b->ops->kv_reset(b);
+    int h = g.n / 2;
+    ck_assert_int_eq(backend_forward(b, g.tokens, pos, h, NULL, rows, h, got, &e), RS_OK);
+    ck_assert_int_eq(backend_kv_commit(b, rows, h, &e), RS_OK);
+    ck_assert_int_eq(backend_forward(b, g.tokens + h, pos + h, g.n - h, NULL, rows, g.n - h,
+                                     got + (size_t)h * g.vocab, &e),
+                     RS_OK);
+    bad += tu_compare(tiny[_i].model, got, g.logits, (size_t)g.n * g.vocab, GOLDEN_ATOL,
+                      GOLDEN_RTOL, &mx2);
+    fprintf(stderr, "golden %-18s %d tokens x %d: max |d| %.3g (one batch), %.3g (chunked)\n",
+            tiny[_i].model, g.n, g.vocab, mx, mx2);
+    ck_assert_msg(bad == 0, "%s: %d logits off transformers (max |d| %g / %g)", tiny[_i].model,
+                  bad, mx, mx2);
+    free(pos);
+    free(rows);
+    free(got);
+    free(g.tokens);
+    free(g.logits);
+    backend_destroy(&b);
+    model_free(&m);
+}
+END_TEST
+
+/* Cursor over an RSTK buffer; every read checks the remaining length. */
+typedef struct {
+    const char *p;
+    size_t left;
+    const char *path;
+} Cur;
+
+static void cur_take(Cur *c, void *dst, size_t n) {
+    ck_assert_msg(c->left >= n, "%s: truncated (%zu bytes left, need %zu)", c->path, c->left, n);
+    memcpy(dst, c->p, n);
+    c->p += n;
+    c->left -= n;
+}
+
+static uint32_t cur_u32(Cur *c, uint32_t max, const char *what) {
+    uint32_t v;
+    cur_take(c, &v, 4);
+    ck_assert_msg(v <= max, "%s: %s = %u exceeds %u", c->path, what, v, max);
+    return v;
+}
+
+START_TEST(test_default_top10) {
+    const char *fx = tu_fixture("golden/smollm2_top10.bin");
+    char *buf = NULL;
+    size_t len = 0;
+    RsErr e = {0};
+    ck_assert_msg(rs_read_file(fx, &buf, &len, &e) == RS_OK, "%s", e.msg);
+    Cur c = {buf, len, fx};
+    char magic[4];
+    cur_take(&c, magic, 4);
+    ck_assert_msg(memcmp(magic, "RSTK", 4) == 0, "%s: not an RSTK file", fx);
+    ck_assert_int_eq(cur_u32(&c, 1, "version"), 1);
+    uint32_t n_prompts = cur_u32(&c, 16, "n_prompts");
+
+    Model *m = NULL;
+    ck_assert_msg(model_load(tu_default_model_path(), &m, &e) == RS_OK, "%s", e.msg);
+    int vocab = m->cfg.vocab_size;
+    Backend *b = golden_backend(m, 64);
+    float *logits = rs_xmalloc(sizeof(float) * 64 * vocab), worst = 0;
+    int rows[64], pos[64], tokens[64], ours[10];
+    for (int i = 0; i < 64; i++) rows[i] = pos[i] = i;
+    int bad = 0;
+    for (uint32_t pi = 0; pi < n_prompts; pi++) {
+        int n = (int)cur_u32(&c, 64, "n_tokens");
+        cur_take(&c, tokens, 4 * (size_t)n);
+        int n_pos = (int)cur_u32(&c, (uint32_t)n, "n_pos"), k = (int)cur_u32(&c, 10, "k");
+        ck_assert_int_eq(k, 10);
+        b->ops->kv_reset(b);
+        ck_assert_msg(backend_forward(b, tokens, pos, n, NULL, rows, n, logits, &e) == RS_OK,
+                      "%s", e.msg);
+        for (int j = 0; j < n_pos; j++) {
+            int p = (int)cur_u32(&c, (uint32_t)n - 1, "pos"), ids[10];
+            float vals[10];
+            cur_take(&c, ids, sizeof ids);
+            cur_take(&c, vals, sizeof vals);
+            const float *row = logits + (size_t)p * vocab;
+            row_topk(row, vocab, 10, ours);
+            for (int r = 0; r < 10; r++) {
+                ck_assert_msg(ids[r] >= 0 && ids[r] < vocab, "%s: id %d", fx, ids[r]);
+                int found = 0;
+                for (int q = 0; q < 10; q++) found |= ours[q] == ids[r];
+                float d = row[ids[r]] - vals[r];
+                if (d < 0) d = -d;
+                if (d > worst) worst = d;
+                if (!found || !(d <= TOPK_ATOL)) {
+                    if (bad < 5)
+                        fprintf(stderr, "prompt %u pos %d: ref #%d id %d logit %.5f, ours %.5f%s\n",
+                                pi, p, r, ids[r], vals[r], row[ids[r]],
+                                found ? "" : " (not in our top-10)");
+                    bad++;
+                }
+            }
+        }
+    }
+    ck_assert_msg(c.left == 0, "%s: %zu trailing bytes", fx, c.left);
+    fprintf(stderr, "golden default model: top-10 over %u prompts, max |d| %.3g\n", n_prompts,
+            worst);
+    ck_assert_msg(bad == 0, "%d top-10 entries differ from transformers (max |d| %g)", bad,
+                  worst);
+    free(buf);
+    free(logits);
+    backend_destroy(&b);
+    model_free(&m);
+}
+END_TEST
+
+Suite *suite_golden(void) {
+    Suite *s = suite_create("golden");
+    TCase *tc = tcase_create("tiny");
+    tcase_add_loop_test(tc, test_tiny_golden, 0, N_TINY);
+    suite_add_tcase(s, tc);
+    TCase *td = tcase_create("default_model");
+    tcase_set_timeout(td, 300);
+    tcase_add_test(td, test_default_top10);
+    suite_add_tcase(s, td);
+    return s;
+}
