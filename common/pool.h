@@ -4,6 +4,7 @@
 #ifndef ROOTSPEC_POOL_H
 #define ROOTSPEC_POOL_H
 #include <stdint.h>
+#include "util.h"
 
 #define POOL_TOPK 10       /* children per expanded node, and depth-1 candidates */
 #define POOL_MAX_DEPTH 8
@@ -40,6 +41,10 @@ typedef struct {
 /* Validates a pool (parents precede children, depths consistent, tokens in [0, vocab),
  * logq <= 0 and finite) and fills score / child links. Returns 0 or -1 (bad pool). */
 int pool_finalize(Pool *p, int vocab_size);
+
+/* Same checks as pool_finalize, with the reason in e (RS_EPROTO): used by proto_decode.
+ * vocab_size <= 0 skips the upper bound on token ids. (Added by the proto module.) */
+int pool_finalize_err(Pool *p, int vocab_size, RsErr *e);
 
 /* Ranking (SPEC §2): score desc, depth asc, pool index asc. Returns <0 if a before b. */
 int pool_rank_cmp(const Pool *p, int a, int b);

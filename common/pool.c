@@ -1,0 +1,75 @@
+/* Pool validation and ranking (SPEC §2). pool_finalize() is the one gate every pool passes
+ * before selection: the drafter's pools arrive over the wire, so nothing in them is
+ * trusted until it has been checked here. */
+#include "pool.h"
+#include "util.h"
+#include <math.h>
+#include <string.h>
+
+int pool_finalize_err(Pool *p, int vocab_size, RsErr *e) {
+    RS_ASSERT(p);
+    if (p->n < 0 || p->n > POOL_MAX)
+        return rs_err(e, RS_EPROTO, "bad pool: %d candidates, expected 0..%d", p->n, POOL_MAX);
+    int n = p->n;
+    p->root_first_child = -1;
+    p->root_n_children = 0;
+    for (int i = 0; i < n; i++) {
+        p->first_child[i] = -1;
+        p->n_children[i] = 0;
+    }
+    for (int i = 0; i < n; i++) {
+        int32_t par = p->parent[i];
+        /* Parents strictly before children: this makes every path finite and lets one
+         * forward sweep compute scores. */
+        if (par < -1 || par >= i)
+            return rs_err(e, RS_EPROTO,
+                          "bad pool: candidate %d has parent %d, which does not precede it", i,
+                          (int)par);
+        int want = par < 0 ? 1 : p->depth[par] + 1;
+        if (p->depth[i] != want || want > POOL_MAX_DEPTH)
+            return rs_err(e, RS_EPROTO,
+                          "bad pool: candidate %d has depth %d, expected %d (parent %d, max %d)",
+                          i, (int)p->depth[i], want, (int)par, POOL_MAX_DEPTH);
+        if (p->token[i] < 0 || (vocab_size > 0 && p->token[i] >= vocab_size))
+            return rs_err(e, RS_EPROTO, "bad pool: candidate %d has token %d, outside [0, %d)", i,
+                          (int)p->token[i], vocab_size);
+        /* NaN fails both comparisons; log q <= 0 is what makes top-B ancestor-closed. */
+        if (!(p->logq[i] <= 0.0f) || !isfinite(p->logq[i]))
+            return rs_err(e, RS_EPROTO, "bad pool: candidate %d has log q %g, expected finite <= 0",
+                          i, (double)p->logq[i]);
+        p->score[i] = (par < 0 ? 0.0f : p->score[par]) + p->logq[i];
+        /* Child links: a node's children must form one contiguous run of pool indices. */
+        int32_t *fc = par < 0 ? &p->root_first_child : &p->first_child[par];
+        int32_t *nc = par < 0 ? &p->root_n_children : &p->n_children[par];
+        if (*nc == 0) {
+            *fc = i;
+        } else if (*fc + *nc != i) {
+            return rs_err(e, RS_EPROTO,
+                          "bad pool: children of node %d are not contiguous (candidate %d after "
+                          "run %d..%d)",
+                          (int)par, i, (int)*fc, (int)(*fc + *nc - 1));
+        } else {
+            /* Siblings come from a top-k, so they are distinct; a repeated token would make
+             * "the draw labels a child" ambiguous in verification. */
+            for (int j = *fc; j < i; j++)
+                if (p->token[j] == p->token[i])
+                    return rs_err(e, RS_EPROTO,
+                                  "bad pool: candidates %d and %d are siblings with the same "
+                                  "token %d",
+                                  j, i, (int)p->token[i]);
+        }
+        (*nc)++;
+    }
+    return RS_OK;
+}
+
+int pool_finalize(Pool *p, int vocab_size) {
+    return pool_finalize_err(p, vocab_size, NULL) == RS_OK ? 0 : -1;
+}
+
+int pool_rank_cmp(const Pool *p, int a, int b) {
+    RS_ASSERT(a >= 0 && a < p->n && b >= 0 && b < p->n);
+    if (p->score[a] != p->score[b]) return p->score[a] > p->score[b] ? -1 : 1;
+    if (p->depth[a] != p->depth[b]) return p->depth[a] < p->depth[b] ? -1 : 1;
+    return a < b ? -1 : (a > b ? 1 : 0);
+}

@@ -1,0 +1,156 @@
+/* The target <-> drafter wire protocol, version 1: codec (msgpack) and ZeroMQ helpers.
+ *
+ * Every message is ONE ZeroMQ frame holding ONE msgpack array of 6 elements:
+ *
+ *   [ magic, version, type, session, seq, body ]
+ *     magic    str "RSPC" (decoder also accepts uint 0x52535043)
+ *     version  uint, 1
+ *     type     uint, ProtoType below
+ *     session  uint64, chosen by the target in HELLO and echoed in every later message
+ *     seq      uint64, the target numbers its requests; a reply echoes its request's seq
+ *     body     array, per type (positional fields; ints use any msgpack int width, the
+ *              encoder always writes the shortest form, as msgpack-c and Python do):
+ *
+ *   HELLO       1  target -> drafter
+ *                  [fingerprint str(<=64), tokenizer_hash uint64, vocab_size uint32,
+ *                   capabilities uint32, [topk uint, depth uint, expand uint]]
+ *   HELLO_OK    2  drafter -> target, reply to HELLO
+ *                  [fingerprint str(<=64), tokenizer_hash uint64, vocab_size uint32,
+ *                   capabilities uint32, drafter_name str(<=63)]
+ *   RESET       3  target -> drafter: new prompt; the drafter drops its KV and prefills.
+ *                  [tokens [int32 >= 0, ...] (<= 1<<20)]     no reply unless it fails
+ *   COMMIT_GROW 4  target -> drafter: newly committed tokens, ending with the
+ *                  continuation token; the drafter appends them and grows a pool.
+ *                  [tokens [int32 >= 0, ...] (1 .. 1<<20)]   reply: POOL or ERROR
+ *   POOL        5  drafter -> target
+ *                  [n uint (<= POOL_MAX), tokens [int32]*n, parents [int32 >= -1]*n,
+ *                   logq [float32]*n, depths [uint 1..8]*n, draft_ns uint64,
+ *                   commit_pass_ns uint64, n_passes uint, n_expanded uint]
+ *                  The decoder runs pool_finalize on it: parents precede children, depths
+ *                  consistent, log q finite and <= 0, sibling runs contiguous and distinct.
+ *   ERROR       6  either way: [code int32 (an RsStatus), message str(<=511)]
+ *   BYE         7  either way: []   (the target's BYE is answered with BYE, then both close)
+ *
+ * Sockets: one frame per message, so use ZMQ_PAIR (recommended: the drafter binds, the
+ * target connects) or DEALER<->DEALER; a ROUTER must strip its envelope itself and call
+ * proto_decode on the payload frame. proto_recv rejects multi-part messages.
+ *
+ * Decoding never trusts the frame: every read is bounds-checked, lengths are checked
+ * against limits before any use, trailing bytes are an error, and every failure returns
+ * RS_EFORMAT (not valid msgpack / truncated), RS_EUNSUPPORTED (protocol version) or
+ * RS_EPROTO (valid msgpack, invalid message) with a message naming the offending value.
+ * POOL decodes straight into a caller-provided Pool and token lists into a buffer the
+ * ProtoMsg keeps between decodes, so the steady state allocates nothing. */
+#ifndef ROOTSPEC_PROTO_H
+#define ROOTSPEC_PROTO_H
+#include "common/pool.h"
+#include "common/util.h"
+#include <msgpack.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PROTO_MAGIC "RSPC"
+#define PROTO_MAGIC_U32 0x52535043u
+#define PROTO_VERSION 1
+#define PROTO_MAX_TOKENS (1 << 20) /* longest RESET / COMMIT_GROW token list */
+#define PROTO_FP_MAX 64            /* fingerprint bytes (Model.fingerprint is char[65]) */
+#define PROTO_NAME_MAX 63          /* drafter name bytes */
+#define PROTO_MSG_MAX 511          /* ERROR message bytes */
+
+typedef enum {
+    PROTO_NONE = 0, /* not a message (after a failed decode / clear) */
+    PROTO_HELLO = 1,
+    PROTO_HELLO_OK = 2,
+    PROTO_RESET = 3,
+    PROTO_COMMIT_GROW = 4,
+    PROTO_POOL = 5,
+    PROTO_ERROR = 6,
+    PROTO_BYE = 7,
+} ProtoType;
+
+/* Capability bits (HELLO / HELLO_OK). */
+#define PROTO_CAP_POOL_V1 (1u << 0) /* grows EAGLE-3-shaped pools (SPEC §2) */
+#define PROTO_CAP_CUDA (1u << 1)    /* runs on a CUDA device */
+
+typedef struct {
+    char fingerprint[PROTO_FP_MAX + 1]; /* NUL-terminated, no embedded NUL */
+    uint64_t tokenizer_hash;
+    uint32_t vocab_size; /* <= INT32_MAX */
+    uint32_t caps;
+    uint32_t topk, depth, expand; /* requested pool shape (10, 8, 10) */
+} ProtoHello;
+
+typedef struct {
+    char fingerprint[PROTO_FP_MAX + 1];
+    uint64_t tokenizer_hash;
+    uint32_t vocab_size;
+    uint32_t caps;
+    char name[PROTO_NAME_MAX + 1];
+} ProtoHelloOk;
+
+typedef struct {
+    const int32_t *ids; /* (n); encode: caller's; decode: points into ProtoMsg.tok_store */
+    int n;
+} ProtoTokens;
+
+typedef struct {
+    Pool *pool;              /* encode: caller's; decode: ProtoMsg.pool_into or pool_own */
+    uint64_t commit_pass_ns; /* drafter time of the commit pass alone (part of draft_ns) */
+} ProtoPool;
+
+typedef struct {
+    int32_t code; /* RsStatus */
+    char message[PROTO_MSG_MAX + 1];
+} ProtoError;
+
+typedef struct {
+    ProtoType type;
+    uint64_t session;
+    uint64_t seq;
+    union {
+        ProtoHello hello;       /* PROTO_HELLO */
+        ProtoHelloOk hello_ok;  /* PROTO_HELLO_OK */
+        ProtoTokens tokens;     /* PROTO_RESET, PROTO_COMMIT_GROW */
+        ProtoPool pool;         /* PROTO_POOL */
+        ProtoError error;       /* PROTO_ERROR */
+    } u;                        /* PROTO_BYE has no body */
+    /* Decoder settings: set by the caller, kept across decodes. */
+    Pool *pool_into; /* POOL bodies decode into this Pool; NULL: into pool_own */
+    int vocab_size;  /* > 0: decoded token ids (lists and pools) must be < vocab_size */
+    /* Decoder-owned storage, reused across decodes, freed by proto_msg_clear. */
+    int32_t *tok_store;
+    int tok_cap;
+    Pool *pool_own;
+} ProtoMsg;
+
+/* Appends the encoding of m to out (clear it first with msgpack_sbuffer_clear to reuse).
+ * Checks sizes and string lengths (RS_EINVAL); does not validate pool structure. */
+int proto_encode(const ProtoMsg *m, msgpack_sbuffer *out, RsErr *e);
+
+/* Decodes one frame into out. out must be zeroed or previously used (its settings and
+ * storage are kept). On failure out->type is PROTO_NONE and out->session / out->seq hold
+ * the header values if the header was readable (else 0), for proto_error_reply. */
+int proto_decode(const void *buf, size_t len, ProtoMsg *out, RsErr *e);
+
+/* Frees decoder-owned storage and zeroes the message (settings included). */
+void proto_msg_clear(ProtoMsg *m);
+
+/* 1 if a and b carry the same message (type, header, body; pools compared on the wire
+ * fields, floats bitwise). */
+int proto_msg_equal(const ProtoMsg *a, const ProtoMsg *b);
+
+/* Fills out (type, header, body) as the ERROR reply to a request that failed with cause:
+ * session/seq copied from req (those proto_decode recovered, 0 if none), code and message
+ * from cause (message truncated to PROTO_MSG_MAX bytes). Keeps out's settings/storage. */
+void proto_error_reply(ProtoMsg *out, const ProtoMsg *req, const RsErr *cause);
+
+const char *proto_type_name(int type);
+
+/* ZeroMQ helpers, one frame per message. proto_send blocks until ZeroMQ has queued the
+ * frame (RS_EIO on failure). proto_recv waits at most timeout_ms (< 0: forever) and
+ * returns RS_ETIMEOUT when nothing came, RS_EPROTO for a multi-part message (drained),
+ * RS_EIO for socket errors, or proto_decode's error (the message is consumed). */
+int proto_send(void *sock, const ProtoMsg *m, RsErr *e);
+int proto_recv(void *sock, ProtoMsg *out, int timeout_ms, RsErr *e);
+
+#endif

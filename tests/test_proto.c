@@ -1,0 +1,992 @@
+/* Suite `proto`: the wire codec (round trips, every kind of malformed frame, truncation at
+ * every offset, byte flips), the ZeroMQ helpers over inproc:// (incl. timeout and
+ * multi-part), pool_finalize / pool_rank_cmp, and the cross-language test vectors.
+ * The vectors in tests/fixtures/proto/vectors.bin are checked byte for byte here and by
+ * tools/proto_client.py --check-vectors, whose Python msgpack encoder is the independent
+ * reference; regenerate with PROTO_WRITE_VECTORS=1 after a deliberate format change. */
+#include "proto/proto.h"
+#include "testutil.h"
+#include <math.h>
+#include <string.h>
+#include <zmq.h>
+
+/* ------------------------------------------------------------ fixtures */
+
+/* EAGLE-3-shaped synthetic pool (SPEC §2): 10 depth-1 nodes, all expanded; at depth
+ * d >= 2 the expanded nodes are child j of the j-th expanded parent (start + 11 j). Values
+ * are exact in float32 so that Python rebuilds the same bytes (tools/proto_client.py). */
+static void make_pool(Pool *p) {
+    memset(p, 0, sizeof *p);
+    int n = 0;
+    for (int j = 0; j < 10; j++) {
+        p->parent[n] = -1;
+        p->depth[n] = 1;
+        n++;
+    }
+    int level_start = 0;
+    for (int d = 2; d <= POOL_MAX_DEPTH; d++) {
+        int new_start = n;
+        for (int j = 0; j < 10; j++) {
+            int par = d == 2 ? level_start + j : level_start + 11 * j;
+            for (int c = 0; c < 10; c++) {
+                p->parent[n] = par;
+                p->depth[n] = (uint8_t)d;
+                n++;
+            }
+        }
+        level_start = new_start;
+    }
+    ck_assert_int_eq(n, POOL_MAX);
+    p->n = n;
+    for (int i = 0; i < n; i++) {
+        p->token[i] = (int32_t)((i * 7919 + 13) % 49152);
+        p->logq[i] = -(float)((i * 37) % 97 + 1) / 32.0f;
+    }
+    p->draft_ns = 51234567;
+    p->n_passes = 8;
+    p->n_expanded = 70;
+}
+
+static Pool g_pool; /* vector pool; Pools are large, keep them off the stack */
+
+#define SESSION 0x1122334455667788ull
+
+static const int32_t reset_ids[] = {1, 9690, 28, 49151, 0, 127, 128, 255, 256, 32767, 32768};
+static const int32_t grow_ids[] = {42, 1000, 2};
+
+/* The seven canonical messages, one per type (the test vectors). */
+static void make_vector(int type, ProtoMsg *m) {
+    memset(m, 0, sizeof *m);
+    m->type = (ProtoType)type;
+    m->session = SESSION;
+    switch (type) {
+    case PROTO_HELLO:
+        m->seq = 1;
+        strcpy(m->u.hello.fingerprint, "smollm2-135m-q4_1-test");
+        m->u.hello.tokenizer_hash = 0xcbf29ce484222325ull;
+        m->u.hello.vocab_size = 49152;
+        m->u.hello.caps = PROTO_CAP_POOL_V1;
+        m->u.hello.topk = 10;
+        m->u.hello.depth = 8;
+        m->u.hello.expand = 10;
+        break;
+    case PROTO_HELLO_OK:
+        m->seq = 1;
+        strcpy(m->u.hello_ok.fingerprint, "smollm2-135m-q4_1-test");
+        m->u.hello_ok.tokenizer_hash = 0xcbf29ce484222325ull;
+        m->u.hello_ok.vocab_size = 49152;
+        m->u.hello_ok.caps = PROTO_CAP_POOL_V1 | PROTO_CAP_CUDA;
+        strcpy(m->u.hello_ok.name, "rootspec-drafter/cpu");
+        break;
+    case PROTO_RESET:
+        m->seq = 2;
+        m->u.tokens.ids = reset_ids;
+        m->u.tokens.n = (int)(sizeof reset_ids / sizeof reset_ids[0]);
+        break;
+    case PROTO_COMMIT_GROW:
+        m->seq = 3;
+        m->u.tokens.ids = grow_ids;
+        m->u.tokens.n = 3;
+        break;
+    case PROTO_POOL:
+        m->seq = 3;
+        make_pool(&g_pool);
+        m->u.pool.pool = &g_pool;
+        m->u.pool.commit_pass_ns = 4567890;
+        break;
+    case PROTO_ERROR:
+        m->seq = 4;
+        m->u.error.code = RS_EPROTO;
+        strcpy(m->u.error.message, "proto: unknown message type 99");
+        break;
+    case PROTO_BYE: m->seq = 5; break;
+    default: ck_abort_msg("bad vector type %d", type);
+    }
+}
+
+static const char *vector_name(int type) {
+    static const char *names[] = {"",     "hello", "hello_ok", "reset",
+                                  "commit_grow", "pool",  "error",    "bye"};
+    return names[type];
+}
+
+static void encode_ok(const ProtoMsg *m, msgpack_sbuffer *sb) {
+    RsErr e = {0};
+    msgpack_sbuffer_clear(sb);
+    int rc = proto_encode(m, sb, &e);
+    ck_assert_msg(rc == RS_OK, "encode %s: %s", proto_type_name(m->type), e.msg);
+}
+
+/* Decodes buf expecting failure with code and a message containing want. */
+static void expect_fail(const void *buf, size_t len, int code, const char *want) {
+    ProtoMsg m = {0};
+    RsErr e = {0};
+    int rc = proto_decode(buf, len, &m, &e);
+    ck_assert_msg(rc == code, "expected %s (%d) for '%s', got %d: %s", rs_status_name(code), code,
+                  want, rc, e.msg);
+    ck_assert_msg(strstr(e.msg, want) != NULL, "message '%s' lacks '%s'", e.msg, want);
+    ck_assert_int_eq(m.type, PROTO_NONE);
+    proto_msg_clear(&m);
+}
+
+/* msgpack-c packer on an sbuffer, for hand-built (malformed) frames. */
+typedef struct {
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+} Frame;
+
+static void frame_init(Frame *f) {
+    msgpack_sbuffer_init(&f->sb);
+    msgpack_packer_init(&f->pk, &f->sb, msgpack_sbuffer_write);
+}
+
+static void frame_header(Frame *f, const char *magic, unsigned version, unsigned type) {
+    msgpack_pack_array(&f->pk, 6);
+    msgpack_pack_str(&f->pk, strlen(magic));
+    msgpack_pack_str_body(&f->pk, magic, strlen(magic));
+    msgpack_pack_uint32(&f->pk, version);
+    msgpack_pack_uint32(&f->pk, type);
+    msgpack_pack_uint64(&f->pk, 77);
+    msgpack_pack_uint64(&f->pk, 3);
+}
+
+/* k nils: fills the rest of a body whose earlier field is the one under test. */
+static void pad(msgpack_packer *pk, int k) {
+    for (int i = 0; i < k; i++) msgpack_pack_nil(pk);
+}
+
+static void pack_s(msgpack_packer *pk, const char *s) {
+    msgpack_pack_str(pk, strlen(s));
+    msgpack_pack_str_body(pk, s, strlen(s));
+}
+
+/* ------------------------------------------------------------ pool_finalize / rank */
+
+START_TEST(test_pool_finalize_valid) {
+    static Pool p;
+    make_pool(&p);
+    RsErr e = {0};
+    ck_assert_msg(pool_finalize_err(&p, 49152, &e) == RS_OK, "%s", e.msg);
+    ck_assert_int_eq(pool_finalize(&p, 49152), 0);
+    /* Score = sum of logq along the path, recomputed by walking parents in double. */
+    int per_depth[POOL_MAX_DEPTH + 1] = {0};
+    for (int i = 0; i < p.n; i++) {
+        double s = 0;
+        for (int k = i; k >= 0; k = p.parent[k]) s += p.logq[k];
+        ck_assert_msg(fabs(s - p.score[i]) < 1e-4, "score %d: %g vs %g", i, p.score[i], s);
+        per_depth[p.depth[i]]++;
+    }
+    ck_assert_int_eq(per_depth[1], 10);
+    for (int d = 2; d <= 8; d++) ck_assert_int_eq(per_depth[d], 100);
+    ck_assert_int_eq(p.root_first_child, 0);
+    ck_assert_int_eq(p.root_n_children, 10);
+    /* Child links match a brute-force scan; exactly 70 nodes have children. */
+    int n_expanded = 0;
+    for (int j = 0; j < p.n; j++) {
+        int cnt = 0, first = -1;
+        for (int i = 0; i < p.n; i++)
+            if (p.parent[i] == j) {
+                if (first < 0) first = i;
+                cnt++;
+            }
+        ck_assert_int_eq(p.n_children[j], cnt);
+        ck_assert_int_eq(p.first_child[j], first);
+        n_expanded += cnt > 0;
+    }
+    ck_assert_int_eq(n_expanded, POOL_N_EXPANDED);
+    ck_assert_int_eq(p.first_child[0], 10);
+    ck_assert_int_eq(p.first_child[10], 110); /* node 10 = child 0 of node 0, expanded */
+    ck_assert_int_eq(p.n_children[11], 0);    /* child 1 of node 0: not expanded */
+    /* Empty pool is valid. */
+    static Pool z;
+    memset(&z, 0, sizeof z);
+    ck_assert_int_eq(pool_finalize(&z, 10), 0);
+    ck_assert_int_eq(z.root_n_children, 0);
+    ck_assert_int_eq(z.root_first_child, -1);
+}
+END_TEST
+
+static void bad_pool(Pool *p, int vocab, const char *want) {
+    RsErr e = {0};
+    int rc = pool_finalize_err(p, vocab, &e);
+    ck_assert_msg(rc == RS_EPROTO, "expected failure '%s', got %d", want, rc);
+    ck_assert_msg(strstr(e.msg, want), "message '%s' lacks '%s'", e.msg, want);
+    ck_assert_int_eq(pool_finalize(p, vocab), -1);
+}
+
+START_TEST(test_pool_finalize_rejects) {
+    static Pool p;
+    make_pool(&p);
+    p.parent[5] = 7;
+    bad_pool(&p, 49152, "candidate 5 has parent 7, which does not precede it");
+    make_pool(&p);
+    p.parent[20] = 20;
+    bad_pool(&p, 49152, "candidate 20 has parent 20, which does not precede it");
+    make_pool(&p);
+    p.parent[3] = -2;
+    bad_pool(&p, 49152, "candidate 3 has parent -2");
+    make_pool(&p);
+    p.depth[15] = 3;
+    bad_pool(&p, 49152, "candidate 15 has depth 3, expected 2");
+    make_pool(&p);
+    p.token[12] = 49152;
+    bad_pool(&p, 49152, "candidate 12 has token 49152, outside [0, 49152)");
+    make_pool(&p);
+    p.token[0] = -1;
+    bad_pool(&p, 0, "candidate 0 has token -1");
+    make_pool(&p);
+    p.logq[30] = 0.25f;
+    bad_pool(&p, 49152, "candidate 30 has log q 0.25, expected finite <= 0");
+    make_pool(&p);
+    p.logq[31] = NAN;
+    bad_pool(&p, 49152, "candidate 31 has log q nan");
+    make_pool(&p);
+    p.logq[32] = -INFINITY;
+    bad_pool(&p, 49152, "candidate 32 has log q -inf");
+    make_pool(&p);
+    p.n = POOL_MAX + 1;
+    bad_pool(&p, 49152, "711 candidates, expected 0..710");
+    /* Non-contiguous children: node 0's children are 10..19; make 25 a child of node 0. */
+    make_pool(&p);
+    p.parent[25] = 0;
+    bad_pool(&p, 49152, "children of node 0 are not contiguous (candidate 25 after run 10..19)");
+    /* Root children after another run. */
+    make_pool(&p);
+    p.parent[50] = -1;
+    p.depth[50] = 1;
+    bad_pool(&p, 49152, "children of node -1 are not contiguous (candidate 50 after run 0..9)");
+    /* Duplicate sibling tokens. */
+    make_pool(&p);
+    p.token[14] = p.token[12];
+    bad_pool(&p, 49152, "candidates 12 and 14 are siblings with the same token");
+    /* Depth 9: a chain of 9 nodes. */
+    memset(&p, 0, sizeof p);
+    p.n = 9;
+    for (int i = 0; i < 9; i++) {
+        p.parent[i] = i - 1;
+        p.depth[i] = (uint8_t)(i + 1);
+        p.logq[i] = -0.5f;
+    }
+    bad_pool(&p, 10, "candidate 8 has depth 9, expected 9 (parent 7, max 8)");
+    p.n = 8;
+    ck_assert_int_eq(pool_finalize(&p, 10), 0);
+}
+END_TEST
+
+static const Pool *g_cmp_pool;
+static int qcmp(const void *a, const void *b) {
+    return pool_rank_cmp(g_cmp_pool, *(const int *)a, *(const int *)b);
+}
+
+START_TEST(test_pool_rank_cmp) {
+    /* 0: root child -1; 1: root child -0.5; 2: child of 1 (-0.5), score -1 at depth 2;
+     * 3: root child -1 (ties 0 on score and depth, later index); 4: child of 1 (-0.25). */
+    static Pool p;
+    memset(&p, 0, sizeof p);
+    p.n = 5;
+    int32_t par[] = {-1, -1, -1, 1, 1};
+    float lq[] = {-1.0f, -0.5f, -1.0f, -0.5f, -0.25f};
+    uint8_t dep[] = {1, 1, 1, 2, 2};
+    for (int i = 0; i < 5; i++) {
+        p.parent[i] = par[i];
+        p.logq[i] = lq[i];
+        p.depth[i] = dep[i];
+        p.token[i] = i;
+    }
+    ck_assert_int_eq(pool_finalize(&p, 10), 0);
+    /* scores: 0:-1, 1:-0.5, 2:-1, 3:-1 (d2), 4:-0.75 */
+    int order[5] = {0, 1, 2, 3, 4};
+    g_cmp_pool = &p;
+    qsort(order, 5, sizeof order[0], qcmp);
+    int want[5] = {1, 4, 0, 2, 3};
+    for (int i = 0; i < 5; i++) ck_assert_int_eq(order[i], want[i]);
+    for (int a = 0; a < 5; a++) {
+        ck_assert_int_eq(pool_rank_cmp(&p, a, a), 0);
+        for (int b = 0; b < 5; b++)
+            if (a != b) ck_assert_int_eq(pool_rank_cmp(&p, a, b), -pool_rank_cmp(&p, b, a));
+    }
+    /* On the full pool, every prefix of the ranking is ancestor-closed (SPEC §2). */
+    static Pool f;
+    make_pool(&f);
+    ck_assert_int_eq(pool_finalize(&f, 49152), 0);
+    static int idx[POOL_MAX], rank_of[POOL_MAX];
+    for (int i = 0; i < f.n; i++) idx[i] = i;
+    g_cmp_pool = &f;
+    qsort(idx, (size_t)f.n, sizeof idx[0], qcmp);
+    for (int r = 0; r < f.n; r++) rank_of[idx[r]] = r;
+    for (int i = 0; i < f.n; i++)
+        if (f.parent[i] >= 0)
+            ck_assert_msg(rank_of[f.parent[i]] < rank_of[i], "parent of %d ranks after it", i);
+    for (int r = 1; r < f.n; r++)
+        ck_assert(f.score[idx[r - 1]] >= f.score[idx[r]]);
+}
+END_TEST
+
+/* ------------------------------------------------------------ round trips */
+
+START_TEST(test_roundtrip_all_types) {
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    static Pool into;
+    ProtoMsg got = {0};
+    got.pool_into = &into;
+    got.vocab_size = 49152;
+    for (int t = PROTO_HELLO; t <= PROTO_BYE; t++) {
+        ProtoMsg m;
+        make_vector(t, &m);
+        encode_ok(&m, &sb);
+        RsErr e = {0};
+        int rc = proto_decode(sb.data, sb.size, &got, &e);
+        ck_assert_msg(rc == RS_OK, "decode %s: %s", proto_type_name(t), e.msg);
+        ck_assert_int_eq(got.type, t);
+        ck_assert_msg(proto_msg_equal(&m, &got), "%s differs after round trip",
+                      proto_type_name(t));
+        if (t == PROTO_POOL) {
+            ck_assert_ptr_eq(got.u.pool.pool, &into); /* straight into the caller's Pool */
+            ck_assert_int_eq(into.n, 710);
+            ck_assert_int_eq(into.root_n_children, 10);
+            ck_assert(into.score[709] < 0);
+            ck_assert_uint_eq(got.u.pool.commit_pass_ns, 4567890);
+        }
+    }
+    /* Steady state allocates nothing: a second token list reuses the store. */
+    ProtoMsg m;
+    make_vector(PROTO_RESET, &m);
+    encode_ok(&m, &sb);
+    ck_assert_int_eq(proto_decode(sb.data, sb.size, &got, NULL), RS_OK);
+    const int32_t *store = got.tok_store;
+    ck_assert_int_eq(proto_decode(sb.data, sb.size, &got, NULL), RS_OK);
+    ck_assert_ptr_eq(got.tok_store, store);
+    ck_assert_ptr_null(got.pool_own);
+    proto_msg_clear(&got);
+    /* Without pool_into the decoder owns a Pool (freed by clear). */
+    make_vector(PROTO_POOL, &m);
+    encode_ok(&m, &sb);
+    ck_assert_int_eq(proto_decode(sb.data, sb.size, &got, NULL), RS_OK);
+    ck_assert_ptr_eq(got.u.pool.pool, got.pool_own);
+    ck_assert(proto_msg_equal(&m, &got));
+    proto_msg_clear(&got);
+    /* Edge values: empty RESET, empty pool, max-length strings, extreme ints. */
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_RESET;
+    m.session = UINT64_MAX;
+    m.seq = 0;
+    encode_ok(&m, &sb);
+    ck_assert_int_eq(proto_decode(sb.data, sb.size, &got, NULL), RS_OK);
+    ck_assert(proto_msg_equal(&m, &got));
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_HELLO_OK;
+    memset(m.u.hello_ok.fingerprint, 'f', PROTO_FP_MAX);
+    memset(m.u.hello_ok.name, 'n', PROTO_NAME_MAX);
+    m.u.hello_ok.tokenizer_hash = UINT64_MAX;
+    m.u.hello_ok.vocab_size = INT32_MAX;
+    m.u.hello_ok.caps = UINT32_MAX;
+    encode_ok(&m, &sb);
+    ck_assert_int_eq(proto_decode(sb.data, sb.size, &got, NULL), RS_OK);
+    ck_assert(proto_msg_equal(&m, &got));
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_ERROR;
+    m.u.error.code = INT32_MIN;
+    memset(m.u.error.message, 'x', PROTO_MSG_MAX);
+    encode_ok(&m, &sb);
+    ck_assert_int_eq(proto_decode(sb.data, sb.size, &got, NULL), RS_OK);
+    ck_assert(proto_msg_equal(&m, &got));
+    static Pool empty;
+    memset(&empty, 0, sizeof empty);
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_POOL;
+    m.u.pool.pool = &empty;
+    encode_ok(&m, &sb);
+    ck_assert_int_eq(proto_decode(sb.data, sb.size, &got, NULL), RS_OK);
+    ck_assert(proto_msg_equal(&m, &got));
+    /* The longest token list allowed (1<<20) round-trips. */
+    int32_t *big = malloc(sizeof(int32_t) * PROTO_MAX_TOKENS);
+    for (int i = 0; i < PROTO_MAX_TOKENS; i++) big[i] = (i * 31) % 70000;
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_COMMIT_GROW;
+    m.u.tokens.ids = big;
+    m.u.tokens.n = PROTO_MAX_TOKENS;
+    encode_ok(&m, &sb);
+    ck_assert_int_eq(proto_decode(sb.data, sb.size, &got, NULL), RS_OK);
+    ck_assert(proto_msg_equal(&m, &got));
+    free(big);
+    proto_msg_clear(&got);
+    msgpack_sbuffer_destroy(&sb);
+}
+END_TEST
+
+START_TEST(test_exact_bytes) {
+    /* Hand-assembled from the msgpack spec: an independent check of the header layout. */
+    ProtoMsg m = {0};
+    m.type = PROTO_BYE;
+    m.session = 5;
+    m.seq = 300;
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    encode_ok(&m, &sb);
+    const uint8_t want[] = {0x96, 0xa4, 'R', 'S', 'P', 'C', 0x01, 0x07, 0x05, 0xcd, 0x01, 0x2c, 0x90};
+    ck_assert_uint_eq(sb.size, sizeof want);
+    ck_assert(memcmp(sb.data, want, sizeof want) == 0);
+    /* COMMIT_GROW [-> body [[1, 200, 70000]]] */
+    int32_t ids[] = {1, 200, 70000};
+    m.type = PROTO_COMMIT_GROW;
+    m.seq = 1;
+    m.u.tokens.ids = ids;
+    m.u.tokens.n = 3;
+    encode_ok(&m, &sb);
+    const uint8_t want2[] = {0x96, 0xa4, 'R',  'S',  'P',  'C',  0x01, 0x04, 0x05, 0x01,
+                             0x91, 0x93, 0x01, 0xcc, 0xc8, 0xce, 0x00, 0x01, 0x11, 0x70};
+    ck_assert_uint_eq(sb.size, sizeof want2);
+    ck_assert(memcmp(sb.data, want2, sizeof want2) == 0);
+    /* The uint32 magic form is accepted too. */
+    const uint8_t alt[] = {0x96, 0xce, 0x52, 0x53, 0x50, 0x43, 0x01, 0x07, 0x05, 0x01, 0x90};
+    ProtoMsg got = {0};
+    RsErr e = {0};
+    ck_assert_msg(proto_decode(alt, sizeof alt, &got, &e) == RS_OK, "%s", e.msg);
+    ck_assert_int_eq(got.type, PROTO_BYE);
+    msgpack_sbuffer_destroy(&sb);
+}
+END_TEST
+
+START_TEST(test_encode_errors) {
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_sbuffer_write(&sb, "xy", 2);
+    ProtoMsg m = {0};
+    RsErr e = {0};
+    m.type = PROTO_COMMIT_GROW; /* needs at least the continuation token */
+    ck_assert_int_eq(proto_encode(&m, &sb, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "token list of 0 entries"), "%s", e.msg);
+    ck_assert_uint_eq(sb.size, 2); /* nothing half-written */
+    int32_t neg[] = {3, -4};
+    m.u.tokens.ids = neg;
+    m.u.tokens.n = 2;
+    ck_assert_int_eq(proto_encode(&m, &sb, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "token -4 at index 1"), "%s", e.msg);
+    m.type = (ProtoType)42;
+    ck_assert_int_eq(proto_encode(&m, &sb, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "message type 42"), "%s", e.msg);
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_POOL;
+    ck_assert_int_eq(proto_encode(&m, &sb, &e), RS_EINVAL);
+    ck_assert_uint_eq(sb.size, 2);
+    msgpack_sbuffer_destroy(&sb);
+}
+END_TEST
+
+/* ------------------------------------------------------------ malformed frames */
+
+START_TEST(test_truncation_every_offset) {
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    static Pool into;
+    for (int t = PROTO_HELLO; t <= PROTO_BYE; t++) {
+        ProtoMsg m;
+        make_vector(t, &m);
+        encode_ok(&m, &sb);
+        size_t len = sb.size;
+        /* A fresh heap copy of each prefix, so ASan sees any read past its end. */
+        for (size_t cut = 0; cut < len; cut++) {
+            uint8_t *pre = malloc(cut ? cut : 1);
+            memcpy(pre, sb.data, cut);
+            ProtoMsg got = {0};
+            got.pool_into = &into;
+            RsErr e = {0};
+            int rc = proto_decode(cut ? pre : NULL, cut, &got, &e);
+            ck_assert_msg(rc == RS_EFORMAT, "%s cut at %zu/%zu: rc %d (%s)", proto_type_name(t),
+                          cut, len, rc, e.msg);
+            ck_assert_msg(strstr(e.msg, "truncated frame"), "%s", e.msg);
+            ck_assert_int_eq(got.type, PROTO_NONE);
+            proto_msg_clear(&got);
+            free(pre);
+        }
+        /* ... and one extra byte is trailing garbage. */
+        msgpack_sbuffer_write(&sb, "\xc0", 1);
+        ProtoMsg got = {0};
+        got.pool_into = &into;
+        RsErr e = {0};
+        ck_assert_int_eq(proto_decode(sb.data, sb.size, &got, &e), RS_EFORMAT);
+        ck_assert_msg(strstr(e.msg, "1 trailing bytes after the message"), "%s", e.msg);
+        if (t == PROTO_POOL) ck_assert_int_eq(into.n, 0); /* no half pool left behind */
+        proto_msg_clear(&got);
+    }
+    msgpack_sbuffer_destroy(&sb);
+}
+END_TEST
+
+START_TEST(test_byte_flips) {
+    /* Every byte of every vector, three mutations each: decode must either fail cleanly
+     * with a message or yield a message that round-trips. */
+    msgpack_sbuffer sb, sb2;
+    msgpack_sbuffer_init(&sb);
+    msgpack_sbuffer_init(&sb2);
+    static Pool into, into2;
+    const uint8_t xors[] = {0x01, 0x80, 0xff};
+    int n_ok = 0, n_fail = 0;
+    for (int t = PROTO_HELLO; t <= PROTO_BYE; t++) {
+        ProtoMsg m;
+        make_vector(t, &m);
+        encode_ok(&m, &sb);
+        uint8_t *buf = malloc(sb.size);
+        /* The pool is big: flip a stride of its bytes plus its whole head and tail. */
+        for (size_t i = 0; i < sb.size; i++) {
+            if (t == PROTO_POOL && i > 64 && i + 64 < sb.size && i % 7) continue;
+            for (int x = 0; x < 3; x++) {
+                memcpy(buf, sb.data, sb.size);
+                buf[i] ^= xors[x];
+                ProtoMsg got = {0}, again = {0};
+                got.pool_into = &into;
+                again.pool_into = &into2;
+                RsErr e = {0};
+                int rc = proto_decode(buf, sb.size, &got, &e);
+                if (rc != RS_OK) {
+                    ck_assert_msg(rc < 0 && e.msg[0] && e.code == rc, "flip %zu: rc %d", i, rc);
+                    n_fail++;
+                } else {
+                    encode_ok(&got, &sb2);
+                    ck_assert_int_eq(proto_decode(sb2.data, sb2.size, &again, &e), RS_OK);
+                    ck_assert(proto_msg_equal(&got, &again));
+                    n_ok++;
+                }
+                proto_msg_clear(&got);
+                proto_msg_clear(&again);
+            }
+        }
+        free(buf);
+    }
+    ck_assert(n_ok > 0 && n_fail > 0);
+    msgpack_sbuffer_destroy(&sb);
+    msgpack_sbuffer_destroy(&sb2);
+}
+END_TEST
+
+START_TEST(test_malformed_header) {
+    Frame f;
+    /* wrong magic */
+    frame_init(&f);
+    frame_header(&f, "RSPX", 1, PROTO_BYE);
+    msgpack_pack_array(&f.pk, 0);
+    expect_fail(f.sb.data, f.sb.size, RS_EPROTO, "bad magic \"RSPX\", expected \"RSPC\"");
+    msgpack_sbuffer_destroy(&f.sb);
+    /* magic of the wrong kind / value */
+    const uint8_t m1[] = {0x96, 0xc0, 1, 7, 0, 0, 0x90};
+    expect_fail(m1, sizeof m1, RS_EPROTO, "magic is nil, expected str \"RSPC\"");
+    const uint8_t m2[] = {0x96, 0xce, 0x52, 0x53, 0x50, 0x44, 1, 7, 0, 0, 0x90};
+    expect_fail(m2, sizeof m2, RS_EPROTO, "bad magic 0x52535044");
+    /* version 2 */
+    frame_init(&f);
+    frame_header(&f, "RSPC", 2, PROTO_BYE);
+    msgpack_pack_array(&f.pk, 0);
+    expect_fail(f.sb.data, f.sb.size, RS_EUNSUPPORTED, "protocol version 2, expected 1");
+    /* ... and proto_error_reply still answers with its session and seq */
+    {
+        ProtoMsg req = {0}, rep = {0}, back = {0};
+        RsErr e = {0};
+        ck_assert_int_eq(proto_decode(f.sb.data, f.sb.size, &req, &e), RS_EUNSUPPORTED);
+        ck_assert_uint_eq(req.session, 77);
+        ck_assert_uint_eq(req.seq, 3);
+        proto_error_reply(&rep, &req, &e);
+        msgpack_sbuffer sb;
+        msgpack_sbuffer_init(&sb);
+        encode_ok(&rep, &sb);
+        ck_assert_int_eq(proto_decode(sb.data, sb.size, &back, NULL), RS_OK);
+        ck_assert_int_eq(back.type, PROTO_ERROR);
+        ck_assert_uint_eq(back.session, 77);
+        ck_assert_uint_eq(back.seq, 3);
+        ck_assert_int_eq(back.u.error.code, RS_EUNSUPPORTED);
+        ck_assert_str_eq(back.u.error.message, "proto: protocol version 2, expected 1");
+        msgpack_sbuffer_destroy(&sb);
+    }
+    msgpack_sbuffer_destroy(&f.sb);
+    /* type 99 */
+    frame_init(&f);
+    frame_header(&f, "RSPC", 1, 99);
+    msgpack_pack_array(&f.pk, 0);
+    expect_fail(f.sb.data, f.sb.size, RS_EPROTO, "unknown message type 99");
+    msgpack_sbuffer_destroy(&f.sb);
+    frame_init(&f);
+    frame_header(&f, "RSPC", 1, 0);
+    msgpack_pack_array(&f.pk, 0);
+    expect_fail(f.sb.data, f.sb.size, RS_EPROTO, "unknown message type 0");
+    msgpack_sbuffer_destroy(&f.sb);
+    /* frame shape */
+    const uint8_t map[] = {0x80};
+    expect_fail(map, 1, RS_EPROTO, "frame is a map, expected array");
+    const uint8_t five[] = {0x95, 0xa4, 'R', 'S', 'P', 'C', 1, 7, 0, 0};
+    expect_fail(five, sizeof five, RS_EPROTO, "frame is an array of 5 elements, expected 6");
+    const uint8_t negseq[] = {0x96, 0xa4, 'R', 'S', 'P', 'C', 1, 7, 0, 0xff, 0x90};
+    expect_fail(negseq, sizeof negseq, RS_EPROTO, "seq is -1, expected 0..");
+    const uint8_t huge[] = {0xdd, 0xff, 0xff, 0xff, 0xff, 0xc0};
+    expect_fail(huge, sizeof huge, RS_EFORMAT, "frame has 4294967295 entries but only 1 bytes");
+    const uint8_t c1[] = {0xc1};
+    expect_fail(c1, 1, RS_EPROTO, "frame is the reserved byte 0xc1, expected array");
+    expect_fail(NULL, 0, RS_EFORMAT, "truncated frame: frame needs 1 bytes at offset 0");
+}
+END_TEST
+
+START_TEST(test_malformed_bodies) {
+    Frame f;
+#define BEGIN(type)                                                                        \
+    frame_init(&f);                                                                        \
+    frame_header(&f, "RSPC", 1, type)
+#define END(code, want)                                                                    \
+    expect_fail(f.sb.data, f.sb.size, code, want);                                         \
+    msgpack_sbuffer_destroy(&f.sb)
+    msgpack_packer *pk = &f.pk;
+
+    /* HELLO: fingerprint as int, too long, embedded NUL; wrong field count; bad shape */
+    BEGIN(PROTO_HELLO);
+    msgpack_pack_array(pk, 5);
+    msgpack_pack_int(pk, 12);
+    pad(pk, 4);
+    END(RS_EPROTO, "HELLO fingerprint is an int, expected str");
+    BEGIN(PROTO_HELLO);
+    msgpack_pack_array(pk, 5);
+    char longfp[PROTO_FP_MAX + 2];
+    memset(longfp, 'a', PROTO_FP_MAX + 1);
+    longfp[PROTO_FP_MAX + 1] = 0;
+    pack_s(pk, longfp);
+    pad(pk, 4);
+    END(RS_EPROTO, "HELLO fingerprint is 65 bytes, max 64");
+    BEGIN(PROTO_HELLO);
+    msgpack_pack_array(pk, 5);
+    msgpack_pack_str(pk, 3);
+    msgpack_pack_str_body(pk, "a\0b", 3);
+    pad(pk, 4);
+    END(RS_EPROTO, "HELLO fingerprint contains a NUL byte");
+    BEGIN(PROTO_HELLO);
+    msgpack_pack_array(pk, 4);
+    pad(pk, 4);
+    END(RS_EPROTO, "HELLO body has 4 fields, expected 5");
+    BEGIN(PROTO_HELLO);
+    msgpack_pack_array(pk, 5);
+    pack_s(pk, "fp");
+    msgpack_pack_uint64(pk, 1);
+    msgpack_pack_uint64(pk, 1ull << 31);
+    pad(pk, 2);
+    END(RS_EPROTO, "HELLO vocab_size is 2147483648, expected 0..2147483647");
+    BEGIN(PROTO_HELLO);
+    msgpack_pack_array(pk, 5);
+    pack_s(pk, "fp");
+    msgpack_pack_uint64(pk, 1);
+    msgpack_pack_uint64(pk, 100);
+    msgpack_pack_uint64(pk, 1);
+    msgpack_pack_map(pk, 0);
+    END(RS_EPROTO, "HELLO pool shape is a map, expected array");
+    BEGIN(PROTO_HELLO);
+    msgpack_pack_array(pk, 5);
+    pack_s(pk, "fp");
+    msgpack_pack_uint64(pk, 1);
+    msgpack_pack_uint64(pk, 100);
+    msgpack_pack_uint64(pk, 1);
+    msgpack_pack_array(pk, 3);
+    msgpack_pack_uint64(pk, 10);
+    msgpack_pack_double(pk, 8.0);
+    pad(pk, 1);
+    END(RS_EPROTO, "HELLO depth is a float, expected int");
+    /* HELLO_OK: name of the wrong type */
+    BEGIN(PROTO_HELLO_OK);
+    msgpack_pack_array(pk, 5);
+    pack_s(pk, "fp");
+    msgpack_pack_uint64(pk, 1);
+    msgpack_pack_uint64(pk, 100);
+    msgpack_pack_uint64(pk, 1);
+    msgpack_pack_bin(pk, 2);
+    msgpack_pack_bin_body(pk, "ab", 2);
+    END(RS_EPROTO, "HELLO_OK drafter_name is a bin, expected str");
+    /* RESET: body a map; tokens a str; negative token; token list over the limit */
+    BEGIN(PROTO_RESET);
+    msgpack_pack_map(pk, 1);
+    END(RS_EPROTO, "RESET body is a map, expected array");
+    BEGIN(PROTO_RESET);
+    msgpack_pack_array(pk, 1);
+    pack_s(pk, "1 2 3");
+    END(RS_EPROTO, "RESET tokens is a str, expected array");
+    BEGIN(PROTO_RESET);
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_array(pk, 3);
+    msgpack_pack_int(pk, 1);
+    msgpack_pack_int(pk, 2);
+    msgpack_pack_int(pk, -5);
+    END(RS_EPROTO, "RESET tokens[2] is -5, expected 0..2147483647");
+    BEGIN(PROTO_RESET);
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_uint64(pk, 1ull << 31);
+    END(RS_EPROTO, "RESET tokens[0] is 2147483648, expected 0..2147483647");
+    BEGIN(PROTO_RESET);
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_array(pk, PROTO_MAX_TOKENS + 1); /* header alone: limit checked first */
+    END(RS_EPROTO, "RESET tokens has 1048577 entries, limit 1048576");
+    BEGIN(PROTO_COMMIT_GROW);
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_array(pk, 0);
+    END(RS_EPROTO, "COMMIT_GROW tokens has 0 entries, expected at least 1");
+    BEGIN(PROTO_COMMIT_GROW);
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_array(pk, 1000); /* claims more entries than bytes left */
+    msgpack_pack_int(pk, 1);
+    END(RS_EFORMAT, "COMMIT_GROW truncated frame: tokens has 1000 entries but only 1 bytes remain");
+    /* vocab_size bound applies when the caller set it */
+    {
+        BEGIN(PROTO_COMMIT_GROW);
+        msgpack_pack_array(pk, 1);
+        msgpack_pack_array(pk, 1);
+        msgpack_pack_int(pk, 49152);
+        ProtoMsg m = {0};
+        RsErr e = {0};
+        m.vocab_size = 49152;
+        ck_assert_int_eq(proto_decode(f.sb.data, f.sb.size, &m, &e), RS_EPROTO);
+        ck_assert_str_eq(e.msg, "proto: COMMIT_GROW tokens[0] is 49152, expected 0..49151");
+        m.vocab_size = 0;
+        ck_assert_int_eq(proto_decode(f.sb.data, f.sb.size, &m, &e), RS_OK);
+        proto_msg_clear(&m);
+        msgpack_sbuffer_destroy(&f.sb);
+    }
+    /* ERROR: code out of int32, message as int */
+    BEGIN(PROTO_ERROR);
+    msgpack_pack_array(pk, 2);
+    msgpack_pack_int64(pk, -(1ll << 40));
+    END(RS_EPROTO, "ERROR code is -1099511627776, expected -2147483648..2147483647");
+    BEGIN(PROTO_ERROR);
+    msgpack_pack_array(pk, 2);
+    msgpack_pack_int(pk, -5);
+    msgpack_pack_int(pk, 7);
+    END(RS_EPROTO, "ERROR message is an int, expected str");
+    /* BYE with a body */
+    BEGIN(PROTO_BYE);
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_nil(pk);
+    END(RS_EPROTO, "BYE body has 1 fields, expected 0");
+#undef BEGIN
+#undef END
+}
+END_TEST
+
+/* Packs a POOL body from p with optional corruption: which = 0 none, 1 n = 711,
+ * 2 parents one short, 3 logq[4] as str, 4 depth 9, 5 tokens array of 711 (header). */
+static void pack_pool(Frame *f, const Pool *p, int which) {
+    msgpack_packer *pk = &f->pk;
+    frame_init(f);
+    frame_header(f, "RSPC", 1, PROTO_POOL);
+    msgpack_pack_array(pk, 9);
+    msgpack_pack_uint32(pk, which == 1 ? 711 : (uint32_t)p->n);
+    if (which == 5) {
+        msgpack_pack_array(pk, 711);
+        pad(pk, 8);
+        return;
+    }
+    msgpack_pack_array(pk, (size_t)p->n);
+    for (int i = 0; i < p->n; i++) msgpack_pack_int32(pk, p->token[i]);
+    msgpack_pack_array(pk, (size_t)p->n - (which == 2));
+    for (int i = 0; i < p->n - (which == 2); i++) msgpack_pack_int32(pk, p->parent[i]);
+    msgpack_pack_array(pk, (size_t)p->n);
+    for (int i = 0; i < p->n; i++) {
+        if (which == 3 && i == 4)
+            pack_s(pk, "-1.5");
+        else
+            msgpack_pack_float(pk, p->logq[i]);
+    }
+    msgpack_pack_array(pk, (size_t)p->n);
+    for (int i = 0; i < p->n; i++) msgpack_pack_uint8(pk, which == 4 && i == 9 ? 9 : p->depth[i]);
+    msgpack_pack_uint64(pk, 1);
+    msgpack_pack_uint64(pk, 2);
+    msgpack_pack_uint32(pk, 8);
+    msgpack_pack_uint32(pk, 70);
+}
+
+START_TEST(test_malformed_pool) {
+    static Pool p;
+    Frame f;
+    make_pool(&p);
+    pack_pool(&f, &p, 0); /* sanity: the hand-packed pool is valid */
+    {
+        ProtoMsg m = {0};
+        RsErr e = {0};
+        ck_assert_msg(proto_decode(f.sb.data, f.sb.size, &m, &e) == RS_OK, "%s", e.msg);
+        proto_msg_clear(&m);
+    }
+    msgpack_sbuffer_destroy(&f.sb);
+    pack_pool(&f, &p, 1);
+    expect_fail(f.sb.data, f.sb.size, RS_EPROTO, "POOL n is 711, expected 0..710");
+    msgpack_sbuffer_destroy(&f.sb);
+    pack_pool(&f, &p, 2);
+    expect_fail(f.sb.data, f.sb.size, RS_EPROTO, "POOL parents has 709 entries, n is 710");
+    msgpack_sbuffer_destroy(&f.sb);
+    pack_pool(&f, &p, 3);
+    expect_fail(f.sb.data, f.sb.size, RS_EPROTO, "POOL logq[4] is a str, expected float");
+    msgpack_sbuffer_destroy(&f.sb);
+    pack_pool(&f, &p, 4);
+    expect_fail(f.sb.data, f.sb.size, RS_EPROTO, "POOL depths[9] is 9, expected 1..8");
+    msgpack_sbuffer_destroy(&f.sb);
+    pack_pool(&f, &p, 5);
+    expect_fail(f.sb.data, f.sb.size, RS_EPROTO, "POOL tokens has 711 entries, limit 710");
+    msgpack_sbuffer_destroy(&f.sb);
+    /* Structurally bad pools are caught by pool_finalize inside the decoder. */
+    make_pool(&p);
+    p.parent[5] = 7;
+    pack_pool(&f, &p, 0);
+    expect_fail(f.sb.data, f.sb.size, RS_EPROTO,
+                "POOL bad pool: candidate 5 has parent 7, which does not precede it");
+    msgpack_sbuffer_destroy(&f.sb);
+    make_pool(&p);
+    p.logq[100] = 0.5f;
+    pack_pool(&f, &p, 0);
+    expect_fail(f.sb.data, f.sb.size, RS_EPROTO, "candidate 100 has log q 0.5");
+    msgpack_sbuffer_destroy(&f.sb);
+    make_pool(&p);
+    p.parent[300] = p.parent[280];
+    pack_pool(&f, &p, 0);
+    expect_fail(f.sb.data, f.sb.size, RS_EPROTO, "are not contiguous");
+    msgpack_sbuffer_destroy(&f.sb);
+}
+END_TEST
+
+/* ------------------------------------------------------------ ZeroMQ */
+
+START_TEST(test_zmq_pair) {
+    void *ctx = zmq_ctx_new();
+    void *a = zmq_socket(ctx, ZMQ_PAIR), *b = zmq_socket(ctx, ZMQ_PAIR);
+    ck_assert_int_eq(zmq_bind(a, "inproc://proto-test"), 0);
+    ck_assert_int_eq(zmq_connect(b, "inproc://proto-test"), 0);
+    static Pool into;
+    ProtoMsg got = {0};
+    got.pool_into = &into;
+    RsErr e = {0};
+    /* Timeout path: nothing sent. */
+    uint64_t t0 = rs_now_ns();
+    ck_assert_int_eq(proto_recv(a, &got, 50, &e), RS_ETIMEOUT);
+    double ms = (rs_now_ns() - t0) / 1e6;
+    ck_assert_msg(ms >= 45 && ms < 2000, "timeout took %.1f ms", ms);
+    ck_assert_str_eq(e.msg, "proto: no message within 50 ms");
+    ck_assert_int_eq(proto_recv(a, &got, 0, &e), RS_ETIMEOUT);
+    /* Every vector both ways. */
+    for (int t = PROTO_HELLO; t <= PROTO_BYE; t++) {
+        ProtoMsg m;
+        make_vector(t, &m);
+        ck_assert_msg(proto_send(b, &m, &e) == RS_OK, "%s", e.msg);
+        ck_assert_msg(proto_recv(a, &got, 2000, &e) == RS_OK, "%s", e.msg);
+        ck_assert(proto_msg_equal(&m, &got));
+        ck_assert_msg(proto_send(a, &m, &e) == RS_OK, "%s", e.msg);
+        ck_assert_msg(proto_recv(b, &got, 2000, &e) == RS_OK, "%s", e.msg);
+        ck_assert(proto_msg_equal(&m, &got));
+    }
+    /* Multi-part is rejected and drained; the next message still arrives. */
+    zmq_send(b, "a", 1, ZMQ_SNDMORE);
+    zmq_send(b, "b", 1, ZMQ_SNDMORE);
+    zmq_send(b, "c", 1, 0);
+    ck_assert_int_eq(proto_recv(a, &got, 2000, &e), RS_EPROTO);
+    ck_assert_str_eq(e.msg, "proto: multi-part message (3 frames), expected one frame");
+    /* A garbage frame is answered with ERROR, which the sender decodes. */
+    const uint8_t bad[] = {0x96, 0xa4, 'R', 'S', 'P', 'C', 1, 99, 0x2a, 0x07, 0x90};
+    zmq_send(b, bad, sizeof bad, 0);
+    ck_assert_int_eq(proto_recv(a, &got, 2000, &e), RS_EPROTO);
+    ProtoMsg rep = {0};
+    proto_error_reply(&rep, &got, &e);
+    ck_assert_int_eq(proto_send(a, &rep, &e), RS_OK);
+    ck_assert_int_eq(proto_recv(b, &got, 2000, &e), RS_OK);
+    ck_assert_int_eq(got.type, PROTO_ERROR);
+    ck_assert_uint_eq(got.session, 42);
+    ck_assert_uint_eq(got.seq, 7);
+    ck_assert_int_eq(got.u.error.code, RS_EPROTO);
+    ck_assert_str_eq(got.u.error.message, "proto: unknown message type 99");
+    ProtoMsg m;
+    make_vector(PROTO_BYE, &m);
+    ck_assert_int_eq(proto_send(b, &m, &e), RS_OK);
+    ck_assert_int_eq(proto_recv(a, &got, 2000, &e), RS_OK);
+    ck_assert_int_eq(got.type, PROTO_BYE);
+    proto_msg_clear(&got);
+    zmq_close(a);
+    zmq_close(b);
+    zmq_ctx_term(ctx);
+}
+END_TEST
+
+/* ------------------------------------------------------------ test vectors */
+
+/* File: "RSPV", u32 LE version 1, u32 LE count, then per vector: u8 name length, name,
+ * u32 LE frame length, frame bytes. */
+static void put_u32(FILE *f, uint32_t v) {
+    uint8_t b[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+    fwrite(b, 1, 4, f);
+}
+
+static uint32_t get_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+START_TEST(test_vectors) {
+    const char *path = tu_fixture("proto/vectors.bin");
+    msgpack_sbuffer enc[PROTO_BYE + 1];
+    for (int t = PROTO_HELLO; t <= PROTO_BYE; t++) {
+        ProtoMsg m;
+        make_vector(t, &m);
+        msgpack_sbuffer_init(&enc[t]);
+        encode_ok(&m, &enc[t]);
+    }
+    const char *w = getenv("PROTO_WRITE_VECTORS");
+    if (w && strcmp(w, "1") == 0) {
+        FILE *f = fopen(path, "wb");
+        ck_assert_msg(f, "cannot write %s", path);
+        fwrite("RSPV", 1, 4, f);
+        put_u32(f, 1);
+        put_u32(f, PROTO_BYE);
+        for (int t = PROTO_HELLO; t <= PROTO_BYE; t++) {
+            uint8_t nl = (uint8_t)strlen(vector_name(t));
+            fwrite(&nl, 1, 1, f);
+            fwrite(vector_name(t), 1, nl, f);
+            put_u32(f, (uint32_t)enc[t].size);
+            fwrite(enc[t].data, 1, enc[t].size, f);
+        }
+        fclose(f);
+    }
+    char *buf;
+    size_t len;
+    RsErr e = {0};
+    ck_assert_msg(rs_read_file(path, &buf, &len, &e) == RS_OK,
+                  "%s (regenerate with PROTO_WRITE_VECTORS=1)", e.msg);
+    const uint8_t *p = (const uint8_t *)buf, *end = p + len;
+    ck_assert_msg(len >= 12 && memcmp(p, "RSPV", 4) == 0, "bad vector file magic");
+    ck_assert_uint_eq(get_u32(p + 4), 1);
+    ck_assert_uint_eq(get_u32(p + 8), PROTO_BYE);
+    p += 12;
+    for (int t = PROTO_HELLO; t <= PROTO_BYE; t++) {
+        ck_assert(p < end);
+        size_t nl = *p++;
+        ck_assert(end - p >= (long)nl + 4);
+        ck_assert_msg(nl == strlen(vector_name(t)) && memcmp(p, vector_name(t), nl) == 0,
+                      "vector %d name", t);
+        p += nl;
+        size_t fl = get_u32(p);
+        p += 4;
+        ck_assert((size_t)(end - p) >= fl);
+        ck_assert_msg(fl == enc[t].size && memcmp(p, enc[t].data, fl) == 0,
+                      "vector %s: C encoding differs from %s", vector_name(t), path);
+        p += fl;
+        msgpack_sbuffer_destroy(&enc[t]);
+    }
+    ck_assert(p == end);
+    free(buf);
+}
+END_TEST
+
+Suite *suite_proto(void) {
+    Suite *s = suite_create("proto");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_pool_finalize_valid);
+    tcase_add_test(tc, test_pool_finalize_rejects);
+    tcase_add_test(tc, test_pool_rank_cmp);
+    tcase_add_test(tc, test_roundtrip_all_types);
+    tcase_add_test(tc, test_exact_bytes);
+    tcase_add_test(tc, test_encode_errors);
+    tcase_add_test(tc, test_truncation_every_offset);
+    tcase_add_test(tc, test_byte_flips);
+    tcase_add_test(tc, test_malformed_header);
+    tcase_add_test(tc, test_malformed_bodies);
+    tcase_add_test(tc, test_malformed_pool);
+    tcase_add_test(tc, test_zmq_pair);
+    tcase_add_test(tc, test_vectors);
+    suite_add_tcase(s, tc);
+    return s;
+}
