@@ -1,0 +1,97 @@
+/* --analyze entry and the progress reporter; see analyze.h. */
+#include "bench/analyze.h"
+#include "bench/summary.h"
+#include <math.h>
+#include <string.h>
+#include <unistd.h>
+
+int bench_analyze(const char *dir, RsErr *e) {
+    char dp[4096], rp[4096];
+    snprintf(dp, sizeof dp, "%s/decodes.csv", dir);
+    snprintf(rp, sizeof rp, "%s/rounds.jsonl", dir);
+    BenchDecode *d = NULL;
+    BenchRound *r = NULL;
+    int nd = 0, nr = 0;
+    int rc = benchlog_decodes_read(dp, &d, &nd, e);
+    if (rc == RS_OK) rc = benchlog_rounds_read(rp, &r, &nr, e);
+    if (rc == RS_OK && nd == 0) rc = rs_err(e, RS_EFORMAT, "%s: no complete decode rows", dp);
+    if (rc == RS_OK) rc = bench_summary_file(dir, d, nd, r, nr, e);
+    if (rc == RS_OK) {
+        RsErr pe = {0};
+        if (bench_plots_write(dir, d, nd, r, nr, &pe) < 0)
+            fprintf(stderr, "rootspec-bench: warning: %s\n", pe.msg);
+    }
+    free(d);
+    free(r);
+    return rc;
+}
+
+struct BenchProgress {
+    FILE *out;
+    int tty, n_total, last_done;
+    double interval_s, t0, t_last;
+};
+
+static double now_s(void) { return (double)rs_now_ns() / 1e9; }
+
+const char *bench_format_duration(double s, char *buf, size_t cap) {
+    if (!isfinite(s) || s < 0) {
+        snprintf(buf, cap, "?");
+        return buf;
+    }
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, cap, "%ldh%02ldm%02lds", t / 3600, t / 60 % 60, t % 60);
+    else if (t >= 60) snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(buf, cap, "%lds", t);
+    return buf;
+}
+
+BenchProgress *bench_progress_new(FILE *out, int n_total, double interval_s) {
+    BenchProgress *p = rs_xcalloc(1, sizeof *p);
+    p->out = out;
+    p->tty = isatty(fileno(out));
+    p->n_total = n_total > 0 ? n_total : 1;
+    p->interval_s = interval_s > 0 ? interval_s : 30.0;
+    p->t0 = p->t_last = now_s();
+    p->last_done = -1;
+    return p;
+}
+
+static void progress_print(BenchProgress *p, int done, const char *label, double t, int final) {
+    char el[32], eta[32];
+    double elapsed = t - p->t0;
+    double rem = done > 0 ? elapsed / done * (p->n_total - done) : NAN;
+    bench_format_duration(elapsed, el, sizeof el);
+    bench_format_duration(rem, eta, sizeof eta);
+    double pct = 100.0 * done / p->n_total;
+    if (p->tty) {
+        char bar[31];
+        int fill = (int)(30.0 * done / p->n_total);
+        for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '-';
+        bar[30] = 0;
+        fprintf(p->out, "\r\033[K[%s] %d/%d %5.1f%% elapsed %s ETA %s %s%s", bar, done,
+                p->n_total, pct, el, eta, label ? label : "", final ? "\n" : "");
+    } else {
+        fprintf(p->out, "progress: %d/%d decodes (%.1f%%), elapsed %s, ETA %s%s%s\n", done,
+                p->n_total, pct, el, eta, label ? ", now " : "", label ? label : "");
+    }
+    fflush(p->out);
+}
+
+void bench_progress_update(BenchProgress *p, int n_done, const char *label) {
+    double t = now_s();
+    double gap = p->tty ? 0.1 : p->interval_s;
+    p->last_done = n_done; /* remembered even when not printed, for the final line */
+    if (t - p->t_last < gap) return;
+    p->t_last = t;
+    progress_print(p, n_done, label, t, 0);
+}
+
+void bench_progress_finish(BenchProgress **pp) {
+    if (!pp || !*pp) return;
+    BenchProgress *p = *pp;
+    int done = p->last_done < 0 ? 0 : p->last_done;
+    progress_print(p, done, "done", now_s(), 1);
+    free(p);
+    *pp = NULL;
+}
