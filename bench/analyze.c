@@ -26,6 +26,22 @@ int bench_analyze(const char *dir, RsErr *e) {
     return rc;
 }
 
+const char *bench_help_outputs(void) {
+    return "Outputs (in the run directory):\n"
+           "  rounds.jsonl  one JSON object per round: decoder, temp, budget, prompt_id, round,\n"
+           "                emitted, accepted, tree_size, x1_in_pool, tau, monotonic ns timestamps\n"
+           "                t_round_start .. t_commit (null where a decoder has no such phase),\n"
+           "                draft_ns, graph_replays, eager_launches\n"
+           "  decodes.csv   one row per decode (speed = tokens up to and including the first EOS /\n"
+           "                (last commit - start of the target prefill))\n"
+           "  summary.md    speeds, speedups over AR, gains with 95% paired bootstrap intervals\n"
+           "                (2000 resamples over prompts), acceptance, median round timings\n"
+           "  speeds.png, round_breakdown.png  (needs gnuplot; skipped with a warning if absent)\n"
+           "Every line is flushed when written; an interrupted run resumes with --resume DIR\n"
+           "(completed decodes are skipped, the interrupted one reruns). --analyze DIR rebuilds\n"
+           "summary.md and the plots from the two logs alone.\n";
+}
+
 struct BenchProgress {
     FILE *out;
     int tty, n_total, last_done;
@@ -73,7 +89,8 @@ static void progress_print(BenchProgress *p, int done, const char *label, double
                 p->n_total, pct, el, eta, label ? label : "", final ? "\n" : "");
     } else {
         fprintf(p->out, "progress: %d/%d decodes (%.1f%%), elapsed %s, ETA %s%s%s\n", done,
-                p->n_total, pct, el, eta, label ? ", now " : "", label ? label : "");
+                p->n_total, pct, el, eta, final ? ", finished" : label ? ", now " : "",
+                final || !label ? "" : label);
     }
     fflush(p->out);
 }
@@ -91,7 +108,7 @@ void bench_progress_finish(BenchProgress **pp) {
     if (!pp || !*pp) return;
     BenchProgress *p = *pp;
     int done = p->last_done < 0 ? 0 : p->last_done;
-    progress_print(p, done, "done", now_s(), 1);
+    progress_print(p, done, p->tty ? "done" : NULL, now_s(), 1);
     free(p);
     *pp = NULL;
 }

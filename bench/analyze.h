@@ -11,6 +11,9 @@
  * the summary it writes is by construction the one --analyze reproduces. */
 int bench_analyze(const char *dir, RsErr *e);
 
+/* The --help paragraph on output files, --resume and --analyze (static string). */
+const char *bench_help_outputs(void);
+
 /* Progress of n_total decodes. On a terminal: a redrawn bar with count, percent, elapsed and
  * ETA (at most 10 redraws a second). Otherwise: one plain line per interval_s seconds
  * (default 30 when <= 0) and one at the end, so logs stay readable. */

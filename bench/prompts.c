@@ -166,6 +166,7 @@ int prompts_load(const char *path, BenchPromptSet **out, RsErr *e) {
     int cap = 0;
     int lineno = 0;
     size_t pos = 0;
+    if (len >= 3 && memcmp(buf, "\xEF\xBB\xBF", 3) == 0) pos = 3; /* UTF-8 byte order mark */
     while (pos < len) {
         lineno++;
         const char *line = buf + pos;

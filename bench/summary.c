@@ -77,6 +77,7 @@ typedef struct {
     int n_prompts, n_dupes, n_orphans, nd, nr;
 } Analysis;
 
+/* qsort has no context argument in C11; the summary is built on one thread. */
 static const BenchDecode *sort_base;
 static int dec_idx_cmp(const void *a, const void *b) {
     int i = *(const int *)a, j = *(const int *)b;

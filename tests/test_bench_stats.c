@@ -685,6 +685,11 @@ START_TEST(test_prompts_formats) {
             ck_assert_msg(strncmp(e.msg, want, strlen(want)) == 0, "%s", e.msg);
         }
     }
+    const char *bom = "\xEF\xBB\xBF{\"prompt\":\"x\"}\n"; /* a leading BOM is not data */
+    write_text(path, bom, strlen(bom));
+    ck_assert_msg(prompts_load(path, &ps, &e) == RS_OK, "%s", e.msg);
+    ck_assert_str_eq(ps->items[0].text, "x");
+    prompts_free(&ps);
     ck_assert_int_eq(prompts_load("/nonexistent/p.jsonl", &ps, &e), RS_EIO);
     ck_assert_msg(strstr(e.msg, "/nonexistent/p.jsonl"), "%s", e.msg);
     ck_assert(strstr(prompts_help(), "refused as a whole"));
@@ -739,12 +744,13 @@ START_TEST(test_progress) {
     size_t n = fread(text, 1, sizeof text - 1, f);
     fclose(f);
     ck_assert_uint_gt(n, 0);
-    ck_assert_msg(strstr(text, "progress: 5/10 decodes (50.0%), elapsed 0s, ETA 0s, now done\n"),
+    ck_assert_msg(strstr(text, "progress: 5/10 decodes (50.0%), elapsed 0s, ETA 0s, finished\n"),
                   "%s", text);
     ck_assert_msg(strstr(text, "progress: 1/4 decodes (25.0%), elapsed 0s, ETA 0s, now x\n"), "%s",
                   text);
     ck_assert_msg(strstr(text, "progress: 2/4 decodes (50.0%)"), "%s", text);
     ck_assert(!strchr(text, '\r')); /* no bar redraws when not a terminal */
+    ck_assert(strstr(bench_help_outputs(), "--analyze DIR"));
 }
 END_TEST
 
