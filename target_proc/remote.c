@@ -1,11 +1,171 @@
-/* Remote drafter client: placeholder until the two-process pipeline lands. */
+/* DraftClient over ZeroMQ (DEALER) to a rootspec-draft process. grow_begin sends
+ * COMMIT_GROW and returns at once so the target's root pass overlaps the drafting; grow_end
+ * waits for the POOL whose seq matches, discarding stale replies from an earlier timeout.
+ * After a failure the next decode re-handshakes (the drafter may have restarted). */
 #include "remote.h"
+#include "proto/proto.h"
+#include "proto/secure.h"
+#include <inttypes.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+typedef struct {
+    void *ctx, *sock;
+    char endpoint[512];
+    int timeout_ms, insecure;
+    char curve_dir[512];
+    int have_curve;
+    const Model *target;
+    uint64_t tok_hash;
+    uint64_t session, seq, pending_seq;
+    int healthy;
+    ProtoMsg in;
+    msgpack_sbuffer sb;
+} Remote;
+
+static int send_msg(Remote *r, ProtoMsg *m, RsErr *e) {
+    m->session = r->session;
+    m->seq = ++r->seq;
+    return proto_send(r->sock, m, e);
+}
+
+/* Waits for a reply to `seq` of type `want`; ERROR replies to it become RS_EPEER. */
+static int wait_reply(Remote *r, uint64_t seq, ProtoType want, RsErr *e) {
+    uint64_t deadline = rs_now_ns() + (uint64_t)r->timeout_ms * 1000000ull;
+    for (;;) {
+        uint64_t now = rs_now_ns();
+        if (now >= deadline)
+            return rs_err(e, RS_ETIMEOUT, "drafter at %s did not answer within %d ms", r->endpoint,
+                          r->timeout_ms);
+        RsErr re = {0};
+        int rc = proto_recv(r->sock, &r->in, (int)((deadline - now) / 1000000ull) + 1, &re);
+        if (rc == RS_ETIMEOUT) continue;
+        if (rc) return rs_err(e, rc, "bad reply from drafter at %s: %s", r->endpoint, re.msg);
+        if (r->in.session != r->session || r->in.seq < seq) continue; /* stale */
+        if (r->in.type == PROTO_ERROR)
+            return rs_err(e, RS_EPEER, "drafter at %s refused: %s", r->endpoint,
+                          r->in.u.error.message);
+        if (r->in.seq != seq || r->in.type != want)
+            return rs_err(e, RS_EPROTO, "drafter at %s sent %s (seq %" PRIu64 "), expected %s (seq %" PRIu64 ")",
+                          r->endpoint, proto_type_name(r->in.type), r->in.seq,
+                          proto_type_name(want), seq);
+        return RS_OK;
+    }
+}
+
+static int connect_sock(Remote *r, RsErr *e) {
+    if (r->sock) zmq_close(r->sock);
+    r->sock = zmq_socket(r->ctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(r->sock, ZMQ_LINGER, &zero, sizeof zero);
+    if (r->have_curve) {
+        int rc = secure_client_setup(r->sock, r->curve_dir, e);
+        if (rc) return rc;
+    }
+    if (zmq_connect(r->sock, r->endpoint) != 0)
+        return rs_err(e, RS_EIO, "cannot connect to drafter '%s': %s", r->endpoint,
+                      zmq_strerror(zmq_errno()));
+    return RS_OK;
+}
+
+static int handshake(Remote *r, RsErr *e) {
+    int rc = connect_sock(r, e); /* fresh socket: no stale replies, clean reconnect */
+    if (rc) return rc;
+    r->session = ((uint64_t)getpid() << 32) ^ rs_now_ns();
+    ProtoMsg m = {0};
+    m.type = PROTO_HELLO;
+    snprintf(m.u.hello.fingerprint, sizeof m.u.hello.fingerprint, "%s", r->target->fingerprint);
+    m.u.hello.tokenizer_hash = r->tok_hash;
+    m.u.hello.vocab_size = (uint32_t)r->target->cfg.vocab_size;
+    m.u.hello.caps = PROTO_CAP_POOL_V1;
+    m.u.hello.topk = POOL_TOPK;
+    m.u.hello.depth = POOL_MAX_DEPTH;
+    m.u.hello.expand = POOL_EXPAND;
+    if ((rc = send_msg(r, &m, e))) return rc;
+    if ((rc = wait_reply(r, r->seq, PROTO_HELLO_OK, e))) return rc;
+    const ProtoHelloOk *h = &r->in.u.hello_ok;
+    if (h->vocab_size != (uint32_t)r->target->cfg.vocab_size || h->tokenizer_hash != r->tok_hash)
+        return rs_err(e, RS_EPEER,
+                      "drafter at %s has vocab %u (tokenizer %016" PRIx64 "), target has vocab %d "
+                      "(tokenizer %016" PRIx64 ")",
+                      r->endpoint, h->vocab_size, h->tokenizer_hash, r->target->cfg.vocab_size,
+                      r->tok_hash);
+    r->healthy = 1;
+    return RS_OK;
+}
+
+static int remote_begin(DraftClient *c, const int *tokens, int n, int reset, RsErr *e) {
+    Remote *r = c->self;
+    int rc;
+    if (reset && !r->healthy && (rc = handshake(r, e))) return rc;
+    ProtoMsg m = {0};
+    if (reset) {
+        m.type = PROTO_RESET;
+        m.u.tokens.ids = NULL;
+        m.u.tokens.n = 0;
+        if ((rc = send_msg(r, &m, e))) goto fail;
+    }
+    m.type = PROTO_COMMIT_GROW;
+    m.u.tokens.ids = (const int32_t *)tokens;
+    m.u.tokens.n = n;
+    if ((rc = send_msg(r, &m, e))) goto fail;
+    r->pending_seq = r->seq;
+    return RS_OK;
+fail:
+    r->healthy = 0;
+    return rc;
+}
+
+static int remote_end(DraftClient *c, Pool *out, RsErr *e) {
+    Remote *r = c->self;
+    r->in.pool_into = out;
+    int rc = wait_reply(r, r->pending_seq, PROTO_POOL, e);
+    r->in.pool_into = NULL;
+    if (rc) r->healthy = 0;
+    return rc;
+}
 
 int remote_client_open(DraftClient *c, const char *endpoint, const Model *target,
                        const Tokenizer *tok, int timeout_ms, int insecure, const char *curve_dir,
                        RsErr *e) {
-    return rs_err(e, RS_EUNSUPPORTED, "--draft-endpoint '%s': remote drafters are not built yet",
-                  endpoint);
+    int rc = secure_check_endpoint(endpoint, insecure, curve_dir, e);
+    if (rc) return rc;
+    Remote *r = rs_xcalloc(1, sizeof *r);
+    snprintf(r->endpoint, sizeof r->endpoint, "%s", endpoint);
+    r->timeout_ms = timeout_ms > 0 ? timeout_ms : 10000;
+    r->insecure = insecure;
+    r->have_curve = curve_dir && !strncmp(endpoint, "tcp://", 6);
+    if (curve_dir) snprintf(r->curve_dir, sizeof r->curve_dir, "%s", curve_dir);
+    r->target = target;
+    r->tok_hash = tokenizer_hash(tok);
+    r->in.vocab_size = target->cfg.vocab_size;
+    r->ctx = zmq_ctx_new();
+    c->grow_begin = remote_begin;
+    c->grow_end = remote_end;
+    c->self = r;
+    rc = handshake(r, e);
+    if (rc) {
+        remote_client_close(c);
+        return rc;
+    }
+    return RS_OK;
 }
 
-void remote_client_close(DraftClient *c) { (void)c; }
+void remote_client_close(DraftClient *c) {
+    Remote *r = c->self;
+    if (!r) return;
+    if (r->sock && r->healthy) {
+        ProtoMsg m = {0};
+        m.type = PROTO_BYE;
+        RsErr e;
+        int hwm_ms = 200;
+        zmq_setsockopt(r->sock, ZMQ_LINGER, &hwm_ms, sizeof hwm_ms);
+        send_msg(r, &m, &e);
+    }
+    if (r->sock) zmq_close(r->sock);
+    zmq_ctx_term(r->ctx);
+    proto_msg_clear(&r->in);
+    free(r);
+    c->self = NULL;
+}

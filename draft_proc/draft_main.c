@@ -1,0 +1,115 @@
+/* rootspec-draft: the drafter process. Loads a model (or a layer subset of one), then
+ * serves pools to one target at a time over ZeroMQ until SIGINT/SIGTERM. */
+#include "common/cli.h"
+#include "proto/secure.h"
+#include "server.h"
+#include <signal.h>
+#include <string.h>
+
+static volatile int g_stop;
+static void on_signal(int sig) { (void)sig; g_stop = 1; }
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: rootspec-draft --model PATH --bind ENDPOINT [options]\n"
+            "       rootspec-draft --gen-keys DIR\n"
+            "\n"
+            "  --model PATH         drafter model (GGUF file or Hugging Face directory)\n"
+            "  --draft-layers SPEC  run only these layers of the model (self-drafter), e.g. 0-5\n"
+            "  --bind ENDPOINT      ipc:///tmp/rootspec.sock or tcp://HOST:PORT\n"
+            "  --backend NAME       cpu | cuda (default cpu)\n"
+            "  --device N           CUDA device ordinal (default 0)\n"
+            "  --threads N          CPU threads (default 1)\n"
+            "  --ctx N              KV cache entries (default 2048)\n"
+            "  --curve-dir DIR      CURVE keys for tcp:// (server.key, client.pub)\n"
+            "  --insecure           allow plain tcp:// without CURVE\n"
+            "  --gen-keys DIR       write a fresh server/client CURVE key pair into DIR and exit\n"
+            "  -h, --help           this text\n"
+            "\n"
+            "Exit status: 0 after SIGINT/SIGTERM, 1 runtime failure, 2 bad usage or input.\n");
+}
+
+int main(int argc, char **argv) {
+    const char *model = NULL, *layers = NULL, *bind = NULL, *backend = "cpu", *curve = NULL;
+    const char *gen = NULL;
+    int device = 0, threads = 1, ctx = 2048, insecure = 0, max_req = 0;
+    RsErr e = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        int rc = 0;
+#define VAL() (rc = cli_value(argc, argv, i, &v, &e), i += !rc, rc == 0)
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--model")) { if (VAL()) model = v; }
+        else if (!strcmp(a, "--draft-layers")) { if (VAL()) layers = v; }
+        else if (!strcmp(a, "--bind")) { if (VAL()) bind = v; }
+        else if (!strcmp(a, "--backend")) { if (VAL()) backend = v; }
+        else if (!strcmp(a, "--device")) { if (VAL()) rc = cli_int(a, v, 0, 64, &device, &e); }
+        else if (!strcmp(a, "--threads")) { if (VAL()) rc = cli_int(a, v, 1, 256, &threads, &e); }
+        else if (!strcmp(a, "--ctx")) { if (VAL()) rc = cli_int(a, v, 256, 1 << 20, &ctx, &e); }
+        else if (!strcmp(a, "--curve-dir")) { if (VAL()) curve = v; }
+        else if (!strcmp(a, "--insecure")) insecure = 1;
+        else if (!strcmp(a, "--gen-keys")) { if (VAL()) gen = v; }
+        else if (!strcmp(a, "--max-requests")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 30, &max_req, &e); }
+        else rc = rs_err(&e, RS_EINVAL, "unknown option '%s' (see --help)", a);
+#undef VAL
+        if (rc) {
+            fprintf(stderr, "rootspec-draft: %s\n", e.msg);
+            return 2;
+        }
+    }
+    if (gen) {
+        if (secure_gen_keys(gen, &e)) {
+            fprintf(stderr, "rootspec-draft: %s\n", e.msg);
+            return 1;
+        }
+        printf("wrote CURVE keys to %s (server.key/.pub for the drafter, client.key/.pub for the target)\n", gen);
+        return 0;
+    }
+    if (!model || !bind) {
+        fprintf(stderr, "rootspec-draft: need --model and --bind\n");
+        usage(stderr);
+        return 2;
+    }
+    if (secure_check_endpoint(bind, insecure, curve, &e)) {
+        fprintf(stderr, "rootspec-draft: %s\n", e.msg);
+        return 2;
+    }
+    const BackendOps *ops = NULL;
+    if (!strcmp(backend, "cpu")) ops = &cpu_backend_ops;
+    else if (!strcmp(backend, "cuda")) ops = cuda_backend_ops_get();
+    if (!ops) {
+        fprintf(stderr, "rootspec-draft: --backend '%s' is not available in this build\n", backend);
+        return 2;
+    }
+    Model *full = NULL, *view = NULL;
+    Tokenizer *tok = NULL;
+    Drafter *d = NULL;
+    int rc = model_load(model, &full, &e);
+    if (!rc) rc = tokenizer_load_model(full, &tok, &e);
+    if (!rc && layers) rc = model_layer_view(full, layers, &view, &e);
+    if (!rc) rc = drafter_create(view ? view : full, ops, ctx, threads, device, &d, &e);
+    if (rc) {
+        fprintf(stderr, "rootspec-draft: %s\n", e.msg);
+        tokenizer_free(&tok);
+        model_free(&view);
+        model_free(&full);
+        return rc == RS_EIO ? 1 : 2;
+    }
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    ServerOpts so = {.endpoint = bind, .insecure = insecure, .curve_dir = curve,
+                     .name = layers ? "rootspec-draft (layer view)" : "rootspec-draft",
+                     .max_requests = max_req, .stop = &g_stop};
+    rc = server_run(d, tok, &so, &e);
+    if (rc) fprintf(stderr, "rootspec-draft: %s\n", e.msg);
+    drafter_free(&d);
+    tokenizer_free(&tok);
+    model_free(&view);
+    model_free(&full);
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,21 @@
+/* The drafter process's request loop: a ZeroMQ ROUTER that serves one target session at a
+ * time (a new HELLO takes over and resets the KV cache), grows pools on COMMIT_GROW, and
+ * answers every malformed frame with ERROR instead of crashing or hanging. */
+#ifndef ROOTSPEC_SERVER_H
+#define ROOTSPEC_SERVER_H
+#include "common/tokenizer.h"
+#include "drafter.h"
+
+typedef struct {
+    const char *endpoint;
+    int insecure;
+    const char *curve_dir;
+    const char *name;        /* reported in HELLO_OK */
+    int max_requests;        /* > 0: exit after this many requests (tests) */
+    volatile int *stop;      /* set by a signal handler */
+} ServerOpts;
+
+/* Runs until *stop or BYE-and-max_requests; returns RS_OK or a set-up error. */
+int server_run(Drafter *d, const Tokenizer *tok, const ServerOpts *o, RsErr *e);
+
+#endif

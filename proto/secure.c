@@ -1,0 +1,152 @@
+/* CURVE keys and a minimal ZAP handler (RFC 27) so that only the key directory's client
+ * may talk to a drafter over tcp://. */
+#include "secure.h"
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <zmq.h>
+
+int secure_check_endpoint(const char *ep, int insecure, const char *curve_dir, RsErr *e) {
+    if (!ep || !*ep) return rs_err(e, RS_EINVAL, "empty endpoint");
+    if (!strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9)) return RS_OK;
+    if (!strncmp(ep, "tcp://", 6)) {
+        if (curve_dir || insecure) return RS_OK;
+        return rs_err(e, RS_EINVAL,
+                      "endpoint '%s' is plain tcp://: give --curve-dir DIR (keys from "
+                      "`rootspec-draft --gen-keys DIR`) or --insecure",
+                      ep);
+    }
+    return rs_err(e, RS_EINVAL, "endpoint '%s': unknown transport (ipc://, tcp://)", ep);
+}
+
+static int write_key(const char *dir, const char *name, const char *z85, RsErr *e) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) return rs_err(e, RS_EIO, "cannot write key file '%s': %s", path, strerror(errno));
+    fprintf(f, "%s\n", z85);
+    fclose(f);
+    if (strstr(name, ".key")) chmod(path, 0600);
+    return RS_OK;
+}
+
+static int read_key(const char *dir, const char *name, char z85[41], RsErr *e) {
+    char path[1024], *buf = NULL;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int rc = rs_read_file(path, &buf, NULL, e);
+    if (rc) return rc;
+    size_t n = strcspn(buf, "\r\n");
+    if (n != 40) {
+        free(buf);
+        return rs_err(e, RS_EFORMAT, "key file '%s' must hold one 40-character Z85 key", path);
+    }
+    memcpy(z85, buf, 40);
+    z85[40] = 0;
+    free(buf);
+    uint8_t raw[32];
+    if (!zmq_z85_decode(raw, z85)) return rs_err(e, RS_EFORMAT, "key file '%s' is not Z85", path);
+    return RS_OK;
+}
+
+int secure_gen_keys(const char *dir, RsErr *e) {
+    char pub[41], sec[41];
+    mkdir(dir, 0700);
+    if (zmq_curve_keypair(pub, sec) != 0)
+        return rs_err(e, RS_EUNSUPPORTED, "libzmq built without CURVE: %s", zmq_strerror(zmq_errno()));
+    int rc = write_key(dir, "server.pub", pub, e);
+    if (!rc) rc = write_key(dir, "server.key", sec, e);
+    if (rc) return rc;
+    zmq_curve_keypair(pub, sec);
+    rc = write_key(dir, "client.pub", pub, e);
+    if (!rc) rc = write_key(dir, "client.key", sec, e);
+    return rc;
+}
+
+static pthread_t zap_thread;
+static int zap_running;
+static void *zap_sock;
+static uint8_t zap_client_key[32];
+
+/* Answers ZAP requests: 200 for CURVE with the known client key, 400 otherwise. */
+static void *zap_main(void *arg) {
+    (void)arg;
+    for (;;) {
+        char frames[8][256];
+        size_t sizes[8];
+        int nf = 0, more = 1;
+        while (more && nf < 8) {
+            int r = zmq_recv(zap_sock, frames[nf], sizeof frames[nf], 0);
+            if (r < 0) { /* context shut down: close our socket so zmq_ctx_term returns */
+                zmq_close(zap_sock);
+                return NULL;
+            }
+            sizes[nf] = (size_t)r < sizeof frames[nf] ? (size_t)r : sizeof frames[nf];
+            nf++;
+            int m = 0;
+            size_t ml = sizeof m;
+            zmq_getsockopt(zap_sock, ZMQ_RCVMORE, &m, &ml);
+            more = m;
+        }
+        while (more) { /* drain oversize requests */
+            char junk[256];
+            if (zmq_recv(zap_sock, junk, sizeof junk, 0) < 0) {
+                zmq_close(zap_sock);
+                return NULL;
+            }
+            int m = 0;
+            size_t ml = sizeof m;
+            zmq_getsockopt(zap_sock, ZMQ_RCVMORE, &m, &ml);
+            more = m;
+        }
+        /* version, request id, domain, address, identity, mechanism, credentials... */
+        int ok = nf >= 7 && sizes[5] == 5 && !memcmp(frames[5], "CURVE", 5) && sizes[6] == 32 &&
+                 !memcmp(frames[6], zap_client_key, 32);
+        const char *status = ok ? "200" : "400", *text = ok ? "OK" : "unknown client key";
+        zmq_send(zap_sock, "1.0", 3, ZMQ_SNDMORE);
+        zmq_send(zap_sock, frames[1], nf > 1 ? sizes[1] : 0, ZMQ_SNDMORE);
+        zmq_send(zap_sock, status, 3, ZMQ_SNDMORE);
+        zmq_send(zap_sock, text, strlen(text), ZMQ_SNDMORE);
+        zmq_send(zap_sock, "", 0, ZMQ_SNDMORE);
+        zmq_send(zap_sock, "", 0, 0);
+    }
+}
+
+int secure_server_setup(void *ctx, void *sock, const char *dir, RsErr *e) {
+    char sec[41], cpub[41];
+    int rc = read_key(dir, "server.key", sec, e);
+    if (!rc) rc = read_key(dir, "client.pub", cpub, e);
+    if (rc) return rc;
+    zmq_z85_decode(zap_client_key, cpub);
+    if (!zap_running) {
+        zap_sock = zmq_socket(ctx, ZMQ_REP);
+        if (!zap_sock || zmq_bind(zap_sock, "inproc://zeromq.zap.01") != 0)
+            return rs_err(e, RS_EIO, "cannot start the ZAP handler: %s", zmq_strerror(zmq_errno()));
+        pthread_create(&zap_thread, NULL, zap_main, NULL);
+        zap_running = 1;
+    }
+    int one = 1;
+    if (zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
+        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, 41) != 0)
+        return rs_err(e, RS_EUNSUPPORTED, "CURVE set-up failed: %s", zmq_strerror(zmq_errno()));
+    return RS_OK;
+}
+
+void secure_server_shutdown(void) {
+    if (!zap_running) return;
+    pthread_join(zap_thread, NULL); /* returns once zmq_ctx_shutdown woke the handler */
+    zap_running = 0;
+}
+
+int secure_client_setup(void *sock, const char *dir, RsErr *e) {
+    char spub[41], cpub[41], csec[41];
+    int rc = read_key(dir, "server.pub", spub, e);
+    if (!rc) rc = read_key(dir, "client.pub", cpub, e);
+    if (!rc) rc = read_key(dir, "client.key", csec, e);
+    if (rc) return rc;
+    if (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, spub, 41) != 0 ||
+        zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, cpub, 41) != 0 ||
+        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, csec, 41) != 0)
+        return rs_err(e, RS_EUNSUPPORTED, "CURVE set-up failed: %s", zmq_strerror(zmq_errno()));
+    return RS_OK;
+}
