@@ -1,0 +1,185 @@
+/* rootspec-cuda-bench: per-pass timing of the CUDA backend on random-weight models shaped
+ * like Llama-3.1-8B (target) and Llama-3.2-1B (drafter), built on the device in memory
+ * (no downloads, no host copy of the weights). For n = 1, 9, 60, 65 tokens on top of a
+ * committed context, graph replay vs eager launch: milliseconds per pass (wall clock,
+ * including the logits copy to the host), and weight bandwidth achieved (bf16 weight
+ * bytes / pass time) as a share of the device-to-device copy bandwidth measured here.
+ *   rootspec-cuda-bench [--iters N] [--ctx N] [--only target|drafter] [--device D] */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kernels/cuda_backend.h"
+#include "kernels/cuda_kernels.h"
+
+typedef struct {
+    const char *name;
+    int dim, hidden, layers, heads, kv_heads, head_dim, vocab, tied;
+} Shape;
+
+static const Shape kShapes[] = {
+    {"target Llama-3.1-8B-shaped", 4096, 14336, 32, 32, 8, 128, 128256, 0},
+    {"drafter Llama-3.2-1B-shaped", 2048, 8192, 16, 32, 8, 64, 128256, 1},
+};
+
+/* Device-to-device copy bandwidth (bytes read + written per second) of a 2 GiB buffer. */
+static double copy_bandwidth(void) {
+    size_t bytes = (size_t)1 << 31;
+    void *a, *b;
+    CUDA_CHECK(cudaMalloc(&a, bytes));
+    CUDA_CHECK(cudaMalloc(&b, bytes));
+    CUDA_CHECK(cudaMemset(a, 1, bytes));
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    for (int i = 0; i < 3; i++) CUDA_CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+    int reps = 10;
+    CUDA_CHECK(cudaEventRecord(e0));
+    for (int i = 0; i < reps; i++) CUDA_CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(cudaEventRecord(e1));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    CUDA_CHECK(cudaFree(a));
+    CUDA_CHECK(cudaFree(b));
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return 2.0 * bytes * reps / (ms * 1e-3);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median wall time (ms) of `iters` passes of n tokens (tree-like mask NULL = causal) on
+ * top of the committed context; every pass is dropped again (kv_commit of nothing). */
+static double time_pass(Backend *b, int n, int n_out, int iters, float *logits) {
+    int tok[65], pos[65], rows[65];
+    int base = b->n_committed;
+    for (int i = 0; i < n; i++) tok[i] = (i * 7919 + 13) % 128256, pos[i] = base + i, rows[i] = i;
+    RsErr e = {0};
+    double *t = (double *)malloc(sizeof(double) * iters);
+    for (int i = -3; i < iters; i++) { /* 3 warm-ups (graph capture happens here) */
+        uint64_t t0 = rs_now_ns();
+        if (backend_forward(b, tok, pos, n, NULL, rows, n_out, logits, &e) != RS_OK) {
+            fprintf(stderr, "rootspec-cuda-bench: forward: %s\n", e.msg);
+            exit(1);
+        }
+        uint64_t t1 = rs_now_ns();
+        if (backend_kv_commit(b, NULL, 0, &e) != RS_OK) {
+            fprintf(stderr, "rootspec-cuda-bench: kv_commit: %s\n", e.msg);
+            exit(1);
+        }
+        if (i >= 0) t[i] = (t1 - t0) * 1e-6;
+    }
+    qsort(t, iters, sizeof(double), cmp_double);
+    double med = t[iters / 2];
+    free(t);
+    return med;
+}
+
+int main(int argc, char **argv) {
+    int iters = 20, ctx = 512, device = 0;
+    const char *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) ctx = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [--iters N] [--ctx N] [--only target|drafter] [--device D]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    if (iters < 1 || ctx < 1 || ctx > 8192) {
+        fprintf(stderr, "rootspec-cuda-bench: --iters %d / --ctx %d out of range\n", iters, ctx);
+        return 2;
+    }
+    int ndev = 0;
+    cudaError_t rc = cudaGetDeviceCount(&ndev);
+    if (rc != cudaSuccess || ndev == 0) {
+        printf("SKIP: no CUDA device (%s): rootspec-cuda-bench\n",
+               rc != cudaSuccess ? cudaGetErrorString(rc) : "0 devices");
+        return 0;
+    }
+    CUDA_CHECK(cudaSetDevice(device));
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    printf("device %d: %s, %d SMs, %.1f GiB, cc %d.%d\n", device, prop.name,
+           prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0, prop.major, prop.minor);
+    double copy_bw = copy_bandwidth();
+    printf("device-to-device copy bandwidth: %.0f GB/s (read + write, 2 GiB buffer)\n",
+           copy_bw / 1e9);
+    printf("context %d committed tokens; median of %d passes; logits of all n rows copied "
+           "to the host unless noted\n", ctx, iters);
+    float *logits;
+    CUDA_CHECK(cudaMallocHost((void **)&logits, sizeof(float) * 65 * 128256));
+    for (size_t si = 0; si < sizeof kShapes / sizeof kShapes[0]; si++) {
+        const Shape *sh = &kShapes[si];
+        if (only && !strstr(sh->name, only)) continue;
+        Model *m = (Model *)calloc(1, sizeof(Model));
+        Config *c = &m->cfg;
+        c->arch = ARCH_LLAMA;
+        c->dim = sh->dim, c->hidden_dim = sh->hidden, c->n_layers = sh->layers;
+        c->n_heads = sh->heads, c->n_kv_heads = sh->kv_heads, c->head_dim = sh->head_dim;
+        c->vocab_size = sh->vocab, c->max_seq_len = 131072, c->norm_eps = 1e-5f;
+        c->rope_theta = 500000.0f, c->rope_scaling = 1, c->rope_factor = 8.0f;
+        c->rope_low_freq_factor = 1.0f, c->rope_high_freq_factor = 4.0f;
+        c->rope_orig_max_pos = 8192, c->tied_embeddings = sh->tied;
+        c->bos_id = c->eos_id = -1;
+        BackendParams p = {.kv_capacity = ctx + 128, .max_batch = ctx > 65 ? ctx : 65,
+                           .max_pending = ctx > 65 ? ctx : 65, .threads = 0, .device = device};
+        Backend *b = NULL;
+        RsErr e = {0};
+        uint64_t t0 = rs_now_ns();
+        if (cuda_backend_create_random(m, &p, 1234 + si, &b, &e) != RS_OK) {
+            fprintf(stderr, "rootspec-cuda-bench: %s: %s\n", sh->name, e.msg);
+            return 1;
+        }
+        double wbytes = (double)cuda_backend_weight_bytes(b);
+        printf("\n%s: %.2f GB bf16 weights per pass, created in %.1f s\n", sh->name, wbytes / 1e9,
+               (rs_now_ns() - t0) * 1e-9);
+        /* committed context: one eager prefill */
+        int *tok = (int *)malloc(sizeof(int) * ctx), *pos = (int *)malloc(sizeof(int) * ctx);
+        for (int i = 0; i < ctx; i++) tok[i] = (i * 31 + 7) % sh->vocab, pos[i] = i;
+        int last = ctx - 1;
+        t0 = rs_now_ns();
+        if (backend_forward(b, tok, pos, ctx, NULL, &last, 1, logits, &e) != RS_OK ||
+            backend_kv_commit(b, pos, ctx, &e) != RS_OK) {
+            fprintf(stderr, "rootspec-cuda-bench: prefill: %s\n", e.msg);
+            return 1;
+        }
+        printf("prefill %d tokens (eager): %.2f ms\n", ctx, (rs_now_ns() - t0) * 1e-6);
+        printf("%4s  %10s %10s %8s  %10s %8s  %12s\n", "n", "graph ms", "eager ms", "speedup",
+               "weight GB/s", "of copy", "graph ms n_out=1");
+        const int ns[4] = {1, 9, 60, 65};
+        for (int k = 0; k < 4; k++) {
+            int n = ns[k];
+            cuda_backend_set_graphs(b, 1);
+            double tg = time_pass(b, n, n, iters, logits);
+            double tg1 = time_pass(b, n, 1, iters, logits);
+            cuda_backend_set_graphs(b, 0);
+            double te = time_pass(b, n, n, iters, logits);
+            double bw = wbytes / (tg1 * 1e-3);
+            printf("%4d  %10.3f %10.3f %7.2fx  %10.0f %7.1f%%  %12.3f\n", n, tg, te, te / tg,
+                   bw / 1e9, 100.0 * bw / copy_bw, tg1);
+            printf("BENCH model=%s n=%d graph_ms=%.4f eager_ms=%.4f graph_nout1_ms=%.4f "
+                   "weight_GBps=%.1f copy_GBps=%.1f share=%.3f\n",
+                   si == 0 ? "target8B" : "drafter1B", n, tg, te, tg1, bw / 1e9, copy_bw / 1e9,
+                   bw / copy_bw);
+        }
+        printf("graph replays %llu, eager launches %llu, captures %llu\n",
+               (unsigned long long)b->n_graph_replays, (unsigned long long)b->n_eager_launches,
+               (unsigned long long)cuda_backend_n_captures(b));
+        free(tok), free(pos);
+        backend_destroy(&b);
+        free(m);
+    }
+    /* HOOK(pipelined two-process timing): the target/drafter processes over ZeroMQ are
+     * timed by their own tools once they exist; tools/gpu-check.sh has the matching hook. */
+    printf("\nHOOK pipelined two-process timing: not part of this bench (see tools/gpu-check.sh)\n");
+    cudaFreeHost(logits);
+    return 0;
+}

@@ -1,0 +1,90 @@
+# CUDA build fragment, included by the Makefile (which defines CC, CFLAGS, LDLIBS,
+# CHECK_LIBS, LIB_OBJS and MAIN_SRCS). Nothing here is built by `make` or `make test`:
+#   make cuda [CUDA_ARCHS="80 86 89 90"]  -> build/cuda/rootspec-{<mains>,cuda-bench,cuda-tests}
+#   make gpu-bundle                       -> gpu-bundle/: sm_90 binaries + the shared
+#                                            libraries a bare CUDA machine lacks + fixtures
+# The CUDA binaries link the CPU library objects except kernels/cuda_stub.o (which would
+# answer "no CUDA backend") plus the nvcc objects of kernels/*.cu.
+CUDA_HOME  ?= /usr/local/cuda
+NVCC       ?= $(CUDA_HOME)/bin/nvcc
+CUDA_ARCHS ?= 80 86 89 90
+# SASS for every arch plus PTX of the newest, so a later GPU can still JIT it.
+CUDA_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+                -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
+NVCCFLAGS  ?= -O3 -std=c++17 $(CUDA_GENCODE) -I. -Xcompiler -Wall,-Wno-unused-parameter -MMD -MP
+# cudart is linked statically (as nvcc does by default), so a machine needs only the
+# driver and libcublas; override with CUDART=-lcudart for the shared runtime.
+CUDART     ?= -lcudart_static -ldl -lrt
+CUDA_RPATH := -Wl,-rpath,'$$ORIGIN/lib' -Wl,-rpath,$(CUDA_HOME)/lib64
+CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -lcublas $(CUDART) -lstdc++ $(LDLIBS)
+
+CUDA_DIR      := build/cuda
+CUDA_CU_SRCS  := $(wildcard kernels/*.cu)
+CUDA_CU_OBJS  := $(CUDA_CU_SRCS:%.cu=$(CUDA_DIR)/%.o)
+CUDA_LIB_OBJS := $(filter-out build/obj/kernels/cuda_stub.o,$(LIB_OBJS))
+CUDA_MAIN_BINS := $(foreach m,$(MAIN_SRCS),$(CUDA_DIR)/rootspec-$(patsubst %_main.c,%,$(notdir $(m))))
+CUDA_BENCH    := $(CUDA_DIR)/rootspec-cuda-bench
+CUDA_TEST_BIN := $(CUDA_DIR)/rootspec-cuda-tests
+CUDA_TEST_SRCS := $(wildcard tests/cuda/test_cuda_*.c)
+CUDA_TEST_OBJS := $(patsubst %.c,$(CUDA_DIR)/%.o,$(wildcard tests/cuda/*.c) tests/testutil.c)
+CUDA_CFLAGS   := $(CFLAGS) -I$(CUDA_HOME)/include
+
+.PHONY: cuda cuda-test
+cuda: $(CUDA_MAIN_BINS) $(CUDA_BENCH) $(CUDA_TEST_BIN)
+
+# Objects are rebuilt when CUDA_ARCHS changes (the stamp only changes with its content).
+$(CUDA_DIR)/archs.stamp: FORCE_CUDA_ARCHS
+	@mkdir -p $(CUDA_DIR)
+	@echo '$(CUDA_ARCHS)' > $@.tmp; cmp -s $@.tmp $@ || mv $@.tmp $@; rm -f $@.tmp
+.PHONY: FORCE_CUDA_ARCHS
+
+$(CUDA_DIR)/%.o: %.cu $(CUDA_DIR)/archs.stamp
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(CUDA_DIR)/tests/%.o: tests/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CUDA_CFLAGS) -c $< -o $@
+
+define CUDA_BIN_RULE
+$(CUDA_DIR)/rootspec-$(patsubst %_main.c,%,$(notdir $(1))): build/obj/$(1:.c=.o) $$(CUDA_LIB_OBJS) $$(CUDA_CU_OBJS)
+	$$(CC) $$(CFLAGS) $$^ -o $$@ $$(CUDA_RPATH) $$(CUDA_LDLIBS)
+endef
+$(foreach m,$(MAIN_SRCS),$(eval $(call CUDA_BIN_RULE,$(m))))
+
+$(CUDA_BENCH): $(CUDA_DIR)/bench/cuda_bench_main.o $(CUDA_LIB_OBJS) $(CUDA_CU_OBJS)
+	$(CC) $(CFLAGS) $^ -o $@ $(CUDA_RPATH) $(CUDA_LDLIBS)
+
+# The CUDA test runner has its own suite list (tests/cuda/test_cuda_NAME.c defines
+# Suite *suite_cuda_NAME(void)); the CPU test binary never sees these files.
+$(CUDA_DIR)/suites.inc: $(CUDA_TEST_SRCS)
+	@mkdir -p $(CUDA_DIR)
+	@printf '%s\n' $(patsubst tests/cuda/test_%.c,'SUITE(%)',$(CUDA_TEST_SRCS)) > $@.tmp
+	@cmp -s $@.tmp $@ || mv $@.tmp $@; rm -f $@.tmp
+$(CUDA_DIR)/tests/cuda/main.o: $(CUDA_DIR)/suites.inc
+
+$(CUDA_TEST_BIN): $(CUDA_TEST_OBJS) $(CUDA_LIB_OBJS) $(CUDA_CU_OBJS)
+	$(CC) $(CFLAGS) $^ -o $@ $(CUDA_RPATH) $(CUDA_LDLIBS) $(CHECK_LIBS)
+
+cuda-test: $(CUDA_TEST_BIN)
+	OPENBLAS_NUM_THREADS=1 ./$(CUDA_TEST_BIN)
+
+# gpu-bundle: sm_90 build + every shared library ldd resolves outside the set a CUDA
+# machine has anyway (libc family, libstdc++/libgcc_s, the CUDA libraries), reached
+# through the $ORIGIN/lib rpath, + the fixtures the CUDA tests read.
+GPU_BUNDLE_SKIP := linux-vdso|ld-linux|/libc\.so|/libm\.so|/libpthread|/libdl\.so|/librt\.so|/libstdc\+\+|/libgcc_s|/libcuda|/libcublas|/libcudart
+gpu-bundle:
+	$(MAKE) cuda CUDA_ARCHS=90
+	rm -rf gpu-bundle
+	mkdir -p gpu-bundle/lib gpu-bundle/tests/fixtures
+	cp $(CUDA_MAIN_BINS) $(CUDA_BENCH) $(CUDA_TEST_BIN) gpu-bundle/
+	strip --strip-unneeded gpu-bundle/rootspec-*
+	for b in gpu-bundle/rootspec-*; do ldd $$b | awk '/=> \// {print $$3}'; done \
+	  | sort -u | grep -Ev '$(GPU_BUNDLE_SKIP)' | while read -r lib; do \
+	    cp -L "$$lib" gpu-bundle/lib/ && chmod u+w "gpu-bundle/lib/$$(basename $$lib)" && \
+	    strip --strip-unneeded "gpu-bundle/lib/$$(basename $$lib)"; done
+	if [ -d tests/fixtures/golden ]; then cp -r tests/fixtures/golden gpu-bundle/tests/fixtures/; fi
+	cp tools/gpu-check.sh gpu-bundle/
+	@echo "gpu-bundle: $$(du -sh gpu-bundle | cut -f1) ($$(ls gpu-bundle/lib | wc -l) libraries: $$(ls gpu-bundle/lib | tr '\n' ' '))"
+
+-include $(CUDA_CU_OBJS:.o=.d) $(CUDA_DIR)/bench/cuda_bench_main.d $(CUDA_TEST_OBJS:.o=.d)

@@ -1,0 +1,35 @@
+/* Helpers for the CUDA Check suites (tests/cuda/test_cuda_*.c, run by
+ * build/cuda/rootspec-cuda-tests). Without a usable CUDA device every test prints a
+ * visible "SKIP: no CUDA device (...)" line and returns: never a silent pass. */
+#ifndef ROOTSPEC_CUDA_TESTUTIL_H
+#define ROOTSPEC_CUDA_TESTUTIL_H
+#include <check.h>
+#include <stdio.h>
+#include <stdint.h>
+
+/* 1 when a CUDA device can be used; the reason otherwise (cached after the first call). */
+int cu_have_device(void);
+const char *cu_no_device_reason(void);
+/* Tests skipped so far (printed by the runner's summary). */
+extern int cu_n_skipped;
+
+#define CU_REQUIRE_DEVICE()                                                                \
+    do {                                                                                   \
+        if (!cu_have_device()) {                                                           \
+            printf("SKIP: no CUDA device (%s): %s\n", cu_no_device_reason(), __func__);   \
+            fflush(stdout);                                                                \
+            cu_n_skipped++;                                                                \
+            return;                                                                        \
+        }                                                                                  \
+    } while (0)
+
+/* Like tu_fixture, but falls back to <dir of the executable>/tests/fixtures/ (gpu-bundle).
+ * NULL when the file exists in neither place. */
+const char *cu_fixture(const char *rel);
+
+/* Independent bf16 round-to-nearest-even (reference for the device conversions). */
+float cu_round_bf16(float f);
+/* Uniform float in [lo, hi) from a tiny LCG (tests only). */
+float cu_randf(uint64_t *state, float lo, float hi);
+
+#endif

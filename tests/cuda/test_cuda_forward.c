@@ -1,0 +1,391 @@
+/* Whole-forward tests of the CUDA backend: parity with the CPU reference backend on
+ * tu_random_model models (Llama, Qwen2 bias, Qwen3 q/k norm) through prefill, tree pass
+ * with a mask, out-of-order kv_commit and decode; the golden fixtures (transformers'
+ * logits); the default model; and graph replay == eager launch.
+ *
+ * Tolerance: the CUDA backend rounds weights, GEMM inputs and the KV cache to bf16 (8 bit
+ * mantissa), so logits may differ from the f32 reference by |d| <= atol + rtol*|ref| with
+ * the per-test figures below; the largest |d| is printed. Top-1 must be identical unless
+ * the reference's best two logits are closer than that tolerance (a bf16-level tie). */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <string.h>
+#include <unistd.h>
+#include "common/rng.h"
+#include "cuda_testutil.h"
+#include "kernels/backend.h"
+#include "kernels/cuda_backend.h"
+#include "tests/testutil.h"
+
+#define RAND_ATOL 0.05f /* random models: logits of scale ~1-5 */
+#define RAND_RTOL 0.03f
+#define GOLD_ATOL 0.1f  /* golden tiny models: logits up to |64| */
+#define GOLD_RTOL 0.03f
+#define DEF_ATOL 0.5f   /* default model: 30 layers, logits up to ~30 */
+#define DEF_RTOL 0.03f
+
+static Backend *make(const BackendOps *ops, const Model *m, int cap, int batch, int pend) {
+    BackendParams p = {.kv_capacity = cap, .max_batch = batch, .max_pending = pend, .threads = 1};
+    Backend *b = NULL;
+    RsErr e = {0};
+    ck_assert_msg(ops && ops->create(m, &p, &b, &e) == RS_OK, "%s create: %s",
+                  ops ? ops->name : "cuda(NULL)", e.msg);
+    return b;
+}
+
+/* Compares rows of logits; returns mismatches, accumulates *worst. Top-1 per row must
+ * agree unless the reference's top-2 gap is within the tolerance. */
+static int cmp_rows(const char *label, const float *got, const float *ref, int rows, int vocab,
+                    float atol, float rtol, float *worst) {
+    float mx = 0;
+    int bad = tu_compare(label, got, ref, (size_t)rows * vocab, atol, rtol, &mx);
+    if (mx > *worst) *worst = mx;
+    for (int r = 0; r < rows; r++) {
+        const float *g = got + (size_t)r * vocab, *f = ref + (size_t)r * vocab;
+        int ag = row_argmax(g, vocab), af = row_argmax(f, vocab);
+        if (ag == af) continue;
+        float tol = atol + rtol * fabsf(f[af]);
+        if (f[af] - f[ag] > tol) {
+            fprintf(stderr, "%s row %d: top-1 %d (ref logit %.5f) vs reference %d (%.5f)\n",
+                    label, r, ag, f[ag], af, f[af]);
+            bad++;
+        }
+    }
+    return bad;
+}
+
+/* One scripted round trip on both backends: prefill 9 (causal), commit all; tree pass of 6
+ * tokens with a tree mask, commit {0, 3, 4} out of place; a 1-token pass with mask NULL;
+ * commit; a 3-token pass on top of 2 pending (earlier pending visible); drop all. */
+typedef struct {
+    int n, np_expect;
+    int tokens[9], pos[9];
+    int use_mask;
+    uint8_t mask[9 * 16];
+    int n_out, out_rows[9];
+    int n_keep, keep[9]; /* -1: no commit after this step */
+} Step;
+
+static int run_script(Backend *b, const Model *m, float **out, int *n_rows) {
+    int vocab = m->cfg.vocab_size;
+    Step st[5];
+    memset(st, 0, sizeof st);
+    st[0].n = 9;
+    for (int i = 0; i < 9; i++) st[0].tokens[i] = (i * 37 + 5) % vocab, st[0].pos[i] = i;
+    st[0].n_out = 9;
+    for (int i = 0; i < 9; i++) st[0].out_rows[i] = i;
+    st[0].n_keep = 9;
+    for (int i = 0; i < 9; i++) st[0].keep[i] = i;
+    /* tree: 0 root, 1,2 children of 0; 3 child of 1; 4 child of 3; 5 child of 2 */
+    int par[6] = {-1, 0, 0, 1, 3, 2}, depth[6] = {0, 1, 1, 2, 3, 2};
+    st[1].n = 6;
+    st[1].use_mask = 1;
+    for (int i = 0; i < 6; i++) {
+        st[1].tokens[i] = (i * 91 + 11) % vocab;
+        st[1].pos[i] = 9 + depth[i];
+        for (int a = i; a >= 0; a = par[a]) st[1].mask[i * 6 + a] = 1;
+    }
+    st[1].n_out = 4;
+    int o1[4] = {5, 0, 3, 3};
+    memcpy(st[1].out_rows, o1, sizeof o1);
+    st[1].n_keep = 3;
+    int k1[3] = {0, 3, 1}; /* root, then out of order: exercises the staged compaction */
+    memcpy(st[1].keep, k1, sizeof k1);
+    st[2].n = 2;
+    st[2].tokens[0] = 7 % vocab, st[2].tokens[1] = 8 % vocab;
+    st[2].pos[0] = 12, st[2].pos[1] = 13;
+    st[2].n_out = 2;
+    st[2].out_rows[0] = 1, st[2].out_rows[1] = 0;
+    st[2].n_keep = -1;
+    st[3].n = 3;
+    st[3].use_mask = 1; /* stride 5: sees pending 0 but not 1 */
+    for (int i = 0; i < 3; i++) {
+        st[3].tokens[i] = (i * 13 + 3) % vocab;
+        st[3].pos[i] = 13 + i;
+        st[3].mask[i * 5 + 0] = 1;
+        for (int j = 0; j <= i; j++) st[3].mask[i * 5 + 2 + j] = 1;
+    }
+    st[3].n_out = 3;
+    for (int i = 0; i < 3; i++) st[3].out_rows[i] = i;
+    st[3].n_keep = 0;
+    st[4].n = 1;
+    st[4].tokens[0] = 1;
+    st[4].pos[0] = 12;
+    st[4].n_out = 1;
+    st[4].n_keep = 1;
+    int total = 0;
+    for (int s = 0; s < 5; s++) total += st[s].n_out;
+    *out = malloc(sizeof(float) * (size_t)total * vocab);
+    *n_rows = total;
+    float *o = *out;
+    RsErr e = {0};
+    for (int s = 0; s < 5; s++) {
+        int rc = backend_forward(b, st[s].tokens, st[s].pos, st[s].n,
+                                 st[s].use_mask ? st[s].mask : NULL, st[s].out_rows, st[s].n_out,
+                                 o, &e);
+        ck_assert_msg(rc == RS_OK, "%s step %d: %s", b->ops->name, s, e.msg);
+        o += (size_t)st[s].n_out * vocab;
+        if (st[s].n_keep >= 0)
+            ck_assert_msg(backend_kv_commit(b, st[s].keep, st[s].n_keep, &e) == RS_OK, "%s", e.msg);
+    }
+    return total;
+}
+
+static const Arch kArchs[3] = {ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3};
+
+START_TEST(test_cuda_random_parity) {
+    CU_REQUIRE_DEVICE();
+    Model *m = tu_random_model(kArchs[_i], 128, 256, 3, 4, 2, 512, 77 + _i);
+    Backend *cpu = make(&cpu_backend_ops, m, 64, 16, 16);
+    Backend *gpu = make(cuda_backend_ops_get(), m, 64, 16, 16);
+    float *a, *g;
+    int na, ng;
+    run_script(cpu, m, &a, &na);
+    run_script(gpu, m, &g, &ng);
+    ck_assert_int_eq(na, ng);
+    float worst = 0;
+    char label[64];
+    snprintf(label, sizeof label, "random arch %d", (int)kArchs[_i]);
+    int bad = cmp_rows(label, g, a, na, 512, RAND_ATOL, RAND_RTOL, &worst);
+    fprintf(stderr, "cuda parity %s: %d rows, max |d| %.4g (atol %g rtol %g)\n", label, na,
+            worst, RAND_ATOL, RAND_RTOL);
+    ck_assert_int_eq(bad, 0);
+    ck_assert_int_eq(gpu->n_committed, cpu->n_committed);
+    free(a), free(g);
+    backend_destroy(&cpu);
+    backend_destroy(&gpu);
+    model_free(&m);
+}
+END_TEST
+
+/* Graph replay must equal eager launch of the same padded batch (same kernels, same
+ * cuBLAS shapes): |d| <= 1e-6 (bitwise expected; the max is printed). Also checks the
+ * counters and that repeated buckets are not re-captured. */
+START_TEST(test_cuda_graph_vs_eager) {
+    CU_REQUIRE_DEVICE();
+    Model *m = tu_random_model(ARCH_LLAMA, 128, 256, 2, 4, 2, 512, 99);
+    Backend *gr = make(cuda_backend_ops_get(), m, 64, 16, 16);
+    Backend *ea = make(cuda_backend_ops_get(), m, 64, 16, 16);
+    cuda_backend_set_graphs(gr, 1);
+    cuda_backend_set_graphs(ea, 0);
+    float *a, *b;
+    int na, nb;
+    run_script(gr, m, &a, &na);
+    run_script(ea, m, &b, &nb);
+    float mx = 0;
+    int bad = tu_compare("graph vs eager", a, b, (size_t)na * 512, 1e-6f, 0.0f, &mx);
+    fprintf(stderr, "graph vs eager: max |d| %.3g (%s), replays %llu captures %llu, eager %llu\n",
+            mx, memcmp(a, b, sizeof(float) * na * 512) ? "not bitwise" : "bitwise",
+            (unsigned long long)gr->n_graph_replays, (unsigned long long)cuda_backend_n_captures(gr),
+            (unsigned long long)ea->n_eager_launches);
+    ck_assert_int_eq(bad, 0);
+    ck_assert_int_eq(gr->n_graph_replays, 5);
+    ck_assert_int_eq(gr->n_eager_launches, 0);
+    ck_assert_int_eq(ea->n_eager_launches, 5);
+    ck_assert_int_eq(ea->n_graph_replays, 0);
+    /* buckets used: 16 (9), 8 (6), 2 (2), 4 (3), 1 (1): five captures, then replays only */
+    ck_assert_int_eq(cuda_backend_n_captures(gr), 5);
+    gr->ops->kv_reset(gr);
+    free(a);
+    run_script(gr, m, &a, &na);
+    ck_assert_int_eq(cuda_backend_n_captures(gr), 5);
+    ck_assert_int_eq(gr->n_graph_replays, 10);
+    ck_assert_int_eq(tu_compare("graph replay again", a, b, (size_t)na * 512, 1e-6f, 0.0f, NULL), 0);
+    free(a), free(b);
+    backend_destroy(&gr);
+    backend_destroy(&ea);
+    model_free(&m);
+}
+END_TEST
+
+/* Prefill larger than the largest bucket runs eagerly (and unpadded). */
+START_TEST(test_cuda_large_prefill_eager) {
+    CU_REQUIRE_DEVICE();
+    Model *m = tu_random_model(ARCH_LLAMA, 64, 128, 2, 4, 1, 300, 5);
+    int n = 100;
+    Backend *cpu = make(&cpu_backend_ops, m, 128, n, n), *gpu = make(cuda_backend_ops_get(), m, 128, n, n);
+    int tok[100], pos[100], rows[3] = {99, 0, 50};
+    for (int i = 0; i < n; i++) tok[i] = (i * 7) % 300, pos[i] = i;
+    float a[3 * 300], g[3 * 300], worst = 0;
+    RsErr e = {0};
+    ck_assert_int_eq(backend_forward(cpu, tok, pos, n, NULL, rows, 3, a, &e), RS_OK);
+    ck_assert_msg(backend_forward(gpu, tok, pos, n, NULL, rows, 3, g, &e) == RS_OK, "%s", e.msg);
+    ck_assert_int_eq(gpu->n_eager_launches, 1);
+    ck_assert_int_eq(gpu->n_graph_replays, 0);
+    int bad = cmp_rows("prefill 100", g, a, 3, 300, RAND_ATOL, RAND_RTOL, &worst);
+    fprintf(stderr, "cuda prefill 100 tokens: max |d| %.4g\n", worst);
+    ck_assert_int_eq(bad, 0);
+    backend_destroy(&cpu), backend_destroy(&gpu), model_free(&m);
+}
+END_TEST
+
+/* User errors are reported with messages, and a failed call changes nothing. */
+START_TEST(test_cuda_errors) {
+    CU_REQUIRE_DEVICE();
+    Model *m = tu_random_model(ARCH_LLAMA, 64, 128, 1, 4, 2, 100, 6);
+    const BackendOps *ops = cuda_backend_ops_get();
+    BackendParams p = {.kv_capacity = 8, .max_batch = 4, .max_pending = 6, .device = 999};
+    Backend *b = NULL;
+    RsErr e = {0};
+    ck_assert_int_eq(ops->create(m, &p, &b, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "CUDA device 999 does not exist"), "%s", e.msg);
+    ck_assert_ptr_null(b);
+    p.device = 0;
+    b = make(ops, m, 8, 4, 6);
+    int tok[5] = {1, 2, 3, 4, 5}, pos[5] = {0, 1, 2, 3, 4}, rows[1] = {0};
+    float lg[100];
+    ck_assert_int_eq(backend_forward(b, tok, pos, 5, NULL, rows, 1, lg, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "exceeds max_batch 4"), "%s", e.msg);
+    tok[0] = 100;
+    ck_assert_int_eq(backend_forward(b, tok, pos, 1, NULL, rows, 1, lg, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "token 100 at batch index 0"), "%s", e.msg);
+    tok[0] = 1;
+    uint8_t mask[4] = {0, 0, 0, 0};
+    ck_assert_int_eq(backend_forward(b, tok, pos, 2, mask, rows, 1, lg, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "mask row 0 does not attend to its own token"), "%s", e.msg);
+    ck_assert_int_eq(b->n_pending, 0);
+    ck_assert_int_eq(backend_forward(b, tok, pos, 4, NULL, rows, 1, lg, &e), RS_OK);
+    ck_assert_int_eq(backend_forward(b, tok, pos, 3, NULL, rows, 1, lg, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "exceeds max_pending 6"), "%s", e.msg);
+    int keep[2] = {1, 1};
+    ck_assert_int_eq(backend_kv_commit(b, keep, 2, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "keeps pending entry 1 twice"), "%s", e.msg);
+    ck_assert_int_eq(backend_kv_commit(b, keep, 1, &e), RS_OK);
+    ck_assert_int_eq(b->n_committed, 1);
+    backend_destroy(&b);
+    ck_assert_ptr_null(b);
+    model_free(&m);
+}
+END_TEST
+
+/* RSGL v1 reader (format of tools/gen_golden.py, as tests/test_golden.c reads it). */
+static int golden_read(const char *path, int *n, int *vocab, int **tokens, float **logits) {
+    char *buf = NULL;
+    size_t len = 0;
+    RsErr e = {0};
+    ck_assert_msg(rs_read_file(path, &buf, &len, &e) == RS_OK, "%s", e.msg);
+    uint32_t hdr[3];
+    ck_assert_msg(len >= 16 && memcmp(buf, "RSGL", 4) == 0, "%s: not an RSGL file", path);
+    memcpy(hdr, buf + 4, sizeof hdr);
+    ck_assert_msg(hdr[0] == 1, "%s: RSGL version %u, want 1", path, hdr[0]);
+    ck_assert_msg(hdr[1] > 0 && hdr[1] < 4096 && hdr[2] > 0 && hdr[2] < (1u << 20),
+                  "%s: bad sizes n=%u vocab=%u", path, hdr[1], hdr[2]);
+    *n = (int)hdr[1];
+    *vocab = (int)hdr[2];
+    size_t need = 16 + 4 * (size_t)*n + 4 * (size_t)*n * *vocab;
+    ck_assert_msg(len == need, "%s: %zu bytes, want %zu", path, len, need);
+    *tokens = malloc(4 * (size_t)*n);
+    *logits = malloc(4 * (size_t)*n * *vocab);
+    memcpy(*tokens, buf + 16, 4 * (size_t)*n);
+    memcpy(*logits, buf + 16 + 4 * (size_t)*n, 4 * (size_t)*n * *vocab);
+    free(buf);
+    return 0;
+}
+
+static const char *kGolden[] = {"llama", "llama/llama.gguf", "llama3_rope", "qwen2", "qwen3"};
+static const char *kGoldenLogits[] = {"llama/logits.bin", "llama/logits.bin",
+                                      "llama3_rope/logits.bin", "qwen2/logits.bin",
+                                      "qwen3/logits.bin"};
+
+START_TEST(test_cuda_golden) {
+    CU_REQUIRE_DEVICE();
+    char rel[256];
+    snprintf(rel, sizeof rel, "golden/%s", kGoldenLogits[_i]);
+    const char *lpath = cu_fixture(rel);
+    snprintf(rel, sizeof rel, "golden/%s", kGolden[_i]);
+    const char *mpath = cu_fixture(rel);
+    if (!lpath || !mpath) {
+        printf("SKIP: golden fixture %s missing (tests/fixtures/golden)\n", rel);
+        cu_n_skipped++;
+        return;
+    }
+    int n, vocab, *tokens;
+    float *ref;
+    golden_read(lpath, &n, &vocab, &tokens, &ref);
+    Model *m = NULL;
+    RsErr e = {0};
+    ck_assert_msg(model_load(mpath, &m, &e) == RS_OK, "model_load %s: %s", mpath, e.msg);
+    ck_assert_int_eq(m->cfg.vocab_size, vocab);
+    Backend *b = make(cuda_backend_ops_get(), m, n, n, n);
+    int *pos = malloc(4 * (size_t)n), *rows = malloc(4 * (size_t)n);
+    for (int i = 0; i < n; i++) pos[i] = rows[i] = i;
+    float *got = malloc(4 * (size_t)n * vocab), worst = 0;
+    /* one batch, then token by token (graph path, bucket 1) */
+    ck_assert_msg(backend_forward(b, tokens, pos, n, NULL, rows, n, got, &e) == RS_OK, "%s", e.msg);
+    int bad = cmp_rows(kGolden[_i], got, ref, n, vocab, GOLD_ATOL, GOLD_RTOL, &worst);
+    b->ops->kv_reset(b);
+    for (int i = 0; i < n; i++) {
+        int zero = 0;
+        ck_assert_int_eq(backend_forward(b, tokens + i, pos + i, 1, NULL, &zero, 1,
+                                         got + (size_t)i * vocab, &e), RS_OK);
+        ck_assert_int_eq(backend_kv_commit(b, &zero, 1, &e), RS_OK);
+    }
+    bad += cmp_rows(kGolden[_i], got, ref, n, vocab, GOLD_ATOL, GOLD_RTOL, &worst);
+    fprintf(stderr, "cuda golden %-18s %d x %d: max |d| %.4g (atol %g rtol %g)\n", kGolden[_i], n,
+            vocab, worst, GOLD_ATOL, GOLD_RTOL);
+    ck_assert_int_eq(bad, 0);
+    free(pos), free(rows), free(got), free(tokens), free(ref);
+    backend_destroy(&b);
+    model_free(&m);
+}
+END_TEST
+
+/* Default model: CUDA vs CPU backend on a prompt + greedy continuation. */
+START_TEST(test_cuda_default_model) {
+    CU_REQUIRE_DEVICE();
+    const char *path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (access(path, R_OK) != 0) {
+        printf("SKIP: default model %s missing (run `make setup`): test_cuda_default_model\n", path);
+        cu_n_skipped++;
+        return;
+    }
+    Model *m = NULL;
+    RsErr e = {0};
+    ck_assert_msg(model_load(path, &m, &e) == RS_OK, "%s", e.msg);
+    int vocab = m->cfg.vocab_size;
+    Backend *cpu = make(&cpu_backend_ops, m, 128, 64, 64);
+    Backend *gpu = make(cuda_backend_ops_get(), m, 128, 64, 64);
+    int tok[64] = {1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 28, 7018, 411, 46,
+                   2, 198, 1, 4093, 198, 21512, 1848, 314, 2254, 30};
+    int n = 25, pos[64], rows[64];
+    for (int i = 0; i < 64; i++) pos[i] = rows[i] = i;
+    for (int i = 0; i < n; i++) tok[i] %= vocab;
+    float *a = malloc(sizeof(float) * 64 * vocab), *g = malloc(sizeof(float) * 64 * vocab), worst = 0;
+    ck_assert_int_eq(backend_forward(cpu, tok, pos, n, NULL, rows, n, a, &e), RS_OK);
+    ck_assert_msg(backend_forward(gpu, tok, pos, n, NULL, rows, n, g, &e) == RS_OK, "%s", e.msg);
+    int bad = cmp_rows("default prefill", g, a, n, vocab, DEF_ATOL, DEF_RTOL, &worst);
+    ck_assert_int_eq(backend_kv_commit(cpu, rows, n, &e), RS_OK);
+    ck_assert_int_eq(backend_kv_commit(gpu, rows, n, &e), RS_OK);
+    int next = row_argmax(a + (size_t)(n - 1) * vocab, vocab), agree = 0;
+    for (int s = 0; s < 8; s++) { /* greedy from the CPU's choice, both fed the same token */
+        int p = n + s, zero = 0;
+        ck_assert_int_eq(backend_forward(cpu, &next, &p, 1, NULL, &zero, 1, a, &e), RS_OK);
+        ck_assert_int_eq(backend_forward(gpu, &next, &p, 1, NULL, &zero, 1, g, &e), RS_OK);
+        bad += cmp_rows("default decode", g, a, 1, vocab, DEF_ATOL, DEF_RTOL, &worst);
+        agree += row_argmax(g, vocab) == row_argmax(a, vocab);
+        next = row_argmax(a, vocab);
+        ck_assert_int_eq(backend_kv_commit(cpu, &zero, 1, &e), RS_OK);
+        ck_assert_int_eq(backend_kv_commit(gpu, &zero, 1, &e), RS_OK);
+    }
+    fprintf(stderr, "cuda default model: max |d| %.4g over %d+8 rows, greedy top-1 agree %d/8\n",
+            worst, n, agree);
+    ck_assert_int_eq(bad, 0);
+    free(a), free(g);
+    backend_destroy(&cpu), backend_destroy(&gpu);
+    model_free(&m);
+}
+END_TEST
+
+Suite *suite_cuda_forward(void) {
+    Suite *s = suite_create("cuda_forward");
+    TCase *tc = tcase_create("forward");
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, test_cuda_random_parity, 0, 3);
+    tcase_add_test(tc, test_cuda_graph_vs_eager);
+    tcase_add_test(tc, test_cuda_large_prefill_eager);
+    tcase_add_test(tc, test_cuda_errors);
+    tcase_add_loop_test(tc, test_cuda_golden, 0, 5);
+    tcase_add_test(tc, test_cuda_default_model);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,360 @@
+/* Per-kernel tests of kernels/cuda_kernels.cu against host references written here from
+ * the formulas (not from the kernels), on random inputs. Tolerances are stated per test as
+ * |got - ref| <= atol + rtol*|ref|; tu_compare prints the first mismatches. */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <string.h>
+#include "common/rng.h"
+#include "cuda_testutil.h"
+#include "kernels/cuda_kernels.h"
+#include "tests/testutil.h"
+
+static void *dnew(size_t bytes) {
+    void *p = NULL;
+    CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 16));
+    return p;
+}
+static void *dput(const void *h, size_t bytes) {
+    void *p = dnew(bytes);
+    CUDA_CHECK(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice));
+    return p;
+}
+static void dget(void *h, const void *d, size_t bytes) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+}
+static float *randv(size_t n, uint64_t *st, float lo, float hi) {
+    float *v = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) v[i] = cu_randf(st, lo, hi);
+    return v;
+}
+static rs_bf16 *to_bf16(const float *v, size_t n) {
+    rs_bf16 *o = malloc(n * sizeof(rs_bf16));
+    for (size_t i = 0; i < n; i++) {
+        float r = cu_round_bf16(v[i]);
+        uint32_t u;
+        memcpy(&u, &r, 4);
+        o[i] = (rs_bf16)(u >> 16);
+    }
+    return o;
+}
+static float bf16f(rs_bf16 h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void ref_rmsnorm(float *o, const float *x, const float *w, int n, float eps) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    double r = 1.0 / sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++) o[i] = (float)(w[i] * (x[i] * r));
+}
+
+START_TEST(test_cuda_bf16_convert) {
+    CU_REQUIRE_DEVICE();
+    uint64_t st = 1;
+    size_t n = 10007;
+    float *x = randv(n, &st, -100.0f, 100.0f);
+    x[0] = 0.0f, x[1] = -0.0f, x[2] = 1.0f + 1.0f / 256.0f; /* exact tie: rounds to even */
+    x[3] = INFINITY, x[4] = 3.3895314e38f;
+    float *dx = dput(x, n * 4);
+    rs_bf16 *dy = dnew(n * 2), *y = malloc(n * 2);
+    cuk_f32_to_bf16(0, dx, dy, n);
+    dget(y, dy, n * 2);
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        float want = cu_round_bf16(x[i]);
+        if (!(bf16f(y[i]) == want || (isinf(want) && isinf(bf16f(y[i]))))) {
+            if (bad++ < 5) fprintf(stderr, "bf16 %zu: %g -> %g want %g\n", i, x[i], bf16f(y[i]), want);
+        }
+        /* host helper must agree with the device */
+        if (cuk_f32_to_bf16_host(x[i]) != y[i] && bad++ < 5)
+            fprintf(stderr, "bf16 host helper %zu: %g -> %04x device %04x\n", i, x[i],
+                    cuk_f32_to_bf16_host(x[i]), y[i]);
+    }
+    ck_assert_int_eq(bad, 0);
+    cudaFree(dx), cudaFree(dy), free(x), free(y);
+}
+END_TEST
+
+START_TEST(test_cuda_embed_rmsnorm) {
+    CU_REQUIRE_DEVICE();
+    uint64_t st = 2;
+    int vocab = 50, dim = 300, nb = 7;
+    float *emb = randv((size_t)vocab * dim, &st, -2, 2), *w = randv(dim, &st, 0.5f, 1.5f);
+    rs_bf16 *embh = to_bf16(emb, (size_t)vocab * dim);
+    int tok[7] = {3, 49, 0, 3, 17, 25, 8}, rows[3] = {6, 0, 3};
+    rs_bf16 *de = dput(embh, (size_t)vocab * dim * 2);
+    int *dt = dput(tok, sizeof tok), *dr = dput(rows, sizeof rows);
+    float *dw = dput(w, dim * 4), *dx = dnew((size_t)nb * dim * 4), *dof = dnew((size_t)nb * dim * 4);
+    rs_bf16 *dob = dnew((size_t)nb * dim * 2);
+    cuk_embed(0, de, dt, nb, dim, dx);
+    float *x = malloc((size_t)nb * dim * 4), *ref = malloc((size_t)nb * dim * 4),
+          *got = malloc((size_t)nb * dim * 4);
+    rs_bf16 *gotb = malloc((size_t)nb * dim * 2);
+    dget(x, dx, (size_t)nb * dim * 4);
+    for (int t = 0; t < nb; t++)
+        for (int i = 0; i < dim; i++)
+            ck_assert_float_eq(x[(size_t)t * dim + i], bf16f(embh[(size_t)tok[t] * dim + i]));
+    /* all rows, f32 + bf16 outputs: atol 1e-5, rtol 1e-5 (summation order only) */
+    cuk_rmsnorm(0, dx, NULL, dw, nb, dim, 1e-5f, dof, dob);
+    dget(got, dof, (size_t)nb * dim * 4);
+    dget(gotb, dob, (size_t)nb * dim * 2);
+    for (int t = 0; t < nb; t++) ref_rmsnorm(ref + (size_t)t * dim, x + (size_t)t * dim, w, dim, 1e-5f);
+    ck_assert_int_eq(tu_compare("rmsnorm", got, ref, (size_t)nb * dim, 1e-5f, 1e-5f, NULL), 0);
+    for (size_t i = 0; i < (size_t)nb * dim; i++) ck_assert_float_eq(bf16f(gotb[i]), cu_round_bf16(got[i]));
+    /* gathered rows (final norm of out_rows) */
+    cuk_rmsnorm(0, dx, dr, dw, 3, dim, 1e-5f, dof, NULL);
+    dget(got, dof, (size_t)3 * dim * 4);
+    for (int r = 0; r < 3; r++) ref_rmsnorm(ref + (size_t)r * dim, x + (size_t)rows[r] * dim, w, dim, 1e-5f);
+    ck_assert_int_eq(tu_compare("rmsnorm rows", got, ref, (size_t)3 * dim, 1e-5f, 1e-5f, NULL), 0);
+    cudaFree(de), cudaFree(dt), cudaFree(dr), cudaFree(dw), cudaFree(dx), cudaFree(dof), cudaFree(dob);
+    free(emb), free(w), free(embh), free(x), free(ref), free(got), free(gotb);
+}
+END_TEST
+
+START_TEST(test_cuda_bias_headnorm_rope) {
+    CU_REQUIRE_DEVICE();
+    uint64_t st = 3;
+    int nb = 5, hd = 64, nh = 4, nkv = 2, half = hd / 2, stride = (nh + 2 * nkv) * hd + 3;
+    size_t n = (size_t)nb * stride;
+    float *x = randv(n, &st, -3, 3), *bias = randv((size_t)(nh + 2 * nkv) * hd, &st, -1, 1);
+    float *qn = randv(hd, &st, 0.5f, 1.5f), *ref = malloc(n * 4), *got = malloc(n * 4);
+    int pos[5] = {0, 1, 17, 4095, 100000};
+    Config c = {0};
+    c.head_dim = hd, c.rope_theta = 500000.0f, c.rope_scaling = 1, c.rope_factor = 8.0f;
+    c.rope_low_freq_factor = 1.0f, c.rope_high_freq_factor = 4.0f, c.rope_orig_max_pos = 8192;
+    float inv[32];
+    cuk_rope_inv_freq(&c, inv);
+    /* independent inv_freq: HF _compute_llama3_parameters */
+    for (int i = 0; i < half; i++) {
+        double f = 1.0 / pow(500000.0, (double)(2 * i) / hd), wl = 2 * M_PI / f, r;
+        if (wl < 8192.0 / 4.0) r = f;
+        else if (wl > 8192.0 / 1.0) r = f / 8.0;
+        else {
+            double sm = (8192.0 / wl - 1.0) / (4.0 - 1.0);
+            r = (1 - sm) * f / 8.0 + sm * f;
+        }
+        ck_assert_msg(fabs(inv[i] - r) <= 1e-6 * r, "inv_freq[%d] = %g, want %g", i, inv[i], r);
+    }
+    float *dx = dput(x, n * 4), *db = dput(bias, (size_t)(nh + 2 * nkv) * hd * 4);
+    float *dqn = dput(qn, hd * 4), *dinv = dput(inv, sizeof inv);
+    float *dc = dnew((size_t)nb * half * 4), *ds = dnew((size_t)nb * half * 4);
+    int *dp = dput(pos, sizeof pos);
+    cuk_bias_add(0, dx, stride, nb, (nh + 2 * nkv) * hd, db);
+    cuk_head_rmsnorm(0, dx, stride, nb, nh, hd, dqn, 1e-6f);
+    cuk_rope_table(0, dp, dinv, nb, half, dc, ds);
+    cuk_rope(0, dx, stride, nb, nh + nkv, hd, dc, ds);
+    dget(got, dx, n * 4);
+    memcpy(ref, x, n * 4);
+    for (int t = 0; t < nb; t++) {
+        float *r = ref + (size_t)t * stride;
+        for (int i = 0; i < (nh + 2 * nkv) * hd; i++) r[i] += bias[i];
+        for (int h = 0; h < nh; h++) ref_rmsnorm(r + h * hd, r + h * hd, qn, hd, 1e-6f);
+        for (int h = 0; h < nh + nkv; h++)
+            for (int i = 0; i < half; i++) {
+                double ang = (double)(float)((float)pos[t] * inv[i]);
+                double a = r[h * hd + i], b = r[h * hd + i + half];
+                r[h * hd + i] = (float)(a * cos(ang) - b * sin(ang));
+                r[h * hd + i + half] = (float)(b * cos(ang) + a * sin(ang));
+            }
+    }
+    ck_assert_int_eq(tu_compare("bias+headnorm+rope", got, ref, n, 2e-5f, 2e-5f, NULL), 0);
+    cudaFree(dx), cudaFree(db), cudaFree(dqn), cudaFree(dinv), cudaFree(dc), cudaFree(ds), cudaFree(dp);
+    free(x), free(bias), free(qn), free(ref), free(got);
+}
+END_TEST
+
+/* Attention: committed slots always visible, pending slots by a random mask, GQA, padding
+ * rows zero. Reference in double over the same bf16 K/V. atol 1e-4, rtol 1e-3. */
+static void attention_case(int hd, int nh, int nkv, int nc, int np, int n, int nb, uint64_t seed) {
+    uint64_t st = seed;
+    int kvd = nkv * hd, qd = nh * hd, cap = nc + np + n + 5, stride = np + n;
+    int qs = qd + 2 * kvd; /* q rows live in a wider qkv row */
+    float *q = randv((size_t)nb * qs, &st, -1, 1);
+    float *kf = randv((size_t)cap * kvd, &st, -1, 1), *vf = randv((size_t)cap * kvd, &st, -1, 1);
+    rs_bf16 *kb = to_bf16(kf, (size_t)cap * kvd), *vb = to_bf16(vf, (size_t)cap * kvd);
+    uint8_t *mask = calloc((size_t)n * stride, 1);
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < stride; j++)
+            mask[(size_t)t * stride + j] = j == np + t || (j < np + t && cu_randf(&st, 0, 1) < 0.5f);
+    CuMeta meta = {n, nc + np, nc, stride};
+    float *dq = dput(q, (size_t)nb * qs * 4), *dof = dnew((size_t)nb * qd * 4);
+    rs_bf16 *dk = dput(kb, (size_t)cap * kvd * 2), *dv = dput(vb, (size_t)cap * kvd * 2);
+    rs_bf16 *dob = dnew((size_t)nb * qd * 2);
+    uint8_t *dm = dput(mask, (size_t)n * stride);
+    CuMeta *dmeta = dput(&meta, sizeof meta);
+    CUDA_CHECK(cudaMemset(dof, 0xff, (size_t)nb * qd * 4)); /* NaN: padding must be rewritten */
+    cuk_attention(0, dq, qs, dk, dv, dm, dmeta, nb, nh, nkv, hd, dob, dof);
+    float *got = malloc((size_t)nb * qd * 4), *ref = calloc((size_t)nb * qd, 4);
+    rs_bf16 *gotb = malloc((size_t)nb * qd * 2);
+    dget(got, dof, (size_t)nb * qd * 4);
+    dget(gotb, dob, (size_t)nb * qd * 2);
+    double *sc = malloc((size_t)cap * sizeof(double));
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < nh; h++) {
+            int kh = h / (nh / nkv);
+            double mx = -1e300;
+            for (int j = 0; j < nc + np + n; j++) {
+                int vis = j < nc || mask[(size_t)t * stride + j - nc];
+                sc[j] = -1e300;
+                if (!vis) continue;
+                double d = 0;
+                for (int i = 0; i < hd; i++)
+                    d += (double)q[(size_t)t * qs + h * hd + i] * bf16f(kb[(size_t)j * kvd + kh * hd + i]);
+                sc[j] = d / sqrt((double)hd);
+                if (sc[j] > mx) mx = sc[j];
+            }
+            double sum = 0;
+            for (int j = 0; j < nc + np + n; j++) sum += sc[j] > -1e299 ? exp(sc[j] - mx) : 0;
+            for (int i = 0; i < hd; i++) {
+                double o = 0;
+                for (int j = 0; j < nc + np + n; j++)
+                    if (sc[j] > -1e299) o += exp(sc[j] - mx) / sum * bf16f(vb[(size_t)j * kvd + kh * hd + i]);
+                ref[(size_t)t * qd + h * hd + i] = (float)o;
+            }
+        }
+    char label[64];
+    snprintf(label, sizeof label, "attention hd=%d nc=%d np=%d n=%d nb=%d", hd, nc, np, n, nb);
+    ck_assert_int_eq(tu_compare(label, got, ref, (size_t)nb * qd, 1e-4f, 1e-3f, NULL), 0);
+    for (size_t i = 0; i < (size_t)nb * qd; i++) ck_assert_float_eq(bf16f(gotb[i]), cu_round_bf16(got[i]));
+    cudaFree(dq), cudaFree(dof), cudaFree(dk), cudaFree(dv), cudaFree(dob), cudaFree(dm), cudaFree(dmeta);
+    free(q), free(kf), free(vf), free(kb), free(vb), free(mask), free(got), free(ref), free(gotb), free(sc);
+}
+
+START_TEST(test_cuda_attention) {
+    CU_REQUIRE_DEVICE();
+    attention_case(64, 9, 3, 40, 0, 1, 1, 11);     /* SmolLM2 heads, one decode token */
+    attention_case(128, 8, 2, 300, 11, 60, 64, 12); /* tree pass, padded to 64 rows */
+    attention_case(128, 4, 4, 0, 0, 65, 65, 13);    /* no committed context, MHA */
+    attention_case(256, 4, 1, 5, 20, 9, 16, 14);    /* widest head, earlier pending */
+    attention_case(32, 2, 1, 1000, 3, 2, 2, 15);    /* long committed context */
+}
+END_TEST
+
+START_TEST(test_cuda_kv_store_swiglu_residual) {
+    CU_REQUIRE_DEVICE();
+    uint64_t st = 4;
+    int nb = 8, n = 5, kvd = 96, stride = 4 * kvd, cap = 30, base = 17;
+    float *qkv = randv((size_t)nb * stride, &st, -4, 4);
+    float *dqkv = dput(qkv, (size_t)nb * stride * 4);
+    rs_bf16 *dk = dnew((size_t)cap * kvd * 2), *dv = dnew((size_t)cap * kvd * 2);
+    CUDA_CHECK(cudaMemset(dk, 0, (size_t)cap * kvd * 2));
+    CUDA_CHECK(cudaMemset(dv, 0, (size_t)cap * kvd * 2));
+    CuMeta meta = {n, base, 3, 20};
+    CuMeta *dmeta = dput(&meta, sizeof meta);
+    cuk_kv_store(0, dqkv + 2 * kvd, dqkv + 3 * kvd, stride, nb, kvd, dmeta, dk, dv);
+    rs_bf16 *k = malloc((size_t)cap * kvd * 2), *v = malloc((size_t)cap * kvd * 2);
+    dget(k, dk, (size_t)cap * kvd * 2);
+    dget(v, dv, (size_t)cap * kvd * 2);
+    for (int s = 0; s < cap; s++)
+        for (int i = 0; i < kvd; i++) {
+            int t = s - base, live = t >= 0 && t < n; /* padding rows never reach the cache */
+            float wk = live ? cu_round_bf16(qkv[(size_t)t * stride + 2 * kvd + i]) : 0.0f;
+            float wv = live ? cu_round_bf16(qkv[(size_t)t * stride + 3 * kvd + i]) : 0.0f;
+            ck_assert_float_eq(bf16f(k[(size_t)s * kvd + i]), wk);
+            ck_assert_float_eq(bf16f(v[(size_t)s * kvd + i]), wv);
+        }
+    /* SwiGLU: atol 1e-6 rtol 1e-5 */
+    int hidden = 333;
+    float *gu = randv((size_t)nb * 2 * hidden, &st, -8, 8), *dgu = dput(gu, (size_t)nb * 2 * hidden * 4);
+    float *dof = dnew((size_t)nb * hidden * 4), *got = malloc((size_t)nb * hidden * 4),
+          *ref = malloc((size_t)nb * hidden * 4);
+    cuk_swiglu(0, dgu, nb, hidden, NULL, dof);
+    dget(got, dof, (size_t)nb * hidden * 4);
+    for (int t = 0; t < nb; t++)
+        for (int i = 0; i < hidden; i++) {
+            double g = gu[(size_t)t * 2 * hidden + i], u = gu[(size_t)t * 2 * hidden + hidden + i];
+            ref[(size_t)t * hidden + i] = (float)(g / (1 + exp(-g)) * u);
+        }
+    ck_assert_int_eq(tu_compare("swiglu", got, ref, (size_t)nb * hidden, 1e-6f, 1e-5f, NULL), 0);
+    /* residual add: exact */
+    size_t m = 5000;
+    float *a = randv(m, &st, -1, 1), *b = randv(m, &st, -1, 1), *da = dput(a, m * 4), *db = dput(b, m * 4);
+    float *sum = malloc(m * 4);
+    cuk_residual_add(0, da, db, m);
+    dget(sum, da, m * 4);
+    for (size_t i = 0; i < m; i++) ck_assert_float_eq(sum[i], a[i] + b[i]);
+    cudaFree(dqkv), cudaFree(dk), cudaFree(dv), cudaFree(dmeta), cudaFree(dgu), cudaFree(dof);
+    cudaFree(da), cudaFree(db);
+    free(qkv), free(k), free(v), free(gu), free(got), free(ref), free(a), free(b), free(sum);
+}
+END_TEST
+
+/* KV compaction: arbitrary keep order (reversed, gaps) over 3 layers; exact copy. */
+START_TEST(test_cuda_kv_compact) {
+    CU_REQUIRE_DEVICE();
+    int L = 3, cap = 40, kvd = 24, nc = 10, np = 12;
+    size_t n = (size_t)L * cap * kvd;
+    rs_bf16 *c = malloc(n * 2), *got = malloc(n * 2), *want = malloc(n * 2);
+    for (size_t i = 0; i < n; i++) c[i] = (rs_bf16)(i * 2654435761u >> 16);
+    int keep[5] = {11, 0, 5, 4, 9};
+    rs_bf16 *dc = dput(c, n * 2), *scratch = dnew((size_t)L * np * kvd * 2);
+    int *dkeep = dput(keep, sizeof keep);
+    cuk_kv_compact(0, dc, L, cap, kvd, nc, dkeep, 5, scratch);
+    dget(got, dc, n * 2);
+    memcpy(want, c, n * 2);
+    for (int l = 0; l < L; l++)
+        for (int i = 0; i < 5; i++)
+            memcpy(want + ((size_t)l * cap + nc + i) * kvd, c + ((size_t)l * cap + nc + keep[i]) * kvd,
+                   (size_t)kvd * 2);
+    ck_assert_int_eq(memcmp(got, want, n * 2), 0);
+    cudaFree(dc), cudaFree(scratch), cudaFree(dkeep);
+    free(c), free(got), free(want);
+}
+END_TEST
+
+/* argmax vs row_argmax (ties to the lowest index) and sampling vs row_sample with the
+ * same uniform: identical indices required. */
+START_TEST(test_cuda_argmax_sample) {
+    CU_REQUIRE_DEVICE();
+    uint64_t st = 5;
+    int sizes[3] = {7, 49152, 128256};
+    int *dout = dnew(4);
+    for (int si = 0; si < 3; si++) {
+        int n = sizes[si];
+        float *row = randv(n, &st, -3, 3);
+        float *drow = dnew((size_t)n * 4);
+        for (int rep = 0; rep < 40; rep++) {
+            for (int i = 0; i < n; i++) row[i] = cu_randf(&st, -3, 3);
+            if (rep % 3 == 0) { /* planted ties */
+                int a = (int)cu_randf(&st, 0, (float)n), b = (int)cu_randf(&st, 0, (float)n);
+                row[a] = row[b] = 10.0f;
+            }
+            if (rep % 3 == 1) row[n - 1] = 50.0f; /* near point mass at the end */
+            CUDA_CHECK(cudaMemcpy(drow, row, (size_t)n * 4, cudaMemcpyHostToDevice));
+            int got;
+            cuk_argmax(0, drow, n, dout);
+            dget(&got, dout, 4);
+            ck_assert_int_eq(got, row_argmax(row, n));
+            Rng r1, r2;
+            rng_seed(&r1, 1000 + rep);
+            r2 = r1;
+            double u = rng_uniform(&r1);
+            cuk_sample(0, drow, n, u, dout);
+            dget(&got, dout, 4);
+            int want = row_sample(row, n, &r2);
+            ck_assert_msg(got == want, "sample n=%d rep=%d u=%.17g: got %d want %d", n, rep, u, got, want);
+        }
+        cudaFree(drow), free(row);
+    }
+    cudaFree(dout);
+}
+END_TEST
+
+Suite *suite_cuda_kernels(void) {
+    Suite *s = suite_create("cuda_kernels");
+    TCase *tc = tcase_create("kernels");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_cuda_bf16_convert);
+    tcase_add_test(tc, test_cuda_embed_rmsnorm);
+    tcase_add_test(tc, test_cuda_bias_headnorm_rope);
+    tcase_add_test(tc, test_cuda_attention);
+    tcase_add_test(tc, test_cuda_kv_store_swiglu_residual);
+    tcase_add_test(tc, test_cuda_kv_compact);
+    tcase_add_test(tc, test_cuda_argmax_sample);
+    suite_add_tcase(s, tc);
+    return s;
+}
