@@ -1,0 +1,756 @@
+/* Loader tests: GGUF and Hugging Face directories against independent references written
+ * by tools/gen_loader_fixtures.py (numpy, gguf-py, safetensors), the default model against
+ * values dumped by gguf-py, refusals of corrupted inputs (message text checked), GGUF
+ * metadata accessors, and model_layer_view. Corrupted files go to a mkdtemp directory. */
+#include "common/model.h"
+#include "common/model_internal.h"
+#include "common/quant.h"
+#include "testutil.h"
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- fixture: JSON index + binary f32 blob (magic "RSLDFX01", u32 version 1) ---- */
+
+typedef struct {
+    cJSON *j;
+    float *data; // (n)
+    size_t n;
+} Fx;
+
+static void fx_load(Fx *f, const char *stem) {
+    char rel[128], *txt, *bin;
+    size_t len, blen;
+    RsErr e = {0};
+    snprintf(rel, sizeof rel, "loader/%s.json", stem);
+    ck_assert_msg(rs_read_file(tu_fixture(rel), &txt, &len, &e) == 0, "%s", e.msg);
+    f->j = cJSON_Parse(txt);
+    free(txt);
+    ck_assert_ptr_nonnull(f->j);
+    ck_assert_str_eq(cJSON_GetObjectItem(f->j, "magic")->valuestring, "RSLDFX01");
+    ck_assert_int_eq(cJSON_GetObjectItem(f->j, "version")->valueint, 1);
+    snprintf(rel, sizeof rel, "loader/%s", cJSON_GetObjectItem(f->j, "bin")->valuestring);
+    ck_assert_msg(rs_read_file(tu_fixture(rel), &bin, &blen, &e) == 0, "%s", e.msg);
+    ck_assert(blen >= 12 && memcmp(bin, "RSLDFX01", 8) == 0);
+    uint32_t ver;
+    memcpy(&ver, bin + 8, 4);
+    ck_assert_int_eq(ver, 1);
+    f->n = (blen - 12) / 4;
+    ck_assert_int_eq(f->n, (size_t)cJSON_GetObjectItem(f->j, "floats")->valuedouble);
+    f->data = malloc(f->n * sizeof(float));
+    memcpy(f->data, bin + 12, f->n * sizeof(float));
+    free(bin);
+}
+
+static void fx_free(Fx *f) {
+    cJSON_Delete(f->j);
+    free(f->data);
+}
+
+/* Values of fixture tensor `name` or NULL; *n gets the element count. */
+static const float *fx_get(const Fx *f, const char *name, size_t *n) {
+    cJSON *t = cJSON_GetObjectItem(cJSON_GetObjectItem(f->j, "tensors"), name);
+    if (!t) return NULL;
+    size_t off = (size_t)cJSON_GetObjectItem(t, "offset")->valuedouble, cnt = 1;
+    cJSON *d;
+    cJSON_ArrayForEach(d, cJSON_GetObjectItem(t, "shape")) cnt *= (size_t)d->valuedouble;
+    ck_assert(off + cnt <= f->n);
+    *n = cnt;
+    return f->data + off;
+}
+
+/* Our weight for a Hugging Face tensor name (the test's own mapping, not the loader's). */
+static float *hf_ptr(const Model *m, const char *name) {
+    if (!strcmp(name, "model.embed_tokens.weight")) return m->w.tok_embeddings;
+    if (!strcmp(name, "model.norm.weight")) return m->w.final_norm;
+    if (!strcmp(name, "lm_head.weight")) return m->w.wcls;
+    int l;
+    char rest[64];
+    if (sscanf(name, "model.layers.%d.%63s", &l, rest) != 2 || l >= m->cfg.n_layers) return NULL;
+    LayerWeights *L = &m->w.layers[l];
+    static const struct { const char *n; size_t off; } T[] = {
+        {"input_layernorm.weight", offsetof(LayerWeights, attn_norm)},
+        {"self_attn.q_proj.weight", offsetof(LayerWeights, wq)},
+        {"self_attn.k_proj.weight", offsetof(LayerWeights, wk)},
+        {"self_attn.v_proj.weight", offsetof(LayerWeights, wv)},
+        {"self_attn.o_proj.weight", offsetof(LayerWeights, wo)},
+        {"self_attn.q_proj.bias", offsetof(LayerWeights, bq)},
+        {"self_attn.k_proj.bias", offsetof(LayerWeights, bk)},
+        {"self_attn.v_proj.bias", offsetof(LayerWeights, bv)},
+        {"self_attn.q_norm.weight", offsetof(LayerWeights, q_norm)},
+        {"self_attn.k_norm.weight", offsetof(LayerWeights, k_norm)},
+        {"post_attention_layernorm.weight", offsetof(LayerWeights, ffn_norm)},
+        {"mlp.gate_proj.weight", offsetof(LayerWeights, w_gate)},
+        {"mlp.up_proj.weight", offsetof(LayerWeights, w_up)},
+        {"mlp.down_proj.weight", offsetof(LayerWeights, w_down)},
+    };
+    for (size_t i = 0; i < sizeof T / sizeof T[0]; i++)
+        if (!strcmp(rest, T[i].n)) return *(float **)((char *)L + T[i].off);
+    return NULL;
+}
+
+static void gguf_name_of(const char *hf, char *out, size_t n) {
+    static const char *map[][2] = {
+        {"input_layernorm.weight", "attn_norm.weight"}, {"self_attn.q_proj.weight", "attn_q.weight"},
+        {"self_attn.k_proj.weight", "attn_k.weight"},   {"self_attn.v_proj.weight", "attn_v.weight"},
+        {"self_attn.o_proj.weight", "attn_output.weight"},
+        {"post_attention_layernorm.weight", "ffn_norm.weight"},
+        {"mlp.gate_proj.weight", "ffn_gate.weight"},    {"mlp.up_proj.weight", "ffn_up.weight"},
+        {"mlp.down_proj.weight", "ffn_down.weight"}};
+    if (!strcmp(hf, "model.embed_tokens.weight")) snprintf(out, n, "token_embd.weight");
+    else if (!strcmp(hf, "model.norm.weight")) snprintf(out, n, "output_norm.weight");
+    else if (!strcmp(hf, "lm_head.weight")) snprintf(out, n, "output.weight");
+    else {
+        int l;
+        char rest[64];
+        ck_assert(sscanf(hf, "model.layers.%d.%63s", &l, rest) == 2);
+        for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+            if (!strcmp(rest, map[i][0])) snprintf(out, n, "blk.%d.%s", l, map[i][1]);
+    }
+}
+
+static Model *load_ok(const char *path) {
+    Model *m = NULL;
+    RsErr e = {0};
+    int rc = model_load(path, &m, &e);
+    ck_assert_msg(rc == RS_OK, "loading %s: %s", path, e.msg);
+    return m;
+}
+
+/* Every original tensor (names without a "prefix:") against model weights. */
+static int compare_originals(const Model *m, const Fx *f, int skip_lm_head) {
+    int checked = 0;
+    cJSON *t;
+    cJSON_ArrayForEach(t, cJSON_GetObjectItem(f->j, "tensors")) {
+        if (strchr(t->string, ':')) continue;
+        if (skip_lm_head && !strcmp(t->string, "lm_head.weight")) continue;
+        size_t n;
+        const float *ref = fx_get(f, t->string, &n);
+        float *got = hf_ptr(m, t->string), mx;
+        ck_assert_msg(got != NULL, "no weight for %s", t->string);
+        ck_assert_msg(tu_compare(t->string, got, ref, n, 0, 0, &mx) == 0, "%s differs (max %g)",
+                      t->string, mx);
+        checked++;
+    }
+    return checked;
+}
+
+/* ---- tiny GGUF ---- */
+
+START_TEST(test_gguf_tiny_config) {
+    Model *m = load_ok(tu_fixture("loader/tiny.gguf"));
+    Config *c = &m->cfg;
+    ck_assert_int_eq(c->arch, ARCH_LLAMA);
+    ck_assert_int_eq(c->dim, 32);
+    ck_assert_int_eq(c->hidden_dim, 64);
+    ck_assert_int_eq(c->n_layers, 2);
+    ck_assert_int_eq(c->n_heads, 4);
+    ck_assert_int_eq(c->n_kv_heads, 2);
+    ck_assert_int_eq(c->head_dim, 8);
+    ck_assert_int_eq(c->vocab_size, 64); /* from the token list: no llama.vocab_size */
+    ck_assert_int_eq(c->max_seq_len, 2048);
+    ck_assert_float_eq_tol(c->norm_eps, 1e-5f, 1e-12f);
+    ck_assert_float_eq(c->rope_theta, 500000.0f);
+    ck_assert_int_eq(c->rope_scaling, 0);
+    ck_assert_int_eq(c->tied_embeddings, 0);
+    ck_assert_int_eq(c->has_qkv_bias, 0);
+    ck_assert_int_eq(c->has_qk_norm, 0);
+    ck_assert_int_eq(c->bos_id, 1);
+    ck_assert_int_eq(c->eos_id, 2);
+    ck_assert_int_eq(m->tok_source, TOKSRC_GGUF);
+    ck_assert_ptr_nonnull(m->gguf);
+    ck_assert_str_eq(m->chat_hint, "llama3");
+    ck_assert_int_eq(strlen(m->fingerprint), 16);
+    ck_assert_ptr_ne(m->w.wcls, m->w.tok_embeddings);
+    ck_assert_int_eq(m->arena_floats, 64 * 32 * 2 + 32 + 2 * (2 * 32 + 32 * 32 * 2 + 16 * 32 * 2 + 3 * 64 * 32));
+    model_free(&m);
+    ck_assert_ptr_null(m);
+}
+END_TEST
+
+/* Dequantized values equal gguf.quants.dequantize (quantized) or the originals
+ * (F32/F16/BF16) exactly, in HF layout: q/k un-permuted. */
+START_TEST(test_gguf_tiny_weights) {
+    Fx f;
+    fx_load(&f, "expected");
+    Model *m = load_ok(tu_fixture("loader/tiny.gguf"));
+    int n_quant = 0, n_exact = 0;
+    cJSON *t;
+    cJSON_ArrayForEach(t, cJSON_GetObjectItem(f.j, "tensors")) {
+        if (strchr(t->string, ':')) continue;
+        char gname[96], key[128];
+        gguf_name_of(t->string, gname, sizeof gname);
+        snprintf(key, sizeof key, "gguf:%s", gname);
+        size_t n, nq;
+        const float *orig = fx_get(&f, t->string, &n), *deq = fx_get(&f, key, &nq);
+        float *got = hf_ptr(m, t->string), mx;
+        ck_assert_ptr_nonnull(got);
+        if (deq) {
+            ck_assert_int_eq(n, nq);
+            ck_assert_msg(tu_compare(key, got, deq, n, 0, 0, &mx) == 0, "%s differs from gguf-py (max %g)",
+                          key, mx);
+            n_quant++;
+        } else {
+            ck_assert_msg(tu_compare(t->string, got, orig, n, 0, 0, &mx) == 0, "%s differs (max %g)",
+                          gname, mx);
+            n_exact++;
+        }
+    }
+    ck_assert_int_eq(n_quant, 10); /* Q8_0/Q4_0/Q4_1 tensors in the fixture */
+    ck_assert_int_eq(n_exact, 11);
+    /* Quantized q (Q4_1) and k (Q8_0) of layer 1 against the HF-layout originals the script
+     * permuted: a wrong un-permute would be off by ~1, quantization error is below these
+     * bounds (Q4_1: half a step of range/15 for |w| <= 2; Q8_0: half of max/127). */
+    size_t n;
+    const float *q = fx_get(&f, "model.layers.1.self_attn.q_proj.weight", &n);
+    float mx;
+    ck_assert_int_eq(tu_compare("wq1", m->w.layers[1].wq, q, n, 0.14f, 0, &mx), 0);
+    const float *k = fx_get(&f, "model.layers.1.self_attn.k_proj.weight", &n);
+    ck_assert_int_eq(tu_compare("wk1", m->w.layers[1].wk, k, n, 0.008f, 0, &mx), 0);
+    model_free(&m);
+    fx_free(&f);
+}
+END_TEST
+
+START_TEST(test_gguf_metadata) {
+    Model *m = load_ok(tu_fixture("loader/tiny.gguf"));
+    const GGUFFile *g = m->gguf;
+    const char *s;
+    size_t len, n;
+    long long v;
+    double d;
+    ck_assert_int_eq(gguf_get_str(g, "general.name", &s, &len), 0);
+    ck_assert_int_eq(len, 9);
+    ck_assert(memcmp(s, "tiny-test", 9) == 0);
+    ck_assert_int_eq(gguf_get_str(g, "general.nonexistent", &s, &len), -1);
+    ck_assert_int_eq(gguf_get_str(g, "llama.block_count", &s, &len), -1); /* not a string */
+    ck_assert_int_eq(gguf_get_int(g, "llama.block_count", &v), 0);
+    ck_assert_int_eq(v, 2);
+    ck_assert_int_eq(gguf_get_int(g, "test.i8", &v), 0);
+    ck_assert_int_eq(v, -5);
+    ck_assert_int_eq(gguf_get_int(g, "test.i16", &v), 0);
+    ck_assert_int_eq(v, -300);
+    ck_assert_int_eq(gguf_get_int(g, "test.u64", &v), 0);
+    ck_assert(v == (1ll << 40));
+    ck_assert_int_eq(gguf_get_int(g, "test.i64", &v), 0);
+    ck_assert(v == -(1ll << 40));
+    ck_assert_int_eq(gguf_get_int(g, "test.bool", &v), 0);
+    ck_assert_int_eq(v, 1);
+    ck_assert_int_eq(gguf_get_int(g, "test.f64", &v), -1);
+    ck_assert_int_eq(gguf_get_int(g, "general.name", &v), -1);
+    ck_assert_int_eq(gguf_get_arr_n(g, "tokenizer.ggml.tokens", &n), 0);
+    ck_assert_int_eq(n, 64);
+    ck_assert_int_eq(gguf_arr_str(g, "tokenizer.ggml.tokens", 37, &s, &len), 0);
+    ck_assert_int_eq(len, 5);
+    ck_assert(memcmp(s, "tok37", 5) == 0);
+    ck_assert_int_eq(gguf_arr_str(g, "tokenizer.ggml.tokens", 63, &s, &len), 0);
+    ck_assert(len == 5 && memcmp(s, "tok63", 5) == 0);
+    ck_assert_int_eq(gguf_arr_str(g, "tokenizer.ggml.tokens", 64, &s, &len), -1);
+    ck_assert_int_eq(gguf_arr_num(g, "tokenizer.ggml.token_type", 63, &d), 0);
+    ck_assert(d == 3.0);
+    ck_assert_int_eq(gguf_arr_num(g, "tokenizer.ggml.token_type", 0, &d), 0);
+    ck_assert(d == 1.0);
+    ck_assert_int_eq(gguf_arr_num(g, "tokenizer.ggml.scores", 10, &d), 0);
+    ck_assert(d == -10.0);
+    ck_assert_int_eq(gguf_arr_num(g, "tokenizer.ggml.scores", 64, &d), -1);
+    ck_assert_int_eq(gguf_arr_num(g, "tokenizer.ggml.tokens", 0, &d), -1); /* strings */
+    ck_assert_int_eq(gguf_get_arr_n(g, "test.nested", &n), 0);               /* arrays of arrays */
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(gguf_arr_num(g, "test.nested", 0, &d), -1);
+    ck_assert_int_eq(gguf_arr_str(g, "test.nested", 0, &s, &len), -1);
+    ck_assert_int_eq(gguf_get_arr_n(g, "general.name", &n), -1);
+    model_free(&m);
+}
+END_TEST
+
+/* ---- Hugging Face directories ---- */
+
+START_TEST(test_hf_llama_bf16) {
+    Fx f;
+    fx_load(&f, "expected");
+    Model *m = load_ok(tu_fixture("loader/hf_llama"));
+    Config *c = &m->cfg;
+    ck_assert_int_eq(c->arch, ARCH_LLAMA);
+    ck_assert_int_eq(c->dim, 32);
+    ck_assert_int_eq(c->n_layers, 2);
+    ck_assert_int_eq(c->n_kv_heads, 2);
+    ck_assert_int_eq(c->head_dim, 8);
+    ck_assert_int_eq(c->vocab_size, 64);
+    ck_assert_int_eq(c->rope_scaling, 1);
+    ck_assert_float_eq(c->rope_factor, 8.0f);
+    ck_assert_float_eq(c->rope_low_freq_factor, 1.0f);
+    ck_assert_float_eq(c->rope_high_freq_factor, 4.0f);
+    ck_assert_int_eq(c->rope_orig_max_pos, 1024);
+    ck_assert_float_eq(c->rope_theta, 500000.0f);
+    ck_assert_int_eq(c->tied_embeddings, 0);
+    ck_assert_int_eq(c->bos_id, 1);
+    ck_assert_int_eq(c->eos_id, 2); /* [2, 3]: the first */
+    ck_assert_int_eq(m->tok_source, TOKSRC_HF_JSON);
+    ck_assert_ptr_null(m->gguf);
+    ck_assert_str_eq(m->chat_hint, "llama3");
+    const char *tj = m->tokenizer_json;
+    ck_assert_str_eq(tj + strlen(tj) - strlen("hf_llama/tokenizer.json"), "hf_llama/tokenizer.json");
+    ck_assert_int_eq(compare_originals(m, &f, 0), 21);
+    model_free(&m);
+    fx_free(&f);
+}
+END_TEST
+
+START_TEST(test_hf_sharded_tied) {
+    Fx f;
+    fx_load(&f, "expected");
+    Model *m = load_ok(tu_fixture("loader/hf_sharded"));
+    ck_assert_int_eq(m->cfg.tied_embeddings, 1);
+    ck_assert_ptr_eq(m->w.wcls, m->w.tok_embeddings);
+    ck_assert_int_eq(m->cfg.eos_id, 2);
+    ck_assert_int_eq(m->cfg.rope_scaling, 0);
+    ck_assert_str_eq(m->chat_hint, "");
+    ck_assert_int_eq(compare_originals(m, &f, 1), 20);
+    /* fingerprints: stable across loads, different for different models/formats */
+    Model *m2 = load_ok(tu_fixture("loader/hf_sharded"));
+    Model *g = load_ok(tu_fixture("loader/tiny.gguf"));
+    Model *h = load_ok(tu_fixture("loader/hf_llama"));
+    ck_assert_str_eq(m->fingerprint, m2->fingerprint);
+    ck_assert_str_ne(m->fingerprint, g->fingerprint);
+    ck_assert_str_ne(m->fingerprint, h->fingerprint);
+    ck_assert_str_ne(g->fingerprint, h->fingerprint);
+    model_free(&m);
+    model_free(&m2);
+    model_free(&g);
+    model_free(&h);
+    fx_free(&f);
+}
+END_TEST
+
+START_TEST(test_hf_qwen2_qwen3) {
+    Fx f;
+    fx_load(&f, "expected");
+    Model *m = load_ok(tu_fixture("loader/hf_qwen2"));
+    ck_assert_int_eq(m->cfg.arch, ARCH_QWEN2);
+    ck_assert_int_eq(m->cfg.has_qkv_bias, 1);
+    ck_assert_int_eq(m->cfg.has_qk_norm, 0);
+    ck_assert_int_eq(m->cfg.n_layers, 1);
+    ck_assert_int_eq(m->cfg.bos_id, -1); /* null in config.json */
+    ck_assert_int_eq(m->cfg.eos_id, 5);
+    ck_assert_float_eq(m->cfg.rope_theta, 1000000.0f);
+    ck_assert_str_eq(m->chat_hint, "qwen2");
+    ck_assert_ptr_null(m->w.layers[0].q_norm);
+    size_t n;
+    float mx;
+    const char *bias[] = {"q", "k", "v"};
+    for (int i = 0; i < 3; i++) {
+        char key[96];
+        snprintf(key, sizeof key, "model.layers.0.self_attn.%s_proj.bias", bias[i]);
+        char fk[128];
+        snprintf(fk, sizeof fk, "qwen2:%s", key);
+        const float *ref = fx_get(&f, fk, &n);
+        ck_assert_ptr_nonnull(ref);
+        ck_assert_int_eq(tu_compare(key, hf_ptr(m, key), ref, n, 0, 0, &mx), 0);
+    }
+    const float *wq = fx_get(&f, "model.layers.0.self_attn.q_proj.weight", &n);
+    ck_assert_int_eq(tu_compare("qwen2 wq", m->w.layers[0].wq, wq, n, 0, 0, &mx), 0);
+    model_free(&m);
+
+    m = load_ok(tu_fixture("loader/hf_qwen3"));
+    ck_assert_int_eq(m->cfg.arch, ARCH_QWEN3);
+    ck_assert_int_eq(m->cfg.head_dim, 16);
+    ck_assert_int_eq(m->cfg.has_qk_norm, 1);
+    ck_assert_int_eq(m->cfg.has_qkv_bias, 0);
+    ck_assert_int_eq(m->cfg.bos_id, 3);
+    ck_assert_int_eq(m->cfg.eos_id, 4);
+    ck_assert_int_eq(m->cfg.max_seq_len, 40960);
+    ck_assert_str_eq(m->chat_hint, "qwen3");
+    ck_assert_ptr_null(m->w.layers[0].bq);
+    int checked = 0;
+    cJSON *t;
+    cJSON_ArrayForEach(t, cJSON_GetObjectItem(f.j, "tensors")) {
+        if (strncmp(t->string, "qwen3:", 6) != 0) continue;
+        const float *ref = fx_get(&f, t->string, &n);
+        ck_assert_int_eq(tu_compare(t->string, hf_ptr(m, t->string + 6), ref, n, 0, 0, &mx), 0);
+        checked++;
+    }
+    ck_assert_int_eq(checked, 6);
+    model_free(&m);
+    fx_free(&f);
+}
+END_TEST
+
+/* ---- default model ---- */
+
+START_TEST(test_default_model) {
+    Fx f;
+    fx_load(&f, "default_model");
+    uint64_t t0 = rs_now_ns();
+    Model *m = load_ok(tu_default_model_path());
+    fprintf(stderr, "loader: default model loaded in %.3f s (sanitized build)\n",
+            (rs_now_ns() - t0) / 1e9);
+    const cJSON *c = cJSON_GetObjectItem(f.j, "config");
+#define CFG(field, key) ck_assert_int_eq(m->cfg.field, cJSON_GetObjectItem(c, key)->valueint)
+    CFG(dim, "dim");
+    CFG(hidden_dim, "hidden_dim");
+    CFG(n_layers, "n_layers");
+    CFG(n_heads, "n_heads");
+    CFG(n_kv_heads, "n_kv_heads");
+    CFG(vocab_size, "vocab_size");
+    CFG(max_seq_len, "max_seq_len");
+    CFG(bos_id, "bos_id");
+    CFG(eos_id, "eos_id");
+#undef CFG
+    ck_assert_int_eq(m->cfg.head_dim, 64);
+    ck_assert_float_eq_tol(m->cfg.norm_eps, cJSON_GetObjectItem(c, "norm_eps")->valuedouble, 1e-12);
+    ck_assert_float_eq(m->cfg.rope_theta, cJSON_GetObjectItem(c, "rope_theta")->valuedouble);
+    ck_assert_int_eq(m->cfg.tied_embeddings, cJSON_IsTrue(cJSON_GetObjectItem(c, "tied")));
+    ck_assert_int_eq(m->cfg.tied_embeddings, 1);
+    ck_assert_ptr_eq(m->w.wcls, m->w.tok_embeddings);
+    ck_assert_str_eq(m->chat_hint, "smollm2");
+    /* rows dumped by gguf-py (q/k un-permuted by numpy) */
+    const cJSON *rows;
+    int checked = 0;
+    cJSON_ArrayForEach(rows, cJSON_GetObjectItem(f.j, "rows")) {
+        const char *name = rows->string;
+        size_t n;
+        const float *ref = fx_get(&f, name, &n);
+        float *base = NULL;
+        int l = 0, cols = 576;
+        char what[32] = "";
+        if (!strcmp(name, "token_embd.weight")) base = m->w.tok_embeddings;
+        else {
+            ck_assert(sscanf(name, "blk.%d.%31[a-z_]", &l, what) == 2);
+            LayerWeights *L = &m->w.layers[l];
+            if (!strcmp(what, "attn_q")) base = L->wq;
+            else if (!strcmp(what, "attn_k")) base = L->wk;
+            else if (!strcmp(what, "attn_v")) base = L->wv;
+            else if (!strcmp(what, "ffn_up")) base = L->w_up;
+            else if (!strcmp(what, "ffn_down")) base = L->w_down, cols = 1536;
+        }
+        ck_assert_msg(base != NULL, "no mapping for %s", name);
+        const cJSON *r;
+        int k = 0;
+        cJSON_ArrayForEach(r, rows) {
+            float mx;
+            char label[96];
+            snprintf(label, sizeof label, "%s row %d", name, r->valueint);
+            ck_assert_int_eq(tu_compare(label, base + (size_t)r->valueint * cols, ref + (size_t)k * cols,
+                                        (size_t)cols, 1e-6f, 1e-6f, &mx),
+                             0);
+            k++;
+            checked++;
+        }
+        ck_assert_int_eq((size_t)k * cols, n);
+    }
+    ck_assert_int_eq(checked, 20);
+    size_t n;
+    float mx;
+    ck_assert_int_eq(tu_compare("attn_norm0", m->w.layers[0].attn_norm, fx_get(&f, "blk.0.attn_norm.weight", &n), 576, 0, 0, &mx), 0);
+    ck_assert_int_eq(tu_compare("output_norm", m->w.final_norm, fx_get(&f, "output_norm.weight", &n), 576, 0, 0, &mx), 0);
+    model_free(&m);
+    fx_free(&f);
+}
+END_TEST
+
+/* ---- refusals ---- */
+
+static char tmpdir[256];
+
+static void mk_tmp(void) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/rs_loader_XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+}
+
+static void rm_tmp(void) {
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+static void write_bytes(const char *path, const void *p, size_t n) {
+    FILE *fp = fopen(path, "wb");
+    ck_assert_ptr_nonnull(fp);
+    ck_assert_int_eq(fwrite(p, 1, n, fp), n);
+    fclose(fp);
+}
+
+/* Expects model_load(path) to fail with `code` and a message containing each needle. */
+static void expect_fail(const char *path, int code, const char *n1, const char *n2) {
+    Model *m = (Model *)1;
+    RsErr e = {0};
+    int rc = model_load(path, &m, &e);
+    ck_assert_msg(rc == code, "%s: got %d (%s), want %d", path, rc, e.msg, code);
+    ck_assert_ptr_null(m);
+    ck_assert_msg(strstr(e.msg, n1) != NULL, "message '%s' lacks '%s'", e.msg, n1);
+    if (n2) ck_assert_msg(strstr(e.msg, n2) != NULL, "message '%s' lacks '%s'", e.msg, n2);
+}
+
+static char *tiny;
+static size_t tiny_len;
+
+static void load_tiny(void) {
+    RsErr e = {0};
+    ck_assert_msg(rs_read_file(tu_fixture("loader/tiny.gguf"), &tiny, &tiny_len, &e) == 0, "%s", e.msg);
+}
+
+/* Offset of the first byte after `needle` in the tiny GGUF. */
+static size_t after(const char *needle) {
+    const char *p = memmem(tiny, tiny_len, needle, strlen(needle));
+    ck_assert_msg(p != NULL, "%s not in tiny.gguf", needle);
+    return (size_t)(p - tiny) + strlen(needle);
+}
+
+static void put_u32(char *p, uint32_t v) { memcpy(p, &v, 4); }
+
+/* Writes a patched copy of tiny.gguf and returns its path. */
+static const char *patched(const char *name, size_t off, const void *bytes, size_t n) {
+    static char path[400];
+    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    char *b = malloc(tiny_len);
+    memcpy(b, tiny, tiny_len);
+    memcpy(b + off, bytes, n);
+    write_bytes(path, b, tiny_len);
+    free(b);
+    return path;
+}
+
+START_TEST(test_gguf_truncated) {
+    mk_tmp();
+    load_tiny();
+    char path[400];
+    snprintf(path, sizeof path, "%s/cut.gguf", tmpdir);
+    /* every cut inside header, metadata and tensor table; every 61st byte inside the data */
+    size_t data_start = after("blk.1.ffn_down.weight") + 4 + 16 + 4 + 8;
+    int cuts = 0;
+    for (size_t cut = 0; cut < tiny_len; cut += cut < data_start + 64 ? 1 : 61) {
+        write_bytes(path, tiny, cut);
+        Model *m = NULL;
+        RsErr e = {0};
+        int rc = model_load(path, &m, &e);
+        ck_assert_msg(rc == RS_EFORMAT, "cut at %zu: rc %d (%s)", cut, rc, e.msg);
+        ck_assert_msg(strstr(e.msg, "truncated") && strstr(e.msg, path), "cut at %zu: '%s'", cut, e.msg);
+        cuts++;
+    }
+    ck_assert_int_gt(cuts, 3000);
+    /* the data section: names the tensor whose bytes are missing */
+    write_bytes(path, tiny, tiny_len - 10);
+    expect_fail(path, RS_EFORMAT, "truncated: tensor 'blk.1.ffn_down.weight' data ends at byte", NULL);
+    free(tiny);
+    rm_tmp();
+}
+END_TEST
+
+START_TEST(test_gguf_refusals) {
+    mk_tmp();
+    load_tiny();
+    expect_fail(patched("magic.gguf", 0, "GGUX", 4), RS_EFORMAT, "not a GGUF file: bad magic", "47 47 55 58");
+    uint32_t v = 7;
+    expect_fail(patched("ver.gguf", 4, &v, 4), RS_EUNSUPPORTED, "unsupported GGUF version 7", NULL);
+    uint64_t huge = 1ull << 60;
+    expect_fail(patched("count.gguf", 8, &huge, 8), RS_EFORMAT, "claims", "1152921504606846976 tensors");
+    /* tensor info of output_norm.weight: name, n_dims=1, ne[0], type, offset */
+    size_t on = after("output_norm.weight");
+    char b[4];
+    put_u32(b, 200);
+    expect_fail(patched("type.gguf", on + 4 + 8, b, 4), RS_EFORMAT, "unknown ggml type 200",
+                "'output_norm.weight'");
+    uint64_t ne16 = 16;
+    expect_fail(patched("shape.gguf", on + 4, &ne16, 8), RS_EFORMAT,
+                "tensor 'output_norm.weight' has shape [16], expected [32]", NULL);
+    /* blk.0.attn_q.weight is F32 [32, 32]; as Q5_0 (a known type rootspec does not expand) */
+    size_t qn = after("blk.0.attn_q.weight");
+    put_u32(b, 6);
+    expect_fail(patched("q5.gguf", qn + 4 + 16, b, 4), RS_EUNSUPPORTED,
+                "tensor 'blk.0.attn_q.weight' has type Q5_0", NULL);
+    uint32_t nd = 3; /* a 3-d attn_q: shape message shows all dims */
+    (void)nd;
+    expect_fail(patched("arch.gguf", after("general.architecture") + 4 + 8, "mamba", 5),
+                RS_EUNSUPPORTED, "architecture 'mamba' is not supported", NULL);
+    size_t un = after("blk.1.ffn_up.weight");
+    expect_fail(patched("missing.gguf", un - strlen("up.weight"), "xx", 2), RS_EFORMAT,
+                "missing tensor 'blk.1.ffn_up.weight'", NULL);
+    /* an absurd array length in metadata */
+    size_t tk = after("tokenizer.ggml.tokens") + 4 + 4; /* type ARRAY, item type STRING, then n */
+    expect_fail(patched("arr.gguf", tk, &huge, 8), RS_EFORMAT, "truncated or corrupt",
+                "'tokenizer.ggml.tokens' claims 1152921504606846976 array elements");
+    /* misaligned tensor offset */
+    uint64_t off;
+    memcpy(&off, tiny + on + 4 + 8 + 4, 8);
+    off += 4;
+    expect_fail(patched("align.gguf", on + 4 + 8 + 4, &off, 8), RS_EFORMAT, "is not aligned to 64", NULL);
+    free(tiny);
+    rm_tmp();
+}
+END_TEST
+
+/* Writes dir/model.safetensors with one tensor (header JSON given) and `data_len` bytes. */
+static void write_st(const char *dir, const char *header, size_t data_len) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    size_t hl = strlen(header);
+    char *b = calloc(1, 8 + hl + data_len);
+    uint64_t h64 = hl;
+    memcpy(b, &h64, 8);
+    memcpy(b + 8, header, hl);
+    write_bytes(path, b, 8 + hl + data_len);
+    free(b);
+}
+
+static void copy_config(const char *from_dir, const char *to_dir, const char *replace_from,
+                        const char *replace_to) {
+    char *txt;
+    size_t len;
+    RsErr e = {0};
+    char src[512], dst[512];
+    snprintf(src, sizeof src, "%s/config.json", tu_fixture(from_dir));
+    ck_assert_int_eq(rs_read_file(src, &txt, &len, &e), 0);
+    char out[8192];
+    char *p = replace_from ? strstr(txt, replace_from) : NULL;
+    if (p) {
+        *p = 0;
+        snprintf(out, sizeof out, "%s%s%s", txt, replace_to, p + strlen(replace_from));
+    } else {
+        snprintf(out, sizeof out, "%s", txt);
+    }
+    snprintf(dst, sizeof dst, "%s/config.json", to_dir);
+    write_bytes(dst, out, strlen(out));
+    free(txt);
+}
+
+START_TEST(test_hf_refusals) {
+    mk_tmp();
+    char d[400];
+    snprintf(d, sizeof d, "%s/empty", tmpdir);
+    ck_assert_int_eq(mkdir(d, 0700), 0);
+    expect_fail(d, RS_EIO, "no config.json in", d);
+    copy_config("loader/hf_sharded", d, NULL, NULL); /* config but no weights */
+    expect_fail(d, RS_EIO, "no model.safetensors or model.safetensors.index.json", NULL);
+
+    write_st(d, "{\"model.embed_tokens.weight\":{\"dtype\":\"I32\",\"shape\":[64,32],"
+                "\"data_offsets\":[0,8192]}}", 8192);
+    expect_fail(d, RS_EUNSUPPORTED, "tensor 'model.embed_tokens.weight' has dtype I32", NULL);
+    write_st(d, "{\"model.embed_tokens.weight\":{\"dtype\":\"F8_E4M3FNUZ\",\"shape\":[64,32],"
+                "\"data_offsets\":[0,2048]}}", 2048);
+    expect_fail(d, RS_EUNSUPPORTED, "has dtype F8_E4M3FNUZ", NULL);
+    write_st(d, "{\"model.embed_tokens.weight\":{\"dtype\":\"F32\",\"shape\":[64,32],"
+                "\"data_offsets\":[0,8192]}}", 100);
+    expect_fail(d, RS_EFORMAT, "data_offsets [0, 8192] run past the end of the data (100 bytes)", NULL);
+    write_st(d, "{\"model.embed_tokens.weight\":{\"dtype\":\"F32\",\"shape\":[64,32],"
+                "\"data_offsets\":[0,4096]}}", 8192);
+    expect_fail(d, RS_EFORMAT, "holds 4096 bytes but F32 x 2048 elements need 8192", NULL);
+    write_st(d, "{\"model.embed_tokens.weight\":{\"dtype\":\"F32\",\"shape\":[64,16],"
+                "\"data_offsets\":[0,4096]}}", 4096);
+    expect_fail(d, RS_EFORMAT, "tensor 'model.embed_tokens.weight' has shape [64, 16], expected [64, 32]", NULL);
+    write_st(d, "{\"model.embed_tokens.weight\":{\"dtype\":\"F32\",\"shape\":[64,32],"
+                "\"data_offsets\":[0,8192]}}", 8192);
+    expect_fail(d, RS_EFORMAT, "missing tensor 'model.layers.0.input_layernorm.weight'", NULL);
+    write_st(d, "{\"model.embed_tokens.weight\":", 8);
+    expect_fail(d, RS_EFORMAT, "safetensors header is not a JSON object", NULL);
+    /* header length beyond the file */
+    char path[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", d);
+    uint64_t big = 1ull << 40;
+    write_bytes(path, &big, 8);
+    expect_fail(d, RS_EFORMAT, "safetensors header length 1099511627776 exceeds the file size 8", NULL);
+
+    copy_config("loader/hf_sharded", d, "LlamaForCausalLM", "MambaForCausalLM");
+    expect_fail(d, RS_EUNSUPPORTED, "architecture 'MambaForCausalLM' is not supported", NULL);
+    copy_config("loader/hf_sharded", d, "\"hidden_size\"", "\"hidden_sizes\"");
+    expect_fail(d, RS_EFORMAT, "missing \"hidden_size\"", NULL);
+    copy_config("loader/hf_sharded", d, "\"silu\"", "\"gelu\"");
+    expect_fail(d, RS_EUNSUPPORTED, "hidden_act 'gelu'", NULL);
+    copy_config("loader/hf_sharded", d, "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3");
+    expect_fail(d, RS_EFORMAT, "n_heads 4 is not a multiple of n_kv_heads 3", NULL);
+    copy_config("loader/hf_llama", d, "\"llama3\"", "\"yarn\"");
+    expect_fail(d, RS_EUNSUPPORTED, "rope_scaling type 'yarn'", NULL);
+    rm_tmp();
+}
+END_TEST
+
+START_TEST(test_load_missing_path) {
+    expect_fail("tests/fixtures/loader/nope.gguf", RS_EIO, "'tests/fixtures/loader/nope.gguf' does not exist", NULL);
+}
+END_TEST
+
+/* ---- layer views ---- */
+
+START_TEST(test_layer_view) {
+    Model *m = load_ok(tu_fixture("loader/tiny.gguf"));
+    Model *v = NULL;
+    RsErr e = {0};
+    ck_assert_int_eq(model_layer_view(m, "0-1", &v, &e), RS_OK);
+    ck_assert_int_eq(v->cfg.n_layers, 2);
+    ck_assert_ptr_eq(v->w.layers[0].wq, m->w.layers[0].wq);
+    ck_assert_ptr_eq(v->w.layers[1].w_down, m->w.layers[1].w_down);
+    ck_assert_ptr_eq(v->w.tok_embeddings, m->w.tok_embeddings);
+    ck_assert_ptr_eq(v->w.wcls, m->w.wcls);
+    ck_assert_int_eq(v->is_view, 1);
+    ck_assert_str_ne(v->fingerprint, m->fingerprint);
+    model_free(&v);
+    ck_assert_int_eq(model_layer_view(m, "1,0", &v, &e), RS_OK);
+    ck_assert_int_eq(v->cfg.n_layers, 2);
+    ck_assert_ptr_eq(v->w.layers[0].wq, m->w.layers[1].wq);
+    ck_assert_ptr_eq(v->w.layers[1].wq, m->w.layers[0].wq);
+    model_free(&v);
+    ck_assert_int_eq(model_layer_view(m, "1", &v, &e), RS_OK);
+    ck_assert_int_eq(v->cfg.n_layers, 1);
+    ck_assert_ptr_eq(v->w.layers[0].wk, m->w.layers[1].wk);
+    model_free(&v);
+    static const struct { const char *spec, *msg; } bad[] = {
+        {"", "empty --draft-layers spec"},
+        {"2", "range 2-2 outside 0-1"},
+        {"0-2", "range 0-2 outside 0-1"},
+        {"1-0", "range 1-0 outside 0-1"},
+        {"0-", "bad --draft-layers range in '0-'"},
+        {"a", "bad --draft-layers spec 'a' at 'a'"},
+        {"0-1x", "bad --draft-layers spec '0-1x' at 'x'"},
+        {"0,1,0", "lists more than 2 layers"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        e.msg[0] = 0;
+        v = (Model *)1;
+        ck_assert_int_eq(model_layer_view(m, bad[i].spec, &v, &e), RS_EINVAL);
+        ck_assert_ptr_null(v);
+        ck_assert_msg(strstr(e.msg, bad[i].msg), "spec '%s': '%s' lacks '%s'", bad[i].spec, e.msg, bad[i].msg);
+    }
+    model_free(&m);
+}
+END_TEST
+
+START_TEST(test_half_floats) {
+    /* IEEE binary16 / bfloat16 reference values */
+    ck_assert(quant_f16_to_f32(0x3c00) == 1.0f);
+    ck_assert(quant_f16_to_f32(0xc000) == -2.0f);
+    ck_assert(quant_f16_to_f32(0x7bff) == 65504.0f);
+    ck_assert(quant_f16_to_f32(0x0001) == ldexpf(1.0f, -24)); /* smallest subnormal */
+    ck_assert(quant_f16_to_f32(0x03ff) == ldexpf(1023.0f, -24));
+    ck_assert(quant_f16_to_f32(0x8000) == 0.0f && signbit(quant_f16_to_f32(0x8000)));
+    ck_assert(isinf(quant_f16_to_f32(0x7c00)));
+    ck_assert(isnan(quant_f16_to_f32(0x7e00)));
+    ck_assert(quant_f16_to_f32(0x3555) == 0.333251953125f);
+    ck_assert(quant_bf16_to_f32(0x3f80) == 1.0f);
+    ck_assert(quant_bf16_to_f32(0xc2f7) == -123.5f);
+    ck_assert_str_eq(quant_type_name(QT_Q4_1), "Q4_1");
+    ck_assert_ptr_null(quant_type_name(200));
+    ck_assert(!quant_type_supported(12)); /* Q4_K */
+}
+END_TEST
+
+Suite *suite_loader(void) {
+    Suite *s = suite_create("loader");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_half_floats);
+    tcase_add_test(tc, test_gguf_tiny_config);
+    tcase_add_test(tc, test_gguf_tiny_weights);
+    tcase_add_test(tc, test_gguf_metadata);
+    tcase_add_test(tc, test_hf_llama_bf16);
+    tcase_add_test(tc, test_hf_sharded_tied);
+    tcase_add_test(tc, test_hf_qwen2_qwen3);
+    tcase_add_test(tc, test_gguf_truncated);
+    tcase_add_test(tc, test_gguf_refusals);
+    tcase_add_test(tc, test_hf_refusals);
+    tcase_add_test(tc, test_load_missing_path);
+    tcase_add_test(tc, test_layer_view);
+    tcase_add_test(tc, test_default_model);
+    suite_add_tcase(s, tc);
+    return s;
+}
