@@ -194,23 +194,80 @@ START_TEST(test_small_json_ids_match_hf) {
 END_TEST
 
 START_TEST(test_split_json_ids_match_hf) {
-    /* Same vocabulary and merges ([a, b] pair form), but a Llama-3 Split regex, no
-     * normalizer, ignore_merges and a ByteLevel post-processor (no BOS). */
+    /* Same merges ("a b" string form) plus two whole-word vocab entries no merge builds,
+     * with a Llama-3 Split regex, no normalizer, ignore_merges (which alone yields those
+     * entries) and a ByteLevel post-processor (no BOS). */
     Tokenizer *t, *t2;
     RsErr e = {0};
     ck_assert_msg(tokenizer_load_json(tu_fixture("tok/small_split/tokenizer.json"), &t, &e) == 0, "%s", e.msg);
     cJSON *fx = load_fixture("tok/small_split_ids.json");
+    ck_assert_int_eq(tokenizer_vocab_size(t), cJSON_GetObjectItem(fx, "vocab_size")->valueint);
     int bad = check_cases(t, "small_split", fx);
     ck_assert_msg(bad == 0, "small_split: %d corpus strings differ from HF", bad);
     ck_assert_int_eq(tokenizer_add_bos(t), 0);
     ck_assert_int_eq(tokenizer_bos_id(t), -1);
     ck_assert_msg(tokenizer_load_json(tu_fixture("tok/small/tokenizer.json"), &t2, &e) == 0, "%s", e.msg);
-    /* equal vocabulary + merges -> equal hash, whatever the merge spelling */
-    ck_assert(tokenizer_hash(t) == tokenizer_hash(t2));
+    ck_assert(tokenizer_hash(t) != tokenizer_hash(t2)); /* two extra vocab entries */
     if (g_tok) ck_assert(tokenizer_hash(t) != tokenizer_hash(g_tok));
     cJSON_Delete(fx);
     tokenizer_free(&t);
     tokenizer_free(&t2);
+}
+END_TEST
+
+static char g_tmp[64];
+static const char *write_tmp(const char *text);
+
+START_TEST(test_hash_ignores_merge_spelling) {
+    /* The small tokenizer rewritten with "a b" merges instead of [a, b] pairs (or the other
+     * way round) must hash the same; dropping the last merge must change the hash. */
+    char *txt;
+    size_t len;
+    RsErr e = {0};
+    ck_assert(rs_read_file(tu_fixture("tok/small/tokenizer.json"), &txt, &len, &e) == 0);
+    cJSON *j = cJSON_ParseWithLength(txt, len);
+    free(txt);
+    cJSON *merges = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "model"), "merges");
+    int nm = cJSON_GetArraySize(merges);
+    ck_assert_int_gt(nm, 100);
+    int n_pairs = 0;
+    for (int i = 0; i < nm; i++) { /* flip each merge between the two spellings */
+        const cJSON *m = cJSON_GetArrayItem(merges, i);
+        if (cJSON_IsArray(m)) {
+            char ab[256];
+            snprintf(ab, sizeof ab, "%s %s", cJSON_GetArrayItem(m, 0)->valuestring,
+                     cJSON_GetArrayItem(m, 1)->valuestring);
+            cJSON_ReplaceItemInArray(merges, i, cJSON_CreateString(ab));
+            n_pairs++;
+        } else {
+            const char *sp = strchr(m->valuestring, ' ');
+            ck_assert(sp != NULL);
+            char a[128];
+            snprintf(a, sizeof a, "%.*s", (int)(sp - m->valuestring), m->valuestring);
+            const char *parts[2] = {a, sp + 1};
+            cJSON_ReplaceItemInArray(merges, i, cJSON_CreateStringArray(parts, 2));
+        }
+    }
+    ck_assert(n_pairs == 0 || n_pairs == nm);
+    char *out = cJSON_PrintUnformatted(j);
+    Tokenizer *a, *b, *c;
+    ck_assert(tokenizer_load_json(tu_fixture("tok/small/tokenizer.json"), &a, &e) == 0);
+    const char *p = write_tmp(out);
+    ck_assert_msg(tokenizer_load_json(p, &b, &e) == 0, "%s", e.msg);
+    unlink(p);
+    free(out);
+    ck_assert(tokenizer_hash(a) == tokenizer_hash(b));
+    cJSON_DeleteItemFromArray(merges, nm - 1);
+    out = cJSON_PrintUnformatted(j);
+    p = write_tmp(out);
+    ck_assert_msg(tokenizer_load_json(p, &c, &e) == 0, "%s", e.msg);
+    unlink(p);
+    free(out);
+    ck_assert(tokenizer_hash(a) != tokenizer_hash(c));
+    cJSON_Delete(j);
+    tokenizer_free(&a);
+    tokenizer_free(&b);
+    tokenizer_free(&c);
 }
 END_TEST
 
@@ -253,8 +310,6 @@ START_TEST(test_chat_template_for_hint) {
 END_TEST
 
 /* ---- errors ---- */
-
-static char g_tmp[64];
 
 static const char *write_tmp(const char *text) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/rs_tok_test_XXXXXX");
@@ -335,6 +390,7 @@ Suite *suite_tokenizer(void) {
     suite_add_tcase(s, smol);
     TCase *js = tcase_create("json");
     tcase_add_test(js, test_small_json_ids_match_hf);
+    tcase_add_test(js, test_hash_ignores_merge_spelling);
     tcase_add_test(js, test_chat_templates_match_transformers);
     tcase_add_test(js, test_chat_template_for_hint);
     tcase_add_test(js, test_load_errors);

@@ -347,8 +347,16 @@ def main():
     j["normalizer"] = None
     j["post_processor"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True}
     j["model"]["ignore_merges"] = True
-    # pair form of merges ([a, b]) to exercise that spelling too
-    j["model"]["merges"] = [m.split(" ") if isinstance(m, str) else m for m in j["model"]["merges"]]
+    # Whole words the merges cannot build: only ignore_merges (a whole-piece vocab look-up,
+    # as in Llama-3's tokenizer.json) produces these ids.
+    vocab = j["model"]["vocab"]
+    next_id = max(max(vocab.values()), max(a["id"] for a in j["added_tokens"])) + 1
+    for w in ["\u0120quick", "\u0120spaces", "\u0120tokens", "Hello"]:
+        if w not in vocab:
+            vocab[w] = next_id
+            next_id += 1
+    # tokenizers saves merges as [a, b] pairs; this variant uses the older "a b" spelling
+    j["model"]["merges"] = [" ".join(m) if isinstance(m, list) else m for m in j["model"]["merges"]]
     os.makedirs(os.path.join(OUT, "small_split"), exist_ok=True)
     sp_path = os.path.join(OUT, "small_split", "tokenizer.json")
     with open(sp_path, "w", encoding="utf-8") as f:
