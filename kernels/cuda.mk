@@ -15,7 +15,9 @@ NVCCFLAGS  ?= -O3 -std=c++17 $(CUDA_GENCODE) -I. -Xcompiler -Wall,-Wno-unused-pa
 # cudart is linked statically (as nvcc does by default), so a machine needs only the
 # driver and libcublas; override with CUDART=-lcudart for the shared runtime.
 CUDART     ?= -lcudart_static -ldl -lrt
-CUDA_RPATH := -Wl,-rpath,'$$ORIGIN/lib' -Wl,-rpath,$(CUDA_HOME)/lib64
+# DT_RPATH (--disable-new-dtags), not DT_RUNPATH: it also serves the bundled libraries' own
+# dependencies (libzmq -> libsodium, ...), which a RUNPATH on the executable would not.
+CUDA_RPATH := -Wl,--disable-new-dtags -Wl,-rpath,'$$ORIGIN/lib' -Wl,-rpath,$(CUDA_HOME)/lib64
 CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -lcublas $(CUDART) -lstdc++ $(LDLIBS)
 
 CUDA_DIR      := build/cuda
@@ -69,10 +71,11 @@ $(CUDA_TEST_BIN): $(CUDA_TEST_OBJS) $(CUDA_LIB_OBJS) $(CUDA_CU_OBJS)
 cuda-test: $(CUDA_TEST_BIN)
 	OPENBLAS_NUM_THREADS=1 ./$(CUDA_TEST_BIN)
 
-# gpu-bundle: sm_90 build + every shared library ldd resolves outside the set a CUDA
+# gpu-bundle: sm_90 build (always relinked) + every shared library ldd resolves outside the set a CUDA
 # machine has anyway (libc family, libstdc++/libgcc_s, the CUDA libraries), reached
 # through the $ORIGIN/lib rpath, + the fixtures the CUDA tests read.
-GPU_BUNDLE_SKIP := linux-vdso|ld-linux|/libc\.so|/libm\.so|/libpthread|/libdl\.so|/librt\.so|/libstdc\+\+|/libgcc_s|/libcuda|/libcublas|/libcudart
+# glibc's own libraries must match the machine's libc, so they are never bundled.
+GPU_BUNDLE_SKIP := linux-vdso|ld-linux|/libc\.so|/libm\.so|/libpthread|/libdl\.so|/librt\.so|/libresolv|/libutil\.so|/libanl|/libnsl|/libstdc\+\+|/libgcc_s|/libcuda|/libcublas|/libcudart
 gpu-bundle:
 	$(MAKE) cuda CUDA_ARCHS=90
 	rm -rf gpu-bundle
@@ -84,6 +87,9 @@ gpu-bundle:
 	    cp -L "$$lib" gpu-bundle/lib/ && chmod u+w "gpu-bundle/lib/$$(basename $$lib)" && \
 	    strip --strip-unneeded "gpu-bundle/lib/$$(basename $$lib)"; done
 	if [ -d tests/fixtures/golden ]; then cp -r tests/fixtures/golden gpu-bundle/tests/fixtures/; fi
+	# libraries over 8 MB (openblas, ~36 MB) travel xz-compressed; tools/gpu-check.sh
+	# unpacks them (or: xz -d gpu-bundle/lib/*.xz) before the binaries start.
+	find gpu-bundle/lib -type f -size +8M -exec xz -T0 -6 {} +
 	cp tools/gpu-check.sh gpu-bundle/
 	@echo "gpu-bundle: $$(du -sh gpu-bundle | cut -f1) ($$(ls gpu-bundle/lib | wc -l) libraries: $$(ls gpu-bundle/lib | tr '\n' ' '))"
 
