@@ -1067,7 +1067,7 @@ int tokenizer_token_bytes(const Tokenizer *t, int id, char *buf, int cap) {
     const char *s = tok_str(t, id, &l);
     if (cap < 0) cap = 0;
     int n = (int)(l < (size_t)cap ? l : (size_t)cap);
-    memcpy(buf, s, (size_t)n);
+    if (n > 0) memcpy(buf, s, (size_t)n);
     return n;
 }
 
