@@ -137,9 +137,9 @@ static int skip_value(Rd *r, uint32_t t, int depth, const char *key, size_t klen
         size_t min_es = es ? es : (at == GV_STR ? 8 : 12);
         if (n > (r->size - r->pos) / min_es)
             return rs_err(r->e, RS_EFORMAT,
-                          "'%s': metadata '%.*s' claims %llu array elements, more than the "
-                          "file holds",
-                          r->path, (int)klen, key, (unsigned long long)n);
+                          "'%s' is truncated or corrupt: metadata '%.*s' claims %llu array "
+                          "elements, more than the remaining %zu bytes hold",
+                          r->path, (int)klen, key, (unsigned long long)n, r->size - r->pos);
         if (es) {
             r->pos += (size_t)(n * es);
             return RS_OK;
@@ -202,8 +202,8 @@ static int parse(GGUFFile *g, RsErr *e) {
     /* each metadata entry takes >= 13 bytes, each tensor info >= 28 */
     if (n_kv > (r.size - r.pos) / 13 || n_t > (r.size - r.pos) / 28)
         return rs_err(e, RS_EFORMAT,
-                      "'%s': header claims %llu metadata entries and %llu tensors, more than the "
-                      "file of %zu bytes holds",
+                      "'%s' is truncated or corrupt: header claims %llu metadata entries and %llu "
+                      "tensors, more than the file of %zu bytes holds",
                       g->path, (unsigned long long)n_kv, (unsigned long long)n_t, g->size);
     g->kv = rs_xcalloc((size_t)n_kv, sizeof(GGUFKV));
     g->t = rs_xcalloc((size_t)n_t, sizeof(GGUFTensor));

@@ -265,6 +265,28 @@ START_TEST(test_gguf_metadata) {
 }
 END_TEST
 
+/* Llama-3.1-style GGUF: rope scaling recovered from rope_freqs.weight; F16 weights. */
+START_TEST(test_gguf_llama3_rope) {
+    Fx f;
+    fx_load(&f, "expected");
+    Model *m = load_ok(tu_fixture("loader/tiny_llama3.gguf"));
+    Config *c = &m->cfg;
+    ck_assert_int_eq(c->rope_scaling, 1);
+    ck_assert_float_eq(c->rope_factor, 8.0f);
+    ck_assert_float_eq(c->rope_low_freq_factor, 1.0f);
+    ck_assert_float_eq(c->rope_high_freq_factor, 4.0f);
+    ck_assert_int_eq(c->rope_orig_max_pos, 8192);
+    ck_assert_int_eq(c->vocab_size, 64); /* llama.vocab_size */
+    ck_assert_int_eq(c->head_dim, 8);    /* llama.attention.key_length */
+    ck_assert_int_eq(c->max_seq_len, 131072);
+    ck_assert_int_eq(c->bos_id, 60);
+    ck_assert_int_eq(c->eos_id, 63);
+    ck_assert_int_eq(compare_originals(m, &f, 0), 21);
+    model_free(&m);
+    fx_free(&f);
+}
+END_TEST
+
 /* ---- Hugging Face directories ---- */
 
 START_TEST(test_hf_llama_bf16) {
@@ -517,11 +539,13 @@ START_TEST(test_gguf_truncated) {
     load_tiny();
     char path[400];
     snprintf(path, sizeof path, "%s/cut.gguf", tmpdir);
-    /* every cut inside header, metadata and tensor table; every 61st byte inside the data */
+    /* every cut inside header, metadata and tensor table; every 61st byte inside the data.
+     * Cuts go from long to short with truncate(2): rewriting the file each time is slow. */
     size_t data_start = after("blk.1.ffn_down.weight") + 4 + 16 + 4 + 8;
     int cuts = 0;
-    for (size_t cut = 0; cut < tiny_len; cut += cut < data_start + 64 ? 1 : 61) {
-        write_bytes(path, tiny, cut);
+    write_bytes(path, tiny, tiny_len);
+    for (size_t cut = tiny_len - 1; cut + 1 > 0; cut -= cut > data_start + 64 ? 61 : 1) {
+        ck_assert_int_eq(truncate(path, (off_t)cut), 0);
         Model *m = NULL;
         RsErr e = {0};
         int rc = model_load(path, &m, &e);
@@ -560,8 +584,6 @@ START_TEST(test_gguf_refusals) {
     put_u32(b, 6);
     expect_fail(patched("q5.gguf", qn + 4 + 16, b, 4), RS_EUNSUPPORTED,
                 "tensor 'blk.0.attn_q.weight' has type Q5_0", NULL);
-    uint32_t nd = 3; /* a 3-d attn_q: shape message shows all dims */
-    (void)nd;
     expect_fail(patched("arch.gguf", after("general.architecture") + 4 + 8, "mamba", 5),
                 RS_EUNSUPPORTED, "architecture 'mamba' is not supported", NULL);
     size_t un = after("blk.1.ffn_up.weight");
@@ -576,6 +598,16 @@ START_TEST(test_gguf_refusals) {
     memcpy(&off, tiny + on + 4 + 8 + 4, 8);
     off += 4;
     expect_fail(patched("align.gguf", on + 4 + 8 + 4, &off, 8), RS_EFORMAT, "is not aligned to 64", NULL);
+    free(tiny);
+    /* rope_freqs.weight that is not the llama3 curve: refused, not guessed */
+    RsErr e = {0};
+    ck_assert_int_eq(rs_read_file(tu_fixture("loader/tiny_llama3.gguf"), &tiny, &tiny_len, &e), 0);
+    size_t data = (after("blk.1.ffn_down.weight") + 4 + 16 + 4 + 8 + 31) / 32 * 32;
+    float two = 2.0f, one;
+    memcpy(&one, tiny + data, 4);
+    ck_assert(one == 1.0f); /* rope_freqs.weight[0], first in the data section */
+    expect_fail(patched("rope.gguf", data, &two, 4), RS_EUNSUPPORTED,
+                "rope_freqs.weight does not match llama3 rope scaling", NULL);
     free(tiny);
     rm_tmp();
 }
@@ -736,21 +768,27 @@ END_TEST
 
 Suite *suite_loader(void) {
     Suite *s = suite_create("loader");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_half_floats);
-    tcase_add_test(tc, test_gguf_tiny_config);
-    tcase_add_test(tc, test_gguf_tiny_weights);
-    tcase_add_test(tc, test_gguf_metadata);
-    tcase_add_test(tc, test_hf_llama_bf16);
-    tcase_add_test(tc, test_hf_sharded_tied);
-    tcase_add_test(tc, test_hf_qwen2_qwen3);
-    tcase_add_test(tc, test_gguf_truncated);
-    tcase_add_test(tc, test_gguf_refusals);
-    tcase_add_test(tc, test_hf_refusals);
-    tcase_add_test(tc, test_load_missing_path);
-    tcase_add_test(tc, test_layer_view);
-    tcase_add_test(tc, test_default_model);
-    suite_add_tcase(s, tc);
+    TCase *fmt = tcase_create("formats"), *bad = tcase_create("refusals");
+    TCase *def = tcase_create("default_model");
+    tcase_set_timeout(fmt, 60);
+    tcase_set_timeout(bad, 120);
+    tcase_set_timeout(def, 120); /* ~2-3 s under ASan; generous for a loaded machine */
+    tcase_add_test(fmt, test_half_floats);
+    tcase_add_test(fmt, test_gguf_tiny_config);
+    tcase_add_test(fmt, test_gguf_tiny_weights);
+    tcase_add_test(fmt, test_gguf_metadata);
+    tcase_add_test(fmt, test_gguf_llama3_rope);
+    tcase_add_test(fmt, test_hf_llama_bf16);
+    tcase_add_test(fmt, test_hf_sharded_tied);
+    tcase_add_test(fmt, test_hf_qwen2_qwen3);
+    tcase_add_test(fmt, test_layer_view);
+    tcase_add_test(bad, test_gguf_truncated);
+    tcase_add_test(bad, test_gguf_refusals);
+    tcase_add_test(bad, test_hf_refusals);
+    tcase_add_test(bad, test_load_missing_path);
+    tcase_add_test(def, test_default_model);
+    suite_add_tcase(s, fmt);
+    suite_add_tcase(s, bad);
+    suite_add_tcase(s, def);
     return s;
 }

@@ -3,6 +3,7 @@
 
 Independent references for tests/test_loader.c, produced with numpy, gguf-py and
 safetensors (never with rootspec):
+  tiny_llama3.gguf the same weights in F16 with Llama-3.1 rope scaling as rope_freqs.weight.
   tiny.gguf        llama, 2 layers, dim 32, F32/F16/BF16/Q8_0/Q4_0/Q4_1 tensors, q/k rows
                    permuted the way llama.cpp's converter does, alignment 64, vocab taken
                    from the token list (no llama.vocab_size), nested/typed metadata.
@@ -177,6 +178,56 @@ def write_tiny_gguf(w, blob):
     wr.close()
 
 
+def llama3_rope_factors(theta, head_dim, factor=8.0, low=1.0, high=4.0, orig=8192):
+    """convert_hf_to_gguf.py LlamaModel.generate_extra_tensors (Llama-3.1 rope_freqs)."""
+    freqs = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    out = []
+    for freq in freqs:
+        wavelen = 2 * np.pi / freq
+        if wavelen < orig / high:
+            out.append(1)
+        elif wavelen > orig / low:
+            out.append(factor)
+        else:
+            smooth = (orig / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def write_llama3_gguf(w):
+    """Llama-3.1-style GGUF: rope scaling only as a rope_freqs.weight tensor (written first,
+    so its data starts the data section); F16 matrices; no token list, llama.vocab_size."""
+    wr = gguf.GGUFWriter(f"{OUT}/tiny_llama3.gguf", arch="llama")
+    wr.add_name("Llama 3.2 Tiny")
+    wr.add_vocab_size(VOCAB)
+    wr.add_context_length(131072)
+    wr.add_embedding_length(DIM)
+    wr.add_feed_forward_length(HIDDEN)
+    wr.add_block_count(LAYERS)
+    wr.add_head_count(HEADS)
+    wr.add_head_count_kv(KV_HEADS)
+    wr.add_key_length(HD)
+    wr.add_value_length(HD)
+    wr.add_rope_freq_base(500000.0)
+    wr.add_layer_norm_rms_eps(1e-5)
+    wr.add_bos_token_id(60)
+    wr.add_eos_token_id(63)
+    f = llama3_rope_factors(500000.0, HD)
+    assert f[0] == 1 and f[-1] == 8 and 1 < f[2] < 8, f  # every branch of the formula
+    wr.add_tensor("rope_freqs.weight", f)
+    for hf, arr in w.items():
+        name = gguf_name(hf)
+        if ".attn_q." in name:
+            arr = permute(arr, HEADS)
+        elif ".attn_k." in name:
+            arr = permute(arr, KV_HEADS)
+        wr.add_tensor(name, arr if arr.ndim == 1 else arr.astype(np.float16))
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+
+
 def write_hf(sub, cfg, tensors, shards=None):
     d = f"{OUT}/{sub}"
     shutil.rmtree(d, ignore_errors=True)
@@ -234,6 +285,7 @@ def main():
     for n, a in w.items():
         blob.add(n, a)
     write_tiny_gguf(w, blob)
+    write_llama3_gguf(w)
 
     # hf_llama: BF16, untied, llama3 rope scaling, eos as a list
     write_hf("hf_llama", llama_cfg(eos_token_id=[2, 3], rope_scaling={
