@@ -1,0 +1,31 @@
+#!/usr/bin/env python3
+"""Writes the libFuzzer seed corpus tests/fuzz_corpus/proto/: one valid protocol frame per
+message type (the canonical test vectors of tools/proto_client.py, byte-identical to the C
+encoder's, see tests/fixtures/proto/vectors.bin), plus a small pool and the uint32-magic
+header form so the fuzzer starts from every decoder branch."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import msgpack  # noqa: E402
+import proto_client as pc  # noqa: E402
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "tests/fuzz_corpus/proto"
+    os.makedirs(out, exist_ok=True)
+    frames = {name: pc.encode(t, s, q, b) for name, t, s, q, b in pc.vectors()}
+    # A 3-node pool (root child with two children) and the empty pool.
+    frames["pool_small"] = pc.encode(pc.POOL, 9, 2, [3, [5, 6, 7], [-1, 0, 0],
+                                                     [-0.5, -1.0, -2.0], [1, 2, 2],
+                                                     1000, 10, 1, 1])
+    frames["pool_empty"] = pc.encode(pc.POOL, 9, 2, [0, [], [], [], [], 0, 0, 0, 0])
+    frames["bye_u32_magic"] = msgpack.packb([pc.MAGIC_U32, 1, pc.BYE, 1, 2, []])
+    for name, data in sorted(frames.items()):
+        with open(os.path.join(out, name + ".bin"), "wb") as f:
+            f.write(data)
+        print(f"{out}/{name}.bin: {len(data)} bytes")
+
+
+if __name__ == "__main__":
+    main()
