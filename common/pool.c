@@ -30,9 +30,13 @@ int pool_finalize_err(Pool *p, int vocab_size, RsErr *e) {
             return rs_err(e, RS_EPROTO,
                           "bad pool: candidate %d has depth %d, expected %d (parent %d, max %d)",
                           i, (int)p->depth[i], want, (int)par, POOL_MAX_DEPTH);
-        if (p->token[i] < 0 || (vocab_size > 0 && p->token[i] >= vocab_size))
-            return rs_err(e, RS_EPROTO, "bad pool: candidate %d has token %d, outside [0, %d)", i,
-                          (int)p->token[i], vocab_size);
+        if (p->token[i] < 0 || (vocab_size > 0 && p->token[i] >= vocab_size)) {
+            if (vocab_size > 0)
+                return rs_err(e, RS_EPROTO, "bad pool: candidate %d has token %d, outside [0, %d)",
+                              i, (int)p->token[i], vocab_size);
+            return rs_err(e, RS_EPROTO, "bad pool: candidate %d has negative token %d", i,
+                          (int)p->token[i]);
+        }
         /* NaN fails both comparisons; log q <= 0 is what makes top-B ancestor-closed. */
         if (!(p->logq[i] <= 0.0f) || !isfinite(p->logq[i]))
             return rs_err(e, RS_EPROTO, "bad pool: candidate %d has log q %g, expected finite <= 0",

@@ -233,7 +233,7 @@ START_TEST(test_pool_finalize_rejects) {
     bad_pool(&p, 49152, "candidate 12 has token 49152, outside [0, 49152)");
     make_pool(&p);
     p.token[0] = -1;
-    bad_pool(&p, 0, "candidate 0 has token -1");
+    bad_pool(&p, 0, "candidate 0 has negative token -1");
     make_pool(&p);
     p.logq[30] = 0.25f;
     bad_pool(&p, 49152, "candidate 30 has log q 0.25, expected finite <= 0");
