@@ -526,6 +526,10 @@ static void launch_graph(CudaBackend *b, int bi) {
         g->valid = 0;
     }
     if (!g->valid) {
+        /* One eager run first: cuBLAS picks and loads its kernels (lazy module loading)
+         * outside the capture, where loading is always allowed. The run is idempotent (same
+         * cache slots, same logits), so the replay below simply recomputes it. */
+        enqueue_forward(b, nb, nb);
         cudaGraph_t graph;
         CUDA_CHECK(cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal));
         enqueue_forward(b, nb, nb);

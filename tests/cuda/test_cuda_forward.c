@@ -4,9 +4,13 @@
  * logits); the default model; and graph replay == eager launch.
  *
  * Tolerance: the CUDA backend rounds weights, GEMM inputs and the KV cache to bf16 (8 bit
- * mantissa), so logits may differ from the f32 reference by |d| <= atol + rtol*|ref| with
- * the per-test figures below; the largest |d| is printed. Top-1 must be identical unless
- * the reference's best two logits are closer than that tolerance (a bf16-level tie). */
+ * mantissa), so logits may differ from the f32 reference by |d| <= TOL_FRAC * max|ref|
+ * (max over the compared rows). Calibrated on the CPU by rounding only the weights to bf16
+ * in the CPU backend: max|d| / max|ref| = 0.005 (random models), 0.003 (golden llama),
+ * 0.009 (SmolLM2, 0.28 of 31); 0.03 leaves room for the activation and KV rounding while a
+ * real defect (mask, RoPE, cache slot) moves logits by O(max|ref|). The largest |d| is
+ * printed. Top-1 must be identical unless the reference's own gap between its best logit
+ * and ours is within that tolerance (a bf16-level tie). */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <string.h>
@@ -17,12 +21,7 @@
 #include "kernels/cuda_backend.h"
 #include "tests/testutil.h"
 
-#define RAND_ATOL 0.05f /* random models: logits of scale ~1-5 */
-#define RAND_RTOL 0.03f
-#define GOLD_ATOL 0.1f  /* golden tiny models: logits up to |64| */
-#define GOLD_RTOL 0.03f
-#define DEF_ATOL 0.5f   /* default model: 30 layers, logits up to ~30 */
-#define DEF_RTOL 0.03f
+#define TOL_FRAC 0.03f
 
 static Backend *make(const BackendOps *ops, const Model *m, int cap, int batch, int pend) {
     BackendParams p = {.kv_capacity = cap, .max_batch = batch, .max_pending = pend, .threads = 1};
@@ -33,24 +32,28 @@ static Backend *make(const BackendOps *ops, const Model *m, int cap, int batch, 
     return b;
 }
 
-/* Compares rows of logits; returns mismatches, accumulates *worst. Top-1 per row must
- * agree unless the reference's top-2 gap is within the tolerance. */
+/* Compares rows of logits with atol = TOL_FRAC * max|ref|; returns mismatches and
+ * accumulates *worst. Top-1 per row must agree unless within the tolerance of a tie. */
 static int cmp_rows(const char *label, const float *got, const float *ref, int rows, int vocab,
-                    float atol, float rtol, float *worst) {
-    float mx = 0;
-    int bad = tu_compare(label, got, ref, (size_t)rows * vocab, atol, rtol, &mx);
+                    float *worst) {
+    float mx = 0, scale = 0;
+    for (size_t i = 0; i < (size_t)rows * vocab; i++)
+        if (fabsf(ref[i]) > scale) scale = fabsf(ref[i]);
+    float atol = TOL_FRAC * scale;
+    int bad = tu_compare(label, got, ref, (size_t)rows * vocab, atol, 0.0f, &mx);
     if (mx > *worst) *worst = mx;
     for (int r = 0; r < rows; r++) {
         const float *g = got + (size_t)r * vocab, *f = ref + (size_t)r * vocab;
         int ag = row_argmax(g, vocab), af = row_argmax(f, vocab);
         if (ag == af) continue;
-        float tol = atol + rtol * fabsf(f[af]);
-        if (f[af] - f[ag] > tol) {
+        if (f[af] - f[ag] > atol) {
             fprintf(stderr, "%s row %d: top-1 %d (ref logit %.5f) vs reference %d (%.5f)\n",
                     label, r, ag, f[ag], af, f[af]);
             bad++;
         }
     }
+    fprintf(stderr, "%s: %d rows, max |d| %.4g, tolerance %.4g (%.2f * max|ref| %.4g)\n", label,
+            rows, mx, atol, TOL_FRAC, scale);
     return bad;
 }
 
@@ -146,9 +149,7 @@ START_TEST(test_cuda_random_parity) {
     float worst = 0;
     char label[64];
     snprintf(label, sizeof label, "random arch %d", (int)kArchs[_i]);
-    int bad = cmp_rows(label, g, a, na, 512, RAND_ATOL, RAND_RTOL, &worst);
-    fprintf(stderr, "cuda parity %s: %d rows, max |d| %.4g (atol %g rtol %g)\n", label, na,
-            worst, RAND_ATOL, RAND_RTOL);
+    int bad = cmp_rows(label, g, a, na, 512, &worst);
     ck_assert_int_eq(bad, 0);
     ck_assert_int_eq(gpu->n_committed, cpu->n_committed);
     free(a), free(g);
@@ -212,7 +213,7 @@ START_TEST(test_cuda_large_prefill_eager) {
     ck_assert_msg(backend_forward(gpu, tok, pos, n, NULL, rows, 3, g, &e) == RS_OK, "%s", e.msg);
     ck_assert_int_eq(gpu->n_eager_launches, 1);
     ck_assert_int_eq(gpu->n_graph_replays, 0);
-    int bad = cmp_rows("prefill 100", g, a, 3, 300, RAND_ATOL, RAND_RTOL, &worst);
+    int bad = cmp_rows("prefill 100", g, a, 3, 300, &worst);
     fprintf(stderr, "cuda prefill 100 tokens: max |d| %.4g\n", worst);
     ck_assert_int_eq(bad, 0);
     backend_destroy(&cpu), backend_destroy(&gpu), model_free(&m);
@@ -312,7 +313,7 @@ START_TEST(test_cuda_golden) {
     float *got = malloc(4 * (size_t)n * vocab), worst = 0;
     /* one batch, then token by token (graph path, bucket 1) */
     ck_assert_msg(backend_forward(b, tokens, pos, n, NULL, rows, n, got, &e) == RS_OK, "%s", e.msg);
-    int bad = cmp_rows(kGolden[_i], got, ref, n, vocab, GOLD_ATOL, GOLD_RTOL, &worst);
+    int bad = cmp_rows(kGolden[_i], got, ref, n, vocab, &worst);
     b->ops->kv_reset(b);
     for (int i = 0; i < n; i++) {
         int zero = 0;
@@ -320,9 +321,7 @@ START_TEST(test_cuda_golden) {
                                          got + (size_t)i * vocab, &e), RS_OK);
         ck_assert_int_eq(backend_kv_commit(b, &zero, 1, &e), RS_OK);
     }
-    bad += cmp_rows(kGolden[_i], got, ref, n, vocab, GOLD_ATOL, GOLD_RTOL, &worst);
-    fprintf(stderr, "cuda golden %-18s %d x %d: max |d| %.4g (atol %g rtol %g)\n", kGolden[_i], n,
-            vocab, worst, GOLD_ATOL, GOLD_RTOL);
+    bad += cmp_rows(kGolden[_i], got, ref, n, vocab, &worst);
     ck_assert_int_eq(bad, 0);
     free(pos), free(rows), free(got), free(tokens), free(ref);
     backend_destroy(&b);
@@ -353,7 +352,7 @@ START_TEST(test_cuda_default_model) {
     float *a = malloc(sizeof(float) * 64 * vocab), *g = malloc(sizeof(float) * 64 * vocab), worst = 0;
     ck_assert_int_eq(backend_forward(cpu, tok, pos, n, NULL, rows, n, a, &e), RS_OK);
     ck_assert_msg(backend_forward(gpu, tok, pos, n, NULL, rows, n, g, &e) == RS_OK, "%s", e.msg);
-    int bad = cmp_rows("default prefill", g, a, n, vocab, DEF_ATOL, DEF_RTOL, &worst);
+    int bad = cmp_rows("default prefill", g, a, n, vocab, &worst);
     ck_assert_int_eq(backend_kv_commit(cpu, rows, n, &e), RS_OK);
     ck_assert_int_eq(backend_kv_commit(gpu, rows, n, &e), RS_OK);
     int next = row_argmax(a + (size_t)(n - 1) * vocab, vocab), agree = 0;
@@ -361,7 +360,7 @@ START_TEST(test_cuda_default_model) {
         int p = n + s, zero = 0;
         ck_assert_int_eq(backend_forward(cpu, &next, &p, 1, NULL, &zero, 1, a, &e), RS_OK);
         ck_assert_int_eq(backend_forward(gpu, &next, &p, 1, NULL, &zero, 1, g, &e), RS_OK);
-        bad += cmp_rows("default decode", g, a, 1, vocab, DEF_ATOL, DEF_RTOL, &worst);
+        bad += cmp_rows("default decode", g, a, 1, vocab, &worst);
         agree += row_argmax(g, vocab) == row_argmax(a, vocab);
         next = row_argmax(a, vocab);
         ck_assert_int_eq(backend_kv_commit(cpu, &zero, 1, &e), RS_OK);
