@@ -3,15 +3,20 @@
 #include "common/cli.h"
 #include "engine.h"
 #include "roundlog.h"
+#include "timing.h"
+#include "bench/prompts.h"
 #include <string.h>
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: rootspec-target --model PATH (--prompt TEXT | --prompt-ids 1,2,3) [options]\n"
+            "usage: rootspec-target --model PATH (--prompt TEXT | --prompt-ids 1,2,3 | --prompts FILE) [options]\n"
             "\n"
             "  --model PATH          target model: GGUF file or Hugging Face directory\n"
             "  --prompt TEXT         user prompt (UTF-8)\n"
             "  --prompt-ids LIST     prompt as comma-separated token ids (no template, no BOS)\n"
+            "  --prompts FILE        decode every prompt of a jsonl file (Spec-Bench or HumanEval\n"
+            "                        format) and print a per-round timing summary at the end\n"
+            "  --timing              print the per-round timing summary (also for one prompt)\n"
             "  --chat                wrap the prompt in the model's chat template\n"
             "  --decoder NAME        ar | draft | pearl | rootdraw | root   (default ar)\n"
             "  --budget B            tree budget, 1..%d (default 59)\n"
@@ -43,6 +48,7 @@ typedef struct {
     int output_ids;
     FILE *log;
     RoundLogCtx lc;
+    TimingAcc *timing;
     int first_id;
 } Sink;
 
@@ -64,6 +70,7 @@ static void on_tokens(void *u, const int *t, int n) {
 static void on_round(void *u, const RoundInfo *r) {
     Sink *s = u;
     if (s->log) roundlog_write(s->log, &s->lc, r);
+    if (s->timing) timing_add(s->timing, r);
 }
 
 static void on_event(void *u, const char *ev, const char *detail) {
@@ -98,8 +105,8 @@ static int parse_ids(const char *s, int **ids, int *n, RsErr *e) {
 int main(int argc, char **argv) {
     EngineOpts eo = {.backend = "cpu", .threads = 1, .ctx = 2048, .draft_timeout_ms = 10000};
     DecodeOpts d = {.rule = RULE_AR, .budget = 59, .temp = 0, .seed = 1, .max_new = 256};
-    const char *prompt = NULL, *prompt_ids = NULL, *log_path = NULL;
-    int chat = 0, output_ids = 0;
+    const char *prompt = NULL, *prompt_ids = NULL, *log_path = NULL, *prompts_path = NULL;
+    int chat = 0, output_ids = 0, want_timing = 0;
     RsErr e = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -111,6 +118,8 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--model")) { if (VAL()) eo.model_path = v; }
         else if (!strcmp(a, "--prompt")) { if (VAL()) prompt = v; }
         else if (!strcmp(a, "--prompt-ids")) { if (VAL()) prompt_ids = v; }
+        else if (!strcmp(a, "--prompts")) { if (VAL()) prompts_path = v; }
+        else if (!strcmp(a, "--timing")) want_timing = 1;
         else if (!strcmp(a, "--chat")) chat = 1;
         else if (!strcmp(a, "--decoder")) {
             if (VAL()) {
@@ -144,8 +153,8 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (!eo.model_path || (!prompt == !prompt_ids)) {
-        fprintf(stderr, "rootspec-target: need --model and exactly one of --prompt / --prompt-ids\n");
+    if (!eo.model_path || (!!prompt + !!prompt_ids + !!prompts_path) != 1) {
+        fprintf(stderr, "rootspec-target: need --model and exactly one of --prompt / --prompt-ids / --prompts\n");
         usage(stderr);
         return 2;
     }
@@ -153,28 +162,28 @@ int main(int argc, char **argv) {
         fprintf(stderr, "rootspec-target: --score-all-rules needs --decoder pearl, rootdraw or root\n");
         return 2;
     }
+    BenchPromptSet *ps = NULL;
+    if (prompts_path && prompts_load(prompts_path, &ps, &e)) {
+        fprintf(stderr, "rootspec-target: %s\n", e.msg);
+        return 2;
+    }
     Engine en;
     int rc = engine_open(&eo, d.rule != RULE_AR, &en, &e);
     if (rc) {
         fprintf(stderr, "rootspec-target: %s\n", e.msg);
-        return rc == RS_EINVAL || rc == RS_EFORMAT || rc == RS_EUNSUPPORTED ? 2 : 1;
+        prompts_free(&ps);
+        return rc == RS_EINVAL || rc == RS_EFORMAT || rc == RS_EUNSUPPORTED || rc == RS_EPEER ? 2 : 1;
     }
-    int *ids = NULL, n = 0;
-    rc = prompt_ids ? parse_ids(prompt_ids, &ids, &n, &e)
-                    : engine_prompt_ids(&en, prompt, chat, &ids, &n, &e);
-    if (rc) {
-        fprintf(stderr, "rootspec-target: %s\n", e.msg);
-        engine_close(&en);
-        return 2;
-    }
+    TimingAcc timing;
+    timing_init(&timing);
     Sink s = {.tok = en.tok, .output_ids = output_ids, .first_id = 1};
-    s.lc = (RoundLogCtx){rule_name(d.rule), d.temp, d.budget, d.prompt_id};
+    if (want_timing || prompts_path) s.timing = &timing;
     if (log_path) {
         s.log = fopen(log_path, "a");
         if (!s.log) {
             fprintf(stderr, "rootspec-target: cannot open --log-rounds '%s'\n", log_path);
-            free(ids);
             engine_close(&en);
+            prompts_free(&ps);
             return 2;
         }
     }
@@ -182,26 +191,57 @@ int main(int argc, char **argv) {
     DecodeResult res = {0};
     res.cap = d.max_new + ROUND_MAX_EMIT;
     res.tokens = rs_xmalloc(sizeof(int) * (size_t)res.cap);
-    rc = decode_run(en.target, en.have_dc ? &en.dc : NULL, ids, n, &d, &h, &res, &e);
-    printf("\n");
-    fflush(stdout);
-    if (rc) {
-        fprintf(stderr, "rootspec-target: %s\n", e.msg);
-    } else {
+    int n_prompts = ps ? ps->n : 1, exit_code = 0;
+    long total_tokens = 0;
+    uint64_t total_ns = 0;
+    for (int pi = 0; pi < n_prompts; pi++) {
+        int *ids = NULL, n = 0;
+        const char *text = ps ? ps->items[pi].text : prompt;
+        DecodeOpts dp = d;
+        if (ps) dp.prompt_id = d.prompt_id + (uint64_t)pi;
+        rc = prompt_ids ? parse_ids(prompt_ids, &ids, &n, &e)
+                        : engine_prompt_ids(&en, text, chat || (ps && en.chat != CHAT_NONE), &ids, &n, &e);
+        if (rc) {
+            fprintf(stderr, "rootspec-target: %s\n", e.msg);
+            exit_code = 2;
+            break;
+        }
+        if (ps) printf("=== prompt %s: %s\n", ps->items[pi].id, text);
+        s.lc = (RoundLogCtx){rule_name(dp.rule), dp.temp, dp.budget, dp.prompt_id};
+        s.first_id = 1;
+        rc = decode_run(en.target, en.have_dc ? &en.dc : NULL, ids, n, &dp, &h, &res, &e);
+        free(ids);
+        printf("\n");
+        fflush(stdout);
+        if (rc) {
+            fprintf(stderr, "rootspec-target: %s\n", e.msg);
+            exit_code = rc == RS_EINVAL ? 2 : 1;
+            break;
+        }
         double secs = (double)(res.t_end - res.t_start) * 1e-9;
+        total_tokens += res.n_tokens;
+        total_ns += res.t_end - res.t_start;
         fprintf(stderr,
                 "rootspec-target: decoder=%s T=%d B=%d prompt=%d tokens, emitted %d tokens in "
                 "%d rounds, %.3f s, %.2f tok/s, mean accepted %.3f%s%s%s\n",
-                rule_name(d.rule), d.temp, d.budget, n, res.n_tokens, res.rounds, secs,
+                rule_name(dp.rule), dp.temp, dp.budget, n, res.n_tokens, res.rounds, secs,
                 secs > 0 ? res.n_tokens / secs : 0.0,
                 res.rounds ? (double)res.accepted_total / res.rounds : 0.0,
                 res.hit_eos ? ", stopped at EOS" : "",
                 res.hit_capacity ? ", STOPPED: KV cache full (raise --ctx)" : "",
                 res.drafter_failed ? ", drafter failed (finished autoregressively)" : "");
     }
+    if (s.timing && exit_code == 0) {
+        if (ps)
+            fprintf(stderr, "rootspec-target: %d prompts, %ld tokens in %.3f s: %.2f tok/s\n",
+                    n_prompts, total_tokens, total_ns * 1e-9,
+                    total_ns ? total_tokens / (total_ns * 1e-9) : 0.0);
+        timing_print(stderr, &timing);
+    }
+    timing_free(&timing);
     if (s.log) fclose(s.log);
     free(res.tokens);
-    free(ids);
+    prompts_free(&ps);
     engine_close(&en);
-    return rc ? (rc == RS_EINVAL ? 2 : 1) : 0;
+    return exit_code;
 }

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Starts a drafter process and a target process that talk over ZeroMQ (SPEC §5).
+#   CPU:  drafter pinned to core 1, target to core 0 (taskset), over ipc:// by default.
+#   CUDA: drafter on CUDA_VISIBLE_DEVICES=1, target on CUDA_VISIBLE_DEVICES=0.
+# Usage:
+#   deploy/launch.sh [--backend cpu|cuda] [--bin DIR] [--endpoint EP] [--insecure]
+#                    [--curve-dir DIR] --draft-model PATH [--draft-layers SPEC]
+#                    [--draft-threads N] -- TARGET_ARGS...
+# TARGET_ARGS go to rootspec-target (--model, --prompt/--prompts, --decoder, ...); the
+# launcher adds --draft-endpoint. The drafter is stopped when the target exits.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+backend=cpu bin="" endpoint="" draft_model="" draft_layers="" insecure="" curve="" dthreads=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --backend) backend=$2; shift 2 ;;
+    --bin) bin=$2; shift 2 ;;
+    --endpoint) endpoint=$2; shift 2 ;;
+    --draft-model) draft_model=$2; shift 2 ;;
+    --draft-layers) draft_layers=$2; shift 2 ;;
+    --draft-threads) dthreads=$2; shift 2 ;;
+    --insecure) insecure=--insecure; shift ;;
+    --curve-dir) curve=$2; shift 2 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --) shift; break ;;
+    *) echo "launch.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ -n "$draft_model" ] || { echo "launch.sh: --draft-model is required" >&2; exit 2; }
+case "$backend" in
+  cpu) bin=${bin:-$here/build} ;;
+  cuda) bin=${bin:-$here/build/cuda} ;;
+  *) echo "launch.sh: --backend must be cpu or cuda, not '$backend'" >&2; exit 2 ;;
+esac
+for b in rootspec-draft rootspec-target; do
+  [ -x "$bin/$b" ] || { echo "launch.sh: $bin/$b not built (run make${backend/cpu/}${backend/cuda/ cuda})" >&2; exit 2; }
+done
+tmp=$(mktemp -d /tmp/rootspec.XXXXXX)
+endpoint=${endpoint:-ipc://$tmp/draft.sock}
+dargs=(--model "$draft_model" --bind "$endpoint" --backend "$backend" --threads "$dthreads")
+[ -n "$draft_layers" ] && dargs+=(--draft-layers "$draft_layers")
+[ -n "$insecure" ] && dargs+=("$insecure")
+[ -n "$curve" ] && dargs+=(--curve-dir "$curve")
+targs=(--backend "$backend" --draft-endpoint "$endpoint")
+[ -n "$insecure" ] && targs+=("$insecure")
+[ -n "$curve" ] && targs+=(--curve-dir "$curve")
+
+pin_draft=() pin_target=()
+if [ "$backend" = cpu ] && command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
+  pin_draft=(taskset -c 1) pin_target=(taskset -c 0)
+fi
+if [ "$backend" = cuda ]; then
+  CUDA_VISIBLE_DEVICES=${DRAFT_GPU:-1} "$bin/rootspec-draft" "${dargs[@]}" &
+else
+  "${pin_draft[@]}" "$bin/rootspec-draft" "${dargs[@]}" &
+fi
+dpid=$!
+cleanup() { kill "$dpid" 2>/dev/null || true; wait "$dpid" 2>/dev/null || true; rm -rf "$tmp"; }
+trap cleanup EXIT INT TERM
+# The target's HELLO has its own timeout, so a drafter that fails to start is reported there.
+if [ "$backend" = cuda ]; then
+  CUDA_VISIBLE_DEVICES=${TARGET_GPU:-0} "$bin/rootspec-target" "${targs[@]}" "$@"
+else
+  "${pin_target[@]}" "$bin/rootspec-target" "${targs[@]}" "$@"
+fi

@@ -1,0 +1,110 @@
+/* Timing summary over the rounds of one or more decodes. All times come from the target's
+ * own monotonic clock except draft_ns, the drafter's own measurement from its POOL reply;
+ * the two clocks are never compared. */
+#include "timing.h"
+#include <stdlib.h>
+#include <string.h>
+
+void timing_init(TimingAcc *t) { memset(t, 0, sizeof *t); }
+
+static void push(double **a, int n, int cap, double v) {
+    (void)cap;
+    (*a)[n] = v;
+}
+
+void timing_add(TimingAcc *t, const RoundInfo *r) {
+    if (t->n == t->cap) {
+        t->cap = t->cap ? 2 * t->cap : 256;
+        double **arrs[] = {&t->draft_ms, &t->root_ms, &t->tree_ms, &t->wait_ms,
+                           &t->overhead_ms, &t->hidden, &t->round_ms};
+        for (size_t i = 0; i < sizeof arrs / sizeof arrs[0]; i++)
+            *arrs[i] = realloc(*arrs[i], sizeof(double) * (size_t)t->cap);
+    }
+    int k = t->n++;
+    double nan = -1; /* marks absent values; all real values are >= 0 */
+    push(&t->draft_ms, k, t->cap, r->draft_ns ? r->draft_ns * 1e-6 : nan);
+    push(&t->root_ms, k, t->cap,
+         r->t_root_end ? (double)(r->t_root_end - r->t_root_start) * 1e-6 : nan);
+    push(&t->tree_ms, k, t->cap,
+         r->t_tree_end ? (double)(r->t_tree_end - r->t_tree_start) * 1e-6 : nan);
+    double wait = nan, over = nan;
+    if (r->t_pool_recv && r->t_grow_sent && !r->fallback_ar) {
+        uint64_t from = r->t_root_end ? r->t_root_end : r->t_grow_sent;
+        wait = r->t_pool_recv > from ? (double)(r->t_pool_recv - from) * 1e-6 : 0;
+        double span = (double)(r->t_pool_recv - r->t_grow_sent) * 1e-6;
+        /* Round trip beyond the drafter's own compute; meaningful when the target waited. */
+        if (wait > 0 && r->draft_ns) over = span - r->draft_ns * 1e-6;
+        t->rounds_with_pool++;
+    }
+    push(&t->wait_ms, k, t->cap, wait);
+    push(&t->overhead_ms, k, t->cap, over);
+    push(&t->hidden, k, t->cap, r->t_root_end && r->t_pool_recv ? timing_hidden_share(r) : nan);
+    push(&t->round_ms, k, t->cap, (double)(r->t_commit - r->t_round_start) * 1e-6);
+}
+
+double timing_hidden_share(const RoundInfo *r) {
+    if (!r->t_root_end || r->t_root_end <= r->t_root_start || !r->t_grow_sent || !r->t_pool_recv)
+        return 0;
+    uint64_t a = r->t_root_start > r->t_grow_sent ? r->t_root_start : r->t_grow_sent;
+    uint64_t b = r->t_root_end < r->t_pool_recv ? r->t_root_end : r->t_pool_recv;
+    return b > a ? (double)(b - a) / (double)(r->t_root_end - r->t_root_start) : 0;
+}
+
+static int dcmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median of the non-negative entries; -1 when none. */
+static double median(const double *v, int n, int *count) {
+    double *s = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (v[i] >= 0) s[m++] = v[i];
+    *count = m;
+    if (!m) {
+        free(s);
+        return -1;
+    }
+    qsort(s, (size_t)m, sizeof(double), dcmp);
+    double r = m % 2 ? s[m / 2] : 0.5 * (s[m / 2 - 1] + s[m / 2]);
+    free(s);
+    return r;
+}
+
+void timing_print(FILE *f, TimingAcc *t) {
+    struct {
+        const char *name;
+        double *v;
+        const char *unit;
+        double scale;
+    } rows[] = {
+        {"drafting (drafter's own time)", t->draft_ms, "ms", 1},
+        {"root pass (1 token)", t->root_ms, "ms", 1},
+        {"tree pass", t->tree_ms, "ms", 1},
+        {"wait for pool after root pass", t->wait_ms, "ms", 1},
+        {"message round trip beyond drafting", t->overhead_ms, "ms", 1},
+        {"root pass hidden behind drafting", t->hidden, "%", 100},
+        {"whole round", t->round_ms, "ms", 1},
+    };
+    fprintf(f, "per-round timing over %d rounds (medians):\n", t->n);
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        int c;
+        double m = median(rows[i].v, t->n, &c);
+        if (m < 0) fprintf(f, "  %-36s       n/a\n", rows[i].name);
+        else
+            fprintf(f, "  %-36s %9.3f %-2s (%d rounds)\n", rows[i].name, m * rows[i].scale,
+                    rows[i].unit, c);
+    }
+}
+
+void timing_free(TimingAcc *t) {
+    free(t->draft_ms);
+    free(t->root_ms);
+    free(t->tree_ms);
+    free(t->wait_ms);
+    free(t->overhead_ms);
+    free(t->hidden);
+    free(t->round_ms);
+    memset(t, 0, sizeof *t);
+}
