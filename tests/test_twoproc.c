@@ -1,0 +1,361 @@
+/* The two-process pipeline, end to end with the real binaries: T=0 token identity with AR
+ * across the process boundary for every decoder, and the faults of issue 4 (drafter
+ * unreachable, killed or stalled mid-decode, target killed, garbage frames, wrong protocol
+ * version, wrong vocabulary). Uses the tiny golden Llama (HF directory with tokenizer.json)
+ * with a layer-0 self-drafter (its greedy output is varied; tiny llama's repeats one id), so each run takes well under a second. */
+#include "proto/proto.h"
+#include "testutil.h"
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#define TINY "tests/fixtures/golden/llama3_rope"
+#define PROMPT "10,20,30,40,50,60" /* its greedy continuation does not repeat early */
+
+static char g_dir[256];
+
+static void make_dir(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/rs-2p-XXXXXX");
+    ck_assert(mkdtemp(g_dir) != NULL);
+}
+
+static void endpoint(char *buf, size_t n, const char *name) {
+    snprintf(buf, n, "ipc://%s/%s.sock", g_dir, name);
+}
+
+/* fork/exec argv with stdout/stderr to files under g_dir; returns pid. */
+static pid_t spawn(char *const argv[], const char *tag) {
+    char out[512], err[512];
+    snprintf(out, sizeof out, "%s/%s.out", g_dir, tag);
+    snprintf(err, sizeof err, "%s/%s.err", g_dir, tag);
+    pid_t pid = fork();
+    ck_assert(pid >= 0);
+    if (pid == 0) {
+        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        setenv("OPENBLAS_NUM_THREADS", "1", 1);
+        unsetenv("LD_PRELOAD");
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static char *slurp(const char *tag, const char *ext) {
+    char p[512], *buf = NULL;
+    snprintf(p, sizeof p, "%s/%s.%s", g_dir, tag, ext);
+    RsErr e;
+    if (rs_read_file(p, &buf, NULL, &e)) return strdup("");
+    return buf;
+}
+
+static int wait_exit(pid_t pid, int timeout_ms) {
+    for (int t = 0; t < timeout_ms; t += 10) {
+        int st;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    ck_abort_msg("process %d did not exit within %d ms", (int)pid, timeout_ms);
+    return -1;
+}
+
+static pid_t start_drafter(const char *ep) {
+    char *argv[] = {"build/rootspec-draft", "--model", TINY, "--draft-layers", "0", "--bind",
+                    (char *)ep, NULL};
+    pid_t pid = spawn(argv, "draft");
+    const char *path = ep + strlen("ipc://");
+    for (int t = 0; t < 10000; t += 10) { /* wait for the socket file */
+        if (access(path, F_OK) == 0) return pid;
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    ck_abort_msg("drafter did not bind %s", ep);
+    return -1;
+}
+
+static void stop(pid_t pid) {
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+/* Runs rootspec-target to completion; returns exit code; tag names its output files. */
+static int run_target(const char *tag, const char *decoder, const char *ep, int max_new,
+                      const char *timeout_ms, pid_t *pid_out) {
+    char mn[16];
+    snprintf(mn, sizeof mn, "%d", max_new);
+    char *argv[24];
+    int k = 0;
+    argv[k++] = "build/rootspec-target";
+    argv[k++] = "--model";
+    argv[k++] = TINY;
+    argv[k++] = "--prompt-ids";
+    argv[k++] = PROMPT;
+    argv[k++] = "--decoder";
+    argv[k++] = (char *)decoder;
+    argv[k++] = "--max-new";
+    argv[k++] = mn;
+    argv[k++] = "--output-ids";
+    argv[k++] = "--budget";
+    argv[k++] = "8";
+    if (ep) {
+        argv[k++] = "--draft-endpoint";
+        argv[k++] = (char *)ep;
+        argv[k++] = "--draft-timeout-ms";
+        argv[k++] = (char *)(timeout_ms ? timeout_ms : "5000");
+    }
+    argv[k] = NULL;
+    pid_t pid = spawn(argv, tag);
+    if (pid_out) {
+        *pid_out = pid;
+        return 0;
+    }
+    return wait_exit(pid, 60000);
+}
+
+/* 1 if `got` (space-separated ids) is a prefix of `ref` with at least min_ids ids: a
+ * speculative decode may stop up to a tree depth past max-new, so AR runs longer. */
+static int ids_prefix(const char *got, const char *ref, int min_ids) {
+    size_t n = strcspn(got, "\n");
+    if (strncmp(got, ref, n) != 0 || (ref[n] != ' ' && ref[n] != '\n')) return 0;
+    int k = 0, in = 0;
+    for (size_t i = 0; i < n; i++) {
+        int d = got[i] >= '0' && got[i] <= '9';
+        k += d && !in;
+        in = d;
+    }
+    return k >= min_ids;
+}
+
+/* Number of emitted ids written so far to tag.out */
+static int count_ids(const char *tag) {
+    char *s = slurp(tag, "out");
+    int n = 0, in = 0;
+    for (char *p = s; *p; p++) {
+        int d = *p >= '0' && *p <= '9';
+        n += d && !in;
+        in = d;
+    }
+    free(s);
+    return n;
+}
+
+START_TEST(test_identity_across_processes) {
+    make_dir();
+    char ep[300];
+    endpoint(ep, sizeof ep, "d");
+    pid_t d = start_drafter(ep);
+    ck_assert_int_eq(run_target("ar", "ar", NULL, 120, NULL, NULL), 0);
+    char *ref = slurp("ar", "out");
+    ck_assert_msg(strlen(ref) > 10, "AR printed no ids: '%s'", ref);
+    const char *decs[] = {"draft", "pearl", "rootdraw", "root"};
+    for (int i = 0; i < 4; i++) {
+        int rc = run_target(decs[i], decs[i], ep, 40, NULL, NULL);
+        char *err = slurp(decs[i], "err");
+        ck_assert_msg(rc == 0, "%s exited %d: %s", decs[i], rc, err);
+        ck_assert_msg(!strstr(err, "drafter failed"), "%s: drafter failed: %s", decs[i], err);
+        char *got = slurp(decs[i], "out");
+        ck_assert_msg(ids_prefix(got, ref, 40), "%s over ZeroMQ:\n%s\nAR:\n%s", decs[i], got, ref);
+        free(got);
+        free(err);
+    }
+    free(ref);
+    stop(d);
+}
+END_TEST
+
+/* kill -9 (i = 0) or SIGSTOP (i = 1) of the drafter mid-decode: the target finishes
+ * autoregressively, keeps every token (T=0: same ids as AR) and reports the event. */
+START_TEST(test_drafter_dies_mid_decode) {
+    make_dir();
+    char ep[300];
+    endpoint(ep, sizeof ep, "d");
+    pid_t d = start_drafter(ep);
+    const int N = 600;
+    ck_assert_int_eq(run_target("ar", "ar", NULL, N + 80, NULL, NULL), 0);
+    pid_t t;
+    run_target("rd", "rootdraw", ep, N, "700", &t);
+    for (int w = 0; w < 20000 && count_ids("rd") < 3; w += 5) usleep(5000);
+    ck_assert_msg(count_ids("rd") >= 3, "target emitted nothing");
+    kill(d, _i == 0 ? SIGKILL : SIGSTOP);
+    int rc = wait_exit(t, 60000);
+    char *err = slurp("rd", "err"), *got = slurp("rd", "out"), *ref = slurp("ar", "out");
+    ck_assert_msg(rc == 0, "target exited %d: %s", rc, err);
+    ck_assert_msg(count_ids("rd") < N + 20, "too many ids");
+    ck_assert_msg(strstr(err, "drafter failed") && strstr(err, "did not answer within 700 ms"),
+                  "no fallback event in: %s", err);
+    ck_assert_msg(ids_prefix(got, ref, N), "ids after the fault differ from AR:\n%s\nvs\n%s", got, ref);
+    free(err);
+    free(got);
+    free(ref);
+    if (_i == 1) kill(d, SIGCONT);
+    stop(d);
+}
+END_TEST
+
+START_TEST(test_drafter_unreachable) {
+    make_dir();
+    char ep[300];
+    endpoint(ep, sizeof ep, "nobody");
+    uint64_t t0 = rs_now_ns();
+    int rc = run_target("t", "rootdraw", ep, 10, "800", NULL);
+    double s = (rs_now_ns() - t0) * 1e-9;
+    char *err = slurp("t", "err");
+    ck_assert_msg(rc != 0, "target succeeded without a drafter");
+    ck_assert_msg(strstr(err, "did not answer within 800 ms"), "message: %s", err);
+    ck_assert_msg(s < 20, "took %.1f s", s);
+    free(err);
+}
+END_TEST
+
+START_TEST(test_target_dies_drafter_recovers) {
+    make_dir();
+    char ep[300];
+    endpoint(ep, sizeof ep, "d");
+    pid_t d = start_drafter(ep);
+    ck_assert_int_eq(run_target("ar", "ar", NULL, 140, NULL, NULL), 0);
+    pid_t t;
+    run_target("t1", "draft", ep, 2000, NULL, &t);
+    for (int w = 0; w < 20000 && count_ids("t1") < 3; w += 5) usleep(5000);
+    stop(t); /* kill -9 the target mid-decode */
+    ck_assert_int_eq(run_target("t2", "draft", ep, 60, NULL, NULL), 0);
+    char *got = slurp("t2", "out"), *ref = slurp("ar", "out"), *err = slurp("t2", "err");
+    ck_assert_msg(!strstr(err, "drafter failed"), "drafter did not recover: %s", err);
+    ck_assert_msg(ids_prefix(got, ref, 60), "after recovery:\n%s\nvs AR\n%s", got, ref);
+    free(got);
+    free(ref);
+    free(err);
+    ck_assert_msg(kill(d, 0) == 0, "drafter died");
+    stop(d);
+}
+END_TEST
+
+/* Raw frames to the drafter: each must get an ERROR naming the problem, and the drafter must
+ * still serve a proper HELLO afterwards. */
+static void send_raw(void *s, const void *buf, size_t n) { ck_assert(zmq_send(s, buf, n, 0) >= 0); }
+
+static void expect_error(void *s, const char *needle) {
+    ProtoMsg m = {0};
+    RsErr e = {0};
+    int rc = proto_recv(s, &m, 5000, &e);
+    ck_assert_msg(rc == 0, "no reply: %s", e.msg);
+    ck_assert_msg(m.type == PROTO_ERROR, "reply is %s, expected ERROR", proto_type_name(m.type));
+    ck_assert_msg(strstr(m.u.error.message, needle), "ERROR '%s' lacks '%s'", m.u.error.message,
+                  needle);
+    proto_msg_clear(&m);
+}
+
+static void encode_hello(msgpack_sbuffer *sb, uint32_t vocab, uint64_t hash) {
+    ProtoMsg m = {0};
+    m.type = PROTO_HELLO;
+    m.session = 7;
+    m.seq = 1;
+    snprintf(m.u.hello.fingerprint, sizeof m.u.hello.fingerprint, "test");
+    m.u.hello.tokenizer_hash = hash;
+    m.u.hello.vocab_size = vocab;
+    m.u.hello.caps = PROTO_CAP_POOL_V1;
+    m.u.hello.topk = POOL_TOPK;
+    m.u.hello.depth = POOL_MAX_DEPTH;
+    m.u.hello.expand = POOL_EXPAND;
+    RsErr e;
+    msgpack_sbuffer_clear(sb);
+    ck_assert(proto_encode(&m, sb, &e) == 0);
+}
+
+START_TEST(test_bad_frames_to_drafter) {
+    make_dir();
+    char ep[300];
+    endpoint(ep, sizeof ep, "d");
+    pid_t d = start_drafter(ep);
+    void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    ck_assert(zmq_connect(s, ep) == 0);
+    send_raw(s, "\xc1\xc1garbage", 9);
+    expect_error(s, "proto");
+    send_raw(s, "", 0);
+    expect_error(s, "proto");
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    /* wrong protocol version: patch the version byte after the magic */
+    encode_hello(&sb, 258, 0);
+    char *v = memchr(sb.data, 1, sb.size);
+    ck_assert(v && (size_t)(v - sb.data) == 6); /* array header + fixstr "RSPC" */
+    *v = 2;
+    send_raw(s, sb.data, sb.size);
+    expect_error(s, "protocol version 2, expected 1");
+    /* wrong vocabulary */
+    encode_hello(&sb, 999, 0);
+    send_raw(s, sb.data, sb.size);
+    expect_error(s, "target vocab 999");
+    /* wrong tokenizer, right vocabulary size */
+    encode_hello(&sb, 258, 0x1234);
+    send_raw(s, sb.data, sb.size);
+    expect_error(s, "tokenizer mismatch");
+    /* COMMIT_GROW outside a session */
+    ProtoMsg cg = {0};
+    int32_t toks[2] = {1, 2};
+    cg.type = PROTO_COMMIT_GROW;
+    cg.u.tokens.ids = toks;
+    cg.u.tokens.n = 2;
+    RsErr e;
+    ck_assert(proto_send(s, &cg, &e) == 0);
+    expect_error(s, "no session");
+    /* multi-part frame */
+    zmq_send(s, "a", 1, ZMQ_SNDMORE);
+    zmq_send(s, "b", 1, 0);
+    expect_error(s, "multi-part");
+    msgpack_sbuffer_destroy(&sb);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    /* still serving: a real target decodes through it */
+    ck_assert_int_eq(run_target("ar", "ar", NULL, 100, NULL, NULL), 0);
+    ck_assert_int_eq(run_target("t", "rootdraw", ep, 20, NULL, NULL), 0);
+    char *got = slurp("t", "out"), *ref = slurp("ar", "out");
+    ck_assert_msg(ids_prefix(got, ref, 20), "%s\nvs AR\n%s", got, ref);
+    free(got);
+    free(ref);
+    stop(d);
+}
+END_TEST
+
+START_TEST(test_tokenizer_mismatch_refused) {
+    /* target: the default model (vocab 49152) against the tiny drafter (vocab 258) */
+    make_dir();
+    char ep[300];
+    endpoint(ep, sizeof ep, "d");
+    pid_t d = start_drafter(ep);
+    char *argv[] = {"build/rootspec-target", "--model", (char *)tu_default_model_path(),
+                    "--prompt-ids", "1,2,3", "--decoder", "rootdraw", "--draft-endpoint", ep,
+                    "--draft-timeout-ms", "20000", NULL};
+    int rc = wait_exit(spawn(argv, "mm"), 60000);
+    char *err = slurp("mm", "err");
+    ck_assert_msg(rc == 2, "exit %d: %s", rc, err);
+    ck_assert_msg(strstr(err, "target vocab 49152") && strstr(err, "drafter vocab 258"),
+                  "message does not name both sides: %s", err);
+    free(err);
+    stop(d);
+}
+END_TEST
+
+Suite *suite_twoproc(void) {
+    Suite *s = suite_create("twoproc");
+    TCase *tc = tcase_create("pipeline");
+    tcase_set_timeout(tc, 180);
+    tcase_add_test(tc, test_identity_across_processes);
+    tcase_add_loop_test(tc, test_drafter_dies_mid_decode, 0, 2);
+    tcase_add_test(tc, test_drafter_unreachable);
+    tcase_add_test(tc, test_target_dies_drafter_recovers);
+    tcase_add_test(tc, test_bad_frames_to_drafter);
+    tcase_add_test(tc, test_tokenizer_mismatch_refused);
+    suite_add_tcase(s, tc);
+    return s;
+}
