@@ -7,6 +7,7 @@
 #include "common/model.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
+#include <cblas.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -124,8 +125,8 @@ int main(int argc, char **argv) {
     double params = wbytes / sizeof(float);
     printf("model %s: %d layers, dim %d, vocab %d, %.1f M params (%.0f MB f32)\n", model_path,
            c->n_layers, c->dim, c->vocab_size, params / 1e6, wbytes / 1e6);
-    printf("threads %d, iters %d, prefill %d; memcpy %.1f GB/s (read+write)\n", threads, iters,
-           PREFILL, mem);
+    printf("threads %d, iters %d, prefill %d; memcpy %.1f GB/s (read+write); OpenBLAS core %s\n",
+           threads, iters, PREFILL, mem, openblas_get_corename());
     /* Rates use the best pass (least disturbed by other load); the mean is shown too. */
     printf("%4s %9s %9s %11s %8s %9s\n", "n", "ms(mean)", "ms(best)", "weightGB/s", "%memcpy",
            "GFLOP/s");

@@ -8,6 +8,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
+#include <strings.h>
 
 typedef struct {
     float *x;           // (max_batch, dim) residual stream
@@ -74,10 +75,52 @@ static void rope_apply(float *v, const float *cs, const float *sn, int half) {
     }
 }
 
+/* Dot product with 8 independent partial sums: a single running sum is one long
+ * dependency chain that the compiler may not reorder (no -ffast-math), which made
+ * attention a large share of a 65-token pass. */
+static float dot(const float *a, const float *b, int n) {
+    float acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] += a[i + k] * b[i + k];
+    float d = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++) d += a[i] * b[i];
+    return d;
+}
+
 /* Y (n, out) = X (n, in) @ W^T with W (out, in) row-major. */
 static void matmul(float *y, const float *x, const float *w, int n, int in, int out, int ldy) {
+    if (n == 1) { /* gemv streams W once; sgemm would also pack (copy) all of W first */
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, 0.0f, y, 1);
+        return;
+    }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, 0.0f, y,
                 ldy);
+}
+
+/* OpenBLAS picks its kernels from cpuid at load time; inside some VMs the CPU model is
+ * unknown and it falls back to SSE3 "Prescott" kernels, 3-4x slower on an AVX-512 machine.
+ * The choice cannot be changed after load (only through OPENBLAS_CORETYPE), so say so once. */
+static void blas_core_check(const Model *m) {
+    static int done;
+    /* Tiny (test) models run in microseconds either way: stay quiet for them. */
+    if (done || getenv("OPENBLAS_CORETYPE") || model_weight_bytes(m) < ((size_t)64 << 20)) return;
+    done = 1;
+    static const char *old_cores[] = {"prescott", "core2", "penryn", "dunnington", "nehalem",
+                                      "atom", "sandybridge", "katmai", "northwood", "banias"};
+    const char *core = openblas_get_corename();
+    const char *want = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+                       : __builtin_cpu_supports("avx2")  ? "Haswell"
+                                                         : NULL;
+    if (!core || !want) return;
+    for (size_t i = 0; i < sizeof old_cores / sizeof old_cores[0]; i++)
+        if (!strcasecmp(core, old_cores[i])) {
+            fprintf(stderr,
+                    "rootspec: OpenBLAS chose '%s' kernels on a CPU with %s; set "
+                    "OPENBLAS_CORETYPE=%s for much faster matrix products\n",
+                    core, want[0] == 'S' ? "AVX-512" : "AVX2", want);
+            return;
+        }
 }
 
 static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
@@ -118,6 +161,7 @@ static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsE
     s->keep_seen = rs_xcalloc(P, 1);
     rope_init(c, s->inv_freq);
     if (p->threads > 0) openblas_set_num_threads(p->threads);
+    blas_core_check(m);
     *out = &b->base;
     return RS_OK;
 }
@@ -259,9 +303,7 @@ static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
                 for (int j = 0; j < len; j++) {
                     int slot = j < nc ? j : nc + idx[j - nc];
                     const float *kh = kc + (size_t)slot * kvd + off;
-                    float d = 0.0f;
-                    for (int i = 0; i < hd; i++) d += qh[i] * kh[i];
-                    att[j] = d * scale;
+                    att[j] = dot(qh, kh, hd) * scale;
                     if (att[j] > mx) mx = att[j];
                 }
                 float sum = 0.0f;
