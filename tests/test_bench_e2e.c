@@ -1,0 +1,518 @@
+/* bench_e2e suite: runs the real build/rootspec-bench binary (fork/exec, from the repo root)
+ * on the tiny golden Llama (HF directory, vocab 258) with a 1-layer self-drafter, and checks
+ * the run directory from the outside: every output file, one decodes.csv row per planned
+ * (prompt, combination), rounds.jsonl consistent with decodes.csv, --analyze reproducing
+ * summary.md byte for byte, --resume (nothing to do / re-running exactly the deleted rows /
+ * after SIGINT), --launch-drafter, and the exit status and message of bad input. */
+#include "bench/benchlog.h"
+#include "testutil.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BENCH_BIN "build/rootspec-bench"
+#define TINY "tests/fixtures/golden/llama"
+
+/* ---- helpers ---- */
+
+static char *tmp_dir(void) {
+    static char buf[4][64];
+    static int k = 0;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "/tmp/rs_e2e_XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(buf[k]));
+    return buf[k];
+}
+
+static void rm_tree(const char *dir) {
+    if (getenv("ROOTSPEC_KEEP_TMP")) {
+        fprintf(stderr, "kept %s\n", dir);
+        return;
+    }
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_ge(fputs(text, f), 0);
+    fclose(f);
+}
+
+static char *slurp(const char *path, size_t *n) {
+    char *buf;
+    size_t len;
+    RsErr e = {0};
+    ck_assert_msg(rs_read_file(path, &buf, &len, &e) == RS_OK, "%s", e.msg);
+    if (n) *n = len;
+    return buf;
+}
+
+static int file_exists(const char *dir, const char *name) {
+    char p[512];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return stat(p, &st) == 0 && st.st_size > 0;
+}
+
+static void check_binary(void) {
+    ck_assert_msg(access(BENCH_BIN, X_OK) == 0,
+                  "%s not found: build it first (make test-bin); tests run from the repo root",
+                  BENCH_BIN);
+}
+
+/* Starts the bench with stdout/stderr into dir/NAME.out and dir/NAME.err. */
+static pid_t bench_spawn(const char *logdir, const char *name, const char *const *args) {
+    check_binary();
+    const char *argv[64];
+    int a = 0;
+    argv[a++] = BENCH_BIN;
+    for (int i = 0; args[i]; i++) {
+        ck_assert_int_lt(a, 62);
+        argv[a++] = args[i];
+    }
+    argv[a] = NULL;
+    char op[512], ep[512];
+    snprintf(op, sizeof op, "%s/%s.out", logdir, name);
+    snprintf(ep, sizeof ep, "%s/%s.err", logdir, name);
+    fflush(NULL);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        int fo = open(op, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int fe = open(ep, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fo < 0 || fe < 0) _exit(126);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        setenv("OPENBLAS_NUM_THREADS", "1", 1);
+        unsetenv("ROOTSPEC_GNUPLOT");
+        execv(BENCH_BIN, (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static int bench_wait(pid_t pid) {
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    if (WIFSIGNALED(st)) return 1000 + WTERMSIG(st);
+    return WEXITSTATUS(st);
+}
+
+/* Runs the bench to completion; returns its exit status; *err gets its stderr (malloc'd). */
+static int bench_run(const char *logdir, const char *name, const char *const *args, char **err) {
+    int rc = bench_wait(bench_spawn(logdir, name, args));
+    if (err) {
+        char p[512];
+        snprintf(p, sizeof p, "%s/%s.err", logdir, name);
+        *err = slurp(p, NULL);
+    }
+    return rc;
+}
+
+/* decodes.csv rows (header skipped) as "prompt_id,decoder,temp,budget" keys plus the
+ * per-row round count; returns the row count. Parsed here, not with the bench's reader. */
+#define MAXROWS 512
+typedef struct {
+    char key[128];
+    int rounds;
+} Row;
+
+static int read_rows(const char *dir, Row *rows) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/decodes.csv", dir);
+    char *text = slurp(p, NULL);
+    int n = 0, line = 0;
+    for (char *save, *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        if (line++ == 0) {
+            ck_assert_msg(strncmp(l, "prompt_id,prompt_pos,decoder,temp,budget,", 41) == 0,
+                          "unexpected header '%s'", l);
+            continue;
+        }
+        char *f[16];
+        int nf = 0;
+        for (char *s2, *t = strtok_r(l, ",", &s2); t && nf < 16; t = strtok_r(NULL, ",", &s2))
+            f[nf++] = t;
+        ck_assert_msg(nf == 12, "decodes.csv row %d has %d fields", line, nf);
+        ck_assert_int_lt(n, MAXROWS);
+        snprintf(rows[n].key, sizeof rows[n].key, "%s,%s,%s,%s", f[0], f[2], f[3], f[4]);
+        rows[n].rounds = atoi(f[8]);
+        ck_assert_int_gt(atoi(f[5]), 0);  /* tokens */
+        ck_assert_int_gt(atol(f[6]), 0);  /* time_ns */
+        n++;
+    }
+    free(text);
+    return n;
+}
+
+static int row_find(const Row *rows, int n, const char *key) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(rows[i].key, key)) return i;
+    return -1;
+}
+
+/* Every row's key is unique, and rounds.jsonl holds exactly `rounds` lines for each decode
+ * (no rounds of dropped or repeated decodes), with round indices 0..rounds-1. */
+static void check_consistent(const char *dir, const Row *rows, int n) {
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(row_find(rows, i, rows[i].key) < 0, "decode %s logged twice", rows[i].key);
+    char p[512];
+    snprintf(p, sizeof p, "%s/rounds.jsonl", dir);
+    BenchRound *r = NULL;
+    int nr = 0;
+    RsErr e = {0};
+    ck_assert_msg(benchlog_rounds_read(p, &r, &nr, &e) == RS_OK, "%s", e.msg);
+    int *seen = calloc((size_t)n, sizeof(int));
+    for (int i = 0; i < nr; i++) {
+        char key[128];
+        snprintf(key, sizeof key, "%s,%s,%d,%d", r[i].prompt_id, r[i].decoder, r[i].temp,
+                 r[i].budget);
+        int k = row_find(rows, n, key);
+        ck_assert_msg(k >= 0, "round %d of %s has no decodes.csv row", r[i].round, key);
+        ck_assert_msg(r[i].round == seen[k], "%s: round %d where %d was expected", key,
+                      r[i].round, seen[k]);
+        seen[k]++;
+        ck_assert_int_ge(r[i].t_commit, r[i].t_round_start);
+        ck_assert_int_ge(r[i].emitted, 1);
+        if (!strcmp(r[i].decoder, "ar")) {
+            ck_assert_int_eq(r[i].x1_in_pool, BENCH_X1_NULL);
+            ck_assert_int_eq(r[i].t_grow_sent, BENCH_NULL_NS);
+        } else {
+            ck_assert_int_ne(r[i].t_grow_sent, BENCH_NULL_NS);
+            ck_assert_int_ge(r[i].t_pool_recv, r[i].t_grow_sent);
+        }
+    }
+    for (int k = 0; k < n; k++)
+        ck_assert_msg(seen[k] == rows[k].rounds, "%s: %d rounds logged, decodes.csv says %d",
+                      rows[k].key, seen[k], rows[k].rounds);
+    free(seen);
+    free(r);
+}
+
+static const char *PROMPTS3 =
+    "{\"question_id\": 81, \"category\": \"writing\", \"turns\": [\"Write a short poem about the sea.\", \"again\"]}\n"
+    "\n"
+    "{\"question_id\": 82, \"category\": \"math\", \"turns\": [\"What is 12 times 7?\"]}\n"
+    "{\"task_id\": \"HumanEval/0\", \"prompt\": \"def add(a, b):\\n    \"}\n";
+
+/* 3 prompts x (draft, rootdraw) x T {0,1} x B {8} + AR per T = 3 x 6 decodes. */
+#define N_COMBOS 6
+
+static void write_many(const char *path, int n) {
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < n; i++)
+        fprintf(f, "{\"question_id\": %d, \"turns\": [\"Prompt number %d: tell me a story.\"]}\n",
+                100 + i, i);
+    fclose(f);
+}
+
+/* ---- tests ---- */
+
+START_TEST(test_e2e_run_analyze_resume) {
+    char *tmp = tmp_dir();
+    char pf[256], out[256], ref[512], dref[512];
+    snprintf(pf, sizeof pf, "%s/prompts.jsonl", tmp);
+    snprintf(out, sizeof out, "%s/run", tmp);
+    write_text(pf, PROMPTS3);
+    const char *args[] = {"--model", TINY, "--draft-layers", "0", "--prompts", pf,
+                          "--limit", "10", /* more than the file holds: all 3 are used */
+                          "--max-new", "12", "--decoders", "draft,rootdraw", "--temps", "0,1",
+                          "--budgets", "8", "--seed", "7", "--ctx", "512", "--out", out, NULL};
+    char *err;
+    int rc = bench_run(tmp, "run", args, &err);
+    ck_assert_msg(rc == 0, "rootspec-bench exited %d: %s", rc, err);
+    ck_assert_msg(strstr(err, "no known chat template") != NULL, "no raw-text notice: %s", err);
+    free(err);
+    static const char *files[] = {"rounds.jsonl", "decodes.csv", "summary.md", "speeds.png",
+                                  "round_breakdown.png", "run.json"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++)
+        ck_assert_msg(file_exists(out, files[i]), "%s/%s missing or empty", out, files[i]);
+
+    Row rows[MAXROWS], rows2[MAXROWS];
+    int n = read_rows(out, rows);
+    ck_assert_int_eq(n, 3 * N_COMBOS);
+    check_consistent(out, rows, n);
+    /* every (prompt, combination) exactly once */
+    const char *pids[] = {"81", "82", "HumanEval/0"};
+    const char *combos[] = {"ar,0,0", "ar,1,0", "draft,0,8", "draft,1,8", "rootdraw,0,8",
+                            "rootdraw,1,8"};
+    for (int p = 0; p < 3; p++)
+        for (int c = 0; c < N_COMBOS; c++) {
+            char key[128];
+            snprintf(key, sizeof key, "%s,%s", pids[p], combos[c]);
+            ck_assert_msg(row_find(rows, n, key) >= 0, "no decode %s", key);
+        }
+
+    /* stdout echoes summary.md */
+    char sp[512], op[512];
+    snprintf(sp, sizeof sp, "%s/summary.md", out);
+    snprintf(op, sizeof op, "%s/run.out", tmp);
+    size_t ns, no;
+    char *sum = slurp(sp, &ns), *so = slurp(op, &no);
+    ck_assert_msg(no >= ns && memcmp(so, sum, ns) == 0, "stdout does not start with summary.md");
+    ck_assert_ptr_nonnull(strstr(sum, "prompts: 3; decodes: 18"));
+    free(so);
+
+    /* --analyze reproduces summary.md byte for byte */
+    snprintf(ref, sizeof ref, "%s/summary.ref", tmp);
+    ck_assert_int_eq(rename(sp, ref), 0);
+    const char *an[] = {"--analyze", out, NULL};
+    rc = bench_run(tmp, "analyze", an, &err);
+    ck_assert_msg(rc == 0, "--analyze exited %d: %s", rc, err);
+    free(err);
+    size_t ns2;
+    char *sum2 = slurp(sp, &ns2);
+    ck_assert_msg(ns2 == ns && memcmp(sum, sum2, ns) == 0, "--analyze changed summary.md");
+    free(sum2);
+
+    /* --resume on a completed run runs nothing and leaves decodes.csv as it was */
+    char dp[512];
+    snprintf(dp, sizeof dp, "%s/decodes.csv", out);
+    size_t nd;
+    char *dec = slurp(dp, &nd);
+    const char *rs[] = {"--resume", out, NULL};
+    rc = bench_run(tmp, "resume1", rs, &err);
+    ck_assert_msg(rc == 0, "--resume exited %d: %s", rc, err);
+    ck_assert_msg(strstr(err, "0 to run") != NULL, "resume of a complete run: %s", err);
+    ck_assert_msg(strstr(err, "progress") == NULL, "a complete run ran decodes: %s", err);
+    free(err);
+    size_t nd2;
+    char *dec2 = slurp(dp, &nd2);
+    ck_assert_msg(nd2 == nd && memcmp(dec, dec2, nd) == 0, "--resume changed decodes.csv");
+    free(dec2);
+
+    /* delete the last 2 rows: --resume re-runs exactly those two */
+    snprintf(dref, sizeof dref, "%s/decodes.ref", tmp);
+    char *cut = dec + nd - 1; /* at the final '\n' */
+    for (int k = 0; k < 2; k++) {
+        cut--;
+        while (*cut != '\n') cut--;
+    }
+    FILE *f = fopen(dp, "wb");
+    ck_assert_ptr_nonnull(f);
+    fwrite(dec, 1, (size_t)(cut + 1 - dec), f);
+    fclose(f);
+    rc = bench_run(tmp, "resume2", rs, &err);
+    ck_assert_msg(rc == 0, "--resume exited %d: %s", rc, err);
+    ck_assert_msg(strstr(err, "16 of 18 decodes done, 2 to run") != NULL, "%s", err);
+    free(err);
+    int n2 = read_rows(out, rows2);
+    ck_assert_int_eq(n2, n);
+    for (int i = 0; i < n - 2; i++) ck_assert_str_eq(rows2[i].key, rows[i].key);
+    /* the two re-run decodes are the deleted ones (in plan order) */
+    ck_assert_str_eq(rows2[n - 2].key, rows[n - 2].key);
+    ck_assert_str_eq(rows2[n - 1].key, rows[n - 1].key);
+    check_consistent(out, rows2, n2);
+    free(dec);
+    free(sum);
+    rm_tree(tmp);
+}
+END_TEST
+
+START_TEST(test_e2e_bad_input) {
+    char *tmp = tmp_dir();
+    char pf[256], good[256], out[256];
+    snprintf(pf, sizeof pf, "%s/bad.jsonl", tmp);
+    snprintf(good, sizeof good, "%s/good.jsonl", tmp);
+    snprintf(out, sizeof out, "%s/run", tmp);
+    write_text(pf, "{\"question_id\": 1, \"turns\": [\"fine\"]}\n"
+                   "{\"question_id\": 2, \"turns\": [\"unterminated}\n");
+    write_text(good, PROMPTS3);
+    char *err;
+    const char *a1[] = {"--model", TINY, "--prompts", pf, "--out", out, NULL};
+    int rc = bench_run(tmp, "bad1", a1, &err);
+    ck_assert_int_eq(rc, 2);
+    char want[300];
+    snprintf(want, sizeof want, "%s:2", pf);
+    ck_assert_msg(strstr(err, want) != NULL, "message lacks '%s': %s", want, err);
+    free(err);
+    ck_assert_msg(!file_exists(out, "run.json"), "a refused run left run.json behind");
+
+    const char *a2[] = {"--model", TINY, "--prompts", good, "--decoders", "draft,bogus",
+                        "--out", out, NULL};
+    rc = bench_run(tmp, "bad2", a2, &err);
+    ck_assert_int_eq(rc, 2);
+    ck_assert_msg(strstr(err, "'bogus'") != NULL, "%s", err);
+    free(err);
+
+    const char *a3[] = {"--model", TINY, "--prompts", good, "--temps", "0,2", "--out", out, NULL};
+    rc = bench_run(tmp, "bad3", a3, &err);
+    ck_assert_int_eq(rc, 2);
+    ck_assert_msg(strstr(err, "\"2\"") != NULL, "%s", err);
+    free(err);
+
+    const char *a4[] = {"--model", TINY, "--prompts", good, "--budgets", "8,65", "--out", out, NULL};
+    rc = bench_run(tmp, "bad4", a4, &err);
+    ck_assert_int_eq(rc, 2);
+    ck_assert_msg(strstr(err, "\"65\"") != NULL, "%s", err);
+    free(err);
+
+    const char *a5[] = {"--model", TINY, "--prompts", good, "--max-new", "12x", "--out", out, NULL};
+    rc = bench_run(tmp, "bad5", a5, &err);
+    ck_assert_int_eq(rc, 2);
+    ck_assert_msg(strstr(err, "'12x'") != NULL, "%s", err);
+    free(err);
+
+    const char *a6[] = {"--resume", out, NULL}; /* no run there */
+    rc = bench_run(tmp, "bad6", a6, &err);
+    ck_assert_int_eq(rc, 2);
+    ck_assert_msg(strstr(err, "run.json") != NULL, "%s", err);
+    free(err);
+
+    const char *a7[] = {"--resume", out, "--max-new", "5", NULL};
+    rc = bench_run(tmp, "bad7", a7, &err);
+    ck_assert_int_eq(rc, 2);
+    ck_assert_msg(strstr(err, "--max-new") != NULL, "%s", err);
+    free(err);
+    rm_tree(tmp);
+}
+END_TEST
+
+/* A resumed run must measure the same prompts: editing the prompt file is refused. A second
+ * run into a directory that holds one is refused too (it would truncate the logs). */
+START_TEST(test_e2e_resume_refuses_changed_prompts) {
+    char *tmp = tmp_dir();
+    char pf[256], out[256];
+    snprintf(pf, sizeof pf, "%s/p.jsonl", tmp);
+    snprintf(out, sizeof out, "%s/run", tmp);
+    write_text(pf, "{\"question_id\": 5, \"turns\": [\"One prompt.\"]}\n");
+    const char *args[] = {"--model", TINY, "--draft-layers", "0", "--prompts", pf, "--max-new",
+                          "4", "--decoders", "draft", "--temps", "0", "--budgets", "8",
+                          "--warmup", "0", "--ctx", "512", "--out", out, NULL};
+    char *err;
+    int rc = bench_run(tmp, "run", args, &err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    free(err);
+    rc = bench_run(tmp, "again", args, &err);
+    ck_assert_int_eq(rc, 2);
+    ck_assert_msg(strstr(err, "already holds a run") != NULL, "%s", err);
+    free(err);
+    write_text(pf, "{\"question_id\": 5, \"turns\": [\"One prompt, edited.\"]}\n");
+    const char *rs[] = {"--resume", out, NULL};
+    rc = bench_run(tmp, "resume", rs, &err);
+    ck_assert_int_eq(rc, 2);
+    ck_assert_msg(strstr(err, "changed since the run started") != NULL && strstr(err, pf),
+                  "%s", err);
+    free(err);
+    rm_tree(tmp);
+}
+END_TEST
+
+/* --launch-drafter: the decodes go through a rootspec-draft child over ipc://, which is gone
+ * when the bench exits. */
+START_TEST(test_e2e_launch_drafter) {
+    ck_assert_msg(access("build/rootspec-draft", X_OK) == 0, "build/rootspec-draft missing");
+    char *tmp = tmp_dir();
+    char pf[256], out[256];
+    snprintf(pf, sizeof pf, "%s/p.jsonl", tmp);
+    snprintf(out, sizeof out, "%s/run", tmp);
+    write_text(pf, PROMPTS3);
+    const char *args[] = {"--model", TINY, "--draft-layers", "0", "--launch-drafter",
+                          "--prompts", pf, "--limit", "2", "--max-new", "12", "--decoders",
+                          "root", "--temps", "0", "--budgets", "8", "--warmup", "1", "--ctx",
+                          "512", "--out", out, NULL};
+    char *err;
+    int rc = bench_run(tmp, "run", args, &err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    const char *s = strstr(err, "started drafter (pid ");
+    ck_assert_msg(s != NULL, "%s", err);
+    pid_t child = (pid_t)atoi(s + strlen("started drafter (pid "));
+    ck_assert_int_gt(child, 1);
+    ck_assert_msg(kill(child, 0) != 0 && errno == ESRCH, "drafter pid %d still running", child);
+    free(err);
+    Row rows[MAXROWS];
+    int n = read_rows(out, rows);
+    ck_assert_int_eq(n, 2 * 2); /* 2 prompts x (root T=0 B=8, ar T=0) */
+    check_consistent(out, rows, n);
+    /* the pool came from the other process: the drafter reported its own time */
+    char p[512];
+    snprintf(p, sizeof p, "%s/rounds.jsonl", out);
+    BenchRound *r = NULL;
+    int nr = 0;
+    RsErr e = {0};
+    ck_assert_msg(benchlog_rounds_read(p, &r, &nr, &e) == RS_OK, "%s", e.msg);
+    int n_root = 0;
+    for (int i = 0; i < nr; i++)
+        if (!strcmp(r[i].decoder, "root")) {
+            n_root++;
+            ck_assert_msg(r[i].draft_ns > 0, "root round %d of %s without draft_ns", r[i].round,
+                          r[i].prompt_id);
+        }
+    ck_assert_int_gt(n_root, 0);
+    free(r);
+    rm_tree(tmp);
+}
+END_TEST
+
+/* SIGINT mid-run: exit 130 with a --resume hint, only complete decodes on disk, and a resume
+ * that finishes the run with every decode exactly once. */
+START_TEST(test_e2e_sigint_resume) {
+    char *tmp = tmp_dir();
+    char pf[256], out[256], dp[512];
+    snprintf(pf, sizeof pf, "%s/many.jsonl", tmp);
+    snprintf(out, sizeof out, "%s/run", tmp);
+    snprintf(dp, sizeof dp, "%s/decodes.csv", out);
+    int np = 30;
+    write_many(pf, np);
+    const char *args[] = {"--model", TINY, "--draft-layers", "0", "--prompts", pf,
+                          "--max-new", "64", "--decoders", "draft,rootdraw", "--temps", "0,1",
+                          "--budgets", "8", "--warmup", "0", "--ctx", "512", "--out", out, NULL};
+    pid_t pid = bench_spawn(tmp, "run", args);
+    /* wait for a few logged decodes, then interrupt */
+    int lines = 0;
+    for (int t = 0; t < 3000 && lines < 4; t++) {
+        FILE *f = fopen(dp, "rb");
+        lines = 0;
+        if (f) {
+            int c;
+            while ((c = fgetc(f)) != EOF) lines += c == '\n';
+            fclose(f);
+        }
+        if (lines < 4) usleep(5000);
+    }
+    ck_assert_msg(lines >= 4, "no decodes logged within 15 s");
+    ck_assert_int_eq(kill(pid, SIGINT), 0);
+    int rc = bench_wait(pid);
+    char ep[512];
+    snprintf(ep, sizeof ep, "%s/run.err", tmp);
+    char *err = slurp(ep, NULL);
+    ck_assert_msg(rc == 130, "exit %d after SIGINT (the run may have finished first): %s", rc, err);
+    ck_assert_msg(strstr(err, "--resume") != NULL, "no resume hint: %s", err);
+    free(err);
+    Row rows[MAXROWS];
+    int n = read_rows(out, rows);
+    ck_assert_int_ge(n, 3);
+    ck_assert_int_lt(n, np * N_COMBOS);
+    check_consistent(out, rows, n);
+    const char *rs[] = {"--resume", out, NULL};
+    rc = bench_run(tmp, "resume", rs, &err);
+    ck_assert_msg(rc == 0, "--resume exited %d: %s", rc, err);
+    free(err);
+    int n2 = read_rows(out, rows);
+    ck_assert_int_eq(n2, np * N_COMBOS);
+    check_consistent(out, rows, n2);
+    ck_assert(file_exists(out, "summary.md"));
+    rm_tree(tmp);
+}
+END_TEST
+
+Suite *suite_bench_e2e(void) {
+    Suite *s = suite_create("bench_e2e");
+    TCase *tc = tcase_create("e2e");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_e2e_run_analyze_resume);
+    tcase_add_test(tc, test_e2e_bad_input);
+    tcase_add_test(tc, test_e2e_resume_refuses_changed_prompts);
+    tcase_add_test(tc, test_e2e_launch_drafter);
+    tcase_add_test(tc, test_e2e_sigint_resume);
+    suite_add_tcase(s, tc);
+    return s;
+}
