@@ -229,6 +229,7 @@ static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
                        const uint8_t *mask, const int *out_rows, int n_out, float *logits,
                        RsErr *e) {
     CpuBackend *b = (CpuBackend *)bb;
+    RS_ASSERT(tokens && pos && (n_out <= 0 || (out_rows && logits)));
     int rc = check_args(b, tokens, pos, n, mask, out_rows, n_out, e);
     if (rc) return rc;
     const Model *m = bb->model;
@@ -348,6 +349,7 @@ static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
 
 static int cpu_kv_commit(Backend *bb, const int *keep, int n_keep, RsErr *e) {
     CpuBackend *b = (CpuBackend *)bb;
+    RS_ASSERT(keep || n_keep == 0);
     RunState *s = &b->s;
     int np = bb->n_pending, nc = bb->n_committed, kvd = b->kv_dim;
     int cap = bb->params.kv_capacity;

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes the golden-forward fixtures for tests/test_golden.c (dev-time only; needs torch,
-transformers, tokenizers, gguf, numpy). Run from the repo root:
+transformers, tokenizers, gguf, numpy, and accelerate, which transformers requires to
+load GGUF files). Run from the repo root:
 
     python3 tools/gen_golden.py            # tiny random models + default-model top-10
     python3 tools/gen_golden.py --tiny     # only the tiny models (no default model needed)
