@@ -270,7 +270,8 @@ START_TEST(test_capacity_errors) {
     expect_err(backend_forward(b, tok, pos + 9, 2, NULL, NULL, 0, NULL, &e), &e,
                "token 96 at batch index 1 outside vocabulary [0, 96)");
     tok[1] = 0;
-    expect_err(backend_forward(b, tok, pos + 9, 2, NULL, (int[]){2}, 1, NULL, &e), &e,
+    static float row[VOCAB];
+    expect_err(backend_forward(b, tok, pos + 9, 2, NULL, (int[]){2}, 1, row, &e), &e,
                "out_rows[0] = 2 outside [0, 2)");
     uint8_t bad_mask[4] = {1, 0, 1, 0};
     expect_err(backend_forward(b, tok, pos + 9, 2, bad_mask, NULL, 0, NULL, &e), &e,
