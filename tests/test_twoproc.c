@@ -346,6 +346,71 @@ START_TEST(test_tokenizer_mismatch_refused) {
 }
 END_TEST
 
+
+/* In-process drafter with another vocabulary: refused, naming both sizes. */
+START_TEST(test_inprocess_vocab_mismatch) {
+    make_dir();
+    char *argv[] = {"build/rootspec-target", "--model", TINY, "--draft-model",
+                    (char *)tu_default_model_path(), "--prompt-ids", "1,2", "--decoder", "draft",
+                    NULL};
+    int rc = wait_exit(spawn(argv, "ip"), 60000);
+    char *err = slurp("ip", "err");
+    ck_assert_msg(rc == 2, "exit %d: %s", rc, err);
+    ck_assert_msg(strstr(err, "drafter vocabulary (49152 tokens") && strstr(err, "target's (258 tokens"),
+                  "message: %s", err);
+    free(err);
+}
+END_TEST
+
+/* tcp:// needs CURVE or --insecure; with keys the pipeline works, with another client key
+ * the drafter's ZAP handler refuses and the target reports a timeout. */
+START_TEST(test_tcp_curve) {
+    make_dir();
+    char keys[300], other[300];
+    snprintf(keys, sizeof keys, "%s/keys", g_dir);
+    snprintf(other, sizeof other, "%s/other", g_dir);
+    char *gen1[] = {"build/rootspec-draft", "--gen-keys", keys, NULL};
+    char *gen2[] = {"build/rootspec-draft", "--gen-keys", other, NULL};
+    ck_assert_int_eq(wait_exit(spawn(gen1, "g1"), 10000), 0);
+    ck_assert_int_eq(wait_exit(spawn(gen2, "g2"), 10000), 0);
+    /* `other` knows the real server key but has its own client key: only ZAP can refuse it */
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "cp %s/server.pub %s/server.pub", keys, other);
+    ck_assert_int_eq(system(cmd), 0);
+    int port = 20000 + (int)(getpid() % 20000);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    char *plain[] = {"build/rootspec-draft", "--model", TINY, "--bind", ep, NULL};
+    ck_assert_int_eq(wait_exit(spawn(plain, "plain"), 20000), 2);
+    char *err = slurp("plain", "err");
+    ck_assert_msg(strstr(err, "plain tcp://"), "message: %s", err);
+    free(err);
+    char *srv[] = {"build/rootspec-draft", "--model", TINY, "--draft-layers", "0", "--bind", ep,
+                   "--curve-dir", keys, NULL};
+    pid_t d = spawn(srv, "draft");
+    usleep(500000);
+    ck_assert_int_eq(run_target("ar", "ar", NULL, 60, NULL, NULL), 0);
+    char *ok[] = {"build/rootspec-target", "--model", TINY, "--prompt-ids", PROMPT, "--decoder",
+                  "rootdraw", "--max-new", "20", "--output-ids", "--draft-endpoint", ep,
+                  "--curve-dir", keys, "--draft-timeout-ms", "10000", NULL};
+    int rc = wait_exit(spawn(ok, "ok"), 60000);
+    char *got = slurp("ok", "out"), *ref = slurp("ar", "out"), *oerr = slurp("ok", "err");
+    ck_assert_msg(rc == 0 && !strstr(oerr, "drafter failed"), "curve run: %d %s", rc, oerr);
+    ck_assert_msg(ids_prefix(got, ref, 20), "%s vs %s", got, ref);
+    char *bad[] = {"build/rootspec-target", "--model", TINY, "--prompt-ids", PROMPT, "--decoder",
+                   "rootdraw", "--max-new", "20", "--draft-endpoint", ep, "--curve-dir", other,
+                   "--draft-timeout-ms", "1500", NULL};
+    rc = wait_exit(spawn(bad, "bad"), 60000);
+    char *berr = slurp("bad", "err");
+    ck_assert_msg(rc != 0 && strstr(berr, "did not answer"), "wrong key accepted: %d %s", rc, berr);
+    free(got);
+    free(ref);
+    free(oerr);
+    free(berr);
+    stop(d);
+}
+END_TEST
+
 Suite *suite_twoproc(void) {
     Suite *s = suite_create("twoproc");
     TCase *tc = tcase_create("pipeline");
@@ -356,6 +421,8 @@ Suite *suite_twoproc(void) {
     tcase_add_test(tc, test_target_dies_drafter_recovers);
     tcase_add_test(tc, test_bad_frames_to_drafter);
     tcase_add_test(tc, test_tokenizer_mismatch_refused);
+    tcase_add_test(tc, test_inprocess_vocab_mismatch);
+    tcase_add_test(tc, test_tcp_curve);
     suite_add_tcase(s, tc);
     return s;
 }
