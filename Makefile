@@ -83,3 +83,8 @@ clean:
 -include kernels/cuda.mk
 -include tests/fuzz.mk
 -include $(LIB_OBJS:.o=.d) $(SAN_OBJS:.o=.d) $(TEST_OBJS:.o=.d)
+
+# Optional, slow (minutes on a CPU): T=0 identity of every decoder with AR on the default model.
+.PHONY: test-default-model
+test-default-model: all $(DEFAULT_MODEL)
+	bash tests/slow_identity.sh
