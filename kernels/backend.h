@@ -58,6 +58,13 @@ extern const BackendOps cpu_backend_ops;
 /* NULL when built without CUDA (see kernels/cuda_stub.c). */
 const BackendOps *cuda_backend_ops_get(void);
 
+/* Shared by the backends (kernels/backend_common.c). Checks every forward() argument
+ * against the cache state before anything is touched, so a failed call changes nothing. */
+int backend_check_forward(const Backend *b, const int *tokens, const int *pos, int n,
+                          const uint8_t *mask, const int *out_rows, int n_out, RsErr *e);
+/* RoPE inverse frequencies (head_dim/2), incl. Llama-3 scaling, bit-identical everywhere. */
+void rope_inv_freq(const Config *c, float *inv_freq);
+
 /* Convenience wrappers. */
 static inline int backend_forward(Backend *b, const int *tokens, const int *pos, int n,
                                   const uint8_t *mask, const int *out_rows, int n_out,

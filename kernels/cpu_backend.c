@@ -36,29 +36,6 @@ typedef struct {
     int q_dim, kv_dim;
 } CpuBackend;
 
-/* Inverse frequencies exactly as transformers computes them: float32 of
- * 1 / theta^(2i/d), then (optionally) _compute_llama3_parameters' smoothing. */
-static void rope_init(const Config *c, float *inv_freq) {
-    int half = c->head_dim / 2;
-    for (int i = 0; i < half; i++) {
-        float expo = (float)(2 * i) / (float)c->head_dim;
-        inv_freq[i] = (float)(1.0 / pow((double)c->rope_theta, (double)expo));
-    }
-    if (!c->rope_scaling) return;
-    double factor = c->rope_factor, lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
-    double old_ctx = c->rope_orig_max_pos;
-    double lo_wavelen = old_ctx / lo, hi_wavelen = old_ctx / hi;
-    for (int i = 0; i < half; i++) {
-        double f = inv_freq[i];
-        double wavelen = 2.0 * M_PI / f;
-        double scaled = wavelen > lo_wavelen ? f / factor : f;
-        if (!(wavelen < hi_wavelen) && !(wavelen > lo_wavelen)) {
-            double smooth = (old_ctx / wavelen - lo) / (hi - lo);
-            scaled = (1.0 - smooth) * scaled / factor + smooth * scaled;
-        }
-        inv_freq[i] = (float)scaled;
-    }
-}
 
 static void rmsnorm(float *o, const float *x, const float *w, int n, float eps) {
     float ss = 0.0f;
@@ -167,7 +144,7 @@ static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsE
     s->att_idx = rs_xcalloc(B * P, sizeof(int));
     s->att_cnt = rs_xcalloc(B, sizeof(int));
     s->keep_seen = rs_xcalloc(P, 1);
-    rope_init(c, s->inv_freq);
+    rope_inv_freq(c, s->inv_freq);
     if (p->threads > 0) openblas_set_num_threads(p->threads);
     blas_core_check(m);
     *out = &b->base;
@@ -198,47 +175,13 @@ static void cpu_destroy(Backend **pb) {
     *pb = NULL;
 }
 
-/* Checks every argument before touching the cache, so a failed call changes nothing. */
-static int check_args(CpuBackend *b, const int *tokens, const int *pos, int n,
-                      const uint8_t *mask, const int *out_rows, int n_out, RsErr *e) {
-    const BackendParams *p = &b->base.params;
-    int nc = b->base.n_committed, np = b->base.n_pending;
-    int vocab = b->base.model->cfg.vocab_size;
-    if (n <= 0) return rs_err(e, RS_EINVAL, "forward of %d tokens: need at least 1", n);
-    if (n > p->max_batch)
-        return rs_err(e, RS_EINVAL, "batch of %d tokens exceeds max_batch %d (chunk the prefill)",
-                      n, p->max_batch);
-    if (nc + np + n > p->kv_capacity)
-        return rs_err(e, RS_EINVAL,
-                      "batch of %d tokens exceeds KV capacity %d (committed %d, pending %d)", n,
-                      p->kv_capacity, nc, np);
-    if (np + n > p->max_pending)
-        return rs_err(e, RS_EINVAL, "batch of %d tokens exceeds max_pending %d (pending %d)", n,
-                      p->max_pending, np);
-    if (n_out < 0 || n_out > n)
-        return rs_err(e, RS_EINVAL, "n_out %d outside [0, %d] for a batch of %d tokens", n_out,
-                      n, n);
-    for (int i = 0; i < n; i++) {
-        if (tokens[i] < 0 || tokens[i] >= vocab)
-            return rs_err(e, RS_EINVAL, "token %d at batch index %d outside vocabulary [0, %d)",
-                          tokens[i], i, vocab);
-        if (pos[i] < 0)
-            return rs_err(e, RS_EINVAL, "position %d at batch index %d is negative", pos[i], i);
-        if (mask && !mask[(size_t)i * (np + n) + np + i])
-            return rs_err(e, RS_EINVAL, "mask row %d does not attend to its own token", i);
-    }
-    for (int i = 0; i < n_out; i++)
-        if (out_rows[i] < 0 || out_rows[i] >= n)
-            return rs_err(e, RS_EINVAL, "out_rows[%d] = %d outside [0, %d)", i, out_rows[i], n);
-    return RS_OK;
-}
 
 static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
                        const uint8_t *mask, const int *out_rows, int n_out, float *logits,
                        RsErr *e) {
     CpuBackend *b = (CpuBackend *)bb;
     RS_ASSERT(tokens && pos && (n_out <= 0 || (out_rows && logits)));
-    int rc = check_args(b, tokens, pos, n, mask, out_rows, n_out, e);
+    int rc = backend_check_forward(bb, tokens, pos, n, mask, out_rows, n_out, e);
     if (rc) return rc;
     const Model *m = bb->model;
     const Config *c = &m->cfg;

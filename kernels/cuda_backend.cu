@@ -473,40 +473,6 @@ static void enqueue_forward(CudaBackend *b, int nb, int n_head) {
     }
 }
 
-/* Same checks (and messages) as the CPU backend, before anything is touched. */
-static int check_args(CudaBackend *b, const int *tokens, const int *pos, int n,
-                      const uint8_t *mask, const int *out_rows, int n_out, RsErr *e) {
-    const BackendParams *p = &b->base.params;
-    int nc = b->base.n_committed, np = b->base.n_pending;
-    int vocab = b->vocab;
-    if (n <= 0) return rs_err(e, RS_EINVAL, "forward of %d tokens: need at least 1", n);
-    if (n > p->max_batch)
-        return rs_err(e, RS_EINVAL, "batch of %d tokens exceeds max_batch %d (chunk the prefill)",
-                      n, p->max_batch);
-    if (nc + np + n > p->kv_capacity)
-        return rs_err(e, RS_EINVAL,
-                      "batch of %d tokens exceeds KV capacity %d (committed %d, pending %d)", n,
-                      p->kv_capacity, nc, np);
-    if (np + n > p->max_pending)
-        return rs_err(e, RS_EINVAL, "batch of %d tokens exceeds max_pending %d (pending %d)", n,
-                      p->max_pending, np);
-    if (n_out < 0 || n_out > n)
-        return rs_err(e, RS_EINVAL, "n_out %d outside [0, %d] for a batch of %d tokens", n_out,
-                      n, n);
-    for (int i = 0; i < n; i++) {
-        if (tokens[i] < 0 || tokens[i] >= vocab)
-            return rs_err(e, RS_EINVAL, "token %d at batch index %d outside vocabulary [0, %d)",
-                          tokens[i], i, vocab);
-        if (pos[i] < 0)
-            return rs_err(e, RS_EINVAL, "position %d at batch index %d is negative", pos[i], i);
-        if (mask && !mask[(size_t)i * (np + n) + np + i])
-            return rs_err(e, RS_EINVAL, "mask row %d does not attend to its own token", i);
-    }
-    for (int i = 0; i < n_out; i++)
-        if (out_rows[i] < 0 || out_rows[i] >= n)
-            return rs_err(e, RS_EINVAL, "out_rows[%d] = %d outside [0, %d)", i, out_rows[i], n);
-    return RS_OK;
-}
 
 static void graph_key(CudaBackend *b, int nb, const void **key) {
     const void *k[N_GRAPH_KEYS] = {b->x,      b->qkv,    b->kc,     b->vc,
@@ -547,7 +513,7 @@ static int cuda_forward(Backend *bb, const int *tokens, const int *pos, int n,
                         const uint8_t *mask, const int *out_rows, int n_out, float *logits,
                         RsErr *e) {
     CudaBackend *b = (CudaBackend *)bb;
-    int rc = check_args(b, tokens, pos, n, mask, out_rows, n_out, e);
+    int rc = backend_check_forward(&b->base, tokens, pos, n, mask, out_rows, n_out, e);
     if (rc) return rc;
     CUDA_CHECK(cudaSetDevice(bb->params.device));
     int nc = bb->n_committed, np = bb->n_pending, stride = np + n;

@@ -20,28 +20,7 @@ static inline unsigned blocks_for(size_t n, unsigned threads) {
 
 /* ---- host helpers ---- */
 
-extern "C" void cuk_rope_inv_freq(const Config *c, float *inv_freq) {
-    /* Copied from cpu_backend.c's rope_init on purpose: both backends must agree to the bit. */
-    int half = c->head_dim / 2;
-    for (int i = 0; i < half; i++) {
-        float expo = (float)(2 * i) / (float)c->head_dim;
-        inv_freq[i] = (float)(1.0 / pow((double)c->rope_theta, (double)expo));
-    }
-    if (!c->rope_scaling) return;
-    double factor = c->rope_factor, lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
-    double old_ctx = c->rope_orig_max_pos;
-    double lo_wavelen = old_ctx / lo, hi_wavelen = old_ctx / hi;
-    for (int i = 0; i < half; i++) {
-        double f = inv_freq[i];
-        double wavelen = 2.0 * M_PI / f;
-        double scaled = wavelen > lo_wavelen ? f / factor : f;
-        if (!(wavelen < hi_wavelen) && !(wavelen > lo_wavelen)) {
-            double smooth = (old_ctx / wavelen - lo) / (hi - lo);
-            scaled = (1.0 - smooth) * scaled / factor + smooth * scaled;
-        }
-        inv_freq[i] = (float)scaled;
-    }
-}
+extern "C" void cuk_rope_inv_freq(const Config *c, float *inv_freq) { rope_inv_freq(c, inv_freq); }
 
 extern "C" rs_bf16 cuk_f32_to_bf16_host(float f) {
     uint32_t u;

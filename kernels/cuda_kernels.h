@@ -20,6 +20,7 @@
 extern "C" {
 #endif
 #include "../common/model.h"
+#include "backend.h"
 
 typedef uint16_t rs_bf16; /* raw bfloat16 bits */
 

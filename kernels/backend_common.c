@@ -1,0 +1,62 @@
+/* Pieces every backend shares so they agree exactly: argument checks of forward() (same
+ * messages on CPU and CUDA) and the RoPE inverse frequencies (bit-identical tables). */
+#include "backend.h"
+#include <math.h>
+
+int backend_check_forward(const Backend *b, const int *tokens, const int *pos, int n,
+                          const uint8_t *mask, const int *out_rows, int n_out, RsErr *e) {
+    const BackendParams *p = &b->params;
+    int nc = b->n_committed, np = b->n_pending;
+    int vocab = b->model->cfg.vocab_size;
+    if (n <= 0) return rs_err(e, RS_EINVAL, "forward of %d tokens: need at least 1", n);
+    if (n > p->max_batch)
+        return rs_err(e, RS_EINVAL, "batch of %d tokens exceeds max_batch %d (chunk the prefill)",
+                      n, p->max_batch);
+    if (nc + np + n > p->kv_capacity)
+        return rs_err(e, RS_EINVAL,
+                      "batch of %d tokens exceeds KV capacity %d (committed %d, pending %d)", n,
+                      p->kv_capacity, nc, np);
+    if (np + n > p->max_pending)
+        return rs_err(e, RS_EINVAL, "batch of %d tokens exceeds max_pending %d (pending %d)", n,
+                      p->max_pending, np);
+    if (n_out < 0 || n_out > n)
+        return rs_err(e, RS_EINVAL, "n_out %d outside [0, %d] for a batch of %d tokens", n_out,
+                      n, n);
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= vocab)
+            return rs_err(e, RS_EINVAL, "token %d at batch index %d outside vocabulary [0, %d)",
+                          tokens[i], i, vocab);
+        if (pos[i] < 0)
+            return rs_err(e, RS_EINVAL, "position %d at batch index %d is negative", pos[i], i);
+        if (mask && !mask[(size_t)i * (np + n) + np + i])
+            return rs_err(e, RS_EINVAL, "mask row %d does not attend to its own token", i);
+    }
+    for (int i = 0; i < n_out; i++)
+        if (out_rows[i] < 0 || out_rows[i] >= n)
+            return rs_err(e, RS_EINVAL, "out_rows[%d] = %d outside [0, %d)", i, out_rows[i], n);
+    return RS_OK;
+}
+
+/* Exactly as transformers computes them: float32 of 1 / theta^(2i/d), then (optionally)
+ * _compute_llama3_parameters' smoothing. */
+void rope_inv_freq(const Config *c, float *inv_freq) {
+    int half = c->head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float expo = (float)(2 * i) / (float)c->head_dim;
+        inv_freq[i] = (float)(1.0 / pow((double)c->rope_theta, (double)expo));
+    }
+    if (!c->rope_scaling) return;
+    double factor = c->rope_factor, lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
+    double old_ctx = c->rope_orig_max_pos;
+    double lo_wavelen = old_ctx / lo, hi_wavelen = old_ctx / hi;
+    for (int i = 0; i < half; i++) {
+        double f = inv_freq[i];
+        double wavelen = 2.0 * M_PI / f;
+        double scaled = wavelen > lo_wavelen ? f / factor : f;
+        if (!(wavelen < hi_wavelen) && !(wavelen > lo_wavelen)) {
+            double smooth = (old_ctx / wavelen - lo) / (hi - lo);
+            scaled = (1.0 - smooth) * scaled / factor + smooth * scaled;
+        }
+        inv_freq[i] = (float)scaled;
+    }
+}
