@@ -75,49 +75,6 @@ void target_free(Target **pt) {
 Backend *target_backend(Target *t) { return t->b; }
 int target_kv_capacity(const Target *t) { return t->b->params.kv_capacity; }
 
-/* ---- in-process drafter client ---------------------------------------------------- */
-
-typedef struct {
-    Drafter *d;
-    Pool *pool;
-    int rc;
-    RsErr err;
-} LocalClient;
-
-static int local_begin(DraftClient *c, const int *tokens, int n, int reset, RsErr *e) {
-    LocalClient *lc = c->self;
-    if (reset) drafter_reset(lc->d);
-    lc->rc = drafter_commit_grow(lc->d, tokens, n, lc->pool, &lc->err);
-    return RS_OK;
-}
-
-static int local_end(DraftClient *c, Pool *out, RsErr *e) {
-    LocalClient *lc = c->self;
-    if (lc->rc) {
-        if (e) *e = lc->err;
-        return lc->rc;
-    }
-    memcpy(out, lc->pool, sizeof(Pool));
-    return RS_OK;
-}
-
-void draftclient_local_init(DraftClient *c, Drafter *d) {
-    LocalClient *lc = rs_xcalloc(1, sizeof *lc);
-    lc->d = d;
-    lc->pool = rs_xmalloc(sizeof(Pool));
-    c->grow_begin = local_begin;
-    c->grow_end = local_end;
-    c->self = lc;
-}
-
-void draftclient_local_free(DraftClient *c) {
-    LocalClient *lc = c->self;
-    if (!lc) return;
-    free(lc->pool);
-    free(lc);
-    c->self = NULL;
-}
-
 /* ---- helpers ------------------------------------------------------------------------ */
 
 /* Prefills tokens[0..n) as committed context, in chunks. */
@@ -263,6 +220,21 @@ static void emit_event(const DecodeHooks *h, const char *ev, const char *detail)
     if (h && h->on_event) h->on_event(h->user, ev, detail);
 }
 
+/* The decode goes on autoregressively; every emitted token is kept. */
+static void drafter_failed(const DecodeHooks *h, const RsErr *e, DecodeResult *res) {
+    char msg[1100];
+    snprintf(msg, sizeof msg, "drafter failed (%s); finishing autoregressively", e ? e->msg : "?");
+    emit_event(h, "drafter_failed", msg);
+    res->drafter_failed = 1;
+}
+
+static int timed_root_pass(Target *t, int root, RoundInfo *ri, RsErr *e) {
+    ri->t_root_start = rs_now_ns();
+    int rc = root_pass(t, root, e);
+    ri->t_root_end = rs_now_ns();
+    return rc;
+}
+
 /* Appends round tokens to the result, stopping at the first EOS. Returns 1 if EOS seen. */
 static int take_tokens(Target *t, DecodeResult *res, const DecodeHooks *h, const int *tok, int n) {
     int m = 0, eos = 0;
@@ -354,22 +326,15 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
             ri.t_grow_sent = rs_now_ns();
             rc = dc->grow_begin(dc, commit, n_commit, round == 0, e);
             if (rc) {
-                char msg[1100];
-                snprintf(msg, sizeof msg, "drafter failed (%s); finishing autoregressively",
-                         e ? e->msg : "?");
-                emit_event(h, "drafter_failed", msg);
+                drafter_failed(h, e, res);
                 use_drafter = 0;
                 ar_round = 1;
-                res->drafter_failed = 1;
             }
         }
         if (ar_round) {
             /* AR: the root pass alone; its draw is the continuation. */
             ri.fallback_ar = o->rule != RULE_AR;
-            ri.t_root_start = rs_now_ns();
-            rc = root_pass(t, root, e);
-            if (rc) goto out;
-            ri.t_root_end = rs_now_ns();
+            if ((rc = timed_root_pass(t, root, &ri, e))) goto out;
             emitted[n_emit++] = row_draw(t->root_row, V, o->temp, &rng);
             keep[n_keep++] = 0;
         } else {
@@ -377,27 +342,17 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
             int x1 = -1;
             const float *root_row = t->root_row;
             if (need_root) {
-                ri.t_root_start = rs_now_ns();
-                rc = root_pass(t, root, e);
-                if (rc) goto out;
-                ri.t_root_end = rs_now_ns();
+                if ((rc = timed_root_pass(t, root, &ri, e))) goto out;
                 x1 = row_draw(t->root_row, V, o->temp, &rng);
             }
             rc = dc->grow_end(dc, pool, e);
             ri.t_pool_recv = rs_now_ns();
             if (rc) {
-                char msg[1100];
-                snprintf(msg, sizeof msg, "drafter failed (%s); finishing autoregressively",
-                         e ? e->msg : "?");
-                emit_event(h, "drafter_failed", msg);
+                drafter_failed(h, e, res);
                 use_drafter = 0;
-                res->drafter_failed = 1;
                 ri.fallback_ar = 1;
                 if (!need_root) {
-                    ri.t_root_start = rs_now_ns();
-                    rc = root_pass(t, root, e);
-                    if (rc) goto out;
-                    ri.t_root_end = rs_now_ns();
+                    if ((rc = timed_root_pass(t, root, &ri, e))) goto out;
                     x1 = row_draw(t->root_row, V, o->temp, &rng);
                 }
                 emitted[n_emit++] = x1;

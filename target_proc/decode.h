@@ -84,7 +84,8 @@ int target_kv_capacity(const Target *t);
 int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt,
                const DecodeOpts *o, const DecodeHooks *h, DecodeResult *res, RsErr *e);
 
-/* An in-process DraftClient over a Drafter (grows synchronously in grow_begin). */
+/* An in-process DraftClient over a Drafter: a worker thread grows the pool while the target
+ * runs its root pass (target_proc/local_client.c). */
 struct Drafter;
 void draftclient_local_init(DraftClient *c, struct Drafter *d);
 void draftclient_local_free(DraftClient *c);
