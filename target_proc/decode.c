@@ -418,6 +418,8 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
                     }
                 }
             }
+            if (skip && isnan(ri.tau) && o->temp == 0)
+                ri.tau = 0.0; /* X1 = argmax lies off the tree: every path has probability 0 */
             keep[n_keep++] = 0; /* the root */
             if (skip) {
                 emitted[n_emit++] = x1; /* X1 is the continuation */
