@@ -84,10 +84,11 @@ int target_kv_capacity(const Target *t);
 int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt,
                const DecodeOpts *o, const DecodeHooks *h, DecodeResult *res, RsErr *e);
 
-/* An in-process DraftClient over a Drafter: a worker thread grows the pool while the target
- * runs its root pass (target_proc/local_client.c). */
+/* An in-process DraftClient over a Drafter (target_proc/local_client.c). threaded = 1: a
+ * worker thread grows the pool while the target runs its root pass (the engine's choice);
+ * threaded = 0: grow_begin grows synchronously (no hand-off cost, for many tiny decodes). */
 struct Drafter;
-void draftclient_local_init(DraftClient *c, struct Drafter *d);
+void draftclient_local_init(DraftClient *c, struct Drafter *d, int threaded);
 void draftclient_local_free(DraftClient *c);
 
 #endif

@@ -85,7 +85,7 @@ int engine_open(const EngineOpts *o, int need_drafter, Engine *en, RsErr *e) {
     }
     rc = drafter_create(en->draft_model, ops, o->ctx, o->threads, o->device, &en->drafter, e);
     if (rc) goto fail;
-    draftclient_local_init(&en->dc, en->drafter);
+    draftclient_local_init(&en->dc, en->drafter, 1);
     en->have_dc = 1;
     return RS_OK;
 fail:

@@ -15,10 +15,16 @@ typedef struct {
                                   ready (done); a new commit waits for the last one */
     int *tokens;         // (cap) the commit, copied: the caller's buffer is reused
     int n, cap, reset;
+    int threaded;        /* 0: no worker; grow_begin runs the job itself */
     Pool *pool;          /* worker's result */
     int rc;
     RsErr err;
 } LocalClient;
+
+static void run_job(LocalClient *lc) {
+    if (lc->reset) drafter_reset(lc->d);
+    lc->rc = drafter_commit_grow(lc->d, lc->tokens, lc->n, lc->pool, &lc->err);
+}
 
 static void *worker(void *arg) {
     LocalClient *lc = arg;
@@ -28,12 +34,8 @@ static void *worker(void *arg) {
         if (lc->quit) break;
         lc->job = 0;
         pthread_mutex_unlock(&lc->mu);
-        if (lc->reset) drafter_reset(lc->d);
-        RsErr err = {0};
-        int rc = drafter_commit_grow(lc->d, lc->tokens, lc->n, lc->pool, &err);
+        run_job(lc); /* tokens, pool, rc, err are the worker's until done is set */
         pthread_mutex_lock(&lc->mu);
-        lc->rc = rc;
-        lc->err = err;
         lc->done = 1;
         lc->busy = 0;
         pthread_cond_broadcast(&lc->cv);
@@ -54,6 +56,12 @@ static int local_begin(DraftClient *c, const int *tokens, int n, int reset, RsEr
     memcpy(lc->tokens, tokens, sizeof(int) * (size_t)n);
     lc->n = n;
     lc->reset = reset;
+    if (!lc->threaded) {
+        pthread_mutex_unlock(&lc->mu);
+        run_job(lc);
+        lc->done = 1;
+        return RS_OK;
+    }
     lc->done = 0;
     lc->busy = 1;
     lc->job = 1;
@@ -73,13 +81,14 @@ static int local_end(DraftClient *c, Pool *out, RsErr *e) {
     return rc;
 }
 
-void draftclient_local_init(DraftClient *c, Drafter *d) {
+void draftclient_local_init(DraftClient *c, Drafter *d, int threaded) {
     LocalClient *lc = rs_xcalloc(1, sizeof *lc);
     lc->d = d;
+    lc->threaded = threaded;
     lc->pool = rs_xmalloc(sizeof(Pool));
     pthread_mutex_init(&lc->mu, NULL);
     pthread_cond_init(&lc->cv, NULL);
-    RS_ASSERT(pthread_create(&lc->th, NULL, worker, lc) == 0);
+    if (threaded) RS_ASSERT(pthread_create(&lc->th, NULL, worker, lc) == 0);
     c->grow_begin = local_begin;
     c->grow_end = local_end;
     c->self = lc;
@@ -93,7 +102,7 @@ void draftclient_local_free(DraftClient *c) {
     lc->quit = 1;
     pthread_cond_broadcast(&lc->cv);
     pthread_mutex_unlock(&lc->mu);
-    pthread_join(lc->th, NULL);
+    if (lc->threaded) pthread_join(lc->th, NULL);
     pthread_mutex_destroy(&lc->mu);
     pthread_cond_destroy(&lc->cv);
     free(lc->tokens);

@@ -19,8 +19,9 @@ typedef struct {
 } Pair;
 
 /* kind 0: independent random drafter; 1: layer-0 view of a 2-layer target;
- * 2: the target itself as drafter (deep acceptance). */
-static void pair_open(Pair *p, int kind, int vocab, int dim, uint64_t seed) {
+ * 2: the target itself as drafter (deep acceptance). threaded: the engine's worker-thread
+ * client (identity tests) or the synchronous one (the 100,000 tiny exactness decodes). */
+static void pair_open_t(Pair *p, int kind, int vocab, int dim, uint64_t seed, int threaded) {
     memset(p, 0, sizeof *p);
     RsErr e = {0};
     p->tm = tu_random_model(ARCH_LLAMA, dim, 2 * dim, 2, 4, 2, vocab, seed);
@@ -35,7 +36,11 @@ static void pair_open(Pair *p, int kind, int vocab, int dim, uint64_t seed) {
     ck_assert_msg(drafter_create(kind == 2 ? p->tm : p->dm, &cpu_backend_ops, 512, 1, 0, &p->d,
                                  &e) == 0,
                   "%s", e.msg);
-    draftclient_local_init(&p->dc, p->d);
+    draftclient_local_init(&p->dc, p->d, threaded);
+}
+
+static void pair_open(Pair *p, int kind, int vocab, int dim, uint64_t seed) {
+    pair_open_t(p, kind, vocab, dim, seed, 1);
 }
 
 static void pair_close(Pair *p) {
@@ -171,7 +176,7 @@ static double chi2_pvalue(const long *count, const double *law, int cells, long 
 static void exactness_case(Rule rule, int B, int wrong, double *pval) {
     Pair p;
     const int V = 10;
-    pair_open(&p, 1, V, 16, 4242);
+    pair_open_t(&p, 1, V, 16, 4242, 0);
     int prompt[3] = {1, 5, 7};
     double *law = malloc(sizeof(double) * V * V * V);
     exact_law(p.tm, prompt, 3, law);
