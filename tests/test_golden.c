@@ -14,35 +14,6 @@
 /* Default model: 30 layers of f32 re-association on both sides (measured 3.4e-5). */
 #define TOPK_ATOL 5e-4f
 
-typedef struct {
-    int n, vocab;
-    int *tokens;   // (n)
-    float *logits; // (n, vocab)
-} Golden;
-
-/* Bounds-checked reader for "RSGL" v1 (see tools/gen_golden.py). */
-static void golden_read(const char *path, Golden *g) {
-    char *buf = NULL;
-    size_t len = 0;
-    RsErr e = {0};
-    ck_assert_msg(rs_read_file(path, &buf, &len, &e) == RS_OK, "%s", e.msg);
-    uint32_t hdr[3];
-    ck_assert_msg(len >= 16 && memcmp(buf, "RSGL", 4) == 0, "%s: not an RSGL file", path);
-    memcpy(hdr, buf + 4, sizeof hdr);
-    ck_assert_msg(hdr[0] == 1, "%s: RSGL version %u, want 1", path, hdr[0]);
-    ck_assert_msg(hdr[1] > 0 && hdr[1] < 4096 && hdr[2] > 0 && hdr[2] < (1u << 20),
-                  "%s: bad sizes n=%u vocab=%u", path, hdr[1], hdr[2]);
-    g->n = (int)hdr[1];
-    g->vocab = (int)hdr[2];
-    size_t need = 16 + 4 * (size_t)g->n + 4 * (size_t)g->n * g->vocab;
-    ck_assert_msg(len == need, "%s: %zu bytes, want %zu", path, len, need);
-    g->tokens = rs_xmalloc(4 * (size_t)g->n);
-    g->logits = rs_xmalloc(4 * (size_t)g->n * g->vocab);
-    memcpy(g->tokens, buf + 16, 4 * (size_t)g->n);
-    memcpy(g->logits, buf + 16 + 4 * (size_t)g->n, 4 * (size_t)g->n * g->vocab);
-    free(buf);
-}
-
 static Backend *golden_backend(const Model *m, int n) {
     BackendParams p = {.kv_capacity = n, .max_batch = n, .max_pending = n, .threads = 1};
     Backend *b = NULL;
@@ -69,8 +40,8 @@ START_TEST(test_tiny_golden) {
     char mpath[512], lpath[512];
     snprintf(mpath, sizeof mpath, "tests/fixtures/golden/%s", tiny[_i].model);
     snprintf(lpath, sizeof lpath, "tests/fixtures/golden/%s", tiny[_i].logits);
-    Golden g;
-    golden_read(lpath, &g);
+    TuGolden g;
+    tu_golden_read(lpath, &g);
     Model *m = NULL;
     RsErr e = {0};
     ck_assert_msg(model_load(mpath, &m, &e) == RS_OK, "model_load %s: %s", mpath, e.msg);
@@ -102,8 +73,7 @@ START_TEST(test_tiny_golden) {
     free(pos);
     free(rows);
     free(got);
-    free(g.tokens);
-    free(g.logits);
+    tu_golden_free(&g);
     backend_destroy(&b);
     model_free(&m);
 }

@@ -110,3 +110,32 @@ Model *tu_random_model(Arch arch, int dim, int hidden_dim, int n_layers, int n_h
     snprintf(m->path, sizeof m->path, "<random seed %llu>", (unsigned long long)seed);
     return m;
 }
+
+void tu_golden_read(const char *path, TuGolden *g) {
+    char *buf = NULL;
+    size_t len = 0;
+    RsErr e = {0};
+    ck_assert_msg(rs_read_file(path, &buf, &len, &e) == RS_OK, "%s", e.msg);
+    uint32_t hdr[3];
+    ck_assert_msg(len >= 16 && memcmp(buf, "RSGL", 4) == 0, "%s: not an RSGL file", path);
+    memcpy(hdr, buf + 4, sizeof hdr);
+    ck_assert_msg(hdr[0] == 1, "%s: RSGL version %u, want 1", path, hdr[0]);
+    ck_assert_msg(hdr[1] > 0 && hdr[1] < 4096 && hdr[2] > 0 && hdr[2] < (1u << 20),
+                  "%s: bad sizes n=%u vocab=%u", path, hdr[1], hdr[2]);
+    g->n = (int)hdr[1];
+    g->vocab = (int)hdr[2];
+    size_t need = 16 + 4 * (size_t)g->n + 4 * (size_t)g->n * g->vocab;
+    ck_assert_msg(len == need, "%s: %zu bytes, want %zu", path, len, need);
+    g->tokens = rs_xmalloc(4 * (size_t)g->n);
+    g->logits = rs_xmalloc(4 * (size_t)g->n * g->vocab);
+    memcpy(g->tokens, buf + 16, 4 * (size_t)g->n);
+    memcpy(g->logits, buf + 16 + 4 * (size_t)g->n, 4 * (size_t)g->n * g->vocab);
+    free(buf);
+}
+
+void tu_golden_free(TuGolden *g) {
+    free(g->tokens);
+    free(g->logits);
+    g->tokens = NULL;
+    g->logits = NULL;
+}

@@ -20,4 +20,15 @@ int tu_compare(const char *label, const float *got, const float *ref, size_t n, 
 Model *tu_random_model(Arch arch, int dim, int hidden_dim, int n_layers, int n_heads,
                        int n_kv_heads, int vocab, uint64_t seed);
 
+/* Golden logits written by tools/gen_golden.py: "RSGL", version 1, n, vocab, token ids,
+ * then f32 logits for every position. Read with every size checked; fails the test on a
+ * malformed file. Free with tu_golden_free. */
+typedef struct {
+    int n, vocab;
+    int *tokens;   // (n)
+    float *logits; // (n, vocab)
+} TuGolden;
+void tu_golden_read(const char *path, TuGolden *g);
+void tu_golden_free(TuGolden *g);
+
 #endif

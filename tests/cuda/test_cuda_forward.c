@@ -259,30 +259,6 @@ START_TEST(test_cuda_errors) {
 }
 END_TEST
 
-/* RSGL v1 reader (format of tools/gen_golden.py, as tests/test_golden.c reads it). */
-static int golden_read(const char *path, int *n, int *vocab, int **tokens, float **logits) {
-    char *buf = NULL;
-    size_t len = 0;
-    RsErr e = {0};
-    ck_assert_msg(rs_read_file(path, &buf, &len, &e) == RS_OK, "%s", e.msg);
-    uint32_t hdr[3];
-    ck_assert_msg(len >= 16 && memcmp(buf, "RSGL", 4) == 0, "%s: not an RSGL file", path);
-    memcpy(hdr, buf + 4, sizeof hdr);
-    ck_assert_msg(hdr[0] == 1, "%s: RSGL version %u, want 1", path, hdr[0]);
-    ck_assert_msg(hdr[1] > 0 && hdr[1] < 4096 && hdr[2] > 0 && hdr[2] < (1u << 20),
-                  "%s: bad sizes n=%u vocab=%u", path, hdr[1], hdr[2]);
-    *n = (int)hdr[1];
-    *vocab = (int)hdr[2];
-    size_t need = 16 + 4 * (size_t)*n + 4 * (size_t)*n * *vocab;
-    ck_assert_msg(len == need, "%s: %zu bytes, want %zu", path, len, need);
-    *tokens = malloc(4 * (size_t)*n);
-    *logits = malloc(4 * (size_t)*n * *vocab);
-    memcpy(*tokens, buf + 16, 4 * (size_t)*n);
-    memcpy(*logits, buf + 16 + 4 * (size_t)*n, 4 * (size_t)*n * *vocab);
-    free(buf);
-    return 0;
-}
-
 static const char *kGolden[] = {"llama", "llama/llama.gguf", "llama3_rope", "qwen2", "qwen3"};
 static const char *kGoldenLogits[] = {"llama/logits.bin", "llama/logits.bin",
                                       "llama3_rope/logits.bin", "qwen2/logits.bin",
@@ -300,9 +276,10 @@ START_TEST(test_cuda_golden) {
         cu_n_skipped++;
         return;
     }
-    int n, vocab, *tokens;
-    float *ref;
-    golden_read(lpath, &n, &vocab, &tokens, &ref);
+    TuGolden g;
+    tu_golden_read(lpath, &g);
+    int n = g.n, vocab = g.vocab, *tokens = g.tokens;
+    float *ref = g.logits;
     Model *m = NULL;
     RsErr e = {0};
     ck_assert_msg(model_load(mpath, &m, &e) == RS_OK, "model_load %s: %s", mpath, e.msg);
@@ -323,7 +300,8 @@ START_TEST(test_cuda_golden) {
     }
     bad += cmp_rows(kGolden[_i], got, ref, n, vocab, &worst);
     ck_assert_int_eq(bad, 0);
-    free(pos), free(rows), free(got), free(tokens), free(ref);
+    free(pos), free(rows), free(got);
+    tu_golden_free(&g);
     backend_destroy(&b);
     model_free(&m);
 }
