@@ -26,6 +26,7 @@ typedef struct {
     int32_t root_first_child, root_n_children;
     /* drafter's own timings for this pool, nanoseconds */
     uint64_t draft_ns;            /* commit pass + growth, measured by the drafter */
+    uint64_t commit_pass_ns;      /* the commit pass alone (part of draft_ns) */
     int n_passes;                 /* drafter passes after the commit pass (8) */
     int n_expanded;               /* nodes expanded (70) */
 } Pool;

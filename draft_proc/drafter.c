@@ -146,6 +146,7 @@ int drafter_commit_grow(Drafter *d, const int *tokens, int n, Pool *p, RsErr *e)
         rc = backend_kv_commit(b, keep, m, e);
         if (rc) return rc;
     }
+    p->commit_pass_ns = rs_now_ns() - t0;
     p->n = 0;
     for (int i = 0; i < POOL_MAX; i++) d->slot_of[i] = -1;
     add_children(d, p, d->logits, -1, 1);

@@ -168,6 +168,7 @@ int server_run(Drafter *d, const Tokenizer *tok, const ServerOpts *o, RsErr *e) 
             rep.session = req.session;
             rep.seq = req.seq;
             rep.u.pool.pool = pool;
+            rep.u.pool.commit_pass_ns = pool->commit_pass_ns;
             send_to(&c, peer, plen, &rep);
             break;
         }

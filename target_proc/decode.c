@@ -360,6 +360,7 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
                 goto commit;
             }
             ri.draft_ns = pool->draft_ns;
+            ri.draft_commit_ns = pool->commit_pass_ns;
             if (o->test_wrong_x1 && need_root) {
                 double z = 0, u;
                 for (int k = 0; k < pool->root_n_children; k++) z += exp(pool->logq[k]);

@@ -44,6 +44,7 @@ typedef struct {
     uint64_t t_round_start, t_grow_sent, t_root_start, t_root_end, t_pool_recv,
         t_select_done, t_tree_start, t_tree_end, t_commit;
     uint64_t draft_ns; /* drafter's own time from its pool */
+    uint64_t draft_commit_ns; /* of which its commit pass */
     int fallback_ar;   /* this round ran autoregressively because the drafter failed */
     uint64_t graph_replays, eager_launches; /* backend counters, cumulative */
     int tokens[ROUND_MAX_EMIT];

@@ -122,6 +122,7 @@ static int remote_end(DraftClient *c, Pool *out, RsErr *e) {
     r->in.pool_into = out;
     int rc = wait_reply(r, r->pending_seq, PROTO_POOL, e);
     r->in.pool_into = NULL;
+    if (!rc) out->commit_pass_ns = r->in.u.pool.commit_pass_ns;
     if (rc) r->healthy = 0;
     return rc;
 }

@@ -35,6 +35,8 @@ void roundlog_write(FILE *f, const RoundLogCtx *c, const RoundInfo *r) {
     ts(f, "t_commit", r->t_commit);
     if (r->draft_ns) fprintf(f, ",\"draft_ns\":%" PRIu64, r->draft_ns);
     else fprintf(f, ",\"draft_ns\":null");
+    if (r->draft_ns) fprintf(f, ",\"draft_commit_ns\":%" PRIu64, r->draft_commit_ns);
+    else fprintf(f, ",\"draft_commit_ns\":null");
     fprintf(f, ",\"graph_replays\":%" PRIu64 ",\"eager_launches\":%" PRIu64, r->graph_replays,
             r->eager_launches);
     if (r->have_tau_rule) {
