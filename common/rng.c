@@ -56,6 +56,13 @@ void row_softmax(const float *logits, int n, float *probs) {
     for (int i = 0; i < n; i++) probs[i] = (float)(exp((double)logits[i] - mx) / sum);
 }
 
+double row_lse(const float *logits, int n) {
+    float mx = logits[row_argmax(logits, n)];
+    double s = 0;
+    for (int i = 0; i < n; i++) s += exp((double)logits[i] - mx);
+    return mx + log(s);
+}
+
 int row_sample(const float *logits, int n, Rng *r) {
     float mx = logits[row_argmax(logits, n)];
     double sum = 0.0;

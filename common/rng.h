@@ -20,6 +20,8 @@ double rng_uniform(Rng *r);
 int row_argmax(const float *logits, int n);
 /* Softmax probabilities (double precision accumulation) into probs (n). */
 void row_softmax(const float *logits, int n, float *probs);
+/* log(sum exp(logits)), max-shifted, accumulated in double. */
+double row_lse(const float *logits, int n);
 /* One draw from softmax(logits). */
 int row_sample(const float *logits, int n, Rng *r);
 /* T == 0: argmax; T == 1: sample. */

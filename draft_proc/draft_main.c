@@ -76,11 +76,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "rootspec-draft: %s\n", e.msg);
         return 2;
     }
-    const BackendOps *ops = NULL;
-    if (!strcmp(backend, "cpu")) ops = &cpu_backend_ops;
-    else if (!strcmp(backend, "cuda")) ops = cuda_backend_ops_get();
+    const BackendOps *ops = backend_ops_by_name(backend, &e);
     if (!ops) {
-        fprintf(stderr, "rootspec-draft: --backend '%s' is not available in this build\n", backend);
+        fprintf(stderr, "rootspec-draft: %s\n", e.msg);
         return 2;
     }
     Model *full = NULL, *view = NULL;

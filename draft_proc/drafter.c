@@ -16,7 +16,6 @@ struct Drafter {
     Backend *b;
     int vocab;
     float *logits;      // (POOL_EXPAND, vocab)
-    float *logprobs;    // (vocab) scratch
     int *pos;           // (PREFILL_CHUNK)
     uint8_t *mask;      // (POOL_EXPAND, POOL_N_EXPANDED)
     int slot_of[POOL_MAX]; /* pending KV slot of an expanded pool node, -1 if none */
@@ -44,7 +43,6 @@ int drafter_create(const Model *m, const BackendOps *ops, int kv_capacity, int t
         return rc;
     }
     d->logits = rs_xmalloc(sizeof(float) * POOL_EXPAND * (size_t)d->vocab);
-    d->logprobs = rs_xmalloc(sizeof(float) * (size_t)d->vocab);
     d->pos = rs_xmalloc(sizeof(int) * PREFILL_CHUNK);
     d->mask = rs_xmalloc(POOL_EXPAND * POOL_N_EXPANDED);
     *out = d;
@@ -56,7 +54,6 @@ void drafter_free(Drafter **pd) {
     Drafter *d = *pd;
     backend_destroy(&d->b);
     free(d->logits);
-    free(d->logprobs);
     free(d->pos);
     free(d->mask);
     free(d);
@@ -67,13 +64,10 @@ void drafter_reset(Drafter *d) { d->b->ops->kv_reset(d->b); }
 int drafter_n_committed(const Drafter *d) { return d->b->n_committed; }
 const Model *drafter_model(const Drafter *d) { return d->m; }
 
-/* log-softmax of a row into d->logprobs, then its top-10 as new pool candidates. */
+/* The row's top-10 as new pool candidates, with their draft log-probs. */
 static void add_children(Drafter *d, Pool *p, const float *row, int parent, int depth) {
     int V = d->vocab;
-    float mx = row[row_argmax(row, V)];
-    double sum = 0;
-    for (int i = 0; i < V; i++) sum += exp((double)row[i] - mx);
-    float lse = mx + (float)log(sum);
+    float lse = (float)row_lse(row, V);
     int top[POOL_TOPK];
     row_topk(row, V, POOL_TOPK, top);
     for (int k = 0; k < POOL_TOPK; k++) {

@@ -62,6 +62,8 @@ const BackendOps *cuda_backend_ops_get(void);
  * against the cache state before anything is touched, so a failed call changes nothing. */
 int backend_check_forward(const Backend *b, const int *tokens, const int *pos, int n,
                           const uint8_t *mask, const int *out_rows, int n_out, RsErr *e);
+/* "cpu" (also NULL) or "cuda"; NULL with a message in e when unknown or not built in. */
+const BackendOps *backend_ops_by_name(const char *name, RsErr *e);
 /* RoPE inverse frequencies (head_dim/2), incl. Llama-3 scaling, bit-identical everywhere. */
 void rope_inv_freq(const Config *c, float *inv_freq);
 

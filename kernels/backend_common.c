@@ -2,6 +2,7 @@
  * messages on CPU and CUDA) and the RoPE inverse frequencies (bit-identical tables). */
 #include "backend.h"
 #include <math.h>
+#include <string.h>
 
 int backend_check_forward(const Backend *b, const int *tokens, const int *pos, int n,
                           const uint8_t *mask, const int *out_rows, int n_out, RsErr *e) {
@@ -59,4 +60,15 @@ void rope_inv_freq(const Config *c, float *inv_freq) {
         }
         inv_freq[i] = (float)scaled;
     }
+}
+
+const BackendOps *backend_ops_by_name(const char *name, RsErr *e) {
+    if (!name || strcmp(name, "cpu") == 0) return &cpu_backend_ops;
+    if (strcmp(name, "cuda") == 0) {
+        const BackendOps *ops = cuda_backend_ops_get();
+        if (!ops) rs_err(e, RS_EUNSUPPORTED, "this binary was built without CUDA (use build/cuda/)");
+        return ops;
+    }
+    rs_err(e, RS_EINVAL, "--backend: unknown backend '%s' (cpu, cuda)", name);
+    return NULL;
 }

@@ -102,14 +102,6 @@ static int root_pass(Target *t, int root, RsErr *e) {
     return backend_forward(b, &root, &pos, 1, &one, &row, 1, t->root_row, e);
 }
 
-/* Log-sum-exp of a logits row (for transition probabilities). */
-static double row_lse(const float *row, int V) {
-    float mx = row[row_argmax(row, V)];
-    double s = 0;
-    for (int i = 0; i < V; i++) s += exp((double)row[i] - mx);
-    return mx + log(s);
-}
-
 /* Target probability of `tok` under a row (T=1) or the point mass on its argmax (T=0). */
 static double row_prob(const float *row, int V, int tok, int temp, double lse) {
     if (temp == 0) return row_argmax(row, V) == tok ? 1.0 : 0.0;

@@ -4,17 +4,6 @@
 #include "remote.h"
 #include <string.h>
 
-const BackendOps *engine_backend_ops(const char *name, RsErr *e) {
-    if (!name || strcmp(name, "cpu") == 0) return &cpu_backend_ops;
-    if (strcmp(name, "cuda") == 0) {
-        const BackendOps *ops = cuda_backend_ops_get();
-        if (!ops) rs_err(e, RS_EUNSUPPORTED, "this binary was built without CUDA (use build/cuda/)");
-        return ops;
-    }
-    rs_err(e, RS_EINVAL, "--backend: unknown backend '%s' (cpu, cuda)", name);
-    return NULL;
-}
-
 static void collect_eog(const Engine *en, int **eog, int *n) {
     int V = en->target_model->cfg.vocab_size, k = 0;
     *eog = rs_xcalloc((size_t)V + 1, sizeof(int));
@@ -26,7 +15,7 @@ static void collect_eog(const Engine *en, int **eog, int *n) {
 
 int engine_open(const EngineOpts *o, int need_drafter, Engine *en, RsErr *e) {
     memset(en, 0, sizeof *en);
-    const BackendOps *ops = engine_backend_ops(o->backend, e);
+    const BackendOps *ops = backend_ops_by_name(o->backend, e);
     if (!ops) return e ? e->code : RS_EINVAL;
     int rc = model_load(o->model_path, &en->target_model, e);
     if (rc) return rc;

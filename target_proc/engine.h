@@ -41,6 +41,5 @@ void engine_close(Engine *en);
 /* Encodes a user prompt (through the chat template when chat != 0), adding BOS when the
  * model's tokenizer does. *ids is malloc'd; caller frees. */
 int engine_prompt_ids(const Engine *en, const char *text, int chat, int **ids, int *n, RsErr *e);
-const BackendOps *engine_backend_ops(const char *name, RsErr *e);
 
 #endif
