@@ -7,11 +7,6 @@
 
 void timing_init(TimingAcc *t) { memset(t, 0, sizeof *t); }
 
-static void push(double **a, int n, int cap, double v) {
-    (void)cap;
-    (*a)[n] = v;
-}
-
 void timing_add(TimingAcc *t, const RoundInfo *r) {
     if (t->n == t->cap) {
         t->cap = t->cap ? 2 * t->cap : 256;
@@ -21,13 +16,11 @@ void timing_add(TimingAcc *t, const RoundInfo *r) {
             *arrs[i] = realloc(*arrs[i], sizeof(double) * (size_t)t->cap);
     }
     int k = t->n++;
-    double nan = -1; /* marks absent values; all real values are >= 0 */
-    push(&t->draft_ms, k, t->cap, r->draft_ns ? r->draft_ns * 1e-6 : nan);
-    push(&t->root_ms, k, t->cap,
-         r->t_root_end ? (double)(r->t_root_end - r->t_root_start) * 1e-6 : nan);
-    push(&t->tree_ms, k, t->cap,
-         r->t_tree_end ? (double)(r->t_tree_end - r->t_tree_start) * 1e-6 : nan);
-    double wait = nan, over = nan;
+    const double absent = -1; /* all real values are >= 0 */
+    t->draft_ms[k] = r->draft_ns ? r->draft_ns * 1e-6 : absent;
+    t->root_ms[k] = r->t_root_end ? (double)(r->t_root_end - r->t_root_start) * 1e-6 : absent;
+    t->tree_ms[k] = r->t_tree_end ? (double)(r->t_tree_end - r->t_tree_start) * 1e-6 : absent;
+    double wait = absent, over = absent;
     if (r->t_pool_recv && r->t_grow_sent && !r->fallback_ar) {
         uint64_t from = r->t_root_end ? r->t_root_end : r->t_grow_sent;
         wait = r->t_pool_recv > from ? (double)(r->t_pool_recv - from) * 1e-6 : 0;
@@ -36,10 +29,10 @@ void timing_add(TimingAcc *t, const RoundInfo *r) {
         if (wait > 0 && r->draft_ns) over = span - r->draft_ns * 1e-6;
         t->rounds_with_pool++;
     }
-    push(&t->wait_ms, k, t->cap, wait);
-    push(&t->overhead_ms, k, t->cap, over);
-    push(&t->hidden, k, t->cap, r->t_root_end && r->t_pool_recv ? timing_hidden_share(r) : nan);
-    push(&t->round_ms, k, t->cap, (double)(r->t_commit - r->t_round_start) * 1e-6);
+    t->wait_ms[k] = wait;
+    t->overhead_ms[k] = over;
+    t->hidden[k] = r->t_root_end && r->t_pool_recv ? timing_hidden_share(r) : absent;
+    t->round_ms[k] = (double)(r->t_commit - r->t_round_start) * 1e-6;
 }
 
 double timing_hidden_share(const RoundInfo *r) {
