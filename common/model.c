@@ -2,6 +2,7 @@
  * layer view, and freeing. The format parsers live in gguf.c and hf.c. */
 #include "model.h"
 #include "model_internal.h"
+#include "randmodel.h"
 #include <string.h>
 #include <sys/stat.h>
 
@@ -9,6 +10,7 @@ int model_load(const char *path, Model **out, RsErr *e) {
     *out = NULL;
     struct stat st;
     if (!path || !*path) return rs_err(e, RS_EINVAL, "no model path given");
+    if (model_path_is_random(path)) return model_random_load(path, out, e);
     if (stat(path, &st) != 0) return rs_err(e, RS_EIO, "model path '%s' does not exist", path);
     if (S_ISDIR(st.st_mode)) return hf_load_model(path, out, e);
     return gguf_load_model(path, out, e);
@@ -48,6 +50,11 @@ static int parse_layer_spec(const char *spec, int n_layers, int *idx, int *n, Rs
 
 int model_layer_view(const Model *parent, const char *spec, Model **out, RsErr *e) {
     *out = NULL;
+    if (parent->random_weights && !parent->arena)
+        return rs_err(e, RS_EUNSUPPORTED,
+                      "--draft-layers on random model '%s': its weights exist only on the "
+                      "device; use a random drafter of its own (--draft-model random:...)",
+                      parent->path);
     int *idx = rs_xcalloc((size_t)parent->cfg.n_layers, sizeof(int));
     int n = 0;
     int rc = parse_layer_spec(spec, parent->cfg.n_layers, idx, &n, e);

@@ -68,6 +68,10 @@ typedef struct Model {
     float *arena;          // all dequantized weights, f32
     size_t arena_floats;
     int is_view;           /* 1: layer-subset view, does not own arena/gguf */
+    /* 1: a "random:" model (common/randmodel.h): weights come from random_seed; arena is
+     * NULL until model_random_materialize() fills host copies for the CPU backend. */
+    int random_weights;
+    uint64_t random_seed;
     char path[1024];       /* file or directory it was loaded from */
     char fingerprint[65];  /* hex sha-256-like digest of config + tensor table (for HELLO) */
     TokSource tok_source;
@@ -76,7 +80,8 @@ typedef struct Model {
     char chat_hint[64];    /* "smollm2", "qwen2", "qwen3", "llama3" or "" (from name/template) */
 } Model;
 
-/* Loads a GGUF file or a Hugging Face directory (config.json + safetensors).
+/* Loads a GGUF file, a Hugging Face directory (config.json + safetensors) or names a
+ * random-weight model ("random:llama3-8b", see common/randmodel.h: no weights yet).
  * On success *out is a new Model the caller owns (free with model_free). */
 int model_load(const char *path, Model **out, RsErr *e);
 

@@ -1,6 +1,7 @@
 /* rootspec-draft: the drafter process. Loads a model (or a layer subset of one), then
  * serves pools to one target at a time over ZeroMQ until SIGINT/SIGTERM. */
 #include "common/cli.h"
+#include "common/randmodel.h"
 #include "proto/secure.h"
 #include "server.h"
 #include <signal.h>
@@ -14,7 +15,9 @@ static void usage(FILE *f) {
             "usage: rootspec-draft --model PATH --bind ENDPOINT [options]\n"
             "       rootspec-draft --gen-keys DIR\n"
             "\n"
-            "  --model PATH         drafter model (GGUF file or Hugging Face directory)\n"
+            "  --model PATH         drafter model (GGUF file or Hugging Face directory), or a\n"
+            "                       random-weight model: random:PRESET[,seed=N,layers=N,...]\n"
+            "                       (llama3-8b, llama3-1b, smollm2-135m, tiny)\n"
             "  --draft-layers SPEC  run only these layers of the model (self-drafter), e.g. 0-5\n"
             "  --bind ENDPOINT      ipc:///tmp/rootspec.sock or tcp://HOST:PORT\n"
             "  --backend NAME       cpu | cuda (default cpu)\n"
@@ -84,8 +87,8 @@ int main(int argc, char **argv) {
     Model *full = NULL, *view = NULL;
     Tokenizer *tok = NULL;
     Drafter *d = NULL;
-    int rc = model_load(model, &full, &e);
-    if (!rc) rc = tokenizer_load_model(full, &tok, &e);
+    int rc = backend_model_load(ops, model, &full, &e);
+    if (!rc && !full->random_weights) rc = tokenizer_load_model(full, &tok, &e);
     if (!rc && layers) rc = model_layer_view(full, layers, &view, &e);
     if (!rc) rc = drafter_create(view ? view : full, ops, ctx, threads, device, &d, &e);
     if (rc) {
@@ -103,7 +106,8 @@ int main(int argc, char **argv) {
     ServerOpts so = {.endpoint = bind, .insecure = insecure, .curve_dir = curve,
                      .name = layers ? "rootspec-draft (layer view)" : "rootspec-draft",
                      .max_requests = max_req, .stop = &g_stop};
-    rc = server_run(d, tok, &so, &e);
+    rc = server_run(d, tok ? tokenizer_hash(tok) : model_random_tok_hash(full->cfg.vocab_size),
+                    &so, &e);
     if (rc) fprintf(stderr, "rootspec-draft: %s\n", e.msg);
     drafter_free(&d);
     tokenizer_free(&tok);

@@ -35,7 +35,7 @@ static void reply_error(Conn *c, const uint8_t *peer, size_t plen, const ProtoMs
     send_to(c, peer, plen, &r);
 }
 
-int server_run(Drafter *d, const Tokenizer *tok, const ServerOpts *o, RsErr *e) {
+int server_run(Drafter *d, uint64_t tok_hash, const ServerOpts *o, RsErr *e) {
     int rc = secure_check_endpoint(o->endpoint, o->insecure, o->curve_dir, e);
     if (rc) return rc;
     void *ctx = zmq_ctx_new();
@@ -53,7 +53,6 @@ int server_run(Drafter *d, const Tokenizer *tok, const ServerOpts *o, RsErr *e) 
     msgpack_sbuffer_init(&c.sb);
     const Model *m = drafter_model(d);
     int vocab = m->cfg.vocab_size;
-    uint64_t tok_hash = tokenizer_hash(tok);
     Pool *pool = rs_xmalloc(sizeof(Pool));
     ProtoMsg req = {0}, rep = {0};
     req.vocab_size = vocab;

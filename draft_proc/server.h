@@ -16,6 +16,6 @@ typedef struct {
 } ServerOpts;
 
 /* Runs until *stop or BYE-and-max_requests; returns RS_OK or a set-up error. */
-int server_run(Drafter *d, const Tokenizer *tok, const ServerOpts *o, RsErr *e);
+int server_run(Drafter *d, uint64_t tok_hash, const ServerOpts *o, RsErr *e);
 
 #endif

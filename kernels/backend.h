@@ -27,6 +27,9 @@ typedef struct {
 
 typedef struct {
     const char *name;
+    /* 1: create() makes a random model's weights itself (on the device), so the Model
+     * needs no host copy (common/randmodel.h). */
+    int makes_random_weights;
     /* Allocates every buffer once. The backend borrows `m`: keep it alive. */
     int (*create)(const Model *m, const BackendParams *p, Backend **out, RsErr *e);
     void (*destroy)(Backend **b);
@@ -64,6 +67,9 @@ int backend_check_forward(const Backend *b, const int *tokens, const int *pos, i
                           const uint8_t *mask, const int *out_rows, int n_out, RsErr *e);
 /* "cpu" (also NULL) or "cuda"; NULL with a message in e when unknown or not built in. */
 const BackendOps *backend_ops_by_name(const char *name, RsErr *e);
+/* model_load() for this backend: a random model ("random:...") gets host weights unless
+ * the backend makes its own. *out as model_load. */
+int backend_model_load(const BackendOps *ops, const char *path, Model **out, RsErr *e);
 /* RoPE inverse frequencies (head_dim/2), incl. Llama-3 scaling, bit-identical everywhere. */
 void rope_inv_freq(const Config *c, float *inv_freq);
 

@@ -1,6 +1,8 @@
 /* Pieces every backend shares so they agree exactly: argument checks of forward() (same
- * messages on CPU and CUDA) and the RoPE inverse frequencies (bit-identical tables). */
+ * messages on CPU and CUDA), the RoPE inverse frequencies (bit-identical tables), model
+ * loading per backend and the backend-by-name lookup. */
 #include "backend.h"
+#include "common/randmodel.h"
 #include <math.h>
 #include <string.h>
 
@@ -60,6 +62,14 @@ void rope_inv_freq(const Config *c, float *inv_freq) {
         }
         inv_freq[i] = (float)scaled;
     }
+}
+
+int backend_model_load(const BackendOps *ops, const char *path, Model **out, RsErr *e) {
+    int rc = model_load(path, out, e);
+    if (rc || !(*out)->random_weights || ops->makes_random_weights) return rc;
+    rc = model_random_materialize(*out, e);
+    if (rc) model_free(out);
+    return rc;
 }
 
 const BackendOps *backend_ops_by_name(const char *name, RsErr *e) {

@@ -119,6 +119,9 @@ static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsE
     if (c->head_dim % 2 || c->n_heads % c->n_kv_heads)
         return rs_err(e, RS_EUNSUPPORTED, "head_dim %d must be even and n_heads %d a multiple "
                       "of n_kv_heads %d", c->head_dim, c->n_heads, c->n_kv_heads);
+    if (m->random_weights && !m->arena)
+        return rs_err(e, RS_EINVAL, "random model '%s' has no host weights (load it with "
+                      "backend_model_load)", m->path);
     CpuBackend *b = rs_xcalloc(1, sizeof *b);
     b->base.ops = &cpu_backend_ops;
     b->base.model = m;

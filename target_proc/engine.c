@@ -1,5 +1,6 @@
 /* Engine set-up: model(s), tokenizer, backend choice, drafter wiring. */
 #include "engine.h"
+#include "common/randmodel.h"
 #include "draft_proc/drafter.h"
 #include "remote.h"
 #include <string.h>
@@ -13,20 +14,31 @@ static void collect_eog(const Engine *en, int **eog, int *n) {
     *n = k;
 }
 
+/* Tokenizer identity for HELLO and the drafter check; random models have no tokenizer. */
+static uint64_t tok_identity(const Tokenizer *t, const Model *m) {
+    return t ? tokenizer_hash(t) : model_random_tok_hash(m->cfg.vocab_size);
+}
+
+/* A random model's tokenizer is "none"; any other model must have one. */
+static int load_tokenizer(const Model *m, Tokenizer **t, RsErr *e) {
+    *t = NULL;
+    return m->random_weights ? RS_OK : tokenizer_load_model(m, t, e);
+}
+
 int engine_open(const EngineOpts *o, int need_drafter, Engine *en, RsErr *e) {
     memset(en, 0, sizeof *en);
     const BackendOps *ops = backend_ops_by_name(o->backend, e);
     if (!ops) return e ? e->code : RS_EINVAL;
-    int rc = model_load(o->model_path, &en->target_model, e);
+    int rc = backend_model_load(ops, o->model_path, &en->target_model, e);
     if (rc) return rc;
-    rc = tokenizer_load_model(en->target_model, &en->tok, e);
+    rc = load_tokenizer(en->target_model, &en->tok, e);
     if (rc) goto fail;
-    if (tokenizer_vocab_size(en->tok) > en->target_model->cfg.vocab_size) {
+    if (en->tok && tokenizer_vocab_size(en->tok) > en->target_model->cfg.vocab_size) {
         rc = rs_err(e, RS_EFORMAT, "tokenizer has %d tokens but the model's vocabulary is %d",
                     tokenizer_vocab_size(en->tok), en->target_model->cfg.vocab_size);
         goto fail;
     }
-    en->chat = chat_template_for_model(en->target_model);
+    en->chat = en->tok ? chat_template_for_model(en->target_model) : CHAT_NONE;
     int *eog, n_eog;
     collect_eog(en, &eog, &n_eog);
     rc = target_create(en->target_model, ops, o->ctx, o->threads, o->device, eog, n_eog,
@@ -35,7 +47,8 @@ int engine_open(const EngineOpts *o, int need_drafter, Engine *en, RsErr *e) {
     if (rc) goto fail;
     if (!need_drafter) return RS_OK;
     if (o->draft_endpoint) {
-        rc = remote_client_open(&en->dc, o->draft_endpoint, en->target_model, en->tok,
+        rc = remote_client_open(&en->dc, o->draft_endpoint, en->target_model,
+                                tok_identity(en->tok, en->target_model),
                                 o->draft_timeout_ms, o->insecure, o->curve_dir, e);
         if (rc) goto fail;
         en->remote = en->dc.self;
@@ -43,7 +56,7 @@ int engine_open(const EngineOpts *o, int need_drafter, Engine *en, RsErr *e) {
         return RS_OK;
     }
     if (o->draft_model_path) {
-        rc = model_load(o->draft_model_path, &en->draft_model, e);
+        rc = backend_model_load(ops, o->draft_model_path, &en->draft_model, e);
         if (rc) goto fail;
         if (en->draft_model->cfg.vocab_size != en->target_model->cfg.vocab_size) {
             rc = rs_err(e, RS_EINVAL,
@@ -54,9 +67,10 @@ int engine_open(const EngineOpts *o, int need_drafter, Engine *en, RsErr *e) {
             goto fail;
         }
         Tokenizer *dt = NULL;
-        rc = tokenizer_load_model(en->draft_model, &dt, e);
+        rc = load_tokenizer(en->draft_model, &dt, e);
         if (rc) goto fail;
-        uint64_t h1 = tokenizer_hash(en->tok), h2 = tokenizer_hash(dt);
+        uint64_t h1 = tok_identity(en->tok, en->target_model);
+        uint64_t h2 = tok_identity(dt, en->draft_model);
         tokenizer_free(&dt);
         if (h1 != h2) {
             rc = rs_err(e, RS_EINVAL,
@@ -98,6 +112,10 @@ void engine_close(Engine *en) {
 }
 
 int engine_prompt_ids(const Engine *en, const char *text, int chat, int **ids, int *n, RsErr *e) {
+    if (!en->tok)
+        return rs_err(e, RS_EINVAL,
+                      "model '%s' has no tokenizer (random weights): give the prompt as token "
+                      "ids (--prompt-ids 1,2,3)", en->target_model->path);
     char *built = NULL;
     if (chat) {
         if (en->chat == CHAT_NONE)

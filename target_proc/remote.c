@@ -128,7 +128,7 @@ static int remote_end(DraftClient *c, Pool *out, RsErr *e) {
 }
 
 int remote_client_open(DraftClient *c, const char *endpoint, const Model *target,
-                       const Tokenizer *tok, int timeout_ms, int insecure, const char *curve_dir,
+                       uint64_t tok_hash, int timeout_ms, int insecure, const char *curve_dir,
                        RsErr *e) {
     int rc = secure_check_endpoint(endpoint, insecure, curve_dir, e);
     if (rc) return rc;
@@ -139,7 +139,7 @@ int remote_client_open(DraftClient *c, const char *endpoint, const Model *target
     r->have_curve = curve_dir && !strncmp(endpoint, "tcp://", 6);
     if (curve_dir) snprintf(r->curve_dir, sizeof r->curve_dir, "%s", curve_dir);
     r->target = target;
-    r->tok_hash = tokenizer_hash(tok);
+    r->tok_hash = tok_hash;
     r->in.vocab_size = target->cfg.vocab_size;
     r->ctx = zmq_ctx_new();
     c->grow_begin = remote_begin;

@@ -5,7 +5,7 @@
 #include "decode.h"
 
 int remote_client_open(DraftClient *c, const char *endpoint, const Model *target,
-                       const Tokenizer *tok, int timeout_ms, int insecure, const char *curve_dir,
+                       uint64_t tok_hash, int timeout_ms, int insecure, const char *curve_dir,
                        RsErr *e);
 void remote_client_close(DraftClient *c);
 

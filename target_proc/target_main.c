@@ -11,7 +11,10 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: rootspec-target --model PATH (--prompt TEXT | --prompt-ids 1,2,3 | --prompts FILE) [options]\n"
             "\n"
-            "  --model PATH          target model: GGUF file or Hugging Face directory\n"
+            "  --model PATH          target model: GGUF file or Hugging Face directory, or a\n"
+            "                        random-weight model random:PRESET[,seed=N,layers=N,...]\n"
+            "                        (llama3-8b, llama3-1b, smollm2-135m, tiny; no tokenizer:\n"
+            "                        use --prompt-ids, output is token ids)\n"
             "  --prompt TEXT         user prompt (UTF-8)\n"
             "  --prompt-ids LIST     prompt as comma-separated token ids (no template, no BOS)\n"
             "  --prompts FILE        decode every prompt of a jsonl file (Spec-Bench or HumanEval\n"
@@ -176,7 +179,7 @@ int main(int argc, char **argv) {
     }
     TimingAcc timing;
     timing_init(&timing);
-    Sink s = {.tok = en.tok, .output_ids = output_ids, .first_id = 1};
+    Sink s = {.tok = en.tok, .output_ids = output_ids || !en.tok, .first_id = 1};
     if (want_timing || prompts_path) s.timing = &timing;
     if (log_path) {
         s.log = fopen(log_path, "a");

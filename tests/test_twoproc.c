@@ -68,9 +68,10 @@ static int wait_exit(pid_t pid, int timeout_ms) {
     return -1;
 }
 
-static pid_t start_drafter(const char *ep) {
-    char *argv[] = {"build/rootspec-draft", "--model", TINY, "--draft-layers", "0", "--bind",
-                    (char *)ep, NULL};
+/* rootspec-draft on `model` (with --draft-layers when layers != NULL), once bound. */
+static pid_t start_drafter_on(const char *ep, const char *model, const char *layers) {
+    char *argv[] = {"build/rootspec-draft", "--bind", (char *)ep, "--model", (char *)model,
+                    layers ? "--draft-layers" : NULL, (char *)layers, NULL};
     pid_t pid = spawn(argv, "draft");
     const char *path = ep + strlen("ipc://");
     for (int t = 0; t < 10000; t += 10) { /* wait for the socket file */
@@ -81,6 +82,8 @@ static pid_t start_drafter(const char *ep) {
     ck_abort_msg("drafter did not bind %s", ep);
     return -1;
 }
+
+static pid_t start_drafter(const char *ep) { return start_drafter_on(ep, TINY, "0"); }
 
 static void stop(pid_t pid) {
     kill(pid, SIGKILL);
@@ -347,6 +350,69 @@ START_TEST(test_tokenizer_mismatch_refused) {
 END_TEST
 
 
+/* Random-weight models (what tools/gpu-check.sh times on the GPU) across the process
+ * boundary: a drafter process with the target's own random weights must accept several
+ * tokens a round (so both processes really built identical weights from the seed), the
+ * output equals AR's; a random drafter of another vocabulary, or one facing a target with a
+ * real tokenizer, is refused at HELLO. */
+static int run_random_target(const char *tag, const char *model, const char *decoder,
+                             const char *ep) {
+    /* AR runs past the speculative decoders' 48 (they may stop a tree depth later) */
+    char *argv[] = {"build/rootspec-target", "--model", (char *)model, "--prompt-ids",
+                    "5,17,200,3,99", "--max-new", ep ? "48" : "120", "--decoder", (char *)decoder,
+                    "--budget", "59", "--draft-timeout-ms", "20000",
+                    ep ? "--draft-endpoint" : NULL, (char *)ep, NULL};
+    return wait_exit(spawn(argv, tag), 60000);
+}
+
+START_TEST(test_random_models_across_processes) {
+    make_dir();
+    char ep[300];
+    endpoint(ep, sizeof ep, "d");
+    const char *model = "random:tiny,seed=9";
+    pid_t d = start_drafter_on(ep, model, NULL);
+    ck_assert_int_eq(run_random_target("rar", model, "ar", NULL), 0);
+    char *ref = slurp("rar", "out");
+    ck_assert_msg(strlen(ref) > 10, "AR printed no ids: '%s'", ref);
+    const char *decs[] = {"draft", "rootdraw"};
+    for (int i = 0; i < 2; i++) {
+        int rc = run_random_target(decs[i], model, decs[i], ep);
+        char *err = slurp(decs[i], "err"), *got = slurp(decs[i], "out");
+        ck_assert_msg(rc == 0, "%s exited %d: %s", decs[i], rc, err);
+        ck_assert_msg(ids_prefix(got, ref, 48), "%s over ZeroMQ:\n%s\nAR:\n%s", decs[i], got,
+                      ref);
+        const char *acc = strstr(err, "mean accepted ");
+        ck_assert_msg(acc, "no summary line: %s", err);
+        double mean = atof(acc + strlen("mean accepted "));
+        ck_assert_msg(mean >= 2.0, "%s: drafter with the target's seed accepted only %.3f per "
+                      "round: the two processes built different weights? %s", decs[i], mean, err);
+        free(got);
+        free(err);
+    }
+    free(ref);
+    stop(d);
+
+    /* vocabulary mismatch: drafter random:tiny,vocab=600 against the 512-token target */
+    endpoint(ep, sizeof ep, "v");
+    d = start_drafter_on(ep, "random:tiny,vocab=600", NULL);
+    int rc = run_random_target("rv", model, "rootdraw", ep);
+    char *err = slurp("rv", "err");
+    ck_assert_msg(rc == 2 && strstr(err, "target vocab 512") && strstr(err, "drafter vocab 600"),
+                  "exit %d: %s", rc, err);
+    free(err);
+    stop(d);
+
+    /* no tokenizer vs a real one of the same size (the tiny golden llama has 258 tokens) */
+    endpoint(ep, sizeof ep, "t");
+    d = start_drafter_on(ep, "random:tiny,vocab=258", NULL);
+    rc = run_random_target("rt", TINY, "rootdraw", ep);
+    err = slurp("rt", "err");
+    ck_assert_msg(rc == 2 && strstr(err, "tokenizer"), "exit %d: %s", rc, err);
+    free(err);
+    stop(d);
+}
+END_TEST
+
 /* In-process drafter with another vocabulary: refused, naming both sizes. */
 START_TEST(test_inprocess_vocab_mismatch) {
     make_dir();
@@ -422,6 +488,7 @@ Suite *suite_twoproc(void) {
     tcase_add_test(tc, test_bad_frames_to_drafter);
     tcase_add_test(tc, test_tokenizer_mismatch_refused);
     tcase_add_test(tc, test_inprocess_vocab_mismatch);
+    tcase_add_test(tc, test_random_models_across_processes);
     tcase_add_test(tc, test_tcp_curve);
     suite_add_tcase(s, tc);
     return s;
