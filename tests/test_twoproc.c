@@ -413,6 +413,32 @@ START_TEST(test_random_models_across_processes) {
 }
 END_TEST
 
+/* tools/pipeline-timing.sh (the GPU check's two-process timing) on the CPU with tiny
+ * random models: it must finish, report every decoder's identity with AR and the table. */
+START_TEST(test_pipeline_timing_script) {
+    make_dir();
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "PIPE_BIN=build PIPE_BACKEND=cpu PIPE_TARGET=random:tiny,seed=5 "
+             "PIPE_DRAFT=random:tiny,seed=6,layers=1 PIPE_MAX_NEW=24 PIPE_PROMPT_LEN=10 "
+             "PIPE_OUT=%s/pipe OPENBLAS_NUM_THREADS=1 LD_PRELOAD= "
+             "bash tools/pipeline-timing.sh > %s/pipe.log 2>&1", g_dir, g_dir);
+    int rc = system(cmd);
+    char *log = slurp("pipe", "log");
+    ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "pipeline-timing.sh: %d\n%s", rc, log);
+    const char *decs[] = {"draft", "pearl", "rootdraw"};
+    for (int i = 0; i < 3; i++) {
+        char want[128];
+        snprintf(want, sizeof want, "IDENTITY ok: %s's first 24 ids equal AR's", decs[i]);
+        ck_assert_msg(strstr(log, want), "missing '%s' in:\n%s", want, log);
+        snprintf(want, sizeof want, "\n  %-9s ", decs[i]);
+        ck_assert_msg(strstr(log, want), "no summary row for %s:\n%s", decs[i], log);
+    }
+    ck_assert_msg(!strstr(log, "FAIL"), "%s", log);
+    free(log);
+}
+END_TEST
+
 /* In-process drafter with another vocabulary: refused, naming both sizes. */
 START_TEST(test_inprocess_vocab_mismatch) {
     make_dir();
@@ -489,6 +515,7 @@ Suite *suite_twoproc(void) {
     tcase_add_test(tc, test_tokenizer_mismatch_refused);
     tcase_add_test(tc, test_inprocess_vocab_mismatch);
     tcase_add_test(tc, test_random_models_across_processes);
+    tcase_add_test(tc, test_pipeline_timing_script);
     tcase_add_test(tc, test_tcp_curve);
     suite_add_tcase(s, tc);
     return s;

@@ -6,9 +6,12 @@
 #    backend, golden fixtures, default model if present, graph replay == eager);
 # 3. times random-weight Llama-3.1-8B- and Llama-3.2-1B-shaped models built on the device
 #    (rootspec-cuda-bench): n = 1, 9, 60, 65 tokens, graph vs eager, weight bandwidth as a
-#    share of the measured device-to-device copy bandwidth.
+#    share of the measured device-to-device copy bandwidth;
+# 4. times the pipelined two-process run (tools/pipeline-timing.sh): random 8B-shaped
+#    target and 1B-shaped drafter processes on the one GPU, AR / draft / pearl / rootdraw.
 # Writes logs to $GPU_CHECK_OUT (default: $OUT if set, else gpu-check-out/). Exit status:
-# non-zero if the build or the tests failed. Budget: well under 8 minutes on an H200.
+# non-zero if the build, the tests, the bench or the pipeline failed. Time limits: tests
+# 200 s, bench 120 s, pipeline 180 s (expected: about 2-3 minutes in all on an H200).
 set -u
 cd "$(dirname "$0")/.."
 OUTDIR=${GPU_CHECK_OUT:-${OUT:-gpu-check-out}}
@@ -78,24 +81,25 @@ fi
 
 say "running $BIN/rootspec-cuda-tests"
 set -o pipefail
-OPENBLAS_NUM_THREADS=4 timeout 240 "$BIN/rootspec-cuda-tests" 2>&1 | tee "$OUTDIR/cuda-tests.log"
+OPENBLAS_NUM_THREADS=4 timeout 200 "$BIN/rootspec-cuda-tests" 2>&1 | tee "$OUTDIR/cuda-tests.log"
 TEST_RC=$?
 set +o pipefail
 say "rootspec-cuda-tests exit status $TEST_RC"
 
 say "running $BIN/rootspec-cuda-bench (random-weight 8B / 1B shapes, built on the device)"
-timeout 180 "$BIN/rootspec-cuda-bench" --iters 20 --ctx 512 2>&1 | tee "$OUTDIR/cuda-bench.log"
+timeout 120 "$BIN/rootspec-cuda-bench" --iters 20 --ctx 512 2>&1 | tee "$OUTDIR/cuda-bench.log"
 BENCH_RC=${PIPESTATUS[0]}
 say "rootspec-cuda-bench exit status $BENCH_RC"
 
-# ---- HOOK: pipelined two-process timing ------------------------------------------------
-# Whoever builds the target/drafter processes adds the two-process run here, using
-# $BIN/rootspec-target and $BIN/rootspec-draft (both linked with the CUDA backend) on the
-# random-weight or default model, e.g.:
-#   "$BIN/rootspec-draft" ... &  "$BIN/rootspec-target" ... --backend cuda ...
-# and tees its log to "$OUTDIR/pipeline.log". Until then this hook does nothing.
-say "HOOK pipelined two-process timing: not implemented yet"
-# -----------------------------------------------------------------------------------------
+# Pipelined two-process timing: drafter (Llama-3.2-1B shape) and target (Llama-3.1-8B
+# shape) processes with random weights made on the GPU, both on device 0, over ZeroMQ ipc://
+# (deploy/launch.sh); AR, draft, pearl, rootdraw at T=0, each speculative run's ids checked
+# against AR's. tools/pipeline-timing.sh is also run on the CPU by the twoproc suite.
+say "running tools/pipeline-timing.sh (two processes on GPU 0, random 8B target / 1B drafter)"
+PIPE_BIN=$BIN PIPE_BACKEND=cuda PIPE_OUT="$OUTDIR/pipeline" timeout 180 \
+    bash tools/pipeline-timing.sh 2>&1 | tee "$OUTDIR/pipeline.log"
+PIPE_RC=${PIPESTATUS[0]}
+say "pipeline timing exit status $PIPE_RC"
 
-say "done in $(( $(date +%s) - T0 ))s: tests rc=$TEST_RC bench rc=$BENCH_RC (path: $BIN)"
-[ "$TEST_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ]
+say "done in $(( $(date +%s) - T0 ))s: tests rc=$TEST_RC bench rc=$BENCH_RC pipeline rc=$PIPE_RC (path: $BIN)"
+[ "$TEST_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ] && [ "$PIPE_RC" -eq 0 ]

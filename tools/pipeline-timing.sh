@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Pipelined two-process timing: a drafter process and a target process (deploy/launch.sh)
+# on random-weight models made on the spot, for AR and each speculative decoder at T=0.
+# tools/gpu-check.sh runs it on the GPU machine with Llama-3.1-8B- and Llama-3.2-1B-shaped
+# models, both processes on GPU 0; the twoproc test suite runs it on the CPU with tiny ones,
+# so this script is exercised before a GPU session spends time on it.
+#   PIPE_BIN      folder with rootspec-target and rootspec-draft     (default build/cuda)
+#   PIPE_BACKEND  cpu | cuda                                         (default cuda)
+#   PIPE_TARGET   target model                       (default random:llama3-8b,seed=1)
+#   PIPE_DRAFT    drafter model                      (default random:llama3-1b,seed=2)
+#   PIPE_DECODERS speculative decoders              (default "draft pearl rootdraw")
+#   PIPE_MAX_NEW  new tokens per decode (default 128); PIPE_PROMPT_LEN prompt ids (64)
+#   PIPE_BUDGET   tree budget (59); PIPE_OUT log folder (default pipeline-out)
+#   PIPE_RUN_LIMIT seconds per decode including start-up (default 60)
+# Prints each decode's summary line and per-round timing medians, one table at the end, and
+# "IDENTITY ok|FAIL" per decoder (its T=0 ids must be a prefix of AR's). Exit status 0 when
+# every run succeeded and every identity holds.
+set -u
+cd "$(dirname "$0")/.."
+BIN=${PIPE_BIN:-build/cuda}
+BACKEND=${PIPE_BACKEND:-cuda}
+TARGET=${PIPE_TARGET:-random:llama3-8b,seed=1}
+DRAFT=${PIPE_DRAFT:-random:llama3-1b,seed=2}
+DECODERS=${PIPE_DECODERS:-draft pearl rootdraw}
+MAX_NEW=${PIPE_MAX_NEW:-128}
+PLEN=${PIPE_PROMPT_LEN:-64}
+BUDGET=${PIPE_BUDGET:-59}
+OUT=${PIPE_OUT:-pipeline-out}
+RUN_LIMIT=${PIPE_RUN_LIMIT:-60} # seconds per decode, start-up included
+mkdir -p "$OUT"
+say() { echo "pipeline: $*"; }
+
+# Prompt ids below the smallest preset vocabulary (512), spread so no early repeats.
+ids=$(awk -v n="$PLEN" 'BEGIN { for (i = 0; i < n; i++) printf "%s%d", i ? "," : "", (i * 37 + 11) % 509 }')
+# One GPU: both processes on device 0 (launch.sh reads these).
+export DRAFT_GPU=${DRAFT_GPU:-0} TARGET_GPU=${TARGET_GPU:-0}
+common=(--model "$TARGET" --prompt-ids "$ids" --temp 0 --budget "$BUDGET" --output-ids --timing)
+say "target $TARGET, drafter $DRAFT, backend $BACKEND, $PLEN prompt ids, $MAX_NEW new tokens"
+
+# AR runs past the speculative decoders' MAX_NEW: they may stop a tree depth later.
+run_ar() {
+    timeout "$RUN_LIMIT" "$BIN/rootspec-target" --backend "$BACKEND" "${common[@]}" --decoder ar \
+        --max-new $((MAX_NEW + 16)) --log-rounds "$OUT/rounds-ar.jsonl" \
+        >"$OUT/ar.out" 2>"$OUT/ar.err"
+}
+run_spec() {
+    timeout "$RUN_LIMIT" bash deploy/launch.sh --backend "$BACKEND" --bin "$BIN" --draft-model "$DRAFT" -- \
+        "${common[@]}" --decoder "$1" --max-new "$MAX_NEW" --draft-timeout-ms 120000 \
+        --log-rounds "$OUT/rounds-$1.jsonl" >"$OUT/$1.out" 2>"$OUT/$1.err"
+}
+
+rm -f "$OUT"/rounds-*.jsonl
+status=0
+summary=()
+for dec in ar $DECODERS; do
+    t0=$(date +%s.%N)
+    if [ "$dec" = ar ]; then run_ar; else run_spec "$dec"; fi
+    rc=$?
+    wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    say "--- $dec: exit $rc, ${wall}s including process start-up and model creation"
+    grep -E "^rootspec-target: decoder=|^per-round|^  " "$OUT/$dec.err" | sed 's/^/  /'
+    if [ "$rc" -ne 0 ]; then
+        tail -5 "$OUT/$dec.err" | sed 's/^/  ERR /'
+        status=1
+        continue
+    fi
+    if grep -q "drafter failed" "$OUT/$dec.err"; then
+        say "$dec: the drafter failed; timings are of an AR fallback"
+        status=1
+    fi
+    # Last round's cumulative backend counters (CUDA: graph replays vs eager launches).
+    last=$(tail -1 "$OUT/rounds-$dec.jsonl" 2>/dev/null)
+    gr=$(echo "$last" | grep -o '"graph_replays":[0-9]*' | cut -d: -f2)
+    eg=$(echo "$last" | grep -o '"eager_launches":[0-9]*' | cut -d: -f2)
+    line=$(grep "^rootspec-target: decoder=" "$OUT/$dec.err" | tail -1)
+    tps=$(echo "$line" | grep -o '[0-9.]* tok/s' | cut -d' ' -f1)
+    acc=$(echo "$line" | grep -o 'mean accepted [0-9.]*' | cut -d' ' -f3)
+    med() { grep -F "  $1" "$OUT/$dec.err" | awk 'NR == 1 { for (i = 1; i <= NF; i++) if ($i ~ /^[0-9.]+$/) { v = $i; break } } END { print v == "" ? "-" : v }'; }
+    summary+=("$(printf '%-9s %9s %9s %10s %10s %10s %8s %7s/%s' "$dec" "${tps:--}" "${acc:--}" \
+        "$(med 'whole round')" "$(med 'root pass (1')" "$(med 'drafting')" \
+        "$(med 'root pass hidden')" "${gr:--}" "${eg:--}")")
+    if [ "$dec" != ar ]; then
+        n=$(wc -w <"$OUT/$dec.out")
+        got=$(tr -s ' \n' '  ' <"$OUT/$dec.out" | cut -d' ' -f1-"$MAX_NEW")
+        ref=$(tr -s ' \n' '  ' <"$OUT/ar.out" | cut -d' ' -f1-"$MAX_NEW")
+        if [ "$n" -ge "$MAX_NEW" ] && [ "$got" = "$ref" ]; then
+            say "IDENTITY ok: $dec's first $MAX_NEW ids equal AR's"
+        else
+            say "IDENTITY FAIL: $dec ($n ids) differs from AR within the first $MAX_NEW ids"
+            status=1
+        fi
+    fi
+done
+echo
+say "summary (medians per round; drafting is the drafter's own time; replays/eager: CUDA graph replays / eager launches of the target backend)"
+printf '  %-9s %9s %9s %10s %10s %10s %8s %s\n' decoder "tok/s" accepted "round ms" "root ms" \
+    "draft ms" "hidden%" "replays/eager"
+for s in "${summary[@]}"; do echo "  $s"; done
+exit $status
