@@ -9,11 +9,23 @@
 #    share of the measured device-to-device copy bandwidth;
 # 4. times the pipelined two-process run (tools/pipeline-timing.sh): random 8B-shaped
 #    target and 1B-shaped drafter processes on the one GPU, AR / draft / pearl / rootdraw.
-# Writes logs to $GPU_CHECK_OUT (default: $OUT if set, else gpu-check-out/). Exit status:
+# Dry run on the CPU: GPU_CHECK_BIN=build/cuda-emu GPU_CHECK_SKIP_BENCH=1
+# PIPE_TARGET=random:tiny PIPE_DRAFT=random:tiny,seed=2 bash tools/gpu-check.sh
+# With --default-model: only assembles the default model from gpu-carry/ (tools/gpu-carry.sh;
+# it is too big for one call) and runs the CUDA-vs-CPU parity test on it.
+# Writes a few logs to $GPU_CHECK_OUT (default: $OUT if set, else gpu-check-out/; the device
+# tool returns at most 8 files) and ends with a recap of the key lines. Exit status:
 # non-zero if the build, the tests, the bench or the pipeline failed. Time limits: tests
 # 200 s, bench 120 s, pipeline 180 s (expected: about 2-3 minutes in all on an H200).
 set -u
 cd "$(dirname "$0")/.."
+MODE=full
+case "${1:-}" in
+  "") ;;
+  --default-model) MODE=default-model ;;
+  -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "gpu-check: unknown option '$1' (--default-model, --help)" >&2; exit 2 ;;
+esac
 OUTDIR=${GPU_CHECK_OUT:-${OUT:-gpu-check-out}}
 mkdir -p "$OUTDIR"
 T0=$(date +%s)
@@ -65,7 +77,11 @@ bundle_ok() {
 }
 
 BIN=""
-if bundle_ok; then
+if [ -n "${GPU_CHECK_BIN:-}" ]; then
+    # dry runs on the CPU with the emulator build (make cuda-emu): GPU_CHECK_BIN=build/cuda-emu
+    BIN=$GPU_CHECK_BIN
+    say "PATH TAKEN: GPU_CHECK_BIN=$BIN"
+elif bundle_ok; then
     BIN=gpu-bundle
     say "PATH TAKEN: prebuilt gpu-bundle/ ($(du -sh gpu-bundle | cut -f1))"
 else
@@ -79,6 +95,18 @@ else
     add_cuda_libs $BIN/rootspec-cuda-tests || true
 fi
 
+if bash tools/gpu-carry.sh join; then HAVE_DEFAULT=1; else HAVE_DEFAULT=0; fi
+if [ "$MODE" = default-model ]; then
+    [ "$HAVE_DEFAULT" = 1 ] || { say "FAIL: no default model (carry gpu-carry/model.part2 in this call)"; exit 2; }
+    say "running the default-model parity test only"
+    set -o pipefail
+    CK_RUN_SUITE=cuda_forward CK_RUN_CASE=default_model OPENBLAS_NUM_THREADS=8 timeout 200 \
+        "$BIN/rootspec-cuda-tests" 2>&1 | tee "$OUTDIR/cuda-default-model.log"
+    rc=$?
+    say "default-model test exit status $rc"
+    exit $rc
+fi
+
 say "running $BIN/rootspec-cuda-tests"
 set -o pipefail
 OPENBLAS_NUM_THREADS=4 timeout 200 "$BIN/rootspec-cuda-tests" 2>&1 | tee "$OUTDIR/cuda-tests.log"
@@ -86,9 +114,14 @@ TEST_RC=$?
 set +o pipefail
 say "rootspec-cuda-tests exit status $TEST_RC"
 
-say "running $BIN/rootspec-cuda-bench (random-weight 8B / 1B shapes, built on the device)"
-timeout 120 "$BIN/rootspec-cuda-bench" --iters 20 --ctx 512 2>&1 | tee "$OUTDIR/cuda-bench.log"
-BENCH_RC=${PIPESTATUS[0]}
+if [ -n "${GPU_CHECK_SKIP_BENCH:-}" ]; then
+    say "GPU_CHECK_SKIP_BENCH set: rootspec-cuda-bench not run" | tee "$OUTDIR/cuda-bench.log"
+    BENCH_RC=0
+else
+    say "running $BIN/rootspec-cuda-bench (random-weight 8B / 1B shapes, built on the device)"
+    timeout 120 "$BIN/rootspec-cuda-bench" --iters 20 --ctx 512 2>&1 | tee "$OUTDIR/cuda-bench.log"
+    BENCH_RC=${PIPESTATUS[0]}
+fi
 say "rootspec-cuda-bench exit status $BENCH_RC"
 
 # Pipelined two-process timing: drafter (Llama-3.2-1B shape) and target (Llama-3.1-8B
@@ -96,10 +129,19 @@ say "rootspec-cuda-bench exit status $BENCH_RC"
 # (deploy/launch.sh); AR, draft, pearl, rootdraw at T=0, each speculative run's ids checked
 # against AR's. tools/pipeline-timing.sh is also run on the CPU by the twoproc suite.
 say "running tools/pipeline-timing.sh (two processes on GPU 0, random 8B target / 1B drafter)"
-PIPE_BIN=$BIN PIPE_BACKEND=cuda PIPE_OUT="$OUTDIR/pipeline" timeout 180 \
+PIPE_DIR=$(mktemp -d /tmp/rootspec-pipeline.XXXXXX)
+PIPE_BIN=$BIN PIPE_BACKEND=cuda PIPE_OUT="$PIPE_DIR" timeout 180 \
     bash tools/pipeline-timing.sh 2>&1 | tee "$OUTDIR/pipeline.log"
 PIPE_RC=${PIPESTATUS[0]}
-say "pipeline timing exit status $PIPE_RC"
+tar -czf "$OUTDIR/pipeline-logs.tar.gz" -C "$PIPE_DIR" . 2>/dev/null || true
+say "pipeline timing exit status $PIPE_RC (per-run logs and round logs: pipeline-logs.tar.gz)"
+
+# The device tool returns only the tail of the output: the key lines once more.
+echo
+say "RECAP"
+grep -hE "^(SKIP|NOTE)|Checks:|^[^ ]*:[0-9]+:[EF]:" "$OUTDIR/cuda-tests.log" | head -40
+grep -hE "^device|copy bandwidth|^BENCH|graph replays" "$OUTDIR/cuda-bench.log"
+grep -hE "IDENTITY|^  (decoder|ar|draft|pearl|rootdraw) " "$OUTDIR/pipeline.log"
 
 say "done in $(( $(date +%s) - T0 ))s: tests rc=$TEST_RC bench rc=$BENCH_RC pipeline rc=$PIPE_RC (path: $BIN)"
 [ "$TEST_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ] && [ "$PIPE_RC" -eq 0 ]

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The default model (98 MB) is larger than what one device call may carry (64 MiB with the
+# working tree and gpu-bundle/), so it travels in two parts over two calls to the same warm
+# machine, whose ignored files persist between calls:
+#   here:   bash tools/gpu-carry.sh split   -> gpu-carry/model.part1 (38 MiB), model.part2,
+#                                              model.sha256 (git-ignored)
+#   call 1: carry gpu-bundle, gpu-carry/model.part1, gpu-carry/model.sha256; run gpu-check.sh
+#   call 2 (within the machine's warm window): carry gpu-carry/model.part2;
+#           run `bash tools/gpu-check.sh --default-model`
+#   there:  bash tools/gpu-carry.sh join    -> models/<default>.gguf once both parts are there
+#           and the sha256 matches (gpu-check.sh calls it); exit 1 (and a message) otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
+DIR=gpu-carry
+PART1_BYTES=$((38 << 20))
+case "${1:-}" in
+  split)
+    [ -r "$MODEL" ] || { echo "gpu-carry: $MODEL missing (run bash tools/setup.sh --model-only)" >&2; exit 2; }
+    mkdir -p "$DIR"
+    head -c "$PART1_BYTES" "$MODEL" >"$DIR/model.part1"
+    tail -c +$((PART1_BYTES + 1)) "$MODEL" >"$DIR/model.part2"
+    (cd models && sha256sum "$(basename "$MODEL")") >"$DIR/model.sha256"
+    cat "$DIR/model.part1" "$DIR/model.part2" | cmp -s - "$MODEL" \
+      || { echo "gpu-carry: the parts do not rebuild $MODEL" >&2; exit 1; }
+    ls -l "$DIR"
+    ;;
+  join)
+    if [ -r "$MODEL" ] && (cd models && sha256sum -c --quiet "../$DIR/model.sha256" 2>/dev/null); then
+      echo "gpu-carry: $MODEL present and verified"; exit 0
+    fi
+    for f in model.part1 model.part2 model.sha256; do
+      [ -r "$DIR/$f" ] || { echo "gpu-carry: $DIR/$f not here yet: default model not assembled"; exit 1; }
+    done
+    mkdir -p models
+    cat "$DIR/model.part1" "$DIR/model.part2" >"$MODEL.tmp"
+    mv "$MODEL.tmp" "$MODEL"
+    if (cd models && sha256sum -c --quiet "../$DIR/model.sha256"); then
+      echo "gpu-carry: assembled $MODEL (sha256 verified)"
+    else
+      rm -f "$MODEL"; echo "gpu-carry: assembled model fails its sha256: removed" >&2; exit 1
+    fi
+    ;;
+  *) echo "usage: bash tools/gpu-carry.sh split|join" >&2; exit 2 ;;
+esac
