@@ -94,3 +94,80 @@ gpu-bundle:
 	@echo "gpu-bundle: $$(du -sh gpu-bundle | cut -f1) ($$(ls gpu-bundle/lib | wc -l) libraries: $$(ls gpu-bundle/lib | tr '\n' ' '))"
 
 -include $(CUDA_CU_OBJS:.o=.d) $(CUDA_DIR)/bench/cuda_bench_main.d $(CUDA_TEST_OBJS:.o=.d)
+
+# ---- CPU emulator build (kernels/cuemu/): no GPU and no nvcc needed, only the CUDA headers.
+#   make cuda-emu            -> build/cuda-emu/rootspec-{<mains>,cuda-bench,cuda-tests}
+#   make cuda-emu-test       -> runs build/cuda-emu/rootspec-cuda-tests
+#   make cuda-emu-test SAN=1 -> the same under ASan+UBSan (build/cuda-emu-san/)
+# The unchanged kernels/*.cu are compiled by g++ as C++ with kernels/cuemu/cuemu.h forced in
+# (ROOTSPEC_CUEMU); the C tests and programs link the emulator's C-linkage runtime and cuBLAS
+# instead of libcudart/libcublas. CUEMU_FAST=1 (the default for cuda-emu-test) lets slow
+# tests run a cheaper variant and say so; CUEMU_FAST=0 runs them in full.
+CUEMU_CXX     ?= g++
+ifeq ($(SAN),1)
+CUEMU_DIR     := build/cuda-emu-san
+CUEMU_OPT     := $(SAN_FLAGS)
+CUEMU_LIB_OBJS := $(filter-out build/san/kernels/cuda_stub.o,$(SAN_OBJS))
+else
+CUEMU_DIR     := build/cuda-emu
+CUEMU_OPT     := -O2 -g
+CUEMU_LIB_OBJS := $(CUDA_LIB_OBJS)
+endif
+CUEMU_SRCS    := $(wildcard kernels/cuemu/*.cc)
+CUEMU_OBJS    := $(CUEMU_SRCS:%.cc=$(CUEMU_DIR)/%.o) $(CUDA_CU_SRCS:%.cu=$(CUEMU_DIR)/%.o)
+CUEMU_CXXFLAGS := $(CUEMU_OPT) -std=c++17 -pthread -DROOTSPEC_CUEMU -D_GNU_SOURCE -I. \
+                  -I$(CUDA_HOME)/include $(PKG_CFLAGS) -Wall -Wno-unused-parameter \
+                  -Wno-sign-compare -Wno-unknown-pragmas -MMD -MP
+CUEMU_CFLAGS  := $(filter-out -O2 -O3,$(CFLAGS)) $(CUEMU_OPT) -I$(CUDA_HOME)/include -DROOTSPEC_CUEMU \
+                 -DCUDA_SUITES_INC='"$(CUEMU_DIR)/suites.inc"'
+CUEMU_LDLIBS  := -lstdc++ $(LDLIBS)
+CUEMU_MAIN_BINS := $(foreach m,$(MAIN_SRCS),$(CUEMU_DIR)/rootspec-$(patsubst %_main.c,%,$(notdir $(m))))
+CUEMU_BENCH   := $(CUEMU_DIR)/rootspec-cuda-bench
+CUEMU_TEST_BIN := $(CUEMU_DIR)/rootspec-cuda-tests
+CUEMU_TEST_OBJS := $(patsubst %.c,$(CUEMU_DIR)/%.o,$(wildcard tests/cuda/*.c) tests/testutil.c)
+CUEMU_MAIN_OBJ = $(if $(filter 1,$(SAN)),build/san/$(1:.c=.o),build/obj/$(1:.c=.o))
+
+.PHONY: cuda-emu cuda-emu-test cuemu-headers
+cuda-emu: cuemu-headers $(CUEMU_MAIN_BINS) $(CUEMU_BENCH) $(CUEMU_TEST_BIN)
+
+cuemu-headers:
+	@test -f $(CUDA_HOME)/include/cuda_runtime_api.h -a -f $(CUDA_HOME)/include/cublas_v2.h || \
+	  { echo "cuda-emu: the CUDA toolkit headers are missing ($(CUDA_HOME)/include/cuda_runtime_api.h," \
+	         "cublas_v2.h); install the toolkit or set CUDA_HOME" >&2; exit 1; }
+
+$(CUEMU_DIR)/kernels/cuemu/%.o: kernels/cuemu/%.cc | cuemu-headers
+	@mkdir -p $(dir $@)
+	$(CUEMU_CXX) $(CUEMU_CXXFLAGS) -c $< -o $@
+
+$(CUEMU_DIR)/%.o: %.cu | cuemu-headers
+	@mkdir -p $(dir $@)
+	$(CUEMU_CXX) -x c++ $(CUEMU_CXXFLAGS) -include kernels/cuemu/cuemu.h -c $< -o $@
+
+$(CUEMU_DIR)/tests/%.o: tests/%.c | cuemu-headers
+	@mkdir -p $(dir $@)
+	$(CC) $(CUEMU_CFLAGS) -c $< -o $@
+
+$(CUEMU_DIR)/suites.inc: $(CUDA_TEST_SRCS)
+	@mkdir -p $(CUEMU_DIR)
+	@printf '%s\n' $(patsubst tests/cuda/test_%.c,'SUITE(%)',$(CUDA_TEST_SRCS)) > $@.tmp
+	@cmp -s $@.tmp $@ || mv $@.tmp $@; rm -f $@.tmp
+$(CUEMU_DIR)/tests/cuda/main.o: $(CUEMU_DIR)/suites.inc
+
+define CUEMU_BIN_RULE
+$(CUEMU_DIR)/rootspec-$(patsubst %_main.c,%,$(notdir $(1))): $(call CUEMU_MAIN_OBJ,$(1)) $$(CUEMU_LIB_OBJS) $$(CUEMU_OBJS)
+	$$(CC) $$(CUEMU_CFLAGS) $$^ -o $$@ $$(CUEMU_LDLIBS)
+endef
+$(foreach m,$(MAIN_SRCS),$(eval $(call CUEMU_BIN_RULE,$(m))))
+
+$(CUEMU_BENCH): $(CUEMU_DIR)/bench/cuda_bench_main.o $(CUEMU_LIB_OBJS) $(CUEMU_OBJS)
+	$(CC) $(CUEMU_CFLAGS) $^ -o $@ $(CUEMU_LDLIBS)
+
+$(CUEMU_TEST_BIN): $(CUEMU_TEST_OBJS) $(CUEMU_LIB_OBJS) $(CUEMU_OBJS)
+	$(CC) $(CUEMU_CFLAGS) $^ -o $@ $(CUEMU_LDLIBS) $(CHECK_LIBS)
+
+CUEMU_FAST ?= 1
+cuda-emu-test: cuda-emu
+	OPENBLAS_NUM_THREADS=1 CUEMU_FAST=$(CUEMU_FAST) ASAN_OPTIONS=detect_leaks=0 \
+	UBSAN_OPTIONS=print_stacktrace=1 ./$(CUEMU_TEST_BIN)
+
+-include $(CUEMU_OBJS:.o=.d) $(CUEMU_DIR)/bench/cuda_bench_main.d $(CUEMU_TEST_OBJS:.o=.d)

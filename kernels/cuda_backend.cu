@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "common/randmodel.h"
 #include "cuda_backend.h"
 #include "cuda_kernels.h"
 
@@ -102,6 +103,7 @@ static void cuda_kv_reset(Backend *bb);
 /* C++ has no tentative definitions: the table comes first, after the prototypes. */
 static const BackendOps cuda_ops = {
     .name = "cuda",
+    .makes_random_weights = 1,
     .create = cuda_create,
     .destroy = cuda_destroy,
     .forward = cuda_forward,
@@ -190,40 +192,73 @@ static int bucket_of(int n) {
 }
 
 /* Weight source: the Model's f32 arrays (uploaded through a staging buffer and converted on
- * the device) or a seeded device-side fill. */
+ * the device) or the seeded device-side fill of common/randmodel.h. Both walk the tensors
+ * with model_random_walk(), so a random model here equals the CPU backend's materialised
+ * copy of it (up to the bf16 rounding). */
 typedef struct {
+    CudaBackend *b;
     const Model *m; /* NULL: random */
-    uint64_t seed;
     float *stage;   // (stage_floats) device f32 staging
     size_t stage_floats;
-    uint64_t tensor_id;
 } WeightSrc;
 
-static void put_bf16(CudaBackend *b, WeightSrc *ws, rs_bf16 *dst, const float *src, size_t n,
-                     float scale, float base) {
-    ws->tensor_id++;
-    if (!ws->m) {
-        cuk_fill_random_bf16(b->stream, dst, n, ws->seed * 1000003ull + ws->tensor_id, scale, base);
-        return;
+/* Device destination of a walk tensor; *bf16 says whether it is a bf16 matrix. */
+static void *device_slot(CudaBackend *b, const RandTensor *t, int *bf16) {
+    CuLayer *L = t->layer >= 0 ? &b->layers[t->layer] : NULL;
+    size_t dim = b->dim, qd = b->qd, kvd = b->kvd, hid = b->hidden;
+    *bf16 = 1;
+    switch (t->kind) {
+    case RT_WQ: return L->wqkv;
+    case RT_WK: return L->wqkv + qd * dim;
+    case RT_WV: return L->wqkv + (qd + kvd) * dim;
+    case RT_WO: return L->wo;
+    case RT_W_GATE: return L->wgu;
+    case RT_W_UP: return L->wgu + hid * dim;
+    case RT_W_DOWN: return L->wdown;
+    case RT_TOK_EMBEDDINGS: return b->emb;
+    case RT_WCLS: return b->wcls;
+    default: break;
     }
-    RS_ASSERT(src);
-    for (size_t off = 0; off < n; off += ws->stage_floats) {
-        size_t k = n - off < ws->stage_floats ? n - off : ws->stage_floats;
-        CUDA_CHECK(cudaMemcpyAsync(ws->stage, src + off, k * sizeof(float),
-                                   cudaMemcpyHostToDevice, b->stream));
-        cuk_f32_to_bf16(b->stream, ws->stage, dst + off, k);
+    *bf16 = 0;
+    switch (t->kind) {
+    case RT_ATTN_NORM: return L->attn_norm;
+    case RT_FFN_NORM: return L->ffn_norm;
+    case RT_BQ: return L->bqkv;
+    case RT_BK: return L->bqkv + qd;
+    case RT_BV: return L->bqkv + qd + kvd;
+    case RT_Q_NORM: return L->q_norm;
+    case RT_K_NORM: return L->k_norm;
+    case RT_FINAL_NORM: return b->final_norm;
+    default: break;
     }
+    RS_ASSERT(0 && "tensor kind without a device slot");
+    return NULL;
 }
 
-static void put_f32(CudaBackend *b, WeightSrc *ws, float *dst, const float *src, size_t n,
-                    float scale, float base) {
-    ws->tensor_id++;
+static void put_tensor(void *u, const RandTensor *t) {
+    WeightSrc *ws = (WeightSrc *)u;
+    CudaBackend *b = ws->b;
+    int bf16;
+    void *dst = device_slot(b, t, &bf16);
+    RS_ASSERT(dst);
     if (!ws->m) {
-        cuk_fill_random_f32(b->stream, dst, n, ws->seed * 1000003ull + ws->tensor_id, scale, base);
+        if (bf16) cuk_fill_random_bf16(b->stream, (rs_bf16 *)dst, t->n, t->seed, t->scale, t->base);
+        else cuk_fill_random_f32(b->stream, (float *)dst, t->n, t->seed, t->scale, t->base);
         return;
     }
+    const float *src = *model_weight_slot((Weights *)&ws->m->w, t);
     RS_ASSERT(src);
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, b->stream));
+    if (!bf16) {
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, t->n * sizeof(float), cudaMemcpyHostToDevice,
+                                   b->stream));
+        return;
+    }
+    for (size_t off = 0; off < t->n; off += ws->stage_floats) {
+        size_t k = t->n - off < ws->stage_floats ? t->n - off : ws->stage_floats;
+        CUDA_CHECK(cudaMemcpyAsync(ws->stage, src + off, k * sizeof(float),
+                                   cudaMemcpyHostToDevice, b->stream));
+        cuk_f32_to_bf16(b->stream, ws->stage, (rs_bf16 *)dst + off, k);
+    }
 }
 
 static int create_impl(const Model *m, const BackendParams *p, int random, uint64_t seed,
@@ -342,7 +377,7 @@ static int create_impl(const Model *m, const BackendParams *p, int random, uint6
     b->keep_seen = (uint8_t *)rs_xcalloc(P, 1);
 
     /* Weights. */
-    WeightSrc ws = {random ? NULL : m, seed, NULL, 0, 0};
+    WeightSrc ws = {b, random ? NULL : m, NULL, 0};
     if (!random) {
         ws.stage_floats = (size_t)16 << 20; /* 64 MiB of f32 per upload */
         rc = dalloc(&ws.stage, ws.stage_floats * 4, "weight upload staging", e);
@@ -352,39 +387,9 @@ static int create_impl(const Model *m, const BackendParams *p, int random, uint6
             return rc;
         }
     }
-    const Weights *w = &m->w;
-    float s_in = 1.0f / sqrtf((float)dim);
-    for (int l = 0; l < b->nl; l++) {
-        const LayerWeights *LW = random ? NULL : &w->layers[l];
-        CuLayer *L = &b->layers[l];
-#define SRC(f) (LW ? LW->f : NULL)
-        put_bf16(b, &ws, L->wqkv, SRC(wq), (size_t)b->qd * dim, s_in, 0);
-        put_bf16(b, &ws, L->wqkv + (size_t)b->qd * dim, SRC(wk), (size_t)b->kvd * dim, s_in, 0);
-        put_bf16(b, &ws, L->wqkv + (size_t)(b->qd + b->kvd) * dim, SRC(wv), (size_t)b->kvd * dim,
-                 s_in, 0);
-        put_bf16(b, &ws, L->wo, SRC(wo), dim * b->qd, 1.0f / sqrtf((float)b->qd), 0);
-        put_bf16(b, &ws, L->wgu, SRC(w_gate), (size_t)b->hidden * dim, s_in, 0);
-        put_bf16(b, &ws, L->wgu + (size_t)b->hidden * dim, SRC(w_up), (size_t)b->hidden * dim,
-                 s_in, 0);
-        put_bf16(b, &ws, L->wdown, SRC(w_down), dim * b->hidden, 1.0f / sqrtf((float)b->hidden),
-                 0);
-        put_f32(b, &ws, L->attn_norm, SRC(attn_norm), dim, 0.1f, 1.0f);
-        put_f32(b, &ws, L->ffn_norm, SRC(ffn_norm), dim, 0.1f, 1.0f);
-        if (L->bqkv) {
-            put_f32(b, &ws, L->bqkv, SRC(bq), b->qd, 0.1f, 0);
-            put_f32(b, &ws, L->bqkv + b->qd, SRC(bk), b->kvd, 0.1f, 0);
-            put_f32(b, &ws, L->bqkv + b->qd + b->kvd, SRC(bv), b->kvd, 0.1f, 0);
-        }
-        if (L->q_norm) {
-            put_f32(b, &ws, L->q_norm, SRC(q_norm), b->hd, 0.1f, 1.0f);
-            put_f32(b, &ws, L->k_norm, SRC(k_norm), b->hd, 0.1f, 1.0f);
-        }
-#undef SRC
-    }
-    put_bf16(b, &ws, b->emb, random ? NULL : w->tok_embeddings, (size_t)b->vocab * dim, 1.0f, 0);
-    if (b->wcls != b->emb)
-        put_bf16(b, &ws, b->wcls, random ? NULL : w->wcls, (size_t)b->vocab * dim, 3.0f * s_in, 0);
-    put_f32(b, &ws, b->final_norm, random ? NULL : w->final_norm, dim, 0.1f, 1.0f);
+    Config wc = *c; /* a loaded model is tied when its head is its embedding array */
+    wc.tied_embeddings = b->wcls == b->emb;
+    model_random_walk(&wc, seed, put_tensor, &ws);
     float *inv = (float *)rs_xcalloc(half, sizeof(float));
     cuk_rope_inv_freq(c, inv);
     CUDA_CHECK(cudaMemcpyAsync(b->inv_freq, inv, half * 4, cudaMemcpyHostToDevice, b->stream));
@@ -401,8 +406,11 @@ static int create_impl(const Model *m, const BackendParams *p, int random, uint6
     return RS_OK;
 }
 
+/* A "random:" model without host weights gets them made on the device (no host copy of an
+ * 8B model); one that has host weights (materialised, or a layer view) is uploaded. */
 static int cuda_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
-    return create_impl(m, p, 0, 0, out, e);
+    int random = m->random_weights && !m->arena;
+    return create_impl(m, p, random, random ? m->random_seed : 0, out, e);
 }
 
 extern "C" int cuda_backend_create_random(const Model *shape, const BackendParams *p,

@@ -3,6 +3,7 @@
  * cos/sin in double of a float angle, f32 softmax, so the two backends differ only by
  * the bf16 weights, the bf16 KV cache and summation order. */
 #include "cuda_kernels.h"
+#include "common/randmodel.h" /* rs_rand_unit: the random-model weights, shared with the CPU */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <float.h>
@@ -12,6 +13,16 @@
 typedef __nv_bfloat16 bf16;
 
 #define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+/* The one kernel-launch form of this file. Under nvcc it is exactly the <<<>>> launch;
+ * under the CPU emulator (ROOTSPEC_CUEMU, kernels/cuemu/) it enqueues the kernel on the
+ * emulated stream with the same argument conversions. */
+#ifdef ROOTSPEC_CUEMU
+#define CUK_LAUNCH(k, grid, block, stream, ...) \
+    cuemu_launch(#k, k, (grid), (block), 0, (stream), __VA_ARGS__)
+#else
+#define CUK_LAUNCH(k, grid, block, stream, ...) k<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
+#endif
 
 static inline unsigned blocks_for(size_t n, unsigned threads) {
     size_t b = (n + threads - 1) / threads;
@@ -47,44 +58,33 @@ __global__ void k_f32_to_bf16(const float *in, bf16 *out, size_t n) {
 
 extern "C" void cuk_f32_to_bf16(cudaStream_t s, const float *in, rs_bf16 *out, size_t n) {
     if (!n) return;
-    k_f32_to_bf16<<<blocks_for(n, 256), 256, 0, s>>>(in, (bf16 *)out, n);
+    CUK_LAUNCH(k_f32_to_bf16, blocks_for(n, 256), 256, s, in, (bf16 *)out, n);
     LAUNCH_CHECK();
-}
-
-__device__ __forceinline__ float hash_uniform(uint64_t seed, size_t i) {
-    /* splitmix64 of (seed, i): a counter-based generator, so every element is independent
-     * of launch shape. Returns U(-sqrt3, sqrt3): unit variance. */
-    uint64_t z = seed * 0x9e3779b97f4a7c15ull + (uint64_t)i * 0xbf58476d1ce4e5b9ull + 1;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    float u = (float)(z >> 40) * (1.0f / 16777216.0f); /* [0, 1) */
-    return (2.0f * u - 1.0f) * 1.7320508f;
 }
 
 __global__ void k_fill_bf16(bf16 *out, size_t n, uint64_t seed, float scale, float base) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
-        out[i] = __float2bfloat16_rn(base + scale * hash_uniform(seed, i));
+        out[i] = __float2bfloat16_rn(base + scale * rs_rand_unit(seed, i));
 }
 
 __global__ void k_fill_f32(float *out, size_t n, uint64_t seed, float scale, float base) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
-        out[i] = base + scale * hash_uniform(seed, i);
+        out[i] = base + scale * rs_rand_unit(seed, i);
 }
 
 extern "C" void cuk_fill_random_bf16(cudaStream_t s, rs_bf16 *out, size_t n, uint64_t seed,
                                      float scale, float base) {
     if (!n) return;
-    k_fill_bf16<<<blocks_for(n, 256), 256, 0, s>>>((bf16 *)out, n, seed, scale, base);
+    CUK_LAUNCH(k_fill_bf16, blocks_for(n, 256), 256, s, (bf16 *)out, n, seed, scale, base);
     LAUNCH_CHECK();
 }
 
 extern "C" void cuk_fill_random_f32(cudaStream_t s, float *out, size_t n, uint64_t seed,
                                     float scale, float base) {
     if (!n) return;
-    k_fill_f32<<<blocks_for(n, 256), 256, 0, s>>>(out, n, seed, scale, base);
+    CUK_LAUNCH(k_fill_f32, blocks_for(n, 256), 256, s, out, n, seed, scale, base);
     LAUNCH_CHECK();
 }
 
@@ -123,7 +123,7 @@ __global__ void k_embed(const bf16 *emb, const int *tokens, int dim, float *x) {
 
 extern "C" void cuk_embed(cudaStream_t s, const rs_bf16 *emb, const int *tokens, int nb, int dim,
                           float *x) {
-    k_embed<<<nb, 256, 0, s>>>((const bf16 *)emb, tokens, dim, x);
+    CUK_LAUNCH(k_embed, nb, 256, s, (const bf16 *)emb, tokens, dim, x);
     LAUNCH_CHECK();
 }
 
@@ -144,7 +144,7 @@ __global__ void k_rmsnorm(const float *x, const int *rows, const float *w, int d
 
 extern "C" void cuk_rmsnorm(cudaStream_t s, const float *x, const int *rows, const float *w, int nb,
                             int dim, float eps, float *out_f32, rs_bf16 *out_bf16) {
-    k_rmsnorm<<<nb, 256, 0, s>>>(x, rows, w, dim, eps, out_f32, (bf16 *)out_bf16);
+    CUK_LAUNCH(k_rmsnorm, nb, 256, s, x, rows, w, dim, eps, out_f32, (bf16 *)out_bf16);
     LAUNCH_CHECK();
 }
 
@@ -164,7 +164,7 @@ __global__ void k_head_rmsnorm(float *x, int row_stride, int nb, int n_heads, in
 extern "C" void cuk_head_rmsnorm(cudaStream_t s, float *x, int row_stride, int nb, int n_heads,
                                  int hd, const float *w, float eps) {
     int warps = nb * n_heads;
-    k_head_rmsnorm<<<(warps + 7) / 8, 256, 0, s>>>(x, row_stride, nb, n_heads, hd, w, eps);
+    CUK_LAUNCH(k_head_rmsnorm, (warps + 7) / 8, 256, s, x, row_stride, nb, n_heads, hd, w, eps);
     LAUNCH_CHECK();
 }
 
@@ -175,7 +175,7 @@ __global__ void k_bias_add(float *x, int row_stride, int width, const float *bia
 
 extern "C" void cuk_bias_add(cudaStream_t s, float *x, int row_stride, int nb, int width,
                              const float *bias) {
-    k_bias_add<<<nb, 256, 0, s>>>(x, row_stride, width, bias);
+    CUK_LAUNCH(k_bias_add, nb, 256, s, x, row_stride, width, bias);
     LAUNCH_CHECK();
 }
 
@@ -194,7 +194,7 @@ __global__ void k_rope_table(const int *pos, const float *inv_freq, int nb, int 
 extern "C" void cuk_rope_table(cudaStream_t s, const int *pos, const float *inv_freq, int nb,
                                int half, float *cos_t, float *sin_t) {
     int n = nb * half;
-    k_rope_table<<<(n + 255) / 256, 256, 0, s>>>(pos, inv_freq, nb, half, cos_t, sin_t);
+    CUK_LAUNCH(k_rope_table, (n + 255) / 256, 256, s, pos, inv_freq, nb, half, cos_t, sin_t);
     LAUNCH_CHECK();
 }
 
@@ -214,7 +214,7 @@ __global__ void k_rope(float *x, int row_stride, int n_heads, int hd, const floa
 
 extern "C" void cuk_rope(cudaStream_t s, float *x, int row_stride, int nb, int n_heads, int hd,
                          const float *cos_t, const float *sin_t) {
-    k_rope<<<nb, 256, 0, s>>>(x, row_stride, n_heads, hd, cos_t, sin_t);
+    CUK_LAUNCH(k_rope, nb, 256, s, x, row_stride, n_heads, hd, cos_t, sin_t);
     LAUNCH_CHECK();
 }
 
@@ -233,7 +233,7 @@ __global__ void k_kv_store(const float *k, const float *v, int row_stride, int k
 
 extern "C" void cuk_kv_store(cudaStream_t s, const float *k, const float *v, int row_stride, int nb,
                              int kv_dim, const CuMeta *meta, rs_bf16 *kc, rs_bf16 *vc) {
-    k_kv_store<<<nb, 256, 0, s>>>(k, v, row_stride, kv_dim, meta, (bf16 *)kc, (bf16 *)vc);
+    CUK_LAUNCH(k_kv_store, nb, 256, s, k, v, row_stride, kv_dim, meta, (bf16 *)kc, (bf16 *)vc);
     LAUNCH_CHECK();
 }
 
@@ -257,11 +257,11 @@ extern "C" void cuk_kv_compact(cudaStream_t s, rs_bf16 *cache, int n_layers, int
                                int n_committed, const int *keep, int n_keep, rs_bf16 *scratch) {
     if (n_keep <= 0) return;
     dim3 grid(n_keep, n_layers);
-    k_kv_gather<<<grid, 128, 0, s>>>((const bf16 *)cache, cap, kv_dim, n_committed, keep, n_keep,
-                                     (bf16 *)scratch);
+    CUK_LAUNCH(k_kv_gather, grid, 128, s, (const bf16 *)cache, cap, kv_dim, n_committed, keep,
+               n_keep, (bf16 *)scratch);
     LAUNCH_CHECK();
-    k_kv_scatter<<<grid, 128, 0, s>>>((bf16 *)cache, cap, kv_dim, n_committed, n_keep,
-                                      (const bf16 *)scratch);
+    CUK_LAUNCH(k_kv_scatter, grid, 128, s, (bf16 *)cache, cap, kv_dim, n_committed, n_keep,
+               (const bf16 *)scratch);
     LAUNCH_CHECK();
 }
 
@@ -354,10 +354,9 @@ extern "C" void cuk_attention(cudaStream_t s, const float *q, int q_stride, cons
     dim3 grid(n_heads, nb);
     float scale = 1.0f / sqrtf((float)hd);
 #define ATT(PER)                                                                           \
-    k_attention<PER><<<grid, ATT_WARPS * 32, 0, s>>>(q, q_stride, (const bf16 *)kc,       \
-                                                    (const bf16 *)vc, mask, meta, n_heads,  \
-                                                    n_kv_heads, hd, scale, (bf16 *)out_bf16, \
-                                                    out_f32)
+    CUK_LAUNCH(k_attention<PER>, grid, ATT_WARPS * 32, s, q, q_stride, (const bf16 *)kc,   \
+               (const bf16 *)vc, mask, meta, n_heads, n_kv_heads, hd, scale,                \
+               (bf16 *)out_bf16, out_f32)
     if (hd <= 32) ATT(1);
     else if (hd <= 64) ATT(2);
     else if (hd <= 128) ATT(4);
@@ -386,8 +385,8 @@ __global__ void k_swiglu(const float *gu, int nb, int hidden, bf16 *ob, float *o
 
 extern "C" void cuk_swiglu(cudaStream_t s, const float *gu, int nb, int hidden, rs_bf16 *out_bf16,
                            float *out_f32) {
-    k_swiglu<<<blocks_for((size_t)nb * hidden, 256), 256, 0, s>>>(gu, nb, hidden,
-                                                                 (bf16 *)out_bf16, out_f32);
+    CUK_LAUNCH(k_swiglu, blocks_for((size_t)nb * hidden, 256), 256, s, gu, nb, hidden,
+               (bf16 *)out_bf16, out_f32);
     LAUNCH_CHECK();
 }
 
@@ -399,7 +398,7 @@ __global__ void k_residual_add(float *x, const float *y, size_t n) {
 
 extern "C" void cuk_residual_add(cudaStream_t s, float *x, const float *y, size_t n) {
     if (!n) return;
-    k_residual_add<<<blocks_for(n, 256), 256, 0, s>>>(x, y, n);
+    CUK_LAUNCH(k_residual_add, blocks_for(n, 256), 256, s, x, y, n);
     LAUNCH_CHECK();
 }
 
@@ -455,7 +454,7 @@ __global__ void k_argmax(const float *row, int n, int *out) {
 }
 
 extern "C" void cuk_argmax(cudaStream_t s, const float *row, int n, int *out) {
-    k_argmax<<<1, SEL_THREADS, 0, s>>>(row, n, out);
+    CUK_LAUNCH(k_argmax, 1, SEL_THREADS, s, row, n, out);
     LAUNCH_CHECK();
 }
 
@@ -516,6 +515,6 @@ __global__ void k_sample(const float *row, int n, double u, int *out) {
 }
 
 extern "C" void cuk_sample(cudaStream_t s, const float *row, int n, double u, int *out) {
-    k_sample<<<1, SEL_THREADS, 0, s>>>(row, n, u, out);
+    CUK_LAUNCH(k_sample, 1, SEL_THREADS, s, row, n, u, out);
     LAUNCH_CHECK();
 }

@@ -7,11 +7,20 @@
 #include <stdlib.h>
 #include "cuda_testutil.h"
 
+/* The emulator build (make cuda-emu) keeps its own suite list. */
+#ifndef CUDA_SUITES_INC
+#define CUDA_SUITES_INC "build/cuda/suites.inc"
+#endif
+
 #define SUITE(name) Suite *suite_##name(void);
-#include "build/cuda/suites.inc"
+#include CUDA_SUITES_INC
 #undef SUITE
 
 int main(void) {
+#ifdef ROOTSPEC_CUEMU
+    printf("NOTE: CUDA emulator on the CPU: these tests run kernels/*.cu on kernels/cuemu/, not "
+           "on a GPU (logic only: indexing, masks, cache slots, stream order, graph capture)\n");
+#endif
     if (!cu_have_device())
         printf("SKIP: no CUDA device (%s): every CUDA test below is skipped\n",
                cu_no_device_reason());
@@ -19,7 +28,7 @@ int main(void) {
     SRunner *sr = srunner_create(NULL);
     srunner_set_fork_status(sr, CK_NOFORK);
 #define SUITE(name) srunner_add_suite(sr, suite_##name());
-#include "build/cuda/suites.inc"
+#include CUDA_SUITES_INC
 #undef SUITE
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
