@@ -189,8 +189,7 @@ typedef struct {
     float *p; /* next free float of the arena */
 } FillCtx;
 
-/* Where a tensor of the walk lives in Weights. */
-static float **weight_slot(Weights *w, const RandTensor *t) {
+float **model_weight_slot(Weights *w, const RandTensor *t) {
     LayerWeights *L = t->layer >= 0 ? &w->layers[t->layer] : NULL;
     switch (t->kind) {
     case RT_WQ: return &L->wq;
@@ -219,7 +218,7 @@ static void fill_tensor(void *u, const RandTensor *t) {
     FillCtx *f = u;
     float *dst = f->p;
     for (size_t i = 0; i < t->n; i++) dst[i] = t->base + t->scale * rs_rand_unit(t->seed, i);
-    *weight_slot(&f->m->w, t) = dst;
+    *model_weight_slot(&f->m->w, t) = dst;
     f->p += t->n;
 }
 

@@ -67,6 +67,8 @@ int model_random_load(const char *spec, Model **out, RsErr *e);
 /* Calls fn for every tensor of c in the canonical order (see above). */
 void model_random_walk(const Config *c, uint64_t seed, void (*fn)(void *u, const RandTensor *t),
                        void *u);
+/* Where the walk's tensor t lives in w (w->layers must have the walk's layer count). */
+float **model_weight_slot(Weights *w, const RandTensor *t);
 /* Fills f32 host weights (arena) for a random model; RS_ENOMEM with the size when it would
  * exceed RANDOM_MODEL_HOST_LIMIT. No-op when already materialised. */
 int model_random_materialize(Model *m, RsErr *e);
