@@ -4,27 +4,28 @@
  * committed context, graph replay vs eager launch: milliseconds per pass (wall clock,
  * including the logits copy to the host), and weight bandwidth achieved (bf16 weight
  * bytes / pass time) as a share of the device-to-device copy bandwidth measured here.
- *   rootspec-cuda-bench [--iters N] [--ctx N] [--only target|drafter] [--device D] */
+ *   rootspec-cuda-bench [--iters N] [--ctx N] [--only target|drafter] [--model SPEC]
+ *                       [--copy-mib N] [--device D]
+ * --model times one other model instead (a file or random:PRESET, see common/randmodel.h). */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "common/randmodel.h"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_kernels.h"
 
 typedef struct {
-    const char *name;
-    int dim, hidden, layers, heads, kv_heads, head_dim, vocab, tied;
+    const char *name, *spec, *tag;
 } Shape;
 
 static const Shape kShapes[] = {
-    {"target Llama-3.1-8B-shaped", 4096, 14336, 32, 32, 8, 128, 128256, 0},
-    {"drafter Llama-3.2-1B-shaped", 2048, 8192, 16, 32, 8, 64, 128256, 1},
+    {"target Llama-3.1-8B-shaped", "random:llama3-8b,seed=1234", "target8B"},
+    {"drafter Llama-3.2-1B-shaped", "random:llama3-1b,seed=1235", "drafter1B"},
 };
 
-/* Device-to-device copy bandwidth (bytes read + written per second) of a 2 GiB buffer. */
-static double copy_bandwidth(void) {
-    size_t bytes = (size_t)1 << 31;
+/* Device-to-device copy bandwidth (bytes read + written per second) of one buffer. */
+static double copy_bandwidth(size_t bytes) {
     void *a, *b;
     CUDA_CHECK(cudaMalloc(&a, bytes));
     CUDA_CHECK(cudaMalloc(&b, bytes));
@@ -57,7 +58,8 @@ static int cmp_double(const void *a, const void *b) {
 static double time_pass(Backend *b, int n, int n_out, int iters, float *logits) {
     int tok[65], pos[65], rows[65];
     int base = b->n_committed;
-    for (int i = 0; i < n; i++) tok[i] = (i * 7919 + 13) % 128256, pos[i] = base + i, rows[i] = i;
+    int vocab = b->model->cfg.vocab_size;
+    for (int i = 0; i < n; i++) tok[i] = (i * 7919 + 13) % vocab, pos[i] = base + i, rows[i] = i;
     RsErr e = {0};
     double *t = (double *)malloc(sizeof(double) * iters);
     for (int i = -3; i < iters; i++) { /* 3 warm-ups (graph capture happens here) */
@@ -80,21 +82,24 @@ static double time_pass(Backend *b, int n, int n_out, int iters, float *logits) 
 }
 
 int main(int argc, char **argv) {
-    int iters = 20, ctx = 512, device = 0;
-    const char *only = NULL;
+    int iters = 20, ctx = 512, device = 0, copy_mib = 2048;
+    const char *only = NULL, *model_spec = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) ctx = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc) model_spec = argv[++i];
+        else if (!strcmp(argv[i], "--copy-mib") && i + 1 < argc) copy_mib = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--iters N] [--ctx N] [--only target|drafter] [--device D]\n",
-                    argv[0]);
+            fprintf(stderr, "usage: %s [--iters N] [--ctx N] [--only target|drafter] "
+                    "[--model SPEC] [--copy-mib N] [--device D]\n", argv[0]);
             return 2;
         }
     }
-    if (iters < 1 || ctx < 1 || ctx > 8192) {
-        fprintf(stderr, "rootspec-cuda-bench: --iters %d / --ctx %d out of range\n", iters, ctx);
+    if (iters < 1 || ctx < 1 || ctx > 8192 || copy_mib < 1 || copy_mib > 65536) {
+        fprintf(stderr, "rootspec-cuda-bench: --iters %d / --ctx %d / --copy-mib %d out of range\n",
+                iters, ctx, copy_mib);
         return 2;
     }
     int ndev = 0;
@@ -109,32 +114,37 @@ int main(int argc, char **argv) {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     printf("device %d: %s, %d SMs, %.1f GiB, cc %d.%d\n", device, prop.name,
            prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0, prop.major, prop.minor);
-    double copy_bw = copy_bandwidth();
-    printf("device-to-device copy bandwidth: %.0f GB/s (read + write, 2 GiB buffer)\n",
-           copy_bw / 1e9);
+    double copy_bw = copy_bandwidth((size_t)copy_mib << 20);
+    printf("device-to-device copy bandwidth: %.0f GB/s (read + write, %d MiB buffer)\n",
+           copy_bw / 1e9, copy_mib);
     printf("context %d committed tokens; median of %d passes; logits of all n rows copied "
            "to the host unless noted\n", ctx, iters);
-    float *logits;
-    CUDA_CHECK(cudaMallocHost((void **)&logits, sizeof(float) * 65 * 128256));
-    for (size_t si = 0; si < sizeof kShapes / sizeof kShapes[0]; si++) {
-        const Shape *sh = &kShapes[si];
+    Shape custom = {model_spec, model_spec, "model"};
+    const Shape *shapes = model_spec ? &custom : kShapes;
+    size_t n_shapes = model_spec ? 1 : sizeof kShapes / sizeof kShapes[0];
+    float *logits = NULL;
+    size_t logits_cap = 0;
+    for (size_t si = 0; si < n_shapes; si++) {
+        const Shape *sh = &shapes[si];
         if (only && !strstr(sh->name, only)) continue;
-        Model *m = (Model *)calloc(1, sizeof(Model));
-        Config *c = &m->cfg;
-        c->arch = ARCH_LLAMA;
-        c->dim = sh->dim, c->hidden_dim = sh->hidden, c->n_layers = sh->layers;
-        c->n_heads = sh->heads, c->n_kv_heads = sh->kv_heads, c->head_dim = sh->head_dim;
-        c->vocab_size = sh->vocab, c->max_seq_len = 131072, c->norm_eps = 1e-5f;
-        c->rope_theta = 500000.0f, c->rope_scaling = 1, c->rope_factor = 8.0f;
-        c->rope_low_freq_factor = 1.0f, c->rope_high_freq_factor = 4.0f;
-        c->rope_orig_max_pos = 8192, c->tied_embeddings = sh->tied;
-        c->bos_id = c->eos_id = -1;
+        Model *m = NULL;
+        RsErr e = {0};
+        /* random models are made on the device by cuda_ops.create (no host copy) */
+        if (backend_model_load(cuda_backend_ops_get(), sh->spec, &m, &e) != RS_OK) {
+            fprintf(stderr, "rootspec-cuda-bench: %s\n", e.msg);
+            return 2;
+        }
+        size_t need = sizeof(float) * 65 * (size_t)m->cfg.vocab_size;
+        if (need > logits_cap) {
+            if (logits) cudaFreeHost(logits);
+            CUDA_CHECK(cudaMallocHost((void **)&logits, need));
+            logits_cap = need;
+        }
         BackendParams p = {.kv_capacity = ctx + 128, .max_batch = ctx > 65 ? ctx : 65,
                            .max_pending = ctx > 65 ? ctx : 65, .threads = 0, .device = device};
         Backend *b = NULL;
-        RsErr e = {0};
         uint64_t t0 = rs_now_ns();
-        if (cuda_backend_create_random(m, &p, 1234 + si, &b, &e) != RS_OK) {
+        if (cuda_backend_ops_get()->create(m, &p, &b, &e) != RS_OK) {
             fprintf(stderr, "rootspec-cuda-bench: %s: %s\n", sh->name, e.msg);
             return 1;
         }
@@ -143,7 +153,7 @@ int main(int argc, char **argv) {
                (rs_now_ns() - t0) * 1e-9);
         /* committed context: one eager prefill */
         int *tok = (int *)malloc(sizeof(int) * ctx), *pos = (int *)malloc(sizeof(int) * ctx);
-        for (int i = 0; i < ctx; i++) tok[i] = (i * 31 + 7) % sh->vocab, pos[i] = i;
+        for (int i = 0; i < ctx; i++) tok[i] = (i * 31 + 7) % m->cfg.vocab_size, pos[i] = i;
         int last = ctx - 1;
         t0 = rs_now_ns();
         if (backend_forward(b, tok, pos, ctx, NULL, &last, 1, logits, &e) != RS_OK ||
@@ -167,7 +177,7 @@ int main(int argc, char **argv) {
                    bw / 1e9, 100.0 * bw / copy_bw, tg1);
             printf("BENCH model=%s n=%d graph_ms=%.4f eager_ms=%.4f graph_nout1_ms=%.4f "
                    "weight_GBps=%.1f copy_GBps=%.1f share=%.3f\n",
-                   si == 0 ? "target8B" : "drafter1B", n, tg, te, tg1, bw / 1e9, copy_bw / 1e9,
+                   sh->tag, n, tg, te, tg1, bw / 1e9, copy_bw / 1e9,
                    bw / copy_bw);
         }
         printf("graph replays %llu, eager launches %llu, captures %llu\n",
@@ -175,11 +185,9 @@ int main(int argc, char **argv) {
                (unsigned long long)cuda_backend_n_captures(b));
         free(tok), free(pos);
         backend_destroy(&b);
-        free(m);
+        model_free(&m);
     }
-    /* HOOK(pipelined two-process timing): the target/drafter processes over ZeroMQ are
-     * timed by their own tools once they exist; tools/gpu-check.sh has the matching hook. */
-    printf("\nHOOK pipelined two-process timing: not part of this bench (see tools/gpu-check.sh)\n");
-    cudaFreeHost(logits);
+    printf("\n(the pipelined two-process timing is tools/pipeline-timing.sh)\n");
+    if (logits) cudaFreeHost(logits);
     return 0;
 }

@@ -413,11 +413,6 @@ static int cuda_create(const Model *m, const BackendParams *p, Backend **out, Rs
     return create_impl(m, p, random, random ? m->random_seed : 0, out, e);
 }
 
-extern "C" int cuda_backend_create_random(const Model *shape, const BackendParams *p,
-                                          uint64_t seed, Backend **out, RsErr *e) {
-    return create_impl(shape, p, 1, seed, out, e);
-}
-
 extern "C" void cuda_backend_set_graphs(Backend *bb, int on) {
     RS_ASSERT(bb && bb->ops == &cuda_ops);
     ((CudaBackend *)bb)->use_graphs = on != 0;

@@ -13,12 +13,6 @@ extern "C" {
 #endif
 #include "backend.h"
 
-/* Like cuda_ops.create, but `shape` supplies only the Config (its weight pointers are not
- * read): every weight is random, made on the device from `seed` as common/randmodel.h
- * defines them (cuda_ops.create does the same for a "random:" Model). For benchmarks of
- * 8B-sized models that have no f32 copy on the host. */
-int cuda_backend_create_random(const Model *shape, const BackendParams *p, uint64_t seed,
-                               Backend **out, RsErr *e);
 /* Turns CUDA graphs on (1) or off (0) for later forward() calls; the default comes from
  * ROOTSPEC_CUDA_GRAPHS (unset or not "0": on). */
 void cuda_backend_set_graphs(Backend *b, int on);

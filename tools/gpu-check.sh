@@ -9,8 +9,9 @@
 #    share of the measured device-to-device copy bandwidth;
 # 4. times the pipelined two-process run (tools/pipeline-timing.sh): random 8B-shaped
 #    target and 1B-shaped drafter processes on the one GPU, AR / draft / pearl / rootdraw.
-# Dry run on the CPU: GPU_CHECK_BIN=build/cuda-emu GPU_CHECK_SKIP_BENCH=1
-# PIPE_TARGET=random:tiny PIPE_DRAFT=random:tiny,seed=2 bash tools/gpu-check.sh
+# Dry run on the CPU (emulator build, tiny shapes): GPU_CHECK_BIN=build/cuda-emu
+#   GPU_CHECK_BENCH_ARGS="--model random:tiny --copy-mib 8 --ctx 64 --iters 2"
+#   PIPE_TARGET=random:tiny PIPE_DRAFT=random:tiny,seed=2 bash tools/gpu-check.sh
 # With --default-model: only assembles the default model from gpu-carry/ (tools/gpu-carry.sh;
 # it is too big for one call) and runs the CUDA-vs-CPU parity test on it.
 # Writes a few logs to $GPU_CHECK_OUT (default: $OUT if set, else gpu-check-out/; the device
@@ -114,14 +115,10 @@ TEST_RC=$?
 set +o pipefail
 say "rootspec-cuda-tests exit status $TEST_RC"
 
-if [ -n "${GPU_CHECK_SKIP_BENCH:-}" ]; then
-    say "GPU_CHECK_SKIP_BENCH set: rootspec-cuda-bench not run" | tee "$OUTDIR/cuda-bench.log"
-    BENCH_RC=0
-else
-    say "running $BIN/rootspec-cuda-bench (random-weight 8B / 1B shapes, built on the device)"
-    timeout 120 "$BIN/rootspec-cuda-bench" --iters 20 --ctx 512 2>&1 | tee "$OUTDIR/cuda-bench.log"
-    BENCH_RC=${PIPESTATUS[0]}
-fi
+BENCH_ARGS=${GPU_CHECK_BENCH_ARGS:---iters 20 --ctx 512}
+say "running $BIN/rootspec-cuda-bench $BENCH_ARGS (random-weight 8B / 1B shapes, built on the device)"
+timeout 120 "$BIN/rootspec-cuda-bench" $BENCH_ARGS 2>&1 | tee "$OUTDIR/cuda-bench.log"
+BENCH_RC=${PIPESTATUS[0]}
 say "rootspec-cuda-bench exit status $BENCH_RC"
 
 # Pipelined two-process timing: drafter (Llama-3.2-1B shape) and target (Llama-3.1-8B
