@@ -110,7 +110,7 @@ CUEMU_OPT     := $(SAN_FLAGS)
 CUEMU_LIB_OBJS := $(filter-out build/san/kernels/cuda_stub.o,$(SAN_OBJS))
 else
 CUEMU_DIR     := build/cuda-emu
-CUEMU_OPT     := -O2 -g
+CUEMU_OPT     := -O2 -g -march=x86-64-v2
 CUEMU_LIB_OBJS := $(CUDA_LIB_OBJS)
 endif
 CUEMU_SRCS    := $(wildcard kernels/cuemu/*.cc)

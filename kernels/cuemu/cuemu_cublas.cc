@@ -137,7 +137,9 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     auto op = std::make_shared<cuemu_op_t>();
     op->what = "cublasGemmEx";
     op->run = [=]() {
-        std::vector<float> Af, Bf;
+        /* Reused across calls (ops run under cuemu_mu): fresh 100 MB vectors per GEMM
+         * would spend most of the time in page faults. */
+        static std::vector<float> Af, Bf;
         if (k > 0) {
             widen(A, at, ar, ac, lda, Af);
             widen(B, bt, br, bc, ldb, Bf);

@@ -167,7 +167,10 @@ static void lane_stack_init(lane_t *l) {
         l->stack_lo = m + pg;
     }
 #if CUEMU_ASAN
-    __asan_unpoison_memory_region(l->stack_lo, CUEMU_STACK);
+    /* Frames below the fiber's entry returned (and unpoisoned themselves); only the entry
+     * frames at the top were abandoned mid-call. Clearing 512 KiB of shadow per thread per
+     * block would dominate the run time. */
+    __asan_unpoison_memory_region(l->stack_lo + CUEMU_STACK - 16384, 16384);
 #endif
     l->fake = NULL;
 #if defined(__x86_64__)
@@ -295,7 +298,8 @@ uint64_t cuemu_shfl_xor_bits(unsigned mask, uint64_t bits, int lane_mask, int wi
         cuemu_fatal("kernel %s: thread %d (lane %d) shuffles with mask 0x%08x that excludes it",
                     s_kname, l->lin, l->lane, mask);
     warp_t *w = &s_warps[l->warp];
-    for (int j = 0; j < 32; j++) {
+    /* The first lane to arrive checks the mask for all (later lanes must pass the same). */
+    for (int j = 0; j < 32 && w->count == 0; j++) {
         if (!(mask >> j & 1u)) continue;
         int t = l->warp * 32 + j;
         if (t >= s_nthreads)

@@ -110,7 +110,7 @@ void cuemu_init_locked(void) {
     e = getenv("CUEMU_DEVICES");
     if (e) s_devices = atoi(e) > 0 ? 1 : 0;
     e = getenv("CUEMU_MEM_GB");
-    s_dev_limit = (size_t)(e ? atof(e) : 16.0) * ((size_t)1 << 30);
+    s_dev_limit = (size_t)((e ? atof(e) : 16.0) * (double)((size_t)1 << 30));
     e = getenv("CUEMU_QUIET");
     if (!(e && !strcmp(e, "1")))
         fprintf(stderr, "NOTE: CUDA emulator on the CPU (kernels/cuemu): kernels run as fibers, "

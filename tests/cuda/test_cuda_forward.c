@@ -101,11 +101,13 @@ static int run_script(Backend *b, const Model *m, float **out, int *n_rows) {
     st[2].out_rows[0] = 1, st[2].out_rows[1] = 0;
     st[2].n_keep = -1;
     st[3].n = 3;
-    st[3].use_mask = 1; /* stride 5: sees pending 0 but not 1 */
+    /* stride 5: never pending 1; pending 0 (the slot right after the committed ones) for
+     * rows 0 and 2 only, so a mask index off by one at that boundary changes row 1 */
+    st[3].use_mask = 1;
     for (int i = 0; i < 3; i++) {
         st[3].tokens[i] = (i * 13 + 3) % vocab;
         st[3].pos[i] = 13 + i;
-        st[3].mask[i * 5 + 0] = 1;
+        st[3].mask[i * 5 + 0] = i != 1;
         for (int j = 0; j <= i; j++) st[3].mask[i * 5 + 2 + j] = 1;
     }
     st[3].n_out = 3;
