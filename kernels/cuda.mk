@@ -101,8 +101,7 @@ gpu-bundle:
 #   make cuda-emu-test SAN=1 -> the same under ASan+UBSan (build/cuda-emu-san/)
 # The unchanged kernels/*.cu are compiled by g++ as C++ with kernels/cuemu/cuemu.h forced in
 # (ROOTSPEC_CUEMU); the C tests and programs link the emulator's C-linkage runtime and cuBLAS
-# instead of libcudart/libcublas. CUEMU_FAST=1 (the default for cuda-emu-test) lets slow
-# tests run a cheaper variant and say so; CUEMU_FAST=0 runs them in full.
+# instead of libcudart/libcublas. Every test runs in full (about a minute; ~2 with SAN=1).
 CUEMU_CXX     ?= g++
 ifeq ($(SAN),1)
 CUEMU_DIR     := build/cuda-emu-san
@@ -124,11 +123,12 @@ CUEMU_LDLIBS  := -lstdc++ $(LDLIBS)
 CUEMU_MAIN_BINS := $(foreach m,$(MAIN_SRCS),$(CUEMU_DIR)/rootspec-$(patsubst %_main.c,%,$(notdir $(m))))
 CUEMU_BENCH   := $(CUEMU_DIR)/rootspec-cuda-bench
 CUEMU_TEST_BIN := $(CUEMU_DIR)/rootspec-cuda-tests
+CUEMU_SELFTEST := $(CUEMU_DIR)/cuemu-selftest
 CUEMU_TEST_OBJS := $(patsubst %.c,$(CUEMU_DIR)/%.o,$(wildcard tests/cuda/*.c) tests/testutil.c)
 CUEMU_MAIN_OBJ = $(if $(filter 1,$(SAN)),build/san/$(1:.c=.o),build/obj/$(1:.c=.o))
 
 .PHONY: cuda-emu cuda-emu-test cuemu-headers
-cuda-emu: cuemu-headers $(CUEMU_MAIN_BINS) $(CUEMU_BENCH) $(CUEMU_TEST_BIN)
+cuda-emu: cuemu-headers $(CUEMU_MAIN_BINS) $(CUEMU_BENCH) $(CUEMU_TEST_BIN) $(CUEMU_SELFTEST)
 
 cuemu-headers:
 	@test -f $(CUDA_HOME)/include/cuda_runtime_api.h -a -f $(CUDA_HOME)/include/cublas_v2.h || \
@@ -138,6 +138,9 @@ cuemu-headers:
 $(CUEMU_DIR)/kernels/cuemu/%.o: kernels/cuemu/%.cc | cuemu-headers
 	@mkdir -p $(dir $@)
 	$(CUEMU_CXX) $(CUEMU_CXXFLAGS) -c $< -o $@
+
+$(CUEMU_SELFTEST): $(CUEMU_DIR)/kernels/cuemu/cuemu_selftest.o $(filter-out $(CUEMU_DIR)/kernels/cuda_%,$(CUEMU_OBJS))
+	$(CC) $(CUEMU_CFLAGS) $^ -o $@ $(CUEMU_LDLIBS)
 
 $(CUEMU_DIR)/%.o: %.cu | cuemu-headers
 	@mkdir -p $(dir $@)
@@ -165,9 +168,10 @@ $(CUEMU_BENCH): $(CUEMU_DIR)/bench/cuda_bench_main.o $(CUEMU_LIB_OBJS) $(CUEMU_O
 $(CUEMU_TEST_BIN): $(CUEMU_TEST_OBJS) $(CUEMU_LIB_OBJS) $(CUEMU_OBJS)
 	$(CC) $(CUEMU_CFLAGS) $^ -o $@ $(CUEMU_LDLIBS) $(CHECK_LIBS)
 
-CUEMU_FAST ?= 1
 cuda-emu-test: cuda-emu
-	OPENBLAS_NUM_THREADS=1 CUEMU_FAST=$(CUEMU_FAST) ASAN_OPTIONS=detect_leaks=0 \
+	ASAN_OPTIONS=detect_leaks=0 ./$(CUEMU_SELFTEST)
+	OPENBLAS_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=0 \
 	UBSAN_OPTIONS=print_stacktrace=1 ./$(CUEMU_TEST_BIN)
 
--include $(CUEMU_OBJS:.o=.d) $(CUEMU_DIR)/bench/cuda_bench_main.d $(CUEMU_TEST_OBJS:.o=.d)
+-include $(CUEMU_OBJS:.o=.d) $(CUEMU_DIR)/bench/cuda_bench_main.d $(CUEMU_TEST_OBJS:.o=.d) \
+         $(CUEMU_DIR)/kernels/cuemu/cuemu_selftest.d

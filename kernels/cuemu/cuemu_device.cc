@@ -207,6 +207,16 @@ static const char *state_name(int st) {
     }
     int done = 0;
     for (int i = 0; i < s_nthreads; i++) done += s_lanes[i].state == L_DONE;
+    for (size_t w = 0; w < s_warps.size(); w++) {
+        if (!s_warps[w].count) continue;
+        for (int j = 0; j < 32; j++) {
+            int t = (int)w * 32 + j;
+            if (s_warps[w].mask >> j & 1u && t < s_nthreads && s_lanes[t].state != L_WARP)
+                fprintf(stderr, "cuemu:   warp %zu shuffles with mask 0x%08x but lane %d %s\n", w,
+                        s_warps[w].mask, j,
+                        s_lanes[t].state == L_DONE ? "has exited" : "waits at __syncthreads");
+        }
+    }
     cuemu_fatal("%d of %d threads had exited, %d wait at __syncthreads", done, s_nthreads,
                 s_bar_count);
 }
