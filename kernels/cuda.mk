@@ -96,12 +96,15 @@ gpu-bundle:
 -include $(CUDA_CU_OBJS:.o=.d) $(CUDA_DIR)/bench/cuda_bench_main.d $(CUDA_TEST_OBJS:.o=.d)
 
 # ---- CPU emulator build (kernels/cuemu/): no GPU and no nvcc needed, only the CUDA headers.
-#   make cuda-emu            -> build/cuda-emu/rootspec-{<mains>,cuda-bench,cuda-tests}
-#   make cuda-emu-test       -> runs build/cuda-emu/rootspec-cuda-tests
+#   make cuda-emu            -> build/cuda-emu/rootspec-{<mains>,cuda-bench,cuda-tests},
+#                               build/cuda-emu/cuemu-selftest
+#   make cuda-emu-test       -> the emulator self-test, every CUDA suite, then the kernel
+#                               suite again with each block's threads in reverse order
 #   make cuda-emu-test SAN=1 -> the same under ASan+UBSan (build/cuda-emu-san/)
 # The unchanged kernels/*.cu are compiled by g++ as C++ with kernels/cuemu/cuemu.h forced in
 # (ROOTSPEC_CUEMU); the C tests and programs link the emulator's C-linkage runtime and cuBLAS
-# instead of libcudart/libcublas. Every test runs in full (about a minute; ~2 with SAN=1).
+# instead of libcudart/libcublas. Every test runs in full (about a minute on 2 cores; ~2 with
+# SAN=1). The emulator's knobs (CUEMU_SCHED, CUEMU_PROTECT, ...) are listed in kernels/cuemu/.
 CUEMU_CXX     ?= g++
 ifeq ($(SAN),1)
 CUEMU_DIR     := build/cuda-emu-san
@@ -169,9 +172,30 @@ $(CUEMU_TEST_BIN): $(CUEMU_TEST_OBJS) $(CUEMU_LIB_OBJS) $(CUEMU_OBJS)
 	$(CC) $(CUEMU_CFLAGS) $^ -o $@ $(CUEMU_LDLIBS) $(CHECK_LIBS)
 
 cuda-emu-test: cuda-emu
-	ASAN_OPTIONS=detect_leaks=0 ./$(CUEMU_SELFTEST)
-	OPENBLAS_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=0 \
+	ASAN_OPTIONS=detect_leaks=1 ./$(CUEMU_SELFTEST)
+	OPENBLAS_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1 \
+	UBSAN_OPTIONS=print_stacktrace=1 ./$(CUEMU_TEST_BIN)
+	@echo "cuda-emu-test: the kernel suite again with the threads of each block in reverse order" \
+	      "(a shared-memory race would change results)"
+	OPENBLAS_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1 CUEMU_SCHED=rev CK_RUN_SUITE=cuda_kernels \
 	UBSAN_OPTIONS=print_stacktrace=1 ./$(CUEMU_TEST_BIN)
 
 -include $(CUEMU_OBJS:.o=.d) $(CUEMU_DIR)/bench/cuda_bench_main.d $(CUEMU_TEST_OBJS:.o=.d) \
          $(CUEMU_DIR)/kernels/cuemu/cuemu_selftest.d
+
+# Static launch-resource check (needs nvcc, no GPU): ptxas registers and shared memory of every
+# kernel for CUDA_ARCHS. A block of T threads needs T * registers <= 65536, so the 1024-thread
+# kernels (k_argmax, k_sample) must stay at <= 64 registers or their launches fail on the GPU
+# (too many resources requested), which the CPU emulator cannot see.
+.PHONY: cuda-resources
+cuda-resources:
+	@mkdir -p $(CUDA_DIR)
+	$(NVCC) $(NVCCFLAGS) -Xptxas -v -c kernels/cuda_kernels.cu -o $(CUDA_DIR)/resources.o 2> $(CUDA_DIR)/resources.txt
+	@awk '/Compiling entry function/ { k = $$0; sub(/.*function ./, "", k); sub(/. for .*/, "", k); \
+	        a = $$0; sub(/.*for ./, "", a); sub(/.$$/, "", a) } \
+	      /Used [0-9]+ registers/ { r = $$0; sub(/.*Used /, "", r); sub(/ registers.*/, "", r); \
+	        s = $$0; sub(/.*registers,? */, "", s); \
+	        big = (k ~ /k_argmax|k_sample/) ? 1024 : 256; bad = r * big > 65536; nbad += bad; \
+	        printf "%-6s %-40s %3d regs  %s%s\n", a, k, r, s, bad ? "  TOO MANY for " big " threads" : "" } \
+	      END { if (nbad) { print "cuda-resources: " nbad " kernel(s) over the register budget"; exit 1 } \
+	            else print "cuda-resources: every kernel fits its launch size" }' $(CUDA_DIR)/resources.txt
