@@ -157,6 +157,10 @@ static void run_op(cudaStream_t s, uint64_t seq, const cuemu_op_p &op);
 
 /* Runs the queued ops of s with seq <= upto, honouring the legacy-stream ordering rule. */
 static void drain(cudaStream_t s, uint64_t upto) {
+    if (s->q.empty() || s->q.front().first > upto) return;
+    /* One protection toggle per synchronisation, not per op: mprotect of every allocation
+     * per op would dominate the run time. */
+    exec_enter();
     while (!s->q.empty() && s->q.front().first <= upto) {
         uint64_t seq = s->q.front().first;
         cuemu_op_p op = s->q.front().second;
@@ -170,23 +174,25 @@ static void drain(cudaStream_t s, uint64_t upto) {
         }
         run_op(s, seq, op);
     }
-}
-
-static void run_op(cudaStream_t s, uint64_t seq, const cuemu_op_p &op) {
-    exec_enter();
-    op->run();
     exec_leave();
 }
 
+static void run_op(cudaStream_t s, uint64_t seq, const cuemu_op_p &op) { op->run(); }
+
 static void drain_all(void) {
     /* Global enqueue order across streams: a valid schedule of independent streams. */
+    int any = 0;
+    for (cudaStream_t o : s_streams) any |= !o->q.empty();
+    if (!any) return;
+    exec_enter();
     for (;;) {
         cudaStream_t best = NULL;
         for (cudaStream_t o : s_streams)
             if (!o->q.empty() && (!best || o->q.front().first < best->q.front().first)) best = o;
-        if (!best) return;
+        if (!best) break;
         drain(best, best->q.front().first);
     }
+    exec_leave();
 }
 
 /* Captures the calling thread may not break: its own (global / thread-local mode) and
