@@ -23,7 +23,8 @@
 
 /* Host mode of the toolkit headers already empties these; redefine in case a toolkit
  * version does not, and make __shared__ a static (one block runs at a time). The section
- * lets the emulator bound the total static shared memory of all kernels (cuemu_device.cc). */
+ * lets the emulator poison shared memory at block start and bound its total
+ * (cuemu_device.cc; GCC ignores the section for statics of templates). */
 #undef __global__
 #undef __device__
 #undef __host__

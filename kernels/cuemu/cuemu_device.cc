@@ -62,6 +62,7 @@ static const std::function<void()> *s_body;
 static const char *s_kname;
 static int s_live, s_bar_count, s_nthreads;
 static lane_t *s_cur;
+static unsigned s_block_serial; /* blocks run in the current launch */
 #if !defined(__x86_64__)
 static ucontext_t s_sched_uc;
 #endif
@@ -230,8 +231,18 @@ static int sched_reverse(void) {
     return v;
 }
 
+extern "C" char __start_cuemu_shared[] __attribute__((weak));
+extern "C" char __stop_cuemu_shared[] __attribute__((weak));
+
 static void run_block(void) {
     int n = s_nthreads;
+    /* Shared memory is undefined at block start on a GPU; here the statics would carry the
+     * previous block's values, so a read-before-write would look right. Poison them (NaN
+     * floats, -1 ints) for the first 4096 blocks of every launch (bounded cost). Covers the
+     * __shared__ variables of non-template kernels: GCC places template statics in COMDAT
+     * sections, ignoring the section attribute. */
+    if (__start_cuemu_shared && s_block_serial++ < 4096)
+        memset(__start_cuemu_shared, 0xff, (size_t)(__stop_cuemu_shared - __start_cuemu_shared));
     unsigned bx = cuemu_cur_block_dim.x, by = cuemu_cur_block_dim.y;
     for (int i = 0; i < n; i++) {
         lane_t *l = &s_lanes[i];
@@ -281,6 +292,7 @@ void cuemu_run_kernel(const char *name, dim3 grid, dim3 block, const std::functi
     s_nthreads = n;
     cuemu_cur_block_dim = block;
     cuemu_cur_grid_dim = grid;
+    s_block_serial = 0;
     for (unsigned z = 0; z < grid.z; z++)
         for (unsigned y = 0; y < grid.y; y++)
             for (unsigned x = 0; x < grid.x; x++) {
@@ -345,10 +357,9 @@ uint64_t cuemu_shfl_xor_bits(unsigned mask, uint64_t bits, int lane_mask, int wi
     return w->slot[par][src];
 }
 
-/* Bound on static shared memory: every __shared__ variable of every kernel lives in the
- * section cuemu_shared, so if the total fits the 48 KiB static limit, each kernel does. */
-extern "C" char __start_cuemu_shared[] __attribute__((weak));
-extern "C" char __stop_cuemu_shared[] __attribute__((weak));
+/* Bound on static shared memory: the __shared__ variables of non-template kernels live in
+ * the section cuemu_shared, so if their total fits the 48 KiB static limit, each of those
+ * kernels does (template kernels are not counted; `make cuda-resources` has exact figures). */
 
 size_t cuemu_static_shared_total(void) {
     if (!__start_cuemu_shared || !__stop_cuemu_shared) return 0;
