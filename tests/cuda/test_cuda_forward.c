@@ -58,7 +58,7 @@ static int cmp_rows(const char *label, const float *got, const float *ref, int r
 }
 
 /* One scripted round trip on both backends: prefill 9 (causal), commit all; tree pass of 6
- * tokens with a tree mask, commit {0, 3, 4} out of place; a 1-token pass with mask NULL;
+ * tokens with a tree mask, commit {0, 3, 1} out of place; a 1-token pass with mask NULL;
  * commit; a 3-token pass on top of 2 pending (pending 0 visible to two of its rows);
  * drop all. */
 typedef struct {
