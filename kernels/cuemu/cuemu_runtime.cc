@@ -413,6 +413,16 @@ cudaError_t cudaMalloc(void **p, size_t size) {
     return cudaSuccess;
 }
 
+/* Free bytes = the CUEMU_MEM_GB limit less the live allocations: a test sees whether the
+ * decode loop allocates, as cudaMemGetInfo shows on a GPU. */
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
+    LOCK();
+    if (!free_bytes || !total_bytes) return ret(cudaErrorInvalidValue);
+    *total_bytes = s_dev_limit;
+    *free_bytes = s_dev_limit - s_dev_bytes;
+    return cudaSuccess;
+}
+
 cudaError_t cudaFree(void *p) {
     LOCK();
     if (!p) return cudaSuccess;

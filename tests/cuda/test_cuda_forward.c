@@ -365,7 +365,11 @@ Suite *suite_cuda_forward(void) {
     tcase_add_test(tc, test_cuda_large_prefill_eager);
     tcase_add_test(tc, test_cuda_errors);
     tcase_add_loop_test(tc, test_cuda_golden, 0, 5);
-    tcase_add_test(tc, test_cuda_default_model);
     suite_add_tcase(s, tc);
+    /* its own case, so tools/gpu-check.sh --default-model can run it alone (CK_RUN_CASE) */
+    TCase *dm = tcase_create("default_model");
+    tcase_set_timeout(dm, 300);
+    tcase_add_test(dm, test_cuda_default_model);
+    suite_add_tcase(s, dm);
     return s;
 }
