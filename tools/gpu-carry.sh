@@ -24,6 +24,15 @@ case "${1:-}" in
     cat "$DIR/model.part1" "$DIR/model.part2" | cmp -s - "$MODEL" \
       || { echo "gpu-carry: the parts do not rebuild $MODEL" >&2; exit 1; }
     ls -l "$DIR"
+    # What each call would send (the device tool's limit is 64 MiB a call, working tree included).
+    tree=$(git ls-files -co --exclude-standard -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+    bundle=$( [ -d gpu-bundle ] && du -sb gpu-bundle | cut -f1 || echo 0)
+    c1=$((tree + bundle + $(stat -c %s "$DIR/model.part1") + $(stat -c %s "$DIR/model.sha256")))
+    c2=$((tree + $(stat -c %s "$DIR/model.part2")))
+    lim=$((64 << 20))
+    echo "gpu-carry: call 1 (tree + gpu-bundle + part1) $c1 bytes, call 2 (tree + part2) $c2 bytes, limit $lim"
+    [ "$c1" -le "$lim" ] && [ "$c2" -le "$lim" ] || { echo "gpu-carry: over the limit: rebalance PART1_BYTES" >&2; exit 1; }
+    [ "$bundle" -gt 0 ] || echo "gpu-carry: gpu-bundle/ missing: run make gpu-bundle first (call 1 carries it)"
     ;;
   join)
     if [ -r "$MODEL" ] && (cd models && sha256sum -c --quiet "../$DIR/model.sha256" 2>/dev/null); then
