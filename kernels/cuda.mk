@@ -98,8 +98,9 @@ gpu-bundle:
 # ---- CPU emulator build (kernels/cuemu/): no GPU and no nvcc needed, only the CUDA headers.
 #   make cuda-emu            -> build/cuda-emu/rootspec-{<mains>,cuda-bench,cuda-tests},
 #                               build/cuda-emu/cuemu-selftest
-#   make cuda-emu-test       -> the emulator self-test, every CUDA suite, then the kernel
-#                               suite again with each block's threads in reverse order
+#   make cuda-emu-test       -> the emulator self-test, every CUDA suite, the kernel suite
+#                               again with each block's threads in reverse order, and
+#                               tools/pipeline-timing.sh on build/cuda-emu binaries
 #   make cuda-emu-test SAN=1 -> the same under ASan+UBSan (build/cuda-emu-san/)
 # The unchanged kernels/*.cu are compiled by g++ as C++ with kernels/cuemu/cuemu.h forced in
 # (ROOTSPEC_CUEMU); the C tests and programs link the emulator's C-linkage runtime and cuBLAS
@@ -179,6 +180,11 @@ cuda-emu-test: cuda-emu
 	      "(a shared-memory race would change results)"
 	OPENBLAS_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1 CUEMU_SCHED=rev CK_RUN_SUITE=cuda_kernels \
 	UBSAN_OPTIONS=print_stacktrace=1 ./$(CUEMU_TEST_BIN)
+	@echo "cuda-emu-test: tools/pipeline-timing.sh (the GPU check's two-process run) with the CUDA" \
+	      "backend in both processes, tiny random models, drafter = target (deep trees)"
+	CUEMU_QUIET=1 OPENBLAS_NUM_THREADS=1 PIPE_BIN=$(CUEMU_DIR) PIPE_BACKEND=cuda \
+	PIPE_TARGET=random:tiny,seed=9 PIPE_DRAFT=random:tiny,seed=9 PIPE_MAX_NEW=24 \
+	PIPE_PROMPT_LEN=8 PIPE_OUT=$(CUEMU_DIR)/pipeline bash tools/pipeline-timing.sh
 
 -include $(CUEMU_OBJS:.o=.d) $(CUEMU_DIR)/bench/cuda_bench_main.d $(CUEMU_TEST_OBJS:.o=.d) \
          $(CUEMU_DIR)/kernels/cuemu/cuemu_selftest.d
