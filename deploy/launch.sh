@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts a drafter process and a target process that talk over ZeroMQ (SPEC §5).
 #   CPU:  drafter pinned to core 1, target to core 0 (taskset), over ipc:// by default.
-#   CUDA: drafter on CUDA_VISIBLE_DEVICES=1, target on CUDA_VISIBLE_DEVICES=0.
+#   CUDA: drafter on CUDA_VISIBLE_DEVICES=1, target on CUDA_VISIBLE_DEVICES=0 (override with
+#         DRAFT_GPU / TARGET_GPU, e.g. DRAFT_GPU=0 to share one GPU).
 # Usage:
 #   deploy/launch.sh [--backend cpu|cuda] [--bin DIR] [--endpoint EP] [--insecure]
 #                    [--curve-dir DIR] --draft-model PATH [--draft-layers SPEC]
