@@ -22,7 +22,7 @@ while [ $# -gt 0 ]; do
     --draft-threads) dthreads=$2; shift 2 ;;
     --insecure) insecure=--insecure; shift ;;
     --curve-dir) curve=$2; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; break ;;
     *) echo "launch.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
