@@ -24,7 +24,7 @@ MODE=full
 case "${1:-}" in
   "") ;;
   --default-model) MODE=default-model ;;
-  -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "gpu-check: unknown option '$1' (--default-model, --help)" >&2; exit 2 ;;
 esac
 OUTDIR=${GPU_CHECK_OUT:-${OUT:-gpu-check-out}}
