@@ -16,6 +16,11 @@
 # "IDENTITY ok|FAIL" per decoder (its T=0 ids must be a prefix of AR's). Exit status 0 when
 # every run succeeded and every identity holds.
 set -u
+case "${1:-}" in
+  "") ;;
+  -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "pipeline-timing: no arguments (settings come from PIPE_* variables; see --help)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 BIN=${PIPE_BIN:-build/cuda}
 BACKEND=${PIPE_BACKEND:-cuda}
