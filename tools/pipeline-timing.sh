@@ -92,6 +92,15 @@ for dec in ar $DECODERS; do
             say "IDENTITY ok: $dec's first $MAX_NEW ids equal AR's"
         else
             say "IDENTITY FAIL: $dec ($n ids) differs from AR within the first $MAX_NEW ids"
+            # Where: a first difference late in the run (after many equal ids) points at a
+            # near-tie flipped by batch-size-dependent GEMM rounding (a tree pass of n rows vs
+            # AR's 1-row pass, bf16 activations), one at id 0-2 at a real defect.
+            echo "$got" | tr ' ' '\n' >"$OUT/$dec.cmp"
+            echo "$ref" | tr ' ' '\n' >"$OUT/ar.cmp"
+            awk 'NR == FNR { a[FNR] = $0; next }
+                 FNR in a && a[FNR] != $0 && !d { d = FNR; x = a[FNR]; y = $0 }
+                 END { if (d) printf "pipeline:   first difference at id %d (0-based): AR %s, this %s\n", d - 1, x, y }' \
+                "$OUT/ar.cmp" "$OUT/$dec.cmp"
             status=1
         fi
     fi
