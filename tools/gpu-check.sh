@@ -32,8 +32,12 @@ mkdir -p "$OUTDIR"
 T0=$(date +%s)
 say() { echo "gpu-check [$(( $(date +%s) - T0 ))s]: $*"; }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null \
+nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv,noheader 2>/dev/null \
     | sed 's/^/gpu-check: GPU: /' || say "nvidia-smi not available"
+# The pipeline runs two processes on GPU 0: an Exclusive_Process GPU admits only one.
+if nvidia-smi --query-gpu=compute_mode --format=csv,noheader 2>/dev/null | grep -qi exclusive; then
+    say "WARNING: GPU compute mode is exclusive: the two-process pipeline run will fail"
+fi
 
 # libcublas (and, for a -lcudart build, libcudart) come from the machine: find a copy the
 # loader does not already see (CUDA toolkit folders, pip's nvidia-* wheels).
@@ -113,12 +117,22 @@ set -o pipefail
 OPENBLAS_NUM_THREADS=4 timeout 200 "$BIN/rootspec-cuda-tests" 2>&1 | tee "$OUTDIR/cuda-tests.log"
 TEST_RC=$?
 set +o pipefail
+# On the GPU machine a "no CUDA device" skip (e.g. a driver older than the CUDA 13 runtime
+# linked in: cudaErrorInsufficientDriver) means nothing was checked: count it as a failure.
+if [ -z "${GPU_CHECK_BIN:-}" ] && grep -q "^SKIP: no CUDA device" "$OUTDIR/cuda-tests.log"; then
+    say "FAIL: the CUDA tests found no usable device (see the SKIP line above)"
+    [ "$TEST_RC" -eq 0 ] && TEST_RC=3
+fi
 say "rootspec-cuda-tests exit status $TEST_RC"
 
 BENCH_ARGS=${GPU_CHECK_BENCH_ARGS:---iters 20 --ctx 512}
 say "running $BIN/rootspec-cuda-bench $BENCH_ARGS (random-weight 8B / 1B shapes, built on the device)"
 timeout 120 "$BIN/rootspec-cuda-bench" $BENCH_ARGS 2>&1 | tee "$OUTDIR/cuda-bench.log"
 BENCH_RC=${PIPESTATUS[0]}
+if [ -z "${GPU_CHECK_BIN:-}" ] && grep -q "^SKIP: no CUDA device" "$OUTDIR/cuda-bench.log"; then
+    say "FAIL: the bench found no usable device"
+    [ "$BENCH_RC" -eq 0 ] && BENCH_RC=3
+fi
 say "rootspec-cuda-bench exit status $BENCH_RC"
 
 # Pipelined two-process timing: drafter (Llama-3.2-1B shape) and target (Llama-3.1-8B
@@ -138,7 +152,7 @@ echo
 say "RECAP"
 grep -hE "^(SKIP|NOTE)|Checks:|^[^ ]*:[0-9]+:[EF]:" "$OUTDIR/cuda-tests.log" | head -40
 grep -hE "^device|copy bandwidth|^BENCH|graph replays" "$OUTDIR/cuda-bench.log"
-grep -hE "IDENTITY|^  (decoder|ar|draft|pearl|rootdraw) " "$OUTDIR/pipeline.log"
+grep -hE "IDENTITY|first difference|^  (decoder|ar|draft|pearl|rootdraw) " "$OUTDIR/pipeline.log"
 
 say "done in $(( $(date +%s) - T0 ))s: tests rc=$TEST_RC bench rc=$BENCH_RC pipeline rc=$PIPE_RC (path: $BIN)"
 [ "$TEST_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ] && [ "$PIPE_RC" -eq 0 ]
