@@ -49,6 +49,17 @@ int row_argmax(const float *logits, int n) {
     return best;
 }
 
+double row_top_margin(const float *logits, int n) {
+    RS_ASSERT(n >= 2);
+    float a = logits[0] >= logits[1] ? logits[0] : logits[1];
+    float b = logits[0] >= logits[1] ? logits[1] : logits[0];
+    for (int i = 2; i < n; i++) {
+        if (logits[i] > a) b = a, a = logits[i];
+        else if (logits[i] > b) b = logits[i];
+    }
+    return (double)a - (double)b;
+}
+
 void row_softmax(const float *logits, int n, float *probs) {
     float mx = logits[row_argmax(logits, n)];
     double sum = 0.0;

@@ -18,6 +18,8 @@ double rng_uniform(Rng *r);
 
 /* Index of the largest logit; ties go to the lowest index. */
 int row_argmax(const float *logits, int n);
+/* Best logit minus the runner-up (n >= 2): how near a tie a greedy choice is. */
+double row_top_margin(const float *logits, int n);
 /* Softmax probabilities (double precision accumulation) into probs (n). */
 void row_softmax(const float *logits, int n, float *probs);
 /* log(sum exp(logits)), max-shifted, accumulated in double. */

@@ -224,6 +224,7 @@ static int timed_root_pass(Target *t, int root, RoundInfo *ri, RsErr *e) {
     ri->t_root_start = rs_now_ns();
     int rc = root_pass(t, root, e);
     ri->t_root_end = rs_now_ns();
+    if (!rc) ri->root_margin = row_top_margin(t->root_row, t->vocab);
     return rc;
 }
 
@@ -305,6 +306,7 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
         ri.round = round;
         ri.x1_in_pool = -1;
         ri.tau = NAN;
+        ri.root_margin = NAN;
         for (int r = 0; r < RULE_COUNT; r++) ri.tau_rule[r] = NAN;
         ri.t_round_start = rs_now_ns();
         if (b->n_committed + reserve > cap) {

@@ -37,6 +37,9 @@ typedef struct {
     int x1_in_pool;        /* -1: rule has no X1 */
     int tree_pass_skipped; /* root rule, X1 off the tree */
     double tau;            /* expected acceptance of the verified tree; NAN if unknown */
+    /* root pass ran: its best logit minus the runner-up (a small margin means a greedy
+     * choice that last-bit differences between batch shapes may flip); NAN otherwise */
+    double root_margin;
     int have_tau_rule;
     double tau_rule[RULE_COUNT]; /* with score_all: tau of each rule's tree (NAN: n/a) */
     int tree_size_rule[RULE_COUNT];

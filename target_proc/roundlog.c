@@ -22,6 +22,7 @@ void roundlog_write(FILE *f, const RoundLogCtx *c, const RoundInfo *r) {
     if (r->x1_in_pool < 0) fprintf(f, ",\"x1_in_pool\":null");
     else fprintf(f, ",\"x1_in_pool\":%s", r->x1_in_pool ? "true" : "false");
     num(f, "tau", r->tau);
+    num(f, "root_margin", r->root_margin);
     fprintf(f, ",\"tree_pass_skipped\":%s,\"fallback_ar\":%s", r->tree_pass_skipped ? "true" : "false",
             r->fallback_ar ? "true" : "false");
     ts(f, "t_round_start", r->t_round_start);

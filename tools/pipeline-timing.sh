@@ -12,9 +12,11 @@
 #   PIPE_MAX_NEW  new tokens per decode (default 128); PIPE_PROMPT_LEN prompt ids (64)
 #   PIPE_BUDGET   tree budget (59); PIPE_OUT log folder (default pipeline-out)
 #   PIPE_RUN_LIMIT seconds per decode including start-up (default 60)
+#   PIPE_TIE_TOL  logit margin of a near-tie (default 0.05 on cuda, 0.001 on cpu)
 # Prints each decode's summary line and per-round timing medians, one table at the end, and
-# "IDENTITY ok|FAIL" per decoder (its T=0 ids must be a prefix of AR's). Exit status 0 when
-# every run succeeded and every identity holds.
+# "IDENTITY ok|near-tie|FAIL" per decoder: its T=0 ids must be a prefix of AR's, or differ
+# first where AR's best two logits were within PIPE_TIE_TOL (rounding between batch shapes).
+# Exit status 0 when every run succeeded and no identity FAILed.
 set -u
 case "${1:-}" in
   "") ;;
@@ -32,6 +34,9 @@ PLEN=${PIPE_PROMPT_LEN:-64}
 BUDGET=${PIPE_BUDGET:-59}
 OUT=${PIPE_OUT:-pipeline-out}
 RUN_LIMIT=${PIPE_RUN_LIMIT:-60} # seconds per decode, start-up included
+# Logit margin under which a first difference from AR counts as a rounding-flipped near-tie:
+# bf16 GPU activations vs f32 on the CPU.
+if [ "$BACKEND" = cuda ]; then TIE_TOL=${PIPE_TIE_TOL:-0.05}; else TIE_TOL=${PIPE_TIE_TOL:-0.001}; fi
 mkdir -p "$OUT"
 say() { echo "pipeline: $*"; }
 
@@ -91,17 +96,28 @@ for dec in ar $DECODERS; do
         if [ "$n" -ge "$MAX_NEW" ] && [ "$got" = "$ref" ]; then
             say "IDENTITY ok: $dec's first $MAX_NEW ids equal AR's"
         else
-            say "IDENTITY FAIL: $dec ($n ids) differs from AR within the first $MAX_NEW ids"
-            # Where: a first difference late in the run (after many equal ids) points at a
-            # near-tie flipped by batch-size-dependent GEMM rounding (a tree pass of n rows vs
-            # AR's 1-row pass, bf16 activations), one at id 0-2 at a real defect.
+            # Greedy speculative output equals AR's in exact arithmetic; on a GPU a tree pass
+            # of n rows and AR's 1-row pass round differently (GEMM shapes, attention order,
+            # bf16 activations), which can flip a near-tie. So the first difference is judged
+            # by AR's own margin there (best logit minus runner-up, from its round log): a
+            # near-tie is reported, anything else is a defect.
             echo "$got" | tr ' ' '\n' >"$OUT/$dec.cmp"
             echo "$ref" | tr ' ' '\n' >"$OUT/ar.cmp"
-            awk 'NR == FNR { a[FNR] = $0; next }
-                 FNR in a && a[FNR] != $0 && !d { d = FNR; x = a[FNR]; y = $0 }
-                 END { if (d) printf "pipeline:   first difference at id %d (0-based): AR %s, this %s\n", d - 1, x, y }' \
-                "$OUT/ar.cmp" "$OUT/$dec.cmp"
-            status=1
+            d=$(awk 'NR == FNR { a[FNR] = $0; next } FNR in a && a[FNR] != $0 { print FNR - 1; exit }' \
+                "$OUT/ar.cmp" "$OUT/$dec.cmp")
+            if [ -z "$d" ]; then
+                say "IDENTITY FAIL: $dec emitted $n ids, fewer than $MAX_NEW"
+                status=1
+                continue
+            fi
+            x=$(sed -n "$((d + 1))p" "$OUT/ar.cmp"); y=$(sed -n "$((d + 1))p" "$OUT/$dec.cmp")
+            m=$(sed -n "$((d + 1))p" "$OUT/rounds-ar.jsonl" | grep -o '"root_margin":[0-9.]*' | cut -d: -f2)
+            if [ -n "$m" ] && awk -v m="$m" -v t="$TIE_TOL" 'BEGIN { exit !(m < t) }'; then
+                say "IDENTITY near-tie: $dec equals AR up to id $d, where AR's best two logits are $m apart (< $TIE_TOL): AR $x, $dec $y; the continuations differ from there"
+            else
+                say "IDENTITY FAIL: $dec differs from AR at id $d (0-based): AR $x, $dec $y, AR's margin there ${m:-unknown} (>= $TIE_TOL: not a near-tie)"
+                status=1
+            fi
         fi
     fi
 done
