@@ -42,7 +42,7 @@ int drafter_create(const Model *m, const BackendOps *ops, int kv_capacity, int t
         free(d);
         return rc;
     }
-    d->logits = rs_xmalloc(sizeof(float) * POOL_EXPAND * (size_t)d->vocab);
+    d->logits = backend_host_alloc(d->b, sizeof(float) * POOL_EXPAND * (size_t)d->vocab);
     d->pos = rs_xmalloc(sizeof(int) * PREFILL_CHUNK);
     d->mask = rs_xmalloc(POOL_EXPAND * POOL_N_EXPANDED);
     *out = d;
@@ -52,8 +52,8 @@ int drafter_create(const Model *m, const BackendOps *ops, int kv_capacity, int t
 void drafter_free(Drafter **pd) {
     if (!pd || !*pd) return;
     Drafter *d = *pd;
+    backend_host_free(d->b, d->logits);
     backend_destroy(&d->b);
-    free(d->logits);
     free(d->pos);
     free(d->mask);
     free(d);

@@ -44,6 +44,11 @@ typedef struct {
     int (*kv_commit)(Backend *b, const int *keep, int n_keep, RsErr *e);
     /* Forget everything (new prompt). */
     void (*kv_reset)(Backend *b);
+    /* Optional: host memory that forward() copies logits into fastest (CUDA: pinned, so the
+     * device-to-host copy runs at full speed instead of through the driver's pageable
+     * staging). NULL: malloc/free. Start-up buffers only; aborts on failure. */
+    void *(*host_alloc)(Backend *b, size_t bytes);
+    void (*host_free)(Backend *b, void *p);
 } BackendOps;
 
 /* Common state every backend keeps at the head of its own struct. */
@@ -81,6 +86,16 @@ static inline int backend_forward(Backend *b, const int *tokens, const int *pos,
 }
 static inline int backend_kv_commit(Backend *b, const int *keep, int n_keep, RsErr *e) {
     return b->ops->kv_commit(b, keep, n_keep, e);
+}
+/* Logits buffers for forward(): the caller owns them; free with backend_host_free on the
+ * same backend, before destroying it. */
+static inline void *backend_host_alloc(Backend *b, size_t bytes) {
+    return b->ops->host_alloc ? b->ops->host_alloc(b, bytes) : rs_xmalloc(bytes);
+}
+static inline void backend_host_free(Backend *b, void *p) {
+    if (!p) return;
+    if (b->ops->host_free) b->ops->host_free(b, p);
+    else free(p);
 }
 static inline void backend_destroy(Backend **b) {
     if (b && *b) (*b)->ops->destroy(b);

@@ -45,9 +45,9 @@ int target_create(const Model *m, const BackendOps *ops, int kv_capacity, int th
     t->eog = rs_xcalloc((size_t)t->vocab, 1);
     for (int i = 0; i < n_eog; i++)
         if (eog[i] >= 0 && eog[i] < t->vocab) t->eog[eog[i]] = 1;
-    t->root_row = rs_xmalloc(sizeof(float) * (size_t)t->vocab);
+    t->root_row = backend_host_alloc(t->b, sizeof(float) * (size_t)t->vocab);
     t->p0 = rs_xmalloc(sizeof(float) * (size_t)t->vocab);
-    t->rows = rs_xmalloc(sizeof(float) * (size_t)(PASS_MAX + 1) * t->vocab);
+    t->rows = backend_host_alloc(t->b, sizeof(float) * (size_t)(PASS_MAX + 1) * t->vocab);
     t->mask = rs_xmalloc((size_t)(PASS_MAX + 1) * (PASS_MAX + 2));
     t->tmp_pos = rs_xmalloc(sizeof(int) * PREFILL_CHUNK);
     t->tmp_keep = rs_xmalloc(sizeof(int) * PREFILL_CHUNK);
@@ -59,11 +59,11 @@ int target_create(const Model *m, const BackendOps *ops, int kv_capacity, int th
 void target_free(Target **pt) {
     if (!pt || !*pt) return;
     Target *t = *pt;
+    backend_host_free(t->b, t->root_row);
+    backend_host_free(t->b, t->rows);
     backend_destroy(&t->b);
     free(t->eog);
-    free(t->root_row);
     free(t->p0);
-    free(t->rows);
     free(t->mask);
     free(t->tmp_pos);
     free(t->tmp_keep);
