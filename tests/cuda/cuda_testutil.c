@@ -1,6 +1,10 @@
 /* CUDA test helpers; see cuda_testutil.h. */
 #include "cuda_testutil.h"
 #include <cuda_runtime_api.h>
+#include <math.h>
+#include "common/rng.h"
+#include "kernels/backend.h"
+#include "tests/testutil.h"
 #include <limits.h>
 #include <string.h>
 #include <unistd.h>
@@ -66,4 +70,35 @@ float cu_randf(uint64_t *s, float lo, float hi) {
     *s = *s * 6364136223846793005ull + 1442695040888963407ull;
     float u = (float)(*s >> 40) * (1.0f / 16777216.0f);
     return lo + (hi - lo) * u;
+}
+
+Backend *cu_backend_make(const BackendOps *ops, const Model *m, int cap, int batch, int pend) {
+    BackendParams p = {.kv_capacity = cap, .max_batch = batch, .max_pending = pend, .threads = 1};
+    Backend *b = NULL;
+    RsErr e = {0};
+    ck_assert_msg(ops && ops->create(m, &p, &b, &e) == RS_OK, "%s create: %s",
+                  ops ? ops->name : "cuda(NULL)", e.msg);
+    return b;
+}
+
+int cu_compare_logits(const char *label, const float *got, const float *ref, int rows, int vocab,
+                      float *worst) {
+    float mx = 0, scale = 0;
+    for (size_t i = 0; i < (size_t)rows * vocab; i++)
+        if (fabsf(ref[i]) > scale) scale = fabsf(ref[i]);
+    float atol = CU_TOL_FRAC * scale;
+    int bad = tu_compare(label, got, ref, (size_t)rows * vocab, atol, 0.0f, &mx);
+    if (mx > *worst) *worst = mx;
+    for (int r = 0; r < rows; r++) {
+        const float *g = got + (size_t)r * vocab, *f = ref + (size_t)r * vocab;
+        int ag = row_argmax(g, vocab), af = row_argmax(f, vocab);
+        if (ag != af && f[af] - f[ag] > atol) {
+            fprintf(stderr, "%s row %d: top-1 %d (ref logit %.5f) vs reference %d (%.5f)\n",
+                    label, r, ag, f[ag], af, f[af]);
+            bad++;
+        }
+    }
+    fprintf(stderr, "%s: %d rows, max |d| %.4g, tolerance %.4g (%.2f * max|ref| %.4g)\n", label,
+            rows, mx, atol, CU_TOL_FRAC, scale);
+    return bad;
 }

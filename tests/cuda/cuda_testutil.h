@@ -6,6 +6,7 @@
 #include <check.h>
 #include <stdio.h>
 #include <stdint.h>
+#include "kernels/backend.h"
 
 /* 1 when a CUDA device can be used; the reason otherwise (cached after the first call). */
 int cu_have_device(void);
@@ -26,6 +27,18 @@ extern int cu_n_skipped;
 /* Like tu_fixture, but falls back to <dir of the executable>/tests/fixtures/ (gpu-bundle).
  * NULL when the file exists in neither place. */
 const char *cu_fixture(const char *rel);
+
+/* A backend of ops on m with these sizes (1 thread); the test fails if create does. */
+Backend *cu_backend_make(const BackendOps *ops, const Model *m, int cap, int batch, int pend);
+
+/* CUDA vs CPU tolerance: the CUDA backend rounds weights, GEMM inputs and the KV cache to
+ * bf16; see tests/cuda/test_cuda_forward.c for the calibration. */
+#define CU_TOL_FRAC 0.03f
+/* Compares rows (rows, vocab) of logits with atol = CU_TOL_FRAC * max|ref|: returns the
+ * mismatches (printing the first), raises *worst to the largest |d|. Top-1 per row must
+ * agree unless the reference's own gap is within the tolerance (a bf16-level tie). */
+int cu_compare_logits(const char *label, const float *got, const float *ref, int rows, int vocab,
+                      float *worst);
 
 /* Independent bf16 round-to-nearest-even (reference for the device conversions). */
 float cu_round_bf16(float f);

@@ -4,7 +4,7 @@
  * logits); the default model; and graph replay == eager launch.
  *
  * Tolerance: the CUDA backend rounds weights, GEMM inputs and the KV cache to bf16 (8 bit
- * mantissa), so logits may differ from the f32 reference by |d| <= TOL_FRAC * max|ref|
+ * mantissa), so logits may differ from the f32 reference by |d| <= CU_TOL_FRAC * max|ref|
  * (max over the compared rows). Calibrated on the CPU by rounding only the weights to bf16
  * in the CPU backend: max|d| / max|ref| = 0.005 (random models), 0.003 (golden llama),
  * 0.009 (SmolLM2, 0.28 of 31); 0.03 leaves room for the activation and KV rounding while a
@@ -20,42 +20,6 @@
 #include "kernels/backend.h"
 #include "kernels/cuda_backend.h"
 #include "tests/testutil.h"
-
-#define TOL_FRAC 0.03f
-
-static Backend *make(const BackendOps *ops, const Model *m, int cap, int batch, int pend) {
-    BackendParams p = {.kv_capacity = cap, .max_batch = batch, .max_pending = pend, .threads = 1};
-    Backend *b = NULL;
-    RsErr e = {0};
-    ck_assert_msg(ops && ops->create(m, &p, &b, &e) == RS_OK, "%s create: %s",
-                  ops ? ops->name : "cuda(NULL)", e.msg);
-    return b;
-}
-
-/* Compares rows of logits with atol = TOL_FRAC * max|ref|; returns mismatches and
- * accumulates *worst. Top-1 per row must agree unless within the tolerance of a tie. */
-static int cmp_rows(const char *label, const float *got, const float *ref, int rows, int vocab,
-                    float *worst) {
-    float mx = 0, scale = 0;
-    for (size_t i = 0; i < (size_t)rows * vocab; i++)
-        if (fabsf(ref[i]) > scale) scale = fabsf(ref[i]);
-    float atol = TOL_FRAC * scale;
-    int bad = tu_compare(label, got, ref, (size_t)rows * vocab, atol, 0.0f, &mx);
-    if (mx > *worst) *worst = mx;
-    for (int r = 0; r < rows; r++) {
-        const float *g = got + (size_t)r * vocab, *f = ref + (size_t)r * vocab;
-        int ag = row_argmax(g, vocab), af = row_argmax(f, vocab);
-        if (ag == af) continue;
-        if (f[af] - f[ag] > atol) {
-            fprintf(stderr, "%s row %d: top-1 %d (ref logit %.5f) vs reference %d (%.5f)\n",
-                    label, r, ag, f[ag], af, f[af]);
-            bad++;
-        }
-    }
-    fprintf(stderr, "%s: %d rows, max |d| %.4g, tolerance %.4g (%.2f * max|ref| %.4g)\n", label,
-            rows, mx, atol, TOL_FRAC, scale);
-    return bad;
-}
 
 /* One scripted round trip on both backends: prefill 9 (causal), commit all; tree pass of 6
  * tokens with a tree mask, commit {0, 3, 1} out of place; a 1-token pass with mask NULL;
@@ -142,8 +106,8 @@ static const Arch kArchs[3] = {ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3};
 START_TEST(test_cuda_random_parity) {
     CU_REQUIRE_DEVICE();
     Model *m = tu_random_model(kArchs[_i], 128, 256, 3, 4, 2, 512, 77 + _i);
-    Backend *cpu = make(&cpu_backend_ops, m, 64, 16, 16);
-    Backend *gpu = make(cuda_backend_ops_get(), m, 64, 16, 16);
+    Backend *cpu = cu_backend_make(&cpu_backend_ops, m, 64, 16, 16);
+    Backend *gpu = cu_backend_make(cuda_backend_ops_get(), m, 64, 16, 16);
     float *a, *g;
     int na, ng;
     run_script(cpu, m, &a, &na);
@@ -152,7 +116,7 @@ START_TEST(test_cuda_random_parity) {
     float worst = 0;
     char label[64];
     snprintf(label, sizeof label, "random arch %d", (int)kArchs[_i]);
-    int bad = cmp_rows(label, g, a, na, 512, &worst);
+    int bad = cu_compare_logits(label, g, a, na, 512, &worst);
     ck_assert_int_eq(bad, 0);
     ck_assert_int_eq(gpu->n_committed, cpu->n_committed);
     free(a), free(g);
@@ -168,8 +132,8 @@ END_TEST
 START_TEST(test_cuda_graph_vs_eager) {
     CU_REQUIRE_DEVICE();
     Model *m = tu_random_model(ARCH_LLAMA, 128, 256, 2, 4, 2, 512, 99);
-    Backend *gr = make(cuda_backend_ops_get(), m, 64, 16, 16);
-    Backend *ea = make(cuda_backend_ops_get(), m, 64, 16, 16);
+    Backend *gr = cu_backend_make(cuda_backend_ops_get(), m, 64, 16, 16);
+    Backend *ea = cu_backend_make(cuda_backend_ops_get(), m, 64, 16, 16);
     cuda_backend_set_graphs(gr, 1);
     cuda_backend_set_graphs(ea, 0);
     float *a, *b;
@@ -207,7 +171,7 @@ START_TEST(test_cuda_large_prefill_eager) {
     CU_REQUIRE_DEVICE();
     Model *m = tu_random_model(ARCH_LLAMA, 64, 128, 2, 4, 1, 300, 5);
     int n = 100;
-    Backend *cpu = make(&cpu_backend_ops, m, 128, n, n), *gpu = make(cuda_backend_ops_get(), m, 128, n, n);
+    Backend *cpu = cu_backend_make(&cpu_backend_ops, m, 128, n, n), *gpu = cu_backend_make(cuda_backend_ops_get(), m, 128, n, n);
     int tok[100], pos[100], rows[3] = {99, 0, 50};
     for (int i = 0; i < n; i++) tok[i] = (i * 7) % 300, pos[i] = i;
     float a[3 * 300], g[3 * 300], worst = 0;
@@ -216,7 +180,7 @@ START_TEST(test_cuda_large_prefill_eager) {
     ck_assert_msg(backend_forward(gpu, tok, pos, n, NULL, rows, 3, g, &e) == RS_OK, "%s", e.msg);
     ck_assert_int_eq(gpu->n_eager_launches, 1);
     ck_assert_int_eq(gpu->n_graph_replays, 0);
-    int bad = cmp_rows("prefill 100", g, a, 3, 300, &worst);
+    int bad = cu_compare_logits("prefill 100", g, a, 3, 300, &worst);
     fprintf(stderr, "cuda prefill 100 tokens: max |d| %.4g\n", worst);
     ck_assert_int_eq(bad, 0);
     backend_destroy(&cpu), backend_destroy(&gpu), model_free(&m);
@@ -235,7 +199,7 @@ START_TEST(test_cuda_errors) {
     ck_assert_msg(strstr(e.msg, "CUDA device 999 does not exist"), "%s", e.msg);
     ck_assert_ptr_null(b);
     p.device = 0;
-    b = make(ops, m, 8, 4, 6);
+    b = cu_backend_make(ops, m, 8, 4, 6);
     int tok[5] = {1, 2, 3, 4, 5}, pos[5] = {0, 1, 2, 3, 4}, rows[1] = {0};
     float lg[100];
     ck_assert_int_eq(backend_forward(b, tok, pos, 5, NULL, rows, 1, lg, &e), RS_EINVAL);
@@ -287,13 +251,13 @@ START_TEST(test_cuda_golden) {
     RsErr e = {0};
     ck_assert_msg(model_load(mpath, &m, &e) == RS_OK, "model_load %s: %s", mpath, e.msg);
     ck_assert_int_eq(m->cfg.vocab_size, vocab);
-    Backend *b = make(cuda_backend_ops_get(), m, n, n, n);
+    Backend *b = cu_backend_make(cuda_backend_ops_get(), m, n, n, n);
     int *pos = malloc(4 * (size_t)n), *rows = malloc(4 * (size_t)n);
     for (int i = 0; i < n; i++) pos[i] = rows[i] = i;
     float *got = malloc(4 * (size_t)n * vocab), worst = 0;
     /* one batch, then token by token (graph path, bucket 1) */
     ck_assert_msg(backend_forward(b, tokens, pos, n, NULL, rows, n, got, &e) == RS_OK, "%s", e.msg);
-    int bad = cmp_rows(kGolden[_i], got, ref, n, vocab, &worst);
+    int bad = cu_compare_logits(kGolden[_i], got, ref, n, vocab, &worst);
     b->ops->kv_reset(b);
     for (int i = 0; i < n; i++) {
         int zero = 0;
@@ -301,7 +265,7 @@ START_TEST(test_cuda_golden) {
                                          got + (size_t)i * vocab, &e), RS_OK);
         ck_assert_int_eq(backend_kv_commit(b, &zero, 1, &e), RS_OK);
     }
-    bad += cmp_rows(kGolden[_i], got, ref, n, vocab, &worst);
+    bad += cu_compare_logits(kGolden[_i], got, ref, n, vocab, &worst);
     ck_assert_int_eq(bad, 0);
     free(pos), free(rows), free(got);
     tu_golden_free(&g);
@@ -323,8 +287,8 @@ START_TEST(test_cuda_default_model) {
     RsErr e = {0};
     ck_assert_msg(model_load(path, &m, &e) == RS_OK, "%s", e.msg);
     int vocab = m->cfg.vocab_size;
-    Backend *cpu = make(&cpu_backend_ops, m, 128, 64, 64);
-    Backend *gpu = make(cuda_backend_ops_get(), m, 128, 64, 64);
+    Backend *cpu = cu_backend_make(&cpu_backend_ops, m, 128, 64, 64);
+    Backend *gpu = cu_backend_make(cuda_backend_ops_get(), m, 128, 64, 64);
     int tok[64] = {1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 28, 7018, 411, 46,
                    2, 198, 1, 4093, 198, 21512, 1848, 314, 2254, 30};
     int n = 25, pos[64], rows[64];
@@ -333,7 +297,7 @@ START_TEST(test_cuda_default_model) {
     float *a = malloc(sizeof(float) * 64 * vocab), *g = malloc(sizeof(float) * 64 * vocab), worst = 0;
     ck_assert_int_eq(backend_forward(cpu, tok, pos, n, NULL, rows, n, a, &e), RS_OK);
     ck_assert_msg(backend_forward(gpu, tok, pos, n, NULL, rows, n, g, &e) == RS_OK, "%s", e.msg);
-    int bad = cmp_rows("default prefill", g, a, n, vocab, &worst);
+    int bad = cu_compare_logits("default prefill", g, a, n, vocab, &worst);
     ck_assert_int_eq(backend_kv_commit(cpu, rows, n, &e), RS_OK);
     ck_assert_int_eq(backend_kv_commit(gpu, rows, n, &e), RS_OK);
     int next = row_argmax(a + (size_t)(n - 1) * vocab, vocab), agree = 0;
@@ -341,7 +305,7 @@ START_TEST(test_cuda_default_model) {
         int p = n + s, zero = 0;
         ck_assert_int_eq(backend_forward(cpu, &next, &p, 1, NULL, &zero, 1, a, &e), RS_OK);
         ck_assert_int_eq(backend_forward(gpu, &next, &p, 1, NULL, &zero, 1, g, &e), RS_OK);
-        bad += cmp_rows("default decode", g, a, 1, vocab, &worst);
+        bad += cu_compare_logits("default decode", g, a, 1, vocab, &worst);
         agree += row_argmax(g, vocab) == row_argmax(a, vocab);
         next = row_argmax(a, vocab);
         ck_assert_int_eq(backend_kv_commit(cpu, &zero, 1, &e), RS_OK);

@@ -6,8 +6,8 @@
  * - once every bucket's graph is captured, the decode loop (forwards of every size, tree
  *   masks, out-of-order commits, resets) allocates no device memory: cudaMemGetInfo's free
  *   bytes do not move.
- * Tolerance as tests/cuda/test_cuda_forward.c: |d| <= 0.03 * max|ref| over the compared
- * rows, top-1 identical unless the reference's own gap is within that tolerance. */
+ * Tolerance: cu_compare_logits (|d| <= CU_TOL_FRAC * max|ref| over the compared rows, top-1
+ * identical unless the reference's own gap is within that tolerance). */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <string.h>
@@ -16,37 +16,6 @@
 #include "cuda_testutil.h"
 #include "kernels/backend.h"
 #include "tests/testutil.h"
-
-#define TOL_FRAC 0.03f
-
-static Backend *make_on(const BackendOps *ops, const Model *m, int cap, int batch, int pend) {
-    BackendParams p = {.kv_capacity = cap, .max_batch = batch, .max_pending = pend, .threads = 1};
-    Backend *b = NULL;
-    RsErr e = {0};
-    ck_assert_msg(ops && ops->create(m, &p, &b, &e) == RS_OK, "%s create: %s",
-                  ops ? ops->name : "cuda(NULL)", e.msg);
-    return b;
-}
-
-/* Mismatches of rows (rows, vocab) beyond TOL_FRAC * max|ref| or a top-1 change. */
-static int compare_rows(const char *label, const float *got, const float *ref, int rows,
-                        int vocab) {
-    float scale = 0, mx = 0;
-    for (size_t i = 0; i < (size_t)rows * vocab; i++)
-        if (fabsf(ref[i]) > scale) scale = fabsf(ref[i]);
-    float atol = TOL_FRAC * scale;
-    int bad = tu_compare(label, got, ref, (size_t)rows * vocab, atol, 0.0f, &mx);
-    for (int r = 0; r < rows; r++) {
-        const float *g = got + (size_t)r * vocab, *f = ref + (size_t)r * vocab;
-        int ag = row_argmax(g, vocab), af = row_argmax(f, vocab);
-        if (ag != af && f[af] - f[ag] > atol) {
-            fprintf(stderr, "%s row %d: top-1 %d vs reference %d\n", label, r, ag, af);
-            bad++;
-        }
-    }
-    fprintf(stderr, "%s: %d rows, max |d| %.4g, tolerance %.4g\n", label, rows, mx, atol);
-    return bad;
-}
 
 static const char *kSpecs[] = {
     "random:tiny,seed=11",
@@ -64,14 +33,14 @@ START_TEST(test_cuda_random_model_matches_cpu) {
                   e.msg);
     ck_assert_ptr_nonnull(host->arena);
     ck_assert_ptr_null(dev->arena); /* the CUDA backend must make these weights itself */
-    Backend *cpu = make_on(&cpu_backend_ops, host, 64, 16, 16);
-    Backend *gpu = make_on(cuda_backend_ops_get(), dev, 64, 16, 16);
+    Backend *cpu = cu_backend_make(&cpu_backend_ops, host, 64, 16, 16);
+    Backend *gpu = cu_backend_make(cuda_backend_ops_get(), dev, 64, 16, 16);
     int V = host->cfg.vocab_size, n = 12, tok[16], pos[16], rows[16];
     for (int i = 0; i < n; i++) tok[i] = (i * 41 + 3) % V, pos[i] = rows[i] = i;
-    float *a = malloc(sizeof(float) * 16 * V), *g = malloc(sizeof(float) * 16 * V);
+    float *a = malloc(sizeof(float) * 16 * V), *g = malloc(sizeof(float) * 16 * V), worst = 0;
     ck_assert_int_eq(backend_forward(cpu, tok, pos, n, NULL, rows, n, a, &e), RS_OK);
     ck_assert_msg(backend_forward(gpu, tok, pos, n, NULL, rows, n, g, &e) == RS_OK, "%s", e.msg);
-    int bad = compare_rows(spec, g, a, n, V);
+    int bad = cu_compare_logits(spec, g, a, n, V, &worst);
     ck_assert_int_eq(backend_kv_commit(cpu, rows, n, &e), RS_OK);
     ck_assert_int_eq(backend_kv_commit(gpu, rows, n, &e), RS_OK);
     int next = row_argmax(a + (size_t)(n - 1) * V, V);
@@ -79,7 +48,7 @@ START_TEST(test_cuda_random_model_matches_cpu) {
         int p = n + s, zero = 0;
         ck_assert_int_eq(backend_forward(cpu, &next, &p, 1, NULL, &zero, 1, a, &e), RS_OK);
         ck_assert_int_eq(backend_forward(gpu, &next, &p, 1, NULL, &zero, 1, g, &e), RS_OK);
-        bad += compare_rows(spec, g, a, 1, V);
+        bad += cu_compare_logits(spec, g, a, 1, V, &worst);
         next = row_argmax(a, V);
         ck_assert_int_eq(backend_kv_commit(cpu, &zero, 1, &e), RS_OK);
         ck_assert_int_eq(backend_kv_commit(gpu, &zero, 1, &e), RS_OK);
@@ -121,7 +90,7 @@ START_TEST(test_cuda_no_alloc_in_decode_loop) {
     RsErr e = {0};
     ck_assert_int_eq(backend_model_load(cuda_backend_ops_get(), "random:tiny,seed=3", &m, &e),
                      RS_OK);
-    Backend *b = make_on(cuda_backend_ops_get(), m, 1024, 128, 128);
+    Backend *b = cu_backend_make(cuda_backend_ops_get(), m, 1024, 128, 128);
     float *lg = malloc(sizeof(float) * 128 * (size_t)m->cfg.vocab_size);
     int sizes[] = {1, 2, 3, 5, 9, 17, 33, 40, 60, 65};
     int ns = (int)(sizeof sizes / sizeof sizes[0]);
