@@ -67,14 +67,25 @@ static unsigned s_block_serial; /* blocks run in the current launch */
 static ucontext_t s_sched_uc;
 #endif
 
-void cuemu_fatal(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
+static void vmsg(const char *fmt, va_list ap) {
     fprintf(stderr, "cuemu: ");
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
-    va_end(ap);
     fflush(stderr);
+}
+
+void cuemu_warn(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vmsg(fmt, ap);
+    va_end(ap);
+}
+
+void cuemu_fatal(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vmsg(fmt, ap);
+    va_end(ap);
     abort();
 }
 

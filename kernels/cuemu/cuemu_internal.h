@@ -29,6 +29,8 @@ void cuemu_set_last_error(cudaError_t e);
 /* Runs one block-scheduled kernel launch (cuemu_device.cc). */
 void cuemu_run_kernel(const char *name, dim3 grid, dim3 block,
                       const std::function<void()> &body);
+/* Prints "cuemu: ..." (a diagnostic the code under test provoked) to stderr. */
+void cuemu_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Prints "cuemu: ..." and aborts: an emulator-detected defect in the code under test. */
 [[noreturn]] void cuemu_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #endif

@@ -90,15 +90,6 @@ static cudaError_t ret(cudaError_t e) {
     return e;
 }
 
-static void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void warn(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "cuemu: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-}
 
 void cuemu_init_locked(void) {
     if (s_inited) return;
@@ -117,7 +108,7 @@ void cuemu_init_locked(void) {
                         "no GPU is used; results check logic, not performance\n");
     size_t sh = cuemu_static_shared_total();
     if (sh > 48 * 1024)
-        warn("static __shared__ memory of all kernels totals %zu bytes (> 48 KiB): check each "
+        cuemu_warn("static __shared__ memory of all kernels totals %zu bytes (> 48 KiB): check each "
              "kernel against the per-block limit", sh);
 }
 
@@ -206,7 +197,7 @@ static int unsafe_during_capture(const char *call) {
         if ((mine && o->mode != cudaStreamCaptureModeRelaxed) ||
             (!mine && o->mode == cudaStreamCaptureModeGlobal)) {
             if (!o->capture_bad)
-                warn("%s during stream capture: not permitted (the capture is invalidated)", call);
+                cuemu_warn("%s during stream capture: not permitted (the capture is invalidated)", call);
             o->capture_bad = 1;
             hit = 1;
         }
@@ -237,7 +228,7 @@ cudaError_t cuemu_enqueue(cudaStream_t s0, cuemu_op_p op) {
         /* Work on the legacy stream would join a capturing blocking stream. */
         for (cudaStream_t o : s_streams)
             if (o->capturing && !(o->flags & cudaStreamNonBlocking)) {
-                warn("%s on the legacy stream while a blocking stream captures", op->what.c_str());
+                cuemu_warn("%s on the legacy stream while a blocking stream captures", op->what.c_str());
                 o->capture_bad = 1;
                 return cudaErrorStreamCaptureImplicit;
             }
@@ -429,7 +420,7 @@ cudaError_t cudaFree(void *p) {
     if (unsafe_during_capture("cudaFree")) return ret(cudaErrorStreamCaptureUnsupported);
     auto it = s_dev.find((uintptr_t)p);
     if (it == s_dev.end()) {
-        warn("cudaFree(%p): not the start of a live device allocation", p);
+        cuemu_warn("cudaFree(%p): not the start of a live device allocation", p);
         return ret(cudaErrorInvalidValue);
     }
     drain_all(); /* cudaFree synchronises: queued work may still use the block */
@@ -462,7 +453,7 @@ cudaError_t cudaFreeHost(void *p) {
     if (unsafe_during_capture("cudaFreeHost")) return ret(cudaErrorStreamCaptureUnsupported);
     auto it = s_pinned.find((uintptr_t)p);
     if (it == s_pinned.end()) {
-        warn("cudaFreeHost(%p): not a live cudaMallocHost block", p);
+        cuemu_warn("cudaFreeHost(%p): not a live cudaMallocHost block", p);
         return ret(cudaErrorInvalidValue);
     }
     drain_all();
@@ -497,17 +488,17 @@ static cudaError_t memcpy_common(const char *call, void *dst, const void *src, s
     if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDeviceToDevice)
         return cudaErrorInvalidMemcpyDirection;
     if (want_dd && !dd) {
-        warn("%s %s: destination %p + %zu bytes is not inside one device allocation", call,
+        cuemu_warn("%s %s: destination %p + %zu bytes is not inside one device allocation", call,
              kind_name(kind), dst, n);
         return cudaErrorInvalidValue;
     }
     if (want_sd && !sd) {
-        warn("%s %s: source %p + %zu bytes is not inside one device allocation", call,
+        cuemu_warn("%s %s: source %p + %zu bytes is not inside one device allocation", call,
              kind_name(kind), src, n);
         return cudaErrorInvalidValue;
     }
     if ((!want_dd && find_range(s_dev, dst, 1, NULL)) || (!want_sd && find_range(s_dev, src, 1, NULL))) {
-        warn("%s %s: a host-side pointer (%p -> %p) is device memory", call, kind_name(kind), src,
+        cuemu_warn("%s %s: a host-side pointer (%p -> %p) is device memory", call, kind_name(kind), src,
              dst);
         return cudaErrorInvalidValue;
     }
@@ -518,7 +509,7 @@ static cudaError_t memcpy_common(const char *call, void *dst, const void *src, s
     int pageable_src = !want_sd && !src_pinned, pageable_dst = !want_dd && !dst_pinned;
     if (s->capturing && (sync || pageable_src || pageable_dst)) {
         /* A graph node cannot stage pageable memory, and a blocking copy syncs. */
-        warn("%s %s %s during capture: not permitted (capture invalidated)", call, kind_name(kind),
+        cuemu_warn("%s %s %s during capture: not permitted (capture invalidated)", call, kind_name(kind),
              sync ? "(blocking)" : "with pageable host memory");
         s->capture_bad = 1;
         return cudaErrorStreamCaptureUnsupported;
@@ -552,7 +543,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
 static cudaError_t memset_common(void *p, int v, size_t n, cudaStream_t s0, int sync) {
     if (n == 0) return cudaSuccess;
     if (!cuemu_is_device_range(p, n)) {
-        warn("cudaMemset%s: %p + %zu bytes is not inside one device allocation",
+        cuemu_warn("cudaMemset%s: %p + %zu bytes is not inside one device allocation",
              sync ? "" : "Async", p, n);
         return cudaErrorInvalidValue;
     }
@@ -605,7 +596,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s0) {
     cudaStream_t s = resolve(s0);
     if (!stream_known(s)) return ret(cudaErrorInvalidResourceHandle);
     if (s->capturing) {
-        warn("cudaStreamSynchronize of a capturing stream: not permitted (capture invalidated)");
+        cuemu_warn("cudaStreamSynchronize of a capturing stream: not permitted (capture invalidated)");
         s->capture_bad = 1;
         return ret(cudaErrorStreamCaptureUnsupported);
     }
