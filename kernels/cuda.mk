@@ -1,6 +1,7 @@
 # CUDA build fragment, included by the Makefile (which defines CC, CFLAGS, LDLIBS,
 # CHECK_LIBS, LIB_OBJS and MAIN_SRCS). Nothing here is built by `make` or `make test`:
 #   make cuda [CUDA_ARCHS="80 86 89 90"]  -> build/cuda/rootspec-{<mains>,cuda-bench,cuda-tests}
+#   make gpu-prepare                      -> gpu-bundle + gpu-carry/ (default model in 2 parts)
 #   make gpu-bundle                       -> gpu-bundle/: sm_90 binaries + the shared
 #                                            libraries a bare CUDA machine lacks + fixtures
 # The CUDA binaries link the CPU library objects except kernels/cuda_stub.o (which would
@@ -92,6 +93,12 @@ gpu-bundle:
 	find gpu-bundle/lib -type f -size +8M -exec xz -T0 -6 {} +
 	cp tools/gpu-check.sh gpu-bundle/
 	@echo "gpu-bundle: $$(du -sh gpu-bundle | cut -f1) ($$(ls gpu-bundle/lib | wc -l) libraries: $$(ls gpu-bundle/lib | tr '\n' ' '))"
+
+# Everything two device calls carry (README, "CUDA"): gpu-bundle/ plus the default model in
+# two parts under gpu-carry/, with each call's size checked against the 64 MiB limit.
+.PHONY: gpu-prepare
+gpu-prepare: gpu-bundle $(DEFAULT_MODEL)
+	bash tools/gpu-carry.sh split
 
 -include $(CUDA_CU_OBJS:.o=.d) $(CUDA_DIR)/bench/cuda_bench_main.d $(CUDA_TEST_OBJS:.o=.d)
 
