@@ -95,7 +95,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     Model *m = NULL;
-    if (model_load(model_path, &m, &e)) {
+    if (backend_model_load(&cpu_backend_ops, model_path, &m, &e)) { /* random: models too */
         fprintf(stderr, "rootspec-micro: %s\n", e.msg);
         return 1;
     }
