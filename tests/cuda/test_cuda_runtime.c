@@ -1,8 +1,9 @@
 /* CUDA runtime behaviour the backend relies on, checked the same way on a GPU and on the CPU
  * emulator (kernels/cuemu/, make cuda-emu-test): stream capture records work without running
  * it; a graph replay reads device memory at replay time (the backend's per-call CuMeta);
- * synchronising a capturing stream or allocating during a thread-local capture fails and
- * invalidates the capture; only device 0 exists on a one-GPU machine. On a GPU these also
+ * synchronising a capturing stream fails and invalidates the capture (allocating or a
+ * blocking copy during one: asserted on the emulator, reported on a GPU); only device 0
+ * exists on a one-GPU machine. On a GPU these also
  * validate the emulator's model of the driver: a failure there means kernels/cuemu/ models
  * the driver wrongly (fix the emulator), not that the backend is wrong. */
 #include <cuda_runtime_api.h>
@@ -65,19 +66,34 @@ START_TEST(test_cuda_capture_rules) {
     ck_assert_int_eq(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
     ck_assert_ptr_null(g);
     cudaGetLastError();
-    /* an allocation (potentially synchronising) from the capturing thread */
+    /* An allocation (potentially synchronising) and a blocking copy from the capturing
+     * thread: the emulator refuses both and invalidates the capture. The backend does
+     * neither, so a driver that allows them only means the emulator is stricter than
+     * needed: on a GPU that is reported, not failed; on the emulator it is asserted. */
     g = (cudaGraph_t)0x1;
     void *p = NULL;
     CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    ck_assert_int_eq(cudaMalloc(&p, 256), cudaErrorStreamCaptureUnsupported);
-    ck_assert_int_eq(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
-    ck_assert_ptr_null(g);
+    cudaError_t mal = cudaMalloc(&p, 256);
+    cudaError_t mal_end = cudaStreamEndCapture(s, &g);
+    if (g) cudaGraphDestroy(g);
+    if (mal == cudaSuccess) cudaFree(p);
     cudaGetLastError();
-    /* a blocking copy while capturing */
     g = (cudaGraph_t)0x1;
     CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    ck_assert_int_ne(cudaMemcpy(h, dx, sizeof h, cudaMemcpyDeviceToHost), cudaSuccess);
+    cudaError_t cpy = cudaMemcpy(h, dx, sizeof h, cudaMemcpyDeviceToHost);
     cudaError_t end = cudaStreamEndCapture(s, &g);
+    if (g) cudaGraphDestroy(g);
+    int as_emulated = mal == cudaErrorStreamCaptureUnsupported &&
+                      mal_end == cudaErrorStreamCaptureInvalidated && cpy != cudaSuccess &&
+                      end == cudaErrorStreamCaptureInvalidated;
+    printf("INFO: during a thread-local capture: cudaMalloc -> %s (EndCapture %s), blocking "
+           "cudaMemcpy -> %s (EndCapture %s): %s\n", cudaGetErrorName(mal),
+           cudaGetErrorName(mal_end), cudaGetErrorName(cpy), cudaGetErrorName(end),
+           as_emulated ? "as the emulator models it"
+                       : "DIFFERS from the emulator's model (kernels/cuemu is stricter)");
+#ifdef ROOTSPEC_CUEMU
+    ck_assert_msg(as_emulated, "the emulator must refuse allocation and blocking copies in a capture");
+#endif
     /* Informational: how the driver treats an async copy from pageable memory in a capture
      * (the emulator refuses it; the backend never does it). */
     cudaGetLastError();
@@ -90,7 +106,6 @@ START_TEST(test_cuda_capture_rules) {
            cudaGetErrorName(pg), cudaGetErrorName(pg_end));
     if (g) cudaGraphDestroy(g);
     cudaGetLastError();
-    ck_assert_int_eq(end, cudaErrorStreamCaptureInvalidated);
     /* the stream works normally afterwards */
     cuk_residual_add(s, dx, dx, N);
     CUDA_CHECK(cudaStreamSynchronize(s));
