@@ -1,6 +1,7 @@
 /* Random-weight models: preset shapes, the spec parser, the canonical tensor walk and the
  * host materialisation for the CPU backend (see randmodel.h). */
 #include "randmodel.h"
+#include "loader.h"
 #include <errno.h>
 #include <math.h>
 #include <string.h>
@@ -100,12 +101,6 @@ static int apply_override(const char *spec, char *kv, Config *c, uint64_t *seed,
     return RS_OK;
 }
 
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-
 int model_random_load(const char *spec, Model **out, RsErr *e) {
     *out = NULL;
     if (!model_path_is_random(spec))
@@ -133,11 +128,7 @@ int model_random_load(const char *spec, Model **out, RsErr *e) {
     m->random_seed = seed;
     m->tok_source = TOKSRC_NONE;
     snprintf(m->path, sizeof m->path, "%s", spec);
-    char desc[256]; /* hashed as text: struct padding would make the digest arbitrary */
-    int dl = snprintf(desc, sizeof desc, "%s arch %d layers %d vocab %d tied %d seed %llu",
-                      p->name, (int)c.arch, c.n_layers, c.vocab_size, c.tied_embeddings,
-                      (unsigned long long)seed);
-    uint64_t h = fnv1a(0xcbf29ce484222325ull, desc, (size_t)dl);
+    uint64_t h = loader_fnv(loader_fnv_config(0xcbf29ce484222325ull, &c), &seed, sizeof seed);
     snprintf(m->fingerprint, sizeof m->fingerprint, "random-%s-%016llx", p->name,
              (unsigned long long)h);
     *out = m;
@@ -243,10 +234,4 @@ int model_random_materialize(Model *m, RsErr *e) {
     RS_ASSERT(f.p == m->arena + total);
     if (m->cfg.tied_embeddings) m->w.wcls = m->w.tok_embeddings;
     return RS_OK;
-}
-
-uint64_t model_random_tok_hash(int vocab_size) {
-    const char tag[] = "rootspec: no tokenizer, token ids only";
-    uint64_t h = fnv1a(0xcbf29ce484222325ull, tag, sizeof tag);
-    return fnv1a(h, &vocab_size, sizeof vocab_size);
 }

@@ -7,8 +7,9 @@
  * One definition of the weights serves both backends: every tensor, in the order
  * model_random_walk() lists them, is filled with base + scale * rs_rand_unit(tseed, i),
  * tseed = rs_rand_tensor_seed(model seed, tensor id). The hash is a header-inline function
- * so the CUDA kernels call this very code (RS_HOSTDEV). A random model has no tokenizer:
- * prompts are token ids (--prompt-ids) and output is ids (--output-ids). */
+ * so the CUDA kernels call this very code (RS_HOSTDEV). A random model has no tokenizer
+ * (tokenizer_load_model gives NULL, tokenizer_identity covers it): prompts are token ids
+ * (--prompt-ids) and output is ids (--output-ids). */
 #ifndef ROOTSPEC_RANDMODEL_H
 #define ROOTSPEC_RANDMODEL_H
 #include <stddef.h>
@@ -72,9 +73,6 @@ float **model_weight_slot(Weights *w, const RandTensor *t);
 /* Fills f32 host weights (arena) for a random model; RS_ENOMEM with the size when it would
  * exceed RANDOM_MODEL_HOST_LIMIT. No-op when already materialised. */
 int model_random_materialize(Model *m, RsErr *e);
-/* Tokenizer identity for HELLO when a model has no tokenizer: depends on the vocabulary
- * size only, so a random target and a random drafter of the same vocabulary agree. */
-uint64_t model_random_tok_hash(int vocab_size);
 
 #ifdef __cplusplus
 }

@@ -733,6 +733,7 @@ int tokenizer_load_json(const char *path, Tokenizer **out, RsErr *e) {
 
 int tokenizer_load_model(const struct Model *m, Tokenizer **out, RsErr *e) {
     *out = NULL;
+    if (m->random_weights) return RS_OK;
     alphabet_init();
     int rc;
     switch (m->tok_source) {
@@ -778,6 +779,12 @@ int tokenizer_eos_id(const Tokenizer *t) { return t->eos_id; }
 int tokenizer_bos_id(const Tokenizer *t) { return t->bos_id; }
 int tokenizer_add_bos(const Tokenizer *t) { return t->add_bos; }
 uint64_t tokenizer_hash(const Tokenizer *t) { return t->hash; }
+
+uint64_t tokenizer_identity(const Tokenizer *t, int vocab_size) {
+    if (t) return t->hash;
+    const char tag[] = "rootspec: no tokenizer, token ids only";
+    return fnv(fnv(FNV_INIT, tag, sizeof tag), &vocab_size, sizeof vocab_size);
+}
 
 int tokenizer_is_eog(const Tokenizer *t, int id) {
     return id >= 0 && id < t->n_vocab && (t->flags[id] & TOKF_EOG) != 0;

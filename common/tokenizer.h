@@ -17,7 +17,8 @@ typedef enum {
     CHAT_LLAMA3,  /* <|start_header_id|> ... <|eot_id|> */
 } ChatTemplate;
 
-/* From the model's own source (GGUF metadata or the directory's tokenizer.json). */
+/* From the model's own source (GGUF metadata or the directory's tokenizer.json). A
+ * random-weight model ("random:...") has none: RS_OK with *out NULL. */
 int tokenizer_load_model(const struct Model *m, Tokenizer **out, RsErr *e);
 /* From a tokenizer.json file. */
 int tokenizer_load_json(const char *path, Tokenizer **out, RsErr *e);
@@ -32,6 +33,9 @@ int tokenizer_add_bos(const Tokenizer *t);
 int tokenizer_is_eog(const Tokenizer *t, int id);
 /* 64-bit FNV-1a over the vocabulary strings and merges: equal hashes = same tokenizer. */
 uint64_t tokenizer_hash(const Tokenizer *t);
+/* What HELLO compares: tokenizer_hash(t), or for t == NULL (a model without a tokenizer) a
+ * hash of the vocabulary size alone, so random models of one vocabulary agree. */
+uint64_t tokenizer_identity(const Tokenizer *t, int vocab_size);
 
 /* Encodes UTF-8 text. Special tokens written literally in the text (e.g. "<|im_start|>")
  * become their ids, as HF tokenizers do by default. Does not add BOS (callers decide with

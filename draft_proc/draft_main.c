@@ -1,7 +1,6 @@
 /* rootspec-draft: the drafter process. Loads a model (or a layer subset of one), then
  * serves pools to one target at a time over ZeroMQ until SIGINT/SIGTERM. */
 #include "common/cli.h"
-#include "common/randmodel.h"
 #include "proto/secure.h"
 #include "server.h"
 #include <signal.h>
@@ -88,7 +87,7 @@ int main(int argc, char **argv) {
     Tokenizer *tok = NULL;
     Drafter *d = NULL;
     int rc = backend_model_load(ops, model, &full, &e);
-    if (!rc && !full->random_weights) rc = tokenizer_load_model(full, &tok, &e);
+    if (!rc) rc = tokenizer_load_model(full, &tok, &e);
     if (!rc && layers) rc = model_layer_view(full, layers, &view, &e);
     if (!rc) rc = drafter_create(view ? view : full, ops, ctx, threads, device, &d, &e);
     if (rc) {
@@ -106,8 +105,7 @@ int main(int argc, char **argv) {
     ServerOpts so = {.endpoint = bind, .insecure = insecure, .curve_dir = curve,
                      .name = layers ? "rootspec-draft (layer view)" : "rootspec-draft",
                      .max_requests = max_req, .stop = &g_stop};
-    rc = server_run(d, tok ? tokenizer_hash(tok) : model_random_tok_hash(full->cfg.vocab_size),
-                    &so, &e);
+    rc = server_run(d, tokenizer_identity(tok, full->cfg.vocab_size), &so, &e);
     if (rc) fprintf(stderr, "rootspec-draft: %s\n", e.msg);
     drafter_free(&d);
     tokenizer_free(&tok);

@@ -1,6 +1,5 @@
 /* Engine set-up: model(s), tokenizer, backend choice, drafter wiring. */
 #include "engine.h"
-#include "common/randmodel.h"
 #include "draft_proc/drafter.h"
 #include "remote.h"
 #include <string.h>
@@ -14,24 +13,13 @@ static void collect_eog(const Engine *en, int **eog, int *n) {
     *n = k;
 }
 
-/* Tokenizer identity for HELLO and the drafter check; random models have no tokenizer. */
-static uint64_t tok_identity(const Tokenizer *t, const Model *m) {
-    return t ? tokenizer_hash(t) : model_random_tok_hash(m->cfg.vocab_size);
-}
-
-/* A random model's tokenizer is "none"; any other model must have one. */
-static int load_tokenizer(const Model *m, Tokenizer **t, RsErr *e) {
-    *t = NULL;
-    return m->random_weights ? RS_OK : tokenizer_load_model(m, t, e);
-}
-
 int engine_open(const EngineOpts *o, int need_drafter, Engine *en, RsErr *e) {
     memset(en, 0, sizeof *en);
     const BackendOps *ops = backend_ops_by_name(o->backend, e);
     if (!ops) return e ? e->code : RS_EINVAL;
     int rc = backend_model_load(ops, o->model_path, &en->target_model, e);
     if (rc) return rc;
-    rc = load_tokenizer(en->target_model, &en->tok, e);
+    rc = tokenizer_load_model(en->target_model, &en->tok, e);
     if (rc) goto fail;
     if (en->tok && tokenizer_vocab_size(en->tok) > en->target_model->cfg.vocab_size) {
         rc = rs_err(e, RS_EFORMAT, "tokenizer has %d tokens but the model's vocabulary is %d",
@@ -48,7 +36,7 @@ int engine_open(const EngineOpts *o, int need_drafter, Engine *en, RsErr *e) {
     if (!need_drafter) return RS_OK;
     if (o->draft_endpoint) {
         rc = remote_client_open(&en->dc, o->draft_endpoint, en->target_model,
-                                tok_identity(en->tok, en->target_model),
+                                tokenizer_identity(en->tok, en->target_model->cfg.vocab_size),
                                 o->draft_timeout_ms, o->insecure, o->curve_dir, e);
         if (rc) goto fail;
         en->remote = en->dc.self;
@@ -67,10 +55,10 @@ int engine_open(const EngineOpts *o, int need_drafter, Engine *en, RsErr *e) {
             goto fail;
         }
         Tokenizer *dt = NULL;
-        rc = load_tokenizer(en->draft_model, &dt, e);
+        rc = tokenizer_load_model(en->draft_model, &dt, e);
         if (rc) goto fail;
-        uint64_t h1 = tok_identity(en->tok, en->target_model);
-        uint64_t h2 = tok_identity(dt, en->draft_model);
+        uint64_t h1 = tokenizer_identity(en->tok, en->target_model->cfg.vocab_size);
+        uint64_t h2 = tokenizer_identity(dt, en->draft_model->cfg.vocab_size);
         tokenizer_free(&dt);
         if (h1 != h2) {
             rc = rs_err(e, RS_EINVAL,
