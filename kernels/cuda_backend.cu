@@ -265,10 +265,12 @@ static void put_tensor(void *u, const RandTensor *t) {
     }
 }
 
-static int create_impl(const Model *m, const BackendParams *p, int random, uint64_t seed,
-                       Backend **out, RsErr *e) {
+/* A "random:" model without host weights gets them made on the device (no host copy of an
+ * 8B model); one that has host weights (materialised, or a layer view) is uploaded. */
+static int cuda_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
     *out = NULL;
     const Config *c = &m->cfg;
+    int random = m->random_weights && !m->arena;
     if (p->kv_capacity <= 0 || p->max_batch <= 0 || p->max_pending <= 0)
         return rs_err(e, RS_EINVAL,
                       "backend sizes must be positive (kv_capacity %d, max_batch %d, "
@@ -393,7 +395,7 @@ static int create_impl(const Model *m, const BackendParams *p, int random, uint6
     }
     Config wc = *c; /* a loaded model is tied when its head is its embedding array */
     wc.tied_embeddings = b->wcls == b->emb;
-    model_random_walk(&wc, seed, put_tensor, &ws);
+    model_random_walk(&wc, m->random_seed, put_tensor, &ws);
     float *inv = (float *)rs_xcalloc(half, sizeof(float));
     cuk_rope_inv_freq(c, inv);
     CUDA_CHECK(cudaMemcpyAsync(b->inv_freq, inv, half * 4, cudaMemcpyHostToDevice, b->stream));
@@ -408,13 +410,6 @@ static int create_impl(const Model *m, const BackendParams *p, int random, uint6
     b->weight_bytes = per_layer * nl + (size_t)b->vocab * dim * 2;
     *out = &b->base;
     return RS_OK;
-}
-
-/* A "random:" model without host weights gets them made on the device (no host copy of an
- * 8B model); one that has host weights (materialised, or a layer view) is uploaded. */
-static int cuda_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
-    int random = m->random_weights && !m->arena;
-    return create_impl(m, p, random, random ? m->random_seed : 0, out, e);
 }
 
 extern "C" void cuda_backend_set_graphs(Backend *bb, int on) {
