@@ -102,3 +102,34 @@ int cu_compare_logits(const char *label, const float *got, const float *ref, int
             rows, mx, atol, CU_TOL_FRAC, scale);
     return bad;
 }
+
+int cu_prefill_decode_parity(const char *label, Backend *cpu, Backend *gpu, const int *tok,
+                             int n, int steps, int *agree, float *worst) {
+    RS_ASSERT(n > 0 && n <= 64);
+    int V = cpu->model->cfg.vocab_size, pos[64], rows[64], bad, ok = 0;
+    for (int i = 0; i < n; i++) pos[i] = rows[i] = i;
+    float *a = malloc(sizeof(float) * (size_t)n * V), *g = malloc(sizeof(float) * (size_t)n * V);
+    RsErr e = {0};
+    char lab[160];
+    ck_assert_int_eq(backend_forward(cpu, tok, pos, n, NULL, rows, n, a, &e), RS_OK);
+    ck_assert_msg(backend_forward(gpu, tok, pos, n, NULL, rows, n, g, &e) == RS_OK, "%s", e.msg);
+    snprintf(lab, sizeof lab, "%s prefill", label);
+    bad = cu_compare_logits(lab, g, a, n, V, worst);
+    ck_assert_int_eq(backend_kv_commit(cpu, rows, n, &e), RS_OK);
+    ck_assert_int_eq(backend_kv_commit(gpu, rows, n, &e), RS_OK);
+    int next = row_argmax(a + (size_t)(n - 1) * V, V);
+    snprintf(lab, sizeof lab, "%s decode", label);
+    for (int s = 0; s < steps; s++) {
+        int p = n + s, zero = 0;
+        ck_assert_int_eq(backend_forward(cpu, &next, &p, 1, NULL, &zero, 1, a, &e), RS_OK);
+        ck_assert_int_eq(backend_forward(gpu, &next, &p, 1, NULL, &zero, 1, g, &e), RS_OK);
+        bad += cu_compare_logits(lab, g, a, 1, V, worst);
+        ok += row_argmax(g, V) == row_argmax(a, V);
+        next = row_argmax(a, V);
+        ck_assert_int_eq(backend_kv_commit(cpu, &zero, 1, &e), RS_OK);
+        ck_assert_int_eq(backend_kv_commit(gpu, &zero, 1, &e), RS_OK);
+    }
+    if (agree) *agree = ok;
+    free(a), free(g);
+    return bad;
+}

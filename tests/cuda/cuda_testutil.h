@@ -40,6 +40,12 @@ Backend *cu_backend_make(const BackendOps *ops, const Model *m, int cap, int bat
 int cu_compare_logits(const char *label, const float *got, const float *ref, int rows, int vocab,
                       float *worst);
 
+/* Causal prefill of tok (n <= 64) on cpu and gpu, commit, then `steps` greedy one-token
+ * steps, both fed the CPU's choice; every logits row compared with cu_compare_logits.
+ * Returns the mismatches; *agree counts steps whose top-1 agreed (may be NULL). */
+int cu_prefill_decode_parity(const char *label, Backend *cpu, Backend *gpu, const int *tok,
+                             int n, int steps, int *agree, float *worst);
+
 /* Independent bf16 round-to-nearest-even (reference for the device conversions). */
 float cu_round_bf16(float f);
 /* Uniform float in [lo, hi) from a tiny LCG (tests only). */

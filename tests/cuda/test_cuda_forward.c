@@ -291,30 +291,13 @@ START_TEST(test_cuda_default_model) {
     Backend *gpu = cu_backend_make(cuda_backend_ops_get(), m, 128, 64, 64);
     int tok[64] = {1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 28, 7018, 411, 46,
                    2, 198, 1, 4093, 198, 21512, 1848, 314, 2254, 30};
-    int n = 25, pos[64], rows[64];
-    for (int i = 0; i < 64; i++) pos[i] = rows[i] = i;
+    int n = 25, agree = 0;
     for (int i = 0; i < n; i++) tok[i] %= vocab;
-    float *a = malloc(sizeof(float) * 64 * vocab), *g = malloc(sizeof(float) * 64 * vocab), worst = 0;
-    ck_assert_int_eq(backend_forward(cpu, tok, pos, n, NULL, rows, n, a, &e), RS_OK);
-    ck_assert_msg(backend_forward(gpu, tok, pos, n, NULL, rows, n, g, &e) == RS_OK, "%s", e.msg);
-    int bad = cu_compare_logits("default prefill", g, a, n, vocab, &worst);
-    ck_assert_int_eq(backend_kv_commit(cpu, rows, n, &e), RS_OK);
-    ck_assert_int_eq(backend_kv_commit(gpu, rows, n, &e), RS_OK);
-    int next = row_argmax(a + (size_t)(n - 1) * vocab, vocab), agree = 0;
-    for (int s = 0; s < 8; s++) { /* greedy from the CPU's choice, both fed the same token */
-        int p = n + s, zero = 0;
-        ck_assert_int_eq(backend_forward(cpu, &next, &p, 1, NULL, &zero, 1, a, &e), RS_OK);
-        ck_assert_int_eq(backend_forward(gpu, &next, &p, 1, NULL, &zero, 1, g, &e), RS_OK);
-        bad += cu_compare_logits("default decode", g, a, 1, vocab, &worst);
-        agree += row_argmax(g, vocab) == row_argmax(a, vocab);
-        next = row_argmax(a, vocab);
-        ck_assert_int_eq(backend_kv_commit(cpu, &zero, 1, &e), RS_OK);
-        ck_assert_int_eq(backend_kv_commit(gpu, &zero, 1, &e), RS_OK);
-    }
+    float worst = 0;
+    int bad = cu_prefill_decode_parity("default", cpu, gpu, tok, n, 8, &agree, &worst);
     fprintf(stderr, "cuda default model: max |d| %.4g over %d+8 rows, greedy top-1 agree %d/8\n",
             worst, n, agree);
     ck_assert_int_eq(bad, 0);
-    free(a), free(g);
     backend_destroy(&cpu), backend_destroy(&gpu);
     model_free(&m);
 }
