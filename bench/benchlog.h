@@ -10,7 +10,7 @@
 #include <stdio.h>
 
 #define BENCH_NULL_NS (-1)   /* timestamp / draft_ns absent: written as JSON null */
-#define BENCH_X1_NULL (-1)   /* x1_in_pool not applicable (draft, root, ar) */
+#define BENCH_X1_NULL (-1)   /* x1_in_pool not applicable (draft, ar) */
 
 typedef struct {
     char decoder[BENCH_DEC_MAX];

@@ -27,7 +27,8 @@ typedef struct {
     /* drafter's own timings for this pool, nanoseconds */
     uint64_t draft_ns;            /* commit pass + growth, measured by the drafter */
     uint64_t commit_pass_ns;      /* the commit pass alone (part of draft_ns) */
-    int n_passes;                 /* drafter passes after the commit pass (8) */
+    int n_passes;                 /* drafter passes, the commit pass included: 8 = 1 + 7
+                                     expansion passes of 10 (70 expanded / 10 a pass) */
     int n_expanded;               /* nodes expanded (70) */
 } Pool;
 

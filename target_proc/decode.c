@@ -184,9 +184,12 @@ static int tree_pass(Target *t, const Pass *ps, int root, int with_root, RsErr *
     return backend_forward(b, tokens, pos, n, t->mask, rows, n, t->rows, e);
 }
 
-/* Transition probabilities of a selection's nodes given rows of the pass. */
+/* Expected acceptance of a selection from the rows of the pass: tree_tau, or with
+ * x1_node >= 0 (root selection's tree, X1 on its first level at that tree index) the
+ * value given X1 (tree_tau_given_x1). */
 static double selection_tau(Target *t, const Pass *ps, const Selection *s, const float *root_row,
-                            int with_root, int temp, const double *lse_root, double *lse_slot) {
+                            int with_root, int temp, const double *lse_root, double *lse_slot,
+                            int x1_node) {
     double trans[TREE_MAX];
     int V = t->vocab;
     for (int k = 0; k < s->t.n; k++) {
@@ -205,7 +208,7 @@ static double selection_tau(Target *t, const Pass *ps, const Selection *s, const
         int tok = s->t.node[k] == TREE_X1_OFFPOOL ? s->x1_token : t->pool->token[s->t.node[k]];
         trans[k] = row_prob(row, V, tok, temp, lse);
     }
-    return tree_tau(s, trans);
+    return x1_node >= 0 ? tree_tau_given_x1(s, trans, x1_node) : tree_tau(s, trans);
 }
 
 static void emit_event(const DecodeHooks *h, const char *ev, const char *detail) {
@@ -391,7 +394,8 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
             ri.t_select_done = rs_now_ns();
             ri.x1_in_pool = need_root ? sel.x1_in_pool : -1;
             ri.tree_size = sel.t.n;
-            int skip = o->rule == RULE_ROOT && tree_child_with_token(pool, &sel, -1, x1) < 0;
+            int x1_node = o->rule == RULE_ROOT ? tree_child_with_token(pool, &sel, -1, x1) : -1;
+            int skip = o->rule == RULE_ROOT && x1_node < 0;
             ri.tree_pass_skipped = skip;
             int with_root = !need_root;
             if (!skip || o->score_all) {
@@ -403,18 +407,21 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
                 double lse_root = row_lse(root_row, V);
                 for (int i = 0; i < ps->n; i++) lse_slot[i] = NAN;
                 ri.tau = selection_tau(t, ps, &sel, root_row, with_root, o->temp, &lse_root,
-                                       lse_slot);
+                                       lse_slot, x1_node);
                 if (o->score_all) {
                     ri.have_tau_rule = 1;
                     for (int r = RULE_DRAFT; r <= RULE_ROOT; r++) {
                         ri.tau_rule[r] = selection_tau(t, ps, &other[r], root_row, with_root,
-                                                       o->temp, &lse_root, lse_slot);
+                                                       o->temp, &lse_root, lse_slot, -1);
                         ri.tree_size_rule[r] = other[r].t.n;
                     }
                 }
             }
-            if (skip && isnan(ri.tau) && o->temp == 0)
-                ri.tau = 0.0; /* X1 = argmax lies off the tree: every path has probability 0 */
+            /* Root selection's tau is taken given its X1, like pearl's and rootdraw's: with X1
+             * off the first level nothing can be accepted. The unconditional tau would be
+             * unknown here at T=1 (no tree pass), and a mean over only the rounds that have
+             * it overstates acceptance, since those are the rounds X1 landed in the tree. */
+            if (skip) ri.tau = 0.0;
             keep[n_keep++] = 0; /* the root */
             if (skip) {
                 emitted[n_emit++] = x1; /* X1 is the continuation */

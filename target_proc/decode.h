@@ -36,7 +36,8 @@ typedef struct {
     int emitted, accepted, tree_size;
     int x1_in_pool;        /* -1: rule has no X1 */
     int tree_pass_skipped; /* root rule, X1 off the tree */
-    double tau;            /* expected acceptance of the verified tree; NAN if unknown */
+    double tau;            /* expected acceptance of the verified tree (pearl, rootdraw,
+                              root: given the round's X1); NAN if unknown */
     /* root pass ran: its best logit minus the runner-up (a small margin means a greedy
      * choice that last-bit differences between batch shapes may flip); NAN otherwise */
     double root_margin;

@@ -191,3 +191,17 @@ double tree_tau(const Selection *s, const double *trans) {
     }
     return tau;
 }
+
+double tree_tau_given_x1(const Selection *s, const double *trans, int k1) {
+    RS_ASSERT(k1 >= 0 && k1 < s->t.n && s->t.parent[k1] < 0);
+    double path[TREE_MAX], tau = 0;
+    int below[TREE_MAX]; /* parents come first, so one sweep marks k1's subtree */
+    for (int k = 0; k < s->t.n; k++) {
+        int par = s->t.parent[k];
+        below[k] = k == k1 || (par >= 0 && below[par]);
+        if (!below[k]) continue;
+        path[k] = k == k1 ? 1.0 : path[par] * trans[k];
+        tau += path[k];
+    }
+    return tau;
+}

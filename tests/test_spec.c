@@ -334,6 +334,133 @@ START_TEST(test_tree_properties) {
 }
 END_TEST
 
+
+/* ---- pool shape (SPEC §2) and the oracle (SPEC §3) ---- */
+
+/* The CPU backend with every forward() recorded, to count the drafter's passes. */
+static int g_fwd_n, g_fwd_tokens[32];
+static BackendOps counting_ops;
+static int counting_create(const Model *m, const BackendParams *bp, Backend **out, RsErr *e) {
+    int rc = cpu_backend_ops.create(m, bp, out, e);
+    if (!rc) (*out)->ops = &counting_ops;
+    return rc;
+}
+static int counting_forward(Backend *b, const int *tokens, const int *pos, int n,
+                            const uint8_t *mask, const int *out_rows, int n_out, float *logits,
+                            RsErr *e) {
+    if (g_fwd_n < 32) g_fwd_tokens[g_fwd_n] = n;
+    g_fwd_n++;
+    return cpu_backend_ops.forward(b, tokens, pos, n, mask, out_rows, n_out, logits, e);
+}
+
+/* SPEC §2: the commit pass, then 7 passes of 10 tokens (all 10 depth-1 candidates, then the
+ * 10 best new candidates by draft score after each of steps 1..6): 8 passes counting the
+ * commit pass, 70 expanded; the expanded nodes of each depth are exactly its top 10 by
+ * score (ties by pool index), none at depth 8; between rounds the drafter's KV cache holds
+ * only committed tokens. */
+START_TEST(test_pool_growth_shape) {
+    counting_ops = cpu_backend_ops;
+    counting_ops.create = counting_create;
+    counting_ops.forward = counting_forward;
+    RsErr e = {0};
+    Model *dm = tu_random_model(ARCH_LLAMA, 32, 64, 1, 4, 2, 50, 21);
+    Drafter *d;
+    ck_assert(drafter_create(dm, &counting_ops, 512, 1, 0, &d, &e) == 0);
+    Pool *pl = malloc(sizeof(Pool));
+    int toks[4] = {3, 4, 5, 6}, committed = 0;
+    for (int round = 0; round < 6; round++) {
+        int n = round == 0 ? 4 : 1 + round % 3;
+        g_fwd_n = 0;
+        ck_assert_msg(drafter_commit_grow(d, toks, n, pl, &e) == 0, "%s", e.msg);
+        committed += n;
+        ck_assert_int_eq(drafter_n_committed(d), committed);
+        ck_assert_int_eq(g_fwd_n, 1 + 7);
+        ck_assert_int_eq(g_fwd_tokens[0], n);
+        for (int k = 1; k < 8; k++) ck_assert_int_eq(g_fwd_tokens[k], 10);
+        ck_assert_int_eq(pl->n_passes, 8);
+        ck_assert_int_eq(pl->n_expanded, 70);
+        for (int dep = 1; dep <= POOL_MAX_DEPTH; dep++) {
+            int idx[POOL_MAX], m = 0;
+            for (int i = 0; i < pl->n; i++)
+                if (pl->depth[i] == dep) idx[m++] = i;
+            for (int i = 1; i < m; i++) /* insertion sort: score desc, pool index asc */
+                for (int j = i; j > 0 && (pl->score[idx[j]] > pl->score[idx[j - 1]] ||
+                                          (pl->score[idx[j]] == pl->score[idx[j - 1]] &&
+                                           idx[j] < idx[j - 1]));
+                     j--) {
+                    int t = idx[j];
+                    idx[j] = idx[j - 1];
+                    idx[j - 1] = t;
+                }
+            for (int r = 0; r < m; r++) {
+                int want = dep < POOL_MAX_DEPTH && r < POOL_EXPAND ? POOL_TOPK : 0;
+                ck_assert_msg(pl->n_children[idx[r]] == want,
+                              "depth %d rank %d (pool %d): %d children, want %d", dep, r, idx[r],
+                              pl->n_children[idx[r]], want);
+            }
+        }
+        /* pool index = creation order: depth never decreases along the pool */
+        for (int i = 1; i < pl->n; i++) ck_assert_int_ge(pl->depth[i], pl->depth[i - 1]);
+        for (int k = 0; k < 4; k++) toks[k] = pl->token[(round * 7 + k) % 10];
+    }
+    free(pl);
+    drafter_free(&d);
+    model_free(&dm);
+}
+END_TEST
+
+/* The oracle against brute force: on small pools, the largest expected acceptance of any
+ * ancestor-closed set of B candidates, with continuous path masses and with 0/1 masses
+ * (greedy, many ties). */
+START_TEST(test_oracle_brute_force) {
+    static const int parent[] = {-1, -1, -1, -1, 0, 0, 0, 1, 1, 4, 4, 7, 9, 9, 12, 12};
+    enum { N = 16 };
+    Pool *pl = calloc(1, sizeof(Pool));
+    Rng r;
+    rng_seed(&r, 8);
+    for (int trial = 0; trial < 60; trial++) {
+        pl->n = N;
+        for (int i = 0; i < N; i++) {
+            pl->parent[i] = parent[i];
+            pl->depth[i] = parent[i] < 0 ? 1 : pl->depth[parent[i]] + 1;
+            pl->token[i] = i;
+            pl->logq[i] = (float)log(0.05 + rng_uniform(&r));
+            if (pl->logq[i] > 0) pl->logq[i] = 0;
+        }
+        ck_assert(pool_finalize(pl, 64) == 0);
+        double trans[N], path[N];
+        for (int i = 0; i < N; i++) {
+            trans[i] = trial % 3 == 2 ? (double)(rng_next(&r) % 2) : rng_uniform(&r);
+            path[i] = (parent[i] < 0 ? 1.0 : path[parent[i]]) * trans[i];
+        }
+        for (int B = 1; B <= 9; B++) {
+            double best = -1;
+            for (unsigned mask = 1; mask < (1u << N); mask++) {
+                if (__builtin_popcount(mask) != B) continue;
+                double v = 0;
+                int ok = 1;
+                for (int i = 0; i < N && ok; i++)
+                    if (mask >> i & 1) {
+                        ok = parent[i] < 0 || (mask >> parent[i] & 1);
+                        v += path[i];
+                    }
+                if (ok && v > best) best = v;
+            }
+            Selection s;
+            select_oracle(pl, B, path, &s);
+            ck_assert_int_eq(s.t.n, B);
+            ck_assert(ancestor_closed(pl, &s));
+            double tr[TREE_MAX];
+            for (int k = 0; k < s.t.n; k++) tr[k] = trans[s.t.node[k]];
+            double got = tree_tau(&s, tr);
+            ck_assert_msg(fabs(got - best) <= 1e-12, "trial %d B=%d: oracle %g, best %g", trial,
+                          B, got, best);
+        }
+    }
+    free(pl);
+}
+END_TEST
+
 typedef struct {
     double sum_acc, sum_acc2, sum_tau;
     long n;
@@ -363,6 +490,224 @@ START_TEST(test_realised_vs_tau) {
                 rule_name(rules[ri]), st.n, ma, mt, se);
         ck_assert_msg(fabs(ma - mt) <= 3 * se, "%s: mean accepted %.4f vs tau %.4f (se %.4f)",
                       rule_name(rules[ri]), ma, mt, se);
+    }
+    pair_close(&p);
+}
+END_TEST
+
+
+/* ---- round-level SPEC checks: stop rule, X1, root skip, KV contents, pool shape ---- */
+
+typedef struct {
+    int max_new, rounds, total, after_limit, max_emit, bad;
+    int last_emit;
+    Rule rule;
+    int B, skips, x1_off, rounds_tree;
+    char why[200];
+} RoundLog;
+
+static void round_check(void *u, const RoundInfo *r) {
+    RoundLog *s = u;
+    /* SPEC §6: no round starts once the output has reached the limit */
+    if (s->total >= s->max_new) s->after_limit++;
+    s->total += r->emitted;
+    s->last_emit = r->emitted;
+    s->rounds++;
+    if (r->emitted > s->max_emit) s->max_emit = r->emitted;
+#define BAD(...) do { if (!s->bad) snprintf(s->why, sizeof s->why, __VA_ARGS__); s->bad++; } while (0)
+    if (r->fallback_ar) BAD("round %d fell back to AR", r->round);
+    /* SPEC §4: the round emits accepted tokens + the continuation */
+    if (r->emitted != r->accepted + 1) BAD("round %d: emitted %d, accepted %d", r->round, r->emitted, r->accepted);
+    if (s->rule == RULE_AR) return;
+    if (r->tree_size < 1 || r->tree_size > s->B) BAD("round %d: tree size %d", r->round, r->tree_size);
+    if (r->draft_ns == 0) BAD("round %d: no drafter time from the pool", r->round);
+    int rooted = s->rule == RULE_PEARL || s->rule == RULE_ROOTDRAW;
+    if (s->rule == RULE_DRAFT) {
+        /* no root pass: the continuation is verified with the tree in one pass */
+        if (r->t_root_start || r->x1_in_pool != -1 || !r->t_tree_start)
+            BAD("draft round %d: root pass %d, x1_in_pool %d, tree pass %d", r->round,
+                r->t_root_start != 0, r->x1_in_pool, r->t_tree_start != 0);
+    } else if (!r->t_root_start || r->t_root_end < r->t_root_start) {
+        BAD("round %d: no root pass", r->round);
+    }
+    if (rooted) {
+        /* SPEC §3: X1 counts as one accepted token; off the first level: X1 alone */
+        if (r->accepted < 1) BAD("round %d: X1 not counted as accepted", r->round);
+        if (r->x1_in_pool != 0 && r->x1_in_pool != 1) BAD("round %d: x1_in_pool %d", r->round, r->x1_in_pool);
+        if (r->x1_in_pool == 0 && r->tree_size != 1) BAD("round %d: X1 off the pool, tree %d", r->round, r->tree_size);
+        if (!r->t_tree_start) BAD("round %d: no tree pass", r->round);
+        s->x1_off += r->x1_in_pool == 0;
+    }
+    if (s->rule == RULE_ROOT) {
+        if (r->tree_size != s->B) BAD("root round %d: tree size %d", r->round, r->tree_size);
+        /* SPEC §3: X1 off the tree's first level is the continuation, no tree pass */
+        if (r->tree_pass_skipped) {
+            s->skips++;
+            if (r->t_tree_start || r->emitted != 1 || r->accepted != 0)
+                BAD("skipped root round %d: tree pass %d, emitted %d", r->round,
+                    r->t_tree_start != 0, r->emitted);
+        } else if (!r->t_tree_start || r->accepted < 1) {
+            BAD("root round %d: X1 on the first level but tree pass %d, accepted %d", r->round,
+                r->t_tree_start != 0, r->accepted);
+        }
+    }
+#undef BAD
+}
+
+static int decode_logged(Pair *p, Target *t, Rule rule, int B, int temp, uint64_t seed,
+                         const int *prompt, int n, int max_new, RoundLog *lg, DecodeResult *r,
+                         int *buf) {
+    memset(lg, 0, sizeof *lg);
+    lg->max_new = max_new;
+    lg->rule = rule;
+    lg->B = B;
+    DecodeOpts o = {.rule = rule, .budget = B, .temp = temp, .seed = seed, .prompt_id = 3,
+                    .max_new = max_new};
+    DecodeHooks h = {.on_round = round_check, .user = lg};
+    memset(r, 0, sizeof *r);
+    r->tokens = buf;
+    r->cap = max_new + ROUND_MAX_EMIT;
+    RsErr e = {0};
+    int rc = decode_run(t, rule == RULE_AR ? NULL : &p->dc, prompt, n, &o, &h, r, &e);
+    ck_assert_msg(rc == 0, "decode failed: %s", e.msg);
+    ck_assert_msg(lg->bad == 0, "%s T=%d B=%d: %s", rule_name(rule), temp, B, lg->why);
+    return r->n_tokens;
+}
+
+/* SPEC §6 stop rule: a decode stops after the round in which its output reaches the limit
+ * (so at most limit - 1 + 9 tokens: 8 accepted + the continuation), never earlier, and no
+ * round starts after it; the output is not cut back to the limit.
+ * SPEC §4/§2 KV contents: the target keeps root + accepted path (its committed context is
+ * the prompt and the output minus the final continuation), the drafter keeps only
+ * committed tokens (every round's tokens but the last, which it is never sent). */
+START_TEST(test_stop_rule_and_kv) {
+    for (int kind = 2; kind >= 0; kind -= 2) {
+        Pair p;
+        pair_open(&p, kind, 64, 32, 555 + kind);
+        int prompt[5] = {3, 9, 27, 17, 51}, buf[512];
+        int limits[3] = {1, 10, 23};
+        int overshoot = 0;
+        for (int ri = 0; ri < 5; ri++)
+            for (int temp = 0; temp < 2; temp++)
+                for (int b = 0; b < 2; b++)
+                    for (int li = 0; li < 3; li++) {
+                        int B = b ? 59 : 8, lim = limits[li];
+                        RoundLog lg;
+                        DecodeResult r;
+                        decode_logged(&p, p.t, ALL_RULES[ri], B, temp, 7 + li, prompt, 5, lim,
+                                      &lg, &r, buf);
+                        const char *nm = rule_name(ALL_RULES[ri]);
+                        ck_assert_msg(lg.after_limit == 0, "%s: a round started after the limit", nm);
+                        ck_assert_int_eq(r.n_tokens, lg.total);
+                        ck_assert_int_eq(r.rounds, lg.rounds);
+                        ck_assert_msg(lg.total >= lim && lg.total <= lim - 1 + POOL_MAX_DEPTH + 1,
+                                      "%s T=%d B=%d limit %d: %d tokens", nm, temp, B, lim, lg.total);
+                        ck_assert_int_le(lg.max_emit, POOL_MAX_DEPTH + 1);
+                        overshoot |= lg.total > lim;
+                        Backend *tb = target_backend(p.t);
+                        ck_assert_int_eq(tb->n_pending, 0);
+                        ck_assert_msg(tb->n_committed == 5 - 1 + lg.total,
+                                      "%s: target KV holds %d entries, want %d", nm,
+                                      tb->n_committed, 5 - 1 + lg.total);
+                        if (ALL_RULES[ri] != RULE_AR)
+                            ck_assert_msg(drafter_n_committed(p.d) == 5 + lg.total - lg.last_emit,
+                                          "%s: drafter KV holds %d committed, want %d", nm,
+                                          drafter_n_committed(p.d), 5 + lg.total - lg.last_emit);
+                    }
+        if (kind == 2) ck_assert_msg(overshoot, "no decode went past its limit in its last round");
+        pair_close(&p);
+    }
+}
+END_TEST
+
+/* SPEC §6: stop at the first end-of-sequence token, counting tokens up to (and including)
+ * it; tokens the round emitted after it are dropped. */
+START_TEST(test_stop_at_first_eos) {
+    Pair p;
+    pair_open(&p, 2, 64, 32, 31);
+    int prompt[4] = {5, 6, 7, 8}, ref[64], buf[512];
+    int nref = run(&p, RULE_AR, 8, 0, 1, 0, prompt, 4, 40, ref, NULL, 0);
+    ck_assert_int_eq(nref, 40);
+    int eos = ref[6], first = 0;
+    while (ref[first] != eos) first++;
+    Target *t2;
+    RsErr e = {0};
+    ck_assert(target_create(p.tm, &cpu_backend_ops, 512, 1, 0, &eos, 1, &t2, &e) == 0);
+    for (int ri = 0; ri < 5; ri++)
+        for (int b = 0; b < 2; b++) {
+            RoundLog lg;
+            DecodeResult r;
+            decode_logged(&p, t2, ALL_RULES[ri], b ? 59 : 8, 0, 1, prompt, 4, 40, &lg, &r, buf);
+            ck_assert_msg(r.hit_eos && r.n_tokens == first + 1, "%s: %d tokens (EOS at %d)",
+                          rule_name(ALL_RULES[ri]), r.n_tokens, first);
+            for (int i = 0; i <= first; i++) ck_assert_int_eq(buf[i], ref[i]);
+            /* the EOS came in the last round */
+            ck_assert_int_le(lg.total - lg.last_emit, first);
+        }
+    target_free(&t2);
+    pair_close(&p);
+}
+END_TEST
+
+/* SPEC §3 per-round behaviour with an independent drafter (X1 often off the first level):
+ * pearl/rootdraw count X1 as accepted and verify X1 alone off the pool; root skips the
+ * tree pass exactly when X1 is off its tree's first level, under T=0 and T=1. */
+START_TEST(test_round_rules) {
+    Pair p;
+    pair_open(&p, 0, 64, 32, 4321);
+    int buf[512];
+    Rng rg;
+    rng_seed(&rg, 12);
+    int skips[2] = {0, 0}, off = 0;
+    for (int pr = 0; pr < 6; pr++) {
+        int prompt[6];
+        for (int i = 0; i < 6; i++) prompt[i] = (int)(rng_next(&rg) % 64);
+        for (int ri = 1; ri < 5; ri++)
+            for (int temp = 0; temp < 2; temp++)
+                for (int b = 0; b < 2; b++) {
+                    RoundLog lg;
+                    DecodeResult r;
+                    decode_logged(&p, p.t, ALL_RULES[ri], b ? 59 : 8, temp, 40 + pr, prompt, 6,
+                                  30, &lg, &r, buf);
+                    if (ALL_RULES[ri] == RULE_ROOT) skips[temp] += lg.skips;
+                    off += lg.x1_off;
+                }
+    }
+    ck_assert_msg(skips[0] > 0 && skips[1] > 0 && off > 0,
+                  "test never exercised the edge cases: root skips %d/%d, X1 off pool %d",
+                  skips[0], skips[1], off);
+    pair_close(&p);
+}
+END_TEST
+
+/* SPEC §4: realised acceptance matches tau on average, for the root rule too: it has the
+ * largest gap between rounds (a skipped round accepts nothing). Every round must carry a
+ * tau, or a mean over the rounds that have one is biased. */
+START_TEST(test_realised_vs_tau_root) {
+    Pair p;
+    pair_open(&p, 1, 32, 32, 99);
+    for (int B = 2; B <= 8; B += 6) {
+        AccStats st = {0};
+        long rounds = 0;
+        int prompt[4] = {1, 2, 3, 4};
+        DecodeHooks h = {.on_round = on_round_acc, .user = &st};
+        for (int s = 0; s < 300; s++) {
+            DecodeOpts o = {.rule = RULE_ROOT, .budget = B, .temp = 1, .seed = 900 + s,
+                            .prompt_id = s, .max_new = 24};
+            DecodeResult r = {0};
+            int bb[128];
+            r.tokens = bb;
+            r.cap = 128;
+            RsErr e = {0};
+            ck_assert(decode_run(p.t, &p.dc, prompt, 4, &o, &h, &r, &e) == 0);
+            rounds += r.rounds;
+        }
+        double ma = st.sum_acc / st.n, mt = st.sum_tau / st.n;
+        double sd = sqrt(st.sum_acc2 / st.n - ma * ma), se = sd / sqrt((double)st.n);
+        fprintf(stderr, "root B=%d: %ld of %ld rounds with tau, mean accepted %.4f, mean tau %.4f, se %.4f\n",
+                B, st.n, rounds, ma, mt, se);
+        ck_assert_msg(st.n == rounds, "root B=%d: %ld of %ld rounds have no tau", B, rounds - st.n, rounds);
+        ck_assert_msg(fabs(ma - mt) <= 3 * se, "root: mean accepted %.4f vs tau %.4f (se %.4f)", ma, mt, se);
     }
     pair_close(&p);
 }
@@ -455,6 +800,15 @@ Suite *suite_spec(void) {
     tcase_add_test(tc, test_decode_errors);
     tcase_add_test(tc, test_root_margin);
     suite_add_tcase(s, tc);
+    TCase *tr = tcase_create("rounds");
+    tcase_set_timeout(tr, 600);
+    tcase_add_test(tr, test_stop_rule_and_kv);
+    tcase_add_test(tr, test_stop_at_first_eos);
+    tcase_add_test(tr, test_round_rules);
+    tcase_add_test(tr, test_realised_vs_tau_root);
+    tcase_add_test(tr, test_pool_growth_shape);
+    tcase_add_test(tr, test_oracle_brute_force);
+    suite_add_tcase(s, tr);
     TCase *tx = tcase_create("exactness");
     tcase_set_timeout(tx, 900);
     tcase_add_loop_test(tx, test_t1_exactness, 0, 5);
