@@ -710,9 +710,9 @@ int main(int argc, char **argv) {
         ids = rs_xcalloc((size_t)n_prompts, sizeof *ids);
         n_ids = rs_xcalloc((size_t)n_prompts, sizeof *n_ids);
         int cap = target_kv_capacity(en.target);
-        /* What decode_run reserves for one round (its PASS_MAX + 2) plus the largest overshoot
-         * of --max-new: checked now, so no prompt fails hours into a run. */
-        int reserve = 3 * TREE_MAX + 4 + ROUND_MAX_EMIT;
+        /* What decode_run reserves for one round plus the largest overshoot of --max-new:
+         * checked now, so no prompt fails hours into a run. */
+        int reserve = DECODE_ROUND_RESERVE + ROUND_MAX_EMIT;
         for (int p = 0; p < n_prompts; p++) {
             if ((rc = engine_prompt_ids(&en, ps->items[p].text, chat, &ids[p], &n_ids[p], &e))) {
                 fprintf(stderr, "rootspec-bench: prompt %s (%s:%d): %s\n", ps->items[p].id,

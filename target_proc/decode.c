@@ -10,7 +10,7 @@
 #include <string.h>
 
 #define PREFILL_CHUNK 256
-#define PASS_MAX (3 * TREE_MAX + 2) /* union of every rule's tree + X1 off the pool */
+#define PASS_MAX DECODE_PASS_MAX
 
 struct Target {
     const Model *m;
@@ -125,31 +125,43 @@ static void pass_init(Pass *ps, const Pool *p) {
     for (int i = 0; i < p->n; i++) ps->slot_of_pool[i] = -1;
 }
 
+/* Adds pool node u to the pass unless there already; its parent must be there. */
+static void pass_add_node(Pass *ps, const Pool *p, int u) {
+    if (ps->slot_of_pool[u] >= 0) return;
+    int i = ps->n++;
+    RS_ASSERT(i < PASS_MAX);
+    ps->token[i] = p->token[u];
+    int par = p->parent[u];
+    ps->parent[i] = par < 0 ? -1 : ps->slot_of_pool[par];
+    RS_ASSERT(par < 0 || ps->parent[i] >= 0);
+    ps->depth[i] = p->depth[u];
+    ps->pool_node[i] = u;
+    ps->slot_of_pool[u] = i;
+}
+
 /* Adds a selection's nodes to the pass (shared nodes once). */
 static void pass_add(Pass *ps, const Pool *p, const Selection *s) {
     for (int k = 0; k < s->t.n; k++) {
         int u = s->t.node[k];
-        if (u == TREE_X1_OFFPOOL) {
-            if (ps->x1_slot >= 0) continue;
+        if (u != TREE_X1_OFFPOOL) {
+            pass_add_node(ps, p, u);
+        } else if (ps->x1_slot < 0) {
             int i = ps->n++;
             ps->token[i] = s->x1_token;
             ps->parent[i] = -1;
             ps->depth[i] = 1;
             ps->pool_node[i] = u;
             ps->x1_slot = i;
-            continue;
         }
-        if (ps->slot_of_pool[u] >= 0) continue;
-        int i = ps->n++;
-        RS_ASSERT(i < PASS_MAX);
-        ps->token[i] = p->token[u];
-        int par = p->parent[u];
-        ps->parent[i] = par < 0 ? -1 : ps->slot_of_pool[par];
-        RS_ASSERT(par < 0 || ps->parent[i] >= 0);
-        ps->depth[i] = p->depth[u];
-        ps->pool_node[i] = u;
-        ps->slot_of_pool[u] = i;
     }
+}
+
+/* Adds every expanded pool node (creation order puts parents first). Every candidate's
+ * parent is the root or expanded, so with these rows the pass knows each candidate's
+ * target probability: what scoring any tree, and finding the oracle's, needs. */
+static void pass_add_expanded(Pass *ps, const Pool *p) {
+    for (int u = 0; u < p->n; u++)
+        if (p->n_children[u] > 0) pass_add_node(ps, p, u);
 }
 
 static int pass_slot(const Pass *ps, const Selection *s, int k) {
@@ -184,6 +196,17 @@ static int tree_pass(Target *t, const Pass *ps, int root, int with_root, RsErr *
     return backend_forward(b, tokens, pos, n, t->mask, rows, n, t->rows, e);
 }
 
+/* Target probability of `tok` at the prefix ending in pass slot `slot` (-1: the root),
+ * from the rows of the pass; row log-sum-exps are computed once per slot. */
+static double slot_prob(Target *t, const float *root_row, int with_root, int slot, int tok,
+                        int temp, const double *lse_root, double *lse_slot) {
+    int V = t->vocab;
+    if (slot < 0) return row_prob(root_row, V, tok, temp, *lse_root);
+    const float *row = t->rows + (size_t)(with_root + slot) * V;
+    if (isnan(lse_slot[slot])) lse_slot[slot] = row_lse(row, V);
+    return row_prob(row, V, tok, temp, lse_slot[slot]);
+}
+
 /* Expected acceptance of a selection from the rows of the pass: tree_tau, or with
  * x1_node >= 0 (root selection's tree, X1 on its first level at that tree index) the
  * value given X1 (tree_tau_given_x1). */
@@ -191,24 +214,42 @@ static double selection_tau(Target *t, const Pass *ps, const Selection *s, const
                             int with_root, int temp, const double *lse_root, double *lse_slot,
                             int x1_node) {
     double trans[TREE_MAX];
-    int V = t->vocab;
     for (int k = 0; k < s->t.n; k++) {
         int pk = s->t.parent[k];
-        const float *row;
-        double lse;
-        if (pk < 0) {
-            row = root_row;
-            lse = *lse_root;
-        } else {
-            int slot = pass_slot(ps, s, pk);
-            row = t->rows + (size_t)(with_root + slot) * V;
-            if (isnan(lse_slot[slot])) lse_slot[slot] = row_lse(row, V);
-            lse = lse_slot[slot];
-        }
         int tok = s->t.node[k] == TREE_X1_OFFPOOL ? s->x1_token : t->pool->token[s->t.node[k]];
-        trans[k] = row_prob(row, V, tok, temp, lse);
+        trans[k] = slot_prob(t, root_row, with_root, pk < 0 ? -1 : pass_slot(ps, s, pk), tok,
+                             temp, lse_root, lse_slot);
     }
     return x1_node >= 0 ? tree_tau_given_x1(s, trans, x1_node) : tree_tau(s, trans);
+}
+
+/* score_all: the tau of every rule's tree for this round's pool and X1, and the oracle's
+ * (SPEC §3), whose B-set is chosen from every candidate's target path probability. Needs
+ * a pass that holds the expanded nodes (pass_add_expanded). */
+static void score_rules(Target *t, const Pass *ps, int B, int x1, const float *root_row,
+                        int with_root, int temp, const double *lse_root, double *lse_slot,
+                        RoundInfo *ri) {
+    const Pool *pool = t->pool;
+    Selection s[RULE_COUNT];
+    select_draft(pool, B, &s[RULE_DRAFT]);
+    select_pearl(pool, B, x1, &s[RULE_PEARL]);
+    select_rootdraw(pool, B, x1, &s[RULE_ROOTDRAW]);
+    select_root(pool, B, t->p0, x1, &s[RULE_ROOT]);
+    double path[POOL_MAX]; /* p(u | c): product of target transitions along u's path */
+    for (int u = 0; u < pool->n; u++) {
+        int par = pool->parent[u];
+        int slot = par < 0 ? -1 : ps->slot_of_pool[par];
+        RS_ASSERT(par < 0 || slot >= 0);
+        path[u] = (par < 0 ? 1.0 : path[par]) *
+                  slot_prob(t, root_row, with_root, slot, pool->token[u], temp, lse_root, lse_slot);
+    }
+    select_oracle(pool, B, path, &s[RULE_ORACLE]);
+    ri->have_tau_rule = 1;
+    for (int r = RULE_DRAFT; r <= RULE_ORACLE; r++) {
+        ri->tau_rule[r] = selection_tau(t, ps, &s[r], root_row, with_root, temp, lse_root,
+                                        lse_slot, -1);
+        ri->tree_size_rule[r] = s[r].t.n;
+    }
 }
 
 static void emit_event(const DecodeHooks *h, const char *ev, const char *detail) {
@@ -268,7 +309,7 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
             return rs_err(e, RS_EINVAL, "prompt token %d at position %d outside vocabulary of %d",
                           prompt[i], i, V);
     int cap = b->params.kv_capacity;
-    int reserve = PASS_MAX + 2;
+    int reserve = DECODE_ROUND_RESERVE;
     if (n_prompt + reserve > cap)
         return rs_err(e, RS_EINVAL,
                       "prompt of %d tokens does not fit the KV cache: capacity %d minus %d "
@@ -368,7 +409,7 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
                 }
             }
             /* Selection. */
-            Selection sel, other[RULE_COUNT];
+            Selection sel;
             int B = o->budget;
             if (need_root) row_softmax(t->root_row, V, t->p0);
             if (o->temp == 0 && need_root) { /* point mass on the argmax */
@@ -384,13 +425,7 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
             }
             pass_init(ps, pool);
             pass_add(ps, pool, &sel);
-            if (o->score_all) {
-                select_draft(pool, B, &other[RULE_DRAFT]);
-                select_pearl(pool, B, x1, &other[RULE_PEARL]);
-                select_rootdraw(pool, B, x1, &other[RULE_ROOTDRAW]);
-                select_root(pool, B, t->p0, x1, &other[RULE_ROOT]);
-                for (int r = RULE_DRAFT; r <= RULE_ROOT; r++) pass_add(ps, pool, &other[r]);
-            }
+            if (o->score_all) pass_add_expanded(ps, pool);
             ri.t_select_done = rs_now_ns();
             ri.x1_in_pool = need_root ? sel.x1_in_pool : -1;
             ri.tree_size = sel.t.n;
@@ -408,14 +443,9 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
                 for (int i = 0; i < ps->n; i++) lse_slot[i] = NAN;
                 ri.tau = selection_tau(t, ps, &sel, root_row, with_root, o->temp, &lse_root,
                                        lse_slot, x1_node);
-                if (o->score_all) {
-                    ri.have_tau_rule = 1;
-                    for (int r = RULE_DRAFT; r <= RULE_ROOT; r++) {
-                        ri.tau_rule[r] = selection_tau(t, ps, &other[r], root_row, with_root,
-                                                       o->temp, &lse_root, lse_slot, -1);
-                        ri.tree_size_rule[r] = other[r].t.n;
-                    }
-                }
+                if (o->score_all)
+                    score_rules(t, ps, B, x1, root_row, with_root, o->temp, &lse_root, lse_slot,
+                                &ri);
             }
             /* Root selection's tau is taken given its X1, like pearl's and rootdraw's: with X1
              * off the first level nothing can be accepted. The unconditional tau would be

@@ -24,12 +24,18 @@ typedef struct {
     uint64_t seed;
     uint64_t prompt_id;
     int max_new;       /* stop after the round in which output reaches this */
-    int score_all;     /* also score every rule's tree in the tree pass (root-pass rules) */
+    int score_all;     /* offline scoring (root-pass rules): the tree pass also covers every
+                          expanded pool node, so each rule's tree and the oracle's get a tau */
     int test_wrong_x1; /* tests only: draw X1 from the drafter's first level instead of
                           p0 (a deliberately wrong verifier that must fail exactness) */
 } DecodeOpts;
 
 #define ROUND_MAX_EMIT (TREE_MAX + 2)
+/* Nodes of one tree pass: the verified tree (X1 off the pool included) and, for score_all,
+ * the expanded pool nodes, whose rows give every candidate's target probability. */
+#define DECODE_PASS_MAX (TREE_MAX + 1 + POOL_N_EXPANDED)
+/* KV entries a round may hold beyond the committed ones: the root and the pass. */
+#define DECODE_ROUND_RESERVE (DECODE_PASS_MAX + 2)
 
 typedef struct {
     int round;
@@ -42,7 +48,8 @@ typedef struct {
      * choice that last-bit differences between batch shapes may flip); NAN otherwise */
     double root_margin;
     int have_tau_rule;
-    double tau_rule[RULE_COUNT]; /* with score_all: tau of each rule's tree (NAN: n/a) */
+    double tau_rule[RULE_COUNT]; /* with score_all: tau of each rule's tree, the oracle's
+                                    included (NAN: n/a); pearl/rootdraw given X1 */
     int tree_size_rule[RULE_COUNT];
     /* monotonic ns, target process clock; 0 where the decoder has no such phase */
     uint64_t t_round_start, t_grow_sent, t_root_start, t_root_end, t_pool_recv,

@@ -43,14 +43,14 @@ void roundlog_write(FILE *f, const RoundLogCtx *c, const RoundInfo *r) {
     if (r->have_tau_rule) {
         fprintf(f, ",\"tau_rule\":{");
         int first = 1;
-        for (int k = RULE_DRAFT; k <= RULE_ROOT; k++) {
+        for (int k = RULE_DRAFT; k <= RULE_ORACLE; k++) {
             if (isnan(r->tau_rule[k])) continue;
             fprintf(f, "%s\"%s\":%.6f", first ? "" : ",", rule_name((Rule)k), r->tau_rule[k]);
             first = 0;
         }
         fprintf(f, "},\"tree_size_rule\":{");
         first = 1;
-        for (int k = RULE_DRAFT; k <= RULE_ROOT; k++) {
+        for (int k = RULE_DRAFT; k <= RULE_ORACLE; k++) {
             fprintf(f, "%s\"%s\":%d", first ? "" : ",", rule_name((Rule)k), r->tree_size_rule[k]);
             first = 0;
         }

@@ -37,7 +37,10 @@ static void usage(FILE *f) {
             "  --insecure            allow plain tcp:// to the drafter (no CURVE)\n"
             "  --curve-dir DIR       CURVE key files for tcp:// (see deploy/README)\n"
             "  --log-rounds FILE     append one JSON object per round to FILE\n"
-            "  --score-all-rules     also score every rule's tree in each tree pass (tau per rule)\n"
+            "  --score-all-rules     offline scoring: each round's tree pass also covers the 70\n"
+            "                        expanded pool nodes, so the round log gets the expected\n"
+            "                        acceptance (tau) of every rule's tree and of the oracle's,\n"
+            "                        and the run ends with their means (slower: not for timing)\n"
             "  --output-ids          print emitted token ids instead of text\n"
             "  --prompt-id N         prompt id for the log and the seed stream (default 0)\n"
             "  -h, --help            this text\n"
@@ -53,6 +56,8 @@ typedef struct {
     RoundLogCtx lc;
     TimingAcc *timing;
     int first_id;
+    long n_scored;               /* --score-all-rules: rounds with a tau per rule */
+    double tau_sum[RULE_COUNT];
 } Sink;
 
 static void on_tokens(void *u, const int *t, int n) {
@@ -74,6 +79,27 @@ static void on_round(void *u, const RoundInfo *r) {
     Sink *s = u;
     if (s->log) roundlog_write(s->log, &s->lc, r);
     if (s->timing) timing_add(s->timing, r);
+    if (r->have_tau_rule) {
+        s->n_scored++;
+        for (int k = RULE_DRAFT; k <= RULE_ORACLE; k++) s->tau_sum[k] += r->tau_rule[k];
+    }
+}
+
+/* --score-all-rules: mean tau of each rule's tree over the scored rounds. Pearl's and
+ * rootdraw's are taken given X1, which counts 1 (SPEC §3), so they are compared with each
+ * other (the paper's offline comparison); draft's, root's and the oracle's start at the
+ * root row, so the oracle bounds those two. */
+static void scores_print(FILE *f, const Sink *s) {
+    if (!s->n_scored) return;
+    double n = (double)s->n_scored;
+    const double *m = s->tau_sum;
+    fprintf(f,
+            "rootspec-target: offline expected acceptance, mean tau over %ld rounds: given X1: "
+            "pearl %.3f rootdraw %.3f",
+            s->n_scored, m[RULE_PEARL] / n, m[RULE_ROOTDRAW] / n);
+    if (m[RULE_PEARL] > 0) fprintf(f, " (rootdraw %+.1f%%)", 100.0 * (m[RULE_ROOTDRAW] / m[RULE_PEARL] - 1));
+    fprintf(f, "; from the root: draft %.3f root %.3f oracle %.3f\n", m[RULE_DRAFT] / n,
+            m[RULE_ROOT] / n, m[RULE_ORACLE] / n);
 }
 
 static void on_event(void *u, const char *ev, const char *detail) {
@@ -241,6 +267,7 @@ int main(int argc, char **argv) {
                     total_ns ? total_tokens / (total_ns * 1e-9) : 0.0);
         timing_print(stderr, &timing);
     }
+    if (exit_code == 0) scores_print(stderr, &s);
     timing_free(&timing);
     if (s.log) fclose(s.log);
     free(res.tokens);

@@ -713,6 +713,121 @@ START_TEST(test_realised_vs_tau_root) {
 }
 END_TEST
 
+/* --score-all-rules (SPEC §3's offline oracle): every rule's tau and the oracle's from one
+ * pass that also covers the expanded pool nodes. The pool is captured on its way to the
+ * target. At T=0 the oracle's tau has an independent value: the length (at most B) of the
+ * path through the pool that spells plain greedy decoding's next tokens. At T=1 the oracle
+ * is no worse than any unconditional tree, and the decoder's own tau is its rule's entry. */
+typedef struct {
+    DraftClient *inner;
+    Pool last;
+} PoolTap;
+static int tap_begin(DraftClient *c, const int *t, int n, int reset, RsErr *e) {
+    PoolTap *tp = c->self;
+    return tp->inner->grow_begin(tp->inner, t, n, reset, e);
+}
+static int tap_end(DraftClient *c, Pool *out, RsErr *e) {
+    PoolTap *tp = c->self;
+    int rc = tp->inner->grow_end(tp->inner, out, e);
+    if (!rc) tp->last = *out;
+    return rc;
+}
+typedef struct {
+    PoolTap *tap;
+    const int *ar;  /* greedy reference tokens */
+    int n_ar, pos;  /* tokens emitted before this round */
+    int B, rule, rounds, checked, deep, bad; /* deep: checked rounds with a path of 2+ */
+    char why[200];
+} OracleLog;
+static void oracle_round(void *u, const RoundInfo *r) {
+    OracleLog *g = u;
+    const Pool *pl = &g->tap->last;
+    const double *tr = r->tau_rule;
+    g->rounds++;
+    if (!r->have_tau_rule) {
+        snprintf(g->why, sizeof g->why, "round %d: no tau_rule", r->round);
+        g->bad++;
+    } else if (r->tree_size_rule[RULE_ORACLE] != (g->B < pl->n ? g->B : pl->n)) {
+        snprintf(g->why, sizeof g->why, "round %d: oracle tree of %d nodes", r->round,
+                 r->tree_size_rule[RULE_ORACLE]);
+        g->bad++;
+    } else if (fabs(tr[g->rule] - r->tau) > 1e-9) {
+        snprintf(g->why, sizeof g->why, "round %d: own tau %g vs tau_rule %g", r->round, r->tau,
+                 tr[g->rule]);
+        g->bad++;
+    } else if (tr[RULE_ORACLE] < tr[RULE_DRAFT] - 1e-9 || tr[RULE_ORACLE] < tr[RULE_ROOT] - 1e-9) {
+        snprintf(g->why, sizeof g->why, "round %d: oracle %g below draft %g or root %g",
+                 r->round, tr[RULE_ORACLE], tr[RULE_DRAFT], tr[RULE_ROOT]);
+        g->bad++;
+    } else if (g->ar) {
+        int at = -1, L = 0; /* follow the greedy tokens down the pool */
+        while (L < g->B && g->pos + L < g->n_ar) {
+            int first = at < 0 ? pl->root_first_child : pl->first_child[at];
+            int nc = at < 0 ? pl->root_n_children : pl->n_children[at], next = -1;
+            for (int k = first; k < first + nc && first >= 0; k++)
+                if (pl->token[k] == g->ar[g->pos + L]) next = k;
+            if (next < 0) break;
+            at = next;
+            L++;
+        }
+        if (g->pos + 8 < g->n_ar) { /* the reference reaches past the pool's depth */
+            g->checked++;
+            g->deep += L >= 2;
+            if (tr[RULE_ORACLE] != (double)L) {
+                snprintf(g->why, sizeof g->why, "round %d: oracle tau %g, greedy path in pool %d",
+                         r->round, tr[RULE_ORACLE], L);
+                g->bad++;
+            }
+        }
+    }
+    g->pos += r->emitted;
+}
+
+START_TEST(test_score_all_oracle) {
+    Pair p;
+    pair_open(&p, 1, 64, 32, 4242);
+    PoolTap tap = {.inner = &p.dc};
+    DraftClient dc = {tap_begin, tap_end, &tap};
+    int prompt[5] = {3, 9, 27, 17, 51};
+    long checked = 0, deep = 0;
+    for (int temp = 0; temp <= 1; temp++) {
+        for (int B = 4; B <= 59; B += 55) {
+            for (int rule = RULE_PEARL; rule <= RULE_ROOTDRAW; rule++) {
+                for (int s = 0; s < 6; s++) {
+                    int ar[256], n_ar = 0;
+                    if (temp == 0) {
+                        prompt[0] = 3 + s;
+                        n_ar = run(&p, RULE_AR, B, 0, 1, s, prompt, 5, 120, ar, NULL, 0);
+                    }
+                    OracleLog g = {.tap = &tap, .ar = temp == 0 ? ar : NULL, .n_ar = n_ar,
+                                   .B = B, .rule = rule};
+                    DecodeHooks h = {.on_round = oracle_round, .user = &g};
+                    DecodeOpts o = {.rule = rule, .budget = B, .temp = temp, .seed = 50 + s,
+                                    .prompt_id = s, .max_new = 96, .score_all = 1};
+                    DecodeResult r = {0};
+                    int buf[256];
+                    r.tokens = buf;
+                    r.cap = 256;
+                    RsErr e = {0};
+                    ck_assert_msg(decode_run(p.t, &dc, prompt, 5, &o, &h, &r, &e) == 0, "%s", e.msg);
+                    ck_assert_msg(g.bad == 0, "%s T=%d B=%d: %s", rule_name(rule), temp, B, g.why);
+                    ck_assert_int_eq(g.rounds, r.rounds);
+                    if (temp == 0) /* the wider pass must not disturb greedy identity */
+                        for (int i = 0; i < 96 && i < r.n_tokens; i++) ck_assert_int_eq(buf[i], ar[i]);
+                    checked += g.checked;
+                    deep += g.deep;
+                }
+            }
+        }
+    }
+    fprintf(stderr, "score-all oracle: %ld rounds checked against greedy paths through the pool "
+            "(%ld of 2+ tokens)\n", checked, deep);
+    ck_assert_int_gt(checked, 50);
+    ck_assert_int_gt(deep, 10);
+    pair_close(&p);
+}
+END_TEST
+
 START_TEST(test_decode_errors) {
     Pair p;
     pair_open(&p, 1, 32, 16, 3);
@@ -808,6 +923,7 @@ Suite *suite_spec(void) {
     tcase_add_test(tr, test_realised_vs_tau_root);
     tcase_add_test(tr, test_pool_growth_shape);
     tcase_add_test(tr, test_oracle_brute_force);
+    tcase_add_test(tr, test_score_all_oracle);
     suite_add_tcase(s, tr);
     TCase *tx = tcase_create("exactness");
     tcase_set_timeout(tx, 900);
