@@ -208,7 +208,7 @@ float **model_weight_slot(Weights *w, const RandTensor *t) {
 static void fill_tensor(void *u, const RandTensor *t) {
     FillCtx *f = u;
     float *dst = f->p;
-    for (size_t i = 0; i < t->n; i++) dst[i] = t->base + t->scale * rs_rand_unit(t->seed, i);
+    for (size_t i = 0; i < t->n; i++) dst[i] = rs_rand_value(t->seed, i, t->scale, t->base);
     *model_weight_slot(&f->m->w, t) = dst;
     f->p += t->n;
 }

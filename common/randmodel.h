@@ -5,11 +5,11 @@
  * (no host copy), the CPU backend gets the same weights materialised in f32 on the host.
  *
  * One definition of the weights serves both backends: every tensor, in the order
- * model_random_walk() lists them, is filled with base + scale * rs_rand_unit(tseed, i),
- * tseed = rs_rand_tensor_seed(model seed, tensor id). The hash is a header-inline function
- * so the CUDA kernels call this very code (RS_HOSTDEV). A random model has no tokenizer
- * (tokenizer_load_model gives NULL, tokenizer_identity covers it): prompts are token ids
- * (--prompt-ids) and output is ids (--output-ids). */
+ * model_random_walk() lists them, is filled with rs_rand_value(tseed, i, scale, base) =
+ * base + scale * rs_rand_unit(tseed, i), tseed = rs_rand_tensor_seed(model seed, tensor id).
+ * Both are header-inline functions so the CUDA kernels call this very code (RS_HOSTDEV).
+ * A random model has no tokenizer (tokenizer_load_model gives NULL, tokenizer_identity
+ * covers it): prompts are token ids (--prompt-ids) and output is ids (--output-ids). */
 #ifndef ROOTSPEC_RANDMODEL_H
 #define ROOTSPEC_RANDMODEL_H
 #include <stddef.h>
@@ -31,6 +31,19 @@ static inline RS_HOSTDEV float rs_rand_unit(uint64_t seed, uint64_t i) {
     z ^= z >> 31;
     float u = (float)(z >> 40) * (1.0f / 16777216.0f); /* [0, 1) */
     return (2.0f * u - 1.0f) * 1.7320508f;
+}
+
+/* base + scale * rs_rand_unit(seed, i), rounded twice (product, then sum) on the device as
+ * on the host: nvcc contracts a*b+c into one fma by default (one rounding), which would make
+ * a GPU norm weight (base 1) differ from the CPU backend's copy in the last bit. (The fma
+ * nvcc forms in rs_rand_unit, 2u - 1, is exact: 2u is.) */
+static inline RS_HOSTDEV float rs_rand_value(uint64_t seed, uint64_t i, float scale, float base) {
+    float r = rs_rand_unit(seed, i);
+#if defined(__CUDA_ARCH__)
+    return __fadd_rn(base, __fmul_rn(scale, r));
+#else
+    return base + scale * r;
+#endif
 }
 
 static inline RS_HOSTDEV uint64_t rs_rand_tensor_seed(uint64_t model_seed, uint64_t tensor_id) {
@@ -55,7 +68,7 @@ typedef struct {
     RandTensorKind kind;
     int layer;          /* -1 for embeddings, head and final norm */
     size_t n;           /* elements */
-    float scale, base;  /* value = base + scale * rs_rand_unit(seed, i) */
+    float scale, base;  /* value = rs_rand_value(seed, i, scale, base) */
     uint64_t seed;      /* rs_rand_tensor_seed(model seed, 1-based position in the walk) */
 } RandTensor;
 

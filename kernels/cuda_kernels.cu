@@ -3,7 +3,7 @@
  * cos/sin in double of a float angle, f32 softmax, so the two backends differ only by
  * the bf16 weights, the bf16 KV cache and summation order. */
 #include "cuda_kernels.h"
-#include "common/randmodel.h" /* rs_rand_unit: the random-model weights, shared with the CPU */
+#include "common/randmodel.h" /* rs_rand_value: the random-model weights, shared with the CPU */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <float.h>
@@ -65,13 +65,13 @@ extern "C" void cuk_f32_to_bf16(cudaStream_t s, const float *in, rs_bf16 *out, s
 __global__ void k_fill_bf16(bf16 *out, size_t n, uint64_t seed, float scale, float base) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
-        out[i] = __float2bfloat16_rn(base + scale * rs_rand_unit(seed, i));
+        out[i] = __float2bfloat16_rn(rs_rand_value(seed, i, scale, base));
 }
 
 __global__ void k_fill_f32(float *out, size_t n, uint64_t seed, float scale, float base) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
-        out[i] = base + scale * rs_rand_unit(seed, i);
+        out[i] = rs_rand_value(seed, i, scale, base);
 }
 
 extern "C" void cuk_fill_random_bf16(cudaStream_t s, rs_bf16 *out, size_t n, uint64_t seed,

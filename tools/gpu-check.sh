@@ -46,10 +46,14 @@ add_cuda_libs() {
     missing=$(ldd "$bin" 2>/dev/null | awk '/not found/ {print $1}')
     [ -z "$missing" ] && return 0
     say "libraries not found for $bin: $(echo $missing | tr '\n' ' '); searching"
-    local lib dir
+    local lib dir py
+    # pip's nvidia-cublas wheels may also live in a user or virtualenv site-packages
+    # (~/.local, a venv outside /opt): ask the machine's Python where its packages are.
+    py=$(python3 -c 'import site
+print(" ".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null)
     for lib in $missing; do
         dir=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/targets/*/lib /usr/lib/x86_64-linux-gnu \
-              /opt /usr/local/lib/python3* /usr/lib/python3* -name "$lib" 2>/dev/null | head -1)
+              /opt /usr/local/lib/python3* /usr/lib/python3* $py -name "$lib" 2>/dev/null | head -1)
         if [ -n "$dir" ]; then
             export LD_LIBRARY_PATH="$(dirname "$dir")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
             say "  $lib -> $(dirname "$dir")"

@@ -39,7 +39,10 @@ START_TEST(test_cuda_graph_reads_memory_at_replay) {
     CUDA_CHECK(cudaGraphLaunch(ge, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
     for (int i = 0; i < N; i++) y[i] = 10.0f;
-    CUDA_CHECK(cudaMemcpy(dy, y, sizeof y, cudaMemcpyHostToDevice));
+    /* On s, not with cudaMemcpy: a blocking H2D copy from pageable memory may return once
+     * the driver has staged y, before the DMA lands, and the non-blocking s is not ordered
+     * after the legacy stream, so the replay could still read the old y. */
+    CUDA_CHECK(cudaMemcpyAsync(dy, y, sizeof y, cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaGraphLaunch(ge, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
     CUDA_CHECK(cudaMemcpy(got, dx, sizeof got, cudaMemcpyDeviceToHost));
