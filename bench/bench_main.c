@@ -201,7 +201,11 @@ static int settings_load(Settings *s, const char *dir, RsErr *e) {
     char *text;
     size_t n;
     int rc = rs_read_file(path, &text, &n, e);
-    if (rc) return rs_err(e, RS_EINVAL, "--resume: %s (is '%s' a rootspec-bench run?)", e->msg, dir);
+    if (rc) {
+        char why[sizeof e->msg]; /* e->msg cannot be both the format argument and the output */
+        snprintf(why, sizeof why, "%s", e->msg);
+        return rs_err(e, RS_EINVAL, "--resume: %s (is '%s' a rootspec-bench run?)", why, dir);
+    }
     cJSON *o = cJSON_ParseWithLength(text, n);
     free(text);
     if (!cJSON_IsObject(o)) {
@@ -631,7 +635,13 @@ int main(int argc, char **argv) {
     size_t dl = strlen(s.decoders) + 4;
     declist = rs_xmalloc(dl);
     snprintf(declist, dl, "%s%s", !s.no_ar && !has_ar ? "ar," : "", s.decoders);
-    if ((rc = bench_combos_parse(declist, s.temps, s.budgets, &combos, &n_combos, &e))) {
+    /* Check the lists as given first, so a message quotes the user's --decoders. */
+    if ((rc = bench_combos_parse(s.decoders, s.temps, s.budgets, &combos, &n_combos, &e)) == 0) {
+        free(combos);
+        combos = NULL;
+        rc = bench_combos_parse(declist, s.temps, s.budgets, &combos, &n_combos, &e);
+    }
+    if (rc) {
         fprintf(stderr, "rootspec-bench: %s\n", e.msg);
         status = 2;
         goto done;

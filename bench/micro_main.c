@@ -95,9 +95,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     Model *m = NULL;
-    if (backend_model_load(&cpu_backend_ops, model_path, &m, &e)) { /* random: models too */
+    int lrc = backend_model_load(&cpu_backend_ops, model_path, &m, &e); /* random: models too */
+    if (lrc) {
         fprintf(stderr, "rootspec-micro: %s\n", e.msg);
-        return 1;
+        return lrc == RS_EINVAL || lrc == RS_EFORMAT || lrc == RS_EUNSUPPORTED ? 2 : 1;
     }
     const Config *c = &m->cfg;
     BackendParams bp = {.kv_capacity = PREFILL + MAX_N, .max_batch = PREFILL,

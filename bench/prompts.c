@@ -60,6 +60,17 @@ static char *xstrdup(const char *s) {
     return d;
 }
 
+/* 1 if the JSON text holds a \u0000 escape (outside an escaped backslash): cJSON would cut
+ * the decoded string there, silently dropping the rest of the prompt. */
+static int has_nul_escape(const char *s, size_t n) {
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (s[i] != '\\') continue;
+        if (s[i + 1] == 'u' && i + 5 < n && !memcmp(s + i + 2, "0000", 4)) return 1;
+        i++; /* skip the escaped character */
+    }
+    return 0;
+}
+
 /* Parses one non-blank line into *bp. Returns RS_OK or RS_EFORMAT with the reason. */
 static int parse_line(const char *path, int lineno, const char *line, size_t len,
                       BenchPrompt *bp, RsErr *e) {
@@ -69,6 +80,8 @@ static int parse_line(const char *path, int lineno, const char *line, size_t len
                       lineno, bad + 1);
     if (memchr(line, 0, len))
         return rs_err(e, RS_EFORMAT, "%s:%d: NUL byte in line", path, lineno);
+    if (has_nul_escape(line, len))
+        return rs_err(e, RS_EFORMAT, "%s:%d: NUL character (\\u0000) in line", path, lineno);
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(line, len, &end, 0);
     if (!j) {

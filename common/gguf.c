@@ -432,14 +432,32 @@ static int read_config(const GGUFFile *g, Config *c, RsErr *e) {
     if ((rc = need_int(g, "block_count", &c->n_layers, e))) return rc;
     if ((rc = need_int(g, "attention.head_count", &c->n_heads, e))) return rc;
     long long x;
+/* An optional integer key outside lo..hi is refused with the value the file holds. */
+#define OPT_INT(key, lo, hi, dst)                                                          \
+    do {                                                                                   \
+        if (gguf_get_int(g, key, &x) == 0) {                                               \
+            if (x < (lo) || x > (hi))                                                      \
+                return rs_err(e, RS_EFORMAT, "'%s': metadata '%s' = %lld is outside [%d, %d]", \
+                              g->path, key, x, (int)(lo), (int)(hi));                      \
+            dst = (int)x;                                                                  \
+        }                                                                                  \
+    } while (0)
     c->n_kv_heads = c->n_heads;
-    if (gguf_get_int(g, "llama.attention.head_count_kv", &x) == 0)
-        c->n_kv_heads = x > 0 && x <= 1024 ? (int)x : -1; /* -1: reported by loader_check_config */
+    OPT_INT("llama.attention.head_count_kv", 1, 1024, c->n_kv_heads);
     c->head_dim = c->n_heads > 0 ? c->dim / c->n_heads : 0;
-    if (gguf_get_int(g, "llama.attention.key_length", &x) == 0) c->head_dim = x > 0 && x < 4096 ? (int)x : -1;
+    OPT_INT("llama.attention.key_length", 1, 4095, c->head_dim);
+    /* Partial RoPE (rotating fewer dimensions than a head has) is not implemented. */
+    int rope_dim = c->head_dim;
+    OPT_INT("llama.rope.dimension_count", 1, 4095, rope_dim);
+    if (c->head_dim > 0 && rope_dim != c->head_dim)
+        return rs_err(e, RS_EUNSUPPORTED,
+                      "'%s': llama.rope.dimension_count %d differs from the head size %d "
+                      "(partial RoPE is not supported)",
+                      g->path, rope_dim, c->head_dim);
     size_t nt;
-    if (gguf_get_int(g, "llama.vocab_size", &x) == 0) c->vocab_size = x > 0 && x < (1 << 30) ? (int)x : -1;
-    else if (gguf_get_arr_n(g, "tokenizer.ggml.tokens", &nt) == 0) c->vocab_size = nt < (1u << 30) ? (int)nt : -1;
+    if (gguf_get_int(g, "llama.vocab_size", &x) == 0) {
+        OPT_INT("llama.vocab_size", 1, (1 << 30) - 1, c->vocab_size);
+    } else if (gguf_get_arr_n(g, "tokenizer.ggml.tokens", &nt) == 0) c->vocab_size = nt < (1u << 30) ? (int)nt : -1;
     else {
         const GGUFTensor *t = find_tensor(g, "token_embd.weight");
         c->vocab_size = t && t->n_dims == 2 && t->ne[1] < (1u << 30) ? (int)t->ne[1] : -1;
@@ -456,6 +474,7 @@ static int read_config(const GGUFFile *g, Config *c, RsErr *e) {
                       g->path, (int)(stl > 64 ? 64 : stl), st);
     c->bos_id = gguf_get_int(g, "tokenizer.ggml.bos_token_id", &x) == 0 ? (int)x : -1;
     c->eos_id = gguf_get_int(g, "tokenizer.ggml.eos_token_id", &x) == 0 ? (int)x : -1;
+#undef OPT_INT
     c->tied_embeddings = find_tensor(g, "output.weight") == NULL;
     return loader_check_config(c, g->path, e);
 }
@@ -604,6 +623,12 @@ int gguf_load_model(const char *path, Model **out, RsErr *e) {
     uint64_t fp = loader_fnv_config(0xcbf29ce484222325ull, &m->cfg);
     for (int i = 0; i < n && !rc; i++) rc = load_tensor(g, &reqs[i], &fp, e);
     free(reqs);
+    char extra[64];
+    snprintf(extra, sizeof extra, "blk.%d.attn_norm.weight", m->cfg.n_layers);
+    if (!rc && find_tensor(g, extra))
+        rc = rs_err(e, RS_EFORMAT,
+                    "'%s': holds tensor '%s' but llama.block_count is %d (truncated metadata?)",
+                    path, extra, m->cfg.n_layers);
     if (rc) {
         model_free(&m);
         return rc;

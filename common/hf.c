@@ -375,6 +375,11 @@ int hf_load_model(const char *dir, Model **out, RsErr *e) {
     uint64_t fp = loader_fnv_config(0xcbf29ce484222325ull, &m->cfg);
     for (int i = 0; i < n && !rc; i++) rc = load_tensor(c, &reqs[i], &fp, e);
     free(reqs);
+    char extra[96];
+    snprintf(extra, sizeof extra, "model.layers.%d.input_layernorm.weight", m->cfg.n_layers);
+    if (!rc && find(c, extra))
+        rc = rs_err(e, RS_EFORMAT, "'%s': holds tensor '%s' but num_hidden_layers is %d", dir,
+                    extra, m->cfg.n_layers);
     ctx_free(c);
     free(c);
     if (rc) {

@@ -931,7 +931,46 @@ static void split_piece(const PreStep *st, const char *s, size_t len, pcre2_matc
     if (sp != stack_sp) free(sp);
 }
 
-/* BPE on one piece of raw bytes; appends ids. */
+/* A mergeable adjacent pair: symbols left and right (indices into the piece), their ids
+ * when queued, the merge's rank and result. */
+typedef struct {
+    int rank, left, right, a, b, res;
+} BpePair;
+
+static int pair_before(const BpePair *x, const BpePair *y) {
+    return x->rank != y->rank ? x->rank < y->rank : x->left < y->left;
+}
+
+static void pair_push(const Tokenizer *t, const int *sym, int l, int r, BpePair *h, int *hn) {
+    BpePair p = {.left = l, .right = r, .a = sym[l], .b = sym[r]};
+    p.rank = merge_find(t, p.a, p.b, &p.res);
+    if (p.rank == INT_MAX) return;
+    int i = (*hn)++;
+    while (i > 0 && pair_before(&p, &h[(i - 1) / 2])) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = p;
+}
+
+static BpePair pair_pop(BpePair *h, int *hn) {
+    BpePair top = h[0], last = h[--*hn];
+    int i = 0;
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= *hn) break;
+        if (c + 1 < *hn && pair_before(&h[c + 1], &h[c])) c++;
+        if (!pair_before(&h[c], &last)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*hn > 0) h[i] = last;
+    return top;
+}
+
+/* BPE on one piece of raw bytes; appends ids. Repeatedly merges the lowest-ranked adjacent
+ * pair, leftmost first (as HF does), with a heap of candidate pairs over a linked list of
+ * symbols: O(n log n), so one long run of unmergeable text cannot stall the tokenizer. */
 static void bpe_piece(const Tokenizer *t, const char *s, size_t len, IdVec *out) {
     if (t->ignore_merges) {
         int id = vmap_find(t, s, len);
@@ -940,30 +979,34 @@ static void bpe_piece(const Tokenizer *t, const char *s, size_t len, IdVec *out)
             return;
         }
     }
-    int stack_sym[128], *sym = len <= 128 ? stack_sym : rs_xmalloc(len * sizeof(int));
+    int *sym = rs_xmalloc(len * 3 * sizeof(int) + 1), *nxt = sym + len, *prv = nxt + len;
     int n = 0;
     for (size_t i = 0; i < len; i++) {
         int id = t->byte_tok[(uint8_t)s[i]];
         if (id >= 0) sym[n++] = id; /* no unk token in byte-level BPE: HF drops it too */
     }
-    for (;;) {
-        int best = INT_MAX, bi = -1, bres = -1;
-        for (int i = 0; i + 1 < n; i++) {
-            int res;
-            int r = merge_find(t, sym[i], sym[i + 1], &res);
-            if (r < best) {
-                best = r;
-                bi = i;
-                bres = res;
-            }
-        }
-        if (bi < 0) break;
-        sym[bi] = bres;
-        memmove(sym + bi + 1, sym + bi + 2, (size_t)(n - bi - 2) * sizeof(int));
-        n--;
+    for (int i = 0; i < n; i++) {
+        prv[i] = i - 1;
+        nxt[i] = i + 1 < n ? i + 1 : -1;
     }
-    for (int i = 0; i < n; i++) ids_push(out, sym[i]);
-    if (sym != stack_sym) free(sym);
+    /* n - 1 initial pairs, at most 2 more per merge */
+    BpePair *heap = rs_xmalloc(sizeof(BpePair) * (size_t)(3 * n + 1));
+    int hn = 0;
+    for (int i = 0; i + 1 < n; i++) pair_push(t, sym, i, i + 1, heap, &hn);
+    while (hn > 0) {
+        BpePair p = pair_pop(heap, &hn);
+        int l = p.left, r = p.right;
+        if (sym[l] != p.a || nxt[l] != r || sym[r] != p.b) continue; /* stale */
+        sym[l] = p.res;
+        sym[r] = -1;
+        nxt[l] = nxt[r];
+        if (nxt[l] >= 0) prv[nxt[l]] = l;
+        if (prv[l] >= 0) pair_push(t, sym, prv[l], l, heap, &hn);
+        if (nxt[l] >= 0) pair_push(t, sym, l, nxt[l], heap, &hn);
+    }
+    for (int i = n > 0 ? 0 : -1; i >= 0; i = nxt[i]) ids_push(out, sym[i]); /* 0 is never merged away */
+    free(heap);
+    free(sym);
 }
 
 static int encode_segment(const Tokenizer *t, const char *s, size_t len, pcre2_match_data *md,

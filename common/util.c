@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 int rs_err(RsErr *e, int code, const char *fmt, ...) {
@@ -60,6 +61,11 @@ int rs_read_file(const char *path, char **out, size_t *len, RsErr *e) {
     *out = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) return rs_err(e, RS_EIO, "cannot open '%s': %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(f);
+        return rs_err(e, RS_EIO, "cannot read '%s': it is a directory", path);
+    }
     if (fseek(f, 0, SEEK_END) != 0) {
         fclose(f);
         return rs_err(e, RS_EIO, "cannot seek '%s': %s", path, strerror(errno));

@@ -12,16 +12,17 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 backend=cpu bin="" endpoint="" draft_model="" draft_layers="" insecure="" curve="" dthreads=1
+need() { [ $# -ge 2 ] || { echo "launch.sh: option $1 needs a value (see --help)" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
   case "$1" in
-    --backend) backend=$2; shift 2 ;;
-    --bin) bin=$2; shift 2 ;;
-    --endpoint) endpoint=$2; shift 2 ;;
-    --draft-model) draft_model=$2; shift 2 ;;
-    --draft-layers) draft_layers=$2; shift 2 ;;
-    --draft-threads) dthreads=$2; shift 2 ;;
+    --backend) need "$@"; backend=$2; shift 2 ;;
+    --bin) need "$@"; bin=$2; shift 2 ;;
+    --endpoint) need "$@"; endpoint=$2; shift 2 ;;
+    --draft-model) need "$@"; draft_model=$2; shift 2 ;;
+    --draft-layers) need "$@"; draft_layers=$2; shift 2 ;;
+    --draft-threads) need "$@"; dthreads=$2; shift 2 ;;
     --insecure) insecure=--insecure; shift ;;
-    --curve-dir) curve=$2; shift 2 ;;
+    --curve-dir) need "$@"; curve=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; break ;;
     *) echo "launch.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
@@ -33,8 +34,9 @@ case "$backend" in
   cuda) bin=${bin:-$here/build/cuda} ;;
   *) echo "launch.sh: --backend must be cpu or cuda, not '$backend'" >&2; exit 2 ;;
 esac
+build_hint="make"; [ "$backend" = cuda ] && build_hint="make cuda"
 for b in rootspec-draft rootspec-target; do
-  [ -x "$bin/$b" ] || { echo "launch.sh: $bin/$b not built (run make${backend/cpu/}${backend/cuda/ cuda})" >&2; exit 2; }
+  [ -x "$bin/$b" ] || { echo "launch.sh: $bin/$b not found or not executable (build with: $build_hint)" >&2; exit 2; }
 done
 tmp=$(mktemp -d /tmp/rootspec.XXXXXX)
 endpoint=${endpoint:-ipc://$tmp/draft.sock}
@@ -63,10 +65,40 @@ else
 fi
 dpid=$!
 cleanup() { kill "$dpid" 2>/dev/null || true; wait "$dpid" 2>/dev/null || true; rm -rf "$tmp"; }
-trap cleanup EXIT INT TERM
-# The target's HELLO has its own timeout, so a drafter that fails to start is reported there.
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+# Both processes load their models at once; the target runs in the background so that a
+# drafter which fails to start is noticed at once.
 if [ "$backend" = cuda ]; then
-  CUDA_VISIBLE_DEVICES=${TARGET_GPU:-0} "$bin/rootspec-target" "${targs[@]}" "$@"
+  CUDA_VISIBLE_DEVICES=${TARGET_GPU:-0} "$bin/rootspec-target" "${targs[@]}" "$@" &
 else
-  "${pin_target[@]}" "$bin/rootspec-target" "${targs[@]}" "$@"
+  "${pin_target[@]}" "$bin/rootspec-target" "${targs[@]}" "$@" &
 fi
+tpid=$!
+# A background job ignores SIGINT, so pass an interrupt on as SIGTERM.
+trap 'kill -TERM "$tpid" 2>/dev/null || true' INT TERM
+# rootspec-draft exits with 1 or 2 only when it cannot start (bad option, model or endpoint;
+# bad requests never stop it): then stop the target rather than let it wait for a HELLO
+# reply until --draft-timeout-ms. A drafter killed mid-run is the target's to handle (it
+# finishes autoregressively).
+while kill -0 "$tpid" 2>/dev/null; do
+  if ! kill -0 "$dpid" 2>/dev/null; then
+    drc=0
+    wait "$dpid" || drc=$?
+    if [ "$drc" -eq 1 ] || [ "$drc" -eq 2 ]; then
+      echo "launch.sh: rootspec-draft exited with status $drc before serving; stopping the target" >&2
+      kill -TERM "$tpid" 2>/dev/null || true
+      wait "$tpid" 2>/dev/null || true
+      exit "$drc"
+    fi
+    break
+  fi
+  sleep 0.1
+done
+while :; do # a trapped signal interrupts wait: wait again for the target's own status
+  trc=0
+  wait "$tpid" || trc=$?
+  kill -0 "$tpid" 2>/dev/null || break
+done
+exit "$trc"

@@ -26,6 +26,7 @@ static void usage(FILE *f) {
             "  --curve-dir DIR      CURVE keys for tcp:// (server.key, client.pub)\n"
             "  --insecure           allow plain tcp:// without CURVE\n"
             "  --gen-keys DIR       write a fresh server/client CURVE key pair into DIR and exit\n"
+            "                       (refused when DIR holds keys already)\n"
             "  -h, --help           this text\n"
             "\n"
             "Exit status: 0 after SIGINT/SIGTERM, 1 runtime failure, 2 bad usage or input.\n");
@@ -62,9 +63,10 @@ int main(int argc, char **argv) {
         }
     }
     if (gen) {
-        if (secure_gen_keys(gen, &e)) {
+        int rc0;
+        if ((rc0 = secure_gen_keys(gen, &e))) {
             fprintf(stderr, "rootspec-draft: %s\n", e.msg);
-            return 1;
+            return rc0 == RS_EINVAL ? 2 : 1;
         }
         printf("wrote CURVE keys to %s (server.key/.pub for the drafter, client.key/.pub for the target)\n", gen);
         return 0;
@@ -95,7 +97,7 @@ int main(int argc, char **argv) {
         tokenizer_free(&tok);
         model_free(&view);
         model_free(&full);
-        return rc == RS_EIO ? 1 : 2;
+        return rc == RS_EINVAL || rc == RS_EFORMAT || rc == RS_EUNSUPPORTED ? 2 : 1;
     }
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;

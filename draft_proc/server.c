@@ -6,6 +6,9 @@
 #include "proto/secure.h"
 #include <inttypes.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 #include <zmq.h>
 
 typedef struct {
@@ -35,6 +38,19 @@ static void reply_error(Conn *c, const uint8_t *peer, size_t plen, const ProtoMs
     send_to(c, peer, plen, &r);
 }
 
+/* 1 if something accepts connections on the unix socket at path. libzmq's ipc bind unlinks
+ * an existing socket file, which would silently orphan a drafter already serving there. */
+static int ipc_in_use(const char *path) {
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof a.sun_path) return 0; /* zmq_bind reports it */
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (fd < 0) return 0;
+    int used = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    return used;
+}
+
 int server_run(Drafter *d, uint64_t tok_hash, const ServerOpts *o, RsErr *e) {
     int rc = secure_check_endpoint(o->endpoint, o->insecure, o->curve_dir, e);
     if (rc) return rc;
@@ -46,6 +62,13 @@ int server_run(Drafter *d, uint64_t tok_hash, const ServerOpts *o, RsErr *e) {
     zmq_setsockopt(c.sock, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
     int use_curve = o->curve_dir && !strncmp(o->endpoint, "tcp://", 6);
     if (use_curve && (rc = secure_server_setup(ctx, c.sock, o->curve_dir, e))) goto done;
+    if (!strncmp(o->endpoint, "ipc://", 6) && ipc_in_use(o->endpoint + 6)) {
+        rc = rs_err(e, RS_EIO,
+                    "cannot bind '%s': another process is serving on that socket (stop it or "
+                    "choose another path)",
+                    o->endpoint);
+        goto done;
+    }
     if (zmq_bind(c.sock, o->endpoint) != 0) {
         rc = rs_err(e, RS_EIO, "cannot bind '%s': %s", o->endpoint, zmq_strerror(zmq_errno()));
         goto done;
@@ -60,7 +83,11 @@ int server_run(Drafter *d, uint64_t tok_hash, const ServerOpts *o, RsErr *e) {
     size_t sess_peer_len = 0;
     uint64_t session = 0;
     int have_session = 0, served = 0;
-    fprintf(stderr, "rootspec-draft: serving %s on %s (vocab %d)\n", m->path, o->endpoint, vocab);
+    char bound[512] = "";
+    size_t bl = sizeof bound;
+    if (zmq_getsockopt(c.sock, ZMQ_LAST_ENDPOINT, bound, &bl) != 0 || !*bound)
+        snprintf(bound, sizeof bound, "%s", o->endpoint);
+    fprintf(stderr, "rootspec-draft: serving %s on %s (vocab %d)\n", m->path, bound, vocab);
     while (!(o->stop && *o->stop)) {
         zmq_pollitem_t it = {.socket = c.sock, .events = ZMQ_POLLIN};
         if (zmq_poll(&it, 1, 200) <= 0) continue;

@@ -108,6 +108,8 @@ static void blas_core_check(const Model *m) {
         }
 }
 
+static void cpu_destroy(Backend **pb);
+
 static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
     *out = NULL;
     const Config *c = &m->cfg;
@@ -138,8 +140,18 @@ static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsE
     s->hb = rs_xcalloc(B * c->hidden_dim, sizeof(float));
     s->hb2 = rs_xcalloc(B * c->hidden_dim, sizeof(float));
     s->att = rs_xcalloc(cap, sizeof(float));
-    s->key_cache = rs_xcalloc((size_t)c->n_layers * cap * b->kv_dim, sizeof(float));
-    s->value_cache = rs_xcalloc((size_t)c->n_layers * cap * b->kv_dim, sizeof(float));
+    /* The KV cache grows with --ctx: a size the host cannot hold is an error, not an abort. */
+    size_t kv_n = (size_t)c->n_layers * cap * b->kv_dim;
+    s->key_cache = calloc(kv_n, sizeof(float));
+    s->value_cache = s->key_cache ? calloc(kv_n, sizeof(float)) : NULL;
+    if (!s->value_cache) {
+        Backend *bb = &b->base;
+        cpu_destroy(&bb);
+        return rs_err(e, RS_ENOMEM,
+                      "cannot allocate the KV cache: %d entries x %d layers need %zu MiB "
+                      "(lower --ctx)",
+                      p->kv_capacity, c->n_layers, 2 * kv_n * sizeof(float) >> 20);
+    }
     s->kv_tmp = rs_xcalloc(2 * P * b->kv_dim, sizeof(float));
     s->inv_freq = rs_xcalloc(half, sizeof(float));
     s->rope_cos = rs_xcalloc(B * half, sizeof(float));

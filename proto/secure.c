@@ -7,10 +7,30 @@
 #include <sys/stat.h>
 #include <zmq.h>
 
+/* libzmq takes the port modulo 65536 ("tcp://host:99999" binds 34463), so check it here. */
+static int check_tcp_port(const char *ep, RsErr *e) {
+    const char *colon = strrchr(ep + 6, ':');
+    if (!colon) return rs_err(e, RS_EINVAL, "endpoint '%s' has no port (tcp://HOST:PORT)", ep);
+    const char *p = colon + 1;
+    if (!strcmp(p, "*")) return RS_OK; /* bind: any free port */
+    char *end;
+    errno = 0;
+    long v = strtol(p, &end, 10);
+    if (!*p || *p == '-' || *p == '+' || *end || errno || v < 1 || v > 65535)
+        return rs_err(e, RS_EINVAL, "endpoint '%s': port '%s' is not a number in 1..65535", ep, p);
+    return RS_OK;
+}
+
 int secure_check_endpoint(const char *ep, int insecure, const char *curve_dir, RsErr *e) {
     if (!ep || !*ep) return rs_err(e, RS_EINVAL, "empty endpoint");
-    if (!strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9)) return RS_OK;
+    if (!strncmp(ep, "ipc://", 6)) {
+        if (!ep[6]) return rs_err(e, RS_EINVAL, "endpoint '%s' has no socket path (ipc:///PATH)", ep);
+        return RS_OK;
+    }
+    if (!strncmp(ep, "inproc://", 9)) return RS_OK;
     if (!strncmp(ep, "tcp://", 6)) {
+        int rc = check_tcp_port(ep, e);
+        if (rc) return rc;
         if (curve_dir || insecure) return RS_OK;
         return rs_err(e, RS_EINVAL,
                       "endpoint '%s' is plain tcp://: give --curve-dir DIR (keys from "
@@ -52,6 +72,16 @@ static int read_key(const char *dir, const char *name, char z85[41], RsErr *e) {
 int secure_gen_keys(const char *dir, RsErr *e) {
     char pub[41], sec[41];
     mkdir(dir, 0700);
+    /* Replacing a deployed pair would lock out every host that holds the old keys. */
+    const char *names[] = {"server.key", "server.pub", "client.key", "client.pub"};
+    for (int i = 0; i < 4; i++) {
+        char path[1024];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (stat(path, &st) == 0)
+            return rs_err(e, RS_EINVAL, "'%s' exists already: remove the old keys or choose another DIR",
+                          path);
+    }
     if (zmq_curve_keypair(pub, sec) != 0)
         return rs_err(e, RS_EUNSUPPORTED, "libzmq built without CURVE: %s", zmq_strerror(zmq_errno()));
     int rc = write_key(dir, "server.pub", pub, e);

@@ -80,8 +80,10 @@ int target_kv_capacity(const Target *t) { return t->b->params.kv_capacity; }
 /* Prefills tokens[0..n) as committed context, in chunks. */
 static int prefill(Target *t, const int *tokens, int n, RsErr *e) {
     Backend *b = t->b;
-    for (int off = 0; off < n; off += PREFILL_CHUNK) {
-        int m = n - off < PREFILL_CHUNK ? n - off : PREFILL_CHUNK;
+    /* Each chunk is pending until its commit, so it must fit max_pending as well. */
+    int chunk = b->params.max_pending < PREFILL_CHUNK ? b->params.max_pending : PREFILL_CHUNK;
+    for (int off = 0; off < n; off += chunk) {
+        int m = n - off < chunk ? n - off : chunk;
         for (int i = 0; i < m; i++) {
             t->tmp_pos[i] = b->n_committed + i;
             t->tmp_keep[i] = i;

@@ -5,6 +5,7 @@
 #include "roundlog.h"
 #include "timing.h"
 #include "bench/prompts.h"
+#include <errno.h>
 #include <string.h>
 
 static void usage(FILE *f) {
@@ -187,6 +188,17 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (eo.draft_model_path && eo.draft_layers) {
+        fprintf(stderr, "rootspec-target: give --draft-model or --draft-layers (a self-drafter "
+                        "from the target's layers), not both\n");
+        return 2;
+    }
+    if (eo.draft_endpoint && (eo.draft_model_path || eo.draft_layers)) {
+        fprintf(stderr, "rootspec-target: --draft-endpoint uses the model of the rootspec-draft "
+                        "process there; drop --%s\n",
+                eo.draft_model_path ? "draft-model" : "draft-layers");
+        return 2;
+    }
     if (d.score_all && !rule_needs_root(d.rule)) {
         fprintf(stderr, "rootspec-target: --score-all-rules needs --decoder pearl, rootdraw or root\n");
         return 2;
@@ -210,7 +222,8 @@ int main(int argc, char **argv) {
     if (log_path) {
         s.log = fopen(log_path, "a");
         if (!s.log) {
-            fprintf(stderr, "rootspec-target: cannot open --log-rounds '%s'\n", log_path);
+            fprintf(stderr, "rootspec-target: cannot open --log-rounds '%s': %s\n", log_path,
+                    strerror(errno));
             engine_close(&en);
             prompts_free(&ps);
             return 2;
@@ -269,7 +282,15 @@ int main(int argc, char **argv) {
     }
     if (exit_code == 0) scores_print(stderr, &s);
     timing_free(&timing);
-    if (s.log) fclose(s.log);
+    /* Output that could not be written is lost output: report it and fail. */
+    if (s.log && (ferror(s.log) | fclose(s.log))) {
+        fprintf(stderr, "rootspec-target: writing --log-rounds '%s' failed\n", log_path);
+        if (!exit_code) exit_code = 1;
+    }
+    if (fflush(stdout) || ferror(stdout)) {
+        fprintf(stderr, "rootspec-target: writing the output to stdout failed\n");
+        if (!exit_code) exit_code = 1;
+    }
     free(res.tokens);
     prompts_free(&ps);
     engine_close(&en);
