@@ -33,6 +33,9 @@ static int parse_layer_spec(const char *spec, int n_layers, int *idx, int *n, Rs
             if (end == s) return rs_err(e, RS_EINVAL, "bad --draft-layers range in '%s'", spec);
             s = end;
         }
+        if (b >= 0 && b < a && a < n_layers)
+            return rs_err(e, RS_EINVAL, "--draft-layers '%s': range %ld-%ld is reversed (write "
+                          "%ld-%ld)", spec, a, b, b, a);
         if (a < 0 || b < a || b >= n_layers)
             return rs_err(e, RS_EINVAL, "--draft-layers '%s': range %ld-%ld outside 0-%d", spec,
                           a, b, n_layers - 1);

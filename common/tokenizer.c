@@ -1111,10 +1111,15 @@ int tokenizer_encode(const Tokenizer *t, const char *text, int **ids, int *n, Rs
 
 /* ---- decoding ---- */
 
+const char *tokenizer_token_view(const Tokenizer *t, int id, size_t *len) {
+    if (id < 0 || id >= t->n_vocab) return NULL;
+    return tok_str(t, id, len);
+}
+
 int tokenizer_token_bytes(const Tokenizer *t, int id, char *buf, int cap) {
-    if (id < 0 || id >= t->n_vocab) return -1;
     size_t l;
-    const char *s = tok_str(t, id, &l);
+    const char *s = tokenizer_token_view(t, id, &l);
+    if (!s) return -1;
     if (cap < 0) cap = 0;
     int n = (int)(l < (size_t)cap ? l : (size_t)cap);
     if (n > 0) memcpy(buf, s, (size_t)n);

@@ -45,6 +45,9 @@ int tokenizer_encode(const Tokenizer *t, const char *text, int **ids, int *n, Rs
 /* Raw bytes of one token (byte-level decoded). Returns the byte count written into buf
  * (at most cap), or -1 for an out-of-range id. Special tokens decode to their text. */
 int tokenizer_token_bytes(const Tokenizer *t, int id, char *buf, int cap);
+/* The same bytes in place, however long: the tokenizer owns them (valid until
+ * tokenizer_free). NULL for an out-of-range id. */
+const char *tokenizer_token_view(const Tokenizer *t, int id, size_t *len);
 /* Decodes a whole sequence to a malloc'd NUL-terminated string; caller frees. */
 char *tokenizer_decode(const Tokenizer *t, const int *ids, int n);
 

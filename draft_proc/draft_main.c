@@ -25,6 +25,7 @@ static void usage(FILE *f) {
             "  --ctx N              KV cache entries (default 2048)\n"
             "  --curve-dir DIR      CURVE keys for tcp:// (server.key, client.pub)\n"
             "  --insecure           allow plain tcp:// without CURVE\n"
+            "  --max-requests N     exit after answering N requests (scripted runs, tests)\n"
             "  --gen-keys DIR       write a fresh server/client CURVE key pair into DIR and exit\n"
             "                       (refused when DIR holds keys already)\n"
             "  -h, --help           this text\n"

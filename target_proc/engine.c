@@ -102,8 +102,9 @@ void engine_close(Engine *en) {
 int engine_prompt_ids(const Engine *en, const char *text, int chat, int **ids, int *n, RsErr *e) {
     if (!en->tok)
         return rs_err(e, RS_EINVAL,
-                      "model '%s' has no tokenizer (random weights): give the prompt as token "
-                      "ids (--prompt-ids 1,2,3)", en->target_model->path);
+                      "model '%s' has no tokenizer (random weights), so a text prompt cannot be "
+                      "encoded: rootspec-target takes token ids (--prompt-ids 1,2,3)",
+                      en->target_model->path);
     char *built = NULL;
     if (chat) {
         if (en->chat == CHAT_NONE)

@@ -68,9 +68,9 @@ static void on_tokens(void *u, const int *t, int n) {
             printf("%s%d", s->first_id ? "" : " ", t[i]);
             s->first_id = 0;
         } else {
-            char buf[256];
-            int k = tokenizer_token_bytes(s->tok, t[i], buf, sizeof buf);
-            if (k > 0) fwrite(buf, 1, (size_t)k, stdout);
+            size_t k;
+            const char *b = tokenizer_token_view(s->tok, t[i], &k);
+            if (b) fwrite(b, 1, k, stdout);
         }
     }
     fflush(stdout);

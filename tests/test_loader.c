@@ -730,7 +730,7 @@ START_TEST(test_layer_view) {
         {"", "empty --draft-layers spec"},
         {"2", "range 2-2 outside 0-1"},
         {"0-2", "range 0-2 outside 0-1"},
-        {"1-0", "range 1-0 outside 0-1"},
+        {"1-0", "range 1-0 is reversed (write 0-1)"},
         {"0-", "bad --draft-layers range in '0-'"},
         {"a", "bad --draft-layers spec 'a' at 'a'"},
         {"0-1x", "bad --draft-layers spec '0-1x' at 'x'"},
