@@ -724,7 +724,12 @@ int main(int argc, char **argv) {
         int cap = target_kv_capacity(en.target);
         /* What decode_run reserves for one round plus the largest overshoot of --max-new:
          * checked now, so no prompt fails hours into a run. */
-        int reserve = DECODE_ROUND_RESERVE + ROUND_MAX_EMIT;
+        int reserve = 0;
+        for (int c = 0; c < n_combos; c++) {
+            DecodeOpts o = {.rule = rule_parse(combos[c].decoder), .budget = combos[c].budget};
+            int r = decode_round_reserve(&o) + ROUND_MAX_EMIT;
+            if (r > reserve) reserve = r;
+        }
         for (int p = 0; p < n_prompts; p++) {
             if ((rc = engine_prompt_ids(&en, ps->items[p].text, chat, &ids[p], &n_ids[p], &e))) {
                 fprintf(stderr, "rootspec-bench: prompt %s (%s:%d): %s\n", ps->items[p].id,

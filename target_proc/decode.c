@@ -73,6 +73,12 @@ void target_free(Target **pt) {
 }
 
 Backend *target_backend(Target *t) { return t->b; }
+int decode_round_reserve(const DecodeOpts *o) {
+    if (o->rule == RULE_AR) return 1; /* the root alone */
+    /* the root, the tree (X1 off the pool is one of its B nodes) or the scoring pass */
+    return 1 + (o->score_all ? DECODE_PASS_MAX : o->budget);
+}
+
 int target_kv_capacity(const Target *t) { return t->b->params.kv_capacity; }
 
 /* ---- helpers ------------------------------------------------------------------------ */
@@ -310,13 +316,6 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
         if (prompt[i] < 0 || prompt[i] >= V)
             return rs_err(e, RS_EINVAL, "prompt token %d at position %d outside vocabulary of %d",
                           prompt[i], i, V);
-    int cap = b->params.kv_capacity;
-    int reserve = DECODE_ROUND_RESERVE;
-    if (n_prompt + reserve > cap)
-        return rs_err(e, RS_EINVAL,
-                      "prompt of %d tokens does not fit the KV cache: capacity %d minus %d "
-                      "entries reserved for a round leaves %d (raise --ctx)",
-                      n_prompt, cap, reserve, cap - reserve);
     if (o->rule != RULE_AR && !dc)
         return rs_err(e, RS_EINVAL, "decoder '%s' needs a drafter", rule_name(o->rule));
     if (o->rule == RULE_ORACLE)
@@ -327,6 +326,13 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
                       "'%s'", rule_name(o->rule));
     if (o->budget < 1 || o->budget > TREE_MAX)
         return rs_err(e, RS_EINVAL, "budget %d outside 1..%d", o->budget, TREE_MAX);
+    int cap = b->params.kv_capacity;
+    int reserve = decode_round_reserve(o);
+    if (n_prompt + reserve > cap)
+        return rs_err(e, RS_EINVAL,
+                      "prompt of %d tokens does not fit the KV cache: capacity %d minus %d "
+                      "entries reserved for a round leaves %d (raise --ctx)",
+                      n_prompt, cap, reserve, cap - reserve);
 
     Rng rng;
     rng_seed_mix(&rng, o->seed, o->prompt_id,

@@ -34,8 +34,9 @@ typedef struct {
 /* Nodes of one tree pass: the verified tree (X1 off the pool included) and, for score_all,
  * the expanded pool nodes, whose rows give every candidate's target probability. */
 #define DECODE_PASS_MAX (TREE_MAX + 1 + POOL_N_EXPANDED)
-/* KV entries a round may hold beyond the committed ones: the root and the pass. */
-#define DECODE_ROUND_RESERVE (DECODE_PASS_MAX + 2)
+/* KV entries a round may hold beyond the committed ones (the root and the pass), for any
+ * options: what decode_round_reserve() returns at most. */
+#define DECODE_ROUND_RESERVE (DECODE_PASS_MAX + 1)
 
 typedef struct {
     int round;
@@ -90,6 +91,9 @@ int target_create(const Model *m, const BackendOps *ops, int kv_capacity, int th
 void target_free(Target **t);
 Backend *target_backend(Target *t);
 int target_kv_capacity(const Target *t);
+/* KV entries decode_run keeps free for one round with these options (checked before the
+ * prefill and before every round): 1 for AR, 1 + B for a tree, more for score_all. */
+int decode_round_reserve(const DecodeOpts *o);
 
 /* Runs one decode. dc may be NULL for RULE_AR. On a drafter failure mid-decode the
  * target finishes autoregressively, keeps every emitted token, and reports the event. */

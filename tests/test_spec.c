@@ -828,6 +828,37 @@ START_TEST(test_score_all_oracle) {
 }
 END_TEST
 
+/* A full KV cache stops a decode only when the next round might not fit: AR keeps one
+ * entry free, a tree of B nodes 1 + B, so AR runs the cache to its last entry. */
+START_TEST(test_kv_full_reserve) {
+    Pair p;
+    pair_open(&p, 1, 64, 32, 77);
+    int cap = target_kv_capacity(p.t), prompt[3] = {5, 6, 7};
+    const Rule rules[] = {RULE_AR, RULE_ROOTDRAW, RULE_DRAFT};
+    for (int k = 0; k < 3; k++) {
+        for (int B = 4; B <= 59; B += 55) {
+            DecodeOpts o = {.rule = rules[k], .budget = B, .max_new = 4 * cap};
+            DecodeResult r = {0};
+            int buf[2048];
+            r.tokens = buf;
+            r.cap = 2048;
+            RsErr e = {0};
+            ck_assert_msg(decode_run(p.t, rules[k] == RULE_AR ? NULL : &p.dc, prompt, 3, &o, NULL,
+                                     &r, &e) == 0, "%s", e.msg);
+            int reserve = decode_round_reserve(&o), used = 3 - 1 + r.n_tokens;
+            ck_assert_int_eq(reserve, rules[k] == RULE_AR ? 1 : 1 + B);
+            ck_assert_msg(r.hit_capacity, "%s B=%d: no KV-full stop", rule_name(rules[k]), B);
+            /* stopped because the next round might not fit, not earlier */
+            ck_assert_msg(used + reserve > cap && used + reserve <= cap + ROUND_MAX_EMIT,
+                          "%s B=%d: stopped with %d of %d entries used (reserve %d)",
+                          rule_name(rules[k]), B, used, cap, reserve);
+            if (rules[k] == RULE_AR) ck_assert_int_eq(used, cap);
+        }
+    }
+    pair_close(&p);
+}
+END_TEST
+
 START_TEST(test_decode_errors) {
     Pair p;
     pair_open(&p, 1, 32, 16, 3);
@@ -924,6 +955,7 @@ Suite *suite_spec(void) {
     tcase_add_test(tr, test_pool_growth_shape);
     tcase_add_test(tr, test_oracle_brute_force);
     tcase_add_test(tr, test_score_all_oracle);
+    tcase_add_test(tr, test_kv_full_reserve);
     suite_add_tcase(s, tr);
     TCase *tx = tcase_create("exactness");
     tcase_set_timeout(tx, 900);
