@@ -446,7 +446,9 @@ __device__ void row_max(const float *row, int n, float *mv, int *mi) {
     block_argmax(bv, bi, mv, mi);
 }
 
-__global__ void k_argmax(const float *row, int n, int *out) {
+/* Launched with SEL_THREADS (1024) threads: __launch_bounds__ makes ptxas keep the register
+ * count within what a 1024-thread block may have, instead of failing at launch. */
+__global__ void __launch_bounds__(SEL_THREADS) k_argmax(const float *row, int n, int *out) {
     float mv;
     int mi;
     row_max(row, n, &mv, &mi);
@@ -461,7 +463,7 @@ extern "C" void cuk_argmax(cudaStream_t s, const float *row, int n, int *out) {
 /* Inverse CDF as row_sample: weights exp(l - max) in double, threshold u * sum; the chunk
  * whose running sum crosses the threshold scans itself in order. If rounding puts the
  * threshold past the end, the last index with a positive weight is returned. */
-__global__ void k_sample(const float *row, int n, double u, int *out) {
+__global__ void __launch_bounds__(SEL_THREADS) k_sample(const float *row, int n, double u, int *out) {
     __shared__ double csum[SEL_THREADS];
     __shared__ int found;
     float mv;

@@ -30,8 +30,10 @@
 #undef __host__
 #undef __shared__
 #undef __forceinline__
+#undef __launch_bounds__
 #define __global__
 #define __device__
+#define __launch_bounds__(...) /* a register budget for ptxas: nothing to do on the host */
 #define __host__
 #define __forceinline__ inline __attribute__((always_inline))
 #define __shared__ static __attribute__((section("cuemu_shared")))
