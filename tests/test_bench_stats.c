@@ -671,6 +671,9 @@ START_TEST(test_prompts_formats) {
         {"{\"task_id\":\"a b\",\"prompt\":\"x\"}\n",
          "%s:1: id \"a b\" must be 1-63 characters of [A-Za-z0-9_./:+-]"},
         {"\n\n", "%s: no prompts in file"},
+        /* cJSON would end the string at the NUL: the rest of the prompt would be lost */
+        {"{\"prompt\":\"ok\"}\n{\"prompt\":\"a\\u0000b\"}\n", "%s:2: NUL character (\\u0000) in line"},
+        {"{\"prompt\":\"a\\\\\\u0000\"}\n", "%s:1: NUL character (\\u0000) in line"}, /* \\ then \u0000 */
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         write_text(path, bad[i].text, strlen(bad[i].text));
@@ -685,6 +688,16 @@ START_TEST(test_prompts_formats) {
             ck_assert_msg(strncmp(e.msg, want, strlen(want)) == 0, "%s", e.msg);
         }
     }
+    /* an escaped backslash followed by the text u0000 is no NUL */
+    const char *esc = "{\"prompt\":\"a\\\\u0000b\"}\n";
+    write_text(path, esc, strlen(esc));
+    ck_assert_msg(prompts_load(path, &ps, &e) == RS_OK, "%s", e.msg);
+    ck_assert_str_eq(ps->items[0].text, "a\\u0000b");
+    prompts_free(&ps);
+    /* a directory is refused as one (it used to reach a huge allocation) */
+    ck_assert_int_eq(prompts_load(dir, &ps, &e), RS_EIO);
+    ck_assert_ptr_null(ps);
+    ck_assert_msg(strstr(e.msg, "it is a directory") && strstr(e.msg, dir), "%s", e.msg);
     const char *bom = "\xEF\xBB\xBF{\"prompt\":\"x\"}\n"; /* a leading BOM is not data */
     write_text(path, bom, strlen(bom));
     ck_assert_msg(prompts_load(path, &ps, &e) == RS_OK, "%s", e.msg);

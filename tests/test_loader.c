@@ -7,6 +7,7 @@
 #include "common/quant.h"
 #include "testutil.h"
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -613,6 +614,52 @@ START_TEST(test_gguf_refusals) {
 }
 END_TEST
 
+/* Metadata values that used to be replaced by -1 (the message then named no key), a RoPE
+ * size the forward pass does not implement, and a block count below the layers the file
+ * holds (it used to load a truncated model). A RoPE size equal to the head size loads, so
+ * that refusal is the value's. */
+START_TEST(test_gguf_metadata_values) {
+    mk_tmp();
+    load_tiny();
+    uint32_t v = 0;
+    size_t kv = after("llama.attention.head_count_kv") + 4; /* after the u32 type */
+    expect_fail(patched("kv0.gguf", kv, &v, 4), RS_EFORMAT,
+                "metadata 'llama.attention.head_count_kv' = 0 is outside [1, 1024]", NULL);
+    v = 5000;
+    expect_fail(patched("kvbig.gguf", kv, &v, 4), RS_EFORMAT,
+                "metadata 'llama.attention.head_count_kv' = 5000 is outside [1, 1024]", NULL);
+    v = 1;
+    expect_fail(patched("blocks.gguf", after("llama.block_count") + 4, &v, 4), RS_EFORMAT,
+                "holds tensor 'blk.1.attn_norm.weight' but llama.block_count is 1", NULL);
+    free(tiny);
+
+    RsErr e = {0};
+    ck_assert_int_eq(rs_read_file(tu_fixture("loader/tiny_llama3.gguf"), &tiny, &tiny_len, &e), 0);
+    v = 0;
+    expect_fail(patched("vocab0.gguf", after("llama.vocab_size") + 4, &v, 4), RS_EFORMAT,
+                "metadata 'llama.vocab_size' = 0 is outside [1, 1073741823]", NULL);
+    /* llama.attention.key_length (8 = 32 / 4 heads) renamed in place to a key of the same
+     * length, llama.rope.dimension_count: the head size stays 8 */
+    const char *rk = "llama.rope.dimension_count";
+    size_t kl = after("llama.attention.key_length") - strlen(rk);
+    ck_assert_int_eq(strlen("llama.attention.key_length"), strlen(rk));
+    char rec[64];
+    memcpy(rec, rk, strlen(rk));
+    memcpy(rec + strlen(rk), tiny + kl + strlen(rk), 4); /* the u32 type as it was */
+    v = 4;
+    memcpy(rec + strlen(rk) + 4, &v, 4);
+    expect_fail(patched("rope4.gguf", kl, rec, strlen(rk) + 8), RS_EUNSUPPORTED,
+                "llama.rope.dimension_count 4 differs from the head size 8", "partial RoPE");
+    v = 8;
+    memcpy(rec + strlen(rk) + 4, &v, 4);
+    Model *m = load_ok(patched("rope8.gguf", kl, rec, strlen(rk) + 8));
+    ck_assert_int_eq(m->cfg.head_dim, 8);
+    model_free(&m);
+    free(tiny);
+    rm_tmp();
+}
+END_TEST
+
 /* Writes dir/model.safetensors with one tensor (header JSON given) and `data_len` bytes. */
 static void write_st(const char *dir, const char *header, size_t data_len) {
     char path[512];
@@ -693,6 +740,41 @@ START_TEST(test_hf_refusals) {
     expect_fail(d, RS_EFORMAT, "n_heads 4 is not a multiple of n_kv_heads 3", NULL);
     copy_config("loader/hf_llama", d, "\"llama3\"", "\"yarn\"");
     expect_fail(d, RS_EUNSUPPORTED, "rope_scaling type 'yarn'", NULL);
+    rm_tmp();
+}
+END_TEST
+
+/* num_hidden_layers below the layers the checkpoint holds: refused, not truncated. */
+START_TEST(test_hf_fewer_layers_than_weights) {
+    mk_tmp();
+    char d[400], src[PATH_MAX], dst[512];
+    snprintf(d, sizeof d, "%s/hf", tmpdir);
+    ck_assert_int_eq(mkdir(d, 0700), 0);
+    ck_assert_ptr_nonnull(realpath(tu_fixture("loader/hf_llama/model.safetensors"), src));
+    snprintf(dst, sizeof dst, "%s/model.safetensors", d);
+    ck_assert_int_eq(symlink(src, dst), 0);
+    copy_config("loader/hf_llama", d, NULL, NULL);
+    Model *m = load_ok(d); /* the copy as it is loads */
+    ck_assert_int_eq(m->cfg.n_layers, 2);
+    model_free(&m);
+    copy_config("loader/hf_llama", d, "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1");
+    expect_fail(d, RS_EFORMAT,
+                "holds tensor 'model.layers.1.input_layernorm.weight' but num_hidden_layers is 1",
+                NULL);
+    rm_tmp();
+}
+END_TEST
+
+/* A directory where a file is expected is refused as such (it used to reach a huge
+ * allocation, or a seek error, depending on the file system). */
+START_TEST(test_read_file_directory) {
+    mk_tmp();
+    char *buf = (char *)1;
+    size_t n = 7;
+    RsErr e = {0};
+    ck_assert_int_eq(rs_read_file(tmpdir, &buf, &n, &e), RS_EIO);
+    ck_assert_ptr_null(buf);
+    ck_assert_msg(strstr(e.msg, "it is a directory") && strstr(e.msg, tmpdir), "%s", e.msg);
     rm_tmp();
 }
 END_TEST
@@ -785,6 +867,9 @@ Suite *suite_loader(void) {
     tcase_add_test(bad, test_gguf_truncated);
     tcase_add_test(bad, test_gguf_refusals);
     tcase_add_test(bad, test_hf_refusals);
+    tcase_add_test(bad, test_gguf_metadata_values);
+    tcase_add_test(bad, test_hf_fewer_layers_than_weights);
+    tcase_add_test(bad, test_read_file_directory);
     tcase_add_test(bad, test_load_missing_path);
     tcase_add_test(def, test_default_model);
     suite_add_tcase(s, fmt);

@@ -1,13 +1,17 @@
 /* Suite `proto`: the wire codec (round trips, every kind of malformed frame, truncation at
  * every offset, byte flips), the ZeroMQ helpers over inproc:// (incl. timeout and
- * multi-part), pool_finalize / pool_rank_cmp, and the cross-language test vectors.
+ * multi-part), pool_finalize / pool_rank_cmp, the cross-language test vectors, and the
+ * endpoint policy and key generation of proto/secure.c.
  * The vectors in tests/fixtures/proto/vectors.bin are checked byte for byte here and by
  * tools/proto_client.py --check-vectors, whose Python msgpack encoder is the independent
  * reference; regenerate with PROTO_WRITE_VECTORS=1 after a deliberate format change. */
 #include "proto/proto.h"
+#include "proto/secure.h"
 #include "testutil.h"
 #include <math.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zmq.h>
 
 /* ------------------------------------------------------------ fixtures */
@@ -970,6 +974,103 @@ START_TEST(test_vectors) {
 }
 END_TEST
 
+/* ------------------------------------------------------------ proto/secure.c */
+
+/* libzmq takes a tcp port modulo 65536 (tcp://host:99999 binds 34463) and an empty ipc path
+ * fails later with a vaguer error: both are refused when the endpoint is checked. */
+START_TEST(test_secure_check_endpoint) {
+    static const struct {
+        const char *ep, *msg; /* msg NULL: accepted */
+    } rows[] = {
+        {"tcp://127.0.0.1:5555", NULL},
+        {"tcp://127.0.0.1:1", NULL},
+        {"tcp://127.0.0.1:65535", NULL},
+        {"tcp://*:*", NULL}, /* any free port */
+        {"tcp://127.0.0.1:*", NULL},
+        {"ipc:///tmp/rootspec-x.sock", NULL},
+        {"inproc://x", NULL},
+        {"tcp://127.0.0.1:0", "port '0' is not a number in 1..65535"},
+        {"tcp://127.0.0.1:65536", "port '65536' is not a number in 1..65535"},
+        {"tcp://127.0.0.1:99999", "port '99999'"},
+        {"tcp://127.0.0.1:-5", "port '-5'"},
+        {"tcp://127.0.0.1:+5", "port '+5'"},
+        {"tcp://127.0.0.1:http", "port 'http'"},
+        {"tcp://127.0.0.1:55x", "port '55x'"},
+        {"tcp://127.0.0.1:", "port ''"},
+        {"tcp://127.0.0.1:99999999999999999999", "is not a number in 1..65535"},
+        {"tcp://127.0.0.1", "has no port"},
+        {"ipc://", "has no socket path"},
+        {"udp://127.0.0.1:5", "unknown transport"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        RsErr e = {0};
+        int rc = secure_check_endpoint(rows[i].ep, 1, NULL, &e);
+        if (!rows[i].msg) {
+            ck_assert_msg(rc == RS_OK, "'%s' refused: %s", rows[i].ep, e.msg);
+            continue;
+        }
+        ck_assert_msg(rc == RS_EINVAL, "'%s' gave %d, want RS_EINVAL", rows[i].ep, rc);
+        ck_assert_msg(strstr(e.msg, rows[i].msg), "'%s': message '%s' lacks '%s'", rows[i].ep,
+                      e.msg, rows[i].msg);
+    }
+    /* the port is checked before the CURVE policy, which still applies to good ports */
+    RsErr e = {0};
+    ck_assert_int_eq(secure_check_endpoint("tcp://127.0.0.1:99999", 0, NULL, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "port '99999'"), "%s", e.msg);
+    ck_assert_int_eq(secure_check_endpoint("tcp://127.0.0.1:5555", 0, NULL, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "plain tcp://"), "%s", e.msg);
+    ck_assert_int_eq(secure_check_endpoint("tcp://127.0.0.1:5555", 0, "/some/keys", &e), RS_OK);
+}
+END_TEST
+
+static char *read_text(const char *path) {
+    char *t;
+    RsErr e = {0};
+    ck_assert_msg(rs_read_file(path, &t, NULL, &e) == RS_OK, "%s", e.msg);
+    return t;
+}
+
+/* --gen-keys into a directory that holds keys already is refused: replacing a deployed
+ * pair would lock out every host holding the old keys. The old files stay as they were. */
+START_TEST(test_secure_gen_keys_keeps_existing) {
+    char dir[] = "/tmp/rs_keys_XXXXXX", path[256];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    RsErr e = {0};
+    ck_assert_msg(secure_gen_keys(dir, &e) == RS_OK, "%s", e.msg);
+    const char *names[] = {"server.key", "server.pub", "client.key", "client.pub"};
+    char *before[4];
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        before[i] = read_text(path);
+        ck_assert_int_ge(strlen(before[i]), 40); /* one Z85 key */
+    }
+    ck_assert_int_eq(secure_gen_keys(dir, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "exists already") && strstr(e.msg, dir), "%s", e.msg);
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        char *after = read_text(path);
+        ck_assert_msg(!strcmp(after, before[i]), "%s was rewritten", names[i]);
+        free(after);
+    }
+    /* one key left behind is enough to refuse */
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        ck_assert_int_eq(unlink(path), 0);
+    }
+    ck_assert_int_eq(secure_gen_keys(dir, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "client.pub"), "%s", e.msg);
+    snprintf(path, sizeof path, "%s/client.pub", dir);
+    ck_assert_int_eq(unlink(path), 0);
+    ck_assert_msg(secure_gen_keys(dir, &e) == RS_OK, "%s", e.msg); /* empty again: fine */
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        ck_assert_int_eq(unlink(path), 0);
+        free(before[i]);
+    }
+    ck_assert_int_eq(rmdir(dir), 0);
+}
+END_TEST
+
 Suite *suite_proto(void) {
     Suite *s = suite_create("proto");
     TCase *tc = tcase_create("core");
@@ -987,6 +1088,8 @@ Suite *suite_proto(void) {
     tcase_add_test(tc, test_malformed_pool);
     tcase_add_test(tc, test_zmq_pair);
     tcase_add_test(tc, test_vectors);
+    tcase_add_test(tc, test_secure_check_endpoint);
+    tcase_add_test(tc, test_secure_gen_keys_keeps_existing);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -21,7 +21,8 @@ typedef struct {
 /* kind 0: independent random drafter; 1: layer-0 view of a 2-layer target;
  * 2: the target itself as drafter (deep acceptance). threaded: the engine's worker-thread
  * client (identity tests) or the synchronous one (the 100,000 tiny exactness decodes). */
-static void pair_open_t(Pair *p, int kind, int vocab, int dim, uint64_t seed, int threaded) {
+static void pair_open_kv(Pair *p, int kind, int vocab, int dim, uint64_t seed, int threaded,
+                         int kv) {
     memset(p, 0, sizeof *p);
     RsErr e = {0};
     p->tm = tu_random_model(ARCH_LLAMA, dim, 2 * dim, 2, 4, 2, vocab, seed);
@@ -31,12 +32,16 @@ static void pair_open_t(Pair *p, int kind, int vocab, int dim, uint64_t seed, in
         p->dm_is_view = 1;
     }
     int eog = -1;
-    ck_assert_msg(target_create(p->tm, &cpu_backend_ops, 512, 1, 0, &eog, 0, &p->t, &e) == 0,
+    ck_assert_msg(target_create(p->tm, &cpu_backend_ops, kv, 1, 0, &eog, 0, &p->t, &e) == 0,
                   "%s", e.msg);
-    ck_assert_msg(drafter_create(kind == 2 ? p->tm : p->dm, &cpu_backend_ops, 512, 1, 0, &p->d,
+    ck_assert_msg(drafter_create(kind == 2 ? p->tm : p->dm, &cpu_backend_ops, kv, 1, 0, &p->d,
                                  &e) == 0,
                   "%s", e.msg);
     draftclient_local_init(&p->dc, p->d, threaded);
+}
+
+static void pair_open_t(Pair *p, int kind, int vocab, int dim, uint64_t seed, int threaded) {
+    pair_open_kv(p, kind, vocab, dim, seed, threaded, 512);
 }
 
 static void pair_open(Pair *p, int kind, int vocab, int dim, uint64_t seed) {
@@ -649,6 +654,42 @@ START_TEST(test_stop_at_first_eos) {
 }
 END_TEST
 
+/* A prompt several times longer than a round's pending entries (the target backend holds at
+ * most DECODE_PASS_MAX + 2 pending; prompts over that were refused as "batch of N tokens
+ * exceeds max_pending"): prefilled in chunks that fit, the output at T=0 equals AR's and
+ * both KV caches hold the whole prompt. */
+START_TEST(test_long_prompt) {
+    enum { N = 700, MAX_NEW = 30 };
+    ck_assert_int_gt(N, 2 * (DECODE_PASS_MAX + 2));
+    Pair p;
+    pair_open_kv(&p, 1, 64, 32, 808, 1, 1024);
+    int prompt[N], ref[64], buf[512];
+    Rng rg;
+    rng_seed(&rg, 21);
+    for (int i = 0; i < N; i++) prompt[i] = (int)(rng_next(&rg) % 64);
+    int nref = run(&p, RULE_AR, 8, 0, 1, 0, prompt, N, MAX_NEW, ref, NULL, 0);
+    ck_assert_int_eq(nref, MAX_NEW);
+    const Rule rules[] = {RULE_DRAFT, RULE_ROOTDRAW}; /* root+tree in one pass; a root pass */
+    for (int ri = 0; ri < 2; ri++) {
+        RoundLog lg;
+        DecodeResult r;
+        decode_logged(&p, p.t, rules[ri], 59, 0, 1, prompt, N, MAX_NEW, &lg, &r, buf);
+        const char *nm = rule_name(rules[ri]);
+        ck_assert_int_ge(r.n_tokens, MAX_NEW);
+        for (int i = 0; i < MAX_NEW; i++)
+            ck_assert_msg(buf[i] == ref[i], "%s, %d-token prompt: token %d is %d, AR %d", nm, N,
+                          i, buf[i], ref[i]);
+        Backend *tb = target_backend(p.t);
+        ck_assert_msg(tb->n_committed == N - 1 + lg.total, "%s: target KV holds %d, want %d", nm,
+                      tb->n_committed, N - 1 + lg.total);
+        ck_assert_msg(drafter_n_committed(p.d) == N + lg.total - lg.last_emit,
+                      "%s: drafter KV holds %d committed, want %d (the prompt and the output)",
+                      nm, drafter_n_committed(p.d), N + lg.total - lg.last_emit);
+    }
+    pair_close(&p);
+}
+END_TEST
+
 /* SPEC §3 per-round behaviour with an independent drafter (X1 often off the first level):
  * pearl/rootdraw count X1 as accepted and verify X1 alone off the pool; root skips the
  * tree pass exactly when X1 is off its tree's first level, under T=0 and T=1. */
@@ -950,6 +991,7 @@ Suite *suite_spec(void) {
     tcase_set_timeout(tr, 600);
     tcase_add_test(tr, test_stop_rule_and_kv);
     tcase_add_test(tr, test_stop_at_first_eos);
+    tcase_add_test(tr, test_long_prompt);
     tcase_add_test(tr, test_round_rules);
     tcase_add_test(tr, test_realised_vs_tau_root);
     tcase_add_test(tr, test_pool_growth_shape);

@@ -42,8 +42,9 @@ static int ids_match(const Tokenizer *t, const char *label, const char *text, co
     if (!ok) {
         int i = 0;
         while (i < n && i < nw && ids[i] == cJSON_GetArrayItem(want, i)->valueint) i++;
-        fprintf(stderr, "%s: text %s: %d ids vs HF %d; first difference at %d: got %d, HF %d\n", label,
-                text, n, nw, i, i < n ? ids[i] : -1, i < nw ? cJSON_GetArrayItem(want, i)->valueint : -1);
+        fprintf(stderr, "%s: text %.120s%s: %d ids vs HF %d; first difference at %d: got %d, HF %d\n",
+                label, text, strlen(text) > 120 ? "..." : "", n, nw, i, i < n ? ids[i] : -1,
+                i < nw ? cJSON_GetArrayItem(want, i)->valueint : -1);
     }
     /* decode(encode(x)) == x (== HF's decode) */
     char *back = tokenizer_decode(t, ids, n);
@@ -86,6 +87,45 @@ static int check_cases(const Tokenizer *t, const char *label, const cJSON *fx) {
     return bad;
 }
 
+/* Long, repetitive inputs (tok/long_ids.json): one piece of thousands of symbols with many
+ * equal-rank candidate merges (HF breaks ties leftmost first; odd lengths make the other
+ * order give other ids), merges that make queued candidates stale, multi-byte runs. The
+ * ids are stored as runs [times, id, ...]; the text is unit repeated. Returns mismatches. */
+static int check_long_cases(const Tokenizer *t, const char *name) {
+    cJSON *fx = load_fixture("tok/long_ids.json");
+    const cJSON *tk = cJSON_GetObjectItem(cJSON_GetObjectItem(fx, "tokenizers"), name);
+    ck_assert_msg(tk != NULL, "long_ids.json has no tokenizer '%s'", name);
+    ck_assert_int_eq(tokenizer_vocab_size(t), cJSON_GetObjectItem(tk, "vocab_size")->valueint);
+    const cJSON *all = cJSON_GetObjectItem(tk, "ids"), *c;
+    int bad = 0, n = 0;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(fx, "cases")) {
+        const char *cname = cJSON_GetObjectItem(c, "name")->valuestring;
+        const char *unit = cJSON_GetObjectItem(c, "unit")->valuestring;
+        int rep = cJSON_GetObjectItem(c, "repeat")->valueint;
+        size_t ul = strlen(unit);
+        char *text = malloc(ul * (size_t)rep + 1);
+        for (int i = 0; i < rep; i++) memcpy(text + ul * (size_t)i, unit, ul);
+        text[ul * (size_t)rep] = 0;
+        cJSON *want = cJSON_CreateArray(), *run;
+        cJSON_ArrayForEach(run, cJSON_GetObjectItem(all, cname)) {
+            int times = cJSON_GetArrayItem(run, 0)->valueint, k = cJSON_GetArraySize(run);
+            for (int r = 0; r < times; r++)
+                for (int j = 1; j < k; j++)
+                    cJSON_AddItemToArray(want, cJSON_CreateNumber(cJSON_GetArrayItem(run, j)->valueint));
+        }
+        ck_assert_msg(cJSON_GetArraySize(want) > 0, "%s: no ids for case %s", name, cname);
+        char label[96];
+        snprintf(label, sizeof label, "%s long case %s", name, cname);
+        bad += !ids_match(t, label, text, want, text);
+        cJSON_Delete(want);
+        free(text);
+        n++;
+    }
+    ck_assert_msg(n >= 10, "long_ids.json: only %d cases", n);
+    cJSON_Delete(fx);
+    return bad;
+}
+
 /* ---- default model (GGUF metadata) ---- */
 
 static Model *g_model;
@@ -123,6 +163,13 @@ START_TEST(test_smollm2_ids_match_hf) {
     int bad = check_cases(g_tok, "smollm2", fx);
     ck_assert_msg(bad == 0, "smollm2: %d corpus strings differ from HF", bad);
     cJSON_Delete(fx);
+}
+END_TEST
+
+START_TEST(test_smollm2_long_inputs_match_hf) {
+    ck_assert_msg(g_tok != NULL, "default tokenizer did not load (see stderr)");
+    int bad = check_long_cases(g_tok, "smollm2");
+    ck_assert_msg(bad == 0, "smollm2: %d long inputs differ from HF", bad);
 }
 END_TEST
 
@@ -274,6 +321,22 @@ START_TEST(test_hash_ignores_merge_spelling) {
     tokenizer_free(&a);
     tokenizer_free(&b);
     tokenizer_free(&c);
+}
+END_TEST
+
+START_TEST(test_json_long_inputs_match_hf) {
+    /* small: NFC + Digits + ByteLevel regex; small_split: Split regex + ignore_merges */
+    const char *names[] = {"small", "small_split"};
+    for (int i = 0; i < 2; i++) {
+        char rel[64];
+        snprintf(rel, sizeof rel, "tok/%s/tokenizer.json", names[i]);
+        Tokenizer *t;
+        RsErr e = {0};
+        ck_assert_msg(tokenizer_load_json(tu_fixture(rel), &t, &e) == 0, "%s", e.msg);
+        int bad = check_long_cases(t, names[i]);
+        ck_assert_msg(bad == 0, "%s: %d long inputs differ from HF", names[i], bad);
+        tokenizer_free(&t);
+    }
 }
 END_TEST
 
@@ -438,12 +501,14 @@ Suite *suite_tokenizer(void) {
     tcase_add_unchecked_fixture(smol, smol_setup, smol_teardown);
     tcase_set_timeout(smol, 120);
     tcase_add_test(smol, test_smollm2_ids_match_hf);
+    tcase_add_test(smol, test_smollm2_long_inputs_match_hf);
     tcase_add_test(smol, test_smollm2_meta);
     tcase_add_test(smol, test_smollm2_chat_ids_match_hf);
     tcase_add_test(smol, test_split_json_ids_match_hf);
     suite_add_tcase(s, smol);
     TCase *js = tcase_create("json");
     tcase_add_test(js, test_small_json_ids_match_hf);
+    tcase_add_test(js, test_json_long_inputs_match_hf);
     tcase_add_test(js, test_hash_ignores_merge_spelling);
     tcase_add_test(js, test_chat_templates_match_transformers);
     tcase_add_test(js, test_chat_template_for_hint);

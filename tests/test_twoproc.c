@@ -8,7 +8,9 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -27,15 +29,19 @@ static void endpoint(char *buf, size_t n, const char *name) {
     snprintf(buf, n, "ipc://%s/%s.sock", g_dir, name);
 }
 
-/* fork/exec argv with stdout/stderr to files under g_dir; returns pid. */
-static pid_t spawn(char *const argv[], const char *tag) {
+/* fork/exec argv with stdout to `out_path` (NULL: g_dir/TAG.out) and stderr to g_dir/TAG.err,
+ * in a process group of its own when `group` (so a script and its children can be killed
+ * together); returns pid. */
+static pid_t spawn_to(char *const argv[], const char *tag, const char *out_path, int group) {
     char out[512], err[512];
     snprintf(out, sizeof out, "%s/%s.out", g_dir, tag);
     snprintf(err, sizeof err, "%s/%s.err", g_dir, tag);
+    if (out_path) snprintf(out, sizeof out, "%s", out_path);
     pid_t pid = fork();
     ck_assert(pid >= 0);
     if (pid == 0) {
-        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (group) setpgid(0, 0);
+        int fo = open(out, O_WRONLY | O_CREAT | (out_path ? 0 : O_TRUNC), 0644);
         int fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(fo, 1);
         dup2(fe, 2);
@@ -46,6 +52,9 @@ static pid_t spawn(char *const argv[], const char *tag) {
     }
     return pid;
 }
+
+/* fork/exec argv with stdout/stderr to files under g_dir; returns pid. */
+static pid_t spawn(char *const argv[], const char *tag) { return spawn_to(argv, tag, NULL, 0); }
 
 static char *slurp(const char *tag, const char *ext) {
     char p[512], *buf = NULL;
@@ -503,6 +512,206 @@ START_TEST(test_tcp_curve) {
 }
 END_TEST
 
+/* ---- robustness: long prompts, a busy ipc:// path, lost output, conflicting options, a
+ * drafter that cannot start under deploy/launch.sh ---- */
+
+/* The default model with a 300-token prompt: more than the target's pending entries in one
+ * round, so the prompt is prefilled in several chunks (it used to be refused with "batch of
+ * 256 tokens exceeds max_pending"). */
+START_TEST(test_default_model_long_prompt) {
+    make_dir();
+    char ids[300 * 8] = "";
+    for (int i = 0, k = 0; i < 300; i++)
+        k += snprintf(ids + k, sizeof ids - k, "%s%d", i ? "," : "", 100 + (i * 7919) % 49000);
+    char *argv[] = {"build/rootspec-target", "--model", (char *)tu_default_model_path(),
+                    "--prompt-ids", ids, "--max-new", "4", "--output-ids", NULL};
+    int rc = wait_exit(spawn(argv, "long"), 120000);
+    char *err = slurp("long", "err");
+    ck_assert_msg(rc == 0, "300-token prompt: exit %d: %s", rc, err);
+    ck_assert_msg(strstr(err, "prompt=300 tokens"), "summary: %s", err);
+    ck_assert_int_eq(count_ids("long"), 4);
+    free(err);
+}
+END_TEST
+
+/* Waits for drafter `pid`'s "serving MODEL on EP" line in tag.err, up to 20 s. */
+static void wait_serving(pid_t pid, const char *tag) {
+    for (int t = 0; t < 20000; t += 20) {
+        char *err = slurp(tag, "err");
+        int ok = strstr(err, "rootspec-draft: serving ") != NULL, st;
+        if (!ok && waitpid(pid, &st, WNOHANG) == pid)
+            ck_abort_msg("%s exited (status %d) before serving: %s", tag,
+                         WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), err);
+        free(err);
+        if (ok) return;
+        usleep(20000);
+    }
+    ck_abort_msg("%s never reported serving", tag);
+}
+
+/* libzmq's ipc bind unlinks an existing socket file: a second drafter on the path of a live
+ * one used to take it over silently (new targets reached the second, the first was
+ * orphaned). It is refused now, and the first keeps serving. A stale socket file that
+ * nothing listens on is still reused. */
+START_TEST(test_ipc_endpoint_in_use) {
+    make_dir();
+    char ep[300];
+    endpoint(ep, sizeof ep, "d");
+    pid_t d = start_drafter(ep);
+    wait_serving(d, "draft");
+    char *argv2[] = {"build/rootspec-draft", "--bind", ep, "--model", TINY, "--draft-layers", "0",
+                     NULL};
+    int rc = wait_exit(spawn(argv2, "draft2"), 20000);
+    char *err = slurp("draft2", "err");
+    ck_assert_msg(rc == 1 && strstr(err, "another process is serving"), "second drafter: exit %d: %s",
+                  rc, err);
+    free(err);
+    ck_assert_msg(kill(d, 0) == 0, "first drafter died");
+    ck_assert_int_eq(run_target("ar", "ar", NULL, 60, NULL, NULL), 0);
+    ck_assert_int_eq(run_target("t", "rootdraw", ep, 20, NULL, NULL), 0);
+    char *got = slurp("t", "out"), *ref = slurp("ar", "out"), *terr = slurp("t", "err");
+    ck_assert_msg(!strstr(terr, "drafter failed") && ids_prefix(got, ref, 20),
+                  "through the first drafter: %s\nvs AR\n%s\n%s", got, ref, terr);
+    free(got);
+    free(terr);
+    stop(d);
+
+    /* a socket file left by a dead process: bound, never listening */
+    char sp[300];
+    endpoint(sp, sizeof sp, "stale");
+    const char *path = sp + strlen("ipc://");
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    ck_assert(fd >= 0 && strlen(path) < sizeof a.sun_path);
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    close(fd);
+    ck_assert_int_eq(access(path, F_OK), 0);
+    char *argv3[] = {"build/rootspec-draft", "--bind", sp, "--model", TINY, "--draft-layers", "0",
+                     NULL};
+    d = spawn(argv3, "draft3");
+    wait_serving(d, "draft3");
+    ck_assert_int_eq(run_target("t2", "rootdraw", sp, 20, NULL, NULL), 0);
+    got = slurp("t2", "out");
+    terr = slurp("t2", "err");
+    ck_assert_msg(!strstr(terr, "drafter failed") && ids_prefix(got, ref, 20),
+                  "through the drafter on a stale socket: %s\n%s", got, terr);
+    free(got);
+    free(terr);
+    free(ref);
+    stop(d);
+}
+END_TEST
+
+/* Output that cannot be written (a full disk: /dev/full) is a failure, not a silent exit 0:
+ * --log-rounds to /dev/full, and stdout to /dev/full. */
+START_TEST(test_target_lost_output) {
+    make_dir();
+    char *a1[] = {"build/rootspec-target", "--model", TINY, "--prompt-ids", PROMPT, "--max-new",
+                  "20", "--output-ids", "--log-rounds", "/dev/full", NULL};
+    int rc = wait_exit(spawn(a1, "log"), 60000);
+    char *err = slurp("log", "err");
+    ck_assert_msg(rc == 1 && strstr(err, "writing --log-rounds '/dev/full' failed"),
+                  "--log-rounds /dev/full: exit %d: %s", rc, err);
+    free(err);
+    char *a2[] = {"build/rootspec-target", "--model", TINY, "--prompt-ids", PROMPT, "--max-new",
+                  "20", "--output-ids", NULL};
+    rc = wait_exit(spawn_to(a2, "full", "/dev/full", 0), 60000);
+    err = slurp("full", "err");
+    ck_assert_msg(rc == 1 && strstr(err, "writing the output to stdout failed"),
+                  "stdout to /dev/full: exit %d: %s", rc, err);
+    free(err);
+}
+END_TEST
+
+/* Drafter options that contradict each other are bad usage (exit 2) instead of one of them
+ * being ignored. */
+START_TEST(test_target_conflicting_draft_options) {
+    make_dir();
+    char ep[300];
+    endpoint(ep, sizeof ep, "nobody");
+    char *a1[] = {"build/rootspec-target", "--model", TINY, "--prompt-ids", PROMPT, "--decoder",
+                  "draft", "--max-new", "4", "--draft-model", TINY, "--draft-layers", "0", NULL};
+    int rc = wait_exit(spawn(a1, "ml"), 60000);
+    char *err = slurp("ml", "err");
+    ck_assert_msg(rc == 2 && strstr(err, "give --draft-model or --draft-layers"),
+                  "--draft-model with --draft-layers: exit %d: %s", rc, err);
+    free(err);
+    char *a2[] = {"build/rootspec-target", "--model", TINY, "--prompt-ids", PROMPT, "--decoder",
+                  "draft", "--max-new", "4", "--draft-endpoint", ep, "--draft-model", TINY,
+                  "--draft-timeout-ms", "500", NULL};
+    rc = wait_exit(spawn(a2, "em"), 60000);
+    err = slurp("em", "err");
+    ck_assert_msg(rc == 2 && strstr(err, "drop --draft-model"),
+                  "--draft-endpoint with --draft-model: exit %d: %s", rc, err);
+    free(err);
+}
+END_TEST
+
+/* A KV cache the host cannot hold (--ctx 1048576 under a 400 MB address-space limit: 512 MiB
+ * of K and V) is an error naming the size and --ctx, exit 1, not an abort. The same limit
+ * with --ctx 4096 decodes, so the limit alone is not what fails. The release binary runs
+ * under `ulimit -v` (the sanitized test binary cannot: ASan reserves terabytes). */
+START_TEST(test_target_kv_alloc_failure) {
+    make_dir();
+    const char *ctx[2] = {"4096", "1048576"};
+    for (int i = 0; i < 2; i++) {
+        char cmd[600];
+        snprintf(cmd, sizeof cmd,
+                 "ulimit -v 400000 && exec build/rootspec-target --model %s --prompt-ids %s "
+                 "--max-new 4 --output-ids --ctx %s",
+                 TINY, PROMPT, ctx[i]);
+        char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+        int rc = wait_exit(spawn(argv, "kv"), 60000);
+        char *err = slurp("kv", "err");
+        if (i == 0)
+            ck_assert_msg(rc == 0, "--ctx 4096 under the limit: exit %d: %s", rc, err);
+        else
+            ck_assert_msg(rc == 1 && strstr(err, "cannot allocate the KV cache: 1048576 entries") &&
+                              strstr(err, "lower --ctx"),
+                          "--ctx 1048576 under the limit: exit %d: %s", rc, err);
+        free(err);
+    }
+}
+END_TEST
+
+/* deploy/launch.sh: a drafter that cannot start (a layer range the model lacks) stops the
+ * run at once with the drafter's status 2, rather than after the target's --draft-timeout-ms
+ * (60 s here); an option without its value is bad usage. */
+START_TEST(test_launch_drafter_fails) {
+    make_dir();
+    char *argv[] = {"/bin/bash", "deploy/launch.sh", "--draft-model", TINY, "--draft-layers",
+                    "0-99", "--", "--model", TINY, "--prompt-ids", PROMPT, "--decoder",
+                    "rootdraw", "--max-new", "8", "--draft-timeout-ms", "60000", NULL};
+    uint64_t t0 = rs_now_ns();
+    pid_t pid = spawn_to(argv, "launch", NULL, 1);
+    int st = 0, rc = -1;
+    while (rs_now_ns() - t0 < 30000000000ull) {
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            break;
+        }
+        usleep(20000);
+    }
+    double s = (rs_now_ns() - t0) * 1e-9;
+    if (rc < 0) { /* the script, the target and the drafter */
+        kill(-pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    char *err = slurp("launch", "err");
+    ck_assert_msg(rc == 2 && s < 15, "launch.sh: exit %d after %.1f s: %s", rc, s, err);
+    ck_assert_msg(strstr(err, "rootspec-draft exited with status 2") && strstr(err, "0-99"),
+                  "message: %s", err);
+    free(err);
+    char *a2[] = {"/bin/bash", "deploy/launch.sh", "--draft-model", NULL};
+    rc = wait_exit(spawn_to(a2, "noval", NULL, 1), 20000);
+    err = slurp("noval", "err");
+    ck_assert_msg(rc == 2 && strstr(err, "option --draft-model needs a value"), "exit %d: %s", rc,
+                  err);
+    free(err);
+}
+END_TEST
+
 Suite *suite_twoproc(void) {
     Suite *s = suite_create("twoproc");
     TCase *tc = tcase_create("pipeline");
@@ -517,6 +726,12 @@ Suite *suite_twoproc(void) {
     tcase_add_test(tc, test_random_models_across_processes);
     tcase_add_test(tc, test_pipeline_timing_script);
     tcase_add_test(tc, test_tcp_curve);
+    tcase_add_test(tc, test_default_model_long_prompt);
+    tcase_add_test(tc, test_ipc_endpoint_in_use);
+    tcase_add_test(tc, test_target_lost_output);
+    tcase_add_test(tc, test_target_conflicting_draft_options);
+    tcase_add_test(tc, test_launch_drafter_fails);
+    tcase_add_test(tc, test_target_kv_alloc_failure);
     suite_add_tcase(s, tc);
     return s;
 }

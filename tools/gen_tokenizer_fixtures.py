@@ -4,7 +4,9 @@
 The expected ids and prompt strings come from Hugging Face `tokenizers`/`transformers`, an
 implementation independent of common/tokenizer.c and common/chat.c, so the C tests can fail.
 Run from the repository root:  python3 tools/gen_tokenizer_fixtures.py
-Needs models/SmolLM2-135M-Instruct.Q4_1.gguf (make setup)."""
+Needs models/SmolLM2-135M-Instruct.Q4_1.gguf (make setup).
+With --long-only it rewrites just tests/fixtures/tok/long_ids.json (long, repetitive inputs)
+from the committed tokenizer.json files, without retraining the small tokenizer."""
 import json
 import os
 import sys
@@ -69,6 +71,91 @@ CHAT_USERS = [
     "Explain speculative decoding in one sentence: 数字 123 ✓",
     "\u00a0\u3000 Unicode-padded question?\u2028\t",  # Jinja `trim` strips Unicode spaces too
 ]
+
+# Long single pieces and long repetitive runs: many equal-rank candidate merges (ties broken
+# leftmost first), merges that make earlier candidates stale, more symbols than any stack
+# buffer. Odd lengths, so that merging from the right would give other ids. (name, unit,
+# repeat): the text is unit * repeat. The ids are stored as runs (see id_runs).
+def _lcg_letters(n, alphabet="etaoinshrdlu", seed=12345):
+    """Deterministic pseudo-random letters (one long piece with varied merges)."""
+    out, x = [], seed
+    for _ in range(n):
+        x = (x * 6364136223846793005 + 1442695040888963407) % (1 << 64)
+        out.append(alphabet[(x >> 33) % len(alphabet)])
+    return "".join(out)
+
+
+LONG_CASES = [
+    ("x", "x", 2999),
+    ("ab", "ab", 1999),
+    ("aba", "aba", 701),
+    ("aaaa_bbbb", "aaaa bbbb ", 301),
+    ("digits", "31415926535897932384", 31),
+    ("zeros", "0", 1001),
+    ("e_acute", "\u00e9", 1501),
+    ("cjk", "\u4e2d", 1001),
+    ("emoji", "\U0001F600", 501),
+    ("spaces", " ", 2999),
+    ("newlines", "\n", 777),
+    ("fox", "thequickbrownfox", 151),
+    ("random_letters", _lcg_letters(1500), 1),
+]
+
+
+def id_runs(ids, max_period=24):
+    """ids as [[times, id, id, ...], ...]: each run is its ids repeated `times` times (a
+    literal stretch has times 1). Greedy: at each position the period covering most."""
+    out, lit, i = [], [], 0
+    while i < len(ids):
+        best = (0, 1, 1)
+        for p in range(1, max_period + 1):
+            if i + 2 * p > len(ids):
+                break
+            k = 1
+            while ids[i + k * p:i + (k + 1) * p] == ids[i:i + p]:
+                k += 1
+            if k >= 2 and p * k > best[0]:
+                best = (p * k, p, k)
+        if best[0] == 0:
+            lit.append(ids[i])
+            i += 1
+            continue
+        if lit:
+            out.append([1] + lit)
+            lit = []
+        _, p, k = best
+        out.append([k] + ids[i:i + p])
+        i += p * k
+    if lit:
+        out.append([1] + lit)
+    assert [t for r in out for t in r[1:] * r[0]] == ids
+    return out
+
+
+def write_long(encoders):
+    """encoders: name -> (vocab size, encode function). The texts are stored once, each
+    tokenizer's ids by case name."""
+    out = {}
+    for name, (vocab, enc) in encoders.items():
+        ids = {cname: id_runs(enc(unit * rep)) for cname, unit, rep in LONG_CASES}
+        out[name] = {"vocab_size": vocab, "ids": ids}
+    write_json("long_ids.json", {
+        "magic": MAGIC, "version": VERSION,
+        "source": "smollm2: transformers AutoTokenizer(GGUF); small, small_split: tokenizers "
+                  "Tokenizer.from_file; encode(add_special_tokens=False)",
+        "cases": [{"name": c, "unit": u, "repeat": r} for c, u, r in LONG_CASES],
+        "tokenizers": out})
+
+
+def load_smollm2():
+    return AutoTokenizer.from_pretrained("models", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def long_encoders(hf, small, split):
+    return {"smollm2": (len(hf), lambda s: hf.encode(s, add_special_tokens=False)),
+            "small": (small.get_vocab_size(), lambda s: small.encode(s, add_special_tokens=False).ids),
+            "small_split": (split.get_vocab_size(), lambda s: split.encode(s, add_special_tokens=False).ids)}
+
 
 SMOLLM2_TEMPLATE = None  # read from the GGUF (tokenizer.chat_template)
 
@@ -294,7 +381,7 @@ def train_small():
 def main():
     os.makedirs(OUT, exist_ok=True)
     # (1) the default model's tokenizer as transformers converts it from the GGUF.
-    hf = AutoTokenizer.from_pretrained("models", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    hf = load_smollm2()
     smol_tpl = hf.chat_template
     assert smol_tpl and "SmolLM" in smol_tpl, "GGUF has no SmolLM2 chat template"
     cases = encode_cases(lambda s: hf.encode(s, add_special_tokens=False), hf.decode)
@@ -367,7 +454,14 @@ def main():
     write_json("small_split_ids.json", {"magic": MAGIC, "version": VERSION,
                                         "source": "tokenizers (small_split/tokenizer.json), add_special_tokens=False",
                                         "vocab_size": split.get_vocab_size(), "cases": split_cases})
+    write_long(long_encoders(hf, small, split))
+
+
+def main_long_only():
+    small = Tokenizer.from_file(os.path.join(OUT, "small", "tokenizer.json"))
+    split = Tokenizer.from_file(os.path.join(OUT, "small_split", "tokenizer.json"))
+    write_long(long_encoders(load_smollm2(), small, split))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main_long_only() if sys.argv[1:] == ["--long-only"] else main())
