@@ -10,7 +10,7 @@ int pool_finalize_err(Pool *p, int vocab_size, RsErr *e) {
     RS_ASSERT(p);
     if (p->n < 0 || p->n > POOL_MAX)
         return rs_err(e, RS_EPROTO, "bad pool: %d candidates, expected 0..%d", p->n, POOL_MAX);
-    int n = p->n;
+    int n = p->n, n_expanded = 0;
     p->root_first_child = -1;
     p->root_n_children = 0;
     for (int i = 0; i < n; i++) {
@@ -62,6 +62,13 @@ int pool_finalize_err(Pool *p, int vocab_size, RsErr *e) {
                                   "token %d",
                                   j, i, (int)p->token[i]);
         }
+        /* A node's first child makes it an expanded node. The target sizes its tree pass
+         * for POOL_N_EXPANDED of them (score_all passes cover every expanded node). */
+        if (*nc == 0 && par >= 0 && ++n_expanded > POOL_N_EXPANDED)
+            return rs_err(e, RS_EPROTO,
+                          "bad pool: candidate %d makes %d expanded nodes (nodes with "
+                          "children), at most %d",
+                          i, n_expanded, POOL_N_EXPANDED);
         (*nc)++;
     }
     return RS_OK;

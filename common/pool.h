@@ -41,7 +41,8 @@ typedef struct {
 } Tree;
 
 /* Validates a pool (parents precede children, depths consistent, tokens in [0, vocab),
- * logq <= 0 and finite) and fills score / child links. Returns 0 or -1 (bad pool). */
+ * logq <= 0 and finite, sibling runs contiguous and distinct, at most POOL_N_EXPANDED nodes
+ * with children) and fills score / child links. Returns 0 or -1 (bad pool). */
 int pool_finalize(Pool *p, int vocab_size);
 
 /* Same checks as pool_finalize, with the reason in e (RS_EPROTO): used by proto_decode.

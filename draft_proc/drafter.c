@@ -112,10 +112,10 @@ static int score_cmp_desc(const Pool *p, int a, int b) {
     return a < b ? -1 : (a > b);
 }
 
-int drafter_commit_grow(Drafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
-    uint64_t t0 = rs_now_ns();
+/* Checks a commit of n tokens, drops last round's tree entries and appends the tokens to
+ * the committed context (chunked). want_row: the last token's row goes to d->logits. */
+static int commit_tokens(Drafter *d, const int *tokens, int n, int want_row, RsErr *e) {
     Backend *b = d->b;
-    if (n < 1) return rs_err(e, RS_EINVAL, "commit of %d tokens: need at least one", n);
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= d->vocab)
             return rs_err(e, RS_EINVAL, "token id %d at %d outside drafter vocabulary of %d",
@@ -132,7 +132,7 @@ int drafter_commit_grow(Drafter *d, const int *tokens, int n, Pool *p, RsErr *e)
     for (int off = 0; off < n; off += PREFILL_CHUNK) {
         int m = n - off < PREFILL_CHUNK ? n - off : PREFILL_CHUNK;
         for (int i = 0; i < m; i++) d->pos[i] = b->n_committed + i;
-        int last = m - 1, want = off + m == n;
+        int last = m - 1, want = want_row && off + m == n;
         rc = backend_forward(b, tokens + off, d->pos, m, NULL, &last, want, d->logits, e);
         if (rc) return rc;
         int keep[PREFILL_CHUNK];
@@ -140,6 +140,19 @@ int drafter_commit_grow(Drafter *d, const int *tokens, int n, Pool *p, RsErr *e)
         rc = backend_kv_commit(b, keep, m, e);
         if (rc) return rc;
     }
+    return RS_OK;
+}
+
+int drafter_prefill(Drafter *d, const int *tokens, int n, RsErr *e) {
+    if (n < 0) return rs_err(e, RS_EINVAL, "prefill of %d tokens", n);
+    return n ? commit_tokens(d, tokens, n, 0, e) : RS_OK;
+}
+
+int drafter_commit_grow(Drafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
+    uint64_t t0 = rs_now_ns();
+    if (n < 1) return rs_err(e, RS_EINVAL, "commit of %d tokens: need at least one", n);
+    int rc = commit_tokens(d, tokens, n, 1, e);
+    if (rc) return rc;
     p->commit_pass_ns = rs_now_ns() - t0;
     p->n = 0;
     for (int i = 0; i < POOL_MAX; i++) d->slot_of[i] = -1;
@@ -175,8 +188,13 @@ int drafter_commit_grow(Drafter *d, const int *tokens, int n, Pool *p, RsErr *e)
             }
     }
     RS_ASSERT(p->n == POOL_MAX && expanded == POOL_N_EXPANDED);
-    if (pool_finalize(p, d->vocab) != 0) {
-        RS_ASSERT(!"drafter produced an invalid pool");
+    /* The shape is right by construction; log q is not when the model's logits are not
+     * finite (NaN / inf weights, fp16 overflow): an error for the target, not an abort. */
+    RsErr pe = {0};
+    if (pool_finalize_err(p, d->vocab, &pe) != RS_OK) {
+        p->n = 0;
+        return rs_err(e, RS_EFORMAT, "drafter produced an invalid pool (non-finite logits?): %s",
+                      pe.msg);
     }
     p->n_passes = passes;
     p->n_expanded = expanded;

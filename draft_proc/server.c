@@ -60,6 +60,8 @@ int server_run(Drafter *d, uint64_t tok_hash, const ServerOpts *o, RsErr *e) {
     int zero = 0, one = 1;
     zmq_setsockopt(c.sock, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(c.sock, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
+    int64_t max_frame = PROTO_FRAME_MAX; /* a peer cannot make us buffer more */
+    zmq_setsockopt(c.sock, ZMQ_MAXMSGSIZE, &max_frame, sizeof max_frame);
     int use_curve = o->curve_dir && !strncmp(o->endpoint, "tcp://", 6);
     if (use_curve && (rc = secure_server_setup(ctx, c.sock, o->curve_dir, e))) goto done;
     if (!strncmp(o->endpoint, "ipc://", 6) && ipc_in_use(o->endpoint + 6)) {
@@ -83,6 +85,11 @@ int server_run(Drafter *d, uint64_t tok_hash, const ServerOpts *o, RsErr *e) {
     size_t sess_peer_len = 0;
     uint64_t session = 0;
     int have_session = 0, served = 0;
+    /* Set when the session's context may differ from the target's: a COMMIT_GROW or RESET
+     * that failed, or a frame of the session that could not be decoded (its tokens are
+     * lost). COMMIT_GROW is refused until RESET or HELLO starts the context again. */
+    int ctx_lost = 0;
+    char ctx_lost_why[256] = "";
     char bound[512] = "";
     size_t bl = sizeof bound;
     if (zmq_getsockopt(c.sock, ZMQ_LAST_ENDPOINT, bound, &bl) != 0 || !*bound)
@@ -127,12 +134,17 @@ int server_run(Drafter *d, uint64_t tok_hash, const ServerOpts *o, RsErr *e) {
         rc = proto_decode(zmq_msg_data(&msg), zmq_msg_size(&msg), &req, &de);
         zmq_msg_close(&msg);
         served++;
+        int same_peer = have_session && plen == sess_peer_len && !memcmp(peer, sess_peer, plen);
         if (rc) {
             fprintf(stderr, "rootspec-draft: rejected frame: %s\n", de.msg);
+            if (same_peer && req.session == session && !ctx_lost) {
+                ctx_lost = 1;
+                snprintf(ctx_lost_why, sizeof ctx_lost_why, "a frame was rejected (seq %" PRIu64 ")",
+                         req.seq);
+            }
             reply_error(&c, peer, plen, &req, rc, de.msg);
             continue;
         }
-        int same_peer = have_session && plen == sess_peer_len && !memcmp(peer, sess_peer, plen);
         switch (req.type) {
         case PROTO_HELLO: {
             char why[512] = "";
@@ -157,6 +169,7 @@ int server_run(Drafter *d, uint64_t tok_hash, const ServerOpts *o, RsErr *e) {
             sess_peer_len = plen;
             session = req.session;
             have_session = 1;
+            ctx_lost = 0;
             drafter_reset(d);
             memset(&rep, 0, sizeof rep);
             rep.type = PROTO_HELLO_OK;
@@ -179,13 +192,33 @@ int server_run(Drafter *d, uint64_t tok_hash, const ServerOpts *o, RsErr *e) {
                             "no session: send HELLO first (or another target took over)");
                 break;
             }
-            if (req.type == PROTO_RESET) {
+            RsErr ge = {0};
+            if (req.type == PROTO_RESET) { /* drop the KV, prefill the new prompt */
                 drafter_reset(d);
+                ctx_lost = 0;
+                rc = drafter_prefill(d, req.u.tokens.ids, req.u.tokens.n, &ge);
+                if (rc) {
+                    drafter_reset(d);
+                    ctx_lost = 1;
+                    snprintf(ctx_lost_why, sizeof ctx_lost_why, "RESET seq %" PRIu64 " failed",
+                             req.seq);
+                    reply_error(&c, peer, plen, &req, rc, ge.msg);
+                }
                 break; /* no reply unless it fails */
             }
-            RsErr ge = {0};
+            if (ctx_lost) {
+                char t[400];
+                snprintf(t, sizeof t,
+                         "drafter context lost (%s): send RESET with the prompt, then COMMIT_GROW",
+                         ctx_lost_why);
+                reply_error(&c, peer, plen, &req, RS_EPROTO, t);
+                break;
+            }
             rc = drafter_commit_grow(d, req.u.tokens.ids, req.u.tokens.n, pool, &ge);
             if (rc) {
+                ctx_lost = 1;
+                snprintf(ctx_lost_why, sizeof ctx_lost_why, "COMMIT_GROW seq %" PRIu64 " failed",
+                         req.seq);
                 reply_error(&c, peer, plen, &req, rc, ge.msg);
                 break;
             }

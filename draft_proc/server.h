@@ -1,6 +1,7 @@
 /* The drafter process's request loop: a ZeroMQ ROUTER that serves one target session at a
- * time (a new HELLO takes over and resets the KV cache), grows pools on COMMIT_GROW, and
- * answers every malformed frame with ERROR instead of crashing or hanging. */
+ * time (a new HELLO takes over and resets the KV cache), prefills RESET's prompt, grows pools
+ * on COMMIT_GROW, and answers every malformed frame with ERROR instead of crashing or
+ * hanging. After a failed request of the session, COMMIT_GROW is refused until RESET. */
 #ifndef ROOTSPEC_SERVER_H
 #define ROOTSPEC_SERVER_H
 #include "common/tokenizer.h"

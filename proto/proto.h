@@ -17,7 +17,8 @@
  *   HELLO_OK    2  drafter -> target, reply to HELLO
  *                  [fingerprint str(<=64), tokenizer_hash uint64, vocab_size uint32,
  *                   capabilities uint32, drafter_name str(<=63)]
- *   RESET       3  target -> drafter: new prompt; the drafter drops its KV and prefills.
+ *   RESET       3  target -> drafter: new prompt; the drafter drops its KV and prefills
+ *                  the tokens (the next COMMIT_GROW continues from them).
  *                  [tokens [int32 >= 0, ...] (<= 1<<20)]     no reply unless it fails
  *   COMMIT_GROW 4  target -> drafter: newly committed tokens, ending with the
  *                  continuation token; the drafter appends them and grows a pool.
@@ -27,8 +28,11 @@
  *                   logq [float32]*n, depths [uint 1..8]*n, draft_ns uint64,
  *                   commit_pass_ns uint64, n_passes uint, n_expanded uint]
  *                  The decoder runs pool_finalize on it: parents precede children, depths
- *                  consistent, log q finite and <= 0, sibling runs contiguous and distinct.
+ *                  consistent, log q finite and <= 0, sibling runs contiguous and distinct,
+ *                  at most POOL_N_EXPANDED (70) nodes with children.
  *   ERROR       6  either way: [code int32 (an RsStatus), message str(<=511)]
+ *                  After a failed RESET / COMMIT_GROW (or a rejected frame) of the session
+ *                  the drafter refuses COMMIT_GROW until RESET or HELLO (context lost).
  *   BYE         7  either way: []   (the target's BYE is answered with BYE, then both close)
  *
  * Sockets: one frame per message, so use ZMQ_PAIR (recommended: the drafter binds, the
@@ -56,6 +60,10 @@
 #define PROTO_FP_MAX 64            /* fingerprint bytes (Model.fingerprint is char[65]) */
 #define PROTO_NAME_MAX 63          /* drafter name bytes */
 #define PROTO_MSG_MAX 511          /* ERROR message bytes */
+/* Largest frame either end accepts (ZMQ_MAXMSGSIZE; libzmq drops a peer that sends more,
+ * before allocating it). Every valid message fits: a COMMIT_GROW of PROTO_MAX_TOKENS ids
+ * even at 9 bytes an id (int64 form) is 9.4 MB. */
+#define PROTO_FRAME_MAX (16 << 20)
 
 typedef enum {
     PROTO_NONE = 0, /* not a message (after a failed decode / clear) */

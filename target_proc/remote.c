@@ -59,6 +59,8 @@ static int connect_sock(Remote *r, RsErr *e) {
     r->sock = zmq_socket(r->ctx, ZMQ_DEALER);
     int zero = 0;
     zmq_setsockopt(r->sock, ZMQ_LINGER, &zero, sizeof zero);
+    int64_t max_frame = PROTO_FRAME_MAX;
+    zmq_setsockopt(r->sock, ZMQ_MAXMSGSIZE, &max_frame, sizeof max_frame);
     if (r->have_curve) {
         int rc = secure_client_setup(r->sock, r->curve_dir, e);
         if (rc) return rc;

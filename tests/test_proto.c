@@ -51,6 +51,36 @@ static void make_pool(Pool *p) {
     p->n_expanded = 70;
 }
 
+/* A valid pool with `expanded` (10..110) nodes that have children: 10 depth-1 nodes with 10
+ * children each, then one depth-3 child under each of the first expanded - 10 depth-2 nodes
+ * (the (10 + k)-th expanded node is made so by candidate 110 + k - 1). */
+static void make_wide_pool(Pool *p, int expanded) {
+    ck_assert(expanded >= 10 && expanded <= 110);
+    memset(p, 0, sizeof *p);
+    int n = 0;
+    for (int j = 0; j < 10; j++) {
+        p->parent[n] = -1;
+        p->depth[n] = 1;
+        p->token[n] = j;
+        n++;
+    }
+    for (int j = 0; j < 10; j++)
+        for (int c = 0; c < 10; c++) {
+            p->parent[n] = j;
+            p->depth[n] = 2;
+            p->token[n] = c;
+            n++;
+        }
+    for (int k = 0; k < expanded - 10; k++) {
+        p->parent[n] = 10 + k;
+        p->depth[n] = 3;
+        p->token[n] = 1;
+        n++;
+    }
+    for (int i = 0; i < n; i++) p->logq[i] = -0.5f;
+    p->n = n;
+}
+
 static Pool g_pool; /* vector pool; Pools are large, keep them off the stack */
 
 #define SESSION 0x1122334455667788ull
@@ -274,6 +304,12 @@ START_TEST(test_pool_finalize_rejects) {
     bad_pool(&p, 10, "candidate 8 has depth 9, expected 9 (parent 7, max 8)");
     p.n = 8;
     ck_assert_int_eq(pool_finalize(&p, 10), 0);
+    /* More than POOL_N_EXPANDED nodes with children: the target's tree pass (score_all covers
+     * every expanded node) is sized for 70, so such a pool used to abort it. */
+    make_wide_pool(&p, POOL_N_EXPANDED);
+    ck_assert_int_eq(pool_finalize(&p, 10), 0);
+    make_wide_pool(&p, POOL_N_EXPANDED + 1);
+    bad_pool(&p, 10, "candidate 170 makes 71 expanded nodes (nodes with children), at most 70");
 }
 END_TEST
 
@@ -370,6 +406,36 @@ START_TEST(test_roundtrip_all_types) {
     ck_assert_ptr_eq(got.u.pool.pool, got.pool_own);
     ck_assert(proto_msg_equal(&m, &got));
     proto_msg_clear(&got);
+    /* Every numeric field distinct, so a decoder that swapped two fields of one type
+     * (the vector HELLO asks for topk 10 / depth 8 / expand 10) would be caught. */
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_HELLO;
+    m.session = 3;
+    m.seq = 4;
+    strcpy(m.u.hello.fingerprint, "fp");
+    m.u.hello.tokenizer_hash = 5;
+    m.u.hello.vocab_size = 6;
+    m.u.hello.caps = 7;
+    m.u.hello.topk = 8;
+    m.u.hello.depth = 9;
+    m.u.hello.expand = 11;
+    encode_ok(&m, &sb);
+    ck_assert_int_eq(proto_decode(sb.data, sb.size, &got, NULL), RS_OK);
+    ck_assert(got.session == 3 && got.seq == 4 && got.u.hello.tokenizer_hash == 5 &&
+              got.u.hello.vocab_size == 6 && got.u.hello.caps == 7 && got.u.hello.topk == 8 &&
+              got.u.hello.depth == 9 && got.u.hello.expand == 11);
+    memset(&m.u, 0, sizeof m.u);
+    m.type = PROTO_HELLO_OK;
+    strcpy(m.u.hello_ok.fingerprint, "fp");
+    m.u.hello_ok.tokenizer_hash = 5;
+    m.u.hello_ok.vocab_size = 6;
+    m.u.hello_ok.caps = 7;
+    strcpy(m.u.hello_ok.name, "nm");
+    encode_ok(&m, &sb);
+    ck_assert_int_eq(proto_decode(sb.data, sb.size, &got, NULL), RS_OK);
+    ck_assert(got.u.hello_ok.tokenizer_hash == 5 && got.u.hello_ok.vocab_size == 6 &&
+              got.u.hello_ok.caps == 7 && !strcmp(got.u.hello_ok.fingerprint, "fp") &&
+              !strcmp(got.u.hello_ok.name, "nm"));
     /* Edge values: empty RESET, empty pool, max-length strings, extreme ints. */
     memset(&m, 0, sizeof m);
     m.type = PROTO_RESET;
@@ -842,6 +908,11 @@ START_TEST(test_malformed_pool) {
     p.parent[300] = p.parent[280];
     pack_pool(&f, &p, 0);
     expect_fail(f.sb.data, f.sb.size, RS_EPROTO, "are not contiguous");
+    msgpack_sbuffer_destroy(&f.sb);
+    /* 71 expanded nodes: the decoder refuses the pool before the target sizes a pass on it. */
+    make_wide_pool(&p, POOL_N_EXPANDED + 1);
+    pack_pool(&f, &p, 0);
+    expect_fail(f.sb.data, f.sb.size, RS_EPROTO, "POOL bad pool: candidate 170 makes 71 expanded");
     msgpack_sbuffer_destroy(&f.sb);
 }
 END_TEST

@@ -3,9 +3,11 @@
  * unreachable, killed or stalled mid-decode, target killed, garbage frames, wrong protocol
  * version, wrong vocabulary). Uses the tiny golden Llama (HF directory with tokenizer.json)
  * with a layer-0 self-drafter (its greedy output is varied; tiny llama's repeats one id), so each run takes well under a second. */
+#include "draft_proc/drafter.h"
 #include "proto/proto.h"
 #include "testutil.h"
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -339,6 +341,170 @@ START_TEST(test_bad_frames_to_drafter) {
 }
 END_TEST
 
+/* One request over a raw DEALER; returns the reply (caller clears it). */
+static void request(void *s, ProtoMsg *req, uint64_t seq, ProtoType want, ProtoMsg *rep,
+                    Pool *into) {
+    RsErr e = {0};
+    req->session = 7;
+    req->seq = seq;
+    ck_assert_msg(proto_send(s, req, &e) == 0, "%s", e.msg);
+    if (want == PROTO_NONE) return;
+    rep->pool_into = into;
+    int rc = proto_recv(s, rep, 10000, &e);
+    ck_assert_msg(rc == 0, "seq %llu: no reply: %s", (unsigned long long)seq, e.msg);
+    ck_assert_msg(rep->type == want, "seq %llu: reply %s (%s), expected %s",
+                  (unsigned long long)seq, proto_type_name(rep->type),
+                  rep->type == PROTO_ERROR ? rep->u.error.message : "", proto_type_name(want));
+    ck_assert_uint_eq(rep->seq, seq);
+}
+
+static void tokens_msg(ProtoMsg *m, ProtoType type, const int32_t *ids, int n) {
+    memset(m, 0, sizeof *m);
+    m->type = type;
+    m->u.tokens.ids = ids;
+    m->u.tokens.n = n;
+}
+
+/* The drafter's context follows the target's through RESET (which prefills its tokens) and
+ * COMMIT_GROW; after a request fails it can no longer match, so COMMIT_GROW is refused
+ * until RESET (it used to grow silently over a context missing the failed tokens, and
+ * RESET's tokens were ignored). */
+START_TEST(test_drafter_context_after_errors) {
+    make_dir();
+    char ep[300];
+    endpoint(ep, sizeof ep, "d");
+    char *argv[] = {"build/rootspec-draft", "--bind", ep, "--model", TINY, "--draft-layers", "0",
+                    "--ctx", "256", NULL};
+    pid_t d = spawn(argv, "draft");
+    for (int t = 0; t < 10000 && access(ep + 6, F_OK) != 0; t += 10) usleep(10000);
+    void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    ck_assert(zmq_connect(s, ep) == 0);
+    /* HELLO with the drafter's tokenizer hash, read from its refusal of hash 0 */
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    encode_hello(&sb, 258, 0);
+    send_raw(s, sb.data, sb.size);
+    ProtoMsg rep = {0};
+    RsErr e = {0};
+    ck_assert_msg(proto_recv(s, &rep, 10000, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(rep.type, PROTO_ERROR);
+    const char *h = strstr(rep.u.error.message, "drafter vocab 258 (tokenizer ");
+    ck_assert_msg(h, "%s", rep.u.error.message);
+    uint64_t hash = strtoull(h + strlen("drafter vocab 258 (tokenizer "), NULL, 16);
+    encode_hello(&sb, 258, hash);
+    send_raw(s, sb.data, sb.size);
+    ck_assert_msg(proto_recv(s, &rep, 10000, &e) == 0, "%s", e.msg);
+    ck_assert_msg(rep.type == PROTO_HELLO_OK, "%s", proto_type_name(rep.type));
+    msgpack_sbuffer_destroy(&sb);
+
+    static Pool a, b;
+    static int32_t many[250];
+    for (int i = 0; i < 250; i++) many[i] = (int32_t)(1 + i % 200);
+    const int32_t prompt[] = {10, 20, 30, 40, 50}, cont[] = {60},
+                  whole[] = {10, 20, 30, 40, 50, 60}, one[] = {1}, bad[] = {300};
+    ProtoMsg m;
+    uint64_t seq = 10;
+    /* 1. a COMMIT_GROW the KV cache cannot hold (200 + 70 tree entries > 256) */
+    tokens_msg(&m, PROTO_RESET, NULL, 0);
+    request(s, &m, seq++, PROTO_NONE, &rep, NULL);
+    tokens_msg(&m, PROTO_COMMIT_GROW, many, 200);
+    request(s, &m, seq++, PROTO_ERROR, &rep, NULL);
+    ck_assert_msg(strstr(rep.u.error.message, "KV cache full"), "%s", rep.u.error.message);
+    tokens_msg(&m, PROTO_COMMIT_GROW, one, 1);
+    request(s, &m, seq++, PROTO_ERROR, &rep, NULL);
+    ck_assert_msg(strstr(rep.u.error.message, "context lost (COMMIT_GROW seq 11 failed)"), "%s",
+                  rep.u.error.message);
+    /* 2. RESET prefills: RESET [prompt] + COMMIT_GROW [60] grows the pool of
+     * RESET [] + COMMIT_GROW [prompt, 60] */
+    tokens_msg(&m, PROTO_RESET, prompt, 5);
+    request(s, &m, seq++, PROTO_NONE, &rep, NULL);
+    tokens_msg(&m, PROTO_COMMIT_GROW, cont, 1);
+    request(s, &m, seq++, PROTO_POOL, &rep, &a);
+    tokens_msg(&m, PROTO_RESET, NULL, 0);
+    request(s, &m, seq++, PROTO_NONE, &rep, NULL);
+    tokens_msg(&m, PROTO_COMMIT_GROW, whole, 6);
+    request(s, &m, seq++, PROTO_POOL, &rep, &b);
+    ck_assert_int_eq(a.n, POOL_MAX);
+    ck_assert_int_eq(b.n, POOL_MAX);
+    for (int i = 0; i < POOL_MAX; i++) {
+        ck_assert_msg(a.token[i] == b.token[i] && a.parent[i] == b.parent[i],
+                      "candidate %d: token %d vs %d", i, a.token[i], b.token[i]);
+        ck_assert_msg(fabsf(a.logq[i] - b.logq[i]) < 1e-4f, "candidate %d: log q %g vs %g", i,
+                      a.logq[i], b.logq[i]);
+    }
+    /* 3. a RESET whose prompt does not fit answers ERROR, and the context stays lost */
+    tokens_msg(&m, PROTO_RESET, many, 250);
+    request(s, &m, seq++, PROTO_ERROR, &rep, NULL);
+    ck_assert_msg(strstr(rep.u.error.message, "KV cache full"), "%s", rep.u.error.message);
+    tokens_msg(&m, PROTO_COMMIT_GROW, one, 1);
+    request(s, &m, seq++, PROTO_ERROR, &rep, NULL);
+    ck_assert_msg(strstr(rep.u.error.message, "context lost (RESET seq"), "%s",
+                  rep.u.error.message);
+    /* 4. a COMMIT_GROW of the session the decoder rejects (token outside the vocabulary) */
+    tokens_msg(&m, PROTO_RESET, prompt, 5);
+    request(s, &m, seq++, PROTO_NONE, &rep, NULL);
+    tokens_msg(&m, PROTO_COMMIT_GROW, bad, 1);
+    request(s, &m, seq++, PROTO_ERROR, &rep, NULL);
+    ck_assert_msg(strstr(rep.u.error.message, "tokens[0] is 300"), "%s", rep.u.error.message);
+    tokens_msg(&m, PROTO_COMMIT_GROW, one, 1);
+    request(s, &m, seq++, PROTO_ERROR, &rep, NULL);
+    ck_assert_msg(strstr(rep.u.error.message, "context lost (a frame was rejected"), "%s",
+                  rep.u.error.message);
+    /* RESET starts over */
+    tokens_msg(&m, PROTO_RESET, prompt, 5);
+    request(s, &m, seq++, PROTO_NONE, &rep, NULL);
+    tokens_msg(&m, PROTO_COMMIT_GROW, cont, 1);
+    request(s, &m, seq++, PROTO_POOL, &rep, &b);
+    ck_assert_int_eq(b.n, POOL_MAX);
+    ck_assert(memcmp(a.token, b.token, sizeof a.token) == 0);
+    proto_msg_clear(&rep);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    ck_assert_msg(kill(d, 0) == 0, "drafter died");
+    stop(d);
+}
+END_TEST
+
+/* A frame over PROTO_FRAME_MAX is dropped by libzmq before the drafter buffers it (the peer
+ * is disconnected, no reply); the drafter goes on serving. */
+START_TEST(test_oversized_frame_dropped) {
+    make_dir();
+    char ep[300];
+    endpoint(ep, sizeof ep, "d");
+    pid_t d = start_drafter(ep);
+    void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    ck_assert(zmq_connect(s, ep) == 0);
+    size_t big = (size_t)PROTO_FRAME_MAX + 1;
+    char *buf = calloc(1, big);
+    send_raw(s, buf, big);
+    free(buf);
+    ProtoMsg m = {0};
+    RsErr e = {0};
+    int rc = proto_recv(s, &m, 1500, &e);
+    ck_assert_msg(rc == RS_ETIMEOUT, "a %zu-byte frame was answered (rc %d, %s: %s)", big, rc,
+                  proto_type_name(m.type), m.type == PROTO_ERROR ? m.u.error.message : e.msg);
+    zmq_close(s);
+    s = zmq_socket(ctx, ZMQ_DEALER);
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    ck_assert(zmq_connect(s, ep) == 0);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    encode_hello(&sb, 999, 0);
+    send_raw(s, sb.data, sb.size);
+    expect_error(s, "target vocab 999");
+    msgpack_sbuffer_destroy(&sb);
+    proto_msg_clear(&m);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    ck_assert_msg(kill(d, 0) == 0, "drafter died");
+    stop(d);
+}
+END_TEST
+
 START_TEST(test_tokenizer_mismatch_refused) {
     /* target: the default model (vocab 49152) against the tiny drafter (vocab 258) */
     make_dir();
@@ -449,6 +615,25 @@ START_TEST(test_pipeline_timing_script) {
 END_TEST
 
 /* In-process drafter with another vocabulary: refused, naming both sizes. */
+/* A drafter model whose logits are not finite answers COMMIT_GROW with an error (an
+ * ERROR reply, an AR fallback in process) instead of aborting the drafter process. */
+START_TEST(test_drafter_nonfinite_logits) {
+    Model *m = tu_random_model(ARCH_LLAMA, 32, 64, 1, 4, 2, 64, 3);
+    m->w.final_norm[0] = NAN;
+    Drafter *d = NULL;
+    RsErr e = {0};
+    ck_assert_msg(drafter_create(m, &cpu_backend_ops, 256, 1, 0, &d, &e) == 0, "%s", e.msg);
+    static Pool p;
+    const int toks[] = {1, 2, 3};
+    int rc = drafter_commit_grow(d, toks, 3, &p, &e);
+    ck_assert_msg(rc == RS_EFORMAT, "rc %d: %s", rc, e.msg);
+    ck_assert_msg(strstr(e.msg, "invalid pool") && strstr(e.msg, "log q nan"), "%s", e.msg);
+    ck_assert_int_eq(p.n, 0);
+    drafter_free(&d);
+    model_free(&m);
+}
+END_TEST
+
 START_TEST(test_inprocess_vocab_mismatch) {
     make_dir();
     char *argv[] = {"build/rootspec-target", "--model", TINY, "--draft-model",
@@ -722,7 +907,10 @@ Suite *suite_twoproc(void) {
     tcase_add_test(tc, test_target_dies_drafter_recovers);
     tcase_add_test(tc, test_bad_frames_to_drafter);
     tcase_add_test(tc, test_tokenizer_mismatch_refused);
+    tcase_add_test(tc, test_drafter_context_after_errors);
+    tcase_add_test(tc, test_oversized_frame_dropped);
     tcase_add_test(tc, test_inprocess_vocab_mismatch);
+    tcase_add_test(tc, test_drafter_nonfinite_logits);
     tcase_add_test(tc, test_random_models_across_processes);
     tcase_add_test(tc, test_pipeline_timing_script);
     tcase_add_test(tc, test_tcp_curve);

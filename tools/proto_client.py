@@ -161,11 +161,13 @@ def check_pool(body, vocab=0, expect_full=True):
             bad.append(f"children of node {p} are not contiguous")
         if len({toks[c] for c in ch}) != len(ch):
             bad.append(f"children of node {p} repeat a token")
+    expanded = sum(1 for p in children if p >= 0)
+    if expanded > 70:  # pool_finalize's limit: the target sizes its passes for 70
+        bad.append(f"{expanded} expanded nodes, at most 70")
     if expect_full:
         per = [sum(1 for d in depths if d == k) for k in range(1, POOL_MAX_DEPTH + 1)]
         if per != [10] + [100] * 7:
             bad.append(f"candidates per depth {per}, expected [10, 100 x 7]")
-        expanded = sum(1 for p in children if p >= 0)
         if n and expanded != 70:
             bad.append(f"{expanded} expanded nodes, expected 70")
     return bad
