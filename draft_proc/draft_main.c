@@ -1,6 +1,7 @@
 /* rootspec-draft: the drafter process. Loads a model (or a layer subset of one), then
  * serves pools to one target at a time over ZeroMQ until SIGINT/SIGTERM. */
 #include "common/cli.h"
+#include "proto/proto.h"
 #include "proto/secure.h"
 #include "server.h"
 #include <signal.h>
@@ -107,6 +108,7 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     ServerOpts so = {.endpoint = bind, .insecure = insecure, .curve_dir = curve,
                      .name = layers ? "rootspec-draft (layer view)" : "rootspec-draft",
+                     .caps = ops == cuda_backend_ops_get() ? PROTO_CAP_CUDA : 0,
                      .max_requests = max_req, .stop = &g_stop};
     rc = server_run(d, tokenizer_identity(tok, full->cfg.vocab_size), &so, &e);
     if (rc) fprintf(stderr, "rootspec-draft: %s\n", e.msg);

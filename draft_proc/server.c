@@ -179,7 +179,7 @@ int server_run(Drafter *d, uint64_t tok_hash, const ServerOpts *o, RsErr *e) {
                      m->fingerprint);
             rep.u.hello_ok.tokenizer_hash = tok_hash;
             rep.u.hello_ok.vocab_size = (uint32_t)vocab;
-            rep.u.hello_ok.caps = PROTO_CAP_POOL_V1;
+            rep.u.hello_ok.caps = PROTO_CAP_POOL_V1 | o->caps;
             snprintf(rep.u.hello_ok.name, sizeof rep.u.hello_ok.name, "%s",
                      o->name ? o->name : "rootspec-draft");
             send_to(&c, peer, plen, &rep);

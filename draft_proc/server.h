@@ -12,6 +12,7 @@ typedef struct {
     int insecure;
     const char *curve_dir;
     const char *name;        /* reported in HELLO_OK */
+    uint32_t caps;           /* HELLO_OK capability bits beside PROTO_CAP_POOL_V1 (CUDA) */
     int max_requests;        /* > 0: exit after this many requests (tests) */
     volatile int *stop;      /* set by a signal handler */
 } ServerOpts;

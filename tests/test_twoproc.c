@@ -397,6 +397,7 @@ START_TEST(test_drafter_context_after_errors) {
     send_raw(s, sb.data, sb.size);
     ck_assert_msg(proto_recv(s, &rep, 10000, &e) == 0, "%s", e.msg);
     ck_assert_msg(rep.type == PROTO_HELLO_OK, "%s", proto_type_name(rep.type));
+    ck_assert_uint_eq(rep.u.hello_ok.caps, PROTO_CAP_POOL_V1); /* a CPU drafter: no CUDA bit */
     msgpack_sbuffer_destroy(&sb);
 
     static Pool a, b;
