@@ -14,6 +14,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -263,14 +264,23 @@ out:
 /* ---- signals and the launched drafter ----
  * SIGINT/SIGTERM end the run at once: every completed decode is already on disk (each line
  * is flushed, and log writes run with the signals blocked), the decode in flight is dropped,
- * so the handler only needs async-signal-safe calls: write, kill, unlink, rmdir, _exit. */
+ * so the handler only needs async-signal-safe calls: write, kill, unlink, rmdir, _exit.
+ * The block covers the main thread only: a process-directed signal that arrives while it
+ * writes goes to a thread that does not block it (the in-process drafter's worker, a BLAS
+ * thread), so the handler there hands the signal to the main thread (pthread_kill), where it
+ * waits until the write is complete. */
 
+static pthread_t g_main_thread;
 static volatile pid_t g_child = -1;
 static char g_sock[4200], g_tmpdir[4096];
 static char g_msg[2][1400];
 static volatile sig_atomic_t g_msg_ix = -1;
 
 static void on_signal(int sig) {
+    if (!pthread_equal(pthread_self(), g_main_thread)) {
+        pthread_kill(g_main_thread, sig);
+        return;
+    }
     if (g_msg_ix >= 0) {
         const char *m = g_msg[g_msg_ix];
         ssize_t w = write(STDERR_FILENO, m, strlen(m));
@@ -587,6 +597,30 @@ int main(int argc, char **argv) {
                     "or choose another --out\n", dir, rj, dir);
             return 2;
         }
+        /* The directory is made once the prompts are tokenized; one that cannot be made or
+         * written is refused now, not after the models have loaded. */
+        char where[4096];
+        snprintf(where, sizeof where, "%s", dir);
+        struct stat st;
+        if (stat(where, &st) != 0) { /* to be created: check its parent */
+            size_t k = strlen(where);
+            while (k > 1 && where[k - 1] == '/') where[--k] = 0;
+            char *sl = strrchr(where, '/');
+            if (!sl) snprintf(where, sizeof where, ".");
+            else sl[sl == where] = 0; /* "/run" -> "/" */
+        }
+        const char *why = stat(where, &st) != 0           ? "no such directory"
+                          : !S_ISDIR(st.st_mode)              ? "not a directory"
+                          : access(where, W_OK | X_OK) != 0   ? "not writable"
+                                                              : NULL;
+        if (why) {
+            if (strcmp(where, dir))
+                fprintf(stderr, "rootspec-bench: --out '%s': cannot create it in '%s': %s\n", dir,
+                        where, why);
+            else
+                fprintf(stderr, "rootspec-bench: --out '%s': %s\n", dir, why);
+            return 2;
+        }
         s.model = abs_path(model);
         s.draft_model = abs_path(draft_model);
         s.draft_layers = dup_or_null(draft_layers);
@@ -687,6 +721,7 @@ int main(int argc, char **argv) {
                 n_prompts, n_combos, n_todo, n_warm, dir);
 
     struct sigaction sa = {0};
+    g_main_thread = pthread_self();
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);

@@ -19,7 +19,8 @@ typedef struct {
     int round;       /* 0-based within the decode */
     int emitted;     /* tokens committed this round (accepted + continuation) */
     int accepted;    /* accepted tree tokens (X1 counts for pearl/rootdraw) */
-    int tree_size;   /* non-root nodes verified */
+    int tree_size;   /* non-root nodes of the selected tree (root rule: also when its pass
+                        is skipped, tree_pass_skipped; pearl/rootdraw: X1 included) */
     int x1_in_pool;  /* 1, 0, or BENCH_X1_NULL */
     double tau;      /* expected acceptance of the tree; NAN = null (not computed) */
     /* CLOCK_MONOTONIC ns, BENCH_NULL_NS where the decoder has no such phase. JSON numbers

@@ -1,6 +1,6 @@
 /* Timing summary over the rounds of one or more decodes. All times come from the target's
  * own monotonic clock except draft_ns, the drafter's own measurement from its POOL reply;
- * the two clocks are never compared. */
+ * the two clocks are never compared (draft_ns is only used as a duration). */
 #include "timing.h"
 #include <stdlib.h>
 #include <string.h>
@@ -25,8 +25,13 @@ void timing_add(TimingAcc *t, const RoundInfo *r) {
         uint64_t from = r->t_root_end ? r->t_root_end : r->t_grow_sent;
         wait = r->t_pool_recv > from ? (double)(r->t_pool_recv - from) * 1e-6 : 0;
         double span = (double)(r->t_pool_recv - r->t_grow_sent) * 1e-6;
-        /* Round trip beyond the drafter's own compute; meaningful when the target waited. */
-        if (wait > 0 && r->draft_ns) over = span - r->draft_ns * 1e-6;
+        /* Round trip beyond the drafter's own compute; meaningful only when the target was
+         * waiting for the reply: always without a root pass, and after one only when the
+         * drafting outlasted it. t_pool_recv is taken when the target asks for the pool,
+         * after its root pass, so wait > 0 cannot tell: a pool that arrived during the root
+         * pass would count the rest of the root pass as message overhead. */
+        if (r->draft_ns && (!r->t_root_end || r->t_grow_sent + r->draft_ns > r->t_root_end))
+            over = span - r->draft_ns * 1e-6;
         t->rounds_with_pool++;
     }
     t->wait_ms[k] = wait;
@@ -38,8 +43,15 @@ void timing_add(TimingAcc *t, const RoundInfo *r) {
 double timing_hidden_share(const RoundInfo *r) {
     if (!r->t_root_end || r->t_root_end <= r->t_root_start || !r->t_grow_sent || !r->t_pool_recv)
         return 0;
+    /* Drafting on the target's clock: from the grow request for the drafter's own draft_ns
+     * (it cannot start earlier), and over by the time the pool is received. t_pool_recv
+     * alone cannot mark the end: the target asks for the pool only after its root pass, so
+     * every root pass would look 100% hidden, however short the drafting. */
+    uint64_t draft_end = r->t_pool_recv;
+    if (r->draft_ns && r->t_grow_sent + r->draft_ns < draft_end)
+        draft_end = r->t_grow_sent + r->draft_ns;
     uint64_t a = r->t_root_start > r->t_grow_sent ? r->t_root_start : r->t_grow_sent;
-    uint64_t b = r->t_root_end < r->t_pool_recv ? r->t_root_end : r->t_pool_recv;
+    uint64_t b = r->t_root_end < draft_end ? r->t_root_end : draft_end;
     return b > a ? (double)(b - a) / (double)(r->t_root_end - r->t_root_start) : 0;
 }
 

@@ -15,7 +15,8 @@ void timing_init(TimingAcc *t);
 void timing_add(TimingAcc *t, const RoundInfo *r);
 void timing_print(FILE *f, TimingAcc *t);
 void timing_free(TimingAcc *t);
-/* Fraction of [root_start, root_end] that lies inside [grow_sent, pool_recv]. */
+/* Fraction of [root_start, root_end] that lies inside the drafting, taken as
+ * [grow_sent, min(pool_recv, grow_sent + draft_ns)] (draft_ns: the drafter's own time). */
 double timing_hidden_share(const RoundInfo *r);
 
 #endif

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -372,6 +373,24 @@ START_TEST(test_e2e_bad_input) {
     ck_assert_int_eq(rc, 2);
     ck_assert_msg(strstr(err, "--max-new") != NULL, "%s", err);
     free(err);
+
+    /* an --out that cannot be made is refused before the models load (it used to fail with
+     * exit 1 only once the engine was up and the prompts tokenized) */
+    char under_file[300], no_parent[300];
+    snprintf(under_file, sizeof under_file, "%s/run", good);
+    snprintf(no_parent, sizeof no_parent, "%s/missing/run", tmp);
+    const char *a8[] = {"--model", TINY, "--draft-layers", "0", "--prompts", good, "--out",
+                        under_file, NULL};
+    rc = bench_run(tmp, "bad8", a8, &err);
+    ck_assert_msg(rc == 2, "exit %d: %s", rc, err);
+    ck_assert_msg(strstr(err, "not a directory") && !strstr(err, "decodes"), "%s", err);
+    free(err);
+    const char *a9[] = {"--model", TINY, "--draft-layers", "0", "--prompts", good, "--out",
+                        no_parent, NULL};
+    rc = bench_run(tmp, "bad9", a9, &err);
+    ck_assert_msg(rc == 2, "exit %d: %s", rc, err);
+    ck_assert_msg(strstr(err, "no such directory") && !strstr(err, "decodes"), "%s", err);
+    free(err);
     rm_tree(tmp);
 }
 END_TEST
@@ -504,6 +523,62 @@ START_TEST(test_e2e_sigint_resume) {
 }
 END_TEST
 
+/* SIGINT while the main thread writes a decode's logs (signals blocked there) waits until the
+ * decode row is written. A process-directed signal goes to any thread that does not block
+ * it, here the in-process drafter's worker, which used to exit at once, leaving the rounds
+ * on disk without their decodes.csv row. rounds.jsonl is a FIFO that the test drains only
+ * after the signal, so the bench is held inside that write: the first decode (AR, 200
+ * rounds, ~90 KB of log) does not fit a 64 KiB pipe. */
+START_TEST(test_e2e_sigint_during_log_write) {
+    char *tmp = tmp_dir();
+    char pf[256], out[256], fifo[512], dp[512];
+    snprintf(pf, sizeof pf, "%s/p.jsonl", tmp);
+    write_text(pf, PROMPTS3);
+    snprintf(out, sizeof out, "%s/run", tmp);
+    ck_assert_int_eq(mkdir(out, 0777), 0);
+    snprintf(fifo, sizeof fifo, "%s/rounds.jsonl", out);
+    snprintf(dp, sizeof dp, "%s/decodes.csv", out);
+    ck_assert_int_eq(mkfifo(fifo, 0644), 0);
+    int fd = open(fifo, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    ck_assert_int_ge(fd, 0);
+    const char *args[] = {"--model", TINY, "--draft-layers", "0", "--prompts", pf,
+                          "--max-new", "200", "--decoders", "draft", "--temps", "0",
+                          "--budgets", "8", "--warmup", "0", "--out", out, NULL};
+    pid_t pid = bench_spawn(tmp, "run", args);
+    /* wait until the pipe holds data and has stopped growing: the writer is blocked */
+    int avail = 0, last = -1, stable = 0;
+    for (int t = 0; t < 3000 && stable < 30; t++) {
+        usleep(10000);
+        ck_assert_int_eq(ioctl(fd, FIONREAD, &avail), 0);
+        stable = avail > 0 && avail == last ? stable + 1 : 0;
+        last = avail;
+        ck_assert_msg(waitpid(pid, NULL, WNOHANG) == 0, "bench exited before filling the pipe");
+    }
+    ck_assert_msg(stable >= 30, "the log pipe never filled (%d bytes)", avail);
+    ck_assert_int_eq(kill(pid, SIGINT), 0);
+    usleep(300000);
+    int alive = waitpid(pid, NULL, WNOHANG) == 0;
+    /* drain the rounds, counting lines, until the bench closes its end */
+    ck_assert_int_eq(fcntl(fd, F_SETFL, 0), 0);
+    char buf[4096];
+    long lines = 0;
+    ssize_t k;
+    while ((k = read(fd, buf, sizeof buf)) > 0)
+        for (ssize_t i = 0; i < k; i++) lines += buf[i] == '\n';
+    close(fd);
+    int rc = alive ? bench_wait(pid) : -1;
+    ck_assert_msg(alive, "the bench exited on SIGINT in the middle of writing a decode's logs "
+                         "(%ld round lines written)", lines);
+    ck_assert_msg(rc == 130, "exit %d after SIGINT", rc);
+    Row rows[MAXROWS];
+    int n = read_rows(out, rows);
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(rows[0].rounds, 200);
+    ck_assert_int_eq(lines, rows[0].rounds);
+    rm_tree(tmp);
+}
+END_TEST
+
 Suite *suite_bench_e2e(void) {
     Suite *s = suite_create("bench_e2e");
     TCase *tc = tcase_create("e2e");
@@ -513,6 +588,7 @@ Suite *suite_bench_e2e(void) {
     tcase_add_test(tc, test_e2e_resume_refuses_changed_prompts);
     tcase_add_test(tc, test_e2e_launch_drafter);
     tcase_add_test(tc, test_e2e_sigint_resume);
+    tcase_add_test(tc, test_e2e_sigint_during_log_write);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -7,6 +7,7 @@
 #include "bench/prompts.h"
 #include "bench/stats.h"
 #include "bench/summary.h"
+#include "target_proc/timing.h"
 #include "testutil.h"
 #include <math.h>
 #include <string.h>
@@ -767,6 +768,67 @@ START_TEST(test_progress) {
 }
 END_TEST
 
+/* rootspec-target's timing summary (target_proc/timing.c). The target asks for the pool only
+ * after its root pass, so t_pool_recv is always past t_root_end: the drafting's end must come
+ * from the drafter's own draft_ns, or every root pass looks 100% hidden and, when drafting is
+ * the shorter, the rest of the root pass is reported as message overhead. */
+static RoundInfo timing_round(uint64_t draft_ms, uint64_t root_ms, int with_root) {
+    const uint64_t ms = 1000000, t0 = 1000 * ms;
+    RoundInfo r;
+    memset(&r, 0, sizeof r);
+    r.t_round_start = t0;
+    r.t_grow_sent = t0 + ms / 100;
+    uint64_t t = r.t_grow_sent;
+    if (with_root) {
+        r.t_root_start = t + ms / 100;
+        r.t_root_end = r.t_root_start + root_ms * ms;
+        t = r.t_root_end;
+    }
+    uint64_t ready = r.t_grow_sent + draft_ms * ms + ms / 2; /* + 0.5 ms of messaging */
+    r.t_pool_recv = (ready > t ? ready : t) + ms / 1000;     /* asked after the root pass */
+    r.t_select_done = r.t_pool_recv + ms / 10;
+    r.t_tree_start = r.t_select_done;
+    r.t_tree_end = r.t_tree_start + 5 * ms;
+    r.t_commit = r.t_tree_end + ms / 10;
+    r.draft_ns = draft_ms * ms;
+    return r;
+}
+
+START_TEST(test_timing_hidden_share) {
+    /* drafting 4 ms, root pass 10 ms: at most 40% of the root pass ran beside drafting */
+    RoundInfo a = timing_round(4, 10, 1);
+    ck_assert_msg(fabs(timing_hidden_share(&a) - 0.399) < 0.002, "hidden %.4f, expected ~0.40",
+                  timing_hidden_share(&a));
+    /* drafting 20 ms, root pass 10 ms: all of it hidden */
+    RoundInfo b = timing_round(20, 10, 1);
+    ck_assert_msg(fabs(timing_hidden_share(&b) - 1.0) < 1e-9, "hidden %.4f", timing_hidden_share(&b));
+
+    TimingAcc t;
+    timing_init(&t);
+    timing_add(&t, &a);
+    ck_assert_msg(fabs(t.hidden[0] - 0.399) < 0.002, "hidden %.4f", t.hidden[0]);
+    /* the pool was ready 6 ms before the target asked: no message overhead to report */
+    ck_assert_msg(t.overhead_ms[0] < 0, "overhead %.3f ms for a pool that waited for the target",
+                  t.overhead_ms[0]);
+    timing_add(&t, &b);
+    ck_assert_msg(fabs(t.overhead_ms[1] - 0.501) < 1e-6, "overhead %.4f ms, expected 0.501",
+                  t.overhead_ms[1]);
+    RoundInfo c = timing_round(4, 0, 0); /* draft rule: no root pass, the target waits */
+    timing_add(&t, &c);
+    ck_assert_msg(fabs(t.overhead_ms[2] - 0.501) < 1e-6, "overhead %.4f ms", t.overhead_ms[2]);
+    ck_assert(t.hidden[2] < 0);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    timing_print(f, &t);
+    fclose(f);
+    ck_assert_msg(strstr(buf, "root pass hidden behind drafting        69.950 %  (2 rounds)"), "%s", buf);
+    ck_assert_msg(strstr(buf, "message round trip beyond drafting       0.501 ms (2 rounds)"), "%s", buf);
+    free(buf);
+    timing_free(&t);
+}
+END_TEST
+
 Suite *suite_bench_stats(void) {
     Suite *s = suite_create("bench_stats");
     TCase *tc = tcase_create("core");
@@ -787,6 +849,7 @@ Suite *suite_bench_stats(void) {
     tcase_add_test(tc, test_utf8);
     tcase_add_test(tc, test_prompts_real_files);
     tcase_add_test(tc, test_progress);
+    tcase_add_test(tc, test_timing_hidden_share);
     suite_add_tcase(s, tc);
     return s;
 }
