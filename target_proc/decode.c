@@ -24,6 +24,9 @@ struct Target {
     int *tmp_pos;      // (PREFILL_CHUNK)
     int *tmp_keep;     // (PREFILL_CHUNK)
     Pool *pool;
+    /* Time spent on measurements that are not decoding (tau, root_margin) in this decode;
+     * dec_now() leaves it off the round timestamps and the decode's time (SPEC §6 speed). */
+    uint64_t clock_skip;
 };
 
 int target_create(const Model *m, const BackendOps *ops, int kv_capacity, int threads,
@@ -73,6 +76,19 @@ void target_free(Target **pt) {
 }
 
 Backend *target_backend(Target *t) { return t->b; }
+/* The decode's clock: monotonic ns less the measurement time skipped so far. Nothing else
+ * of the decode runs while a measurement does (the pool is in, the drafter waits for the
+ * next commit), so this is the timeline the decode would have without measuring. */
+static uint64_t dec_now(const Target *t) { return rs_now_ns() - t->clock_skip; }
+
+/* Runs a measurement's code off the decode's clock. */
+#define OFF_CLOCK(t, ...)                                 \
+    do {                                                  \
+        uint64_t off_clock_t0_ = rs_now_ns();             \
+        __VA_ARGS__;                                      \
+        (t)->clock_skip += rs_now_ns() - off_clock_t0_;   \
+    } while (0)
+
 int decode_round_reserve(const DecodeOpts *o) {
     if (o->rule == RULE_AR) return 1; /* the root alone */
     /* the root, the tree (X1 off the pool is one of its B nodes) or the scoring pass */
@@ -211,7 +227,7 @@ static double slot_prob(Target *t, const float *root_row, int with_root, int slo
     int V = t->vocab;
     if (slot < 0) return row_prob(root_row, V, tok, temp, *lse_root);
     const float *row = t->rows + (size_t)(with_root + slot) * V;
-    if (isnan(lse_slot[slot])) lse_slot[slot] = row_lse(row, V);
+    if (temp && isnan(lse_slot[slot])) lse_slot[slot] = row_lse(row, V); /* T=0: argmax only */
     return row_prob(row, V, tok, temp, lse_slot[slot]);
 }
 
@@ -273,10 +289,10 @@ static void drafter_failed(const DecodeHooks *h, const RsErr *e, DecodeResult *r
 }
 
 static int timed_root_pass(Target *t, int root, RoundInfo *ri, RsErr *e) {
-    ri->t_root_start = rs_now_ns();
+    ri->t_root_start = dec_now(t);
     int rc = root_pass(t, root, e);
-    ri->t_root_end = rs_now_ns();
-    if (!rc) ri->root_margin = row_top_margin(t->root_row, t->vocab);
+    ri->t_root_end = dec_now(t);
+    if (!rc) OFF_CLOCK(t, ri->root_margin = row_top_margin(t->root_row, t->vocab));
     return rc;
 }
 
@@ -338,7 +354,8 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
     rng_seed_mix(&rng, o->seed, o->prompt_id,
                  (uint64_t)o->rule * 1000003u + (uint64_t)o->budget * 101u + (uint64_t)o->temp);
     b->ops->kv_reset(b);
-    res->t_start = rs_now_ns();
+    t->clock_skip = 0;
+    res->t_start = dec_now(t);
     int use_drafter = o->rule != RULE_AR;
     RoundInfo ri;
     /* The drafter receives the whole prompt in round 0. */
@@ -360,7 +377,8 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
         ri.tau = NAN;
         ri.root_margin = NAN;
         for (int r = 0; r < RULE_COUNT; r++) ri.tau_rule[r] = NAN;
-        ri.t_round_start = rs_now_ns();
+        ri.t_round_start = dec_now(t);
+        uint64_t skip0 = t->clock_skip;
         if (b->n_committed + reserve > cap) {
             res->hit_capacity = 1;
             emit_event(h, "kv_full", "stopped: KV cache full (raise --ctx)");
@@ -369,7 +387,7 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
         int emitted[ROUND_MAX_EMIT], n_emit = 0, accepted = 0, keep[ROUND_MAX_EMIT], n_keep = 0;
         int ar_round = !use_drafter;
         if (use_drafter) {
-            ri.t_grow_sent = rs_now_ns();
+            ri.t_grow_sent = dec_now(t);
             rc = dc->grow_begin(dc, commit, n_commit, round == 0, e);
             if (rc) {
                 drafter_failed(h, e, res);
@@ -392,7 +410,7 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
                 x1 = row_draw(t->root_row, V, o->temp, &rng);
             }
             rc = dc->grow_end(dc, pool, e);
-            ri.t_pool_recv = rs_now_ns();
+            ri.t_pool_recv = dec_now(t);
             if (rc) {
                 drafter_failed(h, e, res);
                 use_drafter = 0;
@@ -434,7 +452,7 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
             pass_init(ps, pool);
             pass_add(ps, pool, &sel);
             if (o->score_all) pass_add_expanded(ps, pool);
-            ri.t_select_done = rs_now_ns();
+            ri.t_select_done = dec_now(t);
             ri.x1_in_pool = need_root ? sel.x1_in_pool : -1;
             ri.tree_size = sel.t.n;
             int x1_node = o->rule == RULE_ROOT ? tree_child_with_token(pool, &sel, -1, x1) : -1;
@@ -442,18 +460,21 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
             ri.tree_pass_skipped = skip;
             int with_root = !need_root;
             if (!skip || o->score_all) {
-                ri.t_tree_start = rs_now_ns();
+                ri.t_tree_start = dec_now(t);
                 rc = tree_pass(t, ps, root, with_root, e);
                 if (rc) goto out;
-                ri.t_tree_end = rs_now_ns();
+                ri.t_tree_end = dec_now(t);
                 if (with_root) root_row = t->rows;
-                double lse_root = row_lse(root_row, V);
-                for (int i = 0; i < ps->n; i++) lse_slot[i] = NAN;
-                ri.tau = selection_tau(t, ps, &sel, root_row, with_root, o->temp, &lse_root,
-                                       lse_slot, x1_node);
-                if (o->score_all)
-                    score_rules(t, ps, B, x1, root_row, with_root, o->temp, &lse_root, lse_slot,
-                                &ri);
+                /* tau is an offline measure of the tree (SPEC §4), not part of decoding */
+                OFF_CLOCK(t, {
+                    double lse_root = o->temp ? row_lse(root_row, V) : NAN;
+                    for (int i = 0; i < ps->n; i++) lse_slot[i] = NAN;
+                    ri.tau = selection_tau(t, ps, &sel, root_row, with_root, o->temp, &lse_root,
+                                           lse_slot, x1_node);
+                    if (o->score_all)
+                        score_rules(t, ps, B, x1, root_row, with_root, o->temp, &lse_root,
+                                    lse_slot, &ri);
+                });
             }
             /* Root selection's tau is taken given its X1, like pearl's and rootdraw's: with X1
              * off the first level nothing can be accepted. The unconditional tau would be
@@ -490,7 +511,8 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
     commit:
         rc = backend_kv_commit(b, keep, n_keep, e);
         if (rc) goto out;
-        ri.t_commit = rs_now_ns();
+        ri.t_commit = dec_now(t);
+        ri.measure_ns = t->clock_skip - skip0;
         ri.emitted = n_emit;
         ri.accepted = accepted;
         ri.graph_replays = b->n_graph_replays;

@@ -55,6 +55,9 @@ typedef struct {
     /* monotonic ns, target process clock; 0 where the decoder has no such phase */
     uint64_t t_round_start, t_grow_sent, t_root_start, t_root_end, t_pool_recv,
         t_select_done, t_tree_start, t_tree_end, t_commit;
+    /* ns this round spent measuring (tau, root_margin), kept off the decode's clock: the
+     * timestamps and the decode's time are what decoding alone would take */
+    uint64_t measure_ns;
     uint64_t draft_ns; /* drafter's own time from its pool */
     uint64_t draft_commit_ns; /* of which its commit pass */
     int fallback_ar;   /* this round ran autoregressively because the drafter failed */

@@ -34,6 +34,7 @@ void roundlog_write(FILE *f, const RoundLogCtx *c, const RoundInfo *r) {
     ts(f, "t_tree_start", r->t_tree_start);
     ts(f, "t_tree_end", r->t_tree_end);
     ts(f, "t_commit", r->t_commit);
+    fprintf(f, ",\"measure_ns\":%" PRIu64, r->measure_ns);
     if (r->draft_ns) fprintf(f, ",\"draft_ns\":%" PRIu64, r->draft_ns);
     else fprintf(f, ",\"draft_ns\":null");
     if (r->draft_ns) fprintf(f, ",\"draft_commit_ns\":%" PRIu64, r->draft_commit_ns);

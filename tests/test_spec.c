@@ -900,6 +900,52 @@ START_TEST(test_kv_full_reserve) {
 }
 END_TEST
 
+/* Measurements (tau, root_margin) are kept off the decode's clock: a round reports what it
+ * spent on them, and the decode's time plus that never exceeds the wall time around it. A
+ * clock that forgot to skip them would exceed it by their sum. */
+typedef struct {
+    int rounds, tree_rounds, measured_trees, measured_ar;
+    uint64_t measure_ns;
+} MeasureLog;
+static void measure_round(void *u, const RoundInfo *r) {
+    MeasureLog *m = u;
+    m->rounds++;
+    m->measure_ns += r->measure_ns;
+    if (r->t_tree_end) m->tree_rounds++, m->measured_trees += r->measure_ns > 0;
+    if (!r->t_tree_end && r->t_root_end) m->measured_ar += r->measure_ns > 0;
+}
+
+START_TEST(test_measurement_off_clock) {
+    Pair p;
+    pair_open(&p, 1, 4096, 32, 31);
+    int prompt[4] = {11, 22, 33, 44};
+    const Rule rules[] = {RULE_DRAFT, RULE_ROOTDRAW, RULE_AR};
+    for (int k = 0; k < 3; k++) {
+        MeasureLog m = {0};
+        DecodeHooks h = {.on_round = measure_round, .user = &m};
+        DecodeOpts o = {.rule = rules[k], .budget = 59, .temp = 1, .seed = 3, .max_new = 48};
+        DecodeResult r = {0};
+        int buf[256];
+        r.tokens = buf;
+        r.cap = 256;
+        RsErr e = {0};
+        uint64_t w0 = rs_now_ns();
+        ck_assert_msg(decode_run(p.t, rules[k] == RULE_AR ? NULL : &p.dc, prompt, 4, &o, &h, &r,
+                                 &e) == 0, "%s", e.msg);
+        uint64_t wall = rs_now_ns() - w0, took = r.t_end - r.t_start;
+        if (rules[k] == RULE_AR) ck_assert_msg(m.measured_ar == m.rounds, "AR: %d of %d rounds measured", m.measured_ar, m.rounds);
+        ck_assert_msg(m.measured_trees == m.tree_rounds, "%s: %d of %d tree rounds measured",
+                      rule_name(rules[k]), m.measured_trees, m.tree_rounds);
+        ck_assert_msg(took + m.measure_ns <= wall,
+                      "%s: decode %.3f ms + measurements %.3f ms > wall %.3f ms",
+                      rule_name(rules[k]), took * 1e-6, m.measure_ns * 1e-6, wall * 1e-6);
+        fprintf(stderr, "%s: decode %.2f ms, measurements kept off it %.2f ms, wall %.2f ms\n",
+                rule_name(rules[k]), took * 1e-6, m.measure_ns * 1e-6, wall * 1e-6);
+    }
+    pair_close(&p);
+}
+END_TEST
+
 START_TEST(test_decode_errors) {
     Pair p;
     pair_open(&p, 1, 32, 16, 3);
@@ -998,6 +1044,7 @@ Suite *suite_spec(void) {
     tcase_add_test(tr, test_oracle_brute_force);
     tcase_add_test(tr, test_score_all_oracle);
     tcase_add_test(tr, test_kv_full_reserve);
+    tcase_add_test(tr, test_measurement_off_clock);
     suite_add_tcase(s, tr);
     TCase *tx = tcase_create("exactness");
     tcase_set_timeout(tx, 900);
