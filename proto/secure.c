@@ -27,7 +27,10 @@ int secure_check_endpoint(const char *ep, int insecure, const char *curve_dir, R
         if (!ep[6]) return rs_err(e, RS_EINVAL, "endpoint '%s' has no socket path (ipc:///PATH)", ep);
         return RS_OK;
     }
-    if (!strncmp(ep, "inproc://", 9)) return RS_OK;
+    if (!strncmp(ep, "inproc://", 9)) /* the drafter and the target are two processes */
+        return rs_err(e, RS_EINVAL,
+                      "endpoint '%s': inproc:// reaches only the same process; use ipc:///PATH "
+                      "(one machine) or tcp://HOST:PORT", ep);
     if (!strncmp(ep, "tcp://", 6)) {
         int rc = check_tcp_port(ep, e);
         if (rc) return rc;

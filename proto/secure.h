@@ -1,6 +1,7 @@
 /* Endpoint policy and ZeroMQ CURVE set-up for tcp:// links between the processes.
- * ipc:// and inproc:// stay local and need nothing. tcp:// needs CURVE keys (a key
- * directory made by `rootspec-draft --gen-keys DIR`) unless the user passes --insecure.
+ * ipc:// stays local and needs nothing (inproc:// is refused: the peers are two
+ * processes). tcp:// needs CURVE keys (a key directory made by `rootspec-draft --gen-keys
+ * DIR`) unless the user passes --insecure.
  * Key directory: server.key / server.pub (drafter), client.key / client.pub (target),
  * each one Z85 line. The drafter admits only the client key found in its directory (ZAP). */
 #ifndef ROOTSPEC_SECURE_H

@@ -1059,7 +1059,7 @@ START_TEST(test_secure_check_endpoint) {
         {"tcp://*:*", NULL}, /* any free port */
         {"tcp://127.0.0.1:*", NULL},
         {"ipc:///tmp/rootspec-x.sock", NULL},
-        {"inproc://x", NULL},
+        {"inproc://x", "inproc:// reaches only the same process"},
         {"tcp://127.0.0.1:0", "port '0' is not a number in 1..65535"},
         {"tcp://127.0.0.1:65536", "port '65536' is not a number in 1..65535"},
         {"tcp://127.0.0.1:99999", "port '99999'"},
