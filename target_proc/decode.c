@@ -126,10 +126,17 @@ static int root_pass(Target *t, int root, RsErr *e) {
     return backend_forward(b, &root, &pos, 1, &one, &row, 1, t->root_row, e);
 }
 
-/* Target probability of `tok` under a row (T=1) or the point mass on its argmax (T=0). */
-static double row_prob(const float *row, int V, int tok, int temp, double lse) {
-    if (temp == 0) return row_argmax(row, V) == tok ? 1.0 : 0.0;
-    return exp((double)row[tok] - lse);
+/* What row_prob needs of a row, computed once per row: its log-sum-exp (T=1) or its
+ * argmax (T=0). */
+static double row_stat(const float *row, int V, int temp) {
+    return temp ? row_lse(row, V) : (double)row_argmax(row, V);
+}
+
+/* Target probability of `tok` under a row (T=1) or the point mass on its argmax (T=0);
+ * stat = row_stat(row). */
+static double row_prob(const float *row, int tok, int temp, double stat) {
+    if (temp == 0) return (int)stat == tok ? 1.0 : 0.0;
+    return exp((double)row[tok] - stat);
 }
 
 /* The nodes of one tree pass: pool nodes (parents first) plus possibly X1 off the pool. */
@@ -221,28 +228,28 @@ static int tree_pass(Target *t, const Pass *ps, int root, int with_root, RsErr *
 }
 
 /* Target probability of `tok` at the prefix ending in pass slot `slot` (-1: the root),
- * from the rows of the pass; row log-sum-exps are computed once per slot. */
+ * from the rows of the pass; each row's row_stat is computed once (stat_slot, NAN: not
+ * yet). */
 static double slot_prob(Target *t, const float *root_row, int with_root, int slot, int tok,
-                        int temp, const double *lse_root, double *lse_slot) {
-    int V = t->vocab;
-    if (slot < 0) return row_prob(root_row, V, tok, temp, *lse_root);
-    const float *row = t->rows + (size_t)(with_root + slot) * V;
-    if (temp && isnan(lse_slot[slot])) lse_slot[slot] = row_lse(row, V); /* T=0: argmax only */
-    return row_prob(row, V, tok, temp, lse_slot[slot]);
+                        int temp, const double *stat_root, double *stat_slot) {
+    if (slot < 0) return row_prob(root_row, tok, temp, *stat_root);
+    const float *row = t->rows + (size_t)(with_root + slot) * t->vocab;
+    if (isnan(stat_slot[slot])) stat_slot[slot] = row_stat(row, t->vocab, temp);
+    return row_prob(row, tok, temp, stat_slot[slot]);
 }
 
 /* Expected acceptance of a selection from the rows of the pass: tree_tau, or with
  * x1_node >= 0 (root selection's tree, X1 on its first level at that tree index) the
  * value given X1 (tree_tau_given_x1). */
 static double selection_tau(Target *t, const Pass *ps, const Selection *s, const float *root_row,
-                            int with_root, int temp, const double *lse_root, double *lse_slot,
+                            int with_root, int temp, const double *stat_root, double *stat_slot,
                             int x1_node) {
     double trans[TREE_MAX];
     for (int k = 0; k < s->t.n; k++) {
         int pk = s->t.parent[k];
         int tok = s->t.node[k] == TREE_X1_OFFPOOL ? s->x1_token : t->pool->token[s->t.node[k]];
         trans[k] = slot_prob(t, root_row, with_root, pk < 0 ? -1 : pass_slot(ps, s, pk), tok,
-                             temp, lse_root, lse_slot);
+                             temp, stat_root, stat_slot);
     }
     return x1_node >= 0 ? tree_tau_given_x1(s, trans, x1_node) : tree_tau(s, trans);
 }
@@ -251,7 +258,7 @@ static double selection_tau(Target *t, const Pass *ps, const Selection *s, const
  * (SPEC §3), whose B-set is chosen from every candidate's target path probability. Needs
  * a pass that holds the expanded nodes (pass_add_expanded). */
 static void score_rules(Target *t, const Pass *ps, int B, int x1, const float *root_row,
-                        int with_root, int temp, const double *lse_root, double *lse_slot,
+                        int with_root, int temp, const double *stat_root, double *stat_slot,
                         RoundInfo *ri) {
     const Pool *pool = t->pool;
     Selection s[RULE_COUNT];
@@ -264,14 +271,15 @@ static void score_rules(Target *t, const Pass *ps, int B, int x1, const float *r
         int par = pool->parent[u];
         int slot = par < 0 ? -1 : ps->slot_of_pool[par];
         RS_ASSERT(par < 0 || slot >= 0);
-        path[u] = (par < 0 ? 1.0 : path[par]) *
-                  slot_prob(t, root_row, with_root, slot, pool->token[u], temp, lse_root, lse_slot);
+        path[u] = (par < 0 ? 1.0 : path[par]) * slot_prob(t, root_row, with_root, slot,
+                                                           pool->token[u], temp, stat_root,
+                                                           stat_slot);
     }
     select_oracle(pool, B, path, &s[RULE_ORACLE]);
     ri->have_tau_rule = 1;
     for (int r = RULE_DRAFT; r <= RULE_ORACLE; r++) {
-        ri->tau_rule[r] = selection_tau(t, ps, &s[r], root_row, with_root, temp, lse_root,
-                                        lse_slot, -1);
+        ri->tau_rule[r] = selection_tau(t, ps, &s[r], root_row, with_root, temp, stat_root,
+                                        stat_slot, -1);
         ri->tree_size_rule[r] = s[r].t.n;
     }
 }
@@ -367,7 +375,7 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
     int done = 0;
     int commit_buf[ROUND_MAX_EMIT];
     Pool *pool = t->pool;
-    double *lse_slot = rs_xmalloc(sizeof(double) * PASS_MAX);
+    double *stat_slot = rs_xmalloc(sizeof(double) * PASS_MAX);
     Pass *ps = rs_xmalloc(sizeof(Pass));
 
     for (int round = 0; !done; round++) {
@@ -458,6 +466,11 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
             int x1_node = o->rule == RULE_ROOT ? tree_child_with_token(pool, &sel, -1, x1) : -1;
             int skip = o->rule == RULE_ROOT && x1_node < 0;
             ri.tree_pass_skipped = skip;
+            /* Root selection's tau is taken given its X1, like pearl's and rootdraw's: with X1
+             * off the first level nothing can be accepted. The unconditional tau would be
+             * unknown here at T=1 (no tree pass), and a mean over only the rounds that have
+             * it overstates acceptance, since those are the rounds X1 landed in the tree. */
+            if (skip) ri.tau = 0.0;
             int with_root = !need_root;
             if (!skip || o->score_all) {
                 ri.t_tree_start = dec_now(t);
@@ -467,20 +480,16 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
                 if (with_root) root_row = t->rows;
                 /* tau is an offline measure of the tree (SPEC §4), not part of decoding */
                 OFF_CLOCK(t, {
-                    double lse_root = o->temp ? row_lse(root_row, V) : NAN;
-                    for (int i = 0; i < ps->n; i++) lse_slot[i] = NAN;
-                    ri.tau = selection_tau(t, ps, &sel, root_row, with_root, o->temp, &lse_root,
-                                           lse_slot, x1_node);
+                    double stat_root = row_stat(root_row, V, o->temp);
+                    for (int i = 0; i < ps->n; i++) stat_slot[i] = NAN;
+                    if (!skip)
+                        ri.tau = selection_tau(t, ps, &sel, root_row, with_root, o->temp,
+                                               &stat_root, stat_slot, x1_node);
                     if (o->score_all)
-                        score_rules(t, ps, B, x1, root_row, with_root, o->temp, &lse_root,
-                                    lse_slot, &ri);
+                        score_rules(t, ps, B, x1, root_row, with_root, o->temp, &stat_root,
+                                    stat_slot, &ri);
                 });
             }
-            /* Root selection's tau is taken given its X1, like pearl's and rootdraw's: with X1
-             * off the first level nothing can be accepted. The unconditional tau would be
-             * unknown here at T=1 (no tree pass), and a mean over only the rounds that have
-             * it overstates acceptance, since those are the rounds X1 landed in the tree. */
-            if (skip) ri.tau = 0.0;
             keep[n_keep++] = 0; /* the root */
             if (skip) {
                 emitted[n_emit++] = x1; /* X1 is the continuation */
@@ -533,7 +542,7 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
     }
     rc = RS_OK;
 out:
-    free(lse_slot);
+    free(stat_slot);
     free(ps);
     return rc;
 }
