@@ -1,11 +1,9 @@
 /* CPU reference backend: the whole transformer forward in f32, llama2.c style. Every
  * buffer lives in a RunState allocated once in create(); forward() never allocates.
- * Matrix products run over the whole batch with OpenBLAS sgemm; attention is plain loops
- * (it is a small share of the work at the batch sizes the engine uses). It is the
- * reference the CUDA backend and the golden tests are checked against, so it favours
- * matching transformers' arithmetic over speed. */
+ * The operations themselves are kernels/cpu_ops.c (shared with the CUDA kernel tests as
+ * their references); this file owns the buffers, the KV cache and the order of the steps. */
 #include "backend.h"
-#include "cpu_matmul.h"
+#include "cpu_ops.h"
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
@@ -36,52 +34,6 @@ typedef struct {
     int q_dim, kv_dim;
 } CpuBackend;
 
-
-static void rmsnorm(float *o, const float *x, const float *w, int n, float eps) {
-    float ss = 0.0f;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    float r = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int i = 0; i < n; i++) o[i] = w[i] * (x[i] * r);
-}
-
-/* Rotate-half RoPE on one head vector: pairs (i, i + half). */
-static void rope_apply(float *v, const float *cs, const float *sn, int half) {
-    for (int i = 0; i < half; i++) {
-        float a = v[i], b = v[i + half];
-        v[i] = a * cs[i] - b * sn[i];
-        v[i + half] = b * cs[i] + a * sn[i];
-    }
-}
-
-/* Dot product with 8 independent partial sums: a single running sum is one long
- * dependency chain that the compiler may not reorder (no -ffast-math), which made
- * attention a large share of a 65-token pass. */
-static float dot(const float *a, const float *b, int n) {
-    float acc[8] = {0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) acc[k] += a[i + k] * b[i + k];
-    float d = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; i < n; i++) d += a[i] * b[i];
-    return d;
-}
-
-/* Y (n, out) = X (n, in) @ W^T with W (out, in) row-major. One token: OpenBLAS sgemv
- * (streams W once, threaded); a few tokens: our streaming kernel, since sgemm would first
- * pack (copy) all of W; larger batches: sgemm. Measured on SmolLM2 (rootspec-micro,
- * OPENBLAS_CORETYPE=SkylakeX, 1 thread): n = 9 pass 154 ms vs 186 ms with sgemm. */
-static void matmul(float *y, const float *x, const float *w, int n, int in, int out, int ldy) {
-    if (n == 1) {
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, 0.0f, y, 1);
-        return;
-    }
-    if (n <= CPU_MATMUL_SMALL_MAX) {
-        cpu_matmul_small(y, ldy, x, w, n, in, 0, out);
-        return;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, 0.0f, y,
-                ldy);
-}
 
 /* OpenBLAS picks its kernels from cpuid at load time; inside some VMs the CPU model is
  * unknown and it falls back to SSE3 "Prescott" kernels, 3-4x slower on an AVX-512 machine.
@@ -191,6 +143,30 @@ static void cpu_destroy(Backend **pb) {
 }
 
 
+/* Biases, Qwen3 per-head q/k norms and RoPE on this batch's q (n, q_dim) and new k, v
+ * rows (n, kv_dim). */
+static void qkv_finish(CpuBackend *b, const LayerWeights *L, int n, float *knew, float *vnew) {
+    const Config *c = &b->base.model->cfg;
+    RunState *s = &b->s;
+    int hd = c->head_dim, half = hd / 2, qd = b->q_dim, kvd = b->kv_dim;
+    for (int t = 0; t < n; t++) {
+        float *qt = s->q + (size_t)t * qd, *kt = knew + (size_t)t * kvd;
+        float *vt = vnew + (size_t)t * kvd;
+        if (L->bq) cpu_bias_add(qt, L->bq, qd);
+        if (L->bk) cpu_bias_add(kt, L->bk, kvd);
+        if (L->bv) cpu_bias_add(vt, L->bv, kvd);
+        const float *cs = s->rope_cos + (size_t)t * half, *sn = s->rope_sin + (size_t)t * half;
+        for (int h = 0; h < c->n_heads; h++) {
+            if (L->q_norm) cpu_rmsnorm(qt + h * hd, qt + h * hd, L->q_norm, hd, c->norm_eps);
+            cpu_rope(qt + h * hd, cs, sn, half);
+        }
+        for (int h = 0; h < c->n_kv_heads; h++) {
+            if (L->k_norm) cpu_rmsnorm(kt + h * hd, kt + h * hd, L->k_norm, hd, c->norm_eps);
+            cpu_rope(kt + h * hd, cs, sn, half);
+        }
+    }
+}
+
 static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
                        const uint8_t *mask, const int *out_rows, int n_out, float *logits,
                        RsErr *e) {
@@ -205,29 +181,10 @@ static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
     int dim = c->dim, hd = c->head_dim, half = hd / 2, qd = b->q_dim, kvd = b->kv_dim;
     int hidden = c->hidden_dim, cap = bb->params.kv_capacity, P = bb->params.max_pending;
     int nc = bb->n_committed, np = bb->n_pending, start = nc + np;
-    int group = c->n_heads / c->n_kv_heads;
-    float scale = 1.0f / sqrtf((float)hd);
-
     /* Pending slots (relative to nc) each token may see; shared by all layers. */
-    for (int t = 0; t < n; t++) {
-        int *idx = s->att_idx + (size_t)t * P, k = 0;
-        for (int j = 0; j < np + n; j++) {
-            int ok = mask ? mask[(size_t)t * (np + n) + j] != 0 : j < np + t + 1;
-            if (ok) idx[k++] = j;
-        }
-        s->att_cnt[t] = k;
-    }
-    /* cos/sin per token: angle = float32(pos) * inv_freq in float32, as transformers. */
-    for (int t = 0; t < n; t++)
-        for (int i = 0; i < half; i++) {
-            float ang = (float)pos[t] * s->inv_freq[i];
-            s->rope_cos[(size_t)t * half + i] = (float)cos((double)ang);
-            s->rope_sin[(size_t)t * half + i] = (float)sin((double)ang);
-        }
-    for (int t = 0; t < n; t++)
-        memcpy(s->x + (size_t)t * dim, w->tok_embeddings + (size_t)tokens[t] * dim,
-               dim * sizeof(float));
-
+    cpu_attention_index(mask, n, np, P, s->att_idx, s->att_cnt);
+    cpu_rope_table(pos, s->inv_freq, n, half, s->rope_cos, s->rope_sin);
+    cpu_embed(s->x, w->tok_embeddings, tokens, n, dim);
     for (int l = 0; l < c->n_layers; l++) {
         const LayerWeights *L = &w->layers[l];
         float *kc = s->key_cache + (size_t)l * cap * kvd;   // (cap, kvd)
@@ -235,80 +192,32 @@ static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
         float *knew = kc + (size_t)start * kvd;             // (n, kvd)
         float *vnew = vc + (size_t)start * kvd;             // (n, kvd)
         for (int t = 0; t < n; t++)
-            rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim,
-                    c->norm_eps);
-        matmul(s->q, s->xb, L->wq, n, dim, qd, qd);
-        matmul(knew, s->xb, L->wk, n, dim, kvd, kvd);
-        matmul(vnew, s->xb, L->wv, n, dim, kvd, kvd);
-        for (int t = 0; t < n; t++) {
-            float *qt = s->q + (size_t)t * qd, *kt = knew + (size_t)t * kvd;
-            float *vt = vnew + (size_t)t * kvd;
-            if (L->bq)
-                for (int i = 0; i < qd; i++) qt[i] += L->bq[i];
-            if (L->bk)
-                for (int i = 0; i < kvd; i++) kt[i] += L->bk[i];
-            if (L->bv)
-                for (int i = 0; i < kvd; i++) vt[i] += L->bv[i];
-            const float *cs = s->rope_cos + (size_t)t * half, *sn = s->rope_sin + (size_t)t * half;
-            for (int h = 0; h < c->n_heads; h++) {
-                if (L->q_norm) rmsnorm(qt + h * hd, qt + h * hd, L->q_norm, hd, c->norm_eps);
-                rope_apply(qt + h * hd, cs, sn, half);
-            }
-            for (int h = 0; h < c->n_kv_heads; h++) {
-                if (L->k_norm) rmsnorm(kt + h * hd, kt + h * hd, L->k_norm, hd, c->norm_eps);
-                rope_apply(kt + h * hd, cs, sn, half);
-            }
-        }
+            cpu_rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim,
+                        c->norm_eps);
+        cpu_matmul(s->q, s->xb, L->wq, n, dim, qd, qd);
+        cpu_matmul(knew, s->xb, L->wk, n, dim, kvd, kvd);
+        cpu_matmul(vnew, s->xb, L->wv, n, dim, kvd, kvd);
+        qkv_finish(b, L, n, knew, vnew);
         /* Attention: committed entries [0, nc) plus the allowed pending ones. */
-        for (int t = 0; t < n; t++) {
-            const int *idx = s->att_idx + (size_t)t * P;
-            int cnt = s->att_cnt[t], len = nc + cnt;
-            for (int h = 0; h < c->n_heads; h++) {
-                const float *qh = s->q + (size_t)t * qd + h * hd;
-                int off = (h / group) * hd;
-                float *att = s->att, mx = -INFINITY;
-                for (int j = 0; j < len; j++) {
-                    int slot = j < nc ? j : nc + idx[j - nc];
-                    const float *kh = kc + (size_t)slot * kvd + off;
-                    att[j] = dot(qh, kh, hd) * scale;
-                    if (att[j] > mx) mx = att[j];
-                }
-                float sum = 0.0f;
-                for (int j = 0; j < len; j++) {
-                    att[j] = expf(att[j] - mx);
-                    sum += att[j];
-                }
-                float inv = 1.0f / sum;
-                float *o = s->att_out + (size_t)t * qd + h * hd;
-                memset(o, 0, hd * sizeof(float));
-                for (int j = 0; j < len; j++) {
-                    int slot = j < nc ? j : nc + idx[j - nc];
-                    const float *vh = vc + (size_t)slot * kvd + off;
-                    float a = att[j] * inv;
-                    for (int i = 0; i < hd; i++) o[i] += a * vh[i];
-                }
-            }
-        }
-        matmul(s->xb, s->att_out, L->wo, n, qd, dim, dim);
-        for (size_t i = 0; i < (size_t)n * dim; i++) s->x[i] += s->xb[i];
+        cpu_attention(s->att_out, s->q, kc, vc, nc, s->att_idx, s->att_cnt, P, n, c->n_heads,
+                      c->n_kv_heads, hd, s->att);
+        cpu_matmul(s->xb, s->att_out, L->wo, n, qd, dim, dim);
+        cpu_residual_add(s->x, s->xb, (size_t)n * dim);
         /* SwiGLU MLP. */
         for (int t = 0; t < n; t++)
-            rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim,
-                    c->norm_eps);
-        matmul(s->hb, s->xb, L->w_gate, n, dim, hidden, hidden);
-        matmul(s->hb2, s->xb, L->w_up, n, dim, hidden, hidden);
-        for (size_t i = 0; i < (size_t)n * hidden; i++) {
-            float g = s->hb[i];
-            s->hb[i] = g / (1.0f + expf(-g)) * s->hb2[i];
-        }
-        matmul(s->xb, s->hb, L->w_down, n, hidden, dim, dim);
-        for (size_t i = 0; i < (size_t)n * dim; i++) s->x[i] += s->xb[i];
+            cpu_rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim,
+                        c->norm_eps);
+        cpu_matmul(s->hb, s->xb, L->w_gate, n, dim, hidden, hidden);
+        cpu_matmul(s->hb2, s->xb, L->w_up, n, dim, hidden, hidden);
+        cpu_swiglu(s->hb, s->hb2, (size_t)n * hidden);
+        cpu_matmul(s->xb, s->hb, L->w_down, n, hidden, dim, dim);
+        cpu_residual_add(s->x, s->xb, (size_t)n * dim);
     }
     /* Final norm and head only for the requested rows. */
     for (int r = 0; r < n_out; r++)
-        rmsnorm(s->xb + (size_t)r * dim, s->x + (size_t)out_rows[r] * dim, w->final_norm, dim,
-                c->norm_eps);
-    if (n_out > 0) matmul(logits, s->xb, w->wcls, n_out, dim, c->vocab_size, c->vocab_size);
+        cpu_rmsnorm(s->xb + (size_t)r * dim, s->x + (size_t)out_rows[r] * dim, w->final_norm,
+                    dim, c->norm_eps);
+    if (n_out > 0) cpu_matmul(logits, s->xb, w->wcls, n_out, dim, c->vocab_size, c->vocab_size);
     bb->n_pending += n;
     return RS_OK;
 }
