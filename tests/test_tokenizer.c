@@ -176,8 +176,8 @@ END_TEST
 START_TEST(test_smollm2_meta) {
     ck_assert_msg(g_tok != NULL, "default tokenizer did not load");
     fprintf(stderr, "tokenizer: default tokenizer loaded in %.3f s (this build)\n", g_load_s);
-    /* ASan/UBSan builds run several times slower than the release build. */
-    ck_assert_msg(g_load_s < 1.0, "tokenizer load took %.3f s", g_load_s);
+    /* Reported, not asserted: a wall-clock bound fails on a loaded machine (speed
+     * figures belong in the benchmarks, not in timed tests). */
     ck_assert_int_eq(tokenizer_bos_id(g_tok), 1);
     ck_assert_int_eq(tokenizer_eos_id(g_tok), 2);
     ck_assert_int_eq(tokenizer_add_bos(g_tok), 0); /* tokenizer.ggml.add_bos_token = false */
