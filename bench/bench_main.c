@@ -829,7 +829,7 @@ int main(int argc, char **argv) {
             sink.eager0 = b->n_eager_launches;
             sink.label = label;
             DecodeHooks h = {NULL, on_round, on_event, &sink};
-            rc = decode_run(en.target, en.have_dc ? &en.dc : NULL, ids[r->prompt],
+            rc = decode_run(en.target, en.drafter, ids[r->prompt],
                             n_ids[r->prompt], &o, &h, &res, &e);
             const char *why = rc ? e.msg
                               : res.drafter_failed ? "the drafter failed (decode finished autoregressively)"

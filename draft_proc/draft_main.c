@@ -3,6 +3,7 @@
 #include "common/cli.h"
 #include "proto/proto.h"
 #include "proto/secure.h"
+#include "model_drafter.h"
 #include "server.h"
 #include <signal.h>
 #include <string.h>
@@ -87,17 +88,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "rootspec-draft: %s\n", e.msg);
         return 2;
     }
-    Model *full = NULL, *view = NULL;
+    Model *full = NULL;
     Tokenizer *tok = NULL;
     Drafter *d = NULL;
     int rc = backend_model_load(ops, model, &full, &e);
     if (!rc) rc = tokenizer_load_model(full, &tok, &e);
-    if (!rc && layers) rc = model_layer_view(full, layers, &view, &e);
-    if (!rc) rc = drafter_create(view ? view : full, ops, ctx, threads, device, &d, &e);
+    if (!rc && layers) rc = drafter_self_create(full, layers, ops, ctx, threads, device, &d, &e);
+    else if (!rc) rc = drafter_model_create(full, ops, ctx, threads, device, &d, &e);
     if (rc) {
         fprintf(stderr, "rootspec-draft: %s\n", e.msg);
         tokenizer_free(&tok);
-        model_free(&view);
         model_free(&full);
         return rc == RS_EINVAL || rc == RS_EFORMAT || rc == RS_EUNSUPPORTED ? 2 : 1;
     }
@@ -112,9 +112,8 @@ int main(int argc, char **argv) {
                      .max_requests = max_req, .stop = &g_stop};
     rc = server_run(d, tokenizer_identity(tok, full->cfg.vocab_size), &so, &e);
     if (rc) fprintf(stderr, "rootspec-draft: %s\n", e.msg);
-    drafter_free(&d);
+    drafter_destroy(&d); /* before the model it borrows */
     tokenizer_free(&tok);
-    model_free(&view);
     model_free(&full);
     return rc ? 1 : 0;
 }

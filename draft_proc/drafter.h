@@ -1,29 +1,77 @@
-/* The drafter: keeps a static KV cache of committed tokens and grows the EAGLE-3-shaped
- * candidate pool (SPEC §2) below the newest continuation token. Used in-process by
- * rootspec-target and behind ZeroMQ by rootspec-draft. */
+/* The one drafter interface (ggml style: an opaque handle and functions here, the ops table
+ * in draft_proc/drafter_impl.h, which only implementations include). A drafter keeps the
+ * committed context of one decode and grows the candidate pool (SPEC §2) below its newest
+ * token. The target's decode loop, rootspec-draft's server and the tests hold a Drafter and
+ * never ask which kind it is.
+ *
+ * Kinds today:
+ *   model     a drafter model of its own, or the self-drafter (a layer subset of the
+ *             target): draft_proc/model_drafter.h. Grows synchronously in grow_begin.
+ *   threaded  an adapter that runs any Drafter's growth on a worker thread, so the target's
+ *             root pass overlaps drafting in one process (drafter_threaded_create below).
+ *   remote    a rootspec-draft process over ZeroMQ: target_proc/remote.h.
+ *
+ * Adding a kind (an EAGLE-3 head is next): write a DrafterOps (drafter_impl.h) over your own
+ * context struct, and a constructor `int drafter_KIND_create(..., Drafter **out, RsErr *e)`
+ * that ends with drafter_new(). Declare the constructor in a header of its own (as
+ * model_drafter.h does); nothing else changes: the engine, decode_run and the server take
+ * any Drafter. An EAGLE-3 head predicts from the target's hidden features of the committed
+ * tokens: the commit calls carry them (`features`, below), which today's kinds ignore.
+ *
+ * Per-token features: `features` is (n, feat_dim) row-major, feat_bytes bytes in all, the
+ * target's hidden features for each token of the commit, in order; NULL with feat_bytes 0
+ * when the caller has none. A kind that needs them refuses a commit without them
+ * (RS_EINVAL); kinds that do not need them ignore them. The remote kind does not send them
+ * (the POOL_V1 protocol has no field for them). */
 #ifndef ROOTSPEC_DRAFTER_H
 #define ROOTSPEC_DRAFTER_H
 #include "common/pool.h"
-#include "kernels/backend.h"
+#include <stddef.h>
 
 typedef struct Drafter Drafter;
 
-/* Borrows `m` (keep it alive); creates its own backend from `ops`. */
-int drafter_create(const Model *m, const BackendOps *ops, int kv_capacity, int threads,
-                   int device, Drafter **out, RsErr *e);
-void drafter_free(Drafter **d);
-/* Forget every committed token (new prompt). */
-void drafter_reset(Drafter *d);
-/* Appends `tokens` (the round's emitted tokens; for the first round the whole prompt)
- * to the committed context, then grows the pool below the last of them into *out.
- * Errors: RS_EINVAL when the KV cache would overflow (nothing changed), RS_EFORMAT when the
- * model's logits are not finite (the tokens are committed, no pool). */
+typedef struct {
+    int vocab_size;          /* token ids the drafter accepts and proposes: [0, vocab_size) */
+    const char *fingerprint; /* the drafter's weights (HELLO_OK); "" when unknown */
+    const char *name;        /* for messages: a model path, or a remote endpoint */
+} DrafterInfo;
+
+/* Forgets the committed context, then commits `prompt` (n >= 0) without growing a pool; the
+ * next grow continues from it (rootspec-draft's RESET). Errors: RS_EINVAL for a token
+ * outside the vocabulary or a full KV cache; I/O errors for the remote kind. After an error
+ * the context is unknown: reset again before growing. */
+int drafter_reset(Drafter *d, const int *prompt, int n, const void *features, size_t feat_bytes,
+                  RsErr *e);
+
+/* Commits `tokens` (n >= 1: the round's emitted tokens) and starts growing the pool below
+ * the last of them; it may return before the pool is ready (the threaded and remote kinds
+ * do), so the caller's own work overlaps drafting. reset = 1 forgets the context first (as
+ * drafter_reset(d, NULL, 0, ...)), so `tokens` is then the whole prompt. The tokens and
+ * features are copied or used before it returns. An error here means no growth started:
+ * do not call drafter_grow_end. A grow_begin with a growth still outstanding abandons it. */
+int drafter_grow_begin(Drafter *d, const int *tokens, int n, int reset, const void *features,
+                       size_t feat_bytes, RsErr *e);
+
+/* Waits for the pool that the last successful drafter_grow_begin started and copies it to
+ * *out (pool_finalize'd; its draft_ns and commit_pass_ns set). Errors of the commit or the
+ * growth (RS_EINVAL: token outside the vocabulary or KV cache full, nothing committed;
+ * RS_EFORMAT: non-finite logits, tokens committed; RS_ETIMEOUT / RS_EPEER / RS_EPROTO /
+ * RS_EIO: remote) come here or from grow_begin; after one, reset before growing again.
+ * Calling it without an outstanding grow_begin is a programming error (aborts). */
+int drafter_grow_end(Drafter *d, Pool *out, RsErr *e);
+
+/* grow_begin (no reset, no features) then grow_end: for callers with nothing to overlap. */
 int drafter_commit_grow(Drafter *d, const int *tokens, int n, Pool *out, RsErr *e);
-/* Appends `tokens` (n >= 0) to the committed context without growing a pool (RESET's
- * prompt); the next drafter_commit_grow continues from them. Errors as above; after an
- * error the context holds an unknown prefix of the tokens (reset it). */
-int drafter_prefill(Drafter *d, const int *tokens, int n, RsErr *e);
-int drafter_n_committed(const Drafter *d);
-const Model *drafter_model(const Drafter *d);
+
+/* Size, weights and name; valid until drafter_destroy. */
+const DrafterInfo *drafter_info(const Drafter *d);
+
+/* Waits for an outstanding growth, frees the drafter and whatever it owns (an inner
+ * drafter, a layer view); accepts NULL and a NULL *d and clears the caller's pointer. */
+void drafter_destroy(Drafter **d);
+
+/* The threaded kind: runs `inner`'s grow_begin + grow_end on a worker thread, so that
+ * drafter_grow_begin returns at once. Takes ownership of inner (also on failure). */
+int drafter_threaded_create(Drafter *inner, Drafter **out, RsErr *e);
 
 #endif

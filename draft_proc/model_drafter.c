@@ -1,71 +1,34 @@
-/* Pool growth, exactly SPEC §2: the commit pass gives 10 depth-1 candidates; 7 expansion
+/* The model kind of Drafter (a drafter model of its own, or a layer subset of the target).
+ * Pool growth, exactly SPEC §2: the commit pass gives 10 depth-1 candidates; 7 expansion
  * passes of 10 nodes each (all of depth 1, then the 10 best new candidates of each of
  * depths 2..7) add 100 candidates per depth 2..8: 710 candidates, 70 expanded, 8 passes
  * in all counting the commit pass. Expanded nodes stay pending in the drafter's KV cache
  * for the round so later passes attend to them through the tree mask; the next commit
  * drops them. */
-#include "drafter.h"
+#include "model_drafter.h"
 #include "common/rng.h"
+#include "drafter_impl.h"
 #include <math.h>
 #include <string.h>
 
 #define PREFILL_CHUNK 64
 
-struct Drafter {
+typedef struct {
     const Model *m;
+    Model *view;        /* self-drafter: the layer view it owns (m == view) */
     Backend *b;
     int vocab;
     float *logits;      // (POOL_EXPAND, vocab)
     int *pos;           // (PREFILL_CHUNK)
     uint8_t *mask;      // (POOL_EXPAND, POOL_N_EXPANDED)
     int slot_of[POOL_MAX]; /* pending KV slot of an expanded pool node, -1 if none */
-};
-
-int drafter_create(const Model *m, const BackendOps *ops, int kv_capacity, int threads,
-                   int device, Drafter **out, RsErr *e) {
-    *out = NULL;
-    Drafter *d = rs_xcalloc(1, sizeof *d);
-    d->m = m;
-    d->vocab = m->cfg.vocab_size;
-    if (d->vocab < POOL_TOPK) {
-        free(d);
-        return rs_err(e, RS_EUNSUPPORTED, "drafter vocabulary of %d tokens is smaller than %d",
-                      m->cfg.vocab_size, POOL_TOPK);
-    }
-    BackendParams bp = {.kv_capacity = kv_capacity,
-                        .max_batch = PREFILL_CHUNK,
-                        .max_pending = POOL_N_EXPANDED + PREFILL_CHUNK,
-                        .threads = threads,
-                        .device = device};
-    int rc = ops->create(m, &bp, &d->b, e);
-    if (rc) {
-        free(d);
-        return rc;
-    }
-    d->logits = backend_host_alloc(d->b, sizeof(float) * POOL_EXPAND * (size_t)d->vocab);
-    d->pos = rs_xmalloc(sizeof(int) * PREFILL_CHUNK);
-    d->mask = rs_xmalloc(POOL_EXPAND * POOL_N_EXPANDED);
-    *out = d;
-    return RS_OK;
-}
-
-void drafter_free(Drafter **pd) {
-    if (!pd || !*pd) return;
-    Drafter *d = *pd;
-    backend_host_free(d->b, d->logits);
-    backend_destroy(&d->b);
-    free(d->pos);
-    free(d->mask);
-    free(d);
-    *pd = NULL;
-}
-
-void drafter_reset(Drafter *d) { d->b->ops->kv_reset(d->b); }
-int drafter_n_committed(const Drafter *d) { return d->b->n_committed; }
-const Model *drafter_model(const Drafter *d) { return d->m; }
+    Pool *pool;         /* grow_begin's result for grow_end */
+    int grow_rc;        /* grow_begin's status, reported by grow_end */
+    RsErr grow_err;
+} ModelDrafter;
 
 /* The row's top-10 as new pool candidates, with their draft log-probs. */
-static void add_children(Drafter *d, Pool *p, const float *row, int parent, int depth) {
+static void add_children(ModelDrafter *d, Pool *p, const float *row, int parent, int depth) {
     int V = d->vocab;
     float lse = (float)row_lse(row, V);
     int top[POOL_TOPK];
@@ -83,7 +46,7 @@ static void add_children(Drafter *d, Pool *p, const float *row, int parent, int 
 
 /* One expansion pass over `nodes` (pool indices, all of one depth): runs them through the
  * drafter with a mask over their pending ancestors, then adds their children. */
-static int expand(Drafter *d, Pool *p, const int *nodes, int n, RsErr *e) {
+static int expand(ModelDrafter *d, Pool *p, const int *nodes, int n, RsErr *e) {
     Backend *b = d->b;
     int np = b->n_pending, cols = np + n;
     int tokens[POOL_EXPAND], pos[POOL_EXPAND], rows[POOL_EXPAND];
@@ -114,7 +77,7 @@ static int score_cmp_desc(const Pool *p, int a, int b) {
 
 /* Checks a commit of n tokens, drops last round's tree entries and appends the tokens to
  * the committed context (chunked). want_row: the last token's row goes to d->logits. */
-static int commit_tokens(Drafter *d, const int *tokens, int n, int want_row, RsErr *e) {
+static int commit_tokens(ModelDrafter *d, const int *tokens, int n, int want_row, RsErr *e) {
     Backend *b = d->b;
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= d->vocab)
@@ -143,12 +106,8 @@ static int commit_tokens(Drafter *d, const int *tokens, int n, int want_row, RsE
     return RS_OK;
 }
 
-int drafter_prefill(Drafter *d, const int *tokens, int n, RsErr *e) {
-    if (n < 0) return rs_err(e, RS_EINVAL, "prefill of %d tokens", n);
-    return n ? commit_tokens(d, tokens, n, 0, e) : RS_OK;
-}
-
-int drafter_commit_grow(Drafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
+/* Commits `tokens` and grows the pool below the last of them into *p. */
+static int grow(ModelDrafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
     uint64_t t0 = rs_now_ns();
     if (n < 1) return rs_err(e, RS_EINVAL, "commit of %d tokens: need at least one", n);
     int rc = commit_tokens(d, tokens, n, 1, e);
@@ -200,4 +159,104 @@ int drafter_commit_grow(Drafter *d, const int *tokens, int n, Pool *p, RsErr *e)
     p->n_expanded = expanded;
     p->draft_ns = rs_now_ns() - t0;
     return RS_OK;
+}
+
+/* ---- the Drafter ops ------------------------------------------------------------------ */
+
+static int model_reset(void *ctx, const int *prompt, int n, const void *features,
+                       size_t feat_bytes, RsErr *e) {
+    ModelDrafter *d = ctx;
+    d->b->ops->kv_reset(d->b);
+    if (n < 0) return rs_err(e, RS_EINVAL, "prefill of %d tokens", n);
+    return n ? commit_tokens(d, prompt, n, 0, e) : RS_OK;
+}
+
+/* Grows at once; the status waits for grow_end, as a worker thread's or a peer's would. */
+static int model_grow_begin(void *ctx, const int *tokens, int n, const void *features,
+                            size_t feat_bytes, RsErr *e) {
+    ModelDrafter *d = ctx;
+    d->grow_err = (RsErr){0};
+    d->grow_rc = grow(d, tokens, n, d->pool, &d->grow_err);
+    return RS_OK;
+}
+
+static int model_grow_end(void *ctx, Pool *out, RsErr *e) {
+    ModelDrafter *d = ctx;
+    if (d->grow_rc) {
+        if (e) *e = d->grow_err;
+        return d->grow_rc;
+    }
+    memcpy(out, d->pool, sizeof(Pool));
+    return RS_OK;
+}
+
+static void model_destroy(void *ctx) {
+    ModelDrafter *d = ctx;
+    backend_host_free(d->b, d->logits);
+    backend_destroy(&d->b);
+    model_free(&d->view); /* after the backend that borrowed it */
+    free(d->pos);
+    free(d->mask);
+    free(d->pool);
+    free(d);
+}
+
+static const DrafterOps model_ops = {
+    .reset = model_reset,
+    .grow_begin = model_grow_begin,
+    .grow_end = model_grow_end,
+    .destroy = model_destroy,
+};
+
+/* Builds the kind's state on `m`; takes ownership of `view` (NULL or m itself). */
+static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
+                             int kv_capacity, int threads, int device, Drafter **out, RsErr *e) {
+    *out = NULL;
+    if (m->cfg.vocab_size < POOL_TOPK) {
+        model_free(&view);
+        return rs_err(e, RS_EUNSUPPORTED, "drafter vocabulary of %d tokens is smaller than %d",
+                      m->cfg.vocab_size, POOL_TOPK);
+    }
+    ModelDrafter *d = rs_xcalloc(1, sizeof *d);
+    d->m = m;
+    d->view = view;
+    d->vocab = m->cfg.vocab_size;
+    BackendParams bp = {.kv_capacity = kv_capacity,
+                        .max_batch = PREFILL_CHUNK,
+                        .max_pending = POOL_N_EXPANDED + PREFILL_CHUNK,
+                        .threads = threads,
+                        .device = device};
+    int rc = ops->create(m, &bp, &d->b, e);
+    if (rc) {
+        model_free(&d->view);
+        free(d);
+        return rc;
+    }
+    d->logits = backend_host_alloc(d->b, sizeof(float) * POOL_EXPAND * (size_t)d->vocab);
+    d->pos = rs_xmalloc(sizeof(int) * PREFILL_CHUNK);
+    d->mask = rs_xmalloc(POOL_EXPAND * POOL_N_EXPANDED);
+    d->pool = rs_xmalloc(sizeof(Pool));
+    DrafterInfo info = {.vocab_size = d->vocab, .fingerprint = m->fingerprint, .name = m->path};
+    *out = drafter_new(&model_ops, d, &info);
+    return RS_OK;
+}
+
+int drafter_model_create(const Model *m, const BackendOps *ops, int kv_capacity, int threads,
+                         int device, Drafter **out, RsErr *e) {
+    return model_kind_create(m, NULL, ops, kv_capacity, threads, device, out, e);
+}
+
+int drafter_self_create(const Model *target, const char *layers, const BackendOps *ops,
+                        int kv_capacity, int threads, int device, Drafter **out, RsErr *e) {
+    *out = NULL;
+    Model *view = NULL;
+    int rc = model_layer_view(target, layers, &view, e);
+    if (rc) return rc;
+    return model_kind_create(view, view, ops, kv_capacity, threads, device, out, e);
+}
+
+int model_drafter_n_committed(const Drafter *d) {
+    RS_ASSERT(d->ops == &model_ops);
+    const ModelDrafter *md = d->ctx;
+    return md->b->n_committed;
 }

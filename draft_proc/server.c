@@ -76,8 +76,8 @@ int server_run(Drafter *d, uint64_t tok_hash, const ServerOpts *o, RsErr *e) {
         goto done;
     }
     msgpack_sbuffer_init(&c.sb);
-    const Model *m = drafter_model(d);
-    int vocab = m->cfg.vocab_size;
+    const DrafterInfo *info = drafter_info(d);
+    int vocab = info->vocab_size;
     Pool *pool = rs_xmalloc(sizeof(Pool));
     ProtoMsg req = {0}, rep = {0};
     req.vocab_size = vocab;
@@ -94,7 +94,7 @@ int server_run(Drafter *d, uint64_t tok_hash, const ServerOpts *o, RsErr *e) {
     size_t bl = sizeof bound;
     if (zmq_getsockopt(c.sock, ZMQ_LAST_ENDPOINT, bound, &bl) != 0 || !*bound)
         snprintf(bound, sizeof bound, "%s", o->endpoint);
-    fprintf(stderr, "rootspec-draft: serving %s on %s (vocab %d)\n", m->path, bound, vocab);
+    fprintf(stderr, "rootspec-draft: serving %s on %s (vocab %d)\n", info->name, bound, vocab);
     while (!(o->stop && *o->stop)) {
         zmq_pollitem_t it = {.socket = c.sock, .events = ZMQ_POLLIN};
         if (zmq_poll(&it, 1, 200) <= 0) continue;
@@ -170,13 +170,14 @@ int server_run(Drafter *d, uint64_t tok_hash, const ServerOpts *o, RsErr *e) {
             session = req.session;
             have_session = 1;
             ctx_lost = 0;
-            drafter_reset(d);
+            RsErr re = {0};
+            drafter_reset(d, NULL, 0, NULL, 0, &re); /* a model drafter cannot fail here */
             memset(&rep, 0, sizeof rep);
             rep.type = PROTO_HELLO_OK;
             rep.session = req.session;
             rep.seq = req.seq;
             snprintf(rep.u.hello_ok.fingerprint, sizeof rep.u.hello_ok.fingerprint, "%s",
-                     m->fingerprint);
+                     info->fingerprint);
             rep.u.hello_ok.tokenizer_hash = tok_hash;
             rep.u.hello_ok.vocab_size = (uint32_t)vocab;
             rep.u.hello_ok.caps = PROTO_CAP_POOL_V1 | o->caps;
@@ -194,11 +195,11 @@ int server_run(Drafter *d, uint64_t tok_hash, const ServerOpts *o, RsErr *e) {
             }
             RsErr ge = {0};
             if (req.type == PROTO_RESET) { /* drop the KV, prefill the new prompt */
-                drafter_reset(d);
                 ctx_lost = 0;
-                rc = drafter_prefill(d, req.u.tokens.ids, req.u.tokens.n, &ge);
+                rc = drafter_reset(d, req.u.tokens.ids, req.u.tokens.n, NULL, 0, &ge);
                 if (rc) {
-                    drafter_reset(d);
+                    RsErr ignored = {0};
+                    drafter_reset(d, NULL, 0, NULL, 0, &ignored);
                     ctx_lost = 1;
                     snprintf(ctx_lost_why, sizeof ctx_lost_why, "RESET seq %" PRIu64 " failed",
                              req.seq);

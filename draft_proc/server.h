@@ -1,7 +1,7 @@
-/* The drafter process's request loop: a ZeroMQ ROUTER that serves one target session at a
- * time (a new HELLO takes over and resets the KV cache), prefills RESET's prompt, grows pools
- * on COMMIT_GROW, and answers every malformed frame with ERROR instead of crashing or
- * hanging. After a failed request of the session, COMMIT_GROW is refused until RESET. */
+/* The drafter process's request loop: a ZeroMQ ROUTER that serves any Drafter to one
+ * target session at a time (a new HELLO takes over and resets the drafter's context),
+ * prefills RESET's prompt, grows pools on COMMIT_GROW, and answers every malformed frame
+ * with ERROR instead of crashing or hanging. After a failed request of the session, COMMIT_GROW is refused until RESET. */
 #ifndef ROOTSPEC_SERVER_H
 #define ROOTSPEC_SERVER_H
 #include "common/tokenizer.h"
@@ -17,7 +17,8 @@ typedef struct {
     volatile int *stop;      /* set by a signal handler */
 } ServerOpts;
 
-/* Runs until *stop or BYE-and-max_requests; returns RS_OK or a set-up error. */
+/* Serves `d` (borrowed; any kind) until *stop or max_requests; returns RS_OK or a set-up
+ * error. tok_hash: the drafter's tokenizer identity, which a target's HELLO must match. */
 int server_run(Drafter *d, uint64_t tok_hash, const ServerOpts *o, RsErr *e);
 
 #endif

@@ -1,112 +1,151 @@
-/* In-process DraftClient: the drafter grows its pool on a worker thread, so even in one
- * process the target's root pass overlaps drafting (on a second core), as it does across
- * two processes. grow_begin hands the commit to the worker and returns; grow_end waits. */
-#include "decode.h"
-#include "draft_proc/drafter.h"
+/* The threaded kind of Drafter: an adapter that grows any inner drafter's pool on a worker
+ * thread, so even in one process the target's root pass overlaps drafting (on a second
+ * core), as it does across two processes. grow_begin hands the commit to the worker and
+ * returns; grow_end waits. The inner drafter is touched only by the worker while a growth
+ * runs, and only by the caller (under the lock, the worker idle) otherwise. */
+#include "drafter_impl.h"
 #include <pthread.h>
 #include <string.h>
 
 typedef struct {
-    Drafter *d;
+    Drafter *inner;      /* owned */
     pthread_t th;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int job, busy, done, quit; /* job: a commit is waiting; busy: until its pool is
                                   ready (done); a new commit waits for the last one */
     int *tokens;         // (cap) the commit, copied: the caller's buffer is reused
-    int n, cap, reset;
-    int threaded;        /* 0: no worker; grow_begin runs the job itself */
+    int n, cap;
+    uint8_t *features;   // (feat_cap) the commit's features, copied likewise
+    size_t feat_bytes, feat_cap;
     Pool *pool;          /* worker's result */
     int rc;
     RsErr err;
-} LocalClient;
+} ThreadDrafter;
 
-static void run_job(LocalClient *lc) {
-    if (lc->reset) drafter_reset(lc->d);
-    lc->rc = drafter_commit_grow(lc->d, lc->tokens, lc->n, lc->pool, &lc->err);
+static void run_job(ThreadDrafter *td) {
+    td->err = (RsErr){0};
+    td->rc = drafter_grow_begin(td->inner, td->tokens, td->n, 0,
+                                td->feat_bytes ? td->features : NULL, td->feat_bytes, &td->err);
+    if (!td->rc) td->rc = drafter_grow_end(td->inner, td->pool, &td->err);
 }
 
 static void *worker(void *arg) {
-    LocalClient *lc = arg;
-    pthread_mutex_lock(&lc->mu);
+    ThreadDrafter *td = arg;
+    pthread_mutex_lock(&td->mu);
     for (;;) {
-        while (!lc->job && !lc->quit) pthread_cond_wait(&lc->cv, &lc->mu);
-        if (lc->quit) break;
-        lc->job = 0;
-        pthread_mutex_unlock(&lc->mu);
-        run_job(lc); /* tokens, pool, rc, err are the worker's until done is set */
-        pthread_mutex_lock(&lc->mu);
-        lc->done = 1;
-        lc->busy = 0;
-        pthread_cond_broadcast(&lc->cv);
+        while (!td->job && !td->quit) pthread_cond_wait(&td->cv, &td->mu);
+        if (td->quit) break;
+        td->job = 0;
+        pthread_mutex_unlock(&td->mu);
+        run_job(td); /* tokens, pool, rc, err are the worker's until done is set */
+        pthread_mutex_lock(&td->mu);
+        td->done = 1;
+        td->busy = 0;
+        pthread_cond_broadcast(&td->cv);
     }
-    pthread_mutex_unlock(&lc->mu);
+    pthread_mutex_unlock(&td->mu);
     return NULL;
 }
 
-static int local_begin(DraftClient *c, const int *tokens, int n, int reset, RsErr *e) {
-    LocalClient *lc = c->self;
-    pthread_mutex_lock(&lc->mu);
-    while (lc->busy) pthread_cond_wait(&lc->cv, &lc->mu); /* an abandoned round's growth */
-    if (n > lc->cap) {
-        lc->cap = n;
-        lc->tokens = realloc(lc->tokens, sizeof(int) * (size_t)n);
-        RS_ASSERT(lc->tokens);
-    }
-    memcpy(lc->tokens, tokens, sizeof(int) * (size_t)n);
-    lc->n = n;
-    lc->reset = reset;
-    if (!lc->threaded) {
-        pthread_mutex_unlock(&lc->mu);
-        run_job(lc);
-        lc->done = 1;
-        return RS_OK;
-    }
-    lc->done = 0;
-    lc->busy = 1;
-    lc->job = 1;
-    pthread_cond_broadcast(&lc->cv);
-    pthread_mutex_unlock(&lc->mu);
-    return RS_OK;
+/* Called with the lock held: waits out an abandoned round's growth. */
+static void wait_idle(ThreadDrafter *td) {
+    while (td->busy) pthread_cond_wait(&td->cv, &td->mu);
 }
 
-static int local_end(DraftClient *c, Pool *out, RsErr *e) {
-    LocalClient *lc = c->self;
-    pthread_mutex_lock(&lc->mu);
-    while (!lc->done) pthread_cond_wait(&lc->cv, &lc->mu);
-    int rc = lc->rc;
-    if (rc && e) *e = lc->err;
-    if (!rc) memcpy(out, lc->pool, sizeof(Pool));
-    pthread_mutex_unlock(&lc->mu);
+static int thread_reset(void *ctx, const int *prompt, int n, const void *features,
+                        size_t feat_bytes, RsErr *e) {
+    ThreadDrafter *td = ctx;
+    pthread_mutex_lock(&td->mu);
+    wait_idle(td);
+    td->done = 0; /* the abandoned growth's pool is not this context's */
+    int rc = drafter_reset(td->inner, prompt, n, features, feat_bytes, e);
+    pthread_mutex_unlock(&td->mu);
     return rc;
 }
 
-void draftclient_local_init(DraftClient *c, Drafter *d, int threaded) {
-    LocalClient *lc = rs_xcalloc(1, sizeof *lc);
-    lc->d = d;
-    lc->threaded = threaded;
-    lc->pool = rs_xmalloc(sizeof(Pool));
-    pthread_mutex_init(&lc->mu, NULL);
-    pthread_cond_init(&lc->cv, NULL);
-    if (threaded) RS_ASSERT(pthread_create(&lc->th, NULL, worker, lc) == 0);
-    c->grow_begin = local_begin;
-    c->grow_end = local_end;
-    c->self = lc;
+static void copy_commit(ThreadDrafter *td, const int *tokens, int n, const void *features,
+                        size_t feat_bytes) {
+    if (n > td->cap) {
+        td->cap = n;
+        td->tokens = realloc(td->tokens, sizeof(int) * (size_t)n);
+        RS_ASSERT(td->tokens);
+    }
+    if (n > 0) memcpy(td->tokens, tokens, sizeof(int) * (size_t)n);
+    td->n = n;
+    if (feat_bytes > td->feat_cap) {
+        td->feat_cap = feat_bytes;
+        td->features = realloc(td->features, feat_bytes);
+        RS_ASSERT(td->features);
+    }
+    if (feat_bytes) memcpy(td->features, features, feat_bytes);
+    td->feat_bytes = feat_bytes;
 }
 
-void draftclient_local_free(DraftClient *c) {
-    LocalClient *lc = c->self;
-    if (!lc) return;
-    pthread_mutex_lock(&lc->mu);
-    while (lc->busy) pthread_cond_wait(&lc->cv, &lc->mu); /* let a running job finish */
-    lc->quit = 1;
-    pthread_cond_broadcast(&lc->cv);
-    pthread_mutex_unlock(&lc->mu);
-    if (lc->threaded) pthread_join(lc->th, NULL);
-    pthread_mutex_destroy(&lc->mu);
-    pthread_cond_destroy(&lc->cv);
-    free(lc->tokens);
-    free(lc->pool);
-    free(lc);
-    c->self = NULL;
+static int thread_grow_begin(void *ctx, const int *tokens, int n, const void *features,
+                             size_t feat_bytes, RsErr *e) {
+    ThreadDrafter *td = ctx;
+    pthread_mutex_lock(&td->mu);
+    wait_idle(td);
+    copy_commit(td, tokens, n, features, feat_bytes);
+    td->done = 0;
+    td->busy = 1;
+    td->job = 1;
+    pthread_cond_broadcast(&td->cv);
+    pthread_mutex_unlock(&td->mu);
+    return RS_OK;
+}
+
+static int thread_grow_end(void *ctx, Pool *out, RsErr *e) {
+    ThreadDrafter *td = ctx;
+    pthread_mutex_lock(&td->mu);
+    while (!td->done) pthread_cond_wait(&td->cv, &td->mu);
+    int rc = td->rc;
+    if (rc && e) *e = td->err;
+    if (!rc) memcpy(out, td->pool, sizeof(Pool));
+    pthread_mutex_unlock(&td->mu);
+    return rc;
+}
+
+static void thread_destroy(void *ctx) {
+    ThreadDrafter *td = ctx;
+    pthread_mutex_lock(&td->mu);
+    wait_idle(td); /* let a running job finish */
+    td->quit = 1;
+    pthread_cond_broadcast(&td->cv);
+    pthread_mutex_unlock(&td->mu);
+    pthread_join(td->th, NULL);
+    pthread_mutex_destroy(&td->mu);
+    pthread_cond_destroy(&td->cv);
+    drafter_destroy(&td->inner);
+    free(td->tokens);
+    free(td->features);
+    free(td->pool);
+    free(td);
+}
+
+static const DrafterOps thread_ops = {
+    .reset = thread_reset,
+    .grow_begin = thread_grow_begin,
+    .grow_end = thread_grow_end,
+    .destroy = thread_destroy,
+};
+
+int drafter_threaded_create(Drafter *inner, Drafter **out, RsErr *e) {
+    *out = NULL;
+    ThreadDrafter *td = rs_xcalloc(1, sizeof *td);
+    td->inner = inner;
+    td->pool = rs_xmalloc(sizeof(Pool));
+    pthread_mutex_init(&td->mu, NULL);
+    pthread_cond_init(&td->cv, NULL);
+    if (pthread_create(&td->th, NULL, worker, td) != 0) {
+        pthread_mutex_destroy(&td->mu);
+        pthread_cond_destroy(&td->cv);
+        drafter_destroy(&td->inner);
+        free(td->pool);
+        free(td);
+        return rs_err(e, RS_ENOMEM, "cannot start the drafter's worker thread");
+    }
+    *out = drafter_new(&thread_ops, td, drafter_info(inner));
+    return RS_OK;
 }

@@ -325,7 +325,7 @@ static int take_tokens(Target *t, DecodeResult *res, const DecodeHooks *h, const
 
 /* ---- the decode loop ---------------------------------------------------------------- */
 
-int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, const DecodeOpts *o,
+int decode_run(Target *t, Drafter *dc, const int *prompt, int n_prompt, const DecodeOpts *o,
                const DecodeHooks *h, DecodeResult *res, RsErr *e) {
     Backend *b = t->b;
     int V = t->vocab;
@@ -396,7 +396,7 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
         int ar_round = !use_drafter;
         if (use_drafter) {
             ri.t_grow_sent = dec_now(t);
-            rc = dc->grow_begin(dc, commit, n_commit, round == 0, e);
+            rc = drafter_grow_begin(dc, commit, n_commit, round == 0, NULL, 0, e);
             if (rc) {
                 drafter_failed(h, e, res);
                 use_drafter = 0;
@@ -417,7 +417,7 @@ int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt, cons
                 if ((rc = timed_root_pass(t, root, &ri, e))) goto out;
                 x1 = row_draw(t->root_row, V, o->temp, &rng);
             }
-            rc = dc->grow_end(dc, pool, e);
+            rc = drafter_grow_end(dc, pool, e);
             ri.t_pool_recv = dec_now(t);
             if (rc) {
                 drafter_failed(h, e, res);

@@ -1,21 +1,13 @@
 /* The target side of a decode: plain autoregressive decoding and the speculative round
  * (root pass, selection, one tree-masked pass, exhaustive target sampling, KV compaction)
- * against any drafter behind the DraftClient interface (in-process or over ZeroMQ). */
+ * against any Drafter (draft_proc/drafter.h: in-process, threaded or over ZeroMQ). */
 #ifndef ROOTSPEC_DECODE_H
 #define ROOTSPEC_DECODE_H
 #include "common/pool.h"
 #include "common/rng.h"
+#include "draft_proc/drafter.h"
 #include "kernels/backend.h"
 #include "select.h"
-
-/* A drafter as the target sees it. grow_begin starts growth below the last of `tokens`
- * (the round's emitted tokens; with reset=1 the whole prompt after forgetting the old
- * context) and may return before the pool is ready; grow_end waits for it. */
-typedef struct DraftClient {
-    int (*grow_begin)(struct DraftClient *c, const int *tokens, int n, int reset, RsErr *e);
-    int (*grow_end)(struct DraftClient *c, Pool *out, RsErr *e);
-    void *self;
-} DraftClient;
 
 typedef struct {
     Rule rule;
@@ -100,14 +92,7 @@ int decode_round_reserve(const DecodeOpts *o);
 
 /* Runs one decode. dc may be NULL for RULE_AR. On a drafter failure mid-decode the
  * target finishes autoregressively, keeps every emitted token, and reports the event. */
-int decode_run(Target *t, DraftClient *dc, const int *prompt, int n_prompt,
+int decode_run(Target *t, Drafter *dc, const int *prompt, int n_prompt,
                const DecodeOpts *o, const DecodeHooks *h, DecodeResult *res, RsErr *e);
-
-/* An in-process DraftClient over a Drafter (target_proc/local_client.c). threaded = 1: a
- * worker thread grows the pool while the target runs its root pass (the engine's choice);
- * threaded = 0: grow_begin grows synchronously (no hand-off cost, for many tiny decodes). */
-struct Drafter;
-void draftclient_local_init(DraftClient *c, struct Drafter *d, int threaded);
-void draftclient_local_free(DraftClient *c);
 
 #endif

@@ -1,6 +1,6 @@
 /* Engine set-up: model(s), tokenizer, backend choice, drafter wiring. */
 #include "engine.h"
-#include "draft_proc/drafter.h"
+#include "draft_proc/model_drafter.h"
 #include "remote.h"
 #include <string.h>
 
@@ -11,6 +11,55 @@ static void collect_eog(const Engine *en, int **eog, int *n) {
         if (tokenizer_is_eog(en->tok, i)) (*eog)[k++] = i;
     if (k == 0 && en->target_model->cfg.eos_id >= 0) (*eog)[k++] = en->target_model->cfg.eos_id;
     *n = k;
+}
+
+/* Loads a drafter model of its own, refusing one whose vocabulary or tokenizer differs
+ * from the target's. */
+static int load_draft_model(const EngineOpts *o, const BackendOps *ops, Engine *en, RsErr *e) {
+    int rc = backend_model_load(ops, o->draft_model_path, &en->draft_model, e);
+    if (rc) return rc;
+    if (en->draft_model->cfg.vocab_size != en->target_model->cfg.vocab_size)
+        return rs_err(e, RS_EINVAL,
+                      "drafter vocabulary (%d tokens, %s) differs from the target's (%d "
+                      "tokens, %s): they must share a tokenizer",
+                      en->draft_model->cfg.vocab_size, o->draft_model_path,
+                      en->target_model->cfg.vocab_size, o->model_path);
+    Tokenizer *dt = NULL;
+    rc = tokenizer_load_model(en->draft_model, &dt, e);
+    if (rc) return rc;
+    uint64_t h1 = tokenizer_identity(en->tok, en->target_model->cfg.vocab_size);
+    uint64_t h2 = tokenizer_identity(dt, en->draft_model->cfg.vocab_size);
+    tokenizer_free(&dt);
+    if (h1 != h2)
+        return rs_err(e, RS_EINVAL,
+                      "drafter tokenizer (hash %016llx, %s) differs from the target's (hash "
+                      "%016llx, %s)",
+                      (unsigned long long)h2, o->draft_model_path, (unsigned long long)h1,
+                      o->model_path);
+    return RS_OK;
+}
+
+/* The one Drafter the engine holds: remote, a model of its own, or the self-drafter; the
+ * in-process kinds run on a worker thread so the root pass overlaps drafting. */
+static int open_drafter(const EngineOpts *o, const BackendOps *ops, Engine *en, RsErr *e) {
+    if (o->draft_endpoint)
+        return drafter_remote_create(o->draft_endpoint, en->target_model,
+                                     tokenizer_identity(en->tok, en->target_model->cfg.vocab_size),
+                                     o->draft_timeout_ms, o->insecure, o->curve_dir,
+                                     &en->drafter, e);
+    Drafter *local = NULL;
+    int rc;
+    if (o->draft_model_path) {
+        rc = load_draft_model(o, ops, en, e);
+        if (!rc)
+            rc = drafter_model_create(en->draft_model, ops, o->ctx, o->threads, o->device,
+                                      &local, e);
+    } else {
+        rc = drafter_self_create(en->target_model,
+                                 o->draft_layers ? o->draft_layers : ENGINE_DEFAULT_DRAFT_LAYERS,
+                                 ops, o->ctx, o->threads, o->device, &local, e);
+    }
+    return rc ? rc : drafter_threaded_create(local, &en->drafter, e);
 }
 
 int engine_open(const EngineOpts *o, int need_drafter, Engine *en, RsErr *e) {
@@ -34,50 +83,8 @@ int engine_open(const EngineOpts *o, int need_drafter, Engine *en, RsErr *e) {
     free(eog);
     if (rc) goto fail;
     if (!need_drafter) return RS_OK;
-    if (o->draft_endpoint) {
-        rc = remote_client_open(&en->dc, o->draft_endpoint, en->target_model,
-                                tokenizer_identity(en->tok, en->target_model->cfg.vocab_size),
-                                o->draft_timeout_ms, o->insecure, o->curve_dir, e);
-        if (rc) goto fail;
-        en->remote = en->dc.self;
-        en->have_dc = 1;
-        return RS_OK;
-    }
-    if (o->draft_model_path) {
-        rc = backend_model_load(ops, o->draft_model_path, &en->draft_model, e);
-        if (rc) goto fail;
-        if (en->draft_model->cfg.vocab_size != en->target_model->cfg.vocab_size) {
-            rc = rs_err(e, RS_EINVAL,
-                        "drafter vocabulary (%d tokens, %s) differs from the target's (%d "
-                        "tokens, %s): they must share a tokenizer",
-                        en->draft_model->cfg.vocab_size, o->draft_model_path,
-                        en->target_model->cfg.vocab_size, o->model_path);
-            goto fail;
-        }
-        Tokenizer *dt = NULL;
-        rc = tokenizer_load_model(en->draft_model, &dt, e);
-        if (rc) goto fail;
-        uint64_t h1 = tokenizer_identity(en->tok, en->target_model->cfg.vocab_size);
-        uint64_t h2 = tokenizer_identity(dt, en->draft_model->cfg.vocab_size);
-        tokenizer_free(&dt);
-        if (h1 != h2) {
-            rc = rs_err(e, RS_EINVAL,
-                        "drafter tokenizer (hash %016llx, %s) differs from the target's (hash "
-                        "%016llx, %s)",
-                        (unsigned long long)h2, o->draft_model_path, (unsigned long long)h1,
-                        o->model_path);
-            goto fail;
-        }
-    } else {
-        rc = model_layer_view(en->target_model,
-                              o->draft_layers ? o->draft_layers : ENGINE_DEFAULT_DRAFT_LAYERS,
-                              &en->draft_model, e);
-        if (rc) goto fail;
-    }
-    rc = drafter_create(en->draft_model, ops, o->ctx, o->threads, o->device, &en->drafter, e);
+    rc = open_drafter(o, ops, en, e);
     if (rc) goto fail;
-    draftclient_local_init(&en->dc, en->drafter, 1);
-    en->have_dc = 1;
     return RS_OK;
 fail:
     engine_close(en);
@@ -85,16 +92,9 @@ fail:
 }
 
 void engine_close(Engine *en) {
-    if (en->remote) {
-        remote_client_close(&en->dc);
-        en->remote = NULL;
-    } else if (en->have_dc) {
-        draftclient_local_free(&en->dc);
-    }
-    en->have_dc = 0;
-    drafter_free(&en->drafter);
+    drafter_destroy(&en->drafter); /* before the models it borrows */
     target_free(&en->target);
-    model_free(&en->draft_model); /* a view: before its parent */
+    model_free(&en->draft_model);
     tokenizer_free(&en->tok);
     model_free(&en->target_model);
 }

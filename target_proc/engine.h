@@ -25,14 +25,11 @@ typedef struct {
 
 typedef struct {
     Model *target_model;
-    Model *draft_model;  /* NULL when remote; a view of target_model for a self-drafter */
+    Model *draft_model;  /* a drafter model of its own (--draft-model), else NULL */
     Tokenizer *tok;
     ChatTemplate chat;
     Target *target;
-    struct Drafter *drafter;
-    DraftClient dc;
-    int have_dc;
-    void *remote;        /* remote client state (target_proc/remote.c) */
+    Drafter *drafter;    /* NULL without a drafter (--decoder ar); any kind: decode_run's */
 } Engine;
 
 /* need_drafter: 0 for --decoder ar (no drafter is loaded or contacted). */

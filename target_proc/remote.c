@@ -1,8 +1,10 @@
-/* DraftClient over ZeroMQ (DEALER) to a rootspec-draft process. grow_begin sends
- * COMMIT_GROW and returns at once so the target's root pass overlaps the drafting; grow_end
- * waits for the POOL whose seq matches, discarding stale replies from an earlier timeout.
- * After a failure the next decode re-handshakes (the drafter may have restarted). */
+/* The remote kind of Drafter: a rootspec-draft process over ZeroMQ (DEALER). reset sends
+ * RESET (no reply unless it fails); grow_begin sends COMMIT_GROW and returns at once so the
+ * target's root pass overlaps the drafting; grow_end waits for the POOL whose seq matches,
+ * discarding stale replies from an earlier timeout. After a failure the next reset
+ * re-handshakes (the drafter may have restarted). */
 #include "remote.h"
+#include "draft_proc/drafter_impl.h"
 #include "proto/proto.h"
 #include "proto/secure.h"
 #include <inttypes.h>
@@ -20,6 +22,7 @@ typedef struct {
     uint64_t tok_hash;
     uint64_t session, seq, pending_seq;
     int healthy;
+    char fingerprint[PROTO_FP_MAX + 1]; /* the drafter's, from its last HELLO_OK */
     ProtoMsg in;
     msgpack_sbuffer sb;
 } Remote;
@@ -93,34 +96,42 @@ static int handshake(Remote *r, RsErr *e) {
                       "(tokenizer %016" PRIx64 ")",
                       r->endpoint, h->vocab_size, h->tokenizer_hash, r->target->cfg.vocab_size,
                       r->tok_hash);
+    snprintf(r->fingerprint, sizeof r->fingerprint, "%s", h->fingerprint);
     r->healthy = 1;
     return RS_OK;
 }
 
-static int remote_begin(DraftClient *c, const int *tokens, int n, int reset, RsErr *e) {
-    Remote *r = c->self;
+static int remote_reset(void *ctx, const int *prompt, int n, const void *features,
+                        size_t feat_bytes, RsErr *e) {
+    Remote *r = ctx;
     int rc;
-    if (reset && !r->healthy && (rc = handshake(r, e))) return rc;
+    if (!r->healthy && (rc = handshake(r, e))) return rc;
     ProtoMsg m = {0};
-    if (reset) {
-        m.type = PROTO_RESET;
-        m.u.tokens.ids = NULL;
-        m.u.tokens.n = 0;
-        if ((rc = send_msg(r, &m, e))) goto fail;
-    }
-    m.type = PROTO_COMMIT_GROW;
-    m.u.tokens.ids = (const int32_t *)tokens;
+    m.type = PROTO_RESET;
+    m.u.tokens.ids = (const int32_t *)prompt;
     m.u.tokens.n = n;
-    if ((rc = send_msg(r, &m, e))) goto fail;
-    r->pending_seq = r->seq;
-    return RS_OK;
-fail:
-    r->healthy = 0;
+    if ((rc = send_msg(r, &m, e))) r->healthy = 0;
     return rc;
 }
 
-static int remote_end(DraftClient *c, Pool *out, RsErr *e) {
-    Remote *r = c->self;
+static int remote_grow_begin(void *ctx, const int *tokens, int n, const void *features,
+                             size_t feat_bytes, RsErr *e) {
+    Remote *r = ctx;
+    ProtoMsg m = {0};
+    m.type = PROTO_COMMIT_GROW;
+    m.u.tokens.ids = (const int32_t *)tokens;
+    m.u.tokens.n = n;
+    int rc = send_msg(r, &m, e);
+    if (rc) {
+        r->healthy = 0;
+        return rc;
+    }
+    r->pending_seq = r->seq;
+    return RS_OK;
+}
+
+static int remote_grow_end(void *ctx, Pool *out, RsErr *e) {
+    Remote *r = ctx;
     r->in.pool_into = out;
     int rc = wait_reply(r, r->pending_seq, PROTO_POOL, e);
     r->in.pool_into = NULL;
@@ -129,35 +140,9 @@ static int remote_end(DraftClient *c, Pool *out, RsErr *e) {
     return rc;
 }
 
-int remote_client_open(DraftClient *c, const char *endpoint, const Model *target,
-                       uint64_t tok_hash, int timeout_ms, int insecure, const char *curve_dir,
-                       RsErr *e) {
-    int rc = secure_check_endpoint(endpoint, insecure, curve_dir, e);
-    if (rc) return rc;
-    Remote *r = rs_xcalloc(1, sizeof *r);
-    snprintf(r->endpoint, sizeof r->endpoint, "%s", endpoint);
-    r->timeout_ms = timeout_ms > 0 ? timeout_ms : 10000;
-    r->insecure = insecure;
-    r->have_curve = curve_dir && !strncmp(endpoint, "tcp://", 6);
-    if (curve_dir) snprintf(r->curve_dir, sizeof r->curve_dir, "%s", curve_dir);
-    r->target = target;
-    r->tok_hash = tok_hash;
-    r->in.vocab_size = target->cfg.vocab_size;
-    r->ctx = zmq_ctx_new();
-    c->grow_begin = remote_begin;
-    c->grow_end = remote_end;
-    c->self = r;
-    rc = handshake(r, e);
-    if (rc) {
-        remote_client_close(c);
-        return rc;
-    }
-    return RS_OK;
-}
-
-void remote_client_close(DraftClient *c) {
-    Remote *r = c->self;
-    if (!r) return;
+/* Says BYE when the session is healthy, so the drafter can take the next target at once. */
+static void remote_destroy(void *ctx) {
+    Remote *r = ctx;
     if (r->sock && r->healthy) {
         ProtoMsg m = {0};
         m.type = PROTO_BYE;
@@ -170,5 +155,40 @@ void remote_client_close(DraftClient *c) {
     zmq_ctx_term(r->ctx);
     proto_msg_clear(&r->in);
     free(r);
-    c->self = NULL;
+}
+
+static const DrafterOps remote_ops = {
+    .reset = remote_reset,
+    .grow_begin = remote_grow_begin,
+    .grow_end = remote_grow_end,
+    .destroy = remote_destroy,
+};
+
+int drafter_remote_create(const char *endpoint, const Model *target, uint64_t tok_hash,
+                          int timeout_ms, int insecure, const char *curve_dir, Drafter **out,
+                          RsErr *e) {
+    *out = NULL;
+    int rc = secure_check_endpoint(endpoint, insecure, curve_dir, e);
+    if (rc) return rc;
+    Remote *r = rs_xcalloc(1, sizeof *r);
+    snprintf(r->endpoint, sizeof r->endpoint, "%s", endpoint);
+    r->timeout_ms = timeout_ms > 0 ? timeout_ms : 10000;
+    r->insecure = insecure;
+    r->have_curve = curve_dir && !strncmp(endpoint, "tcp://", 6);
+    if (curve_dir) snprintf(r->curve_dir, sizeof r->curve_dir, "%s", curve_dir);
+    r->target = target;
+    r->tok_hash = tok_hash;
+    r->in.vocab_size = target->cfg.vocab_size;
+    r->ctx = zmq_ctx_new();
+    rc = handshake(r, e);
+    if (rc) {
+        remote_destroy(r);
+        return rc;
+    }
+    /* vocab_size: the handshake refuses a drafter whose vocabulary differs from target's */
+    DrafterInfo info = {.vocab_size = target->cfg.vocab_size,
+                        .fingerprint = r->fingerprint,
+                        .name = r->endpoint};
+    *out = drafter_new(&remote_ops, r, &info);
+    return RS_OK;
 }

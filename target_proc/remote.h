@@ -1,12 +1,16 @@
-/* DraftClient over ZeroMQ to a rootspec-draft process (SPEC §5). */
+/* The remote kind of Drafter (draft_proc/drafter.h): a rootspec-draft process over ZeroMQ
+ * (SPEC §5, proto/PROTOCOL.md). */
 #ifndef ROOTSPEC_REMOTE_H
 #define ROOTSPEC_REMOTE_H
-#include "common/tokenizer.h"
-#include "decode.h"
+#include "common/model.h"
+#include "draft_proc/drafter.h"
 
-int remote_client_open(DraftClient *c, const char *endpoint, const Model *target,
-                       uint64_t tok_hash, int timeout_ms, int insecure, const char *curve_dir,
-                       RsErr *e);
-void remote_client_close(DraftClient *c);
+/* Connects and handshakes (HELLO: the target's vocabulary and tokenizer hash must match
+ * the drafter's). Borrows `target` (its fingerprint and vocabulary). tcp:// needs CURVE
+ * keys in curve_dir unless insecure. Errors: RS_EINVAL for a refused endpoint, RS_EIO,
+ * RS_ETIMEOUT, RS_EPEER (refused or mismatched), RS_EPROTO. */
+int drafter_remote_create(const char *endpoint, const Model *target, uint64_t tok_hash,
+                          int timeout_ms, int insecure, const char *curve_dir, Drafter **out,
+                          RsErr *e);
 
 #endif

@@ -251,7 +251,7 @@ int main(int argc, char **argv) {
         if (ps) printf("=== prompt %s: %s\n", ps->items[pi].id, text);
         s.lc = (RoundLogCtx){rule_name(dp.rule), dp.temp, dp.budget, dp.prompt_id};
         s.first_id = 1;
-        rc = decode_run(en.target, en.have_dc ? &en.dc : NULL, ids, n, &dp, &h, &res, &e);
+        rc = decode_run(en.target, en.drafter, ids, n, &dp, &h, &res, &e);
         free(ids);
         printf("\n");
         fflush(stdout);

@@ -4,7 +4,8 @@
  * Models are tiny random ones built in memory, so the reference is plain AR decoding of the
  * same target (an independent code path: one-token passes, no pool, no tree mask). */
 #include "common/rng.h"
-#include "draft_proc/drafter.h"
+#include "draft_proc/drafter_impl.h"
+#include "draft_proc/model_drafter.h"
 #include "target_proc/decode.h"
 #include "testutil.h"
 #include <math.h>
@@ -14,8 +15,8 @@ typedef struct {
     Model *tm, *dm;
     int dm_is_view;
     Target *t;
-    Drafter *d;
-    DraftClient dc;
+    Drafter *d;  /* the model drafter (owned by dc when threaded) */
+    Drafter *dc; /* what the decode gets: d, or the threaded kind around it */
 } Pair;
 
 /* kind 0: independent random drafter; 1: layer-0 view of a 2-layer target;
@@ -34,10 +35,11 @@ static void pair_open_kv(Pair *p, int kind, int vocab, int dim, uint64_t seed, i
     int eog = -1;
     ck_assert_msg(target_create(p->tm, &cpu_backend_ops, kv, 1, 0, &eog, 0, &p->t, &e) == 0,
                   "%s", e.msg);
-    ck_assert_msg(drafter_create(kind == 2 ? p->tm : p->dm, &cpu_backend_ops, kv, 1, 0, &p->d,
-                                 &e) == 0,
+    ck_assert_msg(drafter_model_create(kind == 2 ? p->tm : p->dm, &cpu_backend_ops, kv, 1, 0,
+                                       &p->d, &e) == 0,
                   "%s", e.msg);
-    draftclient_local_init(&p->dc, p->d, threaded);
+    p->dc = p->d;
+    if (threaded) ck_assert_int_eq(drafter_threaded_create(p->d, &p->dc, &e), 0);
 }
 
 static void pair_open_t(Pair *p, int kind, int vocab, int dim, uint64_t seed, int threaded) {
@@ -49,8 +51,8 @@ static void pair_open(Pair *p, int kind, int vocab, int dim, uint64_t seed) {
 }
 
 static void pair_close(Pair *p) {
-    draftclient_local_free(&p->dc);
-    drafter_free(&p->d);
+    drafter_destroy(&p->dc); /* and p->d, which it owns or is */
+    p->d = NULL;
     target_free(&p->t);
     model_free(&p->dm);
     model_free(&p->tm);
@@ -65,7 +67,7 @@ static int run(Pair *p, Rule rule, int B, int temp, uint64_t seed, uint64_t pid,
     r.tokens = buf;
     r.cap = max_new + ROUND_MAX_EMIT;
     RsErr e = {0};
-    int rc = decode_run(p->t, rule == RULE_AR ? NULL : &p->dc, prompt, n, &o, h, &r, &e);
+    int rc = decode_run(p->t, rule == RULE_AR ? NULL : p->dc, prompt, n, &o, h, &r, &e);
     ck_assert_msg(rc == 0, "decode failed: %s", e.msg);
     int m = r.n_tokens < max_new ? r.n_tokens : max_new;
     memcpy(out, buf, sizeof(int) * (size_t)m);
@@ -237,7 +239,7 @@ START_TEST(test_tree_properties) {
     RsErr e = {0};
     Model *dm = tu_random_model(ARCH_LLAMA, 32, 64, 1, 4, 2, 50, 9);
     Drafter *d;
-    ck_assert(drafter_create(dm, &cpu_backend_ops, 512, 1, 0, &d, &e) == 0);
+    ck_assert(drafter_model_create(dm, &cpu_backend_ops, 512, 1, 0, &d, &e) == 0);
     Pool *pl = malloc(sizeof(Pool));
     Rng r;
     rng_seed(&r, 5);
@@ -334,7 +336,7 @@ START_TEST(test_tree_properties) {
     }
     free(trans);
     free(pl);
-    drafter_free(&d);
+    drafter_destroy(&d);
     model_free(&dm);
 }
 END_TEST
@@ -370,7 +372,7 @@ START_TEST(test_pool_growth_shape) {
     RsErr e = {0};
     Model *dm = tu_random_model(ARCH_LLAMA, 32, 64, 1, 4, 2, 50, 21);
     Drafter *d;
-    ck_assert(drafter_create(dm, &counting_ops, 512, 1, 0, &d, &e) == 0);
+    ck_assert(drafter_model_create(dm, &counting_ops, 512, 1, 0, &d, &e) == 0);
     Pool *pl = malloc(sizeof(Pool));
     int toks[4] = {3, 4, 5, 6}, committed = 0;
     for (int round = 0; round < 6; round++) {
@@ -378,7 +380,7 @@ START_TEST(test_pool_growth_shape) {
         g_fwd_n = 0;
         ck_assert_msg(drafter_commit_grow(d, toks, n, pl, &e) == 0, "%s", e.msg);
         committed += n;
-        ck_assert_int_eq(drafter_n_committed(d), committed);
+        ck_assert_int_eq(model_drafter_n_committed(d), committed);
         ck_assert_int_eq(g_fwd_n, 1 + 7);
         ck_assert_int_eq(g_fwd_tokens[0], n);
         for (int k = 1; k < 8; k++) ck_assert_int_eq(g_fwd_tokens[k], 10);
@@ -409,7 +411,7 @@ START_TEST(test_pool_growth_shape) {
         for (int k = 0; k < 4; k++) toks[k] = pl->token[(round * 7 + k) % 10];
     }
     free(pl);
-    drafter_free(&d);
+    drafter_destroy(&d);
     model_free(&dm);
 }
 END_TEST
@@ -573,7 +575,7 @@ static int decode_logged(Pair *p, Target *t, Rule rule, int B, int temp, uint64_
     r->tokens = buf;
     r->cap = max_new + ROUND_MAX_EMIT;
     RsErr e = {0};
-    int rc = decode_run(t, rule == RULE_AR ? NULL : &p->dc, prompt, n, &o, &h, r, &e);
+    int rc = decode_run(t, rule == RULE_AR ? NULL : p->dc, prompt, n, &o, &h, r, &e);
     ck_assert_msg(rc == 0, "decode failed: %s", e.msg);
     ck_assert_msg(lg->bad == 0, "%s T=%d B=%d: %s", rule_name(rule), temp, B, lg->why);
     return r->n_tokens;
@@ -615,9 +617,11 @@ START_TEST(test_stop_rule_and_kv) {
                                       "%s: target KV holds %d entries, want %d", nm,
                                       tb->n_committed, 5 - 1 + lg.total);
                         if (ALL_RULES[ri] != RULE_AR)
-                            ck_assert_msg(drafter_n_committed(p.d) == 5 + lg.total - lg.last_emit,
+                            ck_assert_msg(model_drafter_n_committed(p.d) ==
+                                              5 + lg.total - lg.last_emit,
                                           "%s: drafter KV holds %d committed, want %d", nm,
-                                          drafter_n_committed(p.d), 5 + lg.total - lg.last_emit);
+                                          model_drafter_n_committed(p.d),
+                                          5 + lg.total - lg.last_emit);
                     }
         if (kind == 2) ck_assert_msg(overshoot, "no decode went past its limit in its last round");
         pair_close(&p);
@@ -682,9 +686,9 @@ START_TEST(test_long_prompt) {
         Backend *tb = target_backend(p.t);
         ck_assert_msg(tb->n_committed == N - 1 + lg.total, "%s: target KV holds %d, want %d", nm,
                       tb->n_committed, N - 1 + lg.total);
-        ck_assert_msg(drafter_n_committed(p.d) == N + lg.total - lg.last_emit,
+        ck_assert_msg(model_drafter_n_committed(p.d) == N + lg.total - lg.last_emit,
                       "%s: drafter KV holds %d committed, want %d (the prompt and the output)",
-                      nm, drafter_n_committed(p.d), N + lg.total - lg.last_emit);
+                      nm, model_drafter_n_committed(p.d), N + lg.total - lg.last_emit);
     }
     pair_close(&p);
 }
@@ -740,7 +744,7 @@ START_TEST(test_realised_vs_tau_root) {
             r.tokens = bb;
             r.cap = 128;
             RsErr e = {0};
-            ck_assert(decode_run(p.t, &p.dc, prompt, 4, &o, &h, &r, &e) == 0);
+            ck_assert(decode_run(p.t, p.dc, prompt, 4, &o, &h, &r, &e) == 0);
             rounds += r.rounds;
         }
         double ma = st.sum_acc / st.n, mt = st.sum_tau / st.n;
@@ -760,19 +764,25 @@ END_TEST
  * path through the pool that spells plain greedy decoding's next tokens. At T=1 the oracle
  * is no worse than any unconditional tree, and the decoder's own tau is its rule's entry. */
 typedef struct {
-    DraftClient *inner;
+    Drafter *inner;
     Pool last;
 } PoolTap;
-static int tap_begin(DraftClient *c, const int *t, int n, int reset, RsErr *e) {
-    PoolTap *tp = c->self;
-    return tp->inner->grow_begin(tp->inner, t, n, reset, e);
+static int tap_reset(void *c, const int *t, int n, const void *f, size_t fb, RsErr *e) {
+    PoolTap *tp = c;
+    return drafter_reset(tp->inner, t, n, f, fb, e);
 }
-static int tap_end(DraftClient *c, Pool *out, RsErr *e) {
-    PoolTap *tp = c->self;
-    int rc = tp->inner->grow_end(tp->inner, out, e);
+static int tap_begin(void *c, const int *t, int n, const void *f, size_t fb, RsErr *e) {
+    PoolTap *tp = c;
+    return drafter_grow_begin(tp->inner, t, n, 0, f, fb, e);
+}
+static int tap_end(void *c, Pool *out, RsErr *e) {
+    PoolTap *tp = c;
+    int rc = drafter_grow_end(tp->inner, out, e);
     if (!rc) tp->last = *out;
     return rc;
 }
+static void tap_destroy(void *c) { (void)c; /* the test owns the tap and its inner */ }
+static const DrafterOps tap_ops = {tap_reset, tap_begin, tap_end, tap_destroy};
 typedef struct {
     PoolTap *tap;
     const int *ar;  /* greedy reference tokens */
@@ -827,8 +837,8 @@ static void oracle_round(void *u, const RoundInfo *r) {
 START_TEST(test_score_all_oracle) {
     Pair p;
     pair_open(&p, 1, 64, 32, 4242);
-    PoolTap tap = {.inner = &p.dc};
-    DraftClient dc = {tap_begin, tap_end, &tap};
+    PoolTap tap = {.inner = p.dc};
+    Drafter *dc = drafter_new(&tap_ops, &tap, drafter_info(p.dc));
     int prompt[5] = {3, 9, 27, 17, 51};
     long checked = 0, deep = 0;
     for (int temp = 0; temp <= 1; temp++) {
@@ -850,7 +860,7 @@ START_TEST(test_score_all_oracle) {
                     r.tokens = buf;
                     r.cap = 256;
                     RsErr e = {0};
-                    ck_assert_msg(decode_run(p.t, &dc, prompt, 5, &o, &h, &r, &e) == 0, "%s", e.msg);
+                    ck_assert_msg(decode_run(p.t, dc, prompt, 5, &o, &h, &r, &e) == 0, "%s", e.msg);
                     ck_assert_msg(g.bad == 0, "%s T=%d B=%d: %s", rule_name(rule), temp, B, g.why);
                     ck_assert_int_eq(g.rounds, r.rounds);
                     if (temp == 0) /* the wider pass must not disturb greedy identity */
@@ -865,6 +875,7 @@ START_TEST(test_score_all_oracle) {
             "(%ld of 2+ tokens)\n", checked, deep);
     ck_assert_int_gt(checked, 50);
     ck_assert_int_gt(deep, 10);
+    drafter_destroy(&dc);
     pair_close(&p);
 }
 END_TEST
@@ -884,7 +895,7 @@ START_TEST(test_kv_full_reserve) {
             r.tokens = buf;
             r.cap = 2048;
             RsErr e = {0};
-            ck_assert_msg(decode_run(p.t, rules[k] == RULE_AR ? NULL : &p.dc, prompt, 3, &o, NULL,
+            ck_assert_msg(decode_run(p.t, rules[k] == RULE_AR ? NULL : p.dc, prompt, 3, &o, NULL,
                                      &r, &e) == 0, "%s", e.msg);
             int reserve = decode_round_reserve(&o), used = 3 - 1 + r.n_tokens;
             ck_assert_int_eq(reserve, rules[k] == RULE_AR ? 1 : 1 + B);
@@ -930,7 +941,7 @@ START_TEST(test_measurement_off_clock) {
         r.cap = 256;
         RsErr e = {0};
         uint64_t w0 = rs_now_ns();
-        ck_assert_msg(decode_run(p.t, rules[k] == RULE_AR ? NULL : &p.dc, prompt, 4, &o, &h, &r,
+        ck_assert_msg(decode_run(p.t, rules[k] == RULE_AR ? NULL : p.dc, prompt, 4, &o, &h, &r,
                                  &e) == 0, "%s", e.msg);
         uint64_t wall = rs_now_ns() - w0, took = r.t_end - r.t_start;
         if (rules[k] == RULE_AR) ck_assert_msg(m.measured_ar == m.rounds, "AR: %d of %d rounds measured", m.measured_ar, m.rounds);
@@ -956,17 +967,17 @@ START_TEST(test_decode_errors) {
     r.cap = 64;
     RsErr e = {0};
     for (int i = 0; i < 600; i++) big[i] = 1;
-    ck_assert_int_eq(decode_run(p.t, &p.dc, big, 600, &o, NULL, &r, &e), RS_EINVAL);
+    ck_assert_int_eq(decode_run(p.t, p.dc, big, 600, &o, NULL, &r, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "prompt of 600 tokens does not fit the KV cache"), "%s", e.msg);
     int bad[2] = {1, 32};
-    ck_assert_int_eq(decode_run(p.t, &p.dc, bad, 2, &o, NULL, &r, &e), RS_EINVAL);
+    ck_assert_int_eq(decode_run(p.t, p.dc, bad, 2, &o, NULL, &r, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "prompt token 32 at position 1 outside vocabulary of 32"), "%s", e.msg);
     o.budget = 65;
-    ck_assert_int_eq(decode_run(p.t, &p.dc, bad, 1, &o, NULL, &r, &e), RS_EINVAL);
+    ck_assert_int_eq(decode_run(p.t, p.dc, bad, 1, &o, NULL, &r, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "budget 65 outside 1..64"), "%s", e.msg);
     o.budget = 8;
     o.score_all = 1;
-    ck_assert_int_eq(decode_run(p.t, &p.dc, bad, 1, &o, NULL, &r, &e), RS_EINVAL);
+    ck_assert_int_eq(decode_run(p.t, p.dc, bad, 1, &o, NULL, &r, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "needs a root-pass decoder"), "%s", e.msg);
     pair_close(&p);
 }
@@ -1014,7 +1025,7 @@ START_TEST(test_root_margin) {
         MarginLog ml = {0};
         DecodeHooks h = {NULL, margin_round, NULL, &ml};
         RsErr e = {0};
-        ck_assert_int_eq(decode_run(p.t, &p.dc, prompt, 3, &o, &h, &r, &e), RS_OK);
+        ck_assert_int_eq(decode_run(p.t, p.dc, prompt, 3, &o, &h, &r, &e), RS_OK);
         ck_assert_int_eq(ml.bad, 0);
         if (rules[k] == RULE_AR) ck_assert_int_eq(ml.with_margin, ml.rounds);
         else ck_assert_int_lt(ml.with_margin, ml.rounds); /* draft rounds have no root pass */

@@ -3,7 +3,7 @@
  * unreachable, killed or stalled mid-decode, target killed, garbage frames, wrong protocol
  * version, wrong vocabulary). Uses the tiny golden Llama (HF directory with tokenizer.json)
  * with a layer-0 self-drafter (its greedy output is varied; tiny llama's repeats one id), so each run takes well under a second. */
-#include "draft_proc/drafter.h"
+#include "draft_proc/model_drafter.h"
 #include "proto/proto.h"
 #include "testutil.h"
 #include <fcntl.h>
@@ -623,14 +623,14 @@ START_TEST(test_drafter_nonfinite_logits) {
     m->w.final_norm[0] = NAN;
     Drafter *d = NULL;
     RsErr e = {0};
-    ck_assert_msg(drafter_create(m, &cpu_backend_ops, 256, 1, 0, &d, &e) == 0, "%s", e.msg);
+    ck_assert_msg(drafter_model_create(m, &cpu_backend_ops, 256, 1, 0, &d, &e) == 0, "%s", e.msg);
     static Pool p;
     const int toks[] = {1, 2, 3};
     int rc = drafter_commit_grow(d, toks, 3, &p, &e);
     ck_assert_msg(rc == RS_EFORMAT, "rc %d: %s", rc, e.msg);
     ck_assert_msg(strstr(e.msg, "invalid pool") && strstr(e.msg, "log q nan"), "%s", e.msg);
     ck_assert_int_eq(p.n, 0);
-    drafter_free(&d);
+    drafter_destroy(&d);
     model_free(&m);
 }
 END_TEST

@@ -1,0 +1,27 @@
+/* The model kind of Drafter (draft_proc/drafter.h): a transformer run on its own backend
+ * with a static KV cache of the committed tokens, growing the EAGLE-3-shaped pool (SPEC §2)
+ * with one commit pass and 7 tree-masked expansion passes. Its two constructors are the
+ * separate drafter model and the self-drafter (a layer subset of the target). Growth runs
+ * synchronously inside drafter_grow_begin; wrap it with drafter_threaded_create to overlap
+ * it with the caller's work. */
+#ifndef ROOTSPEC_MODEL_DRAFTER_H
+#define ROOTSPEC_MODEL_DRAFTER_H
+#include "drafter.h"
+#include "kernels/backend.h"
+
+/* A drafter model of its own. Borrows `m` (keep it alive until drafter_destroy); creates
+ * its own backend from `ops` with kv_capacity entries. RS_EUNSUPPORTED when the vocabulary
+ * is smaller than POOL_TOPK. */
+int drafter_model_create(const Model *m, const BackendOps *ops, int kv_capacity, int threads,
+                         int device, Drafter **out, RsErr *e);
+
+/* The self-drafter: layers `layers` (model_layer_view's spec, e.g. "0-5") of `target`.
+ * Owns the view, which borrows target's weights: destroy the drafter before the target.
+ * RS_EINVAL for a bad spec. */
+int drafter_self_create(const Model *target, const char *layers, const BackendOps *ops,
+                        int kv_capacity, int threads, int device, Drafter **out, RsErr *e);
+
+/* Tokens in the KV cache (tests check the commit bookkeeping). d must be of this kind. */
+int model_drafter_n_committed(const Drafter *d);
+
+#endif
