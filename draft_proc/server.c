@@ -1,6 +1,8 @@
 /* Drafter request loop. ROUTER framing: [peer identity, payload]; the payload is one
  * proto message. Anything else (extra frames, garbage, wrong version, a request outside
- * the current session) gets an ERROR reply to that peer; the loop never exits on bad input. */
+ * the current session) gets an ERROR reply to that peer; the loop never exits on bad input.
+ * The state lives in one Session; each message type has its handler (on_*), and the loop
+ * only reads a request and dispatches it. */
 #include "server.h"
 #include "proto/proto.h"
 #include "proto/secure.h"
@@ -12,31 +14,253 @@
 #include <zmq.h>
 
 typedef struct {
-    void *sock;
+    /* the service */
+    Drafter *d;
+    const DrafterInfo *info;
+    uint64_t tok_hash;
+    const ServerOpts *o;
+    void *zctx, *sock;
+    int use_curve;
+    msgpack_sbuffer sb;
+    Pool *pool;           /* COMMIT_GROW's pool, sent from here */
+    int served;           /* requests decoded (well-formed or not) */
+    /* the request being served */
     uint8_t peer[256];
     size_t peer_len;
-    msgpack_sbuffer sb;
-} Conn;
+    ProtoMsg req, rep;
+    int same_peer;        /* from the session's peer */
+    /* the target session: one at a time, a new HELLO takes over */
+    int have_session;
+    uint8_t sess_peer[256];
+    size_t sess_peer_len;
+    uint64_t session;
+    /* Set when the session's context may differ from the target's: a COMMIT_GROW or RESET
+     * that failed, or a frame of the session that could not be decoded (its tokens are
+     * lost). COMMIT_GROW is refused until RESET or HELLO starts the context again. */
+    int ctx_lost;
+    char ctx_lost_why[256];
+} Session;
 
-static int send_to(Conn *c, const uint8_t *peer, size_t peer_len, const ProtoMsg *m) {
+/* Sends m to the current request's peer. */
+static int send_reply(Session *s, const ProtoMsg *m) {
     RsErr e = {0};
-    msgpack_sbuffer_clear(&c->sb);
-    if (proto_encode(m, &c->sb, &e) != 0) {
+    msgpack_sbuffer_clear(&s->sb);
+    if (proto_encode(m, &s->sb, &e) != 0) {
         fprintf(stderr, "rootspec-draft: cannot encode reply: %s\n", e.msg);
         return -1;
     }
-    if (zmq_send(c->sock, peer, peer_len, ZMQ_SNDMORE) < 0) return -1;
-    return zmq_send(c->sock, c->sb.data, c->sb.size, 0) < 0 ? -1 : 0;
+    if (zmq_send(s->sock, s->peer, s->peer_len, ZMQ_SNDMORE) < 0) return -1;
+    return zmq_send(s->sock, s->sb.data, s->sb.size, 0) < 0 ? -1 : 0;
 }
 
-static void reply_error(Conn *c, const uint8_t *peer, size_t plen, const ProtoMsg *req, int code,
-                        const char *msg) {
+/* req: the request's header for the reply's session/seq; NULL when none was readable. */
+static void reply_error(Session *s, const ProtoMsg *req, int code, const char *msg) {
     ProtoMsg r = {0};
     RsErr cause = {.code = code};
     snprintf(cause.msg, sizeof cause.msg, "%s", msg);
     proto_error_reply(&r, req, &cause);
-    send_to(c, peer, plen, &r);
+    send_reply(s, &r);
 }
+
+/* s->rep, cleared, as the reply of `type` to the current request. */
+static ProtoMsg *start_reply(Session *s, ProtoType type) {
+    memset(&s->rep, 0, sizeof s->rep);
+    s->rep.type = type;
+    s->rep.session = s->req.session;
+    s->rep.seq = s->req.seq;
+    return &s->rep;
+}
+
+static void lose_context(Session *s, const char *what) {
+    s->ctx_lost = 1;
+    snprintf(s->ctx_lost_why, sizeof s->ctx_lost_why, "%s seq %" PRIu64 " failed", what,
+             s->req.seq);
+}
+
+/* ---- one handler per message type ------------------------------------------------------- */
+
+/* Why a HELLO cannot be served ("" when it can). */
+static void hello_refusal(const Session *s, char *why, size_t cap) {
+    const ProtoHello *h = &s->req.u.hello;
+    int vocab = s->info->vocab_size;
+    *why = 0;
+    if (h->vocab_size != (uint32_t)vocab || h->tokenizer_hash != s->tok_hash)
+        snprintf(why, cap,
+                 "tokenizer mismatch: target vocab %u (tokenizer %016" PRIx64
+                 "), drafter vocab %d (tokenizer %016" PRIx64 ")",
+                 h->vocab_size, h->tokenizer_hash, vocab, s->tok_hash);
+    else if (h->topk != POOL_TOPK || h->depth != POOL_MAX_DEPTH || h->expand != POOL_EXPAND)
+        snprintf(why, cap, "pool shape %u/%u/%u requested, drafter grows %d/%d/%d", h->topk,
+                 h->depth, h->expand, POOL_TOPK, POOL_MAX_DEPTH, POOL_EXPAND);
+}
+
+/* HELLO: checks the target's vocabulary, tokenizer and pool shape, then starts a session
+ * with an empty context (taking over from any other target). */
+static void on_hello(Session *s) {
+    char why[512];
+    hello_refusal(s, why, sizeof why);
+    if (*why) {
+        fprintf(stderr, "rootspec-draft: refused HELLO: %s\n", why);
+        reply_error(s, &s->req, RS_EPEER, why);
+        return;
+    }
+    if (s->have_session && !s->same_peer)
+        fprintf(stderr, "rootspec-draft: new target session replaces the old one\n");
+    memcpy(s->sess_peer, s->peer, s->peer_len);
+    s->sess_peer_len = s->peer_len;
+    s->session = s->req.session;
+    s->have_session = 1;
+    s->ctx_lost = 0;
+    RsErr re = {0};
+    int rc = drafter_reset(s->d, NULL, 0, NULL, 0, &re);
+    if (rc) { /* a remote drafter behind this one may fail; a model drafter cannot */
+        lose_context(s, "HELLO's reset");
+        reply_error(s, &s->req, rc, re.msg);
+        return;
+    }
+    ProtoHelloOk *h = &start_reply(s, PROTO_HELLO_OK)->u.hello_ok;
+    snprintf(h->fingerprint, sizeof h->fingerprint, "%s", s->info->fingerprint);
+    h->tokenizer_hash = s->tok_hash;
+    h->vocab_size = (uint32_t)s->info->vocab_size;
+    h->caps = PROTO_CAP_POOL_V1 | s->o->caps;
+    snprintf(h->name, sizeof h->name, "%s", s->o->name ? s->o->name : "rootspec-draft");
+    send_reply(s, &s->rep);
+}
+
+/* RESET and COMMIT_GROW belong to the session; 0 (after an ERROR reply) when not. */
+static int in_session(Session *s) {
+    if (s->same_peer && s->req.session == s->session) return 1;
+    reply_error(s, &s->req, RS_EPROTO,
+                "no session: send HELLO first (or another target took over)");
+    return 0;
+}
+
+/* RESET: drops the context and prefills the new prompt; no reply unless it fails. */
+static void on_reset(Session *s) {
+    if (!in_session(s)) return;
+    s->ctx_lost = 0;
+    RsErr ge = {0};
+    int rc = drafter_reset(s->d, s->req.u.tokens.ids, s->req.u.tokens.n, NULL, 0, &ge);
+    if (rc) {
+        RsErr ignored = {0};
+        drafter_reset(s->d, NULL, 0, NULL, 0, &ignored); /* no unknown prefix left behind */
+        lose_context(s, "RESET");
+        reply_error(s, &s->req, rc, ge.msg);
+    }
+}
+
+/* COMMIT_GROW: commits the round's tokens and answers with the pool grown below them. */
+static void on_commit_grow(Session *s) {
+    if (!in_session(s)) return;
+    if (s->ctx_lost) {
+        char t[400];
+        snprintf(t, sizeof t,
+                 "drafter context lost (%s): send RESET with the prompt, then COMMIT_GROW",
+                 s->ctx_lost_why);
+        reply_error(s, &s->req, RS_EPROTO, t);
+        return;
+    }
+    RsErr ge = {0};
+    int rc = drafter_commit_grow(s->d, s->req.u.tokens.ids, s->req.u.tokens.n, s->pool, &ge);
+    if (rc) {
+        lose_context(s, "COMMIT_GROW");
+        reply_error(s, &s->req, rc, ge.msg);
+        return;
+    }
+    ProtoMsg *r = start_reply(s, PROTO_POOL);
+    r->u.pool.pool = s->pool;
+    r->u.pool.commit_pass_ns = s->pool->commit_pass_ns;
+    send_reply(s, r);
+}
+
+/* BYE: answered with BYE; ends the session when it is the session's peer's. */
+static void on_bye(Session *s) {
+    send_reply(s, start_reply(s, PROTO_BYE));
+    if (s->same_peer) s->have_session = 0;
+}
+
+static void on_unexpected(Session *s) {
+    char t[96];
+    snprintf(t, sizeof t, "unexpected %s message from a target", proto_type_name(s->req.type));
+    reply_error(s, &s->req, RS_EPROTO, t);
+}
+
+/* A frame that did not decode: ERROR reply; if it was the session's, its tokens are lost. */
+static void on_bad_frame(Session *s, int rc, const RsErr *de) {
+    fprintf(stderr, "rootspec-draft: rejected frame: %s\n", de->msg);
+    if (s->same_peer && s->req.session == s->session && !s->ctx_lost) {
+        s->ctx_lost = 1;
+        snprintf(s->ctx_lost_why, sizeof s->ctx_lost_why, "a frame was rejected (seq %" PRIu64 ")",
+                 s->req.seq);
+    }
+    reply_error(s, &s->req, rc, de->msg);
+}
+
+static void dispatch(Session *s) {
+    switch (s->req.type) {
+    case PROTO_HELLO: on_hello(s); break;
+    case PROTO_RESET: on_reset(s); break;
+    case PROTO_COMMIT_GROW: on_commit_grow(s); break;
+    case PROTO_BYE: on_bye(s); break;
+    default: on_unexpected(s);
+    }
+}
+
+/* ---- reading requests ------------------------------------------------------------------ */
+
+/* Drains the frames after `msg`; returns how many there were. */
+static int drain_extra_frames(Session *s, zmq_msg_t *msg) {
+    int extra = 0;
+    while (zmq_msg_more(msg)) {
+        zmq_msg_t junk;
+        zmq_msg_init(&junk);
+        zmq_msg_recv(&junk, s->sock, 0);
+        extra++;
+        int more = zmq_msg_more(&junk);
+        zmq_msg_close(&junk);
+        if (!more) break;
+    }
+    return extra;
+}
+
+typedef enum { REQ_NONE, REQ_ANSWERED, REQ_READY } ReqStatus;
+
+/* Reads one [identity, payload] request into s->peer and s->req. REQ_NONE: nothing to
+ * serve; REQ_ANSWERED: a malformed request, answered with ERROR; REQ_READY: dispatch it.
+ * served counts ANSWERED and READY requests that reached the decoder. */
+static ReqStatus next_request(Session *s) {
+    int pl = zmq_recv(s->sock, s->peer, sizeof s->peer, ZMQ_DONTWAIT); /* frame 1: identity */
+    if (pl < 0) return REQ_NONE;
+    s->peer_len = (size_t)pl < sizeof s->peer ? (size_t)pl : sizeof s->peer;
+    int more = 0;
+    size_t ml = sizeof more;
+    zmq_getsockopt(s->sock, ZMQ_RCVMORE, &more, &ml);
+    if (!more) return REQ_NONE;
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    zmq_msg_recv(&msg, s->sock, 0);
+    int extra = drain_extra_frames(s, &msg);
+    if (extra) {
+        zmq_msg_close(&msg);
+        char t[128];
+        snprintf(t, sizeof t, "multi-part message (%d frames), expected one frame", extra + 1);
+        reply_error(s, NULL, RS_EPROTO, t);
+        return REQ_ANSWERED;
+    }
+    RsErr de = {0};
+    int rc = proto_decode(zmq_msg_data(&msg), zmq_msg_size(&msg), &s->req, &de);
+    zmq_msg_close(&msg);
+    s->served++;
+    s->same_peer = s->have_session && s->peer_len == s->sess_peer_len &&
+                   !memcmp(s->peer, s->sess_peer, s->peer_len);
+    if (rc) {
+        on_bad_frame(s, rc, &de);
+        return REQ_ANSWERED;
+    }
+    return REQ_READY;
+}
+
+/* ---- set-up ------------------------------------------------------------------------------ */
 
 /* 1 if something accepts connections on the unix socket at path. libzmq's ipc bind unlinks
  * an existing socket file, which would silently orphan a drafter already serving there. */
@@ -51,211 +275,67 @@ static int ipc_in_use(const char *path) {
     return used;
 }
 
+/* The ROUTER socket, bound to o->endpoint (with CURVE on tcp:// when keys are given). */
+static int open_socket(Session *s, RsErr *e) {
+    const ServerOpts *o = s->o;
+    s->zctx = zmq_ctx_new();
+    s->sock = zmq_socket(s->zctx, ZMQ_ROUTER);
+    int zero = 0, one = 1, rc;
+    zmq_setsockopt(s->sock, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s->sock, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
+    int64_t max_frame = PROTO_FRAME_MAX; /* a peer cannot make us buffer more */
+    zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &max_frame, sizeof max_frame);
+    s->use_curve = o->curve_dir && !strncmp(o->endpoint, "tcp://", 6);
+    if (s->use_curve && (rc = secure_server_setup(s->zctx, s->sock, o->curve_dir, e))) return rc;
+    if (!strncmp(o->endpoint, "ipc://", 6) && ipc_in_use(o->endpoint + 6))
+        return rs_err(e, RS_EIO,
+                      "cannot bind '%s': another process is serving on that socket (stop it or "
+                      "choose another path)",
+                      o->endpoint);
+    if (zmq_bind(s->sock, o->endpoint) != 0)
+        return rs_err(e, RS_EIO, "cannot bind '%s': %s", o->endpoint, zmq_strerror(zmq_errno()));
+    return RS_OK;
+}
+
+static void close_socket(Session *s) {
+    zmq_close(s->sock);
+    zmq_ctx_shutdown(s->zctx);
+    if (s->use_curve) secure_server_shutdown();
+    zmq_ctx_term(s->zctx);
+}
+
+static void announce(const Session *s) {
+    char bound[512] = "";
+    size_t bl = sizeof bound;
+    if (zmq_getsockopt(s->sock, ZMQ_LAST_ENDPOINT, bound, &bl) != 0 || !*bound)
+        snprintf(bound, sizeof bound, "%s", s->o->endpoint);
+    fprintf(stderr, "rootspec-draft: serving %s on %s (vocab %d)\n", s->info->name, bound,
+            s->info->vocab_size);
+}
+
 int server_run(Drafter *d, uint64_t tok_hash, const ServerOpts *o, RsErr *e) {
     int rc = secure_check_endpoint(o->endpoint, o->insecure, o->curve_dir, e);
     if (rc) return rc;
-    void *ctx = zmq_ctx_new();
-    Conn c = {0};
-    c.sock = zmq_socket(ctx, ZMQ_ROUTER);
-    int zero = 0, one = 1;
-    zmq_setsockopt(c.sock, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(c.sock, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
-    int64_t max_frame = PROTO_FRAME_MAX; /* a peer cannot make us buffer more */
-    zmq_setsockopt(c.sock, ZMQ_MAXMSGSIZE, &max_frame, sizeof max_frame);
-    int use_curve = o->curve_dir && !strncmp(o->endpoint, "tcp://", 6);
-    if (use_curve && (rc = secure_server_setup(ctx, c.sock, o->curve_dir, e))) goto done;
-    if (!strncmp(o->endpoint, "ipc://", 6) && ipc_in_use(o->endpoint + 6)) {
-        rc = rs_err(e, RS_EIO,
-                    "cannot bind '%s': another process is serving on that socket (stop it or "
-                    "choose another path)",
-                    o->endpoint);
-        goto done;
+    Session s = {.d = d, .info = drafter_info(d), .tok_hash = tok_hash, .o = o};
+    rc = open_socket(&s, e);
+    if (rc) {
+        close_socket(&s);
+        return rc;
     }
-    if (zmq_bind(c.sock, o->endpoint) != 0) {
-        rc = rs_err(e, RS_EIO, "cannot bind '%s': %s", o->endpoint, zmq_strerror(zmq_errno()));
-        goto done;
-    }
-    msgpack_sbuffer_init(&c.sb);
-    const DrafterInfo *info = drafter_info(d);
-    int vocab = info->vocab_size;
-    Pool *pool = rs_xmalloc(sizeof(Pool));
-    ProtoMsg req = {0}, rep = {0};
-    req.vocab_size = vocab;
-    uint8_t sess_peer[256];
-    size_t sess_peer_len = 0;
-    uint64_t session = 0;
-    int have_session = 0, served = 0;
-    /* Set when the session's context may differ from the target's: a COMMIT_GROW or RESET
-     * that failed, or a frame of the session that could not be decoded (its tokens are
-     * lost). COMMIT_GROW is refused until RESET or HELLO starts the context again. */
-    int ctx_lost = 0;
-    char ctx_lost_why[256] = "";
-    char bound[512] = "";
-    size_t bl = sizeof bound;
-    if (zmq_getsockopt(c.sock, ZMQ_LAST_ENDPOINT, bound, &bl) != 0 || !*bound)
-        snprintf(bound, sizeof bound, "%s", o->endpoint);
-    fprintf(stderr, "rootspec-draft: serving %s on %s (vocab %d)\n", info->name, bound, vocab);
+    msgpack_sbuffer_init(&s.sb);
+    s.pool = rs_xmalloc(sizeof(Pool));
+    s.req.vocab_size = s.info->vocab_size;
+    announce(&s);
     while (!(o->stop && *o->stop)) {
-        zmq_pollitem_t it = {.socket = c.sock, .events = ZMQ_POLLIN};
+        zmq_pollitem_t it = {.socket = s.sock, .events = ZMQ_POLLIN};
         if (zmq_poll(&it, 1, 200) <= 0) continue;
-        /* frame 1: identity */
-        uint8_t peer[256];
-        int pl = zmq_recv(c.sock, peer, sizeof peer, ZMQ_DONTWAIT);
-        if (pl < 0) continue;
-        size_t plen = (size_t)pl < sizeof peer ? (size_t)pl : sizeof peer;
-        zmq_msg_t msg;
-        zmq_msg_init(&msg);
-        int more = 0;
-        size_t ml = sizeof more;
-        zmq_getsockopt(c.sock, ZMQ_RCVMORE, &more, &ml);
-        if (!more) {
-            zmq_msg_close(&msg);
-            continue;
-        }
-        zmq_msg_recv(&msg, c.sock, 0);
-        int extra = 0;
-        while (zmq_msg_more(&msg)) { /* drain extra frames */
-            zmq_msg_t junk;
-            zmq_msg_init(&junk);
-            zmq_msg_recv(&junk, c.sock, 0);
-            extra++;
-            int m2 = zmq_msg_more(&junk);
-            zmq_msg_close(&junk);
-            if (!m2) break;
-        }
-        RsErr de = {0};
-        if (extra) {
-            zmq_msg_close(&msg);
-            char t[128];
-            snprintf(t, sizeof t, "multi-part message (%d frames), expected one frame", extra + 1);
-            reply_error(&c, peer, plen, NULL, RS_EPROTO, t);
-            continue;
-        }
-        rc = proto_decode(zmq_msg_data(&msg), zmq_msg_size(&msg), &req, &de);
-        zmq_msg_close(&msg);
-        served++;
-        int same_peer = have_session && plen == sess_peer_len && !memcmp(peer, sess_peer, plen);
-        if (rc) {
-            fprintf(stderr, "rootspec-draft: rejected frame: %s\n", de.msg);
-            if (same_peer && req.session == session && !ctx_lost) {
-                ctx_lost = 1;
-                snprintf(ctx_lost_why, sizeof ctx_lost_why, "a frame was rejected (seq %" PRIu64 ")",
-                         req.seq);
-            }
-            reply_error(&c, peer, plen, &req, rc, de.msg);
-            continue;
-        }
-        switch (req.type) {
-        case PROTO_HELLO: {
-            char why[512] = "";
-            if (req.u.hello.vocab_size != (uint32_t)vocab || req.u.hello.tokenizer_hash != tok_hash)
-                snprintf(why, sizeof why,
-                         "tokenizer mismatch: target vocab %u (tokenizer %016" PRIx64
-                         "), drafter vocab %d (tokenizer %016" PRIx64 ")",
-                         req.u.hello.vocab_size, req.u.hello.tokenizer_hash, vocab, tok_hash);
-            else if (req.u.hello.topk != POOL_TOPK || req.u.hello.depth != POOL_MAX_DEPTH ||
-                     req.u.hello.expand != POOL_EXPAND)
-                snprintf(why, sizeof why, "pool shape %u/%u/%u requested, drafter grows %d/%d/%d",
-                         req.u.hello.topk, req.u.hello.depth, req.u.hello.expand, POOL_TOPK,
-                         POOL_MAX_DEPTH, POOL_EXPAND);
-            if (*why) {
-                fprintf(stderr, "rootspec-draft: refused HELLO: %s\n", why);
-                reply_error(&c, peer, plen, &req, RS_EPEER, why);
-                break;
-            }
-            if (have_session && !same_peer)
-                fprintf(stderr, "rootspec-draft: new target session replaces the old one\n");
-            memcpy(sess_peer, peer, plen);
-            sess_peer_len = plen;
-            session = req.session;
-            have_session = 1;
-            ctx_lost = 0;
-            RsErr re = {0};
-            drafter_reset(d, NULL, 0, NULL, 0, &re); /* a model drafter cannot fail here */
-            memset(&rep, 0, sizeof rep);
-            rep.type = PROTO_HELLO_OK;
-            rep.session = req.session;
-            rep.seq = req.seq;
-            snprintf(rep.u.hello_ok.fingerprint, sizeof rep.u.hello_ok.fingerprint, "%s",
-                     info->fingerprint);
-            rep.u.hello_ok.tokenizer_hash = tok_hash;
-            rep.u.hello_ok.vocab_size = (uint32_t)vocab;
-            rep.u.hello_ok.caps = PROTO_CAP_POOL_V1 | o->caps;
-            snprintf(rep.u.hello_ok.name, sizeof rep.u.hello_ok.name, "%s",
-                     o->name ? o->name : "rootspec-draft");
-            send_to(&c, peer, plen, &rep);
-            break;
-        }
-        case PROTO_RESET:
-        case PROTO_COMMIT_GROW: {
-            if (!same_peer || req.session != session) {
-                reply_error(&c, peer, plen, &req, RS_EPROTO,
-                            "no session: send HELLO first (or another target took over)");
-                break;
-            }
-            RsErr ge = {0};
-            if (req.type == PROTO_RESET) { /* drop the KV, prefill the new prompt */
-                ctx_lost = 0;
-                rc = drafter_reset(d, req.u.tokens.ids, req.u.tokens.n, NULL, 0, &ge);
-                if (rc) {
-                    RsErr ignored = {0};
-                    drafter_reset(d, NULL, 0, NULL, 0, &ignored);
-                    ctx_lost = 1;
-                    snprintf(ctx_lost_why, sizeof ctx_lost_why, "RESET seq %" PRIu64 " failed",
-                             req.seq);
-                    reply_error(&c, peer, plen, &req, rc, ge.msg);
-                }
-                break; /* no reply unless it fails */
-            }
-            if (ctx_lost) {
-                char t[400];
-                snprintf(t, sizeof t,
-                         "drafter context lost (%s): send RESET with the prompt, then COMMIT_GROW",
-                         ctx_lost_why);
-                reply_error(&c, peer, plen, &req, RS_EPROTO, t);
-                break;
-            }
-            rc = drafter_commit_grow(d, req.u.tokens.ids, req.u.tokens.n, pool, &ge);
-            if (rc) {
-                ctx_lost = 1;
-                snprintf(ctx_lost_why, sizeof ctx_lost_why, "COMMIT_GROW seq %" PRIu64 " failed",
-                         req.seq);
-                reply_error(&c, peer, plen, &req, rc, ge.msg);
-                break;
-            }
-            memset(&rep, 0, sizeof rep);
-            rep.type = PROTO_POOL;
-            rep.session = req.session;
-            rep.seq = req.seq;
-            rep.u.pool.pool = pool;
-            rep.u.pool.commit_pass_ns = pool->commit_pass_ns;
-            send_to(&c, peer, plen, &rep);
-            break;
-        }
-        case PROTO_BYE:
-            memset(&rep, 0, sizeof rep);
-            rep.type = PROTO_BYE;
-            rep.session = req.session;
-            rep.seq = req.seq;
-            send_to(&c, peer, plen, &rep);
-            if (same_peer) have_session = 0;
-            break;
-        default: {
-            char t[96];
-            snprintf(t, sizeof t, "unexpected %s message from a target", proto_type_name(req.type));
-            reply_error(&c, peer, plen, &req, RS_EPROTO, t);
-        }
-        }
-        if (o->max_requests > 0 && served >= o->max_requests) break;
+        if (next_request(&s) != REQ_READY) continue;
+        dispatch(&s);
+        if (o->max_requests > 0 && s.served >= o->max_requests) break;
     }
-    rc = RS_OK;
-    free(pool);
-    proto_msg_clear(&req);
-    msgpack_sbuffer_destroy(&c.sb);
-done:
-    zmq_close(c.sock);
-    zmq_ctx_shutdown(ctx);
-    if (use_curve) secure_server_shutdown();
-    zmq_ctx_term(ctx);
-    return rc;
+    free(s.pool);
+    proto_msg_clear(&s.req);
+    msgpack_sbuffer_destroy(&s.sb);
+    close_socket(&s);
+    return RS_OK;
 }
