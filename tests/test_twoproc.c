@@ -4,6 +4,8 @@
  * version, wrong vocabulary). Uses the tiny golden Llama (HF directory with tokenizer.json)
  * with a layer-0 self-drafter (its greedy output is varied; tiny llama's repeats one id), so each run takes well under a second. */
 #include "draft_proc/model_drafter.h"
+#include "target_proc/engine.h"
+#include "target_proc/remote.h"
 #include "proto/proto.h"
 #include "testutil.h"
 #include <fcntl.h>
@@ -898,6 +900,123 @@ START_TEST(test_launch_drafter_fails) {
 }
 END_TEST
 
+/* One Drafter interface, every kind behind it: the same commits give bit-identical pools
+ * from a model drafter on a layer view, the self-drafter on the same layers, the threaded
+ * kind around it and a rootspec-draft process serving those layers (the sequence includes
+ * a reset with a prompt, which only rootspec-draft's RESET uses today). */
+static void grow_seq(Drafter *d, Pool *out /* (3) */) {
+    RsErr e = {0};
+    const int prompt[] = {10, 20, 30, 40, 50, 60};
+    ck_assert_msg(drafter_grow_begin(d, prompt, 6, 1, NULL, 0, &e) == 0, "%s", e.msg);
+    ck_assert_msg(drafter_grow_end(d, &out[0], &e) == 0, "%s", e.msg);
+    int two[2] = {out[0].token[0], out[0].token[out[0].first_child[0]]};
+    ck_assert_msg(drafter_commit_grow(d, two, 2, &out[1], &e) == 0, "%s", e.msg);
+    ck_assert_msg(drafter_reset(d, prompt, 4, NULL, 0, &e) == 0, "%s", e.msg);
+    ck_assert_msg(drafter_commit_grow(d, prompt + 4, 2, &out[2], &e) == 0, "%s", e.msg);
+}
+
+static int pools_equal(const Pool *a, const Pool *b) {
+    size_t n = (size_t)a->n;
+    return a->n == b->n && a->n == POOL_MAX &&
+           !memcmp(a->token, b->token, n * sizeof a->token[0]) &&
+           !memcmp(a->parent, b->parent, n * sizeof a->parent[0]) &&
+           !memcmp(a->logq, b->logq, n * sizeof a->logq[0]) && !memcmp(a->depth, b->depth, n);
+}
+
+START_TEST(test_each_drafter_kind_same_pools) {
+    make_dir();
+    char ep[300];
+    endpoint(ep, sizeof ep, "k");
+    pid_t dp = start_drafter_on(ep, TINY, "0");
+    RsErr e = {0};
+    Model *m = NULL, *view = NULL;
+    Tokenizer *tok = NULL;
+    ck_assert_msg(model_load(TINY, &m, &e) == 0, "%s", e.msg);
+    ck_assert_msg(tokenizer_load_model(m, &tok, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(model_layer_view(m, "0", &view, &e), 0);
+    Drafter *kinds[4] = {0};
+    const char *names[4] = {"model on a view", "self", "threaded self", "remote"};
+    ck_assert_int_eq(drafter_model_create(view, &cpu_backend_ops, 256, 1, 0, &kinds[0], &e), 0);
+    ck_assert_int_eq(drafter_self_create(m, "0", &cpu_backend_ops, 256, 1, 0, &kinds[1], &e), 0);
+    Drafter *inner = NULL;
+    ck_assert_int_eq(drafter_self_create(m, "0", &cpu_backend_ops, 256, 1, 0, &inner, &e), 0);
+    ck_assert_int_eq(drafter_threaded_create(inner, &kinds[2], &e), 0);
+    ck_assert_msg(drafter_remote_create(ep, m, tokenizer_identity(tok, m->cfg.vocab_size), 20000,
+                                        0, NULL, &kinds[3], &e) == 0,
+                  "%s", e.msg);
+    static Pool pools[4][3];
+    for (int k = 0; k < 4; k++) {
+        const DrafterInfo *in = drafter_info(kinds[k]);
+        ck_assert_int_eq(in->vocab_size, m->cfg.vocab_size);
+        ck_assert_msg(!strcmp(in->fingerprint, view->fingerprint), "%s: fingerprint %s, want %s",
+                      names[k], in->fingerprint, view->fingerprint);
+        grow_seq(kinds[k], pools[k]);
+        for (int r = 0; r < 3; r++)
+            ck_assert_msg(pools_equal(&pools[k][r], &pools[0][r]), "%s: pool %d differs",
+                          names[k], r);
+    }
+    ck_assert_msg(!pools_equal(&pools[0][0], &pools[0][1]), "the commits changed nothing");
+    ck_assert_int_eq(model_drafter_n_committed(kinds[1]), 6);
+    for (int k = 0; k < 4; k++) drafter_destroy(&kinds[k]);
+    ck_assert(kinds[3] == NULL);
+    drafter_destroy(&kinds[3]); /* NULL: nothing */
+    model_free(&view);
+    tokenizer_free(&tok);
+    model_free(&m);
+    stop(dp);
+}
+END_TEST
+
+/* The engine holds one Drafter and decode_run takes any kind: with a drafter model of its
+ * own, the self-drafter and a rootspec-draft process, T=0 output equals AR's. The
+ * self-drafter and the remote one serve the same layers, so they accept the same tokens;
+ * the target itself as its own drafter accepts more than a one-layer view. */
+static int engine_decode(const EngineOpts *eo, Rule rule, int *out, int cap, long *accepted) {
+    Engine en;
+    RsErr e = {0};
+    ck_assert_msg(engine_open(eo, rule != RULE_AR, &en, &e) == 0, "%s", e.msg);
+    const int prompt[] = {10, 20, 30, 40, 50, 60};
+    DecodeOpts o = {.rule = rule, .budget = 8, .temp = 0, .max_new = 40};
+    DecodeResult r = {.tokens = out, .cap = cap};
+    ck_assert_msg(decode_run(en.target, en.drafter, prompt, 6, &o, NULL, &r, &e) == 0, "%s",
+                  e.msg);
+    ck_assert_msg(!r.drafter_failed, "the drafter failed");
+    engine_close(&en);
+    ck_assert(en.drafter == NULL);
+    *accepted = r.accepted_total;
+    return r.n_tokens;
+}
+
+START_TEST(test_engine_each_drafter_kind) {
+    make_dir();
+    char ep[300];
+    endpoint(ep, sizeof ep, "e");
+    pid_t dp = start_drafter_on(ep, TINY, "0");
+    EngineOpts base = {.model_path = TINY, .threads = 1, .ctx = 512, .draft_timeout_ms = 20000};
+    int ref[128], got[128];
+    long acc[3], ar_acc;
+    int n_ref = engine_decode(&base, RULE_AR, ref, 128, &ar_acc);
+    ck_assert_int_ge(n_ref, 40);
+    EngineOpts kinds[3] = {base, base, base};
+    const char *names[3] = {"drafter model", "self-drafter", "remote"};
+    kinds[0].draft_model_path = TINY; /* the target as its own drafter */
+    kinds[1].draft_layers = "0";
+    kinds[2].draft_endpoint = ep; /* serving layer 0 */
+    for (int k = 0; k < 3; k++) {
+        int n = engine_decode(&kinds[k], RULE_ROOTDRAW, got, 128, &acc[k]);
+        ck_assert_msg(n >= 40, "%s: %d tokens", names[k], n);
+        for (int i = 0; i < 40; i++)
+            ck_assert_msg(got[i] == ref[i], "%s: token %d is %d, AR's %d", names[k], i, got[i],
+                          ref[i]);
+    }
+    ck_assert_msg(acc[1] == acc[2], "self-drafter accepted %ld, remote on the same layers %ld",
+                  acc[1], acc[2]);
+    ck_assert_msg(acc[0] > acc[1], "the target as drafter accepted %ld, layer 0 %ld", acc[0],
+                  acc[1]);
+    stop(dp);
+}
+END_TEST
+
 Suite *suite_twoproc(void) {
     Suite *s = suite_create("twoproc");
     TCase *tc = tcase_create("pipeline");
@@ -921,6 +1040,8 @@ Suite *suite_twoproc(void) {
     tcase_add_test(tc, test_target_conflicting_draft_options);
     tcase_add_test(tc, test_launch_drafter_fails);
     tcase_add_test(tc, test_target_kv_alloc_failure);
+    tcase_add_test(tc, test_each_drafter_kind_same_pools);
+    tcase_add_test(tc, test_engine_each_drafter_kind);
     suite_add_tcase(s, tc);
     return s;
 }
