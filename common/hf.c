@@ -2,7 +2,7 @@
  * model.safetensors.index.json. Safetensors files are mmapped; each header (8-byte LE
  * length + JSON) is validated (offsets inside the data, byte counts matching dtype x
  * shape) before any tensor is read. F32/F16/BF16 tensors become f32 in the arena. */
-#include "loader.h"
+#include "hf.h"
 #include "model_internal.h"
 #include "quant.h"
 #include <cjson/cJSON.h>
@@ -34,13 +34,15 @@ typedef struct {
     uint64_t begin, end; /* absolute byte range in the mapping */
 } StTensor;
 
-typedef struct {
+struct HfTensors {
     const char *dir;
+    char dirbuf[1024];
     StFile files[HF_MAX_SHARDS];
     int n_files;
     StTensor *t;
     size_t n_t, cap_t;
-} HfCtx;
+};
+typedef struct HfTensors HfCtx;
 
 static size_t dtype_size(const char *d) {
     static const struct { const char *n; size_t s; } T[] = {
@@ -208,6 +210,17 @@ static int read_config(const char *path, const cJSON *j, Config *c, char *hint, 
                       "'%s': architecture '%s' is not supported (LlamaForCausalLM, "
                       "Qwen2ForCausalLM, Qwen3ForCausalLM are)",
                       path, arch);
+    int rc = hf_config_fields(path, j, arch, c, e);
+    if (rc) return rc;
+    const char *h = "";
+    if (c->arch == ARCH_QWEN2) h = "qwen2";
+    else if (c->arch == ARCH_QWEN3) h = "qwen3";
+    else if (c->rope_scaling) h = "llama3";
+    snprintf(hint, hint_n, "%s", h);
+    return loader_check_config(c, path, e);
+}
+
+int hf_config_fields(const char *path, const cJSON *j, const char *arch, Config *c, RsErr *e) {
     int rc;
     if ((rc = cfg_int(j, "hidden_size", -1, &c->dim, path, e)) ||
         (rc = cfg_int(j, "intermediate_size", -1, &c->hidden_dim, path, e)) ||
@@ -265,12 +278,7 @@ static int read_config(const char *path, const cJSON *j, Config *c, char *hint, 
     c->tied_embeddings = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings"));
     cfg_token(j, "bos_token_id", &c->bos_id);
     cfg_token(j, "eos_token_id", &c->eos_id);
-    const char *h = "";
-    if (c->arch == ARCH_QWEN2) h = "qwen2";
-    else if (c->arch == ARCH_QWEN3) h = "qwen3";
-    else if (c->rope_scaling) h = "llama3";
-    snprintf(hint, hint_n, "%s", h);
-    return loader_check_config(c, path, e);
+    return RS_OK;
 }
 
 /* Collects the shard names of an index's weight_map (each once, in first-seen order). */
@@ -335,7 +343,7 @@ static int load_tensor(const HfCtx *c, const WeightReq *w, uint64_t *fp, RsErr *
     return RS_OK;
 }
 
-int hf_load_model(const char *dir, Model **out, RsErr *e) {
+int hf_read_config_json(const char *dir, cJSON **out, RsErr *e) {
     *out = NULL;
     char p[1100];
     struct stat st;
@@ -351,24 +359,73 @@ int hf_load_model(const char *dir, Model **out, RsErr *e) {
         cJSON_Delete(j);
         return rs_err(e, RS_EFORMAT, "'%s' is not a JSON object", p);
     }
+    *out = j;
+    return RS_OK;
+}
+
+int hf_tensors_open(const char *dir, HfTensors **out, RsErr *e) {
+    *out = NULL;
+    HfCtx *c = rs_xcalloc(1, sizeof *c);
+    snprintf(c->dirbuf, sizeof c->dirbuf, "%s", dir);
+    c->dir = c->dirbuf;
+    char p[1100];
+    struct stat st;
+    int rc;
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    if (stat(p, &st) == 0) rc = open_shards(c, p, e);
+    else {
+        snprintf(p, sizeof p, "%s/model.safetensors", dir);
+        if (stat(p, &st) != 0)
+            rc = rs_err(e, RS_EIO, "no model.safetensors or model.safetensors.index.json in '%s'", dir);
+        else rc = st_open(c, "model.safetensors", e);
+    }
+    if (rc) {
+        hf_tensors_close(&c);
+        return rc;
+    }
+    *out = c;
+    return RS_OK;
+}
+
+void hf_tensors_close(HfTensors **pc) {
+    if (!pc || !*pc) return;
+    ctx_free(*pc);
+    free(*pc);
+    *pc = NULL;
+}
+
+int hf_tensor_find(const HfTensors *c, const char *name, HfTensorInfo *info) {
+    const StTensor *t = find(c, name);
+    if (!t) return 0;
+    memset(info, 0, sizeof *info);
+    info->dtype = t->dtype;
+    info->nd = t->nd;
+    memcpy(info->shape, t->shape, sizeof t->shape);
+    info->data = c->files[t->file].map + t->begin;
+    info->bytes = (size_t)(t->end - t->begin);
+    info->file = c->files[t->file].path;
+    return 1;
+}
+
+int hf_tensors_load(const HfTensors *c, const WeightReq *w, uint64_t *fp, RsErr *e) {
+    return load_tensor(c, w, fp, e);
+}
+
+int hf_load_model(const char *dir, Model **out, RsErr *e) {
+    *out = NULL;
+    char p[1100];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    cJSON *j;
+    int rc = hf_read_config_json(dir, &j, e);
+    if (rc) return rc;
     Model *m = rs_xcalloc(1, sizeof(Model));
     snprintf(m->path, sizeof m->path, "%s", dir);
     m->tok_source = TOKSRC_HF_JSON;
     snprintf(m->tokenizer_json, sizeof m->tokenizer_json, "%s/tokenizer.json", dir);
     rc = read_config(p, j, &m->cfg, m->chat_hint, sizeof m->chat_hint, e);
     cJSON_Delete(j);
-    HfCtx *c = rs_xcalloc(1, sizeof *c);
-    c->dir = dir;
-    if (!rc) {
-        snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
-        if (stat(p, &st) == 0) rc = open_shards(c, p, e);
-        else {
-            snprintf(p, sizeof p, "%s/model.safetensors", dir);
-            if (stat(p, &st) != 0)
-                rc = rs_err(e, RS_EIO, "no model.safetensors or model.safetensors.index.json in '%s'", dir);
-            else rc = st_open(c, "model.safetensors", e);
-        }
-    }
+    HfCtx *c = NULL;
+    if (!rc) rc = hf_tensors_open(dir, &c, e);
     WeightReq *reqs = NULL;
     int n = 0;
     if (!rc) rc = loader_plan(m, &reqs, &n, e);
@@ -380,8 +437,7 @@ int hf_load_model(const char *dir, Model **out, RsErr *e) {
     if (!rc && find(c, extra))
         rc = rs_err(e, RS_EFORMAT, "'%s': holds tensor '%s' but num_hidden_layers is %d", dir,
                     extra, m->cfg.n_layers);
-    ctx_free(c);
-    free(c);
+    hf_tensors_close(&c);
     if (rc) {
         model_free(&m);
         return rc;
