@@ -1,0 +1,58 @@
+/* CPU forward of an EAGLE-3 head (common/eagle3.h) with its own KV cache for the head's
+ * single layer: the pieces a Drafter kind needs (reset, commit target features, expand
+ * pending tree nodes under an ancestor mask, top-k mapped to target ids).
+ *
+ * Rows and positions follow the EAGLE reference (SafeAILab/EAGLE eagle/model/cnets.py
+ * Model.topK_genrate, which feeds input_ids[:, 1:] beside the target's hidden states): a
+ * row pairs the state that describes token x_p (the target's features of x_p, or the
+ * head's own output for it) with the embedding of the token after it, x_{p+1}, at
+ * rotary position p. So the head's cache holds one entry fewer than the target's (the
+ * first prompt token has no row), and a tree node at depth d below the last committed
+ * row runs at position n_committed - 1 + d with its parent's output as its state.
+ * Drafting tokens are target ids (draft ids mapped through d2t), embedded with the
+ * target-vocabulary table, as topK_genrate does. */
+#ifndef ROOTSPEC_EAGLE3_FORWARD_H
+#define ROOTSPEC_EAGLE3_FORWARD_H
+#include "common/eagle3.h"
+#include <stdint.h>
+
+typedef struct Eagle3Runner Eagle3Runner;
+
+/* Borrows h and embed (keep both alive). embed: (vocab, dim) token embeddings, h->embed
+ * when the head has its own, else the target's (eagle3_head_check verified the width).
+ * kv_capacity: committed + pending rows; max_batch: most rows in one call (commits are
+ * chunked by it, expansions must fit). */
+int eagle3_runner_create(const Eagle3Head *h, const float *embed, int kv_capacity,
+                         int max_batch, Eagle3Runner **out, RsErr *e);
+void eagle3_runner_destroy(Eagle3Runner **r);
+/* Forget every row (new prompt). */
+void eagle3_reset(Eagle3Runner *r);
+int eagle3_n_committed(const Eagle3Runner *r);
+int eagle3_n_pending(const Eagle3Runner *r);
+
+/* Drops the pending (tree) rows, then appends n committed rows: row i embeds tokens[i] and
+ * takes feats[i] (3 * target_hidden: the target's three feature vectors of the token
+ * *before* tokens[i], layers ascending), at position n_committed + i. The last row's
+ * output state goes to hidden_out (dim) and its draft-vocabulary logits to logits_out
+ * (draft_vocab); either may be NULL. RS_EINVAL (nothing changed) when the cache would
+ * overflow or a token is outside the vocabulary. */
+int eagle3_commit(Eagle3Runner *r, const int *tokens, const float *feats, int n,
+                  float *hidden_out, float *logits_out, RsErr *e);
+
+/* Runs n tree nodes as pending rows: tokens (n) target ids, state_in (n, dim) each node's
+ * parent output state, pos (n), mask (n, n_pending + n) row-major, 1 = attend, over the
+ * pending rows before this call and this batch (committed rows are always visible); NULL
+ * = each node sees only itself among pending rows. Outputs (n, draft_vocab) logits and
+ * (n, dim) states. The rows stay pending until the next commit or reset. */
+int eagle3_expand(Eagle3Runner *r, const int *tokens, const float *state_in, const int *pos,
+                  const uint8_t *mask, int n, float *logits_out, float *state_out, RsErr *e);
+
+/* Rotary position of a tree node at depth d >= 1 below the last committed row:
+ * n_committed - 1 + d (topK_genrate's position_ids = len_posi + i). */
+int eagle3_node_pos(const Eagle3Runner *r, int depth);
+
+/* The k best draft ids of a logits row (draft_vocab), mapped to target ids through d2t,
+ * with their log-softmax over the draft vocabulary; ties go to the lower draft id. */
+void eagle3_topk(const Eagle3Head *h, const float *logits, int k, int *target_ids, float *logq);
+
+#endif
