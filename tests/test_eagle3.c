@@ -1,0 +1,358 @@
+/* EAGLE-3 head tests: forward parity against the torch reference written from the
+ * published model code (tools/gen_eagle3_fixture.py -> tests/fixtures/eagle3/: logits,
+ * output states and top-10 target ids over a drafting script of commits with target
+ * features and tree expansions with the head's own states), loader refusals (missing
+ * tensor, wrong draft vocabulary, d2t out of range, not a head), the fit-to-target check
+ * (hidden size, vocabulary, feature layers), and the random presets. */
+#include "common/eagle3.h"
+#include "common/hf.h"
+#include "common/randmodel.h"
+#include "draft_proc/eagle3_forward.h"
+#include "testutil.h"
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <string.h>
+
+/* Parity tolerance of the f32 forward against the float64 reference. */
+#define E3_ATOL 1e-4f
+#define E3_RTOL 1e-5f
+
+static cJSON *load_expected(void) {
+    char *txt;
+    size_t len;
+    RsErr e = {0};
+    ck_assert_msg(rs_read_file(tu_fixture("eagle3/expected.json"), &txt, &len, &e) == 0, "%s", e.msg);
+    cJSON *j = cJSON_ParseWithLength(txt, len);
+    free(txt);
+    ck_assert_ptr_nonnull(j);
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "magic")->valuestring, "RSE3FX01");
+    ck_assert_int_eq(cJSON_GetObjectItem(j, "version")->valueint, 1);
+    return j;
+}
+
+/* Flattens a JSON array (of arrays) of numbers into floats; returns the count. */
+static size_t flat_floats(const cJSON *a, float *out, size_t cap) {
+    size_t n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, a) {
+        if (cJSON_IsArray(it)) n += flat_floats(it, out + n, cap - n);
+        else {
+            ck_assert(n < cap);
+            out[n++] = (float)it->valuedouble;
+        }
+    }
+    return n;
+}
+
+static int flat_ints(const cJSON *a, int *out, int cap) {
+    int n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, a) {
+        if (cJSON_IsArray(it)) n += flat_ints(it, out + n, cap - n);
+        else {
+            ck_assert(n < cap);
+            out[n++] = it->valueint;
+        }
+    }
+    return n;
+}
+
+/* The target's embeddings in f32, read straight from its safetensors. */
+static float *target_embeddings(const char *dir, const Config *t) {
+    HfTensors *ts;
+    RsErr e = {0};
+    ck_assert_msg(hf_tensors_open(dir, &ts, &e) == 0, "%s", e.msg);
+    float *emb = malloc(sizeof(float) * (size_t)t->vocab_size * t->dim);
+    WeightReq w = {.hf_name = "model.embed_tokens.weight", .slot = &emb, .rows = t->vocab_size,
+                   .cols = t->dim};
+    uint64_t fp = 0;
+    ck_assert_msg(hf_tensors_load(ts, &w, &fp, &e) == 0, "%s", e.msg);
+    hf_tensors_close(&ts);
+    return emb;
+}
+
+#define MAX_ROWS 8
+typedef struct {
+    Eagle3Runner *r;
+    const Eagle3Head *h;
+    float *states[16]; /* per step: (rows, dim) outputs of this C run */
+    int depth[16][MAX_ROWS]; /* tree depth of each step's rows (0 = committed) */
+    float max_logit_diff, max_state_diff;
+} Run;
+
+/* Compares one step's outputs with the fixture's; n rows. */
+static void check_rows(Run *run, const cJSON *s, const float *logits, const float *state, int n,
+                       const char *label) {
+    const Eagle3Head *h = run->h;
+    int DV = h->cfg.draft_vocab, D = h->cfg.c.dim;
+    float *ref = malloc(sizeof(float) * (size_t)n * (DV > D ? DV : D));
+    float mx;
+    ck_assert_int_eq(flat_floats(cJSON_GetObjectItem(s, "logits"), ref, (size_t)n * DV), (size_t)n * DV);
+    ck_assert_int_eq(tu_compare(label, logits, ref, (size_t)n * DV, E3_ATOL, E3_RTOL, &mx), 0);
+    if (mx > run->max_logit_diff) run->max_logit_diff = mx;
+    ck_assert_int_eq(flat_floats(cJSON_GetObjectItem(s, "state"), ref, (size_t)n * D), (size_t)n * D);
+    ck_assert_int_eq(tu_compare(label, state, ref, (size_t)n * D, E3_ATOL, E3_RTOL, &mx), 0);
+    if (mx > run->max_state_diff) run->max_state_diff = mx;
+    int want[MAX_ROWS * 10];
+    ck_assert_int_eq(flat_ints(cJSON_GetObjectItem(s, "top10"), want, MAX_ROWS * 10), n * 10);
+    for (int i = 0; i < n; i++) {
+        int got[10];
+        float lq[10];
+        eagle3_topk(h, logits + (size_t)i * DV, 10, got, lq);
+        for (int k = 0; k < 10; k++)
+            ck_assert_msg(got[k] == want[i * 10 + k], "%s row %d top-%d: got target id %d, ref %d",
+                          label, i, k, got[k], want[i * 10 + k]);
+        for (int k = 1; k < 10; k++) ck_assert(lq[k] <= lq[k - 1] && lq[k] <= 0);
+    }
+    free(ref);
+}
+
+static void run_step(Run *run, const cJSON *s, int si, const char *head) {
+    const Eagle3Head *h = run->h;
+    int DV = h->cfg.draft_vocab, D = h->cfg.c.dim, F = 3 * h->cfg.target_hidden;
+    int tokens[MAX_ROWS], pos[MAX_ROWS], parents[2 * MAX_ROWS];
+    int n = flat_ints(cJSON_GetObjectItem(s, "tokens"), tokens, MAX_ROWS);
+    float *logits = malloc(sizeof(float) * (size_t)n * DV);
+    run->states[si] = malloc(sizeof(float) * (size_t)n * D);
+    char label[96];
+    snprintf(label, sizeof label, "%s step %d", head, si);
+    RsErr e = {0};
+    if (!strcmp(cJSON_GetObjectItem(s, "op")->valuestring, "commit")) {
+        float *feats = malloc(sizeof(float) * (size_t)n * F);
+        ck_assert_int_eq(flat_floats(cJSON_GetObjectItem(s, "features"), feats, (size_t)n * F), (size_t)n * F);
+        ck_assert_msg(eagle3_commit(run->r, tokens, feats, n, run->states[si], logits, &e) == 0, "%s", e.msg);
+        run->depth[si][0] = 0;
+        ck_assert_int_eq(eagle3_n_pending(run->r), 0);
+        free(feats);
+        n = 1; /* the last row's outputs */
+    } else {
+        ck_assert_int_eq(flat_ints(cJSON_GetObjectItem(s, "pos"), pos, MAX_ROWS), n);
+        flat_ints(cJSON_GetObjectItem(s, "parents"), parents, 2 * MAX_ROWS);
+        float *st = malloc(sizeof(float) * (size_t)n * D);
+        for (int i = 0; i < n; i++) { /* the parent's state from this C run, not the fixture */
+            int ps = parents[2 * i], pr = parents[2 * i + 1];
+            memcpy(st + (size_t)i * D, run->states[ps] + (size_t)pr * D, sizeof(float) * D);
+            run->depth[si][i] = run->depth[ps][pr] + 1;
+            ck_assert_int_eq(pos[i], eagle3_node_pos(run->r, run->depth[si][i]));
+        }
+        int cols = eagle3_n_pending(run->r) + n, m[MAX_ROWS * 64];
+        ck_assert_int_eq(flat_ints(cJSON_GetObjectItem(s, "mask"), m, MAX_ROWS * 64), n * cols);
+        uint8_t mask[MAX_ROWS * 64];
+        for (int i = 0; i < n * cols; i++) mask[i] = (uint8_t)m[i];
+        ck_assert_msg(eagle3_expand(run->r, tokens, st, pos, mask, n, logits, run->states[si], &e) == 0,
+                      "%s", e.msg);
+        free(st);
+    }
+    check_rows(run, s, logits, run->states[si], n, label);
+    free(logits);
+}
+
+static void parity(const char *head_dir, int want_own_embed) {
+    cJSON *j = load_expected();
+    const cJSON *hj = NULL, *it;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItem(j, "heads"))
+        if (!strcmp(cJSON_GetObjectItem(it, "dir")->valuestring, head_dir + strlen("eagle3/"))) hj = it;
+    ck_assert_ptr_nonnull(hj);
+    char hp[256], tp[256];
+    snprintf(hp, sizeof hp, "%s", tu_fixture(head_dir));
+    snprintf(tp, sizeof tp, "%s", tu_fixture("eagle3/target"));
+    Model *t;
+    Eagle3Head *h;
+    RsErr e = {0};
+    ck_assert_msg(model_load(tp, &t, &e) == 0, "%s", e.msg);
+    ck_assert_msg(eagle3_head_load(hp, &h, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(h->embed != NULL, want_own_embed);
+    int layers[3];
+    ck_assert_msg(eagle3_head_check(h, &t->cfg, layers, &e) == 0, "%s", e.msg);
+    ck_assert(layers[0] == 0 && layers[1] == 1 && layers[2] == 2);
+    float *temb = target_embeddings(tp, &t->cfg);
+    Run run = {.h = h};
+    ck_assert_msg(eagle3_runner_create(h, h->embed ? h->embed : temb, 64, 4, &run.r, &e) == 0,
+                  "%s", e.msg);
+    int si = 0;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItem(hj, "steps")) run_step(&run, it, si++, head_dir);
+    ck_assert_int_ge(si, 6);
+    fprintf(stderr, "eagle3 parity %s: %d steps, max |logit diff| %.3g, max |state diff| %.3g "
+            "(tolerance %.0e + %.0e*|ref|)\n", head_dir, si, (double)run.max_logit_diff,
+            (double)run.max_state_diff, (double)E3_ATOL, (double)E3_RTOL);
+    for (int i = 0; i < si; i++) free(run.states[i]);
+    eagle3_runner_destroy(&run.r);
+    ck_assert_ptr_null(run.r);
+    free(temb);
+    eagle3_head_destroy(&h);
+    ck_assert_ptr_null(h);
+    model_free(&t);
+    cJSON_Delete(j);
+}
+
+START_TEST(test_parity_target_embeddings) { parity("eagle3/head", 0); }
+END_TEST
+
+START_TEST(test_parity_own_embeddings_llama3_rope) { parity("eagle3/head_embed", 1); }
+END_TEST
+
+/* Expects eagle3_head_load(dir) to fail with code and a message containing each needle. */
+static void expect_refusal(const char *dir, int code, const char *n1, const char *n2) {
+    Eagle3Head *h = (Eagle3Head *)1;
+    RsErr e = {0};
+    int rc = eagle3_head_load(tu_fixture(dir), &h, &e);
+    ck_assert_msg(rc == code, "%s: rc %d (%s), want %d", dir, rc, e.msg, code);
+    ck_assert_ptr_null(h);
+    ck_assert_msg(strstr(e.msg, n1), "'%s' lacks '%s'", e.msg, n1);
+    ck_assert_msg(!n2 || strstr(e.msg, n2), "'%s' lacks '%s'", e.msg, n2);
+}
+
+START_TEST(test_loader_refusals) {
+    expect_refusal("eagle3/bad_missing", RS_EFORMAT, "missing tensor", "midlayer.mlp.up_proj.weight");
+    expect_refusal("eagle3/bad_draft_vocab", RS_EFORMAT, "lm_head.weight has 40 rows",
+                   "draft_vocab_size is 48");
+    expect_refusal("eagle3/bad_d2t", RS_EFORMAT, "d2t[7]", "target id 96, outside the vocabulary of 96");
+    expect_refusal("eagle3/target", RS_EUNSUPPORTED, "'LlamaForCausalLM' is not an EAGLE-3 head", NULL);
+    expect_refusal("eagle3/no_such_dir", RS_EIO, "no config.json", NULL);
+}
+END_TEST
+
+static void expect_misfit(const Eagle3Head *h, const Config *t, const char *n1, const char *n2) {
+    int layers[3];
+    RsErr e = {0};
+    ck_assert_int_eq(eagle3_head_check(h, t, layers, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, n1) && strstr(e.msg, n2), "'%s' lacks '%s' or '%s'", e.msg, n1, n2);
+}
+
+START_TEST(test_fit_to_target) {
+    Model *t;
+    Eagle3Head *h, *he;
+    RsErr e = {0};
+    ck_assert_msg(model_load(tu_fixture("eagle3/target"), &t, &e) == 0, "%s", e.msg);
+    ck_assert_msg(eagle3_head_load(tu_fixture("eagle3/head"), &h, &e) == 0, "%s", e.msg);
+    ck_assert_msg(eagle3_head_load(tu_fixture("eagle3/head_embed"), &he, &e) == 0, "%s", e.msg);
+    Config c = t->cfg;
+    c.dim = 48; /* the head borrows embeddings of width 32 and takes 32-wide features */
+    expect_misfit(h, &c, "width 32", "hidden size is 48");
+    expect_misfit(he, &c, "width 32", "hidden size is 48");
+    c = t->cfg;
+    c.vocab_size = 128;
+    expect_misfit(h, &c, "vocab_size 96", "128 tokens");
+    c = t->cfg;
+    c.n_layers = 1;
+    expect_misfit(h, &c, "entering layer 2", "has 1 layers");
+    /* a config without layer ids gets the default (2, N/2, N-3) */
+    Eagle3Head copy = *h;
+    for (int i = 0; i < 3; i++) copy.cfg.feature_layers[i] = -1;
+    c = t->cfg;
+    c.n_layers = 32;
+    int L[3];
+    ck_assert_msg(eagle3_head_check(&copy, &c, L, &e) == 0, "%s", e.msg);
+    ck_assert(L[0] == 2 && L[1] == 16 && L[2] == 29);
+    c.n_layers = 6; /* 2, 3, 3 */
+    expect_misfit(&copy, &c, "2, 3, 3", "not strictly ascending");
+    /* own embeddings: a head wider than the target fits it */
+    ck_assert_msg(eagle3_head_check(he, &t->cfg, L, &e) == 0, "%s", e.msg);
+    Eagle3Head no_embed = *he; /* the same head without embed_tokens cannot borrow them */
+    no_embed.embed = NULL;
+    expect_misfit(&no_embed, &t->cfg, "no embed_tokens and hidden_size 48", "width 32");
+    eagle3_head_destroy(&h);
+    eagle3_head_destroy(&he);
+    model_free(&t);
+}
+END_TEST
+
+START_TEST(test_topk_maps_draft_ids) {
+    Eagle3Head *h;
+    RsErr e = {0};
+    ck_assert_msg(eagle3_head_load(tu_fixture("eagle3/head"), &h, &e) == 0, "%s", e.msg);
+    int DV = h->cfg.draft_vocab;
+    float *row = calloc((size_t)DV, sizeof(float));
+    row[DV - 1] = 5.0f;
+    row[3] = 4.0f;
+    row[7] = 4.0f; /* tie: lower draft id first */
+    int ids[3];
+    float lq[3];
+    eagle3_topk(h, row, 3, ids, lq);
+    ck_assert_int_eq(ids[0], h->d2t[DV - 1]);
+    ck_assert_int_eq(ids[1], h->d2t[3]);
+    ck_assert_int_eq(ids[2], h->d2t[7]);
+    ck_assert(ids[0] != DV - 1 || ids[1] != 3); /* the fixture's d2t is not the identity */
+    double z = exp(5.0) + 2 * exp(4.0) + (DV - 3);
+    ck_assert_float_eq_tol(lq[0], (float)(5.0 - log(z)), 1e-5f);
+    free(row);
+    eagle3_head_destroy(&h);
+}
+END_TEST
+
+START_TEST(test_random_presets) {
+    Model *t, *t8;
+    Eagle3Head *h, *h8;
+    RsErr e = {0};
+    ck_assert_msg(model_random_load("random:tiny", &t, &e) == 0, "%s", e.msg);
+    ck_assert_msg(model_random_materialize(t, &e) == 0, "%s", e.msg);
+    ck_assert_msg(eagle3_head_random("random:eagle3-tiny", 1, &h, &e) == 0, "%s", e.msg);
+    int L[3];
+    ck_assert_msg(eagle3_head_check(h, &t->cfg, L, &e) == 0, "%s", e.msg);
+    ck_assert(L[0] == 0 && L[1] == 1 && L[2] == 2);
+    uint8_t *seen = calloc((size_t)t->cfg.vocab_size, 1);
+    for (int d = 0; d < h->cfg.draft_vocab; d++) {
+        ck_assert(h->d2t[d] >= 0 && h->d2t[d] < t->cfg.vocab_size && !seen[h->d2t[d]]);
+        seen[h->d2t[d]] = 1;
+    }
+    free(seen);
+    ck_assert_int_ge(h->d2t[h->cfg.draft_vocab - 1], t->cfg.vocab_size / 2); /* spread, not d */
+    /* one commit and one expansion run, finite, deterministic across two runners */
+    Eagle3Runner *r;
+    ck_assert_msg(eagle3_runner_create(h, t->w.tok_embeddings, 32, 10, &r, &e) == 0, "%s", e.msg);
+    int F = 3 * h->cfg.target_hidden, D = h->cfg.c.dim, DV = h->cfg.draft_vocab;
+    float *feats = malloc(sizeof(float) * 3 * F), st[64], lg[256], st2[2 * 64], lg2[2 * 256];
+    for (int i = 0; i < 3 * F; i++) feats[i] = rs_rand_unit(7, (uint64_t)i);
+    int toks[3] = {1, 2, 3}, ids[10];
+    ck_assert_msg(eagle3_commit(r, toks, feats, 3, st, lg, &e) == 0, "%s", e.msg);
+    eagle3_topk(h, lg, 10, ids, NULL);
+    float sin2[2 * 64];
+    memcpy(sin2, st, sizeof(float) * D);
+    memcpy(sin2 + D, st, sizeof(float) * D);
+    int pos[2] = {3, 3}, nt[2] = {ids[0], ids[1]};
+    ck_assert_msg(eagle3_expand(r, nt, sin2, pos, NULL, 2, lg2, st2, &e) == 0, "%s", e.msg);
+    for (int i = 0; i < 2 * DV; i++) ck_assert(isfinite(lg2[i]));
+    ck_assert_int_eq(eagle3_n_pending(r), 2);
+    /* a too-large expansion and an out-of-vocabulary token are refused, nothing changed */
+    ck_assert_int_eq(eagle3_expand(r, nt, sin2, pos, NULL, 11, lg2, st2, &e), RS_EINVAL);
+    int bad[1] = {t->cfg.vocab_size};
+    ck_assert_int_eq(eagle3_commit(r, bad, feats, 1, NULL, NULL, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "token id 512"), "%s", e.msg);
+    ck_assert_int_eq(eagle3_n_pending(r), 2);
+    ck_assert_int_eq(eagle3_n_committed(r), 3);
+    eagle3_runner_destroy(&r);
+    free(feats);
+    /* the Llama-3.1-8B head's shape, checked against random:llama3-8b without weights */
+    ck_assert_msg(model_random_load("random:llama3-8b", &t8, &e) == 0, "%s", e.msg);
+    ck_assert_msg(eagle3_head_random("random:eagle3-llama3-8b,seed=3", 0, &h8, &e) == 0, "%s", e.msg);
+    ck_assert_ptr_null(h8->arena);
+    ck_assert_int_eq(h8->cfg.draft_vocab, 32000);
+    ck_assert_int_eq(h8->cfg.c.hidden_dim, 14336);
+    ck_assert_msg(eagle3_head_check(h8, &t8->cfg, L, &e) == 0, "%s", e.msg);
+    ck_assert(L[0] == 2 && L[1] == 16 && L[2] == 29);
+    expect_misfit(h8, &t->cfg, "vocab_size 128256", "512 tokens");
+    Eagle3Head *x = (Eagle3Head *)1;
+    ck_assert_int_eq(eagle3_head_random("random:eagle3-huge", 0, &x, &e), RS_EINVAL);
+    ck_assert_ptr_null(x);
+    ck_assert_msg(strstr(e.msg, "eagle3-tiny, eagle3-llama3-8b"), "%s", e.msg);
+    ck_assert_int_eq(eagle3_head_random("random:eagle3-tiny,seed=x", 0, &x, &e), RS_EINVAL);
+    eagle3_head_destroy(&h8);
+    eagle3_head_destroy(&h);
+    model_free(&t8);
+    model_free(&t);
+}
+END_TEST
+
+Suite *suite_eagle3(void) {
+    Suite *s = suite_create("eagle3");
+    TCase *tc = tcase_create("eagle3");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_parity_target_embeddings);
+    tcase_add_test(tc, test_parity_own_embeddings_llama3_rope);
+    tcase_add_test(tc, test_loader_refusals);
+    tcase_add_test(tc, test_fit_to_target);
+    tcase_add_test(tc, test_topk_maps_draft_ids);
+    tcase_add_test(tc, test_random_presets);
+    suite_add_tcase(s, tc);
+    return s;
+}
