@@ -11,7 +11,10 @@
 #include "testutil.h"
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Parity tolerance of the f32 forward against the float64 reference. */
 #define E3_ATOL 1e-4f
@@ -212,6 +215,53 @@ START_TEST(test_loader_refusals) {
 }
 END_TEST
 
+/* A copy of eagle3/head in a temporary directory whose config.json has `key` set to the
+ * JSON `value` (the weights are linked), loaded and expected to fail with code/needle. */
+static void expect_config_refusal(const char *key, const char *value, int code, const char *needle) {
+    char dir[64] = "/tmp/rs_eagle3_XXXXXX", p[128], src[1024], *txt;
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ck_assert_ptr_nonnull(realpath(tu_fixture("eagle3/head/model.safetensors"), src));
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    ck_assert_int_eq(symlink(src, p), 0);
+    size_t len;
+    RsErr e = {0};
+    ck_assert(rs_read_file(tu_fixture("eagle3/head/config.json"), &txt, &len, &e) == 0);
+    cJSON *j = cJSON_Parse(txt);
+    free(txt);
+    cJSON_DeleteItemFromObject(j, key);
+    cJSON_AddItemToObject(j, key, cJSON_Parse(value));
+    txt = cJSON_Print(j);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(txt, f);
+    fclose(f);
+    free(txt);
+    cJSON_Delete(j);
+    Eagle3Head *h = (Eagle3Head *)1;
+    int rc = eagle3_head_load(dir, &h, &e);
+    ck_assert_msg(rc == code && strstr(e.msg, needle), "%s=%s: rc %d '%s', want %d '%s'", key,
+                  value, rc, e.msg, code, needle);
+    ck_assert_ptr_null(h);
+    snprintf(p, sizeof p, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(p), 0);
+}
+
+START_TEST(test_config_refusals) {
+    expect_config_refusal("architectures", "[\"LlamaForCausalLM\"]", RS_EUNSUPPORTED,
+                          "not an EAGLE-3 head");
+    expect_config_refusal("num_hidden_layers", "2", RS_EUNSUPPORTED, "num_hidden_layers 2");
+    expect_config_refusal("norm_before_residual", "true", RS_EUNSUPPORTED, "norm_before_residual");
+    expect_config_refusal("eagle_config", "{\"use_aux_hidden_state\": false}", RS_EUNSUPPORTED,
+                          "use_aux_hidden_state");
+    expect_config_refusal("eagle_config", "{\"eagle_aux_hidden_state_layer_ids\": [1, 2]}",
+                          RS_EUNSUPPORTED, "must list 3 layers");
+    expect_config_refusal("draft_vocab_size", "97", RS_EFORMAT, "draft_vocab_size 97 exceeds vocab_size 96");
+    expect_config_refusal("target_hidden_size", "48", RS_EFORMAT, "'fc.weight' has shape [32, 96], expected [32, 144]");
+    expect_config_refusal("hidden_size", "40", RS_EFORMAT, "expected [40, 120]");
+}
+END_TEST
+
 static void expect_misfit(const Eagle3Head *h, const Config *t, const char *n1, const char *n2) {
     int layers[3];
     RsErr e = {0};
@@ -350,6 +400,7 @@ Suite *suite_eagle3(void) {
     tcase_add_test(tc, test_parity_target_embeddings);
     tcase_add_test(tc, test_parity_own_embeddings_llama3_rope);
     tcase_add_test(tc, test_loader_refusals);
+    tcase_add_test(tc, test_config_refusals);
     tcase_add_test(tc, test_fit_to_target);
     tcase_add_test(tc, test_topk_maps_draft_ids);
     tcase_add_test(tc, test_random_presets);
