@@ -32,6 +32,11 @@ struct Eagle3Runner {
     float *cs, *sn;     // (max_batch, hd/2)
     int *vis;           // (max_batch, cap) pending rows each new row sees
     int *n_vis;         // (max_batch)
+    /* pool growth (eagle3_grow_pool) */
+    float *node_state;  // (POOL_N_EXPANDED, dim) output state of each pending tree row
+    float *grow_logits; // (POOL_EXPAND, draft_vocab)
+    float *grow_state;  // (POOL_EXPAND, dim) parents' states of one pass
+    int slot_of[POOL_MAX]; /* pending row of an expanded pool node, -1 if none */
 };
 
 int eagle3_runner_create(const Eagle3Head *h, const float *embed, int kv_capacity,
@@ -68,6 +73,9 @@ int eagle3_runner_create(const Eagle3Head *h, const float *embed, int kv_capacit
     r->sn = rs_xmalloc(sizeof(float) * B * half);
     r->vis = rs_xmalloc(sizeof(int) * B * (size_t)kv_capacity);
     r->n_vis = rs_xmalloc(sizeof(int) * B);
+    r->node_state = rs_xmalloc(sizeof(float) * POOL_N_EXPANDED * r->dim);
+    r->grow_logits = rs_xmalloc(sizeof(float) * POOL_EXPAND * (size_t)h->cfg.draft_vocab);
+    r->grow_state = rs_xmalloc(sizeof(float) * POOL_EXPAND * r->dim);
     rope_inv_freq(c, r->inv_freq);
     *out = r;
     return RS_OK;
@@ -77,7 +85,8 @@ void eagle3_runner_destroy(Eagle3Runner **pr) {
     if (!pr || !*pr) return;
     Eagle3Runner *r = *pr;
     float *bufs[] = {r->kc, r->vc, r->hs, r->x, r->q, r->att_out, r->xb, r->hb, r->hb2,
-                     r->att, r->inv_freq, r->cs, r->sn};
+                     r->att, r->inv_freq, r->cs, r->sn, r->node_state, r->grow_logits,
+                     r->grow_state};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(r->vis);
     free(r->n_vis);
@@ -277,4 +286,104 @@ void eagle3_topk(const Eagle3Head *h, const float *logits, int k, int *target_id
         target_ids[i] = h->d2t[idx[i]];
         if (logq) logq[i] = logits[idx[i]] - lse;
     }
+}
+
+/* The row's top 10 as new candidates below `parent`. */
+static void add_children(const Eagle3Head *h, Pool *p, const float *row, int parent, int depth) {
+    int ids[POOL_TOPK];
+    float lq[POOL_TOPK];
+    eagle3_topk(h, row, POOL_TOPK, ids, lq);
+    for (int k = 0; k < POOL_TOPK; k++) {
+        int i = p->n++;
+        p->token[i] = ids[k];
+        p->parent[i] = parent;
+        p->logq[i] = lq[k] > 0 ? 0 : lq[k]; /* rounding can push the top token a hair above 0 */
+        p->depth[i] = (uint8_t)depth;
+        p->score[i] = (parent >= 0 ? p->score[parent] : 0) + p->logq[i];
+    }
+}
+
+/* One pass over `nodes` (pool indices of one depth): parents' states in, ancestors in the
+ * mask, outputs kept for their children; then their children join the pool. */
+static int expand_nodes(Eagle3Runner *r, Pool *p, const int *nodes, int n, const float *root_state,
+                        RsErr *e) {
+    int np = r->n_pending, cols = np + n, D = r->dim;
+    int tokens[POOL_EXPAND], pos[POOL_EXPAND];
+    uint8_t mask[POOL_EXPAND * POOL_N_EXPANDED];
+    float *st = r->grow_state;
+    memset(mask, 0, (size_t)n * cols);
+    for (int k = 0; k < n; k++) {
+        int u = nodes[k], par = p->parent[u];
+        tokens[k] = p->token[u];
+        pos[k] = eagle3_node_pos(r, p->depth[u]);
+        mask[(size_t)k * cols + np + k] = 1;
+        for (int a = par; a >= 0; a = p->parent[a]) mask[(size_t)k * cols + r->slot_of[a]] = 1;
+        memcpy(st + (size_t)k * D, par < 0 ? root_state : r->node_state + (size_t)r->slot_of[par] * D,
+               sizeof(float) * D);
+    }
+    float *out = r->node_state + (size_t)np * D;
+    int rc = eagle3_expand(r, tokens, st, pos, mask, n, r->grow_logits, out, e);
+    if (rc) return rc;
+    for (int k = 0; k < n; k++) r->slot_of[nodes[k]] = np + k;
+    for (int k = 0; k < n; k++)
+        add_children(r->h, p, r->grow_logits + (size_t)k * r->h->cfg.draft_vocab, nodes[k],
+                     p->depth[nodes[k]] + 1);
+    return RS_OK;
+}
+
+/* The POOL_EXPAND best of the candidates from `first` on (score desc, then pool index),
+ * returned in pool order so children stay in creation order by parent. */
+static void best_new(const Pool *p, int first, int *nodes) {
+    int cand[POOL_EXPAND * POOL_TOPK], nc = p->n - first;
+    for (int i = 0; i < nc; i++) cand[i] = first + i;
+    for (int k = 0; k < POOL_EXPAND; k++) {
+        int best = k;
+        for (int i = k + 1; i < nc; i++)
+            if (p->score[cand[i]] > p->score[cand[best]] ||
+                (p->score[cand[i]] == p->score[cand[best]] && cand[i] < cand[best]))
+                best = i;
+        int t = cand[k];
+        cand[k] = cand[best];
+        cand[best] = t;
+        nodes[k] = cand[k];
+    }
+    for (int k = 1; k < POOL_EXPAND; k++)
+        for (int j = k; j > 0 && nodes[j] < nodes[j - 1]; j--) {
+            int t = nodes[j];
+            nodes[j] = nodes[j - 1];
+            nodes[j - 1] = t;
+        }
+}
+
+int eagle3_grow_pool(Eagle3Runner *r, const float *root_state, const float *root_logits,
+                     Pool *p, RsErr *e) {
+    if (r->max_batch < POOL_EXPAND || r->n_committed + r->n_pending + POOL_N_EXPANDED > r->cap ||
+        r->h->cfg.draft_vocab < POOL_TOPK)
+        return rs_err(e, RS_EINVAL, "EAGLE-3 pool growth needs max_batch >= %d (have %d), room "
+                      "for %d tree rows (%d committed + %d pending of %d) and a draft vocabulary "
+                      "of at least %d", POOL_EXPAND, r->max_batch, POOL_N_EXPANDED,
+                      r->n_committed, r->n_pending, r->cap, POOL_TOPK);
+    uint64_t t0 = rs_now_ns();
+    p->n = 0;
+    for (int i = 0; i < POOL_MAX; i++) r->slot_of[i] = -1;
+    add_children(r->h, p, root_logits, -1, 1);
+    int nodes[POOL_EXPAND], passes = 0;
+    for (int k = 0; k < POOL_EXPAND; k++) nodes[k] = k;
+    for (int depth = 1; depth < POOL_MAX_DEPTH; depth++) {
+        int first_new = p->n, rc = expand_nodes(r, p, nodes, POOL_EXPAND, root_state, e);
+        if (rc) return rc;
+        passes++;
+        if (depth + 1 < POOL_MAX_DEPTH) best_new(p, first_new, nodes);
+    }
+    RS_ASSERT(p->n == POOL_MAX && r->n_pending >= POOL_N_EXPANDED);
+    RsErr pe = {0};
+    if (pool_finalize_err(p, r->h->cfg.c.vocab_size, &pe) != RS_OK) {
+        p->n = 0;
+        return rs_err(e, RS_EFORMAT, "EAGLE-3 head produced an invalid pool (non-finite "
+                      "logits?): %s", pe.msg);
+    }
+    p->n_passes = passes + 1; /* the commit pass counts, as for the model drafter */
+    p->n_expanded = passes * POOL_EXPAND;
+    p->draft_ns = rs_now_ns() - t0;
+    return RS_OK;
 }

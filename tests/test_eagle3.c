@@ -194,6 +194,94 @@ END_TEST
 START_TEST(test_parity_own_embeddings_llama3_rope) { parity("eagle3/head_embed", 1); }
 END_TEST
 
+/* Replays one pool node's ancestors alone on a fresh runner (each pass a single row, its
+ * mask naming its ancestors) and returns the log q its parent's logits give `token`. */
+static float replay_logq(const Eagle3Head *h, const float *emb, const int *toks, const float *feats,
+                         int n0, const Pool *p, int node) {
+    int chain[POOL_MAX_DEPTH], nch = 0;
+    for (int a = p->parent[node]; a >= 0; a = p->parent[a]) chain[nch++] = a;
+    Eagle3Runner *r;
+    RsErr e = {0};
+    ck_assert(eagle3_runner_create(h, emb, 64, 4, &r, &e) == 0);
+    int D = h->cfg.c.dim, DV = h->cfg.draft_vocab;
+    float *st = malloc(sizeof(float) * D), *st2 = malloc(sizeof(float) * D);
+    float *lg = malloc(sizeof(float) * DV);
+    ck_assert(eagle3_commit(r, toks, feats, n0, st, lg, &e) == 0);
+    for (int i = nch - 1; i >= 0; i--) { /* root's child first */
+        uint8_t mask[POOL_MAX_DEPTH];
+        int np = eagle3_n_pending(r), u = chain[i], pos = eagle3_node_pos(r, p->depth[u]), tok = p->token[u];
+        for (int j = 0; j <= np; j++) mask[j] = 1; /* the chain so far is exactly its ancestors */
+        ck_assert_msg(eagle3_expand(r, &tok, st, &pos, mask, 1, lg, st2, &e) == 0, "%s", e.msg);
+        memcpy(st, st2, sizeof(float) * D);
+    }
+    int ids[POOL_TOPK];
+    float lq[POOL_TOPK], out = NAN;
+    eagle3_topk(h, lg, POOL_TOPK, ids, lq);
+    for (int k = 0; k < POOL_TOPK; k++)
+        if (ids[k] == p->token[node]) out = lq[k];
+    eagle3_runner_destroy(&r);
+    free(st);
+    free(st2);
+    free(lg);
+    return out;
+}
+
+START_TEST(test_grow_pool) {
+    cJSON *j = load_expected();
+    const cJSON *s0 = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "heads"), 0), "steps"), 0);
+    Model *t;
+    Eagle3Head *h;
+    RsErr e = {0};
+    ck_assert(model_load(tu_fixture("eagle3/target"), &t, &e) == 0);
+    ck_assert(eagle3_head_load(tu_fixture("eagle3/head"), &h, &e) == 0);
+    float *emb = target_embeddings(tu_fixture("eagle3/target"), &t->cfg);
+    int toks[MAX_ROWS], F = 3 * h->cfg.target_hidden, D = h->cfg.c.dim, DV = h->cfg.draft_vocab;
+    int n0 = flat_ints(cJSON_GetObjectItem(s0, "tokens"), toks, MAX_ROWS);
+    float *feats = malloc(sizeof(float) * (size_t)n0 * F), *st = malloc(sizeof(float) * D);
+    float *lg = malloc(sizeof(float) * DV);
+    flat_floats(cJSON_GetObjectItem(s0, "features"), feats, (size_t)n0 * F);
+    Eagle3Runner *r, *small;
+    ck_assert(eagle3_runner_create(h, emb, 96, 10, &r, &e) == 0);
+    ck_assert(eagle3_commit(r, toks, feats, n0, st, lg, &e) == 0);
+    Pool *p = calloc(1, sizeof *p);
+    ck_assert_msg(eagle3_grow_pool(r, st, lg, p, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(p->n, POOL_MAX);
+    ck_assert_int_eq(p->n_expanded, POOL_N_EXPANDED);
+    ck_assert_int_eq(p->n_passes, 8);
+    ck_assert_int_eq(eagle3_n_pending(r), POOL_N_EXPANDED);
+    int ids[POOL_TOPK], want[POOL_TOPK];
+    eagle3_topk(h, lg, POOL_TOPK, ids, NULL);
+    flat_ints(cJSON_GetObjectItem(s0, "top10"), want, POOL_TOPK);
+    for (int k = 0; k < POOL_TOPK; k++) ck_assert(p->token[k] == ids[k] && ids[k] == want[k]);
+    /* deepest nodes: their log q as a fresh runner gives it from the ancestors alone */
+    int checked = 0;
+    for (int u = 0; u < p->n && checked < 3; u++) {
+        if (p->depth[u] < POOL_MAX_DEPTH - 4) continue;
+        float ref = replay_logq(h, emb, toks, feats, n0, p, u);
+        ck_assert_msg(fabsf(ref - p->logq[u]) < 1e-4f, "node %d depth %d: logq %g, replay %g", u,
+                      p->depth[u], (double)p->logq[u], (double)ref);
+        checked++;
+    }
+    ck_assert_int_eq(checked, 3);
+    ck_assert(eagle3_commit(r, toks, feats, 1, NULL, NULL, &e) == 0); /* drops the tree */
+    ck_assert_int_eq(eagle3_n_pending(r), 0);
+    ck_assert(eagle3_runner_create(h, emb, 96, 4, &small, &e) == 0);
+    ck_assert(eagle3_commit(small, toks, feats, n0, st, lg, &e) == 0);
+    ck_assert_int_eq(eagle3_grow_pool(small, st, lg, p, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "max_batch >= 10 (have 4)"), "%s", e.msg);
+    eagle3_runner_destroy(&small);
+    eagle3_runner_destroy(&r);
+    free(p);
+    free(feats);
+    free(st);
+    free(lg);
+    free(emb);
+    eagle3_head_destroy(&h);
+    model_free(&t);
+    cJSON_Delete(j);
+}
+END_TEST
+
 /* Expects eagle3_head_load(dir) to fail with code and a message containing each needle. */
 static void expect_refusal(const char *dir, int code, const char *n1, const char *n2) {
     Eagle3Head *h = (Eagle3Head *)1;
@@ -399,6 +487,7 @@ Suite *suite_eagle3(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_parity_target_embeddings);
     tcase_add_test(tc, test_parity_own_embeddings_llama3_rope);
+    tcase_add_test(tc, test_grow_pool);
     tcase_add_test(tc, test_loader_refusals);
     tcase_add_test(tc, test_config_refusals);
     tcase_add_test(tc, test_fit_to_target);
