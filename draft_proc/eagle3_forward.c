@@ -6,14 +6,12 @@
  *   h  += o_proj(attention(rope(q_proj x), rope(k_proj x), v_proj x))
  *   h  += mlp(post_attention_layernorm(h))                        -> the output state
  *   logits = lm_head(norm(h))                                     (draft vocabulary)
- * Like the CPU backend it favours matching the Python reference over speed: buffers are
- * allocated once, products go through OpenBLAS or the small-batch kernel. */
+ * Built from the CPU backend's reference operations (kernels/cpu_ops.h), so the head's
+ * arithmetic is the target's; buffers are allocated once. */
 #include "eagle3_forward.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
-#include "kernels/cpu_matmul.h"
-#include <cblas.h>
-#include <math.h>
+#include "kernels/cpu_ops.h"
 #include <string.h>
 
 struct Eagle3Runner {
@@ -27,7 +25,7 @@ struct Eagle3Runner {
     float *q, *att_out; // (max_batch, qd)
     float *xb;          // (max_batch, dim)
     float *hb, *hb2;    // (max_batch, hidden)
-    float *att;         // (cap) scores of one (row, head)
+    float *att;         // (2 * cap) attention scratch (n_committed + max_pending)
     float *inv_freq;    // (hd/2)
     float *cs, *sn;     // (max_batch, hd/2)
     int *vis;           // (max_batch, cap) pending rows each new row sees
@@ -67,7 +65,7 @@ int eagle3_runner_create(const Eagle3Head *h, const float *embed, int kv_capacit
     r->xb = rs_xmalloc(sizeof(float) * B * r->dim);
     r->hb = rs_xmalloc(sizeof(float) * B * r->hidden);
     r->hb2 = rs_xmalloc(sizeof(float) * B * r->hidden);
-    r->att = rs_xmalloc(sizeof(float) * (size_t)kv_capacity);
+    r->att = rs_xmalloc(sizeof(float) * 2 * (size_t)kv_capacity);
     r->inv_freq = rs_xmalloc(sizeof(float) * half);
     r->cs = rs_xmalloc(sizeof(float) * B * half);
     r->sn = rs_xmalloc(sizeof(float) * B * half);
@@ -99,30 +97,6 @@ int eagle3_n_committed(const Eagle3Runner *r) { return r->n_committed; }
 int eagle3_n_pending(const Eagle3Runner *r) { return r->n_pending; }
 int eagle3_node_pos(const Eagle3Runner *r, int depth) { return r->n_committed - 1 + depth; }
 
-static void rmsnorm(float *o, const float *x, const float *w, int n, float eps) {
-    float ss = 0.0f;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    float s = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int i = 0; i < n; i++) o[i] = w[i] * (x[i] * s);
-}
-
-/* Y (n, out) = X (n, in) @ W^T, W (out, in) row-major (as the CPU backend's matmul). */
-static void matmul(float *y, const float *x, const float *w, int n, int in, int out) {
-    if (n == 1) cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, 0.0f, y, 1);
-    else if (n <= CPU_MATMUL_SMALL_MAX) cpu_matmul_small(y, out, x, w, n, in, 0, out);
-    else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in,
-                     0.0f, y, out);
-}
-
-/* Rotate-half RoPE of one head vector. */
-static void rope(float *v, const float *cs, const float *sn, int half) {
-    for (int i = 0; i < half; i++) {
-        float a = v[i], b = v[i + half];
-        v[i] = a * cs[i] - b * sn[i];
-        v[i + half] = b * cs[i] + a * sn[i];
-    }
-}
-
 /* q for the batch and k/v into cache slots [start, start + n), RoPE'd at pos. */
 static void qkv(Eagle3Runner *r, const int *tokens, const int *pos, int n, int start) {
     const Eagle3Head *h = r->h;
@@ -130,86 +104,48 @@ static void qkv(Eagle3Runner *r, const int *tokens, const int *pos, int n, int s
     float eps = h->cfg.c.norm_eps;
     for (int t = 0; t < n; t++) {
         float *xt = r->x + (size_t)t * 2 * D;
-        rmsnorm(xt, r->embed + (size_t)tokens[t] * D, h->input_norm, D, eps);
-        rmsnorm(xt + D, r->hs + (size_t)t * D, h->hidden_norm, D, eps);
-        for (int i = 0; i < half; i++) {
-            float ang = (float)pos[t] * r->inv_freq[i];
-            r->cs[(size_t)t * half + i] = (float)cos((double)ang);
-            r->sn[(size_t)t * half + i] = (float)sin((double)ang);
-        }
+        cpu_rmsnorm(xt, r->embed + (size_t)tokens[t] * D, h->input_norm, D, eps);
+        cpu_rmsnorm(xt + D, r->hs + (size_t)t * D, h->hidden_norm, D, eps);
     }
+    cpu_rope_table(pos, r->inv_freq, n, half, r->cs, r->sn);
     float *knew = r->kc + (size_t)start * r->kvd, *vnew = r->vc + (size_t)start * r->kvd;
-    matmul(r->q, r->x, h->wq, n, 2 * D, r->qd);
-    matmul(knew, r->x, h->wk, n, 2 * D, r->kvd);
-    matmul(vnew, r->x, h->wv, n, 2 * D, r->kvd);
+    cpu_matmul(r->q, r->x, h->wq, n, 2 * D, r->qd, r->qd);
+    cpu_matmul(knew, r->x, h->wk, n, 2 * D, r->kvd, r->kvd);
+    cpu_matmul(vnew, r->x, h->wv, n, 2 * D, r->kvd, r->kvd);
     for (int t = 0; t < n; t++) {
         const float *cs = r->cs + (size_t)t * half, *sn = r->sn + (size_t)t * half;
-        for (int k = 0; k < r->qd; k += r->hd) rope(r->q + (size_t)t * r->qd + k, cs, sn, half);
-        for (int k = 0; k < r->kvd; k += r->hd) rope(knew + (size_t)t * r->kvd + k, cs, sn, half);
+        for (int k = 0; k < r->qd; k += r->hd) cpu_rope(r->q + (size_t)t * r->qd + k, cs, sn, half);
+        for (int k = 0; k < r->kvd; k += r->hd) cpu_rope(knew + (size_t)t * r->kvd + k, cs, sn, half);
     }
 }
 
-/* Softmax attention of each row over the committed rows and its visible pending rows. */
-static void attention(Eagle3Runner *r, int n) {
-    const Config *c = &r->h->cfg.c;
-    int nc = r->n_committed, hd = r->hd, group = c->n_heads / c->n_kv_heads;
-    float scale = 1.0f / sqrtf((float)hd);
-    for (int t = 0; t < n; t++) {
-        const int *vis = r->vis + (size_t)t * r->cap;
-        int len = nc + r->n_vis[t];
-        for (int hh = 0; hh < c->n_heads; hh++) {
-            const float *qh = r->q + (size_t)t * r->qd + hh * hd;
-            int off = (hh / group) * hd;
-            float mx = -INFINITY, sum = 0.0f;
-            for (int j = 0; j < len; j++) {
-                int slot = j < nc ? j : nc + vis[j - nc];
-                const float *kh = r->kc + (size_t)slot * r->kvd + off;
-                float d = 0.0f;
-                for (int i = 0; i < hd; i++) d += qh[i] * kh[i];
-                r->att[j] = d * scale;
-                if (r->att[j] > mx) mx = r->att[j];
-            }
-            for (int j = 0; j < len; j++) sum += (r->att[j] = expf(r->att[j] - mx));
-            float *o = r->att_out + (size_t)t * r->qd + hh * hd;
-            memset(o, 0, sizeof(float) * (size_t)hd);
-            for (int j = 0; j < len; j++) {
-                int slot = j < nc ? j : nc + vis[j - nc];
-                const float *vh = r->vc + (size_t)slot * r->kvd + off;
-                float a = r->att[j] / sum;
-                for (int i = 0; i < hd; i++) o[i] += a * vh[i];
-            }
-        }
-    }
-}
-
-/* The layer over n rows whose states are in r->hs and visibility in r->vis; writes their
- * keys/values after the pending rows and leaves the output states in r->hs. */
+/* The layer over n rows whose states are in r->hs and visible pending rows in r->vis;
+ * writes their keys/values after the pending rows, leaves the output states in r->hs. */
 static void layer(Eagle3Runner *r, const int *tokens, const int *pos, int n) {
     const Eagle3Head *h = r->h;
+    const Config *c = &h->cfg.c;
     int D = r->dim, H = r->hidden;
     qkv(r, tokens, pos, n, r->n_committed + r->n_pending);
-    attention(r, n);
-    matmul(r->xb, r->att_out, h->wo, n, r->qd, D);
-    for (size_t i = 0; i < (size_t)n * D; i++) r->hs[i] += r->xb[i];
+    cpu_attention(r->att_out, r->q, r->kc, r->vc, r->n_committed, r->vis, r->n_vis, r->cap, n,
+                  c->n_heads, c->n_kv_heads, r->hd, r->att);
+    cpu_matmul(r->xb, r->att_out, h->wo, n, r->qd, D, D);
+    cpu_residual_add(r->hs, r->xb, (size_t)n * D); /* the residual is h itself, un-normed */
     for (int t = 0; t < n; t++)
-        rmsnorm(r->xb + (size_t)t * D, r->hs + (size_t)t * D, h->post_norm, D, h->cfg.c.norm_eps);
-    matmul(r->hb, r->xb, h->w_gate, n, D, H);
-    matmul(r->hb2, r->xb, h->w_up, n, D, H);
-    for (size_t i = 0; i < (size_t)n * H; i++) {
-        float g = r->hb[i];
-        r->hb[i] = g / (1.0f + expf(-g)) * r->hb2[i];
-    }
-    matmul(r->xb, r->hb, h->w_down, n, H, D);
-    for (size_t i = 0; i < (size_t)n * D; i++) r->hs[i] += r->xb[i];
+        cpu_rmsnorm(r->xb + (size_t)t * D, r->hs + (size_t)t * D, h->post_norm, D, c->norm_eps);
+    cpu_matmul(r->hb, r->xb, h->w_gate, n, D, H, H);
+    cpu_matmul(r->hb2, r->xb, h->w_up, n, D, H, H);
+    cpu_swiglu(r->hb, r->hb2, (size_t)n * H);
+    cpu_matmul(r->xb, r->hb, h->w_down, n, H, D, D);
+    cpu_residual_add(r->hs, r->xb, (size_t)n * D);
 }
 
 /* Logits of rows [0, n) of r->hs into out (n, draft_vocab). */
 static void head_logits(Eagle3Runner *r, int n, float *out) {
     const Eagle3Head *h = r->h;
     for (int t = 0; t < n; t++)
-        rmsnorm(r->xb + (size_t)t * r->dim, r->hs + (size_t)t * r->dim, h->norm, r->dim,
+        cpu_rmsnorm(r->xb + (size_t)t * r->dim, r->hs + (size_t)t * r->dim, h->norm, r->dim,
                 h->cfg.c.norm_eps);
-    matmul(out, r->xb, h->lm_head, n, r->dim, h->cfg.draft_vocab);
+    cpu_matmul(out, r->xb, h->lm_head, n, r->dim, h->cfg.draft_vocab, h->cfg.draft_vocab);
 }
 
 static int check_tokens(const Eagle3Runner *r, const int *tokens, int n, RsErr *e) {
@@ -234,12 +170,9 @@ int eagle3_commit(Eagle3Runner *r, const int *tokens, const float *feats, int n,
     for (int off = 0; off < n; off += r->max_batch) {
         int m = n - off < r->max_batch ? n - off : r->max_batch;
         int pos[m];
-        for (int t = 0; t < m; t++) {
-            pos[t] = r->n_committed + t;
-            r->n_vis[t] = t + 1; /* causal among the chunk's own rows */
-            for (int j = 0; j <= t; j++) r->vis[(size_t)t * r->cap + j] = j;
-        }
-        matmul(r->hs, feats + (size_t)off * F, h->fc, m, F, D);
+        for (int t = 0; t < m; t++) pos[t] = r->n_committed + t;
+        cpu_attention_index(NULL, m, 0, r->cap, r->vis, r->n_vis); /* causal in the chunk */
+        cpu_matmul(r->hs, feats + (size_t)off * F, h->fc, m, F, D, D);
         layer(r, tokens + off, pos, m);
         r->n_committed += m;
         if (off + m == n) {
@@ -262,12 +195,7 @@ int eagle3_expand(Eagle3Runner *r, const int *tokens, const float *state_in, con
                       "%d pending, capacity %d", n, r->max_batch, r->n_committed, np, r->cap);
     int rc = check_tokens(r, tokens, n, e);
     if (rc) return rc;
-    for (int t = 0; t < n; t++) {
-        int *vis = r->vis + (size_t)t * r->cap, k = 0;
-        for (int j = 0; j < cols; j++)
-            if (mask ? mask[(size_t)t * cols + j] != 0 : j == np + t) vis[k++] = j;
-        r->n_vis[t] = k;
-    }
+    cpu_attention_index(mask, n, np, r->cap, r->vis, r->n_vis);
     memcpy(r->hs, state_in, sizeof(float) * (size_t)n * r->dim);
     layer(r, tokens, pos, n);
     r->n_pending += n;

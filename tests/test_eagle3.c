@@ -448,11 +448,12 @@ START_TEST(test_random_presets) {
     memcpy(sin2, st, sizeof(float) * D);
     memcpy(sin2 + D, st, sizeof(float) * D);
     int pos[2] = {3, 3}, nt[2] = {ids[0], ids[1]};
-    ck_assert_msg(eagle3_expand(r, nt, sin2, pos, NULL, 2, lg2, st2, &e) == 0, "%s", e.msg);
+    const uint8_t sib[4] = {1, 0, 0, 1}; /* siblings: each sees itself */
+    ck_assert_msg(eagle3_expand(r, nt, sin2, pos, sib, 2, lg2, st2, &e) == 0, "%s", e.msg);
     for (int i = 0; i < 2 * DV; i++) ck_assert(isfinite(lg2[i]));
     ck_assert_int_eq(eagle3_n_pending(r), 2);
     /* a too-large expansion and an out-of-vocabulary token are refused, nothing changed */
-    ck_assert_int_eq(eagle3_expand(r, nt, sin2, pos, NULL, 11, lg2, st2, &e), RS_EINVAL);
+    ck_assert_int_eq(eagle3_expand(r, nt, sin2, pos, sib, 11, lg2, st2, &e), RS_EINVAL);
     int bad[1] = {t->cfg.vocab_size};
     ck_assert_int_eq(eagle3_commit(r, bad, feats, 1, NULL, NULL, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "token id 512"), "%s", e.msg);
