@@ -73,7 +73,11 @@ static int refuse_variants(const cJSON *j, const char *path, RsErr *e) {
 static int read_head_config(const char *path, const cJSON *j, Eagle3Config *h, RsErr *e) {
     memset(h, 0, sizeof *h);
     const char *arch;
-    if (!has_arch(j, &arch))
+    if (!has_arch(j, &arch) && !strcmp(arch, "Eagle3Speculator"))
+        return rs_err(e, RS_EUNSUPPORTED, "'%s': the speculators layout (Eagle3Speculator, "
+                      "transformer_layer_config) is not supported; the LlamaForCausalLMEagle3 "
+                      "layout of the published heads is", path);
+    if (strcmp(arch, "LlamaForCausalLMEagle3") && strcmp(arch, "Eagle3LlamaForCausalLM"))
         return rs_err(e, RS_EUNSUPPORTED, "'%s': architecture '%s' is not an EAGLE-3 head "
                       "(LlamaForCausalLMEagle3 is)", path, arch);
     Config *c = &h->c;

@@ -1,7 +1,8 @@
 /* Hugging Face directory loader: config.json (cJSON) + model.safetensors or a sharded
  * model.safetensors.index.json. Safetensors files are mmapped; each header (8-byte LE
  * length + JSON) is validated (offsets inside the data, byte counts matching dtype x
- * shape) before any tensor is read. F32/F16/BF16 tensors become f32 in the arena. */
+ * shape) before any tensor is read. F32/F16/BF16 tensors become f32 in the arena. The
+ * reader and the config-field parser are exported (hf.h) for the EAGLE-3 head loader. */
 #include "hf.h"
 #include "model_internal.h"
 #include "quant.h"

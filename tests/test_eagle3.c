@@ -338,6 +338,8 @@ static void expect_config_refusal(const char *key, const char *value, int code, 
 START_TEST(test_config_refusals) {
     expect_config_refusal("architectures", "[\"LlamaForCausalLM\"]", RS_EUNSUPPORTED,
                           "not an EAGLE-3 head");
+    expect_config_refusal("architectures", "[\"Eagle3Speculator\"]", RS_EUNSUPPORTED,
+                          "speculators layout");
     expect_config_refusal("num_hidden_layers", "2", RS_EUNSUPPORTED, "num_hidden_layers 2");
     expect_config_refusal("norm_before_residual", "true", RS_EUNSUPPORTED, "norm_before_residual");
     expect_config_refusal("eagle_config", "{\"use_aux_hidden_state\": false}", RS_EUNSUPPORTED,
