@@ -7,6 +7,7 @@
 #include "common/eagle3.h"
 #include "common/hf.h"
 #include "common/randmodel.h"
+#include "draft_proc/eagle3_drafter.h"
 #include "draft_proc/eagle3_forward.h"
 #include "testutil.h"
 #include <cjson/cJSON.h>
@@ -282,6 +283,83 @@ START_TEST(test_grow_pool) {
 }
 END_TEST
 
+/* The fixture's commit step `si` of head/ through the Drafter interface: its root children
+ * must be the reference's top 10. first: the commit starts the context (a token before the
+ * fixture's rows, with an ignored feature row, leads it). */
+static void drafter_round(Drafter *d, const cJSON *steps, int si, int first, int reset, Pool *p) {
+    const cJSON *s = cJSON_GetArrayItem(steps, si);
+    int toks[MAX_ROWS + 1], want[POOL_TOPK], F = 3 * 32;
+    int n = flat_ints(cJSON_GetObjectItem(s, "tokens"), toks + first, MAX_ROWS) + first;
+    float *feats = calloc((size_t)n * F, sizeof(float));
+    flat_floats(cJSON_GetObjectItem(s, "features"), feats + (size_t)first * F, (size_t)(n - first) * F);
+    if (first) {
+        toks[0] = 11;
+        for (int i = 0; i < F; i++) feats[i] = NAN; /* must not be read */
+    }
+    RsErr e = {0};
+    ck_assert_msg(drafter_grow_begin(d, toks, n, reset, feats, sizeof(float) * (size_t)n * F, &e) == 0,
+                  "%s", e.msg);
+    ck_assert_msg(drafter_grow_end(d, p, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(p->n, POOL_MAX);
+    ck_assert(p->commit_pass_ns > 0 && p->draft_ns >= p->commit_pass_ns);
+    flat_ints(cJSON_GetObjectItem(s, "top10"), want, POOL_TOPK);
+    for (int k = 0; k < POOL_TOPK; k++)
+        ck_assert_msg(p->token[k] == want[k] && p->parent[k] == -1, "step %d child %d: %d, ref %d",
+                      si, k, p->token[k], want[k]);
+    free(feats);
+}
+
+START_TEST(test_drafter_kind) {
+    cJSON *j = load_expected();
+    const cJSON *steps = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "heads"), 0), "steps");
+    Model *t;
+    Eagle3Head *h;
+    Drafter *d;
+    RsErr e = {0};
+    ck_assert(model_load(tu_fixture("eagle3/target"), &t, &e) == 0);
+    ck_assert(eagle3_head_load(tu_fixture("eagle3/head"), &h, &e) == 0);
+    float *emb = target_embeddings(tu_fixture("eagle3/target"), &t->cfg);
+    ck_assert_msg(drafter_eagle3_create(h, emb, 96, &d, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(drafter_info(d)->vocab_size, 96);
+    ck_assert_str_eq(drafter_info(d)->fingerprint, h->fingerprint);
+    Pool *p = malloc(sizeof *p);
+    drafter_round(d, steps, 0, 1, 1, p); /* the prompt: a leading token + the fixture's 5 rows */
+    /* refusals: no features, a wrong size, a full cache; none commits anything */
+    int tok[2] = {1, 2};
+    float f[2 * 96] = {0};
+    ck_assert_int_eq(drafter_grow_begin(d, tok, 2, 0, NULL, 0, &e), 0);
+    ck_assert_int_eq(drafter_grow_end(d, p, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "needs 768 bytes of f32 target features"), "%s", e.msg);
+    ck_assert_int_eq(drafter_grow_begin(d, tok, 2, 0, f, sizeof f - 4, &e), 0);
+    ck_assert_int_eq(drafter_grow_end(d, p, &e), RS_EINVAL);
+    int many[40] = {0};
+    float *fm = calloc(40 * 96, sizeof(float));
+    ck_assert_int_eq(drafter_grow_begin(d, many, 25, 0, fm, sizeof(float) * 25 * 96, &e), 0);
+    ck_assert_int_eq(drafter_grow_end(d, p, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "KV cache full: 5 committed + 25 new + 70 tree rows > capacity 96"), "%s", e.msg);
+    drafter_round(d, steps, 4, 0, 0, p); /* next round as the fixture's: the tree dropped */
+    /* an empty context whose first commit is refused still has its first token to skip */
+    ck_assert_int_eq(drafter_reset(d, NULL, 0, NULL, 0, &e), 0);
+    ck_assert_int_eq(drafter_grow_begin(d, tok, 2, 0, NULL, 0, &e), 0);
+    ck_assert_int_eq(drafter_grow_end(d, p, &e), RS_EINVAL);
+    drafter_round(d, steps, 0, 1, 0, p);
+    drafter_round(d, steps, 0, 1, 1, p); /* a reset (grow_begin's flag) replays the fixture */
+    drafter_round(d, steps, 4, 0, 0, p);
+    /* a one-token context has no row to draft from */
+    ck_assert_int_eq(drafter_grow_begin(d, tok, 1, 1, f, sizeof(float) * 96, &e), 0);
+    ck_assert_int_eq(drafter_grow_end(d, p, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "no row to draft from"), "%s", e.msg);
+    free(fm);
+    free(p);
+    drafter_destroy(&d);
+    ck_assert_ptr_null(d);
+    free(emb);
+    eagle3_head_destroy(&h);
+    model_free(&t);
+    cJSON_Delete(j);
+}
+END_TEST
+
 /* Expects eagle3_head_load(dir) to fail with code and a message containing each needle. */
 static void expect_refusal(const char *dir, int code, const char *n1, const char *n2) {
     Eagle3Head *h = (Eagle3Head *)1;
@@ -491,6 +569,7 @@ Suite *suite_eagle3(void) {
     tcase_add_test(tc, test_parity_target_embeddings);
     tcase_add_test(tc, test_parity_own_embeddings_llama3_rope);
     tcase_add_test(tc, test_grow_pool);
+    tcase_add_test(tc, test_drafter_kind);
     tcase_add_test(tc, test_loader_refusals);
     tcase_add_test(tc, test_config_refusals);
     tcase_add_test(tc, test_fit_to_target);

@@ -1,0 +1,127 @@
+/* The EAGLE-3 kind of Drafter: feature rows aligned to the commit's tokens (see
+ * eagle3_drafter.h), the head's commit, then its pool growth. */
+#include "eagle3_drafter.h"
+#include "drafter_impl.h"
+#include "eagle3_forward.h"
+#include <string.h>
+
+#define EAGLE3_COMMIT_CHUNK 64
+
+typedef struct {
+    const Eagle3Head *h;
+    Eagle3Runner *r;
+    int n_tokens;       /* context tokens, the first (which has no row) included */
+    int kv_capacity;
+    float *root_state;  // (dim) output state of the last committed row
+    float *root_logits; // (draft_vocab)
+    Pool *pool;         /* grow_begin's result for grow_end */
+    int grow_rc;
+    RsErr grow_err;
+} Eagle3Drafter;
+
+/* Appends tokens with their features (the last row's state and logits kept for growth);
+ * `reserve` rows must stay free after them. Nothing changes on an error. */
+static int commit(Eagle3Drafter *d, const int *tokens, int n, const void *features,
+                  size_t feat_bytes, int reserve, RsErr *e) {
+    size_t F = (size_t)EAGLE3_N_FEATURES * d->h->cfg.target_hidden;
+    if (!features || feat_bytes != (size_t)n * F * sizeof(float))
+        return rs_err(e, RS_EINVAL, "EAGLE-3 drafter: a commit of %d tokens needs %zu bytes of "
+                      "f32 target features (%d x %zu), got %zu", n, (size_t)n * F * sizeof(float),
+                      n, F, features ? feat_bytes : 0);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= d->h->cfg.c.vocab_size)
+            return rs_err(e, RS_EINVAL, "token id %d at %d outside the EAGLE-3 head's vocabulary "
+                          "of %d", tokens[i], i, d->h->cfg.c.vocab_size);
+    int skip = d->n_tokens == 0 && n > 0; /* the context's first token has no row */
+    int need = eagle3_n_committed(d->r) + n - skip + reserve;
+    if (need > d->kv_capacity)
+        return rs_err(e, RS_EINVAL, "EAGLE-3 drafter KV cache full: %d committed + %d new + %d "
+                      "tree rows > capacity %d", eagle3_n_committed(d->r), n - skip, reserve,
+                      d->kv_capacity);
+    int rc = eagle3_commit(d->r, tokens + skip, (const float *)features + skip * F, n - skip,
+                           d->root_state, d->root_logits, e);
+    if (!rc) d->n_tokens += n;
+    return rc;
+}
+
+static int grow(Eagle3Drafter *d, const int *tokens, int n, const void *features,
+                size_t feat_bytes, Pool *p, RsErr *e) {
+    uint64_t t0 = rs_now_ns();
+    int rc = commit(d, tokens, n, features, feat_bytes, POOL_N_EXPANDED, e);
+    if (rc) return rc;
+    if (eagle3_n_committed(d->r) == 0)
+        return rs_err(e, RS_EINVAL, "EAGLE-3 drafter: a context of %d token(s) has no row to "
+                      "draft from (the first token pairs with nothing)", d->n_tokens);
+    uint64_t t1 = rs_now_ns();
+    rc = eagle3_grow_pool(d->r, d->root_state, d->root_logits, p, e);
+    if (rc) return rc;
+    p->commit_pass_ns = t1 - t0;
+    p->draft_ns = rs_now_ns() - t0;
+    return RS_OK;
+}
+
+static int e3_reset(void *ctx, const int *prompt, int n, const void *features,
+                    size_t feat_bytes, RsErr *e) {
+    Eagle3Drafter *d = ctx;
+    eagle3_reset(d->r);
+    d->n_tokens = 0;
+    if (n < 0) return rs_err(e, RS_EINVAL, "prefill of %d tokens", n);
+    return n ? commit(d, prompt, n, features, feat_bytes, 0, e) : RS_OK;
+}
+
+static int e3_grow_begin(void *ctx, const int *tokens, int n, const void *features,
+                         size_t feat_bytes, RsErr *e) {
+    Eagle3Drafter *d = ctx;
+    d->grow_err = (RsErr){0};
+    d->grow_rc = grow(d, tokens, n, features, feat_bytes, d->pool, &d->grow_err);
+    return RS_OK;
+}
+
+static int e3_grow_end(void *ctx, Pool *out, RsErr *e) {
+    Eagle3Drafter *d = ctx;
+    if (d->grow_rc) {
+        if (e) *e = d->grow_err;
+        return d->grow_rc;
+    }
+    memcpy(out, d->pool, sizeof(Pool));
+    return RS_OK;
+}
+
+static void e3_destroy(void *ctx) {
+    Eagle3Drafter *d = ctx;
+    eagle3_runner_destroy(&d->r);
+    free(d->root_state);
+    free(d->root_logits);
+    free(d->pool);
+    free(d);
+}
+
+static const DrafterOps eagle3_ops = {
+    .reset = e3_reset,
+    .grow_begin = e3_grow_begin,
+    .grow_end = e3_grow_end,
+    .destroy = e3_destroy,
+};
+
+int drafter_eagle3_create(const Eagle3Head *h, const float *embed, int kv_capacity,
+                          Drafter **out, RsErr *e) {
+    *out = NULL;
+    if (h->cfg.draft_vocab < POOL_TOPK)
+        return rs_err(e, RS_EUNSUPPORTED, "EAGLE-3 draft vocabulary of %d tokens is smaller "
+                      "than %d", h->cfg.draft_vocab, POOL_TOPK);
+    Eagle3Drafter *d = rs_xcalloc(1, sizeof *d);
+    d->h = h;
+    d->kv_capacity = kv_capacity;
+    int rc = eagle3_runner_create(h, embed, kv_capacity, EAGLE3_COMMIT_CHUNK, &d->r, e);
+    if (rc) {
+        free(d);
+        return rc;
+    }
+    d->root_state = rs_xmalloc(sizeof(float) * (size_t)h->cfg.c.dim);
+    d->root_logits = rs_xmalloc(sizeof(float) * (size_t)h->cfg.draft_vocab);
+    d->pool = rs_xmalloc(sizeof(Pool));
+    DrafterInfo info = {.vocab_size = h->cfg.c.vocab_size, .fingerprint = h->fingerprint,
+                        .name = h->path};
+    *out = drafter_new(&eagle3_ops, d, &info);
+    return RS_OK;
+}

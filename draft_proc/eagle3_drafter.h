@@ -1,0 +1,25 @@
+/* The EAGLE-3 kind of Drafter (draft_proc/drafter.h): an EAGLE-3 head (common/eagle3.h) run
+ * on the CPU by draft_proc/eagle3_forward.h, growing the SPEC §2 pool from the target's
+ * features. Growth runs synchronously in drafter_grow_begin (wrap it with
+ * drafter_threaded_create to overlap it).
+ *
+ * Features (the commit calls' `features`): f32, (n, 3 * target_hidden), row i = the target's
+ * three feature vectors (layers from eagle3_head_check, ascending) of the token *before*
+ * tokens[i], which is what the target has when the drafter commits: a round's emitted tokens
+ * [a1..ak, c] come with the features of [previous root, a1..ak] from the target's passes,
+ * and a first commit [p0..p(m-1)] with those of [-, p0..p(m-2)] from its prefill. Row 0 of
+ * the first commit after a reset is ignored (p0 has no token before it), so growing needs
+ * a context of at least two tokens. A commit without features, or with another size, is
+ * refused (RS_EINVAL). */
+#ifndef ROOTSPEC_EAGLE3_DRAFTER_H
+#define ROOTSPEC_EAGLE3_DRAFTER_H
+#include "drafter.h"
+#include "common/eagle3.h"
+
+/* Borrows h and embed ((vocab, dim): h->embed, or the target's embeddings when the head has
+ * none; eagle3_head_check them first): keep both alive until drafter_destroy. kv_capacity:
+ * context rows + the POOL_N_EXPANDED tree rows. */
+int drafter_eagle3_create(const Eagle3Head *h, const float *embed, int kv_capacity,
+                          Drafter **out, RsErr *e);
+
+#endif
