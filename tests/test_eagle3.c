@@ -429,8 +429,7 @@ START_TEST(test_decode_identity_with_eagle3) {
     a->feats = malloc(sizeof(float) * (size_t)(ROUND_MAX_EMIT + 512) * a->F);
     ck_assert(drafter_eagle3_create(h, emb, 512, &a->inner, &e) == 0);
     DrafterInfo info = *drafter_info(a->inner);
-    Drafter *inner = a->inner, *d = drafter_new(&adapter_ops, a, &info), *dc;
-    (void)inner;
+    Drafter *d = drafter_new(&adapter_ops, a, &info), *dc;
     ck_assert_int_eq(drafter_threaded_create(d, &dc, &e), 0);
     const Rule rules[] = {RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
     Rng r;
