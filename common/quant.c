@@ -1,5 +1,5 @@
 /* Dequantization of the ggml tensor types rootspec accepts (F32, F16, BF16, Q8_0, Q4_0,
- * Q4_1), plus the geometry table of every ggml type so the GGUF parser can bounds-check
+ * Q4_1, Q4_K, Q5_K, Q6_K), plus the geometry table of every ggml type so the GGUF parser can bounds-check
  * tensors it will later refuse. Reads go through memcpy/byte loads: block fields are
  * only 2-byte aligned inside a mapping and UBSan rejects misaligned loads. */
 #include "quant.h"
@@ -48,7 +48,8 @@ const char *quant_type_name(uint32_t type) {
 
 int quant_type_supported(uint32_t type) {
     return type == QT_F32 || type == QT_F16 || type == QT_BF16 || type == QT_Q8_0 ||
-           type == QT_Q4_0 || type == QT_Q4_1;
+           type == QT_Q4_0 || type == QT_Q4_1 || type == QT_Q4_K || type == QT_Q5_K ||
+           type == QT_Q6_K;
 }
 
 static inline float bits_to_f32(uint32_t b) {
@@ -72,6 +73,55 @@ float quant_f16_to_f32(uint16_t h) {
 float quant_bf16_to_f32(uint16_t h) { return bits_to_f32((uint32_t)h << 16); }
 
 static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+/* The K-quant expansions below round exactly as ggml's dequantize_row_* and gguf-py do:
+ * (d * scale) first, then times q, then minus (dmin * min), each an f32 operation. That
+ * relies on no fused multiply-add contraction (GCC's default under -std=c11). */
+
+/* Q4_K / Q5_K (qh == NULL for Q4_K): each 64 elements are two 32-element sub-blocks, the
+ * low then the high nibbles of 32 qs bytes; Q5_K's fifth bit of sub-block s is bit s of
+ * qh[l]. */
+static void deq_q45_K(const uint8_t *p, float *y, size_t nb, int five) {
+    size_t bb = five ? QK5_K_BYTES : QK4_K_BYTES;
+    for (size_t b = 0; b < nb; b++, p += bb) {
+        float d = quant_f16_to_f32(rd16(p)), dmin = quant_f16_to_f32(rd16(p + 2));
+        const uint8_t *sc = p + 4, *qh = five ? p + 16 : NULL, *qs = p + (five ? 48 : 16);
+        for (int s = 0; s < 8; s++, y += 32) {
+            uint8_t scale, min;
+            quant_k4_scale_min(s, sc, &scale, &min);
+            float dl = d * (float)scale, ml = dmin * (float)min;
+            const uint8_t *q = qs + (s / 2) * 32;
+            for (int l = 0; l < 32; l++) {
+                int v = s % 2 ? q[l] >> 4 : q[l] & 0x0f;
+                if (qh) v |= ((qh[l] >> s) & 1) << 4;
+                y[l] = dl * (float)v - ml;
+            }
+        }
+    }
+}
+
+/* Q6_K: 128-element halves; within one, ql[l] low/high nibbles and ql[l+32] give the four
+ * 32-runs, qh[l] bits 0-1/2-3/4-5/6-7 their top two bits; one int8 scale per 16. */
+static void deq_q6_K(const uint8_t *p, float *y, size_t nb) {
+    for (size_t b = 0; b < nb; b++, p += QK6_K_BYTES) {
+        float d = quant_f16_to_f32(rd16(p + 208));
+        const uint8_t *ql = p, *qh = p + 128;
+        const int8_t *sc = (const int8_t *)(p + 192);
+        for (int h = 0; h < 2; h++, y += 128, ql += 64, qh += 32, sc += 8) {
+            for (int l = 0; l < 32; l++) {
+                int is = l / 16;
+                int q1 = ((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                int q2 = ((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                y[l] = d * (float)sc[is + 0] * (float)q1;
+                y[l + 32] = d * (float)sc[is + 2] * (float)q2;
+                y[l + 64] = d * (float)sc[is + 4] * (float)q3;
+                y[l + 96] = d * (float)sc[is + 6] * (float)q4;
+            }
+        }
+    }
+}
 
 void quant_dequantize(uint32_t type, const void *src, float *dst, size_t n) {
     const uint8_t *p = src;
@@ -114,6 +164,15 @@ void quant_dequantize(uint32_t type, const void *src, float *dst, size_t n) {
                 dst[j + 16] = d * (float)(qs[j] >> 4) + m;
             }
         }
+        return;
+    case QT_Q4_K:
+    case QT_Q5_K:
+        RS_ASSERT(n % QK_K == 0);
+        deq_q45_K(p, dst, n / QK_K, type == QT_Q5_K);
+        return;
+    case QT_Q6_K:
+        RS_ASSERT(n % QK_K == 0);
+        deq_q6_K(p, dst, n / QK_K);
         return;
     default:
         RS_ASSERT(!"quant_dequantize: unsupported type");

@@ -1,6 +1,7 @@
 /* ggml tensor types as stored in GGUF files, and their dequantization to f32.
- * rootspec computes in f32, so quantized weights are expanded once at load. The block
- * layouts follow ggml (ggml-common.h): Q4_0/Q4_1/Q8_0 blocks of 32 with f16 scales. */
+ * The block layouts follow ggml (ggml-common.h): Q4_0/Q4_1/Q8_0 blocks of 32 with f16
+ * scales; the K-quants Q4_K/Q5_K/Q6_K super-blocks of 256 with f16 super-scales and
+ * 6-bit (Q4_K, Q5_K) or 8-bit (Q6_K) sub-block scales. */
 #ifndef ROOTSPEC_QUANT_H
 #define ROOTSPEC_QUANT_H
 #include <stddef.h>
@@ -13,6 +14,9 @@ enum {
     QT_Q4_0 = 2,
     QT_Q4_1 = 3,
     QT_Q8_0 = 8,
+    QT_Q4_K = 12,
+    QT_Q5_K = 13,
+    QT_Q6_K = 14,
     QT_BF16 = 30,
 };
 
@@ -21,11 +25,30 @@ enum {
 int quant_type_geometry(uint32_t type, size_t *block_elems, size_t *block_bytes);
 /* "Q4_1", "F32", ... or NULL for an unknown id. */
 const char *quant_type_name(uint32_t type);
-/* 1 if quant_dequantize handles this type (F32, F16, BF16, Q8_0, Q4_0, Q4_1). */
+/* 1 if quant_dequantize handles this type (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K,
+ * Q6_K). */
 int quant_type_supported(uint32_t type);
 
 float quant_f16_to_f32(uint16_t h);
 float quant_bf16_to_f32(uint16_t h);
+
+/* K-quant super-block geometry (QK_K elements; bytes per block). */
+#define QK_K 256
+#define QK4_K_BYTES 144 /* f16 d, f16 dmin, u8 scales[12], u8 qs[128] */
+#define QK5_K_BYTES 176 /* f16 d, f16 dmin, u8 scales[12], u8 qh[32], u8 qs[128] */
+#define QK6_K_BYTES 210 /* u8 ql[128], u8 qh[64], i8 scales[16], f16 d */
+
+/* Q4_K/Q5_K sub-block j (0..7) 6-bit scale and min from the 12 packed bytes
+ * (ggml's get_scale_min_k4). */
+static inline void quant_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
 
 /* Expands n elements (a multiple of the type's block size) of a supported type from src
  * (any alignment, exactly n/block_elems*block_bytes bytes) into dst. */

@@ -844,7 +844,8 @@ START_TEST(test_half_floats) {
     ck_assert(quant_bf16_to_f32(0xc2f7) == -123.5f);
     ck_assert_str_eq(quant_type_name(QT_Q4_1), "Q4_1");
     ck_assert_ptr_null(quant_type_name(200));
-    ck_assert(!quant_type_supported(12)); /* Q4_K */
+    ck_assert(!quant_type_supported(10)); /* Q2_K */
+    ck_assert(quant_type_supported(QT_Q4_K) && quant_type_supported(QT_Q6_K));
 }
 END_TEST
 

@@ -1,0 +1,185 @@
+/* K-quants: quant_dequantize of Q4_K/Q5_K/Q6_K against gguf-py's dequantization
+ * (tests/fixtures/kquant/blocks.bin from tools/gen_kquant_fixtures.py), and the Q8_K
+ * dot-product kernels (kernels/cpu_kquant.c) against dequantize-then-dot. */
+#include "testutil.h"
+#include "common/quant.h"
+#include "common/util.h"
+#include "kernels/cpu_kquant.h"
+#include <math.h>
+#include <string.h>
+
+typedef struct {
+    uint32_t type, n_elems, n_bytes;
+    const uint8_t *bytes;
+    const float *deq; /* points into the file buffer: read with memcpy */
+} KqCase;
+
+typedef struct {
+    char *buf;
+    size_t len;
+    int n;
+    KqCase c[16];
+} KqFixture;
+
+static uint32_t rd_u32(const char *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static void kq_read(KqFixture *f) {
+    const char *path = tu_fixture("kquant/blocks.bin");
+    RsErr e = {0};
+    ck_assert_msg(rs_read_file(path, &f->buf, &f->len, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(f->len >= 12 && memcmp(f->buf, "RSKQ", 4) == 0 && rd_u32(f->buf + 4) == 1,
+                  "%s: not an RSKQ v1 file", path);
+    f->n = (int)rd_u32(f->buf + 8);
+    ck_assert_int_le(f->n, 16);
+    size_t off = 12;
+    for (int i = 0; i < f->n; i++) {
+        KqCase *c = &f->c[i];
+        ck_assert_msg(off + 12 <= f->len, "%s truncated", path);
+        c->type = rd_u32(f->buf + off);
+        c->n_elems = rd_u32(f->buf + off + 4);
+        c->n_bytes = rd_u32(f->buf + off + 8);
+        off += 12;
+        ck_assert_msg(c->n_elems <= (1u << 20) && c->n_bytes <= (1u << 20) &&
+                          off + c->n_bytes + 4ull * c->n_elems <= f->len,
+                      "%s: case %d truncated", path, i);
+        c->bytes = (const uint8_t *)f->buf + off;
+        c->deq = (const float *)(f->buf + off + c->n_bytes);
+        off += c->n_bytes + 4ull * c->n_elems;
+    }
+    ck_assert_uint_eq(off, f->len);
+}
+
+/* Every element bitwise equal to gguf-py's float32 result. */
+START_TEST(test_kquant_dequant_fixture) {
+    KqFixture f;
+    kq_read(&f);
+    int seen[3] = {0};
+    for (int i = 0; i < f.n; i++) {
+        KqCase *c = &f.c[i];
+        ck_assert(c->type == QT_Q4_K || c->type == QT_Q5_K || c->type == QT_Q6_K);
+        ck_assert(quant_type_supported(c->type));
+        seen[c->type - QT_Q4_K]++;
+        size_t be, bb;
+        ck_assert_int_eq(quant_type_geometry(c->type, &be, &bb), 0);
+        ck_assert_uint_eq(be, QK_K);
+        ck_assert_uint_eq(c->n_bytes, c->n_elems / be * bb);
+        float *got = rs_xmalloc(sizeof(float) * c->n_elems);
+        uint8_t *src = rs_xmalloc(c->n_bytes + 1); /* odd address: blocks are unaligned */
+        memcpy(src + 1, c->bytes, c->n_bytes);
+        quant_dequantize(c->type, src + 1, got, c->n_elems);
+        int bad = 0;
+        for (uint32_t j = 0; j < c->n_elems; j++) {
+            float want;
+            memcpy(&want, (const char *)c->deq + 4 * j, 4);
+            if (memcmp(&want, &got[j], 4) != 0 && bad++ < 5)
+                fprintf(stderr, "%s case %d element %u: got %.9g, gguf-py %.9g\n",
+                        quant_type_name(c->type), i, j, got[j], want);
+        }
+        ck_assert_msg(bad == 0, "%s case %d: %d of %u elements differ from gguf-py",
+                      quant_type_name(c->type), i, bad, c->n_elems);
+        free(got);
+        free(src);
+    }
+    ck_assert(seen[0] == 2 && seen[1] == 2 && seen[2] == 2);
+    free(f.buf);
+}
+END_TEST
+
+/* Roughly normal (Irwin-Hall of 4 splitmix64 uniforms); any fixed spread will do. */
+static float gauss(uint64_t *s) {
+    float u = 0;
+    for (int k = 0; k < 4; k++) {
+        uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        u += (float)((z >> 40) * 0x1p-24) - 0.5f;
+    }
+    return u * 1.7f;
+}
+
+/* Weight rows are the fixture's blocks (realistic and random-byte ones) cycled to n
+ * elements; x ~ N(0, 1) with a few outliers. Three checks per (type, n):
+ *  - kernel vs sum_i deq(w)[i] * (d * qs[i]) in double: only f32 rounding of per-block
+ *    products and of the block accumulation, bound 2e-6 * sum |terms| + 1e-6;
+ *  - kernel vs the f32 activations in double: adds Q8_K rounding, |x - d*q| <= |d|/2 per
+ *    element, so the bound is sum_i |w_i| * |d_block(i)| / 2 plus the above;
+ *  - the scalar and AVX2 kernels bitwise equal (when the CPU has AVX2). */
+START_TEST(test_kquant_dot) {
+    KqFixture f;
+    kq_read(&f);
+    int avx2 = kquant_cpu_has_avx2();
+    const int ns[] = {256, 512, 2048};
+    uint64_t seed = 42;
+    for (int t = QT_Q4_K; t <= QT_Q6_K; t++) {
+        size_t be, bb;
+        quant_type_geometry((uint32_t)t, &be, &bb);
+        uint8_t *pool = NULL;
+        size_t pool_blocks = 0;
+        for (int i = 0; i < f.n; i++)
+            if (f.c[i].type == (uint32_t)t) {
+                pool = realloc(pool, (pool_blocks + f.c[i].n_elems / be) * bb);
+                memcpy(pool + pool_blocks * bb, f.c[i].bytes, f.c[i].n_bytes);
+                pool_blocks += f.c[i].n_elems / be;
+            }
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+            int n = ns[k], nb = n / QK_K;
+            for (int rep = 0; rep < 8; rep++) {
+                uint8_t *w = rs_xmalloc((size_t)nb * bb + 1);
+                for (int b = 0; b < nb; b++)
+                    memcpy(w + 1 + b * bb, pool + ((b + rep * 3) % pool_blocks) * bb, bb);
+                float *x = rs_xmalloc(sizeof(float) * n), *wd = rs_xmalloc(sizeof(float) * n);
+                for (int i = 0; i < n; i++) x[i] = gauss(&seed) * (i % 97 == 0 ? 8.0f : 1.0f);
+                if (rep == 1) memset(x, 0, sizeof(float) * QK_K); /* an all-zero block */
+                BlockQ8K *y = rs_xmalloc(sizeof(BlockQ8K) * nb);
+                quantize_row_q8_K(x, y, n);
+                quant_dequantize((uint32_t)t, w + 1, wd, n);
+                double ref_q = 0, ref_x = 0, mag = 0, qerr = 0;
+                for (int i = 0; i < n; i++) {
+                    const BlockQ8K *yb = &y[i / QK_K];
+                    double xq = (double)yb->d * yb->qs[i % QK_K];
+                    ck_assert_msg(fabs(xq - x[i]) <= fabs(yb->d) * 0.5 * (1 + 1e-6) + 1e-30,
+                                  "Q8_K rounding of x[%d] = %g: %g", i, x[i], xq);
+                    ref_q += (double)wd[i] * xq;
+                    ref_x += (double)wd[i] * x[i];
+                    mag += fabs((double)wd[i] * xq);
+                    qerr += fabs((double)wd[i]) * fabs(yb->d) * 0.5;
+                }
+                float got = kquant_dot_fn((uint32_t)t, 0)(n, w + 1, y);
+                double tol = 2e-6 * mag + 1e-6;
+                ck_assert_msg(fabs(got - ref_q) <= tol, "%s n=%d rep %d: scalar %.9g, dequantized %.9g (tol %g)",
+                              quant_type_name(t), n, rep, got, ref_q, tol);
+                ck_assert_msg(fabs(got - ref_x) <= tol + qerr * (1 + 1e-6),
+                              "%s n=%d rep %d: scalar %.9g, f32 dot %.9g (tol %g)", quant_type_name(t), n,
+                              rep, got, ref_x, tol + qerr);
+                if (avx2) {
+                    float g2 = kquant_dot_fn((uint32_t)t, 1)(n, w + 1, y);
+                    ck_assert_msg(memcmp(&g2, &got, 4) == 0, "%s n=%d rep %d: avx2 %.9g != scalar %.9g",
+                                  quant_type_name(t), n, rep, g2, got);
+                }
+                free(w);
+                free(x);
+                free(wd);
+                free(y);
+            }
+        }
+        free(pool);
+    }
+    if (!avx2) fprintf(stderr, "kquant: no AVX2 on this CPU, AVX2 kernels not compared\n");
+    free(f.buf);
+}
+END_TEST
+
+Suite *suite_kquant(void) {
+    Suite *s = suite_create("kquant");
+    TCase *tc = tcase_create("kquant");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_kquant_dequant_fixture);
+    tcase_add_test(tc, test_kquant_dot);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Writes the K-quant fixtures (dev-time only; needs numpy and gguf, plus torch and
+transformers for --model). Run from the repository root:
+
+    python3 tools/gen_kquant_fixtures.py            # blocks + tiny Q4_K_M-style model
+    python3 tools/gen_kquant_fixtures.py --blocks   # only tests/fixtures/kquant/blocks.bin
+
+gguf-py (gguf.quants) dequantizes Q4_K/Q5_K/Q6_K but cannot quantize them, so this file
+carries a small numpy quantizer with the block packing of ggml's quantize_row_q*_K_ref
+(simple min/max scale choice, not ggml's search: only valid, realistic blocks matter).
+The independent reference is always gguf.quants.dequantize of the stored bytes; the
+quantizer is cross-checked against it (round-trip error of a few percent of a block's
+range, asserted below).
+
+tests/fixtures/kquant/blocks.bin ("RSKQ"), read by tests/test_kquant.c:
+
+    "RSKQ" u32 version=1 u32 n_cases
+    per case: u32 ggml_type u32 n_elems u32 n_bytes u8 bytes[n_bytes] f32 deq[n_elems]
+
+with, per type, 8 super-blocks quantized from normal data (one of them all zeros, one a
+constant row) and 8 super-blocks of random bytes whose f16 scales are set to finite
+values (every scale/nibble/high-bit pattern occurs), deq = gguf.quants.dequantize.
+
+tests/fixtures/golden/llama_q4km/ (--model): a 2-layer llama with dim 256 written as GGUF
+with a Q4_K_M-like type mix (Q4_K matrices, Q6_K attn_v / ffn_down / output, F32 norms;
+q/k rows permuted as llama.cpp's converter does), and logits.bin ("RSGL", the format of
+tools/gen_golden.py) = transformers' logits after it loads (and dequantizes) that GGUF.
+"""
+import argparse
+import os
+import struct
+import sys
+
+import numpy as np
+
+QK_K = 256
+OUT = "tests/fixtures/kquant"
+rng = np.random.default_rng(20261201)
+
+
+def f16(x):
+    return np.float32(np.float16(x))
+
+
+def pack_k4_scales(ls, lm):
+    """ggml quantize_row_q4_K_ref: 8 6-bit scales and 8 6-bit mins into 12 bytes."""
+    s = np.zeros(12, np.uint8)
+    for j in range(8):
+        if j < 4:
+            s[j] = ls[j]
+            s[j + 4] = lm[j]
+        else:
+            s[j + 4] = (ls[j] & 0xF) | ((lm[j] & 0xF) << 4)
+            s[j - 4] |= (ls[j] >> 4) << 6
+            s[j] |= (lm[j] >> 4) << 6
+    return s
+
+
+def quant_q45_K_block(x, five):
+    """One super-block of Q4_K (five=False) or Q5_K as bytes."""
+    nmax = 31 if five else 15
+    sub = x.reshape(8, 32)
+    mn = np.minimum(sub.min(axis=1), 0)
+    mx = sub.max(axis=1)
+    scale = (mx - mn) / nmax
+    mins = -mn
+    d = f16(scale.max() / 63) if scale.max() > 0 else np.float32(0)
+    dmin = f16(mins.max() / 63) if mins.max() > 0 else np.float32(0)
+    ls = np.clip(np.round(scale / d), 0, 63).astype(np.uint8) if d > 0 else np.zeros(8, np.uint8)
+    lm = np.clip(np.round(mins / dmin), 0, 63).astype(np.uint8) if dmin > 0 else np.zeros(8, np.uint8)
+    L = np.zeros((8, 32), np.int32)
+    for j in range(8):
+        dl, ml = d * np.float32(ls[j]), dmin * np.float32(lm[j])
+        if dl > 0:
+            L[j] = np.clip(np.round((sub[j] + ml) / dl), 0, nmax)
+    L = L.reshape(QK_K)
+    qs = np.zeros(128, np.uint8)
+    qh = np.zeros(32, np.uint8)
+    for n in range(0, QK_K, 64):
+        lo, hi = L[n:n + 32], L[n + 32:n + 64]
+        s = n // 32  # sub-block index of the low half
+        if five:
+            qh |= ((lo >> 4) << s).astype(np.uint8) | ((hi >> 4) << (s + 1)).astype(np.uint8)
+        qs[n // 2:n // 2 + 32] = (lo & 0xF) | ((hi & 0xF) << 4)
+    head = np.array([d, dmin], np.float16).view(np.uint8)
+    parts = [head, pack_k4_scales(ls, lm)] + ([qh] if five else []) + [qs]
+    return np.concatenate(parts)
+
+
+def quant_q6_K_block(x):
+    """One super-block of Q6_K as bytes: ql[128] qh[64] scales[16] d."""
+    sub = x.reshape(16, 16)
+    idx = np.abs(sub).argmax(axis=1)
+    vmax = sub[np.arange(16), idx]
+    scale = vmax / -32.0  # signed, as ggml's make_qx_quants: q in [-32, 31]
+    im = np.abs(scale).argmax()
+    if scale[im] == 0:
+        d, sc = np.float32(0), np.zeros(16, np.int8)
+    else:
+        iscale = -128.0 / scale[im]
+        d = f16(1 / iscale)
+        sc = np.clip(np.round(iscale * scale), -128, 127).astype(np.int8)
+    L = np.zeros((16, 16), np.int32)
+    for j in range(16):
+        dl = d * np.float32(sc[j])
+        if dl != 0:
+            L[j] = np.clip(np.round(sub[j] / dl), -32, 31)
+    L = (L + 32).reshape(QK_K)
+    ql = np.zeros(128, np.uint8)
+    qh = np.zeros(64, np.uint8)
+    for h in range(2):
+        a = L[h * 128:(h + 1) * 128].reshape(4, 32)
+        ql[h * 64:h * 64 + 32] = (a[0] & 0xF) | ((a[2] & 0xF) << 4)
+        ql[h * 64 + 32:h * 64 + 64] = (a[1] & 0xF) | ((a[3] & 0xF) << 4)
+        qh[h * 32:(h + 1) * 32] = (a[0] >> 4) | ((a[1] >> 4) << 2) | ((a[2] >> 4) << 4) | ((a[3] >> 4) << 6)
+    return np.concatenate([ql, qh, sc.view(np.uint8), np.array([d], np.float16).view(np.uint8)])
+
+
+def quantize(x, qt):
+    """Rows of x (ne0 a multiple of 256) to the raw bytes of ggml type qt, shape (rows, bytes)."""
+    from gguf import GGMLQuantizationType as QT
+    fn = {QT.Q4_K: lambda b: quant_q45_K_block(b, False), QT.Q5_K: lambda b: quant_q45_K_block(b, True),
+          QT.Q6_K: quant_q6_K_block}[qt]
+    x = np.asarray(x, np.float32)
+    blocks = x.reshape(-1, QK_K)
+    out = np.stack([fn(b) for b in blocks])
+    return out.reshape(x.shape[0] if x.ndim == 2 else 1, -1)
+
+
+def random_blocks(qt, n):
+    """Random bytes with finite f16 super-scales (every bit pattern of the rest occurs)."""
+    import gguf
+    bb = gguf.GGML_QUANT_SIZES[qt][1]
+    b = rng.integers(0, 256, size=(n, bb), dtype=np.uint8)
+    if qt.name == "Q6_K":  # d is the last field
+        b[:, bb - 2:] = rng.normal(0, 0.02, size=(n, 1)).astype(np.float16).view(np.uint8)
+    else:  # d, dmin first
+        b[:, :4] = rng.normal(0, 0.02, size=(n, 2)).astype(np.float16).view(np.uint8)
+    return b
+
+
+def check_round_trip(x, q, qt):
+    import gguf
+    deq = gguf.quants.dequantize(q, qt).reshape(x.shape)
+    rng_blk = np.ptp(x.reshape(-1, 32), axis=1).max() if x.size else 1
+    err = np.abs(deq - x).max()
+    # 4 bits over a range: half a step is range/30; 6-bit scale rounding adds a few percent
+    limit = {"Q4_K": 0.08, "Q5_K": 0.05, "Q6_K": 0.03}[qt.name] * max(rng_blk, 1e-6)
+    assert err <= limit, f"{qt.name}: round trip error {err} > {limit}"
+    return deq
+
+
+def gen_blocks():
+    import gguf
+    from gguf import GGMLQuantizationType as QT
+    os.makedirs(OUT, exist_ok=True)
+    cases = []
+    for qt in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
+        x = rng.normal(0, 1, size=(8, QK_K)).astype(np.float32)
+        x[1] *= 0.001
+        x[2] = x[2] + 3.0  # all-positive: Q4_K/Q5_K min 0
+        x[3] = 0.0
+        x[4] = 0.5  # constant
+        x[5] = np.round(x[5] * 4) / 4
+        q = quantize(x, qt)
+        check_round_trip(x, q, qt)
+        cases.append((qt, q.reshape(-1)))
+        r = random_blocks(qt, 8)
+        deq = gguf.quants.dequantize(r.reshape(-1), qt)
+        assert np.isfinite(deq).all()
+        cases.append((qt, r.reshape(-1)))
+    with open(f"{OUT}/blocks.bin", "wb") as f:
+        f.write(b"RSKQ" + struct.pack("<II", 1, len(cases)))
+        for qt, raw in cases:
+            deq = gguf.quants.dequantize(raw, qt).astype("<f4").reshape(-1)
+            f.write(struct.pack("<III", int(qt), deq.size, raw.size))
+            f.write(raw.tobytes() + deq.tobytes())
+    print(f"{OUT}/blocks.bin: {len(cases)} cases, {os.path.getsize(OUT + '/blocks.bin')} bytes")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--blocks", action="store_true", help="only the block fixture")
+    a = ap.parse_args()
+    if not os.path.isdir("tests/fixtures"):
+        sys.exit("run from the repository root")
+    gen_blocks()
+    if not a.blocks:
+        import gen_q4km_model  # noqa: E402 (tools/, needs torch)
+        gen_q4km_model.main()
+
+
+if __name__ == "__main__":
+    main()
