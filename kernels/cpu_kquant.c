@@ -46,17 +46,27 @@ static inline int32_t k4_min_sum(const uint8_t *scales, const BlockQ8K *y) {
     return s;
 }
 
+/* A rounded product the compiler may not fuse into a multiply-add: the AVX2 functions are
+ * compiled with FMA enabled, the portable ones maybe not, and under -ffp-contract=fast a
+ * fused tail in one family only would break their bitwise agreement. */
+static inline float rounded(float v) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    __asm__("" : "+x"(v));
+#endif
+    return v;
+}
+
 /* Shared f32 tail of one block: the only rounding steps, identical for every family. */
 static inline float block_finish_k4(float acc, const uint8_t *w, const BlockQ8K *y, int32_t sumi,
                                     int32_t summ) {
-    float d = f16_at(w) * y->d, dmin = f16_at(w + 2) * y->d;
-    float a = d * (float)sumi, b = dmin * (float)summ;
+    float d = rounded(f16_at(w) * y->d), dmin = rounded(f16_at(w + 2) * y->d);
+    float a = rounded(d * (float)sumi), b = rounded(dmin * (float)summ);
     return acc + (a - b);
 }
 
 static inline float block_finish_q6(float acc, const uint8_t *w, const BlockQ8K *y, int32_t sumi) {
-    float d = f16_at(w + 208) * y->d;
-    return acc + d * (float)sumi;
+    float d = rounded(f16_at(w + 208) * y->d);
+    return acc + rounded(d * (float)sumi);
 }
 
 /* ---- portable ---- */
