@@ -1,7 +1,7 @@
 /* GGUF v3 (and v2, same layout) reader: mmaps the file, parses header, metadata and tensor
- * table with every read bounds-checked against the mapping, then builds a llama Model:
- * config from llama.* keys, tensors dequantized to f32 into the arena, q/k rows
- * un-permuted back to the Hugging Face (rotate-half RoPE) layout. The file stays mapped in
+ * table with every read bounds-checked against the mapping, then builds a llama, qwen2 or
+ * qwen3 Model: config from <arch>.* keys, tensors dequantized to f32 into the arena, llama
+ * q/k rows un-permuted back to the Hugging Face (rotate-half RoPE) layout. The file stays mapped in
  * Model.gguf because the tokenizer reads tokenizer.ggml.* through gguf_get_*. */
 #include "loader.h"
 #include "model_internal.h"
@@ -402,10 +402,29 @@ static const GGUFTensor *find_tensor(const GGUFFile *g, const char *name) {
     return NULL;
 }
 
-/* Required integer hyper-parameter `llama.<key>`. */
-static int need_int(const GGUFFile *g, const char *key, int *v, RsErr *e) {
+/* GGUF architectures rootspec reads: the metadata key prefix and the Config they set.
+ * qwen2 adds q/k/v biases, qwen3 per-head q/k RMSNorm; both use NeoX (rotate-half) RoPE,
+ * so llama.cpp's converter left their q/k rows unpermuted. */
+static const struct {
+    const char *name;
+    Arch arch;
+    int qkv_bias, qk_norm, permuted_qk;
+} GGUF_ARCHS[] = {
+    {"llama", ARCH_LLAMA, 0, 0, 1},
+    {"qwen2", ARCH_QWEN2, 1, 0, 0},
+    {"qwen3", ARCH_QWEN3, 0, 1, 0},
+};
+
+/* "<arch>.<key>" into buf. */
+static const char *arch_key(char *buf, size_t n, const char *arch, const char *key) {
+    snprintf(buf, n, "%s.%s", arch, key);
+    return buf;
+}
+
+/* Required integer hyper-parameter `<arch>.<key>`. */
+static int need_int(const GGUFFile *g, const char *arch, const char *key, int *v, RsErr *e) {
     char full[128];
-    snprintf(full, sizeof full, "llama.%s", key);
+    arch_key(full, sizeof full, arch, key);
     long long x;
     if (gguf_get_int(g, full, &x) != 0)
         return rs_err(e, RS_EFORMAT, "'%s': missing or non-integer metadata '%s'", g->path, full);
@@ -415,22 +434,43 @@ static int need_int(const GGUFFile *g, const char *key, int *v, RsErr *e) {
     return RS_OK;
 }
 
-static int read_config(const GGUFFile *g, Config *c, RsErr *e) {
+/* Sets c->arch and its flags from general.architecture; *prefix gets the key prefix. */
+static int read_arch(const GGUFFile *g, Config *c, const char **prefix, RsErr *e) {
     const char *arch;
     size_t alen;
     if (gguf_get_str(g, "general.architecture", &arch, &alen) != 0)
         return rs_err(e, RS_EFORMAT, "'%s': no general.architecture metadata", g->path);
-    if (alen != 5 || memcmp(arch, "llama", 5) != 0)
-        return rs_err(e, RS_EUNSUPPORTED,
-                      "'%s': architecture '%.*s' is not supported (the GGUF loader reads llama)",
-                      g->path, (int)(alen > 64 ? 64 : alen), arch);
-    memset(c, 0, sizeof *c);
-    c->arch = ARCH_LLAMA;
-    int rc;
-    if ((rc = need_int(g, "embedding_length", &c->dim, e))) return rc;
-    if ((rc = need_int(g, "feed_forward_length", &c->hidden_dim, e))) return rc;
-    if ((rc = need_int(g, "block_count", &c->n_layers, e))) return rc;
-    if ((rc = need_int(g, "attention.head_count", &c->n_heads, e))) return rc;
+    for (size_t i = 0; i < sizeof GGUF_ARCHS / sizeof GGUF_ARCHS[0]; i++)
+        if (alen == strlen(GGUF_ARCHS[i].name) && memcmp(arch, GGUF_ARCHS[i].name, alen) == 0) {
+            memset(c, 0, sizeof *c);
+            c->arch = GGUF_ARCHS[i].arch;
+            c->has_qkv_bias = GGUF_ARCHS[i].qkv_bias;
+            c->has_qk_norm = GGUF_ARCHS[i].qk_norm;
+            *prefix = GGUF_ARCHS[i].name;
+            return RS_OK;
+        }
+    return rs_err(e, RS_EUNSUPPORTED,
+                  "'%s': architecture '%.*s' is not supported (the GGUF loader reads llama, qwen2, "
+                  "qwen3)",
+                  g->path, (int)(alen > 64 ? 64 : alen), arch);
+}
+
+/* 1 if the converter interleaved this architecture's q/k rows (llama's GPT-J RoPE order). */
+static int arch_permuted_qk(Arch a) {
+    for (size_t i = 0; i < sizeof GGUF_ARCHS / sizeof GGUF_ARCHS[0]; i++)
+        if (GGUF_ARCHS[i].arch == a) return GGUF_ARCHS[i].permuted_qk;
+    return 0;
+}
+
+static int read_config(const GGUFFile *g, Config *c, RsErr *e) {
+    const char *a;
+    char k[128];
+    int rc = read_arch(g, c, &a, e);
+    if (rc) return rc;
+    if ((rc = need_int(g, a, "embedding_length", &c->dim, e))) return rc;
+    if ((rc = need_int(g, a, "feed_forward_length", &c->hidden_dim, e))) return rc;
+    if ((rc = need_int(g, a, "block_count", &c->n_layers, e))) return rc;
+    if ((rc = need_int(g, a, "attention.head_count", &c->n_heads, e))) return rc;
     long long x;
 /* An optional integer key outside lo..hi is refused with the value the file holds. */
 #define OPT_INT(key, lo, hi, dst)                                                          \
@@ -443,32 +483,32 @@ static int read_config(const GGUFFile *g, Config *c, RsErr *e) {
         }                                                                                  \
     } while (0)
     c->n_kv_heads = c->n_heads;
-    OPT_INT("llama.attention.head_count_kv", 1, 1024, c->n_kv_heads);
+    OPT_INT(arch_key(k, sizeof k, a, "attention.head_count_kv"), 1, 1024, c->n_kv_heads);
     c->head_dim = c->n_heads > 0 ? c->dim / c->n_heads : 0;
-    OPT_INT("llama.attention.key_length", 1, 4095, c->head_dim);
+    OPT_INT(arch_key(k, sizeof k, a, "attention.key_length"), 1, 4095, c->head_dim);
     /* Partial RoPE (rotating fewer dimensions than a head has) is not implemented. */
     int rope_dim = c->head_dim;
-    OPT_INT("llama.rope.dimension_count", 1, 4095, rope_dim);
+    OPT_INT(arch_key(k, sizeof k, a, "rope.dimension_count"), 1, 4095, rope_dim);
     if (c->head_dim > 0 && rope_dim != c->head_dim)
         return rs_err(e, RS_EUNSUPPORTED,
-                      "'%s': llama.rope.dimension_count %d differs from the head size %d "
+                      "'%s': %s.rope.dimension_count %d differs from the head size %d "
                       "(partial RoPE is not supported)",
-                      g->path, rope_dim, c->head_dim);
+                      g->path, a, rope_dim, c->head_dim);
     size_t nt;
-    if (gguf_get_int(g, "llama.vocab_size", &x) == 0) {
-        OPT_INT("llama.vocab_size", 1, (1 << 30) - 1, c->vocab_size);
+    if (gguf_get_int(g, arch_key(k, sizeof k, a, "vocab_size"), &x) == 0) {
+        OPT_INT(k, 1, (1 << 30) - 1, c->vocab_size);
     } else if (gguf_get_arr_n(g, "tokenizer.ggml.tokens", &nt) == 0) c->vocab_size = nt < (1u << 30) ? (int)nt : -1;
     else {
         const GGUFTensor *t = find_tensor(g, "token_embd.weight");
         c->vocab_size = t && t->n_dims == 2 && t->ne[1] < (1u << 30) ? (int)t->ne[1] : -1;
     }
-    c->max_seq_len = gguf_get_int(g, "llama.context_length", &x) == 0 && x > 0 && x < (1 << 30) ? (int)x : 4096;
+    c->max_seq_len = gguf_get_int(g, arch_key(k, sizeof k, a, "context_length"), &x) == 0 && x > 0 && x < (1 << 30) ? (int)x : 4096;
     double d;
-    c->norm_eps = gguf_get_float(g, "llama.attention.layer_norm_rms_epsilon", &d) == 0 ? (float)d : 1e-5f;
-    c->rope_theta = gguf_get_float(g, "llama.rope.freq_base", &d) == 0 ? (float)d : 10000.0f;
+    c->norm_eps = gguf_get_float(g, arch_key(k, sizeof k, a, "attention.layer_norm_rms_epsilon"), &d) == 0 ? (float)d : 1e-5f;
+    c->rope_theta = gguf_get_float(g, arch_key(k, sizeof k, a, "rope.freq_base"), &d) == 0 ? (float)d : 10000.0f;
     const char *st;
     size_t stl;
-    if (gguf_get_str(g, "llama.rope.scaling.type", &st, &stl) == 0 &&
+    if (gguf_get_str(g, arch_key(k, sizeof k, a, "rope.scaling.type"), &st, &stl) == 0 &&
         !(stl == 4 && memcmp(st, "none", 4) == 0))
         return rs_err(e, RS_EUNSUPPORTED, "'%s': rope scaling type '%.*s' is not supported",
                       g->path, (int)(stl > 64 ? 64 : stl), st);
@@ -621,13 +661,15 @@ int gguf_load_model(const char *path, Model **out, RsErr *e) {
         return rc;
     }
     uint64_t fp = loader_fnv_config(0xcbf29ce484222325ull, &m->cfg);
+    if (!arch_permuted_qk(m->cfg.arch))
+        for (int i = 0; i < n; i++) reqs[i].perm_heads = 0;
     for (int i = 0; i < n && !rc; i++) rc = load_tensor(g, &reqs[i], &fp, e);
     free(reqs);
     char extra[64];
     snprintf(extra, sizeof extra, "blk.%d.attn_norm.weight", m->cfg.n_layers);
     if (!rc && find_tensor(g, extra))
         rc = rs_err(e, RS_EFORMAT,
-                    "'%s': holds tensor '%s' but llama.block_count is %d (truncated metadata?)",
+                    "'%s': holds tensor '%s' but block_count is %d (truncated metadata?)",
                     path, extra, m->cfg.n_layers);
     if (rc) {
         model_free(&m);

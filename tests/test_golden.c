@@ -1,7 +1,8 @@
 /* Golden forward: the CPU backend (through model_load) against transformers' logits.
  * Fixtures come from tools/gen_golden.py: tiny random Llama / Llama-3-rope / Qwen2 (f16
- * safetensors) / Qwen3 models with full logits ("RSGL"), the tiny Llama also as GGUF, and
- * the default SmolLM2 Q4_1 model's top-10 at a few positions of 3 prompts ("RSTK"). */
+ * safetensors) / Qwen3 models with full logits ("RSGL"), the tiny Llama also as GGUF (and
+ * Qwen2 / Qwen3 as GGUF from tools/gen_gguf_arch_fixtures.py, same logits), and the
+ * default SmolLM2 Q4_1 model's top-10 at a few positions of 3 prompts ("RSTK"). */
 #include "testutil.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
@@ -31,7 +32,9 @@ static const struct {
     {"llama/llama.gguf", "llama/logits.bin", ARCH_LLAMA},
     {"llama3_rope", "llama3_rope/logits.bin", ARCH_LLAMA},
     {"qwen2", "qwen2/logits.bin", ARCH_QWEN2},
+    {"qwen2/qwen2.gguf", "qwen2/logits.bin", ARCH_QWEN2},
     {"qwen3", "qwen3/logits.bin", ARCH_QWEN3},
+    {"qwen3/qwen3.gguf", "qwen3/logits.bin", ARCH_QWEN3},
 };
 #define N_TINY ((int)(sizeof tiny / sizeof tiny[0]))
 

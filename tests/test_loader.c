@@ -630,7 +630,7 @@ START_TEST(test_gguf_metadata_values) {
                 "metadata 'llama.attention.head_count_kv' = 5000 is outside [1, 1024]", NULL);
     v = 1;
     expect_fail(patched("blocks.gguf", after("llama.block_count") + 4, &v, 4), RS_EFORMAT,
-                "holds tensor 'blk.1.attn_norm.weight' but llama.block_count is 1", NULL);
+                "holds tensor 'blk.1.attn_norm.weight' but block_count is 1", NULL);
     free(tiny);
 
     RsErr e = {0};
