@@ -88,3 +88,9 @@ clean:
 .PHONY: test-default-model
 test-default-model: all $(DEFAULT_MODEL)
 	bash tests/slow_identity.sh
+
+# Dev-time, not part of `make test`: rootspec-micro against llama.cpp on the same GGUF
+# (needs llama-cpp-python; see tools/llama_peer.py for the venv and build flags).
+.PHONY: peer-compare
+peer-compare: all $(DEFAULT_MODEL)
+	bash tools/peer-compare.sh $(DEFAULT_MODEL)
