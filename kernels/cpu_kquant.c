@@ -35,12 +35,13 @@ void quantize_row_q8_K(const float *x, BlockQ8K *y, int n) {
     }
 }
 
-/* Sum over sub-blocks of min[s] times the activation sum of sub-block s (32 elements). */
-static inline int32_t k4_min_sum(const uint8_t *scales, const BlockQ8K *y) {
+/* Unpacks the 8 sub-block scales into sc and returns the sum over sub-blocks of min[s]
+ * times the activation sum of sub-block s (32 elements). */
+static inline int32_t k4_unpack(const uint8_t *scales, const BlockQ8K *y, uint8_t sc[8]) {
     int32_t s = 0;
     for (int j = 0; j < 8; j++) {
-        uint8_t sc, m;
-        quant_k4_scale_min(j, scales, &sc, &m);
+        uint8_t m;
+        quant_k4_scale_min(j, scales, &sc[j], &m);
         s += (int32_t)m * (y->bsums[2 * j] + y->bsums[2 * j + 1]);
     }
     return s;
@@ -72,21 +73,21 @@ static inline float block_finish_q6(float acc, const uint8_t *w, const BlockQ8K 
 /* ---- portable ---- */
 
 /* Q4_K / Q5_K block: sum over sub-blocks s of scale[s] * sum_l q[s][l] * y[32s + l]. */
-static int32_t q45_sumi_scalar(const uint8_t *w, const BlockQ8K *y, int five) {
-    const uint8_t *scales = w + 4, *qh = w + 16, *qs = w + (five ? 48 : 16);
+static int32_t q45_sumi_scalar(const uint8_t *w, const BlockQ8K *y, int five, const uint8_t *sc) {
+    const uint8_t *qh = w + 16, *qs = w + (five ? 48 : 16);
     int32_t sumi = 0;
     for (int s = 0; s < 8; s++) {
-        uint8_t sc, m;
-        quant_k4_scale_min(s, scales, &sc, &m);
         const uint8_t *q = qs + (s / 2) * 32;
         const int8_t *a = y->qs + 32 * s;
+        int shift = (s % 2) * 4;
         int32_t isum = 0;
-        for (int l = 0; l < 32; l++) {
-            int v = s % 2 ? q[l] >> 4 : q[l] & 0x0f;
-            if (five) v |= ((qh[l] >> s) & 1) << 4;
-            isum += v * a[l];
-        }
-        sumi += (int32_t)sc * isum;
+        /* branch-free bodies the compiler can vectorize */
+        if (five)
+            for (int l = 0; l < 32; l++)
+                isum += (((q[l] >> shift) & 0x0f) | (((qh[l] >> s) & 1) << 4)) * a[l];
+        else
+            for (int l = 0; l < 32; l++) isum += ((q[l] >> shift) & 0x0f) * a[l];
+        sumi += (int32_t)sc[s] * isum;
     }
     return sumi;
 }
@@ -95,8 +96,11 @@ static float dot_q45_scalar(int n, const uint8_t *w, const BlockQ8K *y, int five
     RS_ASSERT(n % QK_K == 0);
     size_t bb = five ? QK5_K_BYTES : QK4_K_BYTES;
     float acc = 0;
-    for (int b = 0; b < n / QK_K; b++, w += bb, y++)
-        acc = block_finish_k4(acc, w, y, q45_sumi_scalar(w, y, five), k4_min_sum(w + 4, y));
+    for (int b = 0; b < n / QK_K; b++, w += bb, y++) {
+        uint8_t sc[8];
+        int32_t summ = k4_unpack(w + 4, y, sc);
+        acc = block_finish_k4(acc, w, y, q45_sumi_scalar(w, y, five, sc), summ);
+    }
     return acc;
 }
 
@@ -115,15 +119,16 @@ static int32_t q6_sumi_scalar(const uint8_t *w, const BlockQ8K *y) {
     const int8_t *sc = (const int8_t *)(w + 192), *a = y->qs;
     int32_t sumi = 0;
     for (int h = 0; h < 2; h++, ql += 64, qh += 32, sc += 8, a += 128) {
-        int32_t g[8] = {0};
-        for (int l = 0; l < 32; l++) {
-            int is = l / 16;
-            g[is + 0] += (((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32) * a[l];
-            g[is + 2] += (((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32) * a[l + 32];
-            g[is + 4] += (((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32) * a[l + 64];
-            g[is + 6] += (((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32) * a[l + 96];
+        for (int is = 0; is < 2; is++) { /* 16-element groups: plain loops that vectorize */
+            int32_t g0 = 0, g1 = 0, g2 = 0, g3 = 0;
+            for (int l = 16 * is; l < 16 * is + 16; l++) {
+                g0 += (((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32) * a[l];
+                g1 += (((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32) * a[l + 32];
+                g2 += (((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32) * a[l + 64];
+                g3 += (((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32) * a[l + 96];
+            }
+            sumi += sc[is] * g0 + sc[is + 2] * g1 + sc[is + 4] * g2 + sc[is + 6] * g3;
         }
-        for (int k = 0; k < 8; k++) sumi += sc[k] * g[k];
     }
     return sumi;
 }
@@ -156,15 +161,13 @@ AVX2_FN static inline __m256i fifth_bit(__m256i hb, int s) {
     return _mm256_slli_epi16(b, 4);
 }
 
-AVX2_FN static int32_t q45_sumi_avx2(const uint8_t *w, const BlockQ8K *y, int five) {
-    const uint8_t *scales = w + 4, *qs = w + (five ? 48 : 16);
+AVX2_FN static int32_t q45_sumi_avx2(const uint8_t *w, const BlockQ8K *y, int five,
+                                     const uint8_t *sc) {
+    const uint8_t *qs = w + (five ? 48 : 16);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256();
     __m256i acc = _mm256_setzero_si256();
     for (int p = 0; p < 4; p++) {
-        uint8_t sc0, sc1, m;
-        quant_k4_scale_min(2 * p, scales, &sc0, &m);
-        quant_k4_scale_min(2 * p + 1, scales, &sc1, &m);
         __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
         __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
         if (five) {
@@ -174,8 +177,8 @@ AVX2_FN static int32_t q45_sumi_avx2(const uint8_t *w, const BlockQ8K *y, int fi
         /* u8 x s8 pairs into s16: at most 2 * 31 * 127, no saturation */
         __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(y->qs + 64 * p)));
         __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y->qs + 64 * p + 32)));
-        p0 = _mm256_madd_epi16(p0, _mm256_set1_epi16(sc0));
-        p1 = _mm256_madd_epi16(p1, _mm256_set1_epi16(sc1));
+        p0 = _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * p]));
+        p1 = _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * p + 1]));
         acc = _mm256_add_epi32(acc, _mm256_add_epi32(p0, p1));
     }
     return hsum_i32(acc);
@@ -185,8 +188,11 @@ AVX2_FN static float dot_q45_avx2(int n, const uint8_t *w, const BlockQ8K *y, in
     RS_ASSERT(n % QK_K == 0);
     size_t bb = five ? QK5_K_BYTES : QK4_K_BYTES;
     float acc = 0;
-    for (int b = 0; b < n / QK_K; b++, w += bb, y++)
-        acc = block_finish_k4(acc, w, y, q45_sumi_avx2(w, y, five), k4_min_sum(w + 4, y));
+    for (int b = 0; b < n / QK_K; b++, w += bb, y++) {
+        uint8_t sc[8];
+        int32_t summ = k4_unpack(w + 4, y, sc);
+        acc = block_finish_k4(acc, w, y, q45_sumi_avx2(w, y, five, sc), summ);
+    }
     return acc;
 }
 

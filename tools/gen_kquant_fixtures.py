@@ -21,10 +21,11 @@ with, per type, 8 super-blocks quantized from normal data (one of them all zeros
 constant row) and 8 super-blocks of random bytes whose f16 scales are set to finite
 values (every scale/nibble/high-bit pattern occurs), deq = gguf.quants.dequantize.
 
-tests/fixtures/golden/llama_q4km/ (--model): a 2-layer llama with dim 256 written as GGUF
-with a Q4_K_M-like type mix (Q4_K matrices, Q6_K attn_v / ffn_down / output, F32 norms;
-q/k rows permuted as llama.cpp's converter does), and logits.bin ("RSGL", the format of
-tools/gen_golden.py) = transformers' logits after it loads (and dequantizes) that GGUF.
+tests/fixtures/golden/llama_q4km/ (not with --blocks): model.gguf, a random 2-layer llama
+with dim 256 and a Q4_K_M-like type mix (Q4_K matrices, Q6_K output and layer 0's attn_v /
+ffn_down, one Q5_K, F32 norms; q/k rows permuted as llama.cpp's converter does), and
+logits.bin ("RSGL", the format of tools/gen_golden.py) = transformers' logits after it
+loads (and, through gguf-py, dequantizes) that GGUF.
 """
 import argparse
 import os
@@ -178,6 +179,95 @@ def gen_blocks():
     print(f"{OUT}/blocks.bin: {len(cases)} cases, {os.path.getsize(OUT + '/blocks.bin')} bytes")
 
 
+MODEL_DIR = "tests/fixtures/golden/llama_q4km"
+# Q4_K_M-like: Q4_K by default; Q6_K for output, layer 0's attn_v / ffn_down (llama.cpp
+# gives "more bits" to some of those); one Q5_K tensor so every K-quant is on the path.
+Q4KM_TYPES = {"output.weight": "Q6_K", "blk.0.attn_v.weight": "Q6_K", "blk.0.ffn_down.weight": "Q6_K",
+              "blk.1.ffn_up.weight": "Q5_K"}
+
+
+def gen_model():
+    """tests/fixtures/golden/llama_q4km/: model.gguf + transformers' logits of it."""
+    import gguf
+    import torch
+    from gguf import GGMLQuantizationType as QT
+    from transformers import AutoModelForCausalLM
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from gen_golden import permute, write_rsgl
+
+    D, H, L, NH, NKV, V = 256, 256, 2, 4, 2, 258
+    hd = D // NH
+    mrng = np.random.default_rng(77)
+
+    def mat(rows, cols):
+        return (mrng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+
+    def norm(n):
+        return (1 + 0.1 * mrng.standard_normal(n)).astype(np.float32)
+
+    os.makedirs(MODEL_DIR, exist_ok=True)
+    path = f"{MODEL_DIR}/model.gguf"
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_name("rootspec golden llama Q4_K_M-style")
+    for f, v in (("context_length", 256), ("embedding_length", D), ("block_count", L),
+                 ("feed_forward_length", H), ("head_count", NH), ("head_count_kv", NKV),
+                 ("rope_dimension_count", hd), ("vocab_size", V)):
+        getattr(w, "add_" + f)(v)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    r = gguf.GGUFReader("tests/fixtures/golden/llama/llama.gguf")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(r.fields["tokenizer.ggml.tokens"].contents())
+    w.add_token_types(r.fields["tokenizer.ggml.token_type"].contents())
+    w.add_token_merges(r.fields["tokenizer.ggml.merges"].contents())
+    w.add_bos_token_id(V - 1)
+    w.add_eos_token_id(V - 1)
+
+    def add(name, a):
+        if a.ndim == 1:
+            w.add_tensor(name, a)
+            return
+        qt = QT[Q4KM_TYPES.get(name, "Q4_K")]
+        q = quantize(a, qt)
+        check_round_trip(a, q, qt)
+        w.add_tensor(name, q, raw_dtype=qt)
+
+    add("token_embd.weight", mrng.standard_normal((V, D)).astype(np.float32))
+    for i in range(L):
+        b = f"blk.{i}."
+        add(b + "attn_norm.weight", norm(D))
+        add(b + "attn_q.weight", permute(mat(NH * hd, D), NH))
+        add(b + "attn_k.weight", permute(mat(NKV * hd, D), NKV))
+        add(b + "attn_v.weight", mat(NKV * hd, D))
+        add(b + "attn_output.weight", mat(D, NH * hd))
+        add(b + "ffn_norm.weight", norm(D))
+        add(b + "ffn_gate.weight", mat(H, D))
+        add(b + "ffn_up.weight", mat(H, D))
+        add(b + "ffn_down.weight", mat(D, H))
+    add("output_norm.weight", norm(D))
+    add("output.weight", mat(V, D))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, gguf_file="model.gguf", dtype=torch.float32).eval()
+    # transformers must hold exactly gguf-py's dequantization (the independent reference)
+    sd = model.state_dict()
+    for t in gguf.GGUFReader(path).tensors:
+        if t.name == "blk.1.ffn_up.weight":
+            deq = gguf.quants.dequantize(t.data, t.tensor_type).reshape(H, D)
+            assert np.array_equal(sd["model.layers.1.mlp.up_proj.weight"].numpy(), deq)
+    g = torch.Generator().manual_seed(4321)
+    tokens = torch.randint(0, V, (24,), generator=g)
+    with torch.no_grad():
+        logits = model(tokens[None]).logits[0].float().numpy()
+    write_rsgl(f"{MODEL_DIR}/logits.bin", tokens.tolist(), logits)
+    print(f"{path}: {os.path.getsize(path)} bytes; logits |max| {np.abs(logits).max():.2f}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--blocks", action="store_true", help="only the block fixture")
@@ -186,8 +276,7 @@ def main():
         sys.exit("run from the repository root")
     gen_blocks()
     if not a.blocks:
-        import gen_q4km_model  # noqa: E402 (tools/, needs torch)
-        gen_q4km_model.main()
+        gen_model()
 
 
 if __name__ == "__main__":
