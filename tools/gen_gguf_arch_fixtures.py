@@ -121,13 +121,17 @@ def read_rsgl(path):
 def check_with_transformers(name):
     try:
         import torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
     except ImportError:
         print(f"{name}: transformers not installed, GGUF not cross-checked")
         return
     d = f"{GOLDEN}/{name}"
     toks, ref = read_rsgl(f"{d}/logits.bin")
-    m = AutoModelForCausalLM.from_pretrained(d, gguf_file=f"{name}.gguf", dtype=torch.float32).eval()
+    # transformers' GGUF config mapping ignores qwen3.attention.key_length (it assumes the
+    # default head_dim 128), so the tiny Qwen3 takes its config from config.json; the
+    # tensors still come from the GGUF through transformers' own name mapping.
+    kw = {"config": AutoConfig.from_pretrained(d)} if name == "qwen3" else {}
+    m = AutoModelForCausalLM.from_pretrained(d, gguf_file=f"{name}.gguf", dtype=torch.float32, **kw).eval()
     with torch.no_grad():
         got = m(torch.tensor(toks.astype(np.int64))[None]).logits[0].float().numpy()
     err = np.abs(got - ref).max()
