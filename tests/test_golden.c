@@ -1,7 +1,8 @@
 /* Golden forward: the CPU backend (through model_load) against transformers' logits.
  * Fixtures come from tools/gen_golden.py: tiny random Llama / Llama-3-rope / Qwen2 (f16
  * safetensors) / Qwen3 models with full logits ("RSGL"), the tiny Llama also as GGUF (and
- * Qwen2 / Qwen3 as GGUF from tools/gen_gguf_arch_fixtures.py, same logits), and the
+ * Qwen2 / Qwen3 as GGUF from tools/gen_gguf_arch_fixtures.py, same logits), a tiny
+ * Q4_K_M-style llama GGUF with its own transformers logits, and the
  * default SmolLM2 Q4_1 model's top-10 at a few positions of 3 prompts ("RSTK"). */
 #include "testutil.h"
 #include "common/rng.h"
@@ -35,6 +36,9 @@ static const struct {
     {"qwen2/qwen2.gguf", "qwen2/logits.bin", ARCH_QWEN2},
     {"qwen3", "qwen3/logits.bin", ARCH_QWEN3},
     {"qwen3/qwen3.gguf", "qwen3/logits.bin", ARCH_QWEN3},
+    /* Q4_K / Q5_K / Q6_K tensors, permuted q/k (tools/gen_kquant_fixtures.py); transformers
+     * ran on the same gguf-py dequantized weights, so the f32 tolerance holds */
+    {"llama_q4km/model.gguf", "llama_q4km/logits.bin", ARCH_LLAMA},
 };
 #define N_TINY ((int)(sizeof tiny / sizeof tiny[0]))
 
