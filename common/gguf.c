@@ -463,7 +463,7 @@ static int arch_permuted_qk(Arch a) {
 }
 
 static int read_config(const GGUFFile *g, Config *c, RsErr *e) {
-    const char *a;
+    const char *a = NULL;
     char k[128];
     int rc = read_arch(g, c, &a, e);
     if (rc) return rc;
