@@ -14,15 +14,24 @@ SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sa
 
 DEFAULT_MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 
-# Library sources: every .c in these folders except program entry points (*_main.c).
-LIB_DIRS := common kernels proto draft_proc target_proc bench
-LIB_SRCS := $(filter-out %_main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
-MAIN_SRCS := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*_main.c))
-TEST_SRCS := $(wildcard tests/test_*.c)
+# The engine library (librootspec.a, linked by every program): every .c in LIB_DIRS except
+# program entry points (*_main.c). The bench's own code (statistics, logs, summary) is a
+# second library, librootspec-bench.a, linked only by the programs in bench/ and the tests,
+# so rootspec-target and rootspec-draft carry none of it.
+LIB_DIRS   := common kernels proto draft_proc target_proc
+BENCH_DIR  := bench
+LIB_SRCS   := $(filter-out %_main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
+BENCH_SRCS := $(filter-out %_main.c,$(wildcard $(BENCH_DIR)/*.c))
+MAIN_SRCS  := $(foreach d,$(LIB_DIRS) $(BENCH_DIR),$(wildcard $(d)/*_main.c))
+TEST_SRCS  := $(wildcard tests/test_*.c)
 
-LIB_OBJS  := $(LIB_SRCS:%.c=build/obj/%.o)
-SAN_OBJS  := $(LIB_SRCS:%.c=build/san/%.o)
+LIB_OBJS       := $(LIB_SRCS:%.c=build/obj/%.o)
+SAN_OBJS       := $(LIB_SRCS:%.c=build/san/%.o)
+BENCH_OBJS     := $(BENCH_SRCS:%.c=build/obj/%.o)
+BENCH_SAN_OBJS := $(BENCH_SRCS:%.c=build/san/%.o)
 TEST_OBJS := $(TEST_SRCS:%.c=build/san/%.o) build/san/tests/main.o build/san/tests/testutil.o
+# $(call main_bench_objs,MAIN.c,OBJS): OBJS when MAIN.c is a bench program, else nothing.
+main_bench_objs = $(if $(filter $(BENCH_DIR)/%,$(1)),$(2))
 # target_proc/target_main.c -> build/rootspec-target
 BINS := $(foreach m,$(MAIN_SRCS),build/rootspec-$(patsubst %_main.c,%,$(notdir $(m))))
 
@@ -45,8 +54,17 @@ build/librootspec-san.a: $(SAN_OBJS)
 	@mkdir -p build
 	ar rcs $@ $^
 
+build/librootspec-bench.a: $(BENCH_OBJS)
+	@mkdir -p build
+	ar rcs $@ $^
+
+build/librootspec-bench-san.a: $(BENCH_SAN_OBJS)
+	@mkdir -p build
+	ar rcs $@ $^
+
+# The bench library comes first: it calls into the engine library, not the other way round.
 define BIN_RULE
-build/rootspec-$(patsubst %_main.c,%,$(notdir $(1))): build/obj/$(1:.c=.o) build/librootspec.a
+build/rootspec-$(patsubst %_main.c,%,$(notdir $(1))): build/obj/$(1:.c=.o) $(call main_bench_objs,$(1),build/librootspec-bench.a) build/librootspec.a
 	$$(CC) $$(CFLAGS) $$^ -o $$@ $$(LDLIBS)
 endef
 $(foreach m,$(MAIN_SRCS),$(eval $(call BIN_RULE,$(m))))
@@ -58,7 +76,7 @@ build/suites.inc: $(TEST_SRCS)
 	@cmp -s $@.tmp $@ || mv $@.tmp $@; rm -f $@.tmp
 
 build/san/tests/main.o: build/suites.inc
-build/rootspec-tests: $(TEST_OBJS) build/librootspec-san.a
+build/rootspec-tests: $(TEST_OBJS) build/librootspec-bench-san.a build/librootspec-san.a
 	$(CC) $(SAN_FLAGS) $^ -o $@ $(LDLIBS) $(CHECK_LIBS)
 
 test-bin: build/rootspec-tests $(BINS)
@@ -82,7 +100,7 @@ clean:
 
 -include kernels/cuda.mk
 -include tests/fuzz.mk
--include $(LIB_OBJS:.o=.d) $(SAN_OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(MAIN_SRCS:%.c=build/obj/%.d)
+-include $(LIB_OBJS:.o=.d) $(SAN_OBJS:.o=.d) $(BENCH_OBJS:.o=.d) $(BENCH_SAN_OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(MAIN_SRCS:%.c=build/obj/%.d)
 
 # Optional, slow (minutes on a CPU): T=0 identity of every decoder with AR on the default model.
 .PHONY: test-default-model

@@ -5,7 +5,7 @@
  * The run's settings live in DIR/run.json so --resume continues exactly the same run. */
 #include "bench/analyze.h"
 #include "bench/benchlog.h"
-#include "bench/prompts.h"
+#include "common/prompts.h"
 #include "bench/stats.h"
 #include "common/cli.h"
 #include "target_proc/engine.h"
@@ -640,7 +640,7 @@ int main(int argc, char **argv) {
 
     /* From here on every exit goes through `done` to release what was set up. */
     int status = 0;
-    BenchPromptSet *ps = NULL;
+    PromptSet *ps = NULL;
     BenchCombo *combos = NULL;
     int n_combos = 0;
     BenchPlan *plan = NULL;
@@ -811,7 +811,7 @@ int main(int argc, char **argv) {
         char label[256];
         for (int k = 0; k < plan->n_runs && status == 0; k++) {
             const BenchRun *r = &plan->runs[k];
-            const BenchPrompt *bp = &ps->items[r->prompt];
+            const Prompt *bp = &ps->items[r->prompt];
             const BenchCombo *c = &combos[r->combo];
             if (r->warmup ? n_warm == 0 : bench_done_has(done, bp->id, c)) continue;
             snprintf(label, sizeof label, "%sprompt %s %s T=%d B=%d", r->warmup ? "warm-up " : "",

@@ -334,7 +334,7 @@ int benchlog_decodes_read(const char *path, BenchDecode **out, int *n, RsErr *e)
 /* ---- resume ---- */
 
 typedef struct {
-    char prompt_id[BENCH_ID_MAX];
+    char prompt_id[PROMPT_ID_MAX];
     BenchCombo c;
 } DoneKey;
 
@@ -356,7 +356,7 @@ static int done_cmp(const void *a, const void *b) {
 static void done_from_decodes(BenchDoneSet *s, const BenchDecode *d, int n) {
     s->k = rs_xcalloc((size_t)n, sizeof *s->k);
     for (int i = 0; i < n; i++) {
-        snprintf(s->k[i].prompt_id, BENCH_ID_MAX, "%s", d[i].prompt_id);
+        snprintf(s->k[i].prompt_id, PROMPT_ID_MAX, "%s", d[i].prompt_id);
         snprintf(s->k[i].c.decoder, BENCH_DEC_MAX, "%s", d[i].decoder);
         s->k[i].c.temp = d[i].temp;
         s->k[i].c.budget = d[i].budget;
@@ -390,7 +390,7 @@ int bench_resume_load(const char *dir, BenchDoneSet **out, RsErr *e) {
 int bench_done_has(const BenchDoneSet *s, const char *prompt_id, const BenchCombo *c) {
     DoneKey k;
     memset(&k, 0, sizeof k);
-    snprintf(k.prompt_id, BENCH_ID_MAX, "%s", prompt_id);
+    snprintf(k.prompt_id, PROMPT_ID_MAX, "%s", prompt_id);
     k.c = *c;
     return s->n && bsearch(&k, s->k, (size_t)s->n, sizeof k, done_cmp) != NULL;
 }

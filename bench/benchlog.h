@@ -5,7 +5,7 @@
  * complete record: readers ignore a final line without one (an interrupted write). */
 #ifndef ROOTSPEC_BENCH_BENCHLOG_H
 #define ROOTSPEC_BENCH_BENCHLOG_H
-#include "bench/prompts.h"
+#include "common/prompts.h"
 #include "bench/stats.h"
 #include <stdio.h>
 
@@ -15,7 +15,7 @@
 typedef struct {
     char decoder[BENCH_DEC_MAX];
     int temp, budget;
-    char prompt_id[BENCH_ID_MAX];
+    char prompt_id[PROMPT_ID_MAX];
     int round;       /* 0-based within the decode */
     int emitted;     /* tokens committed this round (accepted + continuation) */
     int accepted;    /* accepted tree tokens (X1 counts for pearl/rootdraw) */
@@ -33,7 +33,7 @@ typedef struct {
 } BenchRound;
 
 typedef struct {
-    char prompt_id[BENCH_ID_MAX];
+    char prompt_id[PROMPT_ID_MAX];
     int prompt_pos;  /* position in the shuffled prompt order */
     char decoder[BENCH_DEC_MAX];
     int temp, budget;

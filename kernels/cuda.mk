@@ -1,5 +1,6 @@
-# CUDA build fragment, included by the Makefile (which defines CC, CFLAGS, LDLIBS,
-# CHECK_LIBS, LIB_OBJS and MAIN_SRCS). Nothing here is built by `make` or `make test`:
+# CUDA build fragment, included by the Makefile (which defines CC, CFLAGS, LDLIBS, CHECK_LIBS,
+# LIB_OBJS, BENCH_OBJS, main_bench_objs and MAIN_SRCS). Nothing here is built by `make` or
+# `make test`:
 #   make cuda [CUDA_ARCHS="80 86 89 90"]  -> build/cuda/rootspec-{<mains>,cuda-bench,cuda-tests}
 #   make gpu-prepare                      -> gpu-bundle + gpu-carry/ (default model in 2 parts)
 #   make gpu-bundle                       -> gpu-bundle/: sm_90 binaries + the shared
@@ -50,7 +51,7 @@ $(CUDA_DIR)/tests/%.o: tests/%.c
 	$(CC) $(CUDA_CFLAGS) -c $< -o $@
 
 define CUDA_BIN_RULE
-$(CUDA_DIR)/rootspec-$(patsubst %_main.c,%,$(notdir $(1))): build/obj/$(1:.c=.o) $$(CUDA_LIB_OBJS) $$(CUDA_CU_OBJS)
+$(CUDA_DIR)/rootspec-$(patsubst %_main.c,%,$(notdir $(1))): build/obj/$(1:.c=.o) $(call main_bench_objs,$(1),$$(BENCH_OBJS)) $$(CUDA_LIB_OBJS) $$(CUDA_CU_OBJS)
 	$$(CC) $$(CFLAGS) $$^ -o $$@ $$(CUDA_RPATH) $$(CUDA_LDLIBS)
 endef
 $(foreach m,$(MAIN_SRCS),$(eval $(call CUDA_BIN_RULE,$(m))))
@@ -118,10 +119,12 @@ ifeq ($(SAN),1)
 CUEMU_DIR     := build/cuda-emu-san
 CUEMU_OPT     := $(SAN_FLAGS)
 CUEMU_LIB_OBJS := $(filter-out build/san/kernels/cuda_stub.o,$(SAN_OBJS))
+CUEMU_BENCH_OBJS := $(BENCH_SAN_OBJS)
 else
 CUEMU_DIR     := build/cuda-emu
 CUEMU_OPT     := -O2 -g -march=x86-64-v2
 CUEMU_LIB_OBJS := $(CUDA_LIB_OBJS)
+CUEMU_BENCH_OBJS := $(BENCH_OBJS)
 endif
 CUEMU_SRCS    := $(wildcard kernels/cuemu/*.cc)
 CUEMU_OBJS    := $(CUEMU_SRCS:%.cc=$(CUEMU_DIR)/%.o) $(CUDA_CU_SRCS:%.cu=$(CUEMU_DIR)/%.o)
@@ -168,7 +171,7 @@ $(CUEMU_DIR)/suites.inc: $(CUDA_TEST_SRCS)
 $(CUEMU_DIR)/tests/cuda/main.o: $(CUEMU_DIR)/suites.inc
 
 define CUEMU_BIN_RULE
-$(CUEMU_DIR)/rootspec-$(patsubst %_main.c,%,$(notdir $(1))): $(call CUEMU_MAIN_OBJ,$(1)) $$(CUEMU_LIB_OBJS) $$(CUEMU_OBJS)
+$(CUEMU_DIR)/rootspec-$(patsubst %_main.c,%,$(notdir $(1))): $(call CUEMU_MAIN_OBJ,$(1)) $(call main_bench_objs,$(1),$$(CUEMU_BENCH_OBJS)) $$(CUEMU_LIB_OBJS) $$(CUEMU_OBJS)
 	$$(CC) $$(CUEMU_CFLAGS) $$^ -o $$@ $$(CUEMU_LDLIBS)
 endef
 $(foreach m,$(MAIN_SRCS),$(eval $(call CUEMU_BIN_RULE,$(m))))

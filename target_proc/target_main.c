@@ -4,7 +4,7 @@
 #include "engine.h"
 #include "roundlog.h"
 #include "timing.h"
-#include "bench/prompts.h"
+#include "common/prompts.h"
 #include <errno.h>
 #include <string.h>
 
@@ -203,7 +203,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "rootspec-target: --score-all-rules needs --decoder pearl, rootdraw or root\n");
         return 2;
     }
-    BenchPromptSet *ps = NULL;
+    PromptSet *ps = NULL;
     if (prompts_path && prompts_load(prompts_path, &ps, &e)) {
         fprintf(stderr, "rootspec-target: %s\n", e.msg);
         return 2;

@@ -4,7 +4,7 @@
  * (tools/gen_bench_fixture.py), and from round trips through the files. */
 #include "bench/analyze.h"
 #include "bench/benchlog.h"
-#include "bench/prompts.h"
+#include "common/prompts.h"
 #include "bench/stats.h"
 #include "bench/summary.h"
 #include "target_proc/timing.h"
@@ -640,7 +640,7 @@ START_TEST(test_prompts_formats) {
         "{\"task_id\": \"HumanEval/0\", \"prompt\": \"def f(x):\\n    \\\"\\\"\\\"doc\\\"\\\"\\\"\\n\"}\n"
         "{\"prompt\": \"  verbatim  \"}";
     write_text(path, txt, strlen(txt));
-    BenchPromptSet *ps;
+    PromptSet *ps;
     RsErr e = {0};
     ck_assert_msg(prompts_load(path, &ps, &e) == RS_OK, "%s", e.msg);
     ck_assert_int_eq(ps->n, 3);
@@ -721,7 +721,7 @@ START_TEST(test_utf8) {
 END_TEST
 
 START_TEST(test_prompts_real_files) {
-    BenchPromptSet *ps;
+    PromptSet *ps;
     RsErr e = {0};
     ck_assert_msg(prompts_load("deploy/prompts.jsonl", &ps, &e) == RS_OK, "%s", e.msg);
     ck_assert_int_eq(ps->n, 5);

@@ -1,7 +1,7 @@
-/* Prompt-file reader for the benchmark: Spec-Bench and HumanEval-style JSON lines.
- * The whole file is refused on the first bad line, because a benchmark that silently drops
- * prompts would compare runs over different prompt sets. */
-#include "bench/prompts.h"
+/* Prompt-file reader (Spec-Bench and HumanEval-style JSON lines), shared by rootspec-target
+ * --prompts and rootspec-bench. The whole file is refused on the first bad line, because a
+ * benchmark that silently drops prompts would compare runs over different prompt sets. */
+#include "common/prompts.h"
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <string.h>
@@ -43,7 +43,7 @@ long prompts_utf8_invalid_at(const char *s, size_t n) {
 
 static int id_valid(const char *s) {
     size_t n = strlen(s);
-    if (n == 0 || n >= BENCH_ID_MAX) return 0;
+    if (n == 0 || n >= PROMPT_ID_MAX) return 0;
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
         int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
@@ -73,7 +73,7 @@ static int has_nul_escape(const char *s, size_t n) {
 
 /* Parses one non-blank line into *bp. Returns RS_OK or RS_EFORMAT with the reason. */
 static int parse_line(const char *path, int lineno, const char *line, size_t len,
-                      BenchPrompt *bp, RsErr *e) {
+                      Prompt *bp, RsErr *e) {
     long bad = prompts_utf8_invalid_at(line, len);
     if (bad >= 0)
         return rs_err(e, RS_EFORMAT, "%s:%d: invalid UTF-8 at byte %ld of the line", path,
@@ -169,13 +169,13 @@ done:
     return rc;
 }
 
-int prompts_load(const char *path, BenchPromptSet **out, RsErr *e) {
+int prompts_load(const char *path, PromptSet **out, RsErr *e) {
     *out = NULL;
     char *buf;
     size_t len;
     int rc = rs_read_file(path, &buf, &len, e);
     if (rc) return rc;
-    BenchPromptSet *set = rs_xcalloc(1, sizeof *set);
+    PromptSet *set = rs_xcalloc(1, sizeof *set);
     int cap = 0;
     int lineno = 0;
     size_t pos = 0;
@@ -194,7 +194,7 @@ int prompts_load(const char *path, BenchPromptSet **out, RsErr *e) {
             set->items = realloc(set->items, (size_t)cap * sizeof *set->items);
             RS_ASSERT(set->items);
         }
-        BenchPrompt *bp = &set->items[set->n];
+        Prompt *bp = &set->items[set->n];
         rc = parse_line(path, lineno, line, n, bp, e);
         if (rc) goto fail;
         set->n++;
@@ -218,7 +218,7 @@ fail:
     return rc;
 }
 
-void prompts_free(BenchPromptSet **p) {
+void prompts_free(PromptSet **p) {
     if (!p || !*p) return;
     for (int i = 0; i < (*p)->n; i++) {
         free((*p)->items[i].category);
