@@ -2,12 +2,15 @@
  * every decoder x T x B combination (plus an AR baseline per T) in the seeded, rotated order
  * of bench_plan_make, logs every round (rounds.jsonl) and every decode (decodes.csv), and
  * ends with bench_analyze so summary.md and the plots come from the same code as --analyze.
- * The run's settings live in DIR/run.json so --resume continues exactly the same run. */
+ * The run's settings live in DIR/run.json so --resume continues exactly the same run.
+ * main reads as its four steps: parse (the command line), plan (settings, run directory
+ * checks, prompts, combinations, what is left to run), run (engine, tokens, every decode),
+ * analyze (summary.md and the plots). */
 #include "bench/analyze.h"
 #include "bench/benchlog.h"
-#include "common/prompts.h"
 #include "bench/stats.h"
 #include "common/cli.h"
+#include "common/prompts.h"
 #include "target_proc/engine.h"
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -16,6 +19,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -456,270 +460,264 @@ static void on_event(void *u, const char *ev, const char *detail) {
     fprintf(stderr, "\nrootspec-bench: %s: %s: %s\n", s->label, ev, detail);
 }
 
-/* ---- main ---- */
+/* ---- parse: the command line ---- */
 
 static int exit_code(int rc) {
     return rc == RS_EINVAL || rc == RS_EFORMAT || rc == RS_EUNSUPPORTED ? 2 : 1;
 }
 
-static int echo_summary(const char *dir) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/summary.md", dir);
-    char *text;
-    size_t n;
-    RsErr e = {0};
-    if (rs_read_file(path, &text, &n, &e)) {
-        fprintf(stderr, "rootspec-bench: %s\n", e.msg);
-        return 1;
-    }
-    fwrite(text, 1, n, stdout);
-    free(text);
-    printf("\nrootspec-bench: summary: %s\n", path);
-    fflush(stdout);
-    return 0;
+/* Prints "rootspec-bench: <message>" and returns status, so a step can `return fail(2, ...)`. */
+static int fail(int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("rootspec-bench: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return status;
 }
 
-int main(int argc, char **argv) {
-    Settings s = {0};
-    s.threads = 1;
-    s.ctx = 2048;
-    s.max_new = 256;
-    s.warmup = 2;
-    s.seed = 1;
-    s.draft_timeout_ms = 10000;
-    const char *model = NULL, *draft_model = NULL, *draft_layers = NULL, *endpoint = NULL;
-    const char *curve = NULL, *backend = "cpu", *prompts = NULL, *decoders = "draft,pearl,rootdraw,root";
-    const char *temps = "0,1", *budgets = "8,59", *out = NULL, *resume = NULL, *analyze = NULL;
-    const char *first_setting = NULL; /* options that --resume must not be combined with */
+/* The command line as given: numeric options land in s (over the defaults), text options
+ * stay as argv strings until settings_from_args() makes them absolute and owned. */
+typedef struct {
+    Settings s;
+    const char *model, *draft_model, *draft_layers, *endpoint, *curve, *backend, *prompts;
+    const char *decoders, *temps, *budgets, *out, *resume, *analyze;
+    const char *first_setting; /* options that --resume and --analyze must not be combined with */
+} Cli;
+
+static void cli_defaults(Cli *c) {
+    memset(c, 0, sizeof *c);
+    c->s.threads = 1;
+    c->s.ctx = 2048;
+    c->s.max_new = 256;
+    c->s.warmup = 2;
+    c->s.seed = 1;
+    c->s.draft_timeout_ms = 10000;
+    c->backend = "cpu";
+    c->decoders = "draft,pearl,rootdraw,root";
+    c->temps = "0,1";
+    c->budgets = "8,59";
+}
+
+/* One option at argv[*i] (its value, if any, consumed). Sets *setting to 0 for the options
+ * that name a run directory instead of a setting. */
+static int parse_option(int argc, char **argv, int *i, Cli *c, int *setting, RsErr *e) {
+    const char *a = argv[*i], *v = NULL;
+    Settings *s = &c->s;
+    int rc = 0;
+#define VAL() (rc = cli_value(argc, argv, *i, &v, e), *i += !rc, rc == 0)
+    if (!strcmp(a, "--model")) { if (VAL()) c->model = v; }
+    else if (!strcmp(a, "--draft-model")) { if (VAL()) c->draft_model = v; }
+    else if (!strcmp(a, "--draft-layers")) { if (VAL()) c->draft_layers = v; }
+    else if (!strcmp(a, "--draft-endpoint")) { if (VAL()) c->endpoint = v; }
+    else if (!strcmp(a, "--launch-drafter")) s->launch = 1;
+    else if (!strcmp(a, "--draft-timeout-ms")) { if (VAL()) rc = cli_int(a, v, 1, 3600000, &s->draft_timeout_ms, e); }
+    else if (!strcmp(a, "--insecure")) s->insecure = 1;
+    else if (!strcmp(a, "--curve-dir")) { if (VAL()) c->curve = v; }
+    else if (!strcmp(a, "--prompts")) { if (VAL()) c->prompts = v; }
+    else if (!strcmp(a, "--limit")) { if (VAL()) rc = cli_int(a, v, 1, INT_MAX, &s->limit, e); }
+    else if (!strcmp(a, "--max-new")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 20, &s->max_new, e); }
+    else if (!strcmp(a, "--decoders")) { if (VAL()) c->decoders = v; }
+    else if (!strcmp(a, "--temps")) { if (VAL()) c->temps = v; }
+    else if (!strcmp(a, "--budgets")) { if (VAL()) c->budgets = v; }
+    else if (!strcmp(a, "--no-ar")) s->no_ar = 1;
+    else if (!strcmp(a, "--warmup")) { if (VAL()) rc = cli_int(a, v, 0, 1 << 20, &s->warmup, e); }
+    else if (!strcmp(a, "--seed")) { if (VAL()) rc = cli_u64(a, v, &s->seed, e); }
+    else if (!strcmp(a, "--threads")) { if (VAL()) rc = cli_int(a, v, 1, 256, &s->threads, e); }
+    else if (!strcmp(a, "--ctx")) { if (VAL()) rc = cli_int(a, v, 256, 1 << 20, &s->ctx, e); }
+    else if (!strcmp(a, "--backend")) { if (VAL()) c->backend = v; }
+    else if (!strcmp(a, "--device")) { if (VAL()) rc = cli_int(a, v, 0, 64, &s->device, e); }
+    else if (!strcmp(a, "--out")) { if (VAL()) c->out = v; }
+    else if (!strcmp(a, "--resume")) { *setting = 0; if (VAL()) c->resume = v; }
+    else if (!strcmp(a, "--analyze")) { *setting = 0; if (VAL()) c->analyze = v; }
+    else rc = rs_err(e, RS_EINVAL, "unknown option '%s' (see --help)", a);
+#undef VAL
+    return rc;
+}
+
+/* Reads the command line into c. Returns -1 when the run goes on, else the exit status
+ * (0 after --help, 2 for bad usage). */
+static int bench_parse(int argc, char **argv, Cli *c) {
+    cli_defaults(c);
     RsErr e = {0};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = NULL;
-        int rc = 0, setting = 1;
-#define VAL() (rc = cli_value(argc, argv, i, &v, &e), i += !rc, rc == 0)
+        const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(a, "--model")) { if (VAL()) model = v; }
-        else if (!strcmp(a, "--draft-model")) { if (VAL()) draft_model = v; }
-        else if (!strcmp(a, "--draft-layers")) { if (VAL()) draft_layers = v; }
-        else if (!strcmp(a, "--draft-endpoint")) { if (VAL()) endpoint = v; }
-        else if (!strcmp(a, "--launch-drafter")) s.launch = 1;
-        else if (!strcmp(a, "--draft-timeout-ms")) { if (VAL()) rc = cli_int(a, v, 1, 3600000, &s.draft_timeout_ms, &e); }
-        else if (!strcmp(a, "--insecure")) s.insecure = 1;
-        else if (!strcmp(a, "--curve-dir")) { if (VAL()) curve = v; }
-        else if (!strcmp(a, "--prompts")) { if (VAL()) prompts = v; }
-        else if (!strcmp(a, "--limit")) { if (VAL()) rc = cli_int(a, v, 1, INT_MAX, &s.limit, &e); }
-        else if (!strcmp(a, "--max-new")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 20, &s.max_new, &e); }
-        else if (!strcmp(a, "--decoders")) { if (VAL()) decoders = v; }
-        else if (!strcmp(a, "--temps")) { if (VAL()) temps = v; }
-        else if (!strcmp(a, "--budgets")) { if (VAL()) budgets = v; }
-        else if (!strcmp(a, "--no-ar")) s.no_ar = 1;
-        else if (!strcmp(a, "--warmup")) { if (VAL()) rc = cli_int(a, v, 0, 1 << 20, &s.warmup, &e); }
-        else if (!strcmp(a, "--seed")) { if (VAL()) rc = cli_u64(a, v, &s.seed, &e); }
-        else if (!strcmp(a, "--threads")) { if (VAL()) rc = cli_int(a, v, 1, 256, &s.threads, &e); }
-        else if (!strcmp(a, "--ctx")) { if (VAL()) rc = cli_int(a, v, 256, 1 << 20, &s.ctx, &e); }
-        else if (!strcmp(a, "--backend")) { if (VAL()) backend = v; }
-        else if (!strcmp(a, "--device")) { if (VAL()) rc = cli_int(a, v, 0, 64, &s.device, &e); }
-        else if (!strcmp(a, "--out")) { if (VAL()) out = v; }
-        else if (!strcmp(a, "--resume")) { setting = 0; if (VAL()) resume = v; }
-        else if (!strcmp(a, "--analyze")) { setting = 0; if (VAL()) analyze = v; }
-        else rc = rs_err(&e, RS_EINVAL, "unknown option '%s' (see --help)", a);
-#undef VAL
-        if (rc) {
-            fprintf(stderr, "rootspec-bench: %s\n", e.msg);
-            return 2;
         }
-        if (setting && !first_setting) first_setting = a;
+        int setting = 1;
+        if (parse_option(argc, argv, &i, c, &setting, &e)) return fail(2, "%s", e.msg);
+        if (setting && !c->first_setting) c->first_setting = a;
     }
+    if (c->analyze && (c->resume || c->first_setting))
+        return fail(2, "--analyze DIR takes no other option (got '%s')",
+                    c->resume ? "--resume" : c->first_setting);
+    if (c->resume && c->first_setting)
+        return fail(2, "--resume DIR takes its settings from DIR/run.json; do not combine it "
+                       "with '%s'", c->first_setting);
+    return -1;
+}
 
-    if (analyze) {
-        if (resume || first_setting) {
-            fprintf(stderr, "rootspec-bench: --analyze DIR takes no other option (got '%s')\n",
-                    resume ? "--resume" : first_setting);
-            return 2;
-        }
-        int rc = bench_analyze(analyze, &e);
-        if (rc) {
-            fprintf(stderr, "rootspec-bench: --analyze %s: %s\n", analyze, e.msg);
-            return exit_code(rc);
-        }
-        return echo_summary(analyze);
+/* ---- plan: the run's settings, its directory, its prompts and its decode list ---- */
+
+/* The --out check, made before any model loads: DIR must not hold a run already, and DIR
+ * (or the parent it will be created in) must be a writable directory. The directory itself
+ * is made only once the prompts are tokenized. Returns 0 or exit status 2. */
+static int out_dir_check(const char *dir) {
+    char rj[4200];
+    snprintf(rj, sizeof rj, "%s/run.json", dir);
+    if (access(rj, F_OK) == 0)
+        return fail(2, "'%s' already holds a run (%s); continue it with --resume %s or choose "
+                       "another --out", dir, rj, dir);
+    char where[4096];
+    snprintf(where, sizeof where, "%s", dir);
+    struct stat st;
+    if (stat(where, &st) != 0) { /* to be created: check its parent */
+        size_t k = strlen(where);
+        while (k > 1 && where[k - 1] == '/') where[--k] = 0;
+        char *sl = strrchr(where, '/');
+        if (!sl) snprintf(where, sizeof where, ".");
+        else sl[sl == where] = 0; /* "/run" -> "/" */
     }
+    const char *why = stat(where, &st) != 0           ? "no such directory"
+                      : !S_ISDIR(st.st_mode)              ? "not a directory"
+                      : access(where, W_OK | X_OK) != 0   ? "not writable"
+                                                          : NULL;
+    if (!why) return 0;
+    if (strcmp(where, dir)) return fail(2, "--out '%s': cannot create it in '%s': %s", dir, where, why);
+    return fail(2, "--out '%s': %s", dir, why);
+}
 
+/* A new run: checks the options that go together and the run directory, then fills s. */
+static int settings_from_args(const Cli *c, Settings *s) {
+    if (!c->model || !c->prompts || !c->out) {
+        fail(2, "need --model, --prompts and --out (or --resume DIR / --analyze DIR)");
+        usage(stderr);
+        return 2;
+    }
+    if (c->draft_model && c->draft_layers)
+        return fail(2, "give --draft-model or --draft-layers, not both");
+    if (c->endpoint && c->s.launch)
+        return fail(2, "give --draft-endpoint or --launch-drafter, not both");
+    int st = out_dir_check(c->out);
+    if (st) return st;
+    *s = c->s;
+    s->model = abs_path(c->model);
+    s->draft_model = abs_path(c->draft_model);
+    s->draft_layers = dup_or_null(c->draft_layers);
+    s->draft_endpoint = dup_or_null(c->endpoint);
+    s->curve_dir = abs_path(c->curve);
+    s->backend = strdup(c->backend);
+    s->prompts = abs_path(c->prompts);
+    s->temps = strdup(c->temps);
+    s->budgets = strdup(c->budgets);
+    s->decoders = strdup(c->decoders);
+    RsErr e = {0};
+    if (file_hash(s->prompts, s->prompts_hash, &e)) return fail(2, "--prompts: %s", e.msg);
+    return 0;
+}
+
+/* A resumed run: the settings of DIR/run.json, refused when the prompt file has changed. */
+static int settings_from_resume(const char *dir, Settings *s) {
+    RsErr e = {0};
+    if (settings_load(s, dir, &e)) return fail(2, "%s", e.msg);
+    char now[17];
+    if (file_hash(s->prompts, now, &e))
+        return fail(2, "--resume: prompt file of the run: %s", e.msg);
+    if (strcmp(now, s->prompts_hash) != 0)
+        return fail(2, "--resume: prompt file '%s' changed since the run started (FNV-1a %s, "
+                       "run.json has %s); start a new run with --out",
+                    s->prompts, now, s->prompts_hash);
+    return 0;
+}
+
+/* Everything a run holds; bench_release() frees it whatever step stopped the run. */
+typedef struct {
+    Settings s;
     const char *dir;
-    int rc;
-    if (resume) {
-        if (first_setting) {
-            fprintf(stderr,
-                    "rootspec-bench: --resume DIR takes its settings from DIR/run.json; do not "
-                    "combine it with '%s'\n", first_setting);
-            return 2;
-        }
-        dir = resume;
-        if ((rc = settings_load(&s, dir, &e))) {
-            fprintf(stderr, "rootspec-bench: %s\n", e.msg);
-            return 2;
-        }
-        char now[17];
-        if ((rc = file_hash(s.prompts, now, &e))) {
-            fprintf(stderr, "rootspec-bench: --resume: prompt file of the run: %s\n", e.msg);
-            settings_free(&s);
-            return 2;
-        }
-        if (strcmp(now, s.prompts_hash) != 0) {
-            fprintf(stderr,
-                    "rootspec-bench: --resume: prompt file '%s' changed since the run started "
-                    "(FNV-1a %s, run.json has %s); start a new run with --out\n",
-                    s.prompts, now, s.prompts_hash);
-            settings_free(&s);
-            return 2;
-        }
-    } else {
-        if (!model || !prompts || !out) {
-            fprintf(stderr, "rootspec-bench: need --model, --prompts and --out (or --resume DIR / --analyze DIR)\n");
-            usage(stderr);
-            return 2;
-        }
-        if (draft_model && draft_layers) {
-            fprintf(stderr, "rootspec-bench: give --draft-model or --draft-layers, not both\n");
-            return 2;
-        }
-        if (endpoint && s.launch) {
-            fprintf(stderr, "rootspec-bench: give --draft-endpoint or --launch-drafter, not both\n");
-            return 2;
-        }
-        dir = out;
-        char rj[4200];
-        snprintf(rj, sizeof rj, "%s/run.json", dir);
-        if (access(rj, F_OK) == 0) {
-            fprintf(stderr,
-                    "rootspec-bench: '%s' already holds a run (%s); continue it with --resume %s "
-                    "or choose another --out\n", dir, rj, dir);
-            return 2;
-        }
-        /* The directory is made once the prompts are tokenized; one that cannot be made or
-         * written is refused now, not after the models have loaded. */
-        char where[4096];
-        snprintf(where, sizeof where, "%s", dir);
-        struct stat st;
-        if (stat(where, &st) != 0) { /* to be created: check its parent */
-            size_t k = strlen(where);
-            while (k > 1 && where[k - 1] == '/') where[--k] = 0;
-            char *sl = strrchr(where, '/');
-            if (!sl) snprintf(where, sizeof where, ".");
-            else sl[sl == where] = 0; /* "/run" -> "/" */
-        }
-        const char *why = stat(where, &st) != 0           ? "no such directory"
-                          : !S_ISDIR(st.st_mode)              ? "not a directory"
-                          : access(where, W_OK | X_OK) != 0   ? "not writable"
-                                                              : NULL;
-        if (why) {
-            if (strcmp(where, dir))
-                fprintf(stderr, "rootspec-bench: --out '%s': cannot create it in '%s': %s\n", dir,
-                        where, why);
-            else
-                fprintf(stderr, "rootspec-bench: --out '%s': %s\n", dir, why);
-            return 2;
-        }
-        s.model = abs_path(model);
-        s.draft_model = abs_path(draft_model);
-        s.draft_layers = dup_or_null(draft_layers);
-        s.draft_endpoint = dup_or_null(endpoint);
-        s.curve_dir = abs_path(curve);
-        s.backend = strdup(backend);
-        s.prompts = abs_path(prompts);
-        s.temps = strdup(temps);
-        s.budgets = strdup(budgets);
-        s.decoders = strdup(decoders);
-        if ((rc = file_hash(s.prompts, s.prompts_hash, &e))) {
-            fprintf(stderr, "rootspec-bench: --prompts: %s\n", e.msg);
-            settings_free(&s);
-            return 2;
-        }
-    }
-
-    /* From here on every exit goes through `done` to release what was set up. */
-    int status = 0;
-    PromptSet *ps = NULL;
-    BenchCombo *combos = NULL;
-    int n_combos = 0;
-    BenchPlan *plan = NULL;
-    BenchDoneSet *done = NULL;
+    int resume;
+    PromptSet *ps;
+    int n_prompts;
+    BenchCombo *combos; // (n_combos)
+    int n_combos, need_drafter;
+    BenchPlan *plan;
+    BenchDoneSet *done;
+    int n_todo, n_warm, n_prior; /* decodes to measure, warm-ups to run, decodes logged before */
     Engine en;
-    int engine_ok = 0;
-    int **ids = NULL, *n_ids = NULL;
-    FILE *frounds = NULL, *fdecodes = NULL;
-    Sink sink = {0};
-    BenchProgress *prog = NULL;
-    char *declist = NULL;
-    int n_prompts = 0;
+    int engine_ok;
+    int **ids, *n_ids; // (n_prompts) token ids of each prompt
+    FILE *frounds, *fdecodes;
+    Sink sink;
+    BenchProgress *prog;
+} Bench;
 
-    if ((rc = prompts_load(s.prompts, &ps, &e))) {
-        fprintf(stderr, "rootspec-bench: %s\n", e.msg);
-        status = 2;
-        goto done;
-    }
-    n_prompts = s.limit > 0 && s.limit < ps->n ? s.limit : ps->n;
-    /* The AR baseline (one per T) comes first in the list unless --no-ar or listed already. */
+/* The combination list: the AR baseline (one per T) comes first unless --no-ar or listed
+ * already; every decoder must be one the engine runs online. */
+static int combos_build(Bench *b) {
+    const Settings *s = &b->s;
+    RsErr e = {0};
     int has_ar = 0;
-    {
-        char tmp[1024];
-        snprintf(tmp, sizeof tmp, "%s", s.decoders);
-        for (char *save, *t = strtok_r(tmp, ",", &save); t; t = strtok_r(NULL, ",", &save))
-            if (!strcmp(t, "ar")) has_ar = 1;
-    }
-    size_t dl = strlen(s.decoders) + 4;
-    declist = rs_xmalloc(dl);
-    snprintf(declist, dl, "%s%s", !s.no_ar && !has_ar ? "ar," : "", s.decoders);
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s", s->decoders);
+    for (char *save, *t = strtok_r(tmp, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        if (!strcmp(t, "ar")) has_ar = 1;
+    size_t dl = strlen(s->decoders) + 4;
+    char *declist = rs_xmalloc(dl);
+    snprintf(declist, dl, "%s%s", !s->no_ar && !has_ar ? "ar," : "", s->decoders);
     /* Check the lists as given first, so a message quotes the user's --decoders. */
-    if ((rc = bench_combos_parse(s.decoders, s.temps, s.budgets, &combos, &n_combos, &e)) == 0) {
-        free(combos);
-        combos = NULL;
-        rc = bench_combos_parse(declist, s.temps, s.budgets, &combos, &n_combos, &e);
+    int rc = bench_combos_parse(s->decoders, s->temps, s->budgets, &b->combos, &b->n_combos, &e);
+    if (rc == 0) {
+        free(b->combos);
+        b->combos = NULL;
+        rc = bench_combos_parse(declist, s->temps, s->budgets, &b->combos, &b->n_combos, &e);
     }
-    if (rc) {
-        fprintf(stderr, "rootspec-bench: %s\n", e.msg);
-        status = 2;
-        goto done;
+    free(declist);
+    if (rc) return fail(2, "%s", e.msg);
+    for (int c = 0; c < b->n_combos; c++) {
+        int r = rule_parse(b->combos[c].decoder);
+        if (r < 0 || r == RULE_ORACLE)
+            return fail(2, "--decoders: unknown decoder '%s' (draft, pearl, rootdraw, root, ar)",
+                        b->combos[c].decoder);
+        if (r != RULE_AR) b->need_drafter = 1;
     }
-    int need_drafter = 0;
-    for (int c = 0; c < n_combos; c++) {
-        int r = rule_parse(combos[c].decoder);
-        if (r < 0 || r == RULE_ORACLE) {
-            fprintf(stderr,
-                    "rootspec-bench: --decoders: unknown decoder '%s' (draft, pearl, rootdraw, "
-                    "root, ar)\n", combos[c].decoder);
-            status = 2;
-            goto done;
-        }
-        if (r != RULE_AR) need_drafter = 1;
-    }
-    if (n_combos == 0) {
-        fprintf(stderr, "rootspec-bench: no combinations to run\n");
-        status = 2;
-        goto done;
-    }
-    plan = bench_plan_make(n_prompts, n_combos, s.warmup, s.seed);
-    if ((rc = bench_resume_load(dir, &done, &e))) {
-        fprintf(stderr, "rootspec-bench: %s\n", e.msg);
-        status = exit_code(rc);
-        goto done;
-    }
-    int n_todo = 0, n_warm = 0, n_prior = bench_done_count(done);
+    if (b->n_combos == 0) return fail(2, "no combinations to run");
+    return 0;
+}
+
+/* Loads the prompts, builds the combinations and the seeded plan, and counts what is left
+ * to run after the decodes a resumed run has logged already. */
+static int bench_plan(Bench *b) {
+    RsErr e = {0};
+    int rc = prompts_load(b->s.prompts, &b->ps, &e);
+    if (rc) return fail(2, "%s", e.msg);
+    b->n_prompts = b->s.limit > 0 && b->s.limit < b->ps->n ? b->s.limit : b->ps->n;
+    if ((rc = combos_build(b))) return rc;
+    b->plan = bench_plan_make(b->n_prompts, b->n_combos, b->s.warmup, b->s.seed);
+    if ((rc = bench_resume_load(b->dir, &b->done, &e))) return fail(exit_code(rc), "%s", e.msg);
+    const BenchPlan *plan = b->plan;
+    b->n_prior = bench_done_count(b->done);
     for (int k = 0; k < plan->n_runs; k++) {
         const BenchRun *r = &plan->runs[k];
-        if (r->warmup) n_warm++;
-        else if (!bench_done_has(done, ps->items[r->prompt].id, &combos[r->combo])) n_todo++;
+        if (r->warmup) b->n_warm++;
+        else if (!bench_done_has(b->done, b->ps->items[r->prompt].id, &b->combos[r->combo]))
+            b->n_todo++;
     }
-    if (n_todo == 0) n_warm = 0; /* nothing to measure: nothing to warm up */
-    if (resume)
-        fprintf(stderr, "rootspec-bench: resuming %s: %d of %d decodes done, %d to run\n", dir,
-                plan->n_runs - plan->n_warmup * n_combos - n_todo,
-                plan->n_runs - plan->n_warmup * n_combos, n_todo);
+    if (b->n_todo == 0) b->n_warm = 0; /* nothing to measure: nothing to warm up */
+    int n_measured = plan->n_runs - plan->n_warmup * b->n_combos;
+    if (b->resume)
+        fprintf(stderr, "rootspec-bench: resuming %s: %d of %d decodes done, %d to run\n", b->dir,
+                n_measured - b->n_todo, n_measured, b->n_todo);
     else
         fprintf(stderr, "rootspec-bench: %d prompts x %d combinations = %d decodes (+%d warm-up) -> %s\n",
-                n_prompts, n_combos, n_todo, n_warm, dir);
+                b->n_prompts, b->n_combos, b->n_todo, b->n_warm, b->dir);
+    return 0;
+}
 
+/* ---- run: the engine, the prompts' tokens, the run directory, then every decode ---- */
+
+static void signals_install(const char *dir, int n_prior) {
     struct sigaction sa = {0};
     g_main_thread = pthread_self();
     sa.sa_handler = on_signal;
@@ -727,186 +725,236 @@ int main(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     set_interrupt_msg(dir, n_prior);
+}
 
-    if (n_todo > 0) {
-        char ep[4300];
-        EngineOpts eo = {.model_path = s.model, .draft_model_path = s.draft_model,
-                         .draft_layers = s.draft_layers, .draft_endpoint = s.draft_endpoint,
-                         .backend = s.backend, .threads = s.threads, .device = s.device,
-                         .ctx = s.ctx, .draft_timeout_ms = s.draft_timeout_ms,
-                         .insecure = s.insecure, .curve_dir = s.curve_dir};
-        if (s.launch && need_drafter) {
-            if ((rc = drafter_launch(&s, ep, sizeof ep, &e))) {
-                fprintf(stderr, "rootspec-bench: %s\n", e.msg);
-                status = 1;
-                goto done;
-            }
-            eo.draft_endpoint = ep;
-        }
-        if ((rc = engine_open(&eo, need_drafter, &en, &e))) {
-            fprintf(stderr, "rootspec-bench: %s\n", e.msg);
-            status = exit_code(rc);
-            goto done;
-        }
-        engine_ok = 1;
-        int chat = en.chat != CHAT_NONE;
-        if (!chat)
-            fprintf(stderr,
-                    "rootspec-bench: note: no known chat template for '%s'; prompts are used as "
-                    "raw text\n", s.model);
-        ids = rs_xcalloc((size_t)n_prompts, sizeof *ids);
-        n_ids = rs_xcalloc((size_t)n_prompts, sizeof *n_ids);
-        int cap = target_kv_capacity(en.target);
-        /* What decode_run reserves for one round plus the largest overshoot of --max-new:
-         * checked now, so no prompt fails hours into a run. */
-        int reserve = 0;
-        for (int c = 0; c < n_combos; c++) {
-            DecodeOpts o = {.rule = rule_parse(combos[c].decoder), .budget = combos[c].budget};
-            int r = decode_round_reserve(&o) + ROUND_MAX_EMIT;
-            if (r > reserve) reserve = r;
-        }
-        for (int p = 0; p < n_prompts; p++) {
-            if ((rc = engine_prompt_ids(&en, ps->items[p].text, chat, &ids[p], &n_ids[p], &e))) {
-                fprintf(stderr, "rootspec-bench: prompt %s (%s:%d): %s\n", ps->items[p].id,
-                        s.prompts, ps->items[p].line, e.msg);
-                status = 2;
-                goto done;
-            }
-            if (n_ids[p] + s.max_new + reserve > cap) {
-                fprintf(stderr,
-                        "rootspec-bench: prompt %s (%s:%d) has %d tokens: with --max-new %d it "
-                        "needs --ctx >= %d (have %d)\n",
-                        ps->items[p].id, s.prompts, ps->items[p].line, n_ids[p], s.max_new,
-                        n_ids[p] + s.max_new + reserve, cap);
-                status = 2;
-                goto done;
-            }
-        }
-        if (!resume) {
-            if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
-                fprintf(stderr, "rootspec-bench: cannot create directory '%s': %s\n", dir,
-                        strerror(errno));
-                status = 1;
-                goto done;
-            }
-            if ((rc = settings_save(&s, dir, &e))) {
-                fprintf(stderr, "rootspec-bench: %s\n", e.msg);
-                status = 1;
-                goto done;
-            }
-        }
-        if ((rc = benchlog_open(dir, resume != NULL, &frounds, &fdecodes, &e))) {
-            fprintf(stderr, "rootspec-bench: %s\n", e.msg);
-            status = 1;
-            goto done;
-        }
-
-        DecodeResult res = {0};
-        res.cap = s.max_new + ROUND_MAX_EMIT;
-        res.tokens = rs_xmalloc(sizeof(int) * (size_t)res.cap);
-        sink.cap = s.max_new + 2; /* each round emits >= 1 token: no realloc while timed */
-        sink.rounds = rs_xmalloc(sizeof *sink.rounds * (size_t)sink.cap);
-        prog = bench_progress_new(stderr, n_warm + n_todo, 30);
-        int n_run = 0, n_logged = n_prior;
-        char label[256];
-        for (int k = 0; k < plan->n_runs && status == 0; k++) {
-            const BenchRun *r = &plan->runs[k];
-            const Prompt *bp = &ps->items[r->prompt];
-            const BenchCombo *c = &combos[r->combo];
-            if (r->warmup ? n_warm == 0 : bench_done_has(done, bp->id, c)) continue;
-            snprintf(label, sizeof label, "%sprompt %s %s T=%d B=%d", r->warmup ? "warm-up " : "",
-                     bp->id, c->decoder, c->temp, c->budget);
-            bench_progress_update(prog, n_run, label);
-            DecodeOpts o = {.rule = (Rule)rule_parse(c->decoder),
-                            .budget = c->budget > 0 ? c->budget : 1, /* unused by AR */
-                            .temp = c->temp, .seed = s.seed, .prompt_id = (uint64_t)r->prompt,
-                            .max_new = s.max_new};
-            Backend *b = target_backend(en.target);
-            sink.combo = c;
-            sink.prompt_id = bp->id;
-            sink.n = 0;
-            sink.graph0 = b->n_graph_replays;
-            sink.eager0 = b->n_eager_launches;
-            sink.label = label;
-            DecodeHooks h = {NULL, on_round, on_event, &sink};
-            rc = decode_run(en.target, en.drafter, ids[r->prompt],
-                            n_ids[r->prompt], &o, &h, &res, &e);
-            const char *why = rc ? e.msg
-                              : res.drafter_failed ? "the drafter failed (decode finished autoregressively)"
-                              : res.hit_capacity ? "the KV cache filled up (raise --ctx)"
-                                                 : NULL;
-            if (why) {
-                fprintf(stderr,
-                        "\nrootspec-bench: %sdecode of prompt %s with %s T=%d B=%d failed: %s\n"
-                        "rootspec-bench: stopping; %d completed decodes are kept in %s "
-                        "(continue with: rootspec-bench --resume %s)\n",
-                        r->warmup ? "warm-up " : "", bp->id, c->decoder, c->temp, c->budget, why,
-                        n_logged, dir, dir);
-                status = 1;
-                break;
-            }
-            n_run++;
-            bench_progress_update(prog, n_run, label);
-            if (r->warmup) continue;
-            BenchDecode d;
-            memset(&d, 0, sizeof d);
-            snprintf(d.prompt_id, sizeof d.prompt_id, "%s", bp->id);
-            d.prompt_pos = r->prompt_pos;
-            snprintf(d.decoder, sizeof d.decoder, "%s", c->decoder);
-            d.temp = c->temp;
-            d.budget = c->budget;
-            d.tokens = res.n_tokens;
-            d.time_ns = (int64_t)(res.t_end - res.t_start);
-            d.speed = bench_speed(d.tokens, d.time_ns);
-            d.rounds = res.rounds;
-            d.mean_accepted = res.rounds ? (double)res.accepted_total / res.rounds : 0.0;
-            d.hit_eos = res.hit_eos;
-            d.run_index = r->run_index;
-            /* Rounds first, then the decode row that marks them complete (see benchlog_open);
-             * signals wait until both are on disk. */
-            block_signals(1);
-            int wrc = 0;
-            for (int i = 0; i < sink.n && !wrc; i++) wrc = benchlog_round_write(frounds, &sink.rounds[i]);
-            if (!wrc) wrc = benchlog_decode_write_row(fdecodes, &d);
-            if (!wrc) set_interrupt_msg(dir, ++n_logged);
-            block_signals(0);
-            if (wrc) {
-                fprintf(stderr, "\nrootspec-bench: cannot write the logs in %s: %s\n", dir,
-                        strerror(errno));
-                status = 1;
-            }
-        }
-        free(res.tokens);
-        bench_progress_finish(&prog);
+/* Starts the drafter (--launch-drafter) and opens the engine. */
+static int engine_setup(Bench *b) {
+    const Settings *s = &b->s;
+    RsErr e = {0};
+    char ep[4300];
+    EngineOpts eo = {.model_path = s->model, .draft_model_path = s->draft_model,
+                     .draft_layers = s->draft_layers, .draft_endpoint = s->draft_endpoint,
+                     .backend = s->backend, .threads = s->threads, .device = s->device,
+                     .ctx = s->ctx, .draft_timeout_ms = s->draft_timeout_ms,
+                     .insecure = s->insecure, .curve_dir = s->curve_dir};
+    if (s->launch && b->need_drafter) {
+        if (drafter_launch(s, ep, sizeof ep, &e)) return fail(1, "%s", e.msg);
+        eo.draft_endpoint = ep;
     }
-    if (status == 0) {
-        if (frounds) fclose(frounds);
-        if (fdecodes) fclose(fdecodes);
-        frounds = fdecodes = NULL;
-        if ((rc = bench_analyze(dir, &e))) {
-            fprintf(stderr, "rootspec-bench: analysis of %s failed: %s\n", dir, e.msg);
-            status = 1;
-        } else {
-            status = echo_summary(dir);
-        }
-    }
+    int rc = engine_open(&eo, b->need_drafter, &b->en, &e);
+    if (rc) return fail(exit_code(rc), "%s", e.msg);
+    b->engine_ok = 1;
+    return 0;
+}
 
-done:
+/* Tokenizes every prompt and checks that each fits the KV cache with --max-new and the
+ * largest round any combination can add, so no prompt fails hours into a run. */
+static int prompts_tokenize(Bench *b) {
+    const Settings *s = &b->s;
+    RsErr e = {0};
+    int chat = b->en.chat != CHAT_NONE;
+    if (!chat)
+        fprintf(stderr, "rootspec-bench: note: no known chat template for '%s'; prompts are used "
+                        "as raw text\n", s->model);
+    b->ids = rs_xcalloc((size_t)b->n_prompts, sizeof *b->ids);
+    b->n_ids = rs_xcalloc((size_t)b->n_prompts, sizeof *b->n_ids);
+    int cap = target_kv_capacity(b->en.target);
+    /* What decode_run reserves for one round plus the largest overshoot of --max-new. */
+    int reserve = 0;
+    for (int c = 0; c < b->n_combos; c++) {
+        DecodeOpts o = {.rule = rule_parse(b->combos[c].decoder), .budget = b->combos[c].budget};
+        int r = decode_round_reserve(&o) + ROUND_MAX_EMIT;
+        if (r > reserve) reserve = r;
+    }
+    for (int p = 0; p < b->n_prompts; p++) {
+        const Prompt *pr = &b->ps->items[p];
+        if (engine_prompt_ids(&b->en, pr->text, chat, &b->ids[p], &b->n_ids[p], &e))
+            return fail(2, "prompt %s (%s:%d): %s", pr->id, s->prompts, pr->line, e.msg);
+        int need = b->n_ids[p] + s->max_new + reserve;
+        if (need > cap)
+            return fail(2, "prompt %s (%s:%d) has %d tokens: with --max-new %d it needs --ctx >= "
+                           "%d (have %d)", pr->id, s->prompts, pr->line, b->n_ids[p], s->max_new,
+                        need, cap);
+    }
+    return 0;
+}
+
+/* A new run makes its directory and run.json; either way the logs are opened for append. */
+static int run_dir_open(Bench *b) {
+    RsErr e = {0};
+    if (!b->resume) {
+        if (mkdir(b->dir, 0777) != 0 && errno != EEXIST)
+            return fail(1, "cannot create directory '%s': %s", b->dir, strerror(errno));
+        if (settings_save(&b->s, b->dir, &e)) return fail(1, "%s", e.msg);
+    }
+    if (benchlog_open(b->dir, b->resume, &b->frounds, &b->fdecodes, &e)) return fail(1, "%s", e.msg);
+    return 0;
+}
+
+/* Runs one decode of the plan, its rounds captured into b->sink. Returns 0 or 1 (reported). */
+static int decode_one(Bench *b, const BenchRun *r, const char *label, DecodeResult *res,
+                      int n_logged) {
+    const Prompt *bp = &b->ps->items[r->prompt];
+    const BenchCombo *c = &b->combos[r->combo];
+    RsErr e = {0};
+    DecodeOpts o = {.rule = (Rule)rule_parse(c->decoder),
+                    .budget = c->budget > 0 ? c->budget : 1, /* unused by AR */
+                    .temp = c->temp, .seed = b->s.seed, .prompt_id = (uint64_t)r->prompt,
+                    .max_new = b->s.max_new};
+    Backend *be = target_backend(b->en.target);
+    Sink *sink = &b->sink;
+    sink->combo = c;
+    sink->prompt_id = bp->id;
+    sink->n = 0;
+    sink->graph0 = be->n_graph_replays;
+    sink->eager0 = be->n_eager_launches;
+    sink->label = label;
+    DecodeHooks h = {NULL, on_round, on_event, sink};
+    int rc = decode_run(b->en.target, b->en.drafter, b->ids[r->prompt],
+                        b->n_ids[r->prompt], &o, &h, res, &e);
+    const char *why = rc ? e.msg
+                      : res->drafter_failed ? "the drafter failed (decode finished autoregressively)"
+                      : res->hit_capacity ? "the KV cache filled up (raise --ctx)"
+                                          : NULL;
+    if (!why) return 0;
+    fprintf(stderr,
+            "\nrootspec-bench: %sdecode of prompt %s with %s T=%d B=%d failed: %s\n"
+            "rootspec-bench: stopping; %d completed decodes are kept in %s "
+            "(continue with: rootspec-bench --resume %s)\n",
+            r->warmup ? "warm-up " : "", bp->id, c->decoder, c->temp, c->budget, why, n_logged,
+            b->dir, b->dir);
+    return 1;
+}
+
+/* Writes a measured decode: its rounds first, then the decodes.csv row that marks them
+ * complete (see benchlog_open), with the signals held until both are on disk. */
+static int decode_log(Bench *b, const BenchRun *r, const DecodeResult *res, int *n_logged) {
+    const BenchCombo *c = &b->combos[r->combo];
+    BenchDecode d;
+    memset(&d, 0, sizeof d);
+    snprintf(d.prompt_id, sizeof d.prompt_id, "%s", b->ps->items[r->prompt].id);
+    d.prompt_pos = r->prompt_pos;
+    snprintf(d.decoder, sizeof d.decoder, "%s", c->decoder);
+    d.temp = c->temp;
+    d.budget = c->budget;
+    d.tokens = res->n_tokens;
+    d.time_ns = (int64_t)(res->t_end - res->t_start);
+    d.speed = bench_speed(d.tokens, d.time_ns);
+    d.rounds = res->rounds;
+    d.mean_accepted = res->rounds ? (double)res->accepted_total / res->rounds : 0.0;
+    d.hit_eos = res->hit_eos;
+    d.run_index = r->run_index;
+    block_signals(1);
+    int wrc = 0;
+    for (int i = 0; i < b->sink.n && !wrc; i++) wrc = benchlog_round_write(b->frounds, &b->sink.rounds[i]);
+    if (!wrc) wrc = benchlog_decode_write_row(b->fdecodes, &d);
+    if (!wrc) set_interrupt_msg(b->dir, ++*n_logged);
+    block_signals(0);
+    if (!wrc) return 0;
+    fprintf(stderr, "\nrootspec-bench: cannot write the logs in %s: %s\n", b->dir, strerror(errno));
+    return 1;
+}
+
+/* The plan in order: warm-ups (unlogged) and every decode not logged yet. */
+static int decodes_run(Bench *b) {
+    DecodeResult res = {0};
+    res.cap = b->s.max_new + ROUND_MAX_EMIT;
+    res.tokens = rs_xmalloc(sizeof(int) * (size_t)res.cap);
+    b->sink.cap = b->s.max_new + 2; /* each round emits >= 1 token: no realloc while timed */
+    b->sink.rounds = rs_xmalloc(sizeof *b->sink.rounds * (size_t)b->sink.cap);
+    b->prog = bench_progress_new(stderr, b->n_warm + b->n_todo, 30);
+    int status = 0, n_run = 0, n_logged = b->n_prior;
+    char label[256];
+    for (int k = 0; k < b->plan->n_runs && status == 0; k++) {
+        const BenchRun *r = &b->plan->runs[k];
+        const Prompt *bp = &b->ps->items[r->prompt];
+        const BenchCombo *c = &b->combos[r->combo];
+        if (r->warmup ? b->n_warm == 0 : bench_done_has(b->done, bp->id, c)) continue;
+        snprintf(label, sizeof label, "%sprompt %s %s T=%d B=%d", r->warmup ? "warm-up " : "",
+                 bp->id, c->decoder, c->temp, c->budget);
+        bench_progress_update(b->prog, n_run, label);
+        if ((status = decode_one(b, r, label, &res, n_logged))) break;
+        n_run++;
+        bench_progress_update(b->prog, n_run, label);
+        if (!r->warmup) status = decode_log(b, r, &res, &n_logged);
+    }
+    free(res.tokens);
+    bench_progress_finish(&b->prog);
+    return status;
+}
+
+static int bench_run(Bench *b) {
+    signals_install(b->dir, b->n_prior);
+    if (b->n_todo == 0) return 0;
+    int st = engine_setup(b);
+    if (!st) st = prompts_tokenize(b);
+    if (!st) st = run_dir_open(b);
+    if (!st) st = decodes_run(b);
+    return st;
+}
+
+/* ---- analyze: summary.md and the plots, from the logs on disk ---- */
+
+static int echo_summary(const char *dir) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/summary.md", dir);
+    char *text;
+    size_t n;
+    RsErr e = {0};
+    if (rs_read_file(path, &text, &n, &e)) return fail(1, "%s", e.msg);
+    fwrite(text, 1, n, stdout);
+    free(text);
+    printf("\nrootspec-bench: summary: %s\n", path);
+    fflush(stdout);
+    return 0;
+}
+
+/* After a run the logs are closed first, so the analysis reads every line written. */
+static int bench_report(Bench *b) {
+    if (b->frounds) fclose(b->frounds);
+    if (b->fdecodes) fclose(b->fdecodes);
+    b->frounds = b->fdecodes = NULL;
+    RsErr e = {0};
+    if (bench_analyze(b->dir, &e)) return fail(1, "analysis of %s failed: %s", b->dir, e.msg);
+    return echo_summary(b->dir);
+}
+
+/* --analyze DIR: the same analysis from the logs of an earlier run. */
+static int analyze_only(const char *dir) {
+    RsErr e = {0};
+    int rc = bench_analyze(dir, &e);
+    if (rc) return fail(exit_code(rc), "--analyze %s: %s", dir, e.msg);
+    return echo_summary(dir);
+}
+
+static void bench_release(Bench *b) {
     /* the logs first, so that a signal during the rest of the cleanup loses nothing */
-    if (frounds) fclose(frounds);
-    if (fdecodes) fclose(fdecodes);
-    bench_progress_finish(&prog);
-    if (engine_ok) engine_close(&en);
+    if (b->frounds) fclose(b->frounds);
+    if (b->fdecodes) fclose(b->fdecodes);
+    bench_progress_finish(&b->prog);
+    if (b->engine_ok) engine_close(&b->en);
     drafter_stop();
-    for (int p = 0; ids && p < n_prompts; p++) free(ids[p]);
-    free(ids);
-    free(n_ids);
-    free(sink.rounds);
-    bench_done_free(&done);
-    bench_plan_free(&plan);
-    free(combos);
-    free(declist);
-    prompts_free(&ps);
-    settings_free(&s);
+    for (int p = 0; b->ids && p < b->n_prompts; p++) free(b->ids[p]);
+    free(b->ids);
+    free(b->n_ids);
+    free(b->sink.rounds);
+    bench_done_free(&b->done);
+    bench_plan_free(&b->plan);
+    free(b->combos);
+    prompts_free(&b->ps);
+    settings_free(&b->s);
+}
+
+int main(int argc, char **argv) {
+    Cli cli;
+    int status = bench_parse(argc, argv, &cli);
+    if (status >= 0) return status;
+    if (cli.analyze) return analyze_only(cli.analyze);
+    Bench b = {.dir = cli.resume ? cli.resume : cli.out, .resume = cli.resume != NULL};
+    status = b.resume ? settings_from_resume(b.dir, &b.s) : settings_from_args(&cli, &b.s);
+    if (!status) status = bench_plan(&b);
+    if (!status) status = bench_run(&b);
+    if (!status) status = bench_report(&b);
+    bench_release(&b);
     return status;
 }
