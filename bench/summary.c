@@ -108,11 +108,9 @@ static int dbl_cmp(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static void analysis_build(Analysis *an, const BenchDecode *d, int nd, const BenchRound *r,
-                           int nr) {
-    memset(an, 0, sizeof *an);
-    an->nd = nd;
-    an->nr = nr;
+/* Groups the decodes by (decoder, T, B), each group's entries sorted by prompt id; a
+ * repeated (prompt, decoder, T, B) row is counted and skipped (the first is kept). */
+static void group_decodes(Analysis *an, const BenchDecode *d, int nd) {
     int *idx = rs_xmalloc((size_t)(nd ? nd : 1) * sizeof *idx);
     for (int i = 0; i < nd; i++) idx[i] = i;
     sort_base = d;
@@ -138,13 +136,57 @@ static void analysis_build(Analysis *an, const BenchDecode *d, int nd, const Ben
         g->e[g->n++] = (Entry){x->prompt_id, (double)x->tokens, (double)x->time_ns};
     }
     free(idx);
-    /* distinct prompts */
+}
+
+static int count_prompts(const BenchDecode *d, int nd) {
     const char **ids = rs_xmalloc((size_t)(nd ? nd : 1) * sizeof *ids);
     for (int i = 0; i < nd; i++) ids[i] = d[i].prompt_id;
     qsort(ids, (size_t)nd, sizeof *ids, str_cmp);
+    int n = 0;
     for (int i = 0; i < nd; i++)
-        if (i == 0 || strcmp(ids[i], ids[i - 1])) an->n_prompts++;
+        if (i == 0 || strcmp(ids[i], ids[i - 1])) n++;
     free(ids);
+    return n;
+}
+
+/* Adds one round's counts and timings to its group. */
+static void group_add_round(Group *g, const BenchRound *x) {
+    g->rounds++;
+    g->sum_acc += x->accepted;
+    g->sum_emit += x->emitted;
+    g->sum_tree += x->tree_size;
+    if (isfinite(x->tau)) g->sum_tau += x->tau, g->n_tau++;
+    if (x->x1_in_pool >= 0) g->n_x1++, g->n_x1_true += x->x1_in_pool;
+    if (has(x->draft_ns)) dvec_push(&g->med[M_DRAFT], x->draft_ns / 1e6);
+    if (has(x->t_root_start) && has(x->t_root_end))
+        dvec_push(&g->med[M_ROOT], (x->t_root_end - x->t_root_start) / 1e6);
+    if (has(x->t_tree_start) && has(x->t_tree_end))
+        dvec_push(&g->med[M_TREE], (x->t_tree_end - x->t_tree_start) / 1e6);
+    if (has(x->t_grow_sent) && has(x->t_pool_recv))
+        dvec_push(&g->med[M_RTT], (x->t_pool_recv - x->t_grow_sent) / 1e6);
+    if (has(x->t_select_done) && (has(x->t_pool_recv) || has(x->t_root_end))) {
+        int64_t ready = max64(has(x->t_pool_recv) ? x->t_pool_recv : 0,
+                              has(x->t_root_end) ? x->t_root_end : 0);
+        dvec_push(&g->med[M_SEL], (x->t_select_done - ready) / 1e6);
+    }
+    if (has(x->t_round_start) && has(x->t_commit))
+        dvec_push(&g->med[M_ROUND], (x->t_commit - x->t_round_start) / 1e6);
+    double p[BENCH_N_PARTS];
+    if (bench_round_parts(x, p) == 0) {
+        for (int k = 0; k < BENCH_N_PARTS; k++) g->parts[k] += p[k];
+        g->n_parts++;
+    }
+    g->replays += x->graph_replays;
+    g->eager += x->eager_launches;
+}
+
+static void analysis_build(Analysis *an, const BenchDecode *d, int nd, const BenchRound *r,
+                           int nr) {
+    memset(an, 0, sizeof *an);
+    an->nd = nd;
+    an->nr = nr;
+    group_decodes(an, d, nd);
+    an->n_prompts = count_prompts(d, nd);
     /* rounds: only those of logged decodes count */
     for (int i = 0; i < nr; i++) {
         const BenchRound *x = &r[i];
@@ -158,33 +200,7 @@ static void analysis_build(Analysis *an, const BenchDecode *d, int nd, const Ben
             an->n_orphans++;
             continue;
         }
-        g->rounds++;
-        g->sum_acc += x->accepted;
-        g->sum_emit += x->emitted;
-        g->sum_tree += x->tree_size;
-        if (isfinite(x->tau)) g->sum_tau += x->tau, g->n_tau++;
-        if (x->x1_in_pool >= 0) g->n_x1++, g->n_x1_true += x->x1_in_pool;
-        if (has(x->draft_ns)) dvec_push(&g->med[M_DRAFT], x->draft_ns / 1e6);
-        if (has(x->t_root_start) && has(x->t_root_end))
-            dvec_push(&g->med[M_ROOT], (x->t_root_end - x->t_root_start) / 1e6);
-        if (has(x->t_tree_start) && has(x->t_tree_end))
-            dvec_push(&g->med[M_TREE], (x->t_tree_end - x->t_tree_start) / 1e6);
-        if (has(x->t_grow_sent) && has(x->t_pool_recv))
-            dvec_push(&g->med[M_RTT], (x->t_pool_recv - x->t_grow_sent) / 1e6);
-        if (has(x->t_select_done) && (has(x->t_pool_recv) || has(x->t_root_end))) {
-            int64_t ready = max64(has(x->t_pool_recv) ? x->t_pool_recv : 0,
-                                  has(x->t_root_end) ? x->t_root_end : 0);
-            dvec_push(&g->med[M_SEL], (x->t_select_done - ready) / 1e6);
-        }
-        if (has(x->t_round_start) && has(x->t_commit))
-            dvec_push(&g->med[M_ROUND], (x->t_commit - x->t_round_start) / 1e6);
-        double p[BENCH_N_PARTS];
-        if (bench_round_parts(x, p) == 0) {
-            for (int k = 0; k < BENCH_N_PARTS; k++) g->parts[k] += p[k];
-            g->n_parts++;
-        }
-        g->replays += x->graph_replays;
-        g->eager += x->eager_launches;
+        group_add_round(g, x);
     }
     for (int k = 0; k < an->ng; k++)
         for (int m = 0; m < N_MED; m++)
@@ -273,119 +289,124 @@ static const char *budget_str(int b, char *buf) {
     return buf;
 }
 
-int bench_summary_write(FILE *f, const BenchDecode *d, int nd, const BenchRound *r, int nr,
-                        RsErr *e) {
-    Analysis an;
-    analysis_build(&an, d, nd, r, nr);
-    char bb[16];
+/* " est [lo, hi]" with each number in fmt (or "-"). */
+static void put_interval(FILE *f, const char *fmt, double est, double lo, double hi) {
+    put_num(f, fmt, est);
+    fputs(" [", f);
+    put_num(f, fmt, lo);
+    fputs(", ", f);
+    put_num(f, fmt, hi);
+    fputs("]", f);
+}
+
+static void write_header(FILE *f, const Analysis *an) {
     fprintf(f, "# rootspec benchmark summary\n\n");
-    fprintf(f, "- prompts: %d; decodes: %d; rounds: %d; settings: %d\n", an.n_prompts, nd, nr,
-            an.ng);
-    if (an.n_dupes)
+    fprintf(f, "- prompts: %d; decodes: %d; rounds: %d; settings: %d\n", an->n_prompts, an->nd,
+            an->nr, an->ng);
+    if (an->n_dupes)
         fprintf(f, "- note: %d repeated (prompt, decoder, T, B) rows ignored (first kept)\n",
-                an.n_dupes);
-    if (an.n_orphans)
-        fprintf(f, "- note: %d rounds without a logged decode ignored\n", an.n_orphans);
+                an->n_dupes);
+    if (an->n_orphans)
+        fprintf(f, "- note: %d rounds without a logged decode ignored\n", an->n_orphans);
     fprintf(f, "- speed of a decode = tokens up to and including the first EOS / (last commit - "
                "start of the target prefill); speed of a run = summed tokens / summed time\n");
     fprintf(f, "- intervals: 95%% paired bootstrap over prompts, %d resamples, seed 0x%" PRIx64
                ", 2.5th/97.5th percentiles by linear interpolation between order statistics "
                "(numpy's default)\n\n",
             BENCH_RESAMPLES, (uint64_t)BENCH_BOOT_SEED);
+}
 
+/* The AR columns of a speed row: AR's speed on the shared prompts, the speedup interval and
+ * the median per-prompt speedup ("-" when g is AR or has no prompt in common with it). */
+static void write_speedup_cells(FILE *f, const Analysis *an, const Group *g) {
+    const Group *ar = find_group(an, "ar", g->c.temp, -1);
+    BenchInterval gi;
+    int n = ar && ar != g ? group_gain(g, ar, &gi) : 0;
+    if (n == 0) {
+        fputs("- | - | - |\n", f);
+        return;
+    }
+    double *v;
+    pair_groups(g, ar, &v);
+    double ta = 0, na = 0;
+    for (int i = 0; i < n; i++) ta += v[2 * n + i], na += v[3 * n + i];
+    double *ratio = rs_xmalloc((size_t)n * sizeof *ratio);
+    bench_speedup_per_prompt(v, v + n, v + 2 * n, v + 3 * n, n, ratio);
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (isfinite(ratio[i])) ratio[m++] = ratio[i];
+    qsort(ratio, (size_t)m, sizeof *ratio, dbl_cmp);
+    put_num(f, "%.2f", ta * 1e9 / na);
+    fputs(" | ", f);
+    put_interval(f, "%.3f", gi.est + 1, gi.lo + 1, gi.hi + 1);
+    fputs(" | ", f);
+    put_num(f, "%.3f", m ? bench_percentile(ratio, m, 0.5) : NAN);
+    fputs(" |\n", f);
+    free(ratio);
+    free(v);
+}
+
+static void write_speeds(FILE *f, const Analysis *an) {
+    char bb[16];
     fprintf(f, "## Speed (tokens/s)\n\n");
     fprintf(f, "Speedup over AR is on the prompts both ran, at the same T.\n\n");
     fprintf(f, "| decoder | T | B | prompts | tokens | speed [95%% CI] | AR speed | speedup "
                "over AR [95%% CI] | median per-prompt speedup |\n");
     fprintf(f, "|---|---|---|---|---|---|---|---|---|\n");
-    for (int k = 0; k < an.ng; k++) {
-        const Group *g = &an.g[k];
+    for (int k = 0; k < an->ng; k++) {
+        const Group *g = &an->g[k];
         BenchInterval sp;
         group_speed(g, &sp);
         double tok = 0;
         for (int i = 0; i < g->n; i++) tok += g->e[i].tok;
         fprintf(f, "| %s | %d | %s | %d | %.0f | ", g->c.decoder, g->c.temp,
                 budget_str(g->c.budget, bb), g->n, tok);
-        put_num(f, "%.2f", sp.est);
-        fputs(" [", f);
-        put_num(f, "%.2f", sp.lo);
-        fputs(", ", f);
-        put_num(f, "%.2f", sp.hi);
-        fputs("] | ", f);
-        const Group *ar = find_group(&an, "ar", g->c.temp, -1);
-        if (!ar || ar == g) {
-            fputs("- | - | - |\n", f);
-            continue;
-        }
-        BenchInterval gi;
-        int n = group_gain(g, ar, &gi);
-        if (n == 0) {
-            fputs("- | - | - |\n", f);
-            continue;
-        }
-        double *v;
-        pair_groups(g, ar, &v);
-        double ta = 0, na = 0;
-        for (int i = 0; i < n; i++) ta += v[2 * n + i], na += v[3 * n + i];
-        double *ratio = rs_xmalloc((size_t)n * sizeof *ratio);
-        bench_speedup_per_prompt(v, v + n, v + 2 * n, v + 3 * n, n, ratio);
-        int m = 0;
-        for (int i = 0; i < n; i++)
-            if (isfinite(ratio[i])) ratio[m++] = ratio[i];
-        qsort(ratio, (size_t)m, sizeof *ratio, dbl_cmp);
-        put_num(f, "%.2f", ta * 1e9 / na);
+        put_interval(f, "%.2f", sp.est, sp.lo, sp.hi);
         fputs(" | ", f);
-        put_num(f, "%.3f", gi.est + 1);
-        fputs(" [", f);
-        put_num(f, "%.3f", gi.lo + 1);
-        fputs(", ", f);
-        put_num(f, "%.3f", gi.hi + 1);
-        fputs("] | ", f);
-        put_num(f, "%.3f", m ? bench_percentile(ratio, m, 0.5) : NAN);
-        fputs(" |\n", f);
-        free(ratio);
-        free(v);
+        write_speedup_cells(f, an, g);
     }
+}
 
+/* Every decoder over draft selection at the same T and B, then rootdraw over pearl (the
+ * paper's offline comparison, measured). */
+static void write_gains(FILE *f, const Analysis *an) {
     fprintf(f, "\n## Gains over draft selection\n\n");
     fprintf(f, "Gain of A over B = speed(A)/speed(B) - 1 on the prompts both ran.\n\n");
     fprintf(f, "| T | B | comparison | prompts | gain [95%% CI] |\n|---|---|---|---|---|\n");
     int any = 0;
-    for (int k = 0; k < an.ng; k++) {
-        const Group *base = &an.g[k];
+    for (int k = 0; k < an->ng; k++) {
+        const Group *base = &an->g[k];
         if (strcmp(base->c.decoder, "draft")) continue;
         for (int pass = 0; pass < 2; pass++)
-            for (int j = 0; j < an.ng; j++) {
-                const Group *a = &an.g[j], *b = base;
+            for (int j = 0; j < an->ng; j++) {
+                const Group *a = &an->g[j], *b = base;
                 if (a->c.temp != base->c.temp || a->c.budget != base->c.budget) continue;
                 if (pass == 0) {
                     if (!strcmp(a->c.decoder, "draft") || !strcmp(a->c.decoder, "ar")) continue;
                 } else {
-                    /* rootdraw over pearl, the paper's offline comparison, measured */
                     if (strcmp(a->c.decoder, "rootdraw")) continue;
-                    b = find_group(&an, "pearl", a->c.temp, a->c.budget);
+                    b = find_group(an, "pearl", a->c.temp, a->c.budget);
                     if (!b) continue;
                 }
                 BenchInterval gi;
                 int n = group_gain(a, b, &gi);
                 fprintf(f, "| %d | %d | %s vs %s | %d | ", a->c.temp, a->c.budget, a->c.decoder,
                         b->c.decoder, n);
-                put_num(f, "%+.2f%%", 100 * gi.est);
-                fputs(" [", f);
-                put_num(f, "%+.2f%%", 100 * gi.lo);
-                fputs(", ", f);
-                put_num(f, "%+.2f%%", 100 * gi.hi);
-                fputs("] |\n", f);
+                put_interval(f, "%+.2f%%", 100 * gi.est, 100 * gi.lo, 100 * gi.hi);
+                fputs(" |\n", f);
                 any = 1;
             }
     }
     if (!any) fprintf(f, "| - | - | (no draft runs) | 0 | - |\n");
+}
 
+static void write_acceptance(FILE *f, const Analysis *an) {
+    char bb[16];
     fprintf(f, "\n## Acceptance per round\n\n");
     fprintf(f, "| decoder | T | B | rounds | mean accepted | mean emitted | mean tree size | "
                "mean tau | X1 in pool |\n|---|---|---|---|---|---|---|---|---|\n");
-    for (int k = 0; k < an.ng; k++) {
-        const Group *g = &an.g[k];
+    for (int k = 0; k < an->ng; k++) {
+        const Group *g = &an->g[k];
         double nr_ = g->rounds;
         fprintf(f, "| %s | %d | %s | %d | ", g->c.decoder, g->c.temp, budget_str(g->c.budget, bb),
                 g->rounds);
@@ -400,7 +421,10 @@ int bench_summary_write(FILE *f, const BenchDecode *d, int nd, const BenchRound 
         put_num(f, "%.1f%%", g->n_x1 ? 100.0 * g->n_x1_true / g->n_x1 : NAN);
         fputs(" |\n", f);
     }
+}
 
+static void write_timings(FILE *f, const Analysis *an) {
+    char bb[16];
     fprintf(f, "\n## Median round timings (ms)\n\n");
     fprintf(f, "drafter = draft_ns from the POOL reply; round trip = t_pool_recv - t_grow_sent; "
                "selection = t_select_done - max(t_pool_recv, t_root_end); round = t_commit - "
@@ -408,8 +432,8 @@ int bench_summary_write(FILE *f, const BenchDecode *d, int nd, const BenchRound 
     fprintf(f, "| decoder | T | B | drafter | root pass | tree pass | round trip | selection | "
                "round | graph replays | eager launches |\n"
                "|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for (int k = 0; k < an.ng; k++) {
-        const Group *g = &an.g[k];
+    for (int k = 0; k < an->ng; k++) {
+        const Group *g = &an->g[k];
         fprintf(f, "| %s | %d | %s", g->c.decoder, g->c.temp, budget_str(g->c.budget, bb));
         put_med(f, &g->med[M_DRAFT]);
         put_med(f, &g->med[M_ROOT]);
@@ -419,14 +443,17 @@ int bench_summary_write(FILE *f, const BenchDecode *d, int nd, const BenchRound 
         put_med(f, &g->med[M_ROUND]);
         fprintf(f, " | %" PRId64 " | %" PRId64 " |\n", g->replays, g->eager);
     }
+}
 
+static void write_breakdown(FILE *f, const Analysis *an) {
+    char bb[16];
     fprintf(f, "\n## Mean round breakdown (ms)\n\n| decoder | T | B");
     for (int p = 0; p < BENCH_N_PARTS; p++) fprintf(f, " | %s", bench_part_names[p]);
     fprintf(f, " |\n|---|---|---");
     for (int p = 0; p < BENCH_N_PARTS; p++) fputs("|---", f);
     fputs("|\n", f);
-    for (int k = 0; k < an.ng; k++) {
-        const Group *g = &an.g[k];
+    for (int k = 0; k < an->ng; k++) {
+        const Group *g = &an->g[k];
         fprintf(f, "| %s | %d | %s", g->c.decoder, g->c.temp, budget_str(g->c.budget, bb));
         for (int p = 0; p < BENCH_N_PARTS; p++) {
             fputs(" | ", f);
@@ -434,6 +461,18 @@ int bench_summary_write(FILE *f, const BenchDecode *d, int nd, const BenchRound 
         }
         fputs(" |\n", f);
     }
+}
+
+int bench_summary_write(FILE *f, const BenchDecode *d, int nd, const BenchRound *r, int nr,
+                        RsErr *e) {
+    Analysis an;
+    analysis_build(&an, d, nd, r, nr);
+    write_header(f, &an);
+    write_speeds(f, &an);
+    write_gains(f, &an);
+    write_acceptance(f, &an);
+    write_timings(f, &an);
+    write_breakdown(f, &an);
     analysis_free(&an);
     if (ferror(f)) return rs_err(e, RS_EIO, "cannot write the summary: %s", strerror(errno));
     return RS_OK;
