@@ -81,6 +81,73 @@ static double time_pass(Backend *b, int n, int n_out, int iters, float *logits) 
     return med;
 }
 
+/* Times one model: made on the device, an eager prefill of ctx tokens, then graph vs eager
+ * passes for each n. *logits (pinned host memory) grows to the model's vocabulary. Returns 0
+ * or the exit status (reported). */
+static int time_shape(const Shape *sh, int ctx, int iters, int device, double copy_bw,
+                      float **logits, size_t *logits_cap) {
+    Model *m = NULL;
+    RsErr e = {0};
+    /* random models are made on the device by cuda_ops.create (no host copy) */
+    if (backend_model_load(cuda_backend_ops_get(), sh->spec, &m, &e) != RS_OK) {
+        fprintf(stderr, "rootspec-cuda-bench: %s\n", e.msg);
+        return 2;
+    }
+    size_t need = sizeof(float) * 65 * (size_t)m->cfg.vocab_size;
+    if (need > *logits_cap) {
+        if (*logits) cudaFreeHost(*logits);
+        CUDA_CHECK(cudaMallocHost((void **)logits, need));
+        *logits_cap = need;
+    }
+    BackendParams p = {.kv_capacity = ctx + 128, .max_batch = ctx > 65 ? ctx : 65,
+                       .max_pending = ctx > 65 ? ctx : 65, .threads = 0, .device = device};
+    Backend *b = NULL;
+    uint64_t t0 = rs_now_ns();
+    if (cuda_backend_ops_get()->create(m, &p, &b, &e) != RS_OK) {
+        fprintf(stderr, "rootspec-cuda-bench: %s: %s\n", sh->name, e.msg);
+        return 1;
+    }
+    double wbytes = (double)cuda_backend_weight_bytes(b);
+    printf("\n%s: %.2f GB bf16 weights per pass, created in %.1f s\n", sh->name, wbytes / 1e9,
+           (rs_now_ns() - t0) * 1e-9);
+    /* committed context: one eager prefill */
+    int *tok = (int *)malloc(sizeof(int) * ctx), *pos = (int *)malloc(sizeof(int) * ctx);
+    for (int i = 0; i < ctx; i++) tok[i] = (i * 31 + 7) % m->cfg.vocab_size, pos[i] = i;
+    int last = ctx - 1;
+    t0 = rs_now_ns();
+    if (backend_forward(b, tok, pos, ctx, NULL, &last, 1, *logits, &e) != RS_OK ||
+        backend_kv_commit(b, pos, ctx, &e) != RS_OK) {
+        fprintf(stderr, "rootspec-cuda-bench: prefill: %s\n", e.msg);
+        return 1;
+    }
+    printf("prefill %d tokens (eager): %.2f ms\n", ctx, (rs_now_ns() - t0) * 1e-6);
+    printf("%4s  %10s %10s %8s  %10s %8s  %12s\n", "n", "graph ms", "eager ms", "speedup",
+           "weight GB/s", "of copy", "graph ms n_out=1");
+    const int ns[4] = {1, 9, 60, 65};
+    for (int k = 0; k < 4; k++) {
+        int n = ns[k];
+        cuda_backend_set_graphs(b, 1);
+        double tg = time_pass(b, n, n, iters, *logits);
+        double tg1 = time_pass(b, n, 1, iters, *logits);
+        cuda_backend_set_graphs(b, 0);
+        double te = time_pass(b, n, n, iters, *logits);
+        double bw = wbytes / (tg1 * 1e-3);
+        printf("%4d  %10.3f %10.3f %7.2fx  %10.0f %7.1f%%  %12.3f\n", n, tg, te, te / tg,
+               bw / 1e9, 100.0 * bw / copy_bw, tg1);
+        printf("BENCH model=%s n=%d graph_ms=%.4f eager_ms=%.4f graph_nout1_ms=%.4f "
+               "weight_GBps=%.1f copy_GBps=%.1f share=%.3f\n",
+               sh->tag, n, tg, te, tg1, bw / 1e9, copy_bw / 1e9,
+               bw / copy_bw);
+    }
+    printf("graph replays %llu, eager launches %llu, captures %llu\n",
+           (unsigned long long)b->n_graph_replays, (unsigned long long)b->n_eager_launches,
+           (unsigned long long)cuda_backend_n_captures(b));
+    free(tok), free(pos);
+    backend_destroy(&b);
+    model_free(&m);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int iters = 20, ctx = 512, device = 0, copy_mib = 2048;
     const char *only = NULL, *model_spec = NULL;
@@ -125,67 +192,9 @@ int main(int argc, char **argv) {
     float *logits = NULL;
     size_t logits_cap = 0;
     for (size_t si = 0; si < n_shapes; si++) {
-        const Shape *sh = &shapes[si];
-        if (only && !strstr(sh->name, only)) continue;
-        Model *m = NULL;
-        RsErr e = {0};
-        /* random models are made on the device by cuda_ops.create (no host copy) */
-        if (backend_model_load(cuda_backend_ops_get(), sh->spec, &m, &e) != RS_OK) {
-            fprintf(stderr, "rootspec-cuda-bench: %s\n", e.msg);
-            return 2;
-        }
-        size_t need = sizeof(float) * 65 * (size_t)m->cfg.vocab_size;
-        if (need > logits_cap) {
-            if (logits) cudaFreeHost(logits);
-            CUDA_CHECK(cudaMallocHost((void **)&logits, need));
-            logits_cap = need;
-        }
-        BackendParams p = {.kv_capacity = ctx + 128, .max_batch = ctx > 65 ? ctx : 65,
-                           .max_pending = ctx > 65 ? ctx : 65, .threads = 0, .device = device};
-        Backend *b = NULL;
-        uint64_t t0 = rs_now_ns();
-        if (cuda_backend_ops_get()->create(m, &p, &b, &e) != RS_OK) {
-            fprintf(stderr, "rootspec-cuda-bench: %s: %s\n", sh->name, e.msg);
-            return 1;
-        }
-        double wbytes = (double)cuda_backend_weight_bytes(b);
-        printf("\n%s: %.2f GB bf16 weights per pass, created in %.1f s\n", sh->name, wbytes / 1e9,
-               (rs_now_ns() - t0) * 1e-9);
-        /* committed context: one eager prefill */
-        int *tok = (int *)malloc(sizeof(int) * ctx), *pos = (int *)malloc(sizeof(int) * ctx);
-        for (int i = 0; i < ctx; i++) tok[i] = (i * 31 + 7) % m->cfg.vocab_size, pos[i] = i;
-        int last = ctx - 1;
-        t0 = rs_now_ns();
-        if (backend_forward(b, tok, pos, ctx, NULL, &last, 1, logits, &e) != RS_OK ||
-            backend_kv_commit(b, pos, ctx, &e) != RS_OK) {
-            fprintf(stderr, "rootspec-cuda-bench: prefill: %s\n", e.msg);
-            return 1;
-        }
-        printf("prefill %d tokens (eager): %.2f ms\n", ctx, (rs_now_ns() - t0) * 1e-6);
-        printf("%4s  %10s %10s %8s  %10s %8s  %12s\n", "n", "graph ms", "eager ms", "speedup",
-               "weight GB/s", "of copy", "graph ms n_out=1");
-        const int ns[4] = {1, 9, 60, 65};
-        for (int k = 0; k < 4; k++) {
-            int n = ns[k];
-            cuda_backend_set_graphs(b, 1);
-            double tg = time_pass(b, n, n, iters, logits);
-            double tg1 = time_pass(b, n, 1, iters, logits);
-            cuda_backend_set_graphs(b, 0);
-            double te = time_pass(b, n, n, iters, logits);
-            double bw = wbytes / (tg1 * 1e-3);
-            printf("%4d  %10.3f %10.3f %7.2fx  %10.0f %7.1f%%  %12.3f\n", n, tg, te, te / tg,
-                   bw / 1e9, 100.0 * bw / copy_bw, tg1);
-            printf("BENCH model=%s n=%d graph_ms=%.4f eager_ms=%.4f graph_nout1_ms=%.4f "
-                   "weight_GBps=%.1f copy_GBps=%.1f share=%.3f\n",
-                   sh->tag, n, tg, te, tg1, bw / 1e9, copy_bw / 1e9,
-                   bw / copy_bw);
-        }
-        printf("graph replays %llu, eager launches %llu, captures %llu\n",
-               (unsigned long long)b->n_graph_replays, (unsigned long long)b->n_eager_launches,
-               (unsigned long long)cuda_backend_n_captures(b));
-        free(tok), free(pos);
-        backend_destroy(&b);
-        model_free(&m);
+        if (only && !strstr(shapes[si].name, only)) continue;
+        int st = time_shape(&shapes[si], ctx, iters, device, copy_bw, &logits, &logits_cap);
+        if (st) return st;
     }
     printf("\n(the pipelined two-process timing is tools/pipeline-timing.sh)\n");
     if (logits) cudaFreeHost(logits);
