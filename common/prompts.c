@@ -71,9 +71,9 @@ static int has_nul_escape(const char *s, size_t n) {
     return 0;
 }
 
-/* Parses one non-blank line into *bp. Returns RS_OK or RS_EFORMAT with the reason. */
-static int parse_line(const char *path, int lineno, const char *line, size_t len,
-                      Prompt *bp, RsErr *e) {
+/* Parses one line as exactly one JSON object (valid UTF-8, no NUL, nothing after it). */
+static int line_object(const char *path, int lineno, const char *line, size_t len, cJSON **out,
+                       RsErr *e) {
     long bad = prompts_utf8_invalid_at(line, len);
     if (bad >= 0)
         return rs_err(e, RS_EFORMAT, "%s:%d: invalid UTF-8 at byte %ld of the line", path,
@@ -96,75 +96,82 @@ static int parse_line(const char *path, int lineno, const char *line, size_t len
             return rs_err(e, RS_EFORMAT, "%s:%d: trailing data after the JSON object", path,
                           lineno);
         }
-    int rc = RS_OK;
     if (!cJSON_IsObject(j)) {
-        rc = rs_err(e, RS_EFORMAT, "%s:%d: line is not a JSON object", path, lineno);
-        goto done;
+        cJSON_Delete(j);
+        return rs_err(e, RS_EFORMAT, "%s:%d: line is not a JSON object", path, lineno);
     }
+    *out = j;
+    return RS_OK;
+}
+
+/* The prompt text and id of either format (*id is NULL for a HumanEval line without one). */
+static int prompt_fields(const char *path, int lineno, const cJSON *j, const cJSON **text,
+                         const cJSON **id, RsErr *e) {
     const cJSON *turns = cJSON_GetObjectItemCaseSensitive(j, "turns");
     const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(j, "prompt");
-    const cJSON *text = NULL, *id = NULL;
     if (turns) {
         if (!cJSON_IsArray(turns) || cJSON_GetArraySize(turns) < 1 ||
-            !cJSON_IsString(cJSON_GetArrayItem(turns, 0))) {
-            rc = rs_err(e, RS_EFORMAT, "%s:%d: \"turns\" must be an array whose first element "
-                        "is a string", path, lineno);
-            goto done;
-        }
-        text = cJSON_GetArrayItem(turns, 0);
-        id = cJSON_GetObjectItemCaseSensitive(j, "question_id");
-        if (!id) {
-            rc = rs_err(e, RS_EFORMAT, "%s:%d: Spec-Bench line without \"question_id\"", path,
-                        lineno);
-            goto done;
-        }
+            !cJSON_IsString(cJSON_GetArrayItem(turns, 0)))
+            return rs_err(e, RS_EFORMAT, "%s:%d: \"turns\" must be an array whose first element "
+                          "is a string", path, lineno);
+        *text = cJSON_GetArrayItem(turns, 0);
+        *id = cJSON_GetObjectItemCaseSensitive(j, "question_id");
+        if (!*id)
+            return rs_err(e, RS_EFORMAT, "%s:%d: Spec-Bench line without \"question_id\"", path,
+                          lineno);
     } else if (prompt) {
-        if (!cJSON_IsString(prompt)) {
-            rc = rs_err(e, RS_EFORMAT, "%s:%d: \"prompt\" must be a string", path, lineno);
-            goto done;
-        }
-        text = prompt;
-        id = cJSON_GetObjectItemCaseSensitive(j, "task_id");
+        if (!cJSON_IsString(prompt))
+            return rs_err(e, RS_EFORMAT, "%s:%d: \"prompt\" must be a string", path, lineno);
+        *text = prompt;
+        *id = cJSON_GetObjectItemCaseSensitive(j, "task_id");
     } else {
-        rc = rs_err(e, RS_EFORMAT, "%s:%d: neither \"turns\" (Spec-Bench) nor \"prompt\" "
-                    "(HumanEval) present", path, lineno);
-        goto done;
+        return rs_err(e, RS_EFORMAT, "%s:%d: neither \"turns\" (Spec-Bench) nor \"prompt\" "
+                      "(HumanEval) present", path, lineno);
     }
-    if (text->valuestring[0] == 0) {
-        rc = rs_err(e, RS_EFORMAT, "%s:%d: empty prompt", path, lineno);
-        goto done;
-    }
+    if ((*text)->valuestring[0] == 0)
+        return rs_err(e, RS_EFORMAT, "%s:%d: empty prompt", path, lineno);
     /* cJSON decodes \u escapes itself; a lone surrogate escape must not slip through. */
-    if (prompts_utf8_invalid_at(text->valuestring, strlen(text->valuestring)) >= 0) {
-        rc = rs_err(e, RS_EFORMAT, "%s:%d: prompt decodes to invalid UTF-8", path, lineno);
-        goto done;
-    }
-    memset(bp, 0, sizeof *bp);
-    bp->line = lineno;
+    if (prompts_utf8_invalid_at((*text)->valuestring, strlen((*text)->valuestring)) >= 0)
+        return rs_err(e, RS_EFORMAT, "%s:%d: prompt decodes to invalid UTF-8", path, lineno);
+    return RS_OK;
+}
+
+/* The id as text: an integer, a string of the allowed characters, or "lineN" when absent. */
+static int prompt_id(const char *path, int lineno, const cJSON *id, char out[PROMPT_ID_MAX],
+                     RsErr *e) {
     if (!id) {
-        snprintf(bp->id, sizeof bp->id, "line%d", lineno);
+        snprintf(out, PROMPT_ID_MAX, "line%d", lineno);
     } else if (cJSON_IsNumber(id)) {
         double v = id->valuedouble;
-        if (v != floor(v) || fabs(v) > 9007199254740992.0) {
-            rc = rs_err(e, RS_EFORMAT, "%s:%d: id %g is not an integer", path, lineno, v);
-            goto done;
-        }
-        snprintf(bp->id, sizeof bp->id, "%.0f", v);
+        if (v != floor(v) || fabs(v) > 9007199254740992.0)
+            return rs_err(e, RS_EFORMAT, "%s:%d: id %g is not an integer", path, lineno, v);
+        snprintf(out, PROMPT_ID_MAX, "%.0f", v);
     } else if (cJSON_IsString(id)) {
-        if (!id_valid(id->valuestring)) {
-            rc = rs_err(e, RS_EFORMAT, "%s:%d: id \"%.80s\" must be 1-63 characters of "
-                        "[A-Za-z0-9_./:+-]", path, lineno, id->valuestring);
-            goto done;
-        }
-        snprintf(bp->id, sizeof bp->id, "%s", id->valuestring);
+        if (!id_valid(id->valuestring))
+            return rs_err(e, RS_EFORMAT, "%s:%d: id \"%.80s\" must be 1-63 characters of "
+                          "[A-Za-z0-9_./:+-]", path, lineno, id->valuestring);
+        snprintf(out, PROMPT_ID_MAX, "%s", id->valuestring);
     } else {
-        rc = rs_err(e, RS_EFORMAT, "%s:%d: id must be a number or a string", path, lineno);
-        goto done;
+        return rs_err(e, RS_EFORMAT, "%s:%d: id must be a number or a string", path, lineno);
     }
-    const cJSON *cat = cJSON_GetObjectItemCaseSensitive(j, "category");
-    bp->category = xstrdup(cJSON_IsString(cat) ? cat->valuestring : "");
-    bp->text = xstrdup(text->valuestring);
-done:
+    return RS_OK;
+}
+
+/* Parses one non-blank line into *bp. Returns RS_OK or RS_EFORMAT with the reason. */
+static int parse_line(const char *path, int lineno, const char *line, size_t len,
+                      Prompt *bp, RsErr *e) {
+    cJSON *j = NULL;
+    int rc = line_object(path, lineno, line, len, &j, e);
+    if (rc) return rc;
+    const cJSON *text = NULL, *id = NULL;
+    memset(bp, 0, sizeof *bp);
+    bp->line = lineno;
+    if (!(rc = prompt_fields(path, lineno, j, &text, &id, e)) &&
+        !(rc = prompt_id(path, lineno, id, bp->id, e))) {
+        const cJSON *cat = cJSON_GetObjectItemCaseSensitive(j, "category");
+        bp->category = xstrdup(cJSON_IsString(cat) ? cat->valuestring : "");
+        bp->text = xstrdup(text->valuestring);
+    }
     cJSON_Delete(j);
     return rc;
 }
