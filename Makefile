@@ -35,7 +35,7 @@ main_bench_objs = $(if $(filter $(BENCH_DIR)/%,$(1)),$(2))
 # target_proc/target_main.c -> build/rootspec-target
 BINS := $(foreach m,$(MAIN_SRCS),build/rootspec-$(patsubst %_main.c,%,$(notdir $(m))))
 
-.PHONY: all test test-bin setup run cuda clean fuzz bench-micro gpu-bundle
+.PHONY: all test test-bin check-repo setup run cuda clean fuzz bench-micro gpu-bundle
 all: $(BINS)
 
 build/obj/%.o: %.c
@@ -81,8 +81,12 @@ build/rootspec-tests: $(TEST_OBJS) build/librootspec-bench-san.a build/librootsp
 
 test-bin: build/rootspec-tests $(BINS)
 
+# Repository checks (documentation pointers, layering): a second, no build needed.
+check-repo:
+	bash tests/check_repo.sh
+
 # ASAN_OPTIONS: openblas threads and check's fork mode are fine with leak checks on.
-test: test-bin $(DEFAULT_MODEL)
+test: check-repo test-bin $(DEFAULT_MODEL)
 	OPENBLAS_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
 	UBSAN_OPTIONS=print_stacktrace=1 ./build/rootspec-tests
 

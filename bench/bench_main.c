@@ -1,4 +1,4 @@
-/* rootspec-bench: the SPEC §6 timing protocol. Runs every prompt of a prompt file through
+/* rootspec-bench: the DESIGN.md §6 timing protocol. Runs every prompt of a prompt file through
  * every decoder x T x B combination (plus an AR baseline per T) in the seeded, rotated order
  * of bench_plan_make, logs every round (rounds.jsonl) and every decode (decodes.csv), and
  * ends with bench_analyze so summary.md and the plots come from the same code as --analyze.
@@ -36,9 +36,10 @@ static void usage(FILE *f) {
             "       rootspec-bench --resume DIR\n"
             "       rootspec-bench --analyze DIR\n"
             "\n"
-            "Runs the SPEC section 6 timing protocol: warm-up decodes on the first prompts, then\n"
-            "every prompt runs every decoder x T x B combination (and an AR baseline per T) once,\n"
-            "in an order rotated by the prompt's position in a seeded shuffle.\n"
+            "Runs the timing protocol of docs/DESIGN.md §6: warm-up decodes on the first\n"
+            "prompts, then every prompt runs every decoder x T x B combination (and an AR\n"
+            "baseline per T) once, in an order rotated by the prompt's position in a seeded\n"
+            "shuffle.\n"
             "\n"
             "  --model PATH          target model: GGUF file or Hugging Face directory\n"
             "  --draft-model PATH    drafter model sharing the target's tokenizer\n"
@@ -57,9 +58,10 @@ static void usage(FILE *f) {
             "                        (default draft,pearl,rootdraw,root)\n"
             "  --temps LIST          comma list of 0 (greedy) and 1 (sampling) (default 0,1)\n"
             "  --budgets LIST        comma list of tree budgets B in 1..%d (default 8,59)\n"
-            "  --no-ar               no autoregressive baseline: exactly SPEC §6's 16 combinations\n"
-            "                        (default: one AR decode per T joins each prompt's rotation,\n"
-            "                        18 in all, for every decoder's speedup over AR)\n"
+            "  --no-ar               no autoregressive baseline: exactly the 16 combinations of\n"
+            "                        docs/DESIGN.md §6 (default: one AR decode per T joins\n"
+            "                        each prompt's rotation, 18 in all, for every decoder's\n"
+            "                        speedup over AR)\n"
             "  --warmup N            prompts whose combinations run once first, unlogged\n"
             "                        (default 2)\n"
             "  --seed S              plan shuffle and sampling seed (default 1); each decode uses\n"

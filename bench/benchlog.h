@@ -1,5 +1,5 @@
 /* Benchmark output files and their readers (for --analyze and --resume):
- *   rounds.jsonl: one JSON object per round with every SPEC §6 field;
+ *   rounds.jsonl: one JSON object per round with every DESIGN.md §6 field;
  *   decodes.csv:  one row per decode.
  * Writers emit each record as one line ending in '\n' and flush it, so the newline marks a
  * complete record: readers ignore a final line without one (an interrupted write). */

@@ -1,4 +1,4 @@
-/* Benchmark statistics (SPEC §6): the run plan (seeded prompt shuffle and per-prompt
+/* Benchmark statistics (DESIGN.md §6): the run plan (seeded prompt shuffle and per-prompt
  * rotation of the decoder/T/B combinations), decode and run speeds, and the paired
  * bootstrap over prompts for gains and speedups. Independent of any decoder. */
 #ifndef ROOTSPEC_BENCH_STATS_H
@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define BENCH_DEC_MAX 16          /* decoder name buffer */
-#define BENCH_RESAMPLES 2000      /* bootstrap resamples (SPEC §6) */
+#define BENCH_RESAMPLES 2000      /* bootstrap resamples (DESIGN.md §6) */
 #define BENCH_BOOT_SEED 0x5eedb007ull /* fixed, so --analyze reproduces summary.md */
 
 /* One benchmark setting. AR decodes use budget 0. */
@@ -17,9 +17,9 @@ typedef struct {
     int budget;                  /* B; 0 for "ar" */
 } BenchCombo;
 
-/* The SPEC's 16 combinations {draft,pearl,rootdraw,root} x T {0,1} x B {8,59}, decoder-major
- * (then T, then B); with_ar appends ("ar", 0, 0) and ("ar", 1, 0). Returns the count written
- * (16 or 18); cap must be >= that. */
+/* The 16 combinations of DESIGN.md §6, {draft,pearl,rootdraw,root} x T {0,1} x B {8,59},
+ * decoder-major (then T, then B); with_ar appends ("ar", 0, 0) and ("ar", 1, 0). Returns
+ * the count written (16 or 18); cap must be >= that. */
 int bench_combos_default(BenchCombo *out, int cap, int with_ar);
 /* Cross product of comma lists, e.g. ("ar,draft,root", "0,1", "8,59"): decoder-major; "ar"
  * appears once per T with budget 0. Temps must be 0 or 1, budgets 1..64, decoder names
@@ -50,7 +50,7 @@ typedef struct {
 /* Shuffles prompts with Fisher-Yates driven by rng_seed(seed); the prompt at position k
  * runs combinations (k + j) mod n_combos for j = 0..n_combos-1. Warm-up: the prompts at
  * positions 0..n_warmup-1 first run every combination once more, in the same rotated order,
- * flagged warmup (SPEC §6 uses n_warmup = 2; capped at n_prompts). */
+ * flagged warmup (DESIGN.md §6 uses n_warmup = 2; capped at n_prompts). */
 BenchPlan *bench_plan_make(int n_prompts, int n_combos, int n_warmup, uint64_t seed);
 void bench_plan_free(BenchPlan **p);
 

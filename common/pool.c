@@ -1,4 +1,4 @@
-/* Pool validation and ranking (SPEC §2). pool_finalize() is the one gate every pool passes
+/* Pool validation and ranking (DESIGN.md §2). pool_finalize() is the one gate every pool passes
  * before selection: the drafter's pools arrive over the wire, so nothing in them is
  * trusted until it has been checked here. */
 #include "pool.h"

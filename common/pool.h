@@ -1,4 +1,4 @@
-/* The drafter's candidate pool (SPEC §2) and the trees selected from it (SPEC §3).
+/* The drafter's candidate pool (DESIGN.md §2) and the trees selected from it (DESIGN.md §3).
  * Shared by draft_proc (which grows it), proto (which ships it) and target_proc (which
  * selects and verifies). Pool index = creation order; parent -1 = the root. */
 #ifndef ROOTSPEC_POOL_H
@@ -49,7 +49,7 @@ int pool_finalize(Pool *p, int vocab_size);
  * vocab_size <= 0 skips the upper bound on token ids. (Added by the proto module.) */
 int pool_finalize_err(Pool *p, int vocab_size, RsErr *e);
 
-/* Ranking (SPEC §2): score desc, depth asc, pool index asc. Returns <0 if a before b. */
+/* Ranking (DESIGN.md §2): score desc, depth asc, pool index asc. Returns <0 if a before b. */
 int pool_rank_cmp(const Pool *p, int a, int b);
 
 #endif

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Starts a drafter process and a target process that talk over ZeroMQ (SPEC §5).
+# Starts a drafter process and a target process that talk over ZeroMQ (DESIGN.md §5).
 #   CPU:  drafter pinned to core 1, target to core 0 (taskset), over ipc:// by default.
 #   CUDA: drafter on CUDA_VISIBLE_DEVICES=1, target on CUDA_VISIBLE_DEVICES=0 (override with
 #         DRAFT_GPU / TARGET_GPU, e.g. DRAFT_GPU=0 to share one GPU).

@@ -1,6 +1,6 @@
 /* The one drafter interface (ggml style: an opaque handle and functions here, the ops table
  * in draft_proc/drafter_impl.h, which only implementations include). A drafter keeps the
- * committed context of one decode and grows the candidate pool (SPEC §2) below its newest
+ * committed context of one decode and grows the candidate pool (DESIGN.md §2) below its newest
  * token. The target's decode loop, rootspec-draft's server and the tests hold a Drafter and
  * never ask which kind it is.
  *

@@ -1,5 +1,5 @@
 /* The model kind of Drafter (a drafter model of its own, or a layer subset of the target).
- * Pool growth, exactly SPEC §2: the commit pass gives 10 depth-1 candidates; 7 expansion
+ * Pool growth, exactly DESIGN.md §2: the commit pass gives 10 depth-1 candidates; 7 expansion
  * passes of 10 nodes each (all of depth 1, then the 10 best new candidates of each of
  * depths 2..7) add 100 candidates per depth 2..8: 710 candidates, 70 expanded, 8 passes
  * in all counting the commit pass. Expanded nodes stay pending in the drafter's KV cache

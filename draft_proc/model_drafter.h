@@ -1,5 +1,5 @@
 /* The model kind of Drafter (draft_proc/drafter.h): a transformer run on its own backend
- * with a static KV cache of the committed tokens, growing the EAGLE-3-shaped pool (SPEC §2)
+ * with a static KV cache of the committed tokens, growing the EAGLE-3-shaped pool (DESIGN.md §2)
  * with one commit pass and 7 tree-masked expansion passes. Its two constructors are the
  * separate drafter model and the self-drafter (a layer subset of the target). Growth runs
  * synchronously inside drafter_grow_begin; wrap it with drafter_threaded_create to overlap

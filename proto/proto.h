@@ -77,7 +77,7 @@ typedef enum {
 } ProtoType;
 
 /* Capability bits (HELLO / HELLO_OK). */
-#define PROTO_CAP_POOL_V1 (1u << 0) /* grows EAGLE-3-shaped pools (SPEC §2) */
+#define PROTO_CAP_POOL_V1 (1u << 0) /* grows EAGLE-3-shaped pools (DESIGN.md §2) */
 #define PROTO_CAP_CUDA (1u << 1)    /* runs on a CUDA device */
 
 typedef struct {

@@ -1,4 +1,4 @@
-/* Target-side decoding. One round (SPEC §3-§5):
+/* Target-side decoding. One round (DESIGN.md §3-§5):
  *   send the commit to the drafter; [root-pass rules] forward the continuation alone to
  *   get the root row p0 and draw X1; wait for the pool; select a tree; one tree-masked
  *   pass; exhaustive target sampling; keep root + accepted path in the KV cache.
@@ -25,7 +25,7 @@ struct Target {
     int *tmp_keep;     // (PREFILL_CHUNK)
     Pool *pool;
     /* Time spent on measurements that are not decoding (tau, root_margin) in this decode;
-     * dec_now() leaves it off the round timestamps and the decode's time (SPEC §6 speed). */
+     * dec_now() leaves it off the round timestamps and the decode's time (DESIGN.md §6 speed). */
     uint64_t clock_skip;
 };
 
@@ -255,7 +255,7 @@ static double selection_tau(Target *t, const Pass *ps, const Selection *s, const
 }
 
 /* score_all: the tau of every rule's tree for this round's pool and X1, and the oracle's
- * (SPEC §3), whose B-set is chosen from every candidate's target path probability. Needs
+ * (DESIGN.md §3), whose B-set is chosen from every candidate's target path probability. Needs
  * a pass that holds the expanded nodes (pass_add_expanded). */
 static void score_rules(Target *t, const Pass *ps, int B, int x1, const float *root_row,
                         int with_root, int temp, const double *stat_root, double *stat_slot,
@@ -478,7 +478,7 @@ int decode_run(Target *t, Drafter *dc, const int *prompt, int n_prompt, const De
                 if (rc) goto out;
                 ri.t_tree_end = dec_now(t);
                 if (with_root) root_row = t->rows;
-                /* tau is an offline measure of the tree (SPEC §4), not part of decoding */
+                /* tau is an offline measure of the tree (DESIGN.md §4), not part of decoding */
                 OFF_CLOCK(t, {
                     double stat_root = row_stat(root_row, V, o->temp);
                     for (int i = 0; i < ps->n; i++) stat_slot[i] = NAN;

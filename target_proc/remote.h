@@ -1,5 +1,5 @@
 /* The remote kind of Drafter (draft_proc/drafter.h): a rootspec-draft process over ZeroMQ
- * (SPEC §5, proto/PROTOCOL.md). */
+ * (DESIGN.md §5, proto/PROTOCOL.md). */
 #ifndef ROOTSPEC_REMOTE_H
 #define ROOTSPEC_REMOTE_H
 #include "common/model.h"

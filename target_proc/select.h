@@ -1,4 +1,4 @@
-/* Tree selection rules (SPEC §3) and expected acceptance tau (SPEC §4). Pure functions
+/* Tree selection rules (DESIGN.md §3) and expected acceptance tau (DESIGN.md §4). Pure functions
  * over a finalized Pool: no model, no I/O, so properties are testable on random pools. */
 #ifndef ROOTSPEC_SELECT_H
 #define ROOTSPEC_SELECT_H
@@ -56,7 +56,7 @@ double tree_tau(const Selection *s, const double *trans);
  * k1 (a root-row tree: root selection draws X1 before its tree pass): X1 counts 1, plus the
  * path mass of k1's descendants measured from X1. Averaged over X1 ~ p0 (0 when X1 lies off
  * the first level) it is tree_tau, and unlike tree_tau it is known in a round that skips
- * the tree pass, so a mean over every round matches realised acceptance (SPEC §4). */
+ * the tree pass, so a mean over every round matches realised acceptance (DESIGN.md §4). */
 double tree_tau_given_x1(const Selection *s, const double *trans, int k1);
 
 #endif

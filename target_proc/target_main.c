@@ -37,7 +37,7 @@ static void usage(FILE *f) {
             "  --draft-timeout-ms N  remote drafter reply timeout (default 10000)\n"
             "  --insecure            allow plain tcp:// to the drafter (no CURVE)\n"
             "  --curve-dir DIR       CURVE key files for tcp:// (rootspec-draft --gen-keys DIR;\n"
-            "                        docs/DESIGN.md section 8)\n"
+            "                        docs/DESIGN.md §8)\n"
             "  --log-rounds FILE     append one JSON object per round to FILE\n"
             "  --score-all-rules     offline scoring: each round's tree pass also covers the 70\n"
             "                        expanded pool nodes, so the round log gets the expected\n"
@@ -88,7 +88,7 @@ static void on_round(void *u, const RoundInfo *r) {
 }
 
 /* --score-all-rules: mean tau of each rule's tree over the scored rounds. Pearl's and
- * rootdraw's are taken given X1, which counts 1 (SPEC §3), so they are compared with each
+ * rootdraw's are taken given X1, which counts 1 (DESIGN.md §3), so they are compared with each
  * other (the paper's offline comparison); draft's, root's and the oracle's start at the
  * root row, so the oracle bounds those two. */
 static void scores_print(FILE *f, const Sink *s) {

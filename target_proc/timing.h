@@ -1,5 +1,5 @@
 /* Per-round timing summary printed by rootspec-target (`make run`): medians of the phases
- * of SPEC §6 and the share of the root pass hidden behind drafting. */
+ * of DESIGN.md §6 and the share of the root pass hidden behind drafting. */
 #ifndef ROOTSPEC_TIMING_H
 #define ROOTSPEC_TIMING_H
 #include "decode.h"

@@ -16,7 +16,7 @@
 
 /* ------------------------------------------------------------ fixtures */
 
-/* EAGLE-3-shaped synthetic pool (SPEC §2): 10 depth-1 nodes, all expanded; at depth
+/* EAGLE-3-shaped synthetic pool (DESIGN.md §2): 10 depth-1 nodes, all expanded; at depth
  * d >= 2 the expanded nodes are child j of the j-th expanded parent (start + 11 j). Values
  * are exact in float32 so that Python rebuilds the same bytes (tools/proto_client.py). */
 static void make_pool(Pool *p) {
@@ -345,7 +345,7 @@ START_TEST(test_pool_rank_cmp) {
         for (int b = 0; b < 5; b++)
             if (a != b) ck_assert_int_eq(pool_rank_cmp(&p, a, b), -pool_rank_cmp(&p, b, a));
     }
-    /* On the full pool, every prefix of the ranking is ancestor-closed (SPEC §2). */
+    /* On the full pool, every prefix of the ranking is ancestor-closed (DESIGN.md §2). */
     static Pool f;
     make_pool(&f);
     ck_assert_int_eq(pool_finalize(&f, 49152), 0);

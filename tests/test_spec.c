@@ -248,7 +248,7 @@ START_TEST(test_tree_properties) {
     for (int round = 0; round < 30; round++) {
         toks[0] = (int)(rng_next(&r) % 50);
         ck_assert_msg(drafter_commit_grow(d, toks, round == 0 ? 4 : 1, pl, &e) == 0, "%s", e.msg);
-        /* SPEC §2 counts */
+        /* DESIGN.md §2 counts */
         ck_assert_int_eq(pl->n, POOL_MAX);
         ck_assert_int_eq(pl->n_expanded, POOL_N_EXPANDED);
         int per_depth[POOL_MAX_DEPTH + 1] = {0}, expanded = 0;
@@ -342,7 +342,7 @@ START_TEST(test_tree_properties) {
 END_TEST
 
 
-/* ---- pool shape (SPEC §2) and the oracle (SPEC §3) ---- */
+/* ---- pool shape (DESIGN.md §2) and the oracle (DESIGN.md §3) ---- */
 
 /* The CPU backend with every forward() recorded, to count the drafter's passes. */
 static int g_fwd_n, g_fwd_tokens[32];
@@ -360,7 +360,7 @@ static int counting_forward(Backend *b, const int *tokens, const int *pos, int n
     return cpu_backend_ops.forward(b, tokens, pos, n, mask, out_rows, n_out, logits, e);
 }
 
-/* SPEC §2: the commit pass, then 7 passes of 10 tokens (all 10 depth-1 candidates, then the
+/* DESIGN.md §2: the commit pass, then 7 passes of 10 tokens (all 10 depth-1 candidates, then the
  * 10 best new candidates by draft score after each of steps 1..6): 8 passes counting the
  * commit pass, 70 expanded; the expanded nodes of each depth are exactly its top 10 by
  * score (ties by pool index), none at depth 8; between rounds the drafter's KV cache holds
@@ -503,7 +503,7 @@ START_TEST(test_realised_vs_tau) {
 END_TEST
 
 
-/* ---- round-level SPEC checks: stop rule, X1, root skip, KV contents, pool shape ---- */
+/* ---- round-level checks of DESIGN.md: stop rule, X1, root skip, KV contents, pool shape ---- */
 
 typedef struct {
     int max_new, rounds, total, after_limit, max_emit, bad;
@@ -515,7 +515,7 @@ typedef struct {
 
 static void round_check(void *u, const RoundInfo *r) {
     RoundLog *s = u;
-    /* SPEC §6: no round starts once the output has reached the limit */
+    /* DESIGN.md §6: no round starts once the output has reached the limit */
     if (s->total >= s->max_new) s->after_limit++;
     s->total += r->emitted;
     s->last_emit = r->emitted;
@@ -523,7 +523,7 @@ static void round_check(void *u, const RoundInfo *r) {
     if (r->emitted > s->max_emit) s->max_emit = r->emitted;
 #define BAD(...) do { if (!s->bad) snprintf(s->why, sizeof s->why, __VA_ARGS__); s->bad++; } while (0)
     if (r->fallback_ar) BAD("round %d fell back to AR", r->round);
-    /* SPEC §4: the round emits accepted tokens + the continuation */
+    /* DESIGN.md §4: the round emits accepted tokens + the continuation */
     if (r->emitted != r->accepted + 1) BAD("round %d: emitted %d, accepted %d", r->round, r->emitted, r->accepted);
     if (s->rule == RULE_AR) return;
     if (r->tree_size < 1 || r->tree_size > s->B) BAD("round %d: tree size %d", r->round, r->tree_size);
@@ -538,7 +538,7 @@ static void round_check(void *u, const RoundInfo *r) {
         BAD("round %d: no root pass", r->round);
     }
     if (rooted) {
-        /* SPEC §3: X1 counts as one accepted token; off the first level: X1 alone */
+        /* DESIGN.md §3: X1 counts as one accepted token; off the first level: X1 alone */
         if (r->accepted < 1) BAD("round %d: X1 not counted as accepted", r->round);
         if (r->x1_in_pool != 0 && r->x1_in_pool != 1) BAD("round %d: x1_in_pool %d", r->round, r->x1_in_pool);
         if (r->x1_in_pool == 0 && r->tree_size != 1) BAD("round %d: X1 off the pool, tree %d", r->round, r->tree_size);
@@ -547,7 +547,7 @@ static void round_check(void *u, const RoundInfo *r) {
     }
     if (s->rule == RULE_ROOT) {
         if (r->tree_size != s->B) BAD("root round %d: tree size %d", r->round, r->tree_size);
-        /* SPEC §3: X1 off the tree's first level is the continuation, no tree pass */
+        /* DESIGN.md §3: X1 off the tree's first level is the continuation, no tree pass */
         if (r->tree_pass_skipped) {
             s->skips++;
             if (r->t_tree_start || r->emitted != 1 || r->accepted != 0)
@@ -581,10 +581,10 @@ static int decode_logged(Pair *p, Target *t, Rule rule, int B, int temp, uint64_
     return r->n_tokens;
 }
 
-/* SPEC §6 stop rule: a decode stops after the round in which its output reaches the limit
+/* DESIGN.md §6 stop rule: a decode stops after the round in which its output reaches the limit
  * (so at most limit - 1 + 9 tokens: 8 accepted + the continuation), never earlier, and no
  * round starts after it; the output is not cut back to the limit.
- * SPEC §4/§2 KV contents: the target keeps root + accepted path (its committed context is
+ * DESIGN.md §4/§2 KV contents: the target keeps root + accepted path (its committed context is
  * the prompt and the output minus the final continuation), the drafter keeps only
  * committed tokens (every round's tokens but the last, which it is never sent). */
 START_TEST(test_stop_rule_and_kv) {
@@ -629,7 +629,7 @@ START_TEST(test_stop_rule_and_kv) {
 }
 END_TEST
 
-/* SPEC §6: stop at the first end-of-sequence token, counting tokens up to (and including)
+/* DESIGN.md §6: stop at the first end-of-sequence token, counting tokens up to (and including)
  * it; tokens the round emitted after it are dropped. */
 START_TEST(test_stop_at_first_eos) {
     Pair p;
@@ -694,7 +694,7 @@ START_TEST(test_long_prompt) {
 }
 END_TEST
 
-/* SPEC §3 per-round behaviour with an independent drafter (X1 often off the first level):
+/* DESIGN.md §3 per-round behaviour with an independent drafter (X1 often off the first level):
  * pearl/rootdraw count X1 as accepted and verify X1 alone off the pool; root skips the
  * tree pass exactly when X1 is off its tree's first level, under T=0 and T=1. */
 START_TEST(test_round_rules) {
@@ -725,7 +725,7 @@ START_TEST(test_round_rules) {
 }
 END_TEST
 
-/* SPEC §4: realised acceptance matches tau on average, for the root rule too: it has the
+/* DESIGN.md §4: realised acceptance matches tau on average, for the root rule too: it has the
  * largest gap between rounds (a skipped round accepts nothing). Every round must carry a
  * tau, or a mean over the rounds that have one is biased. */
 START_TEST(test_realised_vs_tau_root) {
@@ -758,7 +758,7 @@ START_TEST(test_realised_vs_tau_root) {
 }
 END_TEST
 
-/* --score-all-rules (SPEC §3's offline oracle): every rule's tau and the oracle's from one
+/* --score-all-rules (DESIGN.md §3's offline oracle): every rule's tau and the oracle's from one
  * pass that also covers the expanded pool nodes. The pool is captured on its way to the
  * target. At T=0 the oracle's tau has an independent value: the length (at most B) of the
  * path through the pool that spells plain greedy decoding's next tokens. At T=1 the oracle

@@ -136,7 +136,7 @@ def decode(buf):
 
 
 def check_pool(body, vocab=0, expect_full=True):
-    """The structural rules of SPEC §2 (and pool_finalize); returns a list of problems."""
+    """The structural rules of DESIGN.md §2 (and pool_finalize); returns a list of problems."""
     n, toks, parents, logq, depths = body[:5]
     bad = []
     if expect_full and n != POOL_MAX:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what rootspec needs on a fresh Debian machine (as root) and fetches the default
-# model (SPEC §7). Idempotent: does nothing when everything is present.
+# model (DESIGN.md §7). Idempotent: does nothing when everything is present.
 #   tools/setup.sh               packages + model
 #   tools/setup.sh --model-only  just the model
 #   tools/setup.sh --packages-only

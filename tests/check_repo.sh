@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Repository checks run by `make test` (fast, no build needed):
+# 1. Documentation pointers a clone can follow: no tracked file cites the specification
+#    that lived outside the repository (../shared/SPEC.md) or a "SPEC §n" section of it,
+#    and every "DESIGN.md §n" names a section that docs/DESIGN.md has. Spec-Bench prompts
+#    under ../shared/data/ are data, not documentation: they stay allowed.
+# 2. Layering: the engine's folders (what rootspec-target and rootspec-draft link) include
+#    nothing from bench/, which is a library of its own for the bench programs and tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+self=tests/check_repo.sh
+design=docs/DESIGN.md
+
+# NUL-separated list of the files to check: tracked files in a git checkout, else every
+# file outside build/ (a source tarball).
+list_files() {
+  if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    git ls-files -z
+  else
+    find . \( -path ./build -o -path ./.git \) -prune -o -type f -print0 | sed -z 's#^\./##'
+  fi
+}
+
+fail=0
+# -I: binary fixtures are not documentation.
+stale=$(list_files | grep -zv -x -e "$self" | xargs -0 grep -InE 'shared/SPEC\.md|SPEC §|SPEC section' -- || true)
+if [ -n "$stale" ]; then
+  echo "check_repo: these lines cite the old SPEC; point them at $design (same section numbers):"
+  echo "$stale"
+  fail=1
+fi
+
+if [ ! -f "$design" ]; then
+  echo "check_repo: $design is missing"
+  exit 1
+fi
+# Every section a file cites ("DESIGN.md §3", "DESIGN.md §3-§5", "DESIGN.md section 8").
+cited=$(list_files | xargs -0 grep -IhoE 'DESIGN(\.md)? (§[0-9]+(-§[0-9]+)?|section [0-9]+)' -- \
+          | grep -oE '[0-9]+' | sort -un || true)
+for n in $cited; do
+  if ! grep -qE "^## $n\. " "$design"; then
+    echo "check_repo: a file cites DESIGN.md §$n, but $design has no section '## $n.':"
+    list_files | xargs -0 grep -InE "DESIGN(\.md)? (§$n\b|§[0-9]+-§$n\b|section $n\b)" -- || true
+    fail=1
+  fi
+done
+
+engine_dirs="common kernels proto draft_proc target_proc"
+up=$(list_files | grep -zE "^($(echo $engine_dirs | tr ' ' '|'))/" \
+       | xargs -0 grep -InE '#[[:space:]]*include[[:space:]]*"(\.\./)?bench/' -- || true)
+if [ -n "$up" ]; then
+  echo "check_repo: the engine ($engine_dirs) must not include bench/ headers:"
+  echo "$up"
+  fail=1
+fi
+
+[ $fail -eq 0 ] && echo "check_repo: OK (no SPEC citations; $(echo $cited | wc -w) DESIGN.md sections cited, all present; the engine includes nothing from bench/)"
+exit $fail
