@@ -6,6 +6,8 @@
 #    under ../shared/data/ are data, not documentation: they stay allowed.
 # 2. Layering: the engine's folders (what rootspec-target and rootspec-draft link) include
 #    nothing from bench/, which is a library of its own for the bench programs and tests.
+# 3. Every repository path a Markdown document names (README.md, docs/, PROTOCOL.md) exists,
+#    so a file that moves takes its documentation with it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 self=tests/check_repo.sh
@@ -54,5 +56,15 @@ if [ -n "$up" ]; then
   fail=1
 fi
 
-[ $fail -eq 0 ] && echo "check_repo: OK (no SPEC citations; $(echo $cited | wc -w) DESIGN.md sections cited, all present; the engine includes nothing from bench/)"
+top='common|kernels|proto|draft_proc|target_proc|bench|deploy|tests|tools|docs'
+for p in $(list_files | grep -z '\.md$' \
+             | xargs -0 grep -ohE "\b($top)/[A-Za-z0-9_./-]*[A-Za-z0-9_/]" -- | sort -u); do
+  if [ ! -e "$p" ]; then
+    echo "check_repo: a document names '$p', which does not exist:"
+    list_files | grep -z '\.md$' | xargs -0 grep -nF -- "$p" || true
+    fail=1
+  fi
+done
+
+[ $fail -eq 0 ] && echo "check_repo: OK (no SPEC citations; $(echo $cited | wc -w) DESIGN.md sections cited, all present; the engine includes nothing from bench/; every path the documents name exists)"
 exit $fail
