@@ -48,7 +48,7 @@ int eagle3_commit(Eagle3Runner *r, const int *tokens, const float *feats, int n,
 int eagle3_expand(Eagle3Runner *r, const int *tokens, const float *state_in, const int *pos,
                   const uint8_t *mask, int n, float *logits_out, float *state_out, RsErr *e);
 
-/* Grows the SPEC §2 pool below the last committed row (710 candidates, 70 expanded in 7
+/* Grows the DESIGN.md §2 pool below the last committed row (710 candidates, 70 expanded in 7
  * passes of 10; the selection of draft_proc/drafter.c, until the Drafter interface lets
  * both share it): depth-1 candidates are root_logits' top 10, each expanded node runs
  * with its parent's output state (root_state for depth 1) and its ancestors in the mask.

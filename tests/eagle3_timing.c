@@ -1,5 +1,5 @@
 /* One-off timing of an EAGLE-3 head round on the CPU (not a Check suite): a commit of
- * --commit rows with target features, then the SPEC §2 pool growth (7 expansion passes of
+ * --commit rows with target features, then the DESIGN.md §2 pool growth (7 expansion passes of
  * 10 nodes), repeated --rounds times. The target's embedding table is calloc'd (zero rows,
  * only the looked-up pages become resident), so a Llama-3-vocabulary head runs without a
  * 2 GiB table. Build and run from the repository root after `make`:
