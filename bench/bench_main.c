@@ -53,7 +53,7 @@ static void usage(FILE *f) {
             "  --curve-dir DIR       CURVE key files for tcp://\n"
             "  --prompts FILE        prompt file (JSON lines, see below)\n"
             "  --limit N             use only the first N prompts of the file (default all)\n"
-            "  --max-new N           stop after the round reaching N new tokens (default 256)\n"
+            "  --max-new N           output at most N new tokens (default 256)\n"
             "  --decoders LIST       comma list of draft, pearl, rootdraw, root, ar\n"
             "                        (default draft,pearl,rootdraw,root)\n"
             "  --temps LIST          comma list of 0 (greedy) and 1 (sampling) (default 0,1)\n"
@@ -436,6 +436,7 @@ static void on_round(void *u, const RoundInfo *ri) {
     snprintf(r->prompt_id, sizeof r->prompt_id, "%s", s->prompt_id);
     r->round = ri->round;
     r->emitted = ri->emitted;
+    r->dropped = ri->dropped;
     r->accepted = ri->accepted;
     r->tree_size = ri->tree_size;
     r->x1_in_pool = ri->x1_in_pool < 0 ? BENCH_X1_NULL : ri->x1_in_pool;

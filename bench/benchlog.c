@@ -52,10 +52,10 @@ int benchlog_round_write(FILE *f, const BenchRound *r) {
     else snprintf(tau, sizeof tau, "null");
     p += snprintf(p, (size_t)(end - p),
                   "{\"decoder\":\"%s\",\"temp\":%d,\"budget\":%d,\"prompt_id\":\"%s\","
-                  "\"round\":%d,\"emitted\":%d,\"accepted\":%d,\"tree_size\":%d,"
-                  "\"x1_in_pool\":%s,\"tau\":%s",
+                  "\"round\":%d,\"emitted\":%d,\"dropped\":%d,\"accepted\":%d,"
+                  "\"tree_size\":%d,\"x1_in_pool\":%s,\"tau\":%s",
                   r->decoder, r->temp, r->budget, r->prompt_id, r->round, r->emitted,
-                  r->accepted, r->tree_size, x1, tau);
+                  r->dropped, r->accepted, r->tree_size, x1, tau);
     put_ns(&p, end, "t_round_start", r->t_round_start);
     put_ns(&p, end, "t_grow_sent", r->t_grow_sent);
     put_ns(&p, end, "t_root_start", r->t_root_start);
@@ -174,6 +174,9 @@ static int round_line(void *ctx, const char *path, int lineno, char *line, size_
     GETI("budget", r.budget, 0, 4096);
     GETI("round", r.round, 0, IMAX);
     GETI("emitted", r.emitted, 0, IMAX);
+    if (cJSON_GetObjectItemCaseSensitive(j, "dropped")) { /* absent in older logs */
+        GETI("dropped", r.dropped, 0, r.emitted);
+    }
     GETI("accepted", r.accepted, 0, IMAX);
     GETI("tree_size", r.tree_size, 0, IMAX);
     GETNS("t_round_start", r.t_round_start);

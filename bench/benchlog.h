@@ -17,7 +17,9 @@ typedef struct {
     int temp, budget;
     char prompt_id[PROMPT_ID_MAX];
     int round;       /* 0-based within the decode */
-    int emitted;     /* tokens committed this round (accepted + continuation) */
+    int emitted;     /* tokens the round verified (accepted + continuation) */
+    int dropped;     /* of emitted, the last ones past --max-new or the first EOS: not in
+                        the output, not in the decode's tokens or speed (0 when absent) */
     int accepted;    /* accepted tree tokens (X1 counts for pearl/rootdraw) */
     int tree_size;   /* non-root nodes of the selected tree (root rule: also when its pass
                         is skipped, tree_pass_skipped; pearl/rootdraw: X1 included) */

@@ -6,8 +6,7 @@
 #include <math.h>
 #include <string.h>
 
-int pool_finalize_err(Pool *p, int vocab_size, RsErr *e) {
-    RS_ASSERT(p);
+static int check_and_link(Pool *p, int vocab_size, RsErr *e) {
     if (p->n < 0 || p->n > POOL_MAX)
         return rs_err(e, RS_EPROTO, "bad pool: %d candidates, expected 0..%d", p->n, POOL_MAX);
     int n = p->n, n_expanded = 0;
@@ -74,13 +73,20 @@ int pool_finalize_err(Pool *p, int vocab_size, RsErr *e) {
     return RS_OK;
 }
 
-int pool_finalize(Pool *p, int vocab_size) {
-    return pool_finalize_err(p, vocab_size, NULL) == RS_OK ? 0 : -1;
+int pool_finalize(Pool *p, int vocab_size, RsErr *e) {
+    RS_ASSERT(p);
+    int rc = check_and_link(p, vocab_size, e);
+    if (rc) p->n = 0;
+    return rc;
 }
 
-int pool_rank_cmp(const Pool *p, int a, int b) {
+int pool_rank_cmp_by(const Pool *p, const double *score, int a, int b) {
     RS_ASSERT(a >= 0 && a < p->n && b >= 0 && b < p->n);
-    if (p->score[a] != p->score[b]) return p->score[a] > p->score[b] ? -1 : 1;
+    double sa = score ? score[a] : (double)p->score[a], sb = score ? score[b] : (double)p->score[b];
+    if (sa > sb) return -1;
+    if (sa < sb) return 1;
     if (p->depth[a] != p->depth[b]) return p->depth[a] < p->depth[b] ? -1 : 1;
-    return a < b ? -1 : (a > b ? 1 : 0);
+    return a < b ? -1 : (a > b);
 }
+
+int pool_rank_cmp(const Pool *p, int a, int b) { return pool_rank_cmp_by(p, NULL, a, b); }

@@ -40,16 +40,20 @@ typedef struct {
                                  pearl/rootdraw trees, where node[0] is X1 itself) */
 } Tree;
 
-/* Validates a pool (parents precede children, depths consistent, tokens in [0, vocab),
- * logq <= 0 and finite, sibling runs contiguous and distinct, at most POOL_N_EXPANDED nodes
- * with children) and fills score / child links. Returns 0 or -1 (bad pool). */
-int pool_finalize(Pool *p, int vocab_size);
+/* The one gate every pool passes before selection (the drafter's own and those that come
+ * over the wire): validates it (parents precede children, depths consistent, tokens in
+ * [0, vocab), logq <= 0 and finite, sibling runs contiguous and distinct, at most
+ * POOL_N_EXPANDED nodes with children) and fills score / child links. vocab_size <= 0 skips
+ * the upper bound on token ids. Returns RS_OK, or RS_EPROTO with the reason in e and the
+ * pool emptied (n = 0), so a rejected pool can never be selected from. */
+int pool_finalize(Pool *p, int vocab_size, RsErr *e);
 
-/* Same checks as pool_finalize, with the reason in e (RS_EPROTO): used by proto_decode.
- * vocab_size <= 0 skips the upper bound on token ids. (Added by the proto module.) */
-int pool_finalize_err(Pool *p, int vocab_size, RsErr *e);
-
-/* Ranking (DESIGN.md §2): score desc, depth asc, pool index asc. Returns <0 if a before b. */
+/* The ranking (DESIGN.md §2) every selection and the drafter's growth use: score desc, depth
+ * asc, pool index asc. score: (p->n) scores to rank by, or NULL for the pool's own (the
+ * path sum of logq). A total order under which any top-k is ancestor-closed when scores
+ * never increase along a path. Returns <0 if a ranks before b, >0 after, 0 if a == b. */
+int pool_rank_cmp_by(const Pool *p, const double *score, int a, int b);
+/* pool_rank_cmp_by with the pool's own scores. */
 int pool_rank_cmp(const Pool *p, int a, int b);
 
 #endif

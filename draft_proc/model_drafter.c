@@ -6,12 +6,14 @@
  * for the round so later passes attend to them through the tree mask; the next commit
  * drops them. */
 #include "model_drafter.h"
-#include "common/rng.h"
+#include "common/logits.h"
 #include "drafter_impl.h"
+#include "kernels/prefill.h"
 #include <math.h>
 #include <string.h>
 
-#define PREFILL_CHUNK 64
+/* Most tokens in one forward(): the prefill chunk (prefill_chunk()). */
+#define MAX_BATCH 64
 
 typedef struct {
     const Model *m;
@@ -19,7 +21,6 @@ typedef struct {
     Backend *b;
     int vocab;
     float *logits;      // (POOL_EXPAND, vocab)
-    int *pos;           // (PREFILL_CHUNK)
     uint8_t *mask;      // (POOL_EXPAND, POOL_N_EXPANDED)
     int slot_of[POOL_MAX]; /* pending KV slot of an expanded pool node, -1 if none */
     Pool *pool;         /* grow_begin's result for grow_end */
@@ -70,13 +71,8 @@ static int expand(ModelDrafter *d, Pool *p, const int *nodes, int n, RsErr *e) {
     return RS_OK;
 }
 
-static int score_cmp_desc(const Pool *p, int a, int b) {
-    if (p->score[a] != p->score[b]) return p->score[a] > p->score[b] ? -1 : 1;
-    return a < b ? -1 : (a > b);
-}
-
 /* Checks a commit of n tokens, drops last round's tree entries and appends the tokens to
- * the committed context (chunked). want_row: the last token's row goes to d->logits. */
+ * the committed context (backend_prefill). want_row: the last token's row goes to d->logits. */
 static int commit_tokens(ModelDrafter *d, const int *tokens, int n, int want_row, RsErr *e) {
     Backend *b = d->b;
     for (int i = 0; i < n; i++)
@@ -91,19 +87,8 @@ static int commit_tokens(ModelDrafter *d, const int *tokens, int n, int want_row
                       b->n_committed, n, POOL_N_EXPANDED, b->params.kv_capacity);
     int rc = backend_kv_commit(b, NULL, 0, e); /* drop last round's tree entries */
     if (rc) return rc;
-    /* Commit pass, chunked; only the final row is needed. */
-    for (int off = 0; off < n; off += PREFILL_CHUNK) {
-        int m = n - off < PREFILL_CHUNK ? n - off : PREFILL_CHUNK;
-        for (int i = 0; i < m; i++) d->pos[i] = b->n_committed + i;
-        int last = m - 1, want = want_row && off + m == n;
-        rc = backend_forward(b, tokens + off, d->pos, m, NULL, &last, want, d->logits, e);
-        if (rc) return rc;
-        int keep[PREFILL_CHUNK];
-        for (int i = 0; i < m; i++) keep[i] = i;
-        rc = backend_kv_commit(b, keep, m, e);
-        if (rc) return rc;
-    }
-    return RS_OK;
+    /* The commit pass; only the final row is needed. */
+    return backend_prefill(b, tokens, n, want_row ? d->logits : NULL, e);
 }
 
 /* Commits `tokens` and grows the pool below the last of them into *p. */
@@ -126,13 +111,13 @@ static int grow(ModelDrafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
         passes++;
         expanded += POOL_EXPAND;
         if (depth + 1 == POOL_MAX_DEPTH) break;
-        /* The 10 best of the 100 new candidates (score desc, then pool index). */
+        /* The 10 best of the 100 new candidates by the ranking (all of one depth). */
         int cand[POOL_EXPAND * POOL_TOPK], nc = p->n - first_new;
         for (int i = 0; i < nc; i++) cand[i] = first_new + i;
         for (int k = 0; k < POOL_EXPAND; k++) { /* partial selection sort */
             int best = k;
             for (int i = k + 1; i < nc; i++)
-                if (score_cmp_desc(p, cand[i], cand[best]) < 0) best = i;
+                if (pool_rank_cmp(p, cand[i], cand[best]) < 0) best = i;
             int t = cand[k];
             cand[k] = cand[best];
             cand[best] = t;
@@ -150,11 +135,9 @@ static int grow(ModelDrafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
     /* The shape is right by construction; log q is not when the model's logits are not
      * finite (NaN / inf weights, fp16 overflow): an error for the target, not an abort. */
     RsErr pe = {0};
-    if (pool_finalize_err(p, d->vocab, &pe) != RS_OK) {
-        p->n = 0;
+    if (pool_finalize(p, d->vocab, &pe) != RS_OK)
         return rs_err(e, RS_EFORMAT, "drafter produced an invalid pool (non-finite logits?): %s",
                       pe.msg);
-    }
     p->n_passes = passes;
     p->n_expanded = expanded;
     p->draft_ns = rs_now_ns() - t0;
@@ -195,7 +178,6 @@ static void model_destroy(void *ctx) {
     backend_host_free(d->b, d->logits);
     backend_destroy(&d->b);
     model_free(&d->view); /* after the backend that borrowed it */
-    free(d->pos);
     free(d->mask);
     free(d->pool);
     free(d);
@@ -222,8 +204,8 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
     d->view = view;
     d->vocab = m->cfg.vocab_size;
     BackendParams bp = {.kv_capacity = kv_capacity,
-                        .max_batch = PREFILL_CHUNK,
-                        .max_pending = POOL_N_EXPANDED + PREFILL_CHUNK,
+                        .max_batch = MAX_BATCH,
+                        .max_pending = POOL_N_EXPANDED + MAX_BATCH,
                         .threads = threads,
                         .device = device};
     int rc = ops->create(m, &bp, &d->b, e);
@@ -233,7 +215,6 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
         return rc;
     }
     d->logits = backend_host_alloc(d->b, sizeof(float) * POOL_EXPAND * (size_t)d->vocab);
-    d->pos = rs_xmalloc(sizeof(int) * PREFILL_CHUNK);
     d->mask = rs_xmalloc(POOL_EXPAND * POOL_N_EXPANDED);
     d->pool = rs_xmalloc(sizeof(Pool));
     DrafterInfo info = {.vocab_size = d->vocab, .fingerprint = m->fingerprint, .name = m->path};

@@ -400,10 +400,8 @@ static int dec_pool(Rd *r, ProtoMsg *out) {
     p->n_expanded = (int)v;
     p->n = (int)n;
     RsErr pe = {0};
-    if (pool_finalize_err(p, out->vocab_size, &pe) != RS_OK) {
-        p->n = 0;
+    if (pool_finalize(p, out->vocab_size, &pe) != RS_OK)
         return rd_fail(r, RS_EPROTO, "%s", pe.msg);
-    }
     return 0;
 }
 

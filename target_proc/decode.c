@@ -1,92 +1,63 @@
-/* Target-side decoding. One round (DESIGN.md §3-§5):
- *   send the commit to the drafter; [root-pass rules] forward the continuation alone to
- *   get the root row p0 and draw X1; wait for the pool; select a tree; one tree-masked
- *   pass; exhaustive target sampling; keep root + accepted path in the KV cache.
- * Pending KV layout in a round: entry 0 = the root (continuation), entry 1+k = pass node k,
- * for both the draft rule (root and tree in one batch) and the root-pass rules. */
+/* Target-side decoding (DESIGN.md §3-§5), one round at a time, in named steps:
+ *   round_request  send the drafter last round's tokens; it starts growing the pool
+ *   round_root     [root-pass rules] forward the continuation alone, draw X1 from p0
+ *   round_receive  wait for the pool
+ *   round_select   pick the rule's tree and lay out the tree pass
+ *   round_verify   one tree-masked pass, then exhaustive target sampling down the tree
+ *   round_commit   keep root + accepted path in the KV cache, output the tokens
+ * round_ar is the autoregressive round: plain AR, and the fallback once a drafter fails.
+ * The target's passes themselves are in target.c. */
 #include "decode.h"
-#include "draft_proc/drafter.h"
+#include "common/logits.h"
 #include <math.h>
 #include <string.h>
 
-#define PREFILL_CHUNK 256
-#define PASS_MAX DECODE_PASS_MAX
-
-struct Target {
-    const Model *m;
-    Backend *b;
-    int vocab;
-    uint8_t *eog;      // (vocab) 1 = ends a decode
-    float *root_row;   // (vocab) logits at the root
-    float *p0;         // (vocab) softmax of root_row
-    float *rows;       // (PASS_MAX + 1, vocab) logits of a tree pass
-    uint8_t *mask;     // (PASS_MAX + 1, PASS_MAX + 2)
-    int *tmp_pos;      // (PREFILL_CHUNK)
-    int *tmp_keep;     // (PREFILL_CHUNK)
-    Pool *pool;
+/* One decode's state across rounds. */
+typedef struct {
+    Target *t;
+    Drafter *dc;
+    const DecodeOpts *o;
+    const DecodeHooks *h;
+    DecodeResult *res;
+    Rng rng;
+    int use_drafter;   /* 0 for AR, and from a drafter failure on */
+    int reserve;       /* KV entries a round may need (decode_round_reserve) */
+    int root;          /* the continuation: the context's last token, not yet in the KV */
+    const int *commit; /* what the next grow request sends: the prompt, then a round's */
+    int n_commit;
+    int commit_buf[ROUND_MAX_EMIT];
+    int done;
     /* Time spent on measurements that are not decoding (tau, root_margin) in this decode;
      * dec_now() leaves it off the round timestamps and the decode's time (DESIGN.md §6 speed). */
     uint64_t clock_skip;
-};
+    TreePass ps;
+} Decode;
 
-int target_create(const Model *m, const BackendOps *ops, int kv_capacity, int threads,
-                  int device, const int *eog, int n_eog, Target **out, RsErr *e) {
-    *out = NULL;
-    Target *t = rs_xcalloc(1, sizeof *t);
-    t->m = m;
-    t->vocab = m->cfg.vocab_size;
-    BackendParams bp = {.kv_capacity = kv_capacity,
-                        .max_batch = PREFILL_CHUNK,
-                        .max_pending = PASS_MAX + 2,
-                        .threads = threads,
-                        .device = device};
-    int rc = ops->create(m, &bp, &t->b, e);
-    if (rc) {
-        free(t);
-        return rc;
-    }
-    t->eog = rs_xcalloc((size_t)t->vocab, 1);
-    for (int i = 0; i < n_eog; i++)
-        if (eog[i] >= 0 && eog[i] < t->vocab) t->eog[eog[i]] = 1;
-    t->root_row = backend_host_alloc(t->b, sizeof(float) * (size_t)t->vocab);
-    t->p0 = rs_xmalloc(sizeof(float) * (size_t)t->vocab);
-    t->rows = backend_host_alloc(t->b, sizeof(float) * (size_t)(PASS_MAX + 1) * t->vocab);
-    t->mask = rs_xmalloc((size_t)(PASS_MAX + 1) * (PASS_MAX + 2));
-    t->tmp_pos = rs_xmalloc(sizeof(int) * PREFILL_CHUNK);
-    t->tmp_keep = rs_xmalloc(sizeof(int) * PREFILL_CHUNK);
-    t->pool = rs_xmalloc(sizeof(Pool));
-    *out = t;
-    return RS_OK;
-}
+/* One round's state. emitted[j] is the round's j-th token; keep[j] the pending KV entry of
+ * the token before it (keep[0] = 0, the root), so the first m tokens leave keep[0..m). */
+typedef struct {
+    RoundInfo info;
+    int emitted[ROUND_MAX_EMIT], keep[ROUND_MAX_EMIT], n_emit, accepted;
+    int have_root; /* the root pass ran: root_row holds the root's logits */
+    int x1;        /* the draw from the root row (root-pass rules, AR) */
+    Selection sel;
+    int with_root; /* the tree pass carries the root (draft rule: no root pass) */
+    int x1_node;   /* root rule: tree index of X1 on the first level, -1 if off it */
+    int skip;      /* root rule with X1 off the tree: no tree pass, X1 is the continuation */
+    uint64_t skip0;
+} Round;
 
-void target_free(Target **pt) {
-    if (!pt || !*pt) return;
-    Target *t = *pt;
-    backend_host_free(t->b, t->root_row);
-    backend_host_free(t->b, t->rows);
-    backend_destroy(&t->b);
-    free(t->eog);
-    free(t->p0);
-    free(t->mask);
-    free(t->tmp_pos);
-    free(t->tmp_keep);
-    free(t->pool);
-    free(t);
-    *pt = NULL;
-}
-
-Backend *target_backend(Target *t) { return t->b; }
 /* The decode's clock: monotonic ns less the measurement time skipped so far. Nothing else
  * of the decode runs while a measurement does (the pool is in, the drafter waits for the
  * next commit), so this is the timeline the decode would have without measuring. */
-static uint64_t dec_now(const Target *t) { return rs_now_ns() - t->clock_skip; }
+static uint64_t dec_now(const Decode *d) { return rs_now_ns() - d->clock_skip; }
 
 /* Runs a measurement's code off the decode's clock. */
-#define OFF_CLOCK(t, ...)                                 \
+#define OFF_CLOCK(d, ...)                                 \
     do {                                                  \
         uint64_t off_clock_t0_ = rs_now_ns();             \
         __VA_ARGS__;                                      \
-        (t)->clock_skip += rs_now_ns() - off_clock_t0_;   \
+        (d)->clock_skip += rs_now_ns() - off_clock_t0_;   \
     } while (0)
 
 int decode_round_reserve(const DecodeOpts *o) {
@@ -95,36 +66,7 @@ int decode_round_reserve(const DecodeOpts *o) {
     return 1 + (o->score_all ? DECODE_PASS_MAX : o->budget);
 }
 
-int target_kv_capacity(const Target *t) { return t->b->params.kv_capacity; }
-
-/* ---- helpers ------------------------------------------------------------------------ */
-
-/* Prefills tokens[0..n) as committed context, in chunks. */
-static int prefill(Target *t, const int *tokens, int n, RsErr *e) {
-    Backend *b = t->b;
-    /* Each chunk is pending until its commit, so it must fit max_pending as well. */
-    int chunk = b->params.max_pending < PREFILL_CHUNK ? b->params.max_pending : PREFILL_CHUNK;
-    for (int off = 0; off < n; off += chunk) {
-        int m = n - off < chunk ? n - off : chunk;
-        for (int i = 0; i < m; i++) {
-            t->tmp_pos[i] = b->n_committed + i;
-            t->tmp_keep[i] = i;
-        }
-        int rc = backend_forward(b, tokens + off, t->tmp_pos, m, NULL, NULL, 0, NULL, e);
-        if (rc) return rc;
-        rc = backend_kv_commit(b, t->tmp_keep, m, e);
-        if (rc) return rc;
-    }
-    return RS_OK;
-}
-
-/* One-token pass on the root: logits into root_row, root left pending at entry 0. */
-static int root_pass(Target *t, int root, RsErr *e) {
-    Backend *b = t->b;
-    int pos = b->n_committed, row = 0;
-    uint8_t one = 1;
-    return backend_forward(b, &root, &pos, 1, &one, &row, 1, t->root_row, e);
-}
+/* ---- target probabilities from a round's rows (tau, offline scoring) ---------------- */
 
 /* What row_prob needs of a row, computed once per row: its log-sum-exp (T=1) or its
  * argmax (T=0). */
@@ -139,28 +81,41 @@ static double row_prob(const float *row, int tok, int temp, double stat) {
     return exp((double)row[tok] - stat);
 }
 
-/* The nodes of one tree pass: pool nodes (parents first) plus possibly X1 off the pool. */
+/* The rows of a round's passes with each row's row_stat cached. */
 typedef struct {
-    int n;
-    int token[PASS_MAX];
-    int parent[PASS_MAX]; /* pass index of parent, -1 = root */
-    int depth[PASS_MAX];
-    int pool_node[PASS_MAX]; /* pool index or TREE_X1_OFFPOOL */
-    int slot_of_pool[POOL_MAX];
-    int x1_slot;
-} Pass;
+    const Target *t;
+    int with_root, temp;
+    double stat[DECODE_PASS_MAX + 1]; /* [1 + slot], [0] the root; NAN: not yet */
+} RowProbs;
 
-static void pass_init(Pass *ps, const Pool *p) {
+static void rowprobs_init(RowProbs *rp, const Target *t, int with_root, int temp) {
+    rp->t = t;
+    rp->with_root = with_root;
+    rp->temp = temp;
+    for (int i = 0; i <= DECODE_PASS_MAX; i++) rp->stat[i] = NAN;
+}
+
+/* Target probability of `tok` at the prefix ending in pass slot `slot` (-1: the root). */
+static double slot_prob(RowProbs *rp, int slot, int tok) {
+    const float *row = target_slot_row(rp->t, rp->with_root, slot);
+    double *st = &rp->stat[1 + slot];
+    if (isnan(*st)) *st = row_stat(row, rp->t->vocab, rp->temp);
+    return row_prob(row, tok, rp->temp, *st);
+}
+
+/* ---- the tree pass's layout --------------------------------------------------------- */
+
+static void pass_init(TreePass *ps, const Pool *p) {
     ps->n = 0;
     ps->x1_slot = -1;
     for (int i = 0; i < p->n; i++) ps->slot_of_pool[i] = -1;
 }
 
 /* Adds pool node u to the pass unless there already; its parent must be there. */
-static void pass_add_node(Pass *ps, const Pool *p, int u) {
+static void pass_add_node(TreePass *ps, const Pool *p, int u) {
     if (ps->slot_of_pool[u] >= 0) return;
     int i = ps->n++;
-    RS_ASSERT(i < PASS_MAX);
+    RS_ASSERT(i < DECODE_PASS_MAX);
     ps->token[i] = p->token[u];
     int par = p->parent[u];
     ps->parent[i] = par < 0 ? -1 : ps->slot_of_pool[par];
@@ -171,7 +126,7 @@ static void pass_add_node(Pass *ps, const Pool *p, int u) {
 }
 
 /* Adds a selection's nodes to the pass (shared nodes once). */
-static void pass_add(Pass *ps, const Pool *p, const Selection *s) {
+static void pass_add(TreePass *ps, const Pool *p, const Selection *s) {
     for (int k = 0; k < s->t.n; k++) {
         int u = s->t.node[k];
         if (u != TREE_X1_OFFPOOL) {
@@ -190,66 +145,28 @@ static void pass_add(Pass *ps, const Pool *p, const Selection *s) {
 /* Adds every expanded pool node (creation order puts parents first). Every candidate's
  * parent is the root or expanded, so with these rows the pass knows each candidate's
  * target probability: what scoring any tree, and finding the oracle's, needs. */
-static void pass_add_expanded(Pass *ps, const Pool *p) {
+static void pass_add_expanded(TreePass *ps, const Pool *p) {
     for (int u = 0; u < p->n; u++)
         if (p->n_children[u] > 0) pass_add_node(ps, p, u);
 }
 
-static int pass_slot(const Pass *ps, const Selection *s, int k) {
+static int pass_slot(const TreePass *ps, const Selection *s, int k) {
     int u = s->t.node[k];
     return u == TREE_X1_OFFPOOL ? ps->x1_slot : ps->slot_of_pool[u];
 }
 
-/* Runs the pass. with_root: the root token is batch entry 0 (draft rule); otherwise it is
- * already pending at entry 0. Logits of node i go to rows[(with_root + i)]; for with_root
- * the root's row is rows[0]. */
-static int tree_pass(Target *t, const Pass *ps, int root, int with_root, RsErr *e) {
-    Backend *b = t->b;
-    int np = b->n_pending, n = ps->n + with_root, cols = np + n;
-    RS_ASSERT(np + with_root == 1);
-    int tokens[PASS_MAX + 1], pos[PASS_MAX + 1], rows[PASS_MAX + 1];
-    int P = b->n_committed;
-    memset(t->mask, 0, (size_t)n * cols);
-    if (with_root) {
-        tokens[0] = root;
-        pos[0] = P;
-        t->mask[0] = 1;
-    }
-    for (int i = 0; i < ps->n; i++) {
-        int r = with_root + i;
-        tokens[r] = ps->token[i];
-        pos[r] = P + ps->depth[i];
-        uint8_t *m = t->mask + (size_t)r * cols;
-        m[0] = 1; /* the root */
-        for (int a = i; a >= 0; a = ps->parent[a]) m[1 + a] = 1;
-    }
-    for (int r = 0; r < n; r++) rows[r] = r;
-    return backend_forward(b, tokens, pos, n, t->mask, rows, n, t->rows, e);
-}
-
-/* Target probability of `tok` at the prefix ending in pass slot `slot` (-1: the root),
- * from the rows of the pass; each row's row_stat is computed once (stat_slot, NAN: not
- * yet). */
-static double slot_prob(Target *t, const float *root_row, int with_root, int slot, int tok,
-                        int temp, const double *stat_root, double *stat_slot) {
-    if (slot < 0) return row_prob(root_row, tok, temp, *stat_root);
-    const float *row = t->rows + (size_t)(with_root + slot) * t->vocab;
-    if (isnan(stat_slot[slot])) stat_slot[slot] = row_stat(row, t->vocab, temp);
-    return row_prob(row, tok, temp, stat_slot[slot]);
-}
+/* ---- measurements (off the decode's clock) ------------------------------------------ */
 
 /* Expected acceptance of a selection from the rows of the pass: tree_tau, or with
  * x1_node >= 0 (root selection's tree, X1 on its first level at that tree index) the
  * value given X1 (tree_tau_given_x1). */
-static double selection_tau(Target *t, const Pass *ps, const Selection *s, const float *root_row,
-                            int with_root, int temp, const double *stat_root, double *stat_slot,
-                            int x1_node) {
+static double selection_tau(RowProbs *rp, const TreePass *ps, const Pool *pool,
+                            const Selection *s, int x1_node) {
     double trans[TREE_MAX];
     for (int k = 0; k < s->t.n; k++) {
         int pk = s->t.parent[k];
-        int tok = s->t.node[k] == TREE_X1_OFFPOOL ? s->x1_token : t->pool->token[s->t.node[k]];
-        trans[k] = slot_prob(t, root_row, with_root, pk < 0 ? -1 : pass_slot(ps, s, pk), tok,
-                             temp, stat_root, stat_slot);
+        int tok = s->t.node[k] == TREE_X1_OFFPOOL ? s->x1_token : pool->token[s->t.node[k]];
+        trans[k] = slot_prob(rp, pk < 0 ? -1 : pass_slot(ps, s, pk), tok);
     }
     return x1_node >= 0 ? tree_tau_given_x1(s, trans, x1_node) : tree_tau(s, trans);
 }
@@ -257,8 +174,7 @@ static double selection_tau(Target *t, const Pass *ps, const Selection *s, const
 /* score_all: the tau of every rule's tree for this round's pool and X1, and the oracle's
  * (DESIGN.md §3), whose B-set is chosen from every candidate's target path probability. Needs
  * a pass that holds the expanded nodes (pass_add_expanded). */
-static void score_rules(Target *t, const Pass *ps, int B, int x1, const float *root_row,
-                        int with_root, int temp, const double *stat_root, double *stat_slot,
+static void score_rules(RowProbs *rp, const TreePass *ps, const Target *t, int B, int x1,
                         RoundInfo *ri) {
     const Pool *pool = t->pool;
     Selection s[RULE_COUNT];
@@ -271,75 +187,272 @@ static void score_rules(Target *t, const Pass *ps, int B, int x1, const float *r
         int par = pool->parent[u];
         int slot = par < 0 ? -1 : ps->slot_of_pool[par];
         RS_ASSERT(par < 0 || slot >= 0);
-        path[u] = (par < 0 ? 1.0 : path[par]) * slot_prob(t, root_row, with_root, slot,
-                                                           pool->token[u], temp, stat_root,
-                                                           stat_slot);
+        path[u] = (par < 0 ? 1.0 : path[par]) * slot_prob(rp, slot, pool->token[u]);
     }
     select_oracle(pool, B, path, &s[RULE_ORACLE]);
     ri->have_tau_rule = 1;
     for (int r = RULE_DRAFT; r <= RULE_ORACLE; r++) {
-        ri->tau_rule[r] = selection_tau(t, ps, &s[r], root_row, with_root, temp, stat_root,
-                                        stat_slot, -1);
+        ri->tau_rule[r] = selection_tau(rp, ps, pool, &s[r], -1);
         ri->tree_size_rule[r] = s[r].t.n;
     }
 }
+
+/* tau is an offline measure of the tree (DESIGN.md §4), not part of decoding. */
+static void round_measure(Decode *d, Round *r) {
+    RowProbs rp;
+    rowprobs_init(&rp, d->t, r->with_root, d->o->temp);
+    if (!r->skip)
+        r->info.tau = selection_tau(&rp, &d->ps, d->t->pool, &r->sel, r->x1_node);
+    if (d->o->score_all) score_rules(&rp, &d->ps, d->t, d->o->budget, r->x1, &r->info);
+}
+
+/* ---- the drafter -------------------------------------------------------------------- */
 
 static void emit_event(const DecodeHooks *h, const char *ev, const char *detail) {
     if (h && h->on_event) h->on_event(h->user, ev, detail);
 }
 
 /* The decode goes on autoregressively; every emitted token is kept. */
-static void drafter_failed(const DecodeHooks *h, const RsErr *e, DecodeResult *res) {
+static void drafter_failed(Decode *d, const RsErr *e) {
     char msg[1100];
     snprintf(msg, sizeof msg, "drafter failed (%s); finishing autoregressively", e ? e->msg : "?");
-    emit_event(h, "drafter_failed", msg);
-    res->drafter_failed = 1;
+    emit_event(d->h, "drafter_failed", msg);
+    d->res->drafter_failed = 1;
+    d->use_drafter = 0;
 }
 
-static int timed_root_pass(Target *t, int root, RoundInfo *ri, RsErr *e) {
-    ri->t_root_start = dec_now(t);
-    int rc = root_pass(t, root, e);
-    ri->t_root_end = dec_now(t);
-    if (!rc) OFF_CLOCK(t, ri->root_margin = row_top_margin(t->root_row, t->vocab));
-    return rc;
+/* Sends the drafter the tokens to commit (the whole prompt in round 0, resetting its
+ * context) and lets it grow the next pool. 0: the drafter failed. */
+static int round_request(Decode *d, Round *r, RsErr *e) {
+    r->info.t_grow_sent = dec_now(d);
+    int rc = drafter_grow_begin(d->dc, d->commit, d->n_commit, r->info.round == 0, NULL, 0, e);
+    if (rc) drafter_failed(d, e);
+    return !rc;
 }
 
-/* Appends round tokens to the result, stopping at the first EOS. Returns 1 if EOS seen. */
-static int take_tokens(Target *t, DecodeResult *res, const DecodeHooks *h, const int *tok, int n) {
-    int m = 0, eos = 0;
-    while (m < n) {
-        if (res->n_tokens + m >= res->cap) break;
-        int x = tok[m++];
-        if (t->eog[x]) {
-            eos = 1;
-            break;
+/* Waits for the pool into t->pool. 0: the drafter failed. */
+static int round_receive(Decode *d, Round *r, RsErr *e) {
+    const Pool *pool = d->t->pool;
+    int rc = drafter_grow_end(d->dc, d->t->pool, e);
+    r->info.t_pool_recv = dec_now(d);
+    if (rc) {
+        drafter_failed(d, e);
+        return 0;
+    }
+    r->info.draft_ns = pool->draft_ns;
+    r->info.draft_commit_ns = pool->commit_pass_ns;
+    return 1;
+}
+
+/* ---- the round's steps -------------------------------------------------------------- */
+
+static void round_begin(Decode *d, Round *r, int round) {
+    memset(r, 0, sizeof *r);
+    r->info.round = round;
+    r->info.x1_in_pool = -1;
+    r->info.tau = NAN;
+    r->info.root_margin = NAN;
+    for (int k = 0; k < RULE_COUNT; k++) r->info.tau_rule[k] = NAN;
+    r->info.t_round_start = dec_now(d);
+    r->skip0 = d->clock_skip;
+    r->x1 = r->x1_node = -1;
+}
+
+/* The root pass; its draw from the root row is X1 (or AR's next token). */
+static int round_root(Decode *d, Round *r, RsErr *e) {
+    Target *t = d->t;
+    r->info.t_root_start = dec_now(d);
+    int rc = target_root_pass(t, d->root, e);
+    r->info.t_root_end = dec_now(d);
+    if (rc) return rc;
+    OFF_CLOCK(d, r->info.root_margin = row_top_margin(t->root_row, t->vocab));
+    r->have_root = 1;
+    r->x1 = row_draw(t->root_row, t->vocab, d->o->temp, &d->rng);
+    return RS_OK;
+}
+
+/* Autoregressive round: the root pass alone (unless it ran already); its draw is the
+ * continuation. */
+static int round_ar(Decode *d, Round *r, RsErr *e) {
+    r->info.fallback_ar = d->o->rule != RULE_AR;
+    if (!r->have_root) {
+        int rc = round_root(d, r, e);
+        if (rc) return rc;
+    }
+    r->emitted[r->n_emit++] = r->x1;
+    r->keep[0] = 0;
+    return RS_OK;
+}
+
+/* Tests only (test_wrong_x1): X1 drawn from the drafter's first level instead of p0. */
+static void wrong_x1(Decode *d, Round *r) {
+    const Pool *pool = d->t->pool;
+    double z = 0, u;
+    for (int k = 0; k < pool->root_n_children; k++) z += exp(pool->logq[k]);
+    u = rng_uniform(&d->rng) * z;
+    for (int k = 0; k < pool->root_n_children; k++) {
+        r->x1 = pool->token[k];
+        if ((u -= exp(pool->logq[k])) < 0) break;
+    }
+}
+
+/* The rule's tree (DESIGN.md §3) and the pass that verifies it. */
+static void round_select(Decode *d, Round *r) {
+    Target *t = d->t;
+    const Pool *pool = t->pool;
+    int B = d->o->budget, x1 = r->x1;
+    if (r->have_root) {
+        row_softmax(t->root_row, t->vocab, t->p0);
+        if (d->o->temp == 0) { /* point mass on the argmax */
+            memset(t->p0, 0, sizeof(float) * (size_t)t->vocab);
+            t->p0[x1] = 1.0f;
         }
     }
-    for (int i = 0; i < m; i++) res->tokens[res->n_tokens + i] = tok[i];
-    int visible = eos ? m - 1 : m;
-    if (h && h->on_tokens && visible > 0) h->on_tokens(h->user, tok, visible);
-    res->n_tokens += m;
-    if (eos) res->hit_eos = 1;
-    return eos;
+    switch (d->o->rule) {
+    case RULE_DRAFT: select_draft(pool, B, &r->sel); break;
+    case RULE_PEARL: select_pearl(pool, B, x1, &r->sel); break;
+    case RULE_ROOTDRAW: select_rootdraw(pool, B, x1, &r->sel); break;
+    case RULE_ROOT: select_root(pool, B, t->p0, x1, &r->sel); break;
+    default: RS_ASSERT(!"rule");
+    }
+    pass_init(&d->ps, pool);
+    pass_add(&d->ps, pool, &r->sel);
+    if (d->o->score_all) pass_add_expanded(&d->ps, pool);
+    r->info.t_select_done = dec_now(d);
+    r->info.x1_in_pool = r->have_root ? r->sel.x1_in_pool : -1;
+    r->info.tree_size = r->sel.t.n;
+    r->with_root = !r->have_root;
+    if (d->o->rule == RULE_ROOT) r->x1_node = tree_child_with_token(pool, &r->sel, -1, x1);
+    r->skip = d->o->rule == RULE_ROOT && r->x1_node < 0;
+    r->info.tree_pass_skipped = r->skip;
+    /* Root selection's tau is taken given its X1, like pearl's and rootdraw's: with X1
+     * off the first level nothing can be accepted. The unconditional tau would be
+     * unknown here at T=1 (no tree pass), and a mean over only the rounds that have
+     * it overstates acceptance, since those are the rounds X1 landed in the tree. */
+    if (r->skip) r->info.tau = 0.0;
 }
 
-/* ---- the decode loop ---------------------------------------------------------------- */
+/* Exhaustive target sampling (DESIGN.md §4): draw from the target's row at the current node,
+ * descend while the draw labels a child; the first draw that does not is the continuation. */
+static void round_accept(Decode *d, Round *r) {
+    const Target *t = d->t;
+    const Selection *sel = &r->sel;
+    int cur = -1; /* tree index; -1 = root */
+    if (sel->rooted_at_x1) {
+        r->emitted[r->n_emit++] = r->x1;
+        r->accepted++;
+        cur = 0;
+        r->keep[r->n_emit] = 1 + pass_slot(&d->ps, sel, 0);
+    }
+    int forced = d->o->rule == RULE_ROOT ? r->x1 : -1;
+    for (;;) {
+        const float *row =
+            target_slot_row(t, r->with_root, cur < 0 ? -1 : pass_slot(&d->ps, sel, cur));
+        int y = forced >= 0 ? forced : row_draw(row, t->vocab, d->o->temp, &d->rng);
+        forced = -1;
+        int child = tree_child_with_token(t->pool, sel, cur, y);
+        r->emitted[r->n_emit++] = y;
+        if (child < 0) break; /* y is the continuation */
+        r->accepted++;
+        r->keep[r->n_emit] = 1 + pass_slot(&d->ps, sel, child);
+        cur = child;
+    }
+}
 
-int decode_run(Target *t, Drafter *dc, const int *prompt, int n_prompt, const DecodeOpts *o,
-               const DecodeHooks *h, DecodeResult *res, RsErr *e) {
-    Backend *b = t->b;
-    int V = t->vocab;
-    res->n_tokens = 0;
-    res->hit_eos = res->hit_capacity = 0;
-    res->rounds = 0;
-    res->accepted_total = 0;
-    res->tau_total = 0;
-    res->drafter_failed = 0;
+/* The tree pass and the walk down the tree (or, root rule with X1 off its tree, X1). */
+static int round_verify(Decode *d, Round *r, RsErr *e) {
+    r->keep[0] = 0; /* the root */
+    if (!r->skip || d->o->score_all) {
+        r->info.t_tree_start = dec_now(d);
+        int rc = target_tree_pass(d->t, &d->ps, d->root, r->with_root, e);
+        if (rc) return rc;
+        r->info.t_tree_end = dec_now(d);
+        OFF_CLOCK(d, round_measure(d, r));
+    }
+    if (r->skip) r->emitted[r->n_emit++] = r->x1;
+    else round_accept(d, r);
+    return RS_OK;
+}
+
+static int round_speculative(Decode *d, Round *r, RsErr *e) {
+    if (!round_request(d, r, e)) return round_ar(d, r, e);
+    if (rule_needs_root(d->o->rule)) {
+        int rc = round_root(d, r, e);
+        if (rc) return rc;
+    }
+    if (!round_receive(d, r, e)) return round_ar(d, r, e);
+    if (d->o->test_wrong_x1 && r->have_root) wrong_x1(d, r);
+    round_select(d, r);
+    return round_verify(d, r, e);
+}
+
+/* How many of the round's tokens the output takes: up to the first EOS, and no more than
+ * --max-new (and the caller's buffer) allow. *eos: the last one taken ends the decode. */
+static int output_take(const Decode *d, const Round *r, int *eos) {
+    int cap = d->res->cap < d->o->max_new ? d->res->cap : d->o->max_new;
+    int room = cap - d->res->n_tokens, m = 0;
+    *eos = 0;
+    while (m < r->n_emit && m < room)
+        if (d->t->eog[r->emitted[m++]]) {
+            *eos = 1;
+            break;
+        }
+    return m;
+}
+
+static void output_append(Decode *d, const int *tok, int m, int eos) {
+    DecodeResult *res = d->res;
+    memcpy(res->tokens + res->n_tokens, tok, sizeof(int) * (size_t)m);
+    int visible = eos ? m - 1 : m; /* the EOS itself is not streamed */
+    if (d->h && d->h->on_tokens && visible > 0) d->h->on_tokens(d->h->user, tok, visible);
+    res->n_tokens += m;
+    if (eos) res->hit_eos = 1;
+}
+
+/* Keeps the KV entries of the tokens the output takes (root + accepted path, cut where
+ * the output is), outputs them, logs the round and sets up the next one. Tokens dropped
+ * here (past --max-new or the first EOS) end the decode, so nothing is committed after
+ * them: the target's KV holds the prompt and the output less its last token, as after
+ * any round. */
+static int round_commit(Decode *d, Round *r, RsErr *e) {
+    Target *t = d->t;
+    DecodeResult *res = d->res;
+    RoundInfo *ri = &r->info;
+    int eos, m = output_take(d, r, &eos);
+    int rc = target_commit(t, r->keep, m, e);
+    if (rc) return rc;
+    ri->t_commit = dec_now(d);
+    ri->measure_ns = d->clock_skip - r->skip0;
+    ri->emitted = r->n_emit;
+    ri->accepted = r->accepted;
+    ri->dropped = r->n_emit - m;
+    ri->graph_replays = t->b->n_graph_replays;
+    ri->eager_launches = t->b->n_eager_launches;
+    memcpy(ri->tokens, r->emitted, sizeof(int) * (size_t)r->n_emit);
+    res->t_end = ri->t_commit;
+    res->rounds++;
+    res->accepted_total += r->accepted;
+    if (!isnan(ri->tau)) res->tau_total += ri->tau;
+    output_append(d, r->emitted, m, eos);
+    if (d->h && d->h->on_round) d->h->on_round(d->h->user, ri);
+    d->done = eos || m < r->n_emit || res->n_tokens >= d->o->max_new || res->n_tokens >= res->cap;
+    /* Next round: the continuation is the root, and the drafter commits these tokens. */
+    d->root = r->emitted[r->n_emit - 1];
+    memcpy(d->commit_buf, r->emitted, sizeof(int) * (size_t)r->n_emit);
+    d->commit = d->commit_buf;
+    d->n_commit = r->n_emit;
+    return RS_OK;
+}
+
+/* ---- the decode --------------------------------------------------------------------- */
+
+static int decode_check(const Target *t, const Drafter *dc, const int *prompt,
+                        int n_prompt, const DecodeOpts *o, RsErr *e) {
     if (n_prompt < 1) return rs_err(e, RS_EINVAL, "empty prompt: need at least one token");
     for (int i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= V)
+        if (prompt[i] < 0 || prompt[i] >= t->vocab)
             return rs_err(e, RS_EINVAL, "prompt token %d at position %d outside vocabulary of %d",
-                          prompt[i], i, V);
+                          prompt[i], i, t->vocab);
     if (o->rule != RULE_AR && !dc)
         return rs_err(e, RS_EINVAL, "decoder '%s' needs a drafter", rule_name(o->rule));
     if (o->rule == RULE_ORACLE)
@@ -350,199 +463,65 @@ int decode_run(Target *t, Drafter *dc, const int *prompt, int n_prompt, const De
                       "'%s'", rule_name(o->rule));
     if (o->budget < 1 || o->budget > TREE_MAX)
         return rs_err(e, RS_EINVAL, "budget %d outside 1..%d", o->budget, TREE_MAX);
-    int cap = b->params.kv_capacity;
-    int reserve = decode_round_reserve(o);
+    if (o->max_new < 1) return rs_err(e, RS_EINVAL, "max_new %d: need at least 1", o->max_new);
+    int cap = target_kv_capacity(t), reserve = decode_round_reserve(o);
     if (n_prompt + reserve > cap)
         return rs_err(e, RS_EINVAL,
                       "prompt of %d tokens does not fit the KV cache: capacity %d minus %d "
                       "entries reserved for a round leaves %d (raise --ctx)",
                       n_prompt, cap, reserve, cap - reserve);
+    return RS_OK;
+}
 
-    Rng rng;
-    rng_seed_mix(&rng, o->seed, o->prompt_id,
+static void decode_begin(Decode *d, Target *t, Drafter *dc, const int *prompt,
+                         int n_prompt, const DecodeOpts *o, const DecodeHooks *h,
+                         DecodeResult *res) {
+    d->t = t;
+    d->dc = dc;
+    d->o = o;
+    d->h = h;
+    d->res = res;
+    rng_seed_mix(&d->rng, o->seed, o->prompt_id,
                  (uint64_t)o->rule * 1000003u + (uint64_t)o->budget * 101u + (uint64_t)o->temp);
-    b->ops->kv_reset(b);
-    t->clock_skip = 0;
-    res->t_start = dec_now(t);
-    int use_drafter = o->rule != RULE_AR;
-    RoundInfo ri;
-    /* The drafter receives the whole prompt in round 0. */
-    const int *commit = prompt;
-    int n_commit = n_prompt;
-    int rc = prefill(t, prompt, n_prompt - 1, e);
-    if (rc) return rc;
-    int root = prompt[n_prompt - 1];
-    int done = 0;
-    int commit_buf[ROUND_MAX_EMIT];
-    Pool *pool = t->pool;
-    double *stat_slot = rs_xmalloc(sizeof(double) * PASS_MAX);
-    Pass *ps = rs_xmalloc(sizeof(Pass));
+    d->use_drafter = o->rule != RULE_AR;
+    d->reserve = decode_round_reserve(o);
+    d->root = prompt[n_prompt - 1];
+    d->commit = prompt; /* the drafter receives the whole prompt in round 0 */
+    d->n_commit = n_prompt;
+    d->done = 0;
+    d->clock_skip = 0;
+}
 
-    for (int round = 0; !done; round++) {
-        memset(&ri, 0, sizeof ri);
-        ri.round = round;
-        ri.x1_in_pool = -1;
-        ri.tau = NAN;
-        ri.root_margin = NAN;
-        for (int r = 0; r < RULE_COUNT; r++) ri.tau_rule[r] = NAN;
-        ri.t_round_start = dec_now(t);
-        uint64_t skip0 = t->clock_skip;
-        if (b->n_committed + reserve > cap) {
-            res->hit_capacity = 1;
-            emit_event(h, "kv_full", "stopped: KV cache full (raise --ctx)");
-            break;
-        }
-        int emitted[ROUND_MAX_EMIT], n_emit = 0, accepted = 0, keep[ROUND_MAX_EMIT], n_keep = 0;
-        int ar_round = !use_drafter;
-        if (use_drafter) {
-            ri.t_grow_sent = dec_now(t);
-            rc = drafter_grow_begin(dc, commit, n_commit, round == 0, NULL, 0, e);
-            if (rc) {
-                drafter_failed(h, e, res);
-                use_drafter = 0;
-                ar_round = 1;
-            }
-        }
-        if (ar_round) {
-            /* AR: the root pass alone; its draw is the continuation. */
-            ri.fallback_ar = o->rule != RULE_AR;
-            if ((rc = timed_root_pass(t, root, &ri, e))) goto out;
-            emitted[n_emit++] = row_draw(t->root_row, V, o->temp, &rng);
-            keep[n_keep++] = 0;
-        } else {
-            int need_root = rule_needs_root(o->rule);
-            int x1 = -1;
-            const float *root_row = t->root_row;
-            if (need_root) {
-                if ((rc = timed_root_pass(t, root, &ri, e))) goto out;
-                x1 = row_draw(t->root_row, V, o->temp, &rng);
-            }
-            rc = drafter_grow_end(dc, pool, e);
-            ri.t_pool_recv = dec_now(t);
-            if (rc) {
-                drafter_failed(h, e, res);
-                use_drafter = 0;
-                ri.fallback_ar = 1;
-                if (!need_root) {
-                    if ((rc = timed_root_pass(t, root, &ri, e))) goto out;
-                    x1 = row_draw(t->root_row, V, o->temp, &rng);
-                }
-                emitted[n_emit++] = x1;
-                keep[n_keep++] = 0;
-                goto commit;
-            }
-            ri.draft_ns = pool->draft_ns;
-            ri.draft_commit_ns = pool->commit_pass_ns;
-            if (o->test_wrong_x1 && need_root) {
-                double z = 0, u;
-                for (int k = 0; k < pool->root_n_children; k++) z += exp(pool->logq[k]);
-                u = rng_uniform(&rng) * z;
-                for (int k = 0; k < pool->root_n_children; k++) {
-                    x1 = pool->token[k];
-                    if ((u -= exp(pool->logq[k])) < 0) break;
-                }
-            }
-            /* Selection. */
-            Selection sel;
-            int B = o->budget;
-            if (need_root) row_softmax(t->root_row, V, t->p0);
-            if (o->temp == 0 && need_root) { /* point mass on the argmax */
-                memset(t->p0, 0, sizeof(float) * (size_t)V);
-                t->p0[x1] = 1.0f;
-            }
-            switch (o->rule) {
-            case RULE_DRAFT: select_draft(pool, B, &sel); break;
-            case RULE_PEARL: select_pearl(pool, B, x1, &sel); break;
-            case RULE_ROOTDRAW: select_rootdraw(pool, B, x1, &sel); break;
-            case RULE_ROOT: select_root(pool, B, t->p0, x1, &sel); break;
-            default: RS_ASSERT(!"rule");
-            }
-            pass_init(ps, pool);
-            pass_add(ps, pool, &sel);
-            if (o->score_all) pass_add_expanded(ps, pool);
-            ri.t_select_done = dec_now(t);
-            ri.x1_in_pool = need_root ? sel.x1_in_pool : -1;
-            ri.tree_size = sel.t.n;
-            int x1_node = o->rule == RULE_ROOT ? tree_child_with_token(pool, &sel, -1, x1) : -1;
-            int skip = o->rule == RULE_ROOT && x1_node < 0;
-            ri.tree_pass_skipped = skip;
-            /* Root selection's tau is taken given its X1, like pearl's and rootdraw's: with X1
-             * off the first level nothing can be accepted. The unconditional tau would be
-             * unknown here at T=1 (no tree pass), and a mean over only the rounds that have
-             * it overstates acceptance, since those are the rounds X1 landed in the tree. */
-            if (skip) ri.tau = 0.0;
-            int with_root = !need_root;
-            if (!skip || o->score_all) {
-                ri.t_tree_start = dec_now(t);
-                rc = tree_pass(t, ps, root, with_root, e);
-                if (rc) goto out;
-                ri.t_tree_end = dec_now(t);
-                if (with_root) root_row = t->rows;
-                /* tau is an offline measure of the tree (DESIGN.md §4), not part of decoding */
-                OFF_CLOCK(t, {
-                    double stat_root = row_stat(root_row, V, o->temp);
-                    for (int i = 0; i < ps->n; i++) stat_slot[i] = NAN;
-                    if (!skip)
-                        ri.tau = selection_tau(t, ps, &sel, root_row, with_root, o->temp,
-                                               &stat_root, stat_slot, x1_node);
-                    if (o->score_all)
-                        score_rules(t, ps, B, x1, root_row, with_root, o->temp, &stat_root,
-                                    stat_slot, &ri);
-                });
-            }
-            keep[n_keep++] = 0; /* the root */
-            if (skip) {
-                emitted[n_emit++] = x1; /* X1 is the continuation */
-            } else {
-                /* Exhaustive target sampling. */
-                int cur = -1; /* tree index; -1 = root */
-                if (sel.rooted_at_x1) {
-                    emitted[n_emit++] = x1;
-                    accepted++;
-                    cur = 0;
-                    keep[n_keep++] = 1 + pass_slot(ps, &sel, 0);
-                }
-                int forced = o->rule == RULE_ROOT ? x1 : -1;
-                for (;;) {
-                    const float *row = cur < 0 ? root_row
-                                               : t->rows + (size_t)(with_root + pass_slot(ps, &sel, cur)) * V;
-                    int y = forced >= 0 ? forced : row_draw(row, V, o->temp, &rng);
-                    forced = -1;
-                    int child = tree_child_with_token(pool, &sel, cur, y);
-                    emitted[n_emit++] = y;
-                    if (child < 0) break; /* y is the continuation */
-                    accepted++;
-                    keep[n_keep++] = 1 + pass_slot(ps, &sel, child);
-                    cur = child;
-                }
-            }
-        }
-    commit:
-        rc = backend_kv_commit(b, keep, n_keep, e);
-        if (rc) goto out;
-        ri.t_commit = dec_now(t);
-        ri.measure_ns = t->clock_skip - skip0;
-        ri.emitted = n_emit;
-        ri.accepted = accepted;
-        ri.graph_replays = b->n_graph_replays;
-        ri.eager_launches = b->n_eager_launches;
-        memcpy(ri.tokens, emitted, sizeof(int) * (size_t)n_emit);
-        res->t_end = ri.t_commit;
-        res->rounds++;
-        res->accepted_total += accepted;
-        if (!isnan(ri.tau)) res->tau_total += ri.tau;
-        int eos = take_tokens(t, res, h, emitted, n_emit);
-        if (h && h->on_round) h->on_round(h->user, &ri);
-        root = emitted[n_emit - 1];
-        /* Next round's commit to the drafter: this round's emitted tokens. */
-        memcpy(commit_buf, emitted, sizeof(int) * (size_t)n_emit);
-        commit = commit_buf;
-        n_commit = n_emit;
-        if (eos || res->n_tokens >= o->max_new || res->n_tokens >= res->cap) done = 1;
+/* The next round might not fit the KV cache: stop, and say so. */
+static int kv_full(Decode *d) {
+    if (d->t->b->n_committed + d->reserve <= target_kv_capacity(d->t)) return 0;
+    d->res->hit_capacity = 1;
+    emit_event(d->h, "kv_full", "stopped: KV cache full (raise --ctx)");
+    return 1;
+}
+
+int decode_run(Target *t, Drafter *dc, const int *prompt, int n_prompt, const DecodeOpts *o,
+               const DecodeHooks *h, DecodeResult *res, RsErr *e) {
+    res->n_tokens = 0;
+    res->hit_eos = res->hit_capacity = 0;
+    res->rounds = 0;
+    res->accepted_total = 0;
+    res->tau_total = 0;
+    res->drafter_failed = 0;
+    int rc = decode_check(t, dc, prompt, n_prompt, o, e);
+    if (rc) return rc;
+    Decode *d = rs_xcalloc(1, sizeof *d);
+    decode_begin(d, t, dc, prompt, n_prompt, o, h, res);
+    target_reset(t);
+    res->t_start = dec_now(d);
+    rc = target_prefill(t, prompt, n_prompt - 1, e);
+    for (int round = 0; !rc && !d->done; round++) {
+        Round r;
+        round_begin(d, &r, round);
+        if (kv_full(d)) break;
+        rc = d->use_drafter ? round_speculative(d, &r, e) : round_ar(d, &r, e);
+        if (!rc) rc = round_commit(d, &r, e);
     }
-    rc = RS_OK;
-out:
-    free(stat_slot);
-    free(ps);
+    free(d);
     return rc;
 }

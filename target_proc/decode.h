@@ -4,10 +4,10 @@
 #ifndef ROOTSPEC_DECODE_H
 #define ROOTSPEC_DECODE_H
 #include "common/pool.h"
-#include "common/rng.h"
 #include "draft_proc/drafter.h"
 #include "kernels/backend.h"
 #include "select.h"
+#include "target.h"
 
 typedef struct {
     Rule rule;
@@ -15,7 +15,8 @@ typedef struct {
     int temp;          /* 0 greedy, 1 sampling */
     uint64_t seed;
     uint64_t prompt_id;
-    int max_new;       /* stop after the round in which output reaches this */
+    int max_new;       /* >= 1: the output's cap; a round's tokens past it are dropped (the
+                          decode ends with that round) */
     int score_all;     /* offline scoring (root-pass rules): the tree pass also covers every
                           expanded pool node, so each rule's tree and the oracle's get a tau */
     int test_wrong_x1; /* tests only: draw X1 from the drafter's first level instead of
@@ -23,16 +24,18 @@ typedef struct {
 } DecodeOpts;
 
 #define ROUND_MAX_EMIT (TREE_MAX + 2)
-/* Nodes of one tree pass: the verified tree (X1 off the pool included) and, for score_all,
- * the expanded pool nodes, whose rows give every candidate's target probability. */
-#define DECODE_PASS_MAX (TREE_MAX + 1 + POOL_N_EXPANDED)
+/* Nodes of one tree pass (target.h). */
+#define DECODE_PASS_MAX TARGET_PASS_MAX
 /* KV entries a round may hold beyond the committed ones (the root and the pass), for any
  * options: what decode_round_reserve() returns at most. */
 #define DECODE_ROUND_RESERVE (DECODE_PASS_MAX + 1)
 
 typedef struct {
     int round;
-    int emitted, accepted, tree_size;
+    int emitted, accepted, tree_size; /* emitted: what the round verified (accepted + the
+                                         continuation), dropped ones included */
+    int dropped; /* of emitted, the last ones the output does not take: past --max-new or
+                    after the first EOS (the decode ends with this round) */
     int x1_in_pool;        /* -1: rule has no X1 */
     int tree_pass_skipped; /* root rule, X1 off the tree */
     double tau;            /* expected acceptance of the verified tree (pearl, rootdraw,
@@ -67,7 +70,8 @@ typedef struct {
 typedef struct {
     int *tokens;   // (cap) emitted tokens, caller-owned storage
     int cap;
-    int n_tokens;  /* emitted up to and including the first EOS */
+    int n_tokens;  /* emitted up to and including the first EOS, at most max_new and cap;
+                      speeds count these */
     int hit_eos;
     int hit_capacity; /* stopped because the KV cache is full (reported, never silent) */
     int rounds;
@@ -77,15 +81,6 @@ typedef struct {
     int drafter_failed;
 } DecodeResult;
 
-typedef struct Target Target;
-
-/* Borrows m; creates a backend with kv_capacity entries. eog: tokens that end a decode
- * (n_eog ids). */
-int target_create(const Model *m, const BackendOps *ops, int kv_capacity, int threads,
-                  int device, const int *eog, int n_eog, Target **out, RsErr *e);
-void target_free(Target **t);
-Backend *target_backend(Target *t);
-int target_kv_capacity(const Target *t);
 /* KV entries decode_run keeps free for one round with these options (checked before the
  * prefill and before every round): 1 for AR, 1 + B for a tree, more for score_all. */
 int decode_round_reserve(const DecodeOpts *o);

@@ -93,7 +93,7 @@ fail:
 
 void engine_close(Engine *en) {
     drafter_destroy(&en->drafter); /* before the models it borrows */
-    target_free(&en->target);
+    target_destroy(&en->target);
     model_free(&en->draft_model);
     tokenizer_free(&en->tok);
     model_free(&en->target_model);

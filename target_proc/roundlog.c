@@ -16,9 +16,9 @@ static void num(FILE *f, const char *k, double v) {
 
 void roundlog_write(FILE *f, const RoundLogCtx *c, const RoundInfo *r) {
     fprintf(f, "{\"decoder\":\"%s\",\"temp\":%d,\"budget\":%d,\"prompt_id\":%" PRIu64
-               ",\"round\":%d,\"emitted\":%d,\"accepted\":%d,\"tree_size\":%d",
-            c->decoder, c->temp, c->budget, c->prompt_id, r->round, r->emitted, r->accepted,
-            r->tree_size);
+               ",\"round\":%d,\"emitted\":%d,\"dropped\":%d,\"accepted\":%d,\"tree_size\":%d",
+            c->decoder, c->temp, c->budget, c->prompt_id, r->round, r->emitted, r->dropped,
+            r->accepted, r->tree_size);
     if (r->x1_in_pool < 0) fprintf(f, ",\"x1_in_pool\":null");
     else fprintf(f, ",\"x1_in_pool\":%s", r->x1_in_pool ? "true" : "false");
     num(f, "tau", r->tau);

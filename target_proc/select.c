@@ -1,6 +1,6 @@
-/* Selection rules and tau. Every rule ranks with the same total order (score desc, depth
- * asc, pool index asc), which makes any top-k set ancestor-closed because scores never
- * increase along a path; the sorted order also lists parents before children. */
+/* Selection rules and tau. Every rule ranks with the same total order (pool_rank_cmp_by:
+ * score desc, depth asc, pool index asc), which makes any top-k set ancestor-closed because
+ * scores never increase along a path; the sorted order also lists parents before children. */
 #include "select.h"
 #include "common/util.h"
 #include <math.h>
@@ -22,20 +22,15 @@ int rule_needs_root(Rule r) { return r == RULE_PEARL || r == RULE_ROOTDRAW || r 
 
 typedef struct {
     const Pool *p;
-    const double *score; /* (p->n) */
+    const double *score; /* (p->n), NULL: the pool's own */
 } RankCtx;
 
 static int rank_cmp(const void *a, const void *b, void *vctx) {
     const RankCtx *c = vctx;
-    int i = *(const int *)a, j = *(const int *)b;
-    double si = c->score[i], sj = c->score[j];
-    if (si > sj) return -1;
-    if (si < sj) return 1;
-    if (c->p->depth[i] != c->p->depth[j]) return c->p->depth[i] < c->p->depth[j] ? -1 : 1;
-    return i < j ? -1 : (i > j);
+    return pool_rank_cmp_by(c->p, c->score, *(const int *)a, *(const int *)b);
 }
 
-/* Sorts idx[0..n) by the ranking under `score`. */
+/* Sorts idx[0..n) by the ranking under `score` (NULL: the pool's own). */
 static void rank_sort(const Pool *p, const double *score, int *idx, int n) {
     RankCtx c = {p, score};
     qsort_r(idx, (size_t)n, sizeof(int), rank_cmp, &c);
@@ -63,11 +58,7 @@ static void sel_init(Selection *s) {
     s->x1_token = -1;
 }
 
-static void pool_scores(const Pool *p, double *score) {
-    for (int i = 0; i < p->n; i++) score[i] = p->score[i];
-}
-
-/* Top-B of the pool by `score` into list; returns count. */
+/* Top-B of the pool by `score` (NULL: the pool's own) into list; returns count. */
 static int top_b(const Pool *p, const double *score, int B, int *list) {
     int idx[POOL_MAX];
     for (int i = 0; i < p->n; i++) idx[i] = i;
@@ -80,10 +71,8 @@ static int top_b(const Pool *p, const double *score, int B, int *list) {
 void select_draft(const Pool *p, int B, Selection *out) {
     RS_ASSERT(B >= 1 && B <= TREE_MAX);
     sel_init(out);
-    double score[POOL_MAX];
     int list[TREE_MAX];
-    pool_scores(p, score);
-    build_tree(p, list, top_b(p, score, B, list), out);
+    build_tree(p, list, top_b(p, NULL, B, list), out);
 }
 
 static int first_level_node(const Pool *p, int token) {
@@ -142,9 +131,7 @@ void select_rootdraw(const Pool *p, int B, int x1, Selection *out) {
         int u = desc[head++];
         for (int c = 0; c < p->n_children[u]; c++) desc[nd++] = p->first_child[u] + c;
     }
-    double score[POOL_MAX];
-    pool_scores(p, score);
-    rank_sort(p, score, desc + 1, nd - 1);
+    rank_sort(p, NULL, desc + 1, nd - 1);
     int n = nd < B ? nd : B;
     build_tree(p, desc, n, out);
 }

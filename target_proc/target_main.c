@@ -26,7 +26,7 @@ static void usage(FILE *f) {
             "  --budget B            tree budget, 1..%d (default 59)\n"
             "  --temp T              0 (greedy) or 1 (sample softmax of raw logits) (default 0)\n"
             "  --seed S              sampling seed (default 1)\n"
-            "  --max-new N           stop after the round reaching N new tokens (default 256)\n"
+            "  --max-new N           output at most N new tokens (default 256)\n"
             "  --threads N           CPU threads (default 1)\n"
             "  --ctx N               KV cache entries per process (default 2048)\n"
             "  --backend NAME        cpu | cuda (default cpu)\n"

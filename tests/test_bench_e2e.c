@@ -123,7 +123,7 @@ static int bench_run(const char *logdir, const char *name, const char *const *ar
 #define MAXROWS 512
 typedef struct {
     char key[128];
-    int rounds;
+    int rounds, tokens, hit_eos;
 } Row;
 
 static int read_rows(const char *dir, Row *rows) {
@@ -145,6 +145,8 @@ static int read_rows(const char *dir, Row *rows) {
         ck_assert_int_lt(n, MAXROWS);
         snprintf(rows[n].key, sizeof rows[n].key, "%s,%s,%s,%s", f[0], f[2], f[3], f[4]);
         rows[n].rounds = atoi(f[8]);
+        rows[n].tokens = atoi(f[5]);
+        rows[n].hit_eos = atoi(f[10]);
         ck_assert_int_gt(atoi(f[5]), 0);  /* tokens */
         ck_assert_int_gt(atol(f[6]), 0);  /* time_ns */
         n++;
@@ -160,7 +162,9 @@ static int row_find(const Row *rows, int n, const char *key) {
 }
 
 /* Every row's key is unique, and rounds.jsonl holds exactly `rounds` lines for each decode
- * (no rounds of dropped or repeated decodes), with round indices 0..rounds-1. */
+ * (no rounds of dropped or repeated decodes), with round indices 0..rounds-1, whose tokens
+ * less the dropped ones (past --max-new or EOS) are the decode's tokens, which its speed
+ * counts. */
 static void check_consistent(const char *dir, const Row *rows, int n) {
     for (int i = 0; i < n; i++)
         ck_assert_msg(row_find(rows, i, rows[i].key) < 0, "decode %s logged twice", rows[i].key);
@@ -170,7 +174,7 @@ static void check_consistent(const char *dir, const Row *rows, int n) {
     int nr = 0;
     RsErr e = {0};
     ck_assert_msg(benchlog_rounds_read(p, &r, &nr, &e) == RS_OK, "%s", e.msg);
-    int *seen = calloc((size_t)n, sizeof(int));
+    int *seen = calloc((size_t)n, sizeof(int)), *kept = calloc((size_t)n, sizeof(int));
     for (int i = 0; i < nr; i++) {
         char key[128];
         snprintf(key, sizeof key, "%s,%s,%d,%d", r[i].prompt_id, r[i].decoder, r[i].temp,
@@ -182,6 +186,10 @@ static void check_consistent(const char *dir, const Row *rows, int n) {
         seen[k]++;
         ck_assert_int_ge(r[i].t_commit, r[i].t_round_start);
         ck_assert_int_ge(r[i].emitted, 1);
+        ck_assert_msg(r[i].dropped == 0 || r[i].round == rows[k].rounds - 1,
+                      "%s: round %d dropped %d tokens but was not the last", key, r[i].round,
+                      r[i].dropped);
+        kept[k] += r[i].emitted - r[i].dropped;
         if (!strcmp(r[i].decoder, "ar")) {
             ck_assert_int_eq(r[i].x1_in_pool, BENCH_X1_NULL);
             ck_assert_int_eq(r[i].t_grow_sent, BENCH_NULL_NS);
@@ -190,10 +198,14 @@ static void check_consistent(const char *dir, const Row *rows, int n) {
             ck_assert_int_ge(r[i].t_pool_recv, r[i].t_grow_sent);
         }
     }
-    for (int k = 0; k < n; k++)
+    for (int k = 0; k < n; k++) {
         ck_assert_msg(seen[k] == rows[k].rounds, "%s: %d rounds logged, decodes.csv says %d",
                       rows[k].key, seen[k], rows[k].rounds);
+        ck_assert_msg(kept[k] == rows[k].tokens, "%s: rounds output %d tokens, decodes.csv %d",
+                      rows[k].key, kept[k], rows[k].tokens);
+    }
     free(seen);
+    free(kept);
     free(r);
 }
 
@@ -241,6 +253,9 @@ START_TEST(test_e2e_run_analyze_resume) {
     int n = read_rows(out, rows);
     ck_assert_int_eq(n, 3 * N_COMBOS);
     check_consistent(out, rows, n);
+    for (int i = 0; i < n; i++) /* --max-new 12 is exact: speeds count no token past it */
+        ck_assert_msg(rows[i].hit_eos ? rows[i].tokens <= 12 : rows[i].tokens == 12,
+                      "%s: %d tokens under --max-new 12", rows[i].key, rows[i].tokens);
     /* every (prompt, combination) exactly once */
     const char *pids[] = {"81", "82", "HumanEval/0"};
     const char *combos[] = {"ar,0,0", "ar,1,0", "draft,0,8", "draft,1,8", "rootdraw,0,8",

@@ -5,7 +5,7 @@
  * Q4_K_M-style llama GGUF with its own transformers logits, and the
  * default SmolLM2 Q4_1 model's top-10 at a few positions of 3 prompts ("RSTK"). */
 #include "testutil.h"
-#include "common/rng.h"
+#include "common/logits.h"
 #include "kernels/backend.h"
 #include <string.h>
 

@@ -200,8 +200,8 @@ START_TEST(test_pool_finalize_valid) {
     static Pool p;
     make_pool(&p);
     RsErr e = {0};
-    ck_assert_msg(pool_finalize_err(&p, 49152, &e) == RS_OK, "%s", e.msg);
-    ck_assert_int_eq(pool_finalize(&p, 49152), 0);
+    ck_assert_msg(pool_finalize(&p, 49152, &e) == RS_OK, "%s", e.msg);
+    ck_assert_int_eq(pool_finalize(&p, 49152, NULL), 0);
     /* Score = sum of logq along the path, recomputed by walking parents in double. */
     int per_depth[POOL_MAX_DEPTH + 1] = {0};
     for (int i = 0; i < p.n; i++) {
@@ -234,7 +234,7 @@ START_TEST(test_pool_finalize_valid) {
     /* Empty pool is valid. */
     static Pool z;
     memset(&z, 0, sizeof z);
-    ck_assert_int_eq(pool_finalize(&z, 10), 0);
+    ck_assert_int_eq(pool_finalize(&z, 10, NULL), 0);
     ck_assert_int_eq(z.root_n_children, 0);
     ck_assert_int_eq(z.root_first_child, -1);
 }
@@ -242,10 +242,14 @@ END_TEST
 
 static void bad_pool(Pool *p, int vocab, const char *want) {
     RsErr e = {0};
-    int rc = pool_finalize_err(p, vocab, &e);
+    int n = p->n;
+    int rc = pool_finalize(p, vocab, &e);
     ck_assert_msg(rc == RS_EPROTO, "expected failure '%s', got %d", want, rc);
     ck_assert_msg(strstr(e.msg, want), "message '%s' lacks '%s'", e.msg, want);
-    ck_assert_int_eq(pool_finalize(p, vocab), -1);
+    /* a rejected pool is emptied, so nothing can select from it; without a message too */
+    ck_assert_int_eq(p->n, 0);
+    p->n = n;
+    ck_assert_int_eq(pool_finalize(p, vocab, NULL), RS_EPROTO);
 }
 
 START_TEST(test_pool_finalize_rejects) {
@@ -303,11 +307,11 @@ START_TEST(test_pool_finalize_rejects) {
     }
     bad_pool(&p, 10, "candidate 8 has depth 9, expected 9 (parent 7, max 8)");
     p.n = 8;
-    ck_assert_int_eq(pool_finalize(&p, 10), 0);
+    ck_assert_int_eq(pool_finalize(&p, 10, NULL), 0);
     /* More than POOL_N_EXPANDED nodes with children: the target's tree pass (score_all covers
      * every expanded node) is sized for 70, so such a pool used to abort it. */
     make_wide_pool(&p, POOL_N_EXPANDED);
-    ck_assert_int_eq(pool_finalize(&p, 10), 0);
+    ck_assert_int_eq(pool_finalize(&p, 10, NULL), 0);
     make_wide_pool(&p, POOL_N_EXPANDED + 1);
     bad_pool(&p, 10, "candidate 170 makes 71 expanded nodes (nodes with children), at most 70");
 }
@@ -333,7 +337,7 @@ START_TEST(test_pool_rank_cmp) {
         p.depth[i] = dep[i];
         p.token[i] = i;
     }
-    ck_assert_int_eq(pool_finalize(&p, 10), 0);
+    ck_assert_int_eq(pool_finalize(&p, 10, NULL), 0);
     /* scores: 0:-1, 1:-0.5, 2:-1, 3:-1 (d2), 4:-0.75 */
     int order[5] = {0, 1, 2, 3, 4};
     g_cmp_pool = &p;
@@ -348,7 +352,7 @@ START_TEST(test_pool_rank_cmp) {
     /* On the full pool, every prefix of the ranking is ancestor-closed (DESIGN.md §2). */
     static Pool f;
     make_pool(&f);
-    ck_assert_int_eq(pool_finalize(&f, 49152), 0);
+    ck_assert_int_eq(pool_finalize(&f, 49152, NULL), 0);
     static int idx[POOL_MAX], rank_of[POOL_MAX];
     for (int i = 0; i < f.n; i++) idx[i] = i;
     g_cmp_pool = &f;

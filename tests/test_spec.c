@@ -3,7 +3,7 @@
  * verifier that must fail), tree properties on real pools, and realised acceptance vs tau.
  * Models are tiny random ones built in memory, so the reference is plain AR decoding of the
  * same target (an independent code path: one-token passes, no pool, no tree mask). */
-#include "common/rng.h"
+#include "common/logits.h"
 #include "draft_proc/drafter_impl.h"
 #include "draft_proc/model_drafter.h"
 #include "target_proc/decode.h"
@@ -53,7 +53,7 @@ static void pair_open(Pair *p, int kind, int vocab, int dim, uint64_t seed) {
 static void pair_close(Pair *p) {
     drafter_destroy(&p->dc); /* and p->d, which it owns or is */
     p->d = NULL;
-    target_free(&p->t);
+    target_destroy(&p->t);
     model_free(&p->dm);
     model_free(&p->tm);
 }
@@ -434,7 +434,7 @@ START_TEST(test_oracle_brute_force) {
             pl->logq[i] = (float)log(0.05 + rng_uniform(&r));
             if (pl->logq[i] > 0) pl->logq[i] = 0;
         }
-        ck_assert(pool_finalize(pl, 64) == 0);
+        ck_assert(pool_finalize(pl, 64, NULL) == 0);
         double trans[N], path[N];
         for (int i = 0; i < N; i++) {
             trans[i] = trial % 3 == 2 ? (double)(rng_next(&r) % 2) : rng_uniform(&r);
@@ -503,11 +503,12 @@ START_TEST(test_realised_vs_tau) {
 END_TEST
 
 
-/* ---- round-level checks of DESIGN.md: stop rule, X1, root skip, KV contents, pool shape ---- */
+/* ---- round-level SPEC checks: stop rule, X1, root skip, KV contents, pool shape ---- */
 
 typedef struct {
     int max_new, rounds, total, after_limit, max_emit, bad;
-    int last_emit;
+    int last_emit;       /* tokens the output took from the last round */
+    int produced, dropped; /* tokens the rounds verified; of them, not output */
     Rule rule;
     int B, skips, x1_off, rounds_tree;
     char why[200];
@@ -517,11 +518,17 @@ static void round_check(void *u, const RoundInfo *r) {
     RoundLog *s = u;
     /* DESIGN.md §6: no round starts once the output has reached the limit */
     if (s->total >= s->max_new) s->after_limit++;
-    s->total += r->emitted;
-    s->last_emit = r->emitted;
+#define BAD(...) do { if (!s->bad) snprintf(s->why, sizeof s->why, __VA_ARGS__); s->bad++; } while (0)
+    /* dropped tokens (past --max-new or an EOS) end the decode, and the output takes >= 1 */
+    if (s->dropped) BAD("round %d after a round that dropped tokens", r->round);
+    if (r->dropped < 0 || r->dropped >= r->emitted)
+        BAD("round %d: %d of %d tokens dropped", r->round, r->dropped, r->emitted);
+    s->total += r->emitted - r->dropped;
+    s->last_emit = r->emitted - r->dropped;
+    s->produced += r->emitted;
+    s->dropped += r->dropped;
     s->rounds++;
     if (r->emitted > s->max_emit) s->max_emit = r->emitted;
-#define BAD(...) do { if (!s->bad) snprintf(s->why, sizeof s->why, __VA_ARGS__); s->bad++; } while (0)
     if (r->fallback_ar) BAD("round %d fell back to AR", r->round);
     /* DESIGN.md §4: the round emits accepted tokens + the continuation */
     if (r->emitted != r->accepted + 1) BAD("round %d: emitted %d, accepted %d", r->round, r->emitted, r->accepted);
@@ -581,12 +588,14 @@ static int decode_logged(Pair *p, Target *t, Rule rule, int B, int temp, uint64_
     return r->n_tokens;
 }
 
-/* DESIGN.md §6 stop rule: a decode stops after the round in which its output reaches the limit
- * (so at most limit - 1 + 9 tokens: 8 accepted + the continuation), never earlier, and no
- * round starts after it; the output is not cut back to the limit.
+/* Stop rule: a decode stops after the round in which its output reaches the limit (that
+ * round verifies at most limit - 1 + 9 tokens: 8 accepted + the continuation), never
+ * earlier, and no round starts after it; --max-new is an exact cap: the output is cut back
+ * to the limit and the round log counts the tokens dropped.
  * DESIGN.md §4/§2 KV contents: the target keeps root + accepted path (its committed context is
- * the prompt and the output minus the final continuation), the drafter keeps only
- * committed tokens (every round's tokens but the last, which it is never sent). */
+ * the prompt and the output minus its last token: nothing past the cut is committed), the
+ * drafter keeps only committed tokens (every round's tokens but the last, which it is
+ * never sent). */
 START_TEST(test_stop_rule_and_kv) {
     for (int kind = 2; kind >= 0; kind -= 2) {
         Pair p;
@@ -607,10 +616,15 @@ START_TEST(test_stop_rule_and_kv) {
                         ck_assert_msg(lg.after_limit == 0, "%s: a round started after the limit", nm);
                         ck_assert_int_eq(r.n_tokens, lg.total);
                         ck_assert_int_eq(r.rounds, lg.rounds);
-                        ck_assert_msg(lg.total >= lim && lg.total <= lim - 1 + POOL_MAX_DEPTH + 1,
-                                      "%s T=%d B=%d limit %d: %d tokens", nm, temp, B, lim, lg.total);
+                        ck_assert_msg(lg.total == lim, "%s T=%d B=%d limit %d: %d tokens", nm,
+                                      temp, B, lim, lg.total);
+                        ck_assert_msg(lg.produced >= lim &&
+                                          lg.produced <= lim - 1 + POOL_MAX_DEPTH + 1,
+                                      "%s T=%d B=%d limit %d: %d tokens verified", nm, temp, B,
+                                      lim, lg.produced);
+                        ck_assert_int_eq(lg.produced - lg.dropped, lg.total);
                         ck_assert_int_le(lg.max_emit, POOL_MAX_DEPTH + 1);
-                        overshoot |= lg.total > lim;
+                        overshoot |= lg.produced > lim;
                         Backend *tb = target_backend(p.t);
                         ck_assert_int_eq(tb->n_pending, 0);
                         ck_assert_msg(tb->n_committed == 5 - 1 + lg.total,
@@ -623,7 +637,7 @@ START_TEST(test_stop_rule_and_kv) {
                                           model_drafter_n_committed(p.d),
                                           5 + lg.total - lg.last_emit);
                     }
-        if (kind == 2) ck_assert_msg(overshoot, "no decode went past its limit in its last round");
+        if (kind == 2) ck_assert_msg(overshoot, "no decode verified past its limit in its last round");
         pair_close(&p);
     }
 }
@@ -653,8 +667,59 @@ START_TEST(test_stop_at_first_eos) {
             /* the EOS came in the last round */
             ck_assert_int_le(lg.total - lg.last_emit, first);
         }
-    target_free(&t2);
+    target_destroy(&t2);
     pair_close(&p);
+}
+END_TEST
+
+/* --max-new N is an exact cap for every decoder: at T=0, for N from 1 to B + 2 (B = 4: a
+ * round verifies up to 5 tokens, so rounds often cross N), the output is AR's first N
+ * tokens, count included. Tokens past N are dropped: counted in the round log, in neither
+ * the output nor the token count speeds divide (n_tokens), and neither KV cache holds
+ * anything past the cut. */
+START_TEST(test_max_new_exact) {
+    enum { B = 4, NP = 6 };
+    int dropping = 0, decodes = 0;
+    for (int kind = 0; kind < 3; kind++) {
+        Pair p;
+        pair_open(&p, kind, 64, 32, 900 + kind);
+        for (int pr = 0; pr < 3; pr++) {
+            int prompt[NP] = {3 + pr, 9, 27, 17, 51, 8 * pr}, ref[64], buf[512];
+            int nref = run(&p, RULE_AR, B, 0, 1, pr, prompt, NP, 40, ref, NULL, 0);
+            ck_assert_int_eq(nref, 40);
+            for (int ri = 0; ri < 5; ri++)
+                for (int lim = 1; lim <= B + 2; lim++) {
+                    RoundLog lg;
+                    DecodeResult r;
+                    decode_logged(&p, p.t, ALL_RULES[ri], B, 0, 1, prompt, NP, lim, &lg, &r,
+                                  buf);
+                    const char *nm = rule_name(ALL_RULES[ri]);
+                    ck_assert_msg(r.n_tokens == lim && !r.hit_eos,
+                                  "drafter %d %s --max-new %d: %d tokens", kind, nm, lim,
+                                  r.n_tokens);
+                    for (int i = 0; i < lim; i++)
+                        ck_assert_msg(buf[i] == ref[i],
+                                      "drafter %d %s --max-new %d: token %d is %d, AR %d", kind,
+                                      nm, lim, i, buf[i], ref[i]);
+                    ck_assert_int_eq(lg.total, lim);
+                    ck_assert_int_eq(lg.produced - lg.dropped, r.n_tokens);
+                    dropping += lg.dropped > 0;
+                    decodes++;
+                    Backend *tb = target_backend(p.t);
+                    ck_assert_msg(tb->n_committed == NP - 1 + lim,
+                                  "%s --max-new %d: target KV holds %d entries, want %d", nm,
+                                  lim, tb->n_committed, NP - 1 + lim);
+                    if (ALL_RULES[ri] != RULE_AR)
+                        ck_assert_msg(model_drafter_n_committed(p.d) == NP + lim - lg.last_emit,
+                                      "%s: drafter KV holds %d committed, want %d", nm,
+                                      model_drafter_n_committed(p.d), NP + lim - lg.last_emit);
+                }
+        }
+        pair_close(&p);
+    }
+    fprintf(stderr, "max-new cap: %d of %d decodes dropped tokens in their last round\n",
+            dropping, decodes);
+    ck_assert_int_gt(dropping, 20);
 }
 END_TEST
 
@@ -1044,10 +1109,14 @@ Suite *suite_spec(void) {
     tcase_add_test(tc, test_decode_errors);
     tcase_add_test(tc, test_root_margin);
     suite_add_tcase(s, tc);
+    TCase *ts = tcase_create("stop"); /* --max-new, EOS */
+    tcase_set_timeout(ts, 600);
+    tcase_add_test(ts, test_stop_rule_and_kv);
+    tcase_add_test(ts, test_stop_at_first_eos);
+    tcase_add_test(ts, test_max_new_exact);
+    suite_add_tcase(s, ts);
     TCase *tr = tcase_create("rounds");
     tcase_set_timeout(tr, 600);
-    tcase_add_test(tr, test_stop_rule_and_kv);
-    tcase_add_test(tr, test_stop_at_first_eos);
     tcase_add_test(tr, test_long_prompt);
     tcase_add_test(tr, test_round_rules);
     tcase_add_test(tr, test_realised_vs_tau_root);

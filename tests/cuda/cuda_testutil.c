@@ -2,7 +2,7 @@
 #include "cuda_testutil.h"
 #include <cuda_runtime_api.h>
 #include <math.h>
-#include "common/rng.h"
+#include "common/logits.h"
 #include "kernels/backend.h"
 #include "tests/testutil.h"
 #include <limits.h>

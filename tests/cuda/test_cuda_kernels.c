@@ -4,7 +4,7 @@
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <string.h>
-#include "common/rng.h"
+#include "common/logits.h"
 #include "cuda_testutil.h"
 #include "kernels/cuda_kernels.h"
 #include "tests/testutil.h"

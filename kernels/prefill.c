@@ -1,0 +1,26 @@
+/* Chunked prefill; see prefill.h. */
+#include "prefill.h"
+
+int prefill_chunk(const BackendParams *p) {
+    int c = p->max_batch < p->max_pending ? p->max_batch : p->max_pending;
+    c = c < PREFILL_CHUNK_MAX ? c : PREFILL_CHUNK_MAX;
+    RS_ASSERT(c >= 1);
+    return c;
+}
+
+int backend_prefill(Backend *b, const int *tokens, int n, float *last_row, RsErr *e) {
+    RS_ASSERT(n >= 0 && b->n_pending == 0);
+    int chunk = prefill_chunk(&b->params);
+    int pos[PREFILL_CHUNK_MAX], keep[PREFILL_CHUNK_MAX];
+    for (int i = 0; i < chunk; i++) keep[i] = i;
+    for (int off = 0; off < n; off += chunk) {
+        int m = n - off < chunk ? n - off : chunk;
+        for (int i = 0; i < m; i++) pos[i] = b->n_committed + i;
+        int last = m - 1, want = last_row && off + m == n;
+        int rc = backend_forward(b, tokens + off, pos, m, NULL, &last, want, last_row, e);
+        if (rc) return rc;
+        rc = backend_kv_commit(b, keep, m, e);
+        if (rc) return rc;
+    }
+    return RS_OK;
+}

@@ -1,0 +1,21 @@
+/* Prefill: appends a run of tokens to a backend's committed context, in chunks. The one
+ * chunk rule the target (prompt) and the drafter (prompt and every round's commit) share. */
+#ifndef ROOTSPEC_PREFILL_H
+#define ROOTSPEC_PREFILL_H
+#include "backend.h"
+
+/* Most tokens a prefill chunk holds on any backend (bounds its stack scratch). */
+#define PREFILL_CHUNK_MAX 256
+
+/* Tokens per prefill chunk on a backend with these parameters: a chunk is one forward()
+ * (at most max_batch tokens) whose entries stay pending until its commit (at most
+ * max_pending), so the smaller of the two, capped at PREFILL_CHUNK_MAX. */
+int prefill_chunk(const BackendParams *p);
+
+/* Forwards tokens[0..n) (n >= 0) at positions n_committed.. and commits them, chunk by
+ * chunk; nothing may be pending. last_row != NULL: the last token's logits (vocab) go
+ * there. Errors are the backend's; after one the context holds an unknown prefix of the
+ * tokens (reset it). */
+int backend_prefill(Backend *b, const int *tokens, int n, float *last_row, RsErr *e);
+
+#endif

@@ -1,0 +1,99 @@
+/* The target model's backend, buffers and passes; see target.h. */
+#include "target.h"
+#include "kernels/prefill.h"
+#include <string.h>
+
+/* Most tokens in one forward(): the tree pass (root included) and a prefill chunk. */
+#define MAX_BATCH 256
+
+int target_create(const Model *m, const BackendOps *ops, int kv_capacity, int threads,
+                  int device, const int *eog, int n_eog, Target **out, RsErr *e) {
+    *out = NULL;
+    Target *t = rs_xcalloc(1, sizeof *t);
+    t->m = m;
+    t->vocab = m->cfg.vocab_size;
+    BackendParams bp = {.kv_capacity = kv_capacity,
+                        .max_batch = MAX_BATCH,
+                        .max_pending = TARGET_PASS_MAX + 2,
+                        .threads = threads,
+                        .device = device};
+    int rc = ops->create(m, &bp, &t->b, e);
+    if (rc) {
+        free(t);
+        return rc;
+    }
+    t->eog = rs_xcalloc((size_t)t->vocab, 1);
+    for (int i = 0; i < n_eog; i++)
+        if (eog[i] >= 0 && eog[i] < t->vocab) t->eog[eog[i]] = 1;
+    t->root_row = backend_host_alloc(t->b, sizeof(float) * (size_t)t->vocab);
+    t->p0 = rs_xmalloc(sizeof(float) * (size_t)t->vocab);
+    t->rows = backend_host_alloc(t->b, sizeof(float) * (size_t)(TARGET_PASS_MAX + 1) * t->vocab);
+    t->mask = rs_xmalloc((size_t)(TARGET_PASS_MAX + 1) * (TARGET_PASS_MAX + 2));
+    t->pool = rs_xmalloc(sizeof(Pool));
+    *out = t;
+    return RS_OK;
+}
+
+void target_destroy(Target **pt) {
+    if (!pt || !*pt) return;
+    Target *t = *pt;
+    backend_host_free(t->b, t->root_row);
+    backend_host_free(t->b, t->rows);
+    backend_destroy(&t->b);
+    free(t->eog);
+    free(t->p0);
+    free(t->mask);
+    free(t->pool);
+    free(t);
+    *pt = NULL;
+}
+
+Backend *target_backend(Target *t) { return t->b; }
+
+int target_kv_capacity(const Target *t) { return t->b->params.kv_capacity; }
+
+void target_reset(Target *t) { t->b->ops->kv_reset(t->b); }
+
+int target_prefill(Target *t, const int *tokens, int n, RsErr *e) {
+    return backend_prefill(t->b, tokens, n, NULL, e);
+}
+
+int target_root_pass(Target *t, int root, RsErr *e) {
+    Backend *b = t->b;
+    int pos = b->n_committed, row = 0;
+    uint8_t one = 1;
+    return backend_forward(b, &root, &pos, 1, &one, &row, 1, t->root_row, e);
+}
+
+int target_tree_pass(Target *t, const TreePass *ps, int root, int with_root, RsErr *e) {
+    Backend *b = t->b;
+    int np = b->n_pending, n = ps->n + with_root, cols = np + n;
+    RS_ASSERT(np + with_root == 1);
+    int tokens[TARGET_PASS_MAX + 1], pos[TARGET_PASS_MAX + 1], rows[TARGET_PASS_MAX + 1];
+    int P = b->n_committed;
+    memset(t->mask, 0, (size_t)n * cols);
+    if (with_root) {
+        tokens[0] = root;
+        pos[0] = P;
+        t->mask[0] = 1;
+    }
+    for (int i = 0; i < ps->n; i++) {
+        int r = with_root + i;
+        tokens[r] = ps->token[i];
+        pos[r] = P + ps->depth[i];
+        uint8_t *m = t->mask + (size_t)r * cols;
+        m[0] = 1; /* the root */
+        for (int a = i; a >= 0; a = ps->parent[a]) m[1 + a] = 1;
+    }
+    for (int r = 0; r < n; r++) rows[r] = r;
+    return backend_forward(b, tokens, pos, n, t->mask, rows, n, t->rows, e);
+}
+
+int target_commit(Target *t, const int *keep, int n, RsErr *e) {
+    return backend_kv_commit(t->b, keep, n, e);
+}
+
+const float *target_slot_row(const Target *t, int with_root, int slot) {
+    if (slot < 0) return with_root ? t->rows : t->root_row;
+    return t->rows + (size_t)(with_root + slot) * t->vocab;
+}

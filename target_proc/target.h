@@ -1,0 +1,61 @@
+/* The target model's side of a round: its backend, the buffers its passes fill, and the
+ * three passes a decode runs (prefill, the one-token root pass, the tree-masked pass).
+ * decode.c sequences them into rounds; nothing here knows about drafters or rules.
+ * Pending KV layout in a round: entry 0 = the root (continuation), entry 1+k = pass node k,
+ * whether the root comes with the tree in one batch (draft rule) or before it (root pass). */
+#ifndef ROOTSPEC_TARGET_H
+#define ROOTSPEC_TARGET_H
+#include "common/pool.h"
+#include "kernels/backend.h"
+
+/* Nodes of one tree pass: the verified tree (X1 off the pool included) and, for score_all,
+ * the expanded pool nodes, whose rows give every candidate's target probability. */
+#define TARGET_PASS_MAX (TREE_MAX + 1 + POOL_N_EXPANDED)
+
+/* The nodes of one tree pass: pool nodes (parents first) plus possibly X1 off the pool. */
+typedef struct {
+    int n;
+    int token[TARGET_PASS_MAX];
+    int parent[TARGET_PASS_MAX];    /* pass index of parent, -1 = root */
+    int depth[TARGET_PASS_MAX];
+    int pool_node[TARGET_PASS_MAX]; /* pool index or TREE_X1_OFFPOOL */
+    int slot_of_pool[POOL_MAX];     /* pass index of a pool node, -1 if not in the pass */
+    int x1_slot;                    /* pass index of X1 off the pool, -1 if none */
+} TreePass;
+
+typedef struct Target {
+    const Model *m;
+    Backend *b;
+    int vocab;
+    uint8_t *eog;      // (vocab) 1 = ends a decode
+    float *root_row;   // (vocab) logits at the root (root pass)
+    float *p0;         // (vocab) softmax of root_row (root selection)
+    float *rows;       // (TARGET_PASS_MAX + 1, vocab) logits of a tree pass
+    uint8_t *mask;     // (TARGET_PASS_MAX + 1, TARGET_PASS_MAX + 2)
+    Pool *pool;        /* this round's pool, filled by the drafter */
+} Target;
+
+/* Borrows m; creates a backend with kv_capacity entries. eog: tokens that end a decode
+ * (n_eog ids; out-of-vocabulary ones are ignored). */
+int target_create(const Model *m, const BackendOps *ops, int kv_capacity, int threads,
+                  int device, const int *eog, int n_eog, Target **out, RsErr *e);
+void target_destroy(Target **t);
+Backend *target_backend(Target *t);
+int target_kv_capacity(const Target *t);
+
+/* Forgets the context (new prompt). */
+void target_reset(Target *t);
+/* Commits tokens[0..n) as context (backend_prefill). */
+int target_prefill(Target *t, const int *tokens, int n, RsErr *e);
+/* One-token pass on the root: logits into root_row, the root left pending at entry 0. */
+int target_root_pass(Target *t, int root, RsErr *e);
+/* The tree-masked pass over ps. with_root: the root token is batch entry 0 (draft rule);
+ * otherwise the root pass left it pending at entry 0. Logits of pass node i go to
+ * rows[with_root + i]; with_root puts the root's row at rows[0]. */
+int target_tree_pass(Target *t, const TreePass *ps, int root, int with_root, RsErr *e);
+/* Keeps pending entries keep[0..n) (root, accepted path) as context; drops the rest. */
+int target_commit(Target *t, const int *keep, int n, RsErr *e);
+/* Row of logits after pass slot `slot` (-1: the root) of the last passes. */
+const float *target_slot_row(const Target *t, int with_root, int slot);
+
+#endif
