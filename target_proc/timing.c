@@ -38,6 +38,26 @@ void timing_add(TimingAcc *t, const RoundInfo *r) {
     t->overhead_ms[k] = over;
     t->hidden[k] = r->t_root_end && r->t_pool_recv ? timing_hidden_share(r) : absent;
     t->round_ms[k] = (double)(r->t_commit - r->t_round_start) * 1e-6;
+    double part[TIMING_N_PARTS];
+    timing_round_parts(r, part);
+    for (int i = 0; i < TIMING_N_PARTS; i++) t->part_ms[i] += part[i];
+}
+
+static double span_ms(uint64_t from, uint64_t to) { return to > from ? (to - from) * 1e-6 : 0; }
+
+void timing_round_parts(const RoundInfo *r, double p[TIMING_N_PARTS]) {
+    uint64_t s = r->t_round_start, root_end = r->t_root_end ? r->t_root_end : s;
+    uint64_t grow = r->t_grow_sent ? r->t_grow_sent : s;
+    uint64_t ready = r->t_pool_recv > root_end ? r->t_pool_recv : root_end;
+    p[TIMING_SEND] = r->t_grow_sent ? span_ms(s, r->t_grow_sent) : 0;
+    p[TIMING_ROOT] = r->t_root_end ? span_ms(r->t_root_start, r->t_root_end) : 0;
+    uint64_t wait_from = grow > root_end ? grow : root_end;
+    p[TIMING_WAIT] = r->t_pool_recv ? span_ms(wait_from, r->t_pool_recv) : 0;
+    p[TIMING_SELECT] = r->t_select_done ? span_ms(ready, r->t_select_done) : 0;
+    p[TIMING_TREE] = r->t_tree_end ? span_ms(r->t_tree_start, r->t_tree_end) : 0;
+    double sum = 0, whole = span_ms(s, r->t_commit);
+    for (int i = 0; i < TIMING_OTHER; i++) sum += p[i];
+    p[TIMING_OTHER] = whole > sum ? whole - sum : 0;
 }
 
 double timing_hidden_share(const RoundInfo *r) {
@@ -101,6 +121,20 @@ void timing_print(FILE *f, TimingAcc *t) {
             fprintf(f, "  %-36s %9.3f %-2s (%d rounds)\n", rows[i].name, m * rows[i].scale,
                     rows[i].unit, c);
     }
+    static const char *const names[TIMING_N_PARTS] = {"send", "root pass", "wait for pool",
+                                                      "select", "tree pass", "other"};
+    double whole = 0;
+    for (int i = 0; i < TIMING_N_PARTS; i++) whole += t->part_ms[i];
+    if (t->n == 0 || whole <= 0) return;
+    fprintf(f, "where a round's time goes (mean %.1f ms):", whole / t->n);
+    const char *sep = " ";
+    for (int i = 0; i < TIMING_N_PARTS; i++) {
+        if (t->part_ms[i] <= 0) continue;
+        fprintf(f, "%s%s %.1f ms (%.0f%%)", sep, names[i], t->part_ms[i] / t->n,
+                100 * t->part_ms[i] / whole);
+        sep = ", ";
+    }
+    fprintf(f, "\n");
 }
 
 void timing_free(TimingAcc *t) {

@@ -5,15 +5,25 @@
 #include "decode.h"
 #include <stdio.h>
 
+/* The parts a round's time splits into, in round order; they add up to the round. */
+enum { TIMING_SEND, TIMING_ROOT, TIMING_WAIT, TIMING_SELECT, TIMING_TREE, TIMING_OTHER,
+       TIMING_N_PARTS };
+
 typedef struct {
     int n, cap;
     double *draft_ms, *root_ms, *tree_ms, *wait_ms, *overhead_ms, *hidden, *round_ms;
     int rounds_with_pool;
+    double part_ms[TIMING_N_PARTS]; /* summed over the rounds */
 } TimingAcc;
 
 void timing_init(TimingAcc *t);
 void timing_add(TimingAcc *t, const RoundInfo *r);
+/* The medians, then one line saying where a round's time goes (means of the parts). */
 void timing_print(FILE *f, TimingAcc *t);
+/* Splits a round into the parts (ms): grow request sent, root pass, waiting for the pool
+ * after the root pass (or, without one, after the request), selection, tree pass, and the
+ * rest (sampling, commit, log). A part the round lacks is 0. */
+void timing_round_parts(const RoundInfo *r, double part_ms[TIMING_N_PARTS]);
 void timing_free(TimingAcc *t);
 /* Fraction of [root_start, root_end] that lies inside the drafting, taken as
  * [grow_sent, min(pool_recv, grow_sent + draft_ns)] (draft_ns: the drafter's own time). */
