@@ -9,7 +9,7 @@
  * Built from the CPU backend's reference operations (kernels/cpu_ops.h), so the head's
  * arithmetic is the target's; buffers are allocated once. */
 #include "eagle3_forward.h"
-#include "common/rng.h"
+#include "common/logits.h"
 #include "kernels/backend.h"
 #include "kernels/cpu_ops.h"
 #include <string.h>
@@ -259,7 +259,7 @@ static int expand_nodes(Eagle3Runner *r, Pool *p, const int *nodes, int n, const
     return RS_OK;
 }
 
-/* The POOL_EXPAND best of the candidates from `first` on (score desc, then pool index),
+/* The POOL_EXPAND best of the candidates from `first` on (all of one depth) by the ranking,
  * returned in pool order so children stay in creation order by parent. */
 static void best_new(const Pool *p, int first, int *nodes) {
     int cand[POOL_EXPAND * POOL_TOPK], nc = p->n - first;
@@ -267,9 +267,7 @@ static void best_new(const Pool *p, int first, int *nodes) {
     for (int k = 0; k < POOL_EXPAND; k++) {
         int best = k;
         for (int i = k + 1; i < nc; i++)
-            if (p->score[cand[i]] > p->score[cand[best]] ||
-                (p->score[cand[i]] == p->score[cand[best]] && cand[i] < cand[best]))
-                best = i;
+            if (pool_rank_cmp(p, cand[i], cand[best]) < 0) best = i;
         int t = cand[k];
         cand[k] = cand[best];
         cand[best] = t;
@@ -305,11 +303,9 @@ int eagle3_grow_pool(Eagle3Runner *r, const float *root_state, const float *root
     }
     RS_ASSERT(p->n == POOL_MAX && r->n_pending >= POOL_N_EXPANDED);
     RsErr pe = {0};
-    if (pool_finalize_err(p, r->h->cfg.c.vocab_size, &pe) != RS_OK) {
-        p->n = 0;
+    if (pool_finalize(p, r->h->cfg.c.vocab_size, &pe) != RS_OK)
         return rs_err(e, RS_EFORMAT, "EAGLE-3 head produced an invalid pool (non-finite "
                       "logits?): %s", pe.msg);
-    }
     p->n_passes = passes + 1; /* the commit pass counts, as for the model drafter */
     p->n_expanded = passes * POOL_EXPAND;
     p->draft_ns = rs_now_ns() - t0;

@@ -459,7 +459,7 @@ START_TEST(test_decode_identity_with_eagle3) {
     }
     fprintf(stderr, "eagle3 decode identity: %ld draft tokens accepted over 32 decodes\n", accepted);
     drafter_destroy(&dc);
-    target_free(&t);
+    target_destroy(&t);
     free(emb);
     eagle3_head_destroy(&h);
     model_free(&tm);
