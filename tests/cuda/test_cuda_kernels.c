@@ -1,11 +1,13 @@
-/* Per-kernel tests of kernels/cuda_kernels.cu against host references written here from
- * the formulas (not from the kernels), on random inputs. Tolerances are stated per test as
+/* Per-kernel tests of kernels/cuda_kernels.cu on random inputs, each against the CPU
+ * backend's own operation (kernels/cpu_ops.h) as its reference (llm.c style), so a kernel
+ * is held to exactly what the CPU reference computes. Tolerances are stated per test as
  * |got - ref| <= atol + rtol*|ref|; tu_compare prints the first mismatches. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <string.h>
 #include "common/logits.h"
 #include "cuda_testutil.h"
+#include "kernels/cpu_ops.h"
 #include "kernels/cuda_kernels.h"
 #include "tests/testutil.h"
 
@@ -45,11 +47,11 @@ static float bf16f(rs_bf16 h) {
     return f;
 }
 
-static void ref_rmsnorm(float *o, const float *x, const float *w, int n, float eps) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    double r = 1.0 / sqrt(ss / n + eps);
-    for (int i = 0; i < n; i++) o[i] = (float)(w[i] * (x[i] * r));
+/* f32 copy of a bf16 array (the CPU ops run in f32 over the values the device holds). */
+static float *from_bf16(const rs_bf16 *h, size_t n) {
+    float *o = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) o[i] = bf16f(h[i]);
+    return o;
 }
 
 START_TEST(test_cuda_bf16_convert) {
@@ -95,23 +97,23 @@ START_TEST(test_cuda_embed_rmsnorm) {
           *got = malloc((size_t)nb * dim * 4);
     rs_bf16 *gotb = malloc((size_t)nb * dim * 2);
     dget(x, dx, (size_t)nb * dim * 4);
-    for (int t = 0; t < nb; t++)
-        for (int i = 0; i < dim; i++)
-            ck_assert_float_eq(x[(size_t)t * dim + i], bf16f(embh[(size_t)tok[t] * dim + i]));
+    float *embf = from_bf16(embh, (size_t)vocab * dim);
+    cpu_embed(ref, embf, tok, nb, dim);
+    ck_assert_int_eq(memcmp(x, ref, (size_t)nb * dim * 4), 0);
     /* all rows, f32 + bf16 outputs: atol 1e-5, rtol 1e-5 (summation order only) */
     cuk_rmsnorm(0, dx, NULL, dw, nb, dim, 1e-5f, dof, dob);
     dget(got, dof, (size_t)nb * dim * 4);
     dget(gotb, dob, (size_t)nb * dim * 2);
-    for (int t = 0; t < nb; t++) ref_rmsnorm(ref + (size_t)t * dim, x + (size_t)t * dim, w, dim, 1e-5f);
+    for (int t = 0; t < nb; t++) cpu_rmsnorm(ref + (size_t)t * dim, x + (size_t)t * dim, w, dim, 1e-5f);
     ck_assert_int_eq(tu_compare("rmsnorm", got, ref, (size_t)nb * dim, 1e-5f, 1e-5f, NULL), 0);
     for (size_t i = 0; i < (size_t)nb * dim; i++) ck_assert_float_eq(bf16f(gotb[i]), cu_round_bf16(got[i]));
     /* gathered rows (final norm of out_rows) */
     cuk_rmsnorm(0, dx, dr, dw, 3, dim, 1e-5f, dof, NULL);
     dget(got, dof, (size_t)3 * dim * 4);
-    for (int r = 0; r < 3; r++) ref_rmsnorm(ref + (size_t)r * dim, x + (size_t)rows[r] * dim, w, dim, 1e-5f);
+    for (int r = 0; r < 3; r++) cpu_rmsnorm(ref + (size_t)r * dim, x + (size_t)rows[r] * dim, w, dim, 1e-5f);
     ck_assert_int_eq(tu_compare("rmsnorm rows", got, ref, (size_t)3 * dim, 1e-5f, 1e-5f, NULL), 0);
     cudaFree(de), cudaFree(dt), cudaFree(dr), cudaFree(dw), cudaFree(dx), cudaFree(dof), cudaFree(dob);
-    free(emb), free(w), free(embh), free(x), free(ref), free(got), free(gotb);
+    free(emb), free(embf), free(w), free(embh), free(x), free(ref), free(got), free(gotb);
 }
 END_TEST
 
@@ -149,17 +151,13 @@ START_TEST(test_cuda_bias_headnorm_rope) {
     cuk_rope(0, dx, stride, nb, nh + nkv, hd, dc, ds);
     dget(got, dx, n * 4);
     memcpy(ref, x, n * 4);
+    float cs[5 * 32], sn[5 * 32];
+    cpu_rope_table(pos, inv, nb, half, cs, sn);
     for (int t = 0; t < nb; t++) {
         float *r = ref + (size_t)t * stride;
-        for (int i = 0; i < (nh + 2 * nkv) * hd; i++) r[i] += bias[i];
-        for (int h = 0; h < nh; h++) ref_rmsnorm(r + h * hd, r + h * hd, qn, hd, 1e-6f);
-        for (int h = 0; h < nh + nkv; h++)
-            for (int i = 0; i < half; i++) {
-                double ang = (double)(float)((float)pos[t] * inv[i]);
-                double a = r[h * hd + i], b = r[h * hd + i + half];
-                r[h * hd + i] = (float)(a * cos(ang) - b * sin(ang));
-                r[h * hd + i + half] = (float)(b * cos(ang) + a * sin(ang));
-            }
+        cpu_bias_add(r, bias, (nh + 2 * nkv) * hd);
+        for (int h = 0; h < nh; h++) cpu_rmsnorm(r + h * hd, r + h * hd, qn, hd, 1e-6f);
+        for (int h = 0; h < nh + nkv; h++) cpu_rope(r + h * hd, cs + t * half, sn + t * half, half);
     }
     ck_assert_int_eq(tu_compare("bias+headnorm+rope", got, ref, n, 2e-5f, 2e-5f, NULL), 0);
     cudaFree(dx), cudaFree(db), cudaFree(dqn), cudaFree(dinv), cudaFree(dc), cudaFree(ds), cudaFree(dp);
@@ -168,7 +166,7 @@ START_TEST(test_cuda_bias_headnorm_rope) {
 END_TEST
 
 /* Attention: committed slots always visible, pending slots by a random mask, GQA, padding
- * rows zero. Reference in double over the same bf16 K/V. atol 1e-4, rtol 1e-3. */
+ * rows zero. Reference: cpu_attention over the same bf16 K/V (as f32). atol 1e-4, rtol 1e-3. */
 static void attention_case(int hd, int nh, int nkv, int nc, int np, int n, int nb, uint64_t seed) {
     uint64_t st = seed;
     int kvd = nkv * hd, qd = nh * hd, cap = nc + np + n + 5, stride = np + n;
@@ -192,36 +190,19 @@ static void attention_case(int hd, int nh, int nkv, int nc, int np, int n, int n
     rs_bf16 *gotb = malloc((size_t)nb * qd * 2);
     dget(got, dof, (size_t)nb * qd * 4);
     dget(gotb, dob, (size_t)nb * qd * 2);
-    double *sc = malloc((size_t)cap * sizeof(double));
-    for (int t = 0; t < n; t++)
-        for (int h = 0; h < nh; h++) {
-            int kh = h / (nh / nkv);
-            double mx = -1e300;
-            for (int j = 0; j < nc + np + n; j++) {
-                int vis = j < nc || mask[(size_t)t * stride + j - nc];
-                sc[j] = -1e300;
-                if (!vis) continue;
-                double d = 0;
-                for (int i = 0; i < hd; i++)
-                    d += (double)q[(size_t)t * qs + h * hd + i] * bf16f(kb[(size_t)j * kvd + kh * hd + i]);
-                sc[j] = d / sqrt((double)hd);
-                if (sc[j] > mx) mx = sc[j];
-            }
-            double sum = 0;
-            for (int j = 0; j < nc + np + n; j++) sum += sc[j] > -1e299 ? exp(sc[j] - mx) : 0;
-            for (int i = 0; i < hd; i++) {
-                double o = 0;
-                for (int j = 0; j < nc + np + n; j++)
-                    if (sc[j] > -1e299) o += exp(sc[j] - mx) / sum * bf16f(vb[(size_t)j * kvd + kh * hd + i]);
-                ref[(size_t)t * qd + h * hd + i] = (float)o;
-            }
-        }
+    /* the CPU op reads q as (n, qd) and K/V as f32 rows; padding rows stay zero in ref */
+    float *qc = malloc((size_t)n * qd * 4), *kr = from_bf16(kb, (size_t)cap * kvd);
+    float *vr = from_bf16(vb, (size_t)cap * kvd), *att = malloc((size_t)(nc + stride) * 4);
+    for (int t = 0; t < n; t++) memcpy(qc + (size_t)t * qd, q + (size_t)t * qs, (size_t)qd * 4);
+    int *idx = malloc((size_t)n * stride * sizeof(int)), *cnt = malloc((size_t)n * sizeof(int));
+    cpu_attention_index(mask, n, np, stride, idx, cnt);
+    cpu_attention(ref, qc, kr, vr, nc, idx, cnt, stride, n, nh, nkv, hd, att);
     char label[64];
     snprintf(label, sizeof label, "attention hd=%d nc=%d np=%d n=%d nb=%d", hd, nc, np, n, nb);
     ck_assert_int_eq(tu_compare(label, got, ref, (size_t)nb * qd, 1e-4f, 1e-3f, NULL), 0);
     for (size_t i = 0; i < (size_t)nb * qd; i++) ck_assert_float_eq(bf16f(gotb[i]), cu_round_bf16(got[i]));
     cudaFree(dq), cudaFree(dof), cudaFree(dk), cudaFree(dv), cudaFree(dob), cudaFree(dm), cudaFree(dmeta);
-    free(q), free(kf), free(vf), free(kb), free(vb), free(mask), free(got), free(ref), free(gotb), free(sc);
+    free(q), free(kf), free(vf), free(kb), free(vb), free(mask), free(got), free(ref), free(gotb), free(qc), free(kr), free(vr), free(att), free(idx), free(cnt);
 }
 
 START_TEST(test_cuda_attention) {
@@ -264,11 +245,12 @@ START_TEST(test_cuda_kv_store_swiglu_residual) {
           *ref = malloc((size_t)nb * hidden * 4);
     cuk_swiglu(0, dgu, nb, hidden, NULL, dof);
     dget(got, dof, (size_t)nb * hidden * 4);
-    for (int t = 0; t < nb; t++)
-        for (int i = 0; i < hidden; i++) {
-            double g = gu[(size_t)t * 2 * hidden + i], u = gu[(size_t)t * 2 * hidden + hidden + i];
-            ref[(size_t)t * hidden + i] = (float)(g / (1 + exp(-g)) * u);
-        }
+    float *up = malloc((size_t)nb * hidden * 4);
+    for (int t = 0; t < nb; t++) {
+        memcpy(ref + (size_t)t * hidden, gu + (size_t)t * 2 * hidden, (size_t)hidden * 4);
+        memcpy(up + (size_t)t * hidden, gu + (size_t)t * 2 * hidden + hidden, (size_t)hidden * 4);
+    }
+    cpu_swiglu(ref, up, (size_t)nb * hidden);
     ck_assert_int_eq(tu_compare("swiglu", got, ref, (size_t)nb * hidden, 1e-6f, 1e-5f, NULL), 0);
     /* residual add: exact */
     size_t m = 5000;
@@ -276,10 +258,11 @@ START_TEST(test_cuda_kv_store_swiglu_residual) {
     float *sum = malloc(m * 4);
     cuk_residual_add(0, da, db, m);
     dget(sum, da, m * 4);
-    for (size_t i = 0; i < m; i++) ck_assert_float_eq(sum[i], a[i] + b[i]);
+    cpu_residual_add(a, b, m);
+    ck_assert_int_eq(memcmp(sum, a, m * 4), 0);
     cudaFree(dqkv), cudaFree(dk), cudaFree(dv), cudaFree(dmeta), cudaFree(dgu), cudaFree(dof);
     cudaFree(da), cudaFree(db);
-    free(qkv), free(k), free(v), free(gu), free(got), free(ref), free(a), free(b), free(sum);
+    free(qkv), free(k), free(v), free(gu), free(up), free(got), free(ref), free(a), free(b), free(sum);
 }
 END_TEST
 
