@@ -809,8 +809,9 @@ static int decode_one(Bench *b, const BenchRun *r, const char *label, DecodeResu
     sink->combo = c;
     sink->prompt_id = bp->id;
     sink->n = 0;
-    sink->graph0 = be->n_graph_replays;
-    sink->eager0 = be->n_eager_launches;
+    BackendStats st = backend_stats(be);
+    sink->graph0 = st.graph_replays;
+    sink->eager0 = st.eager_launches;
     sink->label = label;
     DecodeHooks h = {NULL, on_round, on_event, sink};
     int rc = decode_run(b->en.target, b->en.drafter, b->ids[r->prompt],

@@ -57,8 +57,8 @@ static int cmp_double(const void *a, const void *b) {
  * top of the committed context; every pass is dropped again (kv_commit of nothing). */
 static double time_pass(Backend *b, int n, int n_out, int iters, float *logits) {
     int tok[65], pos[65], rows[65];
-    int base = b->n_committed;
-    int vocab = b->model->cfg.vocab_size;
+    int base = backend_n_committed(b);
+    int vocab = backend_model(b)->cfg.vocab_size;
     for (int i = 0; i < n; i++) tok[i] = (i * 7919 + 13) % vocab, pos[i] = base + i, rows[i] = i;
     RsErr e = {0};
     double *t = (double *)malloc(sizeof(double) * iters);
@@ -103,7 +103,7 @@ static int time_shape(const Shape *sh, int ctx, int iters, int device, double co
                        .max_pending = ctx > 65 ? ctx : 65, .threads = 0, .device = device};
     Backend *b = NULL;
     uint64_t t0 = rs_now_ns();
-    if (cuda_backend_ops_get()->create(m, &p, &b, &e) != RS_OK) {
+    if (backend_create(cuda_backend_ops_get(), m, &p, &b, &e) != RS_OK) {
         fprintf(stderr, "rootspec-cuda-bench: %s: %s\n", sh->name, e.msg);
         return 1;
     }
@@ -139,9 +139,10 @@ static int time_shape(const Shape *sh, int ctx, int iters, int device, double co
                sh->tag, n, tg, te, tg1, bw / 1e9, copy_bw / 1e9,
                bw / copy_bw);
     }
+    BackendStats bs = backend_stats(b);
     printf("graph replays %llu, eager launches %llu, captures %llu\n",
-           (unsigned long long)b->n_graph_replays, (unsigned long long)b->n_eager_launches,
-           (unsigned long long)cuda_backend_n_captures(b));
+           (unsigned long long)bs.graph_replays, (unsigned long long)bs.eager_launches,
+           (unsigned long long)bs.graph_captures);
     free(tok), free(pos);
     backend_destroy(&b);
     model_free(&m);

@@ -162,7 +162,7 @@ static int setup(const char *model_path, int threads, Rng *r, Model **m, Backend
     }
     BackendParams bp = {.kv_capacity = PREFILL + MAX_N, .max_batch = PREFILL,
                         .max_pending = PREFILL, .threads = threads};
-    if (cpu_backend_ops.create(*m, &bp, b, &e)) {
+    if (backend_create(&cpu_backend_ops, *m, &bp, b, &e)) {
         fprintf(stderr, "rootspec-micro: %s\n", e.msg);
         return 1;
     }

@@ -49,13 +49,13 @@ static void add_children(ModelDrafter *d, Pool *p, const float *row, int parent,
  * drafter with a mask over their pending ancestors, then adds their children. */
 static int expand(ModelDrafter *d, Pool *p, const int *nodes, int n, RsErr *e) {
     Backend *b = d->b;
-    int np = b->n_pending, cols = np + n;
+    int np = backend_n_pending(b), cols = np + n;
     int tokens[POOL_EXPAND], pos[POOL_EXPAND], rows[POOL_EXPAND];
     memset(d->mask, 0, (size_t)n * cols);
     for (int k = 0; k < n; k++) {
         int u = nodes[k];
         tokens[k] = p->token[u];
-        pos[k] = b->n_committed - 1 + p->depth[u];
+        pos[k] = backend_n_committed(b) - 1 + p->depth[u];
         rows[k] = k;
         d->mask[k * cols + np + k] = 1;
         for (int a = p->parent[u]; a >= 0; a = p->parent[a]) {
@@ -79,12 +79,12 @@ static int commit_tokens(ModelDrafter *d, const int *tokens, int n, int want_row
         if (tokens[i] < 0 || tokens[i] >= d->vocab)
             return rs_err(e, RS_EINVAL, "token id %d at %d outside drafter vocabulary of %d",
                           tokens[i], i, d->vocab);
-    int need = b->n_committed + n + POOL_N_EXPANDED;
-    if (need > b->params.kv_capacity)
+    int need = backend_n_committed(b) + n + POOL_N_EXPANDED;
+    if (need > backend_kv_capacity(b))
         return rs_err(e, RS_EINVAL,
                       "drafter KV cache full: %d committed + %d new + %d tree entries > "
                       "capacity %d",
-                      b->n_committed, n, POOL_N_EXPANDED, b->params.kv_capacity);
+                      backend_n_committed(b), n, POOL_N_EXPANDED, backend_kv_capacity(b));
     int rc = backend_kv_commit(b, NULL, 0, e); /* drop last round's tree entries */
     if (rc) return rc;
     /* The commit pass; only the final row is needed. */
@@ -149,7 +149,7 @@ static int grow(ModelDrafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
 static int model_reset(void *ctx, const int *prompt, int n, const void *features,
                        size_t feat_bytes, RsErr *e) {
     ModelDrafter *d = ctx;
-    d->b->ops->kv_reset(d->b);
+    backend_kv_reset(d->b);
     if (n < 0) return rs_err(e, RS_EINVAL, "prefill of %d tokens", n);
     return n ? commit_tokens(d, prompt, n, 0, e) : RS_OK;
 }
@@ -208,7 +208,7 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
                         .max_pending = POOL_N_EXPANDED + MAX_BATCH,
                         .threads = threads,
                         .device = device};
-    int rc = ops->create(m, &bp, &d->b, e);
+    int rc = backend_create(ops, m, &bp, &d->b, e);
     if (rc) {
         model_free(&d->view);
         free(d);
@@ -239,5 +239,5 @@ int drafter_self_create(const Model *target, const char *layers, const BackendOp
 int model_drafter_n_committed(const Drafter *d) {
     RS_ASSERT(d->ops == &model_ops);
     const ModelDrafter *md = d->ctx;
-    return md->b->n_committed;
+    return backend_n_committed(md->b);
 }

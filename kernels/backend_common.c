@@ -1,7 +1,8 @@
-/* Pieces every backend shares so they agree exactly: argument checks of forward() (same
- * messages on CPU and CUDA), the RoPE inverse frequencies (bit-identical tables), model
- * loading per backend and the backend-by-name lookup. */
-#include "backend.h"
+/* The public backend functions (kernels/backend.h) over the ops table, and the pieces every
+ * backend shares so they agree exactly: argument checks of forward() (same messages on CPU
+ * and CUDA), the RoPE inverse frequencies (bit-identical tables), model loading per backend
+ * and the backend-by-name lookup. */
+#include "backend_impl.h"
 #include "common/randmodel.h"
 #include <math.h>
 #include <string.h>
@@ -81,4 +82,53 @@ const BackendOps *backend_ops_by_name(const char *name, RsErr *e) {
     }
     rs_err(e, RS_EINVAL, "--backend: unknown backend '%s' (cpu, cuda)", name);
     return NULL;
+}
+
+int backend_create(const BackendOps *ops, const Model *m, const BackendParams *p, Backend **out,
+                   RsErr *e) {
+    RS_ASSERT(ops && m && p && out);
+    return ops->create(m, p, out, e);
+}
+
+void backend_destroy(Backend **b) {
+    if (b && *b) (*b)->ops->destroy(b);
+}
+
+const char *backend_name(const Backend *b) { return b->ops->name; }
+const Model *backend_model(const Backend *b) { return b->model; }
+BackendParams backend_params(const Backend *b) { return b->params; }
+int backend_n_committed(const Backend *b) { return b->n_committed; }
+int backend_n_pending(const Backend *b) { return b->n_pending; }
+int backend_kv_capacity(const Backend *b) { return b->params.kv_capacity; }
+
+int backend_forward(Backend *b, const int *tokens, const int *pos, int n, const uint8_t *mask,
+                    const int *out_rows, int n_out, float *logits, RsErr *e) {
+    int rc = b->ops->forward(b, tokens, pos, n, mask, out_rows, n_out, logits, e);
+    if (rc == RS_OK) {
+        b->n_forwards++;
+        b->n_tokens += (uint64_t)n;
+    }
+    return rc;
+}
+
+int backend_kv_commit(Backend *b, const int *keep, int n_keep, RsErr *e) {
+    return b->ops->kv_commit(b, keep, n_keep, e);
+}
+
+void backend_kv_reset(Backend *b) { b->ops->kv_reset(b); }
+
+BackendStats backend_stats(const Backend *b) {
+    BackendStats st = {.forwards = b->n_forwards, .tokens = b->n_tokens};
+    if (b->ops->stats) b->ops->stats(b, &st);
+    return st;
+}
+
+void *backend_host_alloc(Backend *b, size_t bytes) {
+    return b->ops->host_alloc ? b->ops->host_alloc(b, bytes) : rs_xmalloc(bytes);
+}
+
+void backend_host_free(Backend *b, void *p) {
+    if (!p) return;
+    if (b->ops->host_free) b->ops->host_free(b, p);
+    else free(p);
 }

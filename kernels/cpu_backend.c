@@ -2,7 +2,7 @@
  * buffer lives in a RunState allocated once in create(); forward() never allocates.
  * The operations themselves are kernels/cpu_ops.c (shared with the CUDA kernel tests as
  * their references); this file owns the buffers, the KV cache and the order of the steps. */
-#include "backend.h"
+#include "backend_impl.h"
 #include "cpu_ops.h"
 #include <cblas.h>
 #include <math.h>

@@ -88,7 +88,7 @@ typedef struct {
     uint8_t *keep_seen; // (max_pending)
     int use_graphs;
     CuGraph graphs[N_BUCKETS];
-    uint64_t n_captures;
+    uint64_t n_captures, n_graph_replays, n_eager_launches;
     size_t weight_bytes;
 } CudaBackend;
 
@@ -101,6 +101,7 @@ static int cuda_kv_commit(Backend *bb, const int *keep, int n_keep, RsErr *e);
 static void cuda_kv_reset(Backend *bb);
 static void *cuda_host_alloc(Backend *bb, size_t bytes);
 static void cuda_host_free(Backend *bb, void *p);
+static void cuda_stats(const Backend *bb, BackendStats *out);
 
 /* C++ has no tentative definitions: the table comes first, after the prototypes. */
 static const BackendOps cuda_ops = {
@@ -113,6 +114,7 @@ static const BackendOps cuda_ops = {
     .kv_reset = cuda_kv_reset,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .stats = cuda_stats,
 };
 
 
@@ -422,9 +424,11 @@ extern "C" size_t cuda_backend_weight_bytes(const Backend *bb) {
     return ((const CudaBackend *)bb)->weight_bytes;
 }
 
-extern "C" uint64_t cuda_backend_n_captures(const Backend *bb) {
-    RS_ASSERT(bb && bb->ops == &cuda_ops);
-    return ((const CudaBackend *)bb)->n_captures;
+static void cuda_stats(const Backend *bb, BackendStats *out) {
+    const CudaBackend *b = (const CudaBackend *)bb;
+    out->graph_replays = b->n_graph_replays;
+    out->eager_launches = b->n_eager_launches;
+    out->graph_captures = b->n_captures;
 }
 
 /* Y (n, out) f32 = X (n, in) bf16 @ W^T, W (out, in) row-major bf16. cuBLAS is column-major:
@@ -549,10 +553,10 @@ static int cuda_forward(Backend *bb, const int *tokens, const int *pos, int n,
     CUDA_CHECK(cudaMemcpyAsync(b->d_meta, b->h_meta, sizeof(CuMeta), cudaMemcpyHostToDevice, s));
     if (bi >= 0 && b->use_graphs) {
         launch_graph(b, bi);
-        bb->n_graph_replays++;
+        b->n_graph_replays++;
     } else {
         enqueue_forward(b, nb, n_head);
-        bb->n_eager_launches++;
+        b->n_eager_launches++;
     }
     if (n_out > 0)
         CUDA_CHECK(cudaMemcpyAsync(logits, b->logits, (size_t)n_out * b->vocab * 4,

@@ -1,5 +1,5 @@
-/* Extras of the CUDA backend beyond BackendOps (kernels/cuda_backend.cu), for tests and
- * the GPU benchmark. Only available in the CUDA build (make cuda): the CPU library does
+/* Extras of the CUDA backend beyond kernels/backend.h (kernels/cuda_backend.cu), for tests
+ * and the GPU benchmark; its counters come through backend_stats(). Only available in the CUDA build (make cuda): the CPU library does
  * not define these. */
 #ifndef ROOTSPEC_CUDA_BACKEND_H
 #define ROOTSPEC_CUDA_BACKEND_H
@@ -18,8 +18,6 @@ extern "C" {
 void cuda_backend_set_graphs(Backend *b, int on);
 /* Weight bytes one forward streams (bf16 layers + output head), for bandwidth figures. */
 size_t cuda_backend_weight_bytes(const Backend *b);
-/* Number of graph captures so far (a re-capture after a pointer/shape change counts). */
-uint64_t cuda_backend_n_captures(const Backend *b);
 
 #ifdef __cplusplus
 }

@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 #include "../common/model.h"
-#include "backend.h"
+#include "backend_impl.h"
 
 typedef uint16_t rs_bf16; /* raw bfloat16 bits */
 

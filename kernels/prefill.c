@@ -9,13 +9,14 @@ int prefill_chunk(const BackendParams *p) {
 }
 
 int backend_prefill(Backend *b, const int *tokens, int n, float *last_row, RsErr *e) {
-    RS_ASSERT(n >= 0 && b->n_pending == 0);
-    int chunk = prefill_chunk(&b->params);
+    RS_ASSERT(n >= 0 && backend_n_pending(b) == 0);
+    BackendParams bp = backend_params(b);
+    int chunk = prefill_chunk(&bp);
     int pos[PREFILL_CHUNK_MAX], keep[PREFILL_CHUNK_MAX];
     for (int i = 0; i < chunk; i++) keep[i] = i;
     for (int off = 0; off < n; off += chunk) {
         int m = n - off < chunk ? n - off : chunk;
-        for (int i = 0; i < m; i++) pos[i] = b->n_committed + i;
+        for (int i = 0; i < m; i++) pos[i] = backend_n_committed(b) + i;
         int last = m - 1, want = last_row && off + m == n;
         int rc = backend_forward(b, tokens + off, pos, m, NULL, &last, want, last_row, e);
         if (rc) return rc;

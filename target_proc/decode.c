@@ -426,8 +426,8 @@ static int round_commit(Decode *d, Round *r, RsErr *e) {
     ri->emitted = r->n_emit;
     ri->accepted = r->accepted;
     ri->dropped = r->n_emit - m;
-    ri->graph_replays = t->b->n_graph_replays;
-    ri->eager_launches = t->b->n_eager_launches;
+    ri->graph_replays = backend_stats(t->b).graph_replays;
+    ri->eager_launches = backend_stats(t->b).eager_launches;
     memcpy(ri->tokens, r->emitted, sizeof(int) * (size_t)r->n_emit);
     res->t_end = ri->t_commit;
     res->rounds++;
@@ -494,7 +494,7 @@ static void decode_begin(Decode *d, Target *t, Drafter *dc, const int *prompt,
 
 /* The next round might not fit the KV cache: stop, and say so. */
 static int kv_full(Decode *d) {
-    if (d->t->b->n_committed + d->reserve <= target_kv_capacity(d->t)) return 0;
+    if (backend_n_committed(d->t->b) + d->reserve <= target_kv_capacity(d->t)) return 0;
     d->res->hit_capacity = 1;
     emit_event(d->h, "kv_full", "stopped: KV cache full (raise --ctx)");
     return 1;

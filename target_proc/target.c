@@ -17,7 +17,7 @@ int target_create(const Model *m, const BackendOps *ops, int kv_capacity, int th
                         .max_pending = TARGET_PASS_MAX + 2,
                         .threads = threads,
                         .device = device};
-    int rc = ops->create(m, &bp, &t->b, e);
+    int rc = backend_create(ops, m, &bp, &t->b, e);
     if (rc) {
         free(t);
         return rc;
@@ -50,9 +50,9 @@ void target_destroy(Target **pt) {
 
 Backend *target_backend(Target *t) { return t->b; }
 
-int target_kv_capacity(const Target *t) { return t->b->params.kv_capacity; }
+int target_kv_capacity(const Target *t) { return backend_kv_capacity(t->b); }
 
-void target_reset(Target *t) { t->b->ops->kv_reset(t->b); }
+void target_reset(Target *t) { backend_kv_reset(t->b); }
 
 int target_prefill(Target *t, const int *tokens, int n, RsErr *e) {
     return backend_prefill(t->b, tokens, n, NULL, e);
@@ -60,17 +60,17 @@ int target_prefill(Target *t, const int *tokens, int n, RsErr *e) {
 
 int target_root_pass(Target *t, int root, RsErr *e) {
     Backend *b = t->b;
-    int pos = b->n_committed, row = 0;
+    int pos = backend_n_committed(b), row = 0;
     uint8_t one = 1;
     return backend_forward(b, &root, &pos, 1, &one, &row, 1, t->root_row, e);
 }
 
 int target_tree_pass(Target *t, const TreePass *ps, int root, int with_root, RsErr *e) {
     Backend *b = t->b;
-    int np = b->n_pending, n = ps->n + with_root, cols = np + n;
+    int np = backend_n_pending(b), n = ps->n + with_root, cols = np + n;
     RS_ASSERT(np + with_root == 1);
     int tokens[TARGET_PASS_MAX + 1], pos[TARGET_PASS_MAX + 1], rows[TARGET_PASS_MAX + 1];
-    int P = b->n_committed;
+    int P = backend_n_committed(b);
     memset(t->mask, 0, (size_t)n * cols);
     if (with_root) {
         tokens[0] = root;

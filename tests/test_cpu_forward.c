@@ -44,7 +44,7 @@ static Backend *make_backend(const Model *m, int cap, int max_batch, int max_pen
                        .threads = 1};
     Backend *b = NULL;
     RsErr e = {0};
-    int rc = cpu_backend_ops.create(m, &p, &b, &e);
+    int rc = backend_create(&cpu_backend_ops, m, &p, &b, &e);
     ck_assert_msg(rc == RS_OK, "create: %s", e.msg);
     return b;
 }
@@ -55,16 +55,16 @@ static void fresh_logits(Backend *ref, const int *seq, int len, float *out) {
     for (int i = 0; i < len; i++) pos[i] = i;
     int last = len - 1;
     RsErr e = {0};
-    ref->ops->kv_reset(ref);
+    backend_kv_reset(ref);
     int rc = backend_forward(ref, seq, pos, len, NULL, &last, 1, out, &e);
     ck_assert_msg(rc == RS_OK, "fresh forward: %s", e.msg);
-    ck_assert_int_eq(ref->n_pending, len);
+    ck_assert_int_eq(backend_n_pending(ref), len);
 }
 
 static void prefill(Backend *b, const int *seq, int len) {
     int pos[CAP], all[CAP];
     for (int i = 0; i < len; i++) {
-        pos[i] = b->n_committed + i;
+        pos[i] = backend_n_committed(b) + i;
         all[i] = i;
     }
     RsErr e = {0};
@@ -162,7 +162,7 @@ START_TEST(test_multi_pass) {
     ck_assert_msg(backend_forward(b, tok + 4, pos + 4, 6, m2, rows, 6, logits + 4 * VOCAB, &e) ==
                       RS_OK,
                   "%s", e.msg);
-    ck_assert_int_eq(b->n_pending, 10);
+    ck_assert_int_eq(backend_n_pending(b), 10);
     int bad = 0;
     for (int i = 0; i < 10; i++)
         bad += check_node(ref, ctx, n_ctx, tok, parent, i, logits + i * VOCAB, cases[_i].name);
@@ -202,8 +202,8 @@ START_TEST(test_kv_compaction) {
                   e.msg);
     int path[TREE_N + 8], d = node_path(parent, leaf, path);
     ck_assert_msg(backend_kv_commit(b, path, d, &e) == RS_OK, "%s", e.msg);
-    ck_assert_int_eq(b->n_committed, n_seq + d);
-    ck_assert_int_eq(b->n_pending, 0);
+    ck_assert_int_eq(backend_n_committed(b), n_seq + d);
+    ck_assert_int_eq(backend_n_pending(b), 0);
     for (int k = 0; k < d; k++) seq[n_seq++] = tok[path[k]];
 
     /* Round 2: batch [child c, parent p, sibling s] with c -> p; keep {p, c} = {1, 0}. */
@@ -228,7 +228,7 @@ START_TEST(test_kv_compaction) {
                   cases[_i].name, bad, mx);
     /* Dropping all pending entries leaves the committed context as it was. */
     ck_assert_msg(backend_kv_commit(b, NULL, 0, &e) == RS_OK, "%s", e.msg);
-    ck_assert_int_eq(b->n_committed, n_seq - 1);
+    ck_assert_int_eq(backend_n_committed(b), n_seq - 1);
     backend_destroy(&b);
     backend_destroy(&ref);
     model_free(&m);
@@ -256,14 +256,14 @@ START_TEST(test_capacity_errors) {
     ck_assert_int_eq(backend_forward(b, tok, pos, 4, NULL, NULL, 0, NULL, &e), RS_OK);
     expect_err(backend_forward(b, tok, pos + 4, 3, NULL, NULL, 0, NULL, &e), &e,
                "batch of 3 tokens exceeds max_pending 6 (pending 4)");
-    ck_assert_int_eq(b->n_pending, 4); /* a failed call changes nothing */
+    ck_assert_int_eq(backend_n_pending(b), 4); /* a failed call changes nothing */
     expect_err(backend_kv_commit(b, (int[]){0, 2, 0}, 3, &e), &e, "keeps pending entry 0 twice");
     expect_err(backend_kv_commit(b, (int[]){4}, 1, &e), &e, "keep[0] = 4 outside the 4 pending");
     expect_err(backend_kv_commit(b, all, 5, &e), &e, "kv_commit of 5 entries with 4 pending");
     ck_assert_int_eq(backend_kv_commit(b, all, 4, &e), RS_OK);
     ck_assert_int_eq(backend_forward(b, tok, pos + 4, 5, NULL, NULL, 0, NULL, &e), RS_OK);
     ck_assert_int_eq(backend_kv_commit(b, all, 5, &e), RS_OK);
-    ck_assert_int_eq(b->n_committed, 9);
+    ck_assert_int_eq(backend_n_committed(b), 9);
     expect_err(backend_forward(b, tok, pos + 9, 4, NULL, NULL, 0, NULL, &e), &e,
                "batch of 4 tokens exceeds KV capacity 12 (committed 9, pending 0)");
     tok[1] = VOCAB;
@@ -276,13 +276,25 @@ START_TEST(test_capacity_errors) {
     uint8_t bad_mask[4] = {1, 0, 1, 0};
     expect_err(backend_forward(b, tok, pos + 9, 2, bad_mask, NULL, 0, NULL, &e), &e,
                "mask row 1 does not attend to its own token");
-    ck_assert_int_eq(b->n_pending, 0);
-    b->ops->kv_reset(b);
-    ck_assert_int_eq(b->n_committed, 0);
+    ck_assert_int_eq(backend_n_pending(b), 0);
+    /* stats: the two successful forwards (4 + 5 tokens) only; no CUDA counters on the CPU */
+    BackendStats st = backend_stats(b);
+    ck_assert_uint_eq(st.forwards, 2);
+    ck_assert_uint_eq(st.tokens, 9);
+    ck_assert_uint_eq(st.graph_replays + st.eager_launches + st.graph_captures, 0);
+    ck_assert_int_eq(backend_kv_capacity(b), 12);
+    ck_assert_int_eq(backend_params(b).max_pending, 6);
+    ck_assert_str_eq(backend_name(b), "cpu");
+    ck_assert_ptr_eq(backend_model(b), m);
+    backend_kv_reset(b);
+    ck_assert_int_eq(backend_n_committed(b), 0);
     backend_destroy(&b);
+    ck_assert_ptr_null(b);
+    backend_destroy(&b); /* NULL *b: no-op */
+    backend_destroy(NULL);
 
     BackendParams p = {.kv_capacity = 0, .max_batch = 4, .max_pending = 4};
-    expect_err(cpu_backend_ops.create(m, &p, &b, &e), &e, "kv_capacity 0");
+    expect_err(backend_create(&cpu_backend_ops, m, &p, &b, &e), &e, "kv_capacity 0");
     ck_assert_ptr_null(b);
     model_free(&m);
 }

@@ -20,7 +20,7 @@ static Backend *golden_backend(const Model *m, int n) {
     BackendParams p = {.kv_capacity = n, .max_batch = n, .max_pending = n, .threads = 1};
     Backend *b = NULL;
     RsErr e = {0};
-    ck_assert_msg(cpu_backend_ops.create(m, &p, &b, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(backend_create(&cpu_backend_ops, m, &p, &b, &e) == RS_OK, "%s", e.msg);
     return b;
 }
 
@@ -64,7 +64,7 @@ START_TEST(test_tiny_golden) {
     int bad = tu_compare(tiny[_i].model, got, g.logits, (size_t)g.n * g.vocab, GOLDEN_ATOL,
                          GOLDEN_RTOL, &mx);
 
-    b->ops->kv_reset(b);
+    backend_kv_reset(b);
     int h = g.n / 2;
     ck_assert_int_eq(backend_forward(b, g.tokens, pos, h, NULL, rows, h, got, &e), RS_OK);
     ck_assert_int_eq(backend_kv_commit(b, rows, h, &e), RS_OK);
@@ -133,7 +133,7 @@ START_TEST(test_default_top10) {
         cur_take(&c, tokens, 4 * (size_t)n);
         int n_pos = (int)cur_u32(&c, (uint32_t)n, "n_pos"), k = (int)cur_u32(&c, 10, "k");
         ck_assert_int_eq(k, 10);
-        b->ops->kv_reset(b);
+        backend_kv_reset(b);
         ck_assert_msg(backend_forward(b, tokens, pos, n, NULL, rows, n, logits, &e) == RS_OK,
                       "%s", e.msg);
         for (int j = 0; j < n_pos; j++) {

@@ -180,7 +180,7 @@ START_TEST(test_random_refusals) {
     /* the CPU backend refuses a random model without host weights instead of crashing */
     Backend *b = NULL;
     BackendParams p = {.kv_capacity = 64, .max_batch = 8, .max_pending = 8, .threads = 1};
-    ck_assert_int_eq(cpu_backend_ops.create(m, &p, &b, &e), RS_EINVAL);
+    ck_assert_int_eq(backend_create(&cpu_backend_ops, m, &p, &b, &e), RS_EINVAL);
     ck_assert_ptr_null(b);
     model_free(&m);
     ck_assert_int_eq(backend_model_load(&cpu_backend_ops, "random:llama3-8b", &m, &e), RS_ENOMEM);
@@ -200,7 +200,7 @@ START_TEST(test_random_cpu_forward) {
     for (int k = 0; k < 2; k++) {
         Backend *b = NULL;
         BackendParams p = {.kv_capacity = 64, .max_batch = 8, .max_pending = 8, .threads = 1};
-        ck_assert_int_eq(cpu_backend_ops.create(ms[k], &p, &b, &e), RS_OK);
+        ck_assert_int_eq(backend_create(&cpu_backend_ops, ms[k], &p, &b, &e), RS_OK);
         int tok[4] = {1, 200, 33, 511}, pos[4] = {0, 1, 2, 3}, rows[1] = {3};
         int V = m->cfg.vocab_size;
         float *lg = malloc(sizeof(float) * V);

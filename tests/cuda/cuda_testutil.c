@@ -76,8 +76,8 @@ Backend *cu_backend_make(const BackendOps *ops, const Model *m, int cap, int bat
     BackendParams p = {.kv_capacity = cap, .max_batch = batch, .max_pending = pend, .threads = 1};
     Backend *b = NULL;
     RsErr e = {0};
-    ck_assert_msg(ops && ops->create(m, &p, &b, &e) == RS_OK, "%s create: %s",
-                  ops ? ops->name : "cuda(NULL)", e.msg);
+    ck_assert_msg(ops && backend_create(ops, m, &p, &b, &e) == RS_OK, "%s create: %s",
+                  !ops ? "cuda(NULL)" : ops == &cpu_backend_ops ? "cpu" : "cuda", e.msg);
     return b;
 }
 
@@ -106,7 +106,7 @@ int cu_compare_logits(const char *label, const float *got, const float *ref, int
 int cu_prefill_decode_parity(const char *label, Backend *cpu, Backend *gpu, const int *tok,
                              int n, int steps, int *agree, float *worst) {
     RS_ASSERT(n > 0 && n <= 64);
-    int V = cpu->model->cfg.vocab_size, pos[64], rows[64], bad, ok = 0;
+    int V = backend_model(cpu)->cfg.vocab_size, pos[64], rows[64], bad, ok = 0;
     for (int i = 0; i < n; i++) pos[i] = rows[i] = i;
     float *a = malloc(sizeof(float) * (size_t)n * V), *g = malloc(sizeof(float) * (size_t)n * V);
     RsErr e = {0};

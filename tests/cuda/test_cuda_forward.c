@@ -93,7 +93,7 @@ static int run_script(Backend *b, const Model *m, float **out, int *n_rows) {
         int rc = backend_forward(b, st[s].tokens, st[s].pos, st[s].n,
                                  st[s].use_mask ? st[s].mask : NULL, st[s].out_rows, st[s].n_out,
                                  o, &e);
-        ck_assert_msg(rc == RS_OK, "%s step %d: %s", b->ops->name, s, e.msg);
+        ck_assert_msg(rc == RS_OK, "%s step %d: %s", backend_name(b), s, e.msg);
         o += (size_t)st[s].n_out * vocab;
         if (st[s].n_keep >= 0)
             ck_assert_msg(backend_kv_commit(b, st[s].keep, st[s].n_keep, &e) == RS_OK, "%s", e.msg);
@@ -118,7 +118,7 @@ START_TEST(test_cuda_random_parity) {
     snprintf(label, sizeof label, "random arch %d", (int)kArchs[_i]);
     int bad = cu_compare_logits(label, g, a, na, 512, &worst);
     ck_assert_int_eq(bad, 0);
-    ck_assert_int_eq(gpu->n_committed, cpu->n_committed);
+    ck_assert_int_eq(backend_n_committed(gpu), backend_n_committed(cpu));
     free(a), free(g);
     backend_destroy(&cpu);
     backend_destroy(&gpu);
@@ -144,20 +144,20 @@ START_TEST(test_cuda_graph_vs_eager) {
     int bad = tu_compare("graph vs eager", a, b, (size_t)na * 512, 1e-6f, 0.0f, &mx);
     fprintf(stderr, "graph vs eager: max |d| %.3g (%s), replays %llu captures %llu, eager %llu\n",
             mx, memcmp(a, b, sizeof(float) * na * 512) ? "not bitwise" : "bitwise",
-            (unsigned long long)gr->n_graph_replays, (unsigned long long)cuda_backend_n_captures(gr),
-            (unsigned long long)ea->n_eager_launches);
+            (unsigned long long)backend_stats(gr).graph_replays, (unsigned long long)backend_stats(gr).graph_captures,
+            (unsigned long long)backend_stats(ea).eager_launches);
     ck_assert_int_eq(bad, 0);
-    ck_assert_int_eq(gr->n_graph_replays, 5);
-    ck_assert_int_eq(gr->n_eager_launches, 0);
-    ck_assert_int_eq(ea->n_eager_launches, 5);
-    ck_assert_int_eq(ea->n_graph_replays, 0);
+    ck_assert_int_eq(backend_stats(gr).graph_replays, 5);
+    ck_assert_int_eq(backend_stats(gr).eager_launches, 0);
+    ck_assert_int_eq(backend_stats(ea).eager_launches, 5);
+    ck_assert_int_eq(backend_stats(ea).graph_replays, 0);
     /* buckets used: 16 (9), 8 (6), 2 (2), 4 (3), 1 (1): five captures, then replays only */
-    ck_assert_int_eq(cuda_backend_n_captures(gr), 5);
-    gr->ops->kv_reset(gr);
+    ck_assert_int_eq(backend_stats(gr).graph_captures, 5);
+    backend_kv_reset(gr);
     free(a);
     run_script(gr, m, &a, &na);
-    ck_assert_int_eq(cuda_backend_n_captures(gr), 5);
-    ck_assert_int_eq(gr->n_graph_replays, 10);
+    ck_assert_int_eq(backend_stats(gr).graph_captures, 5);
+    ck_assert_int_eq(backend_stats(gr).graph_replays, 10);
     ck_assert_int_eq(tu_compare("graph replay again", a, b, (size_t)na * 512, 1e-6f, 0.0f, NULL), 0);
     free(a), free(b);
     backend_destroy(&gr);
@@ -178,8 +178,8 @@ START_TEST(test_cuda_large_prefill_eager) {
     RsErr e = {0};
     ck_assert_int_eq(backend_forward(cpu, tok, pos, n, NULL, rows, 3, a, &e), RS_OK);
     ck_assert_msg(backend_forward(gpu, tok, pos, n, NULL, rows, 3, g, &e) == RS_OK, "%s", e.msg);
-    ck_assert_int_eq(gpu->n_eager_launches, 1);
-    ck_assert_int_eq(gpu->n_graph_replays, 0);
+    ck_assert_int_eq(backend_stats(gpu).eager_launches, 1);
+    ck_assert_int_eq(backend_stats(gpu).graph_replays, 0);
     int bad = cu_compare_logits("prefill 100", g, a, 3, 300, &worst);
     fprintf(stderr, "cuda prefill 100 tokens: max |d| %.4g\n", worst);
     ck_assert_int_eq(bad, 0);
@@ -195,7 +195,7 @@ START_TEST(test_cuda_errors) {
     BackendParams p = {.kv_capacity = 8, .max_batch = 4, .max_pending = 6, .device = 999};
     Backend *b = NULL;
     RsErr e = {0};
-    ck_assert_int_eq(ops->create(m, &p, &b, &e), RS_EINVAL);
+    ck_assert_int_eq(backend_create(ops, m, &p, &b, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "CUDA device 999 does not exist"), "%s", e.msg);
     ck_assert_ptr_null(b);
     p.device = 0;
@@ -211,7 +211,7 @@ START_TEST(test_cuda_errors) {
     uint8_t mask[4] = {0, 0, 0, 0};
     ck_assert_int_eq(backend_forward(b, tok, pos, 2, mask, rows, 1, lg, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "mask row 0 does not attend to its own token"), "%s", e.msg);
-    ck_assert_int_eq(b->n_pending, 0);
+    ck_assert_int_eq(backend_n_pending(b), 0);
     ck_assert_int_eq(backend_forward(b, tok, pos, 4, NULL, rows, 1, lg, &e), RS_OK);
     ck_assert_int_eq(backend_forward(b, tok, pos, 3, NULL, rows, 1, lg, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "exceeds max_pending 6"), "%s", e.msg);
@@ -219,7 +219,7 @@ START_TEST(test_cuda_errors) {
     ck_assert_int_eq(backend_kv_commit(b, keep, 2, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "keeps pending entry 1 twice"), "%s", e.msg);
     ck_assert_int_eq(backend_kv_commit(b, keep, 1, &e), RS_OK);
-    ck_assert_int_eq(b->n_committed, 1);
+    ck_assert_int_eq(backend_n_committed(b), 1);
     backend_destroy(&b);
     ck_assert_ptr_null(b);
     model_free(&m);
@@ -258,7 +258,7 @@ START_TEST(test_cuda_golden) {
     /* one batch, then token by token (graph path, bucket 1) */
     ck_assert_msg(backend_forward(b, tokens, pos, n, NULL, rows, n, got, &e) == RS_OK, "%s", e.msg);
     int bad = cu_compare_logits(kGolden[_i], got, ref, n, vocab, &worst);
-    b->ops->kv_reset(b);
+    backend_kv_reset(b);
     for (int i = 0; i < n; i++) {
         int zero = 0;
         ck_assert_int_eq(backend_forward(b, tokens + i, pos + i, 1, NULL, &zero, 1,

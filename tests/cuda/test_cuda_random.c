@@ -50,7 +50,7 @@ static void tree_round(Backend *b, int n, int base_pos, float *logits) {
     int tok[65], pos[65], rows[65], keep[3];
     uint8_t mask[65 * 65];
     memset(mask, 0, sizeof mask);
-    int V = b->model->cfg.vocab_size;
+    int V = backend_model(b)->cfg.vocab_size;
     for (int i = 0; i < n; i++) {
         int d = 0;
         for (int a = i; a > 0; a = (a - 1) / 2) d++;
@@ -80,24 +80,24 @@ START_TEST(test_cuda_no_alloc_in_decode_loop) {
     int ns = (int)(sizeof sizes / sizeof sizes[0]);
     /* warm-up: every bucket captured once, and every call the loop makes (a reset too) made
      * once, so lazily loaded kernel modules (CUDA_MODULE_LOADING=LAZY, the default) are in */
-    for (int k = 0; k < ns; k++) tree_round(b, sizes[k], b->n_committed, lg);
-    b->ops->kv_reset(b);
-    tree_round(b, sizes[0], b->n_committed, lg);
+    for (int k = 0; k < ns; k++) tree_round(b, sizes[k], backend_n_committed(b), lg);
+    backend_kv_reset(b);
+    tree_round(b, sizes[0], backend_n_committed(b), lg);
     ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
     size_t free0 = 0, total0 = 0, free1 = 0, total1 = 0;
     ck_assert_int_eq(cudaMemGetInfo(&free0, &total0), cudaSuccess);
-    uint64_t replays0 = b->n_graph_replays;
+    uint64_t replays0 = backend_stats(b).graph_replays;
     for (int r = 0; r < 3; r++) {
-        for (int k = 0; k < ns; k++) tree_round(b, sizes[(k * 7 + r) % ns], b->n_committed, lg);
-        b->ops->kv_reset(b);
+        for (int k = 0; k < ns; k++) tree_round(b, sizes[(k * 7 + r) % ns], backend_n_committed(b), lg);
+        backend_kv_reset(b);
     }
     ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
     ck_assert_int_eq(cudaMemGetInfo(&free1, &total1), cudaSuccess);
     fprintf(stderr, "decode loop: %d forwards, %llu graph replays, device free %zu -> %zu bytes\n",
-            3 * ns, (unsigned long long)(b->n_graph_replays - replays0), free0, free1);
+            3 * ns, (unsigned long long)(backend_stats(b).graph_replays - replays0), free0, free1);
     ck_assert_msg(free1 == free0, "device memory moved in the decode loop: %zu -> %zu free",
                   free0, free1);
-    if (b->n_graph_replays == replays0)
+    if (backend_stats(b).graph_replays == replays0)
         fprintf(stderr, "(graphs off: ROOTSPEC_CUDA_GRAPHS=0)\n");
     free(lg);
     backend_destroy(&b);

@@ -1,0 +1,50 @@
+/* The backend implementation interface (ggml's ggml-backend-impl.h): the ops table a backend
+ * fills with designated initialisers and the common state at the head of its own struct.
+ * Only backends include this (kernels/cpu_backend.c, kernels/cuda_backend.cu,
+ * kernels/backend_common.c, the CUDA kernels and the emulator build of them, and a test's
+ * instrumented backend); callers use kernels/backend.h. */
+#ifndef ROOTSPEC_BACKEND_IMPL_H
+#define ROOTSPEC_BACKEND_IMPL_H
+#include "backend.h"
+
+struct BackendOps {
+    const char *name;
+    /* 1: create() makes a random model's weights itself (on the device), so the Model
+     * needs no host copy (common/randmodel.h). */
+    int makes_random_weights;
+    /* As backend_create; sets the common head of a zeroed struct (ops, model, params). */
+    int (*create)(const Model *m, const BackendParams *p, Backend **out, RsErr *e);
+    void (*destroy)(Backend **b);
+    /* As backend_forward; must call backend_check_forward first and add n to n_pending. */
+    int (*forward)(Backend *b, const int *tokens, const int *pos, int n, const uint8_t *mask,
+                   const int *out_rows, int n_out, float *logits, RsErr *e);
+    /* As backend_kv_commit; moves n_committed and clears n_pending. */
+    int (*kv_commit)(Backend *b, const int *keep, int n_keep, RsErr *e);
+    void (*kv_reset)(Backend *b);
+    /* Optional (NULL: malloc/free); see backend_host_alloc. */
+    void *(*host_alloc)(Backend *b, size_t bytes);
+    void (*host_free)(Backend *b, void *p);
+    /* Optional: fills the backend's own counters (the CUDA ones); backend_stats has
+     * already set the common ones and zeroed the rest. */
+    void (*stats)(const Backend *b, BackendStats *out);
+};
+
+/* Common state every backend keeps at the head of its own struct (a Backend * is cast to
+ * the backend's type). */
+struct Backend {
+    const BackendOps *ops;
+    const Model *model;
+    BackendParams params;
+    int n_committed; /* committed entries */
+    int n_pending;   /* pending entries after the committed ones */
+    uint64_t n_forwards, n_tokens; /* kept by backend_forward */
+};
+
+/* Checks every forward() argument against the cache state before anything is touched, so
+ * a failed call changes nothing (same messages on every backend). */
+int backend_check_forward(const Backend *b, const int *tokens, const int *pos, int n,
+                          const uint8_t *mask, const int *out_rows, int n_out, RsErr *e);
+/* RoPE inverse frequencies (head_dim/2), incl. Llama-3 scaling, bit-identical everywhere. */
+void rope_inv_freq(const Config *c, float *inv_freq);
+
+#endif
