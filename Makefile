@@ -103,6 +103,7 @@ clean:
 	rm -rf build
 
 -include kernels/cuda.mk
+-include tests/cuemu/cuemu.mk
 -include tests/fuzz.mk
 -include $(LIB_OBJS:.o=.d) $(SAN_OBJS:.o=.d) $(BENCH_OBJS:.o=.d) $(BENCH_SAN_OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(MAIN_SRCS:%.c=build/obj/%.d)
 

@@ -6,7 +6,8 @@
 #   make gpu-bundle                       -> gpu-bundle/: sm_90 binaries + the shared
 #                                            libraries a bare CUDA machine lacks + fixtures
 # The CUDA binaries link the CPU library objects except kernels/cuda_stub.o (which would
-# answer "no CUDA backend") plus the nvcc objects of kernels/*.cu.
+# answer "no CUDA backend") plus the nvcc objects of kernels/*.cu. The CPU emulator build
+# (make cuda-emu, cuda-emu-test) is test scaffolding: tests/cuemu/cuemu.mk.
 CUDA_HOME  ?= /usr/local/cuda
 NVCC       ?= $(CUDA_HOME)/bin/nvcc
 CUDA_ARCHS ?= 80 86 89 90
@@ -102,102 +103,6 @@ gpu-prepare: gpu-bundle $(DEFAULT_MODEL)
 	bash tools/gpu-carry.sh split
 
 -include $(CUDA_CU_OBJS:.o=.d) $(CUDA_DIR)/bench/cuda_bench_main.d $(CUDA_TEST_OBJS:.o=.d)
-
-# ---- CPU emulator build (kernels/cuemu/): no GPU and no nvcc needed, only the CUDA headers.
-#   make cuda-emu            -> build/cuda-emu/rootspec-{<mains>,cuda-bench,cuda-tests},
-#                               build/cuda-emu/cuemu-selftest
-#   make cuda-emu-test       -> the emulator self-test, every CUDA suite, the kernel suite
-#                               again with each block's threads in reverse order, and
-#                               tools/pipeline-timing.sh on build/cuda-emu binaries
-#   make cuda-emu-test SAN=1 -> the same under ASan+UBSan (build/cuda-emu-san/)
-# The unchanged kernels/*.cu are compiled by g++ as C++ with kernels/cuemu/cuemu.h forced in
-# (ROOTSPEC_CUEMU); the C tests and programs link the emulator's C-linkage runtime and cuBLAS
-# instead of libcudart/libcublas. Every test runs in full (about a minute on 2 cores; ~2 with
-# SAN=1). The emulator's knobs (CUEMU_SCHED, CUEMU_PROTECT, ...) are listed in kernels/cuemu/.
-CUEMU_CXX     ?= g++
-ifeq ($(SAN),1)
-CUEMU_DIR     := build/cuda-emu-san
-CUEMU_OPT     := $(SAN_FLAGS)
-CUEMU_LIB_OBJS := $(filter-out build/san/kernels/cuda_stub.o,$(SAN_OBJS))
-CUEMU_BENCH_OBJS := $(BENCH_SAN_OBJS)
-else
-CUEMU_DIR     := build/cuda-emu
-CUEMU_OPT     := -O2 -g -march=x86-64-v2
-CUEMU_LIB_OBJS := $(CUDA_LIB_OBJS)
-CUEMU_BENCH_OBJS := $(BENCH_OBJS)
-endif
-CUEMU_SRCS    := $(wildcard kernels/cuemu/*.cc)
-CUEMU_OBJS    := $(CUEMU_SRCS:%.cc=$(CUEMU_DIR)/%.o) $(CUDA_CU_SRCS:%.cu=$(CUEMU_DIR)/%.o)
-CUEMU_CXXFLAGS := $(CUEMU_OPT) -std=c++17 -pthread -DROOTSPEC_CUEMU -D_GNU_SOURCE -I. \
-                  -I$(CUDA_HOME)/include $(PKG_CFLAGS) -Wall -Wno-unused-parameter \
-                  -Wno-sign-compare -Wno-unknown-pragmas -MMD -MP
-CUEMU_CFLAGS  := $(filter-out -O2 -O3,$(CFLAGS)) $(CUEMU_OPT) -I$(CUDA_HOME)/include -DROOTSPEC_CUEMU \
-                 -DCUDA_SUITES_INC='"$(CUEMU_DIR)/suites.inc"'
-CUEMU_LDLIBS  := -lstdc++ $(LDLIBS)
-CUEMU_MAIN_BINS := $(foreach m,$(MAIN_SRCS),$(CUEMU_DIR)/rootspec-$(patsubst %_main.c,%,$(notdir $(m))))
-CUEMU_BENCH   := $(CUEMU_DIR)/rootspec-cuda-bench
-CUEMU_TEST_BIN := $(CUEMU_DIR)/rootspec-cuda-tests
-CUEMU_SELFTEST := $(CUEMU_DIR)/cuemu-selftest
-CUEMU_TEST_OBJS := $(patsubst %.c,$(CUEMU_DIR)/%.o,$(wildcard tests/cuda/*.c) tests/testutil.c)
-CUEMU_MAIN_OBJ = $(if $(filter 1,$(SAN)),build/san/$(1:.c=.o),build/obj/$(1:.c=.o))
-
-.PHONY: cuda-emu cuda-emu-test cuemu-headers
-cuda-emu: cuemu-headers $(CUEMU_MAIN_BINS) $(CUEMU_BENCH) $(CUEMU_TEST_BIN) $(CUEMU_SELFTEST)
-
-cuemu-headers:
-	@test -f $(CUDA_HOME)/include/cuda_runtime_api.h -a -f $(CUDA_HOME)/include/cublas_v2.h || \
-	  { echo "cuda-emu: the CUDA toolkit headers are missing ($(CUDA_HOME)/include/cuda_runtime_api.h," \
-	         "cublas_v2.h); install the toolkit or set CUDA_HOME" >&2; exit 1; }
-
-$(CUEMU_DIR)/kernels/cuemu/%.o: kernels/cuemu/%.cc | cuemu-headers
-	@mkdir -p $(dir $@)
-	$(CUEMU_CXX) $(CUEMU_CXXFLAGS) -c $< -o $@
-
-$(CUEMU_SELFTEST): $(CUEMU_DIR)/kernels/cuemu/cuemu_selftest.o $(filter-out $(CUEMU_DIR)/kernels/cuda_%,$(CUEMU_OBJS))
-	$(CC) $(CUEMU_CFLAGS) $^ -o $@ $(CUEMU_LDLIBS)
-
-$(CUEMU_DIR)/%.o: %.cu | cuemu-headers
-	@mkdir -p $(dir $@)
-	$(CUEMU_CXX) -x c++ $(CUEMU_CXXFLAGS) -include kernels/cuemu/cuemu.h -c $< -o $@
-
-$(CUEMU_DIR)/tests/%.o: tests/%.c | cuemu-headers
-	@mkdir -p $(dir $@)
-	$(CC) $(CUEMU_CFLAGS) -c $< -o $@
-
-$(CUEMU_DIR)/suites.inc: $(CUDA_TEST_SRCS)
-	@mkdir -p $(CUEMU_DIR)
-	@printf '%s\n' $(patsubst tests/cuda/test_%.c,'SUITE(%)',$(CUDA_TEST_SRCS)) > $@.tmp
-	@cmp -s $@.tmp $@ || mv $@.tmp $@; rm -f $@.tmp
-$(CUEMU_DIR)/tests/cuda/main.o: $(CUEMU_DIR)/suites.inc
-
-define CUEMU_BIN_RULE
-$(CUEMU_DIR)/rootspec-$(patsubst %_main.c,%,$(notdir $(1))): $(call CUEMU_MAIN_OBJ,$(1)) $(call main_bench_objs,$(1),$$(CUEMU_BENCH_OBJS)) $$(CUEMU_LIB_OBJS) $$(CUEMU_OBJS)
-	$$(CC) $$(CUEMU_CFLAGS) $$^ -o $$@ $$(CUEMU_LDLIBS)
-endef
-$(foreach m,$(MAIN_SRCS),$(eval $(call CUEMU_BIN_RULE,$(m))))
-
-$(CUEMU_BENCH): $(CUEMU_DIR)/bench/cuda_bench_main.o $(CUEMU_LIB_OBJS) $(CUEMU_OBJS)
-	$(CC) $(CUEMU_CFLAGS) $^ -o $@ $(CUEMU_LDLIBS)
-
-$(CUEMU_TEST_BIN): $(CUEMU_TEST_OBJS) $(CUEMU_LIB_OBJS) $(CUEMU_OBJS)
-	$(CC) $(CUEMU_CFLAGS) $^ -o $@ $(CUEMU_LDLIBS) $(CHECK_LIBS)
-
-cuda-emu-test: cuda-emu
-	ASAN_OPTIONS=detect_leaks=1 ./$(CUEMU_SELFTEST)
-	OPENBLAS_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1 \
-	UBSAN_OPTIONS=print_stacktrace=1 ./$(CUEMU_TEST_BIN)
-	@echo "cuda-emu-test: the kernel suite again with the threads of each block in reverse order" \
-	      "(a shared-memory race would change results)"
-	OPENBLAS_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1 CUEMU_SCHED=rev CK_RUN_SUITE=cuda_kernels \
-	UBSAN_OPTIONS=print_stacktrace=1 ./$(CUEMU_TEST_BIN)
-	@echo "cuda-emu-test: tools/pipeline-timing.sh (the GPU check's two-process run) with the CUDA" \
-	      "backend in both processes, tiny random models, drafter = target (deep trees)"
-	CUEMU_QUIET=1 OPENBLAS_NUM_THREADS=1 PIPE_BIN=$(CUEMU_DIR) PIPE_BACKEND=cuda \
-	PIPE_TARGET=random:tiny,seed=9 PIPE_DRAFT=random:tiny,seed=9 PIPE_MAX_NEW=24 \
-	PIPE_PROMPT_LEN=8 PIPE_OUT=$(CUEMU_DIR)/pipeline bash tools/pipeline-timing.sh
-
--include $(CUEMU_OBJS:.o=.d) $(CUEMU_DIR)/bench/cuda_bench_main.d $(CUEMU_TEST_OBJS:.o=.d) \
-         $(CUEMU_DIR)/kernels/cuemu/cuemu_selftest.d
 
 # Static launch-resource check (needs nvcc, no GPU): ptxas registers and shared memory of every
 # kernel for CUDA_ARCHS. A block of T threads needs T * registers <= 65536, so the 1024-thread

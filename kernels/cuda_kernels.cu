@@ -15,7 +15,7 @@ typedef __nv_bfloat16 bf16;
 #define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
 
 /* The one kernel-launch form of this file. Under nvcc it is exactly the <<<>>> launch;
- * under the CPU emulator (ROOTSPEC_CUEMU, kernels/cuemu/) it enqueues the kernel on the
+ * under the CPU emulator (ROOTSPEC_CUEMU, tests/cuemu/) it enqueues the kernel on the
  * emulated stream with the same argument conversions. */
 #ifdef ROOTSPEC_CUEMU
 #define CUK_LAUNCH(k, grid, block, stream, ...) \

@@ -1,10 +1,10 @@
 /* CUDA runtime behaviour the backend relies on, checked the same way on a GPU and on the CPU
- * emulator (kernels/cuemu/, make cuda-emu-test): stream capture records work without running
+ * emulator (tests/cuemu/, make cuda-emu-test): stream capture records work without running
  * it; a graph replay reads device memory at replay time (the backend's per-call CuMeta);
  * synchronising a capturing stream fails and invalidates the capture (allocating or a
  * blocking copy during one: asserted on the emulator, reported on a GPU); only device 0
  * exists on a one-GPU machine. On a GPU these also
- * validate the emulator's model of the driver: a failure there means kernels/cuemu/ models
+ * validate the emulator's model of the driver: a failure there means tests/cuemu/ models
  * the driver wrongly (fix the emulator), not that the backend is wrong. */
 #include <cuda_runtime_api.h>
 #include <string.h>
@@ -93,7 +93,7 @@ START_TEST(test_cuda_capture_rules) {
            "cudaMemcpy -> %s (EndCapture %s): %s\n", cudaGetErrorName(mal),
            cudaGetErrorName(mal_end), cudaGetErrorName(cpy), cudaGetErrorName(end),
            as_emulated ? "as the emulator models it"
-                       : "DIFFERS from the emulator's model (kernels/cuemu is stricter)");
+                       : "DIFFERS from the emulator's model (tests/cuemu is stricter)");
 #ifdef ROOTSPEC_CUEMU
     ck_assert_msg(as_emulated, "the emulator must refuse allocation and blocking copies in a capture");
 #endif

@@ -104,7 +104,7 @@ void cuemu_init_locked(void) {
     s_dev_limit = (size_t)((e ? atof(e) : 16.0) * (double)((size_t)1 << 30));
     e = getenv("CUEMU_QUIET");
     if (!(e && !strcmp(e, "1")))
-        fprintf(stderr, "NOTE: CUDA emulator on the CPU (kernels/cuemu): kernels run as fibers, "
+        fprintf(stderr, "NOTE: CUDA emulator on the CPU (tests/cuemu): kernels run as fibers, "
                         "no GPU is used; results check logic, not performance\n");
     size_t sh = cuemu_static_shared_total();
     if (sh > 48 * 1024)

@@ -1,6 +1,6 @@
-/* cuemu.h: device-code side of the rootspec CUDA emulator (kernels/cuemu/). The CUDA
+/* cuemu.h: device-code side of the rootspec CUDA emulator (tests/cuemu/). The CUDA
  * sources (kernels/cuda_kernels.cu, cuda_backend.cu) are compiled by g++ with `-x c++ -DROOTSPEC_CUEMU -include
- * kernels/cuemu/cuemu.h`, so this header turns the CUDA C++ dialect they use into plain
+ * tests/cuemu/cuemu.h`, so this header turns the CUDA C++ dialect they use into plain
  * C++17: __shared__ becomes `static` (valid because the emulator runs one block at a time
  * on one OS thread), threadIdx & co. read the current fiber's coordinates, __syncthreads
  * and warp shuffles yield to the block scheduler (cuemu_device.cc), and CUK_LAUNCH (see
