@@ -1,8 +1,8 @@
 /* The backend implementation interface (ggml's ggml-backend-impl.h): the ops table a backend
  * fills with designated initialisers and the common state at the head of its own struct.
  * Only backends include this (kernels/cpu_backend.c, kernels/cuda_backend.cu,
- * kernels/backend_common.c, the CUDA kernels and the emulator build of them, and a test's
- * instrumented backend); callers use kernels/backend.h. */
+ * kernels/cuda_kernels.cu for rope_inv_freq, kernels/backend_common.c
+ * and test_spec's instrumented backend); callers use kernels/backend.h. */
 #ifndef ROOTSPEC_BACKEND_IMPL_H
 #define ROOTSPEC_BACKEND_IMPL_H
 #include "backend.h"

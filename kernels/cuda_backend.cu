@@ -19,6 +19,9 @@
 #include "common/randmodel.h"
 #include "cuda_backend.h"
 #include "cuda_kernels.h"
+extern "C" {
+#include "backend_impl.h"
+}
 
 #define CUBLAS_CHECK(expr)                                                                 \
     do {                                                                                   \

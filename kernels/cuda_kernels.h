@@ -20,7 +20,6 @@
 extern "C" {
 #endif
 #include "../common/model.h"
-#include "backend_impl.h"
 
 typedef uint16_t rs_bf16; /* raw bfloat16 bits */
 
@@ -44,7 +43,7 @@ typedef struct {
     } while (0)
 
 /* Host helpers (no device needed). */
-/* RoPE inverse frequencies (head_dim/2), exactly as kernels/cpu_backend.c computes them. */
+/* RoPE inverse frequencies (head_dim/2), exactly as the CPU backend computes them (rope_inv_freq). */
 void cuk_rope_inv_freq(const Config *c, float *inv_freq);
 /* Round-to-nearest-even f32 -> bf16 and back, as the device converts. */
 rs_bf16 cuk_f32_to_bf16_host(float f);
