@@ -1,7 +1,6 @@
 /* The public backend functions (kernels/backend.h) over the ops table, and the pieces every
  * backend shares so they agree exactly: argument checks of forward() (same messages on CPU
- * and CUDA), the RoPE inverse frequencies (bit-identical tables), model loading per backend
- * and the backend-by-name lookup. */
+ * and CUDA), model loading per backend and the backend-by-name lookup. */
 #include "backend_impl.h"
 #include "common/randmodel.h"
 #include <math.h>
@@ -39,30 +38,6 @@ int backend_check_forward(const Backend *b, const int *tokens, const int *pos, i
         if (out_rows[i] < 0 || out_rows[i] >= n)
             return rs_err(e, RS_EINVAL, "out_rows[%d] = %d outside [0, %d)", i, out_rows[i], n);
     return RS_OK;
-}
-
-/* Exactly as transformers computes them: float32 of 1 / theta^(2i/d), then (optionally)
- * _compute_llama3_parameters' smoothing. */
-void rope_inv_freq(const Config *c, float *inv_freq) {
-    int half = c->head_dim / 2;
-    for (int i = 0; i < half; i++) {
-        float expo = (float)(2 * i) / (float)c->head_dim;
-        inv_freq[i] = (float)(1.0 / pow((double)c->rope_theta, (double)expo));
-    }
-    if (!c->rope_scaling) return;
-    double factor = c->rope_factor, lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
-    double old_ctx = c->rope_orig_max_pos;
-    double lo_wavelen = old_ctx / lo, hi_wavelen = old_ctx / hi;
-    for (int i = 0; i < half; i++) {
-        double f = inv_freq[i];
-        double wavelen = 2.0 * M_PI / f;
-        double scaled = wavelen > lo_wavelen ? f / factor : f;
-        if (!(wavelen < hi_wavelen) && !(wavelen > lo_wavelen)) {
-            double smooth = (old_ctx / wavelen - lo) / (hi - lo);
-            scaled = (1.0 - smooth) * scaled / factor + smooth * scaled;
-        }
-        inv_freq[i] = (float)scaled;
-    }
 }
 
 int backend_model_load(const BackendOps *ops, const char *path, Model **out, RsErr *e) {

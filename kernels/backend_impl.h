@@ -1,8 +1,8 @@
 /* The backend implementation interface (ggml's ggml-backend-impl.h): the ops table a backend
  * fills with designated initialisers and the common state at the head of its own struct.
  * Only backends include this (kernels/cpu_backend.c, kernels/cuda_backend.cu,
- * kernels/cuda_kernels.cu for rope_inv_freq, kernels/backend_common.c
- * and test_spec's instrumented backend); callers use kernels/backend.h. */
+ * kernels/backend_common.c and test_spec's instrumented backend); callers use
+ * kernels/backend.h. */
 #ifndef ROOTSPEC_BACKEND_IMPL_H
 #define ROOTSPEC_BACKEND_IMPL_H
 #include "backend.h"
@@ -44,7 +44,5 @@ struct Backend {
  * a failed call changes nothing (same messages on every backend). */
 int backend_check_forward(const Backend *b, const int *tokens, const int *pos, int n,
                           const uint8_t *mask, const int *out_rows, int n_out, RsErr *e);
-/* RoPE inverse frequencies (head_dim/2), incl. Llama-3 scaling, bit-identical everywhere. */
-void rope_inv_freq(const Config *c, float *inv_freq);
 
 #endif

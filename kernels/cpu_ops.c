@@ -8,6 +8,30 @@
 #include <math.h>
 #include <string.h>
 
+/* Exactly as transformers computes them: float32 of 1 / theta^(2i/d), then (optionally)
+ * _compute_llama3_parameters' smoothing. */
+void rope_inv_freq(const Config *c, float *inv_freq) {
+    int half = c->head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float expo = (float)(2 * i) / (float)c->head_dim;
+        inv_freq[i] = (float)(1.0 / pow((double)c->rope_theta, (double)expo));
+    }
+    if (!c->rope_scaling) return;
+    double factor = c->rope_factor, lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
+    double old_ctx = c->rope_orig_max_pos;
+    double lo_wavelen = old_ctx / lo, hi_wavelen = old_ctx / hi;
+    for (int i = 0; i < half; i++) {
+        double f = inv_freq[i];
+        double wavelen = 2.0 * M_PI / f;
+        double scaled = wavelen > lo_wavelen ? f / factor : f;
+        if (!(wavelen < hi_wavelen) && !(wavelen > lo_wavelen)) {
+            double smooth = (old_ctx / wavelen - lo) / (hi - lo);
+            scaled = (1.0 - smooth) * scaled / factor + smooth * scaled;
+        }
+        inv_freq[i] = (float)scaled;
+    }
+}
+
 void cpu_rmsnorm(float *o, const float *x, const float *w, int n, float eps) {
     float ss = 0.0f;
     for (int i = 0; i < n; i++) ss += x[i] * x[i];

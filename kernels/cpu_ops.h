@@ -5,9 +5,13 @@
  * No function allocates; none keeps state. */
 #ifndef ROOTSPEC_CPU_OPS_H
 #define ROOTSPEC_CPU_OPS_H
+#include "../common/model.h"
 #include <stddef.h>
 #include <stdint.h>
 
+/* RoPE inverse frequencies (head_dim/2), incl. Llama-3 scaling: the one table every backend
+ * and the CUDA kernels use, so they are bit-identical. */
+void rope_inv_freq(const Config *c, float *inv_freq);
 /* o (n) = w * x / rms(x), f32 sum of squares as transformers. o may equal x. */
 void cpu_rmsnorm(float *o, const float *x, const float *w, int n, float eps);
 /* x (n, dim) = rows tokens[t] of emb (vocab, dim). */
