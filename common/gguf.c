@@ -1,8 +1,9 @@
 /* GGUF v3 (and v2, same layout) reader: mmaps the file, parses header, metadata and tensor
  * table with every read bounds-checked against the mapping, then builds a llama, qwen2 or
- * qwen3 Model: config from <arch>.* keys, tensors dequantized to f32 into the arena, llama
- * q/k rows un-permuted back to the Hugging Face (rotate-half RoPE) layout. The file stays mapped in
- * Model.gguf because the tokenizer reads tokenizer.ggml.* through gguf_get_*. */
+ * qwen3 Model: config from <arch>.* keys, matrices left in the mapping in their stored type
+ * (QTensor; llama q/k rows looked up in the Hugging Face, rotate-half RoPE, order), vectors
+ * dequantized to f32 into the arena. The file stays mapped in Model.gguf: the weights and
+ * the tokenizer's tokenizer.ggml.* metadata point into it. */
 #include "loader.h"
 #include "model_internal.h"
 #include "quant.h"
@@ -567,9 +568,10 @@ static void fmt_shape(char *buf, size_t n, const uint64_t *ne, int nd) {
     if (k < (int)n) snprintf(buf + k, n - (size_t)k, "]");
 }
 
-/* Dequantizes one planned weight. q/k rows were permuted by llama.cpp's converter
- * (HF row h*hd + j*hd/2 + i went to GGUF row h*hd + 2*i + j); write each GGUF row to its
- * HF row so RoPE can use the rotate-half form. */
+/* Points a planned matrix at its bytes in the mapping, or dequantizes a planned vector.
+ * q/k rows were permuted by llama.cpp's converter (HF row h*hd + j*hd/2 + i went to GGUF
+ * row h*hd + 2*i + j): a matrix keeps that order and records the head size for
+ * qtensor_row; a vector (bias) is scattered to its HF order. */
 static int load_tensor(const GGUFFile *g, const WeightReq *w, uint64_t *fp, RsErr *e) {
     const GGUFTensor *t = find_tensor(g, w->gguf_name);
     if (!t) return rs_err(e, RS_EFORMAT, "'%s': missing tensor '%s'", g->path, w->gguf_name);
@@ -591,32 +593,30 @@ static int load_tensor(const GGUFFile *g, const WeightReq *w, uint64_t *fp, RsEr
     *fp = loader_fnv(*fp, w->gguf_name, strlen(w->gguf_name));
     *fp = loader_fnv(*fp, &t->type, sizeof t->type);
     *fp = loader_fnv(*fp, t->ne, sizeof t->ne);
-    float *dst = *w->slot;
     size_t rows = (size_t)w->rows, cols = (size_t)(w->cols ? w->cols : 1);
-    if (!w->perm_heads || rows % (size_t)w->perm_heads != 0) {
-        quant_dequantize(t->type, t->data, dst, rows * cols);
+    int perm = w->perm_heads && rows % (size_t)w->perm_heads == 0;
+    if (w->qt) {
+        size_t be, bb;
+        quant_type_geometry(t->type, &be, &bb);
+        w->qt->type = t->type;
+        w->qt->data = t->data;
+        w->qt->row_bytes = cols / be * bb;
+        w->qt->perm_hd = perm ? (int)(rows / (size_t)w->perm_heads) : 0;
         return RS_OK;
     }
-    size_t be, bb;
-    quant_type_geometry(t->type, &be, &bb);
-    if (!w->cols) { /* a vector (bias) is permuted element-wise: blocks of 1 only */
-        be = 1;
-        RS_ASSERT(t->type == QT_F32 || t->type == QT_F16 || t->type == QT_BF16);
-    }
-    size_t row_bytes = cols / be * bb, hd = rows / (size_t)w->perm_heads;
-    if (!w->cols) { /* dequantize then scatter */
-        float *tmp = rs_xmalloc(rows * sizeof(float));
-        quant_dequantize(t->type, t->data, tmp, rows);
-        for (size_t r = 0; r < rows; r++)
-            dst[(r / hd) * hd + (r % 2) * (hd / 2) + (r % hd) / 2] = tmp[r];
-        free(tmp);
+    float *dst = *w->slot;
+    if (!perm) {
+        quant_dequantize(t->type, t->data, dst, rows);
         return RS_OK;
     }
-    for (size_t r = 0; r < rows; r++) {
-        size_t h = r / hd, rem = r % hd;
-        size_t hf_row = h * hd + (rem % 2) * (hd / 2) + rem / 2;
-        quant_dequantize(t->type, t->data + r * row_bytes, dst + hf_row * cols, cols);
-    }
+    /* a vector is permuted element-wise: blocks of 1 only */
+    RS_ASSERT(t->type == QT_F32 || t->type == QT_F16 || t->type == QT_BF16);
+    size_t hd = rows / (size_t)w->perm_heads;
+    float *tmp = rs_xmalloc(rows * sizeof(float));
+    quant_dequantize(t->type, t->data, tmp, rows);
+    for (size_t r = 0; r < rows; r++)
+        dst[(r / hd) * hd + (r % 2) * (hd / 2) + (r % hd) / 2] = tmp[r];
+    free(tmp);
     return RS_OK;
 }
 
@@ -665,6 +665,7 @@ int gguf_load_model(const char *path, Model **out, RsErr *e) {
         for (int i = 0; i < n; i++) reqs[i].perm_heads = 0;
     for (int i = 0; i < n && !rc; i++) rc = load_tensor(g, &reqs[i], &fp, e);
     free(reqs);
+    if (m->cfg.tied_embeddings) m->w.wcls = m->w.tok_embeddings;
     char extra[64];
     snprintf(extra, sizeof extra, "blk.%d.attn_norm.weight", m->cfg.n_layers);
     if (!rc && find_tensor(g, extra))

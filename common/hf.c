@@ -1,8 +1,9 @@
 /* Hugging Face directory loader: config.json (cJSON) + model.safetensors or a sharded
  * model.safetensors.index.json. Safetensors files are mmapped; each header (8-byte LE
  * length + JSON) is validated (offsets inside the data, byte counts matching dtype x
- * shape) before any tensor is read. F32/F16/BF16 tensors become f32 in the arena. The
- * reader and the config-field parser are exported (hf.h) for the EAGLE-3 head loader. */
+ * shape) before any tensor is read. Matrices stay in the mapping in their F32/F16/BF16
+ * dtype (the Model keeps the mappings); vectors become f32 in the arena. The reader and the
+ * config-field parser are exported (hf.h) for the EAGLE-3 head loader. */
 #include "hf.h"
 #include "model_internal.h"
 #include "quant.h"
@@ -339,8 +340,15 @@ static int load_tensor(const HfCtx *c, const WeightReq *w, uint64_t *fp, RsErr *
     *fp = loader_fnv(*fp, w->hf_name, strlen(w->hf_name));
     *fp = loader_fnv(*fp, &qt, sizeof qt);
     *fp = loader_fnv(*fp, t->shape, sizeof(int64_t) * (size_t)t->nd);
-    quant_dequantize(qt, c->files[t->file].map + t->begin, *w->slot,
-                     (size_t)w->rows * (size_t)(w->cols ? w->cols : 1));
+    const uint8_t *src = c->files[t->file].map + t->begin;
+    if (w->qt) {
+        w->qt->type = qt;
+        w->qt->data = src;
+        w->qt->row_bytes = (size_t)w->cols * dtype_size(t->dtype);
+        return RS_OK;
+    }
+    /* a vector, or a matrix a caller wants in f32 (hf_tensors_load with no qt) */
+    quant_dequantize(qt, src, *w->slot, (size_t)w->rows * (size_t)(w->cols ? w->cols : 1));
     return RS_OK;
 }
 
@@ -438,6 +446,16 @@ int hf_load_model(const char *dir, Model **out, RsErr *e) {
     if (!rc && find(c, extra))
         rc = rs_err(e, RS_EFORMAT, "'%s': holds tensor '%s' but num_hidden_layers is %d", dir,
                     extra, m->cfg.n_layers);
+    if (!rc) { /* the matrices point into the mappings: the Model keeps them */
+        if (m->cfg.tied_embeddings) m->w.wcls = m->w.tok_embeddings;
+        m->maps = rs_xcalloc((size_t)c->n_files, sizeof(void *));
+        m->map_sizes = rs_xcalloc((size_t)c->n_files, sizeof(size_t));
+        for (int i = 0; i < c->n_files; i++) {
+            m->maps[m->n_maps] = (void *)c->files[i].map;
+            m->map_sizes[m->n_maps++] = c->files[i].size;
+            c->files[i].map = NULL;
+        }
+    }
     hf_tensors_close(&c);
     if (rc) {
         model_free(&m);

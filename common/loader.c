@@ -43,13 +43,19 @@ static float *take(float **p, size_t n) {
     return r;
 }
 
-static void add(WeightReq *r, int *n, float **slot, int64_t rows, int64_t cols, int perm,
-                const char *hf, const char *gg) {
+static void add(WeightReq *r, int *n, float **slot, QTensor *qt, int64_t rows, int64_t cols,
+                int perm, const char *hf, const char *gg) {
     WeightReq *w = &r[(*n)++];
     memset(w, 0, sizeof *w);
     snprintf(w->hf_name, sizeof w->hf_name, "%s", hf);
     snprintf(w->gguf_name, sizeof w->gguf_name, "%s", gg);
     w->slot = slot;
+    w->qt = qt;
+    if (qt) {
+        memset(qt, 0, sizeof *qt);
+        qt->rows = (int)rows;
+        qt->cols = (int)cols;
+    }
     w->rows = rows;
     w->cols = cols;
     w->perm_heads = perm;
@@ -63,14 +69,16 @@ int loader_plan(Model *m, WeightReq **out, int *n_out, RsErr *e) {
     WeightReq *r = rs_xcalloc((size_t)max_reqs, sizeof *r);
     m->w.layers = rs_xcalloc((size_t)c->n_layers, sizeof(LayerWeights));
     char hf[96], gg[96];
-    add(r, &n, &m->w.tok_embeddings, V, D, 0, "model.embed_tokens.weight", "token_embd.weight");
+    add(r, &n, NULL, &m->w.tok_embeddings, V, D, 0, "model.embed_tokens.weight",
+        "token_embd.weight");
     for (int l = 0; l < c->n_layers; l++) {
         LayerWeights *L = &m->w.layers[l];
 #define LAYER(slot, rows, cols, perm, hfs, ggs)                                            \
     do {                                                                                   \
         snprintf(hf, sizeof hf, "model.layers.%d.%s", l, hfs);                             \
         snprintf(gg, sizeof gg, "blk.%d.%s", l, ggs);                                      \
-        add(r, &n, &L->slot, rows, cols, perm, hf, gg);                                    \
+        add(r, &n, cols ? NULL : (float **)(void *)&L->slot,                               \
+            cols ? (QTensor *)(void *)&L->slot : NULL, rows, cols, perm, hf, gg);          \
     } while (0)
         LAYER(attn_norm, D, 0, 0, "input_layernorm.weight", "attn_norm.weight");
         LAYER(wq, Q, D, c->n_heads, "self_attn.q_proj.weight", "attn_q.weight");
@@ -92,14 +100,16 @@ int loader_plan(Model *m, WeightReq **out, int *n_out, RsErr *e) {
         LAYER(w_down, D, H, 0, "mlp.down_proj.weight", "ffn_down.weight");
 #undef LAYER
     }
-    add(r, &n, &m->w.final_norm, D, 0, 0, "model.norm.weight", "output_norm.weight");
-    if (!c->tied_embeddings) add(r, &n, &m->w.wcls, V, D, 0, "lm_head.weight", "output.weight");
+    add(r, &n, &m->w.final_norm, NULL, D, 0, 0, "model.norm.weight", "output_norm.weight");
+    if (!c->tied_embeddings)
+        add(r, &n, NULL, &m->w.wcls, V, D, 0, "lm_head.weight", "output.weight");
     RS_ASSERT(n <= max_reqs);
 
     /* The sizes passed loader_check_config, so this sum fits comfortably in size_t. */
     size_t total = 0;
-    for (int i = 0; i < n; i++) total += (size_t)r[i].rows * (size_t)(r[i].cols ? r[i].cols : 1);
-    float *arena = malloc(total * sizeof(float));
+    for (int i = 0; i < n; i++)
+        if (!r[i].qt) total += (size_t)r[i].rows;
+    float *arena = malloc((total ? total : 1) * sizeof(float));
     if (!arena) {
         free(r);
         free(m->w.layers);
@@ -109,8 +119,7 @@ int loader_plan(Model *m, WeightReq **out, int *n_out, RsErr *e) {
     }
     float *p = arena;
     for (int i = 0; i < n; i++)
-        *r[i].slot = take(&p, (size_t)r[i].rows * (size_t)(r[i].cols ? r[i].cols : 1));
-    if (c->tied_embeddings) m->w.wcls = m->w.tok_embeddings;
+        if (!r[i].qt) *r[i].slot = take(&p, (size_t)r[i].rows);
     m->arena = arena;
     m->arena_floats = total;
     *out = r;

@@ -2,8 +2,10 @@
  * layer view, and freeing. The format parsers live in gguf.c and hf.c. */
 #include "model.h"
 #include "model_internal.h"
+#include "quant.h"
 #include "randmodel.h"
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 int model_load(const char *path, Model **out, RsErr *e) {
@@ -84,15 +86,41 @@ void model_free(Model **pm) {
     free(m->w.layers);
     if (!m->is_view) {
         free(m->arena);
+        for (int i = 0; i < m->n_maps; i++) munmap(m->maps[i], m->map_sizes[i]);
+        free(m->maps);
+        free(m->map_sizes);
         gguf_close(&m->gguf);
     }
     free(m);
     *pm = NULL;
 }
 
+static size_t qt_bytes(const QTensor *t) { return (size_t)t->rows * t->row_bytes; }
+
 size_t model_weight_bytes(const Model *m) {
     const Config *c = &m->cfg;
-    size_t q = (size_t)c->n_heads * c->head_dim, kv = (size_t)c->n_kv_heads * c->head_dim;
-    size_t per_layer = (q + 2 * kv) * c->dim + c->dim * q + 3 * (size_t)c->hidden_dim * c->dim;
-    return sizeof(float) * (per_layer * c->n_layers + (size_t)c->vocab_size * c->dim);
+    if (!m->w.layers) { /* random model without host weights: f32 */
+        size_t q = (size_t)c->n_heads * c->head_dim, kv = (size_t)c->n_kv_heads * c->head_dim;
+        size_t per_layer = (q + 2 * kv) * c->dim + c->dim * q + 3 * (size_t)c->hidden_dim * c->dim;
+        return sizeof(float) * (per_layer * c->n_layers + (size_t)c->vocab_size * c->dim);
+    }
+    size_t b = qt_bytes(&m->w.wcls);
+    for (int l = 0; l < c->n_layers; l++) {
+        const LayerWeights *L = &m->w.layers[l];
+        b += qt_bytes(&L->wq) + qt_bytes(&L->wk) + qt_bytes(&L->wv) + qt_bytes(&L->wo) +
+             qt_bytes(&L->w_gate) + qt_bytes(&L->w_up) + qt_bytes(&L->w_down);
+    }
+    return b;
+}
+
+void qtensor_dequantize_rows(const QTensor *t, int r0, int n, float *dst) {
+    RS_ASSERT(t->data && r0 >= 0 && n >= 0 && r0 + n <= t->rows);
+    for (int i = 0; i < n; i++)
+        quant_dequantize(t->type, qtensor_row(t, r0 + i), dst + (size_t)i * t->cols,
+                         (size_t)t->cols);
+}
+
+QTensor qtensor_f32(const float *data, int rows, int cols) {
+    QTensor t = {QT_F32, data, rows, cols, (size_t)cols * sizeof(float), 0};
+    return t;
 }

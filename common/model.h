@@ -1,6 +1,7 @@
 /* Model description shared by loaders and backends: Config (hyper-parameters), Weights
- * (f32, dequantized at load) and Model (owns the memory). Loaders: GGUF v3 (common/gguf.c)
- * and Hugging Face directories (common/hf.c); model_load() picks by path. */
+ * (matrices in their stored type: QTensor; norm vectors and biases f32) and Model (owns the
+ * memory). Loaders: GGUF v3 (common/gguf.c) and Hugging Face directories (common/hf.c);
+ * model_load() picks by path. */
 #ifndef ROOTSPEC_MODEL_H
 #define ROOTSPEC_MODEL_H
 #include "util.h"
@@ -29,31 +30,43 @@ typedef struct {
     int bos_id, eos_id;  /* -1 when unknown */
 } Config;
 
+/* A weight matrix in the type it is stored in (a GGUF mapping, a safetensors mapping or an
+ * f32 arena), never expanded: the CPU kernels read it as is, so a token streams the file's
+ * bytes, not a 4x larger f32 copy. Logical row j (the Hugging Face row) is stored at
+ * qtensor_row(t, j): GGUF llama q/k matrices keep llama.cpp's per-head interleaved row
+ * order (perm_hd = head_dim), which the lookup undoes, so RoPE stays rotate-half. */
+typedef struct {
+    uint32_t type;     /* ggml type id (common/quant.h) */
+    const void *data;  // (rows, row_bytes), NULL when absent
+    int rows, cols;    /* (out_features, in_features) */
+    size_t row_bytes;  /* stored bytes of one row */
+    int perm_hd;       /* 0, or the head size of a GGUF llama q/k row interleave */
+} QTensor;
+
 /* One transformer block. All matrices row-major (out_features, in_features), the
- * Hugging Face layout; GGUF llama q/k rows are un-permuted at load so that RoPE is
- * always the rotate-half (NeoX) form. */
+ * Hugging Face layout (see QTensor for GGUF q/k). */
 typedef struct {
     float *attn_norm; // (dim)
-    float *wq;        // (n_heads*head_dim, dim)
-    float *wk;        // (n_kv_heads*head_dim, dim)
-    float *wv;        // (n_kv_heads*head_dim, dim)
-    float *wo;        // (dim, n_heads*head_dim)
+    QTensor wq;       // (n_heads*head_dim, dim)
+    QTensor wk;       // (n_kv_heads*head_dim, dim)
+    QTensor wv;       // (n_kv_heads*head_dim, dim)
+    QTensor wo;       // (dim, n_heads*head_dim)
     float *bq;        // (n_heads*head_dim) or NULL
     float *bk;        // (n_kv_heads*head_dim) or NULL
     float *bv;        // (n_kv_heads*head_dim) or NULL
     float *q_norm;    // (head_dim) or NULL
     float *k_norm;    // (head_dim) or NULL
     float *ffn_norm;  // (dim)
-    float *w_gate;    // (hidden_dim, dim)
-    float *w_up;      // (hidden_dim, dim)
-    float *w_down;    // (dim, hidden_dim)
+    QTensor w_gate;   // (hidden_dim, dim)
+    QTensor w_up;     // (hidden_dim, dim)
+    QTensor w_down;   // (dim, hidden_dim)
 } LayerWeights;
 
 typedef struct {
-    float *tok_embeddings; // (vocab_size, dim)
-    LayerWeights *layers;  // (n_layers)
-    float *final_norm;     // (dim)
-    float *wcls;           // (vocab_size, dim); == tok_embeddings when tied
+    QTensor tok_embeddings; // (vocab_size, dim)
+    LayerWeights *layers;   // (n_layers)
+    float *final_norm;      // (dim)
+    QTensor wcls;           // (vocab_size, dim); same data as tok_embeddings when tied
 } Weights;
 
 typedef enum { TOKSRC_NONE = 0, TOKSRC_GGUF = 1, TOKSRC_HF_JSON = 2 } TokSource;
@@ -63,10 +76,14 @@ typedef struct GGUFFile GGUFFile;
 typedef struct Model {
     Config cfg;
     Weights w;
-    /* Owned storage. Every weight pointer above points into `arena` (or into the
-     * parent's arena for a layer-subset view). */
-    float *arena;          // all dequantized weights, f32
+    /* Owned storage. Vectors (norms, biases) and the matrices of random and test models
+     * live in `arena` (f32); GGUF matrices point into gguf's mapping, Hugging Face ones
+     * into `maps`. A layer-subset view borrows its parent's. */
+    float *arena;          // f32 vectors and f32 host matrices
     size_t arena_floats;
+    void **maps;           // (n_maps) read-only file mappings the weights point into
+    size_t *map_sizes;     // (n_maps)
+    int n_maps;
     int is_view;           /* 1: layer-subset view, does not own arena/gguf */
     /* 1: a "random:" model (common/randmodel.h): weights come from random_seed; arena is
      * NULL until model_random_materialize() fills host copies for the CPU backend. */
@@ -92,7 +109,22 @@ int model_layer_view(const Model *parent, const char *spec, Model **out, RsErr *
 
 void model_free(Model **m);
 
-/* Total parameter bytes streamed per token at f32 (for bandwidth figures). */
+/* Matrix bytes streamed per token as stored (layers + head; for bandwidth figures); a
+ * random model without host weights counts f32. */
 size_t model_weight_bytes(const Model *m);
+
+/* Stored bytes of logical row j (0 <= j < t->rows). */
+static inline const uint8_t *qtensor_row(const QTensor *t, int j) {
+    int r = j;
+    if (t->perm_hd) { /* HF row h*hd + k came from GGUF row h*hd + 2k (k < hd/2) or 2(k-hd/2)+1 */
+        int hd = t->perm_hd, h = j / hd, k = j % hd, half = hd / 2;
+        r = h * hd + (k < half ? 2 * k : 2 * (k - half) + 1);
+    }
+    return (const uint8_t *)t->data + (size_t)r * t->row_bytes;
+}
+/* Logical rows [r0, r0 + n) expanded to f32 into dst (n, cols). */
+void qtensor_dequantize_rows(const QTensor *t, int r0, int n, float *dst);
+/* An f32 matrix descriptor over data (rows, cols), e.g. an arena slice. */
+QTensor qtensor_f32(const float *data, int rows, int cols);
 
 #endif

@@ -180,36 +180,62 @@ typedef struct {
     float *p; /* next free float of the arena */
 } FillCtx;
 
-float **model_weight_slot(Weights *w, const RandTensor *t) {
+void model_weight_shape(const Config *c, RandTensorKind kind, int *rows, int *cols) {
+    int qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+    int r = 0, k = c->dim;
+    switch (kind) {
+    case RT_WQ: r = qd; break;
+    case RT_WK: case RT_WV: r = kvd; break;
+    case RT_WO: r = c->dim, k = qd; break;
+    case RT_W_GATE: case RT_W_UP: r = c->hidden_dim; break;
+    case RT_W_DOWN: r = c->dim, k = c->hidden_dim; break;
+    case RT_TOK_EMBEDDINGS: case RT_WCLS: r = c->vocab_size; break;
+    default: k = 0; break;
+    }
+    *rows = r;
+    *cols = k;
+}
+
+void model_weight_slot(Weights *w, const RandTensor *t, float ***vec, QTensor **mat) {
     LayerWeights *L = t->layer >= 0 ? &w->layers[t->layer] : NULL;
+    *vec = NULL;
+    *mat = NULL;
     switch (t->kind) {
-    case RT_WQ: return &L->wq;
-    case RT_WK: return &L->wk;
-    case RT_WV: return &L->wv;
-    case RT_WO: return &L->wo;
-    case RT_W_GATE: return &L->w_gate;
-    case RT_W_UP: return &L->w_up;
-    case RT_W_DOWN: return &L->w_down;
-    case RT_ATTN_NORM: return &L->attn_norm;
-    case RT_FFN_NORM: return &L->ffn_norm;
-    case RT_BQ: return &L->bq;
-    case RT_BK: return &L->bk;
-    case RT_BV: return &L->bv;
-    case RT_Q_NORM: return &L->q_norm;
-    case RT_K_NORM: return &L->k_norm;
-    case RT_TOK_EMBEDDINGS: return &w->tok_embeddings;
-    case RT_WCLS: return &w->wcls;
-    case RT_FINAL_NORM: return &w->final_norm;
+    case RT_WQ: *mat = &L->wq; return;
+    case RT_WK: *mat = &L->wk; return;
+    case RT_WV: *mat = &L->wv; return;
+    case RT_WO: *mat = &L->wo; return;
+    case RT_W_GATE: *mat = &L->w_gate; return;
+    case RT_W_UP: *mat = &L->w_up; return;
+    case RT_W_DOWN: *mat = &L->w_down; return;
+    case RT_ATTN_NORM: *vec = &L->attn_norm; return;
+    case RT_FFN_NORM: *vec = &L->ffn_norm; return;
+    case RT_BQ: *vec = &L->bq; return;
+    case RT_BK: *vec = &L->bk; return;
+    case RT_BV: *vec = &L->bv; return;
+    case RT_Q_NORM: *vec = &L->q_norm; return;
+    case RT_K_NORM: *vec = &L->k_norm; return;
+    case RT_TOK_EMBEDDINGS: *mat = &w->tok_embeddings; return;
+    case RT_WCLS: *mat = &w->wcls; return;
+    case RT_FINAL_NORM: *vec = &w->final_norm; return;
     }
     RS_ASSERT(0 && "unknown RandTensorKind");
-    return NULL;
 }
 
 static void fill_tensor(void *u, const RandTensor *t) {
     FillCtx *f = u;
     float *dst = f->p;
     for (size_t i = 0; i < t->n; i++) dst[i] = rs_rand_value(t->seed, i, t->scale, t->base);
-    *model_weight_slot(&f->m->w, t) = dst;
+    float **vec;
+    QTensor *mat;
+    model_weight_slot(&f->m->w, t, &vec, &mat);
+    if (vec) *vec = dst;
+    else {
+        int rows, cols;
+        model_weight_shape(&f->m->cfg, t->kind, &rows, &cols);
+        RS_ASSERT((size_t)rows * cols == t->n);
+        *mat = qtensor_f32(dst, rows, cols);
+    }
     f->p += t->n;
 }
 

@@ -2,7 +2,8 @@
  * e.g. "random:llama3-8b" (Llama-3.1-8B shape), "random:llama3-1b" (Llama-3.2-1B shape),
  * "random:tiny,seed=7". They let the two-process pipeline be timed on GPU machines that
  * have no model files and no network: the CUDA backend makes the weights on the device
- * (no host copy), the CPU backend gets the same weights materialised in f32 on the host.
+ * (no host copy), the CPU backend gets the same weights materialised in f32 on the host
+ * (QT_F32 matrices over the arena).
  *
  * One definition of the weights serves both backends: every tensor, in the order
  * model_random_walk() lists them, is filled with rs_rand_value(tseed, i, scale, base) =
@@ -81,8 +82,11 @@ int model_random_load(const char *spec, Model **out, RsErr *e);
 /* Calls fn for every tensor of c in the canonical order (see above). */
 void model_random_walk(const Config *c, uint64_t seed, void (*fn)(void *u, const RandTensor *t),
                        void *u);
-/* Where the walk's tensor t lives in w (w->layers must have the walk's layer count). */
-float **model_weight_slot(Weights *w, const RandTensor *t);
+/* Where the walk's tensor t lives in w (w->layers must have the walk's layer count): a
+ * vector's arena pointer (*vec) or a matrix's descriptor (*mat); the other gets NULL. */
+void model_weight_slot(Weights *w, const RandTensor *t, float ***vec, QTensor **mat);
+/* (rows, cols) of the walk's matrix kind under c; 0 rows for a vector kind. */
+void model_weight_shape(const Config *c, RandTensorKind kind, int *rows, int *cols);
 /* Fills f32 host weights (arena) for a random model; RS_ENOMEM with the size when it would
  * exceed RANDOM_MODEL_HOST_LIMIT. No-op when already materialised. */
 int model_random_materialize(Model *m, RsErr *e);

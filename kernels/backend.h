@@ -38,6 +38,10 @@ typedef struct {
 } BackendStats;
 
 extern const BackendOps cpu_backend_ops;
+/* The CPU backend's kernel family ("avx2", "scalar", "ref", ...; ROOTSPEC_CPU_KERNELS
+ * forces one at create()) and thread count. b must be a CPU backend. */
+const char *cpu_backend_kernels(const Backend *b);
+int cpu_backend_threads(const Backend *b);
 /* NULL when built without CUDA (see kernels/cuda_stub.c). */
 const BackendOps *cuda_backend_ops_get(void);
 /* "cpu" (also NULL) or "cuda"; NULL with a message in e when unknown or not built in. */

@@ -1,13 +1,22 @@
-/* CPU reference backend: the whole transformer forward in f32, llama2.c style. Every
- * buffer lives in a RunState allocated once in create(); forward() never allocates.
- * The operations themselves are kernels/cpu_ops.c (shared with the CUDA kernel tests as
- * their references); this file owns the buffers, the KV cache and the order of the steps. */
+/* CPU backend: the whole transformer forward in f32 activations against weights kept in
+ * their stored type (QTensor), llama2.c style. Every buffer lives in a RunState allocated
+ * once in create(); forward() never allocates. Matrix products go through the kernel
+ * family picked at create() (kernels/cpu_qmatmul.h: AVX-512, AVX2, scalar, or the f32
+ * "ref" path the golden tests hold to transformers' tolerances), split across output rows
+ * on the backend's own thread pool; attention is split over (token, head) pairs.
+ *
+ * A row's logits are bitwise the same whatever batch it is computed in (alone, in a
+ * prefill chunk, in a masked tree pass) at a given kernel family: every product reduces
+ * each output element in an order fixed by the weight row alone (cpu_qmatmul.h), norms
+ * and RoPE are per row, and attention walks the entries a row sees in cache order.
+ * The per-step operations are kernels/cpu_ops.c (shared with the CUDA kernel tests). */
 #include "backend_impl.h"
 #include "cpu_ops.h"
-#include <cblas.h>
+#include "cpu_qmatmul.h"
+#include "threadpool.h"
 #include <math.h>
+#include <sched.h>
 #include <string.h>
-#include <strings.h>
 
 typedef struct {
     float *x;           // (max_batch, dim) residual stream
@@ -16,7 +25,9 @@ typedef struct {
     float *att_out;     // (max_batch, n_heads*head_dim)
     float *hb;          // (max_batch, hidden_dim) gate, then silu(gate)*up
     float *hb2;         // (max_batch, hidden_dim) up
-    float *att;         // (kv_capacity) scores of one (token, head)
+    float *att;         // (threads, kv_capacity) scores of one (token, head) per thread
+    float *scratch;     // (threads, max_cols) a dequantized weight row per thread
+    QkQ8 *xq;           // (max_batch, max_cols/32) activations quantized for integer weights
     float *key_cache;   // (n_layers, kv_capacity, kv_dim), RoPE already applied
     float *value_cache; // (n_layers, kv_capacity, kv_dim)
     float *kv_tmp;      // (2, max_pending, kv_dim) staging for kv_commit
@@ -31,39 +42,100 @@ typedef struct {
 typedef struct {
     Backend base; /* must stay first: Backend * is cast to CpuBackend * */
     RunState s;
-    int q_dim, kv_dim;
+    int q_dim, kv_dim, max_cols;
+    const QkFamily *fam;
+    ThreadPool *pool;
 } CpuBackend;
 
 
-/* OpenBLAS picks its kernels from cpuid at load time; inside some VMs the CPU model is
- * unknown and it falls back to SSE3 "Prescott" kernels, 3-4x slower on an AVX-512 machine.
- * The choice cannot be changed after load (only through OPENBLAS_CORETYPE), so say so once. */
-static void blas_core_check(const Model *m) {
-    static int done;
-    /* Tiny (test) models run in microseconds either way: stay quiet for them. */
-    if (done || getenv("OPENBLAS_CORETYPE") || model_weight_bytes(m) < ((size_t)64 << 20)) return;
-    done = 1;
-    static const char *old_cores[] = {"prescott", "core2", "penryn", "dunnington", "nehalem",
-                                      "atom", "sandybridge", "katmai", "northwood", "banias"};
-    const char *core = openblas_get_corename();
-    const char *want = __builtin_cpu_supports("avx512f") ? "SkylakeX"
-                       : __builtin_cpu_supports("avx2")  ? "Haswell"
-                                                         : NULL;
-    if (!core || !want) return;
-    for (size_t i = 0; i < sizeof old_cores / sizeof old_cores[0]; i++)
-        if (!strcasecmp(core, old_cores[i])) {
-            fprintf(stderr,
-                    "rootspec: OpenBLAS chose '%s' kernels on a CPU with %s; set "
-                    "OPENBLAS_CORETYPE=%s for much faster matrix products\n",
-                    core, want[0] == 'S' ? "AVX-512" : "AVX2", want);
-            return;
-        }
+
+
+/* ---- parallel regions ---- */
+
+/* Up to three products sharing one input (q|k|v, gate|up): their output rows are one range
+ * split evenly across the threads. */
+typedef struct {
+    CpuBackend *b;
+    int nm;
+    const QTensor *w[3];
+    float *y[3];
+    int ldy[3];
+    QkActs x;
+} MmJob;
+
+static void mm_task(void *arg, int tid, int nth) {
+    MmJob *j = arg;
+    int total = 0;
+    for (int i = 0; i < j->nm; i++) total += j->w[i]->rows;
+    int lo, hi;
+    threadpool_share(total, tid, nth, &lo, &hi);
+    float *scratch = j->b->s.scratch + (size_t)tid * j->b->max_cols;
+    for (int i = 0, off = 0; i < j->nm; off += j->w[i]->rows, i++) {
+        int a = lo > off ? lo - off : 0, z = hi - off < j->w[i]->rows ? hi - off : j->w[i]->rows;
+        if (a < z) qk_matmul_rows(j->b->fam, j->w[i], &j->x, j->y[i], j->ldy[i], a, z, scratch);
+    }
+}
+
+/* y_i (n, w_i->rows) = x (n, in) @ w_i^T for the nm matrices, on every thread. */
+static void matmul(CpuBackend *b, const float *x, int n, int nm, const QTensor *const *w,
+                   float *const *y) {
+    MmJob j = {.b = b, .nm = nm, .x = {x, NULL, n, w[0]->cols}};
+    int q8 = 0;
+    for (int i = 0; i < nm; i++) {
+        RS_ASSERT(w[i]->cols == w[0]->cols);
+        j.w[i] = w[i];
+        j.y[i] = y[i];
+        j.ldy[i] = w[i]->rows;
+        q8 |= qk_wants_q8(b->fam, w[i]->type);
+    }
+    if (q8) {
+        qk_quantize_rows(x, n, j.x.in, b->s.xq);
+        j.x.q8 = b->s.xq;
+    }
+    threadpool_run(b->pool, mm_task, &j);
+}
+
+static void matmul1(CpuBackend *b, const float *x, int n, const QTensor *w, float *y) {
+    matmul(b, x, n, 1, &w, &y);
+}
+
+typedef struct {
+    CpuBackend *b;
+    const float *kc, *vc; // (cap, kvd) this layer's caches
+    int n, nc;
+} AttnJob;
+
+/* Softmax attention of one (token, head): committed entries [0, nc) then the pending ones
+ * its mask row allows, in cache order (the order a row alone would see them in). */
+static void attend(CpuBackend *b, const AttnJob *j, int t, int h, float *att) {
+    const Config *c = &b->base.model->cfg;
+    RunState *s = &b->s;
+    int hd = c->head_dim, qd = b->q_dim, kvd = b->kv_dim;
+    int off = (h / (c->n_heads / c->n_kv_heads)) * hd;
+    cpu_attention_head(s->att_out + (size_t)t * qd + h * hd, s->q + (size_t)t * qd + h * hd,
+                       j->kc + off, j->vc + off, kvd, j->nc,
+                       s->att_idx + (size_t)t * b->base.params.max_pending,
+                       j->nc + s->att_cnt[t], hd, att);
+}
+
+static void attn_task(void *arg, int tid, int nth) {
+    AttnJob *j = arg;
+    int nh = j->b->base.model->cfg.n_heads, lo, hi;
+    threadpool_share(j->n * nh, tid, nth, &lo, &hi);
+    float *att = j->b->s.att + (size_t)tid * j->b->base.params.kv_capacity;
+    for (int i = lo; i < hi; i++) attend(j->b, j, i / nh, i % nh, att);
 }
 
 static void cpu_destroy(Backend **pb);
 
-static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
-    *out = NULL;
+/* Threads for p->threads == 0: the CPUs this process may run on. */
+static int default_threads(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    return 1;
+}
+
+static int cpu_check(const Model *m, const BackendParams *p, RsErr *e) {
     const Config *c = &m->cfg;
     if (p->kv_capacity <= 0 || p->max_batch <= 0 || p->max_pending <= 0)
         return rs_err(e, RS_EINVAL,
@@ -76,14 +148,14 @@ static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsE
     if (m->random_weights && !m->arena)
         return rs_err(e, RS_EINVAL, "random model '%s' has no host weights (load it with "
                       "backend_model_load)", m->path);
-    CpuBackend *b = rs_xcalloc(1, sizeof *b);
-    b->base.ops = &cpu_backend_ops;
-    b->base.model = m;
-    b->base.params = *p;
-    b->q_dim = c->n_heads * c->head_dim;
-    b->kv_dim = c->n_kv_heads * c->head_dim;
+    if (p->threads < 0 || p->threads > 1024)
+        return rs_err(e, RS_EINVAL, "CPU threads %d outside [0, 1024]", p->threads);
+    return RS_OK;
+}
+
+static void alloc_state(CpuBackend *b, const Config *c, const BackendParams *p, int nth) {
     size_t B = (size_t)p->max_batch, cap = (size_t)p->kv_capacity, P = (size_t)p->max_pending;
-    size_t half = (size_t)c->head_dim / 2;
+    size_t half = (size_t)c->head_dim / 2, mc = (size_t)b->max_cols;
     RunState *s = &b->s;
     s->x = rs_xcalloc(B * c->dim, sizeof(float));
     s->xb = rs_xcalloc(B * c->dim, sizeof(float));
@@ -91,19 +163,9 @@ static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsE
     s->att_out = rs_xcalloc(B * b->q_dim, sizeof(float));
     s->hb = rs_xcalloc(B * c->hidden_dim, sizeof(float));
     s->hb2 = rs_xcalloc(B * c->hidden_dim, sizeof(float));
-    s->att = rs_xcalloc(cap, sizeof(float));
-    /* The KV cache grows with --ctx: a size the host cannot hold is an error, not an abort. */
-    size_t kv_n = (size_t)c->n_layers * cap * b->kv_dim;
-    s->key_cache = calloc(kv_n, sizeof(float));
-    s->value_cache = s->key_cache ? calloc(kv_n, sizeof(float)) : NULL;
-    if (!s->value_cache) {
-        Backend *bb = &b->base;
-        cpu_destroy(&bb);
-        return rs_err(e, RS_ENOMEM,
-                      "cannot allocate the KV cache: %d entries x %d layers need %zu MiB "
-                      "(lower --ctx)",
-                      p->kv_capacity, c->n_layers, 2 * kv_n * sizeof(float) >> 20);
-    }
+    s->att = rs_xcalloc((size_t)nth * cap, sizeof(float));
+    s->scratch = rs_xcalloc((size_t)nth * mc, sizeof(float));
+    s->xq = rs_xcalloc(B * (mc / QK_BLOCK + 1), sizeof(QkQ8));
     s->kv_tmp = rs_xcalloc(2 * P * b->kv_dim, sizeof(float));
     s->inv_freq = rs_xcalloc(half, sizeof(float));
     s->rope_cos = rs_xcalloc(B * half, sizeof(float));
@@ -111,41 +173,90 @@ static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsE
     s->att_idx = rs_xcalloc(B * P, sizeof(int));
     s->att_cnt = rs_xcalloc(B, sizeof(int));
     s->keep_seen = rs_xcalloc(P, 1);
+}
+
+static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
+    *out = NULL;
+    const Config *c = &m->cfg;
+    int rc = cpu_check(m, p, e);
+    if (rc) return rc;
+    const QkFamily *fam = qk_family_pick(getenv("ROOTSPEC_CPU_KERNELS"), e);
+    if (!fam) return e ? e->code : RS_EINVAL;
+    CpuBackend *b = rs_xcalloc(1, sizeof *b);
+    b->base.ops = &cpu_backend_ops;
+    b->base.model = m;
+    b->base.params = *p;
+    b->fam = fam;
+    b->q_dim = c->n_heads * c->head_dim;
+    b->kv_dim = c->n_kv_heads * c->head_dim;
+    int mc = c->dim > c->hidden_dim ? c->dim : c->hidden_dim;
+    b->max_cols = mc > b->q_dim ? mc : b->q_dim;
+    int nth = p->threads > 0 ? p->threads : default_threads();
+    alloc_state(b, c, p, nth);
+    /* The KV cache grows with --ctx: a size the host cannot hold is an error, not an abort. */
+    RunState *s = &b->s;
+    size_t kv_n = (size_t)c->n_layers * p->kv_capacity * b->kv_dim;
+    s->key_cache = calloc(kv_n, sizeof(float));
+    s->value_cache = s->key_cache ? calloc(kv_n, sizeof(float)) : NULL;
+    Backend *bb = &b->base;
+    if (!s->value_cache) {
+        cpu_destroy(&bb);
+        return rs_err(e, RS_ENOMEM,
+                      "cannot allocate the KV cache: %d entries x %d layers need %zu MiB "
+                      "(lower --ctx)",
+                      p->kv_capacity, c->n_layers, 2 * kv_n * sizeof(float) >> 20);
+    }
+    if ((rc = threadpool_create(nth, &b->pool, e))) {
+        cpu_destroy(&bb);
+        return rc;
+    }
     rope_inv_freq(c, s->inv_freq);
-    if (p->threads > 0) openblas_set_num_threads(p->threads);
-    blas_core_check(m);
-    *out = &b->base;
+    *out = bb;
     return RS_OK;
+}
+
+const char *cpu_backend_kernels(const Backend *bb) {
+    RS_ASSERT(bb && bb->ops == &cpu_backend_ops);
+    return ((const CpuBackend *)bb)->fam->name;
+}
+
+int cpu_backend_threads(const Backend *bb) {
+    RS_ASSERT(bb && bb->ops == &cpu_backend_ops);
+    return threadpool_size(((const CpuBackend *)bb)->pool);
 }
 
 static void cpu_destroy(Backend **pb) {
     if (!pb || !*pb) return;
     CpuBackend *b = (CpuBackend *)*pb;
     RunState *s = &b->s;
-    free(s->x);
-    free(s->xb);
-    free(s->q);
-    free(s->att_out);
-    free(s->hb);
-    free(s->hb2);
-    free(s->att);
-    free(s->key_cache);
-    free(s->value_cache);
-    free(s->kv_tmp);
-    free(s->inv_freq);
-    free(s->rope_cos);
-    free(s->rope_sin);
-    free(s->att_idx);
-    free(s->att_cnt);
-    free(s->keep_seen);
+    threadpool_destroy(&b->pool);
+    void *bufs[] = {s->x,       s->xb,       s->q,           s->att_out,  s->hb,
+                    s->hb2,     s->att,      s->scratch,     s->xq,       s->key_cache,
+                    s->value_cache, s->kv_tmp, s->inv_freq,  s->rope_cos, s->rope_sin,
+                    s->att_idx, s->att_cnt,  s->keep_seen};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(b);
     *pb = NULL;
 }
 
+/* Per-batch tables shared by all layers: the pending slots (relative to nc) each token
+ * may see, cos/sin per token (angle = float32(pos) * inv_freq in float32, as
+ * transformers), and the embeddings. */
+static void fwd_prepare(CpuBackend *b, const int *tokens, const int *pos, int n,
+                        const uint8_t *mask) {
+    const Config *c = &b->base.model->cfg;
+    RunState *s = &b->s;
+    cpu_attention_index(mask, n, b->base.n_pending, b->base.params.max_pending, s->att_idx,
+                        s->att_cnt);
+    cpu_rope_table(pos, s->inv_freq, n, c->head_dim / 2, s->rope_cos, s->rope_sin);
+    /* the embeddings in their stored type: cpu_embed takes an f32 table */
+    for (int t = 0; t < n; t++)
+        qtensor_dequantize_rows(&b->base.model->w.tok_embeddings, tokens[t], 1,
+                                s->x + (size_t)t * c->dim);
+}
 
-/* Biases, Qwen3 per-head q/k norms and RoPE on this batch's q (n, q_dim) and new k, v
- * rows (n, kv_dim). */
-static void qkv_finish(CpuBackend *b, const LayerWeights *L, int n, float *knew, float *vnew) {
+/* Biases, q/k norms and RoPE of the batch's new q and k rows. */
+static void fwd_qk_post(CpuBackend *b, const LayerWeights *L, float *knew, float *vnew, int n) {
     const Config *c = &b->base.model->cfg;
     RunState *s = &b->s;
     int hd = c->head_dim, half = hd / 2, qd = b->q_dim, kvd = b->kv_dim;
@@ -167,6 +278,44 @@ static void qkv_finish(CpuBackend *b, const LayerWeights *L, int n, float *knew,
     }
 }
 
+/* x += Wo attention(cpu_rmsnorm(x)) for layer l; new k/v rows land in the cache. */
+static void fwd_attention(CpuBackend *b, int l, int n) {
+    const Config *c = &b->base.model->cfg;
+    const LayerWeights *L = &b->base.model->w.layers[l];
+    RunState *s = &b->s;
+    int dim = c->dim, kvd = b->kv_dim, cap = b->base.params.kv_capacity;
+    int start = b->base.n_committed + b->base.n_pending;
+    float *kc = s->key_cache + (size_t)l * cap * kvd;   // (cap, kvd)
+    float *vc = s->value_cache + (size_t)l * cap * kvd; // (cap, kvd)
+    float *knew = kc + (size_t)start * kvd, *vnew = vc + (size_t)start * kvd; // (n, kvd)
+    for (int t = 0; t < n; t++)
+        cpu_rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, c->norm_eps);
+    const QTensor *w[3] = {&L->wq, &L->wk, &L->wv};
+    float *y[3] = {s->q, knew, vnew};
+    matmul(b, s->xb, n, 3, w, y);
+    fwd_qk_post(b, L, knew, vnew, n);
+    AttnJob aj = {b, kc, vc, n, b->base.n_committed};
+    threadpool_run(b->pool, attn_task, &aj);
+    matmul1(b, s->att_out, n, &L->wo, s->xb);
+    cpu_residual_add(s->x, s->xb, (size_t)n * dim);
+}
+
+/* x += W_down (silu(W_gate h) * W_up h), h = cpu_rmsnorm(x): the SwiGLU MLP of layer l. */
+static void fwd_mlp(CpuBackend *b, int l, int n) {
+    const Config *c = &b->base.model->cfg;
+    const LayerWeights *L = &b->base.model->w.layers[l];
+    RunState *s = &b->s;
+    int dim = c->dim, hidden = c->hidden_dim;
+    for (int t = 0; t < n; t++)
+        cpu_rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim, c->norm_eps);
+    const QTensor *w[2] = {&L->w_gate, &L->w_up};
+    float *y[2] = {s->hb, s->hb2};
+    matmul(b, s->xb, n, 2, w, y);
+    cpu_swiglu(s->hb, s->hb2, (size_t)n * hidden);
+    matmul1(b, s->hb, n, &L->w_down, s->xb);
+    cpu_residual_add(s->x, s->xb, (size_t)n * dim);
+}
+
 static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
                        const uint8_t *mask, const int *out_rows, int n_out, float *logits,
                        RsErr *e) {
@@ -176,48 +325,17 @@ static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
     if (rc) return rc;
     const Model *m = bb->model;
     const Config *c = &m->cfg;
-    const Weights *w = &m->w;
     RunState *s = &b->s;
-    int dim = c->dim, hd = c->head_dim, half = hd / 2, qd = b->q_dim, kvd = b->kv_dim;
-    int hidden = c->hidden_dim, cap = bb->params.kv_capacity, P = bb->params.max_pending;
-    int nc = bb->n_committed, np = bb->n_pending, start = nc + np;
-    /* Pending slots (relative to nc) each token may see; shared by all layers. */
-    cpu_attention_index(mask, n, np, P, s->att_idx, s->att_cnt);
-    cpu_rope_table(pos, s->inv_freq, n, half, s->rope_cos, s->rope_sin);
-    cpu_embed(s->x, w->tok_embeddings, tokens, n, dim);
+    fwd_prepare(b, tokens, pos, n, mask);
     for (int l = 0; l < c->n_layers; l++) {
-        const LayerWeights *L = &w->layers[l];
-        float *kc = s->key_cache + (size_t)l * cap * kvd;   // (cap, kvd)
-        float *vc = s->value_cache + (size_t)l * cap * kvd; // (cap, kvd)
-        float *knew = kc + (size_t)start * kvd;             // (n, kvd)
-        float *vnew = vc + (size_t)start * kvd;             // (n, kvd)
-        for (int t = 0; t < n; t++)
-            cpu_rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim,
-                        c->norm_eps);
-        cpu_matmul(s->q, s->xb, L->wq, n, dim, qd, qd);
-        cpu_matmul(knew, s->xb, L->wk, n, dim, kvd, kvd);
-        cpu_matmul(vnew, s->xb, L->wv, n, dim, kvd, kvd);
-        qkv_finish(b, L, n, knew, vnew);
-        /* Attention: committed entries [0, nc) plus the allowed pending ones. */
-        cpu_attention(s->att_out, s->q, kc, vc, nc, s->att_idx, s->att_cnt, P, n, c->n_heads,
-                      c->n_kv_heads, hd, s->att);
-        cpu_matmul(s->xb, s->att_out, L->wo, n, qd, dim, dim);
-        cpu_residual_add(s->x, s->xb, (size_t)n * dim);
-        /* SwiGLU MLP. */
-        for (int t = 0; t < n; t++)
-            cpu_rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim,
-                        c->norm_eps);
-        cpu_matmul(s->hb, s->xb, L->w_gate, n, dim, hidden, hidden);
-        cpu_matmul(s->hb2, s->xb, L->w_up, n, dim, hidden, hidden);
-        cpu_swiglu(s->hb, s->hb2, (size_t)n * hidden);
-        cpu_matmul(s->xb, s->hb, L->w_down, n, hidden, dim, dim);
-        cpu_residual_add(s->x, s->xb, (size_t)n * dim);
+        fwd_attention(b, l, n);
+        fwd_mlp(b, l, n);
     }
     /* Final norm and head only for the requested rows. */
     for (int r = 0; r < n_out; r++)
-        cpu_rmsnorm(s->xb + (size_t)r * dim, s->x + (size_t)out_rows[r] * dim, w->final_norm,
-                    dim, c->norm_eps);
-    if (n_out > 0) cpu_matmul(logits, s->xb, w->wcls, n_out, dim, c->vocab_size, c->vocab_size);
+        cpu_rmsnorm(s->xb + (size_t)r * c->dim, s->x + (size_t)out_rows[r] * c->dim,
+                m->w.final_norm, c->dim, c->norm_eps);
+    if (n_out > 0) matmul1(b, s->xb, n_out, &m->w.wcls, logits);
     bb->n_pending += n;
     return RS_OK;
 }

@@ -1,10 +1,11 @@
 /* CPU reference operations (see cpu_ops.h). They favour matching transformers' arithmetic
  * over speed: this is the reference the CUDA backend and the golden tests are checked
- * against. Matrix products run over the whole batch with OpenBLAS; attention is plain
- * loops (a small share of the work at the batch sizes the engine uses). */
+ * against. cpu_matmul is the portable f32 kernel of kernels/cpu_qmatmul.h (the backend
+ * itself multiplies stored-type weights through the dispatched family); attention is
+ * plain loops, one (token, head) at a time so the backend can split pairs across
+ * threads. */
 #include "cpu_ops.h"
-#include "cpu_matmul.h"
-#include <cblas.h>
+#include "cpu_qmatmul.h"
 #include <math.h>
 #include <string.h>
 
@@ -66,21 +67,10 @@ void cpu_rope(float *v, const float *cs, const float *sn, int half) {
     }
 }
 
-/* One token: OpenBLAS sgemv (streams W once, threaded); a few tokens: our streaming
- * kernel, since sgemm would first pack (copy) all of W; larger batches: sgemm. Measured on
- * SmolLM2 (rootspec-micro, OPENBLAS_CORETYPE=SkylakeX, 1 thread): n = 9 pass 154 ms vs
- * 186 ms with sgemm. */
 void cpu_matmul(float *y, const float *x, const float *w, int n, int in, int out, int ldy) {
-    if (n == 1) {
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, 0.0f, y, 1);
-        return;
-    }
-    if (n <= CPU_MATMUL_SMALL_MAX) {
-        cpu_matmul_small(y, ldy, x, w, n, in, 0, out);
-        return;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, 0.0f, y,
-                ldy);
+    QTensor t = qtensor_f32(w, out, in);
+    QkActs a = {x, NULL, n, in};
+    qk_matmul_rows(&qk_family_scalar, &t, &a, y, ldy, 0, out, NULL); /* F32: no scratch */
 }
 
 void cpu_attention_index(const uint8_t *mask, int n, int n_pending, int max_pending, int *idx,
@@ -109,9 +99,7 @@ static float dot(const float *a, const float *b, int n) {
     return d;
 }
 
-/* One (token, head): o (hd) over the first nc entries then nc + idx[j - nc], len in all;
- * kh0, vh0 point at this head's KV group in entry 0 (rows of kvd floats). */
-static void attention_head(float *o, const float *qh, const float *kh0, const float *vh0,
+void cpu_attention_head(float *o, const float *qh, const float *kh0, const float *vh0,
                            int kvd, int nc, const int *idx, int len, int hd, float *att) {
     float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY;
     for (int j = 0; j < len; j++) {
@@ -141,7 +129,7 @@ void cpu_attention(float *out, const float *q, const float *kc, const float *vc,
     for (int t = 0; t < n; t++)
         for (int h = 0; h < n_heads; h++) {
             int off = (h / group) * hd;
-            attention_head(out + (size_t)t * qd + h * hd, q + (size_t)t * qd + h * hd, kc + off,
+            cpu_attention_head(out + (size_t)t * qd + h * hd, q + (size_t)t * qd + h * hd, kc + off,
                            vc + off, kvd, n_committed, idx + (size_t)t * max_pending,
                            n_committed + cnt[t], hd, att);
         }

@@ -25,7 +25,8 @@ void cpu_rope_table(const int *pos, const float *inv_freq, int n, int half, floa
 /* Rotate-half RoPE in place on one head vector v (2*half): pairs (i, i + half); cs, sn
  * (half) are one token's row of the tables. */
 void cpu_rope(float *v, const float *cs, const float *sn, int half);
-/* y (n, out) with row stride ldy = x (n, in) @ w^T, w (out, in) row-major. */
+/* y (n, out) with row stride ldy = x (n, in) @ w^T, w (out, in) row-major (f32; the
+ * scalar family's kernel, so a row's result does not depend on n). */
 void cpu_matmul(float *y, const float *x, const float *w, int n, int in, int out, int ldy);
 /* The pending entries each of n new tokens attends to, from forward()'s mask (n,
  * n_pending + n) (NULL: causal, all earlier pending): idx (n, max_pending) holds each
@@ -39,6 +40,11 @@ void cpu_attention_index(const uint8_t *mask, int n, int n_pending, int max_pend
 void cpu_attention(float *out, const float *q, const float *kc, const float *vc,
                    int n_committed, const int *idx, const int *cnt, int max_pending, int n,
                    int n_heads, int n_kv_heads, int hd, float *att);
+/* One (token, head) of cpu_attention: o (hd) over cache entries [0, nc) then
+ * nc + idx[j - nc], len in all; kh0, vh0 point at the head's KV group in entry 0 (rows of
+ * kvd floats); att: scratch of len floats. */
+void cpu_attention_head(float *o, const float *qh, const float *kh0, const float *vh0, int kvd,
+                        int nc, const int *idx, int len, int hd, float *att);
 /* gate[i] = silu(gate[i]) * up[i], i < n. */
 void cpu_swiglu(float *gate, const float *up, size_t n);
 /* x[i] += y[i], i < n. */

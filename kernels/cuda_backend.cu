@@ -200,16 +200,34 @@ static int bucket_of(int n) {
     return -1;
 }
 
-/* Weight source: the Model's f32 arrays (uploaded through a staging buffer and converted on
- * the device) or the seeded device-side fill of common/randmodel.h. Both walk the tensors
- * with model_random_walk(), so a random model here equals the CPU backend's materialised
- * copy of it (up to the bf16 rounding). */
+/* Weight source: the Model's weights (matrices in their stored type, dequantized row by
+ * row on the host, uploaded through a staging buffer and converted to bf16 on the device)
+ * or the seeded device-side fill of common/randmodel.h. Both walk the tensors with
+ * model_random_walk(), so a random model here equals the CPU backend's materialised copy
+ * of it (up to the bf16 rounding). */
 typedef struct {
     CudaBackend *b;
     const Model *m; /* NULL: random */
     float *stage;   // (stage_floats) device f32 staging
+    float *host;    // (stage_floats) host f32 rows dequantized for one upload
     size_t stage_floats;
 } WeightSrc;
+
+/* Uploads logical rows of a stored matrix as bf16, a staging buffer's worth at a time. */
+static void put_matrix(WeightSrc *ws, const QTensor *q, rs_bf16 *dst) {
+    CudaBackend *b = ws->b;
+    int per = (int)(ws->stage_floats / (size_t)q->cols);
+    RS_ASSERT(per > 0);
+    for (int r0 = 0; r0 < q->rows; r0 += per) {
+        int k = q->rows - r0 < per ? q->rows - r0 : per;
+        size_t nf = (size_t)k * q->cols;
+        qtensor_dequantize_rows(q, r0, k, ws->host);
+        CUDA_CHECK(cudaMemcpyAsync(ws->stage, ws->host, nf * sizeof(float),
+                                   cudaMemcpyHostToDevice, b->stream));
+        cuk_f32_to_bf16(b->stream, ws->stage, dst + (size_t)r0 * q->cols, nf);
+        CUDA_CHECK(cudaStreamSynchronize(b->stream)); /* ws->host is reused */
+    }
+}
 
 /* Device destination of a walk tensor; *bf16 says whether it is a bf16 matrix. */
 static void *device_slot(CudaBackend *b, const RandTensor *t, int *bf16) {
@@ -255,19 +273,16 @@ static void put_tensor(void *u, const RandTensor *t) {
         else cuk_fill_random_f32(b->stream, (float *)dst, t->n, t->seed, t->scale, t->base);
         return;
     }
-    const float *src = *model_weight_slot((Weights *)&ws->m->w, t);
-    RS_ASSERT(src);
+    float **vec;
+    QTensor *mat;
+    model_weight_slot((Weights *)&ws->m->w, t, &vec, &mat);
+    RS_ASSERT(bf16 ? mat && mat->data && (size_t)mat->rows * mat->cols == t->n : vec && *vec);
     if (!bf16) {
-        CUDA_CHECK(cudaMemcpyAsync(dst, src, t->n * sizeof(float), cudaMemcpyHostToDevice,
+        CUDA_CHECK(cudaMemcpyAsync(dst, *vec, t->n * sizeof(float), cudaMemcpyHostToDevice,
                                    b->stream));
         return;
     }
-    for (size_t off = 0; off < t->n; off += ws->stage_floats) {
-        size_t k = t->n - off < ws->stage_floats ? t->n - off : ws->stage_floats;
-        CUDA_CHECK(cudaMemcpyAsync(ws->stage, src + off, k * sizeof(float),
-                                   cudaMemcpyHostToDevice, b->stream));
-        cuk_f32_to_bf16(b->stream, ws->stage, (rs_bf16 *)dst + off, k);
-    }
+    put_matrix(ws, mat, (rs_bf16 *)dst);
 }
 
 /* A "random:" model without host weights gets them made on the device (no host copy of an
@@ -348,7 +363,7 @@ static int cuda_create(const Model *m, const BackendParams *p, Backend **out, Rs
     }
     DA(b->emb, (size_t)b->vocab * dim * 2, "token embeddings");
     /* Tied head: one bf16 copy serves both (the Model marks it by sharing the pointer). */
-    if (random ? c->tied_embeddings : m->w.wcls == m->w.tok_embeddings) b->wcls = b->emb;
+    if (random ? c->tied_embeddings : m->w.wcls.data == m->w.tok_embeddings.data) b->wcls = b->emb;
     else DA(b->wcls, (size_t)b->vocab * dim * 2, "output head");
     DA(b->final_norm, dim * 4, "final_norm");
     DA(b->inv_freq, half * 4, "inv_freq");
@@ -388,11 +403,13 @@ static int cuda_create(const Model *m, const BackendParams *p, Backend **out, Rs
     b->keep_seen = (uint8_t *)rs_xcalloc(P, 1);
 
     /* Weights. */
-    WeightSrc ws = {b, random ? NULL : m, NULL, 0};
+    WeightSrc ws = {b, random ? NULL : m, NULL, NULL, 0};
     if (!random) {
         ws.stage_floats = (size_t)16 << 20; /* 64 MiB of f32 per upload */
+        ws.host = (float *)rs_xmalloc(ws.stage_floats * sizeof(float));
         rc = dalloc(&ws.stage, ws.stage_floats * 4, "weight upload staging", e);
         if (rc) {
+            free(ws.host);
             Backend *bb = &b->base;
             cuda_destroy(&bb);
             return rc;
@@ -410,6 +427,7 @@ static int cuda_create(const Model *m, const BackendParams *p, Backend **out, Rs
     CUDA_CHECK(cudaMemsetAsync(b->d_mask, 0, (size_t)p->max_batch * P, b->stream));
     CUDA_CHECK(cudaStreamSynchronize(b->stream));
     free(inv);
+    free(ws.host);
     DFREE(ws.stage);
     size_t per_layer = ((size_t)b->qkv_w * dim + dim * b->qd + 3 * (size_t)b->hidden * dim) * 2;
     b->weight_bytes = per_layer * nl + (size_t)b->vocab * dim * 2;

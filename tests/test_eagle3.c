@@ -623,7 +623,7 @@ START_TEST(test_random_presets) {
     ck_assert_int_ge(h->d2t[h->cfg.draft_vocab - 1], t->cfg.vocab_size / 2); /* spread, not d */
     /* one commit and one expansion run, finite, deterministic across two runners */
     Eagle3Runner *r;
-    ck_assert_msg(eagle3_runner_create(h, t->w.tok_embeddings, 32, 10, &r, &e) == 0, "%s", e.msg);
+    ck_assert_msg(eagle3_runner_create(h, tu_f32(&t->w.tok_embeddings), 32, 10, &r, &e) == 0, "%s", e.msg);
     int F = 3 * h->cfg.target_hidden, D = h->cfg.c.dim, DV = h->cfg.draft_vocab;
     float *feats = malloc(sizeof(float) * 3 * F), st[64], lg[256], st2[2 * 64], lg2[2 * 256];
     for (int i = 0; i < 3 * F; i++) feats[i] = rs_rand_unit(7, (uint64_t)i);

@@ -3,7 +3,14 @@
  * safetensors) / Qwen3 models with full logits ("RSGL"), the tiny Llama also as GGUF (and
  * Qwen2 / Qwen3 as GGUF from tools/gen_gguf_arch_fixtures.py, same logits), a tiny
  * Q4_K_M-style llama GGUF with its own transformers logits, and the
- * default SmolLM2 Q4_1 model's top-10 at a few positions of 3 prompts ("RSTK"). */
+ * default SmolLM2 Q4_1 model's top-10 at a few positions of 3 prompts ("RSTK").
+ * Each runs on the CPU kernel paths (kernels/cpu_qmatmul.h): "ref" (weights expanded to
+ * f32, f32 products) holds the tolerances below; the fast path this CPU dispatches to (and
+ * the portable scalar one) multiplies Q4_1 weights by activations quantized to 8 bits per
+ * block of 32, which moves the default model's logits by up to FAST_ATOL: it must stay
+ * within FAST_ATOL of transformers' top-10 logits and keep transformers' top-1 at every
+ * fixture position where that leads by more than FAST_MARGIN. Tiny models (F32/F16/BF16
+ * weights: f32 activations on every path) keep the ref tolerances on all paths. */
 #include "testutil.h"
 #include "common/logits.h"
 #include "kernels/backend.h"
@@ -15,12 +22,23 @@
 #define GOLDEN_ATOL 1e-5f
 /* Default model: 30 layers of f32 re-association on both sides (measured 3.4e-5). */
 #define TOPK_ATOL 5e-4f
+/* Default model on the Q8-activation paths (measured 0.58 on AVX2 and scalar). */
+#define FAST_ATOL 1.0f
+#define FAST_MARGIN 0.25f
 
-static Backend *golden_backend(const Model *m, int n) {
+/* Kernel families the golden tests run: NULL is what this CPU dispatches to. */
+static const char *kFamilies[] = {"ref", NULL, "scalar"};
+#define N_FAMILIES 3
+
+static Backend *golden_backend(const Model *m, int n, const char *family) {
     BackendParams p = {.kv_capacity = n, .max_batch = n, .max_pending = n, .threads = 1};
     Backend *b = NULL;
     RsErr e = {0};
-    ck_assert_msg(backend_create(&cpu_backend_ops, m, &p, &b, &e) == RS_OK, "%s", e.msg);
+    if (family) setenv("ROOTSPEC_CPU_KERNELS", family, 1);
+    else unsetenv("ROOTSPEC_CPU_KERNELS");
+    int rc = backend_create(&cpu_backend_ops, m, &p, &b, &e);
+    unsetenv("ROOTSPEC_CPU_KERNELS");
+    ck_assert_msg(rc == RS_OK, "%s", e.msg);
     return b;
 }
 
@@ -45,23 +63,25 @@ static const struct {
 /* Whole sequence in one causal batch, then again as two chunks with a commit between. */
 START_TEST(test_tiny_golden) {
     char mpath[512], lpath[512];
-    snprintf(mpath, sizeof mpath, "tests/fixtures/golden/%s", tiny[_i].model);
-    snprintf(lpath, sizeof lpath, "tests/fixtures/golden/%s", tiny[_i].logits);
+    int ti = _i % N_TINY;
+    const char *fam = kFamilies[_i / N_TINY];
+    snprintf(mpath, sizeof mpath, "tests/fixtures/golden/%s", tiny[ti].model);
+    snprintf(lpath, sizeof lpath, "tests/fixtures/golden/%s", tiny[ti].logits);
     TuGolden g;
     tu_golden_read(lpath, &g);
     Model *m = NULL;
     RsErr e = {0};
     ck_assert_msg(model_load(mpath, &m, &e) == RS_OK, "model_load %s: %s", mpath, e.msg);
-    ck_assert_int_eq(m->cfg.arch, tiny[_i].arch);
+    ck_assert_int_eq(m->cfg.arch, tiny[ti].arch);
     ck_assert_int_eq(m->cfg.vocab_size, g.vocab);
-    if (strcmp(tiny[_i].model, "llama3_rope") == 0) ck_assert_int_eq(m->cfg.rope_scaling, 1);
-    Backend *b = golden_backend(m, g.n);
+    if (strcmp(tiny[ti].model, "llama3_rope") == 0) ck_assert_int_eq(m->cfg.rope_scaling, 1);
+    Backend *b = golden_backend(m, g.n, fam);
     int *pos = rs_xmalloc(sizeof(int) * g.n), *rows = rs_xmalloc(sizeof(int) * g.n);
     for (int i = 0; i < g.n; i++) pos[i] = rows[i] = i;
     float *got = rs_xmalloc(sizeof(float) * g.n * g.vocab), mx = 0, mx2 = 0;
     ck_assert_msg(backend_forward(b, g.tokens, pos, g.n, NULL, rows, g.n, got, &e) == RS_OK,
                   "%s", e.msg);
-    int bad = tu_compare(tiny[_i].model, got, g.logits, (size_t)g.n * g.vocab, GOLDEN_ATOL,
+    int bad = tu_compare(tiny[ti].model, got, g.logits, (size_t)g.n * g.vocab, GOLDEN_ATOL,
                          GOLDEN_RTOL, &mx);
 
     backend_kv_reset(b);
@@ -71,11 +91,11 @@ START_TEST(test_tiny_golden) {
     ck_assert_int_eq(backend_forward(b, g.tokens + h, pos + h, g.n - h, NULL, rows, g.n - h,
                                      got + (size_t)h * g.vocab, &e),
                      RS_OK);
-    bad += tu_compare(tiny[_i].model, got, g.logits, (size_t)g.n * g.vocab, GOLDEN_ATOL,
+    bad += tu_compare(tiny[ti].model, got, g.logits, (size_t)g.n * g.vocab, GOLDEN_ATOL,
                       GOLDEN_RTOL, &mx2);
-    fprintf(stderr, "golden %-18s %d tokens x %d: max |d| %.3g (one batch), %.3g (chunked)\n",
-            tiny[_i].model, g.n, g.vocab, mx, mx2);
-    ck_assert_msg(bad == 0, "%s: %d logits off transformers (max |d| %g / %g)", tiny[_i].model,
+    fprintf(stderr, "golden %-18s %-6s %d tokens x %d: max |d| %.3g (one batch), %.3g (chunked)\n",
+            tiny[ti].model, cpu_backend_kernels(b), g.n, g.vocab, mx, mx2);
+    ck_assert_msg(bad == 0, "%s: %d logits off transformers (max |d| %g / %g)", tiny[ti].model,
                   bad, mx, mx2);
     free(pos);
     free(rows);
@@ -123,7 +143,10 @@ START_TEST(test_default_top10) {
     Model *m = NULL;
     ck_assert_msg(model_load(tu_default_model_path(), &m, &e) == RS_OK, "%s", e.msg);
     int vocab = m->cfg.vocab_size;
-    Backend *b = golden_backend(m, 64);
+    const char *fam = kFamilies[_i];
+    Backend *b = golden_backend(m, 64, fam);
+    int ref = !strcmp(cpu_backend_kernels(b), "ref");
+    float atol = ref ? TOPK_ATOL : FAST_ATOL;
     float *logits = rs_xmalloc(sizeof(float) * 64 * vocab), worst = 0;
     int rows[64], pos[64], tokens[64], ours[10];
     for (int i = 0; i < 64; i++) rows[i] = pos[i] = i;
@@ -143,6 +166,12 @@ START_TEST(test_default_top10) {
             cur_take(&c, vals, sizeof vals);
             const float *row = logits + (size_t)p * vocab;
             row_topk(row, vocab, 10, ours);
+            int near_tie = vals[0] - vals[1] <= FAST_MARGIN;
+            if (!ref && ours[0] != ids[0] && !(near_tie && ours[0] == ids[1])) {
+                fprintf(stderr, "prompt %u pos %d: top-1 %d, transformers %d (leads by %.3f)\n",
+                        pi, p, ours[0], ids[0], vals[0] - vals[1]);
+                bad++;
+            }
             for (int r = 0; r < 10; r++) {
                 ck_assert_msg(ids[r] >= 0 && ids[r] < vocab, "%s: id %d", fx, ids[r]);
                 int found = 0;
@@ -150,7 +179,8 @@ START_TEST(test_default_top10) {
                 float d = row[ids[r]] - vals[r];
                 if (d < 0) d = -d;
                 if (d > worst) worst = d;
-                if (!found || !(d <= TOPK_ATOL)) {
+                /* the fast path may reorder near-ties below the top-1 */
+                if ((ref && !found) || !(d <= atol)) {
                     if (bad < 5)
                         fprintf(stderr, "prompt %u pos %d: ref #%d id %d logit %.5f, ours %.5f%s\n",
                                 pi, p, r, ids[r], vals[r], row[ids[r]],
@@ -161,8 +191,8 @@ START_TEST(test_default_top10) {
         }
     }
     ck_assert_msg(c.left == 0, "%s: %zu trailing bytes", fx, c.left);
-    fprintf(stderr, "golden default model: top-10 over %u prompts, max |d| %.3g\n", n_prompts,
-            worst);
+    fprintf(stderr, "golden default model (%s): top-10 over %u prompts, max |d| %.3g\n",
+            cpu_backend_kernels(b), n_prompts, worst);
     ck_assert_msg(bad == 0, "%d top-10 entries differ from transformers (max |d| %g)", bad,
                   worst);
     free(buf);
@@ -175,11 +205,11 @@ END_TEST
 Suite *suite_golden(void) {
     Suite *s = suite_create("golden");
     TCase *tc = tcase_create("tiny");
-    tcase_add_loop_test(tc, test_tiny_golden, 0, N_TINY);
+    tcase_add_loop_test(tc, test_tiny_golden, 0, N_TINY * N_FAMILIES);
     suite_add_tcase(s, tc);
     TCase *td = tcase_create("default_model");
     tcase_set_timeout(td, 300);
-    tcase_add_test(td, test_default_top10);
+    tcase_add_loop_test(td, test_default_top10, 0, N_FAMILIES);
     suite_add_tcase(s, td);
     return s;
 }

@@ -62,33 +62,36 @@ static const float *fx_get(const Fx *f, const char *name, size_t *n) {
     return f->data + off;
 }
 
-/* Our weight for a Hugging Face tensor name (the test's own mapping, not the loader's). */
+/* Our weight for a Hugging Face tensor name (the test's own mapping, not the loader's);
+ * matrices dequantized by tu_f32 (logical row order). */
 static float *hf_ptr(const Model *m, const char *name) {
-    if (!strcmp(name, "model.embed_tokens.weight")) return m->w.tok_embeddings;
+    if (!strcmp(name, "model.embed_tokens.weight")) return tu_f32(&m->w.tok_embeddings);
     if (!strcmp(name, "model.norm.weight")) return m->w.final_norm;
-    if (!strcmp(name, "lm_head.weight")) return m->w.wcls;
+    if (!strcmp(name, "lm_head.weight")) return tu_f32(&m->w.wcls);
     int l;
     char rest[64];
     if (sscanf(name, "model.layers.%d.%63s", &l, rest) != 2 || l >= m->cfg.n_layers) return NULL;
     LayerWeights *L = &m->w.layers[l];
-    static const struct { const char *n; size_t off; } T[] = {
-        {"input_layernorm.weight", offsetof(LayerWeights, attn_norm)},
-        {"self_attn.q_proj.weight", offsetof(LayerWeights, wq)},
-        {"self_attn.k_proj.weight", offsetof(LayerWeights, wk)},
-        {"self_attn.v_proj.weight", offsetof(LayerWeights, wv)},
-        {"self_attn.o_proj.weight", offsetof(LayerWeights, wo)},
-        {"self_attn.q_proj.bias", offsetof(LayerWeights, bq)},
-        {"self_attn.k_proj.bias", offsetof(LayerWeights, bk)},
-        {"self_attn.v_proj.bias", offsetof(LayerWeights, bv)},
-        {"self_attn.q_norm.weight", offsetof(LayerWeights, q_norm)},
-        {"self_attn.k_norm.weight", offsetof(LayerWeights, k_norm)},
-        {"post_attention_layernorm.weight", offsetof(LayerWeights, ffn_norm)},
-        {"mlp.gate_proj.weight", offsetof(LayerWeights, w_gate)},
-        {"mlp.up_proj.weight", offsetof(LayerWeights, w_up)},
-        {"mlp.down_proj.weight", offsetof(LayerWeights, w_down)},
+    static const struct { const char *n; size_t off; int mat; } T[] = {
+        {"input_layernorm.weight", offsetof(LayerWeights, attn_norm), 0},
+        {"self_attn.q_proj.weight", offsetof(LayerWeights, wq), 1},
+        {"self_attn.k_proj.weight", offsetof(LayerWeights, wk), 1},
+        {"self_attn.v_proj.weight", offsetof(LayerWeights, wv), 1},
+        {"self_attn.o_proj.weight", offsetof(LayerWeights, wo), 1},
+        {"self_attn.q_proj.bias", offsetof(LayerWeights, bq), 0},
+        {"self_attn.k_proj.bias", offsetof(LayerWeights, bk), 0},
+        {"self_attn.v_proj.bias", offsetof(LayerWeights, bv), 0},
+        {"self_attn.q_norm.weight", offsetof(LayerWeights, q_norm), 0},
+        {"self_attn.k_norm.weight", offsetof(LayerWeights, k_norm), 0},
+        {"post_attention_layernorm.weight", offsetof(LayerWeights, ffn_norm), 0},
+        {"mlp.gate_proj.weight", offsetof(LayerWeights, w_gate), 1},
+        {"mlp.up_proj.weight", offsetof(LayerWeights, w_up), 1},
+        {"mlp.down_proj.weight", offsetof(LayerWeights, w_down), 1},
     };
     for (size_t i = 0; i < sizeof T / sizeof T[0]; i++)
-        if (!strcmp(rest, T[i].n)) return *(float **)((char *)L + T[i].off);
+        if (!strcmp(rest, T[i].n))
+            return T[i].mat ? tu_f32((const QTensor *)(const void *)((char *)L + T[i].off))
+                            : *(float **)((char *)L + T[i].off);
     return NULL;
 }
 
@@ -164,8 +167,9 @@ START_TEST(test_gguf_tiny_config) {
     ck_assert_ptr_nonnull(m->gguf);
     ck_assert_str_eq(m->chat_hint, "llama3");
     ck_assert_int_eq(strlen(m->fingerprint), 16);
-    ck_assert_ptr_ne(m->w.wcls, m->w.tok_embeddings);
-    ck_assert_int_eq(m->arena_floats, 64 * 32 * 2 + 32 + 2 * (2 * 32 + 32 * 32 * 2 + 16 * 32 * 2 + 3 * 64 * 32));
+    ck_assert_ptr_ne(m->w.wcls.data, m->w.tok_embeddings.data);
+    /* only the norms are copied: the matrices stay in the mapping in their stored type */
+    ck_assert_int_eq(m->arena_floats, 32 + 2 * (2 * 32));
     model_free(&m);
     ck_assert_ptr_null(m);
 }
@@ -207,9 +211,9 @@ START_TEST(test_gguf_tiny_weights) {
     size_t n;
     const float *q = fx_get(&f, "model.layers.1.self_attn.q_proj.weight", &n);
     float mx;
-    ck_assert_int_eq(tu_compare("wq1", m->w.layers[1].wq, q, n, 0.14f, 0, &mx), 0);
+    ck_assert_int_eq(tu_compare("wq1", tu_f32(&m->w.layers[1].wq), q, n, 0.14f, 0, &mx), 0);
     const float *k = fx_get(&f, "model.layers.1.self_attn.k_proj.weight", &n);
-    ck_assert_int_eq(tu_compare("wk1", m->w.layers[1].wk, k, n, 0.008f, 0, &mx), 0);
+    ck_assert_int_eq(tu_compare("wk1", tu_f32(&m->w.layers[1].wk), k, n, 0.008f, 0, &mx), 0);
     model_free(&m);
     fx_free(&f);
 }
@@ -326,7 +330,7 @@ START_TEST(test_hf_sharded_tied) {
     fx_load(&f, "expected");
     Model *m = load_ok(tu_fixture("loader/hf_sharded"));
     ck_assert_int_eq(m->cfg.tied_embeddings, 1);
-    ck_assert_ptr_eq(m->w.wcls, m->w.tok_embeddings);
+    ck_assert_ptr_eq(m->w.wcls.data, m->w.tok_embeddings.data);
     ck_assert_int_eq(m->cfg.eos_id, 2);
     ck_assert_int_eq(m->cfg.rope_scaling, 0);
     ck_assert_str_eq(m->chat_hint, "");
@@ -373,7 +377,7 @@ START_TEST(test_hf_qwen2_qwen3) {
         ck_assert_int_eq(tu_compare(key, hf_ptr(m, key), ref, n, 0, 0, &mx), 0);
     }
     const float *wq = fx_get(&f, "model.layers.0.self_attn.q_proj.weight", &n);
-    ck_assert_int_eq(tu_compare("qwen2 wq", m->w.layers[0].wq, wq, n, 0, 0, &mx), 0);
+    ck_assert_int_eq(tu_compare("qwen2 wq", tu_f32(&m->w.layers[0].wq), wq, n, 0, 0, &mx), 0);
     model_free(&m);
 
     m = load_ok(tu_fixture("loader/hf_qwen3"));
@@ -426,7 +430,7 @@ START_TEST(test_default_model) {
     ck_assert_float_eq(m->cfg.rope_theta, cJSON_GetObjectItem(c, "rope_theta")->valuedouble);
     ck_assert_int_eq(m->cfg.tied_embeddings, cJSON_IsTrue(cJSON_GetObjectItem(c, "tied")));
     ck_assert_int_eq(m->cfg.tied_embeddings, 1);
-    ck_assert_ptr_eq(m->w.wcls, m->w.tok_embeddings);
+    ck_assert_ptr_eq(m->w.wcls.data, m->w.tok_embeddings.data);
     ck_assert_str_eq(m->chat_hint, "smollm2");
     /* rows dumped by gguf-py (q/k un-permuted by numpy) */
     const cJSON *rows;
@@ -438,15 +442,15 @@ START_TEST(test_default_model) {
         float *base = NULL;
         int l = 0, cols = 576;
         char what[32] = "";
-        if (!strcmp(name, "token_embd.weight")) base = m->w.tok_embeddings;
+        if (!strcmp(name, "token_embd.weight")) base = tu_f32(&m->w.tok_embeddings);
         else {
             ck_assert(sscanf(name, "blk.%d.%31[a-z_]", &l, what) == 2);
             LayerWeights *L = &m->w.layers[l];
-            if (!strcmp(what, "attn_q")) base = L->wq;
-            else if (!strcmp(what, "attn_k")) base = L->wk;
-            else if (!strcmp(what, "attn_v")) base = L->wv;
-            else if (!strcmp(what, "ffn_up")) base = L->w_up;
-            else if (!strcmp(what, "ffn_down")) base = L->w_down, cols = 1536;
+            if (!strcmp(what, "attn_q")) base = tu_f32(&L->wq);
+            else if (!strcmp(what, "attn_k")) base = tu_f32(&L->wk);
+            else if (!strcmp(what, "attn_v")) base = tu_f32(&L->wv);
+            else if (!strcmp(what, "ffn_up")) base = tu_f32(&L->w_up);
+            else if (!strcmp(what, "ffn_down")) base = tu_f32(&L->w_down), cols = 1536;
         }
         ck_assert_msg(base != NULL, "no mapping for %s", name);
         const cJSON *r;
@@ -792,21 +796,21 @@ START_TEST(test_layer_view) {
     RsErr e = {0};
     ck_assert_int_eq(model_layer_view(m, "0-1", &v, &e), RS_OK);
     ck_assert_int_eq(v->cfg.n_layers, 2);
-    ck_assert_ptr_eq(v->w.layers[0].wq, m->w.layers[0].wq);
-    ck_assert_ptr_eq(v->w.layers[1].w_down, m->w.layers[1].w_down);
-    ck_assert_ptr_eq(v->w.tok_embeddings, m->w.tok_embeddings);
-    ck_assert_ptr_eq(v->w.wcls, m->w.wcls);
+    ck_assert_ptr_eq(v->w.layers[0].wq.data, m->w.layers[0].wq.data);
+    ck_assert_ptr_eq(v->w.layers[1].w_down.data, m->w.layers[1].w_down.data);
+    ck_assert_ptr_eq(v->w.tok_embeddings.data, m->w.tok_embeddings.data);
+    ck_assert_ptr_eq(v->w.wcls.data, m->w.wcls.data);
     ck_assert_int_eq(v->is_view, 1);
     ck_assert_str_ne(v->fingerprint, m->fingerprint);
     model_free(&v);
     ck_assert_int_eq(model_layer_view(m, "1,0", &v, &e), RS_OK);
     ck_assert_int_eq(v->cfg.n_layers, 2);
-    ck_assert_ptr_eq(v->w.layers[0].wq, m->w.layers[1].wq);
-    ck_assert_ptr_eq(v->w.layers[1].wq, m->w.layers[0].wq);
+    ck_assert_ptr_eq(v->w.layers[0].wq.data, m->w.layers[1].wq.data);
+    ck_assert_ptr_eq(v->w.layers[1].wq.data, m->w.layers[0].wq.data);
     model_free(&v);
     ck_assert_int_eq(model_layer_view(m, "1", &v, &e), RS_OK);
     ck_assert_int_eq(v->cfg.n_layers, 1);
-    ck_assert_ptr_eq(v->w.layers[0].wk, m->w.layers[1].wk);
+    ck_assert_ptr_eq(v->w.layers[0].wk.data, m->w.layers[1].wk.data);
     model_free(&v);
     static const struct { const char *spec, *msg; } bad[] = {
         {"", "empty --draft-layers spec"},

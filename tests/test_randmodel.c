@@ -136,7 +136,9 @@ START_TEST(test_random_materialize) {
     /* documented scales: wq ~ U with std 1/sqrt(dim), norms 1 + 0.1 U, biases 0.1 U */
     double s2 = 0, nm = 0;
     size_t nq = (size_t)c->n_heads * c->head_dim * c->dim;
-    for (size_t i = 0; i < nq; i++) s2 += (double)m->w.layers[1].wq[i] * m->w.layers[1].wq[i];
+    ck_assert_int_eq(m->w.layers[1].wq.type, 0); /* QT_F32 */
+    const float *wq = m->w.layers[1].wq.data;
+    for (size_t i = 0; i < nq; i++) s2 += (double)wq[i] * wq[i];
     double want = 1.0 / c->dim;
     ck_assert_msg(fabs(s2 / nq - want) < 0.1 * want, "wq variance %g want %g", s2 / nq, want);
     for (int i = 0; i < c->dim; i++) {
@@ -146,7 +148,7 @@ START_TEST(test_random_materialize) {
     ck_assert_msg(fabs(nm / c->dim - 1.0) < 0.05, "attn_norm mean %g", nm / c->dim);
     ck_assert_ptr_nonnull(m->w.layers[0].bq);
     ck_assert_ptr_null(m->w.layers[0].q_norm);
-    ck_assert(m->w.wcls != m->w.tok_embeddings);
+    ck_assert(m->w.wcls.data != m->w.tok_embeddings.data);
     /* a second load rebuilds the same weights bit for bit (what two processes rely on) */
     Model *m2 = load_ok("random:tiny,arch=qwen2,seed=3");
     ck_assert_int_eq(model_random_materialize(m2, &e), RS_OK);
@@ -162,7 +164,7 @@ START_TEST(test_random_materialize) {
 
     m = load_ok("random:tiny,tied=1");
     ck_assert_int_eq(model_random_materialize(m, &e), RS_OK);
-    ck_assert_ptr_eq(m->w.wcls, m->w.tok_embeddings);
+    ck_assert_ptr_eq(m->w.wcls.data, m->w.tok_embeddings.data);
     ck_assert_uint_eq(m->arena_floats,
                       w.total - 2 * (size_t)(64 + 2 * 32) - (size_t)512 * 64); /* no head, no biases */
     model_free(&m);

@@ -1,8 +1,10 @@
 /* Shared test helpers: fixture paths, tolerant comparison, in-memory random models. */
 #include "testutil.h"
+#include "common/quant.h"
 #include "common/rng.h"
 #include <math.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 const char *tu_default_model_path(void) {
@@ -78,16 +80,22 @@ Model *tu_random_model(Arch arch, int dim, int hidden_dim, int n_layers, int n_h
         for (size_t i_ = 0; i_ < (size_t)(count); i_++) p[i_] = (base) + (scale)*gauss(&r);    \
         p += (count);                                                                          \
     } while (0)
+#define TAKEM(qt, rows, cols, scale)                                                           \
+    do {                                                                                       \
+        const float *p0_;                                                                      \
+        TAKE(p0_, (size_t)(rows) * (cols), scale, 0.0f);                                       \
+        qt = qtensor_f32(p0_, rows, cols);                                                     \
+    } while (0)
     float s = 1.0f / sqrtf((float)dim);
-    TAKE(m->w.tok_embeddings, (size_t)vocab * dim, 1.0f, 0.0f);
+    TAKEM(m->w.tok_embeddings, vocab, dim, 1.0f);
     m->w.layers = calloc((size_t)n_layers, sizeof(LayerWeights));
     for (int l = 0; l < n_layers; l++) {
         LayerWeights *L = &m->w.layers[l];
         TAKE(L->attn_norm, dim, 0.1f, 1.0f);
-        TAKE(L->wq, (size_t)q * dim, s, 0.0f);
-        TAKE(L->wk, (size_t)kv * dim, s, 0.0f);
-        TAKE(L->wv, (size_t)kv * dim, s, 0.0f);
-        TAKE(L->wo, (size_t)dim * q, 1.0f / sqrtf((float)q), 0.0f);
+        TAKEM(L->wq, q, dim, s);
+        TAKEM(L->wk, kv, dim, s);
+        TAKEM(L->wv, kv, dim, s);
+        TAKEM(L->wo, dim, q, 1.0f / sqrtf((float)q));
         if (c->has_qkv_bias) {
             TAKE(L->bq, q, 0.1f, 0.0f);
             TAKE(L->bk, kv, 0.1f, 0.0f);
@@ -98,17 +106,131 @@ Model *tu_random_model(Arch arch, int dim, int hidden_dim, int n_layers, int n_h
             TAKE(L->k_norm, hd, 0.1f, 1.0f);
         }
         TAKE(L->ffn_norm, dim, 0.1f, 1.0f);
-        TAKE(L->w_gate, (size_t)hidden_dim * dim, s, 0.0f);
-        TAKE(L->w_up, (size_t)hidden_dim * dim, s, 0.0f);
-        TAKE(L->w_down, (size_t)dim * hidden_dim, 1.0f / sqrtf((float)hidden_dim), 0.0f);
+        TAKEM(L->w_gate, hidden_dim, dim, s);
+        TAKEM(L->w_up, hidden_dim, dim, s);
+        TAKEM(L->w_down, dim, hidden_dim, 1.0f / sqrtf((float)hidden_dim));
     }
     TAKE(m->w.final_norm, dim, 0.1f, 1.0f);
-    TAKE(m->w.wcls, (size_t)vocab * dim, s * 3.0f, 0.0f);
+    TAKEM(m->w.wcls, vocab, dim, s * 3.0f);
+#undef TAKEM
 #undef TAKE
     RS_ASSERT((size_t)(p - m->arena) <= total);
     snprintf(m->fingerprint, sizeof m->fingerprint, "random-%llu", (unsigned long long)seed);
     snprintf(m->path, sizeof m->path, "<random seed %llu>", (unsigned long long)seed);
     return m;
+}
+
+/* f32 -> f16 bits, round to nearest even (normal and zero results only: test weights). */
+static uint16_t to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    int exp = (int)((u >> 23) & 0xff) - 127 + 15;
+    if (exp <= 0) return (uint16_t)sign;
+    uint32_t man = u & 0x7fffffu, h = ((uint32_t)exp << 10) | (man >> 13), rest = man & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) h++;
+    return (uint16_t)(sign | (h > 0x7bffu ? 0x7bffu : h));
+}
+
+static void put16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+/* One row of n values in `type`, as ggml's reference quantizers. */
+static void quantize_row(uint32_t type, const float *x, int n, uint8_t *o) {
+    if (type == QT_F32) { memcpy(o, x, 4 * (size_t)n); return; }
+    if (type == QT_F16 || type == QT_BF16) {
+        for (int i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, &x[i], 4);
+            put16(o + 2 * i, type == QT_F16 ? to_f16(x[i]) : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16));
+        }
+        return;
+    }
+    for (int b = 0; b < n / 32; b++, x += 32) {
+        float amax = 0, mx = 0, mn = x[0], hi = x[0];
+        for (int i = 0; i < 32; i++) {
+            if (fabsf(x[i]) > amax) amax = fabsf(x[i]), mx = x[i];
+            mn = fminf(mn, x[i]);
+            hi = fmaxf(hi, x[i]);
+        }
+        if (type == QT_Q8_0) {
+            float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+            put16(o, to_f16(d));
+            for (int i = 0; i < 32; i++) o[2 + i] = (uint8_t)(int8_t)roundf(x[i] * id);
+            o += 34;
+        } else if (type == QT_Q4_0) {
+            float d = mx / -8.0f, id = d ? 1.0f / d : 0.0f;
+            put16(o, to_f16(d));
+            for (int i = 0; i < 16; i++) {
+                int a = (int)(x[i] * id + 8.5f), c = (int)(x[i + 16] * id + 8.5f);
+                o[2 + i] = (uint8_t)((a > 15 ? 15 : a) | (c > 15 ? 15 : c) << 4);
+            }
+            o += 18;
+        } else {
+            RS_ASSERT(type == QT_Q4_1);
+            float d = (hi - mn) / 15.0f, id = d ? 1.0f / d : 0.0f;
+            put16(o, to_f16(d));
+            put16(o + 2, to_f16(mn));
+            for (int i = 0; i < 16; i++) {
+                int a = (int)((x[i] - mn) * id + 0.5f), c = (int)((x[i + 16] - mn) * id + 0.5f);
+                o[4 + i] = (uint8_t)((a > 15 ? 15 : a) | (c > 15 ? 15 : c) << 4);
+            }
+            o += 20;
+        }
+    }
+}
+
+/* Re-stores one f32 matrix as `type` at *p (advanced). */
+static void restore(QTensor *t, uint32_t type, uint8_t **p) {
+    size_t be, bb;
+    RS_ASSERT(quant_type_geometry(type, &be, &bb) == 0 && t->cols % (int)be == 0);
+    size_t rb = (size_t)t->cols / be * bb;
+    for (int r = 0; r < t->rows; r++)
+        quantize_row(type, (const float *)t->data + (size_t)r * t->cols, t->cols, *p + r * rb);
+    t->type = type;
+    t->data = *p;
+    t->row_bytes = rb;
+    *p += (size_t)t->rows * rb;
+}
+
+Model *tu_random_model_typed(Arch arch, int dim, int hidden_dim, int n_layers, int n_heads,
+                             int n_kv_heads, int vocab, uint64_t seed, uint32_t type) {
+    Model *m = tu_random_model(arch, dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab, seed);
+    if (type == QT_F32) return m;
+    /* the model owns its mappings: an anonymous one holds the re-stored matrices */
+    size_t bytes = 4 * m->arena_floats + 4096;
+    void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    RS_ASSERT(map != MAP_FAILED);
+    m->maps = calloc(1, sizeof(void *));
+    m->map_sizes = calloc(1, sizeof(size_t));
+    m->maps[0] = map;
+    m->map_sizes[0] = bytes;
+    m->n_maps = 1;
+    uint8_t *p = map;
+    restore(&m->w.tok_embeddings, type, &p);
+    restore(&m->w.wcls, type, &p);
+    for (int l = 0; l < n_layers; l++) {
+        LayerWeights *L = &m->w.layers[l];
+        QTensor *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) restore(mats[i], type, &p);
+    }
+    RS_ASSERT((size_t)(p - (uint8_t *)map) <= bytes);
+    snprintf(m->fingerprint, sizeof m->fingerprint, "random-%llu-%s", (unsigned long long)seed,
+             quant_type_name(type));
+    return m;
+}
+
+float *tu_f32(const QTensor *t) {
+    static float *ring[16];
+    static int k;
+    k = (k + 1) % 16;
+    free(ring[k]);
+    ring[k] = malloc((size_t)t->rows * t->cols * sizeof(float));
+    RS_ASSERT(ring[k]);
+    qtensor_dequantize_rows(t, 0, t->rows, ring[k]);
+    return ring[k];
 }
 
 void tu_golden_read(const char *path, TuGolden *g) {

@@ -1,0 +1,97 @@
+/* Family selection, activation quantization and the row loop shared by every kernel family
+ * (see cpu_qmatmul.h); the kernels themselves live in cpu_qmm_<family>.c. */
+#include "cpu_qmatmul.h"
+#include "common/quant.h"
+#include <math.h>
+#include <string.h>
+
+static int cpu_runs(const char *name) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (!strcmp(name, "avx2"))
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+    if (!strcmp(name, "avx512"))
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+               __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+#endif
+    return !strcmp(name, "ref") || !strcmp(name, "scalar");
+}
+
+const QkFamily *qk_family_pick(const char *name, RsErr *e) {
+    static const QkFamily *all[] = {&qk_family_avx512, &qk_family_avx2, &qk_family_scalar,
+                                    &qk_family_ref};
+    int n = (int)(sizeof all / sizeof all[0]);
+    for (int i = 0; i < n; i++) {
+        if (name && *name && strcmp(name, all[i]->name) != 0) continue;
+        if (cpu_runs(all[i]->name)) return all[i];
+        if (name && *name) {
+            rs_err(e, RS_EUNSUPPORTED, "ROOTSPEC_CPU_KERNELS=%s: this CPU lacks the %s "
+                   "instructions", name, name);
+            return NULL;
+        }
+    }
+    if (name && *name)
+        rs_err(e, RS_EINVAL, "ROOTSPEC_CPU_KERNELS=%s is not a kernel family (ref, scalar, "
+               "avx2, avx512)", name);
+    return NULL;
+}
+
+static const QkKernel *find_kernel(const QkFamily *f, uint32_t type) {
+    for (int i = 0; i < f->n_kernels; i++)
+        if (f->kernels[i].type == type) return &f->kernels[i];
+    return NULL;
+}
+
+int qk_wants_q8(const QkFamily *f, uint32_t type) {
+    const QkKernel *k = find_kernel(f, type);
+    return k && k->q8;
+}
+
+/* d = max|x|/127 per block, q = round(x/d) ties away from zero (as llama.cpp). */
+void qk_quantize_rows(const float *x, int n, int in, QkQ8 *dst) {
+    RS_ASSERT(in % QK_BLOCK == 0);
+    for (int t = 0; t < n; t++)
+        for (int b = 0; b < in / QK_BLOCK; b++) {
+            const float *v = x + (size_t)t * in + b * QK_BLOCK;
+            QkQ8 *o = dst + (size_t)t * (in / QK_BLOCK) + b;
+            float amax = 0;
+            for (int i = 0; i < QK_BLOCK; i++) amax = fmaxf(amax, fabsf(v[i]));
+            float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+            int sum = 0;
+            for (int i = 0; i < QK_BLOCK; i++) {
+                int q = (int)roundf(v[i] * id);
+                o->q[i] = (int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
+                sum += o->q[i];
+            }
+            o->d = d;
+            o->s = d * (float)sum;
+        }
+}
+
+void qk_matmul_rows(const QkFamily *f, const QTensor *w, const QkActs *x, float *y, int ldy,
+                    int j0, int j1, float *scratch) {
+    RS_ASSERT(w->cols == x->in && j0 >= 0 && j1 <= w->rows);
+    const QkKernel *k = find_kernel(f, w->type);
+    QkDotFn dot = k ? k->dot : f->dot_f32;
+    int q8 = k && k->q8, in = x->in;
+    RS_ASSERT(!q8 || x->q8);
+    for (int j = j0; j < j1; j++) {
+        const uint8_t *wr = qtensor_row(w, j);
+        if (!k) { /* generic path: expand the row once for all tokens */
+            quant_dequantize(w->type, wr, scratch, (size_t)in);
+            wr = (const uint8_t *)scratch;
+        }
+        for (int t0 = 0; t0 < x->n; t0 += QK_GROUP) {
+            int nt = x->n - t0 < QK_GROUP ? x->n - t0 : QK_GROUP;
+            const void *xs[QK_GROUP];
+            for (int t = 0; t < nt; t++)
+                xs[t] = q8 ? (const void *)(x->q8 + (size_t)(t0 + t) * (in / QK_BLOCK))
+                           : (const void *)(x->f32 + (size_t)(t0 + t) * in);
+            float out[QK_GROUP];
+            dot(wr, xs, nt, in, out);
+            for (int t = 0; t < nt; t++) y[(size_t)(t0 + t) * ldy + j] = out[t];
+        }
+    }
+}

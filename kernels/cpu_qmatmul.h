@@ -1,0 +1,73 @@
+/* Matrix products of the CPU backend against weights in their stored type (QTensor):
+ * Y (n, out) = X (n, in) @ W^T, one output row range at a time so callers can split rows
+ * across threads. Kernels come in families, one per instruction set, picked at run time
+ * from cpuid (or forced with ROOTSPEC_CPU_KERNELS=ref|scalar|avx2|avx512):
+ *   ref     every type dequantized to f32 and multiplied in f32 (the golden tests' path)
+ *   scalar  portable C; integer weight types against Q8 activations
+ *   avx2    AVX2+FMA+F16C
+ *   avx512  AVX-512 F/BW/VL + VNNI (UNVERIFIED: no AVX-512 machine was at hand)
+ * Integer weight types (Q8_0, Q4_0, Q4_1) take activations quantized per row in blocks of
+ * 32 (QkQ8, as llama.cpp's Q8_1); F32/F16/BF16 weights take f32 activations. A type
+ * without a kernel in a family (the K-quants for now) runs through the generic path: its
+ * row is dequantized into a scratch row and multiplied by the family's f32 kernel. Adding
+ * a type's dot kernel is one entry in its family's table.
+ *
+ * Batch invariance: out[t] depends on weight row j and activation row t only. Tokens are
+ * taken QK_GROUP at a time by one kernel instantiated for 1..QK_GROUP tokens with the same
+ * per-token instruction sequence (explicit intrinsics, no reassociation), so a row's
+ * result is bitwise the same whatever n, the group it lands in and the thread split. */
+#ifndef ROOTSPEC_CPU_QMATMUL_H
+#define ROOTSPEC_CPU_QMATMUL_H
+#include "common/model.h"
+
+#define QK_GROUP 4 /* tokens per kernel call */
+#define QK_BLOCK 32
+
+/* One activation block: x[i] ~ d * q[i]; s = d * sum(q) (for Q4_0/Q4_1 offsets). */
+typedef struct {
+    float d, s;
+    int8_t q[QK_BLOCK];
+} QkQ8;
+
+/* out[t] = <weight row, x_t> for t < nt (1..QK_GROUP). xs[t] is an f32 row (in) or a QkQ8
+ * row (in/32 blocks) as the kernel's entry says; wrow is the stored row (any alignment). */
+typedef void (*QkDotFn)(const uint8_t *wrow, const void *const *xs, int nt, int in,
+                        float *out);
+
+typedef struct {
+    uint32_t type; /* ggml type id */
+    int q8;        /* 1: activations as QkQ8 rows */
+    QkDotFn dot;
+} QkKernel;
+
+typedef struct {
+    const char *name;
+    const QkKernel *kernels; // (n_kernels)
+    int n_kernels;
+    QkDotFn dot_f32; /* f32 x f32: F32 weights and the generic path's dequantized rows */
+} QkFamily;
+
+extern const QkFamily qk_family_ref, qk_family_scalar, qk_family_avx2, qk_family_avx512;
+
+/* The family named by `name` (ref|scalar|avx2|avx512), or with name NULL/"" the best this
+ * CPU runs. NULL with a message naming the value when unknown or not runnable here. */
+const QkFamily *qk_family_pick(const char *name, RsErr *e);
+
+/* Activations of one product: f32 rows (n, in) and, for integer weight types, their Q8
+ * form (n, in/32) made by qk_quantize_rows. */
+typedef struct {
+    const float *f32;
+    const QkQ8 *q8;
+    int n, in;
+} QkActs;
+
+/* 1 when weight type `type` takes Q8 activations in family f. */
+int qk_wants_q8(const QkFamily *f, uint32_t type);
+/* x (n, in), in % 32 == 0 -> dst (n, in/32). */
+void qk_quantize_rows(const float *x, int n, int in, QkQ8 *dst);
+/* y[t * ldy + j] for t < x->n, j in [j0, j1). scratch: (w->cols) floats, for the generic
+ * path (one per thread). */
+void qk_matmul_rows(const QkFamily *f, const QTensor *w, const QkActs *x, float *y, int ldy,
+                    int j0, int j1, float *scratch);
+
+#endif
