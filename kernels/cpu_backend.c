@@ -36,6 +36,7 @@ typedef struct {
     float *rope_sin;    // (max_batch, head_dim/2)
     int *att_idx;       // (max_batch, max_pending) pending slots each new token attends to
     int *att_cnt;       // (max_batch)
+    int *pend_pos;      // (max_pending) position of each pending entry
     uint8_t *keep_seen; // (max_pending) duplicate check in kv_commit
 } RunState;
 
@@ -172,6 +173,7 @@ static void alloc_state(CpuBackend *b, const Config *c, const BackendParams *p, 
     s->rope_sin = rs_xcalloc(B * half, sizeof(float));
     s->att_idx = rs_xcalloc(B * P, sizeof(int));
     s->att_cnt = rs_xcalloc(B, sizeof(int));
+    s->pend_pos = rs_xcalloc(P, sizeof(int));
     s->keep_seen = rs_xcalloc(P, 1);
 }
 
@@ -233,10 +235,25 @@ static void cpu_destroy(Backend **pb) {
     void *bufs[] = {s->x,       s->xb,       s->q,           s->att_out,  s->hb,
                     s->hb2,     s->att,      s->scratch,     s->xq,       s->key_cache,
                     s->value_cache, s->kv_tmp, s->inv_freq,  s->rope_cos, s->rope_sin,
-                    s->att_idx, s->att_cnt,  s->keep_seen};
+                    s->att_idx, s->att_cnt,  s->keep_seen, s->pend_pos};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(b);
     *pb = NULL;
+}
+
+/* Orders each row's pending entries by position (stable): a tree row then sums its
+ * ancestors in sequence order, as a causal prefill of its path does, even when the batch
+ * lists a child before its parent. */
+static void sort_by_position(CpuBackend *b, int n) {
+    RunState *s = &b->s;
+    for (int t = 0; t < n; t++) {
+        int *idx = s->att_idx + (size_t)t * b->base.params.max_pending;
+        for (int i = 1; i < s->att_cnt[t]; i++) {
+            int v = idx[i], k = i;
+            for (; k > 0 && s->pend_pos[idx[k - 1]] > s->pend_pos[v]; k--) idx[k] = idx[k - 1];
+            idx[k] = v;
+        }
+    }
 }
 
 /* Per-batch tables shared by all layers: the pending slots (relative to nc) each token
@@ -248,6 +265,8 @@ static void fwd_prepare(CpuBackend *b, const int *tokens, const int *pos, int n,
     RunState *s = &b->s;
     cpu_attention_index(mask, n, b->base.n_pending, b->base.params.max_pending, s->att_idx,
                         s->att_cnt);
+    for (int t = 0; t < n; t++) s->pend_pos[b->base.n_pending + t] = pos[t];
+    sort_by_position(b, n);
     cpu_rope_table(pos, s->inv_freq, n, c->head_dim / 2, s->rope_cos, s->rope_sin);
     /* the embeddings in their stored type: cpu_embed takes an f32 table */
     for (int t = 0; t < n; t++)

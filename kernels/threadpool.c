@@ -143,7 +143,7 @@ void threadpool_run(ThreadPool *p, TpFn fn, void *arg) {
     fn(arg, 0, p->n);
     for (unsigned i = 1; atomic_load_explicit(&p->busy, memory_order_acquire) > 0; i++) {
         cpu_relax();
-        if (i % 4096 == 0) sched_yield(); /* a descheduled worker needs this core */
+        if (i > 2048) sched_yield(); /* a descheduled worker may need this core */
     }
 }
 

@@ -1,0 +1,237 @@
+/* CPU kernel families (kernels/cpu_qmatmul.h) and the thread pool: every family that runs on
+ * this CPU against a double-precision product of the dequantized operands, for every weight
+ * type; a row's result bitwise independent of the batch it is in and of the thread count;
+ * and the whole forward's batch invariance: a row's logits bitwise equal whether computed
+ * alone, in a prefill chunk or in a 65-row masked tree pass (random typed models, 1 and 2
+ * threads, and the default model). */
+#include "testutil.h"
+#include "common/quant.h"
+#include "common/rng.h"
+#include "kernels/backend.h"
+#include "kernels/cpu_qmatmul.h"
+#include "kernels/threadpool.h"
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+static const uint32_t kTypes[] = {QT_F32, QT_F16, QT_BF16, QT_Q8_0, QT_Q4_0, QT_Q4_1};
+#define N_TYPES ((int)(sizeof kTypes / sizeof kTypes[0]))
+static const char *kFams[] = {"ref", "scalar", "avx2", "avx512"};
+#define N_FAMS 4
+
+/* A family if this CPU runs it, else NULL (the test then checks nothing for it). */
+static const QkFamily *family(const char *name) {
+    RsErr e = {0};
+    return qk_family_pick(name, &e);
+}
+
+/* One random (rows, cols) weight matrix of `type` (via a 1-layer typed test model's w_up). */
+static Model *typed_model(uint32_t type, uint64_t seed) {
+    return tu_random_model_typed(ARCH_LLAMA, 64, 96, 1, 4, 2, 64, seed, type);
+}
+
+/* Each family and type: y = x W^T against double sums of the operands the kernel sees
+ * (dequantized weights; Q8-dequantized activations when the type takes Q8). */
+START_TEST(test_kernels_vs_double) {
+    const QkFamily *f = family(kFams[_i]);
+    if (!f) return;
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        Model *m = typed_model(kTypes[ti], 7 + ti);
+        const QTensor *w = &m->w.layers[0].w_up; /* (96, 64) */
+        int n = 9, in = w->cols, out = w->rows;
+        Rng r;
+        rng_seed(&r, 3);
+        float *x = rs_xmalloc(sizeof(float) * n * in), *y = rs_xmalloc(sizeof(float) * n * out);
+        float *wf = tu_f32(w), *xd = rs_xmalloc(sizeof(float) * n * in), scratch[256];
+        for (int i = 0; i < n * in; i++) x[i] = (float)(rng_uniform(&r) * 2 - 1);
+        QkQ8 q8[9 * 2];
+        qk_quantize_rows(x, n, in, q8);
+        int wq8 = qk_wants_q8(f, w->type);
+        for (int t = 0; t < n; t++)
+            for (int k = 0; k < in; k++)
+                xd[t * in + k] = wq8 ? q8[t * 2 + k / 32].d * q8[t * 2 + k / 32].q[k % 32]
+                                     : x[t * in + k];
+        QkActs a = {x, q8, n, in};
+        qk_matmul_rows(f, w, &a, y, out, 0, out, scratch);
+        for (int t = 0; t < n; t++)
+            for (int j = 0; j < out; j++) {
+                double s = 0, mag = 0;
+                for (int k = 0; k < in; k++) {
+                    s += (double)wf[j * in + k] * xd[t * in + k];
+                    mag += fabs((double)wf[j * in + k] * xd[t * in + k]);
+                }
+                ck_assert_msg(fabs(y[t * out + j] - s) <= 1e-5 * mag + 1e-6,
+                              "%s %s t %d j %d: %.9g vs %.9g", f->name,
+                              quant_type_name(kTypes[ti]), t, j, y[t * out + j], s);
+            }
+        free(x);
+        free(y);
+        free(xd);
+        model_free(&m);
+    }
+}
+END_TEST
+
+/* A token's outputs are the same bits alone, at any offset of a larger batch and for any
+ * split of the output rows. */
+START_TEST(test_kernels_batch_invariant) {
+    const QkFamily *f = family(kFams[_i]);
+    if (!f) return;
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        Model *m = typed_model(kTypes[ti], 40 + ti);
+        const QTensor *w = &m->w.layers[0].w_up;
+        int n = 11, in = w->cols, out = w->rows;
+        Rng r;
+        rng_seed(&r, 5);
+        float x[11 * 64], y[11 * 96], y1[96], scratch[256];
+        for (int i = 0; i < n * in; i++) x[i] = (float)(rng_uniform(&r) * 2 - 1);
+        QkQ8 q8[11 * 2];
+        qk_quantize_rows(x, n, in, q8);
+        QkActs a = {x, q8, n, in};
+        qk_matmul_rows(f, w, &a, y, out, 0, 37, scratch);
+        qk_matmul_rows(f, w, &a, y, out, 37, out, scratch);
+        for (int t = 0; t < n; t++) {
+            QkActs a1 = {x + t * in, q8 + t * 2, 1, in};
+            qk_matmul_rows(f, w, &a1, y1, out, 0, out, scratch);
+            ck_assert_msg(memcmp(y1, y + t * out, sizeof y1) == 0, "%s %s: token %d differs",
+                          f->name, quant_type_name(kTypes[ti]), t);
+        }
+        model_free(&m);
+    }
+}
+END_TEST
+
+static void count_task(void *arg, int tid, int nth) {
+    _Atomic int *hits = arg;
+    atomic_fetch_add(&hits[tid], 1);
+    ck_assert_int_lt(tid, nth);
+}
+
+START_TEST(test_threadpool_runs_every_worker) {
+    for (int n = 1; n <= 3; n++) {
+        ThreadPool *p = NULL;
+        RsErr e = {0};
+        ck_assert_int_eq(threadpool_create(n, &p, &e), RS_OK);
+        ck_assert_int_eq(threadpool_size(p), n);
+        _Atomic int hits[4] = {0};
+        for (int k = 0; k < 200; k++) threadpool_run(p, count_task, hits);
+        for (int t = 0; t < 4; t++) ck_assert_int_eq(hits[t], t < n ? 200 : 0);
+        threadpool_destroy(&p);
+        ck_assert_ptr_null(p);
+    }
+    int lo, hi, sum = 0;
+    for (int t = 0; t < 3; t++) {
+        threadpool_share(10, t, 3, &lo, &hi);
+        sum += hi - lo;
+    }
+    ck_assert_int_eq(sum, 10);
+}
+END_TEST
+
+/* ---- forward invariance ---- */
+
+#define PREFIX 12
+#define TREE 65
+
+static Backend *backend(const Model *m, int threads) {
+    BackendParams p = {.kv_capacity = 128, .max_batch = TREE, .max_pending = TREE,
+                       .threads = threads};
+    Backend *b = NULL;
+    RsErr e = {0};
+    ck_assert_msg(cpu_backend_ops.create(m, &p, &b, &e) == RS_OK, "%s", e.msg);
+    return b;
+}
+
+/* Logits of a 3-token chain c[0..2] after the prefix, three ways: (A) prefix + chain as one
+ * prefill chunk, (B) prefix committed then one token per pass, (C) prefix committed then
+ * one 65-row tree pass with the chain at rows 10, 20, 40 (each attending to its chain
+ * ancestors only) among random rows with random masks. All bitwise equal. */
+static void check_invariance(const Model *m, int threads, uint64_t seed) {
+    int V = m->cfg.vocab_size, toks[PREFIX + 3], pos[TREE], rows[TREE];
+    Rng r;
+    rng_seed(&r, seed);
+    for (int i = 0; i < PREFIX + 3; i++) toks[i] = (int)(rng_next(&r) % (uint64_t)V);
+    for (int i = 0; i < TREE; i++) pos[i] = rows[i] = i;
+    float *la = rs_xmalloc(sizeof(float) * 3 * V), *lb = rs_xmalloc(sizeof(float) * 3 * V);
+    float *lc = rs_xmalloc(sizeof(float) * TREE * V);
+    Backend *b = backend(m, threads);
+    RsErr e = {0};
+    int last3[3] = {PREFIX, PREFIX + 1, PREFIX + 2};
+    ck_assert_int_eq(backend_forward(b, toks, pos, PREFIX + 3, NULL, last3, 3, la, &e), RS_OK);
+    b->ops->kv_reset(b);
+    ck_assert_int_eq(backend_forward(b, toks, pos, PREFIX, NULL, NULL, 0, NULL, &e), RS_OK);
+    ck_assert_int_eq(backend_kv_commit(b, rows, PREFIX, &e), RS_OK);
+    for (int k = 0; k < 3; k++) {
+        int p = PREFIX + k, zero = 0;
+        ck_assert_int_eq(backend_forward(b, toks + PREFIX + k, &p, 1, NULL, &zero, 1,
+                                         lb + (size_t)k * V, &e), RS_OK);
+        ck_assert_int_eq(backend_kv_commit(b, &zero, 1, &e), RS_OK);
+    }
+    b->ops->kv_reset(b);
+    ck_assert_int_eq(backend_forward(b, toks, pos, PREFIX, NULL, NULL, 0, NULL, &e), RS_OK);
+    ck_assert_int_eq(backend_kv_commit(b, rows, PREFIX, &e), RS_OK);
+    static uint8_t mask[TREE * TREE];
+    int tt[TREE], tp[TREE], chain[3] = {10, 20, 40};
+    memset(mask, 0, sizeof mask);
+    for (int i = 0; i < TREE; i++) {
+        tt[i] = (int)(rng_next(&r) % (uint64_t)V);
+        tp[i] = PREFIX + (int)(rng_next(&r) % 5);
+        mask[i * TREE + i] = 1;
+        for (int j = 0; j < i; j++) mask[i * TREE + j] = rng_next(&r) % 3 == 0;
+    }
+    for (int k = 0; k < 3; k++) {
+        int i = chain[k];
+        tt[i] = toks[PREFIX + k];
+        tp[i] = PREFIX + k;
+        memset(mask + i * TREE, 0, TREE);
+        for (int q = 0; q <= k; q++) mask[i * TREE + chain[q]] = 1;
+    }
+    ck_assert_int_eq(backend_forward(b, tt, tp, TREE, mask, rows, TREE, lc, &e), RS_OK);
+    for (int k = 0; k < 3; k++) {
+        ck_assert_msg(!memcmp(la + (size_t)k * V, lb + (size_t)k * V, sizeof(float) * V),
+                      "%s, %d threads: chain %d differs between prefill chunk and one by one",
+                      cpu_backend_kernels(b), threads, k);
+        ck_assert_msg(!memcmp(lc + (size_t)chain[k] * V, lb + (size_t)k * V, sizeof(float) * V),
+                      "%s, %d threads: chain %d differs between tree pass and one by one",
+                      cpu_backend_kernels(b), threads, k);
+    }
+    backend_destroy(&b);
+    free(la);
+    free(lb);
+    free(lc);
+}
+
+START_TEST(test_forward_batch_invariant) {
+    static const uint32_t types[] = {QT_F32, QT_BF16, QT_Q8_0, QT_Q4_1};
+    for (int ti = 0; ti < 4; ti++) {
+        Model *m = tu_random_model_typed(_i == 0 ? ARCH_LLAMA : ARCH_QWEN2, 64, 96, 2, 4, 2, 80,
+                                         11 + ti, types[ti]);
+        for (int th = 1; th <= 2; th++) check_invariance(m, th, 100 + ti);
+        model_free(&m);
+    }
+}
+END_TEST
+
+START_TEST(test_forward_batch_invariant_default) {
+    Model *m = NULL;
+    RsErr e = {0};
+    ck_assert_msg(model_load(tu_default_model_path(), &m, &e) == RS_OK, "%s", e.msg);
+    check_invariance(m, 2, 7);
+    model_free(&m);
+}
+END_TEST
+
+Suite *suite_cpu_kernels(void) {
+    Suite *s = suite_create("cpu_kernels");
+    TCase *tc = tcase_create("kernels");
+    tcase_add_loop_test(tc, test_kernels_vs_double, 0, N_FAMS);
+    tcase_add_loop_test(tc, test_kernels_batch_invariant, 0, N_FAMS);
+    tcase_add_test(tc, test_threadpool_runs_every_worker);
+    tcase_add_loop_test(tc, test_forward_batch_invariant, 0, 2);
+    suite_add_tcase(s, tc);
+    TCase *td = tcase_create("default_model");
+    tcase_set_timeout(td, 300);
+    tcase_add_test(td, test_forward_batch_invariant_default);
+    suite_add_tcase(s, td);
+    return s;
+}
