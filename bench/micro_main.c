@@ -1,28 +1,33 @@
-/* rootspec-micro: forward-pass micro-benchmark of the CPU backend. After a 128-token
- * prefill it times tree-shaped pending batches of n = 1, 9 and 65 tokens (the root pass,
- * a B=8 and a B=64 tree pass) and relates them to the machine: weight streaming as a share
- * of a memcpy bandwidth measured in the same run (n = 1 is bandwidth-bound) and GFLOP/s
- * (n = 65 is closer to compute-bound). */
+/* rootspec-micro: forward-pass micro-benchmark of the CPU backend. For each thread count it
+ * runs a 128-token prefill, then greedy AR decoding (one token per pass, logits, argmax,
+ * commit: the AR tok/s figure), then times tree-shaped pending batches of n = 1, 9 and 65
+ * tokens (the root pass, a B=8 and a B=64 tree pass). Bytes streamed per token (weights in
+ * their stored type + the KV cache read) are set against a memcpy bandwidth measured in the
+ * same run (n = 1 is bandwidth-bound). Output: a human table plus one "micro key=value ..."
+ * line per thread count for scripts (tools/ compares it with llama.cpp). */
 #include "common/cli.h"
 #include "common/model.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
-#include <cblas.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define PREFILL 128
 #define MAX_N 65
+#define MAX_THREADS 8
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: rootspec-micro --model PATH [--threads N] [--iters K]\n"
-            "  --model PATH   GGUF file or Hugging Face directory\n"
-            "  --threads N    OpenBLAS threads, also used for the memcpy figure (default 1)\n"
-            "  --iters K      timed passes per batch size (default 20; 2 warm-up passes)\n"
-            "Times the CPU backend's forward() for n = 1, 9, 65 pending tree tokens after a\n"
-            "%d-token prefill; logits are computed for every row.\n",
+            "usage: rootspec-micro --model PATH [--threads LIST] [--iters K] [--ar-tokens N]\n"
+            "  --model PATH     GGUF file, Hugging Face directory or random:PRESET\n"
+            "  --threads LIST   comma-separated CPU thread counts (default 1,2)\n"
+            "  --iters K        timed passes per batch size (default 20; 2 warm-up passes)\n"
+            "  --ar-tokens N    greedy tokens decoded for the AR figure (default 64)\n"
+            "After a %d-token prefill: AR tok/s, then forward() of n = 1, 9, 65 pending tree\n"
+            "tokens with logits for every row. ROOTSPEC_CPU_KERNELS=ref|scalar|avx2|avx512\n"
+            "forces a kernel family.\n",
             PREFILL);
 }
 
@@ -64,44 +69,103 @@ static double memcpy_gbs(int threads) {
     return best;
 }
 
-/* Returns -1 when the run goes on, else the exit status (0 after --help, 2 for bad usage). */
-static int parse_args(int argc, char **argv, const char **model_path, int *threads, int *iters) {
-    RsErr e = {0};
+static long vm_rss_kb(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb;
+}
+
+typedef struct {
+    const char *model_path;
+    int threads[MAX_THREADS], n_threads, iters, ar_tokens;
+} Opts;
+
+static int parse_threads(const char *v, Opts *o, RsErr *e) {
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", v);
+    o->n_threads = 0;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (o->n_threads == MAX_THREADS)
+            return rs_err(e, RS_EINVAL, "--threads '%s': at most %d counts", v, MAX_THREADS);
+        int rc = cli_int("--threads", t, 1, 256, &o->threads[o->n_threads++], e);
+        if (rc) return rc;
+    }
+    if (!o->n_threads) return rs_err(e, RS_EINVAL, "--threads '%s': no thread count", v);
+    return RS_OK;
+}
+
+static int parse_opts(int argc, char **argv, Opts *o, RsErr *e) {
+    *o = (Opts){.threads = {1, 2}, .n_threads = 2, .iters = 20, .ar_tokens = 64};
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int rc = RS_OK;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
-            return 0;
+            exit(0);
         } else if (!strcmp(argv[i], "--model")) {
-            rc = cli_value(argc, argv, i++, model_path, &e);
+            rc = cli_value(argc, argv, i++, &o->model_path, e);
         } else if (!strcmp(argv[i], "--threads")) {
-            if (!(rc = cli_value(argc, argv, i++, &v, &e)))
-                rc = cli_int("--threads", v, 1, 64, threads, &e);
+            if (!(rc = cli_value(argc, argv, i++, &v, e))) rc = parse_threads(v, o, e);
         } else if (!strcmp(argv[i], "--iters")) {
-            if (!(rc = cli_value(argc, argv, i++, &v, &e)))
-                rc = cli_int("--iters", v, 1, 100000, iters, &e);
+            if (!(rc = cli_value(argc, argv, i++, &v, e)))
+                rc = cli_int("--iters", v, 1, 100000, &o->iters, e);
+        } else if (!strcmp(argv[i], "--ar-tokens")) {
+            if (!(rc = cli_value(argc, argv, i++, &v, e)))
+                rc = cli_int("--ar-tokens", v, 1, 4096, &o->ar_tokens, e);
         } else {
-            rc = rs_err(&e, RS_EINVAL, "unknown option '%s' (see --help)", argv[i]);
+            rc = rs_err(e, RS_EINVAL, "unknown option '%s' (see --help)", argv[i]);
         }
-        if (rc) {
-            fprintf(stderr, "rootspec-micro: %s\n", e.msg);
-            return 2;
-        }
+        if (rc) return rc;
     }
-    if (!*model_path) {
-        fprintf(stderr, "rootspec-micro: --model PATH is required (see --help)\n");
-        return 2;
-    }
-    return -1;
+    if (!o->model_path) return rs_err(e, RS_EINVAL, "--model PATH is required (see --help)");
+    return RS_OK;
 }
 
-/* A random tree of n pending tokens below the prefill: tokens, positions and the tree mask
- * (n, n). Returns the entries attended summed over the tokens (for the attention flops). */
-static long random_tree(Rng *r, int vocab, int n, int *tokens, int *pos, uint8_t *mask) {
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* Random prompt of PREFILL tokens, committed. */
+static int prefill(Backend *b, Rng *r, RsErr *e) {
+    static int tokens[PREFILL], pos[PREFILL], rows[PREFILL];
+    int vocab = backend_model(b)->cfg.vocab_size;
+    for (int i = 0; i < PREFILL; i++) {
+        tokens[i] = (int)(rng_next(r) % (uint64_t)vocab);
+        pos[i] = rows[i] = i;
+    }
+    backend_kv_reset(b);
+    int rc = backend_forward(b, tokens, pos, PREFILL, NULL, NULL, 0, NULL, e);
+    return rc ? rc : backend_kv_commit(b, rows, PREFILL, e);
+}
+
+/* Greedy AR decoding of n tokens after the prefill; returns tok/s. */
+static double ar_tok_s(Backend *b, int n, float *logits, RsErr *e) {
+    int tok = 1, zero = 0, vocab = backend_model(b)->cfg.vocab_size;
+    uint64_t t0 = rs_now_ns();
+    for (int i = 0; i < n; i++) {
+        int p = backend_n_committed(b);
+        if (backend_forward(b, &tok, &p, 1, NULL, &zero, 1, logits, e) ||
+            backend_kv_commit(b, &zero, 1, e))
+            return -1;
+        tok = argmax(logits, vocab);
+    }
+    return n / ((rs_now_ns() - t0) / 1e9);
+}
+
+/* A random tree of n nodes after the prefill: mask, positions, tokens; *attended gets the
+ * sum over nodes of entries attended (for attention flops). */
+static void make_tree(Rng *r, int n, int vocab, uint8_t *mask, int *pos, int *tokens,
+                      long *attended) {
     int parent[MAX_N], depth[MAX_N];
-    long attended = 0;
     memset(mask, 0, (size_t)n * n);
+    *attended = 0;
     for (int i = 0; i < n; i++) {
         parent[i] = i == 0 ? -1 : (int)(rng_next(r) % (uint64_t)i);
         depth[i] = parent[i] < 0 ? 0 : depth[parent[i]] + 1;
@@ -109,102 +173,111 @@ static long random_tree(Rng *r, int vocab, int n, int *tokens, int *pos, uint8_t
         tokens[i] = (int)(rng_next(r) % (uint64_t)vocab);
         for (int u = i; u >= 0; u = parent[u]) {
             mask[i * n + u] = 1;
-            attended++;
+            (*attended)++;
         }
-        attended += PREFILL;
+        *attended += PREFILL;
     }
-    return attended;
 }
 
-/* Times forward() on a random n-token tree (2 warm-up passes, then iters) and prints its
- * row. Returns 0, or 1 after reporting a failed pass. */
-static int time_size(Backend *b, const Model *m, Rng *r, int n, int iters, double mem) {
-    const Config *c = &m->cfg;
-    static int tokens[MAX_N], pos[MAX_N], rows[MAX_N];
+/* Best and mean ms of `iters` tree passes of n nodes (2 warm-up passes). */
+static int time_passes(Backend *b, Rng *r, int n, int iters, float *logits, double *best,
+                       double *mean, long *attended, RsErr *e) {
     static uint8_t mask[MAX_N * MAX_N];
+    int pos[MAX_N], tokens[MAX_N], rows[MAX_N];
     for (int i = 0; i < n; i++) rows[i] = i;
-    long attended = random_tree(r, c->vocab_size, n, tokens, pos, mask);
-    float *logits = rs_xmalloc(sizeof(float) * MAX_N * c->vocab_size);
-    RsErr e = {0};
-    double best = 1e30, sum = 0;
+    make_tree(r, n, backend_model(b)->cfg.vocab_size, mask, pos, tokens, attended);
+    double sum = 0;
+    *best = 1e30;
     for (int it = -2; it < iters; it++) {
         uint64_t t0 = rs_now_ns();
-        if (backend_forward(b, tokens, pos, n, mask, rows, n, logits, &e)) {
-            fprintf(stderr, "rootspec-micro: forward n=%d: %s\n", n, e.msg);
-            free(logits);
-            return 1;
-        }
+        int rc = backend_forward(b, tokens, pos, n, mask, rows, n, logits, e);
+        if (rc) return rc;
         double ms = (rs_now_ns() - t0) / 1e6;
-        backend_kv_commit(b, NULL, 0, &e); /* drop the tree, keep the prefill */
+        backend_kv_commit(b, NULL, 0, e); /* drop the tree, keep the prefill */
         if (it < 0) continue;
         sum += ms;
-        if (ms < best) best = ms;
+        if (ms < *best) *best = ms;
     }
-    free(logits);
-    double wbytes = (double)model_weight_bytes(m), params = wbytes / sizeof(float);
-    /* q.k and p.v: 2 flops per multiply-add, head_dim each, per head and layer. */
-    double attn = 4.0 * c->n_heads * c->head_dim * (double)attended * c->n_layers;
-    double gflops = (2.0 * params * n + attn) / (best * 1e6);
-    double gbs = wbytes / (best * 1e6);
-    printf("%4d %9.2f %9.2f %11.2f %7.1f%% %9.2f\n", n, sum / iters, best, gbs,
-           100.0 * gbs / mem, gflops);
-    return 0;
+    *mean = sum / iters;
+    return RS_OK;
 }
 
-/* Loads the model, makes a CPU backend and runs the PREFILL-token prefill that every timed
- * tree attends to. Returns 0 or the exit status (reported). */
-static int setup(const char *model_path, int threads, Rng *r, Model **m, Backend **b) {
+/* Multiply-adds per token in the matrices (layers and head). */
+static double matrix_params(const Config *c) {
+    double q = (double)c->n_heads * c->head_dim, kv = (double)c->n_kv_heads * c->head_dim;
+    double layer = (q + 2 * kv) * c->dim + c->dim * q + 3.0 * c->hidden_dim * c->dim;
+    return layer * c->n_layers + (double)c->vocab_size * c->dim;
+}
+
+/* One thread count: AR figure, pass table, the key=value line. */
+static int run_threads(const Model *m, const Opts *o, int threads, double wbytes, RsErr *e) {
+    const Config *c = &m->cfg;
+    BackendParams bp = {.kv_capacity = PREFILL + MAX_N + o->ar_tokens, .max_batch = PREFILL,
+                        .max_pending = PREFILL, .threads = threads};
+    Backend *b = NULL;
+    int rc = backend_create(&cpu_backend_ops, m, &bp, &b, e);
+    if (rc) return rc;
+    Rng r;
+    rng_seed(&r, 42);
+    float *logits = rs_xmalloc(sizeof(float) * MAX_N * c->vocab_size);
+    double mem = memcpy_gbs(threads), ar = -1;
+    if (!(rc = prefill(b, &r, e)) && (ar = ar_tok_s(b, o->ar_tokens, logits, e)) < 0) rc = e->code;
+    if (!rc) rc = prefill(b, &r, e);
+    /* per token: the weights once, plus K and V of every layer over the context read */
+    double kv = 2.0 * c->n_layers * (PREFILL + 1) * c->n_kv_heads * c->head_dim * sizeof(float);
+    printf("\nthreads %d, kernels %s: AR %.1f tok/s; memcpy %.1f GB/s (read+write)\n", threads,
+           cpu_backend_kernels(b), ar, mem);
+    printf("%4s %9s %9s %12s %8s %9s\n", "n", "ms(mean)", "ms(best)", "streamGB/s", "%memcpy",
+           "GFLOP/s");
+    static const int sizes[3] = {1, 9, MAX_N};
+    double best[3] = {0}, mean;
+    for (int si = 0; si < 3 && !rc; si++) {
+        long att;
+        rc = time_passes(b, &r, sizes[si], o->iters, logits, &best[si], &mean, &att, e);
+        if (rc) break;
+        double attn = 4.0 * c->n_heads * c->head_dim * (double)att * c->n_layers;
+        double flops = 2.0 * matrix_params(c) * sizes[si] + attn;
+        double gbs = (wbytes + kv) / (best[si] * 1e6);
+        printf("%4d %9.2f %9.2f %12.2f %7.1f%% %9.2f\n", sizes[si], mean, best[si], gbs,
+               100.0 * gbs / mem, flops / (best[si] * 1e6));
+    }
+    if (!rc)
+        printf("micro threads=%d kernels=%s ar_tok_s=%.2f pass_ms_n1=%.3f pass_ms_n9=%.3f "
+               "pass_ms_n65=%.3f bytes_per_token=%.0f copy_gbs=%.2f bw_frac_n1=%.3f "
+               "vmrss_kb=%ld\n",
+               threads, cpu_backend_kernels(b), ar, best[0], best[1], best[2], wbytes + kv, mem,
+               (wbytes + kv) / (best[0] * 1e6) / mem, vm_rss_kb());
+    free(logits);
+    backend_destroy(&b);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    Opts o;
     RsErr e = {0};
-    int lrc = backend_model_load(&cpu_backend_ops, model_path, m, &e); /* random: models too */
+    if (parse_opts(argc, argv, &o, &e)) {
+        fprintf(stderr, "rootspec-micro: %s\n", e.msg);
+        return 2;
+    }
+    long rss0 = vm_rss_kb();
+    Model *m = NULL;
+    int lrc = backend_model_load(&cpu_backend_ops, o.model_path, &m, &e); /* random: too */
     if (lrc) {
         fprintf(stderr, "rootspec-micro: %s\n", e.msg);
         return lrc == RS_EINVAL || lrc == RS_EFORMAT || lrc == RS_EUNSUPPORTED ? 2 : 1;
     }
-    BackendParams bp = {.kv_capacity = PREFILL + MAX_N, .max_batch = PREFILL,
-                        .max_pending = PREFILL, .threads = threads};
-    if (backend_create(&cpu_backend_ops, *m, &bp, b, &e)) {
-        fprintf(stderr, "rootspec-micro: %s\n", e.msg);
-        return 1;
-    }
-    static int tokens[PREFILL], pos[PREFILL], rows[PREFILL];
-    for (int i = 0; i < PREFILL; i++) {
-        tokens[i] = (int)(rng_next(r) % (uint64_t)(*m)->cfg.vocab_size);
-        pos[i] = rows[i] = i;
-    }
-    if (backend_forward(*b, tokens, pos, PREFILL, NULL, NULL, 0, NULL, &e) ||
-        backend_kv_commit(*b, rows, PREFILL, &e)) {
-        fprintf(stderr, "rootspec-micro: prefill: %s\n", e.msg);
-        return 1;
-    }
-    return 0;
-}
-
-int main(int argc, char **argv) {
-    const char *model_path = NULL;
-    int threads = 1, iters = 20;
-    int status = parse_args(argc, argv, &model_path, &threads, &iters);
-    if (status >= 0) return status;
-    Model *m = NULL;
-    Backend *b = NULL;
-    Rng r;
-    rng_seed(&r, 42);
-    status = setup(model_path, threads, &r, &m, &b);
-    if (status == 0) {
-        const Config *c = &m->cfg;
-        double mem = memcpy_gbs(threads);
-        double wbytes = (double)model_weight_bytes(m);
-        printf("model %s: %d layers, dim %d, vocab %d, %.1f M params (%.0f MB f32)\n", model_path,
-               c->n_layers, c->dim, c->vocab_size, wbytes / sizeof(float) / 1e6, wbytes / 1e6);
-        printf("threads %d, iters %d, prefill %d; memcpy %.1f GB/s (read+write); OpenBLAS core %s\n",
-               threads, iters, PREFILL, mem, openblas_get_corename());
-        /* Rates use the best pass (least disturbed by other load); the mean is shown too. */
-        printf("%4s %9s %9s %11s %8s %9s\n", "n", "ms(mean)", "ms(best)", "weightGB/s", "%memcpy",
-               "GFLOP/s");
-        const int sizes[3] = {1, 9, MAX_N};
-        for (int si = 0; si < 3 && status == 0; si++)
-            status = time_size(b, m, &r, sizes[si], iters, mem);
-    }
-    backend_destroy(&b);
+    const Config *c = &m->cfg;
+    double wbytes = (double)model_weight_bytes(m);
+    struct stat st;
+    double file_mb = stat(o.model_path, &st) == 0 && S_ISREG(st.st_mode) ? st.st_size / 1e6 : 0;
+    printf("model %s: %d layers, dim %d, vocab %d; %.1f MB of matrices streamed per token "
+           "(stored types), file %.1f MB; VmRSS %.1f MB before load\n",
+           o.model_path, c->n_layers, c->dim, c->vocab_size, wbytes / 1e6, file_mb, rss0 / 1e3);
+    int rc = RS_OK;
+    for (int i = 0; i < o.n_threads && !rc; i++) rc = run_threads(m, &o, o.threads[i], wbytes, &e);
+    if (rc) fprintf(stderr, "rootspec-micro: %s\n", e.msg);
+    else printf("\nVmRSS %.1f MB after the runs (weights mapped + KV caches + buffers)\n",
+                vm_rss_kb() / 1e3);
     model_free(&m);
-    return status;
+    return rc ? 1 : 0;
 }

@@ -70,6 +70,31 @@ void qk_quantize_rows(const float *x, int n, int in, QkQ8 *dst) {
         }
 }
 
+/* Activation row pointers of tokens [t0, t0 + nt). */
+static void act_rows(const QkActs *x, int q8, int t0, int nt, const void **xs) {
+    int in = x->in;
+    for (int t = 0; t < nt; t++)
+        xs[t] = q8 ? (const void *)(x->q8 + (size_t)(t0 + t) * (in / QK_BLOCK))
+                   : (const void *)(x->f32 + (size_t)(t0 + t) * in);
+}
+
+/* Rows j, j + 1 through a two-row kernel. */
+static void rows_pair(const QkKernel *k, const QTensor *w, const QkActs *x, float *y, int ldy,
+                      int j) {
+    const uint8_t *w0 = qtensor_row(w, j), *w1 = qtensor_row(w, j + 1);
+    for (int t0 = 0; t0 < x->n; t0 += QK_GROUP) {
+        int nt = x->n - t0 < QK_GROUP ? x->n - t0 : QK_GROUP;
+        const void *xs[QK_GROUP];
+        float o0[QK_GROUP], o1[QK_GROUP];
+        act_rows(x, k->q8, t0, nt, xs);
+        k->dot2(w0, w1, xs, nt, x->in, o0, o1);
+        for (int t = 0; t < nt; t++) {
+            y[(size_t)(t0 + t) * ldy + j] = o0[t];
+            y[(size_t)(t0 + t) * ldy + j + 1] = o1[t];
+        }
+    }
+}
+
 void qk_matmul_rows(const QkFamily *f, const QTensor *w, const QkActs *x, float *y, int ldy,
                     int j0, int j1, float *scratch) {
     RS_ASSERT(w->cols == x->in && j0 >= 0 && j1 <= w->rows);
@@ -78,6 +103,10 @@ void qk_matmul_rows(const QkFamily *f, const QTensor *w, const QkActs *x, float 
     int q8 = k && k->q8, in = x->in;
     RS_ASSERT(!q8 || x->q8);
     for (int j = j0; j < j1; j++) {
+        if (k && k->dot2 && j + 1 < j1) {
+            rows_pair(k, w, x, y, ldy, j++);
+            continue;
+        }
         const uint8_t *wr = qtensor_row(w, j);
         if (!k) { /* generic path: expand the row once for all tokens */
             quant_dequantize(w->type, wr, scratch, (size_t)in);
@@ -86,10 +115,8 @@ void qk_matmul_rows(const QkFamily *f, const QTensor *w, const QkActs *x, float 
         for (int t0 = 0; t0 < x->n; t0 += QK_GROUP) {
             int nt = x->n - t0 < QK_GROUP ? x->n - t0 : QK_GROUP;
             const void *xs[QK_GROUP];
-            for (int t = 0; t < nt; t++)
-                xs[t] = q8 ? (const void *)(x->q8 + (size_t)(t0 + t) * (in / QK_BLOCK))
-                           : (const void *)(x->f32 + (size_t)(t0 + t) * in);
             float out[QK_GROUP];
+            act_rows(x, q8, t0, nt, xs);
             dot(wr, xs, nt, in, out);
             for (int t = 0; t < nt; t++) y[(size_t)(t0 + t) * ldy + j] = out[t];
         }

@@ -34,10 +34,16 @@ typedef struct {
 typedef void (*QkDotFn)(const uint8_t *wrow, const void *const *xs, int nt, int in,
                         float *out);
 
+/* The same for two weight rows at once (out0, out1), optional; each (row, token) result must
+ * be bitwise what QkDotFn gives, so pairing rows never changes a row's output. */
+typedef void (*QkDot2Fn)(const uint8_t *w0, const uint8_t *w1, const void *const *xs, int nt,
+                         int in, float *out0, float *out1);
+
 typedef struct {
     uint32_t type; /* ggml type id */
     int q8;        /* 1: activations as QkQ8 rows */
     QkDotFn dot;
+    QkDot2Fn dot2; /* NULL: rows one at a time */
 } QkKernel;
 
 typedef struct {

@@ -88,10 +88,10 @@ QK_HOT static void dot_q4_1(const uint8_t *w, const void *const *xs, int nt, int
 }
 
 static const QkKernel kScalar[] = {
-    {QT_F32, 0, dot_f32},
-    {QT_Q8_0, 1, dot_q8_0},
-    {QT_Q4_0, 1, dot_q4_0},
-    {QT_Q4_1, 1, dot_q4_1},
+    {QT_F32, 0, dot_f32, NULL},
+    {QT_Q8_0, 1, dot_q8_0, NULL},
+    {QT_Q4_0, 1, dot_q4_0, NULL},
+    {QT_Q4_1, 1, dot_q4_1, NULL},
 };
 
 const QkFamily qk_family_scalar = {"scalar", kScalar, (int)(sizeof kScalar / sizeof kScalar[0]),
