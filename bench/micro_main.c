@@ -241,12 +241,13 @@ static int run_threads(const Model *m, const Opts *o, int threads, double wbytes
     printf("%4s %9s %9s %9s %12s %8s %9s\n", "n", "ms(mean)", "ms(best)", "cpu_ms", "streamGB/s",
            "%memcpy", "GFLOP/s");
     static const int sizes[3] = {1, 9, MAX_N};
-    double best[3] = {0}, bcpu[3] = {0}, mean;
+    double best[3] = {0}, bcpu[3] = {0}, means[3] = {0}, mean;
     for (int si = 0; si < 3 && !rc; si++) {
         long att;
         rc = time_passes(b, &r, sizes[si], o->iters, logits, &best[si], &mean, &bcpu[si], &att,
                          e);
         if (rc) break;
+        means[si] = mean;
         double attn = 4.0 * c->n_heads * c->head_dim * (double)att * c->n_layers;
         double flops = 2.0 * matrix_params(c) * sizes[si] + attn;
         double gbs = (wbytes + kv) / (best[si] * 1e6);
@@ -260,6 +261,13 @@ static int run_threads(const Model *m, const Opts *o, int threads, double wbytes
                threads, cpu_backend_kernels(b), ar, best[0], best[1], best[2], bcpu[0], bcpu[1],
                bcpu[2], wbytes + kv, mem,
                (wbytes + kv) / (best[0] * 1e6) / mem, vm_rss_kb());
+    /* the keys tools/llama_peer.py prints, for tools/peer-compare.sh */
+    if (!rc) {
+        printf("ar_tok_s_t%d=%.2f\nkernels_t%d=%s\n", threads, ar, threads, cpu_backend_kernels(b));
+        for (int si = 0; si < 3; si++)
+            printf("pass_ms_n%d_t%d=%.2f\npass_best_ms_n%d_t%d=%.2f\n", sizes[si], threads,
+                   means[si], sizes[si], threads, best[si]);
+    }
     free(logits);
     backend_destroy(&b);
     return rc;
@@ -289,8 +297,8 @@ int main(int argc, char **argv) {
     int rc = RS_OK;
     for (int i = 0; i < o.n_threads && !rc; i++) rc = run_threads(m, &o, o.threads[i], wbytes, &e);
     if (rc) fprintf(stderr, "rootspec-micro: %s\n", e.msg);
-    else printf("\nVmRSS %.1f MB after the runs (weights mapped + KV caches + buffers)\n",
-                vm_rss_kb() / 1e3);
+    else printf("\nVmRSS %.1f MB after the runs (weights mapped + KV caches + buffers)\n"
+                "rss_mb=%.0f\n", vm_rss_kb() / 1e3, vm_rss_kb() / 1e3);
     model_free(&m);
     return rc ? 1 : 0;
 }
