@@ -138,7 +138,7 @@ static Backend *backend(const Model *m, int threads) {
                        .threads = threads};
     Backend *b = NULL;
     RsErr e = {0};
-    ck_assert_msg(cpu_backend_ops.create(m, &p, &b, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(backend_create(&cpu_backend_ops, m, &p, &b, &e) == RS_OK, "%s", e.msg);
     return b;
 }
 
@@ -158,7 +158,7 @@ static void check_invariance(const Model *m, int threads, uint64_t seed) {
     RsErr e = {0};
     int last3[3] = {PREFIX, PREFIX + 1, PREFIX + 2};
     ck_assert_int_eq(backend_forward(b, toks, pos, PREFIX + 3, NULL, last3, 3, la, &e), RS_OK);
-    b->ops->kv_reset(b);
+    backend_kv_reset(b);
     ck_assert_int_eq(backend_forward(b, toks, pos, PREFIX, NULL, NULL, 0, NULL, &e), RS_OK);
     ck_assert_int_eq(backend_kv_commit(b, rows, PREFIX, &e), RS_OK);
     for (int k = 0; k < 3; k++) {
@@ -167,7 +167,7 @@ static void check_invariance(const Model *m, int threads, uint64_t seed) {
                                          lb + (size_t)k * V, &e), RS_OK);
         ck_assert_int_eq(backend_kv_commit(b, &zero, 1, &e), RS_OK);
     }
-    b->ops->kv_reset(b);
+    backend_kv_reset(b);
     ck_assert_int_eq(backend_forward(b, toks, pos, PREFIX, NULL, NULL, 0, NULL, &e), RS_OK);
     ck_assert_int_eq(backend_kv_commit(b, rows, PREFIX, &e), RS_OK);
     static uint8_t mask[TREE * TREE];
