@@ -5,6 +5,7 @@
  * every length against the bytes left and the protocol's limits first, and writes POOL
  * bodies straight into the caller's Pool. */
 #include "proto.h"
+#include "common/textsafe.h"
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -277,17 +278,6 @@ const char *proto_type_name(int type) {
     return type_names[type];
 }
 
-static void bytes_repr(char *dst, size_t cap, const uint8_t *s, size_t n) {
-    size_t o = 0;
-    for (size_t i = 0; i < n && o + 5 < cap; i++) {
-        if (s[i] >= 0x20 && s[i] < 0x7f && s[i] != '"' && s[i] != '\\')
-            dst[o++] = (char)s[i];
-        else
-            o += (size_t)snprintf(dst + o, cap - o, "\\x%02x", s[i]);
-    }
-    dst[o] = 0;
-}
-
 static int dec_hello_common(Rd *r, char *fp, uint64_t *hash, uint32_t *vocab, uint32_t *caps) {
     uint64_t v;
     if (rd_str(r, "fingerprint", -1, fp, PROTO_FP_MAX)) return -1;
@@ -427,7 +417,7 @@ static int dec_header(Rd *r, ProtoMsg *out, uint64_t *type) {
         if (rd_str_raw(r, "magic", -1, &s, &len)) return -1;
         if (len != 4 || memcmp(s, PROTO_MAGIC, 4) != 0) {
             char rep[64];
-            bytes_repr(rep, sizeof rep, s, len < 12 ? len : 12);
+            rs_escape(rep, sizeof rep, s, len < 12 ? len : 12, 1);
             return rd_fail(r, RS_EPROTO, "bad magic \"%s\"%s, expected \"RSPC\"", rep,
                            len > 12 ? "..." : "");
         }
