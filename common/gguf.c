@@ -7,6 +7,7 @@
 #include "loader.h"
 #include "model_internal.h"
 #include "quant.h"
+#include "textsafe.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -240,20 +241,23 @@ static int parse(GGUFFile *g, RsErr *e) {
                           (unsigned long long)a);
         g->alignment = a;
     }
+    /* Tensor names come from the file: escaped before they reach a message. */
+    char tnb[200];
+#define TNAME(t) (int)sizeof tnb, rs_escape(tnb, sizeof tnb, (t)->name, (t)->name_len, 0)
     for (uint64_t i = 0; i < n_t; i++) {
         GGUFTensor *t = &g->t[g->n_t++];
         if ((rc = rd_str(&r, &t->name, &t->name_len, "tensor name"))) return rc;
         if ((rc = rd_u32(&r, &t->n_dims, "tensor dimension count"))) return rc;
         if (t->n_dims < 1 || t->n_dims > 4)
             return rs_err(e, RS_EFORMAT, "'%s': tensor '%.*s' has %u dimensions (1 to 4 allowed)",
-                          g->path, (int)t->name_len, t->name, t->n_dims);
+                          g->path, TNAME(t), t->n_dims);
         uint64_t nel = 1;
         for (uint32_t d = 0; d < 4; d++) t->ne[d] = 1;
         for (uint32_t d = 0; d < t->n_dims; d++) {
             if ((rc = rd_u64(&r, &t->ne[d], "tensor dimension"))) return rc;
             if (t->ne[d] == 0 || t->ne[d] > (1ull << 40) || nel > (1ull << 48) / t->ne[d])
                 return rs_err(e, RS_EFORMAT, "'%s': tensor '%.*s' has absurd dimension ne[%u] = %llu",
-                              g->path, (int)t->name_len, t->name, d, (unsigned long long)t->ne[d]);
+                              g->path, TNAME(t), d, (unsigned long long)t->ne[d]);
             nel *= t->ne[d];
         }
         if ((rc = rd_u32(&r, &t->type, "tensor type"))) return rc;
@@ -261,57 +265,60 @@ static int parse(GGUFFile *g, RsErr *e) {
         size_t be, bb;
         if (quant_type_geometry(t->type, &be, &bb) != 0)
             return rs_err(e, RS_EFORMAT, "'%s': tensor '%.*s' has unknown ggml type %u", g->path,
-                          (int)t->name_len, t->name, t->type);
+                          TNAME(t), t->type);
         if (t->ne[0] % be != 0)
             return rs_err(e, RS_EFORMAT,
                           "'%s': tensor '%.*s' row length %llu is not a multiple of the %s block "
                           "size %zu",
-                          g->path, (int)t->name_len, t->name, (unsigned long long)t->ne[0],
+                          g->path, TNAME(t), (unsigned long long)t->ne[0],
                           quant_type_name(t->type), be);
         t->nbytes = nel / be * bb;
         if (t->offset % g->alignment != 0)
             return rs_err(e, RS_EFORMAT, "'%s': tensor '%.*s' offset %llu is not aligned to %llu",
-                          g->path, (int)t->name_len, t->name, (unsigned long long)t->offset,
+                          g->path, TNAME(t), (unsigned long long)t->offset,
                           (unsigned long long)g->alignment);
     }
     g->data_off = (r.pos + g->alignment - 1) / g->alignment * g->alignment;
     for (size_t i = 0; i < g->n_t; i++) {
         GGUFTensor *t = &g->t[i];
-        /* offsets < 2^64 - 2^49 and sizes < 2^49 keep these sums from wrapping */
-        if (t->offset > (1ull << 62) || g->data_off + t->offset + t->nbytes > g->size)
+        /* an offset past the file is reported as such: data_off + offset could wrap */
+        if (t->offset > g->size)
+            return rs_err(e, RS_EFORMAT,
+                          "'%s': tensor '%.*s' offset %llu lies past the end of the file (%zu "
+                          "bytes)",
+                          g->path, TNAME(t), (unsigned long long)t->offset, g->size);
+        /* offset <= size < 2^63 and sizes < 2^49 keep this sum from wrapping */
+        if (g->data_off + t->offset + t->nbytes > g->size)
             return rs_err(e, RS_EFORMAT,
                           "'%s' is truncated: tensor '%.*s' data ends at byte %llu, file has %zu "
                           "bytes",
-                          g->path, (int)t->name_len, t->name,
+                          g->path, TNAME(t),
                           (unsigned long long)(g->data_off + t->offset + t->nbytes), g->size);
         t->data = g->map + g->data_off + t->offset;
     }
     return RS_OK;
+#undef TNAME
 }
 
 static int gguf_open(const char *path, GGUFFile **out, RsErr *e) {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return rs_err(e, RS_EIO, "cannot open '%s': %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int err = errno;
+    int fd;
+    size_t fsize;
+    int rc0 = rs_open_regular(path, &fd, &fsize, e);
+    if (rc0) return rc0;
+    if (fsize < 4) {
         close(fd);
-        return rs_err(e, RS_EIO, "cannot stat '%s': %s", path, strerror(err));
+        return rs_err(e, RS_EFORMAT, "'%s' is truncated: %zu bytes, too short for a GGUF header",
+                      path, fsize);
     }
-    if (st.st_size < 4) {
-        close(fd);
-        return rs_err(e, RS_EFORMAT, "'%s' is truncated: %lld bytes, too short for a GGUF header",
-                      path, (long long)st.st_size);
-    }
-    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *map = mmap(NULL, fsize, PROT_READ, MAP_PRIVATE, fd, 0);
     int err = errno;
     close(fd);
     if (map == MAP_FAILED) return rs_err(e, RS_EIO, "cannot mmap '%s': %s", path, strerror(err));
     GGUFFile *g = rs_xcalloc(1, sizeof *g);
     snprintf(g->path, sizeof g->path, "%s", path);
     g->map = map;
-    g->size = (size_t)st.st_size;
+    g->size = fsize;
     int rc = parse(g, e);
     if (rc) {
         gguf_close(&g);

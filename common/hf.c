@@ -7,6 +7,7 @@
 #include "hf.h"
 #include "model_internal.h"
 #include "quant.h"
+#include "textsafe.h"
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -18,6 +19,13 @@
 
 #define HF_MAX_SHARDS 256
 #define ST_MAX_HEADER (100u << 20) /* the safetensors spec's own 100 MB header limit */
+/* cJSON spends ~0.6 KB per value: without these bounds a few shards with 1.5 M unused
+ * entries each took 3.9 GB before any check ran. A real checkpoint has a few hundred to a
+ * few thousand tensors; a tensor entry is ~8 JSON values. */
+#define ST_MAX_ENTRIES (1u << 16)          /* tensors in one shard's header */
+#define ST_MAX_VALUES (1u << 20)           /* JSON values in one shard's header */
+#define HF_MAX_ENTRIES_TOTAL (1u << 18)    /* tensors in all shards together */
+#define HF_MAX_HEADER_TOTAL (256u << 20)   /* header bytes in all shards together */
 
 typedef struct {
     char path[1100];
@@ -43,6 +51,7 @@ struct HfTensors {
     int n_files;
     StTensor *t;
     size_t n_t, cap_t;
+    size_t header_bytes, entries; /* over the shards opened so far */
 };
 typedef struct HfTensors HfCtx;
 
@@ -64,6 +73,51 @@ static void ctx_free(HfCtx *c) {
     free(c->t);
 }
 
+/* Counts a JSON text's top-level members and all its values without building it, so a
+ * header's size is judged before cJSON allocates for it. Counts commas and openings
+ * outside strings: exact for valid JSON, a bound for anything else. */
+static void json_count(const char *p, size_t n, size_t *members, size_t *values) {
+    size_t m = 0, v = 1;
+    int depth = 0, in_str = 0, any = 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = p[i];
+        if (in_str) {
+            if (ch == '\\') i++;
+            else if (ch == '"') in_str = 0;
+            continue;
+        }
+        if (ch == '"') in_str = 1, any |= depth == 1;
+        else if (ch == '{' || ch == '[') depth++, v++;
+        else if (ch == '}' || ch == ']') depth--;
+        else if (ch == ',') {
+            v++;
+            m += depth == 1;
+        }
+    }
+    *members = any ? m + 1 : 0;
+    *values = v;
+}
+
+/* Refuses a header over the per-shard or whole-model limits, naming the limit. */
+static int st_header_bounds(HfCtx *c, const StFile *f, size_t hlen, RsErr *e) {
+    size_t members, values;
+    json_count((const char *)f->map + 8, hlen, &members, &values);
+    c->header_bytes += hlen;
+    c->entries += members;
+    if (members > ST_MAX_ENTRIES || values > ST_MAX_VALUES)
+        return rs_err(e, RS_EFORMAT,
+                      "'%s': safetensors header has %zu entries (%zu JSON values); the limit is "
+                      "%u entries and %u values per file",
+                      f->path, members, values, ST_MAX_ENTRIES, ST_MAX_VALUES);
+    if (c->entries > HF_MAX_ENTRIES_TOTAL || c->header_bytes > HF_MAX_HEADER_TOTAL)
+        return rs_err(e, RS_EFORMAT,
+                      "'%s': the safetensors headers of its %d shards so far hold %zu entries in "
+                      "%zu bytes; the limit is %u entries and %u bytes per model",
+                      c->dir, c->n_files, c->entries, c->header_bytes, HF_MAX_ENTRIES_TOTAL,
+                      HF_MAX_HEADER_TOTAL);
+    return RS_OK;
+}
+
 /* Maps one safetensors file and appends its tensors to c->t. */
 static int st_open(HfCtx *c, const char *fname, RsErr *e) {
     if (c->n_files >= HF_MAX_SHARDS)
@@ -71,20 +125,21 @@ static int st_open(HfCtx *c, const char *fname, RsErr *e) {
     StFile *f = &c->files[c->n_files];
     memset(f, 0, sizeof *f);
     snprintf(f->path, sizeof f->path, "%s/%s", c->dir, fname);
-    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return rs_err(e, RS_EIO, "cannot open '%s': %s", f->path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || st.st_size < 8) {
+    int fd;
+    size_t fsize;
+    int rc = rs_open_regular(f->path, &fd, &fsize, e);
+    if (rc) return rc;
+    if (fsize < 8) {
         close(fd);
-        return rs_err(e, RS_EFORMAT, "'%s' is truncated: %lld bytes, too short for a safetensors header",
-                      f->path, (long long)st.st_size);
+        return rs_err(e, RS_EFORMAT, "'%s' is truncated: %zu bytes, too short for a safetensors header",
+                      f->path, fsize);
     }
-    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *map = mmap(NULL, fsize, PROT_READ, MAP_PRIVATE, fd, 0);
     int err = errno;
     close(fd);
     if (map == MAP_FAILED) return rs_err(e, RS_EIO, "cannot mmap '%s': %s", f->path, strerror(err));
     f->map = map;
-    f->size = (size_t)st.st_size;
+    f->size = fsize;
     c->n_files++;
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | f->map[i];
@@ -93,6 +148,7 @@ static int st_open(HfCtx *c, const char *fname, RsErr *e) {
                       "'%s': safetensors header length %llu exceeds the file size %zu", f->path,
                       (unsigned long long)hlen, f->size);
     f->data_off = 8 + (size_t)hlen;
+    if ((rc = st_header_bounds(c, f, (size_t)hlen, e))) return rc;
     f->hdr = cJSON_ParseWithLength((const char *)f->map + 8, (size_t)hlen);
     if (!f->hdr || !cJSON_IsObject(f->hdr))
         return rs_err(e, RS_EFORMAT, "'%s': safetensors header is not a JSON object", f->path);
@@ -100,6 +156,8 @@ static int st_open(HfCtx *c, const char *fname, RsErr *e) {
     cJSON *it;
     cJSON_ArrayForEach(it, f->hdr) {
         if (strcmp(it->string, "__metadata__") == 0) continue;
+        char nm[200]; /* the name comes from the file: escaped for messages */
+        rs_escape_str(nm, sizeof nm, it->string);
         cJSON *dt = cJSON_GetObjectItemCaseSensitive(it, "dtype");
         cJSON *sh = cJSON_GetObjectItemCaseSensitive(it, "shape");
         cJSON *off = cJSON_GetObjectItemCaseSensitive(it, "data_offsets");
@@ -107,7 +165,7 @@ static int st_open(HfCtx *c, const char *fname, RsErr *e) {
             cJSON_GetArraySize(off) != 2)
             return rs_err(e, RS_EFORMAT,
                           "'%s': tensor '%s' lacks dtype, shape or a 2-element data_offsets",
-                          f->path, it->string);
+                          f->path, nm);
         if (c->n_t == c->cap_t) {
             c->cap_t = c->cap_t ? 2 * c->cap_t : 256;
             StTensor *nt = realloc(c->t, c->cap_t * sizeof *nt);
@@ -122,7 +180,7 @@ static int st_open(HfCtx *c, const char *fname, RsErr *e) {
         t->nd = cJSON_GetArraySize(sh);
         if (t->nd > 8)
             return rs_err(e, RS_EFORMAT, "'%s': tensor '%s' has %d dimensions", f->path,
-                          it->string, t->nd);
+                          nm, t->nd);
         double numel = 1;
         cJSON *d;
         int k = 0;
@@ -130,22 +188,32 @@ static int st_open(HfCtx *c, const char *fname, RsErr *e) {
             double v = cJSON_IsNumber(d) ? d->valuedouble : -1;
             if (v < 0 || v != floor(v) || v > 1e15)
                 return rs_err(e, RS_EFORMAT, "'%s': tensor '%s' has a bad shape entry", f->path,
-                              it->string);
+                              nm);
             t->shape[k++] = (int64_t)v;
             numel *= v;
         }
-        double b = cJSON_IsNumber(off->child) ? off->child->valuedouble : -1;
-        double en = cJSON_IsNumber(off->child->next) ? off->child->next->valuedouble : -1;
-        if (b < 0 || en < b || b != floor(b) || en != floor(en) || en > (double)data_len)
+        if (!cJSON_IsNumber(off->child) || !cJSON_IsNumber(off->child->next))
+            return rs_err(e, RS_EFORMAT, "'%s': tensor '%s' data_offsets are not numbers",
+                          f->path, nm);
+        double b = off->child->valuedouble, en = off->child->next->valuedouble;
+        if (b < 0 || en < 0 || b != floor(b) || en != floor(en))
+            return rs_err(e, RS_EFORMAT,
+                          "'%s': tensor '%s' data_offsets [%.17g, %.17g] are not non-negative "
+                          "integers",
+                          f->path, nm, b, en);
+        if (en < b)
+            return rs_err(e, RS_EFORMAT, "'%s': tensor '%s' data_offsets [%.0f, %.0f] end before they begin",
+                          f->path, nm, b, en);
+        if (en > (double)data_len)
             return rs_err(e, RS_EFORMAT,
                           "'%s': tensor '%s' data_offsets [%.0f, %.0f] run past the end of the "
                           "data (%zu bytes)",
-                          f->path, it->string, b, en, data_len);
+                          f->path, nm, b, en, data_len);
         size_t es = dtype_size(t->dtype);
         if (es && numel * (double)es != en - b)
             return rs_err(e, RS_EFORMAT,
                           "'%s': tensor '%s' holds %.0f bytes but %s x %.0f elements need %.0f",
-                          f->path, it->string, en - b, t->dtype, numel, numel * (double)es);
+                          f->path, nm, en - b, t->dtype, numel, numel * (double)es);
         t->begin = f->data_off + (uint64_t)b;
         t->end = f->data_off + (uint64_t)en;
         c->n_t++;
@@ -299,8 +367,9 @@ static int open_shards(HfCtx *c, const char *index_path, RsErr *e) {
     const cJSON *it;
     cJSON_ArrayForEach(it, wm) {
         if (!cJSON_IsString(it) || strchr(it->valuestring, '/') || !*it->valuestring) {
+            char nm[200];
             rc = rs_err(e, RS_EFORMAT, "'%s': weight_map entry '%s' is not a plain file name",
-                        index_path, it->string);
+                        index_path, rs_escape_str(nm, sizeof nm, it->string));
             break;
         }
         int seen = 0;
@@ -357,7 +426,7 @@ int hf_read_config_json(const char *dir, cJSON **out, RsErr *e) {
     char p[1100];
     struct stat st;
     snprintf(p, sizeof p, "%s/config.json", dir);
-    if (stat(p, &st) != 0) return rs_err(e, RS_EIO, "no config.json in '%s'", dir);
+    if (stat(p, &st) != 0) return rs_err(e, RS_EINVAL, "no config.json in '%s'", dir);
     char *txt;
     size_t len;
     int rc = rs_read_file(p, &txt, &len, e);
@@ -385,7 +454,7 @@ int hf_tensors_open(const char *dir, HfTensors **out, RsErr *e) {
     else {
         snprintf(p, sizeof p, "%s/model.safetensors", dir);
         if (stat(p, &st) != 0)
-            rc = rs_err(e, RS_EIO, "no model.safetensors or model.safetensors.index.json in '%s'", dir);
+            rc = rs_err(e, RS_EINVAL, "no model.safetensors or model.safetensors.index.json in '%s'", dir);
         else rc = st_open(c, "model.safetensors", e);
     }
     if (rc) {

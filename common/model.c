@@ -13,7 +13,7 @@ int model_load(const char *path, Model **out, RsErr *e) {
     struct stat st;
     if (!path || !*path) return rs_err(e, RS_EINVAL, "no model path given");
     if (model_path_is_random(path)) return model_random_load(path, out, e);
-    if (stat(path, &st) != 0) return rs_err(e, RS_EIO, "model path '%s' does not exist", path);
+    if (stat(path, &st) != 0) return rs_err(e, RS_EINVAL, "model path '%s' does not exist", path);
     if (S_ISDIR(st.st_mode)) return hf_load_model(path, out, e);
     return gguf_load_model(path, out, e);
 }

@@ -2,10 +2,12 @@
 #define _POSIX_C_SOURCE 200809L
 #include "util.h"
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 int rs_err(RsErr *e, int code, const char *fmt, ...) {
     if (e) {
@@ -57,38 +59,73 @@ uint64_t rs_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+static const char *file_kind(mode_t m) {
+    return S_ISDIR(m)    ? "a directory"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISSOCK(m) ? "a socket"
+                         : "not a regular file";
+}
+
+int rs_open_regular(const char *path, int *fd_out, size_t *size, RsErr *e) {
+    *fd_out = -1;
+    /* O_NONBLOCK: opening a FIFO for reading would wait for a writer forever */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        int err = errno;
+        if (err == ENOENT || err == ENOTDIR)
+            return rs_err(e, RS_EINVAL, "'%s' does not exist", path);
+        return rs_err(e, err == EACCES || err == ELOOP ? RS_EINVAL : RS_EIO,
+                      "cannot open '%s': %s", path, strerror(err));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int err = errno;
+        close(fd);
+        return rs_err(e, RS_EIO, "cannot stat '%s': %s", path, strerror(err));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return rs_err(e, RS_EINVAL, "'%s' is %s, expected a regular file", path,
+                      file_kind(st.st_mode));
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        int err = errno;
+        close(fd);
+        return rs_err(e, RS_EIO, "cannot read '%s': %s", path, strerror(err));
+    }
+    *fd_out = fd;
+    if (size) *size = (size_t)st.st_size;
+    return RS_OK;
+}
+
 int rs_read_file(const char *path, char **out, size_t *len, RsErr *e) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return rs_err(e, RS_EIO, "cannot open '%s': %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
-        fclose(f);
-        return rs_err(e, RS_EIO, "cannot read '%s': it is a directory", path);
-    }
-    if (fseek(f, 0, SEEK_END) != 0) {
-        fclose(f);
-        return rs_err(e, RS_EIO, "cannot seek '%s': %s", path, strerror(errno));
-    }
-    long n = ftell(f);
-    if (n < 0) {
-        fclose(f);
-        return rs_err(e, RS_EIO, "cannot size '%s': %s", path, strerror(errno));
-    }
-    rewind(f);
-    char *buf = malloc((size_t)n + 1);
+    int fd;
+    size_t n;
+    int rc = rs_open_regular(path, &fd, &n, e);
+    if (rc) return rc;
+    char *buf = malloc(n + 1);
     if (!buf) {
-        fclose(f);
-        return rs_err(e, RS_ENOMEM, "cannot allocate %ld bytes for '%s'", n, path);
+        close(fd);
+        return rs_err(e, RS_ENOMEM, "cannot allocate %zu bytes for '%s'", n, path);
     }
-    size_t got = fread(buf, 1, (size_t)n, f);
-    fclose(f);
-    if (got != (size_t)n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = read(fd, buf + got, n - got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        got += (size_t)k;
+    }
+    close(fd);
+    if (got != n) {
         free(buf);
-        return rs_err(e, RS_EIO, "short read on '%s' (%zu of %ld bytes)", path, got, n);
+        return rs_err(e, RS_EIO, "short read on '%s' (%zu of %zu bytes)", path, got, n);
     }
     buf[n] = 0;
     *out = buf;
-    if (len) *len = (size_t)n;
+    if (len) *len = n;
     return RS_OK;
 }

@@ -46,7 +46,15 @@ void *rs_xcalloc(size_t n, size_t size);
 /* Monotonic clock in nanoseconds (CLOCK_MONOTONIC). */
 uint64_t rs_now_ns(void);
 
-/* Reads a whole file into a NUL-terminated malloc'd buffer; caller frees *out. */
+/* Opens path for reading only if it is a regular file: it is opened non-blocking and
+ * checked with fstat, so a FIFO, device or directory is refused instead of blocking the
+ * open or a read forever. Missing or non-regular files are bad input (RS_EINVAL, the
+ * message names the path); other failures RS_EIO. *fd is blocking again on return;
+ * *size (if non-NULL) gets the file size. */
+int rs_open_regular(const char *path, int *fd, size_t *size, RsErr *e);
+
+/* Reads a whole regular file (rs_open_regular) into a NUL-terminated malloc'd buffer;
+ * caller frees *out. */
 int rs_read_file(const char *path, char **out, size_t *len, RsErr *e);
 
 #endif

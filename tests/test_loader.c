@@ -5,6 +5,7 @@
 #include "common/model.h"
 #include "common/model_internal.h"
 #include "common/quant.h"
+#include "common/tokenizer.h"
 #include "testutil.h"
 #include <cjson/cJSON.h>
 #include <limits.h>
@@ -703,9 +704,9 @@ START_TEST(test_hf_refusals) {
     char d[400];
     snprintf(d, sizeof d, "%s/empty", tmpdir);
     ck_assert_int_eq(mkdir(d, 0700), 0);
-    expect_fail(d, RS_EIO, "no config.json in", d);
+    expect_fail(d, RS_EINVAL, "no config.json in", d);
     copy_config("loader/hf_sharded", d, NULL, NULL); /* config but no weights */
-    expect_fail(d, RS_EIO, "no model.safetensors or model.safetensors.index.json", NULL);
+    expect_fail(d, RS_EINVAL, "no model.safetensors or model.safetensors.index.json", NULL);
 
     write_st(d, "{\"model.embed_tokens.weight\":{\"dtype\":\"I32\",\"shape\":[64,32],"
                 "\"data_offsets\":[0,8192]}}", 8192);
@@ -776,15 +777,145 @@ START_TEST(test_read_file_directory) {
     char *buf = (char *)1;
     size_t n = 7;
     RsErr e = {0};
-    ck_assert_int_eq(rs_read_file(tmpdir, &buf, &n, &e), RS_EIO);
+    ck_assert_int_eq(rs_read_file(tmpdir, &buf, &n, &e), RS_EINVAL);
     ck_assert_ptr_null(buf);
-    ck_assert_msg(strstr(e.msg, "it is a directory") && strstr(e.msg, tmpdir), "%s", e.msg);
+    ck_assert_msg(strstr(e.msg, "is a directory, expected a regular file") && strstr(e.msg, tmpdir),
+                  "%s", e.msg);
     rm_tmp();
 }
 END_TEST
 
 START_TEST(test_load_missing_path) {
-    expect_fail("tests/fixtures/loader/nope.gguf", RS_EIO, "'tests/fixtures/loader/nope.gguf' does not exist", NULL);
+    /* bad input (exit status 2), like a missing config.json or tokenizer.json */
+    expect_fail("tests/fixtures/loader/nope.gguf", RS_EINVAL, "'tests/fixtures/loader/nope.gguf' does not exist", NULL);
+}
+END_TEST
+
+
+/* ---- issue 15: FIFOs, header bounds, offset messages ---- */
+
+/* A FIFO where a file is expected used to block open() forever (no writer): the model file,
+ * config.json, tokenizer.json, a safetensors shard and any rs_read_file. Each is refused
+ * at once, naming the path; Check's test timeout catches a hang. */
+START_TEST(test_fifo_refused) {
+    mk_tmp();
+    char f[400], d[400], p[512], src[PATH_MAX];
+    snprintf(f, sizeof f, "%s/fifo.gguf", tmpdir);
+    ck_assert_int_eq(mkfifo(f, 0600), 0);
+    expect_fail(f, RS_EINVAL, "is a FIFO, expected a regular file", f);
+    char *buf = NULL;
+    RsErr e = {0};
+    ck_assert_int_eq(rs_read_file(f, &buf, NULL, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "is a FIFO"), "%s", e.msg);
+    /* an HF directory: links to the fixture's files, one at a time a FIFO */
+    const char *names[] = {"config.json", "model.safetensors", "tokenizer.json"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(d, sizeof d, "%s/hf%d", tmpdir, k);
+        ck_assert_int_eq(mkdir(d, 0700), 0);
+        for (int i = 0; i < 3; i++) {
+            snprintf(p, sizeof p, "%s/%s", d, names[i]);
+            if (i == k) {
+                ck_assert_int_eq(mkfifo(p, 0600), 0);
+                continue;
+            }
+            char rel[256];
+            snprintf(rel, sizeof rel, "golden/llama3_rope/%s", names[i]);
+            ck_assert_ptr_nonnull(realpath(tu_fixture(rel), src));
+            ck_assert_int_eq(symlink(src, p), 0);
+        }
+        snprintf(p, sizeof p, "%s/%s", d, names[k]);
+        Model *m = NULL;
+        int rc = model_load(d, &m, &e);
+        if (k < 2) {
+            ck_assert_msg(rc == RS_EINVAL && strstr(e.msg, "is a FIFO") && strstr(e.msg, p),
+                          "%s: %d %s", names[k], rc, e.msg);
+            continue;
+        }
+        ck_assert_msg(rc == 0, "%s", e.msg); /* the tokenizer is read by tokenizer_load_model */
+        Tokenizer *t = NULL;
+        rc = tokenizer_load_model(m, &t, &e);
+        ck_assert_msg(rc == RS_EINVAL && strstr(e.msg, "is a FIFO") && strstr(e.msg, p), "%d %s",
+                      rc, e.msg);
+        model_free(&m);
+    }
+    rm_tmp();
+}
+END_TEST
+
+/* Writes a safetensors file at path with `n` unused 4-byte tensor entries (and their data). */
+static void write_st_entries(const char *path, int n) {
+    size_t cap = (size_t)n * 80 + 64, hl = 0;
+    char *h = malloc(cap);
+    hl += (size_t)snprintf(h, cap, "{");
+    for (int i = 0; i < n; i++)
+        hl += (size_t)snprintf(h + hl, cap - hl,
+                               "%s\"unused.%d\":{\"dtype\":\"F32\",\"shape\":[1],"
+                               "\"data_offsets\":[%d,%d]}",
+                               i ? "," : "", i, 4 * i, 4 * i + 4);
+    hl += (size_t)snprintf(h + hl, cap - hl, "}");
+    size_t total = 8 + hl + 4 * (size_t)n;
+    char *b = calloc(1, total);
+    uint64_t h64 = hl;
+    memcpy(b, &h64, 8);
+    memcpy(b + 8, h, hl);
+    write_bytes(path, b, total);
+    free(b);
+    free(h);
+}
+
+/* Headers full of unused entries used to be parsed whole (3 shards x 1.5 M entries: 3.9 GB,
+ * or "not a JSON object" under a memory limit). The entry count is bounded per file before
+ * parsing, and the entries of all shards together, each message naming its limit. */
+START_TEST(test_st_header_bounds) {
+    mk_tmp();
+    char d[400], p[512];
+    snprintf(d, sizeof d, "%s/one", tmpdir);
+    ck_assert_int_eq(mkdir(d, 0700), 0);
+    copy_config("loader/hf_sharded", d, NULL, NULL);
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    write_st_entries(p, 70000);
+    expect_fail(d, RS_EFORMAT, "safetensors header has 70000 entries", "limit is 65536 entries");
+    /* five shards of 60,000 entries: each within the per-file bound, 300,000 in all */
+    snprintf(d, sizeof d, "%s/five", tmpdir);
+    ck_assert_int_eq(mkdir(d, 0700), 0);
+    copy_config("loader/hf_sharded", d, NULL, NULL);
+    char idx[1024] = "{\"weight_map\":{";
+    for (int s = 0; s < 5; s++) {
+        snprintf(p, sizeof p, "%s/s%d.safetensors", d, s);
+        write_st_entries(p, 60000);
+        snprintf(idx + strlen(idx), sizeof idx - strlen(idx), "%s\"t%d\":\"s%d.safetensors\"",
+                 s ? "," : "", s, s);
+    }
+    strcat(idx, "}}");
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", d);
+    write_bytes(p, idx, strlen(idx));
+    expect_fail(d, RS_EFORMAT, "hold 300000 entries", "limit is 262144 entries");
+    rm_tmp();
+}
+END_TEST
+
+/* Offsets reported as they are: 2^64 - 64 used to read "data ends at byte 1992992" (the sum
+ * wrapped), and safetensors offsets [0.5, 8192.5] were printed as [0, 8192]. */
+START_TEST(test_offset_messages) {
+    mk_tmp();
+    load_tiny();
+    size_t on = after("output_norm.weight");
+    uint64_t off = UINT64_MAX - 63;
+    expect_fail(patched("wrap.gguf", on + 4 + 8 + 4, &off, 8), RS_EFORMAT,
+                "tensor 'output_norm.weight' offset 18446744073709551552 lies past the end of "
+                "the file", NULL);
+    free(tiny);
+    char d[400];
+    snprintf(d, sizeof d, "%s/hf", tmpdir);
+    ck_assert_int_eq(mkdir(d, 0700), 0);
+    copy_config("loader/hf_sharded", d, NULL, NULL);
+    write_st(d, "{\"model.embed_tokens.weight\":{\"dtype\":\"F32\",\"shape\":[64,32],"
+                "\"data_offsets\":[0.5,8192.5]}}", 8200);
+    expect_fail(d, RS_EFORMAT, "data_offsets [0.5, 8192.5] are not non-negative integers", NULL);
+    /* a tensor name with terminal controls is escaped in the message */
+    write_st(d, "{\"evil\\u001b[2J\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8);
+    expect_fail(d, RS_EFORMAT, "tensor 'evil\\x1b[2J' holds 8 bytes", NULL);
+    rm_tmp();
 }
 END_TEST
 
@@ -876,6 +1007,9 @@ Suite *suite_loader(void) {
     tcase_add_test(bad, test_hf_fewer_layers_than_weights);
     tcase_add_test(bad, test_read_file_directory);
     tcase_add_test(bad, test_load_missing_path);
+    tcase_add_test(bad, test_fifo_refused);
+    tcase_add_test(bad, test_st_header_bounds);
+    tcase_add_test(bad, test_offset_messages);
     tcase_add_test(def, test_default_model);
     suite_add_tcase(s, fmt);
     suite_add_tcase(s, bad);
