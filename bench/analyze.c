@@ -5,6 +5,37 @@
 #include <string.h>
 #include <unistd.h>
 
+static const BenchDecode *sort_rows;
+
+static int row_cmp(const void *a, const void *b) {
+    const BenchDecode *x = &sort_rows[*(const int *)a], *y = &sort_rows[*(const int *)b];
+    int c = strcmp(x->prompt_id, y->prompt_id);
+    if (!c) c = strcmp(x->decoder, y->decoder);
+    if (!c) c = x->temp != y->temp ? x->temp - y->temp : x->budget - y->budget;
+    return c ? c : *(const int *)a - *(const int *)b;
+}
+
+/* A run logs each (prompt, decoder, T, B) once; a second row means the file is not one
+ * run's log (concatenated, edited), so it is refused instead of silently counted. */
+static int check_duplicates(const char *path, const BenchDecode *d, int nd, RsErr *e) {
+    int *idx = rs_xmalloc(sizeof(int) * (size_t)(nd ? nd : 1)), rc = RS_OK;
+    for (int i = 0; i < nd; i++) idx[i] = i;
+    sort_rows = d;
+    qsort(idx, (size_t)nd, sizeof *idx, row_cmp);
+    for (int k = 1; k < nd && !rc; k++) {
+        const BenchDecode *x = &d[idx[k - 1]], *y = &d[idx[k]];
+        if (!strcmp(x->prompt_id, y->prompt_id) && !strcmp(x->decoder, y->decoder) &&
+            x->temp == y->temp && x->budget == y->budget)
+            rc = rs_err(e, RS_EFORMAT,
+                        "%s:%d repeats the decode of line %d (prompt %s, %s T=%d B=%d): not the "
+                        "log of one run",
+                        path, idx[k] + 2, idx[k - 1] + 2, y->prompt_id, y->decoder, y->temp,
+                        y->budget); /* line 1 is the header */
+    }
+    free(idx);
+    return rc;
+}
+
 int bench_analyze(const char *dir, RsErr *e) {
     char dp[4096], rp[4096];
     snprintf(dp, sizeof dp, "%s/decodes.csv", dir);
@@ -15,6 +46,9 @@ int bench_analyze(const char *dir, RsErr *e) {
     int rc = benchlog_decodes_read(dp, &d, &nd, e);
     if (rc == RS_OK) rc = benchlog_rounds_read(rp, &r, &nr, e);
     if (rc == RS_OK && nd == 0) rc = rs_err(e, RS_EFORMAT, "%s: no complete decode rows", dp);
+    if (rc == RS_OK && nr == 0)
+        rc = rs_err(e, RS_EFORMAT, "%s: no rounds, but %s has %d decodes", rp, dp, nd);
+    if (rc == RS_OK) rc = check_duplicates(dp, d, nd, e);
     if (rc == RS_OK) rc = bench_summary_file(dir, d, nd, r, nr, e);
     if (rc == RS_OK) {
         RsErr pe = {0};

@@ -2,6 +2,7 @@
  * Lines are written with fprintf (fixed key order, %.17g for doubles so they read back
  * exactly) and read with cJSON / a strict CSV splitter. */
 #include "bench/benchlog.h"
+#include "common/textsafe.h"
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -253,9 +254,10 @@ static int decode_line(void *ctx, const char *path, int lineno, char *line, size
                        RsErr *e) {
     DecodeVec *dv = ctx;
     if (lineno == 1) {
+        char esc[256]; /* the file's bytes, escaped for the terminal */
         if (strcmp(line, DECODES_HEADER) != 0)
-            return rs_err(e, RS_EFORMAT, "%s:1: header is \"%.200s\", expected \"%s\"", path,
-                          line, DECODES_HEADER);
+            return rs_err(e, RS_EFORMAT, "%s:1: header is \"%s\", expected \"%s\"", path,
+                          rs_escape(esc, sizeof esc, line, n, 1), DECODES_HEADER);
         return RS_OK;
     }
     char *f[12];
@@ -276,11 +278,13 @@ static int decode_line(void *ctx, const char *path, int lineno, char *line, size
                                     "hit_eos", "run_index"};
     BenchDecode d;
     memset(&d, 0, sizeof d);
+    char esc[128];
+#define ESC(s) rs_escape(esc, sizeof esc, (s), strlen(s), 1)
     if (!name_ok(f[0], sizeof d.prompt_id))
-        return rs_err(e, RS_EFORMAT, "%s:%d: bad prompt_id \"%.80s\"", path, lineno, f[0]);
+        return rs_err(e, RS_EFORMAT, "%s:%d: bad prompt_id \"%s\"", path, lineno, ESC(f[0]));
     snprintf(d.prompt_id, sizeof d.prompt_id, "%s", f[0]);
     if (!name_ok(f[2], sizeof d.decoder))
-        return rs_err(e, RS_EFORMAT, "%s:%d: bad decoder \"%.80s\"", path, lineno, f[2]);
+        return rs_err(e, RS_EFORMAT, "%s:%d: bad decoder \"%s\"", path, lineno, ESC(f[2]));
     snprintf(d.decoder, sizeof d.decoder, "%s", f[2]);
     const int64_t IMAX = 2147483647, BIG = INT64_C(1) << 62;
     int64_t lim[12][2] = {{0, 0}, {0, IMAX}, {0, 0}, {0, 1}, {0, 4096}, {0, BIG}, {1, BIG},
@@ -292,17 +296,18 @@ static int decode_line(void *ctx, const char *path, int lineno, char *line, size
             char *end;
             double x = strtod(f[i], &end);
             if (end == f[i] || *end || !isfinite(x) || x < 0)
-                return rs_err(e, RS_EFORMAT, "%s:%d: field %s = \"%.40s\" is not a number >= 0",
-                              path, lineno, names[i], f[i]);
+                return rs_err(e, RS_EFORMAT, "%s:%d: field %s = \"%s\" is not a number >= 0",
+                              path, lineno, names[i], ESC(f[i]));
             if (i == 7) d.speed = x;
             else d.mean_accepted = x;
             continue;
         }
         if (csv_int(f[i], lim[i][0], lim[i][1], &v[i]))
-            return rs_err(e, RS_EFORMAT, "%s:%d: field %s = \"%.40s\" is not an integer in "
-                          "[%" PRId64 ", %" PRId64 "]", path, lineno, names[i], f[i], lim[i][0],
+            return rs_err(e, RS_EFORMAT, "%s:%d: field %s = \"%s\" is not an integer in "
+                          "[%" PRId64 ", %" PRId64 "]", path, lineno, names[i], ESC(f[i]), lim[i][0],
                           lim[i][1]);
     }
+#undef ESC
     d.prompt_pos = (int)v[1];
     d.temp = (int)v[3];
     d.budget = (int)v[4];

@@ -520,6 +520,41 @@ static void write_logs(const char *dir, const BenchDecode *d, int nd, const Benc
     fclose(fd);
 }
 
+/* --analyze refuses what is not one run's log (issue 15): a binary header is quoted escaped
+ * (it used to reach the terminal raw), a repeated decode row is refused naming both lines
+ * (it was counted silently), and an empty rounds.jsonl beside decodes is refused. */
+START_TEST(test_analyze_refusals) {
+    setenv("ROOTSPEC_GNUPLOT", "/nonexistent/gnuplot", 1);
+    char *dir = tmp_dir();
+    BenchDecode *d;
+    BenchRound *r;
+    int nd, nr;
+    synth(&d, &nd, &r, &nr);
+    RsErr e = {0};
+    char dp[256], rp[256];
+    snprintf(dp, sizeof dp, "%s/decodes.csv", dir);
+    snprintf(rp, sizeof rp, "%s/rounds.jsonl", dir);
+    write_logs(dir, d, nd, r, nr);
+    write_text(dp, "\x1b[2J\x07prompt_id\n", 15);
+    ck_assert_int_eq(bench_analyze(dir, &e), RS_EFORMAT);
+    ck_assert_msg(!strchr(e.msg, 0x1b) && !strchr(e.msg, 0x07) &&
+                  strstr(e.msg, "header is \"\\x1b[2J\\x07prompt_id\""), "%s", e.msg);
+    d[5] = d[2]; /* row index 5 (line 7) repeats row 2 (line 4) */
+    write_logs(dir, d, nd, r, nr);
+    ck_assert_int_eq(bench_analyze(dir, &e), RS_EFORMAT);
+    ck_assert_msg(strstr(e.msg, "decodes.csv:7 repeats the decode of line 4"), "%s", e.msg);
+    free(d);
+    free(r);
+    synth(&d, &nd, &r, &nr);
+    write_logs(dir, d, nd, r, 0);
+    ck_assert_int_eq(bench_analyze(dir, &e), RS_EFORMAT);
+    ck_assert_msg(strstr(e.msg, "no rounds") && strstr(e.msg, rp), "%s", e.msg);
+    free(d);
+    free(r);
+    rm_dir(dir);
+}
+END_TEST
+
 START_TEST(test_analyze_reproduces_summary) {
     setenv("ROOTSPEC_GNUPLOT", "/nonexistent/gnuplot", 1); /* plots have their own test */
     char *dir = tmp_dir();
@@ -578,7 +613,7 @@ START_TEST(test_analyze_reproduces_summary) {
     remove(sp);
     snprintf(sp, sizeof sp, "%s/decodes.csv", dir);
     remove(sp);
-    ck_assert_int_eq(bench_analyze(dir, &e), RS_EIO);
+    ck_assert_int_eq(bench_analyze(dir, &e), RS_EINVAL); /* bad input: exit status 2 */
     ck_assert_msg(strstr(e.msg, sp) != NULL, "%s", e.msg);
     rm_dir(dir);
 }
@@ -696,15 +731,15 @@ START_TEST(test_prompts_formats) {
     ck_assert_str_eq(ps->items[0].text, "a\\u0000b");
     prompts_free(&ps);
     /* a directory is refused as one (it used to reach a huge allocation) */
-    ck_assert_int_eq(prompts_load(dir, &ps, &e), RS_EIO);
+    ck_assert_int_eq(prompts_load(dir, &ps, &e), RS_EINVAL);
     ck_assert_ptr_null(ps);
-    ck_assert_msg(strstr(e.msg, "it is a directory") && strstr(e.msg, dir), "%s", e.msg);
+    ck_assert_msg(strstr(e.msg, "is a directory") && strstr(e.msg, dir), "%s", e.msg);
     const char *bom = "\xEF\xBB\xBF{\"prompt\":\"x\"}\n"; /* a leading BOM is not data */
     write_text(path, bom, strlen(bom));
     ck_assert_msg(prompts_load(path, &ps, &e) == RS_OK, "%s", e.msg);
     ck_assert_str_eq(ps->items[0].text, "x");
     prompts_free(&ps);
-    ck_assert_int_eq(prompts_load("/nonexistent/p.jsonl", &ps, &e), RS_EIO);
+    ck_assert_int_eq(prompts_load("/nonexistent/p.jsonl", &ps, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "/nonexistent/p.jsonl"), "%s", e.msg);
     ck_assert(strstr(prompts_help(), "refused as a whole"));
     rm_dir(dir);
@@ -844,6 +879,7 @@ Suite *suite_bench_stats(void) {
     tcase_add_test(tc, test_resume);
     tcase_add_test(tc, test_round_parts);
     tcase_add_test(tc, test_analyze_reproduces_summary);
+    tcase_add_test(tc, test_analyze_refusals);
     tcase_add_test(tc, test_plots);
     tcase_add_test(tc, test_prompts_formats);
     tcase_add_test(tc, test_utf8);
