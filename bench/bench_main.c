@@ -6,6 +6,7 @@
  * main reads as its four steps: parse (the command line), plan (settings, run directory
  * checks, prompts, combinations, what is left to run), run (engine, tokens, every decode),
  * analyze (summary.md and the plots). */
+#include "bench/outdir.h"
 #include "bench/analyze.h"
 #include "bench/benchlog.h"
 #include "bench/stats.h"
@@ -574,6 +575,8 @@ static int out_dir_check(const char *dir) {
     if (access(rj, F_OK) == 0)
         return fail(2, "'%s' already holds a run (%s); continue it with --resume %s or choose "
                        "another --out", dir, rj, dir);
+    RsErr e = {0};
+    if (bench_outdir_check(dir, &e)) return fail(2, "%s", e.msg); /* others' logs are not ours */
     char where[4096];
     snprintf(where, sizeof where, "%s", dir);
     struct stat st;

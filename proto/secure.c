@@ -2,9 +2,11 @@
  * may talk to a drafter over tcp://. */
 #include "secure.h"
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zmq.h>
 
 /* libzmq takes the port modulo 65536 ("tcp://host:99999" binds 34463), so check it here. */
@@ -43,15 +45,31 @@ int secure_check_endpoint(const char *ep, int insecure, const char *curve_dir, R
     return rs_err(e, RS_EINVAL, "endpoint '%s': unknown transport (ipc://, tcp://)", ep);
 }
 
+/* O_EXCL|O_NOFOLLOW: never through a symlink planted at the path (dangling or not), never
+ * over an existing file; a secret key is 0600 from its first byte, not chmod-ed later. */
 static int write_key(const char *dir, const char *name, const char *z85, RsErr *e) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "w");
-    if (!f) return rs_err(e, RS_EIO, "cannot write key file '%s': %s", path, strerror(errno));
-    fprintf(f, "%s\n", z85);
-    fclose(f);
-    if (strstr(name, ".key")) chmod(path, 0600);
+    int secret = strstr(name, ".key") != NULL;
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, secret ? 0600 : 0644);
+    if (fd < 0) return rs_err(e, RS_EIO, "cannot create key file '%s': %s", path, strerror(errno));
+    char line[64];
+    int n = snprintf(line, sizeof line, "%s\n", z85);
+    int ok = write(fd, line, (size_t)n) == n;
+    if (close(fd) != 0) ok = 0;
+    if (!ok) return rs_err(e, RS_EIO, "cannot write key file '%s': %s", path, strerror(errno));
     return RS_OK;
+}
+
+/* A secret key others can read is no secret: said on stderr (not refused, so a deployment
+ * that copied keys with a loose umask keeps working while it is told to fix them). */
+static void warn_loose_secret(const char *path) {
+    struct stat st;
+    if (stat(path, &st) == 0 && (st.st_mode & 077))
+        fprintf(stderr,
+                "rootspec: warning: secret key file '%s' is readable by group or others (mode "
+                "%04o): chmod 600 it\n",
+                path, (unsigned)(st.st_mode & 07777));
 }
 
 static int read_key(const char *dir, const char *name, char z85[41], RsErr *e) {
@@ -59,6 +77,7 @@ static int read_key(const char *dir, const char *name, char z85[41], RsErr *e) {
     snprintf(path, sizeof path, "%s/%s", dir, name);
     int rc = rs_read_file(path, &buf, NULL, e);
     if (rc) return rc;
+    if (strstr(name, ".key")) warn_loose_secret(path);
     size_t n = strcspn(buf, "\r\n");
     if (n != 40) {
         free(buf);
@@ -81,7 +100,7 @@ int secure_gen_keys(const char *dir, RsErr *e) {
         char path[1024];
         struct stat st;
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        if (stat(path, &st) == 0)
+        if (lstat(path, &st) == 0) /* a symlink too, even a dangling one */
             return rs_err(e, RS_EINVAL, "'%s' exists already: remove the old keys or choose another DIR",
                           path);
     }
