@@ -115,5 +115,5 @@ int main(int argc, char **argv) {
     drafter_destroy(&d); /* before the model it borrows */
     tokenizer_free(&tok);
     model_free(&full);
-    return rc ? 1 : 0;
+    return !rc ? 0 : rc == RS_EINVAL || rc == RS_EFORMAT ? 2 : 1; /* bad --bind path or keys: 2 */
 }

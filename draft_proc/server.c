@@ -6,6 +6,7 @@
 #include "server.h"
 #include "proto/proto.h"
 #include "proto/secure.h"
+#include "server_guard.h"
 #include <inttypes.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -21,12 +22,14 @@ typedef struct {
     const ServerOpts *o;
     void *zctx, *sock;
     int use_curve;
+    ServerGuard *guard;   /* ipc path, connection bound, takeover log (server_guard.h) */
     msgpack_sbuffer sb;
     Pool *pool;           /* COMMIT_GROW's pool, sent from here */
     int served;           /* requests decoded (well-formed or not) */
     /* the request being served */
     uint8_t peer[256];
     size_t peer_len;
+    int srcfd;            /* the request's connection (ZMQ_SRCFD) */
     ProtoMsg req, rep;
     int same_peer;        /* from the session's peer */
     /* the target session: one at a time, a new HELLO takes over */
@@ -104,8 +107,7 @@ static void on_hello(Session *s) {
         reply_error(s, &s->req, RS_EPEER, why);
         return;
     }
-    if (s->have_session && !s->same_peer)
-        fprintf(stderr, "rootspec-draft: new target session replaces the old one\n");
+    server_guard_hello(s->guard, s->srcfd, s->have_session && !s->same_peer, s->session);
     memcpy(s->sess_peer, s->peer, s->peer_len);
     s->sess_peer_len = s->peer_len;
     s->session = s->req.session;
@@ -130,8 +132,7 @@ static void on_hello(Session *s) {
 /* RESET and COMMIT_GROW belong to the session; 0 (after an ERROR reply) when not. */
 static int in_session(Session *s) {
     if (s->same_peer && s->req.session == s->session) return 1;
-    reply_error(s, &s->req, RS_EPROTO,
-                "no session: send HELLO first (or another target took over)");
+    reply_error(s, &s->req, RS_EPROTO, server_guard_no_session(s->guard, s->req.session));
     return 0;
 }
 
@@ -239,6 +240,8 @@ static ReqStatus next_request(Session *s) {
     zmq_msg_t msg;
     zmq_msg_init(&msg);
     zmq_msg_recv(&msg, s->sock, 0);
+    s->srcfd = zmq_msg_get(&msg, ZMQ_SRCFD);
+    server_guard_seen(s->guard, s->srcfd);
     int extra = drain_extra_frames(s, &msg);
     if (extra) {
         zmq_msg_close(&msg);
@@ -292,12 +295,15 @@ static int open_socket(Session *s, RsErr *e) {
                       "cannot bind '%s': another process is serving on that socket (stop it or "
                       "choose another path)",
                       o->endpoint);
+    if ((rc = server_guard_create(s->zctx, s->sock, o->endpoint, &s->guard, e))) return rc;
     if (zmq_bind(s->sock, o->endpoint) != 0)
         return rs_err(e, RS_EIO, "cannot bind '%s': %s", o->endpoint, zmq_strerror(zmq_errno()));
+    server_guard_bound(s->guard);
     return RS_OK;
 }
 
 static void close_socket(Session *s) {
+    server_guard_destroy(&s->guard); /* before the socket it monitors */
     zmq_close(s->sock);
     zmq_ctx_shutdown(s->zctx);
     if (s->use_curve) secure_server_shutdown();

@@ -60,6 +60,10 @@
 #define PROTO_FP_MAX 64            /* fingerprint bytes (Model.fingerprint is char[65]) */
 #define PROTO_NAME_MAX 63          /* drafter name bytes */
 #define PROTO_MSG_MAX 511          /* ERROR message bytes */
+/* Start of the ERROR text a drafter sends to a target whose session another client's HELLO
+ * replaced (PROTOCOL.md, "Trust"): the target reports it, a timing run knows it was
+ * disturbed. */
+#define PROTO_TAKEN_OVER "session taken over by another client"
 /* Largest frame either end accepts (ZMQ_MAXMSGSIZE; libzmq drops a peer that sends more,
  * before allocating it). Every valid message fits: a COMMIT_GROW of PROTO_MAX_TOKENS ids
  * even at 9 bytes an id (int64 form) is 9.4 MB. */
