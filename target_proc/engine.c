@@ -84,6 +84,10 @@ int engine_open(const EngineOpts *o, int need_drafter, Engine *en, RsErr *e) {
     if (rc) goto fail;
     if (!need_drafter) return RS_OK;
     rc = open_drafter(o, ops, en, e);
+    if (rc == RS_ETIMEOUT && o->draft_endpoint && o->drafter_optional) {
+        snprintf(en->drafter_missing, sizeof en->drafter_missing, "%s", e ? e->msg : "");
+        return RS_OK; /* en->drafter stays NULL: the caller decodes AR */
+    }
     if (rc) goto fail;
     return RS_OK;
 fail:

@@ -21,6 +21,8 @@ typedef struct {
     int draft_timeout_ms;         /* remote drafter reply timeout */
     int insecure;                 /* allow plain tcp:// */
     const char *curve_dir;        /* key files for tcp:// */
+    int drafter_optional;         /* a remote drafter that does not answer the HELLO: open
+                                   * without one (Engine.drafter_missing) instead of failing */
 } EngineOpts;
 
 typedef struct {
@@ -30,6 +32,7 @@ typedef struct {
     ChatTemplate chat;
     Target *target;
     Drafter *drafter;    /* NULL without a drafter (--decoder ar); any kind: decode_run's */
+    char drafter_missing[1024]; /* drafter_optional: why there is no drafter, else "" */
 } Engine;
 
 /* need_drafter: 0 for --decoder ar (no drafter is loaded or contacted). */

@@ -7,6 +7,7 @@
 #include "draft_proc/drafter_impl.h"
 #include "proto/proto.h"
 #include "proto/secure.h"
+#include "common/textsafe.h"
 #include <inttypes.h>
 #include <string.h>
 #include <unistd.h>
@@ -46,9 +47,10 @@ static int wait_reply(Remote *r, uint64_t seq, ProtoType want, RsErr *e) {
         if (rc == RS_ETIMEOUT) continue;
         if (rc) return rs_err(e, rc, "bad reply from drafter at %s: %s", r->endpoint, re.msg);
         if (r->in.session != r->session || r->in.seq < seq) continue; /* stale */
+        char esc[4 * PROTO_MSG_MAX + 4]; /* the drafter's text: escaped (textsafe.h) */
         if (r->in.type == PROTO_ERROR)
             return rs_err(e, RS_EPEER, "drafter at %s refused: %s", r->endpoint,
-                          r->in.u.error.message);
+                          rs_escape_str(esc, sizeof esc, r->in.u.error.message));
         if (r->in.seq != seq || r->in.type != want)
             return rs_err(e, RS_EPROTO, "drafter at %s sent %s (seq %" PRIu64 "), expected %s (seq %" PRIu64 ")",
                           r->endpoint, proto_type_name(r->in.type), r->in.seq,
@@ -88,7 +90,12 @@ static int handshake(Remote *r, RsErr *e) {
     m.u.hello.depth = POOL_MAX_DEPTH;
     m.u.hello.expand = POOL_EXPAND;
     if ((rc = send_msg(r, &m, e))) return rc;
-    if ((rc = wait_reply(r, r->seq, PROTO_HELLO_OK, e))) return rc;
+    if ((rc = wait_reply(r, r->seq, PROTO_HELLO_OK, e))) {
+        if (rc == RS_ETIMEOUT) /* CURVE drops a wrong key silently: it looks the same */
+            rs_err(e, rc, "no answer: wrong server key or no drafter at %s (HELLO unanswered "
+                   "for %d ms)", r->endpoint, r->timeout_ms);
+        return rc;
+    }
     const ProtoHelloOk *h = &r->in.u.hello_ok;
     if (h->vocab_size != (uint32_t)r->target->cfg.vocab_size || h->tokenizer_hash != r->tok_hash)
         return rs_err(e, RS_EPEER,

@@ -5,6 +5,7 @@
 #include "roundlog.h"
 #include "timing.h"
 #include "common/prompts.h"
+#include "proto/proto.h"
 #include <errno.h>
 #include <string.h>
 
@@ -59,6 +60,7 @@ typedef struct {
     TimingAcc *timing;
     int first_id;
     long n_scored;               /* --score-all-rules: rounds with a tau per rule */
+    int taken_over;              /* the drafter reported our session taken over */
     double tau_sum[RULE_COUNT];
 } Sink;
 
@@ -105,6 +107,8 @@ static void scores_print(FILE *f, const Sink *s) {
 }
 
 static void on_event(void *u, const char *ev, const char *detail) {
+    Sink *s = u;
+    if (strstr(detail, PROTO_TAKEN_OVER)) s->taken_over = 1;
     fprintf(stderr, "rootspec-target: %s: %s\n", ev, detail);
 }
 
@@ -210,11 +214,19 @@ int main(int argc, char **argv) {
         return 2;
     }
     Engine en;
+    eo.drafter_optional = 1; /* as when the drafter fails mid-decode: AR, with a warning */
     int rc = engine_open(&eo, d.rule != RULE_AR, &en, &e);
     if (rc) {
         fprintf(stderr, "rootspec-target: %s\n", e.msg);
         prompts_free(&ps);
         return rc == RS_EINVAL || rc == RS_EFORMAT || rc == RS_EUNSUPPORTED || rc == RS_EPEER ? 2 : 1;
+    }
+    const char *requested = rule_name(d.rule);
+    if (en.drafter_missing[0]) {
+        fprintf(stderr, "rootspec-target: warning: %s; decoding autoregressively instead of "
+                        "with --decoder %s\n", en.drafter_missing, requested);
+        d.rule = RULE_AR;
+        d.score_all = 0;
     }
     TimingAcc timing;
     timing_init(&timing);
@@ -266,13 +278,16 @@ int main(int argc, char **argv) {
         total_ns += res.t_end - res.t_start;
         fprintf(stderr,
                 "rootspec-target: decoder=%s T=%d B=%d prompt=%d tokens, emitted %d tokens in "
-                "%d rounds, %.3f s, %.2f tok/s, mean accepted %.3f%s%s%s\n",
+                "%d rounds, %.3f s, %.2f tok/s, mean accepted %.3f%s%s%s%s%s\n",
                 rule_name(dp.rule), dp.temp, dp.budget, n, res.n_tokens, res.rounds, secs,
                 secs > 0 ? res.n_tokens / secs : 0.0,
                 res.rounds ? (double)res.accepted_total / res.rounds : 0.0,
                 res.hit_eos ? ", stopped at EOS" : "",
                 res.hit_capacity ? ", STOPPED: KV cache full (raise --ctx)" : "",
-                res.drafter_failed ? ", drafter failed (finished autoregressively)" : "");
+                res.drafter_failed ? ", drafter failed (finished autoregressively)" : "",
+                s.taken_over ? ", SESSION TAKEN OVER by another client of the drafter" : "",
+                en.drafter_missing[0] ? ", no drafter (decoded autoregressively)" : "");
+        s.taken_over = 0;
     }
     if (s.timing && exit_code == 0) {
         if (ps)
