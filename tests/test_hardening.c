@@ -3,10 +3,12 @@
  * sockets (and the socket file left after a clean exit), bench --out holding another run,
  * terminal controls in a drafter's ERROR text, a target without a drafter, session
  * takeovers (reported to the target, logged at a bounded rate), and key file modes. */
+#include "common/textsafe.h"
 #include "common/tokenizer.h"
 #include "proto/proto.h"
 #include "testutil.h"
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <string.h>
@@ -553,6 +555,61 @@ START_TEST(test_key_files) {
 }
 END_TEST
 
+/* ---- item 6, the escaper itself ---- */
+
+START_TEST(test_rs_escape) {
+    char b[64];
+    ck_assert_str_eq(rs_escape(b, sizeof b, "a\x1b[2Jb\r\n\\", 9, 0), "a\\x1b[2Jb\\x0d\\x0a\\x5c");
+    ck_assert_str_eq(rs_escape(b, sizeof b, "say \"hi\"", 8, 1), "say \\x22hi\\x22");
+    ck_assert_str_eq(rs_escape_str(b, sizeof b, "caf\xc3\xa9 \xe2\x82\xac"), "caf\xc3\xa9 \xe2\x82\xac");
+    /* C1 CSI (U+009B), a lone continuation byte, an overlong '/', a raw 0x9b, DEL */
+    ck_assert_str_eq(rs_escape_str(b, sizeof b, "\xc2\x9b\x80\xc0\xaf\x9b\x7f"),
+                     "\\xc2\\x9b\\x80\\xc0\\xaf\\x9b\\x7f");
+    char small[12];
+    ck_assert_str_eq(rs_escape_str(small, sizeof small, "\x01\x02\x03"), "\\x01\\x02...");
+    ck_assert_str_eq(rs_escape_str(b, sizeof b, NULL), "");
+}
+END_TEST
+
+/* ---- item 10: missing inputs are bad input, exit 2 ---- */
+
+START_TEST(test_missing_inputs_exit_2) {
+    make_dir();
+    char hf[300], p[400], src[PATH_MAX], keys[300];
+    snprintf(hf, sizeof hf, "%s/hf", g_dir);
+    ck_assert_int_eq(mkdir(hf, 0700), 0);
+    char *t1[] = {"build/rootspec-target", "--model", hf, "--prompt", "hi", NULL};
+    ck_assert_int_eq(wait_exit(spawn(t1, "noconfig"), 20000), 2); /* no config.json */
+    const char *names[] = {"config.json", "model.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "golden/llama3_rope/%s", names[i]);
+        ck_assert_ptr_nonnull(realpath(tu_fixture(rel), src));
+        snprintf(p, sizeof p, "%s/%s", hf, names[i]);
+        ck_assert_int_eq(symlink(src, p), 0);
+    }
+    ck_assert_int_eq(wait_exit(spawn(t1, "notok"), 20000), 2); /* no tokenizer.json */
+    char *err = slurp("notok", "err");
+    ck_assert_msg(strstr(err, "tokenizer.json' does not exist"), "%s", err);
+    free(err);
+    snprintf(p, sizeof p, "%s/none.gguf", g_dir);
+    char *t2[] = {"build/rootspec-target", "--model", p, "--prompt", "hi", NULL};
+    ck_assert_int_eq(wait_exit(spawn(t2, "nomodel"), 20000), 2);
+    snprintf(keys, sizeof keys, "%s/keys", g_dir); /* a key directory without keys */
+    ck_assert_int_eq(mkdir(keys, 0700), 0);
+    char *d[] = {"build/rootspec-draft", "--model", TINY, "--bind", "tcp://127.0.0.1:1",
+                 "--curve-dir", keys, NULL};
+    ck_assert_int_eq(wait_exit(spawn(d, "dkey"), 20000), 2);
+    err = slurp("dkey", "err");
+    ck_assert_msg(strstr(err, "server.key' does not exist"), "%s", err);
+    free(err);
+    char *t3[] = {"build/rootspec-target", "--model", TINY, "--prompt-ids", PROMPT, "--decoder",
+                  "rootdraw", "--draft-endpoint", "tcp://127.0.0.1:1", "--curve-dir", keys, NULL};
+    ck_assert_int_eq(wait_exit(spawn(t3, "tkey"), 20000), 2);
+    rm_dir();
+}
+END_TEST
+
 Suite *suite_hardening(void) {
     Suite *s = suite_create("hardening");
     TCase *tc = tcase_create("issue15");
@@ -564,6 +621,8 @@ Suite *suite_hardening(void) {
     tcase_add_test(tc, test_no_drafter_at_start);
     tcase_add_test(tc, test_takeover_reported_and_rate_limited);
     tcase_add_test(tc, test_key_files);
+    tcase_add_test(tc, test_rs_escape);
+    tcase_add_test(tc, test_missing_inputs_exit_2);
     suite_add_tcase(s, tc);
     return s;
 }
