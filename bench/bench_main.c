@@ -71,7 +71,7 @@ static void usage(FILE *f) {
             "  --ctx N               KV cache entries per model (default 2048)\n"
             "  --backend NAME        cpu | cuda (default cpu)\n"
             "  --device N            CUDA device ordinal (default 0)\n"
-            "  --out DIR             run directory (must not hold a run already)\n"
+            "  --out DIR             run directory: new, or empty (FIFOs aside)\n"
             "  --resume DIR          continue an interrupted run with the settings in DIR/run.json;\n"
             "                        refused when the prompt file changed since\n"
             "  --analyze DIR         rebuild DIR/summary.md and the plots from the logs\n"

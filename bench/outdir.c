@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <string.h>
+#include <sys/stat.h>
 
 int bench_outdir_check(const char *dir, RsErr *e) {
     DIR *d = opendir(dir);
@@ -12,6 +13,12 @@ int bench_outdir_check(const char *dir, RsErr *e) {
     struct dirent *de;
     while ((de = readdir(d))) {
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        /* A FIFO holds no earlier data to mistake, truncate or overwrite: the round log may
+         * stream through one (mkfifo DIR/rounds.jsonl; a reader on it; then the run). */
+        char p[4096];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        if (lstat(p, &st) == 0 && S_ISFIFO(st.st_mode)) continue;
         if (!n++) snprintf(first, sizeof first, "%s", de->d_name);
     }
     closedir(d);

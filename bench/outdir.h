@@ -5,8 +5,8 @@
 #define ROOTSPEC_BENCH_OUTDIR_H
 #include "common/util.h"
 
-/* RS_OK when dir does not exist, is not a directory (reported elsewhere) or is empty;
- * RS_EINVAL naming an entry it holds otherwise. */
+/* RS_OK when dir does not exist, is not a directory (reported elsewhere) or holds nothing
+ * but FIFOs; RS_EINVAL naming an entry it holds otherwise. */
 int bench_outdir_check(const char *dir, RsErr *e);
 
 #endif

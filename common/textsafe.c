@@ -24,29 +24,31 @@ static size_t utf8_len(const unsigned char *s, size_t n) {
     return len;
 }
 
+/* One unit of s[0..n): *step input bytes (a UTF-8 sequence or one byte), written as they
+ * are (*plain) or as \xHH; returns the output bytes it takes. */
+static size_t esc_unit(const unsigned char *s, size_t n, int quote, size_t *step, int *plain) {
+    unsigned c = s[0];
+    size_t u = c >= 0x80 ? utf8_len(s, n) : 0;
+    *plain = (c >= 0x20 && c < 0x7f && c != '\\' && !(quote && c == '"')) || u;
+    *step = u ? u : 1;
+    return *plain ? *step : 4;
+}
+
 char *rs_escape(char *dst, size_t cap, const void *src, size_t n, int quote) {
     const unsigned char *s = src;
-    size_t o = 0;
+    size_t o = 0, rest = 0, step;
+    int plain;
     if (!cap) return dst;
-    for (size_t i = 0; i < n;) {
-        unsigned c = s[i];
-        size_t u = c >= 0x80 ? utf8_len(s + i, n - i) : 0;
-        int plain = (c >= 0x20 && c < 0x7f && c != '\\' && !(quote && c == '"')) || u;
-        size_t need = plain ? (u ? u : 1) : 4;
-        if (o + need + 4 > cap) { /* room for "..." and the NUL */
-            if (o + 4 <= cap) memcpy(dst + o, "...", 3), o += 3;
-            break;
-        }
-        if (plain) {
-            memcpy(dst + o, s + i, need);
-            o += need;
-            i += need;
-        } else {
-            snprintf(dst + o, cap - o, "\\x%02x", c);
-            o += 4;
-            i++;
-        }
+    for (size_t i = 0; i < n; i += step) rest += esc_unit(s + i, n - i, quote, &step, &plain);
+    int cut = o + rest + 1 > cap; /* then keep room for "..." */
+    for (size_t i = 0; i < n; i += step) {
+        size_t need = esc_unit(s + i, n - i, quote, &step, &plain);
+        if (o + need + (cut ? 4 : 1) > cap) break;
+        if (plain) memcpy(dst + o, s + i, need);
+        else snprintf(dst + o, cap - o, "\\x%02x", s[i]);
+        o += need;
     }
+    if (cut && o + 4 <= cap) memcpy(dst + o, "...", 3), o += 3;
     dst[o] = 0;
     return dst;
 }

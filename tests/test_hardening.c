@@ -568,6 +568,9 @@ START_TEST(test_rs_escape) {
     char small[12];
     ck_assert_str_eq(rs_escape_str(small, sizeof small, "\x01\x02\x03"), "\\x01\\x02...");
     ck_assert_str_eq(rs_escape_str(b, sizeof b, NULL), "");
+    char four[4]; /* an exact fit is not cut */
+    ck_assert_str_eq(rs_escape_str(four, sizeof four, "abc"), "abc");
+    ck_assert_str_eq(rs_escape_str(four, sizeof four, "abcd"), "...");
 }
 END_TEST
 
