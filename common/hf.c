@@ -119,6 +119,75 @@ static int st_header_bounds(HfCtx *c, const StFile *f, size_t hlen, RsErr *e) {
 }
 
 /* Maps one safetensors file and appends its tensors to c->t. */
+/* Appends header entry `it` of file f (the newest of c's files) to c->t, checked: dtype,
+ * shape, integral data_offsets inside the data, byte count = dtype x shape. */
+static int st_add_tensor(HfCtx *c, const StFile *f, const cJSON *it, RsErr *e) {
+    size_t data_len = f->size - f->data_off;
+    char nm[200]; /* the name comes from the file: escaped for messages */
+    rs_escape_str(nm, sizeof nm, it->string);
+    cJSON *dt = cJSON_GetObjectItemCaseSensitive(it, "dtype");
+    cJSON *sh = cJSON_GetObjectItemCaseSensitive(it, "shape");
+    cJSON *off = cJSON_GetObjectItemCaseSensitive(it, "data_offsets");
+    if (!cJSON_IsString(dt) || !cJSON_IsArray(sh) || !cJSON_IsArray(off) ||
+        cJSON_GetArraySize(off) != 2)
+        return rs_err(e, RS_EFORMAT,
+                      "'%s': tensor '%s' lacks dtype, shape or a 2-element data_offsets",
+                      f->path, nm);
+    if (c->n_t == c->cap_t) {
+        c->cap_t = c->cap_t ? 2 * c->cap_t : 256;
+        StTensor *nt = realloc(c->t, c->cap_t * sizeof *nt);
+        RS_ASSERT(nt);
+        c->t = nt;
+    }
+    StTensor *t = &c->t[c->n_t];
+    memset(t, 0, sizeof *t);
+    t->name = it->string;
+    t->dtype = dt->valuestring;
+    t->file = c->n_files - 1;
+    t->nd = cJSON_GetArraySize(sh);
+    if (t->nd > 8)
+        return rs_err(e, RS_EFORMAT, "'%s': tensor '%s' has %d dimensions", f->path,
+                      nm, t->nd);
+    double numel = 1;
+    cJSON *d;
+    int k = 0;
+    cJSON_ArrayForEach(d, sh) {
+        double v = cJSON_IsNumber(d) ? d->valuedouble : -1;
+        if (v < 0 || v != floor(v) || v > 1e15)
+            return rs_err(e, RS_EFORMAT, "'%s': tensor '%s' has a bad shape entry", f->path,
+                          nm);
+        t->shape[k++] = (int64_t)v;
+        numel *= v;
+    }
+    if (!cJSON_IsNumber(off->child) || !cJSON_IsNumber(off->child->next))
+        return rs_err(e, RS_EFORMAT, "'%s': tensor '%s' data_offsets are not numbers",
+                      f->path, nm);
+    double b = off->child->valuedouble, en = off->child->next->valuedouble;
+    if (b < 0 || en < 0 || b != floor(b) || en != floor(en))
+        return rs_err(e, RS_EFORMAT,
+                      "'%s': tensor '%s' data_offsets [%.17g, %.17g] are not non-negative "
+                      "integers",
+                      f->path, nm, b, en);
+    if (en < b)
+        return rs_err(e, RS_EFORMAT,
+                      "'%s': tensor '%s' data_offsets [%.0f, %.0f] end before they begin",
+                      f->path, nm, b, en);
+    if (en > (double)data_len)
+        return rs_err(e, RS_EFORMAT,
+                      "'%s': tensor '%s' data_offsets [%.0f, %.0f] run past the end of the "
+                      "data (%zu bytes)",
+                      f->path, nm, b, en, data_len);
+    size_t es = dtype_size(t->dtype);
+    if (es && numel * (double)es != en - b)
+        return rs_err(e, RS_EFORMAT,
+                      "'%s': tensor '%s' holds %.0f bytes but %s x %.0f elements need %.0f",
+                      f->path, nm, en - b, t->dtype, numel, numel * (double)es);
+    t->begin = f->data_off + (uint64_t)b;
+    t->end = f->data_off + (uint64_t)en;
+    c->n_t++;
+    return RS_OK;
+}
+
 static int st_open(HfCtx *c, const char *fname, RsErr *e) {
     if (c->n_files >= HF_MAX_SHARDS)
         return rs_err(e, RS_EFORMAT, "'%s': more than %d safetensors shards", c->dir, HF_MAX_SHARDS);
@@ -152,71 +221,10 @@ static int st_open(HfCtx *c, const char *fname, RsErr *e) {
     f->hdr = cJSON_ParseWithLength((const char *)f->map + 8, (size_t)hlen);
     if (!f->hdr || !cJSON_IsObject(f->hdr))
         return rs_err(e, RS_EFORMAT, "'%s': safetensors header is not a JSON object", f->path);
-    size_t data_len = f->size - f->data_off;
-    cJSON *it;
+    const cJSON *it;
     cJSON_ArrayForEach(it, f->hdr) {
         if (strcmp(it->string, "__metadata__") == 0) continue;
-        char nm[200]; /* the name comes from the file: escaped for messages */
-        rs_escape_str(nm, sizeof nm, it->string);
-        cJSON *dt = cJSON_GetObjectItemCaseSensitive(it, "dtype");
-        cJSON *sh = cJSON_GetObjectItemCaseSensitive(it, "shape");
-        cJSON *off = cJSON_GetObjectItemCaseSensitive(it, "data_offsets");
-        if (!cJSON_IsString(dt) || !cJSON_IsArray(sh) || !cJSON_IsArray(off) ||
-            cJSON_GetArraySize(off) != 2)
-            return rs_err(e, RS_EFORMAT,
-                          "'%s': tensor '%s' lacks dtype, shape or a 2-element data_offsets",
-                          f->path, nm);
-        if (c->n_t == c->cap_t) {
-            c->cap_t = c->cap_t ? 2 * c->cap_t : 256;
-            StTensor *nt = realloc(c->t, c->cap_t * sizeof *nt);
-            RS_ASSERT(nt);
-            c->t = nt;
-        }
-        StTensor *t = &c->t[c->n_t];
-        memset(t, 0, sizeof *t);
-        t->name = it->string;
-        t->dtype = dt->valuestring;
-        t->file = c->n_files - 1;
-        t->nd = cJSON_GetArraySize(sh);
-        if (t->nd > 8)
-            return rs_err(e, RS_EFORMAT, "'%s': tensor '%s' has %d dimensions", f->path,
-                          nm, t->nd);
-        double numel = 1;
-        cJSON *d;
-        int k = 0;
-        cJSON_ArrayForEach(d, sh) {
-            double v = cJSON_IsNumber(d) ? d->valuedouble : -1;
-            if (v < 0 || v != floor(v) || v > 1e15)
-                return rs_err(e, RS_EFORMAT, "'%s': tensor '%s' has a bad shape entry", f->path,
-                              nm);
-            t->shape[k++] = (int64_t)v;
-            numel *= v;
-        }
-        if (!cJSON_IsNumber(off->child) || !cJSON_IsNumber(off->child->next))
-            return rs_err(e, RS_EFORMAT, "'%s': tensor '%s' data_offsets are not numbers",
-                          f->path, nm);
-        double b = off->child->valuedouble, en = off->child->next->valuedouble;
-        if (b < 0 || en < 0 || b != floor(b) || en != floor(en))
-            return rs_err(e, RS_EFORMAT,
-                          "'%s': tensor '%s' data_offsets [%.17g, %.17g] are not non-negative "
-                          "integers",
-                          f->path, nm, b, en);
-        if (en < b)
-            return rs_err(e, RS_EFORMAT, "'%s': tensor '%s' data_offsets [%.0f, %.0f] end before they begin",
-                          f->path, nm, b, en);
-        if (en > (double)data_len)
-            return rs_err(e, RS_EFORMAT,
-                          "'%s': tensor '%s' data_offsets [%.0f, %.0f] run past the end of the "
-                          "data (%zu bytes)",
-                          f->path, nm, b, en, data_len);
-        size_t es = dtype_size(t->dtype);
-        if (es && numel * (double)es != en - b)
-            return rs_err(e, RS_EFORMAT,
-                          "'%s': tensor '%s' holds %.0f bytes but %s x %.0f elements need %.0f",
-                          f->path, nm, en - b, t->dtype, numel, numel * (double)es);
-        t->begin = f->data_off + (uint64_t)b;
-        t->end = f->data_off + (uint64_t)en;
-        c->n_t++;
+        if ((rc = st_add_tensor(c, f, it, e))) return rc;
     }
     return RS_OK;
 }

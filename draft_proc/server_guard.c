@@ -59,8 +59,11 @@ struct ServerGuard {
 };
 
 static const char *kind_of(mode_t m) {
-    return S_ISREG(m) ? "a regular file" : S_ISDIR(m) ? "a directory" : S_ISLNK(m) ? "a symbolic link"
-           : S_ISFIFO(m) ? "a FIFO" : "not a socket";
+    return S_ISREG(m)    ? "a regular file"
+           : S_ISDIR(m)  ? "a directory"
+           : S_ISLNK(m)  ? "a symbolic link"
+           : S_ISFIFO(m) ? "a FIFO"
+                         : "something else";
 }
 
 /* libzmq's ipc bind unlinks whatever is at the path: a stale socket file may go, anything
@@ -176,7 +179,8 @@ int server_guard_create(void *ctx, void *sock, const char *endpoint, ServerGuard
     g->mon = zmq_socket(ctx, ZMQ_PAIR);
     if (zmq_socket_monitor(sock, g->mon_ep, ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0 ||
         !g->mon || zmq_connect(g->mon, g->mon_ep) != 0) {
-        rc = rs_err(e, RS_EIO, "cannot monitor the drafter's socket: %s", zmq_strerror(zmq_errno()));
+        rc = rs_err(e, RS_EIO, "cannot monitor the drafter's socket: %s",
+                    zmq_strerror(zmq_errno()));
         server_guard_destroy(&g);
         return rc;
     }
