@@ -483,7 +483,7 @@ START_TEST(test_loader_refusals) {
                    "draft_vocab_size is 48");
     expect_refusal("eagle3/bad_d2t", RS_EFORMAT, "d2t[7]", "target id 96, outside the vocabulary of 96");
     expect_refusal("eagle3/target", RS_EUNSUPPORTED, "'LlamaForCausalLM' is not an EAGLE-3 head", NULL);
-    expect_refusal("eagle3/no_such_dir", RS_EIO, "no config.json", NULL);
+    expect_refusal("eagle3/no_such_dir", RS_EINVAL, "no config.json", NULL); /* bad input */
 }
 END_TEST
 
