@@ -82,11 +82,14 @@ typedef struct {
     rs_bf16 *kc, *vc;  // (nl, kv_capacity, kv_dim)
     rs_bf16 *kv_scratch; // (nl, max_pending, kv_dim)
     int *d_tokens, *d_pos, *d_rows, *d_keep; // (rows), (rows), (rows), (max_pending)
-    uint8_t *d_mask;   // (max_batch, max_pending)
+    uint64_t *d_mask;  // (max_batch, mask_words) ancestor bitmask
+    float *att_scratch; // split-KV partials (cuk_attention_scratch_floats)
+    int mask_words;    // (max_pending + 63) / 64
     CuMeta *d_meta;
     /* pinned host staging of the same */
     int *h_tokens, *h_pos, *h_rows, *h_keep;
-    uint8_t *h_mask;
+    uint64_t *h_mask;
+    uint8_t *h_mask_bytes; // (max_batch, max_pending) causal default before packing
     CuMeta *h_meta;
     uint8_t *keep_seen; // (max_pending)
     int use_graphs;
@@ -184,7 +187,7 @@ static void cuda_destroy(Backend **pb) {
     DFREE(b->hb); DFREE(b->logits); DFREE(b->cos_t); DFREE(b->sin_t);
     DFREE(b->kc); DFREE(b->vc); DFREE(b->kv_scratch);
     DFREE(b->d_tokens); DFREE(b->d_pos); DFREE(b->d_rows); DFREE(b->d_keep);
-    DFREE(b->d_mask); DFREE(b->d_meta); DFREE(b->blas_ws);
+    DFREE(b->d_mask); DFREE(b->d_meta); DFREE(b->att_scratch); free(b->h_mask_bytes); DFREE(b->blas_ws);
     HFREE(b->h_tokens); HFREE(b->h_pos); HFREE(b->h_rows); HFREE(b->h_keep);
     HFREE(b->h_mask); HFREE(b->h_meta);
     free(b->keep_seen);
@@ -299,9 +302,9 @@ static int cuda_create(const Model *m, const BackendParams *p, Backend **out, Rs
     if (c->head_dim % 2 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads)
         return rs_err(e, RS_EUNSUPPORTED, "head_dim %d must be even and n_heads %d a multiple "
                       "of n_kv_heads %d", c->head_dim, c->n_heads, c->n_kv_heads);
-    if (c->head_dim > 256)
-        return rs_err(e, RS_EUNSUPPORTED, "head_dim %d > 256 is not supported by the CUDA "
-                      "attention kernel", c->head_dim);
+    if (c->head_dim > 256 || c->head_dim % 8)
+        return rs_err(e, RS_EUNSUPPORTED, "head_dim %d is not supported by the CUDA attention "
+                      "kernel (a multiple of 8, at most 256)", c->head_dim);
     int ndev = 0;
     cudaError_t crc = cudaGetDeviceCount(&ndev);
     if (crc != cudaSuccess || ndev == 0) {
@@ -384,13 +387,16 @@ static int cuda_create(const Model *m, const BackendParams *p, Backend **out, Rs
     DA(b->d_pos, R * 4, "positions");
     DA(b->d_rows, R * 4, "out rows");
     DA(b->d_keep, P * 4, "keep");
-    DA(b->d_mask, (size_t)p->max_batch * P, "mask");
+    b->mask_words = (int)((P + 63) / 64);
+    DA(b->d_mask, (size_t)p->max_batch * b->mask_words * 8, "mask");
+    DA(b->att_scratch, cuk_attention_scratch_floats(b->rows, b->nh, b->hd, (int)cap) * 4,
+       "attention partials");
     DA(b->d_meta, sizeof(CuMeta), "meta");
     HA(b->h_tokens, R * 4, "tokens (host)");
     HA(b->h_pos, R * 4, "positions (host)");
     HA(b->h_rows, R * 4, "out rows (host)");
     HA(b->h_keep, P * 4, "keep (host)");
-    HA(b->h_mask, (size_t)p->max_batch * P, "mask (host)");
+    HA(b->h_mask, (size_t)p->max_batch * b->mask_words * 8, "mask (host)");
     HA(b->h_meta, sizeof(CuMeta), "meta (host)");
 #undef DA
 #undef HA
@@ -401,6 +407,7 @@ static int cuda_create(const Model *m, const BackendParams *p, Backend **out, Rs
     }
     CUBLAS_CHECK(cublasSetWorkspace(b->blas, b->blas_ws, b->blas_ws_bytes));
     b->keep_seen = (uint8_t *)rs_xcalloc(P, 1);
+    b->h_mask_bytes = (uint8_t *)rs_xcalloc((size_t)p->max_batch * P, 1);
 
     /* Weights. */
     WeightSrc ws = {b, random ? NULL : m, NULL, NULL, 0};
@@ -424,7 +431,7 @@ static int cuda_create(const Model *m, const BackendParams *p, Backend **out, Rs
     /* Defined contents for padding rows and caches (never NaN from stale memory). */
     CUDA_CHECK(cudaMemsetAsync(b->kc, 0, nl * cap * b->kvd * 2, b->stream));
     CUDA_CHECK(cudaMemsetAsync(b->vc, 0, nl * cap * b->kvd * 2, b->stream));
-    CUDA_CHECK(cudaMemsetAsync(b->d_mask, 0, (size_t)p->max_batch * P, b->stream));
+    CUDA_CHECK(cudaMemsetAsync(b->d_mask, 0, (size_t)p->max_batch * b->mask_words * 8, b->stream));
     CUDA_CHECK(cudaStreamSynchronize(b->stream));
     free(inv);
     free(ws.host);
@@ -485,7 +492,7 @@ static void enqueue_forward(CudaBackend *b, int nb, int n_head) {
         cuk_rope(s, b->qkv, b->qkv_w, nb, b->nh + b->nkv, b->hd, b->cos_t, b->sin_t);
         cuk_kv_store(s, k, v, b->qkv_w, nb, b->kvd, b->d_meta, kc, vc);
         cuk_attention(s, q, b->qkv_w, kc, vc, b->d_mask, b->d_meta, nb, b->nh, b->nkv, b->hd,
-                      b->att, NULL);
+                      (int)cap, 0, b->att_scratch, b->att, NULL);
         gemm(b, L->wo, b->dim, b->qd, b->att, nb, b->tmp);
         cuk_residual_add(s, b->x, b->tmp, (size_t)nb * b->dim);
         cuk_rmsnorm(s, b->x, NULL, L->ffn_norm, nb, b->dim, b->eps, NULL, b->xb);
@@ -554,12 +561,13 @@ static int cuda_forward(Backend *bb, const int *tokens, const int *pos, int n,
     }
     int n_head = bi >= 0 ? nb : n_out;
     for (int i = 0; i < n_head; i++) b->h_rows[i] = i < n_out ? out_rows[i] : 0;
-    if (mask) {
-        memcpy(b->h_mask, mask, (size_t)n * stride);
-    } else { /* causal within the batch, every earlier pending entry visible */
+    if (!mask) { /* causal within the batch, every earlier pending entry visible */
         for (int t = 0; t < n; t++)
-            for (int j = 0; j < stride; j++) b->h_mask[(size_t)t * stride + j] = j < np + t + 1;
+            for (int j = 0; j < stride; j++) b->h_mask_bytes[(size_t)t * stride + j] = j < np + t + 1;
+        mask = b->h_mask_bytes;
     }
+    cuk_pack_mask(mask, n, stride, b->h_mask);
+    size_t mask_bytes = (size_t)n * ((stride + 63) / 64) * 8;
     b->h_meta->n = n;
     b->h_meta->kv_base = nc + np;
     b->h_meta->n_committed = nc;
@@ -569,8 +577,7 @@ static int cuda_forward(Backend *bb, const int *tokens, const int *pos, int n,
     CUDA_CHECK(cudaMemcpyAsync(b->d_pos, b->h_pos, nb * 4, cudaMemcpyHostToDevice, s));
     if (n_head)
         CUDA_CHECK(cudaMemcpyAsync(b->d_rows, b->h_rows, n_head * 4, cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemcpyAsync(b->d_mask, b->h_mask, (size_t)n * stride, cudaMemcpyHostToDevice,
-                               s));
+    CUDA_CHECK(cudaMemcpyAsync(b->d_mask, b->h_mask, mask_bytes, cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaMemcpyAsync(b->d_meta, b->h_meta, sizeof(CuMeta), cudaMemcpyHostToDevice, s));
     if (bi >= 0 && b->use_graphs) {
         launch_graph(b, bi);

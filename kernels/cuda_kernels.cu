@@ -270,105 +270,308 @@ extern "C" void cuk_kv_compact(cudaStream_t s, rs_bf16 *cache, int n_layers, int
 
 /* ---- attention ---- */
 
-#define ATT_WARPS 4
+/* Tiled split-KV attention (flash-decoding). A block owns one KV head, a tile of query
+ * rows times that head's GQA group (up to ATT_QV query vectors, their q in shared memory)
+ * and one split of the cache slots, so each key and value row it reads serves every query
+ * vector of the tile: a one-row decode spreads the cache over many splits, a tree pass
+ * reads the committed prefix once per row tile instead of once per (head, row). K and V
+ * rows are read 8 bf16 (16 bytes) at a time. Per slot tile of ATT_C slots: warp w scores
+ * query vectors w, w + 4, ... against one slot per lane, an online softmax per query
+ * vector, then the output items (query vector, 8 dims) accumulate p * v. Splits leave
+ * (max, sum, acc) partials that k_attn_combine merges in split order; with one split the
+ * block writes the output itself.
+ *
+ * Every per-query-vector quantity is computed in an order fixed by the slot's absolute
+ * position and the split bounds alone (never by which other rows share the block), so a
+ * row's output depends on the batch only through the split bounds: fixed bounds
+ * (AttGeom.chunk > 0) make the kernel batch-invariant. */
+#define ATT_C 32       /* slots per tile: one per lane */
+#define ATT_THREADS 128
+#define ATT_WARPS (ATT_THREADS / 32)
+#define ATT_QV 64      /* query vectors per block */
+#define ATT_QF 4096    /* floats of q per block: query vectors * head_dim */
+#define ATT_IT (ATT_QF / 8 / ATT_THREADS) /* output items per thread */
+#define ATT_QW (ATT_QV / ATT_WARPS)       /* query vectors per warp */
+#define ATT_MAX_SPLITS 32
+#define ATT_BI_CHUNK 256 /* slots per split in batch-invariant mode */
 
-/* One block per (head, query row); each warp runs an online softmax over a strided share
- * of the visible slots with the head vector split across lanes (PER = hd/32 rounded up),
- * then the warps' partial (max, sum, acc) are merged. No score buffer, so the cache
- * length is unbounded by shared memory. */
-template <int PER>
-__global__ void k_attention(const float *q, int q_stride, const bf16 *kc, const bf16 *vc,
-                            const uint8_t *mask, const CuMeta *meta, int n_heads, int n_kv_heads,
-                            int hd, float scale, bf16 *ob, float *of) {
-    __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
-    __shared__ float sm_acc[ATT_WARPS][PER * 32];
-    int h = blockIdx.x, t = blockIdx.y;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    size_t o_off = (size_t)t * n_heads * hd + (size_t)h * hd;
-    int n = meta->n;
-    if (t >= n) { /* padding row: defined zeros */
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-            if (ob) ob[o_off + d] = __float2bfloat16_rn(0.0f);
-            if (of) of[o_off + d] = 0.0f;
-        }
-        return;
-    }
-    int kv_dim = n_kv_heads * hd, kvh = h / (n_heads / n_kv_heads);
-    int nc = meta->n_committed, n_ctx = meta->kv_base + n;
-    const uint8_t *mrow = mask + (size_t)t * meta->mask_stride;
-    const float *qh = q + (size_t)t * q_stride + (size_t)h * hd;
-    float qr[PER], acc[PER];
+typedef struct {
+    int rows_pb, heads_pb, n_hgroups, splits, chunk; /* chunk 0: derived from the context */
+} AttGeom;
+
+/* 8 bf16 at p (16-byte aligned) as floats: one 16-byte load. */
+__device__ __forceinline__ void ld8(const bf16 *p, float *f) {
+    uint4 u;
+#ifdef ROOTSPEC_CUEMU
+    memcpy(&u, p, 16);
+#else
+    u = __ldg(reinterpret_cast<const uint4 *>(p));
+#endif
+    uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-    for (int k = 0; k < PER; k++) {
-        int d = lane + 32 * k;
-        qr[k] = d < hd ? qh[d] : 0.0f;
-        acc[k] = 0.0f;
-    }
-    float m = -INFINITY, l = 0.0f;
-    for (int j = warp; j < n_ctx; j += ATT_WARPS) {
-        if (j >= nc && !mrow[j - nc]) continue;
-        const bf16 *kr = kc + (size_t)j * kv_dim + (size_t)kvh * hd;
-        float sdot = 0.0f;
-#pragma unroll
-        for (int k = 0; k < PER; k++) {
-            int d = lane + 32 * k;
-            if (d < hd) sdot += qr[k] * __bfloat162float(kr[d]);
-        }
-        sdot = warp_sum(sdot) * scale;
-        float mn = fmaxf(m, sdot);
-        float c = expf(m - mn); /* m = -inf on the first slot: c = 0 */
-        float p = expf(sdot - mn);
-        l = l * c + p;
-        const bf16 *vr = vc + (size_t)j * kv_dim + (size_t)kvh * hd;
-#pragma unroll
-        for (int k = 0; k < PER; k++) {
-            int d = lane + 32 * k;
-            float vv = d < hd ? __bfloat162float(vr[d]) : 0.0f;
-            acc[k] = acc[k] * c + p * vv;
-        }
-        m = mn;
-    }
-    if (lane == 0) {
-        sm_m[warp] = m;
-        sm_l[warp] = l;
-    }
-#pragma unroll
-    for (int k = 0; k < PER; k++) sm_acc[warp][lane + 32 * k] = acc[k];
-    __syncthreads();
-    float M = -INFINITY;
-    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm_m[w]);
-    float L = 0.0f;
-    for (int w = 0; w < ATT_WARPS; w++)
-        if (sm_m[w] > -INFINITY) L += sm_l[w] * expf(sm_m[w] - M);
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.0f;
-        for (int w = 0; w < ATT_WARPS; w++)
-            if (sm_m[w] > -INFINITY) o += sm_acc[w][d] * expf(sm_m[w] - M);
-        o = L > 0.0f ? o / L : 0.0f; /* a row that sees nothing: zeros, not NaN */
-        if (ob) ob[o_off + d] = __float2bfloat16_rn(o);
-        if (of) of[o_off + d] = o;
+    for (int i = 0; i < 4; i++) {
+        uint32_t lo = w[i] << 16, hi = w[i] & 0xffff0000u;
+#ifdef ROOTSPEC_CUEMU
+        memcpy(&f[2 * i], &lo, 4);
+        memcpy(&f[2 * i + 1], &hi, 4);
+#else
+        f[2 * i] = __uint_as_float(lo);
+        f[2 * i + 1] = __uint_as_float(hi);
+#endif
     }
 }
 
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ int mask_bit(const uint64_t *mask, int words, int row, int col) {
+    return (int)(mask[(size_t)row * words + (col >> 6)] >> (col & 63)) & 1;
+}
+
+/* Block coordinates of k_attention: the tile's rows, heads and slot range. */
+typedef struct {
+    int r0, nr, h0, nhb, nq, lo, hi, nc, words;
+} AttTile;
+
+__device__ AttTile att_tile(const CuMeta *meta, int n_heads, int n_kv_heads, AttGeom g) {
+    AttTile t;
+    int G = n_heads / n_kv_heads, kvh = blockIdx.y / g.n_hgroups, hg = blockIdx.y % g.n_hgroups;
+    int n = meta->n, n_ctx = meta->kv_base + n;
+    t.r0 = blockIdx.z * g.rows_pb;
+    t.nr = max(0, min(g.rows_pb, n - t.r0));
+    t.h0 = kvh * G + hg * g.heads_pb;
+    t.nhb = min(g.heads_pb, G - hg * g.heads_pb);
+    t.nq = t.nr * t.nhb;
+    int chunk = g.chunk;
+    if (!chunk) chunk = ((n_ctx + g.splits - 1) / g.splits + ATT_C - 1) / ATT_C * ATT_C;
+    t.lo = blockIdx.x * chunk;
+    t.hi = min(t.lo + chunk, n_ctx);
+    t.nc = meta->n_committed;
+    t.words = (meta->mask_stride + 63) >> 6;
+    return t;
+}
+
+/* Scores of slot tile t0 for this warp's query vectors, online-softmax state update;
+ * leaves p in p_sh and each vector's rescale factor in a_sh. */
+__device__ void att_scores(const AttTile &T, int t0, const float *q_sh, const bf16 *kc,
+                           int kv_dim, int kvh, int hd, float scale, const uint64_t *mask,
+                           float (*p_sh)[ATT_C], float *m_sh, float *l_sh, float *a_sh) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, j = t0 + lane;
+    float s[ATT_QW];
+#pragma unroll
+    for (int k = 0; k < ATT_QW; k++) s[k] = 0.0f;
+    if (j < T.hi) {
+        const bf16 *kr = kc + (size_t)j * kv_dim + (size_t)kvh * hd;
+        for (int d8 = 0; d8 < hd; d8 += 8) {
+            float kf[8];
+            ld8(kr + d8, kf);
+#pragma unroll
+            for (int k = 0; k < ATT_QW; k++) {
+                int qv = warp + ATT_WARPS * k;
+                if (qv >= T.nq) break;
+                const float *qq = q_sh + qv * hd + d8;
+                float a = s[k];
+#pragma unroll
+                for (int e = 0; e < 8; e++) a += qq[e] * kf[e];
+                s[k] = a;
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < ATT_QW; k++) {
+        int qv = warp + ATT_WARPS * k;
+        if (qv >= T.nq) break; /* warp-uniform */
+        int row = T.r0 + qv / T.nhb;
+        int vis = j < T.hi && (j < T.nc || mask_bit(mask, T.words, row, j - T.nc));
+        float sc = vis ? s[k] * scale : -INFINITY;
+        float tm = warp_max(sc), m_old = m_sh[qv];
+        float mn = fmaxf(m_old, tm);
+        float alpha = tm == -INFINITY ? 1.0f : expf(m_old - mn); /* m_old = -inf: 0 */
+        float p = vis ? expf(sc - mn) : 0.0f;
+        float ps = warp_sum(p);
+        p_sh[qv][lane] = p;
+        if (lane == 0) {
+            a_sh[qv] = alpha;
+            if (tm != -INFINITY) {
+                l_sh[qv] = l_sh[qv] * alpha + ps;
+                m_sh[qv] = mn;
+            }
+        }
+    }
+}
+
+/* acc (ATT_IT items of 8 dims) *= alpha, += p * v over the slot tile at t0. */
+__device__ void att_values(const AttTile &T, int t0, const bf16 *vc, int kv_dim, int kvh,
+                           int hd, float (*p_sh)[ATT_C], const float *a_sh,
+                           float (*acc)[8]) {
+    int per = hd / 8;
+#pragma unroll
+    for (int k = 0; k < ATT_IT; k++) {
+        int it = threadIdx.x + ATT_THREADS * k, qv = it / per, d8 = (it % per) * 8;
+        if (qv >= T.nq) break;
+        float al = a_sh[qv];
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[k][e] *= al;
+        int nt = min(ATT_C, T.hi - t0);
+        for (int jj = 0; jj < nt; jj++) {
+            float p = p_sh[qv][jj];
+            if (p == 0.0f) continue; /* masked: never read (a stale slot may hold NaN) */
+            float vf[8];
+            ld8(vc + (size_t)(t0 + jj) * kv_dim + (size_t)kvh * hd + d8, vf);
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[k][e] += p * vf[e];
+        }
+    }
+}
+
+/* Output of one block: partials, or with one split the normalised rows (zeros for padding
+ * rows of the tile). */
+__device__ void att_write(const AttTile &T, AttGeom g, int nb, int n_heads, int hd,
+                          const float *m_sh, const float *l_sh, float (*acc)[8], float *part,
+                          bf16 *ob, float *of) {
+    int per = hd / 8, qd = n_heads * hd;
+    size_t part_rows = (size_t)nb * n_heads;
+    for (int k = 0; k < ATT_IT; k++) {
+        int it = threadIdx.x + ATT_THREADS * k, qv = it / per, d8 = (it % per) * 8;
+        int r = qv / T.nhb, hh = qv % T.nhb;
+        if (r >= g.rows_pb || T.r0 + r >= nb) break;
+        int row = T.r0 + r, h = T.h0 + hh;
+        int real = qv < T.nq;
+        if (g.splits > 1) {
+            if (!real) break; /* the combine writes padding rows */
+            size_t pr = (size_t)blockIdx.x * part_rows + (size_t)row * n_heads + h;
+            if (d8 == 0) {
+                part[2 * pr] = m_sh[qv];
+                part[2 * pr + 1] = l_sh[qv];
+            }
+            float *pa = part + 2 * part_rows * g.splits + pr * hd + d8;
+            for (int e = 0; e < 8; e++) pa[e] = acc[k][e];
+            continue;
+        }
+        float l = real ? l_sh[qv] : 0.0f;
+        for (int e = 0; e < 8; e++) {
+            float o = l > 0.0f ? acc[k][e] / l : 0.0f; /* sees nothing: zeros, not NaN */
+            size_t off = (size_t)row * qd + (size_t)h * hd + d8 + e;
+            if (ob) ob[off] = __float2bfloat16_rn(o);
+            if (of) of[off] = o;
+        }
+    }
+}
+
+__global__ void __launch_bounds__(ATT_THREADS)
+k_attention(const float *q, int q_stride, const bf16 *kc, const bf16 *vc, const uint64_t *mask,
+            const CuMeta *meta, int nb, int n_heads, int n_kv_heads, int hd, float scale,
+            AttGeom g, float *part, bf16 *ob, float *of) {
+    __shared__ float q_sh[ATT_QF];
+    __shared__ float p_sh[ATT_QV][ATT_C];
+    __shared__ float m_sh[ATT_QV], l_sh[ATT_QV], a_sh[ATT_QV];
+    AttTile T = att_tile(meta, n_heads, n_kv_heads, g);
+    int kvh = blockIdx.y / g.n_hgroups, kv_dim = n_kv_heads * hd;
+    for (int i = threadIdx.x; i < T.nq * hd; i += ATT_THREADS) {
+        int qv = i / hd, d = i % hd;
+        q_sh[i] = q[(size_t)(T.r0 + qv / T.nhb) * q_stride + (size_t)(T.h0 + qv % T.nhb) * hd + d];
+    }
+    for (int i = threadIdx.x; i < ATT_QV; i += ATT_THREADS) {
+        m_sh[i] = -INFINITY;
+        l_sh[i] = 0.0f;
+    }
+    float acc[ATT_IT][8];
+#pragma unroll
+    for (int k = 0; k < ATT_IT; k++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[k][e] = 0.0f;
+    __syncthreads();
+    for (int t0 = T.lo; t0 < T.hi && T.nq > 0; t0 += ATT_C) {
+        att_scores(T, t0, q_sh, kc, kv_dim, kvh, hd, scale, mask, p_sh, m_sh, l_sh, a_sh);
+        __syncthreads();
+        att_values(T, t0, vc, kv_dim, kvh, hd, p_sh, a_sh, acc);
+        __syncthreads();
+    }
+    att_write(T, g, nb, n_heads, hd, m_sh, l_sh, acc, part, ob, of);
+}
+
+/* One block per (head, row): merges the splits' partials in split order. */
+__global__ void k_attn_combine(const float *part, const CuMeta *meta, int nb, int n_heads,
+                               int hd, int splits, bf16 *ob, float *of) {
+    int h = blockIdx.x, t = blockIdx.y;
+    size_t part_rows = (size_t)nb * n_heads, pr = (size_t)t * n_heads + h;
+    size_t off = (size_t)t * n_heads * hd + (size_t)h * hd;
+    int real = t < meta->n;
+    float M = -INFINITY, L = 0.0f;
+    for (int s = 0; real && s < splits; s++) M = fmaxf(M, part[2 * (s * part_rows + pr)]);
+    for (int s = 0; real && s < splits; s++) {
+        float m = part[2 * (s * part_rows + pr)];
+        if (m > -INFINITY) L += part[2 * (s * part_rows + pr) + 1] * expf(m - M);
+    }
+    const float *pa = part + 2 * part_rows * splits;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; real && s < splits; s++) {
+            float m = part[2 * (s * part_rows + pr)];
+            if (m > -INFINITY) o += pa[(s * part_rows + pr) * hd + d] * expf(m - M);
+        }
+        o = L > 0.0f ? o / L : 0.0f;
+        if (ob) ob[off + d] = __float2bfloat16_rn(o);
+        if (of) of[off + d] = o;
+    }
+}
+
+static AttGeom att_geom(int nb, int n_heads, int n_kv_heads, int hd, int cap, int batch_inv) {
+    AttGeom g;
+    int G = n_heads / n_kv_heads;
+    g.heads_pb = min(G, min(ATT_QV, ATT_QF / hd));
+    g.n_hgroups = (G + g.heads_pb - 1) / g.heads_pb;
+    g.rows_pb = max(1, min(nb, min(ATT_QV / g.heads_pb, ATT_QF / (g.heads_pb * hd))));
+    int tiles = (nb + g.rows_pb - 1) / g.rows_pb;
+    if (batch_inv) { /* bounds fixed by slot position alone */
+        g.chunk = ATT_BI_CHUNK;
+        g.splits = max(1, (cap + ATT_BI_CHUNK - 1) / ATT_BI_CHUNK);
+    } else { /* about two blocks per SM of a large GPU */
+        g.chunk = 0;
+        g.splits = max(1, min(ATT_MAX_SPLITS, 264 / (n_kv_heads * g.n_hgroups * tiles)));
+    }
+    return g;
+}
+
+extern "C" size_t cuk_attention_scratch_floats(int nb, int n_heads, int hd, int cap) {
+    int splits = max(ATT_MAX_SPLITS, (cap + ATT_BI_CHUNK - 1) / ATT_BI_CHUNK);
+    return (size_t)splits * nb * n_heads * (hd + 2);
+}
+
+extern "C" int cuk_attention_launches(int nb, int n_heads, int n_kv_heads, int hd, int cap,
+                                      int batch_inv) {
+    return att_geom(nb, n_heads, n_kv_heads, hd, cap, batch_inv).splits > 1 ? 2 : 1;
+}
+
+extern "C" void cuk_pack_mask(const uint8_t *mask, int n, int stride, uint64_t *out) {
+    int words = (stride + 63) / 64;
+    memset(out, 0, (size_t)n * words * sizeof(uint64_t));
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < stride; j++)
+            if (mask[(size_t)t * stride + j]) out[(size_t)t * words + j / 64] |= 1ull << (j % 64);
+}
+
 extern "C" void cuk_attention(cudaStream_t s, const float *q, int q_stride, const rs_bf16 *kc,
-                              const rs_bf16 *vc, const uint8_t *mask, const CuMeta *meta, int nb,
-                              int n_heads, int n_kv_heads, int hd, rs_bf16 *out_bf16,
-                              float *out_f32) {
-    dim3 grid(n_heads, nb);
-    float scale = 1.0f / sqrtf((float)hd);
-#define ATT(PER)                                                                           \
-    CUK_LAUNCH(k_attention<PER>, grid, ATT_WARPS * 32, s, q, q_stride, (const bf16 *)kc,   \
-               (const bf16 *)vc, mask, meta, n_heads, n_kv_heads, hd, scale,                \
-               (bf16 *)out_bf16, out_f32)
-    if (hd <= 32) ATT(1);
-    else if (hd <= 64) ATT(2);
-    else if (hd <= 128) ATT(4);
-    else if (hd <= 256) ATT(8);
-    else {
-        fprintf(stderr, "rootspec: head_dim %d > 256 unsupported by cuk_attention\n", hd);
+                              const rs_bf16 *vc, const uint64_t *mask, const CuMeta *meta, int nb,
+                              int n_heads, int n_kv_heads, int hd, int cap, int batch_inv,
+                              float *scratch, rs_bf16 *out_bf16, float *out_f32) {
+    if (hd % 8 || hd > 256 || n_heads % n_kv_heads) {
+        fprintf(stderr, "rootspec: cuk_attention needs head_dim %% 8 == 0 and <= 256 (got %d) "
+                        "and n_heads %d a multiple of n_kv_heads %d\n", hd, n_heads, n_kv_heads);
         abort();
     }
-#undef ATT
+    AttGeom g = att_geom(nb, n_heads, n_kv_heads, hd, cap, batch_inv);
+    dim3 grid(g.splits, n_kv_heads * g.n_hgroups, (nb + g.rows_pb - 1) / g.rows_pb);
+    float scale = 1.0f / sqrtf((float)hd);
+    CUK_LAUNCH(k_attention, grid, ATT_THREADS, s, q, q_stride, (const bf16 *)kc,
+               (const bf16 *)vc, mask, meta, nb, n_heads, n_kv_heads, hd, scale, g, scratch,
+               (bf16 *)out_bf16, out_f32);
+    LAUNCH_CHECK();
+    if (g.splits == 1) return;
+    CUK_LAUNCH(k_attn_combine, dim3(n_heads, nb), 64, s, (const float *)scratch, meta, nb,
+               n_heads, hd, g.splits, (bf16 *)out_bf16, out_f32);
     LAUNCH_CHECK();
 }
 

@@ -84,12 +84,22 @@ void cuk_rope(cudaStream_t s, float *x, int row_stride, int nb, int n_heads, int
 void cuk_kv_store(cudaStream_t s, const float *k, const float *v, int row_stride, int nb,
                   int kv_dim, const CuMeta *meta, rs_bf16 *kc, rs_bf16 *vc);
 /* Attention of query rows t < meta->n over cache slots [0, kv_base + n): committed slots
- * always, pending slot j (relative to n_committed) where mask[t * mask_stride + j]. GQA,
- * scale 1/sqrt(hd), f32 online softmax. q rows of q_stride floats (n_heads*hd used);
- * out (nb, n_heads*hd) bf16 and/or f32; padding rows get zeros. hd <= 256. */
+ * always, pending slot j (relative to n_committed) where bit j of mask row t is set (rows
+ * of (mask_stride + 63) / 64 words, cuk_pack_mask). GQA, scale 1/sqrt(hd), f32 online
+ * softmax, split-KV with a combine step (cuda_kernels.cu). q rows of q_stride floats
+ * (n_heads*hd used); out (nb, n_heads*hd) bf16 and/or f32; padding rows get zeros.
+ * hd % 8 == 0, hd <= 256. cap: the cache's slots (bounds the splits); batch_inv: split
+ * bounds fixed by slot position, so a row's result does not depend on nb or n.
+ * scratch: cuk_attention_scratch_floats(nb, n_heads, hd, cap) floats. */
 void cuk_attention(cudaStream_t s, const float *q, int q_stride, const rs_bf16 *kc,
-                   const rs_bf16 *vc, const uint8_t *mask, const CuMeta *meta, int nb,
-                   int n_heads, int n_kv_heads, int hd, rs_bf16 *out_bf16, float *out_f32);
+                   const rs_bf16 *vc, const uint64_t *mask, const CuMeta *meta, int nb,
+                   int n_heads, int n_kv_heads, int hd, int cap, int batch_inv, float *scratch,
+                   rs_bf16 *out_bf16, float *out_f32);
+size_t cuk_attention_scratch_floats(int nb, int n_heads, int hd, int cap);
+/* Kernel launches one cuk_attention call makes (1, or 2 with a combine step). */
+int cuk_attention_launches(int nb, int n_heads, int n_kv_heads, int hd, int cap, int batch_inv);
+/* out (n, (stride + 63) / 64) = the bytes of mask (n, stride) as bits, bit j of word j / 64. */
+void cuk_pack_mask(const uint8_t *mask, int n, int stride, uint64_t *out);
 /* gu (nb, 2*hidden): gate then up. out (nb, hidden) = silu(gate) * up, bf16 and/or f32. */
 void cuk_swiglu(cudaStream_t s, const float *gu, int nb, int hidden, rs_bf16 *out_bf16,
                 float *out_f32);

@@ -165,9 +165,21 @@ START_TEST(test_cuda_bias_headnorm_rope) {
 }
 END_TEST
 
+/* The pending-entry bitmask of the kernels from a byte mask (n, stride), on the device. */
+static uint64_t *dmask_bits(const uint8_t *mask, int n, int stride) {
+    size_t words = (size_t)n * ((stride + 63) / 64);
+    uint64_t *bits = malloc(words * 8 + 8);
+    cuk_pack_mask(mask, n, stride, bits);
+    uint64_t *d = dput(bits, words * 8 + 8);
+    free(bits);
+    return d;
+}
+
 /* Attention: committed slots always visible, pending slots by a random mask, GQA, padding
- * rows zero. Reference: cpu_attention over the same bf16 K/V (as f32). atol 1e-4, rtol 1e-3. */
-static void attention_case(int hd, int nh, int nkv, int nc, int np, int n, int nb, uint64_t seed) {
+ * rows zero, split-KV with fixed (bi) or context-derived split bounds. Reference: cpu_attention
+ * over the same bf16 K/V (as f32). atol 1e-4, rtol 1e-3. */
+static void attention_case_mode(int hd, int nh, int nkv, int nc, int np, int n, int nb,
+                                uint64_t seed, int bi) {
     uint64_t st = seed;
     int kvd = nkv * hd, qd = nh * hd, cap = nc + np + n + 5, stride = np + n;
     int qs = qd + 2 * kvd; /* q rows live in a wider qkv row */
@@ -182,10 +194,11 @@ static void attention_case(int hd, int nh, int nkv, int nc, int np, int n, int n
     float *dq = dput(q, (size_t)nb * qs * 4), *dof = dnew((size_t)nb * qd * 4);
     rs_bf16 *dk = dput(kb, (size_t)cap * kvd * 2), *dv = dput(vb, (size_t)cap * kvd * 2);
     rs_bf16 *dob = dnew((size_t)nb * qd * 2);
-    uint8_t *dm = dput(mask, (size_t)n * stride);
+    uint64_t *dm = dmask_bits(mask, n, stride);
+    float *scr = dnew(cuk_attention_scratch_floats(nb, nh, hd, cap) * 4);
     CuMeta *dmeta = dput(&meta, sizeof meta);
     CUDA_CHECK(cudaMemset(dof, 0xff, (size_t)nb * qd * 4)); /* NaN: padding must be rewritten */
-    cuk_attention(0, dq, qs, dk, dv, dm, dmeta, nb, nh, nkv, hd, dob, dof);
+    cuk_attention(0, dq, qs, dk, dv, dm, dmeta, nb, nh, nkv, hd, cap, bi, scr, dob, dof);
     float *got = malloc((size_t)nb * qd * 4), *ref = calloc((size_t)nb * qd, 4);
     rs_bf16 *gotb = malloc((size_t)nb * qd * 2);
     dget(got, dof, (size_t)nb * qd * 4);
@@ -197,12 +210,17 @@ static void attention_case(int hd, int nh, int nkv, int nc, int np, int n, int n
     int *idx = malloc((size_t)n * stride * sizeof(int)), *cnt = malloc((size_t)n * sizeof(int));
     cpu_attention_index(mask, n, np, stride, idx, cnt);
     cpu_attention(ref, qc, kr, vr, nc, idx, cnt, stride, n, nh, nkv, hd, att);
-    char label[64];
-    snprintf(label, sizeof label, "attention hd=%d nc=%d np=%d n=%d nb=%d", hd, nc, np, n, nb);
+    char label[96];
+    snprintf(label, sizeof label, "attention hd=%d nh=%d nkv=%d nc=%d np=%d n=%d nb=%d bi=%d", hd,
+             nh, nkv, nc, np, n, nb, bi);
     ck_assert_int_eq(tu_compare(label, got, ref, (size_t)nb * qd, 1e-4f, 1e-3f, NULL), 0);
     for (size_t i = 0; i < (size_t)nb * qd; i++) ck_assert_float_eq(bf16f(gotb[i]), cu_round_bf16(got[i]));
-    cudaFree(dq), cudaFree(dof), cudaFree(dk), cudaFree(dv), cudaFree(dob), cudaFree(dm), cudaFree(dmeta);
+    cudaFree(dq), cudaFree(dof), cudaFree(dk), cudaFree(dv), cudaFree(dob), cudaFree(dm), cudaFree(dmeta), cudaFree(scr);
     free(q), free(kf), free(vf), free(kb), free(vb), free(mask), free(got), free(ref), free(gotb), free(qc), free(kr), free(vr), free(att), free(idx), free(cnt);
+}
+
+static void attention_case(int hd, int nh, int nkv, int nc, int np, int n, int nb, uint64_t seed) {
+    for (int bi = 0; bi < 2; bi++) attention_case_mode(hd, nh, nkv, nc, np, n, nb, seed, bi);
 }
 
 START_TEST(test_cuda_attention) {
@@ -212,6 +230,52 @@ START_TEST(test_cuda_attention) {
     attention_case(128, 4, 4, 0, 0, 65, 65, 13);    /* no committed context, MHA */
     attention_case(256, 4, 1, 5, 20, 9, 16, 14);    /* widest head, earlier pending */
     attention_case(32, 2, 1, 1000, 3, 2, 2, 15);    /* long committed context */
+    attention_case(128, 32, 8, 700, 0, 1, 1, 16);   /* Llama-8B heads, decode over many splits */
+    attention_case(128, 32, 8, 90, 40, 65, 65, 17); /* Llama-8B tree pass, 105 pending columns */
+    attention_case(64, 16, 1, 33, 1, 64, 64, 18);   /* GQA 16: a tile of 4 rows x 16 heads */
+    attention_case(16, 8, 1, 3, 0, 65, 65, 19);     /* tiny heads, one tile of 8 rows */
+    attention_case(128, 64, 1, 50, 2, 3, 4, 20);    /* GQA 64: the group over two blocks */
+}
+END_TEST
+
+/* Batch invariance of the attention kernel: with fixed split bounds a row computed alone
+ * (n = 1, its mask row, its cache slot) is bitwise the same row inside a 65-row tree pass
+ * (several row tiles, another split count without bi). */
+START_TEST(test_cuda_attention_batch_invariant) {
+    CU_REQUIRE_DEVICE();
+    uint64_t st = 21;
+    int hd = 64, nh = 8, nkv = 2, nc = 2000, n = 65, cap = nc + n + 3, kvd = nkv * hd, qd = nh * hd;
+    float *q = randv((size_t)n * qd, &st, -2, 2), *kf = randv((size_t)cap * kvd, &st, -2, 2);
+    float *vf = randv((size_t)cap * kvd, &st, -1, 1);
+    rs_bf16 *kb = to_bf16(kf, (size_t)cap * kvd), *vb = to_bf16(vf, (size_t)cap * kvd);
+    uint8_t *mask = calloc((size_t)n * n, 1);
+    for (int t = 0; t < n; t++) /* a random tree: each row sees itself and some ancestors */
+        for (int j = 0; j <= t; j++) mask[(size_t)t * n + j] = j == t || cu_randf(&st, 0, 1) < 0.3f;
+    float *dq = dput(q, (size_t)n * qd * 4), *dall = dnew((size_t)n * qd * 4), *done = dnew((size_t)qd * 4);
+    rs_bf16 *dk = dput(kb, (size_t)cap * kvd * 2), *dv = dput(vb, (size_t)cap * kvd * 2);
+    float *scr = dnew(cuk_attention_scratch_floats(n, nh, hd, cap) * 4);
+    uint64_t *dm = dmask_bits(mask, n, n);
+    CuMeta meta = {n, nc, nc, n};
+    CuMeta *dmeta = dput(&meta, sizeof meta);
+    cuk_attention(0, dq, qd, dk, dv, dm, dmeta, n, nh, nkv, hd, cap, 1, scr, NULL, dall);
+    float *all = malloc((size_t)n * qd * 4), *one = malloc((size_t)qd * 4);
+    dget(all, dall, (size_t)n * qd * 4);
+    int rows[4] = {0, 17, 37, 64};
+    for (int r = 0; r < 4; r++) {
+        int t = rows[r];
+        CuMeta m1 = {1, nc + t, nc, t + 1};
+        uint64_t *dm1 = dmask_bits(mask + (size_t)t * n, 1, t + 1);
+        CUDA_CHECK(cudaMemcpy(dmeta, &m1, sizeof m1, cudaMemcpyHostToDevice));
+        cuk_attention(0, dq + (size_t)t * qd, qd, dk, dv, dm1, dmeta, 1, nh, nkv, hd, cap, 1, scr,
+                      NULL, done);
+        dget(one, done, (size_t)qd * 4);
+        ck_assert_msg(memcmp(one, all + (size_t)t * qd, (size_t)qd * 4) == 0,
+                      "row %d alone differs from the same row in the 65-row pass", t);
+        cudaFree(dm1);
+    }
+    cudaFree(dq), cudaFree(dall), cudaFree(done), cudaFree(dk), cudaFree(dv), cudaFree(scr);
+    cudaFree(dm), cudaFree(dmeta);
+    free(q), free(kf), free(vf), free(kb), free(vb), free(mask), free(all), free(one);
 }
 END_TEST
 
@@ -335,6 +399,7 @@ Suite *suite_cuda_kernels(void) {
     tcase_add_test(tc, test_cuda_embed_rmsnorm);
     tcase_add_test(tc, test_cuda_bias_headnorm_rope);
     tcase_add_test(tc, test_cuda_attention);
+    tcase_add_test(tc, test_cuda_attention_batch_invariant);
     tcase_add_test(tc, test_cuda_kv_store_swiglu_residual);
     tcase_add_test(tc, test_cuda_kv_compact);
     tcase_add_test(tc, test_cuda_argmax_sample);
