@@ -71,6 +71,8 @@ static void usage(FILE *f) {
             "  --ctx N               KV cache entries per model (default 2048)\n"
             "  --backend NAME        cpu | cuda (default cpu)\n"
             "  --device N            CUDA device ordinal (default 0)\n"
+            "  --batch-invariant     CUDA: a row's logits do not depend on the batch (own GEMMs,\n"
+            "                        fixed attention splits; T=0 ids equal AR's; default off)\n"
             "  --out DIR             run directory: new, or empty (FIFOs aside)\n"
             "  --resume DIR          continue an interrupted run with the settings in DIR/run.json;\n"
             "                        refused when the prompt file changed since\n"
@@ -374,6 +376,7 @@ static int drafter_launch(const Settings *s, char *endpoint, size_t cap, RsErr *
     argv[a++] = s->backend;
     argv[a++] = "--device";
     argv[a++] = dev;
+    if (backend_batch_invariant()) argv[a++] = "--batch-invariant";
     argv[a++] = "--threads";
     argv[a++] = th;
     argv[a++] = "--ctx";
@@ -532,6 +535,7 @@ static int parse_option(int argc, char **argv, int *i, Cli *c, int *setting, RsE
     else if (!strcmp(a, "--ctx")) { if (VAL()) rc = cli_int(a, v, 256, 1 << 20, &s->ctx, e); }
     else if (!strcmp(a, "--backend")) { if (VAL()) c->backend = v; }
     else if (!strcmp(a, "--device")) { if (VAL()) rc = cli_int(a, v, 0, 64, &s->device, e); }
+    else if (!strcmp(a, "--batch-invariant")) backend_set_batch_invariant(1);
     else if (!strcmp(a, "--out")) { if (VAL()) c->out = v; }
     else if (!strcmp(a, "--resume")) { *setting = 0; if (VAL()) c->resume = v; }
     else if (!strcmp(a, "--analyze")) { *setting = 0; if (VAL()) c->analyze = v; }

@@ -23,6 +23,7 @@ static void usage(FILE *f) {
             "  --bind ENDPOINT      ipc:///tmp/rootspec.sock or tcp://HOST:PORT\n"
             "  --backend NAME       cpu | cuda (default cpu)\n"
             "  --device N           CUDA device ordinal (default 0)\n"
+            "  --batch-invariant    CUDA: a row's logits do not depend on the batch (default off)\n"
             "  --threads N          CPU threads (default 1)\n"
             "  --ctx N              KV cache entries (default 2048)\n"
             "  --curve-dir DIR      CURVE keys for tcp:// (server.key, client.pub)\n"
@@ -52,6 +53,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--bind")) { if (VAL()) bind = v; }
         else if (!strcmp(a, "--backend")) { if (VAL()) backend = v; }
         else if (!strcmp(a, "--device")) { if (VAL()) rc = cli_int(a, v, 0, 64, &device, &e); }
+        else if (!strcmp(a, "--batch-invariant")) backend_set_batch_invariant(1);
         else if (!strcmp(a, "--threads")) { if (VAL()) rc = cli_int(a, v, 1, 256, &threads, &e); }
         else if (!strcmp(a, "--ctx")) { if (VAL()) rc = cli_int(a, v, 256, 1 << 20, &ctx, &e); }
         else if (!strcmp(a, "--curve-dir")) { if (VAL()) curve = v; }

@@ -25,6 +25,11 @@ typedef struct {
     int max_pending;  /* most pending entries in one round */
     int threads;      /* CPU threads (0 = default) */
     int device;       /* CUDA device ordinal */
+    /* CUDA: kernels whose per-element reduction order does not depend on the number of
+     * rows (own GEMMs, fixed attention splits), so a row's logits are the same bits alone
+     * or in a tree pass (--batch-invariant; default off until its cost is measured on a
+     * GPU). The CPU backend ignores it. */
+    int batch_invariant;
 } BackendParams;
 
 /* Counters since create(), for the round log and benchmarks. A counter a backend does not
@@ -49,6 +54,11 @@ const BackendOps *backend_ops_by_name(const char *name, RsErr *e);
 /* model_load() for this backend: a random model ("random:...") gets host weights unless
  * the backend makes its own. *out as model_load. */
 int backend_model_load(const BackendOps *ops, const char *path, Model **out, RsErr *e);
+/* Process-wide --batch-invariant (rootspec-target, -draft, -bench): a backend created
+ * afterwards behaves as if BackendParams.batch_invariant were set, so the option reaches
+ * every backend the program makes without threading it through each constructor. */
+void backend_set_batch_invariant(int on);
+int backend_batch_invariant(void);
 
 /* Allocates every buffer once. The backend borrows `m`: keep it alive. *out = NULL on
  * error (RS_EINVAL for bad sizes, RS_ENOMEM when the KV cache does not fit, ...). */

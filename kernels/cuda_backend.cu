@@ -54,6 +54,7 @@ typedef struct {
     int valid;
     cudaGraphExec_t exec;
     const void *key[N_GRAPH_KEYS]; /* pointers and shape the capture baked in */
+    int launches_layer, launches_pass; /* kernels the graph holds */
 } CuGraph;
 
 typedef struct {
@@ -81,16 +82,23 @@ typedef struct {
     float *cos_t, *sin_t; // (rows, hd/2)
     rs_bf16 *kc, *vc;  // (nl, kv_capacity, kv_dim)
     rs_bf16 *kv_scratch; // (nl, max_pending, kv_dim)
-    int *d_tokens, *d_pos, *d_rows, *d_keep; // (rows), (rows), (rows), (max_pending)
-    uint64_t *d_mask;  // (max_batch, mask_words) ancestor bitmask
+    /* Per-call inputs, packed so one host-to-device copy carries them all: meta, tokens
+     * (rows), positions (rows), out rows (rows), then the ancestor bitmask (max_batch,
+     * mask_words). d_in / h_in (pinned) hold the block; the other pointers point into it. */
+    void *d_in, *h_in;
+    size_t in_mask_off, in_bytes;
+    int *d_tokens, *d_pos, *d_rows;
+    uint64_t *d_mask;
+    CuMeta *d_meta;
+    int *h_tokens, *h_pos, *h_rows;
+    uint64_t *h_mask;
+    CuMeta *h_meta;
+    int *d_keep, *h_keep; // (max_pending)
+    uint8_t *h_mask_bytes; // (max_batch, max_pending) causal default before packing
     float *att_scratch; // split-KV partials (cuk_attention_scratch_floats)
     int mask_words;    // (max_pending + 63) / 64
-    CuMeta *d_meta;
-    /* pinned host staging of the same */
-    int *h_tokens, *h_pos, *h_rows, *h_keep;
-    uint64_t *h_mask;
-    uint8_t *h_mask_bytes; // (max_batch, max_pending) causal default before packing
-    CuMeta *h_meta;
+    int batch_inv;     // BackendParams.batch_invariant: own GEMMs, fixed attention splits
+    int launches_layer, launches_pass; // of the last forward enqueued (eager or captured)
     uint8_t *keep_seen; // (max_pending)
     int use_graphs;
     CuGraph graphs[N_BUCKETS];
@@ -108,6 +116,7 @@ static void cuda_kv_reset(Backend *bb);
 static void *cuda_host_alloc(Backend *bb, size_t bytes);
 static void cuda_host_free(Backend *bb, void *p);
 static void cuda_stats(const Backend *bb, BackendStats *out);
+static void capture_all(CudaBackend *b);
 
 /* C++ has no tentative definitions: the table comes first, after the prototypes. */
 static const BackendOps cuda_ops = {
@@ -186,10 +195,9 @@ static void cuda_destroy(Backend **pb) {
     DFREE(b->x); DFREE(b->xb); DFREE(b->qkv); DFREE(b->att); DFREE(b->tmp); DFREE(b->gu);
     DFREE(b->hb); DFREE(b->logits); DFREE(b->cos_t); DFREE(b->sin_t);
     DFREE(b->kc); DFREE(b->vc); DFREE(b->kv_scratch);
-    DFREE(b->d_tokens); DFREE(b->d_pos); DFREE(b->d_rows); DFREE(b->d_keep);
-    DFREE(b->d_mask); DFREE(b->d_meta); DFREE(b->att_scratch); free(b->h_mask_bytes); DFREE(b->blas_ws);
-    HFREE(b->h_tokens); HFREE(b->h_pos); HFREE(b->h_rows); HFREE(b->h_keep);
-    HFREE(b->h_mask); HFREE(b->h_meta);
+    DFREE(b->d_in); DFREE(b->d_keep); DFREE(b->att_scratch); DFREE(b->blas_ws);
+    HFREE(b->h_in); HFREE(b->h_keep);
+    free(b->h_mask_bytes);
     free(b->keep_seen);
     if (b->blas) cublasDestroy(b->blas);
     if (b->stream) cudaStreamDestroy(b->stream);
@@ -288,6 +296,18 @@ static void put_tensor(void *u, const RandTensor *t) {
     put_matrix(ws, mat, (rs_bf16 *)dst);
 }
 
+/* The fields of a packed per-call input block (d_in or h_in). */
+static void in_pointers(void *base, const CudaBackend *b, CuMeta **meta, int **tokens, int **pos,
+                        int **rows, uint64_t **mask) {
+    char *p = (char *)base;
+    size_t R = (size_t)b->rows;
+    *meta = (CuMeta *)p;
+    *tokens = (int *)(p + 16);
+    *pos = (int *)(p + 16 + R * 4);
+    *rows = (int *)(p + 16 + 2 * R * 4);
+    *mask = (uint64_t *)(p + b->in_mask_off);
+}
+
 /* A "random:" model without host weights gets them made on the device (no host copy of an
  * 8B model); one that has host weights (materialised, or a layer view) is uploaded. */
 static int cuda_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
@@ -337,6 +357,7 @@ static int cuda_create(const Model *m, const BackendParams *p, Backend **out, Rs
     b->rows = p->max_batch > kBuckets[bucket_of(small)] ? p->max_batch : kBuckets[bucket_of(small)];
     const char *env = getenv("ROOTSPEC_CUDA_GRAPHS");
     b->use_graphs = !(env && strcmp(env, "0") == 0);
+    b->batch_inv = p->batch_invariant != 0 || backend_batch_invariant();
     CUDA_CHECK(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&b->blas));
     CUBLAS_CHECK(cublasSetStream(b->blas, b->stream));
@@ -383,21 +404,19 @@ static int cuda_create(const Model *m, const BackendParams *p, Backend **out, Rs
     DA(b->kc, nl * cap * b->kvd * 2, "key cache");
     DA(b->vc, nl * cap * b->kvd * 2, "value cache");
     DA(b->kv_scratch, nl * P * b->kvd * 2, "kv_commit scratch");
-    DA(b->d_tokens, R * 4, "tokens");
-    DA(b->d_pos, R * 4, "positions");
-    DA(b->d_rows, R * 4, "out rows");
-    DA(b->d_keep, P * 4, "keep");
     b->mask_words = (int)((P + 63) / 64);
-    DA(b->d_mask, (size_t)p->max_batch * b->mask_words * 8, "mask");
+    b->in_mask_off = (16 + 3 * R * 4 + 15) / 16 * 16;
+    b->in_bytes = b->in_mask_off + (size_t)p->max_batch * b->mask_words * 8;
+    DA(b->d_in, b->in_bytes, "per-call inputs");
+    HA(b->h_in, b->in_bytes, "per-call inputs (host)");
+    DA(b->d_keep, P * 4, "keep");
+    HA(b->h_keep, P * 4, "keep (host)");
     DA(b->att_scratch, cuk_attention_scratch_floats(b->rows, b->nh, b->hd, (int)cap) * 4,
        "attention partials");
-    DA(b->d_meta, sizeof(CuMeta), "meta");
-    HA(b->h_tokens, R * 4, "tokens (host)");
-    HA(b->h_pos, R * 4, "positions (host)");
-    HA(b->h_rows, R * 4, "out rows (host)");
-    HA(b->h_keep, P * 4, "keep (host)");
-    HA(b->h_mask, (size_t)p->max_batch * b->mask_words * 8, "mask (host)");
-    HA(b->h_meta, sizeof(CuMeta), "meta (host)");
+    if (!rc) {
+        in_pointers(b->d_in, b, &b->d_meta, &b->d_tokens, &b->d_pos, &b->d_rows, &b->d_mask);
+        in_pointers(b->h_in, b, &b->h_meta, &b->h_tokens, &b->h_pos, &b->h_rows, &b->h_mask);
+    }
 #undef DA
 #undef HA
     if (rc) {
@@ -431,11 +450,13 @@ static int cuda_create(const Model *m, const BackendParams *p, Backend **out, Rs
     /* Defined contents for padding rows and caches (never NaN from stale memory). */
     CUDA_CHECK(cudaMemsetAsync(b->kc, 0, nl * cap * b->kvd * 2, b->stream));
     CUDA_CHECK(cudaMemsetAsync(b->vc, 0, nl * cap * b->kvd * 2, b->stream));
-    CUDA_CHECK(cudaMemsetAsync(b->d_mask, 0, (size_t)p->max_batch * b->mask_words * 8, b->stream));
+    CUDA_CHECK(cudaMemsetAsync(b->d_in, 0, b->in_bytes, b->stream));
+    memset(b->h_in, 0, b->in_bytes);
     CUDA_CHECK(cudaStreamSynchronize(b->stream));
     free(inv);
     free(ws.host);
     DFREE(ws.stage);
+    if (b->use_graphs) capture_all(b);
     size_t per_layer = ((size_t)b->qkv_w * dim + dim * b->qd + 3 * (size_t)b->hidden * dim) * 2;
     b->weight_bytes = per_layer * nl + (size_t)b->vocab * dim * 2;
     *out = &b->base;
@@ -459,59 +480,94 @@ static void cuda_stats(const Backend *bb, BackendStats *out) {
     out->graph_captures = b->n_captures;
 }
 
-/* Y (n, out) f32 = X (n, in) bf16 @ W^T, W (out, in) row-major bf16. cuBLAS is column-major:
- * this is C (out, n) = op(A)=W^T-view^T ... i.e. A = W as a column-major (in, out) matrix,
- * transposed; B = X as a column-major (in, n) matrix. */
+/* Y (n, out) f32 = X (n, in) bf16 @ W^T (+ Y when beta = 1), W (out, in) row-major bf16.
+ * cuBLAS is column-major: A = W as a column-major (in, out) matrix, transposed; B = X as a
+ * column-major (in, n) matrix. */
 static void gemm(CudaBackend *b, const rs_bf16 *W, int out, int in, const rs_bf16 *X, int n,
-                 float *Y) {
-    const float alpha = 1.0f, beta = 0.0f;
+                 float *Y, float beta) {
+    const float alpha = 1.0f;
     CUBLAS_CHECK(cublasGemmEx(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, W,
                               CUDA_R_16BF, in, X, CUDA_R_16BF, in, &beta, Y, CUDA_R_32F, out,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    cuk_count_launches(1); /* one kernel for these shapes; split-K variants may add one */
 }
 
-/* Enqueues one forward of nb rows (device inputs already staged) and the head for the
- * first n_head rows of d_rows. Everything here may be captured into a graph. */
-static void enqueue_forward(CudaBackend *b, int nb, int n_head) {
+/* One layer with cuBLAS GEMMs: 9 launches, 10 when the attention splits the cache. The o and
+ * down projections add into the residual stream (beta = 1). */
+static void layer_blas(CudaBackend *b, int l, int nb) {
     cudaStream_t s = b->stream;
-    size_t cap = (size_t)b->base.params.kv_capacity;
+    const CuLayer *L = &b->layers[l];
+    int cap = b->base.params.kv_capacity;
+    rs_bf16 *kc = b->kc + (size_t)l * cap * b->kvd, *vc = b->vc + (size_t)l * cap * b->kvd;
+    cuk_rmsnorm(s, b->x, NULL, L->attn_norm, nb, b->dim, b->eps, NULL, b->xb);
+    gemm(b, L->wqkv, b->qkv_w, b->dim, b->xb, nb, b->qkv, 0.0f);
+    cuk_qkv_post(s, b->qkv, b->qkv_w, nb, b->nh, b->nkv, b->hd, L->bqkv, L->q_norm, L->k_norm,
+                 b->eps, b->cos_t, b->sin_t, b->d_meta, kc, vc);
+    cuk_attention(s, b->qkv, b->qkv_w, kc, vc, b->d_mask, b->d_meta, nb, b->nh, b->nkv, b->hd,
+                  cap, 0, b->att_scratch, b->att, NULL);
+    gemm(b, L->wo, b->dim, b->qd, b->att, nb, b->x, 1.0f);
+    cuk_rmsnorm(s, b->x, NULL, L->ffn_norm, nb, b->dim, b->eps, NULL, b->xb);
+    gemm(b, L->wgu, 2 * b->hidden, b->dim, b->xb, nb, b->gu, 0.0f);
+    cuk_swiglu(s, b->gu, nb, b->hidden, b->hb, NULL);
+    gemm(b, L->wdown, b->dim, b->hidden, b->hb, nb, b->x, 1.0f);
+}
+
+/* One layer in batch-invariant mode: the GEMMs are cuk_gemm_bi with the RMSNorms in their
+ * prologue and SwiGLU in the gate|up epilogue; 6 launches, 7 with an attention combine. */
+static void layer_bi(CudaBackend *b, int l, int nb) {
+    cudaStream_t s = b->stream;
+    const CuLayer *L = &b->layers[l];
+    int cap = b->base.params.kv_capacity;
+    rs_bf16 *kc = b->kc + (size_t)l * cap * b->kvd, *vc = b->vc + (size_t)l * cap * b->kvd;
+    cuk_gemm_bi(s, L->wqkv, b->qkv_w, b->dim, nb, NULL, b->x, NULL, L->attn_norm, b->eps, 0, 0,
+                b->qkv, NULL);
+    cuk_qkv_post(s, b->qkv, b->qkv_w, nb, b->nh, b->nkv, b->hd, L->bqkv, L->q_norm, L->k_norm,
+                 b->eps, b->cos_t, b->sin_t, b->d_meta, kc, vc);
+    cuk_attention(s, b->qkv, b->qkv_w, kc, vc, b->d_mask, b->d_meta, nb, b->nh, b->nkv, b->hd,
+                  cap, 1, b->att_scratch, b->att, NULL);
+    cuk_gemm_bi(s, L->wo, b->dim, b->qd, nb, b->att, NULL, NULL, NULL, 0.0f, 0, 1, b->x, NULL);
+    cuk_gemm_bi(s, L->wgu, b->hidden, b->dim, nb, NULL, b->x, NULL, L->ffn_norm, b->eps, 1, 0,
+                NULL, b->hb);
+    cuk_gemm_bi(s, L->wdown, b->dim, b->hidden, nb, b->hb, NULL, NULL, NULL, 0.0f, 0, 1, b->x,
+                NULL);
+}
+
+/* Enqueues the layers of one forward of nb rows (device inputs already staged); the head
+ * is separate (head()), so a graph holds no padding rows' logits. May be captured. */
+static void enqueue_forward(CudaBackend *b, int nb) {
+    cudaStream_t s = b->stream;
+    uint64_t c0 = cuk_launch_count();
     cuk_rope_table(s, b->d_pos, b->inv_freq, nb, b->hd / 2, b->cos_t, b->sin_t);
     cuk_embed(s, b->emb, b->d_tokens, nb, b->dim, b->x);
+    uint64_t c1 = cuk_launch_count();
     for (int l = 0; l < b->nl; l++) {
-        const CuLayer *L = &b->layers[l];
-        rs_bf16 *kc = b->kc + (size_t)l * cap * b->kvd, *vc = b->vc + (size_t)l * cap * b->kvd;
-        float *q = b->qkv, *k = b->qkv + b->qd, *v = b->qkv + b->qd + b->kvd;
-        cuk_rmsnorm(s, b->x, NULL, L->attn_norm, nb, b->dim, b->eps, NULL, b->xb);
-        gemm(b, L->wqkv, b->qkv_w, b->dim, b->xb, nb, b->qkv);
-        if (L->bqkv) cuk_bias_add(s, b->qkv, b->qkv_w, nb, b->qkv_w, L->bqkv);
-        if (L->q_norm) {
-            cuk_head_rmsnorm(s, q, b->qkv_w, nb, b->nh, b->hd, L->q_norm, b->eps);
-            cuk_head_rmsnorm(s, k, b->qkv_w, nb, b->nkv, b->hd, L->k_norm, b->eps);
-        }
-        /* q heads and k heads are adjacent in a qkv row: one RoPE launch for both. */
-        cuk_rope(s, b->qkv, b->qkv_w, nb, b->nh + b->nkv, b->hd, b->cos_t, b->sin_t);
-        cuk_kv_store(s, k, v, b->qkv_w, nb, b->kvd, b->d_meta, kc, vc);
-        cuk_attention(s, q, b->qkv_w, kc, vc, b->d_mask, b->d_meta, nb, b->nh, b->nkv, b->hd,
-                      (int)cap, 0, b->att_scratch, b->att, NULL);
-        gemm(b, L->wo, b->dim, b->qd, b->att, nb, b->tmp);
-        cuk_residual_add(s, b->x, b->tmp, (size_t)nb * b->dim);
-        cuk_rmsnorm(s, b->x, NULL, L->ffn_norm, nb, b->dim, b->eps, NULL, b->xb);
-        gemm(b, L->wgu, 2 * b->hidden, b->dim, b->xb, nb, b->gu);
-        cuk_swiglu(s, b->gu, nb, b->hidden, b->hb, NULL);
-        gemm(b, L->wdown, b->dim, b->hidden, b->hb, nb, b->tmp);
-        cuk_residual_add(s, b->x, b->tmp, (size_t)nb * b->dim);
+        if (b->batch_inv) layer_bi(b, l, nb);
+        else layer_blas(b, l, nb);
     }
-    if (n_head > 0) {
-        cuk_rmsnorm(s, b->x, b->d_rows, b->final_norm, n_head, b->dim, b->eps, NULL, b->xb);
-        gemm(b, b->wcls, b->vocab, b->dim, b->xb, n_head, b->logits);
-    }
+    uint64_t c2 = cuk_launch_count();
+    b->launches_layer = (int)((c2 - c1) / (uint64_t)b->nl);
+    b->launches_pass = (int)(c2 - c0);
 }
 
+/* Final norm and output head of the n_out rows d_rows names, only those: 1 launch in
+ * batch-invariant mode, 2 otherwise, none when no logits are wanted. */
+static int head(CudaBackend *b, int n_out) {
+    if (n_out <= 0) return 0;
+    uint64_t c0 = cuk_launch_count();
+    if (b->batch_inv) {
+        cuk_gemm_bi(b->stream, b->wcls, b->vocab, b->dim, n_out, NULL, b->x, b->d_rows,
+                    b->final_norm, b->eps, 0, 0, b->logits, NULL);
+    } else {
+        cuk_rmsnorm(b->stream, b->x, b->d_rows, b->final_norm, n_out, b->dim, b->eps, NULL, b->xb);
+        gemm(b, b->wcls, b->vocab, b->dim, b->xb, n_out, b->logits, 0.0f);
+    }
+    return (int)(cuk_launch_count() - c0);
+}
 
 static void graph_key(CudaBackend *b, int nb, const void **key) {
     const void *k[N_GRAPH_KEYS] = {b->x,      b->qkv,    b->kc,     b->vc,
-                                   b->logits, b->d_mask, b->d_meta, b->emb,
-                                   b->wcls,   b->blas_ws, (const void *)(intptr_t)nb,
+                                   b->att,    b->d_in,   b->att_scratch, b->emb,
+                                   b->hb,     b->blas_ws, (const void *)(intptr_t)nb,
                                    (const void *)(intptr_t)b->base.params.kv_capacity};
     memcpy(key, k, sizeof k);
 }
@@ -528,19 +584,65 @@ static void launch_graph(CudaBackend *b, int bi) {
     if (!g->valid) {
         /* One eager run first: cuBLAS picks and loads its kernels (lazy module loading)
          * outside the capture, where loading is always allowed. The run is idempotent (same
-         * cache slots, same logits), so the replay below simply recomputes it. */
-        enqueue_forward(b, nb, nb);
+         * cache slots), so the replay below simply recomputes it. */
+        enqueue_forward(b, nb);
         cudaGraph_t graph;
         CUDA_CHECK(cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal));
-        enqueue_forward(b, nb, nb);
+        enqueue_forward(b, nb);
         CUDA_CHECK(cudaStreamEndCapture(b->stream, &graph));
         CUDA_CHECK(cudaGraphInstantiate(&g->exec, graph, 0));
         CUDA_CHECK(cudaGraphDestroy(graph));
         memcpy(g->key, key, sizeof key);
+        g->launches_layer = b->launches_layer;
+        g->launches_pass = b->launches_pass;
         g->valid = 1;
         b->n_captures++;
     }
     CUDA_CHECK(cudaGraphLaunch(g->exec, b->stream));
+    b->launches_layer = g->launches_layer;
+    b->launches_pass = g->launches_pass;
+}
+
+/* Every bucket a forward() can use is captured now, not in the middle of a decode. The
+ * inputs say n = 0 rows, so the warm-up and replay touch no cache slot. */
+static void capture_all(CudaBackend *b) {
+    int small = b->base.params.max_batch < GRAPH_MAX_TOKENS ? b->base.params.max_batch
+                                                            : GRAPH_MAX_TOKENS;
+    CuMeta zero = {0, 0, 0, 1};
+    *b->h_meta = zero;
+    CUDA_CHECK(cudaMemcpyAsync(b->d_meta, b->h_meta, sizeof zero, cudaMemcpyHostToDevice,
+                               b->stream));
+    for (int bi = 0; bi <= bucket_of(small); bi++) launch_graph(b, bi);
+    CUDA_CHECK(cudaStreamSynchronize(b->stream));
+}
+
+extern "C" void cuda_backend_launches(const Backend *bb, int *per_layer, int *per_pass) {
+    RS_ASSERT(bb && bb->ops == &cuda_ops);
+    const CudaBackend *b = (const CudaBackend *)bb;
+    *per_layer = b->launches_layer;
+    *per_pass = b->launches_pass;
+}
+
+/* Fills the packed input block (host side) for one call; returns the bytes to copy. */
+static size_t stage_inputs(CudaBackend *b, const int *tokens, const int *pos, int n, int nb,
+                           const uint8_t *mask, const int *out_rows, int n_out) {
+    int nc = b->base.n_committed, np = b->base.n_pending, stride = np + n;
+    for (int i = 0; i < nb; i++) {
+        b->h_tokens[i] = i < n ? tokens[i] : 0;
+        b->h_pos[i] = i < n ? pos[i] : 0;
+    }
+    for (int i = 0; i < n_out; i++) b->h_rows[i] = out_rows[i];
+    if (!mask) { /* causal within the batch, every earlier pending entry visible */
+        for (int t = 0; t < n; t++)
+            for (int j = 0; j < stride; j++) b->h_mask_bytes[(size_t)t * stride + j] = j < np + t + 1;
+        mask = b->h_mask_bytes;
+    }
+    cuk_pack_mask(mask, n, stride, b->h_mask);
+    b->h_meta->n = n;
+    b->h_meta->kv_base = nc + np;
+    b->h_meta->n_committed = nc;
+    b->h_meta->mask_stride = stride;
+    return b->in_mask_off + (size_t)n * ((stride + 63) / 64) * 8;
 }
 
 static int cuda_forward(Backend *bb, const int *tokens, const int *pos, int n,
@@ -550,42 +652,21 @@ static int cuda_forward(Backend *bb, const int *tokens, const int *pos, int n,
     int rc = backend_check_forward(&b->base, tokens, pos, n, mask, out_rows, n_out, e);
     if (rc) return rc;
     CUDA_CHECK(cudaSetDevice(bb->params.device));
-    int nc = bb->n_committed, np = bb->n_pending, stride = np + n;
     /* Small calls are padded to their bucket (graph or not, so replay == eager exactly). */
     int bi = n <= GRAPH_MAX_TOKENS ? bucket_of(n) : -1;
     int nb = bi >= 0 ? kBuckets[bi] : n;
     RS_ASSERT(nb <= b->rows);
-    for (int i = 0; i < nb; i++) {
-        b->h_tokens[i] = i < n ? tokens[i] : 0;
-        b->h_pos[i] = i < n ? pos[i] : 0;
-    }
-    int n_head = bi >= 0 ? nb : n_out;
-    for (int i = 0; i < n_head; i++) b->h_rows[i] = i < n_out ? out_rows[i] : 0;
-    if (!mask) { /* causal within the batch, every earlier pending entry visible */
-        for (int t = 0; t < n; t++)
-            for (int j = 0; j < stride; j++) b->h_mask_bytes[(size_t)t * stride + j] = j < np + t + 1;
-        mask = b->h_mask_bytes;
-    }
-    cuk_pack_mask(mask, n, stride, b->h_mask);
-    size_t mask_bytes = (size_t)n * ((stride + 63) / 64) * 8;
-    b->h_meta->n = n;
-    b->h_meta->kv_base = nc + np;
-    b->h_meta->n_committed = nc;
-    b->h_meta->mask_stride = stride;
+    size_t bytes = stage_inputs(b, tokens, pos, n, nb, mask, out_rows, n_out);
     cudaStream_t s = b->stream;
-    CUDA_CHECK(cudaMemcpyAsync(b->d_tokens, b->h_tokens, nb * 4, cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemcpyAsync(b->d_pos, b->h_pos, nb * 4, cudaMemcpyHostToDevice, s));
-    if (n_head)
-        CUDA_CHECK(cudaMemcpyAsync(b->d_rows, b->h_rows, n_head * 4, cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemcpyAsync(b->d_mask, b->h_mask, mask_bytes, cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemcpyAsync(b->d_meta, b->h_meta, sizeof(CuMeta), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(b->d_in, b->h_in, bytes, cudaMemcpyHostToDevice, s));
     if (bi >= 0 && b->use_graphs) {
         launch_graph(b, bi);
         b->n_graph_replays++;
     } else {
-        enqueue_forward(b, nb, n_head);
+        enqueue_forward(b, nb);
         b->n_eager_launches++;
     }
+    b->launches_pass += head(b, n_out);
     if (n_out > 0)
         CUDA_CHECK(cudaMemcpyAsync(logits, b->logits, (size_t)n_out * b->vocab * 4,
                                    cudaMemcpyDeviceToHost, s));

@@ -19,6 +19,10 @@ void cuda_backend_set_graphs(Backend *b, int on);
 /* Weight bytes one forward streams (bf16 layers + output head), for bandwidth figures. */
 size_t cuda_backend_weight_bytes(const Backend *b);
 
+/* Kernel launches of the last forward(): per layer and for the whole pass (embedding,
+ * RoPE table, layers, final norm and head; a replayed graph counts the kernels it holds). */
+void cuda_backend_launches(const Backend *b, int *per_layer, int *per_pass);
+
 #ifdef __cplusplus
 }
 #endif

@@ -21,10 +21,22 @@ typedef __nv_bfloat16 bf16;
  * under the CPU emulator (ROOTSPEC_CUEMU, tests/cuemu/) it enqueues the kernel on the
  * emulated stream with the same argument conversions. */
 #ifdef ROOTSPEC_CUEMU
-#define CUK_LAUNCH(k, grid, block, stream, ...) \
+#define CUK_LAUNCH_(k, grid, block, stream, ...) \
     cuemu_launch(#k, k, (grid), (block), 0, (stream), __VA_ARGS__)
 #else
-#define CUK_LAUNCH(k, grid, block, stream, ...) k<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
+#define CUK_LAUNCH_(k, grid, block, stream, ...) k<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
+#endif
+/* Every launch is counted (host side, when enqueued or captured): launches per layer are
+ * asserted by the tests and reported by tools/gpu-check.sh. */
+static uint64_t g_launches;
+#define CUK_LAUNCH(...) (__atomic_fetch_add(&g_launches, 1, __ATOMIC_RELAXED), CUK_LAUNCH_(__VA_ARGS__))
+
+extern "C" uint64_t cuk_launch_count(void) { return __atomic_load_n(&g_launches, __ATOMIC_RELAXED); }
+extern "C" void cuk_count_launches(int k) { __atomic_fetch_add(&g_launches, (uint64_t)k, __ATOMIC_RELAXED); }
+
+#ifdef ROOTSPEC_CUEMU
+/* The emulator's warp barrier is a shuffle (every lane must arrive). */
+#define __syncwarp() ((void)__shfl_xor_sync(0xffffffffu, 0, 1))
 #endif
 
 static inline unsigned blocks_for(size_t n, unsigned threads) {
@@ -237,6 +249,55 @@ __global__ void k_kv_store(const float *k, const float *v, int row_stride, int k
 extern "C" void cuk_kv_store(cudaStream_t s, const float *k, const float *v, int row_stride, int nb,
                              int kv_dim, const CuMeta *meta, rs_bf16 *kc, rs_bf16 *vc) {
     CUK_LAUNCH(k_kv_store, nb, 256, s, k, v, row_stride, kv_dim, meta, (bf16 *)kc, (bf16 *)vc);
+    LAUNCH_CHECK();
+}
+
+/* One block per row; warp w takes heads w, w + 8, ... of the q, k and v heads: bias, per-head
+ * RMSNorm (q/k), RoPE (q/k) in the order and formulas of the separate kernels above, then
+ * k and v of real rows into their cache slots as bf16. */
+__global__ void k_qkv_post(float *qkv, int row_stride, int n_heads, int n_kv_heads, int hd,
+                           const float *bias, const float *q_norm, const float *k_norm,
+                           float eps, const float *ct, const float *st, const CuMeta *meta,
+                           bf16 *kc, bf16 *vc) {
+    int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int half = hd / 2, kv_dim = n_kv_heads * hd, live = t < meta->n;
+    float *r = qkv + (size_t)t * row_stride;
+    size_t slot = (size_t)(meta->kv_base + t) * kv_dim;
+    for (int h = warp; h < n_heads + 2 * n_kv_heads; h += nw) {
+        float *v = r + (size_t)h * hd;
+        int is_q = h < n_heads, is_k = !is_q && h < n_heads + n_kv_heads;
+        if (bias)
+            for (int i = lane; i < hd; i += 32) v[i] += bias[(size_t)h * hd + i];
+        const float *w = is_q ? q_norm : is_k ? k_norm : NULL;
+        if (w) {
+            __syncwarp();
+            float ss = 0.0f;
+            for (int i = lane; i < hd; i += 32) ss += v[i] * v[i];
+            ss = warp_sum(ss);
+            float inv = 1.0f / sqrtf(ss / (float)hd + eps);
+            for (int i = lane; i < hd; i += 32) v[i] = w[i] * (v[i] * inv);
+        }
+        __syncwarp();
+        if (is_q || is_k)
+            for (int i = lane; i < half; i += 32) {
+                float c = ct[(size_t)t * half + i], sn = st[(size_t)t * half + i];
+                float a = v[i], b = v[i + half];
+                v[i] = a * c - b * sn;
+                v[i + half] = b * c + a * sn;
+            }
+        __syncwarp();
+        if (!live || is_q) continue;
+        bf16 *dst = (is_k ? kc : vc) + slot + (size_t)(h - n_heads - (is_k ? 0 : n_kv_heads)) * hd;
+        for (int i = lane; i < hd; i += 32) dst[i] = __float2bfloat16_rn(v[i]);
+    }
+}
+
+extern "C" void cuk_qkv_post(cudaStream_t s, float *qkv, int row_stride, int nb, int n_heads,
+                             int n_kv_heads, int hd, const float *bias, const float *q_norm,
+                             const float *k_norm, float eps, const float *cos_t,
+                             const float *sin_t, const CuMeta *meta, rs_bf16 *kc, rs_bf16 *vc) {
+    CUK_LAUNCH(k_qkv_post, nb, 256, s, qkv, row_stride, n_heads, n_kv_heads, hd, bias, q_norm,
+               k_norm, eps, cos_t, sin_t, meta, (bf16 *)kc, (bf16 *)vc);
     LAUNCH_CHECK();
 }
 
@@ -572,6 +633,95 @@ extern "C" void cuk_attention(cudaStream_t s, const float *q, int q_stride, cons
     if (g.splits == 1) return;
     CUK_LAUNCH(k_attn_combine, dim3(n_heads, nb), 64, s, (const float *)scratch, meta, nb,
                n_heads, hd, g.splits, (bf16 *)out_bf16, out_f32);
+    LAUNCH_CHECK();
+}
+
+/* ---- batch-invariant GEMM ---- */
+
+/* One warp per output o and group of up to GEMM_RB rows (blockIdx.y): lane l sums
+ * W[o, k] * x[r, k] over k = 8l, 8l + 256, ... (16-byte loads; each W chunk serves the
+ * group's rows), then a fixed butterfly across the lanes. Each (row, output) element is
+ * reduced in an order that depends on `in` alone, never on the number of rows or on which
+ * rows share the group, so a row's result is the same bits in any batch (cuBLAS picks
+ * kernels, split-K and tiles by shape). Prologue: with norm_w the input is the f32 residual
+ * row (gathered through rows when given), RMS-normed and rounded to bf16 on the fly (as
+ * k_rmsnorm then the bf16 GEMM input); epilogue: y =, y += (residual), or with gated W
+ * (2*out rows: gate then up) yb = bf16(silu(g) * u). */
+#define GEMM_RB 8
+
+/* The normalised bf16 input x[r, k..k+8) (see k_gemm_bi). */
+__device__ __forceinline__ void gemm_in8(const bf16 *xb, const float *xr, const float *norm_w,
+                                         float inv, int k, float *xv) {
+    if (!norm_w) {
+        ld8(xb + k, xv);
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        xv[e] = __bfloat162float(__float2bfloat16_rn(norm_w[k + e] * (xr[k + e] * inv)));
+}
+
+__global__ void __launch_bounds__(256)
+k_gemm_bi(const bf16 *W, int out, int in, int nb, const bf16 *xb, const float *xf,
+          const int *rows, const float *norm_w, float eps, int gated, int accumulate, float *y,
+          bf16 *yb) {
+    int lane = threadIdx.x & 31, o = blockIdx.x * 8 + (threadIdx.x >> 5);
+    int r0 = blockIdx.y * GEMM_RB, nr = min(GEMM_RB, nb - r0);
+    if (o >= out) return; /* warp-uniform */
+    const float *xr[GEMM_RB];
+    float inv[GEMM_RB], ag[GEMM_RB], au[GEMM_RB];
+#pragma unroll
+    for (int i = 0; i < GEMM_RB; i++) {
+        ag[i] = au[i] = inv[i] = 0.0f;
+        xr[i] = xf && i < nr ? xf + (size_t)(rows ? rows[r0 + i] : r0 + i) * in : NULL;
+        if (norm_w && i < nr) {
+            float ss = 0.0f;
+            for (int k = lane; k < in; k += 32) ss += xr[i][k] * xr[i][k];
+            ss = warp_sum(ss);
+            inv[i] = 1.0f / sqrtf(ss / (float)in + eps);
+        }
+    }
+    const bf16 *wg = W + (size_t)o * in, *wu = gated ? W + ((size_t)out + o) * in : NULL;
+    for (int k = lane * 8; k < in; k += 256) {
+        float wv[8], uv[8], xv[8];
+        ld8(wg + k, wv);
+        if (wu) ld8(wu + k, uv);
+#pragma unroll
+        for (int i = 0; i < GEMM_RB; i++) {
+            if (i >= nr) break;
+            gemm_in8(xb ? xb + (size_t)(r0 + i) * in : NULL, xr[i], norm_w, inv[i], k, xv);
+#pragma unroll
+            for (int e = 0; e < 8; e++) ag[i] += wv[e] * xv[e];
+            if (wu) {
+#pragma unroll
+                for (int e = 0; e < 8; e++) au[i] += uv[e] * xv[e];
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < GEMM_RB; i++) {
+        if (i >= nr) break;
+        float g = warp_sum(ag[i]), u = wu ? warp_sum(au[i]) : 0.0f;
+        size_t off = (size_t)(r0 + i) * out + o;
+        if (lane) continue;
+        if (gated) yb[off] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+        else if (accumulate) y[off] += g;
+        else y[off] = g;
+    }
+}
+
+extern "C" void cuk_gemm_bi(cudaStream_t s, const rs_bf16 *W, int out, int in, int nb,
+                            const rs_bf16 *xb, const float *xf, const int *rows,
+                            const float *norm_w, float eps, int gated, int accumulate, float *y,
+                            rs_bf16 *yb) {
+    if (in % 8) {
+        fprintf(stderr, "rootspec: cuk_gemm_bi needs in %% 8 == 0 (got %d)\n", in);
+        abort();
+    }
+    if (nb <= 0) return;
+    dim3 grid((out + 7) / 8, (nb + GEMM_RB - 1) / GEMM_RB);
+    CUK_LAUNCH(k_gemm_bi, grid, 256, s, (const bf16 *)W, out, in, nb, (const bf16 *)xb, xf, rows,
+               norm_w, eps, gated, accumulate, y, (bf16 *)yb);
     LAUNCH_CHECK();
 }
 

@@ -58,6 +58,11 @@ void cuk_fill_random_bf16(cudaStream_t s, rs_bf16 *out, size_t n, uint64_t seed,
 void cuk_fill_random_f32(cudaStream_t s, float *out, size_t n, uint64_t seed, float scale,
                          float base);
 
+/* Kernel launches enqueued (or captured) so far by this process, all streams; the backend
+ * adds its cuBLAS calls through cuk_count_launches. */
+uint64_t cuk_launch_count(void);
+void cuk_count_launches(int k);
+
 /* x (nb, dim) = bf16 embedding rows of tokens (nb). */
 void cuk_embed(cudaStream_t s, const rs_bf16 *emb, const int *tokens, int nb, int dim,
                float *x);
@@ -105,11 +110,29 @@ void cuk_swiglu(cudaStream_t s, const float *gu, int nb, int hidden, rs_bf16 *ou
                 float *out_f32);
 /* x[i] += y[i], i < n. */
 void cuk_residual_add(cudaStream_t s, float *x, const float *y, size_t n);
+/* Batch-invariant y (nb, out) = op(x) @ W^T, W (out, in) bf16 (cuda_kernels.cu): each output
+ * element reduced over in in an order fixed by `in` alone. Input: xb (nb, in) bf16, or with
+ * norm_w the f32 rows xf (rows ? rows[r] : r) RMS-normed with norm_w, eps and rounded to
+ * bf16. Output: y (nb, out) f32, added to y when accumulate; or with gated (W of 2*out rows,
+ * gate then up) yb (nb, out) = bf16(silu(gate) * up). in % 8 == 0. */
+void cuk_gemm_bi(cudaStream_t s, const rs_bf16 *W, int out, int in, int nb, const rs_bf16 *xb,
+                 const float *xf, const int *rows, const float *norm_w, float eps, int gated,
+                 int accumulate, float *y, rs_bf16 *yb);
 /* *out = index of the largest of row (n), ties to the lowest index (row_argmax). */
 void cuk_argmax(cudaStream_t s, const float *row, int n, int *out);
 /* *out = one draw from softmax(row) by inverse CDF at u in [0,1) (row_sample with the
  * host Rng's uniform). */
 void cuk_sample(cudaStream_t s, const float *row, int n, double u, int *out);
+/* One launch for what follows the q|k|v projection: per row t < nb of qkv (row_stride
+ * floats: n_heads q heads, n_kv_heads k heads, n_kv_heads v heads of hd), bias add (bias
+ * NULL: none), per-head RMSNorm of q and k heads (q_norm/k_norm NULL: none), RoPE of q and
+ * k heads from cos_t/sin_t (nb, hd/2), then k and v of rows t < meta->n stored as bf16 in
+ * cache slots meta->kv_base + t of kc / vc (cap, n_kv_heads*hd). Same arithmetic as
+ * cuk_bias_add + cuk_head_rmsnorm + cuk_rope + cuk_kv_store. */
+void cuk_qkv_post(cudaStream_t s, float *qkv, int row_stride, int nb, int n_heads,
+                  int n_kv_heads, int hd, const float *bias, const float *q_norm,
+                  const float *k_norm, float eps, const float *cos_t, const float *sin_t,
+                  const CuMeta *meta, rs_bf16 *kc, rs_bf16 *vc);
 /* KV compaction for one cache (n_layers, cap, kv_dim): for every layer, slot
  * n_committed + i <- slot n_committed + keep[i] for i < n_keep (keep on the device),
  * staged through scratch (n_layers, n_keep, kv_dim) so any order is safe. */

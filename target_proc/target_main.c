@@ -32,6 +32,8 @@ static void usage(FILE *f) {
             "  --ctx N               KV cache entries per process (default 2048)\n"
             "  --backend NAME        cpu | cuda (default cpu)\n"
             "  --device N            CUDA device ordinal (default 0)\n"
+            "  --batch-invariant     CUDA: a row's logits do not depend on the batch (own GEMMs,\n"
+            "                        fixed attention splits; T=0 ids equal AR's; default off)\n"
             "  --draft-model PATH    drafter model sharing the target's tokenizer\n"
             "  --draft-layers SPEC   self-drafter from target layers, e.g. 0-5,24-29 (default %s)\n"
             "  --draft-endpoint EP   use a rootspec-draft process at EP (ipc://, tcp://)\n"
@@ -172,6 +174,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--ctx")) { if (VAL()) rc = cli_int(a, v, 256, 1 << 20, &eo.ctx, &e); }
         else if (!strcmp(a, "--backend")) { if (VAL()) eo.backend = v; }
         else if (!strcmp(a, "--device")) { if (VAL()) rc = cli_int(a, v, 0, 64, &eo.device, &e); }
+        else if (!strcmp(a, "--batch-invariant")) backend_set_batch_invariant(1);
         else if (!strcmp(a, "--draft-model")) { if (VAL()) eo.draft_model_path = v; }
         else if (!strcmp(a, "--draft-layers")) { if (VAL()) eo.draft_layers = v; }
         else if (!strcmp(a, "--draft-endpoint")) { if (VAL()) eo.draft_endpoint = v; }
