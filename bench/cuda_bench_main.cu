@@ -84,6 +84,8 @@ static double time_pass(Backend *b, int n, int n_out, int iters, float *logits) 
 /* Times one model: made on the device, an eager prefill of ctx tokens, then graph vs eager
  * passes for each n. *logits (pinned host memory) grows to the model's vocabulary. Returns 0
  * or the exit status (reported). */
+static int g_batch_inv; /* --batch-invariant: BackendParams.batch_invariant */
+
 static int time_shape(const Shape *sh, int ctx, int iters, int device, double copy_bw,
                       float **logits, size_t *logits_cap) {
     Model *m = NULL;
@@ -100,7 +102,8 @@ static int time_shape(const Shape *sh, int ctx, int iters, int device, double co
         *logits_cap = need;
     }
     BackendParams p = {.kv_capacity = ctx + 128, .max_batch = ctx > 65 ? ctx : 65,
-                       .max_pending = ctx > 65 ? ctx : 65, .threads = 0, .device = device};
+                       .max_pending = ctx > 65 ? ctx : 65, .threads = 0, .device = device,
+                       .batch_invariant = g_batch_inv};
     Backend *b = NULL;
     uint64_t t0 = rs_now_ns();
     if (backend_create(cuda_backend_ops_get(), m, &p, &b, &e) != RS_OK) {
@@ -108,7 +111,8 @@ static int time_shape(const Shape *sh, int ctx, int iters, int device, double co
         return 1;
     }
     double wbytes = (double)cuda_backend_weight_bytes(b);
-    printf("\n%s: %.2f GB bf16 weights per pass, created in %.1f s\n", sh->name, wbytes / 1e9,
+    printf("\n%s%s: %.2f GB bf16 weights per pass, created in %.1f s\n", sh->name,
+           g_batch_inv ? " (batch-invariant kernels)" : "", wbytes / 1e9,
            (rs_now_ns() - t0) * 1e-9);
     /* committed context: one eager prefill */
     int *tok = (int *)malloc(sizeof(int) * ctx), *pos = (int *)malloc(sizeof(int) * ctx);
@@ -129,15 +133,17 @@ static int time_shape(const Shape *sh, int ctx, int iters, int device, double co
         cuda_backend_set_graphs(b, 1);
         double tg = time_pass(b, n, n, iters, *logits);
         double tg1 = time_pass(b, n, 1, iters, *logits);
+        int per_layer = 0, per_pass = 0;
+        cuda_backend_launches(b, &per_layer, &per_pass);
         cuda_backend_set_graphs(b, 0);
         double te = time_pass(b, n, n, iters, *logits);
         double bw = wbytes / (tg1 * 1e-3);
         printf("%4d  %10.3f %10.3f %7.2fx  %10.0f %7.1f%%  %12.3f\n", n, tg, te, te / tg,
                bw / 1e9, 100.0 * bw / copy_bw, tg1);
-        printf("BENCH model=%s n=%d graph_ms=%.4f eager_ms=%.4f graph_nout1_ms=%.4f "
-               "weight_GBps=%.1f copy_GBps=%.1f share=%.3f\n",
-               sh->tag, n, tg, te, tg1, bw / 1e9, copy_bw / 1e9,
-               bw / copy_bw);
+        printf("BENCH model=%s bi=%d n=%d graph_ms=%.4f eager_ms=%.4f graph_nout1_ms=%.4f "
+               "weight_GBps=%.1f copy_GBps=%.1f share=%.3f launches_layer=%d launches_pass=%d\n",
+               sh->tag, g_batch_inv, n, tg, te, tg1, bw / 1e9, copy_bw / 1e9, bw / copy_bw,
+               per_layer, per_pass);
     }
     BackendStats bs = backend_stats(b);
     printf("graph replays %llu, eager launches %llu, captures %llu\n",
@@ -159,9 +165,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) model_spec = argv[++i];
         else if (!strcmp(argv[i], "--copy-mib") && i + 1 < argc) copy_mib = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--batch-invariant")) g_batch_inv = 1;
         else {
             fprintf(stderr, "usage: %s [--iters N] [--ctx N] [--only target|drafter] "
-                    "[--model SPEC] [--copy-mib N] [--device D]\n", argv[0]);
+                    "[--model SPEC] [--copy-mib N] [--device D] [--batch-invariant]\n", argv[0]);
             return 2;
         }
     }

@@ -8,7 +8,12 @@
 #    (rootspec-cuda-bench): n = 1, 9, 60, 65 tokens, graph vs eager, weight bandwidth as a
 #    share of the measured device-to-device copy bandwidth;
 # 4. times the pipelined two-process run (tools/pipeline-timing.sh): random 8B-shaped
-#    target and 1B-shaped drafter processes on the one GPU, AR / draft / pearl / rootdraw.
+#    target and 1B-shaped drafter processes on the one GPU, AR / draft / pearl / rootdraw;
+# 5. times the 8B shape again with --batch-invariant kernels (n = 1, 9, 65);
+# 6. runs compute-sanitizer (memcheck, racecheck, synccheck) over the kernel suite when the
+#    machine has it (last: the timings come first if the deadline is near);
+# then prints a recap of key=value lines (launches_per_layer=, batch_invariant=ok|FAIL,
+# pass_ms_nN= and share_nN= of the weight-streaming bound, sanitizer_*=, ...).
 # Dry run on the CPU (emulator build, tiny shapes): GPU_CHECK_BIN=build/cuda-emu
 #   GPU_CHECK_BENCH_ARGS="--model random:tiny --copy-mib 8 --ctx 64 --iters 2"
 #   PIPE_TARGET=random:tiny PIPE_DRAFT=random:tiny,seed=2 bash tools/gpu-check.sh
@@ -189,6 +194,36 @@ fi
 tar -czf "$OUTDIR/pipeline-logs.tar.gz" -C "$PIPE_DIR" . 2>/dev/null || true
 say "pipeline timing exit status $PIPE_RC (per-run logs and round logs: pipeline-logs.tar.gz)"
 
+# The batch-invariant kernels' cost (the issue's rule: on by default if under 10%).
+# (a dry run's GPU_CHECK_BENCH_ARGS, tiny model and all, serve here too)
+BI_ARGS=${GPU_CHECK_BI_ARGS:-${GPU_CHECK_BENCH_ARGS:---iters 5 --ctx 512 --only target}}
+say "running $BIN/rootspec-cuda-bench $BI_ARGS --batch-invariant"
+if lim=$(limit 90); then
+    timeout "$lim" "$BIN/rootspec-cuda-bench" $BI_ARGS --batch-invariant >"$OUTDIR/cuda-bench-bi.log" 2>&1
+    BI_RC=$?
+    grep -E "^BENCH|^ *n |^ *[0-9]+ " "$OUTDIR/cuda-bench-bi.log"
+else
+    say "batch-invariant bench skipped: the ${DEADLINE} s deadline is near" | tee "$OUTDIR/cuda-bench-bi.log"
+    BI_RC=124
+fi
+
+# compute-sanitizer over the kernel suite: memcheck (out-of-bounds, misaligned 16-byte
+# loads), racecheck (shared memory), synccheck (barriers in divergent code).
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+declare -A SAN_RES
+for tool in memcheck racecheck synccheck; do
+    if [ -n "${GPU_CHECK_BIN:-}" ] || [ -z "$SAN" ]; then SAN_RES[$tool]=skipped; continue; fi
+    if ! lim=$(limit 60); then SAN_RES[$tool]=skipped; continue; fi
+    CK_RUN_SUITE=cuda_kernels timeout "$lim" "$SAN" --tool "$tool" --error-exitcode 9 \
+        "$BIN/rootspec-cuda-tests" >"$OUTDIR/sanitizer-$tool.log" 2>&1
+    rc=$?
+    if [ "$rc" -eq 0 ]; then SAN_RES[$tool]=ok
+    elif [ "$rc" -eq 124 ]; then SAN_RES[$tool]=timeout
+    else SAN_RES[$tool]=FAIL; tail -20 "$OUTDIR/sanitizer-$tool.log"
+    fi
+    say "compute-sanitizer --tool $tool: ${SAN_RES[$tool]}"
+done
+
 # The device tool returns only the tail of the output: the key lines once more.
 echo
 say "RECAP"
@@ -196,5 +231,32 @@ grep -hE "^SKIP|Running suite|Checks:|TIMEOUT|^[^ ]*:[0-9]+:[EF]:" "$OUTDIR/cuda
 grep -hE "^device|copy bandwidth|^BENCH|graph replays" "$OUTDIR/cuda-bench.log"
 grep -hE "IDENTITY|first difference|^  (decoder|ar|draft|pearl|rootdraw) " "$OUTDIR/pipeline.log"
 
-say "done in $(( $(date +%s) - T0 ))s: tests rc=$TEST_RC bench rc=$BENCH_RC pipeline rc=$PIPE_RC (path: $BIN)"
-[ "$TEST_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ] && [ "$PIPE_RC" -eq 0 ]
+
+# key=value recap. The bound is the weight-streaming time at the measured copy bandwidth;
+# share = bound / measured pass (n_out = 1). The first model of the bench (the 8B target).
+kv() { echo "$1=$2"; }
+bench_field() { # FILE N FIELD: FIELD of the first BENCH line of n=N
+    grep -m1 -E "^BENCH .* n=$2 " "$1" 2>/dev/null | grep -o " $3=[^ ]*" | cut -d= -f2
+}
+L=$(bench_field "$OUTDIR/cuda-bench.log" 1 launches_layer)
+kv launches_per_layer "${L:-n/a}"
+L=$(bench_field "$OUTDIR/cuda-bench-bi.log" 1 launches_layer)
+kv launches_per_layer_bi "${L:-n/a}"
+if grep -A3 "Running suite(s): cuda_batchinv" "$OUTDIR/cuda-tests.log" | grep -q "100%: Checks"; then
+    kv batch_invariant ok
+else
+    kv batch_invariant FAIL
+fi
+for n in 1 9 65; do
+    kv "pass_ms_n$n" "$(bench_field "$OUTDIR/cuda-bench.log" $n graph_nout1_ms || true)"
+    kv "share_n$n" "$(bench_field "$OUTDIR/cuda-bench.log" $n share || true)"
+    kv "pass_ms_bi_n$n" "$(bench_field "$OUTDIR/cuda-bench-bi.log" $n graph_nout1_ms || true)"
+done
+kv d2h_full_rows n/a           # device-side logits reduction: not in this build
+kv drafter_host_ms_per_round n/a
+for tool in memcheck racecheck synccheck; do kv "sanitizer_$tool" "${SAN_RES[$tool]}"; done
+SAN_RC=0
+for tool in memcheck racecheck synccheck; do [ "${SAN_RES[$tool]}" = FAIL ] && SAN_RC=1; done
+
+say "done in $(( $(date +%s) - T0 ))s: tests rc=$TEST_RC bench rc=$BENCH_RC pipeline rc=$PIPE_RC batch-invariant bench rc=$BI_RC sanitizers rc=$SAN_RC (path: $BIN)"
+[ "$TEST_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ] && [ "$PIPE_RC" -eq 0 ] && [ "$BI_RC" -eq 0 ] && [ "$SAN_RC" -eq 0 ]
