@@ -152,7 +152,7 @@ static char *run_target(const char *decoder, int bi) {
              "CUEMU_QUIET=1 %s/rootspec-target --backend cuda --model random:tiny,seed=31 "
              "--draft-model random:tiny,seed=31 --prompt-ids 5,17,200,3,99,41,7 --temp 0 "
              "--max-new %d --budget 59 --decoder %s --output-ids %s 2>/dev/null",
-             dirname(exe), strcmp(decoder, "ar") ? 40 : 56, decoder, bi ? "--batch-invariant" : "");
+             dirname(exe), strcmp(decoder, "ar") ? 24 : 40, decoder, bi ? "--batch-invariant" : "");
     FILE *f = popen(cmd, "r");
     ck_assert_ptr_nonnull(f);
     char *out = calloc(1, 65536);
@@ -167,11 +167,11 @@ static char *run_target(const char *decoder, int bi) {
     return out;
 }
 
-/* The first 40 ids, space separated (the speculative decoders may stop a tree depth late). */
+/* The first 24 ids, space separated (the speculative decoders may stop a tree depth late). */
 static void first_ids(const char *s, char *out, size_t cap) {
     int n = 0;
     size_t o = 0;
-    for (const char *p = s; *p && n < 40 && o + 1 < cap; p++) {
+    for (const char *p = s; *p && n < 24 && o + 1 < cap; p++) {
         if (*p == ' ' || *p == '\n' || *p == ',') {
             if (o && out[o - 1] != ' ') out[o++] = ' ', n++;
             continue;
