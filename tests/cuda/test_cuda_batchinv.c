@@ -22,7 +22,7 @@ static Backend *make(const Model *m, int cap, int batch, int pend, int bi) {
                        .threads = 1, .batch_invariant = bi};
     Backend *b = NULL;
     RsErr e = {0};
-    ck_assert_msg(cuda_backend_ops_get()->create(m, &p, &b, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(backend_create(cuda_backend_ops_get(), m, &p, &b, &e) == RS_OK, "%s", e.msg);
     return b;
 }
 
