@@ -96,7 +96,7 @@ const char *bench_format_duration(double s, char *buf, size_t cap) {
     return buf;
 }
 
-BenchProgress *bench_progress_new(FILE *out, int n_total, double interval_s) {
+BenchProgress *bench_progress_create(FILE *out, int n_total, double interval_s) {
     BenchProgress *p = rs_xcalloc(1, sizeof *p);
     p->out = out;
     p->tty = isatty(fileno(out));
@@ -138,7 +138,7 @@ void bench_progress_update(BenchProgress *p, int n_done, const char *label) {
     progress_print(p, n_done, label, t, 0);
 }
 
-void bench_progress_finish(BenchProgress **pp) {
+void bench_progress_destroy(BenchProgress **pp) {
     if (!pp || !*pp) return;
     BenchProgress *p = *pp;
     int done = p->last_done < 0 ? 0 : p->last_done;

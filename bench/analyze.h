@@ -18,11 +18,11 @@ const char *bench_help_outputs(void);
  * ETA (at most 10 redraws a second). Otherwise: one plain line per interval_s seconds
  * (default 30 when <= 0) and one at the end, so logs stay readable. */
 typedef struct BenchProgress BenchProgress;
-BenchProgress *bench_progress_new(FILE *out, int n_total, double interval_s);
+BenchProgress *bench_progress_create(FILE *out, int n_total, double interval_s);
 /* n_done decodes finished; label names the current one (may be NULL). */
 void bench_progress_update(BenchProgress *p, int n_done, const char *label);
 /* Prints the final line and frees. */
-void bench_progress_finish(BenchProgress **p);
+void bench_progress_destroy(BenchProgress **p);
 /* Formats seconds as "1h02m03s" / "2m03s" / "3s" into buf (>= 16 bytes). */
 const char *bench_format_duration(double s, char *buf, size_t cap);
 

@@ -1,6 +1,6 @@
 /* rootspec-bench: the DESIGN.md §6 timing protocol. Runs every prompt of a prompt file through
  * every decoder x T x B combination (plus an AR baseline per T) in the seeded, rotated order
- * of bench_plan_make, logs every round (rounds.jsonl) and every decode (decodes.csv), and
+ * of bench_plan_create, logs every round (rounds.jsonl) and every decode (decodes.csv), and
  * ends with bench_analyze so summary.md and the plots come from the same code as --analyze.
  * The run's settings live in DIR/run.json so --resume continues exactly the same run.
  * main reads as its four steps: parse (the command line), plan (settings, run directory
@@ -409,7 +409,7 @@ static int drafter_launch(const Settings *s, char *endpoint, size_t cap, RsErr *
                           endpoint, DRAFTER_START_S);
         usleep(20000);
     }
-    return RS_OK; /* engine_open's HELLO (with its timeout) confirms that it answers */
+    return RS_OK; /* engine_create's HELLO (with its timeout) confirms that it answers */
 }
 
 /* ---- per-decode round capture ---- */
@@ -655,7 +655,7 @@ typedef struct {
     BenchPlan *plan;
     BenchDoneSet *done;
     int n_todo, n_warm, n_prior; /* decodes to measure, warm-ups to run, decodes logged before */
-    Engine en;
+    Engine *en;
     int engine_ok;
     int **ids, *n_ids; // (n_prompts) token ids of each prompt
     FILE *frounds, *fdecodes;
@@ -704,7 +704,7 @@ static int bench_plan(Bench *b) {
     if (rc) return fail(2, "%s", e.msg);
     b->n_prompts = b->s.limit > 0 && b->s.limit < b->ps->n ? b->s.limit : b->ps->n;
     if ((rc = combos_build(b))) return rc;
-    b->plan = bench_plan_make(b->n_prompts, b->n_combos, b->s.warmup, b->s.seed);
+    b->plan = bench_plan_create(b->n_prompts, b->n_combos, b->s.warmup, b->s.seed);
     if ((rc = bench_resume_load(b->dir, &b->done, &e))) return fail(exit_code(rc), "%s", e.msg);
     const BenchPlan *plan = b->plan;
     b->n_prior = bench_done_count(b->done);
@@ -751,7 +751,7 @@ static int engine_setup(Bench *b) {
         if (drafter_launch(s, ep, sizeof ep, &e)) return fail(1, "%s", e.msg);
         eo.draft_endpoint = ep;
     }
-    int rc = engine_open(&eo, b->need_drafter, &b->en, &e);
+    int rc = engine_create(&eo, b->need_drafter, &b->en, &e);
     if (rc) return fail(exit_code(rc), "%s", e.msg);
     b->engine_ok = 1;
     return 0;
@@ -762,13 +762,13 @@ static int engine_setup(Bench *b) {
 static int prompts_tokenize(Bench *b) {
     const Settings *s = &b->s;
     RsErr e = {0};
-    int chat = b->en.chat != CHAT_NONE;
+    int chat = b->en->chat != CHAT_NONE;
     if (!chat)
         fprintf(stderr, "rootspec-bench: note: no known chat template for '%s'; prompts are used "
                         "as raw text\n", s->model);
     b->ids = rs_xcalloc((size_t)b->n_prompts, sizeof *b->ids);
     b->n_ids = rs_xcalloc((size_t)b->n_prompts, sizeof *b->n_ids);
-    int cap = target_kv_capacity(b->en.target);
+    int cap = target_kv_capacity(b->en->target);
     /* What decode_run reserves for one round plus the largest overshoot of --max-new. */
     int reserve = 0;
     for (int c = 0; c < b->n_combos; c++) {
@@ -778,7 +778,7 @@ static int prompts_tokenize(Bench *b) {
     }
     for (int p = 0; p < b->n_prompts; p++) {
         const Prompt *pr = &b->ps->items[p];
-        if (engine_prompt_ids(&b->en, pr->text, chat, &b->ids[p], &b->n_ids[p], &e))
+        if (engine_prompt_ids(b->en, pr->text, chat, &b->ids[p], &b->n_ids[p], &e))
             return fail(2, "prompt %s (%s:%d): %s", pr->id, s->prompts, pr->line, e.msg);
         int need = b->n_ids[p] + s->max_new + reserve;
         if (need > cap)
@@ -811,7 +811,7 @@ static int decode_one(Bench *b, const BenchRun *r, const char *label, DecodeResu
                     .budget = c->budget > 0 ? c->budget : 1, /* unused by AR */
                     .temp = c->temp, .seed = b->s.seed, .prompt_id = (uint64_t)r->prompt,
                     .max_new = b->s.max_new};
-    Backend *be = target_backend(b->en.target);
+    Backend *be = target_backend(b->en->target);
     Sink *sink = &b->sink;
     sink->combo = c;
     sink->prompt_id = bp->id;
@@ -821,7 +821,7 @@ static int decode_one(Bench *b, const BenchRun *r, const char *label, DecodeResu
     sink->eager0 = st.eager_launches;
     sink->label = label;
     DecodeHooks h = {NULL, on_round, on_event, sink};
-    int rc = decode_run(b->en.target, b->en.drafter, b->ids[r->prompt],
+    int rc = decode_run(b->en->target, b->en->drafter, b->ids[r->prompt],
                         b->n_ids[r->prompt], &o, &h, res, &e);
     const char *why = rc ? e.msg
                       : res->drafter_failed ? "the drafter failed (decode finished autoregressively)"
@@ -873,7 +873,7 @@ static int decodes_run(Bench *b) {
     res.tokens = rs_xmalloc(sizeof(int) * (size_t)res.cap);
     b->sink.cap = b->s.max_new + 2; /* each round emits >= 1 token: no realloc while timed */
     b->sink.rounds = rs_xmalloc(sizeof *b->sink.rounds * (size_t)b->sink.cap);
-    b->prog = bench_progress_new(stderr, b->n_warm + b->n_todo, 30);
+    b->prog = bench_progress_create(stderr, b->n_warm + b->n_todo, 30);
     int status = 0, n_run = 0, n_logged = b->n_prior;
     char label[256];
     for (int k = 0; k < b->plan->n_runs && status == 0; k++) {
@@ -890,7 +890,7 @@ static int decodes_run(Bench *b) {
         if (!r->warmup) status = decode_log(b, r, &res, &n_logged);
     }
     free(res.tokens);
-    bench_progress_finish(&b->prog);
+    bench_progress_destroy(&b->prog);
     return status;
 }
 
@@ -942,17 +942,17 @@ static void bench_release(Bench *b) {
     /* the logs first, so that a signal during the rest of the cleanup loses nothing */
     if (b->frounds) fclose(b->frounds);
     if (b->fdecodes) fclose(b->fdecodes);
-    bench_progress_finish(&b->prog);
-    if (b->engine_ok) engine_close(&b->en);
+    bench_progress_destroy(&b->prog);
+    if (b->engine_ok) engine_destroy(&b->en);
     drafter_stop();
     for (int p = 0; b->ids && p < b->n_prompts; p++) free(b->ids[p]);
     free(b->ids);
     free(b->n_ids);
     free(b->sink.rounds);
-    bench_done_free(&b->done);
-    bench_plan_free(&b->plan);
+    bench_done_destroy(&b->done);
+    bench_plan_destroy(&b->plan);
     free(b->combos);
-    prompts_free(&b->ps);
+    prompts_destroy(&b->ps);
     settings_free(&b->s);
 }
 

@@ -387,7 +387,7 @@ int bench_resume_load(const char *dir, BenchDoneSet **out, RsErr *e) {
     int n;
     int rc = benchlog_decodes_read(path, &d, &n, e);
     if (rc) {
-        bench_done_free(out);
+        bench_done_destroy(out);
         return rc;
     }
     done_from_decodes(s, d, n);
@@ -405,7 +405,7 @@ int bench_done_has(const BenchDoneSet *s, const char *prompt_id, const BenchComb
 
 int bench_done_count(const BenchDoneSet *s) { return s->n; }
 
-void bench_done_free(BenchDoneSet **s) {
+void bench_done_destroy(BenchDoneSet **s) {
     if (!s || !*s) return;
     free((*s)->k);
     free(*s);
@@ -473,7 +473,7 @@ int benchlog_open(const char *dir, int resume, FILE **rounds, FILE **decodes, Rs
             BenchDoneSet *done;
             if ((rc = bench_resume_load(dir, &done, e))) return rc;
             rc = filter_rounds(rp, done, e);
-            bench_done_free(&done);
+            bench_done_destroy(&done);
             if (rc) return rc;
         }
     }

@@ -67,7 +67,7 @@ typedef struct BenchDoneSet BenchDoneSet;
 int bench_resume_load(const char *dir, BenchDoneSet **out, RsErr *e);
 int bench_done_has(const BenchDoneSet *s, const char *prompt_id, const BenchCombo *c);
 int bench_done_count(const BenchDoneSet *s);
-void bench_done_free(BenchDoneSet **s);
+void bench_done_destroy(BenchDoneSet **s);
 
 /* Opens dir/rounds.jsonl and dir/decodes.csv for appending, creating dir if needed. With
  * resume = 0 the files are truncated (fresh run). With resume = 1 a partial final line is cut

@@ -151,7 +151,7 @@ static int time_shape(const Shape *sh, int ctx, int iters, int device, double co
            (unsigned long long)bs.graph_captures);
     free(tok), free(pos);
     backend_destroy(&b);
-    model_free(&m);
+    model_destroy(&m);
     return 0;
 }
 

@@ -299,6 +299,6 @@ int main(int argc, char **argv) {
     if (rc) fprintf(stderr, "rootspec-micro: %s\n", e.msg);
     else printf("\nVmRSS %.1f MB after the runs (weights mapped + KV caches + buffers)\n"
                 "rss_mb=%.0f\n", vm_rss_kb() / 1e3, vm_rss_kb() / 1e3);
-    model_free(&m);
+    model_destroy(&m);
     return rc ? 1 : 0;
 }

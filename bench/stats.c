@@ -129,7 +129,7 @@ static int draw_index(Rng *r, int n) {
     return (int)(((unsigned __int128)rng_next(r) * (unsigned)n) >> 64);
 }
 
-BenchPlan *bench_plan_make(int n_prompts, int n_combos, int n_warmup, uint64_t seed) {
+BenchPlan *bench_plan_create(int n_prompts, int n_combos, int n_warmup, uint64_t seed) {
     RS_ASSERT(n_prompts > 0 && n_combos > 0 && n_warmup >= 0);
     if (n_warmup > n_prompts) n_warmup = n_prompts;
     BenchPlan *p = rs_xcalloc(1, sizeof *p);
@@ -166,7 +166,7 @@ BenchPlan *bench_plan_make(int n_prompts, int n_combos, int n_warmup, uint64_t s
     return p;
 }
 
-void bench_plan_free(BenchPlan **p) {
+void bench_plan_destroy(BenchPlan **p) {
     if (!p || !*p) return;
     free((*p)->order);
     free((*p)->runs);

@@ -51,8 +51,8 @@ typedef struct {
  * runs combinations (k + j) mod n_combos for j = 0..n_combos-1. Warm-up: the prompts at
  * positions 0..n_warmup-1 first run every combination once more, in the same rotated order,
  * flagged warmup (DESIGN.md §6 uses n_warmup = 2; capped at n_prompts). */
-BenchPlan *bench_plan_make(int n_prompts, int n_combos, int n_warmup, uint64_t seed);
-void bench_plan_free(BenchPlan **p);
+BenchPlan *bench_plan_create(int n_prompts, int n_combos, int n_warmup, uint64_t seed);
+void bench_plan_destroy(BenchPlan **p);
 
 /* Tokens counted for speed: output up to and including the first token in eos (n_eos ids);
  * *hit_eos (if non-NULL) says whether one was found. */

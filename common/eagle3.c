@@ -264,9 +264,9 @@ int eagle3_head_load(const char *dir, Eagle3Head **out, RsErr *e) {
     rc = read_head_config(cfg_path, j, &h->cfg, e);
     cJSON_Delete(j);
     HfTensors *ts = NULL;
-    if (!rc) rc = hf_tensors_open(dir, &ts, e);
+    if (!rc) rc = hf_tensors_create(dir, &ts, e);
     if (!rc) rc = load_weights(h, ts, e);
-    hf_tensors_close(&ts);
+    hf_tensors_destroy(&ts);
     if (rc) {
         eagle3_head_destroy(&h);
         return rc;

@@ -164,7 +164,7 @@ static int skip_value(Rd *r, uint32_t t, int depth, const char *key, size_t klen
 
 /* ---- parsing ---- */
 
-void gguf_close(GGUFFile **pg) {
+void gguf_destroy(GGUFFile **pg) {
     if (!pg || !*pg) return;
     GGUFFile *g = *pg;
     if (g->kv)
@@ -321,7 +321,7 @@ static int gguf_open(const char *path, GGUFFile **out, RsErr *e) {
     g->size = fsize;
     int rc = parse(g, e);
     if (rc) {
-        gguf_close(&g);
+        gguf_destroy(&g);
         return rc;
     }
     *out = g;
@@ -664,7 +664,7 @@ int gguf_load_model(const char *path, Model **out, RsErr *e) {
     int n = 0;
     if ((rc = read_config(g, &m->cfg, e)) || (rc = read_rope_freqs(g, &m->cfg, e)) ||
         (rc = loader_plan(m, &reqs, &n, e))) {
-        model_free(&m);
+        model_destroy(&m);
         return rc;
     }
     uint64_t fp = loader_fnv_config(0xcbf29ce484222325ull, &m->cfg);
@@ -680,7 +680,7 @@ int gguf_load_model(const char *path, Model **out, RsErr *e) {
                     "'%s': holds tensor '%s' but block_count is %d (truncated metadata?)",
                     path, extra, m->cfg.n_layers);
     if (rc) {
-        model_free(&m);
+        model_destroy(&m);
         return rc;
     }
     snprintf(m->fingerprint, sizeof m->fingerprint, "%016llx", (unsigned long long)fp);

@@ -449,7 +449,7 @@ int hf_read_config_json(const char *dir, cJSON **out, RsErr *e) {
     return RS_OK;
 }
 
-int hf_tensors_open(const char *dir, HfTensors **out, RsErr *e) {
+int hf_tensors_create(const char *dir, HfTensors **out, RsErr *e) {
     *out = NULL;
     HfCtx *c = rs_xcalloc(1, sizeof *c);
     snprintf(c->dirbuf, sizeof c->dirbuf, "%s", dir);
@@ -466,14 +466,14 @@ int hf_tensors_open(const char *dir, HfTensors **out, RsErr *e) {
         else rc = st_open(c, "model.safetensors", e);
     }
     if (rc) {
-        hf_tensors_close(&c);
+        hf_tensors_destroy(&c);
         return rc;
     }
     *out = c;
     return RS_OK;
 }
 
-void hf_tensors_close(HfTensors **pc) {
+void hf_tensors_destroy(HfTensors **pc) {
     if (!pc || !*pc) return;
     ctx_free(*pc);
     free(*pc);
@@ -511,7 +511,7 @@ int hf_load_model(const char *dir, Model **out, RsErr *e) {
     rc = read_config(p, j, &m->cfg, m->chat_hint, sizeof m->chat_hint, e);
     cJSON_Delete(j);
     HfCtx *c = NULL;
-    if (!rc) rc = hf_tensors_open(dir, &c, e);
+    if (!rc) rc = hf_tensors_create(dir, &c, e);
     WeightReq *reqs = NULL;
     int n = 0;
     if (!rc) rc = loader_plan(m, &reqs, &n, e);
@@ -533,9 +533,9 @@ int hf_load_model(const char *dir, Model **out, RsErr *e) {
             c->files[i].map = NULL;
         }
     }
-    hf_tensors_close(&c);
+    hf_tensors_destroy(&c);
     if (rc) {
-        model_free(&m);
+        model_destroy(&m);
         return rc;
     }
     snprintf(m->fingerprint, sizeof m->fingerprint, "%016llx", (unsigned long long)fp);

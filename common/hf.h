@@ -24,9 +24,9 @@ int hf_read_config_json(const char *dir, cJSON **out, RsErr *e);
  * messages. Does not run loader_check_config. */
 int hf_config_fields(const char *path, const cJSON *j, const char *arch, Config *c, RsErr *e);
 
-/* Maps every safetensors file of dir (headers validated). Close with hf_tensors_close. */
-int hf_tensors_open(const char *dir, HfTensors **out, RsErr *e);
-void hf_tensors_close(HfTensors **t);
+/* Maps every safetensors file of dir (headers validated). Close with hf_tensors_destroy. */
+int hf_tensors_create(const char *dir, HfTensors **out, RsErr *e);
+void hf_tensors_destroy(HfTensors **t);
 /* 1 with *info filled when the directory holds tensor `name`, else 0. */
 int hf_tensor_find(const HfTensors *t, const char *name, HfTensorInfo *info);
 /* Reads w->hf_name as f32 into *w->slot (F32/F16/BF16 stored), hashing name, dtype and

@@ -80,7 +80,7 @@ int model_layer_view(const Model *parent, const char *spec, Model **out, RsErr *
     return RS_OK;
 }
 
-void model_free(Model **pm) {
+void model_destroy(Model **pm) {
     if (!pm || !*pm) return;
     Model *m = *pm;
     free(m->w.layers);
@@ -89,7 +89,7 @@ void model_free(Model **pm) {
         for (int i = 0; i < m->n_maps; i++) munmap(m->maps[i], m->map_sizes[i]);
         free(m->maps);
         free(m->map_sizes);
-        gguf_close(&m->gguf);
+        gguf_destroy(&m->gguf);
     }
     free(m);
     *pm = NULL;

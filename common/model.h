@@ -99,7 +99,7 @@ typedef struct Model {
 
 /* Loads a GGUF file, a Hugging Face directory (config.json + safetensors) or names a
  * random-weight model ("random:llama3-8b", see common/randmodel.h: no weights yet).
- * On success *out is a new Model the caller owns (free with model_free). */
+ * On success *out is a new Model the caller owns (free with model_destroy). */
 int model_load(const char *path, Model **out, RsErr *e);
 
 /* A view on `parent` that runs only the listed layers (in that order) with the parent's
@@ -107,7 +107,7 @@ int model_load(const char *path, Model **out, RsErr *e);
  * The view borrows parent's memory: free it before the parent. */
 int model_layer_view(const Model *parent, const char *spec, Model **out, RsErr *e);
 
-void model_free(Model **m);
+void model_destroy(Model **m);
 
 /* Matrix bytes streamed per token as stored (layers + head; for bandwidth figures); a
  * random model without host weights counts f32. */

@@ -5,7 +5,7 @@
 
 int gguf_load_model(const char *path, Model **out, RsErr *e);
 int hf_load_model(const char *dir, Model **out, RsErr *e);
-void gguf_close(GGUFFile **g);
+void gguf_destroy(GGUFFile **g);
 
 /* Metadata look-ups on an open GGUF file (for the tokenizer). Return 0 if found. */
 int gguf_get_str(const GGUFFile *g, const char *key, const char **s, size_t *len);

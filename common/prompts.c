@@ -221,11 +221,11 @@ int prompts_load(const char *path, PromptSet **out, RsErr *e) {
     return RS_OK;
 fail:
     free(buf);
-    prompts_free(&set);
+    prompts_destroy(&set);
     return rc;
 }
 
-void prompts_free(PromptSet **p) {
+void prompts_destroy(PromptSet **p) {
     if (!p || !*p) return;
     for (int i = 0; i < (*p)->n; i++) {
         free((*p)->items[i].category);

@@ -27,7 +27,7 @@ typedef struct {
  * non-string first turn / prompt, bad or duplicate id) refuses the whole file with an error
  * naming the file and the 1-based line. Blank lines are skipped. An empty file is an error. */
 int prompts_load(const char *path, PromptSet **out, RsErr *e);
-void prompts_free(PromptSet **p);
+void prompts_destroy(PromptSet **p);
 
 /* Strict UTF-8 check (no overlongs, no surrogates, <= U+10FFFF). Returns the byte offset of
  * the first invalid sequence, or -1 when s[0..n) is valid. */

@@ -421,17 +421,17 @@ static int load_gguf(const GGUFFile *g, const char *src, Tokenizer **out, RsErr 
     merges_alloc(t, nm);
     for (size_t i = 0; i < nm; i++) {
         if (gguf_arr_str(g, "tokenizer.ggml.merges", i, &s, &len) != 0) {
-            tokenizer_free(&t);
+            tokenizer_destroy(&t);
             return rs_err(e, RS_EFORMAT, "%s: cannot read tokenizer.ggml.merges[%zu]", src, i);
         }
         const char *sp = memchr(s, ' ', len);
         if (!sp || sp == s || sp == s + len - 1) {
-            tokenizer_free(&t);
+            tokenizer_destroy(&t);
             return rs_err(e, RS_EFORMAT, "%s: merge %zu '%.*s' is not 'a b'", src, i, (int)len, s);
         }
         int rc = add_merge(t, s, (size_t)(sp - s), sp + 1, len - (size_t)(sp - s) - 1, (int)i, src, e);
         if (rc) {
-            tokenizer_free(&t);
+            tokenizer_destroy(&t);
             return rc;
         }
     }
@@ -450,7 +450,7 @@ static int load_gguf(const GGUFFile *g, const char *src, Tokenizer **out, RsErr 
     }
     int rc = add_regex_step(t, re, strlen(re), 0, BEH_ISOLATED, 0, src, e);
     if (rc) {
-        tokenizer_free(&t);
+        tokenizer_destroy(&t);
         return rc;
     }
     long long v;
@@ -699,7 +699,7 @@ static int load_json_doc(const cJSON *root, const char *src, Tokenizer **out, Rs
     if (!rc && !bytelevel)
         rc = rs_err(e, RS_EUNSUPPORTED, "%s: pre_tokenizer has no ByteLevel step (only byte-level BPE is supported)", src);
     if (rc) {
-        tokenizer_free(&t);
+        tokenizer_destroy(&t);
         return rc;
     }
     parse_post(cJSON_GetObjectItemCaseSensitive(root, "post_processor"), &t->bos_id, &t->add_bos);
@@ -758,7 +758,7 @@ int tokenizer_load_model(const struct Model *m, Tokenizer **out, RsErr *e) {
     return rc;
 }
 
-void tokenizer_free(Tokenizer **pt) {
+void tokenizer_destroy(Tokenizer **pt) {
     if (!pt || !*pt) return;
     Tokenizer *t = *pt;
     for (int i = 0; i < t->n_pre; i++) pcre2_code_free(t->pre[i].re);

@@ -22,7 +22,7 @@ typedef enum {
 int tokenizer_load_model(const struct Model *m, Tokenizer **out, RsErr *e);
 /* From a tokenizer.json file. */
 int tokenizer_load_json(const char *path, Tokenizer **out, RsErr *e);
-void tokenizer_free(Tokenizer **t);
+void tokenizer_destroy(Tokenizer **t);
 
 int tokenizer_vocab_size(const Tokenizer *t);
 int tokenizer_eos_id(const Tokenizer *t); /* -1 if none */
@@ -46,7 +46,7 @@ int tokenizer_encode(const Tokenizer *t, const char *text, int **ids, int *n, Rs
  * (at most cap), or -1 for an out-of-range id. Special tokens decode to their text. */
 int tokenizer_token_bytes(const Tokenizer *t, int id, char *buf, int cap);
 /* The same bytes in place, however long: the tokenizer owns them (valid until
- * tokenizer_free). NULL for an out-of-range id. */
+ * tokenizer_destroy). NULL for an out-of-range id. */
 const char *tokenizer_token_view(const Tokenizer *t, int id, size_t *len);
 /* Decodes a whole sequence to a malloc'd NUL-terminated string; caller frees. */
 char *tokenizer_decode(const Tokenizer *t, const int *ids, int n);

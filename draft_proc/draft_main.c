@@ -99,8 +99,8 @@ int main(int argc, char **argv) {
     else if (!rc) rc = drafter_model_create(full, ops, ctx, threads, device, &d, &e);
     if (rc) {
         fprintf(stderr, "rootspec-draft: %s\n", e.msg);
-        tokenizer_free(&tok);
-        model_free(&full);
+        tokenizer_destroy(&tok);
+        model_destroy(&full);
         return rc == RS_EINVAL || rc == RS_EFORMAT || rc == RS_EUNSUPPORTED ? 2 : 1;
     }
     struct sigaction sa = {0};
@@ -115,7 +115,7 @@ int main(int argc, char **argv) {
     rc = server_run(d, tokenizer_identity(tok, full->cfg.vocab_size), &so, &e);
     if (rc) fprintf(stderr, "rootspec-draft: %s\n", e.msg);
     drafter_destroy(&d); /* before the model it borrows */
-    tokenizer_free(&tok);
-    model_free(&full);
+    tokenizer_destroy(&tok);
+    model_destroy(&full);
     return !rc ? 0 : rc == RS_EINVAL || rc == RS_EFORMAT ? 2 : 1; /* bad --bind path or keys: 2 */
 }

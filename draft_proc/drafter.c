@@ -2,7 +2,7 @@
  * ops (drafter_impl.h) after the checks every kind shares. */
 #include "drafter_impl.h"
 
-Drafter *drafter_new(const DrafterOps *ops, void *ctx, const DrafterInfo *info) {
+Drafter *drafter_wrap(const DrafterOps *ops, void *ctx, const DrafterInfo *info) {
     RS_ASSERT(ops && ops->reset && ops->grow_begin && ops->grow_end && ops->destroy);
     Drafter *d = rs_xcalloc(1, sizeof *d);
     d->ops = ops;

@@ -13,7 +13,7 @@
  *
  * Adding a kind (an EAGLE-3 head is next): write a DrafterOps (drafter_impl.h) over your own
  * context struct, and a constructor `int drafter_KIND_create(..., Drafter **out, RsErr *e)`
- * that ends with drafter_new(). Declare the constructor in a header of its own (as
+ * that ends with drafter_wrap(). Declare the constructor in a header of its own (as
  * model_drafter.h does); nothing else changes: the engine, decode_run and the server take
  * any Drafter. An EAGLE-3 head predicts from the target's hidden features of the committed
  * tokens: the commit calls carry them (`features`, below), which today's kinds ignore.

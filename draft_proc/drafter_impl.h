@@ -29,6 +29,6 @@ struct Drafter {
 
 /* A handle for a kind's ctx (owned by the handle from here on; *info copied). Never fails:
  * a kind's constructor builds ctx first and wraps it last. */
-Drafter *drafter_new(const DrafterOps *ops, void *ctx, const DrafterInfo *info);
+Drafter *drafter_wrap(const DrafterOps *ops, void *ctx, const DrafterInfo *info);
 
 #endif

@@ -122,6 +122,6 @@ int drafter_eagle3_create(const Eagle3Head *h, const float *embed, int kv_capaci
     d->pool = rs_xmalloc(sizeof(Pool));
     DrafterInfo info = {.vocab_size = h->cfg.c.vocab_size, .fingerprint = h->fingerprint,
                         .name = h->path};
-    *out = drafter_new(&eagle3_ops, d, &info);
+    *out = drafter_wrap(&eagle3_ops, d, &info);
     return RS_OK;
 }

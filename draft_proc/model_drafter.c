@@ -173,11 +173,11 @@ static int model_grow_end(void *ctx, Pool *out, RsErr *e) {
     return RS_OK;
 }
 
-static void model_destroy(void *ctx) {
+static void md_destroy(void *ctx) {
     ModelDrafter *d = ctx;
     backend_host_free(d->b, d->logits);
     backend_destroy(&d->b);
-    model_free(&d->view); /* after the backend that borrowed it */
+    model_destroy(&d->view); /* after the backend that borrowed it */
     free(d->mask);
     free(d->pool);
     free(d);
@@ -187,7 +187,7 @@ static const DrafterOps model_ops = {
     .reset = model_reset,
     .grow_begin = model_grow_begin,
     .grow_end = model_grow_end,
-    .destroy = model_destroy,
+    .destroy = md_destroy,
 };
 
 /* Builds the kind's state on `m`; takes ownership of `view` (NULL or m itself). */
@@ -195,7 +195,7 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
                              int kv_capacity, int threads, int device, Drafter **out, RsErr *e) {
     *out = NULL;
     if (m->cfg.vocab_size < POOL_TOPK) {
-        model_free(&view);
+        model_destroy(&view);
         return rs_err(e, RS_EUNSUPPORTED, "drafter vocabulary of %d tokens is smaller than %d",
                       m->cfg.vocab_size, POOL_TOPK);
     }
@@ -210,7 +210,7 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
                         .device = device};
     int rc = backend_create(ops, m, &bp, &d->b, e);
     if (rc) {
-        model_free(&d->view);
+        model_destroy(&d->view);
         free(d);
         return rc;
     }
@@ -218,7 +218,7 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
     d->mask = rs_xmalloc(POOL_EXPAND * POOL_N_EXPANDED);
     d->pool = rs_xmalloc(sizeof(Pool));
     DrafterInfo info = {.vocab_size = d->vocab, .fingerprint = m->fingerprint, .name = m->path};
-    *out = drafter_new(&model_ops, d, &info);
+    *out = drafter_wrap(&model_ops, d, &info);
     return RS_OK;
 }
 

@@ -146,6 +146,6 @@ int drafter_threaded_create(Drafter *inner, Drafter **out, RsErr *e) {
         free(td);
         return rs_err(e, RS_ENOMEM, "cannot start the drafter's worker thread");
     }
-    *out = drafter_new(&thread_ops, td, drafter_info(inner));
+    *out = drafter_wrap(&thread_ops, td, drafter_info(inner));
     return RS_OK;
 }

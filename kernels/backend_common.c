@@ -44,7 +44,7 @@ int backend_model_load(const BackendOps *ops, const char *path, Model **out, RsE
     int rc = model_load(path, out, e);
     if (rc || !(*out)->random_weights || ops->makes_random_weights) return rc;
     rc = model_random_materialize(*out, e);
-    if (rc) model_free(out);
+    if (rc) model_destroy(out);
     return rc;
 }
 

@@ -29,7 +29,7 @@ static int load_draft_model(const EngineOpts *o, const BackendOps *ops, Engine *
     if (rc) return rc;
     uint64_t h1 = tokenizer_identity(en->tok, en->target_model->cfg.vocab_size);
     uint64_t h2 = tokenizer_identity(dt, en->draft_model->cfg.vocab_size);
-    tokenizer_free(&dt);
+    tokenizer_destroy(&dt);
     if (h1 != h2)
         return rs_err(e, RS_EINVAL,
                       "drafter tokenizer (hash %016llx, %s) differs from the target's (hash "
@@ -62,18 +62,18 @@ static int open_drafter(const EngineOpts *o, const BackendOps *ops, Engine *en, 
     return rc ? rc : drafter_threaded_create(local, &en->drafter, e);
 }
 
-int engine_open(const EngineOpts *o, int need_drafter, Engine *en, RsErr *e) {
-    memset(en, 0, sizeof *en);
+/* engine_create's steps on a zeroed Engine; on failure the caller destroys what was made. */
+static int engine_build(const EngineOpts *o, int need_drafter, Engine *en, RsErr *e) {
     const BackendOps *ops = backend_ops_by_name(o->backend, e);
     if (!ops) return e ? e->code : RS_EINVAL;
     int rc = backend_model_load(ops, o->model_path, &en->target_model, e);
     if (rc) return rc;
     rc = tokenizer_load_model(en->target_model, &en->tok, e);
-    if (rc) goto fail;
+    if (rc) return rc;
     if (en->tok && tokenizer_vocab_size(en->tok) > en->target_model->cfg.vocab_size) {
         rc = rs_err(e, RS_EFORMAT, "tokenizer has %d tokens but the model's vocabulary is %d",
                     tokenizer_vocab_size(en->tok), en->target_model->cfg.vocab_size);
-        goto fail;
+        return rc;
     }
     en->chat = en->tok ? chat_template_for_model(en->target_model) : CHAT_NONE;
     int *eog, n_eog;
@@ -81,26 +81,38 @@ int engine_open(const EngineOpts *o, int need_drafter, Engine *en, RsErr *e) {
     rc = target_create(en->target_model, ops, o->ctx, o->threads, o->device, eog, n_eog,
                        &en->target, e);
     free(eog);
-    if (rc) goto fail;
+    if (rc) return rc;
     if (!need_drafter) return RS_OK;
     rc = open_drafter(o, ops, en, e);
     if (rc == RS_ETIMEOUT && o->draft_endpoint && o->drafter_optional) {
         snprintf(en->drafter_missing, sizeof en->drafter_missing, "%s", e ? e->msg : "");
         return RS_OK; /* en->drafter stays NULL: the caller decodes AR */
     }
-    if (rc) goto fail;
-    return RS_OK;
-fail:
-    engine_close(en);
     return rc;
 }
 
-void engine_close(Engine *en) {
+int engine_create(const EngineOpts *o, int need_drafter, Engine **out, RsErr *e) {
+    *out = NULL;
+    Engine *en = rs_xcalloc(1, sizeof *en);
+    int rc = engine_build(o, need_drafter, en, e);
+    if (rc) {
+        engine_destroy(&en);
+        return rc;
+    }
+    *out = en;
+    return RS_OK;
+}
+
+void engine_destroy(Engine **pen) {
+    if (!pen || !*pen) return;
+    Engine *en = *pen;
     drafter_destroy(&en->drafter); /* before the models it borrows */
     target_destroy(&en->target);
-    model_free(&en->draft_model);
-    tokenizer_free(&en->tok);
-    model_free(&en->target_model);
+    model_destroy(&en->draft_model);
+    tokenizer_destroy(&en->tok);
+    model_destroy(&en->target_model);
+    free(en);
+    *pen = NULL;
 }
 
 int engine_prompt_ids(const Engine *en, const char *text, int chat, int **ids, int *n, RsErr *e) {

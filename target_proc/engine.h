@@ -35,9 +35,11 @@ typedef struct {
     char drafter_missing[1024]; /* drafter_optional: why there is no drafter, else "" */
 } Engine;
 
-/* need_drafter: 0 for --decoder ar (no drafter is loaded or contacted). */
-int engine_open(const EngineOpts *o, int need_drafter, Engine *en, RsErr *e);
-void engine_close(Engine *en);
+/* need_drafter: 0 for --decoder ar (no drafter is loaded or contacted). *out is a new
+ * Engine the caller owns (engine_destroy), NULL on error. */
+int engine_create(const EngineOpts *o, int need_drafter, Engine **out, RsErr *e);
+/* Frees the drafter, target, tokenizer and models; accepts NULL, clears the pointer. */
+void engine_destroy(Engine **en);
 /* Encodes a user prompt (through the chat template when chat != 0), adding BOS when the
  * model's tokenizer does. *ids is malloc'd; caller frees. */
 int engine_prompt_ids(const Engine *en, const char *text, int chat, int **ids, int *n, RsErr *e);

@@ -196,6 +196,6 @@ int drafter_remote_create(const char *endpoint, const Model *target, uint64_t to
     DrafterInfo info = {.vocab_size = target->cfg.vocab_size,
                         .fingerprint = r->fingerprint,
                         .name = r->endpoint};
-    *out = drafter_new(&remote_ops, r, &info);
+    *out = drafter_wrap(&remote_ops, r, &info);
     return RS_OK;
 }

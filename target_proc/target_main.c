@@ -216,32 +216,32 @@ int main(int argc, char **argv) {
         fprintf(stderr, "rootspec-target: %s\n", e.msg);
         return 2;
     }
-    Engine en;
+    Engine *en = NULL;
     eo.drafter_optional = 1; /* as when the drafter fails mid-decode: AR, with a warning */
-    int rc = engine_open(&eo, d.rule != RULE_AR, &en, &e);
+    int rc = engine_create(&eo, d.rule != RULE_AR, &en, &e);
     if (rc) {
         fprintf(stderr, "rootspec-target: %s\n", e.msg);
-        prompts_free(&ps);
+        prompts_destroy(&ps);
         return rc == RS_EINVAL || rc == RS_EFORMAT || rc == RS_EUNSUPPORTED || rc == RS_EPEER ? 2 : 1;
     }
     const char *requested = rule_name(d.rule);
-    if (en.drafter_missing[0]) {
+    if (en->drafter_missing[0]) {
         fprintf(stderr, "rootspec-target: warning: %s; decoding autoregressively instead of "
-                        "with --decoder %s\n", en.drafter_missing, requested);
+                        "with --decoder %s\n", en->drafter_missing, requested);
         d.rule = RULE_AR;
         d.score_all = 0;
     }
-    TimingAcc timing;
-    timing_init(&timing);
-    Sink s = {.tok = en.tok, .output_ids = output_ids || !en.tok, .first_id = 1};
-    if (want_timing || prompts_path) s.timing = &timing;
+    TimingAcc *timing = NULL;
+    timing_create(&timing);
+    Sink s = {.tok = en->tok, .output_ids = output_ids || !en->tok, .first_id = 1};
+    if (want_timing || prompts_path) s.timing = timing;
     if (log_path) {
         s.log = fopen(log_path, "a");
         if (!s.log) {
             fprintf(stderr, "rootspec-target: cannot open --log-rounds '%s': %s\n", log_path,
                     strerror(errno));
-            engine_close(&en);
-            prompts_free(&ps);
+            engine_destroy(&en);
+            prompts_destroy(&ps);
             return 2;
         }
     }
@@ -258,7 +258,7 @@ int main(int argc, char **argv) {
         DecodeOpts dp = d;
         if (ps) dp.prompt_id = d.prompt_id + (uint64_t)pi;
         rc = prompt_ids ? parse_ids(prompt_ids, &ids, &n, &e)
-                        : engine_prompt_ids(&en, text, chat || (ps && en.chat != CHAT_NONE), &ids, &n, &e);
+                        : engine_prompt_ids(en, text, chat || (ps && en->chat != CHAT_NONE), &ids, &n, &e);
         if (rc) {
             fprintf(stderr, "rootspec-target: %s\n", e.msg);
             exit_code = 2;
@@ -267,7 +267,7 @@ int main(int argc, char **argv) {
         if (ps) printf("=== prompt %s: %s\n", ps->items[pi].id, text);
         s.lc = (RoundLogCtx){rule_name(dp.rule), dp.temp, dp.budget, dp.prompt_id};
         s.first_id = 1;
-        rc = decode_run(en.target, en.drafter, ids, n, &dp, &h, &res, &e);
+        rc = decode_run(en->target, en->drafter, ids, n, &dp, &h, &res, &e);
         free(ids);
         printf("\n");
         fflush(stdout);
@@ -289,7 +289,7 @@ int main(int argc, char **argv) {
                 res.hit_capacity ? ", STOPPED: KV cache full (raise --ctx)" : "",
                 res.drafter_failed ? ", drafter failed (finished autoregressively)" : "",
                 s.taken_over ? ", SESSION TAKEN OVER by another client of the drafter" : "",
-                en.drafter_missing[0] ? ", no drafter (decoded autoregressively)" : "");
+                en->drafter_missing[0] ? ", no drafter (decoded autoregressively)" : "");
         s.taken_over = 0;
     }
     if (s.timing && exit_code == 0) {
@@ -297,10 +297,10 @@ int main(int argc, char **argv) {
             fprintf(stderr, "rootspec-target: %d prompts, %ld tokens in %.3f s: %.2f tok/s\n",
                     n_prompts, total_tokens, total_ns * 1e-9,
                     total_ns ? total_tokens / (total_ns * 1e-9) : 0.0);
-        timing_print(stderr, &timing);
+        timing_print(stderr, timing);
     }
     if (exit_code == 0) scores_print(stderr, &s);
-    timing_free(&timing);
+    timing_destroy(&timing);
     /* Output that could not be written is lost output: report it and fail. */
     if (s.log && (ferror(s.log) | fclose(s.log))) {
         fprintf(stderr, "rootspec-target: writing --log-rounds '%s' failed\n", log_path);
@@ -311,7 +311,7 @@ int main(int argc, char **argv) {
         if (!exit_code) exit_code = 1;
     }
     free(res.tokens);
-    prompts_free(&ps);
-    engine_close(&en);
+    prompts_destroy(&ps);
+    engine_destroy(&en);
     return exit_code;
 }

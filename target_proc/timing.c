@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-void timing_init(TimingAcc *t) { memset(t, 0, sizeof *t); }
+void timing_create(TimingAcc **out) { *out = rs_xcalloc(1, sizeof **out); }
 
 void timing_add(TimingAcc *t, const RoundInfo *r) {
     if (t->n == t->cap) {
@@ -137,7 +137,9 @@ void timing_print(FILE *f, TimingAcc *t) {
     fprintf(f, "\n");
 }
 
-void timing_free(TimingAcc *t) {
+void timing_destroy(TimingAcc **pt) {
+    if (!pt || !*pt) return;
+    TimingAcc *t = *pt;
     free(t->draft_ms);
     free(t->root_ms);
     free(t->tree_ms);
@@ -145,5 +147,6 @@ void timing_free(TimingAcc *t) {
     free(t->overhead_ms);
     free(t->hidden);
     free(t->round_ms);
-    memset(t, 0, sizeof *t);
+    free(t);
+    *pt = NULL;
 }

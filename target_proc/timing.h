@@ -16,7 +16,8 @@ typedef struct {
     double part_ms[TIMING_N_PARTS]; /* summed over the rounds */
 } TimingAcc;
 
-void timing_init(TimingAcc *t);
+/* An empty accumulator; timing_destroy frees it (accepts NULL, clears the pointer). */
+void timing_create(TimingAcc **out);
 void timing_add(TimingAcc *t, const RoundInfo *r);
 /* The medians, then one line saying where a round's time goes (means of the parts). */
 void timing_print(FILE *f, TimingAcc *t);
@@ -24,7 +25,7 @@ void timing_print(FILE *f, TimingAcc *t);
  * after the root pass (or, without one, after the request), selection, tree pass, and the
  * rest (sampling, commit, log). A part the round lacks is 0. */
 void timing_round_parts(const RoundInfo *r, double part_ms[TIMING_N_PARTS]);
-void timing_free(TimingAcc *t);
+void timing_destroy(TimingAcc **t);
 /* Fraction of [root_start, root_end] that lies inside the drafting, taken as
  * [grow_sent, min(pool_recv, grow_sent + draft_ns)] (draft_ns: the drafter's own time). */
 double timing_hidden_share(const RoundInfo *r);

@@ -174,7 +174,7 @@ END_TEST
 
 START_TEST(test_plan_rotation) {
     enum { P = 7, C = 16, W = 2 };
-    BenchPlan *pl = bench_plan_make(P, C, W, 1234);
+    BenchPlan *pl = bench_plan_create(P, C, W, 1234);
     ck_assert_int_eq(pl->n_runs, (P + W) * C);
     int seen[P] = {0}, grid[P][C];
     memset(grid, 0, sizeof grid);
@@ -199,18 +199,18 @@ START_TEST(test_plan_rotation) {
     for (int i = 0; i < P; i++)
         for (int c = 0; c < C; c++) ck_assert_int_eq(grid[i][c], 1);
     /* deterministic per seed; another seed gives another order (checked for these seeds) */
-    BenchPlan *same = bench_plan_make(P, C, W, 1234), *other = bench_plan_make(P, C, W, 99);
+    BenchPlan *same = bench_plan_create(P, C, W, 1234), *other = bench_plan_create(P, C, W, 99);
     ck_assert_mem_eq(same->order, pl->order, P * sizeof(int));
     ck_assert(memcmp(other->order, pl->order, P * sizeof(int)) != 0);
-    bench_plan_free(&pl);
-    bench_plan_free(&same);
-    bench_plan_free(&other);
+    bench_plan_destroy(&pl);
+    bench_plan_destroy(&same);
+    bench_plan_destroy(&other);
     ck_assert_ptr_null(pl);
     /* warm-up is capped at the number of prompts */
-    pl = bench_plan_make(1, 3, 2, 5);
+    pl = bench_plan_create(1, 3, 2, 5);
     ck_assert_int_eq(pl->n_warmup, 1);
     ck_assert_int_eq(pl->n_runs, 6);
-    bench_plan_free(&pl);
+    bench_plan_destroy(&pl);
 }
 END_TEST
 
@@ -412,7 +412,7 @@ START_TEST(test_resume) {
     ck_assert(bench_done_has(done, "p1", &c1));
     ck_assert(!bench_done_has(done, "p2", &c2));
     ck_assert(!bench_done_has(done, "p1", &c3));
-    bench_done_free(&done);
+    bench_done_destroy(&done);
     ck_assert_ptr_null(done);
 
     /* reopen for resume: partial lines cut, the interrupted decode's rounds dropped */
@@ -446,7 +446,7 @@ START_TEST(test_resume) {
     char *empty = tmp_dir();
     ck_assert_int_eq(bench_resume_load(empty, &done, &e), RS_OK);
     ck_assert_int_eq(bench_done_count(done), 0);
-    bench_done_free(&done);
+    bench_done_destroy(&done);
     rm_dir(empty);
     rm_dir(dir);
 }
@@ -459,7 +459,7 @@ END_TEST
 static void synth(BenchDecode **dout, int *nd, BenchRound **rout, int *nr) {
     BenchCombo c[18];
     int nc = bench_combos_default(c, 18, 1);
-    BenchPlan *pl = bench_plan_make(6, nc, 0, 2024);
+    BenchPlan *pl = bench_plan_create(6, nc, 0, 2024);
     BenchDecode *d = rs_xcalloc((size_t)pl->n_runs, sizeof *d);
     BenchRound *r = NULL;
     int n = 0, m = 0, cap = 0;
@@ -502,7 +502,7 @@ static void synth(BenchDecode **dout, int *nd, BenchRound **rout, int *nr) {
         }
         x->mean_accepted = acc / x->rounds;
     }
-    bench_plan_free(&pl);
+    bench_plan_destroy(&pl);
     *dout = d;
     *nd = n;
     *rout = r;
@@ -687,7 +687,7 @@ START_TEST(test_prompts_formats) {
     ck_assert_int_eq(ps->items[1].line, 3);
     ck_assert_str_eq(ps->items[2].id, "line4");
     ck_assert_str_eq(ps->items[2].text, "  verbatim  ");
-    prompts_free(&ps);
+    prompts_destroy(&ps);
     ck_assert_ptr_null(ps);
 
     struct {
@@ -729,7 +729,7 @@ START_TEST(test_prompts_formats) {
     write_text(path, esc, strlen(esc));
     ck_assert_msg(prompts_load(path, &ps, &e) == RS_OK, "%s", e.msg);
     ck_assert_str_eq(ps->items[0].text, "a\\u0000b");
-    prompts_free(&ps);
+    prompts_destroy(&ps);
     /* a directory is refused as one (it used to reach a huge allocation) */
     ck_assert_int_eq(prompts_load(dir, &ps, &e), RS_EINVAL);
     ck_assert_ptr_null(ps);
@@ -738,7 +738,7 @@ START_TEST(test_prompts_formats) {
     write_text(path, bom, strlen(bom));
     ck_assert_msg(prompts_load(path, &ps, &e) == RS_OK, "%s", e.msg);
     ck_assert_str_eq(ps->items[0].text, "x");
-    prompts_free(&ps);
+    prompts_destroy(&ps);
     ck_assert_int_eq(prompts_load("/nonexistent/p.jsonl", &ps, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "/nonexistent/p.jsonl"), "%s", e.msg);
     ck_assert(strstr(prompts_help(), "refused as a whole"));
@@ -760,7 +760,7 @@ START_TEST(test_prompts_real_files) {
     RsErr e = {0};
     ck_assert_msg(prompts_load("deploy/prompts.jsonl", &ps, &e) == RS_OK, "%s", e.msg);
     ck_assert_int_eq(ps->n, 5);
-    prompts_free(&ps);
+    prompts_destroy(&ps);
     const char *sb = "/work/shared/data/spec_bench_question.jsonl";
     if (access(sb, R_OK) != 0) return; /* the shared data set is not part of the repo */
     ck_assert_msg(prompts_load(sb, &ps, &e) == RS_OK, "%s", e.msg);
@@ -768,7 +768,7 @@ START_TEST(test_prompts_real_files) {
     ck_assert_str_eq(ps->items[0].id, "81");
     ck_assert_str_eq(ps->items[0].category, "writing");
     ck_assert(strncmp(ps->items[0].text, "Compose an engaging travel blog post", 36) == 0);
-    prompts_free(&ps);
+    prompts_destroy(&ps);
 }
 END_TEST
 
@@ -780,14 +780,14 @@ START_TEST(test_progress) {
     ck_assert_str_eq(bench_format_duration(125, buf, sizeof buf), "2m05s");
     ck_assert_str_eq(bench_format_duration(NAN, buf, sizeof buf), "?");
     FILE *f = tmpfile();
-    BenchProgress *p = bench_progress_new(f, 10, 1000.0);
+    BenchProgress *p = bench_progress_create(f, 10, 1000.0);
     bench_progress_update(p, 5, "q81 draft T0 B8"); /* within the interval: silent */
-    bench_progress_finish(&p);
+    bench_progress_destroy(&p);
     ck_assert_ptr_null(p);
-    p = bench_progress_new(f, 4, 1e-9); /* every update prints */
+    p = bench_progress_create(f, 4, 1e-9); /* every update prints */
     bench_progress_update(p, 1, "x");
     bench_progress_update(p, 2, NULL);
-    bench_progress_finish(&p);
+    bench_progress_destroy(&p);
     rewind(f);
     char text[1024] = {0};
     size_t n = fread(text, 1, sizeof text - 1, f);
@@ -838,29 +838,29 @@ START_TEST(test_timing_hidden_share) {
     RoundInfo b = timing_round(20, 10, 1);
     ck_assert_msg(fabs(timing_hidden_share(&b) - 1.0) < 1e-9, "hidden %.4f", timing_hidden_share(&b));
 
-    TimingAcc t;
-    timing_init(&t);
-    timing_add(&t, &a);
-    ck_assert_msg(fabs(t.hidden[0] - 0.399) < 0.002, "hidden %.4f", t.hidden[0]);
+    TimingAcc *t = NULL;
+    timing_create(&t);
+    timing_add(t, &a);
+    ck_assert_msg(fabs(t->hidden[0] - 0.399) < 0.002, "hidden %.4f", t->hidden[0]);
     /* the pool was ready 6 ms before the target asked: no message overhead to report */
-    ck_assert_msg(t.overhead_ms[0] < 0, "overhead %.3f ms for a pool that waited for the target",
-                  t.overhead_ms[0]);
-    timing_add(&t, &b);
-    ck_assert_msg(fabs(t.overhead_ms[1] - 0.501) < 1e-6, "overhead %.4f ms, expected 0.501",
-                  t.overhead_ms[1]);
+    ck_assert_msg(t->overhead_ms[0] < 0, "overhead %.3f ms for a pool that waited for the target",
+                  t->overhead_ms[0]);
+    timing_add(t, &b);
+    ck_assert_msg(fabs(t->overhead_ms[1] - 0.501) < 1e-6, "overhead %.4f ms, expected 0.501",
+                  t->overhead_ms[1]);
     RoundInfo c = timing_round(4, 0, 0); /* draft rule: no root pass, the target waits */
-    timing_add(&t, &c);
-    ck_assert_msg(fabs(t.overhead_ms[2] - 0.501) < 1e-6, "overhead %.4f ms", t.overhead_ms[2]);
-    ck_assert(t.hidden[2] < 0);
+    timing_add(t, &c);
+    ck_assert_msg(fabs(t->overhead_ms[2] - 0.501) < 1e-6, "overhead %.4f ms", t->overhead_ms[2]);
+    ck_assert(t->hidden[2] < 0);
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    timing_print(f, &t);
+    timing_print(f, t);
     fclose(f);
     ck_assert_msg(strstr(buf, "root pass hidden behind drafting        69.950 %  (2 rounds)"), "%s", buf);
     ck_assert_msg(strstr(buf, "message round trip beyond drafting       0.501 ms (2 rounds)"), "%s", buf);
     free(buf);
-    timing_free(&t);
+    timing_destroy(&t);
 }
 END_TEST
 

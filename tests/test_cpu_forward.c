@@ -127,7 +127,7 @@ START_TEST(test_tree_mask) {
     backend_destroy(&b);
     backend_destroy(&ref);
     ck_assert_ptr_null(b);
-    model_free(&m);
+    model_destroy(&m);
 }
 END_TEST
 
@@ -169,7 +169,7 @@ START_TEST(test_multi_pass) {
     ck_assert_msg(bad == 0, "%s: %d logits differ after a two-pass round", cases[_i].name, bad);
     backend_destroy(&b);
     backend_destroy(&ref);
-    model_free(&m);
+    model_destroy(&m);
 }
 END_TEST
 
@@ -231,7 +231,7 @@ START_TEST(test_kv_compaction) {
     ck_assert_int_eq(backend_n_committed(b), n_seq - 1);
     backend_destroy(&b);
     backend_destroy(&ref);
-    model_free(&m);
+    model_destroy(&m);
 }
 END_TEST
 
@@ -296,7 +296,7 @@ START_TEST(test_capacity_errors) {
     BackendParams p = {.kv_capacity = 0, .max_batch = 4, .max_pending = 4};
     expect_err(backend_create(&cpu_backend_ops, m, &p, &b, &e), &e, "kv_capacity 0");
     ck_assert_ptr_null(b);
-    model_free(&m);
+    model_destroy(&m);
 }
 END_TEST
 

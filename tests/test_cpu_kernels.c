@@ -67,7 +67,7 @@ START_TEST(test_kernels_vs_double) {
         free(x);
         free(y);
         free(xd);
-        model_free(&m);
+        model_destroy(&m);
     }
 }
 END_TEST
@@ -96,7 +96,7 @@ START_TEST(test_kernels_batch_invariant) {
             ck_assert_msg(memcmp(y1, y + t * out, sizeof y1) == 0, "%s %s: token %d differs",
                           f->name, quant_type_name(kTypes[ti]), t);
         }
-        model_free(&m);
+        model_destroy(&m);
     }
 }
 END_TEST
@@ -207,7 +207,7 @@ START_TEST(test_forward_batch_invariant) {
         Model *m = tu_random_model_typed(_i == 0 ? ARCH_LLAMA : ARCH_QWEN2, 64, 96, 2, 4, 2, 80,
                                          11 + ti, types[ti]);
         for (int th = 1; th <= 2; th++) check_invariance(m, th, 100 + ti);
-        model_free(&m);
+        model_destroy(&m);
     }
 }
 END_TEST
@@ -217,7 +217,7 @@ START_TEST(test_forward_batch_invariant_default) {
     RsErr e = {0};
     ck_assert_msg(model_load(tu_default_model_path(), &m, &e) == RS_OK, "%s", e.msg);
     check_invariance(m, 2, 7);
-    model_free(&m);
+    model_destroy(&m);
 }
 END_TEST
 

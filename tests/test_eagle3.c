@@ -68,13 +68,13 @@ static int flat_ints(const cJSON *a, int *out, int cap) {
 static float *target_embeddings(const char *dir, const Config *t) {
     HfTensors *ts;
     RsErr e = {0};
-    ck_assert_msg(hf_tensors_open(dir, &ts, &e) == 0, "%s", e.msg);
+    ck_assert_msg(hf_tensors_create(dir, &ts, &e) == 0, "%s", e.msg);
     float *emb = malloc(sizeof(float) * (size_t)t->vocab_size * t->dim);
     WeightReq w = {.hf_name = "model.embed_tokens.weight", .slot = &emb, .rows = t->vocab_size,
                    .cols = t->dim};
     uint64_t fp = 0;
     ck_assert_msg(hf_tensors_load(ts, &w, &fp, &e) == 0, "%s", e.msg);
-    hf_tensors_close(&ts);
+    hf_tensors_destroy(&ts);
     return emb;
 }
 
@@ -188,7 +188,7 @@ static void parity(const char *head_dir, int want_own_embed) {
     free(temb);
     eagle3_head_destroy(&h);
     ck_assert_ptr_null(h);
-    model_free(&t);
+    model_destroy(&t);
     cJSON_Delete(j);
 }
 
@@ -281,7 +281,7 @@ START_TEST(test_grow_pool) {
     free(lg);
     free(emb);
     eagle3_head_destroy(&h);
-    model_free(&t);
+    model_destroy(&t);
     cJSON_Delete(j);
 }
 END_TEST
@@ -358,7 +358,7 @@ START_TEST(test_drafter_kind) {
     ck_assert_ptr_null(d);
     free(emb);
     eagle3_head_destroy(&h);
-    model_free(&t);
+    model_destroy(&t);
     cJSON_Delete(j);
 }
 END_TEST
@@ -429,7 +429,7 @@ START_TEST(test_decode_identity_with_eagle3) {
     a->feats = malloc(sizeof(float) * (size_t)(ROUND_MAX_EMIT + 512) * a->F);
     ck_assert(drafter_eagle3_create(h, emb, 512, &a->inner, &e) == 0);
     DrafterInfo info = *drafter_info(a->inner);
-    Drafter *d = drafter_new(&adapter_ops, a, &info), *dc;
+    Drafter *d = drafter_wrap(&adapter_ops, a, &info), *dc;
     ck_assert_int_eq(drafter_threaded_create(d, &dc, &e), 0);
     const Rule rules[] = {RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
     Rng r;
@@ -462,7 +462,7 @@ START_TEST(test_decode_identity_with_eagle3) {
     target_destroy(&t);
     free(emb);
     eagle3_head_destroy(&h);
-    model_free(&tm);
+    model_destroy(&tm);
 }
 END_TEST
 
@@ -577,7 +577,7 @@ START_TEST(test_fit_to_target) {
     expect_misfit(&no_embed, &t->cfg, "no embed_tokens and hidden_size 48", "width 32");
     eagle3_head_destroy(&h);
     eagle3_head_destroy(&he);
-    model_free(&t);
+    model_destroy(&t);
 }
 END_TEST
 
@@ -663,8 +663,8 @@ START_TEST(test_random_presets) {
     ck_assert_int_eq(eagle3_head_random("random:eagle3-tiny,seed=x", 0, &x, &e), RS_EINVAL);
     eagle3_head_destroy(&h8);
     eagle3_head_destroy(&h);
-    model_free(&t8);
-    model_free(&t);
+    model_destroy(&t8);
+    model_destroy(&t);
 }
 END_TEST
 

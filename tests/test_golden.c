@@ -105,7 +105,7 @@ START_TEST(test_tiny_golden) {
     free(got);
     tu_golden_free(&g);
     backend_destroy(&b);
-    model_free(&m);
+    model_destroy(&m);
 }
 END_TEST
 
@@ -201,7 +201,7 @@ START_TEST(test_default_top10) {
     free(buf);
     free(logits);
     backend_destroy(&b);
-    model_free(&m);
+    model_destroy(&m);
 }
 END_TEST
 

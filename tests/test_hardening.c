@@ -357,8 +357,8 @@ static char *target_vs_fake(const char *text, int *rc) {
                   e.msg);
     f.vocab = (uint32_t)m->cfg.vocab_size;
     f.tok_hash = tokenizer_identity(t, m->cfg.vocab_size);
-    tokenizer_free(&t);
-    model_free(&m);
+    tokenizer_destroy(&t);
+    model_destroy(&m);
     pthread_t th;
     ck_assert_int_eq(pthread_create(&th, NULL, fake_main, &f), 0);
     while (!f.ready) usleep(1000);
@@ -452,8 +452,8 @@ START_TEST(test_takeover_reported_and_rate_limited) {
                   e.msg);
     uint32_t V = (uint32_t)m->cfg.vocab_size;
     uint64_t H = tokenizer_identity(t, m->cfg.vocab_size);
-    tokenizer_free(&t);
-    model_free(&m);
+    tokenizer_destroy(&t);
+    model_destroy(&m);
     void *ctx = zmq_ctx_new(), *a = zmq_socket(ctx, ZMQ_DEALER), *b = zmq_socket(ctx, ZMQ_DEALER);
     int zero = 0;
     zmq_setsockopt(a, ZMQ_LINGER, &zero, sizeof zero);

@@ -171,7 +171,7 @@ START_TEST(test_gguf_tiny_config) {
     ck_assert_ptr_ne(m->w.wcls.data, m->w.tok_embeddings.data);
     /* only the norms are copied: the matrices stay in the mapping in their stored type */
     ck_assert_int_eq(m->arena_floats, 32 + 2 * (2 * 32));
-    model_free(&m);
+    model_destroy(&m);
     ck_assert_ptr_null(m);
 }
 END_TEST
@@ -215,7 +215,7 @@ START_TEST(test_gguf_tiny_weights) {
     ck_assert_int_eq(tu_compare("wq1", tu_f32(&m->w.layers[1].wq), q, n, 0.14f, 0, &mx), 0);
     const float *k = fx_get(&f, "model.layers.1.self_attn.k_proj.weight", &n);
     ck_assert_int_eq(tu_compare("wk1", tu_f32(&m->w.layers[1].wk), k, n, 0.008f, 0, &mx), 0);
-    model_free(&m);
+    model_destroy(&m);
     fx_free(&f);
 }
 END_TEST
@@ -267,7 +267,7 @@ START_TEST(test_gguf_metadata) {
     ck_assert_int_eq(gguf_arr_num(g, "test.nested", 0, &d), -1);
     ck_assert_int_eq(gguf_arr_str(g, "test.nested", 0, &s, &len), -1);
     ck_assert_int_eq(gguf_get_arr_n(g, "general.name", &n), -1);
-    model_free(&m);
+    model_destroy(&m);
 }
 END_TEST
 
@@ -288,7 +288,7 @@ START_TEST(test_gguf_llama3_rope) {
     ck_assert_int_eq(c->bos_id, 60);
     ck_assert_int_eq(c->eos_id, 63);
     ck_assert_int_eq(compare_originals(m, &f, 0), 21);
-    model_free(&m);
+    model_destroy(&m);
     fx_free(&f);
 }
 END_TEST
@@ -321,7 +321,7 @@ START_TEST(test_hf_llama_bf16) {
     const char *tj = m->tokenizer_json;
     ck_assert_str_eq(tj + strlen(tj) - strlen("hf_llama/tokenizer.json"), "hf_llama/tokenizer.json");
     ck_assert_int_eq(compare_originals(m, &f, 0), 21);
-    model_free(&m);
+    model_destroy(&m);
     fx_free(&f);
 }
 END_TEST
@@ -344,10 +344,10 @@ START_TEST(test_hf_sharded_tied) {
     ck_assert_str_ne(m->fingerprint, g->fingerprint);
     ck_assert_str_ne(m->fingerprint, h->fingerprint);
     ck_assert_str_ne(g->fingerprint, h->fingerprint);
-    model_free(&m);
-    model_free(&m2);
-    model_free(&g);
-    model_free(&h);
+    model_destroy(&m);
+    model_destroy(&m2);
+    model_destroy(&g);
+    model_destroy(&h);
     fx_free(&f);
 }
 END_TEST
@@ -379,7 +379,7 @@ START_TEST(test_hf_qwen2_qwen3) {
     }
     const float *wq = fx_get(&f, "model.layers.0.self_attn.q_proj.weight", &n);
     ck_assert_int_eq(tu_compare("qwen2 wq", tu_f32(&m->w.layers[0].wq), wq, n, 0, 0, &mx), 0);
-    model_free(&m);
+    model_destroy(&m);
 
     m = load_ok(tu_fixture("loader/hf_qwen3"));
     ck_assert_int_eq(m->cfg.arch, ARCH_QWEN3);
@@ -400,7 +400,7 @@ START_TEST(test_hf_qwen2_qwen3) {
         checked++;
     }
     ck_assert_int_eq(checked, 6);
-    model_free(&m);
+    model_destroy(&m);
     fx_free(&f);
 }
 END_TEST
@@ -473,7 +473,7 @@ START_TEST(test_default_model) {
     float mx;
     ck_assert_int_eq(tu_compare("attn_norm0", m->w.layers[0].attn_norm, fx_get(&f, "blk.0.attn_norm.weight", &n), 576, 0, 0, &mx), 0);
     ck_assert_int_eq(tu_compare("output_norm", m->w.final_norm, fx_get(&f, "output_norm.weight", &n), 576, 0, 0, &mx), 0);
-    model_free(&m);
+    model_destroy(&m);
     fx_free(&f);
 }
 END_TEST
@@ -659,7 +659,7 @@ START_TEST(test_gguf_metadata_values) {
     memcpy(rec + strlen(rk) + 4, &v, 4);
     Model *m = load_ok(patched("rope8.gguf", kl, rec, strlen(rk) + 8));
     ck_assert_int_eq(m->cfg.head_dim, 8);
-    model_free(&m);
+    model_destroy(&m);
     free(tiny);
     rm_tmp();
 }
@@ -761,7 +761,7 @@ START_TEST(test_hf_fewer_layers_than_weights) {
     copy_config("loader/hf_llama", d, NULL, NULL);
     Model *m = load_ok(d); /* the copy as it is loads */
     ck_assert_int_eq(m->cfg.n_layers, 2);
-    model_free(&m);
+    model_destroy(&m);
     copy_config("loader/hf_llama", d, "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1");
     expect_fail(d, RS_EFORMAT,
                 "holds tensor 'model.layers.1.input_layernorm.weight' but num_hidden_layers is 1",
@@ -836,7 +836,7 @@ START_TEST(test_fifo_refused) {
         rc = tokenizer_load_model(m, &t, &e);
         ck_assert_msg(rc == RS_EINVAL && strstr(e.msg, "is a FIFO") && strstr(e.msg, p), "%d %s",
                       rc, e.msg);
-        model_free(&m);
+        model_destroy(&m);
     }
     rm_tmp();
 }
@@ -933,16 +933,16 @@ START_TEST(test_layer_view) {
     ck_assert_ptr_eq(v->w.wcls.data, m->w.wcls.data);
     ck_assert_int_eq(v->is_view, 1);
     ck_assert_str_ne(v->fingerprint, m->fingerprint);
-    model_free(&v);
+    model_destroy(&v);
     ck_assert_int_eq(model_layer_view(m, "1,0", &v, &e), RS_OK);
     ck_assert_int_eq(v->cfg.n_layers, 2);
     ck_assert_ptr_eq(v->w.layers[0].wq.data, m->w.layers[1].wq.data);
     ck_assert_ptr_eq(v->w.layers[1].wq.data, m->w.layers[0].wq.data);
-    model_free(&v);
+    model_destroy(&v);
     ck_assert_int_eq(model_layer_view(m, "1", &v, &e), RS_OK);
     ck_assert_int_eq(v->cfg.n_layers, 1);
     ck_assert_ptr_eq(v->w.layers[0].wk.data, m->w.layers[1].wk.data);
-    model_free(&v);
+    model_destroy(&v);
     static const struct { const char *spec, *msg; } bad[] = {
         {"", "empty --draft-layers spec"},
         {"2", "range 2-2 outside 0-1"},
@@ -960,7 +960,7 @@ START_TEST(test_layer_view) {
         ck_assert_ptr_null(v);
         ck_assert_msg(strstr(e.msg, bad[i].msg), "spec '%s': '%s' lacks '%s'", bad[i].spec, e.msg, bad[i].msg);
     }
-    model_free(&m);
+    model_destroy(&m);
 }
 END_TEST
 

@@ -37,7 +37,7 @@ START_TEST(test_random_presets) {
     /* 8.03e9 parameters: Llama-3.1-8B's published count */
     double params = model_weight_bytes(m) / 4.0 + (double)c->vocab_size * c->dim;
     ck_assert_msg(fabs(params - 8.03e9) < 0.01e9, "params %.4g", params);
-    model_free(&m);
+    model_destroy(&m);
 
     m = load_ok("random:llama3-1b");
     c = &m->cfg;
@@ -48,7 +48,7 @@ START_TEST(test_random_presets) {
     ck_assert_int_eq(c->vocab_size, 128256);
     ck_assert_float_eq(c->rope_factor, 32.0f);
     ck_assert_int_eq(c->tied_embeddings, 1);
-    model_free(&m);
+    model_destroy(&m);
 
     m = load_ok("random:smollm2-135m,seed=4,layers=3,arch=qwen3,tied=0,vocab=1000");
     c = &m->cfg;
@@ -58,7 +58,7 @@ START_TEST(test_random_presets) {
     ck_assert_int_eq(c->arch, ARCH_QWEN3);
     ck_assert(c->has_qk_norm && !c->has_qkv_bias && !c->tied_embeddings);
     ck_assert_uint_eq(m->random_seed, 4);
-    model_free(&m);
+    model_destroy(&m);
 }
 END_TEST
 
@@ -154,20 +154,20 @@ START_TEST(test_random_materialize) {
     ck_assert_int_eq(model_random_materialize(m2, &e), RS_OK);
     ck_assert(memcmp(m->arena, m2->arena, m->arena_floats * sizeof(float)) == 0);
     ck_assert_str_eq(m->fingerprint, m2->fingerprint);
-    model_free(&m2);
+    model_destroy(&m2);
     m2 = load_ok("random:tiny,arch=qwen2,seed=4");
     ck_assert_int_eq(model_random_materialize(m2, &e), RS_OK);
     ck_assert(memcmp(m->arena, m2->arena, m->arena_floats * sizeof(float)) != 0);
     ck_assert_str_ne(m->fingerprint, m2->fingerprint);
-    model_free(&m2);
-    model_free(&m);
+    model_destroy(&m2);
+    model_destroy(&m);
 
     m = load_ok("random:tiny,tied=1");
     ck_assert_int_eq(model_random_materialize(m, &e), RS_OK);
     ck_assert_ptr_eq(m->w.wcls.data, m->w.tok_embeddings.data);
     ck_assert_uint_eq(m->arena_floats,
                       w.total - 2 * (size_t)(64 + 2 * 32) - (size_t)512 * 64); /* no head, no biases */
-    model_free(&m);
+    model_destroy(&m);
 }
 END_TEST
 
@@ -184,7 +184,7 @@ START_TEST(test_random_refusals) {
     BackendParams p = {.kv_capacity = 64, .max_batch = 8, .max_pending = 8, .threads = 1};
     ck_assert_int_eq(backend_create(&cpu_backend_ops, m, &p, &b, &e), RS_EINVAL);
     ck_assert_ptr_null(b);
-    model_free(&m);
+    model_destroy(&m);
     ck_assert_int_eq(backend_model_load(&cpu_backend_ops, "random:llama3-8b", &m, &e), RS_ENOMEM);
     ck_assert_ptr_null(m);
 }
@@ -217,8 +217,8 @@ START_TEST(test_random_cpu_forward) {
         free(lg);
         backend_destroy(&b);
     }
-    model_free(&v);
-    model_free(&m);
+    model_destroy(&v);
+    model_destroy(&m);
 }
 END_TEST
 

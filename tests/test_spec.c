@@ -57,8 +57,8 @@ static void pair_close(Pair *p) {
     drafter_destroy(&p->dc); /* and p->d, which it owns or is */
     p->d = NULL;
     target_destroy(&p->t);
-    model_free(&p->dm);
-    model_free(&p->tm);
+    model_destroy(&p->dm);
+    model_destroy(&p->tm);
 }
 
 static int run(Pair *p, Rule rule, int B, int temp, uint64_t seed, uint64_t pid, const int *prompt,
@@ -340,7 +340,7 @@ START_TEST(test_tree_properties) {
     free(trans);
     free(pl);
     drafter_destroy(&d);
-    model_free(&dm);
+    model_destroy(&dm);
 }
 END_TEST
 
@@ -415,7 +415,7 @@ START_TEST(test_pool_growth_shape) {
     }
     free(pl);
     drafter_destroy(&d);
-    model_free(&dm);
+    model_destroy(&dm);
 }
 END_TEST
 
@@ -906,7 +906,7 @@ START_TEST(test_score_all_oracle) {
     Pair p;
     pair_open(&p, 1, 64, 32, 4242);
     PoolTap tap = {.inner = p.dc};
-    Drafter *dc = drafter_new(&tap_ops, &tap, drafter_info(p.dc));
+    Drafter *dc = drafter_wrap(&tap_ops, &tap, drafter_info(p.dc));
     int prompt[5] = {3, 9, 27, 17, 51};
     long checked = 0, deep = 0;
     for (int temp = 0; temp <= 1; temp++) {

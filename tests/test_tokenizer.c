@@ -152,8 +152,8 @@ static void smol_setup(void) {
 }
 
 static void smol_teardown(void) {
-    tokenizer_free(&g_tok);
-    model_free(&g_model);
+    tokenizer_destroy(&g_tok);
+    model_destroy(&g_model);
 }
 
 START_TEST(test_smollm2_ids_match_hf) {
@@ -241,7 +241,7 @@ START_TEST(test_small_json_ids_match_hf) {
     ck_assert_int_eq(tokenizer_add_bos(t), 1);
     ck_assert(tokenizer_is_eog(t, 2));
     cJSON_Delete(fx);
-    tokenizer_free(&t);
+    tokenizer_destroy(&t);
     ck_assert(t == NULL);
 }
 END_TEST
@@ -263,8 +263,8 @@ START_TEST(test_split_json_ids_match_hf) {
     ck_assert(tokenizer_hash(t) != tokenizer_hash(t2)); /* two extra vocab entries */
     if (g_tok) ck_assert(tokenizer_hash(t) != tokenizer_hash(g_tok));
     cJSON_Delete(fx);
-    tokenizer_free(&t);
-    tokenizer_free(&t2);
+    tokenizer_destroy(&t);
+    tokenizer_destroy(&t2);
 }
 END_TEST
 
@@ -318,9 +318,9 @@ START_TEST(test_hash_ignores_merge_spelling) {
     free(out);
     ck_assert(tokenizer_hash(a) != tokenizer_hash(c));
     cJSON_Delete(j);
-    tokenizer_free(&a);
-    tokenizer_free(&b);
-    tokenizer_free(&c);
+    tokenizer_destroy(&a);
+    tokenizer_destroy(&b);
+    tokenizer_destroy(&c);
 }
 END_TEST
 
@@ -335,7 +335,7 @@ START_TEST(test_json_long_inputs_match_hf) {
         ck_assert_msg(tokenizer_load_json(tu_fixture(rel), &t, &e) == 0, "%s", e.msg);
         int bad = check_long_cases(t, names[i]);
         ck_assert_msg(bad == 0, "%s: %d long inputs differ from HF", names[i], bad);
-        tokenizer_free(&t);
+        tokenizer_destroy(&t);
     }
 }
 END_TEST
@@ -413,7 +413,7 @@ START_TEST(test_model_sources) {
     ck_assert_int_eq(tokenizer_bos_id(t), 0);
     ck_assert_int_eq(tokenizer_add_bos(t), 0); /* ByteLevel post-processor: no BOS */
     ck_assert(tokenizer_is_eog(t, 2));
-    tokenizer_free(&t);
+    tokenizer_destroy(&t);
     ck_assert_int_eq(chat_template_for_model(&m), CHAT_LLAMA3);
     unlink(path);
     unlink(cfg);
@@ -491,7 +491,7 @@ START_TEST(test_encode_rejects_bad_utf8) {
     ck_assert_msg(strstr(e.msg, "not valid UTF-8 at byte 3 (0xff)"), "%s", e.msg);
     ck_assert_int_eq(tokenizer_encode(t, "ok \xe4\xb8", &ids, &n, &e), RS_EINVAL); /* truncated */
     ck_assert_msg(strstr(e.msg, "at byte 3"), "%s", e.msg);
-    tokenizer_free(&t);
+    tokenizer_destroy(&t);
 }
 END_TEST
 

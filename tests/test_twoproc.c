@@ -639,7 +639,7 @@ START_TEST(test_drafter_nonfinite_logits) {
     ck_assert_msg(strstr(e.msg, "invalid pool") && strstr(e.msg, "log q nan"), "%s", e.msg);
     ck_assert_int_eq(p.n, 0);
     drafter_destroy(&d);
-    model_free(&m);
+    model_destroy(&m);
 }
 END_TEST
 
@@ -968,9 +968,9 @@ START_TEST(test_each_drafter_kind_same_pools) {
     for (int k = 0; k < 4; k++) drafter_destroy(&kinds[k]);
     ck_assert(kinds[3] == NULL);
     drafter_destroy(&kinds[3]); /* NULL: nothing */
-    model_free(&view);
-    tokenizer_free(&tok);
-    model_free(&m);
+    model_destroy(&view);
+    tokenizer_destroy(&tok);
+    model_destroy(&m);
     stop(dp);
 }
 END_TEST
@@ -980,17 +980,17 @@ END_TEST
  * self-drafter and the remote one serve the same layers, so they accept the same tokens;
  * the target itself as its own drafter accepts more than a one-layer view. */
 static int engine_decode(const EngineOpts *eo, Rule rule, int *out, int cap, long *accepted) {
-    Engine en;
+    Engine *en = NULL;
     RsErr e = {0};
-    ck_assert_msg(engine_open(eo, rule != RULE_AR, &en, &e) == 0, "%s", e.msg);
+    ck_assert_msg(engine_create(eo, rule != RULE_AR, &en, &e) == 0, "%s", e.msg);
     const int prompt[] = {10, 20, 30, 40, 50, 60};
     DecodeOpts o = {.rule = rule, .budget = 8, .temp = 0, .max_new = 40};
     DecodeResult r = {.tokens = out, .cap = cap};
-    ck_assert_msg(decode_run(en.target, en.drafter, prompt, 6, &o, NULL, &r, &e) == 0, "%s",
+    ck_assert_msg(decode_run(en->target, en->drafter, prompt, 6, &o, NULL, &r, &e) == 0, "%s",
                   e.msg);
     ck_assert_msg(!r.drafter_failed, "the drafter failed");
-    engine_close(&en);
-    ck_assert(en.drafter == NULL);
+    engine_destroy(&en);
+    ck_assert(en == NULL); /* destroy clears the pointer */
     *accepted = r.accepted_total;
     return r.n_tokens;
 }

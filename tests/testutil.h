@@ -16,7 +16,7 @@ int tu_compare(const char *label, const float *got, const float *ref, size_t n, 
                float rtol, float *max_abs);
 
 /* A random Llama-shaped model built in memory (no file), owned by the caller
- * (model_free). Weights ~ N(0, scale) from the given seed; norms = 1 + small noise. */
+ * (model_destroy). Weights ~ N(0, scale) from the given seed; norms = 1 + small noise. */
 Model *tu_random_model(Arch arch, int dim, int hidden_dim, int n_layers, int n_heads,
                        int n_kv_heads, int vocab, uint64_t seed);
 /* The same model with its matrices stored as `type` (F32, F16, BF16, Q8_0, Q4_0, Q4_1:

@@ -65,7 +65,7 @@ START_TEST(test_cuda_launches_per_layer) {
             backend_destroy(&b);
         }
     free(lg);
-    model_free(&m);
+    model_destroy(&m);
 }
 END_TEST
 
@@ -137,7 +137,7 @@ START_TEST(test_cuda_batch_invariant_rows) {
     }
     free(mask), free(ref), free(all), free(one);
     backend_destroy(&cpu), backend_destroy(&gpu);
-    model_free(&dev), model_free(&host);
+    model_destroy(&dev), model_destroy(&host);
 }
 END_TEST
 

@@ -122,7 +122,7 @@ START_TEST(test_cuda_random_parity) {
     free(a), free(g);
     backend_destroy(&cpu);
     backend_destroy(&gpu);
-    model_free(&m);
+    model_destroy(&m);
 }
 END_TEST
 
@@ -162,7 +162,7 @@ START_TEST(test_cuda_graph_vs_eager) {
     free(a), free(b);
     backend_destroy(&gr);
     backend_destroy(&ea);
-    model_free(&m);
+    model_destroy(&m);
 }
 END_TEST
 
@@ -183,7 +183,7 @@ START_TEST(test_cuda_large_prefill_eager) {
     int bad = cu_compare_logits("prefill 100", g, a, 3, 300, &worst);
     fprintf(stderr, "cuda prefill 100 tokens: max |d| %.4g\n", worst);
     ck_assert_int_eq(bad, 0);
-    backend_destroy(&cpu), backend_destroy(&gpu), model_free(&m);
+    backend_destroy(&cpu), backend_destroy(&gpu), model_destroy(&m);
 }
 END_TEST
 
@@ -222,7 +222,7 @@ START_TEST(test_cuda_errors) {
     ck_assert_int_eq(backend_n_committed(b), 1);
     backend_destroy(&b);
     ck_assert_ptr_null(b);
-    model_free(&m);
+    model_destroy(&m);
 }
 END_TEST
 
@@ -270,7 +270,7 @@ START_TEST(test_cuda_golden) {
     free(pos), free(rows), free(got);
     tu_golden_free(&g);
     backend_destroy(&b);
-    model_free(&m);
+    model_destroy(&m);
 }
 END_TEST
 
@@ -299,7 +299,7 @@ START_TEST(test_cuda_default_model) {
             worst, n, agree);
     ck_assert_int_eq(bad, 0);
     backend_destroy(&cpu), backend_destroy(&gpu);
-    model_free(&m);
+    model_destroy(&m);
 }
 END_TEST
 

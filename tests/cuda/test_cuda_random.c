@@ -43,7 +43,7 @@ START_TEST(test_cuda_random_model_matches_cpu) {
     float worst = 0;
     ck_assert_int_eq(cu_prefill_decode_parity(spec, cpu, gpu, tok, n, 4, NULL, &worst), 0);
     backend_destroy(&cpu), backend_destroy(&gpu);
-    model_free(&dev), model_free(&host);
+    model_destroy(&dev), model_destroy(&host);
 }
 END_TEST
 
@@ -108,7 +108,7 @@ START_TEST(test_cuda_no_alloc_in_decode_loop) {
         fprintf(stderr, "(graphs off: ROOTSPEC_CUDA_GRAPHS=0)\n");
     free(lg);
     backend_destroy(&b);
-    model_free(&m);
+    model_destroy(&m);
 }
 END_TEST
 
