@@ -21,8 +21,9 @@
  * Per-token features: `features` is (n, feat_dim) row-major, feat_bytes bytes in all, the
  * target's hidden features for each token of the commit, in order; NULL with feat_bytes 0
  * when the caller has none. A kind that needs them refuses a commit without them
- * (RS_EINVAL); kinds that do not need them ignore them. The remote kind does not send them
- * (the POOL_V1 protocol has no field for them). */
+ * (RS_EINVAL); kinds that do not need them ignore them. DrafterInfo.n_feature_layers > 0
+ * says a kind needs them and which target layers they come from. The remote kind sends
+ * them as bf16 (protocol v2) and takes the layers from the drafter's HELLO_OK. */
 #ifndef ROOTSPEC_DRAFTER_H
 #define ROOTSPEC_DRAFTER_H
 #include "common/pool.h"
@@ -30,10 +31,16 @@
 
 typedef struct Drafter Drafter;
 
+#define DRAFTER_MAX_FEATURE_LAYERS 8
+
 typedef struct {
     int vocab_size;          /* token ids the drafter accepts and proposes: [0, vocab_size) */
     const char *fingerprint; /* the drafter's weights (HELLO_OK); "" when unknown */
     const char *name;        /* for messages: a model path, or a remote endpoint */
+    /* > 0: every commit needs f32 features of the residual stream entering these target
+     * layers (ascending), concatenated per token; 0: the kind ignores features. */
+    int n_feature_layers;
+    int feature_layers[DRAFTER_MAX_FEATURE_LAYERS];
 } DrafterInfo;
 
 /* Forgets the committed context, then commits `prompt` (n >= 0) without growing a pool; the

@@ -104,8 +104,13 @@ static const DrafterOps eagle3_ops = {
 };
 
 int drafter_eagle3_create(const Eagle3Head *h, const float *embed, int kv_capacity,
-                          Drafter **out, RsErr *e) {
+                          const int layers[EAGLE3_N_FEATURES], Drafter **out, RsErr *e) {
     *out = NULL;
+    if (!layers) layers = h->cfg.feature_layers;
+    for (int i = 0; i < EAGLE3_N_FEATURES; i++)
+        if (layers[i] < 0)
+            return rs_err(e, RS_EINVAL, "EAGLE-3 head %s names no feature layers: give the ones "
+                          "eagle3_head_check resolved for its target", h->path);
     if (h->cfg.draft_vocab < POOL_TOPK)
         return rs_err(e, RS_EUNSUPPORTED, "EAGLE-3 draft vocabulary of %d tokens is smaller "
                       "than %d", h->cfg.draft_vocab, POOL_TOPK);
@@ -121,7 +126,8 @@ int drafter_eagle3_create(const Eagle3Head *h, const float *embed, int kv_capaci
     d->root_logits = rs_xmalloc(sizeof(float) * (size_t)h->cfg.draft_vocab);
     d->pool = rs_xmalloc(sizeof(Pool));
     DrafterInfo info = {.vocab_size = h->cfg.c.vocab_size, .fingerprint = h->fingerprint,
-                        .name = h->path};
+                        .name = h->path, .n_feature_layers = EAGLE3_N_FEATURES};
+    memcpy(info.feature_layers, layers, sizeof(int) * EAGLE3_N_FEATURES);
     *out = drafter_wrap(&eagle3_ops, d, &info);
     return RS_OK;
 }

@@ -18,8 +18,9 @@
 
 /* Borrows h and embed ((vocab, dim): h->embed, or the target's embeddings when the head has
  * none; eagle3_head_check them first): keep both alive until drafter_destroy. kv_capacity:
- * context rows + the POOL_N_EXPANDED tree rows. */
+ * context rows + the POOL_N_EXPANDED tree rows. layers: the target layers eagle3_head_check
+ * resolved (DrafterInfo.feature_layers); NULL: the head config's, which must name them. */
 int drafter_eagle3_create(const Eagle3Head *h, const float *embed, int kv_capacity,
-                          Drafter **out, RsErr *e);
+                          const int layers[EAGLE3_N_FEATURES], Drafter **out, RsErr *e);
 
 #endif

@@ -25,6 +25,8 @@ typedef struct {
     ServerGuard *guard;   /* ipc path, connection bound, takeover log (server_guard.h) */
     msgpack_sbuffer sb;
     Pool *pool;           /* COMMIT_GROW's pool, sent from here */
+    float *feat;          // (feat_cap) the request's features widened to f32
+    size_t feat_cap;
     int served;           /* requests decoded (well-formed or not) */
     /* the request being served */
     uint8_t peer[256];
@@ -95,6 +97,10 @@ static void hello_refusal(const Session *s, char *why, size_t cap) {
     else if (h->topk != POOL_TOPK || h->depth != POOL_MAX_DEPTH || h->expand != POOL_EXPAND)
         snprintf(why, cap, "pool shape %u/%u/%u requested, drafter grows %d/%d/%d", h->topk,
                  h->depth, h->expand, POOL_TOPK, POOL_MAX_DEPTH, POOL_EXPAND);
+    else if (s->info->n_feature_layers > 0 && !(h->caps & PROTO_CAP_FEATURES))
+        snprintf(why, cap, "drafter %s needs the target's features (an EAGLE-3 head), target's "
+                 "HELLO capabilities 0x%x lack FEATURES (0x%x)", s->info->name, h->caps,
+                 PROTO_CAP_FEATURES);
 }
 
 /* HELLO: checks the target's vocabulary, tokenizer and pool shape, then starts a session
@@ -126,6 +132,9 @@ static void on_hello(Session *s) {
     h->vocab_size = (uint32_t)s->info->vocab_size;
     h->caps = PROTO_CAP_POOL_V1 | s->o->caps;
     snprintf(h->name, sizeof h->name, "%s", s->o->name ? s->o->name : "rootspec-draft");
+    h->n_feat_layers = s->info->n_feature_layers;
+    memcpy(h->feat_layers, s->info->feature_layers, sizeof(int) * (size_t)h->n_feat_layers);
+    if (h->n_feat_layers) h->caps |= PROTO_CAP_FEATURES;
     send_reply(s, &s->rep);
 }
 
@@ -136,12 +145,30 @@ static int in_session(Session *s) {
     return 0;
 }
 
+/* The request's features as f32 in s->feat (*bytes 0 and NULL when it has none). */
+static const float *request_features(Session *s, size_t *bytes) {
+    const ProtoTokens *t = &s->req.u.tokens;
+    size_t n = (size_t)t->n * (size_t)t->feat_width;
+    *bytes = 0;
+    if (t->feat_type == PROTO_FEAT_NONE || n == 0) return NULL;
+    if (n > s->feat_cap) {
+        free(s->feat);
+        s->feat = rs_xmalloc(n * sizeof(float)); /* bounded by PROTO_MAX_FEAT_BYTES x 2 */
+        s->feat_cap = n;
+    }
+    proto_feat_to_f32(t->feat_type, t->feat, s->feat, n);
+    *bytes = n * sizeof(float);
+    return s->feat;
+}
+
 /* RESET: drops the context and prefills the new prompt; no reply unless it fails. */
 static void on_reset(Session *s) {
     if (!in_session(s)) return;
     s->ctx_lost = 0;
     RsErr ge = {0};
-    int rc = drafter_reset(s->d, s->req.u.tokens.ids, s->req.u.tokens.n, NULL, 0, &ge);
+    size_t fb;
+    const float *f = request_features(s, &fb);
+    int rc = drafter_reset(s->d, s->req.u.tokens.ids, s->req.u.tokens.n, f, fb, &ge);
     if (rc) {
         RsErr ignored = {0};
         drafter_reset(s->d, NULL, 0, NULL, 0, &ignored); /* no unknown prefix left behind */
@@ -162,7 +189,10 @@ static void on_commit_grow(Session *s) {
         return;
     }
     RsErr ge = {0};
-    int rc = drafter_commit_grow(s->d, s->req.u.tokens.ids, s->req.u.tokens.n, s->pool, &ge);
+    size_t fb;
+    const float *f = request_features(s, &fb);
+    int rc = drafter_grow_begin(s->d, s->req.u.tokens.ids, s->req.u.tokens.n, 0, f, fb, &ge);
+    if (!rc) rc = drafter_grow_end(s->d, s->pool, &ge);
     if (rc) {
         lose_context(s, "COMMIT_GROW");
         reply_error(s, &s->req, rc, ge.msg);
@@ -340,6 +370,7 @@ int server_run(Drafter *d, uint64_t tok_hash, const ServerOpts *o, RsErr *e) {
         if (o->max_requests > 0 && s.served >= o->max_requests) break;
     }
     free(s.pool);
+    free(s.feat);
     proto_msg_clear(&s.req);
     msgpack_sbuffer_destroy(&s.sb);
     close_socket(&s);

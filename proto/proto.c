@@ -1,4 +1,4 @@
-/* Protocol v1 codec and ZeroMQ helpers (layout documented in proto.h and PROTOCOL.md).
+/* Protocol v2 codec and ZeroMQ helpers (layout documented in proto.h and PROTOCOL.md).
  * Encoding uses msgpack-c's packer. Decoding uses a small strict reader over the frame
  * instead of msgpack-c's unpacker: the unpacker allocates a zone per message and sizes
  * arrays from their (untrusted) headers before reading them, whereas this reader checks
@@ -6,6 +6,7 @@
  * bodies straight into the caller's Pool. */
 #include "proto.h"
 #include "common/textsafe.h"
+#include "common/quant.h"
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -268,6 +269,27 @@ static int rd_str(Rd *r, const char *name, long idx, char *dst, uint32_t max) {
     return 0;
 }
 
+/* Bin header of at most max bytes (checked before the payload, with `what` naming the
+ * limit); returns pointer and length into the frame. */
+static int rd_bin_raw(Rd *r, const char *name, long idx, uint32_t max, const char *what,
+                      const uint8_t **s, uint32_t *n) {
+    uint8_t b;
+    if (rd_peek(r, name, idx, &b)) return -1;
+    if (b < 0xc4 || b > 0xc6)
+        return rd_fail(r, RS_EPROTO, "%s is %s, expected bin", FLD, kind_name(b));
+    size_t hdr = b == 0xc4 ? 2 : b == 0xc5 ? 3 : 5;
+    if (rd_need(r, hdr, name, idx)) return -1;
+    uint32_t v = (uint32_t)be(r->p + r->off + 1, (int)hdr - 1);
+    if (v > max)
+        return rd_fail(r, RS_EPROTO, "%s is %u bytes, over the %u-byte limit (%s)", FLD, v, max,
+                       what);
+    if (rd_need(r, hdr + v, name, idx)) return -1;
+    *s = r->p + r->off + hdr;
+    *n = v;
+    r->off += hdr + v;
+    return 0;
+}
+
 /* ---------------------------------------------------------------- decoder */
 
 static const char *const type_names[] = {"NONE",        "HELLO", "HELLO_OK", "RESET",
@@ -305,19 +327,65 @@ static int dec_hello(Rd *r, ProtoHello *h) {
 }
 
 static int dec_hello_ok(Rd *r, ProtoHelloOk *h) {
-    if (rd_arr_exact(r, "body", 5)) return -1;
+    uint32_t n;
+    uint64_t v;
+    if (rd_arr_exact(r, "body", 6)) return -1;
     if (dec_hello_common(r, h->fingerprint, &h->tokenizer_hash, &h->vocab_size, &h->caps))
         return -1;
-    return rd_str(r, "drafter_name", -1, h->name, PROTO_NAME_MAX);
+    if (rd_str(r, "drafter_name", -1, h->name, PROTO_NAME_MAX)) return -1;
+    if (rd_arr(r, "feature_layers", -1, PROTO_FEAT_LAYERS_MAX, &n)) return -1;
+    for (uint32_t i = 0; i < n; i++) {
+        if (rd_u64(r, "feature_layers", (long)i, 0, 65535, &v)) return -1;
+        h->feat_layers[i] = (int)v;
+    }
+    h->n_feat_layers = (int)n;
+    if ((n > 0) != ((h->caps & PROTO_CAP_FEATURES) != 0))
+        return rd_fail(r, RS_EPROTO, "feature_layers has %u entries but capabilities 0x%x %s "
+                       "FEATURES (0x%x)", n, h->caps, n ? "lack" : "have", PROTO_CAP_FEATURES);
+    return 0;
 }
 
 static int64_t tok_hi(const ProtoMsg *m) {
     return m->vocab_size > 0 ? m->vocab_size - 1 : INT32_MAX;
 }
 
+/* The features field of RESET / COMMIT_GROW for n tokens, into out->feat_store. */
+static int dec_features(Rd *r, ProtoMsg *out, uint32_t n) {
+    uint32_t k, len = 0;
+    uint64_t type, width;
+    const uint8_t *data = NULL;
+    ProtoTokens *t = &out->u.tokens;
+    if (rd_arr(r, "features", -1, 3, &k)) return -1;
+    if (k == 0) return 0;
+    if (k != 3) return rd_fail(r, RS_EPROTO, "features has %u fields, expected 0 or 3", k);
+    if (rd_u64(r, "features dtype", -1, PROTO_FEAT_BF16, PROTO_FEAT_F16, &type)) return -1;
+    if (rd_u64(r, "features width", -1, 1, PROTO_FEAT_WIDTH_MAX, &width)) return -1;
+    if (rd_bin_raw(r, "features data", -1, PROTO_MAX_FEAT_BYTES, "PROTO_MAX_FEAT_BYTES", &data,
+                   &len))
+        return -1;
+    uint64_t want = (uint64_t)n * width * 2;
+    if (len != want)
+        return rd_fail(r, RS_EPROTO, "features data is %u bytes, expected %llu (%u tokens x "
+                       "width %llu x 2)", len, (unsigned long long)want, n,
+                       (unsigned long long)width);
+    size_t vals = len / 2;
+    if (vals > out->feat_cap) {
+        uint16_t *f = realloc(out->feat_store, vals * sizeof *f);
+        if (!f) return rd_fail(r, RS_ENOMEM, "cannot allocate %zu feature values", vals);
+        out->feat_store = f;
+        out->feat_cap = vals;
+    }
+    for (size_t i = 0; i < vals; i++)
+        out->feat_store[i] = (uint16_t)(data[2 * i] | data[2 * i + 1] << 8);
+    t->feat_type = (ProtoFeatType)type;
+    t->feat_width = (int)width;
+    t->feat = out->feat_store;
+    return 0;
+}
+
 static int dec_tokens(Rd *r, ProtoMsg *out, int min_n) {
     uint32_t n;
-    if (rd_arr_exact(r, "body", 1)) return -1;
+    if (rd_arr_exact(r, "body", 2)) return -1;
     if (rd_arr(r, "tokens", -1, PROTO_MAX_TOKENS, &n)) return -1;
     if ((int)n < min_n)
         return rd_fail(r, RS_EPROTO, "tokens has %u entries, expected at least %d", n, min_n);
@@ -336,7 +404,7 @@ static int dec_tokens(Rd *r, ProtoMsg *out, int min_n) {
     }
     out->u.tokens.ids = out->tok_store;
     out->u.tokens.n = (int)n;
-    return 0;
+    return dec_features(r, out, n);
 }
 
 static int dec_pool_arr(Rd *r, const char *name, uint32_t n) {
@@ -437,6 +505,10 @@ static int dec_header(Rd *r, ProtoMsg *out, uint64_t *type) {
     if (rd_u64(r, "type", -1, 0, UINT64_MAX, type)) return -1;
     if (rd_u64(r, "session", -1, 0, UINT64_MAX, &out->session)) return -1;
     if (rd_u64(r, "seq", -1, 0, UINT64_MAX, &out->seq)) return -1;
+    if (ver == 1)
+        return rd_fail(r, RS_EUNSUPPORTED, "the peer speaks protocol version 1, this end "
+                       "version %d (target features for EAGLE-3 drafters): run the same "
+                       "rootspec release on both ends", PROTO_VERSION);
     if (ver != PROTO_VERSION)
         return rd_fail(r, RS_EUNSUPPORTED, "protocol version %llu, expected %d",
                        (unsigned long long)ver, PROTO_VERSION);
@@ -485,6 +557,7 @@ fail:
 void proto_msg_clear(ProtoMsg *m) {
     if (!m) return;
     free(m->tok_store);
+    free(m->feat_store);
     free(m->pool_own);
     memset(m, 0, sizeof *m);
 }
@@ -509,8 +582,35 @@ static int enc_tokens(msgpack_packer *pk, const ProtoTokens *t, int min_n, RsErr
         if (t->ids[i] < 0)
             return rs_err(e, RS_EINVAL, "proto: cannot encode token %d at index %d", t->ids[i],
                           i);
-    int rc = msgpack_pack_array(pk, 1) | msgpack_pack_array(pk, (size_t)t->n);
+    size_t fbytes = (size_t)t->n * (size_t)(t->feat_width > 0 ? t->feat_width : 0) * 2;
+    int none = t->feat_type == PROTO_FEAT_NONE;
+    int typed = t->feat_type == PROTO_FEAT_BF16 || t->feat_type == PROTO_FEAT_F16;
+    if (none ? (t->feat_width != 0 || t->feat != NULL)
+             : (!typed || t->feat_width < 1 || t->feat_width > PROTO_FEAT_WIDTH_MAX ||
+                (t->n > 0 && !t->feat)))
+        return rs_err(e, RS_EINVAL, "proto: cannot encode features of type %d, width %d "
+                      "(1..%d)", (int)t->feat_type, t->feat_width, PROTO_FEAT_WIDTH_MAX);
+    if (fbytes > PROTO_MAX_FEAT_BYTES)
+        return rs_err(e, RS_EINVAL, "proto: features of %d tokens x width %d are %zu bytes, over "
+                      "the %u-byte limit (PROTO_MAX_FEAT_BYTES)", t->n, t->feat_width, fbytes,
+                      PROTO_MAX_FEAT_BYTES);
+    int rc = msgpack_pack_array(pk, 2) | msgpack_pack_array(pk, (size_t)t->n);
     for (int i = 0; i < t->n; i++) rc |= msgpack_pack_int32(pk, t->ids[i]);
+    if (t->feat_type == PROTO_FEAT_NONE) {
+        rc |= msgpack_pack_array(pk, 0);
+    } else {
+        rc |= msgpack_pack_array(pk, 3) | msgpack_pack_uint32(pk, (uint32_t)t->feat_type);
+        rc |= msgpack_pack_uint32(pk, (uint32_t)t->feat_width) | msgpack_pack_bin(pk, fbytes);
+        uint8_t buf[512]; /* little-endian on the wire, whatever the host */
+        for (size_t i = 0; i < fbytes / 2; i += sizeof buf / 2) {
+            size_t k = fbytes / 2 - i < sizeof buf / 2 ? fbytes / 2 - i : sizeof buf / 2;
+            for (size_t j = 0; j < k; j++) {
+                buf[2 * j] = (uint8_t)t->feat[i + j];
+                buf[2 * j + 1] = (uint8_t)(t->feat[i + j] >> 8);
+            }
+            rc |= msgpack_pack_bin_body(pk, buf, 2 * k);
+        }
+    }
     return rc ? rs_err(e, RS_ENOMEM, "proto: out of memory encoding %d tokens", t->n) : RS_OK;
 }
 
@@ -560,9 +660,19 @@ static int enc_body(msgpack_packer *pk, const ProtoMsg *m, RsErr *e) {
             return rs_err(e, RS_EINVAL,
                           "proto: HELLO_OK fingerprint/name unterminated or vocab %u",
                           h->vocab_size);
-        rc |= msgpack_pack_array(pk, 5) | enc_str(pk, h->fingerprint, (size_t)l1);
+        if (h->n_feat_layers < 0 || h->n_feat_layers > PROTO_FEAT_LAYERS_MAX ||
+            (h->n_feat_layers > 0) != ((h->caps & PROTO_CAP_FEATURES) != 0))
+            return rs_err(e, RS_EINVAL, "proto: HELLO_OK with %d feature layers and "
+                          "capabilities 0x%x", h->n_feat_layers, h->caps);
+        rc |= msgpack_pack_array(pk, 6) | enc_str(pk, h->fingerprint, (size_t)l1);
         rc |= msgpack_pack_uint64(pk, h->tokenizer_hash) | msgpack_pack_uint32(pk, h->vocab_size);
         rc |= msgpack_pack_uint32(pk, h->caps) | enc_str(pk, h->name, (size_t)l2);
+        rc |= msgpack_pack_array(pk, (size_t)h->n_feat_layers);
+        for (int i = 0; i < h->n_feat_layers; i++) {
+            if (h->feat_layers[i] < 0 || h->feat_layers[i] > 65535)
+                return rs_err(e, RS_EINVAL, "proto: feature layer %d", h->feat_layers[i]);
+            rc |= msgpack_pack_uint32(pk, (uint32_t)h->feat_layers[i]);
+        }
         break;
     }
     case PROTO_RESET: return enc_tokens(pk, &m->u.tokens, 0, e);
@@ -613,13 +723,20 @@ int proto_msg_equal(const ProtoMsg *a, const ProtoMsg *b) {
         const ProtoHelloOk *x = &a->u.hello_ok, *y = &b->u.hello_ok;
         return strcmp(x->fingerprint, y->fingerprint) == 0 &&
                x->tokenizer_hash == y->tokenizer_hash && x->vocab_size == y->vocab_size &&
-               x->caps == y->caps && strcmp(x->name, y->name) == 0;
+               x->caps == y->caps && strcmp(x->name, y->name) == 0 &&
+               x->n_feat_layers == y->n_feat_layers &&
+               memcmp(x->feat_layers, y->feat_layers,
+                      (size_t)x->n_feat_layers * sizeof x->feat_layers[0]) == 0;
     }
     case PROTO_RESET:
-    case PROTO_COMMIT_GROW:
-        return a->u.tokens.n == b->u.tokens.n &&
-               (a->u.tokens.n == 0 || memcmp(a->u.tokens.ids, b->u.tokens.ids,
-                                             (size_t)a->u.tokens.n * sizeof(int32_t)) == 0);
+    case PROTO_COMMIT_GROW: {
+        const ProtoTokens *x = &a->u.tokens, *y = &b->u.tokens;
+        size_t nf = (size_t)x->n * (size_t)x->feat_width;
+        return x->n == y->n &&
+               (x->n == 0 || memcmp(x->ids, y->ids, (size_t)x->n * sizeof(int32_t)) == 0) &&
+               x->feat_type == y->feat_type && x->feat_width == y->feat_width &&
+               (nf == 0 || memcmp(x->feat, y->feat, nf * sizeof(uint16_t)) == 0);
+    }
     case PROTO_POOL: {
         const Pool *x = a->u.pool.pool, *y = b->u.pool.pool;
         if (!x || !y) return x == y;
@@ -651,6 +768,23 @@ void proto_error_reply(ProtoMsg *out, const ProtoMsg *req, const RsErr *cause) {
     memset(&out->u, 0, sizeof out->u);
     out->u.error.code = code;
     memcpy(out->u.error.message, msg, sizeof msg);
+}
+
+void proto_f32_to_bf16(const float *src, uint16_t *dst, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &src[i], 4);
+        if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it NaN (quiet), not Inf */
+            dst[i] = (uint16_t)((u >> 16) | 0x40);
+        else
+            dst[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+    }
+}
+
+void proto_feat_to_f32(ProtoFeatType t, const uint16_t *src, float *dst, size_t n) {
+    RS_ASSERT(t == PROTO_FEAT_BF16 || t == PROTO_FEAT_F16);
+    for (size_t i = 0; i < n; i++)
+        dst[i] = t == PROTO_FEAT_BF16 ? quant_bf16_to_f32(src[i]) : quant_f16_to_f32(src[i]);
 }
 
 static void free_sbuf_data(void *data, void *hint) {

@@ -1,10 +1,12 @@
-/* The target <-> drafter wire protocol, version 1: codec (msgpack) and ZeroMQ helpers.
+/* The target <-> drafter wire protocol, version 2: codec (msgpack) and ZeroMQ helpers.
+ * Version 2 adds the target's per-token features for EAGLE-3 heads (RESET / COMMIT_GROW
+ * carry them, HELLO_OK names the layers it wants); a version-1 peer is refused by name.
  *
  * Every message is ONE ZeroMQ frame holding ONE msgpack array of 6 elements:
  *
  *   [ magic, version, type, session, seq, body ]
  *     magic    str "RSPC" (decoder also accepts uint 0x52535043)
- *     version  uint, 1
+ *     version  uint, 2 (1 is refused with a message saying the peer speaks version 1)
  *     type     uint, ProtoType below
  *     session  uint64, chosen by the target in HELLO and echoed in every later message
  *     seq      uint64, the target numbers its requests; a reply echoes its request's seq
@@ -16,13 +18,20 @@
  *                   capabilities uint32, [topk uint, depth uint, expand uint]]
  *   HELLO_OK    2  drafter -> target, reply to HELLO
  *                  [fingerprint str(<=64), tokenizer_hash uint64, vocab_size uint32,
- *                   capabilities uint32, drafter_name str(<=63)]
+ *                   capabilities uint32, drafter_name str(<=63),
+ *                   feature_layers [uint <= 65535]*(0..PROTO_FEAT_LAYERS_MAX)]
+ *                  feature_layers: the target layers whose entering residual stream the
+ *                  drafter wants with each commit (ascending); non-empty exactly when
+ *                  capabilities has PROTO_CAP_FEATURES.
  *   RESET       3  target -> drafter: new prompt; the drafter drops its KV and prefills
  *                  the tokens (the next COMMIT_GROW continues from them).
- *                  [tokens [int32 >= 0, ...] (<= 1<<20)]     no reply unless it fails
+ *                  [tokens [int32 >= 0, ...] (<= 1<<20), features]   no reply unless it fails
  *   COMMIT_GROW 4  target -> drafter: newly committed tokens, ending with the
  *                  continuation token; the drafter appends them and grows a pool.
- *                  [tokens [int32 >= 0, ...] (1 .. 1<<20)]   reply: POOL or ERROR
+ *                  [tokens [int32 >= 0, ...] (1 .. 1<<20), features] reply: POOL or ERROR
+ *                  features: [] (none), or [dtype uint (PROTO_FEAT_BF16 / _F16), width uint
+ *                  (1..PROTO_FEAT_WIDTH_MAX), data bin] with data n * width 16-bit values,
+ *                  little-endian, row i for tokens[i], at most PROTO_MAX_FEAT_BYTES bytes.
  *   POOL        5  drafter -> target
  *                  [n uint (<= POOL_MAX), tokens [int32]*n, parents [int32 >= -1]*n,
  *                   logq [float32]*n, depths [uint 1..8]*n, draft_ns uint64,
@@ -55,7 +64,7 @@
 
 #define PROTO_MAGIC "RSPC"
 #define PROTO_MAGIC_U32 0x52535043u
-#define PROTO_VERSION 1
+#define PROTO_VERSION 2
 #define PROTO_MAX_TOKENS (1 << 20) /* longest RESET / COMMIT_GROW token list */
 #define PROTO_FP_MAX 64            /* fingerprint bytes (Model.fingerprint is char[65]) */
 #define PROTO_NAME_MAX 63          /* drafter name bytes */
@@ -64,10 +73,16 @@
  * replaced (PROTOCOL.md, "Trust"): the target reports it, a timing run knows it was
  * disturbed. */
 #define PROTO_TAKEN_OVER "session taken over by another client"
+#define PROTO_FEAT_LAYERS_MAX 8     /* HELLO_OK feature_layers entries */
+#define PROTO_FEAT_WIDTH_MAX (1 << 17) /* feature row width (3 x 43690 hidden) */
+/* Feature payload bound: 64 MiB is a 2730-token prompt for a Llama-3.1-8B head (3 x 4096
+ * bf16 values a token). Sized so a frame stays a bounded allocation; a longer prompt is
+ * refused by name rather than silently truncated. */
+#define PROTO_MAX_FEAT_BYTES (64u << 20)
 /* Largest frame either end accepts (ZMQ_MAXMSGSIZE; libzmq drops a peer that sends more,
  * before allocating it). Every valid message fits: a COMMIT_GROW of PROTO_MAX_TOKENS ids
- * even at 9 bytes an id (int64 form) is 9.4 MB. */
-#define PROTO_FRAME_MAX (16 << 20)
+ * even at 9 bytes an id (int64 form) is 9.4 MB, plus PROTO_MAX_FEAT_BYTES of features. */
+#define PROTO_FRAME_MAX (80 << 20)
 
 typedef enum {
     PROTO_NONE = 0, /* not a message (after a failed decode / clear) */
@@ -83,6 +98,12 @@ typedef enum {
 /* Capability bits (HELLO / HELLO_OK). */
 #define PROTO_CAP_POOL_V1 (1u << 0) /* grows EAGLE-3-shaped pools (DESIGN.md §2) */
 #define PROTO_CAP_CUDA (1u << 1)    /* runs on a CUDA device */
+/* HELLO: the target can send features; HELLO_OK: the drafter needs them (an EAGLE-3 head)
+ * for the layers its feature_layers names. */
+#define PROTO_CAP_FEATURES (1u << 2)
+
+/* Feature payload element types (RESET / COMMIT_GROW). */
+typedef enum { PROTO_FEAT_NONE = 0, PROTO_FEAT_BF16 = 1, PROTO_FEAT_F16 = 2 } ProtoFeatType;
 
 typedef struct {
     char fingerprint[PROTO_FP_MAX + 1]; /* NUL-terminated, no embedded NUL */
@@ -98,11 +119,18 @@ typedef struct {
     uint32_t vocab_size;
     uint32_t caps;
     char name[PROTO_NAME_MAX + 1];
+    int n_feat_layers; /* 0..PROTO_FEAT_LAYERS_MAX; > 0 exactly when caps has FEATURES */
+    int feat_layers[PROTO_FEAT_LAYERS_MAX];
 } ProtoHelloOk;
 
 typedef struct {
     const int32_t *ids; /* (n); encode: caller's; decode: points into ProtoMsg.tok_store */
     int n;
+    /* Features of the n tokens: PROTO_FEAT_NONE (feat NULL, feat_width 0) or 16-bit
+     * values in host order. */
+    ProtoFeatType feat_type;
+    int feat_width;
+    const uint16_t *feat; // (n, feat_width); decode: points into ProtoMsg.feat_store
 } ProtoTokens;
 
 typedef struct {
@@ -132,6 +160,8 @@ typedef struct {
     /* Decoder-owned storage, reused across decodes, freed by proto_msg_clear. */
     int32_t *tok_store;
     int tok_cap;
+    uint16_t *feat_store;
+    size_t feat_cap; /* values */
     Pool *pool_own;
 } ProtoMsg;
 
@@ -157,6 +187,11 @@ int proto_msg_equal(const ProtoMsg *a, const ProtoMsg *b);
 void proto_error_reply(ProtoMsg *out, const ProtoMsg *req, const RsErr *cause);
 
 const char *proto_type_name(int type);
+
+/* Feature conversions for the payload: f32 -> bf16 rounds to nearest even (NaN kept NaN);
+ * to f32 from either 16-bit type is exact. */
+void proto_f32_to_bf16(const float *src, uint16_t *dst, size_t n);
+void proto_feat_to_f32(ProtoFeatType t, const uint16_t *src, float *dst, size_t n);
 
 /* ZeroMQ helpers, one frame per message. proto_send blocks until ZeroMQ has queued the
  * frame (RS_EIO on failure). proto_recv waits at most timeout_ms (< 0: forever) and

@@ -26,7 +26,36 @@ typedef struct {
     char fingerprint[PROTO_FP_MAX + 1]; /* the drafter's, from its last HELLO_OK */
     ProtoMsg in;
     msgpack_sbuffer sb;
+    uint16_t *feat; // (feat_cap) bf16 features of the message being sent
+    size_t feat_cap;
+    DrafterInfo *info; /* the handle's, for the feature layers of a later HELLO_OK */
+    int n_feat_layers, feat_layers[DRAFTER_MAX_FEATURE_LAYERS]; /* from HELLO_OK */
 } Remote;
+
+/* Puts the f32 features (n rows, feat_bytes in all) on m as bf16; RS_EINVAL when they do not
+ * split into n rows or exceed the protocol's bound (named). */
+static int attach_features(Remote *r, ProtoMsg *m, int n, const void *features,
+                           size_t feat_bytes, RsErr *e) {
+    if (!features) return RS_OK;
+    size_t vals = feat_bytes / sizeof(float);
+    if (n <= 0 || feat_bytes % (sizeof(float) * (size_t)n) || vals / (size_t)n > PROTO_FEAT_WIDTH_MAX)
+        return rs_err(e, RS_EINVAL, "%zu bytes of features do not make %d f32 rows of at most "
+                      "%d values", feat_bytes, n, PROTO_FEAT_WIDTH_MAX);
+    if (vals * 2 > PROTO_MAX_FEAT_BYTES)
+        return rs_err(e, RS_EINVAL, "features of %d tokens are %zu bytes as bf16, over the "
+                      "protocol's %u-byte limit (PROTO_MAX_FEAT_BYTES): use a shorter prompt",
+                      n, vals * 2, PROTO_MAX_FEAT_BYTES);
+    if (vals > r->feat_cap) {
+        free(r->feat);
+        r->feat = rs_xmalloc(vals * sizeof(uint16_t));
+        r->feat_cap = vals;
+    }
+    proto_f32_to_bf16(features, r->feat, vals);
+    m->u.tokens.feat_type = PROTO_FEAT_BF16;
+    m->u.tokens.feat_width = (int)(vals / (size_t)n);
+    m->u.tokens.feat = r->feat;
+    return RS_OK;
+}
 
 static int send_msg(Remote *r, ProtoMsg *m, RsErr *e) {
     m->session = r->session;
@@ -85,7 +114,7 @@ static int handshake(Remote *r, RsErr *e) {
     snprintf(m.u.hello.fingerprint, sizeof m.u.hello.fingerprint, "%s", r->target->fingerprint);
     m.u.hello.tokenizer_hash = r->tok_hash;
     m.u.hello.vocab_size = (uint32_t)r->target->cfg.vocab_size;
-    m.u.hello.caps = PROTO_CAP_POOL_V1;
+    m.u.hello.caps = PROTO_CAP_POOL_V1 | PROTO_CAP_FEATURES; /* forwards what it is given */
     m.u.hello.topk = POOL_TOPK;
     m.u.hello.depth = POOL_MAX_DEPTH;
     m.u.hello.expand = POOL_EXPAND;
@@ -104,6 +133,12 @@ static int handshake(Remote *r, RsErr *e) {
                       r->endpoint, h->vocab_size, h->tokenizer_hash, r->target->cfg.vocab_size,
                       r->tok_hash);
     snprintf(r->fingerprint, sizeof r->fingerprint, "%s", h->fingerprint);
+    if (r->info && (h->n_feat_layers != r->n_feat_layers ||
+                    memcmp(h->feat_layers, r->feat_layers, sizeof(int) * (size_t)h->n_feat_layers)))
+        return rs_err(e, RS_EPEER, "drafter at %s restarted wanting features of %d layers, the "
+                      "session began with %d", r->endpoint, h->n_feat_layers, r->n_feat_layers);
+    r->n_feat_layers = h->n_feat_layers;
+    memcpy(r->feat_layers, h->feat_layers, sizeof(int) * (size_t)h->n_feat_layers);
     r->healthy = 1;
     return RS_OK;
 }
@@ -117,6 +152,7 @@ static int remote_reset(void *ctx, const int *prompt, int n, const void *feature
     m.type = PROTO_RESET;
     m.u.tokens.ids = (const int32_t *)prompt;
     m.u.tokens.n = n;
+    if ((rc = attach_features(r, &m, n, features, feat_bytes, e))) return rc;
     if ((rc = send_msg(r, &m, e))) r->healthy = 0;
     return rc;
 }
@@ -128,7 +164,9 @@ static int remote_grow_begin(void *ctx, const int *tokens, int n, const void *fe
     m.type = PROTO_COMMIT_GROW;
     m.u.tokens.ids = (const int32_t *)tokens;
     m.u.tokens.n = n;
-    int rc = send_msg(r, &m, e);
+    int rc = attach_features(r, &m, n, features, feat_bytes, e);
+    if (rc) return rc;
+    rc = send_msg(r, &m, e);
     if (rc) {
         r->healthy = 0;
         return rc;
@@ -161,6 +199,7 @@ static void remote_destroy(void *ctx) {
     if (r->sock) zmq_close(r->sock);
     zmq_ctx_term(r->ctx);
     proto_msg_clear(&r->in);
+    free(r->feat);
     free(r);
 }
 
@@ -195,7 +234,10 @@ int drafter_remote_create(const char *endpoint, const Model *target, uint64_t to
     /* vocab_size: the handshake refuses a drafter whose vocabulary differs from target's */
     DrafterInfo info = {.vocab_size = target->cfg.vocab_size,
                         .fingerprint = r->fingerprint,
-                        .name = r->endpoint};
+                        .name = r->endpoint,
+                        .n_feature_layers = r->n_feat_layers};
+    memcpy(info.feature_layers, r->feat_layers, sizeof info.feature_layers);
     *out = drafter_wrap(&remote_ops, r, &info);
+    r->info = &(*out)->info; /* a re-handshake must find the same layers */
     return RS_OK;
 }

@@ -4,10 +4,10 @@
 # Built with clang directly from the proto sources + common/util.c + common/pool.c.
 FUZZ_CC ?= clang
 FUZZ_SECONDS ?= 60
-FUZZ_SRCS := tests/fuzz_proto.c proto/proto.c common/util.c common/pool.c
+FUZZ_SRCS := tests/fuzz_proto.c proto/proto.c common/util.c common/pool.c common/quant.c
 FUZZ_CORPUS := tests/fuzz_corpus/proto
 
-build/fuzz_proto: $(FUZZ_SRCS) proto/proto.h common/pool.h common/util.h tests/fuzz.mk
+build/fuzz_proto: $(FUZZ_SRCS) proto/proto.h common/pool.h common/util.h common/quant.h tests/fuzz.mk
 	@mkdir -p build
 	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined \
 	  -fno-sanitize-recover=undefined $(FUZZ_SRCS) -o $@ -lmsgpackc -lzmq -lm

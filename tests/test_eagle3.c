@@ -322,7 +322,11 @@ START_TEST(test_drafter_kind) {
     ck_assert(model_load(tu_fixture("eagle3/target"), &t, &e) == 0);
     ck_assert(eagle3_head_load(tu_fixture("eagle3/head"), &h, &e) == 0);
     float *emb = target_embeddings(tu_fixture("eagle3/target"), &t->cfg);
-    ck_assert_msg(drafter_eagle3_create(h, emb, 96, &d, &e) == 0, "%s", e.msg);
+    int L[EAGLE3_N_FEATURES];
+    ck_assert_msg(eagle3_head_check(h, &t->cfg, L, &e) == 0, "%s", e.msg);
+    ck_assert_msg(drafter_eagle3_create(h, emb, 96, L, &d, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(drafter_info(d)->n_feature_layers, 3);
+    ck_assert_int_eq(drafter_info(d)->feature_layers[2], L[2]);
     ck_assert_int_eq(drafter_info(d)->vocab_size, 96);
     ck_assert_str_eq(drafter_info(d)->fingerprint, h->fingerprint);
     Pool *p = malloc(sizeof *p);
@@ -427,7 +431,9 @@ START_TEST(test_decode_identity_with_eagle3) {
     FeatAdapter *a = calloc(1, sizeof *a);
     a->F = 3 * h->cfg.target_hidden;
     a->feats = malloc(sizeof(float) * (size_t)(ROUND_MAX_EMIT + 512) * a->F);
-    ck_assert(drafter_eagle3_create(h, emb, 512, &a->inner, &e) == 0);
+    int L[EAGLE3_N_FEATURES];
+    ck_assert_msg(eagle3_head_check(h, &tm->cfg, L, &e) == 0, "%s", e.msg);
+    ck_assert(drafter_eagle3_create(h, emb, 512, L, &a->inner, &e) == 0);
     DrafterInfo info = *drafter_info(a->inner);
     Drafter *d = drafter_wrap(&adapter_ops, a, &info), *dc;
     ck_assert_int_eq(drafter_threaded_create(d, &dc, &e), 0);

@@ -87,6 +87,14 @@ static Pool g_pool; /* vector pool; Pools are large, keep them off the stack */
 
 static const int32_t reset_ids[] = {1, 9690, 28, 49151, 0, 127, 128, 255, 256, 32767, 32768};
 static const int32_t grow_ids[] = {42, 1000, 2};
+/* Feature payloads of the RESET (bf16, width 2) and COMMIT_GROW (f16, width 4) vectors:
+ * bit patterns that decode to exact values (1.0, -2.5, 0, 65504 (f16 max), ...). */
+static const uint16_t reset_feat[22] = {0x3f80, 0xc020, 0x0000, 0x8000, 0x7f7f, 0x0001,
+                                        0x4049, 0xbf80, 0x3c00, 0x3e80, 0x4000, 0x4040,
+                                        0x4080, 0x40a0, 0x40c0, 0x40e0, 0x4100, 0x4110,
+                                        0x4120, 0x4130, 0x4140, 0xff7f};
+static const uint16_t grow_feat[12] = {0x3c00, 0xc100, 0x0000, 0x7bff, 0x0001, 0x8400,
+                                       0x3555, 0x4248, 0xfbff, 0x3800, 0x4000, 0x4400};
 
 /* The seven canonical messages, one per type (the test vectors). */
 static void make_vector(int type, ProtoMsg *m) {
@@ -109,18 +117,28 @@ static void make_vector(int type, ProtoMsg *m) {
         strcpy(m->u.hello_ok.fingerprint, "smollm2-135m-q4_1-test");
         m->u.hello_ok.tokenizer_hash = 0xcbf29ce484222325ull;
         m->u.hello_ok.vocab_size = 49152;
-        m->u.hello_ok.caps = PROTO_CAP_POOL_V1 | PROTO_CAP_CUDA;
+        m->u.hello_ok.caps = PROTO_CAP_POOL_V1 | PROTO_CAP_CUDA | PROTO_CAP_FEATURES;
         strcpy(m->u.hello_ok.name, "rootspec-drafter/cpu");
+        m->u.hello_ok.n_feat_layers = 3;
+        m->u.hello_ok.feat_layers[0] = 2;
+        m->u.hello_ok.feat_layers[1] = 16;
+        m->u.hello_ok.feat_layers[2] = 300;
         break;
     case PROTO_RESET:
         m->seq = 2;
         m->u.tokens.ids = reset_ids;
         m->u.tokens.n = (int)(sizeof reset_ids / sizeof reset_ids[0]);
+        m->u.tokens.feat_type = PROTO_FEAT_BF16;
+        m->u.tokens.feat_width = 2;
+        m->u.tokens.feat = reset_feat;
         break;
     case PROTO_COMMIT_GROW:
         m->seq = 3;
         m->u.tokens.ids = grow_ids;
         m->u.tokens.n = 3;
+        m->u.tokens.feat_type = PROTO_FEAT_F16;
+        m->u.tokens.feat_width = 4;
+        m->u.tokens.feat = grow_feat;
         break;
     case PROTO_POOL:
         m->seq = 3;
@@ -435,10 +453,15 @@ START_TEST(test_roundtrip_all_types) {
     m.u.hello_ok.vocab_size = 6;
     m.u.hello_ok.caps = 7;
     strcpy(m.u.hello_ok.name, "nm");
+    m.u.hello_ok.n_feat_layers = 2;
+    m.u.hello_ok.feat_layers[0] = 12;
+    m.u.hello_ok.feat_layers[1] = 13;
     encode_ok(&m, &sb);
     ck_assert_int_eq(proto_decode(sb.data, sb.size, &got, NULL), RS_OK);
     ck_assert(got.u.hello_ok.tokenizer_hash == 5 && got.u.hello_ok.vocab_size == 6 &&
               got.u.hello_ok.caps == 7 && !strcmp(got.u.hello_ok.fingerprint, "fp") &&
+              got.u.hello_ok.n_feat_layers == 2 && got.u.hello_ok.feat_layers[0] == 12 &&
+              got.u.hello_ok.feat_layers[1] == 13 &&
               !strcmp(got.u.hello_ok.name, "nm"));
     /* Edge values: empty RESET, empty pool, max-length strings, extreme ints. */
     memset(&m, 0, sizeof m);
@@ -455,6 +478,8 @@ START_TEST(test_roundtrip_all_types) {
     m.u.hello_ok.tokenizer_hash = UINT64_MAX;
     m.u.hello_ok.vocab_size = INT32_MAX;
     m.u.hello_ok.caps = UINT32_MAX;
+    m.u.hello_ok.n_feat_layers = PROTO_FEAT_LAYERS_MAX;
+    for (int i = 0; i < PROTO_FEAT_LAYERS_MAX; i++) m.u.hello_ok.feat_layers[i] = 65535 - i;
     encode_ok(&m, &sb);
     ck_assert_int_eq(proto_decode(sb.data, sb.size, &got, NULL), RS_OK);
     ck_assert(proto_msg_equal(&m, &got));
@@ -498,22 +523,34 @@ START_TEST(test_exact_bytes) {
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
     encode_ok(&m, &sb);
-    const uint8_t want[] = {0x96, 0xa4, 'R', 'S', 'P', 'C', 0x01, 0x07, 0x05, 0xcd, 0x01, 0x2c, 0x90};
+    const uint8_t want[] = {0x96, 0xa4, 'R', 'S', 'P', 'C', 0x02, 0x07, 0x05, 0xcd, 0x01, 0x2c, 0x90};
     ck_assert_uint_eq(sb.size, sizeof want);
     ck_assert(memcmp(sb.data, want, sizeof want) == 0);
-    /* COMMIT_GROW [-> body [[1, 200, 70000]]] */
+    /* COMMIT_GROW [-> body [[1, 200, 70000], []]] */
     int32_t ids[] = {1, 200, 70000};
     m.type = PROTO_COMMIT_GROW;
     m.seq = 1;
     m.u.tokens.ids = ids;
     m.u.tokens.n = 3;
     encode_ok(&m, &sb);
-    const uint8_t want2[] = {0x96, 0xa4, 'R',  'S',  'P',  'C',  0x01, 0x04, 0x05, 0x01,
-                             0x91, 0x93, 0x01, 0xcc, 0xc8, 0xce, 0x00, 0x01, 0x11, 0x70};
+    const uint8_t want2[] = {0x96, 0xa4, 'R',  'S',  'P',  'C',  0x02, 0x04, 0x05, 0x01, 0x92,
+                             0x93, 0x01, 0xcc, 0xc8, 0xce, 0x00, 0x01, 0x11, 0x70, 0x90};
     ck_assert_uint_eq(sb.size, sizeof want2);
     ck_assert(memcmp(sb.data, want2, sizeof want2) == 0);
+    /* ... with bf16 features of width 1: [1, 1, bin8 of 3 little-endian values] */
+    const uint16_t fv[] = {0x3f80, 0xc020, 0x0102};
+    m.u.tokens.feat_type = PROTO_FEAT_BF16;
+    m.u.tokens.feat_width = 1;
+    m.u.tokens.feat = fv;
+    encode_ok(&m, &sb);
+    const uint8_t want3[] = {0x96, 0xa4, 'R',  'S',  'P',  'C',  0x02, 0x04, 0x05, 0x01,
+                             0x92, 0x93, 0x01, 0xcc, 0xc8, 0xce, 0x00, 0x01, 0x11, 0x70,
+                             0x93, 0x01, 0x01, 0xc4, 0x06, 0x80, 0x3f, 0x20, 0xc0, 0x02, 0x01};
+    ck_assert_uint_eq(sb.size, sizeof want3);
+    ck_assert(memcmp(sb.data, want3, sizeof want3) == 0);
+    memset(&m.u, 0, sizeof m.u);
     /* The uint32 magic form is accepted too. */
-    const uint8_t alt[] = {0x96, 0xce, 0x52, 0x53, 0x50, 0x43, 0x01, 0x07, 0x05, 0x01, 0x90};
+    const uint8_t alt[] = {0x96, 0xce, 0x52, 0x53, 0x50, 0x43, 0x02, 0x07, 0x05, 0x01, 0x90};
     ProtoMsg got = {0};
     RsErr e = {0};
     ck_assert_msg(proto_decode(alt, sizeof alt, &got, &e) == RS_OK, "%s", e.msg);
@@ -544,7 +581,97 @@ START_TEST(test_encode_errors) {
     m.type = PROTO_POOL;
     ck_assert_int_eq(proto_encode(&m, &sb, &e), RS_EINVAL);
     ck_assert_uint_eq(sb.size, 2);
+    /* Features: over the size bound (named), a bad dtype, width without a type, a HELLO_OK
+     * whose layers and capability bit disagree. */
+    static int32_t many[4096];
+    static uint16_t fv[8];
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_RESET;
+    m.u.tokens.ids = many;
+    m.u.tokens.n = 4096;
+    m.u.tokens.feat_type = PROTO_FEAT_BF16;
+    m.u.tokens.feat_width = 8193; /* 4096 x 8193 x 2 bytes = 64 MiB + 8 KiB */
+    m.u.tokens.feat = fv;
+    ck_assert_int_eq(proto_encode(&m, &sb, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "67117056 bytes, over the 67108864-byte limit "
+                                "(PROTO_MAX_FEAT_BYTES)"), "%s", e.msg);
+    m.u.tokens.feat_type = (ProtoFeatType)3;
+    m.u.tokens.feat_width = 1;
+    ck_assert_int_eq(proto_encode(&m, &sb, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "features of type 3, width 1"), "%s", e.msg);
+    m.u.tokens.feat_type = PROTO_FEAT_NONE;
+    ck_assert_int_eq(proto_encode(&m, &sb, &e), RS_EINVAL);
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_HELLO_OK;
+    m.u.hello_ok.n_feat_layers = 3;
+    ck_assert_int_eq(proto_encode(&m, &sb, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "3 feature layers and capabilities 0x0"), "%s", e.msg);
+    ck_assert_uint_eq(sb.size, 2);
     msgpack_sbuffer_destroy(&sb);
+}
+END_TEST
+
+/* The remote kind's f32 -> bf16 and the server's widening back, against hand-made bit
+ * patterns: round to nearest even, NaN stays NaN, and the wire payload at the size bound
+ * round-trips (the bound is inclusive). */
+START_TEST(test_features) {
+    static const struct {
+        uint32_t f32;
+        uint16_t bf16;
+    } rows[] = {
+        {0x3f800000u, 0x3f80}, {0x3f808000u, 0x3f80}, /* tie, even stays */
+        {0x3f818000u, 0x3f82}, /* tie, odd rounds up */
+        {0x3f80ffffu, 0x3f81}, {0xc0200001u, 0xc020}, {0x7f800000u, 0x7f80}, /* inf */
+        {0x7f7fffffu, 0x7f80}, /* FLT_MAX rounds to inf, as torch's bfloat16 does */
+        {0x80000000u, 0x8000}, {0x00000001u, 0x0000},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        float f;
+        uint16_t b;
+        memcpy(&f, &rows[i].f32, 4);
+        proto_f32_to_bf16(&f, &b, 1);
+        ck_assert_msg(b == rows[i].bf16, "f32 0x%08x -> bf16 0x%04x, want 0x%04x", rows[i].f32, b,
+                      rows[i].bf16);
+    }
+    float nan = NAN, back;
+    uint16_t b;
+    proto_f32_to_bf16(&nan, &b, 1);
+    proto_feat_to_f32(PROTO_FEAT_BF16, &b, &back, 1);
+    ck_assert(isnan(back));
+    const uint16_t h[] = {0x3c00, 0xc100, 0x7bff, 0x0001, 0x3555};
+    const float want[] = {1.0f, -2.5f, 65504.0f, 5.9604645e-8f, 0.333251953125f};
+    float got[5];
+    proto_feat_to_f32(PROTO_FEAT_F16, h, got, 5);
+    for (int i = 0; i < 5; i++) ck_assert_msg(got[i] == want[i], "f16 %d: %g", i, got[i]);
+    /* exactly PROTO_MAX_FEAT_BYTES round-trips */
+    int n = 2048, width = (int)(PROTO_MAX_FEAT_BYTES / 2 / 2048);
+    int32_t *ids = calloc((size_t)n, sizeof *ids);
+    uint16_t *fv = malloc(PROTO_MAX_FEAT_BYTES);
+    for (size_t i = 0; i < PROTO_MAX_FEAT_BYTES / 2; i++) fv[i] = (uint16_t)(i * 2654435761u >> 7);
+    ProtoMsg m = {0}, got2 = {0};
+    m.type = PROTO_COMMIT_GROW;
+    m.u.tokens.ids = ids;
+    m.u.tokens.n = n;
+    m.u.tokens.feat_type = PROTO_FEAT_BF16;
+    m.u.tokens.feat_width = width;
+    m.u.tokens.feat = fv;
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    encode_ok(&m, &sb);
+    ck_assert(sb.size <= PROTO_FRAME_MAX);
+    RsErr e = {0};
+    ck_assert_msg(proto_decode(sb.data, sb.size, &got2, &e) == RS_OK, "%s", e.msg);
+    ck_assert(proto_msg_equal(&m, &got2));
+    ck_assert_int_eq(got2.u.tokens.feat_width, width);
+    /* one value over: refused */
+    m.u.tokens.n = 1;
+    m.u.tokens.feat_width = PROTO_FEAT_WIDTH_MAX;
+    encode_ok(&m, &sb);
+    ck_assert_int_eq(proto_decode(sb.data, sb.size, &got2, &e), RS_OK);
+    proto_msg_clear(&got2);
+    msgpack_sbuffer_destroy(&sb);
+    free(ids);
+    free(fv);
 }
 END_TEST
 
@@ -647,11 +774,17 @@ START_TEST(test_malformed_header) {
     expect_fail(m1, sizeof m1, RS_EPROTO, "magic is nil, expected str \"RSPC\"");
     const uint8_t m2[] = {0x96, 0xce, 0x52, 0x53, 0x50, 0x44, 1, 7, 0, 0, 0x90};
     expect_fail(m2, sizeof m2, RS_EPROTO, "bad magic 0x52535044");
-    /* version 2 */
+    /* a version-1 peer is refused by name; an unknown version by number */
     frame_init(&f);
-    frame_header(&f, "RSPC", 2, PROTO_BYE);
+    frame_header(&f, "RSPC", 1, PROTO_BYE);
     msgpack_pack_array(&f.pk, 0);
-    expect_fail(f.sb.data, f.sb.size, RS_EUNSUPPORTED, "protocol version 2, expected 1");
+    expect_fail(f.sb.data, f.sb.size, RS_EUNSUPPORTED,
+                "the peer speaks protocol version 1, this end version 2");
+    msgpack_sbuffer_destroy(&f.sb);
+    frame_init(&f);
+    frame_header(&f, "RSPC", 3, PROTO_BYE);
+    msgpack_pack_array(&f.pk, 0);
+    expect_fail(f.sb.data, f.sb.size, RS_EUNSUPPORTED, "protocol version 3, expected 2");
     /* ... and proto_error_reply still answers with its session and seq */
     {
         ProtoMsg req = {0}, rep = {0}, back = {0};
@@ -668,18 +801,18 @@ START_TEST(test_malformed_header) {
         ck_assert_uint_eq(back.session, 77);
         ck_assert_uint_eq(back.seq, 3);
         ck_assert_int_eq(back.u.error.code, RS_EUNSUPPORTED);
-        ck_assert_str_eq(back.u.error.message, "proto: protocol version 2, expected 1");
+        ck_assert_str_eq(back.u.error.message, "proto: protocol version 3, expected 2");
         msgpack_sbuffer_destroy(&sb);
     }
     msgpack_sbuffer_destroy(&f.sb);
     /* type 99 */
     frame_init(&f);
-    frame_header(&f, "RSPC", 1, 99);
+    frame_header(&f, "RSPC", PROTO_VERSION, 99);
     msgpack_pack_array(&f.pk, 0);
     expect_fail(f.sb.data, f.sb.size, RS_EPROTO, "unknown message type 99");
     msgpack_sbuffer_destroy(&f.sb);
     frame_init(&f);
-    frame_header(&f, "RSPC", 1, 0);
+    frame_header(&f, "RSPC", PROTO_VERSION, 0);
     msgpack_pack_array(&f.pk, 0);
     expect_fail(f.sb.data, f.sb.size, RS_EPROTO, "unknown message type 0");
     msgpack_sbuffer_destroy(&f.sb);
@@ -702,7 +835,7 @@ START_TEST(test_malformed_bodies) {
     Frame f;
 #define BEGIN(type)                                                                        \
     frame_init(&f);                                                                        \
-    frame_header(&f, "RSPC", 1, type)
+    frame_header(&f, "RSPC", PROTO_VERSION, type)
 #define END(code, want)                                                                    \
     expect_fail(f.sb.data, f.sb.size, code, want);                                         \
     msgpack_sbuffer_destroy(&f.sb)
@@ -760,53 +893,84 @@ START_TEST(test_malformed_bodies) {
     END(RS_EPROTO, "HELLO depth is a float, expected int");
     /* HELLO_OK: name of the wrong type */
     BEGIN(PROTO_HELLO_OK);
-    msgpack_pack_array(pk, 5);
+    msgpack_pack_array(pk, 6);
     pack_s(pk, "fp");
     msgpack_pack_uint64(pk, 1);
     msgpack_pack_uint64(pk, 100);
     msgpack_pack_uint64(pk, 1);
     msgpack_pack_bin(pk, 2);
     msgpack_pack_bin_body(pk, "ab", 2);
+    pad(pk, 1);
     END(RS_EPROTO, "HELLO_OK drafter_name is a bin, expected str");
+    /* HELLO_OK v2: the v1 body (5 fields), feature layers without the capability bit and
+     * the reverse, too many layers, a layer over 65535 */
+    BEGIN(PROTO_HELLO_OK);
+    msgpack_pack_array(pk, 5);
+    pad(pk, 5);
+    END(RS_EPROTO, "HELLO_OK body has 5 fields, expected 6");
+    for (int v = 0; v < 4; v++) {
+        static const char *const want[] = {
+            "HELLO_OK feature_layers has 3 entries but capabilities 0x1 lack FEATURES (0x4)",
+            "HELLO_OK feature_layers has 0 entries but capabilities 0x5 have FEATURES (0x4)",
+            "HELLO_OK feature_layers has 9 entries, limit 8",
+            "HELLO_OK feature_layers[1] is 65536, expected 0..65535"};
+        BEGIN(PROTO_HELLO_OK);
+        msgpack_pack_array(pk, 6);
+        pack_s(pk, "fp");
+        msgpack_pack_uint64(pk, 1);
+        msgpack_pack_uint64(pk, 100);
+        msgpack_pack_uint64(pk, v == 0 ? PROTO_CAP_POOL_V1 : PROTO_CAP_POOL_V1 | PROTO_CAP_FEATURES);
+        pack_s(pk, "nm");
+        int n = v == 1 ? 0 : v == 2 ? 9 : 3;
+        msgpack_pack_array(pk, (size_t)n);
+        for (int i = 0; i < n; i++) msgpack_pack_uint32(pk, v == 3 && i == 1 ? 65536 : (uint32_t)i);
+        END(RS_EPROTO, want[v]);
+    }
     /* RESET: body a map; tokens a str; negative token; token list over the limit */
     BEGIN(PROTO_RESET);
     msgpack_pack_map(pk, 1);
     END(RS_EPROTO, "RESET body is a map, expected array");
     BEGIN(PROTO_RESET);
     msgpack_pack_array(pk, 1);
+    msgpack_pack_array(pk, 0);
+    END(RS_EPROTO, "RESET body has 1 fields, expected 2"); /* a v1 body */
+    BEGIN(PROTO_RESET);
+    msgpack_pack_array(pk, 2);
     pack_s(pk, "1 2 3");
     END(RS_EPROTO, "RESET tokens is a str, expected array");
     BEGIN(PROTO_RESET);
-    msgpack_pack_array(pk, 1);
+    msgpack_pack_array(pk, 2);
     msgpack_pack_array(pk, 3);
     msgpack_pack_int(pk, 1);
     msgpack_pack_int(pk, 2);
     msgpack_pack_int(pk, -5);
     END(RS_EPROTO, "RESET tokens[2] is -5, expected 0..2147483647");
     BEGIN(PROTO_RESET);
-    msgpack_pack_array(pk, 1);
+    msgpack_pack_array(pk, 2);
     msgpack_pack_array(pk, 1);
     msgpack_pack_uint64(pk, 1ull << 31);
     END(RS_EPROTO, "RESET tokens[0] is 2147483648, expected 0..2147483647");
     BEGIN(PROTO_RESET);
-    msgpack_pack_array(pk, 1);
+    msgpack_pack_array(pk, 2);
     msgpack_pack_array(pk, PROTO_MAX_TOKENS + 1); /* header alone: limit checked first */
     END(RS_EPROTO, "RESET tokens has 1048577 entries, limit 1048576");
     BEGIN(PROTO_COMMIT_GROW);
-    msgpack_pack_array(pk, 1);
+    msgpack_pack_array(pk, 2);
+    msgpack_pack_array(pk, 0);
     msgpack_pack_array(pk, 0);
     END(RS_EPROTO, "COMMIT_GROW tokens has 0 entries, expected at least 1");
     BEGIN(PROTO_COMMIT_GROW);
-    msgpack_pack_array(pk, 1);
+    msgpack_pack_array(pk, 2);
     msgpack_pack_array(pk, 1000); /* claims more entries than bytes left */
     msgpack_pack_int(pk, 1);
     END(RS_EFORMAT, "COMMIT_GROW truncated frame: tokens has 1000 entries but only 1 bytes remain");
     /* vocab_size bound applies when the caller set it */
     {
         BEGIN(PROTO_COMMIT_GROW);
-        msgpack_pack_array(pk, 1);
+        msgpack_pack_array(pk, 2);
         msgpack_pack_array(pk, 1);
         msgpack_pack_int(pk, 49152);
+        msgpack_pack_array(pk, 0);
         ProtoMsg m = {0};
         RsErr e = {0};
         m.vocab_size = 49152;
@@ -816,6 +980,58 @@ START_TEST(test_malformed_bodies) {
         ck_assert_int_eq(proto_decode(f.sb.data, f.sb.size, &m, &e), RS_OK);
         proto_msg_clear(&m);
         msgpack_sbuffer_destroy(&f.sb);
+    }
+    /* Features: every field checked, the size bound before the payload is read. */
+    {
+        static const struct {
+            int n_fields, dtype, width;
+            uint32_t bin_len; /* header value; the body holds min(bin_len, 64) bytes */
+            const char *want;
+            int code;
+        } rows[] = {
+            {2, 1, 1, 4, "COMMIT_GROW features has 2 fields, expected 0 or 3", RS_EPROTO},
+            {4, 1, 1, 4, "COMMIT_GROW features has 4 entries, limit 3", RS_EPROTO},
+            {3, 0, 1, 4, "COMMIT_GROW features dtype is 0, expected 1..2", RS_EPROTO},
+            {3, 3, 1, 4, "COMMIT_GROW features dtype is 3, expected 1..2", RS_EPROTO},
+            {3, 1, 0, 4, "COMMIT_GROW features width is 0, expected 1..131072", RS_EPROTO},
+            {3, 1, PROTO_FEAT_WIDTH_MAX + 1, 4, "features width is 131073, expected 1..131072",
+             RS_EPROTO},
+            {3, 1, 1, 6, "COMMIT_GROW features data is 6 bytes, expected 4 (2 tokens x width 1 x 2)",
+             RS_EPROTO},
+            {3, 2, 3, 4, "features data is 4 bytes, expected 12 (2 tokens x width 3 x 2)",
+             RS_EPROTO},
+            {3, 1, 1, PROTO_MAX_FEAT_BYTES + 2,
+             "COMMIT_GROW features data is 67108866 bytes, over the 67108864-byte limit "
+             "(PROTO_MAX_FEAT_BYTES)", RS_EPROTO},
+            {3, 1, 1, 100, "COMMIT_GROW truncated frame: features data needs", RS_EFORMAT},
+        };
+        for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
+            BEGIN(PROTO_COMMIT_GROW);
+            msgpack_pack_array(pk, 2);
+            msgpack_pack_array(pk, 2);
+            msgpack_pack_int(pk, 5);
+            msgpack_pack_int(pk, 6);
+            msgpack_pack_array(pk, (size_t)rows[k].n_fields);
+            if (rows[k].n_fields >= 2) {
+                msgpack_pack_uint32(pk, (uint32_t)rows[k].dtype);
+                msgpack_pack_uint32(pk, (uint32_t)rows[k].width);
+            }
+            if (rows[k].n_fields >= 3) {
+                uint8_t zero[64] = {0};
+                msgpack_pack_bin(pk, rows[k].bin_len);
+                msgpack_pack_bin_body(pk, zero, rows[k].bin_len < 64 ? rows[k].bin_len : 64);
+            }
+            if (rows[k].n_fields == 4) msgpack_pack_nil(pk);
+            END(rows[k].code, rows[k].want);
+        }
+        BEGIN(PROTO_RESET);
+        msgpack_pack_array(pk, 2);
+        msgpack_pack_array(pk, 0);
+        msgpack_pack_array(pk, 3);
+        msgpack_pack_uint32(pk, 1);
+        msgpack_pack_uint32(pk, 8);
+        pack_s(pk, "");
+        END(RS_EPROTO, "RESET features data is a str, expected bin");
     }
     /* ERROR: code out of int32, message as int */
     BEGIN(PROTO_ERROR);
@@ -842,7 +1058,7 @@ END_TEST
 static void pack_pool(Frame *f, const Pool *p, int which) {
     msgpack_packer *pk = &f->pk;
     frame_init(f);
-    frame_header(f, "RSPC", 1, PROTO_POOL);
+    frame_header(f, "RSPC", PROTO_VERSION, PROTO_POOL);
     msgpack_pack_array(pk, 9);
     msgpack_pack_uint32(pk, which == 1 ? 711 : (uint32_t)p->n);
     if (which == 5) {
@@ -957,7 +1173,7 @@ START_TEST(test_zmq_pair) {
     ck_assert_int_eq(proto_recv(a, &got, 2000, &e), RS_EPROTO);
     ck_assert_str_eq(e.msg, "proto: multi-part message (3 frames), expected one frame");
     /* A garbage frame is answered with ERROR, which the sender decodes. */
-    const uint8_t bad[] = {0x96, 0xa4, 'R', 'S', 'P', 'C', 1, 99, 0x2a, 0x07, 0x90};
+    const uint8_t bad[] = {0x96, 0xa4, 'R', 'S', 'P', 'C', 2, 99, 0x2a, 0x07, 0x90};
     zmq_send(b, bad, sizeof bad, 0);
     ck_assert_int_eq(proto_recv(a, &got, 2000, &e), RS_EPROTO);
     ProtoMsg rep = {0};
@@ -1156,6 +1372,7 @@ Suite *suite_proto(void) {
     tcase_add_test(tc, test_roundtrip_all_types);
     tcase_add_test(tc, test_exact_bytes);
     tcase_add_test(tc, test_encode_errors);
+    tcase_add_test(tc, test_features);
     tcase_add_test(tc, test_truncation_every_offset);
     tcase_add_test(tc, test_byte_flips);
     tcase_add_test(tc, test_malformed_header);

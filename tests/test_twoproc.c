@@ -309,11 +309,14 @@ START_TEST(test_bad_frames_to_drafter) {
     msgpack_sbuffer_init(&sb);
     /* wrong protocol version: patch the version byte after the magic */
     encode_hello(&sb, 258, 0);
-    char *v = memchr(sb.data, 1, sb.size);
+    char *v = memchr(sb.data, PROTO_VERSION, sb.size);
     ck_assert(v && (size_t)(v - sb.data) == 6); /* array header + fixstr "RSPC" */
-    *v = 2;
+    *v = 1; /* a v1 target's HELLO: refused by name */
     send_raw(s, sb.data, sb.size);
-    expect_error(s, "protocol version 2, expected 1");
+    expect_error(s, "the peer speaks protocol version 1, this end version 2");
+    *v = 3;
+    send_raw(s, sb.data, sb.size);
+    expect_error(s, "protocol version 3, expected 2");
     /* wrong vocabulary */
     encode_hello(&sb, 999, 0);
     send_raw(s, sb.data, sb.size);

@@ -2,7 +2,9 @@
 """Writes the libFuzzer seed corpus tests/fuzz_corpus/proto/: one valid protocol frame per
 message type (the canonical test vectors of tools/proto_client.py, byte-identical to the C
 encoder's, see tests/fixtures/proto/vectors.bin), plus a small pool and the uint32-magic
-header form so the fuzzer starts from every decoder branch."""
+header form so the fuzzer starts from every decoder branch; protocol v2 adds feature payloads
+(bf16 and f16, with and without), a HELLO_OK without feature layers, and a v1 frame (refused
+by name)."""
 import os
 import sys
 
@@ -20,7 +22,13 @@ def main():
                                                      [-0.5, -1.0, -2.0], [1, 2, 2],
                                                      1000, 10, 1, 1])
     frames["pool_empty"] = pc.encode(pc.POOL, 9, 2, [0, [], [], [], [], 0, 0, 0, 0])
-    frames["bye_u32_magic"] = msgpack.packb([pc.MAGIC_U32, 1, pc.BYE, 1, 2, []])
+    frames["bye_u32_magic"] = msgpack.packb([pc.MAGIC_U32, pc.VERSION, pc.BYE, 1, 2, []])
+    frames["bye_v1"] = msgpack.packb([pc.MAGIC, 1, pc.BYE, 1, 2, []])
+    frames["reset_nofeat"] = pc.encode(pc.RESET, 9, 3, [[1, 2, 3], []])
+    frames["commit_grow_bf16"] = pc.encode(pc.COMMIT_GROW, 9, 4,
+                                           [[7, 8], [pc.FEAT_BF16, 3, pc.u16le(range(6))]])
+    frames["hello_ok_nofeat"] = pc.encode(pc.HELLO_OK, 9, 1,
+                                          ["fp", 5, 100, pc.CAP_POOL_V1, "d", []])
     for name, data in sorted(frames.items()):
         with open(os.path.join(out, name + ".bin"), "wb") as f:
             f.write(data)

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""Dev-time client for the rootspec target<->drafter protocol v1 (proto/PROTOCOL.md).
+"""Dev-time client for the rootspec target<->drafter protocol v2 (proto/PROTOCOL.md).
 
 Modes:
   proto_client.py ENDPOINT [--tokens 42,1000,2] [--prompt 1,2,3] [--fingerprint FP
                   --tokenizer-hash H --vocab V] [--rounds N] [--socket dealer|pair]
-      connect to a drafter, HELLO, RESET, COMMIT_GROW, check each POOL, BYE.
+                  [--feat-width W]
+      connect to a drafter, HELLO, RESET, COMMIT_GROW, check each POOL, BYE. A drafter
+      that wants target features (an EAGLE-3 head) gets random bf16 rows of width W.
       Exits non-zero on any failure (ERROR reply, timeout, malformed or invalid pool).
   proto_client.py --check-vectors [tests/fixtures/proto/vectors.bin]
       decode the C encoder's test vectors, compare them with the messages rebuilt here and
       check that this encoder produces the same bytes.
-  proto_client.py --mock-drafter ENDPOINT [--bad-pool KIND]
+  proto_client.py --mock-drafter ENDPOINT [--bad-pool KIND] [--want-features]
       serve a synthetic drafter (ROUTER, or PAIR with --socket pair) for testing the client.
   proto_client.py --self-test
       run the client against the mock drafter in-process, good and bad pools.
@@ -30,12 +32,14 @@ import zmq
 
 MAGIC = "RSPC"
 MAGIC_U32 = 0x52535043
-VERSION = 1
+VERSION = 2
 HELLO, HELLO_OK, RESET, COMMIT_GROW, POOL, ERROR, BYE = range(1, 8)
 TYPE_NAMES = {1: "HELLO", 2: "HELLO_OK", 3: "RESET", 4: "COMMIT_GROW", 5: "POOL", 6: "ERROR",
               7: "BYE"}
-BODY_FIELDS = {HELLO: 5, HELLO_OK: 5, RESET: 1, COMMIT_GROW: 1, POOL: 9, ERROR: 2, BYE: 0}
-CAP_POOL_V1, CAP_CUDA = 1, 2
+BODY_FIELDS = {HELLO: 5, HELLO_OK: 6, RESET: 2, COMMIT_GROW: 2, POOL: 9, ERROR: 2, BYE: 0}
+CAP_POOL_V1, CAP_CUDA, CAP_FEATURES = 1, 2, 4
+FEAT_BF16, FEAT_F16 = 1, 2
+FEAT_LAYERS_MAX, FEAT_WIDTH_MAX, MAX_FEAT_BYTES = 8, 1 << 17, 64 << 20
 POOL_MAX, POOL_MAX_DEPTH, MAX_TOKENS = 710, 8, 1 << 20
 U64 = (1 << 64) - 1
 
@@ -88,6 +92,8 @@ def decode(buf):
     if magic != MAGIC and magic != MAGIC_U32:
         raise ProtoError(f"bad magic {magic!r}")
     _int(ver, "version", 0, U64)
+    if ver == 1:
+        raise ProtoError(f"the peer speaks protocol version 1, this end version {VERSION}")
     if ver != VERSION:
         raise ProtoError(f"protocol version {ver}, expected {VERSION}")
     _int(mtype, "type", 0, U64)
@@ -107,12 +113,32 @@ def decode(buf):
                 _int(v, f"pool shape[{i}]", 0, 2**32 - 1)
         else:
             _str(body[4], "drafter_name", 63)
+            layers = _arr(body[5], "feature_layers")
+            if len(layers) > FEAT_LAYERS_MAX:
+                raise ProtoError(f"feature_layers has {len(layers)} entries")
+            for i, v in enumerate(layers):
+                _int(v, f"feature_layers[{i}]", 0, 65535)
+            if bool(layers) != bool(body[3] & CAP_FEATURES):
+                raise ProtoError("feature_layers and the FEATURES capability disagree")
     elif mtype in (RESET, COMMIT_GROW):
         toks = _arr(body[0], "tokens")
         if len(toks) > MAX_TOKENS or (mtype == COMMIT_GROW and not toks):
             raise ProtoError(f"{name} has {len(toks)} tokens")
         for i, t in enumerate(toks):
             _int(t, f"tokens[{i}]", 0, 2**31 - 1)
+        feat = _arr(body[1], "features")
+        if feat:
+            _arr(feat, "features", 3)
+            _int(feat[0], "features dtype", FEAT_BF16, FEAT_F16)
+            width = _int(feat[1], "features width", 1, FEAT_WIDTH_MAX)
+            if not isinstance(feat[2], bytes):
+                raise ProtoError(f"features data is {type(feat[2]).__name__}, expected bin")
+            if len(feat[2]) > MAX_FEAT_BYTES:
+                raise ProtoError(f"features data is {len(feat[2])} bytes, over the "
+                                 f"{MAX_FEAT_BYTES}-byte limit")
+            if len(feat[2]) != len(toks) * width * 2:
+                raise ProtoError(f"features data is {len(feat[2])} bytes, expected "
+                                 f"{len(toks) * width * 2}")
     elif mtype == POOL:
         n = _int(body[0], "n", 0, POOL_MAX)
         for k, what in enumerate(("tokens", "parents", "logq", "depths"), start=1):
@@ -198,14 +224,38 @@ def vector_pool():
     return [n, toks, parents, logq, depths, 51234567, 4567890, 8, 70]
 
 
+def u16le(values):
+    return struct.pack(f"<{len(values)}H", *values)
+
+
+# The feature payloads of tests/test_proto.c's RESET (bf16, width 2) and COMMIT_GROW
+# (f16, width 4) vectors.
+RESET_FEAT = [0x3f80, 0xc020, 0x0000, 0x8000, 0x7f7f, 0x0001, 0x4049, 0xbf80, 0x3c00, 0x3e80,
+              0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0, 0x4100, 0x4110, 0x4120, 0x4130,
+              0x4140, 0xff7f]
+GROW_FEAT = [0x3c00, 0xc100, 0x0000, 0x7bff, 0x0001, 0x8400, 0x3555, 0x4248, 0xfbff, 0x3800,
+             0x4000, 0x4400]
+
+
+def f32_to_bf16(values):
+    """Round to nearest even, as proto_f32_to_bf16 does (NaN-free input)."""
+    out = []
+    for v in values:
+        (u,) = struct.unpack("<I", struct.pack("<f", v))
+        out.append(((u + 0x7fff + ((u >> 16) & 1)) >> 16) & 0xffff)
+    return out
+
+
 def vectors():
     """(name, type, session, seq, body) for the seven canonical messages."""
     return [
         ("hello", HELLO, SESSION, 1, [FP, TOK_HASH, 49152, CAP_POOL_V1, [10, 8, 10]]),
         ("hello_ok", HELLO_OK, SESSION, 1,
-         [FP, TOK_HASH, 49152, CAP_POOL_V1 | CAP_CUDA, "rootspec-drafter/cpu"]),
-        ("reset", RESET, SESSION, 2, [[1, 9690, 28, 49151, 0, 127, 128, 255, 256, 32767, 32768]]),
-        ("commit_grow", COMMIT_GROW, SESSION, 3, [[42, 1000, 2]]),
+         [FP, TOK_HASH, 49152, CAP_POOL_V1 | CAP_CUDA | CAP_FEATURES, "rootspec-drafter/cpu",
+          [2, 16, 300]]),
+        ("reset", RESET, SESSION, 2, [[1, 9690, 28, 49151, 0, 127, 128, 255, 256, 32767, 32768],
+                                      [FEAT_BF16, 2, u16le(RESET_FEAT)]]),
+        ("commit_grow", COMMIT_GROW, SESSION, 3, [[42, 1000, 2], [FEAT_F16, 4, u16le(GROW_FEAT)]]),
         ("pool", POOL, SESSION, 3, vector_pool()),
         ("error", ERROR, SESSION, 4, [-5, "proto: unknown message type 99"]),
         ("bye", BYE, SESSION, 5, []),
@@ -297,8 +347,9 @@ def run_client(sock, args, log=print):
     seq = 1
     shape = [10, 8, 10]
     fp, tok_hash, vocab = args.fingerprint, args.tokenizer_hash, args.vocab
+    caps = CAP_POOL_V1 | (CAP_FEATURES if args.feat_width else 0)
     for attempt in range(2):
-        sock.send(encode(HELLO, session, seq, [fp, tok_hash, vocab, CAP_POOL_V1, shape]))
+        sock.send(encode(HELLO, session, seq, [fp, tok_hash, vocab, caps, shape]))
         try:
             ok = expect(sock, args.timeout_ms, session, seq, HELLO_OK)
             break
@@ -313,12 +364,29 @@ def run_client(sock, args, log=print):
                 f"tokenizer {tok_hash:#018x}")
             seq += 1
     vocab = args.vocab or ok[2]
+    rng = random.Random(1)
+
+    def features(n):
+        # Random rows stand in for the target's features: the drafter's pool is only
+        # checked for shape, not content.
+        if not ok[5]:
+            return []
+        vals = [rng.gauss(0.0, 1.0) for _ in range(n * args.feat_width)]
+        return [FEAT_BF16, args.feat_width, u16le(f32_to_bf16(vals))]
+
+    if ok[5]:
+        if not args.feat_width:
+            raise ProtoError(f"drafter wants the target's features of layers {ok[5]}: "
+                             f"give --feat-width (3 x the target's hidden size)")
+        log(f"drafter wants features of layers {ok[5]}: sending random bf16 rows of width "
+            f"{args.feat_width}")
     seq += 1
-    sock.send(encode(RESET, session, seq, [args.prompt]))  # no reply unless it fails
+    # no reply unless it fails
+    sock.send(encode(RESET, session, seq, [args.prompt, features(len(args.prompt))]))
     commit = list(args.tokens)
     for rnd in range(args.rounds):
         seq += 1
-        sock.send(encode(COMMIT_GROW, session, seq, [commit]))
+        sock.send(encode(COMMIT_GROW, session, seq, [commit, features(len(commit))]))
         body = expect(sock, args.timeout_ms, session, seq, POOL)
         bad = check_pool(body, vocab)
         if bad:
@@ -340,9 +408,12 @@ def run_client(sock, args, log=print):
 
 # ------------------------------------------------------------------ mock drafter
 
-def serve_mock(sock, bad_pool=None, vocab=49152, router=False):
+def serve_mock(sock, bad_pool=None, vocab=49152, router=False, want_features=False):
     """Answers like a drafter: HELLO_OK, POOL per COMMIT_GROW, BYE; ERROR for bad frames.
-    router: the socket is a ROUTER (frames [identity, payload]), as rootspec-draft's is."""
+    router: the socket is a ROUTER (frames [identity, payload]), as rootspec-draft's is.
+    want_features: asks for features (layers 2, 16, 29) and refuses commits without them."""
+    layers = [2, 16, 29] if want_features else []
+    caps = CAP_POOL_V1 | (CAP_FEATURES if want_features else 0)
     while True:
         parts = sock.recv_multipart()
         ident, frame = (parts[0], parts[1:]) if router else (None, parts)
@@ -360,10 +431,12 @@ def serve_mock(sock, bad_pool=None, vocab=49152, router=False):
             continue
         if mtype == HELLO:
             reply(encode(HELLO_OK, session, seq, ["mock-fingerprint", body[1], body[2] or vocab,
-                                                  CAP_POOL_V1, "mock-drafter"]))
+                                                  caps, "mock-drafter", layers]))
             vocab = body[2] or vocab
         elif mtype == RESET:
             pass
+        elif mtype == COMMIT_GROW and want_features and not body[1]:
+            reply(encode(ERROR, session, seq, [-4, "COMMIT_GROW without features"]))
         elif mtype == COMMIT_GROW:
             pool = vector_pool()
             pool[1] = [t % vocab for t in pool[1]]
@@ -385,17 +458,21 @@ def self_test():
     fails = 0
     ctx = zmq.Context.instance()
     cases = [(bad, "pair") for bad in (None, "parent", "logq", "short")] + [(None, "dealer")]
+    cases += [(None, "features"), ("nofeat", "features")]
     for bad, kind in cases:
         ep = f"inproc://mock-{bad}-{kind}"
         router = kind == "dealer"
+        feats = kind == "features"
         srv = ctx.socket(zmq.ROUTER if router else zmq.PAIR)
         srv.bind(ep)
-        t = threading.Thread(target=serve_mock, args=(srv, bad, 49152, router), daemon=True)
+        t = threading.Thread(target=serve_mock,
+                             args=(srv, None if feats else bad, 49152, router, feats), daemon=True)
         t.start()
         cli = ctx.socket(zmq.DEALER if router else zmq.PAIR)
         cli.connect(ep)
         args = argparse.Namespace(session=7, fingerprint="", tokenizer_hash=0, vocab=0,
-                                  prompt=[1, 2, 3], tokens=[42], rounds=2, timeout_ms=5000)
+                                  prompt=[1, 2, 3], tokens=[42], rounds=2, timeout_ms=5000,
+                                  feat_width=0 if bad == "nofeat" else (12 if feats else 0))
         try:
             run_client(cli, args, log=lambda s: None)
             ok = bad is None
@@ -425,6 +502,10 @@ def main():
     ap.add_argument("--check-vectors", nargs="?", const="tests/fixtures/proto/vectors.bin")
     ap.add_argument("--mock-drafter", metavar="ENDPOINT")
     ap.add_argument("--bad-pool", choices=["parent", "logq", "short"])
+    ap.add_argument("--want-features", action="store_true",
+                    help="the mock drafter asks for target features (an EAGLE-3 head)")
+    ap.add_argument("--feat-width", type=int, default=0,
+                    help="width of the random feature rows sent to a drafter that wants them")
     ap.add_argument("--self-test", action="store_true")
     ap.add_argument("--socket", choices=["dealer", "pair"], default="dealer",
                     help="dealer (default; talks to rootspec-draft's ROUTER) or pair")
@@ -448,7 +529,7 @@ def main():
         router = args.socket == "dealer"
         sock = ctx.socket(zmq.ROUTER if router else zmq.PAIR)
         sock.bind(args.mock_drafter)
-        serve_mock(sock, args.bad_pool, router=router)
+        serve_mock(sock, args.bad_pool, router=router, want_features=args.want_features)
         sock.close(linger=1000)
         return
     if not args.endpoint:
