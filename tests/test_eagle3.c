@@ -11,8 +11,13 @@
 #include "draft_proc/eagle3_drafter.h"
 #include "draft_proc/drafter_impl.h"
 #include "draft_proc/eagle3_forward.h"
+#include "draft_proc/server.h"
+#include "proto/proto.h"
 #include "target_proc/decode.h"
+#include "target_proc/remote.h"
 #include "testutil.h"
+#include <pthread.h>
+#include <zmq.h>
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <limits.h>
@@ -674,6 +679,186 @@ START_TEST(test_random_presets) {
 }
 END_TEST
 
+/* ---- across the protocol (v2) ---- */
+
+typedef struct {
+    Drafter *d;
+    ServerOpts o;
+    volatile int stop;
+    int rc;
+} ServerThread;
+
+static void *server_thread(void *arg) {
+    ServerThread *st = arg;
+    RsErr e = {0};
+    st->rc = server_run(st->d, 42, &st->o, &e);
+    return NULL;
+}
+
+static void serve(ServerThread *st, Drafter *d, const char *ep, pthread_t *th) {
+    memset(st, 0, sizeof *st);
+    st->d = d;
+    st->o = (ServerOpts){.endpoint = ep, .insecure = 1, .name = "e3-test", .stop = &st->stop};
+    ck_assert(pthread_create(th, NULL, server_thread, st) == 0);
+}
+
+/* f32 features as they arrive across the protocol: rounded to bf16 and widened back. */
+static void bf16_round(const float *f, float *out, size_t n) {
+    uint16_t *b = malloc(n * sizeof *b);
+    proto_f32_to_bf16(f, b, n);
+    proto_feat_to_f32(PROTO_FEAT_BF16, b, out, n);
+    free(b);
+}
+
+static void pools_equal(const Pool *a, const Pool *b) {
+    ck_assert_int_eq(a->n, b->n);
+    for (int i = 0; i < a->n; i++)
+        ck_assert_msg(a->token[i] == b->token[i] && a->parent[i] == b->parent[i] &&
+                          memcmp(&a->logq[i], &b->logq[i], sizeof(float)) == 0 &&
+                          a->depth[i] == b->depth[i],
+                      "candidate %d: %d/%d/%g vs %d/%d/%g", i, a->token[i], a->parent[i],
+                      (double)a->logq[i], b->token[i], b->parent[i], (double)b->logq[i]);
+}
+
+/* An EAGLE-3 drafter served by rootspec-draft's Session, reached through the remote kind:
+ * HELLO_OK hands the target the head's feature layers, the f32 features travel as bf16, and
+ * the pools equal those of the same head in process given the bf16-rounded features. A
+ * target whose HELLO lacks the FEATURES bit is refused by name. */
+START_TEST(test_eagle3_over_protocol) {
+    Model *t;
+    Eagle3Head *h;
+    RsErr e = {0};
+    ck_assert(model_load(tu_fixture("eagle3/target"), &t, &e) == 0);
+    ck_assert(eagle3_head_load(tu_fixture("eagle3/head"), &h, &e) == 0);
+    float *emb = target_embeddings(tu_fixture("eagle3/target"), &t->cfg);
+    int L[EAGLE3_N_FEATURES];
+    ck_assert_msg(eagle3_head_check(h, &t->cfg, L, &e) == 0, "%s", e.msg);
+    Drafter *served, *local, *remote;
+    ck_assert(drafter_eagle3_create(h, emb, 256, L, &served, &e) == 0);
+    ck_assert(drafter_eagle3_create(h, emb, 256, L, &local, &e) == 0);
+    char ep[128];
+    snprintf(ep, sizeof ep, "ipc:///tmp/rs-e3-proto-%d.sock", (int)getpid());
+    ServerThread st;
+    pthread_t th;
+    serve(&st, served, ep, &th);
+    ck_assert_msg(drafter_remote_create(ep, t, 42, 10000, 1, NULL, &remote, &e) == 0, "%s", e.msg);
+    const DrafterInfo *ri = drafter_info(remote);
+    ck_assert_int_eq(ri->n_feature_layers, 3);
+    for (int i = 0; i < 3; i++) ck_assert_int_eq(ri->feature_layers[i], L[i]);
+    int F = 3 * h->cfg.target_hidden;
+    int toks[12] = {11, 5, 17, 40, 2, 63, 9, 31, 8, 70, 1, 4};
+    float *f = malloc(sizeof(float) * 12 * (size_t)F), *fq = malloc(sizeof(float) * 12 * (size_t)F);
+    for (size_t i = 0; i < 12 * (size_t)F; i++) f[i] = 2.0f * rs_rand_unit(7, i);
+    bf16_round(f, fq, 12 * (size_t)F);
+    Pool *pa = malloc(sizeof *pa), *pb = malloc(sizeof *pb);
+    ck_assert_msg(drafter_reset(remote, toks, 6, f, sizeof(float) * 6 * F, &e) == 0, "%s", e.msg);
+    ck_assert(drafter_reset(local, toks, 6, fq, sizeof(float) * 6 * F, &e) == 0);
+    static const int round_at[] = {6, 7, 10, 12};
+    for (int r = 0; r + 1 < 4; r++) {
+        int a = round_at[r], n = round_at[r + 1] - a;
+        size_t off = (size_t)a * F, bytes = sizeof(float) * (size_t)n * F;
+        ck_assert_msg(drafter_grow_begin(remote, toks + a, n, 0, f + off, bytes, &e) == 0, "%s", e.msg);
+        ck_assert_msg(drafter_grow_end(remote, pa, &e) == 0, "%s", e.msg);
+        ck_assert(drafter_grow_begin(local, toks + a, n, 0, fq + off, bytes, &e) == 0);
+        ck_assert(drafter_grow_end(local, pb, &e) == 0);
+        ck_assert_int_eq(pa->n, POOL_MAX);
+        pools_equal(pa, pb);
+    }
+    /* without features the served head refuses, and the session's context is lost */
+    ck_assert(drafter_grow_begin(remote, toks, 1, 0, NULL, 0, &e) == 0);
+    ck_assert_int_eq(drafter_grow_end(remote, pa, &e), RS_EPEER);
+    ck_assert_msg(strstr(e.msg, "needs 384 bytes of f32 target features"), "%s", e.msg);
+    drafter_destroy(&remote);
+    /* a HELLO without the FEATURES capability */
+    void *zc = zmq_ctx_new(), *s = zmq_socket(zc, ZMQ_DEALER);
+    ck_assert(zmq_connect(s, ep) == 0);
+    ProtoMsg m = {0}, rep = {0};
+    m.type = PROTO_HELLO;
+    m.session = 9;
+    m.seq = 1;
+    m.u.hello.tokenizer_hash = 42;
+    m.u.hello.vocab_size = 96;
+    m.u.hello.caps = PROTO_CAP_POOL_V1;
+    m.u.hello.topk = POOL_TOPK;
+    m.u.hello.depth = POOL_MAX_DEPTH;
+    m.u.hello.expand = POOL_EXPAND;
+    ck_assert(proto_send(s, &m, &e) == 0);
+    ck_assert_msg(proto_recv(s, &rep, 5000, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(rep.type, PROTO_ERROR);
+    ck_assert_msg(strstr(rep.u.error.message, "needs the target's features (an EAGLE-3 head), "
+                                              "target's HELLO capabilities 0x1 lack FEATURES (0x4)"),
+                  "%s", rep.u.error.message);
+    proto_msg_clear(&rep);
+    zmq_close(s);
+    zmq_ctx_term(zc);
+    st.stop = 1;
+    pthread_join(th, NULL);
+    ck_assert_int_eq(st.rc, 0);
+    free(f);
+    free(fq);
+    free(pa);
+    free(pb);
+    drafter_destroy(&served);
+    drafter_destroy(&local);
+    free(emb);
+    eagle3_head_destroy(&h);
+    model_free(&t);
+}
+END_TEST
+
+/* A version-1 drafter's HELLO_OK fails the v2 target's handshake with a message saying so
+ * (the other direction, a v1 HELLO to rootspec-draft, is in test_twoproc). */
+static void *v1_drafter(void *arg) {
+    void *s = arg;
+    uint8_t id[256], req[4096];
+    int il = zmq_recv(s, id, sizeof id, 0);
+    zmq_recv(s, req, sizeof req, 0);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&pk, 6);
+    msgpack_pack_str(&pk, 4);
+    msgpack_pack_str_body(&pk, "RSPC", 4);
+    msgpack_pack_uint32(&pk, 1);
+    msgpack_pack_uint32(&pk, PROTO_HELLO_OK);
+    msgpack_pack_uint64(&pk, 0); /* a v1 reply; session/seq never judged */
+    msgpack_pack_uint64(&pk, 1);
+    msgpack_pack_array(&pk, 5);
+    msgpack_pack_str(&pk, 0);
+    msgpack_pack_uint64(&pk, 42);
+    msgpack_pack_uint32(&pk, 96);
+    msgpack_pack_uint32(&pk, PROTO_CAP_POOL_V1);
+    msgpack_pack_str(&pk, 2);
+    msgpack_pack_str_body(&pk, "v1", 2);
+    zmq_send(s, id, (size_t)il, ZMQ_SNDMORE);
+    zmq_send(s, sb.data, sb.size, 0);
+    msgpack_sbuffer_destroy(&sb);
+    return NULL;
+}
+
+START_TEST(test_v1_drafter_refused) {
+    Model *t;
+    RsErr e = {0};
+    ck_assert(model_load(tu_fixture("eagle3/target"), &t, &e) == 0);
+    char ep[128];
+    snprintf(ep, sizeof ep, "ipc:///tmp/rs-e3-v1-%d.sock", (int)getpid());
+    void *zc = zmq_ctx_new(), *s = zmq_socket(zc, ZMQ_ROUTER);
+    ck_assert(zmq_bind(s, ep) == 0);
+    pthread_t th;
+    ck_assert(pthread_create(&th, NULL, v1_drafter, s) == 0);
+    Drafter *d = NULL;
+    ck_assert_int_eq(drafter_remote_create(ep, t, 42, 5000, 1, NULL, &d, &e), RS_EUNSUPPORTED);
+    ck_assert_msg(strstr(e.msg, "the peer speaks protocol version 1, this end version 2"), "%s",
+                  e.msg);
+    ck_assert_ptr_null(d);
+    pthread_join(th, NULL);
+    zmq_close(s);
+    zmq_ctx_term(zc);
+    model_free(&t);
+}
+END_TEST
+
 Suite *suite_eagle3(void) {
     Suite *s = suite_create("eagle3");
     TCase *tc = tcase_create("eagle3");
@@ -688,6 +873,8 @@ Suite *suite_eagle3(void) {
     tcase_add_test(tc, test_fit_to_target);
     tcase_add_test(tc, test_topk_maps_draft_ids);
     tcase_add_test(tc, test_random_presets);
+    tcase_add_test(tc, test_eagle3_over_protocol);
+    tcase_add_test(tc, test_v1_drafter_refused);
     suite_add_tcase(s, tc);
     return s;
 }
