@@ -344,6 +344,17 @@ static const HeadPreset kHeadPresets[] = {
 };
 #define N_HEAD_PRESETS ((int)(sizeof kHeadPresets / sizeof kHeadPresets[0]))
 
+int eagle3_path_is_head(const char *path) {
+    if (eagle3_path_is_random(path)) return 1;
+    cJSON *j = NULL;
+    RsErr e = {0};
+    if (hf_read_config_json(path, &j, &e) != RS_OK) return 0; /* a file, or no config */
+    const char *arch;
+    int yes = has_arch(j, &arch);
+    cJSON_Delete(j);
+    return yes;
+}
+
 int eagle3_path_is_random(const char *path) {
     return path && !strncmp(path, EAGLE3_RANDOM_PREFIX, strlen(EAGLE3_RANDOM_PREFIX));
 }

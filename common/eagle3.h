@@ -89,6 +89,9 @@ void eagle3_default_layers(int n_layers, int layers[EAGLE3_N_FEATURES]);
  * with_weights 0 gives the shapes and d2t only (arena NULL), e.g. for a backend that
  * makes the weights itself. 1 when path names such a head. */
 int eagle3_path_is_random(const char *path);
+/* 1 if path names an EAGLE-3 head: a random head preset, or a directory whose config.json
+ * lists an EAGLE-3 head architecture (so a model path can be told from a head path). */
+int eagle3_path_is_head(const char *path);
 int eagle3_head_random(const char *spec, int with_weights, Eagle3Head **out, RsErr *e);
 
 #endif

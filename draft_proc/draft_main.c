@@ -1,8 +1,11 @@
-/* rootspec-draft: the drafter process. Loads a model (or a layer subset of one), then
- * serves pools to one target at a time over ZeroMQ until SIGINT/SIGTERM. */
+/* rootspec-draft: the drafter process. Loads a model (or a layer subset of one, or an
+ * EAGLE-3 head with its target's embeddings), then serves pools to one target at a time
+ * over ZeroMQ until SIGINT/SIGTERM. */
 #include "common/cli.h"
 #include "proto/proto.h"
 #include "proto/secure.h"
+#include "common/eagle3.h"
+#include "eagle3_drafter.h"
 #include "model_drafter.h"
 #include "server.h"
 #include <signal.h>
@@ -18,7 +21,12 @@ static void usage(FILE *f) {
             "\n"
             "  --model PATH         drafter model (GGUF file or Hugging Face directory), or a\n"
             "                       random-weight model: random:PRESET[,seed=N,layers=N,...]\n"
-            "                       (llama3-8b, llama3-1b, smollm2-135m, tiny)\n"
+            "                       (llama3-8b, llama3-1b, smollm2-135m, tiny), or an EAGLE-3\n"
+            "                       head directory (config.json LlamaForCausalLMEagle3) or\n"
+            "                       random:eagle3-tiny / random:eagle3-llama3-8b\n"
+            "  --target-model PATH  the target an EAGLE-3 head drafts for: supplies its token\n"
+            "                       embeddings and vocabulary (required with a head, refused\n"
+            "                       otherwise); the head runs on the CPU\n"
             "  --draft-layers SPEC  run only these layers of the model (self-drafter), e.g. 0-5\n"
             "  --bind ENDPOINT      ipc:///tmp/rootspec.sock or tcp://HOST:PORT\n"
             "  --backend NAME       cpu | cuda (default cpu)\n"
@@ -38,7 +46,7 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     const char *model = NULL, *layers = NULL, *bind = NULL, *backend = "cpu", *curve = NULL;
-    const char *gen = NULL;
+    const char *gen = NULL, *target_path = NULL;
     int device = 0, threads = 1, ctx = 2048, insecure = 0, max_req = 0;
     RsErr e = {0};
     for (int i = 1; i < argc; i++) {
@@ -50,6 +58,7 @@ int main(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "--model")) { if (VAL()) model = v; }
         else if (!strcmp(a, "--draft-layers")) { if (VAL()) layers = v; }
+        else if (!strcmp(a, "--target-model")) { if (VAL()) target_path = v; }
         else if (!strcmp(a, "--bind")) { if (VAL()) bind = v; }
         else if (!strcmp(a, "--backend")) { if (VAL()) backend = v; }
         else if (!strcmp(a, "--device")) { if (VAL()) rc = cli_int(a, v, 0, 64, &device, &e); }
@@ -90,12 +99,24 @@ int main(int argc, char **argv) {
         fprintf(stderr, "rootspec-draft: %s\n", e.msg);
         return 2;
     }
+    int head = eagle3_path_is_head(model);
+    if (head != (target_path != NULL) || (head && layers)) {
+        fprintf(stderr, "rootspec-draft: %s\n",
+                head && layers ? "--draft-layers applies to a model, not to an EAGLE-3 head"
+                : head ? "--model names an EAGLE-3 head: give --target-model (the target "
+                         "supplies its embeddings and vocabulary)"
+                       : "--target-model is for an EAGLE-3 head, and --model is not one");
+        return 2;
+    }
     Model *full = NULL;
     Tokenizer *tok = NULL;
     Drafter *d = NULL;
-    int rc = backend_model_load(ops, model, &full, &e);
+    /* A head's target is read on the CPU (its embeddings are the head's input). */
+    int rc = backend_model_load(head ? backend_ops_by_name("cpu", &e) : ops,
+                                head ? target_path : model, &full, &e);
     if (!rc) rc = tokenizer_load_model(full, &tok, &e);
-    if (!rc && layers) rc = drafter_self_create(full, layers, ops, ctx, threads, device, &d, &e);
+    if (!rc && head) rc = drafter_eagle3_open(model, full, ctx + POOL_N_EXPANDED, &d, &e);
+    else if (!rc && layers) rc = drafter_self_create(full, layers, ops, ctx, threads, device, &d, &e);
     else if (!rc) rc = drafter_model_create(full, ops, ctx, threads, device, &d, &e);
     if (rc) {
         fprintf(stderr, "rootspec-draft: %s\n", e.msg);
@@ -109,7 +130,9 @@ int main(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     ServerOpts so = {.endpoint = bind, .insecure = insecure, .curve_dir = curve,
-                     .name = layers ? "rootspec-draft (layer view)" : "rootspec-draft",
+                     .name = head     ? "rootspec-draft (EAGLE-3 head)"
+                             : layers ? "rootspec-draft (layer view)"
+                                      : "rootspec-draft",
                      .caps = ops == cuda_backend_ops_get() ? PROTO_CAP_CUDA : 0,
                      .max_requests = max_req, .stop = &g_stop};
     rc = server_run(d, tokenizer_identity(tok, full->cfg.vocab_size), &so, &e);

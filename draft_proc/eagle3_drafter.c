@@ -15,6 +15,7 @@ typedef struct {
     float *root_state;  // (dim) output state of the last committed row
     float *root_logits; // (draft_vocab)
     Pool *pool;         /* grow_begin's result for grow_end */
+    Eagle3Head *owned;  /* drafter_eagle3_open's head, freed with the drafter */
     int grow_rc;
     RsErr grow_err;
 } Eagle3Drafter;
@@ -93,6 +94,7 @@ static void e3_destroy(void *ctx) {
     free(d->root_state);
     free(d->root_logits);
     free(d->pool);
+    eagle3_head_destroy(&d->owned);
     free(d);
 }
 
@@ -129,5 +131,26 @@ int drafter_eagle3_create(const Eagle3Head *h, const float *embed, int kv_capaci
                         .name = h->path, .n_feature_layers = EAGLE3_N_FEATURES};
     memcpy(info.feature_layers, layers, sizeof(int) * EAGLE3_N_FEATURES);
     *out = drafter_wrap(&eagle3_ops, d, &info);
+    return RS_OK;
+}
+
+int drafter_eagle3_open(const char *head_path, const Model *target, int kv_capacity,
+                        Drafter **out, RsErr *e) {
+    *out = NULL;
+    Eagle3Head *h = NULL;
+    int layers[EAGLE3_N_FEATURES];
+    int rc = eagle3_path_is_random(head_path) ? eagle3_head_random(head_path, 1, &h, e)
+                                                : eagle3_head_load(head_path, &h, e);
+    if (!rc) rc = eagle3_head_check(h, &target->cfg, layers, e);
+    const float *embed = h && h->embed ? h->embed : target->w.tok_embeddings;
+    if (!rc && !embed)
+        rc = rs_err(e, RS_EUNSUPPORTED, "EAGLE-3 head %s has no embed_tokens and target %s has "
+                    "no host copy of its embeddings", head_path, target->path);
+    if (!rc) rc = drafter_eagle3_create(h, embed, kv_capacity, layers, out, e);
+    if (rc) {
+        eagle3_head_destroy(&h);
+        return rc;
+    }
+    ((Eagle3Drafter *)(*out)->ctx)->owned = h;
     return RS_OK;
 }

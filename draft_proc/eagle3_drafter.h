@@ -23,4 +23,11 @@
 int drafter_eagle3_create(const Eagle3Head *h, const float *embed, int kv_capacity,
                           const int layers[EAGLE3_N_FEATURES], Drafter **out, RsErr *e);
 
+/* Loads the head at head_path (a directory or a random:eagle3-* preset), checks that it fits
+ * `target` (refusals name both values) and builds the drafter over it with the target's
+ * token embeddings (f32 host weights, borrowed: keep target alive) unless the head has its
+ * own. The drafter owns the head. */
+int drafter_eagle3_open(const char *head_path, const Model *target, int kv_capacity,
+                        Drafter **out, RsErr *e);
+
 #endif

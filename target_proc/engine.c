@@ -1,5 +1,7 @@
 /* Engine set-up: model(s), tokenizer, backend choice, drafter wiring. */
 #include "engine.h"
+#include "common/eagle3.h"
+#include "draft_proc/eagle3_drafter.h"
 #include "draft_proc/model_drafter.h"
 #include "remote.h"
 #include <string.h>
@@ -49,7 +51,11 @@ static int open_drafter(const EngineOpts *o, const BackendOps *ops, Engine *en, 
                                      &en->drafter, e);
     Drafter *local = NULL;
     int rc;
-    if (o->draft_model_path) {
+    if (o->draft_model_path && eagle3_path_is_head(o->draft_model_path)) {
+        /* the head's vocabulary is the target's (eagle3_head_check), its tokenizer too */
+        rc = drafter_eagle3_open(o->draft_model_path, en->target_model, o->ctx + POOL_N_EXPANDED,
+                                 &local, e);
+    } else if (o->draft_model_path) {
         rc = load_draft_model(o, ops, en, e);
         if (!rc)
             rc = drafter_model_create(en->draft_model, ops, o->ctx, o->threads, o->device,

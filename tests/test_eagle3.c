@@ -802,7 +802,7 @@ START_TEST(test_eagle3_over_protocol) {
     drafter_destroy(&local);
     free(emb);
     eagle3_head_destroy(&h);
-    model_free(&t);
+    model_destroy(&t);
 }
 END_TEST
 
@@ -855,7 +855,7 @@ START_TEST(test_v1_drafter_refused) {
     pthread_join(th, NULL);
     zmq_close(s);
     zmq_ctx_term(zc);
-    model_free(&t);
+    model_destroy(&t);
 }
 END_TEST
 

@@ -1028,11 +1028,77 @@ START_TEST(test_engine_each_drafter_kind) {
 }
 END_TEST
 
+/* rootspec-draft with an EAGLE-3 head: it needs --target-model (and refuses it without a
+ * head), refuses a head that does not fit the target naming both vocabularies, and serves
+ * random:eagle3-tiny for random:tiny: the remote kind learns the head's feature layers
+ * (0, 1, 2 for a 2-layer target) and grows full pools from features. In process,
+ * --draft-model HEAD builds the EAGLE-3 kind the same way. */
+START_TEST(test_eagle3_head_wiring) {
+    make_dir();
+    char ep[300];
+    endpoint(ep, sizeof ep, "e3");
+    static const struct {
+        const char *model, *target, *want;
+    } bad[] = {
+        {"random:eagle3-tiny", NULL, "--model names an EAGLE-3 head: give --target-model"},
+        {"random:tiny", "random:tiny", "--target-model is for an EAGLE-3 head, and --model is not one"},
+        {"tests/fixtures/eagle3/head", "random:tiny",
+         "has vocab_size 96 but the target's vocabulary has 512 tokens"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *argv[] = {"build/rootspec-draft", "--bind", ep, "--model", (char *)bad[i].model,
+                        bad[i].target ? "--target-model" : NULL, (char *)bad[i].target, NULL};
+        ck_assert_int_eq(wait_exit(spawn(argv, "e3bad"), 20000), 2);
+        char *err = slurp("e3bad", "err");
+        ck_assert_msg(strstr(err, bad[i].want), "stderr '%s' lacks '%s'", err, bad[i].want);
+        free(err);
+    }
+    char *argv[] = {"build/rootspec-draft", "--bind", ep, "--model", "random:eagle3-tiny",
+                    "--target-model", "random:tiny", NULL};
+    pid_t d = spawn(argv, "e3draft");
+    wait_serving(d, "e3draft");
+    Model *t;
+    RsErr e = {0};
+    ck_assert(model_load("random:tiny", &t, &e) == 0);
+    Drafter *rd;
+    ck_assert_msg(drafter_remote_create(ep, t, tokenizer_identity(NULL, 512), 10000, 0, NULL,
+                                        &rd, &e) == 0, "%s", e.msg);
+    const DrafterInfo *ri = drafter_info(rd);
+    ck_assert_int_eq(ri->n_feature_layers, 3);
+    ck_assert(ri->feature_layers[0] == 0 && ri->feature_layers[1] == 1 && ri->feature_layers[2] == 2);
+    int toks[4] = {5, 9, 200, 31}, F = 3 * t->cfg.dim;
+    float *f = malloc(sizeof(float) * 4 * (size_t)F);
+    for (int i = 0; i < 4 * F; i++) f[i] = (float)((i * 37) % 11) / 11.0f - 0.5f;
+    Pool *p = malloc(sizeof *p);
+    ck_assert_msg(drafter_reset(rd, toks, 3, f, sizeof(float) * 3 * F, &e) == 0, "%s", e.msg);
+    ck_assert(drafter_grow_begin(rd, toks + 3, 1, 0, f + 3 * F, sizeof(float) * F, &e) == 0);
+    ck_assert_msg(drafter_grow_end(rd, p, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(p->n, POOL_MAX);
+    drafter_destroy(&rd);
+    stop(d);
+    /* in process */
+    EngineOpts eo = {.model_path = "random:tiny", .draft_model_path = "random:eagle3-tiny",
+                     .backend = "cpu", .threads = 1, .ctx = 256};
+    Engine en;
+    ck_assert_msg(engine_open(&eo, 1, &en, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(drafter_info(en.drafter)->n_feature_layers, 3);
+    ck_assert_int_eq(drafter_info(en.drafter)->vocab_size, 512);
+    engine_close(&en);
+    eo.draft_model_path = "tests/fixtures/eagle3/head";
+    ck_assert_int_eq(engine_open(&eo, 1, &en, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "has vocab_size 96 but the target's vocabulary has 512"), "%s", e.msg);
+    free(f);
+    free(p);
+    model_destroy(&t);
+}
+END_TEST
+
 Suite *suite_twoproc(void) {
     Suite *s = suite_create("twoproc");
     TCase *tc = tcase_create("pipeline");
     tcase_set_timeout(tc, 180);
     tcase_add_test(tc, test_identity_across_processes);
+    tcase_add_test(tc, test_eagle3_head_wiring);
     tcase_add_loop_test(tc, test_drafter_dies_mid_decode, 0, 2);
     tcase_add_test(tc, test_drafter_unreachable);
     tcase_add_test(tc, test_target_dies_drafter_recovers);
