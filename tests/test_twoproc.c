@@ -1079,13 +1079,13 @@ START_TEST(test_eagle3_head_wiring) {
     /* in process */
     EngineOpts eo = {.model_path = "random:tiny", .draft_model_path = "random:eagle3-tiny",
                      .backend = "cpu", .threads = 1, .ctx = 256};
-    Engine en;
-    ck_assert_msg(engine_open(&eo, 1, &en, &e) == 0, "%s", e.msg);
-    ck_assert_int_eq(drafter_info(en.drafter)->n_feature_layers, 3);
-    ck_assert_int_eq(drafter_info(en.drafter)->vocab_size, 512);
-    engine_close(&en);
+    Engine *en = NULL;
+    ck_assert_msg(engine_create(&eo, 1, &en, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(drafter_info(en->drafter)->n_feature_layers, 3);
+    ck_assert_int_eq(drafter_info(en->drafter)->vocab_size, 512);
+    engine_destroy(&en);
     eo.draft_model_path = "tests/fixtures/eagle3/head";
-    ck_assert_int_eq(engine_open(&eo, 1, &en, &e), RS_EINVAL);
+    ck_assert_int_eq(engine_create(&eo, 1, &en, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "has vocab_size 96 but the target's vocabulary has 512"), "%s", e.msg);
     free(f);
     free(p);
