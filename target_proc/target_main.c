@@ -140,11 +140,19 @@ static int parse_ids(const char *s, int **ids, int *n, RsErr *e) {
     return RS_OK;
 }
 
-int main(int argc, char **argv) {
-    EngineOpts eo = {.backend = "cpu", .threads = 1, .ctx = 2048, .draft_timeout_ms = 10000};
-    DecodeOpts d = {.rule = RULE_AR, .budget = 59, .temp = 0, .seed = 1, .max_new = 256};
-    const char *prompt = NULL, *prompt_ids = NULL, *log_path = NULL, *prompts_path = NULL;
-    int chat = 0, output_ids = 0, want_timing = 0;
+/* Everything the command line says; parsed before anything is opened. */
+typedef struct {
+    EngineOpts eo;
+    DecodeOpts d;
+    const char *prompt, *prompt_ids, *log_path, *prompts_path;
+    int chat, output_ids, want_timing;
+} Args;
+
+/* Parse the options; returns -1 to go on, else the exit status (0 for --help, 2 for bad
+ * usage), so main's exit codes stay in one place per outcome. */
+static int parse_args(int argc, char **argv, Args *A) {
+    EngineOpts *eo = &A->eo;
+    DecodeOpts *d = &A->d;
     RsErr e = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -153,38 +161,38 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(a, "--model")) { if (VAL()) eo.model_path = v; }
-        else if (!strcmp(a, "--prompt")) { if (VAL()) prompt = v; }
-        else if (!strcmp(a, "--prompt-ids")) { if (VAL()) prompt_ids = v; }
-        else if (!strcmp(a, "--prompts")) { if (VAL()) prompts_path = v; }
-        else if (!strcmp(a, "--timing")) want_timing = 1;
-        else if (!strcmp(a, "--chat")) chat = 1;
+        } else if (!strcmp(a, "--model")) { if (VAL()) eo->model_path = v; }
+        else if (!strcmp(a, "--prompt")) { if (VAL()) A->prompt = v; }
+        else if (!strcmp(a, "--prompt-ids")) { if (VAL()) A->prompt_ids = v; }
+        else if (!strcmp(a, "--prompts")) { if (VAL()) A->prompts_path = v; }
+        else if (!strcmp(a, "--timing")) A->want_timing = 1;
+        else if (!strcmp(a, "--chat")) A->chat = 1;
         else if (!strcmp(a, "--decoder")) {
             if (VAL()) {
                 int r = rule_parse(v);
                 if (r < 0 || r == RULE_ORACLE)
                     rc = rs_err(&e, RS_EINVAL, "--decoder: unknown decoder '%s' (ar, draft, pearl, rootdraw, root)", v);
-                else d.rule = (Rule)r;
+                else d->rule = (Rule)r;
             }
-        } else if (!strcmp(a, "--budget")) { if (VAL()) rc = cli_int(a, v, 1, TREE_MAX, &d.budget, &e); }
-        else if (!strcmp(a, "--temp")) { if (VAL()) rc = cli_int(a, v, 0, 1, &d.temp, &e); }
-        else if (!strcmp(a, "--seed")) { if (VAL()) rc = cli_u64(a, v, &d.seed, &e); }
-        else if (!strcmp(a, "--prompt-id")) { if (VAL()) rc = cli_u64(a, v, &d.prompt_id, &e); }
-        else if (!strcmp(a, "--max-new")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 20, &d.max_new, &e); }
-        else if (!strcmp(a, "--threads")) { if (VAL()) rc = cli_int(a, v, 1, 256, &eo.threads, &e); }
-        else if (!strcmp(a, "--ctx")) { if (VAL()) rc = cli_int(a, v, 256, 1 << 20, &eo.ctx, &e); }
-        else if (!strcmp(a, "--backend")) { if (VAL()) eo.backend = v; }
-        else if (!strcmp(a, "--device")) { if (VAL()) rc = cli_int(a, v, 0, 64, &eo.device, &e); }
+        } else if (!strcmp(a, "--budget")) { if (VAL()) rc = cli_int(a, v, 1, TREE_MAX, &d->budget, &e); }
+        else if (!strcmp(a, "--temp")) { if (VAL()) rc = cli_int(a, v, 0, 1, &d->temp, &e); }
+        else if (!strcmp(a, "--seed")) { if (VAL()) rc = cli_u64(a, v, &d->seed, &e); }
+        else if (!strcmp(a, "--prompt-id")) { if (VAL()) rc = cli_u64(a, v, &d->prompt_id, &e); }
+        else if (!strcmp(a, "--max-new")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 20, &d->max_new, &e); }
+        else if (!strcmp(a, "--threads")) { if (VAL()) rc = cli_int(a, v, 1, 256, &eo->threads, &e); }
+        else if (!strcmp(a, "--ctx")) { if (VAL()) rc = cli_int(a, v, 256, 1 << 20, &eo->ctx, &e); }
+        else if (!strcmp(a, "--backend")) { if (VAL()) eo->backend = v; }
+        else if (!strcmp(a, "--device")) { if (VAL()) rc = cli_int(a, v, 0, 64, &eo->device, &e); }
         else if (!strcmp(a, "--batch-invariant")) backend_set_batch_invariant(1);
-        else if (!strcmp(a, "--draft-model")) { if (VAL()) eo.draft_model_path = v; }
-        else if (!strcmp(a, "--draft-layers")) { if (VAL()) eo.draft_layers = v; }
-        else if (!strcmp(a, "--draft-endpoint")) { if (VAL()) eo.draft_endpoint = v; }
-        else if (!strcmp(a, "--draft-timeout-ms")) { if (VAL()) rc = cli_int(a, v, 1, 3600000, &eo.draft_timeout_ms, &e); }
-        else if (!strcmp(a, "--insecure")) eo.insecure = 1;
-        else if (!strcmp(a, "--curve-dir")) { if (VAL()) eo.curve_dir = v; }
-        else if (!strcmp(a, "--log-rounds")) { if (VAL()) log_path = v; }
-        else if (!strcmp(a, "--score-all-rules")) d.score_all = 1;
-        else if (!strcmp(a, "--output-ids")) output_ids = 1;
+        else if (!strcmp(a, "--draft-model")) { if (VAL()) eo->draft_model_path = v; }
+        else if (!strcmp(a, "--draft-layers")) { if (VAL()) eo->draft_layers = v; }
+        else if (!strcmp(a, "--draft-endpoint")) { if (VAL()) eo->draft_endpoint = v; }
+        else if (!strcmp(a, "--draft-timeout-ms")) { if (VAL()) rc = cli_int(a, v, 1, 3600000, &eo->draft_timeout_ms, &e); }
+        else if (!strcmp(a, "--insecure")) eo->insecure = 1;
+        else if (!strcmp(a, "--curve-dir")) { if (VAL()) eo->curve_dir = v; }
+        else if (!strcmp(a, "--log-rounds")) { if (VAL()) A->log_path = v; }
+        else if (!strcmp(a, "--score-all-rules")) d->score_all = 1;
+        else if (!strcmp(a, "--output-ids")) A->output_ids = 1;
         else rc = rs_err(&e, RS_EINVAL, "unknown option '%s' (see --help)", a);
 #undef VAL
         if (rc) {
@@ -192,82 +200,106 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (!eo.model_path || (!!prompt + !!prompt_ids + !!prompts_path) != 1) {
+    return -1;
+}
+
+/* Options that parse alone but contradict each other: refused (exit 2) before the models load,
+ * which takes seconds. Returns -1 to go on. */
+static int check_args(const Args *A) {
+    const EngineOpts *eo = &A->eo;
+    if (!eo->model_path || (!!A->prompt + !!A->prompt_ids + !!A->prompts_path) != 1) {
         fprintf(stderr, "rootspec-target: need --model and exactly one of --prompt / --prompt-ids / --prompts\n");
         usage(stderr);
         return 2;
     }
-    if (eo.draft_model_path && eo.draft_layers) {
+    if (eo->draft_model_path && eo->draft_layers) {
         fprintf(stderr, "rootspec-target: give --draft-model or --draft-layers (a self-drafter "
                         "from the target's layers), not both\n");
         return 2;
     }
-    if (eo.draft_endpoint && (eo.draft_model_path || eo.draft_layers)) {
+    if (eo->draft_endpoint && (eo->draft_model_path || eo->draft_layers)) {
         fprintf(stderr, "rootspec-target: --draft-endpoint uses the model of the rootspec-draft "
                         "process there; drop --%s\n",
-                eo.draft_model_path ? "draft-model" : "draft-layers");
+                eo->draft_model_path ? "draft-model" : "draft-layers");
         return 2;
     }
-    if (d.score_all && !rule_needs_root(d.rule)) {
+    if (A->d.score_all && !rule_needs_root(A->d.rule)) {
         fprintf(stderr, "rootspec-target: --score-all-rules needs --decoder pearl, rootdraw or root\n");
         return 2;
     }
-    PromptSet *ps = NULL;
-    if (prompts_path && prompts_load(prompts_path, &ps, &e)) {
-        fprintf(stderr, "rootspec-target: %s\n", e.msg);
-        return 2;
-    }
-    Engine *en = NULL;
-    eo.drafter_optional = 1; /* as when the drafter fails mid-decode: AR, with a warning */
-    int rc = engine_create(&eo, d.rule != RULE_AR, &en, &e);
+    return -1;
+}
+
+/* Open the models; a missing drafter only downgrades the decoder to AR. Returns -1 to go on,
+ * else the exit status (2 for bad input, 1 for a runtime failure). */
+static int open_engine(Args *A, Engine **en) {
+    RsErr e = {0};
+    A->eo.drafter_optional = 1; /* as when the drafter fails mid-decode: AR, with a warning */
+    int rc = engine_create(&A->eo, A->d.rule != RULE_AR, en, &e);
     if (rc) {
         fprintf(stderr, "rootspec-target: %s\n", e.msg);
-        prompts_destroy(&ps);
         return rc == RS_EINVAL || rc == RS_EFORMAT || rc == RS_EUNSUPPORTED || rc == RS_EPEER ? 2 : 1;
     }
-    const char *requested = rule_name(d.rule);
-    if (en->drafter_missing[0]) {
+    const char *requested = rule_name(A->d.rule);
+    if ((*en)->drafter_missing[0]) {
         fprintf(stderr, "rootspec-target: warning: %s; decoding autoregressively instead of "
-                        "with --decoder %s\n", en->drafter_missing, requested);
-        d.rule = RULE_AR;
-        d.score_all = 0;
+                        "with --decoder %s\n", (*en)->drafter_missing, requested);
+        A->d.rule = RULE_AR;
+        A->d.score_all = 0;
     }
-    TimingAcc *timing = NULL;
-    timing_create(&timing);
-    Sink s = {.tok = en->tok, .output_ids = output_ids || !en->tok, .first_id = 1};
-    if (want_timing || prompts_path) s.timing = timing;
-    if (log_path) {
-        s.log = fopen(log_path, "a");
-        if (!s.log) {
-            fprintf(stderr, "rootspec-target: cannot open --log-rounds '%s': %s\n", log_path,
-                    strerror(errno));
-            engine_destroy(&en);
-            prompts_destroy(&ps);
-            return 2;
-        }
-    }
-    DecodeHooks h = {on_tokens, on_round, on_event, &s};
+    return -1;
+}
+
+/* Totals over all prompts, for the --prompts summary line. */
+typedef struct {
+    int n_prompts;
+    long tokens;
+    uint64_t ns;
+} Totals;
+
+/* One prompt's summary line on stderr: what ran, how fast, and why it stopped. */
+static void print_prompt_summary(const DecodeOpts *dp, int n, const DecodeResult *res,
+                                 const Sink *s, const Engine *en) {
+    double secs = (double)(res->t_end - res->t_start) * 1e-9;
+    fprintf(stderr,
+            "rootspec-target: decoder=%s T=%d B=%d prompt=%d tokens, emitted %d tokens in "
+            "%d rounds, %.3f s, %.2f tok/s, mean accepted %.3f%s%s%s%s%s\n",
+            rule_name(dp->rule), dp->temp, dp->budget, n, res->n_tokens, res->rounds, secs,
+            secs > 0 ? res->n_tokens / secs : 0.0,
+            res->rounds ? (double)res->accepted_total / res->rounds : 0.0,
+            res->hit_eos ? ", stopped at EOS" : "",
+            res->hit_capacity ? ", STOPPED: KV cache full (raise --ctx)" : "",
+            res->drafter_failed ? ", drafter failed (finished autoregressively)" : "",
+            s->taken_over ? ", SESSION TAKEN OVER by another client of the drafter" : "",
+            en->drafter_missing[0] ? ", no drafter (decoded autoregressively)" : "");
+}
+
+/* Decode each prompt in turn (one, or every line of --prompts), streaming through the sink;
+ * stops at the first failure. Returns the exit status so far. */
+static int decode_prompts(const Args *A, Engine *en, const PromptSet *ps, Sink *s, Totals *t) {
+    RsErr e = {0};
+    DecodeHooks h = {on_tokens, on_round, on_event, s};
     DecodeResult res = {0};
-    res.cap = d.max_new + ROUND_MAX_EMIT;
+    res.cap = A->d.max_new + ROUND_MAX_EMIT;
     res.tokens = rs_xmalloc(sizeof(int) * (size_t)res.cap);
-    int n_prompts = ps ? ps->n : 1, exit_code = 0;
-    long total_tokens = 0;
-    uint64_t total_ns = 0;
-    for (int pi = 0; pi < n_prompts; pi++) {
+    int exit_code = 0;
+    t->n_prompts = ps ? ps->n : 1;
+    for (int pi = 0; pi < t->n_prompts; pi++) {
         int *ids = NULL, n = 0;
-        const char *text = ps ? ps->items[pi].text : prompt;
-        DecodeOpts dp = d;
-        if (ps) dp.prompt_id = d.prompt_id + (uint64_t)pi;
-        rc = prompt_ids ? parse_ids(prompt_ids, &ids, &n, &e)
-                        : engine_prompt_ids(en, text, chat || (ps && en->chat != CHAT_NONE), &ids, &n, &e);
+        const char *text = ps ? ps->items[pi].text : A->prompt;
+        DecodeOpts dp = A->d;
+        if (ps) dp.prompt_id = A->d.prompt_id + (uint64_t)pi;
+        int rc = A->prompt_ids ? parse_ids(A->prompt_ids, &ids, &n, &e)
+                               : engine_prompt_ids(en, text, A->chat || (ps && en->chat != CHAT_NONE),
+                                                   &ids, &n, &e);
         if (rc) {
             fprintf(stderr, "rootspec-target: %s\n", e.msg);
             exit_code = 2;
             break;
         }
         if (ps) printf("=== prompt %s: %s\n", ps->items[pi].id, text);
-        s.lc = (RoundLogCtx){rule_name(dp.rule), dp.temp, dp.budget, dp.prompt_id};
-        s.first_id = 1;
+        s->lc = (RoundLogCtx){rule_name(dp.rule), dp.temp, dp.budget, dp.prompt_id};
+        s->first_id = 1;
         rc = decode_run(en->target, en->drafter, ids, n, &dp, &h, &res, &e);
         free(ids);
         printf("\n");
@@ -277,41 +309,74 @@ int main(int argc, char **argv) {
             exit_code = rc == RS_EINVAL ? 2 : 1;
             break;
         }
-        double secs = (double)(res.t_end - res.t_start) * 1e-9;
-        total_tokens += res.n_tokens;
-        total_ns += res.t_end - res.t_start;
-        fprintf(stderr,
-                "rootspec-target: decoder=%s T=%d B=%d prompt=%d tokens, emitted %d tokens in "
-                "%d rounds, %.3f s, %.2f tok/s, mean accepted %.3f%s%s%s%s%s\n",
-                rule_name(dp.rule), dp.temp, dp.budget, n, res.n_tokens, res.rounds, secs,
-                secs > 0 ? res.n_tokens / secs : 0.0,
-                res.rounds ? (double)res.accepted_total / res.rounds : 0.0,
-                res.hit_eos ? ", stopped at EOS" : "",
-                res.hit_capacity ? ", STOPPED: KV cache full (raise --ctx)" : "",
-                res.drafter_failed ? ", drafter failed (finished autoregressively)" : "",
-                s.taken_over ? ", SESSION TAKEN OVER by another client of the drafter" : "",
-                en->drafter_missing[0] ? ", no drafter (decoded autoregressively)" : "");
-        s.taken_over = 0;
+        t->tokens += res.n_tokens;
+        t->ns += res.t_end - res.t_start;
+        print_prompt_summary(&dp, n, &res, s, en);
+        s->taken_over = 0;
     }
-    if (s.timing && exit_code == 0) {
+    free(res.tokens);
+    return exit_code;
+}
+
+/* The run's summaries, then the checks that our output really got written: output that
+ * could not be written is lost output, so it fails the run. Returns the final exit status. */
+static int finish(const Args *A, const PromptSet *ps, Sink *s, TimingAcc *timing,
+                  const Totals *t, int exit_code) {
+    if (s->timing && exit_code == 0) {
         if (ps)
             fprintf(stderr, "rootspec-target: %d prompts, %ld tokens in %.3f s: %.2f tok/s\n",
-                    n_prompts, total_tokens, total_ns * 1e-9,
-                    total_ns ? total_tokens / (total_ns * 1e-9) : 0.0);
+                    t->n_prompts, t->tokens, t->ns * 1e-9,
+                    t->ns ? t->tokens / (t->ns * 1e-9) : 0.0);
         timing_print(stderr, timing);
     }
-    if (exit_code == 0) scores_print(stderr, &s);
-    timing_destroy(&timing);
-    /* Output that could not be written is lost output: report it and fail. */
-    if (s.log && (ferror(s.log) | fclose(s.log))) {
-        fprintf(stderr, "rootspec-target: writing --log-rounds '%s' failed\n", log_path);
+    if (exit_code == 0) scores_print(stderr, s);
+    if (s->log && (ferror(s->log) | fclose(s->log))) {
+        fprintf(stderr, "rootspec-target: writing --log-rounds '%s' failed\n", A->log_path);
         if (!exit_code) exit_code = 1;
     }
     if (fflush(stdout) || ferror(stdout)) {
         fprintf(stderr, "rootspec-target: writing the output to stdout failed\n");
         if (!exit_code) exit_code = 1;
     }
-    free(res.tokens);
+    return exit_code;
+}
+
+int main(int argc, char **argv) {
+    Args A = {.eo = {.backend = "cpu", .threads = 1, .ctx = 2048, .draft_timeout_ms = 10000},
+              .d = {.rule = RULE_AR, .budget = 59, .temp = 0, .seed = 1, .max_new = 256}};
+    int rc = parse_args(argc, argv, &A);
+    if (rc < 0) rc = check_args(&A);
+    if (rc >= 0) return rc;
+    RsErr e = {0};
+    PromptSet *ps = NULL;
+    if (A.prompts_path && prompts_load(A.prompts_path, &ps, &e)) {
+        fprintf(stderr, "rootspec-target: %s\n", e.msg);
+        return 2;
+    }
+    Engine *en = NULL;
+    rc = open_engine(&A, &en);
+    if (rc >= 0) {
+        prompts_destroy(&ps);
+        return rc;
+    }
+    TimingAcc *timing = NULL;
+    timing_create(&timing);
+    Sink s = {.tok = en->tok, .output_ids = A.output_ids || !en->tok, .first_id = 1};
+    if (A.want_timing || A.prompts_path) s.timing = timing;
+    if (A.log_path) {
+        s.log = fopen(A.log_path, "a");
+        if (!s.log) {
+            fprintf(stderr, "rootspec-target: cannot open --log-rounds '%s': %s\n", A.log_path,
+                    strerror(errno));
+            engine_destroy(&en);
+            prompts_destroy(&ps);
+            return 2;
+        }
+    }
+    Totals t = {0};
+    int exit_code = decode_prompts(&A, en, ps, &s, &t);
+    exit_code = finish(&A, ps, &s, timing, &t, exit_code);
+    timing_destroy(&timing);
     prompts_destroy(&ps);
     engine_destroy(&en);
     return exit_code;
