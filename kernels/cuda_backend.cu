@@ -308,12 +308,9 @@ static void in_pointers(void *base, const CudaBackend *b, CuMeta **meta, int **t
     *mask = (uint64_t *)(p + b->in_mask_off);
 }
 
-/* A "random:" model without host weights gets them made on the device (no host copy of an
- * 8B model); one that has host weights (materialised, or a layer view) is uploaded. */
-static int cuda_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
-    *out = NULL;
-    const Config *c = &m->cfg;
-    int random = m->random_weights && !m->arena;
+/* Refuses what the kernels cannot run and selects the device, before anything is allocated,
+ * so that bad sizes or a missing GPU are a status, not an abort. */
+static int check_and_select(const Config *c, const BackendParams *p, RsErr *e) {
     if (p->kv_capacity <= 0 || p->max_batch <= 0 || p->max_pending <= 0)
         return rs_err(e, RS_EINVAL,
                       "backend sizes must be positive (kv_capacity %d, max_batch %d, "
@@ -336,7 +333,13 @@ static int cuda_create(const Model *m, const BackendParams *p, Backend **out, Rs
         return rs_err(e, RS_EINVAL, "CUDA device %d does not exist (%d device%s)", p->device, ndev,
                       ndev == 1 ? "" : "s");
     CUDA_CHECK(cudaSetDevice(p->device));
+    return RS_OK;
+}
 
+/* The backend's sizes, settings, stream and cuBLAS handle; no device memory yet, so every
+ * later failure can go through cuda_destroy. */
+static CudaBackend *backend_new(const Model *m, const BackendParams *p) {
+    const Config *c = &m->cfg;
     CudaBackend *b = (CudaBackend *)rs_xcalloc(1, sizeof *b);
     b->base.ops = &cuda_ops;
     b->base.model = m;
@@ -363,12 +366,18 @@ static int cuda_create(const Model *m, const BackendParams *p, Backend **out, Rs
     CUBLAS_CHECK(cublasSetStream(b->blas, b->stream));
     /* An explicit workspace: cuBLAS must not allocate while a graph is being captured. */
     b->blas_ws_bytes = 32u << 20;
+    return b;
+}
 
-    size_t R = (size_t)b->rows, cap = (size_t)p->kv_capacity, P = (size_t)p->max_pending;
-    size_t dim = b->dim, half = b->hd / 2, nl = b->nl;
-    int rc = RS_OK;
+/* Each allocation names what it is for, so running out of device memory says which one. */
 #define DA(ptr, bytes, what) if (!rc) rc = dalloc(&(ptr), (bytes), (what), e)
 #define HA(ptr, bytes, what) if (!rc) rc = halloc(&(ptr), (bytes), (what), e)
+
+/* Device memory for the weights (bf16 matrices, f32 vectors) and the cuBLAS workspace. */
+static int alloc_weights(CudaBackend *b, const Model *m, int random, RsErr *e) {
+    const Config *c = &m->cfg;
+    size_t dim = b->dim, nl = b->nl;
+    int rc = RS_OK;
     DA(b->blas_ws, b->blas_ws_bytes, "cuBLAS workspace");
     b->layers = (CuLayer *)rs_xcalloc(nl, sizeof(CuLayer));
     for (size_t l = 0; l < nl && !rc; l++) {
@@ -390,6 +399,14 @@ static int cuda_create(const Model *m, const BackendParams *p, Backend **out, Rs
     if (random ? c->tied_embeddings : m->w.wcls.data == m->w.tok_embeddings.data) b->wcls = b->emb;
     else DA(b->wcls, (size_t)b->vocab * dim * 2, "output head");
     DA(b->final_norm, dim * 4, "final_norm");
+    return rc;
+}
+
+/* Activations for b->rows rows, the KV caches and the packed per-call input blocks. */
+static int alloc_buffers(CudaBackend *b, const BackendParams *p, RsErr *e) {
+    size_t R = (size_t)b->rows, cap = (size_t)p->kv_capacity, P = (size_t)p->max_pending;
+    size_t dim = b->dim, half = b->hd / 2, nl = b->nl;
+    int rc = RS_OK;
     DA(b->inv_freq, half * 4, "inv_freq");
     DA(b->x, R * dim * 4, "x");
     DA(b->xb, R * dim * 2, "xb");
@@ -417,27 +434,25 @@ static int cuda_create(const Model *m, const BackendParams *p, Backend **out, Rs
         in_pointers(b->d_in, b, &b->d_meta, &b->d_tokens, &b->d_pos, &b->d_rows, &b->d_mask);
         in_pointers(b->h_in, b, &b->h_meta, &b->h_tokens, &b->h_pos, &b->h_rows, &b->h_mask);
     }
+    return rc;
+}
 #undef DA
 #undef HA
-    if (rc) {
-        Backend *bb = &b->base;
-        cuda_destroy(&bb);
-        return rc;
-    }
-    CUBLAS_CHECK(cublasSetWorkspace(b->blas, b->blas_ws, b->blas_ws_bytes));
-    b->keep_seen = (uint8_t *)rs_xcalloc(P, 1);
-    b->h_mask_bytes = (uint8_t *)rs_xcalloc((size_t)p->max_batch * P, 1);
 
-    /* Weights. */
+/* Fills the weights (uploaded, or made on the device for a random model), the RoPE
+ * frequencies, and zeroes caches and inputs so that padding rows never read NaN from stale
+ * memory. The only failure is the staging buffer's allocation. */
+static int upload_weights(CudaBackend *b, const Model *m, int random, RsErr *e) {
+    const Config *c = &m->cfg;
+    const BackendParams *p = &b->base.params;
+    size_t cap = (size_t)p->kv_capacity, half = b->hd / 2, nl = b->nl;
     WeightSrc ws = {b, random ? NULL : m, NULL, NULL, 0};
     if (!random) {
         ws.stage_floats = (size_t)16 << 20; /* 64 MiB of f32 per upload */
         ws.host = (float *)rs_xmalloc(ws.stage_floats * sizeof(float));
-        rc = dalloc(&ws.stage, ws.stage_floats * 4, "weight upload staging", e);
+        int rc = dalloc(&ws.stage, ws.stage_floats * 4, "weight upload staging", e);
         if (rc) {
             free(ws.host);
-            Backend *bb = &b->base;
-            cuda_destroy(&bb);
             return rc;
         }
     }
@@ -456,9 +471,34 @@ static int cuda_create(const Model *m, const BackendParams *p, Backend **out, Rs
     free(inv);
     free(ws.host);
     DFREE(ws.stage);
+    return RS_OK;
+}
+
+/* A "random:" model without host weights gets them made on the device (no host copy of an
+ * 8B model); one that has host weights (materialised, or a layer view) is uploaded. */
+static int cuda_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
+    *out = NULL;
+    int random = m->random_weights && !m->arena;
+    int rc = check_and_select(&m->cfg, p, e);
+    if (rc) return rc;
+    CudaBackend *b = backend_new(m, p);
+    rc = alloc_weights(b, m, random, e);
+    if (!rc) rc = alloc_buffers(b, p, e);
+    if (!rc) {
+        CUBLAS_CHECK(cublasSetWorkspace(b->blas, b->blas_ws, b->blas_ws_bytes));
+        b->keep_seen = (uint8_t *)rs_xcalloc((size_t)p->max_pending, 1);
+        b->h_mask_bytes = (uint8_t *)rs_xcalloc((size_t)p->max_batch * p->max_pending, 1);
+        rc = upload_weights(b, m, random, e);
+    }
+    if (rc) {
+        Backend *bb = &b->base;
+        cuda_destroy(&bb);
+        return rc;
+    }
     if (b->use_graphs) capture_all(b);
+    size_t dim = b->dim;
     size_t per_layer = ((size_t)b->qkv_w * dim + dim * b->qd + 3 * (size_t)b->hidden * dim) * 2;
-    b->weight_bytes = per_layer * nl + (size_t)b->vocab * dim * 2;
+    b->weight_bytes = per_layer * b->nl + (size_t)b->vocab * dim * 2;
     *out = &b->base;
     return RS_OK;
 }
