@@ -184,43 +184,48 @@ static const GGUFKV *find_kv(const GGUFFile *g, const char *key) {
     return NULL;
 }
 
-static int parse(GGUFFile *g, RsErr *e) {
-    Rd r = {g->map, g->size, 0, g->path, e};
-    int rc = rd_need(&r, 4, "magic");
+/* Magic, version and the two counts; the counts are bounded by the file's size before
+ * anything is allocated for them, so a corrupt header cannot ask for terabytes. */
+static int parse_header(GGUFFile *g, Rd *r, uint64_t *n_t, uint64_t *n_kv) {
+    RsErr *e = r->e;
+    int rc = rd_need(r, 4, "magic");
     if (rc) return rc;
     if (memcmp(g->map, "GGUF", 4) != 0) {
         char m[20];
         snprintf(m, sizeof m, "%02x %02x %02x %02x", g->map[0], g->map[1], g->map[2], g->map[3]);
         return rs_err(e, RS_EFORMAT, "'%s' is not a GGUF file: bad magic (bytes %s)", g->path, m);
     }
-    r.pos = 4;
-    if ((rc = rd_u32(&r, &g->version, "version"))) return rc;
+    r->pos = 4;
+    if ((rc = rd_u32(r, &g->version, "version"))) return rc;
     if (g->version != 2 && g->version != 3)
         return rs_err(e, RS_EUNSUPPORTED, "'%s': unsupported GGUF version %u (rootspec reads 2 and 3)",
                       g->path, g->version);
-    uint64_t n_t, n_kv;
-    if ((rc = rd_u64(&r, &n_t, "tensor count"))) return rc;
-    if ((rc = rd_u64(&r, &n_kv, "metadata count"))) return rc;
+    if ((rc = rd_u64(r, n_t, "tensor count"))) return rc;
+    if ((rc = rd_u64(r, n_kv, "metadata count"))) return rc;
     /* each metadata entry takes >= 13 bytes, each tensor info >= 28 */
-    if (n_kv > (r.size - r.pos) / 13 || n_t > (r.size - r.pos) / 28)
+    if (*n_kv > (r->size - r->pos) / 13 || *n_t > (r->size - r->pos) / 28)
         return rs_err(e, RS_EFORMAT,
                       "'%s' is truncated or corrupt: header claims %llu metadata entries and %llu "
                       "tensors, more than the file of %zu bytes holds",
-                      g->path, (unsigned long long)n_kv, (unsigned long long)n_t, g->size);
-    g->kv = rs_xcalloc((size_t)n_kv, sizeof(GGUFKV));
-    g->t = rs_xcalloc((size_t)n_t, sizeof(GGUFTensor));
-    g->alignment = 32;
+                      g->path, (unsigned long long)*n_kv, (unsigned long long)*n_t, g->size);
+    return RS_OK;
+}
+
+/* The metadata entries: validated by skip_value once here, so the getters can read them
+ * without bounds checks. */
+static int parse_kvs(GGUFFile *g, Rd *r, uint64_t n_kv) {
+    int rc;
     for (uint64_t i = 0; i < n_kv; i++) {
         GGUFKV *kv = &g->kv[g->n_kv++];
-        if ((rc = rd_str(&r, &kv->key, &kv->key_len, "metadata key"))) return rc;
-        if ((rc = rd_u32(&r, &kv->type, "metadata type"))) return rc;
-        size_t start = r.pos;
+        if ((rc = rd_str(r, &kv->key, &kv->key_len, "metadata key"))) return rc;
+        if ((rc = rd_u32(r, &kv->type, "metadata type"))) return rc;
+        size_t start = r->pos;
         if (kv->type == GV_ARR) {
-            if ((rc = rd_u32(&r, &kv->arr_type, "array type"))) return rc;
-            if ((rc = rd_u64(&r, &kv->arr_n, "array length"))) return rc;
-            r.pos = start;
+            if ((rc = rd_u32(r, &kv->arr_type, "array type"))) return rc;
+            if ((rc = rd_u64(r, &kv->arr_n, "array length"))) return rc;
+            r->pos = start;
         }
-        if ((rc = skip_value(&r, kv->type, 0, kv->key, kv->key_len))) return rc;
+        if ((rc = skip_value(r, kv->type, 0, kv->key, kv->key_len))) return rc;
         kv->val = g->map + start + (kv->type == GV_ARR ? 12 : 0);
         if (kv->type == GV_ARR && kv->arr_type == GV_STR) {
             /* index string entries once so gguf_arr_str is O(1) for 50k-token vocabularies */
@@ -232,6 +237,11 @@ static int parse(GGUFFile *g, RsErr *e) {
             }
         }
     }
+    return RS_OK;
+}
+
+/* general.alignment, if given, decides where tensor data starts and how offsets align. */
+static int parse_alignment(GGUFFile *g, RsErr *e) {
     const GGUFKV *al = find_kv(g, "general.alignment");
     if (al) {
         uint64_t a = al->type == GV_U32 ? le(al->val, 4) : al->type == GV_U64 ? le(al->val, 8) : 0;
@@ -241,27 +251,35 @@ static int parse(GGUFFile *g, RsErr *e) {
                           (unsigned long long)a);
         g->alignment = a;
     }
-    /* Tensor names come from the file: escaped before they reach a message. */
-    char tnb[200];
+    return RS_OK;
+}
+
+/* Tensor names come from the file: escaped before they reach a message. */
 #define TNAME(t) (int)sizeof tnb, rs_escape(tnb, sizeof tnb, (t)->name, (t)->name_len, 0)
+
+/* The tensor infos: shape, type and offset, each checked so that sizes cannot overflow. */
+static int parse_tensor_infos(GGUFFile *g, Rd *r, uint64_t n_t) {
+    RsErr *e = r->e;
+    char tnb[200];
+    int rc;
     for (uint64_t i = 0; i < n_t; i++) {
         GGUFTensor *t = &g->t[g->n_t++];
-        if ((rc = rd_str(&r, &t->name, &t->name_len, "tensor name"))) return rc;
-        if ((rc = rd_u32(&r, &t->n_dims, "tensor dimension count"))) return rc;
+        if ((rc = rd_str(r, &t->name, &t->name_len, "tensor name"))) return rc;
+        if ((rc = rd_u32(r, &t->n_dims, "tensor dimension count"))) return rc;
         if (t->n_dims < 1 || t->n_dims > 4)
             return rs_err(e, RS_EFORMAT, "'%s': tensor '%.*s' has %u dimensions (1 to 4 allowed)",
                           g->path, TNAME(t), t->n_dims);
         uint64_t nel = 1;
         for (uint32_t d = 0; d < 4; d++) t->ne[d] = 1;
         for (uint32_t d = 0; d < t->n_dims; d++) {
-            if ((rc = rd_u64(&r, &t->ne[d], "tensor dimension"))) return rc;
+            if ((rc = rd_u64(r, &t->ne[d], "tensor dimension"))) return rc;
             if (t->ne[d] == 0 || t->ne[d] > (1ull << 40) || nel > (1ull << 48) / t->ne[d])
                 return rs_err(e, RS_EFORMAT, "'%s': tensor '%.*s' has absurd dimension ne[%u] = %llu",
                               g->path, TNAME(t), d, (unsigned long long)t->ne[d]);
             nel *= t->ne[d];
         }
-        if ((rc = rd_u32(&r, &t->type, "tensor type"))) return rc;
-        if ((rc = rd_u64(&r, &t->offset, "tensor offset"))) return rc;
+        if ((rc = rd_u32(r, &t->type, "tensor type"))) return rc;
+        if ((rc = rd_u64(r, &t->offset, "tensor offset"))) return rc;
         size_t be, bb;
         if (quant_type_geometry(t->type, &be, &bb) != 0)
             return rs_err(e, RS_EFORMAT, "'%s': tensor '%.*s' has unknown ggml type %u", g->path,
@@ -278,7 +296,13 @@ static int parse(GGUFFile *g, RsErr *e) {
                           g->path, TNAME(t), (unsigned long long)t->offset,
                           (unsigned long long)g->alignment);
     }
-    g->data_off = (r.pos + g->alignment - 1) / g->alignment * g->alignment;
+    return RS_OK;
+}
+
+/* Points each tensor into the mapping after checking its data lies inside the file. */
+static int place_tensors(GGUFFile *g, size_t header_end, RsErr *e) {
+    char tnb[200];
+    g->data_off = (header_end + g->alignment - 1) / g->alignment * g->alignment;
     for (size_t i = 0; i < g->n_t; i++) {
         GGUFTensor *t = &g->t[i];
         /* an offset past the file is reported as such: data_off + offset could wrap */
@@ -297,7 +321,21 @@ static int parse(GGUFFile *g, RsErr *e) {
         t->data = g->map + g->data_off + t->offset;
     }
     return RS_OK;
+}
 #undef TNAME
+
+static int parse(GGUFFile *g, RsErr *e) {
+    Rd r = {g->map, g->size, 0, g->path, e};
+    uint64_t n_t, n_kv;
+    int rc = parse_header(g, &r, &n_t, &n_kv);
+    if (rc) return rc;
+    g->kv = rs_xcalloc((size_t)n_kv, sizeof(GGUFKV));
+    g->t = rs_xcalloc((size_t)n_t, sizeof(GGUFTensor));
+    g->alignment = 32;
+    if ((rc = parse_kvs(g, &r, n_kv))) return rc;
+    if ((rc = parse_alignment(g, e))) return rc;
+    if ((rc = parse_tensor_infos(g, &r, n_t))) return rc;
+    return place_tensors(g, r.pos, e);
 }
 
 static int gguf_open(const char *path, GGUFFile **out, RsErr *e) {
