@@ -374,31 +374,39 @@ static void mark_eog(Tokenizer *t) {
 
 /* ---- GGUF source ---- */
 
-static int load_gguf(const GGUFFile *g, const char *src, Tokenizer **out, RsErr *e) {
+/* The model kind and the array lengths, checked before anything is allocated for them. */
+static int gguf_tok_check(const GGUFFile *g, const char *src, size_t *n, size_t *nm, int *have_tt,
+                          RsErr *e) {
     const char *s;
-    size_t len;
+    size_t len, ntt = 0;
     if (gguf_get_str(g, "tokenizer.ggml.model", &s, &len) != 0)
         return rs_err(e, RS_EFORMAT, "%s: no tokenizer.ggml.model in the GGUF metadata", src);
     if (!(len == 4 && memcmp(s, "gpt2", 4) == 0))
         return rs_err(e, RS_EUNSUPPORTED,
                       "%s: tokenizer.ggml.model '%.*s' is not supported (only 'gpt2' byte-level BPE)",
                       src, (int)len, s);
-    size_t n = 0, nm = 0, ntt = 0;
-    if (gguf_get_arr_n(g, "tokenizer.ggml.tokens", &n) != 0 || n == 0)
+    if (gguf_get_arr_n(g, "tokenizer.ggml.tokens", n) != 0 || *n == 0)
         return rs_err(e, RS_EFORMAT, "%s: no tokenizer.ggml.tokens array", src);
-    if (n > MAX_VOCAB)
-        return rs_err(e, RS_EFORMAT, "%s: tokenizer.ggml.tokens has %zu entries (max %d)", src, n, MAX_VOCAB);
-    if (gguf_get_arr_n(g, "tokenizer.ggml.merges", &nm) != 0)
+    if (*n > MAX_VOCAB)
+        return rs_err(e, RS_EFORMAT, "%s: tokenizer.ggml.tokens has %zu entries (max %d)", src, *n, MAX_VOCAB);
+    if (gguf_get_arr_n(g, "tokenizer.ggml.merges", nm) != 0)
         return rs_err(e, RS_EFORMAT, "%s: no tokenizer.ggml.merges array", src);
-    int have_tt = gguf_get_arr_n(g, "tokenizer.ggml.token_type", &ntt) == 0;
-    if (have_tt && ntt != n)
+    *have_tt = gguf_get_arr_n(g, "tokenizer.ggml.token_type", &ntt) == 0;
+    if (*have_tt && ntt != *n)
         return rs_err(e, RS_EFORMAT, "%s: tokenizer.ggml.token_type has %zu entries, tokens %zu", src,
-                      ntt, n);
-    TokTable tt;
-    toktable_init(&tt, (int)n);
+                      ntt, *n);
+    return RS_OK;
+}
+
+/* The vocabulary with its added/special flags; on failure tt is freed. */
+static int gguf_tok_table(const GGUFFile *g, const char *src, size_t n, int have_tt, TokTable *tt,
+                          RsErr *e) {
+    const char *s;
+    size_t len;
+    toktable_init(tt, (int)n);
     for (size_t i = 0; i < n; i++) {
         if (gguf_arr_str(g, "tokenizer.ggml.tokens", i, &s, &len) != 0) {
-            toktable_free(&tt);
+            toktable_free(tt);
             return rs_err(e, RS_EFORMAT, "%s: cannot read tokenizer.ggml.tokens[%zu]", src, i);
         }
         int type = 1;
@@ -412,32 +420,35 @@ static int load_gguf(const GGUFFile *g, const char *src, Tokenizer **out, RsErr 
             int in_alpha = bytelevel_decode(s, len, tmp) >= 0;
             free(tmp);
             if (type == 4 || in_alpha) added = 1;
-            tt.flags[i] = (uint8_t)(added ? (TOKF_ADDED | (type == 3 ? TOKF_SPECIAL : 0)) : 0);
+            tt->flags[i] = (uint8_t)(added ? (TOKF_ADDED | (type == 3 ? TOKF_SPECIAL : 0)) : 0);
         }
-        toktable_set(&tt, (int)i, s, len, 0);
+        toktable_set(tt, (int)i, s, len, 0);
     }
-    Tokenizer *t = tokenizer_from_table(&tt);
-    toktable_free(&tt);
+    return RS_OK;
+}
+
+/* The BPE merges, each "a b" in rank order. */
+static int gguf_tok_merges(const GGUFFile *g, const char *src, Tokenizer *t, size_t nm, RsErr *e) {
+    const char *s;
+    size_t len;
     merges_alloc(t, nm);
     for (size_t i = 0; i < nm; i++) {
-        if (gguf_arr_str(g, "tokenizer.ggml.merges", i, &s, &len) != 0) {
-            tokenizer_destroy(&t);
+        if (gguf_arr_str(g, "tokenizer.ggml.merges", i, &s, &len) != 0)
             return rs_err(e, RS_EFORMAT, "%s: cannot read tokenizer.ggml.merges[%zu]", src, i);
-        }
         const char *sp = memchr(s, ' ', len);
-        if (!sp || sp == s || sp == s + len - 1) {
-            tokenizer_destroy(&t);
+        if (!sp || sp == s || sp == s + len - 1)
             return rs_err(e, RS_EFORMAT, "%s: merge %zu '%.*s' is not 'a b'", src, i, (int)len, s);
-        }
         int rc = add_merge(t, s, (size_t)(sp - s), sp + 1, len - (size_t)(sp - s) - 1, (int)i, src, e);
-        if (rc) {
-            tokenizer_destroy(&t);
-            return rc;
-        }
+        if (rc) return rc;
     }
-    /* Pre-tokenizer: the regex transformers picks for tokenizer.ggml.pre; anything else
-     * (including "smollm", "gpt2", "default") gets GPT-2's ByteLevel regex, as in HF. */
-    const char *re = RE_GPT2;
+    return RS_OK;
+}
+
+/* Pre-tokenizer: the regex transformers picks for tokenizer.ggml.pre; anything else
+ * (including "smollm", "gpt2", "default") gets GPT-2's ByteLevel regex, as in HF. */
+static const char *gguf_tok_pre_regex(const GGUFFile *g) {
+    const char *s, *re = RE_GPT2;
+    size_t len;
     if (gguf_get_str(g, "tokenizer.ggml.pre", &s, &len) == 0) {
         static const struct { const char *name, *re; } pre[] = {
             {"llama3", RE_LLAMA3},     {"llama-v3", RE_LLAMA3},   {"llama-bpe", RE_LLAMA3},
@@ -448,11 +459,11 @@ static int load_gguf(const GGUFFile *g, const char *src, Tokenizer **out, RsErr 
         for (size_t i = 0; i < sizeof pre / sizeof pre[0]; i++)
             if (strlen(pre[i].name) == len && memcmp(pre[i].name, s, len) == 0) re = pre[i].re;
     }
-    int rc = add_regex_step(t, re, strlen(re), 0, BEH_ISOLATED, 0, src, e);
-    if (rc) {
-        tokenizer_destroy(&t);
-        return rc;
-    }
+    return re;
+}
+
+/* BOS/EOS/EOT ids; out-of-range ids from the file are ignored rather than trusted. */
+static void gguf_tok_special_ids(const GGUFFile *g, Tokenizer *t) {
     long long v;
     if (gguf_get_int(g, "tokenizer.ggml.bos_token_id", &v) == 0 && v >= 0 && v < t->n_vocab)
         t->bos_id = (int)v;
@@ -462,6 +473,27 @@ static int load_gguf(const GGUFFile *g, const char *src, Tokenizer **out, RsErr 
     if (gguf_get_int(g, "tokenizer.ggml.eot_token_id", &v) == 0 && v >= 0 && v < t->n_vocab)
         t->flags[v] |= TOKF_EOG;
     mark_eog(t);
+}
+
+static int load_gguf(const GGUFFile *g, const char *src, Tokenizer **out, RsErr *e) {
+    size_t n = 0, nm = 0;
+    int have_tt = 0;
+    int rc = gguf_tok_check(g, src, &n, &nm, &have_tt, e);
+    if (rc) return rc;
+    TokTable tt;
+    if ((rc = gguf_tok_table(g, src, n, have_tt, &tt, e))) return rc;
+    Tokenizer *t = tokenizer_from_table(&tt);
+    toktable_free(&tt);
+    rc = gguf_tok_merges(g, src, t, nm, e);
+    if (!rc) {
+        const char *re = gguf_tok_pre_regex(g);
+        rc = add_regex_step(t, re, strlen(re), 0, BEH_ISOLATED, 0, src, e);
+    }
+    if (rc) {
+        tokenizer_destroy(&t);
+        return rc;
+    }
+    gguf_tok_special_ids(g, t);
     *out = t;
     return RS_OK;
 }
