@@ -44,10 +44,15 @@ static void usage(FILE *f) {
             "Exit status: 0 after SIGINT/SIGTERM, 1 runtime failure, 2 bad usage or input.\n");
 }
 
-int main(int argc, char **argv) {
-    const char *model = NULL, *layers = NULL, *bind = NULL, *backend = "cpu", *curve = NULL;
-    const char *gen = NULL, *target_path = NULL;
-    int device = 0, threads = 1, ctx = 2048, insecure = 0, max_req = 0;
+/* Everything the command line says. */
+typedef struct {
+    const char *model, *layers, *bind, *backend, *curve, *gen, *target_path;
+    int device, threads, ctx, insecure, max_req;
+} Args;
+
+/* Parses the options; returns -1 to go on, else the exit status (0 for --help, 2 for bad
+ * usage), so each outcome keeps its exit code. */
+static int parse_args(int argc, char **argv, Args *A) {
     RsErr e = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -56,19 +61,19 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(a, "--model")) { if (VAL()) model = v; }
-        else if (!strcmp(a, "--draft-layers")) { if (VAL()) layers = v; }
-        else if (!strcmp(a, "--target-model")) { if (VAL()) target_path = v; }
-        else if (!strcmp(a, "--bind")) { if (VAL()) bind = v; }
-        else if (!strcmp(a, "--backend")) { if (VAL()) backend = v; }
-        else if (!strcmp(a, "--device")) { if (VAL()) rc = cli_int(a, v, 0, 64, &device, &e); }
+        } else if (!strcmp(a, "--model")) { if (VAL()) A->model = v; }
+        else if (!strcmp(a, "--draft-layers")) { if (VAL()) A->layers = v; }
+        else if (!strcmp(a, "--target-model")) { if (VAL()) A->target_path = v; }
+        else if (!strcmp(a, "--bind")) { if (VAL()) A->bind = v; }
+        else if (!strcmp(a, "--backend")) { if (VAL()) A->backend = v; }
+        else if (!strcmp(a, "--device")) { if (VAL()) rc = cli_int(a, v, 0, 64, &A->device, &e); }
         else if (!strcmp(a, "--batch-invariant")) backend_set_batch_invariant(1);
-        else if (!strcmp(a, "--threads")) { if (VAL()) rc = cli_int(a, v, 1, 256, &threads, &e); }
-        else if (!strcmp(a, "--ctx")) { if (VAL()) rc = cli_int(a, v, 256, 1 << 20, &ctx, &e); }
-        else if (!strcmp(a, "--curve-dir")) { if (VAL()) curve = v; }
-        else if (!strcmp(a, "--insecure")) insecure = 1;
-        else if (!strcmp(a, "--gen-keys")) { if (VAL()) gen = v; }
-        else if (!strcmp(a, "--max-requests")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 30, &max_req, &e); }
+        else if (!strcmp(a, "--threads")) { if (VAL()) rc = cli_int(a, v, 1, 256, &A->threads, &e); }
+        else if (!strcmp(a, "--ctx")) { if (VAL()) rc = cli_int(a, v, 256, 1 << 20, &A->ctx, &e); }
+        else if (!strcmp(a, "--curve-dir")) { if (VAL()) A->curve = v; }
+        else if (!strcmp(a, "--insecure")) A->insecure = 1;
+        else if (!strcmp(a, "--gen-keys")) { if (VAL()) A->gen = v; }
+        else if (!strcmp(a, "--max-requests")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 30, &A->max_req, &e); }
         else rc = rs_err(&e, RS_EINVAL, "unknown option '%s' (see --help)", a);
 #undef VAL
         if (rc) {
@@ -76,65 +81,90 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (gen) {
-        int rc0;
-        if ((rc0 = secure_gen_keys(gen, &e))) {
-            fprintf(stderr, "rootspec-draft: %s\n", e.msg);
-            return rc0 == RS_EINVAL ? 2 : 1;
-        }
-        printf("wrote CURVE keys to %s (server.key/.pub for the drafter, client.key/.pub for the target)\n", gen);
-        return 0;
+    return -1;
+}
+
+/* --gen-keys DIR is a command of its own: write the key pairs and stop. */
+static int gen_keys(const char *dir) {
+    RsErr e = {0};
+    int rc = secure_gen_keys(dir, &e);
+    if (rc) {
+        fprintf(stderr, "rootspec-draft: %s\n", e.msg);
+        return rc == RS_EINVAL ? 2 : 1;
     }
-    if (!model || !bind) {
+    printf("wrote CURVE keys to %s (server.key/.pub for the drafter, client.key/.pub for the target)\n", dir);
+    return 0;
+}
+
+/* The options that go together, checked before anything loads; -1 to go on, else 2. */
+static int check_args(const Args *A, const BackendOps **ops, int *head) {
+    RsErr e = {0};
+    if (!A->model || !A->bind) {
         fprintf(stderr, "rootspec-draft: need --model and --bind\n");
         usage(stderr);
         return 2;
     }
-    if (secure_check_endpoint(bind, insecure, curve, &e)) {
+    if (secure_check_endpoint(A->bind, A->insecure, A->curve, &e) ||
+        !(*ops = backend_ops_by_name(A->backend, &e))) {
         fprintf(stderr, "rootspec-draft: %s\n", e.msg);
         return 2;
     }
-    const BackendOps *ops = backend_ops_by_name(backend, &e);
-    if (!ops) {
-        fprintf(stderr, "rootspec-draft: %s\n", e.msg);
-        return 2;
-    }
-    int head = eagle3_path_is_head(model);
-    if (head != (target_path != NULL) || (head && layers)) {
+    *head = eagle3_path_is_head(A->model);
+    if (*head != (A->target_path != NULL) || (*head && A->layers)) {
         fprintf(stderr, "rootspec-draft: %s\n",
-                head && layers ? "--draft-layers applies to a model, not to an EAGLE-3 head"
-                : head ? "--model names an EAGLE-3 head: give --target-model (the target "
-                         "supplies its embeddings and vocabulary)"
-                       : "--target-model is for an EAGLE-3 head, and --model is not one");
+                *head && A->layers ? "--draft-layers applies to a model, not to an EAGLE-3 head"
+                : *head ? "--model names an EAGLE-3 head: give --target-model (the target "
+                          "supplies its embeddings and vocabulary)"
+                        : "--target-model is for an EAGLE-3 head, and --model is not one");
         return 2;
     }
+    return -1;
+}
+
+/* The model (or a head's target), its tokenizer and the drafter of the kind asked for;
+ * -1 on success, else the exit status with nothing left allocated. */
+static int load_drafter(const Args *A, const BackendOps *ops, int head, Model **full,
+                        Tokenizer **tok, Drafter **d) {
+    RsErr e = {0};
+    /* A head's target is read on the CPU (its embeddings are the head's input). */
+    int rc = backend_model_load(head ? backend_ops_by_name("cpu", &e) : ops,
+                                head ? A->target_path : A->model, full, &e);
+    if (!rc) rc = tokenizer_load_model(*full, tok, &e);
+    if (!rc && head) rc = drafter_eagle3_open(A->model, *full, A->ctx + POOL_N_EXPANDED, d, &e);
+    else if (!rc && A->layers)
+        rc = drafter_self_create(*full, A->layers, ops, A->ctx, A->threads, A->device, d, &e);
+    else if (!rc) rc = drafter_model_create(*full, ops, A->ctx, A->threads, A->device, d, &e);
+    if (!rc) return -1;
+    fprintf(stderr, "rootspec-draft: %s\n", e.msg);
+    tokenizer_destroy(tok);
+    model_destroy(full);
+    return rc == RS_EINVAL || rc == RS_EFORMAT || rc == RS_EUNSUPPORTED ? 2 : 1;
+}
+
+int main(int argc, char **argv) {
+    Args A = {.backend = "cpu", .threads = 1, .ctx = 2048};
+    int rc = parse_args(argc, argv, &A);
+    if (rc >= 0) return rc;
+    if (A.gen) return gen_keys(A.gen);
+    const BackendOps *ops = NULL;
+    int head = 0;
+    if ((rc = check_args(&A, &ops, &head)) >= 0) return rc;
     Model *full = NULL;
     Tokenizer *tok = NULL;
     Drafter *d = NULL;
-    /* A head's target is read on the CPU (its embeddings are the head's input). */
-    int rc = backend_model_load(head ? backend_ops_by_name("cpu", &e) : ops,
-                                head ? target_path : model, &full, &e);
-    if (!rc) rc = tokenizer_load_model(full, &tok, &e);
-    if (!rc && head) rc = drafter_eagle3_open(model, full, ctx + POOL_N_EXPANDED, &d, &e);
-    else if (!rc && layers) rc = drafter_self_create(full, layers, ops, ctx, threads, device, &d, &e);
-    else if (!rc) rc = drafter_model_create(full, ops, ctx, threads, device, &d, &e);
-    if (rc) {
-        fprintf(stderr, "rootspec-draft: %s\n", e.msg);
-        tokenizer_destroy(&tok);
-        model_destroy(&full);
-        return rc == RS_EINVAL || rc == RS_EFORMAT || rc == RS_EUNSUPPORTED ? 2 : 1;
-    }
+    if ((rc = load_drafter(&A, ops, head, &full, &tok, &d)) >= 0) return rc;
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    ServerOpts so = {.endpoint = bind, .insecure = insecure, .curve_dir = curve,
-                     .name = head     ? "rootspec-draft (EAGLE-3 head)"
-                             : layers ? "rootspec-draft (layer view)"
-                                      : "rootspec-draft",
+    ServerOpts so = {.endpoint = A.bind, .insecure = A.insecure, .curve_dir = A.curve,
+                     .name = head       ? "rootspec-draft (EAGLE-3 head)"
+                             : A.layers ? "rootspec-draft (layer view)"
+                                        : "rootspec-draft",
                      .caps = ops == cuda_backend_ops_get() ? PROTO_CAP_CUDA : 0,
-                     .max_requests = max_req, .stop = &g_stop};
+                     .max_requests = A.max_req, .stop = &g_stop};
+    RsErr e = {0};
     rc = server_run(d, tokenizer_identity(tok, full->cfg.vocab_size), &so, &e);
     if (rc) fprintf(stderr, "rootspec-draft: %s\n", e.msg);
     drafter_destroy(&d); /* before the model it borrows */
