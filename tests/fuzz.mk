@@ -1,10 +1,11 @@
 # libFuzzer target for the protocol decoder (included by the Makefile).
 #   make fuzz                 FUZZ_SECONDS (default 60) on a copy of the seed corpus
 #   make fuzz-short           a bounded 10 s run for CI
-# Built with clang directly from the proto sources + common/util.c + common/pool.c.
+# Built with clang directly from the proto sources and the common/ files they call.
 FUZZ_CC ?= clang
 FUZZ_SECONDS ?= 60
-FUZZ_SRCS := tests/fuzz_proto.c proto/proto.c common/util.c common/pool.c common/quant.c
+FUZZ_SRCS := tests/fuzz_proto.c proto/proto.c common/util.c common/pool.c common/quant.c \
+             common/textsafe.c
 FUZZ_CORPUS := tests/fuzz_corpus/proto
 
 build/fuzz_proto: $(FUZZ_SRCS) proto/proto.h common/pool.h common/util.h common/quant.h tests/fuzz.mk
