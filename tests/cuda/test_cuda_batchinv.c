@@ -39,8 +39,9 @@ static Model *load(const BackendOps *ops, const char *spec) {
 START_TEST(test_cuda_launches_per_layer) {
     CU_REQUIRE_DEVICE();
     Model *m = load(cuda_backend_ops_get(), "random:tiny,seed=4,arch=qwen3");
-    int nl = m->cfg.n_layers, tok[65], pos[65], rows[1] = {0};
-    for (int i = 0; i < 65; i++) tok[i] = i, pos[i] = i;
+    /* 66 positions: each sized pass is followed by a one-token pass at pos[n] */
+    int nl = m->cfg.n_layers, tok[66], pos[66], rows[1] = {0};
+    for (int i = 0; i < 66; i++) tok[i] = i, pos[i] = i;
     float *lg = malloc(sizeof(float) * (size_t)m->cfg.vocab_size);
     for (int bi = 0; bi < 2; bi++)
         for (int graphs = 0; graphs < 2; graphs++) {
