@@ -23,64 +23,14 @@
 
 static char g_dir[256];
 
-static void make_dir(void) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/rs-hard-XXXXXX");
-    ck_assert(mkdtemp(g_dir) != NULL);
-}
-
-static void rm_dir(void) {
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    ck_assert_int_eq(system(cmd), 0);
-}
-
-/* fork/exec argv, stdout/stderr to g_dir/TAG.out/.err; nofile > 0 caps the child's
- * descriptors (soft and hard, like `ulimit -n`) before exec. */
+static void make_dir(void) { tu_dir_make(g_dir, sizeof g_dir, "rs-hard"); }
+static void rm_dir(void) { tu_dir_remove(g_dir); }
 static pid_t spawn_lim(char *const argv[], const char *tag, int nofile) {
-    char out[512], err[512];
-    snprintf(out, sizeof out, "%s/%s.out", g_dir, tag);
-    snprintf(err, sizeof err, "%s/%s.err", g_dir, tag);
-    pid_t pid = fork();
-    ck_assert(pid >= 0);
-    if (pid == 0) {
-        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fo, 1);
-        dup2(fe, 2);
-        if (nofile > 0) {
-            struct rlimit rl = {(rlim_t)nofile, (rlim_t)nofile};
-            if (setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(126);
-        }
-        setenv("OPENBLAS_NUM_THREADS", "1", 1);
-        unsetenv("LD_PRELOAD");
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
+    return tu_spawn(g_dir, argv, tag, NULL, 0, nofile);
 }
-
 static pid_t spawn(char *const argv[], const char *tag) { return spawn_lim(argv, tag, 0); }
-
-static char *slurp(const char *tag, const char *ext) {
-    char p[512], *buf = NULL;
-    snprintf(p, sizeof p, "%s/%s.%s", g_dir, tag, ext);
-    RsErr e;
-    if (rs_read_file(p, &buf, NULL, &e)) return strdup("");
-    return buf;
-}
-
-static int wait_exit(pid_t pid, int timeout_ms) {
-    for (int t = 0; t < timeout_ms; t += 10) {
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid)
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        usleep(10000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    ck_abort_msg("process %d did not exit within %d ms", (int)pid, timeout_ms);
-    return -1;
-}
+static char *slurp(const char *tag, const char *ext) { return tu_slurp(g_dir, tag, ext); }
+#define wait_exit tu_wait_exit
 
 /* 1 while pid runs; its exit status is reported (and reaped) otherwise. */
 static int alive(pid_t pid, const char *tag) {

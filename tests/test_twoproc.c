@@ -24,62 +24,18 @@
 
 static char g_dir[256];
 
-static void make_dir(void) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/rs-2p-XXXXXX");
-    ck_assert(mkdtemp(g_dir) != NULL);
-}
+static void make_dir(void) { tu_dir_make(g_dir, sizeof g_dir, "rs-2p"); }
 
 static void endpoint(char *buf, size_t n, const char *name) {
     snprintf(buf, n, "ipc://%s/%s.sock", g_dir, name);
 }
 
-/* fork/exec argv with stdout to `out_path` (NULL: g_dir/TAG.out) and stderr to g_dir/TAG.err,
- * in a process group of its own when `group` (so a script and its children can be killed
- * together); returns pid. */
 static pid_t spawn_to(char *const argv[], const char *tag, const char *out_path, int group) {
-    char out[512], err[512];
-    snprintf(out, sizeof out, "%s/%s.out", g_dir, tag);
-    snprintf(err, sizeof err, "%s/%s.err", g_dir, tag);
-    if (out_path) snprintf(out, sizeof out, "%s", out_path);
-    pid_t pid = fork();
-    ck_assert(pid >= 0);
-    if (pid == 0) {
-        if (group) setpgid(0, 0);
-        int fo = open(out, O_WRONLY | O_CREAT | (out_path ? 0 : O_TRUNC), 0644);
-        int fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fo, 1);
-        dup2(fe, 2);
-        setenv("OPENBLAS_NUM_THREADS", "1", 1);
-        unsetenv("LD_PRELOAD");
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
+    return tu_spawn(g_dir, argv, tag, out_path, group, 0);
 }
-
-/* fork/exec argv with stdout/stderr to files under g_dir; returns pid. */
 static pid_t spawn(char *const argv[], const char *tag) { return spawn_to(argv, tag, NULL, 0); }
-
-static char *slurp(const char *tag, const char *ext) {
-    char p[512], *buf = NULL;
-    snprintf(p, sizeof p, "%s/%s.%s", g_dir, tag, ext);
-    RsErr e;
-    if (rs_read_file(p, &buf, NULL, &e)) return strdup("");
-    return buf;
-}
-
-static int wait_exit(pid_t pid, int timeout_ms) {
-    for (int t = 0; t < timeout_ms; t += 10) {
-        int st;
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        usleep(10000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    ck_abort_msg("process %d did not exit within %d ms", (int)pid, timeout_ms);
-    return -1;
-}
+static char *slurp(const char *tag, const char *ext) { return tu_slurp(g_dir, tag, ext); }
+#define wait_exit tu_wait_exit
 
 /* rootspec-draft on `model` (with --draft-layers when layers != NULL), once bound. */
 static pid_t start_drafter_on(const char *ep, const char *model, const char *layers) {

@@ -2,7 +2,11 @@
 #include "testutil.h"
 #include "common/quant.h"
 #include "common/rng.h"
+#include <fcntl.h>
 #include <math.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -260,4 +264,64 @@ void tu_golden_free(TuGolden *g) {
     free(g->logits);
     g->tokens = NULL;
     g->logits = NULL;
+}
+
+/* ---- Child processes ---- */
+
+void tu_dir_make(char *dir, size_t n, const char *prefix) {
+    snprintf(dir, n, "/tmp/%s-XXXXXX", prefix);
+    ck_assert_msg(mkdtemp(dir) != NULL, "mkdtemp %s failed", dir);
+}
+
+void tu_dir_remove(const char *dir) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+pid_t tu_spawn(const char *dir, char *const argv[], const char *tag, const char *out_path,
+               int group, int nofile) {
+    char out[512], err[512];
+    snprintf(out, sizeof out, "%s/%s.out", dir, tag);
+    snprintf(err, sizeof err, "%s/%s.err", dir, tag);
+    if (out_path) snprintf(out, sizeof out, "%s", out_path);
+    pid_t pid = fork();
+    ck_assert(pid >= 0);
+    if (pid == 0) {
+        if (group) setpgid(0, 0);
+        int fo = open(out, O_WRONLY | O_CREAT | (out_path ? 0 : O_TRUNC), 0644);
+        int fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        if (nofile > 0) {
+            struct rlimit rl = {(rlim_t)nofile, (rlim_t)nofile};
+            if (setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(126);
+        }
+        setenv("OPENBLAS_NUM_THREADS", "1", 1);
+        unsetenv("LD_PRELOAD"); /* the sanitizer runtime of the test binary */
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+char *tu_slurp(const char *dir, const char *tag, const char *ext) {
+    char p[512], *buf = NULL;
+    snprintf(p, sizeof p, "%s/%s.%s", dir, tag, ext);
+    RsErr e;
+    if (rs_read_file(p, &buf, NULL, &e)) return strdup("");
+    return buf;
+}
+
+int tu_wait_exit(pid_t pid, int timeout_ms) {
+    for (int t = 0; t < timeout_ms; t += 10) {
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    ck_abort_msg("process %d did not exit within %d ms", (int)pid, timeout_ms);
+    return -1;
 }

@@ -4,6 +4,7 @@
 #define ROOTSPEC_TESTUTIL_H
 #include <check.h>
 #include "common/model.h"
+#include <sys/types.h>
 
 /* Path of the default model (models/...gguf); the test fails loudly if it is missing. */
 const char *tu_default_model_path(void);
@@ -39,5 +40,25 @@ typedef struct {
 } TuGolden;
 void tu_golden_read(const char *path, TuGolden *g);
 void tu_golden_free(TuGolden *g);
+
+/* ---- Child processes (the suites that run the real binaries) ----
+ * Each takes the suite's scratch directory `dir`; TAG names a child's files there:
+ * dir/TAG.out (stdout) and dir/TAG.err (stderr). */
+
+/* mkdtemp("/tmp/<prefix>-XXXXXX") into dir (size n); fails the test on error. */
+void tu_dir_make(char *dir, size_t n, const char *prefix);
+/* rm -rf dir; fails the test on error. */
+void tu_dir_remove(const char *dir);
+/* fork/exec argv. stdout goes to out_path when given (appended, so several children can
+ * share a log) or else dir/TAG.out; stderr to dir/TAG.err. group: the child leads a process
+ * group of its own (so a script and its children can be killed together). nofile > 0 caps
+ * its descriptors (soft and hard, like `ulimit -n`) before exec. Returns the pid. */
+pid_t tu_spawn(const char *dir, char *const argv[], const char *tag, const char *out_path,
+               int group, int nofile);
+/* dir/TAG.EXT's contents, or "" when it cannot be read; the caller frees. */
+char *tu_slurp(const char *dir, const char *tag, const char *ext);
+/* The child's exit status (128 + signal when killed); fails the test, killing the child,
+ * when it runs past timeout_ms. */
+int tu_wait_exit(pid_t pid, int timeout_ms);
 
 #endif

@@ -168,7 +168,7 @@ static char *run_target(const char *decoder, int bi) {
     return out;
 }
 
-/* The first 24 ids, space separated (the speculative decoders may stop a tree depth late). */
+/* The first 24 ids, space separated (AR decodes 40, the others --max-new 24). */
 static void first_ids(const char *s, char *out, size_t cap) {
     int n = 0;
     size_t o = 0;
@@ -188,8 +188,14 @@ START_TEST(test_cuda_batch_invariant_decoders) {
     ck_assert_ptr_nonnull(ar);
     char want[4096], got[4096];
     first_ids(ar, want, sizeof want);
+    /* Under ASan each decode on the emulator takes minutes: the sanitized build (CI runs
+     * both) checks the decoder with the deepest trees only, the plain build all three. */
+#if defined(__SANITIZE_ADDRESS__)
+    const char *decs[] = {"rootdraw"};
+#else
     const char *decs[] = {"draft", "pearl", "rootdraw"};
-    for (int i = 0; i < 3; i++) {
+#endif
+    for (int i = 0; i < (int)(sizeof decs / sizeof decs[0]); i++) {
         char *o = run_target(decs[i], 1);
         ck_assert_msg(o != NULL, "%s failed", decs[i]);
         first_ids(o, got, sizeof got);
