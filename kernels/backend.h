@@ -40,6 +40,10 @@ typedef struct {
     uint64_t graph_replays;  /* CUDA: forwards replayed from a captured graph */
     uint64_t eager_launches; /* CUDA: forwards launched kernel by kernel */
     uint64_t graph_captures; /* CUDA: graph captures (a re-capture after a shape change counts) */
+    /* Whole logits rows copied to the host: n_out per forward() given a logits pointer,
+     * n per backend_rows_copy(). Reductions of the kept rows copy none; a decode that
+     * only reduces keeps this at 0 (issue 13: on a GPU the logits stay on the device). */
+    uint64_t d2h_full_rows;
 } BackendStats;
 
 extern const BackendOps cpu_backend_ops;
@@ -74,11 +78,21 @@ BackendParams backend_params(const Backend *b);
 
 /* tokens, pos: (n). mask: (n, n_pending + n) row-major, 1 = attend; mask == NULL means
  * causal within the batch and attend to every earlier pending entry. out_rows: indices
- * in [0, n) whose logits to return, in that order, into logits (n_out, vocab_size).
+ * in [0, n) whose logits to compute, in that order. They become the backend's *kept rows*
+ * 0..n_out-1 (device memory on CUDA, the backend's own buffer on the CPU) until the next
+ * forward() or kv_reset(); with logits != NULL they are also copied to logits
+ * (n_out, vocab_size), which counts n_out in BackendStats.d2h_full_rows. logits == NULL
+ * copies nothing: read the kept rows with backend_rows_copy or reduce them where they are.
  * Errors: RS_EINVAL when the batch would overflow kv_capacity, max_batch or max_pending;
- * a failed call changes nothing. */
+ * a failed call changes nothing (the kept rows included). */
 int backend_forward(Backend *b, const int *tokens, const int *pos, int n, const uint8_t *mask,
                     const int *out_rows, int n_out, float *logits, RsErr *e);
+/* Rows the last forward() kept (its n_out; 0 after kv_reset or before any forward). */
+int backend_n_kept(const Backend *b);
+/* Copies kept rows rows[0..n) (each in [0, backend_n_kept)) whole to the host, logits
+ * (n, vocab_size), and counts n in d2h_full_rows: for offline scoring and tests, not for a
+ * decode's hot path. RS_EINVAL for a row outside the kept ones (nothing copied). */
+int backend_rows_copy(Backend *b, const int *rows, int n, float *logits, RsErr *e);
 /* keep: indices into the pending entries (0 = first pending), ascending not required
  * but each at most once. n_keep may be 0 (drop all pending). */
 int backend_kv_commit(Backend *b, const int *keep, int n_keep, RsErr *e);

@@ -82,7 +82,24 @@ int backend_forward(Backend *b, const int *tokens, const int *pos, int n, const 
     if (rc == RS_OK) {
         b->n_forwards++;
         b->n_tokens += (uint64_t)n;
+        b->n_kept = n_out;
+        if (logits) b->n_d2h_full_rows += (uint64_t)n_out;
     }
+    return rc;
+}
+
+int backend_n_kept(const Backend *b) { return b->n_kept; }
+
+int backend_rows_copy(Backend *b, const int *rows, int n, float *logits, RsErr *e) {
+    RS_ASSERT(n <= 0 || (rows && logits));
+    if (n < 0) return rs_err(e, RS_EINVAL, "rows_copy of %d rows", n);
+    for (int i = 0; i < n; i++)
+        if (rows[i] < 0 || rows[i] >= b->n_kept)
+            return rs_err(e, RS_EINVAL, "rows_copy: rows[%d] = %d outside the %d kept rows", i,
+                          rows[i], b->n_kept);
+    if (n == 0) return RS_OK;
+    int rc = b->ops->rows_copy(b, rows, n, logits, e);
+    if (rc == RS_OK) b->n_d2h_full_rows += (uint64_t)n;
     return rc;
 }
 
@@ -90,10 +107,14 @@ int backend_kv_commit(Backend *b, const int *keep, int n_keep, RsErr *e) {
     return b->ops->kv_commit(b, keep, n_keep, e);
 }
 
-void backend_kv_reset(Backend *b) { b->ops->kv_reset(b); }
+void backend_kv_reset(Backend *b) {
+    b->ops->kv_reset(b);
+    b->n_kept = 0;
+}
 
 BackendStats backend_stats(const Backend *b) {
-    BackendStats st = {.forwards = b->n_forwards, .tokens = b->n_tokens};
+    BackendStats st = {.forwards = b->n_forwards, .tokens = b->n_tokens,
+                       .d2h_full_rows = b->n_d2h_full_rows};
     if (b->ops->stats) b->ops->stats(b, &st);
     return st;
 }

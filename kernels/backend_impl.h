@@ -15,7 +15,9 @@ struct BackendOps {
     /* As backend_create; sets the common head of a zeroed struct (ops, model, params). */
     int (*create)(const Model *m, const BackendParams *p, Backend **out, RsErr *e);
     void (*destroy)(Backend **b);
-    /* As backend_forward; must call backend_check_forward first and add n to n_pending. */
+    /* As backend_forward; must call backend_check_forward first and add n to n_pending.
+     * Keeps the n_out rows' logits (kept rows 0..n_out-1) whatever `logits` is, and copies
+     * them there when it is not NULL; backend_forward keeps n_kept and the counters. */
     int (*forward)(Backend *b, const int *tokens, const int *pos, int n, const uint8_t *mask,
                    const int *out_rows, int n_out, float *logits, RsErr *e);
     /* As backend_kv_commit; moves n_committed and clears n_pending. */
@@ -24,6 +26,9 @@ struct BackendOps {
     /* Optional (NULL: malloc/free); see backend_host_alloc. */
     void *(*host_alloc)(Backend *b, size_t bytes);
     void (*host_free)(Backend *b, void *p);
+    /* Required: as backend_rows_copy, rows already checked against n_kept (the caller
+     * counts them). */
+    int (*rows_copy)(Backend *b, const int *rows, int n, float *logits, RsErr *e);
     /* Optional: fills the backend's own counters (the CUDA ones); backend_stats has
      * already set the common ones and zeroed the rest. */
     void (*stats)(const Backend *b, BackendStats *out);
@@ -38,6 +43,8 @@ struct Backend {
     int n_committed; /* committed entries */
     int n_pending;   /* pending entries after the committed ones */
     uint64_t n_forwards, n_tokens; /* kept by backend_forward */
+    int n_kept;                    /* kept logits rows of the last forward */
+    uint64_t n_d2h_full_rows;      /* BackendStats.d2h_full_rows */
 };
 
 /* Checks every forward() argument against the cache state before anything is touched, so

@@ -38,12 +38,14 @@ typedef struct {
     int *att_cnt;       // (max_batch)
     int *pend_pos;      // (max_pending) position of each pending entry
     uint8_t *keep_seen; // (max_pending) duplicate check in kv_commit
+    float *logits;      // (max_kept, vocab) the kept rows of the last forward
 } RunState;
 
 typedef struct {
     Backend base; /* must stay first: Backend * is cast to CpuBackend * */
     RunState s;
     int q_dim, kv_dim, max_cols;
+    int max_kept; /* min(max_batch, max_pending): a forward's n_out never exceeds it */
     const QkFamily *fam;
     ThreadPool *pool;
 } CpuBackend;
@@ -175,6 +177,7 @@ static void alloc_state(CpuBackend *b, const Config *c, const BackendParams *p, 
     s->att_cnt = rs_xcalloc(B, sizeof(int));
     s->pend_pos = rs_xcalloc(P, sizeof(int));
     s->keep_seen = rs_xcalloc(P, 1);
+    s->logits = rs_xcalloc((size_t)b->max_kept * c->vocab_size, sizeof(float));
 }
 
 static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
@@ -194,6 +197,7 @@ static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsE
     int mc = c->dim > c->hidden_dim ? c->dim : c->hidden_dim;
     b->max_cols = mc > b->q_dim ? mc : b->q_dim;
     int nth = p->threads > 0 ? p->threads : default_threads();
+    b->max_kept = p->max_batch < p->max_pending ? p->max_batch : p->max_pending;
     alloc_state(b, c, p, nth);
     /* The KV cache grows with --ctx: a size the host cannot hold is an error, not an abort. */
     RunState *s = &b->s;
@@ -235,7 +239,7 @@ static void cpu_destroy(Backend **pb) {
     void *bufs[] = {s->x,       s->xb,       s->q,           s->att_out,  s->hb,
                     s->hb2,     s->att,      s->scratch,     s->xq,       s->key_cache,
                     s->value_cache, s->kv_tmp, s->inv_freq,  s->rope_cos, s->rope_sin,
-                    s->att_idx, s->att_cnt,  s->keep_seen, s->pend_pos};
+                    s->att_idx, s->att_cnt,  s->keep_seen, s->pend_pos, s->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(b);
     *pb = NULL;
@@ -339,7 +343,7 @@ static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
                        const uint8_t *mask, const int *out_rows, int n_out, float *logits,
                        RsErr *e) {
     CpuBackend *b = (CpuBackend *)bb;
-    RS_ASSERT(tokens && pos && (n_out <= 0 || (out_rows && logits)));
+    RS_ASSERT(tokens && pos && (n_out <= 0 || out_rows));
     int rc = backend_check_forward(bb, tokens, pos, n, mask, out_rows, n_out, e);
     if (rc) return rc;
     const Model *m = bb->model;
@@ -354,7 +358,11 @@ static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
     for (int r = 0; r < n_out; r++)
         cpu_rmsnorm(s->xb + (size_t)r * c->dim, s->x + (size_t)out_rows[r] * c->dim,
                 m->w.final_norm, c->dim, c->norm_eps);
-    if (n_out > 0) matmul1(b, s->xb, n_out, &m->w.wcls, logits);
+    /* The head writes the kept rows; a caller's buffer gets a copy of them. */
+    RS_ASSERT(n_out <= b->max_kept);
+    if (n_out > 0) matmul1(b, s->xb, n_out, &m->w.wcls, s->logits);
+    if (n_out > 0 && logits)
+        memcpy(logits, s->logits, (size_t)n_out * c->vocab_size * sizeof(float));
     bb->n_pending += n;
     return RS_OK;
 }
@@ -394,6 +402,14 @@ static int cpu_kv_commit(Backend *bb, const int *keep, int n_keep, RsErr *e) {
     return RS_OK;
 }
 
+static int cpu_rows_copy(Backend *bb, const int *rows, int n, float *logits, RsErr *e) {
+    CpuBackend *b = (CpuBackend *)bb;
+    size_t V = (size_t)bb->model->cfg.vocab_size;
+    for (int i = 0; i < n; i++)
+        memcpy(logits + (size_t)i * V, b->s.logits + (size_t)rows[i] * V, V * sizeof(float));
+    return RS_OK;
+}
+
 static void cpu_kv_reset(Backend *bb) {
     bb->n_committed = 0;
     bb->n_pending = 0;
@@ -406,4 +422,5 @@ const BackendOps cpu_backend_ops = {
     .forward = cpu_forward,
     .kv_commit = cpu_kv_commit,
     .kv_reset = cpu_kv_reset,
+    .rows_copy = cpu_rows_copy,
 };

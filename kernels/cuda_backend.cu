@@ -78,7 +78,7 @@ typedef struct {
     float *tmp;        // (rows, dim) sublayer output
     float *gu;         // (rows, 2*hidden)
     rs_bf16 *hb;       // (rows, hidden)
-    float *logits;     // (rows, vocab)
+    float *logits;     // (rows, vocab); rows 0..n_kept-1 are the kept rows
     float *cos_t, *sin_t; // (rows, hd/2)
     rs_bf16 *kc, *vc;  // (nl, kv_capacity, kv_dim)
     rs_bf16 *kv_scratch; // (nl, max_pending, kv_dim)
@@ -116,6 +116,7 @@ static void cuda_kv_reset(Backend *bb);
 static void *cuda_host_alloc(Backend *bb, size_t bytes);
 static void cuda_host_free(Backend *bb, void *p);
 static void cuda_stats(const Backend *bb, BackendStats *out);
+static int cuda_rows_copy(Backend *bb, const int *rows, int n, float *logits, RsErr *e);
 static void capture_all(CudaBackend *b);
 
 /* C++ has no tentative definitions: the table comes first, after the prototypes. */
@@ -129,6 +130,7 @@ static const BackendOps cuda_ops = {
     .kv_reset = cuda_kv_reset,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .rows_copy = cuda_rows_copy,
     .stats = cuda_stats,
 };
 
@@ -707,11 +709,25 @@ static int cuda_forward(Backend *bb, const int *tokens, const int *pos, int n,
         b->n_eager_launches++;
     }
     b->launches_pass += head(b, n_out);
-    if (n_out > 0)
+    if (n_out > 0 && logits) /* NULL: the rows stay on the device (kept rows) */
         CUDA_CHECK(cudaMemcpyAsync(logits, b->logits, (size_t)n_out * b->vocab * 4,
                                    cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
     bb->n_pending += n;
+    return RS_OK;
+}
+
+/* One copy per run of consecutive kept rows (a whole pass's rows are usually one run). */
+static int cuda_rows_copy(Backend *bb, const int *rows, int n, float *logits, RsErr *e) {
+    CudaBackend *b = (CudaBackend *)bb;
+    CUDA_CHECK(cudaSetDevice(bb->params.device));
+    size_t V = (size_t)b->vocab;
+    for (int i = 0, run; i < n; i += run) {
+        for (run = 1; i + run < n && rows[i + run] == rows[i] + run; run++) {}
+        CUDA_CHECK(cudaMemcpyAsync(logits + i * V, b->logits + (size_t)rows[i] * V,
+                                   run * V * sizeof(float), cudaMemcpyDeviceToHost, b->stream));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(b->stream));
     return RS_OK;
 }
 
