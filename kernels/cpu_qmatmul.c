@@ -78,19 +78,22 @@ static void act_rows(const QkActs *x, int q8, int t0, int nt, const void **xs) {
                    : (const void *)(x->f32 + (size_t)(t0 + t) * in);
 }
 
-/* Rows j, j + 1 through a two-row kernel. */
-static void rows_pair(const QkKernel *k, const QTensor *w, const QkActs *x, float *y, int ldy,
-                      int j) {
-    const uint8_t *w0 = qtensor_row(w, j), *w1 = qtensor_row(w, j + 1);
-    for (int t0 = 0; t0 < x->n; t0 += QK_GROUP) {
-        int nt = x->n - t0 < QK_GROUP ? x->n - t0 : QK_GROUP;
-        const void *xs[QK_GROUP];
-        float o0[QK_GROUP], o1[QK_GROUP];
-        act_rows(x, k->q8, t0, nt, xs);
-        k->dot2(w0, w1, xs, nt, x->in, o0, o1);
-        for (int t = 0; t < nt; t++) {
-            y[(size_t)(t0 + t) * ldy + j] = o0[t];
-            y[(size_t)(t0 + t) * ldy + j + 1] = o1[t];
+/* Rows [j0, j1) QK_ROWS at a time through a tile kernel; the last tile repeats row j1 - 1
+ * in its spare slots (their outputs are dropped), so no row outside the range is read. */
+static void rows_tiled(const QkKernel *k, const QTensor *w, const QkActs *x, float *y, int ldy,
+                       int j0, int j1) {
+    for (int j = j0; j < j1; j += QK_ROWS) {
+        const uint8_t *wr[QK_ROWS];
+        int nr = j1 - j < QK_ROWS ? j1 - j : QK_ROWS;
+        for (int r = 0; r < QK_ROWS; r++) wr[r] = qtensor_row(w, j + (r < nr ? r : nr - 1));
+        for (int t0 = 0; t0 < x->n; t0 += QK_GROUP) {
+            int nt = x->n - t0 < QK_GROUP ? x->n - t0 : QK_GROUP;
+            const void *xs[QK_GROUP];
+            float out[QK_GROUP * QK_ROWS];
+            act_rows(x, k->q8, t0, nt, xs);
+            k->tile(wr, xs, nt, x->in, out);
+            for (int t = 0; t < nt; t++)
+                memcpy(y + (size_t)(t0 + t) * ldy + j, out + t * QK_ROWS, sizeof(float) * nr);
         }
     }
 }
@@ -99,14 +102,14 @@ void qk_matmul_rows(const QkFamily *f, const QTensor *w, const QkActs *x, float 
                     int j0, int j1, float *scratch) {
     RS_ASSERT(w->cols == x->in && j0 >= 0 && j1 <= w->rows);
     const QkKernel *k = find_kernel(f, w->type);
-    QkDotFn dot = k ? k->dot : f->dot_f32;
     int q8 = k && k->q8, in = x->in;
     RS_ASSERT(!q8 || x->q8);
+    if (k && k->tile) {
+        rows_tiled(k, w, x, y, ldy, j0, j1);
+        return;
+    }
+    QkDotFn dot = k ? k->dot : f->dot_f32;
     for (int j = j0; j < j1; j++) {
-        if (k && k->dot2 && j + 1 < j1) {
-            rows_pair(k, w, x, y, ldy, j++);
-            continue;
-        }
         const uint8_t *wr = qtensor_row(w, j);
         if (!k) { /* generic path: expand the row once for all tokens */
             quant_dequantize(w->type, wr, scratch, (size_t)in);

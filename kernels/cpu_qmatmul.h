@@ -34,16 +34,19 @@ typedef struct {
 typedef void (*QkDotFn)(const uint8_t *wrow, const void *const *xs, int nt, int in,
                         float *out);
 
-/* The same for two weight rows at once (out0, out1), optional; each (row, token) result must
- * be bitwise what QkDotFn gives, so pairing rows never changes a row's output. */
-typedef void (*QkDot2Fn)(const uint8_t *w0, const uint8_t *w1, const void *const *xs, int nt,
-                         int in, float *out0, float *out1);
+/* QK_ROWS weight rows at once (a register tile): w[r] for r < QK_ROWS, out[t * QK_ROWS + r]
+ * for t < nt. Each (row, token) result must not depend on nt, on the row's slot or on the
+ * other rows, so a row's output is the same whichever tile it lands in; callers pad a
+ * short tile by repeating a row. A family gives each type either dot or tile. */
+#define QK_ROWS 4
+typedef void (*QkTileFn)(const uint8_t *const *w, const void *const *xs, int nt, int in,
+                         float *out);
 
 typedef struct {
     uint32_t type; /* ggml type id */
     int q8;        /* 1: activations as QkQ8 rows */
-    QkDotFn dot;
-    QkDot2Fn dot2; /* NULL: rows one at a time */
+    QkDotFn dot;   /* one row at a time, or NULL when tile is given */
+    QkTileFn tile;
 } QkKernel;
 
 typedef struct {

@@ -1,0 +1,204 @@
+/* rootspec-kbench: micro-benchmark of the CPU matrix kernels alone (kernels/cpu_qmatmul.h),
+ * one weight type and token count at a time, on one thread. For each case it times
+ * qk_matmul_rows over a whole synthetic matrix, min of --reps runs (the machine may be
+ * shared, so the minimum is the figure that means something):
+ *   stream  a matrix far larger than the caches (--mb MiB at n = 1): GB/s of weights read;
+ *           for n > 1 also GFLOP/s (2 * rows * cols * n per pass)
+ *   hot     a matrix that stays in the caches (--hot-kb, default 192 KiB: L2): TSC cycles and ns per 32-weight block and
+ *           token, i.e. the kernel's instruction cost without the memory system.
+ * Output: one "kbench key=value ..." line per case. Hardware cycle counters are not
+ * always available (VMs), hence the TSC, which ticks at a fixed rate. */
+#include "common/cli.h"
+#include "common/model.h"
+#include "common/quant.h"
+#include "common/rng.h"
+#include "kernels/cpu_qmatmul.h"
+#include <stdio.h>
+#include <string.h>
+#include <x86intrin.h>
+
+static const uint32_t kAll[] = {QT_Q4_1, QT_Q4_0, QT_Q8_0, QT_F16, QT_BF16, QT_F32,
+                                QT_Q4_K, QT_Q5_K, QT_Q6_K};
+#define N_ALL ((int)(sizeof kAll / sizeof kAll[0]))
+
+typedef struct {
+    const char *family;
+    uint32_t types[N_ALL];
+    int n_types, ns[8], n_ns, reps, mb, cols, hot_kb;
+} Opts;
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: rootspec-kbench [--family NAME] [--types LIST] [--n LIST] [--reps K]\n"
+               "                       [--mb M] [--cols C]\n"
+               "  --family NAME  ref|scalar|avx2|avx512 (default: the best this CPU runs)\n"
+               "  --types LIST   comma-separated ggml type names (default: all kernel types)\n"
+               "  --n LIST       token counts (default 1,4,9,65)\n"
+               "  --reps K       timed runs per case, the minimum is reported (default 9)\n"
+               "  --mb M         weight MiB of the streamed matrix at n = 1 (default 64)\n"
+               "  --hot-kb K     weight KiB of the cache-resident matrix (default 192: L2)\n"
+               "  --cols C       columns (input size; default 576, SmolLM2-135M's dim;\n"
+               "                 rounded up to whole 256-blocks for the K-quants)\n");
+}
+
+static int parse_list(const char *opt, const char *v, Opts *o, int types, RsErr *e) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", v);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (!types) {
+            if (o->n_ns == 8) return rs_err(e, RS_EINVAL, "%s: at most 8 values", opt);
+            int rc = cli_int(opt, t, 1, 1024, &o->ns[o->n_ns++], e);
+            if (rc) return rc;
+            continue;
+        }
+        int k = 0;
+        while (k < N_ALL && strcasecmp(t, quant_type_name(kAll[k]))) k++;
+        if (k == N_ALL) return rs_err(e, RS_EINVAL, "%s: unknown type '%s'", opt, t);
+        if (o->n_types == N_ALL) return rs_err(e, RS_EINVAL, "%s: too many types", opt);
+        o->types[o->n_types++] = kAll[k];
+    }
+    return RS_OK;
+}
+
+static int parse_opts(int argc, char **argv, Opts *o, RsErr *e) {
+    *o = (Opts){.reps = 9, .mb = 64, .cols = 576, .hot_kb = 192};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            exit(0);
+        }
+        int rc = cli_value(argc, argv, i++, &v, e);
+        if (rc) return rc;
+        if (!strcmp(a, "--family")) o->family = v;
+        else if (!strcmp(a, "--types")) rc = parse_list(a, v, o, 1, e);
+        else if (!strcmp(a, "--n")) rc = parse_list(a, v, o, 0, e);
+        else if (!strcmp(a, "--reps")) rc = cli_int(a, v, 1, 1000, &o->reps, e);
+        else if (!strcmp(a, "--mb")) rc = cli_int(a, v, 1, 4096, &o->mb, e);
+        else if (!strcmp(a, "--hot-kb")) rc = cli_int(a, v, 4, 65536, &o->hot_kb, e);
+        else if (!strcmp(a, "--cols")) rc = cli_int(a, v, 256, 65536, &o->cols, e);
+        else return rs_err(e, RS_EINVAL, "unknown option '%s' (see --help)", a);
+        if (rc) return rc;
+    }
+    if (o->cols % QK_BLOCK)
+        return rs_err(e, RS_EINVAL, "--cols %d is not a multiple of %d", o->cols, QK_BLOCK);
+    if (!o->n_types) memcpy(o->types, kAll, sizeof kAll), o->n_types = N_ALL;
+    if (!o->n_ns) o->ns[0] = 1, o->ns[1] = 4, o->ns[2] = 9, o->ns[3] = 65, o->n_ns = 4;
+    return RS_OK;
+}
+
+static void put_f16(uint8_t *p, uint16_t h) { p[0] = (uint8_t)h, p[1] = (uint8_t)(h >> 8); }
+
+/* Random quants with sane scales: every f16 scale field set to ~0.01, float types to small
+ * values, so no NaN or denormal slows a kernel down. */
+static void fill_weights(uint32_t type, uint8_t *d, size_t bytes, Rng *r) {
+    for (size_t i = 0; i < bytes; i++) d[i] = (uint8_t)rng_next(r);
+    size_t be, bb;
+    RS_ASSERT(quant_type_geometry(type, &be, &bb) == 0);
+    for (size_t o = 0; o + bb <= bytes; o += bb) {
+        uint8_t *p = d + o;
+        switch (type) {
+        case QT_F32:
+            for (size_t k = 0; k < bb; k += 4) {
+                float v = (float)(rng_uniform(r) - 0.5);
+                memcpy(p + k, &v, 4);
+            }
+            break;
+        case QT_F16: put_f16(p, (uint16_t)(0x2000 | (rng_next(r) & 0x83ff))); break;
+        case QT_BF16: put_f16(p, (uint16_t)(0x3c00 | (rng_next(r) & 0x807f))); break;
+        case QT_Q6_K: put_f16(p + 208, 0x2000); break;
+        case QT_Q4_1: case QT_Q4_K: case QT_Q5_K: put_f16(p + 2, 0x2000); /* fall through */
+        default: put_f16(p, 0x2000); break;
+        }
+    }
+}
+
+typedef struct {
+    double best_ns;
+    uint64_t best_tsc;
+} Timing;
+
+/* Sum over row chunks (~1 MiB of weights / n) of each chunk's minimum over the runs: with
+ * other processes on the machine a whole pass is nearly always preempted, a millisecond
+ * chunk often not. A chunk's weights are out of the caches at each run when the matrix is
+ * larger than them (the rest of the matrix went through in between). */
+static Timing time_pass(const QkFamily *f, const QTensor *w, const QkActs *a, float *y,
+                        float *scratch, int reps) {
+    int chunk = (int)(((size_t)1 << 20) / w->row_bytes / (size_t)a->n) & ~7;
+    if (chunk < 8) chunk = 8;
+    int nc = (w->rows + chunk - 1) / chunk;
+    double *ns = rs_xmalloc(sizeof(double) * nc);
+    uint64_t *tsc = rs_xmalloc(sizeof(uint64_t) * nc);
+    for (int r = 0; r < reps + 1; r++) /* the first run only warms up */
+        for (int c = 0; c < nc; c++) {
+            int j0 = c * chunk, j1 = j0 + chunk < w->rows ? j0 + chunk : w->rows;
+            uint64_t c0 = __rdtsc(), t0 = rs_now_ns();
+            qk_matmul_rows(f, w, a, y, w->rows, j0, j1, scratch);
+            uint64_t c1 = __rdtsc(), t1 = rs_now_ns();
+            if (r == 1 || (r > 1 && (double)(t1 - t0) < ns[c])) ns[c] = (double)(t1 - t0);
+            if (r == 1 || (r > 1 && c1 - c0 < tsc[c])) tsc[c] = c1 - c0;
+        }
+    Timing t = {0, 0};
+    for (int c = 0; c < nc; c++) t.best_ns += ns[c], t.best_tsc += tsc[c];
+    free(ns);
+    free(tsc);
+    return t;
+}
+
+/* One (type, n) case: a matrix of about `bytes` weight bytes, n random activation rows. */
+static void run_case(const QkFamily *f, uint32_t type, int n, size_t bytes, int cols, int reps,
+                     int hot, Rng *r) {
+    size_t be, bb;
+    RS_ASSERT(quant_type_geometry(type, &be, &bb) == 0);
+    cols = (int)((cols + be - 1) / be * be); /* K-quants: whole 256-blocks */
+    size_t row_bytes = (size_t)cols / be * bb;
+    int rows = (int)(bytes / row_bytes);
+    rows = rows < 8 ? 8 : rows & ~7;
+    uint8_t *data = rs_xmalloc((size_t)rows * row_bytes);
+    fill_weights(type, data, (size_t)rows * row_bytes, r);
+    QTensor w = {type, data, rows, cols, row_bytes, 0};
+    float *x = rs_xmalloc(sizeof(float) * n * cols), *y = rs_xmalloc(sizeof(float) * n * rows);
+    float *scratch = rs_xmalloc(sizeof(float) * cols);
+    QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * n * (cols / QK_BLOCK));
+    for (int i = 0; i < n * cols; i++) x[i] = (float)(rng_uniform(r) * 2 - 1);
+    qk_quantize_rows(x, n, cols, q8);
+    QkActs a = {x, q8, n, cols};
+    Timing t = time_pass(f, &w, &a, y, scratch, reps);
+    double blocks = (double)rows * cols / QK_BLOCK * n, wbytes = (double)rows * row_bytes;
+    printf("kbench family=%s type=%s n=%d mode=%s rows=%d cols=%d ms=%.3f gbs=%.2f "
+           "gflops=%.2f ns_per_block=%.3f tsc_per_block=%.2f\n",
+           f->name, quant_type_name(type), n, hot ? "hot" : "stream", rows, cols,
+           t.best_ns / 1e6, wbytes / t.best_ns, 2.0 * rows * cols * n / t.best_ns,
+           t.best_ns / blocks, (double)t.best_tsc / blocks);
+    fflush(stdout);
+    free(data);
+    free(x);
+    free(y);
+    free(scratch);
+    free(q8);
+}
+
+int main(int argc, char **argv) {
+    Opts o;
+    RsErr e = {0};
+    if (parse_opts(argc, argv, &o, &e)) {
+        fprintf(stderr, "rootspec-kbench: %s\n", e.msg);
+        return 2;
+    }
+    const QkFamily *f = qk_family_pick(o.family, &e);
+    if (!f) {
+        fprintf(stderr, "rootspec-kbench: %s\n", e.msg);
+        return 2;
+    }
+    Rng r;
+    rng_seed(&r, 1);
+    for (int ti = 0; ti < o.n_types; ti++) {
+        run_case(f, o.types[ti], 1, (size_t)o.hot_kb << 10, o.cols, o.reps * 20, 1, &r);
+        for (int k = 0; k < o.n_ns; k++) {
+            int n = o.ns[k];
+            size_t bytes = ((size_t)o.mb << 20) / (n < 4 ? 1 : (size_t)n / 4);
+            if (bytes < ((size_t)2 << 20)) bytes = (size_t)2 << 20;
+            run_case(f, o.types[ti], n, bytes, o.cols, o.reps, 0, &r);
+        }
+    }
+    return 0;
+}
