@@ -1,259 +1,224 @@
-/* K-quant x Q8_K dot products, portable and AVX2. Per 256-element block both families
- * form the same exact integer sums (weight quants times activation quants, weighted by the
- * 6/8-bit sub-block scales; the Q4_K/Q5_K minimums and Q6_K's offset of 32 go through the
- * activation block sums) and then do the same f32 operations in the same order
- * (block_finish_*), which makes them bitwise interchangeable. Integer ranges: a Q5_K
- * block sums at most 256 * 31 * 127 * 63 < 2^31, a Q6_K block 256 * 32 * 127 * 128 < 2^31. */
+/* K-quant x Q8 (per 32) dot kernels, portable and AVX2 (see cpu_kquant.h). Element order
+ * and scale layout as quant.c's dequantization (ggml's). Integer ranges per 32-element
+ * sub-block: Q5_K 32 * 31 * 127 * 63 < 2^23; Q6_K 2 * 16 * 32 * 127 * 128 < 2^24, so the
+ * sums are exact in int32 and in their f32 conversion. */
 #include "cpu_kquant.h"
+#include "cpu_qmatmul.h"
 #include "common/util.h"
 #include <immintrin.h>
-#include <math.h>
 #include <string.h>
 
-static inline float f16_at(const uint8_t *p) { return quant_f16_to_f32((uint16_t)(p[0] | (p[1] << 8))); }
-
-void quantize_row_q8_K(const float *x, BlockQ8K *y, int n) {
-    RS_ASSERT(n % QK_K == 0);
-    for (int b = 0; b < n / QK_K; b++, x += QK_K, y++) {
-        float amax = 0, max = 0;
-        for (int j = 0; j < QK_K; j++)
-            if (fabsf(x[j]) > amax) {
-                amax = fabsf(x[j]);
-                max = x[j];
-            }
-        memset(y, 0, sizeof *y);
-        if (amax == 0) continue;
-        /* -127 / max (ggml's sign convention): the largest element maps to -127 exactly,
-         * so every quant fits int8 without clamping to -128 (AVX2 maddubs stays in s16) */
-        float iscale = -127.0f / max;
-        for (int j = 0; j < QK_K; j++) {
-            long v = lrintf(iscale * x[j]);
-            y->qs[j] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
-            y->bsums[j / 16] = (int16_t)(y->bsums[j / 16] + y->qs[j]);
-        }
-        y->d = 1.0f / iscale;
-    }
-}
-
-/* Unpacks the 8 sub-block scales into sc and returns the sum over sub-blocks of min[s]
- * times the activation sum of sub-block s (32 elements). */
-static inline int32_t k4_unpack(const uint8_t *scales, const BlockQ8K *y, uint8_t sc[8]) {
-    int32_t s = 0;
-    for (int j = 0; j < 8; j++) {
-        uint8_t m;
-        quant_k4_scale_min(j, scales, &sc[j], &m);
-        s += (int32_t)m * (y->bsums[2 * j] + y->bsums[2 * j + 1]);
-    }
-    return s;
-}
-
-/* A rounded product the compiler may not fuse into a multiply-add: the AVX2 functions are
- * compiled with FMA enabled, the portable ones maybe not, and under -ffp-contract=fast a
- * fused tail in one family only would break their bitwise agreement. */
-static inline float rounded(float v) {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-    __asm__("" : "+x"(v));
+#if defined(__GNUC__) && !defined(__clang__)
+/* Uninstrumented and optimised even in the sanitizer build (as cpu_qmm_*.c): the accesses
+ * are the row ranges qk_matmul_rows computes. */
+#define KQ_HOT __attribute__((optimize("O3"), no_sanitize("address", "undefined")))
+#define KQ_INLINE static inline __attribute__((always_inline, no_sanitize_address, no_sanitize_undefined))
+#else
+#define KQ_HOT
+#define KQ_INLINE static inline
 #endif
-    return v;
+
+KQ_INLINE float f16_at(const uint8_t *p) { return quant_f16_to_f32((uint16_t)(p[0] | (p[1] << 8))); }
+
+/* The 8 sub-block scales and minimums of a Q4_K/Q5_K block from its 12 packed bytes: the
+ * one place both kernel families unpack them. */
+KQ_INLINE void k4_scales(const uint8_t *packed, uint8_t sc[8], uint8_t m[8]) {
+    for (int j = 0; j < 8; j++) quant_k4_scale_min(j, packed, &sc[j], &m[j]);
 }
 
-/* Shared f32 tail of one block: the only rounding steps, identical for every family. */
-static inline float block_finish_k4(float acc, const uint8_t *w, const BlockQ8K *y, int32_t sumi,
-                                    int32_t summ) {
-    float d = rounded(f16_at(w) * y->d), dmin = rounded(f16_at(w + 2) * y->d);
-    float a = rounded(d * (float)sumi), b = rounded(dmin * (float)summ);
-    return acc + (a - b);
-}
-
-static inline float block_finish_q6(float acc, const uint8_t *w, const BlockQ8K *y, int32_t sumi) {
-    float d = rounded(f16_at(w + 208) * y->d);
-    return acc + rounded(d * (float)sumi);
+/* Q6_K quant k (0..3) of a 128-element half at position l (0..31): ql, qh are the half's
+ * low-nibble and high-bit bytes; 0..63, the stored value plus 32. */
+KQ_INLINE int q6_quant(const uint8_t *ql, const uint8_t *qh, int k, int l) {
+    return ((ql[l + 32 * (k & 1)] >> (4 * (k >> 1))) & 0xf) | (((qh[l] >> (2 * k)) & 3) << 4);
 }
 
 /* ---- portable ---- */
 
-/* Q4_K / Q5_K block: sum over sub-blocks s of scale[s] * sum_l q[s][l] * y[32s + l]. */
-static int32_t q45_sumi_scalar(const uint8_t *w, const BlockQ8K *y, int five, const uint8_t *sc) {
+/* One Q4_K/Q5_K block against the 8 QkQ8 blocks of one token, added to acc in sub-block
+ * order. */
+KQ_INLINE float q45_block_scalar(const uint8_t *w, const QkQ8 *x, int five, float acc) {
+    uint8_t sc[8], m[8];
+    k4_scales(w + 4, sc, m);
+    float d = f16_at(w), dmin = f16_at(w + 2);
     const uint8_t *qh = w + 16, *qs = w + (five ? 48 : 16);
-    int32_t sumi = 0;
     for (int s = 0; s < 8; s++) {
         const uint8_t *q = qs + (s / 2) * 32;
-        const int8_t *a = y->qs + 32 * s;
-        int shift = (s % 2) * 4;
-        int32_t isum = 0;
-        /* branch-free bodies the compiler can vectorize */
-        if (five)
+        int shift = (s % 2) * 4, isum = 0;
+        if (five) /* branch-free bodies the compiler can vectorize */
             for (int l = 0; l < 32; l++)
-                isum += (((q[l] >> shift) & 0x0f) | (((qh[l] >> s) & 1) << 4)) * a[l];
+                isum += (((q[l] >> shift) & 0xf) | (((qh[l] >> s) & 1) << 4)) * x[s].q[l];
         else
-            for (int l = 0; l < 32; l++) isum += ((q[l] >> shift) & 0x0f) * a[l];
-        sumi += (int32_t)sc[s] * isum;
+            for (int l = 0; l < 32; l++) isum += ((q[l] >> shift) & 0xf) * x[s].q[l];
+        acc += d * x[s].d * (float)(sc[s] * isum) - dmin * (float)m[s] * x[s].s;
     }
-    return sumi;
+    return acc;
 }
 
-static float dot_q45_scalar(int n, const uint8_t *w, const BlockQ8K *y, int five) {
-    RS_ASSERT(n % QK_K == 0);
+KQ_INLINE void q45_scalar(const uint8_t *w, const void *const *xs, int nt, int in, float *out,
+                          int five) {
+    RS_ASSERT(in % QK_K == 0);
     size_t bb = five ? QK5_K_BYTES : QK4_K_BYTES;
-    float acc = 0;
-    for (int b = 0; b < n / QK_K; b++, w += bb, y++) {
-        uint8_t sc[8];
-        int32_t summ = k4_unpack(w + 4, y, sc);
-        acc = block_finish_k4(acc, w, y, q45_sumi_scalar(w, y, five, sc), summ);
+    for (int t = 0; t < nt; t++) {
+        const QkQ8 *x = xs[t];
+        float acc = 0;
+        for (int b = 0; b < in / QK_K; b++) acc = q45_block_scalar(w + bb * b, x + 8 * b, five, acc);
+        out[t] = acc;
     }
-    return acc;
 }
 
-float dot_q4_K_q8_K_scalar(int n, const void *w_row, const void *x_q8) {
-    return dot_q45_scalar(n, w_row, x_q8, 0);
+KQ_HOT void kq_dot_q4_K_scalar(const uint8_t *w, const void *const *xs, int nt, int in, float *out) {
+    q45_scalar(w, xs, nt, in, out, 0);
 }
 
-float dot_q5_K_q8_K_scalar(int n, const void *w_row, const void *x_q8) {
-    return dot_q45_scalar(n, w_row, x_q8, 1);
+KQ_HOT void kq_dot_q5_K_scalar(const uint8_t *w, const void *const *xs, int nt, int in, float *out) {
+    q45_scalar(w, xs, nt, in, out, 1);
 }
 
-/* Q6_K block: sum over 16-groups g of scale[g] * sum (q - 32) * y; element order as in
- * quant.c's deq_q6_K (128-element halves, four 32-runs each). */
-static int32_t q6_sumi_scalar(const uint8_t *w, const BlockQ8K *y) {
-    const uint8_t *ql = w, *qh = w + 128;
-    const int8_t *sc = (const int8_t *)(w + 192), *a = y->qs;
-    int32_t sumi = 0;
-    for (int h = 0; h < 2; h++, ql += 64, qh += 32, sc += 8, a += 128) {
-        for (int is = 0; is < 2; is++) { /* 16-element groups: plain loops that vectorize */
-            int32_t g0 = 0, g1 = 0, g2 = 0, g3 = 0;
-            for (int l = 16 * is; l < 16 * is + 16; l++) {
-                g0 += (((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32) * a[l];
-                g1 += (((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32) * a[l + 32];
-                g2 += (((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32) * a[l + 64];
-                g3 += (((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32) * a[l + 96];
+/* Q6_K: sub-block s = 4h + k of half h has the scales of its two 16-element groups at
+ * 8h + 2k and 8h + 2k + 1. */
+KQ_HOT void kq_dot_q6_K_scalar(const uint8_t *w, const void *const *xs, int nt, int in, float *out) {
+    RS_ASSERT(in % QK_K == 0);
+    for (int t = 0; t < nt; t++) {
+        const QkQ8 *x = xs[t];
+        float acc = 0;
+        for (int b = 0; b < in / QK_K; b++) {
+            const uint8_t *p = w + (size_t)QK6_K_BYTES * b;
+            const int8_t *sc = (const int8_t *)(p + 192);
+            float d = f16_at(p + 208);
+            for (int s = 0; s < 8; s++) {
+                int h = s / 4, k = s % 4, ia = 0, ib = 0;
+                const QkQ8 *xb = &x[8 * b + s];
+                for (int l = 0; l < 16; l++) {
+                    ia += (q6_quant(p + 64 * h, p + 128 + 32 * h, k, l) - 32) * xb->q[l];
+                    ib += (q6_quant(p + 64 * h, p + 128 + 32 * h, k, l + 16) - 32) * xb->q[l + 16];
+                }
+                acc += d * xb->d * (float)(sc[8 * h + 2 * k] * ia + sc[8 * h + 2 * k + 1] * ib);
             }
-            sumi += sc[is] * g0 + sc[is + 2] * g1 + sc[is + 4] * g2 + sc[is + 6] * g3;
         }
+        out[t] = acc;
     }
-    return sumi;
-}
-
-float dot_q6_K_q8_K_scalar(int n, const void *w_row, const void *x_q8) {
-    RS_ASSERT(n % QK_K == 0);
-    const uint8_t *w = w_row;
-    const BlockQ8K *y = x_q8;
-    float acc = 0;
-    for (int b = 0; b < n / QK_K; b++, w += QK6_K_BYTES, y++)
-        acc = block_finish_q6(acc, w, y, q6_sumi_scalar(w, y));
-    return acc;
 }
 
 /* ---- AVX2 ---- */
 
-#define AVX2_FN __attribute__((target("avx2,fma")))
+#define AVX2_FN __attribute__((target("avx2,fma,f16c")))
+#define AVX2_INLINE KQ_INLINE AVX2_FN
 
-AVX2_FN static inline int32_t hsum_i32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
+AVX2_INLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
 }
 
 /* Bit `s` of every byte of hb moved to bit 4 (Q5_K's fifth bit of sub-block s). A 16-bit
  * shift is fine: the mask keeps only bit 0 of each byte, which came from the same byte. */
-AVX2_FN static inline __m256i fifth_bit(__m256i hb, int s) {
+AVX2_INLINE __m256i fifth_bit(__m256i hb, int s) {
     __m256i b = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(s)), _mm256_set1_epi8(1));
     return _mm256_slli_epi16(b, 4);
 }
 
-AVX2_FN static int32_t q45_sumi_avx2(const uint8_t *w, const BlockQ8K *y, int five,
-                                     const uint8_t *sc) {
+/* Unsigned quants v (32 of sub-block s, element order) times each token's sub-block,
+ * scaled: acc[t] += (d dx) * (i32 lanes of sc16 * pair sums). sc16 holds the scale per i16
+ * lane pair (Q6_K: two 16-element groups); signed weights come as |q| and their signs. */
+AVX2_INLINE void sub_fma(__m256i v, __m256i sign, int use_sign, __m256i sc16, float d,
+                         const QkQ8 *const *x, int s, int NT, __m256 *acc) {
+    for (int t = 0; t < NT; t++) {
+        __m256i xq = _mm256_loadu_si256((const __m256i *)(const void *)x[t][s].q);
+        if (use_sign) xq = _mm256_sign_epi8(xq, sign);
+        __m256i i32 = _mm256_madd_epi16(_mm256_maddubs_epi16(v, xq), sc16);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_set1_ps(d * x[t][s].d), acc[t]);
+    }
+}
+
+/* One Q4_K/Q5_K block against NT tokens (x[t] at the block's first sub-block); the
+ * minimum term goes to corr[t] in sub-block order. */
+AVX2_INLINE void q45_block_avx2(const uint8_t *w, const QkQ8 *const *x, int NT, int five,
+                                __m256 *acc, float *corr) {
+    uint8_t sc[8], m[8];
+    k4_scales(w + 4, sc, m);
+    float d = f16_at(w), dmin = f16_at(w + 2);
     const uint8_t *qs = w + (five ? 48 : 16);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256();
-    __m256i acc = _mm256_setzero_si256();
+    __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(const void *)(w + 16))
+                      : _mm256_setzero_si256();
     for (int p = 0; p < 4; p++) {
-        __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
-        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        if (five) {
-            lo = _mm256_or_si256(lo, fifth_bit(hb, 2 * p));
-            hi = _mm256_or_si256(hi, fifth_bit(hb, 2 * p + 1));
+        __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * p));
+        __m256i v[2] = {_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)};
+        for (int h = 0; h < 2; h++) {
+            int s = 2 * p + h;
+            if (five) v[h] = _mm256_or_si256(v[h], fifth_bit(hb, s));
+            sub_fma(v[h], v[h], 0, _mm256_set1_epi16(sc[s]), d, x, s, NT, acc);
+            for (int t = 0; t < NT; t++) corr[t] += dmin * (float)m[s] * x[t][s].s;
         }
-        /* u8 x s8 pairs into s16: at most 2 * 31 * 127, no saturation */
-        __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(y->qs + 64 * p)));
-        __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y->qs + 64 * p + 32)));
-        p0 = _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * p]));
-        p1 = _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * p + 1]));
-        acc = _mm256_add_epi32(acc, _mm256_add_epi32(p0, p1));
     }
-    return hsum_i32(acc);
 }
 
-AVX2_FN static float dot_q45_avx2(int n, const uint8_t *w, const BlockQ8K *y, int five) {
-    RS_ASSERT(n % QK_K == 0);
+AVX2_INLINE void q45_avx2(const uint8_t *w, const void *const *xs, int NT, int in, float *out,
+                          int five) {
     size_t bb = five ? QK5_K_BYTES : QK4_K_BYTES;
-    float acc = 0;
-    for (int b = 0; b < n / QK_K; b++, w += bb, y++) {
-        uint8_t sc[8];
-        int32_t summ = k4_unpack(w + 4, y, sc);
-        acc = block_finish_k4(acc, w, y, q45_sumi_avx2(w, y, five, sc), summ);
+    __m256 acc[QK_GROUP];
+    float corr[QK_GROUP];
+    const QkQ8 *x[QK_GROUP];
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps(), corr[t] = 0, x[t] = xs[t];
+    for (int b = 0; b < in / QK_K; b++) {
+        const QkQ8 *xb[QK_GROUP];
+        for (int t = 0; t < NT; t++) xb[t] = x[t] + 8 * b;
+        q45_block_avx2(w + bb * b, xb, NT, five, acc, corr);
     }
-    return acc;
+    for (int t = 0; t < NT; t++) out[t] = hsum8(acc[t]) - corr[t];
 }
 
-AVX2_FN float dot_q4_K_q8_K_avx2(int n, const void *w_row, const void *x_q8) {
-    return dot_q45_avx2(n, w_row, x_q8, 0);
-}
-
-AVX2_FN float dot_q5_K_q8_K_avx2(int n, const void *w_row, const void *x_q8) {
-    return dot_q45_avx2(n, w_row, x_q8, 1);
-}
-
-/* Q6_K: the 6-bit quants stay unsigned (0..63) for maddubs; the offset of 32 is taken off
- * afterwards as 32 * sum_g scale[g] * bsums[g]. */
-AVX2_FN static int32_t q6_sumi_avx2(const uint8_t *w, const BlockQ8K *y) {
+/* One Q6_K block against NT tokens: quants rebuilt unsigned (0..63), minus 32 as signed
+ * bytes, multiplied as |q - 32| with the sign moved onto the activations. */
+AVX2_INLINE void q6_block_avx2(const uint8_t *w, const QkQ8 *const *x, int NT, __m256 *acc) {
     const int8_t *sc = (const int8_t *)(w + 192);
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3);
-    __m256i acc = _mm256_setzero_si256();
+    float d = f16_at(w + 208);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
     for (int h = 0; h < 2; h++) {
-        __m256i ql0 = _mm256_loadu_si256((const __m256i *)(w + 64 * h));
-        __m256i ql1 = _mm256_loadu_si256((const __m256i *)(w + 64 * h + 32));
-        __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
-        __m256i q[4];
-        q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
-        q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
-        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
-        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+        __m256i ql0 = _mm256_loadu_si256((const __m256i *)(const void *)(w + 64 * h));
+        __m256i ql1 = _mm256_loadu_si256((const __m256i *)(const void *)(w + 64 * h + 32));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(w + 128 + 32 * h));
+        __m256i lo[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
+                         _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                         _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
         for (int k = 0; k < 4; k++) {
-            const int8_t *s = sc + 8 * h + 2 * k; /* s16 lanes 0-7: elements 0-15, 8-15: 16-31 */
-            __m256i scv = _mm256_setr_m128i(_mm_set1_epi16(s[0]), _mm_set1_epi16(s[1]));
-            __m256i a = _mm256_loadu_si256((const __m256i *)(y->qs + 128 * h + 32 * k));
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], a), scv));
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m3);
+            __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo[k], _mm256_slli_epi16(hi, 4)), k32);
+            const int8_t *s2 = sc + 8 * h + 2 * k; /* i16 lanes 0-7: elements 0-15 */
+            __m256i sc16 = _mm256_setr_m128i(_mm_set1_epi16(s2[0]), _mm_set1_epi16(s2[1]));
+            sub_fma(_mm256_sign_epi8(q, q), q, 1, sc16, d, x, 4 * h + k, NT, acc);
         }
     }
-    int32_t off = 0;
-    for (int g = 0; g < 16; g++) off += sc[g] * y->bsums[g];
-    return hsum_i32(acc) - 32 * off;
 }
 
-AVX2_FN float dot_q6_K_q8_K_avx2(int n, const void *w_row, const void *x_q8) {
-    RS_ASSERT(n % QK_K == 0);
-    const uint8_t *w = w_row;
-    const BlockQ8K *y = x_q8;
-    float acc = 0;
-    for (int b = 0; b < n / QK_K; b++, w += QK6_K_BYTES, y++)
-        acc = block_finish_q6(acc, w, y, q6_sumi_avx2(w, y));
-    return acc;
-}
-
-KquantDotFn kquant_dot_fn(uint32_t type, int avx2) {
-    switch (type) {
-    case QT_Q4_K: return avx2 ? dot_q4_K_q8_K_avx2 : dot_q4_K_q8_K_scalar;
-    case QT_Q5_K: return avx2 ? dot_q5_K_q8_K_avx2 : dot_q5_K_q8_K_scalar;
-    case QT_Q6_K: return avx2 ? dot_q6_K_q8_K_avx2 : dot_q6_K_q8_K_scalar;
-    default: return NULL;
+AVX2_INLINE void q6_avx2(const uint8_t *w, const void *const *xs, int NT, int in, float *out) {
+    __m256 acc[QK_GROUP];
+    const QkQ8 *x[QK_GROUP];
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps(), x[t] = xs[t];
+    for (int b = 0; b < in / QK_K; b++) {
+        const QkQ8 *xb[QK_GROUP];
+        for (int t = 0; t < NT; t++) xb[t] = x[t] + 8 * b;
+        q6_block_avx2(w + (size_t)QK6_K_BYTES * b, xb, NT, acc);
     }
+    for (int t = 0; t < NT; t++) out[t] = hsum8(acc[t]);
 }
 
-int kquant_cpu_has_avx2(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
+/* Entry points: the body instantiated per token count (same per-token operations). */
+#define KQ_ENTRY(name, call)                                                                 \
+    KQ_HOT AVX2_FN void name(const uint8_t *w, const void *const *xs, int nt, int in,        \
+                             float *out) {                                                   \
+        RS_ASSERT(in % QK_K == 0);                                                           \
+        switch (nt) {                                                                        \
+        case 1: call(1); break;                                                              \
+        case 2: call(2); break;                                                              \
+        case 3: call(3); break;                                                              \
+        default: call(4); break;                                                             \
+        }                                                                                    \
+    }
+#define C_Q4K(N) q45_avx2(w, xs, N, in, out, 0)
+#define C_Q5K(N) q45_avx2(w, xs, N, in, out, 1)
+#define C_Q6K(N) q6_avx2(w, xs, N, in, out)
+KQ_ENTRY(kq_dot_q4_K_avx2, C_Q4K)
+KQ_ENTRY(kq_dot_q5_K_avx2, C_Q5K)
+KQ_ENTRY(kq_dot_q6_K_avx2, C_Q6K)

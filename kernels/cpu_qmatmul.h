@@ -6,15 +6,18 @@
  *   scalar  portable C; integer weight types against Q8 activations
  *   avx2    AVX2+FMA+F16C
  *   avx512  AVX-512 F/BW/VL + VNNI (UNVERIFIED: no AVX-512 machine was at hand)
- * Integer weight types (Q8_0, Q4_0, Q4_1) take activations quantized per row in blocks of
- * 32 (QkQ8, as llama.cpp's Q8_1); F32/F16/BF16 weights take f32 activations. A type
- * without a kernel in a family (the K-quants for now) runs through the generic path: its
- * row is dequantized into a scratch row and multiplied by the family's f32 kernel. Adding
- * a type's dot kernel is one entry in its family's table.
+ * Integer weight types (Q8_0, Q4_0, Q4_1, and the K-quants Q4_K/Q5_K/Q6_K through
+ * cpu_kquant.h) take activations quantized per row in blocks of 32 (QkQ8, as llama.cpp's
+ * Q8_1); F32/F16/BF16 weights take f32 activations. A type without a kernel in a family
+ * (every type in "ref") runs through the generic path: its row is dequantized into a
+ * scratch row and multiplied by the family's f32 kernel. Adding a type's dot kernel is one
+ * entry in its family's table.
  *
  * Batch invariance: out[t] depends on weight row j and activation row t only. Tokens are
  * taken QK_GROUP at a time by one kernel instantiated for 1..QK_GROUP tokens with the same
- * per-token instruction sequence (explicit intrinsics, no reassociation), so a row's
+ * per-token instruction sequence (explicit intrinsics, no reassociation); a family's tile
+ * kernel (QK_ROWS weight rows per call, the x86 Q4_0/Q4_1/Q8_0 ones) takes every row of
+ * the type, short tiles padded, with the same lane operations in every slot. So a row's
  * result is bitwise the same whatever n, the group it lands in and the thread split. */
 #ifndef ROOTSPEC_CPU_QMATMUL_H
 #define ROOTSPEC_CPU_QMATMUL_H

@@ -3,6 +3,7 @@
  * operations in source order, which is what makes the result independent of how many
  * tokens share a call. */
 #include "cpu_qmatmul.h"
+#include "cpu_kquant.h"
 #include "common/quant.h"
 #include <string.h>
 
@@ -92,6 +93,9 @@ static const QkKernel kScalar[] = {
     {QT_Q8_0, 1, dot_q8_0, NULL},
     {QT_Q4_0, 1, dot_q4_0, NULL},
     {QT_Q4_1, 1, dot_q4_1, NULL},
+    {QT_Q4_K, 1, kq_dot_q4_K_scalar, NULL},
+    {QT_Q5_K, 1, kq_dot_q5_K_scalar, NULL},
+    {QT_Q6_K, 1, kq_dot_q6_K_scalar, NULL},
 };
 
 const QkFamily qk_family_scalar = {"scalar", kScalar, (int)(sizeof kScalar / sizeof kScalar[0]),

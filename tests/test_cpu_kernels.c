@@ -14,7 +14,8 @@
 #include <stdatomic.h>
 #include <string.h>
 
-static const uint32_t kTypes[] = {QT_F32, QT_F16, QT_BF16, QT_Q8_0, QT_Q4_0, QT_Q4_1};
+static const uint32_t kTypes[] = {QT_F32,  QT_F16,  QT_BF16, QT_Q8_0, QT_Q4_0,
+                                   QT_Q4_1, QT_Q4_K, QT_Q5_K, QT_Q6_K};
 #define N_TYPES ((int)(sizeof kTypes / sizeof kTypes[0]))
 static const char *kFams[] = {"ref", "scalar", "avx2", "avx512"};
 #define N_FAMS 4
@@ -25,9 +26,39 @@ static const QkFamily *family(const char *name) {
     return qk_family_pick(name, &e);
 }
 
-/* One random (rows, cols) weight matrix of `type` (via a 1-layer typed test model's w_up). */
-static Model *typed_model(uint32_t type, uint64_t seed) {
-    return tu_random_model_typed(ARCH_LLAMA, 64, 96, 1, 4, 2, 64, seed, type);
+/* A random (rows, cols) weight matrix of `type`. F32..Q4_1: a 1-layer typed test model's
+ * w_up (96, 64), in *m. K-quants (no test quantizer): random bytes, every super-block's
+ * f16 scales set to small values (any bytes are a valid K-quant block), (45, 512) in
+ * *buf. */
+static QTensor weights(uint32_t type, uint64_t seed, Model **m, uint8_t **buf) {
+    *m = NULL;
+    *buf = NULL;
+    if (type != QT_Q4_K && type != QT_Q5_K && type != QT_Q6_K) {
+        *m = tu_random_model_typed(ARCH_LLAMA, 64, 96, 1, 4, 2, 64, seed, type);
+        return (*m)->w.layers[0].w_up;
+    }
+    size_t be, bb;
+    ck_assert_int_eq(quant_type_geometry(type, &be, &bb), 0);
+    int rows = 45, cols = 512;
+    size_t rb = cols / be * bb;
+    Rng r;
+    rng_seed(&r, seed);
+    *buf = rs_xmalloc(rows * rb);
+    for (size_t i = 0; i < rows * rb; i++) (*buf)[i] = (uint8_t)rng_next(&r);
+    for (size_t o = 0; o < rows * rb; o += bb) {
+        uint8_t *p = *buf + o + (type == QT_Q6_K ? 208 : 0);
+        for (int k = 0; k < (type == QT_Q6_K ? 1 : 2); k++) { /* d (and dmin) in [2^-9, 2^-8) */
+            uint16_t h = (uint16_t)(0x1800 | (rng_next(&r) & 0x3ff));
+            p[2 * k] = (uint8_t)h, p[2 * k + 1] = (uint8_t)(h >> 8);
+        }
+    }
+    return (QTensor){type, *buf, rows, cols, rb, 0};
+}
+
+static void weights_free(Model **m, uint8_t **buf) {
+    model_destroy(m);
+    free(*buf);
+    *buf = NULL;
 }
 
 /* Each family and type: y = x W^T against double sums of the operands the kernel sees
@@ -36,20 +67,25 @@ START_TEST(test_kernels_vs_double) {
     const QkFamily *f = family(kFams[_i]);
     if (!f) return;
     for (int ti = 0; ti < N_TYPES; ti++) {
-        Model *m = typed_model(kTypes[ti], 7 + ti);
-        const QTensor *w = &m->w.layers[0].w_up; /* (96, 64) */
-        int n = 9, in = w->cols, out = w->rows;
+        Model *m;
+        uint8_t *buf;
+        QTensor wt = weights(kTypes[ti], 7 + ti, &m, &buf), *w = &wt;
+        int n = 9, in = w->cols, out = w->rows, nb = in / 32;
         Rng r;
         rng_seed(&r, 3);
         float *x = rs_xmalloc(sizeof(float) * n * in), *y = rs_xmalloc(sizeof(float) * n * out);
-        float *wf = tu_f32(w), *xd = rs_xmalloc(sizeof(float) * n * in), scratch[256];
+        float *wf = tu_f32(w), *xd = rs_xmalloc(sizeof(float) * n * in);
+        float *scratch = rs_xmalloc(sizeof(float) * in);
         for (int i = 0; i < n * in; i++) x[i] = (float)(rng_uniform(&r) * 2 - 1);
-        QkQ8 q8[9 * 2];
+        QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * n * nb);
         qk_quantize_rows(x, n, in, q8);
         int wq8 = qk_wants_q8(f, w->type);
+        /* every integer type has its own kernel (Q8 activations) outside "ref" */
+        ck_assert_int_eq(wq8, strcmp(f->name, "ref") != 0 && w->type != QT_F32 &&
+                                  w->type != QT_F16 && w->type != QT_BF16);
         for (int t = 0; t < n; t++)
             for (int k = 0; k < in; k++)
-                xd[t * in + k] = wq8 ? q8[t * 2 + k / 32].d * q8[t * 2 + k / 32].q[k % 32]
+                xd[t * in + k] = wq8 ? q8[t * nb + k / 32].d * q8[t * nb + k / 32].q[k % 32]
                                      : x[t * in + k];
         QkActs a = {x, q8, n, in};
         qk_matmul_rows(f, w, &a, y, out, 0, out, scratch);
@@ -67,36 +103,46 @@ START_TEST(test_kernels_vs_double) {
         free(x);
         free(y);
         free(xd);
-        model_destroy(&m);
+        free(q8);
+        free(scratch);
+        weights_free(&m, &buf);
     }
 }
 END_TEST
 
 /* A token's outputs are the same bits alone, at any offset of a larger batch and for any
- * split of the output rows. */
+ * split of the output rows (the split at 37 puts rows in other tile slots and pads a
+ * tile; n = 11 gives token groups of 4, 4 and 3). */
 START_TEST(test_kernels_batch_invariant) {
     const QkFamily *f = family(kFams[_i]);
     if (!f) return;
     for (int ti = 0; ti < N_TYPES; ti++) {
-        Model *m = typed_model(kTypes[ti], 40 + ti);
-        const QTensor *w = &m->w.layers[0].w_up;
-        int n = 11, in = w->cols, out = w->rows;
+        Model *m;
+        uint8_t *buf;
+        QTensor wt = weights(kTypes[ti], 40 + ti, &m, &buf), *w = &wt;
+        int n = 11, in = w->cols, out = w->rows, nb = in / 32;
         Rng r;
         rng_seed(&r, 5);
-        float x[11 * 64], y[11 * 96], y1[96], scratch[256];
+        float *x = rs_xmalloc(sizeof(float) * n * in), *y = rs_xmalloc(sizeof(float) * n * out);
+        float *y1 = rs_xmalloc(sizeof(float) * out), *scratch = rs_xmalloc(sizeof(float) * in);
         for (int i = 0; i < n * in; i++) x[i] = (float)(rng_uniform(&r) * 2 - 1);
-        QkQ8 q8[11 * 2];
+        QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * n * nb);
         qk_quantize_rows(x, n, in, q8);
         QkActs a = {x, q8, n, in};
         qk_matmul_rows(f, w, &a, y, out, 0, 37, scratch);
         qk_matmul_rows(f, w, &a, y, out, 37, out, scratch);
         for (int t = 0; t < n; t++) {
-            QkActs a1 = {x + t * in, q8 + t * 2, 1, in};
+            QkActs a1 = {x + t * in, q8 + t * nb, 1, in};
             qk_matmul_rows(f, w, &a1, y1, out, 0, out, scratch);
-            ck_assert_msg(memcmp(y1, y + t * out, sizeof y1) == 0, "%s %s: token %d differs",
-                          f->name, quant_type_name(kTypes[ti]), t);
+            ck_assert_msg(memcmp(y1, y + t * out, sizeof(float) * out) == 0,
+                          "%s %s: token %d differs", f->name, quant_type_name(kTypes[ti]), t);
         }
-        model_destroy(&m);
+        free(x);
+        free(y);
+        free(y1);
+        free(scratch);
+        free(q8);
+        weights_free(&m, &buf);
     }
 }
 END_TEST

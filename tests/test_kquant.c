@@ -1,10 +1,12 @@
 /* K-quants: quant_dequantize of Q4_K/Q5_K/Q6_K against gguf-py's dequantization
- * (tests/fixtures/kquant/blocks.bin from tools/gen_kquant_fixtures.py), and the Q8_K
- * dot-product kernels (kernels/cpu_kquant.c) against dequantize-then-dot. */
+ * (tests/fixtures/kquant/blocks.bin from tools/gen_kquant_fixtures.py), and the dot
+ * kernels against Q8 (per 32) activations (kernels/cpu_kquant.c) against
+ * dequantize-then-dot. */
 #include "testutil.h"
 #include "common/quant.h"
 #include "common/util.h"
 #include "kernels/cpu_kquant.h"
+#include "kernels/cpu_qmatmul.h"
 #include <math.h>
 #include <string.h>
 
@@ -102,17 +104,72 @@ static float gauss(uint64_t *s) {
     return u * 1.7f;
 }
 
+typedef void (*KqFn)(const uint8_t *w, const void *const *xs, int nt, int in, float *out);
+
+static KqFn kq_fn(int type, int avx2) {
+    switch (type) {
+    case QT_Q4_K: return avx2 ? kq_dot_q4_K_avx2 : kq_dot_q4_K_scalar;
+    case QT_Q5_K: return avx2 ? kq_dot_q5_K_avx2 : kq_dot_q5_K_scalar;
+    default: return avx2 ? kq_dot_q6_K_avx2 : kq_dot_q6_K_scalar;
+    }
+}
+
+static int cpu_has_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+}
+
 /* Weight rows are the fixture's blocks (realistic and random-byte ones) cycled to n
- * elements; x ~ N(0, 1) with a few outliers. Three checks per (type, n):
- *  - kernel vs sum_i deq(w)[i] * (d * qs[i]) in double: only f32 rounding of per-block
- *    products and of the block accumulation, bound 2e-6 * sum |terms| + 1e-6;
- *  - kernel vs the f32 activations in double: adds Q8_K rounding, |x - d*q| <= |d|/2 per
- *    element, so the bound is sum_i |w_i| * |d_block(i)| / 2 plus the above;
- *  - the scalar and AVX2 kernels bitwise equal (when the CPU has AVX2). */
+ * elements; 4 activation rows x ~ N(0, 1) with a few outliers, quantized per 32
+ * (qk_quantize_rows). Per (type, n, kernel, token):
+ *  - kernel vs sum_i deq(w)[i] * (d * q[i]) in double: only f32 rounding of the
+ *    per-sub-block products and their accumulation, bound 1e-5 * sum |terms| + 1e-6;
+ *  - kernel vs the f32 activations in double: adds the Q8 rounding, |x - d*q| <= d/2 per
+ *    element, so the bound is sum_i |w_i| * d_block(i) / 2 plus the above;
+ *  - each token's result bitwise the same when the kernel takes it alone (nt = 1).
+ * The scalar and AVX2 kernels (when the CPU has AVX2) both hold these bounds. */
+static void check_dot(int t, const uint8_t *w, int n, const float *x, const QkQ8 *q8,
+                      int rep) {
+    float *wd = rs_xmalloc(sizeof(float) * n);
+    quant_dequantize((uint32_t)t, w, wd, n);
+    int nb = n / 32;
+    for (int avx2 = 0; avx2 <= cpu_has_avx2(); avx2++) {
+        const void *xs[4];
+        float got[4];
+        for (int k = 0; k < 4; k++) xs[k] = q8 + k * nb;
+        kq_fn(t, avx2)(w, xs, 4, n, got);
+        for (int k = 0; k < 4; k++) {
+            double ref_q = 0, ref_x = 0, mag = 0, qerr = 0;
+            for (int i = 0; i < n; i++) {
+                const QkQ8 *b = &q8[k * nb + i / 32];
+                double xq = (double)b->d * b->q[i % 32];
+                ref_q += (double)wd[i] * xq;
+                ref_x += (double)wd[i] * x[k * n + i];
+                mag += fabs((double)wd[i] * xq);
+                qerr += fabs((double)wd[i]) * b->d * 0.5;
+            }
+            double tol = 1e-5 * mag + 1e-6;
+            const char *kn = avx2 ? "avx2" : "scalar";
+            ck_assert_msg(fabs(got[k] - ref_q) <= tol, "%s n=%d rep %d token %d: %s %.9g, "
+                          "dequantized %.9g (tol %g)", quant_type_name(t), n, rep, k, kn, got[k],
+                          ref_q, tol);
+            ck_assert_msg(fabs(got[k] - ref_x) <= tol + qerr * (1 + 1e-6),
+                          "%s n=%d rep %d token %d: %s %.9g, f32 dot %.9g (tol %g)",
+                          quant_type_name(t), n, rep, k, kn, got[k], ref_x, tol + qerr);
+            float one;
+            kq_fn(t, avx2)(w, &xs[k], 1, n, &one);
+            ck_assert_msg(memcmp(&one, &got[k], 4) == 0, "%s n=%d rep %d token %d: %s alone "
+                          "%.9g, in a group of 4 %.9g", quant_type_name(t), n, rep, k, kn, one,
+                          got[k]);
+        }
+    }
+    free(wd);
+}
+
 START_TEST(test_kquant_dot) {
     KqFixture f;
     kq_read(&f);
-    int avx2 = kquant_cpu_has_avx2();
     const int ns[] = {256, 512, 2048};
     uint64_t seed = 42;
     for (int t = QT_Q4_K; t <= QT_Q6_K; t++) {
@@ -129,47 +186,24 @@ START_TEST(test_kquant_dot) {
         for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
             int n = ns[k], nb = n / QK_K;
             for (int rep = 0; rep < 8; rep++) {
-                uint8_t *w = rs_xmalloc((size_t)nb * bb + 1);
+                uint8_t *w = rs_xmalloc((size_t)nb * bb + 1); /* odd address: unaligned */
                 for (int b = 0; b < nb; b++)
                     memcpy(w + 1 + b * bb, pool + ((b + rep * 3) % pool_blocks) * bb, bb);
-                float *x = rs_xmalloc(sizeof(float) * n), *wd = rs_xmalloc(sizeof(float) * n);
-                for (int i = 0; i < n; i++) x[i] = gauss(&seed) * (i % 97 == 0 ? 8.0f : 1.0f);
-                if (rep == 1) memset(x, 0, sizeof(float) * QK_K); /* an all-zero block */
-                BlockQ8K *y = rs_xmalloc(sizeof(BlockQ8K) * nb);
-                quantize_row_q8_K(x, y, n);
-                quant_dequantize((uint32_t)t, w + 1, wd, n);
-                double ref_q = 0, ref_x = 0, mag = 0, qerr = 0;
-                for (int i = 0; i < n; i++) {
-                    const BlockQ8K *yb = &y[i / QK_K];
-                    double xq = (double)yb->d * yb->qs[i % QK_K];
-                    ck_assert_msg(fabs(xq - x[i]) <= fabs(yb->d) * 0.5 * (1 + 1e-6) + 1e-30,
-                                  "Q8_K rounding of x[%d] = %g: %g", i, x[i], xq);
-                    ref_q += (double)wd[i] * xq;
-                    ref_x += (double)wd[i] * x[i];
-                    mag += fabs((double)wd[i] * xq);
-                    qerr += fabs((double)wd[i]) * fabs(yb->d) * 0.5;
-                }
-                float got = kquant_dot_fn((uint32_t)t, 0)(n, w + 1, y);
-                double tol = 2e-6 * mag + 1e-6;
-                ck_assert_msg(fabs(got - ref_q) <= tol, "%s n=%d rep %d: scalar %.9g, dequantized %.9g (tol %g)",
-                              quant_type_name(t), n, rep, got, ref_q, tol);
-                ck_assert_msg(fabs(got - ref_x) <= tol + qerr * (1 + 1e-6),
-                              "%s n=%d rep %d: scalar %.9g, f32 dot %.9g (tol %g)", quant_type_name(t), n,
-                              rep, got, ref_x, tol + qerr);
-                if (avx2) {
-                    float g2 = kquant_dot_fn((uint32_t)t, 1)(n, w + 1, y);
-                    ck_assert_msg(memcmp(&g2, &got, 4) == 0, "%s n=%d rep %d: avx2 %.9g != scalar %.9g",
-                                  quant_type_name(t), n, rep, g2, got);
-                }
+                float *x = rs_xmalloc(sizeof(float) * 4 * n);
+                for (int i = 0; i < 4 * n; i++)
+                    x[i] = gauss(&seed) * (i % 97 == 0 ? 8.0f : 1.0f);
+                if (rep == 1) memset(x, 0, sizeof(float) * 64); /* all-zero sub-blocks */
+                QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * 4 * (n / 32));
+                qk_quantize_rows(x, 4, n, q8);
+                check_dot(t, w + 1, n, x, q8, rep);
                 free(w);
                 free(x);
-                free(wd);
-                free(y);
+                free(q8);
             }
         }
         free(pool);
     }
-    if (!avx2) fprintf(stderr, "kquant: no AVX2 on this CPU, AVX2 kernels not compared\n");
+    if (!cpu_has_avx2()) fprintf(stderr, "kquant: no AVX2 on this CPU, AVX2 kernels not run\n");
     free(f.buf);
 }
 END_TEST
