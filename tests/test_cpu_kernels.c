@@ -27,7 +27,7 @@ static const QkFamily *family(const char *name) {
 }
 
 /* A random (rows, cols) weight matrix of `type`. F32..Q4_1: a 1-layer typed test model's
- * w_up (96, 64), in *m. K-quants (no test quantizer): random bytes, every super-block's
+ * w_down (64, 96: an odd count of 32-blocks), in *m. K-quants (no test quantizer): random bytes, every super-block's
  * f16 scales set to small values (any bytes are a valid K-quant block), (45, 512) in
  * *buf. */
 static QTensor weights(uint32_t type, uint64_t seed, Model **m, uint8_t **buf) {
@@ -35,7 +35,7 @@ static QTensor weights(uint32_t type, uint64_t seed, Model **m, uint8_t **buf) {
     *buf = NULL;
     if (type != QT_Q4_K && type != QT_Q5_K && type != QT_Q6_K) {
         *m = tu_random_model_typed(ARCH_LLAMA, 64, 96, 1, 4, 2, 64, seed, type);
-        return (*m)->w.layers[0].w_up;
+        return (*m)->w.layers[0].w_down;
     }
     size_t be, bb;
     ck_assert_int_eq(quant_type_geometry(type, &be, &bb), 0);
