@@ -147,6 +147,30 @@ START_TEST(test_kernels_batch_invariant) {
 }
 END_TEST
 
+/* Activation quantization rounds as roundf (ties away from zero, as llama.cpp): with
+ * max|x| = 127 the scale is 1, so exact halves and the float just below 0.5 hit the
+ * cases an "add 0.5 and truncate" shortcut gets wrong. */
+START_TEST(test_quantize_rounds_ties_away) {
+    float x[QK_BLOCK] = {127.0f, -126.5f, 2.5f, -2.5f, 0.5f, -0.5f, 0.49999997f, -0.49999997f,
+                         1.4999999f, 3.5000002f, -0.0f, 126.49999f};
+    int want[QK_BLOCK] = {127, -127, 3, -3, 1, -1, 0, 0, 1, 4, 0, 126};
+    for (int i = 12; i < QK_BLOCK; i++) {
+        x[i] = (float)(i - 20) * 0.25f; /* -2 .. 2.75 in quarters: more halves */
+        want[i] = (int)roundf(x[i]);
+    }
+    QkQ8 q;
+    qk_quantize_rows(x, 1, QK_BLOCK, &q);
+    ck_assert_float_eq(q.d, 1.0f);
+    int sum = 0;
+    for (int i = 0; i < QK_BLOCK; i++) {
+        ck_assert_msg(q.q[i] == want[i], "x[%d] = %.9g quantized to %d, want %d", i, x[i],
+                      q.q[i], want[i]);
+        sum += want[i];
+    }
+    ck_assert_float_eq(q.s, (float)sum);
+}
+END_TEST
+
 static void count_task(void *arg, int tid, int nth) {
     _Atomic int *hits = arg;
     atomic_fetch_add(&hits[tid], 1);
@@ -273,6 +297,7 @@ Suite *suite_cpu_kernels(void) {
     tcase_add_loop_test(tc, test_kernels_vs_double, 0, N_FAMS);
     tcase_add_loop_test(tc, test_kernels_batch_invariant, 0, N_FAMS);
     tcase_add_test(tc, test_threadpool_runs_every_worker);
+    tcase_add_test(tc, test_quantize_rounds_ties_away);
     tcase_add_loop_test(tc, test_forward_batch_invariant, 0, 2);
     suite_add_tcase(s, tc);
     TCase *td = tcase_create("default_model");
