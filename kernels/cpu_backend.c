@@ -367,27 +367,14 @@ static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
     return RS_OK;
 }
 
-static int cpu_kv_commit(Backend *bb, const int *keep, int n_keep, RsErr *e) {
-    CpuBackend *b = (CpuBackend *)bb;
-    RS_ASSERT(keep || n_keep == 0);
+/* Moves pending entries keep[i] to committed slot nc + i in every layer. Staged through
+ * kv_tmp because keep need not be ascending (in place could clobber). */
+static void kv_compact(CpuBackend *b, const int *keep, int n_keep) {
     RunState *s = &b->s;
-    int np = bb->n_pending, nc = bb->n_committed, kvd = b->kv_dim;
-    int cap = bb->params.kv_capacity;
-    if (n_keep < 0 || n_keep > np)
-        return rs_err(e, RS_EINVAL, "kv_commit of %d entries with %d pending", n_keep, np);
-    memset(s->keep_seen, 0, (size_t)np);
-    for (int i = 0; i < n_keep; i++) {
-        if (keep[i] < 0 || keep[i] >= np)
-            return rs_err(e, RS_EINVAL, "kv_commit keep[%d] = %d outside the %d pending entries",
-                          i, keep[i], np);
-        if (s->keep_seen[keep[i]])
-            return rs_err(e, RS_EINVAL, "kv_commit keeps pending entry %d twice", keep[i]);
-        s->keep_seen[keep[i]] = 1;
-    }
-    /* Staged through kv_tmp because keep need not be ascending (in place could clobber). */
+    int nc = b->base.n_committed, kvd = b->kv_dim, cap = b->base.params.kv_capacity;
     size_t row = (size_t)kvd * sizeof(float);
-    float *tk = s->kv_tmp, *tv = s->kv_tmp + (size_t)bb->params.max_pending * kvd;
-    for (int l = 0; l < bb->model->cfg.n_layers; l++) {
+    float *tk = s->kv_tmp, *tv = s->kv_tmp + (size_t)b->base.params.max_pending * kvd;
+    for (int l = 0; l < b->base.model->cfg.n_layers; l++) {
         float *kc = s->key_cache + ((size_t)l * cap + nc) * kvd;
         float *vc = s->value_cache + ((size_t)l * cap + nc) * kvd;
         for (int i = 0; i < n_keep; i++) {
@@ -397,6 +384,28 @@ static int cpu_kv_commit(Backend *bb, const int *keep, int n_keep, RsErr *e) {
         memcpy(kc, tk, n_keep * row);
         memcpy(vc, tv, n_keep * row);
     }
+}
+
+static int cpu_kv_commit(Backend *bb, const int *keep, int n_keep, RsErr *e) {
+    CpuBackend *b = (CpuBackend *)bb;
+    RS_ASSERT(keep || n_keep == 0);
+    RunState *s = &b->s;
+    int np = bb->n_pending;
+    if (n_keep < 0 || n_keep > np)
+        return rs_err(e, RS_EINVAL, "kv_commit of %d entries with %d pending", n_keep, np);
+    memset(s->keep_seen, 0, (size_t)np);
+    int identity = 1;
+    for (int i = 0; i < n_keep; i++) {
+        if (keep[i] < 0 || keep[i] >= np)
+            return rs_err(e, RS_EINVAL, "kv_commit keep[%d] = %d outside the %d pending entries",
+                          i, keep[i], np);
+        if (s->keep_seen[keep[i]])
+            return rs_err(e, RS_EINVAL, "kv_commit keeps pending entry %d twice", keep[i]);
+        s->keep_seen[keep[i]] = 1;
+        identity &= keep[i] == i;
+    }
+    /* keep = 0, 1, ... (AR steps, prefill chunks): the entries are in place already. */
+    if (!identity) kv_compact(b, keep, n_keep);
     bb->n_committed += n_keep;
     bb->n_pending = 0;
     return RS_OK;

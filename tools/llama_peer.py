@@ -17,6 +17,8 @@ Prints key=value lines (tools/peer-compare.sh pairs them with rootspec-micro's):
   ar_tok_s_t{1,2}         greedy autoregressive decode, tokens/s at 1 and 2 threads: a
                           --prompt-tokens prompt is prefilled (untimed), then --ar-tokens
                           tokens are decoded one at a time (decode + argmax each)
+  ar_cpu_tok_s_t{1,2}     the same per second of process CPU time (less distorted by a
+                          loaded machine at 1 thread; at 2, spinning threads count)
   pass_ms_n{1,9,65}_t{1,2} one forward of n tokens after a 128-token context, logits for
                           every row (as a tree verification pass needs; rootspec-micro
                           computes every row too), mean over --iters after 2 warm-ups
@@ -88,14 +90,15 @@ class Peer:
         return int(row.argmax())
 
     def ar_tok_s(self, prompt_tokens, n_new):
+        """(tok/s of wall clock, tok/s of process CPU time)."""
         self.decode(self.stream[:prompt_tokens], 0, False)
         tok, n_past = self.argmax_last(), prompt_tokens
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(n_new):
             self.decode([tok], n_past, False)
             n_past += 1
             tok = self.argmax_last()
-        return n_new / (time.perf_counter() - t0)
+        return n_new / (time.perf_counter() - t0), n_new / (time.process_time() - c0)
 
     def pass_ms(self, n, context, iters):
         self.decode(self.stream[:context], 0, False)
@@ -138,7 +141,9 @@ def main():
     for t in [int(x) for x in a.threads.split(",")]:
         peer.threads(t)
         peer.ar_tok_s(a.prompt_tokens, 8)  # warm-up: pages in the mapping, spins up threads
-        print(f"ar_tok_s_t{t}={peer.ar_tok_s(a.prompt_tokens, a.ar_tokens):.2f}", flush=True)
+        wall, cpu = peer.ar_tok_s(a.prompt_tokens, a.ar_tokens)
+        print(f"ar_tok_s_t{t}={wall:.2f}")
+        print(f"ar_cpu_tok_s_t{t}={cpu:.2f}", flush=True)
         for n in ns:
             mean, best = peer.pass_ms(n, a.context, a.iters)
             print(f"pass_ms_n{n}_t{t}={mean:.2f}")

@@ -7,7 +7,8 @@
 #
 #   tools/peer-compare.sh [MODEL.gguf]
 #   PEER_PYTHON   python with llama_cpp (default /work/venv-peer/bin/python; see the
-#                 install command in tools/llama_peer.py)
+#                 install command in tools/llama_peer.py; a llama_cpp package elsewhere
+#                 works through PYTHONPATH, e.g. PYTHONPATH=/work/peer-pkg)
 #   MICRO_CMD     rootspec side (default: build/rootspec-micro --model MODEL)
 #   PEER_ARGS     extra arguments for llama_peer.py (e.g. "--iters 5")
 set -euo pipefail
@@ -17,15 +18,20 @@ py=${PEER_PYTHON:-/work/venv-peer/bin/python}
 micro=${MICRO_CMD:-build/rootspec-micro --model $model}
 [ -f "$model" ] || { echo "peer-compare: no such model '$model'" >&2; exit 2; }
 [ -x "$py" ] || { echo "peer-compare: no python at '$py' (set PEER_PYTHON)" >&2; exit 2; }
+"$py" -c 'import llama_cpp' 2>/dev/null || {
+    echo "peer-compare: '$py' cannot import llama_cpp (set PEER_PYTHON, or PYTHONPATH to" \
+         "the package's folder)" >&2; exit 2; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
+echo "== load before: $(uptime) (the figures are only comparable on a quiet machine)"
 echo "== rootspec: $micro"
 $micro | tee "$tmp/rootspec.txt"
 echo "== llama.cpp: $py tools/llama_peer.py $model ${PEER_ARGS:-}"
 # shellcheck disable=SC2086
 "$py" tools/llama_peer.py "$model" ${PEER_ARGS:-} | tee "$tmp/llama.txt"
 
+echo "== load after: $(uptime)"
 echo "== ratios (> 1: rootspec better)"
 awk -F= '
     /^[a-z0-9_]+=/ { k = $1; v = substr($0, length(k) + 2)
