@@ -3,7 +3,10 @@
  * once in create(); forward() never allocates. Matrix products go through the kernel
  * family picked at create() (kernels/cpu_qmatmul.h: AVX-512, AVX2, scalar, or the f32
  * "ref" path the golden tests hold to transformers' tolerances), split across output rows
- * on the backend's own thread pool; attention is split over (token, head) pairs.
+ * on the backend's own thread pool; attention is split over (token, head) pairs. A layer
+ * is five parallel regions (q|k|v, attention, wo, gate|up, down); the elementwise work
+ * that feeds a product (SwiGLU, quantizing the attention and MLP outputs) runs inside the
+ * region that produced its input, so only norms, RoPE and residual adds run between them.
  *
  * A row's logits are bitwise the same whatever batch it is computed in (alone, in a
  * prefill chunk, in a masked tree pass) at a given kernel family: every product reduces
@@ -28,6 +31,7 @@ typedef struct {
     float *att;         // (threads, kv_capacity) scores of one (token, head) per thread
     float *scratch;     // (threads, max_cols) a dequantized weight row per thread
     QkQ8 *xq;           // (max_batch, max_cols/32) activations quantized for integer weights
+    QkQ8 *hq;           // (max_batch, hidden_dim/32) hb quantized for w_down
     float *key_cache;   // (n_layers, kv_capacity, kv_dim), RoPE already applied
     float *value_cache; // (n_layers, kv_capacity, kv_dim)
     float *kv_tmp;      // (2, max_pending, kv_dim) staging for kv_commit
@@ -55,8 +59,8 @@ typedef struct {
 
 /* ---- parallel regions ---- */
 
-/* Up to three products sharing one input (q|k|v, gate|up): their output rows are one range
- * split evenly across the threads. */
+/* Up to three products sharing one input (q|k|v): their output rows are one range split
+ * evenly across the threads. */
 typedef struct {
     CpuBackend *b;
     int nm;
@@ -79,10 +83,11 @@ static void mm_task(void *arg, int tid, int nth) {
     }
 }
 
-/* y_i (n, w_i->rows) = x (n, in) @ w_i^T for the nm matrices, on every thread. */
-static void matmul(CpuBackend *b, const float *x, int n, int nm, const QTensor *const *w,
-                   float *const *y) {
-    MmJob j = {.b = b, .nm = nm, .x = {x, NULL, n, w[0]->cols}};
+/* y_i (n, w_i->rows) = x (n, in) @ w_i^T for the nm matrices, on every thread. xq: x
+ * already quantized by the region that made it (NULL: quantized here if a weight wants it). */
+static void matmul(CpuBackend *b, const float *x, const QkQ8 *xq, int n, int nm,
+                   const QTensor *const *w, float *const *y) {
+    MmJob j = {.b = b, .nm = nm, .x = {x, xq, n, w[0]->cols}};
     int q8 = 0;
     for (int i = 0; i < nm; i++) {
         RS_ASSERT(w[i]->cols == w[0]->cols);
@@ -91,21 +96,23 @@ static void matmul(CpuBackend *b, const float *x, int n, int nm, const QTensor *
         j.ldy[i] = w[i]->rows;
         q8 |= qk_wants_q8(b->fam, w[i]->type);
     }
-    if (q8) {
+    if (q8 && !xq) {
         qk_quantize_rows(x, n, j.x.in, b->s.xq);
         j.x.q8 = b->s.xq;
     }
     threadpool_run(b->pool, mm_task, &j);
 }
 
-static void matmul1(CpuBackend *b, const float *x, int n, const QTensor *w, float *y) {
-    matmul(b, x, n, 1, &w, &y);
+static void matmul1(CpuBackend *b, const float *x, const QkQ8 *xq, int n, const QTensor *w,
+                    float *y) {
+    matmul(b, x, xq, n, 1, &w, &y);
 }
 
 typedef struct {
     CpuBackend *b;
     const float *kc, *vc; // (cap, kvd) this layer's caches
     int n, nc;
+    QkQ8 *oq; // (n, q_dim/32) the output quantized for wo, or NULL
 } AttnJob;
 
 /* Softmax attention of one (token, head): committed entries [0, nc) then the pending ones
@@ -126,7 +133,43 @@ static void attn_task(void *arg, int tid, int nth) {
     int nh = j->b->base.model->cfg.n_heads, lo, hi;
     threadpool_share(j->n * nh, tid, nth, &lo, &hi);
     float *att = j->b->s.att + (size_t)tid * j->b->base.params.kv_capacity;
-    for (int i = lo; i < hi; i++) attend(j->b, j, i / nh, i % nh, att);
+    int hd = j->b->base.model->cfg.head_dim, qd = j->b->q_dim;
+    for (int i = lo; i < hi; i++) {
+        int t = i / nh, h = i % nh;
+        attend(j->b, j, t, h, att);
+        /* whole blocks of this head (hd % 32 == 0 when oq is set): wo's input needs no
+         * serial quantization between the regions */
+        size_t at = (size_t)t * qd + (size_t)h * hd;
+        if (j->oq) qk_quantize_rows(j->b->s.att_out + at, 1, hd, j->oq + at / QK_BLOCK);
+    }
+}
+
+/* W_gate and W_up over one hidden range per thread (whole Q8 blocks), then SwiGLU on it
+ * and, when W_down takes Q8, its quantization: the MLP's elementwise work runs inside the
+ * parallel region instead of between two. */
+typedef struct {
+    CpuBackend *b;
+    const LayerWeights *L;
+    QkActs x;
+    QkQ8 *hq; // (n, hidden/32) or NULL
+} UpJob;
+
+static void up_task(void *arg, int tid, int nth) {
+    UpJob *j = arg;
+    RunState *s = &j->b->s;
+    int hidden = j->b->base.model->cfg.hidden_dim, g = hidden % QK_BLOCK ? 1 : QK_BLOCK, lo, hi;
+    threadpool_share(hidden / g, tid, nth, &lo, &hi);
+    lo *= g;
+    hi *= g;
+    if (lo == hi) return;
+    float *scratch = s->scratch + (size_t)tid * j->b->max_cols;
+    qk_matmul_rows(j->b->fam, &j->L->w_gate, &j->x, s->hb, hidden, lo, hi, scratch);
+    qk_matmul_rows(j->b->fam, &j->L->w_up, &j->x, s->hb2, hidden, lo, hi, scratch);
+    for (int t = 0; t < j->x.n; t++) {
+        float *h = s->hb + (size_t)t * hidden + lo;
+        cpu_swiglu(h, s->hb2 + (size_t)t * hidden + lo, (size_t)(hi - lo));
+        if (j->hq) qk_quantize_rows(h, 1, hi - lo, j->hq + ((size_t)t * hidden + lo) / QK_BLOCK);
+    }
 }
 
 static void cpu_destroy(Backend **pb);
@@ -169,6 +212,7 @@ static void alloc_state(CpuBackend *b, const Config *c, const BackendParams *p, 
     s->att = rs_xcalloc((size_t)nth * cap, sizeof(float));
     s->scratch = rs_xcalloc((size_t)nth * mc, sizeof(float));
     s->xq = rs_xcalloc(B * (mc / QK_BLOCK + 1), sizeof(QkQ8));
+    s->hq = rs_xcalloc(B * ((size_t)c->hidden_dim / QK_BLOCK + 1), sizeof(QkQ8));
     s->kv_tmp = rs_xcalloc(2 * P * b->kv_dim, sizeof(float));
     s->inv_freq = rs_xcalloc(half, sizeof(float));
     s->rope_cos = rs_xcalloc(B * half, sizeof(float));
@@ -237,7 +281,7 @@ static void cpu_destroy(Backend **pb) {
     RunState *s = &b->s;
     threadpool_destroy(&b->pool);
     void *bufs[] = {s->x,       s->xb,       s->q,           s->att_out,  s->hb,
-                    s->hb2,     s->att,      s->scratch,     s->xq,       s->key_cache,
+                    s->hb2,     s->att,      s->scratch,     s->xq,       s->hq,  s->key_cache,
                     s->value_cache, s->kv_tmp, s->inv_freq,  s->rope_cos, s->rope_sin,
                     s->att_idx, s->att_cnt,  s->keep_seen, s->pend_pos, s->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
@@ -315,11 +359,12 @@ static void fwd_attention(CpuBackend *b, int l, int n) {
         cpu_rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, c->norm_eps);
     const QTensor *w[3] = {&L->wq, &L->wk, &L->wv};
     float *y[3] = {s->q, knew, vnew};
-    matmul(b, s->xb, n, 3, w, y);
+    matmul(b, s->xb, NULL, n, 3, w, y);
     fwd_qk_post(b, L, knew, vnew, n);
-    AttnJob aj = {b, kc, vc, n, b->base.n_committed};
+    int oq = qk_wants_q8(b->fam, L->wo.type) && c->head_dim % QK_BLOCK == 0;
+    AttnJob aj = {b, kc, vc, n, b->base.n_committed, oq ? s->xq : NULL};
     threadpool_run(b->pool, attn_task, &aj);
-    matmul1(b, s->att_out, n, &L->wo, s->xb);
+    matmul1(b, s->att_out, aj.oq, n, &L->wo, s->xb);
     cpu_residual_add(s->x, s->xb, (size_t)n * dim);
 }
 
@@ -328,14 +373,17 @@ static void fwd_mlp(CpuBackend *b, int l, int n) {
     const Config *c = &b->base.model->cfg;
     const LayerWeights *L = &b->base.model->w.layers[l];
     RunState *s = &b->s;
-    int dim = c->dim, hidden = c->hidden_dim;
+    int dim = c->dim;
     for (int t = 0; t < n; t++)
         cpu_rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim, c->norm_eps);
-    const QTensor *w[2] = {&L->w_gate, &L->w_up};
-    float *y[2] = {s->hb, s->hb2};
-    matmul(b, s->xb, n, 2, w, y);
-    cpu_swiglu(s->hb, s->hb2, (size_t)n * hidden);
-    matmul1(b, s->hb, n, &L->w_down, s->xb);
+    UpJob uj = {b, L, {s->xb, NULL, n, dim}, NULL};
+    if (qk_wants_q8(b->fam, L->w_gate.type) || qk_wants_q8(b->fam, L->w_up.type)) {
+        qk_quantize_rows(s->xb, n, dim, s->xq);
+        uj.x.q8 = s->xq;
+    }
+    if (qk_wants_q8(b->fam, L->w_down.type)) uj.hq = s->hq;
+    threadpool_run(b->pool, up_task, &uj);
+    matmul1(b, s->hb, uj.hq, n, &L->w_down, s->xb);
     cpu_residual_add(s->x, s->xb, (size_t)n * dim);
 }
 
@@ -360,7 +408,7 @@ static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
                 m->w.final_norm, c->dim, c->norm_eps);
     /* The head writes the kept rows; a caller's buffer gets a copy of them. */
     RS_ASSERT(n_out <= b->max_kept);
-    if (n_out > 0) matmul1(b, s->xb, n_out, &m->w.wcls, s->logits);
+    if (n_out > 0) matmul1(b, s->xb, NULL, n_out, &m->w.wcls, s->logits);
     if (n_out > 0 && logits)
         memcpy(logits, s->logits, (size_t)n_out * c->vocab_size * sizeof(float));
     bb->n_pending += n;
