@@ -412,6 +412,36 @@ END_TEST
 
 /* A resumed run must measure the same prompts: editing the prompt file is refused. A second
  * run into a directory that holds one is refused too (it would truncate the logs). */
+/* rootspec-micro prints every figure the CPU comparison needs in one run (AR at 1 and 2
+ * threads, pass times, bandwidth, kernel family, resident memory against its budget) and
+ * refuses a --rss-ctx smaller than its own prefill with exit 2. */
+START_TEST(test_e2e_micro_report) {
+    char *tmp = tmp_dir(), cmd[600], out[256];
+    snprintf(out, sizeof out, "%s/micro.txt", tmp);
+    snprintf(cmd, sizeof cmd, "build/rootspec-micro --model random:tiny --threads 1,2 --iters 1 "
+             "--ar-tokens 2 --rss-ctx 256 > '%s' 2>&1", out);
+    int rc = system(cmd);
+    char *text = slurp(out, NULL);
+    ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "micro failed: %s", text);
+    static const char *keys[] = {"ar_tok_s_t1=", "ar_tok_s_t2=", "ar_cpu_tok_s_t2=",
+                                 "pass_ms_n1_t1=", "pass_ms_n9_t2=", "pass_ms_n65_t2=",
+                                 "kernels_t1=", "bytes_per_token=", "copy_gbs=", "rss_mb=",
+                                 "rss_full_mb=", "rss_budget_mb="};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        ck_assert_msg(strstr(text, keys[i]) != NULL, "micro output lacks %s:\n%s", keys[i], text);
+    ck_assert_msg(strstr(text, ": within") != NULL, "tiny model over its RSS budget:\n%s", text);
+    free(text);
+    snprintf(cmd, sizeof cmd, "build/rootspec-micro --model random:tiny --rss-ctx 5 > '%s' 2>&1",
+             out);
+    rc = system(cmd);
+    text = slurp(out, NULL);
+    ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "--rss-ctx 5 accepted: %s", text);
+    ck_assert_msg(strstr(text, "--rss-ctx") && strstr(text, " 5 "), "%s", text);
+    free(text);
+    rm_tree(tmp);
+}
+END_TEST
+
 START_TEST(test_e2e_resume_refuses_changed_prompts) {
     char *tmp = tmp_dir();
     char pf[256], out[256];
@@ -600,6 +630,7 @@ Suite *suite_bench_e2e(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_e2e_run_analyze_resume);
     tcase_add_test(tc, test_e2e_bad_input);
+    tcase_add_test(tc, test_e2e_micro_report);
     tcase_add_test(tc, test_e2e_resume_refuses_changed_prompts);
     tcase_add_test(tc, test_e2e_launch_drafter);
     tcase_add_test(tc, test_e2e_sigint_resume);
