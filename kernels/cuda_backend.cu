@@ -1,8 +1,10 @@
 /* CUDA backend: the same forward as kernels/cpu_backend.c on an NVIDIA GPU. Weights are
  * bf16 (converted from the Model's f32 arrays at create), the KV cache is bf16
- * (layer, kv_capacity, kv_dim), activations and softmax are f32, and every projection is
- * one cublasGemmEx (bf16 in, f32 accumulate, f32 out) over the whole batch; q/k/v and
- * gate/up are fused into one matrix each so a decode step is 4 GEMMs per layer.
+ * (layer, kv_capacity, kv_dim), activations and softmax are f32. q/k/v and gate/up are
+ * concatenated into one matrix each, so a layer has 4 projections over the whole batch:
+ * by default o, gate|up and down are cublasGemmEx (bf16 in, f32 accumulate, f32 out) and
+ * q|k|v is one fused kernel with its RMSNorm and everything up to the KV store, 7 launches
+ * a layer (docs/DESIGN.md lists them); the batch-invariant mode uses its own GEMMs, 5.
  *
  * Every buffer is allocated in create(); forward() only enqueues work. Calls of at most
  * 65 tokens are padded to a bucket (1, 2, 4, 8, 16, 32, 48, 65) and, unless
@@ -96,6 +98,7 @@ typedef struct {
     int *d_keep, *h_keep; // (max_pending)
     uint8_t *h_mask_bytes; // (max_batch, max_pending) causal default before packing
     float *att_scratch; // split-KV partials (cuk_attention_scratch_floats)
+    unsigned *att_cnt;  // (cuk_attention_counters) split blocks done per attention tile
     int mask_words;    // (max_pending + 63) / 64
     int batch_inv;     // BackendParams.batch_invariant: own GEMMs, fixed attention splits
     int launches_layer, launches_pass; // of the last forward enqueued (eager or captured)
@@ -197,7 +200,7 @@ static void cuda_destroy(Backend **pb) {
     DFREE(b->x); DFREE(b->xb); DFREE(b->qkv); DFREE(b->att); DFREE(b->tmp); DFREE(b->gu);
     DFREE(b->hb); DFREE(b->logits); DFREE(b->cos_t); DFREE(b->sin_t);
     DFREE(b->kc); DFREE(b->vc); DFREE(b->kv_scratch);
-    DFREE(b->d_in); DFREE(b->d_keep); DFREE(b->att_scratch); DFREE(b->blas_ws);
+    DFREE(b->d_in); DFREE(b->d_keep); DFREE(b->att_scratch); DFREE(b->att_cnt); DFREE(b->blas_ws);
     HFREE(b->h_in); HFREE(b->h_keep);
     free(b->h_mask_bytes);
     free(b->keep_seen);
@@ -432,6 +435,7 @@ static int alloc_buffers(CudaBackend *b, const BackendParams *p, RsErr *e) {
     HA(b->h_keep, P * 4, "keep (host)");
     DA(b->att_scratch, cuk_attention_scratch_floats(b->rows, b->nh, b->hd, (int)cap) * 4,
        "attention partials");
+    DA(b->att_cnt, cuk_attention_counters(b->rows, b->nh) * 4, "attention tile counters");
     if (!rc) {
         in_pointers(b->d_in, b, &b->d_meta, &b->d_tokens, &b->d_pos, &b->d_rows, &b->d_mask);
         in_pointers(b->h_in, b, &b->h_meta, &b->h_tokens, &b->h_pos, &b->h_rows, &b->h_mask);
@@ -468,6 +472,8 @@ static int upload_weights(CudaBackend *b, const Model *m, int random, RsErr *e) 
     CUDA_CHECK(cudaMemsetAsync(b->kc, 0, nl * cap * b->kvd * 2, b->stream));
     CUDA_CHECK(cudaMemsetAsync(b->vc, 0, nl * cap * b->kvd * 2, b->stream));
     CUDA_CHECK(cudaMemsetAsync(b->d_in, 0, b->in_bytes, b->stream));
+    CUDA_CHECK(cudaMemsetAsync(b->att_cnt, 0, cuk_attention_counters(b->rows, b->nh) * 4,
+                               b->stream)); /* the attention tile counters start at zero */
     memset(b->h_in, 0, b->in_bytes);
     CUDA_CHECK(cudaStreamSynchronize(b->stream));
     free(inv);
@@ -534,19 +540,41 @@ static void gemm(CudaBackend *b, const rs_bf16 *W, int out, int in, const rs_bf1
     cuk_count_launches(1); /* one kernel for these shapes; split-K variants may add one */
 }
 
-/* One layer with cuBLAS GEMMs: 9 launches, 10 when the attention splits the cache. The o and
- * down projections add into the residual stream (beta = 1). */
-static void layer_blas(CudaBackend *b, int l, int nb) {
+/* The attention half of a layer, shared by both modes: RMSNorm + q|k|v projection + bias,
+ * q/k norm, RoPE and KV store in one launch (cuk_qkv_fused), then attention with its
+ * split-KV merge in the same launch: 2 launches. A default-mode prefill chunk (more rows
+ * than a graph bucket, run eagerly, where tensor cores matter more than launches) takes
+ * RMSNorm + cuBLAS + cuk_qkv_post instead: 4 launches. */
+static void layer_attn_in(CudaBackend *b, int l, int nb) {
     cudaStream_t s = b->stream;
     const CuLayer *L = &b->layers[l];
     int cap = b->base.params.kv_capacity;
     rs_bf16 *kc = b->kc + (size_t)l * cap * b->kvd, *vc = b->vc + (size_t)l * cap * b->kvd;
-    cuk_rmsnorm(s, b->x, NULL, L->attn_norm, nb, b->dim, b->eps, NULL, b->xb);
-    gemm(b, L->wqkv, b->qkv_w, b->dim, b->xb, nb, b->qkv, 0.0f);
-    cuk_qkv_post(s, b->qkv, b->qkv_w, nb, b->nh, b->nkv, b->hd, L->bqkv, L->q_norm, L->k_norm,
-                 b->eps, b->cos_t, b->sin_t, b->d_meta, kc, vc);
+    if (b->batch_inv || nb <= GRAPH_MAX_TOKENS) {
+        cuk_qkv_fused(s, L->wqkv, b->x, L->attn_norm, b->dim, b->eps, nb, b->nh, b->nkv, b->hd,
+                      L->bqkv, L->q_norm, L->k_norm, b->cos_t, b->sin_t, b->d_meta, b->qkv, kc,
+                      vc);
+    } else {
+        cuk_rmsnorm(s, b->x, NULL, L->attn_norm, nb, b->dim, b->eps, NULL, b->xb);
+        gemm(b, L->wqkv, b->qkv_w, b->dim, b->xb, nb, b->qkv, 0.0f);
+        cuk_qkv_post(s, b->qkv, b->qkv_w, nb, b->nh, b->nkv, b->hd, L->bqkv, L->q_norm,
+                     L->k_norm, b->eps, b->cos_t, b->sin_t, b->d_meta, kc, vc);
+    }
     cuk_attention(s, b->qkv, b->qkv_w, kc, vc, b->d_mask, b->d_meta, nb, b->nh, b->nkv, b->hd,
-                  cap, 0, b->att_scratch, b->att, NULL);
+                  cap, b->batch_inv, b->att_scratch, b->att_cnt, b->att, NULL);
+}
+
+/* One layer in the default mode, 7 launches (9 in a prefill chunk): the attention half, then
+ * cuBLAS for the
+ * o, gate|up and down projections, the o and down ones adding into the residual stream
+ * themselves (beta = 1), with the FFN RMSNorm and SwiGLU between them. The q|k|v
+ * projection is the one not on cuBLAS: a cuBLAS GEMM cannot take the RMSNorm, and
+ * between two cuBLAS GEMMs at least one kernel must turn the f32 result into the next
+ * bf16 input, so four cuBLAS GEMMs cost at least 8 launches a layer. */
+static void layer_blas(CudaBackend *b, int l, int nb) {
+    cudaStream_t s = b->stream;
+    const CuLayer *L = &b->layers[l];
+    layer_attn_in(b, l, nb);
     gemm(b, L->wo, b->dim, b->qd, b->att, nb, b->x, 1.0f);
     cuk_rmsnorm(s, b->x, NULL, L->ffn_norm, nb, b->dim, b->eps, NULL, b->xb);
     gemm(b, L->wgu, 2 * b->hidden, b->dim, b->xb, nb, b->gu, 0.0f);
@@ -554,19 +582,12 @@ static void layer_blas(CudaBackend *b, int l, int nb) {
     gemm(b, L->wdown, b->dim, b->hidden, b->hb, nb, b->x, 1.0f);
 }
 
-/* One layer in batch-invariant mode: the GEMMs are cuk_gemm_bi with the RMSNorms in their
- * prologue and SwiGLU in the gate|up epilogue; 6 launches, 7 with an attention combine. */
+/* One layer in batch-invariant mode, 5 launches: the attention half, then cuk_gemm_bi for
+ * o (+= residual), gate|up (RMSNorm prologue, SwiGLU epilogue) and down (+= residual). */
 static void layer_bi(CudaBackend *b, int l, int nb) {
     cudaStream_t s = b->stream;
     const CuLayer *L = &b->layers[l];
-    int cap = b->base.params.kv_capacity;
-    rs_bf16 *kc = b->kc + (size_t)l * cap * b->kvd, *vc = b->vc + (size_t)l * cap * b->kvd;
-    cuk_gemm_bi(s, L->wqkv, b->qkv_w, b->dim, nb, NULL, b->x, NULL, L->attn_norm, b->eps, 0, 0,
-                b->qkv, NULL);
-    cuk_qkv_post(s, b->qkv, b->qkv_w, nb, b->nh, b->nkv, b->hd, L->bqkv, L->q_norm, L->k_norm,
-                 b->eps, b->cos_t, b->sin_t, b->d_meta, kc, vc);
-    cuk_attention(s, b->qkv, b->qkv_w, kc, vc, b->d_mask, b->d_meta, nb, b->nh, b->nkv, b->hd,
-                  cap, 1, b->att_scratch, b->att, NULL);
+    layer_attn_in(b, l, nb);
     cuk_gemm_bi(s, L->wo, b->dim, b->qd, nb, b->att, NULL, NULL, NULL, 0.0f, 0, 1, b->x, NULL);
     cuk_gemm_bi(s, L->wgu, b->hidden, b->dim, nb, NULL, b->x, NULL, L->ffn_norm, b->eps, 1, 0,
                 NULL, b->hb);

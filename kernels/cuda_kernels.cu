@@ -339,8 +339,9 @@ extern "C" void cuk_kv_compact(cudaStream_t s, rs_bf16 *cache, int n_layers, int
  * rows are read 8 bf16 (16 bytes) at a time. Per slot tile of ATT_C slots: warp w scores
  * query vectors w, w + 4, ... against one slot per lane, an online softmax per query
  * vector, then the output items (query vector, 8 dims) accumulate p * v. Splits leave
- * (max, sum, acc) partials that k_attn_combine merges in split order; with one split the
- * block writes the output itself.
+ * (max, sum, acc) partials; the last of a tile's split blocks to finish (a counter per tile
+ * in the scratch) merges them in split order, so the combine costs no second launch; with
+ * one split the block writes the output itself.
  *
  * Every per-query-vector quantity is computed in an order fixed by the slot's absolute
  * position and the split bounds alone (never by which other rows share the block), so a
@@ -521,11 +522,57 @@ __device__ void att_write(const AttTile &T, AttGeom g, int nb, int n_heads, int 
     }
 }
 
+/* A partial written by another block of this launch: read through L2 (not a stale L1 line). */
+__device__ __forceinline__ float ld_part(const float *p) {
+#ifdef ROOTSPEC_CUEMU
+    return *p;
+#else
+    return __ldcg(p);
+#endif
+}
+
+/* Merge of a tile's split partials by the tile's last block, in split order with the
+ * formulas of a separate combine pass: per query vector M = max m_s, L = sum l_s e^(m_s-M),
+ * out = sum acc_s e^(m_s-M) / L (zeros for padding rows and rows that see nothing). */
+__device__ void att_combine_tile(const AttTile &T, AttGeom g, int nb, int n_heads, int hd,
+                                 const float *part, float *m_sh, float *l_sh, bf16 *ob,
+                                 float *of) {
+    size_t part_rows = (size_t)nb * n_heads;
+    const float *pa = part + 2 * part_rows * g.splits;
+    for (int qv = threadIdx.x; qv < T.nq; qv += ATT_THREADS) {
+        size_t pr = (size_t)(T.r0 + qv / T.nhb) * n_heads + T.h0 + qv % T.nhb;
+        float M = -INFINITY, L = 0.0f;
+        for (int s = 0; s < g.splits; s++) M = fmaxf(M, ld_part(part + 2 * (s * part_rows + pr)));
+        for (int s = 0; s < g.splits; s++) {
+            float m = ld_part(part + 2 * (s * part_rows + pr));
+            if (m > -INFINITY) L += ld_part(part + 2 * (s * part_rows + pr) + 1) * expf(m - M);
+        }
+        m_sh[qv] = M;
+        l_sh[qv] = L;
+    }
+    __syncthreads();
+    int nr = min(g.rows_pb, nb - T.r0), qd = n_heads * hd;
+    for (int i = threadIdx.x; i < nr * T.nhb * hd; i += ATT_THREADS) {
+        int qv = i / hd, d = i % hd, row = T.r0 + qv / T.nhb, h = T.h0 + qv % T.nhb;
+        size_t pr = (size_t)row * n_heads + h;
+        float o = 0.0f, L = qv < T.nq ? l_sh[qv] : 0.0f;
+        for (int s = 0; qv < T.nq && s < g.splits; s++) {
+            float m = ld_part(part + 2 * (s * part_rows + pr));
+            if (m > -INFINITY) o += ld_part(pa + (s * part_rows + pr) * hd + d) * expf(m - m_sh[qv]);
+        }
+        o = L > 0.0f ? o / L : 0.0f;
+        size_t off = (size_t)row * qd + (size_t)h * hd + d;
+        if (ob) ob[off] = __float2bfloat16_rn(o);
+        if (of) of[off] = o;
+    }
+}
+
 __global__ void __launch_bounds__(ATT_THREADS)
 k_attention(const float *q, int q_stride, const bf16 *kc, const bf16 *vc, const uint64_t *mask,
             const CuMeta *meta, int nb, int n_heads, int n_kv_heads, int hd, float scale,
-            AttGeom g, float *part, bf16 *ob, float *of) {
+            AttGeom g, float *part, unsigned *tile_cnt, bf16 *ob, float *of) {
     __shared__ float q_sh[ATT_QF];
+    __shared__ int last;
     __shared__ float p_sh[ATT_QV][ATT_C];
     __shared__ float m_sh[ATT_QV], l_sh[ATT_QV], a_sh[ATT_QV];
     AttTile T = att_tile(meta, n_heads, n_kv_heads, g);
@@ -551,32 +598,18 @@ k_attention(const float *q, int q_stride, const bf16 *kc, const bf16 *vc, const 
         __syncthreads();
     }
     att_write(T, g, nb, n_heads, hd, m_sh, l_sh, acc, part, ob, of);
-}
-
-/* One block per (head, row): merges the splits' partials in split order. */
-__global__ void k_attn_combine(const float *part, const CuMeta *meta, int nb, int n_heads,
-                               int hd, int splits, bf16 *ob, float *of) {
-    int h = blockIdx.x, t = blockIdx.y;
-    size_t part_rows = (size_t)nb * n_heads, pr = (size_t)t * n_heads + h;
-    size_t off = (size_t)t * n_heads * hd + (size_t)h * hd;
-    int real = t < meta->n;
-    float M = -INFINITY, L = 0.0f;
-    for (int s = 0; real && s < splits; s++) M = fmaxf(M, part[2 * (s * part_rows + pr)]);
-    for (int s = 0; real && s < splits; s++) {
-        float m = part[2 * (s * part_rows + pr)];
-        if (m > -INFINITY) L += part[2 * (s * part_rows + pr) + 1] * expf(m - M);
-    }
-    const float *pa = part + 2 * part_rows * splits;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; real && s < splits; s++) {
-            float m = part[2 * (s * part_rows + pr)];
-            if (m > -INFINITY) o += pa[(s * part_rows + pr) * hd + d] * expf(m - M);
-        }
-        o = L > 0.0f ? o / L : 0.0f;
-        if (ob) ob[off + d] = __float2bfloat16_rn(o);
-        if (of) of[off + d] = o;
-    }
+    if (g.splits == 1) return;
+    /* Publish the partials, then count this split in; the block that completes the count
+     * sees every split's partials and merges them (the threadFenceReduction pattern). */
+    __threadfence();
+    __syncthreads();
+    unsigned *cnt = tile_cnt + (size_t)blockIdx.z * gridDim.y + blockIdx.y;
+    if (threadIdx.x == 0) last = atomicAdd(cnt, 1u) == (unsigned)g.splits - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    att_combine_tile(T, g, nb, n_heads, hd, part, m_sh, l_sh, ob, of);
+    if (threadIdx.x == 0) *cnt = 0; /* ready for the next launch (graph replays included) */
 }
 
 static AttGeom att_geom(int nb, int n_heads, int n_kv_heads, int hd, int cap, int batch_inv) {
@@ -601,10 +634,8 @@ extern "C" size_t cuk_attention_scratch_floats(int nb, int n_heads, int hd, int 
     return (size_t)splits * nb * n_heads * (hd + 2);
 }
 
-extern "C" int cuk_attention_launches(int nb, int n_heads, int n_kv_heads, int hd, int cap,
-                                      int batch_inv) {
-    return att_geom(nb, n_heads, n_kv_heads, hd, cap, batch_inv).splits > 1 ? 2 : 1;
-}
+/* One per block tile; tiles never outnumber query vectors. */
+extern "C" size_t cuk_attention_counters(int nb, int n_heads) { return (size_t)nb * n_heads; }
 
 extern "C" void cuk_pack_mask(const uint8_t *mask, int n, int stride, uint64_t *out) {
     int words = (stride + 63) / 64;
@@ -617,7 +648,8 @@ extern "C" void cuk_pack_mask(const uint8_t *mask, int n, int stride, uint64_t *
 extern "C" void cuk_attention(cudaStream_t s, const float *q, int q_stride, const rs_bf16 *kc,
                               const rs_bf16 *vc, const uint64_t *mask, const CuMeta *meta, int nb,
                               int n_heads, int n_kv_heads, int hd, int cap, int batch_inv,
-                              float *scratch, rs_bf16 *out_bf16, float *out_f32) {
+                              float *scratch, unsigned *counters, rs_bf16 *out_bf16,
+                              float *out_f32) {
     if (hd % 8 || hd > 256 || n_heads % n_kv_heads) {
         fprintf(stderr, "rootspec: cuk_attention needs head_dim %% 8 == 0 and <= 256 (got %d) "
                         "and n_heads %d a multiple of n_kv_heads %d\n", hd, n_heads, n_kv_heads);
@@ -628,11 +660,7 @@ extern "C" void cuk_attention(cudaStream_t s, const float *q, int q_stride, cons
     float scale = 1.0f / sqrtf((float)hd);
     CUK_LAUNCH(k_attention, grid, ATT_THREADS, s, q, q_stride, (const bf16 *)kc,
                (const bf16 *)vc, mask, meta, nb, n_heads, n_kv_heads, hd, scale, g, scratch,
-               (bf16 *)out_bf16, out_f32);
-    LAUNCH_CHECK();
-    if (g.splits == 1) return;
-    CUK_LAUNCH(k_attn_combine, dim3(n_heads, nb), 64, s, (const float *)scratch, meta, nb,
-               n_heads, hd, g.splits, (bf16 *)out_bf16, out_f32);
+               counters, (bf16 *)out_bf16, out_f32);
     LAUNCH_CHECK();
 }
 
@@ -708,6 +736,105 @@ k_gemm_bi(const bf16 *W, int out, int in, int nb, const bf16 *xb, const float *x
         else if (accumulate) y[off] += g;
         else y[off] = g;
     }
+}
+
+/* ---- fused attention input: RMSNorm, q|k|v projection, bias, q/k norm, RoPE, KV store ---- */
+
+/* One block per (q, k or v head h, group of up to GEMM_RB rows). Warp w computes the
+ * head's outputs w, w + 8, ... for the group's rows exactly as k_gemm_bi does (RMSNorm
+ * prologue, the same lane split of `in` and butterfly) into qkv; then warp w takes row w
+ * of the group through what k_qkv_post does to a head, in place, with the same formulas
+ * and order. The result is bitwise that of cuk_gemm_bi + cuk_qkv_post, in one
+ * launch and without the normed input ever written: it depends on the row alone, so it
+ * serves the batch-invariant mode as well. */
+__global__ void __launch_bounds__(256)
+k_qkv_fused(const bf16 *W, const float *x, const float *norm_w, int dim, float eps, int nb,
+            int n_heads, int n_kv_heads, int hd, const float *bias, const float *q_norm,
+            const float *k_norm, const float *ct, const float *st, const CuMeta *meta,
+            float *qkv, bf16 *kc, bf16 *vc) {
+    __shared__ float inv_sh[GEMM_RB];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, h = blockIdx.x;
+    int r0 = blockIdx.y * GEMM_RB, nr = min(GEMM_RB, nb - r0);
+    int stride = (n_heads + 2 * n_kv_heads) * hd;
+    if (warp < nr) { /* the per-row RMS factor, as each warp of k_gemm_bi computes it */
+        const float *xr = x + (size_t)(r0 + warp) * dim;
+        float ss = 0.0f;
+        for (int k = lane; k < dim; k += 32) ss += xr[k] * xr[k];
+        ss = warp_sum(ss);
+        if (lane == 0) inv_sh[warp] = 1.0f / sqrtf(ss / (float)dim + eps);
+    }
+    __syncthreads();
+    for (int o = warp; o < hd; o += 8) {
+        const bf16 *w = W + ((size_t)h * hd + o) * dim;
+        float acc[GEMM_RB];
+#pragma unroll
+        for (int i = 0; i < GEMM_RB; i++) acc[i] = 0.0f;
+        for (int k = lane * 8; k < dim; k += 256) {
+            float wv[8], xv[8];
+            ld8(w + k, wv);
+#pragma unroll
+            for (int i = 0; i < GEMM_RB; i++) {
+                if (i >= nr) break;
+                gemm_in8(NULL, x + (size_t)(r0 + i) * dim, norm_w, inv_sh[i], k, xv);
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[i] += wv[e] * xv[e];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < GEMM_RB; i++) {
+            if (i >= nr) break;
+            float v = warp_sum(acc[i]);
+            if (lane == 0) qkv[(size_t)(r0 + i) * stride + (size_t)h * hd + o] = v;
+        }
+    }
+    __syncthreads();
+    if (warp >= nr) return;
+    int t = r0 + warp, half = hd / 2;
+    int is_q = h < n_heads, is_k = !is_q && h < n_heads + n_kv_heads;
+    float *v = qkv + (size_t)t * stride + (size_t)h * hd;
+    if (bias)
+        for (int i = lane; i < hd; i += 32) v[i] += bias[(size_t)h * hd + i];
+    const float *nw = is_q ? q_norm : is_k ? k_norm : NULL;
+    if (nw) {
+        __syncwarp();
+        float ss = 0.0f;
+        for (int i = lane; i < hd; i += 32) ss += v[i] * v[i];
+        ss = warp_sum(ss);
+        float inv = 1.0f / sqrtf(ss / (float)hd + eps);
+        for (int i = lane; i < hd; i += 32) v[i] = nw[i] * (v[i] * inv);
+    }
+    __syncwarp();
+    if (is_q || is_k)
+        for (int i = lane; i < half; i += 32) {
+            float c = ct[(size_t)t * half + i], sn = st[(size_t)t * half + i];
+            float a = v[i], b = v[i + half];
+            v[i] = a * c - b * sn;
+            v[i + half] = b * c + a * sn;
+        }
+    __syncwarp();
+    if (is_q || t >= meta->n) return;
+    int kv_dim = n_kv_heads * hd;
+    bf16 *dst = (is_k ? kc : vc) + (size_t)(meta->kv_base + t) * kv_dim +
+                (size_t)(h - n_heads - (is_k ? 0 : n_kv_heads)) * hd;
+    for (int i = lane; i < hd; i += 32) dst[i] = __float2bfloat16_rn(v[i]);
+}
+
+extern "C" void cuk_qkv_fused(cudaStream_t s, const rs_bf16 *W, const float *x,
+                              const float *norm_w, int dim, float eps, int nb, int n_heads,
+                              int n_kv_heads, int hd, const float *bias, const float *q_norm,
+                              const float *k_norm, const float *cos_t, const float *sin_t,
+                              const CuMeta *meta, float *qkv, rs_bf16 *kc, rs_bf16 *vc) {
+    if (dim % 8 || hd > 256 || hd % 2) {
+        fprintf(stderr, "rootspec: cuk_qkv_fused needs dim %% 8 == 0 (got %d) and an even "
+                        "head_dim <= 256 (got %d)\n", dim, hd);
+        abort();
+    }
+    if (nb <= 0) return;
+    dim3 grid(n_heads + 2 * n_kv_heads, (nb + GEMM_RB - 1) / GEMM_RB);
+    CUK_LAUNCH(k_qkv_fused, grid, 256, s, (const bf16 *)W, x, norm_w, dim, eps, nb, n_heads,
+               n_kv_heads, hd, bias, q_norm, k_norm, cos_t, sin_t, meta, qkv, (bf16 *)kc,
+               (bf16 *)vc);
+    LAUNCH_CHECK();
 }
 
 extern "C" void cuk_gemm_bi(cudaStream_t s, const rs_bf16 *W, int out, int in, int nb,

@@ -91,18 +91,19 @@ void cuk_kv_store(cudaStream_t s, const float *k, const float *v, int row_stride
 /* Attention of query rows t < meta->n over cache slots [0, kv_base + n): committed slots
  * always, pending slot j (relative to n_committed) where bit j of mask row t is set (rows
  * of (mask_stride + 63) / 64 words, cuk_pack_mask). GQA, scale 1/sqrt(hd), f32 online
- * softmax, split-KV with a combine step (cuda_kernels.cu). q rows of q_stride floats
- * (n_heads*hd used); out (nb, n_heads*hd) bf16 and/or f32; padding rows get zeros.
- * hd % 8 == 0, hd <= 256. cap: the cache's slots (bounds the splits); batch_inv: split
- * bounds fixed by slot position, so a row's result does not depend on nb or n.
- * scratch: cuk_attention_scratch_floats(nb, n_heads, hd, cap) floats. */
+ * softmax, split-KV merged in the same launch (cuda_kernels.cu): always one launch. q rows
+ * of q_stride floats (n_heads*hd used); out (nb, n_heads*hd) bf16 and/or f32; padding rows
+ * get zeros. hd % 8 == 0, hd <= 256. cap: the cache's slots (bounds the splits); batch_inv:
+ * split bounds fixed by slot position, so a row's result does not depend on nb or n.
+ * scratch: cuk_attention_scratch_floats(nb, n_heads, hd, cap) floats (split partials);
+ * counters: cuk_attention_counters(nb, n_heads) unsigned, ZEROED once before their first
+ * use (every launch leaves them at zero again). Both serve any call of at most nb rows. */
 void cuk_attention(cudaStream_t s, const float *q, int q_stride, const rs_bf16 *kc,
                    const rs_bf16 *vc, const uint64_t *mask, const CuMeta *meta, int nb,
                    int n_heads, int n_kv_heads, int hd, int cap, int batch_inv, float *scratch,
-                   rs_bf16 *out_bf16, float *out_f32);
+                   unsigned *counters, rs_bf16 *out_bf16, float *out_f32);
 size_t cuk_attention_scratch_floats(int nb, int n_heads, int hd, int cap);
-/* Kernel launches one cuk_attention call makes (1, or 2 with a combine step). */
-int cuk_attention_launches(int nb, int n_heads, int n_kv_heads, int hd, int cap, int batch_inv);
+size_t cuk_attention_counters(int nb, int n_heads);
 /* out (n, (stride + 63) / 64) = the bytes of mask (n, stride) as bits, bit j of word j / 64. */
 void cuk_pack_mask(const uint8_t *mask, int n, int stride, uint64_t *out);
 /* gu (nb, 2*hidden): gate then up. out (nb, hidden) = silu(gate) * up, bf16 and/or f32. */
@@ -133,6 +134,17 @@ void cuk_qkv_post(cudaStream_t s, float *qkv, int row_stride, int nb, int n_head
                   int n_kv_heads, int hd, const float *bias, const float *q_norm,
                   const float *k_norm, float eps, const float *cos_t, const float *sin_t,
                   const CuMeta *meta, rs_bf16 *kc, rs_bf16 *vc);
+/* One launch for the whole attention input of a layer: x (nb, dim) f32 rows RMS-normed with
+ * norm_w and eps and rounded to bf16, times W (q_dim + 2*kv_dim, dim) bf16 (q, k, v rows),
+ * then what cuk_qkv_post does (bias, q/k norm, RoPE, k and v of rows t < meta->n into the
+ * cache); qkv (nb, q_dim + 2*kv_dim) f32 receives the processed rows. Bitwise equal to
+ * cuk_gemm_bi (norm prologue) followed by cuk_qkv_post, hence batch-invariant.
+ * dim % 8 == 0, hd even and <= 256. */
+void cuk_qkv_fused(cudaStream_t s, const rs_bf16 *W, const float *x, const float *norm_w,
+                   int dim, float eps, int nb, int n_heads, int n_kv_heads, int hd,
+                   const float *bias, const float *q_norm, const float *k_norm,
+                   const float *cos_t, const float *sin_t, const CuMeta *meta, float *qkv,
+                   rs_bf16 *kc, rs_bf16 *vc);
 /* KV compaction for one cache (n_layers, cap, kv_dim): for every layer, slot
  * n_committed + i <- slot n_committed + keep[i] for i < n_keep (keep on the device),
  * staged through scratch (n_layers, n_keep, kv_dim) so any order is safe. */

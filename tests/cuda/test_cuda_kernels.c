@@ -196,9 +196,11 @@ static void attention_case_mode(int hd, int nh, int nkv, int nc, int np, int n, 
     rs_bf16 *dob = dnew((size_t)nb * qd * 2);
     uint64_t *dm = dmask_bits(mask, n, stride);
     float *scr = dnew(cuk_attention_scratch_floats(nb, nh, hd, cap) * 4);
+    unsigned *dcnt = dnew(cuk_attention_counters(nb, nh) * 4);
+    CUDA_CHECK(cudaMemset(dcnt, 0, cuk_attention_counters(nb, nh) * 4));
     CuMeta *dmeta = dput(&meta, sizeof meta);
     CUDA_CHECK(cudaMemset(dof, 0xff, (size_t)nb * qd * 4)); /* NaN: padding must be rewritten */
-    cuk_attention(0, dq, qs, dk, dv, dm, dmeta, nb, nh, nkv, hd, cap, bi, scr, dob, dof);
+    cuk_attention(0, dq, qs, dk, dv, dm, dmeta, nb, nh, nkv, hd, cap, bi, scr, dcnt, dob, dof);
     float *got = malloc((size_t)nb * qd * 4), *ref = calloc((size_t)nb * qd, 4);
     rs_bf16 *gotb = malloc((size_t)nb * qd * 2);
     dget(got, dof, (size_t)nb * qd * 4);
@@ -215,7 +217,7 @@ static void attention_case_mode(int hd, int nh, int nkv, int nc, int np, int n, 
              nh, nkv, nc, np, n, nb, bi);
     ck_assert_int_eq(tu_compare(label, got, ref, (size_t)nb * qd, 1e-4f, 1e-3f, NULL), 0);
     for (size_t i = 0; i < (size_t)nb * qd; i++) ck_assert_float_eq(bf16f(gotb[i]), cu_round_bf16(got[i]));
-    cudaFree(dq), cudaFree(dof), cudaFree(dk), cudaFree(dv), cudaFree(dob), cudaFree(dm), cudaFree(dmeta), cudaFree(scr);
+    cudaFree(dq), cudaFree(dof), cudaFree(dk), cudaFree(dv), cudaFree(dob), cudaFree(dm), cudaFree(dmeta), cudaFree(scr), cudaFree(dcnt);
     free(q), free(kf), free(vf), free(kb), free(vb), free(mask), free(got), free(ref), free(gotb), free(qc), free(kr), free(vr), free(att), free(idx), free(cnt);
 }
 
@@ -254,10 +256,12 @@ START_TEST(test_cuda_attention_batch_invariant) {
     float *dq = dput(q, (size_t)n * qd * 4), *dall = dnew((size_t)n * qd * 4), *done = dnew((size_t)qd * 4);
     rs_bf16 *dk = dput(kb, (size_t)cap * kvd * 2), *dv = dput(vb, (size_t)cap * kvd * 2);
     float *scr = dnew(cuk_attention_scratch_floats(n, nh, hd, cap) * 4);
+    unsigned *cnt = dnew(cuk_attention_counters(n, nh) * 4);
+    CUDA_CHECK(cudaMemset(cnt, 0, cuk_attention_counters(n, nh) * 4));
     uint64_t *dm = dmask_bits(mask, n, n);
     CuMeta meta = {n, nc, nc, n};
     CuMeta *dmeta = dput(&meta, sizeof meta);
-    cuk_attention(0, dq, qd, dk, dv, dm, dmeta, n, nh, nkv, hd, cap, 1, scr, NULL, dall);
+    cuk_attention(0, dq, qd, dk, dv, dm, dmeta, n, nh, nkv, hd, cap, 1, scr, cnt, NULL, dall);
     float *all = malloc((size_t)n * qd * 4), *one = malloc((size_t)qd * 4);
     dget(all, dall, (size_t)n * qd * 4);
     int rows[4] = {0, 17, 37, 64};
@@ -267,15 +271,98 @@ START_TEST(test_cuda_attention_batch_invariant) {
         uint64_t *dm1 = dmask_bits(mask + (size_t)t * n, 1, t + 1);
         CUDA_CHECK(cudaMemcpy(dmeta, &m1, sizeof m1, cudaMemcpyHostToDevice));
         cuk_attention(0, dq + (size_t)t * qd, qd, dk, dv, dm1, dmeta, 1, nh, nkv, hd, cap, 1, scr,
-                      NULL, done);
+                      cnt, NULL, done);
         dget(one, done, (size_t)qd * 4);
         ck_assert_msg(memcmp(one, all + (size_t)t * qd, (size_t)qd * 4) == 0,
                       "row %d alone differs from the same row in the 65-row pass", t);
         cudaFree(dm1);
     }
     cudaFree(dq), cudaFree(dall), cudaFree(done), cudaFree(dk), cudaFree(dv), cudaFree(scr);
-    cudaFree(dm), cudaFree(dmeta);
+    cudaFree(dm), cudaFree(dmeta), cudaFree(cnt);
     free(q), free(kf), free(vf), free(kb), free(vb), free(mask), free(all), free(one);
+}
+END_TEST
+
+/* The fused attention input (RMSNorm, q|k|v projection, bias, q/k norm, RoPE, KV store):
+ * bitwise equal to cuk_gemm_bi (norm prologue) + cuk_qkv_post, the two launches it
+ * replaces, and within atol 2e-4, rtol 2e-3 of the CPU ops (normed input rounded to bf16,
+ * as the device feeds it to the projection). Padding rows t >= n are computed but never
+ * reach the cache. */
+static void qkv_fused_case(int dim, int nh, int nkv, int hd, int nb, int n, int with_bias,
+                           int with_norm, uint64_t seed) {
+    uint64_t st = seed;
+    int half = hd / 2, kvd = nkv * hd, w = (nh + 2 * nkv) * hd, base = 7, cap = base + nb + 3;
+    float eps = 1e-5f;
+    float *x = randv((size_t)nb * dim, &st, -2, 2), *nw = randv(dim, &st, 0.5f, 1.5f);
+    float *wf = randv((size_t)w * dim, &st, -0.1f, 0.1f), *bias = randv(w, &st, -0.5f, 0.5f);
+    float *qn = randv(hd, &st, 0.5f, 1.5f), *kn = randv(hd, &st, 0.5f, 1.5f);
+    rs_bf16 *wb = to_bf16(wf, (size_t)w * dim);
+    float *wr = from_bf16(wb, (size_t)w * dim);
+    int pos[65];
+    for (int t = 0; t < nb; t++) pos[t] = 3 + 5 * t;
+    Config c = {0};
+    c.head_dim = hd, c.rope_theta = 10000.0f;
+    float inv[128], cs[65 * 128], sn[65 * 128];
+    cuk_rope_inv_freq(&c, inv);
+    cpu_rope_table(pos, inv, nb, half, cs, sn);
+    float *dx = dput(x, (size_t)nb * dim * 4), *dnw = dput(nw, dim * 4), *db = dput(bias, w * 4);
+    float *dqn = dput(qn, hd * 4), *dkn = dput(kn, hd * 4);
+    float *dcs = dput(cs, (size_t)nb * half * 4), *dsn = dput(sn, (size_t)nb * half * 4);
+    rs_bf16 *dw = dput(wb, (size_t)w * dim * 2);
+    CuMeta meta = {n, base, 2, n};
+    CuMeta *dmeta = dput(&meta, sizeof meta);
+    float *dqa = dnew((size_t)nb * w * 4), *dqb = dnew((size_t)nb * w * 4);
+    size_t cb = (size_t)cap * kvd * 2;
+    rs_bf16 *kca = dnew(cb), *vca = dnew(cb), *kcb = dnew(cb), *vcb = dnew(cb);
+    CUDA_CHECK(cudaMemset(kca, 0, cb));
+    CUDA_CHECK(cudaMemset(vca, 0, cb));
+    CUDA_CHECK(cudaMemset(kcb, 0, cb));
+    CUDA_CHECK(cudaMemset(vcb, 0, cb));
+    const float *b_ = with_bias ? db : NULL, *q_ = with_norm ? dqn : NULL, *k_ = with_norm ? dkn : NULL;
+    cuk_qkv_fused(0, dw, dx, dnw, dim, eps, nb, nh, nkv, hd, b_, q_, k_, dcs, dsn, dmeta, dqa, kca, vca);
+    cuk_gemm_bi(0, dw, w, dim, nb, NULL, dx, NULL, dnw, eps, 0, 0, dqb, NULL);
+    cuk_qkv_post(0, dqb, w, nb, nh, nkv, hd, b_, q_, k_, eps, dcs, dsn, dmeta, kcb, vcb);
+    float *ga = malloc((size_t)nb * w * 4), *gb = malloc((size_t)nb * w * 4);
+    rs_bf16 *ka = malloc(cb), *va = malloc(cb), *kb2 = malloc(cb), *vb2 = malloc(cb);
+    dget(ga, dqa, (size_t)nb * w * 4), dget(gb, dqb, (size_t)nb * w * 4);
+    dget(ka, kca, cb), dget(va, vca, cb), dget(kb2, kcb, cb), dget(vb2, vcb, cb);
+    char label[96];
+    snprintf(label, sizeof label, "qkv_fused dim=%d nh=%d nkv=%d hd=%d nb=%d n=%d", dim, nh, nkv,
+             hd, nb, n);
+    ck_assert_msg(memcmp(ga, gb, (size_t)nb * w * 4) == 0, "%s: differs from gemm_bi+qkv_post", label);
+    ck_assert_msg(memcmp(ka, kb2, cb) == 0 && memcmp(va, vb2, cb) == 0, "%s: caches differ", label);
+    float *ref = malloc((size_t)nb * w * 4), *xn = malloc((size_t)dim * 4);
+    for (int t = 0; t < nb; t++) {
+        float *r = ref + (size_t)t * w;
+        cpu_rmsnorm(xn, x + (size_t)t * dim, nw, dim, eps);
+        for (int i = 0; i < dim; i++) xn[i] = cu_round_bf16(xn[i]);
+        cpu_matmul(r, xn, wr, 1, dim, w, w);
+        if (with_bias) cpu_bias_add(r, bias, w);
+        for (int h = 0; h < nh + nkv && with_norm; h++)
+            cpu_rmsnorm(r + h * hd, r + h * hd, h < nh ? qn : kn, hd, eps);
+        for (int h = 0; h < nh + nkv; h++) cpu_rope(r + h * hd, cs + t * half, sn + t * half, half);
+    }
+    ck_assert_int_eq(tu_compare(label, ga, ref, (size_t)nb * w, 2e-4f, 2e-3f, NULL), 0);
+    for (int sl = 0; sl < cap; sl++)
+        for (int i = 0; i < kvd; i++) {
+            int t = sl - base, live = t >= 0 && t < n;
+            const float *r = ga + (size_t)(live ? t : 0) * w + nh * hd;
+            ck_assert_float_eq(bf16f(ka[(size_t)sl * kvd + i]), live ? cu_round_bf16(r[i]) : 0.0f);
+            ck_assert_float_eq(bf16f(va[(size_t)sl * kvd + i]), live ? cu_round_bf16(r[kvd + i]) : 0.0f);
+        }
+    cudaFree(dx), cudaFree(dnw), cudaFree(db), cudaFree(dqn), cudaFree(dkn), cudaFree(dcs);
+    cudaFree(dsn), cudaFree(dw), cudaFree(dmeta), cudaFree(dqa), cudaFree(dqb);
+    cudaFree(kca), cudaFree(vca), cudaFree(kcb), cudaFree(vcb);
+    free(x), free(nw), free(wf), free(bias), free(qn), free(kn), free(wb), free(wr), free(ga);
+    free(gb), free(ka), free(va), free(kb2), free(vb2), free(ref), free(xn);
+}
+
+START_TEST(test_cuda_qkv_fused) {
+    CU_REQUIRE_DEVICE();
+    qkv_fused_case(576, 9, 3, 64, 1, 1, 0, 0, 31);   /* SmolLM2 shape, one decode row */
+    qkv_fused_case(256, 4, 2, 64, 19, 13, 1, 1, 32); /* 3 row groups, padding, bias, q/k norm */
+    qkv_fused_case(128, 2, 1, 256, 9, 9, 0, 1, 33);  /* widest head */
+    qkv_fused_case(64, 4, 4, 16, 65, 60, 1, 0, 34);  /* MHA, tiny heads, a 65-row pass */
 }
 END_TEST
 
@@ -400,6 +487,7 @@ Suite *suite_cuda_kernels(void) {
     tcase_add_test(tc, test_cuda_bias_headnorm_rope);
     tcase_add_test(tc, test_cuda_attention);
     tcase_add_test(tc, test_cuda_attention_batch_invariant);
+    tcase_add_test(tc, test_cuda_qkv_fused);
     tcase_add_test(tc, test_cuda_kv_store_swiglu_residual);
     tcase_add_test(tc, test_cuda_kv_compact);
     tcase_add_test(tc, test_cuda_argmax_sample);

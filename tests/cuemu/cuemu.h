@@ -73,6 +73,15 @@ static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 3
     return r;
 }
 
+/* Blocks run one at a time on one OS thread, so a device atomic is a plain
+ * read-modify-write and a memory fence has nothing to order. */
+static inline unsigned atomicAdd(unsigned *p, unsigned v) {
+    unsigned old = *p;
+    *p = old + v;
+    return old;
+}
+static inline void __threadfence(void) {}
+
 /* Device-side integer min/max of the CUDA math library (host C++ has only std::min). */
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
