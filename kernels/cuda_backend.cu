@@ -104,6 +104,7 @@ typedef struct {
     int launches_layer, launches_pass; // of the last forward enqueued (eager or captured)
     uint8_t *keep_seen; // (max_pending)
     int use_graphs;
+    int fused_qkv;      // ROOTSPEC_CUDA_FUSED_QKV != "0": k_qkv_fused in the default mode
     CuGraph graphs[N_BUCKETS];
     uint64_t n_captures, n_graph_replays, n_eager_launches;
     size_t weight_bytes;
@@ -365,6 +366,8 @@ static CudaBackend *backend_new(const Model *m, const BackendParams *p) {
     b->rows = p->max_batch > kBuckets[bucket_of(small)] ? p->max_batch : kBuckets[bucket_of(small)];
     const char *env = getenv("ROOTSPEC_CUDA_GRAPHS");
     b->use_graphs = !(env && strcmp(env, "0") == 0);
+    env = getenv("ROOTSPEC_CUDA_FUSED_QKV");
+    b->fused_qkv = !(env && strcmp(env, "0") == 0);
     b->batch_inv = p->batch_invariant != 0 || backend_batch_invariant();
     CUDA_CHECK(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&b->blas));
@@ -544,13 +547,14 @@ static void gemm(CudaBackend *b, const rs_bf16 *W, int out, int in, const rs_bf1
  * q/k norm, RoPE and KV store in one launch (cuk_qkv_fused), then attention with its
  * split-KV merge in the same launch: 2 launches. A default-mode prefill chunk (more rows
  * than a graph bucket, run eagerly, where tensor cores matter more than launches) takes
- * RMSNorm + cuBLAS + cuk_qkv_post instead: 4 launches. */
+ * RMSNorm + cuBLAS + cuk_qkv_post instead: 4 launches; so does every default-mode call
+ * with ROOTSPEC_CUDA_FUSED_QKV=0 (the A/B switch for a GPU measurement). */
 static void layer_attn_in(CudaBackend *b, int l, int nb) {
     cudaStream_t s = b->stream;
     const CuLayer *L = &b->layers[l];
     int cap = b->base.params.kv_capacity;
     rs_bf16 *kc = b->kc + (size_t)l * cap * b->kvd, *vc = b->vc + (size_t)l * cap * b->kvd;
-    if (b->batch_inv || nb <= GRAPH_MAX_TOKENS) {
+    if (b->batch_inv || (b->fused_qkv && nb <= GRAPH_MAX_TOKENS)) {
         cuk_qkv_fused(s, L->wqkv, b->x, L->attn_norm, b->dim, b->eps, nb, b->nh, b->nkv, b->hd,
                       L->bqkv, L->q_norm, L->k_norm, b->cos_t, b->sin_t, b->d_meta, b->qkv, kc,
                       vc);

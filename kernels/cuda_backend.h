@@ -20,7 +20,9 @@ void cuda_backend_set_graphs(Backend *b, int on);
 size_t cuda_backend_weight_bytes(const Backend *b);
 
 /* Kernel launches of the last forward(): per layer and for the whole pass (embedding,
- * RoPE table, layers, final norm and head; a replayed graph counts the kernels it holds). */
+ * RoPE table, layers, final norm and head; a replayed graph counts the kernels it holds).
+ * Default mode: 7 a layer, or 9 with ROOTSPEC_CUDA_FUSED_QKV=0 (read at create) and in
+ * calls of more than 65 rows; batch-invariant mode: 5 (docs/DESIGN.md §7). */
 void cuda_backend_launches(const Backend *b, int *per_layer, int *per_pass);
 
 #ifdef __cplusplus

@@ -65,6 +65,16 @@ START_TEST(test_cuda_launches_per_layer) {
             }
             backend_destroy(&b);
         }
+    /* The A/B switch: q|k|v back on RMSNorm + cuBLAS + k_qkv_post, 2 launches more. */
+    setenv("ROOTSPEC_CUDA_FUSED_QKV", "0", 1);
+    Backend *b = make(m, 256, 65, 130, 0);
+    unsetenv("ROOTSPEC_CUDA_FUSED_QKV");
+    RsErr e = {0};
+    ck_assert_int_eq(backend_forward(b, tok, pos, 9, NULL, rows, 1, lg, &e), RS_OK);
+    int layer = 0, pass = 0;
+    cuda_backend_launches(b, &layer, &pass);
+    ck_assert_int_eq(layer, 9);
+    backend_destroy(&b);
     free(lg);
     model_destroy(&m);
 }
