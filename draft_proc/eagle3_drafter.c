@@ -107,8 +107,9 @@ static const DrafterOps eagle3_ops = {
     .destroy = e3_destroy,
 };
 
-int drafter_eagle3_create(const Eagle3Head *h, const float *embed, int kv_capacity,
-                          const int layers[EAGLE3_N_FEATURES], Drafter **out, RsErr *e) {
+int drafter_eagle3_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
+                             const BackendOps *backend, int device, int kv_capacity,
+                             const int layers[EAGLE3_N_FEATURES], Drafter **out, RsErr *e) {
     *out = NULL;
     if (!layers) layers = h->cfg.feature_layers;
     for (int i = 0; i < EAGLE3_N_FEATURES; i++)
@@ -118,10 +119,13 @@ int drafter_eagle3_create(const Eagle3Head *h, const float *embed, int kv_capaci
     if (h->cfg.draft_vocab < POOL_TOPK)
         return rs_err(e, RS_EUNSUPPORTED, "EAGLE-3 draft vocabulary of %d tokens is smaller "
                       "than %d", h->cfg.draft_vocab, POOL_TOPK);
+    const Eagle3RowsOps *ops = eagle3_rows_for(backend, e);
+    if (!ops) return e ? e->code : RS_EUNSUPPORTED;
     Eagle3Drafter *d = rs_xcalloc(1, sizeof *d);
     d->h = h;
     d->kv_capacity = kv_capacity;
-    int rc = eagle3_runner_create(h, embed, kv_capacity, EAGLE3_COMMIT_CHUNK, &d->r, e);
+    int rc = eagle3_runner_create_on(h, embed, ops, device, kv_capacity, EAGLE3_COMMIT_CHUNK,
+                                     &d->r, e);
     if (rc) {
         free(d);
         return rc;
@@ -136,8 +140,14 @@ int drafter_eagle3_create(const Eagle3Head *h, const float *embed, int kv_capaci
     return RS_OK;
 }
 
-int drafter_eagle3_open(const char *head_path, const Model *target, int kv_capacity,
-                        Drafter **out, RsErr *e) {
+int drafter_eagle3_create(const Eagle3Head *h, const float *embed, int kv_capacity,
+                          const int layers[EAGLE3_N_FEATURES], Drafter **out, RsErr *e) {
+    Eagle3Embed em = {.table = qtensor_f32(embed, h->cfg.c.vocab_size, h->cfg.c.dim)};
+    return drafter_eagle3_create_on(h, &em, NULL, 0, kv_capacity, layers, out, e);
+}
+
+int drafter_eagle3_open(const char *head_path, const Model *target, const BackendOps *backend,
+                        int device, int kv_capacity, Drafter **out, RsErr *e) {
     *out = NULL;
     Eagle3Head *h = NULL;
     int layers[EAGLE3_N_FEATURES];
@@ -155,7 +165,11 @@ int drafter_eagle3_open(const char *head_path, const Model *target, int kv_capac
         own = rs_xmalloc(sizeof(float) * (size_t)target->cfg.vocab_size * target->cfg.dim);
         qtensor_dequantize_rows(te, 0, target->cfg.vocab_size, own);
     }
-    if (!rc) rc = drafter_eagle3_create(h, h->embed ? h->embed : own, kv_capacity, layers, out, e);
+    if (!rc) {
+        Eagle3Embed em = {.table = qtensor_f32(h->embed ? h->embed : own, h->cfg.c.vocab_size,
+                                               h->cfg.c.dim)};
+        rc = drafter_eagle3_create_on(h, &em, backend, device, kv_capacity, layers, out, e);
+    }
     if (rc) {
         free(own);
         eagle3_head_destroy(&h);

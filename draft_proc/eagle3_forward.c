@@ -1,35 +1,21 @@
-/* CPU forward of an EAGLE-3 head in f32 (see eagle3_forward.h for rows and positions).
- * One decoder layer, written after SGLang llama_eagle3.py LlamaDecoderLayer.forward and
- * EAGLE cnets.py LlamaDecoderLayeremb.forward:
- *   h   = fc(features)  or the parent's output state
- *   x   = cat(input_layernorm(embed(token)), hidden_norm(h))      (2*dim)
- *   h  += o_proj(attention(rope(q_proj x), rope(k_proj x), v_proj x))
- *   h  += mlp(post_attention_layernorm(h))                        -> the output state
- *   logits = lm_head(norm(h))                                     (draft vocabulary)
- * Built from the CPU backend's reference operations (kernels/cpu_ops.h), so the head's
- * arithmetic is the target's; buffers are allocated once. */
+/* Runner of an EAGLE-3 head (see eagle3_forward.h for rows and positions): the cache
+ * bookkeeping, the token embeddings (rows dequantized from the table in its stored type,
+ * per call) and the pool growth; the layer's arithmetic is a kernels/eagle3_rows.h
+ * implementation (the CPU in f32, or CUDA). */
 #include "eagle3_forward.h"
 #include "common/logits.h"
 #include "kernels/backend.h"
-#include "kernels/cpu_ops.h"
+#include "kernels/eagle3_rows.h"
 #include <string.h>
 
 struct Eagle3Runner {
     const Eagle3Head *h;
-    const float *embed; // (vocab, dim)
-    int cap, max_batch, n_committed, n_pending;
-    int dim, qd, kvd, hd, hidden;
-    float *kc, *vc;     // (cap, kvd) RoPE applied to keys
-    float *hs;          // (max_batch, dim) state / residual stream
-    float *x;           // (max_batch, 2*dim) attention input
-    float *q, *att_out; // (max_batch, qd)
-    float *xb;          // (max_batch, dim)
-    float *hb, *hb2;    // (max_batch, hidden)
-    float *att;         // (2 * cap) attention scratch (n_committed + max_pending)
-    float *inv_freq;    // (hd/2)
-    float *cs, *sn;     // (max_batch, hd/2)
-    int *vis;           // (max_batch, cap) pending rows each new row sees
-    int *n_vis;         // (max_batch)
+    Eagle3Embed embed;
+    const Eagle3RowsOps *ops;
+    Eagle3Rows *rows;
+    int cap, max_batch, n_committed, n_pending, dim;
+    float *emb;         // (max_batch, dim) the batch's token embeddings
+    float *last_state;  // (dim) commit's last row when the caller wants no state
     /* pool growth (eagle3_grow_pool) */
     float *node_state;  // (POOL_N_EXPANDED, dim) output state of each pending tree row
     float *grow_logits; // (POOL_EXPAND, draft_vocab)
@@ -37,115 +23,72 @@ struct Eagle3Runner {
     int slot_of[POOL_MAX]; /* pending row of an expanded pool node, -1 if none */
 };
 
-int eagle3_runner_create(const Eagle3Head *h, const float *embed, int kv_capacity,
-                         int max_batch, Eagle3Runner **out, RsErr *e) {
+const Eagle3RowsOps *eagle3_rows_for(const BackendOps *backend, RsErr *e) {
+    if (!backend || backend == &cpu_backend_ops) return &cpu_eagle3_rows;
+    if (backend == cuda_backend_ops_get() && cuda_eagle3_rows_get()) return cuda_eagle3_rows_get();
+    rs_err(e, RS_EUNSUPPORTED, "EAGLE-3 heads run on the cpu and cuda backends only");
+    return NULL;
+}
+
+int eagle3_runner_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
+                            const Eagle3RowsOps *ops, int device, int kv_capacity, int max_batch,
+                            Eagle3Runner **out, RsErr *e) {
     *out = NULL;
-    RS_ASSERT(h && embed && h->arena);
+    RS_ASSERT(h && embed && ops && h->arena);
+    RS_ASSERT(embed->table.rows == h->cfg.c.vocab_size && embed->table.cols == h->cfg.c.dim);
     if (kv_capacity < 1 || max_batch < 1 || max_batch > kv_capacity)
         return rs_err(e, RS_EINVAL, "EAGLE-3 runner: kv_capacity %d / max_batch %d",
                       kv_capacity, max_batch);
-    const Config *c = &h->cfg.c;
+    Eagle3Rows *rows = NULL;
+    int rc = ops->create(h, kv_capacity, max_batch, device, &rows, e);
+    if (rc) return rc;
     Eagle3Runner *r = rs_xcalloc(1, sizeof *r);
     r->h = h;
-    r->embed = embed;
+    r->embed = *embed;
+    r->ops = ops;
+    r->rows = rows;
     r->cap = kv_capacity;
     r->max_batch = max_batch;
-    r->dim = c->dim;
-    r->hd = c->head_dim;
-    r->qd = c->n_heads * c->head_dim;
-    r->kvd = c->n_kv_heads * c->head_dim;
-    r->hidden = c->hidden_dim;
-    size_t B = (size_t)max_batch, half = (size_t)r->hd / 2;
-    r->kc = rs_xmalloc(sizeof(float) * (size_t)kv_capacity * r->kvd);
-    r->vc = rs_xmalloc(sizeof(float) * (size_t)kv_capacity * r->kvd);
-    r->hs = rs_xmalloc(sizeof(float) * B * r->dim);
-    r->x = rs_xmalloc(sizeof(float) * B * 2 * r->dim);
-    r->q = rs_xmalloc(sizeof(float) * B * r->qd);
-    r->att_out = rs_xmalloc(sizeof(float) * B * r->qd);
-    r->xb = rs_xmalloc(sizeof(float) * B * r->dim);
-    r->hb = rs_xmalloc(sizeof(float) * B * r->hidden);
-    r->hb2 = rs_xmalloc(sizeof(float) * B * r->hidden);
-    r->att = rs_xmalloc(sizeof(float) * 2 * (size_t)kv_capacity);
-    r->inv_freq = rs_xmalloc(sizeof(float) * half);
-    r->cs = rs_xmalloc(sizeof(float) * B * half);
-    r->sn = rs_xmalloc(sizeof(float) * B * half);
-    r->vis = rs_xmalloc(sizeof(int) * B * (size_t)kv_capacity);
-    r->n_vis = rs_xmalloc(sizeof(int) * B);
+    r->dim = h->cfg.c.dim;
+    r->emb = rs_xmalloc(sizeof(float) * (size_t)max_batch * r->dim);
+    r->last_state = rs_xmalloc(sizeof(float) * (size_t)r->dim);
     r->node_state = rs_xmalloc(sizeof(float) * POOL_N_EXPANDED * r->dim);
     r->grow_logits = rs_xmalloc(sizeof(float) * POOL_EXPAND * (size_t)h->cfg.draft_vocab);
     r->grow_state = rs_xmalloc(sizeof(float) * POOL_EXPAND * r->dim);
-    rope_inv_freq(c, r->inv_freq);
     *out = r;
     return RS_OK;
+}
+
+int eagle3_runner_create(const Eagle3Head *h, const float *embed, int kv_capacity,
+                         int max_batch, Eagle3Runner **out, RsErr *e) {
+    RS_ASSERT(embed);
+    Eagle3Embed em = {.table = qtensor_f32(embed, h->cfg.c.vocab_size, h->cfg.c.dim)};
+    return eagle3_runner_create_on(h, &em, &cpu_eagle3_rows, 0, kv_capacity, max_batch, out, e);
 }
 
 void eagle3_runner_destroy(Eagle3Runner **pr) {
     if (!pr || !*pr) return;
     Eagle3Runner *r = *pr;
-    float *bufs[] = {r->kc, r->vc, r->hs, r->x, r->q, r->att_out, r->xb, r->hb, r->hb2,
-                     r->att, r->inv_freq, r->cs, r->sn, r->node_state, r->grow_logits,
-                     r->grow_state};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
-    free(r->vis);
-    free(r->n_vis);
+    r->ops->destroy(&r->rows);
+    free(r->emb);
+    free(r->last_state);
+    free(r->node_state);
+    free(r->grow_logits);
+    free(r->grow_state);
     free(r);
     *pr = NULL;
 }
 
+const char *eagle3_runner_backend(const Eagle3Runner *r) { return r->ops->name; }
 void eagle3_reset(Eagle3Runner *r) { r->n_committed = r->n_pending = 0; }
 int eagle3_n_committed(const Eagle3Runner *r) { return r->n_committed; }
 int eagle3_n_pending(const Eagle3Runner *r) { return r->n_pending; }
 int eagle3_node_pos(const Eagle3Runner *r, int depth) { return r->n_committed - 1 + depth; }
 
-/* q for the batch and k/v into cache slots [start, start + n), RoPE'd at pos. */
-static void qkv(Eagle3Runner *r, const int *tokens, const int *pos, int n, int start) {
-    const Eagle3Head *h = r->h;
-    int D = r->dim, half = r->hd / 2;
-    float eps = h->cfg.c.norm_eps;
-    for (int t = 0; t < n; t++) {
-        float *xt = r->x + (size_t)t * 2 * D;
-        cpu_rmsnorm(xt, r->embed + (size_t)tokens[t] * D, h->input_norm, D, eps);
-        cpu_rmsnorm(xt + D, r->hs + (size_t)t * D, h->hidden_norm, D, eps);
-    }
-    cpu_rope_table(pos, r->inv_freq, n, half, r->cs, r->sn);
-    float *knew = r->kc + (size_t)start * r->kvd, *vnew = r->vc + (size_t)start * r->kvd;
-    cpu_matmul(r->q, r->x, h->wq, n, 2 * D, r->qd, r->qd);
-    cpu_matmul(knew, r->x, h->wk, n, 2 * D, r->kvd, r->kvd);
-    cpu_matmul(vnew, r->x, h->wv, n, 2 * D, r->kvd, r->kvd);
-    for (int t = 0; t < n; t++) {
-        const float *cs = r->cs + (size_t)t * half, *sn = r->sn + (size_t)t * half;
-        for (int k = 0; k < r->qd; k += r->hd) cpu_rope(r->q + (size_t)t * r->qd + k, cs, sn, half);
-        for (int k = 0; k < r->kvd; k += r->hd) cpu_rope(knew + (size_t)t * r->kvd + k, cs, sn, half);
-    }
-}
-
-/* The layer over n rows whose states are in r->hs and visible pending rows in r->vis;
- * writes their keys/values after the pending rows, leaves the output states in r->hs. */
-static void layer(Eagle3Runner *r, const int *tokens, const int *pos, int n) {
-    const Eagle3Head *h = r->h;
-    const Config *c = &h->cfg.c;
-    int D = r->dim, H = r->hidden;
-    qkv(r, tokens, pos, n, r->n_committed + r->n_pending);
-    cpu_attention(r->att_out, r->q, r->kc, r->vc, r->n_committed, r->vis, r->n_vis, r->cap, n,
-                  c->n_heads, c->n_kv_heads, r->hd, r->att);
-    cpu_matmul(r->xb, r->att_out, h->wo, n, r->qd, D, D);
-    cpu_residual_add(r->hs, r->xb, (size_t)n * D); /* the residual is h itself, un-normed */
+/* The batch's token embedding rows into r->emb. */
+static void embed_rows(Eagle3Runner *r, const int *tokens, int n) {
     for (int t = 0; t < n; t++)
-        cpu_rmsnorm(r->xb + (size_t)t * D, r->hs + (size_t)t * D, h->post_norm, D, c->norm_eps);
-    cpu_matmul(r->hb, r->xb, h->w_gate, n, D, H, H);
-    cpu_matmul(r->hb2, r->xb, h->w_up, n, D, H, H);
-    cpu_swiglu(r->hb, r->hb2, (size_t)n * H);
-    cpu_matmul(r->xb, r->hb, h->w_down, n, H, D, D);
-    cpu_residual_add(r->hs, r->xb, (size_t)n * D);
-}
-
-/* Logits of rows [0, n) of r->hs into out (n, draft_vocab). */
-static void head_logits(Eagle3Runner *r, int n, float *out) {
-    const Eagle3Head *h = r->h;
-    for (int t = 0; t < n; t++)
-        cpu_rmsnorm(r->xb + (size_t)t * r->dim, r->hs + (size_t)t * r->dim, h->norm, r->dim,
-                h->cfg.c.norm_eps);
-    cpu_matmul(out, r->xb, h->lm_head, n, r->dim, h->cfg.draft_vocab, h->cfg.draft_vocab);
+        qtensor_dequantize_rows(&r->embed.table, tokens[t], 1, r->emb + (size_t)t * r->dim);
 }
 
 static int check_tokens(const Eagle3Runner *r, const int *tokens, int n, RsErr *e) {
@@ -164,24 +107,21 @@ int eagle3_commit(Eagle3Runner *r, const int *tokens, const float *feats, int n,
                       "capacity %d", r->n_committed, n, r->cap);
     int rc = check_tokens(r, tokens, n, e);
     if (rc) return rc;
-    const Eagle3Head *h = r->h;
-    int D = r->dim, F = EAGLE3_N_FEATURES * h->cfg.target_hidden;
+    int F = EAGLE3_N_FEATURES * r->h->cfg.target_hidden;
+    int want = hidden_out || logits_out;
     r->n_pending = 0; /* last round's tree rows */
     for (int off = 0; off < n; off += r->max_batch) {
-        int m = n - off < r->max_batch ? n - off : r->max_batch;
+        int m = n - off < r->max_batch ? n - off : r->max_batch, last = off + m == n;
         int pos[m];
         for (int t = 0; t < m; t++) pos[t] = r->n_committed + t;
-        cpu_attention_index(NULL, m, 0, r->cap, r->vis, r->n_vis); /* causal in the chunk */
-        cpu_matmul(r->hs, feats + (size_t)off * F, h->fc, m, F, D, D);
-        layer(r, tokens + off, pos, m);
+        embed_rows(r, tokens + off, m);
+        Eagle3Batch b = {.in = feats + (size_t)off * F, .fc = 1, .emb = r->emb, .pos = pos,
+                         .mask = NULL, .n = m, .n_committed = r->n_committed, .n_pending = 0,
+                         .out_from = last && want ? m - 1 : m,
+                         .state_out = hidden_out ? hidden_out : r->last_state,
+                         .logits_out = logits_out ? logits_out : r->grow_logits};
+        r->ops->run(r->rows, &b);
         r->n_committed += m;
-        if (off + m == n) {
-            if (hidden_out) memcpy(hidden_out, r->hs + (size_t)(m - 1) * D, sizeof(float) * D);
-            if (logits_out) {
-                memmove(r->hs, r->hs + (size_t)(m - 1) * D, sizeof(float) * D);
-                head_logits(r, 1, logits_out);
-            }
-        }
     }
     return RS_OK;
 }
@@ -195,12 +135,12 @@ int eagle3_expand(Eagle3Runner *r, const int *tokens, const float *state_in, con
                       "%d pending, capacity %d", n, r->max_batch, r->n_committed, np, r->cap);
     int rc = check_tokens(r, tokens, n, e);
     if (rc) return rc;
-    cpu_attention_index(mask, n, np, r->cap, r->vis, r->n_vis);
-    memcpy(r->hs, state_in, sizeof(float) * (size_t)n * r->dim);
-    layer(r, tokens, pos, n);
+    embed_rows(r, tokens, n);
+    Eagle3Batch b = {.in = state_in, .fc = 0, .emb = r->emb, .pos = pos, .mask = mask, .n = n,
+                     .n_committed = r->n_committed, .n_pending = np, .out_from = 0,
+                     .state_out = state_out, .logits_out = logits_out};
+    r->ops->run(r->rows, &b);
     r->n_pending += n;
-    memcpy(state_out, r->hs, sizeof(float) * (size_t)n * r->dim);
-    head_logits(r, n, logits_out);
     return RS_OK;
 }
 

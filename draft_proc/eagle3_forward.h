@@ -15,9 +15,19 @@
 #define ROOTSPEC_EAGLE3_FORWARD_H
 #include "common/eagle3.h"
 #include "common/pool.h"
+#include "kernels/backend.h"
+#include "kernels/eagle3_rows.h"
 #include <stdint.h>
 
 typedef struct Eagle3Runner Eagle3Runner;
+
+/* The head's token embeddings: a (vocab, dim) table in its stored type (qtensor_f32 over
+ * an f32 array, or the target's own tensor, quantized or not), one row dequantized per
+ * token on demand, so no f32 copy of the target's table is made. Borrowed: keep the data
+ * alive. */
+typedef struct {
+    QTensor table;
+} Eagle3Embed;
 
 /* Borrows h and embed (keep both alive). embed: (vocab, dim) token embeddings, h->embed
  * when the head has its own, else the target's (eagle3_head_check verified the width).
@@ -25,6 +35,15 @@ typedef struct Eagle3Runner Eagle3Runner;
  * chunked by it, expansions must fit). */
 int eagle3_runner_create(const Eagle3Head *h, const float *embed, int kv_capacity,
                          int max_batch, Eagle3Runner **out, RsErr *e);
+/* The same on a backend's implementation of the layer (eagle3_rows_for: NULL or the CPU
+ * backend's ops: f32 on the CPU; the CUDA backend's: bf16 on device `device`). RS_EUNSUPPORTED
+ * for another backend, or the implementation's error (no device, no memory). */
+int eagle3_runner_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
+                            const Eagle3RowsOps *ops, int device, int kv_capacity,
+                            int max_batch, Eagle3Runner **out, RsErr *e);
+const Eagle3RowsOps *eagle3_rows_for(const BackendOps *backend, RsErr *e);
+/* "cpu" or "cuda". */
+const char *eagle3_runner_backend(const Eagle3Runner *r);
 void eagle3_runner_destroy(Eagle3Runner **r);
 /* Forget every row (new prompt). */
 void eagle3_reset(Eagle3Runner *r);

@@ -2,5 +2,7 @@
  * so callers that ask for one get NULL and can report "built without CUDA". The CUDA
  * build (kernels/cuda.mk) leaves this object out and links the real one. */
 #include "backend.h"
+#include "eagle3_rows.h"
 
 const BackendOps *cuda_backend_ops_get(void) { return NULL; }
+const Eagle3RowsOps *cuda_eagle3_rows_get(void) { return NULL; }

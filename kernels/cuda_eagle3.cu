@@ -1,0 +1,340 @@
+/* The CUDA implementation of kernels/eagle3_rows.h: an EAGLE-3 head's decoder layer on the
+ * GPU with the CUDA backend's conventions (kernels/cuda_backend.cu): bf16 weights, GEMM
+ * inputs and KV cache, f32 residual stream, norms and softmax, every projection one
+ * cublasGemmEx (bf16 in, f32 accumulate), and the backend's kernels (cuda_kernels.h) for
+ * the norms, RoPE, cache stores, attention and SwiGLU. The head's q/k/v take the 2*dim
+ * concatenation [input_layernorm(embed), hidden_norm(h)]: instead of building it, each
+ * half is normed into a buffer of its own and the projection runs as two GEMMs over the
+ * matching column halves of W (the second accumulating), which is the same product.
+ *
+ * Runs eagerly (no graphs): a head pass is one layer, and its inputs (embedding rows and
+ * states) come from the host each call. Outputs (states, logits) go back to the host, where
+ * the runner grows the pool. */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cuda_kernels.h"
+#include "eagle3_rows.h"
+
+#define CUBLAS_CHECK(expr)                                                                 \
+    do {                                                                                   \
+        cublasStatus_t st_ = (expr);                                                       \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                \
+            fprintf(stderr, "rootspec: cuBLAS error %s: %s (%s:%d)\n",                     \
+                    cublasGetStatusString(st_), #expr, __FILE__, __LINE__);                \
+            abort();                                                                       \
+        }                                                                                  \
+    } while (0)
+
+struct Eagle3Rows {
+    const Eagle3Head *h;
+    int dim, hd, nh, nkv, qd, kvd, qkv_w, hidden, F, DV, cap, maxb, device, mask_words;
+    float eps;
+    cudaStream_t s;
+    cublasHandle_t blas;
+    void *blas_ws;
+    rs_bf16 *fc;      // (dim, F)
+    rs_bf16 *wqkv;    // (qkv_w, 2*dim): q rows, k rows, v rows
+    rs_bf16 *wo;      // (dim, qd)
+    rs_bf16 *wgu;     // (2*hidden, dim): gate rows then up rows
+    rs_bf16 *wdown;   // (dim, hidden)
+    rs_bf16 *lm;      // (DV, dim)
+    float *in_norm, *hid_norm, *post_norm, *norm; // (dim)
+    float *inv_freq;  // (hd/2)
+    rs_bf16 *kc, *vc; // (cap, kvd)
+    float *hs;        // (maxb, dim) state / residual stream
+    float *emb;       // (maxb, dim) the batch's embedding rows
+    float *feat;      // (maxb, F) f32 features
+    rs_bf16 *featb;   // (maxb, F)
+    rs_bf16 *xa, *xh, *xb; // (maxb, dim) normed GEMM inputs
+    float *qkv;       // (maxb, qkv_w)
+    rs_bf16 *att;     // (maxb, qd)
+    float *gu;        // (maxb, 2*hidden)
+    rs_bf16 *hb;      // (maxb, hidden)
+    float *logits;    // (maxb, DV)
+    float *cos_t, *sin_t; // (maxb, hd/2)
+    float *att_scratch;
+    CuMeta *d_meta;
+    int *d_pos;       // (maxb)
+    uint64_t *d_mask; // (maxb, mask_words)
+    uint64_t *h_mask; // (maxb, mask_words)
+    uint8_t *h_causal; // (maxb, cap) bytes of the default mask
+};
+
+#define DFREE(p) do { if (p) cudaFree(p); (p) = NULL; } while (0)
+
+static void e3_destroy(Eagle3Rows **pr) {
+    if (!pr || !*pr) return;
+    Eagle3Rows *r = *pr;
+    cudaSetDevice(r->device);
+    if (r->s) cudaStreamSynchronize(r->s);
+    void *dev[] = {r->blas_ws, r->fc, r->wqkv, r->wo, r->wgu, r->wdown, r->lm, r->in_norm,
+                   r->hid_norm, r->post_norm, r->norm, r->inv_freq, r->kc, r->vc, r->hs,
+                   r->emb, r->feat, r->featb, r->xa, r->xh, r->xb, r->qkv, r->att, r->gu,
+                   r->hb, r->logits, r->cos_t, r->sin_t, r->att_scratch, r->d_meta, r->d_pos,
+                   r->d_mask};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) DFREE(dev[i]);
+    free(r->h_mask);
+    free(r->h_causal);
+    if (r->blas) cublasDestroy(r->blas);
+    if (r->s) cudaStreamDestroy(r->s);
+    free(r);
+    *pr = NULL;
+}
+
+static int dalloc(void *pp, size_t bytes, const char *what, RsErr *e) {
+    void **p = (void **)pp;
+    cudaError_t rc = cudaMalloc(p, bytes ? bytes : 16);
+    if (rc == cudaSuccess) return RS_OK;
+    *p = NULL;
+    cudaGetLastError();
+    return rs_err(e, RS_ENOMEM, "cudaMalloc of %zu bytes for the EAGLE-3 head's %s failed: %s",
+                  bytes, what, cudaGetErrorString(rc));
+}
+
+#define DA(ptr, bytes, what) if (!rc) rc = dalloc(&(ptr), (bytes), (what), e)
+
+static int alloc_all(Eagle3Rows *r, RsErr *e) {
+    size_t D = r->dim, B = r->maxb, cap = r->cap, half = r->hd / 2;
+    int rc = RS_OK;
+    DA(r->blas_ws, (size_t)32 << 20, "cuBLAS workspace");
+    DA(r->fc, D * r->F * 2, "fc");
+    DA(r->wqkv, (size_t)r->qkv_w * 2 * D * 2, "q|k|v_proj");
+    DA(r->wo, D * r->qd * 2, "o_proj");
+    DA(r->wgu, 2 * (size_t)r->hidden * D * 2, "gate|up_proj");
+    DA(r->wdown, D * r->hidden * 2, "down_proj");
+    DA(r->lm, (size_t)r->DV * D * 2, "lm_head");
+    DA(r->in_norm, D * 4, "input_layernorm");
+    DA(r->hid_norm, D * 4, "hidden_norm");
+    DA(r->post_norm, D * 4, "post_attention_layernorm");
+    DA(r->norm, D * 4, "norm");
+    DA(r->inv_freq, half * 4, "inv_freq");
+    DA(r->kc, cap * r->kvd * 2, "key cache");
+    DA(r->vc, cap * r->kvd * 2, "value cache");
+    DA(r->hs, B * D * 4, "states");
+    DA(r->emb, B * D * 4, "embedding rows");
+    DA(r->feat, B * r->F * 4, "features");
+    DA(r->featb, B * r->F * 2, "features (bf16)");
+    DA(r->xa, B * D * 2, "normed embeddings");
+    DA(r->xh, B * D * 2, "normed states");
+    DA(r->xb, B * D * 2, "normed residual");
+    DA(r->qkv, B * r->qkv_w * 4, "q|k|v");
+    DA(r->att, B * r->qd * 2, "attention output");
+    DA(r->gu, B * 2 * r->hidden * 4, "gate|up");
+    DA(r->hb, B * r->hidden * 2, "mlp hidden");
+    DA(r->logits, B * r->DV * 4, "logits");
+    DA(r->cos_t, B * half * 4, "cos");
+    DA(r->sin_t, B * half * 4, "sin");
+    DA(r->att_scratch, cuk_attention_scratch_floats(r->maxb, r->nh, r->hd, r->cap) * 4,
+       "attention partials");
+    DA(r->d_meta, sizeof(CuMeta), "meta");
+    DA(r->d_pos, B * 4, "positions");
+    DA(r->d_mask, B * r->mask_words * 8, "mask");
+    return rc;
+}
+#undef DA
+
+/* f32 host array (n) -> bf16 device array, through a bounded device staging buffer. */
+static void put_bf16(Eagle3Rows *r, const float *src, size_t n, rs_bf16 *dst, float *stage,
+                     size_t stage_n) {
+    for (size_t o = 0; o < n; o += stage_n) {
+        size_t k = n - o < stage_n ? n - o : stage_n;
+        CUDA_CHECK(cudaMemcpyAsync(stage, src + o, k * 4, cudaMemcpyHostToDevice, r->s));
+        cuk_f32_to_bf16(r->s, stage, dst + o, k);
+        CUDA_CHECK(cudaStreamSynchronize(r->s));
+    }
+}
+
+static void put_f32(Eagle3Rows *r, const float *src, size_t n, float *dst) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyHostToDevice, r->s));
+}
+
+/* The head's weights as the backend keeps a layer's (q|k|v and gate|up fused). */
+static int upload(Eagle3Rows *r, RsErr *e) {
+    const Eagle3Head *h = r->h;
+    size_t D = r->dim, stage_n = (size_t)4 << 20;
+    float *stage = NULL;
+    int rc = dalloc(&stage, stage_n * 4, "weight upload staging", e);
+    if (rc) return rc;
+    size_t D2 = 2 * D;
+    put_bf16(r, h->fc, D * r->F, r->fc, stage, stage_n);
+    put_bf16(r, h->wq, (size_t)r->qd * D2, r->wqkv, stage, stage_n);
+    put_bf16(r, h->wk, (size_t)r->kvd * D2, r->wqkv + (size_t)r->qd * D2, stage, stage_n);
+    put_bf16(r, h->wv, (size_t)r->kvd * D2, r->wqkv + (size_t)(r->qd + r->kvd) * D2, stage,
+             stage_n);
+    put_bf16(r, h->wo, D * r->qd, r->wo, stage, stage_n);
+    put_bf16(r, h->w_gate, (size_t)r->hidden * D, r->wgu, stage, stage_n);
+    put_bf16(r, h->w_up, (size_t)r->hidden * D, r->wgu + (size_t)r->hidden * D, stage, stage_n);
+    put_bf16(r, h->w_down, D * r->hidden, r->wdown, stage, stage_n);
+    put_bf16(r, h->lm_head, (size_t)r->DV * D, r->lm, stage, stage_n);
+    put_f32(r, h->input_norm, D, r->in_norm);
+    put_f32(r, h->hidden_norm, D, r->hid_norm);
+    put_f32(r, h->post_norm, D, r->post_norm);
+    put_f32(r, h->norm, D, r->norm);
+    float *inv = (float *)rs_xmalloc(sizeof(float) * (size_t)(r->hd / 2));
+    cuk_rope_inv_freq(&h->cfg.c, inv);
+    put_f32(r, inv, (size_t)r->hd / 2, r->inv_freq);
+    /* defined cache contents: a masked-out slot is never NaN from stale memory */
+    CUDA_CHECK(cudaMemsetAsync(r->kc, 0, (size_t)r->cap * r->kvd * 2, r->s));
+    CUDA_CHECK(cudaMemsetAsync(r->vc, 0, (size_t)r->cap * r->kvd * 2, r->s));
+    CUDA_CHECK(cudaStreamSynchronize(r->s));
+    free(inv);
+    DFREE(stage);
+    return RS_OK;
+}
+
+/* Refuses what the backend's kernels cannot run, and a missing device, before allocating. */
+static int check_device(const Config *c, int device, RsErr *e) {
+    if (c->head_dim > 256 || c->head_dim % 8 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads)
+        return rs_err(e, RS_EUNSUPPORTED, "EAGLE-3 head on CUDA: head_dim %d must be a multiple "
+                      "of 8 up to 256 and n_heads %d a multiple of n_kv_heads %d", c->head_dim,
+                      c->n_heads, c->n_kv_heads);
+    int ndev = 0;
+    cudaError_t crc = cudaGetDeviceCount(&ndev);
+    if (crc != cudaSuccess || ndev == 0) {
+        cudaGetLastError();
+        return rs_err(e, RS_EUNSUPPORTED, "no CUDA device for the EAGLE-3 head (%s)",
+                      crc != cudaSuccess ? cudaGetErrorString(crc) : "device count 0");
+    }
+    if (device < 0 || device >= ndev)
+        return rs_err(e, RS_EINVAL, "CUDA device %d does not exist (%d device%s)", device, ndev,
+                      ndev == 1 ? "" : "s");
+    CUDA_CHECK(cudaSetDevice(device));
+    return RS_OK;
+}
+
+static Eagle3Rows *rows_new(const Eagle3Head *h, int cap, int maxb, int device) {
+    const Config *c = &h->cfg.c;
+    Eagle3Rows *r = (Eagle3Rows *)rs_xcalloc(1, sizeof *r);
+    r->h = h;
+    r->dim = c->dim;
+    r->hd = c->head_dim;
+    r->nh = c->n_heads;
+    r->nkv = c->n_kv_heads;
+    r->qd = c->n_heads * c->head_dim;
+    r->kvd = c->n_kv_heads * c->head_dim;
+    r->qkv_w = r->qd + 2 * r->kvd;
+    r->hidden = c->hidden_dim;
+    r->F = EAGLE3_N_FEATURES * h->cfg.target_hidden;
+    r->DV = h->cfg.draft_vocab;
+    r->cap = cap;
+    r->maxb = maxb;
+    r->device = device;
+    r->eps = c->norm_eps;
+    r->mask_words = (cap + 63) / 64;
+    r->h_mask = (uint64_t *)rs_xcalloc((size_t)maxb * r->mask_words, 8);
+    r->h_causal = (uint8_t *)rs_xcalloc((size_t)maxb * cap, 1);
+    CUDA_CHECK(cudaStreamCreateWithFlags(&r->s, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasCreate(&r->blas));
+    CUBLAS_CHECK(cublasSetStream(r->blas, r->s));
+    return r;
+}
+
+static int e3_create(const Eagle3Head *h, int kv_capacity, int max_batch, int device,
+                     Eagle3Rows **out, RsErr *e) {
+    *out = NULL;
+    RS_ASSERT(h && h->arena);
+    int rc = check_device(&h->cfg.c, device, e);
+    if (rc) return rc;
+    Eagle3Rows *r = rows_new(h, kv_capacity, max_batch, device);
+    rc = alloc_all(r, e);
+    if (!rc) {
+        CUBLAS_CHECK(cublasSetWorkspace(r->blas, r->blas_ws, (size_t)32 << 20));
+        rc = upload(r, e);
+    }
+    if (rc) {
+        e3_destroy(&r);
+        return rc;
+    }
+    *out = r;
+    return RS_OK;
+}
+
+/* Y (n, out) f32 (+= when beta = 1) = X (n, in) bf16 @ W^T, W (out, in) read with row
+ * stride ldw (a column block of a wider matrix when ldw > in). Column-major as in
+ * cuda_backend.cu's gemm(). */
+static void gemm(Eagle3Rows *r, const rs_bf16 *W, int ldw, int out, int in, const rs_bf16 *X,
+                 int n, float *Y, float beta) {
+    const float alpha = 1.0f;
+    CUBLAS_CHECK(cublasGemmEx(r->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, W,
+                              CUDA_R_16BF, ldw, X, CUDA_R_16BF, in, &beta, Y, CUDA_R_32F, out,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    cuk_count_launches(1);
+}
+
+/* Positions, mask bits, meta, embedding rows and the state input onto the device. */
+static void stage(Eagle3Rows *r, const Eagle3Batch *b) {
+    int n = b->n, stride = b->n_pending + n;
+    const uint8_t *mask = b->mask;
+    if (!mask) { /* causal within the batch, every earlier pending row visible */
+        for (int t = 0; t < n; t++)
+            for (int j = 0; j < stride; j++)
+                r->h_causal[(size_t)t * stride + j] = j < b->n_pending + t + 1;
+        mask = r->h_causal;
+    }
+    cuk_pack_mask(mask, n, stride, r->h_mask);
+    CuMeta meta = {n, b->n_committed + b->n_pending, b->n_committed, stride};
+    size_t mbytes = (size_t)n * ((stride + 63) / 64) * 8, D = r->dim;
+    /* pageable sources: each copy completes before the call returns to the host */
+    CUDA_CHECK(cudaMemcpyAsync(r->d_meta, &meta, sizeof meta, cudaMemcpyHostToDevice, r->s));
+    CUDA_CHECK(cudaMemcpyAsync(r->d_pos, b->pos, (size_t)n * 4, cudaMemcpyHostToDevice, r->s));
+    CUDA_CHECK(cudaMemcpyAsync(r->d_mask, r->h_mask, mbytes, cudaMemcpyHostToDevice, r->s));
+    CUDA_CHECK(cudaMemcpyAsync(r->emb, b->emb, (size_t)n * D * 4, cudaMemcpyHostToDevice, r->s));
+    if (b->fc) {
+        CUDA_CHECK(cudaMemcpyAsync(r->feat, b->in, (size_t)n * r->F * 4, cudaMemcpyHostToDevice,
+                                   r->s));
+        cuk_f32_to_bf16(r->s, r->feat, r->featb, (size_t)n * r->F);
+        gemm(r, r->fc, r->F, r->dim, r->F, r->featb, n, r->hs, 0.0f);
+    } else {
+        CUDA_CHECK(cudaMemcpyAsync(r->hs, b->in, (size_t)n * D * 4, cudaMemcpyHostToDevice, r->s));
+    }
+}
+
+/* The decoder layer over the staged rows; output states left in r->hs. */
+static void layer(Eagle3Rows *r, int n) {
+    cudaStream_t s = r->s;
+    int D = r->dim;
+    cuk_rope_table(s, r->d_pos, r->inv_freq, n, r->hd / 2, r->cos_t, r->sin_t);
+    cuk_rmsnorm(s, r->emb, NULL, r->in_norm, n, D, r->eps, NULL, r->xa);
+    cuk_rmsnorm(s, r->hs, NULL, r->hid_norm, n, D, r->eps, NULL, r->xh);
+    gemm(r, r->wqkv, 2 * D, r->qkv_w, D, r->xa, n, r->qkv, 0.0f);
+    gemm(r, r->wqkv + D, 2 * D, r->qkv_w, D, r->xh, n, r->qkv, 1.0f);
+    cuk_qkv_post(s, r->qkv, r->qkv_w, n, r->nh, r->nkv, r->hd, NULL, NULL, NULL, r->eps,
+                 r->cos_t, r->sin_t, r->d_meta, r->kc, r->vc);
+    cuk_attention(s, r->qkv, r->qkv_w, r->kc, r->vc, r->d_mask, r->d_meta, n, r->nh, r->nkv,
+                  r->hd, r->cap, 0, r->att_scratch, r->att, NULL);
+    gemm(r, r->wo, r->qd, D, r->qd, r->att, n, r->hs, 1.0f); /* the residual is h itself */
+    cuk_rmsnorm(s, r->hs, NULL, r->post_norm, n, D, r->eps, NULL, r->xb);
+    gemm(r, r->wgu, D, 2 * r->hidden, D, r->xb, n, r->gu, 0.0f);
+    cuk_swiglu(s, r->gu, n, r->hidden, r->hb, NULL);
+    gemm(r, r->wdown, r->hidden, D, r->hidden, r->hb, n, r->hs, 1.0f);
+}
+
+static void e3_run(Eagle3Rows *r, const Eagle3Batch *b) {
+    CUDA_CHECK(cudaSetDevice(r->device));
+    RS_ASSERT(b->n >= 1 && b->n <= r->maxb);
+    stage(r, b);
+    layer(r, b->n);
+    int m = b->n - b->out_from, D = r->dim;
+    if (m > 0) {
+        const float *hs = r->hs + (size_t)b->out_from * D;
+        cuk_rmsnorm(r->s, hs, NULL, r->norm, m, D, r->eps, NULL, r->xb);
+        gemm(r, r->lm, D, r->DV, D, r->xb, m, r->logits, 0.0f);
+        CUDA_CHECK(cudaMemcpyAsync(b->state_out, hs, (size_t)m * D * 4, cudaMemcpyDeviceToHost,
+                                   r->s));
+        CUDA_CHECK(cudaMemcpyAsync(b->logits_out, r->logits, (size_t)m * r->DV * 4,
+                                   cudaMemcpyDeviceToHost, r->s));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(r->s));
+}
+
+static const Eagle3RowsOps cuda_e3_ops = {
+    .name = "cuda",
+    .create = e3_create,
+    .destroy = e3_destroy,
+    .run = e3_run,
+};
+
+extern "C" const Eagle3RowsOps *cuda_eagle3_rows_get(void) { return &cuda_e3_ops; }

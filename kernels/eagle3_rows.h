@@ -1,0 +1,55 @@
+/* The arithmetic of an EAGLE-3 head's one decoder layer over a batch of rows, per backend:
+ * the CPU in f32 (kernels/cpu_eagle3.c, the reference) and CUDA with bf16 weights, GEMM
+ * inputs and KV cache (kernels/cuda_eagle3.cu). An implementation holds the head's weights
+ * where it computes and the head's KV cache; the runner (draft_proc/eagle3_forward.h) keeps
+ * the cache bookkeeping (which slots are committed or pending), the token embeddings and
+ * the pool growth, so both backends grow pools with the same code. */
+#ifndef ROOTSPEC_EAGLE3_ROWS_H
+#define ROOTSPEC_EAGLE3_ROWS_H
+#include <stdint.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "common/eagle3.h"
+
+typedef struct Eagle3Rows Eagle3Rows; /* one implementation's state */
+
+/* n rows written to cache slots [n_committed + n_pending, + n): row t's state is
+ * fc(in[t]) when fc (in: (n, 3 * target_hidden) target features) or in[t] itself (in:
+ * (n, dim) parent states), its token embedding emb[t] (un-normed), rotary position pos[t].
+ * Row t attends to every committed slot and to the pending slots whose mask entries
+ * (mask: (n, n_pending + n), 1 = attend; NULL = causal, every earlier pending row) are set.
+ * Rows [out_from, n) return their output states and draft-vocabulary logits. */
+typedef struct {
+    const float *in;
+    int fc;
+    const float *emb;    // (n, dim)
+    const int *pos;      // (n)
+    const uint8_t *mask; // (n, n_pending + n) or NULL
+    int n, n_committed, n_pending, out_from;
+    float *state_out;    // (n - out_from, dim)
+    float *logits_out;   // (n - out_from, draft_vocab)
+} Eagle3Batch;
+
+typedef struct {
+    const char *name; /* "cpu" or "cuda", as the backend of the same name */
+    /* Borrows h (keep it alive; its arena must hold the weights). max_batch: most rows in
+     * one run. device: the CUDA ordinal (the CPU ignores it). RS_EUNSUPPORTED / RS_ENOMEM
+     * / RS_EINVAL with a message when the head cannot run there. */
+    int (*create)(const Eagle3Head *h, int kv_capacity, int max_batch, int device,
+                  Eagle3Rows **out, RsErr *e);
+    /* Accepts NULL and a NULL *r; clears the caller's pointer. */
+    void (*destroy)(Eagle3Rows **r);
+    /* The caller checked the sizes (n <= max_batch, slots inside kv_capacity). Outputs
+     * are on the host when it returns. */
+    void (*run)(Eagle3Rows *r, const Eagle3Batch *b);
+} Eagle3RowsOps;
+
+extern const Eagle3RowsOps cpu_eagle3_rows;
+/* NULL when built without CUDA (kernels/cuda_stub.c). */
+const Eagle3RowsOps *cuda_eagle3_rows_get(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
