@@ -6,6 +6,7 @@
 #include "common/logits.h"
 #include "kernels/backend.h"
 #include "kernels/eagle3_rows.h"
+#include "pool_grow.h"
 #include <string.h>
 
 struct Eagle3Runner {
@@ -20,7 +21,7 @@ struct Eagle3Runner {
     float *node_state;  // (POOL_N_EXPANDED, dim) output state of each pending tree row
     float *grow_logits; // (POOL_EXPAND, draft_vocab)
     float *grow_state;  // (POOL_EXPAND, dim) parents' states of one pass
-    int slot_of[POOL_MAX]; /* pending row of an expanded pool node, -1 if none */
+    const float *grow_root; // (dim) the root's state during eagle3_grow_pool
 };
 
 const Eagle3RowsOps *eagle3_rows_for(const BackendOps *backend, RsErr *e) {
@@ -156,98 +157,46 @@ void eagle3_topk(const Eagle3Head *h, const float *logits, int k, int *target_id
     }
 }
 
-/* The row's top 10 as new candidates below `parent`. */
-static void add_children(const Eagle3Head *h, Pool *p, const float *row, int parent, int depth) {
-    int ids[POOL_TOPK];
-    float lq[POOL_TOPK];
-    eagle3_topk(h, row, POOL_TOPK, ids, lq);
-    for (int k = 0; k < POOL_TOPK; k++) {
-        int i = p->n++;
-        p->token[i] = ids[k];
-        p->parent[i] = parent;
-        p->logq[i] = lq[k] > 0 ? 0 : lq[k]; /* rounding can push the top token a hair above 0 */
-        p->depth[i] = (uint8_t)depth;
-        p->score[i] = (parent >= 0 ? p->score[parent] : 0) + p->logq[i];
-    }
-}
-
-/* One pass over `nodes` (pool indices of one depth): parents' states in, ancestors in the
- * mask, outputs kept for their children; then their children join the pool. */
-static int expand_nodes(Eagle3Runner *r, Pool *p, const int *nodes, int n, const float *root_state,
-                        RsErr *e) {
-    int np = r->n_pending, cols = np + n, D = r->dim;
-    int tokens[POOL_EXPAND], pos[POOL_EXPAND];
-    uint8_t mask[POOL_EXPAND * POOL_N_EXPANDED];
+/* pool_grow's callback: each node runs with its parent's output state (the root's for
+ * depth 1), its outputs kept for its children; top 10 over the draft vocabulary mapped to
+ * target ids. */
+static int expand_nodes(void *ctx, const PoolPass *pass, int *ids, float *logq, RsErr *e) {
+    Eagle3Runner *r = ctx;
+    int n = pass->n, np = pass->n_pending, D = r->dim, DV = r->h->cfg.draft_vocab;
+    int pos[POOL_EXPAND] = {0};
+    RS_ASSERT(n <= POOL_EXPAND && np == r->n_pending && np + n <= POOL_N_EXPANDED);
     float *st = r->grow_state;
-    memset(mask, 0, (size_t)n * cols);
     for (int k = 0; k < n; k++) {
-        int u = nodes[k], par = p->parent[u];
-        tokens[k] = p->token[u];
-        pos[k] = eagle3_node_pos(r, p->depth[u]);
-        mask[(size_t)k * cols + np + k] = 1;
-        for (int a = par; a >= 0; a = p->parent[a]) mask[(size_t)k * cols + r->slot_of[a]] = 1;
-        memcpy(st + (size_t)k * D, par < 0 ? root_state : r->node_state + (size_t)r->slot_of[par] * D,
+        pos[k] = eagle3_node_pos(r, pass->depth);
+        int pr = pass->parent_row[k];
+        memcpy(st + (size_t)k * D, pr < 0 ? r->grow_root : r->node_state + (size_t)pr * D,
                sizeof(float) * D);
     }
-    float *out = r->node_state + (size_t)np * D;
-    int rc = eagle3_expand(r, tokens, st, pos, mask, n, r->grow_logits, out, e);
+    int rc = eagle3_expand(r, pass->token, st, pos, pass->mask, n, r->grow_logits,
+                           r->node_state + (size_t)np * D, e);
     if (rc) return rc;
-    for (int k = 0; k < n; k++) r->slot_of[nodes[k]] = np + k;
     for (int k = 0; k < n; k++)
-        add_children(r->h, p, r->grow_logits + (size_t)k * r->h->cfg.draft_vocab, nodes[k],
-                     p->depth[nodes[k]] + 1);
+        eagle3_topk(r->h, r->grow_logits + (size_t)k * DV, POOL_TOPK, ids + k * POOL_TOPK,
+                    logq + k * POOL_TOPK);
     return RS_OK;
-}
-
-/* The POOL_EXPAND best of the candidates from `first` on (all of one depth) by the ranking,
- * returned in pool order so children stay in creation order by parent. */
-static void best_new(const Pool *p, int first, int *nodes) {
-    int cand[POOL_EXPAND * POOL_TOPK], nc = p->n - first;
-    for (int i = 0; i < nc; i++) cand[i] = first + i;
-    for (int k = 0; k < POOL_EXPAND; k++) {
-        int best = k;
-        for (int i = k + 1; i < nc; i++)
-            if (pool_rank_cmp(p, cand[i], cand[best]) < 0) best = i;
-        int t = cand[k];
-        cand[k] = cand[best];
-        cand[best] = t;
-        nodes[k] = cand[k];
-    }
-    for (int k = 1; k < POOL_EXPAND; k++)
-        for (int j = k; j > 0 && nodes[j] < nodes[j - 1]; j--) {
-            int t = nodes[j];
-            nodes[j] = nodes[j - 1];
-            nodes[j - 1] = t;
-        }
 }
 
 int eagle3_grow_pool(Eagle3Runner *r, const float *root_state, const float *root_logits,
                      Pool *p, RsErr *e) {
-    if (r->max_batch < POOL_EXPAND || r->n_committed + r->n_pending + POOL_N_EXPANDED > r->cap ||
-        r->h->cfg.draft_vocab < POOL_TOPK)
+    if (r->max_batch < POOL_EXPAND || r->n_pending != 0 ||
+        r->n_committed + POOL_N_EXPANDED > r->cap || r->h->cfg.draft_vocab < POOL_TOPK)
         return rs_err(e, RS_EINVAL, "EAGLE-3 pool growth needs max_batch >= %d (have %d), room "
                       "for %d tree rows (%d committed + %d pending of %d) and a draft vocabulary "
                       "of at least %d", POOL_EXPAND, r->max_batch, POOL_N_EXPANDED,
                       r->n_committed, r->n_pending, r->cap, POOL_TOPK);
     uint64_t t0 = rs_now_ns();
-    p->n = 0;
-    for (int i = 0; i < POOL_MAX; i++) r->slot_of[i] = -1;
-    add_children(r->h, p, root_logits, -1, 1);
-    int nodes[POOL_EXPAND], passes = 0;
-    for (int k = 0; k < POOL_EXPAND; k++) nodes[k] = k;
-    for (int depth = 1; depth < POOL_MAX_DEPTH; depth++) {
-        int first_new = p->n, rc = expand_nodes(r, p, nodes, POOL_EXPAND, root_state, e);
-        if (rc) return rc;
-        passes++;
-        if (depth + 1 < POOL_MAX_DEPTH) best_new(p, first_new, nodes);
-    }
-    RS_ASSERT(p->n == POOL_MAX && r->n_pending >= POOL_N_EXPANDED);
-    RsErr pe = {0};
-    if (pool_finalize(p, r->h->cfg.c.vocab_size, &pe) != RS_OK)
-        return rs_err(e, RS_EFORMAT, "EAGLE-3 head produced an invalid pool (non-finite "
-                      "logits?): %s", pe.msg);
-    p->n_passes = passes + 1; /* the commit pass counts, as for the model drafter */
-    p->n_expanded = passes * POOL_EXPAND;
+    int ids[POOL_TOPK];
+    float lq[POOL_TOPK];
+    eagle3_topk(r->h, root_logits, POOL_TOPK, ids, lq);
+    r->grow_root = root_state;
+    int rc = pool_grow(p, ids, lq, 0, expand_nodes, r, r->h->cfg.c.vocab_size, "EAGLE-3 head", e);
+    r->grow_root = NULL;
+    if (rc) return rc;
     p->draft_ns = rs_now_ns() - t0;
     return RS_OK;
 }

@@ -67,14 +67,14 @@ int eagle3_commit(Eagle3Runner *r, const int *tokens, const float *feats, int n,
 int eagle3_expand(Eagle3Runner *r, const int *tokens, const float *state_in, const int *pos,
                   const uint8_t *mask, int n, float *logits_out, float *state_out, RsErr *e);
 
-/* Grows the DESIGN.md §2 pool below the last committed row (710 candidates, 70 expanded in 7
- * passes of 10; the selection of draft_proc/drafter.c, until the Drafter interface lets
- * both share it): depth-1 candidates are root_logits' top 10, each expanded node runs
- * with its parent's output state (root_state for depth 1) and its ancestors in the mask.
- * Candidate tokens are target ids, logq the log-softmax over the draft vocabulary.
- * Needs max_batch >= POOL_EXPAND and room for POOL_N_EXPANDED pending rows (RS_EINVAL
- * otherwise, nothing changed); leaves the 70 rows pending. RS_EFORMAT when the logits
- * are not finite. */
+/* Grows the DESIGN.md §2 pool below the last committed row with draft_proc/pool_grow.h (the
+ * model drafter's growth: 710 candidates, 70 expanded in 7 passes of 10): depth-1
+ * candidates are root_logits' top 10, each expanded node runs with its parent's output
+ * state (root_state for depth 1) and its ancestors in the mask. Candidate tokens are
+ * target ids, logq the log-softmax over the draft vocabulary. Needs max_batch >=
+ * POOL_EXPAND, no pending rows (a commit drops them) and room for POOL_N_EXPANDED
+ * (RS_EINVAL otherwise, nothing changed); leaves the 70 rows pending. RS_EFORMAT when the
+ * logits are not finite. */
 int eagle3_grow_pool(Eagle3Runner *r, const float *root_state, const float *root_logits,
                      Pool *p, RsErr *e);
 

@@ -1,14 +1,13 @@
 /* The model kind of Drafter (a drafter model of its own, or a layer subset of the target).
- * Pool growth, exactly DESIGN.md §2: the commit pass gives 10 depth-1 candidates; 7 expansion
- * passes of 10 nodes each (all of depth 1, then the 10 best new candidates of each of
- * depths 2..7) add 100 candidates per depth 2..8: 710 candidates, 70 expanded, 8 passes
+ * Pool growth is draft_proc/pool_grow.h's (DESIGN.md §2): the commit pass gives the 10
+ * depth-1 candidates, 7 expansion passes of 10 nodes run on the drafter's backend, 8 passes
  * in all counting the commit pass. Expanded nodes stay pending in the drafter's KV cache
- * for the round so later passes attend to them through the tree mask; the next commit
- * drops them. */
+ * for the round; the next commit drops them. */
 #include "model_drafter.h"
 #include "common/logits.h"
 #include "drafter_impl.h"
 #include "kernels/prefill.h"
+#include "pool_grow.h"
 #include <math.h>
 #include <string.h>
 
@@ -21,53 +20,34 @@ typedef struct {
     Backend *b;
     int vocab;
     float *logits;      // (POOL_EXPAND, vocab)
-    uint8_t *mask;      // (POOL_EXPAND, POOL_N_EXPANDED)
-    int slot_of[POOL_MAX]; /* pending KV slot of an expanded pool node, -1 if none */
     Pool *pool;         /* grow_begin's result for grow_end */
     int grow_rc;        /* grow_begin's status, reported by grow_end */
     RsErr grow_err;
 } ModelDrafter;
 
-/* The row's top-10 as new pool candidates, with their draft log-probs. */
-static void add_children(ModelDrafter *d, Pool *p, const float *row, int parent, int depth) {
+/* The row's top-10 token ids and their draft log-probs, best first. */
+static void row_children(const ModelDrafter *d, const float *row, int *ids, float *logq) {
     int V = d->vocab;
     float lse = (float)row_lse(row, V);
-    int top[POOL_TOPK];
-    row_topk(row, V, POOL_TOPK, top);
-    for (int k = 0; k < POOL_TOPK; k++) {
-        int i = p->n++;
-        p->token[i] = top[k];
-        p->parent[i] = parent;
-        float lq = row[top[k]] - lse;
-        p->logq[i] = lq > 0 ? 0 : lq; /* rounding can push the top token a hair above 0 */
-        p->depth[i] = (uint8_t)depth;
-        p->score[i] = (parent >= 0 ? p->score[parent] : 0) + p->logq[i];
-    }
+    row_topk(row, V, POOL_TOPK, ids);
+    for (int k = 0; k < POOL_TOPK; k++) logq[k] = row[ids[k]] - lse;
 }
 
-/* One expansion pass over `nodes` (pool indices, all of one depth): runs them through the
- * drafter with a mask over their pending ancestors, then adds their children. */
-static int expand(ModelDrafter *d, Pool *p, const int *nodes, int n, RsErr *e) {
+/* pool_grow's callback: runs a pass's nodes through the drafter under the pass's tree mask
+ * and reads each row's top 10. */
+static int expand(void *ctx, const PoolPass *pass, int *ids, float *logq, RsErr *e) {
+    ModelDrafter *d = ctx;
     Backend *b = d->b;
-    int np = backend_n_pending(b), cols = np + n;
-    int tokens[POOL_EXPAND], pos[POOL_EXPAND], rows[POOL_EXPAND];
-    memset(d->mask, 0, (size_t)n * cols);
+    int n = pass->n, pos[POOL_EXPAND], rows[POOL_EXPAND];
+    RS_ASSERT(n <= POOL_EXPAND && backend_n_pending(b) == pass->n_pending);
     for (int k = 0; k < n; k++) {
-        int u = nodes[k];
-        tokens[k] = p->token[u];
-        pos[k] = backend_n_committed(b) - 1 + p->depth[u];
+        pos[k] = backend_n_committed(b) - 1 + pass->depth;
         rows[k] = k;
-        d->mask[k * cols + np + k] = 1;
-        for (int a = p->parent[u]; a >= 0; a = p->parent[a]) {
-            RS_ASSERT(d->slot_of[a] >= 0);
-            d->mask[k * cols + d->slot_of[a]] = 1;
-        }
     }
-    int rc = backend_forward(b, tokens, pos, n, d->mask, rows, n, d->logits, e);
+    int rc = backend_forward(b, pass->token, pos, n, pass->mask, rows, n, d->logits, e);
     if (rc) return rc;
-    for (int k = 0; k < n; k++) d->slot_of[nodes[k]] = np + k;
     for (int k = 0; k < n; k++)
-        add_children(d, p, d->logits + (size_t)k * d->vocab, nodes[k], p->depth[nodes[k]] + 1);
+        row_children(d, d->logits + (size_t)k * d->vocab, ids + k * POOL_TOPK, logq + k * POOL_TOPK);
     return RS_OK;
 }
 
@@ -98,48 +78,11 @@ static int grow(ModelDrafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
     int rc = commit_tokens(d, tokens, n, 1, e);
     if (rc) return rc;
     p->commit_pass_ns = rs_now_ns() - t0;
-    p->n = 0;
-    for (int i = 0; i < POOL_MAX; i++) d->slot_of[i] = -1;
-    add_children(d, p, d->logits, -1, 1);
-    int passes = 1, expanded = 0;
-    int nodes[POOL_EXPAND];
-    for (int k = 0; k < POOL_TOPK; k++) nodes[k] = k;
-    for (int depth = 1; depth < POOL_MAX_DEPTH; depth++) {
-        int first_new = p->n;
-        rc = expand(d, p, nodes, POOL_EXPAND, e);
-        if (rc) return rc;
-        passes++;
-        expanded += POOL_EXPAND;
-        if (depth + 1 == POOL_MAX_DEPTH) break;
-        /* The 10 best of the 100 new candidates by the ranking (all of one depth). */
-        int cand[POOL_EXPAND * POOL_TOPK], nc = p->n - first_new;
-        for (int i = 0; i < nc; i++) cand[i] = first_new + i;
-        for (int k = 0; k < POOL_EXPAND; k++) { /* partial selection sort */
-            int best = k;
-            for (int i = k + 1; i < nc; i++)
-                if (pool_rank_cmp(p, cand[i], cand[best]) < 0) best = i;
-            int t = cand[k];
-            cand[k] = cand[best];
-            cand[best] = t;
-            nodes[k] = cand[k];
-        }
-        /* Expansion order = pool order, so children stay in creation order by parent. */
-        for (int k = 1; k < POOL_EXPAND; k++)
-            for (int j = k; j > 0 && nodes[j] < nodes[j - 1]; j--) {
-                int t = nodes[j];
-                nodes[j] = nodes[j - 1];
-                nodes[j - 1] = t;
-            }
-    }
-    RS_ASSERT(p->n == POOL_MAX && expanded == POOL_N_EXPANDED);
-    /* The shape is right by construction; log q is not when the model's logits are not
-     * finite (NaN / inf weights, fp16 overflow): an error for the target, not an abort. */
-    RsErr pe = {0};
-    if (pool_finalize(p, d->vocab, &pe) != RS_OK)
-        return rs_err(e, RS_EFORMAT, "drafter produced an invalid pool (non-finite logits?): %s",
-                      pe.msg);
-    p->n_passes = passes;
-    p->n_expanded = expanded;
+    int ids[POOL_TOPK];
+    float lq[POOL_TOPK];
+    row_children(d, d->logits, ids, lq);
+    rc = pool_grow(p, ids, lq, backend_n_pending(d->b), expand, d, d->vocab, "drafter", e);
+    if (rc) return rc;
     p->draft_ns = rs_now_ns() - t0;
     return RS_OK;
 }
@@ -178,7 +121,6 @@ static void md_destroy(void *ctx) {
     backend_host_free(d->b, d->logits);
     backend_destroy(&d->b);
     model_destroy(&d->view); /* after the backend that borrowed it */
-    free(d->mask);
     free(d->pool);
     free(d);
 }
@@ -215,7 +157,6 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
         return rc;
     }
     d->logits = backend_host_alloc(d->b, sizeof(float) * POOL_EXPAND * (size_t)d->vocab);
-    d->mask = rs_xmalloc(POOL_EXPAND * POOL_N_EXPANDED);
     d->pool = rs_xmalloc(sizeof(Pool));
     DrafterInfo info = {.vocab_size = d->vocab, .fingerprint = m->fingerprint, .name = m->path};
     *out = drafter_wrap(&model_ops, d, &info);
