@@ -127,9 +127,9 @@ static int check_args(const Args *A, const BackendOps **ops, int *head) {
 static int load_drafter(const Args *A, const BackendOps *ops, int head, Model **full,
                         Tokenizer **tok, Drafter **d) {
     RsErr e = {0};
-    /* A head's target is read on the CPU (its embeddings are the head's input). */
-    int rc = backend_model_load(head ? backend_ops_by_name("cpu", &e) : ops,
-                                head ? A->target_path : A->model, full, &e);
+    /* A head needs only its target's config, tokenizer and embedding rows (read on demand,
+     * or made from a random model's seed): no weights are materialised for it. */
+    int rc = head ? model_load(A->target_path, full, &e) : backend_model_load(ops, A->model, full, &e);
     if (!rc) rc = tokenizer_load_model(*full, tok, &e);
     if (!rc && head)
         rc = drafter_eagle3_open(A->model, *full, ops, A->device, A->ctx + POOL_N_EXPANDED, d, &e);

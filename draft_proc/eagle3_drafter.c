@@ -16,7 +16,6 @@ typedef struct {
     float *root_logits; // (draft_vocab)
     Pool *pool;         /* grow_begin's result for grow_end */
     Eagle3Head *owned;  /* drafter_eagle3_open's head, freed with the drafter */
-    float *owned_embed; // (vocab, dim) the target's embeddings dequantized, or NULL
     int grow_rc;
     RsErr grow_err;
 } Eagle3Drafter;
@@ -96,7 +95,6 @@ static void e3_destroy(void *ctx) {
     free(d->root_logits);
     free(d->pool);
     eagle3_head_destroy(&d->owned);
-    free(d->owned_embed);
     free(d);
 }
 
@@ -154,28 +152,16 @@ int drafter_eagle3_open(const char *head_path, const Model *target, const Backen
     int rc = eagle3_path_is_random(head_path) ? eagle3_head_random(head_path, 1, &h, e)
                                                 : eagle3_head_load(head_path, &h, e);
     if (!rc) rc = eagle3_head_check(h, &target->cfg, layers, e);
-    /* The head reads whole f32 rows; the target keeps its table quantized, so the head
-     * gets its own f32 copy (vocab x dim floats; dequantizing rows on demand would save it). */
-    const QTensor *te = &target->w.tok_embeddings;
-    float *own = NULL;
-    if (!rc && !h->embed && !te->data)
-        rc = rs_err(e, RS_EUNSUPPORTED, "EAGLE-3 head %s has no embed_tokens and target %s has "
-                    "no host copy of its embeddings", head_path, target->path);
-    if (!rc && !h->embed) {
-        own = rs_xmalloc(sizeof(float) * (size_t)target->cfg.vocab_size * target->cfg.dim);
-        qtensor_dequantize_rows(te, 0, target->cfg.vocab_size, own);
-    }
-    if (!rc) {
-        Eagle3Embed em = {.table = qtensor_f32(h->embed ? h->embed : own, h->cfg.c.vocab_size,
-                                               h->cfg.c.dim)};
-        rc = drafter_eagle3_create_on(h, &em, backend, device, kv_capacity, layers, out, e);
-    }
+    /* The target's table is read a row per token in its stored type (no f32 copy). */
+    Eagle3Embed em;
+    if (!rc && h->embed) em = (Eagle3Embed){.table = qtensor_f32(h->embed, h->cfg.c.vocab_size,
+                                                                h->cfg.c.dim)};
+    else if (!rc) rc = eagle3_embed_of(target, &em, e);
+    if (!rc) rc = drafter_eagle3_create_on(h, &em, backend, device, kv_capacity, layers, out, e);
     if (rc) {
-        free(own);
         eagle3_head_destroy(&h);
         return rc;
     }
     ((Eagle3Drafter *)(*out)->ctx)->owned = h;
-    ((Eagle3Drafter *)(*out)->ctx)->owned_embed = own;
     return RS_OK;
 }

@@ -4,6 +4,7 @@
  * implementation (the CPU in f32, or CUDA). */
 #include "eagle3_forward.h"
 #include "common/logits.h"
+#include "common/randmodel.h"
 #include "kernels/backend.h"
 #include "kernels/eagle3_rows.h"
 #include "pool_grow.h"
@@ -86,10 +87,46 @@ int eagle3_n_committed(const Eagle3Runner *r) { return r->n_committed; }
 int eagle3_n_pending(const Eagle3Runner *r) { return r->n_pending; }
 int eagle3_node_pos(const Eagle3Runner *r, int depth) { return r->n_committed - 1 + depth; }
 
+typedef struct {
+    RandTensor t;
+    int found;
+} FindEmbed;
+
+static void find_embed(void *u, const RandTensor *t) {
+    FindEmbed *f = u;
+    if (t->kind == RT_TOK_EMBEDDINGS) f->t = *t, f->found = 1;
+}
+
+int eagle3_embed_of(const Model *m, Eagle3Embed *out, RsErr *e) {
+    memset(out, 0, sizeof *out);
+    out->table = m->w.tok_embeddings;
+    out->table.rows = m->cfg.vocab_size;
+    out->table.cols = m->cfg.dim;
+    if (out->table.data) return RS_OK;
+    FindEmbed f = {0};
+    if (m->random_weights) model_random_walk(&m->cfg, m->random_seed, find_embed, &f);
+    if (!f.found)
+        return rs_err(e, RS_EUNSUPPORTED, "model %s has no host copy of its token embeddings "
+                      "for an EAGLE-3 head", m->path);
+    out->rand_seed = f.t.seed;
+    out->rand_scale = f.t.scale;
+    out->rand_base = f.t.base;
+    return RS_OK;
+}
+
+void eagle3_embed_row(const Eagle3Embed *em, int token, float *dst) {
+    if (em->table.data) {
+        qtensor_dequantize_rows(&em->table, token, 1, dst);
+        return;
+    }
+    uint64_t i0 = (uint64_t)token * (uint64_t)em->table.cols;
+    for (int i = 0; i < em->table.cols; i++)
+        dst[i] = rs_rand_value(em->rand_seed, i0 + (uint64_t)i, em->rand_scale, em->rand_base);
+}
+
 /* The batch's token embedding rows into r->emb. */
 static void embed_rows(Eagle3Runner *r, const int *tokens, int n) {
-    for (int t = 0; t < n; t++)
-        qtensor_dequantize_rows(&r->embed.table, tokens[t], 1, r->emb + (size_t)t * r->dim);
+    for (int t = 0; t < n; t++) eagle3_embed_row(&r->embed, tokens[t], r->emb + (size_t)t * r->dim);
 }
 
 static int check_tokens(const Eagle3Runner *r, const int *tokens, int n, RsErr *e) {

@@ -22,12 +22,22 @@
 typedef struct Eagle3Runner Eagle3Runner;
 
 /* The head's token embeddings: a (vocab, dim) table in its stored type (qtensor_f32 over
- * an f32 array, or the target's own tensor, quantized or not), one row dequantized per
- * token on demand, so no f32 copy of the target's table is made. Borrowed: keep the data
- * alive. */
+ * an f32 array, or the target's own tensor, quantized or not, often a file mapping), one
+ * row dequantized per token on demand, so no f32 copy of the target's table is made and
+ * only the rows drafting touches become resident. A random model's table without host
+ * weights (table.data NULL) gives rows from its generator (common/randmodel.h), the same
+ * values model_random_materialize would store. Borrowed: keep the data alive. */
 typedef struct {
     QTensor table;
+    uint64_t rand_seed;           /* table.data NULL: rs_rand_value(rand_seed, row * cols + i, */
+    float rand_scale, rand_base;  /*                  rand_scale, rand_base) */
 } Eagle3Embed;
+
+/* The token embeddings of model m as an Eagle3Embed (nothing copied: borrows m).
+ * RS_EUNSUPPORTED, naming the model, when it has neither host weights nor a generator. */
+int eagle3_embed_of(const Model *m, Eagle3Embed *out, RsErr *e);
+/* Row `token` of the table into dst (cols). */
+void eagle3_embed_row(const Eagle3Embed *em, int token, float *dst);
 
 /* Borrows h and embed (keep both alive). embed: (vocab, dim) token embeddings, h->embed
  * when the head has its own, else the target's (eagle3_head_check verified the width).

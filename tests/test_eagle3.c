@@ -6,12 +6,14 @@
  * (hidden size, vocabulary, feature layers), and the random presets. */
 #include "common/eagle3.h"
 #include "common/hf.h"
+#include "common/quant.h"
 #include "common/randmodel.h"
 #include "common/rng.h"
 #include "draft_proc/eagle3_drafter.h"
 #include "draft_proc/drafter_impl.h"
 #include "draft_proc/eagle3_forward.h"
 #include "draft_proc/server.h"
+#include "kernels/backend.h"
 #include "proto/proto.h"
 #include "target_proc/decode.h"
 #include "target_proc/remote.h"
@@ -720,6 +722,77 @@ static void pools_equal(const Pool *a, const Pool *b) {
                       (double)a->logq[i], b->token[i], b->parent[i], (double)b->logq[i]);
 }
 
+/* One round of drafting (a 6-token prompt with fixed features) on an EAGLE-3 drafter. */
+static void grow_fixed(Drafter *d, int F, Pool *p) {
+    int tok[6] = {3, 77, 500, 12, 256, 9};
+    float *f = malloc(sizeof(float) * 6 * F);
+    for (int i = 0; i < 6 * F; i++) f[i] = rs_rand_unit(31, (uint64_t)i);
+    RsErr e = {0};
+    ck_assert_msg(drafter_grow_begin(d, tok, 6, 1, f, sizeof(float) * 6 * F, &e) == 0, "%s", e.msg);
+    ck_assert_msg(drafter_grow_end(d, p, &e) == 0, "%s", e.msg);
+    free(f);
+}
+
+/* Embeddings read a row per token instead of an f32 copy of the target's table: a random
+ * target without host weights gives its rows from the generator, bit-identical to the
+ * materialised table, so the drafter opened on it grows the same pools; and a quantized
+ * (Q8_0) table read in place grows the pools of its dequantized f32 copy. */
+START_TEST(test_embeddings_by_row) {
+    Model *lazy, *mat;
+    RsErr e = {0};
+    ck_assert(model_load("random:tiny,seed=21", &lazy, &e) == 0);
+    ck_assert(backend_model_load(&cpu_backend_ops, "random:tiny,seed=21", &mat, &e) == 0);
+    Eagle3Embed a, b;
+    ck_assert_msg(eagle3_embed_of(lazy, &a, &e) == 0, "%s", e.msg);
+    ck_assert_msg(eagle3_embed_of(mat, &b, &e) == 0, "%s", e.msg);
+    ck_assert(a.table.data == NULL && b.table.data == mat->w.tok_embeddings.data);
+    int D = mat->cfg.dim, V = mat->cfg.vocab_size, F = 3 * D;
+    float ra[64], rb[64];
+    for (int t = 0; t < V; t += 73) {
+        eagle3_embed_row(&a, t, ra);
+        eagle3_embed_row(&b, t, rb);
+        ck_assert_msg(memcmp(ra, rb, sizeof(float) * D) == 0, "row %d differs", t);
+    }
+    Drafter *dl, *dm, *dq, *df;
+    Pool *pl = malloc(sizeof *pl), *pm = malloc(sizeof *pm);
+    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", lazy, NULL, 0, 256, &dl, &e) == 0, "%s", e.msg);
+    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", mat, NULL, 0, 256, &dm, &e) == 0, "%s", e.msg);
+    grow_fixed(dl, F, pl);
+    grow_fixed(dm, F, pm);
+    pools_equal(pl, pm);
+    /* Q8_0 rows (2 blocks of 32: f16 scale 2^-6 = 0x2400, 32 int8) of the same table */
+    size_t rb_bytes = 2 * 34;
+    uint8_t *q = calloc((size_t)V, rb_bytes);
+    const float *src = b.table.data;
+    for (int r = 0; r < V; r++)
+        for (int k = 0; k < 2; k++) {
+            uint8_t *blk = q + r * rb_bytes + k * 34;
+            blk[0] = 0x00, blk[1] = 0x24;
+            for (int i = 0; i < 32; i++) {
+                float v = roundf(src[(size_t)r * D + k * 32 + i] * 64.0f);
+                blk[2 + i] = (uint8_t)(int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+            }
+        }
+    Eagle3Embed qe = {.table = {.type = QT_Q8_0, .data = q, .rows = V, .cols = D, .row_bytes = rb_bytes}};
+    float *deq = malloc(sizeof(float) * (size_t)V * D);
+    qtensor_dequantize_rows(&qe.table, 0, V, deq);
+    ck_assert(memcmp(deq, src, sizeof(float) * D) != 0); /* quantization changed the values */
+    Eagle3Head *h;
+    int L[3];
+    ck_assert(eagle3_head_random("random:eagle3-tiny", 1, &h, &e) == 0);
+    ck_assert(eagle3_head_check(h, &mat->cfg, L, &e) == 0);
+    ck_assert_msg(drafter_eagle3_create_on(h, &qe, &cpu_backend_ops, 0, 256, L, &dq, &e) == 0, "%s", e.msg);
+    ck_assert(drafter_eagle3_create(h, deq, 256, L, &df, &e) == 0);
+    grow_fixed(dq, F, pl);
+    grow_fixed(df, F, pm);
+    pools_equal(pl, pm);
+    drafter_destroy(&dl), drafter_destroy(&dm), drafter_destroy(&dq), drafter_destroy(&df);
+    eagle3_head_destroy(&h);
+    free(q), free(deq), free(pl), free(pm);
+    model_destroy(&lazy), model_destroy(&mat);
+}
+END_TEST
+
 /* An EAGLE-3 drafter served by rootspec-draft's Session, reached through the remote kind:
  * HELLO_OK hands the target the head's feature layers, the f32 features travel as bf16, and
  * the pools equal those of the same head in process given the bf16-rounded features. A
@@ -873,6 +946,7 @@ Suite *suite_eagle3(void) {
     tcase_add_test(tc, test_fit_to_target);
     tcase_add_test(tc, test_topk_maps_draft_ids);
     tcase_add_test(tc, test_random_presets);
+    tcase_add_test(tc, test_embeddings_by_row);
     tcase_add_test(tc, test_eagle3_over_protocol);
     tcase_add_test(tc, test_v1_drafter_refused);
     suite_add_tcase(s, tc);

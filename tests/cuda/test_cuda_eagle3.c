@@ -249,14 +249,16 @@ START_TEST(test_cuda_eagle3_pools_match_cpu) {
 }
 END_TEST
 
-/* The drafter selects the CUDA head from the backend it is given, and refuses nothing the
- * CPU one accepts. */
+/* The drafter selects the CUDA head from the backend it is given (in process, the target's
+ * backend) and grows a full pool; a missing device ordinal is refused by name. */
 START_TEST(test_cuda_eagle3_drafter_backend) {
     CU_REQUIRE_DEVICE();
     Model *t = NULL;
     Drafter *d = NULL;
     RsErr e = {0};
-    ck_assert(backend_model_load(&cpu_backend_ops, "random:tiny,seed=21", &t, &e) == 0);
+    /* the target as the CUDA backend loads it: no host weights, embedding rows from its seed */
+    ck_assert(backend_model_load(cuda_backend_ops_get(), "random:tiny,seed=21", &t, &e) == 0);
+    ck_assert_ptr_null(t->arena);
     ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny,seed=4", t, cuda_backend_ops_get(), 0,
                                       256, &d, &e) == 0, "%s", e.msg);
     int tok[6] = {1, 2, 3, 4, 5, 6};
