@@ -23,6 +23,17 @@ int drafter_reset(Drafter *d, const int *prompt, int n, const void *features, si
     return d->ops->reset(d->ctx, prompt, n, features, feat_bytes, e);
 }
 
+int drafter_append(Drafter *d, const int *tokens, int n, const void *features, size_t feat_bytes,
+                   RsErr *e) {
+    check_features(features, feat_bytes);
+    d->growing = 0;
+    if (n < 1) return rs_err(e, RS_EINVAL, "append of %d tokens: need at least one", n);
+    if (!d->ops->append)
+        return rs_err(e, RS_EUNSUPPORTED, "drafter %s cannot take its context in parts",
+                      d->info.name ? d->info.name : "?");
+    return d->ops->append(d->ctx, tokens, n, features, feat_bytes, e);
+}
+
 int drafter_grow_begin(Drafter *d, const int *tokens, int n, int reset, const void *features,
                        size_t feat_bytes, RsErr *e) {
     check_features(features, feat_bytes);

@@ -50,6 +50,12 @@ typedef struct {
 int drafter_reset(Drafter *d, const int *prompt, int n, const void *features, size_t feat_bytes,
                   RsErr *e);
 
+/* Commits `tokens` (n >= 1) after the context without growing a pool: the continuation of
+ * a prompt too long for one message (rootspec-draft's APPEND, after a RESET). Errors as
+ * drafter_reset's; RS_EUNSUPPORTED for a kind without it (tests' wrappers). */
+int drafter_append(Drafter *d, const int *tokens, int n, const void *features, size_t feat_bytes,
+                   RsErr *e);
+
 /* Commits `tokens` (n >= 1: the round's emitted tokens) and starts growing the pool below
  * the last of them; it may return before the pool is ready (the threaded and remote kinds
  * do), so the caller's own work overlaps drafting. reset = 1 forgets the context first (as

@@ -18,6 +18,9 @@ typedef struct {
     int (*grow_end)(void *ctx, Pool *out, RsErr *e);
     /* Waits for any outstanding work, frees ctx and what it owns. */
     void (*destroy)(void *ctx);
+    /* As drafter_append (n >= 1); optional: NULL makes drafter_append RS_EUNSUPPORTED. */
+    int (*append)(void *ctx, const int *tokens, int n, const void *features, size_t feat_bytes,
+                  RsErr *e);
 } DrafterOps;
 
 struct Drafter {

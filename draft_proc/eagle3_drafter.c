@@ -70,6 +70,11 @@ static int e3_reset(void *ctx, const int *prompt, int n, const void *features,
     return n ? commit(d, prompt, n, features, feat_bytes, 0, e) : RS_OK;
 }
 
+static int e3_append(void *ctx, const int *tokens, int n, const void *features,
+                     size_t feat_bytes, RsErr *e) {
+    return commit(ctx, tokens, n, features, feat_bytes, 0, e);
+}
+
 static int e3_grow_begin(void *ctx, const int *tokens, int n, const void *features,
                          size_t feat_bytes, RsErr *e) {
     Eagle3Drafter *d = ctx;
@@ -103,6 +108,7 @@ static const DrafterOps eagle3_ops = {
     .grow_begin = e3_grow_begin,
     .grow_end = e3_grow_end,
     .destroy = e3_destroy,
+    .append = e3_append,
 };
 
 int drafter_eagle3_create_on(const Eagle3Head *h, const Eagle3Embed *embed,

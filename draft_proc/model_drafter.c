@@ -97,6 +97,11 @@ static int model_reset(void *ctx, const int *prompt, int n, const void *features
     return n ? commit_tokens(d, prompt, n, 0, e) : RS_OK;
 }
 
+static int model_append(void *ctx, const int *tokens, int n, const void *features,
+                        size_t feat_bytes, RsErr *e) {
+    return commit_tokens(ctx, tokens, n, 0, e);
+}
+
 /* Grows at once; the status waits for grow_end, as a worker thread's or a peer's would. */
 static int model_grow_begin(void *ctx, const int *tokens, int n, const void *features,
                             size_t feat_bytes, RsErr *e) {
@@ -130,6 +135,7 @@ static const DrafterOps model_ops = {
     .grow_begin = model_grow_begin,
     .grow_end = model_grow_end,
     .destroy = md_destroy,
+    .append = model_append,
 };
 
 /* Builds the kind's state on `m`; takes ownership of `view` (NULL or m itself). */

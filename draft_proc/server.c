@@ -177,17 +177,32 @@ static void on_reset(Session *s) {
     }
 }
 
+/* 1 (after an ERROR reply) when an earlier failure lost the context: only RESET helps. */
+static int refuse_lost(Session *s) {
+    if (!s->ctx_lost) return 0;
+    char t[400];
+    snprintf(t, sizeof t, "drafter context lost (%s): send RESET with the prompt, then %s",
+             s->ctx_lost_why, proto_type_name(s->req.type));
+    reply_error(s, &s->req, RS_EPROTO, t);
+    return 1;
+}
+
+/* APPEND: the next part of a context too long for one message; no reply unless it fails. */
+static void on_append(Session *s) {
+    if (!in_session(s) || refuse_lost(s)) return;
+    RsErr ge = {0};
+    size_t fb;
+    const float *f = request_features(s, &fb);
+    int rc = drafter_append(s->d, s->req.u.tokens.ids, s->req.u.tokens.n, f, fb, &ge);
+    if (rc) {
+        lose_context(s, "APPEND");
+        reply_error(s, &s->req, rc, ge.msg);
+    }
+}
+
 /* COMMIT_GROW: commits the round's tokens and answers with the pool grown below them. */
 static void on_commit_grow(Session *s) {
-    if (!in_session(s)) return;
-    if (s->ctx_lost) {
-        char t[400];
-        snprintf(t, sizeof t,
-                 "drafter context lost (%s): send RESET with the prompt, then COMMIT_GROW",
-                 s->ctx_lost_why);
-        reply_error(s, &s->req, RS_EPROTO, t);
-        return;
-    }
+    if (!in_session(s) || refuse_lost(s)) return;
     RsErr ge = {0};
     size_t fb;
     const float *f = request_features(s, &fb);
@@ -232,6 +247,7 @@ static void dispatch(Session *s) {
     case PROTO_HELLO: on_hello(s); break;
     case PROTO_RESET: on_reset(s); break;
     case PROTO_COMMIT_GROW: on_commit_grow(s); break;
+    case PROTO_APPEND: on_append(s); break;
     case PROTO_BYE: on_bye(s); break;
     default: on_unexpected(s);
     }

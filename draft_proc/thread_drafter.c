@@ -64,6 +64,17 @@ static int thread_reset(void *ctx, const int *prompt, int n, const void *feature
     return rc;
 }
 
+static int thread_append(void *ctx, const int *tokens, int n, const void *features,
+                         size_t feat_bytes, RsErr *e) {
+    ThreadDrafter *td = ctx;
+    pthread_mutex_lock(&td->mu);
+    wait_idle(td);
+    td->done = 0;
+    int rc = drafter_append(td->inner, tokens, n, features, feat_bytes, e);
+    pthread_mutex_unlock(&td->mu);
+    return rc;
+}
+
 static void copy_commit(ThreadDrafter *td, const int *tokens, int n, const void *features,
                         size_t feat_bytes) {
     if (n > td->cap) {
@@ -129,6 +140,7 @@ static const DrafterOps thread_ops = {
     .grow_begin = thread_grow_begin,
     .grow_end = thread_grow_end,
     .destroy = thread_destroy,
+    .append = thread_append,
 };
 
 int drafter_threaded_create(Drafter *inner, Drafter **out, RsErr *e) {

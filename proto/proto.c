@@ -293,10 +293,11 @@ static int rd_bin_raw(Rd *r, const char *name, long idx, uint32_t max, const cha
 /* ---------------------------------------------------------------- decoder */
 
 static const char *const type_names[] = {"NONE",        "HELLO", "HELLO_OK", "RESET",
-                                         "COMMIT_GROW", "POOL",  "ERROR",    "BYE"};
+                                         "COMMIT_GROW", "POOL",  "ERROR",    "BYE",
+                                         "APPEND"};
 
 const char *proto_type_name(int type) {
-    if (type < 0 || type > PROTO_BYE) return "UNKNOWN";
+    if (type < 0 || type > PROTO_TYPE_LAST) return "UNKNOWN";
     return type_names[type];
 }
 
@@ -512,7 +513,7 @@ static int dec_header(Rd *r, ProtoMsg *out, uint64_t *type) {
     if (ver != PROTO_VERSION)
         return rd_fail(r, RS_EUNSUPPORTED, "protocol version %llu, expected %d",
                        (unsigned long long)ver, PROTO_VERSION);
-    if (*type < PROTO_HELLO || *type > PROTO_BYE)
+    if (*type < PROTO_HELLO || *type > PROTO_TYPE_LAST)
         return rd_fail(r, RS_EPROTO, "unknown message type %llu", (unsigned long long)*type);
     return 0;
 }
@@ -531,7 +532,8 @@ int proto_decode(const void *buf, size_t len, ProtoMsg *out, RsErr *e) {
     case PROTO_HELLO: rc = dec_hello(&r, &out->u.hello); break;
     case PROTO_HELLO_OK: rc = dec_hello_ok(&r, &out->u.hello_ok); break;
     case PROTO_RESET: rc = dec_tokens(&r, out, 0); break;
-    case PROTO_COMMIT_GROW: rc = dec_tokens(&r, out, 1); break;
+    case PROTO_COMMIT_GROW:
+    case PROTO_APPEND: rc = dec_tokens(&r, out, 1); break;
     case PROTO_POOL: rc = dec_pool(&r, out); break;
     case PROTO_ERROR: rc = dec_error(&r, &out->u.error); break;
     case PROTO_BYE: rc = rd_arr_exact(&r, "body", 0); break;
@@ -676,7 +678,8 @@ static int enc_body(msgpack_packer *pk, const ProtoMsg *m, RsErr *e) {
         break;
     }
     case PROTO_RESET: return enc_tokens(pk, &m->u.tokens, 0, e);
-    case PROTO_COMMIT_GROW: return enc_tokens(pk, &m->u.tokens, 1, e);
+    case PROTO_COMMIT_GROW:
+    case PROTO_APPEND: return enc_tokens(pk, &m->u.tokens, 1, e);
     case PROTO_POOL: return enc_pool(pk, &m->u.pool, e);
     case PROTO_ERROR:
         if ((l1 = fixed_strlen(m->u.error.message, PROTO_MSG_MAX)) < 0)
@@ -696,7 +699,7 @@ int proto_encode(const ProtoMsg *m, msgpack_sbuffer *out, RsErr *e) {
     size_t start = out->size;
     msgpack_packer pk;
     msgpack_packer_init(&pk, out, msgpack_sbuffer_write);
-    if (m->type < PROTO_HELLO || m->type > PROTO_BYE)
+    if (m->type < PROTO_HELLO || m->type > PROTO_TYPE_LAST)
         return rs_err(e, RS_EINVAL, "proto: cannot encode message type %d", (int)m->type);
     int rc = msgpack_pack_array(&pk, 6) | enc_str(&pk, PROTO_MAGIC, 4);
     rc |= msgpack_pack_uint32(&pk, PROTO_VERSION) | msgpack_pack_uint32(&pk, (uint32_t)m->type);
@@ -729,7 +732,8 @@ int proto_msg_equal(const ProtoMsg *a, const ProtoMsg *b) {
                       (size_t)x->n_feat_layers * sizeof x->feat_layers[0]) == 0;
     }
     case PROTO_RESET:
-    case PROTO_COMMIT_GROW: {
+    case PROTO_COMMIT_GROW:
+    case PROTO_APPEND: {
         const ProtoTokens *x = &a->u.tokens, *y = &b->u.tokens;
         size_t nf = (size_t)x->n * (size_t)x->feat_width;
         return x->n == y->n &&
@@ -869,4 +873,11 @@ int proto_recv(void *sock, ProtoMsg *out, int timeout_ms, RsErr *e) {
         zmq_msg_close(&msg);
         return rc;
     }
+}
+
+int proto_feat_chunk_rows(int width, size_t max_bytes) {
+    RS_ASSERT(width >= 1 && max_bytes >= 2);
+    size_t rows = max_bytes / (2 * (size_t)width);
+    if (rows > PROTO_MAX_TOKENS) rows = PROTO_MAX_TOKENS;
+    return rows ? (int)rows : 1;
 }

@@ -43,6 +43,11 @@
  *                  After a failed RESET / COMMIT_GROW (or a rejected frame) of the session
  *                  the drafter refuses COMMIT_GROW until RESET or HELLO (context lost).
  *   BYE         7  either way: []   (the target's BYE is answered with BYE, then both close)
+ *   APPEND      8  target -> drafter: more committed tokens without growing, for a prompt
+ *                  (or a commit) whose features exceed one message: RESET carries the
+ *                  first chunk, APPENDs the next ones in order, then COMMIT_GROW the last
+ *                  (or the next round). [tokens [int32 >= 0, ...] (1 .. 1<<20), features]
+ *                  no reply unless it fails (then the context is lost, as for RESET).
  *
  * Sockets: one frame per message, so use ZMQ_PAIR (recommended: the drafter binds, the
  * target connects) or DEALER<->DEALER; a ROUTER must strip its envelope itself and call
@@ -75,9 +80,9 @@
 #define PROTO_TAKEN_OVER "session taken over by another client"
 #define PROTO_FEAT_LAYERS_MAX 8     /* HELLO_OK feature_layers entries */
 #define PROTO_FEAT_WIDTH_MAX (1 << 17) /* feature row width (3 x 43690 hidden) */
-/* Feature payload bound: 64 MiB is a 2730-token prompt for a Llama-3.1-8B head (3 x 4096
- * bf16 values a token). Sized so a frame stays a bounded allocation; a longer prompt is
- * refused by name rather than silently truncated. */
+/* Feature payload bound of one message: 64 MiB is 2730 tokens for a Llama-3.1-8B head (3 x
+ * 4096 bf16 values a token). Sized so a frame stays a bounded allocation; a longer prompt
+ * travels in chunks (RESET, then APPEND messages). */
 #define PROTO_MAX_FEAT_BYTES (64u << 20)
 /* Largest frame either end accepts (ZMQ_MAXMSGSIZE; libzmq drops a peer that sends more,
  * before allocating it). Every valid message fits: a COMMIT_GROW of PROTO_MAX_TOKENS ids
@@ -93,7 +98,9 @@ typedef enum {
     PROTO_POOL = 5,
     PROTO_ERROR = 6,
     PROTO_BYE = 7,
+    PROTO_APPEND = 8,
 } ProtoType;
+#define PROTO_TYPE_LAST PROTO_APPEND
 
 /* Capability bits (HELLO / HELLO_OK). */
 #define PROTO_CAP_POOL_V1 (1u << 0) /* grows EAGLE-3-shaped pools (DESIGN.md §2) */
@@ -150,7 +157,7 @@ typedef struct {
     union {
         ProtoHello hello;       /* PROTO_HELLO */
         ProtoHelloOk hello_ok;  /* PROTO_HELLO_OK */
-        ProtoTokens tokens;     /* PROTO_RESET, PROTO_COMMIT_GROW */
+        ProtoTokens tokens;     /* PROTO_RESET, PROTO_COMMIT_GROW, PROTO_APPEND */
         ProtoPool pool;         /* PROTO_POOL */
         ProtoError error;       /* PROTO_ERROR */
     } u;                        /* PROTO_BYE has no body */
@@ -187,6 +194,11 @@ int proto_msg_equal(const ProtoMsg *a, const ProtoMsg *b);
 void proto_error_reply(ProtoMsg *out, const ProtoMsg *req, const RsErr *cause);
 
 const char *proto_type_name(int type);
+
+/* Rows of `width` 16-bit feature values that fit one message's payload of at most
+ * max_bytes (PROTO_MAX_FEAT_BYTES unless a test lowers it), and at most PROTO_MAX_TOKENS;
+ * >= 1. A sender splits longer token lists at this many rows. */
+int proto_feat_chunk_rows(int width, size_t max_bytes);
 
 /* Feature conversions for the payload: f32 -> bf16 rounds to nearest even (NaN kept NaN);
  * to f32 from either 16-bit type is exact. */

@@ -1,5 +1,6 @@
 /* The remote kind of Drafter: a rootspec-draft process over ZeroMQ (DEALER). reset sends
- * RESET (no reply unless it fails); grow_begin sends COMMIT_GROW and returns at once so the
+ * RESET (no reply unless it fails; features over one message's bound continue in APPEND
+ * messages, as do a long commit's leading parts); grow_begin sends COMMIT_GROW and returns at once so the
  * target's root pass overlaps the drafting; grow_end waits for the POOL whose seq matches,
  * discarding stale replies from an earlier timeout. After a failure the next reset
  * re-handshakes (the drafter may have restarted). */
@@ -143,34 +144,62 @@ static int handshake(Remote *r, RsErr *e) {
     return RS_OK;
 }
 
+/* Largest feature payload one message carries (tests lower it). */
+static size_t g_chunk_bytes = PROTO_MAX_FEAT_BYTES;
+
+void remote_set_feat_chunk_bytes(size_t bytes) {
+    g_chunk_bytes = bytes >= 2 && bytes <= PROTO_MAX_FEAT_BYTES ? bytes : PROTO_MAX_FEAT_BYTES;
+}
+
+/* Sends tokens [0, n) with their f32 features in as many messages as the payload bound
+ * needs: `type` (RESET, APPEND or COMMIT_GROW) says what the whole list is; a RESET starts
+ * with a RESET, a COMMIT_GROW ends with one, every other part is an APPEND. */
+static int send_tokens(Remote *r, ProtoType type, const int *tokens, int n, const void *features,
+                       size_t feat_bytes, RsErr *e) {
+    size_t width = features && n > 0 ? feat_bytes / sizeof(float) / (size_t)n : 0;
+    if (features && (n <= 0 || feat_bytes % (sizeof(float) * (size_t)n) || width < 1 ||
+                     width > PROTO_FEAT_WIDTH_MAX))
+        return rs_err(e, RS_EINVAL, "%zu bytes of features do not make %d f32 rows of at most "
+                      "%d values", feat_bytes, n, PROTO_FEAT_WIDTH_MAX);
+    int rows = width ? proto_feat_chunk_rows((int)width, g_chunk_bytes) : PROTO_MAX_TOKENS;
+    int off = 0;
+    do {
+        int m = n - off < rows ? n - off : rows, last = off + m == n;
+        ProtoMsg msg = {0};
+        msg.type = type == PROTO_RESET && off == 0 ? PROTO_RESET
+                   : type == PROTO_COMMIT_GROW && last ? PROTO_COMMIT_GROW : PROTO_APPEND;
+        msg.u.tokens.ids = (const int32_t *)tokens + off;
+        msg.u.tokens.n = m;
+        const float *f = features ? (const float *)features + (size_t)off * width : NULL;
+        int rc = attach_features(r, &msg, m, f, f ? (size_t)m * width * sizeof(float) : 0, e);
+        if (rc) return rc;
+        if ((rc = send_msg(r, &msg, e))) {
+            r->healthy = 0;
+            return rc;
+        }
+        off += m;
+    } while (off < n);
+    return RS_OK;
+}
+
 static int remote_reset(void *ctx, const int *prompt, int n, const void *features,
                         size_t feat_bytes, RsErr *e) {
     Remote *r = ctx;
     int rc;
     if (!r->healthy && (rc = handshake(r, e))) return rc;
-    ProtoMsg m = {0};
-    m.type = PROTO_RESET;
-    m.u.tokens.ids = (const int32_t *)prompt;
-    m.u.tokens.n = n;
-    if ((rc = attach_features(r, &m, n, features, feat_bytes, e))) return rc;
-    if ((rc = send_msg(r, &m, e))) r->healthy = 0;
-    return rc;
+    return send_tokens(r, PROTO_RESET, prompt, n, features, feat_bytes, e);
+}
+
+static int remote_append(void *ctx, const int *tokens, int n, const void *features,
+                         size_t feat_bytes, RsErr *e) {
+    return send_tokens(ctx, PROTO_APPEND, tokens, n, features, feat_bytes, e);
 }
 
 static int remote_grow_begin(void *ctx, const int *tokens, int n, const void *features,
                              size_t feat_bytes, RsErr *e) {
     Remote *r = ctx;
-    ProtoMsg m = {0};
-    m.type = PROTO_COMMIT_GROW;
-    m.u.tokens.ids = (const int32_t *)tokens;
-    m.u.tokens.n = n;
-    int rc = attach_features(r, &m, n, features, feat_bytes, e);
+    int rc = send_tokens(r, PROTO_COMMIT_GROW, tokens, n, features, feat_bytes, e);
     if (rc) return rc;
-    rc = send_msg(r, &m, e);
-    if (rc) {
-        r->healthy = 0;
-        return rc;
-    }
     r->pending_seq = r->seq;
     return RS_OK;
 }
@@ -208,6 +237,7 @@ static const DrafterOps remote_ops = {
     .grow_begin = remote_grow_begin,
     .grow_end = remote_grow_end,
     .destroy = remote_destroy,
+    .append = remote_append,
 };
 
 int drafter_remote_create(const char *endpoint, const Model *target, uint64_t tok_hash,

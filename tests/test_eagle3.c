@@ -421,7 +421,7 @@ static void ad_destroy(void *ctx) {
     free(a);
 }
 
-static const DrafterOps adapter_ops = {ad_reset, ad_grow_begin, ad_grow_end, ad_destroy};
+static const DrafterOps adapter_ops = {ad_reset, ad_grow_begin, ad_grow_end, ad_destroy, NULL};
 
 START_TEST(test_decode_identity_with_eagle3) {
     /* Every decoder at B=8 and B=40 emits exactly AR's greedy tokens with the fixture head
@@ -797,6 +797,37 @@ END_TEST
  * HELLO_OK hands the target the head's feature layers, the f32 features travel as bf16, and
  * the pools equal those of the same head in process given the bf16-rounded features. A
  * target whose HELLO lacks the FEATURES bit is refused by name. */
+/* A served drafter that counts the APPEND messages it is given (the chunked variant). */
+typedef struct {
+    Drafter *inner;
+    int appends, append_rows;
+} CountAppend;
+
+static int ca_reset(void *c, const int *p, int n, const void *f, size_t fb, RsErr *e) {
+    return drafter_reset(((CountAppend *)c)->inner, p, n, f, fb, e);
+}
+static int ca_grow_begin(void *c, const int *t, int n, const void *f, size_t fb, RsErr *e) {
+    return drafter_grow_begin(((CountAppend *)c)->inner, t, n, 0, f, fb, e);
+}
+static int ca_grow_end(void *c, Pool *out, RsErr *e) {
+    return drafter_grow_end(((CountAppend *)c)->inner, out, e);
+}
+static void ca_destroy(void *c) {
+    drafter_destroy(&((CountAppend *)c)->inner);
+    free(c);
+}
+static int ca_append(void *c, const int *t, int n, const void *f, size_t fb, RsErr *e) {
+    CountAppend *ca = c;
+    ca->appends++;
+    ca->append_rows += n;
+    return drafter_append(ca->inner, t, n, f, fb, e);
+}
+static const DrafterOps count_append_ops = {ca_reset, ca_grow_begin, ca_grow_end, ca_destroy,
+                                            ca_append};
+
+/* _i = 1: the features' bound per message lowered to 2 rows, so the 6-token RESET travels
+ * as RESET + 2 APPENDs and the 3-token commit as APPEND + COMMIT_GROW; the pools must be
+ * those of one message each. */
 START_TEST(test_eagle3_over_protocol) {
     Model *t;
     Eagle3Head *h;
@@ -809,6 +840,10 @@ START_TEST(test_eagle3_over_protocol) {
     Drafter *served, *local, *remote;
     ck_assert(drafter_eagle3_create(h, emb, 256, L, &served, &e) == 0);
     ck_assert(drafter_eagle3_create(h, emb, 256, L, &local, &e) == 0);
+    CountAppend *ca = calloc(1, sizeof *ca);
+    ca->inner = served;
+    served = drafter_wrap(&count_append_ops, ca, drafter_info(ca->inner));
+    if (_i) remote_set_feat_chunk_bytes(2 * 2 * 3 * (size_t)h->cfg.target_hidden);
     char ep[128];
     snprintf(ep, sizeof ep, "ipc:///tmp/rs-e3-proto-%d.sock", (int)getpid());
     ServerThread st;
@@ -837,6 +872,9 @@ START_TEST(test_eagle3_over_protocol) {
         ck_assert_int_eq(pa->n, POOL_MAX);
         pools_equal(pa, pb);
     }
+    ck_assert_int_eq(ca->appends, (_i ? 3 : 0)); /* RESET 2+2+2, commits 1, 2+1, 2 */
+    ck_assert_int_eq(ca->append_rows, (_i ? 6 : 0));
+    remote_set_feat_chunk_bytes(0);
     /* without features the served head refuses, and the session's context is lost */
     ck_assert(drafter_grow_begin(remote, toks, 1, 0, NULL, 0, &e) == 0);
     ck_assert_int_eq(drafter_grow_end(remote, pa, &e), RS_EPEER);
@@ -947,7 +985,7 @@ Suite *suite_eagle3(void) {
     tcase_add_test(tc, test_topk_maps_draft_ids);
     tcase_add_test(tc, test_random_presets);
     tcase_add_test(tc, test_embeddings_by_row);
-    tcase_add_test(tc, test_eagle3_over_protocol);
+    tcase_add_loop_test(tc, test_eagle3_over_protocol, 0, 2);
     tcase_add_test(tc, test_v1_drafter_refused);
     suite_add_tcase(s, tc);
     return s;

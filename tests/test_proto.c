@@ -1362,6 +1362,55 @@ START_TEST(test_secure_gen_keys_keeps_existing) {
 }
 END_TEST
 
+/* APPEND (a context in parts): round trip with features, at least one token, its name; and
+ * the chunk size a sender splits at (2730 rows of a Llama-3.1-8B head's 3 x 4096 values). */
+START_TEST(test_append_roundtrip) {
+    static const int32_t ids[3] = {5, 0, 49151};
+    static const uint16_t feat[6] = {0x3f80, 0xc020, 0x0000, 0x8000, 0x7f7f, 0x0001};
+    ProtoMsg m = {0}, got = {0};
+    m.type = PROTO_APPEND;
+    m.session = 0x1234;
+    m.seq = 8;
+    m.u.tokens.ids = ids;
+    m.u.tokens.n = 3;
+    m.u.tokens.feat_type = PROTO_FEAT_BF16;
+    m.u.tokens.feat_width = 2;
+    m.u.tokens.feat = feat;
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    encode_ok(&m, &sb);
+    RsErr e = {0};
+    ck_assert_msg(proto_decode(sb.data, sb.size, &got, &e) == RS_OK, "%s", e.msg);
+    ck_assert_int_eq(got.type, PROTO_APPEND);
+    ck_assert(proto_msg_equal(&m, &got));
+    ck_assert_str_eq(proto_type_name(PROTO_APPEND), "APPEND");
+    ck_assert_str_eq(proto_type_name(PROTO_APPEND + 1), "UNKNOWN");
+    m.u.tokens.n = 0;
+    m.u.tokens.feat_type = PROTO_FEAT_NONE, m.u.tokens.feat_width = 0, m.u.tokens.feat = NULL;
+    msgpack_sbuffer_clear(&sb);
+    ck_assert_int_eq(proto_encode(&m, &sb, &e), RS_EINVAL);
+    Frame f;
+    frame_init(&f);
+    frame_header(&f, "RSPC", PROTO_VERSION, PROTO_APPEND);
+    msgpack_pack_array(&f.pk, 2);
+    msgpack_pack_array(&f.pk, 0);
+    msgpack_pack_array(&f.pk, 0);
+    expect_fail(f.sb.data, f.sb.size, RS_EPROTO, "APPEND tokens has 0 entries, expected at least 1");
+    msgpack_sbuffer_destroy(&f.sb);
+    frame_init(&f);
+    frame_header(&f, "RSPC", PROTO_VERSION, PROTO_APPEND + 1);
+    msgpack_pack_array(&f.pk, 0);
+    expect_fail(f.sb.data, f.sb.size, RS_EPROTO, "unknown message type 9");
+    msgpack_sbuffer_destroy(&f.sb);
+    ck_assert_int_eq(proto_feat_chunk_rows(3 * 4096, PROTO_MAX_FEAT_BYTES), 2730);
+    ck_assert_int_eq(proto_feat_chunk_rows(1, PROTO_MAX_FEAT_BYTES), PROTO_MAX_TOKENS);
+    ck_assert_int_eq(proto_feat_chunk_rows(96, 384), 2);
+    ck_assert_int_eq(proto_feat_chunk_rows(PROTO_FEAT_WIDTH_MAX, 64), 1);
+    msgpack_sbuffer_destroy(&sb);
+    proto_msg_clear(&got);
+}
+END_TEST
+
 Suite *suite_proto(void) {
     Suite *s = suite_create("proto");
     TCase *tc = tcase_create("core");
@@ -1380,6 +1429,7 @@ Suite *suite_proto(void) {
     tcase_add_test(tc, test_malformed_pool);
     tcase_add_test(tc, test_zmq_pair);
     tcase_add_test(tc, test_vectors);
+    tcase_add_test(tc, test_append_roundtrip);
     tcase_add_test(tc, test_secure_check_endpoint);
     tcase_add_test(tc, test_secure_gen_keys_keeps_existing);
     suite_add_tcase(s, tc);

@@ -850,7 +850,7 @@ static int tap_end(void *c, Pool *out, RsErr *e) {
     return rc;
 }
 static void tap_destroy(void *c) { (void)c; /* the test owns the tap and its inner */ }
-static const DrafterOps tap_ops = {tap_reset, tap_begin, tap_end, tap_destroy};
+static const DrafterOps tap_ops = {tap_reset, tap_begin, tap_end, tap_destroy, NULL};
 typedef struct {
     PoolTap *tap;
     const int *ar;  /* greedy reference tokens */

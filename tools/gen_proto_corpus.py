@@ -3,8 +3,8 @@
 message type (the canonical test vectors of tools/proto_client.py, byte-identical to the C
 encoder's, see tests/fixtures/proto/vectors.bin), plus a small pool and the uint32-magic
 header form so the fuzzer starts from every decoder branch; protocol v2 adds feature payloads
-(bf16 and f16, with and without), a HELLO_OK without feature layers, and a v1 frame (refused
-by name)."""
+(bf16 and f16, with and without), a HELLO_OK without feature layers, a v1 frame (refused
+by name), and an APPEND (the later parts of a context too long for one message)."""
 import os
 import sys
 
@@ -27,6 +27,9 @@ def main():
     frames["reset_nofeat"] = pc.encode(pc.RESET, 9, 3, [[1, 2, 3], []])
     frames["commit_grow_bf16"] = pc.encode(pc.COMMIT_GROW, 9, 4,
                                            [[7, 8], [pc.FEAT_BF16, 3, pc.u16le(range(6))]])
+    # A prompt in parts (RESET, then APPEND with the next rows).
+    frames["append_bf16"] = pc.encode(pc.APPEND, 9, 5, [[9, 10, 11],
+                                                        [pc.FEAT_BF16, 2, pc.u16le(range(6))]])
     frames["hello_ok_nofeat"] = pc.encode(pc.HELLO_OK, 9, 1,
                                           ["fp", 5, 100, pc.CAP_POOL_V1, "d", []])
     for name, data in sorted(frames.items()):

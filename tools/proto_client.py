@@ -33,10 +33,11 @@ import zmq
 MAGIC = "RSPC"
 MAGIC_U32 = 0x52535043
 VERSION = 2
-HELLO, HELLO_OK, RESET, COMMIT_GROW, POOL, ERROR, BYE = range(1, 8)
+HELLO, HELLO_OK, RESET, COMMIT_GROW, POOL, ERROR, BYE, APPEND = range(1, 9)
 TYPE_NAMES = {1: "HELLO", 2: "HELLO_OK", 3: "RESET", 4: "COMMIT_GROW", 5: "POOL", 6: "ERROR",
-              7: "BYE"}
-BODY_FIELDS = {HELLO: 5, HELLO_OK: 6, RESET: 2, COMMIT_GROW: 2, POOL: 9, ERROR: 2, BYE: 0}
+              7: "BYE", 8: "APPEND"}
+BODY_FIELDS = {HELLO: 5, HELLO_OK: 6, RESET: 2, COMMIT_GROW: 2, POOL: 9, ERROR: 2, BYE: 0,
+               APPEND: 2}
 CAP_POOL_V1, CAP_CUDA, CAP_FEATURES = 1, 2, 4
 FEAT_BF16, FEAT_F16 = 1, 2
 FEAT_LAYERS_MAX, FEAT_WIDTH_MAX, MAX_FEAT_BYTES = 8, 1 << 17, 64 << 20
@@ -120,9 +121,9 @@ def decode(buf):
                 _int(v, f"feature_layers[{i}]", 0, 65535)
             if bool(layers) != bool(body[3] & CAP_FEATURES):
                 raise ProtoError("feature_layers and the FEATURES capability disagree")
-    elif mtype in (RESET, COMMIT_GROW):
+    elif mtype in (RESET, COMMIT_GROW, APPEND):
         toks = _arr(body[0], "tokens")
-        if len(toks) > MAX_TOKENS or (mtype == COMMIT_GROW and not toks):
+        if len(toks) > MAX_TOKENS or (mtype in (COMMIT_GROW, APPEND) and not toks):
             raise ProtoError(f"{name} has {len(toks)} tokens")
         for i, t in enumerate(toks):
             _int(t, f"tokens[{i}]", 0, 2**31 - 1)
@@ -380,13 +381,29 @@ def run_client(sock, args, log=print):
                              f"give --feat-width (3 x the target's hidden size)")
         log(f"drafter wants features of layers {ok[5]}: sending random bf16 rows of width "
             f"{args.feat_width}")
-    seq += 1
-    # no reply unless it fails
-    sock.send(encode(RESET, session, seq, [args.prompt, features(len(args.prompt))]))
+    # Features over one message's bound travel in parts (PROTOCOL.md, Features): a RESET
+    # as RESET + APPENDs, a COMMIT_GROW as APPENDs + COMMIT_GROW.
+    chunk_bytes = getattr(args, "feat_chunk_bytes", MAX_FEAT_BYTES)
+    rows = max(1, min(MAX_TOKENS, chunk_bytes // (2 * args.feat_width))) if ok[5] else MAX_TOKENS
+
+    def send_tokens(kind, toks):
+        nonlocal seq
+        off = 0
+        while True:
+            part = toks[off:off + rows]
+            last = off + len(part) >= len(toks)
+            mtype = (RESET if kind == RESET and off == 0
+                     else COMMIT_GROW if kind == COMMIT_GROW and last else APPEND)
+            seq += 1
+            sock.send(encode(mtype, session, seq, [part, features(len(part))]))
+            off += len(part)
+            if last:
+                return
+
+    send_tokens(RESET, list(args.prompt))  # no reply unless it fails
     commit = list(args.tokens)
     for rnd in range(args.rounds):
-        seq += 1
-        sock.send(encode(COMMIT_GROW, session, seq, [commit, features(len(commit))]))
+        send_tokens(COMMIT_GROW, commit)
         body = expect(sock, args.timeout_ms, session, seq, POOL)
         bad = check_pool(body, vocab)
         if bad:
@@ -408,11 +425,12 @@ def run_client(sock, args, log=print):
 
 # ------------------------------------------------------------------ mock drafter
 
-def serve_mock(sock, bad_pool=None, vocab=49152, router=False, want_features=False):
+def serve_mock(sock, bad_pool=None, vocab=49152, router=False, want_features=False, stats=None):
     """Answers like a drafter: HELLO_OK, POOL per COMMIT_GROW, BYE; ERROR for bad frames.
     router: the socket is a ROUTER (frames [identity, payload]), as rootspec-draft's is.
     want_features: asks for features (layers 2, 16, 29) and refuses commits without them."""
     layers = [2, 16, 29] if want_features else []
+    appends = stats if stats is not None else [0]
     caps = CAP_POOL_V1 | (CAP_FEATURES if want_features else 0)
     while True:
         parts = sock.recv_multipart()
@@ -433,8 +451,8 @@ def serve_mock(sock, bad_pool=None, vocab=49152, router=False, want_features=Fal
             reply(encode(HELLO_OK, session, seq, ["mock-fingerprint", body[1], body[2] or vocab,
                                                   caps, "mock-drafter", layers]))
             vocab = body[2] or vocab
-        elif mtype == RESET:
-            pass
+        elif mtype in (RESET, APPEND):
+            appends[0] += mtype == APPEND
         elif mtype == COMMIT_GROW and want_features and not body[1]:
             reply(encode(ERROR, session, seq, [-4, "COMMIT_GROW without features"]))
         elif mtype == COMMIT_GROW:
@@ -458,25 +476,34 @@ def self_test():
     fails = 0
     ctx = zmq.Context.instance()
     cases = [(bad, "pair") for bad in (None, "parent", "logq", "short")] + [(None, "dealer")]
-    cases += [(None, "features"), ("nofeat", "features")]
+    cases += [(None, "features"), ("nofeat", "features"), (None, "features-chunked")]
     for bad, kind in cases:
         ep = f"inproc://mock-{bad}-{kind}"
         router = kind == "dealer"
-        feats = kind == "features"
+        feats = kind.startswith("features")
+        stats = [0]
         srv = ctx.socket(zmq.ROUTER if router else zmq.PAIR)
         srv.bind(ep)
         t = threading.Thread(target=serve_mock,
-                             args=(srv, None if feats else bad, 49152, router, feats), daemon=True)
+                             args=(srv, None if feats else bad, 49152, router, feats, stats),
+                             daemon=True)
         t.start()
         cli = ctx.socket(zmq.DEALER if router else zmq.PAIR)
         cli.connect(ep)
         args = argparse.Namespace(session=7, fingerprint="", tokenizer_hash=0, vocab=0,
                                   prompt=[1, 2, 3], tokens=[42], rounds=2, timeout_ms=5000,
-                                  feat_width=0 if bad == "nofeat" else (12 if feats else 0))
+                                  feat_width=0 if bad == "nofeat" else (12 if feats else 0),
+                                  feat_chunk_bytes=48 if kind == "features-chunked"
+                                  else MAX_FEAT_BYTES)
+        if kind == "features-chunked":
+            args.prompt, args.tokens = [1, 2, 3, 4, 5], [42, 43, 44]  # 2 rows a message
         try:
             run_client(cli, args, log=lambda s: None)
             ok = bad is None
             why = "accepted"
+            if kind == "features-chunked":  # RESET 2+2+1: 2 APPENDs; commit 2+1: 1, then 1 token
+                ok = ok and stats[0] == 3
+                why = f"accepted, {stats[0]} APPENDs"
         except ProtoError as ex:
             ok = bad is not None
             why = str(ex)
@@ -504,6 +531,8 @@ def main():
     ap.add_argument("--bad-pool", choices=["parent", "logq", "short"])
     ap.add_argument("--want-features", action="store_true",
                     help="the mock drafter asks for target features (an EAGLE-3 head)")
+    ap.add_argument("--feat-chunk-bytes", type=int, default=MAX_FEAT_BYTES,
+                    help="feature bytes a message before splitting (tests lower it)")
     ap.add_argument("--feat-width", type=int, default=0,
                     help="width of the random feature rows sent to a drafter that wants them")
     ap.add_argument("--self-test", action="store_true")
