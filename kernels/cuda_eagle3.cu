@@ -56,6 +56,7 @@ struct Eagle3Rows {
     float *logits;    // (maxb, DV)
     float *cos_t, *sin_t; // (maxb, hd/2)
     float *att_scratch;
+    unsigned *att_cnt; // (cuk_attention_counters) split blocks done per attention tile
     CuMeta *d_meta;
     int *d_pos;       // (maxb)
     uint64_t *d_mask; // (maxb, mask_words)
@@ -73,8 +74,8 @@ static void e3_destroy(Eagle3Rows **pr) {
     void *dev[] = {r->blas_ws, r->fc, r->wqkv, r->wo, r->wgu, r->wdown, r->lm, r->in_norm,
                    r->hid_norm, r->post_norm, r->norm, r->inv_freq, r->kc, r->vc, r->hs,
                    r->emb, r->feat, r->featb, r->xa, r->xh, r->xb, r->qkv, r->att, r->gu,
-                   r->hb, r->logits, r->cos_t, r->sin_t, r->att_scratch, r->d_meta, r->d_pos,
-                   r->d_mask};
+                   r->hb, r->logits, r->cos_t, r->sin_t, r->att_scratch, r->att_cnt, r->d_meta,
+                   r->d_pos, r->d_mask};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) DFREE(dev[i]);
     free(r->h_mask);
     free(r->h_causal);
@@ -129,6 +130,9 @@ static int alloc_all(Eagle3Rows *r, RsErr *e) {
     DA(r->sin_t, B * half * 4, "sin");
     DA(r->att_scratch, cuk_attention_scratch_floats(r->maxb, r->nh, r->hd, r->cap) * 4,
        "attention partials");
+    DA(r->att_cnt, cuk_attention_counters(r->maxb, r->nh) * 4, "attention tile counters");
+    if (!rc) /* the tile counters start at zero; every attention launch leaves them so */
+        CUDA_CHECK(cudaMemset(r->att_cnt, 0, cuk_attention_counters(r->maxb, r->nh) * 4));
     DA(r->d_meta, sizeof(CuMeta), "meta");
     DA(r->d_pos, B * 4, "positions");
     DA(r->d_mask, B * r->mask_words * 8, "mask");
@@ -304,7 +308,7 @@ static void layer(Eagle3Rows *r, int n) {
     cuk_qkv_post(s, r->qkv, r->qkv_w, n, r->nh, r->nkv, r->hd, NULL, NULL, NULL, r->eps,
                  r->cos_t, r->sin_t, r->d_meta, r->kc, r->vc);
     cuk_attention(s, r->qkv, r->qkv_w, r->kc, r->vc, r->d_mask, r->d_meta, n, r->nh, r->nkv,
-                  r->hd, r->cap, 0, r->att_scratch, r->att, NULL);
+                  r->hd, r->cap, 0, r->att_scratch, r->att_cnt, r->att, NULL);
     gemm(r, r->wo, r->qd, D, r->qd, r->att, n, r->hs, 1.0f); /* the residual is h itself */
     cuk_rmsnorm(s, r->hs, NULL, r->post_norm, n, D, r->eps, NULL, r->xb);
     gemm(r, r->wgu, D, 2 * r->hidden, D, r->xb, n, r->gu, 0.0f);
