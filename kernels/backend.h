@@ -110,4 +110,29 @@ BackendStats backend_stats(const Backend *b);
 void *backend_host_alloc(Backend *b, size_t bytes);
 void backend_host_free(Backend *b, void *p);
 
+/* ---- EAGLE-3 target features (issue #14; kept apart from the logits-row functions) -----
+ * An EAGLE-3 drafter predicts from the target's residual stream entering a few of its
+ * layers. Once asked (backend_set_feature_layers), every forward() records those vectors for
+ * each row it runs, kept with the row's pending entry, and kv_commit() keeps the kept
+ * entries' vectors in keep order: the caller reads them after the commit. Never asked (or
+ * asked for none), a backend records nothing and forward() does no extra work. */
+#define BACKEND_MAX_FEATURE_LAYERS 8
+
+typedef enum { BACKEND_FEAT_F32 = 0, BACKEND_FEAT_BF16 = 1 } BackendFeatType;
+
+/* layers: n strictly ascending indices in [0, n_layers]; index i is the residual stream
+ * entering layer i (0: the token embeddings; n_layers: the last layer's output, before the
+ * final norm). n = 0 stops recording. Nothing may be pending. RS_EINVAL names a bad index;
+ * RS_ENOMEM when the buffers do not fit. */
+int backend_set_feature_layers(Backend *b, const int *layers, int n, RsErr *e);
+int backend_n_feature_layers(const Backend *b);
+/* Values per row: n * dim, layers in the order given (0 when not recording). */
+int backend_feature_width(const Backend *b);
+/* Rows the last kv_commit kept (its n_keep), readable until the next kv_commit or
+ * kv_reset; 0 after a reset or when not recording. */
+int backend_feature_rows(const Backend *b);
+/* Copies those rows, (rows, width) row-major, into out as t (bf16: round to nearest even).
+ * The CUDA backend records bf16, so its f32 values are bf16 widened. */
+void backend_read_features(Backend *b, BackendFeatType t, void *out);
+
 #endif

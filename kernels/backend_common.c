@@ -2,6 +2,7 @@
  * backend shares so they agree exactly: argument checks of forward() (same messages on CPU
  * and CUDA), model loading per backend and the backend-by-name lookup. */
 #include "backend_impl.h"
+#include "common/quant.h"
 #include "common/randmodel.h"
 #include <math.h>
 #include <string.h>
@@ -104,12 +105,15 @@ int backend_rows_copy(Backend *b, const int *rows, int n, float *logits, RsErr *
 }
 
 int backend_kv_commit(Backend *b, const int *keep, int n_keep, RsErr *e) {
-    return b->ops->kv_commit(b, keep, n_keep, e);
+    int rc = b->ops->kv_commit(b, keep, n_keep, e);
+    if (rc == RS_OK) b->feat_rows = n_keep; /* the op kept their features, when recording */
+    return rc;
 }
 
 void backend_kv_reset(Backend *b) {
     b->ops->kv_reset(b);
     b->n_kept = 0;
+    b->feat_rows = 0;
 }
 
 BackendStats backend_stats(const Backend *b) {
@@ -135,3 +139,66 @@ static int g_batch_invariant;
 void backend_set_batch_invariant(int on) { g_batch_invariant = on != 0; }
 
 int backend_batch_invariant(void) { return g_batch_invariant; }
+
+/* ---- EAGLE-3 features ---- */
+
+int backend_set_feature_layers(Backend *b, const int *layers, int n, RsErr *e) {
+    int nl = b->model->cfg.n_layers;
+    if (n < 0 || n > BACKEND_MAX_FEATURE_LAYERS)
+        return rs_err(e, RS_EINVAL, "%d feature layers: at most %d", n, BACKEND_MAX_FEATURE_LAYERS);
+    if (n > 0 && !b->ops->set_features)
+        return rs_err(e, RS_EUNSUPPORTED, "the %s backend cannot record feature layers",
+                      b->ops->name);
+    if (b->n_pending)
+        return rs_err(e, RS_EINVAL, "feature layers changed with %d entries pending",
+                      b->n_pending);
+    for (int i = 0; i < n; i++) {
+        if (layers[i] < 0 || layers[i] > nl)
+            return rs_err(e, RS_EINVAL, "feature layer %d outside [0, %d] (the target has %d "
+                          "layers)", layers[i], nl, nl);
+        if (i && layers[i] <= layers[i - 1])
+            return rs_err(e, RS_EINVAL, "feature layers must ascend: %d after %d", layers[i],
+                          layers[i - 1]);
+    }
+    if (n == b->feat_n && !memcmp(layers, b->feat_layers, sizeof(int) * (size_t)n)) return RS_OK;
+    int old_n = b->feat_n, old[BACKEND_MAX_FEATURE_LAYERS];
+    memcpy(old, b->feat_layers, sizeof old);
+    b->feat_n = n;
+    if (n) memcpy(b->feat_layers, layers, sizeof(int) * (size_t)n);
+    b->feat_rows = 0;
+    int rc = b->ops->set_features ? b->ops->set_features(b, e) : RS_OK;
+    if (rc) { /* as before the call */
+        b->feat_n = old_n;
+        memcpy(b->feat_layers, old, sizeof old);
+    }
+    return rc;
+}
+
+int backend_n_feature_layers(const Backend *b) { return b->feat_n; }
+
+int backend_feature_width(const Backend *b) { return b->feat_n * b->model->cfg.dim; }
+
+int backend_feature_rows(const Backend *b) { return b->feat_n ? b->feat_rows : 0; }
+
+/* f32 -> bf16, round to nearest even; NaN stays NaN (quiet). */
+static uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+void backend_read_features(Backend *b, BackendFeatType t, void *out) {
+    size_t n = (size_t)backend_feature_rows(b) * backend_feature_width(b);
+    if (!n) return;
+    BackendFeatType have;
+    const void *src = b->ops->read_features(b, &have);
+    if (have == t) {
+        memcpy(out, src, n * (t == BACKEND_FEAT_F32 ? 4 : 2));
+    } else if (have == BACKEND_FEAT_F32) {
+        for (size_t i = 0; i < n; i++) ((uint16_t *)out)[i] = f32_to_bf16(((const float *)src)[i]);
+    } else {
+        for (size_t i = 0; i < n; i++) ((float *)out)[i] = quant_bf16_to_f32(((const uint16_t *)src)[i]);
+    }
+}

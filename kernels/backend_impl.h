@@ -32,6 +32,12 @@ struct BackendOps {
     /* Optional: fills the backend's own counters (the CUDA ones); backend_stats has
      * already set the common ones and zeroed the rest. */
     void (*stats)(const Backend *b, BackendStats *out);
+    /* EAGLE-3 features (backend.h). Optional: NULL refuses to record. set_features is
+     * called after the common head's feat_* fields changed (feat_n 0: stop); it sizes the
+     * backend's buffers. read_features returns the last commit's kept rows on the host
+     * and their element type (F32 or BF16); the common code converts. */
+    int (*set_features)(Backend *b, RsErr *e);
+    const void *(*read_features)(Backend *b, BackendFeatType *t);
 };
 
 /* Common state every backend keeps at the head of its own struct (a Backend * is cast to
@@ -45,6 +51,8 @@ struct Backend {
     uint64_t n_forwards, n_tokens; /* kept by backend_forward */
     int n_kept;                    /* kept logits rows of the last forward */
     uint64_t n_d2h_full_rows;      /* BackendStats.d2h_full_rows */
+    /* EAGLE-3 features: layers recorded (feat_n 0: none) and rows the last commit kept */
+    int feat_n, feat_layers[BACKEND_MAX_FEATURE_LAYERS], feat_rows;
 };
 
 /* Checks every forward() argument against the cache state before anything is touched, so

@@ -43,6 +43,9 @@ typedef struct {
     int *pend_pos;      // (max_pending) position of each pending entry
     uint8_t *keep_seen; // (max_pending) duplicate check in kv_commit
     float *logits;      // (max_kept, vocab) the kept rows of the last forward
+    /* EAGLE-3 features, allocated when recording starts (backend_set_feature_layers) */
+    float *feat_pend;   // (max_pending, feat_n*dim) of each pending entry
+    float *feat_out;    // (max_pending, feat_n*dim) of the last commit's kept entries
 } RunState;
 
 typedef struct {
@@ -283,7 +286,8 @@ static void cpu_destroy(Backend **pb) {
     void *bufs[] = {s->x,       s->xb,       s->q,           s->att_out,  s->hb,
                     s->hb2,     s->att,      s->scratch,     s->xq,       s->hq,  s->key_cache,
                     s->value_cache, s->kv_tmp, s->inv_freq,  s->rope_cos, s->rope_sin,
-                    s->att_idx, s->att_cnt,  s->keep_seen, s->pend_pos, s->logits};
+                    s->att_idx, s->att_cnt,  s->keep_seen, s->pend_pos, s->logits,
+                    s->feat_pend, s->feat_out};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(b);
     *pb = NULL;
@@ -387,6 +391,41 @@ static void fwd_mlp(CpuBackend *b, int l, int n) {
     cpu_residual_add(s->x, s->xb, (size_t)n * dim);
 }
 
+/* EAGLE-3 features: the residual stream of the batch's rows, as it enters layer l (l ==
+ * n_layers: the last layer's output), into the pending entries' feature rows. */
+static void feat_record(CpuBackend *b, int l, int n) {
+    const Backend *bb = &b->base;
+    int dim = bb->model->cfg.dim, W = bb->feat_n * dim;
+    for (int k = 0; k < bb->feat_n; k++) {
+        if (bb->feat_layers[k] != l) continue;
+        float *dst = b->s.feat_pend + (size_t)bb->n_pending * W + (size_t)k * dim;
+        for (int t = 0; t < n; t++)
+            memcpy(dst + (size_t)t * W, b->s.x + (size_t)t * dim, sizeof(float) * (size_t)dim);
+    }
+}
+
+static int cpu_set_features(Backend *bb, RsErr *e) {
+    CpuBackend *b = (CpuBackend *)bb;
+    free(b->s.feat_pend);
+    free(b->s.feat_out);
+    b->s.feat_pend = b->s.feat_out = NULL;
+    if (!bb->feat_n) return RS_OK;
+    size_t n = (size_t)bb->params.max_pending * bb->feat_n * bb->model->cfg.dim;
+    b->s.feat_pend = calloc(n, sizeof(float));
+    b->s.feat_out = b->s.feat_pend ? calloc(n, sizeof(float)) : NULL;
+    if (!b->s.feat_out) {
+        free(b->s.feat_pend);
+        b->s.feat_pend = NULL;
+        return rs_err(e, RS_ENOMEM, "cannot allocate feature rows (2 x %zu floats)", n);
+    }
+    return RS_OK;
+}
+
+static const void *cpu_read_features(Backend *bb, BackendFeatType *t) {
+    *t = BACKEND_FEAT_F32;
+    return ((CpuBackend *)bb)->s.feat_out;
+}
+
 static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
                        const uint8_t *mask, const int *out_rows, int n_out, float *logits,
                        RsErr *e) {
@@ -399,9 +438,11 @@ static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
     RunState *s = &b->s;
     fwd_prepare(b, tokens, pos, n, mask);
     for (int l = 0; l < c->n_layers; l++) {
+        if (bb->feat_n) feat_record(b, l, n);
         fwd_attention(b, l, n);
         fwd_mlp(b, l, n);
     }
+    if (bb->feat_n) feat_record(b, c->n_layers, n);
     /* Final norm and head only for the requested rows. */
     for (int r = 0; r < n_out; r++)
         cpu_rmsnorm(s->xb + (size_t)r * c->dim, s->x + (size_t)out_rows[r] * c->dim,
@@ -454,6 +495,11 @@ static int cpu_kv_commit(Backend *bb, const int *keep, int n_keep, RsErr *e) {
     }
     /* keep = 0, 1, ... (AR steps, prefill chunks): the entries are in place already. */
     if (!identity) kv_compact(b, keep, n_keep);
+    if (bb->feat_n) { /* kept rows' features in keep order (feat_out is not feat_pend) */
+        size_t W = (size_t)bb->feat_n * bb->model->cfg.dim;
+        for (int i = 0; i < n_keep; i++)
+            memcpy(s->feat_out + i * W, s->feat_pend + (size_t)keep[i] * W, W * sizeof(float));
+    }
     bb->n_committed += n_keep;
     bb->n_pending = 0;
     return RS_OK;
@@ -480,4 +526,6 @@ const BackendOps cpu_backend_ops = {
     .kv_commit = cpu_kv_commit,
     .kv_reset = cpu_kv_reset,
     .rows_copy = cpu_rows_copy,
+    .set_features = cpu_set_features,
+    .read_features = cpu_read_features,
 };

@@ -9,6 +9,11 @@ int prefill_chunk(const BackendParams *p) {
 }
 
 int backend_prefill(Backend *b, const int *tokens, int n, float *last_row, RsErr *e) {
+    return backend_prefill_features(b, tokens, n, last_row, NULL, e);
+}
+
+int backend_prefill_features(Backend *b, const int *tokens, int n, float *last_row, float *feats,
+                             RsErr *e) {
     RS_ASSERT(n >= 0 && backend_n_pending(b) == 0);
     BackendParams bp = backend_params(b);
     int chunk = prefill_chunk(&bp);
@@ -22,6 +27,9 @@ int backend_prefill(Backend *b, const int *tokens, int n, float *last_row, RsErr
         if (rc) return rc;
         rc = backend_kv_commit(b, keep, m, e);
         if (rc) return rc;
+        if (feats)
+            backend_read_features(b, BACKEND_FEAT_F32,
+                                  feats + (size_t)off * backend_feature_width(b));
     }
     return RS_OK;
 }

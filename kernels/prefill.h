@@ -17,5 +17,9 @@ int prefill_chunk(const BackendParams *p);
  * there. Errors are the backend's; after one the context holds an unknown prefix of the
  * tokens (reset it). */
 int backend_prefill(Backend *b, const int *tokens, int n, float *last_row, RsErr *e);
+/* backend_prefill that also reads, chunk by chunk, the EAGLE-3 features the backend records
+ * (backend_set_feature_layers) into feats (n, backend_feature_width) f32. */
+int backend_prefill_features(Backend *b, const int *tokens, int n, float *last_row, float *feats,
+                             RsErr *e);
 
 #endif
