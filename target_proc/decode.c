@@ -9,6 +9,7 @@
  * The target's passes themselves are in target.c. */
 #include "decode.h"
 #include "common/logits.h"
+#include "kernels/prefill.h"
 #include <math.h>
 #include <string.h>
 
@@ -26,6 +27,11 @@ typedef struct {
     const int *commit; /* what the next grow request sends: the prompt, then a round's */
     int n_commit;
     int commit_buf[ROUND_MAX_EMIT];
+    /* EAGLE-3 drafters: the target's features of the committed rows, for the next grow
+     * request (row i: the token before commit[i]); NULL for a drafter that needs none */
+    float *feat;       // (max(n_prompt, ROUND_MAX_EMIT), feat_w)
+    int feat_w;
+    size_t feat_bytes; /* of the next request */
     int done;
     /* Time spent on measurements that are not decoding (tau, root_margin) in this decode;
      * dec_now() leaves it off the round timestamps and the decode's time (DESIGN.md §6 speed). */
@@ -225,7 +231,8 @@ static void drafter_failed(Decode *d, const RsErr *e) {
  * context) and lets it grow the next pool. 0: the drafter failed. */
 static int round_request(Decode *d, Round *r, RsErr *e) {
     r->info.t_grow_sent = dec_now(d);
-    int rc = drafter_grow_begin(d->dc, d->commit, d->n_commit, r->info.round == 0, NULL, 0, e);
+    int rc = drafter_grow_begin(d->dc, d->commit, d->n_commit, r->info.round == 0,
+                                d->feat_bytes ? d->feat : NULL, d->feat_bytes, e);
     if (rc) drafter_failed(d, e);
     return !rc;
 }
@@ -409,6 +416,60 @@ static void output_append(Decode *d, const int *tok, int m, int eos) {
     if (eos) res->hit_eos = 1;
 }
 
+/* ---- EAGLE-3 features ---------------------------------------------------------------
+ * A drafter whose DrafterInfo names feature layers gets, with each commit, the target's
+ * residual stream entering those layers for the token before each committed one. Those
+ * are the rows the target commits itself: the prompt less its last token at the prefill
+ * (row 0, for the first prompt token, has no token before it and is sent as zeros), then
+ * each round's root and accepted path, kept by kv_commit for the round's emitted tokens
+ * [a1..ak, c] (root, a1..ak): token p's state pairs with token p+1, as eagle3_forward.h
+ * pairs a row's state with the next token's embedding. */
+
+/* Asks the backend to record what the drafter needs (or nothing). RS_EINVAL when the
+ * drafter's layers do not exist in this target (the message names both). */
+static int feat_begin(Decode *d, int n_prompt, RsErr *e) {
+    const DrafterInfo *in = d->use_drafter ? drafter_info(d->dc) : NULL;
+    Backend *b = d->t->b;
+    if (!in || in->n_feature_layers == 0) return backend_set_feature_layers(b, NULL, 0, e);
+    int rc = backend_set_feature_layers(b, in->feature_layers, in->n_feature_layers, e);
+    if (rc) {
+        char why[sizeof e->msg];
+        snprintf(why, sizeof why, "%s", e ? e->msg : "?");
+        return rs_err(e, rc, "drafter %s wants the target's features, but %s", in->name, why);
+    }
+    d->feat_w = backend_feature_width(b);
+    int rows = n_prompt > ROUND_MAX_EMIT ? n_prompt : ROUND_MAX_EMIT;
+    d->feat = calloc((size_t)rows * d->feat_w, sizeof(float));
+    if (!d->feat)
+        return rs_err(e, RS_ENOMEM, "cannot hold the features of a %d-token prompt (%zu MiB)",
+                      n_prompt, ((size_t)rows * d->feat_w * sizeof(float)) >> 20);
+    return RS_OK;
+}
+
+/* The prompt less its last token into the KV cache; with features, rows 1.. of the first
+ * request's features are the prefill's. */
+static int feat_prefill(Decode *d, const int *prompt, int n_prompt, RsErr *e) {
+    if (!d->feat) return target_prefill(d->t, prompt, n_prompt - 1, e);
+    d->feat_bytes = sizeof(float) * (size_t)n_prompt * d->feat_w;
+    return backend_prefill_features(d->t->b, prompt, n_prompt - 1, NULL,
+                                    d->feat + d->feat_w, e);
+}
+
+/* After a round's kv_commit (m rows kept): their features go with the next request. Once
+ * the decode has gone autoregressive, recording stops (nothing is pending now). */
+static void feat_after_commit(Decode *d, int m) {
+    if (!d->use_drafter) {
+        backend_set_feature_layers(d->t->b, NULL, 0, NULL);
+        free(d->feat);
+        d->feat = NULL;
+        d->feat_bytes = 0;
+        return;
+    }
+    RS_ASSERT(backend_feature_rows(d->t->b) == m);
+    backend_read_features(d->t->b, BACKEND_FEAT_F32, d->feat);
+    d->feat_bytes = sizeof(float) * (size_t)m * d->feat_w;
+}
+
 /* Keeps the KV entries of the tokens the output takes (root + accepted path, cut where
  * the output is), outputs them, logs the round and sets up the next one. Tokens dropped
  * here (past --max-new or the first EOS) end the decode, so nothing is committed after
@@ -441,6 +502,7 @@ static int round_commit(Decode *d, Round *r, RsErr *e) {
     memcpy(d->commit_buf, r->emitted, sizeof(int) * (size_t)r->n_emit);
     d->commit = d->commit_buf;
     d->n_commit = r->n_emit;
+    if (d->feat) feat_after_commit(d, m);
     return RS_OK;
 }
 
@@ -513,8 +575,9 @@ int decode_run(Target *t, Drafter *dc, const int *prompt, int n_prompt, const De
     Decode *d = rs_xcalloc(1, sizeof *d);
     decode_begin(d, t, dc, prompt, n_prompt, o, h, res);
     target_reset(t);
+    rc = feat_begin(d, n_prompt, e);
     res->t_start = dec_now(d);
-    rc = target_prefill(t, prompt, n_prompt - 1, e);
+    if (!rc) rc = feat_prefill(d, prompt, n_prompt, e);
     for (int round = 0; !rc && !d->done; round++) {
         Round r;
         round_begin(d, &r, round);
@@ -522,6 +585,11 @@ int decode_run(Target *t, Drafter *dc, const int *prompt, int n_prompt, const De
         rc = d->use_drafter ? round_speculative(d, &r, e) : round_ar(d, &r, e);
         if (!rc) rc = round_commit(d, &r, e);
     }
+    if (d->feat) { /* the next decode may have no EAGLE-3 drafter: stop recording */
+        backend_kv_commit(t->b, NULL, 0, NULL); /* an error may leave entries pending */
+        backend_set_feature_layers(t->b, NULL, 0, NULL);
+    }
+    free(d->feat);
     free(d);
     return rc;
 }
