@@ -160,7 +160,8 @@ int backend_set_feature_layers(Backend *b, const int *layers, int n, RsErr *e) {
             return rs_err(e, RS_EINVAL, "feature layers must ascend: %d after %d", layers[i],
                           layers[i - 1]);
     }
-    if (n == b->feat_n && !memcmp(layers, b->feat_layers, sizeof(int) * (size_t)n)) return RS_OK;
+    if (n == b->feat_n && (!n || !memcmp(layers, b->feat_layers, sizeof(int) * (size_t)n)))
+        return RS_OK;
     int old_n = b->feat_n, old[BACKEND_MAX_FEATURE_LAYERS];
     memcpy(old, b->feat_layers, sizeof old);
     b->feat_n = n;

@@ -1,0 +1,393 @@
+/* EAGLE-3 target features (kernels/backend.h feature block) and the decode that sends them
+ * (target_proc/decode.c): the recorded vectors against an independent computation (a
+ * layer-truncated forward whose head reads the residual stream back), their order after
+ * a tree round's kv_commit, and decoding with a real EAGLE-3 drafter fed by them: T=0 ids
+ * equal AR's for every decoder, and the T=1 law of the first three tokens equals the
+ * target's (chi-square, as tests/test_spec.c does for model drafters). */
+#include "common/eagle3.h"
+#include "common/logits.h"
+#include "common/rng.h"
+#include "draft_proc/eagle3_drafter.h"
+#include "kernels/backend.h"
+#include "kernels/prefill.h"
+#include "target_proc/decode.h"
+#include "target_proc/engine.h"
+#include "testutil.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FV 96 /* vocabulary of the feature-parity model (>= its width) */
+#define FD 32
+#define FL 3
+
+static Backend *cpu_backend(const Model *m, int cap) {
+    BackendParams bp = {.kv_capacity = cap, .max_batch = 16, .max_pending = 32, .threads = 1};
+    Backend *b;
+    RsErr e = {0};
+    ck_assert_msg(backend_create(&cpu_backend_ops, m, &bp, &b, &e) == 0, "%s", e.msg);
+    return b;
+}
+
+/* A view of layers [0, l) whose head returns the residual stream it ends with, normed:
+ * final norm weights 1 and an output head whose first dim rows are the identity, so
+ * logits[0..dim) = rmsnorm(x). Restore with view_destroy. */
+typedef struct {
+    Model *v;
+    float *ones, *eye;
+} ReadBack;
+
+static void view_open(ReadBack *r, const Model *m, int l) {
+    char spec[16];
+    snprintf(spec, sizeof spec, "0-%d", l - 1);
+    RsErr e = {0};
+    ck_assert_msg(model_layer_view(m, spec, &r->v, &e) == 0, "%s", e.msg);
+    int D = m->cfg.dim, V = m->cfg.vocab_size;
+    r->ones = malloc(sizeof(float) * D);
+    r->eye = calloc((size_t)V * D, sizeof(float));
+    for (int i = 0; i < D; i++) {
+        r->ones[i] = 1.0f;
+        r->eye[(size_t)i * D + i] = 1.0f;
+    }
+    r->v->w.final_norm = r->ones;
+    r->v->w.wcls = qtensor_f32(r->eye, V, D);
+}
+
+static void view_close(ReadBack *r) {
+    model_destroy(&r->v);
+    free(r->ones);
+    free(r->eye);
+}
+
+/* rmsnorm of a row in double, as the backend's final norm computes it. */
+static void rms_normed(const float *x, int n, float eps, float *out) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    double s = 1.0 / sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++) out[i] = (float)(x[i] * s);
+}
+
+/* Every layer index 0..N recorded over a prefill of 10 tokens equals, for each token, the
+ * embedding row (index 0) or the normed state read back from a view of the first l layers
+ * (index l); a request for no layers records nothing and bad indices are refused. */
+START_TEST(test_features_equal_truncated_forward) {
+    Model *m = tu_random_model(ARCH_LLAMA, FD, 2 * FD, FL, 4, 2, FV, 71);
+    Backend *b = cpu_backend(m, 64);
+    RsErr e = {0};
+    int bad[3] = {0, 2, 2}, over[1] = {FL + 1};
+    ck_assert_int_eq(backend_set_feature_layers(b, bad, 3, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "must ascend: 2 after 2"), "%s", e.msg);
+    ck_assert_int_eq(backend_set_feature_layers(b, over, 1, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "feature layer 4 outside [0, 3]"), "%s", e.msg);
+    ck_assert_int_eq(backend_feature_width(b), 0);
+    int layers[FL + 1] = {0, 1, 2, 3}, W = (FL + 1) * FD;
+    ck_assert_msg(backend_set_feature_layers(b, layers, FL + 1, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(backend_feature_width(b), W);
+    const int toks[10] = {3, 77, 12, 50, 9, 9, 41, 88, 0, 64};
+    float *f = malloc(sizeof(float) * 10 * W), *ref = malloc(sizeof(float) * 10 * FV);
+    ck_assert_msg(backend_prefill_features(b, toks, 10, NULL, f, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(backend_feature_rows(b), 10);
+    float row[FD], got[FD * 10], want[FD * 10], mx;
+    for (int t = 0; t < 10; t++) { /* index 0: the embeddings, bit for bit */
+        qtensor_dequantize_rows(&m->w.tok_embeddings, toks[t], 1, row);
+        ck_assert(memcmp(row, f + (size_t)t * W, sizeof row) == 0);
+    }
+    for (int l = 1; l <= FL; l++) {
+        ReadBack r;
+        view_open(&r, m, l);
+        Backend *vb = cpu_backend(r.v, 64);
+        int pos[10], rows[10];
+        for (int i = 0; i < 10; i++) pos[i] = rows[i] = i;
+        ck_assert(backend_forward(vb, toks, pos, 10, NULL, rows, 10, ref, &e) == 0);
+        for (int t = 0; t < 10; t++) {
+            rms_normed(f + (size_t)t * W + (size_t)l * FD, FD, m->cfg.norm_eps, got + t * FD);
+            memcpy(want + t * FD, ref + (size_t)t * FV, sizeof(float) * FD);
+        }
+        char label[32];
+        snprintf(label, sizeof label, "layer %d", l);
+        ck_assert_int_eq(tu_compare(label, got, want, 10 * FD, 1e-5f, 1e-5f, &mx), 0);
+        backend_destroy(&vb);
+        view_close(&r);
+    }
+    /* the layers differ from each other (a test that read one layer everywhere would pass
+     * the index-0 check only) */
+    ck_assert(memcmp(f + FD, f + 2 * FD, sizeof(float) * FD) != 0);
+    ck_assert_int_eq(backend_set_feature_layers(b, NULL, 0, &e), 0);
+    ck_assert_int_eq(backend_feature_width(b), 0);
+    free(f);
+    free(ref);
+    backend_destroy(&b);
+    model_destroy(&m);
+}
+END_TEST
+
+/* A tree round: the root pass, a masked pass of two branches, a commit that keeps the
+ * root and one branch out of order. The kept features come back in keep order and equal
+ * (bitwise: a row does not depend on its batch) those of a causal prefill of the same
+ * path; bf16 reads round them. */
+START_TEST(test_features_follow_kv_commit) {
+    Model *m = tu_random_model(ARCH_LLAMA, FD, 2 * FD, FL, 4, 2, FV, 72);
+    Backend *b = cpu_backend(m, 64), *ref = cpu_backend(m, 64);
+    RsErr e = {0};
+    int layers[3] = {1, 2, 3}, W = 3 * FD;
+    ck_assert(backend_set_feature_layers(b, layers, 3, &e) == 0);
+    ck_assert(backend_set_feature_layers(ref, layers, 3, &e) == 0);
+    const int prompt[4] = {5, 6, 7, 8};
+    ck_assert(backend_prefill_features(b, prompt, 4, NULL, NULL, &e) == 0);
+    int root = 20, pr = 4;
+    ck_assert(backend_forward(b, &root, &pr, 1, NULL, NULL, 0, NULL, &e) == 0);
+    /* pending: 0 root; 1 a (pos 5), 2 b (pos 5), 3 a->c (pos 6), 4 b->d (pos 6) */
+    int tt[4] = {30, 31, 32, 33}, tp[4] = {5, 5, 6, 6};
+    uint8_t mask[4 * 5] = {1, 1, 0, 0, 0, /**/ 1, 0, 1, 0, 0, /**/ 1, 1, 0, 1, 0,
+                           /**/ 1, 0, 1, 0, 1};
+    ck_assert(backend_forward(b, tt, tp, 4, mask, NULL, 0, NULL, &e) == 0);
+    int keep[3] = {0, 2, 4}; /* root, b, d */
+    ck_assert(backend_kv_commit(b, keep, 3, &e) == 0);
+    ck_assert_int_eq(backend_feature_rows(b), 3);
+    float got[3 * 3 * FD], want[8 * 3 * FD];
+    backend_read_features(b, BACKEND_FEAT_F32, got);
+    const int path[7] = {5, 6, 7, 8, 20, 31, 33};
+    ck_assert(backend_prefill_features(ref, path, 7, NULL, want, &e) == 0);
+    ck_assert(memcmp(got, want + (size_t)4 * W, sizeof got) == 0);
+    uint16_t h[3 * 3 * FD];
+    backend_read_features(b, BACKEND_FEAT_BF16, h);
+    for (int i = 0; i < 3 * W; i++) {
+        uint32_t u = (uint32_t)h[i] << 16;
+        float v;
+        memcpy(&v, &u, 4);
+        ck_assert_msg(fabsf(v - got[i]) <= fabsf(got[i]) * (1.0f / 256), "%d: %g vs %g", i,
+                      (double)v, (double)got[i]);
+    }
+    backend_kv_reset(b);
+    ck_assert_int_eq(backend_feature_rows(b), 0);
+    backend_destroy(&b);
+    backend_destroy(&ref);
+    model_destroy(&m);
+}
+END_TEST
+
+/* ---- decoding with an EAGLE-3 drafter fed by the target ---- */
+
+static const Rule SPEC_RULES[] = {RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
+
+static int engine_run(Engine *en, Rule rule, int B, const int *prompt, int n, int max_new,
+                      int *out, DecodeResult *res) {
+    DecodeOpts o = {.rule = rule, .budget = B, .temp = 0, .seed = 1, .max_new = max_new};
+    *res = (DecodeResult){.tokens = out, .cap = max_new + ROUND_MAX_EMIT};
+    RsErr e = {0};
+    ck_assert_msg(decode_run(en->target, rule == RULE_AR ? NULL : en->drafter, prompt, n, &o,
+                             NULL, res, &e) == 0, "%s", e.msg);
+    return res->n_tokens;
+}
+
+/* random:tiny with random:eagle3-tiny in process (rootspec-target --draft-model HEAD): every
+ * decoder at B=59 (and rootdraw at B=8) emits AR's greedy ids without ever falling back to AR, and the
+ * head's own proposals (draft and root rules count no X1) are accepted sometimes. */
+START_TEST(test_identity_in_process) {
+    EngineOpts eo = {.model_path = "random:tiny", .draft_model_path = "random:eagle3-tiny",
+                     .threads = 1, .ctx = 512};
+    Engine *en = NULL;
+    RsErr e = {0};
+    ck_assert_msg(engine_create(&eo, 1, &en, &e) == 0, "%s", e.msg);
+    Rng r;
+    rng_seed(&r, 14);
+    long acc_head = 0, rounds_head = 0;
+    uint64_t t0 = rs_now_ns();
+    for (int pr = 0; pr < 1; pr++) {
+        int prompt[16], n = 11, ref[80], got[80];
+        for (int i = 0; i < n; i++) prompt[i] = (int)(rng_next(&r) % 512);
+        DecodeResult res;
+        ck_assert_int_ge(engine_run(en, RULE_AR, 1, prompt, n, 24, ref, &res), 24);
+        for (int ri = 0; ri < 4; ri++)
+            for (int B = 8; B <= 59; B += 51) {
+                if (B == 8 && SPEC_RULES[ri] != RULE_ROOTDRAW) continue; /* (ASan time) */
+                ck_assert_int_ge(engine_run(en, SPEC_RULES[ri], B, prompt, n, 24, got, &res), 24);
+                ck_assert_msg(!res.drafter_failed, "%s B=%d: the drafter failed",
+                              rule_name(SPEC_RULES[ri]), B);
+                for (int i = 0; i < 24; i++)
+                    ck_assert_msg(got[i] == ref[i], "%s B=%d prompt %d: token %d is %d, AR %d",
+                                  rule_name(SPEC_RULES[ri]), B, pr, i, got[i], ref[i]);
+                if (SPEC_RULES[ri] == RULE_DRAFT || SPEC_RULES[ri] == RULE_ROOT) {
+                    acc_head += res.accepted_total;
+                    rounds_head += res.rounds;
+                }
+            }
+    }
+    fprintf(stderr, "eagle3 in process (random head): %ld head tokens accepted in %ld rounds "
+            "(draft and root rules), %.1f s\n", acc_head, rounds_head, (rs_now_ns() - t0) * 1e-9);
+    ck_assert_msg(acc_head > 0, "the head's proposals were never accepted");
+    engine_destroy(&en);
+}
+END_TEST
+
+/* A 10-token target and an EAGLE-3 head built for it in memory (no preset has a
+ * vocabulary small enough for a chi-square over three tokens). */
+typedef struct {
+    Model *tm;
+    Eagle3Head *h;
+    float *emb;
+    Target *t;
+    Drafter *d;
+} E3Pair;
+
+static void e3_pair_open(E3Pair *p, int V, int D, uint64_t seed) {
+    memset(p, 0, sizeof *p);
+    p->tm = tu_random_model(ARCH_LLAMA, D, 2 * D, 2, 4, 2, V, seed);
+    Eagle3Head *h = calloc(1, sizeof *h);
+    h->cfg.c = (Config){.arch = ARCH_LLAMA, .dim = D, .hidden_dim = 2 * D, .n_layers = 1,
+                        .n_heads = 4, .n_kv_heads = 2, .head_dim = D / 4, .vocab_size = V,
+                        .norm_eps = 1e-5f, .rope_theta = 10000.0f, .bos_id = -1, .eos_id = -1};
+    h->cfg.target_hidden = D;
+    h->cfg.draft_vocab = V;
+    int L[3] = {0, 1, 2};
+    memcpy(h->cfg.feature_layers, L, sizeof L);
+    size_t sizes[13] = {(size_t)D * 3 * D, D, D, (size_t)D * 2 * D, (size_t)D / 2 * 2 * D,
+                        (size_t)D / 2 * 2 * D, (size_t)D * D, D, (size_t)2 * D * D,
+                        (size_t)2 * D * D, (size_t)D * 2 * D, D, (size_t)V * D};
+    float **slots[13] = {&h->fc, &h->input_norm, &h->hidden_norm, &h->wq, &h->wk, &h->wv,
+                         &h->wo, &h->post_norm, &h->w_gate, &h->w_up, &h->w_down, &h->norm,
+                         &h->lm_head};
+    size_t total = 0;
+    for (int i = 0; i < 13; i++) total += sizes[i];
+    h->arena = malloc(total * sizeof(float));
+    Rng r;
+    rng_seed(&r, seed + 1);
+    float *at = h->arena;
+    for (int i = 0; i < 13; i++) {
+        *slots[i] = at;
+        int vec = sizes[i] == (size_t)D;
+        for (size_t k = 0; k < sizes[i]; k++)
+            at[k] = vec ? 1.0f : (float)((rng_uniform(&r) * 2 - 1) * 2.0 / sqrt((double)D));
+        at += sizes[i];
+    }
+    h->d2t = malloc(sizeof(int32_t) * V);
+    for (int i = 0; i < V; i++) h->d2t[i] = i;
+    snprintf(h->path, sizeof h->path, "test-head");
+    p->h = h;
+    p->emb = malloc(sizeof(float) * (size_t)V * D);
+    qtensor_dequantize_rows(&p->tm->w.tok_embeddings, 0, V, p->emb);
+    RsErr e = {0};
+    int eog = -1, layers[3];
+    ck_assert_msg(eagle3_head_check(h, &p->tm->cfg, layers, &e) == 0, "%s", e.msg);
+    ck_assert_msg(target_create(p->tm, &cpu_backend_ops, 128, 1, 0, &eog, 0, &p->t, &e) == 0,
+                  "%s", e.msg);
+    ck_assert_msg(drafter_eagle3_create(h, p->emb, 128 + POOL_N_EXPANDED, layers, &p->d, &e) == 0,
+                  "%s", e.msg);
+}
+
+static void e3_pair_close(E3Pair *p) {
+    drafter_destroy(&p->d);
+    target_destroy(&p->t);
+    eagle3_head_destroy(&p->h);
+    free(p->emb);
+    model_destroy(&p->tm);
+}
+
+/* Exact law of the first three tokens after prompt, by enumeration (V^3). */
+static void exact_law3(const Model *m, const int *prompt, int n, double *law) {
+    int V = m->cfg.vocab_size;
+    Backend *b = cpu_backend(m, 64);
+    float *row = malloc(sizeof(float) * V), *p1 = malloc(sizeof(float) * V),
+          *p2 = malloc(sizeof(float) * V), *p3 = malloc(sizeof(float) * V);
+    RsErr e = {0};
+    ck_assert(backend_prefill(b, prompt, n, row, &e) == 0);
+    row_softmax(row, V, p1);
+    for (int a = 0; a < V; a++) {
+        int ctx[2] = {a, 0};
+        backend_kv_reset(b);
+        ck_assert(backend_prefill(b, prompt, n, NULL, &e) == 0);
+        ck_assert(backend_prefill(b, ctx, 1, row, &e) == 0);
+        row_softmax(row, V, p2);
+        for (int c = 0; c < V; c++) {
+            int pc = n + 1, z = 0;
+            ck_assert(backend_forward(b, &c, &pc, 1, NULL, &z, 1, row, &e) == 0);
+            ck_assert(backend_kv_commit(b, NULL, 0, &e) == 0);
+            row_softmax(row, V, p3);
+            for (int d = 0; d < V; d++) law[(a * V + c) * V + d] = (double)p1[a] * p2[c] * p3[d];
+        }
+    }
+    free(row);
+    free(p1);
+    free(p2);
+    free(p3);
+    backend_destroy(&b);
+}
+
+/* Chi-square p-value of counts against law, cells under 5 expected pooled (Wilson-Hilferty). */
+static double chi2_p(const long *count, const double *law, int cells, long N) {
+    double x = 0, pe = 0;
+    long po = 0;
+    int bins = 0;
+    for (int i = 0; i < cells; i++) {
+        double ex = law[i] * N;
+        if (ex < 5) {
+            pe += ex;
+            po += count[i];
+            continue;
+        }
+        x += (count[i] - ex) * (count[i] - ex) / ex;
+        bins++;
+    }
+    if (pe > 0) {
+        x += (po - pe) * (po - pe) / pe;
+        bins++;
+    }
+    double k = bins - 1, z = (cbrt(x / k) - (1 - 2 / (9 * k))) / sqrt(2 / (9 * k));
+    return 0.5 * erfc(z / sqrt(2.0));
+}
+
+/* Decodes per case: the sanitized head grows a pool in ~10 ms, so 400 keep a case at a few
+ * seconds (the wrong verifier still fails at p < 1e-40: the test has the power to tell);
+ * ROOTSPEC_E3_EXACT_N=20000 runs test_spec's count (measured: see the closing note). */
+#define E3_EXACT_N 400
+
+/* _i: the decoder (SPEC_RULES), or 4: rootdraw with a verifier that draws X1 from the
+ * draft row, which must fail (the test can tell a wrong law from the right one). */
+START_TEST(test_t1_exactness_eagle3) {
+    const int V = 10, prompt[3] = {1, 5, 7};
+    E3Pair p;
+    e3_pair_open(&p, V, 16, 4343);
+    double *law = malloc(sizeof(double) * V * V * V);
+    exact_law3(p.tm, prompt, 3, law);
+    long *count = calloc(V * V * V, sizeof(long)), acc = 0;
+    Rule rule = _i < 4 ? SPEC_RULES[_i] : RULE_ROOTDRAW;
+    const char *ne = getenv("ROOTSPEC_E3_EXACT_N");
+    long N = ne ? atol(ne) : E3_EXACT_N;
+    uint64_t t0 = rs_now_ns();
+    for (long s = 0; s < N; s++) {
+        int out[3 + ROUND_MAX_EMIT];
+        DecodeOpts o = {.rule = rule, .budget = _i % 2 ? 8 : 4, .temp = 1,
+                        .seed = 5000 + (uint64_t)s, .max_new = 3, .test_wrong_x1 = _i == 4};
+        DecodeResult res = {.tokens = out, .cap = 3 + ROUND_MAX_EMIT};
+        RsErr e = {0};
+        ck_assert_msg(decode_run(p.t, p.d, prompt, 3, &o, NULL, &res, &e) == 0, "%s", e.msg);
+        ck_assert_msg(!res.drafter_failed, "the EAGLE-3 drafter failed");
+        ck_assert_int_eq(res.n_tokens, 3);
+        acc += res.accepted_total;
+        count[(out[0] * V + out[1]) * V + out[2]]++;
+    }
+    double pv = chi2_p(count, law, V * V * V, N);
+    fprintf(stderr, "eagle3 exactness %s%s: %ld decodes (%.1f s), %ld tokens accepted, p=%.4g\n",
+            rule_name(rule), _i == 4 ? " (WRONG verifier)" : "", N, (rs_now_ns() - t0) * 1e-9,
+            acc, pv);
+    if (_i < 4) ck_assert_msg(pv > 1e-3, "%s: T=1 law differs from the target's (p=%g)",
+                              rule_name(rule), pv);
+    else ck_assert_msg(pv < 1e-3, "a wrong verifier passed (p=%g)", pv);
+    ck_assert_msg(acc > 0, "nothing accepted: the head never drafted");
+    free(count);
+    free(law);
+    e3_pair_close(&p);
+}
+END_TEST
+
+Suite *suite_feat(void) {
+    Suite *s = suite_create("feat");
+    TCase *tc = tcase_create("feat");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_features_equal_truncated_forward);
+    tcase_add_test(tc, test_features_follow_kv_commit);
+    tcase_add_test(tc, test_identity_in_process);
+    tcase_add_loop_test(tc, test_t1_exactness_eagle3, 0, 5);
+    suite_add_tcase(s, tc);
+    return s;
+}
