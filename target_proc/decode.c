@@ -425,7 +425,8 @@ static void output_append(Decode *d, const int *tok, int m, int eos) {
  * [a1..ak, c] (root, a1..ak): token p's state pairs with token p+1, as eagle3_forward.h
  * pairs a row's state with the next token's embedding. */
 
-/* Asks the backend to record what the drafter needs (or nothing). RS_EINVAL when the
+/* Asks the backend to record what the drafter needs (or nothing), after target_reset
+ * (nothing pending). RS_EINVAL when the
  * drafter's layers do not exist in this target (the message names both). */
 static int feat_begin(Decode *d, int n_prompt, RsErr *e) {
     const DrafterInfo *in = d->use_drafter ? drafter_info(d->dc) : NULL;
@@ -585,10 +586,8 @@ int decode_run(Target *t, Drafter *dc, const int *prompt, int n_prompt, const De
         rc = d->use_drafter ? round_speculative(d, &r, e) : round_ar(d, &r, e);
         if (!rc) rc = round_commit(d, &r, e);
     }
-    if (d->feat) { /* the next decode may have no EAGLE-3 drafter: stop recording */
-        backend_kv_commit(t->b, NULL, 0, NULL); /* an error may leave entries pending */
-        backend_set_feature_layers(t->b, NULL, 0, NULL);
-    }
+    /* Recording stays as set: the next decode's feat_begin sets it again (a no-op when
+     * unchanged, where a change would re-capture the CUDA backend's graphs). */
     free(d->feat);
     free(d);
     return rc;
