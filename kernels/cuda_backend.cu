@@ -20,6 +20,7 @@
 #include <string.h>
 #include "common/randmodel.h"
 #include "cuda_backend.h"
+#include "cuda_feat.h"
 #include "cuda_kernels.h"
 extern "C" {
 #include "backend_impl.h"
@@ -108,6 +109,10 @@ typedef struct {
     CuGraph graphs[N_BUCKETS];
     uint64_t n_captures, n_graph_replays, n_eager_launches;
     size_t weight_bytes;
+    /* EAGLE-3 features (backend.h), allocated when recording starts */
+    rs_bf16 *feat_pend; // (max_pending, feat_n*dim) device, per pending entry
+    rs_bf16 *feat_out;  // (max_pending, feat_n*dim) device, the last commit's kept rows
+    rs_bf16 *h_feat;    // (max_pending, feat_n*dim) pinned host copy of feat_out
 } CudaBackend;
 
 static int cuda_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e);
@@ -121,6 +126,8 @@ static void *cuda_host_alloc(Backend *bb, size_t bytes);
 static void cuda_host_free(Backend *bb, void *p);
 static void cuda_stats(const Backend *bb, BackendStats *out);
 static int cuda_rows_copy(Backend *bb, const int *rows, int n, float *logits, RsErr *e);
+static int cuda_set_features(Backend *bb, RsErr *e);
+static const void *cuda_read_features(Backend *bb, BackendFeatType *t);
 static void capture_all(CudaBackend *b);
 
 /* C++ has no tentative definitions: the table comes first, after the prototypes. */
@@ -136,6 +143,8 @@ static const BackendOps cuda_ops = {
     .host_free = cuda_host_free,
     .rows_copy = cuda_rows_copy,
     .stats = cuda_stats,
+    .set_features = cuda_set_features,
+    .read_features = cuda_read_features,
 };
 
 
@@ -203,6 +212,7 @@ static void cuda_destroy(Backend **pb) {
     DFREE(b->kc); DFREE(b->vc); DFREE(b->kv_scratch);
     DFREE(b->d_in); DFREE(b->d_keep); DFREE(b->att_scratch); DFREE(b->att_cnt); DFREE(b->blas_ws);
     HFREE(b->h_in); HFREE(b->h_keep);
+    DFREE(b->feat_pend); DFREE(b->feat_out); HFREE(b->h_feat);
     free(b->h_mask_bytes);
     free(b->keep_seen);
     if (b->blas) cublasDestroy(b->blas);
@@ -599,6 +609,15 @@ static void layer_bi(CudaBackend *b, int l, int nb) {
                 NULL);
 }
 
+/* EAGLE-3 features: the residual stream entering layer l into the pending entries' rows. */
+static void feat_store(CudaBackend *b, int l, int nb) {
+    const Backend *bb = &b->base;
+    for (int k = 0; k < bb->feat_n; k++)
+        if (bb->feat_layers[k] == l)
+            cuk_feat_store(b->stream, b->x, nb, b->dim, bb->feat_n * b->dim, k * b->dim,
+                           b->d_meta, b->feat_pend);
+}
+
 /* Enqueues the layers of one forward of nb rows (device inputs already staged); the head
  * is separate (head()), so a graph holds no padding rows' logits. May be captured. */
 static void enqueue_forward(CudaBackend *b, int nb) {
@@ -608,9 +627,11 @@ static void enqueue_forward(CudaBackend *b, int nb) {
     cuk_embed(s, b->emb, b->d_tokens, nb, b->dim, b->x);
     uint64_t c1 = cuk_launch_count();
     for (int l = 0; l < b->nl; l++) {
+        if (b->base.feat_n) feat_store(b, l, nb);
         if (b->batch_inv) layer_bi(b, l, nb);
         else layer_blas(b, l, nb);
     }
+    if (b->base.feat_n) feat_store(b, b->nl, nb);
     uint64_t c2 = cuk_launch_count();
     b->launches_layer = (int)((c2 - c1) / (uint64_t)b->nl);
     b->launches_pass = (int)(c2 - c0);
@@ -772,14 +793,22 @@ static int cuda_kv_commit(Backend *bb, const int *keep, int n_keep, RsErr *e) {
         b->keep_seen[keep[i]] = 1;
         identity &= keep[i] == i;
     }
-    if (!identity) { /* entries already in place need no copy (e.g. a prefill commit) */
+    /* entries already in place need no copy (e.g. a prefill commit); features always do */
+    if (!identity || bb->feat_n) {
         CUDA_CHECK(cudaSetDevice(bb->params.device));
         memcpy(b->h_keep, keep, (size_t)n_keep * 4);
         CUDA_CHECK(cudaMemcpyAsync(b->d_keep, b->h_keep, (size_t)n_keep * 4,
                                    cudaMemcpyHostToDevice, b->stream));
         int cap = bb->params.kv_capacity;
-        cuk_kv_compact(b->stream, b->kc, b->nl, cap, b->kvd, nc, b->d_keep, n_keep, b->kv_scratch);
-        cuk_kv_compact(b->stream, b->vc, b->nl, cap, b->kvd, nc, b->d_keep, n_keep, b->kv_scratch);
+        if (!identity) {
+            cuk_kv_compact(b->stream, b->kc, b->nl, cap, b->kvd, nc, b->d_keep, n_keep,
+                           b->kv_scratch);
+            cuk_kv_compact(b->stream, b->vc, b->nl, cap, b->kvd, nc, b->d_keep, n_keep,
+                           b->kv_scratch);
+        }
+        if (bb->feat_n)
+            cuk_feat_gather(b->stream, b->feat_pend, b->d_keep, n_keep, bb->feat_n * b->dim,
+                            b->feat_out);
         CUDA_CHECK(cudaStreamSynchronize(b->stream));
     }
     bb->n_committed += n_keep;
@@ -799,6 +828,40 @@ static void *cuda_host_alloc(Backend *bb, size_t bytes) {
 static void cuda_host_free(Backend *bb, void *p) {
     CUDA_CHECK(cudaSetDevice(bb->params.device));
     CUDA_CHECK(cudaFreeHost(p));
+}
+
+/* Buffers for recording (none when it stops); the captured graphs change with it. */
+static int cuda_set_features(Backend *bb, RsErr *e) {
+    CudaBackend *b = (CudaBackend *)bb;
+    CUDA_CHECK(cudaSetDevice(bb->params.device));
+    CUDA_CHECK(cudaStreamSynchronize(b->stream));
+    graphs_drop(b);
+    DFREE(b->feat_pend);
+    DFREE(b->feat_out);
+    HFREE(b->h_feat);
+    size_t bytes = (size_t)bb->params.max_pending * bb->feat_n * b->dim * 2;
+    int rc = RS_OK;
+    if (bb->feat_n) {
+        rc = dalloc(&b->feat_pend, bytes, "feature rows", e);
+        if (!rc) rc = dalloc(&b->feat_out, bytes, "kept feature rows", e);
+        if (!rc) rc = halloc(&b->h_feat, bytes, "kept feature rows (host)", e);
+        if (rc) {
+            DFREE(b->feat_pend);
+            DFREE(b->feat_out);
+        }
+    }
+    if (b->use_graphs) capture_all(b);
+    return rc;
+}
+
+static const void *cuda_read_features(Backend *bb, BackendFeatType *t) {
+    CudaBackend *b = (CudaBackend *)bb;
+    *t = BACKEND_FEAT_BF16;
+    CUDA_CHECK(cudaSetDevice(bb->params.device));
+    CUDA_CHECK(cudaMemcpyAsync(b->h_feat, b->feat_out, (size_t)bb->feat_rows * bb->feat_n * b->dim * 2,
+                               cudaMemcpyDeviceToHost, b->stream));
+    CUDA_CHECK(cudaStreamSynchronize(b->stream));
+    return b->h_feat;
 }
 
 static void cuda_kv_reset(Backend *bb) {
