@@ -1049,12 +1049,112 @@ START_TEST(test_eagle3_head_wiring) {
 }
 END_TEST
 
+/* ---- an EAGLE-3 head fed by the target's features (random:eagle3-tiny for random:tiny) ----
+ * rootspec-target on random:tiny: with ep, its drafter is that rootspec-draft; with head,
+ * the head in process (--draft-model); neither: AR. */
+static int run_e3_target(const char *tag, const char *decoder, const char *ep, const char *head,
+                         int max_new, const char *timeout_ms, pid_t *pid_out) {
+    char mn[16];
+    snprintf(mn, sizeof mn, "%d", max_new);
+    char *argv[24] = {"build/rootspec-target", "--model", "random:tiny", "--prompt-ids",
+                      "5,17,200,3,99,42,7", "--max-new", mn, "--decoder", (char *)decoder,
+                      "--budget", "59", "--output-ids"};
+    int k = 12;
+    if (ep) {
+        argv[k++] = "--draft-endpoint";
+        argv[k++] = (char *)ep;
+        argv[k++] = "--draft-timeout-ms";
+        argv[k++] = (char *)(timeout_ms ? timeout_ms : "20000");
+    }
+    if (head) {
+        argv[k++] = "--draft-model";
+        argv[k++] = (char *)head;
+    }
+    argv[k] = NULL;
+    pid_t pid = spawn(argv, tag);
+    if (pid_out) {
+        *pid_out = pid;
+        return 0;
+    }
+    return wait_exit(pid, 60000);
+}
+
+static pid_t start_e3_drafter(const char *ep) {
+    char *argv[] = {"build/rootspec-draft", "--bind", (char *)ep, "--model", "random:eagle3-tiny",
+                    "--target-model", "random:tiny", NULL};
+    pid_t d = spawn(argv, "e3draft");
+    wait_serving(d, "e3draft");
+    return d;
+}
+
+/* Every decoder with the head in process (--draft-model) and in rootspec-draft emits AR's
+ * ids (T=0) and never falls back: the features reach the head on both paths. */
+START_TEST(test_eagle3_identity_binaries) {
+    make_dir();
+    char ep[300];
+    endpoint(ep, sizeof ep, "e3");
+    pid_t d = start_e3_drafter(ep);
+    ck_assert_int_eq(run_e3_target("ar", "ar", NULL, NULL, 100, NULL, NULL), 0);
+    char *ref = slurp("ar", "out");
+    ck_assert_msg(strlen(ref) > 10, "AR printed no ids: '%s'", ref);
+    const char *decs[] = {"draft", "pearl", "rootdraw", "root"};
+    for (int i = 0; i < 8; i++) {
+        const char *dec = decs[i % 4], *where = i < 4 ? "in process" : "rootspec-draft";
+        int rc = run_e3_target(dec, dec, i < 4 ? NULL : ep, i < 4 ? "random:eagle3-tiny" : NULL,
+                               60, NULL, NULL);
+        char *err = slurp(dec, "err"), *got = slurp(dec, "out");
+        ck_assert_msg(rc == 0, "%s %s exited %d: %s", dec, where, rc, err);
+        ck_assert_msg(!strstr(err, "drafter failed"), "%s %s: %s", dec, where, err);
+        ck_assert_msg(ids_prefix(got, ref, 60), "%s %s:\n%s\nAR:\n%s", dec, where, got, ref);
+        const char *acc = strstr(err, "mean accepted ");
+        ck_assert_msg(acc, "no summary line: %s", err);
+        fprintf(stderr, "eagle3 %s %s: mean accepted %.3f a round\n", dec, where,
+                atof(acc + strlen("mean accepted ")));
+        free(got);
+        free(err);
+    }
+    free(ref);
+    stop(d);
+}
+END_TEST
+
+/* kill -9 of the EAGLE-3 rootspec-draft mid-decode: the target finishes autoregressively
+ * and keeps every token (T=0: AR's ids). */
+START_TEST(test_eagle3_drafter_killed) {
+    make_dir();
+    char ep[300];
+    endpoint(ep, sizeof ep, "e3k");
+    pid_t d = start_e3_drafter(ep);
+    const int N = 500;
+    ck_assert_int_eq(run_e3_target("ar", "ar", NULL, NULL, N + 80, NULL, NULL), 0);
+    pid_t t;
+    run_e3_target("rd", "rootdraw", ep, NULL, N, "700", &t);
+    for (int w = 0; w < 20000 && count_ids("rd") < 3; w += 5) usleep(5000);
+    ck_assert_msg(count_ids("rd") >= 3, "target emitted nothing");
+    kill(d, SIGKILL);
+    int rc = wait_exit(t, 60000);
+    char *err = slurp("rd", "err"), *got = slurp("rd", "out"), *ref = slurp("ar", "out");
+    ck_assert_msg(rc == 0, "target exited %d: %s", rc, err);
+    ck_assert_msg(strstr(err, "drafter failed") && strstr(err, "did not answer within 700 ms"),
+                  "no fallback event in: %s", err);
+    ck_assert_msg(count_ids("rd") == N, "%d ids, want %d", count_ids("rd"), N);
+    ck_assert_msg(ids_prefix(got, ref, N), "ids after the kill differ from AR:\n%s\nvs\n%s",
+                  got, ref);
+    free(err);
+    free(got);
+    free(ref);
+    stop(d);
+}
+END_TEST
+
 Suite *suite_twoproc(void) {
     Suite *s = suite_create("twoproc");
     TCase *tc = tcase_create("pipeline");
     tcase_set_timeout(tc, 180);
     tcase_add_test(tc, test_identity_across_processes);
     tcase_add_test(tc, test_eagle3_head_wiring);
+    tcase_add_test(tc, test_eagle3_identity_binaries);
+    tcase_add_test(tc, test_eagle3_drafter_killed);
     tcase_add_loop_test(tc, test_drafter_dies_mid_decode, 0, 2);
     tcase_add_test(tc, test_drafter_unreachable);
     tcase_add_test(tc, test_target_dies_drafter_recovers);
