@@ -579,6 +579,18 @@ START_TEST(test_pipeline_timing_script) {
     }
     ck_assert_msg(!strstr(log, "FAIL"), "%s", log);
     free(log);
+    /* an EAGLE-3 head as the drafter: the script gives rootspec-draft --target-model */
+    snprintf(cmd, sizeof cmd,
+             "PIPE_BIN=build PIPE_BACKEND=cpu PIPE_TARGET=random:tiny,seed=5 "
+             "PIPE_DRAFT=random:eagle3-tiny PIPE_DECODERS=rootdraw PIPE_MAX_NEW=24 "
+             "PIPE_PROMPT_LEN=10 PIPE_OUT=%s/pipe3 OPENBLAS_NUM_THREADS=1 LD_PRELOAD= "
+             "bash tools/pipeline-timing.sh > %s/pipe3.log 2>&1", g_dir, g_dir);
+    rc = system(cmd);
+    log = slurp("pipe3", "log");
+    ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "pipeline-timing.sh: %d\n%s", rc, log);
+    ck_assert_msg(strstr(log, "IDENTITY ok: rootdraw's first 24 ids equal AR's"), "%s", log);
+    ck_assert_msg(!strstr(log, "drafter failed") && !strstr(log, "FAIL"), "%s", log);
+    free(log);
 }
 END_TEST
 

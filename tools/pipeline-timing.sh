@@ -7,7 +7,9 @@
 #   PIPE_BIN      folder with rootspec-target and rootspec-draft     (default build/cuda)
 #   PIPE_BACKEND  cpu | cuda                                         (default cuda)
 #   PIPE_TARGET   target model                       (default random:llama3-8b,seed=1)
-#   PIPE_DRAFT    drafter model                      (default random:llama3-1b,seed=2)
+#   PIPE_DRAFT    drafter model                      (default random:llama3-1b,seed=2), or an
+#                 EAGLE-3 head (random:eagle3-*, or a directory whose config.json names an
+#                 Eagle3 architecture): rootspec-draft then gets --target-model PIPE_TARGET
 #   PIPE_DECODERS speculative decoders              (default "draft pearl rootdraw")
 #   PIPE_MAX_NEW  new tokens per decode (default 128); PIPE_PROMPT_LEN prompt ids (64)
 #   PIPE_BUDGET   tree budget (59); PIPE_OUT log folder (default pipeline-out)
@@ -45,6 +47,12 @@ ids=$(awk -v n="$PLEN" 'BEGIN { for (i = 0; i < n; i++) printf "%s%d", i ? "," :
 # One GPU: both processes on device 0 (launch.sh reads these).
 export DRAFT_GPU=${DRAFT_GPU:-0} TARGET_GPU=${TARGET_GPU:-0}
 common=(--model "$TARGET" --prompt-ids "$ids" --temp 0 --budget "$BUDGET" --output-ids --timing)
+head_args=()
+case "$DRAFT" in
+  random:eagle3-*) head_args=(--draft-target-model "$TARGET") ;;
+  *) [ -f "$DRAFT/config.json" ] && grep -qi eagle3 "$DRAFT/config.json" &&
+       head_args=(--draft-target-model "$TARGET") ;;
+esac
 say "target $TARGET, drafter $DRAFT, backend $BACKEND, $PLEN prompt ids, $MAX_NEW new tokens"
 
 # AR runs past the speculative decoders' MAX_NEW: they may stop a tree depth later.
@@ -54,7 +62,8 @@ run_ar() {
         >"$OUT/ar.out" 2>"$OUT/ar.err"
 }
 run_spec() {
-    timeout "$RUN_LIMIT" bash deploy/launch.sh --backend "$BACKEND" --bin "$BIN" --draft-model "$DRAFT" -- \
+    timeout "$RUN_LIMIT" bash deploy/launch.sh --backend "$BACKEND" --bin "$BIN" --draft-model "$DRAFT" \
+        "${head_args[@]}" -- \
         "${common[@]}" --decoder "$1" --max-new "$MAX_NEW" --draft-timeout-ms 120000 \
         --log-rounds "$OUT/rounds-$1.jsonl" >"$OUT/$1.out" 2>"$OUT/$1.err"
 }
