@@ -375,8 +375,8 @@ START_TEST(test_drafter_kind) {
 END_TEST
 
 /* ---- decoding with an EAGLE-3 drafter ----
- * The target does not export its feature layers yet, and decode_run passes no features;
- * this test adapter (a Drafter kind of its own) stands in for the target: the feature row of
+ * With the target's own features (decode_run sends them) this is tests/test_feat.c's; here
+ * a test adapter (a Drafter kind of its own) replaces them: the feature row of
  * a token is a fixed pseudo-random function of the token before it. Exactness never depends
  * on what the features are, only on the pools being well formed. */
 typedef struct {
