@@ -426,8 +426,8 @@ static void output_append(Decode *d, const int *tok, int m, int eos) {
  * pairs a row's state with the next token's embedding. */
 
 /* Asks the backend to record what the drafter needs (or nothing), after target_reset
- * (nothing pending). RS_EINVAL when the
- * drafter's layers do not exist in this target (the message names both). */
+ * (nothing pending). RS_EINVAL when the drafter's layers do not exist in this target (the
+ * message names both). */
 static int feat_begin(Decode *d, int n_prompt, RsErr *e) {
     const DrafterInfo *in = d->use_drafter ? drafter_info(d->dc) : NULL;
     Backend *b = d->t->b;
