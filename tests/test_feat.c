@@ -461,6 +461,17 @@ START_TEST(test_decode_sends_predecessor_features) {
                           "%s T=%d: token %d (%d) came with features other than token %d's",
                           rule_name(rule), c / 2, j, s->tok[j], j - 1);
     }
+    /* a drafter wanting a layer this target lacks is refused before anything runs */
+    DrafterInfo bad = *drafter_info(p.d);
+    bad.feature_layers[2] = 9;
+    Drafter *wrong = drafter_wrap(&spy_ops, s, &bad);
+    int out[64];
+    DecodeOpts o = {.rule = RULE_ROOTDRAW, .budget = 8, .max_new = 4};
+    DecodeResult res = {.tokens = out, .cap = 4 + ROUND_MAX_EMIT};
+    ck_assert_int_eq(decode_run(p.t, wrong, prompt, 5, &o, NULL, &res, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "drafter test-head wants the target's features, but feature "
+                                "layer 9 outside [0, 2] (the target has 2 layers)"), "%s", e.msg);
+    drafter_destroy(&wrong);
     free(want);
     backend_destroy(&ref);
     drafter_destroy(&spy);
