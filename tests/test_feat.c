@@ -342,7 +342,8 @@ static double chi2_p(const long *count, const double *law, int cells, long N) {
 
 /* Decodes per case: the sanitized head grows a pool in ~10 ms, so 400 keep a case at a few
  * seconds (the wrong verifier still fails at p < 1e-40: the test has the power to tell);
- * ROOTSPEC_E3_EXACT_N=20000 runs test_spec's count (measured: see the closing note). */
+ * ROOTSPEC_E3_EXACT_N=20000 runs test_spec's count (an -O2 build: 4-9 min a case on a
+ * loaded 2-core machine; p 0.97, 0.80, 0.80, 0.18, the wrong verifier 0). */
 #define E3_EXACT_N 400
 
 /* _i: the decoder (SPEC_RULES), or 4: rootdraw with a verifier that draws X1 from the
