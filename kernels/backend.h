@@ -93,6 +93,17 @@ int backend_n_kept(const Backend *b);
  * (n, vocab_size), and counts n in d2h_full_rows: for offline scoring and tests, not for a
  * decode's hot path. RS_EINVAL for a row outside the kept ones (nothing copied). */
 int backend_rows_copy(Backend *b, const int *rows, int n, float *logits, RsErr *e);
+/* Largest k of backend_rows_topk. */
+#define BACKEND_TOPK_MAX 32
+/* For every kept row r (n = backend_n_kept): ids (n, k) its k largest logits' columns,
+ * ties to the lower column (as common/logits.h row_topk: ids are exact); lse (n)
+ * log(sum exp(row)) (NaN when the row holds a NaN or +inf or is all -inf, as row_lse);
+ * logq (n, k) row[id] - lse, both in float. Computed where the rows live: one fused
+ * threaded pass on the CPU, one kernel on CUDA; only the n * (2k + 1) numbers cross. The
+ * sum is not today's double-precision row_lse: |lse - row_lse| <= 1e-5 * max(1, |lse|)
+ * (tests/test_rows.c), and the same bits whatever the CPU thread count. RS_EINVAL when
+ * k is outside [1, min(BACKEND_TOPK_MAX, vocab)]. */
+int backend_rows_topk(Backend *b, int k, int *ids, float *logq, float *lse, RsErr *e);
 /* keep: indices into the pending entries (0 = first pending), ascending not required
  * but each at most once. n_keep may be 0 (drop all pending). */
 int backend_kv_commit(Backend *b, const int *keep, int n_keep, RsErr *e);

@@ -3,6 +3,7 @@
  * and CUDA), model loading per backend and the backend-by-name lookup. */
 #include "backend_impl.h"
 #include "common/quant.h"
+#include "cpu_rows.h"
 #include "common/randmodel.h"
 #include <math.h>
 #include <string.h>
@@ -108,6 +109,33 @@ int backend_kv_commit(Backend *b, const int *keep, int n_keep, RsErr *e) {
     int rc = b->ops->kv_commit(b, keep, n_keep, e);
     if (rc == RS_OK) b->feat_rows = n_keep; /* the op kept their features, when recording */
     return rc;
+}
+
+/* Fallback of a backend without rows_topk: one row at a time through the host. */
+static int rows_topk_host(Backend *b, int k, int *ids, float *logq, float *lse, RsErr *e) {
+    int V = b->model->cfg.vocab_size, rc = RS_OK;
+    float *row = rs_xmalloc(sizeof(float) * (size_t)V);
+    CpuRowsPart *parts = rs_xmalloc(sizeof(CpuRowsPart) * (size_t)cpu_rows_chunks(V));
+    for (int r = 0; r < b->n_kept && !rc; r++) {
+        rc = backend_rows_copy(b, &r, 1, row, e);
+        if (!rc)
+            cpu_rows_topk(NULL, row, 1, V, k, ids + (size_t)r * k, logq + (size_t)r * k,
+                          lse + r, parts);
+    }
+    free(parts);
+    free(row);
+    return rc;
+}
+
+int backend_rows_topk(Backend *b, int k, int *ids, float *logq, float *lse, RsErr *e) {
+    int V = b->model->cfg.vocab_size;
+    if (k < 1 || k > BACKEND_TOPK_MAX || k > V)
+        return rs_err(e, RS_EINVAL, "rows_topk: k = %d outside [1, %d]", k,
+                      V < BACKEND_TOPK_MAX ? V : BACKEND_TOPK_MAX);
+    if (b->n_kept == 0) return RS_OK;
+    RS_ASSERT(ids && logq && lse);
+    if (!b->ops->rows_topk) return rows_topk_host(b, k, ids, logq, lse, e);
+    return b->ops->rows_topk(b, k, ids, logq, lse, e);
 }
 
 void backend_kv_reset(Backend *b) {

@@ -29,6 +29,10 @@ struct BackendOps {
     /* Required: as backend_rows_copy, rows already checked against n_kept (the caller
      * counts them). */
     int (*rows_copy)(Backend *b, const int *rows, int n, float *logits, RsErr *e);
+    /* Optional: as backend_rows_topk over the n_kept rows, k already checked. NULL: the
+     * rows are copied to the host (counted in d2h_full_rows) and reduced there by
+     * kernels/cpu_rows.c, single-threaded. */
+    int (*rows_topk)(Backend *b, int k, int *ids, float *logq, float *lse, RsErr *e);
     /* Optional: fills the backend's own counters (the CUDA ones); backend_stats has
      * already set the common ones and zeroed the rest. */
     void (*stats)(const Backend *b, BackendStats *out);

@@ -16,6 +16,7 @@
 #include "backend_impl.h"
 #include "cpu_ops.h"
 #include "cpu_qmatmul.h"
+#include "cpu_rows.h"
 #include "threadpool.h"
 #include <math.h>
 #include <sched.h>
@@ -46,6 +47,7 @@ typedef struct {
     /* EAGLE-3 features, allocated when recording starts (backend_set_feature_layers) */
     float *feat_pend;   // (max_pending, feat_n*dim) of each pending entry
     float *feat_out;    // (max_pending, feat_n*dim) of the last commit's kept entries
+    CpuRowsPart *parts; // (max_kept * cpu_rows_chunks(vocab)) rows_topk scratch
 } RunState;
 
 typedef struct {
@@ -225,6 +227,8 @@ static void alloc_state(CpuBackend *b, const Config *c, const BackendParams *p, 
     s->pend_pos = rs_xcalloc(P, sizeof(int));
     s->keep_seen = rs_xcalloc(P, 1);
     s->logits = rs_xcalloc((size_t)b->max_kept * c->vocab_size, sizeof(float));
+    s->parts = rs_xcalloc((size_t)b->max_kept * cpu_rows_chunks(c->vocab_size),
+                          sizeof(CpuRowsPart));
 }
 
 static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
@@ -287,7 +291,7 @@ static void cpu_destroy(Backend **pb) {
                     s->hb2,     s->att,      s->scratch,     s->xq,       s->hq,  s->key_cache,
                     s->value_cache, s->kv_tmp, s->inv_freq,  s->rope_cos, s->rope_sin,
                     s->att_idx, s->att_cnt,  s->keep_seen, s->pend_pos, s->logits,
-                    s->feat_pend, s->feat_out};
+                    s->feat_pend, s->feat_out, s->parts};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(b);
     *pb = NULL;
@@ -513,6 +517,13 @@ static int cpu_rows_copy(Backend *bb, const int *rows, int n, float *logits, RsE
     return RS_OK;
 }
 
+static int cpu_rows_topk_op(Backend *bb, int k, int *ids, float *logq, float *lse, RsErr *e) {
+    CpuBackend *b = (CpuBackend *)bb;
+    cpu_rows_topk(b->pool, b->s.logits, bb->n_kept, bb->model->cfg.vocab_size, k, ids, logq,
+                  lse, b->s.parts);
+    return RS_OK;
+}
+
 static void cpu_kv_reset(Backend *bb) {
     bb->n_committed = 0;
     bb->n_pending = 0;
@@ -528,4 +539,5 @@ const BackendOps cpu_backend_ops = {
     .rows_copy = cpu_rows_copy,
     .set_features = cpu_set_features,
     .read_features = cpu_read_features,
+    .rows_topk = cpu_rows_topk_op,
 };

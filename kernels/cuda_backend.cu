@@ -22,6 +22,7 @@
 #include "cuda_backend.h"
 #include "cuda_feat.h"
 #include "cuda_kernels.h"
+#include "cuda_rows.h"
 extern "C" {
 #include "backend_impl.h"
 }
@@ -82,6 +83,9 @@ typedef struct {
     float *gu;         // (rows, 2*hidden)
     rs_bf16 *hb;       // (rows, hidden)
     float *logits;     // (rows, vocab); rows 0..n_kept-1 are the kept rows
+    /* rows_topk results, packed for one copy: ids (n, k), logq (n, k), lse (n), sized
+     * for rows x BACKEND_TOPK_MAX */
+    void *d_red, *h_red;
     float *cos_t, *sin_t; // (rows, hd/2)
     rs_bf16 *kc, *vc;  // (nl, kv_capacity, kv_dim)
     rs_bf16 *kv_scratch; // (nl, max_pending, kv_dim)
@@ -128,6 +132,7 @@ static void cuda_stats(const Backend *bb, BackendStats *out);
 static int cuda_rows_copy(Backend *bb, const int *rows, int n, float *logits, RsErr *e);
 static int cuda_set_features(Backend *bb, RsErr *e);
 static const void *cuda_read_features(Backend *bb, BackendFeatType *t);
+static int cuda_rows_topk(Backend *bb, int k, int *ids, float *logq, float *lse, RsErr *e);
 static void capture_all(CudaBackend *b);
 
 /* C++ has no tentative definitions: the table comes first, after the prototypes. */
@@ -142,6 +147,7 @@ static const BackendOps cuda_ops = {
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .rows_copy = cuda_rows_copy,
+    .rows_topk = cuda_rows_topk,
     .stats = cuda_stats,
     .set_features = cuda_set_features,
     .read_features = cuda_read_features,
@@ -210,6 +216,7 @@ static void cuda_destroy(Backend **pb) {
     DFREE(b->x); DFREE(b->xb); DFREE(b->qkv); DFREE(b->att); DFREE(b->tmp); DFREE(b->gu);
     DFREE(b->hb); DFREE(b->logits); DFREE(b->cos_t); DFREE(b->sin_t);
     DFREE(b->kc); DFREE(b->vc); DFREE(b->kv_scratch);
+    DFREE(b->d_red); HFREE(b->h_red);
     DFREE(b->d_in); DFREE(b->d_keep); DFREE(b->att_scratch); DFREE(b->att_cnt); DFREE(b->blas_ws);
     HFREE(b->h_in); HFREE(b->h_keep);
     DFREE(b->feat_pend); DFREE(b->feat_out); HFREE(b->h_feat);
@@ -505,6 +512,9 @@ static int cuda_create(const Model *m, const BackendParams *p, Backend **out, Rs
     CudaBackend *b = backend_new(m, p);
     rc = alloc_weights(b, m, random, e);
     if (!rc) rc = alloc_buffers(b, p, e);
+    size_t red_bytes = (size_t)b->rows * (2 * BACKEND_TOPK_MAX + 1) * 4;
+    if (!rc) rc = dalloc(&b->d_red, red_bytes, "row reductions", e);
+    if (!rc) rc = halloc(&b->h_red, red_bytes, "row reductions (host)", e);
     if (!rc) {
         CUBLAS_CHECK(cublasSetWorkspace(b->blas, b->blas_ws, b->blas_ws_bytes));
         b->keep_seen = (uint8_t *)rs_xcalloc((size_t)p->max_pending, 1);
@@ -774,6 +784,24 @@ static int cuda_rows_copy(Backend *bb, const int *rows, int n, float *logits, Rs
                                    run * V * sizeof(float), cudaMemcpyDeviceToHost, b->stream));
     }
     CUDA_CHECK(cudaStreamSynchronize(b->stream));
+    return RS_OK;
+}
+
+/* One kernel over the kept rows; only the (2k + 1) numbers a row crosses to the host. */
+static int cuda_rows_topk(Backend *bb, int k, int *ids, float *logq, float *lse, RsErr *e) {
+    CudaBackend *b = (CudaBackend *)bb;
+    int n = bb->n_kept;
+    CUDA_CHECK(cudaSetDevice(bb->params.device));
+    size_t nk = (size_t)n * k;
+    int *d_ids = (int *)b->d_red;
+    float *d_logq = (float *)b->d_red + nk, *d_lse = (float *)b->d_red + 2 * nk;
+    cuk_rows_topk(b->stream, b->logits, n, b->vocab, k, d_ids, d_logq, d_lse);
+    CUDA_CHECK(cudaMemcpyAsync(b->h_red, b->d_red, (2 * nk + n) * 4, cudaMemcpyDeviceToHost,
+                               b->stream));
+    CUDA_CHECK(cudaStreamSynchronize(b->stream));
+    memcpy(ids, b->h_red, nk * 4);
+    memcpy(logq, (float *)b->h_red + nk, nk * 4);
+    memcpy(lse, (float *)b->h_red + 2 * nk, (size_t)n * 4);
     return RS_OK;
 }
 

@@ -2,7 +2,12 @@
  * pointer keeps its rows inside the backend; backend_rows_copy reads them back whole and
  * BackendStats.d2h_full_rows counts every whole row that reaches the host. */
 #include "testutil.h"
+#include "common/logits.h"
+#include "common/rng.h"
 #include "kernels/backend.h"
+#include "kernels/backend_impl.h"
+#include "kernels/cpu_rows.h"
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,11 +59,151 @@ START_TEST(test_kept_rows_copy) {
 }
 END_TEST
 
+/* Rows of every shape the fused pass must get right: plain noise, heavy ties (values on a
+ * coarse grid, so top-k ties break by column), -inf columns, one dominant logit, widths
+ * around the block and chunk sizes. */
+static void fill_row(float *row, int V, int kind, Rng *r) {
+    for (int i = 0; i < V; i++) {
+        float u = (float)rng_uniform(r);
+        switch (kind) {
+        case 0: row[i] = 8.0f * u - 4.0f; break;
+        case 1: row[i] = floorf(6.0f * u); break;          /* ties everywhere */
+        case 2: row[i] = u < 0.3f ? -INFINITY : 20.0f * u; break;
+        case 3: row[i] = i == V / 3 ? 60.0f : -30.0f * u; break;
+        default: row[i] = 1.0f; break;                     /* all equal */
+        }
+    }
+}
+
+static const int widths[] = {10, 63, 96, 2047, 2049, 5000, 49152};
+#define N_WIDTHS ((int)(sizeof widths / sizeof widths[0]))
+
+/* The fused pass against the straightforward full-row code (common/logits.c, the
+ * drafter's reduction before it): ids exact, lse within 1e-5 relative. */
+START_TEST(test_topk_vs_full_row) {
+    int V = widths[_i], n = 5, k = V < 10 ? V : 10;
+    float *rows = malloc(sizeof(float) * (size_t)n * V);
+    CpuRowsPart *parts = malloc(sizeof(CpuRowsPart) * (size_t)n * cpu_rows_chunks(V));
+    int ids[5 * 10], ref[10];
+    float logq[5 * 10], lse[5];
+    Rng r;
+    rng_seed(&r, 1234 + V);
+    for (int i = 0; i < n; i++) fill_row(rows + (size_t)i * V, V, i, &r);
+    cpu_rows_topk(NULL, rows, n, V, k, ids, logq, lse, parts);
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        const float *row = rows + (size_t)i * V;
+        row_topk(row, V, k, ref);
+        for (int j = 0; j < k; j++)
+            ck_assert_msg(ids[i * k + j] == ref[j], "V %d row %d: top-%d id %d, reference %d", V,
+                          i, j, ids[i * k + j], ref[j]);
+        double want = row_lse(row, V), d = fabs((double)lse[i] - want);
+        ck_assert_msg(d <= 1e-5 * fmax(1.0, fabs(want)), "V %d row %d: lse %.9g, reference %.9g",
+                      V, i, (double)lse[i], want);
+        worst = fmax(worst, d / fmax(1.0, fabs(want)));
+        for (int j = 0; j < k; j++)
+            ck_assert(logq[i * k + j] == row[ids[i * k + j]] - lse[i]);
+    }
+    if (V == 49152) printf("rows: fused lse vs double row_lse, worst relative %.2g\n", worst);
+    free(parts);
+    free(rows);
+}
+END_TEST
+
+/* Same bits on 1, 2 and 3 threads (chunks are fixed; only their thread changes). */
+START_TEST(test_topk_thread_count) {
+    int V = 49152, n = 7, k = 10;
+    float *rows = malloc(sizeof(float) * (size_t)n * V);
+    Rng r;
+    rng_seed(&r, 99);
+    for (int i = 0; i < n; i++) fill_row(rows + (size_t)i * V, V, i % 4, &r);
+    CpuRowsPart *parts = malloc(sizeof(CpuRowsPart) * (size_t)n * cpu_rows_chunks(V));
+    int ids[3][7 * 10];
+    float logq[3][7 * 10], lse[3][7];
+    for (int t = 0; t < 3; t++) {
+        ThreadPool *pool = NULL;
+        RsErr e = {0};
+        ck_assert(threadpool_create(t + 1, &pool, &e) == RS_OK);
+        cpu_rows_topk(pool, rows, n, V, k, ids[t], logq[t], lse[t], parts);
+        threadpool_destroy(&pool);
+    }
+    for (int t = 1; t < 3; t++) {
+        ck_assert(memcmp(ids[0], ids[t], sizeof ids[0]) == 0);
+        ck_assert_msg(memcmp(lse[0], lse[t], sizeof lse[0]) == 0, "lse differs on %d threads",
+                      t + 1);
+        ck_assert(memcmp(logq[0], logq[t], sizeof logq[0]) == 0);
+    }
+    free(parts);
+    free(rows);
+}
+END_TEST
+
+/* Non-finite rows give NaN like row_lse (the drafter then rejects its pool). */
+START_TEST(test_topk_nonfinite) {
+    float row[3][300];
+    for (int i = 0; i < 300; i++) row[0][i] = row[1][i] = (float)(i % 7), row[2][i] = -INFINITY;
+    row[0][250] = NAN;
+    row[1][3] = INFINITY;
+    CpuRowsPart parts[3];
+    int ids[3 * 4];
+    float logq[3 * 4], lse[3];
+    cpu_rows_topk(NULL, &row[0][0], 3, 300, 4, ids, logq, lse, parts);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_msg(isnan(lse[i]), "row %d: lse %g, want NaN", i, (double)lse[i]);
+        ck_assert(isnan(row_lse(row[i], 300)));
+    }
+}
+END_TEST
+
+/* Through the backend: the op and the host fallback (a table without rows_topk) agree
+ * bitwise; only the fallback copies whole rows; bad k is refused. */
+static BackendOps g_noop_topk;
+START_TEST(test_topk_backend_and_fallback) {
+    Model *m = tu_random_model(ARCH_LLAMA, 32, 48, 2, 4, 2, VOCAB, 78);
+    g_noop_topk = cpu_backend_ops;
+    g_noop_topk.rows_topk = NULL;
+    Backend *b[2] = {make_backend(m, 2), NULL};
+    BackendParams p = backend_params(b[0]);
+    RsErr e = {0};
+    ck_assert(backend_create(&g_noop_topk, m, &p, &b[1], &e) == RS_OK);
+    b[1]->ops = &g_noop_topk; /* cpu create() set its own table */
+    int tok[6] = {1, 5, 9, 2, 7, 3}, pos[6] = {0, 1, 2, 3, 4, 5}, rows[4] = {5, 0, 3, 1};
+    int ids[2][4 * 10], ref[10];
+    float logq[2][4 * 10], lse[2][4], full[4 * VOCAB];
+    for (int i = 0; i < 2; i++) {
+        ck_assert(backend_forward(b[i], tok, pos, 6, NULL, rows, 4, NULL, &e) == RS_OK);
+        ck_assert_msg(backend_rows_topk(b[i], 10, ids[i], logq[i], lse[i], &e) == RS_OK, "%s",
+                      e.msg);
+    }
+    ck_assert_int_eq(backend_stats(b[0]).d2h_full_rows, 0);
+    ck_assert_int_eq(backend_stats(b[1]).d2h_full_rows, 4);
+    ck_assert(memcmp(ids[0], ids[1], sizeof ids[0]) == 0);
+    ck_assert(memcmp(lse[0], lse[1], sizeof lse[0]) == 0);
+    int all[4] = {0, 1, 2, 3};
+    ck_assert(backend_rows_copy(b[0], all, 4, full, &e) == RS_OK);
+    for (int r = 0; r < 4; r++) {
+        row_topk(full + r * VOCAB, VOCAB, 10, ref);
+        ck_assert(memcmp(ref, ids[0] + r * 10, sizeof ref) == 0);
+    }
+    ck_assert_int_eq(backend_rows_topk(b[0], 0, ids[0], logq[0], lse[0], &e), RS_EINVAL);
+    ck_assert_int_eq(backend_rows_topk(b[0], BACKEND_TOPK_MAX + 1, ids[0], logq[0], lse[0], &e),
+                     RS_EINVAL);
+    ck_assert_ptr_nonnull(strstr(e.msg, "k = 33 outside [1, 32]"));
+    backend_destroy(&b[0]);
+    backend_destroy(&b[1]);
+    model_destroy(&m);
+}
+END_TEST
+
 Suite *suite_rows(void) {
     Suite *s = suite_create("rows");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_kept_rows_copy);
+    tcase_add_loop_test(tc, test_topk_vs_full_row, 0, N_WIDTHS);
+    tcase_add_test(tc, test_topk_thread_count);
+    tcase_add_test(tc, test_topk_nonfinite);
+    tcase_add_test(tc, test_topk_backend_and_fallback);
     suite_add_tcase(s, tc);
     return s;
 }
