@@ -30,6 +30,11 @@ typedef struct {
     int n_passes;                 /* drafter passes, the commit pass included: 8 = 1 + 7
                                      expansion passes of 10 (70 expanded / 10 a pass) */
     int n_expanded;               /* nodes expanded (70) */
+    /* drafter's host-side work: draft_ns minus its time inside its backend's forward and
+     * commit calls (the row reductions, masks, selection; on the CPU backend the fused
+     * top-k pass too). 0 when the drafter does not say (remote, eagle3). */
+    uint64_t draft_host_ns;
+    int draft_rows;               /* logits rows it reduced for this pool (71); 0: unknown */
 } Pool;
 
 /* A selected tree: ancestor-closed list of pool indices, parents before children. */

@@ -136,7 +136,7 @@ int drafter_eagle3_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
     }
     d->root_state = rs_xmalloc(sizeof(float) * (size_t)h->cfg.c.dim);
     d->root_logits = rs_xmalloc(sizeof(float) * (size_t)h->cfg.draft_vocab);
-    d->pool = rs_xmalloc(sizeof(Pool));
+    d->pool = rs_xcalloc(1, sizeof(Pool)); /* fields it does not fill (draft_host_ns) read 0 */
     DrafterInfo info = {.vocab_size = h->cfg.c.vocab_size, .fingerprint = h->fingerprint,
                         .name = h->path, .n_feature_layers = EAGLE3_N_FEATURES};
     memcpy(info.feature_layers, layers, sizeof(int) * EAGLE3_N_FEATURES);

@@ -2,9 +2,10 @@
  * Pool growth is draft_proc/pool_grow.h's (DESIGN.md §2): the commit pass gives the 10
  * depth-1 candidates, 7 expansion passes of 10 nodes run on the drafter's backend, 8 passes
  * in all counting the commit pass. Expanded nodes stay pending in the drafter's KV cache
- * for the round; the next commit drops them. */
+ * for the round; the next commit drops them. A pass's logits stay in the backend (kept
+ * rows): backend_rows_topk reduces each row to its 10 children where it lives, so no whole
+ * row crosses to the host. */
 #include "model_drafter.h"
-#include "common/logits.h"
 #include "drafter_impl.h"
 #include "kernels/prefill.h"
 #include "pool_grow.h"
@@ -19,18 +20,18 @@ typedef struct {
     Model *view;        /* self-drafter: the layer view it owns (m == view) */
     Backend *b;
     int vocab;
-    float *logits;      // (POOL_EXPAND, vocab)
+    float lse[POOL_EXPAND]; /* rows_topk's log-sum-exp of the last pass's rows */
+    uint64_t backend_ns; /* this growth's time inside backend forward/commit calls */
+    int rows;            /* logits rows this growth reduced */
     Pool *pool;         /* grow_begin's result for grow_end */
     int grow_rc;        /* grow_begin's status, reported by grow_end */
     RsErr grow_err;
 } ModelDrafter;
 
-/* The row's top-10 token ids and their draft log-probs, best first. */
-static void row_children(const ModelDrafter *d, const float *row, int *ids, float *logq) {
-    int V = d->vocab;
-    float lse = (float)row_lse(row, V);
-    row_topk(row, V, POOL_TOPK, ids);
-    for (int k = 0; k < POOL_TOPK; k++) logq[k] = row[ids[k]] - lse;
+/* The top-10 ids and draft log-probs of every row the last pass kept, (n_kept, 10). */
+static int reduce(ModelDrafter *d, int *ids, float *logq, RsErr *e) {
+    d->rows += backend_n_kept(d->b);
+    return backend_rows_topk(d->b, POOL_TOPK, ids, logq, d->lse, e);
 }
 
 /* pool_grow's callback: runs a pass's nodes through the drafter under the pass's tree mask
@@ -44,15 +45,15 @@ static int expand(void *ctx, const PoolPass *pass, int *ids, float *logq, RsErr 
         pos[k] = backend_n_committed(b) - 1 + pass->depth;
         rows[k] = k;
     }
-    int rc = backend_forward(b, pass->token, pos, n, pass->mask, rows, n, d->logits, e);
-    if (rc) return rc;
-    for (int k = 0; k < n; k++)
-        row_children(d, d->logits + (size_t)k * d->vocab, ids + k * POOL_TOPK, logq + k * POOL_TOPK);
-    return RS_OK;
+    uint64_t t0 = rs_now_ns();
+    int rc = backend_forward(b, pass->token, pos, n, pass->mask, rows, n, NULL, e);
+    d->backend_ns += rs_now_ns() - t0;
+    return rc ? rc : reduce(d, ids, logq, e);
 }
 
 /* Checks a commit of n tokens, drops last round's tree entries and appends the tokens to
- * the committed context (backend_prefill). want_row: the last token's row goes to d->logits. */
+ * the committed context (backend_prefill). want_row: the last token's row stays in the
+ * backend as its kept row 0. */
 static int commit_tokens(ModelDrafter *d, const int *tokens, int n, int want_row, RsErr *e) {
     Backend *b = d->b;
     for (int i = 0; i < n; i++)
@@ -65,25 +66,32 @@ static int commit_tokens(ModelDrafter *d, const int *tokens, int n, int want_row
                       "drafter KV cache full: %d committed + %d new + %d tree entries > "
                       "capacity %d",
                       backend_n_committed(b), n, POOL_N_EXPANDED, backend_kv_capacity(b));
+    uint64_t t0 = rs_now_ns();
     int rc = backend_kv_commit(b, NULL, 0, e); /* drop last round's tree entries */
-    if (rc) return rc;
     /* The commit pass; only the final row is needed. */
-    return backend_prefill(b, tokens, n, want_row ? d->logits : NULL, e);
+    if (!rc)
+        rc = want_row ? backend_prefill_keep(b, tokens, n, e) : backend_prefill(b, tokens, n, NULL, e);
+    d->backend_ns += rs_now_ns() - t0;
+    return rc;
 }
 
 /* Commits `tokens` and grows the pool below the last of them into *p. */
 static int grow(ModelDrafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
     uint64_t t0 = rs_now_ns();
     if (n < 1) return rs_err(e, RS_EINVAL, "commit of %d tokens: need at least one", n);
-    int rc = commit_tokens(d, tokens, n, 1, e);
-    if (rc) return rc;
-    p->commit_pass_ns = rs_now_ns() - t0;
+    d->backend_ns = 0;
+    d->rows = 0;
     int ids[POOL_TOPK];
     float lq[POOL_TOPK];
-    row_children(d, d->logits, ids, lq);
+    int rc = commit_tokens(d, tokens, n, 1, e);
+    if (!rc) rc = reduce(d, ids, lq, e);
+    if (rc) return rc;
+    p->commit_pass_ns = rs_now_ns() - t0;
     rc = pool_grow(p, ids, lq, backend_n_pending(d->b), expand, d, d->vocab, "drafter", e);
     if (rc) return rc;
     p->draft_ns = rs_now_ns() - t0;
+    p->draft_host_ns = p->draft_ns > d->backend_ns ? p->draft_ns - d->backend_ns : 0;
+    p->draft_rows = d->rows;
     return RS_OK;
 }
 
@@ -123,7 +131,6 @@ static int model_grow_end(void *ctx, Pool *out, RsErr *e) {
 
 static void md_destroy(void *ctx) {
     ModelDrafter *d = ctx;
-    backend_host_free(d->b, d->logits);
     backend_destroy(&d->b);
     model_destroy(&d->view); /* after the backend that borrowed it */
     free(d->pool);
@@ -162,8 +169,7 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
         free(d);
         return rc;
     }
-    d->logits = backend_host_alloc(d->b, sizeof(float) * POOL_EXPAND * (size_t)d->vocab);
-    d->pool = rs_xmalloc(sizeof(Pool));
+    d->pool = rs_xcalloc(1, sizeof(Pool));
     DrafterInfo info = {.vocab_size = d->vocab, .fingerprint = m->fingerprint, .name = m->path};
     *out = drafter_wrap(&model_ops, d, &info);
     return RS_OK;

@@ -23,5 +23,7 @@ int drafter_self_create(const Model *target, const char *layers, const BackendOp
 
 /* Tokens in the KV cache (tests check the commit bookkeeping). d must be of this kind. */
 int model_drafter_n_committed(const Drafter *d);
+/* Its backend's counters (tests assert d2h_full_rows == 0). d must be of this kind. */
+BackendStats model_drafter_backend_stats(const Drafter *d);
 
 #endif

@@ -8,12 +8,10 @@ int prefill_chunk(const BackendParams *p) {
     return c;
 }
 
-int backend_prefill(Backend *b, const int *tokens, int n, float *last_row, RsErr *e) {
-    return backend_prefill_features(b, tokens, n, last_row, NULL, e);
-}
-
-int backend_prefill_features(Backend *b, const int *tokens, int n, float *last_row, float *feats,
-                             RsErr *e) {
+/* want_last: the last token's row is computed (copied to last_row unless NULL, else kept in
+ * the backend); feats: see backend_prefill_features. */
+static int prefill(Backend *b, const int *tokens, int n, int want_last, float *last_row,
+                   float *feats, RsErr *e) {
     RS_ASSERT(n >= 0 && backend_n_pending(b) == 0);
     BackendParams bp = backend_params(b);
     int chunk = prefill_chunk(&bp);
@@ -22,7 +20,7 @@ int backend_prefill_features(Backend *b, const int *tokens, int n, float *last_r
     for (int off = 0; off < n; off += chunk) {
         int m = n - off < chunk ? n - off : chunk;
         for (int i = 0; i < m; i++) pos[i] = backend_n_committed(b) + i;
-        int last = m - 1, want = last_row && off + m == n;
+        int last = m - 1, want = want_last && off + m == n;
         int rc = backend_forward(b, tokens + off, pos, m, NULL, &last, want, last_row, e);
         if (rc) return rc;
         rc = backend_kv_commit(b, keep, m, e);
@@ -32,4 +30,18 @@ int backend_prefill_features(Backend *b, const int *tokens, int n, float *last_r
                                   feats + (size_t)off * backend_feature_width(b));
     }
     return RS_OK;
+}
+
+int backend_prefill(Backend *b, const int *tokens, int n, float *last_row, RsErr *e) {
+    return prefill(b, tokens, n, last_row != NULL, last_row, NULL, e);
+}
+
+int backend_prefill_features(Backend *b, const int *tokens, int n, float *last_row, float *feats,
+                             RsErr *e) {
+    return prefill(b, tokens, n, last_row != NULL, last_row, feats, e);
+}
+
+int backend_prefill_keep(Backend *b, const int *tokens, int n, RsErr *e) {
+    RS_ASSERT(n >= 1);
+    return prefill(b, tokens, n, 1, NULL, NULL, e);
 }

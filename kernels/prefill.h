@@ -21,5 +21,8 @@ int backend_prefill(Backend *b, const int *tokens, int n, float *last_row, RsErr
  * (backend_set_feature_layers) into feats (n, backend_feature_width) f32. */
 int backend_prefill_features(Backend *b, const int *tokens, int n, float *last_row, float *feats,
                              RsErr *e);
+/* backend_prefill (n >= 1) whose last token's logits stay in the backend as its kept row 0
+ * (backend.h), for a reduction where they live; nothing is copied to the host. */
+int backend_prefill_keep(Backend *b, const int *tokens, int n, RsErr *e);
 
 #endif

@@ -426,10 +426,17 @@ static int dec_pool(Rd *r, ProtoMsg *out) {
         p = out->pool_own;
     }
     p->n = 0;
+    p->draft_host_ns = 0; /* the optional fields absent: "not reported" */
+    p->draft_rows = 0;
     out->u.pool.pool = p;
     uint64_t v;
     int64_t s;
-    if (rd_arr_exact(r, "body", 9)) return -1;
+    uint32_t nf;
+    const char *name = "body";
+    long idx = -1;
+    if (rd_arr(r, name, idx, 0xffffffffu, &nf)) return -1;
+    if (nf != 9 && nf != 11) /* 11: the optional draft_host_ns, draft_rows */
+        return rd_fail(r, RS_EPROTO, "%s has %u fields, expected 9 or 11", FLD, nf);
     if (rd_u64(r, "n", -1, 0, POOL_MAX, &v)) return -1;
     uint32_t n = (uint32_t)v;
     int64_t hi = tok_hi(out);
@@ -457,6 +464,11 @@ static int dec_pool(Rd *r, ProtoMsg *out) {
     p->n_passes = (int)v;
     if (rd_u64(r, "n_expanded", -1, 0, INT32_MAX, &v)) return -1;
     p->n_expanded = (int)v;
+    if (nf == 11) {
+        if (rd_u64(r, "draft_host_ns", -1, 0, UINT64_MAX, &p->draft_host_ns)) return -1;
+        if (rd_u64(r, "draft_rows", -1, 0, INT32_MAX, &v)) return -1;
+        p->draft_rows = (int)v;
+    }
     p->n = (int)n;
     RsErr pe = {0};
     if (pool_finalize(p, out->vocab_size, &pe) != RS_OK)
@@ -622,7 +634,10 @@ static int enc_pool(msgpack_packer *pk, const ProtoPool *pp, RsErr *e) {
         return rs_err(e, RS_EINVAL, "proto: cannot encode a pool of %d candidates (0..%d)",
                       p ? p->n : -1, POOL_MAX);
     size_t n = (size_t)p->n;
-    int rc = msgpack_pack_array(pk, 9) | msgpack_pack_uint32(pk, (uint32_t)n);
+    /* The two optional fields only when the drafter reports them: a pool without them
+     * encodes exactly as before. */
+    int extra = p->draft_rows > 0;
+    int rc = msgpack_pack_array(pk, extra ? 11 : 9) | msgpack_pack_uint32(pk, (uint32_t)n);
     rc |= msgpack_pack_array(pk, n);
     for (size_t i = 0; i < n; i++) rc |= msgpack_pack_int32(pk, p->token[i]);
     rc |= msgpack_pack_array(pk, n);
@@ -635,6 +650,10 @@ static int enc_pool(msgpack_packer *pk, const ProtoPool *pp, RsErr *e) {
     rc |= msgpack_pack_uint64(pk, pp->commit_pass_ns);
     rc |= msgpack_pack_uint32(pk, (uint32_t)p->n_passes);
     rc |= msgpack_pack_uint32(pk, (uint32_t)p->n_expanded);
+    if (extra) {
+        rc |= msgpack_pack_uint64(pk, p->draft_host_ns);
+        rc |= msgpack_pack_uint32(pk, (uint32_t)p->draft_rows);
+    }
     return rc ? rs_err(e, RS_ENOMEM, "proto: out of memory encoding a pool") : RS_OK;
 }
 
@@ -747,6 +766,7 @@ int proto_msg_equal(const ProtoMsg *a, const ProtoMsg *b) {
         size_t n = (size_t)x->n;
         return x->n == y->n && a->u.pool.commit_pass_ns == b->u.pool.commit_pass_ns &&
                x->draft_ns == y->draft_ns && x->n_passes == y->n_passes &&
+               x->draft_host_ns == y->draft_host_ns && x->draft_rows == y->draft_rows &&
                x->n_expanded == y->n_expanded &&
                memcmp(x->token, y->token, n * sizeof x->token[0]) == 0 &&
                memcmp(x->parent, y->parent, n * sizeof x->parent[0]) == 0 &&

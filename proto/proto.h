@@ -35,7 +35,8 @@
  *   POOL        5  drafter -> target
  *                  [n uint (<= POOL_MAX), tokens [int32]*n, parents [int32 >= -1]*n,
  *                   logq [float32]*n, depths [uint 1..8]*n, draft_ns uint64,
- *                   commit_pass_ns uint64, n_passes uint, n_expanded uint]
+ *                   commit_pass_ns uint64, n_passes uint, n_expanded uint
+ *                   (, draft_host_ns uint64, draft_rows uint: both only when draft_rows > 0)]
  *                  The decoder runs pool_finalize on it: parents precede children, depths
  *                  consistent, log q finite and <= 0, sibling runs contiguous and distinct,
  *                  at most POOL_N_EXPANDED (70) nodes with children.

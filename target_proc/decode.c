@@ -248,6 +248,8 @@ static int round_receive(Decode *d, Round *r, RsErr *e) {
     }
     r->info.draft_ns = pool->draft_ns;
     r->info.draft_commit_ns = pool->commit_pass_ns;
+    r->info.draft_host_ns = pool->draft_host_ns;
+    r->info.draft_rows = pool->draft_rows;
     return 1;
 }
 

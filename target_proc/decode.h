@@ -55,6 +55,8 @@ typedef struct {
     uint64_t measure_ns;
     uint64_t draft_ns; /* drafter's own time from its pool */
     uint64_t draft_commit_ns; /* of which its commit pass */
+    uint64_t draft_host_ns; /* of which host-side work outside its backend (Pool.draft_host_ns) */
+    int draft_rows;         /* logits rows the drafter reduced (0: it does not say) */
     int fallback_ar;   /* this round ran autoregressively because the drafter failed */
     uint64_t graph_replays, eager_launches; /* backend counters, cumulative */
     int tokens[ROUND_MAX_EMIT];

@@ -39,6 +39,10 @@ void roundlog_write(FILE *f, const RoundLogCtx *c, const RoundInfo *r) {
     else fprintf(f, ",\"draft_ns\":null");
     if (r->draft_ns) fprintf(f, ",\"draft_commit_ns\":%" PRIu64, r->draft_commit_ns);
     else fprintf(f, ",\"draft_commit_ns\":null");
+    /* null, not 0, when the drafter does not report them (a remote drafter, eagle3) */
+    if (r->draft_rows) fprintf(f, ",\"draft_host_ns\":%" PRIu64, r->draft_host_ns);
+    else fprintf(f, ",\"draft_host_ns\":null");
+    fprintf(f, ",\"draft_rows\":%d", r->draft_rows);
     fprintf(f, ",\"graph_replays\":%" PRIu64 ",\"eager_launches\":%" PRIu64, r->graph_replays,
             r->eager_launches);
     if (r->have_tau_rule) {

@@ -514,6 +514,37 @@ START_TEST(test_roundtrip_all_types) {
 }
 END_TEST
 
+/* POOL's optional draft_host_ns / draft_rows: sent when the drafter reports rows (11
+ * fields), absent otherwise (9 fields, the bytes of the vectors), and then decoded as 0
+ * even into a Pool holding older values. */
+START_TEST(test_pool_optional_host_fields) {
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    static Pool into;
+    ProtoMsg m, got = {0};
+    got.pool_into = &into;
+    make_vector(PROTO_POOL, &m);
+    encode_ok(&m, &sb);
+    size_t plain = sb.size;
+    g_pool.draft_host_ns = 1234567;
+    g_pool.draft_rows = 71;
+    encode_ok(&m, &sb);
+    ck_assert_uint_eq(sb.size, plain + 5 + 1); /* uint32 1234567 and fixint 71 */
+    ck_assert_int_eq(proto_decode(sb.data, sb.size, &got, NULL), RS_OK);
+    ck_assert_uint_eq(into.draft_host_ns, 1234567);
+    ck_assert_int_eq(into.draft_rows, 71);
+    ck_assert(proto_msg_equal(&m, &got));
+    make_vector(PROTO_POOL, &m); /* draft_rows 0 again */
+    encode_ok(&m, &sb);
+    ck_assert_uint_eq(sb.size, plain);
+    ck_assert_int_eq(proto_decode(sb.data, sb.size, &got, NULL), RS_OK);
+    ck_assert_uint_eq(into.draft_host_ns, 0);
+    ck_assert_int_eq(into.draft_rows, 0);
+    proto_msg_clear(&got);
+    msgpack_sbuffer_destroy(&sb);
+}
+END_TEST
+
 START_TEST(test_exact_bytes) {
     /* Hand-assembled from the msgpack spec: an independent check of the header layout. */
     ProtoMsg m = {0};
@@ -1419,6 +1450,7 @@ Suite *suite_proto(void) {
     tcase_add_test(tc, test_pool_finalize_rejects);
     tcase_add_test(tc, test_pool_rank_cmp);
     tcase_add_test(tc, test_roundtrip_all_types);
+    tcase_add_test(tc, test_pool_optional_host_fields);
     tcase_add_test(tc, test_exact_bytes);
     tcase_add_test(tc, test_encode_errors);
     tcase_add_test(tc, test_features);

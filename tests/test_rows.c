@@ -4,6 +4,7 @@
 #include "testutil.h"
 #include "common/logits.h"
 #include "common/rng.h"
+#include "draft_proc/model_drafter.h"
 #include "kernels/backend.h"
 #include "kernels/backend_impl.h"
 #include "kernels/cpu_rows.h"
@@ -195,6 +196,30 @@ START_TEST(test_topk_backend_and_fallback) {
 }
 END_TEST
 
+/* A drafter round reduces its 71 rows (commit row + 70 expanded) in the backend: no whole
+ * row reaches the host, and the pool says how many rows and how much host time it took. */
+START_TEST(test_drafter_round_no_full_rows) {
+    Model *dm = tu_random_model(ARCH_LLAMA, 32, 64, 1, 4, 2, 300, 31);
+    Drafter *d = NULL;
+    RsErr e = {0};
+    ck_assert(drafter_model_create(dm, &cpu_backend_ops, 512, 2, 0, &d, &e) == RS_OK);
+    Pool *pl = malloc(sizeof(Pool));
+    int toks[5] = {3, 4, 5, 6, 7};
+    for (int round = 0; round < 3; round++) {
+        ck_assert_msg(drafter_commit_grow(d, toks, round ? 2 : 5, pl, &e) == RS_OK, "%s", e.msg);
+        ck_assert_int_eq(pl->n, POOL_MAX);
+        ck_assert_int_eq(pl->draft_rows, 1 + POOL_N_EXPANDED);
+        ck_assert(pl->draft_host_ns > 0 && pl->draft_host_ns < pl->draft_ns);
+    }
+    BackendStats st = model_drafter_backend_stats(d);
+    ck_assert_int_eq(st.d2h_full_rows, 0);
+    ck_assert_int_eq(st.forwards, 3 * 8);
+    free(pl);
+    drafter_destroy(&d);
+    model_destroy(&dm);
+}
+END_TEST
+
 Suite *suite_rows(void) {
     Suite *s = suite_create("rows");
     TCase *tc = tcase_create("core");
@@ -204,6 +229,7 @@ Suite *suite_rows(void) {
     tcase_add_test(tc, test_topk_thread_count);
     tcase_add_test(tc, test_topk_nonfinite);
     tcase_add_test(tc, test_topk_backend_and_fallback);
+    tcase_add_test(tc, test_drafter_round_no_full_rows);
     suite_add_tcase(s, tc);
     return s;
 }

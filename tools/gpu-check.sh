@@ -253,7 +253,15 @@ for n in 1 9 65; do
     kv "pass_ms_bi_n$n" "$(bench_field "$OUTDIR/cuda-bench-bi.log" $n graph_nout1_ms || true)"
 done
 kv d2h_full_rows n/a           # device-side logits reduction: not in this build
-kv drafter_host_ms_per_round n/a
+# The drafter's host-side work per round (its draft_host_ns, outside its backend's forward:
+# on the GPU the logits stay on the device and only top-10s cross) from the speculative
+# runs' round logs; n/a when no round reports it.
+DH=$(cat "$PIPE_DIR"/rounds-*.jsonl 2>/dev/null | grep -o '"draft_host_ns":[0-9]*' | cut -d: -f2 |
+     awk '{s += $1; n++} END {if (n) printf "%.3f", s / n / 1e6}')
+kv drafter_host_ms_per_round "${DH:-n/a}"
+DR=$(cat "$PIPE_DIR"/rounds-*.jsonl 2>/dev/null | grep -o '"draft_rows":[1-9][0-9]*' | cut -d: -f2 |
+     awk '{s += $1; n++} END {if (n) printf "%.1f", s / n}')
+kv drafter_rows_per_round "${DR:-n/a}"
 for tool in memcheck racecheck synccheck; do kv "sanitizer_$tool" "${SAN_RES[$tool]}"; done
 SAN_RC=0
 for tool in memcheck racecheck synccheck; do [ "${SAN_RES[$tool]}" = FAIL ] && SAN_RC=1; done

@@ -103,7 +103,10 @@ def decode(buf):
     _int(session, "session", 0, U64)
     _int(seq, "seq", 0, U64)
     name = TYPE_NAMES[mtype]
-    _arr(body, f"{name} body", BODY_FIELDS[mtype])
+    if mtype == POOL and isinstance(body, list) and len(body) == 11:
+        pass  # the optional draft_host_ns, draft_rows
+    else:
+        _arr(body, f"{name} body", BODY_FIELDS[mtype])
     if mtype in (HELLO, HELLO_OK):
         _str(body[0], "fingerprint", 64)
         _int(body[1], "tokenizer_hash", 0, U64)
@@ -156,6 +159,9 @@ def decode(buf):
             _int(body[k], what, 0, U64)
         _int(body[7], "n_passes", 0, 2**31 - 1)
         _int(body[8], "n_expanded", 0, 2**31 - 1)
+        if len(body) == 11:
+            _int(body[9], "draft_host_ns", 0, U64)
+            _int(body[10], "draft_rows", 0, 2**31 - 1)
     elif mtype == ERROR:
         _int(body[0], "code", -2**31, 2**31 - 1)
         _str(body[1], "message", 511)
