@@ -194,3 +194,9 @@ int model_drafter_n_committed(const Drafter *d) {
     const ModelDrafter *md = d->ctx;
     return backend_n_committed(md->b);
 }
+
+BackendStats model_drafter_backend_stats(const Drafter *d) {
+    RS_ASSERT(d->ops == &model_ops);
+    const ModelDrafter *md = d->ctx;
+    return backend_stats(md->b);
+}
