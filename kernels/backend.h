@@ -13,6 +13,7 @@
  * drops the rest. */
 #ifndef ROOTSPEC_BACKEND_H
 #define ROOTSPEC_BACKEND_H
+#include "../common/logits.h"
 #include "../common/model.h"
 #include <stdint.h>
 
@@ -145,5 +146,22 @@ int backend_feature_rows(const Backend *b);
 /* Copies those rows, (rows, width) row-major, into out as t (bf16: round to nearest even).
  * The CUDA backend records bf16, so its f32 values are bf16 widened. */
 void backend_read_features(Backend *b, BackendFeatType t, void *out);
+
+/* ---- The verifier's row queries (target side) ----
+ * Over the rows the last forward() kept in the backend (logits == NULL): rows[i] is an
+ * index into that call's out_rows. Each returns a few numbers per row, computed where the
+ * logits live (CPU: one fused pass split across the backend's threads; CUDA: one block per
+ * row), so a decode moves no whole row to the host. Results follow common/logits.h's
+ * canonical order: the same bits on every thread count, and on the CUDA emulator.
+ * Errors: RS_EINVAL (row index outside the kept rows, id outside the vocabulary, temp not
+ * 0 or 1, u outside [0, 1)). */
+/* out[i] = RowStats of kept row rows[i] at temp (0: argmax, max, runner-up; 1: also the
+ * log-sum-exp). u: NULL, or (n) uniforms from the caller's Rng: at T=1, out[i].draw is the
+ * inverse-CDF draw of softmax(row) at u[i] (u[i] < 0: none). */
+int backend_rows_stats(Backend *b, const int *rows, int n, int temp, const double *u,
+                       RowStats *out, RsErr *e);
+/* out[i] = logit ids[i] of kept row rows[i] (log p = out[i] - lse of that row). */
+int backend_rows_gather(Backend *b, const int *rows, const int *ids, int n, float *out,
+                        RsErr *e);
 
 #endif

@@ -231,3 +231,40 @@ void backend_read_features(Backend *b, BackendFeatType t, void *out) {
         for (size_t i = 0; i < n; i++) ((float *)out)[i] = quant_bf16_to_f32(((const uint16_t *)src)[i]);
     }
 }
+
+/* ---- the verifier's row queries ---- */
+
+static int check_rows(const Backend *b, const char *what, const int *rows, int n, RsErr *e) {
+    if (n < 0) return rs_err(e, RS_EINVAL, "%s of %d rows", what, n);
+    for (int i = 0; i < n; i++)
+        if (rows[i] < 0 || rows[i] >= b->n_kept)
+            return rs_err(e, RS_EINVAL, "%s: rows[%d] = %d outside the %d rows the last "
+                          "forward kept", what, i, rows[i], b->n_kept);
+    return RS_OK;
+}
+
+int backend_rows_stats(Backend *b, const int *rows, int n, int temp, const double *u,
+                       RowStats *out, RsErr *e) {
+    int rc = check_rows(b, "rows_stats", rows, n, e);
+    if (rc) return rc;
+    if (temp != 0 && temp != 1)
+        return rs_err(e, RS_EINVAL, "rows_stats: temperature %d is not 0 or 1", temp);
+    for (int i = 0; u && i < n; i++)
+        if (!(u[i] < 1.0) || isnan(u[i]))
+            return rs_err(e, RS_EINVAL, "rows_stats: u[%d] = %g outside [0, 1)", i, u[i]);
+    if (n > 0) b->ops->rows_stats(b, rows, n, temp, u, out);
+    return RS_OK;
+}
+
+int backend_rows_gather(Backend *b, const int *rows, const int *ids, int n, float *out,
+                        RsErr *e) {
+    int rc = check_rows(b, "rows_gather", rows, n, e);
+    if (rc) return rc;
+    int vocab = b->model->cfg.vocab_size;
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab)
+            return rs_err(e, RS_EINVAL, "rows_gather: ids[%d] = %d outside vocabulary [0, %d)",
+                          i, ids[i], vocab);
+    if (n > 0) b->ops->rows_gather(b, rows, ids, n, out);
+    return RS_OK;
+}

@@ -42,6 +42,11 @@ struct BackendOps {
      * and their element type (F32 or BF16); the common code converts. */
     int (*set_features)(Backend *b, RsErr *e);
     const void *(*read_features)(Backend *b, BackendFeatType *t);
+    /* The verifier's row queries, arguments checked by the common wrapper (rows within
+     * n_kept, ids within the vocabulary, temp 0 or 1, u in [0, 1) or < 0). */
+    void (*rows_stats)(Backend *b, const int *rows, int n, int temp, const double *u,
+                       RowStats *out);
+    void (*rows_gather)(Backend *b, const int *rows, const int *ids, int n, float *out);
 };
 
 /* Common state every backend keeps at the head of its own struct (a Backend * is cast to

@@ -17,6 +17,7 @@
 #include "cpu_ops.h"
 #include "cpu_qmatmul.h"
 #include "cpu_rows.h"
+#include "cpu_rowstats.h"
 #include "threadpool.h"
 #include <math.h>
 #include <sched.h>
@@ -57,6 +58,7 @@ typedef struct {
     int max_kept; /* min(max_batch, max_pending): a forward's n_out never exceeds it */
     const QkFamily *fam;
     ThreadPool *pool;
+    double *rows_scratch; // (cpu_rows_scratch) chunk sums of the row queries
 } CpuBackend;
 
 
@@ -268,6 +270,7 @@ static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsE
         return rc;
     }
     rope_inv_freq(c, s->inv_freq);
+    b->rows_scratch = rs_xmalloc(sizeof(double) * cpu_rows_scratch(c->vocab_size, nth));
     *out = bb;
     return RS_OK;
 }
@@ -291,7 +294,8 @@ static void cpu_destroy(Backend **pb) {
                     s->hb2,     s->att,      s->scratch,     s->xq,       s->hq,  s->key_cache,
                     s->value_cache, s->kv_tmp, s->inv_freq,  s->rope_cos, s->rope_sin,
                     s->att_idx, s->att_cnt,  s->keep_seen, s->pend_pos, s->logits,
-                    s->feat_pend, s->feat_out, s->parts};
+                    s->feat_pend, s->feat_out, s->parts,
+                    b->rows_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(b);
     *pb = NULL;
@@ -529,6 +533,26 @@ static void cpu_kv_reset(Backend *bb) {
     bb->n_pending = 0;
 }
 
+/* ---- the verifier's row queries over the kept rows ---- */
+
+static void cpu_rows_stats_op(Backend *bb, const int *rows, int n, int temp, const double *u,
+                              RowStats *out) {
+    CpuBackend *b = (CpuBackend *)bb;
+    int V = bb->model->cfg.vocab_size;
+    const float *rp[256];
+    for (int i0 = 0; i0 < n; i0 += 256) { /* in groups: no allocation */
+        int k = n - i0 < 256 ? n - i0 : 256;
+        for (int i = 0; i < k; i++) rp[i] = b->s.logits + (size_t)rows[i0 + i] * V;
+        cpu_rows_stats(b->pool, rp, k, V, temp, u ? u + i0 : NULL, b->rows_scratch, out + i0);
+    }
+}
+
+static void cpu_rows_gather_op(Backend *bb, const int *rows, const int *ids, int n, float *out) {
+    const CpuBackend *b = (const CpuBackend *)bb;
+    size_t V = (size_t)bb->model->cfg.vocab_size;
+    for (int i = 0; i < n; i++) out[i] = b->s.logits[rows[i] * V + (size_t)ids[i]];
+}
+
 const BackendOps cpu_backend_ops = {
     .name = "cpu",
     .create = cpu_create,
@@ -540,4 +564,6 @@ const BackendOps cpu_backend_ops = {
     .set_features = cpu_set_features,
     .read_features = cpu_read_features,
     .rows_topk = cpu_rows_topk_op,
+    .rows_stats = cpu_rows_stats_op,
+    .rows_gather = cpu_rows_gather_op,
 };

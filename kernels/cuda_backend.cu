@@ -23,6 +23,7 @@
 #include "cuda_feat.h"
 #include "cuda_kernels.h"
 #include "cuda_rows.h"
+#include "cuda_rowstats.h"
 extern "C" {
 #include "backend_impl.h"
 }
@@ -53,6 +54,19 @@ typedef struct {
     float *q_norm;    // (head_dim) or NULL
     float *k_norm;    // (head_dim) or NULL
 } CuLayer;
+
+/* One batch of row queries (backend_rows_stats, backend_rows_gather), the same layout on
+ * the device and in pinned host memory: arguments go up, results come down, never a row.
+ * Longer query lists run in batches of these sizes. */
+#define ROWQ_STATS 128
+#define ROWQ_GATHER 1024
+typedef struct {
+    int rows[ROWQ_GATHER];
+    int ids[ROWQ_GATHER];
+    double u[ROWQ_STATS];
+    RowStats st[ROWQ_STATS];
+    float val[ROWQ_GATHER];
+} RowQuery;
 
 typedef struct {
     int valid;
@@ -117,6 +131,8 @@ typedef struct {
     rs_bf16 *feat_pend; // (max_pending, feat_n*dim) device, per pending entry
     rs_bf16 *feat_out;  // (max_pending, feat_n*dim) device, the last commit's kept rows
     rs_bf16 *h_feat;    // (max_pending, feat_n*dim) pinned host copy of feat_out
+    RowQuery *d_rq, *h_rq; /* the row queries' arguments and results (device, pinned) */
+    double *d_csum;        // (ROWQ_STATS, row_chunks(vocab)) chunk sums of rows_stats
 } CudaBackend;
 
 static int cuda_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e);
@@ -129,6 +145,9 @@ static void cuda_kv_reset(Backend *bb);
 static void *cuda_host_alloc(Backend *bb, size_t bytes);
 static void cuda_host_free(Backend *bb, void *p);
 static void cuda_stats(const Backend *bb, BackendStats *out);
+static void cuda_rows_stats(Backend *bb, const int *rows, int n, int temp, const double *u,
+                            RowStats *out);
+static void cuda_rows_gather(Backend *bb, const int *rows, const int *ids, int n, float *out);
 static int cuda_rows_copy(Backend *bb, const int *rows, int n, float *logits, RsErr *e);
 static int cuda_set_features(Backend *bb, RsErr *e);
 static const void *cuda_read_features(Backend *bb, BackendFeatType *t);
@@ -151,6 +170,8 @@ static const BackendOps cuda_ops = {
     .stats = cuda_stats,
     .set_features = cuda_set_features,
     .read_features = cuda_read_features,
+    .rows_stats = cuda_rows_stats,
+    .rows_gather = cuda_rows_gather,
 };
 
 
@@ -220,6 +241,7 @@ static void cuda_destroy(Backend **pb) {
     DFREE(b->d_in); DFREE(b->d_keep); DFREE(b->att_scratch); DFREE(b->att_cnt); DFREE(b->blas_ws);
     HFREE(b->h_in); HFREE(b->h_keep);
     DFREE(b->feat_pend); DFREE(b->feat_out); HFREE(b->h_feat);
+    DFREE(b->d_rq); HFREE(b->h_rq); DFREE(b->d_csum);
     free(b->h_mask_bytes);
     free(b->keep_seen);
     if (b->blas) cublasDestroy(b->blas);
@@ -456,6 +478,9 @@ static int alloc_buffers(CudaBackend *b, const BackendParams *p, RsErr *e) {
     DA(b->att_scratch, cuk_attention_scratch_floats(b->rows, b->nh, b->hd, (int)cap) * 4,
        "attention partials");
     DA(b->att_cnt, cuk_attention_counters(b->rows, b->nh) * 4, "attention tile counters");
+    DA(b->d_rq, sizeof(RowQuery), "row queries");
+    HA(b->h_rq, sizeof(RowQuery), "row queries (host)");
+    DA(b->d_csum, (size_t)ROWQ_STATS * row_chunks(b->vocab) * sizeof(double), "row chunk sums");
     if (!rc) {
         in_pointers(b->d_in, b, &b->d_meta, &b->d_tokens, &b->d_pos, &b->d_rows, &b->d_mask);
         in_pointers(b->h_in, b, &b->h_meta, &b->h_tokens, &b->h_pos, &b->h_rows, &b->h_mask);
@@ -895,6 +920,54 @@ static const void *cuda_read_features(Backend *bb, BackendFeatType *t) {
 static void cuda_kv_reset(Backend *bb) {
     bb->n_committed = 0;
     bb->n_pending = 0;
+}
+
+/* ---- the verifier's row queries over the kept rows (b->logits, in out_rows order) ---- */
+
+static void cuda_rows_stats(Backend *bb, const int *rows, int n, int temp, const double *u,
+                            RowStats *out) {
+    CudaBackend *b = (CudaBackend *)bb;
+    cudaStream_t s = b->stream;
+    RowQuery *h = b->h_rq, *d = b->d_rq;
+    CUDA_CHECK(cudaSetDevice(bb->params.device));
+    for (int i0 = 0; i0 < n; i0 += ROWQ_STATS) {
+        int k = n - i0 < ROWQ_STATS ? n - i0 : ROWQ_STATS;
+        memcpy(h->rows, rows + i0, sizeof(int) * (size_t)k);
+        CUDA_CHECK(cudaMemcpyAsync(d->rows, h->rows, sizeof(int) * (size_t)k,
+                                   cudaMemcpyHostToDevice, s));
+        if (u) {
+            memcpy(h->u, u + i0, sizeof(double) * (size_t)k);
+            CUDA_CHECK(cudaMemcpyAsync(d->u, h->u, sizeof(double) * (size_t)k,
+                                       cudaMemcpyHostToDevice, s));
+        }
+        cuk_rows_stats(s, b->logits, b->vocab, d->rows, k, temp, u ? d->u : NULL, b->d_csum,
+                       d->st);
+        CUDA_CHECK(cudaMemcpyAsync(h->st, d->st, sizeof(RowStats) * (size_t)k,
+                                   cudaMemcpyDeviceToHost, s));
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        memcpy(out + i0, h->st, sizeof(RowStats) * (size_t)k);
+    }
+}
+
+static void cuda_rows_gather(Backend *bb, const int *rows, const int *ids, int n, float *out) {
+    CudaBackend *b = (CudaBackend *)bb;
+    cudaStream_t s = b->stream;
+    RowQuery *h = b->h_rq, *d = b->d_rq;
+    CUDA_CHECK(cudaSetDevice(bb->params.device));
+    for (int i0 = 0; i0 < n; i0 += ROWQ_GATHER) {
+        int k = n - i0 < ROWQ_GATHER ? n - i0 : ROWQ_GATHER;
+        memcpy(h->rows, rows + i0, sizeof(int) * (size_t)k);
+        memcpy(h->ids, ids + i0, sizeof(int) * (size_t)k);
+        CUDA_CHECK(cudaMemcpyAsync(d->rows, h->rows, sizeof(int) * (size_t)k,
+                                   cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(cudaMemcpyAsync(d->ids, h->ids, sizeof(int) * (size_t)k,
+                                   cudaMemcpyHostToDevice, s));
+        cuk_rows_gather(s, b->logits, b->vocab, d->rows, d->ids, k, d->val);
+        CUDA_CHECK(cudaMemcpyAsync(h->val, d->val, sizeof(float) * (size_t)k,
+                                   cudaMemcpyDeviceToHost, s));
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        memcpy(out + i0, h->val, sizeof(float) * (size_t)k);
+    }
 }
 
 extern "C" const BackendOps *cuda_backend_ops_get(void) { return &cuda_ops; }

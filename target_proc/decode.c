@@ -13,6 +13,20 @@
 #include <math.h>
 #include <string.h>
 
+/* Target log-probabilities of (pass slot, token) pairs (slot -1: the root), asked of the
+ * backend in batches: one rows_stats over the rows not yet reduced, and at T=1 one gather
+ * of the pairs' logits. At T=0 the target's law is the point mass on the row's argmax
+ * (log p 0 or -inf). Pairs are listed per slot, so a lookup scans a node's children. */
+#define PROBE_MAX (POOL_MAX + 1) /* every pool node under its parent, and X1 */
+typedef struct {
+    int n;
+    int slot[PROBE_MAX], tok[PROBE_MAX], next[PROBE_MAX];
+    double logp[PROBE_MAX];          /* NAN until resolved */
+    int head[DECODE_PASS_MAX + 1];   /* by 1 + slot: first pair, -1 none */
+    int have_st[DECODE_PASS_MAX + 1];
+    RowStats st[DECODE_PASS_MAX + 1]; /* by 1 + slot, where have_st */
+} Probe;
+
 /* One decode's state across rounds. */
 typedef struct {
     Target *t;
@@ -37,6 +51,8 @@ typedef struct {
      * dec_now() leaves it off the round timestamps and the decode's time (DESIGN.md §6 speed). */
     uint64_t clock_skip;
     TreePass ps;
+    Probe probe;              /* this round's target probabilities */
+    double root_logp[POOL_MAX]; /* root-pass rules: log p0 of each first-level pool node */
 } Decode;
 
 /* One round's state. emitted[j] is the round's j-th token; keep[j] the pending KV entry of
@@ -44,7 +60,8 @@ typedef struct {
 typedef struct {
     RoundInfo info;
     int emitted[ROUND_MAX_EMIT], keep[ROUND_MAX_EMIT], n_emit, accepted;
-    int have_root; /* the root pass ran: root_row holds the root's logits */
+    int have_root; /* the root pass ran: its row is kept in the target's backend */
+    RowStats root_st; /* that row's statistics (T=1: with the draw of x1) */
     int x1;        /* the draw from the root row (root-pass rules, AR) */
     Selection sel;
     int with_root; /* the tree pass carries the root (draft rule: no root pass) */
@@ -72,41 +89,77 @@ int decode_round_reserve(const DecodeOpts *o) {
     return 1 + (o->score_all ? DECODE_PASS_MAX : o->budget);
 }
 
-/* ---- target probabilities from a round's rows (tau, offline scoring) ---------------- */
+/* ---- target probabilities from a round's rows (selection, tau, offline scoring) ------ */
 
-/* What row_prob needs of a row, computed once per row: its log-sum-exp (T=1) or its
- * argmax (T=0). */
-static double row_stat(const float *row, int V, int temp) {
-    return temp ? row_lse(row, V) : (double)row_argmax(row, V);
+
+static void probe_init(Probe *pr) {
+    pr->n = 0;
+    for (int i = 0; i <= DECODE_PASS_MAX; i++) pr->head[i] = -1, pr->have_st[i] = 0;
 }
 
-/* Target probability of `tok` under a row (T=1) or the point mass on its argmax (T=0);
- * stat = row_stat(row). */
-static double row_prob(const float *row, int tok, int temp, double stat) {
-    if (temp == 0) return (int)stat == tok ? 1.0 : 0.0;
-    return exp((double)row[tok] - stat);
+static int probe_find(const Probe *pr, int slot, int tok) {
+    for (int i = pr->head[1 + slot]; i >= 0; i = pr->next[i])
+        if (pr->tok[i] == tok) return i;
+    return -1;
 }
 
-/* The rows of a round's passes with each row's row_stat cached. */
-typedef struct {
-    const Target *t;
-    int with_root, temp;
-    double stat[DECODE_PASS_MAX + 1]; /* [1 + slot], [0] the root; NAN: not yet */
-} RowProbs;
+static void probe_add(Probe *pr, int slot, int tok) {
+    if (probe_find(pr, slot, tok) >= 0) return;
+    int i = pr->n++;
+    RS_ASSERT(i < PROBE_MAX && slot >= -1 && slot < DECODE_PASS_MAX);
+    pr->slot[i] = slot;
+    pr->tok[i] = tok;
+    pr->logp[i] = NAN;
+    pr->next[i] = pr->head[1 + slot];
+    pr->head[1 + slot] = i;
+}
 
-static void rowprobs_init(RowProbs *rp, const Target *t, int with_root, int temp) {
-    rp->t = t;
-    rp->with_root = with_root;
-    rp->temp = temp;
-    for (int i = 0; i <= DECODE_PASS_MAX; i++) rp->stat[i] = NAN;
+/* Reduces the kept rows of the slots that have unresolved pairs and no stats yet. */
+static int probe_stats(Probe *pr, const Target *t, int temp, RsErr *e) {
+    int rows[DECODE_PASS_MAX + 1], idx[DECODE_PASS_MAX + 1], nr = 0;
+    for (int i = 0; i < pr->n; i++) {
+        int k = 1 + pr->slot[i];
+        if (!isnan(pr->logp[i]) || pr->have_st[k]) continue;
+        pr->have_st[k] = 1; /* listed once */
+        idx[nr] = k;
+        rows[nr++] = target_row(t, pr->slot[i]);
+    }
+    if (nr == 0) return RS_OK;
+    RowStats st[DECODE_PASS_MAX + 1];
+    int rc = backend_rows_stats(t->b, rows, nr, temp, NULL, st, e);
+    for (int j = 0; j < nr; j++) pr->st[idx[j]] = st[j];
+    return rc;
+}
+
+/* Every pair still NAN gets its log-probability from the kept rows of the last pass. */
+static int probe_resolve(Probe *pr, const Target *t, int temp, RsErr *e) {
+    int rc = probe_stats(pr, t, temp, e);
+    if (rc) return rc;
+    int pend[PROBE_MAX], rows[PROBE_MAX], ids[PROBE_MAX], np = 0;
+    for (int i = 0; i < pr->n; i++) {
+        if (!isnan(pr->logp[i])) continue;
+        const RowStats *st = &pr->st[1 + pr->slot[i]];
+        if (temp == 0) {
+            pr->logp[i] = pr->tok[i] == st->argmax ? 0.0 : -INFINITY;
+            continue;
+        }
+        pend[np] = i;
+        rows[np] = target_row(t, pr->slot[i]);
+        ids[np++] = pr->tok[i];
+    }
+    if (np == 0) return RS_OK;
+    float val[PROBE_MAX];
+    rc = backend_rows_gather(t->b, rows, ids, np, val, e);
+    for (int j = 0; !rc && j < np; j++)
+        pr->logp[pend[j]] = (double)val[j] - pr->st[1 + pr->slot[pend[j]]].lse;
+    return rc;
 }
 
 /* Target probability of `tok` at the prefix ending in pass slot `slot` (-1: the root). */
-static double slot_prob(RowProbs *rp, int slot, int tok) {
-    const float *row = target_slot_row(rp->t, rp->with_root, slot);
-    double *st = &rp->stat[1 + slot];
-    if (isnan(*st)) *st = row_stat(row, rp->t->vocab, rp->temp);
-    return row_prob(row, tok, rp->temp, *st);
+static double probe_prob(const Probe *pr, int slot, int tok) {
+    int i = probe_find(pr, slot, tok);
+    RS_ASSERT(i >= 0 && !isnan(pr->logp[i]));
+    return exp(pr->logp[i]);
 }
 
 /* ---- the tree pass's layout --------------------------------------------------------- */
@@ -163,53 +216,78 @@ static int pass_slot(const TreePass *ps, const Selection *s, int k) {
 
 /* ---- measurements (off the decode's clock) ------------------------------------------ */
 
-/* Expected acceptance of a selection from the rows of the pass: tree_tau, or with
- * x1_node >= 0 (root selection's tree, X1 on its first level at that tree index) the
+/* The (slot, token) pairs a selection's tau reads: each node under its parent's row. */
+static void probe_add_selection(Probe *pr, const TreePass *ps, const Pool *pool,
+                                const Selection *s) {
+    for (int k = 0; k < s->t.n; k++) {
+        int pk = s->t.parent[k];
+        int tok = s->t.node[k] == TREE_X1_OFFPOOL ? s->x1_token : pool->token[s->t.node[k]];
+        probe_add(pr, pk < 0 ? -1 : pass_slot(ps, s, pk), tok);
+    }
+}
+
+/* Expected acceptance of a selection from the probe (its pairs resolved): tree_tau, or
+ * with x1_node >= 0 (root selection's tree, X1 on its first level at that tree index) the
  * value given X1 (tree_tau_given_x1). */
-static double selection_tau(RowProbs *rp, const TreePass *ps, const Pool *pool,
+static double selection_tau(const Probe *pr, const TreePass *ps, const Pool *pool,
                             const Selection *s, int x1_node) {
     double trans[TREE_MAX];
     for (int k = 0; k < s->t.n; k++) {
         int pk = s->t.parent[k];
         int tok = s->t.node[k] == TREE_X1_OFFPOOL ? s->x1_token : pool->token[s->t.node[k]];
-        trans[k] = slot_prob(rp, pk < 0 ? -1 : pass_slot(ps, s, pk), tok);
+        trans[k] = probe_prob(pr, pk < 0 ? -1 : pass_slot(ps, s, pk), tok);
     }
     return x1_node >= 0 ? tree_tau_given_x1(s, trans, x1_node) : tree_tau(s, trans);
 }
 
 /* score_all: the tau of every rule's tree for this round's pool and X1, and the oracle's
  * (DESIGN.md §3), whose B-set is chosen from every candidate's target path probability. Needs
- * a pass that holds the expanded nodes (pass_add_expanded). */
-static void score_rules(RowProbs *rp, const TreePass *ps, const Target *t, int B, int x1,
-                        RoundInfo *ri) {
+ * a pass that holds the expanded nodes (pass_add_expanded). Only these numbers per node
+ * leave the backend: every candidate's logit and its parent row's log-sum-exp. */
+static int score_rules(Decode *d, int x1, RoundInfo *ri, RsErr *e) {
+    const Target *t = d->t;
     const Pool *pool = t->pool;
+    const TreePass *ps = &d->ps;
+    Probe *pr = &d->probe;
+    int B = d->o->budget;
     Selection s[RULE_COUNT];
     select_draft(pool, B, &s[RULE_DRAFT]);
     select_pearl(pool, B, x1, &s[RULE_PEARL]);
     select_rootdraw(pool, B, x1, &s[RULE_ROOTDRAW]);
-    select_root(pool, B, t->p0, x1, &s[RULE_ROOT]);
-    double path[POOL_MAX]; /* p(u | c): product of target transitions along u's path */
+    select_root_logp(pool, B, d->root_logp, x1, &s[RULE_ROOT]);
     for (int u = 0; u < pool->n; u++) {
         int par = pool->parent[u];
         int slot = par < 0 ? -1 : ps->slot_of_pool[par];
         RS_ASSERT(par < 0 || slot >= 0);
-        path[u] = (par < 0 ? 1.0 : path[par]) * slot_prob(rp, slot, pool->token[u]);
+        probe_add(pr, slot, pool->token[u]);
+    }
+    for (int r = RULE_DRAFT; r <= RULE_ROOT; r++) probe_add_selection(pr, ps, pool, &s[r]);
+    int rc = probe_resolve(pr, t, d->o->temp, e);
+    if (rc) return rc;
+    double path[POOL_MAX]; /* p(u | c): product of target transitions along u's path */
+    for (int u = 0; u < pool->n; u++) {
+        int par = pool->parent[u];
+        int slot = par < 0 ? -1 : ps->slot_of_pool[par];
+        path[u] = (par < 0 ? 1.0 : path[par]) * probe_prob(pr, slot, pool->token[u]);
     }
     select_oracle(pool, B, path, &s[RULE_ORACLE]);
     ri->have_tau_rule = 1;
     for (int r = RULE_DRAFT; r <= RULE_ORACLE; r++) {
-        ri->tau_rule[r] = selection_tau(rp, ps, pool, &s[r], -1);
+        ri->tau_rule[r] = selection_tau(pr, ps, pool, &s[r], -1);
         ri->tree_size_rule[r] = s[r].t.n;
     }
+    return RS_OK;
 }
 
 /* tau is an offline measure of the tree (DESIGN.md §4), not part of decoding. */
-static void round_measure(Decode *d, Round *r) {
-    RowProbs rp;
-    rowprobs_init(&rp, d->t, r->with_root, d->o->temp);
-    if (!r->skip)
-        r->info.tau = selection_tau(&rp, &d->ps, d->t->pool, &r->sel, r->x1_node);
-    if (d->o->score_all) score_rules(&rp, &d->ps, d->t, d->o->budget, r->x1, &r->info);
+static int round_measure(Decode *d, Round *r, RsErr *e) {
+    Probe *pr = &d->probe;
+    const Pool *pool = d->t->pool;
+    if (!r->skip) probe_add_selection(pr, &d->ps, pool, &r->sel);
+    int rc = d->o->score_all ? score_rules(d, r->x1, &r->info, e)
+                             : probe_resolve(pr, d->t, d->o->temp, e);
+    if (!rc && !r->skip) r->info.tau = selection_tau(pr, &d->ps, pool, &r->sel, r->x1_node);
+    return rc;
 }
 
 /* ---- the drafter -------------------------------------------------------------------- */
@@ -274,9 +352,15 @@ static int round_root(Decode *d, Round *r, RsErr *e) {
     int rc = target_root_pass(t, d->root, e);
     r->info.t_root_end = dec_now(d);
     if (rc) return rc;
-    OFF_CLOCK(d, r->info.root_margin = row_top_margin(t->root_row, t->vocab));
+    /* X1 (AR's next token) drawn where the row lives: its argmax, or at T=1 the draw at the
+     * decode's next uniform (one per draw, as ever, so a seed gives the same stream). */
+    int row = target_row(t, -1), temp = d->o->temp;
+    double u = temp ? rng_uniform(&d->rng) : -1.0;
+    rc = backend_rows_stats(t->b, &row, 1, temp, temp ? &u : NULL, &r->root_st, e);
+    if (rc) return rc;
+    OFF_CLOCK(d, r->info.root_margin = (double)r->root_st.max - (double)r->root_st.second);
     r->have_root = 1;
-    r->x1 = row_draw(t->root_row, t->vocab, d->o->temp, &d->rng);
+    r->x1 = r->root_st.draw;
     return RS_OK;
 }
 
@@ -305,23 +389,42 @@ static void wrong_x1(Decode *d, Round *r) {
     }
 }
 
+/* Root-pass rules, while the root pass's row is still kept (the tree pass replaces it):
+ * log p0 of every first-level pool token and of X1, for root selection and for tau. */
+static int root_probe(Decode *d, Round *r, RsErr *e) {
+    const Pool *pool = d->t->pool;
+    Probe *pr = &d->probe;
+    pr->have_st[0] = 1;
+    pr->st[0] = r->root_st;
+    for (int k = 0; k < pool->root_n_children; k++)
+        probe_add(pr, -1, pool->token[pool->root_first_child + k]);
+    probe_add(pr, -1, r->x1);
+    int rc = probe_resolve(pr, d->t, d->o->temp, e);
+    /* Root selection ranks by log of p0 rounded to float, as it did when p0 was a float
+     * softmax of the copied row: a seed keeps selecting the same trees. */
+    for (int k = 0; !rc && k < pool->root_n_children; k++) {
+        double lp = pr->logp[probe_find(pr, -1, pool->token[pool->root_first_child + k])];
+        float p0 = (float)exp(lp);
+        d->root_logp[k] = p0 > 0 ? log((double)p0) : -INFINITY;
+    }
+    return rc;
+}
+
 /* The rule's tree (DESIGN.md §3) and the pass that verifies it. */
-static void round_select(Decode *d, Round *r) {
+static int round_select(Decode *d, Round *r, RsErr *e) {
     Target *t = d->t;
     const Pool *pool = t->pool;
     int B = d->o->budget, x1 = r->x1;
+    probe_init(&d->probe);
     if (r->have_root) {
-        row_softmax(t->root_row, t->vocab, t->p0);
-        if (d->o->temp == 0) { /* point mass on the argmax */
-            memset(t->p0, 0, sizeof(float) * (size_t)t->vocab);
-            t->p0[x1] = 1.0f;
-        }
+        int rc = root_probe(d, r, e);
+        if (rc) return rc;
     }
     switch (d->o->rule) {
     case RULE_DRAFT: select_draft(pool, B, &r->sel); break;
     case RULE_PEARL: select_pearl(pool, B, x1, &r->sel); break;
     case RULE_ROOTDRAW: select_rootdraw(pool, B, x1, &r->sel); break;
-    case RULE_ROOT: select_root(pool, B, t->p0, x1, &r->sel); break;
+    case RULE_ROOT: select_root_logp(pool, B, d->root_logp, x1, &r->sel); break;
     default: RS_ASSERT(!"rule");
     }
     pass_init(&d->ps, pool);
@@ -339,11 +442,12 @@ static void round_select(Decode *d, Round *r) {
      * unknown here at T=1 (no tree pass), and a mean over only the rounds that have
      * it overstates acceptance, since those are the rounds X1 landed in the tree. */
     if (r->skip) r->info.tau = 0.0;
+    return RS_OK;
 }
 
 /* Exhaustive target sampling (DESIGN.md §4): draw from the target's row at the current node,
  * descend while the draw labels a child; the first draw that does not is the continuation. */
-static void round_accept(Decode *d, Round *r) {
+static int round_accept(Decode *d, Round *r, RsErr *e) {
     const Target *t = d->t;
     const Selection *sel = &r->sel;
     int cur = -1; /* tree index; -1 = root */
@@ -355,9 +459,16 @@ static void round_accept(Decode *d, Round *r) {
     }
     int forced = d->o->rule == RULE_ROOT ? r->x1 : -1;
     for (;;) {
-        const float *row =
-            target_slot_row(t, r->with_root, cur < 0 ? -1 : pass_slot(&d->ps, sel, cur));
-        int y = forced >= 0 ? forced : row_draw(row, t->vocab, d->o->temp, &d->rng);
+        int y = forced;
+        if (y < 0) { /* one reduction of the node's kept row: its argmax, or a draw at u */
+            int row = target_row(t, cur < 0 ? -1 : pass_slot(&d->ps, sel, cur));
+            int temp = d->o->temp;
+            double u = temp ? rng_uniform(&d->rng) : -1.0;
+            RowStats st;
+            int rc = backend_rows_stats(t->b, &row, 1, temp, temp ? &u : NULL, &st, e);
+            if (rc) return rc;
+            y = st.draw;
+        }
         forced = -1;
         int child = tree_child_with_token(t->pool, sel, cur, y);
         r->emitted[r->n_emit++] = y;
@@ -366,6 +477,7 @@ static void round_accept(Decode *d, Round *r) {
         r->keep[r->n_emit] = 1 + pass_slot(&d->ps, sel, child);
         cur = child;
     }
+    return RS_OK;
 }
 
 /* The tree pass and the walk down the tree (or, root rule with X1 off its tree, X1). */
@@ -376,10 +488,11 @@ static int round_verify(Decode *d, Round *r, RsErr *e) {
         int rc = target_tree_pass(d->t, &d->ps, d->root, r->with_root, e);
         if (rc) return rc;
         r->info.t_tree_end = dec_now(d);
-        OFF_CLOCK(d, round_measure(d, r));
+        OFF_CLOCK(d, rc = round_measure(d, r, e));
+        if (rc) return rc;
     }
     if (r->skip) r->emitted[r->n_emit++] = r->x1;
-    else round_accept(d, r);
+    else return round_accept(d, r, e);
     return RS_OK;
 }
 
@@ -391,8 +504,8 @@ static int round_speculative(Decode *d, Round *r, RsErr *e) {
     }
     if (!round_receive(d, r, e)) return round_ar(d, r, e);
     if (d->o->test_wrong_x1 && r->have_root) wrong_x1(d, r);
-    round_select(d, r);
-    return round_verify(d, r, e);
+    int rc = round_select(d, r, e);
+    return rc ? rc : round_verify(d, r, e);
 }
 
 /* How many of the round's tokens the output takes: up to the first EOS, and no more than
@@ -492,6 +605,7 @@ static int round_commit(Decode *d, Round *r, RsErr *e) {
     ri->dropped = r->n_emit - m;
     ri->graph_replays = backend_stats(t->b).graph_replays;
     ri->eager_launches = backend_stats(t->b).eager_launches;
+    ri->d2h_full_rows = backend_stats(t->b).d2h_full_rows;
     memcpy(ri->tokens, r->emitted, sizeof(int) * (size_t)r->n_emit);
     res->t_end = ri->t_commit;
     res->rounds++;

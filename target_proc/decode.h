@@ -59,6 +59,8 @@ typedef struct {
     int draft_rows;         /* logits rows the drafter reduced (0: it does not say) */
     int fallback_ar;   /* this round ran autoregressively because the drafter failed */
     uint64_t graph_replays, eager_launches; /* backend counters, cumulative */
+    uint64_t d2h_full_rows; /* target backend: whole logits rows copied to the host,
+                               cumulative (0: every row stayed where it was computed) */
     int tokens[ROUND_MAX_EMIT];
 } RoundInfo;
 

@@ -137,6 +137,15 @@ void select_rootdraw(const Pool *p, int B, int x1, Selection *out) {
 }
 
 void select_root(const Pool *p, int B, const float *p0, int x1, Selection *out) {
+    double logp1[POOL_MAX];
+    for (int k = 0; k < p->root_n_children; k++) {
+        double pr = p0[p->token[p->root_first_child + k]];
+        logp1[k] = pr > 0 ? log(pr) : -INFINITY;
+    }
+    select_root_logp(p, B, logp1, x1, out);
+}
+
+void select_root_logp(const Pool *p, int B, const double *logp1, int x1, Selection *out) {
     RS_ASSERT(B >= 1 && B <= TREE_MAX);
     sel_init(out);
     out->x1_token = x1;
@@ -145,8 +154,7 @@ void select_root(const Pool *p, int B, const float *p0, int x1, Selection *out) 
     for (int i = 0; i < p->n; i++) {
         int a = i;
         while (p->parent[a] >= 0) a = p->parent[a];
-        double pr = p0[p->token[a]];
-        score[i] = (pr > 0 ? log(pr) : -INFINITY) + ((double)p->score[i] - p->logq[a]);
+        score[i] = logp1[a - p->root_first_child] + ((double)p->score[i] - p->logq[a]);
     }
     int list[TREE_MAX];
     build_tree(p, list, top_b(p, score, B, list), out);

@@ -40,6 +40,9 @@ void select_rootdraw(const Pool *p, int B, int x1, Selection *out);
  * x1 is the token drawn from p0 (recorded; the caller skips the tree pass when the tree's
  * first level lacks it). */
 void select_root(const Pool *p, int B, const float *p0, int x1, Selection *out);
+/* select_root from what the decode has of p0: logp1 (p->root_n_children) = log p0 of each
+ * first-level node in pool order (-inf where p0 is 0), from the backend's row queries. */
+void select_root_logp(const Pool *p, int B, const double *logp1, int x1, Selection *out);
 /* oracle: top-B by target path probability. path_prob: (pool n) = p(u | c) for every
  * candidate (product of target transitions along its path). */
 void select_oracle(const Pool *p, int B, const double *path_prob, Selection *out);

@@ -25,9 +25,7 @@ int target_create(const Model *m, const BackendOps *ops, int kv_capacity, int th
     t->eog = rs_xcalloc((size_t)t->vocab, 1);
     for (int i = 0; i < n_eog; i++)
         if (eog[i] >= 0 && eog[i] < t->vocab) t->eog[eog[i]] = 1;
-    t->root_row = backend_host_alloc(t->b, sizeof(float) * (size_t)t->vocab);
-    t->p0 = rs_xmalloc(sizeof(float) * (size_t)t->vocab);
-    t->rows = backend_host_alloc(t->b, sizeof(float) * (size_t)(TARGET_PASS_MAX + 1) * t->vocab);
+    t->kept_pass = -1;
     t->mask = rs_xmalloc((size_t)(TARGET_PASS_MAX + 1) * (TARGET_PASS_MAX + 2));
     t->pool = rs_xmalloc(sizeof(Pool));
     *out = t;
@@ -37,11 +35,8 @@ int target_create(const Model *m, const BackendOps *ops, int kv_capacity, int th
 void target_destroy(Target **pt) {
     if (!pt || !*pt) return;
     Target *t = *pt;
-    backend_host_free(t->b, t->root_row);
-    backend_host_free(t->b, t->rows);
     backend_destroy(&t->b);
     free(t->eog);
-    free(t->p0);
     free(t->mask);
     free(t->pool);
     free(t);
@@ -55,6 +50,7 @@ int target_kv_capacity(const Target *t) { return backend_kv_capacity(t->b); }
 void target_reset(Target *t) { backend_kv_reset(t->b); }
 
 int target_prefill(Target *t, const int *tokens, int n, RsErr *e) {
+    t->kept_pass = -1;
     return backend_prefill(t->b, tokens, n, NULL, e);
 }
 
@@ -62,7 +58,10 @@ int target_root_pass(Target *t, int root, RsErr *e) {
     Backend *b = t->b;
     int pos = backend_n_committed(b), row = 0;
     uint8_t one = 1;
-    return backend_forward(b, &root, &pos, 1, &one, &row, 1, t->root_row, e);
+    t->kept_pass = -1;
+    int rc = backend_forward(b, &root, &pos, 1, &one, &row, 1, NULL, e);
+    if (!rc) t->kept_pass = 0;
+    return rc;
 }
 
 int target_tree_pass(Target *t, const TreePass *ps, int root, int with_root, RsErr *e) {
@@ -86,14 +85,24 @@ int target_tree_pass(Target *t, const TreePass *ps, int root, int with_root, RsE
         for (int a = i; a >= 0; a = ps->parent[a]) m[1 + a] = 1;
     }
     for (int r = 0; r < n; r++) rows[r] = r;
-    return backend_forward(b, tokens, pos, n, t->mask, rows, n, t->rows, e);
+    t->kept_pass = -1;
+    int rc = backend_forward(b, tokens, pos, n, t->mask, rows, n, NULL, e);
+    if (!rc) {
+        t->kept_pass = 1;
+        t->kept_with_root = with_root;
+    }
+    return rc;
 }
 
 int target_commit(Target *t, const int *keep, int n, RsErr *e) {
     return backend_kv_commit(t->b, keep, n, e);
 }
 
-const float *target_slot_row(const Target *t, int with_root, int slot) {
-    if (slot < 0) return with_root ? t->rows : t->root_row;
-    return t->rows + (size_t)(with_root + slot) * t->vocab;
+int target_row(const Target *t, int slot) {
+    if (slot < 0) {
+        RS_ASSERT(t->kept_pass == 0 || (t->kept_pass == 1 && t->kept_with_root));
+        return 0;
+    }
+    RS_ASSERT(t->kept_pass == 1);
+    return t->kept_with_root + slot;
 }

@@ -28,11 +28,12 @@ typedef struct Target {
     Backend *b;
     int vocab;
     uint8_t *eog;      // (vocab) 1 = ends a decode
-    float *root_row;   // (vocab) logits at the root (root pass)
-    float *p0;         // (vocab) softmax of root_row (root selection)
-    float *rows;       // (TARGET_PASS_MAX + 1, vocab) logits of a tree pass
     uint8_t *mask;     // (TARGET_PASS_MAX + 1, TARGET_PASS_MAX + 2)
     Pool *pool;        /* this round's pool, filled by the drafter */
+    /* The rows the last pass kept in the backend (its logits never cross to the host: the
+     * decode asks the backend's row queries): -1 none, 0 the root pass, 1 a tree pass. */
+    int kept_pass;
+    int kept_with_root; /* tree pass: the root's row is kept row 0 */
 } Target;
 
 /* Borrows m; creates a backend with kv_capacity entries. eog: tokens that end a decode
@@ -47,15 +48,17 @@ int target_kv_capacity(const Target *t);
 void target_reset(Target *t);
 /* Commits tokens[0..n) as context (backend_prefill). */
 int target_prefill(Target *t, const int *tokens, int n, RsErr *e);
-/* One-token pass on the root: logits into root_row, the root left pending at entry 0. */
+/* One-token pass on the root: its row kept in the backend, the root left pending at entry 0. */
 int target_root_pass(Target *t, int root, RsErr *e);
 /* The tree-masked pass over ps. with_root: the root token is batch entry 0 (draft rule);
- * otherwise the root pass left it pending at entry 0. Logits of pass node i go to
- * rows[with_root + i]; with_root puts the root's row at rows[0]. */
+ * otherwise the root pass left it pending at entry 0. Rows stay in the backend: pass node
+ * i's at kept row with_root + i, with_root puts the root's at kept row 0. */
 int target_tree_pass(Target *t, const TreePass *ps, int root, int with_root, RsErr *e);
 /* Keeps pending entries keep[0..n) (root, accepted path) as context; drops the rest. */
 int target_commit(Target *t, const int *keep, int n, RsErr *e);
-/* Row of logits after pass slot `slot` (-1: the root) of the last passes. */
-const float *target_slot_row(const Target *t, int with_root, int slot);
+/* Kept row (backend_rows_stats, backend_rows_gather) of the logits after pass slot `slot`
+ * (-1: the root) of the last pass; aborts when that pass did not keep it (the root pass's
+ * row is gone once a tree pass ran without the root). */
+int target_row(const Target *t, int slot);
 
 #endif

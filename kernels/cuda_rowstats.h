@@ -1,0 +1,27 @@
+/* The verifier's row queries on the device (kernels/cuda_rowstats.cu), callable from C: what
+ * backend_rows_stats and backend_rows_gather compute on the CUDA backend, over logits rows
+ * that stay in device memory. Same canonical order as common/logits.h (row_stats), so the
+ * CPU emulator reproduces the CPU reference bit for bit; on a GPU only the device's exp
+ * and log differ (<= 1 ulp each). */
+#ifndef ROOTSPEC_CUDA_ROWSTATS_H
+#define ROOTSPEC_CUDA_ROWSTATS_H
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "../common/logits.h"
+
+/* out[i] = row_stats of logits row rows[i] (logits: (*, V) f32) at temp; u: NULL or (n)
+ * uniforms (u[i] < 0: no draw). csum: (n, row_chunks(V)) device scratch. One 256-thread
+ * block per row. All pointers are device memory. */
+void cuk_rows_stats(cudaStream_t s, const float *logits, int V, const int *rows, int n,
+                    int temp, const double *u, double *csum, RowStats *out);
+/* out[i] = logits[rows[i] * V + ids[i]], i < n. */
+void cuk_rows_gather(cudaStream_t s, const float *logits, int V, const int *rows,
+                     const int *ids, int n, float *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,137 @@
+/* The verifier's row queries on the CUDA backend (kernels/cuda_rowstats.cu) against the CPU
+ * reference (common/logits.c row_stats, the same canonical order): argmax, runner-up and
+ * draws exact (same index at the same uniform); log-sum-exp bitwise on the emulator, and
+ * within 1e-12 relative on a GPU (its exp/log differ from the host's by an ulp); gathers
+ * exact. Then the backend: backend_rows_stats / backend_rows_gather over the rows a
+ * keeping forward left on the device equal the reference over the rows a copying forward
+ * of the same batch returns. */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <string.h>
+#include "common/logits.h"
+#include "common/rng.h"
+#include "cuda_testutil.h"
+#include "kernels/cuda_kernels.h"
+#include "kernels/cuda_rowstats.h"
+#include "tests/testutil.h"
+
+/* The emulator runs the kernels with the host's exp and log: bitwise equal. */
+#ifdef ROOTSPEC_CUEMU
+#define LSE_RTOL 0.0
+#else
+#define LSE_RTOL 1e-12
+#endif
+
+static void *dcopy(const void *h, size_t bytes) {
+    void *d = NULL;
+    CUDA_CHECK(cudaMalloc(&d, bytes));
+    if (h) CUDA_CHECK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static void expect_stats(const RowStats *got, const RowStats *want, const char *what, int i) {
+    ck_assert_msg(got->argmax == want->argmax && got->draw == want->draw &&
+                      got->max == want->max && got->second == want->second,
+                  "%s %d: argmax %d/%d draw %d/%d max %g/%g second %g/%g", what, i, got->argmax,
+                  want->argmax, got->draw, want->draw, got->max, want->max, got->second,
+                  want->second);
+    if (isnan(want->lse)) {
+        ck_assert_msg(isnan(got->lse), "%s %d: lse %g, want NAN", what, i, got->lse);
+        return;
+    }
+    ck_assert_msg(fabs(got->lse - want->lse) <= LSE_RTOL * fabs(want->lse),
+                  "%s %d: lse %.17g vs %.17g", what, i, got->lse, want->lse);
+}
+
+/* Random rows with planted ties, near point masses and a one-entry-per-chunk tail;
+ * vocabularies below one chunk, across a chunk edge, the default model's and Llama 3's. */
+START_TEST(test_cuda_rows_kernels) {
+    CU_REQUIRE_DEVICE();
+    int sizes[] = {5, 257, 49152, 128256};
+    Rng r;
+    rng_seed(&r, 21);
+    for (int si = 0; si < 4; si++) {
+        int V = sizes[si], R = 9;
+        float *h = malloc(sizeof(float) * (size_t)V * R);
+        for (size_t i = 0; i < (size_t)V * R; i++) h[i] = (float)(rng_uniform(&r) * 8 - 4);
+        h[(size_t)1 * V + V / 3] = h[(size_t)1 * V + V / 2] = 20.0f; /* tie: first wins */
+        h[(size_t)2 * V + V - 1] = 80.0f;                            /* near point mass */
+        for (int i = 0; i < V; i++) h[(size_t)3 * V + i] = 1.0f;    /* all equal */
+        int rows[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 2, 1, 0}, n = 12;
+        double u[12];
+        for (int i = 0; i < n; i++) u[i] = rng_uniform(&r);
+        u[3] = 0.0;
+        u[4] = 0.9999999999999999;
+        u[5] = -1.0; /* no draw */
+        float *dl = dcopy(h, sizeof(float) * (size_t)V * R);
+        int *dr = dcopy(rows, sizeof rows);
+        double *du = dcopy(u, sizeof u);
+        double *dc = dcopy(NULL, sizeof(double) * (size_t)n * row_chunks(V));
+        RowStats *ds = dcopy(NULL, sizeof(RowStats) * n), got[12], want;
+        double *cs = malloc(sizeof(double) * row_chunks(V));
+        for (int temp = 0; temp < 2; temp++) {
+            cuk_rows_stats(0, dl, V, dr, n, temp, temp ? du : NULL, dc, ds);
+            CUDA_CHECK(cudaMemcpy(got, ds, sizeof(RowStats) * n, cudaMemcpyDeviceToHost));
+            for (int i = 0; i < n; i++) {
+                row_stats(h + (size_t)rows[i] * V, V, temp, temp ? u[i] : -1, cs, &want);
+                expect_stats(&got[i], &want, temp ? "T=1 row" : "T=0 row", i);
+            }
+        }
+        int ids[12];
+        float gv[12];
+        for (int i = 0; i < n; i++) ids[i] = (int)(rng_uniform(&r) * V);
+        int *di = dcopy(ids, sizeof ids);
+        float *dg = dcopy(NULL, sizeof gv);
+        cuk_rows_gather(0, dl, V, dr, di, n, dg);
+        CUDA_CHECK(cudaMemcpy(gv, dg, sizeof gv, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < n; i++) ck_assert(gv[i] == h[(size_t)rows[i] * V + ids[i]]);
+        cudaFree(dl), cudaFree(dr), cudaFree(du), cudaFree(dc), cudaFree(ds), cudaFree(di),
+            cudaFree(dg);
+        free(cs), free(h);
+    }
+}
+END_TEST
+
+/* Keeping forward + queries vs copying forward + reference, through the backend API. */
+START_TEST(test_cuda_rows_backend) {
+    CU_REQUIRE_DEVICE();
+    const int V = 1000, n = 7;
+    Model *m = tu_random_model(ARCH_LLAMA, 64, 128, 2, 4, 2, V, 17);
+    Backend *gpu = cu_backend_make(cuda_backend_ops_get(), m, 64, 16, 16);
+    RsErr e = {0};
+    int tok[7] = {3, 1, 4, 1, 5, 9, 2}, pos[7] = {0, 1, 2, 3, 4, 5, 6};
+    int out_rows[5] = {6, 0, 2, 5, 3};
+    float *full = malloc(sizeof(float) * 5 * V);
+    ck_assert(backend_forward(gpu, tok, pos, n, NULL, out_rows, 5, full, &e) == 0);
+    ck_assert(backend_kv_commit(gpu, NULL, 0, &e) == 0);
+    ck_assert(backend_forward(gpu, tok, pos, n, NULL, out_rows, 5, NULL, &e) == 0);
+    int rows[6] = {4, 0, 2, 1, 3, 0};
+    double u[6] = {0.25, 0.5, 0.0, 0.99, 0.125, 0.75};
+    double cs[8];
+    for (int temp = 0; temp < 2; temp++) {
+        RowStats got[6], want;
+        ck_assert_msg(backend_rows_stats(gpu, rows, 6, temp, u, got, &e) == 0, "%s", e.msg);
+        for (int i = 0; i < 6; i++) {
+            row_stats(full + (size_t)rows[i] * V, V, temp, u[i], cs, &want);
+            expect_stats(&got[i], &want, "backend query", i);
+        }
+    }
+    int ids[6] = {0, 999, 5, 500, 17, 17};
+    float g[6];
+    ck_assert(backend_rows_gather(gpu, rows, ids, 6, g, &e) == 0);
+    for (int i = 0; i < 6; i++) ck_assert(g[i] == full[(size_t)rows[i] * V + ids[i]]);
+    free(full);
+    backend_destroy(&gpu);
+    model_destroy(&m);
+}
+END_TEST
+
+Suite *suite_cuda_rowstats(void) {
+    Suite *s = suite_create("cuda_rowstats");
+    TCase *tc = tcase_create("rows");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_cuda_rows_kernels);
+    tcase_add_test(tc, test_cuda_rows_backend);
+    suite_add_tcase(s, tc);
+    return s;
+}
