@@ -45,6 +45,7 @@ void roundlog_write(FILE *f, const RoundLogCtx *c, const RoundInfo *r) {
     fprintf(f, ",\"draft_rows\":%d", r->draft_rows);
     fprintf(f, ",\"graph_replays\":%" PRIu64 ",\"eager_launches\":%" PRIu64, r->graph_replays,
             r->eager_launches);
+    fprintf(f, ",\"d2h_full_rows\":%" PRIu64, r->d2h_full_rows);
     if (r->have_tau_rule) {
         fprintf(f, ",\"tau_rule\":{");
         int first = 1;

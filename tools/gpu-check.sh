@@ -252,7 +252,13 @@ for n in 1 9 65; do
     kv "share_n$n" "$(bench_field "$OUTDIR/cuda-bench.log" $n share || true)"
     kv "pass_ms_bi_n$n" "$(bench_field "$OUTDIR/cuda-bench-bi.log" $n graph_nout1_ms || true)"
 done
-kv d2h_full_rows n/a           # device-side logits reduction: not in this build
+# Whole logits rows the target copied to the host in the pipelined decodes: the last round
+# of each decoder's round log holds its process's cumulative count (must be 0: the decode
+# reads its rows through the backend's row queries).
+D2H=$(for f in "$PIPE_DIR"/rounds-*.jsonl; do
+          [ -s "$f" ] && tail -1 "$f" | grep -o '"d2h_full_rows":[0-9]*' | cut -d: -f2
+      done | awk '{ s += $1; n++ } END { print n ? s : "n/a" }')
+kv d2h_full_rows "$D2H"
 # The drafter's host-side work per round (its draft_host_ns, outside its backend's forward:
 # on the GPU the logits stay on the device and only top-10s cross) from the speculative
 # runs' round logs; n/a when no round reports it.
