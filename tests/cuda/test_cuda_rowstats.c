@@ -4,13 +4,15 @@
  * within 1e-12 relative on a GPU (its exp/log differ from the host's by an ulp); gathers
  * exact. Then the backend: backend_rows_stats / backend_rows_gather over the rows a
  * keeping forward left on the device equal the reference over the rows a copying forward
- * of the same batch returns. */
+ * of the same batch returns; and a CUDA target's decodes copy no whole row. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <string.h>
 #include "common/logits.h"
 #include "common/rng.h"
 #include "cuda_testutil.h"
+#include "draft_proc/model_drafter.h"
+#include "target_proc/decode.h"
 #include "kernels/cuda_kernels.h"
 #include "kernels/cuda_rowstats.h"
 #include "tests/testutil.h"
@@ -126,12 +128,56 @@ START_TEST(test_cuda_rows_backend) {
 }
 END_TEST
 
+/* A CUDA target decoding with every decoder at T=0 and T=1 (and --score-all-rules) copies
+ * no whole logits row to the host (the backend's d2h_full_rows stays 0), and in
+ * batch-invariant mode every decoder's T=0 ids equal AR's. */
+START_TEST(test_cuda_rowstats_decode) {
+    CU_REQUIRE_DEVICE();
+    RsErr e = {0};
+    Model *tm = tu_random_model(ARCH_LLAMA, 64, 128, 2, 4, 2, 300, 51);
+    Model *dm = tu_random_model(ARCH_LLAMA, 64, 128, 1, 4, 2, 300, 52);
+    backend_set_batch_invariant(1);
+    Target *t;
+    Drafter *d;
+    int eog = -1;
+    ck_assert_msg(target_create(tm, cuda_backend_ops_get(), 256, 1, 0, &eog, 0, &t, &e) == 0,
+                  "%s", e.msg);
+    backend_set_batch_invariant(0);
+    ck_assert_msg(drafter_model_create(dm, &cpu_backend_ops, 256, 1, 0, &d, &e) == 0, "%s", e.msg);
+    const Rule rules[] = {RULE_AR, RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
+    int prompt[4] = {7, 70, 170, 270}, ar[16], buf[48];
+    for (int k = 0; k < 5; k++)
+        for (int temp = 0; temp < 2; temp++)
+            for (int sa = 0; sa <= (temp && rule_needs_root(rules[k])); sa++) {
+                DecodeOpts o = {.rule = rules[k], .budget = 8, .temp = temp, .seed = 3,
+                                .max_new = 12, .score_all = sa};
+                DecodeResult r = {.tokens = buf, .cap = 48};
+                ck_assert_msg(decode_run(t, rules[k] == RULE_AR ? NULL : d, prompt, 4, &o, NULL,
+                                         &r, &e) == 0, "%s", e.msg);
+                ck_assert_int_ge(r.n_tokens, 12);
+                if (temp == 0 && k == 0) memcpy(ar, buf, sizeof(int) * 12);
+                if (temp == 0)
+                    for (int i = 0; i < 12; i++)
+                        ck_assert_msg(buf[i] == ar[i], "%s T=0: token %d is %d, AR %d",
+                                      rule_name(rules[k]), i, buf[i], ar[i]);
+                ck_assert_msg(backend_stats(target_backend(t)).d2h_full_rows == 0,
+                              "%s T=%d%s: whole rows copied to the host", rule_name(rules[k]),
+                              temp, sa ? " score-all" : "");
+            }
+    drafter_destroy(&d);
+    target_destroy(&t);
+    model_destroy(&dm);
+    model_destroy(&tm);
+}
+END_TEST
+
 Suite *suite_cuda_rowstats(void) {
     Suite *s = suite_create("cuda_rowstats");
     TCase *tc = tcase_create("rows");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_cuda_rows_kernels);
     tcase_add_test(tc, test_cuda_rows_backend);
+    tcase_add_test(tc, test_cuda_rowstats_decode);
     suite_add_tcase(s, tc);
     return s;
 }
