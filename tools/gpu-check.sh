@@ -9,6 +9,7 @@
 #    share of the measured device-to-device copy bandwidth;
 # 4. times the pipelined two-process run (tools/pipeline-timing.sh): random 8B-shaped
 #    target and 1B-shaped drafter processes on the one GPU, AR / draft / pearl / rootdraw;
+#    then rootdraw again with an EAGLE-3 head shaped like the published 8B one as drafter;
 # 5. times the 8B shape again with --batch-invariant kernels (n = 1, 9, 65);
 # 6. runs compute-sanitizer (memcheck, racecheck, synccheck) over the kernel suite when the
 #    machine has it (last: the timings come first if the deadline is near);
@@ -16,7 +17,8 @@
 # pass_ms_nN= and share_nN= of the weight-streaming bound, sanitizer_*=, ...).
 # Dry run on the CPU (emulator build, tiny shapes): GPU_CHECK_BIN=build/cuda-emu
 #   GPU_CHECK_BENCH_ARGS="--model random:tiny --copy-mib 8 --ctx 64 --iters 2"
-#   PIPE_TARGET=random:tiny PIPE_DRAFT=random:tiny,seed=2 bash tools/gpu-check.sh
+#   PIPE_TARGET=random:tiny PIPE_DRAFT=random:tiny,seed=2 GPU_CHECK_E3_DRAFT=random:eagle3-tiny
+#   bash tools/gpu-check.sh
 # With --default-model: only assembles the default model from gpu-carry/ (tools/gpu-carry.sh;
 # it is too big for one call) and runs the CUDA-vs-CPU parity test on it.
 # Writes a few logs to $GPU_CHECK_OUT (default: $OUT if set, else gpu-check-out/; the device
@@ -191,8 +193,24 @@ else
     say "pipeline skipped: the ${DEADLINE} s deadline is near" | tee "$OUTDIR/pipeline.log"
     PIPE_RC=124
 fi
+
+# The same pipeline with an EAGLE-3 head shaped like the published Llama-3.1-8B one as the
+# drafter (its layer on the GPU, fed the target's three feature layers over protocol v2):
+# rootdraw only, to keep within the deadline; its round logs join the recap's.
+E3_DRAFT=${GPU_CHECK_E3_DRAFT:-random:eagle3-llama3-8b}
+say "running tools/pipeline-timing.sh with the EAGLE-3 head $E3_DRAFT as the drafter"
+if lim=$(limit 120); then
+    PIPE_BIN=$BIN PIPE_BACKEND=cuda PIPE_OUT="$PIPE_DIR/eagle3" PIPE_DRAFT="$E3_DRAFT" \
+        PIPE_DECODERS=rootdraw timeout "$lim" bash tools/pipeline-timing.sh 2>&1 |
+        tee "$OUTDIR/pipeline-eagle3.log"
+    E3_RC=${PIPESTATUS[0]}
+else
+    say "EAGLE-3 pipeline skipped: the ${DEADLINE} s deadline is near" |
+        tee "$OUTDIR/pipeline-eagle3.log"
+    E3_RC=124
+fi
 tar -czf "$OUTDIR/pipeline-logs.tar.gz" -C "$PIPE_DIR" . 2>/dev/null || true
-say "pipeline timing exit status $PIPE_RC (per-run logs and round logs: pipeline-logs.tar.gz)"
+say "pipeline timing exit status $PIPE_RC, EAGLE-3 head $E3_RC (per-run logs and round logs: pipeline-logs.tar.gz)"
 
 # The batch-invariant kernels' cost (the issue's rule: on by default if under 10%).
 # (a dry run's GPU_CHECK_BENCH_ARGS, tiny model and all, serve here too)
@@ -230,6 +248,8 @@ say "RECAP"
 grep -hE "^SKIP|Running suite|Checks:|TIMEOUT|^[^ ]*:[0-9]+:[EF]:" "$OUTDIR/cuda-tests.log" | head -40
 grep -hE "^device|copy bandwidth|^BENCH|graph replays" "$OUTDIR/cuda-bench.log"
 grep -hE "IDENTITY|first difference|^  (decoder|ar|draft|pearl|rootdraw) " "$OUTDIR/pipeline.log"
+echo "EAGLE-3 head as the drafter:"
+grep -hE "IDENTITY|first difference|^  (decoder|ar|rootdraw) " "$OUTDIR/pipeline-eagle3.log"
 
 
 # key=value recap. The bound is the weight-streaming time at the measured copy bandwidth;
@@ -272,5 +292,6 @@ for tool in memcheck racecheck synccheck; do kv "sanitizer_$tool" "${SAN_RES[$to
 SAN_RC=0
 for tool in memcheck racecheck synccheck; do [ "${SAN_RES[$tool]}" = FAIL ] && SAN_RC=1; done
 
-say "done in $(( $(date +%s) - T0 ))s: tests rc=$TEST_RC bench rc=$BENCH_RC pipeline rc=$PIPE_RC batch-invariant bench rc=$BI_RC sanitizers rc=$SAN_RC (path: $BIN)"
-[ "$TEST_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ] && [ "$PIPE_RC" -eq 0 ] && [ "$BI_RC" -eq 0 ] && [ "$SAN_RC" -eq 0 ]
+say "done in $(( $(date +%s) - T0 ))s: tests rc=$TEST_RC bench rc=$BENCH_RC pipeline rc=$PIPE_RC eagle3 pipeline rc=$E3_RC batch-invariant bench rc=$BI_RC sanitizers rc=$SAN_RC (path: $BIN)"
+[ "$TEST_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ] && [ "$PIPE_RC" -eq 0 ] && [ "$E3_RC" -eq 0 ] &&
+    [ "$BI_RC" -eq 0 ] && [ "$SAN_RC" -eq 0 ]
