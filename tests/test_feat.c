@@ -3,20 +3,25 @@
  * layer-truncated forward whose head reads the residual stream back), their order after
  * a tree round's kv_commit, and decoding with a real EAGLE-3 drafter fed by them: T=0 ids
  * equal AR's for every decoder, and the T=1 law of the first three tokens equals the
- * target's (chi-square, as tests/test_spec.c does for model drafters). */
+ * target's (chi-square, as tests/test_spec.c does for model drafters), in process and
+ * across protocol v2 (the head behind rootspec-draft's server loop). */
 #include "common/eagle3.h"
 #include "common/logits.h"
 #include "common/rng.h"
 #include "draft_proc/drafter_impl.h"
 #include "draft_proc/eagle3_drafter.h"
+#include "draft_proc/server.h"
 #include "kernels/backend.h"
 #include "kernels/prefill.h"
 #include "target_proc/decode.h"
 #include "target_proc/engine.h"
+#include "target_proc/remote.h"
 #include "testutil.h"
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define FV 96 /* vocabulary of the feature-parity model (>= its width) */
 #define FD 32
@@ -346,41 +351,91 @@ static double chi2_p(const long *count, const double *law, int cells, long N) {
  * loaded 2-core machine; p 0.97, 0.80, 0.80, 0.18, the wrong verifier 0). */
 #define E3_EXACT_N 400
 
-/* _i: the decoder (SPEC_RULES), or 4: rootdraw with a verifier that draws X1 from the
- * draft row, which must fail (the test can tell a wrong law from the right one). */
-START_TEST(test_t1_exactness_eagle3) {
-    const int V = 10, prompt[3] = {1, 5, 7};
-    E3Pair p;
-    e3_pair_open(&p, V, 16, 4343);
+/* N T=1 decodes of three tokens through drafter d (p->d, or a remote client of it), rule
+ * SPEC_RULES[i] (i = 4: rootdraw with a verifier that draws X1 from the draft row, which
+ * must fail: the test can tell a wrong law from the right one). */
+static void e3_chi2(E3Pair *p, Drafter *d, int i, long N, const char *how) {
+    const int V = p->tm->cfg.vocab_size, prompt[3] = {1, 5, 7};
     double *law = malloc(sizeof(double) * V * V * V);
-    exact_law3(p.tm, prompt, 3, law);
+    exact_law3(p->tm, prompt, 3, law);
     long *count = calloc(V * V * V, sizeof(long)), acc = 0;
-    Rule rule = _i < 4 ? SPEC_RULES[_i] : RULE_ROOTDRAW;
-    const char *ne = getenv("ROOTSPEC_E3_EXACT_N");
-    long N = ne ? atol(ne) : E3_EXACT_N;
+    Rule rule = i < 4 ? SPEC_RULES[i] : RULE_ROOTDRAW;
     uint64_t t0 = rs_now_ns();
     for (long s = 0; s < N; s++) {
         int out[3 + ROUND_MAX_EMIT];
-        DecodeOpts o = {.rule = rule, .budget = _i % 2 ? 8 : 4, .temp = 1,
-                        .seed = 5000 + (uint64_t)s, .max_new = 3, .test_wrong_x1 = _i == 4};
+        DecodeOpts o = {.rule = rule, .budget = i % 2 ? 8 : 4, .temp = 1,
+                        .seed = 5000 + (uint64_t)s, .max_new = 3, .test_wrong_x1 = i == 4};
         DecodeResult res = {.tokens = out, .cap = 3 + ROUND_MAX_EMIT};
         RsErr e = {0};
-        ck_assert_msg(decode_run(p.t, p.d, prompt, 3, &o, NULL, &res, &e) == 0, "%s", e.msg);
-        ck_assert_msg(!res.drafter_failed, "the EAGLE-3 drafter failed");
+        ck_assert_msg(decode_run(p->t, d, prompt, 3, &o, NULL, &res, &e) == 0, "%s", e.msg);
+        ck_assert_msg(!res.drafter_failed, "the EAGLE-3 drafter failed (%s)", how);
         ck_assert_int_eq(res.n_tokens, 3);
         acc += res.accepted_total;
         count[(out[0] * V + out[1]) * V + out[2]]++;
     }
     double pv = chi2_p(count, law, V * V * V, N);
-    fprintf(stderr, "eagle3 exactness %s%s: %ld decodes (%.1f s), %ld tokens accepted, p=%.4g\n",
-            rule_name(rule), _i == 4 ? " (WRONG verifier)" : "", N, (rs_now_ns() - t0) * 1e-9,
-            acc, pv);
-    if (_i < 4) ck_assert_msg(pv > 1e-3, "%s: T=1 law differs from the target's (p=%g)",
-                              rule_name(rule), pv);
+    fprintf(stderr, "eagle3 exactness %s %s%s: %ld decodes (%.1f s), %ld tokens accepted, p=%.4g\n",
+            how, rule_name(rule), i == 4 ? " (WRONG verifier)" : "", N,
+            (rs_now_ns() - t0) * 1e-9, acc, pv);
+    if (i < 4) ck_assert_msg(pv > 1e-3, "%s %s: T=1 law differs from the target's (p=%g)", how,
+                             rule_name(rule), pv);
     else ck_assert_msg(pv < 1e-3, "a wrong verifier passed (p=%g)", pv);
     ck_assert_msg(acc > 0, "nothing accepted: the head never drafted");
     free(count);
     free(law);
+}
+
+static long e3_exact_n(void) {
+    const char *ne = getenv("ROOTSPEC_E3_EXACT_N");
+    return ne ? atol(ne) : E3_EXACT_N;
+}
+
+/* _i: the decoder (SPEC_RULES), or 4: the wrong verifier. */
+START_TEST(test_t1_exactness_eagle3) {
+    E3Pair p;
+    e3_pair_open(&p, 10, 16, 4343);
+    e3_chi2(&p, p.d, _i, e3_exact_n(), "in process");
+    e3_pair_close(&p);
+}
+END_TEST
+
+/* rootspec-draft's server loop on its own thread, serving one Drafter. */
+typedef struct {
+    Drafter *d;
+    ServerOpts o;
+    volatile int stop;
+    int rc;
+} ServerThread;
+
+static void *server_thread(void *arg) {
+    ServerThread *st = arg;
+    RsErr e = {0};
+    st->rc = server_run(st->d, 42, &st->o, &e);
+    return NULL;
+}
+
+/* The same law across protocol v2: the head served by rootspec-draft's server loop, the
+ * target's decode driving it through the remote kind, the features crossing as bf16 (a
+ * different drafter input than in process: exactness must not depend on it). */
+START_TEST(test_t1_exactness_eagle3_over_protocol) {
+    E3Pair p;
+    e3_pair_open(&p, 10, 16, 4343);
+    char ep[128];
+    snprintf(ep, sizeof ep, "ipc:///tmp/rs-feat-chi2-%d-%d.sock", (int)getpid(), _i);
+    ServerThread st = {.d = p.d};
+    st.o = (ServerOpts){.endpoint = ep, .insecure = 1, .name = "chi2", .stop = &st.stop};
+    pthread_t th;
+    ck_assert(pthread_create(&th, NULL, server_thread, &st) == 0);
+    Drafter *remote = NULL;
+    RsErr e = {0};
+    ck_assert_msg(drafter_remote_create(ep, p.tm, 42, 10000, 1, NULL, &remote, &e) == 0, "%s",
+                  e.msg);
+    ck_assert_int_eq(drafter_info(remote)->n_feature_layers, 3);
+    e3_chi2(&p, remote, _i, e3_exact_n() * 3 / 4, "over protocol v2");
+    drafter_destroy(&remote);
+    st.stop = 1;
+    pthread_join(th, NULL);
+    ck_assert_int_eq(st.rc, 0);
     e3_pair_close(&p);
 }
 END_TEST
@@ -492,6 +547,7 @@ Suite *suite_feat(void) {
     tcase_add_test(tc, test_identity_in_process);
     tcase_add_test(tc, test_decode_sends_predecessor_features);
     tcase_add_loop_test(tc, test_t1_exactness_eagle3, 0, 5);
+    tcase_add_loop_test(tc, test_t1_exactness_eagle3_over_protocol, 0, 4);
     suite_add_tcase(s, tc);
     return s;
 }
