@@ -8,6 +8,10 @@
 #                               again with each block's threads in reverse order, and
 #                               tools/pipeline-timing.sh on build/cuda-emu binaries
 #   make cuda-emu-test SAN=1 -> the same under ASan+UBSan (build/cuda-emu-san/)
+#   make cuda-emu-san-kernels -> under ASan+UBSan, only the kernel-level suites
+#                               (CUEMU_SAN_SUITES) and the self-test: what .ci/run runs,
+#                               since the decode-level suites take minutes each under ASan
+#                               on the emulator and run unsanitized in cuda-emu-test
 # The unchanged kernels/*.cu are compiled by g++ as C++ with tests/cuemu/cuemu.h forced in
 # (ROOTSPEC_CUEMU); the C tests and programs link the emulator's C-linkage runtime and cuBLAS
 # instead of libcudart/libcublas. Every test runs in full (about a minute on 2 cores; ~2 with
@@ -39,7 +43,7 @@ CUEMU_SELFTEST := $(CUEMU_DIR)/cuemu-selftest
 CUEMU_TEST_OBJS := $(patsubst %.c,$(CUEMU_DIR)/%.o,$(wildcard tests/cuda/*.c) tests/testutil.c)
 CUEMU_MAIN_OBJ = $(if $(filter 1,$(SAN)),build/san/$(1:.c=.o),build/obj/$(1:.c=.o))
 
-.PHONY: cuda-emu cuda-emu-test cuemu-headers
+.PHONY: cuda-emu cuda-emu-test cuda-emu-san-kernels cuemu-headers
 cuda-emu: cuemu-headers $(CUEMU_MAIN_BINS) $(CUEMU_BENCH) $(CUEMU_TEST_BIN) $(CUEMU_SELFTEST)
 
 cuemu-headers:
@@ -93,6 +97,14 @@ cuda-emu-test: cuda-emu
 	CUEMU_QUIET=1 OPENBLAS_NUM_THREADS=1 PIPE_BIN=$(CUEMU_DIR) PIPE_BACKEND=cuda \
 	PIPE_TARGET=random:tiny,seed=9 PIPE_DRAFT=random:tiny,seed=9 PIPE_MAX_NEW=24 \
 	PIPE_PROMPT_LEN=8 PIPE_OUT=$(CUEMU_DIR)/pipeline bash tools/pipeline-timing.sh
+
+CUEMU_SAN_SUITES ?= cuda_runtime cuda_kernels cuda_rows cuda_rowstats cuda_feat
+cuda-emu-san-kernels:
+	$(MAKE) SAN=1 build/cuda-emu-san/rootspec-cuda-tests build/cuda-emu-san/cuemu-selftest
+	ASAN_OPTIONS=detect_leaks=1 ./build/cuda-emu-san/cuemu-selftest
+	set -e; for s in $(CUEMU_SAN_SUITES); do \
+	  OPENBLAS_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  CK_RUN_SUITE=$$s ./build/cuda-emu-san/rootspec-cuda-tests; done
 
 -include $(CUEMU_OBJS:.o=.d) $(CUEMU_DIR)/bench/cuda_bench_main.d $(CUEMU_TEST_OBJS:.o=.d) \
          $(CUEMU_DIR)/tests/cuemu/cuemu_selftest.d
