@@ -252,6 +252,38 @@ extern "C" void cuk_kv_store(cudaStream_t s, const float *k, const float *v, int
     LAUNCH_CHECK();
 }
 
+/* One warp's post-projection work on head h of token t's q|k|v row (v: that head's hd
+ * floats): bias, per-head RMSNorm (q/k), RoPE (q/k), in the order and formulas of the
+ * separate kernels above. k_qkv_post and k_qkv_fused both call it, so the two are bitwise
+ * equal. Leaves the warp synchronised. */
+__device__ __forceinline__ void qkv_head_post(float *v, int h, int t, int n_heads,
+                                              int n_kv_heads, int hd, const float *bias,
+                                              const float *q_norm, const float *k_norm,
+                                              float eps, const float *ct, const float *st,
+                                              int lane) {
+    int half = hd / 2, is_q = h < n_heads, is_k = !is_q && h < n_heads + n_kv_heads;
+    if (bias)
+        for (int i = lane; i < hd; i += 32) v[i] += bias[(size_t)h * hd + i];
+    const float *w = is_q ? q_norm : is_k ? k_norm : NULL;
+    if (w) {
+        __syncwarp();
+        float ss = 0.0f;
+        for (int i = lane; i < hd; i += 32) ss += v[i] * v[i];
+        ss = warp_sum(ss);
+        float inv = 1.0f / sqrtf(ss / (float)hd + eps);
+        for (int i = lane; i < hd; i += 32) v[i] = w[i] * (v[i] * inv);
+    }
+    __syncwarp();
+    if (is_q || is_k)
+        for (int i = lane; i < half; i += 32) {
+            float c = ct[(size_t)t * half + i], sn = st[(size_t)t * half + i];
+            float a = v[i], b = v[i + half];
+            v[i] = a * c - b * sn;
+            v[i + half] = b * c + a * sn;
+        }
+    __syncwarp();
+}
+
 /* One block per row; warp w takes heads w, w + 8, ... of the q, k and v heads: bias, per-head
  * RMSNorm (q/k), RoPE (q/k) in the order and formulas of the separate kernels above, then
  * k and v of real rows into their cache slots as bf16. */
@@ -260,32 +292,13 @@ __global__ void k_qkv_post(float *qkv, int row_stride, int n_heads, int n_kv_hea
                            float eps, const float *ct, const float *st, const CuMeta *meta,
                            bf16 *kc, bf16 *vc) {
     int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    int half = hd / 2, kv_dim = n_kv_heads * hd, live = t < meta->n;
+    int kv_dim = n_kv_heads * hd, live = t < meta->n;
     float *r = qkv + (size_t)t * row_stride;
     size_t slot = (size_t)(meta->kv_base + t) * kv_dim;
     for (int h = warp; h < n_heads + 2 * n_kv_heads; h += nw) {
         float *v = r + (size_t)h * hd;
         int is_q = h < n_heads, is_k = !is_q && h < n_heads + n_kv_heads;
-        if (bias)
-            for (int i = lane; i < hd; i += 32) v[i] += bias[(size_t)h * hd + i];
-        const float *w = is_q ? q_norm : is_k ? k_norm : NULL;
-        if (w) {
-            __syncwarp();
-            float ss = 0.0f;
-            for (int i = lane; i < hd; i += 32) ss += v[i] * v[i];
-            ss = warp_sum(ss);
-            float inv = 1.0f / sqrtf(ss / (float)hd + eps);
-            for (int i = lane; i < hd; i += 32) v[i] = w[i] * (v[i] * inv);
-        }
-        __syncwarp();
-        if (is_q || is_k)
-            for (int i = lane; i < half; i += 32) {
-                float c = ct[(size_t)t * half + i], sn = st[(size_t)t * half + i];
-                float a = v[i], b = v[i + half];
-                v[i] = a * c - b * sn;
-                v[i + half] = b * c + a * sn;
-            }
-        __syncwarp();
+        qkv_head_post(v, h, t, n_heads, n_kv_heads, hd, bias, q_norm, k_norm, eps, ct, st, lane);
         if (!live || is_q) continue;
         bf16 *dst = (is_k ? kc : vc) + slot + (size_t)(h - n_heads - (is_k ? 0 : n_kv_heads)) * hd;
         for (int i = lane; i < hd; i += 32) dst[i] = __float2bfloat16_rn(v[i]);
@@ -789,29 +802,10 @@ k_qkv_fused(const bf16 *W, const float *x, const float *norm_w, int dim, float e
     }
     __syncthreads();
     if (warp >= nr) return;
-    int t = r0 + warp, half = hd / 2;
+    int t = r0 + warp;
     int is_q = h < n_heads, is_k = !is_q && h < n_heads + n_kv_heads;
     float *v = qkv + (size_t)t * stride + (size_t)h * hd;
-    if (bias)
-        for (int i = lane; i < hd; i += 32) v[i] += bias[(size_t)h * hd + i];
-    const float *nw = is_q ? q_norm : is_k ? k_norm : NULL;
-    if (nw) {
-        __syncwarp();
-        float ss = 0.0f;
-        for (int i = lane; i < hd; i += 32) ss += v[i] * v[i];
-        ss = warp_sum(ss);
-        float inv = 1.0f / sqrtf(ss / (float)hd + eps);
-        for (int i = lane; i < hd; i += 32) v[i] = nw[i] * (v[i] * inv);
-    }
-    __syncwarp();
-    if (is_q || is_k)
-        for (int i = lane; i < half; i += 32) {
-            float c = ct[(size_t)t * half + i], sn = st[(size_t)t * half + i];
-            float a = v[i], b = v[i + half];
-            v[i] = a * c - b * sn;
-            v[i + half] = b * c + a * sn;
-        }
-    __syncwarp();
+    qkv_head_post(v, h, t, n_heads, n_kv_heads, hd, bias, q_norm, k_norm, eps, ct, st, lane);
     if (is_q || t >= meta->n) return;
     int kv_dim = n_kv_heads * hd;
     bf16 *dst = (is_k ? kc : vc) + (size_t)(meta->kv_base + t) * kv_dim +
