@@ -683,27 +683,6 @@ END_TEST
 
 /* ---- across the protocol (v2) ---- */
 
-typedef struct {
-    Drafter *d;
-    ServerOpts o;
-    volatile int stop;
-    int rc;
-} ServerThread;
-
-static void *server_thread(void *arg) {
-    ServerThread *st = arg;
-    RsErr e = {0};
-    st->rc = server_run(st->d, 42, &st->o, &e);
-    return NULL;
-}
-
-static void serve(ServerThread *st, Drafter *d, const char *ep, pthread_t *th) {
-    memset(st, 0, sizeof *st);
-    st->d = d;
-    st->o = (ServerOpts){.endpoint = ep, .insecure = 1, .name = "e3-test", .stop = &st->stop};
-    ck_assert(pthread_create(th, NULL, server_thread, st) == 0);
-}
-
 /* f32 features as they arrive across the protocol: rounded to bf16 and widened back. */
 static void bf16_round(const float *f, float *out, size_t n) {
     uint16_t *b = malloc(n * sizeof *b);
@@ -846,9 +825,7 @@ START_TEST(test_eagle3_over_protocol) {
     if (_i) remote_set_feat_chunk_bytes(2 * 2 * 3 * (size_t)h->cfg.target_hidden);
     char ep[128];
     snprintf(ep, sizeof ep, "ipc:///tmp/rs-e3-proto-%d.sock", (int)getpid());
-    ServerThread st;
-    pthread_t th;
-    serve(&st, served, ep, &th);
+    TuServer *st = tu_serve(served, ep, "e3-test");
     ck_assert_msg(drafter_remote_create(ep, t, 42, 10000, 1, NULL, &remote, &e) == 0, "%s", e.msg);
     const DrafterInfo *ri = drafter_info(remote);
     ck_assert_int_eq(ri->n_feature_layers, 3);
@@ -902,9 +879,7 @@ START_TEST(test_eagle3_over_protocol) {
     proto_msg_clear(&rep);
     zmq_close(s);
     zmq_ctx_term(zc);
-    st.stop = 1;
-    pthread_join(th, NULL);
-    ck_assert_int_eq(st.rc, 0);
+    ck_assert_int_eq(tu_serve_stop(&st), 0);
     free(f);
     free(fq);
     free(pa);

@@ -10,7 +10,6 @@
 #include "common/rng.h"
 #include "draft_proc/drafter_impl.h"
 #include "draft_proc/eagle3_drafter.h"
-#include "draft_proc/server.h"
 #include "kernels/backend.h"
 #include "kernels/prefill.h"
 #include "target_proc/decode.h"
@@ -18,7 +17,6 @@
 #include "target_proc/remote.h"
 #include "testutil.h"
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -399,21 +397,6 @@ START_TEST(test_t1_exactness_eagle3) {
 }
 END_TEST
 
-/* rootspec-draft's server loop on its own thread, serving one Drafter. */
-typedef struct {
-    Drafter *d;
-    ServerOpts o;
-    volatile int stop;
-    int rc;
-} ServerThread;
-
-static void *server_thread(void *arg) {
-    ServerThread *st = arg;
-    RsErr e = {0};
-    st->rc = server_run(st->d, 42, &st->o, &e);
-    return NULL;
-}
-
 /* The same law across protocol v2: the head served by rootspec-draft's server loop, the
  * target's decode driving it through the remote kind, the features crossing as bf16 (a
  * different drafter input than in process: exactness must not depend on it). */
@@ -422,10 +405,7 @@ START_TEST(test_t1_exactness_eagle3_over_protocol) {
     e3_pair_open(&p, 10, 16, 4343);
     char ep[128];
     snprintf(ep, sizeof ep, "ipc:///tmp/rs-feat-chi2-%d-%d.sock", (int)getpid(), _i);
-    ServerThread st = {.d = p.d};
-    st.o = (ServerOpts){.endpoint = ep, .insecure = 1, .name = "chi2", .stop = &st.stop};
-    pthread_t th;
-    ck_assert(pthread_create(&th, NULL, server_thread, &st) == 0);
+    TuServer *st = tu_serve(p.d, ep, "chi2");
     Drafter *remote = NULL;
     RsErr e = {0};
     ck_assert_msg(drafter_remote_create(ep, p.tm, 42, 10000, 1, NULL, &remote, &e) == 0, "%s",
@@ -433,9 +413,7 @@ START_TEST(test_t1_exactness_eagle3_over_protocol) {
     ck_assert_int_eq(drafter_info(remote)->n_feature_layers, 3);
     e3_chi2(&p, remote, _i, e3_exact_n() * 3 / 4, "over protocol v2");
     drafter_destroy(&remote);
-    st.stop = 1;
-    pthread_join(th, NULL);
-    ck_assert_int_eq(st.rc, 0);
+    ck_assert_int_eq(tu_serve_stop(&st), 0);
     e3_pair_close(&p);
 }
 END_TEST

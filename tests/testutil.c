@@ -2,6 +2,8 @@
 #include "testutil.h"
 #include "common/quant.h"
 #include "common/rng.h"
+#include "draft_proc/server.h"
+#include <pthread.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
@@ -324,4 +326,40 @@ int tu_wait_exit(pid_t pid, int timeout_ms) {
     waitpid(pid, NULL, 0);
     ck_abort_msg("process %d did not exit within %d ms", (int)pid, timeout_ms);
     return -1;
+}
+
+/* ---- rootspec-draft's server loop on a thread ---- */
+
+struct TuServer {
+    Drafter *d;
+    ServerOpts o;
+    volatile int stop;
+    int rc;
+    pthread_t th;
+};
+
+static void *tu_server_main(void *arg) {
+    TuServer *s = arg;
+    RsErr e = {0};
+    s->rc = server_run(s->d, 42, &s->o, &e);
+    return NULL;
+}
+
+TuServer *tu_serve(Drafter *d, const char *ep, const char *name) {
+    TuServer *s = calloc(1, sizeof *s);
+    ck_assert_ptr_nonnull(s);
+    s->d = d;
+    s->o = (ServerOpts){.endpoint = ep, .insecure = 1, .name = name, .stop = &s->stop};
+    ck_assert(pthread_create(&s->th, NULL, tu_server_main, s) == 0);
+    return s;
+}
+
+int tu_serve_stop(TuServer **ps) {
+    TuServer *s = *ps;
+    s->stop = 1;
+    pthread_join(s->th, NULL);
+    int rc = s->rc;
+    free(s);
+    *ps = NULL;
+    return rc;
 }

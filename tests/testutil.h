@@ -4,6 +4,7 @@
 #define ROOTSPEC_TESTUTIL_H
 #include <check.h>
 #include "common/model.h"
+#include "draft_proc/drafter.h"
 #include <sys/types.h>
 
 /* Path of the default model (models/...gguf); the test fails loudly if it is missing. */
@@ -40,6 +41,14 @@ typedef struct {
 } TuGolden;
 void tu_golden_read(const char *path, TuGolden *g);
 void tu_golden_free(TuGolden *g);
+
+/* ---- rootspec-draft's server loop on a thread (protocol tests without a second process) */
+typedef struct TuServer TuServer;
+/* Serves drafter d (borrowed; insecure ipc://, tokenizer hash 42) on endpoint ep under
+ * name until tu_serve_stop. */
+TuServer *tu_serve(Drafter *d, const char *ep, const char *name);
+/* Stops and joins the server; returns server_run's status. Frees *s and clears it. */
+int tu_serve_stop(TuServer **s);
 
 /* ---- Child processes (the suites that run the real binaries) ----
  * Each takes the suite's scratch directory `dir`; TAG names a child's files there:
