@@ -28,16 +28,6 @@ extern "C" {
 #include "backend_impl.h"
 }
 
-#define CUBLAS_CHECK(expr)                                                                 \
-    do {                                                                                   \
-        cublasStatus_t st_ = (expr);                                                       \
-        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                \
-            fprintf(stderr, "rootspec: cuBLAS error %s: %s (%s:%d)\n",                     \
-                    cublasGetStatusString(st_), #expr, __FILE__, __LINE__);                \
-            abort();                                                                       \
-        }                                                                                  \
-    } while (0)
-
 static const int kBuckets[] = {1, 2, 4, 8, 16, 32, 48, 65};
 #define N_BUCKETS ((int)(sizeof kBuckets / sizeof kBuckets[0]))
 #define GRAPH_MAX_TOKENS 65
@@ -206,7 +196,6 @@ static int halloc(void *pp, size_t bytes, const char *what, RsErr *e) {
     return RS_OK;
 }
 
-#define DFREE(p) do { if (p) cudaFree(p); (p) = NULL; } while (0)
 #define HFREE(p) do { if (p) cudaFreeHost(p); (p) = NULL; } while (0)
 
 static void graphs_drop(CudaBackend *b) {

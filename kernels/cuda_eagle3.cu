@@ -18,16 +18,6 @@
 #include "cuda_kernels.h"
 #include "eagle3_rows.h"
 
-#define CUBLAS_CHECK(expr)                                                                 \
-    do {                                                                                   \
-        cublasStatus_t st_ = (expr);                                                       \
-        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                \
-            fprintf(stderr, "rootspec: cuBLAS error %s: %s (%s:%d)\n",                     \
-                    cublasGetStatusString(st_), #expr, __FILE__, __LINE__);                \
-            abort();                                                                       \
-        }                                                                                  \
-    } while (0)
-
 struct Eagle3Rows {
     const Eagle3Head *h;
     int dim, hd, nh, nkv, qd, kvd, qkv_w, hidden, F, DV, cap, maxb, device, mask_words;
@@ -64,7 +54,6 @@ struct Eagle3Rows {
     uint8_t *h_causal; // (maxb, cap) bytes of the default mask
 };
 
-#define DFREE(p) do { if (p) cudaFree(p); (p) = NULL; } while (0)
 
 static void e3_destroy(Eagle3Rows **pr) {
     if (!pr || !*pr) return;

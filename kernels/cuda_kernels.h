@@ -42,6 +42,20 @@ typedef struct {
         }                                                                                  \
     } while (0)
 
+/* The same for a cuBLAS call (only in files that include cublas_v2.h). */
+#define CUBLAS_CHECK(expr)                                                                 \
+    do {                                                                                   \
+        cublasStatus_t st_ = (expr);                                                       \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                \
+            fprintf(stderr, "rootspec: cuBLAS error %s: %s (%s:%d)\n",                     \
+                    cublasGetStatusString(st_), #expr, __FILE__, __LINE__);                \
+            abort();                                                                       \
+        }                                                                                  \
+    } while (0)
+
+/* Frees device memory when set and clears the pointer. */
+#define DFREE(p) do { if (p) cudaFree(p); (p) = NULL; } while (0)
+
 /* Host helpers (no device needed). */
 /* RoPE inverse frequencies (head_dim/2), exactly as the CPU backend computes them (rope_inv_freq). */
 void cuk_rope_inv_freq(const Config *c, float *inv_freq);
