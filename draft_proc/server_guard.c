@@ -22,7 +22,7 @@
 #define GUARD_LOG_GAP_NS 1000000000ull
 /* A new connection is spared this long: a real target sends its HELLO within
  * milliseconds, so a flood of reconnecting idle peers cannot push it out first. */
-#define GUARD_GRACE_NS 300000000ull
+#define GUARD_GRACE_NS 100000000ull
 
 /* libzmq 4.3's ipc listener accepts only EAGAIN, EINTR, ECONNABORTED, EPROTO and ENFILE
  * from accept(): EMFILE trips an assertion (ipc_listener.cpp) that aborts the drafter when

@@ -95,7 +95,7 @@ static int same_ids(const char *got, const char *ref) {
  * descriptors (so the flood outruns its evictions at times: EMFILE must not abort it), 400
  * idle DEALERs kept connected (evicted ones reconnect: a steady flood);
  * it must stay up, serve a real target through the flood, and exit cleanly on SIGTERM,
- * removing its socket file. Bounded: 400 sockets, well under 20 s. */
+ * removing its socket file. Bounded: 400 sockets, well under 45 s. */
 START_TEST(test_idle_flood) {
     make_dir();
     struct rlimit rl;
@@ -122,7 +122,9 @@ START_TEST(test_idle_flood) {
     }
     for (int t = 0; t < 20 && alive(d, "draft"); t++) usleep(100000); /* let them connect */
     ck_assert_msg(alive(d, "draft"), "the drafter died under %d idle connections", n);
-    int rc = run_target("t", "rootdraw", ep, NULL);
+    /* The target competes with 400 reconnecting peers for the drafter's 24 connection
+     * slots: 0.4-5 s to its HELLO on 2 idle cores, so a loaded CI machine gets 30 s. */
+    int rc = run_target("t", "rootdraw", ep, "30000");
     char *got = slurp("t", "out"), *ref = slurp("ar", "out"), *err = slurp("t", "err");
     ck_assert_msg(alive(d, "draft"), "the drafter died serving a target through the flood");
     ck_assert_msg(rc == 0 && !strstr(err, "drafter failed") && !strstr(err, "warning") &&
@@ -137,7 +139,7 @@ START_TEST(test_idle_flood) {
     char *derr = slurp("draft", "err");
     ck_assert_msg(strstr(derr, "idle connection(s) closed"), "%s", derr);
     ck_assert_msg(access(ep + 6, F_OK) != 0, "socket file left after SIGTERM");
-    ck_assert_msg(s < 20, "flood test took %.1f s", s);
+    ck_assert_msg(s < 45, "flood test took %.1f s", s);
     free(got);
     free(ref);
     free(err);
