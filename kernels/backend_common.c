@@ -115,7 +115,7 @@ int backend_kv_commit(Backend *b, const int *keep, int n_keep, RsErr *e) {
 static int rows_topk_host(Backend *b, int k, int *ids, float *logq, float *lse, RsErr *e) {
     int V = b->model->cfg.vocab_size, rc = RS_OK;
     float *row = rs_xmalloc(sizeof(float) * (size_t)V);
-    CpuRowsPart *parts = rs_xmalloc(sizeof(CpuRowsPart) * (size_t)cpu_rows_chunks(V));
+    CpuRowsPart *parts = rs_xmalloc(sizeof(CpuRowsPart));
     for (int r = 0; r < b->n_kept && !rc; r++) {
         rc = backend_rows_copy(b, &r, 1, row, e);
         if (!rc)

@@ -48,7 +48,7 @@ typedef struct {
     /* EAGLE-3 features, allocated when recording starts (backend_set_feature_layers) */
     float *feat_pend;   // (max_pending, feat_n*dim) of each pending entry
     float *feat_out;    // (max_pending, feat_n*dim) of the last commit's kept entries
-    CpuRowsPart *parts; // (max_kept * cpu_rows_chunks(vocab)) rows_topk scratch
+    CpuRowsPart *parts; // (max_kept) rows_topk scratch
 } RunState;
 
 typedef struct {
@@ -229,7 +229,7 @@ static void alloc_state(CpuBackend *b, const Config *c, const BackendParams *p, 
     s->pend_pos = rs_xcalloc(P, sizeof(int));
     s->keep_seen = rs_xcalloc(P, 1);
     s->logits = rs_xcalloc((size_t)b->max_kept * c->vocab_size, sizeof(float));
-    s->parts = rs_xcalloc((size_t)b->max_kept * cpu_rows_chunks(c->vocab_size),
+    s->parts = rs_xcalloc((size_t)b->max_kept,
                           sizeof(CpuRowsPart));
 }
 

@@ -1,12 +1,21 @@
 /* Fused top-k + log-sum-exp over logits rows on the CPU (see cpu_rows.h). The drafter
- * reduces ten 49152-wide rows per pass; a double-precision exp() per column (the host
- * code this replaces) costs ~0.3 ms a row. Here a chunk is read once, 64 columns at a
- * time: one vector sweep gives a block's max, whether any column beats the chunk's k-th
- * best so far (then a scalar look at the block), and its sum of exp(x - m) against the
- * chunk's max so far. exp is a float polynomial (Cephes expf, ~2 ulp); lane sums are
- * moved into double every block, so the rounding of the sum stays far below the exp's. */
+ * reduces ten 49152-wide rows per pass. A double-precision exp() per column (the host
+ * code this replaces) cost ~0.3 ms a row, a float vector exp on every column ~80 us;
+ * here a row is read once, 64 columns (a block) at a time, in column order:
+ *   - the block's max, broadcast in registers, raises the row's running max m (the sums
+ *     so far are rescaled, rarely: a tokenizer puts frequent tokens first, so the max
+ *     comes early);
+ *   - only the 8-column vectors with a lane above m - cut get an exp; the rest are
+ *     skipped. On the default model's drafting rows ~20% of the vectors pass. A skipped
+ *     column adds less than e^-cut = 2^-20 / V (relative to e^m) to a sum that is >= 1
+ *     (the max's own term), so together they move lse by less than 2^-20 (1e-6);
+ *   - a block's lanes are looked at one by one only when one beats the k-th best so far
+ *     (or is NaN), which soon stops happening once the list is full.
+ * exp is a float polynomial (Cephes expf, ~2 ulp) with fused multiply-adds; lane sums
+ * move into double every block, so the sum's rounding stays far below the exp's. */
 #include "cpu_rows.h"
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Every vector helper is inlined: no 32-byte vector crosses a call, whatever the target. */
@@ -19,8 +28,6 @@ typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef uint32_t v8u __attribute__((vector_size(32)));
 
-int cpu_rows_chunks(int vocab) { return (vocab + CPU_ROWS_CHUNK - 1) / CPU_ROWS_CHUNK; }
-
 INLINE v8f vload(const float *p) {
     v8f v;
     memcpy(&v, p, sizeof v);
@@ -32,31 +39,98 @@ INLINE v8f vsplat(float f) { return (v8f){f, f, f, f, f, f, f, f}; }
 /* m ? a : b, lane by lane (m from a vector comparison: all ones or zero). */
 INLINE v8f vsel(v8i m, v8f a, v8f b) { return (v8f)(((v8i)a & m) | ((v8i)b & ~m)); }
 
-/* exp(x) for x <= 0 (Cephes expf: round(x / ln 2) = n, a degree-5 polynomial on the
- * remainder, times 2^n built in the exponent bits); below -87.3 it returns exp(-87.3)
- * (~1e-38, nothing next to a sum >= 1), NaN for NaN. The integer n comes from the rounding
- * constant's bits, unsigned, so no conversion or shift is undefined even for the x > 0 of
- * a block that raised the max (whose sums are thrown away and recomputed). */
-INLINE v8f vexp(v8f x) {
-    const float lo = -87.33654f, magic = 12582912.0f; /* 1.5 * 2^23 */
-    x = vsel(x < vsplat(lo), vsplat(lo), x);
-    v8f t = x * 1.44269504088896341f + magic;
-    v8f n = t - magic;
-    v8f r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    v8f p = vsplat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    v8f y = p * r * r + r + 1.0f;
-    v8u e = ((v8u)t - (v8u)vsplat(magic) + 127u) << 23;
-    return y * (v8f)e;
+/* ---- the few operations whose AVX2 form is an intrinsic ----------------------------- *
+ * Each has a portable twin giving the same bits, so the result never depends on the
+ * CPU's features, only the speed does. */
+
+INLINE int lane_bits_generic(v8i m) {
+    int bits = 0;
+    for (int l = 0; l < 8; l++) bits |= (m[l] != 0) << l;
+    return bits;
 }
 
-/* The k-best list: value desc, ties kept in arrival (= ascending id) order; exactly the
- * insertion of common/logits.c row_topk, so ids match it. */
+INLINE v8f vfma_generic(v8f a, v8f b, v8f c) {
+    v8f r;
+    for (int l = 0; l < 8; l++) r[l] = fmaf(a[l], b[l], c[l]);
+    return r;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+__attribute__((target("avx2"))) static inline int lane_bits_avx2(v8i m) {
+    return _mm256_movemask_ps((__m256)m);
+}
+/* maxps(v, m) returns m when v is NaN or both are zeros: exactly vsel(v > m, v, m). */
+__attribute__((target("avx2"))) static inline v8f vmax_avx2(v8f v, v8f m) {
+    return (v8f)_mm256_max_ps((__m256)v, (__m256)m);
+}
+/* !(v <= m): above m, or unordered (NaN), in one compare. */
+__attribute__((target("avx2"))) static inline v8i vnle_avx2(v8f v, v8f m) {
+    return (v8i)_mm256_cmp_ps((__m256)v, (__m256)m, _CMP_NLE_UQ);
+}
+__attribute__((target("avx2,fma"))) static inline v8f vfma_avx2(v8f a, v8f b, v8f c) {
+    return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+}
+#define LANE_BITS(avx2, m) ((avx2) ? lane_bits_avx2(m) : lane_bits_generic(m))
+#define VMAX(avx2, v, m) ((avx2) ? vmax_avx2(v, m) : vsel((v) > (m), v, m))
+#define VFMA(avx2, a, b, c) ((avx2) ? vfma_avx2(a, b, c) : vfma_generic(a, b, c))
+#define VNLE(avx2, v, m) ((avx2) ? vnle_avx2(v, m) : ~((v) <= (m)))
+#else
+#define LANE_BITS(avx2, m) lane_bits_generic(m)
+#define VMAX(avx2, v, m) vsel((v) > (m), v, m)
+#define VFMA(avx2, a, b, c) vfma_generic(a, b, c)
+#define VNLE(avx2, v, m) (~((v) <= (m)))
+#endif
+
+/* Lane permutes: VSHUF by constant lanes, VPERM by a vector of lane indices (0..7). */
+#if defined(__clang__)
+#define VSHUF(v, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
+INLINE v8f VPERM(v8f v, v8i idx) {
+    v8f r;
+    for (int l = 0; l < 8; l++) r[l] = v[idx[l]];
+    return r;
+}
+#else
+#define VSHUF(v, ...) __builtin_shuffle(v, (v8i){__VA_ARGS__})
+#define VPERM(v, idx) __builtin_shuffle(v, idx)
+#endif
+
+/* The max of m's lanes in every lane (NaN-free input: the scan's maxima skip NaNs). */
+INLINE v8f vallmax(v8f m, int avx2) {
+    m = VMAX(avx2, VSHUF(m, 4, 5, 6, 7, 0, 1, 2, 3), m);
+    m = VMAX(avx2, VSHUF(m, 2, 3, 0, 1, 6, 7, 4, 5), m);
+    return VMAX(avx2, VSHUF(m, 1, 0, 3, 2, 5, 4, 7, 6), m);
+}
+
+/* exp(x) for x <= 0, to ~2.5e-7 relative: x = (k / 8) ln 2 + r with |r| <= ln 2 / 16,
+ * exp(x) = 2^(k >> 3) * 2^((k & 7) / 8) * e^r, the middle factor from an 8-entry table
+ * (one lane permute), e^r a degree-3 polynomial (r^4 / 24 <= 1.5e-7), the power of two
+ * added to the table value's exponent. Seven multiply-adds in all, about half of a
+ * Cephes-style expf: the exps are most of the cost of a flat row. Below -87 it returns
+ * ~exp(-87) (nothing next to a sum >= 1), NaN for NaN. k comes from the rounding
+ * constant's bits (t = 1.5 * 2^23 + k), so no float-to-int conversion is needed. */
+INLINE v8f vexp(v8f x, int avx2) {
+    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    const v8f tab = {1.0f, 1.09050773266525766f, 1.18920711500272107f, 1.29683955465100967f,
+                     1.41421356237309505f, 1.54221082540794082f, 1.68179283050742908f,
+                     1.83400808640934246f}; /* 2^(j / 8) */
+    x = VMAX(avx2, x, vsplat(-87.0f));
+    v8f t = VFMA(avx2, x, vsplat(11.5415603271117073f), vsplat(magic)); /* 8 / ln 2 */
+    v8f kf = t - magic;
+    v8f r = VFMA(avx2, kf, vsplat(-0.086669921875f), x); /* ln 2 / 8, high bits: exact */
+    r = VFMA(avx2, kf, vsplat(2.65243056e-5f), r);       /* and the rest */
+    v8f p = VFMA(avx2, vsplat(1.0f / 6), r, vsplat(0.5f));
+    p = VFMA(avx2, p, r, vsplat(1.0f));
+    p = VFMA(avx2, p, r, vsplat(1.0f));
+    v8i k = (v8i)t - (v8i)vsplat(magic);
+    v8f two = VPERM(tab, k & 7);
+    return p * (v8f)((v8u)two + ((v8u)(k >> 3) << 23)); /* unsigned: no signed shift */
+}
+
+/* ---- the top-k list -------------------------------------------------------------------- */
+
+/* Value desc, ties kept in arrival (= ascending id) order; exactly the insertion of
+ * common/logits.c row_topk, so ids match it. */
 INLINE void topk_insert(CpuRowsPart *p, int k, float v, int id) {
     if (p->cnt == k && !(v > p->v[k - 1])) return;
     int j = p->cnt < k ? p->cnt++ : k - 1;
@@ -69,124 +143,140 @@ INLINE void topk_insert(CpuRowsPart *p, int k, float v, int id) {
     p->id[j] = id;
 }
 
-/* One block of BLOCK columns (x padded with -inf past nvalid) into the chunk's part and
- * its per-lane double sums sd relative to p->m, in one sweep: exp(x - m) is summed against
- * the chunk's max so far, and recomputed in the rare block that raises it. */
-INLINE void block_reduce(CpuRowsPart *p, int k, const float *x, int nvalid, int id0,
-                         double *sd) {
-    int full = p->cnt == k;
-    v8f bm = vsplat(-INFINITY), acc = vsplat(0.0f), mv = vsplat(p->m);
-    for (int j = 0; j < BLOCK / 8; j++) {
-        v8f v = vload(x + 8 * j);
-        bm = vsel(v > bm, v, bm);
-        acc += vexp(v - mv);
-    }
-    float bmax = bm[0];
-    for (int j = 1; j < 8; j++)
-        if (bm[j] > bmax) bmax = bm[j];
-    /* A column beats the k-th best so far iff the block's max does (NaN beats nothing). */
-    if (!full || bmax > p->v[k - 1]) { /* rare once the list is full */
-        float t = full ? p->v[k - 1] : -INFINITY;
-        for (int i = 0; i < nvalid; i++)
-            if (!full || x[i] > t) {
-                topk_insert(p, k, x[i], id0 + i);
-                full = p->cnt == k;
-                if (full) t = p->v[k - 1];
+/* The columns of a block (x, nvalid of them) that may enter the list: every column
+ * while it fills (-inf and NaN too, as in row_topk), then only the lanes that pass the
+ * vector test against *kth (its k-th value) or are NaN, in column order, so ties keep
+ * ascending ids. NaN columns are noted. */
+INLINE void block_insert(CpuRowsPart *p, int k, const float *x, int nvalid, int id0, v8f *kth,
+                         int avx2) {
+    for (int j = 0; j < nvalid; j += 8) {
+        int bits = p->cnt < k ? 0xff : LANE_BITS(avx2, VNLE(avx2, vload(x + j), *kth));
+        while (bits) {
+            int l = __builtin_ctz((unsigned)bits);
+            bits &= bits - 1;
+            if (j + l >= nvalid) break;
+            float v = x[j + l];
+            p->nan |= v != v;
+            if (p->cnt < k || v > p->v[k - 1]) {
+                topk_insert(p, k, v, id0 + j + l);
+                if (p->cnt == k) *kth = vsplat(p->v[k - 1]);
             }
-    }
-    if (bmax > p->m) { /* new chunk max: rescale the sums so far, redo this block's */
-        double f = exp((double)p->m - (double)bmax);
-        for (int j = 0; j < 8; j++) sd[j] *= f;
-        p->m = bmax;
-        acc = vsplat(0.0f);
-        mv = vsplat(bmax);
-        for (int j = 0; j < BLOCK / 8; j++) acc += vexp(vload(x + 8 * j) - mv);
-    }
-    if (p->m > -INFINITY) {
-        for (int j = 0; j < 8; j++) sd[j] += acc[j];
-    } else { /* every column so far -inf or NaN: only a NaN must survive */
-        for (int i = 0; i < nvalid; i++) p->nan |= x[i] != x[i];
+        }
     }
 }
 
-/* One chunk (len <= CPU_ROWS_CHUNK columns starting at column id0) into *p. */
-INLINE void chunk_body(const float *x, int len, int id0, int k, CpuRowsPart *p) {
-    p->m = -INFINITY;
-    p->nan = 0;
+/* ---- one row ------------------------------------------------------------------------ */
+
+typedef struct {
+    v8f m;       /* running max, in every lane */
+    v8f kth;     /* the list's k-th value once full, -inf before */
+    double sd[8]; /* per-lane sums of exp(x - m) */
+    float cut;
+} RowState;
+
+/* One block of BLOCK columns (x padded with -inf past nvalid) into the row's state and
+ * list. */
+INLINE void block_reduce(RowState *st, CpuRowsPart *p, int k, const float *x, int nvalid,
+                         int id0, int avx2) {
+    v8f bm = vsplat(-INFINITY), cv = st->m - st->cut;
+    v8i hit = {0}, near = {0};
+    for (int j = 0; j < BLOCK / 8; j++) {
+        v8f v = vload(x + 8 * j);
+        bm = VMAX(avx2, v, bm);
+        hit |= VNLE(avx2, v, st->kth); /* above the k-th best, or NaN */
+        near |= v > cv;         /* within cut of the max so far: a superset of the exps */
+    }
+    if (p->cnt < k || LANE_BITS(avx2, hit)) block_insert(p, k, x, nvalid, id0, &st->kth, avx2);
+    bm = vallmax(bm, avx2);
+    if (bm[0] > st->m[0]) { /* a new row max: rescale the sums so far (rare) */
+        double f = st->m[0] > -INFINITY ? exp((double)st->m[0] - (double)bm[0]) : 0.0;
+        for (int l = 0; l < 8; l++) st->sd[l] *= f;
+        st->m = bm;
+    }
+    if (!LANE_BITS(avx2, near)) return; /* most blocks of a peaked row */
+    cv = st->m - st->cut;
+    v8f acc = vsplat(0.0f);
+    int vec = 0;
+    for (int j = 0; j < BLOCK / 8; j++) /* the block is in L1 now */
+        vec |= (LANE_BITS(avx2, vload(x + 8 * j) > cv) != 0) << j;
+    if (!vec) return;
+    while (vec) {
+        int j = __builtin_ctz((unsigned)vec);
+        vec &= vec - 1;
+        acc += vexp(vload(x + 8 * j) - st->m, avx2);
+    }
+    for (int l = 0; l < 8; l++) st->sd[l] += acc[l];
+}
+
+/* Row x (len columns) into p: top-k, max, NaN flag and s = sum of exp(x - m). */
+INLINE void row_reduce(const float *x, int len, int k, float cut, CpuRowsPart *p, int avx2) {
+    RowState st = {.m = vsplat(-INFINITY), .kth = vsplat(-INFINITY), .cut = cut};
     p->cnt = 0;
-    double sd[8] = {0};
+    p->nan = 0;
     int i = 0;
-    for (; i + BLOCK <= len; i += BLOCK) block_reduce(p, k, x + i, BLOCK, id0 + i, sd);
+    for (; i + BLOCK <= len; i += BLOCK) block_reduce(&st, p, k, x + i, BLOCK, i, avx2);
     if (i < len) {
         float pad[BLOCK];
         for (int j = 0; j < BLOCK; j++) pad[j] = j < len - i ? x[i + j] : -INFINITY;
-        block_reduce(p, k, pad, len - i, id0 + i, sd);
+        block_reduce(&st, p, k, pad, len - i, i, avx2);
     }
+    p->m = st.m[0];
+    double *sd = st.sd;
     p->s = ((sd[0] + sd[1]) + (sd[2] + sd[3])) + ((sd[4] + sd[5]) + (sd[6] + sd[7]));
 }
 
-/* The same code twice: 8-wide AVX2 where the CPU has it, SSE pairs otherwise. */
+/* The same code twice: 8-wide AVX2 + FMA where the CPU has them, SSE pairs otherwise. */
+typedef void (*RowFn)(const float *, int, int, float, CpuRowsPart *);
+
 #if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx2"))) static void chunk_avx2(const float *x, int len, int id0, int k,
-                                                       CpuRowsPart *p) {
-    chunk_body(x, len, id0, k, p);
+__attribute__((target("avx2,fma"))) static void row_avx2(const float *x, int len, int k,
+                                                         float cut, CpuRowsPart *p) {
+    row_reduce(x, len, k, cut, p, 1);
 }
 #endif
 
-static void chunk_generic(const float *x, int len, int id0, int k, CpuRowsPart *p) {
-    chunk_body(x, len, id0, k, p);
+static void row_generic(const float *x, int len, int k, float cut, CpuRowsPart *p) {
+    row_reduce(x, len, k, cut, p, 0);
 }
 
-typedef void (*ChunkFn)(const float *, int, int, int, CpuRowsPart *);
-
-static ChunkFn chunk_fn(void) {
+/* AVX2 + FMA where the CPU has them, unless ROOTSPEC_CPU_KERNELS asks for the portable
+ * families (ref, scalar): the tests compare the two builds bit for bit that way. */
+static RowFn row_fn(void) {
+    const char *fam = getenv("ROOTSPEC_CPU_KERNELS");
+    if (fam && (!strcmp(fam, "ref") || !strcmp(fam, "scalar"))) return row_generic;
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2")) return chunk_avx2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return row_avx2;
 #endif
-    return chunk_generic;
+    return row_generic;
 }
+
+/* ---- rows over threads --------------------------------------------------------------- */
 
 typedef struct {
     const float *logits; // (n, vocab)
-    int n, vocab, k, nch;
-    CpuRowsPart *parts;  // (n, nch)
-    ChunkFn fn;
+    int n, vocab, k;
+    float cut;
+    CpuRowsPart *parts;  // (n)
+    RowFn fn;
 } TopkJob;
 
-/* Work items are (row, chunk) pairs split evenly: the cut never depends on the thread
- * count, only which thread runs an item does. */
+/* Whole rows per thread: a row's result never depends on the thread count. */
 static void topk_task(void *arg, int tid, int nth) {
     TopkJob *j = arg;
     int lo, hi;
-    threadpool_share(j->n * j->nch, tid, nth, &lo, &hi);
-    for (int it = lo; it < hi; it++) {
-        int r = it / j->nch, c0 = (it % j->nch) * CPU_ROWS_CHUNK;
-        int len = j->vocab - c0 < CPU_ROWS_CHUNK ? j->vocab - c0 : CPU_ROWS_CHUNK;
-        j->fn(j->logits + (size_t)r * j->vocab + c0, len, c0, j->k, j->parts + it);
-    }
+    threadpool_share(j->n, tid, nth, &lo, &hi);
+    for (int r = lo; r < hi; r++)
+        j->fn(j->logits + (size_t)r * j->vocab, j->vocab, j->k, j->cut, j->parts + r);
 }
 
-/* A row's chunks, in column order, into its top-k and lse. */
-static void combine_row(const CpuRowsPart *P, int nch, int k, int *ids, float *logq,
-                        float *lse) {
-    float M = -INFINITY;
-    int nan = 0;
-    for (int c = 0; c < nch; c++) {
-        if (P[c].m > M) M = P[c].m;
-        nan |= P[c].nan;
-    }
-    double S = 0;
-    for (int c = 0; c < nch; c++)
-        if (P[c].m > -INFINITY) S += P[c].s * exp((double)P[c].m - (double)M);
-    float l = nan || !isfinite(M) ? NAN : (float)((double)M + log(S)); /* S is NaN after a NaN */
-    CpuRowsPart all = {.cnt = 0};
-    for (int c = 0; c < nch; c++)
-        for (int i = 0; i < P[c].cnt; i++) topk_insert(&all, k, P[c].v[i], P[c].id[i]);
-    RS_ASSERT(all.cnt == k);
+/* A row's part into its top-k and lse. */
+static void finish_row(const CpuRowsPart *P, int k, int *ids, float *logq, float *lse) {
+    float l = P->nan || !isfinite(P->m) ? NAN : (float)((double)P->m + log(P->s));
+    RS_ASSERT(P->cnt == k);
     for (int i = 0; i < k; i++) {
-        ids[i] = all.id[i];
-        logq[i] = all.v[i] - l;
+        ids[i] = P->id[i];
+        logq[i] = P->v[i] - l;
     }
     *lse = l;
 }
@@ -194,10 +284,11 @@ static void combine_row(const CpuRowsPart *P, int nch, int k, int *ids, float *l
 void cpu_rows_topk(ThreadPool *pool, const float *logits, int n, int vocab, int k, int *ids,
                    float *logq, float *lse, CpuRowsPart *scratch) {
     RS_ASSERT(k >= 1 && k <= ROWS_TOPK_MAX && k <= vocab && n >= 0);
-    TopkJob j = {logits, n, vocab, k, cpu_rows_chunks(vocab), scratch, chunk_fn()};
-    if (pool && n * j.nch > 1) threadpool_run(pool, topk_task, &j);
+    /* e^-cut * vocab = 2^-20: the skipped columns' share of a sum >= 1. */
+    float cut = (float)(log((double)vocab) + 20 * log(2.0));
+    TopkJob j = {logits, n, vocab, k, cut, scratch, row_fn()};
+    if (pool && n > 1) threadpool_run(pool, topk_task, &j);
     else topk_task(&j, 0, 1);
     for (int r = 0; r < n; r++)
-        combine_row(scratch + (size_t)r * j.nch, j.nch, k, ids + (size_t)r * k,
-                    logq + (size_t)r * k, lse + r);
+        finish_row(scratch + r, k, ids + (size_t)r * k, logq + (size_t)r * k, lse + r);
 }

@@ -2,38 +2,35 @@
  * pass (kernels/cpu_rows.c). The CPU backend runs it on its kept rows (backend_rows_topk),
  * and backend_rows_topk's fallback for a backend without its own runs it on copied rows.
  *
- * Determinism: a row is cut into fixed chunks of CPU_ROWS_CHUNK columns whatever the
- * thread count; each chunk is reduced in a fixed lane order and the chunks are combined in
- * column order, so the result is the same bits on 1 or N threads (and with or without
- * AVX2: the same IEEE operations, no contraction under -std=c11). */
+ * Determinism: a row is reduced whole by one thread, in column order, so the result is
+ * the same bits on 1 or N threads, and with or without AVX2/FMA (the portable build does
+ * the same IEEE operations: fmaf, no contraction under -std=c11; ROOTSPEC_CPU_KERNELS=ref
+ * or scalar forces it). */
 #ifndef ROOTSPEC_CPU_ROWS_H
 #define ROOTSPEC_CPU_ROWS_H
 #include "backend.h"
 #include "threadpool.h"
 
-/* Columns per work item: 6 for a 49152-token row, enough to share one row between
- * threads, few enough that the k-th best of a chunk soon stops letting columns through. */
-#define CPU_ROWS_CHUNK 8192
 #define ROWS_TOPK_MAX BACKEND_TOPK_MAX
 
-/* One chunk's partial result (scratch of cpu_rows_topk). */
+/* One row's partial result (scratch of cpu_rows_topk). */
 typedef struct {
-    float m;     /* chunk max (-inf: none finite or larger) */
+    float m;     /* row max (-inf: none finite or larger) */
     int nan;     /* a NaN was seen */
-    double s;    /* sum of exp(x - m) over the chunk */
-    int cnt;     /* entries in id/v (< k only for a chunk narrower than k) */
+    double s;    /* sum of exp(x - m) over the row (columns far below m left out) */
+    int cnt;     /* entries in id/v */
     int id[ROWS_TOPK_MAX];
     float v[ROWS_TOPK_MAX];
 } CpuRowsPart;
 
-/* Chunks per row of `vocab` columns: the scratch holds n_rows * this many parts. */
-int cpu_rows_chunks(int vocab);
-
 /* For each of the n rows of logits (n, vocab): ids (n, k) the top-k columns by value,
- * ties to the lower id (as common/logits.h row_topk); lse (n) log(sum exp(row)) rounded to
- * float (NaN when the row holds a NaN or +inf, or is all -inf, as row_lse); logq (n, k)
- * row[id] - lse in float. pool may be NULL (the caller's thread only). scratch:
- * (n * cpu_rows_chunks(vocab)). 1 <= k <= min(ROWS_TOPK_MAX, vocab). */
+ * ties to the lower id (as common/logits.h row_topk); lse (n) log(sum exp(row)) rounded
+ * to float, NaN when the row holds a NaN or +inf, or is all -inf (as row_lse); logq (n, k)
+ * row[id] - lse in float. Columns more than log(vocab) + 20 log 2 below the max are left
+ * out of the sum, so it is within 2^-20 relative of the exact one, and lse within
+ * ~1.3e-6 (that, plus the exp's 2.5e-7) and its float rounding of the exact value.
+ * pool may be NULL (the caller's thread only); threads take whole rows. scratch: (n).
+ * 1 <= k <= min(ROWS_TOPK_MAX, vocab). */
 void cpu_rows_topk(ThreadPool *pool, const float *logits, int n, int vocab, int k, int *ids,
                    float *logq, float *lse, CpuRowsPart *scratch);
 

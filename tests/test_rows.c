@@ -71,6 +71,9 @@ static void fill_row(float *row, int V, int kind, Rng *r) {
         case 1: row[i] = floorf(6.0f * u); break;          /* ties everywhere */
         case 2: row[i] = u < 0.3f ? -INFINITY : 20.0f * u; break;
         case 3: row[i] = i == V / 3 ? 60.0f : -30.0f * u; break;
+        case 5: /* a trained model's row: a few likely tokens, a bulk 20-40 below */
+            row[i] = i % 997 == 5 ? 25.0f * u : -10.0f * u - 5.0f * (float)rng_uniform(r);
+            break;
         default: row[i] = 1.0f; break;                     /* all equal */
         }
     }
@@ -79,14 +82,18 @@ static void fill_row(float *row, int V, int kind, Rng *r) {
 static const int widths[] = {10, 63, 96, 2047, 2049, 5000, 49152};
 #define N_WIDTHS ((int)(sizeof widths / sizeof widths[0]))
 
+/* cpu_rows.h's bound on lse: the skipped columns' 2^-20, the exp's 2.5e-7, the float
+ * rounding of the result. */
+static double lse_tol(double ref) { return 1.3e-6 + 0x1p-23 * fabs(ref); }
+
 /* The fused pass against the straightforward full-row code (common/logits.c, the
- * drafter's reduction before it): ids exact, lse within 1e-5 relative. */
+ * drafter's reduction before it): ids exact, lse within lse_tol. */
 START_TEST(test_topk_vs_full_row) {
-    int V = widths[_i], n = 5, k = V < 10 ? V : 10;
+    int V = widths[_i], n = 6, k = V < 10 ? V : 10;
     float *rows = malloc(sizeof(float) * (size_t)n * V);
-    CpuRowsPart *parts = malloc(sizeof(CpuRowsPart) * (size_t)n * cpu_rows_chunks(V));
-    int ids[5 * 10], ref[10];
-    float logq[5 * 10], lse[5];
+    CpuRowsPart *parts = malloc(sizeof(CpuRowsPart) * (size_t)n);
+    int ids[6 * 10], ref[10];
+    float logq[6 * 10], lse[6];
     Rng r;
     rng_seed(&r, 1234 + V);
     for (int i = 0; i < n; i++) fill_row(rows + (size_t)i * V, V, i, &r);
@@ -99,13 +106,70 @@ START_TEST(test_topk_vs_full_row) {
             ck_assert_msg(ids[i * k + j] == ref[j], "V %d row %d: top-%d id %d, reference %d", V,
                           i, j, ids[i * k + j], ref[j]);
         double want = row_lse(row, V), d = fabs((double)lse[i] - want);
-        ck_assert_msg(d <= 1e-5 * fmax(1.0, fabs(want)), "V %d row %d: lse %.9g, reference %.9g",
-                      V, i, (double)lse[i], want);
+        ck_assert_msg(d <= lse_tol(want), "V %d row %d: lse %.9g, reference %.9g", V, i,
+                      (double)lse[i], want);
         worst = fmax(worst, d / fmax(1.0, fabs(want)));
         for (int j = 0; j < k; j++)
             ck_assert(logq[i * k + j] == row[ids[i * k + j]] - lse[i]);
     }
     if (V == 49152) printf("rows: fused lse vs double row_lse, worst relative %.2g\n", worst);
+    free(parts);
+    free(rows);
+}
+END_TEST
+
+/* The columns left out of the sum: a row whose max is 0 and whose other columns all sit
+ * at -(cut + delta), cut = log V + 20 log 2. Just below the cut (delta > 0) they may go
+ * (together 2^-20 at most); above it (delta < 0) they must count: leaving them out would
+ * miss 2^-20 * e^-delta, past lse_tol. */
+START_TEST(test_topk_skip_bound) {
+    static const double deltas[] = {0.01, 3.0, -1.0, -4.0};
+    int V = 49152, k = 10;
+    double cut = log((double)V) + 20 * log(2.0);
+    float *row = malloc(sizeof(float) * V);
+    CpuRowsPart part;
+    for (int t = 0; t < 4; t++) {
+        for (int i = 0; i < V; i++) row[i] = (float)-(cut + deltas[t]);
+        row[777] = 0.0f;
+        int ids[10];
+        float logq[10], lse;
+        cpu_rows_topk(NULL, row, 1, V, k, ids, logq, &lse, &part);
+        double want = row_lse(row, V);
+        ck_assert_msg(fabs(lse - want) <= lse_tol(want), "delta %g: lse %.9g, reference %.9g",
+                      deltas[t], (double)lse, want);
+        ck_assert_int_eq(ids[0], 777);
+        ck_assert_int_eq(ids[1], 0);
+    }
+    free(row);
+}
+END_TEST
+
+/* The portable build (ROOTSPEC_CPU_KERNELS=scalar) gives the AVX2 + FMA build's bits. */
+START_TEST(test_topk_portable_bits) {
+    int V = 49152, n = 6, k = 10;
+    float *rows = malloc(sizeof(float) * (size_t)n * V);
+    Rng r;
+    rng_seed(&r, 4242);
+    for (int i = 0; i < n; i++) fill_row(rows + (size_t)i * V, V, i, &r);
+    CpuRowsPart *parts = malloc(sizeof(CpuRowsPart) * (size_t)n);
+    int ids[2][6 * 10];
+    float logq[2][6 * 10], lse[2][6];
+    double sum[2][6]; /* the raw sums: any difference in an exp shows there */
+    for (int t = 0; t < 2; t++) {
+        if (t) setenv("ROOTSPEC_CPU_KERNELS", "scalar", 1);
+        cpu_rows_topk(NULL, rows, n, V, k, ids[t], logq[t], lse[t], parts);
+        unsetenv("ROOTSPEC_CPU_KERNELS");
+        for (int i = 0; i < n; i++) sum[t][i] = parts[i].s;
+    }
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(memcmp(&sum[0][i], &sum[1][i], sizeof(double)) == 0,
+                      "row %d: sum %.17g native, %.17g portable", i, sum[0][i], sum[1][i]);
+    ck_assert(memcmp(ids[0], ids[1], sizeof ids[0]) == 0);
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(memcmp(&lse[0][i], &lse[1][i], sizeof(float)) == 0,
+                      "row %d: lse %.9g native, %.9g portable", i, (double)lse[0][i],
+                      (double)lse[1][i]);
+    ck_assert(memcmp(logq[0], logq[1], sizeof logq[0]) == 0);
     free(parts);
     free(rows);
 }
@@ -117,8 +181,8 @@ START_TEST(test_topk_thread_count) {
     float *rows = malloc(sizeof(float) * (size_t)n * V);
     Rng r;
     rng_seed(&r, 99);
-    for (int i = 0; i < n; i++) fill_row(rows + (size_t)i * V, V, i % 4, &r);
-    CpuRowsPart *parts = malloc(sizeof(CpuRowsPart) * (size_t)n * cpu_rows_chunks(V));
+    for (int i = 0; i < n; i++) fill_row(rows + (size_t)i * V, V, i % 6, &r);
+    CpuRowsPart *parts = malloc(sizeof(CpuRowsPart) * (size_t)n);
     int ids[3][7 * 10];
     float logq[3][7 * 10], lse[3][7];
     for (int t = 0; t < 3; t++) {
@@ -227,6 +291,8 @@ Suite *suite_rows(void) {
     tcase_add_test(tc, test_kept_rows_copy);
     tcase_add_loop_test(tc, test_topk_vs_full_row, 0, N_WIDTHS);
     tcase_add_test(tc, test_topk_thread_count);
+    tcase_add_test(tc, test_topk_skip_bound);
+    tcase_add_test(tc, test_topk_portable_bits);
     tcase_add_test(tc, test_topk_nonfinite);
     tcase_add_test(tc, test_topk_backend_and_fallback);
     tcase_add_test(tc, test_drafter_round_no_full_rows);
