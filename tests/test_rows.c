@@ -144,61 +144,54 @@ START_TEST(test_topk_skip_bound) {
 }
 END_TEST
 
-/* The portable build (ROOTSPEC_CPU_KERNELS=scalar) gives the AVX2 + FMA build's bits. */
-START_TEST(test_topk_portable_bits) {
-    int V = 49152, n = 6, k = 10;
+/* n rows (n, V) of fill_row's kinds in turn. */
+static float *make_rows(int n, int V, uint64_t seed) {
     float *rows = malloc(sizeof(float) * (size_t)n * V);
     Rng r;
-    rng_seed(&r, 4242);
-    for (int i = 0; i < n; i++) fill_row(rows + (size_t)i * V, V, i, &r);
-    CpuRowsPart *parts = malloc(sizeof(CpuRowsPart) * (size_t)n);
-    int ids[2][6 * 10];
-    float logq[2][6 * 10], lse[2][6];
-    double sum[2][6]; /* the raw sums: any difference in an exp shows there */
-    for (int t = 0; t < 2; t++) {
-        if (t) setenv("ROOTSPEC_CPU_KERNELS", "scalar", 1);
-        cpu_rows_topk(NULL, rows, n, V, k, ids[t], logq[t], lse[t], parts);
-        unsetenv("ROOTSPEC_CPU_KERNELS");
-        for (int i = 0; i < n; i++) sum[t][i] = parts[i].s;
-    }
-    for (int i = 0; i < n; i++)
-        ck_assert_msg(memcmp(&sum[0][i], &sum[1][i], sizeof(double)) == 0,
-                      "row %d: sum %.17g native, %.17g portable", i, sum[0][i], sum[1][i]);
-    ck_assert(memcmp(ids[0], ids[1], sizeof ids[0]) == 0);
-    for (int i = 0; i < n; i++)
-        ck_assert_msg(memcmp(&lse[0][i], &lse[1][i], sizeof(float)) == 0,
-                      "row %d: lse %.9g native, %.9g portable", i, (double)lse[0][i],
-                      (double)lse[1][i]);
-    ck_assert(memcmp(logq[0], logq[1], sizeof logq[0]) == 0);
-    free(parts);
-    free(rows);
-}
-END_TEST
-
-/* Same bits on 1, 2 and 3 threads (chunks are fixed; only their thread changes). */
-START_TEST(test_topk_thread_count) {
-    int V = 49152, n = 7, k = 10;
-    float *rows = malloc(sizeof(float) * (size_t)n * V);
-    Rng r;
-    rng_seed(&r, 99);
+    rng_seed(&r, seed);
     for (int i = 0; i < n; i++) fill_row(rows + (size_t)i * V, V, i % 6, &r);
+    return rows;
+}
+
+/* One reduction of 7 rows, as the variant asks: threads, and the portable build. */
+typedef struct {
+    int ids[7 * 10];
+    float logq[7 * 10], lse[7];
+    double sum[7]; /* the raw sums: any difference in an exp shows there */
+} TopkOut;
+
+static void topk_variant(const float *rows, int n, int V, int threads, int portable,
+                         TopkOut *o) {
+    ThreadPool *pool = NULL;
+    RsErr e = {0};
+    ck_assert(threadpool_create(threads, &pool, &e) == RS_OK);
     CpuRowsPart *parts = malloc(sizeof(CpuRowsPart) * (size_t)n);
-    int ids[3][7 * 10];
-    float logq[3][7 * 10], lse[3][7];
-    for (int t = 0; t < 3; t++) {
-        ThreadPool *pool = NULL;
-        RsErr e = {0};
-        ck_assert(threadpool_create(t + 1, &pool, &e) == RS_OK);
-        cpu_rows_topk(pool, rows, n, V, k, ids[t], logq[t], lse[t], parts);
-        threadpool_destroy(&pool);
-    }
-    for (int t = 1; t < 3; t++) {
-        ck_assert(memcmp(ids[0], ids[t], sizeof ids[0]) == 0);
-        ck_assert_msg(memcmp(lse[0], lse[t], sizeof lse[0]) == 0, "lse differs on %d threads",
-                      t + 1);
-        ck_assert(memcmp(logq[0], logq[t], sizeof logq[0]) == 0);
-    }
+    if (portable) setenv("ROOTSPEC_CPU_KERNELS", "scalar", 1);
+    cpu_rows_topk(pool, rows, n, V, 10, o->ids, o->logq, o->lse, parts);
+    unsetenv("ROOTSPEC_CPU_KERNELS");
+    for (int i = 0; i < n; i++) o->sum[i] = parts[i].s;
     free(parts);
+    threadpool_destroy(&pool);
+}
+
+/* Same bits on 1, 2 and 3 threads (a row is one thread's, whichever), and in the portable
+ * build (ROOTSPEC_CPU_KERNELS=scalar) as in the AVX2 + FMA one. */
+START_TEST(test_topk_same_bits) {
+    int V = 49152, n = 7;
+    float *rows = make_rows(n, V, 99);
+    static const int threads[4] = {1, 2, 3, 1}, portable[4] = {0, 0, 0, 1};
+    TopkOut o[4];
+    for (int t = 0; t < 4; t++) topk_variant(rows, n, V, threads[t], portable[t], &o[t]);
+    for (int t = 1; t < 4; t++) {
+        for (int i = 0; i < n; i++)
+            ck_assert_msg(memcmp(&o[0].sum[i], &o[t].sum[i], sizeof(double)) == 0 &&
+                              memcmp(&o[0].lse[i], &o[t].lse[i], sizeof(float)) == 0,
+                          "%d threads%s, row %d: sum %.17g lse %.9g, vs %.17g %.9g", threads[t],
+                          portable[t] ? " (portable)" : "", i, o[t].sum[i], (double)o[t].lse[i],
+                          o[0].sum[i], (double)o[0].lse[i]);
+        ck_assert(memcmp(o[0].ids, o[t].ids, sizeof o[0].ids) == 0);
+        ck_assert(memcmp(o[0].logq, o[t].logq, sizeof o[0].logq) == 0);
+    }
     free(rows);
 }
 END_TEST
@@ -290,9 +283,8 @@ Suite *suite_rows(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_kept_rows_copy);
     tcase_add_loop_test(tc, test_topk_vs_full_row, 0, N_WIDTHS);
-    tcase_add_test(tc, test_topk_thread_count);
+    tcase_add_test(tc, test_topk_same_bits);
     tcase_add_test(tc, test_topk_skip_bound);
-    tcase_add_test(tc, test_topk_portable_bits);
     tcase_add_test(tc, test_topk_nonfinite);
     tcase_add_test(tc, test_topk_backend_and_fallback);
     tcase_add_test(tc, test_drafter_round_no_full_rows);
