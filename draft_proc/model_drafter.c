@@ -77,7 +77,7 @@ static int commit_tokens(ModelDrafter *d, const int *tokens, int n, int want_row
 
 /* Commits `tokens` and grows the pool below the last of them into *p. */
 static int grow(ModelDrafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
-    uint64_t t0 = rs_now_ns();
+    uint64_t t0 = rs_now_ns(), fused0 = backend_stats(d->b).fused_topk_ns;
     if (n < 1) return rs_err(e, RS_EINVAL, "commit of %d tokens: need at least one", n);
     d->backend_ns = 0;
     d->rows = 0;
@@ -90,7 +90,10 @@ static int grow(ModelDrafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
     rc = pool_grow(p, ids, lq, backend_n_pending(d->b), expand, d, d->vocab, "drafter", e);
     if (rc) return rc;
     p->draft_ns = rs_now_ns() - t0;
-    p->draft_host_ns = p->draft_ns > d->backend_ns ? p->draft_ns - d->backend_ns : 0;
+    /* The top-k reduction is host work wherever it ran: in rows_topk, or (CPU backend)
+     * fused into the forwards' output head. */
+    uint64_t fwd = d->backend_ns - (backend_stats(d->b).fused_topk_ns - fused0);
+    p->draft_host_ns = p->draft_ns > fwd ? p->draft_ns - fwd : 0;
     p->draft_rows = d->rows;
     return RS_OK;
 }
@@ -162,7 +165,8 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
                         .max_batch = MAX_BATCH,
                         .max_pending = POOL_N_EXPANDED + MAX_BATCH,
                         .threads = threads,
-                        .device = device};
+                        .device = device,
+                        .topk_hint = POOL_TOPK}; /* every pass is read by reduce() */
     int rc = backend_create(ops, m, &bp, &d->b, e);
     if (rc) {
         model_destroy(&d->view);

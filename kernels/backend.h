@@ -31,6 +31,11 @@ typedef struct {
      * or in a tree pass (--batch-invariant; default off until its cost is measured on a
      * GPU). The CPU backend ignores it. */
     int batch_invariant;
+    /* Optional: the k of the backend_rows_topk calls that will read every forward's kept
+     * rows (a drafter's). The CPU backend then reduces its output head's columns tile by
+     * tile while they are in cache, and rows_topk(k) returns what the forward computed:
+     * the same bits, without reading the rows back from memory. 0: no hint. */
+    int topk_hint;
 } BackendParams;
 
 /* Counters since create(), for the round log and benchmarks. A counter a backend does not
@@ -45,6 +50,9 @@ typedef struct {
      * n per backend_rows_copy(). Reductions of the kept rows copy none; a decode that
      * only reduces keeps this at 0 (issue 13: on a GPU the logits stay on the device). */
     uint64_t d2h_full_rows;
+    /* CPU with BackendParams.topk_hint: the part of forward() spent reducing the output
+     * head's tiles to top-k (work a rows_topk call would otherwise do after it). */
+    uint64_t fused_topk_ns;
 } BackendStats;
 
 extern const BackendOps cpu_backend_ops;

@@ -64,6 +64,11 @@ const BackendOps *backend_ops_by_name(const char *name, RsErr *e) {
 int backend_create(const BackendOps *ops, const Model *m, const BackendParams *p, Backend **out,
                    RsErr *e) {
     RS_ASSERT(ops && m && p && out);
+    *out = NULL;
+    if (p->topk_hint < 0 || p->topk_hint > BACKEND_TOPK_MAX || p->topk_hint > m->cfg.vocab_size)
+        return rs_err(e, RS_EINVAL, "topk_hint = %d outside [0, %d]", p->topk_hint,
+                      m->cfg.vocab_size < BACKEND_TOPK_MAX ? m->cfg.vocab_size
+                                                           : BACKEND_TOPK_MAX);
     return ops->create(m, p, out, e);
 }
 

@@ -48,7 +48,7 @@ typedef struct {
     /* EAGLE-3 features, allocated when recording starts (backend_set_feature_layers) */
     float *feat_pend;   // (max_pending, feat_n*dim) of each pending entry
     float *feat_out;    // (max_pending, feat_n*dim) of the last commit's kept entries
-    CpuRowsPart *parts; // (max_kept) rows_topk scratch
+    CpuRowsPart *parts; // (max_kept) rows_topk scratch; the fused head's row states
 } RunState;
 
 typedef struct {
@@ -56,6 +56,9 @@ typedef struct {
     RunState s;
     int q_dim, kv_dim, max_cols;
     int max_kept; /* min(max_batch, max_pending): a forward's n_out never exceeds it */
+    CpuRowsRun topk_run; /* the fused head's reduction (BackendParams.topk_hint) */
+    int topk_ready;      /* topk_run holds the kept rows' states */
+    uint64_t fused_topk_ns; /* BackendStats.fused_topk_ns */
     const QkFamily *fam;
     ThreadPool *pool;
     double *rows_scratch; // (cpu_rows_scratch) chunk sums of the row queries
@@ -434,6 +437,51 @@ static const void *cpu_read_features(Backend *bb, BackendFeatType *t) {
     return ((CpuBackend *)bb)->s.feat_out;
 }
 
+/* ---- the output head with the drafter's top-k (BackendParams.topk_hint) ---- */
+
+/* Head rows [c0, c1) split across the threads. */
+typedef struct {
+    CpuBackend *b;
+    QkActs x;
+    int c0, c1;
+} HeadJob;
+
+static void head_task(void *arg, int tid, int nth) {
+    HeadJob *j = arg;
+    const QTensor *w = &j->b->base.model->w.wcls;
+    int lo, hi;
+    threadpool_share(j->c1 - j->c0, tid, nth, &lo, &hi);
+    if (lo < hi)
+        qk_matmul_rows(j->b->fam, w, &j->x, j->b->s.logits, w->rows, j->c0 + lo, j->c0 + hi,
+                       j->b->s.scratch + (size_t)tid * j->b->max_cols);
+}
+
+/* The head over the n normed rows in s.xb, a tile of columns at a time, each tile reduced
+ * (cpu_rows_feed) while its logits are still in cache: 1024 columns a thread (measured on
+ * the default model: 2048 to 6528 at one thread left more of them to be read back from
+ * memory), at least 64 KB of logits (few rows: fewer thread-pool rounds). */
+static void head_topk(CpuBackend *b, int n) {
+    RunState *s = &b->s;
+    const QTensor *w = &b->base.model->w.wcls;
+    HeadJob j = {.b = b, .x = {s->xb, NULL, n, w->cols}};
+    if (qk_wants_q8(b->fam, w->type)) {
+        qk_quantize_rows(s->xb, n, w->cols, s->xq);
+        j.x.q8 = s->xq;
+    }
+    int V = w->rows, tile = 1024 * threadpool_size(b->pool);
+    if (tile < 16384 / n) tile = 16384 / n;
+    tile = tile / CPU_ROWS_BLOCK * CPU_ROWS_BLOCK;
+    b->topk_run = cpu_rows_begin(s->parts, n, V, b->base.params.topk_hint);
+    for (j.c0 = 0; j.c0 < V; j.c0 = j.c1) {
+        j.c1 = V - j.c0 < tile ? V : j.c0 + tile;
+        threadpool_run(b->pool, head_task, &j);
+        uint64_t t0 = rs_now_ns();
+        cpu_rows_feed(b->pool, &b->topk_run, s->logits, V, j.c0, j.c1);
+        b->fused_topk_ns += rs_now_ns() - t0;
+    }
+    b->topk_ready = 1;
+}
+
 static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
                        const uint8_t *mask, const int *out_rows, int n_out, float *logits,
                        RsErr *e) {
@@ -457,7 +505,9 @@ static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
                 m->w.final_norm, c->dim, c->norm_eps);
     /* The head writes the kept rows; a caller's buffer gets a copy of them. */
     RS_ASSERT(n_out <= b->max_kept);
-    if (n_out > 0) matmul1(b, s->xb, NULL, n_out, &m->w.wcls, s->logits);
+    b->topk_ready = 0;
+    if (n_out > 0 && bb->params.topk_hint) head_topk(b, n_out);
+    else if (n_out > 0) matmul1(b, s->xb, NULL, n_out, &m->w.wcls, s->logits);
     if (n_out > 0 && logits)
         memcpy(logits, s->logits, (size_t)n_out * c->vocab_size * sizeof(float));
     bb->n_pending += n;
@@ -523,9 +573,16 @@ static int cpu_rows_copy(Backend *bb, const int *rows, int n, float *logits, RsE
 
 static int cpu_rows_topk_op(Backend *bb, int k, int *ids, float *logq, float *lse, RsErr *e) {
     CpuBackend *b = (CpuBackend *)bb;
-    cpu_rows_topk(b->pool, b->s.logits, bb->n_kept, bb->model->cfg.vocab_size, k, ids, logq,
-                  lse, b->s.parts);
+    if (b->topk_ready && k == bb->params.topk_hint) /* the forward's head reduced them */
+        cpu_rows_end(&b->topk_run, ids, logq, lse);
+    else
+        cpu_rows_topk(b->pool, b->s.logits, bb->n_kept, bb->model->cfg.vocab_size, k, ids,
+                      logq, lse, b->s.parts);
     return RS_OK;
+}
+
+static void cpu_stats(const Backend *bb, BackendStats *st) {
+    st->fused_topk_ns = ((const CpuBackend *)bb)->fused_topk_ns;
 }
 
 static void cpu_kv_reset(Backend *bb) {
@@ -564,6 +621,7 @@ const BackendOps cpu_backend_ops = {
     .set_features = cpu_set_features,
     .read_features = cpu_read_features,
     .rows_topk = cpu_rows_topk_op,
+    .stats = cpu_stats,
     .rows_stats = cpu_rows_stats_op,
     .rows_gather = cpu_rows_gather_op,
 };

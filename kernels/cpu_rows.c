@@ -21,7 +21,7 @@
 /* Every vector helper is inlined: no 32-byte vector crosses a call, whatever the target. */
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-#define BLOCK 64 /* columns per block: 8 vectors of 8 */
+#define BLOCK CPU_ROWS_BLOCK /* columns per block: 8 vectors of 8 */
 #define INLINE static inline __attribute__((always_inline))
 
 typedef float v8f __attribute__((vector_size(32)));
@@ -168,8 +168,8 @@ INLINE void block_insert(CpuRowsPart *p, int k, const float *x, int nvalid, int 
 /* ---- one row ------------------------------------------------------------------------ */
 
 typedef struct {
-    v8f m;       /* running max, in every lane */
-    v8f kth;     /* the list's k-th value once full, -inf before */
+    v8f m;        /* running max, in every lane */
+    v8f kth;      /* the list's k-th value once full, -inf before */
     double sd[8]; /* per-lane sums of exp(x - m) */
     float cut;
 } RowState;
@@ -184,7 +184,7 @@ INLINE void block_reduce(RowState *st, CpuRowsPart *p, int k, const float *x, in
         v8f v = vload(x + 8 * j);
         bm = VMAX(avx2, v, bm);
         hit |= VNLE(avx2, v, st->kth); /* above the k-th best, or NaN */
-        near |= v > cv;         /* within cut of the max so far: a superset of the exps */
+        near |= v > cv;                /* within cut of the max so far: a superset */
     }
     if (p->cnt < k || LANE_BITS(avx2, hit)) block_insert(p, k, x, nvalid, id0, &st->kth, avx2);
     bm = vallmax(bm, avx2);
@@ -195,11 +195,11 @@ INLINE void block_reduce(RowState *st, CpuRowsPart *p, int k, const float *x, in
     }
     if (!LANE_BITS(avx2, near)) return; /* most blocks of a peaked row */
     cv = st->m - st->cut;
-    v8f acc = vsplat(0.0f);
     int vec = 0;
     for (int j = 0; j < BLOCK / 8; j++) /* the block is in L1 now */
         vec |= (LANE_BITS(avx2, vload(x + 8 * j) > cv) != 0) << j;
     if (!vec) return;
+    v8f acc = vsplat(0.0f);
     while (vec) {
         int j = __builtin_ctz((unsigned)vec);
         vec &= vec - 1;
@@ -208,35 +208,36 @@ INLINE void block_reduce(RowState *st, CpuRowsPart *p, int k, const float *x, in
     for (int l = 0; l < 8; l++) st->sd[l] += acc[l];
 }
 
-/* Row x (len columns) into p: top-k, max, NaN flag and s = sum of exp(x - m). */
-INLINE void row_reduce(const float *x, int len, int k, float cut, CpuRowsPart *p, int avx2) {
-    RowState st = {.m = vsplat(-INFINITY), .kth = vsplat(-INFINITY), .cut = cut};
-    p->cnt = 0;
-    p->nan = 0;
-    int i = 0;
-    for (; i + BLOCK <= len; i += BLOCK) block_reduce(&st, p, k, x + i, BLOCK, i, avx2);
-    if (i < len) {
+/* Columns [c0, c1) of row x (c0 a multiple of BLOCK) into the row's part p, which holds
+ * the state of the columns before c0. */
+INLINE void row_reduce(const float *x, int c0, int c1, int k, float cut, CpuRowsPart *p,
+                       int avx2) {
+    RowState st = {.m = vsplat(p->m), .cut = cut};
+    st.kth = vsplat(p->cnt == k ? p->v[k - 1] : -INFINITY);
+    memcpy(st.sd, p->sd, sizeof st.sd);
+    int i = c0;
+    for (; i + BLOCK <= c1; i += BLOCK) block_reduce(&st, p, k, x + i, BLOCK, i, avx2);
+    if (i < c1) {
         float pad[BLOCK];
-        for (int j = 0; j < BLOCK; j++) pad[j] = j < len - i ? x[i + j] : -INFINITY;
-        block_reduce(&st, p, k, pad, len - i, i, avx2);
+        for (int j = 0; j < BLOCK; j++) pad[j] = j < c1 - i ? x[i + j] : -INFINITY;
+        block_reduce(&st, p, k, pad, c1 - i, i, avx2);
     }
     p->m = st.m[0];
-    double *sd = st.sd;
-    p->s = ((sd[0] + sd[1]) + (sd[2] + sd[3])) + ((sd[4] + sd[5]) + (sd[6] + sd[7]));
+    memcpy(p->sd, st.sd, sizeof st.sd);
 }
 
 /* The same code twice: 8-wide AVX2 + FMA where the CPU has them, SSE pairs otherwise. */
-typedef void (*RowFn)(const float *, int, int, float, CpuRowsPart *);
+typedef void (*RowFn)(const float *, int, int, int, float, CpuRowsPart *);
 
 #if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx2,fma"))) static void row_avx2(const float *x, int len, int k,
+__attribute__((target("avx2,fma"))) static void row_avx2(const float *x, int c0, int c1, int k,
                                                          float cut, CpuRowsPart *p) {
-    row_reduce(x, len, k, cut, p, 1);
+    row_reduce(x, c0, c1, k, cut, p, 1);
 }
 #endif
 
-static void row_generic(const float *x, int len, int k, float cut, CpuRowsPart *p) {
-    row_reduce(x, len, k, cut, p, 0);
+static void row_generic(const float *x, int c0, int c1, int k, float cut, CpuRowsPart *p) {
+    row_reduce(x, c0, c1, k, cut, p, 0);
 }
 
 /* AVX2 + FMA where the CPU has them, unless ROOTSPEC_CPU_KERNELS asks for the portable
@@ -254,41 +255,61 @@ static RowFn row_fn(void) {
 /* ---- rows over threads --------------------------------------------------------------- */
 
 typedef struct {
-    const float *logits; // (n, vocab)
-    int n, vocab, k;
-    float cut;
-    CpuRowsPart *parts;  // (n)
-    RowFn fn;
+    const CpuRowsRun *run;
+    const float *logits; // (n, ld)
+    int ld, c0, c1;
 } TopkJob;
 
 /* Whole rows per thread: a row's result never depends on the thread count. */
 static void topk_task(void *arg, int tid, int nth) {
     TopkJob *j = arg;
+    const CpuRowsRun *run = j->run;
+    RowFn fn = (RowFn)run->fn;
     int lo, hi;
-    threadpool_share(j->n, tid, nth, &lo, &hi);
+    threadpool_share(run->n, tid, nth, &lo, &hi);
     for (int r = lo; r < hi; r++)
-        j->fn(j->logits + (size_t)r * j->vocab, j->vocab, j->k, j->cut, j->parts + r);
+        fn(j->logits + (size_t)r * j->ld, j->c0, j->c1, run->k, run->cut, run->parts + r);
 }
 
-/* A row's part into its top-k and lse. */
-static void finish_row(const CpuRowsPart *P, int k, int *ids, float *logq, float *lse) {
-    float l = P->nan || !isfinite(P->m) ? NAN : (float)((double)P->m + log(P->s));
-    RS_ASSERT(P->cnt == k);
-    for (int i = 0; i < k; i++) {
-        ids[i] = P->id[i];
-        logq[i] = P->v[i] - l;
+CpuRowsRun cpu_rows_begin(CpuRowsPart *parts, int n, int vocab, int k) {
+    RS_ASSERT(k >= 1 && k <= ROWS_TOPK_MAX && k <= vocab && n >= 0);
+    for (int r = 0; r < n; r++) {
+        memset(&parts[r], 0, sizeof parts[r]);
+        parts[r].m = -INFINITY;
     }
-    *lse = l;
+    /* e^-cut * vocab = 2^-20: the skipped columns' share of a sum >= 1. */
+    CpuRowsRun run = {(void (*)(void))row_fn(), (float)(log((double)vocab) + 20 * log(2.0)),
+                      n, vocab, k, parts};
+    return run;
+}
+
+void cpu_rows_feed(ThreadPool *pool, const CpuRowsRun *run, const float *logits, int ld,
+                   int c0, int c1) {
+    RS_ASSERT(c0 % CPU_ROWS_BLOCK == 0 && c0 <= c1 && c1 <= run->vocab && run->vocab <= ld);
+    TopkJob j = {run, logits, ld, c0, c1};
+    if (pool && run->n > 1) threadpool_run(pool, topk_task, &j);
+    else topk_task(&j, 0, 1);
+}
+
+void cpu_rows_end(const CpuRowsRun *run, int *ids, float *logq, float *lse) {
+    int k = run->k;
+    for (int r = 0; r < run->n; r++) {
+        const CpuRowsPart *P = run->parts + r;
+        const double *sd = P->sd;
+        double s = ((sd[0] + sd[1]) + (sd[2] + sd[3])) + ((sd[4] + sd[5]) + (sd[6] + sd[7]));
+        float l = P->nan || !isfinite(P->m) ? NAN : (float)((double)P->m + log(s));
+        RS_ASSERT(P->cnt == k);
+        for (int i = 0; i < k; i++) {
+            ids[(size_t)r * k + i] = P->id[i];
+            logq[(size_t)r * k + i] = P->v[i] - l;
+        }
+        lse[r] = l;
+    }
 }
 
 void cpu_rows_topk(ThreadPool *pool, const float *logits, int n, int vocab, int k, int *ids,
                    float *logq, float *lse, CpuRowsPart *scratch) {
-    RS_ASSERT(k >= 1 && k <= ROWS_TOPK_MAX && k <= vocab && n >= 0);
-    /* e^-cut * vocab = 2^-20: the skipped columns' share of a sum >= 1. */
-    float cut = (float)(log((double)vocab) + 20 * log(2.0));
-    TopkJob j = {logits, n, vocab, k, cut, scratch, row_fn()};
-    if (pool && n > 1) threadpool_run(pool, topk_task, &j);
-    else topk_task(&j, 0, 1);
-    for (int r = 0; r < n; r++)
-        finish_row(scratch + r, k, ids + (size_t)r * k, logq + (size_t)r * k, lse + r);
+    CpuRowsRun run = cpu_rows_begin(scratch, n, vocab, k);
+    cpu_rows_feed(pool, &run, logits, vocab, 0, vocab);
+    cpu_rows_end(&run, ids, logq, lse);
 }

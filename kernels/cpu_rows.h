@@ -13,12 +13,15 @@
 
 #define ROWS_TOPK_MAX BACKEND_TOPK_MAX
 
-/* One row's partial result (scratch of cpu_rows_topk). */
+/* Columns per block: the pieces cpu_rows_feed takes start at multiples of it. */
+#define CPU_ROWS_BLOCK 64
+
+/* One row's state so far (scratch of cpu_rows_topk, cpu_rows_begin/feed/end). */
 typedef struct {
-    float m;     /* row max (-inf: none finite or larger) */
-    int nan;     /* a NaN was seen */
-    double s;    /* sum of exp(x - m) over the row (columns far below m left out) */
-    int cnt;     /* entries in id/v */
+    float m;       /* max so far (-inf: none finite or larger) */
+    int nan;       /* a NaN was seen */
+    double sd[8];  /* per-lane sums of exp(x - m) (columns far below m left out) */
+    int cnt;       /* entries in id/v */
     int id[ROWS_TOPK_MAX];
     float v[ROWS_TOPK_MAX];
 } CpuRowsPart;
@@ -33,5 +36,23 @@ typedef struct {
  * 1 <= k <= min(ROWS_TOPK_MAX, vocab). */
 void cpu_rows_topk(ThreadPool *pool, const float *logits, int n, int vocab, int k, int *ids,
                    float *logq, float *lse, CpuRowsPart *scratch);
+
+/* The same reduction fed a piece of the columns at a time, while each piece is in cache
+ * (the CPU backend's output head, one column tile after another): begin for n rows of
+ * `vocab` columns, then feed columns [c0, c1) of them (logits (n, ld), row r at
+ * logits + r * ld; c0 a multiple of CPU_ROWS_BLOCK, each piece starting where the last
+ * ended, the last ending at vocab), then end. The results are the bits cpu_rows_topk
+ * gives for the whole rows. */
+typedef struct {
+    void (*fn)(void); /* the row kernel begin chose (AVX2 + FMA or portable) */
+    float cut;        /* columns this far below the running max are left out */
+    int n, vocab, k;
+    CpuRowsPart *parts; // (n)
+} CpuRowsRun;
+
+CpuRowsRun cpu_rows_begin(CpuRowsPart *parts, int n, int vocab, int k);
+void cpu_rows_feed(ThreadPool *pool, const CpuRowsRun *run, const float *logits, int ld,
+                   int c0, int c1);
+void cpu_rows_end(const CpuRowsRun *run, int *ids, float *logq, float *lse);
 
 #endif

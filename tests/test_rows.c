@@ -157,7 +157,7 @@ static float *make_rows(int n, int V, uint64_t seed) {
 typedef struct {
     int ids[7 * 10];
     float logq[7 * 10], lse[7];
-    double sum[7]; /* the raw sums: any difference in an exp shows there */
+    double sum[7][8]; /* the raw lane sums: any difference in an exp shows there */
 } TopkOut;
 
 static void topk_variant(const float *rows, int n, int V, int threads, int portable,
@@ -169,7 +169,7 @@ static void topk_variant(const float *rows, int n, int V, int threads, int porta
     if (portable) setenv("ROOTSPEC_CPU_KERNELS", "scalar", 1);
     cpu_rows_topk(pool, rows, n, V, 10, o->ids, o->logq, o->lse, parts);
     unsetenv("ROOTSPEC_CPU_KERNELS");
-    for (int i = 0; i < n; i++) o->sum[i] = parts[i].s;
+    for (int i = 0; i < n; i++) memcpy(o->sum[i], parts[i].sd, sizeof o->sum[i]);
     free(parts);
     threadpool_destroy(&pool);
 }
@@ -184,11 +184,11 @@ START_TEST(test_topk_same_bits) {
     for (int t = 0; t < 4; t++) topk_variant(rows, n, V, threads[t], portable[t], &o[t]);
     for (int t = 1; t < 4; t++) {
         for (int i = 0; i < n; i++)
-            ck_assert_msg(memcmp(&o[0].sum[i], &o[t].sum[i], sizeof(double)) == 0 &&
+            ck_assert_msg(memcmp(o[0].sum[i], o[t].sum[i], sizeof o[0].sum[i]) == 0 &&
                               memcmp(&o[0].lse[i], &o[t].lse[i], sizeof(float)) == 0,
-                          "%d threads%s, row %d: sum %.17g lse %.9g, vs %.17g %.9g", threads[t],
-                          portable[t] ? " (portable)" : "", i, o[t].sum[i], (double)o[t].lse[i],
-                          o[0].sum[i], (double)o[0].lse[i]);
+                          "%d threads%s, row %d: lane-0 sum %.17g lse %.9g, vs %.17g %.9g",
+                          threads[t], portable[t] ? " (portable)" : "", i, o[t].sum[i][0],
+                          (double)o[t].lse[i], o[0].sum[i][0], (double)o[0].lse[i]);
         ck_assert(memcmp(o[0].ids, o[t].ids, sizeof o[0].ids) == 0);
         ck_assert(memcmp(o[0].logq, o[t].logq, sizeof o[0].logq) == 0);
     }
@@ -210,6 +210,80 @@ START_TEST(test_topk_nonfinite) {
         ck_assert_msg(isnan(lse[i]), "row %d: lse %g, want NaN", i, (double)lse[i]);
         ck_assert(isnan(row_lse(row[i], 300)));
     }
+}
+END_TEST
+
+/* Fed in pieces (irregular, at block boundaries; the last ending mid-block), the
+ * reduction gives the whole rows' bits. */
+START_TEST(test_topk_pieces) {
+    int V = 12000, n = 6, k = 10;
+    float *rows = make_rows(n, V, 7);
+    CpuRowsPart *parts = malloc(sizeof(CpuRowsPart) * (size_t)n);
+    int ids[2][6 * 10];
+    float logq[2][6 * 10], lse[2][6];
+    cpu_rows_topk(NULL, rows, n, V, k, ids[0], logq[0], lse[0], parts);
+    static const int cuts[] = {0, 64, 640, 704, 4096, 11968, 12000};
+    CpuRowsRun run = cpu_rows_begin(parts, n, V, k);
+    for (int i = 0; i + 1 < (int)(sizeof cuts / sizeof cuts[0]); i++)
+        cpu_rows_feed(NULL, &run, rows, V, cuts[i], cuts[i + 1]);
+    cpu_rows_end(&run, ids[1], logq[1], lse[1]);
+    ck_assert(memcmp(ids[0], ids[1], sizeof ids[0]) == 0);
+    ck_assert(memcmp(lse[0], lse[1], sizeof lse[0]) == 0);
+    ck_assert(memcmp(logq[0], logq[1], sizeof logq[0]) == 0);
+    free(parts);
+    free(rows);
+}
+END_TEST
+
+/* BackendParams.topk_hint: the CPU head reduces its tiles as it goes; rows_topk then gives
+ * the bits of the plain backend's, for 1 and 10 kept rows on 1 and 2 threads (the vocabulary
+ * spans several tiles and ends mid-block), the logits are the same, another k still works,
+ * and the fused time is reported. A hint outside [0, 32] is refused. */
+START_TEST(test_topk_fused_head) {
+    int V = 12000;
+    Model *m = tu_random_model(ARCH_LLAMA, 32, 48, 2, 4, 2, V, 79);
+    int tok[10] = {1, 5, 9, 2, 7, 3, 11, 4, 8, 6}, pos[10], rows[10], kept[10];
+    for (int i = 0; i < 10; i++) pos[i] = i, rows[i] = 9 - i, kept[i] = i;
+    float *full = malloc(sizeof(float) * 2 * 10 * V);
+    for (int threads = 1; threads <= 2; threads++)
+        for (int n_out = 1; n_out <= 10; n_out += 9) {
+            Backend *b[2];
+            int ids[2][100];
+            float logq[2][100], lse[2][10];
+            RsErr e = {0};
+            for (int h = 0; h < 2; h++) {
+                BackendParams p = {.kv_capacity = 64, .max_batch = 16, .max_pending = 32,
+                                   .threads = threads, .topk_hint = h ? 10 : 0};
+                ck_assert_msg(backend_create(&cpu_backend_ops, m, &p, &b[h], &e) == RS_OK, "%s",
+                              e.msg);
+                ck_assert(backend_forward(b[h], tok, pos, 10, NULL, rows, n_out, NULL, &e) == 0);
+                ck_assert(backend_rows_topk(b[h], 10, ids[h], logq[h], lse[h], &e) == RS_OK);
+                ck_assert(backend_rows_copy(b[h], kept, n_out, full + (size_t)h * 10 * V, &e) ==
+                          RS_OK);
+            }
+            ck_assert(memcmp(ids[0], ids[1], sizeof(int) * 10 * n_out) == 0);
+            ck_assert_msg(memcmp(lse[0], lse[1], sizeof(float) * n_out) == 0,
+                          "%d threads, %d rows: fused lse %.9g, plain %.9g", threads, n_out,
+                          (double)lse[1][0], (double)lse[0][0]);
+            ck_assert(memcmp(logq[0], logq[1], sizeof(float) * 10 * n_out) == 0);
+            ck_assert(memcmp(full, full + 10 * V, sizeof(float) * n_out * V) == 0);
+            ck_assert(backend_stats(b[1]).fused_topk_ns > 0);
+            ck_assert(backend_stats(b[0]).fused_topk_ns == 0);
+            ck_assert(backend_rows_topk(b[0], 5, ids[0], logq[0], lse[0], &e) == RS_OK);
+            ck_assert(backend_rows_topk(b[1], 5, ids[1], logq[1], lse[1], &e) == RS_OK);
+            ck_assert(memcmp(ids[0], ids[1], sizeof(int) * 5 * n_out) == 0);
+            backend_destroy(&b[0]);
+            backend_destroy(&b[1]);
+        }
+    BackendParams bad = {.kv_capacity = 64, .max_batch = 16, .max_pending = 32, .threads = 1,
+                         .topk_hint = 33};
+    Backend *nb = NULL;
+    RsErr e = {0};
+    ck_assert_int_eq(backend_create(&cpu_backend_ops, m, &bad, &nb, &e), RS_EINVAL);
+    ck_assert_ptr_nonnull(strstr(e.msg, "topk_hint = 33 outside [0, 32]"));
+    ck_assert_ptr_null(nb);
+    free(full);
+    model_destroy(&m);
 }
 END_TEST
 
@@ -285,6 +359,8 @@ Suite *suite_rows(void) {
     tcase_add_loop_test(tc, test_topk_vs_full_row, 0, N_WIDTHS);
     tcase_add_test(tc, test_topk_same_bits);
     tcase_add_test(tc, test_topk_skip_bound);
+    tcase_add_test(tc, test_topk_pieces);
+    tcase_add_test(tc, test_topk_fused_head);
     tcase_add_test(tc, test_topk_nonfinite);
     tcase_add_test(tc, test_topk_backend_and_fallback);
     tcase_add_test(tc, test_drafter_round_no_full_rows);
