@@ -3,13 +3,15 @@
  * commit: the AR tok/s figure), then times tree-shaped pending batches of n = 1, 9 and 65
  * tokens (the root pass, a B=8 and a B=64 tree pass). Bytes streamed per token (weights in
  * their stored type + the KV cache read) are set against a memcpy bandwidth measured in the
- * same run (n = 1 is bandwidth-bound). Output: a human table plus one "micro key=value ..."
- * line per thread count for scripts (tools/ compares it with llama.cpp). */
+ * same run (n = 1 is bandwidth-bound), and the drafter's host work per logits row while a
+ * self-drafter grows pools (bench/micro_draft.c). Output: a human table plus one "micro
+ * key=value ..." line per thread count for scripts (tools/ compares it with llama.cpp). */
 #include "common/cli.h"
 #include "common/model.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
 #include "kernels/prefill.h"
+#include "micro_draft.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -30,6 +32,8 @@ static void usage(FILE *f) {
             "  --ar-tokens N    greedy tokens decoded for the AR figure (default 64)\n"
             "  --rss-ctx N      also fill an N-entry KV cache (e.g. the engine's default 2048)\n"
             "                   and check resident memory <= file + KV cache + 64 MB\n"
+            "  --draft-rounds N pools a self-drafter (first half of the layers) grows for\n"
+            "                   the drafter's host work per row (default 8; 0: skip)\n"
             "After a %d-token prefill: AR tok/s, then forward() of n = 1, 9, 65 pending tree\n"
             "tokens with logits for every row. ROOTSPEC_CPU_KERNELS=ref|scalar|avx2|avx512\n"
             "forces a kernel family.\n",
@@ -94,7 +98,7 @@ static long vm_rss_kb(void) {
 
 typedef struct {
     const char *model_path;
-    int threads[MAX_THREADS], n_threads, iters, ar_tokens, rss_ctx;
+    int threads[MAX_THREADS], n_threads, iters, ar_tokens, rss_ctx, draft_rounds;
 } Opts;
 
 static int parse_threads(const char *v, Opts *o, RsErr *e) {
@@ -112,7 +116,8 @@ static int parse_threads(const char *v, Opts *o, RsErr *e) {
 }
 
 static int parse_opts(int argc, char **argv, Opts *o, RsErr *e) {
-    *o = (Opts){.threads = {1, 2}, .n_threads = 2, .iters = 20, .ar_tokens = 64};
+    *o = (Opts){.threads = {1, 2}, .n_threads = 2, .iters = 20, .ar_tokens = 64,
+                .draft_rounds = 8};
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int rc = RS_OK;
@@ -129,6 +134,9 @@ static int parse_opts(int argc, char **argv, Opts *o, RsErr *e) {
         } else if (!strcmp(argv[i], "--rss-ctx")) {
             if (!(rc = cli_value(argc, argv, i++, &v, e)))
                 rc = cli_int("--rss-ctx", v, PREFILL, 1 << 20, &o->rss_ctx, e);
+        } else if (!strcmp(argv[i], "--draft-rounds")) {
+            if (!(rc = cli_value(argc, argv, i++, &v, e)))
+                rc = cli_int("--draft-rounds", v, 0, 10000, &o->draft_rounds, e);
         } else if (!strcmp(argv[i], "--ar-tokens")) {
             if (!(rc = cli_value(argc, argv, i++, &v, e)))
                 rc = cli_int("--ar-tokens", v, 1, 4096, &o->ar_tokens, e);
@@ -340,10 +348,13 @@ int main(int argc, char **argv) {
            "(stored types), file %.1f MB; VmRSS %.1f MB before load\n",
            o.model_path, c->n_layers, c->dim, c->vocab_size, wbytes / 1e6, file_mb, rss0 / 1e3);
     int rc = RS_OK;
-    long rss = 0, rss_t;
+    long rss = 0, rss_t = 0;
     for (int i = 0; i < o.n_threads && !rc; i++) {
         rc = run_threads(m, &o, o.threads[i], wbytes, &rss_t, &e);
         rss = rss_t > rss ? rss_t : rss;
+        double us_row;
+        if (!rc && o.draft_rounds)
+            rc = micro_drafter_host(m, o.threads[i], o.draft_rounds, &us_row, &e);
     }
     if (!rc) {
         double kv = kv_mb(c, PREFILL + MAX_N + o.ar_tokens);

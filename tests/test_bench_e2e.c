@@ -413,8 +413,9 @@ END_TEST
 /* A resumed run must measure the same prompts: editing the prompt file is refused. A second
  * run into a directory that holds one is refused too (it would truncate the logs). */
 /* rootspec-micro prints every figure the CPU comparison needs in one run (AR at 1 and 2
- * threads, pass times, bandwidth, kernel family, resident memory against its budget) and
- * refuses a --rss-ctx smaller than its own prefill with exit 2. */
+ * threads, pass times, bandwidth, kernel family, resident memory against its budget, the
+ * drafter's host work per row) and refuses a --rss-ctx smaller than its own prefill or a
+ * negative --draft-rounds with exit 2. */
 START_TEST(test_e2e_micro_report) {
     char *tmp = tmp_dir(), cmd[600], out[256];
     snprintf(out, sizeof out, "%s/micro.txt", tmp);
@@ -426,7 +427,8 @@ START_TEST(test_e2e_micro_report) {
     static const char *keys[] = {"ar_tok_s_t1=", "ar_tok_s_t2=", "ar_cpu_tok_s_t2=",
                                  "pass_ms_n1_t1=", "pass_ms_n9_t2=", "pass_ms_n65_t2=",
                                  "kernels_t1=", "bytes_per_token=", "copy_gbs=", "rss_mb=",
-                                 "rss_full_mb=", "rss_budget_mb="};
+                                 "rss_full_mb=", "rss_budget_mb=", "drafter_host_us_row_t1=",
+                                 "drafter_host_us_row_t2="};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         ck_assert_msg(strstr(text, keys[i]) != NULL, "micro output lacks %s:\n%s", keys[i], text);
     ck_assert_msg(strstr(text, ": within") != NULL, "tiny model over its RSS budget:\n%s", text);
@@ -437,6 +439,13 @@ START_TEST(test_e2e_micro_report) {
     text = slurp(out, NULL);
     ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "--rss-ctx 5 accepted: %s", text);
     ck_assert_msg(strstr(text, "--rss-ctx") && strstr(text, " 5 "), "%s", text);
+    free(text);
+    snprintf(cmd, sizeof cmd,
+             "build/rootspec-micro --model random:tiny --draft-rounds -1 > '%s' 2>&1", out);
+    rc = system(cmd);
+    text = slurp(out, NULL);
+    ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "--draft-rounds -1 accepted: %s", text);
+    ck_assert_msg(strstr(text, "--draft-rounds"), "%s", text);
     free(text);
     rm_tree(tmp);
 }
