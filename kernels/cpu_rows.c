@@ -9,8 +9,9 @@
  *     skipped. On the default model's drafting rows ~20% of the vectors pass. A skipped
  *     column adds less than e^-cut = 2^-20 / V (relative to e^m) to a sum that is >= 1
  *     (the max's own term), so together they move lse by less than 2^-20 (1e-6);
- *   - a block's lanes are looked at one by one only when one beats the k-th best so far
- *     (or is NaN), which soon stops happening once the list is full.
+ *   - a block's lanes are looked at one by one only when its max beats the k-th best so
+ *     far, which soon stops happening once the list is full (a NaN reaches the sum and
+ *     makes lse NaN).
  * exp is a float polynomial (Cephes expf, ~2 ulp) with fused multiply-adds; lane sums
  * move into double every block, so the sum's rounding stays far below the exp's. */
 #include "cpu_rows.h"
@@ -114,7 +115,7 @@ INLINE v8f vexp(v8f x, int avx2) {
     const v8f tab = {1.0f, 1.09050773266525766f, 1.18920711500272107f, 1.29683955465100967f,
                      1.41421356237309505f, 1.54221082540794082f, 1.68179283050742908f,
                      1.83400808640934246f}; /* 2^(j / 8) */
-    x = VMAX(avx2, x, vsplat(-87.0f));
+    x = VMAX(avx2, vsplat(-87.0f), x); /* this order keeps a NaN */
     v8f t = VFMA(avx2, x, vsplat(11.5415603271117073f), vsplat(magic)); /* 8 / ln 2 */
     v8f kf = t - magic;
     v8f r = VFMA(avx2, kf, vsplat(-0.086669921875f), x); /* ln 2 / 8, high bits: exact */
@@ -179,15 +180,16 @@ typedef struct {
 INLINE void block_reduce(RowState *st, CpuRowsPart *p, int k, const float *x, int nvalid,
                          int id0, int avx2) {
     v8f bm = vsplat(-INFINITY), cv = st->m - st->cut;
-    v8i hit = {0}, near = {0};
+    v8i near = {0};
     for (int j = 0; j < BLOCK / 8; j++) {
         v8f v = vload(x + 8 * j);
         bm = VMAX(avx2, v, bm);
-        hit |= VNLE(avx2, v, st->kth); /* above the k-th best, or NaN */
-        near |= v > cv;                /* within cut of the max so far: a superset */
+        near |= VNLE(avx2, v, cv); /* within cut of the max so far (a superset), or NaN */
     }
-    if (p->cnt < k || LANE_BITS(avx2, hit)) block_insert(p, k, x, nvalid, id0, &st->kth, avx2);
-    bm = vallmax(bm, avx2);
+    bm = vallmax(bm, avx2); /* NaN-free: VMAX keeps the old value over a NaN */
+    /* A column beats the k-th best only if the block's max does. (A NaN column enters
+     * nothing once the list is full; it reaches the sum below, which makes lse NaN.) */
+    if (p->cnt < k || bm[0] > st->kth[0]) block_insert(p, k, x, nvalid, id0, &st->kth, avx2);
     if (bm[0] > st->m[0]) { /* a new row max: rescale the sums so far (rare) */
         double f = st->m[0] > -INFINITY ? exp((double)st->m[0] - (double)bm[0]) : 0.0;
         for (int l = 0; l < 8; l++) st->sd[l] *= f;
@@ -196,8 +198,8 @@ INLINE void block_reduce(RowState *st, CpuRowsPart *p, int k, const float *x, in
     if (!LANE_BITS(avx2, near)) return; /* most blocks of a peaked row */
     cv = st->m - st->cut;
     int vec = 0;
-    for (int j = 0; j < BLOCK / 8; j++) /* the block is in L1 now */
-        vec |= (LANE_BITS(avx2, vload(x + 8 * j) > cv) != 0) << j;
+    for (int j = 0; j < BLOCK / 8; j++) /* the block is in L1 now; NaN passes */
+        vec |= (LANE_BITS(avx2, VNLE(avx2, vload(x + 8 * j), cv)) != 0) << j;
     if (!vec) return;
     v8f acc = vsplat(0.0f);
     while (vec) {
