@@ -47,7 +47,7 @@ static int commit(Eagle3Drafter *d, const int *tokens, int n, const void *featur
 
 static int grow(Eagle3Drafter *d, const int *tokens, int n, const void *features,
                 size_t feat_bytes, Pool *p, RsErr *e) {
-    uint64_t t0 = rs_now_ns();
+    uint64_t t0 = rs_now_ns(), run0 = eagle3_run_ns(d->r);
     int rc = commit(d, tokens, n, features, feat_bytes, POOL_N_EXPANDED, e);
     if (rc) return rc;
     if (eagle3_n_committed(d->r) == 0)
@@ -58,6 +58,8 @@ static int grow(Eagle3Drafter *d, const int *tokens, int n, const void *features
     if (rc) return rc;
     p->commit_pass_ns = t1 - t0;
     p->draft_ns = rs_now_ns() - t0;
+    uint64_t fwd = eagle3_run_ns(d->r) - run0; /* the layer's runs; the rest is host work */
+    p->draft_host_ns = p->draft_ns > fwd ? p->draft_ns - fwd : 0;
     return RS_OK;
 }
 
@@ -136,7 +138,7 @@ int drafter_eagle3_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
     }
     d->root_state = rs_xmalloc(sizeof(float) * (size_t)h->cfg.c.dim);
     d->root_logits = rs_xmalloc(sizeof(float) * (size_t)h->cfg.draft_vocab);
-    d->pool = rs_xcalloc(1, sizeof(Pool)); /* fields it does not fill (draft_host_ns) read 0 */
+    d->pool = rs_xcalloc(1, sizeof(Pool));
     DrafterInfo info = {.vocab_size = h->cfg.c.vocab_size, .fingerprint = h->fingerprint,
                         .name = h->path, .n_feature_layers = EAGLE3_N_FEATURES};
     memcpy(info.feature_layers, layers, sizeof(int) * EAGLE3_N_FEATURES);

@@ -6,6 +6,7 @@
 #include "common/logits.h"
 #include "common/randmodel.h"
 #include "kernels/backend.h"
+#include "kernels/cpu_rows.h"
 #include "kernels/eagle3_rows.h"
 #include "pool_grow.h"
 #include <string.h>
@@ -23,6 +24,8 @@ struct Eagle3Runner {
     float *grow_logits; // (POOL_EXPAND, draft_vocab)
     float *grow_state;  // (POOL_EXPAND, dim) parents' states of one pass
     const float *grow_root; // (dim) the root's state during eagle3_grow_pool
+    uint64_t run_ns;    /* time inside the implementation's run(), for the host share */
+    int rows_reduced;   /* logits rows eagle3_grow_pool reduced to top-10s */
 };
 
 const Eagle3RowsOps *eagle3_rows_for(const BackendOps *backend, RsErr *e) {
@@ -85,6 +88,8 @@ const char *eagle3_runner_backend(const Eagle3Runner *r) { return r->ops->name; 
 void eagle3_reset(Eagle3Runner *r) { r->n_committed = r->n_pending = 0; }
 int eagle3_n_committed(const Eagle3Runner *r) { return r->n_committed; }
 int eagle3_n_pending(const Eagle3Runner *r) { return r->n_pending; }
+uint64_t eagle3_run_ns(const Eagle3Runner *r) { return r->run_ns; }
+
 int eagle3_node_pos(const Eagle3Runner *r, int depth) { return r->n_committed - 1 + depth; }
 
 typedef struct {
@@ -158,7 +163,9 @@ int eagle3_commit(Eagle3Runner *r, const int *tokens, const float *feats, int n,
                          .out_from = last && want ? m - 1 : m,
                          .state_out = hidden_out ? hidden_out : r->last_state,
                          .logits_out = logits_out ? logits_out : r->grow_logits};
+        uint64_t t0 = rs_now_ns();
         r->ops->run(r->rows, &b);
+        r->run_ns += rs_now_ns() - t0;
         r->n_committed += m;
     }
     return RS_OK;
@@ -177,21 +184,31 @@ int eagle3_expand(Eagle3Runner *r, const int *tokens, const float *state_in, con
     Eagle3Batch b = {.in = state_in, .fc = 0, .emb = r->emb, .pos = pos, .mask = mask, .n = n,
                      .n_committed = r->n_committed, .n_pending = np, .out_from = 0,
                      .state_out = state_out, .logits_out = logits_out};
+    uint64_t t0 = rs_now_ns();
     r->ops->run(r->rows, &b);
+    r->run_ns += rs_now_ns() - t0;
     r->n_pending += n;
     return RS_OK;
 }
 
-void eagle3_topk(const Eagle3Head *h, const float *logits, int k, int *target_ids, float *logq) {
+/* n rows at once through the CPU's fused top-k + log-sum-exp (kernels/cpu_rows.h): one
+ * read of each row, no double-precision exp per column. */
+static void topk_rows(const Eagle3Head *h, const float *logits, int n, int k, int *target_ids,
+                      float *logq) {
     int DV = h->cfg.draft_vocab;
-    RS_ASSERT(k >= 1 && k <= DV);
-    int idx[k];
-    row_topk(logits, DV, k, idx);
-    float lse = (float)row_lse(logits, DV);
-    for (int i = 0; i < k; i++) {
+    RS_ASSERT(k >= 1 && k <= DV && k <= ROWS_TOPK_MAX && n >= 1 && n <= POOL_EXPAND);
+    CpuRowsPart parts[POOL_EXPAND];
+    int idx[POOL_EXPAND * ROWS_TOPK_MAX];
+    float lq[POOL_EXPAND * ROWS_TOPK_MAX], lse[POOL_EXPAND];
+    cpu_rows_topk(NULL, logits, n, DV, k, idx, lq, lse, parts);
+    for (int i = 0; i < n * k; i++) {
         target_ids[i] = h->d2t[idx[i]];
-        if (logq) logq[i] = logits[idx[i]] - lse;
+        if (logq) logq[i] = lq[i];
     }
+}
+
+void eagle3_topk(const Eagle3Head *h, const float *logits, int k, int *target_ids, float *logq) {
+    topk_rows(h, logits, 1, k, target_ids, logq);
 }
 
 /* pool_grow's callback: each node runs with its parent's output state (the root's for
@@ -199,7 +216,7 @@ void eagle3_topk(const Eagle3Head *h, const float *logits, int k, int *target_id
  * target ids. */
 static int expand_nodes(void *ctx, const PoolPass *pass, int *ids, float *logq, RsErr *e) {
     Eagle3Runner *r = ctx;
-    int n = pass->n, np = pass->n_pending, D = r->dim, DV = r->h->cfg.draft_vocab;
+    int n = pass->n, np = pass->n_pending, D = r->dim;
     int pos[POOL_EXPAND] = {0};
     RS_ASSERT(n <= POOL_EXPAND && np == r->n_pending && np + n <= POOL_N_EXPANDED);
     float *st = r->grow_state;
@@ -212,9 +229,8 @@ static int expand_nodes(void *ctx, const PoolPass *pass, int *ids, float *logq, 
     int rc = eagle3_expand(r, pass->token, st, pos, pass->mask, n, r->grow_logits,
                            r->node_state + (size_t)np * D, e);
     if (rc) return rc;
-    for (int k = 0; k < n; k++)
-        eagle3_topk(r->h, r->grow_logits + (size_t)k * DV, POOL_TOPK, ids + k * POOL_TOPK,
-                    logq + k * POOL_TOPK);
+    topk_rows(r->h, r->grow_logits, n, POOL_TOPK, ids, logq);
+    r->rows_reduced += n;
     return RS_OK;
 }
 
@@ -226,14 +242,18 @@ int eagle3_grow_pool(Eagle3Runner *r, const float *root_state, const float *root
                       "for %d tree rows (%d committed + %d pending of %d) and a draft vocabulary "
                       "of at least %d", POOL_EXPAND, r->max_batch, POOL_N_EXPANDED,
                       r->n_committed, r->n_pending, r->cap, POOL_TOPK);
-    uint64_t t0 = rs_now_ns();
+    uint64_t t0 = rs_now_ns(), run0 = r->run_ns;
     int ids[POOL_TOPK];
     float lq[POOL_TOPK];
     eagle3_topk(r->h, root_logits, POOL_TOPK, ids, lq);
+    r->rows_reduced = 1;
     r->grow_root = root_state;
     int rc = pool_grow(p, ids, lq, 0, expand_nodes, r, r->h->cfg.c.vocab_size, "EAGLE-3 head", e);
     r->grow_root = NULL;
     if (rc) return rc;
     p->draft_ns = rs_now_ns() - t0;
+    uint64_t fwd = r->run_ns - run0;
+    p->draft_host_ns = p->draft_ns > fwd ? p->draft_ns - fwd : 0;
+    p->draft_rows = r->rows_reduced;
     return RS_OK;
 }

@@ -84,9 +84,13 @@ int eagle3_expand(Eagle3Runner *r, const int *tokens, const float *state_in, con
  * target ids, logq the log-softmax over the draft vocabulary. Needs max_batch >=
  * POOL_EXPAND, no pending rows (a commit drops them) and room for POOL_N_EXPANDED
  * (RS_EINVAL otherwise, nothing changed); leaves the 70 rows pending. RS_EFORMAT when the
- * logits are not finite. */
+ * logits are not finite. Sets p's draft_ns, draft_host_ns (growth only) and draft_rows. */
 int eagle3_grow_pool(Eagle3Runner *r, const float *root_state, const float *root_logits,
                      Pool *p, RsErr *e);
+
+/* Time spent inside the layer implementation's run() since create: the forward part of
+ * a round; the rest of draft_ns is the drafter's host work (draft_host_ns). */
+uint64_t eagle3_run_ns(const Eagle3Runner *r);
 
 /* Rotary position of a tree node at depth d >= 1 below the last committed row:
  * n_committed - 1 + d (topK_genrate's position_ids = len_posi + i). */

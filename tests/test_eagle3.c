@@ -338,6 +338,10 @@ START_TEST(test_drafter_kind) {
     ck_assert_str_eq(drafter_info(d)->fingerprint, h->fingerprint);
     Pool *p = malloc(sizeof *p);
     drafter_round(d, steps, 0, 1, 1, p); /* the prompt: a leading token + the fixture's 5 rows */
+    /* its host work is reported as the model drafter's: 71 rows reduced, the layer's runs
+     * not counted */
+    ck_assert_int_eq(p->draft_rows, 1 + POOL_N_EXPANDED);
+    ck_assert(p->draft_host_ns > 0 && p->draft_host_ns < p->draft_ns);
     /* refusals: no features, a wrong size, a full cache; none commits anything */
     int tok[2] = {1, 2};
     float f[2 * 96] = {0};
