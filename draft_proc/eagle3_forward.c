@@ -173,7 +173,7 @@ int eagle3_commit(Eagle3Runner *r, const int *tokens, const float *feats, int n,
 
 int eagle3_expand(Eagle3Runner *r, const int *tokens, const float *state_in, const int *pos,
                   const uint8_t *mask, int n, float *logits_out, float *state_out, RsErr *e) {
-    RS_ASSERT(n >= 1 && tokens && state_in && pos && logits_out && state_out);
+    RS_ASSERT(n >= 1 && tokens && state_in && pos && (logits_out || r->ops->topk) && state_out);
     int np = r->n_pending, cols = np + n;
     if (n > r->max_batch || r->n_committed + cols > r->cap)
         return rs_err(e, RS_EINVAL, "EAGLE-3 expansion of %d rows: max_batch %d, %d committed + "
@@ -226,10 +226,20 @@ static int expand_nodes(void *ctx, const PoolPass *pass, int *ids, float *logq, 
         memcpy(st + (size_t)k * D, pr < 0 ? r->grow_root : r->node_state + (size_t)pr * D,
                sizeof(float) * D);
     }
-    int rc = eagle3_expand(r, pass->token, st, pos, pass->mask, n, r->grow_logits,
+    /* Reduced where the logits are when the implementation can (CUDA: on the device, so
+     * only ten ids and log q a row cross), else here on the host. */
+    int dev = r->ops->topk != NULL;
+    int rc = eagle3_expand(r, pass->token, st, pos, pass->mask, n, dev ? NULL : r->grow_logits,
                            r->node_state + (size_t)np * D, e);
     if (rc) return rc;
-    topk_rows(r->h, r->grow_logits, n, POOL_TOPK, ids, logq);
+    if (dev) {
+        uint64_t t0 = rs_now_ns();
+        r->ops->topk(r->rows, n, POOL_TOPK, ids, logq);
+        r->run_ns += rs_now_ns() - t0;
+        for (int i = 0; i < n * POOL_TOPK; i++) ids[i] = r->h->d2t[ids[i]];
+    } else {
+        topk_rows(r->h, r->grow_logits, n, POOL_TOPK, ids, logq);
+    }
     r->rows_reduced += n;
     return RS_OK;
 }

@@ -72,8 +72,9 @@ int eagle3_commit(Eagle3Runner *r, const int *tokens, const float *feats, int n,
 /* Runs n tree nodes as pending rows: tokens (n) target ids, state_in (n, dim) each node's
  * parent output state, pos (n), mask (n, n_pending + n) row-major, 1 = attend, over the
  * pending rows before this call and this batch (committed rows are always visible); NULL
- * = causal (every earlier pending row), as the backends' forward(). Outputs (n, draft_vocab) logits and
- * (n, dim) states. The rows stay pending until the next commit or reset. */
+ * = causal (every earlier pending row), as the backends' forward(). Outputs (n, draft_vocab)
+ * logits (logits_out NULL: left with the implementation for its topk op, which it must
+ * have) and (n, dim) states. The rows stay pending until the next commit or reset. */
 int eagle3_expand(Eagle3Runner *r, const int *tokens, const float *state_in, const int *pos,
                   const uint8_t *mask, int n, float *logits_out, float *state_out, RsErr *e);
 

@@ -15,7 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+extern "C" {
+#include "backend.h" /* BACKEND_TOPK_MAX */
+}
 #include "cuda_kernels.h"
+#include "cuda_rows.h"
 #include "eagle3_rows.h"
 
 struct Eagle3Rows {
@@ -44,6 +48,9 @@ struct Eagle3Rows {
     float *gu;        // (maxb, 2*hidden)
     rs_bf16 *hb;      // (maxb, hidden)
     float *logits;    // (maxb, DV)
+    int *top_ids;     // (maxb, BACKEND_TOPK_MAX) the topk op's results on the device
+    float *top_logq;  // (maxb, BACKEND_TOPK_MAX)
+    float *top_lse;   // (maxb)
     float *cos_t, *sin_t; // (maxb, hd/2)
     float *att_scratch;
     unsigned *att_cnt; // (cuk_attention_counters) split blocks done per attention tile
@@ -64,7 +71,7 @@ static void e3_destroy(Eagle3Rows **pr) {
                    r->hid_norm, r->post_norm, r->norm, r->inv_freq, r->kc, r->vc, r->hs,
                    r->emb, r->feat, r->featb, r->xa, r->xh, r->xb, r->qkv, r->att, r->gu,
                    r->hb, r->logits, r->cos_t, r->sin_t, r->att_scratch, r->att_cnt, r->d_meta,
-                   r->d_pos, r->d_mask};
+                   r->d_pos, r->d_mask, r->top_ids, r->top_logq, r->top_lse};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) DFREE(dev[i]);
     free(r->h_mask);
     free(r->h_causal);
@@ -115,6 +122,9 @@ static int alloc_all(Eagle3Rows *r, RsErr *e) {
     DA(r->gu, B * 2 * r->hidden * 4, "gate|up");
     DA(r->hb, B * r->hidden * 2, "mlp hidden");
     DA(r->logits, B * r->DV * 4, "logits");
+    DA(r->top_ids, B * BACKEND_TOPK_MAX * 4, "top-k ids");
+    DA(r->top_logq, B * BACKEND_TOPK_MAX * 4, "top-k log q");
+    DA(r->top_lse, B * 4, "log-sum-exp");
     DA(r->cos_t, B * half * 4, "cos");
     DA(r->sin_t, B * half * 4, "sin");
     DA(r->att_scratch, cuk_attention_scratch_floats(r->maxb, r->nh, r->hd, r->cap) * 4,
@@ -317,9 +327,22 @@ static void e3_run(Eagle3Rows *r, const Eagle3Batch *b) {
         gemm(r, r->lm, D, r->DV, D, r->xb, m, r->logits, 0.0f);
         CUDA_CHECK(cudaMemcpyAsync(b->state_out, hs, (size_t)m * D * 4, cudaMemcpyDeviceToHost,
                                    r->s));
-        CUDA_CHECK(cudaMemcpyAsync(b->logits_out, r->logits, (size_t)m * r->DV * 4,
-                                   cudaMemcpyDeviceToHost, r->s));
+        if (b->logits_out)
+            CUDA_CHECK(cudaMemcpyAsync(b->logits_out, r->logits, (size_t)m * r->DV * 4,
+                                       cudaMemcpyDeviceToHost, r->s));
     }
+    CUDA_CHECK(cudaStreamSynchronize(r->s));
+}
+
+/* One block per row (kernels/cuda_rows.cu) over the logits the last run left on the
+ * device; only (m, k) ids and log q cross. */
+static void e3_topk(Eagle3Rows *r, int m, int k, int *ids, float *logq) {
+    CUDA_CHECK(cudaSetDevice(r->device));
+    RS_ASSERT(m >= 1 && m <= r->maxb && k >= 1 && k <= BACKEND_TOPK_MAX && k <= r->DV);
+    cuk_rows_topk(r->s, r->logits, m, r->DV, k, r->top_ids, r->top_logq, r->top_lse);
+    CUDA_CHECK(cudaMemcpyAsync(ids, r->top_ids, (size_t)m * k * 4, cudaMemcpyDeviceToHost, r->s));
+    CUDA_CHECK(cudaMemcpyAsync(logq, r->top_logq, (size_t)m * k * 4, cudaMemcpyDeviceToHost,
+                               r->s));
     CUDA_CHECK(cudaStreamSynchronize(r->s));
 }
 
@@ -328,6 +351,7 @@ static const Eagle3RowsOps cuda_e3_ops = {
     .create = e3_create,
     .destroy = e3_destroy,
     .run = e3_run,
+    .topk = e3_topk,
 };
 
 extern "C" const Eagle3RowsOps *cuda_eagle3_rows_get(void) { return &cuda_e3_ops; }

@@ -19,7 +19,9 @@ typedef struct Eagle3Rows Eagle3Rows; /* one implementation's state */
  * (n, dim) parent states), its token embedding emb[t] (un-normed), rotary position pos[t].
  * Row t attends to every committed slot and to the pending slots whose mask entries
  * (mask: (n, n_pending + n), 1 = attend; NULL = causal, every earlier pending row) are set.
- * Rows [out_from, n) return their output states and draft-vocabulary logits. */
+ * Rows [out_from, n) return their output states and draft-vocabulary logits; with
+ * logits_out NULL (only for an implementation with a topk op) the logits stay where they
+ * were computed, for topk. */
 typedef struct {
     const float *in;
     int fc;
@@ -28,7 +30,7 @@ typedef struct {
     const uint8_t *mask; // (n, n_pending + n) or NULL
     int n, n_committed, n_pending, out_from;
     float *state_out;    // (n - out_from, dim)
-    float *logits_out;   // (n - out_from, draft_vocab)
+    float *logits_out;   // (n - out_from, draft_vocab), or NULL: kept for topk
 } Eagle3Batch;
 
 typedef struct {
@@ -43,6 +45,11 @@ typedef struct {
     /* The caller checked the sizes (n <= max_batch, slots inside kv_capacity). Outputs
      * are on the host when it returns. */
     void (*run)(Eagle3Rows *r, const Eagle3Batch *b);
+    /* Optional (NULL: the runner reduces logits_out on the host): the k best draft ids of
+     * the last run's m output rows and their log-softmax over the draft vocabulary
+     * (ids, logq: (m, k), on the host when it returns; ties to the lower id), reduced
+     * where the logits are, so whole rows never cross (CUDA: on the device). */
+    void (*topk)(Eagle3Rows *r, int m, int k, int *ids, float *logq);
 } Eagle3RowsOps;
 
 extern const Eagle3RowsOps cpu_eagle3_rows;

@@ -6,7 +6,8 @@
  * Tolerance: cu_compare_logits (|d| <= CU_TOL_FRAC * max|ref|: the CUDA head rounds
  * weights, GEMM inputs and its KV cache to bf16), states likewise against max|ref state|;
  * top-10 draft ids per row identical; pools identical in tokens, parents and depths, log q
- * within CU_TOL_FRAC of the candidates' spread. Pools are not compared bit for bit: log q
+ * within CU_TOL_FRAC of the candidates' spread (the CUDA runner's pools take each pass's
+ * top-10 from the device-side reduction, Eagle3RowsOps.topk, mapped through d2t). Pools are not compared bit for bit: log q
  * inherits the bf16 rounding, and the ranking that picks the nodes to expand compares
  * those sums. */
 #include <math.h>
