@@ -12,8 +12,10 @@
  *   - a block's lanes are looked at one by one only when its max beats the k-th best so
  *     far, which soon stops happening once the list is full (a NaN reaches the sum and
  *     makes lse NaN).
- * exp is a float polynomial (Cephes expf, ~2 ulp) with fused multiply-adds; lane sums
- * move into double every block, so the sum's rounding stays far below the exp's. */
+ * exp is a table + polynomial float form (vexp, 2.5e-7 relative) with fused
+ * multiply-adds; lane sums move into double every block, so the sum's rounding stays far
+ * below the exp's. A row may also be fed in pieces (cpu_rows_begin/feed/end): the CPU
+ * backend's output head reduces each tile of columns while it is in cache. */
 #include "cpu_rows.h"
 #include <math.h>
 #include <stdlib.h>
