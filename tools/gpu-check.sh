@@ -42,6 +42,9 @@ mkdir -p "$OUTDIR"
 T0=$(date +%s)
 say() { echo "gpu-check [$(( $(date +%s) - T0 ))s]: $*"; }
 DEADLINE=${GPU_CHECK_DEADLINE:-450}
+# Per test suite and for the batch-invariant bench: seconds on a GPU; the emulator dry run
+# (README) raises it, or a slow suite reads as a TIMEOUT / batch_invariant=FAIL there.
+STAGE_S=${GPU_CHECK_STAGE_S:-90}
 # limit CAP: a stage's timeout, CAP or what is left before the deadline if that is less;
 # empty (skip the stage) with under 15 s left.
 limit() {
@@ -143,7 +146,7 @@ TEST_RC=0
 set -o pipefail
 for f in tests/cuda/test_cuda_*.c; do
     suite=$(basename "$f" .c); suite=${suite#test_}
-    if ! lim=$(limit 90); then
+    if ! lim=$(limit "$STAGE_S"); then
         echo "gpu-check: suite $suite: TIMEOUT (skipped: the ${DEADLINE} s deadline is near)" \
             | tee -a "$OUTDIR/cuda-tests.log"
         TEST_RC=124
@@ -216,7 +219,7 @@ say "pipeline timing exit status $PIPE_RC, EAGLE-3 head $E3_RC (per-run logs and
 # (a dry run's GPU_CHECK_BENCH_ARGS, tiny model and all, serve here too)
 BI_ARGS=${GPU_CHECK_BI_ARGS:-${GPU_CHECK_BENCH_ARGS:---iters 5 --ctx 512 --only target}}
 say "running $BIN/rootspec-cuda-bench $BI_ARGS --batch-invariant"
-if lim=$(limit 90); then
+if lim=$(limit "$STAGE_S"); then
     timeout "$lim" "$BIN/rootspec-cuda-bench" $BI_ARGS --batch-invariant >"$OUTDIR/cuda-bench-bi.log" 2>&1
     BI_RC=$?
     grep -E "^BENCH|^ *n |^ *[0-9]+ " "$OUTDIR/cuda-bench-bi.log"
