@@ -265,7 +265,11 @@ L=$(bench_field "$OUTDIR/cuda-bench.log" 1 launches_layer)
 kv launches_per_layer "${L:-n/a}"
 L=$(bench_field "$OUTDIR/cuda-bench-bi.log" 1 launches_layer)
 kv launches_per_layer_bi "${L:-n/a}"
-if grep -A3 "Running suite(s): cuda_batchinv" "$OUTDIR/cuda-tests.log" | grep -q "100%: Checks"; then
+# the suite's own summary line: the first "Checks:" (or TIMEOUT) after its name, before
+# the next suite's (it prints a dozen launch-count lines first)
+BI_SUM=$(awk '/Running suite\(s\): / { if (f) exit; if ($0 ~ /cuda_batchinv/) f = 1; next }
+              f && /Checks:|TIMEOUT/ { print; exit }' "$OUTDIR/cuda-tests.log")
+if echo "$BI_SUM" | grep -q "^100%: Checks"; then
     kv batch_invariant ok
 else
     kv batch_invariant FAIL
