@@ -96,22 +96,31 @@ static void act_rows(const QkActs *x, int q8, int t0, int nt, const void **xs) {
                    : (const void *)(x->f32 + (size_t)(t0 + t) * in);
 }
 
-/* Rows [j0, j1) QK_ROWS at a time through a tile kernel; the last tile repeats row j1 - 1
- * in its spare slots (their outputs are dropped), so no row outside the range is read. */
+#define QK_CHUNK 16 /* tiles per kernel call: their weights stay in L1/L2 across groups */
+
+/* Rows [j0, j1) QK_ROWS at a time through a tile kernel, QK_CHUNK tiles per call, token
+ * groups inside a chunk (the chunk's weights are read from memory once). Whole tiles land
+ * in y directly; the last, short tile repeats row j1 - 1 in its spare slots and goes
+ * through `out` (its extra outputs are dropped), so no row outside the range is read. */
 static void rows_tiled(const QkKernel *k, const QTensor *w, const QkActs *x, float *y, int ldy,
                        int j0, int j1) {
-    for (int j = j0; j < j1; j += QK_ROWS) {
-        const uint8_t *wr[QK_ROWS];
-        int nr = j1 - j < QK_ROWS ? j1 - j : QK_ROWS;
-        for (int r = 0; r < QK_ROWS; r++) wr[r] = qtensor_row(w, j + (r < nr ? r : nr - 1));
+    const uint8_t *wr[QK_CHUNK * QK_ROWS];
+    for (int j = j0; j < j1; j += QK_CHUNK * QK_ROWS) {
+        int nr = j1 - j < QK_CHUNK * QK_ROWS ? j1 - j : QK_CHUNK * QK_ROWS;
+        int full = nr / QK_ROWS, tail = nr % QK_ROWS;
+        for (int r = 0; r < nr; r++) wr[r] = qtensor_row(w, j + r);
+        for (int r = nr; r < (full + (tail > 0)) * QK_ROWS; r++) wr[r] = wr[nr - 1];
         for (int t0 = 0; t0 < x->n; t0 += QK_GROUP) {
             int nt = x->n - t0 < QK_GROUP ? x->n - t0 : QK_GROUP;
             const void *xs[QK_GROUP];
             float out[QK_GROUP * QK_ROWS];
             act_rows(x, k->q8, t0, nt, xs);
-            k->tile(wr, xs, nt, x->in, out);
+            if (full) k->tile(wr, full, xs, nt, x->in, y + (size_t)t0 * ldy + j, ldy);
+            if (!tail) continue;
+            k->tile(wr + full * QK_ROWS, 1, xs, nt, x->in, out, QK_ROWS);
             for (int t = 0; t < nt; t++)
-                memcpy(y + (size_t)(t0 + t) * ldy + j, out + t * QK_ROWS, sizeof(float) * nr);
+                memcpy(y + (size_t)(t0 + t) * ldy + j + full * QK_ROWS, out + t * QK_ROWS,
+                       sizeof(float) * tail);
         }
     }
 }

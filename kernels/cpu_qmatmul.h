@@ -37,13 +37,15 @@ typedef struct {
 typedef void (*QkDotFn)(const uint8_t *wrow, const void *const *xs, int nt, int in,
                         float *out);
 
-/* QK_ROWS weight rows at once (a register tile): w[r] for r < QK_ROWS, out[t * QK_ROWS + r]
- * for t < nt. Each (row, token) result must not depend on nt, on the row's slot or on the
- * other rows, so a row's output is the same whichever tile it lands in; callers pad a
- * short tile by repeating a row. A family gives each type either dot or tile. */
+/* ntiles register tiles of QK_ROWS weight rows each: w (ntiles * QK_ROWS) row pointers,
+ * out[t * ldo + i * QK_ROWS + r] = <w[i * QK_ROWS + r], x_t> for t < nt. Each (row, token)
+ * result must not depend on nt, ntiles, the row's slot or the other rows, so a row's output
+ * is the same whichever tile it lands in; callers pad a short tile by repeating a row. Many
+ * tiles per call: a one-token pass costs a call, a switch and a store loop per tile
+ * otherwise (a tenth of a 576-column product). A family gives each type dot or tile. */
 #define QK_ROWS 4
-typedef void (*QkTileFn)(const uint8_t *const *w, const void *const *xs, int nt, int in,
-                         float *out);
+typedef void (*QkTileFn)(const uint8_t *const *w, int ntiles, const void *const *xs, int nt,
+                         int in, float *out, int ldo);
 
 typedef struct {
     uint32_t type; /* ggml type id */
