@@ -1,9 +1,10 @@
 /* CPU kernel families (kernels/cpu_qmatmul.h) and the thread pool: every family that runs on
  * this CPU against a double-precision product of the dequantized operands, for every weight
  * type; a row's result bitwise independent of the batch it is in and of the thread count;
- * and the whole forward's batch invariance: a row's logits bitwise equal whether computed
- * alone, in a prefill chunk or in a 65-row masked tree pass (random typed models, 1 and 2
- * threads, and the default model). */
+ * permuted (GGUF q/k) rows landing where they belong; and the whole forward's batch
+ * invariance: a row's logits bitwise equal whether computed alone, in a prefill chunk or
+ * in a 65-row masked tree pass (random typed models, 1 and 2 threads, and the default
+ * model). */
 #include "testutil.h"
 #include "common/quant.h"
 #include "common/rng.h"
@@ -140,6 +141,49 @@ START_TEST(test_kernels_batch_invariant) {
         free(x);
         free(y);
         free(y1);
+        free(scratch);
+        free(q8);
+        weights_free(&m, &buf);
+    }
+}
+END_TEST
+
+/* A GGUF q/k matrix (perm_hd: logical row j is stored row qtensor_row(j)) gives each
+ * logical row the bits the same stored row gives in an unpermuted matrix, for any split
+ * of the rows (the tiled path walks such matrices in stored order). */
+START_TEST(test_kernels_perm_rows) {
+    const QkFamily *f = family(kFams[_i]);
+    if (!f) return;
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        if (kTypes[ti] == QT_Q4_K || kTypes[ti] == QT_Q5_K || kTypes[ti] == QT_Q6_K) continue;
+        Model *m;
+        uint8_t *buf;
+        QTensor w = weights(kTypes[ti], 60 + ti, &m, &buf), wp = w;
+        wp.perm_hd = 16; /* 4 heads of 16 rows */
+        int n = 5, in = w.cols, out = w.rows, nb = in / 32;
+        Rng r;
+        rng_seed(&r, 9);
+        float *x = rs_xmalloc(sizeof(float) * n * in), *y = rs_xmalloc(sizeof(float) * n * out);
+        float *yp = rs_xmalloc(sizeof(float) * n * out), *scratch = rs_xmalloc(sizeof(float) * in);
+        for (int i = 0; i < n * in; i++) x[i] = (float)(rng_uniform(&r) * 2 - 1);
+        QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * n * nb);
+        qk_quantize_rows(x, n, in, q8);
+        QkActs a = {x, q8, n, in};
+        qk_matmul_rows(f, &w, &a, y, out, 0, out, scratch);
+        qk_matmul_rows(f, &wp, &a, yp, out, 0, 21, scratch); /* splits inside heads */
+        qk_matmul_rows(f, &wp, &a, yp, out, 21, 37, scratch);
+        qk_matmul_rows(f, &wp, &a, yp, out, 37, out, scratch);
+        for (int j = 0; j < out; j++) {
+            int s = (int)((qtensor_row(&wp, j) - (const uint8_t *)w.data) / w.row_bytes);
+            for (int t = 0; t < n; t++)
+                ck_assert_msg(memcmp(&yp[t * out + j], &y[t * out + s], sizeof(float)) == 0,
+                              "%s %s: logical row %d (stored %d) token %d: %.9g vs %.9g",
+                              f->name, quant_type_name(kTypes[ti]), j, s, t, yp[t * out + j],
+                              y[t * out + s]);
+        }
+        free(x);
+        free(y);
+        free(yp);
         free(scratch);
         free(q8);
         weights_free(&m, &buf);
@@ -296,6 +340,7 @@ Suite *suite_cpu_kernels(void) {
     TCase *tc = tcase_create("kernels");
     tcase_add_loop_test(tc, test_kernels_vs_double, 0, N_FAMS);
     tcase_add_loop_test(tc, test_kernels_batch_invariant, 0, N_FAMS);
+    tcase_add_loop_test(tc, test_kernels_perm_rows, 0, N_FAMS);
     tcase_add_test(tc, test_threadpool_runs_every_worker);
     tcase_add_test(tc, test_quantize_rounds_ties_away);
     tcase_add_loop_test(tc, test_forward_batch_invariant, 0, 2);
