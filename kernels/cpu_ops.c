@@ -2,12 +2,15 @@
  * over speed: this is the reference the CUDA backend and the golden tests are checked
  * against. cpu_matmul is the portable f32 kernel of kernels/cpu_qmatmul.h (the backend
  * itself multiplies stored-type weights through the dispatched family); attention is
- * plain loops, one (token, head) at a time so the backend can split pairs across
- * threads. */
+ * one (token, head) at a time so the backend can split pairs across threads, its entries
+ * four at a time with each entry's arithmetic that of the plain one-entry loops. */
 #include "cpu_ops.h"
 #include "cpu_qmatmul.h"
 #include <math.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 /* Exactly as transformers computes them: float32 of 1 / theta^(2i/d), then (optionally)
  * _compute_llama3_parameters' smoothing. */
@@ -109,25 +112,102 @@ static void axpy(float *restrict o, float a, const float *restrict v, int n) {
     for (; i < n; i++) o[i] += a * v[i];
 }
 
+/* dot() of a with ATT_E rows b[e] at once, each with exactly dot()'s operations (bitwise
+ * equal: SSE lanes are IEEE single operations like the scalar ones, no FMA): the rows'
+ * chains interleave and a's loads are shared. */
+#define ATT_E 4
+#if defined(__GNUC__) && !defined(__clang__)
+#define ATT_UNROLL _Pragma("GCC unroll 4") /* -O2 leaves the e loops rolled, acc in memory */
+#else
+#define ATT_UNROLL
+#endif
+static void dot_e(const float *restrict a, const float *const *b, int n, float *out) {
+    float c[ATT_E][8] = {{0}}; /* dot()'s acc per row */
+    int i = 0;
+#if defined(__SSE2__)
+    __m128 lo[ATT_E], hi[ATT_E]; /* lanes 0-3 and 4-7 of acc */
+    ATT_UNROLL
+    for (int e = 0; e < ATT_E; e++) lo[e] = hi[e] = _mm_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        __m128 a0 = _mm_loadu_ps(a + i), a1 = _mm_loadu_ps(a + i + 4);
+        ATT_UNROLL
+        for (int e = 0; e < ATT_E; e++) {
+            lo[e] = _mm_add_ps(lo[e], _mm_mul_ps(a0, _mm_loadu_ps(b[e] + i)));
+            hi[e] = _mm_add_ps(hi[e], _mm_mul_ps(a1, _mm_loadu_ps(b[e] + i + 4)));
+        }
+    }
+    for (int e = 0; e < ATT_E; e++) _mm_storeu_ps(c[e], lo[e]), _mm_storeu_ps(c[e] + 4, hi[e]);
+#else
+    for (; i + 8 <= n; i += 8)
+        for (int e = 0; e < ATT_E; e++)
+            for (int k = 0; k < 8; k++) c[e][k] += a[i + k] * b[e][i + k];
+#endif
+    for (int e = 0; e < ATT_E; e++) {
+        const float *v = c[e];
+        float d = ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+        for (int j = i; j < n; j++) d += a[j] * b[e][j];
+        out[e] = d;
+    }
+}
+
+/* axpy() of ATT_E rows in entry order, o kept in registers across them: each o[i] sees
+ * the same additions in the same order (bitwise equal), with a quarter of the loads and
+ * stores (the stores bound the one-row-at-a-time loop). */
+static void axpy_e(float *restrict o, const float *w, const float *const *v, int n) {
+    int i = 0;
+#if defined(__SSE2__)
+    for (; i + 4 <= n; i += 4) {
+        __m128 x = _mm_loadu_ps(o + i);
+        ATT_UNROLL
+        for (int e = 0; e < ATT_E; e++)
+            x = _mm_add_ps(x, _mm_mul_ps(_mm_set1_ps(w[e]), _mm_loadu_ps(v[e] + i)));
+        _mm_storeu_ps(o + i, x);
+    }
+#endif
+    for (; i < n; i++)
+        for (int e = 0; e < ATT_E; e++) o[i] += w[e] * v[e][i];
+}
+
+/* Rows of the entries [j, j + ATT_E) of one head (kvd-float cache rows from h0). */
+static void att_rows(const float *h0, int kvd, int nc, const int *idx, int j, const float **r) {
+    for (int e = 0; e < ATT_E; e++) {
+        int s = j + e < nc ? j + e : nc + idx[j + e - nc];
+        r[e] = h0 + (size_t)s * kvd;
+    }
+}
+
+/* Entries go ATT_E at a time through dot_e/axpy_e (the rest one by one): the same
+ * arithmetic per entry and per output element as one at a time, so results do not depend
+ * on how many entries a row sees together. */
 void cpu_attention_head(float *o, const float *qh, const float *kh0, const float *vh0,
                            int kvd, int nc, const int *idx, int len, int hd, float *att) {
     float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY;
-    for (int j = 0; j < len; j++) {
-        int slot = j < nc ? j : nc + idx[j - nc];
-        att[j] = dot(qh, kh0 + (size_t)slot * kvd, hd) * scale;
+    const float *r[ATT_E];
+    int j = 0;
+    for (; j + ATT_E <= len; j += ATT_E) {
+        att_rows(kh0, kvd, nc, idx, j, r);
+        dot_e(qh, r, hd, att + j);
+    }
+    for (; j < len; j++) att[j] = dot(qh, kh0 + (size_t)(j < nc ? j : nc + idx[j - nc]) * kvd, hd);
+    for (j = 0; j < len; j++) {
+        att[j] *= scale;
         if (att[j] > mx) mx = att[j];
     }
     float sum = 0.0f;
-    for (int j = 0; j < len; j++) {
+    for (j = 0; j < len; j++) {
         att[j] = expf(att[j] - mx);
         sum += att[j];
     }
     float inv = 1.0f / sum;
     memset(o, 0, hd * sizeof(float));
-    for (int j = 0; j < len; j++) {
-        int slot = j < nc ? j : nc + idx[j - nc];
-        axpy(o, att[j] * inv, vh0 + (size_t)slot * kvd, hd);
+    for (j = 0; j + ATT_E <= len; j += ATT_E) {
+        float w[ATT_E];
+        for (int e = 0; e < ATT_E; e++) w[e] = att[j + e] * inv;
+        att_rows(vh0, kvd, nc, idx, j, r);
+        axpy_e(o, w, r, hd);
     }
+    for (; j < len; j++)
+        axpy(o, att[j] * inv, vh0 + (size_t)(j < nc ? j : nc + idx[j - nc]) * kvd, hd);
 }
 
 void cpu_attention(float *out, const float *q, const float *kc, const float *vc,

@@ -1,14 +1,15 @@
 /* CPU kernel families (kernels/cpu_qmatmul.h) and the thread pool: every family that runs on
  * this CPU against a double-precision product of the dequantized operands, for every weight
  * type; a row's result bitwise independent of the batch it is in and of the thread count;
- * permuted (GGUF q/k) rows landing where they belong; and the whole forward's batch
- * invariance: a row's logits bitwise equal whether computed alone, in a prefill chunk or
- * in a 65-row masked tree pass (random typed models, 1 and 2 threads, and the default
- * model). */
+ * permuted (GGUF q/k) rows landing where they belong; attention bitwise equal to plain
+ * one-entry loops; and the whole forward's batch invariance: a row's logits bitwise
+ * equal whether computed alone, in a prefill chunk or in a 65-row masked tree pass (random
+ * typed models, 1 and 2 threads, and the default model). */
 #include "testutil.h"
 #include "common/quant.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
+#include "kernels/cpu_ops.h"
 #include "kernels/cpu_qmatmul.h"
 #include "kernels/threadpool.h"
 #include <math.h>
@@ -191,6 +192,60 @@ START_TEST(test_kernels_perm_rows) {
 }
 END_TEST
 
+/* cpu_attention_head as one entry at a time in the plainest loops: scores with 8 lane
+ * sums folded ((0+4)+(1+5))+((2+6)+(3+7)), then softmax, then o += p_j v_j in entry
+ * order. The kernel takes entries four at a time and must give the same bits. */
+static void attention_plain(float *o, const float *q, const float *k, const float *v, int kvd,
+                            int nc, const int *idx, int len, int hd, float *att) {
+    float mx = -INFINITY, sum = 0;
+    for (int j = 0; j < len; j++) {
+        const float *kr = k + (size_t)(j < nc ? j : nc + idx[j - nc]) * kvd;
+        float acc[8] = {0}, d;
+        int i = 0;
+        for (; i + 8 <= hd; i += 8)
+            for (int l = 0; l < 8; l++) acc[l] += q[i + l] * kr[i + l];
+        d = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for (; i < hd; i++) d += q[i] * kr[i];
+        att[j] = d * (1.0f / sqrtf((float)hd));
+        mx = att[j] > mx ? att[j] : mx;
+    }
+    for (int j = 0; j < len; j++) sum += att[j] = expf(att[j] - mx);
+    float inv = 1.0f / sum;
+    memset(o, 0, sizeof(float) * hd);
+    for (int j = 0; j < len; j++) {
+        const float *vr = v + (size_t)(j < nc ? j : nc + idx[j - nc]) * kvd;
+        for (int i = 0; i < hd; i++) o[i] += att[j] * inv * vr[i];
+    }
+}
+
+START_TEST(test_attention_matches_plain_loops) {
+    Rng r;
+    rng_seed(&r, 11);
+    static const int hds[] = {64, 36, 128, 8};
+    for (int trial = 0; trial < 40; trial++) {
+        int hd = hds[trial % 4], kvd = 3 * hd, nc = (int)(rng_next(&r) % 23), np = 1 + trial % 7;
+        int idx[8], len = nc;
+        for (int j = 0; j < np; j++)
+            if (rng_next(&r) % 3) idx[len++ - nc] = j; /* a masked row's pending entries */
+        size_t sz = (size_t)(nc + np) * kvd;
+        float *k = rs_xmalloc(sizeof(float) * sz), *v = rs_xmalloc(sizeof(float) * sz);
+        float q[128], o[128], want[128], att[32];
+        for (size_t i = 0; i < sz; i++)
+            k[i] = (float)(rng_uniform(&r) * 2 - 1), v[i] = (float)(rng_uniform(&r) * 2 - 1);
+        for (int i = 0; i < hd; i++) q[i] = (float)(rng_uniform(&r) * 6 - 3);
+        if (len > 0) {
+            cpu_attention_head(o, q, k + hd, v + hd, kvd, nc, idx, len, hd, att);
+            attention_plain(want, q, k + hd, v + hd, kvd, nc, idx, len, hd, att);
+            ck_assert_msg(memcmp(o, want, sizeof(float) * hd) == 0,
+                          "trial %d (hd %d, %d entries): %.9g vs %.9g", trial, hd, len, o[0],
+                          want[0]);
+        }
+        free(k);
+        free(v);
+    }
+}
+END_TEST
+
 /* Activation quantization rounds as roundf (ties away from zero, as llama.cpp): with
  * max|x| = 127 the scale is 1, so exact halves and the float just below 0.5 hit the
  * cases an "add 0.5 and truncate" shortcut gets wrong. */
@@ -343,6 +398,7 @@ Suite *suite_cpu_kernels(void) {
     tcase_add_loop_test(tc, test_kernels_perm_rows, 0, N_FAMS);
     tcase_add_test(tc, test_threadpool_runs_every_worker);
     tcase_add_test(tc, test_quantize_rounds_ties_away);
+    tcase_add_test(tc, test_attention_matches_plain_loops);
     tcase_add_loop_test(tc, test_forward_batch_invariant, 0, 2);
     suite_add_tcase(s, tc);
     TCase *td = tcase_create("default_model");
