@@ -3,10 +3,11 @@
  * once in create(); forward() never allocates. Matrix products go through the kernel
  * family picked at create() (kernels/cpu_qmatmul.h: AVX-512, AVX2, scalar, or the f32
  * "ref" path the golden tests hold to transformers' tolerances), split across output rows
- * on the backend's own thread pool; attention is split over (token, head) pairs. A layer
- * is five parallel regions (q|k|v, attention, wo, gate|up, down); the elementwise work
- * that feeds a product (SwiGLU, quantizing the attention and MLP outputs) runs inside the
- * region that produced its input, so only norms, RoPE and residual adds run between them.
+ * in chunks the backend's own threads claim; attention is split over (token, head) pairs.
+ * A layer is five parallel regions (q|k|v, attention, wo, gate|up, down); the elementwise
+ * work that feeds a product (SwiGLU, quantizing the attention and MLP outputs) runs inside
+ * the region that produced its input, so only norms, RoPE and residual adds run between
+ * them.
  *
  * A row's logits are bitwise the same whatever batch it is computed in (alone, in a
  * prefill chunk, in a masked tree pass) at a given kernel family: every product reduces
@@ -80,12 +81,27 @@ typedef struct {
     QkActs x;
 } MmJob;
 
-static void mm_task(void *arg, int tid, int nth) {
-    MmJob *j = arg;
+/* Chunks per thread of a region: threads claim chunks as they come (threadpool.h), so a
+ * thread that starts late or runs slow takes fewer; a chunk's rows are fixed by its index. */
+#define CHUNKS_PER_THREAD 4
+
+/* Chunks for `items` units of work: one without threads, else up to CHUNKS_PER_THREAD per
+ * thread. */
+static int region_chunks(const CpuBackend *b, int items) {
+    int nth = threadpool_size(b->pool), c = nth == 1 ? 1 : CHUNKS_PER_THREAD * nth;
+    return items < c ? (items > 0 ? items : 1) : c;
+}
+
+static int mm_rows(const MmJob *j) {
     int total = 0;
     for (int i = 0; i < j->nm; i++) total += j->w[i]->rows;
+    return total;
+}
+
+static void mm_task(void *arg, int chunk, int n_chunks, int tid) {
+    MmJob *j = arg;
     int lo, hi;
-    threadpool_share(total, tid, nth, &lo, &hi);
+    threadpool_share(mm_rows(j), chunk, n_chunks, &lo, &hi);
     float *scratch = j->b->s.scratch + (size_t)tid * j->b->max_cols;
     for (int i = 0, off = 0; i < j->nm; off += j->w[i]->rows, i++) {
         int a = lo > off ? lo - off : 0, z = hi - off < j->w[i]->rows ? hi - off : j->w[i]->rows;
@@ -110,7 +126,7 @@ static void matmul(CpuBackend *b, const float *x, const QkQ8 *xq, int n, int nm,
         qk_quantize_rows(x, n, j.x.in, b->s.xq);
         j.x.q8 = b->s.xq;
     }
-    threadpool_run(b->pool, mm_task, &j);
+    threadpool_run_chunks(b->pool, mm_task, &j, region_chunks(b, mm_rows(&j)));
 }
 
 static void matmul1(CpuBackend *b, const float *x, const QkQ8 *xq, int n, const QTensor *w,
@@ -138,10 +154,10 @@ static void attend(CpuBackend *b, const AttnJob *j, int t, int h, float *att) {
                        j->nc + s->att_cnt[t], hd, att);
 }
 
-static void attn_task(void *arg, int tid, int nth) {
+static void attn_task(void *arg, int chunk, int n_chunks, int tid) {
     AttnJob *j = arg;
     int nh = j->b->base.model->cfg.n_heads, lo, hi;
-    threadpool_share(j->n * nh, tid, nth, &lo, &hi);
+    threadpool_share(j->n * nh, chunk, n_chunks, &lo, &hi);
     float *att = j->b->s.att + (size_t)tid * j->b->base.params.kv_capacity;
     int hd = j->b->base.model->cfg.head_dim, qd = j->b->q_dim;
     for (int i = lo; i < hi; i++) {
@@ -164,11 +180,14 @@ typedef struct {
     QkQ8 *hq; // (n, hidden/32) or NULL
 } UpJob;
 
-static void up_task(void *arg, int tid, int nth) {
+/* Units of up_task's split: whole Q8 blocks of the hidden vector when it has them. */
+static int up_unit(const CpuBackend *b) { return b->base.model->cfg.hidden_dim % QK_BLOCK ? 1 : QK_BLOCK; }
+
+static void up_task(void *arg, int chunk, int n_chunks, int tid) {
     UpJob *j = arg;
     RunState *s = &j->b->s;
-    int hidden = j->b->base.model->cfg.hidden_dim, g = hidden % QK_BLOCK ? 1 : QK_BLOCK, lo, hi;
-    threadpool_share(hidden / g, tid, nth, &lo, &hi);
+    int hidden = j->b->base.model->cfg.hidden_dim, g = up_unit(j->b), lo, hi;
+    threadpool_share(hidden / g, chunk, n_chunks, &lo, &hi);
     lo *= g;
     hi *= g;
     if (lo == hi) return;
@@ -378,7 +397,7 @@ static void fwd_attention(CpuBackend *b, int l, int n) {
     fwd_qk_post(b, L, knew, vnew, n);
     int oq = qk_wants_q8(b->fam, L->wo.type) && c->head_dim % QK_BLOCK == 0;
     AttnJob aj = {b, kc, vc, n, b->base.n_committed, oq ? s->xq : NULL};
-    threadpool_run(b->pool, attn_task, &aj);
+    threadpool_run_chunks(b->pool, attn_task, &aj, region_chunks(b, n * c->n_heads));
     matmul1(b, s->att_out, aj.oq, n, &L->wo, s->xb);
     cpu_residual_add(s->x, s->xb, (size_t)n * dim);
 }
@@ -397,7 +416,7 @@ static void fwd_mlp(CpuBackend *b, int l, int n) {
         uj.x.q8 = s->xq;
     }
     if (qk_wants_q8(b->fam, L->w_down.type)) uj.hq = s->hq;
-    threadpool_run(b->pool, up_task, &uj);
+    threadpool_run_chunks(b->pool, up_task, &uj, region_chunks(b, c->hidden_dim / up_unit(b)));
     matmul1(b, s->hb, uj.hq, n, &L->w_down, s->xb);
     cpu_residual_add(s->x, s->xb, (size_t)n * dim);
 }

@@ -1,7 +1,10 @@
 /* Thread pool of the CPU backend (see threadpool.h). A job is published by bumping `gen`;
- * workers spin on it (pause) for SPIN_NS, then sleep on it with FUTEX_WAIT. The caller
- * waits for `busy` to drop to zero, spinning too: a region ends microseconds after the
- * caller's own share. */
+ * workers spin on it (pause) for SPIN_NS, then sleep on it with FUTEX_WAIT. A job is
+ * n chunks that threads claim one at a time from `claim` (generation, chunk count and
+ * next chunk in one word, so a claim can never mix two jobs); the caller claims too and
+ * waits until every chunk is done, spinning: a region ends microseconds after the last
+ * chunk. A worker that is slow to wake (descheduled on a busy machine) leaves its chunks
+ * to the others instead of holding the region up. */
 #include "threadpool.h"
 #include <errno.h>
 #include <linux/futex.h>
@@ -21,14 +24,20 @@ typedef struct {
     pthread_t th;
 } Worker;
 
+/* claim word: gen (32 bits) | chunk count (16) | next chunk (16) */
+#define CLAIM(g, n, i) (((uint64_t)(g) << 32) | ((uint64_t)(n) << 16) | (uint64_t)(i))
+#define MAX_CHUNKS 0xffff
+
 struct ThreadPool {
     int n;
     Worker *w;    // (n); w[0] is the caller and has no thread
-    _Atomic uint32_t gen;  /* bumped once per job; futex word */
-    _Atomic int busy;      /* workers still inside the current job */
-    _Atomic int sleepers;  /* workers in FUTEX_WAIT (the caller wakes only if > 0) */
+    _Atomic uint32_t gen;   /* bumped once per job; futex word */
+    _Atomic uint64_t claim; /* CLAIM(gen, chunks, next) of the current job */
+    _Atomic int done;       /* chunks of the current job finished */
+    _Atomic int sleepers;   /* workers in FUTEX_WAIT (the caller wakes only if > 0) */
     _Atomic int quit;
-    TpFn fn;
+    TpFn fn;          /* threadpool_run's function, or NULL */
+    TpChunkFn cfn;    /* threadpool_run_chunks's */
     void *arg;
 };
 
@@ -65,6 +74,24 @@ static uint32_t wait_job(ThreadPool *p, uint32_t seen) {
     }
 }
 
+/* Claims and runs chunks of job `g` until none is left (or a newer job replaced it). A
+ * successful claim keeps job g from finishing until its chunk is done, so fn and arg,
+ * written before g's claim word, stay valid while it runs. */
+static void run_claims(ThreadPool *p, uint32_t g, int tid) {
+    uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
+    for (;;) {
+        int n = (int)((c >> 16) & 0xffff), i = (int)(c & 0xffff);
+        if ((uint32_t)(c >> 32) != g || i >= n) return;
+        if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue; /* c now holds the current word */
+        if (p->cfn) p->cfn(p->arg, i, n, tid);
+        else p->fn(p->arg, i, n);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        c = atomic_load_explicit(&p->claim, memory_order_acquire);
+    }
+}
+
 static void *worker_main(void *a) {
     Worker *w = a;
     ThreadPool *p = w->pool;
@@ -78,8 +105,7 @@ static void *worker_main(void *a) {
     for (;;) {
         seen = wait_job(p, seen);
         if (atomic_load(&p->quit)) return NULL;
-        p->fn(p->arg, w->tid, p->n);
-        atomic_fetch_sub_explicit(&p->busy, 1, memory_order_release);
+        run_claims(p, seen, w->tid);
     }
 }
 
@@ -130,21 +156,32 @@ void threadpool_destroy(ThreadPool **pp) {
     *pp = NULL;
 }
 
-void threadpool_run(ThreadPool *p, TpFn fn, void *arg) {
+/* Publishes a job of n chunks, takes part in it and returns once every chunk is done. */
+static void run_job(ThreadPool *p, TpFn fn, TpChunkFn cfn, void *arg, int n) {
+    RS_ASSERT(n >= 1 && n <= MAX_CHUNKS);
     if (p->n == 1) {
-        fn(arg, 0, 1);
+        for (int i = 0; i < n; i++) cfn ? cfn(arg, i, n, 0) : fn(arg, i, n);
         return;
     }
     p->fn = fn;
+    p->cfn = cfn;
     p->arg = arg;
-    atomic_store_explicit(&p->busy, p->n - 1, memory_order_relaxed);
-    atomic_fetch_add(&p->gen, 1); /* seq_cst: ordered before the sleepers load */
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    uint32_t g = atomic_load_explicit(&p->gen, memory_order_relaxed) + 1;
+    atomic_store_explicit(&p->claim, CLAIM(g, n, 0), memory_order_release);
+    atomic_store(&p->gen, g); /* seq_cst: ordered before the sleepers load */
     if (atomic_load(&p->sleepers) > 0) futex_wake_all(&p->gen);
-    fn(arg, 0, p->n);
-    for (unsigned i = 1; atomic_load_explicit(&p->busy, memory_order_acquire) > 0; i++) {
+    run_claims(p, g, 0);
+    for (unsigned i = 1; atomic_load_explicit(&p->done, memory_order_acquire) < n; i++) {
         cpu_relax();
         if (i > 2048) sched_yield(); /* a descheduled worker may need this core */
     }
+}
+
+void threadpool_run(ThreadPool *p, TpFn fn, void *arg) { run_job(p, fn, NULL, arg, p->n); }
+
+void threadpool_run_chunks(ThreadPool *p, TpChunkFn fn, void *arg, int n_chunks) {
+    run_job(p, NULL, fn, arg, n_chunks);
 }
 
 int threadpool_size(const ThreadPool *p) { return p->n; }

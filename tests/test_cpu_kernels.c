@@ -297,6 +297,41 @@ START_TEST(test_threadpool_runs_every_worker) {
 }
 END_TEST
 
+typedef struct {
+    _Atomic int hits[1000];
+    int pool;
+} ChunkHits;
+
+static void chunk_task(void *arg, int i, int n, int tid) {
+    ChunkHits *h = arg;
+    ck_assert_int_lt(i, n);
+    ck_assert_int_lt(tid, h->pool);
+    atomic_fetch_add(&h->hits[i], 1);
+}
+
+/* threadpool_run_chunks runs every chunk exactly once, from 1 chunk to many more chunks
+ * than threads, and names a thread of the pool. */
+START_TEST(test_threadpool_chunks_each_once) {
+    static const int counts[] = {1, 2, 5, 64, 1000};
+    for (int n = 1; n <= 3; n++) {
+        ThreadPool *p = NULL;
+        RsErr e = {0};
+        ck_assert_int_eq(threadpool_create(n, &p, &e), RS_OK);
+        for (int c = 0; c < 5; c++) {
+            static ChunkHits h;
+            memset(&h, 0, sizeof h);
+            h.pool = n;
+            for (int k = 0; k < 50; k++) threadpool_run_chunks(p, chunk_task, &h, counts[c]);
+            for (int i = 0; i < 1000; i++)
+                ck_assert_msg(h.hits[i] == (i < counts[c] ? 50 : 0),
+                              "pool %d, %d chunks: chunk %d ran %d times", n, counts[c], i,
+                              (int)h.hits[i]);
+        }
+        threadpool_destroy(&p);
+    }
+}
+END_TEST
+
 /* ---- forward invariance ---- */
 
 #define PREFIX 12
@@ -397,6 +432,7 @@ Suite *suite_cpu_kernels(void) {
     tcase_add_loop_test(tc, test_kernels_batch_invariant, 0, N_FAMS);
     tcase_add_loop_test(tc, test_kernels_perm_rows, 0, N_FAMS);
     tcase_add_test(tc, test_threadpool_runs_every_worker);
+    tcase_add_test(tc, test_threadpool_chunks_each_once);
     tcase_add_test(tc, test_quantize_rounds_ties_away);
     tcase_add_test(tc, test_attention_matches_plain_loops);
     tcase_add_loop_test(tc, test_forward_batch_invariant, 0, 2);
