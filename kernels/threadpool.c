@@ -1,10 +1,10 @@
 /* Thread pool of the CPU backend (see threadpool.h). A job is published by bumping `gen`;
  * workers spin on it (pause) for SPIN_NS, then sleep on it with FUTEX_WAIT. A job is
  * n chunks that threads claim one at a time from `claim` (generation, chunk count and
- * next chunk in one word, so a claim can never mix two jobs); the caller claims too and
- * waits until every chunk is done, spinning: a region ends microseconds after the last
- * chunk. A worker that is slow to wake (descheduled on a busy machine) leaves its chunks
- * to the others instead of holding the region up. */
+ * the unclaimed range in one word, so a claim can never mix two jobs); the caller claims
+ * too and waits until every chunk is done, spinning: a region ends microseconds after the
+ * last chunk. A worker that is slow to wake (descheduled on a busy machine) leaves its
+ * chunks to the others instead of holding the region up. */
 #include "threadpool.h"
 #include <errno.h>
 #include <linux/futex.h>
@@ -24,9 +24,15 @@ typedef struct {
     pthread_t th;
 } Worker;
 
-/* claim word: gen (32 bits) | chunk count (16) | next chunk (16) */
-#define CLAIM(g, n, i) (((uint64_t)(g) << 32) | ((uint64_t)(n) << 16) | (uint64_t)(i))
-#define MAX_CHUNKS 0xffff
+/* claim word: gen (20 bits) | chunk count (14) | unclaimed chunks [lo, hi) (14 + 14). The
+ * caller claims from the front and the workers from the back, so each walks a contiguous
+ * run of chunks (the streams the prefetchers see) until they meet. */
+#define CB 14
+#define CM ((1u << CB) - 1)
+#define CLAIM(g, n, lo, hi)                                                                 \
+    ((((uint64_t)(g) & 0xfffff) << (3 * CB)) | ((uint64_t)(n) << (2 * CB)) |                \
+     ((uint64_t)(lo) << CB) | (uint64_t)(hi))
+#define MAX_CHUNKS CM
 
 struct ThreadPool {
     int n;
@@ -80,9 +86,11 @@ static uint32_t wait_job(ThreadPool *p, uint32_t seen) {
 static void run_claims(ThreadPool *p, uint32_t g, int tid) {
     uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
     for (;;) {
-        int n = (int)((c >> 16) & 0xffff), i = (int)(c & 0xffff);
-        if ((uint32_t)(c >> 32) != g || i >= n) return;
-        if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acq_rel,
+        int n = (int)((c >> 2 * CB) & CM), lo = (int)((c >> CB) & CM), hi = (int)(c & CM);
+        if ((uint32_t)(c >> 3 * CB) != (g & 0xfffff) || lo >= hi) return;
+        int i = tid == 0 ? lo : hi - 1;
+        uint64_t next = tid == 0 ? c + ((uint64_t)1 << CB) : c - 1;
+        if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, next, memory_order_acq_rel,
                                                    memory_order_acquire))
             continue; /* c now holds the current word */
         if (p->cfn) p->cfn(p->arg, i, n, tid);
@@ -168,7 +176,7 @@ static void run_job(ThreadPool *p, TpFn fn, TpChunkFn cfn, void *arg, int n) {
     p->arg = arg;
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     uint32_t g = atomic_load_explicit(&p->gen, memory_order_relaxed) + 1;
-    atomic_store_explicit(&p->claim, CLAIM(g, n, 0), memory_order_release);
+    atomic_store_explicit(&p->claim, CLAIM(g, n, 0, n), memory_order_release);
     atomic_store(&p->gen, g); /* seq_cst: ordered before the sleepers load */
     if (atomic_load(&p->sleepers) > 0) futex_wake_all(&p->gen);
     run_claims(p, g, 0);

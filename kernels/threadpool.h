@@ -17,7 +17,7 @@ typedef struct ThreadPool ThreadPool;
  * worker claims it; returns when all are done. Not reentrant: one caller thread at a
  * time. */
 typedef void (*TpFn)(void *arg, int i, int n);
-/* fn(arg, i, n_chunks, tid) for every chunk i < n_chunks (1..65535), each exactly once;
+/* fn(arg, i, n_chunks, tid) for every chunk i < n_chunks (1..16383), each exactly once;
  * tid (< the pool size) names the thread running it, for per-thread scratch. */
 typedef void (*TpChunkFn)(void *arg, int i, int n_chunks, int tid);
 
