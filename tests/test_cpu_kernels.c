@@ -270,6 +270,44 @@ START_TEST(test_quantize_rounds_ties_away) {
 }
 END_TEST
 
+/* Random rows (magnitudes from 1e-3 to 1e3, exact halves of the scale, zero blocks)
+ * quantize exactly as the plainest loop: d = max|x|/127, q = roundf(x / d) via the
+ * reciprocal, clamped, s = d * sum(q). */
+START_TEST(test_quantize_matches_plain_loop) {
+    Rng r;
+    rng_seed(&r, 17);
+    int in = 256, nb = in / QK_BLOCK;
+    float x[256];
+    QkQ8 q[8];
+    for (int trial = 0; trial < 200; trial++) {
+        float mag = powf(10.0f, (float)(trial % 7) - 3.0f);
+        for (int i = 0; i < in; i++) {
+            float u = (float)(rng_uniform(&r) * 2 - 1) * mag;
+            x[i] = trial % 5 == 1 ? (float)((int)(u / mag * 254) / 2) : u; /* halves */
+            if (trial % 11 == 3 && i < QK_BLOCK) x[i] = 0; /* an all-zero block */
+        }
+        qk_quantize_rows(x, 1, in, q);
+        for (int b = 0; b < nb; b++) {
+            const float *v = x + b * QK_BLOCK;
+            float amax = 0;
+            for (int i = 0; i < QK_BLOCK; i++) amax = fabsf(v[i]) > amax ? fabsf(v[i]) : amax;
+            float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+            int sum = 0;
+            for (int i = 0; i < QK_BLOCK; i++) {
+                float w = roundf(v[i] * id);
+                w = w > 127 ? 127 : w < -127 ? -127 : w;
+                ck_assert_msg(q[b].q[i] == (int)w, "trial %d block %d: x %.9g -> %d, want %d",
+                              trial, b, v[i], q[b].q[i], (int)w);
+                sum += (int)w;
+            }
+            ck_assert(memcmp(&q[b].d, &d, sizeof d) == 0);
+            float s = d * (float)sum;
+            ck_assert(memcmp(&q[b].s, &s, sizeof s) == 0);
+        }
+    }
+}
+END_TEST
+
 static void count_task(void *arg, int tid, int nth) {
     _Atomic int *hits = arg;
     atomic_fetch_add(&hits[tid], 1);
@@ -434,6 +472,7 @@ Suite *suite_cpu_kernels(void) {
     tcase_add_test(tc, test_threadpool_runs_every_worker);
     tcase_add_test(tc, test_threadpool_chunks_each_once);
     tcase_add_test(tc, test_quantize_rounds_ties_away);
+    tcase_add_test(tc, test_quantize_matches_plain_loop);
     tcase_add_test(tc, test_attention_matches_plain_loops);
     tcase_add_loop_test(tc, test_forward_batch_invariant, 0, 2);
     suite_add_tcase(s, tc);
