@@ -3,11 +3,11 @@
  * once in create(); forward() never allocates. Matrix products go through the kernel
  * family picked at create() (kernels/cpu_qmatmul.h: AVX-512, AVX2, scalar, or the f32
  * "ref" path the golden tests hold to transformers' tolerances), split across output rows
- * in chunks the backend's own threads claim; attention is split over (token, head) pairs.
- * A layer is five parallel regions (q|k|v, attention, wo, gate|up, down); the elementwise
- * work that feeds a product (SwiGLU, quantizing the attention and MLP outputs) runs inside
- * the region that produced its input, so only norms, RoPE and residual adds run between
- * them.
+ * in chunks the backend's own threads claim; attention (the family's, or the reference
+ * loops) is split over (token, head) pairs. A layer is five parallel regions (q|k|v,
+ * attention, wo, gate|up, down); the elementwise work that feeds a product (SwiGLU,
+ * quantizing the attention and MLP outputs) runs inside the region that produced its
+ * input, so only norms, RoPE and residual adds run between them.
  *
  * A row's logits are bitwise the same whatever batch it is computed in (alone, in a
  * prefill chunk, in a masked tree pass) at a given kernel family: every product reduces
@@ -148,7 +148,8 @@ static void attend(CpuBackend *b, const AttnJob *j, int t, int h, float *att) {
     RunState *s = &b->s;
     int hd = c->head_dim, qd = b->q_dim, kvd = b->kv_dim;
     int off = (h / (c->n_heads / c->n_kv_heads)) * hd;
-    cpu_attention_head(s->att_out + (size_t)t * qd + h * hd, s->q + (size_t)t * qd + h * hd,
+    QkAttnFn fn = b->fam->attn ? b->fam->attn : cpu_attention_head;
+    fn(s->att_out + (size_t)t * qd + h * hd, s->q + (size_t)t * qd + h * hd,
                        j->kc + off, j->vc + off, kvd, j->nc,
                        s->att_idx + (size_t)t * b->base.params.max_pending,
                        j->nc + s->att_cnt[t], hd, att);

@@ -18,7 +18,9 @@
  * per-token instruction sequence (explicit intrinsics, no reassociation); a family's tile
  * kernel (QK_ROWS weight rows per call, the x86 Q4_0/Q4_1/Q8_0 ones) takes every row of
  * the type, short tiles padded, with the same lane operations in every slot. So a row's
- * result is bitwise the same whatever n, the group it lands in and the thread split. */
+ * result is bitwise the same whatever n, the group it lands in and the thread split.
+ * Attention likewise: a family's attn (FMA lanes on x86) works on one (token, head) with
+ * an order fixed by the entries it sees, whatever the batch. */
 #ifndef ROOTSPEC_CPU_QMATMUL_H
 #define ROOTSPEC_CPU_QMATMUL_H
 #include "common/model.h"
@@ -54,11 +56,16 @@ typedef struct {
     QkTileFn tile;
 } QkKernel;
 
+/* Softmax attention of one (token, head), as cpu_attention_head (kernels/cpu_ops.h). */
+typedef void (*QkAttnFn)(float *o, const float *qh, const float *kh0, const float *vh0,
+                         int kvd, int nc, const int *idx, int len, int hd, float *att);
+
 typedef struct {
     const char *name;
     const QkKernel *kernels; // (n_kernels)
     int n_kernels;
     QkDotFn dot_f32; /* f32 x f32: F32 weights and the generic path's dequantized rows */
+    QkAttnFn attn;   /* NULL: cpu_attention_head, the reference loops */
 } QkFamily;
 
 extern const QkFamily qk_family_ref, qk_family_scalar, qk_family_avx2, qk_family_avx512;

@@ -246,6 +246,39 @@ START_TEST(test_attention_matches_plain_loops) {
 }
 END_TEST
 
+/* A family's own attention (FMA lanes) against the reference loops, within float
+ * rounding: head sizes with a partial 64-column slice (40) and the reference fallback (36),
+ * contexts beyond one 512-row pass, masked pending entries. */
+START_TEST(test_family_attention_vs_reference) {
+    const QkFamily *f = family(kFams[_i]);
+    if (!f || !f->attn) return;
+    Rng r;
+    rng_seed(&r, 23);
+    static const int hds[] = {64, 128, 40, 36}, ncs[] = {0, 5, 130, 700};
+    for (int trial = 0; trial < 16; trial++) {
+        int hd = hds[trial % 4], kvd = 2 * hd, nc = ncs[trial / 4], np = 1 + trial % 5;
+        int idx[8], len = nc;
+        for (int j = 0; j < np; j++)
+            if (j == 0 || rng_next(&r) % 2) idx[len++ - nc] = j;
+        size_t sz = (size_t)(nc + np) * kvd;
+        float *k = rs_xmalloc(sizeof(float) * sz), *v = rs_xmalloc(sizeof(float) * sz);
+        float *att = rs_xmalloc(sizeof(float) * (len + 1)), q[128], o[128], want[128];
+        for (size_t i = 0; i < sz; i++)
+            k[i] = (float)(rng_uniform(&r) * 2 - 1), v[i] = (float)(rng_uniform(&r) * 2 - 1);
+        for (int i = 0; i < hd; i++) q[i] = (float)(rng_uniform(&r) * 4 - 2);
+        f->attn(o, q, k + hd, v + hd, kvd, nc, idx, len, hd, att);
+        cpu_attention_head(want, q, k + hd, v + hd, kvd, nc, idx, len, hd, att);
+        for (int i = 0; i < hd; i++)
+            ck_assert_msg(fabsf(o[i] - want[i]) <= 1e-6f + 1e-4f * fabsf(want[i]),
+                          "%s trial %d (hd %d, %d entries) o[%d]: %.9g vs %.9g", f->name,
+                          trial, hd, len, i, o[i], want[i]);
+        free(k);
+        free(v);
+        free(att);
+    }
+}
+END_TEST
+
 /* Activation quantization rounds as roundf (ties away from zero, as llama.cpp): with
  * max|x| = 127 the scale is 1, so exact halves and the float just below 0.5 hit the
  * cases an "add 0.5 and truncate" shortcut gets wrong. */
@@ -474,6 +507,7 @@ Suite *suite_cpu_kernels(void) {
     tcase_add_test(tc, test_quantize_rounds_ties_away);
     tcase_add_test(tc, test_quantize_matches_plain_loop);
     tcase_add_test(tc, test_attention_matches_plain_loops);
+    tcase_add_loop_test(tc, test_family_attention_vs_reference, 0, N_FAMS);
     tcase_add_loop_test(tc, test_forward_batch_invariant, 0, 2);
     suite_add_tcase(s, tc);
     TCase *td = tcase_create("default_model");
