@@ -149,10 +149,9 @@ static void attend(CpuBackend *b, const AttnJob *j, int t, int h, float *att) {
     int hd = c->head_dim, qd = b->q_dim, kvd = b->kv_dim;
     int off = (h / (c->n_heads / c->n_kv_heads)) * hd;
     QkAttnFn fn = b->fam->attn ? b->fam->attn : cpu_attention_head;
-    fn(s->att_out + (size_t)t * qd + h * hd, s->q + (size_t)t * qd + h * hd,
-                       j->kc + off, j->vc + off, kvd, j->nc,
-                       s->att_idx + (size_t)t * b->base.params.max_pending,
-                       j->nc + s->att_cnt[t], hd, att);
+    fn(s->att_out + (size_t)t * qd + h * hd, s->q + (size_t)t * qd + h * hd, j->kc + off,
+       j->vc + off, kvd, j->nc, s->att_idx + (size_t)t * b->base.params.max_pending,
+       j->nc + s->att_cnt[t], hd, att);
 }
 
 static void attn_task(void *arg, int chunk, int n_chunks, int tid) {
@@ -182,7 +181,9 @@ typedef struct {
 } UpJob;
 
 /* Units of up_task's split: whole Q8 blocks of the hidden vector when it has them. */
-static int up_unit(const CpuBackend *b) { return b->base.model->cfg.hidden_dim % QK_BLOCK ? 1 : QK_BLOCK; }
+static int up_unit(const CpuBackend *b) {
+    return b->base.model->cfg.hidden_dim % QK_BLOCK ? 1 : QK_BLOCK;
+}
 
 static void up_task(void *arg, int chunk, int n_chunks, int tid) {
     UpJob *j = arg;
@@ -252,8 +253,7 @@ static void alloc_state(CpuBackend *b, const Config *c, const BackendParams *p, 
     s->pend_pos = rs_xcalloc(P, sizeof(int));
     s->keep_seen = rs_xcalloc(P, 1);
     s->logits = rs_xcalloc((size_t)b->max_kept * c->vocab_size, sizeof(float));
-    s->parts = rs_xcalloc((size_t)b->max_kept,
-                          sizeof(CpuRowsPart));
+    s->parts = rs_xcalloc((size_t)b->max_kept, sizeof(CpuRowsPart));
 }
 
 static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
