@@ -3,7 +3,6 @@
  * per call) and the pool growth; the layer's arithmetic is a kernels/eagle3_rows.h
  * implementation (the CPU in f32, or CUDA). */
 #include "eagle3_forward.h"
-#include "common/logits.h"
 #include "common/randmodel.h"
 #include "kernels/backend.h"
 #include "kernels/cpu_rows.h"

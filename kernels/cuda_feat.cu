@@ -5,15 +5,6 @@
 
 typedef __nv_bfloat16 bf16;
 
-/* The launch form of cuda_kernels.cu (emulated stream under ROOTSPEC_CUEMU), counted the
- * same way so launches-per-pass figures include these. */
-#ifdef ROOTSPEC_CUEMU
-#define FEAT_LAUNCH(k, grid, block, stream, ...) \
-    cuemu_launch(#k, k, (grid), (block), 0, (stream), __VA_ARGS__)
-#else
-#define FEAT_LAUNCH(k, grid, block, stream, ...) k<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
-#endif
-
 __global__ void k_feat_store(const float *x, int dim, int width, int off, const CuMeta *meta,
                              bf16 *feat) {
     int t = blockIdx.x;
@@ -26,7 +17,7 @@ __global__ void k_feat_store(const float *x, int dim, int width, int off, const 
 extern "C" void cuk_feat_store(cudaStream_t s, const float *x, int nb, int dim, int width,
                                int off, const CuMeta *meta, rs_bf16 *feat) {
     cuk_count_launches(1);
-    FEAT_LAUNCH(k_feat_store, nb, 256, s, x, dim, width, off, meta, (bf16 *)feat);
+    CUK_KERNEL_LAUNCH(k_feat_store, nb, 256, s, x, dim, width, off, meta, (bf16 *)feat);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -40,6 +31,6 @@ extern "C" void cuk_feat_gather(cudaStream_t s, const rs_bf16 *pend, const int *
                                 int n_keep, int width, rs_bf16 *out) {
     if (n_keep <= 0) return;
     cuk_count_launches(1);
-    FEAT_LAUNCH(k_feat_gather, n_keep, 256, s, (const bf16 *)pend, keep, width, (bf16 *)out);
+    CUK_KERNEL_LAUNCH(k_feat_gather, n_keep, 256, s, (const bf16 *)pend, keep, width, (bf16 *)out);
     CUDA_CHECK(cudaGetLastError());
 }

@@ -17,19 +17,11 @@ typedef __nv_bfloat16 bf16;
 
 #define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
 
-/* The one kernel-launch form of this file. Under nvcc it is exactly the <<<>>> launch;
- * under the CPU emulator (ROOTSPEC_CUEMU, tests/cuemu/) it enqueues the kernel on the
- * emulated stream with the same argument conversions. */
-#ifdef ROOTSPEC_CUEMU
-#define CUK_LAUNCH_(k, grid, block, stream, ...) \
-    cuemu_launch(#k, k, (grid), (block), 0, (stream), __VA_ARGS__)
-#else
-#define CUK_LAUNCH_(k, grid, block, stream, ...) k<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
-#endif
 /* Every launch is counted (host side, when enqueued or captured): launches per layer are
  * asserted by the tests and reported by tools/gpu-check.sh. */
 static uint64_t g_launches;
-#define CUK_LAUNCH(...) (__atomic_fetch_add(&g_launches, 1, __ATOMIC_RELAXED), CUK_LAUNCH_(__VA_ARGS__))
+#define CUK_LAUNCH(...) \
+    (__atomic_fetch_add(&g_launches, 1, __ATOMIC_RELAXED), CUK_KERNEL_LAUNCH(__VA_ARGS__))
 
 extern "C" uint64_t cuk_launch_count(void) { return __atomic_load_n(&g_launches, __ATOMIC_RELAXED); }
 extern "C" void cuk_count_launches(int k) { __atomic_fetch_add(&g_launches, (uint64_t)k, __ATOMIC_RELAXED); }

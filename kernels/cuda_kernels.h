@@ -30,6 +30,18 @@ typedef struct {
     int mask_stride; /* mask row length = pending before this batch + n */
 } CuMeta;
 
+/* The one kernel-launch form of the .cu files. Under nvcc it is exactly the <<<>>> launch;
+ * under the CPU emulator (ROOTSPEC_CUEMU, tests/cuemu/) it enqueues the kernel on the
+ * emulated stream with the same argument conversions. It counts nothing: cuda_kernels.cu's
+ * CUK_LAUNCH counts each launch, the other files call cuk_count_launches. */
+#ifdef ROOTSPEC_CUEMU
+#define CUK_KERNEL_LAUNCH(k, grid, block, stream, ...) \
+    cuemu_launch(#k, k, (grid), (block), 0, (stream), __VA_ARGS__)
+#else
+#define CUK_KERNEL_LAUNCH(k, grid, block, stream, ...) \
+    k<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
+#endif
+
 /* Aborts with the expression, file, line and CUDA's message. */
 #define CUDA_CHECK(expr)                                                                   \
     do {                                                                                   \

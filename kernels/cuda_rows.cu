@@ -17,13 +17,6 @@ extern "C" {
 #define TOPK_THREADS 128
 #define KMAX BACKEND_TOPK_MAX
 
-#ifdef ROOTSPEC_CUEMU
-#define ROWS_LAUNCH(k, grid, block, stream, ...) \
-    cuemu_launch(#k, k, (grid), (block), 0, (stream), __VA_ARGS__)
-#else
-#define ROWS_LAUNCH(k, grid, block, stream, ...) k<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
-#endif
-
 /* The k-best list of one thread: value desc, ties kept in arrival (= ascending id) order. */
 __device__ static void topk_insert(float *v, int *id, int *cnt, int k, float x, int i) {
     if (*cnt == k && !(x > v[k - 1])) return;
@@ -120,7 +113,7 @@ k_rows_topk(const float *logits, int vocab, int k, int *ids, float *logq, float 
 extern "C" void cuk_rows_topk(cudaStream_t s, const float *logits, int n, int vocab, int k,
                               int *ids, float *logq, float *lse) {
     if (n <= 0) return;
-    ROWS_LAUNCH(k_rows_topk, dim3(n), dim3(TOPK_THREADS), s, logits, vocab, k, ids, logq, lse);
+    CUK_KERNEL_LAUNCH(k_rows_topk, dim3(n), dim3(TOPK_THREADS), s, logits, vocab, k, ids, logq, lse);
     CUDA_CHECK(cudaGetLastError());
     cuk_count_launches(1);
 }

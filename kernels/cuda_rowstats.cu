@@ -7,13 +7,6 @@
 #include <cuda_runtime.h>
 #include <math.h>
 
-#ifdef ROOTSPEC_CUEMU
-#define ROWS_LAUNCH(k, grid, block, stream, ...) \
-    cuemu_launch(#k, k, (grid), (block), 0, (stream), __VA_ARGS__)
-#else
-#define ROWS_LAUNCH(k, grid, block, stream, ...) k<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
-#endif
-
 #define ROWQ_THREADS 256
 
 /* row_max_merge (common/logits.c) on the device. */
@@ -129,7 +122,7 @@ __global__ void k_rows_gather(const float *logits, int V, const int *rows, const
 extern "C" void cuk_rows_stats(cudaStream_t s, const float *logits, int V, const int *rows,
                                int n, int temp, const double *u, double *csum, RowStats *out) {
     if (n <= 0) return;
-    ROWS_LAUNCH(k_rows_stats, n, ROWQ_THREADS, s, logits, V, rows, temp, u, csum, out);
+    CUK_KERNEL_LAUNCH(k_rows_stats, n, ROWQ_THREADS, s, logits, V, rows, temp, u, csum, out);
     cuk_count_launches(1);
     CUDA_CHECK(cudaGetLastError());
 }
@@ -137,7 +130,7 @@ extern "C" void cuk_rows_stats(cudaStream_t s, const float *logits, int V, const
 extern "C" void cuk_rows_gather(cudaStream_t s, const float *logits, int V, const int *rows,
                                 const int *ids, int n, float *out) {
     if (n <= 0) return;
-    ROWS_LAUNCH(k_rows_gather, (n + 255) / 256, 256, s, logits, V, rows, ids, n, out);
+    CUK_KERNEL_LAUNCH(k_rows_gather, (n + 255) / 256, 256, s, logits, V, rows, ids, n, out);
     cuk_count_launches(1);
     CUDA_CHECK(cudaGetLastError());
 }
