@@ -71,7 +71,8 @@ typedef struct {
 /* ---- parallel regions ---- */
 
 /* Up to three products sharing one input (q|k|v): their output rows are one range split
- * evenly across the threads. */
+ * evenly across the threads; a region may cover part of it, [r0, r1) (the output head's
+ * column tiles). */
 typedef struct {
     CpuBackend *b;
     int nm;
@@ -79,6 +80,7 @@ typedef struct {
     float *y[3];
     int ldy[3];
     QkActs x;
+    int r0, r1;
 } MmJob;
 
 /* Chunks per thread of a region: threads claim chunks as they come (threadpool.h), so a
@@ -101,7 +103,9 @@ static int mm_rows(const MmJob *j) {
 static void mm_task(void *arg, int chunk, int n_chunks, int tid) {
     MmJob *j = arg;
     int lo, hi;
-    threadpool_share(mm_rows(j), chunk, n_chunks, &lo, &hi);
+    threadpool_share(j->r1 - j->r0, chunk, n_chunks, &lo, &hi);
+    lo += j->r0;
+    hi += j->r0;
     float *scratch = j->b->s.scratch + (size_t)tid * j->b->max_cols;
     for (int i = 0, off = 0; i < j->nm; off += j->w[i]->rows, i++) {
         int a = lo > off ? lo - off : 0, z = hi - off < j->w[i]->rows ? hi - off : j->w[i]->rows;
@@ -109,10 +113,11 @@ static void mm_task(void *arg, int chunk, int n_chunks, int tid) {
     }
 }
 
-/* y_i (n, w_i->rows) = x (n, in) @ w_i^T for the nm matrices, on every thread. xq: x
- * already quantized by the region that made it (NULL: quantized here if a weight wants it). */
-static void matmul(CpuBackend *b, const float *x, const QkQ8 *xq, int n, int nm,
-                   const QTensor *const *w, float *const *y) {
+/* The product job y_i (n, w_i->rows) = x (n, in) @ w_i^T for the nm matrices, over all
+ * their rows. xq: x already quantized by the region that made it (NULL: quantized here if
+ * a weight wants it). */
+static MmJob mm_job(CpuBackend *b, const float *x, const QkQ8 *xq, int n, int nm,
+                    const QTensor *const *w, float *const *y) {
     MmJob j = {.b = b, .nm = nm, .x = {x, xq, n, w[0]->cols}};
     int q8 = 0;
     for (int i = 0; i < nm; i++) {
@@ -126,7 +131,21 @@ static void matmul(CpuBackend *b, const float *x, const QkQ8 *xq, int n, int nm,
         qk_quantize_rows(x, n, j.x.in, b->s.xq);
         j.x.q8 = b->s.xq;
     }
-    threadpool_run_chunks(b->pool, mm_task, &j, region_chunks(b, mm_rows(&j)));
+    j.r1 = mm_rows(&j);
+    return j;
+}
+
+/* Rows [r0, r1) of the job, on every thread. */
+static void mm_run(CpuBackend *b, MmJob *j, int r0, int r1) {
+    j->r0 = r0;
+    j->r1 = r1;
+    threadpool_run_chunks(b->pool, mm_task, j, region_chunks(b, r1 - r0));
+}
+
+static void matmul(CpuBackend *b, const float *x, const QkQ8 *xq, int n, int nm,
+                   const QTensor *const *w, float *const *y) {
+    MmJob j = mm_job(b, x, xq, n, nm, w, y);
+    mm_run(b, &j, 0, j.r1);
 }
 
 static void matmul1(CpuBackend *b, const float *x, const QkQ8 *xq, int n, const QTensor *w,
@@ -459,23 +478,6 @@ static const void *cpu_read_features(Backend *bb, BackendFeatType *t) {
 
 /* ---- the output head with the drafter's top-k (BackendParams.topk_hint) ---- */
 
-/* Head rows [c0, c1) split across the threads. */
-typedef struct {
-    CpuBackend *b;
-    QkActs x;
-    int c0, c1;
-} HeadJob;
-
-static void head_task(void *arg, int tid, int nth) {
-    HeadJob *j = arg;
-    const QTensor *w = &j->b->base.model->w.wcls;
-    int lo, hi;
-    threadpool_share(j->c1 - j->c0, tid, nth, &lo, &hi);
-    if (lo < hi)
-        qk_matmul_rows(j->b->fam, w, &j->x, j->b->s.logits, w->rows, j->c0 + lo, j->c0 + hi,
-                       j->b->s.scratch + (size_t)tid * j->b->max_cols);
-}
-
 /* The head over the n normed rows in s.xb, a tile of columns at a time, each tile reduced
  * (cpu_rows_feed) while its logits are still in cache: 1024 columns a thread (measured on
  * the default model: 2048 to 6528 at one thread left more of them to be read back from
@@ -483,20 +485,16 @@ static void head_task(void *arg, int tid, int nth) {
 static void head_topk(CpuBackend *b, int n) {
     RunState *s = &b->s;
     const QTensor *w = &b->base.model->w.wcls;
-    HeadJob j = {.b = b, .x = {s->xb, NULL, n, w->cols}};
-    if (qk_wants_q8(b->fam, w->type)) {
-        qk_quantize_rows(s->xb, n, w->cols, s->xq);
-        j.x.q8 = s->xq;
-    }
+    MmJob j = mm_job(b, s->xb, NULL, n, 1, &w, &s->logits);
     int V = w->rows, tile = 1024 * threadpool_size(b->pool);
     if (tile < 16384 / n) tile = 16384 / n;
     tile = tile / CPU_ROWS_BLOCK * CPU_ROWS_BLOCK;
     b->topk_run = cpu_rows_begin(s->parts, n, V, b->base.params.topk_hint);
-    for (j.c0 = 0; j.c0 < V; j.c0 = j.c1) {
-        j.c1 = V - j.c0 < tile ? V : j.c0 + tile;
-        threadpool_run(b->pool, head_task, &j);
+    for (int c0 = 0, c1; c0 < V; c0 = c1) {
+        c1 = V - c0 < tile ? V : c0 + tile;
+        mm_run(b, &j, c0, c1);
         uint64_t t0 = rs_now_ns();
-        cpu_rows_feed(b->pool, &b->topk_run, s->logits, V, j.c0, j.c1);
+        cpu_rows_feed(b->pool, &b->topk_run, s->logits, V, c0, c1);
         b->fused_topk_ns += rs_now_ns() - t0;
     }
     b->topk_ready = 1;
