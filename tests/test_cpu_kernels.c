@@ -63,88 +63,117 @@ static void weights_free(Model **m, uint8_t **buf) {
     *buf = NULL;
 }
 
-/* Each family and type: y = x W^T against double sums of the operands the kernel sees
+/* y = x W^T of n random rows against double sums of the operands the kernel sees
  * (dequantized weights; Q8-dequantized activations when the type takes Q8). */
+static void check_vs_double(const QkFamily *f, const QTensor *w, int n, uint64_t seed) {
+    int in = w->cols, out = w->rows, nb = in / 32;
+    Rng r;
+    rng_seed(&r, seed);
+    float *x = rs_xmalloc(sizeof(float) * n * in), *y = rs_xmalloc(sizeof(float) * n * out);
+    float *wf = tu_f32(w), *xd = rs_xmalloc(sizeof(float) * n * in);
+    float *scratch = rs_xmalloc(sizeof(float) * in);
+    for (int i = 0; i < n * in; i++) x[i] = (float)(rng_uniform(&r) * 2 - 1);
+    QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * n * nb);
+    qk_quantize_rows(x, n, in, q8);
+    int wq8 = qk_wants_q8(f, w->type);
+    /* every integer type has its own kernel (Q8 activations) outside "ref" */
+    ck_assert_int_eq(wq8, strcmp(f->name, "ref") != 0 && w->type != QT_F32 &&
+                              w->type != QT_F16 && w->type != QT_BF16);
+    for (int t = 0; t < n; t++)
+        for (int k = 0; k < in; k++)
+            xd[t * in + k] = wq8 ? q8[t * nb + k / 32].d * q8[t * nb + k / 32].q[k % 32]
+                                 : x[t * in + k];
+    QkActs a = {x, q8, n, in};
+    qk_matmul_rows(f, w, &a, y, out, 0, out, scratch);
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < out; j++) {
+            double s = 0, mag = 0;
+            for (int k = 0; k < in; k++) {
+                s += (double)wf[j * in + k] * xd[t * in + k];
+                mag += fabs((double)wf[j * in + k] * xd[t * in + k]);
+            }
+            ck_assert_msg(fabs(y[t * out + j] - s) <= 1e-5 * mag + 1e-6,
+                          "%s %s in %d t %d j %d: %.9g vs %.9g", f->name,
+                          quant_type_name(w->type), in, t, j, y[t * out + j], s);
+        }
+    free(x);
+    free(y);
+    free(xd);
+    free(q8);
+    free(scratch);
+}
+
+/* A token's outputs are the same bits alone, at any offset of a batch of n and for a
+ * split of the output rows at `split`. */
+static void check_batch_invariant(const QkFamily *f, const QTensor *w, int n, int split,
+                                  uint64_t seed) {
+    int in = w->cols, out = w->rows, nb = in / 32;
+    Rng r;
+    rng_seed(&r, seed);
+    float *x = rs_xmalloc(sizeof(float) * n * in), *y = rs_xmalloc(sizeof(float) * n * out);
+    float *y1 = rs_xmalloc(sizeof(float) * out), *scratch = rs_xmalloc(sizeof(float) * in);
+    for (int i = 0; i < n * in; i++) x[i] = (float)(rng_uniform(&r) * 2 - 1);
+    QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * n * nb);
+    qk_quantize_rows(x, n, in, q8);
+    QkActs a = {x, q8, n, in};
+    qk_matmul_rows(f, w, &a, y, out, 0, split, scratch);
+    qk_matmul_rows(f, w, &a, y, out, split, out, scratch);
+    for (int t = 0; t < n; t++) {
+        QkActs a1 = {x + t * in, q8 + t * nb, 1, in};
+        qk_matmul_rows(f, w, &a1, y1, out, 0, out, scratch);
+        ck_assert_msg(memcmp(y1, y + t * out, sizeof(float) * out) == 0,
+                      "%s %s in %d: token %d differs", f->name, quant_type_name(w->type), in, t);
+    }
+    free(x);
+    free(y);
+    free(y1);
+    free(scratch);
+    free(q8);
+}
+
+/* Each family and type against double sums (check_vs_double). */
 START_TEST(test_kernels_vs_double) {
     const QkFamily *f = family(kFams[_i]);
     if (!f) return;
     for (int ti = 0; ti < N_TYPES; ti++) {
         Model *m;
         uint8_t *buf;
-        QTensor wt = weights(kTypes[ti], 7 + ti, &m, &buf), *w = &wt;
-        int n = 9, in = w->cols, out = w->rows, nb = in / 32;
-        Rng r;
-        rng_seed(&r, 3);
-        float *x = rs_xmalloc(sizeof(float) * n * in), *y = rs_xmalloc(sizeof(float) * n * out);
-        float *wf = tu_f32(w), *xd = rs_xmalloc(sizeof(float) * n * in);
-        float *scratch = rs_xmalloc(sizeof(float) * in);
-        for (int i = 0; i < n * in; i++) x[i] = (float)(rng_uniform(&r) * 2 - 1);
-        QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * n * nb);
-        qk_quantize_rows(x, n, in, q8);
-        int wq8 = qk_wants_q8(f, w->type);
-        /* every integer type has its own kernel (Q8 activations) outside "ref" */
-        ck_assert_int_eq(wq8, strcmp(f->name, "ref") != 0 && w->type != QT_F32 &&
-                                  w->type != QT_F16 && w->type != QT_BF16);
-        for (int t = 0; t < n; t++)
-            for (int k = 0; k < in; k++)
-                xd[t * in + k] = wq8 ? q8[t * nb + k / 32].d * q8[t * nb + k / 32].q[k % 32]
-                                     : x[t * in + k];
-        QkActs a = {x, q8, n, in};
-        qk_matmul_rows(f, w, &a, y, out, 0, out, scratch);
-        for (int t = 0; t < n; t++)
-            for (int j = 0; j < out; j++) {
-                double s = 0, mag = 0;
-                for (int k = 0; k < in; k++) {
-                    s += (double)wf[j * in + k] * xd[t * in + k];
-                    mag += fabs((double)wf[j * in + k] * xd[t * in + k]);
-                }
-                ck_assert_msg(fabs(y[t * out + j] - s) <= 1e-5 * mag + 1e-6,
-                              "%s %s t %d j %d: %.9g vs %.9g", f->name,
-                              quant_type_name(kTypes[ti]), t, j, y[t * out + j], s);
-            }
-        free(x);
-        free(y);
-        free(xd);
-        free(q8);
-        free(scratch);
+        QTensor w = weights(kTypes[ti], 7 + ti, &m, &buf);
+        check_vs_double(f, &w, 9, 3);
         weights_free(&m, &buf);
     }
 }
 END_TEST
 
-/* A token's outputs are the same bits alone, at any offset of a larger batch and for any
- * split of the output rows (the split at 37 puts rows in other tile slots and pads a
- * tile; n = 11 gives token groups of 4, 4 and 3). */
+/* check_batch_invariant for each family and type: the split at 37 puts rows in other tile
+ * slots and pads a tile; n = 11 gives token groups of 4, 4 and 3. */
 START_TEST(test_kernels_batch_invariant) {
     const QkFamily *f = family(kFams[_i]);
     if (!f) return;
     for (int ti = 0; ti < N_TYPES; ti++) {
         Model *m;
         uint8_t *buf;
-        QTensor wt = weights(kTypes[ti], 40 + ti, &m, &buf), *w = &wt;
-        int n = 11, in = w->cols, out = w->rows, nb = in / 32;
-        Rng r;
-        rng_seed(&r, 5);
-        float *x = rs_xmalloc(sizeof(float) * n * in), *y = rs_xmalloc(sizeof(float) * n * out);
-        float *y1 = rs_xmalloc(sizeof(float) * out), *scratch = rs_xmalloc(sizeof(float) * in);
-        for (int i = 0; i < n * in; i++) x[i] = (float)(rng_uniform(&r) * 2 - 1);
-        QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * n * nb);
-        qk_quantize_rows(x, n, in, q8);
-        QkActs a = {x, q8, n, in};
-        qk_matmul_rows(f, w, &a, y, out, 0, 37, scratch);
-        qk_matmul_rows(f, w, &a, y, out, 37, out, scratch);
-        for (int t = 0; t < n; t++) {
-            QkActs a1 = {x + t * in, q8 + t * nb, 1, in};
-            qk_matmul_rows(f, w, &a1, y1, out, 0, out, scratch);
-            ck_assert_msg(memcmp(y1, y + t * out, sizeof(float) * out) == 0,
-                          "%s %s: token %d differs", f->name, quant_type_name(kTypes[ti]), t);
-        }
-        free(x);
-        free(y);
-        free(y1);
-        free(scratch);
-        free(q8);
+        QTensor w = weights(kTypes[ti], 40 + ti, &m, &buf);
+        check_batch_invariant(f, &w, 11, 37, 5);
         weights_free(&m, &buf);
+    }
+}
+END_TEST
+
+/* Rows longer than the x86 Q4 tiles lay out on the stack (QK_XPAIR_IN = 4096 columns:
+ * they assemble their activation pairs in each tile instead) and an odd block count among
+ * them: W_down (64, 4128) of the integer types, against double sums and batch-invariant. */
+START_TEST(test_kernels_wide_rows) {
+    const QkFamily *f = family(kFams[_i]);
+    if (!f) return;
+    static const uint32_t types[] = {QT_Q8_0, QT_Q4_0, QT_Q4_1};
+    for (int ti = 0; ti < 3; ti++) {
+        Model *m = tu_random_model_typed(ARCH_LLAMA, 64, 4128, 1, 4, 2, 64, 90 + ti, types[ti]);
+        const QTensor *w = &m->w.layers[0].w_down;
+        ck_assert_int_eq(w->cols, 4128);
+        check_vs_double(f, w, 5, 11);
+        check_batch_invariant(f, w, 5, 21, 12);
+        model_destroy(&m);
     }
 }
 END_TEST
@@ -501,6 +530,7 @@ Suite *suite_cpu_kernels(void) {
     TCase *tc = tcase_create("kernels");
     tcase_add_loop_test(tc, test_kernels_vs_double, 0, N_FAMS);
     tcase_add_loop_test(tc, test_kernels_batch_invariant, 0, N_FAMS);
+    tcase_add_loop_test(tc, test_kernels_wide_rows, 0, N_FAMS);
     tcase_add_loop_test(tc, test_kernels_perm_rows, 0, N_FAMS);
     tcase_add_test(tc, test_threadpool_runs_every_worker);
     tcase_add_test(tc, test_threadpool_chunks_each_once);
