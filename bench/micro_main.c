@@ -12,6 +12,7 @@
 #include "kernels/backend.h"
 #include "kernels/prefill.h"
 #include "micro_draft.h"
+#include "micro_roof.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -271,8 +272,8 @@ static double matrix_params(const Config *c) {
 
 /* One thread count: AR figure, pass table, the key=value line. *rss_kb: VmRSS with the
  * backend still alive (weights mapped, KV cache, buffers). */
-static int run_threads(const Model *m, const Opts *o, int threads, double wbytes, long *rss_kb,
-                       RsErr *e) {
+static int run_threads(const Model *m, const Opts *o, int threads, double wbytes,
+                       const MicroRoof *roof, long *rss_kb, RsErr *e) {
     const Config *c = &m->cfg;
     BackendParams bp = {.kv_capacity = PREFILL + MAX_N + o->ar_tokens, .max_batch = PREFILL,
                         .max_pending = PREFILL, .threads = threads};
@@ -316,6 +317,10 @@ static int run_threads(const Model *m, const Opts *o, int threads, double wbytes
                bcpu[2], wbytes + kv, mem,
                (wbytes + kv) / (best[0] * 1e6) / mem, rd, (wbytes + kv) / (best[0] * 1e6) / rd,
                *rss_kb = vm_rss_kb());
+    /* against the roof on `threads` cores: near 1 = the kernels' arithmetic is the limit */
+    if (!rc)
+        printf("roof_frac_n1_t%d=%.3f\nroof_frac_n65_t%d=%.3f\n", threads,
+               roof->ms_n1 / threads / best[0], threads, roof->ms_n65 / threads / best[2]);
     /* the keys tools/llama_peer.py prints, for tools/peer-compare.sh */
     if (!rc) {
         printf("ar_tok_s_t%d=%.2f\nar_cpu_tok_s_t%d=%.2f\nkernels_t%d=%s\n", threads, ar, threads,
@@ -380,10 +385,16 @@ int main(int argc, char **argv) {
     printf("model %s: %d layers, dim %d, vocab %d; %.1f MB of matrices streamed per token "
            "(stored types), file %.1f MB; VmRSS %.1f MB before load\n",
            o.model_path, c->n_layers, c->dim, c->vocab_size, wbytes / 1e6, file_mb, rss0 / 1e3);
-    int rc = RS_OK;
+    MicroRoof roof;
+    int rc = micro_compute_roof(m, &roof, &e);
+    if (!rc)
+        printf("compute roof (1 thread, each matrix's kernel on a slice in L2, scaled to the "
+               "model; no attention): n = 1 %.2f ms (%.1f G weight-token products/s), n = 65 "
+               "%.1f ms (%.1f G/s in 4-token groups)\nroof_ms_n1=%.3f\nroof_ms_n65=%.3f\n",
+               roof.ms_n1, roof.gw_n1, roof.ms_n65, roof.gw_n4, roof.ms_n1, roof.ms_n65);
     long rss = 0, rss_t = 0;
     for (int i = 0; i < o.n_threads && !rc; i++) {
-        rc = run_threads(m, &o, o.threads[i], wbytes, &rss_t, &e);
+        rc = run_threads(m, &o, o.threads[i], wbytes, &roof, &rss_t, &e);
         rss = rss_t > rss ? rss_t : rss;
         double us_row;
         if (!rc && o.draft_rounds)

@@ -413,8 +413,8 @@ END_TEST
 /* A resumed run must measure the same prompts: editing the prompt file is refused. A second
  * run into a directory that holds one is refused too (it would truncate the logs). */
 /* rootspec-micro prints every figure the CPU comparison needs in one run (AR at 1 and 2
- * threads, pass times, bandwidth, kernel family, resident memory against its budget, the
- * drafter's host work per row) and refuses a --rss-ctx smaller than its own prefill or a
+ * threads, pass times, copy and read bandwidth, the compute roof, kernel family, resident
+ * memory against its budget, the drafter's host work per row) and refuses a --rss-ctx smaller than its own prefill or a
  * negative --draft-rounds with exit 2. */
 START_TEST(test_e2e_micro_report) {
     char *tmp = tmp_dir(), cmd[600], out[256];
@@ -428,9 +428,13 @@ START_TEST(test_e2e_micro_report) {
                                  "pass_ms_n1_t1=", "pass_ms_n9_t2=", "pass_ms_n65_t2=",
                                  "kernels_t1=", "bytes_per_token=", "copy_gbs=", "rss_mb=",
                                  "rss_full_mb=", "rss_budget_mb=", "drafter_host_us_row_t1=",
-                                 "drafter_host_us_row_t2="};
+                                 "drafter_host_us_row_t2=", "read_gbs=", "read_frac_n1=",
+                                 "roof_ms_n1=", "roof_ms_n65=", "roof_frac_n65_t2="};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         ck_assert_msg(strstr(text, keys[i]) != NULL, "micro output lacks %s:\n%s", keys[i], text);
+    /* the roof scales with the rows: 65 rows cost more than one, neither is free */
+    double r1 = atof(strstr(text, "roof_ms_n1=") + 11), r65 = atof(strstr(text, "roof_ms_n65=") + 12);
+    ck_assert_msg(r1 > 0 && r65 > 4 * r1, "roof n1 %g ms, n65 %g ms:\n%s", r1, r65, text);
     ck_assert_msg(strstr(text, ": within") != NULL, "tiny model over its RSS budget:\n%s", text);
     free(text);
     snprintf(cmd, sizeof cmd, "build/rootspec-micro --model random:tiny --rss-ctx 5 > '%s' 2>&1",

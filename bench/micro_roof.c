@@ -1,0 +1,71 @@
+/* rootspec-micro's compute roof (see micro_roof.h): the kernels' speed with the weights in
+ * cache, scaled to the whole model. */
+#include "micro_roof.h"
+#include "common/rng.h"
+#include "kernels/cpu_qmatmul.h"
+#include <stdlib.h>
+
+#define ROOF_SLICE_BYTES (128 * 1024)
+#define ROOF_MIN_NS 15000000ull /* per timing trial */
+
+/* ns per weight-token product of w's first rows (a slice in L2) against nt tokens: the
+ * best of 3 trials, each repeating the product for >= ROOF_MIN_NS. */
+static double slice_ns(const QkFamily *f, const QTensor *w, const QkActs *x, float *y,
+                       float *scratch) {
+    QTensor s = *w;
+    s.perm_hd = 0; /* stored order either way; the slice need not hold whole heads */
+    s.rows = (int)(ROOF_SLICE_BYTES / w->row_bytes);
+    s.rows = s.rows < 64 ? 64 : s.rows / 64 * 64; /* whole 16-tile kernel calls */
+    if (s.rows > w->rows) s.rows = w->rows;
+    qk_matmul_rows(f, &s, x, y, s.rows, 0, s.rows, scratch); /* warm the cache */
+    double best = 0;
+    for (int trial = 0; trial < 3; trial++) {
+        uint64_t t0 = rs_now_ns(), t;
+        long reps = 0;
+        do {
+            qk_matmul_rows(f, &s, x, y, s.rows, 0, s.rows, scratch);
+            reps++;
+        } while ((t = rs_now_ns() - t0) < ROOF_MIN_NS);
+        double ns = (double)t / ((double)reps * s.rows * s.cols * x->n);
+        if (trial == 0 || ns < best) best = ns;
+    }
+    return best;
+}
+
+int micro_compute_roof(const Model *m, MicroRoof *out, RsErr *e) {
+    const QkFamily *f = qk_family_pick(getenv("ROOTSPEC_CPU_KERNELS"), e);
+    if (!f) return e->code;
+    const LayerWeights *L = &m->w.layers[0];
+    const QTensor *mats[8] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up,
+                              &L->w_down, &m->w.wcls};
+    int maxc = 0;
+    for (int i = 0; i < 8; i++) maxc = mats[i]->cols > maxc ? mats[i]->cols : maxc;
+    float *x = rs_xmalloc(sizeof(float) * 4 * (size_t)maxc);
+    float *y = rs_xmalloc(sizeof(float) * 4 * (ROOF_SLICE_BYTES / 8 + 64));
+    float *scratch = rs_xmalloc(sizeof(float) * (size_t)maxc);
+    QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * 4 * (size_t)(maxc / QK_BLOCK + 1));
+    Rng r;
+    rng_seed(&r, 11);
+    *out = (MicroRoof){0};
+    double params = 0;
+    for (int i = 0; i < 8; i++) {
+        const QTensor *w = mats[i];
+        int in = w->cols;
+        for (int k = 0; k < 4 * in; k++) x[k] = (float)(rng_uniform(&r) * 2 - 1);
+        if (in % QK_BLOCK == 0) qk_quantize_rows(x, 4, in, q8);
+        QkActs a1 = {x, q8, 1, in}, a4 = {x, q8, 4, in};
+        double t1 = slice_ns(f, w, &a1, y, scratch), t4 = slice_ns(f, w, &a4, y, scratch);
+        double p = (double)w->rows * in * (i == 7 ? 1 : m->cfg.n_layers);
+        params += p;
+        out->ms_n1 += p * t1 / 1e6;
+        out->ms_n65 += p * (64 * t4 + t1) / 1e6;
+        out->gw_n4 += p * 4 * t4; /* ns for 4 tokens over all matrices, inverted below */
+    }
+    out->gw_n1 = params / (out->ms_n1 * 1e6);
+    out->gw_n4 = 4 * params / out->gw_n4;
+    free(x);
+    free(y);
+    free(scratch);
+    free(q8);
+    return RS_OK;
+}
