@@ -18,7 +18,7 @@
 #include <x86intrin.h>
 
 static const uint32_t kAll[] = {QT_Q4_1, QT_Q4_0, QT_Q8_0, QT_F16, QT_BF16, QT_F32,
-                                QT_Q4_K, QT_Q5_K, QT_Q6_K};
+                                QT_Q5_0, QT_Q5_1, QT_Q4_K, QT_Q5_K, QT_Q6_K};
 #define N_ALL ((int)(sizeof kAll / sizeof kAll[0]))
 
 typedef struct {
@@ -106,7 +106,7 @@ static void fill_weights(uint32_t type, uint8_t *d, size_t bytes, Rng *r) {
         case QT_F16: put_f16(p, (uint16_t)(0x2000 | (rng_next(r) & 0x83ff))); break;
         case QT_BF16: put_f16(p, (uint16_t)(0x3c00 | (rng_next(r) & 0x807f))); break;
         case QT_Q6_K: put_f16(p + 208, 0x2000); break;
-        case QT_Q4_1: case QT_Q4_K: case QT_Q5_K: put_f16(p + 2, 0x2000); /* fall through */
+        case QT_Q4_1: case QT_Q5_1: case QT_Q4_K: case QT_Q5_K: put_f16(p + 2, 0x2000); /* fall through */
         default: put_f16(p, 0x2000); break;
         }
     }

@@ -632,8 +632,8 @@ static int load_tensor(const GGUFFile *g, const WeightReq *w, uint64_t *fp, RsEr
     }
     if (!quant_type_supported(t->type))
         return rs_err(e, RS_EUNSUPPORTED,
-                      "'%s': tensor '%s' has type %s, which rootspec cannot dequantize (F32, F16, "
-                      "BF16, Q8_0, Q4_0, Q4_1 are supported)",
+                      "'%s': tensor '%s' has type %s, which rootspec cannot dequantize (supported: "
+                      QUANT_SUPPORTED_NAMES ")",
                       g->path, w->gguf_name, quant_type_name(t->type));
     *fp = loader_fnv(*fp, w->gguf_name, strlen(w->gguf_name));
     *fp = loader_fnv(*fp, &t->type, sizeof t->type);

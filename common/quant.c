@@ -1,6 +1,6 @@
-/* Dequantization of the ggml tensor types rootspec accepts (F32, F16, BF16, Q8_0, Q4_0,
- * Q4_1, Q4_K, Q5_K, Q6_K), plus the geometry table of every ggml type so the GGUF parser can bounds-check
- * tensors it will later refuse. Reads go through memcpy/byte loads: block fields are
+/* Dequantization of the ggml tensor types rootspec accepts (QUANT_SUPPORTED_NAMES), plus
+ * the geometry table of every ggml type so the GGUF parser can bounds-check tensors it
+ * will later refuse. Reads go through memcpy/byte loads: block fields are
  * only 2-byte aligned inside a mapping and UBSan rejects misaligned loads. */
 #include "quant.h"
 #include "util.h"
@@ -48,8 +48,8 @@ const char *quant_type_name(uint32_t type) {
 
 int quant_type_supported(uint32_t type) {
     return type == QT_F32 || type == QT_F16 || type == QT_BF16 || type == QT_Q8_0 ||
-           type == QT_Q4_0 || type == QT_Q4_1 || type == QT_Q4_K || type == QT_Q5_K ||
-           type == QT_Q6_K;
+           type == QT_Q4_0 || type == QT_Q4_1 || type == QT_Q5_0 || type == QT_Q5_1 ||
+           type == QT_Q4_K || type == QT_Q5_K || type == QT_Q6_K;
 }
 
 static inline float bits_to_f32(uint32_t b) {
@@ -123,6 +123,24 @@ static void deq_q6_K(const uint8_t *p, float *y, size_t nb) {
     }
 }
 
+/* Q5_0 / Q5_1 blocks: element j's fifth bit is bit j of qh (little-endian u32), above the
+ * low (j < 16) or high nibble of qs[j % 16]. */
+static void deq_q5(const uint8_t *p, float *dst, size_t nb, int one) {
+    size_t bytes = one ? 24 : 22;
+    for (size_t b = 0; b < nb; b++, p += bytes, dst += 32) {
+        float d = quant_f16_to_f32(rd16(p)), m = one ? quant_f16_to_f32(rd16(p + 2)) : 0.0f;
+        const uint8_t *h = p + (one ? 4 : 2), *qs = h + 4;
+        uint32_t qh = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 |
+                      (uint32_t)h[3] << 24;
+        for (int j = 0; j < 16; j++) {
+            int q0 = (qs[j] & 0x0f) | (int)((qh >> j) & 1) << 4;
+            int q1 = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+            dst[j] = one ? d * (float)q0 + m : d * (float)(q0 - 16);
+            dst[j + 16] = one ? d * (float)q1 + m : d * (float)(q1 - 16);
+        }
+    }
+}
+
 void quant_dequantize(uint32_t type, const void *src, float *dst, size_t n) {
     const uint8_t *p = src;
     switch (type) {
@@ -164,6 +182,11 @@ void quant_dequantize(uint32_t type, const void *src, float *dst, size_t n) {
                 dst[j + 16] = d * (float)(qs[j] >> 4) + m;
             }
         }
+        return;
+    case QT_Q5_0: /* { f16 d; u8 qh[4]; u8 qs[16]; }: x = d*(q - 16) */
+    case QT_Q5_1: /* { f16 d; f16 m; u8 qh[4]; u8 qs[16]; }: x = d*q + m */
+        RS_ASSERT(n % 32 == 0);
+        deq_q5(p, dst, n / 32, type == QT_Q5_1);
         return;
     case QT_Q4_K:
     case QT_Q5_K:

@@ -1,6 +1,6 @@
 /* ggml tensor types as stored in GGUF files, and their dequantization to f32.
- * The block layouts follow ggml (ggml-common.h): Q4_0/Q4_1/Q8_0 blocks of 32 with f16
- * scales; the K-quants Q4_K/Q5_K/Q6_K super-blocks of 256 with f16 super-scales and
+ * The block layouts follow ggml (ggml-common.h): Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks of 32 with
+ * f16 scales (Q5: the fifth bits of the 32 elements in a u32); the K-quants Q4_K/Q5_K/Q6_K super-blocks of 256 with f16 super-scales and
  * 6-bit (Q4_K, Q5_K) or 8-bit (Q6_K) sub-block scales. */
 #ifndef ROOTSPEC_QUANT_H
 #define ROOTSPEC_QUANT_H
@@ -13,6 +13,8 @@ enum {
     QT_F16 = 1,
     QT_Q4_0 = 2,
     QT_Q4_1 = 3,
+    QT_Q5_0 = 6,
+    QT_Q5_1 = 7,
     QT_Q8_0 = 8,
     QT_Q4_K = 12,
     QT_Q5_K = 13,
@@ -25,9 +27,9 @@ enum {
 int quant_type_geometry(uint32_t type, size_t *block_elems, size_t *block_bytes);
 /* "Q4_1", "F32", ... or NULL for an unknown id. */
 const char *quant_type_name(uint32_t type);
-/* 1 if quant_dequantize handles this type (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K,
- * Q6_K). */
+/* 1 if quant_dequantize handles this type (QUANT_SUPPORTED_NAMES). */
 int quant_type_supported(uint32_t type);
+#define QUANT_SUPPORTED_NAMES "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K"
 
 float quant_f16_to_f32(uint16_t h);
 float quant_bf16_to_f32(uint16_t h);

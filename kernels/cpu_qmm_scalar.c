@@ -88,11 +88,44 @@ QK_HOT static void dot_q4_1(const uint8_t *w, const void *const *xs, int nt, int
     }
 }
 
+/* Q5_0 / Q5_1: Q4's nibbles plus a fifth bit per element from the block's u32 qh. */
+QK_HOT static void dot_q5(const uint8_t *w, const void *const *xs, int nt, int in, float *out,
+                          int one) {
+    int nb = in / QK_BLOCK;
+    size_t bytes = one ? 24 : 22;
+    for (int t = 0; t < nt; t++) {
+        const QkQ8 *x = xs[t];
+        float acc = 0;
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *p = w + bytes * (size_t)b, *h = p + (one ? 4 : 2), *q = h + 4;
+            uint32_t qh = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 |
+                          (uint32_t)h[3] << 24;
+            int isum = 0;
+            for (int i = 0; i < 16; i++)
+                isum += ((q[i] & 15) | (int)((qh >> i) & 1) << 4) * x[b].q[i] +
+                        ((q[i] >> 4) | (int)((qh >> (i + 16)) & 1) << 4) * x[b].q[i + 16];
+            if (one) acc += ld_f16(p) * x[b].d * (float)isum + ld_f16(p + 2) * x[b].s;
+            else acc += ld_f16(p) * (x[b].d * (float)isum - 16.0f * x[b].s);
+        }
+        out[t] = acc;
+    }
+}
+
+QK_HOT static void dot_q5_0(const uint8_t *w, const void *const *xs, int nt, int in, float *out) {
+    dot_q5(w, xs, nt, in, out, 0);
+}
+
+QK_HOT static void dot_q5_1(const uint8_t *w, const void *const *xs, int nt, int in, float *out) {
+    dot_q5(w, xs, nt, in, out, 1);
+}
+
 static const QkKernel kScalar[] = {
     {QT_F32, 0, dot_f32, NULL},
     {QT_Q8_0, 1, dot_q8_0, NULL},
     {QT_Q4_0, 1, dot_q4_0, NULL},
     {QT_Q4_1, 1, dot_q4_1, NULL},
+    {QT_Q5_0, 1, dot_q5_0, NULL},
+    {QT_Q5_1, 1, dot_q5_1, NULL},
     {QT_Q4_K, 1, kq_dot_q4_K_scalar, NULL},
     {QT_Q5_K, 1, kq_dot_q5_K_scalar, NULL},
     {QT_Q6_K, 1, kq_dot_q6_K_scalar, NULL},

@@ -16,8 +16,8 @@
 #include <stdatomic.h>
 #include <string.h>
 
-static const uint32_t kTypes[] = {QT_F32,  QT_F16,  QT_BF16, QT_Q8_0, QT_Q4_0,
-                                   QT_Q4_1, QT_Q4_K, QT_Q5_K, QT_Q6_K};
+static const uint32_t kTypes[] = {QT_F32,  QT_F16,  QT_BF16, QT_Q8_0, QT_Q4_0, QT_Q4_1,
+                                   QT_Q5_0, QT_Q5_1, QT_Q4_K, QT_Q5_K, QT_Q6_K};
 #define N_TYPES ((int)(sizeof kTypes / sizeof kTypes[0]))
 static const char *kFams[] = {"ref", "scalar", "avx2", "avx512"};
 #define N_FAMS 4
@@ -160,14 +160,52 @@ START_TEST(test_kernels_batch_invariant) {
 }
 END_TEST
 
+/* Q5_0 / Q5_1 at their extremes: every element 31 (or 0) against activations of +-127,
+ * where a 4-row sum of two blocks no longer fits the i16 lanes the 4-bit path reduces in
+ * (2 * 32 * 31 * 127 > 2^15): each result against the exact sum. */
+START_TEST(test_kernels_q5_extremes) {
+    const QkFamily *f = family(kFams[_i]);
+    if (!f) return;
+    enum { ROWS = 8, IN = 128, NB = IN / 32 };
+    for (int one = 0; one < 2; one++) {
+        uint32_t type = one ? QT_Q5_1 : QT_Q5_0;
+        size_t bb = one ? 24 : 22, rb = NB * bb;
+        uint8_t w[ROWS * NB * 24];
+        memset(w, 0, sizeof w);
+        for (int r = 0; r < ROWS; r++)
+            for (int b = 0; b < NB; b++) {
+                uint8_t *p = w + r * rb + b * bb;
+                p[1] = 0x3c; /* d = 1.0 (f16), m = 0 */
+                memset(p + (one ? 4 : 2), r % 2 ? 0xff : 0x00, 4 + 16); /* qh and qs */
+            }
+        QTensor t = {type, w, ROWS, IN, rb, 0};
+        float x[2 * IN], y[2 * ROWS], scratch[IN];
+        for (int k = 0; k < IN; k++) x[k] = 1.0f, x[IN + k] = -1.0f;
+        QkQ8 q8[2 * NB];
+        qk_quantize_rows(x, 2, IN, q8);
+        QkActs a = {x, q8, 2, IN};
+        qk_matmul_rows(f, &t, &a, y, ROWS, 0, ROWS, scratch);
+        for (int tk = 0; tk < 2; tk++)
+            for (int r = 0; r < ROWS; r++) {
+                /* q8 of +-1.0 is exactly +-127 * (1/127); weights 31 or 0, Q5_0 minus 16 */
+                double wv = (r % 2 ? 31.0 : 0.0) - (one ? 0.0 : 16.0);
+                double want = IN * wv * (tk ? -1.0 : 1.0) * 127.0 * q8[0].d;
+                ck_assert_msg(fabs(y[tk * ROWS + r] - want) <= 1e-4 * fabs(want) + 1e-3,
+                              "%s %s token %d row %d: %.6g, want %.6g", f->name,
+                              quant_type_name(type), tk, r, y[tk * ROWS + r], want);
+            }
+    }
+}
+END_TEST
+
 /* Rows longer than the x86 Q4 tiles lay out on the stack (QK_XPAIR_IN = 4096 columns:
  * they assemble their activation pairs in each tile instead) and an odd block count among
  * them: W_down (64, 4128) of the integer types, against double sums and batch-invariant. */
 START_TEST(test_kernels_wide_rows) {
     const QkFamily *f = family(kFams[_i]);
     if (!f) return;
-    static const uint32_t types[] = {QT_Q8_0, QT_Q4_0, QT_Q4_1};
-    for (int ti = 0; ti < 3; ti++) {
+    static const uint32_t types[] = {QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1};
+    for (int ti = 0; ti < 5; ti++) {
         Model *m = tu_random_model_typed(ARCH_LLAMA, 64, 4128, 1, 4, 2, 64, 90 + ti, types[ti]);
         const QTensor *w = &m->w.layers[0].w_down;
         ck_assert_int_eq(w->cols, 4128);
@@ -531,6 +569,7 @@ Suite *suite_cpu_kernels(void) {
     tcase_add_loop_test(tc, test_kernels_vs_double, 0, N_FAMS);
     tcase_add_loop_test(tc, test_kernels_batch_invariant, 0, N_FAMS);
     tcase_add_loop_test(tc, test_kernels_wide_rows, 0, N_FAMS);
+    tcase_add_loop_test(tc, test_kernels_q5_extremes, 0, N_FAMS);
     tcase_add_loop_test(tc, test_kernels_perm_rows, 0, N_FAMS);
     tcase_add_test(tc, test_threadpool_runs_every_worker);
     tcase_add_test(tc, test_threadpool_chunks_each_once);

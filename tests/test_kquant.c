@@ -1,4 +1,5 @@
-/* K-quants: quant_dequantize of Q4_K/Q5_K/Q6_K against gguf-py's dequantization
+/* K-quants: quant_dequantize of Q4_K/Q5_K/Q6_K (and the Q5_0/Q5_1 blocks Q4_K_M files fall
+ * back to) against gguf-py's dequantization
  * (tests/fixtures/kquant/blocks.bin from tools/gen_kquant_fixtures.py), and the dot
  * kernels against Q8 (per 32) activations (kernels/cpu_kquant.c) against
  * dequantize-then-dot. */
@@ -59,15 +60,17 @@ static void kq_read(KqFixture *f) {
 START_TEST(test_kquant_dequant_fixture) {
     KqFixture f;
     kq_read(&f);
-    int seen[3] = {0};
+    int seen[5] = {0};
     for (int i = 0; i < f.n; i++) {
         KqCase *c = &f.c[i];
-        ck_assert(c->type == QT_Q4_K || c->type == QT_Q5_K || c->type == QT_Q6_K);
+        int k = c->type == QT_Q4_K ? 0 : c->type == QT_Q5_K ? 1 : c->type == QT_Q6_K ? 2
+              : c->type == QT_Q5_0 ? 3 : c->type == QT_Q5_1 ? 4 : -1;
+        ck_assert_msg(k >= 0, "case %d: type %u", i, c->type);
         ck_assert(quant_type_supported(c->type));
-        seen[c->type - QT_Q4_K]++;
+        seen[k]++;
         size_t be, bb;
         ck_assert_int_eq(quant_type_geometry(c->type, &be, &bb), 0);
-        ck_assert_uint_eq(be, QK_K);
+        ck_assert_uint_eq(be, k < 3 ? QK_K : 32);
         ck_assert_uint_eq(c->n_bytes, c->n_elems / be * bb);
         float *got = rs_xmalloc(sizeof(float) * c->n_elems);
         uint8_t *src = rs_xmalloc(c->n_bytes + 1); /* odd address: blocks are unaligned */
@@ -86,7 +89,7 @@ START_TEST(test_kquant_dequant_fixture) {
         free(got);
         free(src);
     }
-    ck_assert(seen[0] == 2 && seen[1] == 2 && seen[2] == 2);
+    for (int k = 0; k < 5; k++) ck_assert_int_eq(seen[k], 2);
     free(f.buf);
 }
 END_TEST

@@ -585,11 +585,12 @@ START_TEST(test_gguf_refusals) {
     uint64_t ne16 = 16;
     expect_fail(patched("shape.gguf", on + 4, &ne16, 8), RS_EFORMAT,
                 "tensor 'output_norm.weight' has shape [16], expected [32]", NULL);
-    /* blk.0.attn_q.weight is F32 [32, 32]; as Q5_0 (a known type rootspec does not expand) */
+    /* blk.0.attn_q.weight is F32 [32, 32]; as Q8_1 (a known type rootspec does not expand;
+     * the message lists the ones it does) */
     size_t qn = after("blk.0.attn_q.weight");
-    put_u32(b, 6);
-    expect_fail(patched("q5.gguf", qn + 4 + 16, b, 4), RS_EUNSUPPORTED,
-                "tensor 'blk.0.attn_q.weight' has type Q5_0", NULL);
+    put_u32(b, 9);
+    expect_fail(patched("q81.gguf", qn + 4 + 16, b, 4), RS_EUNSUPPORTED,
+                "tensor 'blk.0.attn_q.weight' has type Q8_1", "supported: F32, F16, BF16, Q8_0");
     expect_fail(patched("arch.gguf", after("general.architecture") + 4 + 8, "mamba", 5),
                 RS_EUNSUPPORTED, "architecture 'mamba' is not supported", NULL);
     size_t un = after("blk.1.ffn_up.weight");

@@ -143,6 +143,25 @@ static void put16(uint8_t *p, uint16_t v) {
     p[1] = (uint8_t)(v >> 8);
 }
 
+/* One Q5_0 / Q5_1 block of x as ggml's quantize_row_q5_{0,1}_ref (mx: the element of
+ * largest magnitude; mn / hi: min / max). */
+static void quantize_q5(uint32_t type, const float *x, float mx, float mn, float hi, uint8_t *o) {
+    int one = type == QT_Q5_1;
+    float d = one ? (hi - mn) / 31.0f : mx / -16.0f, id = d ? 1.0f / d : 0.0f;
+    put16(o, to_f16(d));
+    if (one) put16(o + 2, to_f16(mn));
+    uint8_t *h = o + (one ? 4 : 2), *qs = h + 4;
+    uint32_t qh = 0;
+    for (int i = 0; i < 16; i++) {
+        float a = one ? (x[i] - mn) * id + 0.5f : x[i] * id + 16.5f;
+        float c = one ? (x[i + 16] - mn) * id + 0.5f : x[i + 16] * id + 16.5f;
+        int qa = (int)a > 31 ? 31 : (int)a, qc = (int)c > 31 ? 31 : (int)c;
+        qs[i] = (uint8_t)((qa & 15) | (qc & 15) << 4);
+        qh |= (uint32_t)(qa >> 4) << i | (uint32_t)(qc >> 4) << (i + 16);
+    }
+    for (int k = 0; k < 4; k++) h[k] = (uint8_t)(qh >> (8 * k));
+}
+
 /* One row of n values in `type`, as ggml's reference quantizers. */
 static void quantize_row(uint32_t type, const float *x, int n, uint8_t *o) {
     if (type == QT_F32) { memcpy(o, x, 4 * (size_t)n); return; }
@@ -174,6 +193,9 @@ static void quantize_row(uint32_t type, const float *x, int n, uint8_t *o) {
                 o[2 + i] = (uint8_t)((a > 15 ? 15 : a) | (c > 15 ? 15 : c) << 4);
             }
             o += 18;
+        } else if (type == QT_Q5_0 || type == QT_Q5_1) {
+            quantize_q5(type, x, mx, mn, hi, o);
+            o += type == QT_Q5_0 ? 22 : 24;
         } else {
             RS_ASSERT(type == QT_Q4_1);
             float d = (hi - mn) / 15.0f, id = d ? 1.0f / d : 0.0f;

@@ -21,7 +21,7 @@ int tu_compare(const char *label, const float *got, const float *ref, size_t n, 
  * (model_destroy). Weights ~ N(0, scale) from the given seed; norms = 1 + small noise. */
 Model *tu_random_model(Arch arch, int dim, int hidden_dim, int n_layers, int n_heads,
                        int n_kv_heads, int vocab, uint64_t seed);
-/* The same model with its matrices stored as `type` (F32, F16, BF16, Q8_0, Q4_0, Q4_1:
+/* The same model with its matrices stored as `type` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1:
  * quantized here as llama.cpp's reference quantizers do; dim and hidden_dim multiples of
  * 32 for the block types). */
 Model *tu_random_model_typed(Arch arch, int dim, int hidden_dim, int n_layers, int n_heads,

@@ -17,9 +17,10 @@ tests/fixtures/kquant/blocks.bin ("RSKQ"), read by tests/test_kquant.c:
     "RSKQ" u32 version=1 u32 n_cases
     per case: u32 ggml_type u32 n_elems u32 n_bytes u8 bytes[n_bytes] f32 deq[n_elems]
 
-with, per type, 8 super-blocks quantized from normal data (one of them all zeros, one a
-constant row) and 8 super-blocks of random bytes whose f16 scales are set to finite
-values (every scale/nibble/high-bit pattern occurs), deq = gguf.quants.dequantize.
+with, per K-quant type, 8 super-blocks quantized from normal data (one of them all zeros,
+one a constant row) and 8 super-blocks of random bytes whose f16 scales are set to finite
+values (every scale/nibble/high-bit pattern occurs), deq = gguf.quants.dequantize; then
+the same for Q5_0 and Q5_1 (8 blocks of 32 quantized by gguf-py, 16 random blocks).
 
 tests/fixtures/golden/llama_q4km/ (not with --blocks): model.gguf, a random 2-layer llama
 with dim 256 and a Q4_K_M-like type mix (Q4_K matrices, Q6_K output and layer 0's attn_v /
@@ -118,11 +119,14 @@ def quant_q6_K_block(x):
 
 
 def quantize(x, qt):
-    """Rows of x (ne0 a multiple of 256) to the raw bytes of ggml type qt, shape (rows, bytes)."""
+    """Rows of x (ne0 a multiple of 256; of 32 for Q5_0/Q5_1) to the raw bytes of ggml type qt, shape (rows, bytes)."""
     from gguf import GGMLQuantizationType as QT
+    x = np.asarray(x, np.float32)
+    if qt in (QT.Q5_0, QT.Q5_1):  # gguf-py quantizes these itself
+        import gguf
+        return gguf.quants.quantize(x.reshape(x.shape[0] if x.ndim == 2 else 1, -1), qt)
     fn = {QT.Q4_K: lambda b: quant_q45_K_block(b, False), QT.Q5_K: lambda b: quant_q45_K_block(b, True),
           QT.Q6_K: quant_q6_K_block}[qt]
-    x = np.asarray(x, np.float32)
     blocks = x.reshape(-1, QK_K)
     out = np.stack([fn(b) for b in blocks])
     return out.reshape(x.shape[0] if x.ndim == 2 else 1, -1)
@@ -135,7 +139,9 @@ def random_blocks(qt, n):
     b = rng.integers(0, 256, size=(n, bb), dtype=np.uint8)
     if qt.name == "Q6_K":  # d is the last field
         b[:, bb - 2:] = rng.normal(0, 0.02, size=(n, 1)).astype(np.float16).view(np.uint8)
-    else:  # d, dmin first
+    elif qt.name == "Q5_0":  # d first, then the high bits
+        b[:, :2] = rng.normal(0, 0.02, size=(n, 1)).astype(np.float16).view(np.uint8)
+    else:  # d, dmin (Q5_1: d, m) first
         b[:, :4] = rng.normal(0, 0.02, size=(n, 2)).astype(np.float16).view(np.uint8)
     return b
 
@@ -146,7 +152,7 @@ def check_round_trip(x, q, qt):
     rng_blk = np.ptp(x.reshape(-1, 32), axis=1).max() if x.size else 1
     err = np.abs(deq - x).max()
     # 4 bits over a range: half a step is range/30; 6-bit scale rounding adds a few percent
-    limit = {"Q4_K": 0.08, "Q5_K": 0.05, "Q6_K": 0.03}[qt.name] * max(rng_blk, 1e-6)
+    limit = {"Q4_K": 0.08, "Q5_K": 0.05, "Q6_K": 0.03, "Q5_0": 0.04, "Q5_1": 0.03}[qt.name] * max(rng_blk, 1e-6)
     assert err <= limit, f"{qt.name}: round trip error {err} > {limit}"
     return deq
 
@@ -170,6 +176,20 @@ def gen_blocks():
         deq = gguf.quants.dequantize(r.reshape(-1), qt)
         assert np.isfinite(deq).all()
         cases.append((qt, r.reshape(-1)))
+    # Q5_0 / Q5_1 (blocks of 32, the fallback of Q4_K_M files whose rows are not whole
+    # super-blocks): gguf-py quantizes these itself, as ggml's reference quantizers do
+    for qt in (QT.Q5_0, QT.Q5_1):
+        x = rng.normal(0, 1, size=(8, 32)).astype(np.float32)
+        x[1] *= 0.001
+        x[2] = x[2] + 3.0
+        x[3] = 0.0
+        x[4] = 0.5
+        q = gguf.quants.quantize(x, qt)
+        check_round_trip(x, q, qt)
+        cases.append((qt, q.reshape(-1)))
+        r = random_blocks(qt, 16)
+        assert np.isfinite(gguf.quants.dequantize(r.reshape(-1), qt)).all()
+        cases.append((qt, r.reshape(-1)))
     with open(f"{OUT}/blocks.bin", "wb") as f:
         f.write(b"RSKQ" + struct.pack("<II", 1, len(cases)))
         for qt, raw in cases:
@@ -181,9 +201,13 @@ def gen_blocks():
 
 MODEL_DIR = "tests/fixtures/golden/llama_q4km"
 # Q4_K_M-like: Q4_K by default; Q6_K for output, layer 0's attn_v / ffn_down (llama.cpp
-# gives "more bits" to some of those); one Q5_K tensor so every K-quant is on the path.
+# gives "more bits" to some of those); one Q5_K tensor so every K-quant is on the path; and
+# the blocks-of-32 fallbacks llama.cpp's quantizer writes for rows that are not whole
+# super-blocks (SmolLM2-135M's 576 columns: Q5_0 for most matrices of its Q4_K_M file;
+# Q5_1 in Q5_K_M ones).
 Q4KM_TYPES = {"output.weight": "Q6_K", "blk.0.attn_v.weight": "Q6_K", "blk.0.ffn_down.weight": "Q6_K",
-              "blk.1.ffn_up.weight": "Q5_K"}
+              "blk.1.ffn_up.weight": "Q5_K", "blk.0.attn_q.weight": "Q5_0",
+              "blk.0.attn_output.weight": "Q5_0", "blk.1.ffn_gate.weight": "Q5_1"}
 
 
 def gen_model():
@@ -257,9 +281,10 @@ def gen_model():
     # transformers must hold exactly gguf-py's dequantization (the independent reference)
     sd = model.state_dict()
     for t in gguf.GGUFReader(path).tensors:
-        if t.name == "blk.1.ffn_up.weight":
+        if t.name in ("blk.1.ffn_up.weight", "blk.1.ffn_gate.weight"):
             deq = gguf.quants.dequantize(t.data, t.tensor_type).reshape(H, D)
-            assert np.array_equal(sd["model.layers.1.mlp.up_proj.weight"].numpy(), deq)
+            hf = "up_proj" if "up" in t.name else "gate_proj"
+            assert np.array_equal(sd[f"model.layers.1.mlp.{hf}.weight"].numpy(), deq), t.name
     g = torch.Generator().manual_seed(4321)
     tokens = torch.randint(0, V, (24,), generator=g)
     with torch.no_grad():
