@@ -111,13 +111,6 @@ AVX2_INLINE float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* Bit `s` of every byte of hb moved to bit 4 (Q5_K's fifth bit of sub-block s). A 16-bit
- * shift is fine: the mask keeps only bit 0 of each byte, which came from the same byte. */
-AVX2_INLINE __m256i fifth_bit(__m256i hb, int s) {
-    __m256i b = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(s)), _mm256_set1_epi8(1));
-    return _mm256_slli_epi16(b, 4);
-}
-
 /* Unsigned quants v (32 of sub-block s, element order) times each token's sub-block,
  * scaled: acc[t] += (d dx) * (i32 lanes of sc16 * pair sums). sc16 holds the scale per i16
  * lane pair (Q6_K: two 16-element groups); signed weights come as |q| and their signs. */
@@ -129,44 +122,6 @@ AVX2_INLINE void sub_fma(__m256i v, __m256i sign, int use_sign, __m256i sc16, fl
         __m256i i32 = _mm256_madd_epi16(_mm256_maddubs_epi16(v, xq), sc16);
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_set1_ps(d * x[t][s].d), acc[t]);
     }
-}
-
-/* One Q4_K/Q5_K block against NT tokens (x[t] at the block's first sub-block); the
- * minimum term goes to corr[t] in sub-block order. */
-AVX2_INLINE void q45_block_avx2(const uint8_t *w, const QkQ8 *const *x, int NT, int five,
-                                __m256 *acc, float *corr) {
-    uint8_t sc[8], m[8];
-    k4_scales(w + 4, sc, m);
-    float d = f16_at(w), dmin = f16_at(w + 2);
-    const uint8_t *qs = w + (five ? 48 : 16);
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(const void *)(w + 16))
-                      : _mm256_setzero_si256();
-    for (int p = 0; p < 4; p++) {
-        __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * p));
-        __m256i v[2] = {_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)};
-        for (int h = 0; h < 2; h++) {
-            int s = 2 * p + h;
-            if (five) v[h] = _mm256_or_si256(v[h], fifth_bit(hb, s));
-            sub_fma(v[h], v[h], 0, _mm256_set1_epi16(sc[s]), d, x, s, NT, acc);
-            for (int t = 0; t < NT; t++) corr[t] += dmin * (float)m[s] * x[t][s].s;
-        }
-    }
-}
-
-AVX2_INLINE void q45_avx2(const uint8_t *w, const void *const *xs, int NT, int in, float *out,
-                          int five) {
-    size_t bb = five ? QK5_K_BYTES : QK4_K_BYTES;
-    __m256 acc[QK_GROUP];
-    float corr[QK_GROUP];
-    const QkQ8 *x[QK_GROUP];
-    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps(), corr[t] = 0, x[t] = xs[t];
-    for (int b = 0; b < in / QK_K; b++) {
-        const QkQ8 *xb[QK_GROUP];
-        for (int t = 0; t < NT; t++) xb[t] = x[t] + 8 * b;
-        q45_block_avx2(w + bb * b, xb, NT, five, acc, corr);
-    }
-    for (int t = 0; t < NT; t++) out[t] = hsum8(acc[t]) - corr[t];
 }
 
 /* One Q6_K block against NT tokens: quants rebuilt unsigned (0..63), minus 32 as signed
@@ -216,9 +171,5 @@ AVX2_INLINE void q6_avx2(const uint8_t *w, const void *const *xs, int NT, int in
         default: call(4); break;                                                             \
         }                                                                                    \
     }
-#define C_Q4K(N) q45_avx2(w, xs, N, in, out, 0)
-#define C_Q5K(N) q45_avx2(w, xs, N, in, out, 1)
 #define C_Q6K(N) q6_avx2(w, xs, N, in, out)
-KQ_ENTRY(kq_dot_q4_K_avx2, C_Q4K)
-KQ_ENTRY(kq_dot_q5_K_avx2, C_Q5K)
 KQ_ENTRY(kq_dot_q6_K_avx2, C_Q6K)

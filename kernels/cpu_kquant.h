@@ -9,9 +9,10 @@
  * dx_s * sum of the activation quants). Activations per 32 rather than llama.cpp's Q8_K
  * per 256 keep one activation format for every integer type and are the more accurate.
  *
- * Each type has a portable (_scalar) and an AVX2 (_avx2, compiled with a function target
- * attribute; call it only where the CPU has AVX2+FMA) kernel; they agree to f32 rounding
- * (the AVX2 one sums 8 lanes), each is bitwise independent of the token count. */
+ * Each type has a portable (_scalar) kernel, and Q6_K an AVX2 one (_avx2, compiled with a
+ * function target attribute; call it only where the CPU has AVX2+FMA); the x86 families
+ * take Q4_K / Q5_K in 4-row tiles instead (cpu_qmm_x86.inc). They agree to f32 rounding,
+ * each is bitwise independent of the token count. */
 #ifndef ROOTSPEC_CPU_KQUANT_H
 #define ROOTSPEC_CPU_KQUANT_H
 #include "common/quant.h"
@@ -22,8 +23,6 @@
 void kq_dot_q4_K_scalar(const uint8_t *w, const void *const *xs, int nt, int in, float *out);
 void kq_dot_q5_K_scalar(const uint8_t *w, const void *const *xs, int nt, int in, float *out);
 void kq_dot_q6_K_scalar(const uint8_t *w, const void *const *xs, int nt, int in, float *out);
-void kq_dot_q4_K_avx2(const uint8_t *w, const void *const *xs, int nt, int in, float *out);
-void kq_dot_q5_K_avx2(const uint8_t *w, const void *const *xs, int nt, int in, float *out);
 void kq_dot_q6_K_avx2(const uint8_t *w, const void *const *xs, int nt, int in, float *out);
 
 #endif

@@ -28,20 +28,14 @@ static const QkFamily *family(const char *name) {
     return qk_family_pick(name, &e);
 }
 
-/* A random (rows, cols) weight matrix of `type`. F32..Q4_1: a 1-layer typed test model's
- * w_down (64, 96: an odd count of 32-blocks), in *m. K-quants (no test quantizer): random bytes, every super-block's
- * f16 scales set to small values (any bytes are a valid K-quant block), (45, 512) in
- * *buf. */
-static QTensor weights(uint32_t type, uint64_t seed, Model **m, uint8_t **buf) {
-    *m = NULL;
-    *buf = NULL;
-    if (type != QT_Q4_K && type != QT_Q5_K && type != QT_Q6_K) {
-        *m = tu_random_model_typed(ARCH_LLAMA, 64, 96, 1, 4, 2, 64, seed, type);
-        return (*m)->w.layers[0].w_down;
-    }
+/* A random weight matrix of `type`. F32..Q5_1: a 1-layer typed test model's w_down (64,
+ * 96: an odd count of 32-blocks), in *m. K-quants (no test quantizer): kq_weights (45,
+ * 512) in *buf. */
+/* K-quant (rows, cols) of random bytes, every super-block's f16 scales set to small
+ * values (any bytes are a valid K-quant block), in *buf. */
+static QTensor kq_weights(uint32_t type, uint64_t seed, int rows, int cols, uint8_t **buf) {
     size_t be, bb;
     ck_assert_int_eq(quant_type_geometry(type, &be, &bb), 0);
-    int rows = 45, cols = 512;
     size_t rb = cols / be * bb;
     Rng r;
     rng_seed(&r, seed);
@@ -55,6 +49,16 @@ static QTensor weights(uint32_t type, uint64_t seed, Model **m, uint8_t **buf) {
         }
     }
     return (QTensor){type, *buf, rows, cols, rb, 0};
+}
+
+static QTensor weights(uint32_t type, uint64_t seed, Model **m, uint8_t **buf) {
+    *m = NULL;
+    *buf = NULL;
+    if (type != QT_Q4_K && type != QT_Q5_K && type != QT_Q6_K) {
+        *m = tu_random_model_typed(ARCH_LLAMA, 64, 96, 1, 4, 2, 64, seed, type);
+        return (*m)->w.layers[0].w_down;
+    }
+    return kq_weights(type, seed, 45, 512, buf);
 }
 
 static void weights_free(Model **m, uint8_t **buf) {
@@ -200,7 +204,8 @@ END_TEST
 
 /* Rows longer than the x86 Q4 tiles lay out on the stack (QK_XPAIR_IN = 4096 columns:
  * they assemble their activation pairs in each tile instead) and an odd block count among
- * them: W_down (64, 4128) of the integer types, against double sums and batch-invariant. */
+ * them: W_down (64, 4128) of the block-of-32 types and (13, 4352) K-quants, against
+ * double sums and batch-invariant. */
 START_TEST(test_kernels_wide_rows) {
     const QkFamily *f = family(kFams[_i]);
     if (!f) return;
@@ -212,6 +217,13 @@ START_TEST(test_kernels_wide_rows) {
         check_vs_double(f, w, 5, 11);
         check_batch_invariant(f, w, 5, 21, 12);
         model_destroy(&m);
+    }
+    for (uint32_t t = QT_Q4_K; t <= QT_Q6_K; t++) { /* 17 super-blocks */
+        uint8_t *buf;
+        QTensor w = kq_weights(t, 95 + t, 13, 4352, &buf);
+        check_vs_double(f, &w, 5, 13);
+        check_batch_invariant(f, &w, 5, 6, 14);
+        free(buf);
     }
 }
 END_TEST

@@ -1,8 +1,8 @@
 /* K-quants: quant_dequantize of Q4_K/Q5_K/Q6_K (and the Q5_0/Q5_1 blocks Q4_K_M files fall
  * back to) against gguf-py's dequantization
- * (tests/fixtures/kquant/blocks.bin from tools/gen_kquant_fixtures.py), and the dot
- * kernels against Q8 (per 32) activations (kernels/cpu_kquant.c) against
- * dequantize-then-dot. */
+ * (tests/fixtures/kquant/blocks.bin from tools/gen_kquant_fixtures.py), and the kernel
+ * families' K-quant products against Q8 (per 32) activations (kernels/cpu_kquant.c, the
+ * x86 tiles of cpu_qmm_x86.inc) against dequantize-then-dot. */
 #include "testutil.h"
 #include "common/quant.h"
 #include "common/util.h"
@@ -107,20 +107,23 @@ static float gauss(uint64_t *s) {
     return u * 1.7f;
 }
 
-typedef void (*KqFn)(const uint8_t *w, const void *const *xs, int nt, int in, float *out);
-
-static KqFn kq_fn(int type, int avx2) {
-    switch (type) {
-    case QT_Q4_K: return avx2 ? kq_dot_q4_K_avx2 : kq_dot_q4_K_scalar;
-    case QT_Q5_K: return avx2 ? kq_dot_q5_K_avx2 : kq_dot_q5_K_scalar;
-    default: return avx2 ? kq_dot_q6_K_avx2 : kq_dot_q6_K_scalar;
-    }
-}
-
 static int cpu_has_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
            __builtin_cpu_supports("f16c");
+}
+
+/* The product y = w x of one weight row through a kernel family (the x86 ones take Q4_K /
+ * Q5_K in 4-row tiles, padded here; Q6_K one row at a time), for nt tokens. */
+static void family_dot(const QkFamily *f, int type, const uint8_t *w, int n, const float *x,
+                       const QkQ8 *q8, int nt, float *out) {
+    size_t be, bb;
+    quant_type_geometry((uint32_t)type, &be, &bb);
+    QTensor t = {(uint32_t)type, w, 1, n, n / be * bb, 0};
+    QkActs a = {x, q8, nt, n};
+    float *scratch = rs_xmalloc(sizeof(float) * n);
+    qk_matmul_rows(f, &t, &a, out, 1, 0, 1, scratch);
+    free(scratch);
 }
 
 /* Weight rows are the fixture's blocks (realistic and random-byte ones) cycled to n
@@ -131,17 +134,18 @@ static int cpu_has_avx2(void) {
  *  - kernel vs the f32 activations in double: adds the Q8 rounding, |x - d*q| <= d/2 per
  *    element, so the bound is sum_i |w_i| * d_block(i) / 2 plus the above;
  *  - each token's result bitwise the same when the kernel takes it alone (nt = 1).
- * The scalar and AVX2 kernels (when the CPU has AVX2) both hold these bounds. */
+ * The scalar and AVX2 families (when the CPU has AVX2) both hold these bounds. */
 static void check_dot(int t, const uint8_t *w, int n, const float *x, const QkQ8 *q8,
                       int rep) {
     float *wd = rs_xmalloc(sizeof(float) * n);
     quant_dequantize((uint32_t)t, w, wd, n);
     int nb = n / 32;
     for (int avx2 = 0; avx2 <= cpu_has_avx2(); avx2++) {
-        const void *xs[4];
+        RsErr e = {0};
+        const QkFamily *f = qk_family_pick(avx2 ? "avx2" : "scalar", &e);
+        ck_assert_msg(f != NULL, "%s", e.msg);
         float got[4];
-        for (int k = 0; k < 4; k++) xs[k] = q8 + k * nb;
-        kq_fn(t, avx2)(w, xs, 4, n, got);
+        family_dot(f, t, w, n, x, q8, 4, got);
         for (int k = 0; k < 4; k++) {
             double ref_q = 0, ref_x = 0, mag = 0, qerr = 0;
             for (int i = 0; i < n; i++) {
@@ -161,7 +165,7 @@ static void check_dot(int t, const uint8_t *w, int n, const float *x, const QkQ8
                           "%s n=%d rep %d token %d: %s %.9g, f32 dot %.9g (tol %g)",
                           quant_type_name(t), n, rep, k, kn, got[k], ref_x, tol + qerr);
             float one;
-            kq_fn(t, avx2)(w, &xs[k], 1, n, &one);
+            family_dot(f, t, w, n, x + (size_t)k * n, q8 + k * nb, 1, &one);
             ck_assert_msg(memcmp(&one, &got[k], 4) == 0, "%s n=%d rep %d token %d: %s alone "
                           "%.9g, in a group of 4 %.9g", quant_type_name(t), n, rep, k, kn, one,
                           got[k]);
