@@ -29,7 +29,7 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: rootspec-micro --model PATH [--threads LIST] [--iters K] [--ar-tokens N]\n"
-            "                      [--rss-ctx N]\n"
+            "                      [--rss-ctx N] [--draft-rounds N]\n"
             "  --model PATH     GGUF file, Hugging Face directory or random:PRESET\n"
             "  --threads LIST   comma-separated CPU thread counts (default 1,2)\n"
             "  --iters K        timed passes per batch size (default 20; 2 warm-up passes)\n"
@@ -39,7 +39,9 @@ static void usage(FILE *f) {
             "  --draft-rounds N pools a self-drafter (first half of the layers) grows for\n"
             "                   the drafter's host work per row (default 8; 0: skip)\n"
             "After a %d-token prefill: AR tok/s, then forward() of n = 1, 9, 65 pending tree\n"
-            "tokens with logits for every row. ROOTSPEC_CPU_KERNELS=ref|scalar|avx2|avx512\n"
+            "tokens with logits for every row, each set against a memcpy and a read stream\n"
+            "measured in the run and against the compute roof (the same kernels on a slice\n"
+            "of each matrix in cache, one thread). ROOTSPEC_CPU_KERNELS=ref|scalar|avx2|avx512\n"
             "forces a kernel family.\n",
             PREFILL);
 }
