@@ -125,11 +125,14 @@ AVX2_INLINE void sub_fma(__m256i v, __m256i sign, int use_sign, __m256i sc16, fl
 }
 
 /* One Q6_K block against NT tokens: quants rebuilt unsigned (0..63), minus 32 as signed
- * bytes, multiplied as |q - 32| with the sign moved onto the activations. */
+ * bytes, multiplied as |q - 32| with the sign moved onto the activations. The two high
+ * bits of group k go straight to bits 4-5 (one shift and a mask: a 16-bit shift only moves
+ * other bytes' bits into the masked-off ones), and a half's 8 scales are widened once and
+ * picked per group by a byte shuffle. */
 AVX2_INLINE void q6_block_avx2(const uint8_t *w, const QkQ8 *const *x, int NT, __m256 *acc) {
     const int8_t *sc = (const int8_t *)(w + 192);
     float d = f16_at(w + 208);
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
     for (int h = 0; h < 2; h++) {
         __m256i ql0 = _mm256_loadu_si256((const __m256i *)(const void *)(w + 64 * h));
         __m256i ql1 = _mm256_loadu_si256((const __m256i *)(const void *)(w + 64 * h + 32));
@@ -137,11 +140,19 @@ AVX2_INLINE void q6_block_avx2(const uint8_t *w, const QkQ8 *const *x, int NT, _
         __m256i lo[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
                          _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
                          _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
+        __m256i hi[4] = {_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2), qh,
+                         _mm256_srli_epi16(qh, 2)};
+        /* the half's scales as i16 in both lanes: [s0 .. s7 | s0 .. s7] */
+        __m256i s16 = _mm256_broadcastsi128_si256(
+            _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)(sc + 8 * h))));
         for (int k = 0; k < 4; k++) {
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m3);
-            __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo[k], _mm256_slli_epi16(hi, 4)), k32);
-            const int8_t *s2 = sc + 8 * h + 2 * k; /* i16 lanes 0-7: elements 0-15 */
-            __m256i sc16 = _mm256_setr_m128i(_mm_set1_epi16(s2[0]), _mm_set1_epi16(s2[1]));
+            __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo[k], _mm256_and_si256(hi[k], m30)), k32);
+            /* i16 lanes 0-7 (elements 0-15): scale 2k; lanes 8-15: scale 2k + 1 */
+            char a = (char)(4 * k), b = (char)(4 * k + 2);
+            __m256i pick = _mm256_setr_epi8(a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a,
+                                            a + 1, a, a + 1, a, a + 1, b, b + 1, b, b + 1, b,
+                                            b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1);
+            __m256i sc16 = _mm256_shuffle_epi8(s16, pick);
             sub_fma(_mm256_sign_epi8(q, q), q, 1, sc16, d, x, 4 * h + k, NT, acc);
         }
     }
