@@ -3,8 +3,9 @@
  * commit: the AR tok/s figure), then times tree-shaped pending batches of n = 1, 9 and 65
  * tokens (the root pass, a B=8 and a B=64 tree pass). Bytes streamed per token (weights in
  * their stored type + the KV cache read) are set against a memcpy bandwidth and a read-only
- * stream measured in the same run (n = 1 reads; the read stream is its bound), and the drafter's host work per logits row while a
- * self-drafter grows pools (bench/micro_draft.c). Output: a human table plus one "micro
+ * stream measured in the same run (n = 1 reads; the read stream is its bound) and against
+ * the kernels' compute roof (bench/micro_roof.c), and the drafter's host work per logits
+ * row while a self-drafter grows pools (bench/micro_draft.c). Output: a human table plus one "micro
  * key=value ..." line per thread count for scripts (tools/ compares it with llama.cpp). */
 #include "common/cli.h"
 #include "common/model.h"
@@ -89,9 +90,9 @@ static void *read_thread(void *arg) {
  * reach at best. Returns GB/s. */
 static double stream_gbs(int threads, int copy) {
     size_t sz = (size_t)256 << 20;
-    char *a = rs_xmalloc(sz), *b = rs_xmalloc(sz);
-    memset(a, 1, sz);
-    memset(b, 2, sz); /* fault the pages in before timing */
+    char *a = rs_xmalloc(sz), *b = copy ? rs_xmalloc(sz) : NULL; /* a read needs no target */
+    memset(a, 1, sz); /* fault the pages in before timing */
+    if (b) memset(b, 2, sz);
     pthread_t tid[64];
     CopyJob job[64];
     size_t chunk = sz / threads;
@@ -99,7 +100,8 @@ static double stream_gbs(int threads, int copy) {
     for (int rep = 0; rep < 5; rep++) {
         uint64_t t0 = rs_now_ns();
         for (int t = 0; t < threads; t++) {
-            job[t] = (CopyJob){b + t * chunk, a + t * chunk, t == threads - 1 ? sz - t * chunk : chunk, 0};
+            job[t] = (CopyJob){b ? b + t * chunk : NULL, a + t * chunk,
+                               t == threads - 1 ? sz - t * chunk : chunk, 0};
             RS_ASSERT(pthread_create(&tid[t], NULL, copy ? copy_thread : read_thread, &job[t]) == 0);
         }
         for (int t = 0; t < threads; t++) pthread_join(tid[t], NULL);

@@ -130,8 +130,7 @@ static void deq_q5(const uint8_t *p, float *dst, size_t nb, int one) {
     for (size_t b = 0; b < nb; b++, p += bytes, dst += 32) {
         float d = quant_f16_to_f32(rd16(p)), m = one ? quant_f16_to_f32(rd16(p + 2)) : 0.0f;
         const uint8_t *h = p + (one ? 4 : 2), *qs = h + 4;
-        uint32_t qh = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 |
-                      (uint32_t)h[3] << 24;
+        uint32_t qh = quant_le32(h);
         for (int j = 0; j < 16; j++) {
             int q0 = (qs[j] & 0x0f) | (int)((qh >> j) & 1) << 4;
             int q1 = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;

@@ -32,6 +32,11 @@ int quant_type_supported(uint32_t type);
 #define QUANT_SUPPORTED_NAMES "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K"
 
 float quant_f16_to_f32(uint16_t h);
+/* The little-endian u32 at p (any alignment): Q5_0 / Q5_1's qh, bit j = element j's fifth
+ * bit. */
+static inline uint32_t quant_le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
 float quant_bf16_to_f32(uint16_t h);
 
 /* K-quant super-block geometry (QK_K elements; bytes per block). */

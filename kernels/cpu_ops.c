@@ -170,10 +170,7 @@ static void axpy_e(float *restrict o, const float *w, const float *const *v, int
 
 /* Rows of the entries [j, j + ATT_E) of one head (kvd-float cache rows from h0). */
 static void att_rows(const float *h0, int kvd, int nc, const int *idx, int j, const float **r) {
-    for (int e = 0; e < ATT_E; e++) {
-        int s = j + e < nc ? j + e : nc + idx[j + e - nc];
-        r[e] = h0 + (size_t)s * kvd;
-    }
+    for (int e = 0; e < ATT_E; e++) r[e] = cpu_attention_entry(h0, kvd, nc, idx, j + e);
 }
 
 /* Entries go ATT_E at a time through dot_e/axpy_e (the rest one by one): the same
@@ -188,7 +185,7 @@ void cpu_attention_head(float *o, const float *qh, const float *kh0, const float
         att_rows(kh0, kvd, nc, idx, j, r);
         dot_e(qh, r, hd, att + j);
     }
-    for (; j < len; j++) att[j] = dot(qh, kh0 + (size_t)(j < nc ? j : nc + idx[j - nc]) * kvd, hd);
+    for (; j < len; j++) att[j] = dot(qh, cpu_attention_entry(kh0, kvd, nc, idx, j), hd);
     for (j = 0; j < len; j++) {
         att[j] *= scale;
         if (att[j] > mx) mx = att[j];
@@ -207,7 +204,7 @@ void cpu_attention_head(float *o, const float *qh, const float *kh0, const float
         axpy_e(o, w, r, hd);
     }
     for (; j < len; j++)
-        axpy(o, att[j] * inv, vh0 + (size_t)(j < nc ? j : nc + idx[j - nc]) * kvd, hd);
+        axpy(o, att[j] * inv, cpu_attention_entry(vh0, kvd, nc, idx, j), hd);
 }
 
 void cpu_attention(float *out, const float *q, const float *kc, const float *vc,

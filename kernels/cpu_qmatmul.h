@@ -16,9 +16,10 @@
  * Batch invariance: out[t] depends on weight row j and activation row t only. Tokens are
  * taken QK_GROUP at a time by one kernel instantiated for 1..QK_GROUP tokens with the same
  * per-token instruction sequence (explicit intrinsics, no reassociation); a family's tile
- * kernel (QK_ROWS weight rows per call, the x86 Q4_0/Q4_1/Q8_0 ones) takes every row of
- * the type, short tiles padded, with the same lane operations in every slot. So a row's
- * result is bitwise the same whatever n, the group it lands in and the thread split.
+ * kernel (QK_ROWS weight rows per call, the x86 ones of every integer type but Q6_K)
+ * takes every row of the type, short tiles padded, with the same lane operations in every
+ * slot. So a row's result is bitwise the same whatever n, the group it lands in and the
+ * thread split.
  * Attention likewise: a family's attn (FMA lanes on x86) works on one (token, head) with
  * an order fixed by the entries it sees, whatever the batch. */
 #ifndef ROOTSPEC_CPU_QMATMUL_H

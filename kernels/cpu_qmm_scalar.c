@@ -98,8 +98,7 @@ QK_HOT static void dot_q5(const uint8_t *w, const void *const *xs, int nt, int i
         float acc = 0;
         for (int b = 0; b < nb; b++) {
             const uint8_t *p = w + bytes * (size_t)b, *h = p + (one ? 4 : 2), *q = h + 4;
-            uint32_t qh = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 |
-                          (uint32_t)h[3] << 24;
+            uint32_t qh = quant_le32(h);
             int isum = 0;
             for (int i = 0; i < 16; i++)
                 isum += ((q[i] & 15) | (int)((qh >> i) & 1) << 4) * x[b].q[i] +

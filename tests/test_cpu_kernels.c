@@ -28,9 +28,6 @@ static const QkFamily *family(const char *name) {
     return qk_family_pick(name, &e);
 }
 
-/* A random weight matrix of `type`. F32..Q5_1: a 1-layer typed test model's w_down (64,
- * 96: an odd count of 32-blocks), in *m. K-quants (no test quantizer): kq_weights (45,
- * 512) in *buf. */
 /* K-quant (rows, cols) of random bytes, every super-block's f16 scales set to small
  * values (any bytes are a valid K-quant block), in *buf. */
 static QTensor kq_weights(uint32_t type, uint64_t seed, int rows, int cols, uint8_t **buf) {
@@ -51,6 +48,9 @@ static QTensor kq_weights(uint32_t type, uint64_t seed, int rows, int cols, uint
     return (QTensor){type, *buf, rows, cols, rb, 0};
 }
 
+/* A random weight matrix of `type`. F32..Q5_1: a 1-layer typed test model's w_down (64,
+ * 96: an odd count of 32-blocks), in *m. K-quants (no test quantizer): kq_weights (45,
+ * 512) in *buf. */
 static QTensor weights(uint32_t type, uint64_t seed, Model **m, uint8_t **buf) {
     *m = NULL;
     *buf = NULL;
