@@ -5,7 +5,8 @@
  *   ref     every type dequantized to f32 and multiplied in f32 (the golden tests' path)
  *   scalar  portable C; integer weight types against Q8 activations
  *   avx2    AVX2+FMA+F16C
- *   avx512  AVX-512 F/BW/VL + VNNI (UNVERIFIED: no AVX-512 machine was at hand)
+ *   avx512  AVX-512 F/BW/VL + VNNI: never run on such a machine here; its source is tested
+ *           on AVX2 with vpdpbusd emulated (tests/qmm_avx512_emu.c)
  * Integer weight types (Q8_0, Q4_0, Q4_1, and the K-quants Q4_K/Q5_K/Q6_K through
  * cpu_kquant.h) take activations quantized per row in blocks of 32 (QkQ8, as llama.cpp's
  * Q8_1); F32/F16/BF16 weights take f32 activations. A type without a kernel in a family

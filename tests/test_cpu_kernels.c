@@ -12,6 +12,7 @@
 #include "kernels/cpu_ops.h"
 #include "kernels/cpu_qmatmul.h"
 #include "kernels/threadpool.h"
+#include "qmm_avx512_emu.h"
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -19,12 +20,15 @@
 static const uint32_t kTypes[] = {QT_F32,  QT_F16,  QT_BF16, QT_Q8_0, QT_Q4_0, QT_Q4_1,
                                    QT_Q5_0, QT_Q5_1, QT_Q4_K, QT_Q5_K, QT_Q6_K};
 #define N_TYPES ((int)(sizeof kTypes / sizeof kTypes[0]))
-static const char *kFams[] = {"ref", "scalar", "avx2", "avx512"};
-#define N_FAMS 4
+/* avx512-emu: the AVX-512 family's source with vpdpbusd emulated (qmm_avx512_emu.h) */
+static const char *kFams[] = {"ref", "scalar", "avx2", "avx512", "avx512-emu"};
+#define N_FAMS 5
 
 /* A family if this CPU runs it, else NULL (the test then checks nothing for it). */
 static const QkFamily *family(const char *name) {
     RsErr e = {0};
+    if (!strcmp(name, "avx512-emu"))
+        return qk_family_pick("avx2", &e) ? &qk_family_avx512_emu : NULL;
     return qk_family_pick(name, &e);
 }
 
@@ -224,6 +228,39 @@ START_TEST(test_kernels_wide_rows) {
         check_vs_double(f, &w, 5, 13);
         check_batch_invariant(f, &w, 5, 6, 14);
         free(buf);
+    }
+}
+END_TEST
+
+/* The AVX-512 family's code (VNNI block sums, emulated) gives the AVX2 family's bits for
+ * every type: its integer sums are exact where AVX2's are (no i16 saturation in either),
+ * and everything after them is the same instructions. */
+START_TEST(test_kernels_vnni_emu_bitwise_avx2) {
+    const QkFamily *f2 = family("avx2"), *f5 = family("avx512-emu");
+    if (!f2) {
+        fprintf(stderr, "cpu_kernels: no AVX2 on this CPU, avx512-emu not compared\n");
+        return;
+    }
+    enum { N = 6 };
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        Model *m;
+        uint8_t *buf;
+        QTensor w = weights(kTypes[ti], 70 + ti, &m, &buf);
+        int in = w.cols, out = w.rows, nb = in / 32;
+        Rng r;
+        rng_seed(&r, 80 + ti);
+        float *x = rs_xmalloc(sizeof(float) * N * in), *scratch = rs_xmalloc(sizeof(float) * in);
+        float *y2 = rs_xmalloc(sizeof(float) * N * out), *y5 = rs_xmalloc(sizeof(float) * N * out);
+        for (int i = 0; i < N * in; i++) x[i] = (float)(rng_uniform(&r) * 2 - 1);
+        QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * N * nb);
+        qk_quantize_rows(x, N, in, q8);
+        QkActs a = {x, q8, N, in};
+        qk_matmul_rows(f2, &w, &a, y2, out, 0, out, scratch);
+        qk_matmul_rows(f5, &w, &a, y5, out, 0, out, scratch);
+        ck_assert_msg(memcmp(y2, y5, sizeof(float) * N * out) == 0, "%s: avx512-emu != avx2",
+                      quant_type_name(w.type));
+        free(x), free(scratch), free(y2), free(y5), free(q8);
+        weights_free(&m, &buf);
     }
 }
 END_TEST
@@ -583,6 +620,7 @@ Suite *suite_cpu_kernels(void) {
     tcase_add_loop_test(tc, test_kernels_wide_rows, 0, N_FAMS);
     tcase_add_loop_test(tc, test_kernels_q5_extremes, 0, N_FAMS);
     tcase_add_loop_test(tc, test_kernels_perm_rows, 0, N_FAMS);
+    tcase_add_test(tc, test_kernels_vnni_emu_bitwise_avx2);
     tcase_add_test(tc, test_threadpool_runs_every_worker);
     tcase_add_test(tc, test_threadpool_chunks_each_once);
     tcase_add_test(tc, test_quantize_rounds_ties_away);

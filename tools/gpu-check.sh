@@ -20,7 +20,8 @@
 #   PIPE_TARGET=random:tiny PIPE_DRAFT=random:tiny,seed=2 GPU_CHECK_E3_DRAFT=random:eagle3-tiny
 #   bash tools/gpu-check.sh
 # With --default-model: only assembles the default model from gpu-carry/ (tools/gpu-carry.sh;
-# it is too big for one call) and runs the CUDA-vs-CPU parity test on it.
+# it is too big for one call), runs the CUDA-vs-CPU parity test on it, then the host CPU
+# stage (host_cpu_stage: the CPU kernels on the GPU machine's own CPU; ~3 minutes).
 # Writes a few logs to $GPU_CHECK_OUT (default: $OUT if set, else gpu-check-out/; the device
 # tool returns at most 8 files) and ends with a recap of the key lines. Exit status:
 # non-zero if the build, the tests, the bench or the pipeline failed. Time limits: 90 s per
@@ -125,6 +126,30 @@ else
     add_cuda_libs $BIN/rootspec-cuda-tests || true
 fi
 
+# The GPU machine's own CPU (16 cores, maybe AVX-512 / AMX, which the development machine
+# lacks): the CPU backend's kernel family there, the avx512 family's greedy ids against
+# avx2's on the default model (they should be the same bits), and rootspec-micro's
+# figures. Reported, never a failure: the exit status stays the CUDA test's.
+host_cpu_stage() {
+    local m=models/SmolLM2-135M-Instruct.Q4_1.gguf fam ids=()
+    say "host CPU: $(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p'); flags:" \
+        "$(grep -o -w -E 'avx512f|avx512_vnni|avx512_bf16|amx_tile|amx_int8|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+    for fam in avx2 avx512; do
+        ROOTSPEC_CPU_KERNELS=$fam timeout 60 "$BIN/rootspec-target" --model "$m" --chat \
+            --prompt "Name three primary colours." --max-new 32 --output-ids \
+            >"$OUTDIR/cpu-ids-$fam.txt" 2>"$OUTDIR/cpu-ids-$fam.err"
+        say "cpu family $fam: exit $?; $(tail -1 "$OUTDIR/cpu-ids-$fam.err")"
+        say "cpu family $fam ids: $(cut -c1-100 "$OUTDIR/cpu-ids-$fam.txt")"
+    done
+    if [ -s "$OUTDIR/cpu-ids-avx512.txt" ] && cmp -s "$OUTDIR/cpu-ids-avx2.txt" "$OUTDIR/cpu-ids-avx512.txt"; then
+        echo "gpu-check: cpu_avx512_ids=same"
+    else
+        echo "gpu-check: cpu_avx512_ids=DIFFER (or avx512 not runnable here: see above)"
+    fi
+    timeout 120 "$BIN/rootspec-micro" --model "$m" --threads 1,2,8 --draft-rounds 0 --iters 5 \
+        --ar-tokens 32 2>&1 | tee "$OUTDIR/cpu-micro.log" | tail -40
+}
+
 if bash tools/gpu-carry.sh join; then HAVE_DEFAULT=1; else HAVE_DEFAULT=0; fi
 if [ "$MODE" = default-model ]; then
     [ "$HAVE_DEFAULT" = 1 ] || { say "FAIL: no default model (carry gpu-carry/model.part2 in this call)"; exit 2; }
@@ -134,6 +159,7 @@ if [ "$MODE" = default-model ]; then
         "$BIN/rootspec-cuda-tests" 2>&1 | tee "$OUTDIR/cuda-default-model.log"
     rc=$?
     say "default-model test exit status $rc"
+    host_cpu_stage
     exit $rc
 fi
 
