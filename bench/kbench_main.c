@@ -159,9 +159,10 @@ static void run_case(const QkFamily *f, uint32_t type, int n, size_t bytes, int 
     float *x = rs_xmalloc(sizeof(float) * n * cols), *y = rs_xmalloc(sizeof(float) * n * rows);
     float *scratch = rs_xmalloc(sizeof(float) * cols);
     QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * n * (cols / QK_BLOCK));
+    QkQ8K *q8k = rs_xmalloc(sizeof(QkQ8K) * n * (cols / QK_K + 1));
     for (int i = 0; i < n * cols; i++) x[i] = (float)(rng_uniform(r) * 2 - 1);
-    qk_quantize_rows(x, n, cols, q8);
-    QkActs a = {x, q8, n, cols};
+    QkActs a = {.f32 = x, .n = n, .in = cols};
+    qk_acts_quantize(&a, qk_wants_act(f, type), q8, q8k);
     Timing t = time_pass(f, &w, &a, y, scratch, reps);
     double blocks = (double)rows * cols / QK_BLOCK * n, wbytes = (double)rows * row_bytes;
     printf("kbench family=%s type=%s n=%d mode=%s rows=%d cols=%d ms=%.3f gbs=%.2f "
@@ -175,6 +176,7 @@ static void run_case(const QkFamily *f, uint32_t type, int n, size_t bytes, int 
     free(y);
     free(scratch);
     free(q8);
+    free(q8k);
 }
 
 int main(int argc, char **argv) {

@@ -44,6 +44,7 @@ int micro_compute_roof(const Model *m, MicroRoof *out, RsErr *e) {
     float *y = rs_xmalloc(sizeof(float) * 4 * (ROOF_SLICE_BYTES / 8 + 64));
     float *scratch = rs_xmalloc(sizeof(float) * (size_t)maxc);
     QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * 4 * (size_t)(maxc / QK_BLOCK + 1));
+    QkQ8K *q8k = rs_xmalloc(sizeof(QkQ8K) * 4 * (size_t)(maxc / QK_K + 1));
     Rng r;
     rng_seed(&r, 11);
     *out = (MicroRoof){0};
@@ -52,8 +53,10 @@ int micro_compute_roof(const Model *m, MicroRoof *out, RsErr *e) {
         const QTensor *w = mats[i];
         int in = w->cols;
         for (int k = 0; k < 4 * in; k++) x[k] = (float)(rng_uniform(&r) * 2 - 1);
-        if (in % QK_BLOCK == 0) qk_quantize_rows(x, 4, in, q8);
-        QkActs a1 = {x, q8, 1, in}, a4 = {x, q8, 4, in};
+        QkActs a4 = {.f32 = x, .n = 4, .in = in};
+        qk_acts_quantize(&a4, qk_wants_act(f, w->type), q8, q8k);
+        QkActs a1 = a4;
+        a1.n = 1;
         double t1 = slice_ns(f, w, &a1, y, scratch), t4 = slice_ns(f, w, &a4, y, scratch);
         double p = (double)w->rows * in * (i == 7 ? 1 : m->cfg.n_layers);
         params += p;
@@ -67,5 +70,6 @@ int micro_compute_roof(const Model *m, MicroRoof *out, RsErr *e) {
     free(y);
     free(scratch);
     free(q8);
+    free(q8k);
     return RS_OK;
 }

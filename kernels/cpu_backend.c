@@ -35,6 +35,7 @@ typedef struct {
     float *scratch;     // (threads, max_cols) a dequantized weight row per thread
     QkQ8 *xq;           // (max_batch, max_cols/32) activations quantized for integer weights
     QkQ8 *hq;           // (max_batch, hidden_dim/32) hb quantized for w_down
+    QkQ8K *xqk;         // (max_batch, max_cols/256) activations per 256 (x86 K-quant kernels)
     float *key_cache;   // (n_layers, kv_capacity, kv_dim), RoPE already applied
     float *value_cache; // (n_layers, kv_capacity, kv_dim)
     float *kv_tmp;      // (2, max_pending, kv_dim) staging for kv_commit
@@ -114,23 +115,20 @@ static void mm_task(void *arg, int chunk, int n_chunks, int tid) {
 }
 
 /* The product job y_i (n, w_i->rows) = x (n, in) @ w_i^T for the nm matrices, over all
- * their rows. xq: x already quantized by the region that made it (NULL: quantized here if
- * a weight wants it). */
+ * their rows. xq: x already quantized per 32 by the region that made it (NULL: quantized
+ * here if a weight wants it); the per-256 form, when a weight wants it, is made here. */
 static MmJob mm_job(CpuBackend *b, const float *x, const QkQ8 *xq, int n, int nm,
                     const QTensor *const *w, float *const *y) {
-    MmJob j = {.b = b, .nm = nm, .x = {x, xq, n, w[0]->cols}};
-    int q8 = 0;
+    MmJob j = {.b = b, .nm = nm, .x = {.f32 = x, .q8 = xq, .n = n, .in = w[0]->cols}};
+    int acts = 0;
     for (int i = 0; i < nm; i++) {
         RS_ASSERT(w[i]->cols == w[0]->cols);
         j.w[i] = w[i];
         j.y[i] = y[i];
         j.ldy[i] = w[i]->rows;
-        q8 |= qk_wants_q8(b->fam, w[i]->type);
+        acts |= qk_wants_act(b->fam, w[i]->type);
     }
-    if (q8 && !xq) {
-        qk_quantize_rows(x, n, j.x.in, b->s.xq);
-        j.x.q8 = b->s.xq;
-    }
+    qk_acts_quantize(&j.x, xq ? acts & ~QK_ACT_Q8 : acts, b->s.xq, b->s.xqk);
     j.r1 = mm_rows(&j);
     return j;
 }
@@ -263,6 +261,7 @@ static void alloc_state(CpuBackend *b, const Config *c, const BackendParams *p, 
     s->scratch = rs_xcalloc((size_t)nth * mc, sizeof(float));
     s->xq = rs_xcalloc(B * (mc / QK_BLOCK + 1), sizeof(QkQ8));
     s->hq = rs_xcalloc(B * ((size_t)c->hidden_dim / QK_BLOCK + 1), sizeof(QkQ8));
+    s->xqk = rs_xcalloc(B * (mc / QK_K + 1), sizeof(QkQ8K));
     s->kv_tmp = rs_xcalloc(2 * P * b->kv_dim, sizeof(float));
     s->inv_freq = rs_xcalloc(half, sizeof(float));
     s->rope_cos = rs_xcalloc(B * half, sizeof(float));
@@ -333,7 +332,7 @@ static void cpu_destroy(Backend **pb) {
     RunState *s = &b->s;
     threadpool_destroy(&b->pool);
     void *bufs[] = {s->x,       s->xb,       s->q,           s->att_out,  s->hb,
-                    s->hb2,     s->att,      s->scratch,     s->xq,       s->hq,  s->key_cache,
+                    s->hb2,     s->att,      s->scratch,     s->xq,       s->hq,  s->xqk, s->key_cache,
                     s->value_cache, s->kv_tmp, s->inv_freq,  s->rope_cos, s->rope_sin,
                     s->att_idx, s->att_cnt,  s->keep_seen, s->pend_pos, s->logits,
                     s->feat_pend, s->feat_out, s->parts,
@@ -415,7 +414,7 @@ static void fwd_attention(CpuBackend *b, int l, int n) {
     float *y[3] = {s->q, knew, vnew};
     matmul(b, s->xb, NULL, n, 3, w, y);
     fwd_qk_post(b, L, knew, vnew, n);
-    int oq = qk_wants_q8(b->fam, L->wo.type) && c->head_dim % QK_BLOCK == 0;
+    int oq = qk_wants_act(b->fam, L->wo.type) == QK_ACT_Q8 && c->head_dim % QK_BLOCK == 0;
     AttnJob aj = {b, kc, vc, n, b->base.n_committed, oq ? s->xq : NULL};
     threadpool_run_chunks(b->pool, attn_task, &aj, region_chunks(b, n * c->n_heads));
     matmul1(b, s->att_out, aj.oq, n, &L->wo, s->xb);
@@ -430,12 +429,10 @@ static void fwd_mlp(CpuBackend *b, int l, int n) {
     int dim = c->dim;
     for (int t = 0; t < n; t++)
         cpu_rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim, c->norm_eps);
-    UpJob uj = {b, L, {s->xb, NULL, n, dim}, NULL};
-    if (qk_wants_q8(b->fam, L->w_gate.type) || qk_wants_q8(b->fam, L->w_up.type)) {
-        qk_quantize_rows(s->xb, n, dim, s->xq);
-        uj.x.q8 = s->xq;
-    }
-    if (qk_wants_q8(b->fam, L->w_down.type)) uj.hq = s->hq;
+    UpJob uj = {b, L, {.f32 = s->xb, .n = n, .in = dim}, NULL};
+    qk_acts_quantize(&uj.x, qk_wants_act(b->fam, L->w_gate.type) | qk_wants_act(b->fam, L->w_up.type),
+                     s->xq, s->xqk);
+    if (qk_wants_act(b->fam, L->w_down.type) == QK_ACT_Q8) uj.hq = s->hq;
     threadpool_run_chunks(b->pool, up_task, &uj, region_chunks(b, c->hidden_dim / up_unit(b)));
     matmul1(b, s->hb, uj.hq, n, &L->w_down, s->xb);
     cpu_residual_add(s->x, s->xb, (size_t)n * dim);

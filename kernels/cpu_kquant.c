@@ -1,12 +1,10 @@
-/* K-quant x Q8 (per 32) dot kernels, portable and AVX2 (see cpu_kquant.h). Element order
+/* K-quant x Q8 (per 32) dot kernels of the portable family (see cpu_kquant.h). Element order
  * and scale layout as quant.c's dequantization (ggml's). Integer ranges per 32-element
  * sub-block: Q5_K 32 * 31 * 127 * 63 < 2^23; Q6_K 2 * 16 * 32 * 127 * 128 < 2^24, so the
  * sums are exact in int32 and in their f32 conversion. */
 #include "cpu_kquant.h"
 #include "cpu_qmatmul.h"
 #include "common/util.h"
-#include <immintrin.h>
-#include <string.h>
 
 #if defined(__GNUC__) && !defined(__clang__)
 /* Uninstrumented and optimised even in the sanitizer build (as cpu_qmm_*.c): the accesses
@@ -98,89 +96,3 @@ KQ_HOT void kq_dot_q6_K_scalar(const uint8_t *w, const void *const *xs, int nt, 
         out[t] = acc;
     }
 }
-
-/* ---- AVX2 ---- */
-
-#define AVX2_FN __attribute__((target("avx2,fma,f16c")))
-#define AVX2_INLINE KQ_INLINE AVX2_FN
-
-AVX2_INLINE float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* Unsigned quants v (32 of sub-block s, element order) times each token's sub-block,
- * scaled: acc[t] += (d dx) * (i32 lanes of sc16 * pair sums). sc16 holds the scale per i16
- * lane pair (Q6_K: two 16-element groups); signed weights come as |q| and their signs. */
-AVX2_INLINE void sub_fma(__m256i v, __m256i sign, int use_sign, __m256i sc16, float d,
-                         const QkQ8 *const *x, int s, int NT, __m256 *acc) {
-    for (int t = 0; t < NT; t++) {
-        __m256i xq = _mm256_loadu_si256((const __m256i *)(const void *)x[t][s].q);
-        if (use_sign) xq = _mm256_sign_epi8(xq, sign);
-        __m256i i32 = _mm256_madd_epi16(_mm256_maddubs_epi16(v, xq), sc16);
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_set1_ps(d * x[t][s].d), acc[t]);
-    }
-}
-
-/* One Q6_K block against NT tokens: quants rebuilt unsigned (0..63), minus 32 as signed
- * bytes, multiplied as |q - 32| with the sign moved onto the activations. The two high
- * bits of group k go straight to bits 4-5 (one shift and a mask: a 16-bit shift only moves
- * other bytes' bits into the masked-off ones), and a half's 8 scales are widened once and
- * picked per group by a byte shuffle. */
-AVX2_INLINE void q6_block_avx2(const uint8_t *w, const QkQ8 *const *x, int NT, __m256 *acc) {
-    const int8_t *sc = (const int8_t *)(w + 192);
-    float d = f16_at(w + 208);
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
-    for (int h = 0; h < 2; h++) {
-        __m256i ql0 = _mm256_loadu_si256((const __m256i *)(const void *)(w + 64 * h));
-        __m256i ql1 = _mm256_loadu_si256((const __m256i *)(const void *)(w + 64 * h + 32));
-        __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(w + 128 + 32 * h));
-        __m256i lo[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
-                         _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                         _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
-        __m256i hi[4] = {_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2), qh,
-                         _mm256_srli_epi16(qh, 2)};
-        /* the half's scales as i16 in both lanes: [s0 .. s7 | s0 .. s7] */
-        __m256i s16 = _mm256_broadcastsi128_si256(
-            _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)(sc + 8 * h))));
-        for (int k = 0; k < 4; k++) {
-            __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo[k], _mm256_and_si256(hi[k], m30)), k32);
-            /* i16 lanes 0-7 (elements 0-15): scale 2k; lanes 8-15: scale 2k + 1 */
-            char a = (char)(4 * k), b = (char)(4 * k + 2);
-            __m256i pick = _mm256_setr_epi8(a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a,
-                                            a + 1, a, a + 1, a, a + 1, b, b + 1, b, b + 1, b,
-                                            b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1);
-            __m256i sc16 = _mm256_shuffle_epi8(s16, pick);
-            sub_fma(_mm256_sign_epi8(q, q), q, 1, sc16, d, x, 4 * h + k, NT, acc);
-        }
-    }
-}
-
-AVX2_INLINE void q6_avx2(const uint8_t *w, const void *const *xs, int NT, int in, float *out) {
-    __m256 acc[QK_GROUP];
-    const QkQ8 *x[QK_GROUP];
-    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps(), x[t] = xs[t];
-    for (int b = 0; b < in / QK_K; b++) {
-        const QkQ8 *xb[QK_GROUP];
-        for (int t = 0; t < NT; t++) xb[t] = x[t] + 8 * b;
-        q6_block_avx2(w + (size_t)QK6_K_BYTES * b, xb, NT, acc);
-    }
-    for (int t = 0; t < NT; t++) out[t] = hsum8(acc[t]);
-}
-
-/* Entry points: the body instantiated per token count (same per-token operations). */
-#define KQ_ENTRY(name, call)                                                                 \
-    KQ_HOT AVX2_FN void name(const uint8_t *w, const void *const *xs, int nt, int in,        \
-                             float *out) {                                                   \
-        RS_ASSERT(in % QK_K == 0);                                                           \
-        switch (nt) {                                                                        \
-        case 1: call(1); break;                                                              \
-        case 2: call(2); break;                                                              \
-        case 3: call(3); break;                                                              \
-        default: call(4); break;                                                             \
-        }                                                                                    \
-    }
-#define C_Q6K(N) q6_avx2(w, xs, N, in, out)
-KQ_ENTRY(kq_dot_q6_K_avx2, C_Q6K)

@@ -47,9 +47,9 @@ static const QkKernel *find_kernel(const QkFamily *f, uint32_t type) {
     return NULL;
 }
 
-int qk_wants_q8(const QkFamily *f, uint32_t type) {
+int qk_wants_act(const QkFamily *f, uint32_t type) {
     const QkKernel *k = find_kernel(f, type);
-    return k && k->q8;
+    return k ? k->act : QK_ACT_F32;
 }
 
 /* roundf (ties away from zero) without the libm call or a branch: r = x - trunc(x) is
@@ -118,15 +118,55 @@ void qk_quantize_rows(const float *x, int n, int in, QkQ8 *dst) {
             quantize_block(x + (size_t)t * in + b * QK_BLOCK, dst + (size_t)t * (in / QK_BLOCK) + b);
 }
 
-/* Activation row pointers of tokens [t0, t0 + nt). */
-static void act_rows(const QkActs *x, int q8, int t0, int nt, const void **xs) {
-    int in = x->in;
-    for (int t = 0; t < nt; t++)
-        xs[t] = q8 ? (const void *)(x->q8 + (size_t)(t0 + t) * (in / QK_BLOCK))
-                   : (const void *)(x->f32 + (size_t)(t0 + t) * in);
+void qk_quantize_k_rows(const float *x, int n, int in, QkQ8K *dst) {
+    RS_ASSERT(in % QK_K == 0);
+    for (int t = 0; t < n; t++)
+        for (int b = 0; b < in / QK_K; b++) {
+            const float *v = x + (size_t)t * in + (size_t)b * QK_K;
+            QkQ8K *o = dst + (size_t)t * (in / QK_K) + b;
+            float amax = 0;
+            for (int i = 0; i < QK_K; i += QK_BLOCK) { /* quantize_block's max, per 32 */
+                float m[8] = {0};
+                for (int j = 0; j < QK_BLOCK; j += 8)
+                    for (int k = 0; k < 8; k++) {
+                        float a = fabsf(v[i + j + k]);
+                        m[k] = a > m[k] ? a : m[k];
+                    }
+                for (int k = 0; k < 8; k++) amax = m[k] > amax ? m[k] : amax;
+            }
+            o->d = amax / 127.0f;
+            float id = o->d > 0 ? 1.0f / o->d : 0.0f;
+            for (int i = 0; i < QK_K; i += QK_BLOCK) quantize_q(v + i, id, o->q + i);
+            for (int j = 0; j < 16; j++) {
+                int sum = 0;
+                for (int i = 0; i < 16; i++) sum += o->q[16 * j + i];
+                o->bsums[j] = (int16_t)sum;
+            }
+        }
 }
 
-#define QK_CHUNK 16 /* tiles per kernel call: their weights stay in L1/L2 across groups */
+void qk_acts_quantize(QkActs *a, int acts, QkQ8 *q8, QkQ8K *q8k) {
+    if (acts & QK_ACT_Q8) {
+        qk_quantize_rows(a->f32, a->n, a->in, q8);
+        a->q8 = q8;
+    }
+    if (acts & QK_ACT_Q8K) {
+        qk_quantize_k_rows(a->f32, a->n, a->in, q8k);
+        a->q8k = q8k;
+    }
+}
+
+/* Activation row pointers of tokens [t0, t0 + nt) in form `act`. */
+static void act_rows(const QkActs *x, int act, int t0, int nt, const void **xs) {
+    int in = x->in;
+    for (int t = 0; t < nt; t++) {
+        size_t r = (size_t)(t0 + t);
+        xs[t] = act == QK_ACT_Q8K ? (const void *)(x->q8k + r * (in / QK_K))
+                : act == QK_ACT_Q8 ? (const void *)(x->q8 + r * (in / QK_BLOCK))
+                                   : (const void *)(x->f32 + r * in);
+    }
+}
+
 #define QK_CROWS (QK_CHUNK * QK_ROWS)
 
 /* Up to QK_CROWS rows wr (nr of them) through the tile kernel, token groups inside (the
@@ -142,7 +182,7 @@ static void chunk_tiled(const QkKernel *k, const QkActs *x, const uint8_t **wr, 
         int nt = x->n - t0 < QK_GROUP ? x->n - t0 : QK_GROUP;
         const void *xs[QK_GROUP];
         float out[QK_GROUP * QK_CROWS]; // (nt, QK_CROWS)
-        act_rows(x, k->q8, t0, nt, xs);
+        act_rows(x, k->act, t0, nt, xs);
         float *yt = y + (size_t)t0 * ldy;
         if (!dst) {
             if (full) k->tile(wr, full, xs, nt, x->in, yt, ldy);
@@ -198,8 +238,9 @@ void qk_matmul_rows(const QkFamily *f, const QTensor *w, const QkActs *x, float 
                     int j0, int j1, float *scratch) {
     RS_ASSERT(w->cols == x->in && j0 >= 0 && j1 <= w->rows);
     const QkKernel *k = find_kernel(f, w->type);
-    int q8 = k && k->q8, in = x->in;
-    RS_ASSERT(!q8 || x->q8);
+    int act = k ? k->act : QK_ACT_F32, in = x->in;
+    RS_ASSERT(act != QK_ACT_Q8 || x->q8);
+    RS_ASSERT(act != QK_ACT_Q8K || x->q8k);
     if (k && k->tile) {
         rows_tiled(k, w, x, y, ldy, j0, j1);
         return;
@@ -215,7 +256,7 @@ void qk_matmul_rows(const QkFamily *f, const QTensor *w, const QkActs *x, float 
             int nt = x->n - t0 < QK_GROUP ? x->n - t0 : QK_GROUP;
             const void *xs[QK_GROUP];
             float out[QK_GROUP];
-            act_rows(x, q8, t0, nt, xs);
+            act_rows(x, act, t0, nt, xs);
             dot(wr, xs, nt, in, out);
             for (int t = 0; t < nt; t++) y[(size_t)(t0 + t) * ldy + j] = out[t];
         }

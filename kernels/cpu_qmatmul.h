@@ -7,9 +7,11 @@
  *   avx2    AVX2+FMA+F16C
  *   avx512  AVX-512 F/BW/VL + VNNI: never run on such a machine here; its source is tested
  *           on AVX2 with vpdpbusd emulated (tests/qmm_avx512_emu.c)
- * Integer weight types (Q8_0, Q4_0, Q4_1, and the K-quants Q4_K/Q5_K/Q6_K through
- * cpu_kquant.h) take activations quantized per row in blocks of 32 (QkQ8, as llama.cpp's
- * Q8_1); F32/F16/BF16 weights take f32 activations. A type without a kernel in a family
+ * Integer weight types take activations quantized per row: in blocks of 32 (QkQ8, as
+ * llama.cpp's Q8_1) for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and, in the portable families, the
+ * K-quants (cpu_kquant.h); the x86 families take K-quants against blocks of 256 (QkQ8K, as
+ * llama.cpp's Q8_K), so a super-block's sub-block sums add up in integers and meet one
+ * float step. F32/F16/BF16 weights take f32 activations. A type without a kernel in a family
  * (every type in "ref") runs through the generic path: its row is dequantized into a
  * scratch row and multiplied by the family's f32 kernel. Adding a type's dot kernel is one
  * entry in its family's table.
@@ -17,15 +19,18 @@
  * Batch invariance: out[t] depends on weight row j and activation row t only. Tokens are
  * taken QK_GROUP at a time by one kernel instantiated for 1..QK_GROUP tokens with the same
  * per-token instruction sequence (explicit intrinsics, no reassociation); a family's tile
- * kernel (QK_ROWS weight rows per call, the x86 ones of every integer type but Q6_K)
- * takes every row of the type, short tiles padded, with the same lane operations in every
- * slot. So a row's result is bitwise the same whatever n, the group it lands in and the
+ * kernel (QK_ROWS weight rows per call, the x86 ones of every integer type) takes every
+ * row of the type, short tiles padded, with the same lane operations in every slot. Integer
+ * sums are exact, so how a kernel reduces them may depend on the token count (the x86
+ * K-quant tiles reduce one token's lanes differently from four's); every float operation
+ * may not. So a row's result is bitwise the same whatever n, the group it lands in and the
  * thread split.
  * Attention likewise: a family's attn (FMA lanes on x86) works on one (token, head) with
  * an order fixed by the entries it sees, whatever the batch. */
 #ifndef ROOTSPEC_CPU_QMATMUL_H
 #define ROOTSPEC_CPU_QMATMUL_H
 #include "common/model.h"
+#include "common/quant.h"
 
 #define QK_GROUP 4 /* tokens per kernel call */
 #define QK_BLOCK 32
@@ -36,8 +41,21 @@ typedef struct {
     int8_t q[QK_BLOCK];
 } QkQ8;
 
-/* out[t] = <weight row, x_t> for t < nt (1..QK_GROUP). xs[t] is an f32 row (in) or a QkQ8
- * row (in/32 blocks) as the kernel's entry says; wrow is the stored row (any alignment). */
+/* One activation super-block of QK_K (256) elements: x[i] ~ d * q[i]; bsums[j] = the sum
+ * of q[16j .. 16j + 16). */
+typedef struct {
+    float d;
+    int16_t bsums[16];
+    int8_t q[256];
+} QkQ8K;
+
+/* The activation form a kernel takes (QkKernel.act; bits, so a product job can ask for
+ * both). */
+enum { QK_ACT_F32 = 0, QK_ACT_Q8 = 1, QK_ACT_Q8K = 2 };
+
+/* out[t] = <weight row, x_t> for t < nt (1..QK_GROUP). xs[t] is an f32 row (in), a QkQ8 row
+ * (in/32 blocks) or a QkQ8K row (in/256) as the kernel's entry says; wrow is the stored
+ * row (any alignment). */
 typedef void (*QkDotFn)(const uint8_t *wrow, const void *const *xs, int nt, int in,
                         float *out);
 
@@ -48,12 +66,13 @@ typedef void (*QkDotFn)(const uint8_t *wrow, const void *const *xs, int nt, int 
  * tiles per call: a one-token pass costs a call, a switch and a store loop per tile
  * otherwise (a tenth of a 576-column product). A family gives each type dot or tile. */
 #define QK_ROWS 4
+#define QK_CHUNK 16 /* tiles per call at most: their weights stay in L1/L2 across groups */
 typedef void (*QkTileFn)(const uint8_t *const *w, int ntiles, const void *const *xs, int nt,
                          int in, float *out, int ldo);
 
 typedef struct {
     uint32_t type; /* ggml type id */
-    int q8;        /* 1: activations as QkQ8 rows */
+    int act;       /* QK_ACT_*: the activation rows xs points to */
     QkDotFn dot;   /* one row at a time, or NULL when tile is given */
     QkTileFn tile;
 } QkKernel;
@@ -76,18 +95,26 @@ extern const QkFamily qk_family_ref, qk_family_scalar, qk_family_avx2, qk_family
  * CPU runs. NULL with a message naming the value when unknown or not runnable here. */
 const QkFamily *qk_family_pick(const char *name, RsErr *e);
 
-/* Activations of one product: f32 rows (n, in) and, for integer weight types, their Q8
- * form (n, in/32) made by qk_quantize_rows. */
+/* Activations of one product: f32 rows (n, in) and the quantized forms the weight type's
+ * kernel takes (qk_wants_act): q8 (n, in/32) from qk_quantize_rows, q8k (n, in/256) from
+ * qk_quantize_k_rows; a form no kernel of the product takes may be NULL. */
 typedef struct {
     const float *f32;
     const QkQ8 *q8;
+    const QkQ8K *q8k;
     int n, in;
 } QkActs;
 
-/* 1 when weight type `type` takes Q8 activations in family f. */
-int qk_wants_q8(const QkFamily *f, uint32_t type);
+/* The activation form (QK_ACT_*) weight type `type` takes in family f. */
+int qk_wants_act(const QkFamily *f, uint32_t type);
 /* x (n, in), in % 32 == 0 -> dst (n, in/32). */
 void qk_quantize_rows(const float *x, int n, int in, QkQ8 *dst);
+/* x (n, in), in % 256 == 0 -> dst (n, in/256): d = max|x|/127 per super-block, q rounded
+ * as qk_quantize_rows rounds. */
+void qk_quantize_k_rows(const float *x, int n, int in, QkQ8K *dst);
+/* a->q8 / a->q8k made from a->f32 into q8 / q8k for the forms in `acts` (QK_ACT_* bits;
+ * the buffers hold a->n rows). */
+void qk_acts_quantize(QkActs *a, int acts, QkQ8 *q8, QkQ8K *q8k);
 /* y[t * ldy + j] for t < x->n, j in [j0, j1). scratch: (w->cols) floats, for the generic
  * path (one per thread). */
 void qk_matmul_rows(const QkFamily *f, const QTensor *w, const QkActs *x, float *y, int ldy,

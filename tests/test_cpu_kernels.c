@@ -72,26 +72,26 @@ static void weights_free(Model **m, uint8_t **buf) {
 }
 
 /* y = x W^T of n random rows against double sums of the operands the kernel sees
- * (dequantized weights; Q8-dequantized activations when the type takes Q8). */
+ * (dequantized weights; activations in the kernel's quantized form when it takes one). */
 static void check_vs_double(const QkFamily *f, const QTensor *w, int n, uint64_t seed) {
-    int in = w->cols, out = w->rows, nb = in / 32;
+    int in = w->cols, out = w->rows;
     Rng r;
     rng_seed(&r, seed);
     float *x = rs_xmalloc(sizeof(float) * n * in), *y = rs_xmalloc(sizeof(float) * n * out);
     float *wf = tu_f32(w), *xd = rs_xmalloc(sizeof(float) * n * in);
     float *scratch = rs_xmalloc(sizeof(float) * in);
     for (int i = 0; i < n * in; i++) x[i] = (float)(rng_uniform(&r) * 2 - 1);
-    QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * n * nb);
-    qk_quantize_rows(x, n, in, q8);
-    int wq8 = qk_wants_q8(f, w->type);
-    /* every integer type has its own kernel (Q8 activations) outside "ref" */
-    ck_assert_int_eq(wq8, strcmp(f->name, "ref") != 0 && w->type != QT_F32 &&
-                              w->type != QT_F16 && w->type != QT_BF16);
+    QkActs a = tu_acts(x, n, in);
+    int act = qk_wants_act(f, w->type);
+    int kq = w->type == QT_Q4_K || w->type == QT_Q5_K || w->type == QT_Q6_K;
+    int fl = w->type == QT_F32 || w->type == QT_F16 || w->type == QT_BF16;
+    int x86 = !strcmp(f->name, "avx2") || !strncmp(f->name, "avx512", 6);
+    /* every integer type has its own kernel outside "ref": per 256 for the x86 K-quants */
+    ck_assert_int_eq(act, !strcmp(f->name, "ref") || fl ? QK_ACT_F32
+                          : kq && x86                 ? QK_ACT_Q8K
+                                                      : QK_ACT_Q8);
     for (int t = 0; t < n; t++)
-        for (int k = 0; k < in; k++)
-            xd[t * in + k] = wq8 ? q8[t * nb + k / 32].d * q8[t * nb + k / 32].q[k % 32]
-                                 : x[t * in + k];
-    QkActs a = {x, q8, n, in};
+        for (int k = 0; k < in; k++) xd[t * in + k] = (float)tu_act_seen(&a, act, t, k, NULL);
     qk_matmul_rows(f, w, &a, y, out, 0, out, scratch);
     for (int t = 0; t < n; t++)
         for (int j = 0; j < out; j++) {
@@ -107,7 +107,7 @@ static void check_vs_double(const QkFamily *f, const QTensor *w, int n, uint64_t
     free(x);
     free(y);
     free(xd);
-    free(q8);
+    tu_acts_free(&a);
     free(scratch);
 }
 
@@ -115,19 +115,17 @@ static void check_vs_double(const QkFamily *f, const QTensor *w, int n, uint64_t
  * split of the output rows at `split`. */
 static void check_batch_invariant(const QkFamily *f, const QTensor *w, int n, int split,
                                   uint64_t seed) {
-    int in = w->cols, out = w->rows, nb = in / 32;
+    int in = w->cols, out = w->rows;
     Rng r;
     rng_seed(&r, seed);
     float *x = rs_xmalloc(sizeof(float) * n * in), *y = rs_xmalloc(sizeof(float) * n * out);
     float *y1 = rs_xmalloc(sizeof(float) * out), *scratch = rs_xmalloc(sizeof(float) * in);
     for (int i = 0; i < n * in; i++) x[i] = (float)(rng_uniform(&r) * 2 - 1);
-    QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * n * nb);
-    qk_quantize_rows(x, n, in, q8);
-    QkActs a = {x, q8, n, in};
+    QkActs a = tu_acts(x, n, in);
     qk_matmul_rows(f, w, &a, y, out, 0, split, scratch);
     qk_matmul_rows(f, w, &a, y, out, split, out, scratch);
     for (int t = 0; t < n; t++) {
-        QkActs a1 = {x + t * in, q8 + t * nb, 1, in};
+        QkActs a1 = tu_acts_row(&a, t);
         qk_matmul_rows(f, w, &a1, y1, out, 0, out, scratch);
         ck_assert_msg(memcmp(y1, y + t * out, sizeof(float) * out) == 0,
                       "%s %s in %d: token %d differs", f->name, quant_type_name(w->type), in, t);
@@ -136,7 +134,7 @@ static void check_batch_invariant(const QkFamily *f, const QTensor *w, int n, in
     free(y);
     free(y1);
     free(scratch);
-    free(q8);
+    tu_acts_free(&a);
 }
 
 /* Each family and type against double sums (check_vs_double). */
@@ -191,7 +189,7 @@ START_TEST(test_kernels_q5_extremes) {
         for (int k = 0; k < IN; k++) x[k] = 1.0f, x[IN + k] = -1.0f;
         QkQ8 q8[2 * NB];
         qk_quantize_rows(x, 2, IN, q8);
-        QkActs a = {x, q8, 2, IN};
+        QkActs a = {.f32 = x, .q8 = q8, .n = 2, .in = IN};
         qk_matmul_rows(f, &t, &a, y, ROWS, 0, ROWS, scratch);
         for (int tk = 0; tk < 2; tk++)
             for (int r = 0; r < ROWS; r++) {
@@ -246,20 +244,19 @@ START_TEST(test_kernels_vnni_emu_bitwise_avx2) {
         Model *m;
         uint8_t *buf;
         QTensor w = weights(kTypes[ti], 70 + ti, &m, &buf);
-        int in = w.cols, out = w.rows, nb = in / 32;
+        int in = w.cols, out = w.rows;
         Rng r;
         rng_seed(&r, 80 + ti);
         float *x = rs_xmalloc(sizeof(float) * N * in), *scratch = rs_xmalloc(sizeof(float) * in);
         float *y2 = rs_xmalloc(sizeof(float) * N * out), *y5 = rs_xmalloc(sizeof(float) * N * out);
         for (int i = 0; i < N * in; i++) x[i] = (float)(rng_uniform(&r) * 2 - 1);
-        QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * N * nb);
-        qk_quantize_rows(x, N, in, q8);
-        QkActs a = {x, q8, N, in};
+        QkActs a = tu_acts(x, N, in);
         qk_matmul_rows(f2, &w, &a, y2, out, 0, out, scratch);
         qk_matmul_rows(f5, &w, &a, y5, out, 0, out, scratch);
         ck_assert_msg(memcmp(y2, y5, sizeof(float) * N * out) == 0, "%s: avx512-emu != avx2",
                       quant_type_name(w.type));
-        free(x), free(scratch), free(y2), free(y5), free(q8);
+        free(x), free(scratch), free(y2), free(y5);
+        tu_acts_free(&a);
         weights_free(&m, &buf);
     }
 }
@@ -272,20 +269,19 @@ START_TEST(test_kernels_perm_rows) {
     const QkFamily *f = family(kFams[_i]);
     if (!f) return;
     for (int ti = 0; ti < N_TYPES; ti++) {
-        if (kTypes[ti] == QT_Q4_K || kTypes[ti] == QT_Q5_K || kTypes[ti] == QT_Q6_K) continue;
-        Model *m;
-        uint8_t *buf;
-        QTensor w = weights(kTypes[ti], 60 + ti, &m, &buf), wp = w;
+        Model *m = NULL;
+        uint8_t *buf = NULL;
+        int kq = kTypes[ti] == QT_Q4_K || kTypes[ti] == QT_Q5_K || kTypes[ti] == QT_Q6_K;
+        QTensor w = kq ? kq_weights(kTypes[ti], 60 + ti, 64, 512, &buf)
+                       : weights(kTypes[ti], 60 + ti, &m, &buf), wp = w;
         wp.perm_hd = 16; /* 4 heads of 16 rows */
-        int n = 5, in = w.cols, out = w.rows, nb = in / 32;
+        int n = 5, in = w.cols, out = w.rows;
         Rng r;
         rng_seed(&r, 9);
         float *x = rs_xmalloc(sizeof(float) * n * in), *y = rs_xmalloc(sizeof(float) * n * out);
         float *yp = rs_xmalloc(sizeof(float) * n * out), *scratch = rs_xmalloc(sizeof(float) * in);
         for (int i = 0; i < n * in; i++) x[i] = (float)(rng_uniform(&r) * 2 - 1);
-        QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * n * nb);
-        qk_quantize_rows(x, n, in, q8);
-        QkActs a = {x, q8, n, in};
+        QkActs a = tu_acts(x, n, in);
         qk_matmul_rows(f, &w, &a, y, out, 0, out, scratch);
         qk_matmul_rows(f, &wp, &a, yp, out, 0, 21, scratch); /* splits inside heads */
         qk_matmul_rows(f, &wp, &a, yp, out, 21, 37, scratch);
@@ -302,7 +298,7 @@ START_TEST(test_kernels_perm_rows) {
         free(y);
         free(yp);
         free(scratch);
-        free(q8);
+        tu_acts_free(&a);
         weights_free(&m, &buf);
     }
 }

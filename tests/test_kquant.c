@@ -113,49 +113,46 @@ static const QkFamily *avx2_family(void) {
     return qk_family_pick("avx2", &e);
 }
 
-/* The product y = w x of one weight row through a kernel family (the x86 ones take Q4_K /
- * Q5_K in 4-row tiles, padded here; Q6_K one row at a time), for nt tokens. */
-static void family_dot(const QkFamily *f, int type, const uint8_t *w, int n, const float *x,
-                       const QkQ8 *q8, int nt, float *out) {
+/* The product y = w x of one weight row through a kernel family, for a's tokens. */
+static void family_dot(const QkFamily *f, int type, const uint8_t *w, int n, const QkActs *a,
+                       float *out) {
     size_t be, bb;
     quant_type_geometry((uint32_t)type, &be, &bb);
     QTensor t = {(uint32_t)type, w, 1, n, n / be * bb, 0};
-    QkActs a = {x, q8, nt, n};
     float *scratch = rs_xmalloc(sizeof(float) * n);
-    qk_matmul_rows(f, &t, &a, out, 1, 0, 1, scratch);
+    qk_matmul_rows(f, &t, a, out, 1, 0, 1, scratch);
     free(scratch);
 }
 
 /* Weight rows are the fixture's blocks (realistic and random-byte ones) cycled to n
- * elements; 4 activation rows x ~ N(0, 1) with a few outliers, quantized per 32
- * (qk_quantize_rows). Per (type, n, kernel, token):
+ * elements; 4 activation rows x ~ N(0, 1) with a few outliers, quantized as the family's
+ * kernel takes them (per 32, or per 256 on x86: tu_act_seen). Per (type, n, kernel,
+ * token):
  *  - kernel vs sum_i deq(w)[i] * (d * q[i]) in double: only f32 rounding of the
- *    per-sub-block products and their accumulation, bound 1e-5 * sum |terms| + 1e-6;
- *  - kernel vs the f32 activations in double: adds the Q8 rounding, |x - d*q| <= d/2 per
- *    element, so the bound is sum_i |w_i| * d_block(i) / 2 plus the above;
+ *    per-block products and their accumulation, bound 1e-5 * sum |terms| + 1e-6;
+ *  - kernel vs the f32 activations in double: adds the activation rounding, |x - d*q| <=
+ *    d/2 per element, so the bound is sum_i |w_i| * d_block(i) / 2 plus the above;
  *  - each token's result bitwise the same when the kernel takes it alone (nt = 1).
  * The scalar and AVX2 families (when the CPU has AVX2) both hold these bounds. */
-static void check_dot(int t, const uint8_t *w, int n, const float *x, const QkQ8 *q8,
-                      int rep) {
+static void check_dot(int t, const uint8_t *w, int n, const QkActs *a, int rep) {
     float *wd = rs_xmalloc(sizeof(float) * n);
     quant_dequantize((uint32_t)t, w, wd, n);
-    int nb = n / 32;
     RsErr e = {0};
     const QkFamily *fams[2] = {qk_family_pick("scalar", &e), avx2_family()};
     ck_assert_msg(fams[0] != NULL, "%s", e.msg);
     for (int avx2 = 0; avx2 < 2 && fams[avx2]; avx2++) {
         const QkFamily *f = fams[avx2];
+        int act = qk_wants_act(f, (uint32_t)t);
         float got[4];
-        family_dot(f, t, w, n, x, q8, 4, got);
+        family_dot(f, t, w, n, a, got);
         for (int k = 0; k < 4; k++) {
             double ref_q = 0, ref_x = 0, mag = 0, qerr = 0;
             for (int i = 0; i < n; i++) {
-                const QkQ8 *b = &q8[k * nb + i / 32];
-                double xq = (double)b->d * b->q[i % 32];
+                double half, xq = tu_act_seen(a, act, k, i, &half);
                 ref_q += (double)wd[i] * xq;
-                ref_x += (double)wd[i] * x[k * n + i];
+                ref_x += (double)wd[i] * a->f32[k * n + i];
                 mag += fabs((double)wd[i] * xq);
-                qerr += fabs((double)wd[i]) * b->d * 0.5;
+                qerr += fabs((double)wd[i]) * half;
             }
             double tol = 1e-5 * mag + 1e-6;
             const char *kn = avx2 ? "avx2" : "scalar";
@@ -166,7 +163,8 @@ static void check_dot(int t, const uint8_t *w, int n, const float *x, const QkQ8
                           "%s n=%d rep %d token %d: %s %.9g, f32 dot %.9g (tol %g)",
                           quant_type_name(t), n, rep, k, kn, got[k], ref_x, tol + qerr);
             float one;
-            family_dot(f, t, w, n, x + (size_t)k * n, q8 + k * nb, 1, &one);
+            QkActs a1 = tu_acts_row(a, k);
+            family_dot(f, t, w, n, &a1, &one);
             ck_assert_msg(memcmp(&one, &got[k], 4) == 0, "%s n=%d rep %d token %d: %s alone "
                           "%.9g, in a group of 4 %.9g", quant_type_name(t), n, rep, k, kn, one,
                           got[k]);
@@ -201,12 +199,11 @@ START_TEST(test_kquant_dot) {
                 for (int i = 0; i < 4 * n; i++)
                     x[i] = gauss(&seed) * (i % 97 == 0 ? 8.0f : 1.0f);
                 if (rep == 1) memset(x, 0, sizeof(float) * 64); /* all-zero sub-blocks */
-                QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * 4 * (n / 32));
-                qk_quantize_rows(x, 4, n, q8);
-                check_dot(t, w + 1, n, x, q8, rep);
+                QkActs a = tu_acts(x, 4, n);
+                check_dot(t, w + 1, n, &a, rep);
                 free(w);
                 free(x);
-                free(q8);
+                tu_acts_free(&a);
             }
         }
         free(pool);

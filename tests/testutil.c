@@ -385,3 +385,43 @@ int tu_serve_stop(TuServer **ps) {
     *ps = NULL;
     return rc;
 }
+
+/* ---- Kernel activations ---- */
+
+QkActs tu_acts(const float *x, int n, int in) {
+    QkActs a = {.f32 = x, .n = n, .in = in};
+    int acts = QK_ACT_Q8 | (in % QK_K == 0 ? QK_ACT_Q8K : 0);
+    QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * (size_t)n * (in / QK_BLOCK));
+    QkQ8K *q8k = acts & QK_ACT_Q8K ? rs_xmalloc(sizeof(QkQ8K) * (size_t)n * (in / QK_K)) : NULL;
+    qk_acts_quantize(&a, acts, q8, q8k);
+    return a;
+}
+
+void tu_acts_free(QkActs *a) {
+    free((void *)a->q8);
+    free((void *)a->q8k);
+    a->q8 = NULL;
+    a->q8k = NULL;
+}
+
+QkActs tu_acts_row(const QkActs *a, int t) {
+    QkActs r = {a->f32 + (size_t)t * a->in, a->q8 + (size_t)t * (a->in / QK_BLOCK),
+                a->q8k ? a->q8k + (size_t)t * (a->in / QK_K) : NULL, 1, a->in};
+    return r;
+}
+
+double tu_act_seen(const QkActs *a, int act, int t, int i, double *half_step) {
+    double v = a->f32[(size_t)t * a->in + i], d = 0;
+    if (act == QK_ACT_Q8) {
+        const QkQ8 *b = &a->q8[(size_t)t * (a->in / QK_BLOCK) + i / QK_BLOCK];
+        d = b->d;
+        v = d * b->q[i % QK_BLOCK];
+    } else if (act == QK_ACT_Q8K) {
+        ck_assert_ptr_nonnull(a->q8k);
+        const QkQ8K *b = &a->q8k[(size_t)t * (a->in / QK_K) + i / QK_K];
+        d = b->d;
+        v = d * b->q[i % QK_K];
+    }
+    if (half_step) *half_step = d / 2;
+    return v;
+}

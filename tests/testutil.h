@@ -42,6 +42,19 @@ typedef struct {
 void tu_golden_read(const char *path, TuGolden *g);
 void tu_golden_free(TuGolden *g);
 
+/* ---- Kernel activations (kernels/cpu_qmatmul.h) ---- */
+#include "kernels/cpu_qmatmul.h"
+/* x (n, in) with every quantized form a kernel may take (per 256 only when in % 256 ==
+ * 0); the copies are the caller's: tu_acts_free. */
+QkActs tu_acts(const float *x, int n, int in);
+void tu_acts_free(QkActs *a);
+/* Row t of a as a one-row QkActs (borrowing a's buffers). */
+QkActs tu_acts_row(const QkActs *a, int t);
+/* Element i of row t as a kernel taking form act (QK_ACT_*) sees it: x itself, or d * q
+ * of its block of 32 or 256; *half_step (optional) = half that block's d, the most the
+ * quantization moved it. */
+double tu_act_seen(const QkActs *a, int act, int t, int i, double *half_step);
+
 /* ---- rootspec-draft's server loop on a thread (protocol tests without a second process) */
 typedef struct TuServer TuServer;
 /* Serves drafter d (borrowed; insecure ipc://, tokenizer hash 42) on endpoint ep under
