@@ -206,8 +206,9 @@ END_TEST
 
 /* Rows longer than the x86 Q4 tiles lay out on the stack (QK_XPAIR_IN = 4096 columns:
  * they assemble their activation pairs in each tile instead) and an odd block count among
- * them: W_down (64, 4128) of the block-of-32 types and (13, 4352) K-quants, against
- * double sums and batch-invariant. */
+ * them: W_down (64, 4128) of the block-of-32 types and (13, 4352) and (6, 16896) K-quants
+ * (the x86 K-quant tiles gather 64 super-blocks' scales at a time), against double sums
+ * and batch-invariant. */
 START_TEST(test_kernels_wide_rows) {
     const QkFamily *f = family(kFams[_i]);
     if (!f) return;
@@ -220,11 +221,15 @@ START_TEST(test_kernels_wide_rows) {
         check_batch_invariant(f, w, 5, 21, 12);
         model_destroy(&m);
     }
-    for (uint32_t t = QT_Q4_K; t <= QT_Q6_K; t++) { /* 17 super-blocks */
+    for (uint32_t t = QT_Q4_K; t <= QT_Q6_K; t++) { /* 17 super-blocks, then 66 */
         uint8_t *buf;
         QTensor w = kq_weights(t, 95 + t, 13, 4352, &buf);
         check_vs_double(f, &w, 5, 13);
         check_batch_invariant(f, &w, 5, 6, 14);
+        free(buf);
+        w = kq_weights(t, 97 + t, 6, 66 * QK_K, &buf); /* the x86 tiles go 64 at a time */
+        check_vs_double(f, &w, 5, 15);
+        check_batch_invariant(f, &w, 5, 3, 16);
         free(buf);
     }
 }
@@ -599,6 +604,18 @@ START_TEST(test_forward_batch_invariant) {
 }
 END_TEST
 
+/* The same on the golden Q4_K_M-style GGUF (Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1 matrices),
+ * whose K-quant products take per-256 activations on x86. */
+START_TEST(test_forward_batch_invariant_kquant) {
+    Model *m = NULL;
+    RsErr e = {0};
+    ck_assert_msg(model_load("tests/fixtures/golden/llama_q4km/model.gguf", &m, &e) == RS_OK,
+                  "%s", e.msg);
+    for (int th = 1; th <= 2; th++) check_invariance(m, th, 200 + th);
+    model_destroy(&m);
+}
+END_TEST
+
 START_TEST(test_forward_batch_invariant_default) {
     Model *m = NULL;
     RsErr e = {0};
@@ -624,6 +641,7 @@ Suite *suite_cpu_kernels(void) {
     tcase_add_test(tc, test_attention_matches_plain_loops);
     tcase_add_loop_test(tc, test_family_attention_vs_reference, 0, N_FAMS);
     tcase_add_loop_test(tc, test_forward_batch_invariant, 0, 2);
+    tcase_add_test(tc, test_forward_batch_invariant_kquant);
     suite_add_tcase(s, tc);
     TCase *td = tcase_create("default_model");
     tcase_set_timeout(td, 300);
