@@ -30,7 +30,7 @@ SAN_OBJS       := $(LIB_SRCS:%.c=build/san/%.o)
 BENCH_OBJS     := $(BENCH_SRCS:%.c=build/obj/%.o)
 BENCH_SAN_OBJS := $(BENCH_SRCS:%.c=build/san/%.o)
 TEST_OBJS := $(TEST_SRCS:%.c=build/san/%.o) build/san/tests/main.o build/san/tests/testutil.o \
-             build/san/tests/qmm_avx512_emu.o
+             build/san/tests/qmm_avx512_emu.o build/san/tests/qmm_amx_emu.o
 # $(call main_bench_objs,MAIN.c,OBJS): OBJS when MAIN.c is a bench program, else nothing.
 main_bench_objs = $(if $(filter $(BENCH_DIR)/%,$(1)),$(2))
 # target_proc/target_main.c -> build/rootspec-target

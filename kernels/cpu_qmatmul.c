@@ -8,9 +8,27 @@
 #include <immintrin.h>
 #endif
 
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+/* AMX-TILE and AMX-INT8 in cpuid, and the kernel's leave to use the tile state
+ * (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: Linux hands it out per process,
+ * on request, before the first tile instruction). */
+static int amx_usable(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25)))
+        return 0;
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+}
+#else
+static int amx_usable(void) { return 0; }
+#endif
+
 static int cpu_runs(const char *name) {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
+    if (!strcmp(name, "amx")) return cpu_runs("avx512") && amx_usable();
     if (!strcmp(name, "avx2"))
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                __builtin_cpu_supports("f16c");
@@ -23,8 +41,8 @@ static int cpu_runs(const char *name) {
 }
 
 const QkFamily *qk_family_pick(const char *name, RsErr *e) {
-    static const QkFamily *all[] = {&qk_family_avx512, &qk_family_avx2, &qk_family_scalar,
-                                    &qk_family_ref};
+    static const QkFamily *all[] = {&qk_family_amx, &qk_family_avx512, &qk_family_avx2,
+                                    &qk_family_scalar, &qk_family_ref};
     int n = (int)(sizeof all / sizeof all[0]);
     for (int i = 0; i < n; i++) {
         if (name && *name && strcmp(name, all[i]->name) != 0) continue;
@@ -37,7 +55,7 @@ const QkFamily *qk_family_pick(const char *name, RsErr *e) {
     }
     if (name && *name)
         rs_err(e, RS_EINVAL, "ROOTSPEC_CPU_KERNELS=%s is not a kernel family (ref, scalar, "
-               "avx2, avx512)", name);
+               "avx2, avx512, amx)", name);
     return NULL;
 }
 
@@ -178,10 +196,11 @@ static void chunk_tiled(const QkKernel *k, const QkActs *x, const uint8_t **wr, 
                         float *y, int ldy, const int *dst) {
     int full = nr / QK_ROWS, tail = nr % QK_ROWS, ntile = full + (tail > 0);
     for (int r = nr; r < ntile * QK_ROWS; r++) wr[r] = wr[nr - 1];
-    for (int t0 = 0; t0 < x->n; t0 += QK_GROUP) {
-        int nt = x->n - t0 < QK_GROUP ? x->n - t0 : QK_GROUP;
-        const void *xs[QK_GROUP];
-        float out[QK_GROUP * QK_CROWS]; // (nt, QK_CROWS)
+    int g = k->group ? k->group : QK_GROUP;
+    for (int t0 = 0; t0 < x->n; t0 += g) {
+        int nt = x->n - t0 < g ? x->n - t0 : g;
+        const void *xs[QK_GROUP_MAX];
+        float out[QK_GROUP_MAX * QK_CROWS]; // (nt, QK_CROWS)
         act_rows(x, k->act, t0, nt, xs);
         float *yt = y + (size_t)t0 * ldy;
         if (!dst) {

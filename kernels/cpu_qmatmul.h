@@ -7,6 +7,9 @@
  *   avx2    AVX2+FMA+F16C
  *   avx512  AVX-512 F/BW/VL + VNNI: never run on such a machine here; its source is tested
  *           on AVX2 with vpdpbusd emulated (tests/qmm_avx512_emu.c)
+ *   amx     avx512 + AMX-INT8 tiles for groups of more than QK_GROUP tokens of the
+ *           block-of-32 types (cpu_qmm_amx.inc; bitwise avx512's results); likewise only
+ *           tested with the tile instructions emulated (tests/qmm_amx_emu.c)
  * Integer weight types take activations quantized per row: in blocks of 32 (QkQ8, as
  * llama.cpp's Q8_1) for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and, in the portable families, the
  * K-quants (cpu_kquant.h); the x86 families take K-quants against blocks of 256 (QkQ8K, as
@@ -75,7 +78,9 @@ typedef struct {
     int act;       /* QK_ACT_*: the activation rows xs points to */
     QkDotFn dot;   /* one row at a time, or NULL when tile is given */
     QkTileFn tile;
+    int group;     /* tokens per tile call, up to QK_GROUP_MAX (0: QK_GROUP) */
 } QkKernel;
+#define QK_GROUP_MAX 16
 
 /* Softmax attention of one (token, head), as cpu_attention_head (kernels/cpu_ops.h). */
 typedef void (*QkAttnFn)(float *o, const float *qh, const float *kh0, const float *vh0,
@@ -89,7 +94,8 @@ typedef struct {
     QkAttnFn attn;   /* NULL: cpu_attention_head, the reference loops */
 } QkFamily;
 
-extern const QkFamily qk_family_ref, qk_family_scalar, qk_family_avx2, qk_family_avx512;
+extern const QkFamily qk_family_ref, qk_family_scalar, qk_family_avx2, qk_family_avx512,
+    qk_family_amx;
 
 /* The family named by `name` (ref|scalar|avx2|avx512), or with name NULL/"" the best this
  * CPU runs. NULL with a message naming the value when unknown or not runnable here. */

@@ -15,9 +15,10 @@
 #include <string.h>
 
 /* vpdpbusd (256-bit): each i32 lane of acc plus the four products of a's unsigned bytes
- * and b's signed bytes in it, in i32 without saturation (Intel SDM, VPDPBUSD). */
-static inline __attribute__((always_inline, no_sanitize_address, no_sanitize_undefined)) __m256i
-emu_dpbusd(__m256i acc, __m256i a, __m256i b) {
+ * and b's signed bytes in it, in i32 without saturation (Intel SDM, VPDPBUSD). Also the
+ * AMX family's emulation's (qmm_amx_emu.c). */
+__attribute__((no_sanitize_address, no_sanitize_undefined)) __m256i
+qk_emu_dpbusd(__m256i acc, __m256i a, __m256i b) {
     uint8_t ua[32];
     int8_t sb[32];
     int32_t r[8];
@@ -31,7 +32,7 @@ emu_dpbusd(__m256i acc, __m256i a, __m256i b) {
     return out;
 }
 #undef _mm256_dpbusd_epi32 /* GCC's own is a macro */
-#define _mm256_dpbusd_epi32 emu_dpbusd
+#define _mm256_dpbusd_epi32 qk_emu_dpbusd
 #define QK_FAMILY_VAR qk_family_avx512_emu
 #define QK_FAMILY_NAME "avx512-emu"
 #define QK_VNNI 1

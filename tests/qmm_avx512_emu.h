@@ -5,5 +5,13 @@
 #include "kernels/cpu_qmatmul.h"
 
 extern const QkFamily qk_family_avx512_emu;
+/* The AMX family's source with its tile instructions emulated (tests/qmm_amx_emu.c). */
+extern const QkFamily qk_family_amx_emu;
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+/* vpdpbusd in C (256-bit), for both emulated families; AVX2 code. */
+__attribute__((target("avx2"))) __m256i qk_emu_dpbusd(__m256i acc, __m256i a, __m256i b);
+#endif
 
 #endif

@@ -20,15 +20,18 @@
 static const uint32_t kTypes[] = {QT_F32,  QT_F16,  QT_BF16, QT_Q8_0, QT_Q4_0, QT_Q4_1,
                                    QT_Q5_0, QT_Q5_1, QT_Q4_K, QT_Q5_K, QT_Q6_K};
 #define N_TYPES ((int)(sizeof kTypes / sizeof kTypes[0]))
-/* avx512-emu: the AVX-512 family's source with vpdpbusd emulated (qmm_avx512_emu.h) */
-static const char *kFams[] = {"ref", "scalar", "avx2", "avx512", "avx512-emu"};
-#define N_FAMS 5
+/* avx512-emu / amx-emu: the AVX-512 / AMX families' source with their VNNI and AMX
+ * instructions emulated (qmm_avx512_emu.h) */
+static const char *kFams[] = {"ref", "scalar", "avx2", "avx512", "amx", "avx512-emu", "amx-emu"};
+#define N_FAMS 7
 
 /* A family if this CPU runs it, else NULL (the test then checks nothing for it). */
 static const QkFamily *family(const char *name) {
     RsErr e = {0};
     if (!strcmp(name, "avx512-emu"))
         return qk_family_pick("avx2", &e) ? &qk_family_avx512_emu : NULL;
+    if (!strcmp(name, "amx-emu"))
+        return qk_family_pick("avx2", &e) ? &qk_family_amx_emu : NULL;
     return qk_family_pick(name, &e);
 }
 
@@ -85,7 +88,7 @@ static void check_vs_double(const QkFamily *f, const QTensor *w, int n, uint64_t
     int act = qk_wants_act(f, w->type);
     int kq = w->type == QT_Q4_K || w->type == QT_Q5_K || w->type == QT_Q6_K;
     int fl = w->type == QT_F32 || w->type == QT_F16 || w->type == QT_BF16;
-    int x86 = !strcmp(f->name, "avx2") || !strncmp(f->name, "avx512", 6);
+    int x86 = strcmp(f->name, "ref") && strcmp(f->name, "scalar");
     /* every integer type has its own kernel outside "ref": per 256 for the x86 K-quants */
     ck_assert_int_eq(act, !strcmp(f->name, "ref") || fl ? QK_ACT_F32
                           : kq && x86                 ? QK_ACT_Q8K
@@ -235,16 +238,18 @@ START_TEST(test_kernels_wide_rows) {
 }
 END_TEST
 
-/* The AVX-512 family's code (VNNI block sums, emulated) gives the AVX2 family's bits for
- * every type: its integer sums are exact where AVX2's are (no i16 saturation in either),
- * and everything after them is the same instructions. */
-START_TEST(test_kernels_vnni_emu_bitwise_avx2) {
-    const QkFamily *f2 = family("avx2"), *f5 = family("avx512-emu");
+/* The AVX-512 and AMX families' code (VNNI block sums and AMX tile products, emulated)
+ * gives the AVX2 family's bits for every type: their integer sums are exact where AVX2's
+ * are (no i16 saturation in any), and the float steps after them are the same
+ * operations. 21 tokens: an AMX group of 16, then 5 (AMX again), then singles. */
+START_TEST(test_kernels_emu_bitwise_avx2) {
+    const QkFamily *f2 = family("avx2"), *f5 = family(_i ? "amx-emu" : "avx512-emu");
     if (!f2) {
-        fprintf(stderr, "cpu_kernels: no AVX2 on this CPU, avx512-emu not compared\n");
+        fprintf(stderr, "cpu_kernels: no AVX2 on this CPU, %s not compared\n",
+                _i ? "amx-emu" : "avx512-emu");
         return;
     }
-    enum { N = 6 };
+    enum { N = 21 };
     for (int ti = 0; ti < N_TYPES; ti++) {
         Model *m;
         uint8_t *buf;
@@ -253,13 +258,21 @@ START_TEST(test_kernels_vnni_emu_bitwise_avx2) {
         Rng r;
         rng_seed(&r, 80 + ti);
         float *x = rs_xmalloc(sizeof(float) * N * in), *scratch = rs_xmalloc(sizeof(float) * in);
-        float *y2 = rs_xmalloc(sizeof(float) * N * out), *y5 = rs_xmalloc(sizeof(float) * N * out);
+        float *y2 = rs_xmalloc(sizeof(float) * (N + 1) * out), *y5 = rs_xmalloc(sizeof(float) * N * out);
         for (int i = 0; i < N * in; i++) x[i] = (float)(rng_uniform(&r) * 2 - 1);
         QkActs a = tu_acts(x, N, in);
         qk_matmul_rows(f2, &w, &a, y2, out, 0, out, scratch);
-        qk_matmul_rows(f5, &w, &a, y5, out, 0, out, scratch);
-        ck_assert_msg(memcmp(y2, y5, sizeof(float) * N * out) == 0, "%s: avx512-emu != avx2",
-                      quant_type_name(w.type));
+        qk_matmul_rows(f5, &w, &a, y5, out, 0, 17, scratch);
+        qk_matmul_rows(f5, &w, &a, y5, out, 17, out, scratch);
+        for (int t = 0; t < N; t++) {
+            QkActs a1 = tu_acts_row(&a, t);
+            qk_matmul_rows(f5, &w, &a1, y2 + (size_t)N * out, out, 0, out, scratch);
+            ck_assert_msg(memcmp(y2 + (size_t)N * out, y5 + t * out, sizeof(float) * out) == 0,
+                          "%s %s: token %d alone != in the batch", f5->name,
+                          quant_type_name(w.type), t);
+        }
+        ck_assert_msg(memcmp(y2, y5, sizeof(float) * N * out) == 0, "%s: %s != avx2",
+                      quant_type_name(w.type), f5->name);
         free(x), free(scratch), free(y2), free(y5);
         tu_acts_free(&a);
         weights_free(&m, &buf);
@@ -633,7 +646,7 @@ Suite *suite_cpu_kernels(void) {
     tcase_add_loop_test(tc, test_kernels_wide_rows, 0, N_FAMS);
     tcase_add_loop_test(tc, test_kernels_q5_extremes, 0, N_FAMS);
     tcase_add_loop_test(tc, test_kernels_perm_rows, 0, N_FAMS);
-    tcase_add_test(tc, test_kernels_vnni_emu_bitwise_avx2);
+    tcase_add_loop_test(tc, test_kernels_emu_bitwise_avx2, 0, 2);
     tcase_add_test(tc, test_threadpool_runs_every_worker);
     tcase_add_test(tc, test_threadpool_chunks_each_once);
     tcase_add_test(tc, test_quantize_rounds_ties_away);

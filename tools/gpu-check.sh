@@ -127,25 +127,30 @@ else
 fi
 
 # The GPU machine's own CPU (16 cores, maybe AVX-512 / AMX, which the development machine
-# lacks): the CPU backend's kernel family there, the avx512 family's greedy ids against
-# avx2's on the default model (they should be the same bits), and rootspec-micro's
-# figures. Reported, never a failure: the exit status stays the CUDA test's.
+# lacks): the CPU backend's kernel family there, the avx512 and amx families' greedy ids
+# against avx2's on the default model (they should be the same bits), and rootspec-micro's
+# figures (the best family, then amx forced). Reported, never a failure: the exit status stays the CUDA test's.
 host_cpu_stage() {
     local m=models/SmolLM2-135M-Instruct.Q4_1.gguf fam ids=()
     say "host CPU: $(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p'); flags:" \
         "$(grep -o -w -E 'avx512f|avx512_vnni|avx512_bf16|amx_tile|amx_int8|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
-    for fam in avx2 avx512; do
+    for fam in avx2 avx512 amx; do
         ROOTSPEC_CPU_KERNELS=$fam timeout 60 "$BIN/rootspec-target" --model "$m" --chat \
             --prompt "Name three primary colours." --max-new 32 --output-ids \
             >"$OUTDIR/cpu-ids-$fam.txt" 2>"$OUTDIR/cpu-ids-$fam.err"
         say "cpu family $fam: exit $?; $(tail -1 "$OUTDIR/cpu-ids-$fam.err")"
         say "cpu family $fam ids: $(cut -c1-100 "$OUTDIR/cpu-ids-$fam.txt")"
     done
-    if [ -s "$OUTDIR/cpu-ids-avx512.txt" ] && cmp -s "$OUTDIR/cpu-ids-avx2.txt" "$OUTDIR/cpu-ids-avx512.txt"; then
-        echo "gpu-check: cpu_avx512_ids=same"
-    else
-        echo "gpu-check: cpu_avx512_ids=DIFFER (or avx512 not runnable here: see above)"
-    fi
+    for fam in avx512 amx; do
+        if [ -s "$OUTDIR/cpu-ids-$fam.txt" ] && cmp -s "$OUTDIR/cpu-ids-avx2.txt" "$OUTDIR/cpu-ids-$fam.txt"; then
+            echo "gpu-check: cpu_${fam}_ids=same"
+        else
+            echo "gpu-check: cpu_${fam}_ids=DIFFER (or $fam not runnable here: see above)"
+        fi
+    done
+    # a 65-row pass goes through the AMX tiles (groups of 16 tokens): its speed there
+    ROOTSPEC_CPU_KERNELS=amx timeout 60 "$BIN/rootspec-micro" --model "$m" --threads 1 \
+        --draft-rounds 0 --iters 3 --ar-tokens 8 2>&1 | grep -E '^(micro|kernels|pass_)' | head -8
     timeout 120 "$BIN/rootspec-micro" --model "$m" --threads 1,2,8 --draft-rounds 0 --iters 5 \
         --ar-tokens 32 2>&1 | tee "$OUTDIR/cpu-micro.log" | tail -40
 }

@@ -1,0 +1,20 @@
+/* AMX kernel family (see cpu_qmatmul.h): the AVX-512 family's kernels (cpu_qmm_x86.inc)
+ * with AMX-INT8 tile products for groups of more than QK_GROUP tokens of the block-of-32
+ * types (cpu_qmm_amx.inc), giving the AVX-512 family's bits. Written on a machine without
+ * AMX: selected by cpuid and the kernel's tile permission only; the tests run this source
+ * with the tile instructions emulated (tests/qmm_amx_emu.c). */
+#include "cpu_qmatmul.h"
+#include "common/quant.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")
+#define QK_FAMILY_VAR qk_family_amx
+#define QK_FAMILY_NAME "amx"
+#define QK_VNNI 1
+#define QK_AMX 1
+#include "cpu_qmm_x86.inc"
+#pragma GCC pop_options
+#else
+const QkFamily qk_family_amx = {"amx", NULL, 0, NULL, NULL};
+#endif
