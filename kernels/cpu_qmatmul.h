@@ -7,8 +7,8 @@
  *   avx2    AVX2+FMA+F16C
  *   avx512  AVX-512 F/BW/VL + VNNI: never run on such a machine here; its source is tested
  *           on AVX2 with vpdpbusd emulated (tests/qmm_avx512_emu.c)
- *   amx     avx512 + AMX-INT8 tiles for groups of more than QK_GROUP tokens of the
- *           block-of-32 types (cpu_qmm_amx.inc; bitwise avx512's results); likewise only
+ *   amx     avx512 + AMX-INT8 tiles for groups of more than QK_GROUP tokens of every
+ *           integer type (cpu_qmm_amx.inc; bitwise avx512's results); likewise only
  *           tested with the tile instructions emulated (tests/qmm_amx_emu.c)
  * Integer weight types take activations quantized per row: in blocks of 32 (QkQ8, as
  * llama.cpp's Q8_1) for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and, in the portable families, the

@@ -1,6 +1,6 @@
 /* AMX kernel family (see cpu_qmatmul.h): the AVX-512 family's kernels (cpu_qmm_x86.inc)
- * with AMX-INT8 tile products for groups of more than QK_GROUP tokens of the block-of-32
- * types (cpu_qmm_amx.inc), giving the AVX-512 family's bits. Written on a machine without
+ * with AMX-INT8 tile products for groups of more than QK_GROUP tokens of every integer
+ * type (cpu_qmm_amx.inc), giving the AVX-512 family's bits. Written on a machine without
  * AMX: selected by cpuid and the kernel's tile permission only; the tests run this source
  * with the tile instructions emulated (tests/qmm_amx_emu.c). */
 #include "cpu_qmatmul.h"
