@@ -30,7 +30,7 @@ typedef struct {
 static void usage(FILE *f) {
     fprintf(f, "usage: rootspec-kbench [--family NAME] [--types LIST] [--n LIST] [--reps K]\n"
                "                       [--mb M] [--cols C]\n"
-               "  --family NAME  ref|scalar|avx2|avx512 (default: the best this CPU runs)\n"
+               "  --family NAME  ref|scalar|avx2|avx512|amx (default: the best this CPU runs)\n"
                "  --types LIST   comma-separated ggml type names (default: all kernel types)\n"
                "  --n LIST       token counts (default 1,4,9,65)\n"
                "  --reps K       timed runs per case, the minimum is reported (default 9)\n"

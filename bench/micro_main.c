@@ -42,8 +42,8 @@ static void usage(FILE *f) {
             "After a %d-token prefill: AR tok/s, then forward() of n = 1, 9, 65 pending tree\n"
             "tokens with logits for every row, each set against a memcpy and a read stream\n"
             "measured in the run and against the compute roof (the same kernels on a slice\n"
-            "of each matrix in cache, one thread). ROOTSPEC_CPU_KERNELS=ref|scalar|avx2|avx512\n"
-            "forces a kernel family.\n",
+            "of each matrix in cache, one thread).\n"
+            "ROOTSPEC_CPU_KERNELS=ref|scalar|avx2|avx512|amx forces a kernel family.\n",
             PREFILL);
 }
 
