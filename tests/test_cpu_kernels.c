@@ -280,6 +280,31 @@ START_TEST(test_kernels_emu_bitwise_avx2) {
 }
 END_TEST
 
+/* qk_family_pick: each family by name, or a refusal naming it; the default is the first
+ * of amx, avx512, avx2, scalar this CPU runs; a wrong name is refused with the list. */
+START_TEST(test_family_pick) {
+    static const char *names[] = {"amx", "avx512", "avx2", "scalar", "ref"};
+    const QkFamily *best = NULL;
+    for (int i = 0; i < 5; i++) {
+        RsErr e = {0};
+        const QkFamily *f = qk_family_pick(names[i], &e);
+        if (f) {
+            ck_assert_str_eq(f->name, names[i]);
+            if (!best) best = f;
+        } else {
+            ck_assert_int_eq(e.code, RS_EUNSUPPORTED);
+            ck_assert_msg(strstr(e.msg, names[i]) && strstr(e.msg, "lacks"), "%s", e.msg);
+        }
+    }
+    RsErr e = {0};
+    ck_assert_ptr_eq(qk_family_pick(NULL, &e), best);
+    ck_assert_ptr_eq(qk_family_pick("", &e), best);
+    ck_assert_ptr_null(qk_family_pick("avx3", &e));
+    ck_assert_int_eq(e.code, RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "avx3") && strstr(e.msg, "amx)"), "%s", e.msg);
+}
+END_TEST
+
 /* A GGUF q/k matrix (perm_hd: logical row j is stored row qtensor_row(j)) gives each
  * logical row the bits the same stored row gives in an unpermuted matrix, for any split
  * of the rows (the tiled path walks such matrices in stored order). */
@@ -647,6 +672,7 @@ Suite *suite_cpu_kernels(void) {
     tcase_add_loop_test(tc, test_kernels_q5_extremes, 0, N_FAMS);
     tcase_add_loop_test(tc, test_kernels_perm_rows, 0, N_FAMS);
     tcase_add_loop_test(tc, test_kernels_emu_bitwise_avx2, 0, 2);
+    tcase_add_test(tc, test_family_pick);
     tcase_add_test(tc, test_threadpool_runs_every_worker);
     tcase_add_test(tc, test_threadpool_chunks_each_once);
     tcase_add_test(tc, test_quantize_rounds_ties_away);
