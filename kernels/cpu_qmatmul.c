@@ -113,9 +113,9 @@ static int quantize_q(const float *v, float id, int8_t *q) {
     return sum;
 }
 
-/* d = max|x|/127 per block, q = round(x/d) ties away from zero (as llama.cpp). Lanes of
- * 8 so -O2 vectorizes it: the libm fmaxf/roundf calls were half of its time. */
-static void quantize_block(const float *v, QkQ8 *o) {
+/* max |v[i]| over a block of 32, in lanes of 8 so -O2 vectorizes it (the libm fmaxf calls
+ * were a large part of quantizing). Also the per-256 form's max, a block at a time. */
+static float block_amax(const float *v) {
     float m[8] = {0};
     for (int i = 0; i < QK_BLOCK; i += 8)
         for (int k = 0; k < 8; k++) {
@@ -124,6 +124,12 @@ static void quantize_block(const float *v, QkQ8 *o) {
         }
     float amax = 0;
     for (int k = 0; k < 8; k++) amax = m[k] > amax ? m[k] : amax;
+    return amax;
+}
+
+/* d = max|x|/127 per block, q = round(x/d) ties away from zero (as llama.cpp). */
+static void quantize_block(const float *v, QkQ8 *o) {
+    float amax = block_amax(v);
     float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
     o->d = d;
     o->s = d * (float)quantize_q(v, id, o->q);
@@ -143,14 +149,9 @@ void qk_quantize_k_rows(const float *x, int n, int in, QkQ8K *dst) {
             const float *v = x + (size_t)t * in + (size_t)b * QK_K;
             QkQ8K *o = dst + (size_t)t * (in / QK_K) + b;
             float amax = 0;
-            for (int i = 0; i < QK_K; i += QK_BLOCK) { /* quantize_block's max, per 32 */
-                float m[8] = {0};
-                for (int j = 0; j < QK_BLOCK; j += 8)
-                    for (int k = 0; k < 8; k++) {
-                        float a = fabsf(v[i + j + k]);
-                        m[k] = a > m[k] ? a : m[k];
-                    }
-                for (int k = 0; k < 8; k++) amax = m[k] > amax ? m[k] : amax;
+            for (int i = 0; i < QK_K; i += QK_BLOCK) {
+                float a = block_amax(v + i);
+                amax = a > amax ? a : amax;
             }
             o->d = amax / 127.0f;
             float id = o->d > 0 ? 1.0f / o->d : 0.0f;
