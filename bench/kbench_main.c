@@ -6,6 +6,10 @@
  *           for n > 1 also GFLOP/s (2 * rows * cols * n per pass)
  *   hot     a matrix that stays in the caches (--hot-kb, default 192 KiB: L2): TSC cycles and ns per 32-weight block and
  *           token, i.e. the kernel's instruction cost without the memory system.
+ *   attn    (--attn CTX) one token's attention over CTX cache entries in every head of
+ *           SmolLM2-135M's 30 layers (9 heads sharing 3 KV heads of 64): ns per
+ *           (entry, head) and GB/s of cache read, the caches far larger than L2 as in a
+ *           decode step.
  * Output: one "kbench key=value ..." line per case. Hardware cycle counters are not
  * always available (VMs), hence the TSC, which ticks at a fixed rate. */
 #include "common/cli.h"
@@ -25,6 +29,7 @@ typedef struct {
     const char *family;
     uint32_t types[N_ALL];
     int n_types, ns[8], n_ns, reps, mb, cols, hot_kb;
+    int attn[8], n_attn; /* --attn: cache lengths (then no matrix cases) */
 } Opts;
 
 static void usage(FILE *f) {
@@ -37,19 +42,27 @@ static void usage(FILE *f) {
                "  --mb M         weight MiB of the streamed matrix at n = 1 (default 64)\n"
                "  --hot-kb K     weight KiB of the cache-resident matrix (default 192: L2)\n"
                "  --cols C       columns (input size; default 576, SmolLM2-135M's dim;\n"
-               "                 rounded up to whole 256-blocks for the K-quants)\n");
+               "                 rounded up to whole 256-blocks for the K-quants)\n"
+               "  --attn LIST    instead: attention of one token over LIST cache entries\n"
+               "                 (SmolLM2-135M's heads and layers; comma-separated)\n");
 }
 
-static int parse_list(const char *opt, const char *v, Opts *o, int types, RsErr *e) {
+/* A --n or --attn list of integers in [1, max] into vals (at most 8). */
+static int parse_ints(const char *opt, const char *v, int max, int *vals, int *n, RsErr *e) {
     char buf[256];
     snprintf(buf, sizeof buf, "%s", v);
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (!types) {
-            if (o->n_ns == 8) return rs_err(e, RS_EINVAL, "%s: at most 8 values", opt);
-            int rc = cli_int(opt, t, 1, 1024, &o->ns[o->n_ns++], e);
-            if (rc) return rc;
-            continue;
-        }
+        if (*n == 8) return rs_err(e, RS_EINVAL, "%s: at most 8 values", opt);
+        int rc = cli_int(opt, t, 1, max, &vals[(*n)++], e);
+        if (rc) return rc;
+    }
+    return RS_OK;
+}
+
+static int parse_types(const char *opt, const char *v, Opts *o, RsErr *e) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", v);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         int k = 0;
         while (k < N_ALL && strcasecmp(t, quant_type_name(kAll[k]))) k++;
         if (k == N_ALL) return rs_err(e, RS_EINVAL, "%s: unknown type '%s'", opt, t);
@@ -70,8 +83,9 @@ static int parse_opts(int argc, char **argv, Opts *o, RsErr *e) {
         int rc = cli_value(argc, argv, i++, &v, e);
         if (rc) return rc;
         if (!strcmp(a, "--family")) o->family = v;
-        else if (!strcmp(a, "--types")) rc = parse_list(a, v, o, 1, e);
-        else if (!strcmp(a, "--n")) rc = parse_list(a, v, o, 0, e);
+        else if (!strcmp(a, "--types")) rc = parse_types(a, v, o, e);
+        else if (!strcmp(a, "--n")) rc = parse_ints(a, v, 1024, o->ns, &o->n_ns, e);
+        else if (!strcmp(a, "--attn")) rc = parse_ints(a, v, 1 << 16, o->attn, &o->n_attn, e);
         else if (!strcmp(a, "--reps")) rc = cli_int(a, v, 1, 1000, &o->reps, e);
         else if (!strcmp(a, "--mb")) rc = cli_int(a, v, 1, 4096, &o->mb, e);
         else if (!strcmp(a, "--hot-kb")) rc = cli_int(a, v, 4, 65536, &o->hot_kb, e);
@@ -153,7 +167,8 @@ static void run_case(const QkFamily *f, uint32_t type, int n, size_t bytes, int 
     size_t row_bytes = (size_t)cols / be * bb;
     int rows = (int)(bytes / row_bytes);
     rows = rows < 8 ? 8 : rows & ~7;
-    uint8_t *data = rs_xmalloc((size_t)rows * row_bytes);
+    uint8_t *data = rs_huge_alloc((size_t)rows * row_bytes); /* as model_make_resident */
+    RS_ASSERT(data);
     fill_weights(type, data, (size_t)rows * row_bytes, r);
     QTensor w = {type, data, rows, cols, row_bytes, 0};
     float *x = rs_xmalloc(sizeof(float) * n * cols), *y = rs_xmalloc(sizeof(float) * n * rows);
@@ -171,12 +186,49 @@ static void run_case(const QkFamily *f, uint32_t type, int n, size_t bytes, int 
            t.best_ns / 1e6, wbytes / t.best_ns, 2.0 * rows * cols * n / t.best_ns,
            t.best_ns / blocks, (double)t.best_tsc / blocks);
     fflush(stdout);
-    free(data);
+    rs_huge_free(data, (size_t)rows * row_bytes);
     free(x);
     free(y);
     free(scratch);
     free(q8);
     free(q8k);
+}
+
+/* SmolLM2-135M's attention geometry: the --attn cases time what its decode step does. */
+enum { ATT_LAYERS = 30, ATT_HEADS = 9, ATT_KV_HEADS = 3, ATT_HD = 64 };
+
+/* One token's attention over ctx committed entries in every head of ATT_LAYERS layers:
+ * the minimum over reps of the whole sweep. */
+static void run_attn(const QkFamily *f, int ctx, int reps, Rng *r) {
+    int kvd = ATT_KV_HEADS * ATT_HD, group = ATT_HEADS / ATT_KV_HEADS;
+    size_t per = (size_t)ctx * kvd, n = per * ATT_LAYERS;
+    float *kc = rs_huge_alloc(sizeof(float) * n), *vc = rs_huge_alloc(sizeof(float) * n);
+    RS_ASSERT(kc && vc); /* huge pages, as the backend's caches */
+    float q[ATT_HEADS * ATT_HD], o[ATT_HEADS * ATT_HD];
+    for (size_t i = 0; i < n; i++) kc[i] = (float)(rng_uniform(r) - 0.5), vc[i] = kc[i];
+    for (int i = 0; i < ATT_HEADS * ATT_HD; i++) q[i] = (float)(rng_uniform(r) - 0.5);
+    float *att = rs_xmalloc(sizeof(float) * group * ctx);
+    double best = 0;
+    for (int rep = 0; rep < reps + 1; rep++) { /* the first run only warms up */
+        uint64_t t0 = rs_now_ns();
+        for (int l = 0; l < ATT_LAYERS; l++)
+            for (int h = 0; h < ATT_HEADS; h += group) { /* a KV group a call, as the backend */
+                size_t off = per * l + (size_t)(h / group) * ATT_HD;
+                qk_attention(f, o + h * ATT_HD, q + h * ATT_HD, kc + off, vc + off, kvd, ctx,
+                             NULL, ctx, ATT_HD, group, att);
+            }
+        double ns = (double)(rs_now_ns() - t0);
+        if (rep == 1 || (rep > 1 && ns < best)) best = ns;
+    }
+    double eh = (double)ctx * ATT_HEADS * ATT_LAYERS;
+    printf("kbench family=%s attn ctx=%d layers=%d heads=%d kv_heads=%d hd=%d ms=%.3f "
+           "ns_per_entry_head=%.3f cache_gbs=%.2f\n",
+           f->name, ctx, ATT_LAYERS, ATT_HEADS, ATT_KV_HEADS, ATT_HD, best / 1e6, best / eh,
+           2.0 * sizeof(float) * (double)n / best);
+    fflush(stdout);
+    rs_huge_free(kc, sizeof(float) * n);
+    rs_huge_free(vc, sizeof(float) * n);
+    free(att);
 }
 
 int main(int argc, char **argv) {
@@ -193,6 +245,8 @@ int main(int argc, char **argv) {
     }
     Rng r;
     rng_seed(&r, 1);
+    for (int k = 0; k < o.n_attn; k++) run_attn(f, o.attn[k], o.reps, &r);
+    if (o.n_attn) return 0;
     for (int ti = 0; ti < o.n_types; ti++) {
         run_case(f, o.types[ti], 1, (size_t)o.hot_kb << 10, o.cols, o.reps * 20, 1, &r);
         for (int k = 0; k < o.n_ns; k++) {

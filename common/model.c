@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 int model_load(const char *path, Model **out, RsErr *e) {
     *out = NULL;
@@ -16,6 +17,88 @@ int model_load(const char *path, Model **out, RsErr *e) {
     if (stat(path, &st) != 0) return rs_err(e, RS_EINVAL, "model path '%s' does not exist", path);
     if (S_ISDIR(st.st_mode)) return hf_load_model(path, out, e);
     return gguf_load_model(path, out, e);
+}
+
+/* ---- resident weights ---- */
+
+typedef struct {
+    const uint8_t *p; /* the matrix's bytes in a file mapping */
+    size_t n;
+    QTensor *t;
+} Span;
+
+static int span_cmp(const void *a, const void *b) {
+    const uint8_t *x = ((const Span *)a)->p, *y = ((const Span *)b)->p;
+    return x < y ? -1 : x > y;
+}
+
+/* The matrices whose bytes lie outside the arena (in file mappings), into sp; returns the
+ * count. Tied embeddings give two spans of the same bytes. */
+static int matrix_spans(Model *m, Span *sp) {
+    const uint8_t *a0 = (const uint8_t *)m->arena, *a1 = a0 + m->arena_floats * sizeof(float);
+    QTensor *w[2 + 7] = {&m->w.tok_embeddings, &m->w.wcls};
+    int n = 0;
+    for (int l = -1; l < m->cfg.n_layers; l++) {
+        int k = 0;
+        if (l >= 0) {
+            LayerWeights *L = &m->w.layers[l];
+            QTensor *lw[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+            memcpy(w, lw, sizeof lw);
+            k = 7;
+        } else k = 2;
+        for (int i = 0; i < k; i++) {
+            const uint8_t *p = w[i]->data;
+            if (!p || (a0 && p >= a0 && p < a1)) continue;
+            sp[n++] = (Span){p, (size_t)w[i]->rows * w[i]->row_bytes, w[i]};
+        }
+    }
+    return n;
+}
+
+/* Copies spans [i, j) (sorted, overlapping or adjacent: one run of file bytes) to dst,
+ * repoints them and drops the file pages from the resident set. */
+static void copy_run(const Span *sp, int i, int j, const uint8_t *end, uint8_t *dst) {
+    const uint8_t *start = sp[i].p;
+    memcpy(dst, start, (size_t)(end - start));
+    for (int k = i; k < j; k++) sp[k].t->data = dst + (sp[k].p - start);
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)start & ~(uintptr_t)(pg - 1);
+    uintptr_t z = ((uintptr_t)end + pg - 1) & ~(uintptr_t)(pg - 1);
+    madvise((void *)a, z - a, MADV_DONTNEED); /* read-only file pages: refetched if touched */
+}
+
+/* The run of sorted spans that starts at i and touch one another: its end in the file, and
+ * in *j the first span after it. */
+static const uint8_t *run_end(const Span *sp, int i, int n, int *j) {
+    const uint8_t *end = sp[i].p + sp[i].n;
+    for (*j = i + 1; *j < n && sp[*j].p <= end; (*j)++)
+        if (sp[*j].p + sp[*j].n > end) end = sp[*j].p + sp[*j].n;
+    return end;
+}
+
+#define RUN_ALIGN(b) (((size_t)(b) + 63) & ~(size_t)63) /* each run on its own cache lines */
+
+int model_make_resident(Model *m, RsErr *e) {
+    if (m->is_view || m->random_weights || m->resident || !m->w.layers) return RS_OK;
+    Span *sp = rs_xmalloc(sizeof(Span) * (2 + 7 * (size_t)m->cfg.n_layers));
+    int n = matrix_spans(m, sp), j;
+    qsort(sp, (size_t)n, sizeof(Span), span_cmp);
+    size_t total = 0, off = 0;
+    for (int i = 0; i < n; i = j) total += RUN_ALIGN(run_end(sp, i, n, &j) - sp[i].p);
+    uint8_t *buf = n ? rs_huge_alloc(total) : NULL;
+    if (n && !buf) {
+        free(sp);
+        return rs_err(e, RS_EIO, "cannot map %zu bytes for the weights of '%s'", total, m->path);
+    }
+    for (int i = 0; i < n; i = j) {
+        const uint8_t *end = run_end(sp, i, n, &j);
+        copy_run(sp, i, j, end, buf + off);
+        off += RUN_ALIGN(end - sp[i].p);
+    }
+    free(sp);
+    m->resident = buf;
+    m->resident_bytes = total;
+    return RS_OK;
 }
 
 /* Parses "0-5,24-29" into a list of layer indices < n_layers. */
@@ -71,6 +154,8 @@ int model_layer_view(const Model *parent, const char *spec, Model **out, RsErr *
     *m = *parent;
     m->is_view = 1;
     m->gguf = NULL; /* borrowed through parent; never freed by a view */
+    m->resident = NULL;
+    m->resident_bytes = 0;
     m->cfg.n_layers = n;
     m->w.layers = rs_xcalloc((size_t)n, sizeof(LayerWeights));
     for (int i = 0; i < n; i++) m->w.layers[i] = parent->w.layers[idx[i]];
@@ -86,6 +171,7 @@ void model_destroy(Model **pm) {
     free(m->w.layers);
     if (!m->is_view) {
         free(m->arena);
+        rs_huge_free(m->resident, m->resident_bytes);
         for (int i = 0; i < m->n_maps; i++) munmap(m->maps[i], m->map_sizes[i]);
         free(m->maps);
         free(m->map_sizes);

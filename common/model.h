@@ -84,6 +84,8 @@ typedef struct Model {
     void **maps;           // (n_maps) read-only file mappings the weights point into
     size_t *map_sizes;     // (n_maps)
     int n_maps;
+    void *resident;        /* model_make_resident's copy of the matrices, or NULL */
+    size_t resident_bytes;
     int is_view;           /* 1: layer-subset view, does not own arena/gguf */
     /* 1: a "random:" model (common/randmodel.h): weights come from random_seed; arena is
      * NULL until model_random_materialize() fills host copies for the CPU backend. */
@@ -101,6 +103,14 @@ typedef struct Model {
  * random-weight model ("random:llama3-8b", see common/randmodel.h: no weights yet).
  * On success *out is a new Model the caller owns (free with model_destroy). */
 int model_load(const char *path, Model **out, RsErr *e);
+
+/* Copies the matrices out of the file mappings into one rs_huge_alloc buffer (m->resident,
+ * owned by m) and points the QTensors there, bytes unchanged; the file pages read for it
+ * leave the process's resident set again. Kernels that stream the weights from there take
+ * a TLB miss per 2 MiB instead of per 4 KiB. The CPU backend's loads do this
+ * (backend_model_load); call it before making views (model_view_layers copies the
+ * pointers). No-op for random models, views and a model already resident. */
+int model_make_resident(Model *m, RsErr *e);
 
 /* A view on `parent` that runs only the listed layers (in that order) with the parent's
  * embeddings, final norm and head: the self-drafter. spec like "0-5,24-29".

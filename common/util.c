@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -42,6 +43,31 @@ void *rs_xmalloc(size_t n) {
         abort();
     }
     return p;
+}
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+/* The 2 MiB-aligned start inside a mapping of bytes + HUGE_PAGE: the slack before it and
+ * after the rounded end is unmapped again. */
+void *rs_huge_alloc(size_t bytes) {
+    size_t len = (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+    if (!len) len = HUGE_PAGE;
+    uint8_t *m = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                      -1, 0);
+    if (m == MAP_FAILED) return NULL;
+    uint8_t *p = (uint8_t *)(((uintptr_t)m + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+    if (p > m) munmap(m, (size_t)(p - m));
+    if (m + len + HUGE_PAGE > p + len) munmap(p + len, (size_t)(m + len + HUGE_PAGE - (p + len)));
+#ifdef MADV_HUGEPAGE
+    madvise(p, len, MADV_HUGEPAGE); /* a hint: EINVAL without THP changes nothing */
+#endif
+    return p;
+}
+
+void rs_huge_free(void *p, size_t bytes) {
+    if (!p) return;
+    size_t len = (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+    munmap(p, len ? len : HUGE_PAGE);
 }
 
 void *rs_xcalloc(size_t n, size_t size) {

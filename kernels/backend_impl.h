@@ -12,6 +12,9 @@ struct BackendOps {
     /* 1: create() makes a random model's weights itself (on the device), so the Model
      * needs no host copy (common/randmodel.h). */
     int makes_random_weights;
+    /* 1: the kernels stream the host weights, so backend_model_load makes them resident in
+     * huge pages (model_make_resident); a device backend copies them once instead. */
+    int streams_host_weights;
     /* As backend_create; sets the common head of a zeroed struct (ops, model, params). */
     int (*create)(const Model *m, const BackendParams *p, Backend **out, RsErr *e);
     void (*destroy)(Backend **b);

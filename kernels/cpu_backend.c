@@ -31,13 +31,14 @@ typedef struct {
     float *att_out;     // (max_batch, n_heads*head_dim)
     float *hb;          // (max_batch, hidden_dim) gate, then silu(gate)*up
     float *hb2;         // (max_batch, hidden_dim) up
-    float *att;         // (threads, kv_capacity) scores of one (token, head) per thread
+    float *att;         // (threads, QK_ATT_G, kv_capacity) scores of one run of heads per thread
     float *scratch;     // (threads, max_cols) a dequantized weight row per thread
     QkQ8 *xq;           // (max_batch, max_cols/32) activations quantized for integer weights
     QkQ8 *hq;           // (max_batch, hidden_dim/32) hb quantized for w_down
     QkQ8K *xqk;         // (max_batch, max_cols/256) activations per 256 (x86 K-quant kernels)
     float *key_cache;   // (n_layers, kv_capacity, kv_dim), RoPE already applied
     float *value_cache; // (n_layers, kv_capacity, kv_dim)
+    size_t kv_bytes;    /* of each cache (rs_huge_alloc) */
     float *kv_tmp;      // (2, max_pending, kv_dim) staging for kv_commit
     float *inv_freq;    // (head_dim/2) RoPE inverse frequencies (llama3-scaled if asked)
     float *rope_cos;    // (max_batch, head_dim/2)
@@ -158,33 +159,53 @@ typedef struct {
     QkQ8 *oq; // (n, q_dim/32) the output quantized for wo, or NULL
 } AttnJob;
 
-/* Softmax attention of one (token, head): committed entries [0, nc) then the pending ones
- * its mask row allows, in cache order (the order a row alone would see them in). */
-static void attend(CpuBackend *b, const AttnJob *j, int t, int h, float *att) {
+/* Softmax attention of heads [h, h + g) of token t, one KV group: committed entries
+ * [0, nc) then the pending ones its mask row allows, in cache order (the order a row alone
+ * would see them in). */
+static void attend(CpuBackend *b, const AttnJob *j, int t, int h, int g, float *att) {
     const Config *c = &b->base.model->cfg;
     RunState *s = &b->s;
     int hd = c->head_dim, qd = b->q_dim, kvd = b->kv_dim;
     int off = (h / (c->n_heads / c->n_kv_heads)) * hd;
-    QkAttnFn fn = b->fam->attn ? b->fam->attn : cpu_attention_head;
-    fn(s->att_out + (size_t)t * qd + h * hd, s->q + (size_t)t * qd + h * hd, j->kc + off,
-       j->vc + off, kvd, j->nc, s->att_idx + (size_t)t * b->base.params.max_pending,
-       j->nc + s->att_cnt[t], hd, att);
+    size_t at = (size_t)t * qd + (size_t)h * hd;
+    qk_attention(b->fam, s->att_out + at, s->q + at, j->kc + off, j->vc + off, kvd, j->nc,
+                 s->att_idx + (size_t)t * b->base.params.max_pending, j->nc + s->att_cnt[t],
+                 hd, g, att);
 }
 
+/* (token, head) items [lo, hi) of the chunk, as runs of heads that share a KV group: a
+ * run reads its cache rows once (QkAttnFn), and a head's output does not depend on its
+ * run. */
 static void attn_task(void *arg, int chunk, int n_chunks, int tid) {
     AttnJob *j = arg;
-    int nh = j->b->base.model->cfg.n_heads, lo, hi;
+    const Config *c = &j->b->base.model->cfg;
+    int nh = c->n_heads, group = nh / c->n_kv_heads, lo, hi;
     threadpool_share(j->n * nh, chunk, n_chunks, &lo, &hi);
-    float *att = j->b->s.att + (size_t)tid * j->b->base.params.kv_capacity;
-    int hd = j->b->base.model->cfg.head_dim, qd = j->b->q_dim;
-    for (int i = lo; i < hi; i++) {
-        int t = i / nh, h = i % nh;
-        attend(j->b, j, t, h, att);
-        /* whole blocks of this head (hd % 32 == 0 when oq is set): wo's input needs no
+    float *att = j->b->s.att + (size_t)tid * QK_ATT_G * j->b->base.params.kv_capacity;
+    int hd = c->head_dim, qd = j->b->q_dim;
+    for (int i = lo, g; i < hi; i += g) {
+        int t = i / nh, h = i % nh, end = (h / group + 1) * group; /* the group's end */
+        g = (end < nh ? end : nh) - h;
+        g = g < hi - i ? g : hi - i;
+        g = g < QK_ATT_G ? g : QK_ATT_G;
+        attend(j->b, j, t, h, g, att);
+        /* whole blocks of these heads (hd % 32 == 0 when oq is set): wo's input needs no
          * serial quantization between the regions */
         size_t at = (size_t)t * qd + (size_t)h * hd;
-        if (j->oq) qk_quantize_rows(j->b->s.att_out + at, 1, hd, j->oq + at / QK_BLOCK);
+        if (j->oq) qk_quantize_rows(j->b->s.att_out + at, 1, g * hd, j->oq + at / QK_BLOCK);
     }
+}
+
+/* Chunks of the attention region: a thread's chunks are contiguous runs of heads, so few
+ * chunks keep a KV group's heads together; two per thread still let a late thread take
+ * fewer. */
+static int attn_chunks(const CpuBackend *b, int n) {
+    const Config *c = &b->base.model->cfg;
+    int items = n * c->n_heads, group = c->n_heads / c->n_kv_heads;
+    int nth = threadpool_size(b->pool), want = items / (2 * group);
+    want = want > nth ? want : nth;
+    int most = region_chunks(b, items);
+    return want < most ? want : most;
 }
 
 /* W_gate and W_up over one hidden range per thread (whole Q8 blocks), then SwiGLU on it
@@ -257,7 +278,7 @@ static void alloc_state(CpuBackend *b, const Config *c, const BackendParams *p, 
     s->att_out = rs_xcalloc(B * b->q_dim, sizeof(float));
     s->hb = rs_xcalloc(B * c->hidden_dim, sizeof(float));
     s->hb2 = rs_xcalloc(B * c->hidden_dim, sizeof(float));
-    s->att = rs_xcalloc((size_t)nth * cap, sizeof(float));
+    s->att = rs_xcalloc((size_t)nth * QK_ATT_G * cap, sizeof(float));
     s->scratch = rs_xcalloc((size_t)nth * mc, sizeof(float));
     s->xq = rs_xcalloc(B * (mc / QK_BLOCK + 1), sizeof(QkQ8));
     s->hq = rs_xcalloc(B * ((size_t)c->hidden_dim / QK_BLOCK + 1), sizeof(QkQ8));
@@ -296,8 +317,9 @@ static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsE
     /* The KV cache grows with --ctx: a size the host cannot hold is an error, not an abort. */
     RunState *s = &b->s;
     size_t kv_n = (size_t)c->n_layers * p->kv_capacity * b->kv_dim;
-    s->key_cache = calloc(kv_n, sizeof(float));
-    s->value_cache = s->key_cache ? calloc(kv_n, sizeof(float)) : NULL;
+    s->kv_bytes = kv_n * sizeof(float); /* huge pages: attention streams it (util.h) */
+    s->key_cache = rs_huge_alloc(s->kv_bytes);
+    s->value_cache = s->key_cache ? rs_huge_alloc(s->kv_bytes) : NULL;
     Backend *bb = &b->base;
     if (!s->value_cache) {
         cpu_destroy(&bb);
@@ -332,12 +354,14 @@ static void cpu_destroy(Backend **pb) {
     RunState *s = &b->s;
     threadpool_destroy(&b->pool);
     void *bufs[] = {s->x,       s->xb,       s->q,           s->att_out,  s->hb,
-                    s->hb2,     s->att,      s->scratch,     s->xq,       s->hq,  s->xqk, s->key_cache,
-                    s->value_cache, s->kv_tmp, s->inv_freq,  s->rope_cos, s->rope_sin,
+                    s->hb2,     s->att,      s->scratch,     s->xq,       s->hq,  s->xqk,
+                    s->kv_tmp, s->inv_freq,  s->rope_cos, s->rope_sin,
                     s->att_idx, s->att_cnt,  s->keep_seen, s->pend_pos, s->logits,
                     s->feat_pend, s->feat_out, s->parts,
                     b->rows_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    rs_huge_free(s->key_cache, s->kv_bytes);
+    rs_huge_free(s->value_cache, s->kv_bytes);
     free(b);
     *pb = NULL;
 }
@@ -416,7 +440,7 @@ static void fwd_attention(CpuBackend *b, int l, int n) {
     fwd_qk_post(b, L, knew, vnew, n);
     int oq = qk_wants_act(b->fam, L->wo.type) == QK_ACT_Q8 && c->head_dim % QK_BLOCK == 0;
     AttnJob aj = {b, kc, vc, n, b->base.n_committed, oq ? s->xq : NULL};
-    threadpool_run_chunks(b->pool, attn_task, &aj, region_chunks(b, n * c->n_heads));
+    threadpool_run_chunks(b->pool, attn_task, &aj, attn_chunks(b, n));
     matmul1(b, s->att_out, aj.oq, n, &L->wo, s->xb);
     cpu_residual_add(s->x, s->xb, (size_t)n * dim);
 }
@@ -627,6 +651,7 @@ static void cpu_rows_gather_op(Backend *bb, const int *rows, const int *ids, int
 
 const BackendOps cpu_backend_ops = {
     .name = "cpu",
+    .streams_host_weights = 1,
     .create = cpu_create,
     .destroy = cpu_destroy,
     .forward = cpu_forward,

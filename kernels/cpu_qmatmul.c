@@ -2,6 +2,7 @@
  * (see cpu_qmatmul.h); the kernels themselves live in cpu_qmm_<family>.c. */
 #include "cpu_qmatmul.h"
 #include "common/quant.h"
+#include "cpu_ops.h"
 #include <math.h>
 #include <string.h>
 #if defined(__SSE4_1__)
@@ -280,5 +281,20 @@ void qk_matmul_rows(const QkFamily *f, const QTensor *w, const QkActs *x, float 
             dot(wr, xs, nt, in, out);
             for (int t = 0; t < nt; t++) y[(size_t)(t0 + t) * ldy + j] = out[t];
         }
+    }
+}
+
+void qk_attention(const QkFamily *f, float *o, const float *q, const float *kh0,
+                  const float *vh0, int kvd, int nc, const int *idx, int len, int hd, int g,
+                  float *att) {
+    for (int i = 0; i < g; i += QK_ATT_G) {
+        int gi = g - i < QK_ATT_G ? g - i : QK_ATT_G;
+        float *oi = o + (size_t)i * hd;
+        const float *qi = q + (size_t)i * hd;
+        if (f->attn) f->attn(oi, qi, kh0, vh0, kvd, nc, idx, len, hd, gi, att);
+        else
+            for (int k = 0; k < gi; k++)
+                cpu_attention_head(oi + (size_t)k * hd, qi + (size_t)k * hd, kh0, vh0, kvd, nc,
+                                   idx, len, hd, att);
     }
 }

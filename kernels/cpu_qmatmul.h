@@ -82,16 +82,20 @@ typedef struct {
 } QkKernel;
 #define QK_GROUP_MAX 16
 
-/* Softmax attention of one (token, head), as cpu_attention_head (kernels/cpu_ops.h). */
-typedef void (*QkAttnFn)(float *o, const float *qh, const float *kh0, const float *vh0,
-                         int kvd, int nc, const int *idx, int len, int hd, float *att);
+/* Softmax attention of g consecutive heads of one token that share a KV group: o (g, hd),
+ * q (g, hd), the rest as cpu_attention_head (kernels/cpu_ops.h); att: scratch of g * len
+ * floats. Each head's output is bitwise that of the same function with g = 1, so a caller
+ * may group the heads of a run however it splits the work. */
+typedef void (*QkAttnFn)(float *o, const float *q, const float *kh0, const float *vh0,
+                         int kvd, int nc, const int *idx, int len, int hd, int g, float *att);
+#define QK_ATT_G 4 /* most heads one QkAttnFn call takes */
 
 typedef struct {
     const char *name;
     const QkKernel *kernels; // (n_kernels)
     int n_kernels;
     QkDotFn dot_f32; /* f32 x f32: F32 weights and the generic path's dequantized rows */
-    QkAttnFn attn;   /* NULL: cpu_attention_head, the reference loops */
+    QkAttnFn attn;   /* NULL: cpu_attention_head, the reference loops (qk_attention) */
 } QkFamily;
 
 extern const QkFamily qk_family_ref, qk_family_scalar, qk_family_avx2, qk_family_avx512,
@@ -125,5 +129,10 @@ void qk_acts_quantize(QkActs *a, int acts, QkQ8 *q8, QkQ8K *q8k);
  * path (one per thread). */
 void qk_matmul_rows(const QkFamily *f, const QTensor *w, const QkActs *x, float *y, int ldy,
                     int j0, int j1, float *scratch);
+/* QkAttnFn through f's kernel, or the reference loops head by head when it has none;
+ * any g >= 1 (calls of at most QK_ATT_G heads). */
+void qk_attention(const QkFamily *f, float *o, const float *q, const float *kh0,
+                  const float *vh0, int kvd, int nc, const int *idx, int len, int hd, int g,
+                  float *att);
 
 #endif

@@ -396,7 +396,8 @@ END_TEST
 
 /* A family's own attention (FMA lanes) against the reference loops, within float
  * rounding: head sizes with a partial 64-column slice (40) and the reference fallback (36),
- * contexts beyond one 512-row pass, masked pending entries. */
+ * contexts beyond one 512-row pass, masked pending entries, 1-3 heads a call; and each
+ * head of a call bitwise as the same kernel alone (the backend groups heads freely). */
 START_TEST(test_family_attention_vs_reference) {
     const QkFamily *f = family(kFams[_i]);
     if (!f || !f->attn) return;
@@ -405,21 +406,29 @@ START_TEST(test_family_attention_vs_reference) {
     static const int hds[] = {64, 128, 40, 36}, ncs[] = {0, 5, 130, 700};
     for (int trial = 0; trial < 16; trial++) {
         int hd = hds[trial % 4], kvd = 2 * hd, nc = ncs[trial / 4], np = 1 + trial % 5;
-        int idx[8], len = nc;
+        int g = 1 + trial % 3, idx[8], len = nc;
         for (int j = 0; j < np; j++)
             if (j == 0 || rng_next(&r) % 2) idx[len++ - nc] = j;
         size_t sz = (size_t)(nc + np) * kvd;
         float *k = rs_xmalloc(sizeof(float) * sz), *v = rs_xmalloc(sizeof(float) * sz);
-        float *att = rs_xmalloc(sizeof(float) * (len + 1)), q[128], o[128], want[128];
+        float *att = rs_xmalloc(sizeof(float) * g * (len + 1)), q[3 * 128], o[3 * 128];
+        float want[128], alone[128];
         for (size_t i = 0; i < sz; i++)
             k[i] = (float)(rng_uniform(&r) * 2 - 1), v[i] = (float)(rng_uniform(&r) * 2 - 1);
-        for (int i = 0; i < hd; i++) q[i] = (float)(rng_uniform(&r) * 4 - 2);
-        f->attn(o, q, k + hd, v + hd, kvd, nc, idx, len, hd, att);
-        cpu_attention_head(want, q, k + hd, v + hd, kvd, nc, idx, len, hd, att);
-        for (int i = 0; i < hd; i++)
-            ck_assert_msg(fabsf(o[i] - want[i]) <= 1e-6f + 1e-4f * fabsf(want[i]),
-                          "%s trial %d (hd %d, %d entries) o[%d]: %.9g vs %.9g", f->name,
-                          trial, hd, len, i, o[i], want[i]);
+        for (int i = 0; i < g * hd; i++) q[i] = (float)(rng_uniform(&r) * 4 - 2);
+        f->attn(o, q, k + hd, v + hd, kvd, nc, idx, len, hd, g, att);
+        for (int h = 0; h < g; h++) {
+            const float *qh = q + h * hd, *oh = o + h * hd;
+            cpu_attention_head(want, qh, k + hd, v + hd, kvd, nc, idx, len, hd, att);
+            f->attn(alone, qh, k + hd, v + hd, kvd, nc, idx, len, hd, 1, att);
+            ck_assert_msg(memcmp(alone, oh, sizeof(float) * hd) == 0,
+                          "%s trial %d: head %d of %d differs from the head alone", f->name,
+                          trial, h, g);
+            for (int i = 0; i < hd; i++)
+                ck_assert_msg(fabsf(oh[i] - want[i]) <= 1e-6f + 1e-4f * fabsf(want[i]),
+                              "%s trial %d (hd %d, %d entries, head %d of %d) o[%d]: %.9g vs "
+                              "%.9g", f->name, trial, hd, len, h, g, i, oh[i], want[i]);
+        }
         free(k);
         free(v);
         free(att);

@@ -965,6 +965,64 @@ START_TEST(test_layer_view) {
 }
 END_TEST
 
+/* The model's matrices, as model_make_resident walks them. */
+static int all_matrices(Model *m, QTensor **out) {
+    int n = 0;
+    out[n++] = &m->w.tok_embeddings;
+    out[n++] = &m->w.wcls;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        LayerWeights *L = &m->w.layers[l];
+        QTensor *w[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) out[n++] = w[i];
+    }
+    return n;
+}
+
+/* model_make_resident moves every matrix into its huge-page buffer with the file's bytes
+ * (against a second, mapped load of the same file), keeps tied embeddings tied, is a no-op
+ * the second time, and a view made afterwards points into the buffer too. A GGUF (one
+ * mapping) and a sharded, tied Hugging Face directory (several). */
+START_TEST(test_make_resident) {
+    static const char *paths[] = {"loader/tiny.gguf", "loader/hf_sharded"};
+    for (int pi = 0; pi < 2; pi++) {
+        Model *m = load_ok(tu_fixture(paths[pi])), *ref = load_ok(tu_fixture(paths[pi]));
+        QTensor *w[2 + 7 * 8], *rw[2 + 7 * 8];
+        ck_assert_int_le(m->cfg.n_layers, 8);
+        int n = all_matrices(m, w), moved = 0;
+        all_matrices(ref, rw);
+        RsErr e = {0};
+        ck_assert_int_eq(model_make_resident(m, &e), RS_OK);
+        ck_assert_ptr_nonnull(m->resident);
+        const uint8_t *r0 = m->resident, *r1 = r0 + m->resident_bytes;
+        for (int i = 0; i < n; i++) {
+            const uint8_t *p = w[i]->data;
+            size_t bytes = (size_t)w[i]->rows * w[i]->row_bytes;
+            ck_assert_msg(rw[i]->data == NULL || (p >= r0 && p + bytes <= r1),
+                          "%s matrix %d not in the resident buffer", paths[pi], i);
+            if (!p) continue;
+            ck_assert_int_eq(w[i]->type, rw[i]->type);
+            ck_assert_msg(memcmp(p, rw[i]->data, bytes) == 0, "%s matrix %d: bytes differ",
+                          paths[pi], i);
+            moved++;
+        }
+        ck_assert_int_ge(moved, 2 + 7 * m->cfg.n_layers - 1);
+        if (m->cfg.tied_embeddings) ck_assert_ptr_eq(m->w.wcls.data, m->w.tok_embeddings.data);
+        const void *before = m->w.layers[0].wq.data;
+        ck_assert_int_eq(model_make_resident(m, &e), RS_OK);
+        ck_assert_ptr_eq(m->w.layers[0].wq.data, before);
+        Model *v = NULL;
+        ck_assert_int_eq(model_layer_view(m, "1", &v, &e), RS_OK);
+        ck_assert_ptr_eq(v->w.layers[0].w_up.data, m->w.layers[1].w_up.data);
+        ck_assert_int_eq(model_make_resident(v, &e), RS_OK); /* a view owns nothing */
+        ck_assert_ptr_null(v->resident);
+        model_destroy(&v);
+        model_destroy(&m);
+        model_destroy(&ref);
+    }
+}
+END_TEST
+
+
 START_TEST(test_half_floats) {
     /* IEEE binary16 / bfloat16 reference values */
     ck_assert(quant_f16_to_f32(0x3c00) == 1.0f);
@@ -1001,6 +1059,7 @@ Suite *suite_loader(void) {
     tcase_add_test(fmt, test_hf_sharded_tied);
     tcase_add_test(fmt, test_hf_qwen2_qwen3);
     tcase_add_test(fmt, test_layer_view);
+    tcase_add_test(fmt, test_make_resident);
     tcase_add_test(bad, test_gguf_truncated);
     tcase_add_test(bad, test_gguf_refusals);
     tcase_add_test(bad, test_hf_refusals);
@@ -1008,6 +1067,7 @@ Suite *suite_loader(void) {
     tcase_add_test(bad, test_hf_fewer_layers_than_weights);
     tcase_add_test(bad, test_read_file_directory);
     tcase_add_test(bad, test_load_missing_path);
+
     tcase_add_test(bad, test_fifo_refused);
     tcase_add_test(bad, test_st_header_bounds);
     tcase_add_test(bad, test_offset_messages);
