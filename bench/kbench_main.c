@@ -213,9 +213,9 @@ static void run_attn(const QkFamily *f, int ctx, int reps, Rng *r) {
         uint64_t t0 = rs_now_ns();
         for (int l = 0; l < ATT_LAYERS; l++)
             for (int h = 0; h < ATT_HEADS; h += group) { /* a KV group a call, as the backend */
-                size_t off = per * l + (size_t)(h / group) * ATT_HD;
-                qk_attention(f, o + h * ATT_HD, q + h * ATT_HD, kc + off, vc + off, kvd, ctx,
-                             NULL, ctx, ATT_HD, group, att);
+                size_t off = per * l + (size_t)(h / group) * ctx * ATT_HD; /* its layout */
+                qk_attention(f, o + h * ATT_HD, q + h * ATT_HD, kc + off, vc + off, ATT_HD,
+                             ctx, NULL, ctx, ATT_HD, group, att);
             }
         double ns = (double)(rs_now_ns() - t0);
         if (rep == 1 || (rep > 1 && ns < best)) best = ns;

@@ -36,10 +36,13 @@ typedef struct {
     QkQ8 *xq;           // (max_batch, max_cols/32) activations quantized for integer weights
     QkQ8 *hq;           // (max_batch, hidden_dim/32) hb quantized for w_down
     QkQ8K *xqk;         // (max_batch, max_cols/256) activations per 256 (x86 K-quant kernels)
-    float *key_cache;   // (n_layers, kv_capacity, kv_dim), RoPE already applied
-    float *value_cache; // (n_layers, kv_capacity, kv_dim)
+    /* The caches hold each KV head's entries contiguously: attention streams one head's
+     * rows (a 3-head interleave read 20% slower, rootspec-kbench --attn). */
+    float *key_cache;   // (n_layers, n_kv_heads, kv_capacity, head_dim), RoPE already applied
+    float *value_cache; // (n_layers, n_kv_heads, kv_capacity, head_dim)
     size_t kv_bytes;    /* of each cache (rs_huge_alloc) */
-    float *kv_tmp;      // (2, max_pending, kv_dim) staging for kv_commit
+    float *knew, *vnew; // (max_batch, kv_dim) the batch's new k/v rows before kv_store
+    float *kv_tmp;      // (2, max_pending, head_dim) staging for kv_commit
     float *inv_freq;    // (head_dim/2) RoPE inverse frequencies (llama3-scaled if asked)
     float *rope_cos;    // (max_batch, head_dim/2)
     float *rope_sin;    // (max_batch, head_dim/2)
@@ -154,7 +157,7 @@ static void matmul1(CpuBackend *b, const float *x, const QkQ8 *xq, int n, const 
 
 typedef struct {
     CpuBackend *b;
-    const float *kc, *vc; // (cap, kvd) this layer's caches
+    const float *kc, *vc; // (n_kv_heads, cap, head_dim) this layer's caches
     int n, nc;
     QkQ8 *oq; // (n, q_dim/32) the output quantized for wo, or NULL
 } AttnJob;
@@ -165,10 +168,10 @@ typedef struct {
 static void attend(CpuBackend *b, const AttnJob *j, int t, int h, int g, float *att) {
     const Config *c = &b->base.model->cfg;
     RunState *s = &b->s;
-    int hd = c->head_dim, qd = b->q_dim, kvd = b->kv_dim;
-    int off = (h / (c->n_heads / c->n_kv_heads)) * hd;
+    int hd = c->head_dim, qd = b->q_dim;
+    size_t off = (size_t)(h / (c->n_heads / c->n_kv_heads)) * b->base.params.kv_capacity * hd;
     size_t at = (size_t)t * qd + (size_t)h * hd;
-    qk_attention(b->fam, s->att_out + at, s->q + at, j->kc + off, j->vc + off, kvd, j->nc,
+    qk_attention(b->fam, s->att_out + at, s->q + at, j->kc + off, j->vc + off, hd, j->nc,
                  s->att_idx + (size_t)t * b->base.params.max_pending, j->nc + s->att_cnt[t],
                  hd, g, att);
 }
@@ -283,7 +286,9 @@ static void alloc_state(CpuBackend *b, const Config *c, const BackendParams *p, 
     s->xq = rs_xcalloc(B * (mc / QK_BLOCK + 1), sizeof(QkQ8));
     s->hq = rs_xcalloc(B * ((size_t)c->hidden_dim / QK_BLOCK + 1), sizeof(QkQ8));
     s->xqk = rs_xcalloc(B * (mc / QK_K + 1), sizeof(QkQ8K));
-    s->kv_tmp = rs_xcalloc(2 * P * b->kv_dim, sizeof(float));
+    s->kv_tmp = rs_xcalloc(2 * P * (size_t)c->head_dim, sizeof(float));
+    s->knew = rs_xcalloc(B * b->kv_dim, sizeof(float));
+    s->vnew = rs_xcalloc(B * b->kv_dim, sizeof(float));
     s->inv_freq = rs_xcalloc(half, sizeof(float));
     s->rope_cos = rs_xcalloc(B * half, sizeof(float));
     s->rope_sin = rs_xcalloc(B * half, sizeof(float));
@@ -355,7 +360,7 @@ static void cpu_destroy(Backend **pb) {
     threadpool_destroy(&b->pool);
     void *bufs[] = {s->x,       s->xb,       s->q,           s->att_out,  s->hb,
                     s->hb2,     s->att,      s->scratch,     s->xq,       s->hq,  s->xqk,
-                    s->kv_tmp, s->inv_freq,  s->rope_cos, s->rope_sin,
+                    s->kv_tmp, s->knew, s->vnew, s->inv_freq,  s->rope_cos, s->rope_sin,
                     s->att_idx, s->att_cnt,  s->keep_seen, s->pend_pos, s->logits,
                     s->feat_pend, s->feat_out, s->parts,
                     b->rows_scratch};
@@ -422,6 +427,16 @@ static void fwd_qk_post(CpuBackend *b, const LayerWeights *L, float *knew, float
     }
 }
 
+/* Rows x (n, kv_dim) into entries [start, start + n) of a layer's cache (n_kv_heads,
+ * cap, head_dim). */
+static void kv_store(const CpuBackend *b, float *cache, const float *x, int start, int n) {
+    int hd = b->base.model->cfg.head_dim, cap = b->base.params.kv_capacity;
+    for (int h = 0; h < b->base.model->cfg.n_kv_heads; h++)
+        for (int t = 0; t < n; t++)
+            memcpy(cache + ((size_t)h * cap + start + t) * hd, x + (size_t)t * b->kv_dim + h * hd,
+                   sizeof(float) * hd);
+}
+
 /* x += Wo attention(cpu_rmsnorm(x)) for layer l; new k/v rows land in the cache. */
 static void fwd_attention(CpuBackend *b, int l, int n) {
     const Config *c = &b->base.model->cfg;
@@ -429,15 +444,16 @@ static void fwd_attention(CpuBackend *b, int l, int n) {
     RunState *s = &b->s;
     int dim = c->dim, kvd = b->kv_dim, cap = b->base.params.kv_capacity;
     int start = b->base.n_committed + b->base.n_pending;
-    float *kc = s->key_cache + (size_t)l * cap * kvd;   // (cap, kvd)
-    float *vc = s->value_cache + (size_t)l * cap * kvd; // (cap, kvd)
-    float *knew = kc + (size_t)start * kvd, *vnew = vc + (size_t)start * kvd; // (n, kvd)
+    float *kc = s->key_cache + (size_t)l * cap * kvd;   // (n_kv_heads, cap, head_dim)
+    float *vc = s->value_cache + (size_t)l * cap * kvd; // (n_kv_heads, cap, head_dim)
     for (int t = 0; t < n; t++)
         cpu_rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, c->norm_eps);
     const QTensor *w[3] = {&L->wq, &L->wk, &L->wv};
-    float *y[3] = {s->q, knew, vnew};
+    float *y[3] = {s->q, s->knew, s->vnew};
     matmul(b, s->xb, NULL, n, 3, w, y);
-    fwd_qk_post(b, L, knew, vnew, n);
+    fwd_qk_post(b, L, s->knew, s->vnew, n);
+    kv_store(b, kc, s->knew, start, n);
+    kv_store(b, vc, s->vnew, start, n);
     int oq = qk_wants_act(b->fam, L->wo.type) == QK_ACT_Q8 && c->head_dim % QK_BLOCK == 0;
     AttnJob aj = {b, kc, vc, n, b->base.n_committed, oq ? s->xq : NULL};
     threadpool_run_chunks(b->pool, attn_task, &aj, attn_chunks(b, n));
@@ -553,19 +569,20 @@ static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
     return RS_OK;
 }
 
-/* Moves pending entries keep[i] to committed slot nc + i in every layer. Staged through
- * kv_tmp because keep need not be ascending (in place could clobber). */
+/* Moves pending entries keep[i] to committed slot nc + i in every (layer, KV head).
+ * Staged through kv_tmp because keep need not be ascending (in place could clobber). */
 static void kv_compact(CpuBackend *b, const int *keep, int n_keep) {
     RunState *s = &b->s;
-    int nc = b->base.n_committed, kvd = b->kv_dim, cap = b->base.params.kv_capacity;
-    size_t row = (size_t)kvd * sizeof(float);
-    float *tk = s->kv_tmp, *tv = s->kv_tmp + (size_t)b->base.params.max_pending * kvd;
-    for (int l = 0; l < b->base.model->cfg.n_layers; l++) {
-        float *kc = s->key_cache + ((size_t)l * cap + nc) * kvd;
-        float *vc = s->value_cache + ((size_t)l * cap + nc) * kvd;
+    const Config *c = &b->base.model->cfg;
+    int nc = b->base.n_committed, hd = c->head_dim, cap = b->base.params.kv_capacity;
+    size_t row = (size_t)hd * sizeof(float);
+    float *tk = s->kv_tmp, *tv = s->kv_tmp + (size_t)b->base.params.max_pending * hd;
+    for (int lh = 0; lh < c->n_layers * c->n_kv_heads; lh++) {
+        float *kc = s->key_cache + ((size_t)lh * cap + nc) * hd;
+        float *vc = s->value_cache + ((size_t)lh * cap + nc) * hd;
         for (int i = 0; i < n_keep; i++) {
-            memcpy(tk + (size_t)i * kvd, kc + (size_t)keep[i] * kvd, row);
-            memcpy(tv + (size_t)i * kvd, vc + (size_t)keep[i] * kvd, row);
+            memcpy(tk + (size_t)i * hd, kc + (size_t)keep[i] * hd, row);
+            memcpy(tv + (size_t)i * hd, vc + (size_t)keep[i] * hd, row);
         }
         memcpy(kc, tk, n_keep * row);
         memcpy(vc, tv, n_keep * row);
