@@ -7,9 +7,9 @@
  *   hot     a matrix that stays in the caches (--hot-kb, default 192 KiB: L2): TSC cycles and ns per 32-weight block and
  *           token, i.e. the kernel's instruction cost without the memory system.
  *   attn    (--attn CTX) one token's attention over CTX cache entries in every head of
- *           SmolLM2-135M's 30 layers (9 heads sharing 3 KV heads of 64): ns per
- *           (entry, head) and GB/s of cache read, the caches far larger than L2 as in a
- *           decode step.
+ *           SmolLM2-135M's 30 layers (9 heads sharing 3 KV heads of 64), with the KV cache
+ *           type the backend picks (ROOTSPEC_CPU_KV=f32 forces f32): ns per (entry, head)
+ *           and GB/s of cache read, the caches far larger than L2 as in a decode step.
  * Output: one "kbench key=value ..." line per case. Hardware cycle counters are not
  * always available (VMs), hence the TSC, which ticks at a fixed rate. */
 #include "common/cli.h"
@@ -197,37 +197,57 @@ static void run_case(const QkFamily *f, uint32_t type, int n, size_t bytes, int 
 /* SmolLM2-135M's attention geometry: the --attn cases time what its decode step does. */
 enum { ATT_LAYERS = 30, ATT_HEADS = 9, ATT_KV_HEADS = 3, ATT_HD = 64 };
 
-/* One token's attention over ctx committed entries in every head of ATT_LAYERS layers:
- * the minimum over reps of the whole sweep. */
+/* One sweep: every layer's groups, as the backend calls them. kc/vc hold f32 or, when
+ * es == 2, f16 rows (the backend's layout: (layers, kv_heads, ctx, hd)). */
+static void attn_sweep(const QkFamily *f, const uint8_t *kc, const uint8_t *vc, size_t es,
+                       int ctx, const float *q, float *o, float *att) {
+    int group = ATT_HEADS / ATT_KV_HEADS;
+    for (int l = 0; l < ATT_LAYERS; l++)
+        for (int h = 0; h < ATT_HEADS; h += group) {
+            size_t off = ((size_t)l * ATT_KV_HEADS + h / group) * ctx * ATT_HD * es;
+            if (es == 2)
+                f->attn_f16(o + h * ATT_HD, q + h * ATT_HD, (const uint16_t *)(const void *)(kc + off),
+                            (const uint16_t *)(const void *)(vc + off), ATT_HD, ctx, NULL, ctx,
+                            ATT_HD, group, att);
+            else
+                qk_attention(f, o + h * ATT_HD, q + h * ATT_HD, (const float *)(const void *)(kc + off),
+                             (const float *)(const void *)(vc + off), ATT_HD, ctx, NULL, ctx,
+                             ATT_HD, group, att);
+        }
+}
+
+/* One token's attention over ctx committed entries in every head of ATT_LAYERS layers,
+ * with the caches the backend would give this family (f16 where it has f16 attention,
+ * unless ROOTSPEC_CPU_KV=f32): the minimum over reps of the whole sweep. */
 static void run_attn(const QkFamily *f, int ctx, int reps, Rng *r) {
-    int kvd = ATT_KV_HEADS * ATT_HD, group = ATT_HEADS / ATT_KV_HEADS;
-    size_t per = (size_t)ctx * kvd, n = per * ATT_LAYERS;
-    float *kc = rs_huge_alloc(sizeof(float) * n), *vc = rs_huge_alloc(sizeof(float) * n);
+    const char *env = getenv("ROOTSPEC_CPU_KV");
+    size_t es = f->attn_f16 && !(env && !strcmp(env, "f32")) ? 2 : sizeof(float);
+    size_t n = (size_t)ctx * ATT_KV_HEADS * ATT_HD * ATT_LAYERS;
+    uint8_t *kc = rs_huge_alloc(es * n), *vc = rs_huge_alloc(es * n);
+    float *row = rs_xmalloc(sizeof(float) * n), q[ATT_HEADS * ATT_HD], o[ATT_HEADS * ATT_HD];
     RS_ASSERT(kc && vc); /* huge pages, as the backend's caches */
-    float q[ATT_HEADS * ATT_HD], o[ATT_HEADS * ATT_HD];
-    for (size_t i = 0; i < n; i++) kc[i] = (float)(rng_uniform(r) - 0.5), vc[i] = kc[i];
+    for (size_t i = 0; i < n; i++) row[i] = (float)(rng_uniform(r) - 0.5);
+    if (es == 2) f->to_f16((uint16_t *)(void *)kc, row, (int)n);
+    else memcpy(kc, row, sizeof(float) * n);
+    memcpy(vc, kc, es * n);
     for (int i = 0; i < ATT_HEADS * ATT_HD; i++) q[i] = (float)(rng_uniform(r) - 0.5);
-    float *att = rs_xmalloc(sizeof(float) * group * ctx);
+    float *att = rs_xmalloc(sizeof(float) * ATT_HEADS * ctx);
     double best = 0;
     for (int rep = 0; rep < reps + 1; rep++) { /* the first run only warms up */
         uint64_t t0 = rs_now_ns();
-        for (int l = 0; l < ATT_LAYERS; l++)
-            for (int h = 0; h < ATT_HEADS; h += group) { /* a KV group a call, as the backend */
-                size_t off = per * l + (size_t)(h / group) * ctx * ATT_HD; /* its layout */
-                qk_attention(f, o + h * ATT_HD, q + h * ATT_HD, kc + off, vc + off, ATT_HD,
-                             ctx, NULL, ctx, ATT_HD, group, att);
-            }
+        attn_sweep(f, kc, vc, es, ctx, q, o, att);
         double ns = (double)(rs_now_ns() - t0);
         if (rep == 1 || (rep > 1 && ns < best)) best = ns;
     }
     double eh = (double)ctx * ATT_HEADS * ATT_LAYERS;
-    printf("kbench family=%s attn ctx=%d layers=%d heads=%d kv_heads=%d hd=%d ms=%.3f "
+    printf("kbench family=%s attn kv=%s ctx=%d layers=%d heads=%d kv_heads=%d hd=%d ms=%.3f "
            "ns_per_entry_head=%.3f cache_gbs=%.2f\n",
-           f->name, ctx, ATT_LAYERS, ATT_HEADS, ATT_KV_HEADS, ATT_HD, best / 1e6, best / eh,
-           2.0 * sizeof(float) * (double)n / best);
+           f->name, es == 2 ? "f16" : "f32", ctx, ATT_LAYERS, ATT_HEADS, ATT_KV_HEADS, ATT_HD,
+           best / 1e6, best / eh, 2.0 * es * (double)n / best);
     fflush(stdout);
-    rs_huge_free(kc, sizeof(float) * n);
-    rs_huge_free(vc, sizeof(float) * n);
+    rs_huge_free(kc, es * n);
+    rs_huge_free(vc, es * n);
+    free(row);
     free(att);
 }
 

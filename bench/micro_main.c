@@ -116,6 +116,17 @@ static double stream_gbs(int threads, int copy) {
     return best;
 }
 
+/* MB of a CPU KV cache of `entries` (keys and values) of es-byte elements. */
+static double kv_mb(const Config *c, int entries, size_t es) {
+    return 2.0 * c->n_layers * entries * c->n_kv_heads * c->head_dim * (double)es / 1e6;
+}
+
+/* Bytes per KV cache element of a CPU backend (cpu_backend_kv). */
+static size_t backend_kv_es(const Backend *b) { return strcmp(cpu_backend_kv(b), "f16") ? 4 : 2; }
+
+/* The element size the last run_threads saw, for the resident-memory summary. */
+static size_t g_kv_es = sizeof(float);
+
 /* Process CPU time: on a loaded machine the wall clock measures the queue, this the work
  * (all threads; spinning pool workers count too). */
 static double cpu_ms(void) {
@@ -295,10 +306,11 @@ static int run_threads(const Model *m, const Opts *o, int threads, double wbytes
         rc = e->code;
     if (!rc) rc = prefill(b, &r, e);
     /* per token: the weights once, plus K and V of every layer over the context read */
-    double kv = 2.0 * c->n_layers * (PREFILL + 1) * c->n_kv_heads * c->head_dim * sizeof(float);
-    printf("\nthreads %d, kernels %s: AR %.1f tok/s (%.1f per CPU second); memcpy %.1f GB/s "
-           "(read+write), read stream %.1f GB/s\n", threads, cpu_backend_kernels(b), ar, ar_cpu,
-           mem, rd);
+    g_kv_es = backend_kv_es(b);
+    double kv = kv_mb(c, PREFILL + 1, g_kv_es) * 1e6;
+    printf("\nthreads %d, kernels %s, KV cache %s: AR %.1f tok/s (%.1f per CPU second); memcpy "
+           "%.1f GB/s (read+write), read stream %.1f GB/s\n", threads, cpu_backend_kernels(b),
+           cpu_backend_kv(b), ar, ar_cpu, mem, rd);
     printf("%4s %9s %9s %9s %12s %8s %7s %9s\n", "n", "ms(mean)", "ms(best)", "cpu_ms",
            "streamGB/s", "%memcpy", "%read", "GFLOP/s");
     static const int sizes[3] = {1, 9, MAX_N};
@@ -341,10 +353,6 @@ static int run_threads(const Model *m, const Opts *o, int threads, double wbytes
     return rc;
 }
 
-/* MB of a CPU KV cache of `entries` (keys and values, f32). */
-static double kv_mb(const Config *c, int entries) {
-    return 2.0 * c->n_layers * entries * c->n_kv_heads * c->head_dim * sizeof(float) / 1e6;
-}
 
 /* The resident-memory target: fills an o->rss_ctx-entry KV cache through the engine's
  * chunked prefill (at the largest thread count asked for) and sets VmRSS against model
@@ -361,7 +369,8 @@ static int rss_check(const Model *m, const Opts *o, double file_mb, RsErr *e) {
     uint64_t t0 = rs_now_ns();
     int rc = backend_prefill(b, tokens, o->rss_ctx, NULL, e);
     free(tokens);
-    double rss = vm_rss_kb() / 1e3, kv = kv_mb(&m->cfg, o->rss_ctx), budget = file_mb + kv + 64;
+    double rss = vm_rss_kb() / 1e3, kv = kv_mb(&m->cfg, o->rss_ctx, backend_kv_es(b));
+    double budget = file_mb + kv + 64;
     backend_destroy(&b);
     if (rc) return -1;
     printf("\nKV cache of %d entries filled (%.1f s, %d threads): VmRSS %.1f MB vs file %.1f + "
@@ -408,7 +417,7 @@ int main(int argc, char **argv) {
             rc = micro_drafter_host(m, o.threads[i], o.draft_rounds, &us_row, &e);
     }
     if (!rc) {
-        double kv = kv_mb(c, PREFILL + MAX_N + o.ar_tokens);
+        double kv = kv_mb(c, PREFILL + MAX_N + o.ar_tokens, g_kv_es);
         printf("\nVmRSS %.1f MB at most with a backend alive (weights mapped + KV cache + "
                "buffers) vs file %.1f + KV %.1f + 64 = %.1f MB\nrss_mb=%.0f\n",
                rss / 1e3, file_mb, kv, file_mb + kv + 64, rss / 1e3);

@@ -60,6 +60,9 @@ extern const BackendOps cpu_backend_ops;
  * forces one at create()) and thread count. b must be a CPU backend. */
 const char *cpu_backend_kernels(const Backend *b);
 int cpu_backend_threads(const Backend *b);
+/* The element type of its KV caches: "f16" where the family has f16 attention (the x86
+ * families), else "f32"; ROOTSPEC_CPU_KV=f32 forces f32 at create(). */
+const char *cpu_backend_kv(const Backend *b);
 /* NULL when built without CUDA (see kernels/cuda_stub.c). */
 const BackendOps *cuda_backend_ops_get(void);
 /* "cpu" (also NULL) or "cuda"; NULL with a message in e when unknown or not built in. */

@@ -38,9 +38,11 @@ typedef struct {
     QkQ8K *xqk;         // (max_batch, max_cols/256) activations per 256 (x86 K-quant kernels)
     /* The caches hold each KV head's entries contiguously: attention streams one head's
      * rows (a 3-head interleave read 20% slower, rootspec-kbench --attn). */
-    float *key_cache;   // (n_layers, n_kv_heads, kv_capacity, head_dim), RoPE already applied
-    float *value_cache; // (n_layers, n_kv_heads, kv_capacity, head_dim)
-    size_t kv_bytes;    /* of each cache (rs_huge_alloc) */
+    /* Elements are f32, or f16 (kv_es 2) when the family reads f16 caches (attn_f16). */
+    uint8_t *key_cache;   // (n_layers, n_kv_heads, kv_capacity, head_dim), RoPE already applied
+    uint8_t *value_cache; // (n_layers, n_kv_heads, kv_capacity, head_dim)
+    size_t kv_es;         /* bytes per element: 4 or 2 */
+    size_t kv_bytes;      /* of each cache (rs_huge_alloc) */
     float *knew, *vnew; // (max_batch, kv_dim) the batch's new k/v rows before kv_store
     float *kv_tmp;      // (2, max_pending, head_dim) staging for kv_commit
     float *inv_freq;    // (head_dim/2) RoPE inverse frequencies (llama3-scaled if asked)
@@ -157,7 +159,7 @@ static void matmul1(CpuBackend *b, const float *x, const QkQ8 *xq, int n, const 
 
 typedef struct {
     CpuBackend *b;
-    const float *kc, *vc; // (n_kv_heads, cap, head_dim) this layer's caches
+    const uint8_t *kc, *vc; // (n_kv_heads, cap, head_dim) this layer's caches (kv_es)
     int n, nc;
     QkQ8 *oq; // (n, q_dim/32) the output quantized for wo, or NULL
 } AttnJob;
@@ -169,11 +171,18 @@ static void attend(CpuBackend *b, const AttnJob *j, int t, int h, int g, float *
     const Config *c = &b->base.model->cfg;
     RunState *s = &b->s;
     int hd = c->head_dim, qd = b->q_dim;
-    size_t off = (size_t)(h / (c->n_heads / c->n_kv_heads)) * b->base.params.kv_capacity * hd;
+    size_t off = (size_t)(h / (c->n_heads / c->n_kv_heads)) * b->base.params.kv_capacity * hd *
+                 s->kv_es;
     size_t at = (size_t)t * qd + (size_t)h * hd;
-    qk_attention(b->fam, s->att_out + at, s->q + at, j->kc + off, j->vc + off, hd, j->nc,
-                 s->att_idx + (size_t)t * b->base.params.max_pending, j->nc + s->att_cnt[t],
-                 hd, g, att);
+    const int *idx = s->att_idx + (size_t)t * b->base.params.max_pending;
+    int len = j->nc + s->att_cnt[t];
+    if (s->kv_es == 2)
+        b->fam->attn_f16(s->att_out + at, s->q + at, (const uint16_t *)(const void *)(j->kc + off),
+                         (const uint16_t *)(const void *)(j->vc + off), hd, j->nc, idx, len, hd, g,
+                         att);
+    else
+        qk_attention(b->fam, s->att_out + at, s->q + at, (const float *)(const void *)(j->kc + off),
+                     (const float *)(const void *)(j->vc + off), hd, j->nc, idx, len, hd, g, att);
 }
 
 /* (token, head) items [lo, hi) of the chunk, as runs of heads that share a KV group: a
@@ -286,7 +295,7 @@ static void alloc_state(CpuBackend *b, const Config *c, const BackendParams *p, 
     s->xq = rs_xcalloc(B * (mc / QK_BLOCK + 1), sizeof(QkQ8));
     s->hq = rs_xcalloc(B * ((size_t)c->hidden_dim / QK_BLOCK + 1), sizeof(QkQ8));
     s->xqk = rs_xcalloc(B * (mc / QK_K + 1), sizeof(QkQ8K));
-    s->kv_tmp = rs_xcalloc(2 * P * (size_t)c->head_dim, sizeof(float));
+    s->kv_tmp = rs_xcalloc(2 * P * (size_t)c->head_dim, sizeof(float)); /* either kv_es */
     s->knew = rs_xcalloc(B * b->kv_dim, sizeof(float));
     s->vnew = rs_xcalloc(B * b->kv_dim, sizeof(float));
     s->inv_freq = rs_xcalloc(half, sizeof(float));
@@ -298,6 +307,14 @@ static void alloc_state(CpuBackend *b, const Config *c, const BackendParams *p, 
     s->keep_seen = rs_xcalloc(P, 1);
     s->logits = rs_xcalloc((size_t)b->max_kept * c->vocab_size, sizeof(float));
     s->parts = rs_xcalloc((size_t)b->max_kept, sizeof(CpuRowsPart));
+}
+
+/* f16 KV caches: where the family reads them, the head fits its kernel and
+ * ROOTSPEC_CPU_KV is not "f32" (the golden tests hold the f32 caches to tighter bounds). */
+static int kv_half(const QkFamily *fam, const Config *c) {
+    const char *env = getenv("ROOTSPEC_CPU_KV");
+    if (env && strcmp(env, "f32") == 0) return 0;
+    return fam->attn_f16 && c->head_dim % 8 == 0 && c->head_dim <= QK_ATT_HD16;
 }
 
 static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
@@ -322,7 +339,8 @@ static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsE
     /* The KV cache grows with --ctx: a size the host cannot hold is an error, not an abort. */
     RunState *s = &b->s;
     size_t kv_n = (size_t)c->n_layers * p->kv_capacity * b->kv_dim;
-    s->kv_bytes = kv_n * sizeof(float); /* huge pages: attention streams it (util.h) */
+    s->kv_es = kv_half(fam, c) ? 2 : sizeof(float);
+    s->kv_bytes = kv_n * s->kv_es; /* huge pages: attention streams it (util.h) */
     s->key_cache = rs_huge_alloc(s->kv_bytes);
     s->value_cache = s->key_cache ? rs_huge_alloc(s->kv_bytes) : NULL;
     Backend *bb = &b->base;
@@ -331,7 +349,7 @@ static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsE
         return rs_err(e, RS_ENOMEM,
                       "cannot allocate the KV cache: %d entries x %d layers need %zu MiB "
                       "(lower --ctx)",
-                      p->kv_capacity, c->n_layers, 2 * kv_n * sizeof(float) >> 20);
+                      p->kv_capacity, c->n_layers, 2 * s->kv_bytes >> 20);
     }
     if ((rc = threadpool_create(nth, &b->pool, e))) {
         cpu_destroy(&bb);
@@ -346,6 +364,11 @@ static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsE
 const char *cpu_backend_kernels(const Backend *bb) {
     RS_ASSERT(bb && bb->ops == &cpu_backend_ops);
     return ((const CpuBackend *)bb)->fam->name;
+}
+
+const char *cpu_backend_kv(const Backend *bb) {
+    RS_ASSERT(bb && bb->ops == &cpu_backend_ops);
+    return ((const CpuBackend *)bb)->s.kv_es == 2 ? "f16" : "f32";
 }
 
 int cpu_backend_threads(const Backend *bb) {
@@ -428,13 +451,17 @@ static void fwd_qk_post(CpuBackend *b, const LayerWeights *L, float *knew, float
 }
 
 /* Rows x (n, kv_dim) into entries [start, start + n) of a layer's cache (n_kv_heads,
- * cap, head_dim). */
-static void kv_store(const CpuBackend *b, float *cache, const float *x, int start, int n) {
+ * cap, head_dim), converted to f16 for an f16 cache. */
+static void kv_store(const CpuBackend *b, uint8_t *cache, const float *x, int start, int n) {
     int hd = b->base.model->cfg.head_dim, cap = b->base.params.kv_capacity;
+    size_t es = b->s.kv_es;
     for (int h = 0; h < b->base.model->cfg.n_kv_heads; h++)
-        for (int t = 0; t < n; t++)
-            memcpy(cache + ((size_t)h * cap + start + t) * hd, x + (size_t)t * b->kv_dim + h * hd,
-                   sizeof(float) * hd);
+        for (int t = 0; t < n; t++) {
+            uint8_t *dst = cache + ((size_t)h * cap + start + t) * hd * es;
+            const float *src = x + (size_t)t * b->kv_dim + h * hd;
+            if (es == 2) b->fam->to_f16((uint16_t *)(void *)dst, src, hd);
+            else memcpy(dst, src, sizeof(float) * hd);
+        }
 }
 
 /* x += Wo attention(cpu_rmsnorm(x)) for layer l; new k/v rows land in the cache. */
@@ -444,8 +471,8 @@ static void fwd_attention(CpuBackend *b, int l, int n) {
     RunState *s = &b->s;
     int dim = c->dim, kvd = b->kv_dim, cap = b->base.params.kv_capacity;
     int start = b->base.n_committed + b->base.n_pending;
-    float *kc = s->key_cache + (size_t)l * cap * kvd;   // (n_kv_heads, cap, head_dim)
-    float *vc = s->value_cache + (size_t)l * cap * kvd; // (n_kv_heads, cap, head_dim)
+    uint8_t *kc = s->key_cache + (size_t)l * cap * kvd * s->kv_es;   // (n_kv_heads, cap, head_dim)
+    uint8_t *vc = s->value_cache + (size_t)l * cap * kvd * s->kv_es; // (n_kv_heads, cap, head_dim)
     for (int t = 0; t < n; t++)
         cpu_rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, c->norm_eps);
     const QTensor *w[3] = {&L->wq, &L->wk, &L->wv};
@@ -575,14 +602,14 @@ static void kv_compact(CpuBackend *b, const int *keep, int n_keep) {
     RunState *s = &b->s;
     const Config *c = &b->base.model->cfg;
     int nc = b->base.n_committed, hd = c->head_dim, cap = b->base.params.kv_capacity;
-    size_t row = (size_t)hd * sizeof(float);
-    float *tk = s->kv_tmp, *tv = s->kv_tmp + (size_t)b->base.params.max_pending * hd;
+    size_t row = (size_t)hd * s->kv_es;
+    uint8_t *tk = (uint8_t *)s->kv_tmp, *tv = tk + (size_t)b->base.params.max_pending * row;
     for (int lh = 0; lh < c->n_layers * c->n_kv_heads; lh++) {
-        float *kc = s->key_cache + ((size_t)lh * cap + nc) * hd;
-        float *vc = s->value_cache + ((size_t)lh * cap + nc) * hd;
+        uint8_t *kc = s->key_cache + ((size_t)lh * cap + nc) * row;
+        uint8_t *vc = s->value_cache + ((size_t)lh * cap + nc) * row;
         for (int i = 0; i < n_keep; i++) {
-            memcpy(tk + (size_t)i * hd, kc + (size_t)keep[i] * hd, row);
-            memcpy(tv + (size_t)i * hd, vc + (size_t)keep[i] * hd, row);
+            memcpy(tk + (size_t)i * row, kc + (size_t)keep[i] * row, row);
+            memcpy(tv + (size_t)i * row, vc + (size_t)keep[i] * row, row);
         }
         memcpy(kc, tk, n_keep * row);
         memcpy(vc, tv, n_keep * row);

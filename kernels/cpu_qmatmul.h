@@ -89,6 +89,13 @@ typedef struct {
 typedef void (*QkAttnFn)(float *o, const float *q, const float *kh0, const float *vh0,
                          int kvd, int nc, const int *idx, int len, int hd, int g, float *att);
 #define QK_ATT_G 4 /* most heads one QkAttnFn call takes */
+/* The same over f16 caches (kh0, vh0: uint16_t rows of kvd): each head's output is bitwise
+ * that of QkAttnFn on the rows converted to f32. hd % 8 == 0, hd <= QK_ATT_HD16. */
+typedef void (*QkAttn16Fn)(float *o, const float *q, const uint16_t *kh0, const uint16_t *vh0,
+                           int kvd, int nc, const int *idx, int len, int hd, int g, float *att);
+#define QK_ATT_HD16 256
+/* n floats into f16 (round to nearest even), the f16 caches' rows. */
+typedef void (*QkToF16Fn)(uint16_t *dst, const float *src, int n);
 
 typedef struct {
     const char *name;
@@ -96,6 +103,10 @@ typedef struct {
     int n_kernels;
     QkDotFn dot_f32; /* f32 x f32: F32 weights and the generic path's dequantized rows */
     QkAttnFn attn;   /* NULL: cpu_attention_head, the reference loops (qk_attention) */
+    /* Optional (NULL: the family's KV caches are f32): attention over f16 caches and the
+     * conversion that fills them. Half the bytes a decode step's attention streams. */
+    QkAttn16Fn attn_f16;
+    QkToF16Fn to_f16;
 } QkFamily;
 
 extern const QkFamily qk_family_ref, qk_family_scalar, qk_family_avx2, qk_family_avx512,

@@ -429,10 +429,52 @@ START_TEST(test_family_attention_vs_reference) {
                               "%s trial %d (hd %d, %d entries, head %d of %d) o[%d]: %.9g vs "
                               "%.9g", f->name, trial, hd, len, h, g, i, oh[i], want[i]);
         }
+        if (f->attn_f16 && hd % 8 == 0) { /* f16 caches: the f32 kernel's bits on the rounded rows */
+            uint16_t *kh = rs_xmalloc(2 * sz), *vh = rs_xmalloc(2 * sz);
+            f->to_f16(kh, k, (int)sz);
+            f->to_f16(vh, v, (int)sz);
+            for (size_t i = 0; i < sz; i++) k[i] = quant_f16_to_f32(kh[i]), v[i] = quant_f16_to_f32(vh[i]);
+            float o16[3 * 128];
+            f->attn_f16(o16, q, kh + hd, vh + hd, kvd, nc, idx, len, hd, g, att);
+            f->attn(o, q, k + hd, v + hd, kvd, nc, idx, len, hd, g, att);
+            ck_assert_msg(memcmp(o16, o, sizeof(float) * g * hd) == 0,
+                          "%s trial %d: f16 caches differ from f32 ones holding the same values",
+                          f->name, trial);
+            free(kh);
+            free(vh);
+        }
         free(k);
         free(v);
         free(att);
     }
+}
+END_TEST
+
+/* A family's f32 -> f16 conversion (its KV caches) rounds to the nearest f16, ties to
+ * even, over magnitudes from subnormal to beyond the largest f16 (inf). */
+START_TEST(test_family_to_f16_rounds) {
+    const QkFamily *f = family(kFams[_i]);
+    if (!f || !f->to_f16) return;
+    Rng r;
+    rng_seed(&r, 29);
+    float x[203];
+    uint16_t h[203];
+    for (int i = 0; i < 200; i++)
+        x[i] = (float)((rng_uniform(&r) - 0.5) * pow(2.0, (double)(i % 40) - 26.0));
+    x[200] = 70000.0f, x[201] = 1.0f + 1.0f / 2048, x[202] = 1.0f + 3.0f / 2048; /* inf; ties */
+    f->to_f16(h, x, 203);
+    for (int i = 0; i < 200; i++) {
+        double got = quant_f16_to_f32(h[i]), d = fabs(got - x[i]), near = INFINITY;
+        for (int k = -1; k <= 1; k += 2) { /* the codes either side (NaN past 0: none) */
+            double n = quant_f16_to_f32((uint16_t)(h[i] + k));
+            if (!isnan(n) && fabs(n - x[i]) < near) near = fabs(n - x[i]);
+        }
+        ck_assert_msg(d <= near,
+                      "%s: %.9g -> %.9g, a neighbour is nearer", f->name, x[i], got);
+    }
+    ck_assert_int_eq(h[200], 0x7c00);
+    ck_assert_int_eq(h[201], 0x3c00); /* 1 + 2^-11 ties to even: 1 */
+    ck_assert_int_eq(h[202], 0x3c02); /* 1 + 3 * 2^-11 ties to even: 1 + 2^-9 */
 }
 END_TEST
 
@@ -681,6 +723,7 @@ Suite *suite_cpu_kernels(void) {
     tcase_add_test(tc, test_quantize_matches_plain_loop);
     tcase_add_test(tc, test_attention_matches_plain_loops);
     tcase_add_loop_test(tc, test_family_attention_vs_reference, 0, N_FAMS);
+    tcase_add_loop_test(tc, test_family_to_f16_rounds, 0, N_FAMS);
     tcase_add_loop_test(tc, test_forward_batch_invariant, 0, 2);
     tcase_add_test(tc, test_forward_batch_invariant_kquant);
     suite_add_tcase(s, tc);
