@@ -289,7 +289,7 @@ static double matrix_params(const Config *c) {
 }
 
 /* One thread count: AR figure, pass table, the key=value line. *rss_kb: VmRSS with the
- * backend still alive (weights mapped, KV cache, buffers). */
+ * backend still alive (weights, KV cache, buffers). */
 static int run_threads(const Model *m, const Opts *o, int threads, double wbytes,
                        const MicroRoof *roof, long *rss_kb, RsErr *e) {
     const Config *c = &m->cfg;
@@ -418,7 +418,7 @@ int main(int argc, char **argv) {
     }
     if (!rc) {
         double kv = kv_mb(c, PREFILL + MAX_N + o.ar_tokens, g_kv_es);
-        printf("\nVmRSS %.1f MB at most with a backend alive (weights mapped + KV cache + "
+        printf("\nVmRSS %.1f MB at most with a backend alive (weights + KV cache + "
                "buffers) vs file %.1f + KV %.1f + 64 = %.1f MB\nrss_mb=%.0f\n",
                rss / 1e3, file_mb, kv, file_mb + kv + 64, rss / 1e3);
     }
