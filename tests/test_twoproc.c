@@ -816,17 +816,18 @@ START_TEST(test_target_conflicting_draft_options) {
 END_TEST
 
 /* A KV cache the host cannot hold (--ctx 1048576 under a 400 MB address-space limit: 512 MiB
- * of K and V) is an error naming the size and --ctx, exit 1, not an abort. The same limit
- * with --ctx 4096 decodes, so the limit alone is not what fails. The release binary runs
- * under `ulimit -v` (the sanitized test binary cannot: ASan reserves terabytes). */
+ * of K and V in f32, forced with ROOTSPEC_CPU_KV: the f16 cache would fit) is an error naming
+ * the size and --ctx, exit 1, not an abort. The same limit with --ctx 4096 decodes, so the
+ * limit alone is not what fails. The release binary runs under `ulimit -v` (the sanitized
+ * test binary cannot: ASan reserves terabytes). */
 START_TEST(test_target_kv_alloc_failure) {
     make_dir();
     const char *ctx[2] = {"4096", "1048576"};
     for (int i = 0; i < 2; i++) {
         char cmd[600];
         snprintf(cmd, sizeof cmd,
-                 "ulimit -v 400000 && exec build/rootspec-target --model %s --prompt-ids %s "
-                 "--max-new 4 --output-ids --ctx %s",
+                 "ulimit -v 400000 && ROOTSPEC_CPU_KV=f32 exec build/rootspec-target --model %s "
+                 "--prompt-ids %s --max-new 4 --output-ids --ctx %s",
                  TINY, PROMPT, ctx[i]);
         char *argv[] = {"/bin/sh", "-c", cmd, NULL};
         int rc = wait_exit(spawn(argv, "kv"), 60000);
