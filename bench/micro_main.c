@@ -43,7 +43,8 @@ static void usage(FILE *f) {
             "tokens with logits for every row, each set against a memcpy and a read stream\n"
             "measured in the run and against the compute roof (the same kernels on a slice\n"
             "of each matrix in cache, one thread).\n"
-            "ROOTSPEC_CPU_KERNELS=ref|scalar|avx2|avx512|amx forces a kernel family.\n",
+            "ROOTSPEC_CPU_KERNELS=ref|scalar|avx2|avx512|amx forces a kernel family;\n"
+            "ROOTSPEC_CPU_KV=f32 keeps the KV cache in f32 (the x86 families use f16).\n",
             PREFILL);
 }
 
