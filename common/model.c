@@ -32,26 +32,30 @@ static int span_cmp(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+int model_matrices(Model *m, QTensor **out) {
+    int n = 0;
+    out[n++] = &m->w.tok_embeddings;
+    out[n++] = &m->w.wcls;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        LayerWeights *L = &m->w.layers[l];
+        QTensor *lw[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) out[n++] = lw[i];
+    }
+    return n;
+}
+
 /* The matrices whose bytes lie outside the arena (in file mappings), into sp; returns the
  * count. Tied embeddings give two spans of the same bytes. */
 static int matrix_spans(Model *m, Span *sp) {
     const uint8_t *a0 = (const uint8_t *)m->arena, *a1 = a0 + m->arena_floats * sizeof(float);
-    QTensor *w[2 + 7] = {&m->w.tok_embeddings, &m->w.wcls};
-    int n = 0;
-    for (int l = -1; l < m->cfg.n_layers; l++) {
-        int k = 0;
-        if (l >= 0) {
-            LayerWeights *L = &m->w.layers[l];
-            QTensor *lw[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-            memcpy(w, lw, sizeof lw);
-            k = 7;
-        } else k = 2;
-        for (int i = 0; i < k; i++) {
-            const uint8_t *p = w[i]->data;
-            if (!p || (a0 && p >= a0 && p < a1)) continue;
-            sp[n++] = (Span){p, (size_t)w[i]->rows * w[i]->row_bytes, w[i]};
-        }
+    QTensor **w = rs_xmalloc(sizeof(QTensor *) * MODEL_MAX_MATRICES(m->cfg.n_layers));
+    int n = 0, k = model_matrices(m, w);
+    for (int i = 0; i < k; i++) {
+        const uint8_t *p = w[i]->data;
+        if (!p || (a0 && p >= a0 && p < a1)) continue;
+        sp[n++] = (Span){p, (size_t)w[i]->rows * w[i]->row_bytes, w[i]};
     }
+    free(w);
     return n;
 }
 
@@ -80,7 +84,7 @@ static const uint8_t *run_end(const Span *sp, int i, int n, int *j) {
 
 int model_make_resident(Model *m, RsErr *e) {
     if (m->is_view || m->random_weights || m->resident || !m->w.layers) return RS_OK;
-    Span *sp = rs_xmalloc(sizeof(Span) * (2 + 7 * (size_t)m->cfg.n_layers));
+    Span *sp = rs_xmalloc(sizeof(Span) * MODEL_MAX_MATRICES(m->cfg.n_layers));
     int n = matrix_spans(m, sp), j;
     qsort(sp, (size_t)n, sizeof(Span), span_cmp);
     size_t total = 0, off = 0;

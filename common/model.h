@@ -104,11 +104,17 @@ typedef struct Model {
  * On success *out is a new Model the caller owns (free with model_destroy). */
 int model_load(const char *path, Model **out, RsErr *e);
 
+/* Pointers to m's matrix descriptors into out (2 + 7 * n_layers of them): tok_embeddings,
+ * wcls, then each layer's wq, wk, wv, wo, w_gate, w_up, w_down. Returns the count; a tied
+ * head is listed beside the embeddings it shares. */
+#define MODEL_MAX_MATRICES(n_layers) (2 + 7 * (size_t)(n_layers))
+int model_matrices(Model *m, QTensor **out);
+
 /* Copies the matrices out of the file mappings into one rs_huge_alloc buffer (m->resident,
  * owned by m) and points the QTensors there, bytes unchanged; the file pages read for it
  * leave the process's resident set again. Kernels that stream the weights from there take
  * a TLB miss per 2 MiB instead of per 4 KiB. The CPU backend's loads do this
- * (backend_model_load); call it before making views (model_view_layers copies the
+ * (backend_model_load); call it before making views (model_layer_view copies the
  * pointers). No-op for random models, views and a model already resident. */
 int model_make_resident(Model *m, RsErr *e);
 

@@ -965,19 +965,6 @@ START_TEST(test_layer_view) {
 }
 END_TEST
 
-/* The model's matrices, as model_make_resident walks them. */
-static int all_matrices(Model *m, QTensor **out) {
-    int n = 0;
-    out[n++] = &m->w.tok_embeddings;
-    out[n++] = &m->w.wcls;
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        LayerWeights *L = &m->w.layers[l];
-        QTensor *w[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++) out[n++] = w[i];
-    }
-    return n;
-}
-
 /* model_make_resident moves every matrix into its huge-page buffer with the file's bytes
  * (against a second, mapped load of the same file), keeps tied embeddings tied, is a no-op
  * the second time, and a view made afterwards points into the buffer too. A GGUF (one
@@ -986,10 +973,10 @@ START_TEST(test_make_resident) {
     static const char *paths[] = {"loader/tiny.gguf", "loader/hf_sharded"};
     for (int pi = 0; pi < 2; pi++) {
         Model *m = load_ok(tu_fixture(paths[pi])), *ref = load_ok(tu_fixture(paths[pi]));
-        QTensor *w[2 + 7 * 8], *rw[2 + 7 * 8];
+        QTensor *w[MODEL_MAX_MATRICES(8)], *rw[MODEL_MAX_MATRICES(8)];
         ck_assert_int_le(m->cfg.n_layers, 8);
-        int n = all_matrices(m, w), moved = 0;
-        all_matrices(ref, rw);
+        int n = model_matrices(m, w), moved = 0;
+        model_matrices(ref, rw);
         RsErr e = {0};
         ck_assert_int_eq(model_make_resident(m, &e), RS_OK);
         ck_assert_ptr_nonnull(m->resident);

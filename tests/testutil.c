@@ -237,13 +237,9 @@ Model *tu_random_model_typed(Arch arch, int dim, int hidden_dim, int n_layers, i
     m->map_sizes[0] = bytes;
     m->n_maps = 1;
     uint8_t *p = map;
-    restore(&m->w.tok_embeddings, type, &p);
-    restore(&m->w.wcls, type, &p);
-    for (int l = 0; l < n_layers; l++) {
-        LayerWeights *L = &m->w.layers[l];
-        QTensor *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++) restore(mats[i], type, &p);
-    }
+    QTensor **mats = rs_xmalloc(sizeof(QTensor *) * MODEL_MAX_MATRICES(n_layers));
+    for (int i = 0, k = model_matrices(m, mats); i < k; i++) restore(mats[i], type, &p);
+    free(mats);
     RS_ASSERT((size_t)(p - (uint8_t *)map) <= bytes);
     snprintf(m->fingerprint, sizeof m->fingerprint, "random-%llu-%s", (unsigned long long)seed,
              quant_type_name(type));
