@@ -205,14 +205,8 @@ static void attn_sweep(const QkFamily *f, const uint8_t *kc, const uint8_t *vc, 
     for (int l = 0; l < ATT_LAYERS; l++)
         for (int h = 0; h < ATT_HEADS; h += group) {
             size_t off = ((size_t)l * ATT_KV_HEADS + h / group) * ctx * ATT_HD * es;
-            if (es == 2)
-                f->attn_f16(o + h * ATT_HD, q + h * ATT_HD, (const uint16_t *)(const void *)(kc + off),
-                            (const uint16_t *)(const void *)(vc + off), ATT_HD, ctx, NULL, ctx,
-                            ATT_HD, group, att);
-            else
-                qk_attention(f, o + h * ATT_HD, q + h * ATT_HD, (const float *)(const void *)(kc + off),
-                             (const float *)(const void *)(vc + off), ATT_HD, ctx, NULL, ctx,
-                             ATT_HD, group, att);
+            qk_attention(f, es == 2, o + h * ATT_HD, q + h * ATT_HD, kc + off, vc + off, ATT_HD,
+                         ctx, NULL, ctx, ATT_HD, group, att);
         }
 }
 
@@ -220,8 +214,7 @@ static void attn_sweep(const QkFamily *f, const uint8_t *kc, const uint8_t *vc, 
  * with the caches the backend would give this family (f16 where it has f16 attention,
  * unless ROOTSPEC_CPU_KV=f32): the minimum over reps of the whole sweep. */
 static void run_attn(const QkFamily *f, int ctx, int reps, Rng *r) {
-    const char *env = getenv("ROOTSPEC_CPU_KV");
-    size_t es = f->attn_f16 && !(env && !strcmp(env, "f32")) ? 2 : sizeof(float);
+    size_t es = qk_kv_f16(f, ATT_HD, getenv("ROOTSPEC_CPU_KV")) ? 2 : sizeof(float);
     size_t n = (size_t)ctx * ATT_KV_HEADS * ATT_HD * ATT_LAYERS;
     uint8_t *kc = rs_huge_alloc(es * n), *vc = rs_huge_alloc(es * n);
     float *row = rs_xmalloc(sizeof(float) * n), q[ATT_HEADS * ATT_HD], o[ATT_HEADS * ATT_HD];

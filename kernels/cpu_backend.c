@@ -175,15 +175,9 @@ static void attend(CpuBackend *b, const AttnJob *j, int t, int h, int g, float *
     size_t off = (size_t)(h / (c->n_heads / c->n_kv_heads)) * b->base.params.kv_capacity * hd *
                  s->kv_es;
     size_t at = (size_t)t * qd + (size_t)h * hd;
-    const int *idx = s->att_idx + (size_t)t * b->base.params.max_pending;
-    int len = j->nc + s->att_cnt[t];
-    if (s->kv_es == 2)
-        b->fam->attn_f16(s->att_out + at, s->q + at, (const uint16_t *)(const void *)(j->kc + off),
-                         (const uint16_t *)(const void *)(j->vc + off), hd, j->nc, idx, len, hd, g,
-                         att);
-    else
-        qk_attention(b->fam, s->att_out + at, s->q + at, (const float *)(const void *)(j->kc + off),
-                     (const float *)(const void *)(j->vc + off), hd, j->nc, idx, len, hd, g, att);
+    qk_attention(b->fam, s->kv_es == 2, s->att_out + at, s->q + at, j->kc + off, j->vc + off, hd,
+                 j->nc, s->att_idx + (size_t)t * b->base.params.max_pending,
+                 j->nc + s->att_cnt[t], hd, g, att);
 }
 
 /* (token, head) items [lo, hi) of the chunk, as runs of heads that share a KV group: a
@@ -310,14 +304,6 @@ static void alloc_state(CpuBackend *b, const Config *c, const BackendParams *p, 
     s->parts = rs_xcalloc((size_t)b->max_kept, sizeof(CpuRowsPart));
 }
 
-/* f16 KV caches: where the family reads them, the head fits its kernel and
- * ROOTSPEC_CPU_KV is not "f32" (the golden tests hold the f32 caches to tighter bounds). */
-static int kv_half(const QkFamily *fam, const Config *c) {
-    const char *env = getenv("ROOTSPEC_CPU_KV");
-    if (env && strcmp(env, "f32") == 0) return 0;
-    return fam->attn_f16 && c->head_dim % 8 == 0 && c->head_dim <= QK_ATT_HD16;
-}
-
 static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
     *out = NULL;
     const Config *c = &m->cfg;
@@ -340,7 +326,9 @@ static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsE
     /* The KV cache grows with --ctx: a size the host cannot hold is an error, not an abort. */
     RunState *s = &b->s;
     size_t kv_n = (size_t)c->n_layers * p->kv_capacity * b->kv_dim;
-    s->kv_es = kv_half(fam, c) ? 2 : sizeof(float);
+    /* f16 where the family reads it; ROOTSPEC_CPU_KV=f32 keeps f32 (the golden tests hold
+     * the f32 caches to tighter bounds) */
+    s->kv_es = qk_kv_f16(fam, c->head_dim, getenv("ROOTSPEC_CPU_KV")) ? 2 : sizeof(float);
     s->kv_bytes = kv_n * s->kv_es; /* huge pages: attention streams it (util.h) */
     s->key_cache = rs_huge_alloc(s->kv_bytes);
     s->value_cache = s->key_cache ? rs_huge_alloc(s->kv_bytes) : NULL;

@@ -284,14 +284,21 @@ void qk_matmul_rows(const QkFamily *f, const QTensor *w, const QkActs *x, float 
     }
 }
 
-void qk_attention(const QkFamily *f, float *o, const float *q, const float *kh0,
-                  const float *vh0, int kvd, int nc, const int *idx, int len, int hd, int g,
+int qk_kv_f16(const QkFamily *f, int hd, const char *want) {
+    if (want && strcmp(want, "f32") == 0) return 0;
+    return f->attn_f16 && hd % 8 == 0 && hd <= QK_ATT_HD16;
+}
+
+void qk_attention(const QkFamily *f, int half, float *o, const float *q, const void *kh0,
+                  const void *vh0, int kvd, int nc, const int *idx, int len, int hd, int g,
                   float *att) {
+    RS_ASSERT(!half || f->attn_f16);
     for (int i = 0; i < g; i += QK_ATT_G) {
         int gi = g - i < QK_ATT_G ? g - i : QK_ATT_G;
         float *oi = o + (size_t)i * hd;
         const float *qi = q + (size_t)i * hd;
-        if (f->attn) f->attn(oi, qi, kh0, vh0, kvd, nc, idx, len, hd, gi, att);
+        if (half) f->attn_f16(oi, qi, kh0, vh0, kvd, nc, idx, len, hd, gi, att);
+        else if (f->attn) f->attn(oi, qi, kh0, vh0, kvd, nc, idx, len, hd, gi, att);
         else
             for (int k = 0; k < gi; k++)
                 cpu_attention_head(oi + (size_t)k * hd, qi + (size_t)k * hd, kh0, vh0, kvd, nc,

@@ -140,10 +140,14 @@ void qk_acts_quantize(QkActs *a, int acts, QkQ8 *q8, QkQ8K *q8k);
  * path (one per thread). */
 void qk_matmul_rows(const QkFamily *f, const QTensor *w, const QkActs *x, float *y, int ldy,
                     int j0, int j1, float *scratch);
-/* QkAttnFn through f's kernel, or the reference loops head by head when it has none;
- * any g >= 1 (calls of at most QK_ATT_G heads). */
-void qk_attention(const QkFamily *f, float *o, const float *q, const float *kh0,
-                  const float *vh0, int kvd, int nc, const int *idx, int len, int hd, int g,
+/* 1 when f keeps KV caches of head size hd in f16: it has attn_f16, the head fits that
+ * kernel, and `want` (ROOTSPEC_CPU_KV's value, or NULL) is not "f32". */
+int qk_kv_f16(const QkFamily *f, int hd, const char *want);
+/* Attention of g heads over f32 caches (half 0: float rows) or f16 ones (half 1, as
+ * qk_kv_f16 chose: uint16_t rows): f's kernel, or the reference loops head by head when it
+ * has none; any g >= 1 (calls of at most QK_ATT_G heads). */
+void qk_attention(const QkFamily *f, int half, float *o, const float *q, const void *kh0,
+                  const void *vh0, int kvd, int nc, const int *idx, int len, int hd, int g,
                   float *att);
 
 #endif
