@@ -125,9 +125,6 @@ static double kv_mb(const Config *c, int entries, size_t es) {
 /* Bytes per KV cache element of a CPU backend (cpu_backend_kv). */
 static size_t backend_kv_es(const Backend *b) { return strcmp(cpu_backend_kv(b), "f16") ? 4 : 2; }
 
-/* The element size the last run_threads saw, for the resident-memory summary. */
-static size_t g_kv_es = sizeof(float);
-
 /* Process CPU time: on a loaded machine the wall clock measures the queue, this the work
  * (all threads; spinning pool workers count too). */
 static double cpu_ms(void) {
@@ -290,9 +287,9 @@ static double matrix_params(const Config *c) {
 }
 
 /* One thread count: AR figure, pass table, the key=value line. *rss_kb: VmRSS with the
- * backend still alive (weights, KV cache, buffers). */
+ * backend still alive (weights, KV cache, buffers); *kv_es: its KV cache's element bytes. */
 static int run_threads(const Model *m, const Opts *o, int threads, double wbytes,
-                       const MicroRoof *roof, long *rss_kb, RsErr *e) {
+                       const MicroRoof *roof, long *rss_kb, size_t *kv_es, RsErr *e) {
     const Config *c = &m->cfg;
     BackendParams bp = {.kv_capacity = PREFILL + MAX_N + o->ar_tokens, .max_batch = PREFILL,
                         .max_pending = PREFILL, .threads = threads};
@@ -307,8 +304,8 @@ static int run_threads(const Model *m, const Opts *o, int threads, double wbytes
         rc = e->code;
     if (!rc) rc = prefill(b, &r, e);
     /* per token: the weights once, plus K and V of every layer over the context read */
-    g_kv_es = backend_kv_es(b);
-    double kv = kv_mb(c, PREFILL + 1, g_kv_es) * 1e6;
+    *kv_es = backend_kv_es(b);
+    double kv = kv_mb(c, PREFILL + 1, *kv_es) * 1e6;
     printf("\nthreads %d, kernels %s, KV cache %s: AR %.1f tok/s (%.1f per CPU second); memcpy "
            "%.1f GB/s (read+write), read stream %.1f GB/s\n", threads, cpu_backend_kernels(b),
            cpu_backend_kv(b), ar, ar_cpu, mem, rd);
@@ -353,7 +350,6 @@ static int run_threads(const Model *m, const Opts *o, int threads, double wbytes
     backend_destroy(&b);
     return rc;
 }
-
 
 /* The resident-memory target: fills an o->rss_ctx-entry KV cache through the engine's
  * chunked prefill (at the largest thread count asked for) and sets VmRSS against model
@@ -410,15 +406,16 @@ int main(int argc, char **argv) {
                "%.1f ms (%.1f G/s in 4-token groups)\nroof_ms_n1=%.3f\nroof_ms_n65=%.3f\n",
                roof.ms_n1, roof.gw_n1, roof.ms_n65, roof.gw_n4, roof.ms_n1, roof.ms_n65);
     long rss = 0, rss_t = 0;
+    size_t kv_es = sizeof(float);
     for (int i = 0; i < o.n_threads && !rc; i++) {
-        rc = run_threads(m, &o, o.threads[i], wbytes, &roof, &rss_t, &e);
+        rc = run_threads(m, &o, o.threads[i], wbytes, &roof, &rss_t, &kv_es, &e);
         rss = rss_t > rss ? rss_t : rss;
         double us_row;
         if (!rc && o.draft_rounds)
             rc = micro_drafter_host(m, o.threads[i], o.draft_rounds, &us_row, &e);
     }
     if (!rc) {
-        double kv = kv_mb(c, PREFILL + MAX_N + o.ar_tokens, g_kv_es);
+        double kv = kv_mb(c, PREFILL + MAX_N + o.ar_tokens, kv_es);
         printf("\nVmRSS %.1f MB at most with a backend alive (weights + KV cache + "
                "buffers) vs file %.1f + KV %.1f + 64 = %.1f MB\nrss_mb=%.0f\n",
                rss / 1e3, file_mb, kv, file_mb + kv + 64, rss / 1e3);
