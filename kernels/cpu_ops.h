@@ -45,11 +45,15 @@ void cpu_attention(float *out, const float *q, const float *kc, const float *vc,
  * kvd floats); att: scratch of len floats. */
 void cpu_attention_head(float *o, const float *qh, const float *kh0, const float *vh0, int kvd,
                         int nc, const int *idx, int len, int hd, float *att);
-/* The cache row of a head's entry j in cpu_attention_head's order (every attention kernel
- * walks the entries through it). */
+/* The cache slot of a row's entry j in cpu_attention_head's order: committed entries, then
+ * the pending ones idx names (every attention kernel walks the entries through it). */
+static inline size_t cpu_attention_slot(int nc, const int *idx, int j) {
+    return (size_t)(j < nc ? j : nc + idx[j - nc]);
+}
+/* The f32 cache row of a head's entry j (rows of kvd floats from h0). */
 static inline const float *cpu_attention_entry(const float *h0, int kvd, int nc, const int *idx,
                                                int j) {
-    return h0 + (size_t)(j < nc ? j : nc + idx[j - nc]) * kvd;
+    return h0 + cpu_attention_slot(nc, idx, j) * kvd;
 }
 /* gate[i] = silu(gate[i]) * up[i], i < n. */
 void cpu_swiglu(float *gate, const float *up, size_t n);
