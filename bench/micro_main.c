@@ -44,7 +44,9 @@ static void usage(FILE *f) {
             "measured in the run and against the compute roof (the same kernels on a slice\n"
             "of each matrix in cache, one thread).\n"
             "ROOTSPEC_CPU_KERNELS=ref|scalar|avx2|avx512|amx forces a kernel family;\n"
-            "ROOTSPEC_CPU_KV=f32 keeps the KV cache in f32 (the x86 families use f16).\n",
+            "ROOTSPEC_CPU_KV=f32 keeps the KV cache in f32 (the x86 families use f16);\n"
+            "ROOTSPEC_CPU_PACK=0 keeps the weights in rows (the x86 families read Q4_0..Q8_0\n"
+            "in x4 tiles of four rows).\n",
             PREFILL);
 }
 
@@ -395,9 +397,14 @@ int main(int argc, char **argv) {
     double wbytes = (double)model_weight_bytes(m);
     struct stat st;
     double file_mb = stat(o.model_path, &st) == 0 && S_ISREG(st.st_mode) ? st.st_size / 1e6 : 0;
+    QTensor **mats = rs_xmalloc(sizeof(QTensor *) * MODEL_MAX_MATRICES(c->n_layers));
+    int n_mats = model_matrices(m, mats), n_x4 = 0;
+    for (int i = 0; i < n_mats; i++) n_x4 += mats[i]->packed;
+    free(mats);
     printf("model %s: %d layers, dim %d, vocab %d; %.1f MB of matrices streamed per token "
-           "(stored types), file %.1f MB; VmRSS %.1f MB before load\n",
-           o.model_path, c->n_layers, c->dim, c->vocab_size, wbytes / 1e6, file_mb, rss0 / 1e3);
+           "(stored types; %d of %d matrices in x4 tiles), file %.1f MB; VmRSS %.1f MB before "
+           "load\nx4_matrices=%d\n", o.model_path, c->n_layers, c->dim, c->vocab_size,
+           wbytes / 1e6, n_x4, n_mats, file_mb, rss0 / 1e3, n_x4);
     MicroRoof roof;
     int rc = micro_compute_roof(m, &roof, &e);
     if (!rc)

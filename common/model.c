@@ -105,6 +105,57 @@ int model_make_resident(Model *m, RsErr *e) {
     return RS_OK;
 }
 
+/* ---- the x4 layout (model_pack_x4) ---- */
+
+/* Packs t in place, G rows at a time through tmp (G * row_bytes): G = 4, or a GGUF head,
+ * whose rows are interleaved within it (qtensor_row), so the tiles come out in logical
+ * order. */
+static void pack_matrix(QTensor *t, uint8_t *tmp) {
+    int G = t->perm_hd ? t->perm_hd : QUANT_X4_ROWS;
+    uint8_t *base = (uint8_t *)(uintptr_t)t->data; /* the resident buffer: ours to rewrite */
+    size_t rb = t->row_bytes;
+    for (int g0 = 0; g0 < t->rows; g0 += G) {
+        uint8_t *grp = base + (size_t)g0 * rb;
+        memcpy(tmp, grp, (size_t)G * rb);
+        for (int i = 0; i < G; i += QUANT_X4_ROWS) {
+            const uint8_t *rows[QUANT_X4_ROWS];
+            for (int r = 0; r < QUANT_X4_ROWS; r++)
+                rows[r] = tmp + (qtensor_row(t, g0 + i + r) - grp);
+            quant_x4_pack(t->type, (size_t)t->cols, rows, grp + (size_t)i * rb);
+        }
+    }
+    t->perm_hd = 0;
+    t->packed = 1;
+}
+
+static int packable(const QTensor *t) {
+    return t->data && !t->packed && quant_x4_ok(t->type) && t->rows % QUANT_X4_ROWS == 0 &&
+           t->perm_hd % QUANT_X4_ROWS == 0 && t->cols % 32 == 0;
+}
+
+int model_pack_x4(Model *m, int (*want)(uint32_t type, const void *ctx), const void *ctx) {
+    if (m->is_view || !m->resident) return 0;
+    QTensor **mats = rs_xmalloc(sizeof(QTensor *) * MODEL_MAX_MATRICES(m->cfg.n_layers));
+    int n = model_matrices(m, mats), packed = 0;
+    size_t tmp_bytes = 0;
+    for (int i = 0; i < n; i++) {
+        size_t g = (size_t)(mats[i]->perm_hd ? mats[i]->perm_hd : QUANT_X4_ROWS);
+        if (g * mats[i]->row_bytes > tmp_bytes) tmp_bytes = g * mats[i]->row_bytes;
+    }
+    uint8_t *tmp = rs_xmalloc(tmp_bytes ? tmp_bytes : 1);
+    for (int i = 0; i < n; i++) {
+        QTensor *t = mats[i];
+        const QTensor *twin = NULL; /* a tied head: the embeddings, already packed */
+        for (int k = 0; k < i && !twin; k++)
+            if (mats[k]->data == t->data && mats[k]->packed) twin = mats[k];
+        if (twin) *t = *twin;
+        else if (packable(t) && want(t->type, ctx)) pack_matrix(t, tmp), packed++;
+    }
+    free(tmp);
+    free(mats);
+    return packed;
+}
+
 /* Parses "0-5,24-29" into a list of layer indices < n_layers. */
 static int parse_layer_spec(const char *spec, int n_layers, int *idx, int *n, RsErr *e) {
     *n = 0;
@@ -203,14 +254,40 @@ size_t model_weight_bytes(const Model *m) {
     return b;
 }
 
+/* The x4 tile holding row j of a packed matrix. */
+static const uint8_t *x4_tile(const QTensor *t, int j) {
+    return (const uint8_t *)t->data + (size_t)(j / QUANT_X4_ROWS) * QUANT_X4_ROWS * t->row_bytes;
+}
+
+void qtensor_row_bytes(const QTensor *t, int j, uint8_t *dst) {
+    RS_ASSERT(t->data && j >= 0 && j < t->rows);
+    if (!t->packed) {
+        memcpy(dst, qtensor_row(t, j), t->row_bytes);
+        return;
+    }
+    size_t nb = (size_t)t->cols / 32, bb = t->row_bytes / nb;
+    for (size_t k = 0; k < nb; k++)
+        quant_x4_block(t->type, (size_t)t->cols, x4_tile(t, j), j % QUANT_X4_ROWS, k, dst + k * bb);
+}
+
 void qtensor_dequantize_rows(const QTensor *t, int r0, int n, float *dst) {
     RS_ASSERT(t->data && r0 >= 0 && n >= 0 && r0 + n <= t->rows);
-    for (int i = 0; i < n; i++)
-        quant_dequantize(t->type, qtensor_row(t, r0 + i), dst + (size_t)i * t->cols,
-                         (size_t)t->cols);
+    for (int i = 0; i < n; i++) {
+        float *y = dst + (size_t)i * t->cols;
+        if (!t->packed) {
+            quant_dequantize(t->type, qtensor_row(t, r0 + i), y, (size_t)t->cols);
+            continue;
+        }
+        uint8_t blk[64]; /* one block of an x4 type (34 bytes at most) */
+        for (size_t k = 0; k < (size_t)t->cols / 32; k++) {
+            quant_x4_block(t->type, (size_t)t->cols, x4_tile(t, r0 + i), (r0 + i) % QUANT_X4_ROWS,
+                           k, blk);
+            quant_dequantize(t->type, blk, y + 32 * k, 32);
+        }
+    }
 }
 
 QTensor qtensor_f32(const float *data, int rows, int cols) {
-    QTensor t = {QT_F32, data, rows, cols, (size_t)cols * sizeof(float), 0};
+    QTensor t = {QT_F32, data, rows, cols, (size_t)cols * sizeof(float), 0, 0};
     return t;
 }

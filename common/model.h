@@ -41,6 +41,9 @@ typedef struct {
     int rows, cols;    /* (out_features, in_features) */
     size_t row_bytes;  /* stored bytes of one row */
     int perm_hd;       /* 0, or the head size of a GGUF llama q/k row interleave */
+    /* 1: rows in logical order four at a time in x4 tiles (common/quant.h; model_pack_x4):
+     * row j lies in the tile at data + (j / 4) * 4 * row_bytes, not at qtensor_row. */
+    int packed;
 } QTensor;
 
 /* One transformer block. All matrices row-major (out_features, in_features), the
@@ -118,6 +121,15 @@ int model_matrices(Model *m, QTensor **out);
  * pointers). No-op for random models, views and a model already resident. */
 int model_make_resident(Model *m, RsErr *e);
 
+/* Rewrites the resident matrices of the types `want` accepts (ctx passed through) into
+ * the x4 layout in place (QTensor.packed; logical row order, perm_hd 0), bytes and sizes
+ * unchanged: the CPU kernels then stream one region per four rows (backend_model_load,
+ * through BackendOps.prepare_weights). A matrix whose row count or GGUF head size is not a
+ * multiple of 4, or without x4 layout, stays as it is; a tied head follows its embeddings.
+ * No-op unless the model is resident (model_make_resident); call before making views.
+ * Returns the number of matrices packed. */
+int model_pack_x4(Model *m, int (*want)(uint32_t type, const void *ctx), const void *ctx);
+
 /* A view on `parent` that runs only the listed layers (in that order) with the parent's
  * embeddings, final norm and head: the self-drafter. spec like "0-5,24-29".
  * The view borrows parent's memory: free it before the parent. */
@@ -129,8 +141,10 @@ void model_destroy(Model **m);
  * random model without host weights counts f32. */
 size_t model_weight_bytes(const Model *m);
 
-/* Stored bytes of logical row j (0 <= j < t->rows). */
+/* Stored bytes of logical row j (0 <= j < t->rows) of a row-layout matrix (not packed:
+ * see qtensor_row_bytes). */
 static inline const uint8_t *qtensor_row(const QTensor *t, int j) {
+    RS_ASSERT(!t->packed);
     int r = j;
     if (t->perm_hd) { /* HF row h*hd + k came from GGUF row h*hd + 2k (k < hd/2) or 2(k-hd/2)+1 */
         int hd = t->perm_hd, h = j / hd, k = j % hd, half = hd / 2;
@@ -138,7 +152,10 @@ static inline const uint8_t *qtensor_row(const QTensor *t, int j) {
     }
     return (const uint8_t *)t->data + (size_t)r * t->row_bytes;
 }
-/* Logical rows [r0, r0 + n) expanded to f32 into dst (n, cols). */
+/* The stored bytes of logical row j as a row-layout matrix holds them, into dst
+ * (row_bytes), whatever t's layout. */
+void qtensor_row_bytes(const QTensor *t, int j, uint8_t *dst);
+/* Logical rows [r0, r0 + n) expanded to f32 into dst (n, cols), any layout. */
 void qtensor_dequantize_rows(const QTensor *t, int r0, int n, float *dst);
 /* An f32 matrix descriptor over data (rows, cols), e.g. an arena slice. */
 QTensor qtensor_f32(const float *data, int rows, int cols);

@@ -200,3 +200,77 @@ void quant_dequantize(uint32_t type, const void *src, float *dst, size_t n) {
         RS_ASSERT(!"quant_dequantize: unsupported type");
     }
 }
+
+/* ---- the x4 layout (quant.h) ---- */
+
+/* A block's fields in order: offset, size and whether it is a 2-byte scale (block-major in
+ * a group) rather than quants (row-major). */
+typedef struct {
+    uint8_t off, size, scale;
+} X4Field;
+
+typedef struct {
+    int n_fields, group; /* blocks per group */
+    size_t block_bytes;
+    X4Field f[4];
+} X4Layout;
+
+static int x4_layout(uint32_t type, X4Layout *L) {
+    static const X4Layout q4_0 = {2, 2, 18, {{0, 2, 1}, {2, 16, 0}}};
+    static const X4Layout q4_1 = {3, 2, 20, {{0, 2, 1}, {2, 2, 1}, {4, 16, 0}}};
+    static const X4Layout q5_0 = {3, 2, 22, {{0, 2, 1}, {2, 4, 0}, {6, 16, 0}}};
+    static const X4Layout q5_1 = {4, 2, 24, {{0, 2, 1}, {2, 2, 1}, {4, 4, 0}, {8, 16, 0}}};
+    static const X4Layout q8_0 = {2, 1, 34, {{0, 2, 1}, {2, 32, 0}}};
+    switch (type) {
+    case QT_Q4_0: *L = q4_0; return 1;
+    case QT_Q4_1: *L = q4_1; return 1;
+    case QT_Q5_0: *L = q5_0; return 1;
+    case QT_Q5_1: *L = q5_1; return 1;
+    case QT_Q8_0: *L = q8_0; return 1;
+    default: return 0;
+    }
+}
+
+int quant_x4_ok(uint32_t type) {
+    X4Layout L;
+    return x4_layout(type, &L);
+}
+
+/* Where field k of block j of row r lies in a tile: the group starts at 4 * (its first
+ * block) * block_bytes; inside it the fields follow one another, each 4h entries. */
+static size_t x4_offset(const X4Layout *L, size_t nb, int k, int r, size_t j) {
+    size_t g0 = j / (size_t)L->group * (size_t)L->group;
+    size_t h = nb - g0 < (size_t)L->group ? nb - g0 : (size_t)L->group, i = j - g0;
+    size_t off = QUANT_X4_ROWS * g0 * L->block_bytes;
+    for (int q = 0; q < k; q++) off += QUANT_X4_ROWS * h * L->f[q].size;
+    size_t slot = L->f[k].scale ? i * QUANT_X4_ROWS + (size_t)r : (size_t)r * h + i;
+    return off + slot * L->f[k].size;
+}
+
+void quant_x4_pack(uint32_t type, size_t cols, const uint8_t *const *rows, uint8_t *tile) {
+    X4Layout L;
+    RS_ASSERT(x4_layout(type, &L) && cols % 32 == 0);
+    size_t nb = cols / 32, G = (size_t)L.group;
+    uint8_t *dst = tile;
+    for (size_t g0 = 0; g0 < nb; g0 += G) { /* group by group, field by field (x4_offset) */
+        size_t h = nb - g0 < G ? nb - g0 : G;
+        for (int k = 0; k < L.n_fields; k++) {
+            size_t sz = L.f[k].size;
+            for (size_t s = 0; s < QUANT_X4_ROWS * h; s++) {
+                size_t r = L.f[k].scale ? s % QUANT_X4_ROWS : s / h;
+                size_t i = L.f[k].scale ? s / QUANT_X4_ROWS : s % h;
+                memcpy(dst, rows[r] + (g0 + i) * L.block_bytes + L.f[k].off, sz);
+                dst += sz;
+            }
+        }
+    }
+}
+
+void quant_x4_block(uint32_t type, size_t cols, const uint8_t *tile, int r, size_t j,
+                    uint8_t *out) {
+    X4Layout L;
+    RS_ASSERT(x4_layout(type, &L) && cols % 32 == 0 && r >= 0 && r < QUANT_X4_ROWS);
+    size_t nb = cols / 32;
+    for (int k = 0; k < L.n_fields; k++)
+        memcpy(out + L.f[k].off, tile + x4_offset(&L, nb, k, r, j), L.f[k].size);
+}

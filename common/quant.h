@@ -61,4 +61,25 @@ static inline void quant_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint
  * (any alignment, exactly n/block_elems*block_bytes bytes) into dst. */
 void quant_dequantize(uint32_t type, const void *src, float *dst, size_t n);
 
+/* ---- the x4 layout: four rows interleaved (CPU kernels; QTensor.packed) ----
+ * Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 rows can be stored four at a time in one "tile" of
+ * exactly their bytes, laid out as the x86 tiles load them: one stream instead of four and
+ * each step's scales in one vector. A tile holds groups of blocks, in order: two blocks b,
+ * b + 1 for the Q4/Q5 types (an odd block count's last group has one), one for Q8_0. A
+ * group of h blocks (h = 1 or 2) holds, field by field in the block's order,
+ *   d (and m, Q4_1/Q5_1): the 2-byte fields block-major, [block][row] (4h of them), so
+ *                         the scales of a step are one f16 vector;
+ *   qh (Q5), qs:          row-major, [row][block]: a row's quants of the group side by side.
+ * Block j of row r reads back with quant_x4_block. */
+#define QUANT_X4_ROWS 4
+/* 1 if `type` has the x4 layout. */
+int quant_x4_ok(uint32_t type);
+/* Packs 4 rows of `cols` elements (rows[r]: stored row r, cols a multiple of 32) into tile
+ * (4 * the row bytes); tile must not overlap the rows. */
+void quant_x4_pack(uint32_t type, size_t cols, const uint8_t *const *rows, uint8_t *tile);
+/* Block j of row r (< QUANT_X4_ROWS) of a tile, as stored in a plain row, into out (the
+ * type's block bytes). */
+void quant_x4_block(uint32_t type, size_t cols, const uint8_t *tile, int r, size_t j,
+                    uint8_t *out);
+
 #endif

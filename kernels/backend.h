@@ -69,7 +69,8 @@ const BackendOps *cuda_backend_ops_get(void);
 const BackendOps *backend_ops_by_name(const char *name, RsErr *e);
 /* model_load() for this backend: a random model ("random:...") gets host weights unless
  * the backend makes its own; a backend that streams host weights (CPU) gets them resident
- * in huge pages (model_make_resident). *out as model_load. */
+ * in huge pages (model_make_resident), laid out for its kernels (the CPU: x4 tiles,
+ * model_pack_x4). *out as model_load. */
 int backend_model_load(const BackendOps *ops, const char *path, Model **out, RsErr *e);
 /* Process-wide --batch-invariant (rootspec-target, -draft, -bench): a backend created
  * afterwards behaves as if BackendParams.batch_invariant were set, so the option reaches

@@ -47,6 +47,7 @@ int backend_model_load(const BackendOps *ops, const char *path, Model **out, RsE
     if (rc) return rc;
     if ((*out)->random_weights && !ops->makes_random_weights) rc = model_random_materialize(*out, e);
     if (!rc && ops->streams_host_weights) rc = model_make_resident(*out, e);
+    if (!rc && ops->prepare_weights) rc = ops->prepare_weights(*out, e);
     if (rc) model_destroy(out);
     return rc;
 }

@@ -15,6 +15,9 @@ struct BackendOps {
     /* 1: the kernels stream the host weights, so backend_model_load makes them resident in
      * huge pages (model_make_resident); a device backend copies them once instead. */
     int streams_host_weights;
+    /* Optional: after model_make_resident, lays the resident weights out for the kernels
+     * (the CPU: x4 tiles, model_pack_x4). An error fails backend_model_load. */
+    int (*prepare_weights)(Model *m, RsErr *e);
     /* As backend_create; sets the common head of a zeroed struct (ops, model, params). */
     int (*create)(const Model *m, const BackendParams *p, Backend **out, RsErr *e);
     void (*destroy)(Backend **b);

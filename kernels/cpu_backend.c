@@ -108,12 +108,19 @@ static int mm_rows(const MmJob *j) {
     return total;
 }
 
+/* A chunk boundary of the job's rows, moved down to a whole tile of QK_ROWS rows (x4
+ * matrices start at multiples of it) unless it is the end. */
+static int mm_edge(const MmJob *j, int share) {
+    int r = j->r0 + share;
+    return r == j->r1 ? r : (r / QK_ROWS * QK_ROWS > j->r0 ? r / QK_ROWS * QK_ROWS : j->r0);
+}
+
 static void mm_task(void *arg, int chunk, int n_chunks, int tid) {
     MmJob *j = arg;
     int lo, hi;
     threadpool_share(j->r1 - j->r0, chunk, n_chunks, &lo, &hi);
-    lo += j->r0;
-    hi += j->r0;
+    lo = mm_edge(j, lo);
+    hi = mm_edge(j, hi);
     float *scratch = j->b->s.scratch + (size_t)tid * j->b->max_cols;
     for (int i = 0, off = 0; i < j->nm; off += j->w[i]->rows, i++) {
         int a = lo > off ? lo - off : 0, z = hi - off < j->w[i]->rows ? hi - off : j->w[i]->rows;
@@ -682,9 +689,25 @@ static void cpu_rows_gather_op(Backend *bb, const int *rows, const int *ids, int
     for (int i = 0; i < n; i++) out[i] = b->s.logits[rows[i] * V + (size_t)ids[i]];
 }
 
+static int packs_type(uint32_t type, const void *fam) { return qk_family_packs(fam, type); }
+
+/* BackendOps.prepare_weights: the resident matrices of every type the family has an x4
+ * kernel for, packed (model_pack_x4); ROOTSPEC_CPU_PACK=0 keeps the file's row layout. */
+static int cpu_prepare_weights(Model *m, RsErr *e) {
+    const char *pack = getenv("ROOTSPEC_CPU_PACK");
+    if (pack && strcmp(pack, "0") != 0 && strcmp(pack, "1") != 0)
+        return rs_err(e, RS_EINVAL, "ROOTSPEC_CPU_PACK=%s: expected 0 or 1", pack);
+    if (pack && strcmp(pack, "0") == 0) return RS_OK;
+    const QkFamily *fam = qk_family_pick(getenv("ROOTSPEC_CPU_KERNELS"), e);
+    if (!fam) return e && e->code ? e->code : RS_EINVAL;
+    model_pack_x4(m, packs_type, fam);
+    return RS_OK;
+}
+
 const BackendOps cpu_backend_ops = {
     .name = "cpu",
     .streams_host_weights = 1,
+    .prepare_weights = cpu_prepare_weights,
     .create = cpu_create,
     .destroy = cpu_destroy,
     .forward = cpu_forward,

@@ -66,6 +66,11 @@ static const QkKernel *find_kernel(const QkFamily *f, uint32_t type) {
     return NULL;
 }
 
+int qk_family_packs(const QkFamily *f, uint32_t type) {
+    const QkKernel *k = find_kernel(f, type);
+    return k && k->packed;
+}
+
 int qk_wants_act(const QkFamily *f, uint32_t type) {
     const QkKernel *k = find_kernel(f, type);
     return k ? k->act : QK_ACT_F32;
@@ -255,32 +260,76 @@ static void rows_tiled(const QkKernel *k, const QTensor *w, const QkActs *x, flo
     }
 }
 
+/* Rows [j0, j1) of an x4 matrix through the family's x4 kernel, QK_CHUNK tiles a call
+ * (their weights read from memory once for all token groups); a range that starts or ends
+ * inside a tile computes the whole tile and keeps its own rows. */
+static void rows_packed(const QkKernel *k, const QTensor *w, const QkActs *x, float *y, int ldy,
+                        int j0, int j1) {
+    size_t tile_bytes = QK_ROWS * w->row_bytes;
+    int g = k->group ? k->group : QK_GROUP, tz = (j1 + QK_ROWS - 1) / QK_ROWS;
+    for (int t0 = j0 / QK_ROWS; t0 < tz; t0 += QK_CHUNK) {
+        int t1 = tz - t0 < QK_CHUNK ? tz : t0 + QK_CHUNK, a = t0 * QK_ROWS, z = t1 * QK_ROWS;
+        int whole = a >= j0 && z <= j1, r0 = a > j0 ? a : j0, r1 = z < j1 ? z : j1;
+        const uint8_t *tiles = (const uint8_t *)w->data + (size_t)t0 * tile_bytes;
+        for (int n0 = 0; n0 < x->n; n0 += g) {
+            int nt = x->n - n0 < g ? x->n - n0 : g;
+            const void *xs[QK_GROUP_MAX];
+            float out[QK_GROUP_MAX * QK_CROWS]; // (nt, QK_CROWS)
+            act_rows(x, k->act, n0, nt, xs);
+            float *yt = y + (size_t)n0 * ldy;
+            if (whole) {
+                k->packed(tiles, t1 - t0, xs, nt, x->in, yt + a, ldy);
+                continue;
+            }
+            k->packed(tiles, t1 - t0, xs, nt, x->in, out, QK_CROWS);
+            for (int t = 0; t < nt; t++)
+                for (int j = r0; j < r1; j++) yt[(size_t)t * ldy + j] = out[t * QK_CROWS + j - a];
+        }
+    }
+}
+
+/* Row j of the product, its stored bytes (or f32 values, generic path) at wr, alone: dot,
+ * or the tile kernel with the row in every slot (a row's result does not depend on its
+ * slot or neighbours, so these are the bits it gets in a tile). */
+static void row_alone(const QkFamily *f, const QkKernel *k, const uint8_t *wr, const QkActs *x,
+                      float *y, int ldy, int j) {
+    int act = k ? k->act : QK_ACT_F32, g = k && k->tile ? (k->group ? k->group : QK_GROUP) : QK_GROUP;
+    const uint8_t *wt[QK_ROWS] = {wr, wr, wr, wr};
+    for (int t0 = 0; t0 < x->n; t0 += g) {
+        int nt = x->n - t0 < g ? x->n - t0 : g;
+        const void *xs[QK_GROUP_MAX];
+        float out[QK_GROUP_MAX * QK_ROWS];
+        act_rows(x, act, t0, nt, xs);
+        if (k && k->tile) k->tile(wt, 1, xs, nt, x->in, out, QK_ROWS);
+        else (k ? k->dot : f->dot_f32)(wr, xs, nt, x->in, out);
+        for (int t = 0; t < nt; t++)
+            y[(size_t)(t0 + t) * ldy + j] = out[k && k->tile ? t * QK_ROWS : t];
+    }
+}
+
 void qk_matmul_rows(const QkFamily *f, const QTensor *w, const QkActs *x, float *y, int ldy,
                     int j0, int j1, float *scratch) {
     RS_ASSERT(w->cols == x->in && j0 >= 0 && j1 <= w->rows);
     const QkKernel *k = find_kernel(f, w->type);
-    int act = k ? k->act : QK_ACT_F32, in = x->in;
+    int act = k ? k->act : QK_ACT_F32;
     RS_ASSERT(act != QK_ACT_Q8 || x->q8);
     RS_ASSERT(act != QK_ACT_Q8K || x->q8k);
-    if (k && k->tile) {
+    if (k && k->packed && w->packed) {
+        rows_packed(k, w, x, y, ldy, j0, j1);
+        return;
+    }
+    if (k && k->tile && !w->packed) {
         rows_tiled(k, w, x, y, ldy, j0, j1);
         return;
     }
-    QkDotFn dot = k ? k->dot : f->dot_f32;
+    /* One row at a time: dot kernels; the generic path (the row expanded once for all
+     * tokens); an x4 matrix in a family without its x4 kernel (the row unpacked). */
     for (int j = j0; j < j1; j++) {
-        const uint8_t *wr = qtensor_row(w, j);
-        if (!k) { /* generic path: expand the row once for all tokens */
-            quant_dequantize(w->type, wr, scratch, (size_t)in);
-            wr = (const uint8_t *)scratch;
-        }
-        for (int t0 = 0; t0 < x->n; t0 += QK_GROUP) {
-            int nt = x->n - t0 < QK_GROUP ? x->n - t0 : QK_GROUP;
-            const void *xs[QK_GROUP];
-            float out[QK_GROUP];
-            act_rows(x, act, t0, nt, xs);
-            dot(wr, xs, nt, in, out);
-            for (int t = 0; t < nt; t++) y[(size_t)(t0 + t) * ldy + j] = out[t];
-        }
+        const uint8_t *wr = (const uint8_t *)scratch;
+        if (!k) qtensor_dequantize_rows(w, j, 1, scratch);
+        else if (w->packed) qtensor_row_bytes(w, j, (uint8_t *)scratch);
+        else wr = qtensor_row(w, j);
+        row_alone(f, k, wr, x, y, ldy, j);
     }
 }
 

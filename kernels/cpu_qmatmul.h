@@ -73,12 +73,22 @@ typedef void (*QkDotFn)(const uint8_t *wrow, const void *const *xs, int nt, int 
 typedef void (*QkTileFn)(const uint8_t *const *w, int ntiles, const void *const *xs, int nt,
                          int in, float *out, int ldo);
 
+/* The same over x4 tiles (common/quant.h, QTensor.packed): tiles points at the first of
+ * ntiles tiles (QK_ROWS rows each); out as QkTileFn. Each output is bitwise the tile
+ * kernel's for the same row, so packing changes the speed only. */
+typedef void (*QkPackedFn)(const uint8_t *tiles, int ntiles, const void *const *xs, int nt,
+                           int in, float *out, int ldo);
+
 typedef struct {
     uint32_t type; /* ggml type id */
     int act;       /* QK_ACT_*: the activation rows xs points to */
     QkDotFn dot;   /* one row at a time, or NULL when tile is given */
     QkTileFn tile;
     int group;     /* tokens per tile call, up to QK_GROUP_MAX (0: QK_GROUP) */
+    /* Optional (NULL: a packed matrix's rows are unpacked one at a time for dot or tile,
+     * the same bits, slowly): the kernel over x4 tiles, with tile's group. A family that
+     * has one for a type gets that type's matrices packed at load (qk_family_packs). */
+    QkPackedFn packed;
 } QkKernel;
 #define QK_GROUP_MAX 16
 
@@ -126,6 +136,9 @@ typedef struct {
     int n, in;
 } QkActs;
 
+/* 1 when f has an x4 kernel for `type` (QkKernel.packed): the CPU backend's loads pack
+ * such matrices (model_pack_x4). */
+int qk_family_packs(const QkFamily *f, uint32_t type);
 /* The activation form (QK_ACT_*) weight type `type` takes in family f. */
 int qk_wants_act(const QkFamily *f, uint32_t type);
 /* x (n, in), in % 32 == 0 -> dst (n, in/32). */

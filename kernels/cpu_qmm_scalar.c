@@ -119,15 +119,15 @@ QK_HOT static void dot_q5_1(const uint8_t *w, const void *const *xs, int nt, int
 }
 
 static const QkKernel kScalar[] = {
-    {QT_F32, 0, dot_f32, NULL, 0},
-    {QT_Q8_0, 1, dot_q8_0, NULL, 0},
-    {QT_Q4_0, 1, dot_q4_0, NULL, 0},
-    {QT_Q4_1, 1, dot_q4_1, NULL, 0},
-    {QT_Q5_0, 1, dot_q5_0, NULL, 0},
-    {QT_Q5_1, 1, dot_q5_1, NULL, 0},
-    {QT_Q4_K, 1, kq_dot_q4_K_scalar, NULL, 0},
-    {QT_Q5_K, 1, kq_dot_q5_K_scalar, NULL, 0},
-    {QT_Q6_K, 1, kq_dot_q6_K_scalar, NULL, 0},
+    {QT_F32, 0, dot_f32, NULL, 0, NULL},
+    {QT_Q8_0, 1, dot_q8_0, NULL, 0, NULL},
+    {QT_Q4_0, 1, dot_q4_0, NULL, 0, NULL},
+    {QT_Q4_1, 1, dot_q4_1, NULL, 0, NULL},
+    {QT_Q5_0, 1, dot_q5_0, NULL, 0, NULL},
+    {QT_Q5_1, 1, dot_q5_1, NULL, 0, NULL},
+    {QT_Q4_K, 1, kq_dot_q4_K_scalar, NULL, 0, NULL},
+    {QT_Q5_K, 1, kq_dot_q5_K_scalar, NULL, 0, NULL},
+    {QT_Q6_K, 1, kq_dot_q6_K_scalar, NULL, 0, NULL},
 };
 
 const QkFamily qk_family_scalar = {"scalar", kScalar, (int)(sizeof kScalar / sizeof kScalar[0]),

@@ -52,7 +52,7 @@ static QTensor kq_weights(uint32_t type, uint64_t seed, int rows, int cols, uint
             p[2 * k] = (uint8_t)h, p[2 * k + 1] = (uint8_t)(h >> 8);
         }
     }
-    return (QTensor){type, *buf, rows, cols, rb, 0};
+    return (QTensor){type, *buf, rows, cols, rb, 0, 0};
 }
 
 /* A random weight matrix of `type`. F32..Q5_1: a 1-layer typed test model's w_down (64,
@@ -187,7 +187,7 @@ START_TEST(test_kernels_q5_extremes) {
                 p[1] = 0x3c; /* d = 1.0 (f16), m = 0 */
                 memset(p + (one ? 4 : 2), r % 2 ? 0xff : 0x00, 4 + 16); /* qh and qs */
             }
-        QTensor t = {type, w, ROWS, IN, rb, 0};
+        QTensor t = {type, w, ROWS, IN, rb, 0, 0};
         float x[2 * IN], y[2 * ROWS], scratch[IN];
         for (int k = 0; k < IN; k++) x[k] = 1.0f, x[IN + k] = -1.0f;
         QkQ8 q8[2 * NB];
@@ -336,6 +336,111 @@ START_TEST(test_kernels_perm_rows) {
         free(scratch);
         tu_acts_free(&a);
         weights_free(&m, &buf);
+    }
+}
+END_TEST
+
+/* ---- x4 tiles (common/quant.h, QTensor.packed) ---- */
+
+static const uint32_t kX4Types[] = {QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1};
+#define N_X4 5
+
+/* (rows, cols) random blocks of 32 of `type` in *buf, d (and Q4_1/Q5_1's m) set to f16 in
+ * [2^-9, 2^-8) (m negative on odd blocks); every other byte is any byte. */
+static QTensor b32_weights(uint32_t type, uint64_t seed, int rows, int cols, uint8_t **buf) {
+    size_t be, bb;
+    ck_assert_int_eq(quant_type_geometry(type, &be, &bb), 0);
+    size_t rb = cols / be * bb, nblk = (size_t)rows * (cols / be);
+    Rng r;
+    rng_seed(&r, seed);
+    *buf = rs_xmalloc(rows * rb);
+    for (size_t i = 0; i < rows * rb; i++) (*buf)[i] = (uint8_t)rng_next(&r);
+    int has_m = type == QT_Q4_1 || type == QT_Q5_1;
+    for (size_t b = 0; b < nblk; b++)
+        for (int k = 0; k <= has_m; k++) {
+            uint16_t h = (uint16_t)(0x1800 | (rng_next(&r) & 0x3ff) | (k && b % 2 ? 0x8000 : 0));
+            (*buf)[b * bb + 2 * k] = (uint8_t)h, (*buf)[b * bb + 2 * k + 1] = (uint8_t)(h >> 8);
+        }
+    return (QTensor){type, *buf, rows, cols, rb, 0, 0};
+}
+
+/* w's rows in x4 tiles (rows % 4 == 0), into *buf. */
+static QTensor x4_copy(const QTensor *w, uint8_t **buf) {
+    *buf = rs_xmalloc((size_t)w->rows * w->row_bytes);
+    for (int t = 0; t < w->rows / 4; t++) {
+        const uint8_t *rows[4];
+        for (int r = 0; r < 4; r++) rows[r] = qtensor_row(w, 4 * t + r);
+        quant_x4_pack(w->type, (size_t)w->cols, rows, *buf + (size_t)t * 4 * w->row_bytes);
+    }
+    QTensor p = *w;
+    p.data = *buf;
+    p.packed = 1;
+    p.perm_hd = 0;
+    return p;
+}
+
+/* quant_x4_block reads back every block of every row after quant_x4_pack, for even and
+ * odd block counts (a last group of one block); the scales of a Q4_1 group are
+ * block-major at the tile's start (the layout the x86 kernels load as one vector). */
+START_TEST(test_x4_layout_round_trip) {
+    static const int nbs[] = {1, 2, 3, 18, 19};
+    for (int ti = 0; ti < N_X4; ti++)
+        for (int ni = 0; ni < 5; ni++) {
+            uint8_t *buf, blk[64], tile[4 * 19 * 34];
+            QTensor w = b32_weights(kX4Types[ti], 30 + ti, 4, 32 * nbs[ni], &buf);
+            const uint8_t *rows[4] = {buf, buf + w.row_bytes, buf + 2 * w.row_bytes,
+                                      buf + 3 * w.row_bytes};
+            size_t bb = w.row_bytes / (size_t)nbs[ni];
+            ck_assert(quant_x4_ok(w.type));
+            quant_x4_pack(w.type, (size_t)w.cols, rows, tile);
+            for (int r = 0; r < 4; r++)
+                for (int j = 0; j < nbs[ni]; j++) {
+                    quant_x4_block(w.type, (size_t)w.cols, tile, r, (size_t)j, blk);
+                    ck_assert_msg(memcmp(blk, rows[r] + j * bb, bb) == 0, "%s nb %d row %d block %d",
+                                  quant_type_name(w.type), nbs[ni], r, j);
+                }
+            if (w.type == QT_Q4_1 && nbs[ni] >= 2)
+                for (int k = 0; k < 8; k++) /* d of (block k / 4, row k % 4), then the m */
+                    ck_assert(!memcmp(tile + 2 * k, rows[k % 4] + (k / 4) * bb, 2) &&
+                              !memcmp(tile + 16 + 2 * k, rows[k % 4] + (k / 4) * bb + 2, 2));
+            free(buf);
+        }
+    ck_assert(!quant_x4_ok(QT_Q4_K) && !quant_x4_ok(QT_F16));
+}
+END_TEST
+
+/* An x4 copy of a matrix gives every row the bits the row layout gives, in every family
+ * (avx2 and avx512 through their x4 kernels, the others unpacking rows), for ranges that
+ * start and end inside tiles, more tiles than one kernel call takes (QK_CHUNK) and odd
+ * block counts. */
+START_TEST(test_kernels_x4_bitwise) {
+    const QkFamily *f = family(kFams[_i]);
+    if (!f) return;
+    static const int cols[] = {96, 576};
+    static const int cuts[] = {0, 3, 10, 64, 70, 72};
+    for (int ti = 0; ti < N_X4; ti++) {
+        int x86 = !strcmp(f->name, "avx2") || !strncmp(f->name, "avx512", 6);
+        ck_assert_int_eq(qk_family_packs(f, kX4Types[ti]), x86);
+        for (int ci = 0; ci < 2; ci++) {
+            uint8_t *buf, *pbuf;
+            QTensor w = b32_weights(kX4Types[ti], 40 + ti, 72, cols[ci], &buf);
+            QTensor p = x4_copy(&w, &pbuf);
+            int n = 6, in = w.cols, out = w.rows;
+            Rng r;
+            rng_seed(&r, 50 + ti);
+            float *x = rs_xmalloc(sizeof(float) * n * in), *scratch = rs_xmalloc(sizeof(float) * in);
+            float *y = rs_xmalloc(sizeof(float) * n * out), *yp = rs_xmalloc(sizeof(float) * n * out);
+            for (int i = 0; i < n * in; i++) x[i] = (float)(rng_uniform(&r) * 2 - 1);
+            QkActs a = tu_acts(x, n, in);
+            qk_matmul_rows(f, &w, &a, y, out, 0, out, scratch);
+            memset(yp, 0xff, sizeof(float) * n * out);
+            for (int c = 0; c + 1 < 6; c++) qk_matmul_rows(f, &p, &a, yp, out, cuts[c], cuts[c + 1], scratch);
+            for (int i = 0; i < n * out; i++)
+                ck_assert_msg(!memcmp(&y[i], &yp[i], sizeof(float)), "%s %s cols %d: token %d row %d: %.9g vs %.9g",
+                              f->name, quant_type_name(w.type), in, i / out, i % out, yp[i], y[i]);
+            free(x), free(scratch), free(y), free(yp), free(buf), free(pbuf);
+            tu_acts_free(&a);
+        }
     }
 }
 END_TEST
@@ -707,6 +812,51 @@ START_TEST(test_forward_batch_invariant_default) {
 }
 END_TEST
 
+/* Logits of every row of a 15-token prefill. */
+static float *prefill_logits(const Model *m, int threads) {
+    int V = m->cfg.vocab_size, toks[15], pos[15];
+    for (int i = 0; i < 15; i++) toks[i] = (int)((i * 7919u + 13) % (unsigned)V), pos[i] = i;
+    float *l = rs_xmalloc(sizeof(float) * 15 * V);
+    Backend *b = backend(m, threads);
+    RsErr e = {0};
+    ck_assert_int_eq(backend_forward(b, toks, pos, 15, NULL, pos, 15, l, &e), RS_OK);
+    backend_destroy(&b);
+    return l;
+}
+
+/* backend_model_load lays out the matrices the dispatched family has x4 kernels for
+ * (model_pack_x4), and the forward then gives the row layout's logits bit for bit at 1 and
+ * 2 threads, a tied head's embeddings read from x4 tiles included (the default model), and
+ * stays batch invariant. */
+START_TEST(test_forward_x4_same_bits) {
+    const char *paths[] = {"tests/fixtures/loader/tiny.gguf",
+                           "tests/fixtures/golden/llama_q4km/model.gguf", tu_default_model_path()};
+    Model *m = NULL, *p = NULL;
+    RsErr e = {0};
+    ck_assert_msg(model_load(paths[_i], &m, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(backend_model_load(&cpu_backend_ops, paths[_i], &p, &e) == RS_OK, "%s", e.msg);
+    const QkFamily *f = qk_family_pick(getenv("ROOTSPEC_CPU_KERNELS"), &e);
+    QTensor *w[MODEL_MAX_MATRICES(64)];
+    ck_assert_int_le(p->cfg.n_layers, 64);
+    int n = model_matrices(p, w), packed = 0, want = 0;
+    for (int i = 0; i < n; i++) {
+        packed += w[i]->packed;
+        want += w[i]->data && qk_family_packs(f, w[i]->type) && w[i]->rows % 4 == 0;
+    }
+    ck_assert_int_eq(packed, want);
+    if (_i == 2) ck_assert_int_ge(packed, 7 * p->cfg.n_layers); /* the default model's */
+    for (int th = 1; th <= 2; th++) {
+        float *l = prefill_logits(m, th), *lp = prefill_logits(p, th);
+        ck_assert_msg(!memcmp(l, lp, sizeof(float) * 15 * m->cfg.vocab_size),
+                      "%s, %d threads: x4 logits differ", paths[_i], th);
+        free(l), free(lp);
+    }
+    check_invariance(p, 2, 300 + _i);
+    model_destroy(&m);
+    model_destroy(&p);
+}
+END_TEST
+
 Suite *suite_cpu_kernels(void) {
     Suite *s = suite_create("cpu_kernels");
     TCase *tc = tcase_create("kernels");
@@ -715,6 +865,8 @@ Suite *suite_cpu_kernels(void) {
     tcase_add_loop_test(tc, test_kernels_wide_rows, 0, N_FAMS);
     tcase_add_loop_test(tc, test_kernels_q5_extremes, 0, N_FAMS);
     tcase_add_loop_test(tc, test_kernels_perm_rows, 0, N_FAMS);
+    tcase_add_test(tc, test_x4_layout_round_trip);
+    tcase_add_loop_test(tc, test_kernels_x4_bitwise, 0, N_FAMS);
     tcase_add_loop_test(tc, test_kernels_emu_bitwise_avx2, 0, 2);
     tcase_add_test(tc, test_family_pick);
     tcase_add_test(tc, test_threadpool_runs_every_worker);
@@ -730,6 +882,7 @@ Suite *suite_cpu_kernels(void) {
     TCase *td = tcase_create("default_model");
     tcase_set_timeout(td, 300);
     tcase_add_test(td, test_forward_batch_invariant_default);
+    tcase_add_loop_test(td, test_forward_x4_same_bits, 0, 3);
     suite_add_tcase(s, td);
     return s;
 }

@@ -1009,6 +1009,67 @@ START_TEST(test_make_resident) {
 }
 END_TEST
 
+static int want_all(uint32_t type, const void *ctx) {
+    (void)type, (void)ctx;
+    return 1;
+}
+
+static int want_none(uint32_t type, const void *ctx) {
+    (void)type, (void)ctx;
+    return 0;
+}
+
+/* model_pack_x4 rewrites every matrix of an x4 type with whole tiles (and GGUF heads) in
+ * place: each logical row reads back (qtensor_row_bytes, qtensor_dequantize_rows) as a
+ * second, unpacked load of the file has it, q/k rows in logical order; other types keep
+ * their bytes; tied embeddings stay tied; nothing happens before make_resident, for types
+ * the caller does not want, or a second time. tiny.gguf: Q8_0, Q4_0, Q4_1 of one and two
+ * blocks a row, GGUF q/k among them; the Q4_K_M fixture: Q5_0 q, Q5_1 gate. */
+START_TEST(test_pack_x4) {
+    static const char *paths[] = {"loader/tiny.gguf", "golden/llama_q4km/model.gguf"};
+    for (int pi = 0; pi < 2; pi++) {
+        Model *m = load_ok(tu_fixture(paths[pi])), *ref = load_ok(tu_fixture(paths[pi]));
+        QTensor *w[MODEL_MAX_MATRICES(8)], *rw[MODEL_MAX_MATRICES(8)];
+        ck_assert_int_le(m->cfg.n_layers, 8);
+        int n = model_matrices(m, w), perm = 0, packed = 0;
+        model_matrices(ref, rw);
+        RsErr e = {0};
+        ck_assert_int_eq(model_pack_x4(m, want_all, NULL), 0); /* not resident yet */
+        ck_assert_int_eq(model_make_resident(m, &e), RS_OK);
+        ck_assert_int_eq(model_pack_x4(m, want_none, NULL), 0);
+        int np = model_pack_x4(m, want_all, NULL);
+        ck_assert_int_eq(model_pack_x4(m, want_all, NULL), 0);
+        uint8_t *row = rs_xmalloc(4096), *rrow = rs_xmalloc(4096);
+        float *f = rs_xmalloc(sizeof(float) * 1024), *rf = rs_xmalloc(sizeof(float) * 1024);
+        for (int i = 0; i < n; i++) {
+            if (!w[i]->data) continue;
+            int x4 = quant_x4_ok(w[i]->type) && w[i]->rows % 4 == 0;
+            ck_assert_msg(w[i]->packed == x4, "%s matrix %d (%s): packed %d", paths[pi], i,
+                          quant_type_name(w[i]->type), w[i]->packed);
+            packed += x4;
+            perm += x4 && rw[i]->perm_hd;
+            ck_assert_int_eq(w[i]->perm_hd, x4 ? 0 : rw[i]->perm_hd);
+            ck_assert(w[i]->row_bytes <= 4096 && w[i]->cols <= 1024);
+            for (int j = 0; j < w[i]->rows; j++) {
+                qtensor_row_bytes(w[i], j, row);
+                ck_assert_msg(!memcmp(row, qtensor_row(rw[i], j), w[i]->row_bytes),
+                              "%s matrix %d row %d", paths[pi], i, j);
+                qtensor_dequantize_rows(w[i], j, 1, f);
+                qtensor_dequantize_rows(rw[i], j, 1, rf);
+                ck_assert(!memcmp(f, rf, sizeof(float) * w[i]->cols));
+            }
+        }
+        ck_assert_int_ge(np, 3);
+        ck_assert_int_ge(packed, np);
+        ck_assert_int_ge(perm, 1);
+        ck_assert_int_eq(m->w.wcls.data == m->w.tok_embeddings.data, m->cfg.tied_embeddings);
+        free(row), free(rrow), free(f), free(rf);
+        model_destroy(&m);
+        model_destroy(&ref);
+    }
+}
+END_TEST
+
 
 START_TEST(test_half_floats) {
     /* IEEE binary16 / bfloat16 reference values */
@@ -1047,6 +1108,7 @@ Suite *suite_loader(void) {
     tcase_add_test(fmt, test_hf_qwen2_qwen3);
     tcase_add_test(fmt, test_layer_view);
     tcase_add_test(fmt, test_make_resident);
+    tcase_add_test(fmt, test_pack_x4);
     tcase_add_test(bad, test_gguf_truncated);
     tcase_add_test(bad, test_gguf_refusals);
     tcase_add_test(bad, test_hf_refusals);
