@@ -29,18 +29,22 @@ typedef struct {
     const char *family;
     uint32_t types[N_ALL];
     int n_types, ns[8], n_ns, reps, mb, cols, hot_kb;
+    int x4; /* --layout: 1 x4 tiles where the family has them (the backend's), 0 rows */
     int attn[8], n_attn; /* --attn: cache lengths (then no matrix cases) */
 } Opts;
 
 static void usage(FILE *f) {
     fprintf(f, "usage: rootspec-kbench [--family NAME] [--types LIST] [--n LIST] [--reps K]\n"
-               "                       [--mb M] [--cols C]\n"
+               "                       [--mb M] [--cols C] [--layout rows|x4]\n"
                "  --family NAME  ref|scalar|avx2|avx512|amx (default: the best this CPU runs)\n"
                "  --types LIST   comma-separated ggml type names (default: all kernel types)\n"
                "  --n LIST       token counts (default 1,4,9,65)\n"
                "  --reps K       timed runs per case, the minimum is reported (default 9)\n"
                "  --mb M         weight MiB of the streamed matrix at n = 1 (default 64)\n"
                "  --hot-kb K     weight KiB of the cache-resident matrix (default 192: L2)\n"
+               "  --layout L     rows | x4: weights in rows or, for the types the family\n"
+               "                 has x4 kernels for, in tiles of 4 rows as the CPU backend\n"
+               "                 loads them (default x4)\n"
                "  --cols C       columns (input size; default 576, SmolLM2-135M's dim;\n"
                "                 rounded up to whole 256-blocks for the K-quants)\n"
                "  --attn LIST    instead: attention of one token over LIST cache entries\n"
@@ -73,7 +77,7 @@ static int parse_types(const char *opt, const char *v, Opts *o, RsErr *e) {
 }
 
 static int parse_opts(int argc, char **argv, Opts *o, RsErr *e) {
-    *o = (Opts){.reps = 9, .mb = 64, .cols = 576, .hot_kb = 192};
+    *o = (Opts){.reps = 9, .mb = 64, .cols = 576, .hot_kb = 192, .x4 = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -89,6 +93,11 @@ static int parse_opts(int argc, char **argv, Opts *o, RsErr *e) {
         else if (!strcmp(a, "--reps")) rc = cli_int(a, v, 1, 1000, &o->reps, e);
         else if (!strcmp(a, "--mb")) rc = cli_int(a, v, 1, 4096, &o->mb, e);
         else if (!strcmp(a, "--hot-kb")) rc = cli_int(a, v, 4, 65536, &o->hot_kb, e);
+        else if (!strcmp(a, "--layout")) {
+            if (strcmp(v, "x4") && strcmp(v, "rows"))
+                rc = rs_err(e, RS_EINVAL, "--layout %s: expected rows or x4", v);
+            o->x4 = !strcmp(v, "x4");
+        }
         else if (!strcmp(a, "--cols")) rc = cli_int(a, v, 256, 65536, &o->cols, e);
         else return rs_err(e, RS_EINVAL, "unknown option '%s' (see --help)", a);
         if (rc) return rc;
@@ -160,7 +169,7 @@ static Timing time_pass(const QkFamily *f, const QTensor *w, const QkActs *a, fl
 
 /* One (type, n) case: a matrix of about `bytes` weight bytes, n random activation rows. */
 static void run_case(const QkFamily *f, uint32_t type, int n, size_t bytes, int cols, int reps,
-                     int hot, Rng *r) {
+                     int hot, int x4, Rng *r) {
     size_t be, bb;
     RS_ASSERT(quant_type_geometry(type, &be, &bb) == 0);
     cols = (int)((cols + be - 1) / be * be); /* K-quants: whole 256-blocks */
@@ -170,7 +179,8 @@ static void run_case(const QkFamily *f, uint32_t type, int n, size_t bytes, int 
     uint8_t *data = rs_huge_alloc((size_t)rows * row_bytes); /* as model_make_resident */
     RS_ASSERT(data);
     fill_weights(type, data, (size_t)rows * row_bytes, r);
-    QTensor w = {type, data, rows, cols, row_bytes, 0};
+    QTensor w = {type, data, rows, cols, row_bytes, 0, 0};
+    if (x4 && qk_family_packs(f, type)) qtensor_pack_x4(&w); /* as the CPU backend's load */
     float *x = rs_xmalloc(sizeof(float) * n * cols), *y = rs_xmalloc(sizeof(float) * n * rows);
     float *scratch = rs_xmalloc(sizeof(float) * cols);
     QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * n * (cols / QK_BLOCK));
@@ -180,9 +190,9 @@ static void run_case(const QkFamily *f, uint32_t type, int n, size_t bytes, int 
     qk_acts_quantize(&a, qk_wants_act(f, type), q8, q8k);
     Timing t = time_pass(f, &w, &a, y, scratch, reps);
     double blocks = (double)rows * cols / QK_BLOCK * n, wbytes = (double)rows * row_bytes;
-    printf("kbench family=%s type=%s n=%d mode=%s rows=%d cols=%d ms=%.3f gbs=%.2f "
+    printf("kbench family=%s type=%s layout=%s n=%d mode=%s rows=%d cols=%d ms=%.3f gbs=%.2f "
            "gflops=%.2f ns_per_block=%.3f tsc_per_block=%.2f\n",
-           f->name, quant_type_name(type), n, hot ? "hot" : "stream", rows, cols,
+           f->name, quant_type_name(type), w.packed ? "x4" : "rows", n, hot ? "hot" : "stream", rows, cols,
            t.best_ns / 1e6, wbytes / t.best_ns, 2.0 * rows * cols * n / t.best_ns,
            t.best_ns / blocks, (double)t.best_tsc / blocks);
     fflush(stdout);
@@ -261,12 +271,12 @@ int main(int argc, char **argv) {
     for (int k = 0; k < o.n_attn; k++) run_attn(f, o.attn[k], o.reps, &r);
     if (o.n_attn) return 0;
     for (int ti = 0; ti < o.n_types; ti++) {
-        run_case(f, o.types[ti], 1, (size_t)o.hot_kb << 10, o.cols, o.reps * 20, 1, &r);
+        run_case(f, o.types[ti], 1, (size_t)o.hot_kb << 10, o.cols, o.reps * 20, 1, o.x4, &r);
         for (int k = 0; k < o.n_ns; k++) {
             int n = o.ns[k];
             size_t bytes = ((size_t)o.mb << 20) / (n < 4 ? 1 : (size_t)n / 4);
             if (bytes < ((size_t)2 << 20)) bytes = (size_t)2 << 20;
-            run_case(f, o.types[ti], n, bytes, o.cols, o.reps, 0, &r);
+            run_case(f, o.types[ti], n, bytes, o.cols, o.reps, 0, o.x4, &r);
         }
     }
     return 0;

@@ -107,11 +107,11 @@ int model_make_resident(Model *m, RsErr *e) {
 
 /* ---- the x4 layout (model_pack_x4) ---- */
 
-/* Packs t in place, G rows at a time through tmp (G * row_bytes): G = 4, or a GGUF head,
- * whose rows are interleaved within it (qtensor_row), so the tiles come out in logical
- * order. */
-static void pack_matrix(QTensor *t, uint8_t *tmp) {
+/* Packs t in place, G rows at a time through a copy: G = 4, or a GGUF head, whose rows
+ * are interleaved within it (qtensor_row), so the tiles come out in logical order. */
+static void pack_matrix(QTensor *t) {
     int G = t->perm_hd ? t->perm_hd : QUANT_X4_ROWS;
+    uint8_t *tmp = rs_xmalloc((size_t)G * t->row_bytes);
     uint8_t *base = (uint8_t *)(uintptr_t)t->data; /* the resident buffer: ours to rewrite */
     size_t rb = t->row_bytes;
     for (int g0 = 0; g0 < t->rows; g0 += G) {
@@ -124,6 +124,7 @@ static void pack_matrix(QTensor *t, uint8_t *tmp) {
             quant_x4_pack(t->type, (size_t)t->cols, rows, grp + (size_t)i * rb);
         }
     }
+    free(tmp);
     t->perm_hd = 0;
     t->packed = 1;
 }
@@ -133,25 +134,24 @@ static int packable(const QTensor *t) {
            t->perm_hd % QUANT_X4_ROWS == 0 && t->cols % 32 == 0;
 }
 
+int qtensor_pack_x4(QTensor *t) {
+    if (!packable(t)) return 0;
+    pack_matrix(t);
+    return 1;
+}
+
 int model_pack_x4(Model *m, int (*want)(uint32_t type, const void *ctx), const void *ctx) {
     if (m->is_view || !m->resident) return 0;
     QTensor **mats = rs_xmalloc(sizeof(QTensor *) * MODEL_MAX_MATRICES(m->cfg.n_layers));
     int n = model_matrices(m, mats), packed = 0;
-    size_t tmp_bytes = 0;
-    for (int i = 0; i < n; i++) {
-        size_t g = (size_t)(mats[i]->perm_hd ? mats[i]->perm_hd : QUANT_X4_ROWS);
-        if (g * mats[i]->row_bytes > tmp_bytes) tmp_bytes = g * mats[i]->row_bytes;
-    }
-    uint8_t *tmp = rs_xmalloc(tmp_bytes ? tmp_bytes : 1);
     for (int i = 0; i < n; i++) {
         QTensor *t = mats[i];
         const QTensor *twin = NULL; /* a tied head: the embeddings, already packed */
         for (int k = 0; k < i && !twin; k++)
             if (mats[k]->data == t->data && mats[k]->packed) twin = mats[k];
         if (twin) *t = *twin;
-        else if (packable(t) && want(t->type, ctx)) pack_matrix(t, tmp), packed++;
+        else if (packable(t) && want(t->type, ctx)) packed += qtensor_pack_x4(t);
     }
-    free(tmp);
     free(mats);
     return packed;
 }

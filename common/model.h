@@ -130,6 +130,11 @@ int model_make_resident(Model *m, RsErr *e);
  * Returns the number of matrices packed. */
 int model_pack_x4(Model *m, int (*want)(uint32_t type, const void *ctx), const void *ctx);
 
+/* t (in memory the caller may rewrite) into the x4 layout in place, as model_pack_x4
+ * does: 1, or 0 when t has no x4 layout, is packed already or its rows (or GGUF head size)
+ * are not a multiple of 4. */
+int qtensor_pack_x4(QTensor *t);
+
 /* A view on `parent` that runs only the listed layers (in that order) with the parent's
  * embeddings, final norm and head: the self-drafter. spec like "0-5,24-29".
  * The view borrows parent's memory: free it before the parent. */

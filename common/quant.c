@@ -203,10 +203,16 @@ void quant_dequantize(uint32_t type, const void *src, float *dst, size_t n) {
 
 /* ---- the x4 layout (quant.h) ---- */
 
-/* A block's fields in order: offset, size and whether it is a 2-byte scale (block-major in
- * a group) rather than quants (row-major). */
+/* How a block field lies in a group of h blocks of the 4 rows (X4_*: quant.h's layout). */
+enum {
+    X4_SCALE, /* 2 bytes: block-major, [block][row] */
+    X4_ROWS,  /* row-major, [row][block]: Q5's qh and qs */
+    X4_LANE4, /* 4-bit quants, lane-major (quant.h) */
+    X4_LANE8, /* 8-bit quants, lane-major */
+};
+
 typedef struct {
-    uint8_t off, size, scale;
+    uint8_t off, size, how;
 } X4Field;
 
 typedef struct {
@@ -216,11 +222,12 @@ typedef struct {
 } X4Layout;
 
 static int x4_layout(uint32_t type, X4Layout *L) {
-    static const X4Layout q4_0 = {2, 2, 18, {{0, 2, 1}, {2, 16, 0}}};
-    static const X4Layout q4_1 = {3, 2, 20, {{0, 2, 1}, {2, 2, 1}, {4, 16, 0}}};
-    static const X4Layout q5_0 = {3, 2, 22, {{0, 2, 1}, {2, 4, 0}, {6, 16, 0}}};
-    static const X4Layout q5_1 = {4, 2, 24, {{0, 2, 1}, {2, 2, 1}, {4, 4, 0}, {8, 16, 0}}};
-    static const X4Layout q8_0 = {2, 1, 34, {{0, 2, 1}, {2, 32, 0}}};
+    static const X4Layout q4_0 = {2, 2, 18, {{0, 2, X4_SCALE}, {2, 16, X4_LANE4}}};
+    static const X4Layout q4_1 = {3, 2, 20, {{0, 2, X4_SCALE}, {2, 2, X4_SCALE}, {4, 16, X4_LANE4}}};
+    static const X4Layout q5_0 = {3, 2, 22, {{0, 2, X4_SCALE}, {2, 4, X4_ROWS}, {6, 16, X4_ROWS}}};
+    static const X4Layout q5_1 = {
+        4, 2, 24, {{0, 2, X4_SCALE}, {2, 2, X4_SCALE}, {4, 4, X4_ROWS}, {8, 16, X4_ROWS}}};
+    static const X4Layout q8_0 = {2, 1, 34, {{0, 2, X4_SCALE}, {2, 32, X4_LANE8}}};
     switch (type) {
     case QT_Q4_0: *L = q4_0; return 1;
     case QT_Q4_1: *L = q4_1; return 1;
@@ -236,33 +243,72 @@ int quant_x4_ok(uint32_t type) {
     return x4_layout(type, &L);
 }
 
-/* Where field k of block j of row r lies in a tile: the group starts at 4 * (its first
- * block) * block_bytes; inside it the fields follow one another, each 4h entries. */
-static size_t x4_offset(const X4Layout *L, size_t nb, int k, int r, size_t j) {
+/* Where block j's group starts in a tile (*h: its block count, *i: j's place in it) and,
+ * inside the group, where field k starts: the fields follow one another, 4h entries
+ * each. */
+static size_t x4_field(const X4Layout *L, size_t nb, int k, size_t j, size_t *h, size_t *i) {
     size_t g0 = j / (size_t)L->group * (size_t)L->group;
-    size_t h = nb - g0 < (size_t)L->group ? nb - g0 : (size_t)L->group, i = j - g0;
+    *h = nb - g0 < (size_t)L->group ? nb - g0 : (size_t)L->group;
+    *i = j - g0;
     size_t off = QUANT_X4_ROWS * g0 * L->block_bytes;
-    for (int q = 0; q < k; q++) off += QUANT_X4_ROWS * h * L->f[q].size;
-    size_t slot = L->f[k].scale ? i * QUANT_X4_ROWS + (size_t)r : (size_t)r * h + i;
-    return off + slot * L->f[k].size;
+    for (int q = 0; q < k; q++) off += QUANT_X4_ROWS * *h * L->f[q].size;
+    return off;
+}
+
+/* A lane-major quant field of block i of a group of h, row r (quant.h): fld, the stored
+ * block's qs, to or from the group's field at g. Lane L = r + 4i (4-bit) or r + 4s (8-bit,
+ * half s) takes bytes 4L .. 4L + 3 of every vector, so the products of one vector's lane
+ * all belong to one (row, block) or (row, half block). */
+static void x4_lane(int how, size_t h, size_t i, int r, uint8_t *fld, uint8_t *g, int to_tile) {
+    if (how == X4_LANE8) {
+        for (int s = 0; s < 2; s++)
+            for (int k = 0; k < 4; k++) {
+                uint8_t *t = g + 32 * k + 4 * (r + 4 * s), *q = fld + 16 * s + 4 * k;
+                if (to_tile) memcpy(t, q, 4);
+                else memcpy(q, t, 4);
+            }
+        return;
+    }
+    for (int k = 0; k < 4; k++) /* elements 8k + c (low nibble), 8k + 4 + c (high) */
+        for (int c = 0; c < 4; c++) {
+            uint8_t *t = g + 16 * h * k + 4 * ((size_t)r + 4 * i) + c;
+            int e0 = 8 * k + c, e1 = e0 + 4; /* stored: byte e % 16, nibble e / 16 */
+            if (to_tile) {
+                int v0 = (fld[e0 % 16] >> (4 * (e0 / 16))) & 15, v1 = (fld[e1 % 16] >> (4 * (e1 / 16))) & 15;
+                *t = (uint8_t)(v0 | v1 << 4);
+            } else {
+                fld[e0 % 16] |= (uint8_t)((*t & 15) << (4 * (e0 / 16)));
+                fld[e1 % 16] |= (uint8_t)((*t >> 4) << (4 * (e1 / 16)));
+            }
+        }
+}
+
+/* Field k (at g in its group of h blocks) of the group's block i, row r, to or from the
+ * stored block blk (to_tile: blk -> g; else g -> blk, whose lane-major quant bytes the
+ * caller zeroed). */
+static void x4_move(const X4Field *f, uint8_t *g, size_t h, size_t i, int r, uint8_t *blk,
+                    int to_tile) {
+    uint8_t *fld = blk + f->off;
+    if (f->how == X4_LANE4 || f->how == X4_LANE8) {
+        x4_lane(f->how, h, i, r, fld, g, to_tile);
+        return;
+    }
+    size_t slot = f->how == X4_SCALE ? i * QUANT_X4_ROWS + (size_t)r : (size_t)r * h + i;
+    if (to_tile) memcpy(g + slot * f->size, fld, f->size);
+    else memcpy(fld, g + slot * f->size, f->size);
 }
 
 void quant_x4_pack(uint32_t type, size_t cols, const uint8_t *const *rows, uint8_t *tile) {
     X4Layout L;
     RS_ASSERT(x4_layout(type, &L) && cols % 32 == 0);
     size_t nb = cols / 32, G = (size_t)L.group;
-    uint8_t *dst = tile;
-    for (size_t g0 = 0; g0 < nb; g0 += G) { /* group by group, field by field (x4_offset) */
-        size_t h = nb - g0 < G ? nb - g0 : G;
-        for (int k = 0; k < L.n_fields; k++) {
-            size_t sz = L.f[k].size;
-            for (size_t s = 0; s < QUANT_X4_ROWS * h; s++) {
-                size_t r = L.f[k].scale ? s % QUANT_X4_ROWS : s / h;
-                size_t i = L.f[k].scale ? s / QUANT_X4_ROWS : s % h;
-                memcpy(dst, rows[r] + (g0 + i) * L.block_bytes + L.f[k].off, sz);
-                dst += sz;
-            }
-        }
+    for (size_t g0 = 0; g0 < nb; g0 += G) {
+        size_t h, i, off = x4_field(&L, nb, 0, g0, &h, &i);
+        for (int k = 0; k < L.n_fields; off += QUANT_X4_ROWS * h * L.f[k].size, k++)
+            for (i = 0; i < h; i++)
+                for (int r = 0; r < QUANT_X4_ROWS; r++)
+                    x4_move(&L.f[k], tile + off, h, i, r,
+                            (uint8_t *)(uintptr_t)(rows[r] + (g0 + i) * L.block_bytes), 1);
     }
 }
 
@@ -270,7 +316,10 @@ void quant_x4_block(uint32_t type, size_t cols, const uint8_t *tile, int r, size
                     uint8_t *out) {
     X4Layout L;
     RS_ASSERT(x4_layout(type, &L) && cols % 32 == 0 && r >= 0 && r < QUANT_X4_ROWS);
-    size_t nb = cols / 32;
-    for (int k = 0; k < L.n_fields; k++)
-        memcpy(out + L.f[k].off, tile + x4_offset(&L, nb, k, r, j), L.f[k].size);
+    size_t nb = cols / 32, h, i;
+    memset(out, 0, L.block_bytes);
+    for (int k = 0; k < L.n_fields; k++) {
+        size_t off = x4_field(&L, nb, k, j, &h, &i);
+        x4_move(&L.f[k], (uint8_t *)(uintptr_t)tile + off, h, i, r, out, 0);
+    }
 }

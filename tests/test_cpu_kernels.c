@@ -416,12 +416,12 @@ END_TEST
 START_TEST(test_kernels_x4_bitwise) {
     const QkFamily *f = family(kFams[_i]);
     if (!f) return;
-    static const int cols[] = {96, 576};
+    static const int cols[] = {96, 576, 4128}; /* 4128: 129 blocks, past QK_XPAIR_IN */
     static const int cuts[] = {0, 3, 10, 64, 70, 72};
     for (int ti = 0; ti < N_X4; ti++) {
         int x86 = !strcmp(f->name, "avx2") || !strncmp(f->name, "avx512", 6);
         ck_assert_int_eq(qk_family_packs(f, kX4Types[ti]), x86);
-        for (int ci = 0; ci < 2; ci++) {
+        for (int ci = 0; ci < 3; ci++) {
             uint8_t *buf, *pbuf;
             QTensor w = b32_weights(kX4Types[ti], 40 + ti, 72, cols[ci], &buf);
             QTensor p = x4_copy(&w, &pbuf);
