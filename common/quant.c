@@ -206,9 +206,9 @@ void quant_dequantize(uint32_t type, const void *src, float *dst, size_t n) {
 /* How a block field lies in a group of h blocks of the 4 rows (X4_*: quant.h's layout). */
 enum {
     X4_SCALE, /* 2 bytes: block-major, [block][row] */
-    X4_ROWS,  /* row-major, [row][block]: Q5's qh and qs */
     X4_LANE4, /* 4-bit quants, lane-major (quant.h) */
     X4_LANE8, /* 8-bit quants, lane-major */
+    X4_LANEH, /* Q5's fifth bits as bit planes of the lane-major nibbles */
 };
 
 typedef struct {
@@ -224,9 +224,9 @@ typedef struct {
 static int x4_layout(uint32_t type, X4Layout *L) {
     static const X4Layout q4_0 = {2, 2, 18, {{0, 2, X4_SCALE}, {2, 16, X4_LANE4}}};
     static const X4Layout q4_1 = {3, 2, 20, {{0, 2, X4_SCALE}, {2, 2, X4_SCALE}, {4, 16, X4_LANE4}}};
-    static const X4Layout q5_0 = {3, 2, 22, {{0, 2, X4_SCALE}, {2, 4, X4_ROWS}, {6, 16, X4_ROWS}}};
+    static const X4Layout q5_0 = {3, 2, 22, {{0, 2, X4_SCALE}, {2, 4, X4_LANEH}, {6, 16, X4_LANE4}}};
     static const X4Layout q5_1 = {
-        4, 2, 24, {{0, 2, X4_SCALE}, {2, 2, X4_SCALE}, {4, 4, X4_ROWS}, {8, 16, X4_ROWS}}};
+        4, 2, 24, {{0, 2, X4_SCALE}, {2, 2, X4_SCALE}, {4, 4, X4_LANEH}, {8, 16, X4_LANE4}}};
     static const X4Layout q8_0 = {2, 1, 34, {{0, 2, X4_SCALE}, {2, 32, X4_LANE8}}};
     switch (type) {
     case QT_Q4_0: *L = q4_0; return 1;
@@ -260,6 +260,22 @@ static size_t x4_field(const X4Layout *L, size_t nb, int k, size_t j, size_t *h,
  * half s) takes bytes 4L .. 4L + 3 of every vector, so the products of one vector's lane
  * all belong to one (row, block) or (row, half block). */
 static void x4_lane(int how, size_t h, size_t i, int r, uint8_t *fld, uint8_t *g, int to_tile) {
+    if (how == X4_LANEH) { /* byte 4L + c, bit v: the fifth bit of element 4v + c */
+        uint32_t qh = quant_le32(fld), back = 0;
+        for (int c = 0; c < 4; c++) {
+            uint8_t *t = g + 4 * ((size_t)r + 4 * i) + c;
+            if (to_tile) {
+                int byte = 0;
+                for (int v = 0; v < 8; v++) byte |= (int)((qh >> (4 * v + c)) & 1) << v;
+                *t = (uint8_t)byte;
+            } else {
+                for (int v = 0; v < 8; v++) back |= (uint32_t)((*t >> v) & 1) << (4 * v + c);
+            }
+        }
+        if (!to_tile)
+            for (int b = 0; b < 4; b++) fld[b] = (uint8_t)(back >> (8 * b));
+        return;
+    }
     if (how == X4_LANE8) {
         for (int s = 0; s < 2; s++)
             for (int k = 0; k < 4; k++) {
@@ -284,16 +300,16 @@ static void x4_lane(int how, size_t h, size_t i, int r, uint8_t *fld, uint8_t *g
 }
 
 /* Field k (at g in its group of h blocks) of the group's block i, row r, to or from the
- * stored block blk (to_tile: blk -> g; else g -> blk, whose lane-major quant bytes the
- * caller zeroed). */
+ * stored block blk (to_tile: blk -> g; else g -> blk, whose quant bytes the caller
+ * zeroed). */
 static void x4_move(const X4Field *f, uint8_t *g, size_t h, size_t i, int r, uint8_t *blk,
                     int to_tile) {
     uint8_t *fld = blk + f->off;
-    if (f->how == X4_LANE4 || f->how == X4_LANE8) {
+    if (f->how != X4_SCALE) {
         x4_lane(f->how, h, i, r, fld, g, to_tile);
         return;
     }
-    size_t slot = f->how == X4_SCALE ? i * QUANT_X4_ROWS + (size_t)r : (size_t)r * h + i;
+    size_t slot = i * QUANT_X4_ROWS + (size_t)r;
     if (to_tile) memcpy(g + slot * f->size, fld, f->size);
     else memcpy(fld, g + slot * f->size, f->size);
 }

@@ -64,18 +64,18 @@ void quant_dequantize(uint32_t type, const void *src, float *dst, size_t n);
 /* ---- the x4 layout: four rows interleaved (CPU kernels; QTensor.packed) ----
  * Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 rows can be stored four at a time in one "tile" of
  * exactly their bytes, laid out as the x86 tiles load them: one stream instead of four,
- * each step's scales in one vector and, for Q4_0/Q4_1/Q8_0, the quants ordered so that the
- * integer products land in the output lanes without a transpose. A tile holds groups of
- * blocks, in order: two blocks b, b + 1 for the Q4/Q5 types (an odd block count's last
- * group has one), one for Q8_0. A group of h blocks holds, field by field in the block's
- * order (4h entries each):
+ * each step's scales in one vector and the quants ordered so that the integer products
+ * land in the output lanes without a transpose. A tile holds groups of blocks, in order:
+ * two blocks b, b + 1 for the Q4/Q5 types (an odd block count's last group has one), one
+ * for Q8_0. A group of h blocks holds, field by field in the block's order (4h entries
+ * each):
  *   d (and m, Q4_1/Q5_1): the 2-byte fields block-major, [block][row], so a step's scales
  *       are one f16 vector;
- *   qh and qs of Q5_0/Q5_1: row-major, [row][block]: a row's quants of the group side by
- *       side;
- *   qs of Q4_0/Q4_1, lane-major: 4 vectors of 16h bytes; lane L = r + 4i (row r, the
- *       group's block i) is bytes 4L .. 4L + 3 of each, and byte 4L + c of vector k holds
- *       elements 8k + c (low nibble) and 8k + 4 + c (high nibble) of that block;
+ *   qs of Q4_0/Q4_1/Q5_0/Q5_1, lane-major: 4 vectors of 16h bytes; lane L = r + 4i (row
+ *       r, the group's block i) is bytes 4L .. 4L + 3 of each, and byte 4L + c of vector
+ *       k holds elements 8k + c (low nibble) and 8k + 4 + c (high nibble) of that block;
+ *   qh of Q5_0/Q5_1, bit planes of those: 16h bytes, bit v of byte 4L + c the fifth bit
+ *       of element 4v + c of lane L's block;
  *   qs of Q8_0, lane-major: 4 vectors of 32 bytes; lane L = r + 4s (row r, half s of the
  *       block), and byte 4L + c of vector k is element 16s + 4k + c.
  * Block j of row r reads back with quant_x4_block. */
