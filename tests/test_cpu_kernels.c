@@ -857,6 +857,24 @@ START_TEST(test_forward_x4_same_bits) {
 }
 END_TEST
 
+/* ROOTSPEC_CPU_PACK=0 keeps the file's rows; a value other than 0 or 1 fails the load
+ * with a message naming it. */
+START_TEST(test_pack_env) {
+    const char *path = "tests/fixtures/loader/tiny.gguf";
+    Model *m = NULL;
+    RsErr e = {0};
+    setenv("ROOTSPEC_CPU_PACK", "0", 1);
+    ck_assert_msg(backend_model_load(&cpu_backend_ops, path, &m, &e) == RS_OK, "%s", e.msg);
+    ck_assert(m->resident && !m->w.layers[0].w_up.packed && !m->w.wcls.packed);
+    model_destroy(&m);
+    setenv("ROOTSPEC_CPU_PACK", "yes", 1);
+    ck_assert_int_eq(backend_model_load(&cpu_backend_ops, path, &m, &e), RS_EINVAL);
+    ck_assert_ptr_null(m);
+    ck_assert_msg(strstr(e.msg, "ROOTSPEC_CPU_PACK=yes"), "%s", e.msg);
+    unsetenv("ROOTSPEC_CPU_PACK");
+}
+END_TEST
+
 Suite *suite_cpu_kernels(void) {
     Suite *s = suite_create("cpu_kernels");
     TCase *tc = tcase_create("kernels");
@@ -883,6 +901,7 @@ Suite *suite_cpu_kernels(void) {
     tcase_set_timeout(td, 300);
     tcase_add_test(td, test_forward_batch_invariant_default);
     tcase_add_loop_test(td, test_forward_x4_same_bits, 0, 3);
+    tcase_add_test(td, test_pack_env);
     suite_add_tcase(s, td);
     return s;
 }
