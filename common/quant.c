@@ -285,18 +285,18 @@ static void x4_lane(int how, size_t h, size_t i, int r, uint8_t *fld, uint8_t *g
             }
         return;
     }
+    uint8_t q[32]; /* the block's elements; stored: byte e % 16, nibble e / 16 */
+    uint8_t *lane = g + 4 * ((size_t)r + 4 * i);
+    if (to_tile)
+        for (int e = 0; e < 16; e++) q[e] = fld[e] & 15, q[e + 16] = fld[e] >> 4;
     for (int k = 0; k < 4; k++) /* elements 8k + c (low nibble), 8k + 4 + c (high) */
         for (int c = 0; c < 4; c++) {
-            uint8_t *t = g + 16 * h * k + 4 * ((size_t)r + 4 * i) + c;
-            int e0 = 8 * k + c, e1 = e0 + 4; /* stored: byte e % 16, nibble e / 16 */
-            if (to_tile) {
-                int v0 = (fld[e0 % 16] >> (4 * (e0 / 16))) & 15, v1 = (fld[e1 % 16] >> (4 * (e1 / 16))) & 15;
-                *t = (uint8_t)(v0 | v1 << 4);
-            } else {
-                fld[e0 % 16] |= (uint8_t)((*t & 15) << (4 * (e0 / 16)));
-                fld[e1 % 16] |= (uint8_t)((*t >> 4) << (4 * (e1 / 16)));
-            }
+            uint8_t *t = lane + 16 * h * (size_t)k + c;
+            if (to_tile) *t = (uint8_t)(q[8 * k + c] | q[8 * k + 4 + c] << 4);
+            else q[8 * k + c] = *t & 15, q[8 * k + 4 + c] = *t >> 4;
         }
+    if (!to_tile)
+        for (int e = 0; e < 16; e++) fld[e] = (uint8_t)(q[e] | q[e + 16] << 4);
 }
 
 /* Field k (at g in its group of h blocks) of the group's block i, row r, to or from the
