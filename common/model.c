@@ -150,7 +150,7 @@ int model_pack_x4(Model *m, int (*want)(uint32_t type, const void *ctx), const v
         for (int k = 0; k < i && !twin; k++)
             if (mats[k]->data == t->data && mats[k]->packed) twin = mats[k];
         if (twin) *t = *twin;
-        else if (packable(t) && want(t->type, ctx)) packed += qtensor_pack_x4(t);
+        else if (want(t->type, ctx)) packed += qtensor_pack_x4(t);
     }
     free(mats);
     return packed;

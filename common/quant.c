@@ -319,9 +319,9 @@ void quant_x4_pack(uint32_t type, size_t cols, const uint8_t *const *rows, uint8
     RS_ASSERT(x4_layout(type, &L) && cols % 32 == 0);
     size_t nb = cols / 32, G = (size_t)L.group;
     for (size_t g0 = 0; g0 < nb; g0 += G) {
-        size_t h, i, off = x4_field(&L, nb, 0, g0, &h, &i);
+        size_t h, first, off = x4_field(&L, nb, 0, g0, &h, &first); /* first: 0 */
         for (int k = 0; k < L.n_fields; off += QUANT_X4_ROWS * h * L.f[k].size, k++)
-            for (i = 0; i < h; i++)
+            for (size_t i = 0; i < h; i++)
                 for (int r = 0; r < QUANT_X4_ROWS; r++)
                     x4_move(&L.f[k], tile + off, h, i, r,
                             (uint8_t *)(uintptr_t)(rows[r] + (g0 + i) * L.block_bytes), 1);
