@@ -131,7 +131,7 @@ static void pack_matrix(QTensor *t) {
 
 static int packable(const QTensor *t) {
     return t->data && !t->packed && quant_x4_ok(t->type) && t->rows % QUANT_X4_ROWS == 0 &&
-           t->perm_hd % QUANT_X4_ROWS == 0 && t->cols % 32 == 0;
+           t->perm_hd % QUANT_X4_ROWS == 0;
 }
 
 int qtensor_pack_x4(QTensor *t) {
@@ -265,8 +265,9 @@ void qtensor_row_bytes(const QTensor *t, int j, uint8_t *dst) {
         memcpy(dst, qtensor_row(t, j), t->row_bytes);
         return;
     }
-    size_t nb = (size_t)t->cols / 32, bb = t->row_bytes / nb;
-    for (size_t k = 0; k < nb; k++)
+    size_t be, bb;
+    RS_ASSERT(quant_type_geometry(t->type, &be, &bb) == 0);
+    for (size_t k = 0; k < (size_t)t->cols / be; k++)
         quant_x4_block(t->type, (size_t)t->cols, x4_tile(t, j), j % QUANT_X4_ROWS, k, dst + k * bb);
 }
 
@@ -278,11 +279,13 @@ void qtensor_dequantize_rows(const QTensor *t, int r0, int n, float *dst) {
             quant_dequantize(t->type, qtensor_row(t, r0 + i), y, (size_t)t->cols);
             continue;
         }
-        uint8_t blk[64]; /* one block of an x4 type (34 bytes at most) */
-        for (size_t k = 0; k < (size_t)t->cols / 32; k++) {
+        uint8_t blk[256]; /* one block of an x4 type (210 bytes at most) */
+        size_t be, bb;
+        RS_ASSERT(quant_type_geometry(t->type, &be, &bb) == 0 && bb <= sizeof blk);
+        for (size_t k = 0; k < (size_t)t->cols / be; k++) {
             quant_x4_block(t->type, (size_t)t->cols, x4_tile(t, r0 + i), (r0 + i) % QUANT_X4_ROWS,
                            k, blk);
-            quant_dequantize(t->type, blk, y + 32 * k, 32);
+            quant_dequantize(t->type, blk, y + be * k, be);
         }
     }
 }

@@ -238,9 +238,11 @@ static int x4_layout(uint32_t type, X4Layout *L) {
     }
 }
 
+static int is_k(uint32_t type) { return type == QT_Q4_K || type == QT_Q5_K || type == QT_Q6_K; }
+
 int quant_x4_ok(uint32_t type) {
     X4Layout L;
-    return x4_layout(type, &L);
+    return is_k(type) || x4_layout(type, &L);
 }
 
 /* Where block j's group starts in a tile (*h: its block count, *i: j's place in it) and,
@@ -314,8 +316,160 @@ static void x4_move(const X4Field *f, uint8_t *g, size_t h, size_t i, int r, uin
     else memcpy(fld, g + slot * f->size, f->size);
 }
 
+/* ---- the x4 layout of the K-quants (quant.h) ----
+ * A super-block's fields as plain values: the f16 scales' bytes, the sub-block scales
+ * (Q4_K / Q5_K: sc[0..8) and the minimums at sc[8..16), 6 bits each; Q6_K: 16 i8) and the
+ * 256 unsigned quants (Q4_K 4 bits, Q5_K 5, Q6_K 6). */
+typedef struct {
+    uint8_t d[2], dmin[2];
+    uint8_t sc[16];
+    uint8_t q[QK_K];
+} KVals;
+
+/* A stored super-block (ggml's dequantize_row_q*_K order) as values. */
+static void k_decode(uint32_t type, const uint8_t *b, KVals *v) {
+    if (type == QT_Q6_K) { /* element 128h + 32k + l: ql[64h + l + 32(k & 1)] nibble k >> 1, qh[32h + l] bits 2k */
+        for (int e = 0; e < QK_K; e++) {
+            int h = e / 128, k = e % 128 / 32, l = e % 32;
+            v->q[e] = (uint8_t)(((b[64 * h + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15) |
+                                ((b[128 + 32 * h + l] >> (2 * k)) & 3) << 4);
+        }
+        memcpy(v->sc, b + 192, 16);
+        memcpy(v->d, b + 208, 2);
+        return;
+    }
+    int five = type == QT_Q5_K;
+    const uint8_t *qs = b + (five ? 48 : 16);
+    memcpy(v->d, b, 2);
+    memcpy(v->dmin, b + 2, 2);
+    for (int j = 0; j < 8; j++) quant_k4_scale_min(j, b + 4, &v->sc[j], &v->sc[8 + j]);
+    for (int e = 0; e < QK_K; e++) { /* sub-block j = e / 32: pair j / 2, nibble j & 1 */
+        int j = e / 32, i = e % 32;
+        v->q[e] = (uint8_t)((qs[32 * (j / 2) + i] >> (4 * (j & 1))) & 15);
+        if (five) v->q[e] |= (uint8_t)(((b[16 + i] >> j) & 1) << 4);
+    }
+}
+
+/* k_decode's inverse. */
+static void k_encode(uint32_t type, const KVals *v, uint8_t *b) {
+    if (type == QT_Q6_K) {
+        memset(b, 0, 192);
+        for (int e = 0; e < QK_K; e++) {
+            int h = e / 128, k = e % 128 / 32, l = e % 32;
+            b[64 * h + l + 32 * (k & 1)] |= (uint8_t)((v->q[e] & 15) << (4 * (k >> 1)));
+            b[128 + 32 * h + l] |= (uint8_t)((v->q[e] >> 4) << (2 * k));
+        }
+        memcpy(b + 192, v->sc, 16);
+        memcpy(b + 208, v->d, 2);
+        return;
+    }
+    int five = type == QT_Q5_K;
+    uint8_t *qs = b + (five ? 48 : 16), *s = b + 4;
+    memcpy(b, v->d, 2);
+    memcpy(b + 2, v->dmin, 2);
+    for (int j = 0; j < 4; j++) { /* quant_k4_scale_min's inverse */
+        s[j] = (uint8_t)(v->sc[j] | (v->sc[j + 4] >> 4) << 6);
+        s[j + 4] = (uint8_t)(v->sc[8 + j] | (v->sc[12 + j] >> 4) << 6);
+        s[j + 8] = (uint8_t)((v->sc[j + 4] & 15) | (v->sc[12 + j] & 15) << 4);
+    }
+    memset(qs, 0, 128);
+    if (five) memset(b + 16, 0, 32);
+    for (int e = 0; e < QK_K; e++) {
+        int j = e / 32, i = e % 32;
+        qs[32 * (j / 2) + i] |= (uint8_t)((v->q[e] & 15) << (4 * (j & 1)));
+        if (five) b[16 + i] |= (uint8_t)(((v->q[e] >> 4) & 1) << j);
+    }
+}
+
+/* Bits [sh, sh + n) of *p set to *val (to_tile) or read into *val. */
+static void k_bits(uint8_t *p, int sh, int n, uint8_t *val, int to_tile) {
+    uint8_t m = (uint8_t)(((1 << n) - 1) << sh);
+    if (to_tile) *p = (uint8_t)((*p & ~m) | ((*val << sh) & m));
+    else *val = (uint8_t)((*p & m) >> sh);
+}
+
+/* Row r's quants in a tile super-block's lane-major fields (quant.h): the low nibbles at
+ * nib, the bits above them at hi (Q5_K: planes of one bit, Q6_K: of two; NULL: none). */
+static void k_lanes(uint32_t type, uint8_t *nib, uint8_t *hi, int r, KVals *v, int to_tile) {
+    for (int e = 0; e < QK_K; e++) {
+        int g = e / 64, i = e % 64 / 32, c = e % 4, vec = e % 32 / 4, L = r + 4 * i;
+        uint8_t lo = v->q[e] & 15, up = v->q[e] >> 4;
+        k_bits(nib + 128 * g + 32 * (vec / 2) + 4 * L + c, 4 * (vec & 1), 4, &lo, to_tile);
+        if (type == QT_Q5_K) k_bits(hi + 32 * g + 4 * L + c, vec, 1, &up, to_tile);
+        if (type == QT_Q6_K) k_bits(hi + 64 * g + 32 * (vec / 4) + 4 * L + c, 2 * (vec % 4), 2, &up, to_tile);
+        if (!to_tile) v->q[e] = (uint8_t)(lo | up << 4);
+    }
+}
+
+/* Row r's sub-block scales in a tile super-block: Q6_K's i8 at sp, [pair][32-block of
+ * it][16-block of that][row]; Q4_K / Q5_K's 6-bit ones as 32 bytes of low nibbles and 16
+ * of the top two bits (quant.h). */
+static void k_scales(uint32_t type, uint8_t *sp, int r, KVals *v, int to_tile) {
+    if (type == QT_Q6_K) {
+        for (int j = 0; j < 16; j++) { /* 16-block j: 32-block j / 2 = 2p + half, sub j & 1 */
+            int b32 = j / 2, p = b32 / 2, half = b32 % 2;
+            uint8_t *q = sp + 16 * p + 8 * half + 4 * (j & 1) + r;
+            if (to_tile) *q = v->sc[j];
+            else v->sc[j] = *q;
+        }
+        return;
+    }
+    for (int k = 0; k < 32; k++) {
+        int srow = k % 4, sj = 2 * (k % 16 / 4) + k / 16;                          /* scale */
+        int L = k % 16 / 2, mrow = L % 4, mj = 4 * (k / 16) + 2 * (L / 4) + k % 2; /* minimum */
+        uint8_t *hb = sp + 32 + k % 16;
+        int up = k / 16 ? 2 : 0;
+        if (srow == r) {
+            uint8_t lo = v->sc[sj] & 15, top = v->sc[sj] >> 4;
+            k_bits(sp + k, 0, 4, &lo, to_tile);
+            k_bits(hb, up, 2, &top, to_tile);
+            if (!to_tile) v->sc[sj] = (uint8_t)(lo | top << 4);
+        }
+        if (mrow == r) {
+            uint8_t lo = v->sc[8 + mj] & 15, top = v->sc[8 + mj] >> 4;
+            k_bits(sp + k, 4, 4, &lo, to_tile);
+            k_bits(hb, 4 + up, 2, &top, to_tile);
+            if (!to_tile) v->sc[8 + mj] = (uint8_t)(lo | top << 4);
+        }
+    }
+}
+
+/* Row r of tile super-block s to or from v. */
+static void k_place(uint32_t type, uint8_t *s, int r, KVals *v, int to_tile) {
+    uint8_t *d = s + 2 * r;
+    if (to_tile) memcpy(d, v->d, 2);
+    else memcpy(v->d, d, 2);
+    if (type == QT_Q6_K) {
+        k_scales(type, s + 8, r, v, to_tile);
+        k_lanes(type, s + 72, s + 584, r, v, to_tile);
+        return;
+    }
+    if (to_tile) memcpy(s + 8 + 2 * r, v->dmin, 2);
+    else memcpy(v->dmin, s + 8 + 2 * r, 2);
+    k_scales(type, s + 16, r, v, to_tile);
+    int five = type == QT_Q5_K;
+    k_lanes(type, s + 64 + (five ? 128 : 0), five ? s + 64 : NULL, r, v, to_tile);
+}
+
+static size_t k_bytes(uint32_t type) {
+    return type == QT_Q4_K ? QK4_K_BYTES : type == QT_Q5_K ? QK5_K_BYTES : QK6_K_BYTES;
+}
+
 void quant_x4_pack(uint32_t type, size_t cols, const uint8_t *const *rows, uint8_t *tile) {
     X4Layout L;
+    if (is_k(type)) {
+        RS_ASSERT(cols % QK_K == 0);
+        size_t sb = QUANT_X4_ROWS * k_bytes(type);
+        for (size_t j = 0; j < cols / QK_K; j++) {
+            memset(tile + j * sb, 0, sb);
+            for (int r = 0; r < QUANT_X4_ROWS; r++) {
+                KVals v;
+                k_decode(type, rows[r] + j * k_bytes(type), &v);
+                k_place(type, tile + j * sb, r, &v, 1);
+            }
+        }
+        return;
+    }
     RS_ASSERT(x4_layout(type, &L) && cols % 32 == 0);
     size_t nb = cols / 32, G = (size_t)L.group;
     for (size_t g0 = 0; g0 < nb; g0 += G) {
@@ -331,6 +485,13 @@ void quant_x4_pack(uint32_t type, size_t cols, const uint8_t *const *rows, uint8
 void quant_x4_block(uint32_t type, size_t cols, const uint8_t *tile, int r, size_t j,
                     uint8_t *out) {
     X4Layout L;
+    if (is_k(type)) {
+        RS_ASSERT(cols % QK_K == 0 && j < cols / QK_K && r >= 0 && r < QUANT_X4_ROWS);
+        KVals v = {0};
+        k_place(type, (uint8_t *)(uintptr_t)tile + j * QUANT_X4_ROWS * k_bytes(type), r, &v, 0);
+        k_encode(type, &v, out);
+        return;
+    }
     RS_ASSERT(x4_layout(type, &L) && cols % 32 == 0 && r >= 0 && r < QUANT_X4_ROWS);
     size_t nb = cols / 32, h, i;
     memset(out, 0, L.block_bytes);

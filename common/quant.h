@@ -62,7 +62,7 @@ static inline void quant_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint
 void quant_dequantize(uint32_t type, const void *src, float *dst, size_t n);
 
 /* ---- the x4 layout: four rows interleaved (CPU kernels; QTensor.packed) ----
- * Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 rows can be stored four at a time in one "tile" of
+ * Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants' rows can be stored four at a time in one "tile" of
  * exactly their bytes, laid out as the x86 tiles load them: one stream instead of four,
  * each step's scales in one vector and the quants ordered so that the integer products
  * land in the output lanes without a transpose. A tile holds groups of blocks, in order:
@@ -78,11 +78,25 @@ void quant_dequantize(uint32_t type, const void *src, float *dst, size_t n);
  *       of element 4v + c of lane L's block;
  *   qs of Q8_0, lane-major: 4 vectors of 32 bytes; lane L = r + 4s (row r, half s of the
  *       block), and byte 4L + c of vector k is element 16s + 4k + c.
- * Block j of row r reads back with quant_x4_block. */
+ * The K-quants' tiles hold super-blocks, one after the other (4 * the block bytes each),
+ * whose quants are lane-major as Q4_1's, sub-blocks of 32 taken in pairs (Q6_K: its
+ * 16-blocks four at a time): pair p holds the 32-blocks 2p and 2p + 1 of the 4 rows, lane
+ * L = r + 4i (block 2p + i), byte 4L + c of vector k = elements 8k + c (low nibble) and
+ * 8k + 4 + c (high); vector v (0..7) of a pair is vector v / 2's low or high nibbles. A
+ * Q4_K / Q5_K super-block: d [row], dmin [row] (f16), then the 6-bit scales and minimums
+ * as 32 bytes of low four bits (scale of (row k % 4, sub-block 2 (k % 16 / 4) + k / 16) in
+ * byte k's low nibble, minimum of (row L % 4, sub-block 4 (k / 16) + 2 (L / 4) + k % 2),
+ * L = k % 16 / 2, in its high one) and 16 of their top two bits (byte k % 16, bits 0-1 /
+ * 2-3 for the scale of byte k < 16 / >= 16, 4-5 / 6-7 for the minimum), Q5_K's fifth bits
+ * as bit planes (32 bytes a pair: bit v of byte 4L + c = vector v's), the 4-bit quants
+ * (128 bytes a pair). A Q6_K super-block: d [row], the i8 scales (16 bytes a pair:
+ * [32-block i][16-block of it][row]), the low four bits (128 bytes a pair), the top two
+ * (64 bytes a pair: bits 2k of byte 32a + 4L + c = vector 4a + k's).
+ * Block j (super-block j of a K-quant) of row r reads back with quant_x4_block. */
 #define QUANT_X4_ROWS 4
 /* 1 if `type` has the x4 layout. */
 int quant_x4_ok(uint32_t type);
-/* Packs 4 rows of `cols` elements (rows[r]: stored row r, cols a multiple of 32) into tile
+/* Packs 4 rows of `cols` elements (rows[r]: stored row r, cols a multiple of the block) into tile
  * (4 * the row bytes); tile must not overlap the rows. */
 void quant_x4_pack(uint32_t type, size_t cols, const uint8_t *const *rows, uint8_t *tile);
 /* Block j of row r (< QUANT_X4_ROWS) of a tile, as stored in a plain row, into out (the

@@ -405,25 +405,60 @@ START_TEST(test_x4_layout_round_trip) {
                               !memcmp(tile + 16 + 2 * k, rows[k % 4] + (k / 4) * bb + 2, 2));
             free(buf);
         }
-    ck_assert(!quant_x4_ok(QT_Q4_K) && !quant_x4_ok(QT_F16));
+    ck_assert(!quant_x4_ok(QT_F16) && !quant_x4_ok(QT_BF16) && !quant_x4_ok(QT_F32));
+}
+END_TEST
+
+/* The same for the K-quants' super-blocks (any bytes are a valid block: random rows), and
+ * the Q4_K layout literally at three places: the f16 scales, one 6-bit scale's low nibble,
+ * one quant. */
+START_TEST(test_x4_layout_round_trip_k) {
+    for (uint32_t type = QT_Q4_K; type <= QT_Q6_K; type++)
+        for (int nsb = 1; nsb <= 3; nsb++) {
+            uint8_t *buf, blk[256], tile[4 * 3 * 210];
+            QTensor w = kq_weights(type, 60 + type, 4, 256 * nsb, &buf);
+            const uint8_t *rows[4] = {buf, buf + w.row_bytes, buf + 2 * w.row_bytes,
+                                      buf + 3 * w.row_bytes};
+            size_t bb = w.row_bytes / (size_t)nsb;
+            ck_assert(quant_x4_ok(type));
+            quant_x4_pack(type, (size_t)w.cols, rows, tile);
+            for (int r = 0; r < 4; r++)
+                for (int j = 0; j < nsb; j++) {
+                    quant_x4_block(type, (size_t)w.cols, tile, r, (size_t)j, blk);
+                    ck_assert_msg(memcmp(blk, rows[r] + j * bb, bb) == 0, "%s nsb %d row %d block %d",
+                                  quant_type_name(type), nsb, r, j);
+                }
+            if (type == QT_Q4_K) {
+                uint8_t sc, m;
+                quant_k4_scale_min(2, rows[1] + 4, &sc, &m);
+                ck_assert(!memcmp(tile, rows[0], 2) && !memcmp(tile + 6, rows[3], 2)); /* d */
+                ck_assert(!memcmp(tile + 8, rows[0] + 2, 2)); /* dmin */
+                ck_assert_int_eq(tile[16 + 5] & 15, sc & 15); /* k = 5: row 1, sub-block 2 */
+                ck_assert_int_eq(tile[64 + 8] & 15, rows[2][16] & 15); /* row 2, element 0 */
+            }
+            free(buf);
+        }
 }
 END_TEST
 
 /* An x4 copy of a matrix gives every row the bits the row layout gives, in every family
  * (avx2 and avx512 through their x4 kernels, the others unpacking rows), for ranges that
- * start and end inside tiles, more tiles than one kernel call takes (QK_CHUNK) and odd
- * block counts. */
+ * start and end inside tiles, more tiles than one kernel call takes (QK_CHUNK), odd
+ * block counts and K-quant rows longer than one span of laid-out tokens (QK_KL_SB). */
 START_TEST(test_kernels_x4_bitwise) {
     const QkFamily *f = family(kFams[_i]);
     if (!f) return;
     static const int cols[] = {96, 576, 4128}; /* 4128: 129 blocks, past QK_XPAIR_IN */
+    static const int kcols[] = {256, 768, 4352}; /* 4352: 17 super-blocks, past QK_KL_SB */
     static const int cuts[] = {0, 3, 10, 64, 70, 72};
-    for (int ti = 0; ti < N_X4; ti++) {
-        int x86 = !strcmp(f->name, "avx2") || !strncmp(f->name, "avx512", 6);
-        ck_assert_int_eq(qk_family_packs(f, kX4Types[ti]), x86);
+    static const uint32_t types[] = {QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q4_K, QT_Q5_K, QT_Q6_K};
+    for (int ti = 0; ti < 8; ti++) {
+        int x86 = !strcmp(f->name, "avx2") || !strncmp(f->name, "avx512", 6), k = ti >= N_X4;
+        ck_assert_int_eq(qk_family_packs(f, types[ti]), x86);
         for (int ci = 0; ci < 3; ci++) {
             uint8_t *buf, *pbuf;
-            QTensor w = b32_weights(kX4Types[ti], 40 + ti, 72, cols[ci], &buf);
+            QTensor w = k ? kq_weights(types[ti], 40 + ti, 72, kcols[ci], &buf)
+                          : b32_weights(types[ti], 40 + ti, 72, cols[ci], &buf);
             QTensor p = x4_copy(&w, &pbuf);
             int n = 6, in = w.cols, out = w.rows;
             Rng r;
@@ -884,6 +919,7 @@ Suite *suite_cpu_kernels(void) {
     tcase_add_loop_test(tc, test_kernels_q5_extremes, 0, N_FAMS);
     tcase_add_loop_test(tc, test_kernels_perm_rows, 0, N_FAMS);
     tcase_add_test(tc, test_x4_layout_round_trip);
+    tcase_add_test(tc, test_x4_layout_round_trip_k);
     tcase_add_loop_test(tc, test_kernels_x4_bitwise, 0, N_FAMS);
     tcase_add_loop_test(tc, test_kernels_emu_bitwise_avx2, 0, 2);
     tcase_add_test(tc, test_family_pick);
