@@ -147,7 +147,9 @@ typedef struct {
 static Timing time_pass(const QkFamily *f, const QTensor *w, const QkActs *a, float *y,
                         float *scratch, int reps) {
     int chunk = (int)(((size_t)1 << 20) / w->row_bytes / (size_t)a->n) & ~7;
-    if (chunk < 8) chunk = 8;
+    /* at least the rows of one kernel call, as the backend's regions give (a call lays
+     * out its tokens once for all its tiles) */
+    if (chunk < QK_CHUNK * QK_ROWS) chunk = QK_CHUNK * QK_ROWS;
     int nc = (w->rows + chunk - 1) / chunk;
     double *ns = rs_xmalloc(sizeof(double) * nc);
     uint64_t *tsc = rs_xmalloc(sizeof(uint64_t) * nc);
