@@ -442,7 +442,8 @@ START_TEST(test_x4_layout_round_trip_k) {
 END_TEST
 
 /* An x4 copy of a matrix gives every row the bits the row layout gives, in every family
- * (avx2 and avx512 through their x4 kernels, the others unpacking rows), for ranges that
+ * (avx2, avx512 and amx through their x4 kernels, amx's AMX tiles for the 6 tokens; ref
+ * and scalar unpacking rows), for ranges that
  * start and end inside tiles, more tiles than one kernel call takes (QK_CHUNK), odd
  * block counts and K-quant rows longer than one span of laid-out tokens (QK_KL_SB). */
 START_TEST(test_kernels_x4_bitwise) {
@@ -453,7 +454,8 @@ START_TEST(test_kernels_x4_bitwise) {
     static const int cuts[] = {0, 3, 10, 64, 70, 72};
     static const uint32_t types[] = {QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q4_K, QT_Q5_K, QT_Q6_K};
     for (int ti = 0; ti < 8; ti++) {
-        int x86 = !strcmp(f->name, "avx2") || !strncmp(f->name, "avx512", 6), k = ti >= N_X4;
+        int x86 = !strcmp(f->name, "avx2") || !strncmp(f->name, "avx512", 6) || !strncmp(f->name, "amx", 3);
+        int k = ti >= N_X4;
         ck_assert_int_eq(qk_family_packs(f, types[ti]), x86);
         for (int ci = 0; ci < 3; ci++) {
             uint8_t *buf, *pbuf;
