@@ -467,6 +467,9 @@ static int dec_pool(Rd *r, ProtoMsg *out) {
     if (nf == 11) {
         if (rd_u64(r, "draft_host_ns", -1, 0, UINT64_MAX, &p->draft_host_ns)) return -1;
         if (rd_u64(r, "draft_rows", -1, 0, INT32_MAX, &v)) return -1;
+        /* sent only with rows to report: 0 here would not survive a re-encoding */
+        if (v == 0) return rd_fail(r, RS_EPROTO, "draft_rows is 0 in an 11-field POOL (the "
+                                                 "optional fields come only when it is > 0)");
         p->draft_rows = (int)v;
     }
     p->n = (int)n;
