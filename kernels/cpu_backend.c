@@ -159,7 +159,8 @@ static void mm_run(CpuBackend *b, MmJob *j, int r0, int r1) {
     int c = region_chunks(b, r1 - r0);
     size_t bytes = (size_t)(r1 - r0) * j->w[0]->row_bytes;
     if (c > 1 && bytes / MM_CHUNK_BYTES > (size_t)c) {
-        size_t most = (size_t)(r1 - r0) / QK_ROWS < 16383 ? (size_t)(r1 - r0) / QK_ROWS : 16383;
+        size_t most = (size_t)(r1 - r0) / QK_ROWS;
+        most = most < THREADPOOL_MAX_CHUNKS ? most : THREADPOOL_MAX_CHUNKS;
         c = (int)(bytes / MM_CHUNK_BYTES < most ? bytes / MM_CHUNK_BYTES : most);
     }
     threadpool_run_chunks(b->pool, mm_task, j, c);

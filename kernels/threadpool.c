@@ -32,7 +32,7 @@ typedef struct {
 #define CLAIM(g, n, lo, hi)                                                                 \
     ((((uint64_t)(g) & 0xfffff) << (3 * CB)) | ((uint64_t)(n) << (2 * CB)) |                \
      ((uint64_t)(lo) << CB) | (uint64_t)(hi))
-#define MAX_CHUNKS CM
+_Static_assert(THREADPOOL_MAX_CHUNKS == CM, "the claim word holds THREADPOOL_MAX_CHUNKS");
 
 struct ThreadPool {
     int n;
@@ -166,7 +166,7 @@ void threadpool_destroy(ThreadPool **pp) {
 
 /* Publishes a job of n chunks, takes part in it and returns once every chunk is done. */
 static void run_job(ThreadPool *p, TpFn fn, TpChunkFn cfn, void *arg, int n) {
-    RS_ASSERT(n >= 1 && n <= MAX_CHUNKS);
+    RS_ASSERT(n >= 1 && n <= THREADPOOL_MAX_CHUNKS);
     if (p->n == 1) {
         for (int i = 0; i < n; i++) cfn ? cfn(arg, i, n, 0) : fn(arg, i, n);
         return;

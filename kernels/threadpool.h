@@ -17,8 +17,9 @@ typedef struct ThreadPool ThreadPool;
  * worker claims it; returns when all are done. Not reentrant: one caller thread at a
  * time. */
 typedef void (*TpFn)(void *arg, int i, int n);
-/* fn(arg, i, n_chunks, tid) for every chunk i < n_chunks (1..16383), each exactly once;
- * tid (< the pool size) names the thread running it, for per-thread scratch. */
+#define THREADPOOL_MAX_CHUNKS 16383 /* chunks one region takes at most */
+/* fn(arg, i, n_chunks, tid) for every chunk i < n_chunks (1..THREADPOOL_MAX_CHUNKS), each
+ * exactly once; tid (< the pool size) names the thread running it, for per-thread scratch. */
 typedef void (*TpChunkFn)(void *arg, int i, int n_chunks, int tid);
 
 /* n_threads >= 1 (the caller counts as one). RS_EIO when a thread cannot be started. */
