@@ -89,31 +89,40 @@ static void *read_thread(void *arg) {
     return NULL;
 }
 
-/* Best-of-6 bandwidth over a 256 MiB buffer split across `threads` threads. copy: memcpy,
- * counted as bytes read + bytes written (STREAM "copy" convention); else a read-only
- * stream, counted as bytes read: what a one-row pass, which only reads its weights, can
- * reach at best. Returns GB/s. */
-static double stream_gbs(int threads, int copy) {
-    size_t sz = (size_t)256 << 20;
-    /* in huge pages, as the weights (model_make_resident): the bound is the best a stream
-     * of these bytes gets, not one slowed by TLB misses */
-    char *a = rs_huge_alloc(sz), *b = copy ? rs_huge_alloc(sz) : NULL; /* a read needs no target */
-    RS_ASSERT(a && (b || !copy));
-    memset(a, 1, sz); /* fault the pages in before timing */
-    if (b) memset(b, 2, sz);
+/* One pass over sz bytes at a (read; or copied to b) split across `threads` threads:
+ * GB/s, a copy counted as bytes read + bytes written (STREAM "copy" convention). */
+static double stream_once(char *a, char *b, size_t sz, int threads, int prefetch) {
     pthread_t tid[64];
     CopyJob job[64];
     size_t chunk = sz / threads;
+    uint64_t t0 = rs_now_ns();
+    for (int t = 0; t < threads; t++) {
+        job[t] = (CopyJob){b ? b + t * chunk : NULL, a + t * chunk,
+                           t == threads - 1 ? sz - t * chunk : chunk, 0, prefetch};
+        RS_ASSERT(pthread_create(&tid[t], NULL, b ? copy_thread : read_thread, &job[t]) == 0);
+    }
+    for (int t = 0; t < threads; t++) pthread_join(tid[t], NULL);
+    return (b ? 2.0 : 1.0) * sz / (double)(rs_now_ns() - t0);
+}
+
+/* sz bytes in huge pages, as the weights (model_make_resident): the bound is the best a
+ * stream of these bytes gets, not one slowed by TLB misses. Faulted in before timing. */
+static char *stream_buffer(size_t sz, int fill) {
+    char *a = rs_huge_alloc(sz);
+    RS_ASSERT(a);
+    memset(a, fill, sz);
+    return a;
+}
+
+/* Best-of-6 bandwidth over a 256 MiB buffer split across `threads` threads. copy: memcpy;
+ * else a read-only stream, counted as bytes read: what a one-row pass, which only reads
+ * its weights, can reach at best. Returns GB/s. */
+static double stream_gbs(int threads, int copy) {
+    size_t sz = (size_t)256 << 20;
+    char *a = stream_buffer(sz, 1), *b = copy ? stream_buffer(sz, 2) : NULL;
     double best = 0;
     for (int rep = 0; rep < 6; rep++) { /* a read: with and without prefetch, alternating */
-        uint64_t t0 = rs_now_ns();
-        for (int t = 0; t < threads; t++) {
-            job[t] = (CopyJob){b ? b + t * chunk : NULL, a + t * chunk,
-                               t == threads - 1 ? sz - t * chunk : chunk, 0, rep % 2};
-            RS_ASSERT(pthread_create(&tid[t], NULL, copy ? copy_thread : read_thread, &job[t]) == 0);
-        }
-        for (int t = 0; t < threads; t++) pthread_join(tid[t], NULL);
-        double gbs = (copy ? 2.0 : 1.0) * sz / (double)(rs_now_ns() - t0);
+        double gbs = stream_once(a, b, sz, threads, rep % 2);
         if (gbs > best) best = gbs;
     }
     rs_huge_free(a, sz);
@@ -290,6 +299,40 @@ static double matrix_params(const Config *c) {
     return layer * c->n_layers + (double)c->vocab_size * c->dim;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The one-row pass against a read stream of as many bytes, round by round: each round
+ * reads them (with and without prefetch, the better counts) right before two passes and
+ * times the second (the stream's threads leave the pool's workers asleep), so a
+ * neighbour's load moves both alike. *frac: the median over `rounds` of pass GB/s / stream
+ * GB/s. (The best pass against the best stream, the table's %read, pairs two moments.) */
+static int paired_read_frac(Backend *b, int threads, double bytes, int rounds, float *logits,
+                            double *frac, RsErr *e) {
+    size_t sz = ((size_t)bytes + 4095) & ~(size_t)4095;
+    char *a = stream_buffer(sz, 1);
+    double *ratio = rs_xmalloc(sizeof(double) * (size_t)rounds);
+    int tok = 1, zero = 0, pos = backend_n_committed(b), rc = RS_OK;
+    for (int i = -1; i < rounds && !rc; i++) { /* round -1 warms up */
+        double r0 = stream_once(a, NULL, sz, threads, 1), r1 = stream_once(a, NULL, sz, threads, 0);
+        double gbs = 0;
+        for (int k = 0; k < 2 && !rc; k++) { /* the first wakes the pool's sleeping workers */
+            uint64_t t0 = rs_now_ns();
+            rc = backend_forward(b, &tok, &pos, 1, NULL, &zero, 1, logits, e);
+            gbs = bytes / (double)(rs_now_ns() - t0);
+            if (!rc) rc = backend_kv_commit(b, NULL, 0, e);
+        }
+        if (i >= 0) ratio[i] = gbs / (r0 > r1 ? r0 : r1);
+    }
+    qsort(ratio, (size_t)rounds, sizeof(double), cmp_double);
+    *frac = ratio[rounds / 2];
+    free(ratio);
+    rs_huge_free(a, sz);
+    return rc;
+}
+
 /* One thread count: AR figure, pass table, the key=value line. *rss_kb: VmRSS with the
  * backend still alive (weights, KV cache, buffers); *kv_es: its KV cache's element bytes. */
 static int run_threads(const Model *m, const Opts *o, int threads, double wbytes,
@@ -329,15 +372,20 @@ static int run_threads(const Model *m, const Opts *o, int threads, double wbytes
         printf("%4d %9.2f %9.2f %9.2f %12.2f %7.1f%% %6.1f%% %9.2f\n", sizes[si], mean, best[si],
                bcpu[si], gbs, 100.0 * gbs / mem, 100.0 * gbs / rd, flops / (best[si] * 1e6));
     }
+    double paired = 0;
+    if (!rc) rc = paired_read_frac(b, threads, wbytes + kv, o->iters, logits, &paired, e);
+    if (!rc)
+        printf("one-row pass against a read stream of its bytes just before it: median %.1f%% "
+               "over %d rounds\n", 100.0 * paired, o->iters);
     if (!rc)
         printf("micro threads=%d kernels=%s ar_tok_s=%.2f pass_ms_n1=%.3f pass_ms_n9=%.3f "
                "pass_ms_n65=%.3f cpu_ms_n1=%.3f cpu_ms_n9=%.3f cpu_ms_n65=%.3f "
                "bytes_per_token=%.0f copy_gbs=%.2f bw_frac_n1=%.3f read_gbs=%.2f "
-               "read_frac_n1=%.3f vmrss_kb=%ld\n",
+               "read_frac_n1=%.3f read_pair_frac_n1=%.3f vmrss_kb=%ld\n",
                threads, cpu_backend_kernels(b), ar, best[0], best[1], best[2], bcpu[0], bcpu[1],
                bcpu[2], wbytes + kv, mem,
                (wbytes + kv) / (best[0] * 1e6) / mem, rd, (wbytes + kv) / (best[0] * 1e6) / rd,
-               *rss_kb = vm_rss_kb());
+               paired, *rss_kb = vm_rss_kb());
     /* against the roof on `threads` cores: near 1 = the kernels' arithmetic is the limit */
     if (!rc)
         printf("roof_frac_n1_t%d=%.3f\nroof_frac_n65_t%d=%.3f\n", threads,
