@@ -376,7 +376,8 @@ static int run_threads(const Model *m, const Opts *o, int threads, double wbytes
     if (!rc) rc = paired_read_frac(b, threads, wbytes + kv, o->iters, logits, &paired, e);
     if (!rc)
         printf("one-row pass against a read stream of its bytes just before it: median %.1f%% "
-               "over %d rounds\n", 100.0 * paired, o->iters);
+               "over %d rounds%s\n", 100.0 * paired, o->iters,
+               wbytes + kv < 64e6 ? " (bytes a cache may hold: not a memory figure)" : "");
     if (!rc)
         printf("micro threads=%d kernels=%s ar_tok_s=%.2f pass_ms_n1=%.3f pass_ms_n9=%.3f "
                "pass_ms_n65=%.3f cpu_ms_n1=%.3f cpu_ms_n9=%.3f cpu_ms_n65=%.3f "
