@@ -1,9 +1,9 @@
 /* AVX-512 kernel family (see cpu_qmatmul.h; kernels in cpu_qmm_x86.inc): the AVX2 kernels
  * recompiled with AVX-512 F/BW/VL enabled (the compiler may use the extra registers) and
- * VNNI's dpbusd for the integer block sums (Q8_0 and the block-pair tile). Written on a
- * machine without AVX-512: selected by cpuid only; the tests run it where it runs, and
- * everywhere with AVX2 they run this same source with vpdpbusd emulated
- * (tests/qmm_avx512_emu.c), which must give the AVX2 family's bits. */
+ * VNNI's dpbusd for the integer block sums (Q8_0, the block-pair tiles, the K-quant x4
+ * tiles). Written on a machine without AVX-512, first run and tuned on an AMD EPYC Zen 4;
+ * the tests run it where it runs, and everywhere with AVX2 they run this same source with
+ * vpdpbusd emulated (tests/qmm_avx512_emu.c), which must give the AVX2 family's bits. */
 #include "cpu_qmatmul.h"
 #include "common/quant.h"
 
