@@ -391,6 +391,10 @@ static int run_threads(const Model *m, const Opts *o, int threads, double wbytes
     if (!rc)
         printf("roof_frac_n1_t%d=%.3f\nroof_frac_n65_t%d=%.3f\n", threads,
                roof->ms_n1 / threads / best[0], threads, roof->ms_n65 / threads / best[2]);
+    /* against the read stream (the one-row pass's bound), both ways */
+    if (!rc)
+        printf("read_frac_n1_t%d=%.3f\nread_pair_frac_n1_t%d=%.3f\n", threads,
+               (wbytes + kv) / (best[0] * 1e6) / rd, threads, paired);
     /* the keys tools/llama_peer.py prints, for tools/peer-compare.sh */
     if (!rc) {
         printf("ar_tok_s_t%d=%.2f\nar_cpu_tok_s_t%d=%.2f\nkernels_t%d=%s\n", threads, ar, threads,
