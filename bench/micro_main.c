@@ -304,14 +304,16 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* The one-row pass against a read stream of as many bytes, round by round: each round
+/* The one-row pass against a read stream of as many bytes (256 MiB at most), round by
+ * round: each round
  * reads them (with and without prefetch, the better counts) right before two passes and
  * times the second (the stream's threads leave the pool's workers asleep), so a
  * neighbour's load moves both alike. *frac: the median over `rounds` of pass GB/s / stream
  * GB/s. (The best pass against the best stream, the table's %read, pairs two moments.) */
 static int paired_read_frac(Backend *b, int threads, double bytes, int rounds, float *logits,
                             double *frac, RsErr *e) {
-    size_t sz = ((size_t)bytes + 4095) & ~(size_t)4095;
+    size_t sz = ((size_t)bytes + 4095) & ~(size_t)4095, most = (size_t)256 << 20;
+    sz = sz < most ? sz : most; /* a larger model's GB/s from 256 MiB, not a second copy */
     char *a = stream_buffer(sz, 1);
     double *ratio = rs_xmalloc(sizeof(double) * (size_t)rounds);
     int tok = 1, zero = 0, pos = backend_n_committed(b), rc = RS_OK;
