@@ -305,11 +305,11 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* The one-row pass against a read stream of as many bytes (256 MiB at most), round by
- * round: each round
- * reads them (with and without prefetch, the better counts) right before two passes and
- * times the second (the stream's threads leave the pool's workers asleep), so a
- * neighbour's load moves both alike. *frac: the median over `rounds` of pass GB/s / stream
- * GB/s. (The best pass against the best stream, the table's %read, pairs two moments.) */
+ * round: each round reads them (with and without prefetch, the better counts) right
+ * before two passes and times the second (the stream's threads leave the pool's workers
+ * asleep), so a neighbour's load moves both alike. *frac: the median over `rounds` of
+ * pass GB/s / stream GB/s. (The best pass against the best stream, the table's %read,
+ * pairs two moments.) */
 static int paired_read_frac(Backend *b, int threads, double bytes, int rounds, float *logits,
                             double *frac, RsErr *e) {
     size_t sz = ((size_t)bytes + 4095) & ~(size_t)4095, most = (size_t)256 << 20;
