@@ -263,9 +263,23 @@ static void rows_tiled(const QkKernel *k, const QTensor *w, const QkActs *x, flo
 /* Rows [j0, j1) of an x4 matrix through the family's x4 kernel, QK_CHUNK tiles a call
  * (their weights read from memory once for all token groups); a range that starts or ends
  * inside a tile computes the whole tile and keeps its own rows. */
+/* The first bytes of a range of tiles, asked for at once (into L2): the kernels prefetch
+ * QK_PF bytes ahead of their loads, so a range's first QK_PF bytes came one miss after
+ * another, at the start of every chunk of every region. Default model, one-row pass, this
+ * on and off alternating pass by pass in one process (Zen 4, 600 passes each): 1 thread
+ * median 5.22 -> 5.14 ms, 2 threads 4.04 -> 3.81 ms. */
+#define QK_START_BYTES 8192
+
+static void prefetch_start(const char *p, size_t bytes) {
+    bytes = bytes < QK_START_BYTES ? bytes : QK_START_BYTES;
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
+}
+
 static void rows_packed(const QkKernel *k, const QTensor *w, const QkActs *x, float *y, int ldy,
                         int j0, int j1) {
     size_t tile_bytes = QK_ROWS * w->row_bytes;
+    prefetch_start((const char *)w->data + (size_t)(j0 / QK_ROWS) * tile_bytes,
+                   (size_t)((j1 + QK_ROWS - 1) / QK_ROWS - j0 / QK_ROWS) * tile_bytes);
     int g = k->group ? k->group : QK_GROUP, tz = (j1 + QK_ROWS - 1) / QK_ROWS;
     for (int t0 = j0 / QK_ROWS; t0 < tz; t0 += QK_CHUNK) {
         int t1 = tz - t0 < QK_CHUNK ? tz : t0 + QK_CHUNK, a = t0 * QK_ROWS, z = t1 * QK_ROWS;
