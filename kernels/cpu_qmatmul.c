@@ -260,9 +260,6 @@ static void rows_tiled(const QkKernel *k, const QTensor *w, const QkActs *x, flo
     }
 }
 
-/* Rows [j0, j1) of an x4 matrix through the family's x4 kernel, QK_CHUNK tiles a call
- * (their weights read from memory once for all token groups); a range that starts or ends
- * inside a tile computes the whole tile and keeps its own rows. */
 /* The first bytes of a range of tiles, asked for at once (into L2): the kernels prefetch
  * QK_PF bytes ahead of their loads, so a range's first QK_PF bytes came one miss after
  * another, at the start of every chunk of every region. Default model, one-row pass, this
@@ -275,6 +272,9 @@ static void prefetch_start(const char *p, size_t bytes) {
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
 }
 
+/* Rows [j0, j1) of an x4 matrix through the family's x4 kernel, QK_CHUNK tiles a call
+ * (their weights read from memory once for all token groups); a range that starts or ends
+ * inside a tile computes the whole tile and keeps its own rows. */
 static void rows_packed(const QkKernel *k, const QTensor *w, const QkActs *x, float *y, int ldy,
                         int j0, int j1) {
     size_t tile_bytes = QK_ROWS * w->row_bytes;
