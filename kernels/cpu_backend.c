@@ -262,7 +262,7 @@ static void up_task(void *arg, int chunk, int n_chunks, int tid) {
     qk_matmul_rows(j->b->fam, &j->L->w_up, &j->x, s->hb2, hidden, lo, hi, scratch);
     for (int t = 0; t < j->x.n; t++) {
         float *h = s->hb + (size_t)t * hidden + lo;
-        cpu_swiglu(h, s->hb2 + (size_t)t * hidden + lo, (size_t)(hi - lo));
+        qk_swiglu(j->b->fam, h, s->hb2 + (size_t)t * hidden + lo, hi - lo);
         if (j->hq) qk_quantize_rows(h, 1, hi - lo, j->hq + ((size_t)t * hidden + lo) / QK_BLOCK);
     }
 }
@@ -448,11 +448,13 @@ static void fwd_qk_post(CpuBackend *b, const LayerWeights *L, float *knew, float
         if (L->bv) cpu_bias_add(vt, L->bv, kvd);
         const float *cs = s->rope_cos + (size_t)t * half, *sn = s->rope_sin + (size_t)t * half;
         for (int h = 0; h < c->n_heads; h++) {
-            if (L->q_norm) cpu_rmsnorm(qt + h * hd, qt + h * hd, L->q_norm, hd, c->norm_eps);
+            if (L->q_norm)
+                qk_rmsnorm(b->fam, qt + h * hd, qt + h * hd, L->q_norm, hd, c->norm_eps);
             cpu_rope(qt + h * hd, cs, sn, half);
         }
         for (int h = 0; h < c->n_kv_heads; h++) {
-            if (L->k_norm) cpu_rmsnorm(kt + h * hd, kt + h * hd, L->k_norm, hd, c->norm_eps);
+            if (L->k_norm)
+                qk_rmsnorm(b->fam, kt + h * hd, kt + h * hd, L->k_norm, hd, c->norm_eps);
             cpu_rope(kt + h * hd, cs, sn, half);
         }
     }
@@ -472,7 +474,7 @@ static void kv_store(const CpuBackend *b, uint8_t *cache, const float *x, int st
         }
 }
 
-/* x += Wo attention(cpu_rmsnorm(x)) for layer l; new k/v rows land in the cache. */
+/* x += Wo attention(rmsnorm(x)) for layer l; new k/v rows land in the cache. */
 static void fwd_attention(CpuBackend *b, int l, int n) {
     const Config *c = &b->base.model->cfg;
     const LayerWeights *L = &b->base.model->w.layers[l];
@@ -482,7 +484,8 @@ static void fwd_attention(CpuBackend *b, int l, int n) {
     uint8_t *kc = s->key_cache + (size_t)l * cap * kvd * s->kv_es;   // (n_kv_heads, cap, head_dim)
     uint8_t *vc = s->value_cache + (size_t)l * cap * kvd * s->kv_es; // (n_kv_heads, cap, head_dim)
     for (int t = 0; t < n; t++)
-        cpu_rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, c->norm_eps);
+        qk_rmsnorm(b->fam, s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim,
+                   c->norm_eps);
     const QTensor *w[3] = {&L->wq, &L->wk, &L->wv};
     float *y[3] = {s->q, s->knew, s->vnew};
     matmul(b, s->xb, NULL, n, 3, w, y);
@@ -496,14 +499,15 @@ static void fwd_attention(CpuBackend *b, int l, int n) {
     cpu_residual_add(s->x, s->xb, (size_t)n * dim);
 }
 
-/* x += W_down (silu(W_gate h) * W_up h), h = cpu_rmsnorm(x): the SwiGLU MLP of layer l. */
+/* x += W_down (silu(W_gate h) * W_up h), h = rmsnorm(x): the SwiGLU MLP of layer l. */
 static void fwd_mlp(CpuBackend *b, int l, int n) {
     const Config *c = &b->base.model->cfg;
     const LayerWeights *L = &b->base.model->w.layers[l];
     RunState *s = &b->s;
     int dim = c->dim;
     for (int t = 0; t < n; t++)
-        cpu_rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim, c->norm_eps);
+        qk_rmsnorm(b->fam, s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim,
+                   c->norm_eps);
     UpJob uj = {b, L, {.f32 = s->xb, .n = n, .in = dim}, NULL};
     qk_acts_quantize(&uj.x, qk_wants_act(b->fam, L->w_gate.type) | qk_wants_act(b->fam, L->w_up.type),
                      s->xq, s->xqk);
@@ -591,7 +595,7 @@ static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
     if (bb->feat_n) feat_record(b, c->n_layers, n);
     /* Final norm and head only for the requested rows. */
     for (int r = 0; r < n_out; r++)
-        cpu_rmsnorm(s->xb + (size_t)r * c->dim, s->x + (size_t)out_rows[r] * c->dim,
+        qk_rmsnorm(b->fam, s->xb + (size_t)r * c->dim, s->x + (size_t)out_rows[r] * c->dim,
                 m->w.final_norm, c->dim, c->norm_eps);
     /* The head writes the kept rows; a caller's buffer gets a copy of them. */
     RS_ASSERT(n_out <= b->max_kept);

@@ -347,6 +347,16 @@ void qk_matmul_rows(const QkFamily *f, const QTensor *w, const QkActs *x, float 
     }
 }
 
+void qk_swiglu(const QkFamily *f, float *gate, const float *up, int n) {
+    if (f->swiglu) f->swiglu(gate, up, n);
+    else cpu_swiglu(gate, up, (size_t)n);
+}
+
+void qk_rmsnorm(const QkFamily *f, float *o, const float *x, const float *w, int n, float eps) {
+    if (f->rmsnorm) f->rmsnorm(o, x, w, n, eps);
+    else cpu_rmsnorm(o, x, w, n, eps);
+}
+
 int qk_kv_f16(const QkFamily *f, int hd, const char *want) {
     if (want && strcmp(want, "f32") == 0) return 0;
     return f->attn_f16 && hd % 8 == 0 && hd <= QK_ATT_HD16;

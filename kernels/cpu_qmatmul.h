@@ -106,6 +106,14 @@ typedef void (*QkAttn16Fn)(float *o, const float *q, const uint16_t *kh0, const 
 #define QK_ATT_HD16 256
 /* n floats into f16 (round to nearest even), the f16 caches' rows. */
 typedef void (*QkToF16Fn)(uint16_t *dst, const float *src, int n);
+/* gate[i] = silu(gate[i]) * up[i], each element by the same operations wherever it lies
+ * in the range (a tail goes through the vector steps padded), so an element's bits do not
+ * depend on how a caller splits the hidden vector. Within a few ulp of cpu_swiglu. */
+typedef void (*QkSwigluFn)(float *gate, const float *up, int n);
+/* o = w * (x * r), r = 1/sqrt(mean(x^2) + eps), the sum of squares in a fixed lane order:
+ * cpu_rmsnorm's operations but for that order (its serial sum is a chain of n dependent
+ * adds). o may be x. */
+typedef void (*QkRmsnormFn)(float *o, const float *x, const float *w, int n, float eps);
 
 typedef struct {
     const char *name;
@@ -117,6 +125,10 @@ typedef struct {
      * conversion that fills them. Half the bytes a decode step's attention streams. */
     QkAttn16Fn attn_f16;
     QkToF16Fn to_f16;
+    /* Optional (NULL: cpu_swiglu / cpu_rmsnorm, the reference's): the elementwise steps of
+     * the fast path (qk_swiglu, qk_rmsnorm). */
+    QkSwigluFn swiglu;
+    QkRmsnormFn rmsnorm;
 } QkFamily;
 
 extern const QkFamily qk_family_ref, qk_family_scalar, qk_family_avx2, qk_family_avx512,
@@ -153,6 +165,9 @@ void qk_acts_quantize(QkActs *a, int acts, QkQ8 *q8, QkQ8K *q8k);
  * path (one per thread). */
 void qk_matmul_rows(const QkFamily *f, const QTensor *w, const QkActs *x, float *y, int ldy,
                     int j0, int j1, float *scratch);
+/* f's SwiGLU / RMS norm (QkSwigluFn, QkRmsnormFn), or the reference's when it has none. */
+void qk_swiglu(const QkFamily *f, float *gate, const float *up, int n);
+void qk_rmsnorm(const QkFamily *f, float *o, const float *x, const float *w, int n, float eps);
 /* 1 when f keeps KV caches of head size hd in f16: it has attn_f16, the head fits that
  * kernel, and `want` (ROOTSPEC_CPU_KV's value, or NULL) is not "f32". */
 int qk_kv_f16(const QkFamily *f, int hd, const char *want);

@@ -620,6 +620,73 @@ START_TEST(test_family_to_f16_rounds) {
 }
 END_TEST
 
+/* A family's SwiGLU (qk_swiglu) against silu(g) * u in double, within a few ulp, over
+ * |g| from 2^-20 to 100 (both sides of exp's overflow for -g); NaN and the infinities as
+ * cpu_swiglu gives them; and each element's bits the same however the range is split
+ * (callers split the hidden vector by thread). */
+START_TEST(test_family_swiglu) {
+    const QkFamily *f = family(kFams[_i]);
+    if (!f) return;
+    enum { N = 1003 };
+    float g[N], u[N], got[N], part[N];
+    Rng r;
+    rng_seed(&r, 31);
+    for (int i = 0; i < N; i++) {
+        double mag = pow(2.0, -20.0 + 27.0 * rng_uniform(&r)); /* 2^-20 .. 2^7 */
+        g[i] = (float)((i & 1 ? -1 : 1) * (mag > 100 ? 100 : mag));
+        u[i] = (float)(rng_uniform(&r) * 6.0 - 3.0);
+    }
+    g[0] = 0.0f, g[1] = -0.0f, g[2] = 88.8f, g[3] = -88.8f, g[4] = -87.0f, g[5] = 87.0f;
+    memcpy(got, g, sizeof g);
+    qk_swiglu(f, got, u, N);
+    for (int i = 0; i < N; i++) {
+        double ref = (double)g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+        ck_assert_msg(fabs(got[i] - ref) <= 1e-37 + 1e-6 * fabs(ref),
+                      "%s: swiglu(%.9g, %.9g) = %.9g, want %.9g", f->name, g[i], u[i], got[i], ref);
+    }
+    memcpy(part, g, sizeof g);
+    static const int cuts[] = {0, 5, 13, 16, 99, 100, 517, 1000, N};
+    for (int k = 0; k + 1 < (int)(sizeof cuts / sizeof cuts[0]); k++)
+        qk_swiglu(f, part + cuts[k], u + cuts[k], cuts[k + 1] - cuts[k]);
+    ck_assert_msg(memcmp(part, got, sizeof got) == 0, "%s: swiglu depends on the split", f->name);
+    float sg[3] = {NAN, INFINITY, -INFINITY}, su[3] = {1.0f, 2.0f, 1.0f};
+    qk_swiglu(f, sg, su, 3);
+    ck_assert_msg(isnan(sg[0]) && sg[1] == INFINITY && isnan(sg[2]),
+                  "%s: swiglu(nan, inf, -inf) = %g %g %g", f->name, sg[0], sg[1], sg[2]);
+}
+END_TEST
+
+/* A family's RMS norm (qk_rmsnorm) against the double-precision norm for row lengths on
+ * and off its lanes, in place as out of place. */
+START_TEST(test_family_rmsnorm) {
+    const QkFamily *f = family(kFams[_i]);
+    if (!f) return;
+    static const int ns[] = {1, 7, 64, 100, 576, 1003};
+    float x[1003], w[1003], o[1003], io[1003];
+    Rng r;
+    rng_seed(&r, 37);
+    for (int k = 0; k < (int)(sizeof ns / sizeof ns[0]); k++) {
+        int n = ns[k];
+        double ss = 0;
+        for (int i = 0; i < n; i++) {
+            x[i] = (float)((rng_uniform(&r) - 0.5) * (k + 1) * 3.0);
+            w[i] = (float)(rng_uniform(&r) * 2.0);
+            ss += (double)x[i] * x[i];
+        }
+        double rr = 1.0 / sqrt(ss / n + 1e-5);
+        qk_rmsnorm(f, o, x, w, n, 1e-5f);
+        memcpy(io, x, sizeof(float) * (size_t)n);
+        qk_rmsnorm(f, io, io, w, n, 1e-5f);
+        for (int i = 0; i < n; i++) {
+            double ref = w[i] * (x[i] * rr);
+            ck_assert_msg(fabs(o[i] - ref) <= 1e-30 + 2e-6 * fabs(ref),
+                          "%s: n %d, element %d: %.9g, want %.9g", f->name, n, i, o[i], ref);
+        }
+        ck_assert_msg(memcmp(o, io, sizeof(float) * (size_t)n) == 0, "%s: in place differs", f->name);
+    }
+}
+END_TEST
+
 /* Activation quantization rounds as roundf (ties away from zero, as llama.cpp): with
  * max|x| = 127 the scale is 1, so exact halves and the float just below 0.5 hit the
  * cases an "add 0.5 and truncate" shortcut gets wrong. */
@@ -932,6 +999,8 @@ Suite *suite_cpu_kernels(void) {
     tcase_add_test(tc, test_attention_matches_plain_loops);
     tcase_add_loop_test(tc, test_family_attention_vs_reference, 0, N_FAMS);
     tcase_add_loop_test(tc, test_family_to_f16_rounds, 0, N_FAMS);
+    tcase_add_loop_test(tc, test_family_swiglu, 0, N_FAMS);
+    tcase_add_loop_test(tc, test_family_rmsnorm, 0, N_FAMS);
     tcase_add_loop_test(tc, test_forward_batch_invariant, 0, 2);
     tcase_add_test(tc, test_forward_batch_invariant_kquant);
     suite_add_tcase(s, tc);
