@@ -71,6 +71,7 @@ EMU_INLINE void emu_dp(int c, int a, int b, int sa, int sb) {
 #define QK_FAMILY_VAR qk_family_amx_emu
 #define QK_FAMILY_NAME "amx-emu"
 #define QK_VNNI 1
+#define QK_REGS32 1 /* the real family's wider attention steps (spilled here, same bits) */
 #define QK_AMX 1
 #include "kernels/cpu_qmm_x86.inc"
 #pragma GCC pop_options

@@ -36,6 +36,7 @@ qk_emu_dpbusd(__m256i acc, __m256i a, __m256i b) {
 #define QK_FAMILY_VAR qk_family_avx512_emu
 #define QK_FAMILY_NAME "avx512-emu"
 #define QK_VNNI 1
+#define QK_REGS32 1 /* the real family's wider attention steps (spilled here, same bits) */
 #include "kernels/cpu_qmm_x86.inc"
 #pragma GCC pop_options
 #else
