@@ -189,7 +189,7 @@ static void run_case(const QkFamily *f, uint32_t type, int n, size_t bytes, int 
     QkQ8K *q8k = rs_xmalloc(sizeof(QkQ8K) * n * (cols / QK_K + 1));
     for (int i = 0; i < n * cols; i++) x[i] = (float)(rng_uniform(r) * 2 - 1);
     QkActs a = {.f32 = x, .n = n, .in = cols};
-    qk_acts_quantize(&a, qk_wants_act(f, type), q8, q8k);
+    qk_acts_quantize(f, &a, qk_wants_act(f, type), q8, q8k);
     Timing t = time_pass(f, &w, &a, y, scratch, reps);
     double blocks = (double)rows * cols / QK_BLOCK * n, wbytes = (double)rows * row_bytes;
     printf("kbench family=%s type=%s layout=%s n=%d mode=%s rows=%d cols=%d ms=%.3f gbs=%.2f "

@@ -54,7 +54,7 @@ int micro_compute_roof(const Model *m, MicroRoof *out, RsErr *e) {
         int in = w->cols;
         for (int k = 0; k < 4 * in; k++) x[k] = (float)(rng_uniform(&r) * 2 - 1);
         QkActs a4 = {.f32 = x, .n = 4, .in = in};
-        qk_acts_quantize(&a4, qk_wants_act(f, w->type), q8, q8k);
+        qk_acts_quantize(f, &a4, qk_wants_act(f, w->type), q8, q8k);
         QkActs a1 = a4;
         a1.n = 1;
         double t1 = slice_ns(f, w, &a1, y, scratch), t4 = slice_ns(f, w, &a4, y, scratch);

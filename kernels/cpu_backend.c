@@ -142,7 +142,7 @@ static MmJob mm_job(CpuBackend *b, const float *x, const QkQ8 *xq, int n, int nm
         j.ldy[i] = w[i]->rows;
         acts |= qk_wants_act(b->fam, w[i]->type);
     }
-    qk_acts_quantize(&j.x, xq ? acts & ~QK_ACT_Q8 : acts, b->s.xq, b->s.xqk);
+    qk_acts_quantize(b->fam, &j.x, xq ? acts & ~QK_ACT_Q8 : acts, b->s.xq, b->s.xqk);
     j.r1 = mm_rows(&j);
     return j;
 }
@@ -218,7 +218,7 @@ static void attn_task(void *arg, int chunk, int n_chunks, int tid) {
         /* whole blocks of these heads (hd % 32 == 0 when oq is set): wo's input needs no
          * serial quantization between the regions */
         size_t at = (size_t)t * qd + (size_t)h * hd;
-        if (j->oq) qk_quantize_rows(j->b->s.att_out + at, 1, g * hd, j->oq + at / QK_BLOCK);
+        if (j->oq) qk_quantize(j->b->fam, j->b->s.att_out + at, 1, g * hd, j->oq + at / QK_BLOCK);
     }
 }
 
@@ -263,7 +263,8 @@ static void up_task(void *arg, int chunk, int n_chunks, int tid) {
     for (int t = 0; t < j->x.n; t++) {
         float *h = s->hb + (size_t)t * hidden + lo;
         qk_swiglu(j->b->fam, h, s->hb2 + (size_t)t * hidden + lo, hi - lo);
-        if (j->hq) qk_quantize_rows(h, 1, hi - lo, j->hq + ((size_t)t * hidden + lo) / QK_BLOCK);
+        if (j->hq)
+            qk_quantize(j->b->fam, h, 1, hi - lo, j->hq + ((size_t)t * hidden + lo) / QK_BLOCK);
     }
 }
 
@@ -509,7 +510,7 @@ static void fwd_mlp(CpuBackend *b, int l, int n) {
         qk_rmsnorm(b->fam, s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim,
                    c->norm_eps);
     UpJob uj = {b, L, {.f32 = s->xb, .n = n, .in = dim}, NULL};
-    qk_acts_quantize(&uj.x, qk_wants_act(b->fam, L->w_gate.type) | qk_wants_act(b->fam, L->w_up.type),
+    qk_acts_quantize(b->fam, &uj.x, qk_wants_act(b->fam, L->w_gate.type) | qk_wants_act(b->fam, L->w_up.type),
                      s->xq, s->xqk);
     if (qk_wants_act(b->fam, L->w_down.type) == QK_ACT_Q8) uj.hq = s->hq;
     threadpool_run_chunks(b->pool, up_task, &uj, region_chunks(b, c->hidden_dim / up_unit(b)));

@@ -170,9 +170,15 @@ void qk_quantize_k_rows(const float *x, int n, int in, QkQ8K *dst) {
         }
 }
 
-void qk_acts_quantize(QkActs *a, int acts, QkQ8 *q8, QkQ8K *q8k) {
+void qk_quantize(const QkFamily *f, const float *x, int n, int in, QkQ8 *dst) {
+    RS_ASSERT(in % QK_BLOCK == 0);
+    if (f->quantize) f->quantize(x, n, in, dst);
+    else qk_quantize_rows(x, n, in, dst);
+}
+
+void qk_acts_quantize(const QkFamily *f, QkActs *a, int acts, QkQ8 *q8, QkQ8K *q8k) {
     if (acts & QK_ACT_Q8) {
-        qk_quantize_rows(a->f32, a->n, a->in, q8);
+        qk_quantize(f, a->f32, a->n, a->in, q8);
         a->q8 = q8;
     }
     if (acts & QK_ACT_Q8K) {

@@ -114,6 +114,8 @@ typedef void (*QkSwigluFn)(float *gate, const float *up, int n);
  * cpu_rmsnorm's operations but for that order (its serial sum is a chain of n dependent
  * adds). o may be x. */
 typedef void (*QkRmsnormFn)(float *o, const float *x, const float *w, int n, float eps);
+/* x (n, in) -> dst (n, in/32), in % 32 == 0: qk_quantize_rows' bits, faster. */
+typedef void (*QkQuantizeFn)(const float *x, int n, int in, QkQ8 *dst);
 
 typedef struct {
     const char *name;
@@ -129,6 +131,7 @@ typedef struct {
      * the fast path (qk_swiglu, qk_rmsnorm). */
     QkSwigluFn swiglu;
     QkRmsnormFn rmsnorm;
+    QkQuantizeFn quantize; /* NULL: qk_quantize_rows */
 } QkFamily;
 
 extern const QkFamily qk_family_ref, qk_family_scalar, qk_family_avx2, qk_family_avx512,
@@ -153,14 +156,16 @@ typedef struct {
 int qk_family_packs(const QkFamily *f, uint32_t type);
 /* The activation form (QK_ACT_*) weight type `type` takes in family f. */
 int qk_wants_act(const QkFamily *f, uint32_t type);
-/* x (n, in), in % 32 == 0 -> dst (n, in/32). */
+/* x (n, in), in % 32 == 0 -> dst (n, in/32): the portable loops. */
 void qk_quantize_rows(const float *x, int n, int in, QkQ8 *dst);
+/* The same through f's quantize when it has one (the same bits). */
+void qk_quantize(const QkFamily *f, const float *x, int n, int in, QkQ8 *dst);
 /* x (n, in), in % 256 == 0 -> dst (n, in/256): d = max|x|/127 per super-block, q rounded
  * as qk_quantize_rows rounds. */
 void qk_quantize_k_rows(const float *x, int n, int in, QkQ8K *dst);
 /* a->q8 / a->q8k made from a->f32 into q8 / q8k for the forms in `acts` (QK_ACT_* bits;
- * the buffers hold a->n rows). */
-void qk_acts_quantize(QkActs *a, int acts, QkQ8 *q8, QkQ8K *q8k);
+ * the buffers hold a->n rows), Q8 through qk_quantize(f). */
+void qk_acts_quantize(const QkFamily *f, QkActs *a, int acts, QkQ8 *q8, QkQ8K *q8k);
 /* y[t * ldy + j] for t < x->n, j in [j0, j1). scratch: (w->cols) floats, for the generic
  * path (one per thread). */
 void qk_matmul_rows(const QkFamily *f, const QTensor *w, const QkActs *x, float *y, int ldy,

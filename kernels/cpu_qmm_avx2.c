@@ -12,5 +12,5 @@
 #include "cpu_qmm_x86.inc"
 #pragma GCC pop_options
 #else /* not x86-64: the family exists but qk_family_pick never selects it */
-const QkFamily qk_family_avx2 = {"avx2", NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+const QkFamily qk_family_avx2 = {"avx2", NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 #endif

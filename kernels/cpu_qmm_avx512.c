@@ -24,5 +24,5 @@
 #include "cpu_qmm_x86.inc"
 #pragma GCC pop_options
 #else
-const QkFamily qk_family_avx512 = {"avx512", NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+const QkFamily qk_family_avx512 = {"avx512", NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 #endif

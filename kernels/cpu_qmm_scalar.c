@@ -131,6 +131,6 @@ static const QkKernel kScalar[] = {
 };
 
 const QkFamily qk_family_scalar = {"scalar", kScalar, (int)(sizeof kScalar / sizeof kScalar[0]),
-                                   dot_f32, NULL, NULL, NULL, NULL, NULL};
+                                   dot_f32, NULL, NULL, NULL, NULL, NULL, NULL};
 /* No kernel of its own: every type is expanded to f32 and multiplied in f32. */
-const QkFamily qk_family_ref = {"ref", NULL, 0, dot_f32, NULL, NULL, NULL, NULL, NULL};
+const QkFamily qk_family_ref = {"ref", NULL, 0, dot_f32, NULL, NULL, NULL, NULL, NULL, NULL};

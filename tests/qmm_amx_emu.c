@@ -76,5 +76,5 @@ EMU_INLINE void emu_dp(int c, int a, int b, int sa, int sb) {
 #include "kernels/cpu_qmm_x86.inc"
 #pragma GCC pop_options
 #else
-const QkFamily qk_family_amx_emu = {"amx-emu", NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+const QkFamily qk_family_amx_emu = {"amx-emu", NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 #endif

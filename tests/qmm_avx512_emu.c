@@ -40,5 +40,5 @@ qk_emu_dpbusd(__m256i acc, __m256i a, __m256i b) {
 #include "kernels/cpu_qmm_x86.inc"
 #pragma GCC pop_options
 #else
-const QkFamily qk_family_avx512_emu = {"avx512-emu", NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+const QkFamily qk_family_avx512_emu = {"avx512-emu", NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 #endif

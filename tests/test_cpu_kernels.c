@@ -687,6 +687,36 @@ START_TEST(test_family_rmsnorm) {
 }
 END_TEST
 
+/* A family's quantizer (qk_quantize) gives the portable loops' bits (which the tests
+ * below hold to the plainest loop): magnitudes from 1e-3 to 1e3, exact halves of the
+ * scale, blocks of zeros, a block with a NaN, several rows a call. */
+START_TEST(test_family_quantize_bits) {
+    const QkFamily *f = family(kFams[_i]);
+    if (!f) return;
+    enum { IN = 288, ROWS = 3, NB = IN / QK_BLOCK };
+    float x[ROWS * IN];
+    QkQ8 got[ROWS * NB], want[ROWS * NB];
+    Rng r;
+    rng_seed(&r, 41);
+    for (int trial = 0; trial < 60; trial++) {
+        float mag = powf(10.0f, (float)(trial % 7) - 3.0f);
+        for (int i = 0; i < ROWS * IN; i++) {
+            float u = (float)(rng_uniform(&r) * 2 - 1) * mag;
+            x[i] = trial % 5 == 1 ? (float)((int)(u / mag * 254) / 2) : u;
+            if (trial % 4 == 3 && i % IN < QK_BLOCK) x[i] = 0;
+        }
+        if (trial % 6 == 2) x[IN + 40] = NAN; /* row 1, block 1 */
+        qk_quantize(f, x, ROWS, IN, got);
+        qk_quantize_rows(x, ROWS, IN, want);
+        for (int b = 0; b < ROWS * NB; b++)
+            ck_assert_msg(memcmp(&got[b], &want[b], sizeof got[b]) == 0,
+                          "%s trial %d block %d: d %.9g s %.9g q0 %d, portable %.9g %.9g %d",
+                          f->name, trial, b, got[b].d, got[b].s, got[b].q[0], want[b].d,
+                          want[b].s, want[b].q[0]);
+    }
+}
+END_TEST
+
 /* Activation quantization rounds as roundf (ties away from zero, as llama.cpp): with
  * max|x| = 127 the scale is 1, so exact halves and the float just below 0.5 hit the
  * cases an "add 0.5 and truncate" shortcut gets wrong. */
@@ -1001,6 +1031,7 @@ Suite *suite_cpu_kernels(void) {
     tcase_add_loop_test(tc, test_family_to_f16_rounds, 0, N_FAMS);
     tcase_add_loop_test(tc, test_family_swiglu, 0, N_FAMS);
     tcase_add_loop_test(tc, test_family_rmsnorm, 0, N_FAMS);
+    tcase_add_loop_test(tc, test_family_quantize_bits, 0, N_FAMS);
     tcase_add_loop_test(tc, test_forward_batch_invariant, 0, 2);
     tcase_add_test(tc, test_forward_batch_invariant_kquant);
     suite_add_tcase(s, tc);

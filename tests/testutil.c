@@ -389,7 +389,7 @@ QkActs tu_acts(const float *x, int n, int in) {
     int acts = QK_ACT_Q8 | (in % QK_K == 0 ? QK_ACT_Q8K : 0);
     QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * (size_t)n * (in / QK_BLOCK));
     QkQ8K *q8k = acts & QK_ACT_Q8K ? rs_xmalloc(sizeof(QkQ8K) * (size_t)n * (in / QK_K)) : NULL;
-    qk_acts_quantize(&a, acts, q8, q8k);
+    qk_acts_quantize(&qk_family_ref, &a, acts, q8, q8k);
     return a;
 }
 
