@@ -13,11 +13,7 @@
 #define QK_FAMILY_NAME "amx"
 #define QK_VNNI 1
 #define QK_REGS32 1 /* AVX-512 VL: 32 vector registers */
-/* Weights prefetched 8 KB ahead into L2: on an AMD EPYC Zen 4 (AVX-512, no AMX) the
- * one-row pass took 4.4-4.6 ms against 5.1-5.4 with the AVX2 default of 4 KB into L1 (best
- * of 300 passes each, the settings alternating pass by pass in one process; 6 KB / 12 KB /
- * 16 KB into L2 and no prefetch in between); the weights are read once, so L1 needs them
- * only when the L1 prefetchers bring them. */
+/* the avx512 family's weight prefetch (cpu_qmm_avx512.c says why) */
 #define QK_PF 8192
 #define QK_PF_HINT _MM_HINT_T1
 #define QK_AMX 1

@@ -687,6 +687,18 @@ START_TEST(test_family_rmsnorm) {
 }
 END_TEST
 
+/* n values for quantizer trial `trial`: magnitude 10^(trial % 7 - 3), exact halves of the
+ * scale when trial % 5 == 1, and with `zero` the first block of every row of `row` values
+ * all zeros. */
+static void quant_trial_values(Rng *r, int trial, float *x, int n, int row, int zero) {
+    float mag = powf(10.0f, (float)(trial % 7) - 3.0f);
+    for (int i = 0; i < n; i++) {
+        float u = (float)(rng_uniform(r) * 2 - 1) * mag;
+        x[i] = trial % 5 == 1 ? (float)((int)(u / mag * 254) / 2) : u; /* halves */
+        if (zero && i % row < QK_BLOCK) x[i] = 0; /* an all-zero block */
+    }
+}
+
 /* A family's quantizer (qk_quantize) gives the portable loops' bits (which the tests
  * below hold to the plainest loop): magnitudes from 1e-3 to 1e3, exact halves of the
  * scale, blocks of zeros, a block with a NaN, several rows a call. */
@@ -699,12 +711,7 @@ START_TEST(test_family_quantize_bits) {
     Rng r;
     rng_seed(&r, 41);
     for (int trial = 0; trial < 60; trial++) {
-        float mag = powf(10.0f, (float)(trial % 7) - 3.0f);
-        for (int i = 0; i < ROWS * IN; i++) {
-            float u = (float)(rng_uniform(&r) * 2 - 1) * mag;
-            x[i] = trial % 5 == 1 ? (float)((int)(u / mag * 254) / 2) : u;
-            if (trial % 4 == 3 && i % IN < QK_BLOCK) x[i] = 0;
-        }
+        quant_trial_values(&r, trial, x, ROWS * IN, IN, trial % 4 == 3);
         if (trial % 6 == 2) x[IN + 40] = NAN; /* row 1, block 1 */
         qk_quantize(f, x, ROWS, IN, got);
         qk_quantize_rows(x, ROWS, IN, want);
@@ -751,12 +758,7 @@ START_TEST(test_quantize_matches_plain_loop) {
     float x[256];
     QkQ8 q[8];
     for (int trial = 0; trial < 200; trial++) {
-        float mag = powf(10.0f, (float)(trial % 7) - 3.0f);
-        for (int i = 0; i < in; i++) {
-            float u = (float)(rng_uniform(&r) * 2 - 1) * mag;
-            x[i] = trial % 5 == 1 ? (float)((int)(u / mag * 254) / 2) : u; /* halves */
-            if (trial % 11 == 3 && i < QK_BLOCK) x[i] = 0; /* an all-zero block */
-        }
+        quant_trial_values(&r, trial, x, in, in, trial % 11 == 3);
         qk_quantize_rows(x, 1, in, q);
         for (int b = 0; b < nb; b++) {
             const float *v = x + b * QK_BLOCK;
