@@ -23,23 +23,25 @@
 #include <immintrin.h>
 #endif
 
-#define PREFILL 128
+#define PREFILL 128 /* --ctx default: entries committed before the timed passes */
 #define MAX_N 65
 #define MAX_THREADS 8
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: rootspec-micro --model PATH [--threads LIST] [--iters K] [--ar-tokens N]\n"
-            "                      [--rss-ctx N] [--draft-rounds N]\n"
+            "                      [--ctx N] [--rss-ctx N] [--draft-rounds N]\n"
             "  --model PATH     GGUF file, Hugging Face directory or random:PRESET\n"
             "  --threads LIST   comma-separated CPU thread counts (default 1,2)\n"
             "  --iters K        timed passes per batch size (default 20; 2 warm-up passes)\n"
             "  --ar-tokens N    greedy tokens decoded for the AR figure (default 64)\n"
+            "  --ctx N          context committed before AR decoding and the timed passes\n"
+            "                   (default %d; attention's share grows with it)\n"
             "  --rss-ctx N      also fill an N-entry KV cache (e.g. the engine's default 2048)\n"
             "                   and check resident memory <= file + KV cache + 64 MB\n"
             "  --draft-rounds N pools a self-drafter (first half of the layers) grows for\n"
             "                   the drafter's host work per row (default 8; 0: skip)\n"
-            "After a %d-token prefill: AR tok/s, then forward() of n = 1, 9, 65 pending tree\n"
+            "After an N-token prefill: AR tok/s, then forward() of n = 1, 9, 65 pending tree\n"
             "tokens with logits for every row, each set against a memcpy and a read stream\n"
             "measured in the run and against the compute roof (the same kernels on a slice\n"
             "of each matrix in cache, one thread).\n"
@@ -164,7 +166,7 @@ static long vm_rss_kb(void) {
 
 typedef struct {
     const char *model_path;
-    int threads[MAX_THREADS], n_threads, iters, ar_tokens, rss_ctx, draft_rounds;
+    int threads[MAX_THREADS], n_threads, iters, ar_tokens, ctx, rss_ctx, draft_rounds;
 } Opts;
 
 static int parse_threads(const char *v, Opts *o, RsErr *e) {
@@ -183,7 +185,7 @@ static int parse_threads(const char *v, Opts *o, RsErr *e) {
 
 static int parse_opts(int argc, char **argv, Opts *o, RsErr *e) {
     *o = (Opts){.threads = {1, 2}, .n_threads = 2, .iters = 20, .ar_tokens = 64,
-                .draft_rounds = 8};
+                .ctx = PREFILL, .draft_rounds = 8};
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int rc = RS_OK;
@@ -197,6 +199,9 @@ static int parse_opts(int argc, char **argv, Opts *o, RsErr *e) {
         } else if (!strcmp(argv[i], "--iters")) {
             if (!(rc = cli_value(argc, argv, i++, &v, e)))
                 rc = cli_int("--iters", v, 1, 100000, &o->iters, e);
+        } else if (!strcmp(argv[i], "--ctx")) {
+            if (!(rc = cli_value(argc, argv, i++, &v, e)))
+                rc = cli_int("--ctx", v, 1, 1 << 20, &o->ctx, e);
         } else if (!strcmp(argv[i], "--rss-ctx")) {
             if (!(rc = cli_value(argc, argv, i++, &v, e)))
                 rc = cli_int("--rss-ctx", v, PREFILL, 1 << 20, &o->rss_ctx, e);
@@ -222,17 +227,15 @@ static int argmax(const float *x, int n) {
     return best;
 }
 
-/* Random prompt of PREFILL tokens, committed. */
-static int prefill(Backend *b, Rng *r, RsErr *e) {
-    static int tokens[PREFILL], pos[PREFILL], rows[PREFILL];
+/* Random prompt of ctx tokens, committed (chunk by chunk, as the engine's prefill). */
+static int prefill(Backend *b, Rng *r, int ctx, RsErr *e) {
+    int *tokens = rs_xmalloc(sizeof(int) * (size_t)ctx);
     int vocab = backend_model(b)->cfg.vocab_size;
-    for (int i = 0; i < PREFILL; i++) {
-        tokens[i] = (int)(rng_next(r) % (uint64_t)vocab);
-        pos[i] = rows[i] = i;
-    }
+    for (int i = 0; i < ctx; i++) tokens[i] = (int)(rng_next(r) % (uint64_t)vocab);
     backend_kv_reset(b);
-    int rc = backend_forward(b, tokens, pos, PREFILL, NULL, NULL, 0, NULL, e);
-    return rc ? rc : backend_kv_commit(b, rows, PREFILL, e);
+    int rc = backend_prefill(b, tokens, ctx, NULL, e);
+    free(tokens);
+    return rc;
 }
 
 /* Greedy AR decoding of n tokens after the prefill; returns tok/s (wall clock) and sets
@@ -253,9 +256,9 @@ static double ar_tok_s(Backend *b, int n, float *logits, double *cpu_tok_s, RsEr
     return n / ((rs_now_ns() - t0) / 1e9);
 }
 
-/* A random tree of n nodes after the prefill: mask, positions, tokens; *attended gets the
- * sum over nodes of entries attended (for attention flops). */
-static void make_tree(Rng *r, int n, int vocab, uint8_t *mask, int *pos, int *tokens,
+/* A random tree of n nodes after a ctx-token prefill: mask, positions, tokens; *attended
+ * gets the sum over nodes of entries attended (for attention flops). */
+static void make_tree(Rng *r, int n, int ctx, int vocab, uint8_t *mask, int *pos, int *tokens,
                       long *attended) {
     int parent[MAX_N], depth[MAX_N];
     memset(mask, 0, (size_t)n * n);
@@ -263,23 +266,24 @@ static void make_tree(Rng *r, int n, int vocab, uint8_t *mask, int *pos, int *to
     for (int i = 0; i < n; i++) {
         parent[i] = i == 0 ? -1 : (int)(rng_next(r) % (uint64_t)i);
         depth[i] = parent[i] < 0 ? 0 : depth[parent[i]] + 1;
-        pos[i] = PREFILL + depth[i];
+        pos[i] = ctx + depth[i];
         tokens[i] = (int)(rng_next(r) % (uint64_t)vocab);
         for (int u = i; u >= 0; u = parent[u]) {
             mask[i * n + u] = 1;
             (*attended)++;
         }
-        *attended += PREFILL;
+        *attended += ctx;
     }
 }
 
 /* Best and mean ms of `iters` tree passes of n nodes (2 warm-up passes). */
 static int time_passes(Backend *b, Rng *r, int n, int iters, float *logits, double *best,
                        double *mean, double *best_cpu, long *attended, RsErr *e) {
+    int ctx = backend_n_committed(b);
     static uint8_t mask[MAX_N * MAX_N];
     int pos[MAX_N], tokens[MAX_N], rows[MAX_N];
     for (int i = 0; i < n; i++) rows[i] = i;
-    make_tree(r, n, backend_model(b)->cfg.vocab_size, mask, pos, tokens, attended);
+    make_tree(r, n, ctx, backend_model(b)->cfg.vocab_size, mask, pos, tokens, attended);
     double sum = 0;
     *best = *best_cpu = 1e30;
     for (int it = -2; it < iters; it++) {
@@ -349,7 +353,7 @@ static int paired_read_frac(Backend *b, int threads, double bytes, int rounds, f
 static int run_threads(const Model *m, const Opts *o, int threads, double wbytes,
                        const MicroRoof *roof, long *rss_kb, size_t *kv_es, RsErr *e) {
     const Config *c = &m->cfg;
-    BackendParams bp = {.kv_capacity = PREFILL + MAX_N + o->ar_tokens, .max_batch = PREFILL,
+    BackendParams bp = {.kv_capacity = o->ctx + MAX_N + o->ar_tokens, .max_batch = PREFILL,
                         .max_pending = PREFILL, .threads = threads};
     Backend *b = NULL;
     int rc = backend_create(&cpu_backend_ops, m, &bp, &b, e);
@@ -358,12 +362,13 @@ static int run_threads(const Model *m, const Opts *o, int threads, double wbytes
     rng_seed(&r, 42);
     float *logits = rs_xmalloc(sizeof(float) * MAX_N * c->vocab_size);
     double mem = stream_gbs(threads, 1), rd = stream_gbs(threads, 0), ar = -1, ar_cpu = -1;
-    if (!(rc = prefill(b, &r, e)) && (ar = ar_tok_s(b, o->ar_tokens, logits, &ar_cpu, e)) < 0)
+    if (!(rc = prefill(b, &r, o->ctx, e)) &&
+        (ar = ar_tok_s(b, o->ar_tokens, logits, &ar_cpu, e)) < 0)
         rc = e->code;
-    if (!rc) rc = prefill(b, &r, e);
+    if (!rc) rc = prefill(b, &r, o->ctx, e);
     /* per token: the weights once, plus K and V of every layer over the context read */
     *kv_es = backend_kv_es(b);
-    double kv = kv_mb(c, PREFILL + 1, *kv_es) * 1e6;
+    double kv = kv_mb(c, o->ctx + 1, *kv_es) * 1e6;
     printf("\nthreads %d, kernels %s, KV cache %s: AR %.1f tok/s (%.1f per CPU second); memcpy "
            "%.1f GB/s (read+write), read stream %.1f GB/s\n", threads, cpu_backend_kernels(b),
            cpu_backend_kv(b), ar, ar_cpu, mem, rd);
@@ -488,7 +493,7 @@ int main(int argc, char **argv) {
             rc = micro_drafter_host(m, o.threads[i], o.draft_rounds, &us_row, &e);
     }
     if (!rc) {
-        double kv = kv_mb(c, PREFILL + MAX_N + o.ar_tokens, kv_es);
+        double kv = kv_mb(c, o.ctx + MAX_N + o.ar_tokens, kv_es);
         printf("\nVmRSS %.1f MB at most with a backend alive (weights + KV cache + "
                "buffers) vs file %.1f + KV %.1f + 64 = %.1f MB\nrss_mb=%.0f\n",
                rss / 1e3, file_mb, kv, file_mb + kv + 64, rss / 1e3);
