@@ -15,11 +15,13 @@ AVX-512 instructions anywhere in ggml-cpu. Version measured: 0.3.36.
 
 Prints key=value lines (tools/peer-compare.sh pairs them with rootspec-micro's):
   ar_tok_s_t{1,2}         greedy autoregressive decode, tokens/s at 1 and 2 threads: a
-                          --prompt-tokens prompt is prefilled (untimed), then --ar-tokens
+                          --prompt-tokens prompt (default: --context, the entries
+                          rootspec-micro's AR decode follows) is prefilled (untimed), then --ar-tokens
                           tokens are decoded one at a time (decode + argmax each)
   ar_cpu_tok_s_t{1,2}     the same per second of process CPU time (less distorted by a
                           loaded machine at 1 thread; at 2, spinning threads count)
-  pass_ms_n{1,9,65}_t{1,2} one forward of n tokens after a 128-token context, logits for
+  pass_ms_n{1,9,65}_t{1,2} one forward of n tokens after a --context (128) token context
+                          (rootspec-micro --ctx gives the same on its side), logits for
                           every row (as a tree verification pass needs; rootspec-micro
                           computes every row too), mean over --iters after 2 warm-ups
   pass_best_ms_...        the fastest of those passes
@@ -71,7 +73,7 @@ class Peer:
         self.ctx = self.llm._ctx.ctx
         self.n_vocab = self.llm.n_vocab()
         toks = self.llm.tokenize(TEXT.encode(), add_bos=False)
-        self.stream = (toks * (1 + 400 // len(toks)))[:400]
+        self.stream = (toks * (1 + n_ctx // len(toks)))[:n_ctx]  # every position a pass reaches
 
     def threads(self, t):
         self.lc.llama_set_n_threads(self.ctx, t, t)
@@ -80,6 +82,8 @@ class Peer:
         """Evaluates tokens at positions n_past.. after dropping the cache from n_past on."""
         self.llm._ctx.kv_cache_seq_rm(-1, n_past, -1)
         self.llm._batch.set_batch(batch=tokens, n_past=n_past, logits_all=all_logits)
+        if not tokens:
+            raise ValueError("llama_peer: an empty batch (the text stream is too short)")
         self.llm._ctx.decode(self.llm._batch)
         self.lc.llama_synchronize(self.ctx)
 
@@ -119,7 +123,8 @@ def main():
     ap.add_argument("--ns", default="1,9,65", help="pass sizes (default 1,9,65)")
     ap.add_argument("--context", type=int, default=128, help="tokens before a timed pass (128)")
     ap.add_argument("--iters", type=int, default=10, help="timed passes per size (10)")
-    ap.add_argument("--prompt-tokens", type=int, default=32, help="AR decode prompt (32)")
+    ap.add_argument("--prompt-tokens", type=int, default=None,
+                    help="AR decode prompt (default: --context, as rootspec-micro's --ctx)")
     ap.add_argument("--ar-tokens", type=int, default=128, help="AR decode length (128)")
     a = ap.parse_args()
     if not os.path.isfile(a.model):
@@ -132,6 +137,8 @@ def main():
               file=sys.stderr)
         return 2
     ns = [int(x) for x in a.ns.split(",")]
+    if a.prompt_tokens is None:
+        a.prompt_tokens = a.context
     peer = Peer(a.model, max(512, a.context + max(ns), a.prompt_tokens + a.ar_tokens + 1))
     print("peer=llama.cpp")
     print(f"llama_cpp_version={llama_cpp.__version__}")
