@@ -36,7 +36,8 @@ static void usage(FILE *f) {
             "  --iters K        timed passes per batch size (default 20; 2 warm-up passes)\n"
             "  --ar-tokens N    greedy tokens decoded for the AR figure (default 64)\n"
             "  --ctx N          context committed before AR decoding and the timed passes\n"
-            "                   (default %d; attention's share grows with it)\n"
+            "                   (default %d; attention's share grows with it; past the\n"
+            "                   model's trained context a note says the timings are all)\n"
             "  --rss-ctx N      also fill an N-entry KV cache (e.g. the engine's default 2048)\n"
             "                   and check resident memory <= file + KV cache + 64 MB\n"
             "  --draft-rounds N pools a self-drafter (first half of the layers) grows for\n"
@@ -465,6 +466,11 @@ int main(int argc, char **argv) {
         return lrc == RS_EINVAL || lrc == RS_EFORMAT || lrc == RS_EUNSUPPORTED ? 2 : 1;
     }
     const Config *c = &m->cfg;
+    long span = (long)o.ctx + (o.ar_tokens > MAX_N ? o.ar_tokens : MAX_N);
+    if (span > c->max_seq_len) /* speed is still measurable there; the logits are not meant */
+        fprintf(stderr, "rootspec-micro: note: --ctx %d, then %d AR tokens or a %d-row tree, "
+                "reach %ld positions, past the %d the model was trained for: timings only\n",
+                o.ctx, o.ar_tokens, MAX_N, span, c->max_seq_len);
     double wbytes = (double)model_weight_bytes(m);
     struct stat st;
     double file_mb = stat(o.model_path, &st) == 0 && S_ISREG(st.st_mode) ? st.st_size / 1e6 : 0;

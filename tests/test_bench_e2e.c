@@ -416,6 +416,39 @@ END_TEST
  * threads, pass times, copy and read bandwidth, the compute roof, kernel family, resident
  * memory against its budget, the drafter's host work per row) and refuses a --rss-ctx smaller than its own prefill or a
  * negative --draft-rounds with exit 2. */
+/* bytes_per_token of one micro run at --ctx ctx (1 thread, tiny model); *text: its output. */
+static double micro_bytes_at(const char *out, int ctx, char **text) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "build/rootspec-micro --model random:tiny --threads 1 --iters 1 "
+             "--ar-tokens 2 --draft-rounds 0 --ctx %d > '%s' 2>&1", ctx, out);
+    int rc = system(cmd);
+    *text = slurp(out, NULL);
+    ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "--ctx %d: %s", ctx, *text);
+    const char *b = strstr(*text, "bytes_per_token=");
+    ck_assert_msg(b != NULL, "no bytes_per_token at --ctx %d:\n%s", ctx, *text);
+    return atof(b + 16);
+}
+
+/* --ctx: a longer context streams more KV bytes per token; past the model's trained context
+ * (random:tiny: 4096) a note says so; 0 is refused by name. */
+static void micro_ctx_checks(const char *out) {
+    char *t1, *t2, cmd[600];
+    double b1 = micro_bytes_at(out, 128, &t1), b2 = micro_bytes_at(out, 300, &t2);
+    ck_assert_msg(b2 > b1, "bytes per token %g at ctx 300, %g at 128", b2, b1);
+    ck_assert_msg(!strstr(t1, "trained for") && !strstr(t2, "trained for"), "%s", t2);
+    free(t1);
+    free(t2);
+    micro_bytes_at(out, 4032, &t1);
+    ck_assert_msg(strstr(t1, "reach 4097 positions, past the 4096"), "no note:\n%s", t1);
+    free(t1);
+    snprintf(cmd, sizeof cmd, "build/rootspec-micro --model random:tiny --ctx 0 > '%s' 2>&1", out);
+    int rc = system(cmd);
+    t1 = slurp(out, NULL);
+    ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "--ctx 0 accepted: %s", t1);
+    ck_assert_msg(strstr(t1, "--ctx: 0 is outside"), "%s", t1);
+    free(t1);
+}
+
 START_TEST(test_e2e_micro_report) {
     char *tmp = tmp_dir(), cmd[600], out[256];
     snprintf(out, sizeof out, "%s/micro.txt", tmp);
@@ -451,6 +484,7 @@ START_TEST(test_e2e_micro_report) {
     ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "--draft-rounds -1 accepted: %s", text);
     ck_assert_msg(strstr(text, "--draft-rounds"), "%s", text);
     free(text);
+    micro_ctx_checks(out);
     rm_tree(tmp);
 }
 END_TEST
