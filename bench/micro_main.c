@@ -324,14 +324,17 @@ static int cmp_double(const void *a, const void *b) {
 static int paired_read_frac(Backend *b, int threads, double bytes, int rounds, float *logits,
                             double *frac, RsErr *e) {
     size_t sz = ((size_t)bytes + 4095) & ~(size_t)4095, most = (size_t)256 << 20;
-    sz = sz < most ? sz : most; /* a larger model's GB/s from 256 MiB, not a second copy */
-    char *a = stream_buffer(sz, 1);
+    sz = sz < most ? sz : most; /* a larger model's GB/s from 256 MiB, not a third copy */
+    /* Two regions read in turn: a region read twice in a row streams part of itself from
+     * the L3 (Zen 3, 99 MB: ~5% faster), which the pass, reading its weights after the
+     * stream, never gets. */
+    char *a = stream_buffer(2 * sz, 1);
     double *ratio = rs_xmalloc(sizeof(double) * (size_t)rounds);
     int tok = 1, zero = 0, pos = backend_n_committed(b), rc = RS_OK;
     for (int i = -1; i < rounds && !rc; i++) { /* round -1 warms up */
         double best = 0, gbs = 0;
         for (int pf = 0; pf < READ_PF_N; pf++) {
-            double g = stream_once(a, NULL, sz, threads, pf);
+            double g = stream_once(a + (pf & 1) * sz, NULL, sz, threads, pf);
             best = g > best ? g : best;
         }
         for (int k = 0; k < 2 && !rc; k++) { /* the first wakes the pool's sleeping workers */
@@ -345,7 +348,7 @@ static int paired_read_frac(Backend *b, int threads, double bytes, int rounds, f
     qsort(ratio, (size_t)rounds, sizeof(double), cmp_double);
     *frac = ratio[rounds / 2];
     free(ratio);
-    rs_huge_free(a, sz);
+    rs_huge_free(a, 2 * sz);
     return rc;
 }
 
