@@ -11,11 +11,19 @@
 #                 works through PYTHONPATH, e.g. PYTHONPATH=/work/peer-pkg)
 #   MICRO_CMD     rootspec side (default: build/rootspec-micro --model MODEL)
 #   PEER_ARGS     extra arguments for llama_peer.py (e.g. "--iters 5")
+#   CTX           context before AR and the passes on both sides (rootspec-micro --ctx,
+#                 llama_peer.py --context; default: each tool's own, 128)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 py=${PEER_PYTHON:-/work/venv-peer/bin/python}
 micro=${MICRO_CMD:-build/rootspec-micro --model $model}
+peer_args=${PEER_ARGS:-}
+if [ -n "${CTX:-}" ]; then
+    case $CTX in ''|*[!0-9]*) echo "peer-compare: CTX '$CTX' is not a positive integer" >&2; exit 2;; esac
+    micro="$micro --ctx $CTX"
+    peer_args="$peer_args --context $CTX"
+fi
 [ -f "$model" ] || { echo "peer-compare: no such model '$model'" >&2; exit 2; }
 [ -x "$py" ] || { echo "peer-compare: no python at '$py' (set PEER_PYTHON)" >&2; exit 2; }
 "$py" -c 'import llama_cpp' 2>/dev/null || {
@@ -27,9 +35,9 @@ trap 'rm -rf "$tmp"' EXIT
 echo "== load before: $(uptime) (the figures are only comparable on a quiet machine)"
 echo "== rootspec: $micro"
 $micro | tee "$tmp/rootspec.txt"
-echo "== llama.cpp: $py tools/llama_peer.py $model ${PEER_ARGS:-}"
+echo "== llama.cpp: $py tools/llama_peer.py $model $peer_args"
 # shellcheck disable=SC2086
-"$py" tools/llama_peer.py "$model" ${PEER_ARGS:-} | tee "$tmp/llama.txt"
+"$py" tools/llama_peer.py "$model" $peer_args | tee "$tmp/llama.txt"
 
 echo "== load after: $(uptime)"
 echo "== ratios (> 1: rootspec better)"
