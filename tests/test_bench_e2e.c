@@ -410,20 +410,34 @@ START_TEST(test_e2e_bad_input) {
 }
 END_TEST
 
-/* A resumed run must measure the same prompts: editing the prompt file is refused. A second
- * run into a directory that holds one is refused too (it would truncate the logs). */
-/* rootspec-micro prints every figure the CPU comparison needs in one run (AR at 1 and 2
- * threads, pass times, copy and read bandwidth, the compute roof, kernel family, resident
- * memory against its budget, the drafter's host work per row) and refuses a --rss-ctx smaller than its own prefill or a
- * negative --draft-rounds with exit 2. */
-/* bytes_per_token of one micro run at --ctx ctx (1 thread, tiny model); *text: its output. */
-static double micro_bytes_at(const char *out, int ctx, char **text) {
+/* Exit status of `rootspec-micro --model random:tiny ARGS` (-1: did not exit); *text: its
+ * stdout and stderr, which the caller frees. */
+static int micro_run(const char *out, const char *args, char **text) {
     char cmd[600];
-    snprintf(cmd, sizeof cmd, "build/rootspec-micro --model random:tiny --threads 1 --iters 1 "
-             "--ar-tokens 2 --draft-rounds 0 --ctx %d > '%s' 2>&1", ctx, out);
+    snprintf(cmd, sizeof cmd, "build/rootspec-micro --model random:tiny %s > '%s' 2>&1", args,
+             out);
     int rc = system(cmd);
     *text = slurp(out, NULL);
-    ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "--ctx %d: %s", ctx, *text);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/* ARGS refused with exit 2 and a message holding `want` and, unless NULL, `want2`. */
+static void micro_refused(const char *out, const char *args, const char *want,
+                          const char *want2) {
+    char *text;
+    int rc = micro_run(out, args, &text);
+    ck_assert_msg(rc == 2, "%s accepted (exit %d): %s", args, rc, text);
+    ck_assert_msg(strstr(text, want) && (!want2 || strstr(text, want2)), "%s: %s", args, text);
+    free(text);
+}
+
+/* bytes_per_token of one micro run at --ctx ctx (1 thread); *text: its output. */
+static double micro_bytes_at(const char *out, int ctx, char **text) {
+    char args[200];
+    snprintf(args, sizeof args, "--threads 1 --iters 1 --ar-tokens 2 --draft-rounds 0 --ctx %d",
+             ctx);
+    int rc = micro_run(out, args, text);
+    ck_assert_msg(rc == 0, "--ctx %d: %s", ctx, *text);
     const char *b = strstr(*text, "bytes_per_token=");
     ck_assert_msg(b != NULL, "no bytes_per_token at --ctx %d:\n%s", ctx, *text);
     return atof(b + 16);
@@ -432,7 +446,7 @@ static double micro_bytes_at(const char *out, int ctx, char **text) {
 /* --ctx: a longer context streams more KV bytes per token; past the model's trained context
  * (random:tiny: 4096) a note says so; 0 is refused by name. */
 static void micro_ctx_checks(const char *out) {
-    char *t1, *t2, cmd[600];
+    char *t1, *t2;
     double b1 = micro_bytes_at(out, 128, &t1), b2 = micro_bytes_at(out, 300, &t2);
     ck_assert_msg(b2 > b1, "bytes per token %g at ctx 300, %g at 128", b2, b1);
     ck_assert_msg(!strstr(t1, "trained for") && !strstr(t2, "trained for"), "%s", t2);
@@ -441,22 +455,19 @@ static void micro_ctx_checks(const char *out) {
     micro_bytes_at(out, 4032, &t1);
     ck_assert_msg(strstr(t1, "reach 4097 positions, past the 4096"), "no note:\n%s", t1);
     free(t1);
-    snprintf(cmd, sizeof cmd, "build/rootspec-micro --model random:tiny --ctx 0 > '%s' 2>&1", out);
-    int rc = system(cmd);
-    t1 = slurp(out, NULL);
-    ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "--ctx 0 accepted: %s", t1);
-    ck_assert_msg(strstr(t1, "--ctx: 0 is outside"), "%s", t1);
-    free(t1);
+    micro_refused(out, "--ctx 0", "--ctx: 0 is outside", NULL);
 }
 
+/* rootspec-micro prints every figure the CPU comparison needs in one run (AR at 1 and 2
+ * threads, pass times, copy and read bandwidth, the compute roof, kernel family, resident
+ * memory against its budget, the drafter's host work per row), refuses a --rss-ctx smaller
+ * than its own prefill, a negative --draft-rounds or --ctx 0 with exit 2, and times passes
+ * after the context --ctx asks for. */
 START_TEST(test_e2e_micro_report) {
-    char *tmp = tmp_dir(), cmd[600], out[256];
+    char *tmp = tmp_dir(), out[256], *text;
     snprintf(out, sizeof out, "%s/micro.txt", tmp);
-    snprintf(cmd, sizeof cmd, "build/rootspec-micro --model random:tiny --threads 1,2 --iters 1 "
-             "--ar-tokens 2 --rss-ctx 256 > '%s' 2>&1", out);
-    int rc = system(cmd);
-    char *text = slurp(out, NULL);
-    ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "micro failed: %s", text);
+    int rc = micro_run(out, "--threads 1,2 --iters 1 --ar-tokens 2 --rss-ctx 256", &text);
+    ck_assert_msg(rc == 0, "micro failed: %s", text);
     static const char *keys[] = {"ar_tok_s_t1=", "ar_tok_s_t2=", "ar_cpu_tok_s_t2=",
                                  "pass_ms_n1_t1=", "pass_ms_n9_t2=", "pass_ms_n65_t2=",
                                  "kernels_t1=", "bytes_per_token=", "copy_gbs=", "rss_mb=",
@@ -470,25 +481,15 @@ START_TEST(test_e2e_micro_report) {
     ck_assert_msg(r1 > 0 && r65 > 4 * r1, "roof n1 %g ms, n65 %g ms:\n%s", r1, r65, text);
     ck_assert_msg(strstr(text, ": within") != NULL, "tiny model over its RSS budget:\n%s", text);
     free(text);
-    snprintf(cmd, sizeof cmd, "build/rootspec-micro --model random:tiny --rss-ctx 5 > '%s' 2>&1",
-             out);
-    rc = system(cmd);
-    text = slurp(out, NULL);
-    ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "--rss-ctx 5 accepted: %s", text);
-    ck_assert_msg(strstr(text, "--rss-ctx") && strstr(text, " 5 "), "%s", text);
-    free(text);
-    snprintf(cmd, sizeof cmd,
-             "build/rootspec-micro --model random:tiny --draft-rounds -1 > '%s' 2>&1", out);
-    rc = system(cmd);
-    text = slurp(out, NULL);
-    ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "--draft-rounds -1 accepted: %s", text);
-    ck_assert_msg(strstr(text, "--draft-rounds"), "%s", text);
-    free(text);
+    micro_refused(out, "--rss-ctx 5", "--rss-ctx", " 5 ");
+    micro_refused(out, "--draft-rounds -1", "--draft-rounds", NULL);
     micro_ctx_checks(out);
     rm_tree(tmp);
 }
 END_TEST
 
+/* A resumed run must measure the same prompts: editing the prompt file is refused. A second
+ * run into a directory that holds one is refused too (it would truncate the logs). */
 START_TEST(test_e2e_resume_refuses_changed_prompts) {
     char *tmp = tmp_dir();
     char pf[256], out[256];
