@@ -229,9 +229,93 @@ static void write_many(const char *path, int n) {
 
 /* ---- tests ---- */
 
+/* The run's rows: --max-new exact, every (prompt, combination) exactly once. */
+static int check_run_rows(const char *out, Row *rows) {
+    int n = read_rows(out, rows);
+    ck_assert_int_eq(n, 3 * N_COMBOS);
+    check_consistent(out, rows, n);
+    for (int i = 0; i < n; i++) /* --max-new 12 is exact: speeds count no token past it */
+        ck_assert_msg(rows[i].hit_eos ? rows[i].tokens <= 12 : rows[i].tokens == 12,
+                      "%s: %d tokens under --max-new 12", rows[i].key, rows[i].tokens);
+    const char *pids[] = {"81", "82", "HumanEval/0"};
+    const char *combos[] = {"ar,0,0", "ar,1,0", "draft,0,8", "draft,1,8", "rootdraw,0,8",
+                            "rootdraw,1,8"};
+    for (int p = 0; p < 3; p++)
+        for (int c = 0; c < N_COMBOS; c++) {
+            char key[128];
+            snprintf(key, sizeof key, "%s,%s", pids[p], combos[c]);
+            ck_assert_msg(row_find(rows, n, key) >= 0, "no decode %s", key);
+        }
+    return n;
+}
+
+/* stdout (tmp/run.out) echoes summary.md, and --analyze reproduces it byte for byte. */
+static void check_summary_analyze(const char *tmp, const char *out) {
+    char sp[512], op[512], ref[512];
+    snprintf(sp, sizeof sp, "%s/summary.md", out);
+    snprintf(op, sizeof op, "%s/run.out", tmp);
+    size_t ns, no;
+    char *sum = slurp(sp, &ns), *so = slurp(op, &no), *err;
+    ck_assert_msg(no >= ns && memcmp(so, sum, ns) == 0, "stdout does not start with summary.md");
+    ck_assert_ptr_nonnull(strstr(sum, "prompts: 3; decodes: 18"));
+    free(so);
+    snprintf(ref, sizeof ref, "%s/summary.ref", tmp);
+    ck_assert_int_eq(rename(sp, ref), 0);
+    const char *an[] = {"--analyze", out, NULL};
+    int rc = bench_run(tmp, "analyze", an, &err);
+    ck_assert_msg(rc == 0, "--analyze exited %d: %s", rc, err);
+    free(err);
+    size_t ns2;
+    char *sum2 = slurp(sp, &ns2);
+    ck_assert_msg(ns2 == ns && memcmp(sum, sum2, ns) == 0, "--analyze changed summary.md");
+    free(sum2);
+    free(sum);
+}
+
+/* --resume on a completed run runs nothing and leaves decodes.csv as it was; with its
+ * last 2 rows deleted it re-runs exactly those two. */
+static void check_resume(const char *tmp, const char *out, const Row *rows, int n) {
+    char dp[512], *err;
+    snprintf(dp, sizeof dp, "%s/decodes.csv", out);
+    size_t nd;
+    char *dec = slurp(dp, &nd);
+    const char *rs[] = {"--resume", out, NULL};
+    int rc = bench_run(tmp, "resume1", rs, &err);
+    ck_assert_msg(rc == 0, "--resume exited %d: %s", rc, err);
+    ck_assert_msg(strstr(err, "0 to run") != NULL, "resume of a complete run: %s", err);
+    ck_assert_msg(strstr(err, "progress") == NULL, "a complete run ran decodes: %s", err);
+    free(err);
+    size_t nd2;
+    char *dec2 = slurp(dp, &nd2);
+    ck_assert_msg(nd2 == nd && memcmp(dec, dec2, nd) == 0, "--resume changed decodes.csv");
+    free(dec2);
+    char *cut = dec + nd - 1; /* at the final '\n' */
+    for (int k = 0; k < 2; k++) {
+        cut--;
+        while (*cut != '\n') cut--;
+    }
+    FILE *f = fopen(dp, "wb");
+    ck_assert_ptr_nonnull(f);
+    fwrite(dec, 1, (size_t)(cut + 1 - dec), f);
+    fclose(f);
+    free(dec);
+    rc = bench_run(tmp, "resume2", rs, &err);
+    ck_assert_msg(rc == 0, "--resume exited %d: %s", rc, err);
+    ck_assert_msg(strstr(err, "16 of 18 decodes done, 2 to run") != NULL, "%s", err);
+    free(err);
+    static Row rows2[MAXROWS];
+    int n2 = read_rows(out, rows2);
+    ck_assert_int_eq(n2, n);
+    for (int i = 0; i < n - 2; i++) ck_assert_str_eq(rows2[i].key, rows[i].key);
+    /* the two re-run decodes are the deleted ones (in plan order) */
+    ck_assert_str_eq(rows2[n - 2].key, rows[n - 2].key);
+    ck_assert_str_eq(rows2[n - 1].key, rows[n - 1].key);
+    check_consistent(out, rows2, n2);
+}
+
 START_TEST(test_e2e_run_analyze_resume) {
     char *tmp = tmp_dir();
-    char pf[256], out[256], ref[512], dref[512];
+    char pf[256], out[256];
     snprintf(pf, sizeof pf, "%s/prompts.jsonl", tmp);
     snprintf(out, sizeof out, "%s/run", tmp);
     write_text(pf, PROMPTS3);
@@ -248,87 +332,10 @@ START_TEST(test_e2e_run_analyze_resume) {
                                   "round_breakdown.png", "run.json"};
     for (size_t i = 0; i < sizeof files / sizeof *files; i++)
         ck_assert_msg(file_exists(out, files[i]), "%s/%s missing or empty", out, files[i]);
-
-    Row rows[MAXROWS], rows2[MAXROWS];
-    int n = read_rows(out, rows);
-    ck_assert_int_eq(n, 3 * N_COMBOS);
-    check_consistent(out, rows, n);
-    for (int i = 0; i < n; i++) /* --max-new 12 is exact: speeds count no token past it */
-        ck_assert_msg(rows[i].hit_eos ? rows[i].tokens <= 12 : rows[i].tokens == 12,
-                      "%s: %d tokens under --max-new 12", rows[i].key, rows[i].tokens);
-    /* every (prompt, combination) exactly once */
-    const char *pids[] = {"81", "82", "HumanEval/0"};
-    const char *combos[] = {"ar,0,0", "ar,1,0", "draft,0,8", "draft,1,8", "rootdraw,0,8",
-                            "rootdraw,1,8"};
-    for (int p = 0; p < 3; p++)
-        for (int c = 0; c < N_COMBOS; c++) {
-            char key[128];
-            snprintf(key, sizeof key, "%s,%s", pids[p], combos[c]);
-            ck_assert_msg(row_find(rows, n, key) >= 0, "no decode %s", key);
-        }
-
-    /* stdout echoes summary.md */
-    char sp[512], op[512];
-    snprintf(sp, sizeof sp, "%s/summary.md", out);
-    snprintf(op, sizeof op, "%s/run.out", tmp);
-    size_t ns, no;
-    char *sum = slurp(sp, &ns), *so = slurp(op, &no);
-    ck_assert_msg(no >= ns && memcmp(so, sum, ns) == 0, "stdout does not start with summary.md");
-    ck_assert_ptr_nonnull(strstr(sum, "prompts: 3; decodes: 18"));
-    free(so);
-
-    /* --analyze reproduces summary.md byte for byte */
-    snprintf(ref, sizeof ref, "%s/summary.ref", tmp);
-    ck_assert_int_eq(rename(sp, ref), 0);
-    const char *an[] = {"--analyze", out, NULL};
-    rc = bench_run(tmp, "analyze", an, &err);
-    ck_assert_msg(rc == 0, "--analyze exited %d: %s", rc, err);
-    free(err);
-    size_t ns2;
-    char *sum2 = slurp(sp, &ns2);
-    ck_assert_msg(ns2 == ns && memcmp(sum, sum2, ns) == 0, "--analyze changed summary.md");
-    free(sum2);
-
-    /* --resume on a completed run runs nothing and leaves decodes.csv as it was */
-    char dp[512];
-    snprintf(dp, sizeof dp, "%s/decodes.csv", out);
-    size_t nd;
-    char *dec = slurp(dp, &nd);
-    const char *rs[] = {"--resume", out, NULL};
-    rc = bench_run(tmp, "resume1", rs, &err);
-    ck_assert_msg(rc == 0, "--resume exited %d: %s", rc, err);
-    ck_assert_msg(strstr(err, "0 to run") != NULL, "resume of a complete run: %s", err);
-    ck_assert_msg(strstr(err, "progress") == NULL, "a complete run ran decodes: %s", err);
-    free(err);
-    size_t nd2;
-    char *dec2 = slurp(dp, &nd2);
-    ck_assert_msg(nd2 == nd && memcmp(dec, dec2, nd) == 0, "--resume changed decodes.csv");
-    free(dec2);
-
-    /* delete the last 2 rows: --resume re-runs exactly those two */
-    snprintf(dref, sizeof dref, "%s/decodes.ref", tmp);
-    char *cut = dec + nd - 1; /* at the final '\n' */
-    for (int k = 0; k < 2; k++) {
-        cut--;
-        while (*cut != '\n') cut--;
-    }
-    FILE *f = fopen(dp, "wb");
-    ck_assert_ptr_nonnull(f);
-    fwrite(dec, 1, (size_t)(cut + 1 - dec), f);
-    fclose(f);
-    rc = bench_run(tmp, "resume2", rs, &err);
-    ck_assert_msg(rc == 0, "--resume exited %d: %s", rc, err);
-    ck_assert_msg(strstr(err, "16 of 18 decodes done, 2 to run") != NULL, "%s", err);
-    free(err);
-    int n2 = read_rows(out, rows2);
-    ck_assert_int_eq(n2, n);
-    for (int i = 0; i < n - 2; i++) ck_assert_str_eq(rows2[i].key, rows[i].key);
-    /* the two re-run decodes are the deleted ones (in plan order) */
-    ck_assert_str_eq(rows2[n - 2].key, rows[n - 2].key);
-    ck_assert_str_eq(rows2[n - 1].key, rows[n - 1].key);
-    check_consistent(out, rows2, n2);
-    free(dec);
-    free(sum);
+    static Row rows[MAXROWS];
+    int n = check_run_rows(out, rows);
+    check_summary_analyze(tmp, out);
+    check_resume(tmp, out, rows, n);
     rm_tree(tmp);
 }
 END_TEST

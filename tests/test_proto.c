@@ -428,6 +428,15 @@ START_TEST(test_roundtrip_all_types) {
     ck_assert_ptr_eq(got.u.pool.pool, got.pool_own);
     ck_assert(proto_msg_equal(&m, &got));
     proto_msg_clear(&got);
+    proto_msg_clear(&got);
+    msgpack_sbuffer_destroy(&sb);
+}
+END_TEST
+
+START_TEST(test_roundtrip_distinct_fields) {
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    ProtoMsg m, got = {0};
     /* Every numeric field distinct, so a decoder that swapped two fields of one type
      * (the vector HELLO asks for topk 10 / depth 8 / expand 10) would be caught. */
     memset(&m, 0, sizeof m);
@@ -463,6 +472,15 @@ START_TEST(test_roundtrip_all_types) {
               got.u.hello_ok.n_feat_layers == 2 && got.u.hello_ok.feat_layers[0] == 12 &&
               got.u.hello_ok.feat_layers[1] == 13 &&
               !strcmp(got.u.hello_ok.name, "nm"));
+    proto_msg_clear(&got);
+    msgpack_sbuffer_destroy(&sb);
+}
+END_TEST
+
+START_TEST(test_roundtrip_edge_values) {
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    ProtoMsg m, got = {0};
     /* Edge values: empty RESET, empty pool, max-length strings, extreme ints. */
     memset(&m, 0, sizeof m);
     m.type = PROTO_RESET;
@@ -869,16 +887,25 @@ START_TEST(test_malformed_header) {
 }
 END_TEST
 
-START_TEST(test_malformed_bodies) {
-    Frame f;
-#define BEGIN(type)                                                                        \
-    frame_init(&f);                                                                        \
-    frame_header(&f, "RSPC", PROTO_VERSION, type)
-#define END(code, want)                                                                    \
-    expect_fail(f.sb.data, f.sb.size, code, want);                                         \
-    msgpack_sbuffer_destroy(&f.sb)
-    msgpack_packer *pk = &f.pk;
+/* A frame of message `type` whose body the test packs next (mb_fail checks and frees it). */
+static msgpack_packer *mb_begin(Frame *f, unsigned type) {
+    frame_init(f);
+    frame_header(f, "RSPC", PROTO_VERSION, type);
+    return &f->pk;
+}
 
+/* The frame fails to decode with `code` and a message containing `want`. */
+static void mb_fail(Frame *f, int code, const char *want) {
+    expect_fail(f->sb.data, f->sb.size, code, want);
+    msgpack_sbuffer_destroy(&f->sb);
+}
+
+#define BEGIN(type) pk = mb_begin(&f, type)
+#define END(code, want) mb_fail(&f, code, want)
+
+START_TEST(test_malformed_hello) {
+    Frame f;
+    msgpack_packer *pk;
     /* HELLO: fingerprint as int, too long, embedded NUL; wrong field count; bad shape */
     BEGIN(PROTO_HELLO);
     msgpack_pack_array(pk, 5);
@@ -929,6 +956,12 @@ START_TEST(test_malformed_bodies) {
     msgpack_pack_double(pk, 8.0);
     pad(pk, 1);
     END(RS_EPROTO, "HELLO depth is a float, expected int");
+}
+END_TEST
+
+START_TEST(test_malformed_hello_ok) {
+    Frame f;
+    msgpack_packer *pk;
     /* HELLO_OK: name of the wrong type */
     BEGIN(PROTO_HELLO_OK);
     msgpack_pack_array(pk, 6);
@@ -964,6 +997,12 @@ START_TEST(test_malformed_bodies) {
         for (int i = 0; i < n; i++) msgpack_pack_uint32(pk, v == 3 && i == 1 ? 65536 : (uint32_t)i);
         END(RS_EPROTO, want[v]);
     }
+}
+END_TEST
+
+START_TEST(test_malformed_tokens) {
+    Frame f;
+    msgpack_packer *pk;
     /* RESET: body a map; tokens a str; negative token; token list over the limit */
     BEGIN(PROTO_RESET);
     msgpack_pack_map(pk, 1);
@@ -1019,6 +1058,12 @@ START_TEST(test_malformed_bodies) {
         proto_msg_clear(&m);
         msgpack_sbuffer_destroy(&f.sb);
     }
+}
+END_TEST
+
+START_TEST(test_malformed_features) {
+    Frame f;
+    msgpack_packer *pk;
     /* Features: every field checked, the size bound before the payload is read. */
     {
         static const struct {
@@ -1071,6 +1116,12 @@ START_TEST(test_malformed_bodies) {
         pack_s(pk, "");
         END(RS_EPROTO, "RESET features data is a str, expected bin");
     }
+}
+END_TEST
+
+START_TEST(test_malformed_error_bye) {
+    Frame f;
+    msgpack_packer *pk;
     /* ERROR: code out of int32, message as int */
     BEGIN(PROTO_ERROR);
     msgpack_pack_array(pk, 2);
@@ -1086,10 +1137,10 @@ START_TEST(test_malformed_bodies) {
     msgpack_pack_array(pk, 1);
     msgpack_pack_nil(pk);
     END(RS_EPROTO, "BYE body has 1 fields, expected 0");
-#undef BEGIN
-#undef END
 }
 END_TEST
+#undef BEGIN
+#undef END
 
 /* Packs a POOL body from p with optional corruption: which = 0 none, 1 n = 711,
  * 2 parents one short, 3 logq[4] as str, 4 depth 9, 5 tokens array of 711 (header). */
@@ -1457,6 +1508,8 @@ Suite *suite_proto(void) {
     tcase_add_test(tc, test_pool_finalize_rejects);
     tcase_add_test(tc, test_pool_rank_cmp);
     tcase_add_test(tc, test_roundtrip_all_types);
+    tcase_add_test(tc, test_roundtrip_distinct_fields);
+    tcase_add_test(tc, test_roundtrip_edge_values);
     tcase_add_test(tc, test_pool_optional_host_fields);
     tcase_add_test(tc, test_exact_bytes);
     tcase_add_test(tc, test_encode_errors);
@@ -1464,7 +1517,11 @@ Suite *suite_proto(void) {
     tcase_add_test(tc, test_truncation_every_offset);
     tcase_add_test(tc, test_byte_flips);
     tcase_add_test(tc, test_malformed_header);
-    tcase_add_test(tc, test_malformed_bodies);
+    tcase_add_test(tc, test_malformed_hello);
+    tcase_add_test(tc, test_malformed_hello_ok);
+    tcase_add_test(tc, test_malformed_tokens);
+    tcase_add_test(tc, test_malformed_features);
+    tcase_add_test(tc, test_malformed_error_bye);
     tcase_add_test(tc, test_malformed_pool);
     tcase_add_test(tc, test_zmq_pair);
     tcase_add_test(tc, test_vectors);

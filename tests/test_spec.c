@@ -238,6 +238,109 @@ static int ancestor_closed(const Pool *pl, const Selection *s) {
     return 1;
 }
 
+/* DESIGN.md §2 counts of a grown pool: 10 at depth 1, 100 at depths 2-8, 70 expanded. */
+static void check_pool_counts(const Pool *pl) {
+    ck_assert_int_eq(pl->n, POOL_MAX);
+    ck_assert_int_eq(pl->n_expanded, POOL_N_EXPANDED);
+    int per_depth[POOL_MAX_DEPTH + 1] = {0}, expanded = 0;
+    for (int i = 0; i < pl->n; i++) per_depth[pl->depth[i]]++;
+    for (int i = 0; i < pl->n; i++) expanded += pl->n_children[i] > 0;
+    ck_assert_int_eq(per_depth[1], 10);
+    for (int dd = 2; dd <= 8; dd++) ck_assert_int_eq(per_depth[dd], 100);
+    ck_assert_int_eq(expanded, 70);
+}
+
+/* A random target: rowp (n + 1, 50) a distribution at the root (row 0) and below each
+ * node i (row 1 + i); path[i] = the target probability of node i's whole path. */
+static void random_target(const Pool *pl, Rng *r, double *rowp, double *path) {
+    for (int i = 0; i <= pl->n; i++) {
+        double z = 0;
+        for (int v = 0; v < 50; v++) z += (rowp[i * 50 + v] = pow(rng_uniform(r), 3));
+        for (int v = 0; v < 50; v++) rowp[i * 50 + v] /= z;
+    }
+    for (int i = 0; i < pl->n; i++) {
+        int par = pl->parent[i];
+        double tp = rowp[(par + 1) * 50 + pl->token[i]];
+        path[i] = (par < 0 ? 1 : path[par]) * tp;
+    }
+}
+
+/* rootdraw's tree: X1 and min(B - 1, X1's descendants) when X1 is in the pool, else X1
+ * alone (and PEARL's too). */
+static void check_rootdraw_size(const Pool *pl, const Selection *s, int B) {
+    if (!s[RULE_ROOTDRAW].x1_in_pool) {
+        ck_assert_int_eq(s[RULE_ROOTDRAW].t.n, 1);
+        ck_assert_int_eq(s[RULE_PEARL].t.n, 1);
+        return;
+    }
+    int x1n = s[RULE_ROOTDRAW].t.node[0], nd = 0;
+    for (int i = 0; i < pl->n; i++) {
+        int a = i;
+        while (a >= 0 && a != x1n) a = pl->parent[a];
+        nd += a == x1n && i != x1n;
+    }
+    ck_assert_int_eq(s[RULE_ROOTDRAW].t.n, 1 + (nd < B - 1 ? nd : B - 1));
+}
+
+/* Expected acceptance of selection s under the target rows rowp (random_target). */
+static double selection_tau(const Pool *pl, const Selection *s, const double *rowp, int x1) {
+    double tr[TREE_MAX];
+    for (int j = 0; j < s->t.n; j++) {
+        int u = s->t.node[j];
+        int tok = u < 0 ? x1 : pl->token[u];
+        int par = s->t.parent[j];
+        int prow = par < 0 ? 0 : 1 + s->t.node[par];
+        if (j == 0 && s->rooted_at_x1) prow = 0;
+        tr[j] = rowp[prow * 50 + tok];
+    }
+    return tree_tau(s, tr);
+}
+
+/* Tie-breaking: the draft tree is exactly the first B of a brute-force ranking. */
+static void check_draft_order(const Pool *pl, const Selection *draft, int B) {
+    int idx[POOL_MAX];
+    for (int i = 0; i < pl->n; i++) idx[i] = i;
+    for (int i = 1; i < pl->n; i++) /* insertion sort by pool_rank_cmp */
+        for (int j = i; j > 0 && pool_rank_cmp(pl, idx[j], idx[j - 1]) < 0; j--) {
+            int t = idx[j];
+            idx[j] = idx[j - 1];
+            idx[j - 1] = t;
+        }
+    for (int j = 0; j < B; j++) ck_assert_int_eq(draft->t.node[j], idx[j]);
+}
+
+/* Every rule's tree at budget B against one pool and random target: ancestor-closed,
+ * sized as DESIGN.md says, and ordered by expected acceptance where theory orders it. */
+static void check_rules(const Pool *pl, const double *rowp, const double *path, int x1,
+                        int B, int round) {
+    float p0[50];
+    for (int v = 0; v < 50; v++) p0[v] = (float)rowp[v];
+    Selection s[RULE_COUNT];
+    select_draft(pl, B, &s[RULE_DRAFT]);
+    select_pearl(pl, B, x1, &s[RULE_PEARL]);
+    select_rootdraw(pl, B, x1, &s[RULE_ROOTDRAW]);
+    select_root(pl, B, p0, x1, &s[RULE_ROOT]);
+    select_oracle(pl, B, path, &s[RULE_ORACLE]);
+    for (int k = RULE_DRAFT; k < RULE_COUNT; k++)
+        ck_assert_msg(ancestor_closed(pl, &s[k]), "%s tree not ancestor-closed",
+                      rule_name((Rule)k));
+    ck_assert_int_eq(s[RULE_DRAFT].t.n, B);
+    ck_assert_int_eq(s[RULE_ROOT].t.n, B);
+    ck_assert_int_eq(s[RULE_ORACLE].t.n, B);
+    ck_assert_int_le(s[RULE_PEARL].t.n, B);
+    check_rootdraw_size(pl, s, B);
+    double tau[RULE_COUNT];
+    for (int k = RULE_DRAFT; k < RULE_COUNT; k++) tau[k] = selection_tau(pl, &s[k], rowp, x1);
+    ck_assert_msg(tau[RULE_ROOTDRAW] >= tau[RULE_PEARL] - 1e-12,
+                  "round %d B=%d: rootdraw tau %g < pearl tau %g", round, B,
+                  tau[RULE_ROOTDRAW], tau[RULE_PEARL]);
+    ck_assert_msg(tau[RULE_DRAFT] <= tau[RULE_ORACLE] + 1e-12,
+                  "round %d B=%d: draft tau %g > oracle tau %g", round, B, tau[RULE_DRAFT],
+                  tau[RULE_ORACLE]);
+    ck_assert_msg(tau[RULE_ROOT] <= tau[RULE_ORACLE] + 1e-12, "root tau > oracle");
+    check_draft_order(pl, &s[RULE_DRAFT], B);
+}
+
 START_TEST(test_tree_properties) {
     RsErr e = {0};
     Model *dm = tu_random_model(ARCH_LLAMA, 32, 64, 1, 4, 2, 50, 9);
@@ -247,97 +350,18 @@ START_TEST(test_tree_properties) {
     Rng r;
     rng_seed(&r, 5);
     int toks[4] = {3, 4, 5, 6};
-    double *trans = malloc(sizeof(double) * 50 * (POOL_MAX + 1));
+    double *rowp = malloc(sizeof(double) * 50 * (POOL_MAX + 1)), path[POOL_MAX];
     for (int round = 0; round < 30; round++) {
         toks[0] = (int)(rng_next(&r) % 50);
-        ck_assert_msg(drafter_commit_grow(d, toks, round == 0 ? 4 : 1, pl, &e) == 0, "%s", e.msg);
-        /* DESIGN.md §2 counts */
-        ck_assert_int_eq(pl->n, POOL_MAX);
-        ck_assert_int_eq(pl->n_expanded, POOL_N_EXPANDED);
-        int per_depth[POOL_MAX_DEPTH + 1] = {0}, expanded = 0;
-        for (int i = 0; i < pl->n; i++) per_depth[pl->depth[i]]++;
-        for (int i = 0; i < pl->n; i++) expanded += pl->n_children[i] > 0;
-        ck_assert_int_eq(per_depth[1], 10);
-        for (int dd = 2; dd <= 8; dd++) ck_assert_int_eq(per_depth[dd], 100);
-        ck_assert_int_eq(expanded, 70);
-        /* random target: a distribution over the vocab at the root and at each node */
-        double *rowp = trans; /* (n+1, 50): row 0 = root, row 1+i = node i */
-        for (int i = 0; i <= pl->n; i++) {
-            double z = 0;
-            for (int v = 0; v < 50; v++) z += (rowp[i * 50 + v] = pow(rng_uniform(&r), 3));
-            for (int v = 0; v < 50; v++) rowp[i * 50 + v] /= z;
-        }
-        double path[POOL_MAX];
-        for (int i = 0; i < pl->n; i++) {
-            int par = pl->parent[i];
-            double tp = rowp[(par + 1) * 50 + pl->token[i]];
-            path[i] = (par < 0 ? 1 : path[par]) * tp;
-        }
-        float p0[50];
-        for (int v = 0; v < 50; v++) p0[v] = (float)rowp[v];
+        ck_assert_msg(drafter_commit_grow(d, toks, round == 0 ? 4 : 1, pl, &e) == 0, "%s",
+                      e.msg);
+        check_pool_counts(pl);
+        random_target(pl, &r, rowp, path);
         int x1 = round % 3 == 0 ? 49 - pl->token[0] % 5 : pl->token[round % 10];
-        for (int b = 0; b < 3; b++) {
-            int B = b == 0 ? 8 : b == 1 ? 59 : 64;
-            Selection s[RULE_COUNT];
-            select_draft(pl, B, &s[RULE_DRAFT]);
-            select_pearl(pl, B, x1, &s[RULE_PEARL]);
-            select_rootdraw(pl, B, x1, &s[RULE_ROOTDRAW]);
-            select_root(pl, B, p0, x1, &s[RULE_ROOT]);
-            select_oracle(pl, B, path, &s[RULE_ORACLE]);
-            for (int k = RULE_DRAFT; k < RULE_COUNT; k++)
-                ck_assert_msg(ancestor_closed(pl, &s[k]), "%s tree not ancestor-closed",
-                              rule_name((Rule)k));
-            ck_assert_int_eq(s[RULE_DRAFT].t.n, B);
-            ck_assert_int_eq(s[RULE_ROOT].t.n, B);
-            ck_assert_int_eq(s[RULE_ORACLE].t.n, B);
-            ck_assert_int_le(s[RULE_PEARL].t.n, B);
-            /* rootdraw: X1 + min(B-1, descendants) */
-            if (s[RULE_ROOTDRAW].x1_in_pool) {
-                int x1n = s[RULE_ROOTDRAW].t.node[0], nd = 0;
-                for (int i = 0; i < pl->n; i++) {
-                    int a = i;
-                    while (a >= 0 && a != x1n) a = pl->parent[a];
-                    nd += a == x1n && i != x1n;
-                }
-                ck_assert_int_eq(s[RULE_ROOTDRAW].t.n, 1 + (nd < B - 1 ? nd : B - 1));
-            } else {
-                ck_assert_int_eq(s[RULE_ROOTDRAW].t.n, 1);
-                ck_assert_int_eq(s[RULE_PEARL].t.n, 1);
-            }
-            /* tau from the random target rows */
-            double tau[RULE_COUNT];
-            for (int k = RULE_DRAFT; k < RULE_COUNT; k++) {
-                double tr[TREE_MAX];
-                for (int j = 0; j < s[k].t.n; j++) {
-                    int u = s[k].t.node[j];
-                    int tok = u < 0 ? x1 : pl->token[u];
-                    int par = s[k].t.parent[j];
-                    int prow = par < 0 ? 0 : 1 + s[k].t.node[par];
-                    if (j == 0 && s[k].rooted_at_x1) prow = 0;
-                    tr[j] = rowp[prow * 50 + tok];
-                }
-                tau[k] = tree_tau(&s[k], tr);
-            }
-            ck_assert_msg(tau[RULE_ROOTDRAW] >= tau[RULE_PEARL] - 1e-12,
-                          "round %d B=%d: rootdraw tau %g < pearl tau %g", round, B,
-                          tau[RULE_ROOTDRAW], tau[RULE_PEARL]);
-            ck_assert_msg(tau[RULE_DRAFT] <= tau[RULE_ORACLE] + 1e-12,
-                          "round %d B=%d: draft tau %g > oracle tau %g", round, B, tau[RULE_DRAFT],
-                          tau[RULE_ORACLE]);
-            ck_assert_msg(tau[RULE_ROOT] <= tau[RULE_ORACLE] + 1e-12, "root tau > oracle");
-            /* tie-breaking: draft tree is exactly the first B of a brute-force ranking */
-            int idx[POOL_MAX];
-            for (int i = 0; i < pl->n; i++) idx[i] = i;
-            for (int i = 1; i < pl->n; i++) /* insertion sort by pool_rank_cmp */
-                for (int j = i; j > 0 && pool_rank_cmp(pl, idx[j], idx[j - 1]) < 0; j--) {
-                    int t = idx[j];
-                    idx[j] = idx[j - 1];
-                    idx[j - 1] = t;
-                }
-            for (int j = 0; j < B; j++) ck_assert_int_eq(s[RULE_DRAFT].t.node[j], idx[j]);
-        }
+        static const int budgets[] = {8, 59, 64};
+        for (int b = 0; b < 3; b++) check_rules(pl, rowp, path, x1, budgets[b], round);
     }
-    free(trans);
+    free(rowp);
     free(pl);
     drafter_destroy(&d);
     model_destroy(&dm);

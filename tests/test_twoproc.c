@@ -332,6 +332,22 @@ static void tokens_msg(ProtoMsg *m, ProtoType type, const int32_t *ids, int n) {
     m->u.tokens.n = n;
 }
 
+/* A token message (RESET, COMMIT_GROW) of ids[0..n) as request `seq`, answered by `want`. */
+static void send_tokens(void *s, ProtoType type, const int32_t *ids, int n, uint64_t seq,
+                        ProtoType want, ProtoMsg *rep, Pool *into) {
+    ProtoMsg m;
+    tokens_msg(&m, type, ids, n);
+    request(s, &m, seq, want, rep, into);
+}
+
+/* The same, refused: an ERROR whose message contains `why`. */
+static void expect_refusal(void *s, ProtoType type, const int32_t *ids, int n, uint64_t seq,
+                           ProtoMsg *rep, const char *why) {
+    send_tokens(s, type, ids, n, seq, PROTO_ERROR, rep, NULL);
+    ck_assert_msg(strstr(rep->u.error.message, why), "seq %llu: '%s' lacks '%s'",
+                  (unsigned long long)seq, rep->u.error.message, why);
+}
+
 /* The drafter's context follows the target's through RESET (which prefills its tokens) and
  * COMMIT_GROW; after a request fails it can no longer match, so COMMIT_GROW is refused
  * until RESET (it used to grow silently over a context missing the failed tokens, and
@@ -372,28 +388,18 @@ START_TEST(test_drafter_context_after_errors) {
     for (int i = 0; i < 250; i++) many[i] = (int32_t)(1 + i % 200);
     const int32_t prompt[] = {10, 20, 30, 40, 50}, cont[] = {60},
                   whole[] = {10, 20, 30, 40, 50, 60}, one[] = {1}, bad[] = {300};
-    ProtoMsg m;
     uint64_t seq = 10;
     /* 1. a COMMIT_GROW the KV cache cannot hold (200 + 70 tree entries > 256) */
-    tokens_msg(&m, PROTO_RESET, NULL, 0);
-    request(s, &m, seq++, PROTO_NONE, &rep, NULL);
-    tokens_msg(&m, PROTO_COMMIT_GROW, many, 200);
-    request(s, &m, seq++, PROTO_ERROR, &rep, NULL);
-    ck_assert_msg(strstr(rep.u.error.message, "KV cache full"), "%s", rep.u.error.message);
-    tokens_msg(&m, PROTO_COMMIT_GROW, one, 1);
-    request(s, &m, seq++, PROTO_ERROR, &rep, NULL);
-    ck_assert_msg(strstr(rep.u.error.message, "context lost (COMMIT_GROW seq 11 failed)"), "%s",
-                  rep.u.error.message);
+    send_tokens(s, PROTO_RESET, NULL, 0, seq++, PROTO_NONE, &rep, NULL);
+    expect_refusal(s, PROTO_COMMIT_GROW, many, 200, seq++, &rep, "KV cache full");
+    expect_refusal(s, PROTO_COMMIT_GROW, one, 1, seq++, &rep,
+                   "context lost (COMMIT_GROW seq 11 failed)");
     /* 2. RESET prefills: RESET [prompt] + COMMIT_GROW [60] grows the pool of
      * RESET [] + COMMIT_GROW [prompt, 60] */
-    tokens_msg(&m, PROTO_RESET, prompt, 5);
-    request(s, &m, seq++, PROTO_NONE, &rep, NULL);
-    tokens_msg(&m, PROTO_COMMIT_GROW, cont, 1);
-    request(s, &m, seq++, PROTO_POOL, &rep, &a);
-    tokens_msg(&m, PROTO_RESET, NULL, 0);
-    request(s, &m, seq++, PROTO_NONE, &rep, NULL);
-    tokens_msg(&m, PROTO_COMMIT_GROW, whole, 6);
-    request(s, &m, seq++, PROTO_POOL, &rep, &b);
+    send_tokens(s, PROTO_RESET, prompt, 5, seq++, PROTO_NONE, &rep, NULL);
+    send_tokens(s, PROTO_COMMIT_GROW, cont, 1, seq++, PROTO_POOL, &rep, &a);
+    send_tokens(s, PROTO_RESET, NULL, 0, seq++, PROTO_NONE, &rep, NULL);
+    send_tokens(s, PROTO_COMMIT_GROW, whole, 6, seq++, PROTO_POOL, &rep, &b);
     ck_assert_int_eq(a.n, POOL_MAX);
     ck_assert_int_eq(b.n, POOL_MAX);
     for (int i = 0; i < POOL_MAX; i++) {
@@ -403,28 +409,16 @@ START_TEST(test_drafter_context_after_errors) {
                       a.logq[i], b.logq[i]);
     }
     /* 3. a RESET whose prompt does not fit answers ERROR, and the context stays lost */
-    tokens_msg(&m, PROTO_RESET, many, 250);
-    request(s, &m, seq++, PROTO_ERROR, &rep, NULL);
-    ck_assert_msg(strstr(rep.u.error.message, "KV cache full"), "%s", rep.u.error.message);
-    tokens_msg(&m, PROTO_COMMIT_GROW, one, 1);
-    request(s, &m, seq++, PROTO_ERROR, &rep, NULL);
-    ck_assert_msg(strstr(rep.u.error.message, "context lost (RESET seq"), "%s",
-                  rep.u.error.message);
+    expect_refusal(s, PROTO_RESET, many, 250, seq++, &rep, "KV cache full");
+    expect_refusal(s, PROTO_COMMIT_GROW, one, 1, seq++, &rep, "context lost (RESET seq");
     /* 4. a COMMIT_GROW of the session the decoder rejects (token outside the vocabulary) */
-    tokens_msg(&m, PROTO_RESET, prompt, 5);
-    request(s, &m, seq++, PROTO_NONE, &rep, NULL);
-    tokens_msg(&m, PROTO_COMMIT_GROW, bad, 1);
-    request(s, &m, seq++, PROTO_ERROR, &rep, NULL);
-    ck_assert_msg(strstr(rep.u.error.message, "tokens[0] is 300"), "%s", rep.u.error.message);
-    tokens_msg(&m, PROTO_COMMIT_GROW, one, 1);
-    request(s, &m, seq++, PROTO_ERROR, &rep, NULL);
-    ck_assert_msg(strstr(rep.u.error.message, "context lost (a frame was rejected"), "%s",
-                  rep.u.error.message);
+    send_tokens(s, PROTO_RESET, prompt, 5, seq++, PROTO_NONE, &rep, NULL);
+    expect_refusal(s, PROTO_COMMIT_GROW, bad, 1, seq++, &rep, "tokens[0] is 300");
+    expect_refusal(s, PROTO_COMMIT_GROW, one, 1, seq++, &rep,
+                   "context lost (a frame was rejected");
     /* RESET starts over */
-    tokens_msg(&m, PROTO_RESET, prompt, 5);
-    request(s, &m, seq++, PROTO_NONE, &rep, NULL);
-    tokens_msg(&m, PROTO_COMMIT_GROW, cont, 1);
-    request(s, &m, seq++, PROTO_POOL, &rep, &b);
+    send_tokens(s, PROTO_RESET, prompt, 5, seq++, PROTO_NONE, &rep, NULL);
+    send_tokens(s, PROTO_COMMIT_GROW, cont, 1, seq++, PROTO_POOL, &rep, &b);
     ck_assert_int_eq(b.n, POOL_MAX);
     ck_assert(memcmp(a.token, b.token, sizeof a.token) == 0);
     proto_msg_clear(&rep);
