@@ -2,7 +2,7 @@
 # suites (under ASan+UBSan), `make cuda` builds the CUDA backend with nvcc, `make setup`
 # installs Debian packages and fetches the default model, `make run` is the main job.
 CC      ?= cc
-PKGS    := libzmq libcjson libpcre2-8 libutf8proc openblas
+PKGS    := libzmq libcjson libpcre2-8 libutf8proc
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lmsgpackc
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
@@ -86,9 +86,9 @@ test-bin: build/rootspec-tests $(BINS)
 check-repo:
 	bash tests/check_repo.sh
 
-# ASAN_OPTIONS: openblas threads and check's fork mode are fine with leak checks on.
+# ASAN_OPTIONS: check's fork mode is fine with leak checks on.
 test: check-repo test-bin $(DEFAULT_MODEL)
-	OPENBLAS_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
 	UBSAN_OPTIONS=print_stacktrace=1 ./build/rootspec-tests
 
 setup:

@@ -53,12 +53,6 @@ targs=(--backend "$backend" --draft-endpoint "$endpoint")
 [ -n "$insecure" ] && targs+=("$insecure")
 [ -n "$curve" ] && targs+=(--curve-dir "$curve")
 
-# OpenBLAS cannot identify some virtualised AVX-512 CPUs and falls back to SSE3 kernels
-# (3-4x slower products); pick the right kernels unless the user chose already.
-if [ "$backend" = cpu ] && [ -z "${OPENBLAS_CORETYPE:-}" ] && [ -r /proc/cpuinfo ]; then
-  if grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
-  elif grep -qw avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; fi
-fi
 pin_draft=() pin_target=()
 if [ "$backend" = cpu ] && command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
   pin_draft=(taskset -c 1) pin_target=(taskset -c 0)

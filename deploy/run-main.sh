@@ -19,11 +19,6 @@ trap 'rm -rf "$tmp"' EXIT
 # The baseline runs where launch.sh puts the target: alone on core 0.
 pin=()
 if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then pin=(taskset -c 0); fi
-# The OpenBLAS kernels launch.sh picks for the speculative run (see there).
-if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ -r /proc/cpuinfo ]; then
-  if grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
-  elif grep -qw avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; fi
-fi
 
 echo "== baseline: autoregressive decoding, target alone (--max-new $max_new, T=0)"
 if ! "${pin[@]}" build/rootspec-target "${common[@]}" --decoder ar >"$tmp/ar.out" 2>"$tmp/ar.err"; then

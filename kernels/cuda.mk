@@ -72,7 +72,7 @@ $(CUDA_TEST_BIN): $(CUDA_TEST_OBJS) $(CUDA_LIB_OBJS) $(CUDA_CU_OBJS)
 	$(CC) $(CFLAGS) $^ -o $@ $(CUDA_RPATH) $(CUDA_LDLIBS) $(CHECK_LIBS)
 
 cuda-test: $(CUDA_TEST_BIN)
-	OPENBLAS_NUM_THREADS=1 ./$(CUDA_TEST_BIN)
+	./$(CUDA_TEST_BIN)
 
 # gpu-bundle: sm_90 build (always relinked) + every shared library ldd resolves outside the set a CUDA
 # machine has anyway (libc family, libstdc++/libgcc_s, the CUDA libraries), reached
@@ -90,7 +90,7 @@ gpu-bundle:
 	    cp -L "$$lib" gpu-bundle/lib/ && chmod u+w "gpu-bundle/lib/$$(basename $$lib)" && \
 	    strip --strip-unneeded "gpu-bundle/lib/$$(basename $$lib)"; done
 	if [ -d tests/fixtures/golden ]; then cp -r tests/fixtures/golden gpu-bundle/tests/fixtures/; fi
-	# libraries over 8 MB (openblas, ~36 MB) travel xz-compressed; tools/gpu-check.sh
+	# libraries over 8 MB travel xz-compressed; tools/gpu-check.sh
 	# unpacks them (or: xz -d gpu-bundle/lib/*.xz) before the binaries start.
 	find gpu-bundle/lib -type f -size +8M -exec xz -T0 -6 {} +
 	cp tools/gpu-check.sh gpu-bundle/

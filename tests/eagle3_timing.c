@@ -3,10 +3,10 @@
  * 10 nodes), repeated --rounds times. The target's embedding table is calloc'd (zero rows,
  * only the looked-up pages become resident), so a Llama-3-vocabulary head runs without a
  * 2 GiB table. Build and run from the repository root after `make`:
- *   cc -O2 -std=c11 -D_GNU_SOURCE -I. $(pkg-config --cflags cjson openblas) \
+ *   cc -O2 -std=c11 -D_GNU_SOURCE -I. $(pkg-config --cflags cjson) \
  *      tests/eagle3_timing.c build/librootspec.a -o build/eagle3-timing \
- *      $(pkg-config --libs libzmq libcjson libpcre2-8 libutf8proc openblas) -lmsgpackc -lm -pthread
- *   OPENBLAS_NUM_THREADS=2 ./build/eagle3-timing random:eagle3-llama3-8b 4 3 */
+ *      $(pkg-config --libs libzmq libcjson libpcre2-8 libutf8proc) -lmsgpackc -lm -pthread
+ *   ./build/eagle3-timing random:eagle3-llama3-8b 4 3 */
 #include "draft_proc/eagle3_forward.h"
 #include "common/randmodel.h"
 #include <stdio.h>

@@ -7,7 +7,6 @@ cd "$(dirname "$0")/.."
 model=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 prompts=${PROMPTS:-../shared/data/spec_bench_question.jsonl}
 n=${N_PROMPTS:-8} max_new=${MAX_NEW:-24} layers=${DRAFT_LAYERS:-0-14}
-[ -n "${OPENBLAS_CORETYPE:-}" ] || { grep -qw avx512f /proc/cpuinfo && export OPENBLAS_CORETYPE=SkylakeX; } || true
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fail=0 checked=0
 for i in $(seq 1 "$n"); do

@@ -92,7 +92,6 @@ static pid_t bench_spawn(const char *logdir, const char *name, const char *const
         if (fo < 0 || fe < 0) _exit(126);
         dup2(fo, 1);
         dup2(fe, 2);
-        setenv("OPENBLAS_NUM_THREADS", "1", 1);
         unsetenv("ROOTSPEC_GNUPLOT");
         execv(BENCH_BIN, (char *const *)argv);
         _exit(127);

@@ -317,7 +317,6 @@ pid_t tu_spawn(const char *dir, char *const argv[], const char *tag, const char 
             struct rlimit rl = {(rlim_t)nofile, (rlim_t)nofile};
             if (setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(126);
         }
-        setenv("OPENBLAS_NUM_THREADS", "1", 1);
         unsetenv("LD_PRELOAD"); /* the sanitizer runtime of the test binary */
         execv(argv[0], argv);
         _exit(127);

@@ -163,7 +163,7 @@ if [ "$MODE" = default-model ]; then
     [ "$HAVE_DEFAULT" = 1 ] || { say "FAIL: no default model (carry gpu-carry/model.part2 in this call)"; exit 2; }
     say "running the default-model parity test only"
     set -o pipefail
-    CK_RUN_SUITE=cuda_forward CK_RUN_CASE=default_model OPENBLAS_NUM_THREADS=8 timeout 200 \
+    CK_RUN_SUITE=cuda_forward CK_RUN_CASE=default_model timeout 200 \
         "$BIN/rootspec-cuda-tests" 2>&1 | tee "$OUTDIR/cuda-default-model.log"
     rc=$?
     say "default-model test exit status $rc"
@@ -186,7 +186,7 @@ for f in tests/cuda/test_cuda_*.c; do
         TEST_RC=124
         continue
     fi
-    CK_RUN_SUITE=$suite OPENBLAS_NUM_THREADS=4 timeout "$lim" "$BIN/rootspec-cuda-tests" 2>&1 \
+    CK_RUN_SUITE=$suite timeout "$lim" "$BIN/rootspec-cuda-tests" 2>&1 \
         | tee -a "$OUTDIR/cuda-tests.log"
     rc=$?
     [ "$rc" -eq 124 ] && echo "gpu-check: suite $suite: TIMEOUT after $lim s" | tee -a "$OUTDIR/cuda-tests.log"

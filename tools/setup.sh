@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# libopenblas-dev: the CUDA emulator's cuBLAS (tests/cuemu); the engine does not link it.
 PKGS=(build-essential pkg-config libzmq3-dev libmsgpack-dev check libopenblas-dev libpcre2-dev
       libutf8proc-dev libcjson-dev gnuplot-nox clang libclang-rt-14-dev python3-pip unzip)
 MODEL_DIR=models

@@ -30,12 +30,15 @@ CUEMU_BENCH_OBJS := $(BENCH_OBJS)
 endif
 CUEMU_SRCS    := $(wildcard tests/cuemu/*.cc)
 CUEMU_OBJS    := $(CUEMU_SRCS:%.cc=$(CUEMU_DIR)/%.o) $(CUDA_CU_SRCS:%.cu=$(CUEMU_DIR)/%.o)
+# The emulated cuBLAS hands its products to OpenBLAS's sgemm: only the emulator links it.
+CUEMU_BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
+CUEMU_BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null)
 CUEMU_CXXFLAGS := $(CUEMU_OPT) -std=c++17 -pthread -DROOTSPEC_CUEMU -D_GNU_SOURCE -I. \
-                  -I$(CUDA_HOME)/include $(PKG_CFLAGS) -Wall -Wno-unused-parameter \
+                  -I$(CUDA_HOME)/include $(PKG_CFLAGS) $(CUEMU_BLAS_CFLAGS) -Wall -Wno-unused-parameter \
                   -Wno-sign-compare -Wno-unknown-pragmas -MMD -MP
 CUEMU_CFLAGS  := $(filter-out -O2 -O3,$(CFLAGS)) $(CUEMU_OPT) -I$(CUDA_HOME)/include -DROOTSPEC_CUEMU \
                  -DCUDA_SUITES_INC='"$(CUEMU_DIR)/suites.inc"'
-CUEMU_LDLIBS  := -lstdc++ $(LDLIBS)
+CUEMU_LDLIBS  := -lstdc++ $(LDLIBS) $(CUEMU_BLAS_LIBS)
 CUEMU_MAIN_BINS := $(foreach m,$(MAIN_SRCS),$(CUEMU_DIR)/rootspec-$(patsubst %_main.c,%,$(notdir $(m))))
 CUEMU_BENCH   := $(CUEMU_DIR)/rootspec-cuda-bench
 CUEMU_TEST_BIN := $(CUEMU_DIR)/rootspec-cuda-tests
