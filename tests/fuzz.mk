@@ -1,26 +1,51 @@
-# libFuzzer target for the protocol decoder (included by the Makefile).
-#   make fuzz                 FUZZ_SECONDS (default 60) on a copy of the seed corpus
-#   make fuzz-short           a bounded 10 s run for CI
-# Built with clang directly from the proto sources and the common/ files they call.
+# libFuzzer targets (included by the Makefile): the protocol decoder and the GGUF loader.
+#   make fuzz                 FUZZ_SECONDS (default 60) of the protocol decoder on a copy of
+#                             its seed corpus
+#   make fuzz-gguf            FUZZ_SECONDS of the GGUF loader (and the tokenizer it builds
+#                             from the file's metadata), seeded with the loader fixtures
+#   make fuzz-short           a bounded 10 s run of each, for CI
+# Built with clang directly from the sources they call (common/ is self-contained).
 FUZZ_CC ?= clang
 FUZZ_SECONDS ?= 60
+FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined \
+              -fno-sanitize-recover=undefined
 FUZZ_SRCS := tests/fuzz_proto.c proto/proto.c common/util.c common/pool.c common/quant.c \
              common/textsafe.c
 FUZZ_CORPUS := tests/fuzz_corpus/proto
+FUZZ_GGUF_SRCS := tests/fuzz_gguf.c $(wildcard common/*.c)
+# Seeds: the committed GGUF fixtures, copied into a folder of their own (libFuzzer takes
+# folders; theirs hold other files too).
+FUZZ_GGUF_SEEDS := tests/fixtures/loader/tiny.gguf tests/fixtures/loader/tiny_llama3.gguf \
+                   tests/fixtures/golden/qwen2/qwen2.gguf
+FUZZ_GGUF_RUN = ./build/fuzz_gguf -max_len=262144 -timeout=10 -rss_limit_mb=2048 \
+                -malloc_limit_mb=1024 build/fuzz_corpus_gguf build/fuzz_seed_gguf
 
 build/fuzz_proto: $(FUZZ_SRCS) proto/proto.h common/pool.h common/util.h common/quant.h tests/fuzz.mk
 	@mkdir -p build
-	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined \
-	  -fno-sanitize-recover=undefined $(FUZZ_SRCS) -o $@ -lmsgpackc -lzmq -lm
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(FUZZ_SRCS) -o $@ -lmsgpackc -lzmq -lm
 
-.PHONY: fuzz fuzz-short
-# New inputs go to build/fuzz_corpus so the committed seed corpus stays small.
+build/fuzz_gguf: $(FUZZ_GGUF_SRCS) $(wildcard common/*.h) tests/fuzz.mk
+	@mkdir -p build
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(PKG_CFLAGS) $(FUZZ_GGUF_SRCS) -o $@ \
+	  $(shell pkg-config --libs libcjson libpcre2-8 libutf8proc 2>/dev/null) -lm -pthread
+
+build/fuzz_seed_gguf: $(FUZZ_GGUF_SEEDS)
+	@mkdir -p $@
+	cp $^ $@/
+
+.PHONY: fuzz fuzz-gguf fuzz-short
+# New inputs go to build/fuzz_corpus* so the committed seeds stay small.
 fuzz: build/fuzz_proto
 	@mkdir -p build/fuzz_corpus
 	./build/fuzz_proto -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 \
 	  -rss_limit_mb=2048 build/fuzz_corpus $(FUZZ_CORPUS)
 
-fuzz-short: build/fuzz_proto
-	@mkdir -p build/fuzz_corpus
+fuzz-gguf: build/fuzz_gguf build/fuzz_seed_gguf
+	@mkdir -p build/fuzz_corpus_gguf
+	$(FUZZ_GGUF_RUN) -max_total_time=$(FUZZ_SECONDS)
+
+fuzz-short: build/fuzz_proto build/fuzz_gguf build/fuzz_seed_gguf
+	@mkdir -p build/fuzz_corpus build/fuzz_corpus_gguf
 	./build/fuzz_proto -max_total_time=10 -max_len=16384 -timeout=10 -rss_limit_mb=2048 \
 	  build/fuzz_corpus $(FUZZ_CORPUS)
+	$(FUZZ_GGUF_RUN) -max_total_time=10

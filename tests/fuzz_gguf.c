@@ -1,0 +1,63 @@
+/* libFuzzer target for the GGUF loader (`make fuzz-gguf`, `make fuzz-short`): any file
+ * must load, or fail with one of the loader's codes and a message naming the file; a file
+ * that loads must give a model that passes the loader's config check, and its tokenizer
+ * (from the file's metadata) must load or fail the same way, and round-trip a short text
+ * when it loads. The input is handed over as a memfd, so the loader maps it as it maps a
+ * real file. */
+#include "common/loader.h"
+#include "common/model.h"
+#include "common/tokenizer.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* A refusal: one of the loader's input codes (or memory for a size the file claims), and
+ * a message that names the file. */
+static void check_failure(int rc, const RsErr *e, const char *path) {
+    RS_ASSERT(rc == RS_EFORMAT || rc == RS_EUNSUPPORTED || rc == RS_EINVAL || rc == RS_ENOMEM);
+    RS_ASSERT(e->code == rc && e->msg[0] != 0);
+    if (!strstr(e->msg, path)) {
+        fprintf(stderr, "fuzz_gguf: the message does not name the file: %s\n", e->msg);
+        abort();
+    }
+}
+
+/* A tokenizer that loads encodes and decodes "hello world" without failing. */
+static void check_tokenizer(const Model *m, const char *path) {
+    Tokenizer *t = NULL;
+    RsErr e = {0};
+    int rc = tokenizer_load_model(m, &t, &e);
+    if (rc != RS_OK) {
+        check_failure(rc, &e, path);
+        return;
+    }
+    int *ids = NULL, n = 0;
+    if (tokenizer_encode(t, "hello world", &ids, &n, &e) == RS_OK) {
+        for (int i = 0; i < n; i++) RS_ASSERT(ids[i] >= 0 && ids[i] < tokenizer_vocab_size(t));
+        free(tokenizer_decode(t, ids, n));
+    }
+    free(ids);
+    tokenizer_destroy(&t);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    int fd = memfd_create("fuzz.gguf", 0);
+    RS_ASSERT(fd >= 0);
+    RS_ASSERT(write(fd, data, size) == (ssize_t)size);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    Model *m = NULL;
+    RsErr e = {0};
+    int rc = model_load(path, &m, &e);
+    if (rc != RS_OK) {
+        check_failure(rc, &e, path);
+    } else {
+        RS_ASSERT(loader_check_config(&m->cfg, path, &e) == RS_OK);
+        check_tokenizer(m, path);
+        model_destroy(&m);
+    }
+    close(fd);
+    return 0;
+}
