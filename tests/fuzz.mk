@@ -1,8 +1,11 @@
-# libFuzzer targets (included by the Makefile): the protocol decoder and the GGUF loader.
+# libFuzzer targets (included by the Makefile): the protocol decoder, the GGUF loader and
+# the tokenizer.json reader.
 #   make fuzz                 FUZZ_SECONDS (default 60) of the protocol decoder on a copy of
 #                             its seed corpus
 #   make fuzz-gguf            FUZZ_SECONDS of the GGUF loader (and the tokenizer it builds
 #                             from the file's metadata), seeded with the loader fixtures
+#   make fuzz-tokjson         FUZZ_SECONDS of the Hugging Face tokenizer.json reader, seeded
+#                             with the tokenizer fixtures
 #   make fuzz-short           a bounded 10 s run of each, for CI
 # Built with clang directly from the sources they call (common/ is self-contained).
 FUZZ_CC ?= clang
@@ -20,20 +23,35 @@ FUZZ_GGUF_SEEDS := tests/fixtures/loader/tiny.gguf tests/fixtures/loader/tiny_ll
 FUZZ_GGUF_RUN = ./build/fuzz_gguf -max_len=262144 -timeout=10 -rss_limit_mb=2048 \
                 -malloc_limit_mb=1024 build/fuzz_corpus_gguf build/fuzz_seed_gguf
 
+FUZZ_TOK_SRCS := tests/fuzz_tokjson.c $(wildcard common/*.c)
+FUZZ_TOK_SEEDS := tests/fixtures/tok/small/tokenizer.json \
+                  tests/fixtures/tok/small_split/tokenizer.json
+FUZZ_TOK_RUN = ./build/fuzz_tokjson -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
+               -malloc_limit_mb=1024 build/fuzz_corpus_tok build/fuzz_seed_tok
+FUZZ_LIBS = $(shell pkg-config --libs libcjson libpcre2-8 libutf8proc 2>/dev/null) -lm -pthread
+
 build/fuzz_proto: $(FUZZ_SRCS) proto/proto.h common/pool.h common/util.h common/quant.h tests/fuzz.mk
 	@mkdir -p build
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(FUZZ_SRCS) -o $@ -lmsgpackc -lzmq -lm
 
 build/fuzz_gguf: $(FUZZ_GGUF_SRCS) $(wildcard common/*.h) tests/fuzz.mk
 	@mkdir -p build
-	$(FUZZ_CC) $(FUZZ_FLAGS) $(PKG_CFLAGS) $(FUZZ_GGUF_SRCS) -o $@ \
-	  $(shell pkg-config --libs libcjson libpcre2-8 libutf8proc 2>/dev/null) -lm -pthread
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(PKG_CFLAGS) $(FUZZ_GGUF_SRCS) -o $@ $(FUZZ_LIBS)
+
+build/fuzz_tokjson: $(FUZZ_TOK_SRCS) $(wildcard common/*.h) tests/fuzz.mk
+	@mkdir -p build
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(PKG_CFLAGS) $(FUZZ_TOK_SRCS) -o $@ $(FUZZ_LIBS)
 
 build/fuzz_seed_gguf: $(FUZZ_GGUF_SEEDS)
 	@mkdir -p $@
 	cp $^ $@/
 
-.PHONY: fuzz fuzz-gguf fuzz-short
+# Both seeds are named tokenizer.json: numbered copies.
+build/fuzz_seed_tok: $(FUZZ_TOK_SEEDS)
+	@mkdir -p $@
+	i=0; for f in $^; do i=$$((i + 1)); cp $$f $@/seed$$i.json; done
+
+.PHONY: fuzz fuzz-gguf fuzz-tokjson fuzz-short
 # New inputs go to build/fuzz_corpus* so the committed seeds stay small.
 fuzz: build/fuzz_proto
 	@mkdir -p build/fuzz_corpus
@@ -44,8 +62,14 @@ fuzz-gguf: build/fuzz_gguf build/fuzz_seed_gguf
 	@mkdir -p build/fuzz_corpus_gguf
 	$(FUZZ_GGUF_RUN) -max_total_time=$(FUZZ_SECONDS)
 
-fuzz-short: build/fuzz_proto build/fuzz_gguf build/fuzz_seed_gguf
-	@mkdir -p build/fuzz_corpus build/fuzz_corpus_gguf
+fuzz-tokjson: build/fuzz_tokjson build/fuzz_seed_tok
+	@mkdir -p build/fuzz_corpus_tok
+	$(FUZZ_TOK_RUN) -max_total_time=$(FUZZ_SECONDS)
+
+fuzz-short: build/fuzz_proto build/fuzz_gguf build/fuzz_seed_gguf build/fuzz_tokjson \
+            build/fuzz_seed_tok
+	@mkdir -p build/fuzz_corpus build/fuzz_corpus_gguf build/fuzz_corpus_tok
 	./build/fuzz_proto -max_total_time=10 -max_len=16384 -timeout=10 -rss_limit_mb=2048 \
 	  build/fuzz_corpus $(FUZZ_CORPUS)
 	$(FUZZ_GGUF_RUN) -max_total_time=10
+	$(FUZZ_TOK_RUN) -max_total_time=10
