@@ -1,5 +1,6 @@
-# libFuzzer targets (included by the Makefile): the protocol decoder, the GGUF loader, the
-# tokenizer.json reader and the Hugging Face directory loader.
+# libFuzzer targets (included by the Makefile) for what the engine reads from outside: the
+# protocol decoder, the GGUF loader, the tokenizer.json reader, the Hugging Face directory
+# loader and prompt files.
 #   make fuzz                 FUZZ_SECONDS (default 60) of the protocol decoder on a copy of
 #                             its seed corpus
 #   make fuzz-gguf            FUZZ_SECONDS of the GGUF loader (and the tokenizer it builds
@@ -9,6 +10,8 @@
 #   make fuzz-hf              FUZZ_SECONDS of the Hugging Face directory loader (config.json
 #                             and model.safetensors from one input), seeded with the
 #                             llama and qwen2 fixture directories
+#   make fuzz-prompts         FUZZ_SECONDS of the prompt-file reader (JSON lines), seeded with
+#                             deploy/prompts.jsonl and tests/fuzz_corpus/prompts
 #   make fuzz-short           a bounded 10 s run of each, for CI
 # Built with clang directly from the sources they call (common/ is self-contained).
 FUZZ_CC ?= clang
@@ -35,6 +38,9 @@ FUZZ_HF_SRCS := tests/fuzz_hf.c $(wildcard common/*.c)
 FUZZ_HF_SEEDS := tests/fixtures/loader/hf_llama tests/fixtures/loader/hf_qwen2
 FUZZ_HF_RUN = ./build/fuzz_hf -max_len=131072 -timeout=10 -rss_limit_mb=2048 \
               -malloc_limit_mb=1024 build/fuzz_corpus_hf build/fuzz_seed_hf
+FUZZ_PROMPTS_SRCS := tests/fuzz_prompts.c $(wildcard common/*.c)
+FUZZ_PROMPTS_RUN = ./build/fuzz_prompts -max_len=16384 -timeout=10 -rss_limit_mb=2048 \
+                   build/fuzz_corpus_prompts build/fuzz_seed_prompts tests/fuzz_corpus/prompts
 FUZZ_LIBS = $(shell pkg-config --libs libcjson libpcre2-8 libutf8proc 2>/dev/null) -lm -pthread
 
 build/fuzz_proto: $(FUZZ_SRCS) proto/proto.h common/pool.h common/util.h common/quant.h tests/fuzz.mk
@@ -65,12 +71,20 @@ build/fuzz_seed_hf: $(foreach d,$(FUZZ_HF_SEEDS),$(d)/config.json $(d)/model.saf
 	  printf "\\$$(printf %03o $$((n % 256)))\\$$(printf %03o $$((n / 256)))" > $@/$$(basename $$d); \
 	  cat $$d/config.json $$d/model.safetensors >> $@/$$(basename $$d); done
 
+build/fuzz_prompts: $(FUZZ_PROMPTS_SRCS) $(wildcard common/*.h) tests/fuzz.mk
+	@mkdir -p build
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(PKG_CFLAGS) $(FUZZ_PROMPTS_SRCS) -o $@ $(FUZZ_LIBS)
+
+build/fuzz_seed_prompts: deploy/prompts.jsonl
+	@mkdir -p $@
+	cp $^ $@/
+
 # Both seeds are named tokenizer.json: numbered copies.
 build/fuzz_seed_tok: $(FUZZ_TOK_SEEDS)
 	@mkdir -p $@
 	i=0; for f in $^; do i=$$((i + 1)); cp $$f $@/seed$$i.json; done
 
-.PHONY: fuzz fuzz-gguf fuzz-tokjson fuzz-hf fuzz-short
+.PHONY: fuzz fuzz-gguf fuzz-tokjson fuzz-hf fuzz-prompts fuzz-short
 # New inputs go to build/fuzz_corpus* so the committed seeds stay small.
 fuzz: build/fuzz_proto
 	@mkdir -p build/fuzz_corpus
@@ -89,11 +103,18 @@ fuzz-hf: build/fuzz_hf build/fuzz_seed_hf
 	@mkdir -p build/fuzz_corpus_hf
 	$(FUZZ_HF_RUN) -max_total_time=$(FUZZ_SECONDS)
 
+fuzz-prompts: build/fuzz_prompts build/fuzz_seed_prompts
+	@mkdir -p build/fuzz_corpus_prompts
+	$(FUZZ_PROMPTS_RUN) -max_total_time=$(FUZZ_SECONDS)
+
 fuzz-short: build/fuzz_proto build/fuzz_gguf build/fuzz_seed_gguf build/fuzz_tokjson \
-            build/fuzz_seed_tok build/fuzz_hf build/fuzz_seed_hf
-	@mkdir -p build/fuzz_corpus build/fuzz_corpus_gguf build/fuzz_corpus_tok build/fuzz_corpus_hf
+            build/fuzz_seed_tok build/fuzz_hf build/fuzz_seed_hf build/fuzz_prompts \
+            build/fuzz_seed_prompts
+	@mkdir -p build/fuzz_corpus build/fuzz_corpus_gguf build/fuzz_corpus_tok \
+	  build/fuzz_corpus_hf build/fuzz_corpus_prompts
 	./build/fuzz_proto -max_total_time=10 -max_len=16384 -timeout=10 -rss_limit_mb=2048 \
 	  build/fuzz_corpus $(FUZZ_CORPUS)
 	$(FUZZ_GGUF_RUN) -max_total_time=10
 	$(FUZZ_TOK_RUN) -max_total_time=10
 	$(FUZZ_HF_RUN) -max_total_time=10
+	$(FUZZ_PROMPTS_RUN) -max_total_time=10
