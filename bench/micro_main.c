@@ -1,6 +1,6 @@
 /* rootspec-micro: forward-pass micro-benchmark of the CPU backend. For each thread count it
- * runs a 128-token prefill, then greedy AR decoding (one token per pass, logits, argmax,
- * commit: the AR tok/s figure), then times tree-shaped pending batches of n = 1, 9 and 65
+ * runs a 128-token prefill, then greedy AR decoding (one token per pass, its argmax from
+ * the kept row as rootspec-target takes it, commit: the AR tok/s figure), then times tree-shaped pending batches of n = 1, 9 and 65
  * tokens (the root pass, a B=8 and a B=64 tree pass). Bytes streamed per token (weights in
  * their stored type + the KV cache read) are set against a memcpy bandwidth and a read-only
  * stream measured in the same run (n = 1 reads; the read stream is its bound) and against
@@ -221,13 +221,6 @@ static int parse_opts(int argc, char **argv, Opts *o, RsErr *e) {
     return RS_OK;
 }
 
-static int argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 /* Random prompt of ctx tokens, committed (chunk by chunk, as the engine's prefill). */
 static int prefill(Backend *b, Rng *r, int ctx, RsErr *e) {
     int *tokens = rs_xmalloc(sizeof(int) * (size_t)ctx);
@@ -239,19 +232,23 @@ static int prefill(Backend *b, Rng *r, int ctx, RsErr *e) {
     return rc;
 }
 
-/* Greedy AR decoding of n tokens after the prefill; returns tok/s (wall clock) and sets
- * *cpu_tok_s to tokens per second of process CPU time (the figure a loaded machine
+/* Greedy AR decoding of n tokens after the prefill, as rootspec-target's AR decoder does
+ * it (target_root_pass, then backend_rows_stats): the row's logits stay in the backend and
+ * its argmax comes from the backend's threaded reduction. Returns tok/s (wall clock) and
+ * sets *cpu_tok_s to tokens per second of process CPU time (the figure a loaded machine
  * distorts least at 1 thread; at 2 the pool's spinning counts too). */
-static double ar_tok_s(Backend *b, int n, float *logits, double *cpu_tok_s, RsErr *e) {
-    int tok = 1, zero = 0, vocab = backend_model(b)->cfg.vocab_size;
+static double ar_tok_s(Backend *b, int n, double *cpu_tok_s, RsErr *e) {
+    int tok = 1, zero = 0;
+    uint8_t one = 1;
     double c0 = cpu_ms();
     uint64_t t0 = rs_now_ns();
     for (int i = 0; i < n; i++) {
         int p = backend_n_committed(b);
-        if (backend_forward(b, &tok, &p, 1, NULL, &zero, 1, logits, e) ||
-            backend_kv_commit(b, &zero, 1, e))
+        RowStats st;
+        if (backend_forward(b, &tok, &p, 1, &one, &zero, 1, NULL, e) ||
+            backend_rows_stats(b, &zero, 1, 0, NULL, &st, e) || backend_kv_commit(b, &zero, 1, e))
             return -1;
-        tok = argmax(logits, vocab);
+        tok = st.draw;
     }
     *cpu_tok_s = n / ((cpu_ms() - c0) / 1e3);
     return n / ((rs_now_ns() - t0) / 1e9);
@@ -367,7 +364,7 @@ static int run_threads(const Model *m, const Opts *o, int threads, double wbytes
     float *logits = rs_xmalloc(sizeof(float) * MAX_N * c->vocab_size);
     double mem = stream_gbs(threads, 1), rd = stream_gbs(threads, 0), ar = -1, ar_cpu = -1;
     if (!(rc = prefill(b, &r, o->ctx, e)) &&
-        (ar = ar_tok_s(b, o->ar_tokens, logits, &ar_cpu, e)) < 0)
+        (ar = ar_tok_s(b, o->ar_tokens, &ar_cpu, e)) < 0)
         rc = e->code;
     if (!rc) rc = prefill(b, &r, o->ctx, e);
     /* per token: the weights once, plus K and V of every layer over the context read */
