@@ -2,7 +2,7 @@
 # The default model (98 MB) is larger than what one device call may carry (64 MiB with the
 # working tree and gpu-bundle/), so it travels in two parts over two calls to the same warm
 # machine, whose ignored files persist between calls:
-#   here:   bash tools/gpu-carry.sh split   -> gpu-carry/model.part1 (38 MiB), model.part2,
+#   here:   bash tools/gpu-carry.sh split   -> gpu-carry/model.part1 (44 MiB), model.part2,
 #                                              model.sha256 (git-ignored)
 #   call 1: carry gpu-bundle, gpu-carry/model.part1, gpu-carry/model.sha256; run gpu-check.sh
 #   call 2 (within the machine's warm window): carry gpu-carry/model.part2;
@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 DIR=gpu-carry
-PART1_BYTES=$((38 << 20))
+PART1_BYTES=$((44 << 20))
 case "${1:-}" in
   split)
     [ -r "$MODEL" ] || { echo "gpu-carry: $MODEL missing (run bash tools/setup.sh --model-only)" >&2; exit 2; }

@@ -90,18 +90,19 @@ print(" ".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/n
 # the loader's 127).
 unpack_xz() {
     local f
-    for f in gpu-bundle/lib/*.xz; do
+    for f in gpu-bundle/*.xz gpu-bundle/lib/*.xz; do
         [ -e "$f" ] || continue
         [ -e "${f%.xz}" ] && continue
         if command -v xz >/dev/null; then xz -dk "$f"
         else python3 -c 'import lzma,sys; open(sys.argv[1][:-3],"wb").write(lzma.open(sys.argv[1]).read())' "$f"
         fi || return 1
-        say "unpacked ${f%.xz}"
+        case $f in gpu-bundle/rootspec-*) chmod +x "${f%.xz}" ;; esac
     done
+    say "unpacked gpu-bundle/ (xz)"
 }
 bundle_ok() {
-    [ -x gpu-bundle/rootspec-cuda-tests ] && [ -x gpu-bundle/rootspec-cuda-bench ] || return 1
     unpack_xz || return 1
+    [ -x gpu-bundle/rootspec-cuda-tests ] && [ -x gpu-bundle/rootspec-cuda-bench ] || return 1
     add_cuda_libs gpu-bundle/rootspec-cuda-tests || return 1
     gpu-bundle/rootspec-cuda-bench --usage >/dev/null 2>&1
     [ $? -eq 2 ]
