@@ -47,11 +47,11 @@ build/fuzz_proto: $(FUZZ_SRCS) proto/proto.h common/pool.h common/util.h common/
 	@mkdir -p build
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(FUZZ_SRCS) -o $@ -lmsgpackc -lzmq -lm
 
-build/fuzz_gguf: $(FUZZ_GGUF_SRCS) $(wildcard common/*.h) tests/fuzz.mk
+build/fuzz_gguf: $(FUZZ_GGUF_SRCS) $(wildcard common/*.h) tests/fuzz_common.h tests/fuzz.mk
 	@mkdir -p build
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(PKG_CFLAGS) $(FUZZ_GGUF_SRCS) -o $@ $(FUZZ_LIBS)
 
-build/fuzz_tokjson: $(FUZZ_TOK_SRCS) $(wildcard common/*.h) tests/fuzz.mk
+build/fuzz_tokjson: $(FUZZ_TOK_SRCS) $(wildcard common/*.h) tests/fuzz_common.h tests/fuzz.mk
 	@mkdir -p build
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(PKG_CFLAGS) $(FUZZ_TOK_SRCS) -o $@ $(FUZZ_LIBS)
 
@@ -59,7 +59,7 @@ build/fuzz_seed_gguf: $(FUZZ_GGUF_SEEDS)
 	@mkdir -p $@
 	cp $^ $@/
 
-build/fuzz_hf: $(FUZZ_HF_SRCS) $(wildcard common/*.h) tests/fuzz.mk
+build/fuzz_hf: $(FUZZ_HF_SRCS) $(wildcard common/*.h) tests/fuzz_common.h tests/fuzz.mk
 	@mkdir -p build
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(PKG_CFLAGS) $(FUZZ_HF_SRCS) -o $@ $(FUZZ_LIBS)
 
@@ -71,7 +71,7 @@ build/fuzz_seed_hf: $(foreach d,$(FUZZ_HF_SEEDS),$(d)/config.json $(d)/model.saf
 	  printf "\\$$(printf %03o $$((n % 256)))\\$$(printf %03o $$((n / 256)))" > $@/$$(basename $$d); \
 	  cat $$d/config.json $$d/model.safetensors >> $@/$$(basename $$d); done
 
-build/fuzz_prompts: $(FUZZ_PROMPTS_SRCS) $(wildcard common/*.h) tests/fuzz.mk
+build/fuzz_prompts: $(FUZZ_PROMPTS_SRCS) $(wildcard common/*.h) tests/fuzz_common.h tests/fuzz.mk
 	@mkdir -p build
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(PKG_CFLAGS) $(FUZZ_PROMPTS_SRCS) -o $@ $(FUZZ_LIBS)
 

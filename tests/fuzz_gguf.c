@@ -4,25 +4,10 @@
  * (from the file's metadata) must load or fail the same way, and round-trip a short text
  * when it loads. The input is handed over as a memfd, so the loader maps it as it maps a
  * real file. */
+#include "tests/fuzz_common.h"
 #include "common/loader.h"
 #include "common/model.h"
 #include "common/tokenizer.h"
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
-/* A refusal: one of the loader's input codes (or memory for a size the file claims), and
- * a message that names the file. */
-static void check_failure(int rc, const RsErr *e, const char *path) {
-    RS_ASSERT(rc == RS_EFORMAT || rc == RS_EUNSUPPORTED || rc == RS_EINVAL || rc == RS_ENOMEM);
-    RS_ASSERT(e->code == rc && e->msg[0] != 0);
-    if (!strstr(e->msg, path)) {
-        fprintf(stderr, "fuzz_gguf: the message does not name the file: %s\n", e->msg);
-        abort();
-    }
-}
 
 /* A tokenizer that loads encodes and decodes "hello world" without failing. */
 static void check_tokenizer(const Model *m, const char *path) {
@@ -30,7 +15,7 @@ static void check_tokenizer(const Model *m, const char *path) {
     RsErr e = {0};
     int rc = tokenizer_load_model(m, &t, &e);
     if (rc != RS_OK) {
-        check_failure(rc, &e, path);
+        fuzz_check_refusal(rc, &e, path);
         return;
     }
     int *ids = NULL, n = 0;
@@ -43,16 +28,13 @@ static void check_tokenizer(const Model *m, const char *path) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    int fd = memfd_create("fuzz.gguf", 0);
-    RS_ASSERT(fd >= 0);
-    RS_ASSERT(write(fd, data, size) == (ssize_t)size);
     char path[64];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int fd = fuzz_memfd(data, size, "fuzz.gguf", path, sizeof path);
     Model *m = NULL;
     RsErr e = {0};
     int rc = model_load(path, &m, &e);
     if (rc != RS_OK) {
-        check_failure(rc, &e, path);
+        fuzz_check_refusal(rc, &e, path);
     } else {
         RS_ASSERT(loader_check_config(&m->cfg, path, &e) == RS_OK);
         check_tokenizer(m, path);

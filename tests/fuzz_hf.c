@@ -3,13 +3,10 @@
  * endian, are config.json's length; the rest after it is the safetensors file), written into
  * a directory of the run's own. The directory must load, or be refused with an input code
  * and a message naming it; a model that loads passes the loader's config check. */
+#include "tests/fuzz_common.h"
 #include "common/loader.h"
 #include "common/model.h"
 #include <fcntl.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
 
 static char dir[64];
 
@@ -46,13 +43,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     RsErr e = {0};
     int rc = model_load(dir, &m, &e);
     if (rc != RS_OK) {
-        RS_ASSERT(rc == RS_EFORMAT || rc == RS_EUNSUPPORTED || rc == RS_EINVAL ||
-                  rc == RS_ENOMEM);
-        RS_ASSERT(e.code == rc && e.msg[0] != 0);
-        if (!strstr(e.msg, dir)) {
-            fprintf(stderr, "fuzz_hf: the message does not name the directory: %s\n", e.msg);
-            abort();
-        }
+        fuzz_check_refusal(rc, &e, dir);
         return 0;
     }
     RS_ASSERT(loader_check_config(&m->cfg, dir, &e) == RS_OK);
