@@ -89,7 +89,7 @@ print(" ".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/n
 # The bundle is usable when its libraries resolve and a binary starts (usage exit 2, not
 # the loader's 127).
 unpack_xz() {
-    local f
+    local f n=0
     for f in gpu-bundle/*.xz gpu-bundle/lib/*.xz; do
         [ -e "$f" ] || continue
         [ -e "${f%.xz}" ] && continue
@@ -97,8 +97,9 @@ unpack_xz() {
         else python3 -c 'import lzma,sys; open(sys.argv[1][:-3],"wb").write(lzma.open(sys.argv[1]).read())' "$f"
         fi || return 1
         case $f in gpu-bundle/rootspec-*) chmod +x "${f%.xz}" ;; esac
+        n=$((n + 1))
     done
-    say "unpacked gpu-bundle/ (xz)"
+    [ "$n" -eq 0 ] || say "unpacked $n files of gpu-bundle/ (xz)"
 }
 bundle_ok() {
     unpack_xz || return 1
