@@ -1,12 +1,13 @@
 /* rootspec-micro: forward-pass micro-benchmark of the CPU backend. For each thread count it
  * runs a 128-token prefill, then greedy AR decoding (one token per pass, its argmax from
- * the kept row as rootspec-target takes it, commit: the AR tok/s figure), then times tree-shaped pending batches of n = 1, 9 and 65
- * tokens (the root pass, a B=8 and a B=64 tree pass). Bytes streamed per token (weights in
- * their stored type + the KV cache read) are set against a memcpy bandwidth and a read-only
- * stream measured in the same run (n = 1 reads; the read stream is its bound) and against
- * the kernels' compute roof (bench/micro_roof.c), and the drafter's host work per logits
- * row while a self-drafter grows pools (bench/micro_draft.c). Output: a human table plus one "micro
- * key=value ..." line per thread count for scripts (tools/ compares it with llama.cpp). */
+ * the kept row as rootspec-target takes it, commit: the AR tok/s figure), then times
+ * tree-shaped pending batches of n = 1, 9 and 65 tokens (the root pass, a B=8 and a B=64
+ * tree pass). Bytes streamed per token (weights in their stored type + the KV cache read)
+ * are set against a memcpy bandwidth and a read-only stream measured in the same run (n = 1
+ * reads; the read stream is its bound) and against the kernels' compute roof
+ * (bench/micro_roof.c), and the drafter's host work per logits row while a self-drafter
+ * grows pools (bench/micro_draft.c). Output: a human table plus one "micro key=value ..."
+ * line per thread count for scripts (tools/ compares it with llama.cpp). */
 #include "common/cli.h"
 #include "common/model.h"
 #include "common/rng.h"

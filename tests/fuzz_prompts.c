@@ -1,5 +1,5 @@
 /* libFuzzer target for prompt files (`make fuzz-prompts`, `make fuzz-short`): any file
- * must load, or be refused with an input code and a message naming the file and a line; a
+ * must load, or be refused with an input code and a message naming the file; a
  * file that loads must keep common/prompts.h's promises for every prompt: non-empty valid
  * UTF-8 text without NUL bytes, a 1-based line number, an id of [A-Za-z0-9_./:+-] under
  * PROMPT_ID_MAX bytes that no other prompt of the file has. */
