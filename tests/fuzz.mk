@@ -21,47 +21,39 @@ FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefi
 FUZZ_SRCS := tests/fuzz_proto.c proto/proto.c common/util.c common/pool.c common/quant.c \
              common/textsafe.c
 FUZZ_CORPUS := tests/fuzz_corpus/proto
-FUZZ_GGUF_SRCS := tests/fuzz_gguf.c $(wildcard common/*.c)
+# The file-format targets: tests/fuzz_NAME.c with common/ (self-contained), seeded from
+# build/fuzz_seed_NAME (rules below), inputs up to FUZZ_LEN_NAME bytes, new inputs kept in
+# build/fuzz_corpus_NAME.
+FUZZ_FILES := gguf tokjson hf prompts
+FUZZ_LEN_gguf := 262144
+FUZZ_LEN_tokjson := 65536
+FUZZ_LEN_hf := 131072
+FUZZ_LEN_prompts := 16384
 # Seeds: the committed GGUF fixtures, copied into a folder of their own (libFuzzer takes
 # folders; theirs hold other files too).
 FUZZ_GGUF_SEEDS := tests/fixtures/loader/tiny.gguf tests/fixtures/loader/tiny_llama3.gguf \
                    tests/fixtures/golden/qwen2/qwen2.gguf
-FUZZ_GGUF_RUN = ./build/fuzz_gguf -max_len=262144 -timeout=10 -rss_limit_mb=2048 \
-                -malloc_limit_mb=1024 build/fuzz_corpus_gguf build/fuzz_seed_gguf
-
-FUZZ_TOK_SRCS := tests/fuzz_tokjson.c $(wildcard common/*.c)
 FUZZ_TOK_SEEDS := tests/fixtures/tok/small/tokenizer.json \
                   tests/fixtures/tok/small_split/tokenizer.json
-FUZZ_TOK_RUN = ./build/fuzz_tokjson -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
-               -malloc_limit_mb=1024 build/fuzz_corpus_tok build/fuzz_seed_tok
-FUZZ_HF_SRCS := tests/fuzz_hf.c $(wildcard common/*.c)
 FUZZ_HF_SEEDS := tests/fixtures/loader/hf_llama tests/fixtures/loader/hf_qwen2
-FUZZ_HF_RUN = ./build/fuzz_hf -max_len=131072 -timeout=10 -rss_limit_mb=2048 \
-              -malloc_limit_mb=1024 build/fuzz_corpus_hf build/fuzz_seed_hf
-FUZZ_PROMPTS_SRCS := tests/fuzz_prompts.c $(wildcard common/*.c)
-FUZZ_PROMPTS_RUN = ./build/fuzz_prompts -max_len=16384 -timeout=10 -rss_limit_mb=2048 \
-                   build/fuzz_corpus_prompts build/fuzz_seed_prompts tests/fuzz_corpus/prompts
 FUZZ_LIBS = $(shell pkg-config --libs libcjson libpcre2-8 libutf8proc 2>/dev/null) -lm -pthread
+# $(call fuzz_file,NAME): the command that fuzzes NAME; append -max_total_time.
+fuzz_file = mkdir -p build/fuzz_corpus_$(1) && ./build/fuzz_$(1) -max_len=$(FUZZ_LEN_$(1)) \
+  -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 build/fuzz_corpus_$(1) \
+  build/fuzz_seed_$(1) $(wildcard tests/fuzz_corpus/$(1))
 
 build/fuzz_proto: $(FUZZ_SRCS) proto/proto.h common/pool.h common/util.h common/quant.h tests/fuzz.mk
 	@mkdir -p build
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(FUZZ_SRCS) -o $@ -lmsgpackc -lzmq -lm
 
-build/fuzz_gguf: $(FUZZ_GGUF_SRCS) $(wildcard common/*.h) tests/fuzz_common.h tests/fuzz.mk
+$(FUZZ_FILES:%=build/fuzz_%): build/fuzz_%: tests/fuzz_%.c $(wildcard common/*.c) \
+                                $(wildcard common/*.h) tests/fuzz_common.h tests/fuzz.mk
 	@mkdir -p build
-	$(FUZZ_CC) $(FUZZ_FLAGS) $(PKG_CFLAGS) $(FUZZ_GGUF_SRCS) -o $@ $(FUZZ_LIBS)
-
-build/fuzz_tokjson: $(FUZZ_TOK_SRCS) $(wildcard common/*.h) tests/fuzz_common.h tests/fuzz.mk
-	@mkdir -p build
-	$(FUZZ_CC) $(FUZZ_FLAGS) $(PKG_CFLAGS) $(FUZZ_TOK_SRCS) -o $@ $(FUZZ_LIBS)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(PKG_CFLAGS) $< $(wildcard common/*.c) -o $@ $(FUZZ_LIBS)
 
 build/fuzz_seed_gguf: $(FUZZ_GGUF_SEEDS)
 	@mkdir -p $@
 	cp $^ $@/
-
-build/fuzz_hf: $(FUZZ_HF_SRCS) $(wildcard common/*.h) tests/fuzz_common.h tests/fuzz.mk
-	@mkdir -p build
-	$(FUZZ_CC) $(FUZZ_FLAGS) $(PKG_CFLAGS) $(FUZZ_HF_SRCS) -o $@ $(FUZZ_LIBS)
 
 # A seed per fixture directory: config.json's length (2 bytes, little endian), config.json,
 # model.safetensors (fuzz_hf.c's layout).
@@ -71,16 +63,12 @@ build/fuzz_seed_hf: $(foreach d,$(FUZZ_HF_SEEDS),$(d)/config.json $(d)/model.saf
 	  printf "\\$$(printf %03o $$((n % 256)))\\$$(printf %03o $$((n / 256)))" > $@/$$(basename $$d); \
 	  cat $$d/config.json $$d/model.safetensors >> $@/$$(basename $$d); done
 
-build/fuzz_prompts: $(FUZZ_PROMPTS_SRCS) $(wildcard common/*.h) tests/fuzz_common.h tests/fuzz.mk
-	@mkdir -p build
-	$(FUZZ_CC) $(FUZZ_FLAGS) $(PKG_CFLAGS) $(FUZZ_PROMPTS_SRCS) -o $@ $(FUZZ_LIBS)
-
 build/fuzz_seed_prompts: deploy/prompts.jsonl
 	@mkdir -p $@
 	cp $^ $@/
 
 # Both seeds are named tokenizer.json: numbered copies.
-build/fuzz_seed_tok: $(FUZZ_TOK_SEEDS)
+build/fuzz_seed_tokjson: $(FUZZ_TOK_SEEDS)
 	@mkdir -p $@
 	i=0; for f in $^; do i=$$((i + 1)); cp $$f $@/seed$$i.json; done
 
@@ -91,30 +79,11 @@ fuzz: build/fuzz_proto
 	./build/fuzz_proto -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 \
 	  -rss_limit_mb=2048 build/fuzz_corpus $(FUZZ_CORPUS)
 
-fuzz-gguf: build/fuzz_gguf build/fuzz_seed_gguf
-	@mkdir -p build/fuzz_corpus_gguf
-	$(FUZZ_GGUF_RUN) -max_total_time=$(FUZZ_SECONDS)
+$(FUZZ_FILES:%=fuzz-%): fuzz-%: build/fuzz_% build/fuzz_seed_%
+	$(call fuzz_file,$*) -max_total_time=$(FUZZ_SECONDS)
 
-fuzz-tokjson: build/fuzz_tokjson build/fuzz_seed_tok
-	@mkdir -p build/fuzz_corpus_tok
-	$(FUZZ_TOK_RUN) -max_total_time=$(FUZZ_SECONDS)
-
-fuzz-hf: build/fuzz_hf build/fuzz_seed_hf
-	@mkdir -p build/fuzz_corpus_hf
-	$(FUZZ_HF_RUN) -max_total_time=$(FUZZ_SECONDS)
-
-fuzz-prompts: build/fuzz_prompts build/fuzz_seed_prompts
-	@mkdir -p build/fuzz_corpus_prompts
-	$(FUZZ_PROMPTS_RUN) -max_total_time=$(FUZZ_SECONDS)
-
-fuzz-short: build/fuzz_proto build/fuzz_gguf build/fuzz_seed_gguf build/fuzz_tokjson \
-            build/fuzz_seed_tok build/fuzz_hf build/fuzz_seed_hf build/fuzz_prompts \
-            build/fuzz_seed_prompts
-	@mkdir -p build/fuzz_corpus build/fuzz_corpus_gguf build/fuzz_corpus_tok \
-	  build/fuzz_corpus_hf build/fuzz_corpus_prompts
+fuzz-short: build/fuzz_proto $(FUZZ_FILES:%=build/fuzz_%) $(FUZZ_FILES:%=build/fuzz_seed_%)
+	@mkdir -p build/fuzz_corpus
 	./build/fuzz_proto -max_total_time=10 -max_len=16384 -timeout=10 -rss_limit_mb=2048 \
 	  build/fuzz_corpus $(FUZZ_CORPUS)
-	$(FUZZ_GGUF_RUN) -max_total_time=10
-	$(FUZZ_TOK_RUN) -max_total_time=10
-	$(FUZZ_HF_RUN) -max_total_time=10
-	$(FUZZ_PROMPTS_RUN) -max_total_time=10
+	$(foreach t,$(FUZZ_FILES),$(call fuzz_file,$(t)) -max_total_time=10 && ) true
