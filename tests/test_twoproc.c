@@ -325,18 +325,10 @@ static void request(void *s, ProtoMsg *req, uint64_t seq, ProtoType want, ProtoM
     ck_assert_uint_eq(rep->seq, seq);
 }
 
-static void tokens_msg(ProtoMsg *m, ProtoType type, const int32_t *ids, int n) {
-    memset(m, 0, sizeof *m);
-    m->type = type;
-    m->u.tokens.ids = ids;
-    m->u.tokens.n = n;
-}
-
 /* A token message (RESET, COMMIT_GROW) of ids[0..n) as request `seq`, answered by `want`. */
 static void send_tokens(void *s, ProtoType type, const int32_t *ids, int n, uint64_t seq,
                         ProtoType want, ProtoMsg *rep, Pool *into) {
-    ProtoMsg m;
-    tokens_msg(&m, type, ids, n);
+    ProtoMsg m = {.type = type, .u.tokens = {.ids = ids, .n = n}};
     request(s, &m, seq, want, rep, into);
 }
 
