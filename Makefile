@@ -36,7 +36,7 @@ main_bench_objs = $(if $(filter $(BENCH_DIR)/%,$(1)),$(2))
 # target_proc/target_main.c -> build/rootspec-target
 BINS := $(foreach m,$(MAIN_SRCS),build/rootspec-$(patsubst %_main.c,%,$(notdir $(m))))
 
-.PHONY: all test test-bin check-repo setup run cuda clean fuzz bench-micro gpu-bundle
+.PHONY: all test test-bin check-repo setup run cuda clean fuzz bench-micro gpu-bundle amx-overhead
 all: $(BINS)
 
 build/obj/%.o: %.c
@@ -80,7 +80,15 @@ build/san/tests/main.o: build/suites.inc
 build/rootspec-tests: $(TEST_OBJS) build/librootspec-bench-san.a build/librootspec-san.a
 	$(CC) $(SAN_FLAGS) $^ -o $@ $(LDLIBS) $(CHECK_LIBS)
 
-test-bin: build/rootspec-tests $(BINS)
+test-bin: build/rootspec-tests $(BINS) build/amx-overhead
+
+# The AMX family's work outside its tile instructions against the AVX2 family's whole
+# computation, on any AVX2 machine (tests/amx_overhead.c): a benchmark, built with the tests.
+build/amx-overhead: build/obj/tests/amx_overhead.o build/obj/tests/qmm_avx512_emu.o build/librootspec.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+amx-overhead: build/amx-overhead
+	./build/amx-overhead
 
 # Repository checks (documentation pointers, layering): a second, no build needed.
 check-repo:
