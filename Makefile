@@ -114,7 +114,7 @@ clean:
 -include kernels/cuda.mk
 -include tests/cuemu/cuemu.mk
 -include tests/fuzz.mk
--include $(LIB_OBJS:.o=.d) $(SAN_OBJS:.o=.d) $(BENCH_OBJS:.o=.d) $(BENCH_SAN_OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(MAIN_SRCS:%.c=build/obj/%.d)
+-include $(LIB_OBJS:.o=.d) $(SAN_OBJS:.o=.d) $(BENCH_OBJS:.o=.d) $(BENCH_SAN_OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(MAIN_SRCS:%.c=build/obj/%.d) build/obj/tests/amx_overhead.d
 
 # Optional, slow (minutes on a CPU): T=0 identity of every decoder with AR on the default model.
 .PHONY: test-default-model
