@@ -66,7 +66,6 @@ EMU_INLINE void emu_dp(int c, int a, int b, int sa, int sb) {
 #define AMX_LOAD(t, p, stride) emu_load(t, p, stride)
 #define AMX_ZERO(t) memset(emu_tile[t].b, 0, sizeof emu_tile[t].b)
 #define AMX_STORE(t, p, stride) emu_store(t, p, stride)
-#define AMX_DPBUSD(c, a, b) emu_dp(c, a, b, 0, 1)
 #define AMX_DPBSSD(c, a, b) emu_dp(c, a, b, 1, 1)
 #define AMX_DPBSUD(c, a, b) emu_dp(c, a, b, 1, 0)
 #else /* tests/amx_overhead.c: tile instructions cost nothing and compute nothing; the
@@ -74,7 +73,6 @@ EMU_INLINE void emu_dp(int c, int a, int b, int sa, int sb) {
 #define AMX_LOAD(t, p, stride) __asm__ __volatile__("" ::"r"(p) : "memory")
 #define AMX_ZERO(t) ((void)0)
 #define AMX_STORE(t, p, stride) __asm__ __volatile__("" ::"r"(p) : "memory")
-#define AMX_DPBUSD(c, a, b) __asm__ __volatile__("" ::: "memory")
 #define AMX_DPBSSD(c, a, b) __asm__ __volatile__("" ::: "memory")
 #define AMX_DPBSUD(c, a, b) __asm__ __volatile__("" ::: "memory")
 #endif
