@@ -84,7 +84,7 @@ test-bin: build/rootspec-tests $(BINS) build/amx-overhead
 
 # The AMX family's work outside its tile instructions against the AVX2 family's whole
 # computation, on any AVX2 machine (tests/amx_overhead.c): a benchmark, built with the tests.
-build/amx-overhead: build/obj/tests/amx_overhead.o build/obj/tests/qmm_avx512_emu.o build/librootspec.a
+build/amx-overhead: build/obj/tests/amx_overhead.o build/obj/tests/qmm_avx512_emu.o build/librootspec-bench.a build/librootspec.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 amx-overhead: build/amx-overhead

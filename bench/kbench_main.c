@@ -12,6 +12,7 @@
  *           and GB/s of cache read, the caches far larger than L2 as in a decode step.
  * Output: one "kbench key=value ..." line per case. Hardware cycle counters are not
  * always available (VMs), hence the TSC, which ticks at a fixed rate. */
+#include "kweights.h"
 #include "common/cli.h"
 #include "common/model.h"
 #include "common/quant.h"
@@ -109,32 +110,6 @@ static int parse_opts(int argc, char **argv, Opts *o, RsErr *e) {
     return RS_OK;
 }
 
-static void put_f16(uint8_t *p, uint16_t h) { p[0] = (uint8_t)h, p[1] = (uint8_t)(h >> 8); }
-
-/* Random quants with sane scales: every f16 scale field set to ~0.01, float types to small
- * values, so no NaN or denormal slows a kernel down. */
-static void fill_weights(uint32_t type, uint8_t *d, size_t bytes, Rng *r) {
-    for (size_t i = 0; i < bytes; i++) d[i] = (uint8_t)rng_next(r);
-    size_t be, bb;
-    RS_ASSERT(quant_type_geometry(type, &be, &bb) == 0);
-    for (size_t o = 0; o + bb <= bytes; o += bb) {
-        uint8_t *p = d + o;
-        switch (type) {
-        case QT_F32:
-            for (size_t k = 0; k < bb; k += 4) {
-                float v = (float)(rng_uniform(r) - 0.5);
-                memcpy(p + k, &v, 4);
-            }
-            break;
-        case QT_F16: put_f16(p, (uint16_t)(0x2000 | (rng_next(r) & 0x83ff))); break;
-        case QT_BF16: put_f16(p, (uint16_t)(0x3c00 | (rng_next(r) & 0x807f))); break;
-        case QT_Q6_K: put_f16(p + 208, 0x2000); break;
-        case QT_Q4_1: case QT_Q5_1: case QT_Q4_K: case QT_Q5_K: put_f16(p + 2, 0x2000); /* fall through */
-        default: put_f16(p, 0x2000); break;
-        }
-    }
-}
-
 typedef struct {
     double best_ns;
     uint64_t best_tsc;
@@ -180,7 +155,7 @@ static void run_case(const QkFamily *f, uint32_t type, int n, size_t bytes, int 
     rows = rows < 8 ? 8 : rows & ~7;
     uint8_t *data = rs_huge_alloc((size_t)rows * row_bytes); /* as model_make_resident */
     RS_ASSERT(data);
-    fill_weights(type, data, (size_t)rows * row_bytes, r);
+    kweights_fill(type, data, (size_t)rows * row_bytes, r);
     QTensor w = {type, data, rows, cols, row_bytes, 0, 0};
     if (x4 && qk_family_packs(f, type)) qtensor_pack_x4(&w); /* as the CPU backend's load */
     float *x = rs_xmalloc(sizeof(float) * n * cols), *y = rs_xmalloc(sizeof(float) * n * rows);

@@ -9,26 +9,13 @@
 #define QK_AMX_NULL 1
 #include "qmm_amx_emu.c"
 
+#include "bench/kweights.h"
 #include "common/quant.h"
 #include "common/rng.h"
 #include "common/util.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <x86intrin.h>
-
-/* Random quants with a unit-ish f16 scale (0x2000 = 2^-7) in every block's scale slots. */
-static void fill(uint32_t type, uint8_t *d, size_t bytes, Rng *r) {
-    size_t be, bb;
-    quant_type_geometry(type, &be, &bb);
-    for (size_t i = 0; i < bytes; i++) d[i] = (uint8_t)rng_next(r);
-    const uint8_t f16[2] = {0x00, 0x20};
-    for (size_t o = 0; o + bb <= bytes; o += bb) {
-        uint8_t *p = d + o;
-        if (type == QT_Q6_K) memcpy(p + 208, f16, 2);
-        else memcpy(p, f16, 2);
-        if (type == QT_Q4_1 || type == QT_Q5_1 || type == QT_Q4_K || type == QT_Q5_K) memcpy(p + 2, f16, 2);
-    }
-}
 
 static int cmpd(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -44,7 +31,7 @@ static void measure(uint32_t type, int n, int rows, int reps, const QkFamily *f2
     Rng r;
     rng_seed(&r, 7);
     uint8_t *data = rs_huge_alloc((size_t)rows * rb);
-    fill(type, data, (size_t)rows * rb, &r);
+    kweights_fill(type, data, (size_t)rows * rb, &r);
     QTensor w = {type, data, rows, cols, rb, 0, 0};
     qtensor_pack_x4(&w);
     float *x = rs_xmalloc(sizeof(float) * n * cols), *y = rs_xmalloc(sizeof(float) * n * rows);
