@@ -6,6 +6,7 @@
 #include "randmodel.h"
 #include <math.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static int has_arch(const cJSON *j, const char **name) {
     static const char *ok[] = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"};
@@ -101,46 +102,55 @@ static int read_head_config(const char *path, const cJSON *j, Eagle3Config *h, R
 
 typedef struct {
     const char *name;
-    float **slot;
+    float **slot; /* a vector's arena pointer, or NULL for a matrix */
+    QTensor *qt;  /* a matrix's descriptor, or NULL for a vector */
     int64_t rows, cols;
 } HeadTensor;
 
-/* The published tensor names in arena order; embed_tokens last (optional). */
+/* The published tensor names in arena order; embed_tokens last (optional). Matrices get
+ * their shape here, their type and data from the loader or the random fill. */
 static int head_tensors(Eagle3Head *h, HeadTensor *t) {
     const Config *c = &h->cfg.c;
     int64_t D = c->dim, H = c->hidden_dim, Q = (int64_t)c->n_heads * c->head_dim;
     int64_t KV = (int64_t)c->n_kv_heads * c->head_dim, n = 0;
-#define T(nm, sl, r, co) t[n++] = (HeadTensor){nm, &h->sl, r, co}
-    T("fc.weight", fc, D, (int64_t)EAGLE3_N_FEATURES * h->cfg.target_hidden);
-    T("midlayer.input_layernorm.weight", input_norm, D, 0);
-    T("midlayer.hidden_norm.weight", hidden_norm, D, 0);
-    T("midlayer.self_attn.q_proj.weight", wq, Q, 2 * D);
-    T("midlayer.self_attn.k_proj.weight", wk, KV, 2 * D);
-    T("midlayer.self_attn.v_proj.weight", wv, KV, 2 * D);
-    T("midlayer.self_attn.o_proj.weight", wo, D, Q);
-    T("midlayer.post_attention_layernorm.weight", post_norm, D, 0);
-    T("midlayer.mlp.gate_proj.weight", w_gate, H, D);
-    T("midlayer.mlp.up_proj.weight", w_up, H, D);
-    T("midlayer.mlp.down_proj.weight", w_down, D, H);
-    T("norm.weight", norm, D, 0);
-    T("lm_head.weight", lm_head, h->cfg.draft_vocab, D);
-    T("embed_tokens.weight", embed, c->vocab_size, D);
-#undef T
+#define V(nm, sl) t[n++] = (HeadTensor){nm, &h->sl, NULL, D, 0}
+#define M(nm, sl, r, co) \
+    (h->sl.rows = (int)(r), h->sl.cols = (int)(co), t[n++] = (HeadTensor){nm, NULL, &h->sl, r, co})
+    M("fc.weight", fc, D, (int64_t)EAGLE3_N_FEATURES * h->cfg.target_hidden);
+    V("midlayer.input_layernorm.weight", input_norm);
+    V("midlayer.hidden_norm.weight", hidden_norm);
+    M("midlayer.self_attn.q_proj.weight", wq, Q, 2 * D);
+    M("midlayer.self_attn.k_proj.weight", wk, KV, 2 * D);
+    M("midlayer.self_attn.v_proj.weight", wv, KV, 2 * D);
+    M("midlayer.self_attn.o_proj.weight", wo, D, Q);
+    V("midlayer.post_attention_layernorm.weight", post_norm);
+    M("midlayer.mlp.gate_proj.weight", w_gate, H, D);
+    M("midlayer.mlp.up_proj.weight", w_up, H, D);
+    M("midlayer.mlp.down_proj.weight", w_down, D, H);
+    V("norm.weight", norm);
+    M("lm_head.weight", lm_head, h->cfg.draft_vocab, D);
+    M("embed_tokens.weight", embed, c->vocab_size, D);
+#undef V
+#undef M
     return (int)n;
 }
 #define HEAD_MAX_TENSORS 14
 
-/* Points every slot into one new arena (n tensors). */
-static int alloc_arena(Eagle3Head *h, HeadTensor *t, int n, RsErr *e) {
+/* One new arena for the vectors, and with `matrices` for the matrices too (f32, a random
+ * head's); n tensors. */
+static int alloc_arena(Eagle3Head *h, HeadTensor *t, int n, int matrices, RsErr *e) {
     size_t total = 0;
-    for (int i = 0; i < n; i++) total += (size_t)t[i].rows * (size_t)(t[i].cols ? t[i].cols : 1);
+    for (int i = 0; i < n; i++)
+        if (t[i].slot || matrices) total += (size_t)t[i].rows * (size_t)(t[i].cols ? t[i].cols : 1);
     h->arena = malloc(total * sizeof(float));
     if (!h->arena)
         return rs_err(e, RS_ENOMEM, "cannot allocate %zu MiB for the EAGLE-3 head '%s'",
                       total * sizeof(float) >> 20, h->path);
     float *p = h->arena;
     for (int i = 0; i < n; i++) {
-        *t[i].slot = p;
+        if (t[i].slot) *t[i].slot = p;
+        else if (matrices) *t[i].qt = qtensor_f32(p, (int)t[i].rows, (int)t[i].cols);
+        else continue;
         p += (size_t)t[i].rows * (size_t)(t[i].cols ? t[i].cols : 1);
     }
     return RS_OK;
@@ -233,7 +243,7 @@ static int load_weights(Eagle3Head *h, const HfTensors *ts, RsErr *e) {
     HfTensorInfo ti;
     if (!hf_tensor_find(ts, "embed_tokens.weight", &ti)) n--; /* borrowed from the target */
     int rc = check_lm_head(h, ts, e);
-    if (!rc) rc = alloc_arena(h, t, n, e);
+    if (!rc) rc = alloc_arena(h, t, n, 0, e);
     uint64_t fp = loader_fnv_config(0xcbf29ce484222325ull, &h->cfg.c);
     fp = loader_fnv(fp, &h->cfg.draft_vocab, sizeof h->cfg.draft_vocab);
     fp = loader_fnv(fp, &h->cfg.target_hidden, sizeof h->cfg.target_hidden);
@@ -242,6 +252,7 @@ static int load_weights(Eagle3Head *h, const HfTensors *ts, RsErr *e) {
         memset(&w, 0, sizeof w);
         snprintf(w.hf_name, sizeof w.hf_name, "%s", t[i].name);
         w.slot = t[i].slot;
+        w.qt = t[i].qt;
         w.rows = t[i].rows;
         w.cols = t[i].cols;
         rc = hf_tensors_load(ts, &w, &fp, e);
@@ -266,6 +277,7 @@ int eagle3_head_load(const char *dir, Eagle3Head **out, RsErr *e) {
     HfTensors *ts = NULL;
     if (!rc) rc = hf_tensors_create(dir, &ts, e);
     if (!rc) rc = load_weights(h, ts, e);
+    if (ts) hf_tensors_take_maps(ts, &h->maps, &h->map_sizes, &h->n_maps); /* the matrices' */
     hf_tensors_destroy(&ts);
     if (rc) {
         eagle3_head_destroy(&h);
@@ -277,8 +289,12 @@ int eagle3_head_load(const char *dir, Eagle3Head **out, RsErr *e) {
 
 void eagle3_head_destroy(Eagle3Head **ph) {
     if (!ph || !*ph) return;
-    free((*ph)->arena);
-    free((*ph)->d2t);
+    Eagle3Head *h = *ph;
+    free(h->arena);
+    for (int i = 0; i < h->n_maps; i++) munmap(h->maps[i], h->map_sizes[i]);
+    free(h->maps);
+    free(h->map_sizes);
+    free(h->d2t);
     free(*ph);
     *ph = NULL;
 }
@@ -299,7 +315,7 @@ int eagle3_head_check(const Eagle3Head *h, const Config *t, int layers_out[EAGLE
         return rs_err(e, RS_EINVAL, "EAGLE-3 head '%s' takes target features of width %d "
                       "(target_hidden_size) but the target's hidden size is %d", h->path,
                       c->target_hidden, t->dim);
-    if (!h->embed && c->c.dim != t->dim)
+    if (!h->embed.data && c->c.dim != t->dim)
         return rs_err(e, RS_EINVAL, "EAGLE-3 head '%s' has no embed_tokens and hidden_size %d, "
                       "so it cannot use the target's embeddings of width %d", h->path, c->c.dim,
                       t->dim);
@@ -418,8 +434,8 @@ int eagle3_head_random(const char *spec, int with_weights, Eagle3Head **out, RsE
     random_d2t(h, seed);
     HeadTensor t[HEAD_MAX_TENSORS];
     int n = head_tensors(h, t) - 1; /* no embed_tokens: the target's are used */
-    h->embed = NULL;
-    if (with_weights && (rc = alloc_arena(h, t, n, e))) {
+    h->embed.data = NULL;
+    if (with_weights && (rc = alloc_arena(h, t, n, 1, e))) {
         eagle3_head_destroy(&h);
         return rc;
     }
@@ -427,10 +443,13 @@ int eagle3_head_random(const char *spec, int with_weights, Eagle3Head **out, RsE
         float base, scale = tensor_scale(&t[i], &base);
         uint64_t ts = rs_rand_tensor_seed(seed, 100 + (uint64_t)i);
         size_t cnt = (size_t)t[i].rows * (size_t)(t[i].cols ? t[i].cols : 1);
-        for (size_t k = 0; k < cnt; k++) (*t[i].slot)[k] = rs_rand_value(ts, k, scale, base);
+        float *dst = t[i].slot ? *t[i].slot : (float *)t[i].qt->data;
+        for (size_t k = 0; k < cnt; k++) dst[k] = rs_rand_value(ts, k, scale, base);
     }
-    if (!with_weights)
-        for (int i = 0; i < n; i++) *t[i].slot = NULL;
+    for (int i = 0; i < n && !with_weights; i++) {
+        if (t[i].slot) *t[i].slot = NULL;
+        else *t[i].qt = qtensor_f32(NULL, (int)t[i].rows, (int)t[i].cols);
+    }
     uint64_t fp = loader_fnv(loader_fnv_config(0xcbf29ce484222325ull, &h->cfg.c), &seed, sizeof seed);
     snprintf(h->fingerprint, sizeof h->fingerprint, "random-%s-%016llx", p->name,
              (unsigned long long)fp);

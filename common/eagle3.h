@@ -1,7 +1,8 @@
 /* EAGLE-3 drafter heads in the layout the published checkpoints use (a Hugging Face
  * directory: config.json with architectures ["LlamaForCausalLMEagle3"] and
  * draft_vocab_size, safetensors with fc, midlayer.*, norm, lm_head, d2t, t2d and an
- * optional embed_tokens), loaded into f32, and the check that a head fits its target.
+ * optional embed_tokens), matrices kept in their stored type (F32, F16, BF16), and the
+ * check that a head fits its target.
  *
  * Convention followed (checked against SGLang python/sglang/srt/models/llama_eagle3.py
  * LlamaDecoderLayer.forward / LlamaModel.forward, vLLM
@@ -45,22 +46,27 @@ typedef struct {
 
 typedef struct {
     Eagle3Config cfg;
-    float *fc;          // (dim, 3*target_hidden)
-    float *embed;       // (vocab, dim) or NULL: the target's embeddings are used
+    /* Matrices in their stored type (F32, F16 or BF16 as the checkpoint has them, pointing
+     * into the file's mapping; a random head's are F32 in the arena), vectors in f32. */
+    QTensor fc;         // (dim, 3*target_hidden)
+    QTensor embed;      // (vocab, dim); data NULL: the target's embeddings are used
     float *input_norm;  // (dim) on the token embedding
     float *hidden_norm; // (dim) on the incoming hidden state
-    float *wq;          // (n_heads*head_dim, 2*dim)
-    float *wk;          // (n_kv_heads*head_dim, 2*dim)
-    float *wv;          // (n_kv_heads*head_dim, 2*dim)
-    float *wo;          // (dim, n_heads*head_dim)
+    QTensor wq;         // (n_heads*head_dim, 2*dim)
+    QTensor wk;         // (n_kv_heads*head_dim, 2*dim)
+    QTensor wv;         // (n_kv_heads*head_dim, 2*dim)
+    QTensor wo;         // (dim, n_heads*head_dim)
     float *post_norm;   // (dim)
-    float *w_gate;      // (hidden_dim, dim)
-    float *w_up;        // (hidden_dim, dim)
-    float *w_down;      // (dim, hidden_dim)
+    QTensor w_gate;     // (hidden_dim, dim)
+    QTensor w_up;       // (hidden_dim, dim)
+    QTensor w_down;     // (dim, hidden_dim)
     float *norm;        // (dim) before lm_head
-    float *lm_head;     // (draft_vocab, dim)
+    QTensor lm_head;    // (draft_vocab, dim)
     int32_t *d2t;       // (draft_vocab) target id of each draft id (offsets already added)
-    float *arena;       // every float tensor above
+    float *arena;       // the vectors, and a random head's matrices
+    void **maps;        // (n_maps) file mappings the matrices point into
+    size_t *map_sizes;  // (n_maps)
+    int n_maps;
     char path[1024];
     char fingerprint[65];
 } Eagle3Head;
@@ -86,8 +92,8 @@ void eagle3_default_layers(int n_layers, int layers[EAGLE3_N_FEATURES]);
  * published Llama-3.1-8B head's shape; ",seed=S" optional): weights from randmodel.h's
  * counter-based generator (tensor i of the head_tensors order gets seed
  * rs_rand_tensor_seed(seed, 100 + i)), d2t a seeded increasing map into the vocabulary.
- * with_weights 0 gives the shapes and d2t only (arena NULL), e.g. for a backend that
- * makes the weights itself. 1 when path names such a head. */
+ * with_weights 0 gives the shapes and d2t only (arena NULL, every matrix's data NULL),
+ * e.g. for a backend that makes the weights itself. 1 when path names such a head. */
 int eagle3_path_is_random(const char *path);
 /* 1 if path names an EAGLE-3 head: a random head preset, or a directory whose config.json
  * lists an EAGLE-3 head architecture (so a model path can be told from a head path). */

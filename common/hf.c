@@ -497,6 +497,18 @@ int hf_tensors_load(const HfTensors *c, const WeightReq *w, uint64_t *fp, RsErr 
     return load_tensor(c, w, fp, e);
 }
 
+void hf_tensors_take_maps(HfTensors *c, void ***maps, size_t **sizes, int *n) {
+    *maps = rs_xcalloc((size_t)c->n_files + 1, sizeof(void *));
+    *sizes = rs_xcalloc((size_t)c->n_files + 1, sizeof(size_t));
+    *n = 0;
+    for (int i = 0; i < c->n_files; i++) {
+        if (!c->files[i].map) continue;
+        (*maps)[*n] = (void *)c->files[i].map;
+        (*sizes)[(*n)++] = c->files[i].size;
+        c->files[i].map = NULL;
+    }
+}
+
 int hf_load_model(const char *dir, Model **out, RsErr *e) {
     *out = NULL;
     char p[1100];
@@ -525,13 +537,7 @@ int hf_load_model(const char *dir, Model **out, RsErr *e) {
                     extra, m->cfg.n_layers);
     if (!rc) { /* the matrices point into the mappings: the Model keeps them */
         if (m->cfg.tied_embeddings) m->w.wcls = m->w.tok_embeddings;
-        m->maps = rs_xcalloc((size_t)c->n_files, sizeof(void *));
-        m->map_sizes = rs_xcalloc((size_t)c->n_files, sizeof(size_t));
-        for (int i = 0; i < c->n_files; i++) {
-            m->maps[m->n_maps] = (void *)c->files[i].map;
-            m->map_sizes[m->n_maps++] = c->files[i].size;
-            c->files[i].map = NULL;
-        }
+        hf_tensors_take_maps(c, &m->maps, &m->map_sizes, &m->n_maps);
     }
     hf_tensors_destroy(&c);
     if (rc) {

@@ -29,8 +29,14 @@ int hf_tensors_create(const char *dir, HfTensors **out, RsErr *e);
 void hf_tensors_destroy(HfTensors **t);
 /* 1 with *info filled when the directory holds tensor `name`, else 0. */
 int hf_tensor_find(const HfTensors *t, const char *name, HfTensorInfo *info);
-/* Reads w->hf_name as f32 into *w->slot (F32/F16/BF16 stored), hashing name, dtype and
- * shape into *fp. Refuses a missing tensor, another shape or another dtype, naming both. */
+/* Reads w->hf_name (F32/F16/BF16 stored): a matrix with w->qt gets its stored type and a
+ * pointer into the file's mapping (keep the mapping: hf_tensors_take_maps), anything else
+ * is read as f32 into *w->slot. Hashes name, dtype and shape into *fp. Refuses a missing
+ * tensor, another shape or another dtype, naming both. */
 int hf_tensors_load(const HfTensors *t, const WeightReq *w, uint64_t *fp, RsErr *e);
+/* Hands the file mappings to the caller, so the QTensors hf_tensors_load pointed into them
+ * outlive hf_tensors_destroy: *maps and *sizes (n entries each) are malloc'd; the caller
+ * munmaps every map and frees both arrays. */
+void hf_tensors_take_maps(HfTensors *t, void ***maps, size_t **sizes, int *n);
 
 #endif

@@ -26,8 +26,9 @@ static void usage(FILE *f) {
             "                       random:eagle3-tiny / random:eagle3-llama3-8b\n"
             "  --target-model PATH  the target an EAGLE-3 head drafts for: supplies its token\n"
             "                       embeddings and vocabulary (required with a head, refused\n"
-            "                       otherwise); the head runs on --backend (cpu: f32, cuda:\n"
-            "                       bf16 weights and KV cache on --device)\n"
+            "                       otherwise); the head runs on --backend (cpu: weights in\n"
+            "                       their stored type on --threads threads; cuda: bf16\n"
+            "                       weights and KV cache on --device)\n"
             "  --draft-layers SPEC  run only these layers of the model (self-drafter), e.g. 0-5\n"
             "  --bind ENDPOINT      ipc:///tmp/rootspec.sock or tcp://HOST:PORT\n"
             "  --backend NAME       cpu | cuda (default cpu)\n"
@@ -132,7 +133,10 @@ static int load_drafter(const Args *A, const BackendOps *ops, int head, Model **
     int rc = head ? model_load(A->target_path, full, &e) : backend_model_load(ops, A->model, full, &e);
     if (!rc) rc = tokenizer_load_model(*full, tok, &e);
     if (!rc && head)
-        rc = drafter_eagle3_open(A->model, *full, ops, A->device, A->ctx + POOL_N_EXPANDED, d, &e);
+        rc = drafter_eagle3_open(A->model, *full, ops,
+                                 &(BackendParams){.kv_capacity = A->ctx + POOL_N_EXPANDED,
+                                                  .threads = A->threads, .device = A->device},
+                                 d, &e);
     else if (!rc && A->layers)
         rc = drafter_self_create(*full, A->layers, ops, A->ctx, A->threads, A->device, d, &e);
     else if (!rc) rc = drafter_model_create(*full, ops, A->ctx, A->threads, A->device, d, &e);

@@ -114,7 +114,7 @@ static const DrafterOps eagle3_ops = {
 };
 
 int drafter_eagle3_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
-                             const BackendOps *backend, int device, int kv_capacity,
+                             const BackendOps *backend, const BackendParams *p,
                              const int layers[EAGLE3_N_FEATURES], Drafter **out, RsErr *e) {
     *out = NULL;
     if (!layers) layers = h->cfg.feature_layers;
@@ -129,9 +129,10 @@ int drafter_eagle3_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
     if (!ops) return e ? e->code : RS_EUNSUPPORTED;
     Eagle3Drafter *d = rs_xcalloc(1, sizeof *d);
     d->h = h;
-    d->kv_capacity = kv_capacity;
-    int rc = eagle3_runner_create_on(h, embed, ops, device, kv_capacity, EAGLE3_COMMIT_CHUNK,
-                                     &d->r, e);
+    d->kv_capacity = p->kv_capacity;
+    BackendParams rp = {.kv_capacity = p->kv_capacity, .max_batch = EAGLE3_COMMIT_CHUNK,
+                        .threads = p->threads, .device = p->device};
+    int rc = eagle3_runner_create_on(h, embed, ops, &rp, &d->r, e);
     if (rc) {
         free(d);
         return rc;
@@ -149,11 +150,12 @@ int drafter_eagle3_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
 int drafter_eagle3_create(const Eagle3Head *h, const float *embed, int kv_capacity,
                           const int layers[EAGLE3_N_FEATURES], Drafter **out, RsErr *e) {
     Eagle3Embed em = {.table = qtensor_f32(embed, h->cfg.c.vocab_size, h->cfg.c.dim)};
-    return drafter_eagle3_create_on(h, &em, NULL, 0, kv_capacity, layers, out, e);
+    BackendParams p = {.kv_capacity = kv_capacity, .threads = 1};
+    return drafter_eagle3_create_on(h, &em, NULL, &p, layers, out, e);
 }
 
 int drafter_eagle3_open(const char *head_path, const Model *target, const BackendOps *backend,
-                        int device, int kv_capacity, Drafter **out, RsErr *e) {
+                        const BackendParams *p, Drafter **out, RsErr *e) {
     *out = NULL;
     Eagle3Head *h = NULL;
     int layers[EAGLE3_N_FEATURES];
@@ -162,10 +164,9 @@ int drafter_eagle3_open(const char *head_path, const Model *target, const Backen
     if (!rc) rc = eagle3_head_check(h, &target->cfg, layers, e);
     /* The target's table is read a row per token in its stored type (no f32 copy). */
     Eagle3Embed em;
-    if (!rc && h->embed) em = (Eagle3Embed){.table = qtensor_f32(h->embed, h->cfg.c.vocab_size,
-                                                                h->cfg.c.dim)};
+    if (!rc && h->embed.data) em = (Eagle3Embed){.table = h->embed};
     else if (!rc) rc = eagle3_embed_of(target, &em, e);
-    if (!rc) rc = drafter_eagle3_create_on(h, &em, backend, device, kv_capacity, layers, out, e);
+    if (!rc) rc = drafter_eagle3_create_on(h, &em, backend, p, layers, out, e);
     if (rc) {
         eagle3_head_destroy(&h);
         return rc;

@@ -17,24 +17,25 @@
 #include "common/eagle3.h"
 #include "eagle3_forward.h"
 
-/* Borrows h and embed ((vocab, dim): h->embed, or the target's embeddings when the head has
- * none; eagle3_head_check them first): keep both alive until drafter_destroy. kv_capacity:
+/* Borrows h and embed ((vocab, dim) f32: the target's embeddings, or the head's own
+ * dequantized; eagle3_head_check them first): keep both alive until drafter_destroy. kv_capacity:
  * context rows + the POOL_N_EXPANDED tree rows. layers: the target layers eagle3_head_check
  * resolved (DrafterInfo.feature_layers); NULL: the head config's, which must name them. */
 int drafter_eagle3_create(const Eagle3Head *h, const float *embed, int kv_capacity,
                           const int layers[EAGLE3_N_FEATURES], Drafter **out, RsErr *e);
 /* The same with the embeddings in any stored type (eagle3_forward.h) and the head's layer
- * on `backend` (NULL or cpu_backend_ops: the CPU; cuda_backend_ops_get(): CUDA device
- * `device`). RS_EUNSUPPORTED for another backend or a CUDA one this binary lacks. */
+ * on `backend` (NULL or cpu_backend_ops: the CPU, p->threads threads; cuda_backend_ops_get():
+ * CUDA device p->device), p->kv_capacity as above (the rest of p is ignored).
+ * RS_EUNSUPPORTED for another backend or a CUDA one this binary lacks. */
 int drafter_eagle3_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
-                             const BackendOps *backend, int device, int kv_capacity,
+                             const BackendOps *backend, const BackendParams *p,
                              const int layers[EAGLE3_N_FEATURES], Drafter **out, RsErr *e);
 
 /* Loads the head at head_path (a directory or a random:eagle3-* preset), checks that it fits
  * `target` (refusals name both values) and builds the drafter over it with the target's
- * token embeddings (f32 host weights, borrowed: keep target alive) unless the head has its
- * own, its layer on `backend` (as drafter_eagle3_create_on). The drafter owns the head. */
+ * token embeddings (borrowed: keep target alive) unless the head has its own, its layer on
+ * `backend` with p (as drafter_eagle3_create_on). The drafter owns the head. */
 int drafter_eagle3_open(const char *head_path, const Model *target, const BackendOps *backend,
-                        int device, int kv_capacity, Drafter **out, RsErr *e);
+                        const BackendParams *p, Drafter **out, RsErr *e);
 
 #endif

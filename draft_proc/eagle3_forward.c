@@ -1,7 +1,7 @@
 /* Runner of an EAGLE-3 head (see eagle3_forward.h for rows and positions): the cache
  * bookkeeping, the token embeddings (rows dequantized from the table in its stored type,
  * per call) and the pool growth; the layer's arithmetic is a kernels/eagle3_rows.h
- * implementation (the CPU in f32, or CUDA). */
+ * implementation (the CPU's, or CUDA's). */
 #include "eagle3_forward.h"
 #include "common/randmodel.h"
 #include "kernels/backend.h"
@@ -35,16 +35,17 @@ const Eagle3RowsOps *eagle3_rows_for(const BackendOps *backend, RsErr *e) {
 }
 
 int eagle3_runner_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
-                            const Eagle3RowsOps *ops, int device, int kv_capacity, int max_batch,
+                            const Eagle3RowsOps *ops, const BackendParams *p,
                             Eagle3Runner **out, RsErr *e) {
     *out = NULL;
-    RS_ASSERT(h && embed && ops && h->arena);
+    RS_ASSERT(h && embed && ops && p && h->lm_head.data);
     RS_ASSERT(embed->table.rows == h->cfg.c.vocab_size && embed->table.cols == h->cfg.c.dim);
+    int kv_capacity = p->kv_capacity, max_batch = p->max_batch;
     if (kv_capacity < 1 || max_batch < 1 || max_batch > kv_capacity)
         return rs_err(e, RS_EINVAL, "EAGLE-3 runner: kv_capacity %d / max_batch %d",
                       kv_capacity, max_batch);
     Eagle3Rows *rows = NULL;
-    int rc = ops->create(h, kv_capacity, max_batch, device, &rows, e);
+    int rc = ops->create(h, p, &rows, e);
     if (rc) return rc;
     Eagle3Runner *r = rs_xcalloc(1, sizeof *r);
     r->h = h;
@@ -67,7 +68,8 @@ int eagle3_runner_create(const Eagle3Head *h, const float *embed, int kv_capacit
                          int max_batch, Eagle3Runner **out, RsErr *e) {
     RS_ASSERT(embed);
     Eagle3Embed em = {.table = qtensor_f32(embed, h->cfg.c.vocab_size, h->cfg.c.dim)};
-    return eagle3_runner_create_on(h, &em, &cpu_eagle3_rows, 0, kv_capacity, max_batch, out, e);
+    BackendParams p = {.kv_capacity = kv_capacity, .max_batch = max_batch, .threads = 1};
+    return eagle3_runner_create_on(h, &em, &cpu_eagle3_rows, &p, out, e);
 }
 
 void eagle3_runner_destroy(Eagle3Runner **pr) {

@@ -46,11 +46,12 @@ void eagle3_embed_row(const Eagle3Embed *em, int token, float *dst);
 int eagle3_runner_create(const Eagle3Head *h, const float *embed, int kv_capacity,
                          int max_batch, Eagle3Runner **out, RsErr *e);
 /* The same on a backend's implementation of the layer (eagle3_rows_for: NULL or the CPU
- * backend's ops: f32 on the CPU; the CUDA backend's: bf16 on device `device`). RS_EUNSUPPORTED
- * for another backend, or the implementation's error (no device, no memory). */
+ * backend's ops: the CPU's kernels on p->threads threads; the CUDA backend's: bf16 on
+ * device p->device), with p->kv_capacity and p->max_batch as above. RS_EUNSUPPORTED for
+ * another backend, or the implementation's error (no device, no memory). */
 int eagle3_runner_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
-                            const Eagle3RowsOps *ops, int device, int kv_capacity,
-                            int max_batch, Eagle3Runner **out, RsErr *e);
+                            const Eagle3RowsOps *ops, const BackendParams *p,
+                            Eagle3Runner **out, RsErr *e);
 const Eagle3RowsOps *eagle3_rows_for(const BackendOps *backend, RsErr *e);
 /* "cpu" or "cuda". */
 const char *eagle3_runner_backend(const Eagle3Runner *r);

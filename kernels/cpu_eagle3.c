@@ -1,20 +1,31 @@
-/* The CPU implementation of kernels/eagle3_rows.h: an EAGLE-3 head's decoder layer in f32,
- * built from the CPU backend's reference operations (kernels/cpu_ops.h) so the head's
- * arithmetic is the target's; written after SGLang llama_eagle3.py
- * LlamaDecoderLayer.forward and EAGLE cnets.py LlamaDecoderLayeremb.forward:
+/* The CPU implementation of kernels/eagle3_rows.h: an EAGLE-3 head's decoder layer, its
+ * products against the weights in their stored type through the CPU backend's kernel
+ * family (ROOTSPEC_CPU_KERNELS as there; "ref" is f32 throughout) split by output rows over
+ * a thread pool of its own, the rest with the backend's reference operations
+ * (kernels/cpu_ops.h) so the head's arithmetic is the target's; written after SGLang
+ * llama_eagle3.py LlamaDecoderLayer.forward and EAGLE cnets.py
+ * LlamaDecoderLayeremb.forward:
  *   h   = fc(features)  or the parent's output state
  *   x   = cat(input_layernorm(embed(token)), hidden_norm(h))      (2*dim)
  *   h  += o_proj(attention(rope(q_proj x), rope(k_proj x), v_proj x))
  *   h  += mlp(post_attention_layernorm(h))                        -> the output state
  *   logits = lm_head(norm(h))                                     (draft vocabulary)
+ * A published head's 16-bit weights stay 16-bit (a Llama-3.1-8B head streams 0.85 GB a
+ * pass instead of 1.7), and each output row's value does not depend on the thread count.
  * Buffers are allocated once. */
 #include "eagle3_rows.h"
 #include "cpu_ops.h"
+#include "cpu_qmatmul.h"
+#include "threadpool.h"
+#include <stdlib.h>
 #include <string.h>
 
 struct Eagle3Rows {
     const Eagle3Head *h;
-    int cap, max_batch, dim, qd, kvd, hd, hidden;
+    const QkFamily *fam;
+    ThreadPool *pool;
+    int cap, max_batch, dim, qd, kvd, hd, hidden, max_in;
+    float *scratch;     // (threads, max_in) the generic path's dequantized rows
     float *kc, *vc;     // (cap, kvd) RoPE applied to keys
     float *hs;          // (max_batch, dim) state / residual stream
     float *x;           // (max_batch, 2*dim) attention input
@@ -28,23 +39,52 @@ struct Eagle3Rows {
     int *n_vis;         // (max_batch)
 };
 
-static int cpu_create(const Eagle3Head *h, int kv_capacity, int max_batch, int device,
-                      Eagle3Rows **out, RsErr *e) {
+static int imax(int a, int b) { return a > b ? a : b; }
+
+/* The family and the pool; every matrix must take f32 activations in that family (the
+ * loader gives F32, F16 and BF16 only). */
+static int cpu_engine(Eagle3Rows *r, int threads, RsErr *e) {
+    const Eagle3Head *h = r->h;
+    r->fam = qk_family_pick(getenv("ROOTSPEC_CPU_KERNELS"), e);
+    if (!r->fam) return e ? e->code : RS_EINVAL;
+    const QTensor *ms[] = {&h->fc, &h->wq, &h->wk, &h->wv, &h->wo, &h->w_gate, &h->w_up,
+                           &h->w_down, &h->lm_head};
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+        RS_ASSERT(ms[i]->data);
+        if (qk_wants_act(r->fam, ms[i]->type) != QK_ACT_F32)
+            return rs_err(e, RS_EUNSUPPORTED, "EAGLE-3 head '%s': a matrix of ggml type %u "
+                          "(F32, F16 or BF16 expected)", h->path, (unsigned)ms[i]->type);
+        r->max_in = imax(r->max_in, ms[i]->cols);
+    }
+    int rc = threadpool_create(threads > 0 ? threads : 1, &r->pool, e);
+    if (rc) return rc;
+    r->scratch = rs_xmalloc(sizeof(float) * (size_t)threadpool_size(r->pool) * r->max_in);
+    return RS_OK;
+}
+
+static void cpu_destroy(Eagle3Rows **pr);
+
+static int cpu_create(const Eagle3Head *h, const BackendParams *p, Eagle3Rows **out, RsErr *e) {
     *out = NULL;
-    RS_ASSERT(h && h->arena);
+    RS_ASSERT(h && p);
     const Config *c = &h->cfg.c;
     Eagle3Rows *r = rs_xcalloc(1, sizeof *r);
     r->h = h;
-    r->cap = kv_capacity;
-    r->max_batch = max_batch;
+    r->cap = p->kv_capacity;
+    r->max_batch = p->max_batch;
     r->dim = c->dim;
     r->hd = c->head_dim;
     r->qd = c->n_heads * c->head_dim;
     r->kvd = c->n_kv_heads * c->head_dim;
     r->hidden = c->hidden_dim;
-    size_t B = (size_t)max_batch, half = (size_t)r->hd / 2;
-    r->kc = rs_xmalloc(sizeof(float) * (size_t)kv_capacity * r->kvd);
-    r->vc = rs_xmalloc(sizeof(float) * (size_t)kv_capacity * r->kvd);
+    int rc = cpu_engine(r, p->threads, e);
+    if (rc) {
+        cpu_destroy(&r);
+        return rc;
+    }
+    size_t B = (size_t)r->max_batch, half = (size_t)r->hd / 2, cap = (size_t)r->cap;
+    r->kc = rs_xmalloc(sizeof(float) * cap * r->kvd);
+    r->vc = rs_xmalloc(sizeof(float) * cap * r->kvd);
     r->hs = rs_xmalloc(sizeof(float) * B * r->dim);
     r->x = rs_xmalloc(sizeof(float) * B * 2 * r->dim);
     r->q = rs_xmalloc(sizeof(float) * B * r->qd);
@@ -52,11 +92,11 @@ static int cpu_create(const Eagle3Head *h, int kv_capacity, int max_batch, int d
     r->xb = rs_xmalloc(sizeof(float) * B * r->dim);
     r->hb = rs_xmalloc(sizeof(float) * B * r->hidden);
     r->hb2 = rs_xmalloc(sizeof(float) * B * r->hidden);
-    r->att = rs_xmalloc(sizeof(float) * 2 * (size_t)kv_capacity);
+    r->att = rs_xmalloc(sizeof(float) * 2 * cap);
     r->inv_freq = rs_xmalloc(sizeof(float) * half);
     r->cs = rs_xmalloc(sizeof(float) * B * half);
     r->sn = rs_xmalloc(sizeof(float) * B * half);
-    r->vis = rs_xmalloc(sizeof(int) * B * (size_t)kv_capacity);
+    r->vis = rs_xmalloc(sizeof(int) * B * cap);
     r->n_vis = rs_xmalloc(sizeof(int) * B);
     rope_inv_freq(c, r->inv_freq);
     *out = r;
@@ -71,8 +111,41 @@ static void cpu_destroy(Eagle3Rows **pr) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(r->vis);
     free(r->n_vis);
+    free(r->scratch);
+    threadpool_destroy(&r->pool);
     free(r);
     *pr = NULL;
+}
+
+/* ---- products: rows of W split over the pool ---- */
+
+#define MM_UNIT 16 /* output rows a chunk starts on a multiple of (whole register tiles) */
+
+typedef struct {
+    Eagle3Rows *r;
+    const QTensor *w;
+    QkActs x;
+    float *y;
+} MmJob;
+
+static void mm_task(void *arg, int i, int n_chunks, int tid) {
+    MmJob *j = arg;
+    int units = (j->w->rows + MM_UNIT - 1) / MM_UNIT, lo, hi;
+    threadpool_share(units, i, n_chunks, &lo, &hi);
+    lo *= MM_UNIT;
+    hi = hi * MM_UNIT < j->w->rows ? hi * MM_UNIT : j->w->rows;
+    if (lo < hi)
+        qk_matmul_rows(j->r->fam, j->w, &j->x, j->y, j->w->rows, lo, hi,
+                       j->r->scratch + (size_t)tid * j->r->max_in);
+}
+
+/* y (n, w->rows) = x (n, w->cols) @ w^T. A row's value is the kernel's for that row
+ * whatever chunk computes it (cpu_qmatmul.h), so the thread count changes no bit. */
+static void matmul(Eagle3Rows *r, float *y, const float *x, const QTensor *w, int n) {
+    MmJob j = {r, w, {.f32 = x, .n = n, .in = w->cols}, y};
+    int nth = threadpool_size(r->pool), units = (w->rows + MM_UNIT - 1) / MM_UNIT;
+    int chunks = nth == 1 ? 1 : 4 * nth;
+    threadpool_run_chunks(r->pool, mm_task, &j, chunks < units ? chunks : units);
 }
 
 /* q for the batch and k/v into cache slots [start, start + n), RoPE'd at pos. */
@@ -87,9 +160,9 @@ static void qkv(Eagle3Rows *r, const float *emb, const int *pos, int n, int star
     }
     cpu_rope_table(pos, r->inv_freq, n, half, r->cs, r->sn);
     float *knew = r->kc + (size_t)start * r->kvd, *vnew = r->vc + (size_t)start * r->kvd;
-    cpu_matmul(r->q, r->x, h->wq, n, 2 * D, r->qd, r->qd);
-    cpu_matmul(knew, r->x, h->wk, n, 2 * D, r->kvd, r->kvd);
-    cpu_matmul(vnew, r->x, h->wv, n, 2 * D, r->kvd, r->kvd);
+    matmul(r, r->q, r->x, &h->wq, n);
+    matmul(r, knew, r->x, &h->wk, n);
+    matmul(r, vnew, r->x, &h->wv, n);
     for (int t = 0; t < n; t++) {
         const float *cs = r->cs + (size_t)t * half, *sn = r->sn + (size_t)t * half;
         for (int k = 0; k < r->qd; k += r->hd) cpu_rope(r->q + (size_t)t * r->qd + k, cs, sn, half);
@@ -107,21 +180,21 @@ static void layer(Eagle3Rows *r, const Eagle3Batch *b) {
     qkv(r, b->emb, b->pos, n, b->n_committed + b->n_pending);
     cpu_attention(r->att_out, r->q, r->kc, r->vc, b->n_committed, r->vis, r->n_vis, r->cap, n,
                   c->n_heads, c->n_kv_heads, r->hd, r->att);
-    cpu_matmul(r->xb, r->att_out, h->wo, n, r->qd, D, D);
+    matmul(r, r->xb, r->att_out, &h->wo, n);
     cpu_residual_add(r->hs, r->xb, (size_t)n * D); /* the residual is h itself, un-normed */
     for (int t = 0; t < n; t++)
         cpu_rmsnorm(r->xb + (size_t)t * D, r->hs + (size_t)t * D, h->post_norm, D, c->norm_eps);
-    cpu_matmul(r->hb, r->xb, h->w_gate, n, D, H, H);
-    cpu_matmul(r->hb2, r->xb, h->w_up, n, D, H, H);
+    matmul(r, r->hb, r->xb, &h->w_gate, n);
+    matmul(r, r->hb2, r->xb, &h->w_up, n);
     cpu_swiglu(r->hb, r->hb2, (size_t)n * H);
-    cpu_matmul(r->xb, r->hb, h->w_down, n, H, D, D);
+    matmul(r, r->xb, r->hb, &h->w_down, n);
     cpu_residual_add(r->hs, r->xb, (size_t)n * D);
 }
 
 static void cpu_run(Eagle3Rows *r, const Eagle3Batch *b) {
     const Eagle3Head *h = r->h;
-    int D = r->dim, n = b->n, F = EAGLE3_N_FEATURES * h->cfg.target_hidden;
-    if (b->fc) cpu_matmul(r->hs, b->in, h->fc, n, F, D, D);
+    int D = r->dim, n = b->n;
+    if (b->fc) matmul(r, r->hs, b->in, &h->fc, n);
     else memcpy(r->hs, b->in, sizeof(float) * (size_t)n * D);
     layer(r, b);
     int m = n - b->out_from;
@@ -130,7 +203,7 @@ static void cpu_run(Eagle3Rows *r, const Eagle3Batch *b) {
     memcpy(b->state_out, hs, sizeof(float) * (size_t)m * D);
     for (int t = 0; t < m; t++)
         cpu_rmsnorm(r->xb + (size_t)t * D, hs + (size_t)t * D, h->norm, D, h->cfg.c.norm_eps);
-    cpu_matmul(b->logits_out, r->xb, h->lm_head, m, D, h->cfg.draft_vocab, h->cfg.draft_vocab);
+    matmul(r, b->logits_out, r->xb, &h->lm_head, m);
 }
 
 const Eagle3RowsOps cpu_eagle3_rows = {

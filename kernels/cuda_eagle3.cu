@@ -140,13 +140,19 @@ static int alloc_all(Eagle3Rows *r, RsErr *e) {
 #undef DA
 
 /* f32 host array (n) -> bf16 device array, through a bounded device staging buffer. */
-static void put_bf16(Eagle3Rows *r, const float *src, size_t n, rs_bf16 *dst, float *stage,
+/* A matrix in its stored type as bf16 at dst, rows dequantized on the host (host: stage_n
+ * floats) and converted on the device, a staging buffer's worth at a time. */
+static void put_bf16(Eagle3Rows *r, const QTensor *q, rs_bf16 *dst, float *stage, float *host,
                      size_t stage_n) {
-    for (size_t o = 0; o < n; o += stage_n) {
-        size_t k = n - o < stage_n ? n - o : stage_n;
-        CUDA_CHECK(cudaMemcpyAsync(stage, src + o, k * 4, cudaMemcpyHostToDevice, r->s));
-        cuk_f32_to_bf16(r->s, stage, dst + o, k);
-        CUDA_CHECK(cudaStreamSynchronize(r->s));
+    int per = (int)(stage_n / (size_t)q->cols);
+    RS_ASSERT(per > 0 && q->data);
+    for (int r0 = 0; r0 < q->rows; r0 += per) {
+        int k = q->rows - r0 < per ? q->rows - r0 : per;
+        size_t nf = (size_t)k * q->cols;
+        qtensor_dequantize_rows(q, r0, k, host);
+        CUDA_CHECK(cudaMemcpyAsync(stage, host, nf * 4, cudaMemcpyHostToDevice, r->s));
+        cuk_f32_to_bf16(r->s, stage, dst + (size_t)r0 * q->cols, nf);
+        CUDA_CHECK(cudaStreamSynchronize(r->s)); /* host is reused */
     }
 }
 
@@ -162,16 +168,17 @@ static int upload(Eagle3Rows *r, RsErr *e) {
     int rc = dalloc(&stage, stage_n * 4, "weight upload staging", e);
     if (rc) return rc;
     size_t D2 = 2 * D;
-    put_bf16(r, h->fc, D * r->F, r->fc, stage, stage_n);
-    put_bf16(r, h->wq, (size_t)r->qd * D2, r->wqkv, stage, stage_n);
-    put_bf16(r, h->wk, (size_t)r->kvd * D2, r->wqkv + (size_t)r->qd * D2, stage, stage_n);
-    put_bf16(r, h->wv, (size_t)r->kvd * D2, r->wqkv + (size_t)(r->qd + r->kvd) * D2, stage,
-             stage_n);
-    put_bf16(r, h->wo, D * r->qd, r->wo, stage, stage_n);
-    put_bf16(r, h->w_gate, (size_t)r->hidden * D, r->wgu, stage, stage_n);
-    put_bf16(r, h->w_up, (size_t)r->hidden * D, r->wgu + (size_t)r->hidden * D, stage, stage_n);
-    put_bf16(r, h->w_down, D * r->hidden, r->wdown, stage, stage_n);
-    put_bf16(r, h->lm_head, (size_t)r->DV * D, r->lm, stage, stage_n);
+    float *host = (float *)rs_xmalloc(stage_n * 4);
+    put_bf16(r, &h->fc, r->fc, stage, host, stage_n);
+    put_bf16(r, &h->wq, r->wqkv, stage, host, stage_n);
+    put_bf16(r, &h->wk, r->wqkv + (size_t)r->qd * D2, stage, host, stage_n);
+    put_bf16(r, &h->wv, r->wqkv + (size_t)(r->qd + r->kvd) * D2, stage, host, stage_n);
+    put_bf16(r, &h->wo, r->wo, stage, host, stage_n);
+    put_bf16(r, &h->w_gate, r->wgu, stage, host, stage_n);
+    put_bf16(r, &h->w_up, r->wgu + (size_t)r->hidden * D, stage, host, stage_n);
+    put_bf16(r, &h->w_down, r->wdown, stage, host, stage_n);
+    put_bf16(r, &h->lm_head, r->lm, stage, host, stage_n);
+    free(host);
     put_f32(r, h->input_norm, D, r->in_norm);
     put_f32(r, h->hidden_norm, D, r->hid_norm);
     put_f32(r, h->post_norm, D, r->post_norm);
@@ -235,13 +242,12 @@ static Eagle3Rows *rows_new(const Eagle3Head *h, int cap, int maxb, int device) 
     return r;
 }
 
-static int e3_create(const Eagle3Head *h, int kv_capacity, int max_batch, int device,
-                     Eagle3Rows **out, RsErr *e) {
+static int e3_create(const Eagle3Head *h, const BackendParams *p, Eagle3Rows **out, RsErr *e) {
     *out = NULL;
-    RS_ASSERT(h && h->arena);
-    int rc = check_device(&h->cfg.c, device, e);
+    RS_ASSERT(h && p && h->lm_head.data);
+    int rc = check_device(&h->cfg.c, p->device, e);
     if (rc) return rc;
-    Eagle3Rows *r = rows_new(h, kv_capacity, max_batch, device);
+    Eagle3Rows *r = rows_new(h, p->kv_capacity, p->max_batch, p->device);
     rc = alloc_all(r, e);
     if (!rc) {
         CUBLAS_CHECK(cublasSetWorkspace(r->blas, r->blas_ws, (size_t)32 << 20));

@@ -1,9 +1,11 @@
 /* The arithmetic of an EAGLE-3 head's one decoder layer over a batch of rows, per backend:
- * the CPU in f32 (kernels/cpu_eagle3.c, the reference) and CUDA with bf16 weights, GEMM
- * inputs and KV cache (kernels/cuda_eagle3.cu). An implementation holds the head's weights
- * where it computes and the head's KV cache; the runner (draft_proc/eagle3_forward.h) keeps
- * the cache bookkeeping (which slots are committed or pending), the token embeddings and
- * the pool growth, so both backends grow pools with the same code. */
+ * the CPU with the weights in their stored type through the CPU backend's kernel family
+ * and thread pool (kernels/cpu_eagle3.c, the reference; ROOTSPEC_CPU_KERNELS=ref makes it
+ * all f32) and CUDA with bf16 weights, GEMM inputs and KV cache (kernels/cuda_eagle3.cu).
+ * An implementation holds the head's weights where it computes and the head's KV cache;
+ * the runner (draft_proc/eagle3_forward.h) keeps the cache bookkeeping (which slots are
+ * committed or pending), the token embeddings and the pool growth, so both backends grow
+ * pools with the same code. */
 #ifndef ROOTSPEC_EAGLE3_ROWS_H
 #define ROOTSPEC_EAGLE3_ROWS_H
 #include <stdint.h>
@@ -11,6 +13,7 @@
 extern "C" {
 #endif
 #include "common/eagle3.h"
+#include "backend.h"
 
 typedef struct Eagle3Rows Eagle3Rows; /* one implementation's state */
 
@@ -35,11 +38,11 @@ typedef struct {
 
 typedef struct {
     const char *name; /* "cpu" or "cuda", as the backend of the same name */
-    /* Borrows h (keep it alive; its arena must hold the weights). max_batch: most rows in
-     * one run. device: the CUDA ordinal (the CPU ignores it). RS_EUNSUPPORTED / RS_ENOMEM
-     * / RS_EINVAL with a message when the head cannot run there. */
-    int (*create)(const Eagle3Head *h, int kv_capacity, int max_batch, int device,
-                  Eagle3Rows **out, RsErr *e);
+    /* Borrows h (keep it alive; its matrices must have data). From p: kv_capacity,
+     * max_batch (most rows in one run), threads (the CPU's, 0 = 1) and device (the CUDA
+     * ordinal); the rest is ignored. RS_EUNSUPPORTED / RS_ENOMEM / RS_EINVAL with a message
+     * when the head cannot run there. */
+    int (*create)(const Eagle3Head *h, const BackendParams *p, Eagle3Rows **out, RsErr *e);
     /* Accepts NULL and a NULL *r; clears the caller's pointer. */
     void (*destroy)(Eagle3Rows **r);
     /* The caller checked the sizes (n <= max_batch, slots inside kv_capacity). Outputs

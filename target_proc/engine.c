@@ -53,8 +53,9 @@ static int open_drafter(const EngineOpts *o, const BackendOps *ops, Engine *en, 
     int rc;
     if (o->draft_model_path && eagle3_path_is_head(o->draft_model_path)) {
         /* the head's vocabulary is the target's (eagle3_head_check), its tokenizer too */
-        rc = drafter_eagle3_open(o->draft_model_path, en->target_model, ops, o->device,
-                                 o->ctx + POOL_N_EXPANDED, &local, e);
+        BackendParams hp = {.kv_capacity = o->ctx + POOL_N_EXPANDED, .threads = o->threads,
+                            .device = o->device};
+        rc = drafter_eagle3_open(o->draft_model_path, en->target_model, ops, &hp, &local, e);
     } else if (o->draft_model_path) {
         rc = load_draft_model(o, ops, en, e);
         if (!rc)

@@ -161,7 +161,10 @@ static void run_step(Run *run, const cJSON *s, int si, const char *head) {
     free(logits);
 }
 
-static void parity(const char *head_dir, int want_own_embed) {
+/* The fixture's steps through the C runner on `threads` threads against the Python
+ * reference's outputs; the head's matrices must stay in the checkpoint's 16-bit type,
+ * pointing into the file's mapping (want_type). */
+static void parity(const char *head_dir, int want_own_embed, uint32_t want_type, int threads) {
     cJSON *j = load_expected();
     const cJSON *hj = NULL, *it;
     cJSON_ArrayForEach(it, cJSON_GetObjectItem(j, "heads"))
@@ -175,13 +178,25 @@ static void parity(const char *head_dir, int want_own_embed) {
     RsErr e = {0};
     ck_assert_msg(model_load(tp, &t, &e) == 0, "%s", e.msg);
     ck_assert_msg(eagle3_head_load(hp, &h, &e) == 0, "%s", e.msg);
-    ck_assert_int_eq(h->embed != NULL, want_own_embed);
+    ck_assert_int_eq(h->embed.data != NULL, want_own_embed);
+    const QTensor *mats[] = {&h->fc, &h->wq, &h->wk, &h->wv, &h->wo, &h->w_gate, &h->w_up,
+                             &h->w_down, &h->lm_head, want_own_embed ? &h->embed : &h->fc};
+    ck_assert_int_eq(h->n_maps, 1);
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+        const uint8_t *d = mats[i]->data, *map = h->maps[0];
+        ck_assert_msg(mats[i]->type == want_type, "matrix %zu: ggml type %u, want %u", i,
+                      (unsigned)mats[i]->type, (unsigned)want_type);
+        ck_assert(d > map && d + (size_t)mats[i]->rows * mats[i]->row_bytes <= map + h->map_sizes[0]);
+    }
     int layers[3];
     ck_assert_msg(eagle3_head_check(h, &t->cfg, layers, &e) == 0, "%s", e.msg);
     ck_assert(layers[0] == 0 && layers[1] == 1 && layers[2] == 2);
     float *temb = target_embeddings(tp, &t->cfg);
     Run run = {.h = h};
-    ck_assert_msg(eagle3_runner_create(h, h->embed ? h->embed : temb, 64, 4, &run.r, &e) == 0,
+    Eagle3Embed em = {.table = h->embed.data ? h->embed : qtensor_f32(temb, t->cfg.vocab_size,
+                                                                       t->cfg.dim)};
+    BackendParams bp = {.kv_capacity = 64, .max_batch = 4, .threads = threads};
+    ck_assert_msg(eagle3_runner_create_on(h, &em, &cpu_eagle3_rows, &bp, &run.r, &e) == 0,
                   "%s", e.msg);
     int si = 0;
     cJSON_ArrayForEach(it, cJSON_GetObjectItem(hj, "steps")) run_step(&run, it, si++, head_dir);
@@ -199,10 +214,10 @@ static void parity(const char *head_dir, int want_own_embed) {
     cJSON_Delete(j);
 }
 
-START_TEST(test_parity_target_embeddings) { parity("eagle3/head", 0); }
+START_TEST(test_parity_target_embeddings) { parity("eagle3/head", 0, QT_F16, 1); }
 END_TEST
 
-START_TEST(test_parity_own_embeddings_llama3_rope) { parity("eagle3/head_embed", 1); }
+START_TEST(test_parity_own_embeddings_llama3_rope) { parity("eagle3/head_embed", 1, QT_BF16, 2); }
 END_TEST
 
 /* Replays one pool node's ancestors alone on a fresh runner (each pass a single row, its
@@ -590,7 +605,7 @@ START_TEST(test_fit_to_target) {
     /* own embeddings: a head wider than the target fits it */
     ck_assert_msg(eagle3_head_check(he, &t->cfg, L, &e) == 0, "%s", e.msg);
     Eagle3Head no_embed = *he; /* the same head without embed_tokens cannot borrow them */
-    no_embed.embed = NULL;
+    no_embed.embed.data = NULL;
     expect_misfit(&no_embed, &t->cfg, "no embed_tokens and hidden_size 48", "width 32");
     eagle3_head_destroy(&h);
     eagle3_head_destroy(&he);
@@ -716,6 +731,50 @@ static void grow_fixed(Drafter *d, int F, Pool *p) {
     free(f);
 }
 
+/* The CPU layer splits each product's rows over its thread pool: the pools a head grows
+ * must be the same bits on 1 and 3 threads (rows of 64..256 split 12 ways) and agree with
+ * the f32 reference family's within rounding (ROOTSPEC_CPU_KERNELS=ref: every product in
+ * f32 loops) on tokens. */
+START_TEST(test_threads_and_family) {
+    Model *mat;
+    RsErr e = {0};
+    ck_assert(backend_model_load(&cpu_backend_ops, "random:tiny,seed=21", &mat, &e) == 0);
+    int F = 3 * mat->cfg.dim;
+    Drafter *d1, *d3, *dref;
+    Pool *p1 = malloc(sizeof *p1), *p3 = malloc(sizeof *p3), *pr = malloc(sizeof *pr);
+    BackendParams one = {.kv_capacity = 256, .threads = 1}, three = {.kv_capacity = 256, .threads = 3};
+    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", mat, NULL, &one, &d1, &e) == 0, "%s", e.msg);
+    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", mat, NULL, &three, &d3, &e) == 0, "%s", e.msg);
+    char *old = getenv("ROOTSPEC_CPU_KERNELS") ? strdup(getenv("ROOTSPEC_CPU_KERNELS")) : NULL;
+    setenv("ROOTSPEC_CPU_KERNELS", "ref", 1);
+    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", mat, NULL, &one, &dref, &e) == 0, "%s", e.msg);
+    if (old) setenv("ROOTSPEC_CPU_KERNELS", old, 1);
+    else unsetenv("ROOTSPEC_CPU_KERNELS");
+    free(old);
+    grow_fixed(d1, F, p1);
+    grow_fixed(d3, F, p3);
+    grow_fixed(dref, F, pr);
+    pools_equal(p1, p3);
+    ck_assert_int_eq(p1->n, pr->n);
+    int same = 0;
+    for (int i = 0; i < p1->n; i++) {
+        same += p1->token[i] == pr->token[i];
+        ck_assert_msg(fabsf(p1->logq[i] - pr->logq[i]) <= 1e-3f + 1e-4f * fabsf(pr->logq[i]) ||
+                          p1->token[i] != pr->token[i],
+                      "candidate %d: logq %g vs the reference's %g", i, (double)p1->logq[i],
+                      (double)pr->logq[i]);
+    }
+    ck_assert_msg(same >= p1->n * 9 / 10, "%d of %d candidates as the reference's", same, p1->n);
+    drafter_destroy(&d1);
+    drafter_destroy(&d3);
+    drafter_destroy(&dref);
+    free(p1);
+    free(p3);
+    free(pr);
+    model_destroy(&mat);
+}
+END_TEST
+
 /* Embeddings read a row per token instead of an f32 copy of the target's table: a random
  * target without host weights gives its rows from the generator, bit-identical to the
  * materialised table, so the drafter opened on it grows the same pools; and a quantized
@@ -723,6 +782,7 @@ static void grow_fixed(Drafter *d, int F, Pool *p) {
 START_TEST(test_embeddings_by_row) {
     Model *lazy, *mat;
     RsErr e = {0};
+    BackendParams bp = {.kv_capacity = 256, .threads = 1};
     ck_assert(model_load("random:tiny,seed=21", &lazy, &e) == 0);
     ck_assert(backend_model_load(&cpu_backend_ops, "random:tiny,seed=21", &mat, &e) == 0);
     Eagle3Embed a, b;
@@ -738,8 +798,8 @@ START_TEST(test_embeddings_by_row) {
     }
     Drafter *dl, *dm, *dq, *df;
     Pool *pl = malloc(sizeof *pl), *pm = malloc(sizeof *pm);
-    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", lazy, NULL, 0, 256, &dl, &e) == 0, "%s", e.msg);
-    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", mat, NULL, 0, 256, &dm, &e) == 0, "%s", e.msg);
+    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", lazy, NULL, &bp, &dl, &e) == 0, "%s", e.msg);
+    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", mat, NULL, &bp, &dm, &e) == 0, "%s", e.msg);
     grow_fixed(dl, F, pl);
     grow_fixed(dm, F, pm);
     pools_equal(pl, pm);
@@ -764,7 +824,7 @@ START_TEST(test_embeddings_by_row) {
     int L[3];
     ck_assert(eagle3_head_random("random:eagle3-tiny", 1, &h, &e) == 0);
     ck_assert(eagle3_head_check(h, &mat->cfg, L, &e) == 0);
-    ck_assert_msg(drafter_eagle3_create_on(h, &qe, &cpu_backend_ops, 0, 256, L, &dq, &e) == 0, "%s", e.msg);
+    ck_assert_msg(drafter_eagle3_create_on(h, &qe, &cpu_backend_ops, &bp, L, &dq, &e) == 0, "%s", e.msg);
     ck_assert(drafter_eagle3_create(h, deq, 256, L, &df, &e) == 0);
     grow_fixed(dq, F, pl);
     grow_fixed(df, F, pm);
@@ -964,6 +1024,7 @@ Suite *suite_eagle3(void) {
     tcase_add_test(tc, test_topk_maps_draft_ids);
     tcase_add_test(tc, test_random_presets);
     tcase_add_test(tc, test_embeddings_by_row);
+    tcase_add_test(tc, test_threads_and_family);
     tcase_add_loop_test(tc, test_eagle3_over_protocol, 0, 2);
     tcase_add_test(tc, test_v1_drafter_refused);
     suite_add_tcase(s, tc);

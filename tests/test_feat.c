@@ -248,24 +248,26 @@ static void e3_pair_open(E3Pair *p, int V, int D, uint64_t seed) {
     h->cfg.draft_vocab = V;
     int L[3] = {0, 1, 2};
     memcpy(h->cfg.feature_layers, L, sizeof L);
-    size_t sizes[13] = {(size_t)D * 3 * D, D, D, (size_t)D * 2 * D, (size_t)D / 2 * 2 * D,
-                        (size_t)D / 2 * 2 * D, (size_t)D * D, D, (size_t)2 * D * D,
-                        (size_t)2 * D * D, (size_t)D * 2 * D, D, (size_t)V * D};
-    float **slots[13] = {&h->fc, &h->input_norm, &h->hidden_norm, &h->wq, &h->wk, &h->wv,
-                         &h->wo, &h->post_norm, &h->w_gate, &h->w_up, &h->w_down, &h->norm,
-                         &h->lm_head};
+    /* matrices (rows, cols) and the four norm vectors (rows, 0) in the loader's order */
+    int shape[13][2] = {{D, 3 * D}, {D, 0}, {D, 0}, {D, 2 * D}, {D / 2, 2 * D}, {D / 2, 2 * D},
+                        {D, D}, {D, 0}, {2 * D, D}, {2 * D, D}, {D, 2 * D}, {D, 0}, {V, D}};
+    QTensor *mats[13] = {&h->fc, NULL, NULL, &h->wq, &h->wk, &h->wv, &h->wo, NULL,
+                         &h->w_gate, &h->w_up, &h->w_down, NULL, &h->lm_head};
+    float **vecs[13] = {NULL, &h->input_norm, &h->hidden_norm, NULL, NULL, NULL, NULL,
+                        &h->post_norm, NULL, NULL, NULL, &h->norm, NULL};
     size_t total = 0;
-    for (int i = 0; i < 13; i++) total += sizes[i];
+    for (int i = 0; i < 13; i++) total += (size_t)shape[i][0] * (shape[i][1] ? shape[i][1] : 1);
     h->arena = malloc(total * sizeof(float));
     Rng r;
     rng_seed(&r, seed + 1);
     float *at = h->arena;
     for (int i = 0; i < 13; i++) {
-        *slots[i] = at;
-        int vec = sizes[i] == (size_t)D;
-        for (size_t k = 0; k < sizes[i]; k++)
-            at[k] = vec ? 1.0f : (float)((rng_uniform(&r) * 2 - 1) * 2.0 / sqrt((double)D));
-        at += sizes[i];
+        size_t cnt = (size_t)shape[i][0] * (shape[i][1] ? shape[i][1] : 1);
+        if (mats[i]) *mats[i] = qtensor_f32(at, shape[i][0], shape[i][1]);
+        else *vecs[i] = at;
+        for (size_t k = 0; k < cnt; k++)
+            at[k] = vecs[i] ? 1.0f : (float)((rng_uniform(&r) * 2 - 1) * 2.0 / sqrt((double)D));
+        at += cnt;
     }
     h->d2t = malloc(sizeof(int32_t) * V);
     for (int i = 0; i < V; i++) h->d2t[i] = i;

@@ -40,10 +40,9 @@ static void pair_open(Pair *p, int cap, int max_batch) {
     const Eagle3RowsOps *cu = eagle3_rows_for(cuda_backend_ops_get(), &e);
     ck_assert_msg(cu != NULL, "%s", e.msg);
     ck_assert_str_eq(cu->name, "cuda");
-    ck_assert(eagle3_runner_create_on(p->h, &em, eagle3_rows_for(NULL, &e), 0, cap, max_batch,
-                                      &p->cpu, &e) == 0);
-    ck_assert_msg(eagle3_runner_create_on(p->h, &em, cu, 0, cap, max_batch, &p->gpu, &e) == 0,
-                  "%s", e.msg);
+    BackendParams bp = {.kv_capacity = cap, .max_batch = max_batch, .threads = 1};
+    ck_assert(eagle3_runner_create_on(p->h, &em, eagle3_rows_for(NULL, &e), &bp, &p->cpu, &e) == 0);
+    ck_assert_msg(eagle3_runner_create_on(p->h, &em, cu, &bp, &p->gpu, &e) == 0, "%s", e.msg);
     ck_assert_str_eq(eagle3_runner_backend(p->gpu), "cuda");
     p->D = p->h->cfg.c.dim;
     p->DV = p->h->cfg.draft_vocab;
@@ -260,8 +259,9 @@ START_TEST(test_cuda_eagle3_drafter_backend) {
     /* the target as the CUDA backend loads it: no host weights, embedding rows from its seed */
     ck_assert(backend_model_load(cuda_backend_ops_get(), "random:tiny,seed=21", &t, &e) == 0);
     ck_assert_ptr_null(t->arena);
-    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny,seed=4", t, cuda_backend_ops_get(), 0,
-                                      256, &d, &e) == 0, "%s", e.msg);
+    BackendParams bp = {.kv_capacity = 256, .device = 0};
+    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny,seed=4", t, cuda_backend_ops_get(), &bp,
+                                      &d, &e) == 0, "%s", e.msg);
     int tok[6] = {1, 2, 3, 4, 5, 6};
     float *f = calloc(6 * 192, sizeof(float));
     Pool *pool = malloc(sizeof *pool);
@@ -269,8 +269,9 @@ START_TEST(test_cuda_eagle3_drafter_backend) {
     ck_assert_msg(drafter_grow_end(d, pool, &e) == 0, "%s", e.msg);
     ck_assert_int_eq(pool->n, POOL_MAX);
     drafter_destroy(&d);
-    ck_assert_int_eq(drafter_eagle3_open("random:eagle3-tiny", t, cuda_backend_ops_get(), 7, 256,
-                                         &d, &e), RS_EINVAL);
+    bp.device = 7;
+    ck_assert_int_eq(drafter_eagle3_open("random:eagle3-tiny", t, cuda_backend_ops_get(), &bp, &d,
+                                         &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "CUDA device 7 does not exist"), "%s", e.msg);
     free(f), free(pool);
     model_destroy(&t);
