@@ -4,6 +4,7 @@
 #include "common/rng.h"
 #include "common/tokenizer.h"
 #include "draft_proc/model_drafter.h"
+#include "stats.h"
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -32,11 +33,6 @@ static int context_ids(const Model *m, int **ids, int *n, RsErr *e) {
     return RS_OK;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 int micro_drafter_host(const Model *m, int threads, int rounds, double *us_row, RsErr *e) {
     int *ids = NULL, n = 0, rc = context_ids(m, &ids, &n, e);
     if (rc) return rc;
@@ -60,7 +56,7 @@ int micro_drafter_host(const Model *m, int threads, int rounds, double *us_row, 
         }
     }
     if (!rc && rounds > 0) {
-        qsort(per, (size_t)rounds, sizeof *per, cmp_double);
+        bench_sort(per, rounds);
         *us_row = per[rounds / 2];
         printf("drafter (layers %s, %d thread%s, %d-token context): host work %.1f us a "
                "logits row (median of %d rounds, %d rows a round), drafting %.1f ms a round\n"

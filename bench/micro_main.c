@@ -7,14 +7,17 @@
  * reads; the read stream is its bound) and against the kernels' compute roof
  * (bench/micro_roof.c), and the drafter's host work per logits row while a self-drafter
  * grows pools (bench/micro_draft.c). Output: a human table plus one "micro key=value ..."
- * line per thread count for scripts (tools/ compares it with llama.cpp). */
+ * line per thread count for scripts (tools/ compares it with llama.cpp). --eagle3 HEAD
+ * times an EAGLE-3 head's drafting rounds instead (bench/micro_eagle3.c). */
 #include "common/cli.h"
 #include "common/model.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
 #include "kernels/prefill.h"
 #include "micro_draft.h"
+#include "micro_eagle3.h"
 #include "micro_roof.h"
+#include "stats.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -43,6 +46,10 @@ static void usage(FILE *f) {
             "                   and check resident memory <= file + KV cache + 64 MB\n"
             "  --draft-rounds N pools a self-drafter (first half of the layers) grows for\n"
             "                   the drafter's host work per row (default 8; 0: skip)\n"
+            "  --eagle3 HEAD    instead: an EAGLE-3 head (directory or random:eagle3-*) for\n"
+            "                   the target --model, --draft-rounds rounds of a 4-row commit\n"
+            "                   and pool growth (7 passes of 10 rows) per thread count, set\n"
+            "                   against the read stream and the compute roof\n"
             "After an N-token prefill: AR tok/s, then forward() of n = 1, 9, 65 pending tree\n"
             "tokens with logits for every row, each set against a memcpy and a read stream\n"
             "measured in the run and against the compute roof (the same kernels on a slice\n"
@@ -169,6 +176,7 @@ static long vm_rss_kb(void) {
 typedef struct {
     const char *model_path;
     int threads[MAX_THREADS], n_threads, iters, ar_tokens, ctx, rss_ctx, draft_rounds;
+    const char *eagle3; /* --eagle3 HEAD: only the head's figure, --model its target */
 } Opts;
 
 static int parse_threads(const char *v, Opts *o, RsErr *e) {
@@ -210,6 +218,8 @@ static int parse_opts(int argc, char **argv, Opts *o, RsErr *e) {
         } else if (!strcmp(argv[i], "--draft-rounds")) {
             if (!(rc = cli_value(argc, argv, i++, &v, e)))
                 rc = cli_int("--draft-rounds", v, 0, 10000, &o->draft_rounds, e);
+        } else if (!strcmp(argv[i], "--eagle3")) {
+            rc = cli_value(argc, argv, i++, &o->eagle3, e);
         } else if (!strcmp(argv[i], "--ar-tokens")) {
             if (!(rc = cli_value(argc, argv, i++, &v, e)))
                 rc = cli_int("--ar-tokens", v, 1, 4096, &o->ar_tokens, e);
@@ -308,11 +318,6 @@ static double matrix_params(const Config *c) {
     return layer * c->n_layers + (double)c->vocab_size * c->dim;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* The one-row pass against a read stream of as many bytes (256 MiB at most), round by
  * round: each round reads them (each prefetch of read_thread, the best counts) right
  * before two passes and times the second (the stream's threads leave the pool's workers
@@ -343,7 +348,7 @@ static int paired_read_frac(Backend *b, int threads, double bytes, int rounds, f
         }
         if (i >= 0) ratio[i] = gbs / best;
     }
-    qsort(ratio, (size_t)rounds, sizeof(double), cmp_double);
+    bench_sort(ratio, rounds);
     *frac = ratio[rounds / 2];
     free(ratio);
     rs_huge_free(a, 2 * sz);
@@ -452,6 +457,25 @@ static int rss_check(const Model *m, const Opts *o, double file_mb, RsErr *e) {
     return rss > budget;
 }
 
+/* --eagle3: the target without its weights (embedding rows are read on demand), the read
+ * stream at each thread count, then the head's rounds (bench/micro_eagle3.c). */
+static int eagle3_main(const Opts *o) {
+    RsErr e = {0};
+    Model *t = NULL;
+    int rc = model_load(o->model_path, &t, &e);
+    if (rc) {
+        fprintf(stderr, "rootspec-micro: %s\n", e.msg);
+        return rc == RS_EINVAL || rc == RS_EFORMAT || rc == RS_EUNSUPPORTED ? 2 : 1;
+    }
+    double gbs[MAX_THREADS];
+    for (int i = 0; i < o->n_threads; i++) gbs[i] = stream_gbs(o->threads[i], 0);
+    rc = micro_eagle3(o->eagle3, t, o->threads, gbs, o->n_threads,
+                      o->draft_rounds > 0 ? o->draft_rounds : 1, &e);
+    model_destroy(&t);
+    if (rc) fprintf(stderr, "rootspec-micro: %s\n", e.msg);
+    return !rc ? 0 : rc == RS_EINVAL || rc == RS_EFORMAT || rc == RS_EUNSUPPORTED ? 2 : 1;
+}
+
 int main(int argc, char **argv) {
     Opts o;
     RsErr e = {0};
@@ -459,6 +483,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "rootspec-micro: %s\n", e.msg);
         return 2;
     }
+    if (o.eagle3) return eagle3_main(&o);
     long rss0 = vm_rss_kb();
     Model *m = NULL;
     int lrc = backend_model_load(&cpu_backend_ops, o.model_path, &m, &e); /* random: too */

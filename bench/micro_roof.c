@@ -32,14 +32,12 @@ static double slice_ns(const QkFamily *f, const QTensor *w, const QkActs *x, flo
     return best;
 }
 
-int micro_compute_roof(const Model *m, MicroRoof *out, RsErr *e) {
+int micro_roof_mats(const QTensor *const *mats, const double *uses, int n, MicroRoof *out,
+                    RsErr *e) {
     const QkFamily *f = qk_family_pick(getenv("ROOTSPEC_CPU_KERNELS"), e);
     if (!f) return e->code;
-    const LayerWeights *L = &m->w.layers[0];
-    const QTensor *mats[8] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up,
-                              &L->w_down, &m->w.wcls};
     int maxc = 0;
-    for (int i = 0; i < 8; i++) maxc = mats[i]->cols > maxc ? mats[i]->cols : maxc;
+    for (int i = 0; i < n; i++) maxc = mats[i]->cols > maxc ? mats[i]->cols : maxc;
     float *x = rs_xmalloc(sizeof(float) * 4 * (size_t)maxc);
     float *y = rs_xmalloc(sizeof(float) * 4 * (ROOF_SLICE_BYTES / 8 + 64));
     float *scratch = rs_xmalloc(sizeof(float) * (size_t)maxc);
@@ -49,7 +47,7 @@ int micro_compute_roof(const Model *m, MicroRoof *out, RsErr *e) {
     rng_seed(&r, 11);
     *out = (MicroRoof){0};
     double params = 0;
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < n; i++) {
         const QTensor *w = mats[i];
         int in = w->cols;
         for (int k = 0; k < 4 * in; k++) x[k] = (float)(rng_uniform(&r) * 2 - 1);
@@ -58,7 +56,7 @@ int micro_compute_roof(const Model *m, MicroRoof *out, RsErr *e) {
         QkActs a1 = a4;
         a1.n = 1;
         double t1 = slice_ns(f, w, &a1, y, scratch), t4 = slice_ns(f, w, &a4, y, scratch);
-        double p = (double)w->rows * in * (i == 7 ? 1 : m->cfg.n_layers);
+        double p = (double)w->rows * in * uses[i];
         params += p;
         out->ms_n1 += p * t1 / 1e6;
         out->ms_n65 += p * (64 * t4 + t1) / 1e6;
@@ -72,4 +70,13 @@ int micro_compute_roof(const Model *m, MicroRoof *out, RsErr *e) {
     free(q8);
     free(q8k);
     return RS_OK;
+}
+
+int micro_compute_roof(const Model *m, MicroRoof *out, RsErr *e) {
+    const LayerWeights *L = &m->w.layers[0];
+    const QTensor *mats[8] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up,
+                              &L->w_down, &m->w.wcls};
+    double uses[8];
+    for (int i = 0; i < 8; i++) uses[i] = i == 7 ? 1 : m->cfg.n_layers;
+    return micro_roof_mats(mats, uses, 8, out, e);
 }

@@ -16,5 +16,8 @@ typedef struct {
  * ROOTSPEC_CPU_KERNELS), and scales each to the model's parameters. Attention is left
  * out (at the bench's 128-token context it is under 1% of the products). */
 int micro_compute_roof(const Model *m, MicroRoof *out, RsErr *e);
+/* The same over any n matrices, matrix i counted uses[i] times (a model's layers). */
+int micro_roof_mats(const QTensor *const *mats, const double *uses, int n, MicroRoof *out,
+                    RsErr *e);
 
 #endif

@@ -203,6 +203,8 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+void bench_sort(double *v, int n) { qsort(v, (size_t)n, sizeof *v, cmp_double); }
+
 /* Shared driver: stat = (sum tok_a / sum ns_a) / (sum tok_b / sum ns_b) - 1, or the plain
  * speed of a when tok_b is NULL. Sums are accumulated in resample order, the same order a
  * replicating script uses. */
@@ -254,7 +256,7 @@ static int bootstrap(const double *tok_a, const double *ns_a, const double *tok_
          * (only possible with zero-token decodes, which real runs do not produce). */
         if (isfinite(v)) s[m++] = v;
     }
-    qsort(s, (size_t)m, sizeof *s, cmp_double);
+    bench_sort(s, m);
     out->est = stat_of(tok_a, ns_a, tok_b, ns_b, NULL, n);
     out->lo = bench_percentile(s, m, 0.025);
     out->hi = bench_percentile(s, m, 0.975);

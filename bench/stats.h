@@ -64,6 +64,8 @@ double bench_speed(int64_t tokens, int64_t time_ns);
  * ranks: h = (n-1) p, v[floor h] + (h - floor h)(v[floor h + 1] - v[floor h]) (numpy's
  * default "linear" method, Hyndman-Fan type 7). */
 double bench_percentile(const double *sorted, int n, double p);
+/* v (n) sorted ascending, in place. */
+void bench_sort(double *v, int n);
 
 /* Resample draw: index in [0, n) from one rng_next() as floor(x * n / 2^64). */
 typedef struct {

@@ -103,11 +103,6 @@ static int str_cmp(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-static int dbl_cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Groups the decodes by (decoder, T, B), each group's entries sorted by prompt id; a
  * repeated (prompt, decoder, T, B) row is counted and skipped (the first is kept). */
 static void group_decodes(Analysis *an, const BenchDecode *d, int nd) {
@@ -205,7 +200,7 @@ static void analysis_build(Analysis *an, const BenchDecode *d, int nd, const Ben
     for (int k = 0; k < an->ng; k++)
         for (int m = 0; m < N_MED; m++)
             if (an->g[k].med[m].n)
-                qsort(an->g[k].med[m].v, (size_t)an->g[k].med[m].n, sizeof(double), dbl_cmp);
+                bench_sort(an->g[k].med[m].v, an->g[k].med[m].n);
 }
 
 static void analysis_free(Analysis *an) {
@@ -335,7 +330,7 @@ static void write_speedup_cells(FILE *f, const Analysis *an, const Group *g) {
     int m = 0;
     for (int i = 0; i < n; i++)
         if (isfinite(ratio[i])) ratio[m++] = ratio[i];
-    qsort(ratio, (size_t)m, sizeof *ratio, dbl_cmp);
+    bench_sort(ratio, m);
     put_num(f, "%.2f", ta * 1e9 / na);
     fputs(" | ", f);
     put_interval(f, "%.3f", gi.est + 1, gi.lo + 1, gi.hi + 1);

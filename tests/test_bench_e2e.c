@@ -494,6 +494,31 @@ START_TEST(test_e2e_micro_report) {
 }
 END_TEST
 
+/* --eagle3: a head's rounds on 1 and 2 threads, each against the read stream and the
+ * compute roof, as key=value lines with positive figures; a head that does not fit the
+ * target is refused by name with exit 2. */
+START_TEST(test_e2e_micro_eagle3) {
+    char *tmp = tmp_dir(), out[256], *text;
+    snprintf(out, sizeof out, "%s/micro.txt", tmp);
+    int rc = micro_run(out, "--eagle3 random:eagle3-tiny --threads 1,2 --draft-rounds 2", &text);
+    ck_assert_msg(rc == 0, "micro --eagle3 failed: %s", text);
+    for (int t = 1; t <= 2; t++) {
+        char key[64];
+        snprintf(key, sizeof key, "micro eagle3 threads=%d round_ms=", t);
+        const char *l = strstr(text, key);
+        ck_assert_msg(l != NULL, "no %s line:\n%s", key, text);
+        double round = atof(l + strlen(key)), pass = atof(strstr(l, "pass_ms=") + 8);
+        double gbs = atof(strstr(l, "gbs=") + 4), roof = atof(strstr(l, "roof_ms=") + 8);
+        ck_assert_msg(round > 6 * pass && pass > 0 && gbs > 0 && roof > 0, "%s", l);
+    }
+    ck_assert_msg(strstr(text, "AR ") == NULL && strstr(text, "ar_tok_s") == NULL,
+                  "--eagle3 ran the model's own timings:\n%s", text);
+    free(text);
+    micro_refused(out, "--eagle3 random:eagle3-llama3-8b", "vocab", "random:eagle3-llama3-8b");
+    rm_tree(tmp);
+}
+END_TEST
+
 /* A resumed run must measure the same prompts: editing the prompt file is refused. A second
  * run into a directory that holds one is refused too (it would truncate the logs). */
 START_TEST(test_e2e_resume_refuses_changed_prompts) {
@@ -685,6 +710,7 @@ Suite *suite_bench_e2e(void) {
     tcase_add_test(tc, test_e2e_run_analyze_resume);
     tcase_add_test(tc, test_e2e_bad_input);
     tcase_add_test(tc, test_e2e_micro_report);
+    tcase_add_test(tc, test_e2e_micro_eagle3);
     tcase_add_test(tc, test_e2e_resume_refuses_changed_prompts);
     tcase_add_test(tc, test_e2e_launch_drafter);
     tcase_add_test(tc, test_e2e_sigint_resume);
