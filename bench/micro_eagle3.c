@@ -62,20 +62,37 @@ static int e3_round(Eagle3Runner *r, const Eagle3Head *h, int round, float *feat
     return rc;
 }
 
-/* rounds timed rounds on `threads` threads (after one warm-up); medians out. */
-static int e3_time(const E3Bench *b, int threads, int rounds, double *round_ms, double *pass_ms,
-                   RsErr *e) {
+/* A ctx-row context (E3_CTX_CHUNK rows a commit, untimed): what the rounds attend to. */
+#define E3_CTX_CHUNK 64
+static int e3_context(Eagle3Runner *r, const Eagle3Head *h, int ctx, RsErr *e) {
+    size_t F = (size_t)EAGLE3_N_FEATURES * h->cfg.target_hidden;
+    float *feats = rs_xmalloc(sizeof(float) * E3_CTX_CHUNK * F);
+    int toks[E3_CTX_CHUNK], rc = RS_OK;
+    for (size_t i = 0; i < E3_CTX_CHUNK * F; i++) feats[i] = rs_rand_unit(7, i);
+    for (int i = 0; i < E3_CTX_CHUNK; i++) toks[i] = h->d2t[(i * 13) % h->cfg.draft_vocab];
+    for (int done = 0; done < ctx && !rc; done += E3_CTX_CHUNK) {
+        int k = ctx - done < E3_CTX_CHUNK ? ctx - done : E3_CTX_CHUNK;
+        rc = eagle3_commit(r, toks, feats, k, NULL, NULL, e);
+    }
+    free(feats);
+    return rc;
+}
+
+/* rounds timed rounds on `threads` threads after a ctx-row context and one warm-up round;
+ * medians out. */
+static int e3_time(const E3Bench *b, int threads, int ctx, int rounds, double *round_ms,
+                   double *pass_ms, RsErr *e) {
     const Eagle3Head *h = b->h;
     size_t F = (size_t)EAGLE3_N_FEATURES * h->cfg.target_hidden;
-    BackendParams bp = {.kv_capacity = E3_COMMIT * (rounds + 1) + POOL_N_EXPANDED + 1,
-                        .max_batch = POOL_EXPAND > E3_COMMIT ? POOL_EXPAND : E3_COMMIT,
-                        .threads = threads};
+    BackendParams bp = {.kv_capacity = ctx + E3_COMMIT * (rounds + 1) + POOL_N_EXPANDED + 1,
+                        .max_batch = E3_CTX_CHUNK, .threads = threads};
     Eagle3Runner *r;
     int rc = eagle3_runner_create_on(h, &b->em, &cpu_eagle3_rows, &bp, &r, e);
     if (rc) return rc;
     float *feats = rs_xmalloc(sizeof(float) * E3_COMMIT * F);
     for (size_t i = 0; i < E3_COMMIT * F; i++) feats[i] = rs_rand_unit(5, i);
     Pool *p = rs_xcalloc(1, sizeof *p);
+    rc = e3_context(r, h, ctx, e);
     double *rm = rs_xmalloc(sizeof(double) * (size_t)rounds);
     double *gm = rs_xmalloc(sizeof(double) * (size_t)rounds);
     for (int i = 0; i <= rounds && !rc; i++)
@@ -95,7 +112,7 @@ static int e3_time(const E3Bench *b, int threads, int rounds, double *round_ms, 
 }
 
 int micro_eagle3(const char *head_path, const Model *target, const int *threads,
-                 const double *read_gbs, int n, int rounds, RsErr *e) {
+                 const double *read_gbs, int n, int ctx, int rounds, RsErr *e) {
     E3Bench b = {0};
     int rc = e3_open(head_path, target, &b, e);
     if (!rc)
@@ -105,16 +122,16 @@ int micro_eagle3(const char *head_path, const Model *target, const int *threads,
                POOL_EXPAND, b.roof_ms);
     for (int i = 0; i < n && !rc; i++) {
         double round_ms, pass_ms;
-        rc = e3_time(&b, threads[i], rounds, &round_ms, &pass_ms, e);
+        rc = e3_time(&b, threads[i], ctx, rounds, &round_ms, &pass_ms, e);
         if (rc) break;
         double gbs = b.pass_gb / (pass_ms / 1e3), roof = b.roof_ms / threads[i];
-        printf("eagle3 %d thread%s: round (commit %d + %d expansion passes) %.1f ms, pass %.1f "
-               "ms: %.1f GB/s of matrices = %.0f%% of the %.1f GB/s read stream; pass / "
-               "compute roof %.2f\nmicro eagle3 threads=%d round_ms=%.1f pass_ms=%.2f "
-               "gbs=%.2f read_share=%.3f roof_ms=%.2f roof_ratio=%.3f\n",
-               threads[i], threads[i] == 1 ? "" : "s", E3_COMMIT, POOL_MAX_DEPTH - 1, round_ms,
-               pass_ms, gbs, 100 * gbs / read_gbs[i], read_gbs[i], pass_ms / roof, threads[i],
-               round_ms, pass_ms, gbs, gbs / read_gbs[i], roof, pass_ms / roof);
+        printf("eagle3 %d thread%s, %d-row context: round (commit %d + %d expansion passes) "
+               "%.1f ms, pass %.1f ms: %.1f GB/s of matrices = %.0f%% of the %.1f GB/s read "
+               "stream; pass / compute roof %.2f\nmicro eagle3 threads=%d ctx=%d round_ms=%.1f "
+               "pass_ms=%.2f gbs=%.2f read_share=%.3f roof_ms=%.2f roof_ratio=%.3f\n",
+               threads[i], threads[i] == 1 ? "" : "s", ctx, E3_COMMIT, POOL_MAX_DEPTH - 1,
+               round_ms, pass_ms, gbs, 100 * gbs / read_gbs[i], read_gbs[i], pass_ms / roof,
+               threads[i], ctx, round_ms, pass_ms, gbs, gbs / read_gbs[i], roof, pass_ms / roof);
     }
     eagle3_head_destroy(&b.h);
     return rc;

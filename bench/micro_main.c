@@ -47,9 +47,10 @@ static void usage(FILE *f) {
             "  --draft-rounds N pools a self-drafter (first half of the layers) grows for\n"
             "                   the drafter's host work per row (default 8; 0: skip)\n"
             "  --eagle3 HEAD    instead: an EAGLE-3 head (directory or random:eagle3-*) for\n"
-            "                   the target --model, --draft-rounds rounds of a 4-row commit\n"
-            "                   and pool growth (7 passes of 10 rows) per thread count, set\n"
-            "                   against the read stream and the compute roof\n"
+            "                   the target --model, after a --ctx-row context, --draft-rounds\n"
+            "                   rounds of a 4-row commit and pool growth (7 passes of 10\n"
+            "                   rows) per thread count, set against the read stream and the\n"
+            "                   compute roof\n"
             "After an N-token prefill: AR tok/s, then forward() of n = 1, 9, 65 pending tree\n"
             "tokens with logits for every row, each set against a memcpy and a read stream\n"
             "measured in the run and against the compute roof (the same kernels on a slice\n"
@@ -469,7 +470,7 @@ static int eagle3_main(const Opts *o) {
     }
     double gbs[MAX_THREADS];
     for (int i = 0; i < o->n_threads; i++) gbs[i] = stream_gbs(o->threads[i], 0);
-    rc = micro_eagle3(o->eagle3, t, o->threads, gbs, o->n_threads,
+    rc = micro_eagle3(o->eagle3, t, o->threads, gbs, o->n_threads, o->ctx,
                       o->draft_rounds > 0 ? o->draft_rounds : 1, &e);
     model_destroy(&t);
     if (rc) fprintf(stderr, "rootspec-micro: %s\n", e.msg);

@@ -1,7 +1,8 @@
 /* The CPU implementation of kernels/eagle3_rows.h: an EAGLE-3 head's decoder layer, its
  * products against the weights in their stored type through the CPU backend's kernel
  * family (ROOTSPEC_CPU_KERNELS as there; "ref" is f32 throughout) split by output rows over
- * a thread pool of its own, the rest with the backend's reference operations
+ * a thread pool of its own, attention with the family's kernel over (row, head) items on
+ * the same pool, the rest with the backend's reference operations
  * (kernels/cpu_ops.h) so the head's arithmetic is the target's; written after SGLang
  * llama_eagle3.py LlamaDecoderLayer.forward and EAGLE cnets.py
  * LlamaDecoderLayeremb.forward:
@@ -32,7 +33,7 @@ struct Eagle3Rows {
     float *q, *att_out; // (max_batch, qd)
     float *xb;          // (max_batch, dim)
     float *hb, *hb2;    // (max_batch, hidden)
-    float *att;         // (2 * cap) attention scratch
+    float *att;         // (threads, QK_ATT_G * cap) attention scratch
     float *inv_freq;    // (hd/2)
     float *cs, *sn;     // (max_batch, hd/2)
     int *vis;           // (max_batch, cap) pending rows each new row sees
@@ -92,7 +93,7 @@ static int cpu_create(const Eagle3Head *h, const BackendParams *p, Eagle3Rows **
     r->xb = rs_xmalloc(sizeof(float) * B * r->dim);
     r->hb = rs_xmalloc(sizeof(float) * B * r->hidden);
     r->hb2 = rs_xmalloc(sizeof(float) * B * r->hidden);
-    r->att = rs_xmalloc(sizeof(float) * 2 * cap);
+    r->att = rs_xmalloc(sizeof(float) * (size_t)threadpool_size(r->pool) * QK_ATT_G * cap);
     r->inv_freq = rs_xmalloc(sizeof(float) * half);
     r->cs = rs_xmalloc(sizeof(float) * B * half);
     r->sn = rs_xmalloc(sizeof(float) * B * half);
@@ -148,6 +149,43 @@ static void matmul(Eagle3Rows *r, float *y, const float *x, const QTensor *w, in
     threadpool_run_chunks(r->pool, mm_task, &j, chunks < units ? chunks : units);
 }
 
+/* ---- attention: (row, head) items over the pool ---- */
+
+typedef struct {
+    Eagle3Rows *r;
+    int n, n_committed;
+} AttJob;
+
+/* The chunk's (row, head) items as runs of heads that share a KV group (qk_attention reads
+ * the group's cache rows once for the run); a head's output does not depend on its run. */
+static void att_task(void *arg, int chunk, int n_chunks, int tid) {
+    AttJob *j = arg;
+    Eagle3Rows *r = j->r;
+    const Config *c = &r->h->cfg.c;
+    int nh = c->n_heads, group = nh / c->n_kv_heads, lo, hi;
+    threadpool_share(j->n * nh, chunk, n_chunks, &lo, &hi);
+    float *att = r->att + (size_t)tid * QK_ATT_G * r->cap;
+    for (int i = lo, g; i < hi; i += g) {
+        int t = i / nh, h = i % nh, end = (h / group + 1) * group;
+        g = (end < nh ? end : nh) - h;
+        g = g < hi - i ? g : hi - i;
+        g = g < QK_ATT_G ? g : QK_ATT_G;
+        size_t at = (size_t)t * r->qd + (size_t)h * r->hd, off = (size_t)(h / group) * r->hd;
+        qk_attention(r->fam, 0, r->att_out + at, r->q + at, r->kc + off, r->vc + off, r->kvd,
+                     j->n_committed, r->vis + (size_t)t * r->cap, j->n_committed + r->n_vis[t],
+                     r->hd, g, att);
+    }
+}
+
+/* Each row over the committed entries and the pending ones its mask row allows, with the
+ * family's attention kernel (the reference loops for ref and scalar). */
+static void attention(Eagle3Rows *r, int n, int n_committed) {
+    AttJob j = {r, n, n_committed};
+    int items = n * r->h->cfg.c.n_heads, nth = threadpool_size(r->pool);
+    int chunks = nth == 1 ? 1 : items < 4 * nth ? items : 4 * nth;
+    threadpool_run_chunks(r->pool, att_task, &j, chunks);
+}
+
 /* q for the batch and k/v into cache slots [start, start + n), RoPE'd at pos. */
 static void qkv(Eagle3Rows *r, const float *emb, const int *pos, int n, int start) {
     const Eagle3Head *h = r->h;
@@ -178,8 +216,7 @@ static void layer(Eagle3Rows *r, const Eagle3Batch *b) {
     int D = r->dim, H = r->hidden, n = b->n;
     cpu_attention_index(b->mask, n, b->n_pending, r->cap, r->vis, r->n_vis);
     qkv(r, b->emb, b->pos, n, b->n_committed + b->n_pending);
-    cpu_attention(r->att_out, r->q, r->kc, r->vc, b->n_committed, r->vis, r->n_vis, r->cap, n,
-                  c->n_heads, c->n_kv_heads, r->hd, r->att);
+    attention(r, n, b->n_committed);
     matmul(r, r->xb, r->att_out, &h->wo, n);
     cpu_residual_add(r->hs, r->xb, (size_t)n * D); /* the residual is h itself, un-normed */
     for (int t = 0; t < n; t++)

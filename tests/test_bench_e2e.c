@@ -494,17 +494,18 @@ START_TEST(test_e2e_micro_report) {
 }
 END_TEST
 
-/* --eagle3: a head's rounds on 1 and 2 threads, each against the read stream and the
- * compute roof, as key=value lines with positive figures; a head that does not fit the
+/* --eagle3: a head's rounds after a 40-row context on 1 and 2 threads, each against the
+ * read stream and the compute roof, as key=value lines with positive figures; a head that does not fit the
  * target is refused by name with exit 2. */
 START_TEST(test_e2e_micro_eagle3) {
     char *tmp = tmp_dir(), out[256], *text;
     snprintf(out, sizeof out, "%s/micro.txt", tmp);
-    int rc = micro_run(out, "--eagle3 random:eagle3-tiny --threads 1,2 --draft-rounds 2", &text);
+    int rc = micro_run(out, "--eagle3 random:eagle3-tiny --threads 1,2 --draft-rounds 2 --ctx 40",
+                       &text);
     ck_assert_msg(rc == 0, "micro --eagle3 failed: %s", text);
     for (int t = 1; t <= 2; t++) {
         char key[64];
-        snprintf(key, sizeof key, "micro eagle3 threads=%d round_ms=", t);
+        snprintf(key, sizeof key, "micro eagle3 threads=%d ctx=40 round_ms=", t);
         const char *l = strstr(text, key);
         ck_assert_msg(l != NULL, "no %s line:\n%s", key, text);
         double round = atof(l + strlen(key)), pass = atof(strstr(l, "pass_ms=") + 8);
