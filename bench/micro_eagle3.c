@@ -7,6 +7,7 @@
 #include "common/pool.h"
 #include "common/quant.h"
 #include "common/randmodel.h"
+#include "draft_proc/eagle3_drafter.h"
 #include "draft_proc/eagle3_forward.h"
 #include "micro_roof.h"
 #include "stats.h"
@@ -24,16 +25,12 @@ typedef struct {
 } E3Bench;
 
 static int e3_open(const char *path, const Model *target, E3Bench *b, RsErr *e) {
-    int layers[3];
-    int rc = eagle3_path_is_random(path) ? eagle3_head_random(path, 1, &b->h, e)
-                                         : eagle3_head_load(path, &b->h, e);
-    if (!rc) rc = eagle3_head_check(b->h, &target->cfg, layers, e);
-    if (!rc && b->h->embed.data) b->em = (Eagle3Embed){.table = b->h->embed};
-    else if (!rc) rc = eagle3_embed_of(target, &b->em, e);
+    int layers[EAGLE3_N_FEATURES];
+    int rc = eagle3_head_open_for(path, target, &b->h, layers, &b->em, e);
     if (rc) return rc;
     const Eagle3Head *h = b->h;
-    const QTensor *mats[8] = {&h->wq, &h->wk, &h->wv, &h->wo, &h->w_gate, &h->w_up, &h->w_down,
-                              &h->lm_head};
+    const QTensor *all[EAGLE3_N_MATRICES], **mats = all + 1; /* an expansion skips fc */
+    eagle3_head_matrices(h, all);
     double uses[8] = {1, 1, 1, 1, 1, 1, 1, 1}, params = 0;
     for (int i = 0; i < 8; i++) {
         b->pass_gb += (double)mats[i]->rows * mats[i]->row_bytes / 1e9;

@@ -287,6 +287,12 @@ int eagle3_head_load(const char *dir, Eagle3Head **out, RsErr *e) {
     return RS_OK;
 }
 
+void eagle3_head_matrices(const Eagle3Head *h, const QTensor *out[EAGLE3_N_MATRICES]) {
+    const QTensor *m[EAGLE3_N_MATRICES] = {&h->fc, &h->wq, &h->wk, &h->wv, &h->wo,
+                                           &h->w_gate, &h->w_up, &h->w_down, &h->lm_head};
+    memcpy(out, m, sizeof m);
+}
+
 void eagle3_head_destroy(Eagle3Head **ph) {
     if (!ph || !*ph) return;
     Eagle3Head *h = *ph;

@@ -71,6 +71,11 @@ typedef struct {
     char fingerprint[65];
 } Eagle3Head;
 
+/* The head's nine matrices in the order a pass uses them: fc first (commits only), then
+ * wq, wk, wv, wo, w_gate, w_up, w_down, lm_head (every pass). Borrowed from h. */
+#define EAGLE3_N_MATRICES 9
+void eagle3_head_matrices(const Eagle3Head *h, const QTensor *out[EAGLE3_N_MATRICES]);
+
 /* Loads a head directory. Refuses (naming the values) a config that is not an EAGLE-3
  * head, a missing or misshapen tensor, an lm_head whose rows differ from draft_vocab_size,
  * a d2t entry mapping outside the vocabulary or two draft ids onto one target id, and a

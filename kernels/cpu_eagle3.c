@@ -48,9 +48,9 @@ static int cpu_engine(Eagle3Rows *r, int threads, RsErr *e) {
     const Eagle3Head *h = r->h;
     r->fam = qk_family_pick(getenv("ROOTSPEC_CPU_KERNELS"), e);
     if (!r->fam) return e ? e->code : RS_EINVAL;
-    const QTensor *ms[] = {&h->fc, &h->wq, &h->wk, &h->wv, &h->wo, &h->w_gate, &h->w_up,
-                           &h->w_down, &h->lm_head};
-    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+    const QTensor *ms[EAGLE3_N_MATRICES];
+    eagle3_head_matrices(h, ms);
+    for (int i = 0; i < EAGLE3_N_MATRICES; i++) {
         RS_ASSERT(ms[i]->data);
         if (qk_wants_act(r->fam, ms[i]->type) != QK_ACT_F32)
             return rs_err(e, RS_EUNSUPPORTED, "EAGLE-3 head '%s': a matrix of ggml type %u "

@@ -179,12 +179,13 @@ static void parity(const char *head_dir, int want_own_embed, uint32_t want_type,
     ck_assert_msg(model_load(tp, &t, &e) == 0, "%s", e.msg);
     ck_assert_msg(eagle3_head_load(hp, &h, &e) == 0, "%s", e.msg);
     ck_assert_int_eq(h->embed.data != NULL, want_own_embed);
-    const QTensor *mats[] = {&h->fc, &h->wq, &h->wk, &h->wv, &h->wo, &h->w_gate, &h->w_up,
-                             &h->w_down, &h->lm_head, want_own_embed ? &h->embed : &h->fc};
+    const QTensor *mats[EAGLE3_N_MATRICES + 1];
+    eagle3_head_matrices(h, mats);
+    mats[EAGLE3_N_MATRICES] = want_own_embed ? &h->embed : &h->fc;
     ck_assert_int_eq(h->n_maps, 1);
-    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+    for (int i = 0; i <= EAGLE3_N_MATRICES; i++) {
         const uint8_t *d = mats[i]->data, *map = h->maps[0];
-        ck_assert_msg(mats[i]->type == want_type, "matrix %zu: ggml type %u, want %u", i,
+        ck_assert_msg(mats[i]->type == want_type, "matrix %d: ggml type %u, want %u", i,
                       (unsigned)mats[i]->type, (unsigned)want_type);
         ck_assert(d > map && d + (size_t)mats[i]->rows * mats[i]->row_bytes <= map + h->map_sizes[0]);
     }
