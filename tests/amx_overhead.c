@@ -10,17 +10,13 @@
 #include "qmm_amx_emu.c"
 
 #include "bench/kweights.h"
+#include "bench/stats.h"
 #include "common/quant.h"
 #include "common/rng.h"
 #include "common/util.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <x86intrin.h>
-
-static int cmpd(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 /* Median TSC a (row, 32 weights, token) of the two families on one matrix, alternating. */
 static void measure(uint32_t type, int n, int rows, int reps, const QkFamily *f2, const QkFamily *fa) {
@@ -49,7 +45,7 @@ static void measure(uint32_t type, int n, int rows, int reps, const QkFamily *f2
         if (k >= 2) t[k & 1][(k - 2) / 2] = (double)(__rdtsc() - c0);
     }
     double bt = (double)rows * cols / 32 * n;
-    for (int i = 0; i < 2; i++) qsort(t[i], reps, sizeof(double), cmpd);
+    for (int i = 0; i < 2; i++) bench_sort(t[i], reps);
     printf("amx_overhead type=%s n=%d rows=%d cols=%d avx2_tsc=%.3f amx_without_tiles_tsc=%.3f ratio=%.2f\n",
            quant_type_name(type), n, rows, cols, t[0][reps / 2] / bt, t[1][reps / 2] / bt,
            t[1][reps / 2] / t[0][reps / 2]);
