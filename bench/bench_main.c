@@ -469,10 +469,6 @@ static void on_event(void *u, const char *ev, const char *detail) {
 
 /* ---- parse: the command line ---- */
 
-static int exit_code(int rc) {
-    return rc == RS_EINVAL || rc == RS_EFORMAT || rc == RS_EUNSUPPORTED ? 2 : 1;
-}
-
 /* Prints "rootspec-bench: <message>" and returns status, so a step can `return fail(2, ...)`. */
 static int fail(int status, const char *fmt, ...) {
     va_list ap;
@@ -705,7 +701,7 @@ static int bench_plan(Bench *b) {
     b->n_prompts = b->s.limit > 0 && b->s.limit < b->ps->n ? b->s.limit : b->ps->n;
     if ((rc = combos_build(b))) return rc;
     b->plan = bench_plan_create(b->n_prompts, b->n_combos, b->s.warmup, b->s.seed);
-    if ((rc = bench_resume_load(b->dir, &b->done, &e))) return fail(exit_code(rc), "%s", e.msg);
+    if ((rc = bench_resume_load(b->dir, &b->done, &e))) return fail(cli_exit_status(rc), "%s", e.msg);
     const BenchPlan *plan = b->plan;
     b->n_prior = bench_done_count(b->done);
     for (int k = 0; k < plan->n_runs; k++) {
@@ -752,7 +748,7 @@ static int engine_setup(Bench *b) {
         eo.draft_endpoint = ep;
     }
     int rc = engine_create(&eo, b->need_drafter, &b->en, &e);
-    if (rc) return fail(exit_code(rc), "%s", e.msg);
+    if (rc) return fail(cli_exit_status(rc), "%s", e.msg);
     b->engine_ok = 1;
     return 0;
 }
@@ -934,7 +930,7 @@ static int bench_report(Bench *b) {
 static int analyze_only(const char *dir) {
     RsErr e = {0};
     int rc = bench_analyze(dir, &e);
-    if (rc) return fail(exit_code(rc), "--analyze %s: %s", dir, e.msg);
+    if (rc) return fail(cli_exit_status(rc), "--analyze %s: %s", dir, e.msg);
     return echo_summary(dir);
 }
 

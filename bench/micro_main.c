@@ -466,7 +466,7 @@ static int eagle3_main(const Opts *o) {
     int rc = model_load(o->model_path, &t, &e);
     if (rc) {
         fprintf(stderr, "rootspec-micro: %s\n", e.msg);
-        return rc == RS_EINVAL || rc == RS_EFORMAT || rc == RS_EUNSUPPORTED ? 2 : 1;
+        return cli_exit_status(rc);
     }
     double gbs[MAX_THREADS];
     for (int i = 0; i < o->n_threads; i++) gbs[i] = stream_gbs(o->threads[i], 0);
@@ -474,7 +474,7 @@ static int eagle3_main(const Opts *o) {
                       o->draft_rounds > 0 ? o->draft_rounds : 1, &e);
     model_destroy(&t);
     if (rc) fprintf(stderr, "rootspec-micro: %s\n", e.msg);
-    return !rc ? 0 : rc == RS_EINVAL || rc == RS_EFORMAT || rc == RS_EUNSUPPORTED ? 2 : 1;
+    return rc ? cli_exit_status(rc) : 0;
 }
 
 int main(int argc, char **argv) {
@@ -490,7 +490,7 @@ int main(int argc, char **argv) {
     int lrc = backend_model_load(&cpu_backend_ops, o.model_path, &m, &e); /* random: too */
     if (lrc) {
         fprintf(stderr, "rootspec-micro: %s\n", e.msg);
-        return lrc == RS_EINVAL || lrc == RS_EFORMAT || lrc == RS_EUNSUPPORTED ? 2 : 1;
+        return cli_exit_status(lrc);
     }
     const Config *c = &m->cfg;
     long span = (long)o.ctx + (o.ar_tokens > MAX_N ? o.ar_tokens : MAX_N);

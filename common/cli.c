@@ -30,3 +30,7 @@ int cli_value(int argc, char **argv, int i, const char **out, RsErr *e) {
     *out = argv[i + 1];
     return RS_OK;
 }
+
+int cli_exit_status(int rc) {
+    return rc == RS_EINVAL || rc == RS_EFORMAT || rc == RS_EUNSUPPORTED ? 2 : 1;
+}

@@ -9,5 +9,8 @@ int cli_int(const char *opt, const char *val, long min, long max, int *out, RsEr
 int cli_u64(const char *opt, const char *val, uint64_t *out, RsErr *e);
 /* Returns argv[i+1] or sets an error "option X needs a value". */
 int cli_value(int argc, char **argv, int i, const char **out, RsErr *e);
+/* The exit status of a program that failed with status rc (!= RS_OK): 2 for bad usage or
+ * input (RS_EINVAL, RS_EFORMAT, RS_EUNSUPPORTED), 1 for a runtime failure. */
+int cli_exit_status(int rc);
 
 #endif

@@ -144,7 +144,7 @@ static int load_drafter(const Args *A, const BackendOps *ops, int head, Model **
     fprintf(stderr, "rootspec-draft: %s\n", e.msg);
     tokenizer_destroy(tok);
     model_destroy(full);
-    return rc == RS_EINVAL || rc == RS_EFORMAT || rc == RS_EUNSUPPORTED ? 2 : 1;
+    return cli_exit_status(rc);
 }
 
 int main(int argc, char **argv) {
