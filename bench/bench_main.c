@@ -82,7 +82,7 @@ static void usage(FILE *f) {
             "Exit status: 0 ok, 1 runtime failure, 2 bad usage or input, 130 interrupted\n"
             "(completed decodes are kept; continue with --resume DIR).\n"
             "\n",
-            ENGINE_DEFAULT_DRAFT_LAYERS, TREE_MAX);
+            DRAFTER_DEFAULT_LAYERS, TREE_MAX);
     fputs(bench_help_outputs(), f);
     fputs("\n", f);
     fputs(prompts_help(), f);
@@ -360,7 +360,7 @@ static int drafter_launch(const Settings *s, char *endpoint, size_t cap, RsErr *
     snprintf(dev, sizeof dev, "%d", s->device);
     const char *layers = s->draft_model ? NULL
                          : s->draft_layers ? s->draft_layers
-                                           : ENGINE_DEFAULT_DRAFT_LAYERS;
+                                           : DRAFTER_DEFAULT_LAYERS;
     const char *argv[20];
     int a = 0;
     argv[a++] = bin;

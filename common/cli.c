@@ -1,5 +1,6 @@
 /* Strict numeric option parsing (no silent truncation of "12abc" or overflow). */
 #include "cli.h"
+#include "pool.h"
 #include <errno.h>
 #include <string.h>
 
@@ -33,4 +34,14 @@ int cli_value(int argc, char **argv, int i, const char **out, RsErr *e) {
 
 int cli_exit_status(int rc) {
     return rc == RS_EINVAL || rc == RS_EFORMAT || rc == RS_EUNSUPPORTED ? 2 : 1;
+}
+
+int cli_budget(const char *val, int *out, RsErr *e) {
+    if (val && !strcmp(val, "auto")) {
+        *out = 0;
+        return RS_OK;
+    }
+    RsErr ie = {0};
+    if (cli_int("--budget", val, 1, TREE_MAX, out, &ie) == RS_OK) return RS_OK;
+    return rs_err(e, RS_EINVAL, "--budget '%s': expected auto or a number 1..%d", val, TREE_MAX);
 }

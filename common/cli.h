@@ -7,6 +7,8 @@
 
 int cli_int(const char *opt, const char *val, long min, long max, int *out, RsErr *e);
 int cli_u64(const char *opt, const char *val, uint64_t *out, RsErr *e);
+/* --budget: "auto" gives 0 (the cost-aware budget), else B in 1..TREE_MAX. */
+int cli_budget(const char *val, int *out, RsErr *e);
 /* Returns argv[i+1] or sets an error "option X needs a value". */
 int cli_value(int argc, char **argv, int i, const char **out, RsErr *e);
 /* The exit status of a program that failed with status rc (!= RS_OK): 2 for bad usage or

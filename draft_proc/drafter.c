@@ -50,9 +50,19 @@ int drafter_grow_end(Drafter *d, Pool *out, RsErr *e) {
     return d->ops->grow_end(d->ctx, out, e);
 }
 
-int drafter_commit_grow(Drafter *d, const int *tokens, int n, Pool *out, RsErr *e) {
-    int rc = drafter_grow_begin(d, tokens, n, 0, NULL, 0, e);
+int drafter_grow(Drafter *d, const int *tokens, int n, const void *features, size_t feat_bytes,
+                 Pool *out, RsErr *e) {
+    int rc = drafter_grow_begin(d, tokens, n, 0, features, feat_bytes, e);
     return rc ? rc : drafter_grow_end(d, out, e);
+}
+
+int drafter_commit_grow(Drafter *d, const int *tokens, int n, Pool *out, RsErr *e) {
+    return drafter_grow(d, tokens, n, NULL, 0, out, e);
+}
+
+void drafter_set_depth(Drafter *d, int depth) {
+    RS_ASSERT(depth >= 1 && depth <= POOL_MAX_DEPTH && !d->growing);
+    if (d->ops->set_depth) d->ops->set_depth(d->ctx, depth);
 }
 
 const DrafterInfo *drafter_info(const Drafter *d) { return &d->info; }

@@ -1,5 +1,5 @@
 /* The inside of a Drafter, for implementations only (draft_proc/model_drafter.c,
- * thread_drafter.c, target_proc/remote.c, tests' wrappers): the ops table a kind fills and
+ * thread_drafter.c, remote_drafter.c, suffix_drafter.c, tests' wrappers): the ops table a kind fills and
  * the handle that carries it. Callers use draft_proc/drafter.h. drafter.c checks what every
  * kind would otherwise check itself (features given with a size, grow_end after a
  * grow_begin), so the ops see only well-formed calls. */
@@ -21,6 +21,9 @@ typedef struct {
     /* As drafter_append (n >= 1); optional: NULL makes drafter_append RS_EUNSUPPORTED. */
     int (*append)(void *ctx, const int *tokens, int n, const void *features, size_t feat_bytes,
                   RsErr *e);
+    /* As drafter_set_depth, called only while no growth is outstanding; optional: NULL
+     * keeps the kind's full depth. */
+    void (*set_depth)(void *ctx, int depth);
 } DrafterOps;
 
 struct Drafter {

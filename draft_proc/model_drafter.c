@@ -17,9 +17,11 @@
 
 typedef struct {
     const Model *m;
-    Model *view;        /* self-drafter: the layer view it owns (m == view) */
+    Model *view;        /* a model it owns (m == view): the self-drafter's layer view, or
+                           an adopted model */
     Backend *b;
     int vocab;
+    int depth;           /* drafter_set_depth's, POOL_MAX_DEPTH by default */
     float lse[POOL_EXPAND]; /* rows_topk's log-sum-exp of the last pass's rows */
     uint64_t backend_ns; /* this growth's time inside backend forward/commit calls */
     int rows;            /* logits rows this growth reduced */
@@ -87,7 +89,7 @@ static int grow(ModelDrafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
     if (!rc) rc = reduce(d, ids, lq, e);
     if (rc) return rc;
     p->commit_pass_ns = rs_now_ns() - t0;
-    rc = pool_grow(p, ids, lq, backend_n_pending(d->b), expand, d, d->vocab, "drafter", e);
+    rc = pool_grow(p, ids, lq, backend_n_pending(d->b), d->depth, expand, d, d->vocab, "drafter", e);
     if (rc) return rc;
     p->draft_ns = rs_now_ns() - t0;
     /* The top-k reduction is host work wherever it ran: in rows_topk, or (CPU backend)
@@ -132,6 +134,8 @@ static int model_grow_end(void *ctx, Pool *out, RsErr *e) {
     return RS_OK;
 }
 
+static void model_set_depth(void *ctx, int depth) { ((ModelDrafter *)ctx)->depth = depth; }
+
 static void md_destroy(void *ctx) {
     ModelDrafter *d = ctx;
     backend_destroy(&d->b);
@@ -146,6 +150,7 @@ static const DrafterOps model_ops = {
     .grow_end = model_grow_end,
     .destroy = md_destroy,
     .append = model_append,
+    .set_depth = model_set_depth,
 };
 
 /* Builds the kind's state on `m`; takes ownership of `view` (NULL or m itself). */
@@ -161,6 +166,7 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
     d->m = m;
     d->view = view;
     d->vocab = m->cfg.vocab_size;
+    d->depth = POOL_MAX_DEPTH;
     BackendParams bp = {.kv_capacity = kv_capacity,
                         .max_batch = MAX_BATCH,
                         .max_pending = POOL_N_EXPANDED + MAX_BATCH,
@@ -182,6 +188,11 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
 int drafter_model_create(const Model *m, const BackendOps *ops, int kv_capacity, int threads,
                          int device, Drafter **out, RsErr *e) {
     return model_kind_create(m, NULL, ops, kv_capacity, threads, device, out, e);
+}
+
+int drafter_model_adopt(Model *m, const BackendOps *ops, int kv_capacity, int threads,
+                        int device, Drafter **out, RsErr *e) {
+    return model_kind_create(m, m, ops, kv_capacity, threads, device, out, e);
 }
 
 int drafter_self_create(const Model *target, const char *layers, const BackendOps *ops,

@@ -7,7 +7,7 @@
 
 typedef struct {
     const char *decoder;
-    int temp, budget;
+    int temp, budget; /* budget 0: --budget auto */
     uint64_t prompt_id;
 } RoundLogCtx;
 

@@ -24,7 +24,10 @@ static void usage(FILE *f) {
             "  --timing              print the per-round timing summary (also for one prompt)\n"
             "  --chat                wrap the prompt in the model's chat template\n"
             "  --decoder NAME        ar | draft | pearl | rootdraw | root   (default ar)\n"
-            "  --budget B            tree budget, 1..%d (default 59)\n"
+            "  --budget B|auto       tree budget, 1..%d (default 59); auto: each round picks\n"
+            "                        from measured costs and acceptance whether to ask the\n"
+            "                        drafter, how deep a pool to grow and how many nodes to\n"
+            "                        verify (0: a plain AR step), for the most tokens/s\n"
             "  --temp T              0 (greedy) or 1 (sample softmax of raw logits) (default 0)\n"
             "  --seed S              sampling seed (default 1)\n"
             "  --max-new N           output at most N new tokens (default 256)\n"
@@ -37,6 +40,11 @@ static void usage(FILE *f) {
             "  --draft-model PATH    drafter model sharing the target's tokenizer, or an EAGLE-3\n"
             "                        head directory (the target supplies its embeddings)\n"
             "  --draft-layers SPEC   self-drafter from target layers, e.g. 0-5,24-29 (default %s)\n"
+            "  --drafter KIND        self | model | eagle3 | suffix (default: --draft-model's\n"
+            "                        kind, else self). suffix: model-free, proposes what\n"
+            "                        followed earlier occurrences of the context's last tokens\n"
+            "                        (prompt and output so far, and --draft-corpus)\n"
+            "  --draft-corpus FILE   suffix drafter: a text file it also looks in\n"
             "  --draft-endpoint EP   use a rootspec-draft process at EP (ipc://, tcp://)\n"
             "  --draft-timeout-ms N  remote drafter reply timeout (default 10000)\n"
             "  --insecure            allow plain tcp:// to the drafter (no CURVE)\n"
@@ -52,7 +60,7 @@ static void usage(FILE *f) {
             "  -h, --help            this text\n"
             "\n"
             "Exit status: 0 ok, 1 runtime failure, 2 bad usage or input.\n",
-            TREE_MAX, ENGINE_DEFAULT_DRAFT_LAYERS);
+            TREE_MAX, DRAFTER_DEFAULT_LAYERS);
 }
 
 typedef struct {
@@ -174,7 +182,7 @@ static int parse_args(int argc, char **argv, Args *A) {
                     rc = rs_err(&e, RS_EINVAL, "--decoder: unknown decoder '%s' (ar, draft, pearl, rootdraw, root)", v);
                 else d->rule = (Rule)r;
             }
-        } else if (!strcmp(a, "--budget")) { if (VAL()) rc = cli_int(a, v, 1, TREE_MAX, &d->budget, &e); }
+        } else if (!strcmp(a, "--budget")) { if (VAL()) rc = cli_budget(v, &d->budget, &e); }
         else if (!strcmp(a, "--temp")) { if (VAL()) rc = cli_int(a, v, 0, 1, &d->temp, &e); }
         else if (!strcmp(a, "--seed")) { if (VAL()) rc = cli_u64(a, v, &d->seed, &e); }
         else if (!strcmp(a, "--prompt-id")) { if (VAL()) rc = cli_u64(a, v, &d->prompt_id, &e); }
@@ -187,6 +195,8 @@ static int parse_args(int argc, char **argv, Args *A) {
         else if (!strcmp(a, "--draft-model")) { if (VAL()) eo->draft_model_path = v; }
         else if (!strcmp(a, "--draft-layers")) { if (VAL()) eo->draft_layers = v; }
         else if (!strcmp(a, "--draft-endpoint")) { if (VAL()) eo->draft_endpoint = v; }
+        else if (!strcmp(a, "--drafter")) { if (VAL()) rc = drafter_kind_option(v, &eo->drafter_kind, &e); }
+        else if (!strcmp(a, "--draft-corpus")) { if (VAL()) eo->draft_corpus = v; }
         else if (!strcmp(a, "--draft-timeout-ms")) { if (VAL()) rc = cli_int(a, v, 1, 3600000, &eo->draft_timeout_ms, &e); }
         else if (!strcmp(a, "--insecure")) eo->insecure = 1;
         else if (!strcmp(a, "--curve-dir")) { if (VAL()) eo->curve_dir = v; }
@@ -201,6 +211,20 @@ static int parse_args(int argc, char **argv, Args *A) {
         }
     }
     return -1;
+}
+
+/* The drafter options that do not go together, or NULL. */
+static const char *drafter_conflict(const EngineOpts *eo) {
+    DrafterKind k = eo->drafter_kind;
+    if (eo->draft_corpus && k != DRAFTER_KIND_SUFFIX) return "--draft-corpus is for --drafter suffix";
+    if (k == DRAFTER_KIND_SUFFIX && (eo->draft_model_path || eo->draft_layers))
+        return "--drafter suffix needs no --draft-model or --draft-layers";
+    if (k && eo->draft_endpoint)
+        return "--drafter chooses an in-process drafter; --draft-endpoint uses the one of the "
+               "rootspec-draft process there";
+    if ((k == DRAFTER_KIND_MODEL || k == DRAFTER_KIND_EAGLE3) && !eo->draft_model_path)
+        return "--drafter model / eagle3 needs --draft-model PATH";
+    return NULL;
 }
 
 /* Options that parse alone but contradict each other: refused (exit 2) before the models load,
@@ -221,6 +245,15 @@ static int check_args(const Args *A) {
         fprintf(stderr, "rootspec-target: --draft-endpoint uses the model of the rootspec-draft "
                         "process there; drop --%s\n",
                 eo->draft_model_path ? "draft-model" : "draft-layers");
+        return 2;
+    }
+    const char *why = drafter_conflict(eo);
+    if (why) {
+        fprintf(stderr, "rootspec-target: %s\n", why);
+        return 2;
+    }
+    if (A->d.score_all && A->d.budget == 0) {
+        fprintf(stderr, "rootspec-target: --score-all-rules needs a fixed --budget, not auto\n");
         return 2;
     }
     if (A->d.score_all && !rule_needs_root(A->d.rule)) {
@@ -261,10 +294,12 @@ typedef struct {
 static void print_prompt_summary(const DecodeOpts *dp, int n, const DecodeResult *res,
                                  const Sink *s, const Engine *en) {
     double secs = (double)(res->t_end - res->t_start) * 1e-9;
+    char budget[16] = "auto";
+    if (!dp->planner) snprintf(budget, sizeof budget, "%d", dp->budget);
     fprintf(stderr,
-            "rootspec-target: decoder=%s T=%d B=%d prompt=%d tokens, emitted %d tokens in "
+            "rootspec-target: decoder=%s T=%d B=%s prompt=%d tokens, emitted %d tokens in "
             "%d rounds, %.3f s, %.2f tok/s, mean accepted %.3f%s%s%s%s%s\n",
-            rule_name(dp->rule), dp->temp, dp->budget, n, res->n_tokens, res->rounds, secs,
+            rule_name(dp->rule), dp->temp, budget, n, res->n_tokens, res->rounds, secs,
             secs > 0 ? res->n_tokens / secs : 0.0,
             res->rounds ? (double)res->accepted_total / res->rounds : 0.0,
             res->hit_eos ? ", stopped at EOS" : "",
@@ -289,6 +324,7 @@ static int decode_prompts(const Args *A, Engine *en, const PromptSet *ps, Sink *
         const char *text = ps ? ps->items[pi].text : A->prompt;
         DecodeOpts dp = A->d;
         if (ps) dp.prompt_id = A->d.prompt_id + (uint64_t)pi;
+        if (dp.budget == 0) dp.planner = en->planner, dp.budget = TREE_MAX;
         int rc = A->prompt_ids ? parse_ids(A->prompt_ids, &ids, &n, &e)
                                : engine_prompt_ids(en, text, A->chat || (ps && en->chat != CHAT_NONE),
                                                    &ids, &n, &e);
@@ -298,7 +334,7 @@ static int decode_prompts(const Args *A, Engine *en, const PromptSet *ps, Sink *
             break;
         }
         if (ps) printf("=== prompt %s: %s\n", ps->items[pi].id, text);
-        s->lc = (RoundLogCtx){rule_name(dp.rule), dp.temp, dp.budget, dp.prompt_id};
+        s->lc = (RoundLogCtx){rule_name(dp.rule), dp.temp, A->d.budget, dp.prompt_id};
         s->first_id = 1;
         rc = decode_run(en->target, en->drafter, ids, n, &dp, &h, &res, &e);
         free(ids);

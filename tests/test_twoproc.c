@@ -5,7 +5,7 @@
  * with a layer-0 self-drafter (its greedy output is varied; tiny llama's repeats one id), so each run takes well under a second. */
 #include "draft_proc/model_drafter.h"
 #include "target_proc/engine.h"
-#include "target_proc/remote.h"
+#include "draft_proc/remote_drafter.h"
 #include "proto/proto.h"
 #include "testutil.h"
 #include <fcntl.h>
