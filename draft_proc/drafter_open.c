@@ -120,7 +120,9 @@ int drafter_open(const DrafterSpec *s, const DrafterHost *h, Drafter **out, RsEr
                                      s->timeout_ms, s->insecure, s->curve_dir, out, e);
     Drafter *local = NULL;
     int rc = open_local(s, h, &local, e);
-    if (rc || !s->threaded) {
+    /* The suffix kind grows in microseconds: a worker thread's hand-off would cost more
+     * than the overlap it buys. */
+    if (rc || !s->threaded || drafter_spec_kind(s) == DRAFTER_KIND_SUFFIX) {
         *out = local;
         return rc;
     }

@@ -29,7 +29,8 @@ typedef struct {
     const char *endpoint;    /* remote */
     int timeout_ms, insecure;
     const char *curve_dir;   /* remote over tcp:// */
-    int threaded;            /* wrap an in-process kind so its growth runs on a worker thread */
+    int threaded;            /* wrap an in-process kind so its growth runs on a worker thread
+                                (not the suffix kind: it grows faster than a hand-off) */
 } DrafterSpec;
 
 typedef struct {

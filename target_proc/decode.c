@@ -456,7 +456,8 @@ static void plan_observe(Decode *d, const Round *r) {
         planner_observe_accept(p, d->o->rule, d->o->temp, d->t->pool, &r->sel, r->sel.t.n,
                                r->acc, r->n_acc);
     }
-    planner_observe_round(p, r->n_emit, ri->t_commit - ri->t_round_start, r->asked);
+    planner_observe_round(p, d->o->rule, d->o->temp, r->n_emit, ri->t_commit - ri->t_round_start,
+                          r->asked);
 }
 
 /* The rule's tree (DESIGN.md §3) and the pass that verifies it. */

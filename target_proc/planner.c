@@ -28,7 +28,7 @@ struct Planner {
     double acc_a[2][N_BUCKETS], acc_q[2][N_BUCKETS]; /* accepted, sum of q: by T, bucket */
     double gain[RULE_COUNT][2][POOL_MAX_DEPTH + 1];  /* excess over an AR step, by depth */
     int gain_n[RULE_COUNT][2][POOL_MAX_DEPTH + 1];
-    double rate_tok, rate_ns; /* EWMA of rounds' tokens and time */
+    double rate_tok[RULE_COUNT][2], rate_ns[RULE_COUNT][2]; /* EWMA of rounds' tokens, ns */
     double skipped_ns;        /* time in AR steps since the last ask */
     int asks;
     int fixed;
@@ -72,7 +72,8 @@ static int pass_fit(const Planner *p, double *a, double *b) {
     return 1;
 }
 
-/* Expected ns of a target pass of n rows; NAN before any pass was measured. */
+/* Expected ns of a target pass of n rows. Before any pass was measured, in units of a
+ * one-row pass (the reference rate is then 1 a unit: only ratios matter). */
 static double pass_cost(const Planner *p, int n) {
     if (p->fixed) return p->fix_pass1 + (n - 1) * p->fix_row;
     if (n > ROWS_MAX) n = ROWS_MAX;
@@ -85,7 +86,7 @@ static double pass_cost(const Planner *p, int n) {
     double a, b;
     if (pass_fit(p, &a, &b)) return a + b * (n - 1);
     int m = lo > 0 ? lo : hi; /* the one size seen */
-    if (m < 1 || m > ROWS_MAX) return NAN;
+    if (m < 1 || m > ROWS_MAX) return 1 + ROW_SLOPE * (n - 1);
     return p->pass_ns[m] * (1 + ROW_SLOPE * (n - 1)) / (1 + ROW_SLOPE * (m - 1));
 }
 
@@ -98,11 +99,11 @@ static double wait_cost(const Planner *p, Rule rule, int depth) {
     return d > 0 ? d : 0;
 }
 
-/* The reference rate, tokens per ns: an AR step's, or the decode's recent one if higher;
- * 0 while nothing was measured (time is then free). */
-static double ref_rate(const Planner *p) {
-    double c1 = pass_cost(p, 1), r = isnan(c1) || c1 <= 0 ? 0 : 1 / c1;
-    if (p->rate_ns > 0 && p->rate_tok / p->rate_ns > r) r = p->rate_tok / p->rate_ns;
+/* The reference rate, tokens per ns: an AR step's, or this rule's recent one if higher. */
+static double ref_rate(const Planner *p, Rule rule, int temp) {
+    double c1 = pass_cost(p, 1), r = c1 > 0 ? 1 / c1 : 0;
+    double tok = p->rate_tok[rule][temp != 0], ns = p->rate_ns[rule][temp != 0];
+    if (ns > 0 && tok / ns > r) r = tok / ns;
     return r;
 }
 
@@ -172,7 +173,7 @@ static double best_prefix(const Planner *p, Rule rule, const Pool *pool, const S
 
 PlanChoice planner_choose(Planner *p, Rule rule, int temp, const Pool *pool,
                           const Selection *sel, int x1, int depth) {
-    double pp[TREE_MAX], r = ref_rate(p);
+    double pp[TREE_MAX], r = ref_rate(p, rule, temp);
     path_probs(p, rule, temp, pool, sel, x1, pp);
     /* what an AR step would have been worth instead of this round's tree */
     double base = rule == RULE_DRAFT ? 1 - price(r, pass_cost(p, 1)) : 1;
@@ -193,7 +194,7 @@ PlanChoice planner_choose(Planner *p, Rule rule, int temp, const Pool *pool,
 /* ---- asking the drafter ------------------------------------------------------------ */
 
 PlanAsk planner_before_round(Planner *p, Rule rule, int temp) {
-    double r = ref_rate(p), best = -INFINITY;
+    double r = ref_rate(p, rule, temp), best = -INFINITY;
     int t = temp != 0, best_d = 0, known = 0;
     for (int d = 1; d <= POOL_MAX_DEPTH; d++) {
         if (!p->gain_n[rule][t][d]) continue;
@@ -257,9 +258,11 @@ void planner_observe_accept(Planner *p, Rule rule, int temp, const Pool *pool,
     }
 }
 
-void planner_observe_round(Planner *p, int tokens, uint64_t ns, int asked) {
-    int first = p->rate_ns == 0;
-    ewma(&p->rate_tok, tokens, first);
-    ewma(&p->rate_ns, (double)ns, first);
+void planner_observe_round(Planner *p, Rule rule, int temp, int tokens, uint64_t ns,
+                           int asked) {
+    double *tok = &p->rate_tok[rule][temp != 0], *t_ns = &p->rate_ns[rule][temp != 0];
+    int first = *t_ns == 0;
+    ewma(tok, tokens, first);
+    ewma(t_ns, (double)ns, first);
     p->skipped_ns = asked ? 0 : p->skipped_ns + (double)ns;
 }

@@ -62,7 +62,9 @@ void planner_observe_pool(Planner *p, const Pool *pool, uint64_t total_ns, uint6
  * (in path order; for X1-rooted trees node 0 is not a prediction and is left out). */
 void planner_observe_accept(Planner *p, Rule rule, int temp, const Pool *pool,
                             const Selection *sel, int k, const int *acc, int n_acc);
-/* A whole round: tokens emitted in ns; asked: whether it asked the drafter. */
-void planner_observe_round(Planner *p, int tokens, uint64_t ns, int asked);
+/* A whole round of `rule` at temp: tokens emitted in ns; asked: whether it asked the
+ * drafter. */
+void planner_observe_round(Planner *p, Rule rule, int temp, int tokens, uint64_t ns,
+                           int asked);
 
 #endif

@@ -127,7 +127,7 @@ START_TEST(test_planner_asks_when_it_pays) {
     ck_assert(!a.ask);
     int steps = 0;
     while (!(a = planner_before_round(pl, RULE_DRAFT, 0)).ask && steps < 10000) {
-        planner_observe_round(pl, 1, 10000000, 0);
+        planner_observe_round(pl, RULE_DRAFT, 0, 1, 10000000, 0);
         steps++;
     }
     ck_assert(a.explore);
