@@ -128,7 +128,7 @@ static void trie_build(Trie *t, const Matches *ms, int depth) {
     t->w[0] = 0;
     for (int i = 0; i < ms->n; i++) {
         const Match *m = &ms->m[i];
-        double w = m->len;
+        double w = (double)m->len * m->len * m->len;
         t->w[0] += w;
         for (int u = 0, k = 1; k <= depth && (size_t)(m->pos + k) < m->s->n; k++) {
             u = trie_child(t, u, m->s->tok[m->pos + k]);

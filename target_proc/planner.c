@@ -10,6 +10,9 @@
 #define ROWS_MAX (TARGET_PASS_MAX + 1)
 #define N_BUCKETS 16
 #define EWMA 0.15        /* weight of a new observation */
+#define RATE_EWMA 0.02   /* the same for the rate: the long run's, not the phase's (a run of
+                            copied text would otherwise price rows out of the very trees
+                            that made it fast) */
 #define PRIOR_Q 1.0      /* pseudo-weight of the drafter's own q in the calibration */
 #define ROW_SLOPE 0.35   /* a pass's cost per extra row, in one-row passes, until measured */
 #define EXPLORE_EVERY 20 /* asks refresh stale estimates at most once per this many times
@@ -35,7 +38,8 @@ struct Planner {
     double fix_pass1, fix_row, fix_draft;
 };
 
-static void ewma(double *v, double x, int first) { *v = first ? x : *v + EWMA * (x - *v); }
+static void ewma_w(double *v, double x, int first, double w) { *v = first ? x : *v + w * (x - *v); }
+static void ewma(double *v, double x, int first) { ewma_w(v, x, first, EWMA); }
 
 Planner *planner_create(void) { return rs_xcalloc(1, sizeof(Planner)); }
 
@@ -262,7 +266,7 @@ void planner_observe_round(Planner *p, Rule rule, int temp, int tokens, uint64_t
                            int asked) {
     double *tok = &p->rate_tok[rule][temp != 0], *t_ns = &p->rate_ns[rule][temp != 0];
     int first = *t_ns == 0;
-    ewma(tok, tokens, first);
-    ewma(t_ns, (double)ns, first);
+    ewma_w(tok, tokens, first, RATE_EWMA);
+    ewma_w(t_ns, (double)ns, first, RATE_EWMA);
     p->skipped_ns = asked ? 0 : p->skipped_ns + (double)ns;
 }
