@@ -389,7 +389,7 @@ static int dec_tokens(Rd *r, ProtoMsg *out, int min_n, int grow) {
     uint32_t n, parts;
     if (rd_arr(r, "body", -1, 3, &parts)) return -1;
     if (parts != 2 && !(grow && parts == 3))
-        return rd_fail(r, RS_EPROTO, "body has %u entries, expected 2%s", parts,
+        return rd_fail(r, RS_EPROTO, "body has %u fields, expected 2%s", parts,
                        grow ? " or 3" : "");
     if (rd_arr(r, "tokens", -1, PROTO_MAX_TOKENS, &n)) return -1;
     if ((int)n < min_n)
