@@ -45,3 +45,26 @@ int cli_budget(const char *val, int *out, RsErr *e) {
     if (cli_int("--budget", val, 1, TREE_MAX, out, &ie) == RS_OK) return RS_OK;
     return rs_err(e, RS_EINVAL, "--budget '%s': expected auto or a number 1..%d", val, TREE_MAX);
 }
+
+CliRuntime cli_runtime_defaults(void) {
+    return (CliRuntime){.backend = "cpu", .threads = 1, .ctx = 2048, .device = 0};
+}
+
+int cli_runtime_option(int argc, char **argv, int *i, CliRuntime *rt, RsErr *e) {
+    const char *a = argv[*i], *v = NULL;
+    int *num = NULL;
+    long lo = 0, hi = 0;
+    if (!strcmp(a, "--batch-invariant")) return rt->batch_invariant = 1;
+    if (!strcmp(a, "--insecure")) return rt->insecure = 1;
+    if (!strcmp(a, "--threads")) num = &rt->threads, lo = 1, hi = 256;
+    else if (!strcmp(a, "--ctx")) num = &rt->ctx, lo = 256, hi = 1 << 20;
+    else if (!strcmp(a, "--device")) num = &rt->device, lo = 0, hi = 64;
+    else if (strcmp(a, "--backend") && strcmp(a, "--curve-dir")) return 0;
+    int rc = cli_value(argc, argv, *i, &v, e);
+    if (rc) return rc;
+    ++*i;
+    if (num) return (rc = cli_int(a, v, lo, hi, num, e)) ? rc : 1;
+    if (!strcmp(a, "--backend")) rt->backend = v;
+    else rt->curve_dir = v;
+    return 1;
+}

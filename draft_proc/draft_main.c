@@ -52,9 +52,10 @@ static void usage(FILE *f) {
 
 /* Everything the command line says. */
 typedef struct {
-    const char *model, *layers, *bind, *backend, *curve, *gen, *target_path, *corpus;
+    const char *model, *layers, *bind, *gen, *target_path, *corpus;
     DrafterKind kind;
-    int device, threads, ctx, insecure, max_req;
+    CliRuntime rt;
+    int max_req;
 } Args;
 
 /* Parses the options; returns -1 to go on, else the exit status (0 for --help, 2 for bad
@@ -65,7 +66,9 @@ static int parse_args(int argc, char **argv, Args *A) {
         const char *a = argv[i], *v = NULL;
         int rc = 0;
 #define VAL() (rc = cli_value(argc, argv, i, &v, &e), i += !rc, rc == 0)
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        int shared = cli_runtime_option(argc, argv, &i, &A->rt, &e);
+        if (shared) rc = shared < 0 ? shared : 0;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "--model")) { if (VAL()) A->model = v; }
@@ -74,13 +77,6 @@ static int parse_args(int argc, char **argv, Args *A) {
         else if (!strcmp(a, "--corpus")) { if (VAL()) A->corpus = v; }
         else if (!strcmp(a, "--drafter")) { if (VAL()) rc = drafter_kind_option(v, &A->kind, &e); }
         else if (!strcmp(a, "--bind")) { if (VAL()) A->bind = v; }
-        else if (!strcmp(a, "--backend")) { if (VAL()) A->backend = v; }
-        else if (!strcmp(a, "--device")) { if (VAL()) rc = cli_int(a, v, 0, 64, &A->device, &e); }
-        else if (!strcmp(a, "--batch-invariant")) backend_set_batch_invariant(1);
-        else if (!strcmp(a, "--threads")) { if (VAL()) rc = cli_int(a, v, 1, 256, &A->threads, &e); }
-        else if (!strcmp(a, "--ctx")) { if (VAL()) rc = cli_int(a, v, 256, 1 << 20, &A->ctx, &e); }
-        else if (!strcmp(a, "--curve-dir")) { if (VAL()) A->curve = v; }
-        else if (!strcmp(a, "--insecure")) A->insecure = 1;
         else if (!strcmp(a, "--gen-keys")) { if (VAL()) A->gen = v; }
         else if (!strcmp(a, "--max-requests")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 30, &A->max_req, &e); }
         else rc = rs_err(&e, RS_EINVAL, "unknown option '%s' (see --help)", a);
@@ -90,6 +86,7 @@ static int parse_args(int argc, char **argv, Args *A) {
             return 2;
         }
     }
+    if (A->rt.batch_invariant) backend_set_batch_invariant(1);
     return -1;
 }
 
@@ -138,8 +135,8 @@ static int check_args(const Args *A, const BackendOps **ops) {
         usage(stderr);
         return 2;
     }
-    if (secure_check_endpoint(A->bind, A->insecure, A->curve, &e) ||
-        !(*ops = backend_ops_by_name(A->backend, &e))) {
+    if (secure_check_endpoint(A->bind, A->rt.insecure, A->rt.curve_dir, &e) ||
+        !(*ops = backend_ops_by_name(A->rt.backend, &e))) {
         fprintf(stderr, "rootspec-draft: %s\n", e.msg);
         return 2;
     }
@@ -164,8 +161,8 @@ static int load_drafter(const Args *A, const BackendOps *ops, Model **full, Toke
     int rc = light ? model_load(host, full, &e) : backend_model_load(ops, A->model, full, &e);
     if (!rc) rc = tokenizer_load_model(*full, tok, &e);
     if (s.kind == DRAFTER_KIND_MODEL) s.model = *full, s.model_path = NULL;
-    DrafterHost h = {.model = *full, .tok = *tok, .ops = ops, .ctx = A->ctx,
-                     .threads = A->threads, .device = A->device};
+    DrafterHost h = {.model = *full, .tok = *tok, .ops = ops, .ctx = A->rt.ctx,
+                     .threads = A->rt.threads, .device = A->rt.device};
     if (!rc) rc = drafter_open(&s, &h, d, &e);
     if (!rc) return -1;
     fprintf(stderr, "rootspec-draft: %s\n", e.msg);
@@ -175,7 +172,7 @@ static int load_drafter(const Args *A, const BackendOps *ops, Model **full, Toke
 }
 
 int main(int argc, char **argv) {
-    Args A = {.backend = "cpu", .threads = 1, .ctx = 2048};
+    Args A = {.rt = cli_runtime_defaults()};
     int rc = parse_args(argc, argv, &A);
     if (rc >= 0) return rc;
     if (A.gen) return gen_keys(A.gen);
@@ -192,7 +189,7 @@ int main(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    ServerOpts so = {.endpoint = A.bind, .insecure = A.insecure, .curve_dir = A.curve,
+    ServerOpts so = {.endpoint = A.bind, .insecure = A.rt.insecure, .curve_dir = A.rt.curve_dir,
                      .name = name,
                      .caps = ops == cuda_backend_ops_get() ? PROTO_CAP_CUDA : 0,
                      .max_requests = A.max_req, .stop = &g_stop};

@@ -151,6 +151,7 @@ static int parse_ids(const char *s, int **ids, int *n, RsErr *e) {
 /* Everything the command line says; parsed before anything is opened. */
 typedef struct {
     EngineOpts eo;
+    CliRuntime rt; /* copied into eo once parsed */
     DecodeOpts d;
     const char *prompt, *prompt_ids, *log_path, *prompts_path;
     int chat, output_ids, want_timing;
@@ -166,7 +167,9 @@ static int parse_args(int argc, char **argv, Args *A) {
         const char *a = argv[i], *v = NULL;
         int rc = 0;
 #define VAL() (rc = cli_value(argc, argv, i, &v, &e), i += !rc, rc == 0)
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        int shared = cli_runtime_option(argc, argv, &i, &A->rt, &e);
+        if (shared) rc = shared < 0 ? shared : 0;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "--model")) { if (VAL()) eo->model_path = v; }
@@ -187,19 +190,12 @@ static int parse_args(int argc, char **argv, Args *A) {
         else if (!strcmp(a, "--seed")) { if (VAL()) rc = cli_u64(a, v, &d->seed, &e); }
         else if (!strcmp(a, "--prompt-id")) { if (VAL()) rc = cli_u64(a, v, &d->prompt_id, &e); }
         else if (!strcmp(a, "--max-new")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 20, &d->max_new, &e); }
-        else if (!strcmp(a, "--threads")) { if (VAL()) rc = cli_int(a, v, 1, 256, &eo->threads, &e); }
-        else if (!strcmp(a, "--ctx")) { if (VAL()) rc = cli_int(a, v, 256, 1 << 20, &eo->ctx, &e); }
-        else if (!strcmp(a, "--backend")) { if (VAL()) eo->backend = v; }
-        else if (!strcmp(a, "--device")) { if (VAL()) rc = cli_int(a, v, 0, 64, &eo->device, &e); }
-        else if (!strcmp(a, "--batch-invariant")) backend_set_batch_invariant(1);
         else if (!strcmp(a, "--draft-model")) { if (VAL()) eo->draft_model_path = v; }
         else if (!strcmp(a, "--draft-layers")) { if (VAL()) eo->draft_layers = v; }
         else if (!strcmp(a, "--draft-endpoint")) { if (VAL()) eo->draft_endpoint = v; }
         else if (!strcmp(a, "--drafter")) { if (VAL()) rc = drafter_kind_option(v, &eo->drafter_kind, &e); }
         else if (!strcmp(a, "--draft-corpus")) { if (VAL()) eo->draft_corpus = v; }
         else if (!strcmp(a, "--draft-timeout-ms")) { if (VAL()) rc = cli_int(a, v, 1, 3600000, &eo->draft_timeout_ms, &e); }
-        else if (!strcmp(a, "--insecure")) eo->insecure = 1;
-        else if (!strcmp(a, "--curve-dir")) { if (VAL()) eo->curve_dir = v; }
         else if (!strcmp(a, "--log-rounds")) { if (VAL()) A->log_path = v; }
         else if (!strcmp(a, "--score-all-rules")) d->score_all = 1;
         else if (!strcmp(a, "--output-ids")) A->output_ids = 1;
@@ -210,6 +206,13 @@ static int parse_args(int argc, char **argv, Args *A) {
             return 2;
         }
     }
+    eo->backend = A->rt.backend;
+    eo->threads = A->rt.threads;
+    eo->ctx = A->rt.ctx;
+    eo->device = A->rt.device;
+    eo->insecure = A->rt.insecure;
+    eo->curve_dir = A->rt.curve_dir;
+    if (A->rt.batch_invariant) backend_set_batch_invariant(1);
     return -1;
 }
 
@@ -378,7 +381,7 @@ static int finish(const Args *A, const PromptSet *ps, Sink *s, TimingAcc *timing
 }
 
 int main(int argc, char **argv) {
-    Args A = {.eo = {.backend = "cpu", .threads = 1, .ctx = 2048, .draft_timeout_ms = 10000},
+    Args A = {.eo = {.draft_timeout_ms = 10000}, .rt = cli_runtime_defaults(),
               .d = {.rule = RULE_AR, .budget = 59, .temp = 0, .seed = 1, .max_new = 256}};
     int rc = parse_args(argc, argv, &A);
     if (rc < 0) rc = check_args(&A);
