@@ -305,14 +305,15 @@ static void write_header(FILE *f, const Analysis *an) {
             BENCH_RESAMPLES, (uint64_t)BENCH_BOOT_SEED);
 }
 
-/* The AR columns of a speed row: AR's speed on the shared prompts, the speedup interval and
- * the median per-prompt speedup ("-" when g is AR or has no prompt in common with it). */
+/* The AR columns of a speed row: AR's speed on the shared prompts, the speedup interval, and
+ * the median and lowest per-prompt speedups (the lowest says whether any prompt lost to
+ * AR); "-" when g is AR or has no prompt in common with it. */
 static void write_speedup_cells(FILE *f, const Analysis *an, const Group *g) {
     const Group *ar = find_group(an, "ar", g->c.temp, -1);
     BenchInterval gi;
     int n = ar && ar != g ? group_gain(g, ar, &gi) : 0;
     if (n == 0) {
-        fputs("- | - | - |\n", f);
+        fputs("- | - | - | - |\n", f);
         return;
     }
     double *v;
@@ -330,6 +331,8 @@ static void write_speedup_cells(FILE *f, const Analysis *an, const Group *g) {
     put_interval(f, "%.3f", gi.est + 1, gi.lo + 1, gi.hi + 1);
     fputs(" | ", f);
     put_num(f, "%.3f", m ? bench_percentile(ratio, m, 0.5) : NAN);
+    fputs(" | ", f);
+    put_num(f, "%.3f", m ? ratio[0] : NAN);
     fputs(" |\n", f);
     free(ratio);
     free(v);
@@ -340,8 +343,8 @@ static void write_speeds(FILE *f, const Analysis *an) {
     fprintf(f, "## Speed (tokens/s)\n\n");
     fprintf(f, "Speedup over AR is on the prompts both ran, at the same T.\n\n");
     fprintf(f, "| decoder | T | B | prompts | tokens | speed [95%% CI] | AR speed | speedup "
-               "over AR [95%% CI] | median per-prompt speedup |\n");
-    fprintf(f, "|---|---|---|---|---|---|---|---|---|\n");
+               "over AR [95%% CI] | median per-prompt speedup | lowest per-prompt speedup |\n");
+    fprintf(f, "|---|---|---|---|---|---|---|---|---|---|\n");
     for (int k = 0; k < an->ng; k++) {
         const Group *g = &an->g[k];
         BenchInterval sp;
