@@ -1,6 +1,7 @@
 /* The Drafter interface's dispatch: the drafter_* functions of drafter.h call the kind's
  * ops (drafter_impl.h) after the checks every kind shares. */
 #include "drafter_impl.h"
+#include <string.h>
 
 Drafter *drafter_wrap(const DrafterOps *ops, void *ctx, const DrafterInfo *info) {
     RS_ASSERT(ops && ops->reset && ops->grow_begin && ops->grow_end && ops->destroy);
@@ -9,6 +10,26 @@ Drafter *drafter_wrap(const DrafterOps *ops, void *ctx, const DrafterInfo *info)
     d->ctx = ctx;
     d->info = *info;
     return d;
+}
+
+void sync_growth_init(SyncGrowth *g) {
+    g->pool = rs_xcalloc(1, sizeof(Pool));
+    g->rc = RS_OK;
+    g->err = (RsErr){0};
+}
+
+void sync_growth_free(SyncGrowth *g) {
+    free(g->pool);
+    g->pool = NULL;
+}
+
+int sync_growth_end(const SyncGrowth *g, Pool *out, RsErr *e) {
+    if (g->rc) {
+        if (e) *e = g->err;
+        return g->rc;
+    }
+    memcpy(out, g->pool, sizeof(Pool));
+    return RS_OK;
 }
 
 /* A size without data (or data without a size) is the caller's bug, not bad input. */

@@ -33,6 +33,19 @@ struct Drafter {
     int growing;       /* a grow_begin succeeded and its grow_end has not run */
 };
 
+/* The outcome of a growth that a kind runs inside grow_begin (model, eagle3, suffix): the
+ * status waits for grow_end, as a worker thread's or a peer's would. */
+typedef struct {
+    Pool *pool; /* sync_growth_init's, freed by sync_growth_free */
+    int rc;
+    RsErr err;
+} SyncGrowth;
+
+void sync_growth_init(SyncGrowth *g);
+void sync_growth_free(SyncGrowth *g);
+/* grow_end of such a kind: the growth's error as it happened, or its pool copied to out. */
+int sync_growth_end(const SyncGrowth *g, Pool *out, RsErr *e);
+
 /* A handle for a kind's ctx (owned by the handle from here on; *info copied). Never fails:
  * a kind's constructor builds ctx first and wraps it last. */
 Drafter *drafter_wrap(const DrafterOps *ops, void *ctx, const DrafterInfo *info);

@@ -25,9 +25,7 @@ typedef struct {
     float lse[POOL_EXPAND]; /* rows_topk's log-sum-exp of the last pass's rows */
     uint64_t backend_ns; /* this growth's time inside backend forward/commit calls */
     int rows;            /* logits rows this growth reduced */
-    Pool *pool;         /* grow_begin's result for grow_end */
-    int grow_rc;        /* grow_begin's status, reported by grow_end */
-    RsErr grow_err;
+    SyncGrowth g;       /* grow_begin's outcome for grow_end */
 } ModelDrafter;
 
 /* The top-10 ids and draft log-probs of every row the last pass kept, (n_kept, 10). */
@@ -119,19 +117,13 @@ static int model_append(void *ctx, const int *tokens, int n, const void *feature
 static int model_grow_begin(void *ctx, const int *tokens, int n, const void *features,
                             size_t feat_bytes, RsErr *e) {
     ModelDrafter *d = ctx;
-    d->grow_err = (RsErr){0};
-    d->grow_rc = grow(d, tokens, n, d->pool, &d->grow_err);
+    d->g.err = (RsErr){0};
+    d->g.rc = grow(d, tokens, n, d->g.pool, &d->g.err);
     return RS_OK;
 }
 
 static int model_grow_end(void *ctx, Pool *out, RsErr *e) {
-    ModelDrafter *d = ctx;
-    if (d->grow_rc) {
-        if (e) *e = d->grow_err;
-        return d->grow_rc;
-    }
-    memcpy(out, d->pool, sizeof(Pool));
-    return RS_OK;
+    return sync_growth_end(&((ModelDrafter *)ctx)->g, out, e);
 }
 
 static void model_set_depth(void *ctx, int depth) { ((ModelDrafter *)ctx)->depth = depth; }
@@ -140,7 +132,7 @@ static void md_destroy(void *ctx) {
     ModelDrafter *d = ctx;
     backend_destroy(&d->b);
     model_destroy(&d->view); /* after the backend that borrowed it */
-    free(d->pool);
+    sync_growth_free(&d->g);
     free(d);
 }
 
@@ -179,7 +171,7 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
         free(d);
         return rc;
     }
-    d->pool = rs_xcalloc(1, sizeof(Pool));
+    sync_growth_init(&d->g);
     DrafterInfo info = {.vocab_size = d->vocab, .fingerprint = m->fingerprint, .name = m->path};
     *out = drafter_wrap(&model_ops, d, &info);
     return RS_OK;

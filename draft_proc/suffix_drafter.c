@@ -181,9 +181,7 @@ typedef struct {
     int vocab, depth;
     Seq ctx, corpus;
     Trie trie;
-    Pool *pool;
-    int grow_rc;
-    RsErr grow_err;
+    SyncGrowth g; /* grow_begin's outcome for grow_end */
     char name[256];
 } SuffixDrafter;
 
@@ -225,14 +223,14 @@ static int suffix_grow_begin(void *ctx, const int *tokens, int n, const void *fe
                              size_t feat_bytes, RsErr *e) {
     SuffixDrafter *d = ctx;
     uint64_t t0 = rs_now_ns();
-    d->grow_err = (RsErr){0};
-    d->grow_rc = n < 1 ? rs_err(&d->grow_err, RS_EINVAL, "commit of %d tokens: need at least one", n)
-                       : push_tokens(d, tokens, n, &d->grow_err);
-    if (d->grow_rc) return RS_OK;
+    d->g.err = (RsErr){0};
+    d->g.rc = n < 1 ? rs_err(&d->g.err, RS_EINVAL, "commit of %d tokens: need at least one", n)
+                    : push_tokens(d, tokens, n, &d->g.err);
+    if (d->g.rc) return RS_OK;
     uint64_t t1 = rs_now_ns();
-    grow(d, d->pool);
-    d->grow_rc = pool_finalize(d->pool, d->vocab, &d->grow_err);
-    Pool *p = d->pool;
+    Pool *p = d->g.pool;
+    grow(d, p);
+    d->g.rc = pool_finalize(p, d->vocab, &d->g.err);
     p->draft_ns = rs_now_ns() - t0;
     p->commit_pass_ns = t1 - t0;
     p->draft_host_ns = p->draft_ns;
@@ -244,13 +242,7 @@ static int suffix_grow_begin(void *ctx, const int *tokens, int n, const void *fe
 }
 
 static int suffix_grow_end(void *ctx, Pool *out, RsErr *e) {
-    SuffixDrafter *d = ctx;
-    if (d->grow_rc) {
-        if (e) *e = d->grow_err;
-        return d->grow_rc;
-    }
-    memcpy(out, d->pool, sizeof(Pool));
-    return RS_OK;
+    return sync_growth_end(&((SuffixDrafter *)ctx)->g, out, e);
 }
 
 static void suffix_set_depth(void *ctx, int depth) { ((SuffixDrafter *)ctx)->depth = depth; }
@@ -259,7 +251,7 @@ static void suffix_destroy(void *ctx) {
     SuffixDrafter *d = ctx;
     seq_free(&d->ctx);
     seq_free(&d->corpus);
-    free(d->pool);
+    sync_growth_free(&d->g);
     free(d);
 }
 
@@ -286,7 +278,7 @@ int drafter_suffix_create(int vocab, const int *corpus, size_t n_corpus, const c
     seq_clear(&d->ctx);
     seq_clear(&d->corpus);
     for (size_t i = 0; i < n_corpus; i++) seq_push(&d->corpus, corpus[i]);
-    d->pool = rs_xcalloc(1, sizeof(Pool));
+    sync_growth_init(&d->g);
     snprintf(d->name, sizeof d->name, "%s", name ? name : "suffix");
     DrafterInfo info = {.vocab_size = vocab, .fingerprint = "", .name = d->name};
     *out = drafter_wrap(&suffix_ops, d, &info);
