@@ -25,14 +25,25 @@ static void chain_pool(Pool *p, int n, double q, double qs) {
     ck_assert_msg(pool_finalize(p, 100, &e) == RS_OK, "%s", e.msg);
 }
 
-START_TEST(test_planner_sure_chain) {
+/* A chain pool (chain_pool) and the draft rule's selection of it at the cap. */
+static Pool *chain_selected(int n, double q, Selection *s) {
     Pool *p = calloc(1, sizeof *p);
-    chain_pool(p, 8, 0.99, 0);
-    Selection s;
-    select_draft(p, TREE_MAX, &s);
+    chain_pool(p, n, q, 0);
+    select_draft(p, TREE_MAX, s);
+    return p;
+}
+
+static Planner *fixed_planner(double pass1_ns, double row_ns, double draft_ns) {
     Planner *pl = planner_create();
+    planner_fix_costs(pl, pass1_ns, row_ns, draft_ns);
+    return pl;
+}
+
+START_TEST(test_planner_sure_chain) {
+    Selection s;
+    Pool *p = chain_selected(8, 0.99, &s);
     /* rows cost a tenth of a pass: every node brings ~0.9 tokens, costs 0.1 */
-    planner_fix_costs(pl, 10e6, 1e6, 0);
+    Planner *pl = fixed_planner(10e6, 1e6, 0);
     PlanChoice c = planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
     ck_assert_int_eq(c.k, 8);
     double want = 1;
@@ -41,8 +52,7 @@ START_TEST(test_planner_sure_chain) {
     ck_assert_double_eq_tol(c.ns, 10e6 + 8 * 1e6, 1);
     planner_destroy(&pl);
     /* rows cost two passes each: no node pays for itself */
-    pl = planner_create();
-    planner_fix_costs(pl, 10e6, 20e6, 0);
+    pl = fixed_planner(10e6, 20e6, 0);
     c = planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
     ck_assert_int_eq(c.k, 0);
     ck_assert_double_eq_tol(c.tokens, 1, 1e-12);
@@ -55,12 +65,9 @@ END_TEST
 START_TEST(test_planner_breakeven) {
     /* q = 0.5 a node: node i is reached and accepted with 0.5^i. With rows at 0.3 of a pass
      * the first node (0.5) pays, the second (0.25) does not: k = 1. */
-    Pool *p = calloc(1, sizeof *p);
-    chain_pool(p, 4, 0.5, 0);
     Selection s;
-    select_draft(p, TREE_MAX, &s);
-    Planner *pl = planner_create();
-    planner_fix_costs(pl, 10e6, 3e6, 0);
+    Pool *p = chain_selected(4, 0.5, &s);
+    Planner *pl = fixed_planner(10e6, 3e6, 0);
     ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 1, p, &s, -1, POOL_MAX_DEPTH).k, 1);
     planner_destroy(&pl);
     free(p);
@@ -69,12 +76,9 @@ END_TEST
 
 START_TEST(test_planner_learns_rejections) {
     /* The drafter says 0.99, but 200 such nodes were all rejected: the chain stops paying. */
-    Pool *p = calloc(1, sizeof *p);
-    chain_pool(p, 8, 0.99, 0);
     Selection s;
-    select_draft(p, TREE_MAX, &s);
-    Planner *pl = planner_create();
-    planner_fix_costs(pl, 10e6, 1e6, 0);
+    Pool *p = chain_selected(8, 0.99, &s);
+    Planner *pl = fixed_planner(10e6, 1e6, 0);
     for (int i = 0; i < 200; i++) planner_observe_accept(pl, RULE_DRAFT, 0, p, &s, 8, NULL, 0);
     ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 0);
     /* a T=1 decode keeps its own calibration */
@@ -91,8 +95,7 @@ START_TEST(test_planner_root_rule_uses_x1) {
     chain_pool(p, 6, 0.9, 0.05);
     Selection s;
     double lp1[POOL_TOPK] = {log(0.9), log(0.05)};
-    Planner *pl = planner_create();
-    planner_fix_costs(pl, 10e6, 1e6, 0);
+    Planner *pl = fixed_planner(10e6, 1e6, 0);
     select_root_logp(p, TREE_MAX, lp1, 50, &s); /* X1 = the sibling, a leaf */
     PlanChoice c = planner_choose(pl, RULE_ROOT, 0, p, &s, 50, POOL_MAX_DEPTH);
     ck_assert_double_le(c.tokens, 2.0 + 1e-9); /* X1 and the continuation at most */
@@ -106,13 +109,10 @@ START_TEST(test_planner_root_rule_uses_x1) {
 END_TEST
 
 START_TEST(test_planner_asks_when_it_pays) {
-    Pool *p = calloc(1, sizeof *p);
-    chain_pool(p, 8, 0.99, 0);
     Selection s;
-    select_draft(p, TREE_MAX, &s);
+    Pool *p = chain_selected(8, 0.99, &s);
     /* a free drafter: after the first (exploring) ask, it keeps asking */
-    Planner *pl = planner_create();
-    planner_fix_costs(pl, 10e6, 1e6, 0);
+    Planner *pl = fixed_planner(10e6, 1e6, 0);
     PlanAsk a = planner_before_round(pl, RULE_DRAFT, 0);
     ck_assert(a.ask && a.explore && a.depth == POOL_MAX_DEPTH);
     planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, a.depth);
@@ -120,8 +120,7 @@ START_TEST(test_planner_asks_when_it_pays) {
     ck_assert(a.ask && !a.explore);
     planner_destroy(&pl);
     /* a drafter costing 100 passes: not asked, until AR steps have cost 20 times an ask */
-    pl = planner_create();
-    planner_fix_costs(pl, 10e6, 1e6, 1000e6);
+    pl = fixed_planner(10e6, 1e6, 1000e6);
     planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
     a = planner_before_round(pl, RULE_DRAFT, 0);
     ck_assert(!a.ask);
@@ -141,10 +140,8 @@ END_TEST
 START_TEST(test_planner_measured_costs) {
     /* Measured passes of 1 and 9 rows; a 5-row pass is interpolated between them, and the
      * choice follows: with 9 rows at 4 passes a sure chain of 8 pays (~8 tokens for 4). */
-    Pool *p = calloc(1, sizeof *p);
-    chain_pool(p, 8, 0.999, 0);
     Selection s;
-    select_draft(p, TREE_MAX, &s);
+    Pool *p = chain_selected(8, 0.999, &s);
     Planner *pl = planner_create();
     for (int i = 0; i < 5; i++) {
         planner_observe_pass(pl, 1, 10000000);
@@ -153,9 +150,7 @@ START_TEST(test_planner_measured_costs) {
     PlanChoice c = planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
     ck_assert_int_eq(c.k, 8);
     ck_assert_double_eq_tol(c.ns, 40e6, 1);
-    Pool *short_pool = calloc(1, sizeof *short_pool);
-    chain_pool(short_pool, 4, 0.999, 0); /* 5 rows: 25 ms for ~5 tokens: pays */
-    select_draft(short_pool, TREE_MAX, &s);
+    Pool *short_pool = chain_selected(4, 0.999, &s); /* 5 rows: 25 ms, ~5 tokens: pays */
     c = planner_choose(pl, RULE_DRAFT, 0, short_pool, &s, -1, POOL_MAX_DEPTH);
     ck_assert_int_eq(c.k, 4);
     ck_assert_double_eq_tol(c.ns, 25e6, 1);
