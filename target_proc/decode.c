@@ -74,6 +74,7 @@ typedef struct {
     int acc[ROUND_MAX_EMIT], n_acc; /* tree indices accepted by the walk (X1's node of an
                                        X1-rooted tree left out) */
     int asked;     /* the drafter was asked this round */
+    int n_sent;    /* tokens the request committed */
     uint64_t skip0;
 } Round;
 
@@ -326,6 +327,7 @@ static int round_request(Decode *d, Round *r, int depth, RsErr *e) {
         return 0;
     }
     d->synced = 1;
+    r->n_sent = d->n_pend;
     d->n_pend = 0;
     r->asked = 1;
     r->info.plan_depth = depth;
@@ -451,7 +453,7 @@ static void plan_observe(Decode *d, const Round *r) {
         planner_observe_pass(p, d->ps.n + r->with_root, ri->t_tree_end - ri->t_tree_start);
     if (r->asked) {
         uint64_t own = ri->t_root_end > ri->t_grow_sent ? ri->t_root_end : ri->t_grow_sent;
-        planner_observe_pool(p, d->t->pool, ri->t_pool_recv - ri->t_grow_sent,
+        planner_observe_pool(p, d->t->pool, r->n_sent, ri->t_pool_recv - ri->t_grow_sent,
                              ri->t_pool_recv > own ? ri->t_pool_recv - own : 0);
         planner_observe_accept(p, d->o->rule, d->o->temp, d->t->pool, &r->sel, r->sel.t.n,
                                r->acc, r->n_acc);
@@ -551,7 +553,7 @@ static int round_verify(Decode *d, Round *r, RsErr *e) {
 static int round_speculative(Decode *d, Round *r, RsErr *e) {
     int depth = POOL_MAX_DEPTH;
     if (d->o->planner) {
-        PlanAsk a = planner_before_round(d->o->planner, d->o->rule, d->o->temp);
+        PlanAsk a = planner_before_round(d->o->planner, d->o->rule, d->o->temp, d->n_pend);
         if (!a.ask) return round_ar(d, r, e); /* the drafter catches up next time */
         depth = a.depth;
     }

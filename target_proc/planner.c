@@ -15,8 +15,8 @@
                             that made it fast) */
 #define PRIOR_Q 1.0      /* pseudo-weight of the drafter's own q in the calibration */
 #define ROW_SLOPE 0.35   /* a pass's cost per extra row, in one-row passes, until measured */
-#define EXPLORE_EVERY 20 /* asks refresh stale estimates at most once per this many times
-                            their cost spent in AR steps */
+#define EXPLORE_EVERY 40 /* asks refresh stale estimates at most once per this many times
+                            their cost spent in AR steps (so they cost at most 2.5%) */
 #define DEEPEN_EVERY 16  /* every this many asks, one level deeper than the best */
 
 /* Upper edges of the calibration's log q buckets (the last bucket is below -15). */
@@ -27,6 +27,7 @@ struct Planner {
     double pass_ns[ROWS_MAX + 1]; /* by rows: EWMA of measured passes */
     int pass_n[ROWS_MAX + 1];
     double commit_ns, level_ns, extra_ns; /* drafting: commit pass, per level, overhead */
+    double commit_tok_ns;                 /* commit pass per committed token */
     int have_pool, have_level;
     double acc_a[2][N_BUCKETS], acc_q[2][N_BUCKETS]; /* accepted, sum of q: by T, bucket */
     double gain[RULE_COUNT][2][POOL_MAX_DEPTH + 1];  /* excess over an AR step, by depth */
@@ -94,11 +95,16 @@ static double pass_cost(const Planner *p, int n) {
     return p->pass_ns[m] * (1 + ROW_SLOPE * (n - 1)) / (1 + ROW_SLOPE * (m - 1));
 }
 
-/* Expected ns the target waits for a pool of `depth` levels beyond its own work. */
-static double wait_cost(const Planner *p, Rule rule, int depth) {
+/* Expected ns the target waits for a pool of `depth` levels beyond its own work, when the
+ * drafter has n_pend tokens to commit first (many after a run of AR steps: a long commit
+ * costs like a prefill, which is what keeps an expensive drafter from being asked again
+ * once it has lost). */
+static double wait_cost(const Planner *p, Rule rule, int depth, int n_pend) {
     if (p->fixed) return p->fix_draft;
     if (!p->have_pool) return NAN;
-    double d = p->commit_ns + (depth - 1) * (p->have_level ? p->level_ns : 0) + p->extra_ns;
+    double commit = p->commit_tok_ns * n_pend > p->commit_ns ? p->commit_tok_ns * n_pend
+                                                              : p->commit_ns;
+    double d = commit + (depth - 1) * (p->have_level ? p->level_ns : 0) + p->extra_ns;
     if (rule_needs_root(rule)) d -= pass_cost(p, 1); /* the root pass runs meanwhile */
     return d > 0 ? d : 0;
 }
@@ -190,20 +196,20 @@ PlanChoice planner_choose(Planner *p, Rule rule, int temp, const Pool *pool,
     /* every node counts here: a drafter may grow deeper than asked */
     best_prefix(p, rule, pool, sel, pp, x1, POOL_MAX_DEPTH, r, &best);
     if (rule_needs_root(rule)) best.ns += pass_cost(p, 1);
-    double w = wait_cost(p, rule, depth);
+    double w = wait_cost(p, rule, depth, 0);
     if (!isnan(w)) best.ns += w;
     return best;
 }
 
 /* ---- asking the drafter ------------------------------------------------------------ */
 
-PlanAsk planner_before_round(Planner *p, Rule rule, int temp) {
+PlanAsk planner_before_round(Planner *p, Rule rule, int temp, int n_pend) {
     double r = ref_rate(p, rule, temp), best = -INFINITY;
     int t = temp != 0, best_d = 0, known = 0;
     for (int d = 1; d <= POOL_MAX_DEPTH; d++) {
         if (!p->gain_n[rule][t][d]) continue;
         known = 1;
-        double v = p->gain[rule][t][d] - price(r, wait_cost(p, rule, d));
+        double v = p->gain[rule][t][d] - price(r, wait_cost(p, rule, d, n_pend));
         if (v > best) best = v, best_d = d;
     }
     if (!known || isnan(best)) return (PlanAsk){.ask = 1, .depth = POOL_MAX_DEPTH, .explore = 1};
@@ -211,9 +217,10 @@ PlanAsk planner_before_round(Planner *p, Rule rule, int temp) {
         int deeper = ++p->asks % DEEPEN_EVERY == 0 && best_d < POOL_MAX_DEPTH;
         return (PlanAsk){.ask = 1, .depth = best_d + deeper, .explore = deeper};
     }
-    double c1 = pass_cost(p, 1), cost = wait_cost(p, rule, POOL_MAX_DEPTH) + (isnan(c1) ? 0 : c1);
+    /* refresh the depth that came closest to paying */
+    double c1 = pass_cost(p, 1), cost = wait_cost(p, rule, best_d, n_pend) + (isnan(c1) ? 0 : c1);
     if (p->skipped_ns >= EXPLORE_EVERY * cost)
-        return (PlanAsk){.ask = 1, .depth = POOL_MAX_DEPTH, .explore = 1};
+        return (PlanAsk){.ask = 1, .depth = best_d, .explore = 1};
     return (PlanAsk){.ask = 0, .depth = 0};
 }
 
@@ -225,9 +232,11 @@ void planner_observe_pass(Planner *p, int rows, uint64_t ns) {
     ewma(&p->pass_ns[rows], (double)ns, p->pass_n[rows]++ == 0);
 }
 
-void planner_observe_pool(Planner *p, const Pool *pool, uint64_t total_ns, uint64_t waited_ns) {
+void planner_observe_pool(Planner *p, const Pool *pool, int n_commit, uint64_t total_ns,
+                          uint64_t waited_ns) {
     int first = !p->have_pool;
     ewma(&p->commit_ns, (double)pool->commit_pass_ns, first);
+    if (n_commit > 0) ewma(&p->commit_tok_ns, (double)pool->commit_pass_ns / n_commit, first);
     if (pool->n_passes > 1) {
         double lv = (double)(pool->draft_ns - pool->commit_pass_ns) / (pool->n_passes - 1);
         ewma(&p->level_ns, lv, !p->have_level);

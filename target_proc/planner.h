@@ -43,8 +43,9 @@ void planner_destroy(Planner **p);
  * pool: draft_ns at any depth, none of it hidden), so every choice is reproducible. */
 void planner_fix_costs(Planner *p, double pass1_ns, double row_ns, double draft_ns);
 
-/* The round's first decision, for `rule` at temperature class temp (0 greedy, else 1). */
-PlanAsk planner_before_round(Planner *p, Rule rule, int temp);
+/* The round's first decision, for `rule` at temperature class temp (0 greedy, else 1);
+ * n_pend: the tokens the drafter would commit before growing. */
+PlanAsk planner_before_round(Planner *p, Rule rule, int temp, int n_pend);
 
 /* The size to verify. sel: the rule's selection at the largest budget, nodes in rank order
  * (every prefix is a tree); x1: the round's first token when drawn already (root-pass
@@ -55,9 +56,11 @@ PlanChoice planner_choose(Planner *p, Rule rule, int temp, const Pool *pool,
 
 /* Observations. A pass of `rows` rows took ns. */
 void planner_observe_pass(Planner *p, int rows, uint64_t ns);
-/* A pool arrived: its own timings; total_ns from the request to its arrival, of which
- * waited_ns the target spent waiting after its own work (the root pass) was done. */
-void planner_observe_pool(Planner *p, const Pool *pool, uint64_t total_ns, uint64_t waited_ns);
+/* A pool arrived after a commit of n_commit tokens: its own timings; total_ns from the
+ * request to its arrival, of which waited_ns the target spent waiting after its own work
+ * (the root pass) was done. */
+void planner_observe_pool(Planner *p, const Pool *pool, int n_commit, uint64_t total_ns,
+                          uint64_t waited_ns);
 /* Verification of the first k nodes of sel: acc[0..n_acc) are the tree indices accepted
  * (in path order; for X1-rooted trees node 0 is not a prediction and is left out). */
 void planner_observe_accept(Planner *p, Rule rule, int temp, const Pool *pool,

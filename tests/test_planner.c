@@ -113,25 +113,46 @@ START_TEST(test_planner_asks_when_it_pays) {
     Pool *p = chain_selected(8, 0.99, &s);
     /* a free drafter: after the first (exploring) ask, it keeps asking */
     Planner *pl = fixed_planner(10e6, 1e6, 0);
-    PlanAsk a = planner_before_round(pl, RULE_DRAFT, 0);
+    PlanAsk a = planner_before_round(pl, RULE_DRAFT, 0, 1);
     ck_assert(a.ask && a.explore && a.depth == POOL_MAX_DEPTH);
     planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, a.depth);
-    a = planner_before_round(pl, RULE_DRAFT, 0);
+    a = planner_before_round(pl, RULE_DRAFT, 0, 1);
     ck_assert(a.ask && !a.explore);
     planner_destroy(&pl);
-    /* a drafter costing 100 passes: not asked, until AR steps have cost 20 times an ask */
+    /* a drafter costing 100 passes: not asked, until AR steps have cost 40 times an ask */
     pl = fixed_planner(10e6, 1e6, 1000e6);
     planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
-    a = planner_before_round(pl, RULE_DRAFT, 0);
+    a = planner_before_round(pl, RULE_DRAFT, 0, 1);
     ck_assert(!a.ask);
     int steps = 0;
-    while (!(a = planner_before_round(pl, RULE_DRAFT, 0)).ask && steps < 10000) {
+    while (!(a = planner_before_round(pl, RULE_DRAFT, 0, 1)).ask && steps < 10000) {
         planner_observe_round(pl, RULE_DRAFT, 0, 1, 10000000, 0);
         steps++;
     }
     ck_assert(a.explore);
-    ck_assert_int_ge(steps, 20 * 101 - 1);
-    ck_assert_int_le(steps, 20 * 101 + 1);
+    ck_assert_int_ge(steps, 40 * 101 - 1);
+    ck_assert_int_le(steps, 40 * 101 + 1);
+    planner_destroy(&pl);
+    free(p);
+}
+END_TEST
+
+START_TEST(test_planner_long_commit_not_asked) {
+    /* Measured: one-row passes of 10 ms, 9-row passes of 40 ms, a pool whose 2-token commit
+     * took 2 ms. A sure chain pays with 2 pending tokens; with 2000 pending (a commit like a
+     * prefill, ~2 s) it does not. */
+    Selection s;
+    Pool *p = chain_selected(8, 0.999, &s);
+    Planner *pl = planner_create();
+    for (int i = 0; i < 5; i++) {
+        planner_observe_pass(pl, 1, 10000000);
+        planner_observe_pass(pl, 9, 40000000);
+    }
+    p->commit_pass_ns = p->draft_ns = 2000000;
+    planner_observe_pool(pl, p, 2, 2000000, 2000000);
+    planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
+    ck_assert(planner_before_round(pl, RULE_DRAFT, 0, 2).ask);
+    ck_assert(!planner_before_round(pl, RULE_DRAFT, 0, 2000).ask);
     planner_destroy(&pl);
     free(p);
 }
@@ -169,6 +190,7 @@ Suite *suite_planner(void) {
     tcase_add_test(tc, test_planner_root_rule_uses_x1);
     tcase_add_test(tc, test_planner_asks_when_it_pays);
     tcase_add_test(tc, test_planner_measured_costs);
+    tcase_add_test(tc, test_planner_long_commit_not_asked);
     suite_add_tcase(s, tc);
     return s;
 }
