@@ -112,6 +112,7 @@ static double wait_cost(const Planner *p, Rule rule, int depth, int n_pend) {
 /* The reference rate, tokens per ns: an AR step's, or this rule's recent one if higher. */
 static double ref_rate(const Planner *p, Rule rule, int temp) {
     double c1 = pass_cost(p, 1), r = c1 > 0 ? 1 / c1 : 0;
+    if (p->fixed) return r; /* nothing measured may move a fixed planner */
     double tok = p->rate_tok[rule][temp != 0], ns = p->rate_ns[rule][temp != 0];
     if (ns > 0 && tok / ns > r) r = tok / ns;
     return r;
@@ -217,9 +218,10 @@ PlanAsk planner_before_round(Planner *p, Rule rule, int temp, int n_pend) {
         int deeper = ++p->asks % DEEPEN_EVERY == 0 && best_d < POOL_MAX_DEPTH;
         return (PlanAsk){.ask = 1, .depth = best_d + deeper, .explore = deeper};
     }
-    /* refresh the depth that came closest to paying */
-    double c1 = pass_cost(p, 1), cost = wait_cost(p, rule, best_d, n_pend) + (isnan(c1) ? 0 : c1);
-    if (p->skipped_ns >= EXPLORE_EVERY * cost)
+    /* Refresh the depth that came closest to paying. An ask costs only its wait: with a
+     * useless pool the round still makes its AR step. */
+    double cost = wait_cost(p, rule, best_d, n_pend);
+    if (p->skipped_ns >= EXPLORE_EVERY * (isnan(cost) ? 0 : cost))
         return (PlanAsk){.ask = 1, .depth = best_d, .explore = 1};
     return (PlanAsk){.ask = 0, .depth = 0};
 }

@@ -130,8 +130,8 @@ START_TEST(test_planner_asks_when_it_pays) {
         steps++;
     }
     ck_assert(a.explore);
-    ck_assert_int_ge(steps, 40 * 101 - 1);
-    ck_assert_int_le(steps, 40 * 101 + 1);
+    ck_assert_int_ge(steps, 40 * 100 - 1);
+    ck_assert_int_le(steps, 40 * 100 + 1);
     planner_destroy(&pl);
     free(p);
 }

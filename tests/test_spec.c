@@ -1221,7 +1221,7 @@ START_TEST(test_t1_exactness_cheap) {
     Planner *pl = mode ? planner_create() : NULL;
     if (mode == 1) planner_fix_costs(pl, 1e6, 1e5, 0);
     g_planner = pl;
-    exactness_case_kind(mode == 2 ? 1 : 3, rule, mode ? TREE_MAX : 4, 0, 10000, &pv);
+    exactness_case_kind(mode == 2 ? 1 : 3, rule, mode ? TREE_MAX : 4, 0, 6000, &pv);
     g_planner = NULL;
     planner_destroy(&pl);
     ck_assert_msg(pv > 1e-3, "%s mode %d: T=1 law differs from the target's (p=%g)",
