@@ -211,7 +211,7 @@ PlanAsk planner_before_round(Planner *p, Rule rule, int temp, int n_pend) {
         if (!p->gain_n[rule][t][d]) continue;
         known = 1;
         double v = p->gain[rule][t][d] - price(r, wait_cost(p, rule, d, n_pend));
-        if (v > best) best = v, best_d = d;
+        if (v >= best) best = v, best_d = d; /* ties to the deeper: free levels cost nothing */
     }
     if (!known || isnan(best)) return (PlanAsk){.ask = 1, .depth = POOL_MAX_DEPTH, .explore = 1};
     if (best > 0) {
