@@ -1,6 +1,7 @@
 /* Strict numeric option parsing (no silent truncation of "12abc" or overflow). */
 #include "cli.h"
 #include <errno.h>
+#include <math.h>
 #include <string.h>
 
 int cli_int(const char *opt, const char *val, long min, long max, int *out, RsErr *e) {
@@ -12,6 +13,17 @@ int cli_int(const char *opt, const char *val, long min, long max, int *out, RsEr
     if (v < min || v > max)
         return rs_err(e, RS_EINVAL, "%s: %ld is outside %ld..%ld", opt, v, min, max);
     *out = (int)v;
+    return RS_OK;
+}
+
+int cli_double(const char *opt, const char *val, double min, double max, double *out, RsErr *e) {
+    char *end;
+    errno = 0;
+    double v = strtod(val, &end);
+    if (!*val || *end || errno || !isfinite(v))
+        return rs_err(e, RS_EINVAL, "%s: '%s' is not a finite number", opt, val);
+    if (v < min || v > max) return rs_err(e, RS_EINVAL, "%s: %g is outside %g..%g", opt, v, min, max);
+    *out = v;
     return RS_OK;
 }
 

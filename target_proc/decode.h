@@ -12,7 +12,7 @@
 typedef struct {
     Rule rule;
     int budget;        /* B, 1..TREE_MAX */
-    int temp;          /* 0 greedy, 1 sampling */
+    Sampling sampling; /* the law of every target draw (common/logits.h); zeroed: greedy */
     uint64_t seed;
     uint64_t prompt_id;
     int max_new;       /* >= 1: the output's cap; a round's tokens past it are dropped (the
