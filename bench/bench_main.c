@@ -58,11 +58,12 @@ static void usage(FILE *f) {
             "  --decoders LIST       comma list of draft, pearl, rootdraw, root, ar\n"
             "                        (default draft,pearl,rootdraw,root)\n"
             "  --temps LIST          comma list of 0 (greedy) and 1 (sampling) (default 0,1)\n"
-            "  --temp T              the law of the T=1 combinations: temperature > 0, then\n"
-            "  --top-k N               the N likeliest tokens (0: off), then the fewest reaching\n"
-            "  --top-p P               mass P (0 or 1: off), then none below P times the\n"
-            "  --min-p P               likeliest (0: off) (default: T 1, no filter; run.json\n"
-            "                        records it as \"sampling\"; logs keep T=1 as the label)\n"
+            "  --temp T              temperature of the T=1 combinations (> 0; default 1)\n"
+            "  --top-k N             their top-k (default 0: off)\n"
+            "  --top-p P             their top-p (default 0: off; 1 is off too)\n"
+            "  --min-p P             their min-p (default 0: off). The law and its order are\n"
+            "                        rootspec-target's; run.json records it as \"sampling\",\n"
+            "                        the logs keep the label T=1\n"
             "  --budgets LIST        comma list of tree budgets B in 1..%d (default 8,59)\n"
             "  --no-ar               no autoregressive baseline: exactly the 16 combinations of\n"
             "                        docs/DESIGN.md §6 (default: one AR decode per T joins\n"
@@ -849,7 +850,8 @@ static int decode_one(Bench *b, const BenchRun *r, const char *label, DecodeResu
     RsErr e = {0};
     DecodeOpts o = {.rule = (Rule)rule_parse(c->decoder),
                     .budget = c->budget > 0 ? c->budget : 1, /* unused by AR */
-                    .sampling = c->temp ? b->s.sampling : SAMPLING_GREEDY, .seed = b->s.seed, .prompt_id = (uint64_t)r->prompt,
+                    .sampling = c->temp ? b->s.sampling : SAMPLING_GREEDY, .seed = b->s.seed,
+                    .prompt_id = (uint64_t)r->prompt,
                     .max_new = b->s.max_new};
     Backend *be = target_backend(b->en->target);
     Sink *sink = &b->sink;

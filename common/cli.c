@@ -22,7 +22,8 @@ int cli_double(const char *opt, const char *val, double min, double max, double 
     double v = strtod(val, &end);
     if (!*val || *end || errno || !isfinite(v))
         return rs_err(e, RS_EINVAL, "%s: '%s' is not a finite number", opt, val);
-    if (v < min || v > max) return rs_err(e, RS_EINVAL, "%s: %g is outside %g..%g", opt, v, min, max);
+    if (v < min || v > max)
+        return rs_err(e, RS_EINVAL, "%s: %g is outside %g..%g", opt, v, min, max);
     *out = v;
     return RS_OK;
 }

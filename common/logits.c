@@ -155,11 +155,6 @@ void row_chunk_sums(const float *row, int n, float mx, int c0, int c1, double *c
     row_chunk_wsums(row, n, mx, 1.0, -INFINITY, c0, c1, csum);
 }
 
-/* The sampling law's unnormalised weight of logit l (scale 1, no cut: exp(l - mx), the
- * plain softmax's, to the bit). */
-static inline double row_weight(float l, float mx, double scale, float cut) {
-    return l >= cut ? exp(((double)l - mx) * scale) : 0.0;
-}
 
 void row_chunk_wsums(const float *row, int n, float mx, double scale, float cut, int c0, int c1,
                      double *csum) {
@@ -199,26 +194,6 @@ static int chunk_draw(const float *row, int n, float mx, double scale, float cut
 
 /* ---- the sampling law's cut: a radix select over order-preserving keys ---- */
 
-/* The key of a logit: unsigned order = float order (-0 is +0; NaN is not a logit). */
-static inline uint32_t logit_key(float f) {
-    uint32_t u;
-    if (f == 0) f = 0.0f;
-    memcpy(&u, &f, 4);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-static inline float key_logit(uint32_t k) {
-    uint32_t u = (k & 0x80000000u) ? (k & 0x7fffffffu) : ~k;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* A weight in fixed point (units of 2^-40 of the largest): sums of these are exact, so
- * their order does not matter. */
-static inline uint64_t row_fixed_weight(float l, float mx, double scale) {
-    return (uint64_t)(exp(((double)l - mx) * scale) * ROW_FIXED_ONE);
-}
 
 /* What a radix select measures: entries at or above `floor` (a key), counted or weighed. */
 typedef struct {
@@ -239,9 +214,10 @@ static uint32_t radix_select(const CutQuery *q, double need) {
     for (int shift = 24; shift >= 0; shift -= 8) {
         uint64_t hist[256] = {0};
         for (int i = 0; i < q->n; i++) {
-            uint32_t k = logit_key(q->row[i]);
+            uint32_t k = row_logit_key(q->row[i]);
             if (k < q->floor || (k & mask) != prefix) continue;
-            hist[(k >> shift) & 255] += q->by_mass ? row_fixed_weight(q->row[i], q->mx, q->scale) : 1;
+            uint64_t w = q->by_mass ? row_fixed_weight(q->row[i], q->mx, q->scale) : 1;
+            hist[(k >> shift) & 255] += w;
         }
         int b = 255;
         for (; b > 0 && !((double)(above + hist[b]) >= need); b--) above += hist[b];
@@ -259,21 +235,21 @@ float row_cut(const float *row, int n, float mx, const Sampling *s) {
     if (top_p_on(s)) {
         uint64_t z = 0;
         for (int i = 0; i < n; i++)
-            if (logit_key(row[i]) >= q.floor) z += row_fixed_weight(row[i], mx, q.scale);
+            if (row_logit_key(row[i]) >= q.floor) z += row_fixed_weight(row[i], mx, q.scale);
         q.by_mass = 1;
         uint32_t k = radix_select(&q, s->top_p * (double)z);
         if (k > cut) cut = k;
     }
     if (s->min_p > 0) {
         double lmin = log(s->min_p);
-        uint32_t k = logit_key(mx);
+        uint32_t k = row_logit_key(mx);
         for (int i = 0; i < n; i++) {
-            uint32_t ki = logit_key(row[i]);
+            uint32_t ki = row_logit_key(row[i]);
             if (ki < k && ((double)row[i] - mx) * q.scale >= lmin) k = ki;
         }
         if (k > cut) cut = k;
     }
-    return cut == 0 ? -INFINITY : key_logit(cut);
+    return cut == 0 ? -INFINITY : row_key_logit(cut);
 }
 
 void row_stats_finish(const float *row, int n, const RowMax *m, const double *csum,

@@ -688,8 +688,8 @@ static void cpu_kv_reset(Backend *bb) {
 
 /* ---- the verifier's row queries over the kept rows ---- */
 
-static void cpu_rows_stats_op(Backend *bb, const int *rows, int n, const Sampling *s, const double *u,
-                              RowStats *out) {
+static void cpu_rows_stats_op(Backend *bb, const int *rows, int n, const Sampling *s,
+                              const double *u, RowStats *out) {
     CpuBackend *b = (CpuBackend *)bb;
     int V = bb->model->cfg.vocab_size;
     const float *rp[256];

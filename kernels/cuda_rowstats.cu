@@ -9,6 +9,7 @@
 #include "cuda_kernels.h" /* CUDA_CHECK, cuk_count_launches */
 #include <cuda_runtime.h>
 #include <math.h>
+#include <string.h>
 
 #define ROWQ_THREADS 256
 
@@ -62,8 +63,6 @@ __device__ static int chunk_end(int c, int V) {
 }
 
 /* The inverse-CDF draw over the chunk sums (common/logits.c: chunk_draw). */
-__device__ static double weight_dev(float l, float mx, double scale, float cut);
-
 __device__ static int chunk_draw_dev(const float *row, int V, float mx, double scale, float cut,
                                      const double *csum, double thr) {
     int nc = (V + ROW_CHUNK - 1) / ROW_CHUNK, last_c = 0;
@@ -75,7 +74,7 @@ __device__ static int chunk_draw_dev(const float *row, int V, float mx, double s
             continue;
         }
         for (int i = c * ROW_CHUNK; i < chunk_end(c, V); i++) {
-            acc += weight_dev(row[i], mx, scale, cut);
+            acc += row_weight(row[i], mx, scale, cut);
             if (thr < acc) return i;
         }
         last_c = c;
@@ -83,26 +82,13 @@ __device__ static int chunk_draw_dev(const float *row, int V, float mx, double s
     }
     int last = last_c * ROW_CHUNK;
     for (int i = last_c * ROW_CHUNK; i < chunk_end(last_c, V); i++)
-        if (weight_dev(row[i], mx, scale, cut) > 0) last = i;
+        if (row_weight(row[i], mx, scale, cut) > 0) last = i;
     return last;
 }
 
 /* ---- the sampling law's cut (common/logits.c: row_cut) ---- */
 
 __device__ static int greedy_dev(const Sampling &s) { return s.temperature == 0 || s.top_k == 1; }
-
-__device__ static uint32_t logit_key_dev(float f) {
-    uint32_t u = __float_as_uint(f == 0 ? 0.0f : f);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-__device__ static float key_logit_dev(uint32_t k) {
-    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
-}
-
-__device__ static unsigned long long fixed_weight_dev(float l, float mx, double scale) {
-    return (unsigned long long)(exp(((double)l - mx) * scale) * ROW_FIXED_ONE);
-}
 
 /* common/logits.c's radix_select, block-wide; the result in every thread. */
 __device__ static uint32_t block_radix_select(const float *row, int V, float mx, double scale,
@@ -117,10 +103,10 @@ __device__ static uint32_t block_radix_select(const float *row, int V, float mx,
         for (int b = t; b < 256; b += nt) hist[b] = 0;
         __syncthreads();
         for (int i = t; i < V; i += nt) {
-            uint32_t k = logit_key_dev(row[i]);
+            uint32_t k = row_logit_key(row[i]);
             if (k < floor || (k & mask) != prefix) continue;
             atomicAdd(&hist[(k >> shift) & 255],
-                      by_mass ? fixed_weight_dev(row[i], mx, scale) : 1ull);
+                      by_mass ? row_fixed_weight(row[i], mx, scale) : 1ull);
         }
         __syncthreads();
         if (t == 0) {
@@ -146,7 +132,7 @@ __device__ static unsigned long long block_fixed_mass(const float *row, int V, f
     __syncthreads();
     unsigned long long mine = 0;
     for (int i = threadIdx.x; i < V; i += blockDim.x)
-        if (logit_key_dev(row[i]) >= floor) mine += fixed_weight_dev(row[i], mx, scale);
+        if (row_logit_key(row[i]) >= floor) mine += row_fixed_weight(row[i], mx, scale);
     atomicAdd(&z, mine);
     __syncthreads();
     unsigned long long r = z;
@@ -159,12 +145,12 @@ __device__ static uint32_t block_min_p_key(const float *row, int V, float mx, do
                                            double min_p) {
     __shared__ unsigned kmin;
     double lmin = log(min_p);
-    if (threadIdx.x == 0) kmin = logit_key_dev(mx);
+    if (threadIdx.x == 0) kmin = row_logit_key(mx);
     __syncthreads();
     unsigned mine = 0xffffffffu;
     for (int i = threadIdx.x; i < V; i += blockDim.x)
         if (((double)row[i] - mx) * scale >= lmin) {
-            unsigned k = logit_key_dev(row[i]);
+            unsigned k = row_logit_key(row[i]);
             mine = k < mine ? k : mine;
         }
     atomicMin(&kmin, mine);
@@ -189,12 +175,9 @@ __device__ static float block_cut(const float *row, int V, float mx, const Sampl
         uint32_t k = block_min_p_key(row, V, mx, scale, s.min_p);
         if (k > cut) cut = k;
     }
-    return cut == 0 ? -INFINITY : key_logit_dev(cut);
+    return cut == 0 ? -INFINITY : row_key_logit(cut);
 }
 
-__device__ static double weight_dev(float l, float mx, double scale, float cut) {
-    return l >= cut ? exp(((double)l - mx) * scale) : 0.0;
-}
 
 __global__ void __launch_bounds__(ROWQ_THREADS)
 k_rows_stats(const float *logits, int V, const int *rows, Sampling smp, const double *u,
@@ -209,7 +192,7 @@ k_rows_stats(const float *logits, int V, const int *rows, Sampling smp, const do
         for (int c = threadIdx.x; c < nc; c += blockDim.x) {
             double s = 0.0;
             for (int i = c * ROW_CHUNK; i < chunk_end(c, V); i++)
-                s += weight_dev(row[i], m.max, scale, cut);
+                s += row_weight(row[i], m.max, scale, cut);
             cs[c] = s;
         }
     __syncthreads();

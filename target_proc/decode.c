@@ -16,7 +16,8 @@
 /* Target log-probabilities of (pass slot, token) pairs (slot -1: the root), asked of the
  * backend in batches: one rows_stats over the rows not yet reduced, and when sampling one
  * gather of the pairs' logits (log p under the sampling law: row_stats_logp). Greedy, the
- * target's law is the point mass on the row's argmax (log p 0 or -inf). Pairs are listed per slot, so a lookup scans a node's children. */
+ * target's law is the point mass on the row's argmax (log p 0 or -inf). Pairs are listed
+ * per slot, so a lookup scans a node's children. */
 #define PROBE_MAX (POOL_MAX + 1) /* every pool node under its parent, and X1 */
 typedef struct {
     int n;
@@ -324,6 +325,7 @@ static int round_receive(Decode *d, Round *r, RsErr *e) {
         drafter_failed(d, e);
         return 0;
     }
+    if (!sampling_greedy(&d->o->sampling)) pool_temper(d->t->pool, d->o->sampling.temperature);
     r->info.draft_ns = pool->draft_ns;
     r->info.draft_commit_ns = pool->commit_pass_ns;
     r->info.draft_host_ns = pool->draft_host_ns;
