@@ -62,6 +62,12 @@ static void usage(FILE *f) {
             "  --decoders LIST       comma list of draft, pearl, rootdraw, root, ar\n"
             "                        (default draft,pearl,rootdraw,root)\n"
             "  --temps LIST          comma list of 0 (greedy) and 1 (sampling) (default 0,1)\n"
+            "  --temp T              temperature of the T=1 combinations (> 0; default 1)\n"
+            "  --top-k N             their top-k (default 0: off)\n"
+            "  --top-p P             their top-p (default 0: off; 1 is off too)\n"
+            "  --min-p P             their min-p (default 0: off). The law and its order are\n"
+            "                        rootspec-target's; run.json records it as \"sampling\",\n"
+            "                        the logs keep the label T=1\n"
             "  --budgets LIST        comma list of tree budgets: B in 1..%d, or auto (the\n"
             "                        cost-aware budget of rootspec-target --budget auto, one\n"
             "                        planner per run, learning as it goes) (default 8,59)\n"
@@ -104,6 +110,7 @@ typedef struct {
     int launch, insecure, draft_timeout_ms, device;
     int limit, max_new, no_ar, warmup, threads, ctx;
     uint64_t seed;
+    Sampling sampling; /* the law of the T=1 combinations (T=0 ones are greedy) */
 } Settings;
 
 static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
@@ -171,6 +178,11 @@ static int settings_save(const Settings *s, const char *dir, RsErr *e) {
     cJSON_AddNumberToObject(o, "ctx", s->ctx);
     json_str(o, "backend", s->backend);
     cJSON_AddNumberToObject(o, "device", s->device);
+    cJSON *smp = cJSON_AddObjectToObject(o, "sampling");
+    cJSON_AddNumberToObject(smp, "temperature", s->sampling.temperature);
+    cJSON_AddNumberToObject(smp, "top_k", s->sampling.top_k);
+    cJSON_AddNumberToObject(smp, "top_p", s->sampling.top_p);
+    cJSON_AddNumberToObject(smp, "min_p", s->sampling.min_p);
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     char path[4096], tmp[4200];
@@ -214,6 +226,31 @@ static int jget_int(const cJSON *o, const char *path, const char *k, int min, in
         return rs_err(e, RS_EFORMAT, "%s: \"%s\" missing or not an integer in %d..%d", path, k,
                       min, max);
     *out = (int)v->valuedouble;
+    return RS_OK;
+}
+
+/* run.json's "sampling" (absent in runs from before it: plain T=1 sampling). */
+static int sampling_load(const cJSON *o, const char *path, Sampling *out, RsErr *e) {
+    const cJSON *smp = cJSON_GetObjectItemCaseSensitive(o, "sampling");
+    *out = SAMPLING_PLAIN;
+    if (!smp) return RS_OK;
+    const char *k[4] = {"temperature", "top_k", "top_p", "min_p"};
+    double v[4];
+    for (int i = 0; i < 4; i++) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(smp, k[i]);
+        if (!cJSON_IsNumber(x))
+            return rs_err(e, RS_EFORMAT, "%s: \"sampling\".\"%s\" missing or not a number", path,
+                          k[i]);
+        v[i] = x->valuedouble;
+    }
+    if (v[1] != floor(v[1]) || v[1] > INT_MAX || v[1] < 0)
+        return rs_err(e, RS_EFORMAT, "%s: \"sampling\".\"top_k\" = %g is not an integer >= 0",
+                      path, v[1]);
+    *out = (Sampling){v[0], (int)v[1], v[2], v[3]};
+    RsErr why = {0};
+    if (sampling_check(out, &why) || out->temperature == 0)
+        return rs_err(e, RS_EFORMAT, "%s: \"sampling\": %s", path,
+                      why.code ? why.msg : "temperature 0 (the T=1 runs must sample)");
     return RS_OK;
 }
 
@@ -273,6 +310,7 @@ static int settings_load(Settings *s, const char *dir, RsErr *e) {
     }
     snprintf(s->prompts_hash, sizeof s->prompts_hash, "%s", hash);
     free(hash);
+    if ((rc = sampling_load(o, path, &s->sampling, e))) goto out;
     if ((rc = cli_u64("seed", seed, &s->seed, e)))
         rc = rs_err(e, RS_EFORMAT, "%s: \"seed\" is not an unsigned integer: '%s'", path, seed);
 out:
@@ -518,6 +556,7 @@ static void cli_defaults(Cli *c) {
     c->s.max_new = 256;
     c->s.warmup = 2;
     c->s.seed = 1;
+    c->s.sampling = SAMPLING_PLAIN;
     c->s.draft_timeout_ms = 10000;
     c->backend = "cpu";
     c->decoders = "draft,pearl,rootdraw,root";
@@ -549,6 +588,10 @@ static int parse_option(int argc, char **argv, int *i, Cli *c, int *setting, RsE
     else if (!strcmp(a, "--max-new")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 20, &s->max_new, e); }
     else if (!strcmp(a, "--decoders")) { if (VAL()) c->decoders = v; }
     else if (!strcmp(a, "--temps")) { if (VAL()) c->temps = v; }
+    else if (!strcmp(a, "--temp")) { if (VAL()) rc = cli_double(a, v, 1e-6, 1e6, &s->sampling.temperature, e); }
+    else if (!strcmp(a, "--top-k")) { if (VAL()) rc = cli_int(a, v, 0, 1 << 30, &s->sampling.top_k, e); }
+    else if (!strcmp(a, "--top-p")) { if (VAL()) rc = cli_double(a, v, 0, 1, &s->sampling.top_p, e); }
+    else if (!strcmp(a, "--min-p")) { if (VAL()) rc = cli_double(a, v, 0, 1, &s->sampling.min_p, e); }
     else if (!strcmp(a, "--budgets")) { if (VAL()) c->budgets = v; }
     else if (!strcmp(a, "--no-ar")) s->no_ar = 1;
     else if (!strcmp(a, "--warmup")) { if (VAL()) rc = cli_int(a, v, 0, 1 << 20, &s->warmup, e); }
@@ -587,6 +630,8 @@ static int bench_parse(int argc, char **argv, Cli *c) {
     if (c->resume && c->first_setting)
         return fail(2, "--resume DIR takes its settings from DIR/run.json; do not combine it "
                        "with '%s'", c->first_setting);
+    if (sampling_greedy(&c->s.sampling))
+        return fail(2, "--top-k 1 makes the T=1 combinations greedy; use --temps 0 for greedy");
     return -1;
 }
 
@@ -846,7 +891,8 @@ static int decode_one(Bench *b, const BenchRun *r, const char *label, DecodeResu
     DecodeOpts o = {.rule = (Rule)rule_parse(c->decoder),
                     .budget = automatic ? TREE_MAX : c->budget > 0 ? c->budget : 1, /* 1: AR */
                     .planner = automatic ? b->en->planner : NULL,
-                    .temp = c->temp, .seed = b->s.seed, .prompt_id = (uint64_t)r->prompt,
+                    .sampling = c->temp ? b->s.sampling : SAMPLING_GREEDY, .seed = b->s.seed,
+                    .prompt_id = (uint64_t)r->prompt,
                     .max_new = b->s.max_new};
     Backend *be = target_backend(b->en->target);
     Sink *sink = &b->sink;

@@ -2,6 +2,7 @@
 #include "cli.h"
 #include "pool.h"
 #include <errno.h>
+#include <math.h>
 #include <string.h>
 
 int cli_int(const char *opt, const char *val, long min, long max, int *out, RsErr *e) {
@@ -13,6 +14,18 @@ int cli_int(const char *opt, const char *val, long min, long max, int *out, RsEr
     if (v < min || v > max)
         return rs_err(e, RS_EINVAL, "%s: %ld is outside %ld..%ld", opt, v, min, max);
     *out = (int)v;
+    return RS_OK;
+}
+
+int cli_double(const char *opt, const char *val, double min, double max, double *out, RsErr *e) {
+    char *end;
+    errno = 0;
+    double v = strtod(val, &end);
+    if (!*val || *end || errno || !isfinite(v))
+        return rs_err(e, RS_EINVAL, "%s: '%s' is not a finite number", opt, val);
+    if (v < min || v > max)
+        return rs_err(e, RS_EINVAL, "%s: %g is outside %g..%g", opt, v, min, max);
+    *out = v;
     return RS_OK;
 }
 

@@ -6,6 +6,8 @@
 #include <stdint.h>
 
 int cli_int(const char *opt, const char *val, long min, long max, int *out, RsErr *e);
+/* A finite decimal or exponent number in [min, max]. */
+int cli_double(const char *opt, const char *val, double min, double max, double *out, RsErr *e);
 int cli_u64(const char *opt, const char *val, uint64_t *out, RsErr *e);
 /* --budget: "auto" gives 0 (the cost-aware budget), else B in 1..TREE_MAX. */
 int cli_budget(const char *val, int *out, RsErr *e);

@@ -15,9 +15,10 @@
 #include <string.h>
 
 /* Target log-probabilities of (pass slot, token) pairs (slot -1: the root), asked of the
- * backend in batches: one rows_stats over the rows not yet reduced, and at T=1 one gather
- * of the pairs' logits. At T=0 the target's law is the point mass on the row's argmax
- * (log p 0 or -inf). Pairs are listed per slot, so a lookup scans a node's children. */
+ * backend in batches: one rows_stats over the rows not yet reduced, and when sampling one
+ * gather of the pairs' logits (log p under the sampling law: row_stats_logp). Greedy, the
+ * target's law is the point mass on the row's argmax (log p 0 or -inf). Pairs are listed
+ * per slot, so a lookup scans a node's children. */
 #define PROBE_MAX (POOL_MAX + 1) /* every pool node under its parent, and X1 */
 typedef struct {
     int n;
@@ -123,7 +124,7 @@ static void probe_add(Probe *pr, int slot, int tok) {
 }
 
 /* Reduces the kept rows of the slots that have unresolved pairs and no stats yet. */
-static int probe_stats(Probe *pr, const Target *t, int temp, RsErr *e) {
+static int probe_stats(Probe *pr, const Target *t, const Sampling *smp, RsErr *e) {
     int rows[DECODE_PASS_MAX + 1], idx[DECODE_PASS_MAX + 1], nr = 0;
     for (int i = 0; i < pr->n; i++) {
         int k = 1 + pr->slot[i];
@@ -134,20 +135,20 @@ static int probe_stats(Probe *pr, const Target *t, int temp, RsErr *e) {
     }
     if (nr == 0) return RS_OK;
     RowStats st[DECODE_PASS_MAX + 1];
-    int rc = backend_rows_stats(t->b, rows, nr, temp, NULL, st, e);
+    int rc = backend_rows_stats(t->b, rows, nr, smp, NULL, st, e);
     for (int j = 0; j < nr; j++) pr->st[idx[j]] = st[j];
     return rc;
 }
 
 /* Every pair still NAN gets its log-probability from the kept rows of the last pass. */
-static int probe_resolve(Probe *pr, const Target *t, int temp, RsErr *e) {
-    int rc = probe_stats(pr, t, temp, e);
+static int probe_resolve(Probe *pr, const Target *t, const Sampling *smp, RsErr *e) {
+    int rc = probe_stats(pr, t, smp, e);
     if (rc) return rc;
     int pend[PROBE_MAX], rows[PROBE_MAX], ids[PROBE_MAX], np = 0;
     for (int i = 0; i < pr->n; i++) {
         if (!isnan(pr->logp[i])) continue;
         const RowStats *st = &pr->st[1 + pr->slot[i]];
-        if (temp == 0) {
+        if (sampling_greedy(smp)) {
             pr->logp[i] = pr->tok[i] == st->argmax ? 0.0 : -INFINITY;
             continue;
         }
@@ -159,7 +160,7 @@ static int probe_resolve(Probe *pr, const Target *t, int temp, RsErr *e) {
     float val[PROBE_MAX];
     rc = backend_rows_gather(t->b, rows, ids, np, val, e);
     for (int j = 0; !rc && j < np; j++)
-        pr->logp[pend[j]] = (double)val[j] - pr->st[1 + pr->slot[pend[j]]].lse;
+        pr->logp[pend[j]] = row_stats_logp(&pr->st[1 + pr->slot[pend[j]]], val[j]);
     return rc;
 }
 
@@ -270,7 +271,7 @@ static int score_rules(Decode *d, int x1, RoundInfo *ri, RsErr *e) {
         probe_add(pr, slot, pool->token[u]);
     }
     for (int r = RULE_DRAFT; r <= RULE_ROOT; r++) probe_add_selection(pr, ps, pool, &s[r]);
-    int rc = probe_resolve(pr, t, d->o->temp, e);
+    int rc = probe_resolve(pr, t, &d->o->sampling, e);
     if (rc) return rc;
     double path[POOL_MAX]; /* p(u | c): product of target transitions along u's path */
     for (int u = 0; u < pool->n; u++) {
@@ -293,7 +294,7 @@ static int round_measure(Decode *d, Round *r, RsErr *e) {
     const Pool *pool = d->t->pool;
     if (!r->skip) probe_add_selection(pr, &d->ps, pool, &r->sel);
     int rc = d->o->score_all ? score_rules(d, r->x1, &r->info, e)
-                             : probe_resolve(pr, d->t, d->o->temp, e);
+                             : probe_resolve(pr, d->t, &d->o->sampling, e);
     if (!rc && !r->skip) r->info.tau = selection_tau(pr, &d->ps, pool, &r->sel, r->x1_node);
     return rc;
 }
@@ -343,6 +344,7 @@ static int round_receive(Decode *d, Round *r, RsErr *e) {
         drafter_failed(d, e);
         return 0;
     }
+    if (!sampling_greedy(&d->o->sampling)) pool_temper(d->t->pool, d->o->sampling.temperature);
     r->info.draft_ns = pool->draft_ns;
     r->info.draft_commit_ns = pool->commit_pass_ns;
     r->info.draft_host_ns = pool->draft_host_ns;
@@ -373,11 +375,11 @@ static int round_root(Decode *d, Round *r, RsErr *e) {
     int rc = target_root_pass(t, d->root, e);
     r->info.t_root_end = dec_now(d);
     if (rc) return rc;
-    /* X1 (AR's next token) drawn where the row lives: its argmax, or at T=1 the draw at the
-     * decode's next uniform (one per draw, as ever, so a seed gives the same stream). */
-    int row = target_row(t, -1), temp = d->o->temp;
+    /* X1 (AR's next token) drawn where the row lives: its argmax, or when sampling the draw
+     * at the decode's next uniform (one per draw, as ever, so a seed gives the same stream). */
+    int row = target_row(t, -1), temp = sampling_temp(&d->o->sampling);
     double u = temp ? rng_uniform(&d->rng) : -1.0;
-    rc = backend_rows_stats(t->b, &row, 1, temp, temp ? &u : NULL, &r->root_st, e);
+    rc = backend_rows_stats(t->b, &row, 1, &d->o->sampling, temp ? &u : NULL, &r->root_st, e);
     if (rc) return rc;
     OFF_CLOCK(d, r->info.root_margin = (double)r->root_st.max - (double)r->root_st.second);
     r->have_root = 1;
@@ -420,7 +422,7 @@ static int root_probe(Decode *d, Round *r, RsErr *e) {
     for (int k = 0; k < pool->root_n_children; k++)
         probe_add(pr, -1, pool->token[pool->root_first_child + k]);
     probe_add(pr, -1, r->x1);
-    int rc = probe_resolve(pr, d->t, d->o->temp, e);
+    int rc = probe_resolve(pr, d->t, &d->o->sampling, e);
     /* Root selection ranks by log of p0 rounded to float, as it did when p0 was a float
      * softmax of the copied row: a seed keeps selecting the same trees. */
     for (int k = 0; !rc && k < pool->root_n_children; k++) {
@@ -436,7 +438,7 @@ static int root_probe(Decode *d, Round *r, RsErr *e) {
 /* Cuts the rule's selection (made at the cap) to the planner's size: a prefix of its
  * ranked nodes, which is a tree. */
 static void plan_size(Decode *d, Round *r) {
-    PlanChoice c = planner_choose(d->o->planner, d->o->rule, d->o->temp, d->t->pool, &r->sel,
+    PlanChoice c = planner_choose(d->o->planner, d->o->rule, sampling_temp(&d->o->sampling), d->t->pool, &r->sel,
                                   r->have_root ? r->x1 : -1, d->depth);
     r->sel.t.n = c.k;
     r->info.plan_k = c.k;
@@ -455,10 +457,10 @@ static void plan_observe(Decode *d, const Round *r) {
         uint64_t own = ri->t_root_end > ri->t_grow_sent ? ri->t_root_end : ri->t_grow_sent;
         planner_observe_pool(p, d->t->pool, r->n_sent, ri->t_pool_recv - ri->t_grow_sent,
                              ri->t_pool_recv > own ? ri->t_pool_recv - own : 0);
-        planner_observe_accept(p, d->o->rule, d->o->temp, d->t->pool, &r->sel, r->sel.t.n,
+        planner_observe_accept(p, d->o->rule, sampling_temp(&d->o->sampling), d->t->pool, &r->sel, r->sel.t.n,
                                r->acc, r->n_acc);
     }
-    planner_observe_round(p, d->o->rule, d->o->temp, r->n_emit, ri->t_commit - ri->t_round_start,
+    planner_observe_round(p, d->o->rule, sampling_temp(&d->o->sampling), r->n_emit, ri->t_commit - ri->t_round_start,
                           r->asked);
 }
 
@@ -515,10 +517,11 @@ static int round_accept(Decode *d, Round *r, RsErr *e) {
         int y = forced;
         if (y < 0) { /* one reduction of the node's kept row: its argmax, or a draw at u */
             int row = target_row(t, cur < 0 ? -1 : pass_slot(&d->ps, sel, cur));
-            int temp = d->o->temp;
+            int temp = sampling_temp(&d->o->sampling);
             double u = temp ? rng_uniform(&d->rng) : -1.0;
             RowStats st;
-            int rc = backend_rows_stats(t->b, &row, 1, temp, temp ? &u : NULL, &st, e);
+            const Sampling *smp = &d->o->sampling;
+            int rc = backend_rows_stats(t->b, &row, 1, smp, temp ? &u : NULL, &st, e);
             if (rc) return rc;
             y = st.draw;
         }
@@ -553,7 +556,7 @@ static int round_verify(Decode *d, Round *r, RsErr *e) {
 static int round_speculative(Decode *d, Round *r, RsErr *e) {
     int depth = POOL_MAX_DEPTH;
     if (d->o->planner) {
-        PlanAsk a = planner_before_round(d->o->planner, d->o->rule, d->o->temp, d->n_pend);
+        PlanAsk a = planner_before_round(d->o->planner, d->o->rule, sampling_temp(&d->o->sampling), d->n_pend);
         if (!a.ask) return round_ar(d, r, e); /* the drafter catches up next time */
         depth = a.depth;
     }
@@ -718,6 +721,8 @@ static int decode_check(const Target *t, const Drafter *dc, const int *prompt,
     if (o->budget < 1 || o->budget > TREE_MAX)
         return rs_err(e, RS_EINVAL, "budget %d outside 1..%d", o->budget, TREE_MAX);
     if (o->max_new < 1) return rs_err(e, RS_EINVAL, "max_new %d: need at least 1", o->max_new);
+    int rc = sampling_check(&o->sampling, e);
+    if (rc) return rc;
     int cap = target_kv_capacity(t), reserve = decode_round_reserve(o);
     if (n_prompt + reserve > cap)
         return rs_err(e, RS_EINVAL,
@@ -737,7 +742,7 @@ static void decode_begin(Decode *d, Target *t, Drafter *dc, const int *prompt,
     d->res = res;
     rng_seed_mix(&d->rng, o->seed, o->prompt_id,
                  (uint64_t)o->rule * 1000003u + (uint64_t)(o->planner ? 997 : o->budget) * 101u +
-                     (uint64_t)o->temp);
+                     (uint64_t)sampling_temp(&o->sampling));
     d->use_drafter = o->rule != RULE_AR;
     d->reserve = decode_round_reserve(o);
     d->root = prompt[n_prompt - 1];

@@ -16,7 +16,7 @@ typedef struct {
     Planner *planner;  /* --budget auto: the cost-aware budget (planner.h) picks each round
                           whether to ask the drafter, the pool depth and the tree size;
                           NULL: every round verifies the rule's B-node tree */
-    int temp;          /* 0 greedy, 1 sampling */
+    Sampling sampling; /* the law of every target draw (common/logits.h); zeroed: greedy */
     uint64_t seed;
     uint64_t prompt_id;
     int max_new;       /* >= 1: the output's cap; a round's tokens past it are dropped (the

@@ -33,6 +33,11 @@ void roundlog_write(FILE *f, const RoundLogCtx *c, const RoundInfo *r) {
                "\"accepted\":%d,\"tree_size\":%d",
             c->prompt_id, r->round, r->emitted, r->dropped, r->accepted, r->tree_size);
     plan_fields(f, r);
+    if (c->sampling)
+        fprintf(f, ",\"sampling\":{\"temperature\":%.15g,\"top_k\":%d,\"top_p\":%.15g,"
+                   "\"min_p\":%.15g}",
+                c->sampling->temperature, c->sampling->top_k, c->sampling->top_p,
+                c->sampling->min_p);
     if (r->x1_in_pool < 0) fprintf(f, ",\"x1_in_pool\":null");
     else fprintf(f, ",\"x1_in_pool\":%s", r->x1_in_pool ? "true" : "false");
     num(f, "tau", r->tau);

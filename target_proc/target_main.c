@@ -28,7 +28,13 @@ static void usage(FILE *f) {
             "                        from measured costs and acceptance whether to ask the\n"
             "                        drafter, how deep a pool to grow and how many nodes to\n"
             "                        verify (0: a plain AR step), for the most tokens/s\n"
-            "  --temp T              0 (greedy) or 1 (sample softmax of raw logits) (default 0)\n"
+            "  --temp T              sampling temperature >= 0; 0: greedy (default 0)\n"
+            "  --top-k N             sample among the N likeliest tokens (ties kept; 0: off)\n"
+            "  --top-p P             then among the fewest likeliest tokens reaching mass P\n"
+            "                        (0 < P < 1; 0 or 1: off)\n"
+            "  --min-p P             then drop tokens below P times the likeliest's probability\n"
+            "                        (0..1; 0: off). Order: temperature, top-k, top-p, min-p;\n"
+            "                        every decoder's output follows this law exactly\n"
             "  --seed S              sampling seed (default 1)\n"
             "  --max-new N           output at most N new tokens (default 256)\n"
             "  --threads N           CPU threads (default 1)\n"
@@ -186,7 +192,10 @@ static int parse_args(int argc, char **argv, Args *A) {
                 else d->rule = (Rule)r;
             }
         } else if (!strcmp(a, "--budget")) { if (VAL()) rc = cli_budget(v, &d->budget, &e); }
-        else if (!strcmp(a, "--temp")) { if (VAL()) rc = cli_int(a, v, 0, 1, &d->temp, &e); }
+        else if (!strcmp(a, "--temp")) { if (VAL()) rc = cli_double(a, v, 0, 1e6, &d->sampling.temperature, &e); }
+        else if (!strcmp(a, "--top-k")) { if (VAL()) rc = cli_int(a, v, 0, 1 << 30, &d->sampling.top_k, &e); }
+        else if (!strcmp(a, "--top-p")) { if (VAL()) rc = cli_double(a, v, 0, 1, &d->sampling.top_p, &e); }
+        else if (!strcmp(a, "--min-p")) { if (VAL()) rc = cli_double(a, v, 0, 1, &d->sampling.min_p, &e); }
         else if (!strcmp(a, "--seed")) { if (VAL()) rc = cli_u64(a, v, &d->seed, &e); }
         else if (!strcmp(a, "--prompt-id")) { if (VAL()) rc = cli_u64(a, v, &d->prompt_id, &e); }
         else if (!strcmp(a, "--max-new")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 20, &d->max_new, &e); }
@@ -297,12 +306,13 @@ typedef struct {
 static void print_prompt_summary(const DecodeOpts *dp, int n, const DecodeResult *res,
                                  const Sink *s, const Engine *en) {
     double secs = (double)(res->t_end - res->t_start) * 1e-9;
-    char budget[16] = "auto";
+    char budget[16] = "auto", smp[SAMPLING_STR];
     if (!dp->planner) snprintf(budget, sizeof budget, "%d", dp->budget);
     fprintf(stderr,
-            "rootspec-target: decoder=%s T=%d B=%s prompt=%d tokens, emitted %d tokens in "
-            "%d rounds, %.3f s, %.2f tok/s, mean accepted %.3f%s%s%s%s%s\n",
-            rule_name(dp->rule), dp->temp, budget, n, res->n_tokens, res->rounds, secs,
+            "rootspec-target: decoder=%s sampling=%s B=%s prompt=%d tokens, emitted %d tokens "
+            "in %d rounds, %.3f s, %.2f tok/s, mean accepted %.3f%s%s%s%s%s\n",
+            rule_name(dp->rule), sampling_str(&dp->sampling, smp, sizeof smp), budget, n,
+            res->n_tokens, res->rounds, secs,
             secs > 0 ? res->n_tokens / secs : 0.0,
             res->rounds ? (double)res->accepted_total / res->rounds : 0.0,
             res->hit_eos ? ", stopped at EOS" : "",
@@ -337,7 +347,8 @@ static int decode_prompts(const Args *A, Engine *en, const PromptSet *ps, Sink *
             break;
         }
         if (ps) printf("=== prompt %s: %s\n", ps->items[pi].id, text);
-        s->lc = (RoundLogCtx){rule_name(dp.rule), dp.temp, A->d.budget, dp.prompt_id};
+        s->lc = (RoundLogCtx){rule_name(dp.rule), sampling_temp(&dp.sampling), A->d.budget,
+                              dp.prompt_id, &A->d.sampling};
         s->first_id = 1;
         rc = decode_run(en->target, en->drafter, ids, n, &dp, &h, &res, &e);
         free(ids);
@@ -382,7 +393,7 @@ static int finish(const Args *A, const PromptSet *ps, Sink *s, TimingAcc *timing
 
 int main(int argc, char **argv) {
     Args A = {.eo = {.draft_timeout_ms = 10000}, .rt = cli_runtime_defaults(),
-              .d = {.rule = RULE_AR, .budget = 59, .temp = 0, .seed = 1, .max_new = 256}};
+              .d = {.rule = RULE_AR, .budget = 59, .seed = 1, .max_new = 256}};
     int rc = parse_args(argc, argv, &A);
     if (rc < 0) rc = check_args(&A);
     if (rc >= 0) return rc;

@@ -474,7 +474,7 @@ START_TEST(test_decode_identity_with_eagle3) {
         for (int ri = -1; ri < 4; ri++)
             for (int b = 0; b < (ri < 0 ? 1 : 2); b++) {
                 Rule rule = ri < 0 ? RULE_AR : rules[ri];
-                DecodeOpts o = {.rule = rule, .budget = b ? 40 : 8, .temp = 0, .seed = 1,
+                DecodeOpts o = {.rule = rule, .budget = b ? 40 : 8, .sampling = SAMPLING_GREEDY, .seed = 1,
                                 .prompt_id = (uint64_t)pr, .max_new = 30};
                 DecodeResult res = {0};
                 res.tokens = buf;

@@ -65,12 +65,14 @@ static void pair_close(Pair *p) {
     model_destroy(&p->tm);
 }
 
-/* --budget auto in the tests below: run() gives decodes this planner (NULL: fixed B). */
+/* --budget auto in the tests below: run_law() gives decodes this planner (NULL: fixed B). */
 static Planner *g_planner;
 
-static int run(Pair *p, Rule rule, int B, int temp, uint64_t seed, uint64_t pid, const int *prompt,
-               int n, int max_new, int *out, const DecodeHooks *h, int wrong) {
-    DecodeOpts o = {.rule = rule, .budget = B, .temp = temp, .seed = seed, .prompt_id = pid,
+/* One decode under the law smp. */
+static int run_law(Pair *p, Rule rule, int B, const Sampling *smp, uint64_t seed, uint64_t pid,
+                   const int *prompt, int n, int max_new, int *out, const DecodeHooks *h,
+                   int wrong) {
+    DecodeOpts o = {.rule = rule, .budget = B, .sampling = *smp, .seed = seed, .prompt_id = pid,
                     .max_new = max_new, .test_wrong_x1 = wrong,
                     .planner = rule == RULE_AR ? NULL : g_planner};
     DecodeResult r = {0};
@@ -83,6 +85,13 @@ static int run(Pair *p, Rule rule, int B, int temp, uint64_t seed, uint64_t pid,
     int m = r.n_tokens < max_new ? r.n_tokens : max_new;
     memcpy(out, buf, sizeof(int) * (size_t)m);
     return m;
+}
+
+/* One decode at the 0/1 temperature. */
+static int run(Pair *p, Rule rule, int B, int temp, uint64_t seed, uint64_t pid, const int *prompt,
+               int n, int max_new, int *out, const DecodeHooks *h, int wrong) {
+    Sampling smp = sampling_from_temp(temp);
+    return run_law(p, rule, B, &smp, seed, pid, prompt, n, max_new, out, h, wrong);
 }
 
 START_TEST(test_greedy_identity) {
@@ -116,16 +125,18 @@ START_TEST(test_greedy_identity) {
 }
 END_TEST
 
-/* Exact law of the first three tokens after `prompt` under target sampling (T=1), by
- * enumeration with one-token passes on a fresh backend. law: (V^3). */
-static void exact_law(const Model *m, const int *prompt, int n, double *law) {
+/* Exact law of the first three tokens after `prompt` under target sampling with the law
+ * smp (the plain reference tu_sampling_probs of each full row), by enumeration with
+ * one-token passes on a fresh backend. law: (V^3). */
+static void exact_law(const Model *m, const int *prompt, int n, const Sampling *smp, double *law) {
     int V = m->cfg.vocab_size;
     RsErr e = {0};
     Backend *b;
     BackendParams bp = {.kv_capacity = 64, .max_batch = 16, .max_pending = 16, .threads = 1};
     ck_assert(backend_create(&cpu_backend_ops, m, &bp, &b, &e) == 0);
-    float *row = malloc(sizeof(float) * V), *p1 = malloc(sizeof(float) * V),
-          *p2 = malloc(sizeof(float) * V), *p3 = malloc(sizeof(float) * V);
+    float *row = malloc(sizeof(float) * V);
+    double *p1 = malloc(sizeof(double) * V), *p2 = malloc(sizeof(double) * V),
+           *p3 = malloc(sizeof(double) * V);
     int pos[16], keep[16], toks[16];
     for (int i = 0; i < n; i++) {
         pos[i] = i;
@@ -135,19 +146,18 @@ static void exact_law(const Model *m, const int *prompt, int n, double *law) {
     int last = n - 1;
     ck_assert(backend_forward(b, toks, pos, n, NULL, &last, 1, row, &e) == 0);
     ck_assert(backend_kv_commit(b, keep, n, &e) == 0);
-    row_softmax(row, V, p1);
+    tu_sampling_probs(row, V, smp, p1);
     for (int a = 0; a < V; a++) {
         int pa = n, z = 0;
         ck_assert(backend_forward(b, &a, &pa, 1, NULL, &z, 1, row, &e) == 0);
         ck_assert(backend_kv_commit(b, &z, 1, &e) == 0);
-        row_softmax(row, V, p2);
+        tu_sampling_probs(row, V, smp, p2);
         for (int c = 0; c < V; c++) {
             int pc = n + 1;
             ck_assert(backend_forward(b, &c, &pc, 1, NULL, &z, 1, row, &e) == 0);
             ck_assert(backend_kv_commit(b, NULL, 0, &e) == 0);
-            row_softmax(row, V, p3);
-            for (int d = 0; d < V; d++)
-                law[(a * V + c) * V + d] = (double)p1[a] * p2[c] * p3[d];
+            tu_sampling_probs(row, V, smp, p3);
+            for (int d = 0; d < V; d++) law[(a * V + c) * V + d] = p1[a] * p2[c] * p3[d];
         }
         /* drop the committed `a`: rebuild the prompt */
         backend_kv_reset(b);
@@ -191,35 +201,46 @@ static double chi2_pvalue(const long *count, const double *law, int cells, long 
 }
 
 #define EXACT_N 20000
-/* kind: the drafter (pair_open_kv); the suffix drafter gets a prompt that repeats, so its
- * pools are not empty. With g_planner set, B is the planner's cap. */
-static void exactness_case_kind(int kind, Rule rule, int B, int wrong, long N, double *pval) {
+/* Decodes of 3 tokens under smp with drafter `kind` (pair_open_kv; the suffix drafter gets
+ * a prompt that repeats, so its pools are not empty; with g_planner set, B is the
+ * planner's cap) vs the exact law of smp: *pval; with plain_pval, also the p-value of the
+ * same counts against plain T=1 sampling (the test can tell the laws apart). */
+static void exactness_law(int kind, Rule rule, int B, const Sampling *smp, long N, int wrong,
+                          double *pval, double *plain_pval) {
     Pair p;
     const int V = 10;
     pair_open_t(&p, kind, V, 16, 4242, 0);
     int rep[] = {1, 5, 7, 2, 1, 5, 7, 2, 1, 5, 7}, n_prompt = kind == 3 ? 11 : 3;
     const int *prompt = kind == 3 ? rep : (const int[]){1, 5, 7};
     double *law = malloc(sizeof(double) * V * V * V);
-    exact_law(p.tm, prompt, n_prompt, law);
+    exact_law(p.tm, prompt, n_prompt, smp, law);
     long *count = calloc(V * V * V, sizeof(long));
     for (long s = 0; s < N; s++) {
         int out[3];
-        int n = run(&p, rule, B, 1, 1000 + (uint64_t)s, 0, prompt, n_prompt, 3, out, NULL, wrong);
+        int n = run_law(&p, rule, B, smp, 1000 + (uint64_t)s, 0, prompt, n_prompt, 3, out, NULL,
+                        wrong);
         ck_assert_int_eq(n, 3);
         count[(out[0] * V + out[1]) * V + out[2]]++;
     }
     int df;
+    char what[SAMPLING_STR];
     *pval = chi2_pvalue(count, law, V * V * V, N, &df);
-    fprintf(stderr, "exactness %s %s B=%d%s: %ld decodes, chi-square df=%d, p=%.4g\n",
+    fprintf(stderr, "exactness %s %s B=%d %s%s: %ld decodes, chi-square df=%d, p=%.4g\n",
             kind == 3 ? "suffix" : "model", rule_name(rule), B,
+            sampling_str(smp, what, sizeof what),
             wrong ? " (WRONG verifier)" : g_planner ? " auto" : "", N, df, *pval);
+    if (plain_pval) {
+        exact_law(p.tm, prompt, n_prompt, &SAMPLING_PLAIN, law);
+        *plain_pval = chi2_pvalue(count, law, V * V * V, N, &df);
+        fprintf(stderr, "  the same counts against plain T=1 sampling: p=%.4g\n", *plain_pval);
+    }
     free(count);
     free(law);
     pair_close(&p);
 }
 
 static void exactness_case(Rule rule, int B, int wrong, double *pval) {
-    exactness_case_kind(1, rule, B, wrong, EXACT_N, pval);
+    exactness_law(1, rule, B, &SAMPLING_PLAIN, EXACT_N, wrong, pval, NULL);
 }
 
 static const Rule ALL_RULES[] = {RULE_AR, RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
@@ -229,6 +250,26 @@ START_TEST(test_t1_exactness) {
     exactness_case(ALL_RULES[_i], _i % 2 ? 8 : 4, 0, &pv);
     ck_assert_msg(pv > 1e-3, "%s: T=1 law differs from the target's (p=%g)",
                   rule_name(ALL_RULES[_i]), pv);
+}
+END_TEST
+
+/* Filtered laws, scaled to the 10-token vocabulary: T=0.7 with top-k 6 and top-p 0.9, and
+ * T=1.3 with min-p 0.1; each decoder's first three tokens follow the transformed law, and
+ * the counts tell it from plain sampling's. */
+#define SAMPLED_N 4000
+static const Sampling SAMPLED_LAWS[2] = {{0.7, 6, 0.9, 0}, {1.3, 0, 0, 0.1}};
+
+START_TEST(test_sampling_exactness) {
+    const Sampling *smp = &SAMPLED_LAWS[_i / 5];
+    Rule rule = ALL_RULES[_i % 5];
+    double pv, plain;
+    exactness_law(1, rule, _i % 2 ? 8 : 4, smp, SAMPLED_N, 0, &pv, &plain);
+    char what[SAMPLING_STR];
+    sampling_str(smp, what, sizeof what);
+    ck_assert_msg(pv > 1e-3, "%s %s: law differs from the target's transformed one (p=%g)",
+                  rule_name(rule), what, pv);
+    ck_assert_msg(plain < 1e-3, "%s %s: counts fit plain T=1 sampling too (p=%g): the law's "
+                  "filters do not bite here", rule_name(rule), what, plain);
 }
 END_TEST
 
@@ -618,7 +659,7 @@ static int decode_logged(Pair *p, Target *t, Rule rule, int B, int temp, uint64_
     lg->max_new = max_new;
     lg->rule = rule;
     lg->B = B;
-    DecodeOpts o = {.rule = rule, .budget = B, .temp = temp, .seed = seed, .prompt_id = 3,
+    DecodeOpts o = {.rule = rule, .budget = B, .sampling = sampling_from_temp(temp), .seed = seed, .prompt_id = 3,
                     .max_new = max_new};
     DecodeHooks h = {.on_round = round_check, .user = lg};
     memset(r, 0, sizeof *r);
@@ -845,7 +886,7 @@ START_TEST(test_realised_vs_tau_root) {
         int prompt[4] = {1, 2, 3, 4};
         DecodeHooks h = {.on_round = on_round_acc, .user = &st};
         for (int s = 0; s < 300; s++) {
-            DecodeOpts o = {.rule = RULE_ROOT, .budget = B, .temp = 1, .seed = 900 + s,
+            DecodeOpts o = {.rule = RULE_ROOT, .budget = B, .sampling = SAMPLING_PLAIN, .seed = 900 + s,
                             .prompt_id = s, .max_new = 24};
             DecodeResult r = {0};
             int bb[128];
@@ -961,7 +1002,7 @@ START_TEST(test_score_all_oracle) {
                     OracleLog g = {.tap = &tap, .ar = temp == 0 ? ar : NULL, .n_ar = n_ar,
                                    .B = B, .rule = rule};
                     DecodeHooks h = {.on_round = oracle_round, .user = &g};
-                    DecodeOpts o = {.rule = rule, .budget = B, .temp = temp, .seed = 50 + s,
+                    DecodeOpts o = {.rule = rule, .budget = B, .sampling = sampling_from_temp(temp), .seed = 50 + s,
                                     .prompt_id = s, .max_new = 96, .score_all = 1};
                     DecodeResult r = {0};
                     int buf[256];
@@ -1042,7 +1083,7 @@ START_TEST(test_measurement_off_clock) {
     for (int k = 0; k < 3; k++) {
         MeasureLog m = {0};
         DecodeHooks h = {.on_round = measure_round, .user = &m};
-        DecodeOpts o = {.rule = rules[k], .budget = 59, .temp = 1, .seed = 3, .max_new = 48};
+        DecodeOpts o = {.rule = rules[k], .budget = 59, .sampling = SAMPLING_PLAIN, .seed = 3, .max_new = 48};
         DecodeResult r = {0};
         int buf[256];
         r.tokens = buf;
@@ -1221,7 +1262,7 @@ START_TEST(test_t1_exactness_cheap) {
     Planner *pl = mode ? planner_create() : NULL;
     if (mode == 1) planner_fix_costs(pl, 1e6, 1e5, 0);
     g_planner = pl;
-    exactness_case_kind(mode == 2 ? 1 : 3, rule, mode ? TREE_MAX : 4, 0, 6000, &pv);
+    exactness_law(mode == 2 ? 1 : 3, rule, mode ? TREE_MAX : 4, &SAMPLING_PLAIN, 6000, 0, &pv, NULL);
     g_planner = NULL;
     planner_destroy(&pl);
     ck_assert_msg(pv > 1e-3, "%s mode %d: T=1 law differs from the target's (p=%g)",
@@ -1234,7 +1275,7 @@ START_TEST(test_t1_wrong_verifier_fails_cheap) {
     Planner *pl = planner_create();
     planner_fix_costs(pl, 1e6, 1e5, 0);
     g_planner = pl;
-    exactness_case_kind(3, RULE_ROOTDRAW, TREE_MAX, 1, 10000, &pv);
+    exactness_law(3, RULE_ROOTDRAW, TREE_MAX, &SAMPLING_PLAIN, 10000, 1, &pv, NULL);
     g_planner = NULL;
     planner_destroy(&pl);
     ck_assert_msg(pv < 1e-3, "a verifier drawing X1 from the suffix pool passed (p=%g)", pv);
@@ -1271,6 +1312,7 @@ Suite *suite_spec(void) {
     TCase *tx = tcase_create("exactness");
     tcase_set_timeout(tx, 900);
     tcase_add_loop_test(tx, test_t1_exactness, 0, 5);
+    tcase_add_loop_test(tx, test_sampling_exactness, 0, 10);
     tcase_add_test(tx, test_t1_wrong_verifier_fails);
     suite_add_tcase(s, tx);
     TCase *tcheap = tcase_create("cheap"); /* suffix drafter, --budget auto */
