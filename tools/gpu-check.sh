@@ -58,6 +58,7 @@ fi
 DEADLINE=${GPU_CHECK_DEADLINE:-330}
 SCALE=${GPU_CHECK_SCALE:-1}
 declare -A ST # stage -> ok | FAIL (...) | skipped (...) | timeout
+PIPE_DIR=/nonexistent # the pipeline's round logs, once it has run
 STAGES="device qkv suites memcheck bench pipeline batch_invariant racecheck synccheck"
 # limit CAP: CAP * SCALE seconds, or what is left before the deadline if less; fails
 # (skip the stage) with under 15 s left.
@@ -136,14 +137,15 @@ bench_field() {
 # The suite's own summary line: the first "Checks:" after its name, before the next suite's.
 suite_result() {
     awk -v s="$1" '/Running suite\(s\): / { if (f) exit; if ($0 ~ s) f = 1; next }
-                   f && /Checks:/ { print; exit }' "$OUTDIR/cuda-tests.log"
+                   f && /Checks:/ { print; exit }' "$OUTDIR/cuda-tests.log" 2>/dev/null
 }
 recap_qkv() {
     local n f c path="" fast="" sep=""
     for n in 1 9 65; do
-        path="$path$sep n$n:$(bench_field "$OUTDIR/cuda-bench.log" $n qkv)"; sep=","
+        f=$(bench_field "$OUTDIR/cuda-bench.log" $n qkv)
+        path="$path${sep}n$n:${f:-n/a}"; sep=","
     done
-    kv qkv_path "$(echo "$path" | tr -d ' ')"
+    kv qkv_path "$path"
     sep=""
     for n in 1 65; do
         f=$(bench_field "$OUTDIR/qkv-fused.log" $n graph_nout1_ms)
@@ -192,13 +194,20 @@ recap() {
     kv launches_per_layer_graph_bi "${L:-n/a}"
     recap_qkv
     for n in 1 9 65; do
-        kv "pass_ms_n$n" "$(bench_field "$OUTDIR/cuda-bench.log" $n graph_nout1_ms)"
-        kv "share_n$n" "$(bench_field "$OUTDIR/cuda-bench.log" $n share)"
-        kv "pass_ms_bi_n$n" "$(bench_field "$OUTDIR/cuda-bench-bi.log" $n graph_nout1_ms)"
+        L=$(bench_field "$OUTDIR/cuda-bench.log" $n graph_nout1_ms)
+        kv "pass_ms_n$n" "${L:-n/a}"
+        L=$(bench_field "$OUTDIR/cuda-bench.log" $n share)
+        kv "share_n$n" "${L:-n/a}"
+        L=$(bench_field "$OUTDIR/cuda-bench-bi.log" $n graph_nout1_ms)
+        kv "pass_ms_bi_n$n" "${L:-n/a}"
     done
     s=$(suite_result cuda_batchinv)
-    case "$s" in "100%: Checks"*) kv batch_invariant ok ;; "") kv batch_invariant "not run" ;;
-                 *) kv batch_invariant FAIL ;; esac
+    if grep -q "^SKIP: no CUDA device" "$OUTDIR/cuda-tests.log" 2>/dev/null; then
+        kv batch_invariant "not run (no device)"
+    else
+        case "$s" in "100%: Checks"*) kv batch_invariant ok ;; "") kv batch_invariant "not run" ;;
+                     *) kv batch_invariant FAIL ;; esac
+    fi
     for s in memcheck racecheck synccheck; do kv "sanitizer_$s" "${ST[$s]:-not run}"; done
     recap_pipeline
     kv result "$([ "$bad" = 0 ] && echo ok || echo FAIL)"
@@ -263,7 +272,17 @@ else
         exit 2
     fi
 fi
-ST[device]=ok
+
+# ---- device: the runtime's view of the GPU (a bench run that times no model) ----
+"$BIN/rootspec-cuda-bench" --only none --copy-mib 256 --iters 1 >"$OUTDIR/device.log" 2>&1
+rc=$?
+grep -hE "^device|copy bandwidth|^SKIP" "$OUTDIR/device.log"
+if grep -q "^SKIP: no CUDA device" "$OUTDIR/device.log"; then
+    ST[device]="FAIL (no usable device: $(grep -m1 -o '(.*)' "$OUTDIR/device.log" | cut -c1-100))"
+    [ "$EMU" = 1 ] || [ -n "${GPU_CHECK_BIN:-}" ] || { recap; exit 1; }
+else
+    ST[device]=$(status $rc)
+fi
 
 # A "no CUDA device" skip on the GPU machine (e.g. a driver older than the runtime linked
 # in) means nothing was checked.
@@ -317,7 +336,7 @@ elif [ -n "$failed" ]; then ST[suites]="FAIL (${failed# })"
 elif [ -n "$skipped" ]; then ST[suites]="ok; skipped (time):$skipped"
 else ST[suites]=ok
 fi
-grep -hE "^SKIP|Running suite|Checks:|TIMEOUT|skipped|^[^ ]*:[0-9]+:[EF]:" "$OUTDIR/cuda-tests.log" | head -40
+grep -hE "Running suite|Checks:|TIMEOUT|skipped|^[^ ]*:[0-9]+:[EF]:" "$OUTDIR/cuda-tests.log" | head -40
 
 # ---- compute-sanitizer over the kernel suite ----
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -369,7 +388,7 @@ if lim=$(limit 100); then
 else
     ST[pipeline]="skipped (time)"
 fi
-grep -hE "IDENTITY|^  (decoder|ar|draft|pearl|rootdraw) " "$OUTDIR"/pipeline*.log 2>/dev/null
+grep -hE "IDENTITY|: exit [1-9]|  ERR |^  (decoder|ar|draft|pearl|rootdraw) " "$OUTDIR"/pipeline*.log 2>/dev/null | head -40
 tar -czf "$OUTDIR/pipeline-logs.tar.gz" -C "$PIPE_DIR" . 2>/dev/null || true
 
 # ---- batch-invariant mode (its suite ran with the others) ----
