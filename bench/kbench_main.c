@@ -17,7 +17,7 @@
 #include "common/model.h"
 #include "common/quant.h"
 #include "common/rng.h"
-#include "kernels/cpu_qmatmul.h"
+#include "kernels/cpu/cpu_qmatmul.h"
 #include <stdio.h>
 #include <string.h>
 #include <x86intrin.h>

@@ -5,7 +5,7 @@
 #include "eagle3_forward.h"
 #include "common/randmodel.h"
 #include "kernels/backend.h"
-#include "kernels/cpu_rows.h"
+#include "kernels/cpu/cpu_rows.h"
 #include "kernels/eagle3_rows.h"
 #include "pool_grow.h"
 #include <string.h>

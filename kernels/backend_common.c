@@ -3,7 +3,7 @@
  * and CUDA), model loading per backend and the backend-by-name lookup. */
 #include "backend_impl.h"
 #include "common/quant.h"
-#include "cpu_rows.h"
+#include "kernels/cpu/cpu_rows.h"
 #include "common/randmodel.h"
 #include <math.h>
 #include <string.h>

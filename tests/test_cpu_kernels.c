@@ -9,9 +9,9 @@
 #include "common/quant.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
-#include "kernels/cpu_ops.h"
-#include "kernels/cpu_qmatmul.h"
-#include "kernels/threadpool.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_qmatmul.h"
+#include "kernels/cpu/threadpool.h"
 #include "qmm_avx512_emu.h"
 #include <math.h>
 #include <stdatomic.h>

@@ -6,8 +6,8 @@
 #include "testutil.h"
 #include "common/quant.h"
 #include "common/util.h"
-#include "kernels/cpu_kquant.h"
-#include "kernels/cpu_qmatmul.h"
+#include "kernels/cpu/cpu_kquant.h"
+#include "kernels/cpu/cpu_qmatmul.h"
 #include <math.h>
 #include <string.h>
 

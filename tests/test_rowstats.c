@@ -9,8 +9,8 @@
 #include "common/logits.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
-#include "kernels/cpu_rowstats.h"
-#include "kernels/threadpool.h"
+#include "kernels/cpu/cpu_rowstats.h"
+#include "kernels/cpu/threadpool.h"
 /* The instrumented backend (full_rows_ops) fills an ops table, so it includes the
  * implementation header as any backend does. */
 #include "kernels/backend_impl.h"

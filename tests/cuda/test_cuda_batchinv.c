@@ -14,7 +14,7 @@
 #include "common/randmodel.h"
 #include "cuda_testutil.h"
 #include "kernels/backend.h"
-#include "kernels/cuda_backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "tests/testutil.h"
 
 static Backend *make(const Model *m, int cap, int batch, int pend, int bi) {

@@ -7,8 +7,8 @@
 #include <string.h>
 #include "common/logits.h"
 #include "cuda_testutil.h"
-#include "kernels/cpu_ops.h"
-#include "kernels/cuda_kernels.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "tests/testutil.h"
 
 static void *dnew(size_t bytes) {

@@ -13,8 +13,8 @@
 #include "cuda_testutil.h"
 #include "draft_proc/model_drafter.h"
 #include "target_proc/decode.h"
-#include "kernels/cuda_kernels.h"
-#include "kernels/cuda_rowstats.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_rowstats.h"
 #include "tests/testutil.h"
 
 /* The emulator runs the kernels with the host's exp and log: bitwise equal. */

@@ -5,7 +5,7 @@
  * No function allocates; none keeps state. */
 #ifndef ROOTSPEC_CPU_OPS_H
 #define ROOTSPEC_CPU_OPS_H
-#include "../common/model.h"
+#include "common/model.h"
 #include <stddef.h>
 #include <stdint.h>
 

@@ -25,7 +25,7 @@
 #include "cuda_rows.h"
 #include "cuda_rowstats.h"
 extern "C" {
-#include "backend_impl.h"
+#include "kernels/backend_impl.h"
 }
 
 static const int kBuckets[] = {1, 2, 4, 8, 16, 32, 48, 65};

@@ -19,7 +19,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "../common/model.h"
+#include "common/model.h"
 
 typedef uint16_t rs_bf16; /* raw bfloat16 bits */
 

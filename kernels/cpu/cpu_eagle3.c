@@ -14,7 +14,7 @@
  * A published head's 16-bit weights stay 16-bit (a Llama-3.1-8B head streams 0.85 GB a
  * pass instead of 1.7), and each output row's value does not depend on the thread count.
  * Buffers are allocated once. */
-#include "eagle3_rows.h"
+#include "kernels/eagle3_rows.h"
 #include "cpu_ops.h"
 #include "cpu_qmatmul.h"
 #include "threadpool.h"

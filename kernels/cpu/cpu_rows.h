@@ -8,7 +8,7 @@
  * or scalar forces it). */
 #ifndef ROOTSPEC_CPU_ROWS_H
 #define ROOTSPEC_CPU_ROWS_H
-#include "backend.h"
+#include "kernels/backend.h"
 #include "threadpool.h"
 
 #define ROWS_TOPK_MAX BACKEND_TOPK_MAX

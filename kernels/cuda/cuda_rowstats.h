@@ -10,7 +10,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "../common/logits.h"
+#include "common/logits.h"
 
 /* out[i] = row_stats of logits row rows[i] (logits: (*, V) f32) at temp; u: NULL or (n)
  * uniforms (u[i] < 0: no draw). csum: (n, row_chunks(V)) device scratch. One 256-thread

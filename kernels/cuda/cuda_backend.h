@@ -11,7 +11,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "backend.h"
+#include "kernels/backend.h"
 
 /* Turns CUDA graphs on (1) or off (0) for later forward() calls; the default comes from
  * ROOTSPEC_CUDA_GRAPHS (unset or not "0": on). */

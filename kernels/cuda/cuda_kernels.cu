@@ -4,7 +4,7 @@
  * the bf16 weights, the bf16 KV cache and summation order. */
 #include "cuda_kernels.h"
 extern "C" {
-#include "cpu_ops.h" /* rope_inv_freq */
+#include "kernels/cpu/cpu_ops.h" /* rope_inv_freq */
 }
 #include "common/randmodel.h" /* rs_rand_value: the random-model weights, shared with the CPU */
 #include <cuda_bf16.h>

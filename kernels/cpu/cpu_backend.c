@@ -14,7 +14,7 @@
  * each output element in an order fixed by the weight row alone (cpu_qmatmul.h), norms
  * and RoPE are per row, and attention walks the entries a row sees in cache order.
  * The per-step operations are kernels/cpu_ops.c (shared with the CUDA kernel tests). */
-#include "backend_impl.h"
+#include "kernels/backend_impl.h"
 #include "cpu_ops.h"
 #include "cpu_qmatmul.h"
 #include "cpu_rows.h"

@@ -16,11 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 extern "C" {
-#include "backend.h" /* BACKEND_TOPK_MAX */
+#include "kernels/backend.h" /* BACKEND_TOPK_MAX */
 }
 #include "cuda_kernels.h"
 #include "cuda_rows.h"
-#include "eagle3_rows.h"
+#include "kernels/eagle3_rows.h"
 
 struct Eagle3Rows {
     const Eagle3Head *h;
