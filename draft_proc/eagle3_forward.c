@@ -196,7 +196,7 @@ int eagle3_expand(Eagle3Runner *r, const int *tokens, const float *state_in, con
     return RS_OK;
 }
 
-/* n rows at once through the CPU's fused top-k + log-sum-exp (kernels/cpu_rows.h): one
+/* n rows at once through the CPU's fused top-k + log-sum-exp (kernels/cpu/cpu_rows.h): one
  * read of each row, no double-precision exp per column. */
 static void topk_rows(const Eagle3Head *h, const float *logits, int n, int k, int *target_ids,
                       float *logq) {

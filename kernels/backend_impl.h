@@ -1,6 +1,6 @@
 /* The backend implementation interface (ggml's ggml-backend-impl.h): the ops table a backend
  * fills with designated initialisers and the common state at the head of its own struct.
- * Only backends include this (kernels/cpu_backend.c, kernels/cuda_backend.cu,
+ * Only backends include this (kernels/cpu/cpu_backend.c, kernels/cuda/cuda_backend.cu,
  * kernels/backend_common.c and test_spec's instrumented backend); callers use
  * kernels/backend.h. */
 #ifndef ROOTSPEC_BACKEND_IMPL_H
@@ -37,7 +37,7 @@ struct BackendOps {
     int (*rows_copy)(Backend *b, const int *rows, int n, float *logits, RsErr *e);
     /* Optional: as backend_rows_topk over the n_kept rows, k already checked. NULL: the
      * rows are copied to the host (counted in d2h_full_rows) and reduced there by
-     * kernels/cpu_rows.c, single-threaded. */
+     * kernels/cpu/cpu_rows.c, single-threaded. */
     int (*rows_topk)(Backend *b, int k, int *ids, float *logq, float *lse, RsErr *e);
     /* Optional: fills the backend's own counters (the CUDA ones); backend_stats has
      * already set the common ones and zeroed the rest. */

@@ -1,7 +1,7 @@
 /* The arithmetic of an EAGLE-3 head's one decoder layer over a batch of rows, per backend:
  * the CPU with the weights in their stored type through the CPU backend's kernel family
- * and thread pool (kernels/cpu_eagle3.c, the reference; ROOTSPEC_CPU_KERNELS=ref makes it
- * all f32) and CUDA with bf16 weights, GEMM inputs and KV cache (kernels/cuda_eagle3.cu).
+ * and thread pool (kernels/cpu/cpu_eagle3.c, the reference; ROOTSPEC_CPU_KERNELS=ref makes it
+ * all f32) and CUDA with bf16 weights, GEMM inputs and KV cache (kernels/cuda/cuda_eagle3.cu).
  * An implementation holds the head's weights where it computes and the head's KV cache;
  * the runner (draft_proc/eagle3_forward.h) keeps the cache bookkeeping (which slots are
  * committed or pending), the token embeddings and the pool growth, so both backends grow
@@ -56,7 +56,7 @@ typedef struct {
 } Eagle3RowsOps;
 
 extern const Eagle3RowsOps cpu_eagle3_rows;
-/* NULL when built without CUDA (kernels/cuda_stub.c). */
+/* NULL when built without CUDA (kernels/cuda/cuda_stub.c). */
 const Eagle3RowsOps *cuda_eagle3_rows_get(void);
 
 #ifdef __cplusplus

@@ -1,4 +1,4 @@
-/* The AMX kernel family's code (kernels/cpu_qmm_x86.inc with QK_AMX, cpu_qmm_amx.inc) built
+/* The AMX kernel family's code (kernels/cpu/x86/cpu_qmm_x86.inc with QK_AMX, cpu_qmm_amx.inc) built
  * for AVX2 machines with its AMX tile instructions and its one VNNI instruction emulated in
  * C: no AMX machine was at hand, so the tests run this build of the family's own source
  * through every cpu_kernels check and compare it bitwise with the AVX2 family. What it

@@ -1,4 +1,4 @@
-/* The AVX-512 kernel family's code (kernels/cpu_qmm_x86.inc with QK_VNNI) built for AVX2
+/* The AVX-512 kernel family's code (kernels/cpu/x86/cpu_qmm_x86.inc with QK_VNNI) built for AVX2
  * machines with VNNI's one instruction, vpdpbusd, emulated in C: no AVX-512 machine was at
  * hand, so the tests check this build of the family's own source (its dpbusd block sums
  * in the Q8_0 and block-pair tiles) against double sums and bitwise against the AVX2

@@ -1,4 +1,4 @@
-/* CPU kernel families (kernels/cpu_qmatmul.h) and the thread pool: every family that runs on
+/* CPU kernel families (kernels/cpu/cpu_qmatmul.h) and the thread pool: every family that runs on
  * this CPU against a double-precision product of the dequantized operands, for every weight
  * type; a row's result bitwise independent of the batch it is in and of the thread count;
  * permuted (GGUF q/k) rows landing where they belong; attention bitwise equal to plain

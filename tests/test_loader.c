@@ -793,7 +793,7 @@ START_TEST(test_load_missing_path) {
 END_TEST
 
 
-/* ---- issue 15: FIFOs, header bounds, offset messages ---- */
+/* ---- hostile files: FIFOs, header bounds, offset messages ---- */
 
 /* A FIFO where a file is expected used to block open() forever (no writer): the model file,
  * config.json, tokenizer.json, a safetensors shard and any rs_read_file. Each is refused

@@ -1,4 +1,4 @@
-/* The verifier's row reductions (common/logits.h, kernels/cpu_rowstats.h, backend_rows_stats
+/* The verifier's row reductions (common/logits.h, kernels/cpu/cpu_rowstats.h, backend_rows_stats
  * and backend_rows_gather) against the full-row computations of common/logits.c: argmax,
  * runner-up and draws exact (same index for the same uniform), log-sum-exp within 1e-12
  * relative of the sequential double sum; the threaded CPU pass bitwise equal to the

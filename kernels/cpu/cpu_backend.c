@@ -1,7 +1,7 @@
 /* CPU backend: the whole transformer forward in f32 activations against weights kept in
  * their stored type (QTensor), llama2.c style. Every buffer lives in a RunState allocated
  * once in create(); forward() never allocates. Matrix products go through the kernel
- * family picked at create() (kernels/cpu_qmatmul.h: AVX-512, AVX2, scalar, or the f32
+ * family picked at create() (kernels/cpu/cpu_qmatmul.h: AVX-512, AVX2, scalar, or the f32
  * "ref" path the golden tests hold to transformers' tolerances), split across output rows
  * in chunks the backend's own threads claim; attention (the family's, or the reference
  * loops) is split over (token, head) pairs. A layer is five parallel regions (q|k|v,
@@ -13,7 +13,7 @@
  * prefill chunk, in a masked tree pass) at a given kernel family: every product reduces
  * each output element in an order fixed by the weight row alone (cpu_qmatmul.h), norms
  * and RoPE are per row, and attention walks the entries a row sees in cache order.
- * The per-step operations are kernels/cpu_ops.c (shared with the CUDA kernel tests). */
+ * The per-step operations are kernels/cpu/cpu_ops.c (shared with the CUDA kernel tests). */
 #include "kernels/backend_impl.h"
 #include "cpu_ops.h"
 #include "cpu_qmatmul.h"

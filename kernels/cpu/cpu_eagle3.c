@@ -3,7 +3,7 @@
  * family (ROOTSPEC_CPU_KERNELS as there; "ref" is f32 throughout) split by output rows over
  * a thread pool of its own, attention with the family's kernel over (row, head) items on
  * the same pool, the rest with the backend's reference operations
- * (kernels/cpu_ops.h) so the head's arithmetic is the target's; written after SGLang
+ * (kernels/cpu/cpu_ops.h) so the head's arithmetic is the target's; written after SGLang
  * llama_eagle3.py LlamaDecoderLayer.forward and EAGLE cnets.py
  * LlamaDecoderLayeremb.forward:
  *   h   = fc(features)  or the parent's output state

@@ -1,6 +1,6 @@
-/* CPU-only builds link this instead of kernels/cuda_backend.cu: there is no CUDA backend,
+/* CPU-only builds link this instead of kernels/cuda/cuda_backend.cu: there is no CUDA backend,
  * so callers that ask for one get NULL and can report "built without CUDA". The CUDA
- * build (kernels/cuda.mk) leaves this object out and links the real one. */
+ * build (kernels/cuda/cuda.mk) leaves this object out and links the real one. */
 #include "kernels/backend.h"
 #include "kernels/eagle3_rows.h"
 

@@ -1,4 +1,4 @@
-/* Launch counts and the batch-invariant mode of the CUDA backend (issue #13):
+/* Launch counts and the batch-invariant mode of the CUDA backend:
  * - kernel launches per layer and per pass, from the backend's counters (exactly 7 a layer
  *   in the default mode, 5 batch-invariant), no output head without wanted logits;
  * - batch-invariant mode against the CPU reference (cu_compare_logits tolerance) and bitwise:
@@ -35,8 +35,7 @@ static Model *load(const BackendOps *ops, const char *spec) {
 
 /* Launch budget: per layer 7 with cuBLAS, 5 batch-invariant, whatever the split-KV count
  * (n = 1 splits the cache, 65 rows do not); per pass: rope table + embedding + layers +
- * head (2, or 1 batch-invariant, 0 without logits). Before issue #13 a layer took 12
- * launches (+3 with bias and q/k norm), then 9-10 (6-7 batch-invariant). */
+ * head (2, or 1 batch-invariant, 0 without logits). */
 START_TEST(test_cuda_launches_per_layer) {
     CU_REQUIRE_DEVICE();
     Model *m = load(cuda_backend_ops_get(), "random:tiny,seed=4,arch=qwen3");

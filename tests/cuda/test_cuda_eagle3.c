@@ -1,5 +1,5 @@
-/* The EAGLE-3 head on the CUDA backend (kernels/cuda_eagle3.cu) against the CPU head
- * (kernels/cpu_eagle3.c, itself checked against the torch reference by tests/test_eagle3.c):
+/* The EAGLE-3 head on the CUDA backend (kernels/cuda/cuda_eagle3.cu) against the CPU head
+ * (kernels/cpu/cpu_eagle3.c, itself checked against the torch reference by tests/test_eagle3.c):
  * random:eagle3-tiny drafting for random:tiny (its embeddings), the same script on both:
  * a chunked commit of target features, three tree-expansion steps with ancestor masks and
  * the parents' own states, then two rounds of commit + full pool growth (710 candidates).

@@ -1,5 +1,5 @@
-/* Per-kernel tests of kernels/cuda_kernels.cu on random inputs, each against the CPU
- * backend's own operation (kernels/cpu_ops.h) as its reference (llm.c style), so a kernel
+/* Per-kernel tests of kernels/cuda/cuda_kernels.cu on random inputs, each against the CPU
+ * backend's own operation (kernels/cpu/cpu_ops.h) as its reference (llm.c style), so a kernel
  * is held to exactly what the CPU reference computes. Tolerances are stated per test as
  * |got - ref| <= atol + rtol*|ref|; tu_compare prints the first mismatches. */
 #include <cuda_runtime_api.h>
