@@ -18,6 +18,7 @@
 #include "common/quant.h"
 #include "common/rng.h"
 #include "kernels/cpu/cpu_qmatmul.h"
+#include "kernels/cpu/x86/x4_pack.h"
 #include <stdio.h>
 #include <string.h>
 #include <x86intrin.h>

@@ -26,7 +26,8 @@ struct BackendOps {
      * them there when it is not NULL; backend_forward keeps n_kept and the counters. */
     int (*forward)(Backend *b, const int *tokens, const int *pos, int n, const uint8_t *mask,
                    const int *out_rows, int n_out, float *logits, RsErr *e);
-    /* As backend_kv_commit; moves n_committed and clears n_pending. */
+    /* As backend_kv_commit; must call backend_check_commit first; moves n_committed and
+     * clears n_pending. */
     int (*kv_commit)(Backend *b, const int *keep, int n_keep, RsErr *e);
     void (*kv_reset)(Backend *b);
     /* Optional (NULL: malloc/free); see backend_host_alloc. */
@@ -53,6 +54,9 @@ struct BackendOps {
     void (*rows_stats)(Backend *b, const int *rows, int n, int temp, const double *u,
                        RowStats *out);
     void (*rows_gather)(Backend *b, const int *rows, const int *ids, int n, float *out);
+    /* Optional: an EAGLE-3 head's layer on this backend (kernels/eagle3_layer.h); NULL:
+     * heads do not run here. */
+    const Eagle3LayerOps *eagle3_layer;
 };
 
 /* Common state every backend keeps at the head of its own struct (a Backend * is cast to
@@ -74,5 +78,12 @@ struct Backend {
  * a failed call changes nothing (same messages on every backend). */
 int backend_check_forward(const Backend *b, const int *tokens, const int *pos, int n,
                           const uint8_t *mask, const int *out_rows, int n_out, RsErr *e);
+
+/* Checks a kv_commit's keep list (0 <= n_keep <= n_pending, each index a pending entry,
+ * none twice; seen: the backend's (max_pending) scratch) and sets *identity when keep is
+ * 0, 1, ..., n_keep - 1 (the entries are in place already). Every kv_commit op calls it
+ * first, so a refused commit changes nothing and reads the same on every backend. */
+int backend_check_commit(const Backend *b, const int *keep, int n_keep, uint8_t *seen,
+                         int *identity, RsErr *e);
 
 #endif

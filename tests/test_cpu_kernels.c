@@ -13,6 +13,7 @@
 #include "kernels/cpu/cpu_qmatmul.h"
 #include "kernels/cpu/threadpool.h"
 #include "qmm_avx512_emu.h"
+#include "kernels/cpu/cpu_backend.h"
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>

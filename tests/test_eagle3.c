@@ -197,7 +197,7 @@ static void parity(const char *head_dir, int want_own_embed, uint32_t want_type,
     Eagle3Embed em = {.table = h->embed.data ? h->embed : qtensor_f32(temb, t->cfg.vocab_size,
                                                                        t->cfg.dim)};
     BackendParams bp = {.kv_capacity = 64, .max_batch = 4, .threads = threads};
-    ck_assert_msg(eagle3_runner_create_on(h, &em, &cpu_eagle3_rows, &bp, &run.r, &e) == 0,
+    ck_assert_msg(eagle3_runner_create_on(h, &em, &cpu_eagle3_layer, &bp, &run.r, &e) == 0,
                   "%s", e.msg);
     int si = 0;
     cJSON_ArrayForEach(it, cJSON_GetObjectItem(hj, "steps")) run_step(&run, it, si++, head_dir);

@@ -19,6 +19,7 @@
 #include "testutil.h"
 #include "common/logits.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include <string.h>
 
 /* Tiny models: relative 1e-4 plus this absolute floor (logits reach |64|; the largest

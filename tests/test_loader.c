@@ -7,6 +7,7 @@
 #include "common/quant.h"
 #include "common/tokenizer.h"
 #include "testutil.h"
+#include "kernels/cpu/x86/x4_pack.h"
 #include <cjson/cJSON.h>
 #include <limits.h>
 #include <math.h>

@@ -20,6 +20,9 @@
 #include "cpu_rows.h"
 #include "cpu_rowstats.h"
 #include "threadpool.h"
+#include "kernels/cpu/x86/x4_pack.h"
+#include "cpu_backend.h"
+#include "kernels/eagle3_layer.h"
 #include <math.h>
 #include <sched.h>
 #include <string.h>
@@ -631,22 +634,9 @@ static void kv_compact(CpuBackend *b, const int *keep, int n_keep) {
 
 static int cpu_kv_commit(Backend *bb, const int *keep, int n_keep, RsErr *e) {
     CpuBackend *b = (CpuBackend *)bb;
-    RS_ASSERT(keep || n_keep == 0);
     RunState *s = &b->s;
-    int np = bb->n_pending;
-    if (n_keep < 0 || n_keep > np)
-        return rs_err(e, RS_EINVAL, "kv_commit of %d entries with %d pending", n_keep, np);
-    memset(s->keep_seen, 0, (size_t)np);
-    int identity = 1;
-    for (int i = 0; i < n_keep; i++) {
-        if (keep[i] < 0 || keep[i] >= np)
-            return rs_err(e, RS_EINVAL, "kv_commit keep[%d] = %d outside the %d pending entries",
-                          i, keep[i], np);
-        if (s->keep_seen[keep[i]])
-            return rs_err(e, RS_EINVAL, "kv_commit keeps pending entry %d twice", keep[i]);
-        s->keep_seen[keep[i]] = 1;
-        identity &= keep[i] == i;
-    }
+    int identity, rc = backend_check_commit(bb, keep, n_keep, s->keep_seen, &identity, e);
+    if (rc) return rc;
     /* keep = 0, 1, ... (AR steps, prefill chunks): the entries are in place already. */
     if (!identity) kv_compact(b, keep, n_keep);
     if (bb->feat_n) { /* kept rows' features in keep order (feat_out is not feat_pend) */
@@ -737,4 +727,5 @@ const BackendOps cpu_backend_ops = {
     .stats = cpu_stats,
     .rows_stats = cpu_rows_stats_op,
     .rows_gather = cpu_rows_gather_op,
+    .eagle3_layer = &cpu_eagle3_layer,
 };

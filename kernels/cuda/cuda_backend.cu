@@ -26,6 +26,7 @@
 #include "cuda_rowstats.h"
 extern "C" {
 #include "kernels/backend_impl.h"
+#include "kernels/eagle3_layer.h"
 }
 
 static const int kBuckets[] = {1, 2, 4, 8, 16, 32, 48, 65};
@@ -162,6 +163,7 @@ static const BackendOps cuda_ops = {
     .read_features = cuda_read_features,
     .rows_stats = cuda_rows_stats,
     .rows_gather = cuda_rows_gather,
+    .eagle3_layer = &cuda_eagle3_layer,
 };
 
 
@@ -821,20 +823,9 @@ static int cuda_rows_topk(Backend *bb, int k, int *ids, float *logq, float *lse,
 
 static int cuda_kv_commit(Backend *bb, const int *keep, int n_keep, RsErr *e) {
     CudaBackend *b = (CudaBackend *)bb;
-    int np = bb->n_pending, nc = bb->n_committed;
-    if (n_keep < 0 || n_keep > np)
-        return rs_err(e, RS_EINVAL, "kv_commit of %d entries with %d pending", n_keep, np);
-    memset(b->keep_seen, 0, (size_t)np);
-    int identity = 1;
-    for (int i = 0; i < n_keep; i++) {
-        if (keep[i] < 0 || keep[i] >= np)
-            return rs_err(e, RS_EINVAL, "kv_commit keep[%d] = %d outside the %d pending entries",
-                          i, keep[i], np);
-        if (b->keep_seen[keep[i]])
-            return rs_err(e, RS_EINVAL, "kv_commit keeps pending entry %d twice", keep[i]);
-        b->keep_seen[keep[i]] = 1;
-        identity &= keep[i] == i;
-    }
+    int nc = bb->n_committed, identity;
+    int rc = backend_check_commit(bb, keep, n_keep, b->keep_seen, &identity, e);
+    if (rc) return rc;
     /* entries already in place need no copy (e.g. a prefill commit); features always do */
     if (!identity || bb->feat_n) {
         CUDA_CHECK(cudaSetDevice(bb->params.device));
