@@ -29,6 +29,9 @@ static void usage(FILE *f) {
             "                       otherwise); the head runs on --backend (cpu: weights in\n"
             "                       their stored type on --threads threads; cuda: bf16\n"
             "                       weights and KV cache on --device)\n"
+            "  --eagle3-layer-ids input|output  what an EAGLE-3 head's listed feature-layer\n"
+            "                       ids mean: the stream entering layer i (vLLM) or the output\n"
+            "                       of layer i (SGLang); default: inferred from the ids\n"
             "  --draft-layers SPEC  run only these layers of the model (self-drafter), e.g. 0-5\n"
             "  --bind ENDPOINT      ipc:///tmp/rootspec.sock or tcp://HOST:PORT\n"
             "  --backend NAME       cpu | cuda (default cpu)\n"
@@ -66,6 +69,7 @@ static int parse_args(int argc, char **argv, Args *A) {
         } else if (!strcmp(a, "--model")) { if (VAL()) A->model = v; }
         else if (!strcmp(a, "--draft-layers")) { if (VAL()) A->layers = v; }
         else if (!strcmp(a, "--target-model")) { if (VAL()) A->target_path = v; }
+        else if (!strcmp(a, "--eagle3-layer-ids")) { if (VAL()) rc = eagle3_layer_ids_option(v, &e); }
         else if (!strcmp(a, "--bind")) { if (VAL()) A->bind = v; }
         else if (!strcmp(a, "--backend")) { if (VAL()) A->backend = v; }
         else if (!strcmp(a, "--device")) { if (VAL()) rc = cli_int(a, v, 0, 64, &A->device, &e); }

@@ -5,6 +5,7 @@
 #include "roundlog.h"
 #include "timing.h"
 #include "common/prompts.h"
+#include "common/eagle3.h"
 #include "proto/proto.h"
 #include <errno.h>
 #include <string.h>
@@ -36,6 +37,9 @@ static void usage(FILE *f) {
             "                        fixed attention splits; T=0 ids equal AR's; default off)\n"
             "  --draft-model PATH    drafter model sharing the target's tokenizer, or an EAGLE-3\n"
             "                        head directory (the target supplies its embeddings)\n"
+            "  --eagle3-layer-ids input|output  what the head's listed feature-layer ids mean:\n"
+            "                        the stream entering layer i (vLLM) or the output of layer i\n"
+            "                        (SGLang); default: inferred from the ids\n"
             "  --draft-layers SPEC   self-drafter from target layers, e.g. 0-5,24-29 (default %s)\n"
             "  --draft-endpoint EP   use a rootspec-draft process at EP (ipc://, tcp://)\n"
             "  --draft-timeout-ms N  remote drafter reply timeout (default 10000)\n"
@@ -185,6 +189,7 @@ static int parse_args(int argc, char **argv, Args *A) {
         else if (!strcmp(a, "--device")) { if (VAL()) rc = cli_int(a, v, 0, 64, &eo->device, &e); }
         else if (!strcmp(a, "--batch-invariant")) backend_set_batch_invariant(1);
         else if (!strcmp(a, "--draft-model")) { if (VAL()) eo->draft_model_path = v; }
+        else if (!strcmp(a, "--eagle3-layer-ids")) { if (VAL()) rc = eagle3_layer_ids_option(v, &e); }
         else if (!strcmp(a, "--draft-layers")) { if (VAL()) eo->draft_layers = v; }
         else if (!strcmp(a, "--draft-endpoint")) { if (VAL()) eo->draft_endpoint = v; }
         else if (!strcmp(a, "--draft-timeout-ms")) { if (VAL()) rc = cli_int(a, v, 1, 3600000, &eo->draft_timeout_ms, &e); }
