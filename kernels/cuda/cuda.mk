@@ -97,7 +97,7 @@ gpu-bundle:
 	cp tools/gpu-check.sh gpu-bundle/
 	@echo "gpu-bundle: $$(du -sh gpu-bundle | cut -f1) ($$(ls gpu-bundle/lib | wc -l) libraries: $$(ls gpu-bundle/lib | tr '\n' ' '))"
 
-# Everything two device calls carry (README, "CUDA"): gpu-bundle/ plus the default model in
+# Everything two device calls carry (docs/CUDA.md): gpu-bundle/ plus the default model in
 # two parts under gpu-carry/, with each call's size checked against the 64 MiB limit.
 .PHONY: gpu-prepare
 gpu-prepare: gpu-bundle $(DEFAULT_MODEL)
