@@ -18,7 +18,7 @@ DEFAULT_MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 # program entry points (*_main.c). The bench's own code (statistics, logs, summary) is a
 # second library, librootspec-bench.a, linked only by the programs in bench/ and the tests,
 # so rootspec-target and rootspec-draft carry none of it.
-LIB_DIRS   := common kernels proto draft_proc target_proc
+LIB_DIRS   := common kernels kernels/cpu kernels/cpu/x86 kernels/cuda proto draft_proc target_proc
 BENCH_DIR  := bench
 LIB_SRCS   := $(filter-out %_main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 BENCH_SRCS := $(filter-out %_main.c,$(wildcard $(BENCH_DIR)/*.c))
@@ -111,7 +111,7 @@ run: all $(DEFAULT_MODEL)
 clean:
 	rm -rf build
 
--include kernels/cuda.mk
+-include kernels/cuda/cuda.mk
 -include tests/cuemu/cuemu.mk
 -include tests/fuzz.mk
 -include $(LIB_OBJS:.o=.d) $(SAN_OBJS:.o=.d) $(BENCH_OBJS:.o=.d) $(BENCH_SAN_OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(MAIN_SRCS:%.c=build/obj/%.d) build/obj/tests/amx_overhead.d

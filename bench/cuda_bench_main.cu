@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "common/randmodel.h"
-#include "kernels/cuda_backend.h"
-#include "kernels/cuda_kernels.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_kernels.h"
 
 typedef struct {
     const char *name, *spec, *tag;

@@ -1,4 +1,4 @@
-/* rootspec-kbench: micro-benchmark of the CPU matrix kernels alone (kernels/cpu_qmatmul.h),
+/* rootspec-kbench: micro-benchmark of the CPU matrix kernels alone (kernels/cpu/cpu_qmatmul.h),
  * one weight type and token count at a time, on one thread. For each case it times
  * qk_matmul_rows over a whole synthetic matrix, min of --reps runs (the machine may be
  * shared, so the minimum is the figure that means something):
@@ -17,7 +17,8 @@
 #include "common/model.h"
 #include "common/quant.h"
 #include "common/rng.h"
-#include "kernels/cpu_qmatmul.h"
+#include "kernels/cpu/cpu_qmatmul.h"
+#include "kernels/cpu/x86/x4_pack.h"
 #include <stdio.h>
 #include <string.h>
 #include <x86intrin.h>

@@ -84,7 +84,7 @@ static int e3_time(const E3Bench *b, int threads, int ctx, int rounds, double *r
     BackendParams bp = {.kv_capacity = ctx + E3_COMMIT * (rounds + 1) + POOL_N_EXPANDED + 1,
                         .max_batch = E3_CTX_CHUNK, .threads = threads};
     Eagle3Runner *r;
-    int rc = eagle3_runner_create_on(h, &b->em, &cpu_eagle3_rows, &bp, &r, e);
+    int rc = eagle3_runner_create_on(h, &b->em, &cpu_eagle3_layer, &bp, &r, e);
     if (rc) return rc;
     float *feats = rs_xmalloc(sizeof(float) * E3_COMMIT * F);
     for (size_t i = 0; i < E3_COMMIT * F; i++) feats[i] = rs_rand_unit(5, i);

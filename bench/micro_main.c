@@ -18,6 +18,7 @@
 #include "micro_eagle3.h"
 #include "micro_roof.h"
 #include "stats.h"
+#include "kernels/cpu/cpu_backend.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>

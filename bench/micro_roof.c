@@ -2,7 +2,7 @@
  * cache, scaled to the whole model. */
 #include "micro_roof.h"
 #include "common/rng.h"
-#include "kernels/cpu_qmatmul.h"
+#include "kernels/cpu/cpu_qmatmul.h"
 #include <stdlib.h>
 
 #define ROOF_SLICE_BYTES (128 * 1024)

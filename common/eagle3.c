@@ -311,6 +311,51 @@ void eagle3_default_layers(int n_layers, int layers[EAGLE3_N_FEATURES]) {
     layers[2] = n_layers - 3;
 }
 
+/* ---- feature-layer ids: whose convention ---- */
+
+static Eagle3LayerIds g_layer_ids = EAGLE3_IDS_AUTO;
+
+void eagle3_set_layer_ids(Eagle3LayerIds ids) { g_layer_ids = ids; }
+Eagle3LayerIds eagle3_layer_ids(void) { return g_layer_ids; }
+
+int eagle3_layer_ids_parse(const char *s, Eagle3LayerIds *out, RsErr *e) {
+    static const char *const names[] = {"auto", "input", "output"};
+    for (int i = 0; i < 3; i++)
+        if (s && !strcmp(s, names[i])) {
+            *out = (Eagle3LayerIds)i;
+            return RS_OK;
+        }
+    return rs_err(e, RS_EINVAL, "--eagle3-layer-ids '%s': expected input (vLLM: the stream "
+                  "entering layer i), output (SGLang: the output of layer i) or auto",
+                  s ? s : "(null)");
+}
+
+int eagle3_layer_ids_option(const char *s, RsErr *e) {
+    Eagle3LayerIds ids;
+    int rc = eagle3_layer_ids_parse(s, &ids, e);
+    if (!rc) eagle3_set_layer_ids(ids);
+    return rc;
+}
+
+void eagle3_resolve_layers(const int listed[EAGLE3_N_FEATURES], int n_layers, Eagle3LayerIds ids,
+                           int layers[EAGLE3_N_FEATURES], Eagle3LayerIds *used, int *guessed) {
+    int def[EAGLE3_N_FEATURES], is_in = 1, is_out = 1;
+    eagle3_default_layers(n_layers, def);
+    for (int i = 0; i < EAGLE3_N_FEATURES; i++) {
+        is_in &= listed[i] == def[i];
+        is_out &= listed[i] + 1 == def[i];
+    }
+    int guess = 0;
+    if (ids == EAGLE3_IDS_AUTO) {
+        guess = !is_in && !is_out;
+        ids = is_out ? EAGLE3_IDS_OUTPUT : EAGLE3_IDS_INPUT;
+    }
+    for (int i = 0; i < EAGLE3_N_FEATURES; i++)
+        layers[i] = listed[i] + (ids == EAGLE3_IDS_OUTPUT);
+    if (used) *used = ids;
+    if (guessed) *guessed = guess;
+}
+
 int eagle3_head_check(const Eagle3Head *h, const Config *t, int layers_out[EAGLE3_N_FEATURES],
                       RsErr *e) {
     const Eagle3Config *c = &h->cfg;
@@ -326,8 +371,15 @@ int eagle3_head_check(const Eagle3Head *h, const Config *t, int layers_out[EAGLE
                       "so it cannot use the target's embeddings of width %d", h->path, c->c.dim,
                       t->dim);
     int L[EAGLE3_N_FEATURES];
+    int guessed = 0;
     if (c->feature_layers[0] < 0) eagle3_default_layers(t->n_layers, L);
-    else memcpy(L, c->feature_layers, sizeof L);
+    else eagle3_resolve_layers(c->feature_layers, t->n_layers,
+                               g_layer_ids ? g_layer_ids : c->layer_ids, L, NULL, &guessed);
+    if (guessed)
+        fprintf(stderr, "rootspec: note: EAGLE-3 head '%s' lists feature layers %d, %d, %d "
+                "without saying whose convention; read as vLLM reads them (the stream entering "
+                "each layer); --eagle3-layer-ids output reads them as SGLang does\n", h->path,
+                c->feature_layers[0], c->feature_layers[1], c->feature_layers[2]);
     for (int i = 0; i < EAGLE3_N_FEATURES; i++) {
         if (L[i] < 0 || L[i] > t->n_layers)
             return rs_err(e, RS_EINVAL, "EAGLE-3 head '%s' wants the features entering layer %d "
@@ -356,7 +408,8 @@ static const HeadPreset kHeadPresets[] = {
      {.c = {.arch = ARCH_LLAMA, .dim = 64, .hidden_dim = 128, .n_layers = 1, .n_heads = 4,
             .n_kv_heads = 2, .head_dim = 16, .vocab_size = 512, .max_seq_len = 2048,
             .norm_eps = 1e-5f, .rope_theta = 10000.0f, .bos_id = -1, .eos_id = -1},
-      .target_hidden = 64, .draft_vocab = 256, .feature_layers = {0, 1, 2}}},
+      .target_hidden = 64, .draft_vocab = 256, .feature_layers = {0, 1, 2},
+      .layer_ids = EAGLE3_IDS_INPUT}},
     /* yuhuili/EAGLE3-LLaMA3.1-Instruct-8B's config.json: no rope_theta (10000 applies) */
     {"eagle3-llama3-8b",
      {.c = {.arch = ARCH_LLAMA, .dim = 4096, .hidden_dim = 14336, .n_layers = 1, .n_heads = 32,

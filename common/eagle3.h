@@ -14,10 +14,9 @@
  *    `hidden_states` before calling layer idx; vLLM/SGLang append `hidden_states + residual`
  *    before layer i): i.e. the outputs of layers 1, N/2-1, N-4, before the final norm.
  *    An explicit `eagle_aux_hidden_state_layer_ids` (top level or inside `eagle_config`)
- *    is read as vLLM reads it (gpu_model_runner._get_eagle3_aux_layers_from_config: the
- *    same "entering layer i" index as the default). SGLang instead adds 1 to those ids
- *    (set_eagle3_layers_to_capture: "output of layer i"), so a head with explicit ids
- *    trained for SGLang is one layer off here. rootspec also accepts index 0 (the
+ *    means "entering layer i" to vLLM (gpu_model_runner._get_eagle3_aux_layers_from_config)
+ *    and "output of layer i" to SGLang (set_eagle3_layers_to_capture adds 1): see
+ *    Eagle3LayerIds for how rootspec tells them apart. rootspec also accepts index 0 (the
  *    embeddings) and N (the last layer's output, before the final norm), which the random
  *    preset for 2-layer test targets needs.
  *  - one decoder layer whose q/k/v take 2*hidden inputs: cat([input_layernorm(embed),
@@ -34,15 +33,42 @@
 
 #define EAGLE3_N_FEATURES 3
 
+/* How a head's listed feature-layer ids are read. vLLM (and the EAGLE reference) take id i
+ * as the residual stream *entering* layer i; SGLang and SpecForge, which train many of the
+ * published heads, as the *output* of layer i (entering i + 1). The config does not say
+ * which unless the head says (a random preset does), so AUTO infers it from the ids where they give it away: ids equal to the target's
+ * default (2, N/2, N-3) are entering-layer ids, ids one below it are output ids (a head
+ * trained at the default layers by SGLang); any other list is read as vLLM reads it, with a
+ * note on stderr that names the option that settles it (--eagle3-layer-ids). */
+typedef enum { EAGLE3_IDS_AUTO = 0, EAGLE3_IDS_INPUT, EAGLE3_IDS_OUTPUT } Eagle3LayerIds;
+
 typedef struct {
     Config c;            /* the head's decoder layer: dim = hidden_size, vocab = target vocab,
                             n_layers = 1 */
     int target_hidden;   /* width of each target feature (target_hidden_size or hidden) */
     int draft_vocab;     /* rows of lm_head */
-    int feature_layers[EAGLE3_N_FEATURES]; /* "entering layer i" indices, or -1 each when
-                                              the config names none (then the default
-                                              (2, N/2, N-3) of the target applies) */
+    /* eagle_aux_hidden_state_layer_ids as the config lists them, or -1 each when it names
+     * none (then the default (2, N/2, N-3) of the target applies). What an id means is
+     * the head's Eagle3LayerIds convention (eagle3_head_check resolves it). */
+    int feature_layers[EAGLE3_N_FEATURES];
+    Eagle3LayerIds layer_ids; /* their convention where the head states it, else AUTO */
 } Eagle3Config;
+
+
+/* "auto", "input" or "output" -> *out; RS_EINVAL naming the value otherwise. */
+int eagle3_layer_ids_parse(const char *s, Eagle3LayerIds *out, RsErr *e);
+/* Process-wide convention for heads that list ids (--eagle3-layer-ids in rootspec-target
+ * and rootspec-draft): eagle3_head_check calls made afterwards read ids this way. AUTO
+ * (the default) infers it as above. */
+void eagle3_set_layer_ids(Eagle3LayerIds ids);
+/* The option's value: parse it and set it (RS_EINVAL naming a bad value, nothing set). */
+int eagle3_layer_ids_option(const char *s, RsErr *e);
+Eagle3LayerIds eagle3_layer_ids(void);
+/* The entering-layer indices (the backend's feature layers) of listed ids under `ids`
+ * for an n_layers target: AUTO resolved as above (*used: the convention applied, may be
+ * NULL; *guessed: 1 when AUTO found no hint, may be NULL). */
+void eagle3_resolve_layers(const int listed[EAGLE3_N_FEATURES], int n_layers, Eagle3LayerIds ids,
+                           int layers[EAGLE3_N_FEATURES], Eagle3LayerIds *used, int *guessed);
 
 typedef struct {
     Eagle3Config cfg;

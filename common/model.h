@@ -41,7 +41,7 @@ typedef struct {
     int rows, cols;    /* (out_features, in_features) */
     size_t row_bytes;  /* stored bytes of one row */
     int perm_hd;       /* 0, or the head size of a GGUF llama q/k row interleave */
-    /* 1: rows in logical order four at a time in x4 tiles (common/quant.h; model_pack_x4):
+    /* 1: rows in logical order four at a time in x4 tiles (common/quant.h; model_pack_x4 in kernels/cpu/x86/x4_pack.h):
      * row j lies in the tile at data + (j / 4) * 4 * row_bytes, not at qtensor_row. */
     int packed;
 } QTensor;
@@ -121,19 +121,6 @@ int model_matrices(Model *m, QTensor **out);
  * pointers). No-op for random models, views and a model already resident. */
 int model_make_resident(Model *m, RsErr *e);
 
-/* Rewrites the resident matrices of the types `want` accepts (ctx passed through) into
- * the x4 layout in place (QTensor.packed; logical row order, perm_hd 0), bytes and sizes
- * unchanged: the CPU kernels then stream one region per four rows (backend_model_load,
- * through BackendOps.prepare_weights). A matrix whose row count or GGUF head size is not a
- * multiple of 4, or without x4 layout, stays as it is; a tied head follows its embeddings.
- * No-op unless the model is resident (model_make_resident); call before making views.
- * Returns the number of matrices packed. */
-int model_pack_x4(Model *m, int (*want)(uint32_t type, const void *ctx), const void *ctx);
-
-/* t (in memory the caller may rewrite) into the x4 layout in place, as model_pack_x4
- * does: 1, or 0 when t has no x4 layout, is packed already or its rows (or GGUF head size)
- * are not a multiple of 4. */
-int qtensor_pack_x4(QTensor *t);
 
 /* A view on `parent` that runs only the listed layers (in that order) with the parent's
  * embeddings, final norm and head: the self-drafter. spec like "0-5,24-29".

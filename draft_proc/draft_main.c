@@ -4,6 +4,7 @@
 #include "common/cli.h"
 #include "proto/proto.h"
 #include "proto/secure.h"
+#include "common/eagle3.h"
 #include "drafter_open.h"
 #include "server.h"
 #include <signal.h>
@@ -27,6 +28,9 @@ static void usage(FILE *f) {
             "                       otherwise); the head runs on --backend (cpu: weights in\n"
             "                       their stored type on --threads threads; cuda: bf16\n"
             "                       weights and KV cache on --device)\n"
+            "  --eagle3-layer-ids input|output  what an EAGLE-3 head's listed feature-layer\n"
+            "                       ids mean: the stream entering layer i (vLLM) or the output\n"
+            "                       of layer i (SGLang); default: inferred from the ids\n"
             "  --draft-layers SPEC  run only these layers of the model (self-drafter), e.g. 0-5\n"
             "  --drafter KIND       self | model | eagle3 | suffix (default: from the options:\n"
             "                       --draft-layers self, a head directory eagle3, else model).\n"
@@ -76,6 +80,7 @@ static int parse_args(int argc, char **argv, Args *A) {
         else if (!strcmp(a, "--target-model")) { if (VAL()) A->target_path = v; }
         else if (!strcmp(a, "--corpus")) { if (VAL()) A->corpus = v; }
         else if (!strcmp(a, "--drafter")) { if (VAL()) rc = drafter_kind_option(v, &A->kind, &e); }
+        else if (!strcmp(a, "--eagle3-layer-ids")) { if (VAL()) rc = eagle3_layer_ids_option(v, &e); }
         else if (!strcmp(a, "--bind")) { if (VAL()) A->bind = v; }
         else if (!strcmp(a, "--gen-keys")) { if (VAL()) A->gen = v; }
         else if (!strcmp(a, "--max-requests")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 30, &A->max_req, &e); }

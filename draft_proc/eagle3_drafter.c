@@ -117,7 +117,7 @@ int drafter_eagle3_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
     if (h->cfg.draft_vocab < POOL_TOPK)
         return rs_err(e, RS_EUNSUPPORTED, "EAGLE-3 draft vocabulary of %d tokens is smaller "
                       "than %d", h->cfg.draft_vocab, POOL_TOPK);
-    const Eagle3RowsOps *ops = eagle3_rows_for(backend, e);
+    const Eagle3LayerOps *ops = eagle3_layer_for(backend, e);
     if (!ops) return e ? e->code : RS_EUNSUPPORTED;
     Eagle3Drafter *d = rs_xcalloc(1, sizeof *d);
     d->h = h;

@@ -1,5 +1,5 @@
 /* The EAGLE-3 kind of Drafter (draft_proc/drafter.h): an EAGLE-3 head (common/eagle3.h) run
- * on the CPU by draft_proc/eagle3_forward.h, growing the DESIGN.md §2 pool from the target's
+ * on the CPU or CUDA by draft_proc/eagle3_forward.h, growing the DESIGN.md §2 pool from the target's
  * features. Growth runs synchronously in drafter_grow_begin (wrap it with
  * drafter_threaded_create to overlap it).
  *

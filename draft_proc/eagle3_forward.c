@@ -1,20 +1,20 @@
 /* Runner of an EAGLE-3 head (see eagle3_forward.h for rows and positions): the cache
  * bookkeeping, the token embeddings (rows dequantized from the table in its stored type,
- * per call) and the pool growth; the layer's arithmetic is a kernels/eagle3_rows.h
+ * per call) and the pool growth; the layer's arithmetic is a kernels/eagle3_layer.h
  * implementation (the CPU's, or CUDA's). */
 #include "eagle3_forward.h"
 #include "common/randmodel.h"
 #include "kernels/backend.h"
-#include "kernels/cpu_rows.h"
-#include "kernels/eagle3_rows.h"
+#include "kernels/cpu/cpu_rows.h"
+#include "kernels/eagle3_layer.h"
 #include "pool_grow.h"
 #include <string.h>
 
 struct Eagle3Runner {
     const Eagle3Head *h;
     Eagle3Embed embed;
-    const Eagle3RowsOps *ops;
-    Eagle3Rows *rows;
+    const Eagle3LayerOps *ops;
+    Eagle3Layer *layer;
     int cap, max_batch, n_committed, n_pending, dim;
     float *emb;         // (max_batch, dim) the batch's token embeddings
     float *last_state;  // (dim) commit's last row when the caller wants no state
@@ -27,15 +27,15 @@ struct Eagle3Runner {
     int rows_reduced;   /* logits rows eagle3_grow_pool reduced to top-10s */
 };
 
-const Eagle3RowsOps *eagle3_rows_for(const BackendOps *backend, RsErr *e) {
-    if (!backend || backend == &cpu_backend_ops) return &cpu_eagle3_rows;
-    if (backend == cuda_backend_ops_get() && cuda_eagle3_rows_get()) return cuda_eagle3_rows_get();
-    rs_err(e, RS_EUNSUPPORTED, "EAGLE-3 heads run on the cpu and cuda backends only");
-    return NULL;
+const Eagle3LayerOps *eagle3_layer_for(const BackendOps *backend, RsErr *e) {
+    const Eagle3LayerOps *ops = backend_eagle3_layer(backend);
+    if (!ops)
+        rs_err(e, RS_EUNSUPPORTED, "EAGLE-3 heads run on the cpu and cuda backends only");
+    return ops;
 }
 
 int eagle3_runner_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
-                            const Eagle3RowsOps *ops, const BackendParams *p,
+                            const Eagle3LayerOps *ops, const BackendParams *p,
                             Eagle3Runner **out, RsErr *e) {
     *out = NULL;
     RS_ASSERT(h && embed && ops && p && h->lm_head.data);
@@ -44,14 +44,14 @@ int eagle3_runner_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
     if (kv_capacity < 1 || max_batch < 1 || max_batch > kv_capacity)
         return rs_err(e, RS_EINVAL, "EAGLE-3 runner: kv_capacity %d / max_batch %d",
                       kv_capacity, max_batch);
-    Eagle3Rows *rows = NULL;
-    int rc = ops->create(h, p, &rows, e);
+    Eagle3Layer *layer = NULL;
+    int rc = ops->create(h, p, &layer, e);
     if (rc) return rc;
     Eagle3Runner *r = rs_xcalloc(1, sizeof *r);
     r->h = h;
     r->embed = *embed;
     r->ops = ops;
-    r->rows = rows;
+    r->layer = layer;
     r->cap = kv_capacity;
     r->max_batch = max_batch;
     r->dim = h->cfg.c.dim;
@@ -69,13 +69,13 @@ int eagle3_runner_create(const Eagle3Head *h, const float *embed, int kv_capacit
     RS_ASSERT(embed);
     Eagle3Embed em = {.table = qtensor_f32(embed, h->cfg.c.vocab_size, h->cfg.c.dim)};
     BackendParams p = {.kv_capacity = kv_capacity, .max_batch = max_batch, .threads = 1};
-    return eagle3_runner_create_on(h, &em, &cpu_eagle3_rows, &p, out, e);
+    return eagle3_runner_create_on(h, &em, &cpu_eagle3_layer, &p, out, e);
 }
 
 void eagle3_runner_destroy(Eagle3Runner **pr) {
     if (!pr || !*pr) return;
     Eagle3Runner *r = *pr;
-    r->ops->destroy(&r->rows);
+    r->ops->destroy(&r->layer);
     free(r->emb);
     free(r->last_state);
     free(r->node_state);
@@ -95,7 +95,7 @@ uint64_t eagle3_run_ns(const Eagle3Runner *r) { return r->run_ns; }
  * work). */
 static void run_timed(Eagle3Runner *r, const Eagle3Batch *b) {
     uint64_t t0 = rs_now_ns();
-    r->ops->run(r->rows, b);
+    r->ops->run(r->layer, b);
     r->run_ns += rs_now_ns() - t0;
 }
 
@@ -196,7 +196,7 @@ int eagle3_expand(Eagle3Runner *r, const int *tokens, const float *state_in, con
     return RS_OK;
 }
 
-/* n rows at once through the CPU's fused top-k + log-sum-exp (kernels/cpu_rows.h): one
+/* n rows at once through the CPU's fused top-k + log-sum-exp (kernels/cpu/cpu_rows.h): one
  * read of each row, no double-precision exp per column. */
 static void topk_rows(const Eagle3Head *h, const float *logits, int n, int k, int *target_ids,
                       float *logq) {
@@ -239,7 +239,7 @@ static int expand_nodes(void *ctx, const PoolPass *pass, int *ids, float *logq, 
     if (rc) return rc;
     if (dev) {
         uint64_t t0 = rs_now_ns();
-        r->ops->topk(r->rows, n, POOL_TOPK, ids, logq);
+        r->ops->topk(r->layer, n, POOL_TOPK, ids, logq);
         r->run_ns += rs_now_ns() - t0;
         for (int i = 0; i < n * POOL_TOPK; i++) ids[i] = r->h->d2t[ids[i]];
     } else {

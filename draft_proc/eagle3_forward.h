@@ -1,5 +1,6 @@
-/* CPU forward of an EAGLE-3 head (common/eagle3.h) with its own KV cache for the head's
- * single layer: the pieces a Drafter kind needs (reset, commit target features, expand
+/* Runner of an EAGLE-3 head (common/eagle3.h) with its own KV cache for the head's single
+ * layer, whose arithmetic runs on a backend's Eagle3LayerOps (kernels/eagle3_layer.h: the
+ * CPU or CUDA): the pieces a Drafter kind needs (reset, commit target features, expand
  * pending tree nodes under an ancestor mask, top-k mapped to target ids).
  *
  * Rows and positions follow the EAGLE reference (SafeAILab/EAGLE eagle/model/cnets.py
@@ -16,7 +17,7 @@
 #include "common/eagle3.h"
 #include "common/pool.h"
 #include "kernels/backend.h"
-#include "kernels/eagle3_rows.h"
+#include "kernels/eagle3_layer.h"
 #include <stdint.h>
 
 typedef struct Eagle3Runner Eagle3Runner;
@@ -45,14 +46,14 @@ void eagle3_embed_row(const Eagle3Embed *em, int token, float *dst);
  * chunked by it, expansions must fit). */
 int eagle3_runner_create(const Eagle3Head *h, const float *embed, int kv_capacity,
                          int max_batch, Eagle3Runner **out, RsErr *e);
-/* The same on a backend's implementation of the layer (eagle3_rows_for: NULL or the CPU
+/* The same on a backend's implementation of the layer (eagle3_layer_for: NULL or the CPU
  * backend's ops: the CPU's kernels on p->threads threads; the CUDA backend's: bf16 on
  * device p->device), with p->kv_capacity and p->max_batch as above. RS_EUNSUPPORTED for
  * another backend, or the implementation's error (no device, no memory). */
 int eagle3_runner_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
-                            const Eagle3RowsOps *ops, const BackendParams *p,
+                            const Eagle3LayerOps *ops, const BackendParams *p,
                             Eagle3Runner **out, RsErr *e);
-const Eagle3RowsOps *eagle3_rows_for(const BackendOps *backend, RsErr *e);
+const Eagle3LayerOps *eagle3_layer_for(const BackendOps *backend, RsErr *e);
 /* "cpu" or "cuda". */
 const char *eagle3_runner_backend(const Eagle3Runner *r);
 void eagle3_runner_destroy(Eagle3Runner **r);

@@ -19,6 +19,7 @@
 
 typedef struct Backend Backend;       /* opaque: one backend instance */
 typedef struct BackendOps BackendOps; /* opaque: one kind of backend (cpu, cuda) */
+typedef struct Eagle3LayerOps Eagle3LayerOps; /* an EAGLE-3 head's layer (kernels/eagle3_layer.h) */
 
 typedef struct {
     int kv_capacity;  /* total cache entries (committed + pending) */
@@ -48,7 +49,7 @@ typedef struct {
     uint64_t graph_captures; /* CUDA: graph captures (a re-capture after a shape change counts) */
     /* Whole logits rows copied to the host: n_out per forward() given a logits pointer,
      * n per backend_rows_copy(). Reductions of the kept rows copy none; a decode that
-     * only reduces keeps this at 0 (issue 13: on a GPU the logits stay on the device). */
+     * only reduces keeps this at 0 (on a GPU the logits stay on the device). */
     uint64_t d2h_full_rows;
     /* CPU with BackendParams.topk_hint: the part of forward() spent reducing the output
      * head's tiles to top-k (work a rows_topk call would otherwise do after it). */
@@ -56,15 +57,12 @@ typedef struct {
 } BackendStats;
 
 extern const BackendOps cpu_backend_ops;
-/* The CPU backend's kernel family ("avx2", "scalar", "ref", ...; ROOTSPEC_CPU_KERNELS
- * forces one at create()) and thread count. b must be a CPU backend. */
-const char *cpu_backend_kernels(const Backend *b);
-int cpu_backend_threads(const Backend *b);
-/* The element type of its KV caches: "f16" where the family has f16 attention (the x86
- * families), else "f32"; ROOTSPEC_CPU_KV=f32 forces f32 at create(). */
-const char *cpu_backend_kv(const Backend *b);
-/* NULL when built without CUDA (see kernels/cuda_stub.c). */
+/* The CPU backend's own accessors: kernels/cpu/cpu_backend.h. */
+/* NULL when built without CUDA (see kernels/cuda/cuda_stub.c). */
 const BackendOps *cuda_backend_ops_get(void);
+/* The EAGLE-3 head's layer on backend ops (NULL: the CPU's), or NULL when heads do not run
+ * there. */
+const Eagle3LayerOps *backend_eagle3_layer(const BackendOps *ops);
 /* "cpu" (also NULL) or "cuda"; NULL with a message in e when unknown or not built in. */
 const BackendOps *backend_ops_by_name(const char *name, RsErr *e);
 /* model_load() for this backend: a random model ("random:...") gets host weights unless
@@ -135,7 +133,7 @@ BackendStats backend_stats(const Backend *b);
 void *backend_host_alloc(Backend *b, size_t bytes);
 void backend_host_free(Backend *b, void *p);
 
-/* ---- EAGLE-3 target features (issue #14; kept apart from the logits-row functions) -----
+/* ---- EAGLE-3 target features (kept apart from the logits-row functions) ----
  * An EAGLE-3 drafter predicts from the target's residual stream entering a few of its
  * layers. Once asked (backend_set_feature_layers), every forward() records those vectors for
  * each row it runs, kept with the row's pending entry, and kv_commit() keeps the kept

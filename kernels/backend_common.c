@@ -3,7 +3,7 @@
  * and CUDA), model loading per backend and the backend-by-name lookup. */
 #include "backend_impl.h"
 #include "common/quant.h"
-#include "cpu_rows.h"
+#include "kernels/cpu/cpu_rows.h"
 #include "common/randmodel.h"
 #include <math.h>
 #include <string.h>
@@ -79,6 +79,10 @@ void backend_destroy(Backend **b) {
 }
 
 const char *backend_name(const Backend *b) { return b->ops->name; }
+
+const Eagle3LayerOps *backend_eagle3_layer(const BackendOps *ops) {
+    return (ops ? ops : &cpu_backend_ops)->eagle3_layer;
+}
 const Model *backend_model(const Backend *b) { return b->model; }
 BackendParams backend_params(const Backend *b) { return b->params; }
 int backend_n_committed(const Backend *b) { return b->n_committed; }
@@ -110,6 +114,26 @@ int backend_rows_copy(Backend *b, const int *rows, int n, float *logits, RsErr *
     int rc = b->ops->rows_copy(b, rows, n, logits, e);
     if (rc == RS_OK) b->n_d2h_full_rows += (uint64_t)n;
     return rc;
+}
+
+int backend_check_commit(const Backend *b, const int *keep, int n_keep, uint8_t *seen,
+                         int *identity, RsErr *e) {
+    RS_ASSERT(keep || n_keep == 0);
+    int np = b->n_pending;
+    if (n_keep < 0 || n_keep > np)
+        return rs_err(e, RS_EINVAL, "kv_commit of %d entries with %d pending", n_keep, np);
+    memset(seen, 0, (size_t)np);
+    *identity = 1;
+    for (int i = 0; i < n_keep; i++) {
+        if (keep[i] < 0 || keep[i] >= np)
+            return rs_err(e, RS_EINVAL, "kv_commit keep[%d] = %d outside the %d pending entries",
+                          i, keep[i], np);
+        if (seen[keep[i]])
+            return rs_err(e, RS_EINVAL, "kv_commit keeps pending entry %d twice", keep[i]);
+        seen[keep[i]] = 1;
+        *identity &= keep[i] == i;
+    }
+    return RS_OK;
 }
 
 int backend_kv_commit(Backend *b, const int *keep, int n_keep, RsErr *e) {

@@ -1,6 +1,6 @@
 /* The backend implementation interface (ggml's ggml-backend-impl.h): the ops table a backend
  * fills with designated initialisers and the common state at the head of its own struct.
- * Only backends include this (kernels/cpu_backend.c, kernels/cuda_backend.cu,
+ * Only backends include this (kernels/cpu/cpu_backend.c, kernels/cuda/cuda_backend.cu,
  * kernels/backend_common.c and test_spec's instrumented backend); callers use
  * kernels/backend.h. */
 #ifndef ROOTSPEC_BACKEND_IMPL_H
@@ -26,7 +26,8 @@ struct BackendOps {
      * them there when it is not NULL; backend_forward keeps n_kept and the counters. */
     int (*forward)(Backend *b, const int *tokens, const int *pos, int n, const uint8_t *mask,
                    const int *out_rows, int n_out, float *logits, RsErr *e);
-    /* As backend_kv_commit; moves n_committed and clears n_pending. */
+    /* As backend_kv_commit; must call backend_check_commit first; moves n_committed and
+     * clears n_pending. */
     int (*kv_commit)(Backend *b, const int *keep, int n_keep, RsErr *e);
     void (*kv_reset)(Backend *b);
     /* Optional (NULL: malloc/free); see backend_host_alloc. */
@@ -37,7 +38,7 @@ struct BackendOps {
     int (*rows_copy)(Backend *b, const int *rows, int n, float *logits, RsErr *e);
     /* Optional: as backend_rows_topk over the n_kept rows, k already checked. NULL: the
      * rows are copied to the host (counted in d2h_full_rows) and reduced there by
-     * kernels/cpu_rows.c, single-threaded. */
+     * kernels/cpu/cpu_rows.c, single-threaded. */
     int (*rows_topk)(Backend *b, int k, int *ids, float *logq, float *lse, RsErr *e);
     /* Optional: fills the backend's own counters (the CUDA ones); backend_stats has
      * already set the common ones and zeroed the rest. */
@@ -53,6 +54,9 @@ struct BackendOps {
     void (*rows_stats)(Backend *b, const int *rows, int n, const Sampling *s, const double *u,
                        RowStats *out);
     void (*rows_gather)(Backend *b, const int *rows, const int *ids, int n, float *out);
+    /* Optional: an EAGLE-3 head's layer on this backend (kernels/eagle3_layer.h); NULL:
+     * heads do not run here. */
+    const Eagle3LayerOps *eagle3_layer;
 };
 
 /* Common state every backend keeps at the head of its own struct (a Backend * is cast to
@@ -74,5 +78,12 @@ struct Backend {
  * a failed call changes nothing (same messages on every backend). */
 int backend_check_forward(const Backend *b, const int *tokens, const int *pos, int n,
                           const uint8_t *mask, const int *out_rows, int n_out, RsErr *e);
+
+/* Checks a kv_commit's keep list (0 <= n_keep <= n_pending, each index a pending entry,
+ * none twice; seen: the backend's (max_pending) scratch) and sets *identity when keep is
+ * 0, 1, ..., n_keep - 1 (the entries are in place already). Every kv_commit op calls it
+ * first, so a refused commit changes nothing and reads the same on every backend. */
+int backend_check_commit(const Backend *b, const int *keep, int n_keep, uint8_t *seen,
+                         int *identity, RsErr *e);
 
 #endif

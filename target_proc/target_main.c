@@ -5,6 +5,7 @@
 #include "roundlog.h"
 #include "timing.h"
 #include "common/prompts.h"
+#include "common/eagle3.h"
 #include "proto/proto.h"
 #include <errno.h>
 #include <string.h>
@@ -45,6 +46,9 @@ static void usage(FILE *f) {
             "                        fixed attention splits; T=0 ids equal AR's; default off)\n"
             "  --draft-model PATH    drafter model sharing the target's tokenizer, or an EAGLE-3\n"
             "                        head directory (the target supplies its embeddings)\n"
+            "  --eagle3-layer-ids input|output  what the head's listed feature-layer ids mean:\n"
+            "                        the stream entering layer i (vLLM) or the output of layer i\n"
+            "                        (SGLang); default: inferred from the ids\n"
             "  --draft-layers SPEC   self-drafter from target layers, e.g. 0-5,24-29 (default %s)\n"
             "  --drafter KIND        self | model | eagle3 | suffix (default: --draft-model's\n"
             "                        kind, else self). suffix: model-free, proposes what\n"
@@ -200,6 +204,7 @@ static int parse_args(int argc, char **argv, Args *A) {
         else if (!strcmp(a, "--prompt-id")) { if (VAL()) rc = cli_u64(a, v, &d->prompt_id, &e); }
         else if (!strcmp(a, "--max-new")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 20, &d->max_new, &e); }
         else if (!strcmp(a, "--draft-model")) { if (VAL()) eo->draft_model_path = v; }
+        else if (!strcmp(a, "--eagle3-layer-ids")) { if (VAL()) rc = eagle3_layer_ids_option(v, &e); }
         else if (!strcmp(a, "--draft-layers")) { if (VAL()) eo->draft_layers = v; }
         else if (!strcmp(a, "--draft-endpoint")) { if (VAL()) eo->draft_endpoint = v; }
         else if (!strcmp(a, "--drafter")) { if (VAL()) rc = drafter_kind_option(v, &eo->drafter_kind, &e); }

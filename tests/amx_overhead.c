@@ -14,6 +14,7 @@
 #include "common/quant.h"
 #include "common/rng.h"
 #include "common/util.h"
+#include "kernels/cpu/x86/x4_pack.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <x86intrin.h>

@@ -8,6 +8,11 @@
 #    nothing from bench/, which is a library of its own for the bench programs and tests.
 # 3. Every repository path a Markdown document names (README.md, docs/, PROTOCOL.md) exists,
 #    so a file that moves takes its documentation with it.
+# 4. Backend layout: CUDA sources (.cu, .cuh, cuda_*) of the engine live in kernels/cuda/,
+#    and only kernels/cuda/, the CUDA tests and the GPU benchmark include its headers, so
+#    the CPU build never reaches into the CUDA backend.
+# 5. No issue or pull-request numbers in code or documents: a reader of a clone cannot look
+#    them up; say what the thing is instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 self=tests/check_repo.sh
@@ -66,5 +71,29 @@ for p in $(list_files | grep -z '\.md$' \
   fi
 done
 
-[ $fail -eq 0 ] && echo "check_repo: OK (no SPEC citations; $(echo $cited | wc -w) DESIGN.md sections cited, all present; the engine includes nothing from bench/; every path the documents name exists)"
+stray=$(list_files | grep -zE "^($(echo $engine_dirs | tr ' ' '|'))/" | grep -zv '^kernels/cuda/' \
+          | grep -zE '\.(cu|cuh)$|(^|/)cuda_[^/]*$' | tr '\0' '\n' || true)
+if [ -n "$stray" ]; then
+  echo "check_repo: CUDA files of the engine belong in kernels/cuda/:"
+  echo "$stray"
+  fail=1
+fi
+reach=$(list_files | grep -zE "^($(echo $engine_dirs | tr ' ' '|'))/" | grep -zv '^kernels/cuda/' \
+          | xargs -0 grep -InE '#[[:space:]]*include[[:space:]]*"kernels/cuda/' -- || true)
+if [ -n "$reach" ]; then
+  echo "check_repo: only kernels/cuda/, tests/ and bench/ include kernels/cuda/ headers:"
+  echo "$reach"
+  fail=1
+fi
+
+# "issue 12", "issues 4", "#31" (not "&#31;", "$#", a path or an identifier). Fixtures are data.
+issues=$(list_files | grep -zv -e '^tests/fixtures/' -e "^$self\$" \
+           | xargs -0 grep -InE '[Ii]ssues? #?[0-9]+\b|(^|[^&$A-Za-z0-9_/])#[0-9]+\b' -- || true)
+if [ -n "$issues" ]; then
+  echo "check_repo: issue numbers a reader cannot look up; say what the thing is instead:"
+  echo "$issues"
+  fail=1
+fi
+
+[ $fail -eq 0 ] && echo "check_repo: OK (no SPEC citations; $(echo $cited | wc -w) DESIGN.md sections cited, all present; the engine includes nothing from bench/; every path the documents name exists; CUDA files only in kernels/cuda/; no issue numbers)"
 exit $fail

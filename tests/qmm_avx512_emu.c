@@ -1,9 +1,9 @@
-/* The AVX-512 kernel family's code (kernels/cpu_qmm_x86.inc with QK_VNNI) built for AVX2
+/* The AVX-512 kernel family's code (kernels/cpu/x86/cpu_qmm_x86.inc with QK_VNNI) built for AVX2
  * machines with VNNI's one instruction, vpdpbusd, emulated in C: no AVX-512 machine was at
  * hand, so the tests check this build of the family's own source (its dpbusd block sums
  * in the Q8_0 and block-pair tiles) against double sums and bitwise against the AVX2
  * family. What it cannot check is the compiler's AVX-512 code generation. */
-#include "kernels/cpu_qmatmul.h"
+#include "kernels/cpu/cpu_qmatmul.h"
 #include "common/quant.h"
 #include "qmm_avx512_emu.h"
 
@@ -37,7 +37,7 @@ qk_emu_dpbusd(__m256i acc, __m256i a, __m256i b) {
 #define QK_FAMILY_NAME "avx512-emu"
 #define QK_VNNI 1
 #define QK_REGS32 1 /* the real family's wider attention steps (spilled here, same bits) */
-#include "kernels/cpu_qmm_x86.inc"
+#include "kernels/cpu/x86/cpu_qmm_x86.inc"
 #pragma GCC pop_options
 #else
 const QkFamily qk_family_avx512_emu = {"avx512-emu", NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL};

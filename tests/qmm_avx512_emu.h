@@ -2,7 +2,7 @@
  * code is AVX2: only hand it out where the AVX2 family runs. */
 #ifndef ROOTSPEC_TESTS_QMM_AVX512_EMU_H
 #define ROOTSPEC_TESTS_QMM_AVX512_EMU_H
-#include "kernels/cpu_qmatmul.h"
+#include "kernels/cpu/cpu_qmatmul.h"
 
 extern const QkFamily qk_family_avx512_emu;
 /* The AMX family's source with its tile instructions emulated (tests/qmm_amx_emu.c). */

@@ -529,7 +529,7 @@ static void write_logs(const char *dir, const BenchDecode *d, int nd, const Benc
     fclose(fd);
 }
 
-/* --analyze refuses what is not one run's log (issue 15): a binary header is quoted escaped
+/* --analyze refuses what is not one run's log: a binary header is quoted escaped
  * (it used to reach the terminal raw), a repeated decode row is refused naming both lines
  * (it was counted silently), and an empty rounds.jsonl beside decodes is refused. */
 START_TEST(test_analyze_refusals) {

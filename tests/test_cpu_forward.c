@@ -9,7 +9,7 @@
 #define VOCAB 96
 #define CAP 96
 #define TREE_N 20
-#define TOL 0.0f /* bitwise: a row does not depend on its batch (kernels/cpu_qmatmul.h) */
+#define TOL 0.0f /* bitwise: a row does not depend on its batch (kernels/cpu/cpu_qmatmul.h) */
 
 typedef struct {
     const char *name;

@@ -1,4 +1,4 @@
-/* CPU kernel families (kernels/cpu_qmatmul.h) and the thread pool: every family that runs on
+/* CPU kernel families (kernels/cpu/cpu_qmatmul.h) and the thread pool: every family that runs on
  * this CPU against a double-precision product of the dequantized operands, for every weight
  * type; a row's result bitwise independent of the batch it is in and of the thread count;
  * permuted (GGUF q/k) rows landing where they belong; attention bitwise equal to plain
@@ -9,10 +9,11 @@
 #include "common/quant.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
-#include "kernels/cpu_ops.h"
-#include "kernels/cpu_qmatmul.h"
-#include "kernels/threadpool.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_qmatmul.h"
+#include "kernels/cpu/threadpool.h"
 #include "qmm_avx512_emu.h"
+#include "kernels/cpu/cpu_backend.h"
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>

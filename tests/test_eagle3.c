@@ -197,7 +197,7 @@ static void parity(const char *head_dir, int want_own_embed, uint32_t want_type,
     Eagle3Embed em = {.table = h->embed.data ? h->embed : qtensor_f32(temb, t->cfg.vocab_size,
                                                                        t->cfg.dim)};
     BackendParams bp = {.kv_capacity = 64, .max_batch = 4, .threads = threads};
-    ck_assert_msg(eagle3_runner_create_on(h, &em, &cpu_eagle3_rows, &bp, &run.r, &e) == 0,
+    ck_assert_msg(eagle3_runner_create_on(h, &em, &cpu_eagle3_layer, &bp, &run.r, &e) == 0,
                   "%s", e.msg);
     int si = 0;
     cJSON_ArrayForEach(it, cJSON_GetObjectItem(hj, "steps")) run_step(&run, it, si++, head_dir);
@@ -614,6 +614,70 @@ START_TEST(test_fit_to_target) {
 }
 END_TEST
 
+/* Listed feature-layer ids, read either way. Expectations come from the two conventions'
+ * definitions against the default (2, N/2, N-3): vLLM's id i is the stream entering
+ * layer i (the backend's index), SGLang's the output of layer i, i.e. entering i + 1. */
+static void expect_layers(const Eagle3Head *h, int n_layers, int a, int b, int c) {
+    Config t = {0};
+    RsErr e = {0};
+    int L[3];
+    t.vocab_size = h->cfg.c.vocab_size;
+    t.dim = h->cfg.target_hidden;
+    t.n_layers = n_layers;
+    ck_assert_msg(eagle3_head_check(h, &t, L, &e) == 0, "%s", e.msg);
+    ck_assert_msg(L[0] == a && L[1] == b && L[2] == c, "layers %d %d %d, expected %d %d %d",
+                  L[0], L[1], L[2], a, b, c);
+}
+
+START_TEST(test_layer_id_conventions) {
+    Eagle3Head *h;
+    RsErr e = {0};
+    ck_assert_msg(eagle3_head_load(tu_fixture("eagle3/head"), &h, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(h->cfg.layer_ids, EAGLE3_IDS_AUTO); /* a file does not say */
+    Eagle3Head copy = *h;
+    int def[3], sg[3];
+    eagle3_default_layers(32, def);
+    for (int i = 0; i < 3; i++) sg[i] = def[i] - 1; /* what an SGLang-trained head lists */
+    /* auto: the default's ids are entering-layer ids, ids one below it output ids */
+    memcpy(copy.cfg.feature_layers, def, sizeof def);
+    expect_layers(&copy, 32, def[0], def[1], def[2]);
+    memcpy(copy.cfg.feature_layers, sg, sizeof sg);
+    expect_layers(&copy, 32, def[0], def[1], def[2]);
+    /* other ids give nothing away: read as vLLM reads them */
+    int odd[3] = {3, 10, 20};
+    memcpy(copy.cfg.feature_layers, odd, sizeof odd);
+    expect_layers(&copy, 32, 3, 10, 20);
+    /* a head that states its convention is read that way */
+    copy.cfg.layer_ids = EAGLE3_IDS_OUTPUT;
+    expect_layers(&copy, 32, 4, 11, 21);
+    /* the option wins over the inference and over what the head states */
+    ck_assert_int_eq(eagle3_layer_ids_option("input", &e), 0);
+    ck_assert_int_eq(eagle3_layer_ids(), EAGLE3_IDS_INPUT);
+    expect_layers(&copy, 32, 3, 10, 20);
+    copy.cfg.layer_ids = EAGLE3_IDS_AUTO;
+    memcpy(copy.cfg.feature_layers, sg, sizeof sg);
+    expect_layers(&copy, 32, sg[0], sg[1], sg[2]);
+    ck_assert_int_eq(eagle3_layer_ids_option("output", &e), 0);
+    memcpy(copy.cfg.feature_layers, odd, sizeof odd);
+    expect_layers(&copy, 32, 4, 11, 21);
+    /* output ids reach the last layer's output (entering index N), not past it */
+    int last[3] = {0, 1, 31};
+    memcpy(copy.cfg.feature_layers, last, sizeof last);
+    expect_layers(&copy, 32, 1, 2, 32);
+    Config t = {.vocab_size = h->cfg.c.vocab_size, .dim = h->cfg.target_hidden, .n_layers = 31};
+    int L[3];
+    ck_assert_int_eq(eagle3_head_check(&copy, &t, L, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "entering layer 32"), "%s", e.msg);
+    /* bad values are refused, naming them, and change nothing */
+    ck_assert_int_eq(eagle3_layer_ids_option("outputs", &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "'outputs'"), "%s", e.msg);
+    ck_assert_int_eq(eagle3_layer_ids(), EAGLE3_IDS_OUTPUT);
+    ck_assert_int_eq(eagle3_layer_ids_option("auto", &e), 0);
+    ck_assert_int_eq(eagle3_layer_ids(), EAGLE3_IDS_AUTO);
+    eagle3_head_destroy(&h);
+}
+END_TEST
+
 START_TEST(test_topk_maps_draft_ids) {
     Eagle3Head *h;
     RsErr e = {0};
@@ -1022,6 +1086,7 @@ Suite *suite_eagle3(void) {
     tcase_add_test(tc, test_loader_refusals);
     tcase_add_test(tc, test_config_refusals);
     tcase_add_test(tc, test_fit_to_target);
+    tcase_add_test(tc, test_layer_id_conventions);
     tcase_add_test(tc, test_topk_maps_draft_ids);
     tcase_add_test(tc, test_random_presets);
     tcase_add_test(tc, test_embeddings_by_row);

@@ -4,7 +4,7 @@
  * Qwen2 / Qwen3 as GGUF from tools/gen_gguf_arch_fixtures.py, same logits), a tiny
  * Q4_K_M-style llama GGUF with its own transformers logits, and the
  * default SmolLM2 Q4_1 model's top-10 at a few positions of 3 prompts ("RSTK").
- * Each runs on the CPU kernel paths (kernels/cpu_qmatmul.h): "ref" (weights expanded to
+ * Each runs on the CPU kernel paths (kernels/cpu/cpu_qmatmul.h): "ref" (weights expanded to
  * f32, f32 products) holds the tolerances below; the fast path this CPU dispatches to (and
  * the portable scalar one) multiplies Q4_1 weights by activations quantized to 8 bits per
  * block of 32, which moves the default model's logits by up to FAST_ATOL: it must stay
@@ -19,6 +19,7 @@
 #include "testutil.h"
 #include "common/logits.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include <string.h>
 
 /* Tiny models: relative 1e-4 plus this absolute floor (logits reach |64|; the largest

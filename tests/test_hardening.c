@@ -1,4 +1,4 @@
-/* Issue 15, what an attacker and a careless user broke, each with the real binaries: a flood
+/* What an attacker and a careless user broke, each with the real binaries: a flood
  * of idle connections against a drafter with few descriptors, ipc:// paths that are not
  * sockets (and the socket file left after a clean exit), bench --out holding another run,
  * terminal controls in a drafter's ERROR text, a target without a drafter, session

@@ -1,13 +1,13 @@
 /* K-quants: quant_dequantize of Q4_K/Q5_K/Q6_K (and the Q5_0/Q5_1 blocks Q4_K_M files fall
  * back to) against gguf-py's dequantization
  * (tests/fixtures/kquant/blocks.bin from tools/gen_kquant_fixtures.py), and the kernel
- * families' K-quant products against Q8 (per 32) activations (kernels/cpu_kquant.c, the
+ * families' K-quant products against Q8 (per 32) activations (kernels/cpu/cpu_kquant.c, the
  * x86 tiles of cpu_qmm_x86.inc) against dequantize-then-dot. */
 #include "testutil.h"
 #include "common/quant.h"
 #include "common/util.h"
-#include "kernels/cpu_kquant.h"
-#include "kernels/cpu_qmatmul.h"
+#include "kernels/cpu/cpu_kquant.h"
+#include "kernels/cpu/cpu_qmatmul.h"
 #include <math.h>
 #include <string.h>
 

@@ -7,6 +7,7 @@
 #include "common/quant.h"
 #include "common/tokenizer.h"
 #include "testutil.h"
+#include "kernels/cpu/x86/x4_pack.h"
 #include <cjson/cJSON.h>
 #include <limits.h>
 #include <math.h>
@@ -793,7 +794,7 @@ START_TEST(test_load_missing_path) {
 END_TEST
 
 
-/* ---- issue 15: FIFOs, header bounds, offset messages ---- */
+/* ---- hostile files: FIFOs, header bounds, offset messages ---- */
 
 /* A FIFO where a file is expected used to block open() forever (no writer): the model file,
  * config.json, tokenizer.json, a safetensors shard and any rs_read_file. Each is refused

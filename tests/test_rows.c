@@ -7,7 +7,7 @@
 #include "draft_proc/model_drafter.h"
 #include "kernels/backend.h"
 #include "kernels/backend_impl.h"
-#include "kernels/cpu_rows.h"
+#include "kernels/cpu/cpu_rows.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

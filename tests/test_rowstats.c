@@ -1,4 +1,4 @@
-/* The verifier's row reductions (common/logits.h, kernels/cpu_rowstats.h, backend_rows_stats
+/* The verifier's row reductions (common/logits.h, kernels/cpu/cpu_rowstats.h, backend_rows_stats
  * and backend_rows_gather) against the full-row computations of common/logits.c: argmax,
  * runner-up and draws exact (same index for the same uniform), log-sum-exp within 1e-12
  * relative of the sequential double sum; the threaded CPU pass bitwise equal to the
@@ -9,8 +9,8 @@
 #include "common/logits.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
-#include "kernels/cpu_rowstats.h"
-#include "kernels/threadpool.h"
+#include "kernels/cpu/cpu_rowstats.h"
+#include "kernels/cpu/threadpool.h"
 /* The instrumented backend (full_rows_ops) fills an ops table, so it includes the
  * implementation header as any backend does. */
 #include "kernels/backend_impl.h"

@@ -1,5 +1,5 @@
 /* The two-process pipeline, end to end with the real binaries: T=0 token identity with AR
- * across the process boundary for every decoder, and the faults of issue 4 (drafter
+ * across the process boundary for every decoder, and the process faults (drafter
  * unreachable, killed or stalled mid-decode, target killed, garbage frames, wrong protocol
  * version, wrong vocabulary). Uses the tiny golden Llama (HF directory with tokenizer.json)
  * with a layer-0 self-drafter (its greedy output is varied; tiny llama's repeats one id), so each run takes well under a second. */
@@ -193,7 +193,7 @@ START_TEST(test_drafter_unreachable) {
     int rc = run_target("t", "rootdraw", ep, 10, "800", NULL);
     double s = (rs_now_ns() - t0) * 1e-9;
     char *err = slurp("t", "err");
-    /* as when the drafter fails mid-decode: AR with a warning (issue 15) */
+    /* as when the drafter fails mid-decode: AR with a warning */
     ck_assert_msg(rc == 0, "target without a drafter: exit %d: %s", rc, err);
     ck_assert_msg(strstr(err, "no answer: wrong server key or no drafter at") &&
                       strstr(err, "HELLO unanswered for 800 ms"),

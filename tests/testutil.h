@@ -50,8 +50,8 @@ typedef struct {
 void tu_golden_read(const char *path, TuGolden *g);
 void tu_golden_free(TuGolden *g);
 
-/* ---- Kernel activations (kernels/cpu_qmatmul.h) ---- */
-#include "kernels/cpu_qmatmul.h"
+/* ---- Kernel activations (kernels/cpu/cpu_qmatmul.h) ---- */
+#include "kernels/cpu/cpu_qmatmul.h"
 /* x (n, in) with every quantized form a kernel may take (per 256 only when in % 256 ==
  * 0); the copies are the caller's: tu_acts_free. */
 QkActs tu_acts(const float *x, int n, int in);

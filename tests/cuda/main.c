@@ -18,7 +18,7 @@
 
 int main(void) {
 #ifdef ROOTSPEC_CUEMU
-    printf("NOTE: CUDA emulator on the CPU: these tests run kernels/*.cu on tests/cuemu/, not "
+    printf("NOTE: CUDA emulator on the CPU: these tests run kernels/cuda/*.cu on tests/cuemu/, not "
            "on a GPU (logic only: indexing, masks, cache slots, stream order, graph capture)\n");
 #endif
     if (!cu_have_device())

@@ -1,4 +1,4 @@
-/* Launch counts and the batch-invariant mode of the CUDA backend (issue #13):
+/* Launch counts and the batch-invariant mode of the CUDA backend:
  * - kernel launches per layer and per pass, from the backend's counters (exactly 7 a layer
  *   in a default-mode one-row call, 9 with more rows, 5 batch-invariant) and from the kernel
  *   nodes of the captured graphs; no output head without wanted logits;
@@ -15,7 +15,7 @@
 #include "common/randmodel.h"
 #include "cuda_testutil.h"
 #include "kernels/backend.h"
-#include "kernels/cuda_backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "tests/testutil.h"
 
 static Backend *make(const Model *m, int cap, int batch, int pend, int bi) {

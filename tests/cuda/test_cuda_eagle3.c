@@ -1,5 +1,5 @@
-/* The EAGLE-3 head on the CUDA backend (kernels/cuda_eagle3.cu) against the CPU head
- * (kernels/cpu_eagle3.c, itself checked against the torch reference by tests/test_eagle3.c):
+/* The EAGLE-3 head on the CUDA backend (kernels/cuda/cuda_eagle3.cu) against the CPU head
+ * (kernels/cpu/cpu_eagle3.c, itself checked against the torch reference by tests/test_eagle3.c):
  * random:eagle3-tiny drafting for random:tiny (its embeddings), the same script on both:
  * a chunked commit of target features, three tree-expansion steps with ancestor masks and
  * the parents' own states, then two rounds of commit + full pool growth (710 candidates).
@@ -7,7 +7,7 @@
  * weights, GEMM inputs and its KV cache to bf16), states likewise against max|ref state|;
  * top-10 draft ids per row identical; pools identical in tokens, parents and depths, log q
  * within CU_TOL_FRAC of the candidates' spread (the CUDA runner's pools take each pass's
- * top-10 from the device-side reduction, Eagle3RowsOps.topk, mapped through d2t). Pools are not compared bit for bit: log q
+ * top-10 from the device-side reduction, Eagle3LayerOps.topk, mapped through d2t). Pools are not compared bit for bit: log q
  * inherits the bf16 rounding, and the ranking that picks the nodes to expand compares
  * those sums. */
 #include <math.h>
@@ -37,11 +37,11 @@ static void pair_open(Pair *p, int cap, int max_batch) {
     int layers[EAGLE3_N_FEATURES];
     ck_assert_msg(eagle3_head_check(p->h, &p->t->cfg, layers, &e) == 0, "%s", e.msg);
     Eagle3Embed em = {.table = p->t->w.tok_embeddings};
-    const Eagle3RowsOps *cu = eagle3_rows_for(cuda_backend_ops_get(), &e);
+    const Eagle3LayerOps *cu = eagle3_layer_for(cuda_backend_ops_get(), &e);
     ck_assert_msg(cu != NULL, "%s", e.msg);
     ck_assert_str_eq(cu->name, "cuda");
     BackendParams bp = {.kv_capacity = cap, .max_batch = max_batch, .threads = 1};
-    ck_assert(eagle3_runner_create_on(p->h, &em, eagle3_rows_for(NULL, &e), &bp, &p->cpu, &e) == 0);
+    ck_assert(eagle3_runner_create_on(p->h, &em, eagle3_layer_for(NULL, &e), &bp, &p->cpu, &e) == 0);
     ck_assert_msg(eagle3_runner_create_on(p->h, &em, cu, &bp, &p->gpu, &e) == 0, "%s", e.msg);
     ck_assert_str_eq(eagle3_runner_backend(p->gpu), "cuda");
     p->D = p->h->cfg.c.dim;
@@ -101,7 +101,7 @@ static void commit_both(Pair *p, const int *tok, int n, float *sc, float *lc, fl
     free(f);
 }
 
-START_TEST(test_cuda_eagle3_rows_match_cpu) {
+START_TEST(test_cuda_eagle3_layer_match_cpu) {
     CU_REQUIRE_DEVICE();
     Pair p;
     pair_open(&p, 128, 10);
@@ -282,7 +282,7 @@ Suite *suite_cuda_eagle3(void) {
     Suite *s = suite_create("cuda_eagle3");
     TCase *tc = tcase_create("eagle3");
     tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_cuda_eagle3_rows_match_cpu);
+    tcase_add_test(tc, test_cuda_eagle3_layer_match_cpu);
     tcase_add_test(tc, test_cuda_eagle3_pools_match_cpu);
     tcase_add_test(tc, test_cuda_eagle3_drafter_backend);
     suite_add_tcase(s, tc);

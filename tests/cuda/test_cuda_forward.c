@@ -18,7 +18,7 @@
 #include "common/rng.h"
 #include "cuda_testutil.h"
 #include "kernels/backend.h"
-#include "kernels/cuda_backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "tests/testutil.h"
 
 /* One scripted round trip on both backends: prefill 9 (causal), commit all; tree pass of 6

@@ -1,5 +1,5 @@
-/* Per-kernel tests of kernels/cuda_kernels.cu on random inputs, each against the CPU
- * backend's own operation (kernels/cpu_ops.h) as its reference (llm.c style), so a kernel
+/* Per-kernel tests of kernels/cuda/cuda_kernels.cu on random inputs, each against the CPU
+ * backend's own operation (kernels/cpu/cpu_ops.h) as its reference (llm.c style), so a kernel
  * is held to exactly what the CPU reference computes. Tolerances are stated per test as
  * |got - ref| <= atol + rtol*|ref|; tu_compare prints the first mismatches. */
 #include <cuda_runtime_api.h>
@@ -7,8 +7,8 @@
 #include <string.h>
 #include "common/logits.h"
 #include "cuda_testutil.h"
-#include "kernels/cpu_ops.h"
-#include "kernels/cuda_kernels.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "tests/testutil.h"
 
 static void *dnew(size_t bytes) {

@@ -8,8 +8,8 @@
 #include "cuda_testutil.h"
 #include "common/logits.h"
 #include "kernels/backend.h"
-#include "kernels/cuda_rows.h"
-#include "kernels/cpu_rows.h"
+#include "kernels/cuda/cuda_rows.h"
+#include "kernels/cpu/cpu_rows.h"
 #include "tests/testutil.h"
 
 #define VOCAB 96

@@ -1,4 +1,4 @@
-/* The verifier's row queries on the CUDA backend (kernels/cuda_rowstats.cu) against the CPU
+/* The verifier's row queries on the CUDA backend (kernels/cuda/cuda_rowstats.cu) against the CPU
  * reference (common/logits.c row_stats, the same canonical order): argmax, runner-up and
  * draws exact (same index at the same uniform); log-sum-exp bitwise on the emulator, and
  * within 1e-12 relative on a GPU (its exp/log differ from the host's by an ulp); gathers
@@ -13,8 +13,8 @@
 #include "cuda_testutil.h"
 #include "draft_proc/model_drafter.h"
 #include "target_proc/decode.h"
-#include "kernels/cuda_kernels.h"
-#include "kernels/cuda_rowstats.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_rowstats.h"
 #include "tests/testutil.h"
 
 /* The emulator runs the kernels with the host's exp and log: bitwise equal. */

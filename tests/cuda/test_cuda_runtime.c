@@ -9,7 +9,7 @@
 #include <cuda_runtime_api.h>
 #include <string.h>
 #include "cuda_testutil.h"
-#include "kernels/cuda_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 
 static float *dput_f(const float *h, size_t n) {
     float *d = NULL;

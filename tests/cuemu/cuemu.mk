@@ -1,6 +1,6 @@
-# CUDA emulator build fragment, included by the Makefile after kernels/cuda.mk (whose
+# CUDA emulator build fragment, included by the Makefile after kernels/cuda/cuda.mk (whose
 # CUDA_* variables it uses). Test scaffolding, not product: the emulator (tests/cuemu/) runs
-# the unchanged kernels/*.cu on the CPU, so the CUDA code is checked without a GPU or nvcc;
+# the unchanged kernels/cuda/*.cu on the CPU, so the CUDA code is checked without a GPU or nvcc;
 # only the CUDA headers are needed.
 #   make cuda-emu            -> build/cuda-emu/rootspec-{<mains>,cuda-bench,cuda-tests},
 #                               build/cuda-emu/cuemu-selftest
@@ -12,7 +12,7 @@
 #                               (CUEMU_SAN_SUITES) and the self-test: what .ci/run runs,
 #                               since the decode-level suites take minutes each under ASan
 #                               on the emulator and run unsanitized in cuda-emu-test
-# The unchanged kernels/*.cu are compiled by g++ as C++ with tests/cuemu/cuemu.h forced in
+# The unchanged kernels/cuda/*.cu are compiled by g++ as C++ with tests/cuemu/cuemu.h forced in
 # (ROOTSPEC_CUEMU); the C tests and programs link the emulator's C-linkage runtime and cuBLAS
 # instead of libcudart/libcublas. Every test runs in full (about a minute on 2 cores; ~2 with
 # SAN=1). The emulator's knobs (CUEMU_SCHED, CUEMU_PROTECT, ...) are listed in tests/cuemu/.
@@ -20,7 +20,7 @@ CUEMU_CXX     ?= g++
 ifeq ($(SAN),1)
 CUEMU_DIR     := build/cuda-emu-san
 CUEMU_OPT     := $(SAN_FLAGS)
-CUEMU_LIB_OBJS := $(filter-out build/san/kernels/cuda_stub.o,$(SAN_OBJS))
+CUEMU_LIB_OBJS := $(filter-out build/san/kernels/cuda/cuda_stub.o,$(SAN_OBJS))
 CUEMU_BENCH_OBJS := $(BENCH_SAN_OBJS)
 else
 CUEMU_DIR     := build/cuda-emu
@@ -58,7 +58,7 @@ $(CUEMU_DIR)/tests/cuemu/%.o: tests/cuemu/%.cc | cuemu-headers
 	@mkdir -p $(dir $@)
 	$(CUEMU_CXX) $(CUEMU_CXXFLAGS) -c $< -o $@
 
-$(CUEMU_SELFTEST): $(CUEMU_DIR)/tests/cuemu/cuemu_selftest.o $(filter-out $(CUEMU_DIR)/kernels/cuda_%,$(CUEMU_OBJS))
+$(CUEMU_SELFTEST): $(CUEMU_DIR)/tests/cuemu/cuemu_selftest.o $(filter-out $(CUEMU_DIR)/kernels/cuda/cuda_%,$(CUEMU_OBJS))
 	$(CC) $(CUEMU_CFLAGS) $^ -o $@ $(CUEMU_LDLIBS)
 
 $(CUEMU_DIR)/%.o: %.cu | cuemu-headers

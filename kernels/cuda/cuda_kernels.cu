@@ -1,10 +1,10 @@
 /* CUDA kernels of the forward pass; see cuda_kernels.h. Arithmetic follows the CPU
- * reference (kernels/cpu_ops.c) step by step: f32 RMSNorm with the same formula,
+ * reference (kernels/cpu/cpu_ops.c) step by step: f32 RMSNorm with the same formula,
  * cos/sin in double of a float angle, f32 softmax, so the two backends differ only by
  * the bf16 weights, the bf16 KV cache and summation order. */
 #include "cuda_kernels.h"
 extern "C" {
-#include "cpu_ops.h" /* rope_inv_freq */
+#include "kernels/cpu/cpu_ops.h" /* rope_inv_freq */
 }
 #include "common/randmodel.h" /* rs_rand_value: the random-model weights, shared with the CPU */
 #include <cuda_bf16.h>

@@ -4,7 +4,7 @@
  * tiles). Written on a machine without AVX-512, first run and tuned on an AMD EPYC Zen 4;
  * the tests run it where it runs, and everywhere with AVX2 they run this same source with
  * vpdpbusd emulated (tests/qmm_avx512_emu.c), which must give the AVX2 family's bits. */
-#include "cpu_qmatmul.h"
+#include "kernels/cpu/cpu_qmatmul.h"
 #include "common/quant.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)

@@ -1,4 +1,4 @@
-/* CUDA kernels of the transformer forward (kernels/cuda_kernels.cu), callable from C.
+/* CUDA kernels of the transformer forward (kernels/cuda/cuda_kernels.cu), callable from C.
  * Every launcher takes device pointers and a stream and only enqueues work, so the
  * backend can capture a whole forward in a CUDA graph. bf16 values cross this C interface
  * as raw uint16_t bits (the device side reads them as __nv_bfloat16).
@@ -19,7 +19,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "../common/model.h"
+#include "common/model.h"
 
 typedef uint16_t rs_bf16; /* raw bfloat16 bits */
 

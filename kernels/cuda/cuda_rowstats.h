@@ -1,4 +1,4 @@
-/* The verifier's row queries on the device (kernels/cuda_rowstats.cu), callable from C: what
+/* The verifier's row queries on the device (kernels/cuda/cuda_rowstats.cu), callable from C: what
  * backend_rows_stats and backend_rows_gather compute on the CUDA backend, over logits rows
  * that stay in device memory. Same canonical order as common/logits.h (row_stats), so the
  * CPU emulator reproduces the CPU reference bit for bit; on a GPU only the device's exp
@@ -10,7 +10,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "../common/logits.h"
+#include "common/logits.h"
 
 /* out[i] = row_stats of logits row rows[i] (logits: (*, V) f32) under the sampling law
  * smp (a host pointer, passed by value); u: NULL or (n) uniforms (u[i] < 0: no draw). csum:

@@ -1,7 +1,7 @@
 /* Dot kernels of K-quant weight rows (Q4_K, Q5_K, Q6_K: 256-element super-blocks with
  * 6/8-bit sub-block scales) against activations quantized per 32 elements (QkQ8, the same
  * activations the Q4_0/Q4_1/Q8_0 kernels take), shaped as the kernel families' QkDotFn
- * (kernels/cpu_qmatmul.h): one weight row against 1..QK_GROUP tokens. These are the
+ * (kernels/cpu/cpu_qmatmul.h): one weight row against 1..QK_GROUP tokens. These are the
  * portable family's; the x86 families take K-quants against per-256 activations in their
  * own tiles (cpu_qmm_x86k.inc).
  *

@@ -1,13 +1,13 @@
 /* The arithmetic of an EAGLE-3 head's one decoder layer over a batch of rows, per backend:
  * the CPU with the weights in their stored type through the CPU backend's kernel family
- * and thread pool (kernels/cpu_eagle3.c, the reference; ROOTSPEC_CPU_KERNELS=ref makes it
- * all f32) and CUDA with bf16 weights, GEMM inputs and KV cache (kernels/cuda_eagle3.cu).
+ * and thread pool (kernels/cpu/cpu_eagle3.c, the reference; ROOTSPEC_CPU_KERNELS=ref makes it
+ * all f32) and CUDA with bf16 weights, GEMM inputs and KV cache (kernels/cuda/cuda_eagle3.cu).
  * An implementation holds the head's weights where it computes and the head's KV cache;
  * the runner (draft_proc/eagle3_forward.h) keeps the cache bookkeeping (which slots are
  * committed or pending), the token embeddings and the pool growth, so both backends grow
  * pools with the same code. */
-#ifndef ROOTSPEC_EAGLE3_ROWS_H
-#define ROOTSPEC_EAGLE3_ROWS_H
+#ifndef ROOTSPEC_EAGLE3_LAYER_H
+#define ROOTSPEC_EAGLE3_LAYER_H
 #include <stdint.h>
 #ifdef __cplusplus
 extern "C" {
@@ -15,7 +15,7 @@ extern "C" {
 #include "common/eagle3.h"
 #include "backend.h"
 
-typedef struct Eagle3Rows Eagle3Rows; /* one implementation's state */
+typedef struct Eagle3Layer Eagle3Layer; /* one implementation's state */
 
 /* n rows written to cache slots [n_committed + n_pending, + n): row t's state is
  * fc(in[t]) when fc (in: (n, 3 * target_hidden) target features) or in[t] itself (in:
@@ -36,28 +36,29 @@ typedef struct {
     float *logits_out;   // (n - out_from, draft_vocab), or NULL: kept for topk
 } Eagle3Batch;
 
-typedef struct {
-    const char *name; /* "cpu" or "cuda", as the backend of the same name */
+struct Eagle3LayerOps {
+    const char *name; /* "cpu" or "cuda", for messages */
     /* Borrows h (keep it alive; its matrices must have data). From p: kv_capacity,
      * max_batch (most rows in one run), threads (the CPU's, 0 = 1) and device (the CUDA
      * ordinal); the rest is ignored. RS_EUNSUPPORTED / RS_ENOMEM / RS_EINVAL with a message
      * when the head cannot run there. */
-    int (*create)(const Eagle3Head *h, const BackendParams *p, Eagle3Rows **out, RsErr *e);
+    int (*create)(const Eagle3Head *h, const BackendParams *p, Eagle3Layer **out, RsErr *e);
     /* Accepts NULL and a NULL *r; clears the caller's pointer. */
-    void (*destroy)(Eagle3Rows **r);
+    void (*destroy)(Eagle3Layer **r);
     /* The caller checked the sizes (n <= max_batch, slots inside kv_capacity). Outputs
      * are on the host when it returns. */
-    void (*run)(Eagle3Rows *r, const Eagle3Batch *b);
+    void (*run)(Eagle3Layer *r, const Eagle3Batch *b);
     /* Optional (NULL: the runner reduces logits_out on the host): the k best draft ids of
      * the last run's m output rows and their log-softmax over the draft vocabulary
      * (ids, logq: (m, k), on the host when it returns; ties to the lower id), reduced
      * where the logits are, so whole rows never cross (CUDA: on the device). */
-    void (*topk)(Eagle3Rows *r, int m, int k, int *ids, float *logq);
-} Eagle3RowsOps;
+    void (*topk)(Eagle3Layer *r, int m, int k, int *ids, float *logq);
+};
 
-extern const Eagle3RowsOps cpu_eagle3_rows;
-/* NULL when built without CUDA (kernels/cuda_stub.c). */
-const Eagle3RowsOps *cuda_eagle3_rows_get(void);
+/* Each backend's, reached through its BackendOps (backend_eagle3_layer); the CUDA one
+ * exists only in the CUDA build. */
+extern const Eagle3LayerOps cpu_eagle3_layer;
+extern const Eagle3LayerOps cuda_eagle3_layer;
 
 #ifdef __cplusplus
 }

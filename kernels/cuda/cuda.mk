@@ -7,8 +7,8 @@
 #                                            one GPU call (tools/gpu-check.sh) carries
 #   make gpu-prepare                      -> gpu-bundle + gpu-carry/ (default model in 2
 #                                            parts, for the optional --default-model calls)
-# The CUDA binaries link the CPU library objects except kernels/cuda_stub.o (which would
-# answer "no CUDA backend") plus the nvcc objects of kernels/*.cu. The CPU emulator build
+# The CUDA binaries link the CPU library objects except kernels/cuda/cuda_stub.o (which would
+# answer "no CUDA backend") plus the nvcc objects of kernels/cuda/*.cu. The CPU emulator build
 # (make cuda-emu, cuda-emu-test) is test scaffolding: tests/cuemu/cuemu.mk.
 CUDA_HOME  ?= /usr/local/cuda
 NVCC       ?= $(CUDA_HOME)/bin/nvcc
@@ -26,9 +26,9 @@ CUDA_RPATH := -Wl,--disable-new-dtags -Wl,-rpath,'$$ORIGIN/lib' -Wl,-rpath,$(CUD
 CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -lcublas $(CUDART) -lstdc++ $(LDLIBS)
 
 CUDA_DIR      := build/cuda
-CUDA_CU_SRCS  := $(wildcard kernels/*.cu)
+CUDA_CU_SRCS  := $(wildcard kernels/cuda/*.cu)
 CUDA_CU_OBJS  := $(CUDA_CU_SRCS:%.cu=$(CUDA_DIR)/%.o)
-CUDA_LIB_OBJS := $(filter-out build/obj/kernels/cuda_stub.o,$(LIB_OBJS))
+CUDA_LIB_OBJS := $(filter-out build/obj/kernels/cuda/cuda_stub.o,$(LIB_OBJS))
 CUDA_MAIN_BINS := $(foreach m,$(MAIN_SRCS),$(CUDA_DIR)/rootspec-$(patsubst %_main.c,%,$(notdir $(m))))
 CUDA_BENCH    := $(CUDA_DIR)/rootspec-cuda-bench
 CUDA_TEST_BIN := $(CUDA_DIR)/rootspec-cuda-tests
@@ -102,7 +102,7 @@ gpu-bundle:
 	  echo "gpu-bundle: the device call carries $$all bytes (working tree + gpu-bundle; limit $$((64 << 20)))"; \
 	  [ $$all -le $$((64 << 20)) ] || { echo "gpu-bundle: over the device call's limit" >&2; exit 1; }
 
-# Everything two device calls carry (README, "CUDA"): gpu-bundle/ plus the default model in
+# Everything two device calls carry (docs/CUDA.md): gpu-bundle/ plus the default model in
 # two parts under gpu-carry/, with each call's size checked against the 64 MiB limit.
 .PHONY: gpu-prepare
 gpu-prepare: gpu-bundle $(DEFAULT_MODEL)
@@ -117,7 +117,7 @@ gpu-prepare: gpu-bundle $(DEFAULT_MODEL)
 .PHONY: cuda-resources
 cuda-resources:
 	@mkdir -p $(CUDA_DIR)
-	$(NVCC) $(NVCCFLAGS) -Xptxas -v -c kernels/cuda_kernels.cu -o $(CUDA_DIR)/resources.o 2> $(CUDA_DIR)/resources.txt
+	$(NVCC) $(NVCCFLAGS) -Xptxas -v -c kernels/cuda/cuda_kernels.cu -o $(CUDA_DIR)/resources.o 2> $(CUDA_DIR)/resources.txt
 	@awk '/Compiling entry function/ { k = $$0; sub(/.*function ./, "", k); sub(/. for .*/, "", k); \
 	        a = $$0; sub(/.*for ./, "", a); sub(/.$$/, "", a) } \
 	      /Used [0-9]+ registers/ { r = $$0; sub(/.*Used /, "", r); sub(/ registers.*/, "", r); \

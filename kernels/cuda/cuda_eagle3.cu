@@ -1,5 +1,5 @@
-/* The CUDA implementation of kernels/eagle3_rows.h: an EAGLE-3 head's decoder layer on the
- * GPU with the CUDA backend's conventions (kernels/cuda_backend.cu): bf16 weights, GEMM
+/* The CUDA implementation of kernels/eagle3_layer.h: an EAGLE-3 head's decoder layer on the
+ * GPU with the CUDA backend's conventions (kernels/cuda/cuda_backend.cu): bf16 weights, GEMM
  * inputs and KV cache, f32 residual stream, norms and softmax, every projection one
  * cublasGemmEx (bf16 in, f32 accumulate), and the backend's kernels (cuda_kernels.h) for
  * the norms, RoPE, cache stores, attention and SwiGLU. The head's q/k/v take the 2*dim
@@ -16,13 +16,13 @@
 #include <stdlib.h>
 #include <string.h>
 extern "C" {
-#include "backend.h" /* BACKEND_TOPK_MAX */
+#include "kernels/backend.h" /* BACKEND_TOPK_MAX */
 }
 #include "cuda_kernels.h"
 #include "cuda_rows.h"
-#include "eagle3_rows.h"
+#include "kernels/eagle3_layer.h"
 
-struct Eagle3Rows {
+struct Eagle3Layer {
     const Eagle3Head *h;
     int dim, hd, nh, nkv, qd, kvd, qkv_w, hidden, F, DV, cap, maxb, device, mask_words;
     float eps;
@@ -62,9 +62,9 @@ struct Eagle3Rows {
 };
 
 
-static void e3_destroy(Eagle3Rows **pr) {
+static void e3_destroy(Eagle3Layer **pr) {
     if (!pr || !*pr) return;
-    Eagle3Rows *r = *pr;
+    Eagle3Layer *r = *pr;
     cudaSetDevice(r->device);
     if (r->s) cudaStreamSynchronize(r->s);
     void *dev[] = {r->blas_ws, r->fc, r->wqkv, r->wo, r->wgu, r->wdown, r->lm, r->in_norm,
@@ -93,7 +93,7 @@ static int dalloc(void *pp, size_t bytes, const char *what, RsErr *e) {
 
 #define DA(ptr, bytes, what) if (!rc) rc = dalloc(&(ptr), (bytes), (what), e)
 
-static int alloc_all(Eagle3Rows *r, RsErr *e) {
+static int alloc_all(Eagle3Layer *r, RsErr *e) {
     size_t D = r->dim, B = r->maxb, cap = r->cap, half = r->hd / 2;
     int rc = RS_OK;
     DA(r->blas_ws, (size_t)32 << 20, "cuBLAS workspace");
@@ -142,7 +142,7 @@ static int alloc_all(Eagle3Rows *r, RsErr *e) {
 /* f32 host array (n) -> bf16 device array, through a bounded device staging buffer. */
 /* A matrix in its stored type as bf16 at dst, rows dequantized on the host (host: stage_n
  * floats) and converted on the device, a staging buffer's worth at a time. */
-static void put_bf16(Eagle3Rows *r, const QTensor *q, rs_bf16 *dst, float *stage, float *host,
+static void put_bf16(Eagle3Layer *r, const QTensor *q, rs_bf16 *dst, float *stage, float *host,
                      size_t stage_n) {
     int per = (int)(stage_n / (size_t)q->cols);
     RS_ASSERT(per > 0 && q->data);
@@ -156,12 +156,12 @@ static void put_bf16(Eagle3Rows *r, const QTensor *q, rs_bf16 *dst, float *stage
     }
 }
 
-static void put_f32(Eagle3Rows *r, const float *src, size_t n, float *dst) {
+static void put_f32(Eagle3Layer *r, const float *src, size_t n, float *dst) {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyHostToDevice, r->s));
 }
 
 /* The head's weights as the backend keeps a layer's (q|k|v and gate|up fused). */
-static int upload(Eagle3Rows *r, RsErr *e) {
+static int upload(Eagle3Layer *r, RsErr *e) {
     const Eagle3Head *h = r->h;
     size_t D = r->dim, stage_n = (size_t)4 << 20;
     float *stage = NULL;
@@ -215,9 +215,9 @@ static int check_device(const Config *c, int device, RsErr *e) {
     return RS_OK;
 }
 
-static Eagle3Rows *rows_new(const Eagle3Head *h, int cap, int maxb, int device) {
+static Eagle3Layer *rows_new(const Eagle3Head *h, int cap, int maxb, int device) {
     const Config *c = &h->cfg.c;
-    Eagle3Rows *r = (Eagle3Rows *)rs_xcalloc(1, sizeof *r);
+    Eagle3Layer *r = (Eagle3Layer *)rs_xcalloc(1, sizeof *r);
     r->h = h;
     r->dim = c->dim;
     r->hd = c->head_dim;
@@ -242,12 +242,12 @@ static Eagle3Rows *rows_new(const Eagle3Head *h, int cap, int maxb, int device) 
     return r;
 }
 
-static int e3_create(const Eagle3Head *h, const BackendParams *p, Eagle3Rows **out, RsErr *e) {
+static int e3_create(const Eagle3Head *h, const BackendParams *p, Eagle3Layer **out, RsErr *e) {
     *out = NULL;
     RS_ASSERT(h && p && h->lm_head.data);
     int rc = check_device(&h->cfg.c, p->device, e);
     if (rc) return rc;
-    Eagle3Rows *r = rows_new(h, p->kv_capacity, p->max_batch, p->device);
+    Eagle3Layer *r = rows_new(h, p->kv_capacity, p->max_batch, p->device);
     rc = alloc_all(r, e);
     if (!rc) {
         CUBLAS_CHECK(cublasSetWorkspace(r->blas, r->blas_ws, (size_t)32 << 20));
@@ -264,7 +264,7 @@ static int e3_create(const Eagle3Head *h, const BackendParams *p, Eagle3Rows **o
 /* Y (n, out) f32 (+= when beta = 1) = X (n, in) bf16 @ W^T, W (out, in) read with row
  * stride ldw (a column block of a wider matrix when ldw > in). Column-major as in
  * cuda_backend.cu's gemm(). */
-static void gemm(Eagle3Rows *r, const rs_bf16 *W, int ldw, int out, int in, const rs_bf16 *X,
+static void gemm(Eagle3Layer *r, const rs_bf16 *W, int ldw, int out, int in, const rs_bf16 *X,
                  int n, float *Y, float beta) {
     const float alpha = 1.0f;
     CUBLAS_CHECK(cublasGemmEx(r->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, W,
@@ -274,7 +274,7 @@ static void gemm(Eagle3Rows *r, const rs_bf16 *W, int ldw, int out, int in, cons
 }
 
 /* Positions, mask bits, meta, embedding rows and the state input onto the device. */
-static void stage(Eagle3Rows *r, const Eagle3Batch *b) {
+static void stage(Eagle3Layer *r, const Eagle3Batch *b) {
     int n = b->n, stride = b->n_pending + n;
     const uint8_t *mask = b->mask;
     if (!mask) { /* causal within the batch, every earlier pending row visible */
@@ -302,7 +302,7 @@ static void stage(Eagle3Rows *r, const Eagle3Batch *b) {
 }
 
 /* The decoder layer over the staged rows; output states left in r->hs. */
-static void layer(Eagle3Rows *r, int n) {
+static void layer(Eagle3Layer *r, int n) {
     cudaStream_t s = r->s;
     int D = r->dim;
     cuk_rope_table(s, r->d_pos, r->inv_freq, n, r->hd / 2, r->cos_t, r->sin_t);
@@ -321,7 +321,7 @@ static void layer(Eagle3Rows *r, int n) {
     gemm(r, r->wdown, r->hidden, D, r->hidden, r->hb, n, r->hs, 1.0f);
 }
 
-static void e3_run(Eagle3Rows *r, const Eagle3Batch *b) {
+static void e3_run(Eagle3Layer *r, const Eagle3Batch *b) {
     CUDA_CHECK(cudaSetDevice(r->device));
     RS_ASSERT(b->n >= 1 && b->n <= r->maxb);
     stage(r, b);
@@ -340,9 +340,9 @@ static void e3_run(Eagle3Rows *r, const Eagle3Batch *b) {
     CUDA_CHECK(cudaStreamSynchronize(r->s));
 }
 
-/* One block per row (kernels/cuda_rows.cu) over the logits the last run left on the
+/* One block per row (kernels/cuda/cuda_rows.cu) over the logits the last run left on the
  * device; only (m, k) ids and log q cross. */
-static void e3_topk(Eagle3Rows *r, int m, int k, int *ids, float *logq) {
+static void e3_topk(Eagle3Layer *r, int m, int k, int *ids, float *logq) {
     CUDA_CHECK(cudaSetDevice(r->device));
     RS_ASSERT(m >= 1 && m <= r->maxb && k >= 1 && k <= BACKEND_TOPK_MAX && k <= r->DV);
     cuk_rows_topk(r->s, r->logits, m, r->DV, k, r->top_ids, r->top_logq, r->top_lse);
@@ -352,12 +352,10 @@ static void e3_topk(Eagle3Rows *r, int m, int k, int *ids, float *logq) {
     CUDA_CHECK(cudaStreamSynchronize(r->s));
 }
 
-static const Eagle3RowsOps cuda_e3_ops = {
+extern "C" const Eagle3LayerOps cuda_eagle3_layer = {
     .name = "cuda",
     .create = e3_create,
     .destroy = e3_destroy,
     .run = e3_run,
     .topk = e3_topk,
 };
-
-extern "C" const Eagle3RowsOps *cuda_eagle3_rows_get(void) { return &cuda_e3_ops; }

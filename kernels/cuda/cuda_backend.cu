@@ -1,4 +1,4 @@
-/* CUDA backend: the same forward as kernels/cpu_backend.c on an NVIDIA GPU. Weights are
+/* CUDA backend: the same forward as kernels/cpu/cpu_backend.c on an NVIDIA GPU. Weights are
  * bf16 (converted from the Model's f32 arrays at create), the KV cache is bf16
  * (layer, kv_capacity, kv_dim), activations and softmax are f32. q/k/v and gate/up are
  * concatenated into one matrix each, so a layer has 4 projections over the whole batch:
@@ -26,7 +26,8 @@
 #include "cuda_rows.h"
 #include "cuda_rowstats.h"
 extern "C" {
-#include "backend_impl.h"
+#include "kernels/backend_impl.h"
+#include "kernels/eagle3_layer.h"
 }
 
 static const int kBuckets[] = {1, 2, 4, 8, 16, 32, 48, 65};
@@ -167,6 +168,7 @@ static const BackendOps cuda_ops = {
     .read_features = cuda_read_features,
     .rows_stats = cuda_rows_stats,
     .rows_gather = cuda_rows_gather,
+    .eagle3_layer = &cuda_eagle3_layer,
 };
 
 
@@ -877,20 +879,9 @@ static int cuda_rows_topk(Backend *bb, int k, int *ids, float *logq, float *lse,
 
 static int cuda_kv_commit(Backend *bb, const int *keep, int n_keep, RsErr *e) {
     CudaBackend *b = (CudaBackend *)bb;
-    int np = bb->n_pending, nc = bb->n_committed;
-    if (n_keep < 0 || n_keep > np)
-        return rs_err(e, RS_EINVAL, "kv_commit of %d entries with %d pending", n_keep, np);
-    memset(b->keep_seen, 0, (size_t)np);
-    int identity = 1;
-    for (int i = 0; i < n_keep; i++) {
-        if (keep[i] < 0 || keep[i] >= np)
-            return rs_err(e, RS_EINVAL, "kv_commit keep[%d] = %d outside the %d pending entries",
-                          i, keep[i], np);
-        if (b->keep_seen[keep[i]])
-            return rs_err(e, RS_EINVAL, "kv_commit keeps pending entry %d twice", keep[i]);
-        b->keep_seen[keep[i]] = 1;
-        identity &= keep[i] == i;
-    }
+    int nc = bb->n_committed, identity;
+    int rc = backend_check_commit(bb, keep, n_keep, b->keep_seen, &identity, e);
+    if (rc) return rc;
     /* entries already in place need no copy (e.g. a prefill commit); features always do */
     if (!identity || bb->feat_n) {
         CUDA_CHECK(cudaSetDevice(bb->params.device));

@@ -1,7 +1,7 @@
 /* AVX2+FMA+F16C kernel family (see cpu_qmatmul.h; kernels in cpu_qmm_x86.inc). Compiled
  * for these extensions through a target pragma (the build stays -march=x86-64-v2);
  * qk_family_pick only hands it out when cpuid reports them. */
-#include "cpu_qmatmul.h"
+#include "kernels/cpu/cpu_qmatmul.h"
 #include "common/quant.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)

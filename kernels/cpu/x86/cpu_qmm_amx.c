@@ -3,7 +3,7 @@
  * type (cpu_qmm_amx.inc), giving the AVX-512 family's bits. Written on a machine without
  * AMX: selected by cpuid and the kernel's tile permission only; the tests run this source
  * with the tile instructions emulated (tests/qmm_amx_emu.c). */
-#include "cpu_qmatmul.h"
+#include "kernels/cpu/cpu_qmatmul.h"
 #include "common/quant.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)

@@ -9,7 +9,7 @@
 #include "cuda_rows.h"
 #include "cuda_kernels.h"
 extern "C" {
-#include "backend.h" /* BACKEND_TOPK_MAX */
+#include "kernels/backend.h" /* BACKEND_TOPK_MAX */
 }
 #include <cuda_runtime.h>
 #include <math.h>

@@ -1,11 +1,11 @@
 /* The CPU backend's reference operations, one per step of the transformer forward, in f32.
- * kernels/cpu_backend.c composes them per layer; the CUDA kernel tests
+ * kernels/cpu/cpu_backend.c composes them per layer; the CUDA kernel tests
  * (tests/cuda/test_cuda_kernels.c) use the same functions as their references, so a CUDA
  * kernel is checked against exactly what the CPU reference computes (llm.c style).
  * No function allocates; none keeps state. */
 #ifndef ROOTSPEC_CPU_OPS_H
 #define ROOTSPEC_CPU_OPS_H
-#include "../common/model.h"
+#include "common/model.h"
 #include <stddef.h>
 #include <stdint.h>
 

@@ -1,4 +1,4 @@
-/* Per-row reductions of kept logits rows on the device (kernels/cuda_rows.cu), used by the
+/* Per-row reductions of kept logits rows on the device (kernels/cuda/cuda_rows.cu), used by the
  * CUDA backend's backend_rows_topk. Launchers only enqueue; device pointers throughout. */
 #ifndef ROOTSPEC_CUDA_ROWS_H
 #define ROOTSPEC_CUDA_ROWS_H

@@ -1,5 +1,5 @@
 /* Per-row reductions of logits on the CPU: top-k and log-sum-exp of each row in one fused
- * pass (kernels/cpu_rows.c). The CPU backend runs it on its kept rows (backend_rows_topk),
+ * pass (kernels/cpu/cpu_rows.c). The CPU backend runs it on its kept rows (backend_rows_topk),
  * and backend_rows_topk's fallback for a backend without its own runs it on copied rows.
  *
  * Determinism: a row is reduced whole by one thread, in column order, so the result is
@@ -8,7 +8,7 @@
  * or scalar forces it). */
 #ifndef ROOTSPEC_CPU_ROWS_H
 #define ROOTSPEC_CPU_ROWS_H
-#include "backend.h"
+#include "kernels/backend.h"
 #include "threadpool.h"
 
 #define ROWS_TOPK_MAX BACKEND_TOPK_MAX

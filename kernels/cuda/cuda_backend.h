@@ -1,4 +1,4 @@
-/* Extras of the CUDA backend beyond kernels/backend.h (kernels/cuda_backend.cu), for tests
+/* Extras of the CUDA backend beyond kernels/backend.h (kernels/cuda/cuda_backend.cu), for tests
  * and the GPU benchmark; its counters come through backend_stats(). Only available in the CUDA build (make cuda): the CPU library does
  * not define these. */
 #ifndef ROOTSPEC_CUDA_BACKEND_H
@@ -11,7 +11,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "backend.h"
+#include "kernels/backend.h"
 
 /* Turns CUDA graphs on (1) or off (0) for later forward() calls; the default comes from
  * ROOTSPEC_CUDA_GRAPHS (unset or not "0": on). */

@@ -1,6 +1,6 @@
 /* CPU reference operations (see cpu_ops.h). They favour matching transformers' arithmetic
  * over speed: this is the reference the CUDA backend and the golden tests are checked
- * against. cpu_matmul is the portable f32 kernel of kernels/cpu_qmatmul.h (the backend
+ * against. cpu_matmul is the portable f32 kernel of kernels/cpu/cpu_qmatmul.h (the backend
  * itself multiplies stored-type weights through the dispatched family); attention is
  * one (token, head) at a time so the backend can split pairs across threads, its entries
  * four at a time with each entry's arithmetic that of the plain one-entry loops. */

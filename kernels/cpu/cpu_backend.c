@@ -1,7 +1,7 @@
 /* CPU backend: the whole transformer forward in f32 activations against weights kept in
  * their stored type (QTensor), llama2.c style. Every buffer lives in a RunState allocated
  * once in create(); forward() never allocates. Matrix products go through the kernel
- * family picked at create() (kernels/cpu_qmatmul.h: AVX-512, AVX2, scalar, or the f32
+ * family picked at create() (kernels/cpu/cpu_qmatmul.h: AVX-512, AVX2, scalar, or the f32
  * "ref" path the golden tests hold to transformers' tolerances), split across output rows
  * in chunks the backend's own threads claim; attention (the family's, or the reference
  * loops) is split over (token, head) pairs. A layer is five parallel regions (q|k|v,
@@ -13,13 +13,16 @@
  * prefill chunk, in a masked tree pass) at a given kernel family: every product reduces
  * each output element in an order fixed by the weight row alone (cpu_qmatmul.h), norms
  * and RoPE are per row, and attention walks the entries a row sees in cache order.
- * The per-step operations are kernels/cpu_ops.c (shared with the CUDA kernel tests). */
-#include "backend_impl.h"
+ * The per-step operations are kernels/cpu/cpu_ops.c (shared with the CUDA kernel tests). */
+#include "kernels/backend_impl.h"
 #include "cpu_ops.h"
 #include "cpu_qmatmul.h"
 #include "cpu_rows.h"
 #include "cpu_rowstats.h"
 #include "threadpool.h"
+#include "kernels/cpu/x86/x4_pack.h"
+#include "cpu_backend.h"
+#include "kernels/eagle3_layer.h"
 #include <math.h>
 #include <sched.h>
 #include <string.h>
@@ -631,22 +634,9 @@ static void kv_compact(CpuBackend *b, const int *keep, int n_keep) {
 
 static int cpu_kv_commit(Backend *bb, const int *keep, int n_keep, RsErr *e) {
     CpuBackend *b = (CpuBackend *)bb;
-    RS_ASSERT(keep || n_keep == 0);
     RunState *s = &b->s;
-    int np = bb->n_pending;
-    if (n_keep < 0 || n_keep > np)
-        return rs_err(e, RS_EINVAL, "kv_commit of %d entries with %d pending", n_keep, np);
-    memset(s->keep_seen, 0, (size_t)np);
-    int identity = 1;
-    for (int i = 0; i < n_keep; i++) {
-        if (keep[i] < 0 || keep[i] >= np)
-            return rs_err(e, RS_EINVAL, "kv_commit keep[%d] = %d outside the %d pending entries",
-                          i, keep[i], np);
-        if (s->keep_seen[keep[i]])
-            return rs_err(e, RS_EINVAL, "kv_commit keeps pending entry %d twice", keep[i]);
-        s->keep_seen[keep[i]] = 1;
-        identity &= keep[i] == i;
-    }
+    int identity, rc = backend_check_commit(bb, keep, n_keep, s->keep_seen, &identity, e);
+    if (rc) return rc;
     /* keep = 0, 1, ... (AR steps, prefill chunks): the entries are in place already. */
     if (!identity) kv_compact(b, keep, n_keep);
     if (bb->feat_n) { /* kept rows' features in keep order (feat_out is not feat_pend) */
@@ -737,4 +727,5 @@ const BackendOps cpu_backend_ops = {
     .stats = cpu_stats,
     .rows_stats = cpu_rows_stats_op,
     .rows_gather = cpu_rows_gather_op,
+    .eagle3_layer = &cpu_eagle3_layer,
 };

@@ -1,9 +1,9 @@
-/* The CPU implementation of kernels/eagle3_rows.h: an EAGLE-3 head's decoder layer, its
+/* The CPU implementation of kernels/eagle3_layer.h: an EAGLE-3 head's decoder layer, its
  * products against the weights in their stored type through the CPU backend's kernel
  * family (ROOTSPEC_CPU_KERNELS as there; "ref" is f32 throughout) split by output rows over
  * a thread pool of its own, attention with the family's kernel over (row, head) items on
  * the same pool, the rest with the backend's reference operations
- * (kernels/cpu_ops.h) so the head's arithmetic is the target's; written after SGLang
+ * (kernels/cpu/cpu_ops.h) so the head's arithmetic is the target's; written after SGLang
  * llama_eagle3.py LlamaDecoderLayer.forward and EAGLE cnets.py
  * LlamaDecoderLayeremb.forward:
  *   h   = fc(features)  or the parent's output state
@@ -14,14 +14,14 @@
  * A published head's 16-bit weights stay 16-bit (a Llama-3.1-8B head streams 0.85 GB a
  * pass instead of 1.7), and each output row's value does not depend on the thread count.
  * Buffers are allocated once. */
-#include "eagle3_rows.h"
+#include "kernels/eagle3_layer.h"
 #include "cpu_ops.h"
 #include "cpu_qmatmul.h"
 #include "threadpool.h"
 #include <stdlib.h>
 #include <string.h>
 
-struct Eagle3Rows {
+struct Eagle3Layer {
     const Eagle3Head *h;
     const QkFamily *fam;
     ThreadPool *pool;
@@ -44,7 +44,7 @@ static int imax(int a, int b) { return a > b ? a : b; }
 
 /* The family and the pool; every matrix must take f32 activations in that family (the
  * loader gives F32, F16 and BF16 only). */
-static int cpu_engine(Eagle3Rows *r, int threads, RsErr *e) {
+static int cpu_engine(Eagle3Layer *r, int threads, RsErr *e) {
     const Eagle3Head *h = r->h;
     r->fam = qk_family_pick(getenv("ROOTSPEC_CPU_KERNELS"), e);
     if (!r->fam) return e ? e->code : RS_EINVAL;
@@ -63,13 +63,13 @@ static int cpu_engine(Eagle3Rows *r, int threads, RsErr *e) {
     return RS_OK;
 }
 
-static void cpu_destroy(Eagle3Rows **pr);
+static void cpu_destroy(Eagle3Layer **pr);
 
-static int cpu_create(const Eagle3Head *h, const BackendParams *p, Eagle3Rows **out, RsErr *e) {
+static int cpu_create(const Eagle3Head *h, const BackendParams *p, Eagle3Layer **out, RsErr *e) {
     *out = NULL;
     RS_ASSERT(h && p);
     const Config *c = &h->cfg.c;
-    Eagle3Rows *r = rs_xcalloc(1, sizeof *r);
+    Eagle3Layer *r = rs_xcalloc(1, sizeof *r);
     r->h = h;
     r->cap = p->kv_capacity;
     r->max_batch = p->max_batch;
@@ -104,9 +104,9 @@ static int cpu_create(const Eagle3Head *h, const BackendParams *p, Eagle3Rows **
     return RS_OK;
 }
 
-static void cpu_destroy(Eagle3Rows **pr) {
+static void cpu_destroy(Eagle3Layer **pr) {
     if (!pr || !*pr) return;
-    Eagle3Rows *r = *pr;
+    Eagle3Layer *r = *pr;
     float *bufs[] = {r->kc, r->vc, r->hs, r->x, r->q, r->att_out, r->xb, r->hb, r->hb2,
                      r->att, r->inv_freq, r->cs, r->sn};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
@@ -123,7 +123,7 @@ static void cpu_destroy(Eagle3Rows **pr) {
 #define MM_UNIT 16 /* output rows a chunk starts on a multiple of (whole register tiles) */
 
 typedef struct {
-    Eagle3Rows *r;
+    Eagle3Layer *r;
     const QTensor *w;
     QkActs x;
     float *y;
@@ -142,7 +142,7 @@ static void mm_task(void *arg, int i, int n_chunks, int tid) {
 
 /* y (n, w->rows) = x (n, w->cols) @ w^T. A row's value is the kernel's for that row
  * whatever chunk computes it (cpu_qmatmul.h), so the thread count changes no bit. */
-static void matmul(Eagle3Rows *r, float *y, const float *x, const QTensor *w, int n) {
+static void matmul(Eagle3Layer *r, float *y, const float *x, const QTensor *w, int n) {
     MmJob j = {r, w, {.f32 = x, .n = n, .in = w->cols}, y};
     int nth = threadpool_size(r->pool), units = (w->rows + MM_UNIT - 1) / MM_UNIT;
     int chunks = nth == 1 ? 1 : 4 * nth;
@@ -152,7 +152,7 @@ static void matmul(Eagle3Rows *r, float *y, const float *x, const QTensor *w, in
 /* ---- attention: (row, head) items over the pool ---- */
 
 typedef struct {
-    Eagle3Rows *r;
+    Eagle3Layer *r;
     int n, n_committed;
 } AttJob;
 
@@ -160,7 +160,7 @@ typedef struct {
  * the group's cache rows once for the run); a head's output does not depend on its run. */
 static void att_task(void *arg, int chunk, int n_chunks, int tid) {
     AttJob *j = arg;
-    Eagle3Rows *r = j->r;
+    Eagle3Layer *r = j->r;
     const Config *c = &r->h->cfg.c;
     int nh = c->n_heads, group = nh / c->n_kv_heads, lo, hi;
     threadpool_share(j->n * nh, chunk, n_chunks, &lo, &hi);
@@ -179,7 +179,7 @@ static void att_task(void *arg, int chunk, int n_chunks, int tid) {
 
 /* Each row over the committed entries and the pending ones its mask row allows, with the
  * family's attention kernel (the reference loops for ref and scalar). */
-static void attention(Eagle3Rows *r, int n, int n_committed) {
+static void attention(Eagle3Layer *r, int n, int n_committed) {
     AttJob j = {r, n, n_committed};
     int items = n * r->h->cfg.c.n_heads, nth = threadpool_size(r->pool);
     int chunks = nth == 1 ? 1 : items < 4 * nth ? items : 4 * nth;
@@ -187,7 +187,7 @@ static void attention(Eagle3Rows *r, int n, int n_committed) {
 }
 
 /* q for the batch and k/v into cache slots [start, start + n), RoPE'd at pos. */
-static void qkv(Eagle3Rows *r, const float *emb, const int *pos, int n, int start) {
+static void qkv(Eagle3Layer *r, const float *emb, const int *pos, int n, int start) {
     const Eagle3Head *h = r->h;
     int D = r->dim, half = r->hd / 2;
     float eps = h->cfg.c.norm_eps;
@@ -210,7 +210,7 @@ static void qkv(Eagle3Rows *r, const float *emb, const int *pos, int n, int star
 
 /* The layer over the batch (states in r->hs): keys/values after the pending rows, output
  * states left in r->hs. */
-static void layer(Eagle3Rows *r, const Eagle3Batch *b) {
+static void layer(Eagle3Layer *r, const Eagle3Batch *b) {
     const Eagle3Head *h = r->h;
     const Config *c = &h->cfg.c;
     int D = r->dim, H = r->hidden, n = b->n;
@@ -228,7 +228,7 @@ static void layer(Eagle3Rows *r, const Eagle3Batch *b) {
     cpu_residual_add(r->hs, r->xb, (size_t)n * D);
 }
 
-static void cpu_run(Eagle3Rows *r, const Eagle3Batch *b) {
+static void cpu_run(Eagle3Layer *r, const Eagle3Batch *b) {
     const Eagle3Head *h = r->h;
     int D = r->dim, n = b->n;
     if (b->fc) matmul(r, r->hs, b->in, &h->fc, n);
@@ -243,7 +243,7 @@ static void cpu_run(Eagle3Rows *r, const Eagle3Batch *b) {
     matmul(r, b->logits_out, r->xb, &h->lm_head, m);
 }
 
-const Eagle3RowsOps cpu_eagle3_rows = {
+const Eagle3LayerOps cpu_eagle3_layer = {
     .name = "cpu",
     .create = cpu_create,
     .destroy = cpu_destroy,

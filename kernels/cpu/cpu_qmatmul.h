@@ -93,7 +93,7 @@ typedef struct {
 #define QK_GROUP_MAX 16
 
 /* Softmax attention of g consecutive heads of one token that share a KV group: o (g, hd),
- * q (g, hd), the rest as cpu_attention_head (kernels/cpu_ops.h); att: scratch of g * len
+ * q (g, hd), the rest as cpu_attention_head (kernels/cpu/cpu_ops.h); att: scratch of g * len
  * floats. Each head's output is bitwise that of the same function with g = 1, so a caller
  * may group the heads of a run however it splits the work. */
 typedef void (*QkAttnFn)(float *o, const float *q, const float *kh0, const float *vh0,

@@ -1,8 +1,0 @@
-/* CPU-only builds link this instead of kernels/cuda_backend.cu: there is no CUDA backend,
- * so callers that ask for one get NULL and can report "built without CUDA". The CUDA
- * build (kernels/cuda.mk) leaves this object out and links the real one. */
-#include "backend.h"
-#include "eagle3_rows.h"
-
-const BackendOps *cuda_backend_ops_get(void) { return NULL; }
-const Eagle3RowsOps *cuda_eagle3_rows_get(void) { return NULL; }
