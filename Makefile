@@ -111,6 +111,12 @@ build/amx-overhead: build/obj/tests/amx_overhead.o build/obj/tests/qmm_avx512_em
 amx-overhead: build/amx-overhead
 	./build/amx-overhead
 
+# rootspec-serve with real clients (the openai package in its own venv under build/, curl),
+# the malformed-request flood under ASan; about two minutes on two cores. .ci/run runs it.
+.PHONY: test-serve
+test-serve: build/rootspec-serve build/rootspec-serve-san build/rootspec-target build/rootspec-draft $(DEFAULT_MODEL)
+	bash tests/serve_test.sh
+
 # Repository checks (documentation pointers, layering): a second, no build needed.
 check-repo:
 	bash tests/check_repo.sh
