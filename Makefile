@@ -57,26 +57,13 @@ build/san/%.o: %.c
 	$(CC) $(filter-out -O2 -O3,$(CFLAGS)) $(SAN_FLAGS) -c $< -o $@
 
 build/librootspec.a: $(LIB_OBJS)
-	@mkdir -p build
-	ar rcs $@ $^
-
 build/librootspec-san.a: $(SAN_OBJS)
-	@mkdir -p build
-	ar rcs $@ $^
-
 build/librootspec-bench.a: $(BENCH_OBJS)
-	@mkdir -p build
-	ar rcs $@ $^
-
 build/librootspec-bench-san.a: $(BENCH_SAN_OBJS)
-	@mkdir -p build
-	ar rcs $@ $^
-
 build/librootspec-serve.a: $(SERVE_OBJS)
-	@mkdir -p build
-	ar rcs $@ $^
-
 build/librootspec-serve-san.a: $(SERVE_SAN_OBJS)
+build/librootspec.a build/librootspec-san.a build/librootspec-bench.a build/librootspec-bench-san.a \
+build/librootspec-serve.a build/librootspec-serve-san.a:
 	@mkdir -p build
 	ar rcs $@ $^
 
