@@ -22,7 +22,7 @@ struct ServeHttp {
 typedef struct {
     char *body;
     size_t len;
-    int too_large;
+    int too_large; /* declared_too_large, or 1 once the body outgrew --max-body */
 } ConnState;
 
 /* ---- replies ----------------------------------------------------------------------------- */
@@ -184,6 +184,9 @@ static enum MHD_Result handle_completion(ServeHttp *h, struct MHD_Connection *c,
         serve_job_unref(&j);
         return reply_error(h, c, &se);
     }
+    /* The idle timeout is for clients that stall; a job may wait and decode for longer
+     * than that without a byte on the wire, and the connection must outlive it. */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     if (serve_job_request(j)->stream) return start_stream(h, c, j); /* the stream owns j */
     enum MHD_Result ok = finish_whole(h, c, j);
     serve_job_unref(&j);
@@ -221,14 +224,17 @@ static enum MHD_Result route(ServeHttp *h, struct MHD_Connection *c, const char 
     return reply_error(h, c, (serve_error(&se, 404, NULL, "no route %.200s", url), &se));
 }
 
-/* A declared body over the limit is refused before it is read. */
+/* The declared body size: 0 when there is none or it fits, 1 when it is over the limit
+ * (the body is read and dropped, then refused: a reply sent while the client is still
+ * sending would meet a reset socket), 2 when it is absurd (refused at once). */
 static int declared_too_large(const ServeHttp *h, struct MHD_Connection *c) {
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (!cl) return 0;
     char *end;
     errno = 0;
     unsigned long long v = strtoull(cl, &end, 10);
-    return errno || end == cl || v > h->o.max_body;
+    if (errno || end == cl || v / 64 > h->o.max_body) return 2;
+    return v > h->o.max_body;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
@@ -238,8 +244,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     ConnState *cs = *con_cls;
     if (!cs) {
         *con_cls = cs = rs_xcalloc(1, sizeof *cs);
-        if (!declared_too_large(h, c)) return MHD_YES;
-        cs->too_large = 1;
+        cs->too_large = declared_too_large(h, c);
+        if (cs->too_large < 2) return MHD_YES;
         ServeError se;
         serve_error(&se, 413, NULL, "the request body is larger than %zu bytes (--max-body)", h->o.max_body);
         return reply_error(h, c, &se);
@@ -284,7 +290,7 @@ int serve_http_start(ServeCore *core, const ServeHttpOpts *o, ServeHttp **out, R
                             (uint16_t)o->port, NULL, NULL, on_request, h,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_conn,
-                            MHD_OPTION_CONNECTION_TIMEOUT, 60u,
+                            MHD_OPTION_CONNECTION_TIMEOUT, o->timeout,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_END);
     if (!h->d) {
         free(h);

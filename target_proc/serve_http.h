@@ -9,6 +9,8 @@ typedef struct {
     int port;          /* 0: any free port (serve_http_port says which) */
     size_t max_body;   /* bytes; a larger request body is a 413 */
     int max_conn;      /* connections at once; more are refused by the listener */
+    unsigned timeout;  /* seconds a connection may sit idle (not while its request waits or
+                          decodes) */
 } ServeHttpOpts;
 
 typedef struct ServeHttp ServeHttp;

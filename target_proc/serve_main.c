@@ -19,6 +19,8 @@ static void usage(FILE *f) {
             "                        (default 16)\n"
             "  --max-body BYTES      largest request body; larger ones get a 413 (default 1048576)\n"
             "  --max-connections N   open connections at once (default 64)\n"
+            "  --timeout S           seconds an idle connection stays open; a request that waits\n"
+            "                        for the decoder or decodes is not idle (default 60)\n"
             "  -h, --help            this text\n"
             "\n"
             "Engine and decoder (--decoder, --budget and --temp are the defaults of requests that\n"
@@ -49,7 +51,8 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
             continue;
         }
         static const char *const own[] = {"--host", "--port", "--model-name", "--max-tokens",
-                                          "--queue", "--max-body", "--max-connections"};
+                                          "--queue", "--max-body", "--max-connections",
+                                          "--timeout"};
         size_t k = 0;
         while (k < sizeof own / sizeof own[0] && strcmp(a, own[k])) k++;
         if (k == sizeof own / sizeof own[0]) return rs_err(e, RS_EINVAL, "unknown option '%s' (see --help)", a);
@@ -59,9 +62,10 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
         else if (!strcmp(a, "--model-name")) A->model_name = v;
         else if (!strcmp(a, "--max-tokens")) rc = cli_int(a, v, 1, 1 << 20, &A->d.max_new, e);
         else if (!strcmp(a, "--queue")) rc = cli_int(a, v, 1, 4096, &A->queue, e);
-        else if (!strcmp(a, "--max-body")) rc = cli_int(a, v, 1024, 1 << 30, &n, e);
-        else rc = cli_int(a, v, 2, 4096, &A->http.max_conn, e);
-        if (!rc && n) A->http.max_body = (size_t)n;
+        else if (!strcmp(a, "--max-body")) {
+            if (!(rc = cli_int(a, v, 1024, 1 << 30, &n, e))) A->http.max_body = (size_t)n;
+        } else if (!strcmp(a, "--max-connections")) rc = cli_int(a, v, 2, 4096, &A->http.max_conn, e);
+        else if (!(rc = cli_int(a, v, 1, 86400, &n, e))) A->http.timeout = (unsigned)n;
         if (rc) return rc;
     }
     if (!A->eo.model_path) return rs_err(e, RS_EINVAL, "need --model (see --help)");
@@ -104,7 +108,8 @@ static int serve(Args *A, Engine *en, const sigset_t *sigs) {
 int main(int argc, char **argv) {
     Args A = {.eo = {.backend = "cpu", .threads = 1, .ctx = 2048, .draft_timeout_ms = 10000},
               .d = {.rule = RULE_AR, .budget = 59, .temp = 0, .seed = 1, .max_new = 512},
-              .http = {.host = "127.0.0.1", .port = 8080, .max_body = 1 << 20, .max_conn = 64},
+              .http = {.host = "127.0.0.1", .port = 8080, .max_body = 1 << 20, .max_conn = 64,
+                       .timeout = 60},
               .queue = 16};
     RsErr e = {0};
     int rc = parse_args(argc, argv, &A, &e);

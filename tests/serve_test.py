@@ -205,7 +205,8 @@ def test_errors(s):
 
 
 def test_queue_full():
-    s = Server("--queue", "1")
+    # --timeout 1: the waiting request sits on its connection longer than the idle timeout
+    s = Server("--queue", "1", "--timeout", "1")
     statuses = []
 
     def one():
