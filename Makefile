@@ -99,7 +99,8 @@ amx-overhead: build/amx-overhead
 	./build/amx-overhead
 
 # rootspec-serve with real clients (the openai package in its own venv under build/, curl),
-# the malformed-request flood under ASan; about two minutes on two cores. .ci/run runs it.
+# the malformed-request flood under ASan; half a minute on two cores once the venv and the
+# ASan build exist. .ci/run runs it.
 .PHONY: test-serve
 test-serve: build/rootspec-serve build/rootspec-serve-san build/rootspec-target build/rootspec-draft $(DEFAULT_MODEL)
 	bash tests/serve_test.sh
