@@ -45,6 +45,10 @@ static void usage(FILE *f) {
             "  --model PATH          target model: GGUF file or Hugging Face directory\n"
             "  --draft-model PATH    drafter model sharing the target's tokenizer\n"
             "  --draft-layers SPEC   self-drafter from target layers, e.g. 0-5,24-29 (default %s)\n"
+            "  --drafter KIND        self | model | eagle3 | suffix (default: --draft-model's\n"
+            "                        kind, else self); suffix is model-free (rootspec-target\n"
+            "                        --help)\n"
+            "  --draft-corpus FILE   suffix drafter: a text file it also looks in\n"
             "  --draft-endpoint EP   use a running rootspec-draft at EP (ipc://, tcp://)\n"
             "  --launch-drafter      start build/rootspec-draft (next to this binary) on a private\n"
             "                        ipc:// endpoint with the drafter options, stop it at exit\n"
@@ -58,7 +62,15 @@ static void usage(FILE *f) {
             "  --decoders LIST       comma list of draft, pearl, rootdraw, root, ar\n"
             "                        (default draft,pearl,rootdraw,root)\n"
             "  --temps LIST          comma list of 0 (greedy) and 1 (sampling) (default 0,1)\n"
-            "  --budgets LIST        comma list of tree budgets B in 1..%d (default 8,59)\n"
+            "  --temp T              temperature of the T=1 combinations (> 0; default 1)\n"
+            "  --top-k N             their top-k (default 0: off)\n"
+            "  --top-p P             their top-p (default 0: off; 1 is off too)\n"
+            "  --min-p P             their min-p (default 0: off). The law and its order are\n"
+            "                        rootspec-target's; run.json records it as \"sampling\",\n"
+            "                        the logs keep the label T=1\n"
+            "  --budgets LIST        comma list of tree budgets: B in 1..%d, or auto (the\n"
+            "                        cost-aware budget of rootspec-target --budget auto, one\n"
+            "                        planner per run, learning as it goes) (default 8,59)\n"
             "  --no-ar               no autoregressive baseline: exactly the 16 combinations of\n"
             "                        docs/DESIGN.md §6 (default: one AR decode per T joins\n"
             "                        each prompt's rotation, 18 in all, for every decoder's\n"
@@ -82,7 +94,7 @@ static void usage(FILE *f) {
             "Exit status: 0 ok, 1 runtime failure, 2 bad usage or input, 130 interrupted\n"
             "(completed decodes are kept; continue with --resume DIR).\n"
             "\n",
-            ENGINE_DEFAULT_DRAFT_LAYERS, TREE_MAX);
+            DRAFTER_DEFAULT_LAYERS, TREE_MAX);
     fputs(bench_help_outputs(), f);
     fputs("\n", f);
     fputs(prompts_help(), f);
@@ -92,18 +104,21 @@ static void usage(FILE *f) {
 
 typedef struct {
     char *model, *draft_model, *draft_layers, *draft_endpoint, *curve_dir, *backend;
+    char *drafter, *draft_corpus; /* --drafter, --draft-corpus (NULL: not given) */
     char *prompts, *decoders, *temps, *budgets;
     char prompts_hash[17]; /* FNV-1a 64 of the prompt file's bytes, hex */
     int launch, insecure, draft_timeout_ms, device;
     int limit, max_new, no_ar, warmup, threads, ctx;
     uint64_t seed;
+    Sampling sampling; /* the law of the T=1 combinations (T=0 ones are greedy) */
 } Settings;
 
 static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
 
 static void settings_free(Settings *s) {
     char **f[] = {&s->model, &s->draft_model, &s->draft_layers, &s->draft_endpoint,
-                  &s->curve_dir, &s->backend, &s->prompts, &s->decoders, &s->temps, &s->budgets};
+                  &s->curve_dir, &s->backend, &s->prompts, &s->decoders, &s->temps, &s->budgets,
+                  &s->drafter, &s->draft_corpus};
     for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
         free(*f[i]);
         *f[i] = NULL;
@@ -141,6 +156,8 @@ static int settings_save(const Settings *s, const char *dir, RsErr *e) {
     json_str(o, "draft_model", s->draft_model);
     json_str(o, "draft_layers", s->draft_layers);
     json_str(o, "draft_endpoint", s->draft_endpoint);
+    json_str(o, "drafter", s->drafter);
+    json_str(o, "draft_corpus", s->draft_corpus);
     cJSON_AddBoolToObject(o, "launch_drafter", s->launch);
     cJSON_AddNumberToObject(o, "draft_timeout_ms", s->draft_timeout_ms);
     cJSON_AddBoolToObject(o, "insecure", s->insecure);
@@ -161,6 +178,11 @@ static int settings_save(const Settings *s, const char *dir, RsErr *e) {
     cJSON_AddNumberToObject(o, "ctx", s->ctx);
     json_str(o, "backend", s->backend);
     cJSON_AddNumberToObject(o, "device", s->device);
+    cJSON *smp = cJSON_AddObjectToObject(o, "sampling");
+    cJSON_AddNumberToObject(smp, "temperature", s->sampling.temperature);
+    cJSON_AddNumberToObject(smp, "top_k", s->sampling.top_k);
+    cJSON_AddNumberToObject(smp, "top_p", s->sampling.top_p);
+    cJSON_AddNumberToObject(smp, "min_p", s->sampling.min_p);
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     char path[4096], tmp[4200];
@@ -207,6 +229,31 @@ static int jget_int(const cJSON *o, const char *path, const char *k, int min, in
     return RS_OK;
 }
 
+/* run.json's "sampling" (absent in runs from before it: plain T=1 sampling). */
+static int sampling_load(const cJSON *o, const char *path, Sampling *out, RsErr *e) {
+    const cJSON *smp = cJSON_GetObjectItemCaseSensitive(o, "sampling");
+    *out = SAMPLING_PLAIN;
+    if (!smp) return RS_OK;
+    const char *k[4] = {"temperature", "top_k", "top_p", "min_p"};
+    double v[4];
+    for (int i = 0; i < 4; i++) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(smp, k[i]);
+        if (!cJSON_IsNumber(x))
+            return rs_err(e, RS_EFORMAT, "%s: \"sampling\".\"%s\" missing or not a number", path,
+                          k[i]);
+        v[i] = x->valuedouble;
+    }
+    if (v[1] != floor(v[1]) || v[1] > INT_MAX || v[1] < 0)
+        return rs_err(e, RS_EFORMAT, "%s: \"sampling\".\"top_k\" = %g is not an integer >= 0",
+                      path, v[1]);
+    *out = (Sampling){v[0], (int)v[1], v[2], v[3]};
+    RsErr why = {0};
+    if (sampling_check(out, &why) || out->temperature == 0)
+        return rs_err(e, RS_EFORMAT, "%s: \"sampling\": %s", path,
+                      why.code ? why.msg : "temperature 0 (the T=1 runs must sample)");
+    return RS_OK;
+}
+
 static int settings_load(Settings *s, const char *dir, RsErr *e) {
     char path[4096];
     snprintf(path, sizeof path, "%s/run.json", dir);
@@ -238,6 +285,8 @@ static int settings_load(Settings *s, const char *dir, RsErr *e) {
         (rc = jget_str(o, path, "draft_model", 1, &s->draft_model, e)) ||
         (rc = jget_str(o, path, "draft_layers", 1, &s->draft_layers, e)) ||
         (rc = jget_str(o, path, "draft_endpoint", 1, &s->draft_endpoint, e)) ||
+        (rc = jget_str(o, path, "drafter", 1, &s->drafter, e)) ||
+        (rc = jget_str(o, path, "draft_corpus", 1, &s->draft_corpus, e)) ||
         (rc = jget_int(o, path, "launch_drafter", 0, 1, &s->launch, e)) ||
         (rc = jget_int(o, path, "draft_timeout_ms", 1, 3600000, &s->draft_timeout_ms, e)) ||
         (rc = jget_int(o, path, "insecure", 0, 1, &s->insecure, e)) ||
@@ -261,6 +310,7 @@ static int settings_load(Settings *s, const char *dir, RsErr *e) {
     }
     snprintf(s->prompts_hash, sizeof s->prompts_hash, "%s", hash);
     free(hash);
+    if ((rc = sampling_load(o, path, &s->sampling, e))) goto out;
     if ((rc = cli_u64("seed", seed, &s->seed, e)))
         rc = rs_err(e, RS_EFORMAT, "%s: \"seed\" is not an unsigned integer: '%s'", path, seed);
 out:
@@ -358,10 +408,11 @@ static int drafter_launch(const Settings *s, char *endpoint, size_t cap, RsErr *
     snprintf(th, sizeof th, "%d", s->threads);
     snprintf(ctx, sizeof ctx, "%d", s->ctx);
     snprintf(dev, sizeof dev, "%d", s->device);
-    const char *layers = s->draft_model ? NULL
-                         : s->draft_layers ? s->draft_layers
-                                           : ENGINE_DEFAULT_DRAFT_LAYERS;
-    const char *argv[20];
+    int suffix = s->drafter && !strcmp(s->drafter, "suffix");
+    const char *layers = s->draft_model || suffix ? NULL
+                         : s->draft_layers        ? s->draft_layers
+                                                  : DRAFTER_DEFAULT_LAYERS;
+    const char *argv[24];
     int a = 0;
     argv[a++] = bin;
     argv[a++] = "--model";
@@ -369,6 +420,14 @@ static int drafter_launch(const Settings *s, char *endpoint, size_t cap, RsErr *
     if (layers) {
         argv[a++] = "--draft-layers";
         argv[a++] = layers;
+    }
+    if (suffix) {
+        argv[a++] = "--drafter";
+        argv[a++] = "suffix";
+    }
+    if (suffix && s->draft_corpus) {
+        argv[a++] = "--corpus";
+        argv[a++] = s->draft_corpus;
     }
     argv[a++] = "--bind";
     argv[a++] = endpoint;
@@ -485,6 +544,7 @@ static int fail(int status, const char *fmt, ...) {
 typedef struct {
     Settings s;
     const char *model, *draft_model, *draft_layers, *endpoint, *curve, *backend, *prompts;
+    const char *drafter, *corpus;
     const char *decoders, *temps, *budgets, *out, *resume, *analyze;
     const char *first_setting; /* options that --resume and --analyze must not be combined with */
 } Cli;
@@ -496,6 +556,7 @@ static void cli_defaults(Cli *c) {
     c->s.max_new = 256;
     c->s.warmup = 2;
     c->s.seed = 1;
+    c->s.sampling = SAMPLING_PLAIN;
     c->s.draft_timeout_ms = 10000;
     c->backend = "cpu";
     c->decoders = "draft,pearl,rootdraw,root";
@@ -514,6 +575,10 @@ static int parse_option(int argc, char **argv, int *i, Cli *c, int *setting, RsE
     else if (!strcmp(a, "--draft-model")) { if (VAL()) c->draft_model = v; }
     else if (!strcmp(a, "--draft-layers")) { if (VAL()) c->draft_layers = v; }
     else if (!strcmp(a, "--draft-endpoint")) { if (VAL()) c->endpoint = v; }
+    else if (!strcmp(a, "--drafter")) {
+        DrafterKind k;
+        if (VAL() && !(rc = drafter_kind_option(v, &k, e))) c->drafter = v;
+    } else if (!strcmp(a, "--draft-corpus")) { if (VAL()) c->corpus = v; }
     else if (!strcmp(a, "--launch-drafter")) s->launch = 1;
     else if (!strcmp(a, "--draft-timeout-ms")) { if (VAL()) rc = cli_int(a, v, 1, 3600000, &s->draft_timeout_ms, e); }
     else if (!strcmp(a, "--insecure")) s->insecure = 1;
@@ -523,6 +588,10 @@ static int parse_option(int argc, char **argv, int *i, Cli *c, int *setting, RsE
     else if (!strcmp(a, "--max-new")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 20, &s->max_new, e); }
     else if (!strcmp(a, "--decoders")) { if (VAL()) c->decoders = v; }
     else if (!strcmp(a, "--temps")) { if (VAL()) c->temps = v; }
+    else if (!strcmp(a, "--temp")) { if (VAL()) rc = cli_double(a, v, 1e-6, 1e6, &s->sampling.temperature, e); }
+    else if (!strcmp(a, "--top-k")) { if (VAL()) rc = cli_int(a, v, 0, 1 << 30, &s->sampling.top_k, e); }
+    else if (!strcmp(a, "--top-p")) { if (VAL()) rc = cli_double(a, v, 0, 1, &s->sampling.top_p, e); }
+    else if (!strcmp(a, "--min-p")) { if (VAL()) rc = cli_double(a, v, 0, 1, &s->sampling.min_p, e); }
     else if (!strcmp(a, "--budgets")) { if (VAL()) c->budgets = v; }
     else if (!strcmp(a, "--no-ar")) s->no_ar = 1;
     else if (!strcmp(a, "--warmup")) { if (VAL()) rc = cli_int(a, v, 0, 1 << 20, &s->warmup, e); }
@@ -561,6 +630,8 @@ static int bench_parse(int argc, char **argv, Cli *c) {
     if (c->resume && c->first_setting)
         return fail(2, "--resume DIR takes its settings from DIR/run.json; do not combine it "
                        "with '%s'", c->first_setting);
+    if (sampling_greedy(&c->s.sampling))
+        return fail(2, "--top-k 1 makes the T=1 combinations greedy; use --temps 0 for greedy");
     return -1;
 }
 
@@ -607,6 +678,11 @@ static int settings_from_args(const Cli *c, Settings *s) {
         return fail(2, "give --draft-model or --draft-layers, not both");
     if (c->endpoint && c->s.launch)
         return fail(2, "give --draft-endpoint or --launch-drafter, not both");
+    if (c->corpus && (!c->drafter || strcmp(c->drafter, "suffix")))
+        return fail(2, "--draft-corpus is for --drafter suffix");
+    if (c->drafter && c->endpoint)
+        return fail(2, "--drafter chooses the drafter this run starts; --draft-endpoint uses the "
+                       "one of the rootspec-draft process there");
     int st = out_dir_check(c->out);
     if (st) return st;
     *s = c->s;
@@ -614,6 +690,8 @@ static int settings_from_args(const Cli *c, Settings *s) {
     s->draft_model = abs_path(c->draft_model);
     s->draft_layers = dup_or_null(c->draft_layers);
     s->draft_endpoint = dup_or_null(c->endpoint);
+    s->drafter = dup_or_null(c->drafter);
+    s->draft_corpus = abs_path(c->corpus);
     s->curve_dir = abs_path(c->curve);
     s->backend = strdup(c->backend);
     s->prompts = abs_path(c->prompts);
@@ -742,10 +820,14 @@ static int engine_setup(Bench *b) {
                      .draft_layers = s->draft_layers, .draft_endpoint = s->draft_endpoint,
                      .backend = s->backend, .threads = s->threads, .device = s->device,
                      .ctx = s->ctx, .draft_timeout_ms = s->draft_timeout_ms,
-                     .insecure = s->insecure, .curve_dir = s->curve_dir};
+                     .insecure = s->insecure, .curve_dir = s->curve_dir,
+                     .draft_corpus = s->draft_corpus};
+    if (s->drafter) drafter_kind_option(s->drafter, &eo.drafter_kind, NULL);
     if (s->launch && b->need_drafter) {
         if (drafter_launch(s, ep, sizeof ep, &e)) return fail(1, "%s", e.msg);
         eo.draft_endpoint = ep;
+        eo.drafter_kind = DRAFTER_KIND_AUTO;
+        eo.draft_corpus = NULL;
     }
     int rc = engine_create(&eo, b->need_drafter, &b->en, &e);
     if (rc) return fail(cli_exit_status(rc), "%s", e.msg);
@@ -768,7 +850,9 @@ static int prompts_tokenize(Bench *b) {
     /* What decode_run reserves for one round plus the largest overshoot of --max-new. */
     int reserve = 0;
     for (int c = 0; c < b->n_combos; c++) {
-        DecodeOpts o = {.rule = rule_parse(b->combos[c].decoder), .budget = b->combos[c].budget};
+        int B = b->combos[c].budget;
+        DecodeOpts o = {.rule = rule_parse(b->combos[c].decoder),
+                        .budget = B == BENCH_BUDGET_AUTO ? TREE_MAX : B};
         int r = decode_round_reserve(&o) + ROUND_MAX_EMIT;
         if (r > reserve) reserve = r;
     }
@@ -803,9 +887,12 @@ static int decode_one(Bench *b, const BenchRun *r, const char *label, DecodeResu
     const Prompt *bp = &b->ps->items[r->prompt];
     const BenchCombo *c = &b->combos[r->combo];
     RsErr e = {0};
+    int automatic = c->budget == BENCH_BUDGET_AUTO;
     DecodeOpts o = {.rule = (Rule)rule_parse(c->decoder),
-                    .budget = c->budget > 0 ? c->budget : 1, /* unused by AR */
-                    .temp = c->temp, .seed = b->s.seed, .prompt_id = (uint64_t)r->prompt,
+                    .budget = automatic ? TREE_MAX : c->budget > 0 ? c->budget : 1, /* 1: AR */
+                    .planner = automatic ? b->en->planner : NULL,
+                    .sampling = c->temp ? b->s.sampling : SAMPLING_GREEDY, .seed = b->s.seed,
+                    .prompt_id = (uint64_t)r->prompt,
                     .max_new = b->s.max_new};
     Backend *be = target_backend(b->en->target);
     Sink *sink = &b->sink;
@@ -825,10 +912,11 @@ static int decode_one(Bench *b, const BenchRun *r, const char *label, DecodeResu
                                           : NULL;
     if (!why) return 0;
     fprintf(stderr,
-            "\nrootspec-bench: %sdecode of prompt %s with %s T=%d B=%d failed: %s\n"
+            "\nrootspec-bench: %sdecode of prompt %s with %s T=%d B=%s failed: %s\n"
             "rootspec-bench: stopping; %d completed decodes are kept in %s "
             "(continue with: rootspec-bench --resume %s)\n",
-            r->warmup ? "warm-up " : "", bp->id, c->decoder, c->temp, c->budget, why, n_logged,
+            r->warmup ? "warm-up " : "", bp->id, c->decoder, c->temp,
+            bench_budget_str(c->budget, (char[16]){0}), why, n_logged,
             b->dir, b->dir);
     return 1;
 }
@@ -877,8 +965,9 @@ static int decodes_run(Bench *b) {
         const Prompt *bp = &b->ps->items[r->prompt];
         const BenchCombo *c = &b->combos[r->combo];
         if (r->warmup ? b->n_warm == 0 : bench_done_has(b->done, bp->id, c)) continue;
-        snprintf(label, sizeof label, "%sprompt %s %s T=%d B=%d", r->warmup ? "warm-up " : "",
-                 bp->id, c->decoder, c->temp, c->budget);
+        char bb[16];
+        snprintf(label, sizeof label, "%sprompt %s %s T=%d B=%s", r->warmup ? "warm-up " : "",
+                 bp->id, c->decoder, c->temp, bench_budget_str(c->budget, bb));
         bench_progress_update(b->prog, n_run, label);
         if ((status = decode_one(b, r, label, &res, n_logged))) break;
         n_run++;

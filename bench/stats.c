@@ -68,8 +68,10 @@ int bench_combos_parse(const char *decoders, const char *temps, const char *budg
         if (parse_int(tt[i], 0, 1, &tv[i]))
             return rs_err(e, RS_EINVAL, "temperature \"%s\" must be 0 or 1", tt[i]);
     for (int i = 0; i < nb; i++)
-        if (parse_int(bt[i], 1, 64, &bv[i]))
-            return rs_err(e, RS_EINVAL, "budget \"%s\" must be an integer in 1..64", bt[i]);
+        if (!strcmp(bt[i], "auto")) bv[i] = BENCH_BUDGET_AUTO;
+        else if (parse_int(bt[i], 1, 64, &bv[i]))
+            return rs_err(e, RS_EINVAL, "budget \"%s\" must be auto or an integer in 1..64",
+                          bt[i]);
     for (int i = 0; i < nd; i++) {
         if (strlen(dt[i]) >= BENCH_DEC_MAX)
             return rs_err(e, RS_EINVAL, "decoder name \"%s\" longer than %d bytes", dt[i],
@@ -93,8 +95,8 @@ int bench_combos_parse(const char *decoders, const char *temps, const char *budg
                 for (int j = 0; j < k; j++)
                     if (bench_combo_eq(&c[j], &x)) {
                         free(c);
-                        return rs_err(e, RS_EINVAL, "combination %s T=%d B=%d listed twice",
-                                      x.decoder, x.temp, x.budget);
+                        return rs_err(e, RS_EINVAL, "combination %s T=%d B=%s listed twice",
+                                      x.decoder, x.temp, bench_budget_str(x.budget, (char[16]){0}));
                     }
                 c[k++] = x;
             }
@@ -284,4 +286,11 @@ void bench_speedup_per_prompt(const double *tok_a, const double *ns_a, const dou
         double sa = tok_a[i] * 1e9 / ns_a[i], sr = tok_ar[i] * 1e9 / ns_ar[i];
         ratio[i] = sr > 0 ? sa / sr : NAN;
     }
+}
+
+const char *bench_budget_str(int budget, char *buf) {
+    if (budget == 0) return "-";
+    if (budget == BENCH_BUDGET_AUTO) return "auto";
+    snprintf(buf, 16, "%d", budget);
+    return buf;
 }

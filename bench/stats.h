@@ -10,23 +10,31 @@
 #define BENCH_RESAMPLES 2000      /* bootstrap resamples (DESIGN.md §6) */
 #define BENCH_BOOT_SEED 0x5eedb007ull /* fixed, so --analyze reproduces summary.md */
 
+/* The budget of a --budget auto combination (the cost-aware budget) in combos and logs:
+ * above any real B, so auto sorts after them and logs keep a numeric column. */
+#define BENCH_BUDGET_AUTO 1000
+
 /* One benchmark setting. AR decodes use budget 0. */
 typedef struct {
     char decoder[BENCH_DEC_MAX]; /* "ar", "draft", "pearl", "rootdraw", "root", ... */
     int temp;                    /* 0 or 1 */
-    int budget;                  /* B; 0 for "ar" */
+    int budget;                  /* B; 0 for "ar"; BENCH_BUDGET_AUTO for auto */
 } BenchCombo;
 
 /* The 16 combinations of DESIGN.md §6, {draft,pearl,rootdraw,root} x T {0,1} x B {8,59},
  * decoder-major (then T, then B); with_ar appends ("ar", 0, 0) and ("ar", 1, 0). Returns
  * the count written (16 or 18); cap must be >= that. */
 int bench_combos_default(BenchCombo *out, int cap, int with_ar);
-/* Cross product of comma lists, e.g. ("ar,draft,root", "0,1", "8,59"): decoder-major; "ar"
- * appears once per T with budget 0. Temps must be 0 or 1, budgets 1..64, decoder names
+/* Cross product of comma lists, e.g. ("ar,draft,root", "0,1", "8,59,auto"): decoder-major;
+ * "ar" appears once per T with budget 0. Temps must be 0 or 1, budgets 1..64 or auto
+ * (BENCH_BUDGET_AUTO), decoder names
  * [a-z0-9_] and at most 15 bytes. *out is malloc'd (caller frees). */
 int bench_combos_parse(const char *decoders, const char *temps, const char *budgets,
                        BenchCombo **out, int *n, RsErr *e);
 int bench_combo_eq(const BenchCombo *a, const BenchCombo *b);
+/* A budget as the summary and messages show it: "-" (AR), "auto", or the number; buf
+ * holds at least 16 bytes. */
+const char *bench_budget_str(int budget, char *buf);
 /* Canonical display order: ar, draft, pearl, rootdraw, root, others by name; then T, B. */
 int bench_combo_cmp(const BenchCombo *a, const BenchCombo *b);
 

@@ -278,12 +278,6 @@ static void put_med(FILE *f, const DVec *d) {
     else fputs("-", f);
 }
 
-static const char *budget_str(int b, char *buf) {
-    if (b == 0) return "-";
-    snprintf(buf, 16, "%d", b);
-    return buf;
-}
-
 /* " est [lo, hi]" with each number in fmt (or "-"). */
 static void put_interval(FILE *f, const char *fmt, double est, double lo, double hi) {
     put_num(f, fmt, est);
@@ -311,14 +305,15 @@ static void write_header(FILE *f, const Analysis *an) {
             BENCH_RESAMPLES, (uint64_t)BENCH_BOOT_SEED);
 }
 
-/* The AR columns of a speed row: AR's speed on the shared prompts, the speedup interval and
- * the median per-prompt speedup ("-" when g is AR or has no prompt in common with it). */
+/* The AR columns of a speed row: AR's speed on the shared prompts, the speedup interval, and
+ * the median and lowest per-prompt speedups (the lowest says whether any prompt lost to
+ * AR); "-" when g is AR or has no prompt in common with it. */
 static void write_speedup_cells(FILE *f, const Analysis *an, const Group *g) {
     const Group *ar = find_group(an, "ar", g->c.temp, -1);
     BenchInterval gi;
     int n = ar && ar != g ? group_gain(g, ar, &gi) : 0;
     if (n == 0) {
-        fputs("- | - | - |\n", f);
+        fputs("- | - | - | - |\n", f);
         return;
     }
     double *v;
@@ -336,6 +331,8 @@ static void write_speedup_cells(FILE *f, const Analysis *an, const Group *g) {
     put_interval(f, "%.3f", gi.est + 1, gi.lo + 1, gi.hi + 1);
     fputs(" | ", f);
     put_num(f, "%.3f", m ? bench_percentile(ratio, m, 0.5) : NAN);
+    fputs(" | ", f);
+    put_num(f, "%.3f", m ? ratio[0] : NAN);
     fputs(" |\n", f);
     free(ratio);
     free(v);
@@ -346,8 +343,8 @@ static void write_speeds(FILE *f, const Analysis *an) {
     fprintf(f, "## Speed (tokens/s)\n\n");
     fprintf(f, "Speedup over AR is on the prompts both ran, at the same T.\n\n");
     fprintf(f, "| decoder | T | B | prompts | tokens | speed [95%% CI] | AR speed | speedup "
-               "over AR [95%% CI] | median per-prompt speedup |\n");
-    fprintf(f, "|---|---|---|---|---|---|---|---|---|\n");
+               "over AR [95%% CI] | median per-prompt speedup | lowest per-prompt speedup |\n");
+    fprintf(f, "|---|---|---|---|---|---|---|---|---|---|\n");
     for (int k = 0; k < an->ng; k++) {
         const Group *g = &an->g[k];
         BenchInterval sp;
@@ -355,7 +352,7 @@ static void write_speeds(FILE *f, const Analysis *an) {
         double tok = 0;
         for (int i = 0; i < g->n; i++) tok += g->e[i].tok;
         fprintf(f, "| %s | %d | %s | %d | %.0f | ", g->c.decoder, g->c.temp,
-                budget_str(g->c.budget, bb), g->n, tok);
+                bench_budget_str(g->c.budget, bb), g->n, tok);
         put_interval(f, "%.2f", sp.est, sp.lo, sp.hi);
         fputs(" | ", f);
         write_speedup_cells(f, an, g);
@@ -385,8 +382,9 @@ static void write_gains(FILE *f, const Analysis *an) {
                 }
                 BenchInterval gi;
                 int n = group_gain(a, b, &gi);
-                fprintf(f, "| %d | %d | %s vs %s | %d | ", a->c.temp, a->c.budget, a->c.decoder,
-                        b->c.decoder, n);
+                char bb[16];
+                fprintf(f, "| %d | %s | %s vs %s | %d | ", a->c.temp,
+                        bench_budget_str(a->c.budget, bb), a->c.decoder, b->c.decoder, n);
                 put_interval(f, "%+.2f%%", 100 * gi.est, 100 * gi.lo, 100 * gi.hi);
                 fputs(" |\n", f);
                 any = 1;
@@ -403,7 +401,7 @@ static void write_acceptance(FILE *f, const Analysis *an) {
     for (int k = 0; k < an->ng; k++) {
         const Group *g = &an->g[k];
         double nr_ = g->rounds;
-        fprintf(f, "| %s | %d | %s | %d | ", g->c.decoder, g->c.temp, budget_str(g->c.budget, bb),
+        fprintf(f, "| %s | %d | %s | %d | ", g->c.decoder, g->c.temp, bench_budget_str(g->c.budget, bb),
                 g->rounds);
         put_num(f, "%.3f", g->rounds ? g->sum_acc / nr_ : NAN);
         fputs(" | ", f);
@@ -429,7 +427,7 @@ static void write_timings(FILE *f, const Analysis *an) {
                "|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int k = 0; k < an->ng; k++) {
         const Group *g = &an->g[k];
-        fprintf(f, "| %s | %d | %s", g->c.decoder, g->c.temp, budget_str(g->c.budget, bb));
+        fprintf(f, "| %s | %d | %s", g->c.decoder, g->c.temp, bench_budget_str(g->c.budget, bb));
         put_med(f, &g->med[M_DRAFT]);
         put_med(f, &g->med[M_ROOT]);
         put_med(f, &g->med[M_TREE]);
@@ -449,7 +447,7 @@ static void write_breakdown(FILE *f, const Analysis *an) {
     fputs("|\n", f);
     for (int k = 0; k < an->ng; k++) {
         const Group *g = &an->g[k];
-        fprintf(f, "| %s | %d | %s", g->c.decoder, g->c.temp, budget_str(g->c.budget, bb));
+        fprintf(f, "| %s | %d | %s", g->c.decoder, g->c.temp, bench_budget_str(g->c.budget, bb));
         for (int p = 0; p < BENCH_N_PARTS; p++) {
             fputs(" | ", f);
             put_num(f, "%.3f", g->n_parts ? g->parts[p] / g->n_parts : NAN);
@@ -538,6 +536,7 @@ static void write_plot_script(FILE *f, const char *dir, const Analysis *an) {
     for (int k = 0; k < an->ng && nd < 32; k++)
         if (nd == 0 || strcmp(decs[nd - 1], an->g[k].c.decoder)) decs[nd++] = an->g[k].c.decoder;
     int tb[64][2], ntb = 0;
+    char bb[16];
     for (int k = 0; k < an->ng; k++) {
         if (an->g[k].c.budget == 0) continue;
         int seen = 0;
@@ -557,7 +556,7 @@ static void write_plot_script(FILE *f, const char *dir, const Analysis *an) {
 
     fprintf(f, "set datafile missing '-'\n$speeds << EOD\n");
     for (int i = 0; i < ntb; i++) {
-        if (tb[i][1]) fprintf(f, "\"T=%d B=%d\"", tb[i][0], tb[i][1]);
+        if (tb[i][1]) fprintf(f, "\"T=%d B=%s\"", tb[i][0], bench_budget_str(tb[i][1], bb));
         else fprintf(f, "\"T=%d\"", tb[i][0]);
         for (int k = 0; k < nd; k++) {
             const Group *g = find_group(an, decs[k], tb[i][0], strcmp(decs[k], "ar") ? tb[i][1] : 0);
@@ -574,7 +573,8 @@ static void write_plot_script(FILE *f, const char *dir, const Analysis *an) {
     fprintf(f, "EOD\n$parts << EOD\n");
     for (int k = 0; k < an->ng; k++) {
         const Group *g = &an->g[k];
-        if (g->c.budget) fprintf(f, "\"%s T%d B%d\"", g->c.decoder, g->c.temp, g->c.budget);
+        if (g->c.budget)
+            fprintf(f, "\"%s T%d B%s\"", g->c.decoder, g->c.temp, bench_budget_str(g->c.budget, bb));
         else fprintf(f, "\"%s T%d\"", g->c.decoder, g->c.temp);
         for (int p = 0; p < BENCH_N_PARTS; p++)
             fprintf(f, " %.4f", g->n_parts ? g->parts[p] / g->n_parts : 0.0);

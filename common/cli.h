@@ -6,7 +6,27 @@
 #include <stdint.h>
 
 int cli_int(const char *opt, const char *val, long min, long max, int *out, RsErr *e);
+/* A finite decimal or exponent number in [min, max]. */
+int cli_double(const char *opt, const char *val, double min, double max, double *out, RsErr *e);
 int cli_u64(const char *opt, const char *val, uint64_t *out, RsErr *e);
+/* --budget: "auto" gives 0 (the cost-aware budget), else B in 1..TREE_MAX. */
+int cli_budget(const char *val, int *out, RsErr *e);
+/* The options rootspec-target and rootspec-draft share, parsed alike: where the model runs
+ * and how the two processes secure their link. */
+typedef struct {
+    const char *backend;   /* --backend: "cpu" or "cuda" */
+    int threads, ctx, device;
+    int batch_invariant;   /* --batch-invariant (the caller applies it to the backend) */
+    int insecure;          /* --insecure: plain tcp:// */
+    const char *curve_dir; /* --curve-dir */
+} CliRuntime;
+
+/* Defaults: cpu, 1 thread, 2048 KV entries, device 0. */
+CliRuntime cli_runtime_defaults(void);
+/* When argv[*i] is one of CliRuntime's options, parses it and its value (advancing *i past
+ * it) and returns 1; 0 when it is another option; RS_EINVAL (named in e) for a bad value. */
+int cli_runtime_option(int argc, char **argv, int *i, CliRuntime *rt, RsErr *e);
+
 /* Returns argv[i+1] or sets an error "option X needs a value". */
 int cli_value(int argc, char **argv, int i, const char **out, RsErr *e);
 /* The exit status of a program that failed with status rc (!= RS_OK): 2 for bad usage or

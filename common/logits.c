@@ -2,6 +2,50 @@
 #include "logits.h"
 #include "util.h"
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---- the sampling law ---- */
+
+int sampling_check(const Sampling *s, RsErr *e) {
+    if (!(s->temperature >= 0) || !isfinite(s->temperature))
+        return rs_err(e, RS_EINVAL, "temperature %g: need a finite value >= 0", s->temperature);
+    if (s->top_k < 0) return rs_err(e, RS_EINVAL, "top_k %d: need >= 0 (0: off)", s->top_k);
+    if (!(s->top_p >= 0 && s->top_p <= 1))
+        return rs_err(e, RS_EINVAL, "top_p %g outside [0, 1] (0 or 1: off)", s->top_p);
+    if (!(s->min_p >= 0 && s->min_p <= 1))
+        return rs_err(e, RS_EINVAL, "min_p %g outside [0, 1] (0: off)", s->min_p);
+    return RS_OK;
+}
+
+int sampling_greedy(const Sampling *s) { return s->temperature == 0 || s->top_k == 1; }
+
+static int top_p_on(const Sampling *s) { return s->top_p > 0 && s->top_p < 1; }
+
+int sampling_plain(const Sampling *s) {
+    return s->temperature == 1 && s->top_k == 0 && !top_p_on(s) && s->min_p == 0;
+}
+
+const char *sampling_str(const Sampling *s, char *buf, size_t n) {
+    if (sampling_greedy(s)) {
+        snprintf(buf, n, "greedy");
+        return buf;
+    }
+    int k = snprintf(buf, n, "T=%g", s->temperature);
+    if (s->top_k > 0 && k >= 0 && (size_t)k < n)
+        k += snprintf(buf + k, n - (size_t)k, " top_k=%d", s->top_k);
+    if (top_p_on(s) && k >= 0 && (size_t)k < n)
+        k += snprintf(buf + k, n - (size_t)k, " top_p=%g", s->top_p);
+    if (s->min_p > 0 && k >= 0 && (size_t)k < n)
+        snprintf(buf + k, n - (size_t)k, " min_p=%g", s->min_p);
+    return buf;
+}
+
+double row_stats_logp(const RowStats *st, float logit) {
+    RS_ASSERT(!isnan(st->lse));
+    if (logit < st->cut) return -INFINITY;
+    return (double)logit * st->scale - st->lse;
+}
 
 int row_argmax(const float *logits, int n) {
     RS_ASSERT(n > 0);
@@ -108,17 +152,24 @@ void row_max_merge(RowMax *acc, const RowMax *m) {
 }
 
 void row_chunk_sums(const float *row, int n, float mx, int c0, int c1, double *csum) {
+    row_chunk_wsums(row, n, mx, 1.0, -INFINITY, c0, c1, csum);
+}
+
+
+void row_chunk_wsums(const float *row, int n, float mx, double scale, float cut, int c0, int c1,
+                     double *csum) {
     for (int c = c0; c < c1; c++) {
         int lo = c * ROW_CHUNK, hi = lo + ROW_CHUNK < n ? lo + ROW_CHUNK : n;
         double s = 0.0;
-        for (int i = lo; i < hi; i++) s += exp((double)row[i] - mx);
+        for (int i = lo; i < hi; i++) s += row_weight(row[i], mx, scale, cut);
         csum[c - c0] = s;
     }
 }
 
 /* The inverse-CDF draw at threshold thr over the chunk sums; past the end (rounding), the
  * last entry with a positive weight, as row_sample. */
-static int chunk_draw(const float *row, int n, float mx, const double *csum, double thr) {
+static int chunk_draw(const float *row, int n, float mx, double scale, float cut,
+                      const double *csum, double thr) {
     int nc = row_chunks(n), last_c = 0;
     double acc = 0.0;
     for (int c = 0; c < nc; c++) {
@@ -129,7 +180,7 @@ static int chunk_draw(const float *row, int n, float mx, const double *csum, dou
         }
         int lo = c * ROW_CHUNK, hi = lo + ROW_CHUNK < n ? lo + ROW_CHUNK : n;
         for (int i = lo; i < hi; i++) {
-            acc += exp((double)row[i] - mx);
+            acc += row_weight(row[i], mx, scale, cut);
             if (thr < acc) return i;
         }
         last_c = c; /* rounding within the chunk: fall through to its last positive entry */
@@ -137,28 +188,96 @@ static int chunk_draw(const float *row, int n, float mx, const double *csum, dou
     }
     int lo = last_c * ROW_CHUNK, hi = lo + ROW_CHUNK < n ? lo + ROW_CHUNK : n, last = lo;
     for (int i = lo; i < hi; i++)
-        if (exp((double)row[i] - mx) > 0) last = i;
+        if (row_weight(row[i], mx, scale, cut) > 0) last = i;
     return last;
 }
 
-void row_stats_finish(const float *row, int n, const RowMax *m, const double *csum, int temp,
-                      double u, RowStats *out) {
+/* ---- the sampling law's cut: a radix select over order-preserving keys ---- */
+
+
+/* What a radix select measures: entries at or above `floor` (a key), counted or weighed. */
+typedef struct {
+    const float *row;
+    int n;
+    float mx;
+    double scale;
+    uint32_t floor;
+    int by_mass;
+} CutQuery;
+
+/* The largest key K such that the entries with keys >= K (and >= q->floor) count or weigh
+ * at least `need` (which the whole set reaches): four passes, one 8-bit digit each, from
+ * the top. */
+static uint32_t radix_select(const CutQuery *q, double need) {
+    uint32_t prefix = 0, mask = 0;
+    uint64_t above = 0; /* of the entries above the digit being chosen */
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        uint64_t hist[256] = {0};
+        for (int i = 0; i < q->n; i++) {
+            uint32_t k = row_logit_key(q->row[i]);
+            if (k < q->floor || (k & mask) != prefix) continue;
+            uint64_t w = q->by_mass ? row_fixed_weight(q->row[i], q->mx, q->scale) : 1;
+            hist[(k >> shift) & 255] += w;
+        }
+        int b = 255;
+        for (; b > 0 && !((double)(above + hist[b]) >= need); b--) above += hist[b];
+        prefix |= (uint32_t)b << shift;
+        mask |= 0xffu << shift;
+    }
+    return prefix;
+}
+
+float row_cut(const float *row, int n, float mx, const Sampling *s) {
+    RS_ASSERT(!sampling_greedy(s));
+    CutQuery q = {row, n, mx, 1.0 / s->temperature, 0, 0};
+    uint32_t cut = 0; /* below every key */
+    if (s->top_k > 0 && s->top_k < n) cut = q.floor = radix_select(&q, (double)s->top_k);
+    if (top_p_on(s)) {
+        uint64_t z = 0;
+        for (int i = 0; i < n; i++)
+            if (row_logit_key(row[i]) >= q.floor) z += row_fixed_weight(row[i], mx, q.scale);
+        q.by_mass = 1;
+        uint32_t k = radix_select(&q, s->top_p * (double)z);
+        if (k > cut) cut = k;
+    }
+    if (s->min_p > 0) {
+        double lmin = log(s->min_p);
+        uint32_t k = row_logit_key(mx);
+        for (int i = 0; i < n; i++) {
+            uint32_t ki = row_logit_key(row[i]);
+            if (ki < k && ((double)row[i] - mx) * q.scale >= lmin) k = ki;
+        }
+        if (k > cut) cut = k;
+    }
+    return cut == 0 ? -INFINITY : row_key_logit(cut);
+}
+
+void row_stats_finish(const float *row, int n, const RowMax *m, const double *csum,
+                      const Sampling *s, float cut, double u, RowStats *out) {
+    int greedy = sampling_greedy(s);
     out->argmax = m->argmax;
     out->max = m->max;
     out->second = m->second;
+    out->cut = cut;
+    out->scale = greedy ? NAN : 1.0 / s->temperature;
     out->lse = NAN;
-    out->draw = temp == 0 ? m->argmax : -1;
-    if (temp == 0) return;
+    out->draw = greedy ? m->argmax : -1;
+    if (greedy) return;
     double total = 0.0;
     for (int c = 0; c < row_chunks(n); c++) total += csum[c];
-    out->lse = (double)m->max + log(total);
-    if (u >= 0) out->draw = chunk_draw(row, n, m->max, csum, u * total);
+    out->lse = (double)m->max * out->scale + log(total);
+    if (u >= 0) out->draw = chunk_draw(row, n, m->max, out->scale, cut, csum, u * total);
 }
 
-void row_stats(const float *row, int n, int temp, double u, double *csum, RowStats *out) {
+void row_stats(const float *row, int n, const Sampling *s, double u, double *csum,
+               RowStats *out) {
     RS_ASSERT(n > 0);
     RowMax m;
     row_max_part(row, 0, n, &m);
-    if (temp) row_chunk_sums(row, n, m.max, 0, row_chunks(n), csum);
-    row_stats_finish(row, n, &m, csum, temp, u, out);
+    float cut = -INFINITY;
+    if (!sampling_greedy(s)) {
+        cut = row_cut(row, n, m.max, s);
+        row_chunk_wsums(row, n, m.max, 1.0 / s->temperature, cut, 0, row_chunks(n), csum);
+    }
+    row_stats_finish(row, n, &m, csum, s, cut, u, out);
 }

@@ -80,6 +80,32 @@ int pool_finalize(Pool *p, int vocab_size, RsErr *e) {
     return rc;
 }
 
+/* One sibling run [first, first + n): log q_T = log q / T - log(sum over the run of
+ * q^(1/T) + R^(1/T)), R the run's missing mass taken as one token. */
+static void temper_run(Pool *p, int first, int n, double T) {
+    double seen = 0, z = 0;
+    for (int i = first; i < first + n; i++) {
+        seen += exp((double)p->logq[i]);
+        z += exp((double)p->logq[i] / T);
+    }
+    if (seen < 1) z += pow(1 - seen, 1 / T);
+    double lz = log(z);
+    for (int i = first; i < first + n; i++) {
+        double lq = (double)p->logq[i] / T - lz;
+        p->logq[i] = lq < 0 ? (float)lq : 0.0f;
+    }
+}
+
+void pool_temper(Pool *p, double T) {
+    RS_ASSERT(T > 0);
+    if (T == 1 || p->n == 0) return;
+    temper_run(p, p->root_first_child, p->root_n_children, T);
+    for (int u = 0; u < p->n; u++)
+        if (p->n_children[u] > 0) temper_run(p, p->first_child[u], p->n_children[u], T);
+    for (int i = 0; i < p->n; i++) /* parents come first */
+        p->score[i] = (p->parent[i] < 0 ? 0.0f : p->score[p->parent[i]]) + p->logq[i];
+}
+
 int pool_rank_cmp_by(const Pool *p, const double *score, int a, int b) {
     RS_ASSERT(a >= 0 && a < p->n && b >= 0 && b < p->n);
     double sa = score ? score[a] : (double)p->score[a], sb = score ? score[b] : (double)p->score[b];

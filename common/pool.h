@@ -53,6 +53,13 @@ typedef struct {
  * pool emptied (n = 0), so a rejected pool can never be selected from. */
 int pool_finalize(Pool *p, int vocab_size, RsErr *e);
 
+/* The drafter's scores at temperature T > 0 (a finalized pool; T = 1 leaves it as it is):
+ * each sibling run's log q becomes the log-softmax of log q / T over the run, the mass the
+ * drafter's top-k left out counted as one more token, and the path scores follow. The
+ * drafter's law then ranks candidates as the target's tempered law will judge them;
+ * selection only, never exactness (DESIGN.md §4). */
+void pool_temper(Pool *p, double T);
+
 /* The ranking (DESIGN.md §2) every selection and the drafter's growth use: score desc, depth
  * asc, pool index asc. score: (p->n) scores to rank by, or NULL for the pool's own (the
  * path sum of logq). A total order under which any top-k is ancestor-closed when scores

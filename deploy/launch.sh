@@ -6,9 +6,12 @@
 # Usage:
 #   deploy/launch.sh [--backend cpu|cuda] [--bin DIR] [--endpoint EP] [--insecure]
 #                    [--curve-dir DIR] --draft-model PATH [--draft-layers SPEC]
-#                    [--draft-threads N] [--draft-target-model PATH] [--serve] -- TARGET_ARGS...
+#                    [--draft-threads N] [--draft-target-model PATH]
+#                    [--drafter KIND] [--corpus FILE] [--serve] -- TARGET_ARGS...
 # --draft-target-model: the target an EAGLE-3 head (--draft-model HEAD) drafts for, passed
 # to rootspec-draft as --target-model (its embeddings and vocabulary).
+# --drafter suffix: the model-free drafter (--draft-model then only lends its tokenizer),
+# with --corpus FILE a text it also looks in.
 # TARGET_ARGS go to rootspec-target (--model, --prompt/--prompts, --decoder, ...); the
 # launcher adds --draft-endpoint. The drafter is stopped when the target exits.
 # --serve: the target side is rootspec-serve, the HTTP server (TARGET_ARGS: --model,
@@ -16,7 +19,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 backend=cpu bin="" endpoint="" draft_model="" draft_layers="" insecure="" curve="" dthreads=1
-draft_target="" prog=rootspec-target
+draft_target="" drafter="" corpus="" prog=rootspec-target
 need() { [ $# -ge 2 ] || { echo "launch.sh: option $1 needs a value (see --help)" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -27,6 +30,8 @@ while [ $# -gt 0 ]; do
     --draft-layers) need "$@"; draft_layers=$2; shift 2 ;;
     --draft-threads) need "$@"; dthreads=$2; shift 2 ;;
     --draft-target-model) need "$@"; draft_target=$2; shift 2 ;;
+    --drafter) need "$@"; drafter=$2; shift 2 ;;
+    --corpus) need "$@"; corpus=$2; shift 2 ;;
     --insecure) insecure=--insecure; shift ;;
     --curve-dir) need "$@"; curve=$2; shift 2 ;;
     --serve) prog=rootspec-serve; shift ;;
@@ -50,6 +55,8 @@ endpoint=${endpoint:-ipc://$tmp/draft.sock}
 dargs=(--model "$draft_model" --bind "$endpoint" --backend "$backend" --threads "$dthreads")
 [ -n "$draft_layers" ] && dargs+=(--draft-layers "$draft_layers")
 [ -n "$draft_target" ] && dargs+=(--target-model "$draft_target")
+[ -n "$drafter" ] && dargs+=(--drafter "$drafter")
+[ -n "$corpus" ] && dargs+=(--corpus "$corpus")
 [ -n "$insecure" ] && dargs+=("$insecure")
 [ -n "$curve" ] && dargs+=(--curve-dir "$curve")
 targs=(--backend "$backend" --draft-endpoint "$endpoint")

@@ -1,49 +1,108 @@
 #!/usr/bin/env bash
-# The main job (`make run`): a handful of prompts decoded twice on the default model, first
-# autoregressively (the baseline: the target alone), then with root-draw selection (both
-# processes, deploy/launch.sh). Shows the speculative decode's text and per-round timing,
-# then both speeds, their ratio, whether the texts agree (T=0: they must) and where a
-# round's time goes. Environment: MODEL, DRAFT_LAYERS, PROMPTS, DECODER, BUDGET, MAX_NEW;
-# further arguments go to the speculative rootspec-target.
+# The main job (`make run`) on the default model, in three parts:
+#  1. deploy/prompts.jsonl (everyday prompts) and deploy/code_edit.jsonl (code edits that
+#     repeat most of their input), each decoded twice at T=0: autoregressively with the
+#     target alone (the baseline), then with the default speculative configuration. The
+#     speculative text is shown, then the per-round timing.
+#  2. A table of the two sets: AR tok/s, speculative tok/s, ratio, same text.
+#  3. Expected acceptance of each selection rule at B=8 and B=59 (the shape of the paper's
+#     Table 2), measured offline on a few prompts with a model drafter (--score-all-rules:
+#     every rule's tree scored on the same pools), so the selection rules' effect shows
+#     even where this machine's speed cannot.
+# Default speculative configuration: draft selection with the suffix drafter and the
+# cost-aware budget (--budget auto): it verifies what is likely and takes plain AR steps
+# otherwise, so it is never much slower than AR and faster where output repeats input.
+# The suffix drafter runs inside the target process: it grows a pool in microseconds, so
+# there is nothing to overlap and a process hop would only add a message round trip.
+# DRAFTER=self puts a self-drafter (DRAFT_LAYERS, default 0-14) in a process of its own
+# (deploy/launch.sh), the two-process layout of a model drafter.
+# Environment: MODEL, DECODER (draft), BUDGET (auto), DRAFTER (suffix | self),
+# DRAFT_LAYERS, MAX_NEW (48), CODE_MAX_NEW (128), SCORE_PROMPTS (3), SCORE_MAX_NEW (16),
+# SCORE_LAYERS (0-13,15-29), SCORE=0 to skip part 3; further arguments go to the
+# speculative rootspec-target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
-layers=${DRAFT_LAYERS:-0-14}
-prompts=${PROMPTS:-deploy/prompts.jsonl}
-decoder=${DECODER:-rootdraw}
-max_new=${MAX_NEW:-48}
-common=(--model "$model" --prompts "$prompts" --temp 0 --max-new "$max_new")
+decoder=${DECODER:-draft}
+budget=${BUDGET:-auto}
+drafter=${DRAFTER:-suffix}
 tmp=$(mktemp -d /tmp/rootspec-run.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 
 # The baseline runs where launch.sh puts the target: alone on core 0.
 pin=()
 if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then pin=(taskset -c 0); fi
-
-echo "== baseline: autoregressive decoding, target alone (--max-new $max_new, T=0)"
-if ! "${pin[@]}" build/rootspec-target "${common[@]}" --decoder ar >"$tmp/ar.out" 2>"$tmp/ar.err"; then
-  cat "$tmp/ar.err" >&2
-  exit 1
-fi
-grep -E '^rootspec-target: [0-9]+ prompts' "$tmp/ar.err" || true
-
-echo "== speculative: $decoder, B=${BUDGET:-59}, drafter = target layers $layers in its own process"
-# stdout (the text) to the terminal and a file, stderr (stats, timing) likewise.
-{ deploy/launch.sh --draft-model "$model" --draft-layers "$layers" -- \
-    "${common[@]}" --decoder "$decoder" --budget "${BUDGET:-59}" --draft-timeout-ms 60000 "$@" \
-    2>&1 1>&3 3>&- | tee "$tmp/sd.err" >&2; } 3>&1 | tee "$tmp/sd.out"
+case "$drafter" in
+  suffix) spec=("${pin[@]}" build/rootspec-target --drafter suffix) where="in the target process" ;;
+  self) spec=(deploy/launch.sh --draft-model "$model" --draft-layers "${DRAFT_LAYERS:-0-14}" --
+              --draft-timeout-ms 60000) where="in its own process" ;;
+  *) echo "run-main.sh: DRAFTER must be suffix or self, not '$drafter'" >&2; exit 2 ;;
+esac
 
 # "rootspec-target: N prompts, T tokens in S s: X tok/s" -> X
 speed() { sed -n 's/^rootspec-target: [0-9]* prompts, .*: \([0-9.]*\) tok\/s$/\1/p' "$1" | tail -1; }
-ar=$(speed "$tmp/ar.err")
-sd=$(speed "$tmp/sd.err")
+
+# run_set NAME FILE MAX_NEW [TARGET_ARGS...]: both decodes of one prompt set; leaves
+# $tmp/NAME.{ar,sd}.{out,err}.
+run_set() {
+  local name=$1 file=$2 max_new=$3
+  shift 3
+  local common=(--model "$model" --prompts "$file" --temp 0 --max-new "$max_new")
+  echo "== $name ($file): baseline, autoregressive decoding, target alone (--max-new $max_new, T=0)"
+  if ! "${pin[@]}" build/rootspec-target "${common[@]}" --decoder ar \
+       >"$tmp/$name.ar.out" 2>"$tmp/$name.ar.err"; then
+    cat "$tmp/$name.ar.err" >&2
+    exit 1
+  fi
+  grep -E '^rootspec-target: [0-9]+ prompts' "$tmp/$name.ar.err" || true
+  echo "== $name: speculative, $decoder selection, B=$budget, $drafter drafter $where"
+  if ! "${spec[@]}" "${common[@]}" --decoder "$decoder" --budget "$budget" "$@" \
+       >"$tmp/$name.sd.out" 2>"$tmp/$name.sd.err"; then
+    cat "$tmp/$name.sd.err" >&2
+    exit 1
+  fi
+  # the text first, then the statistics: never one glued to the other
+  cat "$tmp/$name.sd.out"
+  echo
+  grep -v '^rootspec-target: decoder=' "$tmp/$name.sd.err" | sed 's/^/  /'
+}
+
+# One row of the table: name, AR and speculative tok/s, ratio, same text.
+table_row() {
+  local name=$1 ar sd same=NO
+  ar=$(speed "$tmp/$name.ar.err")
+  sd=$(speed "$tmp/$name.sd.err")
+  cmp -s "$tmp/$name.ar.out" "$tmp/$name.sd.out" && same=yes
+  awk -v n="$name" -v a="${ar:-0}" -v s="${sd:-0}" -v same="$same" \
+    'BEGIN { printf "| %-10s | %8.2f | %8.2f | %6.2fx | %-9s |\n", n, a, s, (a > 0 ? s / a : 0), same }'
+}
+
+run_set prompts deploy/prompts.jsonl "${MAX_NEW:-48}" "$@"
+run_set code_edit deploy/code_edit.jsonl "${CODE_MAX_NEW:-128}" "$@"
+
 echo
-echo "== $decoder against the autoregressive baseline (same prompts, --max-new $max_new, T=0)"
-printf '  %-10s %s tok/s\n' ar "${ar:-?}" "$decoder" "${sd:-?}"
-if [ -n "$ar" ] && [ -n "$sd" ]; then
-  awk -v a="$ar" -v s="$sd" -v d="$decoder" \
-    'BEGIN { if (a > 0) printf "  speed ratio %s / ar: %.2fx\n", d, s / a }'
-fi
-if cmp -s "$tmp/ar.out" "$tmp/sd.out"; then echo "  same text as the baseline: yes"
-else echo "  same text as the baseline: NO (T=0 decoders must agree)"; fi
-grep "^where a round's time goes" "$tmp/sd.err" | sed 's/^/  /' || true
+echo "== $decoder (B=$budget, $drafter drafter) against the autoregressive baseline, T=0"
+echo "| prompts    | AR tok/s | spec tok/s | ratio | same text |"
+echo "|------------|----------|------------|-------|-----------|"
+table_row prompts
+table_row code_edit
+
+[ "${SCORE:-1}" = 0 ] && exit 0
+echo
+n_score=${SCORE_PROMPTS:-3}
+head -n "$n_score" deploy/prompts.jsonl >"$tmp/score.jsonl"
+echo "== expected acceptance per round (tau) of each rule, offline (--score-all-rules):"
+layers=${SCORE_LAYERS:-0-13,15-29}
+echo "   first $n_score prompts, --max-new ${SCORE_MAX_NEW:-16}, T=0, self-drafter of target layers $layers"
+echo "| B  | pearl (given X1) | rootdraw (given X1) | rootdraw vs pearl | draft | root | oracle |"
+echo "|----|------------------|---------------------|-------------------|-------|------|--------|"
+for B in 8 59; do
+  build/rootspec-target --model "$model" --prompts "$tmp/score.jsonl" --temp 0 \
+    --max-new "${SCORE_MAX_NEW:-16}" --decoder rootdraw --budget "$B" --score-all-rules \
+    --draft-layers "$layers" >/dev/null 2>"$tmp/score$B.err" || { cat "$tmp/score$B.err" >&2; exit 1; }
+  # "... given X1: pearl P rootdraw R (rootdraw +G%); from the root: draft D root O oracle Q"
+  sed -n 's/.*given X1: pearl \([0-9.]*\) rootdraw \([0-9.]*\)\( (rootdraw \([-+0-9.]*%\))\)\{0,1\}; from the root: draft \([0-9.]*\) root \([0-9.]*\) oracle \([0-9.]*\)/\1|\2|\4|\5|\6|\7/p' \
+    "$tmp/score$B.err" | while IFS='|' read -r pe rd g dr ro or; do
+      printf "| %-2s | %16s | %19s | %17s | %5s | %4s | %6s |\n" "$B" "$pe" "$rd" "${g:--}" "$dr" "$ro" "$or"
+    done
+done

@@ -4,9 +4,7 @@
 #include "common/cli.h"
 #include "proto/proto.h"
 #include "proto/secure.h"
-#include "common/eagle3.h"
-#include "eagle3_drafter.h"
-#include "model_drafter.h"
+#include "drafter_open.h"
 #include "server.h"
 #include <signal.h>
 #include <string.h>
@@ -30,6 +28,12 @@ static void usage(FILE *f) {
             "                       their stored type on --threads threads; cuda: bf16\n"
             "                       weights and KV cache on --device)\n"
             "  --draft-layers SPEC  run only these layers of the model (self-drafter), e.g. 0-5\n"
+            "  --drafter KIND       self | model | eagle3 | suffix (default: from the options:\n"
+            "                       --draft-layers self, a head directory eagle3, else model).\n"
+            "                       suffix: model-free, continues earlier occurrences of the\n"
+            "                       context's last tokens; --model (or --target-model) only\n"
+            "                       supplies the tokenizer\n"
+            "  --corpus FILE        suffix drafter: a text file it also looks in\n"
             "  --bind ENDPOINT      ipc:///tmp/rootspec.sock or tcp://HOST:PORT\n"
             "  --backend NAME       cpu | cuda (default cpu)\n"
             "  --device N           CUDA device ordinal (default 0)\n"
@@ -48,8 +52,10 @@ static void usage(FILE *f) {
 
 /* Everything the command line says. */
 typedef struct {
-    const char *model, *layers, *bind, *backend, *curve, *gen, *target_path;
-    int device, threads, ctx, insecure, max_req;
+    const char *model, *layers, *bind, *gen, *target_path, *corpus;
+    DrafterKind kind;
+    CliRuntime rt;
+    int max_req;
 } Args;
 
 /* Parses the options; returns -1 to go on, else the exit status (0 for --help, 2 for bad
@@ -60,20 +66,17 @@ static int parse_args(int argc, char **argv, Args *A) {
         const char *a = argv[i], *v = NULL;
         int rc = 0;
 #define VAL() (rc = cli_value(argc, argv, i, &v, &e), i += !rc, rc == 0)
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        int shared = cli_runtime_option(argc, argv, &i, &A->rt, &e);
+        if (shared) rc = shared < 0 ? shared : 0;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "--model")) { if (VAL()) A->model = v; }
         else if (!strcmp(a, "--draft-layers")) { if (VAL()) A->layers = v; }
         else if (!strcmp(a, "--target-model")) { if (VAL()) A->target_path = v; }
+        else if (!strcmp(a, "--corpus")) { if (VAL()) A->corpus = v; }
+        else if (!strcmp(a, "--drafter")) { if (VAL()) rc = drafter_kind_option(v, &A->kind, &e); }
         else if (!strcmp(a, "--bind")) { if (VAL()) A->bind = v; }
-        else if (!strcmp(a, "--backend")) { if (VAL()) A->backend = v; }
-        else if (!strcmp(a, "--device")) { if (VAL()) rc = cli_int(a, v, 0, 64, &A->device, &e); }
-        else if (!strcmp(a, "--batch-invariant")) backend_set_batch_invariant(1);
-        else if (!strcmp(a, "--threads")) { if (VAL()) rc = cli_int(a, v, 1, 256, &A->threads, &e); }
-        else if (!strcmp(a, "--ctx")) { if (VAL()) rc = cli_int(a, v, 256, 1 << 20, &A->ctx, &e); }
-        else if (!strcmp(a, "--curve-dir")) { if (VAL()) A->curve = v; }
-        else if (!strcmp(a, "--insecure")) A->insecure = 1;
         else if (!strcmp(a, "--gen-keys")) { if (VAL()) A->gen = v; }
         else if (!strcmp(a, "--max-requests")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 30, &A->max_req, &e); }
         else rc = rs_err(&e, RS_EINVAL, "unknown option '%s' (see --help)", a);
@@ -83,6 +86,7 @@ static int parse_args(int argc, char **argv, Args *A) {
             return 2;
         }
     }
+    if (A->rt.batch_invariant) backend_set_batch_invariant(1);
     return -1;
 }
 
@@ -98,48 +102,68 @@ static int gen_keys(const char *dir) {
     return 0;
 }
 
+/* What the options ask for, as the factory's spec. */
+static DrafterSpec spec_of(const Args *A) {
+    DrafterSpec s = {.kind = A->kind, .model_path = A->model, .layers = A->layers,
+                     .corpus_path = A->corpus};
+    if (s.kind == DRAFTER_KIND_AUTO)
+        s.kind = A->corpus ? DRAFTER_KIND_SUFFIX
+                 : A->layers ? DRAFTER_KIND_SELF
+                             : drafter_spec_kind(&s);
+    return s;
+}
+
+/* Why the options do not go together, or NULL. */
+static const char *args_conflict(const Args *A, DrafterKind k) {
+    if (k == DRAFTER_KIND_EAGLE3 && !A->target_path)
+        return "--model names an EAGLE-3 head: give --target-model (the target supplies its "
+               "embeddings and vocabulary)";
+    if (A->target_path && k != DRAFTER_KIND_EAGLE3 && k != DRAFTER_KIND_SUFFIX)
+        return "--target-model is for an EAGLE-3 head, and --model is not one (or for the "
+               "suffix drafter's tokenizer)";
+    if (A->layers && k != DRAFTER_KIND_SELF)
+        return "--draft-layers applies to a model (the self-drafter), not to this drafter kind";
+    if (A->corpus && k != DRAFTER_KIND_SUFFIX) return "--corpus is for --drafter suffix";
+    return NULL;
+}
+
 /* The options that go together, checked before anything loads; -1 to go on, else 2. */
-static int check_args(const Args *A, const BackendOps **ops, int *head) {
+static int check_args(const Args *A, const BackendOps **ops) {
     RsErr e = {0};
-    if (!A->model || !A->bind) {
+    if (!(A->model || (A->kind == DRAFTER_KIND_SUFFIX && A->target_path)) || !A->bind) {
         fprintf(stderr, "rootspec-draft: need --model and --bind\n");
         usage(stderr);
         return 2;
     }
-    if (secure_check_endpoint(A->bind, A->insecure, A->curve, &e) ||
-        !(*ops = backend_ops_by_name(A->backend, &e))) {
+    if (secure_check_endpoint(A->bind, A->rt.insecure, A->rt.curve_dir, &e) ||
+        !(*ops = backend_ops_by_name(A->rt.backend, &e))) {
         fprintf(stderr, "rootspec-draft: %s\n", e.msg);
         return 2;
     }
-    *head = eagle3_path_is_head(A->model);
-    if (*head != (A->target_path != NULL) || (*head && A->layers)) {
-        fprintf(stderr, "rootspec-draft: %s\n",
-                *head && A->layers ? "--draft-layers applies to a model, not to an EAGLE-3 head"
-                : *head ? "--model names an EAGLE-3 head: give --target-model (the target "
-                          "supplies its embeddings and vocabulary)"
-                        : "--target-model is for an EAGLE-3 head, and --model is not one");
+    const char *why = args_conflict(A, spec_of(A).kind);
+    if (why) {
+        fprintf(stderr, "rootspec-draft: %s\n", why);
         return 2;
     }
     return -1;
 }
 
-/* The model (or a head's target), its tokenizer and the drafter of the kind asked for;
- * -1 on success, else the exit status with nothing left allocated. */
-static int load_drafter(const Args *A, const BackendOps *ops, int head, Model **full,
-                        Tokenizer **tok, Drafter **d) {
+/* The host model (whose tokenizer the drafter speaks), its tokenizer and the drafter; -1
+ * on success, else the exit status with nothing left allocated. A head or the suffix
+ * drafter needs only the host's config, tokenizer (and a head its embedding rows, read on
+ * demand): no weights are materialised for them. */
+static int load_drafter(const Args *A, const BackendOps *ops, Model **full, Tokenizer **tok,
+                        Drafter **d) {
     RsErr e = {0};
-    /* A head needs only its target's config, tokenizer and embedding rows (read on demand,
-     * or made from a random model's seed): no weights are materialised for it. */
-    int rc = head ? model_load(A->target_path, full, &e) : backend_model_load(ops, A->model, full, &e);
+    DrafterSpec s = spec_of(A);
+    int light = s.kind == DRAFTER_KIND_EAGLE3 || s.kind == DRAFTER_KIND_SUFFIX;
+    const char *host = A->target_path ? A->target_path : A->model;
+    int rc = light ? model_load(host, full, &e) : backend_model_load(ops, A->model, full, &e);
     if (!rc) rc = tokenizer_load_model(*full, tok, &e);
-    if (!rc && head)
-        rc = drafter_eagle3_open(A->model, *full, ops,
-                                 &(BackendParams){.kv_capacity = A->ctx + POOL_N_EXPANDED,
-                                                  .threads = A->threads, .device = A->device},
-                                 d, &e);
-    else if (!rc && A->layers)
-        rc = drafter_self_create(*full, A->layers, ops, A->ctx, A->threads, A->device, d, &e);
-    else if (!rc) rc = drafter_model_create(*full, ops, A->ctx, A->threads, A->device, d, &e);
+    if (s.kind == DRAFTER_KIND_MODEL) s.model = *full, s.model_path = NULL;
+    DrafterHost h = {.model = *full, .tok = *tok, .ops = ops, .ctx = A->rt.ctx,
+                     .threads = A->rt.threads, .device = A->rt.device};
+    if (!rc) rc = drafter_open(&s, &h, d, &e);
     if (!rc) return -1;
     fprintf(stderr, "rootspec-draft: %s\n", e.msg);
     tokenizer_destroy(tok);
@@ -148,26 +172,25 @@ static int load_drafter(const Args *A, const BackendOps *ops, int head, Model **
 }
 
 int main(int argc, char **argv) {
-    Args A = {.backend = "cpu", .threads = 1, .ctx = 2048};
+    Args A = {.rt = cli_runtime_defaults()};
     int rc = parse_args(argc, argv, &A);
     if (rc >= 0) return rc;
     if (A.gen) return gen_keys(A.gen);
     const BackendOps *ops = NULL;
-    int head = 0;
-    if ((rc = check_args(&A, &ops, &head)) >= 0) return rc;
+    if ((rc = check_args(&A, &ops)) >= 0) return rc;
     Model *full = NULL;
     Tokenizer *tok = NULL;
     Drafter *d = NULL;
-    if ((rc = load_drafter(&A, ops, head, &full, &tok, &d)) >= 0) return rc;
+    if ((rc = load_drafter(&A, ops, &full, &tok, &d)) >= 0) return rc;
+    char name[PROTO_NAME_MAX + 1];
+    snprintf(name, sizeof name, "rootspec-draft (%s)", drafter_kind_name(spec_of(&A).kind));
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    ServerOpts so = {.endpoint = A.bind, .insecure = A.insecure, .curve_dir = A.curve,
-                     .name = head       ? "rootspec-draft (EAGLE-3 head)"
-                             : A.layers ? "rootspec-draft (layer view)"
-                                        : "rootspec-draft",
+    ServerOpts so = {.endpoint = A.bind, .insecure = A.rt.insecure, .curve_dir = A.rt.curve_dir,
+                     .name = name,
                      .caps = ops == cuda_backend_ops_get() ? PROTO_CAP_CUDA : 0,
                      .max_requests = A.max_req, .stop = &g_stop};
     RsErr e = {0};

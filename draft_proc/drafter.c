@@ -1,6 +1,7 @@
 /* The Drafter interface's dispatch: the drafter_* functions of drafter.h call the kind's
  * ops (drafter_impl.h) after the checks every kind shares. */
 #include "drafter_impl.h"
+#include <string.h>
 
 Drafter *drafter_wrap(const DrafterOps *ops, void *ctx, const DrafterInfo *info) {
     RS_ASSERT(ops && ops->reset && ops->grow_begin && ops->grow_end && ops->destroy);
@@ -9,6 +10,26 @@ Drafter *drafter_wrap(const DrafterOps *ops, void *ctx, const DrafterInfo *info)
     d->ctx = ctx;
     d->info = *info;
     return d;
+}
+
+void sync_growth_init(SyncGrowth *g) {
+    g->pool = rs_xcalloc(1, sizeof(Pool));
+    g->rc = RS_OK;
+    g->err = (RsErr){0};
+}
+
+void sync_growth_free(SyncGrowth *g) {
+    free(g->pool);
+    g->pool = NULL;
+}
+
+int sync_growth_end(const SyncGrowth *g, Pool *out, RsErr *e) {
+    if (g->rc) {
+        if (e) *e = g->err;
+        return g->rc;
+    }
+    memcpy(out, g->pool, sizeof(Pool));
+    return RS_OK;
 }
 
 /* A size without data (or data without a size) is the caller's bug, not bad input. */
@@ -50,9 +71,19 @@ int drafter_grow_end(Drafter *d, Pool *out, RsErr *e) {
     return d->ops->grow_end(d->ctx, out, e);
 }
 
-int drafter_commit_grow(Drafter *d, const int *tokens, int n, Pool *out, RsErr *e) {
-    int rc = drafter_grow_begin(d, tokens, n, 0, NULL, 0, e);
+int drafter_grow(Drafter *d, const int *tokens, int n, const void *features, size_t feat_bytes,
+                 Pool *out, RsErr *e) {
+    int rc = drafter_grow_begin(d, tokens, n, 0, features, feat_bytes, e);
     return rc ? rc : drafter_grow_end(d, out, e);
+}
+
+int drafter_commit_grow(Drafter *d, const int *tokens, int n, Pool *out, RsErr *e) {
+    return drafter_grow(d, tokens, n, NULL, 0, out, e);
+}
+
+void drafter_set_depth(Drafter *d, int depth) {
+    RS_ASSERT(depth >= 1 && depth <= POOL_MAX_DEPTH && !d->growing);
+    if (d->ops->set_depth) d->ops->set_depth(d->ctx, depth);
 }
 
 const DrafterInfo *drafter_info(const Drafter *d) { return &d->info; }

@@ -4,19 +4,23 @@
  * token. The target's decode loop, rootspec-draft's server and the tests hold a Drafter and
  * never ask which kind it is.
  *
- * Kinds today:
+ * Kinds:
  *   model     a drafter model of its own, or the self-drafter (a layer subset of the
  *             target): draft_proc/model_drafter.h. Grows synchronously in grow_begin.
+ *   eagle3    an EAGLE-3 head fed the target's hidden features: draft_proc/eagle3_drafter.h.
+ *   suffix    model-free: continuations of earlier occurrences of the context's tail
+ *             (draft_proc/suffix_drafter.h).
  *   threaded  an adapter that runs any Drafter's growth on a worker thread, so the target's
  *             root pass overlaps drafting in one process (drafter_threaded_create below).
- *   remote    a rootspec-draft process over ZeroMQ: target_proc/remote.h.
+ *   remote    a rootspec-draft process over ZeroMQ: draft_proc/remote_drafter.h.
+ * Programs open one by description through draft_proc/drafter_open.h.
  *
- * Adding a kind (an EAGLE-3 head is next): write a DrafterOps (drafter_impl.h) over your own
- * context struct, and a constructor `int drafter_KIND_create(..., Drafter **out, RsErr *e)`
- * that ends with drafter_wrap(). Declare the constructor in a header of its own (as
- * model_drafter.h does); nothing else changes: the engine, decode_run and the server take
- * any Drafter. An EAGLE-3 head predicts from the target's hidden features of the committed
- * tokens: the commit calls carry them (`features`, below), which today's kinds ignore.
+ * Adding a kind: write a DrafterOps (drafter_impl.h) over your own context struct, and a
+ * constructor `int drafter_KIND_create(..., Drafter **out, RsErr *e)` that ends with
+ * drafter_wrap(), declared in a header of its own; then name it in drafter_open.c. The
+ * engine, decode_run and the server take any Drafter. An EAGLE-3 head predicts from the
+ * target's hidden features of the committed tokens: the commit calls carry them
+ * (`features`, below), which the other kinds ignore.
  *
  * Per-token features: `features` is (n, feat_dim) row-major, feat_bytes bytes in all, the
  * target's hidden features for each token of the commit, in order; NULL with feat_bytes 0
@@ -73,8 +77,19 @@ int drafter_grow_begin(Drafter *d, const int *tokens, int n, int reset, const vo
  * Calling it without an outstanding grow_begin is a programming error (aborts). */
 int drafter_grow_end(Drafter *d, Pool *out, RsErr *e);
 
-/* grow_begin (no reset, no features) then grow_end: for callers with nothing to overlap. */
+/* grow_begin (no reset) then grow_end: for callers with nothing to overlap (the threaded
+ * kind's worker, rootspec-draft's server). */
+int drafter_grow(Drafter *d, const int *tokens, int n, const void *features, size_t feat_bytes,
+                 Pool *out, RsErr *e);
+/* drafter_grow without features. */
 int drafter_commit_grow(Drafter *d, const int *tokens, int n, Pool *out, RsErr *e);
+
+/* The deepest pool level the next growths may reach, 1..POOL_MAX_DEPTH (a cost-aware
+ * decoder asks for shallower pools when deep candidates do not pay for their passes): a
+ * model kind runs depth - 1 expansion passes, the suffix kind follows matches that far.
+ * Kinds without the op keep their full depth. Call it between growths (not while one is
+ * outstanding); the remote kind sends it with the next commit. */
+void drafter_set_depth(Drafter *d, int depth);
 
 /* Size, weights and name; valid until drafter_destroy. */
 const DrafterInfo *drafter_info(const Drafter *d);

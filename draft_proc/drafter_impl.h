@@ -1,5 +1,5 @@
 /* The inside of a Drafter, for implementations only (draft_proc/model_drafter.c,
- * thread_drafter.c, target_proc/remote.c, tests' wrappers): the ops table a kind fills and
+ * thread_drafter.c, remote_drafter.c, suffix_drafter.c, tests' wrappers): the ops table a kind fills and
  * the handle that carries it. Callers use draft_proc/drafter.h. drafter.c checks what every
  * kind would otherwise check itself (features given with a size, grow_end after a
  * grow_begin), so the ops see only well-formed calls. */
@@ -21,6 +21,9 @@ typedef struct {
     /* As drafter_append (n >= 1); optional: NULL makes drafter_append RS_EUNSUPPORTED. */
     int (*append)(void *ctx, const int *tokens, int n, const void *features, size_t feat_bytes,
                   RsErr *e);
+    /* As drafter_set_depth, called only while no growth is outstanding; optional: NULL
+     * keeps the kind's full depth. */
+    void (*set_depth)(void *ctx, int depth);
 } DrafterOps;
 
 struct Drafter {
@@ -29,6 +32,19 @@ struct Drafter {
     DrafterInfo info;  /* its strings point into ctx (they live as long as it does) */
     int growing;       /* a grow_begin succeeded and its grow_end has not run */
 };
+
+/* The outcome of a growth that a kind runs inside grow_begin (model, eagle3, suffix): the
+ * status waits for grow_end, as a worker thread's or a peer's would. */
+typedef struct {
+    Pool *pool; /* sync_growth_init's, freed by sync_growth_free */
+    int rc;
+    RsErr err;
+} SyncGrowth;
+
+void sync_growth_init(SyncGrowth *g);
+void sync_growth_free(SyncGrowth *g);
+/* grow_end of such a kind: the growth's error as it happened, or its pool copied to out. */
+int sync_growth_end(const SyncGrowth *g, Pool *out, RsErr *e);
 
 /* A handle for a kind's ctx (owned by the handle from here on; *info copied). Never fails:
  * a kind's constructor builds ctx first and wraps it last. */

@@ -14,10 +14,8 @@ typedef struct {
     int kv_capacity;
     float *root_state;  // (dim) output state of the last committed row
     float *root_logits; // (draft_vocab)
-    Pool *pool;         /* grow_begin's result for grow_end */
+    SyncGrowth g;       /* grow_begin's outcome for grow_end */
     Eagle3Head *owned;  /* drafter_eagle3_open's head, freed with the drafter */
-    int grow_rc;
-    RsErr grow_err;
 } Eagle3Drafter;
 
 /* Appends tokens with their features (the last row's state and logits kept for growth);
@@ -80,19 +78,13 @@ static int e3_append(void *ctx, const int *tokens, int n, const void *features,
 static int e3_grow_begin(void *ctx, const int *tokens, int n, const void *features,
                          size_t feat_bytes, RsErr *e) {
     Eagle3Drafter *d = ctx;
-    d->grow_err = (RsErr){0};
-    d->grow_rc = grow(d, tokens, n, features, feat_bytes, d->pool, &d->grow_err);
+    d->g.err = (RsErr){0};
+    d->g.rc = grow(d, tokens, n, features, feat_bytes, d->g.pool, &d->g.err);
     return RS_OK;
 }
 
 static int e3_grow_end(void *ctx, Pool *out, RsErr *e) {
-    Eagle3Drafter *d = ctx;
-    if (d->grow_rc) {
-        if (e) *e = d->grow_err;
-        return d->grow_rc;
-    }
-    memcpy(out, d->pool, sizeof(Pool));
-    return RS_OK;
+    return sync_growth_end(&((Eagle3Drafter *)ctx)->g, out, e);
 }
 
 static void e3_destroy(void *ctx) {
@@ -100,7 +92,7 @@ static void e3_destroy(void *ctx) {
     eagle3_runner_destroy(&d->r);
     free(d->root_state);
     free(d->root_logits);
-    free(d->pool);
+    sync_growth_free(&d->g);
     eagle3_head_destroy(&d->owned);
     free(d);
 }
@@ -139,7 +131,7 @@ int drafter_eagle3_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
     }
     d->root_state = rs_xmalloc(sizeof(float) * (size_t)h->cfg.c.dim);
     d->root_logits = rs_xmalloc(sizeof(float) * (size_t)h->cfg.draft_vocab);
-    d->pool = rs_xcalloc(1, sizeof(Pool));
+    sync_growth_init(&d->g);
     DrafterInfo info = {.vocab_size = h->cfg.c.vocab_size, .fingerprint = h->fingerprint,
                         .name = h->path, .n_feature_layers = EAGLE3_N_FEATURES};
     memcpy(info.feature_layers, layers, sizeof(int) * EAGLE3_N_FEATURES);

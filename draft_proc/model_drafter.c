@@ -17,15 +17,15 @@
 
 typedef struct {
     const Model *m;
-    Model *view;        /* self-drafter: the layer view it owns (m == view) */
+    Model *view;        /* a model it owns (m == view): the self-drafter's layer view, or
+                           an adopted model */
     Backend *b;
     int vocab;
+    int depth;           /* drafter_set_depth's, POOL_MAX_DEPTH by default */
     float lse[POOL_EXPAND]; /* rows_topk's log-sum-exp of the last pass's rows */
     uint64_t backend_ns; /* this growth's time inside backend forward/commit calls */
     int rows;            /* logits rows this growth reduced */
-    Pool *pool;         /* grow_begin's result for grow_end */
-    int grow_rc;        /* grow_begin's status, reported by grow_end */
-    RsErr grow_err;
+    SyncGrowth g;       /* grow_begin's outcome for grow_end */
 } ModelDrafter;
 
 /* The top-10 ids and draft log-probs of every row the last pass kept, (n_kept, 10). */
@@ -87,7 +87,7 @@ static int grow(ModelDrafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
     if (!rc) rc = reduce(d, ids, lq, e);
     if (rc) return rc;
     p->commit_pass_ns = rs_now_ns() - t0;
-    rc = pool_grow(p, ids, lq, backend_n_pending(d->b), expand, d, d->vocab, "drafter", e);
+    rc = pool_grow(p, ids, lq, backend_n_pending(d->b), d->depth, expand, d, d->vocab, "drafter", e);
     if (rc) return rc;
     p->draft_ns = rs_now_ns() - t0;
     /* The top-k reduction is host work wherever it ran: in rows_topk, or (CPU backend)
@@ -117,26 +117,22 @@ static int model_append(void *ctx, const int *tokens, int n, const void *feature
 static int model_grow_begin(void *ctx, const int *tokens, int n, const void *features,
                             size_t feat_bytes, RsErr *e) {
     ModelDrafter *d = ctx;
-    d->grow_err = (RsErr){0};
-    d->grow_rc = grow(d, tokens, n, d->pool, &d->grow_err);
+    d->g.err = (RsErr){0};
+    d->g.rc = grow(d, tokens, n, d->g.pool, &d->g.err);
     return RS_OK;
 }
 
 static int model_grow_end(void *ctx, Pool *out, RsErr *e) {
-    ModelDrafter *d = ctx;
-    if (d->grow_rc) {
-        if (e) *e = d->grow_err;
-        return d->grow_rc;
-    }
-    memcpy(out, d->pool, sizeof(Pool));
-    return RS_OK;
+    return sync_growth_end(&((ModelDrafter *)ctx)->g, out, e);
 }
+
+static void model_set_depth(void *ctx, int depth) { ((ModelDrafter *)ctx)->depth = depth; }
 
 static void md_destroy(void *ctx) {
     ModelDrafter *d = ctx;
     backend_destroy(&d->b);
     model_destroy(&d->view); /* after the backend that borrowed it */
-    free(d->pool);
+    sync_growth_free(&d->g);
     free(d);
 }
 
@@ -146,6 +142,7 @@ static const DrafterOps model_ops = {
     .grow_end = model_grow_end,
     .destroy = md_destroy,
     .append = model_append,
+    .set_depth = model_set_depth,
 };
 
 /* Builds the kind's state on `m`; takes ownership of `view` (NULL or m itself). */
@@ -161,6 +158,7 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
     d->m = m;
     d->view = view;
     d->vocab = m->cfg.vocab_size;
+    d->depth = POOL_MAX_DEPTH;
     BackendParams bp = {.kv_capacity = kv_capacity,
                         .max_batch = MAX_BATCH,
                         .max_pending = POOL_N_EXPANDED + MAX_BATCH,
@@ -173,7 +171,7 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
         free(d);
         return rc;
     }
-    d->pool = rs_xcalloc(1, sizeof(Pool));
+    sync_growth_init(&d->g);
     DrafterInfo info = {.vocab_size = d->vocab, .fingerprint = m->fingerprint, .name = m->path};
     *out = drafter_wrap(&model_ops, d, &info);
     return RS_OK;
@@ -182,6 +180,11 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
 int drafter_model_create(const Model *m, const BackendOps *ops, int kv_capacity, int threads,
                          int device, Drafter **out, RsErr *e) {
     return model_kind_create(m, NULL, ops, kv_capacity, threads, device, out, e);
+}
+
+int drafter_model_adopt(Model *m, const BackendOps *ops, int kv_capacity, int threads,
+                        int device, Drafter **out, RsErr *e) {
+    return model_kind_create(m, m, ops, kv_capacity, threads, device, out, e);
 }
 
 int drafter_self_create(const Model *target, const char *layers, const BackendOps *ops,

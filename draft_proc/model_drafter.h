@@ -15,6 +15,10 @@
 int drafter_model_create(const Model *m, const BackendOps *ops, int kv_capacity, int threads,
                          int device, Drafter **out, RsErr *e);
 
+/* drafter_model_create that owns m (freed with the drafter, also on failure). */
+int drafter_model_adopt(Model *m, const BackendOps *ops, int kv_capacity, int threads,
+                        int device, Drafter **out, RsErr *e);
+
 /* The self-drafter: layers `layers` (model_layer_view's spec, e.g. "0-5") of `target`.
  * Owns the view, which borrows target's weights: destroy the drafter before the target.
  * RS_EINVAL for a bad spec. */

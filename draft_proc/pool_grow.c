@@ -67,7 +67,7 @@ static int expand_pass(Pool *p, const int *nodes, int np, int *slot_of, uint8_t 
 }
 
 int pool_grow(Pool *p, const int *root_ids, const float *root_logq, int n_pending0,
-              PoolExpandFn expand, void *ctx, int vocab, const char *who, RsErr *e) {
+              int max_depth, PoolExpandFn expand, void *ctx, int vocab, const char *who, RsErr *e) {
     int slot_of[POOL_MAX], nodes[POOL_EXPAND], passes = 1, expanded = 0;
     for (int i = 0; i < POOL_MAX; i++) slot_of[i] = -1;
     p->n = 0;
@@ -77,7 +77,8 @@ int pool_grow(Pool *p, const int *root_ids, const float *root_logq, int n_pendin
     /* the mask's columns cover the rows pending before the growth too */
     uint8_t *m = n_pending0 ? rs_xmalloc(POOL_EXPAND * ((size_t)n_pending0 + POOL_N_EXPANDED))
                             : mask;
-    for (int depth = 1; depth < POOL_MAX_DEPTH; depth++) {
+    RS_ASSERT(max_depth >= 1 && max_depth <= POOL_MAX_DEPTH);
+    for (int depth = 1; depth < max_depth; depth++) {
         int first_new = p->n;
         int rc = expand_pass(p, nodes, n_pending0 + expanded, slot_of, m, expand, ctx, e);
         if (rc) {
@@ -86,10 +87,11 @@ int pool_grow(Pool *p, const int *root_ids, const float *root_logq, int n_pendin
         }
         passes++;
         expanded += POOL_EXPAND;
-        if (depth + 1 < POOL_MAX_DEPTH) best_new(p, first_new, nodes);
+        if (depth + 1 < max_depth) best_new(p, first_new, nodes);
     }
     if (m != mask) free(m);
-    RS_ASSERT(p->n == POOL_MAX && expanded == POOL_N_EXPANDED);
+    RS_ASSERT(p->n == POOL_TOPK + (max_depth - 1) * POOL_EXPAND * POOL_TOPK &&
+              expanded == (max_depth - 1) * POOL_EXPAND);
     /* The shape is right by construction; log q is not when the model's logits are not
      * finite (NaN / inf weights, fp16 overflow): an error for the target, not an abort. */
     RsErr pe = {0};

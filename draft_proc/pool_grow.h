@@ -30,11 +30,12 @@ typedef int (*PoolExpandFn)(void *ctx, const PoolPass *pass, int *top_ids /* (n,
                             float *top_logq /* (n, POOL_TOPK) */, RsErr *e);
 
 /* Grows *p from the root's top 10 (root_ids, root_logq: POOL_TOPK each, best first), the
- * kind's pending rows starting at n_pending0, then pool_finalize(p, vocab): RS_EFORMAT
- * "<who> produced an invalid pool (non-finite logits?): ..." when log q is not finite.
- * Sets n_passes (the commit pass counted: 8) and n_expanded (70); timings are the
- * caller's. */
+ * kind's pending rows starting at n_pending0, down to depth max_depth (1..POOL_MAX_DEPTH:
+ * max_depth - 1 expansion passes; POOL_MAX_DEPTH gives the full 710), then
+ * pool_finalize(p, vocab): RS_EFORMAT "<who> produced an invalid pool (non-finite
+ * logits?): ..." when log q is not finite. Sets n_passes (the commit pass counted: 8 at
+ * full depth) and n_expanded (70); timings are the caller's. */
 int pool_grow(Pool *p, const int *root_ids, const float *root_logq, int n_pending0,
-              PoolExpandFn expand, void *ctx, int vocab, const char *who, RsErr *e);
+              int max_depth, PoolExpandFn expand, void *ctx, int vocab, const char *who, RsErr *e);
 
 #endif

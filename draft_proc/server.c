@@ -206,8 +206,9 @@ static void on_commit_grow(Session *s) {
     RsErr ge = {0};
     size_t fb;
     const float *f = request_features(s, &fb);
-    int rc = drafter_grow_begin(s->d, s->req.u.tokens.ids, s->req.u.tokens.n, 0, f, fb, &ge);
-    if (!rc) rc = drafter_grow_end(s->d, s->pool, &ge);
+    int depth = s->req.u.tokens.depth;
+    drafter_set_depth(s->d, depth ? depth : POOL_MAX_DEPTH);
+    int rc = drafter_grow(s->d, s->req.u.tokens.ids, s->req.u.tokens.n, f, fb, s->pool, &ge);
     if (rc) {
         lose_context(s, "COMMIT_GROW");
         reply_error(s, &s->req, rc, ge.msg);

@@ -25,9 +25,8 @@ typedef struct {
 
 static void run_job(ThreadDrafter *td) {
     td->err = (RsErr){0};
-    td->rc = drafter_grow_begin(td->inner, td->tokens, td->n, 0,
-                                td->feat_bytes ? td->features : NULL, td->feat_bytes, &td->err);
-    if (!td->rc) td->rc = drafter_grow_end(td->inner, td->pool, &td->err);
+    td->rc = drafter_grow(td->inner, td->tokens, td->n, td->feat_bytes ? td->features : NULL,
+                          td->feat_bytes, td->pool, &td->err);
 }
 
 static void *worker(void *arg) {
@@ -73,6 +72,14 @@ static int thread_append(void *ctx, const int *tokens, int n, const void *featur
     int rc = drafter_append(td->inner, tokens, n, features, feat_bytes, e);
     pthread_mutex_unlock(&td->mu);
     return rc;
+}
+
+static void thread_set_depth(void *ctx, int depth) {
+    ThreadDrafter *td = ctx;
+    pthread_mutex_lock(&td->mu);
+    wait_idle(td);
+    drafter_set_depth(td->inner, depth);
+    pthread_mutex_unlock(&td->mu);
 }
 
 static void copy_commit(ThreadDrafter *td, const int *tokens, int n, const void *features,
@@ -141,6 +148,7 @@ static const DrafterOps thread_ops = {
     .grow_end = thread_grow_end,
     .destroy = thread_destroy,
     .append = thread_append,
+    .set_depth = thread_set_depth,
 };
 
 int drafter_threaded_create(Drafter *inner, Drafter **out, RsErr *e) {

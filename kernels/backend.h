@@ -166,14 +166,16 @@ void backend_read_features(Backend *b, BackendFeatType t, void *out);
  * logits live (CPU: one fused pass split across the backend's threads; CUDA: one block per
  * row), so a decode moves no whole row to the host. Results follow common/logits.h's
  * canonical order: the same bits on every thread count, and on the CUDA emulator.
- * Errors: RS_EINVAL (row index outside the kept rows, id outside the vocabulary, temp not
- * 0 or 1, u outside [0, 1)). */
-/* out[i] = RowStats of kept row rows[i] at temp (0: argmax, max, runner-up; 1: also the
- * log-sum-exp). u: NULL, or (n) uniforms from the caller's Rng: at T=1, out[i].draw is the
- * inverse-CDF draw of softmax(row) at u[i] (u[i] < 0: none). */
-int backend_rows_stats(Backend *b, const int *rows, int n, int temp, const double *u,
+ * Errors: RS_EINVAL (row index outside the kept rows, id outside the vocabulary, a
+ * Sampling outside its ranges, u outside [0, 1)). */
+/* out[i] = RowStats of kept row rows[i] under the sampling law s (common/logits.h; greedy:
+ * argmax, max, runner-up; sampling: also the filters' cut, 1/T and the log-sum-exp of the
+ * kept tokens' l/T, so log p = row_stats_logp). u: NULL, or (n) uniforms from the caller's
+ * Rng: when sampling, out[i].draw is the inverse-CDF draw of the law at u[i] (u[i] < 0:
+ * none). */
+int backend_rows_stats(Backend *b, const int *rows, int n, const Sampling *s, const double *u,
                        RowStats *out, RsErr *e);
-/* out[i] = logit ids[i] of kept row rows[i] (log p = out[i] - lse of that row). */
+/* out[i] = logit ids[i] of kept row rows[i] (log p = row_stats_logp of that row's stats). */
 int backend_rows_gather(Backend *b, const int *rows, const int *ids, int n, float *out,
                         RsErr *e);
 

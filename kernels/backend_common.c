@@ -250,16 +250,15 @@ static int check_rows(const Backend *b, const char *what, const int *rows, int n
     return RS_OK;
 }
 
-int backend_rows_stats(Backend *b, const int *rows, int n, int temp, const double *u,
+int backend_rows_stats(Backend *b, const int *rows, int n, const Sampling *s, const double *u,
                        RowStats *out, RsErr *e) {
     int rc = check_rows(b, "rows_stats", rows, n, e);
+    if (!rc) rc = sampling_check(s, e);
     if (rc) return rc;
-    if (temp != 0 && temp != 1)
-        return rs_err(e, RS_EINVAL, "rows_stats: temperature %d is not 0 or 1", temp);
     for (int i = 0; u && i < n; i++)
         if (!(u[i] < 1.0) || isnan(u[i]))
             return rs_err(e, RS_EINVAL, "rows_stats: u[%d] = %g outside [0, 1)", i, u[i]);
-    if (n > 0) b->ops->rows_stats(b, rows, n, temp, u, out);
+    if (n > 0) b->ops->rows_stats(b, rows, n, s, u, out);
     return RS_OK;
 }
 

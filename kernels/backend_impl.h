@@ -49,8 +49,8 @@ struct BackendOps {
     int (*set_features)(Backend *b, RsErr *e);
     const void *(*read_features)(Backend *b, BackendFeatType *t);
     /* The verifier's row queries, arguments checked by the common wrapper (rows within
-     * n_kept, ids within the vocabulary, temp 0 or 1, u in [0, 1) or < 0). */
-    void (*rows_stats)(Backend *b, const int *rows, int n, int temp, const double *u,
+     * n_kept, ids within the vocabulary, sampling_check, u in [0, 1) or < 0). */
+    void (*rows_stats)(Backend *b, const int *rows, int n, const Sampling *s, const double *u,
                        RowStats *out);
     void (*rows_gather)(Backend *b, const int *rows, const int *ids, int n, float *out);
 };

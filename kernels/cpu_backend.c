@@ -688,15 +688,15 @@ static void cpu_kv_reset(Backend *bb) {
 
 /* ---- the verifier's row queries over the kept rows ---- */
 
-static void cpu_rows_stats_op(Backend *bb, const int *rows, int n, int temp, const double *u,
-                              RowStats *out) {
+static void cpu_rows_stats_op(Backend *bb, const int *rows, int n, const Sampling *s,
+                              const double *u, RowStats *out) {
     CpuBackend *b = (CpuBackend *)bb;
     int V = bb->model->cfg.vocab_size;
     const float *rp[256];
     for (int i0 = 0; i0 < n; i0 += 256) { /* in groups: no allocation */
         int k = n - i0 < 256 ? n - i0 : 256;
         for (int i = 0; i < k; i++) rp[i] = b->s.logits + (size_t)rows[i0 + i] * V;
-        cpu_rows_stats(b->pool, rp, k, V, temp, u ? u + i0 : NULL, b->rows_scratch, out + i0);
+        cpu_rows_stats(b->pool, rp, k, V, s, u ? u + i0 : NULL, b->rows_scratch, out + i0);
     }
 }
 

@@ -1,6 +1,7 @@
 /* The CPU backend's row queries (kernels/backend.h: backend_rows_stats) as one fused,
- * threaded pass over each row: maximum, first argmax and runner-up, then (T=1) the
- * chunked exp-sum, log-sum-exp and an inverse-CDF draw, in the canonical order of
+ * threaded pass over each row: maximum, first argmax and runner-up, then (sampling) the
+ * filters' cut, the chunked exp-sum of the law's weights, log-sum-exp and an inverse-CDF
+ * draw, in the canonical order of
  * common/logits.h, so the result does not depend on the thread count. */
 #ifndef ROOTSPEC_CPU_ROWSTATS_H
 #define ROOTSPEC_CPU_ROWSTATS_H
@@ -9,10 +10,11 @@
 
 /* Scratch doubles cpu_rows_stats needs for rows of n entries on a pool of n_threads. */
 size_t cpu_rows_scratch(int n, int n_threads);
-/* out[i] = RowStats of row[i] (n entries each) at temp; u: (n_rows) uniforms for the
- * draws at T=1, or NULL (none; u[i] < 0 skips row i's). Many rows: one row per thread at a
- * time; fewer rows than threads: each row is split across the threads. */
-void cpu_rows_stats(ThreadPool *tp, const float *const *row, int n_rows, int n, int temp,
-                    const double *u, double *scratch, RowStats *out);
+/* out[i] = RowStats of row[i] (n entries each) under s; u: (n_rows) uniforms for the
+ * draws when sampling, or NULL (none; u[i] < 0 skips row i's). Many rows: one row per
+ * thread at a time; fewer rows than threads: each row is split across the threads (the
+ * filters' cut, when a filter is on, on one thread). */
+void cpu_rows_stats(ThreadPool *tp, const float *const *row, int n_rows, int n,
+                    const Sampling *s, const double *u, double *scratch, RowStats *out);
 
 #endif

@@ -135,8 +135,8 @@ static void cuda_kv_reset(Backend *bb);
 static void *cuda_host_alloc(Backend *bb, size_t bytes);
 static void cuda_host_free(Backend *bb, void *p);
 static void cuda_stats(const Backend *bb, BackendStats *out);
-static void cuda_rows_stats(Backend *bb, const int *rows, int n, int temp, const double *u,
-                            RowStats *out);
+static void cuda_rows_stats(Backend *bb, const int *rows, int n, const Sampling *smp,
+                            const double *u, RowStats *out);
 static void cuda_rows_gather(Backend *bb, const int *rows, const int *ids, int n, float *out);
 static int cuda_rows_copy(Backend *bb, const int *rows, int n, float *logits, RsErr *e);
 static int cuda_set_features(Backend *bb, RsErr *e);
@@ -913,8 +913,8 @@ static void cuda_kv_reset(Backend *bb) {
 
 /* ---- the verifier's row queries over the kept rows (b->logits, in out_rows order) ---- */
 
-static void cuda_rows_stats(Backend *bb, const int *rows, int n, int temp, const double *u,
-                            RowStats *out) {
+static void cuda_rows_stats(Backend *bb, const int *rows, int n, const Sampling *smp,
+                            const double *u, RowStats *out) {
     CudaBackend *b = (CudaBackend *)bb;
     cudaStream_t s = b->stream;
     RowQuery *h = b->h_rq, *d = b->d_rq;
@@ -929,7 +929,7 @@ static void cuda_rows_stats(Backend *bb, const int *rows, int n, int temp, const
             CUDA_CHECK(cudaMemcpyAsync(d->u, h->u, sizeof(double) * (size_t)k,
                                        cudaMemcpyHostToDevice, s));
         }
-        cuk_rows_stats(s, b->logits, b->vocab, d->rows, k, temp, u ? d->u : NULL, b->d_csum,
+        cuk_rows_stats(s, b->logits, b->vocab, d->rows, k, smp, u ? d->u : NULL, b->d_csum,
                        d->st);
         CUDA_CHECK(cudaMemcpyAsync(h->st, d->st, sizeof(RowStats) * (size_t)k,
                                    cudaMemcpyDeviceToHost, s));

@@ -12,11 +12,12 @@ extern "C" {
 #endif
 #include "../common/logits.h"
 
-/* out[i] = row_stats of logits row rows[i] (logits: (*, V) f32) at temp; u: NULL or (n)
- * uniforms (u[i] < 0: no draw). csum: (n, row_chunks(V)) device scratch. One 256-thread
- * block per row. All pointers are device memory. */
+/* out[i] = row_stats of logits row rows[i] (logits: (*, V) f32) under the sampling law
+ * smp (a host pointer, passed by value); u: NULL or (n) uniforms (u[i] < 0: no draw). csum:
+ * (n, row_chunks(V)) device scratch. One 256-thread block per row. The other pointers are
+ * device memory. */
 void cuk_rows_stats(cudaStream_t s, const float *logits, int V, const int *rows, int n,
-                    int temp, const double *u, double *csum, RowStats *out);
+                    const Sampling *smp, const double *u, double *csum, RowStats *out);
 /* out[i] = logits[rows[i] * V + ids[i]], i < n. */
 void cuk_rows_gather(cudaStream_t s, const float *logits, int V, const int *rows,
                      const int *ids, int n, float *out);

@@ -384,9 +384,13 @@ static int dec_features(Rd *r, ProtoMsg *out, uint32_t n) {
     return 0;
 }
 
-static int dec_tokens(Rd *r, ProtoMsg *out, int min_n) {
-    uint32_t n;
-    if (rd_arr_exact(r, "body", 2)) return -1;
+/* grow: a COMMIT_GROW, whose body may carry a third element, the pool depth. */
+static int dec_tokens(Rd *r, ProtoMsg *out, int min_n, int grow) {
+    uint32_t n, parts;
+    if (rd_arr(r, "body", -1, 3, &parts)) return -1;
+    if (parts != 2 && !(grow && parts == 3))
+        return rd_fail(r, RS_EPROTO, "body has %u fields, expected 2%s", parts,
+                       grow ? " or 3" : "");
     if (rd_arr(r, "tokens", -1, PROTO_MAX_TOKENS, &n)) return -1;
     if ((int)n < min_n)
         return rd_fail(r, RS_EPROTO, "tokens has %u entries, expected at least %d", n, min_n);
@@ -405,7 +409,11 @@ static int dec_tokens(Rd *r, ProtoMsg *out, int min_n) {
     }
     out->u.tokens.ids = out->tok_store;
     out->u.tokens.n = (int)n;
-    return dec_features(r, out, n);
+    if (dec_features(r, out, n)) return -1;
+    if (parts < 3) return 0;
+    if (rd_i64(r, "depth", -1, 1, POOL_MAX_DEPTH, &v)) return -1;
+    out->u.tokens.depth = (int)v;
+    return 0;
 }
 
 static int dec_pool_arr(Rd *r, const char *name, uint32_t n) {
@@ -546,9 +554,9 @@ int proto_decode(const void *buf, size_t len, ProtoMsg *out, RsErr *e) {
     switch ((ProtoType)type) {
     case PROTO_HELLO: rc = dec_hello(&r, &out->u.hello); break;
     case PROTO_HELLO_OK: rc = dec_hello_ok(&r, &out->u.hello_ok); break;
-    case PROTO_RESET: rc = dec_tokens(&r, out, 0); break;
-    case PROTO_COMMIT_GROW:
-    case PROTO_APPEND: rc = dec_tokens(&r, out, 1); break;
+    case PROTO_RESET: rc = dec_tokens(&r, out, 0, 0); break;
+    case PROTO_COMMIT_GROW: rc = dec_tokens(&r, out, 1, 1); break;
+    case PROTO_APPEND: rc = dec_tokens(&r, out, 1, 0); break;
     case PROTO_POOL: rc = dec_pool(&r, out); break;
     case PROTO_ERROR: rc = dec_error(&r, &out->u.error); break;
     case PROTO_BYE: rc = rd_arr_exact(&r, "body", 0); break;
@@ -591,7 +599,7 @@ static long fixed_strlen(const char *s, size_t max) {
     return z ? (long)(z - s) : -1;
 }
 
-static int enc_tokens(msgpack_packer *pk, const ProtoTokens *t, int min_n, RsErr *e) {
+static int enc_tokens(msgpack_packer *pk, const ProtoTokens *t, int min_n, int grow, RsErr *e) {
     if (t->n < min_n || t->n > PROTO_MAX_TOKENS || (t->n > 0 && !t->ids))
         return rs_err(e, RS_EINVAL, "proto: cannot encode a token list of %d entries (%d..%d)",
                       t->n, min_n, PROTO_MAX_TOKENS);
@@ -611,7 +619,9 @@ static int enc_tokens(msgpack_packer *pk, const ProtoTokens *t, int min_n, RsErr
         return rs_err(e, RS_EINVAL, "proto: features of %d tokens x width %d are %zu bytes, over "
                       "the %u-byte limit (PROTO_MAX_FEAT_BYTES)", t->n, t->feat_width, fbytes,
                       PROTO_MAX_FEAT_BYTES);
-    int rc = msgpack_pack_array(pk, 2) | msgpack_pack_array(pk, (size_t)t->n);
+    if (t->depth < 0 || t->depth > POOL_MAX_DEPTH || (t->depth && !grow))
+        return rs_err(e, RS_EINVAL, "proto: cannot encode pool depth %d", t->depth);
+    int rc = msgpack_pack_array(pk, t->depth ? 3 : 2) | msgpack_pack_array(pk, (size_t)t->n);
     for (int i = 0; i < t->n; i++) rc |= msgpack_pack_int32(pk, t->ids[i]);
     if (t->feat_type == PROTO_FEAT_NONE) {
         rc |= msgpack_pack_array(pk, 0);
@@ -628,6 +638,7 @@ static int enc_tokens(msgpack_packer *pk, const ProtoTokens *t, int min_n, RsErr
             rc |= msgpack_pack_bin_body(pk, buf, 2 * k);
         }
     }
+    if (t->depth) rc |= msgpack_pack_uint32(pk, (uint32_t)t->depth);
     return rc ? rs_err(e, RS_ENOMEM, "proto: out of memory encoding %d tokens", t->n) : RS_OK;
 }
 
@@ -699,9 +710,9 @@ static int enc_body(msgpack_packer *pk, const ProtoMsg *m, RsErr *e) {
         }
         break;
     }
-    case PROTO_RESET: return enc_tokens(pk, &m->u.tokens, 0, e);
-    case PROTO_COMMIT_GROW:
-    case PROTO_APPEND: return enc_tokens(pk, &m->u.tokens, 1, e);
+    case PROTO_RESET: return enc_tokens(pk, &m->u.tokens, 0, 0, e);
+    case PROTO_COMMIT_GROW: return enc_tokens(pk, &m->u.tokens, 1, 1, e);
+    case PROTO_APPEND: return enc_tokens(pk, &m->u.tokens, 1, 0, e);
     case PROTO_POOL: return enc_pool(pk, &m->u.pool, e);
     case PROTO_ERROR:
         if ((l1 = fixed_strlen(m->u.error.message, PROTO_MSG_MAX)) < 0)
@@ -761,7 +772,7 @@ int proto_msg_equal(const ProtoMsg *a, const ProtoMsg *b) {
         return x->n == y->n &&
                (x->n == 0 || memcmp(x->ids, y->ids, (size_t)x->n * sizeof(int32_t)) == 0) &&
                x->feat_type == y->feat_type && x->feat_width == y->feat_width &&
-               (nf == 0 || memcmp(x->feat, y->feat, nf * sizeof(uint16_t)) == 0);
+               x->depth == y->depth && (nf == 0 || memcmp(x->feat, y->feat, nf * sizeof(uint16_t)) == 0);
     }
     case PROTO_POOL: {
         const Pool *x = a->u.pool.pool, *y = b->u.pool.pool;

@@ -10,13 +10,15 @@
 #include "decode.h"
 #include "common/logits.h"
 #include "kernels/prefill.h"
+#include "planner.h"
 #include <math.h>
 #include <string.h>
 
 /* Target log-probabilities of (pass slot, token) pairs (slot -1: the root), asked of the
- * backend in batches: one rows_stats over the rows not yet reduced, and at T=1 one gather
- * of the pairs' logits. At T=0 the target's law is the point mass on the row's argmax
- * (log p 0 or -inf). Pairs are listed per slot, so a lookup scans a node's children. */
+ * backend in batches: one rows_stats over the rows not yet reduced, and when sampling one
+ * gather of the pairs' logits (log p under the sampling law: row_stats_logp). Greedy, the
+ * target's law is the point mass on the row's argmax (log p 0 or -inf). Pairs are listed
+ * per slot, so a lookup scans a node's children. */
 #define PROBE_MAX (POOL_MAX + 1) /* every pool node under its parent, and X1 */
 typedef struct {
     int n;
@@ -38,14 +40,16 @@ typedef struct {
     int use_drafter;   /* 0 for AR, and from a drafter failure on */
     int reserve;       /* KV entries a round may need (decode_round_reserve) */
     int root;          /* the continuation: the context's last token, not yet in the KV */
-    const int *commit; /* what the next grow request sends: the prompt, then a round's */
-    int n_commit;
-    int commit_buf[ROUND_MAX_EMIT];
-    /* EAGLE-3 drafters: the target's features of the committed rows, for the next grow
-     * request (row i: the token before commit[i]); NULL for a drafter that needs none */
-    float *feat;       // (max(n_prompt, ROUND_MAX_EMIT), feat_w)
-    int feat_w;
-    size_t feat_bytes; /* of the next request */
+    /* What the next grow request sends: every token committed since the last request
+     * (the prompt before the first; rounds the planner decoded without the drafter add
+     * theirs). synced: the drafter has this decode's context (the first request resets). */
+    int *pend;         // (pend_cap)
+    int n_pend, pend_cap, synced;
+    int depth;         /* the pool depth last set on the drafter, 0: none yet */
+    /* EAGLE-3 drafters: the target's features of the pending rows (row i: the token before
+     * pend[i]); NULL for a drafter that needs none */
+    float *feat;       // (feat_rows, feat_w)
+    int feat_w, feat_rows;
     int done;
     /* Time spent on measurements that are not decoding (tau, root_margin) in this decode;
      * dec_now() leaves it off the round timestamps and the decode's time (DESIGN.md §6 speed). */
@@ -66,7 +70,12 @@ typedef struct {
     Selection sel;
     int with_root; /* the tree pass carries the root (draft rule: no root pass) */
     int x1_node;   /* root rule: tree index of X1 on the first level, -1 if off it */
-    int skip;      /* root rule with X1 off the tree: no tree pass, X1 is the continuation */
+    int skip;      /* root rule with X1 off the tree, or a planner's empty tree after the
+                      root pass: no tree pass, X1 is the continuation */
+    int acc[ROUND_MAX_EMIT], n_acc; /* tree indices accepted by the walk (X1's node of an
+                                       X1-rooted tree left out) */
+    int asked;     /* the drafter was asked this round */
+    int n_sent;    /* tokens the request committed */
     uint64_t skip0;
 } Round;
 
@@ -115,7 +124,7 @@ static void probe_add(Probe *pr, int slot, int tok) {
 }
 
 /* Reduces the kept rows of the slots that have unresolved pairs and no stats yet. */
-static int probe_stats(Probe *pr, const Target *t, int temp, RsErr *e) {
+static int probe_stats(Probe *pr, const Target *t, const Sampling *smp, RsErr *e) {
     int rows[DECODE_PASS_MAX + 1], idx[DECODE_PASS_MAX + 1], nr = 0;
     for (int i = 0; i < pr->n; i++) {
         int k = 1 + pr->slot[i];
@@ -126,20 +135,20 @@ static int probe_stats(Probe *pr, const Target *t, int temp, RsErr *e) {
     }
     if (nr == 0) return RS_OK;
     RowStats st[DECODE_PASS_MAX + 1];
-    int rc = backend_rows_stats(t->b, rows, nr, temp, NULL, st, e);
+    int rc = backend_rows_stats(t->b, rows, nr, smp, NULL, st, e);
     for (int j = 0; j < nr; j++) pr->st[idx[j]] = st[j];
     return rc;
 }
 
 /* Every pair still NAN gets its log-probability from the kept rows of the last pass. */
-static int probe_resolve(Probe *pr, const Target *t, int temp, RsErr *e) {
-    int rc = probe_stats(pr, t, temp, e);
+static int probe_resolve(Probe *pr, const Target *t, const Sampling *smp, RsErr *e) {
+    int rc = probe_stats(pr, t, smp, e);
     if (rc) return rc;
     int pend[PROBE_MAX], rows[PROBE_MAX], ids[PROBE_MAX], np = 0;
     for (int i = 0; i < pr->n; i++) {
         if (!isnan(pr->logp[i])) continue;
         const RowStats *st = &pr->st[1 + pr->slot[i]];
-        if (temp == 0) {
+        if (sampling_greedy(smp)) {
             pr->logp[i] = pr->tok[i] == st->argmax ? 0.0 : -INFINITY;
             continue;
         }
@@ -151,7 +160,7 @@ static int probe_resolve(Probe *pr, const Target *t, int temp, RsErr *e) {
     float val[PROBE_MAX];
     rc = backend_rows_gather(t->b, rows, ids, np, val, e);
     for (int j = 0; !rc && j < np; j++)
-        pr->logp[pend[j]] = (double)val[j] - pr->st[1 + pr->slot[pend[j]]].lse;
+        pr->logp[pend[j]] = row_stats_logp(&pr->st[1 + pr->slot[pend[j]]], val[j]);
     return rc;
 }
 
@@ -262,7 +271,7 @@ static int score_rules(Decode *d, int x1, RoundInfo *ri, RsErr *e) {
         probe_add(pr, slot, pool->token[u]);
     }
     for (int r = RULE_DRAFT; r <= RULE_ROOT; r++) probe_add_selection(pr, ps, pool, &s[r]);
-    int rc = probe_resolve(pr, t, d->o->temp, e);
+    int rc = probe_resolve(pr, t, &d->o->sampling, e);
     if (rc) return rc;
     double path[POOL_MAX]; /* p(u | c): product of target transitions along u's path */
     for (int u = 0; u < pool->n; u++) {
@@ -285,7 +294,7 @@ static int round_measure(Decode *d, Round *r, RsErr *e) {
     const Pool *pool = d->t->pool;
     if (!r->skip) probe_add_selection(pr, &d->ps, pool, &r->sel);
     int rc = d->o->score_all ? score_rules(d, r->x1, &r->info, e)
-                             : probe_resolve(pr, d->t, d->o->temp, e);
+                             : probe_resolve(pr, d->t, &d->o->sampling, e);
     if (!rc && !r->skip) r->info.tau = selection_tau(pr, &d->ps, pool, &r->sel, r->x1_node);
     return rc;
 }
@@ -305,14 +314,25 @@ static void drafter_failed(Decode *d, const RsErr *e) {
     d->use_drafter = 0;
 }
 
-/* Sends the drafter the tokens to commit (the whole prompt in round 0, resetting its
- * context) and lets it grow the next pool. 0: the drafter failed. */
-static int round_request(Decode *d, Round *r, RsErr *e) {
+/* Sends the drafter the tokens it has not committed (the whole prompt first, resetting its
+ * context) and lets it grow the next pool, `depth` levels deep. 0: the drafter failed. */
+static int round_request(Decode *d, Round *r, int depth, RsErr *e) {
+    if (depth != d->depth) drafter_set_depth(d->dc, depth);
+    d->depth = depth;
     r->info.t_grow_sent = dec_now(d);
-    int rc = drafter_grow_begin(d->dc, d->commit, d->n_commit, r->info.round == 0,
-                                d->feat_bytes ? d->feat : NULL, d->feat_bytes, e);
-    if (rc) drafter_failed(d, e);
-    return !rc;
+    size_t fb = d->feat ? sizeof(float) * (size_t)d->n_pend * d->feat_w : 0;
+    int rc = drafter_grow_begin(d->dc, d->pend, d->n_pend, !d->synced, fb ? d->feat : NULL, fb,
+                                e);
+    if (rc) {
+        drafter_failed(d, e);
+        return 0;
+    }
+    d->synced = 1;
+    r->n_sent = d->n_pend;
+    d->n_pend = 0;
+    r->asked = 1;
+    r->info.plan_depth = depth;
+    return 1;
 }
 
 /* Waits for the pool into t->pool. 0: the drafter failed. */
@@ -324,6 +344,7 @@ static int round_receive(Decode *d, Round *r, RsErr *e) {
         drafter_failed(d, e);
         return 0;
     }
+    if (!sampling_greedy(&d->o->sampling)) pool_temper(d->t->pool, d->o->sampling.temperature);
     r->info.draft_ns = pool->draft_ns;
     r->info.draft_commit_ns = pool->commit_pass_ns;
     r->info.draft_host_ns = pool->draft_host_ns;
@@ -343,6 +364,8 @@ static void round_begin(Decode *d, Round *r, int round) {
     r->info.t_round_start = dec_now(d);
     r->skip0 = d->clock_skip;
     r->x1 = r->x1_node = -1;
+    r->info.plan_k = -1;
+    r->info.plan_tokens = r->info.plan_ns = NAN;
 }
 
 /* The root pass; its draw from the root row is X1 (or AR's next token). */
@@ -352,11 +375,11 @@ static int round_root(Decode *d, Round *r, RsErr *e) {
     int rc = target_root_pass(t, d->root, e);
     r->info.t_root_end = dec_now(d);
     if (rc) return rc;
-    /* X1 (AR's next token) drawn where the row lives: its argmax, or at T=1 the draw at the
-     * decode's next uniform (one per draw, as ever, so a seed gives the same stream). */
-    int row = target_row(t, -1), temp = d->o->temp;
+    /* X1 (AR's next token) drawn where the row lives: its argmax, or when sampling the draw
+     * at the decode's next uniform (one per draw, as ever, so a seed gives the same stream). */
+    int row = target_row(t, -1), temp = sampling_temp(&d->o->sampling);
     double u = temp ? rng_uniform(&d->rng) : -1.0;
-    rc = backend_rows_stats(t->b, &row, 1, temp, temp ? &u : NULL, &r->root_st, e);
+    rc = backend_rows_stats(t->b, &row, 1, &d->o->sampling, temp ? &u : NULL, &r->root_st, e);
     if (rc) return rc;
     OFF_CLOCK(d, r->info.root_margin = (double)r->root_st.max - (double)r->root_st.second);
     r->have_root = 1;
@@ -367,7 +390,7 @@ static int round_root(Decode *d, Round *r, RsErr *e) {
 /* Autoregressive round: the root pass alone (unless it ran already); its draw is the
  * continuation. */
 static int round_ar(Decode *d, Round *r, RsErr *e) {
-    r->info.fallback_ar = d->o->rule != RULE_AR;
+    r->info.fallback_ar = d->o->rule != RULE_AR && !d->use_drafter;
     if (!r->have_root) {
         int rc = round_root(d, r, e);
         if (rc) return rc;
@@ -399,7 +422,7 @@ static int root_probe(Decode *d, Round *r, RsErr *e) {
     for (int k = 0; k < pool->root_n_children; k++)
         probe_add(pr, -1, pool->token[pool->root_first_child + k]);
     probe_add(pr, -1, r->x1);
-    int rc = probe_resolve(pr, d->t, d->o->temp, e);
+    int rc = probe_resolve(pr, d->t, &d->o->sampling, e);
     /* Root selection ranks by log of p0 rounded to float, as it did when p0 was a float
      * softmax of the copied row: a seed keeps selecting the same trees. */
     for (int k = 0; !rc && k < pool->root_n_children; k++) {
@@ -408,6 +431,37 @@ static int root_probe(Decode *d, Round *r, RsErr *e) {
         d->root_logp[k] = p0 > 0 ? log((double)p0) : -INFINITY;
     }
     return rc;
+}
+
+/* ---- the cost-aware budget (planner.h) -------------------------------------------- */
+
+/* Cuts the rule's selection (made at the cap) to the planner's size: a prefix of its
+ * ranked nodes, which is a tree. */
+static void plan_size(Decode *d, Round *r) {
+    PlanChoice c = planner_choose(d->o->planner, d->o->rule, sampling_temp(&d->o->sampling), d->t->pool, &r->sel,
+                                  r->have_root ? r->x1 : -1, d->depth);
+    r->sel.t.n = c.k;
+    r->info.plan_k = c.k;
+    r->info.plan_tokens = c.tokens;
+    r->info.plan_ns = c.ns;
+}
+
+/* What the round measured, for the planner's next choices. */
+static void plan_observe(Decode *d, const Round *r) {
+    Planner *p = d->o->planner;
+    const RoundInfo *ri = &r->info;
+    if (ri->t_root_end) planner_observe_pass(p, 1, ri->t_root_end - ri->t_root_start);
+    if (ri->t_tree_end && !d->o->score_all)
+        planner_observe_pass(p, d->ps.n + r->with_root, ri->t_tree_end - ri->t_tree_start);
+    if (r->asked) {
+        uint64_t own = ri->t_root_end > ri->t_grow_sent ? ri->t_root_end : ri->t_grow_sent;
+        planner_observe_pool(p, d->t->pool, r->n_sent, ri->t_pool_recv - ri->t_grow_sent,
+                             ri->t_pool_recv > own ? ri->t_pool_recv - own : 0);
+        planner_observe_accept(p, d->o->rule, sampling_temp(&d->o->sampling), d->t->pool, &r->sel, r->sel.t.n,
+                               r->acc, r->n_acc);
+    }
+    planner_observe_round(p, d->o->rule, sampling_temp(&d->o->sampling), r->n_emit, ri->t_commit - ri->t_round_start,
+                          r->asked);
 }
 
 /* The rule's tree (DESIGN.md §3) and the pass that verifies it. */
@@ -427,6 +481,7 @@ static int round_select(Decode *d, Round *r, RsErr *e) {
     case RULE_ROOT: select_root_logp(pool, B, d->root_logp, x1, &r->sel); break;
     default: RS_ASSERT(!"rule");
     }
+    if (d->o->planner) plan_size(d, r);
     pass_init(&d->ps, pool);
     pass_add(&d->ps, pool, &r->sel);
     if (d->o->score_all) pass_add_expanded(&d->ps, pool);
@@ -435,7 +490,7 @@ static int round_select(Decode *d, Round *r, RsErr *e) {
     r->info.tree_size = r->sel.t.n;
     r->with_root = !r->have_root;
     if (d->o->rule == RULE_ROOT) r->x1_node = tree_child_with_token(pool, &r->sel, -1, x1);
-    r->skip = d->o->rule == RULE_ROOT && r->x1_node < 0;
+    r->skip = (d->o->rule == RULE_ROOT && r->x1_node < 0) || (r->have_root && r->sel.t.n == 0);
     r->info.tree_pass_skipped = r->skip;
     /* Root selection's tau is taken given its X1, like pearl's and rootdraw's: with X1
      * off the first level nothing can be accepted. The unconditional tau would be
@@ -462,10 +517,11 @@ static int round_accept(Decode *d, Round *r, RsErr *e) {
         int y = forced;
         if (y < 0) { /* one reduction of the node's kept row: its argmax, or a draw at u */
             int row = target_row(t, cur < 0 ? -1 : pass_slot(&d->ps, sel, cur));
-            int temp = d->o->temp;
+            int temp = sampling_temp(&d->o->sampling);
             double u = temp ? rng_uniform(&d->rng) : -1.0;
             RowStats st;
-            int rc = backend_rows_stats(t->b, &row, 1, temp, temp ? &u : NULL, &st, e);
+            const Sampling *smp = &d->o->sampling;
+            int rc = backend_rows_stats(t->b, &row, 1, smp, temp ? &u : NULL, &st, e);
             if (rc) return rc;
             y = st.draw;
         }
@@ -473,6 +529,7 @@ static int round_accept(Decode *d, Round *r, RsErr *e) {
         int child = tree_child_with_token(t->pool, sel, cur, y);
         r->emitted[r->n_emit++] = y;
         if (child < 0) break; /* y is the continuation */
+        r->acc[r->n_acc++] = child;
         r->accepted++;
         r->keep[r->n_emit] = 1 + pass_slot(&d->ps, sel, child);
         cur = child;
@@ -497,7 +554,13 @@ static int round_verify(Decode *d, Round *r, RsErr *e) {
 }
 
 static int round_speculative(Decode *d, Round *r, RsErr *e) {
-    if (!round_request(d, r, e)) return round_ar(d, r, e);
+    int depth = POOL_MAX_DEPTH;
+    if (d->o->planner) {
+        PlanAsk a = planner_before_round(d->o->planner, d->o->rule, sampling_temp(&d->o->sampling), d->n_pend);
+        if (!a.ask) return round_ar(d, r, e); /* the drafter catches up next time */
+        depth = a.depth;
+    }
+    if (!round_request(d, r, depth, e)) return round_ar(d, r, e);
     if (rule_needs_root(d->o->rule)) {
         int rc = round_root(d, r, e);
         if (rc) return rc;
@@ -554,11 +617,11 @@ static int feat_begin(Decode *d, int n_prompt, RsErr *e) {
         return rs_err(e, rc, "drafter %s wants the target's features, but %s", in->name, why);
     }
     d->feat_w = backend_feature_width(b);
-    int rows = n_prompt > ROUND_MAX_EMIT ? n_prompt : ROUND_MAX_EMIT;
-    d->feat = calloc((size_t)rows * d->feat_w, sizeof(float));
+    d->feat_rows = n_prompt > ROUND_MAX_EMIT ? n_prompt : ROUND_MAX_EMIT;
+    d->feat = calloc((size_t)d->feat_rows * d->feat_w, sizeof(float));
     if (!d->feat)
         return rs_err(e, RS_ENOMEM, "cannot hold the features of a %d-token prompt (%zu MiB)",
-                      n_prompt, ((size_t)rows * d->feat_w * sizeof(float)) >> 20);
+                      n_prompt, ((size_t)d->feat_rows * d->feat_w * sizeof(float)) >> 20);
     return RS_OK;
 }
 
@@ -566,24 +629,38 @@ static int feat_begin(Decode *d, int n_prompt, RsErr *e) {
  * request's features are the prefill's. */
 static int feat_prefill(Decode *d, const int *prompt, int n_prompt, RsErr *e) {
     if (!d->feat) return target_prefill(d->t, prompt, n_prompt - 1, e);
-    d->feat_bytes = sizeof(float) * (size_t)n_prompt * d->feat_w;
     return backend_prefill_features(d->t->b, prompt, n_prompt - 1, NULL,
                                     d->feat + d->feat_w, e);
 }
 
-/* After a round's kv_commit (m rows kept): their features go with the next request. Once
- * the decode has gone autoregressive, recording stops (nothing is pending now). */
+/* After a round's kv_commit (m rows kept): their features join the pending rows for the
+ * next request. Once the decode has gone autoregressive, recording stops (nothing is
+ * pending now). */
 static void feat_after_commit(Decode *d, int m) {
     if (!d->use_drafter) {
         backend_set_feature_layers(d->t->b, NULL, 0, NULL);
         free(d->feat);
         d->feat = NULL;
-        d->feat_bytes = 0;
         return;
     }
     RS_ASSERT(backend_feature_rows(d->t->b) == m);
-    backend_read_features(d->t->b, BACKEND_FEAT_F32, d->feat);
-    d->feat_bytes = sizeof(float) * (size_t)m * d->feat_w;
+    if (d->n_pend + m > d->feat_rows) {
+        d->feat_rows = 2 * (d->n_pend + m);
+        d->feat = realloc(d->feat, sizeof(float) * (size_t)d->feat_rows * d->feat_w);
+        RS_ASSERT(d->feat && "out of memory");
+    }
+    backend_read_features(d->t->b, BACKEND_FEAT_F32, d->feat + (size_t)d->n_pend * d->feat_w);
+}
+
+/* Appends tokens to what the drafter has not committed yet. */
+static void pend_push(Decode *d, const int *tok, int n) {
+    if (d->n_pend + n > d->pend_cap) {
+        d->pend_cap = 2 * (d->n_pend + n);
+        d->pend = realloc(d->pend, sizeof(int) * (size_t)d->pend_cap);
+        RS_ASSERT(d->pend && "out of memory");
+    }
+    memcpy(d->pend + d->n_pend, tok, sizeof(int) * (size_t)n);
+    d->n_pend += n;
 }
 
 /* Keeps the KV entries of the tokens the output takes (root + accepted path, cut where
@@ -600,6 +677,7 @@ static int round_commit(Decode *d, Round *r, RsErr *e) {
     if (rc) return rc;
     ri->t_commit = dec_now(d);
     ri->measure_ns = d->clock_skip - r->skip0;
+    if (d->o->planner && d->o->rule != RULE_AR) plan_observe(d, r);
     ri->emitted = r->n_emit;
     ri->accepted = r->accepted;
     ri->dropped = r->n_emit - m;
@@ -616,10 +694,8 @@ static int round_commit(Decode *d, Round *r, RsErr *e) {
     d->done = eos || m < r->n_emit || res->n_tokens >= d->o->max_new || res->n_tokens >= res->cap;
     /* Next round: the continuation is the root, and the drafter commits these tokens. */
     d->root = r->emitted[r->n_emit - 1];
-    memcpy(d->commit_buf, r->emitted, sizeof(int) * (size_t)r->n_emit);
-    d->commit = d->commit_buf;
-    d->n_commit = r->n_emit;
     if (d->feat) feat_after_commit(d, m);
+    if (d->use_drafter) pend_push(d, r->emitted, r->n_emit);
     return RS_OK;
 }
 
@@ -636,6 +712,8 @@ static int decode_check(const Target *t, const Drafter *dc, const int *prompt,
         return rs_err(e, RS_EINVAL, "decoder '%s' needs a drafter", rule_name(o->rule));
     if (o->rule == RULE_ORACLE)
         return rs_err(e, RS_EINVAL, "'oracle' is an offline scoring rule, not a decoder");
+    if (o->score_all && o->planner)
+        return rs_err(e, RS_EINVAL, "--score-all-rules needs a fixed budget, not --budget auto");
     if (o->score_all && !rule_needs_root(o->rule))
         return rs_err(e, RS_EINVAL,
                       "--score-all-rules needs a root-pass decoder (pearl, rootdraw, root), not "
@@ -643,6 +721,8 @@ static int decode_check(const Target *t, const Drafter *dc, const int *prompt,
     if (o->budget < 1 || o->budget > TREE_MAX)
         return rs_err(e, RS_EINVAL, "budget %d outside 1..%d", o->budget, TREE_MAX);
     if (o->max_new < 1) return rs_err(e, RS_EINVAL, "max_new %d: need at least 1", o->max_new);
+    int rc = sampling_check(&o->sampling, e);
+    if (rc) return rc;
     int cap = target_kv_capacity(t), reserve = decode_round_reserve(o);
     if (n_prompt + reserve > cap)
         return rs_err(e, RS_EINVAL,
@@ -661,12 +741,13 @@ static void decode_begin(Decode *d, Target *t, Drafter *dc, const int *prompt,
     d->h = h;
     d->res = res;
     rng_seed_mix(&d->rng, o->seed, o->prompt_id,
-                 (uint64_t)o->rule * 1000003u + (uint64_t)o->budget * 101u + (uint64_t)o->temp);
+                 (uint64_t)o->rule * 1000003u + (uint64_t)(o->planner ? 997 : o->budget) * 101u +
+                     (uint64_t)sampling_temp(&o->sampling));
     d->use_drafter = o->rule != RULE_AR;
     d->reserve = decode_round_reserve(o);
     d->root = prompt[n_prompt - 1];
-    d->commit = prompt; /* the drafter receives the whole prompt in round 0 */
-    d->n_commit = n_prompt;
+    d->n_pend = 0; /* the drafter receives the whole prompt with its first request */
+    if (d->use_drafter) pend_push(d, prompt, n_prompt);
     d->done = 0;
     d->clock_skip = 0;
 }
@@ -695,6 +776,9 @@ int decode_run(Target *t, Drafter *dc, const int *prompt, int n_prompt, const De
     rc = feat_begin(d, n_prompt, e);
     res->t_start = dec_now(d);
     if (!rc) rc = feat_prefill(d, prompt, n_prompt, e);
+    /* a prefill of one chunk is a pass of that many rows: the planner's first cost */
+    if (!rc && o->planner && n_prompt > 1 && n_prompt - 1 <= DECODE_PASS_MAX)
+        planner_observe_pass(o->planner, n_prompt - 1, dec_now(d) - res->t_start);
     for (int round = 0; !rc && !d->done; round++) {
         Round r;
         round_begin(d, &r, round);
@@ -706,6 +790,7 @@ int decode_run(Target *t, Drafter *dc, const int *prompt, int n_prompt, const De
     /* Recording stays as set: the next decode's feat_begin sets it again (a no-op when
      * unchanged, where a change would re-capture the CUDA backend's graphs). */
     free(d->feat);
+    free(d->pend);
     free(d);
     return rc;
 }

@@ -6,13 +6,17 @@
 #include "common/pool.h"
 #include "draft_proc/drafter.h"
 #include "kernels/backend.h"
+#include "planner.h"
 #include "select.h"
 #include "target.h"
 
 typedef struct {
     Rule rule;
-    int budget;        /* B, 1..TREE_MAX */
-    int temp;          /* 0 greedy, 1 sampling */
+    int budget;        /* B, 1..TREE_MAX; with a planner the most it may pick */
+    Planner *planner;  /* --budget auto: the cost-aware budget (planner.h) picks each round
+                          whether to ask the drafter, the pool depth and the tree size;
+                          NULL: every round verifies the rule's B-node tree */
+    Sampling sampling; /* the law of every target draw (common/logits.h); zeroed: greedy */
     uint64_t seed;
     uint64_t prompt_id;
     int max_new;       /* >= 1: the output's cap; a round's tokens past it are dropped (the
@@ -58,6 +62,11 @@ typedef struct {
     uint64_t draft_host_ns; /* of which host-side work outside its backend (Pool.draft_host_ns) */
     int draft_rows;         /* logits rows the drafter reduced (0: it does not say) */
     int fallback_ar;   /* this round ran autoregressively because the drafter failed */
+    /* --budget auto: the tree size chosen (-1 without a planner), the pool depth asked
+     * (0: the drafter was not asked, an AR step) and the predicted tokens and ns of the
+     * round (NAN when not predicted) */
+    int plan_k, plan_depth;
+    double plan_tokens, plan_ns;
     uint64_t graph_replays, eager_launches; /* backend counters, cumulative */
     uint64_t d2h_full_rows; /* target backend: whole logits rows copied to the host,
                                cumulative (0: every row stayed where it was computed) */

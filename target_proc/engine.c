@@ -1,9 +1,5 @@
 /* Engine set-up: model(s), tokenizer, backend choice, drafter wiring. */
 #include "engine.h"
-#include "common/eagle3.h"
-#include "draft_proc/eagle3_drafter.h"
-#include "draft_proc/model_drafter.h"
-#include "remote.h"
 #include <string.h>
 
 static void collect_eog(const Engine *en, int **eog, int *n) {
@@ -15,58 +11,16 @@ static void collect_eog(const Engine *en, int **eog, int *n) {
     *n = k;
 }
 
-/* Loads a drafter model of its own, refusing one whose vocabulary or tokenizer differs
- * from the target's. */
-static int load_draft_model(const EngineOpts *o, const BackendOps *ops, Engine *en, RsErr *e) {
-    int rc = backend_model_load(ops, o->draft_model_path, &en->draft_model, e);
-    if (rc) return rc;
-    if (en->draft_model->cfg.vocab_size != en->target_model->cfg.vocab_size)
-        return rs_err(e, RS_EINVAL,
-                      "drafter vocabulary (%d tokens, %s) differs from the target's (%d "
-                      "tokens, %s): they must share a tokenizer",
-                      en->draft_model->cfg.vocab_size, o->draft_model_path,
-                      en->target_model->cfg.vocab_size, o->model_path);
-    Tokenizer *dt = NULL;
-    rc = tokenizer_load_model(en->draft_model, &dt, e);
-    if (rc) return rc;
-    uint64_t h1 = tokenizer_identity(en->tok, en->target_model->cfg.vocab_size);
-    uint64_t h2 = tokenizer_identity(dt, en->draft_model->cfg.vocab_size);
-    tokenizer_destroy(&dt);
-    if (h1 != h2)
-        return rs_err(e, RS_EINVAL,
-                      "drafter tokenizer (hash %016llx, %s) differs from the target's (hash "
-                      "%016llx, %s)",
-                      (unsigned long long)h2, o->draft_model_path, (unsigned long long)h1,
-                      o->model_path);
-    return RS_OK;
-}
-
-/* The one Drafter the engine holds: remote, a model of its own, or the self-drafter; the
- * in-process kinds run on a worker thread so the root pass overlaps drafting. */
+/* The one Drafter the engine holds, of the kind the options describe; in-process kinds
+ * run on a worker thread so the root pass overlaps drafting. */
 static int open_drafter(const EngineOpts *o, const BackendOps *ops, Engine *en, RsErr *e) {
-    if (o->draft_endpoint)
-        return drafter_remote_create(o->draft_endpoint, en->target_model,
-                                     tokenizer_identity(en->tok, en->target_model->cfg.vocab_size),
-                                     o->draft_timeout_ms, o->insecure, o->curve_dir,
-                                     &en->drafter, e);
-    Drafter *local = NULL;
-    int rc;
-    if (o->draft_model_path && eagle3_path_is_head(o->draft_model_path)) {
-        /* the head's vocabulary is the target's (eagle3_head_check), its tokenizer too */
-        BackendParams hp = {.kv_capacity = o->ctx + POOL_N_EXPANDED, .threads = o->threads,
-                            .device = o->device};
-        rc = drafter_eagle3_open(o->draft_model_path, en->target_model, ops, &hp, &local, e);
-    } else if (o->draft_model_path) {
-        rc = load_draft_model(o, ops, en, e);
-        if (!rc)
-            rc = drafter_model_create(en->draft_model, ops, o->ctx, o->threads, o->device,
-                                      &local, e);
-    } else {
-        rc = drafter_self_create(en->target_model,
-                                 o->draft_layers ? o->draft_layers : ENGINE_DEFAULT_DRAFT_LAYERS,
-                                 ops, o->ctx, o->threads, o->device, &local, e);
-    }
-    return rc ? rc : drafter_threaded_create(local, &en->drafter, e);
+    DrafterSpec s = {.kind = o->drafter_kind, .model_path = o->draft_model_path,
+                     .layers = o->draft_layers, .corpus_path = o->draft_corpus,
+                     .endpoint = o->draft_endpoint, .timeout_ms = o->draft_timeout_ms,
+                     .insecure = o->insecure, .curve_dir = o->curve_dir, .threaded = 1};
+    DrafterHost h = {.model = en->target_model, .tok = en->tok, .ops = ops, .ctx = o->ctx,
+                     .threads = o->threads, .device = o->device};
+    return drafter_open(&s, &h, &en->drafter, e);
 }
 
 /* engine_create's steps on a zeroed Engine; on failure the caller destroys what was made. */
@@ -101,6 +55,7 @@ static int engine_build(const EngineOpts *o, int need_drafter, Engine *en, RsErr
 int engine_create(const EngineOpts *o, int need_drafter, Engine **out, RsErr *e) {
     *out = NULL;
     Engine *en = rs_xcalloc(1, sizeof *en);
+    en->planner = planner_create();
     int rc = engine_build(o, need_drafter, en, e);
     if (rc) {
         engine_destroy(&en);
@@ -114,8 +69,8 @@ void engine_destroy(Engine **pen) {
     if (!pen || !*pen) return;
     Engine *en = *pen;
     drafter_destroy(&en->drafter); /* before the models it borrows */
+    planner_destroy(&en->planner);
     target_destroy(&en->target);
-    model_destroy(&en->draft_model);
     tokenizer_destroy(&en->tok);
     model_destroy(&en->target_model);
     free(en);

@@ -5,17 +5,15 @@
 #define ROOTSPEC_ENGINE_H
 #include "common/tokenizer.h"
 #include "decode.h"
-
-/* Self-drafter default: of the subsets measured on 5 Spec-Bench prompts with SmolLM2-135M
- * (T=0, B=59, draft selection; 0-2, 0-5, 0-9, 0-14, 0-2+27-29, 0-3+26-29), 0-14 accepted the
- * most tokens per round (0.242; 0-5: 0.149) while costing at most half a target pass. */
-#define ENGINE_DEFAULT_DRAFT_LAYERS "0-14"
+#include "draft_proc/drafter_open.h"
 
 typedef struct {
     const char *model_path;
+    DrafterKind drafter_kind;     /* DRAFTER_KIND_AUTO: inferred from the fields below */
     const char *draft_model_path; /* NULL: self-drafter from draft_layers */
-    const char *draft_layers;     /* NULL: ENGINE_DEFAULT_DRAFT_LAYERS */
+    const char *draft_layers;     /* NULL: DRAFTER_DEFAULT_LAYERS */
     const char *draft_endpoint;   /* NULL: in-process drafter */
+    const char *draft_corpus;     /* suffix drafter: a text file it also looks in */
     const char *backend;          /* "cpu" (default) or "cuda" */
     int threads, device, ctx;
     int draft_timeout_ms;         /* remote drafter reply timeout */
@@ -27,11 +25,12 @@ typedef struct {
 
 typedef struct {
     Model *target_model;
-    Model *draft_model;  /* a drafter model of its own (--draft-model), else NULL */
     Tokenizer *tok;
     ChatTemplate chat;
     Target *target;
     Drafter *drafter;    /* NULL without a drafter (--decoder ar); any kind: decode_run's */
+    Planner *planner;    /* --budget auto's: one for the engine, so what it measures carries
+                            over from one decode to the next */
     char drafter_missing[1024]; /* drafter_optional: why there is no drafter, else "" */
 } Engine;
 

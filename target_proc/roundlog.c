@@ -14,11 +14,30 @@ static void num(FILE *f, const char *k, double v) {
     else fprintf(f, ",\"%s\":%.6f", k, v);
 }
 
+/* --budget auto: the size and depth the planner chose, and the round's predicted and
+ * realised tokens per second (null where not predicted). */
+static void plan_fields(FILE *f, const RoundInfo *r) {
+    if (r->plan_k < 0 && r->plan_depth == 0) return;
+    fprintf(f, ",\"budget_chosen\":%d,\"depth_asked\":%d", r->plan_k < 0 ? 0 : r->plan_k,
+            r->plan_depth);
+    num(f, "pred_tok_s", r->plan_ns > 0 ? r->plan_tokens / r->plan_ns * 1e9 : NAN);
+    uint64_t ns = r->t_commit - r->t_round_start;
+    num(f, "real_tok_s", ns ? (double)r->emitted / (double)ns * 1e9 : NAN);
+}
+
 void roundlog_write(FILE *f, const RoundLogCtx *c, const RoundInfo *r) {
-    fprintf(f, "{\"decoder\":\"%s\",\"temp\":%d,\"budget\":%d,\"prompt_id\":%" PRIu64
-               ",\"round\":%d,\"emitted\":%d,\"dropped\":%d,\"accepted\":%d,\"tree_size\":%d",
-            c->decoder, c->temp, c->budget, c->prompt_id, r->round, r->emitted, r->dropped,
-            r->accepted, r->tree_size);
+    fprintf(f, "{\"decoder\":\"%s\",\"temp\":%d", c->decoder, c->temp);
+    if (c->budget > 0) fprintf(f, ",\"budget\":%d", c->budget);
+    else fprintf(f, ",\"budget\":\"auto\"");
+    fprintf(f, ",\"prompt_id\":%" PRIu64 ",\"round\":%d,\"emitted\":%d,\"dropped\":%d,"
+               "\"accepted\":%d,\"tree_size\":%d",
+            c->prompt_id, r->round, r->emitted, r->dropped, r->accepted, r->tree_size);
+    plan_fields(f, r);
+    if (c->sampling)
+        fprintf(f, ",\"sampling\":{\"temperature\":%.15g,\"top_k\":%d,\"top_p\":%.15g,"
+                   "\"min_p\":%.15g}",
+                c->sampling->temperature, c->sampling->top_k, c->sampling->top_p,
+                c->sampling->min_p);
     if (r->x1_in_pool < 0) fprintf(f, ",\"x1_in_pool\":null");
     else fprintf(f, ",\"x1_in_pool\":%s", r->x1_in_pool ? "true" : "false");
     num(f, "tau", r->tau);

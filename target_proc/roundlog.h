@@ -7,8 +7,9 @@
 
 typedef struct {
     const char *decoder;
-    int temp, budget;
+    int temp, budget; /* temp: 0 greedy, 1 sampling (sampling_temp); budget 0: auto */
     uint64_t prompt_id;
+    const Sampling *sampling; /* the law in full, written as "sampling"; NULL: left out */
 } RoundLogCtx;
 
 void roundlog_write(FILE *f, const RoundLogCtx *c, const RoundInfo *r);

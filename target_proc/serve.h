@@ -59,10 +59,10 @@ int serve_request_parse(const char *body, size_t len, ServeKind kind, const char
 /* Frees what serve_request_parse allocated; r is left zeroed. */
 void serve_request_free(ServeRequest *r);
 
-/* The request's sampling fields onto the decode: temperature 0 is greedy and 1 samples the
- * softmax of the raw logits (exactly, through the speculative decoders too); top_p 1, top_k
- * 0/-1 and min_p 0 are the identity and accepted. Anything else is refused with a 400. Absent
- * fields keep d's values (the server's defaults). Returns 0 or the HTTP status. */
+/* The request's sampling fields onto the decode's Sampling (common/logits.h: temperature,
+ * top_k (-1 or 0: off), top_p, min_p; every decoder follows that law exactly) and seed.
+ * Absent fields keep d's values (the server's defaults); a law out of range is a 400.
+ * Returns 0 or the HTTP status. */
 int serve_sampling_map(const ServeRequest *r, DecodeOpts *d, ServeError *se);
 
 /* ---- response JSON (malloc'd strings, caller frees) --------------------------------- */

@@ -267,20 +267,14 @@ void serve_request_free(ServeRequest *r) {
 
 /* The one place the request's sampling fields meet the decoder's options. */
 int serve_sampling_map(const ServeRequest *r, DecodeOpts *d, ServeError *se) {
-    if (r->has_temperature) {
-        if (r->temperature != 0 && r->temperature != 1)
-            return serve_error(se, 400, "temperature",
-                               "temperature %g is not supported by this build (0: greedy, 1: "
-                               "sampling from the model's distribution)", r->temperature);
-        d->temp = (int)r->temperature;
-    }
-    if (r->has_top_p && r->top_p != 1)
-        return serve_error(se, 400, "top_p", "top_p %g is not supported by this build (only 1)", r->top_p);
-    if (r->has_top_k && r->top_k > 0)
-        return serve_error(se, 400, "top_k", "top_k %d is not supported by this build (only 0 or -1: off)", r->top_k);
-    if (r->has_min_p && r->min_p != 0)
-        return serve_error(se, 400, "min_p", "min_p %g is not supported by this build (only 0)", r->min_p);
+    Sampling *s = &d->sampling;
+    if (r->has_temperature) s->temperature = r->temperature;
+    if (r->has_top_k) s->top_k = r->top_k < 0 ? 0 : r->top_k; /* -1: off, as in vLLM */
+    if (r->has_top_p) s->top_p = r->top_p;
+    if (r->has_min_p) s->min_p = r->min_p;
     if (r->has_seed) d->seed = r->seed;
+    RsErr e = {0};
+    if (sampling_check(s, &e)) return serve_error(se, 400, NULL, "%s", e.msg);
     return 0;
 }
 

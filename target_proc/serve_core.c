@@ -101,6 +101,10 @@ static int job_options(ServeCore *c, ServeJob *j, ServeError *se) {
                            rule_name(j->d.rule));
     int rc = serve_sampling_map(r, &j->d, se);
     if (rc) return rc;
+    if (j->d.budget == 0) { /* --budget auto: the engine's planner, up to the largest tree */
+        j->d.planner = c->en->planner;
+        j->d.budget = TREE_MAX;
+    }
     j->d.prompt_id = r->has_seed ? 0 : j->seq; /* unseeded requests: a stream each */
     int room = target_kv_capacity(c->en->target) - decode_round_reserve(&j->d) - j->n_ids + 1;
     if (room < 1 || (r->max_tokens && r->max_tokens > room)) {

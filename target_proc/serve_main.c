@@ -23,15 +23,16 @@ static void usage(FILE *f) {
             "                        for the decoder or decodes is not idle (default 60)\n"
             "  -h, --help            this text\n"
             "\n"
-            "Engine and decoder (--decoder, --budget and --temp are the defaults of requests that\n"
-            "omit them; a request picks its own with \"rootspec\": {\"decoder\": NAME, \"budget\": B}\n"
-            "and \"temperature\"):\n");
+            "Engine and decoder (--decoder, --budget and the sampling options are the defaults of\n"
+            "requests that omit them; a request picks its own with \"rootspec\": {\"decoder\": NAME,\n"
+            "\"budget\": B}, \"temperature\", \"top_k\", \"top_p\", \"min_p\" and \"seed\"):\n");
     engine_cli_usage(f);
     fprintf(f, "\nExit status: 0 ok (stopped by SIGINT or SIGTERM), 1 runtime failure, 2 bad usage or input.\n");
 }
 
 typedef struct {
     EngineOpts eo;
+    CliRuntime rt; /* copied into eo once parsed */
     DecodeOpts d;
     ServeHttpOpts http;
     const char *model_name;
@@ -46,7 +47,8 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
             usage(stdout);
             return 1;
         }
-        if ((rc = engine_cli_option(argc, argv, &i, &A->eo, &A->d, e)) != 0) {
+        if ((rc = cli_runtime_option(argc, argv, &i, &A->rt, e)) != 0 ||
+            (rc = engine_cli_option(argc, argv, &i, &A->eo, &A->d, e)) != 0) {
             if (rc < 0) return rc;
             continue;
         }
@@ -69,7 +71,9 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
         if (rc) return rc;
     }
     if (!A->eo.model_path) return rs_err(e, RS_EINVAL, "need --model (see --help)");
-    return engine_cli_check(&A->eo, e);
+    engine_cli_runtime(&A->eo, &A->rt);
+    int rc = sampling_check(&A->d.sampling, e);
+    return rc ? rc : engine_cli_check(&A->eo, e);
 }
 
 /* The model id: --model-name, else the model path's last component. */
@@ -91,9 +95,11 @@ static int serve(Args *A, Engine *en, const sigset_t *sigs) {
     int rc = serve_http_start(core, &A->http, &http, &e);
     if (rc) fprintf(stderr, "rootspec-serve: %s\n", e.msg);
     else {
-        fprintf(stderr, "rootspec-serve: listening on http://%s:%d (model %s, decoder %s, B=%d, T=%d)\n",
-                A->http.host, serve_http_port(http), cfg.model_name, rule_name(A->d.rule),
-                A->d.budget, A->d.temp);
+        char smp[SAMPLING_STR], budget[16] = "auto";
+        if (A->d.budget) snprintf(budget, sizeof budget, "%d", A->d.budget);
+        fprintf(stderr, "rootspec-serve: listening on http://%s:%d (model %s, decoder %s, B=%s, %s)\n",
+                A->http.host, serve_http_port(http), cfg.model_name, rule_name(A->d.rule), budget,
+                sampling_str(&A->d.sampling, smp, sizeof smp));
         int sig = 0;
         sigwait(sigs, &sig);
         fprintf(stderr, "rootspec-serve: stopping (signal %d)\n", sig);
@@ -106,8 +112,8 @@ static int serve(Args *A, Engine *en, const sigset_t *sigs) {
 }
 
 int main(int argc, char **argv) {
-    Args A = {.eo = {.backend = "cpu", .threads = 1, .ctx = 2048, .draft_timeout_ms = 10000},
-              .d = {.rule = RULE_AR, .budget = 59, .temp = 0, .seed = 1, .max_new = 512},
+    Args A = {.eo = {.draft_timeout_ms = 10000}, .rt = cli_runtime_defaults(),
+              .d = {.rule = RULE_AR, .budget = 59, .seed = 1, .max_new = 512},
               .http = {.host = "127.0.0.1", .port = 8080, .max_body = 1 << 20, .max_conn = 64,
                        .timeout = 60},
               .queue = 16};

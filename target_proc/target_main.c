@@ -122,6 +122,7 @@ static int parse_ids(const char *s, int **ids, int *n, RsErr *e) {
 /* Everything the command line says; parsed before anything is opened. */
 typedef struct {
     EngineOpts eo;
+    CliRuntime rt; /* copied into eo once parsed */
     DecodeOpts d;
     const char *prompt, *prompt_ids, *log_path, *prompts_path;
     int chat, output_ids, want_timing;
@@ -137,7 +138,9 @@ static int parse_args(int argc, char **argv, Args *A) {
         const char *a = argv[i], *v = NULL;
         int rc = 0;
 #define VAL() (rc = cli_value(argc, argv, i, &v, &e), i += !rc, rc == 0)
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        int shared = cli_runtime_option(argc, argv, &i, &A->rt, &e);
+        if (shared) rc = shared < 0 ? shared : 0;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
         } else if ((rc = engine_cli_option(argc, argv, &i, eo, d, &e)) != 0) {
@@ -159,6 +162,7 @@ static int parse_args(int argc, char **argv, Args *A) {
             return 2;
         }
     }
+    engine_cli_runtime(eo, &A->rt);
     return -1;
 }
 
@@ -174,6 +178,10 @@ static int check_args(const Args *A) {
     RsErr e = {0};
     if (engine_cli_check(eo, &e)) {
         fprintf(stderr, "rootspec-target: %s\n", e.msg);
+        return 2;
+    }
+    if (A->d.score_all && A->d.budget == 0) {
+        fprintf(stderr, "rootspec-target: --score-all-rules needs a fixed --budget, not auto\n");
         return 2;
     }
     if (A->d.score_all && !rule_needs_root(A->d.rule)) {
@@ -194,10 +202,13 @@ typedef struct {
 static void print_prompt_summary(const DecodeOpts *dp, int n, const DecodeResult *res,
                                  const Sink *s, const Engine *en) {
     double secs = (double)(res->t_end - res->t_start) * 1e-9;
+    char budget[16] = "auto", smp[SAMPLING_STR];
+    if (!dp->planner) snprintf(budget, sizeof budget, "%d", dp->budget);
     fprintf(stderr,
-            "rootspec-target: decoder=%s T=%d B=%d prompt=%d tokens, emitted %d tokens in "
-            "%d rounds, %.3f s, %.2f tok/s, mean accepted %.3f%s%s%s%s%s\n",
-            rule_name(dp->rule), dp->temp, dp->budget, n, res->n_tokens, res->rounds, secs,
+            "rootspec-target: decoder=%s sampling=%s B=%s prompt=%d tokens, emitted %d tokens "
+            "in %d rounds, %.3f s, %.2f tok/s, mean accepted %.3f%s%s%s%s%s\n",
+            rule_name(dp->rule), sampling_str(&dp->sampling, smp, sizeof smp), budget, n,
+            res->n_tokens, res->rounds, secs,
             secs > 0 ? res->n_tokens / secs : 0.0,
             res->rounds ? (double)res->accepted_total / res->rounds : 0.0,
             res->hit_eos ? ", stopped at EOS" : "",
@@ -222,6 +233,7 @@ static int decode_prompts(const Args *A, Engine *en, const PromptSet *ps, Sink *
         const char *text = ps ? ps->items[pi].text : A->prompt;
         DecodeOpts dp = A->d;
         if (ps) dp.prompt_id = A->d.prompt_id + (uint64_t)pi;
+        if (dp.budget == 0) dp.planner = en->planner, dp.budget = TREE_MAX;
         int rc = A->prompt_ids ? parse_ids(A->prompt_ids, &ids, &n, &e)
                                : engine_prompt_ids(en, text, A->chat || (ps && en->chat != CHAT_NONE),
                                                    &ids, &n, &e);
@@ -231,7 +243,8 @@ static int decode_prompts(const Args *A, Engine *en, const PromptSet *ps, Sink *
             break;
         }
         if (ps) printf("=== prompt %s: %s\n", ps->items[pi].id, text);
-        s->lc = (RoundLogCtx){rule_name(dp.rule), dp.temp, dp.budget, dp.prompt_id};
+        s->lc = (RoundLogCtx){rule_name(dp.rule), sampling_temp(&dp.sampling), A->d.budget,
+                              dp.prompt_id, &A->d.sampling};
         s->first_id = 1;
         rc = decode_run(en->target, en->drafter, ids, n, &dp, &h, &res, &e);
         free(ids);
@@ -275,8 +288,8 @@ static int finish(const Args *A, const PromptSet *ps, Sink *s, TimingAcc *timing
 }
 
 int main(int argc, char **argv) {
-    Args A = {.eo = {.backend = "cpu", .threads = 1, .ctx = 2048, .draft_timeout_ms = 10000},
-              .d = {.rule = RULE_AR, .budget = 59, .temp = 0, .seed = 1, .max_new = 256}};
+    Args A = {.eo = {.draft_timeout_ms = 10000}, .rt = cli_runtime_defaults(),
+              .d = {.rule = RULE_AR, .budget = 59, .seed = 1, .max_new = 256}};
     int rc = parse_args(argc, argv, &A);
     if (rc < 0) rc = check_args(&A);
     if (rc >= 0) return rc;

@@ -191,10 +191,13 @@ def test_errors(s):
     except openai.NotFoundError as e:
         check("unknown model: 404 with an error object", e.body and e.body.get("code") == "model_not_found", str(e.body))
     try:
-        chat(s, max_tokens=4, temperature=0.5)
-        check("temperature 0.5: 400", False)
+        chat(s, max_tokens=4, top_p=1.5)
+        check("top_p 1.5: 400", False)
     except openai.BadRequestError as e:
-        check("temperature 0.5: 400 not supported by this build", "not supported by this build" in str(e), str(e))
+        check("top_p 1.5: 400 naming top_p", "top_p" in e.body.get("message", ""), str(e.body))
+    a, b = (chat(s, max_tokens=12, temperature=0.7, top_p=0.9, seed=7, extra_body={"top_k": 40, "min_p": 0.05})
+            .choices[0].message.content for _ in range(2))
+    check("sampling with a seed: the same text twice", a == b and a, f"{a!r} {b!r}")
     st, body = s.raw("POST", "/v1/completions", body=b"x" * (2 << 20))
     check("a body over --max-body: 413", st == 413 and "error" in json.loads(body), f"{st}")
     try:
@@ -292,7 +295,7 @@ BAD_BODIES = [
     '{"prompt": [1], "max_tokens": "3"}', '{"prompt": [1], "max_tokens": -1}', '{"prompt": [1], "max_tokens": 1e30}',
     '{"prompt": [1], "stream": "yes"}', '{"prompt": [1], "stop": 3}', '{"prompt": [1], "stop": ["", "a"]}',
     '{"prompt": [1], "stop": ["a","b","c","d","e"]}', '{"prompt": [1], "temperature": "hot"}',
-    '{"prompt": [1], "temperature": 2}', '{"prompt": [1], "top_p": 0.5}', '{"prompt": [1], "top_k": 5}',
+    '{"prompt": [1], "temperature": -1}', '{"prompt": [1], "top_p": 1.5}', '{"prompt": [1], "min_p": 2}',
     '{"prompt": [1], "n": 2}', '{"prompt": [1], "seed": "s"}', '{"prompt": [1], "rootspec": 1}',
     '{"prompt": [1], "rootspec": {"decoder": "oracle"}}', '{"prompt": [1], "rootspec": {"budget": 0}}',
     '{"prompt": [1], "rootspec": {"decoder": "rootdraw"}}', '{"prompt": [1], "stream_options": 1}',

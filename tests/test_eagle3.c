@@ -16,7 +16,7 @@
 #include "kernels/backend.h"
 #include "proto/proto.h"
 #include "target_proc/decode.h"
-#include "target_proc/remote.h"
+#include "draft_proc/remote_drafter.h"
 #include "testutil.h"
 #include <pthread.h>
 #include <zmq.h>
@@ -441,7 +441,7 @@ static void ad_destroy(void *ctx) {
     free(a);
 }
 
-static const DrafterOps adapter_ops = {ad_reset, ad_grow_begin, ad_grow_end, ad_destroy, NULL};
+static const DrafterOps adapter_ops = {ad_reset, ad_grow_begin, ad_grow_end, ad_destroy, NULL, NULL};
 
 START_TEST(test_decode_identity_with_eagle3) {
     /* Every decoder at B=8 and B=40 emits exactly AR's greedy tokens with the fixture head
@@ -474,7 +474,7 @@ START_TEST(test_decode_identity_with_eagle3) {
         for (int ri = -1; ri < 4; ri++)
             for (int b = 0; b < (ri < 0 ? 1 : 2); b++) {
                 Rule rule = ri < 0 ? RULE_AR : rules[ri];
-                DecodeOpts o = {.rule = rule, .budget = b ? 40 : 8, .temp = 0, .seed = 1,
+                DecodeOpts o = {.rule = rule, .budget = b ? 40 : 8, .sampling = SAMPLING_GREEDY, .seed = 1,
                                 .prompt_id = (uint64_t)pr, .max_new = 30};
                 DecodeResult res = {0};
                 res.tokens = buf;
@@ -867,7 +867,7 @@ static int ca_append(void *c, const int *t, int n, const void *f, size_t fb, RsE
     return drafter_append(ca->inner, t, n, f, fb, e);
 }
 static const DrafterOps count_append_ops = {ca_reset, ca_grow_begin, ca_grow_end, ca_destroy,
-                                            ca_append};
+                                            ca_append, NULL};
 
 /* _i = 1: the features' bound per message lowered to 2 rows, so the 6-token RESET travels
  * as RESET + 2 APPENDs and the 3-token commit as APPEND + COMMIT_GROW; the pools must be

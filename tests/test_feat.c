@@ -14,7 +14,7 @@
 #include "kernels/prefill.h"
 #include "target_proc/decode.h"
 #include "target_proc/engine.h"
-#include "target_proc/remote.h"
+#include "draft_proc/remote_drafter.h"
 #include "testutil.h"
 #include <math.h>
 #include <stdlib.h>
@@ -176,7 +176,7 @@ static const Rule SPEC_RULES[] = {RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_RO
 
 static int engine_run(Engine *en, Rule rule, int B, const int *prompt, int n, int max_new,
                       int *out, DecodeResult *res) {
-    DecodeOpts o = {.rule = rule, .budget = B, .temp = 0, .seed = 1, .max_new = max_new};
+    DecodeOpts o = {.rule = rule, .budget = B, .sampling = SAMPLING_GREEDY, .seed = 1, .max_new = max_new};
     *res = (DecodeResult){.tokens = out, .cap = max_new + ROUND_MAX_EMIT};
     RsErr e = {0};
     ck_assert_msg(decode_run(en->target, rule == RULE_AR ? NULL : en->drafter, prompt, n, &o,
@@ -363,7 +363,7 @@ static void e3_chi2(E3Pair *p, Drafter *d, int i, long N, const char *how) {
     uint64_t t0 = rs_now_ns();
     for (long s = 0; s < N; s++) {
         int out[3 + ROUND_MAX_EMIT];
-        DecodeOpts o = {.rule = rule, .budget = i % 2 ? 8 : 4, .temp = 1,
+        DecodeOpts o = {.rule = rule, .budget = i % 2 ? 8 : 4, .sampling = SAMPLING_PLAIN,
                         .seed = 5000 + (uint64_t)s, .max_new = 3, .test_wrong_x1 = i == 4};
         DecodeResult res = {.tokens = out, .cap = 3 + ROUND_MAX_EMIT};
         RsErr e = {0};
@@ -456,7 +456,7 @@ static int spy_grow_end(void *ctx, Pool *out, RsErr *e) {
 static void spy_destroy(void *ctx) { (void)ctx; } /* the test owns inner and the spy */
 
 static const DrafterOps spy_ops = {spy_reset, spy_grow_begin, spy_grow_end, spy_destroy,
-                                   NULL /* append: decode_run never splits a commit */};
+                                   NULL /* append: decode_run never splits a commit */, NULL};
 
 /* The features decode_run hands the head pair each token with its predecessor: for the
  * context it sent (prompt, then every round's emitted tokens), the row of token j is the
@@ -480,7 +480,7 @@ START_TEST(test_decode_sends_predecessor_features) {
     for (int c = 0; c < 4; c++) {
         Rule rule = c % 2 ? RULE_ROOTDRAW : RULE_DRAFT;
         int out[64];
-        DecodeOpts o = {.rule = rule, .budget = 8, .temp = c / 2, .seed = 3, .max_new = 30};
+        DecodeOpts o = {.rule = rule, .budget = 8, .sampling = sampling_from_temp(c / 2), .seed = 3, .max_new = 30};
         DecodeResult res = {.tokens = out, .cap = 30 + ROUND_MAX_EMIT};
         ck_assert_msg(decode_run(p.t, spy, prompt, 5, &o, NULL, &res, &e) == 0, "%s", e.msg);
         ck_assert(!res.drafter_failed && res.rounds > 1);

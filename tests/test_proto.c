@@ -604,6 +604,25 @@ START_TEST(test_exact_bytes) {
                              0x93, 0x01, 0x01, 0xc4, 0x06, 0x80, 0x3f, 0x20, 0xc0, 0x02, 0x01};
     ck_assert_uint_eq(sb.size, sizeof want3);
     ck_assert(memcmp(sb.data, want3, sizeof want3) == 0);
+    /* ... without features, with the pool depth 3: a third body element */
+    m.u.tokens.feat_type = PROTO_FEAT_NONE;
+    m.u.tokens.feat_width = 0;
+    m.u.tokens.feat = NULL;
+    m.u.tokens.depth = 3;
+    encode_ok(&m, &sb);
+    const uint8_t want4[] = {0x96, 0xa4, 'R',  'S',  'P',  'C',  0x02, 0x04, 0x05, 0x01, 0x93,
+                             0x93, 0x01, 0xcc, 0xc8, 0xce, 0x00, 0x01, 0x11, 0x70, 0x90, 0x03};
+    ck_assert_uint_eq(sb.size, sizeof want4);
+    ck_assert(memcmp(sb.data, want4, sizeof want4) == 0);
+    ProtoMsg back = {0};
+    RsErr de = {0};
+    ck_assert_msg(proto_decode(sb.data, sb.size, &back, &de) == RS_OK, "%s", de.msg);
+    ck_assert_int_eq(back.u.tokens.depth, 3);
+    ck_assert(proto_msg_equal(&m, &back));
+    proto_msg_clear(&back);
+    m.type = PROTO_APPEND; /* only a COMMIT_GROW asks for a pool */
+    ck_assert_int_eq(proto_encode(&m, &sb, &de), RS_EINVAL);
+    ck_assert_msg(strstr(de.msg, "pool depth 3"), "%s", de.msg);
     memset(&m.u, 0, sizeof m.u);
     /* The uint32 magic form is accepted too. */
     const uint8_t alt[] = {0x96, 0xce, 0x52, 0x53, 0x50, 0x43, 0x02, 0x07, 0x05, 0x01, 0x90};
@@ -1036,6 +1055,20 @@ START_TEST(test_malformed_tokens) {
     msgpack_pack_array(pk, 0);
     msgpack_pack_array(pk, 0);
     END(RS_EPROTO, "COMMIT_GROW tokens has 0 entries, expected at least 1");
+    BEGIN(PROTO_COMMIT_GROW); /* a pool depth past the pool's 8 levels */
+    msgpack_pack_array(pk, 3);
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_int(pk, 1);
+    msgpack_pack_array(pk, 0);
+    msgpack_pack_int(pk, 9);
+    END(RS_EPROTO, "COMMIT_GROW depth is 9, expected 1..8");
+    BEGIN(PROTO_APPEND); /* a depth where no pool is grown */
+    msgpack_pack_array(pk, 3);
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_int(pk, 1);
+    msgpack_pack_array(pk, 0);
+    msgpack_pack_int(pk, 2);
+    END(RS_EPROTO, "APPEND body has 3 fields, expected 2");
     BEGIN(PROTO_COMMIT_GROW);
     msgpack_pack_array(pk, 2);
     msgpack_pack_array(pk, 1000); /* claims more entries than bytes left */

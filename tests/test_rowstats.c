@@ -32,9 +32,14 @@ static void fill_row(float *row, int n, int kind, Rng *r) {
 
 static int stats_equal(const RowStats *a, const RowStats *b) {
     return a->argmax == b->argmax && a->draw == b->draw && a->max == b->max &&
-           a->second == b->second &&
+           a->second == b->second && a->cut == b->cut &&
            (memcmp(&a->lse, &b->lse, sizeof a->lse) == 0 || (isnan(a->lse) && isnan(b->lse)));
 }
+
+/* Laws the reductions must agree on: greedy, plain, and each filter (with a temperature). */
+#define N_LAWS 5
+static const Sampling LAWS[N_LAWS] = {
+    {0.0, 0, 0, 0}, {1.0, 0, 0, 0}, {0.7, 40, 0.9, 0}, {1.3, 0, 0.5, 0.02}, {0.4, 0, 0, 0.1}};
 
 START_TEST(test_rows_reference) {
     int sizes[] = {1, 7, 256, 257, 1000, 49152};
@@ -47,7 +52,7 @@ START_TEST(test_rows_reference) {
         for (int rep = 0; rep < 30; rep++) {
             fill_row(row, n, rep % 3, &r);
             RowStats s0, s1;
-            row_stats(row, n, 0, -1, csum, &s0);
+            row_stats(row, n, &SAMPLING_GREEDY, -1, csum, &s0);
             ck_assert_int_eq(s0.argmax, row_argmax(row, n));
             ck_assert_int_eq(s0.draw, s0.argmax);
             ck_assert(isnan(s0.lse));
@@ -57,7 +62,7 @@ START_TEST(test_rows_reference) {
                               row_top_margin(row, n));
             Rng a = r, b = r;
             double u = rng_uniform(&a);
-            row_stats(row, n, 1, u, csum, &s1);
+            row_stats(row, n, &SAMPLING_PLAIN, u, csum, &s1);
             int want = row_sample(row, n, &b);
             ck_assert_msg(s1.draw == want, "n %d rep %d u %.17g: draw %d, row_sample %d", n, rep,
                           u, s1.draw, want);
@@ -71,10 +76,104 @@ START_TEST(test_rows_reference) {
     /* u at the very top of [0, 1): the last index with a positive weight. */
     for (int i = 0; i < 1000; i++) row[i] = i < 999 ? 0.0f : -INFINITY;
     RowStats s;
-    row_stats(row, 1000, 1, 0.9999999999999999, csum, &s);
+    row_stats(row, 1000, &SAMPLING_PLAIN, 0.9999999999999999, csum, &s);
     ck_assert_int_eq(s.draw, 998);
     free(row);
     free(csum);
+}
+END_TEST
+
+/* The sampling law on a row small enough to check by hand: sorted, l = 3, 2, 2, 1, 0, -5,
+ * so at T=1 the weights exp(l - 3) are 1, e^-1 (twice), e^-2, e^-3, e^-8 (total 1.9213). */
+START_TEST(test_sampling_by_hand) {
+    const float row[6] = {3, 1, 2, 2, 0, -5};
+    double csum[1];
+    struct {
+        Sampling s;
+        float cut;
+    } cases[] = {
+        {{1, 0, 0, 0}, -INFINITY}, /* plain */
+        {{1, 2, 0, 0}, 2},         /* the 2nd largest is 2: both 2s kept */
+        {{1, 4, 0, 0}, 1},
+        {{1, 0, 0.5, 0}, 3},       /* 1 >= 0.5 * 1.9213 */
+        {{1, 0, 0.6, 0}, 2},       /* 1 < 1.153: the 2s join, as a tie */
+        {{1, 0, 0.9, 0}, 2},       /* 1 + 2e^-1 = 1.7358 >= 0.9 * 1.9212 */
+        {{1, 0, 0.92, 0}, 1},      /* 1.7358 < 0.92 * 1.9212: the 1 joins */
+        {{1, 0, 0, 0.3}, 2},       /* e^-1 = 0.368 >= 0.3 */
+        {{1, 0, 0, 0.4}, 3},
+        {{2, 0, 0, 0.4}, 2},       /* e^-0.5 = 0.607 >= 0.4 > e^-1 */
+        {{0.5, 0, 0.9, 0}, 2},     /* weights 1, e^-2 (twice), e^-4: 1 < 0.9 * 1.289 */
+        {{1, 4, 0.6, 0.4}, 3},     /* the strictest filter wins */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        RowStats st;
+        row_stats(row, 6, &cases[c].s, 0.0, csum, &st);
+        ck_assert_msg(st.cut == cases[c].cut, "case %zu: cut %g, want %g", c, st.cut, cases[c].cut);
+        ck_assert_int_eq(st.draw, 0); /* u = 0: the first kept token (index order) */
+        double T = cases[c].s.temperature, z = 0;
+        for (int i = 0; i < 6; i++)
+            if (row[i] >= cases[c].cut) z += exp(row[i] / T);
+        for (int i = 0; i < 6; i++) {
+            double want = row[i] >= cases[c].cut ? row[i] / T - log(z) : -INFINITY;
+            double got = row_stats_logp(&st, row[i]);
+            ck_assert_msg(got == want || fabs(got - want) < 1e-12, "case %zu token %d: log p %.17g, "
+                          "want %.17g", c, i, got, want);
+        }
+    }
+    /* top_k = 1 and T = 0 are the argmax path: no lse, the draw is the argmax */
+    Sampling k1 = {0.8, 1, 0, 0};
+    RowStats st;
+    row_stats(row, 6, &k1, 0.7, csum, &st);
+    ck_assert(isnan(st.lse) && st.draw == 0);
+    char buf[SAMPLING_STR];
+    Sampling all = {0.7, 40, 0.9, 0.05};
+    ck_assert_str_eq(sampling_str(&all, buf, sizeof buf), "T=0.7 top_k=40 top_p=0.9 min_p=0.05");
+    ck_assert_str_eq(sampling_str(&SAMPLING_PLAIN, buf, sizeof buf), "T=1");
+    ck_assert_str_eq(sampling_str(&k1, buf, sizeof buf), "greedy");
+}
+END_TEST
+
+/* Random rows (ties, near point masses) under many laws: the fused reduction keeps exactly
+ * the reference's tokens, its log p match, and its draws over a fine grid of uniforms land
+ * on each token as often as the reference probability says (inverse CDF). */
+START_TEST(test_sampling_vs_reference) {
+    const int n = 700, grid = 2000;
+    const Sampling laws[] = {{0.7, 40, 0.9, 0}, {1.0, 0, 0.95, 0}, {1.5, 300, 0, 0},
+                             {0.3, 0, 0, 0.05}, {2.0, 25, 0.5, 0.2}, {1.0, 699, 0.999, 0}};
+    Rng r;
+    rng_seed(&r, 91);
+    float *row = malloc(sizeof(float) * n);
+    double *ref = malloc(sizeof(double) * n), *freq = malloc(sizeof(double) * n);
+    double csum[4];
+    for (int rep = 0; rep < 8; rep++) {
+        fill_row(row, n, rep % 3, &r);
+        if (rep % 4 == 3) /* coarse values: many ties at every cut */
+            for (int i = 0; i < n; i++) row[i] = floorf(row[i] * 2) / 2;
+        for (size_t l = 0; l < sizeof laws / sizeof laws[0]; l++) {
+            tu_sampling_probs(row, n, &laws[l], ref);
+            RowStats st;
+            row_stats(row, n, &laws[l], -1, csum, &st);
+            for (int i = 0; i < n; i++) {
+                double lp = row_stats_logp(&st, row[i]);
+                ck_assert_msg((ref[i] > 0) == (row[i] >= st.cut), "rep %d law %zu token %d: "
+                              "kept %d, reference p %g", rep, l, i, row[i] >= st.cut, ref[i]);
+                ck_assert_msg(ref[i] == 0 ? lp == -INFINITY : fabs(lp - log(ref[i])) < 1e-9,
+                              "rep %d law %zu token %d: log p %.12g vs %.12g", rep, l, i, lp,
+                              log(ref[i]));
+                freq[i] = 0;
+            }
+            for (int g = 0; g < grid; g++) {
+                row_stats(row, n, &laws[l], (g + 0.5) / grid, csum, &st);
+                freq[st.draw] += 1.0 / grid;
+            }
+            for (int i = 0; i < n; i++)
+                ck_assert_msg(fabs(freq[i] - ref[i]) <= 1.0 / grid + 1e-9, "rep %d law %zu token "
+                              "%d: drawn %g of the grid, p %g", rep, l, i, freq[i], ref[i]);
+        }
+    }
+    free(freq);
+    free(ref);
+    free(row);
 }
 END_TEST
 
@@ -92,10 +191,12 @@ START_TEST(test_rows_threaded) {
         u[i] = rng_uniform(&r);
     }
     double *ref_scratch = malloc(sizeof(double) * row_chunks(n));
-    for (int temp = 0; temp < 2; temp++) {
+    for (int l = 0; l < N_LAWS; l++) {
+        const Sampling *smp = &LAWS[l];
+        int temp = sampling_temp(smp);
         RowStats want[R];
         for (int i = 0; i < R; i++)
-            row_stats(rows[i], n, temp, temp ? u[i] : -1, ref_scratch, &want[i]);
+            row_stats(rows[i], n, smp, temp ? u[i] : -1, ref_scratch, &want[i]);
         for (int nth = 1; nth <= 3; nth++) {
             ThreadPool *tp;
             RsErr e = {0};
@@ -103,18 +204,18 @@ START_TEST(test_rows_threaded) {
             double *scratch = malloc(sizeof(double) * cpu_rows_scratch(n, nth));
             for (int k = 1; k <= R; k++) { /* 1 row (split) up to all of them */
                 RowStats got[R];
-                cpu_rows_stats(tp, rows, k, n, temp, temp ? u : NULL, scratch, got);
+                cpu_rows_stats(tp, rows, k, n, smp, temp ? u : NULL, scratch, got);
                 for (int i = 0; i < k; i++)
                     ck_assert_msg(stats_equal(&got[i], &want[i]),
-                                  "T=%d, %d threads, %d rows: row %d differs (draw %d vs %d, "
-                                  "lse %.17g vs %.17g)", temp, nth, k, i, got[i].draw,
+                                  "law %d, %d threads, %d rows: row %d differs (draw %d vs %d, "
+                                  "lse %.17g vs %.17g)", l, nth, k, i, got[i].draw,
                                   want[i].draw, got[i].lse, want[i].lse);
             }
             for (int i = 0; i < R; i++) { /* each row alone: split across the threads */
                 RowStats got;
-                cpu_rows_stats(tp, rows + i, 1, n, temp, temp ? u + i : NULL, scratch, &got);
-                ck_assert_msg(stats_equal(&got, &want[i]), "T=%d, %d threads, row %d alone "
-                              "differs (argmax %d vs %d)", temp, nth, i, got.argmax,
+                cpu_rows_stats(tp, rows + i, 1, n, smp, temp ? u + i : NULL, scratch, &got);
+                ck_assert_msg(stats_equal(&got, &want[i]), "law %d, %d threads, row %d alone "
+                              "differs (argmax %d vs %d)", l, nth, i, got.argmax,
                               want[i].argmax);
             }
             free(scratch);
@@ -143,12 +244,12 @@ START_TEST(test_rows_backend_queries) {
     int rows[5] = {2, 0, 3, 1, 2};
     double u[5] = {0.1, 0.5, 0.999, 0.0, 0.73};
     double csum[8];
-    for (int temp = 0; temp < 2; temp++) {
+    for (int l = 0; l < N_LAWS; l++) {
         RowStats got[5], want;
-        ck_assert_msg(backend_rows_stats(b, rows, 5, temp, u, got, &e) == 0, "%s", e.msg);
+        ck_assert_msg(backend_rows_stats(b, rows, 5, &LAWS[l], u, got, &e) == 0, "%s", e.msg);
         for (int i = 0; i < 5; i++) {
-            row_stats(full + (size_t)rows[i] * V, V, temp, u[i], csum, &want);
-            ck_assert_msg(stats_equal(&got[i], &want), "T=%d query %d", temp, i);
+            row_stats(full + (size_t)rows[i] * V, V, &LAWS[l], u[i], csum, &want);
+            ck_assert_msg(stats_equal(&got[i], &want), "law %d query %d", l, i);
         }
     }
     int ids[5] = {0, 299, 17, 5, 17};
@@ -158,11 +259,16 @@ START_TEST(test_rows_backend_queries) {
     RowStats st;
     int bad_row = 4, bad_id = V;
     double bad_u = 1.0;
-    ck_assert_int_eq(backend_rows_stats(b, &bad_row, 1, 0, NULL, &st, &e), RS_EINVAL);
+    ck_assert_int_eq(backend_rows_stats(b, &bad_row, 1, &SAMPLING_GREEDY, NULL, &st, &e),
+                     RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "rows[0] = 4 outside the 4 rows the last forward kept"), "%s", e.msg);
-    ck_assert_int_eq(backend_rows_stats(b, rows, 1, 2, NULL, &st, &e), RS_EINVAL);
-    ck_assert_msg(strstr(e.msg, "temperature 2"), "%s", e.msg);
-    ck_assert_int_eq(backend_rows_stats(b, rows, 1, 1, &bad_u, &st, &e), RS_EINVAL);
+    Sampling bad = {-0.5, 0, 0, 0};
+    ck_assert_int_eq(backend_rows_stats(b, rows, 1, &bad, NULL, &st, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "temperature -0.5"), "%s", e.msg);
+    bad = (Sampling){1, 0, 1.5, 0};
+    ck_assert_int_eq(backend_rows_stats(b, rows, 1, &bad, NULL, &st, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "top_p 1.5"), "%s", e.msg);
+    ck_assert_int_eq(backend_rows_stats(b, rows, 1, &SAMPLING_PLAIN, &bad_u, &st, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "u[0] = 1 outside [0, 1)"), "%s", e.msg);
     ck_assert_int_eq(backend_rows_gather(b, rows, &bad_id, 1, g, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "ids[0] = 300 outside vocabulary"), "%s", e.msg);
@@ -207,9 +313,9 @@ START_TEST(test_rows_decode_no_full_rows) {
     const Rule rules[] = {RULE_AR, RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
     int prompt[5] = {3, 14, 15, 92, 65}, buf[64];
     for (int k = 0; k < 5; k++)
-        for (int temp = 0; temp < 2; temp++)
+        for (int l = 0; l < 3; l++)
             for (int sa = 0; sa <= rule_needs_root(rules[k]); sa++) {
-                DecodeOpts o = {.rule = rules[k], .budget = 8, .temp = temp, .seed = 7,
+                DecodeOpts o = {.rule = rules[k], .budget = 8, .sampling = LAWS[l], .seed = 7,
                                 .max_new = 24, .score_all = sa};
                 DecodeResult r = {.tokens = buf, .cap = 64};
                 g_full_rows = 0;
@@ -217,10 +323,10 @@ START_TEST(test_rows_decode_no_full_rows) {
                 ck_assert_msg(decode_run(t, rules[k] == RULE_AR ? NULL : d, prompt, 5, &o, NULL,
                                          &r, &e) == 0, "%s", e.msg);
                 ck_assert_int_ge(r.n_tokens, 1);
-                ck_assert_msg(g_full_rows == 0, "%s T=%d%s: %ld whole rows copied to the host",
-                              rule_name(rules[k]), temp, sa ? " score-all" : "", g_full_rows);
+                ck_assert_msg(g_full_rows == 0, "%s law %d%s: %ld whole rows copied to the host",
+                              rule_name(rules[k]), l, sa ? " score-all" : "", g_full_rows);
                 ck_assert_msg(backend_stats(target_backend(t)).d2h_full_rows == d0,
-                              "%s T=%d: d2h_full_rows moved", rule_name(rules[k]), temp);
+                              "%s law %d: d2h_full_rows moved", rule_name(rules[k]), l);
             }
     drafter_destroy(&d);
     target_destroy(&t);
@@ -234,6 +340,8 @@ Suite *suite_rowstats(void) {
     TCase *tc = tcase_create("rows");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_rows_reference);
+    tcase_add_test(tc, test_sampling_by_hand);
+    tcase_add_test(tc, test_sampling_vs_reference);
     tcase_add_test(tc, test_rows_threaded);
     tcase_add_test(tc, test_rows_backend_queries);
     tcase_add_test(tc, test_rows_decode_no_full_rows);

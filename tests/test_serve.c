@@ -150,17 +150,19 @@ START_TEST(test_request_fields) {
     ck_assert_str_eq(r.stop[0], "\n");
     ck_assert_int_eq(r.rule, RULE_ROOTDRAW);
     ck_assert_int_eq(r.budget, 16);
-    DecodeOpts d = {.temp = 0, .seed = 1};
+    DecodeOpts d = {.seed = 1, .sampling = {.top_p = 0.5}};
     ck_assert_int_eq(serve_sampling_map(&r, &d, &se), 0);
-    ck_assert(d.temp == 1 && d.seed == 42);
-    r.temperature = 0.7;
-    ck_assert_int_eq(serve_sampling_map(&r, &d, &se), 400);
-    ck_assert(strstr(se.msg, "not supported by this build") && !strcmp(se.param, "temperature"));
-    r.temperature = 0;
+    ck_assert(d.sampling.temperature == 1 && d.sampling.top_p == 0.5 && d.seed == 42);
     r.has_top_k = 1;
-    r.top_k = -1; /* off: accepted */
+    r.top_k = -1; /* off, as vLLM spells it */
+    r.has_min_p = 1;
+    r.min_p = 0.05;
     ck_assert_int_eq(serve_sampling_map(&r, &d, &se), 0);
-    ck_assert_int_eq(d.temp, 0);
+    ck_assert(d.sampling.top_k == 0 && d.sampling.min_p == 0.05);
+    r.has_top_p = 1;
+    r.top_p = 1.5; /* out of range: sampling_check's refusal names it */
+    ck_assert_int_eq(serve_sampling_map(&r, &d, &se), 400);
+    ck_assert_msg(strstr(se.msg, "top_p"), "%s", se.msg);
     serve_request_free(&r);
     ck_assert_int_eq(parse("{\"prompt\": [3, 4]}", SERVE_COMPLETION, &r, &se), 0);
     ck_assert(r.n_ids == 2 && r.ids[1] == 4 && r.rule == -1 && !r.max_tokens);

@@ -6,6 +6,7 @@
 #include "common/logits.h"
 #include "draft_proc/drafter_impl.h"
 #include "draft_proc/model_drafter.h"
+#include "draft_proc/suffix_drafter.h"
 /* The instrumented backend below (counting_ops) is a backend of its own: it fills an ops
  * table, so like any backend it includes the implementation header. */
 #include "kernels/backend_impl.h"
@@ -23,7 +24,7 @@ typedef struct {
 } Pair;
 
 /* kind 0: independent random drafter; 1: layer-0 view of a 2-layer target;
- * 2: the target itself as drafter (deep acceptance). threaded: the engine's worker-thread
+ * 2: the target itself as drafter (deep acceptance); 3: the suffix drafter. threaded: the engine's worker-thread
  * client (identity tests) or the synchronous one (the 100,000 tiny exactness decodes). */
 static void pair_open_kv(Pair *p, int kind, int vocab, int dim, uint64_t seed, int threaded,
                          int kv) {
@@ -38,9 +39,12 @@ static void pair_open_kv(Pair *p, int kind, int vocab, int dim, uint64_t seed, i
     int eog = -1;
     ck_assert_msg(target_create(p->tm, &cpu_backend_ops, kv, 1, 0, &eog, 0, &p->t, &e) == 0,
                   "%s", e.msg);
-    ck_assert_msg(drafter_model_create(kind == 2 ? p->tm : p->dm, &cpu_backend_ops, kv, 1, 0,
-                                       &p->d, &e) == 0,
-                  "%s", e.msg);
+    if (kind == 3)
+        ck_assert_msg(drafter_suffix_create(vocab, NULL, 0, NULL, &p->d, &e) == 0, "%s", e.msg);
+    else
+        ck_assert_msg(drafter_model_create(kind == 2 ? p->tm : p->dm, &cpu_backend_ops, kv, 1,
+                                           0, &p->d, &e) == 0,
+                      "%s", e.msg);
     p->dc = p->d;
     if (threaded) ck_assert_int_eq(drafter_threaded_create(p->d, &p->dc, &e), 0);
 }
@@ -61,10 +65,16 @@ static void pair_close(Pair *p) {
     model_destroy(&p->tm);
 }
 
-static int run(Pair *p, Rule rule, int B, int temp, uint64_t seed, uint64_t pid, const int *prompt,
-               int n, int max_new, int *out, const DecodeHooks *h, int wrong) {
-    DecodeOpts o = {.rule = rule, .budget = B, .temp = temp, .seed = seed, .prompt_id = pid,
-                    .max_new = max_new, .test_wrong_x1 = wrong};
+/* --budget auto in the tests below: run_law() gives decodes this planner (NULL: fixed B). */
+static Planner *g_planner;
+
+/* One decode under the law smp. */
+static int run_law(Pair *p, Rule rule, int B, const Sampling *smp, uint64_t seed, uint64_t pid,
+                   const int *prompt, int n, int max_new, int *out, const DecodeHooks *h,
+                   int wrong) {
+    DecodeOpts o = {.rule = rule, .budget = B, .sampling = *smp, .seed = seed, .prompt_id = pid,
+                    .max_new = max_new, .test_wrong_x1 = wrong,
+                    .planner = rule == RULE_AR ? NULL : g_planner};
     DecodeResult r = {0};
     int buf[512];
     r.tokens = buf;
@@ -75,6 +85,13 @@ static int run(Pair *p, Rule rule, int B, int temp, uint64_t seed, uint64_t pid,
     int m = r.n_tokens < max_new ? r.n_tokens : max_new;
     memcpy(out, buf, sizeof(int) * (size_t)m);
     return m;
+}
+
+/* One decode at the 0/1 temperature. */
+static int run(Pair *p, Rule rule, int B, int temp, uint64_t seed, uint64_t pid, const int *prompt,
+               int n, int max_new, int *out, const DecodeHooks *h, int wrong) {
+    Sampling smp = sampling_from_temp(temp);
+    return run_law(p, rule, B, &smp, seed, pid, prompt, n, max_new, out, h, wrong);
 }
 
 START_TEST(test_greedy_identity) {
@@ -108,16 +125,18 @@ START_TEST(test_greedy_identity) {
 }
 END_TEST
 
-/* Exact law of the first three tokens after `prompt` under target sampling (T=1), by
- * enumeration with one-token passes on a fresh backend. law: (V^3). */
-static void exact_law(const Model *m, const int *prompt, int n, double *law) {
+/* Exact law of the first three tokens after `prompt` under target sampling with the law
+ * smp (the plain reference tu_sampling_probs of each full row), by enumeration with
+ * one-token passes on a fresh backend. law: (V^3). */
+static void exact_law(const Model *m, const int *prompt, int n, const Sampling *smp, double *law) {
     int V = m->cfg.vocab_size;
     RsErr e = {0};
     Backend *b;
     BackendParams bp = {.kv_capacity = 64, .max_batch = 16, .max_pending = 16, .threads = 1};
     ck_assert(backend_create(&cpu_backend_ops, m, &bp, &b, &e) == 0);
-    float *row = malloc(sizeof(float) * V), *p1 = malloc(sizeof(float) * V),
-          *p2 = malloc(sizeof(float) * V), *p3 = malloc(sizeof(float) * V);
+    float *row = malloc(sizeof(float) * V);
+    double *p1 = malloc(sizeof(double) * V), *p2 = malloc(sizeof(double) * V),
+           *p3 = malloc(sizeof(double) * V);
     int pos[16], keep[16], toks[16];
     for (int i = 0; i < n; i++) {
         pos[i] = i;
@@ -127,19 +146,18 @@ static void exact_law(const Model *m, const int *prompt, int n, double *law) {
     int last = n - 1;
     ck_assert(backend_forward(b, toks, pos, n, NULL, &last, 1, row, &e) == 0);
     ck_assert(backend_kv_commit(b, keep, n, &e) == 0);
-    row_softmax(row, V, p1);
+    tu_sampling_probs(row, V, smp, p1);
     for (int a = 0; a < V; a++) {
         int pa = n, z = 0;
         ck_assert(backend_forward(b, &a, &pa, 1, NULL, &z, 1, row, &e) == 0);
         ck_assert(backend_kv_commit(b, &z, 1, &e) == 0);
-        row_softmax(row, V, p2);
+        tu_sampling_probs(row, V, smp, p2);
         for (int c = 0; c < V; c++) {
             int pc = n + 1;
             ck_assert(backend_forward(b, &c, &pc, 1, NULL, &z, 1, row, &e) == 0);
             ck_assert(backend_kv_commit(b, NULL, 0, &e) == 0);
-            row_softmax(row, V, p3);
-            for (int d = 0; d < V; d++)
-                law[(a * V + c) * V + d] = (double)p1[a] * p2[c] * p3[d];
+            tu_sampling_probs(row, V, smp, p3);
+            for (int d = 0; d < V; d++) law[(a * V + c) * V + d] = p1[a] * p2[c] * p3[d];
         }
         /* drop the committed `a`: rebuild the prompt */
         backend_kv_reset(b);
@@ -183,27 +201,46 @@ static double chi2_pvalue(const long *count, const double *law, int cells, long 
 }
 
 #define EXACT_N 20000
-static void exactness_case(Rule rule, int B, int wrong, double *pval) {
+/* Decodes of 3 tokens under smp with drafter `kind` (pair_open_kv; the suffix drafter gets
+ * a prompt that repeats, so its pools are not empty; with g_planner set, B is the
+ * planner's cap) vs the exact law of smp: *pval; with plain_pval, also the p-value of the
+ * same counts against plain T=1 sampling (the test can tell the laws apart). */
+static void exactness_law(int kind, Rule rule, int B, const Sampling *smp, long N, int wrong,
+                          double *pval, double *plain_pval) {
     Pair p;
     const int V = 10;
-    pair_open_t(&p, 1, V, 16, 4242, 0);
-    int prompt[3] = {1, 5, 7};
+    pair_open_t(&p, kind, V, 16, 4242, 0);
+    int rep[] = {1, 5, 7, 2, 1, 5, 7, 2, 1, 5, 7}, n_prompt = kind == 3 ? 11 : 3;
+    const int *prompt = kind == 3 ? rep : (const int[]){1, 5, 7};
     double *law = malloc(sizeof(double) * V * V * V);
-    exact_law(p.tm, prompt, 3, law);
+    exact_law(p.tm, prompt, n_prompt, smp, law);
     long *count = calloc(V * V * V, sizeof(long));
-    for (long s = 0; s < EXACT_N; s++) {
+    for (long s = 0; s < N; s++) {
         int out[3];
-        int n = run(&p, rule, B, 1, 1000 + (uint64_t)s, 0, prompt, 3, 3, out, NULL, wrong);
+        int n = run_law(&p, rule, B, smp, 1000 + (uint64_t)s, 0, prompt, n_prompt, 3, out, NULL,
+                        wrong);
         ck_assert_int_eq(n, 3);
         count[(out[0] * V + out[1]) * V + out[2]]++;
     }
     int df;
-    *pval = chi2_pvalue(count, law, V * V * V, EXACT_N, &df);
-    fprintf(stderr, "exactness %s B=%d%s: %d decodes, chi-square df=%d, p=%.4g\n", rule_name(rule),
-            B, wrong ? " (WRONG verifier)" : "", EXACT_N, df, *pval);
+    char what[SAMPLING_STR];
+    *pval = chi2_pvalue(count, law, V * V * V, N, &df);
+    fprintf(stderr, "exactness %s %s B=%d %s%s: %ld decodes, chi-square df=%d, p=%.4g\n",
+            kind == 3 ? "suffix" : "model", rule_name(rule), B,
+            sampling_str(smp, what, sizeof what),
+            wrong ? " (WRONG verifier)" : g_planner ? " auto" : "", N, df, *pval);
+    if (plain_pval) {
+        exact_law(p.tm, prompt, n_prompt, &SAMPLING_PLAIN, law);
+        *plain_pval = chi2_pvalue(count, law, V * V * V, N, &df);
+        fprintf(stderr, "  the same counts against plain T=1 sampling: p=%.4g\n", *plain_pval);
+    }
     free(count);
     free(law);
     pair_close(&p);
+}
+
+static void exactness_case(Rule rule, int B, int wrong, double *pval) {
+    exactness_law(1, rule, B, &SAMPLING_PLAIN, EXACT_N, wrong, pval, NULL);
 }
 
 static const Rule ALL_RULES[] = {RULE_AR, RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
@@ -213,6 +250,26 @@ START_TEST(test_t1_exactness) {
     exactness_case(ALL_RULES[_i], _i % 2 ? 8 : 4, 0, &pv);
     ck_assert_msg(pv > 1e-3, "%s: T=1 law differs from the target's (p=%g)",
                   rule_name(ALL_RULES[_i]), pv);
+}
+END_TEST
+
+/* Filtered laws, scaled to the 10-token vocabulary: T=0.7 with top-k 6 and top-p 0.9, and
+ * T=1.3 with min-p 0.1; each decoder's first three tokens follow the transformed law, and
+ * the counts tell it from plain sampling's. */
+#define SAMPLED_N 4000
+static const Sampling SAMPLED_LAWS[2] = {{0.7, 6, 0.9, 0}, {1.3, 0, 0, 0.1}};
+
+START_TEST(test_sampling_exactness) {
+    const Sampling *smp = &SAMPLED_LAWS[_i / 5];
+    Rule rule = ALL_RULES[_i % 5];
+    double pv, plain;
+    exactness_law(1, rule, _i % 2 ? 8 : 4, smp, SAMPLED_N, 0, &pv, &plain);
+    char what[SAMPLING_STR];
+    sampling_str(smp, what, sizeof what);
+    ck_assert_msg(pv > 1e-3, "%s %s: law differs from the target's transformed one (p=%g)",
+                  rule_name(rule), what, pv);
+    ck_assert_msg(plain < 1e-3, "%s %s: counts fit plain T=1 sampling too (p=%g): the law's "
+                  "filters do not bite here", rule_name(rule), what, plain);
 }
 END_TEST
 
@@ -602,7 +659,7 @@ static int decode_logged(Pair *p, Target *t, Rule rule, int B, int temp, uint64_
     lg->max_new = max_new;
     lg->rule = rule;
     lg->B = B;
-    DecodeOpts o = {.rule = rule, .budget = B, .temp = temp, .seed = seed, .prompt_id = 3,
+    DecodeOpts o = {.rule = rule, .budget = B, .sampling = sampling_from_temp(temp), .seed = seed, .prompt_id = 3,
                     .max_new = max_new};
     DecodeHooks h = {.on_round = round_check, .user = lg};
     memset(r, 0, sizeof *r);
@@ -829,7 +886,7 @@ START_TEST(test_realised_vs_tau_root) {
         int prompt[4] = {1, 2, 3, 4};
         DecodeHooks h = {.on_round = on_round_acc, .user = &st};
         for (int s = 0; s < 300; s++) {
-            DecodeOpts o = {.rule = RULE_ROOT, .budget = B, .temp = 1, .seed = 900 + s,
+            DecodeOpts o = {.rule = RULE_ROOT, .budget = B, .sampling = SAMPLING_PLAIN, .seed = 900 + s,
                             .prompt_id = s, .max_new = 24};
             DecodeResult r = {0};
             int bb[128];
@@ -874,7 +931,7 @@ static int tap_end(void *c, Pool *out, RsErr *e) {
     return rc;
 }
 static void tap_destroy(void *c) { (void)c; /* the test owns the tap and its inner */ }
-static const DrafterOps tap_ops = {tap_reset, tap_begin, tap_end, tap_destroy, NULL};
+static const DrafterOps tap_ops = {tap_reset, tap_begin, tap_end, tap_destroy, NULL, NULL};
 typedef struct {
     PoolTap *tap;
     const int *ar;  /* greedy reference tokens */
@@ -945,7 +1002,7 @@ START_TEST(test_score_all_oracle) {
                     OracleLog g = {.tap = &tap, .ar = temp == 0 ? ar : NULL, .n_ar = n_ar,
                                    .B = B, .rule = rule};
                     DecodeHooks h = {.on_round = oracle_round, .user = &g};
-                    DecodeOpts o = {.rule = rule, .budget = B, .temp = temp, .seed = 50 + s,
+                    DecodeOpts o = {.rule = rule, .budget = B, .sampling = sampling_from_temp(temp), .seed = 50 + s,
                                     .prompt_id = s, .max_new = 96, .score_all = 1};
                     DecodeResult r = {0};
                     int buf[256];
@@ -1026,7 +1083,7 @@ START_TEST(test_measurement_off_clock) {
     for (int k = 0; k < 3; k++) {
         MeasureLog m = {0};
         DecodeHooks h = {.on_round = measure_round, .user = &m};
-        DecodeOpts o = {.rule = rules[k], .budget = 59, .temp = 1, .seed = 3, .max_new = 48};
+        DecodeOpts o = {.rule = rules[k], .budget = 59, .sampling = SAMPLING_PLAIN, .seed = 3, .max_new = 48};
         DecodeResult r = {0};
         int buf[256];
         r.tokens = buf;
@@ -1126,6 +1183,105 @@ START_TEST(test_root_margin) {
 }
 END_TEST
 
+/* ---- cheap drafters and the cost-aware budget -------------------------------------- */
+
+typedef struct {
+    int trees, ar_steps; /* rounds that verified a tree / that the planner made AR steps */
+} PlanCount;
+
+static void count_plan(void *u, const RoundInfo *r) {
+    PlanCount *c = u;
+    c->trees += r->plan_k > 0;
+    c->ar_steps += r->plan_depth == 0 && !r->fallback_ar;
+}
+
+/* T=0: every decoder with the suffix drafter (fixed B and auto) and with the layer-view
+ * drafter under auto gives AR's tokens; the planner is seen both verifying trees and taking
+ * AR steps. `wrong` (X1 from the drafter's first level) must break it. Returns mismatches. */
+static int cheap_identity(int kind, Planner *pl, int wrong, PlanCount *pc) {
+    const Rule rules[] = {RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
+    Pair p;
+    pair_open(&p, kind, 64, 32, 555 + kind);
+    Rng r;
+    rng_seed(&r, 31);
+    DecodeHooks h = {.on_round = count_plan, .user = pc};
+    int bad = 0;
+    for (int pr = 0; pr < 6; pr++) {
+        int prompt[16], n = 4 + pr % 8, ref[64], got[64];
+        for (int i = 0; i < n; i++) prompt[i] = (int)(rng_next(&r) % 64);
+        g_planner = NULL;
+        int nref = run(&p, RULE_AR, 8, 0, 1, pr, prompt, n, 48, ref, NULL, 0);
+        g_planner = pl;
+        for (int ri = 0; ri < 4; ri++) {
+            int ng = run(&p, rules[ri], pl ? TREE_MAX : 8, 0, 1, pr, prompt, n, 48, got, &h, wrong);
+            ck_assert_int_eq(ng, nref);
+            for (int i = 0; i < nref; i++) bad += got[i] != ref[i];
+            if (!wrong)
+                for (int i = 0; i < nref; i++)
+                    ck_assert_msg(got[i] == ref[i], "kind %d %s%s prompt %d: token %d is %d, AR %d",
+                                  kind, rule_name(rules[ri]), pl ? " auto" : "", pr, i, got[i],
+                                  ref[i]);
+        }
+    }
+    g_planner = NULL;
+    pair_close(&p);
+    return bad;
+}
+
+START_TEST(test_greedy_identity_cheap) {
+    PlanCount pc = {0};
+    cheap_identity(3, NULL, 0, &pc); /* suffix, fixed B */
+    Planner *pl = planner_create();  /* measured costs, shared by every decode */
+    cheap_identity(3, pl, 0, &pc);
+    cheap_identity(1, pl, 0, &pc);   /* a model drafter under the same planner */
+    planner_destroy(&pl);
+    pl = planner_create();           /* rows at a tenth of a pass: trees pay */
+    planner_fix_costs(pl, 1e6, 1e5, 0);
+    cheap_identity(3, pl, 0, &pc);
+    PlanCount fixed = pc;
+    planner_destroy(&pl);
+    fprintf(stderr, "cheap identity: %d rounds verified a planned tree, %d were planned AR "
+                    "steps\n", pc.trees, pc.ar_steps);
+    ck_assert_int_gt(fixed.trees, 20);
+    ck_assert_int_gt(pc.ar_steps, 20);
+    /* the test can fail: X1 from the drafter's first level breaks it */
+    pl = planner_create();
+    planner_fix_costs(pl, 1e6, 1e5, 0);
+    PlanCount w = {0};
+    ck_assert_int_gt(cheap_identity(3, pl, 1, &w), 0);
+    planner_destroy(&pl);
+}
+END_TEST
+
+/* T=1: the suffix drafter (fixed B and auto), and a model drafter under auto, follow the
+ * target's law; and the same chi-square catches a wrong verifier with the suffix drafter. */
+START_TEST(test_t1_exactness_cheap) {
+    double pv;
+    Rule rule = ALL_RULES[1 + _i % 4];
+    int mode = _i / 4; /* 0: suffix B=4, 1: suffix auto (rows cheap), 2: model auto measured */
+    Planner *pl = mode ? planner_create() : NULL;
+    if (mode == 1) planner_fix_costs(pl, 1e6, 1e5, 0);
+    g_planner = pl;
+    exactness_law(mode == 2 ? 1 : 3, rule, mode ? TREE_MAX : 4, &SAMPLING_PLAIN, 6000, 0, &pv, NULL);
+    g_planner = NULL;
+    planner_destroy(&pl);
+    ck_assert_msg(pv > 1e-3, "%s mode %d: T=1 law differs from the target's (p=%g)",
+                  rule_name(rule), mode, pv);
+}
+END_TEST
+
+START_TEST(test_t1_wrong_verifier_fails_cheap) {
+    double pv;
+    Planner *pl = planner_create();
+    planner_fix_costs(pl, 1e6, 1e5, 0);
+    g_planner = pl;
+    exactness_law(3, RULE_ROOTDRAW, TREE_MAX, &SAMPLING_PLAIN, 10000, 1, &pv, NULL);
+    g_planner = NULL;
+    planner_destroy(&pl);
+    ck_assert_msg(pv < 1e-3, "a verifier drawing X1 from the suffix pool passed (p=%g)", pv);
+}
+END_TEST
+
 Suite *suite_spec(void) {
     Suite *s = suite_create("spec");
     TCase *tc = tcase_create("core");
@@ -1156,7 +1312,14 @@ Suite *suite_spec(void) {
     TCase *tx = tcase_create("exactness");
     tcase_set_timeout(tx, 900);
     tcase_add_loop_test(tx, test_t1_exactness, 0, 5);
+    tcase_add_loop_test(tx, test_sampling_exactness, 0, 10);
     tcase_add_test(tx, test_t1_wrong_verifier_fails);
     suite_add_tcase(s, tx);
+    TCase *tcheap = tcase_create("cheap"); /* suffix drafter, --budget auto */
+    tcase_set_timeout(tcheap, 900);
+    tcase_add_test(tcheap, test_greedy_identity_cheap);
+    tcase_add_loop_test(tcheap, test_t1_exactness_cheap, 0, 12);
+    tcase_add_test(tcheap, test_t1_wrong_verifier_fails_cheap);
+    suite_add_tcase(s, tcheap);
     return s;
 }

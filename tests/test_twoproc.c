@@ -5,7 +5,7 @@
  * with a layer-0 self-drafter (its greedy output is varied; tiny llama's repeats one id), so each run takes well under a second. */
 #include "draft_proc/model_drafter.h"
 #include "target_proc/engine.h"
-#include "target_proc/remote.h"
+#include "draft_proc/remote_drafter.h"
 #include "proto/proto.h"
 #include "testutil.h"
 #include <fcntl.h>
@@ -53,6 +53,15 @@ static pid_t start_drafter_on(const char *ep, const char *model, const char *lay
 }
 
 static pid_t start_drafter(const char *ep) { return start_drafter_on(ep, TINY, "0"); }
+
+/* rootspec-draft serving the suffix kind (the model lends its vocabulary). */
+static pid_t start_suffix_drafter(const char *ep) {
+    char *argv[] = {"build/rootspec-draft", "--bind", (char *)ep, "--model", TINY,
+                    "--drafter", "suffix", NULL};
+    pid_t pid = spawn(argv, "draft-suffix");
+    for (int t = 0; t < 10000 && access(ep + strlen("ipc://"), F_OK); t += 10) usleep(10000);
+    return pid;
+}
 
 static void stop(pid_t pid) {
     kill(pid, SIGKILL);
@@ -942,7 +951,7 @@ static int engine_decode(const EngineOpts *eo, Rule rule, int *out, int cap, lon
     RsErr e = {0};
     ck_assert_msg(engine_create(eo, rule != RULE_AR, &en, &e) == 0, "%s", e.msg);
     const int prompt[] = {10, 20, 30, 40, 50, 60};
-    DecodeOpts o = {.rule = rule, .budget = 8, .temp = 0, .max_new = 40};
+    DecodeOpts o = {.rule = rule, .budget = 8, .sampling = SAMPLING_GREEDY, .max_new = 40};
     DecodeResult r = {.tokens = out, .cap = cap};
     ck_assert_msg(decode_run(en->target, en->drafter, prompt, 6, &o, NULL, &r, &e) == 0, "%s",
                   e.msg);
@@ -958,17 +967,22 @@ START_TEST(test_engine_each_drafter_kind) {
     char ep[300];
     endpoint(ep, sizeof ep, "e");
     pid_t dp = start_drafter_on(ep, TINY, "0");
+    char eps[300];
+    endpoint(eps, sizeof eps, "es");
+    pid_t sp = start_suffix_drafter(eps);
     EngineOpts base = {.model_path = TINY, .threads = 1, .ctx = 512, .draft_timeout_ms = 20000};
     int ref[128], got[128];
-    long acc[3], ar_acc;
+    long acc[5], ar_acc;
     int n_ref = engine_decode(&base, RULE_AR, ref, 128, &ar_acc);
     ck_assert_int_ge(n_ref, 40);
-    EngineOpts kinds[3] = {base, base, base};
-    const char *names[3] = {"drafter model", "self-drafter", "remote"};
+    EngineOpts kinds[5] = {base, base, base, base, base};
+    const char *names[5] = {"drafter model", "self-drafter", "remote", "suffix", "remote suffix"};
     kinds[0].draft_model_path = TINY; /* the target as its own drafter */
     kinds[1].draft_layers = "0";
     kinds[2].draft_endpoint = ep; /* serving layer 0 */
-    for (int k = 0; k < 3; k++) {
+    kinds[3].drafter_kind = DRAFTER_KIND_SUFFIX;
+    kinds[4].draft_endpoint = eps;
+    for (int k = 0; k < 5; k++) {
         int n = engine_decode(&kinds[k], RULE_ROOTDRAW, got, 128, &acc[k]);
         ck_assert_msg(n >= 40, "%s: %d tokens", names[k], n);
         for (int i = 0; i < 40; i++)
@@ -979,7 +993,10 @@ START_TEST(test_engine_each_drafter_kind) {
                   acc[1], acc[2]);
     ck_assert_msg(acc[0] > acc[1], "the target as drafter accepted %ld, layer 0 %ld", acc[0],
                   acc[1]);
+    ck_assert_msg(acc[3] == acc[4] && acc[3] > 0,
+                  "suffix drafter accepted %ld in process, %ld remote", acc[3], acc[4]);
     stop(dp);
+    stop(sp);
 }
 END_TEST
 

@@ -420,3 +420,44 @@ double tu_act_seen(const QkActs *a, int act, int t, int i, double *half_step) {
     if (half_step) *half_step = d / 2;
     return v;
 }
+
+/* ---- the sampling law, the plain way ---- */
+
+static const float *g_sort_row;
+static int by_logit_desc(const void *a, const void *b) {
+    int i = *(const int *)a, j = *(const int *)b;
+    float x = g_sort_row[i], y = g_sort_row[j];
+    return x > y ? -1 : x < y ? 1 : i - j;
+}
+
+void tu_sampling_probs(const float *row, int n, const Sampling *s, double *probs) {
+    int *ord = malloc(sizeof(int) * (size_t)n), keep = n;
+    for (int i = 0; i < n; i++) ord[i] = i, probs[i] = 0;
+    g_sort_row = row;
+    qsort(ord, (size_t)n, sizeof(int), by_logit_desc);
+    if (s->temperature == 0 || s->top_k == 1) {
+        probs[ord[0]] = 1;
+        free(ord);
+        return;
+    }
+    double T = s->temperature, zmax = row[ord[0]] / T, tot = 0, cum = 0;
+    if (s->top_k > 0 && s->top_k < n) /* the k-th value and every tie of it */
+        for (keep = s->top_k; keep < n && row[ord[keep]] == row[ord[s->top_k - 1]]; keep++) {}
+    for (int r = 0; r < keep; r++) tot += exp(row[ord[r]] / T - zmax);
+    if (s->top_p > 0 && s->top_p < 1) {
+        int r = 0;
+        while (r < keep && cum < s->top_p * tot) cum += exp(row[ord[r++]] / T - zmax);
+        while (r < keep && row[ord[r]] == row[ord[r - 1]]) r++; /* ties of the last kept */
+        keep = r;
+    }
+    if (s->min_p > 0)
+        for (int r = 0; r < keep; r++)
+            if (row[ord[r]] / T - zmax < log(s->min_p)) {
+                keep = r;
+                break;
+            }
+    tot = 0;
+    for (int r = 0; r < keep; r++) tot += exp(row[ord[r]] / T - zmax);
+    for (int r = 0; r < keep; r++) probs[ord[r]] = exp(row[ord[r]] / T - zmax) / tot;
+    free(ord);
+}

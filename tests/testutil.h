@@ -3,6 +3,7 @@
 #ifndef ROOTSPEC_TESTUTIL_H
 #define ROOTSPEC_TESTUTIL_H
 #include <check.h>
+#include "common/logits.h"
 #include "common/model.h"
 #include "draft_proc/drafter.h"
 #include <sys/types.h>
@@ -16,6 +17,13 @@ const char *tu_fixture(const char *rel);
  * Returns the number of mismatches; *max_abs gets the largest |a-b|. */
 int tu_compare(const char *label, const float *got, const float *ref, size_t n, float atol,
                float rtol, float *max_abs);
+
+/* The sampling law s (common/logits.h) over one row, computed the plain way as the
+ * reference for the fused reductions and the decoders: a full sort, z = l / T in double,
+ * top-k, then top-p over the survivors' softmax (summed in double, in sorted order), then
+ * min-p; probs (n) gets softmax(z) over the kept tokens, 0 elsewhere. Greedy: the point mass
+ * on the first argmax. */
+void tu_sampling_probs(const float *row, int n, const Sampling *s, double *probs);
 
 /* A random Llama-shaped model built in memory (no file), owned by the caller
  * (model_destroy). Weights ~ N(0, scale) from the given seed; norms = 1 + small noise. */

@@ -31,12 +31,18 @@ static void *dcopy(const void *h, size_t bytes) {
     return d;
 }
 
+/* Laws the device must reduce as the CPU does: greedy, plain, and each filter. */
+#define N_LAWS 5
+static const Sampling LAWS[N_LAWS] = {
+    {0.0, 0, 0, 0}, {1.0, 0, 0, 0}, {0.7, 40, 0.9, 0}, {1.3, 0, 0.5, 0.02}, {0.4, 0, 0, 0.1}};
+
 static void expect_stats(const RowStats *got, const RowStats *want, const char *what, int i) {
     ck_assert_msg(got->argmax == want->argmax && got->draw == want->draw &&
-                      got->max == want->max && got->second == want->second,
-                  "%s %d: argmax %d/%d draw %d/%d max %g/%g second %g/%g", what, i, got->argmax,
-                  want->argmax, got->draw, want->draw, got->max, want->max, got->second,
-                  want->second);
+                      got->max == want->max && got->second == want->second &&
+                      got->cut == want->cut,
+                  "%s %d: argmax %d/%d draw %d/%d max %g/%g second %g/%g cut %g/%g", what, i,
+                  got->argmax, want->argmax, got->draw, want->draw, got->max, want->max,
+                  got->second, want->second, got->cut, want->cut);
     if (isnan(want->lse)) {
         ck_assert_msg(isnan(got->lse), "%s %d: lse %g, want NAN", what, i, got->lse);
         return;
@@ -71,12 +77,16 @@ START_TEST(test_cuda_rows_kernels) {
         double *dc = dcopy(NULL, sizeof(double) * (size_t)n * row_chunks(V));
         RowStats *ds = dcopy(NULL, sizeof(RowStats) * n), got[12], want;
         double *cs = malloc(sizeof(double) * row_chunks(V));
-        for (int temp = 0; temp < 2; temp++) {
-            cuk_rows_stats(0, dl, V, dr, n, temp, temp ? du : NULL, dc, ds);
+        for (int l = 0; l < N_LAWS; l++) {
+            int temp = sampling_temp(&LAWS[l]);
+            char what[SAMPLING_STR + 8];
+            sampling_str(&LAWS[l], what, SAMPLING_STR);
+            strcat(what, " row");
+            cuk_rows_stats(0, dl, V, dr, n, &LAWS[l], temp ? du : NULL, dc, ds);
             CUDA_CHECK(cudaMemcpy(got, ds, sizeof(RowStats) * n, cudaMemcpyDeviceToHost));
             for (int i = 0; i < n; i++) {
-                row_stats(h + (size_t)rows[i] * V, V, temp, temp ? u[i] : -1, cs, &want);
-                expect_stats(&got[i], &want, temp ? "T=1 row" : "T=0 row", i);
+                row_stats(h + (size_t)rows[i] * V, V, &LAWS[l], temp ? u[i] : -1, cs, &want);
+                expect_stats(&got[i], &want, what, i);
             }
         }
         int ids[12];
@@ -110,11 +120,11 @@ START_TEST(test_cuda_rows_backend) {
     int rows[6] = {4, 0, 2, 1, 3, 0};
     double u[6] = {0.25, 0.5, 0.0, 0.99, 0.125, 0.75};
     double cs[8];
-    for (int temp = 0; temp < 2; temp++) {
+    for (int l = 0; l < N_LAWS; l++) {
         RowStats got[6], want;
-        ck_assert_msg(backend_rows_stats(gpu, rows, 6, temp, u, got, &e) == 0, "%s", e.msg);
+        ck_assert_msg(backend_rows_stats(gpu, rows, 6, &LAWS[l], u, got, &e) == 0, "%s", e.msg);
         for (int i = 0; i < 6; i++) {
-            row_stats(full + (size_t)rows[i] * V, V, temp, u[i], cs, &want);
+            row_stats(full + (size_t)rows[i] * V, V, &LAWS[l], u[i], cs, &want);
             expect_stats(&got[i], &want, "backend query", i);
         }
     }
@@ -147,9 +157,10 @@ START_TEST(test_cuda_rowstats_decode) {
     const Rule rules[] = {RULE_AR, RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
     int prompt[4] = {7, 70, 170, 270}, ar[16], buf[48];
     for (int k = 0; k < 5; k++)
-        for (int temp = 0; temp < 2; temp++)
-            for (int sa = 0; sa <= (temp && rule_needs_root(rules[k])); sa++) {
-                DecodeOpts o = {.rule = rules[k], .budget = 8, .temp = temp, .seed = 3,
+        for (int l = 0; l < 3; l++)
+            for (int sa = 0; sa <= (l > 0 && rule_needs_root(rules[k])); sa++) {
+                int temp = sampling_temp(&LAWS[l]);
+                DecodeOpts o = {.rule = rules[k], .budget = 8, .sampling = LAWS[l], .seed = 3,
                                 .max_new = 12, .score_all = sa};
                 DecodeResult r = {.tokens = buf, .cap = 48};
                 ck_assert_msg(decode_run(t, rules[k] == RULE_AR ? NULL : d, prompt, 4, &o, NULL,
@@ -161,8 +172,8 @@ START_TEST(test_cuda_rowstats_decode) {
                         ck_assert_msg(buf[i] == ar[i], "%s T=0: token %d is %d, AR %d",
                                       rule_name(rules[k]), i, buf[i], ar[i]);
                 ck_assert_msg(backend_stats(target_backend(t)).d2h_full_rows == 0,
-                              "%s T=%d%s: whole rows copied to the host", rule_name(rules[k]),
-                              temp, sa ? " score-all" : "");
+                              "%s law %d%s: whole rows copied to the host", rule_name(rules[k]),
+                              l, sa ? " score-all" : "");
             }
     drafter_destroy(&d);
     target_destroy(&t);

@@ -80,6 +80,16 @@ static inline unsigned atomicAdd(unsigned *p, unsigned v) {
     *p = old + v;
     return old;
 }
+static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v) {
+    unsigned long long old = *p;
+    *p = old + v;
+    return old;
+}
+static inline unsigned atomicMin(unsigned *p, unsigned v) {
+    unsigned old = *p;
+    if (v < old) *p = v;
+    return old;
+}
 static inline void __threadfence(void) {}
 
 /* Device-side integer min/max of the CUDA math library (host C++ has only std::min). */

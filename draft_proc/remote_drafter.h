@@ -1,7 +1,7 @@
 /* The remote kind of Drafter (draft_proc/drafter.h): a rootspec-draft process over ZeroMQ
  * (DESIGN.md §5, proto/PROTOCOL.md). */
-#ifndef ROOTSPEC_REMOTE_H
-#define ROOTSPEC_REMOTE_H
+#ifndef ROOTSPEC_REMOTE_DRAFTER_H
+#define ROOTSPEC_REMOTE_DRAFTER_H
 #include "common/model.h"
 #include "draft_proc/drafter.h"
 #include <stddef.h>

@@ -4,7 +4,7 @@
  * target's root pass overlaps the drafting; grow_end waits for the POOL whose seq matches,
  * discarding stale replies from an earlier timeout. After a failure the next reset
  * re-handshakes (the drafter may have restarted). */
-#include "remote.h"
+#include "remote_drafter.h"
 #include "draft_proc/drafter_impl.h"
 #include "proto/proto.h"
 #include "proto/secure.h"
@@ -24,6 +24,7 @@ typedef struct {
     uint64_t tok_hash;
     uint64_t session, seq, pending_seq;
     int healthy;
+    int depth;       /* drafter_set_depth's, sent with each COMMIT_GROW; 0: never set */
     char fingerprint[PROTO_FP_MAX + 1]; /* the drafter's, from its last HELLO_OK */
     ProtoMsg in;
     msgpack_sbuffer sb;
@@ -170,6 +171,7 @@ static int send_tokens(Remote *r, ProtoType type, const int *tokens, int n, cons
                    : type == PROTO_COMMIT_GROW && last ? PROTO_COMMIT_GROW : PROTO_APPEND;
         msg.u.tokens.ids = (const int32_t *)tokens + off;
         msg.u.tokens.n = m;
+        if (msg.type == PROTO_COMMIT_GROW) msg.u.tokens.depth = r->depth;
         const float *f = features ? (const float *)features + (size_t)off * width : NULL;
         int rc = attach_features(r, &msg, m, f, f ? (size_t)m * width * sizeof(float) : 0, e);
         if (rc) return rc;
@@ -214,6 +216,8 @@ static int remote_grow_end(void *ctx, Pool *out, RsErr *e) {
     return rc;
 }
 
+static void remote_set_depth(void *ctx, int depth) { ((Remote *)ctx)->depth = depth; }
+
 /* Says BYE when the session is healthy, so the drafter can take the next target at once. */
 static void remote_destroy(void *ctx) {
     Remote *r = ctx;
@@ -238,6 +242,7 @@ static const DrafterOps remote_ops = {
     .grow_end = remote_grow_end,
     .destroy = remote_destroy,
     .append = remote_append,
+    .set_depth = remote_set_depth,
 };
 
 int drafter_remote_create(const char *endpoint, const Model *target, uint64_t tok_hash,

@@ -1,0 +1,283 @@
+/* The cost-aware budget (planner.h): measured costs, calibrated acceptance, and the two
+ * choices of a round. Values are in tokens: a round's value is the tokens it is expected
+ * to emit minus its time priced at the reference rate r (tokens per ns), the larger of a
+ * plain AR step's rate and the decode's recent rate. */
+#include "planner.h"
+#include "target.h"
+#include <math.h>
+#include <string.h>
+
+#define ROWS_MAX (TARGET_PASS_MAX + 1)
+#define N_BUCKETS 16
+#define EWMA 0.15        /* weight of a new observation */
+#define RATE_EWMA 0.02   /* the same for the rate: the long run's, not the phase's (a run of
+                            copied text would otherwise price rows out of the very trees
+                            that made it fast) */
+#define PRIOR_Q 1.0      /* pseudo-weight of the drafter's own q in the calibration */
+#define ROW_SLOPE 0.35   /* a pass's cost per extra row, in one-row passes, until measured */
+#define EXPLORE_EVERY 40 /* asks refresh stale estimates at most once per this many times
+                            their cost spent in AR steps (so they cost at most 2.5%) */
+#define DEEPEN_EVERY 16  /* every this many asks, one level deeper than the best */
+
+/* Upper edges of the calibration's log q buckets (the last bucket is below -15). */
+static const double BUCKET_EDGE[N_BUCKETS - 1] = {-0.02, -0.05, -0.1, -0.2, -0.35, -0.5, -0.7,
+                                                  -1.0,  -1.4,  -2.0, -3.0, -4.5, -6.5, -10, -15};
+
+struct Planner {
+    double pass_ns[ROWS_MAX + 1]; /* by rows: EWMA of measured passes */
+    int pass_n[ROWS_MAX + 1];
+    double commit_ns, level_ns, extra_ns; /* drafting: commit pass, per level, overhead */
+    double commit_tok_ns;                 /* commit pass per committed token */
+    int have_pool, have_level;
+    double acc_a[2][N_BUCKETS], acc_q[2][N_BUCKETS]; /* accepted, sum of q: by T, bucket */
+    double gain[RULE_COUNT][2][POOL_MAX_DEPTH + 1];  /* excess over an AR step, by depth */
+    int gain_n[RULE_COUNT][2][POOL_MAX_DEPTH + 1];
+    double rate_tok[RULE_COUNT][2], rate_ns[RULE_COUNT][2]; /* EWMA of rounds' tokens, ns */
+    double skipped_ns;        /* time in AR steps since the last ask */
+    int asks;
+    int fixed;
+    double fix_pass1, fix_row, fix_draft;
+};
+
+static void ewma_w(double *v, double x, int first, double w) { *v = first ? x : *v + w * (x - *v); }
+static void ewma(double *v, double x, int first) { ewma_w(v, x, first, EWMA); }
+
+Planner *planner_create(void) { return rs_xcalloc(1, sizeof(Planner)); }
+
+void planner_destroy(Planner **p) {
+    if (!p || !*p) return;
+    free(*p);
+    *p = NULL;
+}
+
+void planner_fix_costs(Planner *p, double pass1_ns, double row_ns, double draft_ns) {
+    p->fixed = 1;
+    p->fix_pass1 = pass1_ns;
+    p->fix_row = row_ns;
+    p->fix_draft = draft_ns;
+}
+
+/* ---- costs --------------------------------------------------------------------------- */
+
+/* Weighted least squares of the measured passes: a + b (n - 1); 0 when fewer than two
+ * sizes were seen. */
+static int pass_fit(const Planner *p, double *a, double *b) {
+    double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+    int sizes = 0;
+    for (int n = 1; n <= ROWS_MAX; n++) {
+        if (!p->pass_n[n]) continue;
+        double w = p->pass_n[n] < 8 ? p->pass_n[n] : 8, x = n - 1, y = p->pass_ns[n];
+        sw += w, sx += w * x, sy += w * y, sxx += w * x * x, sxy += w * x * y, sizes++;
+    }
+    double det = sw * sxx - sx * sx;
+    if (sizes < 2 || det <= 0) return 0;
+    *b = (sw * sxy - sx * sy) / det;
+    if (*b < 0) *b = 0;
+    *a = (sy - *b * sx) / sw;
+    return 1;
+}
+
+/* Expected ns of a target pass of n rows. Before any pass was measured, in units of a
+ * one-row pass (the reference rate is then 1 a unit: only ratios matter). */
+static double pass_cost(const Planner *p, int n) {
+    if (p->fixed) return p->fix_pass1 + (n - 1) * p->fix_row;
+    if (n > ROWS_MAX) n = ROWS_MAX;
+    if (p->pass_n[n] >= 3) return p->pass_ns[n];
+    int lo = n, hi = n;
+    while (lo > 0 && !p->pass_n[lo]) lo--;
+    while (hi <= ROWS_MAX && !p->pass_n[hi]) hi++;
+    if (lo > 0 && hi <= ROWS_MAX && lo != hi)
+        return p->pass_ns[lo] + (p->pass_ns[hi] - p->pass_ns[lo]) * (n - lo) / (hi - lo);
+    double a, b;
+    if (pass_fit(p, &a, &b)) return a + b * (n - 1);
+    int m = lo > 0 ? lo : hi; /* the one size seen */
+    if (m < 1 || m > ROWS_MAX) return 1 + ROW_SLOPE * (n - 1);
+    return p->pass_ns[m] * (1 + ROW_SLOPE * (n - 1)) / (1 + ROW_SLOPE * (m - 1));
+}
+
+/* Expected ns the target waits for a pool of `depth` levels beyond its own work, when the
+ * drafter has n_pend tokens to commit first (many after a run of AR steps: a long commit
+ * costs like a prefill, which is what keeps an expensive drafter from being asked again
+ * once it has lost). */
+static double wait_cost(const Planner *p, Rule rule, int depth, int n_pend) {
+    if (p->fixed) return p->fix_draft;
+    if (!p->have_pool) return NAN;
+    double commit = p->commit_tok_ns * n_pend > p->commit_ns ? p->commit_tok_ns * n_pend
+                                                              : p->commit_ns;
+    double d = commit + (depth - 1) * (p->have_level ? p->level_ns : 0) + p->extra_ns;
+    if (rule_needs_root(rule)) d -= pass_cost(p, 1); /* the root pass runs meanwhile */
+    return d > 0 ? d : 0;
+}
+
+/* The reference rate, tokens per ns: an AR step's, or this rule's recent one if higher. */
+static double ref_rate(const Planner *p, Rule rule, int temp) {
+    double c1 = pass_cost(p, 1), r = c1 > 0 ? 1 / c1 : 0;
+    if (p->fixed) return r; /* nothing measured may move a fixed planner */
+    double tok = p->rate_tok[rule][temp != 0], ns = p->rate_ns[rule][temp != 0];
+    if (ns > 0 && tok / ns > r) r = tok / ns;
+    return r;
+}
+
+/* ns priced in tokens at rate r; free while nothing is measured. */
+static double price(double r, double ns) { return r > 0 && !isnan(ns) ? r * ns : 0; }
+
+/* ---- acceptance ---------------------------------------------------------------------- */
+
+static int bucket_of(double logq) {
+    int b = 0;
+    while (b < N_BUCKETS - 1 && logq < BUCKET_EDGE[b]) b++;
+    return b;
+}
+
+/* The probability that a candidate of draft log-probability logq is the target's draw
+ * when its parent is reached: the drafter's q, scaled by what its bucket showed. */
+static double accept_prob(const Planner *p, int temp, double logq) {
+    int b = bucket_of(logq), t = temp != 0;
+    double q = exp(logq);
+    double v = q * (p->acc_a[t][b] + PRIOR_Q * q) / (p->acc_q[t][b] + PRIOR_Q * q);
+    return v < 1 ? v : 1;
+}
+
+/* ---- choosing the size ------------------------------------------------------------- */
+
+/* Per node of sel (rank order), the probability the walk reaches and accepts it. */
+static void path_probs(const Planner *p, Rule rule, int temp, const Pool *pool,
+                       const Selection *sel, int x1, double *pp) {
+    for (int i = 0; i < sel->t.n; i++) {
+        int u = sel->t.node[i], par = sel->t.parent[i];
+        if (sel->rooted_at_x1 && i == 0) pp[i] = 1; /* X1, drawn already */
+        else if (par < 0 && rule == RULE_ROOT) pp[i] = pool->token[u] == x1;
+        else pp[i] = (par < 0 ? 1 : pp[par]) * accept_prob(p, temp, pool->logq[u]);
+    }
+}
+
+static int node_depth(const Pool *pool, const Selection *sel, int i) {
+    int u = sel->t.node[i];
+    return u == TREE_X1_OFFPOOL ? 1 : pool->depth[u];
+}
+
+/* Expected ns of the tree pass over n nodes (0: none), given which rule verifies them;
+ * root selection skips the pass when X1's node is not among them (x1_in). */
+static double tree_cost(const Planner *p, Rule rule, int n, int x1_in) {
+    if (rule == RULE_DRAFT) return pass_cost(p, 1 + n);
+    if (n == 0 || (rule == RULE_ROOT && !x1_in)) return 0;
+    return pass_cost(p, n);
+}
+
+/* The best prefix of sel's nodes of depth <= max_depth: *k nodes of the whole list (the
+ * last one taken ends the prefix), value tokens - r * ns. */
+static double best_prefix(const Planner *p, Rule rule, const Pool *pool, const Selection *sel,
+                          const double *pp, int x1, int max_depth, double r, PlanChoice *c) {
+    double tokens = 1, best = 1 - price(r, tree_cost(p, rule, 0, 0));
+    int n = 0, x1_in = 0;
+    *c = (PlanChoice){.k = 0, .tokens = 1, .ns = tree_cost(p, rule, 0, 0)};
+    for (int i = 0; i < sel->t.n; i++) {
+        if (node_depth(pool, sel, i) > max_depth) continue;
+        int u = sel->t.node[i];
+        x1_in |= rule == RULE_ROOT && sel->t.parent[i] < 0 && pool->token[u] == x1;
+        tokens += pp[i];
+        double ns = tree_cost(p, rule, ++n, x1_in), v = tokens - price(r, ns);
+        if (v > best + 1e-9) best = v, *c = (PlanChoice){.k = i + 1, .tokens = tokens, .ns = ns};
+    }
+    return best;
+}
+
+PlanChoice planner_choose(Planner *p, Rule rule, int temp, const Pool *pool,
+                          const Selection *sel, int x1, int depth) {
+    double pp[TREE_MAX], r = ref_rate(p, rule, temp);
+    path_probs(p, rule, temp, pool, sel, x1, pp);
+    /* what an AR step would have been worth instead of this round's tree */
+    double base = rule == RULE_DRAFT ? 1 - price(r, pass_cost(p, 1)) : 1;
+    PlanChoice best;
+    for (int d = 1; d <= depth; d++) {
+        double v = best_prefix(p, rule, pool, sel, pp, x1, d, r, &best);
+        int *n = &p->gain_n[rule][temp != 0][d];
+        ewma(&p->gain[rule][temp != 0][d], v - base, (*n)++ == 0);
+    }
+    /* every node counts here: a drafter may grow deeper than asked */
+    best_prefix(p, rule, pool, sel, pp, x1, POOL_MAX_DEPTH, r, &best);
+    if (rule_needs_root(rule)) best.ns += pass_cost(p, 1);
+    double w = wait_cost(p, rule, depth, 0);
+    if (!isnan(w)) best.ns += w;
+    return best;
+}
+
+/* ---- asking the drafter ------------------------------------------------------------ */
+
+PlanAsk planner_before_round(Planner *p, Rule rule, int temp, int n_pend) {
+    double r = ref_rate(p, rule, temp), best = -INFINITY;
+    int t = temp != 0, best_d = 0, known = 0;
+    for (int d = 1; d <= POOL_MAX_DEPTH; d++) {
+        if (!p->gain_n[rule][t][d]) continue;
+        known = 1;
+        double v = p->gain[rule][t][d] - price(r, wait_cost(p, rule, d, n_pend));
+        if (v >= best) best = v, best_d = d; /* ties to the deeper: free levels cost nothing */
+    }
+    if (!known || isnan(best)) return (PlanAsk){.ask = 1, .depth = POOL_MAX_DEPTH, .explore = 1};
+    if (best > 0) {
+        int deeper = ++p->asks % DEEPEN_EVERY == 0 && best_d < POOL_MAX_DEPTH;
+        return (PlanAsk){.ask = 1, .depth = best_d + deeper, .explore = deeper};
+    }
+    /* Refresh the depth that came closest to paying. An ask costs only its wait: with a
+     * useless pool the round still makes its AR step. */
+    double cost = wait_cost(p, rule, best_d, n_pend);
+    if (p->skipped_ns >= EXPLORE_EVERY * (isnan(cost) ? 0 : cost))
+        return (PlanAsk){.ask = 1, .depth = best_d, .explore = 1};
+    return (PlanAsk){.ask = 0, .depth = 0};
+}
+
+/* ---- observations ------------------------------------------------------------------ */
+
+void planner_observe_pass(Planner *p, int rows, uint64_t ns) {
+    if (rows < 1) return;
+    if (rows > ROWS_MAX) rows = ROWS_MAX;
+    ewma(&p->pass_ns[rows], (double)ns, p->pass_n[rows]++ == 0);
+}
+
+void planner_observe_pool(Planner *p, const Pool *pool, int n_commit, uint64_t total_ns,
+                          uint64_t waited_ns) {
+    int first = !p->have_pool;
+    ewma(&p->commit_ns, (double)pool->commit_pass_ns, first);
+    if (n_commit > 0) ewma(&p->commit_tok_ns, (double)pool->commit_pass_ns / n_commit, first);
+    if (pool->n_passes > 1) {
+        double lv = (double)(pool->draft_ns - pool->commit_pass_ns) / (pool->n_passes - 1);
+        ewma(&p->level_ns, lv, !p->have_level);
+        p->have_level = 1;
+    }
+    /* the overhead shows only where the target really waited for the pool */
+    if (first || waited_ns > 50000) {
+        double extra = (double)total_ns - (double)pool->draft_ns;
+        ewma(&p->extra_ns, extra > 0 ? extra : 0, first);
+    }
+    p->have_pool = 1;
+}
+
+static int in_list(const int *a, int n, int v) {
+    for (int i = 0; i < n; i++)
+        if (a[i] == v) return 1;
+    return 0;
+}
+
+void planner_observe_accept(Planner *p, Rule rule, int temp, const Pool *pool,
+                            const Selection *sel, int k, const int *acc, int n_acc) {
+    int t = temp != 0;
+    for (int i = 0; i < k; i++) {
+        int par = sel->t.parent[i], u = sel->t.node[i];
+        if (sel->rooted_at_x1 && i == 0) continue;   /* X1: drawn, not predicted */
+        if (rule == RULE_ROOT && par < 0) continue;  /* first level: known from X1 */
+        int reached = par < 0 || (sel->rooted_at_x1 && par == 0) || in_list(acc, n_acc, par);
+        if (!reached) continue;
+        int b = bucket_of(pool->logq[u]);
+        p->acc_a[t][b] += in_list(acc, n_acc, i);
+        p->acc_q[t][b] += exp(pool->logq[u]);
+    }
+}
+
+void planner_observe_round(Planner *p, Rule rule, int temp, int tokens, uint64_t ns,
+                           int asked) {
+    double *tok = &p->rate_tok[rule][temp != 0], *t_ns = &p->rate_ns[rule][temp != 0];
+    int first = *t_ns == 0;
+    ewma_w(tok, tokens, first, RATE_EWMA);
+    ewma_w(t_ns, (double)ns, first, RATE_EWMA);
+    p->skipped_ns = asked ? 0 : p->skipped_ns + (double)ns;
+}

@@ -1,0 +1,73 @@
+/* The cost-aware budget (`--budget auto`, DESIGN.md §5 "Cost-aware rounds"). A tree only
+ * pays when the tokens it is expected to add are worth more than the time its rows and its
+ * drafting take, and both sides depend on the machine: on a GPU a 65-row pass costs about
+ * a one-row pass, on a 2-core CPU about 28 of them; a model drafter may cost more than the
+ * target. So the planner measures, while decoding, what a pass of n rows costs, what the
+ * drafter costs per pool level and how often a candidate of a given draft log-probability
+ * is accepted, and picks each round
+ *   before asking the drafter: whether to ask at all (no: a plain AR step, the drafter
+ *     catches up with the next request) and how deep a pool to grow;
+ *   with the pool: how many of the rule's ranked nodes to verify (0..the cap), the size
+ *     that maximises expected tokens minus time priced at the decode's running rate
+ *     (Dinkelbach's criterion for the best long-run tokens per second).
+ * The choices depend only on the past and the pool, never on a draw of the round, so the
+ * output law is unchanged (DESIGN.md §4). Times are measured, so at T=1 two runs may pick
+ * other trees and draw other (equally distributed) text; at T=0 the ids equal AR's.
+ * One planner serves any number of decodes in turn (what it learnt carries over). */
+#ifndef ROOTSPEC_PLANNER_H
+#define ROOTSPEC_PLANNER_H
+#include "select.h"
+#include <stdint.h>
+
+typedef struct Planner Planner;
+
+/* Before a round: ask the drafter (depth 1..POOL_MAX_DEPTH) or decode one AR step. */
+typedef struct {
+    int ask;
+    int depth;
+    int explore; /* asked to refresh stale estimates, not because it looked better */
+} PlanAsk;
+
+/* With the pool: verify the first k nodes of the rule's ranked selection. */
+typedef struct {
+    int k;
+    double tokens; /* expected tokens the round emits with k */
+    double ns;     /* expected time of the round with k */
+} PlanChoice;
+
+Planner *planner_create(void);
+/* Accepts NULL and a NULL *p; clears the pointer. */
+void planner_destroy(Planner **p);
+
+/* Tests: costs fixed instead of measured (a pass of n rows: pass1_ns + (n-1) * row_ns; a
+ * pool: draft_ns at any depth, none of it hidden), so every choice is reproducible. */
+void planner_fix_costs(Planner *p, double pass1_ns, double row_ns, double draft_ns);
+
+/* The round's first decision, for `rule` at temperature class temp (0 greedy, else 1);
+ * n_pend: the tokens the drafter would commit before growing. */
+PlanAsk planner_before_round(Planner *p, Rule rule, int temp, int n_pend);
+
+/* The size to verify. sel: the rule's selection at the largest budget, nodes in rank order
+ * (every prefix is a tree); x1: the round's first token when drawn already (root-pass
+ * rules), else -1; depth: the pool depth asked. Records what each pool depth would have
+ * been worth, for later planner_before_round calls. */
+PlanChoice planner_choose(Planner *p, Rule rule, int temp, const Pool *pool,
+                          const Selection *sel, int x1, int depth);
+
+/* Observations. A pass of `rows` rows took ns. */
+void planner_observe_pass(Planner *p, int rows, uint64_t ns);
+/* A pool arrived after a commit of n_commit tokens: its own timings; total_ns from the
+ * request to its arrival, of which waited_ns the target spent waiting after its own work
+ * (the root pass) was done. */
+void planner_observe_pool(Planner *p, const Pool *pool, int n_commit, uint64_t total_ns,
+                          uint64_t waited_ns);
+/* Verification of the first k nodes of sel: acc[0..n_acc) are the tree indices accepted
+ * (in path order; for X1-rooted trees node 0 is not a prediction and is left out). */
+void planner_observe_accept(Planner *p, Rule rule, int temp, const Pool *pool,
+                            const Selection *sel, int k, const int *acc, int n_acc);
+/* A whole round of `rule` at temp: tokens emitted in ns; asked: whether it asked the
+ * drafter. */
+void planner_observe_round(Planner *p, Rule rule, int temp, int tokens, uint64_t ns,
+                           int asked);
+
+#endif

@@ -1,0 +1,196 @@
+/* The cost-aware budget's choices under fixed costs (planner_fix_costs), against values
+ * worked out by hand here: a sure chain is verified whole when rows are cheap and not at
+ * all when they cost more than the tokens they bring; what acceptance it measured moves the
+ * choice; an expensive drafter is not asked, except to refresh its estimates now and then;
+ * measured pass times are interpolated. */
+#include "target_proc/planner.h"
+#include "testutil.h"
+#include <math.h>
+
+/* A pool that is one chain of `n` candidates (tokens 1..n) with draft probability q each,
+ * plus a sibling of the first with probability qs (0: none). */
+static void chain_pool(Pool *p, int n, double q, double qs) {
+    memset(p, 0, sizeof *p);
+    int k = 0;
+    p->token[k] = 1, p->parent[k] = -1, p->depth[k] = 1, p->logq[k++] = (float)log(q);
+    if (qs > 0) p->token[k] = 50, p->parent[k] = -1, p->depth[k] = 1, p->logq[k++] = (float)log(qs);
+    for (int i = 1; i < n; i++, k++) {
+        p->token[k] = 1 + i;
+        p->parent[k] = i == 1 ? 0 : k - 1;
+        p->depth[k] = (uint8_t)(i + 1);
+        p->logq[k] = (float)log(q);
+    }
+    p->n = k;
+    RsErr e = {0};
+    ck_assert_msg(pool_finalize(p, 100, &e) == RS_OK, "%s", e.msg);
+}
+
+/* A chain pool (chain_pool) and the draft rule's selection of it at the cap. */
+static Pool *chain_selected(int n, double q, Selection *s) {
+    Pool *p = calloc(1, sizeof *p);
+    chain_pool(p, n, q, 0);
+    select_draft(p, TREE_MAX, s);
+    return p;
+}
+
+static Planner *fixed_planner(double pass1_ns, double row_ns, double draft_ns) {
+    Planner *pl = planner_create();
+    planner_fix_costs(pl, pass1_ns, row_ns, draft_ns);
+    return pl;
+}
+
+START_TEST(test_planner_sure_chain) {
+    Selection s;
+    Pool *p = chain_selected(8, 0.99, &s);
+    /* rows cost a tenth of a pass: every node brings ~0.9 tokens, costs 0.1 */
+    Planner *pl = fixed_planner(10e6, 1e6, 0);
+    PlanChoice c = planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
+    ck_assert_int_eq(c.k, 8);
+    double want = 1;
+    for (int i = 1; i <= 8; i++) want += pow(0.99, i);
+    ck_assert_double_eq_tol(c.tokens, want, 1e-6);
+    ck_assert_double_eq_tol(c.ns, 10e6 + 8 * 1e6, 1);
+    planner_destroy(&pl);
+    /* rows cost two passes each: no node pays for itself */
+    pl = fixed_planner(10e6, 20e6, 0);
+    c = planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
+    ck_assert_int_eq(c.k, 0);
+    ck_assert_double_eq_tol(c.tokens, 1, 1e-12);
+    planner_destroy(&pl);
+    ck_assert_ptr_null(pl);
+    free(p);
+}
+END_TEST
+
+START_TEST(test_planner_breakeven) {
+    /* q = 0.5 a node: node i is reached and accepted with 0.5^i. With rows at 0.3 of a pass
+     * the first node (0.5) pays, the second (0.25) does not: k = 1. */
+    Selection s;
+    Pool *p = chain_selected(4, 0.5, &s);
+    Planner *pl = fixed_planner(10e6, 3e6, 0);
+    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 1, p, &s, -1, POOL_MAX_DEPTH).k, 1);
+    planner_destroy(&pl);
+    free(p);
+}
+END_TEST
+
+START_TEST(test_planner_learns_rejections) {
+    /* The drafter says 0.99, but 200 such nodes were all rejected: the chain stops paying. */
+    Selection s;
+    Pool *p = chain_selected(8, 0.99, &s);
+    Planner *pl = fixed_planner(10e6, 1e6, 0);
+    for (int i = 0; i < 200; i++) planner_observe_accept(pl, RULE_DRAFT, 0, p, &s, 8, NULL, 0);
+    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 0);
+    /* a T=1 decode keeps its own calibration */
+    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 1, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    planner_destroy(&pl);
+    free(p);
+}
+END_TEST
+
+START_TEST(test_planner_root_rule_uses_x1) {
+    /* Root selection knows X1 before it chooses: a tree under another first token is
+     * worth nothing, and with X1 on the chain the chain is verified. */
+    Pool *p = calloc(1, sizeof *p);
+    chain_pool(p, 6, 0.9, 0.05);
+    Selection s;
+    double lp1[POOL_TOPK] = {log(0.9), log(0.05)};
+    Planner *pl = fixed_planner(10e6, 1e6, 0);
+    select_root_logp(p, TREE_MAX, lp1, 50, &s); /* X1 = the sibling, a leaf */
+    PlanChoice c = planner_choose(pl, RULE_ROOT, 0, p, &s, 50, POOL_MAX_DEPTH);
+    ck_assert_double_le(c.tokens, 2.0 + 1e-9); /* X1 and the continuation at most */
+    select_root_logp(p, TREE_MAX, lp1, 1, &s);  /* X1 = the chain's head */
+    c = planner_choose(pl, RULE_ROOT, 0, p, &s, 1, POOL_MAX_DEPTH);
+    ck_assert_int_ge(c.k, 6);
+    ck_assert_double_gt(c.tokens, 5.0);
+    planner_destroy(&pl);
+    free(p);
+}
+END_TEST
+
+START_TEST(test_planner_asks_when_it_pays) {
+    Selection s;
+    Pool *p = chain_selected(8, 0.99, &s);
+    /* a free drafter: after the first (exploring) ask, it keeps asking */
+    Planner *pl = fixed_planner(10e6, 1e6, 0);
+    PlanAsk a = planner_before_round(pl, RULE_DRAFT, 0, 1);
+    ck_assert(a.ask && a.explore && a.depth == POOL_MAX_DEPTH);
+    planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, a.depth);
+    a = planner_before_round(pl, RULE_DRAFT, 0, 1);
+    ck_assert(a.ask && !a.explore);
+    planner_destroy(&pl);
+    /* a drafter costing 100 passes: not asked, until AR steps have cost 40 times an ask */
+    pl = fixed_planner(10e6, 1e6, 1000e6);
+    planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
+    a = planner_before_round(pl, RULE_DRAFT, 0, 1);
+    ck_assert(!a.ask);
+    int steps = 0;
+    while (!(a = planner_before_round(pl, RULE_DRAFT, 0, 1)).ask && steps < 10000) {
+        planner_observe_round(pl, RULE_DRAFT, 0, 1, 10000000, 0);
+        steps++;
+    }
+    ck_assert(a.explore);
+    ck_assert_int_ge(steps, 40 * 100 - 1);
+    ck_assert_int_le(steps, 40 * 100 + 1);
+    planner_destroy(&pl);
+    free(p);
+}
+END_TEST
+
+START_TEST(test_planner_long_commit_not_asked) {
+    /* Measured: one-row passes of 10 ms, 9-row passes of 40 ms, a pool whose 2-token commit
+     * took 2 ms. A sure chain pays with 2 pending tokens; with 2000 pending (a commit like a
+     * prefill, ~2 s) it does not. */
+    Selection s;
+    Pool *p = chain_selected(8, 0.999, &s);
+    Planner *pl = planner_create();
+    for (int i = 0; i < 5; i++) {
+        planner_observe_pass(pl, 1, 10000000);
+        planner_observe_pass(pl, 9, 40000000);
+    }
+    p->commit_pass_ns = p->draft_ns = 2000000;
+    planner_observe_pool(pl, p, 2, 2000000, 2000000);
+    planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
+    ck_assert(planner_before_round(pl, RULE_DRAFT, 0, 2).ask);
+    ck_assert(!planner_before_round(pl, RULE_DRAFT, 0, 2000).ask);
+    planner_destroy(&pl);
+    free(p);
+}
+END_TEST
+
+START_TEST(test_planner_measured_costs) {
+    /* Measured passes of 1 and 9 rows; a 5-row pass is interpolated between them, and the
+     * choice follows: with 9 rows at 4 passes a sure chain of 8 pays (~8 tokens for 4). */
+    Selection s;
+    Pool *p = chain_selected(8, 0.999, &s);
+    Planner *pl = planner_create();
+    for (int i = 0; i < 5; i++) {
+        planner_observe_pass(pl, 1, 10000000);
+        planner_observe_pass(pl, 9, 40000000);
+    }
+    PlanChoice c = planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
+    ck_assert_int_eq(c.k, 8);
+    ck_assert_double_eq_tol(c.ns, 40e6, 1);
+    Pool *short_pool = chain_selected(4, 0.999, &s); /* 5 rows: 25 ms, ~5 tokens: pays */
+    c = planner_choose(pl, RULE_DRAFT, 0, short_pool, &s, -1, POOL_MAX_DEPTH);
+    ck_assert_int_eq(c.k, 4);
+    ck_assert_double_eq_tol(c.ns, 25e6, 1);
+    planner_destroy(&pl);
+    free(short_pool);
+    free(p);
+}
+END_TEST
+
+Suite *suite_planner(void) {
+    Suite *s = suite_create("planner");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_planner_sure_chain);
+    tcase_add_test(tc, test_planner_breakeven);
+    tcase_add_test(tc, test_planner_learns_rejections);
+    tcase_add_test(tc, test_planner_root_rule_uses_x1);
+    tcase_add_test(tc, test_planner_asks_when_it_pays);
+    tcase_add_test(tc, test_planner_measured_costs);
+    tcase_add_test(tc, test_planner_long_commit_not_asked);
+    suite_add_tcase(s, tc);
+    return s;
+}
