@@ -65,6 +65,7 @@ build/librootspec-serve-san.a: $(SERVE_SAN_OBJS)
 build/librootspec.a build/librootspec-san.a build/librootspec-bench.a build/librootspec-bench-san.a \
 build/librootspec-serve.a build/librootspec-serve-san.a:
 	@mkdir -p build
+	rm -f $@
 	ar rcs $@ $^
 
 # The bench library comes first: it calls into the engine library, not the other way round.
