@@ -1,11 +1,13 @@
 /* rootspec-cuda-bench: per-pass timing of the CUDA backend on random-weight models shaped
  * like Llama-3.1-8B (target) and Llama-3.2-1B (drafter), built on the device in memory
- * (no downloads, no host copy of the weights). For n = 1, 9, 60, 65 tokens on top of a
- * committed context, graph replay vs eager launch: milliseconds per pass (wall clock,
+ * (no downloads, no host copy of the weights). For n = 1, 9, 60, 65 tokens (--ns) on top of
+ * a committed context, graph replay vs eager launch: milliseconds per pass (wall clock,
  * including the logits copy to the host), and weight bandwidth achieved (bf16 weight
- * bytes / pass time) as a share of the device-to-device copy bandwidth measured here.
+ * bytes / pass time) as a share of the device-to-device copy bandwidth measured here; the
+ * q|k|v path each n takes (fused kernel or cuBLAS, ROOTSPEC_CUDA_FUSED_QKV moves the bound)
+ * and the kernel nodes of its captured graph per layer.
  *   rootspec-cuda-bench [--iters N] [--ctx N] [--only target|drafter] [--model SPEC]
- *                       [--copy-mib N] [--device D]
+ *                       [--copy-mib N] [--device D] [--ns N,N,...] [--batch-invariant]
  * --model times one other model instead (a file or random:PRESET, see common/randmodel.h). */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -85,6 +87,36 @@ static double time_pass(Backend *b, int n, int n_out, int iters, float *logits) 
  * passes for each n. *logits (pinned host memory) grows to the model's vocabulary. Returns 0
  * or the exit status (reported). */
 static int g_batch_inv; /* --batch-invariant: BackendParams.batch_invariant */
+static int g_ns[8] = {1, 9, 60, 65}, g_n_ns = 4; /* --ns */
+
+/* One BENCH line (tools/gpu-check.sh reads it) for the last graph-replayed pass of n rows. */
+static void bench_line(Backend *b, const Shape *sh, int n, double tg, double te, double tg1,
+                       double bw, double copy_bw) {
+    int per_layer = 0, per_pass = 0, g_kern = -1, g_nodes = -1;
+    double g_layer = -1.0;
+    cuda_backend_launches(b, &per_layer, &per_pass);
+    cuda_backend_graph_launches(b, &g_layer, &g_kern, &g_nodes);
+    printf("BENCH model=%s bi=%d n=%d graph_ms=%.4f eager_ms=%.4f graph_nout1_ms=%.4f "
+           "weight_GBps=%.1f copy_GBps=%.1f share=%.3f launches_layer=%d launches_pass=%d "
+           "graph_kernels_layer=%.2f graph_kernels=%d graph_nodes=%d qkv=%s\n",
+           sh->tag, g_batch_inv, n, tg, te, tg1, bw / 1e9, copy_bw / 1e9, bw / copy_bw,
+           per_layer, per_pass, g_layer, g_kern, g_nodes,
+           cuda_backend_qkv_fused(b, n) ? "fused" : "cublas");
+}
+
+/* --ns: up to 8 comma-separated sizes in 1..65; 0 when malformed. */
+static int parse_ns(const char *s) {
+    int n = 0;
+    for (const char *p = s; *p && n < 8;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 65 || (*end && *end != ',')) return 0;
+        g_ns[n++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    g_n_ns = n;
+    return n;
+}
 
 static int time_shape(const Shape *sh, int ctx, int iters, int device, double copy_bw,
                       float **logits, size_t *logits_cap) {
@@ -127,23 +159,19 @@ static int time_shape(const Shape *sh, int ctx, int iters, int device, double co
     printf("prefill %d tokens (eager): %.2f ms\n", ctx, (rs_now_ns() - t0) * 1e-6);
     printf("%4s  %10s %10s %8s  %10s %8s  %12s\n", "n", "graph ms", "eager ms", "speedup",
            "weight GB/s", "of copy", "graph ms n_out=1");
-    const int ns[4] = {1, 9, 60, 65};
-    for (int k = 0; k < 4; k++) {
-        int n = ns[k];
+    for (int k = 0; k < g_n_ns; k++) {
+        int n = g_ns[k];
         cuda_backend_set_graphs(b, 1);
         double tg = time_pass(b, n, n, iters, *logits);
         double tg1 = time_pass(b, n, 1, iters, *logits);
-        int per_layer = 0, per_pass = 0;
-        cuda_backend_launches(b, &per_layer, &per_pass);
         cuda_backend_set_graphs(b, 0);
         double te = time_pass(b, n, n, iters, *logits);
+        cuda_backend_set_graphs(b, 1);
+        time_pass(b, n, 1, 1, *logits); /* a replay again, for the graph's counts */
         double bw = wbytes / (tg1 * 1e-3);
         printf("%4d  %10.3f %10.3f %7.2fx  %10.0f %7.1f%%  %12.3f\n", n, tg, te, te / tg,
                bw / 1e9, 100.0 * bw / copy_bw, tg1);
-        printf("BENCH model=%s bi=%d n=%d graph_ms=%.4f eager_ms=%.4f graph_nout1_ms=%.4f "
-               "weight_GBps=%.1f copy_GBps=%.1f share=%.3f launches_layer=%d launches_pass=%d\n",
-               sh->tag, g_batch_inv, n, tg, te, tg1, bw / 1e9, copy_bw / 1e9, bw / copy_bw,
-               per_layer, per_pass);
+        bench_line(b, sh, n, tg, te, tg1, bw, copy_bw);
     }
     BackendStats bs = backend_stats(b);
     printf("graph replays %llu, eager launches %llu, captures %llu\n",
@@ -166,9 +194,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) model_spec = argv[++i];
         else if (!strcmp(argv[i], "--copy-mib") && i + 1 < argc) copy_mib = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--batch-invariant")) g_batch_inv = 1;
+        else if (!strcmp(argv[i], "--ns") && i + 1 < argc && parse_ns(argv[i + 1])) i++;
         else {
             fprintf(stderr, "usage: %s [--iters N] [--ctx N] [--only target|drafter] "
-                    "[--model SPEC] [--copy-mib N] [--device D] [--batch-invariant]\n", argv[0]);
+                    "[--model SPEC] [--copy-mib N] [--device D] [--ns N,N,...] "
+                    "[--batch-invariant]\n", argv[0]);
             return 2;
         }
     }

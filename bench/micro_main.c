@@ -258,7 +258,7 @@ static double ar_tok_s(Backend *b, int n, double *cpu_tok_s, RsErr *e) {
         int p = backend_n_committed(b);
         RowStats st;
         if (backend_forward(b, &tok, &p, 1, &one, &zero, 1, NULL, e) ||
-            backend_rows_stats(b, &zero, 1, 0, NULL, &st, e) || backend_kv_commit(b, &zero, 1, e))
+            backend_rows_stats(b, &zero, 1, &SAMPLING_GREEDY, NULL, &st, e) || backend_kv_commit(b, &zero, 1, e))
             return -1;
         tok = st.draw;
     }

@@ -2,9 +2,11 @@
 # LIB_OBJS, BENCH_OBJS, main_bench_objs and MAIN_SRCS). Nothing here is built by `make` or
 # `make test`:
 #   make cuda [CUDA_ARCHS="80 86 89 90"]  -> build/cuda/rootspec-{<mains>,cuda-bench,cuda-tests}
-#   make gpu-prepare                      -> gpu-bundle + gpu-carry/ (default model in 2 parts)
 #   make gpu-bundle                       -> gpu-bundle/: sm_90 binaries + the shared
-#                                            libraries a bare CUDA machine lacks + fixtures
+#                                            libraries a bare CUDA machine lacks: what the
+#                                            one GPU call (tools/gpu-check.sh) carries
+#   make gpu-prepare                      -> gpu-bundle + gpu-carry/ (default model in 2
+#                                            parts, for the optional --default-model calls)
 # The CUDA binaries link the CPU library objects except kernels/cuda_stub.o (which would
 # answer "no CUDA backend") plus the nvcc objects of kernels/*.cu. The CPU emulator build
 # (make cuda-emu, cuda-emu-test) is test scaffolding: tests/cuemu/cuemu.mk.
@@ -90,12 +92,15 @@ gpu-bundle:
 	  | sort -u | grep -Ev '$(GPU_BUNDLE_SKIP)' | while read -r lib; do \
 	    cp -L "$$lib" gpu-bundle/lib/ && chmod u+w "gpu-bundle/lib/$$(basename $$lib)" && \
 	    strip --strip-unneeded "gpu-bundle/lib/$$(basename $$lib)"; done
-	# binaries and libraries travel xz-compressed (25 MB -> 7: the bundle, the working tree
-	# and the 98 MB model must fit two 64 MiB calls); tools/gpu-check.sh unpacks them (or:
+	# binaries and libraries travel xz-compressed (25 MB -> 7: the bundle and the working tree
+	# must fit the device call's 64 MiB); tools/gpu-check.sh unpacks them (or:
 	# xz -d gpu-bundle/*.xz gpu-bundle/lib/*.xz) before the binaries start.
 	xz -T0 -6 gpu-bundle/rootspec-* gpu-bundle/lib/*
-	cp tools/gpu-check.sh gpu-bundle/
 	@echo "gpu-bundle: $$(du -sh gpu-bundle | cut -f1) ($$(ls gpu-bundle/lib | wc -l) libraries: $$(ls gpu-bundle/lib | tr '\n' ' '))"
+	@tree=$$(git ls-files -co --exclude-standard -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1); \
+	  all=$$((tree + $$(du -sb gpu-bundle | cut -f1))); \
+	  echo "gpu-bundle: the device call carries $$all bytes (working tree + gpu-bundle; limit $$((64 << 20)))"; \
+	  [ $$all -le $$((64 << 20)) ] || { echo "gpu-bundle: over the device call's limit" >&2; exit 1; }
 
 # Everything two device calls carry (README, "CUDA"): gpu-bundle/ plus the default model in
 # two parts under gpu-carry/, with each call's size checked against the 64 MiB limit.

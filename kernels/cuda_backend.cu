@@ -3,8 +3,9 @@
  * (layer, kv_capacity, kv_dim), activations and softmax are f32. q/k/v and gate/up are
  * concatenated into one matrix each, so a layer has 4 projections over the whole batch:
  * by default o, gate|up and down are cublasGemmEx (bf16 in, f32 accumulate, f32 out) and
- * q|k|v is one fused kernel with its RMSNorm and everything up to the KV store, 7 launches
- * a layer (docs/DESIGN.md lists them); the batch-invariant mode uses its own GEMMs, 5.
+ * in a one-row call q|k|v is one fused kernel with its RMSNorm and everything up to the KV
+ * store, 7 launches a layer (9 with more rows, q|k|v on cuBLAS; docs/DESIGN.md lists them);
+ * the batch-invariant mode uses its own GEMMs, 5.
  *
  * Every buffer is allocated in create(); forward() only enqueues work. Calls of at most
  * 65 tokens are padded to a bucket (1, 2, 4, 8, 16, 32, 48, 65) and, unless
@@ -62,7 +63,8 @@ typedef struct {
     int valid;
     cudaGraphExec_t exec;
     const void *key[N_GRAPH_KEYS]; /* pointers and shape the capture baked in */
-    int launches_layer, launches_pass; /* kernels the graph holds */
+    int launches_layer, launches_pass; /* kernels enqueued while it was captured */
+    int kernel_nodes, nodes;           /* counted in the captured graph itself */
 } CuGraph;
 
 typedef struct {
@@ -108,12 +110,15 @@ typedef struct {
     uint8_t *h_mask_bytes; // (max_batch, max_pending) causal default before packing
     float *att_scratch; // split-KV partials (cuk_attention_scratch_floats)
     unsigned *att_cnt;  // (cuk_attention_counters) split blocks done per attention tile
+    unsigned *qkv_cnt;  // (cuk_qkv_counters) parts done per q|k|v head and row group
     int mask_words;    // (max_pending + 63) / 64
     int batch_inv;     // BackendParams.batch_invariant: own GEMMs, fixed attention splits
     int launches_layer, launches_pass; // of the last forward enqueued (eager or captured)
+    int launches_pre;  // of those, the kernels before the first layer
     uint8_t *keep_seen; // (max_pending)
     int use_graphs;
-    int fused_qkv;      // ROOTSPEC_CUDA_FUSED_QKV != "0": k_qkv_fused in the default mode
+    int fused_qkv;      // default mode: largest call (rows) that takes k_qkv_fused
+    int graph_kernel_nodes, graph_nodes; // of the graph the last forward replayed; -1: eager
     CuGraph graphs[N_BUCKETS];
     uint64_t n_captures, n_graph_replays, n_eager_launches;
     size_t weight_bytes;
@@ -227,7 +232,7 @@ static void cuda_destroy(Backend **pb) {
     DFREE(b->hb); DFREE(b->logits); DFREE(b->cos_t); DFREE(b->sin_t);
     DFREE(b->kc); DFREE(b->vc); DFREE(b->kv_scratch);
     DFREE(b->d_red); HFREE(b->h_red);
-    DFREE(b->d_in); DFREE(b->d_keep); DFREE(b->att_scratch); DFREE(b->att_cnt); DFREE(b->blas_ws);
+    DFREE(b->d_in); DFREE(b->d_keep); DFREE(b->att_scratch); DFREE(b->att_cnt); DFREE(b->qkv_cnt); DFREE(b->blas_ws);
     HFREE(b->h_in); HFREE(b->h_keep);
     DFREE(b->feat_pend); DFREE(b->feat_out); HFREE(b->h_feat);
     DFREE(b->d_rq); HFREE(b->h_rq); DFREE(b->d_csum);
@@ -353,6 +358,9 @@ static int check_and_select(const Config *c, const BackendParams *p, RsErr *e) {
     if (c->head_dim % 2 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads)
         return rs_err(e, RS_EUNSUPPORTED, "head_dim %d must be even and n_heads %d a multiple "
                       "of n_kv_heads %d", c->head_dim, c->n_heads, c->n_kv_heads);
+    if ((p->batch_invariant || backend_batch_invariant()) && c->dim > CUK_NORM_GEMM_MAX_IN)
+        return rs_err(e, RS_EUNSUPPORTED, "dim %d is too wide for the batch-invariant kernels "
+                      "(at most %d)", c->dim, CUK_NORM_GEMM_MAX_IN);
     if (c->head_dim > 256 || c->head_dim % 8)
         return rs_err(e, RS_EUNSUPPORTED, "head_dim %d is not supported by the CUDA attention "
                       "kernel (a multiple of 8, at most 256)", c->head_dim);
@@ -378,6 +386,7 @@ static CudaBackend *backend_new(const Model *m, const BackendParams *p) {
     b->base.ops = &cuda_ops;
     b->base.model = m;
     b->base.params = *p;
+    b->graph_kernel_nodes = b->graph_nodes = -1;
     b->dim = c->dim;
     b->hd = c->head_dim;
     b->nh = c->n_heads;
@@ -394,8 +403,11 @@ static CudaBackend *backend_new(const Model *m, const BackendParams *p) {
     b->rows = p->max_batch > kBuckets[bucket_of(small)] ? p->max_batch : kBuckets[bucket_of(small)];
     const char *env = getenv("ROOTSPEC_CUDA_GRAPHS");
     b->use_graphs = !(env && strcmp(env, "0") == 0);
+    /* q|k|v through k_qkv_fused in one-row calls; "0": never, "all": every call a graph
+     * serves (the A/B switches for measuring on a GPU; a dim the kernel cannot stage: never) */
     env = getenv("ROOTSPEC_CUDA_FUSED_QKV");
-    b->fused_qkv = !(env && strcmp(env, "0") == 0);
+    b->fused_qkv = env && !strcmp(env, "0") ? 0 : env && !strcmp(env, "all") ? GRAPH_MAX_TOKENS : 1;
+    if (c->dim > CUK_NORM_GEMM_MAX_IN) b->fused_qkv = 0;
     b->batch_inv = p->batch_invariant != 0 || backend_batch_invariant();
     CUDA_CHECK(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&b->blas));
@@ -467,6 +479,7 @@ static int alloc_buffers(CudaBackend *b, const BackendParams *p, RsErr *e) {
     DA(b->att_scratch, cuk_attention_scratch_floats(b->rows, b->nh, b->hd, (int)cap) * 4,
        "attention partials");
     DA(b->att_cnt, cuk_attention_counters(b->rows, b->nh) * 4, "attention tile counters");
+    DA(b->qkv_cnt, cuk_qkv_counters(b->rows, b->nh, b->nkv) * 4, "q|k|v head counters");
     DA(b->d_rq, sizeof(RowQuery), "row queries");
     HA(b->h_rq, sizeof(RowQuery), "row queries (host)");
     DA(b->d_csum, (size_t)ROWQ_STATS * row_chunks(b->vocab) * sizeof(double), "row chunk sums");
@@ -508,6 +521,8 @@ static int upload_weights(CudaBackend *b, const Model *m, int random, RsErr *e) 
     CUDA_CHECK(cudaMemsetAsync(b->d_in, 0, b->in_bytes, b->stream));
     CUDA_CHECK(cudaMemsetAsync(b->att_cnt, 0, cuk_attention_counters(b->rows, b->nh) * 4,
                                b->stream)); /* the attention tile counters start at zero */
+    CUDA_CHECK(cudaMemsetAsync(b->qkv_cnt, 0, cuk_qkv_counters(b->rows, b->nh, b->nkv) * 4,
+                               b->stream));
     memset(b->h_in, 0, b->in_bytes);
     CUDA_CHECK(cudaStreamSynchronize(b->stream));
     free(inv);
@@ -579,19 +594,19 @@ static void gemm(CudaBackend *b, const rs_bf16 *W, int out, int in, const rs_bf1
 
 /* The attention half of a layer, shared by both modes: RMSNorm + q|k|v projection + bias,
  * q/k norm, RoPE and KV store in one launch (cuk_qkv_fused), then attention with its
- * split-KV merge in the same launch: 2 launches. A default-mode prefill chunk (more rows
- * than a graph bucket, run eagerly, where tensor cores matter more than launches) takes
- * RMSNorm + cuBLAS + cuk_qkv_post instead: 4 launches; so does every default-mode call
- * with ROOTSPEC_CUDA_FUSED_QKV=0 (the A/B switch for a GPU measurement). */
+ * split-KV merge in the same launch: 2 launches. In the default mode only one-row calls
+ * take the fused kernel (CUDA cores, one pass over the weights); calls of more rows, where
+ * cuBLAS's tensor cores reuse each weight across rows, take RMSNorm + cuBLAS +
+ * cuk_qkv_post: 4 launches (b->fused_qkv moves the bound for measurements). */
 static void layer_attn_in(CudaBackend *b, int l, int nb) {
     cudaStream_t s = b->stream;
     const CuLayer *L = &b->layers[l];
     int cap = b->base.params.kv_capacity;
     rs_bf16 *kc = b->kc + (size_t)l * cap * b->kvd, *vc = b->vc + (size_t)l * cap * b->kvd;
-    if (b->batch_inv || (b->fused_qkv && nb <= GRAPH_MAX_TOKENS)) {
+    if (b->batch_inv || nb <= b->fused_qkv) {
         cuk_qkv_fused(s, L->wqkv, b->x, L->attn_norm, b->dim, b->eps, nb, b->nh, b->nkv, b->hd,
                       L->bqkv, L->q_norm, L->k_norm, b->cos_t, b->sin_t, b->d_meta, b->qkv, kc,
-                      vc);
+                      vc, b->qkv_cnt);
     } else {
         cuk_rmsnorm(s, b->x, NULL, L->attn_norm, nb, b->dim, b->eps, NULL, b->xb);
         gemm(b, L->wqkv, b->qkv_w, b->dim, b->xb, nb, b->qkv, 0.0f);
@@ -602,13 +617,12 @@ static void layer_attn_in(CudaBackend *b, int l, int nb) {
                   cap, b->batch_inv, b->att_scratch, b->att_cnt, b->att, NULL);
 }
 
-/* One layer in the default mode, 7 launches (9 in a prefill chunk): the attention half, then
- * cuBLAS for the
- * o, gate|up and down projections, the o and down ones adding into the residual stream
- * themselves (beta = 1), with the FFN RMSNorm and SwiGLU between them. The q|k|v
- * projection is the one not on cuBLAS: a cuBLAS GEMM cannot take the RMSNorm, and
- * between two cuBLAS GEMMs at least one kernel must turn the f32 result into the next
- * bf16 input, so four cuBLAS GEMMs cost at least 8 launches a layer. */
+/* One layer in the default mode, 7 launches in a one-row call (9 with more rows): the
+ * attention half, then cuBLAS for the o, gate|up and down projections, the o and down ones
+ * adding into the residual stream themselves (beta = 1), with the FFN RMSNorm and SwiGLU
+ * between them. A cuBLAS GEMM cannot take the RMSNorm, and between two cuBLAS GEMMs at
+ * least one kernel must turn the f32 result into the next bf16 input, so four cuBLAS
+ * GEMMs cost at least 8 launches a layer; the fused q|k|v kernel saves two. */
 static void layer_blas(CudaBackend *b, int l, int nb) {
     cudaStream_t s = b->stream;
     const CuLayer *L = &b->layers[l];
@@ -657,6 +671,7 @@ static void enqueue_forward(CudaBackend *b, int nb) {
     }
     if (b->base.feat_n) feat_store(b, b->nl, nb);
     uint64_t c2 = cuk_launch_count();
+    b->launches_pre = (int)(c1 - c0);
     b->launches_layer = (int)((c2 - c1) / (uint64_t)b->nl);
     b->launches_pass = (int)(c2 - c0);
 }
@@ -684,6 +699,25 @@ static void graph_key(CudaBackend *b, int nb, const void **key) {
     memcpy(key, k, sizeof k);
 }
 
+/* Kernel nodes of a captured graph (what a replay launches: cuBLAS's split-K reductions
+ * included, which the host-side counter cannot see); *nodes gets all its nodes (copies and
+ * memsets too). */
+static int graph_kernel_nodes(cudaGraph_t graph, int *nodes) {
+    size_t n = 0;
+    CUDA_CHECK(cudaGraphGetNodes(graph, NULL, &n));
+    cudaGraphNode_t *list = (cudaGraphNode_t *)rs_xcalloc(n ? n : 1, sizeof *list);
+    CUDA_CHECK(cudaGraphGetNodes(graph, list, &n));
+    int kernels = 0;
+    for (size_t i = 0; i < n; i++) {
+        enum cudaGraphNodeType t;
+        CUDA_CHECK(cudaGraphNodeGetType(list[i], &t));
+        kernels += t == cudaGraphNodeTypeKernel;
+    }
+    free(list);
+    *nodes = (int)n;
+    return kernels;
+}
+
 static void launch_graph(CudaBackend *b, int bi) {
     CuGraph *g = &b->graphs[bi];
     int nb = kBuckets[bi];
@@ -702,6 +736,7 @@ static void launch_graph(CudaBackend *b, int bi) {
         CUDA_CHECK(cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal));
         enqueue_forward(b, nb);
         CUDA_CHECK(cudaStreamEndCapture(b->stream, &graph));
+        g->kernel_nodes = graph_kernel_nodes(graph, &g->nodes);
         CUDA_CHECK(cudaGraphInstantiate(&g->exec, graph, 0));
         CUDA_CHECK(cudaGraphDestroy(graph));
         memcpy(g->key, key, sizeof key);
@@ -713,6 +748,8 @@ static void launch_graph(CudaBackend *b, int bi) {
     CUDA_CHECK(cudaGraphLaunch(g->exec, b->stream));
     b->launches_layer = g->launches_layer;
     b->launches_pass = g->launches_pass;
+    b->graph_kernel_nodes = g->kernel_nodes;
+    b->graph_nodes = g->nodes;
 }
 
 /* Every bucket a forward() can use is captured now, not in the middle of a decode. The
@@ -726,6 +763,24 @@ static void capture_all(CudaBackend *b) {
                                b->stream));
     for (int bi = 0; bi <= bucket_of(small); bi++) launch_graph(b, bi);
     CUDA_CHECK(cudaStreamSynchronize(b->stream));
+}
+
+extern "C" void cuda_backend_graph_launches(const Backend *bb, double *per_layer, int *kernels,
+                                           int *nodes) {
+    RS_ASSERT(bb && bb->ops == &cuda_ops);
+    const CudaBackend *b = (const CudaBackend *)bb;
+    *kernels = b->graph_kernel_nodes;
+    *nodes = b->graph_nodes;
+    /* the graph holds the layers plus what precedes them (RoPE table, embedding) */
+    *per_layer = b->graph_kernel_nodes < 0 ? -1.0
+                 : (double)(b->graph_kernel_nodes - b->launches_pre) / b->nl;
+}
+
+extern "C" int cuda_backend_qkv_fused(const Backend *bb, int n) {
+    RS_ASSERT(bb && bb->ops == &cuda_ops);
+    const CudaBackend *b = (const CudaBackend *)bb;
+    int nb = n <= GRAPH_MAX_TOKENS ? kBuckets[bucket_of(n)] : n;
+    return b->batch_inv || nb <= b->fused_qkv;
 }
 
 extern "C" void cuda_backend_launches(const Backend *bb, int *per_layer, int *per_pass) {
@@ -777,6 +832,7 @@ static int cuda_forward(Backend *bb, const int *tokens, const int *pos, int n,
     } else {
         enqueue_forward(b, nb);
         b->n_eager_launches++;
+        b->graph_kernel_nodes = b->graph_nodes = -1;
     }
     b->launches_pass += head(b, n_out);
     if (n_out > 0 && logits) /* NULL: the rows stay on the device (kept rows) */

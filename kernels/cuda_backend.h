@@ -19,11 +19,21 @@ void cuda_backend_set_graphs(Backend *b, int on);
 /* Weight bytes one forward streams (bf16 layers + output head), for bandwidth figures. */
 size_t cuda_backend_weight_bytes(const Backend *b);
 
-/* Kernel launches of the last forward(): per layer and for the whole pass (embedding,
- * RoPE table, layers, final norm and head; a replayed graph counts the kernels it holds).
- * Default mode: 7 a layer, or 9 with ROOTSPEC_CUDA_FUSED_QKV=0 (read at create) and in
- * calls of more than 65 rows; batch-invariant mode: 5 (docs/DESIGN.md §7). */
+/* Kernel launches of the last forward(), counted on the host as they are enqueued: per
+ * layer and for the whole pass (embedding, RoPE table, layers, final norm and head; a
+ * replayed graph counts the kernels enqueued while it was captured). Default mode: 7 a
+ * layer in a one-row call, 9 with more rows (ROOTSPEC_CUDA_FUSED_QKV, read at create:
+ * "0" 9 always, "all" 7 in every call of at most 65 rows); batch-invariant mode: 5
+ * (docs/DESIGN.md §7). A cuBLAS call counts as one kernel. */
 void cuda_backend_launches(const Backend *b, int *per_layer, int *per_pass);
+/* The same counted in the CUDA graph the last forward() replayed (cudaGraphGetNodes):
+ * its kernel nodes (cuBLAS's own extra kernels included), all its nodes, and per layer
+ * the kernel nodes less those before the first layer, over the layer count (fractional
+ * when cuBLAS splits some layers' GEMMs differently). -1 each when the call ran eagerly. */
+void cuda_backend_graph_launches(const Backend *b, double *per_layer, int *kernels, int *nodes);
+/* 1 when a forward() of n rows computes q|k|v with the fused kernel (k_qkv_fused), 0 when
+ * with RMSNorm + cuBLAS + k_qkv_post. */
+int cuda_backend_qkv_fused(const Backend *b, int n);
 
 #ifdef __cplusplus
 }

@@ -140,8 +140,10 @@ void cuk_residual_add(cudaStream_t s, float *x, const float *y, size_t n);
 /* Batch-invariant y (nb, out) = op(x) @ W^T, W (out, in) bf16 (cuda_kernels.cu): each output
  * element reduced over in in an order fixed by `in` alone. Input: xb (nb, in) bf16, or with
  * norm_w the f32 rows xf (rows ? rows[r] : r) RMS-normed with norm_w, eps and rounded to
- * bf16. Output: y (nb, out) f32, added to y when accumulate; or with gated (W of 2*out rows,
- * gate then up) yb (nb, out) = bf16(silu(gate) * up). in % 8 == 0. */
+ * bf16 (in <= CUK_NORM_GEMM_MAX_IN). Output: y (nb, out) f32, added to y when accumulate; or
+ * with gated (W of 2*out rows, gate then up) yb (nb, out) = bf16(silu(gate) * up).
+ * in % 8 == 0. */
+#define CUK_NORM_GEMM_MAX_IN 8192
 void cuk_gemm_bi(cudaStream_t s, const rs_bf16 *W, int out, int in, int nb, const rs_bf16 *xb,
                  const float *xf, const int *rows, const float *norm_w, float eps, int gated,
                  int accumulate, float *y, rs_bf16 *yb);
@@ -165,12 +167,15 @@ void cuk_qkv_post(cudaStream_t s, float *qkv, int row_stride, int nb, int n_head
  * then what cuk_qkv_post does (bias, q/k norm, RoPE, k and v of rows t < meta->n into the
  * cache); qkv (nb, q_dim + 2*kv_dim) f32 receives the processed rows. Bitwise equal to
  * cuk_gemm_bi (norm prologue) followed by cuk_qkv_post, hence batch-invariant.
- * dim % 8 == 0, hd even and <= 256. */
+ * dim % 8 == 0 and <= CUK_NORM_GEMM_MAX_IN, hd even and <= 256. counters:
+ * cuk_qkv_counters(nb, n_heads, n_kv_heads) unsigned, ZEROED once before their first use
+ * (every launch leaves them at zero again); they serve any call of at most nb rows. */
 void cuk_qkv_fused(cudaStream_t s, const rs_bf16 *W, const float *x, const float *norm_w,
                    int dim, float eps, int nb, int n_heads, int n_kv_heads, int hd,
                    const float *bias, const float *q_norm, const float *k_norm,
                    const float *cos_t, const float *sin_t, const CuMeta *meta, float *qkv,
-                   rs_bf16 *kc, rs_bf16 *vc);
+                   rs_bf16 *kc, rs_bf16 *vc, unsigned *counters);
+size_t cuk_qkv_counters(int nb, int n_heads, int n_kv_heads);
 /* KV compaction for one cache (n_layers, cap, kv_dim): for every layer, slot
  * n_committed + i <- slot n_committed + keep[i] for i < n_keep (keep on the device),
  * staged through scratch (n_layers, n_keep, kv_dim) so any order is safe. */

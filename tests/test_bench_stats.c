@@ -239,7 +239,16 @@ START_TEST(test_combos) {
     ck_assert_int_eq(bench_combos_parse("draft", "0,2", "8", &p, &n, &e), RS_EINVAL);
     ck_assert_str_eq(e.msg, "temperature \"2\" must be 0 or 1");
     ck_assert_int_eq(bench_combos_parse("draft", "0", "8,65", &p, &n, &e), RS_EINVAL);
-    ck_assert_str_eq(e.msg, "budget \"65\" must be an integer in 1..64");
+    ck_assert_str_eq(e.msg, "budget \"65\" must be auto or an integer in 1..64");
+    /* auto: the cost-aware budget, after every number, shown as "auto" */
+    ck_assert_int_eq(bench_combos_parse("draft", "0", "auto,8", &p, &n, &e), RS_OK);
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(p[0].budget, BENCH_BUDGET_AUTO);
+    ck_assert_int_lt(bench_combo_cmp(&p[1], &p[0]), 0);
+    char bb[16];
+    ck_assert_str_eq(bench_budget_str(p[0].budget, bb), "auto");
+    ck_assert_str_eq(bench_budget_str(p[1].budget, bb), "8");
+    free(p);
     ck_assert_int_eq(bench_combos_parse("Draft", "0", "8", &p, &n, &e), RS_EINVAL);
     ck_assert_str_eq(e.msg, "decoder name \"Draft\" must be [a-z0-9_]");
     ck_assert_int_eq(bench_combos_parse("draft,draft", "0", "8", &p, &n, &e), RS_EINVAL);

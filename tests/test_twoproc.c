@@ -571,6 +571,8 @@ START_TEST(test_pipeline_timing_script) {
         ck_assert_msg(strstr(log, want), "missing '%s' in:\n%s", want, log);
         snprintf(want, sizeof want, "\n  %-9s ", decs[i]);
         ck_assert_msg(strstr(log, want), "no summary row for %s:\n%s", decs[i], log);
+        snprintf(want, sizeof want, "\nidentity_%s=ok\n", decs[i]); /* the GPU check's recap */
+        ck_assert_msg(strstr(log, want), "missing '%s' in:\n%s", want + 1, log);
     }
     ck_assert_msg(!strstr(log, "FAIL"), "%s", log);
     free(log);

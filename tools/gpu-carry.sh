@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The default model (98 MB) is larger than what one device call may carry (64 MiB with the
-# working tree and gpu-bundle/), so it travels in two parts over two calls to the same warm
-# machine, whose ignored files persist between calls:
+# working tree), so the first GPU run (`bash tools/gpu-check.sh`, one call carrying
+# gpu-bundle/) goes without it. For the optional `--default-model` check it travels in two
+# parts over two calls to the same warm machine (released about 30 s after a call, so the
+# second call must follow at once; a fresh machine has lost part 1 and the check goes):
 #   here:   bash tools/gpu-carry.sh split   -> gpu-carry/model.part1 (44 MiB), model.part2,
 #                                              model.sha256 (git-ignored)
-#   call 1: carry gpu-bundle, gpu-carry/model.part1, gpu-carry/model.sha256; run gpu-check.sh
-#   call 2 (within the machine's warm window): carry gpu-carry/model.part2;
-#           run `bash tools/gpu-check.sh --default-model`
+#   call 1: the first GPU run, carrying gpu-carry/model.part1 and model.sha256 as well
+#   call 2 (at once): carry gpu-carry/model.part2; run `bash tools/gpu-check.sh --default-model`
 #   there:  bash tools/gpu-carry.sh join    -> models/<default>.gguf once both parts are there
-#           and the sha256 matches (gpu-check.sh calls it); exit 1 (and a message) otherwise.
+#           and the sha256 matches (gpu-check.sh calls it first); exit 1 (and a message)
+#           otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf

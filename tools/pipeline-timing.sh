@@ -15,9 +15,12 @@
 #   PIPE_BUDGET   tree budget (59); PIPE_OUT log folder (default pipeline-out)
 #   PIPE_RUN_LIMIT seconds per decode including start-up (default 60)
 #   PIPE_TIE_TOL  logit margin of a near-tie (default 0.05 on cuda, 0.001 on cpu)
+#   PIPE_IDENTITY strict | report (default strict): whether a difference from AR beyond a
+#                 near-tie fails the run or is only reported (IDENTITY DIFFERS)
 # Prints each decode's summary line and per-round timing medians, one table at the end, and
 # "IDENTITY ok|near-tie|FAIL" per decoder: its T=0 ids must be a prefix of AR's, or differ
-# first where AR's best two logits were within PIPE_TIE_TOL (rounding between batch shapes).
+# first where AR's best two logits were within PIPE_TIE_TOL (rounding between batch shapes);
+# then one line per decoder, identity_DEC=ok|near-tie|FAIL|differs[,id=D,margin=M].
 # Exit status 0 when every run succeeded and no identity FAILed.
 set -u
 case "${1:-}" in
@@ -39,8 +42,10 @@ RUN_LIMIT=${PIPE_RUN_LIMIT:-60} # seconds per decode, start-up included
 # Logit margin under which a first difference from AR counts as a rounding-flipped near-tie:
 # bf16 GPU activations vs f32 on the CPU.
 if [ "$BACKEND" = cuda ]; then TIE_TOL=${PIPE_TIE_TOL:-0.05}; else TIE_TOL=${PIPE_TIE_TOL:-0.001}; fi
+IDENTITY_MODE=${PIPE_IDENTITY:-strict}
 mkdir -p "$OUT"
 say() { echo "pipeline: $*"; }
+idents=()
 
 # Prompt ids below the smallest preset vocabulary (512), spread so no early repeats.
 ids=$(awk -v n="$PLEN" 'BEGIN { for (i = 0; i < n; i++) printf "%s%d", i ? "," : "", (i * 37 + 11) % 509 }')
@@ -104,6 +109,7 @@ for dec in ar $DECODERS; do
         ref=$(tr -s ' \n' '  ' <"$OUT/ar.out" | cut -d' ' -f1-"$MAX_NEW")
         if [ "$n" -ge "$MAX_NEW" ] && [ "$got" = "$ref" ]; then
             say "IDENTITY ok: $dec's first $MAX_NEW ids equal AR's"
+            idents+=("identity_$dec=ok")
         else
             # Greedy speculative output equals AR's in exact arithmetic; on a GPU a tree pass
             # of n rows and AR's 1-row pass round differently (GEMM shapes, attention order,
@@ -116,6 +122,7 @@ for dec in ar $DECODERS; do
                 "$OUT/ar.cmp" "$OUT/$dec.cmp")
             if [ -z "$d" ]; then
                 say "IDENTITY FAIL: $dec emitted $n ids, fewer than $MAX_NEW"
+                idents+=("identity_$dec=FAIL,short=$n")
                 status=1
                 continue
             fi
@@ -123,8 +130,13 @@ for dec in ar $DECODERS; do
             m=$(sed -n "$((d + 1))p" "$OUT/rounds-ar.jsonl" | grep -o '"root_margin":[0-9.]*' | cut -d: -f2)
             if [ -n "$m" ] && awk -v m="$m" -v t="$TIE_TOL" 'BEGIN { exit !(m < t) }'; then
                 say "IDENTITY near-tie: $dec equals AR up to id $d, where AR's best two logits are $m apart (< $TIE_TOL): AR $x, $dec $y; the continuations differ from there"
+                idents+=("identity_$dec=near-tie,id=$d,margin=$m")
+            elif [ "$IDENTITY_MODE" = report ]; then
+                say "IDENTITY DIFFERS: $dec differs from AR at id $d (0-based): AR $x, $dec $y, AR's margin there ${m:-unknown} (>= $TIE_TOL; reported, not judged)"
+                idents+=("identity_$dec=differs,id=$d,margin=${m:-unknown}")
             else
                 say "IDENTITY FAIL: $dec differs from AR at id $d (0-based): AR $x, $dec $y, AR's margin there ${m:-unknown} (>= $TIE_TOL: not a near-tie)"
+                idents+=("identity_$dec=FAIL,id=$d,margin=${m:-unknown}")
                 status=1
             fi
         fi
@@ -135,4 +147,5 @@ say "summary (medians per round; drafting is the drafter's own time; replays/eag
 printf '  %-9s %9s %9s %10s %10s %10s %8s %s\n' decoder "tok/s" accepted "round ms" "root ms" \
     "draft ms" "hidden%" "replays/eager"
 for s in "${summary[@]}"; do echo "  $s"; done
+for s in ${idents[@]+"${idents[@]}"}; do echo "$s"; done
 exit $status

@@ -287,7 +287,8 @@ END_TEST
  * bitwise equal to cuk_gemm_bi (norm prologue) + cuk_qkv_post, the two launches it
  * replaces, and within atol 2e-4, rtol 2e-3 of the CPU ops (normed input rounded to bf16,
  * as the device feeds it to the projection). Padding rows t >= n are computed but never
- * reach the cache. */
+ * reach the cache. The fused kernel runs twice on the same head counters: the second
+ * launch's heads are only finished if the first left its counters at zero. */
 static void qkv_fused_case(int dim, int nh, int nkv, int hd, int nb, int n, int with_bias,
                            int with_norm, uint64_t seed) {
     uint64_t st = seed;
@@ -319,7 +320,14 @@ static void qkv_fused_case(int dim, int nh, int nkv, int hd, int nb, int n, int 
     CUDA_CHECK(cudaMemset(kcb, 0, cb));
     CUDA_CHECK(cudaMemset(vcb, 0, cb));
     const float *b_ = with_bias ? db : NULL, *q_ = with_norm ? dqn : NULL, *k_ = with_norm ? dkn : NULL;
-    cuk_qkv_fused(0, dw, dx, dnw, dim, eps, nb, nh, nkv, hd, b_, q_, k_, dcs, dsn, dmeta, dqa, kca, vca);
+    size_t nct = cuk_qkv_counters(nb, nh, nkv) * sizeof(unsigned);
+    unsigned *dct = dnew(nct);
+    CUDA_CHECK(cudaMemset(dct, 0, nct));
+    for (int rep = 0; rep < 2; rep++) {
+        CUDA_CHECK(cudaMemset(dqa, 0, (size_t)nb * w * 4));
+        cuk_qkv_fused(0, dw, dx, dnw, dim, eps, nb, nh, nkv, hd, b_, q_, k_, dcs, dsn, dmeta, dqa,
+                      kca, vca, dct);
+    }
     cuk_gemm_bi(0, dw, w, dim, nb, NULL, dx, NULL, dnw, eps, 0, 0, dqb, NULL);
     cuk_qkv_post(0, dqb, w, nb, nh, nkv, hd, b_, q_, k_, eps, dcs, dsn, dmeta, kcb, vcb);
     float *ga = malloc((size_t)nb * w * 4), *gb = malloc((size_t)nb * w * 4);
@@ -352,7 +360,7 @@ static void qkv_fused_case(int dim, int nh, int nkv, int hd, int nb, int n, int 
         }
     cudaFree(dx), cudaFree(dnw), cudaFree(db), cudaFree(dqn), cudaFree(dkn), cudaFree(dcs);
     cudaFree(dsn), cudaFree(dw), cudaFree(dmeta), cudaFree(dqa), cudaFree(dqb);
-    cudaFree(kca), cudaFree(vca), cudaFree(kcb), cudaFree(vcb);
+    cudaFree(kca), cudaFree(vca), cudaFree(kcb), cudaFree(vcb), cudaFree(dct);
     free(x), free(nw), free(wf), free(bias), free(qn), free(kn), free(wb), free(wr), free(ga);
     free(gb), free(ka), free(va), free(kb2), free(vb2), free(ref), free(xn);
 }
@@ -363,6 +371,9 @@ START_TEST(test_cuda_qkv_fused) {
     qkv_fused_case(256, 4, 2, 64, 19, 13, 1, 1, 32); /* 3 row groups, padding, bias, q/k norm */
     qkv_fused_case(128, 2, 1, 256, 9, 9, 0, 1, 33);  /* widest head */
     qkv_fused_case(64, 4, 4, 16, 65, 60, 1, 0, 34);  /* MHA, tiny heads, a 65-row pass */
+    qkv_fused_case(64, 16, 8, 16, 65, 65, 0, 1, 35); /* enough blocks: one per head */
+    /* rows staged into shared memory 4 at a time (8 rows a group) */
+    qkv_fused_case(CUK_NORM_GEMM_MAX_IN / 4, 2, 1, 64, 9, 9, 1, 1, 36);
 }
 END_TEST
 

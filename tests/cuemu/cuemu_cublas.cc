@@ -136,6 +136,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     float al = *(const float *)alpha, be = *(const float *)beta;
     auto op = std::make_shared<cuemu_op_t>();
     op->what = "cublasGemmEx";
+    op->type = cudaGraphNodeTypeKernel;
     op->run = [=]() {
         /* Reused across calls (ops run under cuemu_mu): fresh 100 MB vectors per GEMM
          * would spend most of the time in page faults. */

@@ -14,6 +14,9 @@
 typedef struct {
     std::string what; /* for diagnostics: kernel name, "memcpy H2D", "cublasGemmEx" */
     std::function<void()> run;
+    /* what a captured graph holds it as (cudaGraphNodeGetType); an emulated cuBLAS call
+     * is one kernel */
+    enum cudaGraphNodeType type;
 } cuemu_op_t;
 typedef std::shared_ptr<cuemu_op_t> cuemu_op_p;
 

@@ -58,8 +58,12 @@ struct CUevent_st {
     std::chrono::steady_clock::time_point t;
 };
 
+struct CUgraphNode_st {
+    enum cudaGraphNodeType type;
+};
 struct CUgraph_st {
     std::vector<cuemu_op_p> ops; /* one stream captured: a chain */
+    std::vector<CUgraphNode_st> nodes; /* one per op, for cudaGraphGetNodes */
 };
 struct CUgraphExec_st {
     std::vector<cuemu_op_p> ops;
@@ -237,10 +241,12 @@ cudaError_t cuemu_enqueue(cudaStream_t s0, cuemu_op_p op) {
     return cudaSuccess;
 }
 
-static cuemu_op_p mkop(std::string what, std::function<void()> run) {
+static cuemu_op_p mkop(std::string what, std::function<void()> run,
+                       enum cudaGraphNodeType type = cudaGraphNodeTypeEmpty) {
     auto op = std::make_shared<cuemu_op_t>();
     op->what = std::move(what);
     op->run = std::move(run);
+    op->type = type;
     return op;
 }
 
@@ -520,9 +526,9 @@ static cudaError_t memcpy_common(const char *call, void *dst, const void *src, s
     if (kind == cudaMemcpyHostToDevice && pageable_src) {
         /* Staged at enqueue: later host writes to src do not reach the device. */
         auto snap = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + n);
-        op = mkop(what, [dst, snap, n]() { memcpy(dst, snap->data(), n); });
+        op = mkop(what, [dst, snap, n]() { memcpy(dst, snap->data(), n); }, cudaGraphNodeTypeMemcpy);
     } else {
-        op = mkop(what, [dst, src, n]() { memmove(dst, src, n); });
+        op = mkop(what, [dst, src, n]() { memmove(dst, src, n); }, cudaGraphNodeTypeMemcpy);
     }
     if (sync || (kind == cudaMemcpyDeviceToHost && pageable_dst) || kind == cudaMemcpyHostToHost)
         return enqueue_and_wait(s, op);
@@ -552,7 +558,7 @@ static cudaError_t memset_common(void *p, int v, size_t n, cudaStream_t s0, int 
         if (s_legacy_stream.capturing || unsafe_during_capture("cudaMemset"))
             return cudaErrorStreamCaptureUnsupported;
     }
-    auto op = mkop("cudaMemset", [p, v, n]() { memset(p, v, n); });
+    auto op = mkop("cudaMemset", [p, v, n]() { memset(p, v, n); }, cudaGraphNodeTypeMemset);
     return sync ? enqueue_and_wait(s, op) : cuemu_enqueue(s, op);
 }
 
@@ -657,6 +663,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s0, cudaGraph_t *g) {
     }
     *g = new CUgraph_st();
     (*g)->ops.swap(*ops);
+    for (auto &o : (*g)->ops) (*g)->nodes.push_back(CUgraphNode_st{o->type});
     delete ops;
     return cudaSuccess;
 }
@@ -693,6 +700,27 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t ge) {
     LOCK();
     if (!ge) return ret(cudaErrorInvalidValue);
     delete ge; /* launches already queued hold their own copy of the op list */
+    return cudaSuccess;
+}
+
+/* Nodes of a captured graph: one per captured operation, in capture order. */
+cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *nodes, size_t *n) {
+    LOCK();
+    if (!g || !n) return ret(cudaErrorInvalidValue);
+    size_t have = g->nodes.size();
+    if (!nodes) {
+        *n = have;
+        return cudaSuccess;
+    }
+    for (size_t i = 0; i < *n; i++) nodes[i] = i < have ? &g->nodes[i] : NULL;
+    if (*n > have) *n = have;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphNodeGetType(cudaGraphNode_t node, enum cudaGraphNodeType *type) {
+    LOCK();
+    if (!node || !type) return ret(cudaErrorInvalidValue);
+    *type = node->type;
     return cudaSuccess;
 }
 
@@ -786,6 +814,7 @@ void cuemu_launch_impl(const char *name, dim3 grid, dim3 block, size_t shmem, cu
                     "hardware limits (cudaErrorInvalidConfiguration on a GPU)",
                     name, grid.x, grid.y, grid.z, block.x, block.y, block.z, shmem);
     std::string nm(name);
-    auto op = mkop(nm, [nm, grid, block, body]() { cuemu_run_kernel(nm.c_str(), grid, block, body); });
+    auto op = mkop(nm, [nm, grid, block, body]() { cuemu_run_kernel(nm.c_str(), grid, block, body); },
+                   cudaGraphNodeTypeKernel);
     cuemu_set_last_error(cuemu_enqueue(s, op));
 }

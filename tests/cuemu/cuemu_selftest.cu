@@ -162,6 +162,31 @@ static void test_gemm(void) {
     cublasDestroy(h);
 }
 
+/* A captured graph lists its nodes by type, as cudaGraphGetNodes does on a GPU (the backend
+ * counts a layer's kernel nodes from it): here a kernel, a copy, a memset, a kernel. */
+static void test_graph_nodes(cudaStream_t s, float *dx, float *dout, int *d1) {
+    cudaGraph_t g;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess, "capture");
+    LAUNCH(k_block_sum, 1, 256, s, dx, dout);
+    cudaMemcpyAsync(dout + 1, dout, 4, cudaMemcpyDeviceToDevice, s);
+    cudaMemsetAsync(d1, 0, 16, s);
+    LAUNCH(k_block_sum, 2, 256, s, dx, dout);
+    CHECK(cudaStreamEndCapture(s, &g) == cudaSuccess, "end capture");
+    size_t n = 0;
+    CHECK(cudaGraphGetNodes(g, NULL, &n) == cudaSuccess && n == 4, "graph nodes: %zu, want 4", n);
+    cudaGraphNode_t nodes[6];
+    n = 6;
+    CHECK(cudaGraphGetNodes(g, nodes, &n) == cudaSuccess && n == 4 && !nodes[4], "node list");
+    const enum cudaGraphNodeType want[4] = {cudaGraphNodeTypeKernel, cudaGraphNodeTypeMemcpy,
+                                            cudaGraphNodeTypeMemset, cudaGraphNodeTypeKernel};
+    for (int i = 0; i < 4; i++) {
+        enum cudaGraphNodeType t;
+        CHECK(cudaGraphNodeGetType(nodes[i], &t) == cudaSuccess && t == want[i],
+              "node %d type %d, want %d", i, (int)t, (int)want[i]);
+    }
+    cudaGraphDestroy(g);
+}
+
 int main(void) {
     /* barrier + shuffle arithmetic */
     float x[4 * 256], out[4];
@@ -219,6 +244,7 @@ int main(void) {
           "copy past the end of an allocation");
     CHECK(cudaMemset(d2, 0, 17) == cudaErrorInvalidValue, "memset past the end");
     cudaGetLastError();
+    test_graph_nodes(s, dx, dout, d1);
     test_gemm();
     cudaFreeHost(pin), cudaFree(d1), cudaFree(d2), cudaFree(dx), cudaFree(dout);
     cudaStreamDestroy(s);
