@@ -3,8 +3,11 @@
 # installs Debian packages and fetches the default model, `make run` is the main job.
 CC      ?= cc
 PKGS    := libzmq libcjson libpcre2-8 libutf8proc
-PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+# libmicrohttpd: rootspec-serve alone links it (SERVE_LIBS).
+SERVE_PKGS := libmicrohttpd
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) $(SERVE_PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lmsgpackc
+SERVE_LIBS := $(shell pkg-config --libs $(SERVE_PKGS) 2>/dev/null)
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wno-sign-compare
 CFLAGS  ?= -O2 -march=x86-64-v2 -g
@@ -17,10 +20,12 @@ DEFAULT_MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 # The engine library (librootspec.a, linked by every program): every .c in LIB_DIRS except
 # program entry points (*_main.c). The bench's own code (statistics, logs, summary) is a
 # second library, librootspec-bench.a, linked only by the programs in bench/ and the tests,
-# so rootspec-target and rootspec-draft carry none of it.
+# so rootspec-target and rootspec-draft carry none of it. The HTTP server's code
+# (target_proc/serve_*.c) is a third, librootspec-serve.a, for rootspec-serve and the tests.
 LIB_DIRS   := common kernels kernels/cpu kernels/cpu/x86 kernels/cuda proto draft_proc target_proc
 BENCH_DIR  := bench
-LIB_SRCS   := $(filter-out %_main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
+SERVE_SRCS := $(filter-out %_main.c,$(wildcard target_proc/serve_*.c))
+LIB_SRCS   := $(filter-out %_main.c $(SERVE_SRCS),$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 BENCH_SRCS := $(filter-out %_main.c,$(wildcard $(BENCH_DIR)/*.c))
 MAIN_SRCS  := $(foreach d,$(LIB_DIRS) $(BENCH_DIR),$(wildcard $(d)/*_main.c))
 TEST_SRCS  := $(wildcard tests/test_*.c)
@@ -29,10 +34,14 @@ LIB_OBJS       := $(LIB_SRCS:%.c=build/obj/%.o)
 SAN_OBJS       := $(LIB_SRCS:%.c=build/san/%.o)
 BENCH_OBJS     := $(BENCH_SRCS:%.c=build/obj/%.o)
 BENCH_SAN_OBJS := $(BENCH_SRCS:%.c=build/san/%.o)
+SERVE_OBJS     := $(SERVE_SRCS:%.c=build/obj/%.o)
+SERVE_SAN_OBJS := $(SERVE_SRCS:%.c=build/san/%.o)
 TEST_OBJS := $(TEST_SRCS:%.c=build/san/%.o) build/san/tests/main.o build/san/tests/testutil.o \
              build/san/tests/qmm_avx512_emu.o build/san/tests/qmm_amx_emu.o
 # $(call main_bench_objs,MAIN.c,OBJS): OBJS when MAIN.c is a bench program, else nothing.
 main_bench_objs = $(if $(filter $(BENCH_DIR)/%,$(1)),$(2))
+# $(call main_serve,MAIN.c,X): X when MAIN.c is rootspec-serve's, else nothing.
+main_serve = $(if $(filter target_proc/serve_main.c,$(1)),$(2))
 # target_proc/target_main.c -> build/rootspec-target
 BINS := $(foreach m,$(MAIN_SRCS),build/rootspec-$(patsubst %_main.c,%,$(notdir $(m))))
 
@@ -48,25 +57,21 @@ build/san/%.o: %.c
 	$(CC) $(filter-out -O2 -O3,$(CFLAGS)) $(SAN_FLAGS) -c $< -o $@
 
 build/librootspec.a: $(LIB_OBJS)
-	@mkdir -p build
-	ar rcs $@ $^
-
 build/librootspec-san.a: $(SAN_OBJS)
-	@mkdir -p build
-	ar rcs $@ $^
-
 build/librootspec-bench.a: $(BENCH_OBJS)
-	@mkdir -p build
-	ar rcs $@ $^
-
 build/librootspec-bench-san.a: $(BENCH_SAN_OBJS)
+build/librootspec-serve.a: $(SERVE_OBJS)
+build/librootspec-serve-san.a: $(SERVE_SAN_OBJS)
+build/librootspec.a build/librootspec-san.a build/librootspec-bench.a build/librootspec-bench-san.a \
+build/librootspec-serve.a build/librootspec-serve-san.a:
 	@mkdir -p build
+	rm -f $@
 	ar rcs $@ $^
 
 # The bench library comes first: it calls into the engine library, not the other way round.
 define BIN_RULE
-build/rootspec-$(patsubst %_main.c,%,$(notdir $(1))): build/obj/$(1:.c=.o) $(call main_bench_objs,$(1),build/librootspec-bench.a) build/librootspec.a
-	$$(CC) $$(CFLAGS) $$^ -o $$@ $$(LDLIBS)
+build/rootspec-$(patsubst %_main.c,%,$(notdir $(1))): build/obj/$(1:.c=.o) $(call main_bench_objs,$(1),build/librootspec-bench.a) $(call main_serve,$(1),build/librootspec-serve.a) build/librootspec.a
+	$$(CC) $$(CFLAGS) $$^ -o $$@ $$(LDLIBS) $(call main_serve,$(1),$$(SERVE_LIBS))
 endef
 $(foreach m,$(MAIN_SRCS),$(eval $(call BIN_RULE,$(m))))
 
@@ -77,8 +82,12 @@ build/suites.inc: $(TEST_SRCS)
 	@cmp -s $@.tmp $@ || mv $@.tmp $@; rm -f $@.tmp
 
 build/san/tests/main.o: build/suites.inc
-build/rootspec-tests: $(TEST_OBJS) build/librootspec-bench-san.a build/librootspec-san.a
-	$(CC) $(SAN_FLAGS) $^ -o $@ $(LDLIBS) $(CHECK_LIBS)
+build/rootspec-tests: $(TEST_OBJS) build/librootspec-bench-san.a build/librootspec-serve-san.a build/librootspec-san.a
+	$(CC) $(SAN_FLAGS) $^ -o $@ $(LDLIBS) $(SERVE_LIBS) $(CHECK_LIBS)
+
+# rootspec-serve under ASan+UBSan, for tests/serve_test.sh's malformed-request flood.
+build/rootspec-serve-san: build/san/target_proc/serve_main.o build/librootspec-serve-san.a build/librootspec-san.a
+	$(CC) $(SAN_FLAGS) $^ -o $@ $(LDLIBS) $(SERVE_LIBS)
 
 test-bin: build/rootspec-tests $(BINS) build/amx-overhead
 
@@ -89,6 +98,13 @@ build/amx-overhead: build/obj/tests/amx_overhead.o build/obj/tests/qmm_avx512_em
 
 amx-overhead: build/amx-overhead
 	./build/amx-overhead
+
+# rootspec-serve with real clients (the openai package in its own venv under build/, curl),
+# the malformed-request flood under ASan; half a minute on two cores once the venv and the
+# ASan build exist. .ci/run runs it.
+.PHONY: test-serve
+test-serve: build/rootspec-serve build/rootspec-serve-san build/rootspec-target build/rootspec-draft $(DEFAULT_MODEL)
+	bash tests/serve_test.sh
 
 # Repository checks (documentation pointers, layering): a second, no build needed.
 check-repo:
@@ -114,6 +130,7 @@ clean:
 -include kernels/cuda/cuda.mk
 -include tests/cuemu/cuemu.mk
 -include tests/fuzz.mk
+-include $(SERVE_OBJS:.o=.d) $(SERVE_SAN_OBJS:.o=.d) build/san/target_proc/serve_main.d
 -include $(LIB_OBJS:.o=.d) $(SAN_OBJS:.o=.d) $(BENCH_OBJS:.o=.d) $(BENCH_SAN_OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(MAIN_SRCS:%.c=build/obj/%.d) build/obj/tests/amx_overhead.d
 
 # Optional, slow (minutes on a CPU): T=0 identity of every decoder with AR on the default model.

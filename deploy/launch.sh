@@ -7,17 +7,19 @@
 #   deploy/launch.sh [--backend cpu|cuda] [--bin DIR] [--endpoint EP] [--insecure]
 #                    [--curve-dir DIR] --draft-model PATH [--draft-layers SPEC]
 #                    [--draft-threads N] [--draft-target-model PATH]
-#                    [--drafter KIND] [--corpus FILE] -- TARGET_ARGS...
+#                    [--drafter KIND] [--corpus FILE] [--serve] -- TARGET_ARGS...
 # --draft-target-model: the target an EAGLE-3 head (--draft-model HEAD) drafts for, passed
 # to rootspec-draft as --target-model (its embeddings and vocabulary).
 # --drafter suffix: the model-free drafter (--draft-model then only lends its tokenizer),
 # with --corpus FILE a text it also looks in.
 # TARGET_ARGS go to rootspec-target (--model, --prompt/--prompts, --decoder, ...); the
 # launcher adds --draft-endpoint. The drafter is stopped when the target exits.
+# --serve: the target side is rootspec-serve, the HTTP server (TARGET_ARGS: --model,
+# --decoder, --port, ...), which runs until SIGINT or SIGTERM (deploy/serve.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 backend=cpu bin="" endpoint="" draft_model="" draft_layers="" insecure="" curve="" dthreads=1
-draft_target="" drafter="" corpus=""
+draft_target="" drafter="" corpus="" prog=rootspec-target
 need() { [ $# -ge 2 ] || { echo "launch.sh: option $1 needs a value (see --help)" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -32,6 +34,7 @@ while [ $# -gt 0 ]; do
     --corpus) need "$@"; corpus=$2; shift 2 ;;
     --insecure) insecure=--insecure; shift ;;
     --curve-dir) need "$@"; curve=$2; shift 2 ;;
+    --serve) prog=rootspec-serve; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; break ;;
     *) echo "launch.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
@@ -44,7 +47,7 @@ case "$backend" in
   *) echo "launch.sh: --backend must be cpu or cuda, not '$backend'" >&2; exit 2 ;;
 esac
 build_hint="make"; [ "$backend" = cuda ] && build_hint="make cuda"
-for b in rootspec-draft rootspec-target; do
+for b in rootspec-draft "$prog"; do
   [ -x "$bin/$b" ] || { echo "launch.sh: $bin/$b not found or not executable (build with: $build_hint)" >&2; exit 2; }
 done
 tmp=$(mktemp -d /tmp/rootspec.XXXXXX)
@@ -77,9 +80,9 @@ trap 'exit 143' TERM
 # Both processes load their models at once; the target runs in the background so that a
 # drafter which fails to start is noticed at once.
 if [ "$backend" = cuda ]; then
-  CUDA_VISIBLE_DEVICES=${TARGET_GPU:-0} "$bin/rootspec-target" "${targs[@]}" "$@" &
+  CUDA_VISIBLE_DEVICES=${TARGET_GPU:-0} "$bin/$prog" "${targs[@]}" "$@" &
 else
-  "${pin_target[@]}" "$bin/rootspec-target" "${targs[@]}" "$@" &
+  "${pin_target[@]}" "$bin/$prog" "${targs[@]}" "$@" &
 fi
 tpid=$!
 # A background job ignores SIGINT, so pass an interrupt on as SIGTERM.

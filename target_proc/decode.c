@@ -767,7 +767,7 @@ int decode_run(Target *t, Drafter *dc, const int *prompt, int n_prompt, const De
     res->rounds = 0;
     res->accepted_total = 0;
     res->tau_total = 0;
-    res->drafter_failed = 0;
+    res->drafter_failed = res->stopped = 0;
     int rc = decode_check(t, dc, prompt, n_prompt, o, e);
     if (rc) return rc;
     Decode *d = rs_xcalloc(1, sizeof *d);
@@ -783,6 +783,7 @@ int decode_run(Target *t, Drafter *dc, const int *prompt, int n_prompt, const De
         Round r;
         round_begin(d, &r, round);
         if (kv_full(d)) break;
+        if (h && h->should_stop && (res->stopped = h->should_stop(h->user) != 0)) break;
         rc = d->use_drafter ? round_speculative(d, &r, e) : round_ar(d, &r, e);
         if (!rc) rc = round_commit(d, &r, e);
     }

@@ -78,6 +78,9 @@ typedef struct {
     void (*on_round)(void *user, const RoundInfo *r);
     void (*on_event)(void *user, const char *event, const char *detail);
     void *user;
+    /* NULL or checked before each round: nonzero ends the decode there (a server's client
+     * went away or a stop string matched); the tokens emitted so far stay in the result */
+    int (*should_stop)(void *user);
 } DecodeHooks;
 
 typedef struct {
@@ -92,6 +95,7 @@ typedef struct {
     double tau_total;
     uint64_t t_start, t_end; /* prefill start, last commit */
     int drafter_failed;
+    int stopped; /* DecodeHooks.should_stop ended the decode */
 } DecodeResult;
 
 /* KV entries decode_run keeps free for one round with these options (checked before the

@@ -1,7 +1,7 @@
 /* rootspec-target: decodes one prompt with the target model, autoregressively or with a
  * speculative decoder, streaming text to stdout and a summary to stderr. */
 #include "common/cli.h"
-#include "engine.h"
+#include "engine_cli.h"
 #include "roundlog.h"
 #include "timing.h"
 #include "common/prompts.h"
@@ -14,52 +14,13 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: rootspec-target --model PATH (--prompt TEXT | --prompt-ids 1,2,3 | --prompts FILE) [options]\n"
             "\n"
-            "  --model PATH          target model: GGUF file or Hugging Face directory, or a\n"
-            "                        random-weight model random:PRESET[,seed=N,layers=N,...]\n"
-            "                        (llama3-8b, llama3-1b, smollm2-135m, tiny; no tokenizer:\n"
-            "                        use --prompt-ids, output is token ids)\n"
             "  --prompt TEXT         user prompt (UTF-8)\n"
             "  --prompt-ids LIST     prompt as comma-separated token ids (no template, no BOS)\n"
             "  --prompts FILE        decode every prompt of a jsonl file (Spec-Bench or HumanEval\n"
             "                        format) and print a per-round timing summary at the end\n"
             "  --timing              print the per-round timing summary (also for one prompt)\n"
             "  --chat                wrap the prompt in the model's chat template\n"
-            "  --decoder NAME        ar | draft | pearl | rootdraw | root   (default ar)\n"
-            "  --budget B|auto       tree budget, 1..%d (default 59); auto: each round picks\n"
-            "                        from measured costs and acceptance whether to ask the\n"
-            "                        drafter, how deep a pool to grow and how many nodes to\n"
-            "                        verify (0: a plain AR step), for the most tokens/s\n"
-            "  --temp T              sampling temperature >= 0; 0: greedy (default 0)\n"
-            "  --top-k N             sample among the N likeliest tokens (ties kept; 0: off)\n"
-            "  --top-p P             then among the fewest likeliest tokens reaching mass P\n"
-            "                        (0 < P < 1; 0 or 1: off)\n"
-            "  --min-p P             then drop tokens below P times the likeliest's probability\n"
-            "                        (0..1; 0: off). Order: temperature, top-k, top-p, min-p;\n"
-            "                        every decoder's output follows this law exactly\n"
-            "  --seed S              sampling seed (default 1)\n"
             "  --max-new N           output at most N new tokens (default 256)\n"
-            "  --threads N           CPU threads (default 1)\n"
-            "  --ctx N               KV cache entries per process (default 2048)\n"
-            "  --backend NAME        cpu | cuda (default cpu)\n"
-            "  --device N            CUDA device ordinal (default 0)\n"
-            "  --batch-invariant     CUDA: a row's logits do not depend on the batch (own GEMMs,\n"
-            "                        fixed attention splits; T=0 ids equal AR's; default off)\n"
-            "  --draft-model PATH    drafter model sharing the target's tokenizer, or an EAGLE-3\n"
-            "                        head directory (the target supplies its embeddings)\n"
-            "  --eagle3-layer-ids input|output  what the head's listed feature-layer ids mean:\n"
-            "                        the stream entering layer i (vLLM) or the output of layer i\n"
-            "                        (SGLang); default: inferred from the ids\n"
-            "  --draft-layers SPEC   self-drafter from target layers, e.g. 0-5,24-29 (default %s)\n"
-            "  --drafter KIND        self | model | eagle3 | suffix (default: --draft-model's\n"
-            "                        kind, else self). suffix: model-free, proposes what\n"
-            "                        followed earlier occurrences of the context's last tokens\n"
-            "                        (prompt and output so far, and --draft-corpus)\n"
-            "  --draft-corpus FILE   suffix drafter: a text file it also looks in\n"
-            "  --draft-endpoint EP   use a rootspec-draft process at EP (ipc://, tcp://)\n"
-            "  --draft-timeout-ms N  remote drafter reply timeout (default 10000)\n"
-            "  --insecure            allow plain tcp:// to the drafter (no CURVE)\n"
-            "  --curve-dir DIR       CURVE key files for tcp:// (rootspec-draft --gen-keys DIR;\n"
-            "                        docs/DESIGN.md §8)\n"
             "  --log-rounds FILE     append one JSON object per round to FILE\n"
             "  --score-all-rules     offline scoring: each round's tree pass also covers the 70\n"
             "                        expanded pool nodes, so the round log gets the expected\n"
@@ -69,8 +30,9 @@ static void usage(FILE *f) {
             "  --prompt-id N         prompt id for the log and the seed stream (default 0)\n"
             "  -h, --help            this text\n"
             "\n"
-            "Exit status: 0 ok, 1 runtime failure, 2 bad usage or input.\n",
-            TREE_MAX, DRAFTER_DEFAULT_LAYERS);
+            "Engine and decoder:\n");
+    engine_cli_usage(f);
+    fprintf(f, "\nExit status: 0 ok, 1 runtime failure, 2 bad usage or input.\n");
 }
 
 typedef struct {
@@ -182,34 +144,15 @@ static int parse_args(int argc, char **argv, Args *A) {
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(a, "--model")) { if (VAL()) eo->model_path = v; }
-        else if (!strcmp(a, "--prompt")) { if (VAL()) A->prompt = v; }
+        } else if ((rc = engine_cli_option(argc, argv, &i, eo, d, &e)) != 0) {
+            if (rc == 1) rc = 0;
+        } else if (!strcmp(a, "--prompt")) { if (VAL()) A->prompt = v; }
         else if (!strcmp(a, "--prompt-ids")) { if (VAL()) A->prompt_ids = v; }
         else if (!strcmp(a, "--prompts")) { if (VAL()) A->prompts_path = v; }
         else if (!strcmp(a, "--timing")) A->want_timing = 1;
         else if (!strcmp(a, "--chat")) A->chat = 1;
-        else if (!strcmp(a, "--decoder")) {
-            if (VAL()) {
-                int r = rule_parse(v);
-                if (r < 0 || r == RULE_ORACLE)
-                    rc = rs_err(&e, RS_EINVAL, "--decoder: unknown decoder '%s' (ar, draft, pearl, rootdraw, root)", v);
-                else d->rule = (Rule)r;
-            }
-        } else if (!strcmp(a, "--budget")) { if (VAL()) rc = cli_budget(v, &d->budget, &e); }
-        else if (!strcmp(a, "--temp")) { if (VAL()) rc = cli_double(a, v, 0, 1e6, &d->sampling.temperature, &e); }
-        else if (!strcmp(a, "--top-k")) { if (VAL()) rc = cli_int(a, v, 0, 1 << 30, &d->sampling.top_k, &e); }
-        else if (!strcmp(a, "--top-p")) { if (VAL()) rc = cli_double(a, v, 0, 1, &d->sampling.top_p, &e); }
-        else if (!strcmp(a, "--min-p")) { if (VAL()) rc = cli_double(a, v, 0, 1, &d->sampling.min_p, &e); }
-        else if (!strcmp(a, "--seed")) { if (VAL()) rc = cli_u64(a, v, &d->seed, &e); }
         else if (!strcmp(a, "--prompt-id")) { if (VAL()) rc = cli_u64(a, v, &d->prompt_id, &e); }
         else if (!strcmp(a, "--max-new")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 20, &d->max_new, &e); }
-        else if (!strcmp(a, "--draft-model")) { if (VAL()) eo->draft_model_path = v; }
-        else if (!strcmp(a, "--eagle3-layer-ids")) { if (VAL()) rc = eagle3_layer_ids_option(v, &e); }
-        else if (!strcmp(a, "--draft-layers")) { if (VAL()) eo->draft_layers = v; }
-        else if (!strcmp(a, "--draft-endpoint")) { if (VAL()) eo->draft_endpoint = v; }
-        else if (!strcmp(a, "--drafter")) { if (VAL()) rc = drafter_kind_option(v, &eo->drafter_kind, &e); }
-        else if (!strcmp(a, "--draft-corpus")) { if (VAL()) eo->draft_corpus = v; }
-        else if (!strcmp(a, "--draft-timeout-ms")) { if (VAL()) rc = cli_int(a, v, 1, 3600000, &eo->draft_timeout_ms, &e); }
         else if (!strcmp(a, "--log-rounds")) { if (VAL()) A->log_path = v; }
         else if (!strcmp(a, "--score-all-rules")) d->score_all = 1;
         else if (!strcmp(a, "--output-ids")) A->output_ids = 1;
@@ -220,28 +163,8 @@ static int parse_args(int argc, char **argv, Args *A) {
             return 2;
         }
     }
-    eo->backend = A->rt.backend;
-    eo->threads = A->rt.threads;
-    eo->ctx = A->rt.ctx;
-    eo->device = A->rt.device;
-    eo->insecure = A->rt.insecure;
-    eo->curve_dir = A->rt.curve_dir;
-    if (A->rt.batch_invariant) backend_set_batch_invariant(1);
+    engine_cli_runtime(eo, &A->rt);
     return -1;
-}
-
-/* The drafter options that do not go together, or NULL. */
-static const char *drafter_conflict(const EngineOpts *eo) {
-    DrafterKind k = eo->drafter_kind;
-    if (eo->draft_corpus && k != DRAFTER_KIND_SUFFIX) return "--draft-corpus is for --drafter suffix";
-    if (k == DRAFTER_KIND_SUFFIX && (eo->draft_model_path || eo->draft_layers))
-        return "--drafter suffix needs no --draft-model or --draft-layers";
-    if (k && eo->draft_endpoint)
-        return "--drafter chooses an in-process drafter; --draft-endpoint uses the one of the "
-               "rootspec-draft process there";
-    if ((k == DRAFTER_KIND_MODEL || k == DRAFTER_KIND_EAGLE3) && !eo->draft_model_path)
-        return "--drafter model / eagle3 needs --draft-model PATH";
-    return NULL;
 }
 
 /* Options that parse alone but contradict each other: refused (exit 2) before the models load,
@@ -253,20 +176,9 @@ static int check_args(const Args *A) {
         usage(stderr);
         return 2;
     }
-    if (eo->draft_model_path && eo->draft_layers) {
-        fprintf(stderr, "rootspec-target: give --draft-model or --draft-layers (a self-drafter "
-                        "from the target's layers), not both\n");
-        return 2;
-    }
-    if (eo->draft_endpoint && (eo->draft_model_path || eo->draft_layers)) {
-        fprintf(stderr, "rootspec-target: --draft-endpoint uses the model of the rootspec-draft "
-                        "process there; drop --%s\n",
-                eo->draft_model_path ? "draft-model" : "draft-layers");
-        return 2;
-    }
-    const char *why = drafter_conflict(eo);
-    if (why) {
-        fprintf(stderr, "rootspec-target: %s\n", why);
+    RsErr e = {0};
+    if (engine_cli_check(eo, &e)) {
+        fprintf(stderr, "rootspec-target: %s\n", e.msg);
         return 2;
     }
     if (A->d.score_all && A->d.budget == 0) {
@@ -276,26 +188,6 @@ static int check_args(const Args *A) {
     if (A->d.score_all && !rule_needs_root(A->d.rule)) {
         fprintf(stderr, "rootspec-target: --score-all-rules needs --decoder pearl, rootdraw or root\n");
         return 2;
-    }
-    return -1;
-}
-
-/* Open the models; a missing drafter only downgrades the decoder to AR. Returns -1 to go on,
- * else the exit status (2 for bad input, 1 for a runtime failure). */
-static int open_engine(Args *A, Engine **en) {
-    RsErr e = {0};
-    A->eo.drafter_optional = 1; /* as when the drafter fails mid-decode: AR, with a warning */
-    int rc = engine_create(&A->eo, A->d.rule != RULE_AR, en, &e);
-    if (rc) {
-        fprintf(stderr, "rootspec-target: %s\n", e.msg);
-        return rc == RS_EINVAL || rc == RS_EFORMAT || rc == RS_EUNSUPPORTED || rc == RS_EPEER ? 2 : 1;
-    }
-    const char *requested = rule_name(A->d.rule);
-    if ((*en)->drafter_missing[0]) {
-        fprintf(stderr, "rootspec-target: warning: %s; decoding autoregressively instead of "
-                        "with --decoder %s\n", (*en)->drafter_missing, requested);
-        A->d.rule = RULE_AR;
-        A->d.score_all = 0;
     }
     return -1;
 }
@@ -331,7 +223,7 @@ static void print_prompt_summary(const DecodeOpts *dp, int n, const DecodeResult
  * stops at the first failure. Returns the exit status so far. */
 static int decode_prompts(const Args *A, Engine *en, const PromptSet *ps, Sink *s, Totals *t) {
     RsErr e = {0};
-    DecodeHooks h = {on_tokens, on_round, on_event, s};
+    DecodeHooks h = {on_tokens, on_round, on_event, s, NULL};
     DecodeResult res = {0};
     res.cap = A->d.max_new + ROUND_MAX_EMIT;
     res.tokens = rs_xmalloc(sizeof(int) * (size_t)res.cap);
@@ -409,7 +301,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     Engine *en = NULL;
-    rc = open_engine(&A, &en);
+    rc = engine_cli_open("rootspec-target", &A.eo, &A.d, &en);
     if (rc >= 0) {
         prompts_destroy(&ps);
         return rc;

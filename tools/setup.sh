@@ -8,8 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # libopenblas-dev: the CUDA emulator's cuBLAS (tests/cuemu); the engine does not link it.
-PKGS=(build-essential pkg-config libzmq3-dev libmsgpack-dev check libopenblas-dev libpcre2-dev
-      libutf8proc-dev libcjson-dev gnuplot-nox clang libclang-rt-14-dev python3-pip unzip)
+PKGS=(build-essential pkg-config libzmq3-dev libmsgpack-dev check libopenblas-dev libpcre2-dev libmicrohttpd-dev
+      libutf8proc-dev libcjson-dev gnuplot-nox clang libclang-rt-14-dev python3-pip python3-venv unzip)
 MODEL_DIR=models
 MODEL_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53

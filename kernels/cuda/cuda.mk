@@ -54,8 +54,8 @@ $(CUDA_DIR)/tests/%.o: tests/%.c
 	$(CC) $(CUDA_CFLAGS) -c $< -o $@
 
 define CUDA_BIN_RULE
-$(CUDA_DIR)/rootspec-$(patsubst %_main.c,%,$(notdir $(1))): build/obj/$(1:.c=.o) $(call main_bench_objs,$(1),$$(BENCH_OBJS)) $$(CUDA_LIB_OBJS) $$(CUDA_CU_OBJS)
-	$$(CC) $$(CFLAGS) $$^ -o $$@ $$(CUDA_RPATH) $$(CUDA_LDLIBS)
+$(CUDA_DIR)/rootspec-$(patsubst %_main.c,%,$(notdir $(1))): build/obj/$(1:.c=.o) $(call main_bench_objs,$(1),$$(BENCH_OBJS)) $(call main_serve,$(1),$$(SERVE_OBJS)) $$(CUDA_LIB_OBJS) $$(CUDA_CU_OBJS)
+	$$(CC) $$(CFLAGS) $$^ -o $$@ $$(CUDA_RPATH) $$(CUDA_LDLIBS) $(call main_serve,$(1),$$(SERVE_LIBS))
 endef
 $(foreach m,$(MAIN_SRCS),$(eval $(call CUDA_BIN_RULE,$(m))))
 

@@ -22,11 +22,13 @@ CUEMU_DIR     := build/cuda-emu-san
 CUEMU_OPT     := $(SAN_FLAGS)
 CUEMU_LIB_OBJS := $(filter-out build/san/kernels/cuda/cuda_stub.o,$(SAN_OBJS))
 CUEMU_BENCH_OBJS := $(BENCH_SAN_OBJS)
+CUEMU_SERVE_OBJS := $(SERVE_SAN_OBJS)
 else
 CUEMU_DIR     := build/cuda-emu
 CUEMU_OPT     := -O2 -g -march=x86-64-v2
 CUEMU_LIB_OBJS := $(CUDA_LIB_OBJS)
 CUEMU_BENCH_OBJS := $(BENCH_OBJS)
+CUEMU_SERVE_OBJS := $(SERVE_OBJS)
 endif
 CUEMU_SRCS    := $(wildcard tests/cuemu/*.cc)
 CUEMU_OBJS    := $(CUEMU_SRCS:%.cc=$(CUEMU_DIR)/%.o) $(CUDA_CU_SRCS:%.cu=$(CUEMU_DIR)/%.o)
@@ -76,8 +78,8 @@ $(CUEMU_DIR)/suites.inc: $(CUDA_TEST_SRCS)
 $(CUEMU_DIR)/tests/cuda/main.o: $(CUEMU_DIR)/suites.inc
 
 define CUEMU_BIN_RULE
-$(CUEMU_DIR)/rootspec-$(patsubst %_main.c,%,$(notdir $(1))): $(call CUEMU_MAIN_OBJ,$(1)) $(call main_bench_objs,$(1),$$(CUEMU_BENCH_OBJS)) $$(CUEMU_LIB_OBJS) $$(CUEMU_OBJS)
-	$$(CC) $$(CUEMU_CFLAGS) $$^ -o $$@ $$(CUEMU_LDLIBS)
+$(CUEMU_DIR)/rootspec-$(patsubst %_main.c,%,$(notdir $(1))): $(call CUEMU_MAIN_OBJ,$(1)) $(call main_bench_objs,$(1),$$(CUEMU_BENCH_OBJS)) $(call main_serve,$(1),$$(CUEMU_SERVE_OBJS)) $$(CUEMU_LIB_OBJS) $$(CUEMU_OBJS)
+	$$(CC) $$(CUEMU_CFLAGS) $$^ -o $$@ $$(CUEMU_LDLIBS) $(call main_serve,$(1),$$(SERVE_LIBS))
 endef
 $(foreach m,$(MAIN_SRCS),$(eval $(call CUEMU_BIN_RULE,$(m))))
 

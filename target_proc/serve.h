@@ -1,0 +1,136 @@
+/* rootspec-serve: an OpenAI-compatible HTTP front end to the engine. The pieces:
+ *   serve_api.c     request JSON -> ServeRequest (every rejected field named), the response,
+ *                   chunk, model list and error JSON, the sampling fields -> DecodeOpts
+ *   serve_text.c    detokenized output: stop strings (a partial match is held back while
+ *                   streaming), UTF-8 that is never cut inside a character
+ *   serve_metrics.c Prometheus counters and histograms
+ *   serve_core.c    the one decode worker, its bounded queue and the jobs it runs
+ *   serve_http.c    libmicrohttpd: routes, body limits, SSE, client disconnects
+ * The engine does one decode at a time; requests wait in a bounded queue (429 when full). */
+#ifndef ROOTSPEC_SERVE_H
+#define ROOTSPEC_SERVE_H
+#include "decode.h"
+#include "engine.h"
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- requests and errors ------------------------------------------------------------ */
+
+typedef enum { SERVE_CHAT, SERVE_COMPLETION } ServeKind;
+
+#define SERVE_STOP_MAX 4     /* OpenAI's limit on stop strings */
+#define SERVE_STOP_LEN 256   /* bytes per stop string */
+
+/* An OpenAI-style error: HTTP status, the error object's type/code/param and message. */
+typedef struct {
+    int status;
+    const char *type, *code; /* static strings; code may be NULL */
+    char param[64];          /* "" for none */
+    char msg[1024];
+} ServeError;
+
+/* Sets se and returns status (so handlers can `return serve_error(...)`); param may be NULL. */
+int serve_error(ServeError *se, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* A parsed request: what the prompt is and how to decode it. Fields the client omitted
+ * keep their "absent" value (has_* == 0, rule < 0, budget 0, max_tokens 0). */
+typedef struct {
+    ServeKind kind;
+    char *text;            /* chat: the user message; completion: the prompt string */
+    int *ids, n_ids;       /* completion given as token ids (ids != NULL; text NULL) */
+    int max_tokens;
+    int stream, include_usage;
+    char *stop[SERVE_STOP_MAX];
+    int n_stop;
+    int has_temperature, has_top_p, has_top_k, has_min_p, has_seed;
+    double temperature, top_p, min_p;
+    int top_k;
+    uint64_t seed;
+    int rule;              /* extension "rootspec": {"decoder": NAME}; -1 absent */
+    int budget;            /* extension "rootspec": {"budget": B}; 0 absent */
+} ServeRequest;
+
+/* Parses a request body of len bytes (not necessarily NUL-terminated). model_name: the
+ * served model's id; a request naming another model is a 404. Returns 0, or the HTTP status
+ * with se set (r is then empty). */
+int serve_request_parse(const char *body, size_t len, ServeKind kind, const char *model_name,
+                        ServeRequest *r, ServeError *se);
+/* Frees what serve_request_parse allocated; r is left zeroed. */
+void serve_request_free(ServeRequest *r);
+
+/* The request's sampling fields onto the decode's Sampling (common/logits.h: temperature,
+ * top_k (-1 or 0: off), top_p, min_p; every decoder follows that law exactly) and seed.
+ * Absent fields keep d's values (the server's defaults); a law out of range is a 400.
+ * Returns 0 or the HTTP status. */
+int serve_sampling_map(const ServeRequest *r, DecodeOpts *d, ServeError *se);
+
+/* ---- response JSON (malloc'd strings, caller frees) --------------------------------- */
+
+typedef struct {
+    ServeKind kind;
+    char id[48];
+    long created;
+    const char *model;
+} ServeMeta;
+
+typedef struct {
+    int prompt_tokens, completion_tokens;
+} ServeUsage;
+
+char *serve_error_json(const ServeError *se);
+char *serve_models_json(const char *model, long created);
+/* The whole non-streamed answer: text (n bytes, valid UTF-8), finish_reason, usage. */
+char *serve_response_json(const ServeMeta *m, const char *text, size_t n,
+                          const char *finish_reason, const ServeUsage *u);
+/* One streamed chunk: role_only (chat's first chunk: the assistant role, empty content), a
+ * text delta (text != NULL), or the last one (finish_reason != NULL, empty delta). u != NULL:
+ * the usage chunk (no choices) that stream_options.include_usage asks for. */
+char *serve_chunk_json(const ServeMeta *m, int role_only, const char *text, size_t n,
+                       const char *finish_reason, const ServeUsage *u);
+
+/* ---- output text --------------------------------------------------------------------- */
+
+/* Detokenized output on its way to the client: bytes come in token by token; what may be
+ * sent is the prefix that can no longer become part of a stop string and does not end
+ * inside a UTF-8 character. A matched stop string ends the text before it. */
+typedef struct {
+    char *buf;
+    size_t len, cap;
+    size_t sent;     /* bytes already taken by serve_text_take */
+    size_t ready;    /* bytes that may be sent: sent <= ready <= len */
+    const char *const *stop;
+    int n_stop;
+    int matched;     /* a stop string matched: buf ends before it, nothing more is added */
+} ServeText;
+
+void serve_text_init(ServeText *t, const char *const *stop, int n_stop);
+void serve_text_free(ServeText *t);
+/* Appends n bytes of output (ignored once a stop string matched). */
+void serve_text_push(ServeText *t, const char *b, size_t n);
+/* The output is complete: everything left becomes ready. */
+void serve_text_finish(ServeText *t);
+/* The ready bytes not taken yet, as valid UTF-8 (invalid bytes become U+FFFD), malloc'd
+ * and NUL-terminated; *n its length. NULL when there is nothing new. */
+char *serve_text_take(ServeText *t, size_t *n);
+/* Valid UTF-8 copy of s[0..n) (invalid sequences become U+FFFD), malloc'd, NUL-terminated. */
+char *serve_utf8_clean(const char *s, size_t n, size_t *out_n);
+
+/* ---- metrics ------------------------------------------------------------------------- */
+
+typedef struct ServeMetrics ServeMetrics;
+typedef enum { FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED, FINISH_ERROR, FINISH_COUNT } ServeFinish;
+
+void serve_metrics_create(ServeMetrics **out);
+void serve_metrics_destroy(ServeMetrics **m);
+void serve_metrics_request(ServeMetrics *m, int http_status);
+void serve_metrics_finish(ServeMetrics *m, ServeFinish f, int prompt_tokens, int tokens,
+                          int drafter_failed);
+void serve_metrics_ttft(ServeMetrics *m, double seconds);
+/* n tokens arrived together gap seconds after the previous ones: n samples of gap / n. */
+void serve_metrics_itl(ServeMetrics *m, double gap, int n);
+void serve_metrics_round(ServeMetrics *m, int tokens, int fallback_ar);
+/* Prometheus text exposition (version 0.0.4), malloc'd; queued/running: the gauges. */
+char *serve_metrics_render(ServeMetrics *m, int queued, int running);
+
+#endif

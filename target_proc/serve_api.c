@@ -1,0 +1,363 @@
+/* The OpenAI API's JSON: requests in, responses, stream chunks and errors out. Unknown
+ * request fields are ignored (clients send many); known ones must have the right type and
+ * range, and a field the engine cannot honour is refused rather than silently dropped. */
+#include "serve.h"
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <string.h>
+
+/* ---- errors -------------------------------------------------------------------------- */
+
+static const char *error_type(int status) {
+    switch (status) {
+    case 404: return "not_found_error";
+    case 429: return "rate_limit_error";
+    case 500: case 503: return "server_error";
+    default: return "invalid_request_error";
+    }
+}
+
+int serve_error(ServeError *se, int status, const char *param, const char *fmt, ...) {
+    se->status = status;
+    se->type = error_type(status);
+    se->code = NULL;
+    snprintf(se->param, sizeof se->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(se->msg, sizeof se->msg, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+char *serve_error_json(const ServeError *se) {
+    cJSON *root = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(err, "message", se->msg);
+    cJSON_AddStringToObject(err, "type", se->type ? se->type : error_type(se->status));
+    if (se->param[0]) cJSON_AddStringToObject(err, "param", se->param);
+    else cJSON_AddNullToObject(err, "param");
+    if (se->code) cJSON_AddStringToObject(err, "code", se->code);
+    else cJSON_AddNullToObject(err, "code");
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+/* ---- request fields ------------------------------------------------------------------ */
+
+static int get_int(const cJSON *o, const char *name, long lo, long hi, int *out, int *has,
+                   ServeError *se) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!v || cJSON_IsNull(v)) return 0;
+    double x = v->valuedouble;
+    if (!cJSON_IsNumber(v) || x != floor(x))
+        return serve_error(se, 400, name, "'%s' must be an integer", name);
+    if (x < lo || x > hi)
+        return serve_error(se, 400, name, "'%s' = %.0f is outside %ld..%ld", name, x, lo, hi);
+    *out = (int)x;
+    if (has) *has = 1;
+    return 0;
+}
+
+static int get_num(const cJSON *o, const char *name, double *out, int *has, ServeError *se) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return serve_error(se, 400, name, "'%s' must be a number", name);
+    *out = v->valuedouble;
+    *has = 1;
+    return 0;
+}
+
+static int get_bool(const cJSON *o, const char *name, int *out, ServeError *se) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsBool(v)) return serve_error(se, 400, name, "'%s' must be true or false", name);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+static int add_stop(ServeRequest *r, const cJSON *s, ServeError *se) {
+    if (!cJSON_IsString(s)) return serve_error(se, 400, "stop", "'stop' must be a string or an array of strings");
+    size_t n = strlen(s->valuestring);
+    if (n == 0 || n > SERVE_STOP_LEN)
+        return serve_error(se, 400, "stop", "a stop string must have 1..%d bytes, not %zu", SERVE_STOP_LEN, n);
+    if (r->n_stop == SERVE_STOP_MAX)
+        return serve_error(se, 400, "stop", "at most %d stop strings", SERVE_STOP_MAX);
+    r->stop[r->n_stop++] = strdup(s->valuestring);
+    return 0;
+}
+
+static int parse_stop(const cJSON *o, ServeRequest *r, ServeError *se) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "stop"), *s;
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsArray(v)) return add_stop(r, v, se);
+    cJSON_ArrayForEach(s, v) {
+        int rc = add_stop(r, s, se);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* Fields that change what is returned in ways this server does not implement: only their
+ * neutral values pass. */
+static int parse_refused(const cJSON *o, ServeError *se) {
+    int n = 1, has = 0, lp = 0;
+    double pen = 0;
+    int rc = get_int(o, "n", 1, 1, &n, NULL, se);
+    if (!rc) rc = get_bool(o, "logprobs", &lp, se);
+    if (!rc && lp) rc = serve_error(se, 400, "logprobs", "'logprobs' is not supported by this build");
+    static const char *const zero[] = {"presence_penalty", "frequency_penalty"};
+    for (int i = 0; i < 2 && !rc; i++) {
+        rc = get_num(o, zero[i], &pen, &has, se);
+        if (!rc && pen != 0)
+            rc = serve_error(se, 400, zero[i], "'%s' = %g is not supported by this build (only 0)",
+                             zero[i], pen);
+    }
+    return rc;
+}
+
+static int parse_sampling(const cJSON *o, ServeRequest *r, ServeError *se) {
+    int rc = get_num(o, "temperature", &r->temperature, &r->has_temperature, se);
+    if (!rc) rc = get_num(o, "top_p", &r->top_p, &r->has_top_p, se);
+    if (!rc) rc = get_num(o, "min_p", &r->min_p, &r->has_min_p, se);
+    if (!rc) rc = get_int(o, "top_k", -1, 1 << 30, &r->top_k, &r->has_top_k, se);
+    const cJSON *seed = cJSON_GetObjectItemCaseSensitive(o, "seed");
+    if (!rc && seed && !cJSON_IsNull(seed)) {
+        double x = seed->valuedouble;
+        if (!cJSON_IsNumber(seed) || x != floor(x) || fabs(x) > 9007199254740992.0)
+            return serve_error(se, 400, "seed", "'seed' must be an integer");
+        r->seed = (uint64_t)(int64_t)x;
+        r->has_seed = 1;
+    }
+    return rc;
+}
+
+/* The "rootspec" extension object: {"decoder": "ar|draft|pearl|rootdraw|root", "budget": B}. */
+static int parse_extension(const cJSON *o, ServeRequest *r, ServeError *se) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "rootspec");
+    if (!x || cJSON_IsNull(x)) return 0;
+    if (!cJSON_IsObject(x)) return serve_error(se, 400, "rootspec", "'rootspec' must be an object");
+    const cJSON *dec = cJSON_GetObjectItemCaseSensitive(x, "decoder");
+    if (dec && !cJSON_IsNull(dec)) {
+        int rule = cJSON_IsString(dec) ? rule_parse(dec->valuestring) : -1;
+        if (rule < 0 || rule == RULE_ORACLE)
+            return serve_error(se, 400, "rootspec.decoder",
+                               "'rootspec.decoder' must be one of ar, draft, pearl, rootdraw, root");
+        r->rule = rule;
+    }
+    return get_int(x, "budget", 1, TREE_MAX, &r->budget, NULL, se);
+}
+
+/* ---- prompts ------------------------------------------------------------------------- */
+
+/* A message's content: a string, or an array of {"type": "text", "text": ...} parts. */
+static int content_text(const cJSON *c, char **out, ServeError *se) {
+    if (cJSON_IsString(c)) {
+        *out = strdup(c->valuestring);
+        return 0;
+    }
+    if (!cJSON_IsArray(c))
+        return serve_error(se, 400, "messages", "a message's 'content' must be a string or an array of text parts");
+    size_t len = 0;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, c) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(p, "type");
+        const cJSON *tx = cJSON_GetObjectItemCaseSensitive(p, "text");
+        if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "text") || !cJSON_IsString(tx))
+            return serve_error(se, 400, "messages", "only text content parts are supported");
+        len += strlen(tx->valuestring);
+    }
+    char *s = rs_xmalloc(len + 1);
+    s[0] = 0;
+    cJSON_ArrayForEach(p, c) strcat(s, cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring);
+    *out = s;
+    return 0;
+}
+
+/* The engine's chat templates render one user turn (common/chat.c), so a conversation
+ * must be exactly that; other shapes are refused, not approximated. */
+static int parse_messages(const cJSON *o, ServeRequest *r, ServeError *se) {
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "messages");
+    if (!cJSON_IsArray(m) || cJSON_GetArraySize(m) == 0)
+        return serve_error(se, 400, "messages", "'messages' must be a non-empty array");
+    if (cJSON_GetArraySize(m) != 1)
+        return serve_error(se, 400, "messages",
+                           "this build renders a single user message (got %d messages)",
+                           cJSON_GetArraySize(m));
+    const cJSON *msg = cJSON_GetArrayItem(m, 0);
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
+    if (!cJSON_IsString(role) || strcmp(role->valuestring, "user"))
+        return serve_error(se, 400, "messages", "the message's 'role' must be \"user\"");
+    return content_text(cJSON_GetObjectItemCaseSensitive(msg, "content"), &r->text, se);
+}
+
+/* "prompt": a string, an array of one string, or an array of token ids. */
+static int parse_prompt(const cJSON *o, ServeRequest *r, ServeError *se) {
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "prompt"), *x;
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(p->child)) p = p->child;
+    if (cJSON_IsString(p)) {
+        r->text = strdup(p->valuestring);
+        return 0;
+    }
+    int n = cJSON_IsArray(p) ? cJSON_GetArraySize(p) : 0;
+    if (n == 0)
+        return serve_error(se, 400, "prompt", "'prompt' must be a string or a non-empty array of token ids");
+    r->ids = rs_xmalloc(sizeof(int) * (size_t)n);
+    cJSON_ArrayForEach(x, p) {
+        double v = x->valuedouble;
+        if (!cJSON_IsNumber(x) || v != floor(v) || v < 0 || v > 0x7fffffff)
+            return serve_error(se, 400, "prompt", "'prompt' token ids must be non-negative integers");
+        r->ids[r->n_ids++] = (int)v;
+    }
+    return 0;
+}
+
+static int parse_common(const cJSON *o, ServeRequest *r, ServeError *se) {
+    int has = 0, rc = get_int(o, "max_tokens", 1, 1 << 20, &r->max_tokens, &has, se);
+    if (!rc) rc = get_int(o, "max_completion_tokens", 1, 1 << 20, &r->max_tokens, &has, se);
+    if (!rc) rc = get_bool(o, "stream", &r->stream, se);
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(o, "stream_options");
+    if (!rc && so && !cJSON_IsNull(so)) {
+        if (!cJSON_IsObject(so))
+            return serve_error(se, 400, "stream_options", "'stream_options' must be an object");
+        rc = get_bool(so, "include_usage", &r->include_usage, se);
+    }
+    if (!rc) rc = parse_stop(o, r, se);
+    if (!rc) rc = parse_sampling(o, r, se);
+    if (!rc) rc = parse_refused(o, se);
+    return rc ? rc : parse_extension(o, r, se);
+}
+
+static int parse_object(const cJSON *o, ServeKind kind, const char *model_name,
+                        ServeRequest *r, ServeError *se) {
+    if (!cJSON_IsObject(o)) return serve_error(se, 400, NULL, "the request body must be a JSON object");
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(o, "model");
+    if (model && !cJSON_IsNull(model) && !cJSON_IsString(model))
+        return serve_error(se, 400, "model", "'model' must be a string");
+    if (cJSON_IsString(model) && strcmp(model->valuestring, model_name)) {
+        serve_error(se, 404, "model", "the model '%.200s' does not exist (this server serves '%s')",
+                    model->valuestring, model_name);
+        se->code = "model_not_found";
+        return 404;
+    }
+    int rc = kind == SERVE_CHAT ? parse_messages(o, r, se) : parse_prompt(o, r, se);
+    return rc ? rc : parse_common(o, r, se);
+}
+
+int serve_request_parse(const char *body, size_t len, ServeKind kind, const char *model_name,
+                        ServeRequest *r, ServeError *se) {
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+    r->rule = -1;
+    cJSON *o = cJSON_ParseWithLength(body, len);
+    if (!o) return serve_error(se, 400, NULL, "the request body is not valid JSON");
+    int rc = parse_object(o, kind, model_name, r, se);
+    cJSON_Delete(o);
+    if (rc) serve_request_free(r);
+    return rc;
+}
+
+void serve_request_free(ServeRequest *r) {
+    free(r->text);
+    free(r->ids);
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    memset(r, 0, sizeof *r);
+}
+
+/* The one place the request's sampling fields meet the decoder's options. */
+int serve_sampling_map(const ServeRequest *r, DecodeOpts *d, ServeError *se) {
+    Sampling *s = &d->sampling;
+    if (r->has_temperature) s->temperature = r->temperature;
+    if (r->has_top_k) s->top_k = r->top_k < 0 ? 0 : r->top_k; /* -1: off, as in vLLM */
+    if (r->has_top_p) s->top_p = r->top_p;
+    if (r->has_min_p) s->min_p = r->min_p;
+    if (r->has_seed) d->seed = r->seed;
+    RsErr e = {0};
+    if (sampling_check(s, &e)) return serve_error(se, 400, NULL, "%s", e.msg);
+    return 0;
+}
+
+/* ---- responses ----------------------------------------------------------------------- */
+
+static cJSON *meta_object(const ServeMeta *m, int chunk) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", m->id);
+    cJSON_AddStringToObject(o, "object", m->kind == SERVE_COMPLETION ? "text_completion"
+                                         : chunk ? "chat.completion.chunk" : "chat.completion");
+    cJSON_AddNumberToObject(o, "created", (double)m->created);
+    cJSON_AddStringToObject(o, "model", m->model);
+    return o;
+}
+
+static void add_usage(cJSON *o, const ServeUsage *u) {
+    cJSON *x = cJSON_AddObjectToObject(o, "usage");
+    cJSON_AddNumberToObject(x, "prompt_tokens", u->prompt_tokens);
+    cJSON_AddNumberToObject(x, "completion_tokens", u->completion_tokens);
+    cJSON_AddNumberToObject(x, "total_tokens", u->prompt_tokens + u->completion_tokens);
+}
+
+/* text may hold NUL bytes a model emitted, so it goes in by length, not as a C string. */
+static cJSON *string_n(const char *text, size_t n) {
+    char *s = rs_xmalloc(n + 1);
+    memcpy(s, text, n);
+    s[n] = 0;
+    cJSON *v = cJSON_CreateString(s);
+    free(s);
+    return v;
+}
+
+/* One choice: chat's message/delta or a completion's text. */
+static cJSON *choice(const ServeMeta *m, int chunk, int role, const char *text, size_t n,
+                     const char *finish) {
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", 0);
+    if (m->kind == SERVE_CHAT) {
+        cJSON *msg = cJSON_AddObjectToObject(c, chunk ? "delta" : "message");
+        if (role || !chunk) cJSON_AddStringToObject(msg, "role", "assistant");
+        if (text || role) cJSON_AddItemToObject(msg, "content", string_n(text ? text : "", n));
+    } else {
+        cJSON_AddItemToObject(c, "text", string_n(text ? text : "", n));
+        cJSON_AddNullToObject(c, "logprobs");
+    }
+    if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
+    else cJSON_AddNullToObject(c, "finish_reason");
+    return c;
+}
+
+static char *print_delete(cJSON *o) {
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    RS_ASSERT(s);
+    return s;
+}
+
+char *serve_response_json(const ServeMeta *m, const char *text, size_t n,
+                          const char *finish_reason, const ServeUsage *u) {
+    cJSON *o = meta_object(m, 0);
+    cJSON *ch = cJSON_AddArrayToObject(o, "choices");
+    cJSON_AddItemToArray(ch, choice(m, 0, 0, text, n, finish_reason));
+    add_usage(o, u);
+    return print_delete(o);
+}
+
+char *serve_chunk_json(const ServeMeta *m, int role_only, const char *text, size_t n,
+                       const char *finish_reason, const ServeUsage *u) {
+    cJSON *o = meta_object(m, 1);
+    cJSON *ch = cJSON_AddArrayToObject(o, "choices");
+    if (u) add_usage(o, u);
+    else cJSON_AddItemToArray(ch, choice(m, 1, role_only, text, n, finish_reason));
+    return print_delete(o);
+}
+
+char *serve_models_json(const char *model, long created) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(o, "data"), *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "id", model);
+    cJSON_AddStringToObject(e, "object", "model");
+    cJSON_AddNumberToObject(e, "created", (double)created);
+    cJSON_AddStringToObject(e, "owned_by", "rootspec");
+    cJSON_AddItemToArray(data, e);
+    return print_delete(o);
+}

@@ -1,0 +1,338 @@
+/* The decode worker, its queue and the jobs (serve_core.h). */
+#include "serve_core.h"
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+struct ServeCore {
+    Engine *en;
+    ServeConfig cfg;
+    ServeMetrics *metrics;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    ServeJob **queue; /* ring of cfg.queue_max */
+    int head, count;
+    ServeJob *running;
+    int quit;
+    uint64_t next_id;
+    pthread_mutex_t enc_mu; /* tokenizer calls from connection threads, one at a time */
+    pthread_t worker;
+};
+
+struct ServeJob {
+    ServeRequest req;
+    ServeMeta meta;
+    DecodeOpts d;
+    int *ids, n_ids;
+    uint64_t t_arrival, seq;
+    ServeCore *core;
+    atomic_int cancelled;
+    atomic_int refs;
+    /* under mu: the output as it grows, and how the job ended */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    ServeText text;
+    int done, failed, n_out;
+    const char *finish_reason;
+    ServeError err;
+    /* the worker's own */
+    uint64_t t_last;
+    int drafter_failed;
+};
+
+/* ---- jobs ------------------------------------------------------------------------------ */
+
+static void job_free(ServeJob *j) {
+    serve_text_free(&j->text);
+    serve_request_free(&j->req);
+    free(j->ids);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+void serve_job_unref(ServeJob **pj) {
+    if (!pj || !*pj) return;
+    if (atomic_fetch_sub(&(*pj)->refs, 1) == 1) job_free(*pj);
+    *pj = NULL;
+}
+
+void serve_job_cancel(ServeJob *j) {
+    atomic_store(&j->cancelled, 1);
+}
+
+const ServeMeta *serve_job_meta(const ServeJob *j) { return &j->meta; }
+const ServeRequest *serve_job_request(const ServeJob *j) { return &j->req; }
+
+/* The prompt's token ids: the client's, or the text encoded (through the chat template
+ * for chat requests). */
+static int job_prompt(ServeCore *c, ServeJob *j, ServeError *se) {
+    if (j->req.ids) {
+        j->ids = j->req.ids;
+        j->n_ids = j->req.n_ids;
+        j->req.ids = NULL;
+        for (int i = 0; i < j->n_ids; i++)
+            if (j->ids[i] >= c->en->target->vocab)
+                return serve_error(se, 400, "prompt", "prompt token %d is outside the vocabulary of %d",
+                                   j->ids[i], c->en->target->vocab);
+        return 0;
+    }
+    RsErr e = {0};
+    pthread_mutex_lock(&c->enc_mu);
+    int rc = engine_prompt_ids(c->en, j->req.text, j->req.kind == SERVE_CHAT, &j->ids, &j->n_ids, &e);
+    pthread_mutex_unlock(&c->enc_mu);
+    if (rc) return serve_error(se, 400, j->req.kind == SERVE_CHAT ? "messages" : "prompt", "%s", e.msg);
+    if (j->n_ids == 0) return serve_error(se, 400, "prompt", "the prompt encodes to no tokens");
+    return 0;
+}
+
+/* Decoder, budget and output length for this request; the context must hold the prompt,
+ * one round's reserve and the requested tokens. */
+static int job_options(ServeCore *c, ServeJob *j, ServeError *se) {
+    const ServeRequest *r = &j->req;
+    j->d = c->cfg.dflt;
+    if (r->rule >= 0) j->d.rule = (Rule)r->rule;
+    if (r->budget) j->d.budget = r->budget;
+    if (j->d.rule != RULE_AR && !c->en->drafter)
+        return serve_error(se, 400, "rootspec.decoder",
+                           "decoder '%s' needs a drafter; this server runs without one",
+                           rule_name(j->d.rule));
+    int rc = serve_sampling_map(r, &j->d, se);
+    if (rc) return rc;
+    if (j->d.budget == 0) { /* --budget auto: the engine's planner, up to the largest tree */
+        j->d.planner = c->en->planner;
+        j->d.budget = TREE_MAX;
+    }
+    j->d.prompt_id = r->has_seed ? 0 : j->seq; /* unseeded requests: a stream each */
+    int room = target_kv_capacity(c->en->target) - decode_round_reserve(&j->d) - j->n_ids + 1;
+    if (room < 1 || (r->max_tokens && r->max_tokens > room)) {
+        serve_error(se, 400, r->kind == SERVE_CHAT ? "messages" : "prompt",
+                    "this model's context is %d tokens; the prompt has %d and %d more are "
+                    "requested (a %s round reserves %d)", target_kv_capacity(c->en->target),
+                    j->n_ids, r->max_tokens ? r->max_tokens : 1, rule_name(j->d.rule),
+                    decode_round_reserve(&j->d));
+        se->code = "context_length_exceeded";
+        return 400;
+    }
+    j->d.max_new = r->max_tokens ? r->max_tokens : (c->cfg.dflt.max_new < room ? c->cfg.dflt.max_new : room);
+    return 0;
+}
+
+int serve_job_create(ServeCore *c, ServeRequest *r, ServeJob **out, ServeError *se) {
+    ServeJob *j = rs_xcalloc(1, sizeof *j);
+    j->req = *r;
+    memset(r, 0, sizeof *r);
+    j->core = c;
+    j->t_arrival = rs_now_ns();
+    atomic_init(&j->refs, 1);
+    atomic_init(&j->cancelled, 0);
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    serve_text_init(&j->text, (const char *const *)j->req.stop, j->req.n_stop);
+    pthread_mutex_lock(&c->mu);
+    j->seq = ++c->next_id;
+    pthread_mutex_unlock(&c->mu);
+    j->meta = (ServeMeta){.kind = j->req.kind, .created = (long)time(NULL), .model = c->cfg.model_name};
+    snprintf(j->meta.id, sizeof j->meta.id, "%s-%llx%04llx", j->req.kind == SERVE_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)j->meta.created, (unsigned long long)j->seq);
+    int rc = job_prompt(c, j, se);
+    if (!rc) rc = job_options(c, j, se);
+    if (rc) {
+        job_free(j);
+        return rc;
+    }
+    *out = j;
+    return 0;
+}
+
+int serve_job_wait(ServeJob *j, int timeout_ms, ServeOutput *out) {
+    memset(out, 0, sizeof *out);
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    dl.tv_sec += timeout_ms / 1000 + dl.tv_nsec / 1000000000L;
+    dl.tv_nsec %= 1000000000L;
+    pthread_mutex_lock(&j->mu);
+    while (!j->done && j->text.ready <= j->text.sent)
+        if (pthread_cond_timedwait(&j->cv, &j->mu, &dl) == ETIMEDOUT) break;
+    out->text = serve_text_take(&j->text, &out->n);
+    out->done = j->done;
+    out->failed = j->failed;
+    out->err = j->err;
+    out->finish_reason = j->finish_reason;
+    out->usage = (ServeUsage){j->n_ids, j->n_out};
+    pthread_mutex_unlock(&j->mu);
+    return out->text || out->done;
+}
+
+/* ---- the decode ------------------------------------------------------------------------ */
+
+static void on_tokens(void *u, const int *t, int n) {
+    ServeJob *j = u;
+    ServeCore *c = j->core;
+    uint64_t now = rs_now_ns();
+    if (j->t_last == 0) serve_metrics_ttft(c->metrics, (now - j->t_arrival) * 1e-9);
+    else serve_metrics_itl(c->metrics, (now - j->t_last) * 1e-9, n);
+    j->t_last = now;
+    pthread_mutex_lock(&j->mu);
+    for (int i = 0; i < n && !j->text.matched; i++) {
+        size_t k = 0;
+        const char *b = c->en->tok ? tokenizer_token_view(c->en->tok, t[i], &k) : NULL;
+        char num[16];
+        if (!c->en->tok) k = (size_t)snprintf(num, sizeof num, " %d", t[i]), b = num;
+        if (b) serve_text_push(&j->text, b, k);
+        j->n_out++;
+    }
+    pthread_mutex_unlock(&j->mu);
+    pthread_cond_broadcast(&j->cv);
+}
+
+static void on_round(void *u, const RoundInfo *r) {
+    ServeJob *j = u;
+    serve_metrics_round(j->core->metrics, r->emitted - r->dropped, r->fallback_ar);
+}
+
+static void on_event(void *u, const char *ev, const char *detail) {
+    ServeJob *j = u;
+    if (!strcmp(ev, "drafter_failed")) j->drafter_failed = 1;
+    fprintf(stderr, "rootspec-serve: %s: %s: %s\n", j->meta.id, ev, detail);
+}
+
+/* A matched stop string ends the decode as a disconnect does. */
+static int should_stop(void *u) {
+    ServeJob *j = u;
+    pthread_mutex_lock(&j->mu);
+    int matched = j->text.matched;
+    pthread_mutex_unlock(&j->mu);
+    return matched || atomic_load(&j->cancelled);
+}
+
+/* Records how the job ended and wakes its connection; status and why: FINISH_ERROR's. */
+static void job_end(ServeJob *j, ServeFinish f, const char *reason, int status, const char *why) {
+    pthread_mutex_lock(&j->mu);
+    serve_text_finish(&j->text);
+    j->finish_reason = reason;
+    if (f == FINISH_ERROR) {
+        j->failed = 1;
+        serve_error(&j->err, status, NULL, "%s", why);
+    }
+    j->done = 1;
+    int n_out = j->n_out;
+    pthread_mutex_unlock(&j->mu);
+    pthread_cond_broadcast(&j->cv);
+    serve_metrics_finish(j->core->metrics, f, f == FINISH_CANCELLED && n_out == 0 ? 0 : j->n_ids,
+                         n_out, j->drafter_failed);
+}
+
+static void job_run(ServeCore *c, ServeJob *j) {
+    if (atomic_load(&j->cancelled)) {
+        job_end(j, FINISH_CANCELLED, NULL, 0, NULL);
+        return;
+    }
+    DecodeHooks h = {on_tokens, on_round, on_event, j, should_stop};
+    DecodeResult res = {0};
+    res.cap = j->d.max_new + ROUND_MAX_EMIT;
+    res.tokens = rs_xmalloc(sizeof(int) * (size_t)res.cap);
+    RsErr e = {0};
+    int rc = decode_run(c->en->target, c->en->drafter, j->ids, j->n_ids, &j->d, &h, &res, &e);
+    free(res.tokens);
+    char why[1100];
+    snprintf(why, sizeof why, "decode failed: %s", e.msg);
+    if (rc) job_end(j, FINISH_ERROR, NULL, 500, why);
+    else if (atomic_load(&j->cancelled)) job_end(j, FINISH_CANCELLED, NULL, 0, NULL);
+    else if (j->text.matched || res.hit_eos) job_end(j, FINISH_STOP, "stop", 0, NULL);
+    else job_end(j, FINISH_LENGTH, "length", 0, NULL);
+}
+
+static void *worker_main(void *arg) {
+    ServeCore *c = arg;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (!c->count && !c->quit) pthread_cond_wait(&c->cv, &c->mu);
+        if (c->quit) break;
+        ServeJob *j = c->queue[c->head];
+        c->head = (c->head + 1) % c->cfg.queue_max;
+        c->count--;
+        c->running = j;
+        pthread_mutex_unlock(&c->mu);
+        job_run(c, j);
+        pthread_mutex_lock(&c->mu);
+        c->running = NULL;
+        serve_job_unref(&j);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+/* ---- the core -------------------------------------------------------------------------- */
+
+void serve_core_create(Engine *en, const ServeConfig *cfg, ServeMetrics *m, ServeCore **out) {
+    RS_ASSERT(cfg->queue_max >= 1);
+    ServeCore *c = rs_xcalloc(1, sizeof *c);
+    c->en = en;
+    c->cfg = *cfg;
+    c->metrics = m;
+    c->queue = rs_xcalloc((size_t)cfg->queue_max, sizeof *c->queue);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->enc_mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    RS_ASSERT(pthread_create(&c->worker, NULL, worker_main, c) == 0);
+    *out = c;
+}
+
+int serve_core_submit(ServeCore *c, ServeJob *j, ServeError *se) {
+    pthread_mutex_lock(&c->mu);
+    int rc = 0;
+    if (c->quit) rc = serve_error(se, 503, NULL, "the server is stopping");
+    else if (c->count == c->cfg.queue_max)
+        rc = serve_error(se, 429, NULL, "the server is busy: %d requests are waiting (--queue %d)",
+                         c->count, c->cfg.queue_max);
+    else {
+        atomic_fetch_add(&j->refs, 1);
+        c->queue[(c->head + c->count++) % c->cfg.queue_max] = j;
+        pthread_cond_signal(&c->cv);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+void serve_core_counts(ServeCore *c, int *queued, int *running) {
+    pthread_mutex_lock(&c->mu);
+    *queued = c->count;
+    *running = c->running != NULL;
+    pthread_mutex_unlock(&c->mu);
+}
+
+ServeMetrics *serve_core_metrics(ServeCore *c) { return c->metrics; }
+const char *serve_core_model(const ServeCore *c) { return c->cfg.model_name; }
+
+void serve_core_stop(ServeCore *c) {
+    pthread_mutex_lock(&c->mu);
+    int was = c->quit;
+    c->quit = 1;
+    if (c->running) serve_job_cancel(c->running);
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (was) return;
+    pthread_join(c->worker, NULL);
+    for (; c->count; c->count--) {
+        ServeJob *j = c->queue[c->head];
+        c->head = (c->head + 1) % c->cfg.queue_max;
+        job_end(j, FINISH_ERROR, NULL, 503, "the server is stopping");
+        serve_job_unref(&j);
+    }
+}
+
+void serve_core_destroy(ServeCore **pc) {
+    if (!pc || !*pc) return;
+    ServeCore *c = *pc;
+    serve_core_stop(c);
+    pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->enc_mu);
+    pthread_cond_destroy(&c->cv);
+    free(c->queue);
+    free(c);
+    *pc = NULL;
+}

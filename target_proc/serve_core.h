@@ -1,0 +1,60 @@
+/* The decode side of rootspec-serve: one worker thread owns the engine and runs one job at
+ * a time from a bounded queue; connection threads create jobs, submit them and wait for
+ * their output. A job is shared by its connection and the core (reference counted), so
+ * either side may go first: a client that disconnects cancels its job, which the worker
+ * skips if it is still queued or stops before its next round. */
+#ifndef ROOTSPEC_SERVE_CORE_H
+#define ROOTSPEC_SERVE_CORE_H
+#include "serve.h"
+
+typedef struct {
+    const char *model_name;
+    int queue_max;     /* jobs that may wait while one decodes */
+    DecodeOpts dflt;   /* rule, budget, temp, seed, max_new when a request omits them */
+} ServeConfig;
+
+typedef struct ServeCore ServeCore;
+typedef struct ServeJob ServeJob;
+
+/* Starts the worker. Borrows en, m and cfg->model_name (they outlive the core). */
+void serve_core_create(Engine *en, const ServeConfig *cfg, ServeMetrics *m, ServeCore **out);
+/* Stops the worker: the running job is cancelled, queued ones end with a 503, later
+ * submissions get a 503. Connections may still read their jobs. Idempotent. */
+void serve_core_stop(ServeCore *c);
+/* serve_core_stop, then frees the core (no connection may use it any more). Clears *c. */
+void serve_core_destroy(ServeCore **c);
+/* Jobs waiting and decoding now. */
+void serve_core_counts(ServeCore *c, int *queued, int *running);
+ServeMetrics *serve_core_metrics(ServeCore *c);
+const char *serve_core_model(const ServeCore *c);
+
+/* A job for a parsed request (its contents move into the job; r is left empty): encodes
+ * the prompt, checks it against the context and the decoder options. Returns 0, or the
+ * HTTP status with se set. The caller holds the one reference. */
+int serve_job_create(ServeCore *c, ServeRequest *r, ServeJob **out, ServeError *se);
+/* Queues the job (the core takes a reference of its own). 429 when the queue is full, 503
+ * when the server is stopping; 0 on success. */
+int serve_core_submit(ServeCore *c, ServeJob *j, ServeError *se);
+/* The client is gone: skip or stop the decode. */
+void serve_job_cancel(ServeJob *j);
+/* Drops the caller's reference; clears *j. */
+void serve_job_unref(ServeJob **j);
+const ServeMeta *serve_job_meta(const ServeJob *j);
+const ServeRequest *serve_job_request(const ServeJob *j);
+
+/* What serve_job_wait reports. */
+typedef struct {
+    char *text;          /* new output (malloc'd; caller frees) or NULL */
+    size_t n;
+    int done;            /* the job ended: finish_reason or failed is set */
+    const char *finish_reason; /* "stop" or "length" */
+    int failed;          /* the decode failed: err says why */
+    ServeError err;
+    ServeUsage usage;
+} ServeOutput;
+
+/* Waits up to timeout_ms for new output or the end of the job. Returns 1 when out has
+ * something (text, done or both), 0 on timeout. */
+int serve_job_wait(ServeJob *j, int timeout_ms, ServeOutput *out);
+
+#endif

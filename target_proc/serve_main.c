@@ -1,0 +1,139 @@
+/* rootspec-serve: the engine behind an OpenAI-compatible HTTP API (chat and text
+ * completions, streamed over server-sent events or whole), with /health, /v1/models and
+ * Prometheus /metrics. One decode at a time; see serve.h for the pieces. */
+#include "common/cli.h"
+#include "engine_cli.h"
+#include "serve_http.h"
+#include <signal.h>
+#include <string.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: rootspec-serve --model PATH [options]\n"
+            "\n"
+            "  --host ADDR           IPv4 address to listen on (default 127.0.0.1)\n"
+            "  --port N              TCP port (default 8080; 0: any free port, printed at start)\n"
+            "  --model-name NAME     the model id clients name (default: the model file's name)\n"
+            "  --max-tokens N        output cap of a request without max_tokens (default 512)\n"
+            "  --queue N             requests that may wait while one decodes; more get a 429\n"
+            "                        (default 16)\n"
+            "  --max-body BYTES      largest request body; larger ones get a 413 (default 1048576)\n"
+            "  --max-connections N   open connections at once (default 64)\n"
+            "  --timeout S           seconds an idle connection stays open; a request that waits\n"
+            "                        for the decoder or decodes is not idle (default 60)\n"
+            "  -h, --help            this text\n"
+            "\n"
+            "Engine and decoder (--decoder, --budget and the sampling options are the defaults of\n"
+            "requests that omit them; a request picks its own with \"rootspec\": {\"decoder\": NAME,\n"
+            "\"budget\": B}, \"temperature\", \"top_k\", \"top_p\", \"min_p\" and \"seed\"):\n");
+    engine_cli_usage(f);
+    fprintf(f, "\nExit status: 0 ok (stopped by SIGINT or SIGTERM), 1 runtime failure, 2 bad usage or input.\n");
+}
+
+typedef struct {
+    EngineOpts eo;
+    CliRuntime rt; /* copied into eo once parsed */
+    DecodeOpts d;
+    ServeHttpOpts http;
+    const char *model_name;
+    int queue;
+} Args;
+
+static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        int rc = 0, n = 0;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 1;
+        }
+        if ((rc = cli_runtime_option(argc, argv, &i, &A->rt, e)) != 0 ||
+            (rc = engine_cli_option(argc, argv, &i, &A->eo, &A->d, e)) != 0) {
+            if (rc < 0) return rc;
+            continue;
+        }
+        static const char *const own[] = {"--host", "--port", "--model-name", "--max-tokens",
+                                          "--queue", "--max-body", "--max-connections",
+                                          "--timeout"};
+        size_t k = 0;
+        while (k < sizeof own / sizeof own[0] && strcmp(a, own[k])) k++;
+        if (k == sizeof own / sizeof own[0]) return rs_err(e, RS_EINVAL, "unknown option '%s' (see --help)", a);
+        if ((rc = cli_value(argc, argv, i++, &v, e))) return rc;
+        if (!strcmp(a, "--host")) A->http.host = v;
+        else if (!strcmp(a, "--port")) rc = cli_int(a, v, 0, 65535, &A->http.port, e);
+        else if (!strcmp(a, "--model-name")) A->model_name = v;
+        else if (!strcmp(a, "--max-tokens")) rc = cli_int(a, v, 1, 1 << 20, &A->d.max_new, e);
+        else if (!strcmp(a, "--queue")) rc = cli_int(a, v, 1, 4096, &A->queue, e);
+        else if (!strcmp(a, "--max-body")) {
+            if (!(rc = cli_int(a, v, 1024, 1 << 30, &n, e))) A->http.max_body = (size_t)n;
+        } else if (!strcmp(a, "--max-connections")) rc = cli_int(a, v, 2, 4096, &A->http.max_conn, e);
+        else if (!(rc = cli_int(a, v, 1, 86400, &n, e))) A->http.timeout = (unsigned)n;
+        if (rc) return rc;
+    }
+    if (!A->eo.model_path) return rs_err(e, RS_EINVAL, "need --model (see --help)");
+    engine_cli_runtime(&A->eo, &A->rt);
+    int rc = sampling_check(&A->d.sampling, e);
+    return rc ? rc : engine_cli_check(&A->eo, e);
+}
+
+/* The model id: --model-name, else the model path's last component. */
+static const char *model_id(const Args *A) {
+    if (A->model_name) return A->model_name;
+    const char *p = A->eo.model_path, *s = strrchr(p, '/');
+    return s && s[1] ? s + 1 : p;
+}
+
+/* Serves until SIGINT or SIGTERM (blocked in every thread, taken here by sigwait). */
+static int serve(Args *A, Engine *en, const sigset_t *sigs) {
+    ServeMetrics *m = NULL;
+    serve_metrics_create(&m);
+    ServeConfig cfg = {.model_name = model_id(A), .queue_max = A->queue, .dflt = A->d};
+    ServeCore *core = NULL;
+    serve_core_create(en, &cfg, m, &core);
+    ServeHttp *http = NULL;
+    RsErr e = {0};
+    int rc = serve_http_start(core, &A->http, &http, &e);
+    if (rc) fprintf(stderr, "rootspec-serve: %s\n", e.msg);
+    else {
+        char smp[SAMPLING_STR], budget[16] = "auto";
+        if (A->d.budget) snprintf(budget, sizeof budget, "%d", A->d.budget);
+        fprintf(stderr, "rootspec-serve: listening on http://%s:%d (model %s, decoder %s, B=%s, %s)\n",
+                A->http.host, serve_http_port(http), cfg.model_name, rule_name(A->d.rule), budget,
+                sampling_str(&A->d.sampling, smp, sizeof smp));
+        int sig = 0;
+        sigwait(sigs, &sig);
+        fprintf(stderr, "rootspec-serve: stopping (signal %d)\n", sig);
+    }
+    serve_core_stop(core); /* waiting handlers see their jobs end */
+    serve_http_stop(&http);
+    serve_core_destroy(&core);
+    serve_metrics_destroy(&m);
+    return rc ? cli_exit_status(rc) : 0;
+}
+
+int main(int argc, char **argv) {
+    Args A = {.eo = {.draft_timeout_ms = 10000}, .rt = cli_runtime_defaults(),
+              .d = {.rule = RULE_AR, .budget = 59, .seed = 1, .max_new = 512},
+              .http = {.host = "127.0.0.1", .port = 8080, .max_body = 1 << 20, .max_conn = 64,
+                       .timeout = 60},
+              .queue = 16};
+    RsErr e = {0};
+    int rc = parse_args(argc, argv, &A, &e);
+    if (rc == 1) return 0;
+    if (rc) {
+        fprintf(stderr, "rootspec-serve: %s\n", e.msg);
+        return 2;
+    }
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL); /* before any thread starts: they inherit it */
+    signal(SIGPIPE, SIG_IGN);                /* a client gone mid-write is an error, not death */
+    Engine *en = NULL;
+    rc = engine_cli_open("rootspec-serve", &A.eo, &A.d, &en);
+    if (rc >= 0) return rc;
+    rc = serve(&A, en, &sigs);
+    engine_destroy(&en);
+    return rc;
+}

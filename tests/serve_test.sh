@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# rootspec-serve with real clients (`make test-serve`, run by .ci/run): the openai Python
+# package, installed into a venv of its own under build/, drives tests/serve_test.py; curl
+# checks the raw server-sent events. Needs build/rootspec-serve, rootspec-serve-san (the
+# malformed-request flood runs under ASan+UBSan), rootspec-target and rootspec-draft, and
+# the default model. Ends with `serve: N passed, M failed`; exits 1 on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+venv=build/serve-venv
+for b in rootspec-serve rootspec-serve-san rootspec-target rootspec-draft; do
+  [ -x "build/$b" ] || { echo "serve_test: build/$b missing (make test-serve builds it)" >&2; exit 1; }
+done
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import openai' 2>/dev/null; then
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv "$venv" 2>/dev/null || python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check 'openai>=1.0,<3'
+fi
+
+# curl: the SSE frames themselves, and the stream's end.
+curl_fail=0
+log=$(mktemp)
+build/rootspec-serve --model "$MODEL" --port 0 2>"$log" &
+pid=$!
+trap 'kill "$pid" 2>/dev/null || true; rm -f "$log"' EXIT
+for _ in $(seq 600); do grep -q 'listening on' "$log" && break; sleep 0.1; done
+port=$(grep -o '127\.0\.0\.1:[0-9]*' "$log" | head -1 | cut -d: -f2)
+sse=$(curl -sN --max-time 60 "http://127.0.0.1:$port/v1/chat/completions" \
+        -H 'Content-Type: application/json' \
+        -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":5,"stream":true,"temperature":0}')
+frames=$(printf '%s\n' "$sse" | grep -c '^data: ' || true)
+if [ "$(printf '%s\n' "$sse" | grep '^data: ' | tail -1)" != "data: [DONE]" ] || [ "$frames" -lt 4 ] ||
+   printf '%s\n' "$sse" | grep -v '^data: ' | grep -q .; then
+  echo "FAIL  curl SSE: expected data: frames ending in data: [DONE], got:"; printf '%s\n' "$sse"
+  curl_fail=1
+else
+  echo "ok    curl SSE: $frames data: frames ending in [DONE]"
+fi
+kill "$pid"; wait "$pid" || true
+trap - EXIT
+rm -f "$log"
+
+py_rc=0
+BUILD=build MODEL="$MODEL" "$venv/bin/python" tests/serve_test.py || py_rc=$?
+if [ "$curl_fail" -ne 0 ]; then echo "serve: curl SSE check failed"; exit 1; fi
+exit "$py_rc"

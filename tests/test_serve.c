@@ -1,0 +1,251 @@
+/* rootspec-serve's pieces without HTTP (tests/serve_test.sh drives the whole server):
+ * the output text against a whole-string reference for random texts, stop strings and
+ * token splits (what streaming sends is always a prefix of the final answer, never a stop
+ * string's start, never half a character); request parsing (field types and ranges, each
+ * refusal naming its field); the sampling mapping; the response JSON read back; the metric
+ * histograms' cumulative buckets. */
+#include "testutil.h"
+#include "common/rng.h"
+#include "target_proc/serve.h"
+#include <cjson/cJSON.h>
+#include <string.h>
+
+/* ---- output text ------------------------------------------------------------------------ */
+
+/* The answer a stop-string cut gives: text up to the earliest match of any stop string. */
+static size_t reference_cut(const char *text, size_t n, char stops[][8], int n_stop) {
+    size_t cut = n;
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < n_stop; k++) {
+            size_t l = strlen(stops[k]);
+            if (i + l <= n && !memcmp(text + i, stops[k], l) && i < cut) cut = i;
+        }
+    return cut;
+}
+
+/* Random UTF-8 from a small alphabet (so stop strings match often): a, b, é (2 bytes),
+ * € (3 bytes). */
+static size_t random_text(Rng *r, char *buf, int chars) {
+    static const char *const alpha[] = {"a", "b", "\xc3\xa9", "\xe2\x82\xac"};
+    size_t n = 0;
+    for (int i = 0; i < chars; i++) {
+        const char *c = alpha[(int)(rng_uniform(r) * 4)];
+        memcpy(buf + n, c, strlen(c));
+        n += strlen(c);
+    }
+    return n;
+}
+
+START_TEST(test_text_stops) {
+    Rng r;
+    rng_seed(&r, 5);
+    char text[512], stops[3][8], got[2048];
+    for (int rep = 0; rep < 3000; rep++) {
+        size_t n = random_text(&r, text, 1 + (int)(rng_uniform(&r) * 40));
+        int n_stop = (int)(rng_uniform(&r) * 3);
+        const char *sp[3];
+        for (int k = 0; k < n_stop; k++) {
+            size_t l = random_text(&r, stops[k], 1 + (int)(rng_uniform(&r) * 2));
+            stops[k][l] = 0;
+            sp[k] = stops[k];
+        }
+        size_t cut = reference_cut(text, n, stops, n_stop), len = 0, pos = 0;
+        ServeText t;
+        serve_text_init(&t, sp, n_stop);
+        while (pos < n) { /* tokens of 1..4 bytes, cutting through characters */
+            size_t k = 1 + (size_t)(rng_uniform(&r) * 4);
+            if (k > n - pos) k = n - pos;
+            serve_text_push(&t, text + pos, k);
+            pos += k;
+            size_t m;
+            char *s = serve_text_take(&t, &m);
+            if (s) {
+                ck_assert_msg(!strstr(s, "\xef\xbf\xbd"), "rep %d: a character was cut", rep);
+                memcpy(got + len, s, m);
+                len += m;
+                free(s);
+            }
+            ck_assert_msg(len <= cut && !memcmp(got, text, len),
+                          "rep %d: streamed %zu bytes that are not the answer's prefix (cut %zu)", rep, len, cut);
+        }
+        serve_text_finish(&t);
+        size_t m;
+        char *s = serve_text_take(&t, &m);
+        if (s) memcpy(got + len, s, m), len += m;
+        free(s);
+        ck_assert_msg(len == cut && !memcmp(got, text, cut), "rep %d: answer of %zu bytes, want %zu", rep, len, cut);
+        ck_assert_int_eq(t.matched, cut < n);
+        serve_text_free(&t);
+    }
+}
+END_TEST
+
+START_TEST(test_utf8_clean) {
+    size_t n;
+    char *s = serve_utf8_clean("a\xff" "b\xc3", 4, &n);
+    ck_assert_str_eq(s, "a\xef\xbf\xbd" "b\xef\xbf\xbd");
+    ck_assert_uint_eq(n, 8);
+    free(s);
+    s = serve_utf8_clean("x\0y", 3, &n); /* a NUL would end the JSON string */
+    ck_assert_str_eq(s, "x\xef\xbf\xbdy");
+    free(s);
+}
+END_TEST
+
+/* ---- requests ---------------------------------------------------------------------------- */
+
+static int parse(const char *body, ServeKind kind, ServeRequest *r, ServeError *se) {
+    return serve_request_parse(body, strlen(body), kind, "m", r, se);
+}
+
+START_TEST(test_request_refusals) {
+    static const struct { const char *body; int kind, status; const char *param; } cases[] = {
+        {"{", SERVE_COMPLETION, 400, ""},
+        {"[1]", SERVE_COMPLETION, 400, ""},
+        {"{\"prompt\": \"x\", \"model\": \"other\"}", SERVE_COMPLETION, 404, "model"},
+        {"{\"prompt\": \"x\", \"model\": 3}", SERVE_COMPLETION, 400, "model"},
+        {"{\"prompt\": 3}", SERVE_COMPLETION, 400, "prompt"},
+        {"{\"prompt\": [1, -2]}", SERVE_COMPLETION, 400, "prompt"},
+        {"{\"prompt\": \"x\", \"max_tokens\": 0}", SERVE_COMPLETION, 400, "max_tokens"},
+        {"{\"prompt\": \"x\", \"max_tokens\": 2.5}", SERVE_COMPLETION, 400, "max_tokens"},
+        {"{\"prompt\": \"x\", \"stream\": 1}", SERVE_COMPLETION, 400, "stream"},
+        {"{\"prompt\": \"x\", \"stop\": [\"a\", 2]}", SERVE_COMPLETION, 400, "stop"},
+        {"{\"prompt\": \"x\", \"stop\": [\"a\",\"b\",\"c\",\"d\",\"e\"]}", SERVE_COMPLETION, 400, "stop"},
+        {"{\"prompt\": \"x\", \"temperature\": \"0\"}", SERVE_COMPLETION, 400, "temperature"},
+        {"{\"prompt\": \"x\", \"n\": 2}", SERVE_COMPLETION, 400, "n"},
+        {"{\"prompt\": \"x\", \"presence_penalty\": 0.5}", SERVE_COMPLETION, 400, "presence_penalty"},
+        {"{\"prompt\": \"x\", \"rootspec\": {\"decoder\": \"oracle\"}}", SERVE_COMPLETION, 400, "rootspec.decoder"},
+        {"{\"prompt\": \"x\", \"rootspec\": {\"budget\": 100000}}", SERVE_COMPLETION, 400, "budget"},
+        {"{\"messages\": []}", SERVE_CHAT, 400, "messages"},
+        {"{\"messages\": [{\"role\": \"system\", \"content\": \"x\"}]}", SERVE_CHAT, 400, "messages"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", SERVE_CHAT, 400, "messages"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"user\", \"content\": \"b\"}]}",
+         SERVE_CHAT, 400, "messages"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ServeRequest r;
+        ServeError se;
+        int rc = parse(cases[i].body, (ServeKind)cases[i].kind, &r, &se);
+        ck_assert_msg(rc == cases[i].status && !strcmp(se.param, cases[i].param),
+                      "%s: status %d param '%s' (%s), want %d '%s'", cases[i].body, rc, se.param,
+                      se.msg, cases[i].status, cases[i].param);
+        ck_assert_ptr_null(r.text);
+    }
+}
+END_TEST
+
+START_TEST(test_request_fields) {
+    ServeRequest r;
+    ServeError se;
+    const char *body = "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", "
+                       "\"text\": \"ab\"}, {\"type\": \"text\", \"text\": \"c\"}]}], \"max_tokens\": 7, "
+                       "\"stream\": true, \"stream_options\": {\"include_usage\": true}, \"stop\": \"\\n\", "
+                       "\"temperature\": 1, \"seed\": 42, \"unknown_field\": [1], \"rootspec\": "
+                       "{\"decoder\": \"rootdraw\", \"budget\": 16}}";
+    ck_assert_int_eq(parse(body, SERVE_CHAT, &r, &se), 0);
+    ck_assert_str_eq(r.text, "abc");
+    ck_assert_int_eq(r.max_tokens, 7);
+    ck_assert(r.stream && r.include_usage && r.has_seed && r.seed == 42);
+    ck_assert_int_eq(r.n_stop, 1);
+    ck_assert_str_eq(r.stop[0], "\n");
+    ck_assert_int_eq(r.rule, RULE_ROOTDRAW);
+    ck_assert_int_eq(r.budget, 16);
+    DecodeOpts d = {.seed = 1, .sampling = {.top_p = 0.5}};
+    ck_assert_int_eq(serve_sampling_map(&r, &d, &se), 0);
+    ck_assert(d.sampling.temperature == 1 && d.sampling.top_p == 0.5 && d.seed == 42);
+    r.has_top_k = 1;
+    r.top_k = -1; /* off, as vLLM spells it */
+    r.has_min_p = 1;
+    r.min_p = 0.05;
+    ck_assert_int_eq(serve_sampling_map(&r, &d, &se), 0);
+    ck_assert(d.sampling.top_k == 0 && d.sampling.min_p == 0.05);
+    r.has_top_p = 1;
+    r.top_p = 1.5; /* out of range: sampling_check's refusal names it */
+    ck_assert_int_eq(serve_sampling_map(&r, &d, &se), 400);
+    ck_assert_msg(strstr(se.msg, "top_p"), "%s", se.msg);
+    serve_request_free(&r);
+    ck_assert_int_eq(parse("{\"prompt\": [3, 4]}", SERVE_COMPLETION, &r, &se), 0);
+    ck_assert(r.n_ids == 2 && r.ids[1] == 4 && r.rule == -1 && !r.max_tokens);
+    serve_request_free(&r);
+}
+END_TEST
+
+/* ---- responses and metrics ---------------------------------------------------------------- */
+
+START_TEST(test_response_json) {
+    ServeMeta m = {.kind = SERVE_CHAT, .id = "chatcmpl-1", .created = 5, .model = "m"};
+    ServeUsage u = {3, 4};
+    char *s = serve_response_json(&m, "hi \"there\"", 10, "stop", &u);
+    cJSON *o = cJSON_Parse(s);
+    ck_assert_ptr_nonnull(o);
+    cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "message"), "content")->valuestring, "hi \"there\"");
+    ck_assert_str_eq(cJSON_GetObjectItem(c0, "finish_reason")->valuestring, "stop");
+    ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "usage"), "total_tokens")->valueint, 7);
+    ck_assert_str_eq(cJSON_GetObjectItem(o, "object")->valuestring, "chat.completion");
+    cJSON_Delete(o);
+    free(s);
+    s = serve_chunk_json(&m, 0, "x", 1, NULL, NULL);
+    o = cJSON_Parse(s);
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "delta"), "content")->valuestring, "x");
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItem(c0, "finish_reason")));
+    cJSON_Delete(o);
+    free(s);
+    ServeError se;
+    serve_error(&se, 429, NULL, "busy %d", 3);
+    s = serve_error_json(&se);
+    o = cJSON_Parse(s);
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "error"), "message")->valuestring, "busy 3");
+    cJSON_Delete(o);
+    free(s);
+}
+END_TEST
+
+/* The value of the line that starts with `name ` in Prometheus text; -1 if absent. */
+static double metric_value(const char *text, const char *name) {
+    size_t l = strlen(name);
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (!strncmp(p, name, l) && p[l] == ' ') return atof(p + l + 1);
+    return -1;
+}
+
+START_TEST(test_metrics) {
+    ServeMetrics *m = NULL;
+    serve_metrics_create(&m);
+    serve_metrics_itl(m, 0.03, 3);   /* 3 samples of 0.01 */
+    serve_metrics_itl(m, 2.0, 1);    /* above every bucket */
+    serve_metrics_round(m, 4, 0);
+    serve_metrics_round(m, 1, 1);
+    serve_metrics_finish(m, FINISH_STOP, 10, 5, 1);
+    serve_metrics_request(m, 429);
+    char *t = serve_metrics_render(m, 2, 1);
+    ck_assert(metric_value(t, "rootspec_inter_token_latency_seconds_bucket{le=\"0.005\"}") == 0);
+    ck_assert(metric_value(t, "rootspec_inter_token_latency_seconds_bucket{le=\"0.01\"}") == 3);
+    ck_assert(metric_value(t, "rootspec_inter_token_latency_seconds_bucket{le=\"1\"}") == 3);
+    ck_assert(metric_value(t, "rootspec_inter_token_latency_seconds_bucket{le=\"+Inf\"}") == 4);
+    ck_assert(metric_value(t, "rootspec_inter_token_latency_seconds_count") == 4);
+    ck_assert(metric_value(t, "rootspec_tokens_per_round_bucket{le=\"3\"}") == 1);
+    ck_assert(metric_value(t, "rootspec_tokens_per_round_sum") == 5);
+    ck_assert(metric_value(t, "rootspec_drafter_fallback_rounds_total") == 1);
+    ck_assert(metric_value(t, "rootspec_drafter_fallbacks_total") == 1);
+    ck_assert(metric_value(t, "rootspec_requests_total{code=\"429\"}") == 1);
+    ck_assert(metric_value(t, "rootspec_queue_depth") == 2);
+    free(t);
+    serve_metrics_destroy(&m);
+    ck_assert_ptr_null(m);
+}
+END_TEST
+
+Suite *suite_serve(void) {
+    Suite *s = suite_create("serve");
+    TCase *tc = tcase_create("serve");
+    tcase_add_test(tc, test_text_stops);
+    tcase_add_test(tc, test_utf8_clean);
+    tcase_add_test(tc, test_request_refusals);
+    tcase_add_test(tc, test_request_fields);
+    tcase_add_test(tc, test_response_json);
+    tcase_add_test(tc, test_metrics);
+    suite_add_tcase(s, tc);
+    return s;
+}
