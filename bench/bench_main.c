@@ -385,6 +385,37 @@ static void drafter_stop(void) {
     g_sock[0] = g_tmpdir[0] = 0;
 }
 
+/* rootspec-draft's command line for the run's drafter options (nums: the numbers' text). */
+static void drafter_argv(const Settings *s, const char *bin, const char *endpoint,
+                         char nums[3][16], const char *argv[24]) {
+    snprintf(nums[0], 16, "%d", s->threads);
+    snprintf(nums[1], 16, "%d", s->ctx);
+    snprintf(nums[2], 16, "%d", s->device);
+    int suffix = s->drafter && !strcmp(s->drafter, "suffix");
+    const char *layers = s->draft_model || suffix ? NULL
+                         : s->draft_layers        ? s->draft_layers
+                                                  : DRAFTER_DEFAULT_LAYERS;
+    int a = 0;
+    argv[a++] = bin;
+    argv[a++] = "--model";
+    argv[a++] = s->draft_model ? s->draft_model : s->model;
+    if (layers) argv[a++] = "--draft-layers", argv[a++] = layers;
+    if (suffix) argv[a++] = "--drafter", argv[a++] = "suffix";
+    if (suffix && s->draft_corpus) argv[a++] = "--corpus", argv[a++] = s->draft_corpus;
+    argv[a++] = "--bind";
+    argv[a++] = endpoint;
+    argv[a++] = "--backend";
+    argv[a++] = s->backend;
+    argv[a++] = "--device";
+    argv[a++] = nums[2];
+    if (backend_batch_invariant()) argv[a++] = "--batch-invariant";
+    argv[a++] = "--threads";
+    argv[a++] = nums[0];
+    argv[a++] = "--ctx";
+    argv[a++] = nums[1];
+    argv[a] = NULL;
+}
+
 /* Starts rootspec-draft from this binary's directory on ipc://<tmp>/draft.sock and waits
  * until it has bound (the socket file appears), watching for an early exit. */
 static int drafter_launch(const Settings *s, char *endpoint, size_t cap, RsErr *e) {
@@ -404,43 +435,9 @@ static int drafter_launch(const Settings *s, char *endpoint, size_t cap, RsErr *
     }
     snprintf(g_sock, sizeof g_sock, "%s/draft.sock", g_tmpdir);
     snprintf(endpoint, cap, "ipc://%s", g_sock);
-    char th[16], ctx[16], dev[16];
-    snprintf(th, sizeof th, "%d", s->threads);
-    snprintf(ctx, sizeof ctx, "%d", s->ctx);
-    snprintf(dev, sizeof dev, "%d", s->device);
-    int suffix = s->drafter && !strcmp(s->drafter, "suffix");
-    const char *layers = s->draft_model || suffix ? NULL
-                         : s->draft_layers        ? s->draft_layers
-                                                  : DRAFTER_DEFAULT_LAYERS;
+    char nums[3][16];
     const char *argv[24];
-    int a = 0;
-    argv[a++] = bin;
-    argv[a++] = "--model";
-    argv[a++] = s->draft_model ? s->draft_model : s->model;
-    if (layers) {
-        argv[a++] = "--draft-layers";
-        argv[a++] = layers;
-    }
-    if (suffix) {
-        argv[a++] = "--drafter";
-        argv[a++] = "suffix";
-    }
-    if (suffix && s->draft_corpus) {
-        argv[a++] = "--corpus";
-        argv[a++] = s->draft_corpus;
-    }
-    argv[a++] = "--bind";
-    argv[a++] = endpoint;
-    argv[a++] = "--backend";
-    argv[a++] = s->backend;
-    argv[a++] = "--device";
-    argv[a++] = dev;
-    if (backend_batch_invariant()) argv[a++] = "--batch-invariant";
-    argv[a++] = "--threads";
-    argv[a++] = th;
-    argv[a++] = "--ctx";
-    argv[a++] = ctx;
-    argv[a] = NULL;
+    drafter_argv(s, bin, endpoint, nums, argv);
     fflush(NULL);
     pid_t pid = fork();
     if (pid < 0) return rs_err(e, RS_EIO, "--launch-drafter: fork failed: %s", strerror(errno));
