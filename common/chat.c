@@ -1,6 +1,6 @@
-/* Chat templates for one user turn, written out in C so that the engine needs no Jinja.
- * Each builder reproduces what transformers' apply_chat_template(
- * [{"role":"user","content":U}], tokenize=False, add_generation_prompt=True) renders for
+/* Chat templates, written out in C so that the engine needs no Jinja. Each builder
+ * reproduces what transformers' apply_chat_template(messages, tokenize=False,
+ * add_generation_prompt=True) renders, for one user turn or a conversation, for
  * the family's published template (the Jinja sources are in tools/gen_tokenizer_fixtures.py,
  * which also writes the strings the tests compare against):
  *   SmolLM2  - the GGUF's tokenizer.chat_template (ChatML + default system prompt)
@@ -9,7 +9,7 @@
  *   Llama-3  - Llama-3.1-Instruct's template: BOS, a system header with
  *              "Cutting Knowledge Date: December 2023" and the template's fixed fallback
  *              date "26 Jul 2024" (3.2's template calls strftime_now() instead, which would
- *              make prompts depend on the day), user content passed through Jinja `trim`. */
+ *              make prompts depend on the day), contents passed through Jinja `trim`. */
 #include "tokenizer.h"
 #include "model.h"
 #include "model_internal.h"
@@ -64,41 +64,112 @@ static char *py_strip(const char *s) {
     return out;
 }
 
-char *chat_build_prompt(ChatTemplate tpl, const char *user) {
+/* ---- conversations ------------------------------------------------------------------ */
+
+/* A growing string. */
+typedef struct {
+    char *s;
+    size_t n, cap;
+} Buf;
+
+static void buf_put(Buf *b, const char *t) {
+    size_t k = strlen(t);
+    if (b->n + k + 1 > b->cap) {
+        b->cap = 2 * (b->n + k + 1);
+        b->s = realloc(b->s, b->cap);
+        RS_ASSERT(b->s && "out of memory");
+    }
+    memcpy(b->s + b->n, t, k + 1);
+    b->n += k;
+}
+
+/* ChatML (SmolLM2, Qwen2.5, Qwen3): an optional system turn (the family's default when the
+ * conversation has none and dflt is not NULL), every turn as <|im_start|>role ... <|im_end|>,
+ * then the assistant's opening (and Qwen3's empty think block, enable_thinking=False). */
+static char *chatml(const ChatMsg *m, int n, const char *dflt, const char *gen_tail) {
+    Buf b = {0};
+    buf_put(&b, "");
+    if (dflt && strcmp(m[0].role, "system")) {
+        buf_put(&b, "<|im_start|>system\n");
+        buf_put(&b, dflt);
+        buf_put(&b, "<|im_end|>\n");
+    }
+    for (int i = 0; i < n; i++) {
+        const char *p[] = {"<|im_start|>", m[i].role, "\n", m[i].content, "<|im_end|>\n"};
+        for (int k = 0; k < 5; k++) buf_put(&b, p[k]);
+    }
+    buf_put(&b, "<|im_start|>assistant\n");
+    buf_put(&b, gen_tail);
+    return b.s;
+}
+
+/* Llama-3.1: BOS, the system header (dated, with the system turn's text when there is
+ * one), then every other turn between header and <|eot_id|>, contents through `trim`. */
+static char *llama3(const ChatMsg *m, int n) {
+    Buf b = {0};
+    buf_put(&b, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+                "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
+    int first = 0;
+    if (!strcmp(m[0].role, "system")) {
+        char *sys = py_strip(m[0].content);
+        buf_put(&b, sys);
+        free(sys);
+        first = 1;
+    }
+    buf_put(&b, "<|eot_id|>");
+    for (int i = first; i < n; i++) {
+        char *c = py_strip(m[i].content);
+        const char *p[] = {"<|start_header_id|>", m[i].role, "<|end_header_id|>\n\n", c,
+                           "<|eot_id|>"};
+        for (int k = 0; k < 5; k++) buf_put(&b, p[k]);
+        free(c);
+    }
+    buf_put(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    return b.s;
+}
+
+int chat_conversation_check(const ChatMsg *m, int n, RsErr *e) {
+    if (n < 1) return rs_err(e, RS_EINVAL, "a conversation needs at least one message");
+    for (int i = 0; i < n; i++) {
+        const char *r = m[i].role;
+        if (!m[i].content) return rs_err(e, RS_EINVAL, "message %d has no content", i);
+        if (!strcmp(r, "system") ? i != 0 : strcmp(r, "user") && strcmp(r, "assistant"))
+            return rs_err(e, RS_EINVAL, "message %d: role '%s' (system, first only; user; "
+                          "assistant)", i, r);
+    }
+    if (strcmp(m[n - 1].role, "user"))
+        return rs_err(e, RS_EINVAL, "the last message must be the user's, not '%s'",
+                      m[n - 1].role);
+    return RS_OK;
+}
+
+char *chat_build_conversation(ChatTemplate tpl, const ChatMsg *m, int n, RsErr *e) {
+    if (chat_conversation_check(m, n, e)) return NULL;
     switch (tpl) {
-    case CHAT_SMOLLM2: {
-        const char *p[] = {"<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
-                           "Hugging Face<|im_end|>\n<|im_start|>user\n",
-                           user, "<|im_end|>\n<|im_start|>assistant\n"};
-        return concat(p, 3);
-    }
-    case CHAT_QWEN2: {
-        const char *p[] = {"<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
-                           "assistant.<|im_end|>\n<|im_start|>user\n",
-                           user, "<|im_end|>\n<|im_start|>assistant\n"};
-        return concat(p, 3);
-    }
-    case CHAT_QWEN3: {
-        const char *p[] = {"<|im_start|>user\n", user,
-                           "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"};
-        return concat(p, 3);
-    }
-    case CHAT_LLAMA3: {
-        char *u = py_strip(user);
-        const char *p[] = {"<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
-                           "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
-                           "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n",
-                           u, "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"};
-        char *out = concat(p, 3);
-        free(u);
-        return out;
-    }
+    case CHAT_SMOLLM2:
+        return chatml(m, n, "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
+                      "");
+    case CHAT_QWEN2:
+        return chatml(m, n, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
+                      "");
+    case CHAT_QWEN3: return chatml(m, n, NULL, "<think>\n\n</think>\n\n");
+    case CHAT_LLAMA3: return llama3(m, n);
     case CHAT_NONE:
-    default: {
-        const char *p[] = {user};
-        return concat(p, 1);
+    default:
+        if (n == 1) {
+            const char *p[] = {m[0].content};
+            return concat(p, 1);
+        }
+        rs_err(e, RS_EUNSUPPORTED, "no chat template to render a conversation of %d messages", n);
+        return NULL;
     }
-    }
+}
+
+char *chat_build_prompt(ChatTemplate tpl, const char *user) {
+    ChatMsg m = {"user", user};
+    char *out = chat_build_conversation(tpl, &m, 1, NULL);
+    RS_ASSERT(out);
+    return out;
 }
 
 /* Recognises a family from its Jinja template text. */

@@ -58,4 +58,17 @@ ChatTemplate chat_template_for_model(const struct Model *m);
  * [{"role":"user","content":user}], add_generation_prompt=True) does. Caller frees. */
 char *chat_build_prompt(ChatTemplate tpl, const char *user);
 
+/* One turn of a conversation: role "system" (first turn only), "user" or "assistant". */
+typedef struct {
+    const char *role;
+    const char *content;
+} ChatMsg;
+/* The shapes every template renders: system (first only), user and assistant turns,
+ * ending with a user turn; RS_EINVAL naming the turn otherwise. */
+int chat_conversation_check(const ChatMsg *m, int n, RsErr *e);
+/* The same as chat_build_prompt for a conversation of n turns ending with the user's (the OpenAI API's
+ * messages). NULL with e set: RS_EINVAL for another shape (named), RS_EUNSUPPORTED for
+ * several turns without a template. Caller frees. */
+char *chat_build_conversation(ChatTemplate tpl, const ChatMsg *m, int n, RsErr *e);
+
 #endif

@@ -9,6 +9,7 @@
  * The engine does one decode at a time; requests wait in a bounded queue (429 when full). */
 #ifndef ROOTSPEC_SERVE_H
 #define ROOTSPEC_SERVE_H
+#include "common/tokenizer.h"
 #include "decode.h"
 #include "engine.h"
 #include <stddef.h>
@@ -19,6 +20,7 @@
 typedef enum { SERVE_CHAT, SERVE_COMPLETION } ServeKind;
 
 #define SERVE_STOP_MAX 4     /* OpenAI's limit on stop strings */
+#define SERVE_MSGS_MAX 256   /* turns in one chat request */
 #define SERVE_STOP_LEN 256   /* bytes per stop string */
 
 /* An OpenAI-style error: HTTP status, the error object's type/code/param and message. */
@@ -37,7 +39,9 @@ int serve_error(ServeError *se, int status, const char *param, const char *fmt, 
  * keep their "absent" value (has_* == 0, rule < 0, budget 0, max_tokens 0). */
 typedef struct {
     ServeKind kind;
-    char *text;            /* chat: the user message; completion: the prompt string */
+    char *text;            /* completion: the prompt string */
+    ChatMsg *msgs;         /* chat: the conversation (roles and contents owned here) */
+    int n_msgs;
     int *ids, n_ids;       /* completion given as token ids (ids != NULL; text NULL) */
     int max_tokens;
     int stream, include_usage;

@@ -175,21 +175,28 @@ static int content_text(const cJSON *c, char **out, ServeError *se) {
     return 0;
 }
 
-/* The engine's chat templates render one user turn (common/chat.c), so a conversation
- * must be exactly that; other shapes are refused, not approximated. */
+/* The conversation, as the OpenAI API sends it: each message's role and text content, in
+ * a shape the chat templates render (system first, ending with the user's turn). */
 static int parse_messages(const cJSON *o, ServeRequest *r, ServeError *se) {
-    const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "messages");
-    if (!cJSON_IsArray(m) || cJSON_GetArraySize(m) == 0)
-        return serve_error(se, 400, "messages", "'messages' must be a non-empty array");
-    if (cJSON_GetArraySize(m) != 1)
-        return serve_error(se, 400, "messages",
-                           "this build renders a single user message (got %d messages)",
-                           cJSON_GetArraySize(m));
-    const cJSON *msg = cJSON_GetArrayItem(m, 0);
-    const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
-    if (!cJSON_IsString(role) || strcmp(role->valuestring, "user"))
-        return serve_error(se, 400, "messages", "the message's 'role' must be \"user\"");
-    return content_text(cJSON_GetObjectItemCaseSensitive(msg, "content"), &r->text, se);
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "messages"), *msg;
+    int n = cJSON_IsArray(m) ? cJSON_GetArraySize(m) : 0;
+    if (n == 0) return serve_error(se, 400, "messages", "'messages' must be a non-empty array");
+    if (n > SERVE_MSGS_MAX)
+        return serve_error(se, 400, "messages", "%d messages, at most %d", n, SERVE_MSGS_MAX);
+    r->msgs = rs_xcalloc((size_t)n, sizeof *r->msgs);
+    cJSON_ArrayForEach(msg, m) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
+        if (!cJSON_IsString(role))
+            return serve_error(se, 400, "messages", "message %d: 'role' must be a string", r->n_msgs);
+        char *text = NULL;
+        if (content_text(cJSON_GetObjectItemCaseSensitive(msg, "content"), &text, se)) return 400;
+        r->msgs[r->n_msgs].role = strdup(role->valuestring);
+        r->msgs[r->n_msgs++].content = text;
+    }
+    RsErr e = {0};
+    if (chat_conversation_check(r->msgs, r->n_msgs, &e))
+        return serve_error(se, 400, "messages", "%s", e.msg);
+    return 0;
 }
 
 /* "prompt": a string, an array of one string, or an array of token ids. */
@@ -260,6 +267,11 @@ int serve_request_parse(const char *body, size_t len, ServeKind kind, const char
 
 void serve_request_free(ServeRequest *r) {
     free(r->text);
+    for (int i = 0; i < r->n_msgs; i++) {
+        free((char *)r->msgs[i].role);
+        free((char *)r->msgs[i].content);
+    }
+    free(r->msgs);
     free(r->ids);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     memset(r, 0, sizeof *r);

@@ -120,6 +120,28 @@ def test_chat(s, ref):
           and usage and usage.completion_tokens == 24, f"{roles} {finish} {usage}")
 
 
+def test_conversation(s):
+    """A system turn and an earlier exchange, through the model's ChatML template: the same
+    T=0 text as a completion of the prompt ChatML spells out (written here, not by the
+    server); an assistant-last conversation is refused."""
+    msgs = [{"role": "system", "content": "You answer briefly."},
+            {"role": "user", "content": "Name a color."},
+            {"role": "assistant", "content": "Blue."},
+            {"role": "user", "content": "Another one?"}]
+    spelled = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs)
+    spelled += "<|im_start|>assistant\n"
+    r = s.client.chat.completions.create(model=NAME, messages=msgs, max_tokens=16, temperature=0)
+    c = s.client.completions.create(model=NAME, prompt=spelled, max_tokens=16, temperature=0)
+    check("a 4-turn conversation (system, assistant turns) equals its spelled-out prompt",
+          r.choices[0].message.content == c.choices[0].text and c.choices[0].text,
+          f"{r.choices[0].message.content!r} vs {c.choices[0].text!r}")
+    try:
+        s.client.chat.completions.create(model=NAME, messages=msgs[:3], max_tokens=4)
+        check("a conversation ending with the assistant: 400", False)
+    except openai.BadRequestError as e:
+        check("a conversation ending with the assistant: 400", "last message" in str(e.body), str(e.body))
+
+
 def test_completions(s):
     ref = target_text("--prompt", "The capital of France is", "--max-new", "16")
     r = s.client.completions.create(model=NAME, prompt="The capital of France is", max_tokens=16, temperature=0)
@@ -212,9 +234,9 @@ def test_queue_full():
     s = Server("--queue", "1", "--timeout", "1")
     statuses = []
 
-    def one():
+    def one():  # long enough that all four arrive while the first decodes, even on a busy CPU
         try:
-            chat(s, max_tokens=40, temperature=0)
+            chat(s, max_tokens=160, temperature=0)
             statuses.append(200)
         except openai.RateLimitError:
             statuses.append(429)
@@ -341,7 +363,8 @@ def test_flood():
 def main():
     ref = target_text("--prompt", PROMPT, "--chat", "--max-new", "24")
     s = Server()
-    for t in (lambda: test_chat(s, ref), lambda: test_completions(s), lambda: test_stop(s, ref),
+    for t in (lambda: test_chat(s, ref), lambda: test_conversation(s), lambda: test_completions(s),
+              lambda: test_stop(s, ref),
               lambda: test_models_health(s), lambda: test_concurrent(s, ref), lambda: test_disconnect(s),
               lambda: test_errors(s)):
         t()

@@ -119,7 +119,9 @@ START_TEST(test_request_refusals) {
         {"{\"messages\": []}", SERVE_CHAT, 400, "messages"},
         {"{\"messages\": [{\"role\": \"system\", \"content\": \"x\"}]}", SERVE_CHAT, 400, "messages"},
         {"{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", SERVE_CHAT, 400, "messages"},
-        {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"user\", \"content\": \"b\"}]}",
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", \"content\": \"b\"}]}",
+         SERVE_CHAT, 400, "messages"},
+        {"{\"messages\": [{\"role\": \"tool\", \"content\": \"a\"}, {\"role\": \"user\", \"content\": \"b\"}]}",
          SERVE_CHAT, 400, "messages"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -130,6 +132,7 @@ START_TEST(test_request_refusals) {
                       "%s: status %d param '%s' (%s), want %d '%s'", cases[i].body, rc, se.param,
                       se.msg, cases[i].status, cases[i].param);
         ck_assert_ptr_null(r.text);
+        ck_assert_ptr_null(r.msgs);
     }
 }
 END_TEST
@@ -143,7 +146,9 @@ START_TEST(test_request_fields) {
                        "\"temperature\": 1, \"seed\": 42, \"unknown_field\": [1], \"rootspec\": "
                        "{\"decoder\": \"rootdraw\", \"budget\": 16}}";
     ck_assert_int_eq(parse(body, SERVE_CHAT, &r, &se), 0);
-    ck_assert_str_eq(r.text, "abc");
+    ck_assert_int_eq(r.n_msgs, 1);
+    ck_assert_str_eq(r.msgs[0].role, "user");
+    ck_assert_str_eq(r.msgs[0].content, "abc");
     ck_assert_int_eq(r.max_tokens, 7);
     ck_assert(r.stream && r.include_usage && r.has_seed && r.seed == 42);
     ck_assert_int_eq(r.n_stop, 1);

@@ -366,6 +366,48 @@ START_TEST(test_chat_templates_match_transformers) {
 }
 END_TEST
 
+/* Conversations (system, user, assistant turns) as transformers renders them
+ * (tools/gen_chat_fixtures.py); one-turn chat_build_prompt is the same builder. */
+START_TEST(test_chat_conversations_match_transformers) {
+    cJSON *fx = load_fixture("tok/chat_turns.json");
+    static const struct { const char *name; ChatTemplate t; } tpls[] = {
+        {"smollm2", CHAT_SMOLLM2}, {"qwen2", CHAT_QWEN2}, {"qwen3", CHAT_QWEN3}, {"llama3", CHAT_LLAMA3}};
+    const cJSON *all = cJSON_GetObjectItem(fx, "templates");
+    for (size_t i = 0; i < 4; i++) {
+        const cJSON *rows = cJSON_GetObjectItem(all, tpls[i].name), *r, *msg;
+        ck_assert_msg(cJSON_GetArraySize(rows) >= 3, "%s: too few conversations", tpls[i].name);
+        cJSON_ArrayForEach(r, rows) {
+            ChatMsg m[8];
+            int n = 0;
+            cJSON_ArrayForEach(msg, cJSON_GetObjectItem(r, "messages")) {
+                ck_assert_int_lt(n, 8);
+                m[n].role = cJSON_GetObjectItem(msg, "role")->valuestring;
+                m[n++].content = cJSON_GetObjectItem(msg, "content")->valuestring;
+            }
+            RsErr e = {0};
+            char *got = chat_build_conversation(tpls[i].t, m, n, &e);
+            ck_assert_msg(got, "%s: %s", tpls[i].name, e.msg);
+            const char *want = cJSON_GetObjectItem(r, "prompt")->valuestring;
+            ck_assert_msg(strcmp(got, want) == 0, "%s conversation of %d turns:\n got: %s\nwant: %s",
+                          tpls[i].name, n, got, want);
+            free(got);
+        }
+    }
+    cJSON_Delete(fx);
+    /* shapes no template renders are refused by name */
+    RsErr e = {0};
+    ChatMsg late_sys[] = {{"user", "a"}, {"system", "b"}, {"user", "c"}};
+    ck_assert_ptr_null(chat_build_conversation(CHAT_SMOLLM2, late_sys, 3, &e));
+    ck_assert_msg(strstr(e.msg, "role 'system'"), "%s", e.msg);
+    ChatMsg ends_asst[] = {{"user", "a"}, {"assistant", "b"}};
+    ck_assert_ptr_null(chat_build_conversation(CHAT_QWEN3, ends_asst, 2, &e));
+    ck_assert_msg(strstr(e.msg, "last message"), "%s", e.msg);
+    ChatMsg two[] = {{"user", "a"}, {"assistant", "b"}, {"user", "c"}};
+    ck_assert_ptr_null(chat_build_conversation(CHAT_NONE, two, 3, &e));
+    ck_assert_int_eq(e.code, RS_EUNSUPPORTED);
+}
+END_TEST
+
 START_TEST(test_chat_template_for_hint) {
     Model m;
     memset(&m, 0, sizeof m);
@@ -512,6 +554,7 @@ Suite *suite_tokenizer(void) {
     tcase_add_test(js, test_hash_ignores_merge_spelling);
     tcase_add_test(js, test_chat_templates_match_transformers);
     tcase_add_test(js, test_chat_template_for_hint);
+    tcase_add_test(js, test_chat_conversations_match_transformers);
     tcase_add_test(js, test_model_sources);
     tcase_add_test(js, test_load_errors);
     tcase_add_test(js, test_encode_rejects_bad_utf8);
