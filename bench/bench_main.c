@@ -59,6 +59,10 @@ static void usage(FILE *f) {
             "  --prompts FILE        prompt file (JSON lines, see below)\n"
             "  --limit N             use only the first N prompts of the file (default all)\n"
             "  --max-new N           output at most N new tokens (default 256)\n"
+            "  --ignore-eos          decode past end-of-sequence tokens: every decode emits\n"
+            "                        --max-new tokens, so at T=1 a decoder and AR compare on\n"
+            "                        equal lengths (per-prompt speedups), not on where their\n"
+            "                        samples happened to stop\n"
             "  --decoders LIST       comma list of draft, pearl, rootdraw, root, ar\n"
             "                        (default draft,pearl,rootdraw,root)\n"
             "  --temps LIST          comma list of 0 (greedy) and 1 (sampling) (default 0,1)\n"
@@ -108,7 +112,7 @@ typedef struct {
     char *prompts, *decoders, *temps, *budgets;
     char prompts_hash[17]; /* FNV-1a 64 of the prompt file's bytes, hex */
     int launch, insecure, draft_timeout_ms, device;
-    int limit, max_new, no_ar, warmup, threads, ctx;
+    int limit, max_new, no_ar, warmup, threads, ctx, ignore_eos;
     uint64_t seed;
     Sampling sampling; /* the law of the T=1 combinations (T=0 ones are greedy) */
 } Settings;
@@ -170,6 +174,7 @@ static int settings_save(const Settings *s, const char *dir, RsErr *e) {
     json_str(o, "temps", s->temps);
     json_str(o, "budgets", s->budgets);
     cJSON_AddBoolToObject(o, "no_ar", s->no_ar);
+    cJSON_AddBoolToObject(o, "ignore_eos", s->ignore_eos);
     cJSON_AddNumberToObject(o, "warmup", s->warmup);
     char seed[32];
     snprintf(seed, sizeof seed, "%" PRIu64, s->seed); /* a string: doubles lose 64-bit seeds */
@@ -227,6 +232,15 @@ static int jget_int(const cJSON *o, const char *path, const char *k, int min, in
                       min, max);
     *out = (int)v->valuedouble;
     return RS_OK;
+}
+
+/* An optional boolean (false when absent, as in runs from before it). */
+static int jget_opt_bool(const cJSON *o, const char *path, const char *k, int *out, RsErr *e) {
+    if (!cJSON_GetObjectItemCaseSensitive(o, k)) {
+        *out = 0;
+        return RS_OK;
+    }
+    return jget_int(o, path, k, 0, 1, out, e);
 }
 
 /* run.json's "sampling" (absent in runs from before it: plain T=1 sampling). */
@@ -299,6 +313,7 @@ static int settings_load(Settings *s, const char *dir, RsErr *e) {
         (rc = jget_str(o, path, "temps", 0, &s->temps, e)) ||
         (rc = jget_str(o, path, "budgets", 0, &s->budgets, e)) ||
         (rc = jget_int(o, path, "no_ar", 0, 1, &s->no_ar, e)) ||
+        (rc = jget_opt_bool(o, path, "ignore_eos", &s->ignore_eos, e)) ||
         (rc = jget_int(o, path, "warmup", 0, 1 << 20, &s->warmup, e)) ||
         (rc = jget_str(o, path, "seed", 0, &seed, e)) ||
         (rc = jget_int(o, path, "threads", 1, 256, &s->threads, e)) ||
@@ -591,6 +606,7 @@ static int parse_option(int argc, char **argv, int *i, Cli *c, int *setting, RsE
     else if (!strcmp(a, "--min-p")) { if (VAL()) rc = cli_double(a, v, 0, 1, &s->sampling.min_p, e); }
     else if (!strcmp(a, "--budgets")) { if (VAL()) c->budgets = v; }
     else if (!strcmp(a, "--no-ar")) s->no_ar = 1;
+    else if (!strcmp(a, "--ignore-eos")) s->ignore_eos = 1;
     else if (!strcmp(a, "--warmup")) { if (VAL()) rc = cli_int(a, v, 0, 1 << 20, &s->warmup, e); }
     else if (!strcmp(a, "--seed")) { if (VAL()) rc = cli_u64(a, v, &s->seed, e); }
     else if (!strcmp(a, "--threads")) { if (VAL()) rc = cli_int(a, v, 1, 256, &s->threads, e); }
@@ -890,7 +906,7 @@ static int decode_one(Bench *b, const BenchRun *r, const char *label, DecodeResu
                     .planner = automatic ? b->en->planner : NULL,
                     .sampling = c->temp ? b->s.sampling : SAMPLING_GREEDY, .seed = b->s.seed,
                     .prompt_id = (uint64_t)r->prompt,
-                    .max_new = b->s.max_new};
+                    .max_new = b->s.max_new, .ignore_eos = b->s.ignore_eos};
     Backend *be = target_backend(b->en->target);
     Sink *sink = &b->sink;
     sink->combo = c;

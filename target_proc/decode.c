@@ -578,7 +578,7 @@ static int output_take(const Decode *d, const Round *r, int *eos) {
     int room = cap - d->res->n_tokens, m = 0;
     *eos = 0;
     while (m < r->n_emit && m < room)
-        if (d->t->eog[r->emitted[m++]]) {
+        if (d->t->eog[r->emitted[m++]] && !d->o->ignore_eos) {
             *eos = 1;
             break;
         }

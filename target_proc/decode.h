@@ -21,6 +21,8 @@ typedef struct {
     uint64_t prompt_id;
     int max_new;       /* >= 1: the output's cap; a round's tokens past it are dropped (the
                           decode ends with that round) */
+    int ignore_eos;    /* benchmarks: decode past end-of-sequence tokens, so every decode
+                          emits max_new tokens and decoders compare on equal lengths */
     int score_all;     /* offline scoring (root-pass rules): the tree pass also covers every
                           expanded pool node, so each rule's tree and the oracle's get a tau */
     int test_wrong_x1; /* tests only: draw X1 from the drafter's first level instead of

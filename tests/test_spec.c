@@ -751,6 +751,18 @@ START_TEST(test_stop_at_first_eos) {
             /* the EOS came in the last round */
             ck_assert_int_le(lg.total - lg.last_emit, first);
         }
+    /* ignore_eos (rootspec-bench --ignore-eos): every decoder goes on past the EOS to
+     * max_new tokens, AR's tokens all the way */
+    for (int ri = 0; ri < 5; ri++) {
+        DecodeOpts o = {.rule = ALL_RULES[ri], .budget = 8, .seed = 1, .max_new = 40,
+                        .ignore_eos = 1};
+        DecodeResult r = {.tokens = buf, .cap = 40 + ROUND_MAX_EMIT};
+        Drafter *dc = ALL_RULES[ri] == RULE_AR ? NULL : p.dc;
+        ck_assert_msg(decode_run(t2, dc, prompt, 4, &o, NULL, &r, &e) == 0, "%s", e.msg);
+        ck_assert_msg(!r.hit_eos && r.n_tokens == 40, "%s --ignore-eos: %d tokens, eos %d",
+                      rule_name(ALL_RULES[ri]), r.n_tokens, r.hit_eos);
+        for (int i = 0; i < 40; i++) ck_assert_int_eq(buf[i], ref[i]);
+    }
     target_destroy(&t2);
     pair_close(&p);
 }
