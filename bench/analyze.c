@@ -12,10 +12,11 @@ static int row_cmp(const void *a, const void *b) {
     int c = strcmp(x->prompt_id, y->prompt_id);
     if (!c) c = strcmp(x->decoder, y->decoder);
     if (!c) c = x->temp != y->temp ? x->temp - y->temp : x->budget - y->budget;
+    if (!c) c = x->rep - y->rep;
     return c ? c : *(const int *)a - *(const int *)b;
 }
 
-/* A run logs each (prompt, decoder, T, B) once; a second row means the file is not one
+/* A run logs each (prompt, decoder, T, B, rep) once; a second row means the file is not one
  * run's log (concatenated, edited), so it is refused instead of silently counted. */
 static int check_duplicates(const char *path, const BenchDecode *d, int nd, RsErr *e) {
     int *idx = rs_xmalloc(sizeof(int) * (size_t)(nd ? nd : 1)), rc = RS_OK;
@@ -25,12 +26,12 @@ static int check_duplicates(const char *path, const BenchDecode *d, int nd, RsEr
     for (int k = 1; k < nd && !rc; k++) {
         const BenchDecode *x = &d[idx[k - 1]], *y = &d[idx[k]];
         if (!strcmp(x->prompt_id, y->prompt_id) && !strcmp(x->decoder, y->decoder) &&
-            x->temp == y->temp && x->budget == y->budget)
+            x->temp == y->temp && x->budget == y->budget && x->rep == y->rep)
             rc = rs_err(e, RS_EFORMAT,
-                        "%s:%d repeats the decode of line %d (prompt %s, %s T=%d B=%d): not the "
-                        "log of one run",
+                        "%s:%d repeats the decode of line %d (prompt %s, %s T=%d B=%d, rep %d): "
+                        "not the log of one run",
                         path, idx[k] + 2, idx[k - 1] + 2, y->prompt_id, y->decoder, y->temp,
-                        y->budget); /* line 1 is the header */
+                        y->budget, y->rep); /* line 1 is the header */
     }
     free(idx);
     return rc;

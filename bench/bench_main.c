@@ -81,6 +81,10 @@ static void usage(FILE *f) {
             "                        speedup over AR)\n"
             "  --warmup N            prompts whose combinations run once first, unlogged\n"
             "                        (default 2)\n"
+            "  --repeats N           every prompt runs its combinations N times, each time in\n"
+            "                        another rotation (default 1); the summary takes each\n"
+            "                        (prompt, decoder, T, B)'s median decode, so a slow spell\n"
+            "                        of a shared machine does not decide a per-prompt speedup\n"
             "  --seed S              plan shuffle and sampling seed (default 1); each decode uses\n"
             "                        (S, prompt index, decoder, T, B) so runs are reproducible\n"
             "  --threads N           CPU threads (default 1)\n"
@@ -112,7 +116,7 @@ typedef struct {
     char *prompts, *decoders, *temps, *budgets;
     char prompts_hash[17]; /* FNV-1a 64 of the prompt file's bytes, hex */
     int launch, insecure, draft_timeout_ms, device;
-    int limit, max_new, no_ar, warmup, threads, ctx, ignore_eos;
+    int limit, max_new, no_ar, warmup, repeats, threads, ctx, ignore_eos;
     uint64_t seed;
     Sampling sampling; /* the law of the T=1 combinations (T=0 ones are greedy) */
 } Settings;
@@ -176,6 +180,7 @@ static int settings_save(const Settings *s, const char *dir, RsErr *e) {
     cJSON_AddBoolToObject(o, "no_ar", s->no_ar);
     cJSON_AddBoolToObject(o, "ignore_eos", s->ignore_eos);
     cJSON_AddNumberToObject(o, "warmup", s->warmup);
+    cJSON_AddNumberToObject(o, "repeats", s->repeats);
     char seed[32];
     snprintf(seed, sizeof seed, "%" PRIu64, s->seed); /* a string: doubles lose 64-bit seeds */
     json_str(o, "seed", seed);
@@ -234,13 +239,19 @@ static int jget_int(const cJSON *o, const char *path, const char *k, int min, in
     return RS_OK;
 }
 
-/* An optional boolean (false when absent, as in runs from before it). */
-static int jget_opt_bool(const cJSON *o, const char *path, const char *k, int *out, RsErr *e) {
+/* An optional integer: def when absent, as in runs from before it. */
+static int jget_opt_int(const cJSON *o, const char *path, const char *k, int min, int max,
+                        int def, int *out, RsErr *e) {
     if (!cJSON_GetObjectItemCaseSensitive(o, k)) {
-        *out = 0;
+        *out = def;
         return RS_OK;
     }
-    return jget_int(o, path, k, 0, 1, out, e);
+    return jget_int(o, path, k, min, max, out, e);
+}
+
+/* An optional boolean (false when absent). */
+static int jget_opt_bool(const cJSON *o, const char *path, const char *k, int *out, RsErr *e) {
+    return jget_opt_int(o, path, k, 0, 1, 0, out, e);
 }
 
 /* run.json's "sampling" (absent in runs from before it: plain T=1 sampling). */
@@ -315,6 +326,7 @@ static int settings_load(Settings *s, const char *dir, RsErr *e) {
         (rc = jget_int(o, path, "no_ar", 0, 1, &s->no_ar, e)) ||
         (rc = jget_opt_bool(o, path, "ignore_eos", &s->ignore_eos, e)) ||
         (rc = jget_int(o, path, "warmup", 0, 1 << 20, &s->warmup, e)) ||
+        (rc = jget_opt_int(o, path, "repeats", 1, 1000, 1, &s->repeats, e)) ||
         (rc = jget_str(o, path, "seed", 0, &seed, e)) ||
         (rc = jget_int(o, path, "threads", 1, 256, &s->threads, e)) ||
         (rc = jget_int(o, path, "ctx", 256, 1 << 20, &s->ctx, e)) ||
@@ -488,6 +500,7 @@ static int drafter_launch(const Settings *s, char *endpoint, size_t cap, RsErr *
 typedef struct {
     const BenchCombo *combo;
     const char *prompt_id;
+    int rep;
     BenchRound *rounds; // (cap) buffered, written after the decode so no I/O is timed
     int n, cap;
     uint64_t graph0, eager0; /* backend counters before the decode / at the last round */
@@ -509,6 +522,7 @@ static void on_round(void *u, const RoundInfo *ri) {
     r->temp = s->combo->temp;
     r->budget = s->combo->budget;
     snprintf(r->prompt_id, sizeof r->prompt_id, "%s", s->prompt_id);
+    r->rep = s->rep;
     r->round = ri->round;
     r->emitted = ri->emitted;
     r->dropped = ri->dropped;
@@ -567,6 +581,7 @@ static void cli_defaults(Cli *c) {
     c->s.ctx = 2048;
     c->s.max_new = 256;
     c->s.warmup = 2;
+    c->s.repeats = 1;
     c->s.seed = 1;
     c->s.sampling = SAMPLING_PLAIN;
     c->s.draft_timeout_ms = 10000;
@@ -608,6 +623,7 @@ static int parse_option(int argc, char **argv, int *i, Cli *c, int *setting, RsE
     else if (!strcmp(a, "--no-ar")) s->no_ar = 1;
     else if (!strcmp(a, "--ignore-eos")) s->ignore_eos = 1;
     else if (!strcmp(a, "--warmup")) { if (VAL()) rc = cli_int(a, v, 0, 1 << 20, &s->warmup, e); }
+    else if (!strcmp(a, "--repeats")) { if (VAL()) rc = cli_int(a, v, 1, 1000, &s->repeats, e); }
     else if (!strcmp(a, "--seed")) { if (VAL()) rc = cli_u64(a, v, &s->seed, e); }
     else if (!strcmp(a, "--threads")) { if (VAL()) rc = cli_int(a, v, 1, 256, &s->threads, e); }
     else if (!strcmp(a, "--ctx")) { if (VAL()) rc = cli_int(a, v, 256, 1 << 20, &s->ctx, e); }
@@ -791,14 +807,14 @@ static int bench_plan(Bench *b) {
     if (rc) return fail(2, "%s", e.msg);
     b->n_prompts = b->s.limit > 0 && b->s.limit < b->ps->n ? b->s.limit : b->ps->n;
     if ((rc = combos_build(b))) return rc;
-    b->plan = bench_plan_create(b->n_prompts, b->n_combos, b->s.warmup, b->s.seed);
+    b->plan = bench_plan_create(b->n_prompts, b->n_combos, b->s.warmup, b->s.repeats, b->s.seed);
     if ((rc = bench_resume_load(b->dir, &b->done, &e))) return fail(cli_exit_status(rc), "%s", e.msg);
     const BenchPlan *plan = b->plan;
     b->n_prior = bench_done_count(b->done);
     for (int k = 0; k < plan->n_runs; k++) {
         const BenchRun *r = &plan->runs[k];
         if (r->warmup) b->n_warm++;
-        else if (!bench_done_has(b->done, b->ps->items[r->prompt].id, &b->combos[r->combo]))
+        else if (!bench_done_has(b->done, b->ps->items[r->prompt].id, &b->combos[r->combo], r->rep))
             b->n_todo++;
     }
     if (b->n_todo == 0) b->n_warm = 0; /* nothing to measure: nothing to warm up */
@@ -807,8 +823,9 @@ static int bench_plan(Bench *b) {
         fprintf(stderr, "rootspec-bench: resuming %s: %d of %d decodes done, %d to run\n", b->dir,
                 n_measured - b->n_todo, n_measured, b->n_todo);
     else
-        fprintf(stderr, "rootspec-bench: %d prompts x %d combinations = %d decodes (+%d warm-up) -> %s\n",
-                b->n_prompts, b->n_combos, b->n_todo, b->n_warm, b->dir);
+        fprintf(stderr, "rootspec-bench: %d prompts x %d combinations x %d = %d decodes (+%d "
+                "warm-up) -> %s\n", b->n_prompts, b->n_combos, b->s.repeats, b->n_todo,
+                b->n_warm, b->dir);
     return 0;
 }
 
@@ -911,6 +928,7 @@ static int decode_one(Bench *b, const BenchRun *r, const char *label, DecodeResu
     Sink *sink = &b->sink;
     sink->combo = c;
     sink->prompt_id = bp->id;
+    sink->rep = r->rep;
     sink->n = 0;
     BackendStats st = backend_stats(be);
     sink->graph0 = st.graph_replays;
@@ -952,6 +970,7 @@ static int decode_log(Bench *b, const BenchRun *r, const DecodeResult *res, int 
     d.mean_accepted = res->rounds ? (double)res->accepted_total / res->rounds : 0.0;
     d.hit_eos = res->hit_eos;
     d.run_index = r->run_index;
+    d.rep = r->rep;
     block_signals(1);
     int wrc = 0;
     for (int i = 0; i < b->sink.n && !wrc; i++) wrc = benchlog_round_write(b->frounds, &b->sink.rounds[i]);
@@ -977,7 +996,7 @@ static int decodes_run(Bench *b) {
         const BenchRun *r = &b->plan->runs[k];
         const Prompt *bp = &b->ps->items[r->prompt];
         const BenchCombo *c = &b->combos[r->combo];
-        if (r->warmup ? b->n_warm == 0 : bench_done_has(b->done, bp->id, c)) continue;
+        if (r->warmup ? b->n_warm == 0 : bench_done_has(b->done, bp->id, c, r->rep)) continue;
         char bb[16];
         snprintf(label, sizeof label, "%sprompt %s %s T=%d B=%s", r->warmup ? "warm-up " : "",
                  bp->id, c->decoder, c->temp, bench_budget_str(c->budget, bb));

@@ -13,6 +13,11 @@
 
 static const char *DECODES_HEADER =
     "prompt_id,prompt_pos,decoder,temp,budget,tokens,time_ns,speed,rounds,mean_accepted,"
+    "hit_eos,run_index,rep";
+#define DECODES_FIELDS 13
+/* decodes.csv as written before repetitions: read with rep 0 */
+static const char *DECODES_HEADER_V1 =
+    "prompt_id,prompt_pos,decoder,temp,budget,tokens,time_ns,speed,rounds,mean_accepted,"
     "hit_eos,run_index";
 
 /* Ids and decoder names are restricted so they need no escaping in JSON or CSV. */
@@ -53,9 +58,9 @@ int benchlog_round_write(FILE *f, const BenchRound *r) {
     else snprintf(tau, sizeof tau, "null");
     p += snprintf(p, (size_t)(end - p),
                   "{\"decoder\":\"%s\",\"temp\":%d,\"budget\":%d,\"prompt_id\":\"%s\","
-                  "\"round\":%d,\"emitted\":%d,\"dropped\":%d,\"accepted\":%d,"
+                  "\"rep\":%d,\"round\":%d,\"emitted\":%d,\"dropped\":%d,\"accepted\":%d,"
                   "\"tree_size\":%d,\"x1_in_pool\":%s,\"tau\":%s",
-                  r->decoder, r->temp, r->budget, r->prompt_id, r->round, r->emitted,
+                  r->decoder, r->temp, r->budget, r->prompt_id, r->rep, r->round, r->emitted,
                   r->dropped, r->accepted, r->tree_size, x1, tau);
     put_ns(&p, end, "t_round_start", r->t_round_start);
     put_ns(&p, end, "t_grow_sent", r->t_grow_sent);
@@ -82,9 +87,10 @@ int benchlog_decode_write_header(FILE *f) {
 
 int benchlog_decode_write_row(FILE *f, const BenchDecode *d) {
     RS_ASSERT(name_ok(d->decoder, sizeof d->decoder) && name_ok(d->prompt_id, sizeof d->prompt_id));
-    if (fprintf(f, "%s,%d,%s,%d,%d,%" PRId64 ",%" PRId64 ",%.6f,%d,%.6f,%d,%d\n", d->prompt_id,
-                d->prompt_pos, d->decoder, d->temp, d->budget, d->tokens, d->time_ns, d->speed,
-                d->rounds, d->mean_accepted, d->hit_eos, d->run_index) < 0)
+    if (fprintf(f, "%s,%d,%s,%d,%d,%" PRId64 ",%" PRId64 ",%.6f,%d,%.6f,%d,%d,%d\n",
+                d->prompt_id, d->prompt_pos, d->decoder, d->temp, d->budget, d->tokens,
+                d->time_ns, d->speed, d->rounds, d->mean_accepted, d->hit_eos, d->run_index,
+                d->rep) < 0)
         return RS_EIO;
     return fflush(f) == 0 ? RS_OK : RS_EIO;
 }
@@ -173,6 +179,9 @@ static int round_line(void *ctx, const char *path, int lineno, char *line, size_
         goto out;
     GETI("temp", r.temp, 0, 1);
     GETI("budget", r.budget, 0, 4096);
+    if (cJSON_GetObjectItemCaseSensitive(j, "rep")) { /* absent in older logs */
+        GETI("rep", r.rep, 0, IMAX);
+    }
     GETI("round", r.round, 0, IMAX);
     GETI("emitted", r.emitted, 0, IMAX);
     if (cJSON_GetObjectItemCaseSensitive(j, "dropped")) { /* absent in older logs */
@@ -239,6 +248,7 @@ int benchlog_rounds_read(const char *path, BenchRound **out, int *n, RsErr *e) {
 typedef struct {
     BenchDecode *v;
     int n, cap;
+    int nf; /* fields a row has: DECODES_FIELDS, or one less in a log without rep */
 } DecodeVec;
 
 static int csv_int(const char *s, int64_t lo, int64_t hi, int64_t *v) {
@@ -250,72 +260,94 @@ static int csv_int(const char *s, int64_t lo, int64_t hi, int64_t *v) {
     return 0;
 }
 
-static int decode_line(void *ctx, const char *path, int lineno, char *line, size_t n,
-                       RsErr *e) {
-    DecodeVec *dv = ctx;
-    if (lineno == 1) {
-        char esc[256]; /* the file's bytes, escaped for the terminal */
-        if (strcmp(line, DECODES_HEADER) != 0)
-            return rs_err(e, RS_EFORMAT, "%s:1: header is \"%s\", expected \"%s\"", path,
-                          rs_escape(esc, sizeof esc, line, n, 1), DECODES_HEADER);
-        return RS_OK;
-    }
-    char *f[12];
+/* Splits a row at commas into f (at most DECODES_FIELDS); the number of fields, or -1 when
+ * there are more. */
+static int csv_split(char *p, char **f) {
     int nf = 0;
-    char *p = line;
     for (;;) {
-        if (nf == 12) return rs_err(e, RS_EFORMAT, "%s:%d: more than 12 fields", path, lineno);
+        if (nf == DECODES_FIELDS) return -1;
         f[nf++] = p;
         char *c = strchr(p, ',');
-        if (!c) break;
+        if (!c) return nf;
         *c = 0;
         p = c + 1;
     }
-    if (nf != 12)
-        return rs_err(e, RS_EFORMAT, "%s:%d: %d fields, expected 12", path, lineno, nf);
-    static const char *names[12] = {"prompt_id", "prompt_pos", "decoder", "temp", "budget",
-                                    "tokens", "time_ns", "speed", "rounds", "mean_accepted",
-                                    "hit_eos", "run_index"};
-    BenchDecode d;
-    memset(&d, 0, sizeof d);
+}
+
+static const char *const DECODE_NAMES[DECODES_FIELDS] = {
+    "prompt_id", "prompt_pos", "decoder", "temp", "budget", "tokens", "time_ns",
+    "speed", "rounds", "mean_accepted", "hit_eos", "run_index", "rep"};
+
+/* The numeric fields of a row into d; field i of nf. */
+static int decode_numbers(char **f, int nf, BenchDecode *d, const char *path, int lineno,
+                          RsErr *e) {
+    const int64_t IMAX = 2147483647, BIG = INT64_C(1) << 62;
+    const int64_t lim[DECODES_FIELDS][2] = {{0, 0}, {0, IMAX}, {0, 0}, {0, 1}, {0, 4096},
+                                            {0, BIG}, {1, BIG}, {0, 0}, {0, IMAX}, {0, 0},
+                                            {0, 1}, {-1, IMAX}, {0, IMAX}};
+    int64_t v[DECODES_FIELDS] = {0};
     char esc[128];
 #define ESC(s) rs_escape(esc, sizeof esc, (s), strlen(s), 1)
-    if (!name_ok(f[0], sizeof d.prompt_id))
-        return rs_err(e, RS_EFORMAT, "%s:%d: bad prompt_id \"%s\"", path, lineno, ESC(f[0]));
-    snprintf(d.prompt_id, sizeof d.prompt_id, "%s", f[0]);
-    if (!name_ok(f[2], sizeof d.decoder))
-        return rs_err(e, RS_EFORMAT, "%s:%d: bad decoder \"%s\"", path, lineno, ESC(f[2]));
-    snprintf(d.decoder, sizeof d.decoder, "%s", f[2]);
-    const int64_t IMAX = 2147483647, BIG = INT64_C(1) << 62;
-    int64_t lim[12][2] = {{0, 0}, {0, IMAX}, {0, 0}, {0, 1}, {0, 4096}, {0, BIG}, {1, BIG},
-                          {0, 0}, {0, IMAX}, {0, 0}, {0, 1}, {-1, IMAX}};
-    int64_t v[12] = {0};
-    for (int i = 0; i < 12; i++) {
+    for (int i = 0; i < nf; i++) {
         if (i == 0 || i == 2) continue;
         if (i == 7 || i == 9) {
             char *end;
             double x = strtod(f[i], &end);
             if (end == f[i] || *end || !isfinite(x) || x < 0)
                 return rs_err(e, RS_EFORMAT, "%s:%d: field %s = \"%s\" is not a number >= 0",
-                              path, lineno, names[i], ESC(f[i]));
-            if (i == 7) d.speed = x;
-            else d.mean_accepted = x;
+                              path, lineno, DECODE_NAMES[i], ESC(f[i]));
+            if (i == 7) d->speed = x;
+            else d->mean_accepted = x;
             continue;
         }
         if (csv_int(f[i], lim[i][0], lim[i][1], &v[i]))
             return rs_err(e, RS_EFORMAT, "%s:%d: field %s = \"%s\" is not an integer in "
-                          "[%" PRId64 ", %" PRId64 "]", path, lineno, names[i], ESC(f[i]), lim[i][0],
-                          lim[i][1]);
+                          "[%" PRId64 ", %" PRId64 "]", path, lineno, DECODE_NAMES[i], ESC(f[i]),
+                          lim[i][0], lim[i][1]);
     }
 #undef ESC
-    d.prompt_pos = (int)v[1];
-    d.temp = (int)v[3];
-    d.budget = (int)v[4];
-    d.tokens = v[5];
-    d.time_ns = v[6];
-    d.rounds = (int)v[8];
-    d.hit_eos = (int)v[10];
-    d.run_index = (int)v[11];
+    d->prompt_pos = (int)v[1];
+    d->temp = (int)v[3];
+    d->budget = (int)v[4];
+    d->tokens = v[5];
+    d->time_ns = v[6];
+    d->rounds = (int)v[8];
+    d->hit_eos = (int)v[10];
+    d->run_index = (int)v[11];
+    d->rep = (int)v[12];
+    return RS_OK;
+}
+
+static int decode_line(void *ctx, const char *path, int lineno, char *line, size_t n,
+                       RsErr *e) {
+    DecodeVec *dv = ctx;
+    char esc[256]; /* the file's bytes, escaped for the terminal */
+    if (lineno == 1) {
+        dv->nf = !strcmp(line, DECODES_HEADER) ? DECODES_FIELDS
+                 : !strcmp(line, DECODES_HEADER_V1) ? DECODES_FIELDS - 1 : 0;
+        if (!dv->nf)
+            return rs_err(e, RS_EFORMAT, "%s:1: header is \"%s\", expected \"%s\"", path,
+                          rs_escape(esc, sizeof esc, line, n, 1), DECODES_HEADER);
+        return RS_OK;
+    }
+    char *f[DECODES_FIELDS];
+    int nf = csv_split(line, f);
+    if (nf != dv->nf)
+        return nf < 0 ? rs_err(e, RS_EFORMAT, "%s:%d: more than %d fields", path, lineno, dv->nf)
+                      : rs_err(e, RS_EFORMAT, "%s:%d: %d fields, expected %d", path, lineno,
+                               nf, dv->nf);
+    BenchDecode d;
+    memset(&d, 0, sizeof d);
+    if (!name_ok(f[0], sizeof d.prompt_id))
+        return rs_err(e, RS_EFORMAT, "%s:%d: bad prompt_id \"%s\"", path, lineno,
+                      rs_escape(esc, sizeof esc, f[0], strlen(f[0]), 1));
+    snprintf(d.prompt_id, sizeof d.prompt_id, "%s", f[0]);
+    if (!name_ok(f[2], sizeof d.decoder))
+        return rs_err(e, RS_EFORMAT, "%s:%d: bad decoder \"%s\"", path, lineno,
+                      rs_escape(esc, sizeof esc, f[2], strlen(f[2]), 1));
+    snprintf(d.decoder, sizeof d.decoder, "%s", f[2]);
+    int rc = decode_numbers(f, nf, &d, path, lineno, e);
+    if (rc) return rc;
     if (dv->n == dv->cap) {
         dv->cap = dv->cap ? 2 * dv->cap : 256;
         dv->v = realloc(dv->v, (size_t)dv->cap * sizeof *dv->v);
@@ -344,6 +376,7 @@ int benchlog_decodes_read(const char *path, BenchDecode **out, int *n, RsErr *e)
 typedef struct {
     char prompt_id[PROMPT_ID_MAX];
     BenchCombo c;
+    int rep;
 } DoneKey;
 
 struct BenchDoneSet {
@@ -358,7 +391,8 @@ static int done_cmp(const void *a, const void *b) {
     s = strcmp(x->c.decoder, y->c.decoder);
     if (s) return s;
     if (x->c.temp != y->c.temp) return x->c.temp - y->c.temp;
-    return x->c.budget - y->c.budget;
+    if (x->c.budget != y->c.budget) return x->c.budget - y->c.budget;
+    return x->rep - y->rep;
 }
 
 static void done_from_decodes(BenchDoneSet *s, const BenchDecode *d, int n) {
@@ -368,6 +402,7 @@ static void done_from_decodes(BenchDoneSet *s, const BenchDecode *d, int n) {
         snprintf(s->k[i].c.decoder, BENCH_DEC_MAX, "%s", d[i].decoder);
         s->k[i].c.temp = d[i].temp;
         s->k[i].c.budget = d[i].budget;
+        s->k[i].rep = d[i].rep;
     }
     qsort(s->k, (size_t)n, sizeof *s->k, done_cmp);
     int m = 0; /* dedupe: a decode logged twice counts once */
@@ -395,11 +430,13 @@ int bench_resume_load(const char *dir, BenchDoneSet **out, RsErr *e) {
     return RS_OK;
 }
 
-int bench_done_has(const BenchDoneSet *s, const char *prompt_id, const BenchCombo *c) {
+int bench_done_has(const BenchDoneSet *s, const char *prompt_id, const BenchCombo *c,
+                   int rep) {
     DoneKey k;
     memset(&k, 0, sizeof k);
     snprintf(k.prompt_id, PROMPT_ID_MAX, "%s", prompt_id);
     k.c = *c;
+    k.rep = rep;
     return s->n && bsearch(&k, s->k, (size_t)s->n, sizeof k, done_cmp) != NULL;
 }
 
@@ -445,7 +482,7 @@ static int filter_rounds(const char *path, const BenchDoneSet *done, RsErr *e) {
         snprintf(c.decoder, BENCH_DEC_MAX, "%s", r[i].decoder);
         c.temp = r[i].temp;
         c.budget = r[i].budget;
-        if (bench_done_has(done, r[i].prompt_id, &c) && benchlog_round_write(f, &r[i]))
+        if (bench_done_has(done, r[i].prompt_id, &c, r[i].rep) && benchlog_round_write(f, &r[i]))
             rc = rs_err(e, RS_EIO, "cannot write '%s': %s", tmp, strerror(errno));
     }
     free(r);

@@ -16,6 +16,7 @@ typedef struct {
     char decoder[BENCH_DEC_MAX];
     int temp, budget;
     char prompt_id[PROMPT_ID_MAX];
+    int rep;         /* repetition of the decode (--repeats; 0 in logs without it) */
     int round;       /* 0-based within the decode */
     int emitted;     /* tokens the round verified (accepted + continuation) */
     int dropped;     /* of emitted, the last ones past --max-new or the first EOS: not in
@@ -46,6 +47,7 @@ typedef struct {
     double mean_accepted;
     int hit_eos;
     int run_index;
+    int rep;         /* repetition of (prompt, decoder, T, B); logs without the column: 0 */
 } BenchDecode;
 
 /* Fills a round with nulls (timestamps, draft_ns, x1_in_pool, tau) and zeros. */
@@ -61,11 +63,13 @@ int benchlog_decode_write_row(FILE *f, const BenchDecode *d);
 int benchlog_rounds_read(const char *path, BenchRound **out, int *n, RsErr *e);
 int benchlog_decodes_read(const char *path, BenchDecode **out, int *n, RsErr *e);
 
-/* --resume support: the set of (prompt_id, decoder, temp, budget) already in decodes.csv. */
+/* --resume support: the set of (prompt_id, decoder, temp, budget, rep) already in
+ * decodes.csv. */
 typedef struct BenchDoneSet BenchDoneSet;
 /* Reads dir/decodes.csv; a missing file gives an empty set. */
 int bench_resume_load(const char *dir, BenchDoneSet **out, RsErr *e);
-int bench_done_has(const BenchDoneSet *s, const char *prompt_id, const BenchCombo *c);
+int bench_done_has(const BenchDoneSet *s, const char *prompt_id, const BenchCombo *c,
+                   int rep);
 int bench_done_count(const BenchDoneSet *s);
 void bench_done_destroy(BenchDoneSet **s);
 

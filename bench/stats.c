@@ -131,13 +131,28 @@ static int draw_index(Rng *r, int n) {
     return (int)(((unsigned __int128)rng_next(r) * (unsigned)n) >> 64);
 }
 
-BenchPlan *bench_plan_create(int n_prompts, int n_combos, int n_warmup, uint64_t seed) {
-    RS_ASSERT(n_prompts > 0 && n_combos > 0 && n_warmup >= 0);
+/* Appends one prompt's runs of one pass: every combination, rotated by pos + rep. */
+static void plan_prompt(BenchPlan *p, int *k, int pos, int rep, int warmup, int *measured) {
+    for (int j = 0; j < p->n_combos; j++) {
+        BenchRun *run = &p->runs[(*k)++];
+        run->prompt = p->order[pos];
+        run->prompt_pos = pos;
+        run->combo = (pos + rep + j) % p->n_combos;
+        run->rep = rep;
+        run->warmup = warmup;
+        run->run_index = warmup ? -1 : (*measured)++;
+    }
+}
+
+BenchPlan *bench_plan_create(int n_prompts, int n_combos, int n_warmup, int repeats,
+                             uint64_t seed) {
+    RS_ASSERT(n_prompts > 0 && n_combos > 0 && n_warmup >= 0 && repeats > 0);
     if (n_warmup > n_prompts) n_warmup = n_prompts;
     BenchPlan *p = rs_xcalloc(1, sizeof *p);
     p->n_prompts = n_prompts;
     p->n_combos = n_combos;
     p->n_warmup = n_warmup;
+    p->repeats = repeats;
     p->seed = seed;
     p->order = rs_xmalloc((size_t)n_prompts * sizeof *p->order);
     for (int i = 0; i < n_prompts; i++) p->order[i] = i;
@@ -149,21 +164,12 @@ BenchPlan *bench_plan_create(int n_prompts, int n_combos, int n_warmup, uint64_t
         p->order[i] = p->order[j];
         p->order[j] = t;
     }
-    p->n_runs = (n_warmup + n_prompts) * n_combos;
+    p->n_runs = (n_warmup + n_prompts * repeats) * n_combos;
     p->runs = rs_xcalloc((size_t)p->n_runs, sizeof *p->runs);
     int k = 0, measured = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        int npos = pass == 0 ? n_warmup : n_prompts;
-        for (int pos = 0; pos < npos; pos++)
-            for (int j = 0; j < n_combos; j++) {
-                BenchRun *run = &p->runs[k++];
-                run->prompt = p->order[pos];
-                run->prompt_pos = pos;
-                run->combo = (pos + j) % n_combos;
-                run->warmup = pass == 0;
-                run->run_index = pass == 0 ? -1 : measured++;
-            }
-    }
+    for (int pos = 0; pos < n_warmup; pos++) plan_prompt(p, &k, pos, 0, 1, &measured);
+    for (int pos = 0; pos < n_prompts; pos++)
+        for (int rep = 0; rep < repeats; rep++) plan_prompt(p, &k, pos, rep, 0, &measured);
     RS_ASSERT(k == p->n_runs);
     return p;
 }

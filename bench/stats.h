@@ -44,22 +44,27 @@ typedef struct {
     int prompt_pos; /* position in the shuffled prompt order */
     int combo;      /* index into the combination list */
     int run_index;  /* index among measured runs (-1 for warm-up runs) */
+    int rep;        /* repetition of this (prompt, combination), 0..repeats-1 */
     int warmup;     /* 1: warm-up decode, not logged */
 } BenchRun;
 
 typedef struct {
-    int n_prompts, n_combos, n_warmup;
+    int n_prompts, n_combos, n_warmup, repeats;
     uint64_t seed;
     int *order;     // (n_prompts) prompt index at shuffled position k
-    int n_runs;     /* n_warmup*n_combos warm-up runs first, then n_prompts*n_combos */
+    int n_runs;     /* n_warmup*n_combos warm-up runs first, then
+                       n_prompts*repeats*n_combos */
     BenchRun *runs; // (n_runs)
 } BenchPlan;
 
 /* Shuffles prompts with Fisher-Yates driven by rng_seed(seed); the prompt at position k
- * runs combinations (k + j) mod n_combos for j = 0..n_combos-1. Warm-up: the prompts at
- * positions 0..n_warmup-1 first run every combination once more, in the same rotated order,
- * flagged warmup (DESIGN.md §6 uses n_warmup = 2; capped at n_prompts). */
-BenchPlan *bench_plan_create(int n_prompts, int n_combos, int n_warmup, uint64_t seed);
+ * runs combinations (k + r + j) mod n_combos for j = 0..n_combos-1 in its repetition r =
+ * 0..repeats-1 (the repetitions of a prompt follow one another, so a decoder and its AR
+ * pair stay close in time, each repetition in another order). Warm-up: the prompts at
+ * positions 0..n_warmup-1 first run every combination once more, in the order of their
+ * first repetition, flagged warmup (DESIGN.md §6 uses n_warmup = 2; capped at n_prompts). */
+BenchPlan *bench_plan_create(int n_prompts, int n_combos, int n_warmup, int repeats,
+                             uint64_t seed);
 void bench_plan_destroy(BenchPlan **p);
 
 /* Tokens counted for speed: output up to and including the first token in eos (n_eos ids);

@@ -75,6 +75,7 @@ typedef struct {
     int ng;
     Group *g;
     int n_prompts, n_dupes, n_orphans, nd, nr;
+    int max_reps; /* most repetitions of one (prompt, decoder, T, B) */
 } Analysis;
 
 /* qsort has no context argument in C11; the summary is built on one thread. */
@@ -92,6 +93,7 @@ static int dec_idx_cmp(const void *a, const void *b) {
     if (c) return c;
     c = strcmp(x->prompt_id, y->prompt_id);
     if (c) return c;
+    if (x->rep != y->rep) return x->rep - y->rep;
     return i < j ? -1 : i > j;
 }
 
@@ -103,16 +105,45 @@ static int str_cmp(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* Groups the decodes by (decoder, T, B), each group's entries sorted by prompt id; a
- * repeated (prompt, decoder, T, B) row is counted and skipped (the first is kept). */
+static int same_key(const BenchDecode *x, const BenchDecode *y) {
+    return !strcmp(x->decoder, y->decoder) && x->temp == y->temp && x->budget == y->budget &&
+           !strcmp(x->prompt_id, y->prompt_id);
+}
+
+static double decode_speed(const BenchDecode *x) {
+    return x->time_ns > 0 ? (double)x->tokens / (double)x->time_ns : 0;
+}
+
+/* The median decode by speed of the repetitions idx[0..n) (distinct reps; the slower of
+ * the middle two for an even count). */
+static const BenchDecode *median_decode(const BenchDecode *d, int *idx, int n) {
+    for (int i = 1; i < n; i++) /* insertion sort: a handful of repetitions */
+        for (int j = i; j > 0 && decode_speed(&d[idx[j]]) < decode_speed(&d[idx[j - 1]]); j--) {
+            int t = idx[j];
+            idx[j] = idx[j - 1];
+            idx[j - 1] = t;
+        }
+    return &d[idx[(n - 1) / 2]];
+}
+
+/* Groups the decodes by (decoder, T, B), each group's entries sorted by prompt id. The
+ * repetitions of a (prompt, decoder, T, B) make one entry, their median decode; a repeated
+ * (prompt, decoder, T, B, rep) row is counted and skipped (the first is kept). */
 static void group_decodes(Analysis *an, const BenchDecode *d, int nd) {
     int *idx = rs_xmalloc((size_t)(nd ? nd : 1) * sizeof *idx);
     for (int i = 0; i < nd; i++) idx[i] = i;
     sort_base = d;
     qsort(idx, (size_t)nd, sizeof *idx, dec_idx_cmp);
     an->g = rs_xcalloc((size_t)(nd ? nd : 1), sizeof *an->g);
-    for (int k = 0; k < nd; k++) {
-        const BenchDecode *x = &d[idx[k]];
+    for (int k = 0; k < nd;) {
+        int end = k + 1, m = 1; /* idx[k..end): one key; its distinct reps to idx[k..k+m) */
+        for (; end < nd && same_key(&d[idx[k]], &d[idx[end]]); end++) {
+            if (d[idx[end]].rep == d[idx[k + m - 1]].rep) an->n_dupes++;
+            else idx[k + m++] = idx[end];
+        }
+        const BenchDecode *x = median_decode(d, idx + k, m);
+        if (m > an->max_reps) an->max_reps = m;
+        k = end;
         Group *g = an->ng ? &an->g[an->ng - 1] : NULL;
         if (!g || strcmp(g->c.decoder, x->decoder) || g->c.temp != x->temp ||
             g->c.budget != x->budget) {
@@ -121,10 +152,6 @@ static void group_decodes(Analysis *an, const BenchDecode *d, int nd) {
             g->c.temp = x->temp;
             g->c.budget = x->budget;
             g->e = rs_xmalloc(sizeof *g->e);
-        }
-        if (g->n && strcmp(g->e[g->n - 1].pid, x->prompt_id) == 0) {
-            an->n_dupes++;
-            continue;
         }
         g->e = realloc(g->e, (size_t)(g->n + 1) * sizeof *g->e);
         RS_ASSERT(g->e);
@@ -292,8 +319,12 @@ static void write_header(FILE *f, const Analysis *an) {
     fprintf(f, "# rootspec benchmark summary\n\n");
     fprintf(f, "- prompts: %d; decodes: %d; rounds: %d; settings: %d\n", an->n_prompts, an->nd,
             an->nr, an->ng);
+    if (an->max_reps > 1)
+        fprintf(f, "- repetitions: up to %d decodes of each (prompt, decoder, T, B); each "
+                   "counts as its median decode by speed (the slower middle one of an even "
+                   "count)\n", an->max_reps);
     if (an->n_dupes)
-        fprintf(f, "- note: %d repeated (prompt, decoder, T, B) rows ignored (first kept)\n",
+        fprintf(f, "- note: %d repeated (prompt, decoder, T, B, rep) rows ignored (first kept)\n",
                 an->n_dupes);
     if (an->n_orphans)
         fprintf(f, "- note: %d rounds without a logged decode ignored\n", an->n_orphans);

@@ -117,12 +117,13 @@ static int bench_run(const char *logdir, const char *name, const char *const *ar
     return rc;
 }
 
-/* decodes.csv rows (header skipped) as "prompt_id,decoder,temp,budget" keys plus the
- * per-row round count; returns the row count. Parsed here, not with the bench's reader. */
+/* decodes.csv rows (header skipped) as "prompt_id,decoder,temp,budget" keys and their
+ * repetition, plus the per-row round count; returns the row count. Parsed here, not with
+ * the bench's reader. */
 #define MAXROWS 512
 typedef struct {
     char key[128];
-    int rounds, tokens, hit_eos;
+    int rep, rounds, tokens, hit_eos;
 } Row;
 
 static int read_rows(const char *dir, Row *rows) {
@@ -140,12 +141,13 @@ static int read_rows(const char *dir, Row *rows) {
         int nf = 0;
         for (char *s2, *t = strtok_r(l, ",", &s2); t && nf < 16; t = strtok_r(NULL, ",", &s2))
             f[nf++] = t;
-        ck_assert_msg(nf == 12, "decodes.csv row %d has %d fields", line, nf);
+        ck_assert_msg(nf == 13, "decodes.csv row %d has %d fields", line, nf);
         ck_assert_int_lt(n, MAXROWS);
         snprintf(rows[n].key, sizeof rows[n].key, "%s,%s,%s,%s", f[0], f[2], f[3], f[4]);
         rows[n].rounds = atoi(f[8]);
         rows[n].tokens = atoi(f[5]);
         rows[n].hit_eos = atoi(f[10]);
+        rows[n].rep = atoi(f[12]);
         ck_assert_int_gt(atoi(f[5]), 0);  /* tokens */
         ck_assert_int_gt(atol(f[6]), 0);  /* time_ns */
         n++;
@@ -154,11 +156,13 @@ static int read_rows(const char *dir, Row *rows) {
     return n;
 }
 
-static int row_find(const Row *rows, int n, const char *key) {
+static int row_find_rep(const Row *rows, int n, const char *key, int rep) {
     for (int i = 0; i < n; i++)
-        if (!strcmp(rows[i].key, key)) return i;
+        if (!strcmp(rows[i].key, key) && rows[i].rep == rep) return i;
     return -1;
 }
+
+static int row_find(const Row *rows, int n, const char *key) { return row_find_rep(rows, n, key, 0); }
 
 /* Every row's key is unique, and rounds.jsonl holds exactly `rounds` lines for each decode
  * (no rounds of dropped or repeated decodes), with round indices 0..rounds-1, whose tokens
@@ -166,7 +170,8 @@ static int row_find(const Row *rows, int n, const char *key) {
  * counts. */
 static void check_consistent(const char *dir, const Row *rows, int n) {
     for (int i = 0; i < n; i++)
-        ck_assert_msg(row_find(rows, i, rows[i].key) < 0, "decode %s logged twice", rows[i].key);
+        ck_assert_msg(row_find_rep(rows, i, rows[i].key, rows[i].rep) < 0,
+                      "decode %s rep %d logged twice", rows[i].key, rows[i].rep);
     char p[512];
     snprintf(p, sizeof p, "%s/rounds.jsonl", dir);
     BenchRound *r = NULL;
@@ -178,7 +183,7 @@ static void check_consistent(const char *dir, const Row *rows, int n) {
         char key[128];
         snprintf(key, sizeof key, "%s,%s,%d,%d", r[i].prompt_id, r[i].decoder, r[i].temp,
                  r[i].budget);
-        int k = row_find(rows, n, key);
+        int k = row_find_rep(rows, n, key, r[i].rep);
         ck_assert_msg(k >= 0, "round %d of %s has no decodes.csv row", r[i].round, key);
         ck_assert_msg(r[i].round == seen[k], "%s: round %d where %d was expected", key,
                       r[i].round, seen[k]);
@@ -596,6 +601,64 @@ START_TEST(test_e2e_launch_drafter) {
 }
 END_TEST
 
+/* --repeats 3: every (prompt, combination) logged three times, reps 0..2, each with its own
+ * rounds; run.json keeps the setting; the summary says how it counts them; a resume after
+ * the last row is deleted re-runs exactly that repetition. */
+START_TEST(test_e2e_repeats) {
+    char *tmp = tmp_dir();
+    char pf[256], out[256], dp[512], *err;
+    snprintf(pf, sizeof pf, "%s/p.jsonl", tmp);
+    snprintf(out, sizeof out, "%s/run", tmp);
+    snprintf(dp, sizeof dp, "%s/decodes.csv", out);
+    write_text(pf, PROMPTS3);
+    const char *args[] = {"--model", TINY, "--draft-layers", "0", "--prompts", pf, "--limit", "2",
+                          "--max-new", "6", "--decoders", "draft", "--temps", "0", "--budgets",
+                          "8", "--repeats", "3", "--warmup", "0", "--ctx", "512", "--out", out,
+                          NULL};
+    int rc = bench_run(tmp, "run", args, &err);
+    ck_assert_msg(rc == 0, "rootspec-bench exited %d: %s", rc, err);
+    ck_assert_msg(strstr(err, "2 prompts x 2 combinations x 3 = 12 decodes"), "%s", err);
+    free(err);
+    static Row rows[MAXROWS];
+    int n = read_rows(out, rows);
+    ck_assert_int_eq(n, 12);
+    check_consistent(out, rows, n);
+    const char *keys[] = {"81,ar,0,0", "81,draft,0,8", "82,ar,0,0", "82,draft,0,8"};
+    for (int k = 0; k < 4; k++)
+        for (int q = 0; q < 3; q++)
+            ck_assert_msg(row_find_rep(rows, n, keys[k], q) >= 0, "no %s rep %d", keys[k], q);
+    char p[512];
+    snprintf(p, sizeof p, "%s/run.json", out);
+    char *rj = slurp(p, NULL);
+    ck_assert_msg(strstr(rj, "\"repeats\":\t3"), "%s", rj);
+    free(rj);
+    snprintf(p, sizeof p, "%s/summary.md", out);
+    char *sum = slurp(p, NULL);
+    ck_assert_msg(strstr(sum, "- repetitions: up to 3 decodes of each"), "%s", sum);
+    ck_assert_msg(strstr(sum, "prompts: 2; decodes: 12"), "%s", sum);
+    free(sum);
+    /* drop the last row: the resume runs that repetition alone */
+    size_t nd;
+    char *dec = slurp(dp, &nd), *cut = dec + nd - 2;
+    while (*cut != '\n') cut--;
+    FILE *f = fopen(dp, "wb");
+    fwrite(dec, 1, (size_t)(cut + 1 - dec), f);
+    fclose(f);
+    free(dec);
+    const char *rs[] = {"--resume", out, NULL};
+    rc = bench_run(tmp, "resume", rs, &err);
+    ck_assert_msg(rc == 0 && strstr(err, "11 of 12 decodes done, 1 to run"), "exit %d: %s", rc,
+                  err);
+    free(err);
+    static Row rows2[MAXROWS];
+    ck_assert_int_eq(read_rows(out, rows2), 12);
+    ck_assert_str_eq(rows2[11].key, rows[11].key);
+    ck_assert_int_eq(rows2[11].rep, rows[11].rep);
+    check_consistent(out, rows2, 12);
+    rm_tree(tmp);
+}
+END_TEST
+
 /* SIGINT mid-run: exit 130 with a --resume hint, only complete decodes on disk, and a resume
  * that finishes the run with every decode exactly once. */
 START_TEST(test_e2e_sigint_resume) {
@@ -709,6 +772,7 @@ Suite *suite_bench_e2e(void) {
     TCase *tc = tcase_create("e2e");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_e2e_run_analyze_resume);
+    tcase_add_test(tc, test_e2e_repeats);
     tcase_add_test(tc, test_e2e_bad_input);
     tcase_add_test(tc, test_e2e_micro_report);
     tcase_add_test(tc, test_e2e_micro_eagle3);

@@ -174,7 +174,7 @@ END_TEST
 
 START_TEST(test_plan_rotation) {
     enum { P = 7, C = 16, W = 2 };
-    BenchPlan *pl = bench_plan_create(P, C, W, 1234);
+    BenchPlan *pl = bench_plan_create(P, C, W, 1, 1234);
     ck_assert_int_eq(pl->n_runs, (P + W) * C);
     int seen[P] = {0}, grid[P][C];
     memset(grid, 0, sizeof grid);
@@ -199,7 +199,7 @@ START_TEST(test_plan_rotation) {
     for (int i = 0; i < P; i++)
         for (int c = 0; c < C; c++) ck_assert_int_eq(grid[i][c], 1);
     /* deterministic per seed; another seed gives another order (checked for these seeds) */
-    BenchPlan *same = bench_plan_create(P, C, W, 1234), *other = bench_plan_create(P, C, W, 99);
+    BenchPlan *same = bench_plan_create(P, C, W, 1, 1234), *other = bench_plan_create(P, C, W, 1, 99);
     ck_assert_mem_eq(same->order, pl->order, P * sizeof(int));
     ck_assert(memcmp(other->order, pl->order, P * sizeof(int)) != 0);
     bench_plan_destroy(&pl);
@@ -207,10 +207,38 @@ START_TEST(test_plan_rotation) {
     bench_plan_destroy(&other);
     ck_assert_ptr_null(pl);
     /* warm-up is capped at the number of prompts */
-    pl = bench_plan_create(1, 3, 2, 5);
+    pl = bench_plan_create(1, 3, 2, 1, 5);
     ck_assert_int_eq(pl->n_warmup, 1);
     ck_assert_int_eq(pl->n_runs, 6);
     bench_plan_destroy(&pl);
+}
+END_TEST
+
+/* Repetitions: a prompt's R rotations follow one another, each shifted by one more, and
+ * every (prompt, combination, rep) runs once; the shuffle is the one of R = 1. */
+START_TEST(test_plan_repeats) {
+    enum { P = 5, C = 4, W = 1, R = 3 };
+    BenchPlan *pl = bench_plan_create(P, C, W, R, 77), *one = bench_plan_create(P, C, W, 1, 77);
+    ck_assert_int_eq(pl->n_runs, (W + P * R) * C);
+    ck_assert_mem_eq(pl->order, one->order, P * sizeof(int));
+    int grid[P][C][R];
+    memset(grid, 0, sizeof grid);
+    for (int k = W * C; k < pl->n_runs; k++) {
+        const BenchRun *r = &pl->runs[k];
+        int m = k - W * C, j = m % C;
+        ck_assert_int_eq(r->warmup, 0);
+        ck_assert_int_eq(r->run_index, m);
+        ck_assert_int_eq(r->prompt_pos, m / (R * C));
+        ck_assert_int_eq(r->rep, (m / C) % R);
+        ck_assert_int_eq(r->combo, (r->prompt_pos + r->rep + j) % C);
+        grid[r->prompt][r->combo][r->rep]++;
+    }
+    for (int i = 0; i < P; i++)
+        for (int c = 0; c < C; c++)
+            for (int q = 0; q < R; q++) ck_assert_int_eq(grid[i][c][q], 1);
+    for (int k = 0; k < W * C; k++) ck_assert_int_eq(pl->runs[k].rep, 0);
+    bench_plan_destroy(&pl);
+    bench_plan_destroy(&one);
 }
 END_TEST
 
@@ -297,6 +325,7 @@ static void rounds_eq(const BenchRound *a, const BenchRound *b) {
     ck_assert_str_eq(a->prompt_id, b->prompt_id);
     ck_assert_int_eq(a->temp, b->temp);
     ck_assert_int_eq(a->budget, b->budget);
+    ck_assert_int_eq(a->rep, b->rep);
     ck_assert_int_eq(a->round, b->round);
     ck_assert_int_eq(a->emitted, b->emitted);
     ck_assert_int_eq(a->accepted, b->accepted);
@@ -319,11 +348,12 @@ START_TEST(test_log_roundtrip) {
                                                                     INT64_C(123456789012345)),
                        mk_round("root", 0, 8, "HumanEval/0", 1, 5)};
     r[2].tau = 1.0 / 3.0; /* needs %.17g to round-trip */
+    r[1].rep = 4;
     for (int i = 0; i < 3; i++) ck_assert_int_eq(benchlog_round_write(fr, &r[i]), RS_OK);
     BenchDecode d[2] = {
         {.prompt_id = "81", .prompt_pos = 3, .decoder = "ar", .temp = 0, .budget = 0,
          .tokens = 264, .time_ns = INT64_C(9876543210), .speed = 26.73, .rounds = 264,
-         .mean_accepted = 0, .hit_eos = 0, .run_index = 17},
+         .mean_accepted = 0, .hit_eos = 0, .run_index = 17, .rep = 2},
         {.prompt_id = "HumanEval/0", .prompt_pos = 0, .decoder = "rootdraw", .temp = 1,
          .budget = 59, .tokens = 12, .time_ns = 1, .speed = 1.2e10, .rounds = 3,
          .mean_accepted = 3.333333, .hit_eos = 1, .run_index = 0}};
@@ -365,8 +395,25 @@ START_TEST(test_log_roundtrip) {
         ck_assert_double_eq_tol(dd[i].mean_accepted, d[i].mean_accepted, 1e-6);
         ck_assert_int_eq(dd[i].hit_eos, d[i].hit_eos);
         ck_assert_int_eq(dd[i].run_index, d[i].run_index);
+        ck_assert_int_eq(dd[i].rep, d[i].rep);
     }
     free(dd);
+
+    /* a log written before repetitions: its rows read as rep 0 */
+    const char *v1 = "prompt_id,prompt_pos,decoder,temp,budget,tokens,time_ns,speed,rounds,"
+                     "mean_accepted,hit_eos,run_index\n81,0,ar,0,0,10,100,1.0,1,0,0,5\n";
+    write_text(dp, v1, strlen(v1));
+    ck_assert_msg(benchlog_decodes_read(dp, &dd, &nd, &e) == RS_OK, "%s", e.msg);
+    ck_assert_int_eq(nd, 1);
+    ck_assert_int_eq(dd[0].run_index, 5);
+    ck_assert_int_eq(dd[0].rep, 0);
+    free(dd);
+    /* the current header wants its 13 fields */
+    const char *short13 = "prompt_id,prompt_pos,decoder,temp,budget,tokens,time_ns,speed,rounds,"
+                          "mean_accepted,hit_eos,run_index,rep\n81,0,ar,0,0,10,100,1.0,1,0,0,5\n";
+    write_text(dp, short13, strlen(short13));
+    ck_assert_int_eq(benchlog_decodes_read(dp, &dd, &nd, &e), RS_EFORMAT);
+    ck_assert_msg(strstr(e.msg, ":2: 12 fields, expected 13"), "%s", e.msg);
 
     /* a malformed line that is not the last is an error naming file and line */
     const char *bad = "prompt_id,prompt_pos,decoder,temp,budget,tokens,time_ns,speed,rounds,"
@@ -418,9 +465,10 @@ START_TEST(test_resume) {
     ck_assert_msg(bench_resume_load(dir, &done, &e) == RS_OK, "%s", e.msg);
     ck_assert_int_eq(bench_done_count(done), 1);
     BenchCombo c1 = {"draft", 0, 8}, c2 = {"root", 1, 59}, c3 = {"draft", 1, 8};
-    ck_assert(bench_done_has(done, "p1", &c1));
-    ck_assert(!bench_done_has(done, "p2", &c2));
-    ck_assert(!bench_done_has(done, "p1", &c3));
+    ck_assert(bench_done_has(done, "p1", &c1, 0));
+    ck_assert(!bench_done_has(done, "p1", &c1, 1)); /* another repetition */
+    ck_assert(!bench_done_has(done, "p2", &c2, 0));
+    ck_assert(!bench_done_has(done, "p1", &c3, 0));
     bench_done_destroy(&done);
     ck_assert_ptr_null(done);
 
@@ -447,9 +495,9 @@ START_TEST(test_resume) {
     size_t len;
     char *txt = slurp(p, &len);
     ck_assert_str_eq(txt, "prompt_id,prompt_pos,decoder,temp,budget,tokens,time_ns,speed,rounds,"
-                          "mean_accepted,hit_eos,run_index\n"
-                          "p1,0,draft,0,8,9,1000,0.000000,3,0.000000,0,0\n"
-                          "p2,0,root,1,59,4,50,0.000000,1,0.000000,0,0\n");
+                          "mean_accepted,hit_eos,run_index,rep\n"
+                          "p1,0,draft,0,8,9,1000,0.000000,3,0.000000,0,0,0\n"
+                          "p2,0,root,1,59,4,50,0.000000,1,0.000000,0,0,0\n");
     free(txt);
     /* missing directory contents: empty done set */
     char *empty = tmp_dir();
@@ -468,7 +516,7 @@ END_TEST
 static void synth(BenchDecode **dout, int *nd, BenchRound **rout, int *nr) {
     BenchCombo c[18];
     int nc = bench_combos_default(c, 18, 1);
-    BenchPlan *pl = bench_plan_create(6, nc, 0, 2024);
+    BenchPlan *pl = bench_plan_create(6, nc, 0, 1, 2024);
     BenchDecode *d = rs_xcalloc((size_t)pl->n_runs, sizeof *d);
     BenchRound *r = NULL;
     int n = 0, m = 0, cap = 0;
@@ -625,6 +673,47 @@ START_TEST(test_analyze_reproduces_summary) {
     ck_assert_int_eq(bench_analyze(dir, &e), RS_EINVAL); /* bad input: exit status 2 */
     ck_assert_msg(strstr(e.msg, sp) != NULL, "%s", e.msg);
     rm_dir(dir);
+}
+END_TEST
+
+/* Repetitions: each (prompt, decoder, T, B) counts as its median decode by speed, and a
+ * row repeating a (prompt, decoder, T, B, rep) is a noted duplicate. */
+static void rep_row(BenchDecode *x, const char *pid, const char *dec, int rep, double tok_s) {
+    memset(x, 0, sizeof *x);
+    snprintf(x->prompt_id, sizeof x->prompt_id, "%s", pid);
+    snprintf(x->decoder, sizeof x->decoder, "%s", dec);
+    x->budget = strcmp(dec, "ar") ? 8 : 0;
+    x->tokens = 100;
+    x->time_ns = (int64_t)llround(100e9 / tok_s);
+    x->speed = tok_s;
+    x->rounds = 100;
+    x->rep = rep;
+}
+
+START_TEST(test_summary_repeats) {
+    /* q1: AR 10, 20, 30 tok/s (median 20), draft 5, 15, 30 (median 15): 0.75;
+     * q2: AR 40 thrice, draft 50, 60, 44 (median 50): 1.25 */
+    static const double sp[2][2][3] = {{{10, 20, 30}, {30, 5, 15}}, {{40, 40, 40}, {50, 60, 44}}};
+    BenchDecode d[13];
+    int n = 0;
+    for (int p = 0; p < 2; p++)
+        for (int k = 0; k < 2; k++)
+            for (int q = 0; q < 3; q++)
+                rep_row(&d[n++], p ? "q2" : "q1", k ? "draft" : "ar", q, sp[p][k][q]);
+    rep_row(&d[n++], "q1", "draft", 1, 1000); /* rep 1 again: ignored, the first kept */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    RsErr e = {0};
+    ck_assert_msg(bench_summary_write(f, d, n, NULL, 0, &e) == RS_OK, "%s", e.msg);
+    fclose(f);
+    ck_assert_msg(strstr(buf, "- repetitions: up to 3 decodes of each"), "%s", buf);
+    ck_assert_msg(strstr(buf, "1 repeated (prompt, decoder, T, B, rep) rows ignored"), "%s", buf);
+    /* run speed of AR over its median decodes: 200 tokens in 5 s + 2.5 s */
+    ck_assert_msg(strstr(buf, "| ar | 0 | - | 2 | 200 | 26.67 ["), "%s", buf);
+    /* median per-prompt speedup 1.000, lowest 0.750 */
+    ck_assert_msg(strstr(buf, "| 1.000 | 0.750 |"), "%s", buf);
+    free(buf);
 }
 END_TEST
 
@@ -883,6 +972,7 @@ Suite *suite_bench_stats(void) {
     tcase_add_test(tc, test_boot_vs_numpy);
     tcase_add_test(tc, test_speed_and_tokens);
     tcase_add_test(tc, test_plan_rotation);
+    tcase_add_test(tc, test_plan_repeats);
     tcase_add_test(tc, test_combos);
     tcase_add_test(tc, test_log_roundtrip);
     tcase_add_test(tc, test_resume);
@@ -890,6 +980,7 @@ Suite *suite_bench_stats(void) {
     tcase_add_test(tc, test_analyze_reproduces_summary);
     tcase_add_test(tc, test_analyze_refusals);
     tcase_add_test(tc, test_plots);
+    tcase_add_test(tc, test_summary_repeats);
     tcase_add_test(tc, test_prompts_formats);
     tcase_add_test(tc, test_utf8);
     tcase_add_test(tc, test_prompts_real_files);
