@@ -18,6 +18,8 @@
 #define EXPLORE_EVERY 40 /* asks refresh stale estimates at most once per this many times
                             their cost spent in AR steps (so they cost at most 2.5%) */
 #define DEEPEN_EVERY 16  /* every this many asks, one level deeper than the best */
+#define FIRST_DEPTH 2    /* the first ask's depth: a commit and one expansion level */
+#define TIE_TOKENS 0.01  /* depths whose values differ by less are worth the same */
 
 /* Upper edges of the calibration's log q buckets (the last bucket is below -15). */
 static const double BUCKET_EDGE[N_BUCKETS - 1] = {-0.02, -0.05, -0.1, -0.2, -0.35, -0.5, -0.7,
@@ -204,16 +206,27 @@ PlanChoice planner_choose(Planner *p, Rule rule, int temp, const Pool *pool,
 
 /* ---- asking the drafter ------------------------------------------------------------ */
 
+/* What asking at depth d is worth, in tokens over an AR step, and the depth tried last at
+ * or below d (*tried, 0: none). A depth never tried is worth what the deepest tried below it
+ * showed: a deeper pool holds the shallower one, so that is a lower bound. */
+static double depth_value(const Planner *p, Rule rule, int t, int d, int *tried) {
+    if (p->gain_n[rule][t][d]) *tried = d;
+    return *tried ? p->gain[rule][t][*tried] : NAN;
+}
+
 PlanAsk planner_before_round(Planner *p, Rule rule, int temp, int n_pend) {
     double r = ref_rate(p, rule, temp), best = -INFINITY;
-    int t = temp != 0, best_d = 0, known = 0;
+    int t = temp != 0, best_d = 0, tried = 0;
     for (int d = 1; d <= POOL_MAX_DEPTH; d++) {
-        if (!p->gain_n[rule][t][d]) continue;
-        known = 1;
-        double v = p->gain[rule][t][d] - price(r, wait_cost(p, rule, d, n_pend));
-        if (v >= best) best = v, best_d = d; /* ties to the deeper: free levels cost nothing */
+        double g = depth_value(p, rule, t, d, &tried);
+        if (isnan(g)) continue;
+        double v = g - price(r, wait_cost(p, rule, d, n_pend));
+        /* near ties to the deeper: a level that costs nothing measurable may pay */
+        if (v >= best - TIE_TOKENS) best_d = d, best = v > best ? v : best;
     }
-    if (!known || isnan(best)) return (PlanAsk){.ask = 1, .depth = POOL_MAX_DEPTH, .explore = 1};
+    /* Nothing known: a shallow first ask (a commit and one level, whose costs it measures);
+     * a deep one from a slow drafter would cost several passes before anything is known. */
+    if (!tried || isnan(best)) return (PlanAsk){.ask = 1, .depth = FIRST_DEPTH, .explore = 1};
     if (best > 0) {
         int deeper = ++p->asks % DEEPEN_EVERY == 0 && best_d < POOL_MAX_DEPTH;
         return (PlanAsk){.ask = 1, .depth = best_d + deeper, .explore = deeper};

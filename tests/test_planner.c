@@ -121,13 +121,28 @@ END_TEST
 START_TEST(test_planner_asks_when_it_pays) {
     Selection s;
     Pool *p = chain_selected(8, 0.99, &s);
-    /* a free drafter: after the first (exploring) ask, it keeps asking */
+    /* a free drafter: the first (exploring) ask is shallow; once a pool has shown what its
+     * levels are worth, it keeps asking, for the deepest pool (free levels tie) */
     Planner *pl = fixed_planner(10e6, 1e6, 0);
     PlanAsk a = planner_before_round(pl, RULE_DRAFT, 0, 1);
-    ck_assert(a.ask && a.explore && a.depth == POOL_MAX_DEPTH);
+    ck_assert(a.ask && a.explore && a.depth == 2);
     planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, a.depth);
     a = planner_before_round(pl, RULE_DRAFT, 0, 1);
     ck_assert(a.ask && !a.explore);
+    ck_assert_int_eq(a.depth, POOL_MAX_DEPTH);
+    planner_destroy(&pl);
+    /* a drafter whose levels cost a fifth of a pass: an untried depth is worth no more than
+     * the deepest tried, less its levels, so it stays at the depth it has seen pay (depth 2:
+     * 1.22 tokens over an AR step less 0.3 of waiting; depth 3 would wait 0.5) */
+    pl = measured_planner();
+    p->n_passes = 2; /* a commit of 1 ms and one level of 2 ms, waited for */
+    p->commit_pass_ns = 1000000;
+    p->draft_ns = 3000000;
+    planner_observe_pool(pl, p, 1, 3000000, 3000000);
+    planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, 2);
+    a = planner_before_round(pl, RULE_DRAFT, 0, 1);
+    ck_assert(a.ask && !a.explore);
+    ck_assert_int_eq(a.depth, 2);
     planner_destroy(&pl);
     /* a drafter costing 100 passes: not asked, until AR steps have cost 40 times an ask */
     pl = fixed_planner(10e6, 1e6, 1000e6);
