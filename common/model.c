@@ -105,11 +105,24 @@ int model_make_resident(Model *m, RsErr *e) {
     return RS_OK;
 }
 
-/* Parses "0-5,24-29" into a list of layer indices < n_layers. */
+/* A named subset: "half" the first half of the layers, "short" the first eighth (at least
+ * one), so a preset means the same share on any depth of model. -1: not a preset. */
+static int layer_preset(const char *spec, int n_layers) {
+    if (!strcmp(spec, "half")) return n_layers / 2 > 0 ? n_layers / 2 : 1;
+    if (!strcmp(spec, "short")) return (n_layers + 7) / 8;
+    return -1;
+}
+
+/* Parses "0-5,24-29" (or a preset) into a list of layer indices < n_layers. */
 static int parse_layer_spec(const char *spec, int n_layers, int *idx, int *n, RsErr *e) {
     *n = 0;
     const char *s = spec;
     if (!s || !*s) return rs_err(e, RS_EINVAL, "empty --draft-layers spec");
+    int first = layer_preset(spec, n_layers);
+    if (first > 0) {
+        for (; *n < first; (*n)++) idx[*n] = *n;
+        return RS_OK;
+    }
     while (*s) {
         char *end;
         long a = strtol(s, &end, 10);

@@ -123,7 +123,8 @@ int model_make_resident(Model *m, RsErr *e);
 
 
 /* A view on `parent` that runs only the listed layers (in that order) with the parent's
- * embeddings, final norm and head: the self-drafter. spec like "0-5,24-29".
+ * embeddings, final norm and head: the self-drafter. spec like "0-5,24-29", or a preset:
+ * "half" (the first half of the layers), "short" (the first eighth, at least one).
  * The view borrows parent's memory: free it before the parent. */
 int model_layer_view(const Model *parent, const char *spec, Model **out, RsErr *e);
 

@@ -5,6 +5,7 @@
 #include "common/model.h"
 #include "common/model_internal.h"
 #include "common/quant.h"
+#include "common/randmodel.h"
 #include "common/tokenizer.h"
 #include "testutil.h"
 #include "kernels/cpu/x86/x4_pack.h"
@@ -945,6 +946,27 @@ START_TEST(test_layer_view) {
     ck_assert_int_eq(v->cfg.n_layers, 1);
     ck_assert_ptr_eq(v->w.layers[0].wk.data, m->w.layers[1].wk.data);
     model_destroy(&v);
+    /* presets on a 30-layer model (SmolLM2-135M's depth): the first 15, the first 4 */
+    Model *deep = NULL;
+    ck_assert_msg(model_load("random:tiny,layers=30", &deep, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(model_random_materialize(deep, &e) == RS_OK, "%s", e.msg);
+    static const struct { const char *spec; int n; } want[] = {{"half", 15}, {"short", 4}};
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(model_layer_view(deep, want[i].spec, &v, &e) == RS_OK, "%s", e.msg);
+        ck_assert_int_eq(v->cfg.n_layers, want[i].n);
+        for (int l = 0; l < want[i].n; l++)
+            ck_assert_ptr_eq(v->w.layers[l].wq.data, deep->w.layers[l].wq.data);
+        model_destroy(&v);
+    }
+    model_destroy(&deep);
+    /* presets on this 2-layer model: half and short are both layer 0 */
+    static const char *presets[] = {"half", "short"};
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(model_layer_view(m, presets[i], &v, &e) == RS_OK, "%s", e.msg);
+        ck_assert_int_eq(v->cfg.n_layers, 1);
+        ck_assert_ptr_eq(v->w.layers[0].wq.data, m->w.layers[0].wq.data);
+        model_destroy(&v);
+    }
     static const struct { const char *spec, *msg; } bad[] = {
         {"", "empty --draft-layers spec"},
         {"2", "range 2-2 outside 0-1"},
@@ -954,6 +976,7 @@ START_TEST(test_layer_view) {
         {"a", "bad --draft-layers spec 'a' at 'a'"},
         {"0-1x", "bad --draft-layers spec '0-1x' at 'x'"},
         {"0,1,0", "lists more than 2 layers"},
+        {"shorter", "bad --draft-layers spec 'shorter' at 'shorter'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         e.msg[0] = 0;
