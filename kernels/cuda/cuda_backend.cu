@@ -23,7 +23,7 @@
 #include "cuda_backend.h"
 #include "cuda_feat.h"
 #include "cuda_kernels.h"
-#include "cuda_rows.h"
+#include "cuda_topk.h"
 #include "cuda_rowstats.h"
 extern "C" {
 #include "kernels/backend_impl.h"
@@ -867,7 +867,7 @@ static int cuda_rows_topk(Backend *bb, int k, int *ids, float *logq, float *lse,
     size_t nk = (size_t)n * k;
     int *d_ids = (int *)b->d_red;
     float *d_logq = (float *)b->d_red + nk, *d_lse = (float *)b->d_red + 2 * nk;
-    cuk_rows_topk(b->stream, b->logits, n, b->vocab, k, d_ids, d_logq, d_lse);
+    cuk_topk(b->stream, b->logits, n, b->vocab, k, d_ids, d_logq, d_lse);
     CUDA_CHECK(cudaMemcpyAsync(b->h_red, b->d_red, (2 * nk + n) * 4, cudaMemcpyDeviceToHost,
                                b->stream));
     CUDA_CHECK(cudaStreamSynchronize(b->stream));

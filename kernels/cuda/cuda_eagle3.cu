@@ -19,7 +19,7 @@ extern "C" {
 #include "kernels/backend.h" /* BACKEND_TOPK_MAX */
 }
 #include "cuda_kernels.h"
-#include "cuda_rows.h"
+#include "cuda_topk.h"
 #include "kernels/eagle3_layer.h"
 
 struct Eagle3Layer {
@@ -340,12 +340,12 @@ static void e3_run(Eagle3Layer *r, const Eagle3Batch *b) {
     CUDA_CHECK(cudaStreamSynchronize(r->s));
 }
 
-/* One block per row (kernels/cuda/cuda_rows.cu) over the logits the last run left on the
+/* One block per row (kernels/cuda/cuda_topk.cu) over the logits the last run left on the
  * device; only (m, k) ids and log q cross. */
 static void e3_topk(Eagle3Layer *r, int m, int k, int *ids, float *logq) {
     CUDA_CHECK(cudaSetDevice(r->device));
     RS_ASSERT(m >= 1 && m <= r->maxb && k >= 1 && k <= BACKEND_TOPK_MAX && k <= r->DV);
-    cuk_rows_topk(r->s, r->logits, m, r->DV, k, r->top_ids, r->top_logq, r->top_lse);
+    cuk_topk(r->s, r->logits, m, r->DV, k, r->top_ids, r->top_logq, r->top_lse);
     CUDA_CHECK(cudaMemcpyAsync(ids, r->top_ids, (size_t)m * k * 4, cudaMemcpyDeviceToHost, r->s));
     CUDA_CHECK(cudaMemcpyAsync(logq, r->top_logq, (size_t)m * k * 4, cudaMemcpyDeviceToHost,
                                r->s));
