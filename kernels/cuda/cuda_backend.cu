@@ -16,6 +16,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -959,50 +960,74 @@ static void cuda_kv_reset(Backend *bb) {
 
 /* ---- the verifier's row queries over the kept rows (b->logits, in out_rows order) ---- */
 
-static void cuda_rows_stats(Backend *bb, const int *rows, int n, const Sampling *smp,
-                            const double *u, RowStats *out) {
-    CudaBackend *b = (CudaBackend *)bb;
+/* One array of a row query, staged through the RowQuery field at offset `off` (the same
+ * offset in the pinned host copy and on the device): `up` sends entries of `size` bytes
+ * before the kernel, `down` receives them after it; neither: the query leaves it out. */
+typedef struct {
+    const void *up;
+    void *down;
+    size_t size, off;
+} RowqArray;
+
+/* Enqueues a query's kernel over the k entries staged in the device RowQuery d. */
+typedef void (*RowqKernel)(CudaBackend *b, RowQuery *d, int k, const void *arg);
+
+/* The loop both row queries share: n entries in batches of at most `batch` (the RowQuery
+ * sizes of the arrays they use); arguments go up, the kernel runs, results come down, one
+ * stream sync a batch. Only these arrays cross, never a logits row. */
+static void rowq_run(CudaBackend *b, int n, int batch, const RowqArray *a, int n_a,
+                     RowqKernel kernel, const void *arg) {
     cudaStream_t s = b->stream;
-    RowQuery *h = b->h_rq, *d = b->d_rq;
-    CUDA_CHECK(cudaSetDevice(bb->params.device));
-    for (int i0 = 0; i0 < n; i0 += ROWQ_STATS) {
-        int k = n - i0 < ROWQ_STATS ? n - i0 : ROWQ_STATS;
-        memcpy(h->rows, rows + i0, sizeof(int) * (size_t)k);
-        CUDA_CHECK(cudaMemcpyAsync(d->rows, h->rows, sizeof(int) * (size_t)k,
-                                   cudaMemcpyHostToDevice, s));
-        if (u) {
-            memcpy(h->u, u + i0, sizeof(double) * (size_t)k);
-            CUDA_CHECK(cudaMemcpyAsync(d->u, h->u, sizeof(double) * (size_t)k,
+    char *h = (char *)b->h_rq, *d = (char *)b->d_rq;
+    CUDA_CHECK(cudaSetDevice(b->base.params.device));
+    for (int i0 = 0; i0 < n; i0 += batch) {
+        size_t k = (size_t)(n - i0 < batch ? n - i0 : batch);
+        for (int j = 0; j < n_a; j++) {
+            if (!a[j].up) continue;
+            memcpy(h + a[j].off, (const char *)a[j].up + a[j].size * i0, a[j].size * k);
+            CUDA_CHECK(cudaMemcpyAsync(d + a[j].off, h + a[j].off, a[j].size * k,
                                        cudaMemcpyHostToDevice, s));
         }
-        cuk_rows_stats(s, b->logits, b->dims.vocab, d->rows, k, smp, u ? d->u : NULL, b->d_csum,
-                       d->st);
-        CUDA_CHECK(cudaMemcpyAsync(h->st, d->st, sizeof(RowStats) * (size_t)k,
-                                   cudaMemcpyDeviceToHost, s));
+        kernel(b, b->d_rq, (int)k, arg);
+        for (int j = 0; j < n_a; j++)
+            if (a[j].down)
+                CUDA_CHECK(cudaMemcpyAsync(h + a[j].off, d + a[j].off, a[j].size * k,
+                                           cudaMemcpyDeviceToHost, s));
         CUDA_CHECK(cudaStreamSynchronize(s));
-        memcpy(out + i0, h->st, sizeof(RowStats) * (size_t)k);
+        for (int j = 0; j < n_a; j++)
+            if (a[j].down) memcpy((char *)a[j].down + a[j].size * i0, h + a[j].off, a[j].size * k);
     }
 }
 
+typedef struct {
+    const Sampling *smp;
+    int with_u; /* u went up: draw with it */
+} StatsArg;
+
+static void rows_stats_kernel(CudaBackend *b, RowQuery *d, int k, const void *arg) {
+    const StatsArg *sa = (const StatsArg *)arg;
+    cuk_rows_stats(b->stream, b->logits, b->dims.vocab, d->rows, k, sa->smp,
+                   sa->with_u ? d->u : NULL, b->d_csum, d->st);
+}
+
+static void cuda_rows_stats(Backend *bb, const int *rows, int n, const Sampling *smp,
+                            const double *u, RowStats *out) {
+    StatsArg sa = {smp, u != NULL};
+    RowqArray a[] = {{rows, NULL, sizeof(int), offsetof(RowQuery, rows)},
+                     {u, NULL, sizeof(double), offsetof(RowQuery, u)},
+                     {NULL, out, sizeof(RowStats), offsetof(RowQuery, st)}};
+    rowq_run((CudaBackend *)bb, n, ROWQ_STATS, a, 3, rows_stats_kernel, &sa);
+}
+
+static void rows_gather_kernel(CudaBackend *b, RowQuery *d, int k, const void *arg) {
+    cuk_rows_gather(b->stream, b->logits, b->dims.vocab, d->rows, d->ids, k, d->val);
+}
+
 static void cuda_rows_gather(Backend *bb, const int *rows, const int *ids, int n, float *out) {
-    CudaBackend *b = (CudaBackend *)bb;
-    cudaStream_t s = b->stream;
-    RowQuery *h = b->h_rq, *d = b->d_rq;
-    CUDA_CHECK(cudaSetDevice(bb->params.device));
-    for (int i0 = 0; i0 < n; i0 += ROWQ_GATHER) {
-        int k = n - i0 < ROWQ_GATHER ? n - i0 : ROWQ_GATHER;
-        memcpy(h->rows, rows + i0, sizeof(int) * (size_t)k);
-        memcpy(h->ids, ids + i0, sizeof(int) * (size_t)k);
-        CUDA_CHECK(cudaMemcpyAsync(d->rows, h->rows, sizeof(int) * (size_t)k,
-                                   cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaMemcpyAsync(d->ids, h->ids, sizeof(int) * (size_t)k,
-                                   cudaMemcpyHostToDevice, s));
-        cuk_rows_gather(s, b->logits, b->dims.vocab, d->rows, d->ids, k, d->val);
-        CUDA_CHECK(cudaMemcpyAsync(h->val, d->val, sizeof(float) * (size_t)k,
-                                   cudaMemcpyDeviceToHost, s));
-        CUDA_CHECK(cudaStreamSynchronize(s));
-        memcpy(out + i0, h->val, sizeof(float) * (size_t)k);
-    }
+    RowqArray a[] = {{rows, NULL, sizeof(int), offsetof(RowQuery, rows)},
+                     {ids, NULL, sizeof(int), offsetof(RowQuery, ids)},
+                     {NULL, out, sizeof(float), offsetof(RowQuery, val)}};
+    rowq_run((CudaBackend *)bb, n, ROWQ_GATHER, a, 3, rows_gather_kernel, NULL);
 }
 
 extern "C" const BackendOps *cuda_backend_ops_get(void) { return &cuda_ops; }
