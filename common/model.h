@@ -30,6 +30,37 @@ typedef struct {
     int bos_id, eos_id;  /* -1 when unknown */
 } Config;
 
+/* The sizes a backend cuts its buffers and launches to, in the short names its code uses,
+ * derived from Config in one place so that no backend works out a q or kv width its own
+ * way. Plain C, so the CUDA sources (C++) include it too. */
+typedef struct {
+    int dim;    /* model width */
+    int hd;     /* head size */
+    int nh;     /* query heads */
+    int nkv;    /* key/value heads */
+    int qd;     /* nh * hd: a row of q, and the input width of wo */
+    int kvd;    /* nkv * hd: a row of k or v in the cache */
+    int qkv_w;  /* qd + 2 * kvd: a row of the concatenated q|k|v projection */
+    int hidden; /* MLP width */
+    int vocab;
+    int nl;     /* layers */
+} ModelDims;
+
+static inline ModelDims model_dims(const Config *c) {
+    ModelDims d;
+    d.dim = c->dim;
+    d.hd = c->head_dim;
+    d.nh = c->n_heads;
+    d.nkv = c->n_kv_heads;
+    d.qd = c->n_heads * c->head_dim;
+    d.kvd = c->n_kv_heads * c->head_dim;
+    d.qkv_w = d.qd + 2 * d.kvd;
+    d.hidden = c->hidden_dim;
+    d.vocab = c->vocab_size;
+    d.nl = c->n_layers;
+    return d;
+}
+
 /* A weight matrix in the type it is stored in (a GGUF mapping, a safetensors mapping or an
  * f32 arena), never expanded: the CPU kernels read it as is, so a token streams the file's
  * bytes, not a 4x larger f32 copy. Logical row j (the Hugging Face row) is stored at

@@ -5,7 +5,7 @@
 #include "eagle3_forward.h"
 #include "common/randmodel.h"
 #include "kernels/backend.h"
-#include "kernels/cpu/cpu_rows.h"
+#include "kernels/cpu/cpu_topk.h"
 #include "kernels/eagle3_layer.h"
 #include "pool_grow.h"
 #include <string.h>
@@ -196,16 +196,16 @@ int eagle3_expand(Eagle3Runner *r, const int *tokens, const float *state_in, con
     return RS_OK;
 }
 
-/* n rows at once through the CPU's fused top-k + log-sum-exp (kernels/cpu/cpu_rows.h): one
+/* n rows at once through the CPU's fused top-k + log-sum-exp (kernels/cpu/cpu_topk.h): one
  * read of each row, no double-precision exp per column. */
 static void topk_rows(const Eagle3Head *h, const float *logits, int n, int k, int *target_ids,
                       float *logq) {
     int DV = h->cfg.draft_vocab;
-    RS_ASSERT(k >= 1 && k <= DV && k <= ROWS_TOPK_MAX && n >= 1 && n <= POOL_EXPAND);
-    CpuRowsPart parts[POOL_EXPAND];
-    int idx[POOL_EXPAND * ROWS_TOPK_MAX];
-    float lq[POOL_EXPAND * ROWS_TOPK_MAX], lse[POOL_EXPAND];
-    cpu_rows_topk(NULL, logits, n, DV, k, idx, lq, lse, parts);
+    RS_ASSERT(k >= 1 && k <= DV && k <= CPU_TOPK_MAX && n >= 1 && n <= POOL_EXPAND);
+    CpuTopkPart parts[POOL_EXPAND];
+    int idx[POOL_EXPAND * CPU_TOPK_MAX];
+    float lq[POOL_EXPAND * CPU_TOPK_MAX], lse[POOL_EXPAND];
+    cpu_topk(NULL, logits, n, DV, k, idx, lq, lse, parts);
     for (int i = 0; i < n * k; i++) {
         target_ids[i] = h->d2t[idx[i]];
         if (logq) logq[i] = lq[i];

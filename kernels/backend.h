@@ -113,7 +113,7 @@ int backend_rows_copy(Backend *b, const int *rows, int n, float *logits, RsErr *
  * logq (n, k) row[id] - lse, both in float. Computed where the rows live: one fused
  * threaded pass on the CPU, one kernel on CUDA; only the n * (2k + 1) numbers cross. The
  * sum is not today's double-precision row_lse: |lse - row_lse| <= 1e-5 * max(1, |lse|)
- * (tests/test_rows.c), and the same bits whatever the CPU thread count. RS_EINVAL when
+ * (tests/test_topk.c), and the same bits whatever the CPU thread count. RS_EINVAL when
  * k is outside [1, min(BACKEND_TOPK_MAX, vocab)]. */
 int backend_rows_topk(Backend *b, int k, int *ids, float *logq, float *lse, RsErr *e);
 /* keep: indices into the pending entries (0 = first pending), ascending not required

@@ -3,7 +3,7 @@
  * and CUDA), model loading per backend and the backend-by-name lookup. */
 #include "backend_impl.h"
 #include "common/quant.h"
-#include "kernels/cpu/cpu_rows.h"
+#include "kernels/cpu/cpu_topk.h"
 #include "common/randmodel.h"
 #include <math.h>
 #include <string.h>
@@ -146,12 +146,12 @@ int backend_kv_commit(Backend *b, const int *keep, int n_keep, RsErr *e) {
 static int rows_topk_host(Backend *b, int k, int *ids, float *logq, float *lse, RsErr *e) {
     int V = b->model->cfg.vocab_size, rc = RS_OK;
     float *row = rs_xmalloc(sizeof(float) * (size_t)V);
-    CpuRowsPart *parts = rs_xmalloc(sizeof(CpuRowsPart));
+    CpuTopkPart *parts = rs_xmalloc(sizeof(CpuTopkPart));
     for (int r = 0; r < b->n_kept && !rc; r++) {
         rc = backend_rows_copy(b, &r, 1, row, e);
         if (!rc)
-            cpu_rows_topk(NULL, row, 1, V, k, ids + (size_t)r * k, logq + (size_t)r * k,
-                          lse + r, parts);
+            cpu_topk(NULL, row, 1, V, k, ids + (size_t)r * k, logq + (size_t)r * k, lse + r,
+                     parts);
     }
     free(parts);
     free(row);

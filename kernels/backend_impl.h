@@ -38,7 +38,7 @@ struct BackendOps {
     int (*rows_copy)(Backend *b, const int *rows, int n, float *logits, RsErr *e);
     /* Optional: as backend_rows_topk over the n_kept rows, k already checked. NULL: the
      * rows are copied to the host (counted in d2h_full_rows) and reduced there by
-     * kernels/cpu/cpu_rows.c, single-threaded. */
+     * kernels/cpu/cpu_topk.c, single-threaded. */
     int (*rows_topk)(Backend *b, int k, int *ids, float *logq, float *lse, RsErr *e);
     /* Optional: fills the backend's own counters (the CUDA ones); backend_stats has
      * already set the common ones and zeroed the rest. */

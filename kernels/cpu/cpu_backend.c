@@ -17,7 +17,7 @@
 #include "kernels/backend_impl.h"
 #include "cpu_ops.h"
 #include "cpu_qmatmul.h"
-#include "cpu_rows.h"
+#include "cpu_topk.h"
 #include "cpu_rowstats.h"
 #include "threadpool.h"
 #include "kernels/cpu/x86/x4_pack.h"
@@ -60,7 +60,7 @@ typedef struct {
     /* EAGLE-3 features, allocated when recording starts (backend_set_feature_layers) */
     float *feat_pend;   // (max_pending, feat_n*dim) of each pending entry
     float *feat_out;    // (max_pending, feat_n*dim) of the last commit's kept entries
-    CpuRowsPart *parts; // (max_kept) rows_topk scratch; the fused head's row states
+    CpuTopkPart *parts; // (max_kept) rows_topk scratch; the fused head's row states
 } RunState;
 
 typedef struct {
@@ -68,7 +68,7 @@ typedef struct {
     RunState s;
     int q_dim, kv_dim, max_cols;
     int max_kept; /* min(max_batch, max_pending): a forward's n_out never exceeds it */
-    CpuRowsRun topk_run; /* the fused head's reduction (BackendParams.topk_hint) */
+    CpuTopkRun topk_run; /* the fused head's reduction (BackendParams.topk_hint) */
     int topk_ready;      /* topk_run holds the kept rows' states */
     uint64_t fused_topk_ns; /* BackendStats.fused_topk_ns */
     const QkFamily *fam;
@@ -324,7 +324,7 @@ static void alloc_state(CpuBackend *b, const Config *c, const BackendParams *p, 
     s->pend_pos = rs_xcalloc(P, sizeof(int));
     s->keep_seen = rs_xcalloc(P, 1);
     s->logits = rs_xcalloc((size_t)b->max_kept * c->vocab_size, sizeof(float));
-    s->parts = rs_xcalloc((size_t)b->max_kept, sizeof(CpuRowsPart));
+    s->parts = rs_xcalloc((size_t)b->max_kept, sizeof(CpuTopkPart));
 }
 
 static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
@@ -559,7 +559,7 @@ static const void *cpu_read_features(Backend *bb, BackendFeatType *t) {
 /* ---- the output head with the drafter's top-k (BackendParams.topk_hint) ---- */
 
 /* The head over the n normed rows in s.xb, a tile of columns at a time, each tile reduced
- * (cpu_rows_feed) while its logits are still in cache: 1024 columns a thread (measured on
+ * (cpu_topk_feed) while its logits are still in cache: 1024 columns a thread (measured on
  * the default model: 2048 to 6528 at one thread left more of them to be read back from
  * memory), at least 64 KB of logits (few rows: fewer thread-pool rounds). */
 static void head_topk(CpuBackend *b, int n) {
@@ -568,13 +568,13 @@ static void head_topk(CpuBackend *b, int n) {
     MmJob j = mm_job(b, s->xb, NULL, n, 1, &w, &s->logits);
     int V = w->rows, tile = 1024 * threadpool_size(b->pool);
     if (tile < 16384 / n) tile = 16384 / n;
-    tile = tile / CPU_ROWS_BLOCK * CPU_ROWS_BLOCK;
-    b->topk_run = cpu_rows_begin(s->parts, n, V, b->base.params.topk_hint);
+    tile = tile / CPU_TOPK_BLOCK * CPU_TOPK_BLOCK;
+    b->topk_run = cpu_topk_begin(s->parts, n, V, b->base.params.topk_hint);
     for (int c0 = 0, c1; c0 < V; c0 = c1) {
         c1 = V - c0 < tile ? V : c0 + tile;
         mm_run(b, &j, c0, c1);
         uint64_t t0 = rs_now_ns();
-        cpu_rows_feed(b->pool, &b->topk_run, s->logits, V, c0, c1);
+        cpu_topk_feed(b->pool, &b->topk_run, s->logits, V, c0, c1);
         b->fused_topk_ns += rs_now_ns() - t0;
     }
     b->topk_ready = 1;
@@ -660,10 +660,10 @@ static int cpu_rows_copy(Backend *bb, const int *rows, int n, float *logits, RsE
 static int cpu_rows_topk_op(Backend *bb, int k, int *ids, float *logq, float *lse, RsErr *e) {
     CpuBackend *b = (CpuBackend *)bb;
     if (b->topk_ready && k == bb->params.topk_hint) /* the forward's head reduced them */
-        cpu_rows_end(&b->topk_run, ids, logq, lse);
+        cpu_topk_end(&b->topk_run, ids, logq, lse);
     else
-        cpu_rows_topk(b->pool, b->s.logits, bb->n_kept, bb->model->cfg.vocab_size, k, ids,
-                      logq, lse, b->s.parts);
+        cpu_topk(b->pool, b->s.logits, bb->n_kept, bb->model->cfg.vocab_size, k, ids, logq, lse,
+                 b->s.parts);
     return RS_OK;
 }
 

@@ -25,7 +25,8 @@ struct Eagle3Layer {
     const Eagle3Head *h;
     const QkFamily *fam;
     ThreadPool *pool;
-    int cap, max_batch, dim, qd, kvd, hd, hidden, max_in;
+    ModelDims dims;
+    int cap, max_batch, max_in;
     float *scratch;     // (threads, max_in) the generic path's dequantized rows
     float *kc, *vc;     // (cap, kvd) RoPE applied to keys
     float *hs;          // (max_batch, dim) state / residual stream
@@ -73,26 +74,22 @@ static int cpu_create(const Eagle3Head *h, const BackendParams *p, Eagle3Layer *
     r->h = h;
     r->cap = p->kv_capacity;
     r->max_batch = p->max_batch;
-    r->dim = c->dim;
-    r->hd = c->head_dim;
-    r->qd = c->n_heads * c->head_dim;
-    r->kvd = c->n_kv_heads * c->head_dim;
-    r->hidden = c->hidden_dim;
+    r->dims = model_dims(c);
     int rc = cpu_engine(r, p->threads, e);
     if (rc) {
         cpu_destroy(&r);
         return rc;
     }
-    size_t B = (size_t)r->max_batch, half = (size_t)r->hd / 2, cap = (size_t)r->cap;
-    r->kc = rs_xmalloc(sizeof(float) * cap * r->kvd);
-    r->vc = rs_xmalloc(sizeof(float) * cap * r->kvd);
-    r->hs = rs_xmalloc(sizeof(float) * B * r->dim);
-    r->x = rs_xmalloc(sizeof(float) * B * 2 * r->dim);
-    r->q = rs_xmalloc(sizeof(float) * B * r->qd);
-    r->att_out = rs_xmalloc(sizeof(float) * B * r->qd);
-    r->xb = rs_xmalloc(sizeof(float) * B * r->dim);
-    r->hb = rs_xmalloc(sizeof(float) * B * r->hidden);
-    r->hb2 = rs_xmalloc(sizeof(float) * B * r->hidden);
+    size_t B = (size_t)r->max_batch, half = (size_t)r->dims.hd / 2, cap = (size_t)r->cap;
+    r->kc = rs_xmalloc(sizeof(float) * cap * r->dims.kvd);
+    r->vc = rs_xmalloc(sizeof(float) * cap * r->dims.kvd);
+    r->hs = rs_xmalloc(sizeof(float) * B * r->dims.dim);
+    r->x = rs_xmalloc(sizeof(float) * B * 2 * r->dims.dim);
+    r->q = rs_xmalloc(sizeof(float) * B * r->dims.qd);
+    r->att_out = rs_xmalloc(sizeof(float) * B * r->dims.qd);
+    r->xb = rs_xmalloc(sizeof(float) * B * r->dims.dim);
+    r->hb = rs_xmalloc(sizeof(float) * B * r->dims.hidden);
+    r->hb2 = rs_xmalloc(sizeof(float) * B * r->dims.hidden);
     r->att = rs_xmalloc(sizeof(float) * (size_t)threadpool_size(r->pool) * QK_ATT_G * cap);
     r->inv_freq = rs_xmalloc(sizeof(float) * half);
     r->cs = rs_xmalloc(sizeof(float) * B * half);
@@ -161,8 +158,8 @@ typedef struct {
 static void att_task(void *arg, int chunk, int n_chunks, int tid) {
     AttJob *j = arg;
     Eagle3Layer *r = j->r;
-    const Config *c = &r->h->cfg.c;
-    int nh = c->n_heads, group = nh / c->n_kv_heads, lo, hi;
+    const ModelDims *d = &r->dims;
+    int nh = d->nh, group = nh / d->nkv, lo, hi;
     threadpool_share(j->n * nh, chunk, n_chunks, &lo, &hi);
     float *att = r->att + (size_t)tid * QK_ATT_G * r->cap;
     for (int i = lo, g; i < hi; i += g) {
@@ -170,10 +167,10 @@ static void att_task(void *arg, int chunk, int n_chunks, int tid) {
         g = (end < nh ? end : nh) - h;
         g = g < hi - i ? g : hi - i;
         g = g < QK_ATT_G ? g : QK_ATT_G;
-        size_t at = (size_t)t * r->qd + (size_t)h * r->hd, off = (size_t)(h / group) * r->hd;
-        qk_attention(r->fam, 0, r->att_out + at, r->q + at, r->kc + off, r->vc + off, r->kvd,
+        size_t at = (size_t)t * d->qd + (size_t)h * d->hd, off = (size_t)(h / group) * d->hd;
+        qk_attention(r->fam, 0, r->att_out + at, r->q + at, r->kc + off, r->vc + off, d->kvd,
                      j->n_committed, r->vis + (size_t)t * r->cap, j->n_committed + r->n_vis[t],
-                     r->hd, g, att);
+                     d->hd, g, att);
     }
 }
 
@@ -181,7 +178,7 @@ static void att_task(void *arg, int chunk, int n_chunks, int tid) {
  * family's attention kernel (the reference loops for ref and scalar). */
 static void attention(Eagle3Layer *r, int n, int n_committed) {
     AttJob j = {r, n, n_committed};
-    int items = n * r->h->cfg.c.n_heads, nth = threadpool_size(r->pool);
+    int items = n * r->dims.nh, nth = threadpool_size(r->pool);
     int chunks = nth == 1 ? 1 : items < 4 * nth ? items : 4 * nth;
     threadpool_run_chunks(r->pool, att_task, &j, chunks);
 }
@@ -189,7 +186,7 @@ static void attention(Eagle3Layer *r, int n, int n_committed) {
 /* q for the batch and k/v into cache slots [start, start + n), RoPE'd at pos. */
 static void qkv(Eagle3Layer *r, const float *emb, const int *pos, int n, int start) {
     const Eagle3Head *h = r->h;
-    int D = r->dim, half = r->hd / 2;
+    int D = r->dims.dim, hd = r->dims.hd, half = hd / 2, qd = r->dims.qd, kvd = r->dims.kvd;
     float eps = h->cfg.c.norm_eps;
     for (int t = 0; t < n; t++) {
         float *xt = r->x + (size_t)t * 2 * D;
@@ -197,14 +194,14 @@ static void qkv(Eagle3Layer *r, const float *emb, const int *pos, int n, int sta
         cpu_rmsnorm(xt + D, r->hs + (size_t)t * D, h->hidden_norm, D, eps);
     }
     cpu_rope_table(pos, r->inv_freq, n, half, r->cs, r->sn);
-    float *knew = r->kc + (size_t)start * r->kvd, *vnew = r->vc + (size_t)start * r->kvd;
+    float *knew = r->kc + (size_t)start * kvd, *vnew = r->vc + (size_t)start * kvd;
     matmul(r, r->q, r->x, &h->wq, n);
     matmul(r, knew, r->x, &h->wk, n);
     matmul(r, vnew, r->x, &h->wv, n);
     for (int t = 0; t < n; t++) {
         const float *cs = r->cs + (size_t)t * half, *sn = r->sn + (size_t)t * half;
-        for (int k = 0; k < r->qd; k += r->hd) cpu_rope(r->q + (size_t)t * r->qd + k, cs, sn, half);
-        for (int k = 0; k < r->kvd; k += r->hd) cpu_rope(knew + (size_t)t * r->kvd + k, cs, sn, half);
+        for (int k = 0; k < qd; k += hd) cpu_rope(r->q + (size_t)t * qd + k, cs, sn, half);
+        for (int k = 0; k < kvd; k += hd) cpu_rope(knew + (size_t)t * kvd + k, cs, sn, half);
     }
 }
 
@@ -213,7 +210,7 @@ static void qkv(Eagle3Layer *r, const float *emb, const int *pos, int n, int sta
 static void layer(Eagle3Layer *r, const Eagle3Batch *b) {
     const Eagle3Head *h = r->h;
     const Config *c = &h->cfg.c;
-    int D = r->dim, H = r->hidden, n = b->n;
+    int D = r->dims.dim, H = r->dims.hidden, n = b->n;
     cpu_attention_index(b->mask, n, b->n_pending, r->cap, r->vis, r->n_vis);
     qkv(r, b->emb, b->pos, n, b->n_committed + b->n_pending);
     attention(r, n, b->n_committed);
@@ -230,7 +227,7 @@ static void layer(Eagle3Layer *r, const Eagle3Batch *b) {
 
 static void cpu_run(Eagle3Layer *r, const Eagle3Batch *b) {
     const Eagle3Head *h = r->h;
-    int D = r->dim, n = b->n;
+    int D = r->dims.dim, n = b->n;
     if (b->fc) matmul(r, r->hs, b->in, &h->fc, n);
     else memcpy(r->hs, b->in, sizeof(float) * (size_t)n * D);
     layer(r, b);

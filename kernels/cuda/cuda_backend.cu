@@ -16,6 +16,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +24,7 @@
 #include "cuda_backend.h"
 #include "cuda_feat.h"
 #include "cuda_kernels.h"
-#include "cuda_rows.h"
+#include "cuda_topk.h"
 #include "cuda_rowstats.h"
 extern "C" {
 #include "kernels/backend_impl.h"
@@ -70,7 +71,8 @@ typedef struct {
 
 typedef struct {
     Backend base; /* must stay first */
-    int dim, hd, nh, nkv, qd, kvd, qkv_w, hidden, vocab, nl, rows;
+    ModelDims dims;
+    int rows;
     float eps;
     cudaStream_t stream;
     cublasHandle_t blas;
@@ -219,7 +221,7 @@ static void cuda_destroy(Backend **pb) {
     if (b->stream) cudaStreamSynchronize(b->stream);
     graphs_drop(b);
     if (b->layers) {
-        for (int l = 0; l < b->nl; l++) {
+        for (int l = 0; l < b->dims.nl; l++) {
             CuLayer *L = &b->layers[l];
             DFREE(L->wqkv); DFREE(L->wo); DFREE(L->wgu); DFREE(L->wdown);
             DFREE(L->attn_norm); DFREE(L->ffn_norm); DFREE(L->bqkv);
@@ -284,7 +286,7 @@ static void put_matrix(WeightSrc *ws, const QTensor *q, rs_bf16 *dst) {
 /* Device destination of a walk tensor; *bf16 says whether it is a bf16 matrix. */
 static void *device_slot(CudaBackend *b, const RandTensor *t, int *bf16) {
     CuLayer *L = t->layer >= 0 ? &b->layers[t->layer] : NULL;
-    size_t dim = b->dim, qd = b->qd, kvd = b->kvd, hid = b->hidden;
+    size_t dim = b->dims.dim, qd = b->dims.qd, kvd = b->dims.kvd, hid = b->dims.hidden;
     *bf16 = 1;
     switch (t->kind) {
     case RT_WQ: return L->wqkv;
@@ -389,16 +391,7 @@ static CudaBackend *backend_new(const Model *m, const BackendParams *p) {
     b->base.model = m;
     b->base.params = *p;
     b->graph_kernel_nodes = b->graph_nodes = -1;
-    b->dim = c->dim;
-    b->hd = c->head_dim;
-    b->nh = c->n_heads;
-    b->nkv = c->n_kv_heads;
-    b->qd = c->n_heads * c->head_dim;
-    b->kvd = c->n_kv_heads * c->head_dim;
-    b->qkv_w = b->qd + 2 * b->kvd;
-    b->hidden = c->hidden_dim;
-    b->vocab = c->vocab_size;
-    b->nl = c->n_layers;
+    b->dims = model_dims(c);
     b->eps = c->norm_eps;
     /* Padded batches of up to 65 rows need room for the whole bucket. */
     int small = p->max_batch < GRAPH_MAX_TOKENS ? p->max_batch : GRAPH_MAX_TOKENS;
@@ -425,52 +418,54 @@ static CudaBackend *backend_new(const Model *m, const BackendParams *p) {
 
 /* Device memory for the weights (bf16 matrices, f32 vectors) and the cuBLAS workspace. */
 static int alloc_weights(CudaBackend *b, const Model *m, int random, RsErr *e) {
+    const ModelDims *d = &b->dims;
     const Config *c = &m->cfg;
-    size_t dim = b->dim, nl = b->nl;
+    size_t dim = d->dim, nl = d->nl;
     int rc = RS_OK;
     DA(b->blas_ws, b->blas_ws_bytes, "cuBLAS workspace");
     b->layers = (CuLayer *)rs_xcalloc(nl, sizeof(CuLayer));
     for (size_t l = 0; l < nl && !rc; l++) {
         CuLayer *L = &b->layers[l];
-        DA(L->wqkv, (size_t)b->qkv_w * dim * 2, "wq|wk|wv");
-        DA(L->wo, dim * b->qd * 2, "wo");
-        DA(L->wgu, 2 * (size_t)b->hidden * dim * 2, "w_gate|w_up");
-        DA(L->wdown, dim * b->hidden * 2, "w_down");
+        DA(L->wqkv, (size_t)d->qkv_w * dim * 2, "wq|wk|wv");
+        DA(L->wo, dim * d->qd * 2, "wo");
+        DA(L->wgu, 2 * (size_t)d->hidden * dim * 2, "w_gate|w_up");
+        DA(L->wdown, dim * d->hidden * 2, "w_down");
         DA(L->attn_norm, dim * 4, "attn_norm");
         DA(L->ffn_norm, dim * 4, "ffn_norm");
-        if (c->has_qkv_bias) DA(L->bqkv, (size_t)b->qkv_w * 4, "q/k/v bias");
+        if (c->has_qkv_bias) DA(L->bqkv, (size_t)d->qkv_w * 4, "q/k/v bias");
         if (c->has_qk_norm) {
-            DA(L->q_norm, b->hd * 4, "q_norm");
-            DA(L->k_norm, b->hd * 4, "k_norm");
+            DA(L->q_norm, d->hd * 4, "q_norm");
+            DA(L->k_norm, d->hd * 4, "k_norm");
         }
     }
-    DA(b->emb, (size_t)b->vocab * dim * 2, "token embeddings");
+    DA(b->emb, (size_t)d->vocab * dim * 2, "token embeddings");
     /* Tied head: one bf16 copy serves both (the Model marks it by sharing the pointer). */
     if (random ? c->tied_embeddings : m->w.wcls.data == m->w.tok_embeddings.data) b->wcls = b->emb;
-    else DA(b->wcls, (size_t)b->vocab * dim * 2, "output head");
+    else DA(b->wcls, (size_t)d->vocab * dim * 2, "output head");
     DA(b->final_norm, dim * 4, "final_norm");
     return rc;
 }
 
 /* Activations for b->rows rows, the KV caches and the packed per-call input blocks. */
 static int alloc_buffers(CudaBackend *b, const BackendParams *p, RsErr *e) {
+    const ModelDims *d = &b->dims;
     size_t R = (size_t)b->rows, cap = (size_t)p->kv_capacity, P = (size_t)p->max_pending;
-    size_t dim = b->dim, half = b->hd / 2, nl = b->nl;
+    size_t dim = d->dim, half = d->hd / 2, nl = d->nl;
     int rc = RS_OK;
     DA(b->inv_freq, half * 4, "inv_freq");
     DA(b->x, R * dim * 4, "x");
     DA(b->xb, R * dim * 2, "xb");
-    DA(b->qkv, R * b->qkv_w * 4, "qkv");
-    DA(b->att, R * b->qd * 2, "attention output");
+    DA(b->qkv, R * d->qkv_w * 4, "qkv");
+    DA(b->att, R * d->qd * 2, "attention output");
     DA(b->tmp, R * dim * 4, "tmp");
-    DA(b->gu, R * 2 * b->hidden * 4, "gate|up");
-    DA(b->hb, R * b->hidden * 2, "hb");
-    DA(b->logits, R * b->vocab * 4, "logits");
+    DA(b->gu, R * 2 * d->hidden * 4, "gate|up");
+    DA(b->hb, R * d->hidden * 2, "hb");
+    DA(b->logits, R * d->vocab * 4, "logits");
     DA(b->cos_t, R * half * 4, "cos");
     DA(b->sin_t, R * half * 4, "sin");
-    DA(b->kc, nl * cap * b->kvd * 2, "key cache");
-    DA(b->vc, nl * cap * b->kvd * 2, "value cache");
-    DA(b->kv_scratch, nl * P * b->kvd * 2, "kv_commit scratch");
+    DA(b->kc, nl * cap * d->kvd * 2, "key cache");
+    DA(b->vc, nl * cap * d->kvd * 2, "value cache");
+    DA(b->kv_scratch, nl * P * d->kvd * 2, "kv_commit scratch");
     b->mask_words = (int)((P + 63) / 64);
     b->in_mask_off = (16 + 3 * R * 4 + 15) / 16 * 16;
     b->in_bytes = b->in_mask_off + (size_t)p->max_batch * b->mask_words * 8;
@@ -478,13 +473,13 @@ static int alloc_buffers(CudaBackend *b, const BackendParams *p, RsErr *e) {
     HA(b->h_in, b->in_bytes, "per-call inputs (host)");
     DA(b->d_keep, P * 4, "keep");
     HA(b->h_keep, P * 4, "keep (host)");
-    DA(b->att_scratch, cuk_attention_scratch_floats(b->rows, b->nh, b->hd, (int)cap) * 4,
+    DA(b->att_scratch, cuk_attention_scratch_floats(b->rows, d->nh, d->hd, (int)cap) * 4,
        "attention partials");
-    DA(b->att_cnt, cuk_attention_counters(b->rows, b->nh) * 4, "attention tile counters");
-    DA(b->qkv_cnt, cuk_qkv_counters(b->rows, b->nh, b->nkv) * 4, "q|k|v head counters");
+    DA(b->att_cnt, cuk_attention_counters(b->rows, d->nh) * 4, "attention tile counters");
+    DA(b->qkv_cnt, cuk_qkv_counters(b->rows, d->nh, d->nkv) * 4, "q|k|v head counters");
     DA(b->d_rq, sizeof(RowQuery), "row queries");
     HA(b->h_rq, sizeof(RowQuery), "row queries (host)");
-    DA(b->d_csum, (size_t)ROWQ_STATS * row_chunks(b->vocab) * sizeof(double), "row chunk sums");
+    DA(b->d_csum, (size_t)ROWQ_STATS * row_chunks(d->vocab) * sizeof(double), "row chunk sums");
     if (!rc) {
         in_pointers(b->d_in, b, &b->d_meta, &b->d_tokens, &b->d_pos, &b->d_rows, &b->d_mask);
         in_pointers(b->h_in, b, &b->h_meta, &b->h_tokens, &b->h_pos, &b->h_rows, &b->h_mask);
@@ -498,9 +493,10 @@ static int alloc_buffers(CudaBackend *b, const BackendParams *p, RsErr *e) {
  * frequencies, and zeroes caches and inputs so that padding rows never read NaN from stale
  * memory. The only failure is the staging buffer's allocation. */
 static int upload_weights(CudaBackend *b, const Model *m, int random, RsErr *e) {
+    const ModelDims *d = &b->dims;
     const Config *c = &m->cfg;
     const BackendParams *p = &b->base.params;
-    size_t cap = (size_t)p->kv_capacity, half = b->hd / 2, nl = b->nl;
+    size_t cap = (size_t)p->kv_capacity, half = d->hd / 2, nl = d->nl;
     WeightSrc ws = {b, random ? NULL : m, NULL, NULL, 0};
     if (!random) {
         ws.stage_floats = (size_t)16 << 20; /* 64 MiB of f32 per upload */
@@ -518,12 +514,12 @@ static int upload_weights(CudaBackend *b, const Model *m, int random, RsErr *e) 
     cuk_rope_inv_freq(c, inv);
     CUDA_CHECK(cudaMemcpyAsync(b->inv_freq, inv, half * 4, cudaMemcpyHostToDevice, b->stream));
     /* Defined contents for padding rows and caches (never NaN from stale memory). */
-    CUDA_CHECK(cudaMemsetAsync(b->kc, 0, nl * cap * b->kvd * 2, b->stream));
-    CUDA_CHECK(cudaMemsetAsync(b->vc, 0, nl * cap * b->kvd * 2, b->stream));
+    CUDA_CHECK(cudaMemsetAsync(b->kc, 0, nl * cap * d->kvd * 2, b->stream));
+    CUDA_CHECK(cudaMemsetAsync(b->vc, 0, nl * cap * d->kvd * 2, b->stream));
     CUDA_CHECK(cudaMemsetAsync(b->d_in, 0, b->in_bytes, b->stream));
-    CUDA_CHECK(cudaMemsetAsync(b->att_cnt, 0, cuk_attention_counters(b->rows, b->nh) * 4,
+    CUDA_CHECK(cudaMemsetAsync(b->att_cnt, 0, cuk_attention_counters(b->rows, d->nh) * 4,
                                b->stream)); /* the attention tile counters start at zero */
-    CUDA_CHECK(cudaMemsetAsync(b->qkv_cnt, 0, cuk_qkv_counters(b->rows, b->nh, b->nkv) * 4,
+    CUDA_CHECK(cudaMemsetAsync(b->qkv_cnt, 0, cuk_qkv_counters(b->rows, d->nh, d->nkv) * 4,
                                b->stream));
     memset(b->h_in, 0, b->in_bytes);
     CUDA_CHECK(cudaStreamSynchronize(b->stream));
@@ -558,9 +554,10 @@ static int cuda_create(const Model *m, const BackendParams *p, Backend **out, Rs
         return rc;
     }
     if (b->use_graphs) capture_all(b);
-    size_t dim = b->dim;
-    size_t per_layer = ((size_t)b->qkv_w * dim + dim * b->qd + 3 * (size_t)b->hidden * dim) * 2;
-    b->weight_bytes = per_layer * b->nl + (size_t)b->vocab * dim * 2;
+    const ModelDims *d = &b->dims;
+    size_t dim = d->dim;
+    size_t per_layer = ((size_t)d->qkv_w * dim + dim * d->qd + 3 * (size_t)d->hidden * dim) * 2;
+    b->weight_bytes = per_layer * d->nl + (size_t)d->vocab * dim * 2;
     *out = &b->base;
     return RS_OK;
 }
@@ -601,21 +598,22 @@ static void gemm(CudaBackend *b, const rs_bf16 *W, int out, int in, const rs_bf1
  * cuBLAS's tensor cores reuse each weight across rows, take RMSNorm + cuBLAS +
  * cuk_qkv_post: 4 launches (b->fused_qkv moves the bound for measurements). */
 static void layer_attn_in(CudaBackend *b, int l, int nb) {
+    const ModelDims *d = &b->dims;
     cudaStream_t s = b->stream;
     const CuLayer *L = &b->layers[l];
     int cap = b->base.params.kv_capacity;
-    rs_bf16 *kc = b->kc + (size_t)l * cap * b->kvd, *vc = b->vc + (size_t)l * cap * b->kvd;
+    rs_bf16 *kc = b->kc + (size_t)l * cap * d->kvd, *vc = b->vc + (size_t)l * cap * d->kvd;
     if (b->batch_inv || nb <= b->fused_qkv) {
-        cuk_qkv_fused(s, L->wqkv, b->x, L->attn_norm, b->dim, b->eps, nb, b->nh, b->nkv, b->hd,
+        cuk_qkv_fused(s, L->wqkv, b->x, L->attn_norm, d->dim, b->eps, nb, d->nh, d->nkv, d->hd,
                       L->bqkv, L->q_norm, L->k_norm, b->cos_t, b->sin_t, b->d_meta, b->qkv, kc,
                       vc, b->qkv_cnt);
     } else {
-        cuk_rmsnorm(s, b->x, NULL, L->attn_norm, nb, b->dim, b->eps, NULL, b->xb);
-        gemm(b, L->wqkv, b->qkv_w, b->dim, b->xb, nb, b->qkv, 0.0f);
-        cuk_qkv_post(s, b->qkv, b->qkv_w, nb, b->nh, b->nkv, b->hd, L->bqkv, L->q_norm,
+        cuk_rmsnorm(s, b->x, NULL, L->attn_norm, nb, d->dim, b->eps, NULL, b->xb);
+        gemm(b, L->wqkv, d->qkv_w, d->dim, b->xb, nb, b->qkv, 0.0f);
+        cuk_qkv_post(s, b->qkv, d->qkv_w, nb, d->nh, d->nkv, d->hd, L->bqkv, L->q_norm,
                      L->k_norm, b->eps, b->cos_t, b->sin_t, b->d_meta, kc, vc);
     }
-    cuk_attention(s, b->qkv, b->qkv_w, kc, vc, b->d_mask, b->d_meta, nb, b->nh, b->nkv, b->hd,
+    cuk_attention(s, b->qkv, d->qkv_w, kc, vc, b->d_mask, b->d_meta, nb, d->nh, d->nkv, d->hd,
                   cap, b->batch_inv, b->att_scratch, b->att_cnt, b->att, NULL);
 }
 
@@ -626,69 +624,73 @@ static void layer_attn_in(CudaBackend *b, int l, int nb) {
  * least one kernel must turn the f32 result into the next bf16 input, so four cuBLAS
  * GEMMs cost at least 8 launches a layer; the fused q|k|v kernel saves two. */
 static void layer_blas(CudaBackend *b, int l, int nb) {
+    const ModelDims *d = &b->dims;
     cudaStream_t s = b->stream;
     const CuLayer *L = &b->layers[l];
     layer_attn_in(b, l, nb);
-    gemm(b, L->wo, b->dim, b->qd, b->att, nb, b->x, 1.0f);
-    cuk_rmsnorm(s, b->x, NULL, L->ffn_norm, nb, b->dim, b->eps, NULL, b->xb);
-    gemm(b, L->wgu, 2 * b->hidden, b->dim, b->xb, nb, b->gu, 0.0f);
-    cuk_swiglu(s, b->gu, nb, b->hidden, b->hb, NULL);
-    gemm(b, L->wdown, b->dim, b->hidden, b->hb, nb, b->x, 1.0f);
+    gemm(b, L->wo, d->dim, d->qd, b->att, nb, b->x, 1.0f);
+    cuk_rmsnorm(s, b->x, NULL, L->ffn_norm, nb, d->dim, b->eps, NULL, b->xb);
+    gemm(b, L->wgu, 2 * d->hidden, d->dim, b->xb, nb, b->gu, 0.0f);
+    cuk_swiglu(s, b->gu, nb, d->hidden, b->hb, NULL);
+    gemm(b, L->wdown, d->dim, d->hidden, b->hb, nb, b->x, 1.0f);
 }
 
 /* One layer in batch-invariant mode, 5 launches: the attention half, then cuk_gemm_bi for
  * o (+= residual), gate|up (RMSNorm prologue, SwiGLU epilogue) and down (+= residual). */
 static void layer_bi(CudaBackend *b, int l, int nb) {
+    const ModelDims *d = &b->dims;
     cudaStream_t s = b->stream;
     const CuLayer *L = &b->layers[l];
     layer_attn_in(b, l, nb);
-    cuk_gemm_bi(s, L->wo, b->dim, b->qd, nb, b->att, NULL, NULL, NULL, 0.0f, 0, 1, b->x, NULL);
-    cuk_gemm_bi(s, L->wgu, b->hidden, b->dim, nb, NULL, b->x, NULL, L->ffn_norm, b->eps, 1, 0,
+    cuk_gemm_bi(s, L->wo, d->dim, d->qd, nb, b->att, NULL, NULL, NULL, 0.0f, 0, 1, b->x, NULL);
+    cuk_gemm_bi(s, L->wgu, d->hidden, d->dim, nb, NULL, b->x, NULL, L->ffn_norm, b->eps, 1, 0,
                 NULL, b->hb);
-    cuk_gemm_bi(s, L->wdown, b->dim, b->hidden, nb, b->hb, NULL, NULL, NULL, 0.0f, 0, 1, b->x,
+    cuk_gemm_bi(s, L->wdown, d->dim, d->hidden, nb, b->hb, NULL, NULL, NULL, 0.0f, 0, 1, b->x,
                 NULL);
 }
 
 /* EAGLE-3 features: the residual stream entering layer l into the pending entries' rows. */
 static void feat_store(CudaBackend *b, int l, int nb) {
     const Backend *bb = &b->base;
+    int D = b->dims.dim;
     for (int k = 0; k < bb->feat_n; k++)
         if (bb->feat_layers[k] == l)
-            cuk_feat_store(b->stream, b->x, nb, b->dim, bb->feat_n * b->dim, k * b->dim,
-                           b->d_meta, b->feat_pend);
+            cuk_feat_store(b->stream, b->x, nb, D, bb->feat_n * D, k * D, b->d_meta, b->feat_pend);
 }
 
 /* Enqueues the layers of one forward of nb rows (device inputs already staged); the head
  * is separate (head()), so a graph holds no padding rows' logits. May be captured. */
 static void enqueue_forward(CudaBackend *b, int nb) {
+    const ModelDims *d = &b->dims;
     cudaStream_t s = b->stream;
     uint64_t c0 = cuk_launch_count();
-    cuk_rope_table(s, b->d_pos, b->inv_freq, nb, b->hd / 2, b->cos_t, b->sin_t);
-    cuk_embed(s, b->emb, b->d_tokens, nb, b->dim, b->x);
+    cuk_rope_table(s, b->d_pos, b->inv_freq, nb, d->hd / 2, b->cos_t, b->sin_t);
+    cuk_embed(s, b->emb, b->d_tokens, nb, d->dim, b->x);
     uint64_t c1 = cuk_launch_count();
-    for (int l = 0; l < b->nl; l++) {
+    for (int l = 0; l < d->nl; l++) {
         if (b->base.feat_n) feat_store(b, l, nb);
         if (b->batch_inv) layer_bi(b, l, nb);
         else layer_blas(b, l, nb);
     }
-    if (b->base.feat_n) feat_store(b, b->nl, nb);
+    if (b->base.feat_n) feat_store(b, d->nl, nb);
     uint64_t c2 = cuk_launch_count();
     b->launches_pre = (int)(c1 - c0);
-    b->launches_layer = (int)((c2 - c1) / (uint64_t)b->nl);
+    b->launches_layer = (int)((c2 - c1) / (uint64_t)d->nl);
     b->launches_pass = (int)(c2 - c0);
 }
 
 /* Final norm and output head of the n_out rows d_rows names, only those: 1 launch in
  * batch-invariant mode, 2 otherwise, none when no logits are wanted. */
 static int head(CudaBackend *b, int n_out) {
+    const ModelDims *d = &b->dims;
     if (n_out <= 0) return 0;
     uint64_t c0 = cuk_launch_count();
     if (b->batch_inv) {
-        cuk_gemm_bi(b->stream, b->wcls, b->vocab, b->dim, n_out, NULL, b->x, b->d_rows,
+        cuk_gemm_bi(b->stream, b->wcls, d->vocab, d->dim, n_out, NULL, b->x, b->d_rows,
                     b->final_norm, b->eps, 0, 0, b->logits, NULL);
     } else {
-        cuk_rmsnorm(b->stream, b->x, b->d_rows, b->final_norm, n_out, b->dim, b->eps, NULL, b->xb);
-        gemm(b, b->wcls, b->vocab, b->dim, b->xb, n_out, b->logits, 0.0f);
+        cuk_rmsnorm(b->stream, b->x, b->d_rows, b->final_norm, n_out, d->dim, b->eps, NULL, b->xb);
+        gemm(b, b->wcls, d->vocab, d->dim, b->xb, n_out, b->logits, 0.0f);
     }
     return (int)(cuk_launch_count() - c0);
 }
@@ -775,7 +777,7 @@ extern "C" void cuda_backend_graph_launches(const Backend *bb, double *per_layer
     *nodes = b->graph_nodes;
     /* the graph holds the layers plus what precedes them (RoPE table, embedding) */
     *per_layer = b->graph_kernel_nodes < 0 ? -1.0
-                 : (double)(b->graph_kernel_nodes - b->launches_pre) / b->nl;
+                 : (double)(b->graph_kernel_nodes - b->launches_pre) / b->dims.nl;
 }
 
 extern "C" int cuda_backend_qkv_fused(const Backend *bb, int n) {
@@ -838,7 +840,7 @@ static int cuda_forward(Backend *bb, const int *tokens, const int *pos, int n,
     }
     b->launches_pass += head(b, n_out);
     if (n_out > 0 && logits) /* NULL: the rows stay on the device (kept rows) */
-        CUDA_CHECK(cudaMemcpyAsync(logits, b->logits, (size_t)n_out * b->vocab * 4,
+        CUDA_CHECK(cudaMemcpyAsync(logits, b->logits, (size_t)n_out * b->dims.vocab * 4,
                                    cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
     bb->n_pending += n;
@@ -849,7 +851,7 @@ static int cuda_forward(Backend *bb, const int *tokens, const int *pos, int n,
 static int cuda_rows_copy(Backend *bb, const int *rows, int n, float *logits, RsErr *e) {
     CudaBackend *b = (CudaBackend *)bb;
     CUDA_CHECK(cudaSetDevice(bb->params.device));
-    size_t V = (size_t)b->vocab;
+    size_t V = (size_t)b->dims.vocab;
     for (int i = 0, run; i < n; i += run) {
         for (run = 1; i + run < n && rows[i + run] == rows[i] + run; run++) {}
         CUDA_CHECK(cudaMemcpyAsync(logits + i * V, b->logits + (size_t)rows[i] * V,
@@ -867,7 +869,7 @@ static int cuda_rows_topk(Backend *bb, int k, int *ids, float *logq, float *lse,
     size_t nk = (size_t)n * k;
     int *d_ids = (int *)b->d_red;
     float *d_logq = (float *)b->d_red + nk, *d_lse = (float *)b->d_red + 2 * nk;
-    cuk_rows_topk(b->stream, b->logits, n, b->vocab, k, d_ids, d_logq, d_lse);
+    cuk_topk(b->stream, b->logits, n, b->dims.vocab, k, d_ids, d_logq, d_lse);
     CUDA_CHECK(cudaMemcpyAsync(b->h_red, b->d_red, (2 * nk + n) * 4, cudaMemcpyDeviceToHost,
                                b->stream));
     CUDA_CHECK(cudaStreamSynchronize(b->stream));
@@ -888,15 +890,13 @@ static int cuda_kv_commit(Backend *bb, const int *keep, int n_keep, RsErr *e) {
         memcpy(b->h_keep, keep, (size_t)n_keep * 4);
         CUDA_CHECK(cudaMemcpyAsync(b->d_keep, b->h_keep, (size_t)n_keep * 4,
                                    cudaMemcpyHostToDevice, b->stream));
-        int cap = bb->params.kv_capacity;
+        int cap = bb->params.kv_capacity, nl = b->dims.nl, kvd = b->dims.kvd;
         if (!identity) {
-            cuk_kv_compact(b->stream, b->kc, b->nl, cap, b->kvd, nc, b->d_keep, n_keep,
-                           b->kv_scratch);
-            cuk_kv_compact(b->stream, b->vc, b->nl, cap, b->kvd, nc, b->d_keep, n_keep,
-                           b->kv_scratch);
+            cuk_kv_compact(b->stream, b->kc, nl, cap, kvd, nc, b->d_keep, n_keep, b->kv_scratch);
+            cuk_kv_compact(b->stream, b->vc, nl, cap, kvd, nc, b->d_keep, n_keep, b->kv_scratch);
         }
         if (bb->feat_n)
-            cuk_feat_gather(b->stream, b->feat_pend, b->d_keep, n_keep, bb->feat_n * b->dim,
+            cuk_feat_gather(b->stream, b->feat_pend, b->d_keep, n_keep, bb->feat_n * b->dims.dim,
                             b->feat_out);
         CUDA_CHECK(cudaStreamSynchronize(b->stream));
     }
@@ -928,7 +928,7 @@ static int cuda_set_features(Backend *bb, RsErr *e) {
     DFREE(b->feat_pend);
     DFREE(b->feat_out);
     HFREE(b->h_feat);
-    size_t bytes = (size_t)bb->params.max_pending * bb->feat_n * b->dim * 2;
+    size_t bytes = (size_t)bb->params.max_pending * bb->feat_n * b->dims.dim * 2;
     int rc = RS_OK;
     if (bb->feat_n) {
         rc = dalloc(&b->feat_pend, bytes, "feature rows", e);
@@ -947,8 +947,8 @@ static const void *cuda_read_features(Backend *bb, BackendFeatType *t) {
     CudaBackend *b = (CudaBackend *)bb;
     *t = BACKEND_FEAT_BF16;
     CUDA_CHECK(cudaSetDevice(bb->params.device));
-    CUDA_CHECK(cudaMemcpyAsync(b->h_feat, b->feat_out, (size_t)bb->feat_rows * bb->feat_n * b->dim * 2,
-                               cudaMemcpyDeviceToHost, b->stream));
+    size_t bytes = (size_t)bb->feat_rows * bb->feat_n * b->dims.dim * 2;
+    CUDA_CHECK(cudaMemcpyAsync(b->h_feat, b->feat_out, bytes, cudaMemcpyDeviceToHost, b->stream));
     CUDA_CHECK(cudaStreamSynchronize(b->stream));
     return b->h_feat;
 }
@@ -960,50 +960,74 @@ static void cuda_kv_reset(Backend *bb) {
 
 /* ---- the verifier's row queries over the kept rows (b->logits, in out_rows order) ---- */
 
-static void cuda_rows_stats(Backend *bb, const int *rows, int n, const Sampling *smp,
-                            const double *u, RowStats *out) {
-    CudaBackend *b = (CudaBackend *)bb;
+/* One array of a row query, staged through the RowQuery field at offset `off` (the same
+ * offset in the pinned host copy and on the device): `up` sends entries of `size` bytes
+ * before the kernel, `down` receives them after it; neither: the query leaves it out. */
+typedef struct {
+    const void *up;
+    void *down;
+    size_t size, off;
+} RowqArray;
+
+/* Enqueues a query's kernel over the k entries staged in the device RowQuery d. */
+typedef void (*RowqKernel)(CudaBackend *b, RowQuery *d, int k, const void *arg);
+
+/* The loop both row queries share: n entries in batches of at most `batch` (the RowQuery
+ * sizes of the arrays they use); arguments go up, the kernel runs, results come down, one
+ * stream sync a batch. Only these arrays cross, never a logits row. */
+static void rowq_run(CudaBackend *b, int n, int batch, const RowqArray *a, int n_a,
+                     RowqKernel kernel, const void *arg) {
     cudaStream_t s = b->stream;
-    RowQuery *h = b->h_rq, *d = b->d_rq;
-    CUDA_CHECK(cudaSetDevice(bb->params.device));
-    for (int i0 = 0; i0 < n; i0 += ROWQ_STATS) {
-        int k = n - i0 < ROWQ_STATS ? n - i0 : ROWQ_STATS;
-        memcpy(h->rows, rows + i0, sizeof(int) * (size_t)k);
-        CUDA_CHECK(cudaMemcpyAsync(d->rows, h->rows, sizeof(int) * (size_t)k,
-                                   cudaMemcpyHostToDevice, s));
-        if (u) {
-            memcpy(h->u, u + i0, sizeof(double) * (size_t)k);
-            CUDA_CHECK(cudaMemcpyAsync(d->u, h->u, sizeof(double) * (size_t)k,
+    char *h = (char *)b->h_rq, *d = (char *)b->d_rq;
+    CUDA_CHECK(cudaSetDevice(b->base.params.device));
+    for (int i0 = 0; i0 < n; i0 += batch) {
+        size_t k = (size_t)(n - i0 < batch ? n - i0 : batch);
+        for (int j = 0; j < n_a; j++) {
+            if (!a[j].up) continue;
+            memcpy(h + a[j].off, (const char *)a[j].up + a[j].size * i0, a[j].size * k);
+            CUDA_CHECK(cudaMemcpyAsync(d + a[j].off, h + a[j].off, a[j].size * k,
                                        cudaMemcpyHostToDevice, s));
         }
-        cuk_rows_stats(s, b->logits, b->vocab, d->rows, k, smp, u ? d->u : NULL, b->d_csum,
-                       d->st);
-        CUDA_CHECK(cudaMemcpyAsync(h->st, d->st, sizeof(RowStats) * (size_t)k,
-                                   cudaMemcpyDeviceToHost, s));
+        kernel(b, b->d_rq, (int)k, arg);
+        for (int j = 0; j < n_a; j++)
+            if (a[j].down)
+                CUDA_CHECK(cudaMemcpyAsync(h + a[j].off, d + a[j].off, a[j].size * k,
+                                           cudaMemcpyDeviceToHost, s));
         CUDA_CHECK(cudaStreamSynchronize(s));
-        memcpy(out + i0, h->st, sizeof(RowStats) * (size_t)k);
+        for (int j = 0; j < n_a; j++)
+            if (a[j].down) memcpy((char *)a[j].down + a[j].size * i0, h + a[j].off, a[j].size * k);
     }
 }
 
+typedef struct {
+    const Sampling *smp;
+    int with_u; /* u went up: draw with it */
+} StatsArg;
+
+static void rows_stats_kernel(CudaBackend *b, RowQuery *d, int k, const void *arg) {
+    const StatsArg *sa = (const StatsArg *)arg;
+    cuk_rows_stats(b->stream, b->logits, b->dims.vocab, d->rows, k, sa->smp,
+                   sa->with_u ? d->u : NULL, b->d_csum, d->st);
+}
+
+static void cuda_rows_stats(Backend *bb, const int *rows, int n, const Sampling *smp,
+                            const double *u, RowStats *out) {
+    StatsArg sa = {smp, u != NULL};
+    RowqArray a[] = {{rows, NULL, sizeof(int), offsetof(RowQuery, rows)},
+                     {u, NULL, sizeof(double), offsetof(RowQuery, u)},
+                     {NULL, out, sizeof(RowStats), offsetof(RowQuery, st)}};
+    rowq_run((CudaBackend *)bb, n, ROWQ_STATS, a, 3, rows_stats_kernel, &sa);
+}
+
+static void rows_gather_kernel(CudaBackend *b, RowQuery *d, int k, const void *arg) {
+    cuk_rows_gather(b->stream, b->logits, b->dims.vocab, d->rows, d->ids, k, d->val);
+}
+
 static void cuda_rows_gather(Backend *bb, const int *rows, const int *ids, int n, float *out) {
-    CudaBackend *b = (CudaBackend *)bb;
-    cudaStream_t s = b->stream;
-    RowQuery *h = b->h_rq, *d = b->d_rq;
-    CUDA_CHECK(cudaSetDevice(bb->params.device));
-    for (int i0 = 0; i0 < n; i0 += ROWQ_GATHER) {
-        int k = n - i0 < ROWQ_GATHER ? n - i0 : ROWQ_GATHER;
-        memcpy(h->rows, rows + i0, sizeof(int) * (size_t)k);
-        memcpy(h->ids, ids + i0, sizeof(int) * (size_t)k);
-        CUDA_CHECK(cudaMemcpyAsync(d->rows, h->rows, sizeof(int) * (size_t)k,
-                                   cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaMemcpyAsync(d->ids, h->ids, sizeof(int) * (size_t)k,
-                                   cudaMemcpyHostToDevice, s));
-        cuk_rows_gather(s, b->logits, b->vocab, d->rows, d->ids, k, d->val);
-        CUDA_CHECK(cudaMemcpyAsync(h->val, d->val, sizeof(float) * (size_t)k,
-                                   cudaMemcpyDeviceToHost, s));
-        CUDA_CHECK(cudaStreamSynchronize(s));
-        memcpy(out + i0, h->val, sizeof(float) * (size_t)k);
-    }
+    RowqArray a[] = {{rows, NULL, sizeof(int), offsetof(RowQuery, rows)},
+                     {ids, NULL, sizeof(int), offsetof(RowQuery, ids)},
+                     {NULL, out, sizeof(float), offsetof(RowQuery, val)}};
+    rowq_run((CudaBackend *)bb, n, ROWQ_GATHER, a, 3, rows_gather_kernel, NULL);
 }
 
 extern "C" const BackendOps *cuda_backend_ops_get(void) { return &cuda_ops; }

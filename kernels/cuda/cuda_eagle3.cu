@@ -19,12 +19,13 @@ extern "C" {
 #include "kernels/backend.h" /* BACKEND_TOPK_MAX */
 }
 #include "cuda_kernels.h"
-#include "cuda_rows.h"
+#include "cuda_topk.h"
 #include "kernels/eagle3_layer.h"
 
 struct Eagle3Layer {
     const Eagle3Head *h;
-    int dim, hd, nh, nkv, qd, kvd, qkv_w, hidden, F, DV, cap, maxb, device, mask_words;
+    ModelDims dims;
+    int F, DV, cap, maxb, device, mask_words;
     float eps;
     cudaStream_t s;
     cublasHandle_t blas;
@@ -94,22 +95,23 @@ static int dalloc(void *pp, size_t bytes, const char *what, RsErr *e) {
 #define DA(ptr, bytes, what) if (!rc) rc = dalloc(&(ptr), (bytes), (what), e)
 
 static int alloc_all(Eagle3Layer *r, RsErr *e) {
-    size_t D = r->dim, B = r->maxb, cap = r->cap, half = r->hd / 2;
+    const ModelDims *d = &r->dims;
+    size_t D = d->dim, B = r->maxb, cap = r->cap, half = d->hd / 2;
     int rc = RS_OK;
     DA(r->blas_ws, (size_t)32 << 20, "cuBLAS workspace");
     DA(r->fc, D * r->F * 2, "fc");
-    DA(r->wqkv, (size_t)r->qkv_w * 2 * D * 2, "q|k|v_proj");
-    DA(r->wo, D * r->qd * 2, "o_proj");
-    DA(r->wgu, 2 * (size_t)r->hidden * D * 2, "gate|up_proj");
-    DA(r->wdown, D * r->hidden * 2, "down_proj");
+    DA(r->wqkv, (size_t)d->qkv_w * 2 * D * 2, "q|k|v_proj");
+    DA(r->wo, D * d->qd * 2, "o_proj");
+    DA(r->wgu, 2 * (size_t)d->hidden * D * 2, "gate|up_proj");
+    DA(r->wdown, D * d->hidden * 2, "down_proj");
     DA(r->lm, (size_t)r->DV * D * 2, "lm_head");
     DA(r->in_norm, D * 4, "input_layernorm");
     DA(r->hid_norm, D * 4, "hidden_norm");
     DA(r->post_norm, D * 4, "post_attention_layernorm");
     DA(r->norm, D * 4, "norm");
     DA(r->inv_freq, half * 4, "inv_freq");
-    DA(r->kc, cap * r->kvd * 2, "key cache");
-    DA(r->vc, cap * r->kvd * 2, "value cache");
+    DA(r->kc, cap * d->kvd * 2, "key cache");
+    DA(r->vc, cap * d->kvd * 2, "value cache");
     DA(r->hs, B * D * 4, "states");
     DA(r->emb, B * D * 4, "embedding rows");
     DA(r->feat, B * r->F * 4, "features");
@@ -117,21 +119,21 @@ static int alloc_all(Eagle3Layer *r, RsErr *e) {
     DA(r->xa, B * D * 2, "normed embeddings");
     DA(r->xh, B * D * 2, "normed states");
     DA(r->xb, B * D * 2, "normed residual");
-    DA(r->qkv, B * r->qkv_w * 4, "q|k|v");
-    DA(r->att, B * r->qd * 2, "attention output");
-    DA(r->gu, B * 2 * r->hidden * 4, "gate|up");
-    DA(r->hb, B * r->hidden * 2, "mlp hidden");
+    DA(r->qkv, B * d->qkv_w * 4, "q|k|v");
+    DA(r->att, B * d->qd * 2, "attention output");
+    DA(r->gu, B * 2 * d->hidden * 4, "gate|up");
+    DA(r->hb, B * d->hidden * 2, "mlp hidden");
     DA(r->logits, B * r->DV * 4, "logits");
     DA(r->top_ids, B * BACKEND_TOPK_MAX * 4, "top-k ids");
     DA(r->top_logq, B * BACKEND_TOPK_MAX * 4, "top-k log q");
     DA(r->top_lse, B * 4, "log-sum-exp");
     DA(r->cos_t, B * half * 4, "cos");
     DA(r->sin_t, B * half * 4, "sin");
-    DA(r->att_scratch, cuk_attention_scratch_floats(r->maxb, r->nh, r->hd, r->cap) * 4,
+    DA(r->att_scratch, cuk_attention_scratch_floats(r->maxb, d->nh, d->hd, r->cap) * 4,
        "attention partials");
-    DA(r->att_cnt, cuk_attention_counters(r->maxb, r->nh) * 4, "attention tile counters");
+    DA(r->att_cnt, cuk_attention_counters(r->maxb, d->nh) * 4, "attention tile counters");
     if (!rc) /* the tile counters start at zero; every attention launch leaves them so */
-        CUDA_CHECK(cudaMemset(r->att_cnt, 0, cuk_attention_counters(r->maxb, r->nh) * 4));
+        CUDA_CHECK(cudaMemset(r->att_cnt, 0, cuk_attention_counters(r->maxb, d->nh) * 4));
     DA(r->d_meta, sizeof(CuMeta), "meta");
     DA(r->d_pos, B * 4, "positions");
     DA(r->d_mask, B * r->mask_words * 8, "mask");
@@ -163,7 +165,7 @@ static void put_f32(Eagle3Layer *r, const float *src, size_t n, float *dst) {
 /* The head's weights as the backend keeps a layer's (q|k|v and gate|up fused). */
 static int upload(Eagle3Layer *r, RsErr *e) {
     const Eagle3Head *h = r->h;
-    size_t D = r->dim, stage_n = (size_t)4 << 20;
+    size_t D = r->dims.dim, stage_n = (size_t)4 << 20;
     float *stage = NULL;
     int rc = dalloc(&stage, stage_n * 4, "weight upload staging", e);
     if (rc) return rc;
@@ -171,11 +173,11 @@ static int upload(Eagle3Layer *r, RsErr *e) {
     float *host = (float *)rs_xmalloc(stage_n * 4);
     put_bf16(r, &h->fc, r->fc, stage, host, stage_n);
     put_bf16(r, &h->wq, r->wqkv, stage, host, stage_n);
-    put_bf16(r, &h->wk, r->wqkv + (size_t)r->qd * D2, stage, host, stage_n);
-    put_bf16(r, &h->wv, r->wqkv + (size_t)(r->qd + r->kvd) * D2, stage, host, stage_n);
+    put_bf16(r, &h->wk, r->wqkv + (size_t)r->dims.qd * D2, stage, host, stage_n);
+    put_bf16(r, &h->wv, r->wqkv + (size_t)(r->dims.qd + r->dims.kvd) * D2, stage, host, stage_n);
     put_bf16(r, &h->wo, r->wo, stage, host, stage_n);
     put_bf16(r, &h->w_gate, r->wgu, stage, host, stage_n);
-    put_bf16(r, &h->w_up, r->wgu + (size_t)r->hidden * D, stage, host, stage_n);
+    put_bf16(r, &h->w_up, r->wgu + (size_t)r->dims.hidden * D, stage, host, stage_n);
     put_bf16(r, &h->w_down, r->wdown, stage, host, stage_n);
     put_bf16(r, &h->lm_head, r->lm, stage, host, stage_n);
     free(host);
@@ -183,12 +185,12 @@ static int upload(Eagle3Layer *r, RsErr *e) {
     put_f32(r, h->hidden_norm, D, r->hid_norm);
     put_f32(r, h->post_norm, D, r->post_norm);
     put_f32(r, h->norm, D, r->norm);
-    float *inv = (float *)rs_xmalloc(sizeof(float) * (size_t)(r->hd / 2));
+    float *inv = (float *)rs_xmalloc(sizeof(float) * (size_t)(r->dims.hd / 2));
     cuk_rope_inv_freq(&h->cfg.c, inv);
-    put_f32(r, inv, (size_t)r->hd / 2, r->inv_freq);
+    put_f32(r, inv, (size_t)r->dims.hd / 2, r->inv_freq);
     /* defined cache contents: a masked-out slot is never NaN from stale memory */
-    CUDA_CHECK(cudaMemsetAsync(r->kc, 0, (size_t)r->cap * r->kvd * 2, r->s));
-    CUDA_CHECK(cudaMemsetAsync(r->vc, 0, (size_t)r->cap * r->kvd * 2, r->s));
+    CUDA_CHECK(cudaMemsetAsync(r->kc, 0, (size_t)r->cap * r->dims.kvd * 2, r->s));
+    CUDA_CHECK(cudaMemsetAsync(r->vc, 0, (size_t)r->cap * r->dims.kvd * 2, r->s));
     CUDA_CHECK(cudaStreamSynchronize(r->s));
     free(inv);
     DFREE(stage);
@@ -219,14 +221,7 @@ static Eagle3Layer *rows_new(const Eagle3Head *h, int cap, int maxb, int device)
     const Config *c = &h->cfg.c;
     Eagle3Layer *r = (Eagle3Layer *)rs_xcalloc(1, sizeof *r);
     r->h = h;
-    r->dim = c->dim;
-    r->hd = c->head_dim;
-    r->nh = c->n_heads;
-    r->nkv = c->n_kv_heads;
-    r->qd = c->n_heads * c->head_dim;
-    r->kvd = c->n_kv_heads * c->head_dim;
-    r->qkv_w = r->qd + 2 * r->kvd;
-    r->hidden = c->hidden_dim;
+    r->dims = model_dims(c);
     r->F = EAGLE3_N_FEATURES * h->cfg.target_hidden;
     r->DV = h->cfg.draft_vocab;
     r->cap = cap;
@@ -285,7 +280,7 @@ static void stage(Eagle3Layer *r, const Eagle3Batch *b) {
     }
     cuk_pack_mask(mask, n, stride, r->h_mask);
     CuMeta meta = {n, b->n_committed + b->n_pending, b->n_committed, stride};
-    size_t mbytes = (size_t)n * ((stride + 63) / 64) * 8, D = r->dim;
+    size_t mbytes = (size_t)n * ((stride + 63) / 64) * 8, D = r->dims.dim;
     /* pageable sources: each copy completes before the call returns to the host */
     CUDA_CHECK(cudaMemcpyAsync(r->d_meta, &meta, sizeof meta, cudaMemcpyHostToDevice, r->s));
     CUDA_CHECK(cudaMemcpyAsync(r->d_pos, b->pos, (size_t)n * 4, cudaMemcpyHostToDevice, r->s));
@@ -295,7 +290,7 @@ static void stage(Eagle3Layer *r, const Eagle3Batch *b) {
         CUDA_CHECK(cudaMemcpyAsync(r->feat, b->in, (size_t)n * r->F * 4, cudaMemcpyHostToDevice,
                                    r->s));
         cuk_f32_to_bf16(r->s, r->feat, r->featb, (size_t)n * r->F);
-        gemm(r, r->fc, r->F, r->dim, r->F, r->featb, n, r->hs, 0.0f);
+        gemm(r, r->fc, r->F, r->dims.dim, r->F, r->featb, n, r->hs, 0.0f);
     } else {
         CUDA_CHECK(cudaMemcpyAsync(r->hs, b->in, (size_t)n * D * 4, cudaMemcpyHostToDevice, r->s));
     }
@@ -303,22 +298,23 @@ static void stage(Eagle3Layer *r, const Eagle3Batch *b) {
 
 /* The decoder layer over the staged rows; output states left in r->hs. */
 static void layer(Eagle3Layer *r, int n) {
+    const ModelDims *d = &r->dims;
     cudaStream_t s = r->s;
-    int D = r->dim;
-    cuk_rope_table(s, r->d_pos, r->inv_freq, n, r->hd / 2, r->cos_t, r->sin_t);
+    int D = d->dim;
+    cuk_rope_table(s, r->d_pos, r->inv_freq, n, d->hd / 2, r->cos_t, r->sin_t);
     cuk_rmsnorm(s, r->emb, NULL, r->in_norm, n, D, r->eps, NULL, r->xa);
     cuk_rmsnorm(s, r->hs, NULL, r->hid_norm, n, D, r->eps, NULL, r->xh);
-    gemm(r, r->wqkv, 2 * D, r->qkv_w, D, r->xa, n, r->qkv, 0.0f);
-    gemm(r, r->wqkv + D, 2 * D, r->qkv_w, D, r->xh, n, r->qkv, 1.0f);
-    cuk_qkv_post(s, r->qkv, r->qkv_w, n, r->nh, r->nkv, r->hd, NULL, NULL, NULL, r->eps,
+    gemm(r, r->wqkv, 2 * D, d->qkv_w, D, r->xa, n, r->qkv, 0.0f);
+    gemm(r, r->wqkv + D, 2 * D, d->qkv_w, D, r->xh, n, r->qkv, 1.0f);
+    cuk_qkv_post(s, r->qkv, d->qkv_w, n, d->nh, d->nkv, d->hd, NULL, NULL, NULL, r->eps,
                  r->cos_t, r->sin_t, r->d_meta, r->kc, r->vc);
-    cuk_attention(s, r->qkv, r->qkv_w, r->kc, r->vc, r->d_mask, r->d_meta, n, r->nh, r->nkv,
-                  r->hd, r->cap, 0, r->att_scratch, r->att_cnt, r->att, NULL);
-    gemm(r, r->wo, r->qd, D, r->qd, r->att, n, r->hs, 1.0f); /* the residual is h itself */
+    cuk_attention(s, r->qkv, d->qkv_w, r->kc, r->vc, r->d_mask, r->d_meta, n, d->nh, d->nkv,
+                  d->hd, r->cap, 0, r->att_scratch, r->att_cnt, r->att, NULL);
+    gemm(r, r->wo, d->qd, D, d->qd, r->att, n, r->hs, 1.0f); /* the residual is h itself */
     cuk_rmsnorm(s, r->hs, NULL, r->post_norm, n, D, r->eps, NULL, r->xb);
-    gemm(r, r->wgu, D, 2 * r->hidden, D, r->xb, n, r->gu, 0.0f);
-    cuk_swiglu(s, r->gu, n, r->hidden, r->hb, NULL);
-    gemm(r, r->wdown, r->hidden, D, r->hidden, r->hb, n, r->hs, 1.0f);
+    gemm(r, r->wgu, D, 2 * d->hidden, D, r->xb, n, r->gu, 0.0f);
+    cuk_swiglu(s, r->gu, n, d->hidden, r->hb, NULL);
+    gemm(r, r->wdown, d->hidden, D, d->hidden, r->hb, n, r->hs, 1.0f);
 }
 
 static void e3_run(Eagle3Layer *r, const Eagle3Batch *b) {
@@ -326,7 +322,7 @@ static void e3_run(Eagle3Layer *r, const Eagle3Batch *b) {
     RS_ASSERT(b->n >= 1 && b->n <= r->maxb);
     stage(r, b);
     layer(r, b->n);
-    int m = b->n - b->out_from, D = r->dim;
+    int m = b->n - b->out_from, D = r->dims.dim;
     if (m > 0) {
         const float *hs = r->hs + (size_t)b->out_from * D;
         cuk_rmsnorm(r->s, hs, NULL, r->norm, m, D, r->eps, NULL, r->xb);
@@ -340,12 +336,12 @@ static void e3_run(Eagle3Layer *r, const Eagle3Batch *b) {
     CUDA_CHECK(cudaStreamSynchronize(r->s));
 }
 
-/* One block per row (kernels/cuda/cuda_rows.cu) over the logits the last run left on the
+/* One block per row (kernels/cuda/cuda_topk.cu) over the logits the last run left on the
  * device; only (m, k) ids and log q cross. */
 static void e3_topk(Eagle3Layer *r, int m, int k, int *ids, float *logq) {
     CUDA_CHECK(cudaSetDevice(r->device));
     RS_ASSERT(m >= 1 && m <= r->maxb && k >= 1 && k <= BACKEND_TOPK_MAX && k <= r->DV);
-    cuk_rows_topk(r->s, r->logits, m, r->DV, k, r->top_ids, r->top_logq, r->top_lse);
+    cuk_topk(r->s, r->logits, m, r->DV, k, r->top_ids, r->top_logq, r->top_lse);
     CUDA_CHECK(cudaMemcpyAsync(ids, r->top_ids, (size_t)m * k * 4, cudaMemcpyDeviceToHost, r->s));
     CUDA_CHECK(cudaMemcpyAsync(logq, r->top_logq, (size_t)m * k * 4, cudaMemcpyDeviceToHost,
                                r->s));

@@ -4,7 +4,8 @@
  * within 1e-12 relative on a GPU (its exp/log differ from the host's by an ulp); gathers
  * exact. Then the backend: backend_rows_stats / backend_rows_gather over the rows a
  * keeping forward left on the device equal the reference over the rows a copying forward
- * of the same batch returns; and a CUDA target's decodes copy no whole row. */
+ * of the same batch returns, also for queries longer than the backend stages at once; and
+ * a CUDA target's decodes copy no whole row. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <string.h>
@@ -104,6 +105,35 @@ START_TEST(test_cuda_rows_kernels) {
 }
 END_TEST
 
+/* Queries longer than the backend stages at once (cuda_backend.cu's RowQuery holds 128
+ * stats and 1024 gathers): every batch's results land at their own entries. full: the
+ * (n_kept, V) rows a copying forward returned. */
+static void check_long_queries(Backend *gpu, const float *full, int n_kept, int V) {
+    enum { NS = 300, NG = 2100 };
+    static int rows[NG], ids[NG];
+    static double u[NS];
+    static RowStats got[NS];
+    static float g[NG];
+    double cs[8];
+    Rng r;
+    rng_seed(&r, 29);
+    for (int i = 0; i < NG; i++) {
+        rows[i] = (int)(rng_next(&r) % (uint64_t)n_kept);
+        ids[i] = (int)(rng_next(&r) % (uint64_t)V);
+    }
+    for (int i = 0; i < NS; i++) u[i] = rng_uniform(&r);
+    RsErr e = {0};
+    ck_assert_msg(backend_rows_stats(gpu, rows, NS, &LAWS[3], u, got, &e) == 0, "%s", e.msg);
+    for (int i = 0; i < NS; i++) {
+        RowStats want;
+        row_stats(full + (size_t)rows[i] * V, V, &LAWS[3], u[i], cs, &want);
+        expect_stats(&got[i], &want, "long query", i);
+    }
+    ck_assert(backend_rows_gather(gpu, rows, ids, NG, g, &e) == 0);
+    for (int i = 0; i < NG; i++)
+        ck_assert_msg(g[i] == full[(size_t)rows[i] * V + ids[i]], "long gather %d", i);
+}
+
 /* Keeping forward + queries vs copying forward + reference, through the backend API. */
 START_TEST(test_cuda_rows_backend) {
     CU_REQUIRE_DEVICE();
@@ -132,6 +162,7 @@ START_TEST(test_cuda_rows_backend) {
     float g[6];
     ck_assert(backend_rows_gather(gpu, rows, ids, 6, g, &e) == 0);
     for (int i = 0; i < 6; i++) ck_assert(g[i] == full[(size_t)rows[i] * V + ids[i]]);
+    check_long_queries(gpu, full, 5, V);
     free(full);
     backend_destroy(&gpu);
     model_destroy(&m);

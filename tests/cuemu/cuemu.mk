@@ -103,7 +103,7 @@ cuda-emu-test: cuda-emu
 	PIPE_TARGET=random:tiny,seed=9 PIPE_DRAFT=random:tiny,seed=9 PIPE_MAX_NEW=24 \
 	PIPE_PROMPT_LEN=8 PIPE_OUT=$(CUEMU_DIR)/pipeline bash tools/pipeline-timing.sh
 
-CUEMU_SAN_SUITES ?= cuda_runtime cuda_kernels cuda_rows cuda_rowstats cuda_feat
+CUEMU_SAN_SUITES ?= cuda_runtime cuda_kernels cuda_topk cuda_rowstats cuda_feat
 cuda-emu-san-kernels:
 	$(MAKE) SAN=1 build/cuda-emu-san/rootspec-cuda-tests build/cuda-emu-san/cuemu-selftest
 	ASAN_OPTIONS=detect_leaks=1 ./build/cuda-emu-san/cuemu-selftest

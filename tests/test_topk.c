@@ -1,13 +1,15 @@
-/* Kept logits rows on the CPU backend (kernels/backend.h): a forward without a logits
- * pointer keeps its rows inside the backend; backend_rows_copy reads them back whole and
- * BackendStats.d2h_full_rows counts every whole row that reaches the host. */
+/* Kept logits rows on the CPU backend (kernels/backend.h) and their top-k: a forward
+ * without a logits pointer keeps its rows inside the backend; backend_rows_copy reads them
+ * back whole and BackendStats.d2h_full_rows counts every whole row that reaches the host;
+ * backend_rows_topk (kernels/cpu/cpu_topk.h) reduces them where they are, checked against
+ * the full-row reference of common/logits.h. */
 #include "testutil.h"
 #include "common/logits.h"
 #include "common/rng.h"
 #include "draft_proc/model_drafter.h"
 #include "kernels/backend.h"
 #include "kernels/backend_impl.h"
-#include "kernels/cpu/cpu_rows.h"
+#include "kernels/cpu/cpu_topk.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,7 +84,7 @@ static void fill_row(float *row, int V, int kind, Rng *r) {
 static const int widths[] = {10, 63, 96, 2047, 2049, 5000, 49152};
 #define N_WIDTHS ((int)(sizeof widths / sizeof widths[0]))
 
-/* cpu_rows.h's bound on lse: the skipped columns' 2^-20, the exp's 2.5e-7, the float
+/* cpu_topk.h's bound on lse: the skipped columns' 2^-20, the exp's 2.5e-7, the float
  * rounding of the result. */
 static double lse_tol(double ref) { return 1.3e-6 + 0x1p-23 * fabs(ref); }
 
@@ -91,13 +93,13 @@ static double lse_tol(double ref) { return 1.3e-6 + 0x1p-23 * fabs(ref); }
 START_TEST(test_topk_vs_full_row) {
     int V = widths[_i], n = 6, k = V < 10 ? V : 10;
     float *rows = malloc(sizeof(float) * (size_t)n * V);
-    CpuRowsPart *parts = malloc(sizeof(CpuRowsPart) * (size_t)n);
+    CpuTopkPart *parts = malloc(sizeof(CpuTopkPart) * (size_t)n);
     int ids[6 * 10], ref[10];
     float logq[6 * 10], lse[6];
     Rng r;
     rng_seed(&r, 1234 + V);
     for (int i = 0; i < n; i++) fill_row(rows + (size_t)i * V, V, i, &r);
-    cpu_rows_topk(NULL, rows, n, V, k, ids, logq, lse, parts);
+    cpu_topk(NULL, rows, n, V, k, ids, logq, lse, parts);
     double worst = 0;
     for (int i = 0; i < n; i++) {
         const float *row = rows + (size_t)i * V;
@@ -112,7 +114,7 @@ START_TEST(test_topk_vs_full_row) {
         for (int j = 0; j < k; j++)
             ck_assert(logq[i * k + j] == row[ids[i * k + j]] - lse[i]);
     }
-    if (V == 49152) printf("rows: fused lse vs double row_lse, worst relative %.2g\n", worst);
+    if (V == 49152) printf("topk: fused lse vs double row_lse, worst relative %.2g\n", worst);
     free(parts);
     free(rows);
 }
@@ -127,13 +129,13 @@ START_TEST(test_topk_skip_bound) {
     int V = 49152, k = 10;
     double cut = log((double)V) + 20 * log(2.0);
     float *row = malloc(sizeof(float) * V);
-    CpuRowsPart part;
+    CpuTopkPart part;
     for (int t = 0; t < 4; t++) {
         for (int i = 0; i < V; i++) row[i] = (float)-(cut + deltas[t]);
         row[777] = 0.0f;
         int ids[10];
         float logq[10], lse;
-        cpu_rows_topk(NULL, row, 1, V, k, ids, logq, &lse, &part);
+        cpu_topk(NULL, row, 1, V, k, ids, logq, &lse, &part);
         double want = row_lse(row, V);
         ck_assert_msg(fabs(lse - want) <= lse_tol(want), "delta %g: lse %.9g, reference %.9g",
                       deltas[t], (double)lse, want);
@@ -165,9 +167,9 @@ static void topk_variant(const float *rows, int n, int V, int threads, int porta
     ThreadPool *pool = NULL;
     RsErr e = {0};
     ck_assert(threadpool_create(threads, &pool, &e) == RS_OK);
-    CpuRowsPart *parts = malloc(sizeof(CpuRowsPart) * (size_t)n);
+    CpuTopkPart *parts = malloc(sizeof(CpuTopkPart) * (size_t)n);
     if (portable) setenv("ROOTSPEC_CPU_KERNELS", "scalar", 1);
-    cpu_rows_topk(pool, rows, n, V, 10, o->ids, o->logq, o->lse, parts);
+    cpu_topk(pool, rows, n, V, 10, o->ids, o->logq, o->lse, parts);
     unsetenv("ROOTSPEC_CPU_KERNELS");
     for (int i = 0; i < n; i++) memcpy(o->sum[i], parts[i].sd, sizeof o->sum[i]);
     free(parts);
@@ -202,10 +204,10 @@ START_TEST(test_topk_nonfinite) {
     for (int i = 0; i < 300; i++) row[0][i] = row[1][i] = (float)(i % 7), row[2][i] = -INFINITY;
     row[0][250] = NAN;
     row[1][3] = INFINITY;
-    CpuRowsPart parts[3];
+    CpuTopkPart parts[3];
     int ids[3 * 4];
     float logq[3 * 4], lse[3];
-    cpu_rows_topk(NULL, &row[0][0], 3, 300, 4, ids, logq, lse, parts);
+    cpu_topk(NULL, &row[0][0], 3, 300, 4, ids, logq, lse, parts);
     for (int i = 0; i < 3; i++) {
         ck_assert_msg(isnan(lse[i]), "row %d: lse %g, want NaN", i, (double)lse[i]);
         ck_assert(isnan(row_lse(row[i], 300)));
@@ -218,15 +220,15 @@ END_TEST
 START_TEST(test_topk_pieces) {
     int V = 12000, n = 6, k = 10;
     float *rows = make_rows(n, V, 7);
-    CpuRowsPart *parts = malloc(sizeof(CpuRowsPart) * (size_t)n);
+    CpuTopkPart *parts = malloc(sizeof(CpuTopkPart) * (size_t)n);
     int ids[2][6 * 10];
     float logq[2][6 * 10], lse[2][6];
-    cpu_rows_topk(NULL, rows, n, V, k, ids[0], logq[0], lse[0], parts);
+    cpu_topk(NULL, rows, n, V, k, ids[0], logq[0], lse[0], parts);
     static const int cuts[] = {0, 64, 640, 704, 4096, 11968, 12000};
-    CpuRowsRun run = cpu_rows_begin(parts, n, V, k);
+    CpuTopkRun run = cpu_topk_begin(parts, n, V, k);
     for (int i = 0; i + 1 < (int)(sizeof cuts / sizeof cuts[0]); i++)
-        cpu_rows_feed(NULL, &run, rows, V, cuts[i], cuts[i + 1]);
-    cpu_rows_end(&run, ids[1], logq[1], lse[1]);
+        cpu_topk_feed(NULL, &run, rows, V, cuts[i], cuts[i + 1]);
+    cpu_topk_end(&run, ids[1], logq[1], lse[1]);
     ck_assert(memcmp(ids[0], ids[1], sizeof ids[0]) == 0);
     ck_assert(memcmp(lse[0], lse[1], sizeof lse[0]) == 0);
     ck_assert(memcmp(logq[0], logq[1], sizeof logq[0]) == 0);
@@ -351,8 +353,8 @@ START_TEST(test_drafter_round_no_full_rows) {
 }
 END_TEST
 
-Suite *suite_rows(void) {
-    Suite *s = suite_create("rows");
+Suite *suite_topk(void) {
+    Suite *s = suite_create("topk");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_kept_rows_copy);

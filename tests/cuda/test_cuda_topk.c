@@ -1,6 +1,7 @@
-/* Kept logits rows on the CUDA backend (kernels/backend.h): a forward without a logits
- * pointer leaves its rows in device memory; backend_rows_copy brings them back whole, bit
- * for bit what a logits pointer would have received, and d2h_full_rows counts both. */
+/* Kept logits rows on the CUDA backend (kernels/backend.h) and their top-k: a forward
+ * without a logits pointer leaves its rows in device memory; backend_rows_copy brings them
+ * back whole, bit for bit what a logits pointer would have received, and d2h_full_rows
+ * counts both; the device top-k (kernels/cuda/cuda_topk.h) agrees with the CPU's. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdlib.h>
@@ -8,8 +9,8 @@
 #include "cuda_testutil.h"
 #include "common/logits.h"
 #include "kernels/backend.h"
-#include "kernels/cuda/cuda_rows.h"
-#include "kernels/cpu/cpu_rows.h"
+#include "kernels/cuda/cuda_topk.h"
+#include "kernels/cpu/cpu_topk.h"
 #include "tests/testutil.h"
 
 #define VOCAB 96
@@ -70,14 +71,14 @@ START_TEST(test_cuda_topk_vs_cpu) {
     ck_assert(cudaMalloc((void **)&d_lse, sizeof(float) * n) == cudaSuccess);
     ck_assert(cudaMemcpy(d_rows, rows, sizeof(float) * (size_t)n * V, cudaMemcpyHostToDevice) ==
               cudaSuccess);
-    cuk_rows_topk(0, d_rows, n, V, k, d_ids, d_logq, d_lse);
+    cuk_topk(0, d_rows, n, V, k, d_ids, d_logq, d_lse);
     int ids[6 * 10], cids[6 * 10];
     float logq[6 * 10], lse[6], clogq[6 * 10], clse[6];
     ck_assert(cudaMemcpy(ids, d_ids, sizeof(int) * n * k, cudaMemcpyDeviceToHost) == cudaSuccess);
     ck_assert(cudaMemcpy(logq, d_logq, sizeof(float) * n * k, cudaMemcpyDeviceToHost) == cudaSuccess);
     ck_assert(cudaMemcpy(lse, d_lse, sizeof(float) * n, cudaMemcpyDeviceToHost) == cudaSuccess);
-    CpuRowsPart *parts = malloc(sizeof(CpuRowsPart) * (size_t)n);
-    cpu_rows_topk(NULL, rows, n, V, k, cids, clogq, clse, parts);
+    CpuTopkPart *parts = malloc(sizeof(CpuTopkPart) * (size_t)n);
+    cpu_topk(NULL, rows, n, V, k, cids, clogq, clse, parts);
     for (int r = 0; r < n; r++) {
         if (r == 5) { /* NaN row: NaN on both sides, ids unspecified */
             ck_assert_msg(isnan(lse[r]) && isnan(clse[r]), "NaN row: lse %g / %g", (double)lse[r],
@@ -129,8 +130,8 @@ START_TEST(test_cuda_backend_topk) {
 }
 END_TEST
 
-Suite *suite_cuda_rows(void) {
-    Suite *s = suite_create("cuda_rows");
+Suite *suite_cuda_topk(void) {
+    Suite *s = suite_create("cuda_topk");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_cuda_kept_rows_copy);

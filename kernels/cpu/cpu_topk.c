@@ -1,4 +1,4 @@
-/* Fused top-k + log-sum-exp over logits rows on the CPU (see cpu_rows.h). The drafter
+/* Fused top-k + log-sum-exp over logits rows on the CPU (see cpu_topk.h). The drafter
  * reduces ten 49152-wide rows per pass. A double-precision exp() per column (the host
  * code this replaces) cost ~0.3 ms a row, a float vector exp on every column ~80 us;
  * here a row is read once, 64 columns (a block) at a time, in column order:
@@ -14,9 +14,9 @@
  *     makes lse NaN).
  * exp is a table + polynomial float form (vexp, 2.5e-7 relative) with fused
  * multiply-adds; lane sums move into double every block, so the sum's rounding stays far
- * below the exp's. A row may also be fed in pieces (cpu_rows_begin/feed/end): the CPU
+ * below the exp's. A row may also be fed in pieces (cpu_topk_begin/feed/end): the CPU
  * backend's output head reduces each tile of columns while it is in cache. */
-#include "cpu_rows.h"
+#include "cpu_topk.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +24,7 @@
 /* Every vector helper is inlined: no 32-byte vector crosses a call, whatever the target. */
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-#define BLOCK CPU_ROWS_BLOCK /* columns per block: 8 vectors of 8 */
+#define BLOCK CPU_TOPK_BLOCK /* columns per block: 8 vectors of 8 */
 #define INLINE static inline __attribute__((always_inline))
 
 typedef float v8f __attribute__((vector_size(32)));
@@ -134,7 +134,7 @@ INLINE v8f vexp(v8f x, int avx2) {
 
 /* Value desc, ties kept in arrival (= ascending id) order; exactly the insertion of
  * common/logits.c row_topk, so ids match it. */
-INLINE void topk_insert(CpuRowsPart *p, int k, float v, int id) {
+INLINE void topk_insert(CpuTopkPart *p, int k, float v, int id) {
     if (p->cnt == k && !(v > p->v[k - 1])) return;
     int j = p->cnt < k ? p->cnt++ : k - 1;
     while (j > 0 && v > p->v[j - 1]) {
@@ -150,7 +150,7 @@ INLINE void topk_insert(CpuRowsPart *p, int k, float v, int id) {
  * while it fills (-inf and NaN too, as in row_topk), then only the lanes that pass the
  * vector test against *kth (its k-th value) or are NaN, in column order, so ties keep
  * ascending ids. NaN columns are noted. */
-INLINE void block_insert(CpuRowsPart *p, int k, const float *x, int nvalid, int id0, v8f *kth,
+INLINE void block_insert(CpuTopkPart *p, int k, const float *x, int nvalid, int id0, v8f *kth,
                          int avx2) {
     for (int j = 0; j < nvalid; j += 8) {
         int bits = p->cnt < k ? 0xff : LANE_BITS(avx2, VNLE(avx2, vload(x + j), *kth));
@@ -179,7 +179,7 @@ typedef struct {
 
 /* One block of BLOCK columns (x padded with -inf past nvalid) into the row's state and
  * list. */
-INLINE void block_reduce(RowState *st, CpuRowsPart *p, int k, const float *x, int nvalid,
+INLINE void block_reduce(RowState *st, CpuTopkPart *p, int k, const float *x, int nvalid,
                          int id0, int avx2) {
     v8f bm = vsplat(-INFINITY), cv = st->m - st->cut;
     v8i near = {0};
@@ -214,7 +214,7 @@ INLINE void block_reduce(RowState *st, CpuRowsPart *p, int k, const float *x, in
 
 /* Columns [c0, c1) of row x (c0 a multiple of BLOCK) into the row's part p, which holds
  * the state of the columns before c0. */
-INLINE void row_reduce(const float *x, int c0, int c1, int k, float cut, CpuRowsPart *p,
+INLINE void row_reduce(const float *x, int c0, int c1, int k, float cut, CpuTopkPart *p,
                        int avx2) {
     RowState st = {.m = vsplat(p->m), .cut = cut};
     st.kth = vsplat(p->cnt == k ? p->v[k - 1] : -INFINITY);
@@ -231,16 +231,16 @@ INLINE void row_reduce(const float *x, int c0, int c1, int k, float cut, CpuRows
 }
 
 /* The same code twice: 8-wide AVX2 + FMA where the CPU has them, SSE pairs otherwise. */
-typedef void (*RowFn)(const float *, int, int, int, float, CpuRowsPart *);
+typedef void (*RowFn)(const float *, int, int, int, float, CpuTopkPart *);
 
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target("avx2,fma"))) static void row_avx2(const float *x, int c0, int c1, int k,
-                                                         float cut, CpuRowsPart *p) {
+                                                         float cut, CpuTopkPart *p) {
     row_reduce(x, c0, c1, k, cut, p, 1);
 }
 #endif
 
-static void row_generic(const float *x, int c0, int c1, int k, float cut, CpuRowsPart *p) {
+static void row_generic(const float *x, int c0, int c1, int k, float cut, CpuTopkPart *p) {
     row_reduce(x, c0, c1, k, cut, p, 0);
 }
 
@@ -259,7 +259,7 @@ static RowFn row_fn(void) {
 /* ---- rows over threads --------------------------------------------------------------- */
 
 typedef struct {
-    const CpuRowsRun *run;
+    const CpuTopkRun *run;
     const float *logits; // (n, ld)
     int ld, c0, c1;
 } TopkJob;
@@ -267,7 +267,7 @@ typedef struct {
 /* Whole rows per thread: a row's result never depends on the thread count. */
 static void topk_task(void *arg, int tid, int nth) {
     TopkJob *j = arg;
-    const CpuRowsRun *run = j->run;
+    const CpuTopkRun *run = j->run;
     RowFn fn = (RowFn)run->fn;
     int lo, hi;
     threadpool_share(run->n, tid, nth, &lo, &hi);
@@ -275,30 +275,30 @@ static void topk_task(void *arg, int tid, int nth) {
         fn(j->logits + (size_t)r * j->ld, j->c0, j->c1, run->k, run->cut, run->parts + r);
 }
 
-CpuRowsRun cpu_rows_begin(CpuRowsPart *parts, int n, int vocab, int k) {
-    RS_ASSERT(k >= 1 && k <= ROWS_TOPK_MAX && k <= vocab && n >= 0);
+CpuTopkRun cpu_topk_begin(CpuTopkPart *parts, int n, int vocab, int k) {
+    RS_ASSERT(k >= 1 && k <= CPU_TOPK_MAX && k <= vocab && n >= 0);
     for (int r = 0; r < n; r++) {
         memset(&parts[r], 0, sizeof parts[r]);
         parts[r].m = -INFINITY;
     }
     /* e^-cut * vocab = 2^-20: the skipped columns' share of a sum >= 1. */
-    CpuRowsRun run = {(void (*)(void))row_fn(), (float)(log((double)vocab) + 20 * log(2.0)),
+    CpuTopkRun run = {(void (*)(void))row_fn(), (float)(log((double)vocab) + 20 * log(2.0)),
                       n, vocab, k, parts};
     return run;
 }
 
-void cpu_rows_feed(ThreadPool *pool, const CpuRowsRun *run, const float *logits, int ld,
+void cpu_topk_feed(ThreadPool *pool, const CpuTopkRun *run, const float *logits, int ld,
                    int c0, int c1) {
-    RS_ASSERT(c0 % CPU_ROWS_BLOCK == 0 && c0 <= c1 && c1 <= run->vocab && run->vocab <= ld);
+    RS_ASSERT(c0 % CPU_TOPK_BLOCK == 0 && c0 <= c1 && c1 <= run->vocab && run->vocab <= ld);
     TopkJob j = {run, logits, ld, c0, c1};
     if (pool && run->n > 1) threadpool_run(pool, topk_task, &j);
     else topk_task(&j, 0, 1);
 }
 
-void cpu_rows_end(const CpuRowsRun *run, int *ids, float *logq, float *lse) {
+void cpu_topk_end(const CpuTopkRun *run, int *ids, float *logq, float *lse) {
     int k = run->k;
     for (int r = 0; r < run->n; r++) {
-        const CpuRowsPart *P = run->parts + r;
+        const CpuTopkPart *P = run->parts + r;
         const double *sd = P->sd;
         double s = ((sd[0] + sd[1]) + (sd[2] + sd[3])) + ((sd[4] + sd[5]) + (sd[6] + sd[7]));
         float l = P->nan || !isfinite(P->m) ? NAN : (float)((double)P->m + log(s));
@@ -311,9 +311,9 @@ void cpu_rows_end(const CpuRowsRun *run, int *ids, float *logq, float *lse) {
     }
 }
 
-void cpu_rows_topk(ThreadPool *pool, const float *logits, int n, int vocab, int k, int *ids,
-                   float *logq, float *lse, CpuRowsPart *scratch) {
-    CpuRowsRun run = cpu_rows_begin(scratch, n, vocab, k);
-    cpu_rows_feed(pool, &run, logits, vocab, 0, vocab);
-    cpu_rows_end(&run, ids, logq, lse);
+void cpu_topk(ThreadPool *pool, const float *logits, int n, int vocab, int k, int *ids,
+              float *logq, float *lse, CpuTopkPart *scratch) {
+    CpuTopkRun run = cpu_topk_begin(scratch, n, vocab, k);
+    cpu_topk_feed(pool, &run, logits, vocab, 0, vocab);
+    cpu_topk_end(&run, ids, logq, lse);
 }

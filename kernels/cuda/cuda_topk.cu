@@ -1,12 +1,12 @@
-/* Top-k and log-sum-exp of logits rows on the device (see cuda_rows.h): one block of
+/* Top-k and log-sum-exp of logits rows on the device (see cuda_topk.h): one block of
  * TOPK_THREADS threads per row, so only n * (2k + 1) numbers leave the GPU instead of the
  * n whole rows. Each thread walks columns t, t + TOPK_THREADS, ... keeping its own top-k
  * (the insertion of common/logits.c row_topk) and an online (max, sum of exp) pair; the
  * threads' partials are then merged pairwise in a fixed tree in shared memory, so the
  * result does not depend on scheduling. The top-k order (value desc, column asc) is total,
  * so the ids equal the CPU's exactly; the sum runs in a different order and with expf, so
- * lse agrees with the CPU to ~1e-6 relative (tests/cuda/test_cuda_rows.c). */
-#include "cuda_rows.h"
+ * lse agrees with the CPU to ~1e-6 relative (tests/cuda/test_cuda_topk.c). */
+#include "cuda_topk.h"
 #include "cuda_kernels.h"
 extern "C" {
 #include "kernels/backend.h" /* BACKEND_TOPK_MAX */
@@ -61,7 +61,7 @@ __device__ static void merge_lse(float *sm, double *ss, int ta, int tb) {
 }
 
 __global__ void __launch_bounds__(TOPK_THREADS)
-k_rows_topk(const float *logits, int vocab, int k, int *ids, float *logq, float *lse) {
+k_topk(const float *logits, int vocab, int k, int *ids, float *logq, float *lse) {
     __shared__ float sv[TOPK_THREADS * KMAX];
     __shared__ int si[TOPK_THREADS * KMAX];
     __shared__ int sc[TOPK_THREADS];
@@ -110,10 +110,10 @@ k_rows_topk(const float *logits, int vocab, int k, int *ids, float *logq, float 
     }
 }
 
-extern "C" void cuk_rows_topk(cudaStream_t s, const float *logits, int n, int vocab, int k,
-                              int *ids, float *logq, float *lse) {
+extern "C" void cuk_topk(cudaStream_t s, const float *logits, int n, int vocab, int k,
+                         int *ids, float *logq, float *lse) {
     if (n <= 0) return;
-    CUK_KERNEL_LAUNCH(k_rows_topk, dim3(n), dim3(TOPK_THREADS), s, logits, vocab, k, ids, logq, lse);
+    CUK_KERNEL_LAUNCH(k_topk, dim3(n), dim3(TOPK_THREADS), s, logits, vocab, k, ids, logq, lse);
     CUDA_CHECK(cudaGetLastError());
     cuk_count_launches(1);
 }
