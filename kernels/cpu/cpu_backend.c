@@ -339,8 +339,9 @@ static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsE
     b->base.model = m;
     b->base.params = *p;
     b->fam = fam;
-    b->q_dim = c->n_heads * c->head_dim;
-    b->kv_dim = c->n_kv_heads * c->head_dim;
+    ModelDims d = model_dims(c);
+    b->q_dim = d.qd;
+    b->kv_dim = d.kvd;
     int mc = c->dim > c->hidden_dim ? c->dim : c->hidden_dim;
     b->max_cols = mc > b->q_dim ? mc : b->q_dim;
     int nth = p->threads > 0 ? p->threads : default_threads();
