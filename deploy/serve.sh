@@ -14,15 +14,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 budget=${BUDGET:-auto}
-common=(--backend "${BACKEND:-cpu}" --budget "$budget" --port "${PORT:-8080}")
+backend=${BACKEND:-cpu}
+common=(--budget "$budget" --port "${PORT:-8080}") # launch.sh adds --backend itself
 case "${DRAFTER:-suffix}" in
   suffix)
     pin=()
     if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then pin=(taskset -c 0); fi
-    exec "${pin[@]}" build/rootspec-serve --model "$model" --drafter suffix \
-      --decoder "${DECODER:-draft}" "${common[@]}" "$@" ;;
+    exec "${pin[@]}" build/rootspec-serve --model "$model" --backend "$backend" \
+      --drafter suffix --decoder "${DECODER:-draft}" "${common[@]}" "$@" ;;
   self)
-    exec deploy/launch.sh --serve --backend "${BACKEND:-cpu}" --draft-model "$model" \
+    exec deploy/launch.sh --serve --backend "$backend" --draft-model "$model" \
       --draft-layers "${DRAFT_LAYERS:-0-14}" -- --model "$model" \
       --decoder "${DECODER:-rootdraw}" "${common[@]}" --draft-timeout-ms 60000 "$@" ;;
   *) echo "serve.sh: DRAFTER must be suffix or self, not '${DRAFTER}'" >&2; exit 2 ;;
