@@ -67,7 +67,7 @@ static void usage(FILE *f) {
             "  --decoders LIST       comma list of draft, pearl, rootdraw, root, ar\n"
             "                        (default draft,pearl,rootdraw,root)\n"
             "  --temps LIST          comma list of 0 (greedy) and 1 (sampling) (default 0,1)\n"
-            "  --temp T              temperature of the T=1 combinations (> 0; default 1)\n"
+            "  --temp T              temperature of the T=1 combinations (1e-5..1e6; default 1)\n"
             "  --top-k N             their top-k (default 0: off)\n"
             "  --top-p P             their top-p (default 0: off; 1 is off too)\n"
             "  --min-p P             their min-p (default 0: off). The law and its order are\n"
@@ -616,7 +616,10 @@ static int parse_option(int argc, char **argv, int *i, Cli *c, int *setting, RsE
     else if (!strcmp(a, "--max-new")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 20, &s->max_new, e); }
     else if (!strcmp(a, "--decoders")) { if (VAL()) c->decoders = v; }
     else if (!strcmp(a, "--temps")) { if (VAL()) c->temps = v; }
-    else if (!strcmp(a, "--temp")) { if (VAL()) rc = cli_double(a, v, 1e-6, 1e6, &s->sampling.temperature, e); }
+    else if (!strcmp(a, "--temp")) {
+        if (VAL())
+            rc = cli_double(a, v, SAMPLING_TEMP_MIN, SAMPLING_TEMP_MAX, &s->sampling.temperature, e);
+    }
     else if (!strcmp(a, "--top-k")) { if (VAL()) rc = cli_int(a, v, 0, 1 << 30, &s->sampling.top_k, e); }
     else if (!strcmp(a, "--top-p")) { if (VAL()) rc = cli_double(a, v, 0, 1, &s->sampling.top_p, e); }
     else if (!strcmp(a, "--min-p")) { if (VAL()) rc = cli_double(a, v, 0, 1, &s->sampling.min_p, e); }

@@ -14,9 +14,10 @@ void engine_cli_usage(FILE *f);
 int engine_cli_option(int argc, char **argv, int *i, EngineOpts *eo, DecodeOpts *d, RsErr *e);
 /* The runtime options onto eo (and --batch-invariant onto the backend). */
 void engine_cli_runtime(EngineOpts *eo, const CliRuntime *rt);
-/* Drafter and sampling options that parse alone but contradict each other (or a sampling
- * law out of range); RS_EINVAL with a message. */
-int engine_cli_check(const EngineOpts *eo, RsErr *e);
+/* Drafter options that parse alone but contradict each other, or a sampling law out of
+ * range (sampling_normalize, which also takes a temperature below SAMPLING_TEMP_MIN as
+ * greedy, as requests to rootspec-serve do); RS_EINVAL with a message. */
+int engine_cli_check(const EngineOpts *eo, DecodeOpts *d, RsErr *e);
 /* engine_create for d->rule; a remote drafter that does not answer downgrades d to AR with
  * a warning on stderr (prog: the message's prefix). Returns -1 to go on, else the exit
  * status (cli_exit_status) after printing why. */

@@ -72,8 +72,7 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
     }
     if (!A->eo.model_path) return rs_err(e, RS_EINVAL, "need --model (see --help)");
     engine_cli_runtime(&A->eo, &A->rt);
-    int rc = sampling_check(&A->d.sampling, e);
-    return rc ? rc : engine_cli_check(&A->eo, e);
+    return engine_cli_check(&A->eo, &A->d, e);
 }
 
 /* The model id: --model-name, else the model path's last component. */

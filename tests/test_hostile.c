@@ -1,0 +1,222 @@
+/* Hostile values that reach the engine through its front doors, each with the real
+ * binaries where the door is a program: sampling values no decode can take (subnormal,
+ * huge, negative, non-finite), a model whose logits overflow, chat content that spells the
+ * template's special tokens, run directories whose names carry control characters or
+ * whose logs are symbolic links, and a tokenizer smaller than the model's vocabulary. */
+#include "common/tokenizer.h"
+#include "testutil.h"
+#include <cjson/cJSON.h>
+#include <fcntl.h>
+#include <math.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define TINY "tests/fixtures/golden/llama3_rope"
+#define PROMPT "10,20,30,40,50,60"
+
+static char g_dir[256];
+
+static void make_dir(void) { tu_dir_make(g_dir, sizeof g_dir, "rs-hostile"); }
+static void rm_dir(void) { tu_dir_remove(g_dir); }
+static int run(char *const argv[], const char *tag) {
+    return tu_wait_exit(tu_spawn(g_dir, argv, tag, NULL, 0, 0), 120000);
+}
+static char *slurp(const char *tag, const char *ext) { return tu_slurp(g_dir, tag, ext); }
+
+static void copy_file(const char *from, const char *to) {
+    char *buf;
+    size_t n;
+    RsErr e = {0};
+    ck_assert_msg(rs_read_file(from, &buf, &n, &e) == 0, "%s", e.msg);
+    FILE *f = fopen(to, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(buf, 1, n, f), n);
+    ck_assert_int_eq(fclose(f), 0);
+    free(buf);
+}
+
+/* g_dir/NAME: a copy of the tiny Hugging Face fixture (model, config, tokenizer). */
+static void copy_tiny(const char *name, char *dir, size_t cap) {
+    snprintf(dir, cap, "%s/%s", g_dir, name);
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    static const char *const files[] = {"config.json", "generation_config.json",
+                                        "model.safetensors", "tokenizer.json"};
+    for (int i = 0; i < 4; i++) {
+        char a[512], b[512];
+        snprintf(a, sizeof a, TINY "/%s", files[i]);
+        snprintf(b, sizeof b, "%s/%s", dir, files[i]);
+        copy_file(a, b);
+    }
+}
+
+/* ---- sampling values: one check for the command line and the server ----------------- */
+
+START_TEST(test_sampling_normalize) {
+    RsErr e = {0};
+    /* below the floor, down to subnormals and 0: greedy */
+    static const double greedy[] = {1e-310, 5e-324, 0.0, -0.0, 9.9e-6};
+    for (int i = 0; i < 5; i++) {
+        Sampling s = {greedy[i], 0, 0.5, 0.0};
+        ck_assert_msg(sampling_normalize(&s, &e) == RS_OK, "T=%g: %s", greedy[i], e.msg);
+        ck_assert_msg(s.temperature == 0 && sampling_greedy(&s), "T=%g", greedy[i]);
+        ck_assert(s.top_p == 0.5);
+    }
+    Sampling keep = {SAMPLING_TEMP_MIN, 0, 0, 0};
+    ck_assert_int_eq(sampling_normalize(&keep, &e), RS_OK);
+    ck_assert(keep.temperature == SAMPLING_TEMP_MIN && !sampling_greedy(&keep));
+    /* refused, naming the field and leaving s as it was */
+    static const struct { Sampling s; const char *field; } bad[] = {
+        {{-1e-310, 0, 0, 0}, "temperature"}, {{INFINITY, 0, 0, 0}, "temperature"},
+        {{NAN, 0, 0, 0}, "temperature"},     {{2e6, 0, 0, 0}, "temperature"},
+        {{1, -1, 0, 0}, "top_k"},            {{1, 0, NAN, 0}, "top_p"},
+        {{1, 0, 1.5, 0}, "top_p"},           {{1, 0, 0, -1e-310}, "min_p"},
+        {{1, 0, 0, INFINITY}, "min_p"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        Sampling s = bad[i].s;
+        ck_assert_int_eq(sampling_normalize(&s, &e), RS_EINVAL);
+        ck_assert_msg(strstr(e.msg, bad[i].field) == e.msg, "%s: %s", bad[i].field, e.msg);
+        ck_assert(!memcmp(&s, &bad[i].s, sizeof s));
+    }
+    /* what a decode is handed must have been through it */
+    Sampling tiny = {1e-310, 0, 0, 0};
+    ck_assert_int_eq(sampling_check(&tiny, &e), RS_EINVAL);
+}
+END_TEST
+
+/* rootspec-target's --temp takes what the server takes: 1e-310 (which strtod flags as an
+ * underflow) decodes greedily, with every decoder, the same ids as --temp 0. */
+START_TEST(test_cli_tiny_temperature) {
+    make_dir();
+    static const char *const decoders[] = {"ar", "draft", "pearl", "rootdraw", "root"};
+    char *ref = NULL;
+    for (int k = 0; k < 5; k++)
+        for (int tiny = 0; tiny < 2; tiny++) {
+            char tag[32];
+            snprintf(tag, sizeof tag, "t%d%d", k, tiny);
+            char *argv[] = {"build/rootspec-target", "--model", TINY, "--prompt-ids", PROMPT,
+                            "--decoder", (char *)decoders[k], "--max-new", "12", "--output-ids",
+                            "--budget", "8", "--temp", tiny ? "1e-310" : "0",
+                            k ? "--draft-layers" : NULL, "0", NULL};
+            int rc = run(argv, tag);
+            char *err = slurp(tag, "err"), *out = slurp(tag, "out");
+            ck_assert_msg(rc == 0, "%s --temp %s: exit %d: %s", decoders[k],
+                          tiny ? "1e-310" : "0", rc, err);
+            if (!ref) ref = strdup(out);
+            ck_assert_msg(!strcmp(out, ref), "%s --temp %s: %s vs ar's %s", decoders[k],
+                          tiny ? "1e-310" : "0", out, ref);
+            free(err);
+            free(out);
+        }
+    free(ref);
+    char *argv[] = {"build/rootspec-target", "--model", TINY, "--prompt-ids", PROMPT,
+                    "--temp", "-1e-310", NULL};
+    int rc = run(argv, "neg");
+    char *err = slurp("neg", "err");
+    ck_assert_msg(rc == 2 && strstr(err, "temperature"), "exit %d: %s", rc, err);
+    free(err);
+    rm_dir();
+}
+END_TEST
+
+/* ---- a model whose logits overflow ---------------------------------------------------- */
+
+/* Sets every weight of tensor `name` in dir/model.safetensors (F32) to +inf. */
+static void poison_tensor(const char *dir, const char *name) {
+    char path[512], *buf;
+    size_t n;
+    RsErr e = {0};
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    ck_assert_int_eq(rs_read_file(path, &buf, &n, &e), 0);
+    uint64_t hl;
+    memcpy(&hl, buf, 8);
+    cJSON *h = cJSON_ParseWithLength(buf + 8, (size_t)hl);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(h, name);
+    const cJSON *off = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
+    ck_assert_msg(cJSON_GetArraySize(off) == 2, "no tensor %s", name);
+    size_t lo = (size_t)cJSON_GetArrayItem(off, 0)->valuedouble;
+    size_t hi = (size_t)cJSON_GetArrayItem(off, 1)->valuedouble;
+    cJSON_Delete(h);
+    float inf = INFINITY;
+    for (size_t o = lo; o < hi; o += 4) memcpy(buf + 8 + hl + o, &inf, 4);
+    FILE *f = fopen(path, "wb");
+    ck_assert_uint_eq(fwrite(buf, 1, n, f), n);
+    ck_assert_int_eq(fclose(f), 0);
+    free(buf);
+}
+
+/* Greedy and sampling, AR and a speculative decoder (its self-drafter overflows too): a
+ * clear error and exit 1, never an abort. */
+START_TEST(test_nonfinite_logits) {
+    make_dir();
+    char dir[300];
+    copy_tiny("inf", dir, sizeof dir);
+    poison_tensor(dir, "model.norm.weight");
+    static const char *const decoders[] = {"ar", "rootdraw", "pearl", "draft"};
+    for (int k = 0; k < 4; k++)
+        for (int temp = 0; temp < 2; temp++) {
+            char tag[32];
+            snprintf(tag, sizeof tag, "inf%d%d", k, temp);
+            char *argv[] = {"build/rootspec-target", "--model", dir, "--prompt-ids", PROMPT,
+                            "--decoder", (char *)decoders[k], "--max-new", "8", "--output-ids",
+                            "--budget", "8", "--temp", temp ? "1" : "0", "--top-p",
+                            temp ? "0.9" : "0", k ? "--draft-layers" : NULL, "0", NULL};
+            int rc = run(argv, tag);
+            char *err = slurp(tag, "err");
+            ck_assert_msg(rc == 1 && strstr(err, "non-finite logits"), "%s T=%d: exit %d: %s",
+                          decoders[k], temp, rc, err);
+            free(err);
+        }
+    rm_dir();
+}
+END_TEST
+
+/* The reductions themselves: a NaN anywhere, +inf, or a row of -inf give a non-finite
+ * maximum, whichever thread split found it; a finite row is unchanged. */
+START_TEST(test_rowmax_nonfinite) {
+    float row[600];
+    for (int i = 0; i < 600; i++) row[i] = (float)((i * 37) % 101) * 0.01f;
+    RowMax whole, acc = {.argmax = -1}, part;
+    row_max_part(row, 0, 600, &whole);
+    ck_assert(isfinite(whole.max));
+    static const int at[] = {0, 299, 599};
+    for (int w = 0; w < 3; w++) {
+        float save = row[at[w]];
+        row[at[w]] = NAN;
+        row_max_part(row, 0, 600, &part);
+        ck_assert_msg(isnan(part.max), "NaN at %d", at[w]);
+        for (int split = 0; split < 2; split++) {
+            acc = (RowMax){.argmax = -1};
+            for (int lo = 0; lo < 600; lo += 200) {
+                int a = split ? 400 - lo : lo; /* merge order */
+                row_max_part(row, a, a + 200, &part);
+                row_max_merge(&acc, &part);
+            }
+            ck_assert_msg(isnan(acc.max), "NaN at %d, split %d", at[w], split);
+        }
+        row[at[w]] = save;
+    }
+    RowStats st;
+    double csum[8];
+    Sampling s = {0.7, 0, 0.9, 0};
+    row[5] = INFINITY;
+    row_stats(row, 600, &s, 0.5, csum, &st);
+    ck_assert(!isfinite(st.max) && isnan(st.lse));
+    for (int i = 0; i < 600; i++) row[i] = -INFINITY;
+    row_stats(row, 600, &s, 0.5, csum, &st);
+    ck_assert(!isfinite(st.max) && isnan(st.lse));
+}
+END_TEST
+
+Suite *suite_hostile(void) {
+    Suite *s = suite_create("hostile");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_sampling_normalize);
+    tcase_add_test(tc, test_cli_tiny_temperature);
+    tcase_add_test(tc, test_nonfinite_logits);
+    tcase_add_test(tc, test_rowmax_nonfinite);
+    suite_add_tcase(s, tc);
+    return s;
+}
