@@ -45,7 +45,10 @@ void engine_cli_usage(FILE *f) {
             "  --draft-timeout-ms N  remote drafter reply timeout (default 10000)\n"
             "  --insecure            allow plain tcp:// to the drafter (no CURVE)\n"
             "  --curve-dir DIR       CURVE key files for tcp:// (rootspec-draft --gen-keys DIR;\n"
-            "                        docs/DESIGN.md §8)\n",
+            "                        docs/DESIGN.md §8)\n"
+            "  --chat-special-tokens special tokens spelled in chat content (<|im_end|>, ...)\n"
+            "                        become their ids: for trusted callers only (default: the\n"
+            "                        text they spell, so content cannot forge a turn)\n",
             TREE_MAX, DRAFTER_DEFAULT_LAYERS);
 }
 
@@ -86,6 +89,7 @@ int engine_cli_option(int argc, char **argv, int *i, EngineOpts *eo, DecodeOpts 
                                         "--draft-corpus", "--eagle3-layer-ids",
                                         "--draft-timeout-ms"};
     const char *a = argv[*i], *v = NULL;
+    if (!strcmp(a, "--chat-special-tokens")) return eo->chat_special_tokens = 1;
     size_t k = 0;
     while (k < sizeof names / sizeof names[0] && strcmp(a, names[k])) k++;
     if (k == sizeof names / sizeof names[0]) return 0;

@@ -8,7 +8,8 @@
 
 /* The option lines for --help (two-space indent, 22-column names). */
 void engine_cli_usage(FILE *f);
-/* argv[*i] is a model, decoder, sampling or drafter option: parses its value into eo/d,
+/* argv[*i] is a model, decoder, sampling or drafter option (or --chat-special-tokens,
+ * which takes no value): parses its value into eo/d,
  * moves *i past it and returns 1. 0: not one of these options. A bad value: the RsStatus,
  * e names it. Where the model runs (--threads, --backend, ...) is cli_runtime_option's. */
 int engine_cli_option(int argc, char **argv, int *i, EngineOpts *eo, DecodeOpts *d, RsErr *e);
