@@ -199,9 +199,14 @@ static int settings_save(const Settings *s, const char *dir, RsErr *e) {
     char path[4096], tmp[4200];
     snprintf(path, sizeof path, "%s/run.json", dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-    if (f && fclose(f) != 0) ok = 0;
+    FILE *f = NULL;
+    int rc = bench_file_open(tmp, BENCH_FILE_NEW, &f, e);
+    if (rc) {
+        free(text);
+        return rc;
+    }
+    int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    if (fclose(f) != 0) ok = 0;
     free(text);
     /* rename: a crash never leaves a half-written run.json behind */
     if (!ok || rename(tmp, path) != 0) {
@@ -665,6 +670,11 @@ static int bench_parse(int argc, char **argv, Cli *c) {
                        "with '%s'", c->first_setting);
     if (sampling_greedy(&c->s.sampling))
         return fail(2, "--top-k 1 makes the T=1 combinations greedy; use --temps 0 for greedy");
+    const char *const dirs[3][2] = {{"--out", c->out}, {"--resume", c->resume},
+                                    {"--analyze", c->analyze}};
+    RsErr pe = {0};
+    for (int i = 0; i < 3; i++)
+        if (dirs[i][1] && bench_path_check(dirs[i][0], dirs[i][1], &pe)) return fail(2, "%s", pe.msg);
     return -1;
 }
 
@@ -739,6 +749,7 @@ static int settings_from_args(const Cli *c, Settings *s) {
 /* A resumed run: the settings of DIR/run.json, refused when the prompt file has changed. */
 static int settings_from_resume(const char *dir, Settings *s) {
     RsErr e = {0};
+    if (bench_run_files_check(dir, &e)) return fail(2, "--resume: %s", e.msg);
     if (settings_load(s, dir, &e)) return fail(2, "%s", e.msg);
     char now[17];
     if (file_hash(s->prompts, now, &e))
@@ -1054,6 +1065,7 @@ static int bench_report(Bench *b) {
 /* --analyze DIR: the same analysis from the logs of an earlier run. */
 static int analyze_only(const char *dir) {
     RsErr e = {0};
+    if (bench_run_files_check(dir, &e)) return fail(2, "--analyze: %s", e.msg);
     int rc = bench_analyze(dir, &e);
     if (rc) return fail(cli_exit_status(rc), "--analyze %s: %s", dir, e.msg);
     return echo_summary(dir);

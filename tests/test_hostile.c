@@ -330,6 +330,145 @@ START_TEST(test_cli_chat_specials) {
 }
 END_TEST
 
+/* ---- rootspec-bench's run directory -------------------------------------------------- */
+
+static void put(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+static char *get(const char *path) {
+    char *t = NULL;
+    RsErr e = {0};
+    return rs_read_file(path, &t, NULL, &e) ? strdup("(unreadable)") : t;
+}
+
+/* A finished run of the tiny model in dir (2 decodes, plots and summary written). */
+static void bench_run(const char *dir) {
+    char pf[300];
+    snprintf(pf, sizeof pf, "%s/p.jsonl", g_dir);
+    put(pf, "{\"question_id\": 1, \"turns\": [\"Hi.\"]}\n");
+    char *argv[] = {"build/rootspec-bench", "--model", TINY, "--draft-layers", "0", "--prompts",
+                    pf, "--max-new", "4", "--decoders", "draft", "--temps", "0", "--budgets",
+                    "8", "--warmup", "0", "--out", (char *)dir, NULL};
+    int rc = run(argv, "run");
+    char *err = slurp("run", "err");
+    ck_assert_msg(rc == 0, "bench run: exit %d: %s", rc, err);
+    free(err);
+}
+
+/* A run directory whose name carries a newline and a gnuplot command: refused with exit 2
+ * by --analyze, --resume and --out, and the command never runs. */
+START_TEST(test_bench_dir_control_chars) {
+    make_dir();
+    char good[300], evil[600], pwned[300];
+    snprintf(good, sizeof good, "%s/run", g_dir);
+    snprintf(pwned, sizeof pwned, "%s/pwned", g_dir);
+    setenv("RS_PWNED", pwned, 1); /* the command's target, so the name needs no slash */
+    snprintf(evil, sizeof evil, "%s/r\nsystem \"touch $RS_PWNED\"\nset output 'x", g_dir);
+    bench_run(good);
+    ck_assert_int_eq(rename(good, evil), 0);
+    static const char *const opts[] = {"--analyze", "--resume"};
+    for (int i = 0; i < 2; i++) {
+        char tag[16];
+        snprintf(tag, sizeof tag, "cc%d", i);
+        char *argv[] = {"build/rootspec-bench", (char *)opts[i], evil, NULL};
+        int rc = run(argv, tag);
+        char *err = slurp(tag, "err");
+        ck_assert_msg(access(pwned, F_OK) != 0, "%s: the plot script ran a command", opts[i]);
+        ck_assert_msg(rc == 2 && strstr(err, "control character") && strstr(err, opts[i]),
+                      "%s: exit %d: %s", opts[i], rc, err);
+        ck_assert_msg(!strchr(strstr(err, "rootspec-bench"), '\n') ||
+                      strchr(strstr(err, "rootspec-bench"), '\n')[1] == 0,
+                      "the message broke a line: %s", err);
+        free(err);
+    }
+    char pf[300], out[700];
+    snprintf(pf, sizeof pf, "%s/p.jsonl", g_dir);
+    snprintf(out, sizeof out, "%s/new\x1b[2J", g_dir);
+    char *argv[] = {"build/rootspec-bench", "--model", TINY, "--prompts", pf, "--out", out, NULL};
+    int rc = run(argv, "ccout");
+    ck_assert_int_eq(rc, 2);
+    ck_assert_msg(access(out, F_OK) != 0, "--out made the directory");
+    rm_dir();
+}
+END_TEST
+
+/* --resume and --analyze follow no link and write nothing before every file checks out: a
+ * rounds.jsonl or summary.md that links to another file leaves that file as it was (its
+ * unfinished last line uncut, its text not replaced), and so does a hard link; a round log
+ * that does not parse leaves the decode log uncut. */
+START_TEST(test_bench_resume_links) {
+    make_dir();
+    char run_dir[300], victim[300], p[400];
+    snprintf(run_dir, sizeof run_dir, "%s/run", g_dir);
+    snprintf(victim, sizeof victim, "%s/victim.txt", g_dir);
+    bench_run(run_dir);
+    /* an interrupted run: its last decode not logged, so --resume has one to run */
+    snprintf(p, sizeof p, "%s/decodes.csv", run_dir);
+    char *csv = get(p);
+    size_t cl = strlen(csv);
+    while (cl > 0 && csv[cl - 1] == '\n') cl--;
+    while (cl > 0 && csv[cl - 1] != '\n') cl--;
+    csv[cl] = 0;
+    put(p, csv);
+    free(csv);
+    const char *precious = "line one\nan unfinished line";
+    static const struct { const char *file, *opt; int hard; } cases[] = {
+        {"rounds.jsonl", "--resume", 0}, {"decodes.csv", "--resume", 0},
+        {"summary.md", "--analyze", 0},  {"rounds.jsonl", "--resume", 1},
+        {"speeds.png", "--analyze", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        put(victim, precious);
+        snprintf(p, sizeof p, "%s/%s", run_dir, cases[i].file);
+        char saved[420];
+        snprintf(saved, sizeof saved, "%s.saved", p);
+        ck_assert_int_eq(rename(p, saved), 0);
+        ck_assert_int_eq(cases[i].hard ? link(victim, p) : symlink(victim, p), 0);
+        char tag[16];
+        snprintf(tag, sizeof tag, "ln%zu", i);
+        char *argv[] = {"build/rootspec-bench", (char *)cases[i].opt, run_dir, NULL};
+        int rc = run(argv, tag);
+        char *err = slurp(tag, "err"), *now = get(victim);
+        ck_assert_msg(!strcmp(now, precious), "%s %s: the linked file became '%s'", cases[i].opt,
+                      cases[i].file, now);
+        ck_assert_msg(rc == 2 && strstr(err, cases[i].file) &&
+                      strstr(err, cases[i].hard ? "hard link" : "symbolic link"),
+                      "%s with %s a %s link: exit %d: %s", cases[i].opt, cases[i].file,
+                      cases[i].hard ? "hard" : "symbolic", rc, err);
+        free(err);
+        free(now);
+        ck_assert_int_eq(unlink(p), 0);
+        ck_assert_int_eq(rename(saved, p), 0);
+    }
+    /* validation before any write: a bad round log leaves decodes.csv's last line alone */
+    snprintf(p, sizeof p, "%s/decodes.csv", run_dir);
+    char *dec = get(p);
+    size_t dl = strlen(dec);
+    FILE *f = fopen(p, "ab");
+    fputs("interrupted,0,dr", f);
+    fclose(f);
+    char rp[400];
+    snprintf(rp, sizeof rp, "%s/rounds.jsonl", run_dir);
+    f = fopen(rp, "ab");
+    fputs("{\"not\": \"a round\"}\n", f);
+    fclose(f);
+    char *argv[] = {"build/rootspec-bench", "--resume", run_dir, NULL};
+    int rc = run(argv, "badr");
+    char *err = slurp("badr", "err"), *now = get(p);
+    ck_assert_msg(rc != 0 && strstr(err, "rounds.jsonl"), "exit %d: %s", rc, err);
+    ck_assert_msg(strlen(now) == dl + strlen("interrupted,0,dr"), "decodes.csv was cut: '%s'",
+                  now);
+    free(err);
+    free(now);
+    free(dec);
+    rm_dir();
+}
+END_TEST
+
 Suite *suite_hostile(void) {
     Suite *s = suite_create("hostile");
     TCase *tc = tcase_create("core");
@@ -340,6 +479,8 @@ Suite *suite_hostile(void) {
     tcase_add_test(tc, test_rowmax_nonfinite);
     tcase_add_test(tc, test_chat_content_specials);
     tcase_add_test(tc, test_cli_chat_specials);
+    tcase_add_test(tc, test_bench_dir_control_chars);
+    tcase_add_test(tc, test_bench_resume_links);
     suite_add_tcase(s, tc);
     return s;
 }
