@@ -876,6 +876,7 @@ static int engine_setup(Bench *b) {
     }
     int rc = engine_create(&eo, b->need_drafter, &b->en, &e);
     if (rc) return fail(cli_exit_status(rc), "%s", e.msg);
+    if (b->en->vocab_note[0]) fprintf(stderr, "rootspec-bench: note: %s\n", b->en->vocab_note);
     b->engine_ok = 1;
     return 0;
 }

@@ -1162,6 +1162,13 @@ const char *tokenizer_token_view(const Tokenizer *t, int id, size_t *len) {
     return tok_str(t, id, len);
 }
 
+const char *tokenizer_token_text(const Tokenizer *t, int id, size_t *len) {
+    const char *s = tokenizer_token_view(t, id, len);
+    if (s) return s;
+    *len = 3;
+    return "\xef\xbf\xbd";
+}
+
 int tokenizer_token_bytes(const Tokenizer *t, int id, char *buf, int cap) {
     size_t l;
     const char *s = tokenizer_token_view(t, id, &l);

@@ -54,6 +54,10 @@ int tokenizer_token_bytes(const Tokenizer *t, int id, char *buf, int cap);
 /* The same bytes in place, however long: the tokenizer owns them (valid until
  * tokenizer_destroy). NULL for an out-of-range id. */
 const char *tokenizer_token_view(const Tokenizer *t, int id, size_t *len);
+/* What token id prints: its bytes (tokenizer_token_view), or for an id the tokenizer does
+ * not have (a model vocabulary padded past the tokenizer) U+FFFD, the replacement character,
+ * so such an id is seen rather than silently dropped. *len gets the byte count. */
+const char *tokenizer_token_text(const Tokenizer *t, int id, size_t *len);
 /* Decodes a whole sequence to a malloc'd NUL-terminated string; caller frees. */
 char *tokenizer_decode(const Tokenizer *t, const int *ids, int n);
 

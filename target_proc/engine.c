@@ -36,6 +36,11 @@ static int engine_build(const EngineOpts *o, int need_drafter, Engine *en, RsErr
                     tokenizer_vocab_size(en->tok), en->target_model->cfg.vocab_size);
         return rc;
     }
+    int nt = en->tok ? tokenizer_vocab_size(en->tok) : 0, V = en->target_model->cfg.vocab_size;
+    if (en->tok && nt < V) /* padded (Qwen2.5: 151665 of 151936): load, and say so */
+        snprintf(en->vocab_note, sizeof en->vocab_note,
+                 "the tokenizer has %d tokens but the model's vocabulary is %d: ids %d..%d "
+                 "have no text and print as U+FFFD", nt, V, nt, V - 1);
     en->chat = en->tok ? chat_template_for_model(en->target_model) : CHAT_NONE;
     en->chat_special_tokens = o->chat_special_tokens;
     int *eog, n_eog;

@@ -35,6 +35,8 @@ typedef struct {
                             over from one decode to the next */
     char drafter_missing[1024]; /* drafter_optional: why there is no drafter, else "" */
     int chat_special_tokens;    /* EngineOpts' */
+    char vocab_note[256];       /* a tokenizer smaller than the vocabulary: the ids without
+                                   text, said once at start-up (engine_cli_open), else "" */
 } Engine;
 
 /* need_drafter: 0 for --decoder ar (no drafter is loaded or contacted). *out is a new

@@ -144,6 +144,7 @@ int engine_cli_open(const char *prog, EngineOpts *eo, DecodeOpts *d, Engine **en
         fprintf(stderr, "%s: %s\n", prog, e.msg);
         return rc == RS_EPEER ? 2 : cli_exit_status(rc);
     }
+    if ((*en)->vocab_note[0]) fprintf(stderr, "%s: note: %s\n", prog, (*en)->vocab_note);
     if ((*en)->drafter_missing[0]) {
         fprintf(stderr, "%s: warning: %s; decoding autoregressively instead of with "
                         "--decoder %s\n", prog, (*en)->drafter_missing, rule_name(d->rule));

@@ -185,7 +185,7 @@ static void on_tokens(void *u, const int *t, int n) {
     pthread_mutex_lock(&j->mu);
     for (int i = 0; i < n && !j->text.matched; i++) {
         size_t k = 0;
-        const char *b = c->en->tok ? tokenizer_token_view(c->en->tok, t[i], &k) : NULL;
+        const char *b = c->en->tok ? tokenizer_token_text(c->en->tok, t[i], &k) : NULL;
         char num[16];
         if (!c->en->tok) k = (size_t)snprintf(num, sizeof num, " %d", t[i]), b = num;
         if (b) serve_text_push(&j->text, b, k);

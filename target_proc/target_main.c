@@ -55,8 +55,8 @@ static void on_tokens(void *u, const int *t, int n) {
             s->first_id = 0;
         } else {
             size_t k;
-            const char *b = tokenizer_token_view(s->tok, t[i], &k);
-            if (b) fwrite(b, 1, k, stdout);
+            const char *b = tokenizer_token_text(s->tok, t[i], &k);
+            fwrite(b, 1, k, stdout);
         }
     }
     fflush(stdout);

@@ -469,6 +469,64 @@ START_TEST(test_bench_resume_links) {
 }
 END_TEST
 
+/* ---- a tokenizer smaller than the vocabulary ------------------------------------------ */
+
+/* The tiny model with a tokenizer of 256 tokens (no merge, no added token) for its 258-id
+ * vocabulary, as a padded model has (Qwen2.5's is 151665 of 151936): it loads, says so once
+ * naming both sizes, and an id without text prints as U+FFFD rather than vanishing. The
+ * reference text is built here from the ids and the tokenizer's own token bytes. */
+START_TEST(test_tokenizer_smaller_than_vocab) {
+    make_dir();
+    char dir[300], tj[400];
+    copy_tiny("smalltok", dir, sizeof dir);
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
+    char *txt = get(tj);
+    cJSON *t = cJSON_Parse(txt);
+    free(txt);
+    cJSON *model = cJSON_GetObjectItemCaseSensitive(t, "model");
+    cJSON_ReplaceItemInObject(t, "added_tokens", cJSON_CreateArray());
+    cJSON_ReplaceItemInObject(model, "merges", cJSON_CreateArray());
+    cJSON_DeleteItemFromObject(cJSON_GetObjectItemCaseSensitive(model, "vocab"), "he");
+    txt = cJSON_Print(t);
+    cJSON_Delete(t);
+    put(tj, txt);
+    free(txt);
+    char *argv[] = {"build/rootspec-target", "--model", dir, "--prompt-ids", PROMPT, "--temp",
+                    "1e6", "--seed", "1", "--max-new", "1000", "--output-ids", NULL};
+    ck_assert_int_eq(run(argv, "ids"), 0);
+    argv[11] = NULL; /* the same decode as text */
+    int rc = run(argv, "text");
+    char *err = slurp("text", "err"), *ids = slurp("ids", "out"), *text = slurp("text", "out");
+    ck_assert_msg(rc == 0 && strstr(err, "256 tokens") && strstr(err, "vocabulary is 258"),
+                  "exit %d: %s", rc, err);
+    Tokenizer *tok = NULL;
+    RsErr e = {0};
+    ck_assert_msg(tokenizer_load_json(tj, &tok, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(tokenizer_vocab_size(tok), 256);
+    size_t cap = 4 * strlen(ids) + 16, n = 0;
+    char *want = malloc(cap);
+    int padded = 0;
+    for (char *p = ids, *end; *p && *p != '\n'; p = end) {
+        long id = strtol(p, &end, 10);
+        ck_assert_msg(end != p && id >= 0 && id < 258, "ids: %s", ids);
+        size_t k;
+        const char *b = tokenizer_token_view(tok, (int)id, &k);
+        if (!b) b = "\xef\xbf\xbd", k = 3, padded++;
+        memcpy(want + n, b, k);
+        n += k;
+    }
+    ck_assert_msg(padded > 0, "the decode drew no id past the tokenizer: nothing tested");
+    ck_assert_msg(strlen(text) == n + 1 && !memcmp(text, want, n), "text of %zu bytes, want %zu",
+                  strlen(text), n + 1);
+    free(want);
+    free(err);
+    free(ids);
+    free(text);
+    tokenizer_destroy(&tok);
+    rm_dir();
+}
+END_TEST
+
 Suite *suite_hostile(void) {
     Suite *s = suite_create("hostile");
     TCase *tc = tcase_create("core");
@@ -481,6 +539,7 @@ Suite *suite_hostile(void) {
     tcase_add_test(tc, test_cli_chat_specials);
     tcase_add_test(tc, test_bench_dir_control_chars);
     tcase_add_test(tc, test_bench_resume_links);
+    tcase_add_test(tc, test_tokenizer_smaller_than_vocab);
     suite_add_tcase(s, tc);
     return s;
 }
