@@ -363,7 +363,7 @@ def test_flood():
 # ---- hostile sampling values and models ---------------------------------------------------
 
 def answered(st, body):
-    """200 with a completion, or an OpenAI error object; the status named for the report."""
+    """True for a 200 carrying choices, or an error status carrying an OpenAI error object."""
     try:
         o = json.loads(body)
     except ValueError:
@@ -381,8 +381,9 @@ HOSTILE_NUMBERS = ["1e-310", "5e-324", "-5e-324", "1e-400", "1e400", "-1e400", "
 
 
 def flood_body(rng, decoder):
-    """A completion whose sampling fields are drawn from HOSTILE_NUMBERS (JSON text written
-    here: 1e400 is inf to cJSON; NaN and Infinity are not JSON at all)."""
+    """A completion for `decoder` whose sampling fields, each present half the time, take a
+    valid value or (30%) one of HOSTILE_NUMBERS, written here as JSON text: 1e400 is inf to
+    cJSON; NaN and Infinity are not JSON at all."""
     fields = [f'"prompt": "{rng.choice(["hi", "1 2 3 1 2 3 1 2 3", "The capital of France is"])}"',
               f'"max_tokens": {rng.randint(1, 3)}', f'"rootspec": {{"decoder": "{decoder}"}}']
     valid = {"temperature": ["0", "0.7", "1", "1e-310"], "top_p": ["0.9", "1", "0"],
