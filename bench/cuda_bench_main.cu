@@ -8,7 +8,12 @@
  * and the kernel nodes of its captured graph per layer.
  *   rootspec-cuda-bench [--iters N] [--ctx N] [--only target|drafter] [--model SPEC]
  *                       [--copy-mib N] [--device D] [--ns N,N,...] [--batch-invariant]
- * --model times one other model instead (a file or random:PRESET, see common/randmodel.h). */
+ *   rootspec-cuda-bench --preflight [--device D]
+ * --model times one other model instead (a file or random:PRESET, see common/randmodel.h).
+ * --preflight times nothing: it prints key=value lines of the driver's and the runtime's
+ * CUDA versions, the cuBLAS version loaded and the device, and exits 3 when the driver is
+ * older than the runtime linked in (nothing else could run), 1 without a usable device. */
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,9 +188,54 @@ static int time_shape(const Shape *sh, int ctx, int iters, int device, double co
     return 0;
 }
 
+/* CUDA version number (1000 major + 10 minor) as "major.minor". */
+static const char *cuda_ver(int v, char *buf, size_t n) {
+    snprintf(buf, n, "%d.%d", v / 1000, v % 1000 / 10);
+    return buf;
+}
+
+/* The versions and the device, before any timing; see the file comment. */
+static int preflight(int device) {
+    int drv = 0, rt = 0, ndev = 0, maj = -1, min = -1, pat = -1;
+    char a[16], b[16];
+    cudaDriverGetVersion(&drv); /* 0 with no driver; never fails on an old one */
+    cudaRuntimeGetVersion(&rt);
+    cublasGetProperty(MAJOR_VERSION, &maj);
+    cublasGetProperty(MINOR_VERSION, &min);
+    cublasGetProperty(PATCH_LEVEL, &pat);
+    printf("cuda_driver=%s\ncuda_runtime=%s\ncublas=%d.%d.%d\n", cuda_ver(drv, a, sizeof a),
+           cuda_ver(rt, b, sizeof b), maj, min, pat);
+    /* Minor version compatibility lets a runtime run on an older driver of its major
+     * version (SASS only, which the binaries carry); an older major cannot run at all. */
+    if (drv / 1000 < rt / 1000) {
+        printf("preflight=FAIL (the driver supports CUDA %s, older than the CUDA %s runtime "
+               "these binaries carry: a driver of CUDA %d or newer is needed)\n", a, b, rt / 1000);
+        return 3;
+    }
+    if (drv < rt) printf("preflight_note=driver CUDA %s < runtime %s: minor version compatibility\n", a, b);
+    cudaError_t rc = cudaGetDeviceCount(&ndev);
+    if (rc != cudaSuccess || ndev <= device) {
+        printf("preflight=FAIL (no CUDA device %d: %s)\n", device,
+               rc != cudaSuccess ? cudaGetErrorString(rc) : "too few devices");
+        return 1;
+    }
+    cudaDeviceProp prop;
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaSetDevice(device));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    for (char *c = prop.name; *c; c++)
+        if (*c == ' ') *c = '_';
+    printf("device=%s\ncc=%d.%d\nsms=%d\nmem_gib=%.1f\nmem_free_gib=%.1f\npreflight=ok\n",
+           prop.name, prop.major, prop.minor, prop.multiProcessorCount, total_b / 1073741824.0,
+           free_b / 1073741824.0);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int iters = 20, ctx = 512, device = 0, copy_mib = 2048;
     const char *only = NULL, *model_spec = NULL;
+    int preflight_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) ctx = atoi(argv[++i]);
@@ -194,11 +244,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) model_spec = argv[++i];
         else if (!strcmp(argv[i], "--copy-mib") && i + 1 < argc) copy_mib = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--batch-invariant")) g_batch_inv = 1;
+        else if (!strcmp(argv[i], "--preflight")) preflight_only = 1;
         else if (!strcmp(argv[i], "--ns") && i + 1 < argc && parse_ns(argv[i + 1])) i++;
         else {
             fprintf(stderr, "usage: %s [--iters N] [--ctx N] [--only target|drafter] "
                     "[--model SPEC] [--copy-mib N] [--device D] [--ns N,N,...] "
-                    "[--batch-invariant]\n", argv[0]);
+                    "[--batch-invariant] | --preflight [--device D]\n", argv[0]);
             return 2;
         }
     }
@@ -207,6 +258,7 @@ int main(int argc, char **argv) {
                 iters, ctx, copy_mib);
         return 2;
     }
+    if (preflight_only) return preflight(device);
     int ndev = 0;
     cudaError_t rc = cudaGetDeviceCount(&ndev);
     if (rc != cudaSuccess || ndev == 0) {

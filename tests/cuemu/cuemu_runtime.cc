@@ -270,6 +270,19 @@ cudaError_t cudaGetDeviceCount(int *count) {
     return s_devices ? cudaSuccess : ret(cudaErrorNoDevice);
 }
 
+/* Driver and runtime both stand for the CUDA of the headers the emulator is built against. */
+cudaError_t cudaDriverGetVersion(int *v) {
+    if (!v) return ret(cudaErrorInvalidValue);
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int *v) {
+    if (!v) return ret(cudaErrorInvalidValue);
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
+
 cudaError_t cudaSetDevice(int device) {
     LOCK();
     if (device < 0 || device >= s_devices) return ret(cudaErrorInvalidDevice);
