@@ -461,7 +461,7 @@ sanitize() {
 }
 STAGE=memcheck
 say "memcheck: ${SAN:-no compute-sanitizer} --tool memcheck, kernel suite"
-kv sanitizer "${SAN:-none}"
+kv sanitizer "${SAN:-none}${SAN:+ ($("$SAN" --version 2>&1 | tail -1 | tr -s ' ' _))}"
 stage_end memcheck "$(sanitize memcheck 60)"
 case "${ST[memcheck]}" in FAIL*) tail -20 "$OUTDIR/sanitizer-memcheck.log" ;; esac
 
