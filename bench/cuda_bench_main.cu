@@ -205,6 +205,10 @@ static int preflight(int device) {
     cublasGetProperty(PATCH_LEVEL, &pat);
     printf("cuda_driver=%s\ncuda_runtime=%s\ncublas=%d.%d.%d\n", cuda_ver(drv, a, sizeof a),
            cuda_ver(rt, b, sizeof b), maj, min, pat);
+    if (drv == 0) {
+        printf("preflight=FAIL (no CUDA driver: libcuda.so.1 not found or not loadable)\n");
+        return 1;
+    }
     /* Minor version compatibility lets a runtime run on an older driver of its major
      * version (SASS only, which the binaries carry); an older major cannot run at all. */
     if (drv / 1000 < rt / 1000) {
