@@ -264,7 +264,7 @@ START_TEST(test_cuda_attention_batch_invariant) {
     cuk_attention(0, dq, qd, dk, dv, dm, dmeta, n, nh, nkv, hd, cap, 1, scr, cnt, NULL, dall);
     float *all = malloc((size_t)n * qd * 4), *one = malloc((size_t)qd * 4);
     dget(all, dall, (size_t)n * qd * 4);
-    int rows[4] = {0, 17, 37, 64};
+    int rows[4] = {0, 17, 37, 64}, differ = 0;
     for (int r = 0; r < 4; r++) {
         int t = rows[r];
         CuMeta m1 = {1, nc + t, nc, t + 1};
@@ -273,10 +273,12 @@ START_TEST(test_cuda_attention_batch_invariant) {
         cuk_attention(0, dq + (size_t)t * qd, qd, dk, dv, dm1, dmeta, 1, nh, nkv, hd, cap, 1, scr,
                       cnt, NULL, done);
         dget(one, done, (size_t)qd * 4);
-        ck_assert_msg(memcmp(one, all + (size_t)t * qd, (size_t)qd * 4) == 0,
-                      "row %d alone differs from the same row in the 65-row pass", t);
+        char label[96];
+        snprintf(label, sizeof label, "attention row %d alone vs the 65-row pass", t);
+        differ += cu_bits_report(label, one, all + (size_t)t * qd, 1, qd) > 0;
         cudaFree(dm1);
     }
+    ck_assert_msg(differ == 0, "%d of 4 rows differ alone from the 65-row pass", differ);
     cudaFree(dq), cudaFree(dall), cudaFree(done), cudaFree(dk), cudaFree(dv), cudaFree(scr);
     cudaFree(dm), cudaFree(dmeta), cudaFree(cnt);
     free(q), free(kf), free(vf), free(kb), free(vb), free(mask), free(all), free(one);
@@ -337,8 +339,24 @@ static void qkv_fused_case(int dim, int nh, int nkv, int hd, int nb, int n, int 
     char label[96];
     snprintf(label, sizeof label, "qkv_fused dim=%d nh=%d nkv=%d hd=%d nb=%d n=%d", dim, nh, nkv,
              hd, nb, n);
-    ck_assert_msg(memcmp(ga, gb, (size_t)nb * w * 4) == 0, "%s: differs from gemm_bi+qkv_post", label);
-    ck_assert_msg(memcmp(ka, kb2, cb) == 0 && memcmp(va, vb2, cb) == 0, "%s: caches differ", label);
+    /* every comparison runs (and reports) before the test fails on any */
+    char what[160];
+    snprintf(what, sizeof what, "%s: fused vs gemm_bi+qkv_post", label);
+    int differ = cu_bits_report(what, ga, gb, nb, w);
+    size_t ce = cb / 2;
+    float *cf[4];
+    const rs_bf16 *csrc[4] = {ka, kb2, va, vb2};
+    for (int i = 0; i < 4; i++) {
+        cf[i] = malloc(ce * 4);
+        for (size_t j = 0; j < ce; j++) cf[i][j] = cuk_bf16_to_f32_host(csrc[i][j]);
+    }
+    snprintf(what, sizeof what, "%s: K cache", label);
+    int kd = cu_bits_report(what, cf[0], cf[1], 1, (int)ce);
+    snprintf(what, sizeof what, "%s: V cache", label);
+    int vd = cu_bits_report(what, cf[2], cf[3], 1, (int)ce);
+    for (int i = 0; i < 4; i++) free(cf[i]);
+    ck_assert_msg(differ == 0, "%s: %d rows differ from gemm_bi+qkv_post", label, differ);
+    ck_assert_msg(kd == 0 && vd == 0, "%s: caches differ", label);
     float *ref = malloc((size_t)nb * w * 4), *xn = malloc((size_t)dim * 4);
     for (int t = 0; t < nb; t++) {
         float *r = ref + (size_t)t * w;
