@@ -895,6 +895,17 @@ __device__ void qkv_fused_post(const float *qkv, float (*head_sh)[256], int h, i
     for (int i = lane; i < hd; i += 32) dst[i] = __float2bfloat16_rn(v[i]);
 }
 
+/* blockIdx.y, read from its special register each time (never kept in a register). */
+__device__ __forceinline__ int block_y(void) {
+#ifdef ROOTSPEC_CUEMU
+    return blockIdx.y;
+#else
+    int y;
+    asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(y));
+    return y;
+#endif
+}
+
 __global__ void __launch_bounds__(256)
 k_qkv_fused(const bf16 *W, const float *x, const float *norm_w, int dim, float eps, int nb,
             int n_heads, int n_kv_heads, int hd, int parts, const float *bias,
@@ -909,11 +920,13 @@ k_qkv_fused(const bf16 *W, const float *x, const float *norm_w, int dim, float e
     int r0 = blockIdx.y * GEMM_RB, nr = min(GEMM_RB, nb - r0);
     int stride = (n_heads + 2 * n_kv_heads) * hd;
     prefetch_l2(W + (size_t)o0 * dim, (size_t)ops * dim);
-    int rc = min(nr, GEMM_XSH / dim);
-    for (int c = 0; c < nr; c += rc) {
-        int n = min(rc, nr - c);
-        stage_normed(x, NULL, r0 + c, n, dim, norm_w, eps, xs, inv_sh);
-        gemm_bi_outputs(W, stride, dim, o0, ops, r0 + c, n, xs, 0, 0, qkv, NULL);
+    for (int c = 0; c < nr; c += min(nr, GEMM_XSH / dim)) {
+        /* the block's coordinates read again in each pass rather than kept across the
+         * stage's calls (IEEE division and square root slow paths), which sm_80 spills */
+        int y = block_y(), rr = y * GEMM_RB, nn = min(GEMM_RB, nb - rr);
+        int n = min(min(nn, GEMM_XSH / dim), nn - c);
+        stage_normed(x, NULL, rr + c, n, dim, norm_w, eps, xs, inv_sh);
+        gemm_bi_outputs(W, stride, dim, o0, ops, rr + c, n, xs, 0, 0, qkv, NULL);
         __syncthreads();
     }
     if (parts > 1) { /* publish this slice; the block that completes the head goes on */
