@@ -371,6 +371,7 @@ typedef struct {
 __device__ __forceinline__ uint4 ld16g(const bf16 *p) {
     uint4 u;
 #ifdef ROOTSPEC_CUEMU
+    CUEMU_ASSERT_ALIGNED(p, 16, "ld16g");
     memcpy(&u, p, 16);
 #else
     u = __ldg(reinterpret_cast<const uint4 *>(p));
@@ -381,6 +382,7 @@ __device__ __forceinline__ uint4 ld16g(const bf16 *p) {
 __device__ __forceinline__ uint4 ld16(const bf16 *p) {
     uint4 u;
 #ifdef ROOTSPEC_CUEMU
+    CUEMU_ASSERT_ALIGNED(p, 16, "ld16");
     memcpy(&u, p, 16);
 #else
     u = *reinterpret_cast<const uint4 *>(p);
@@ -715,6 +717,7 @@ extern "C" void cuk_attention(cudaStream_t s, const float *q, int q_stride, cons
 /* 4 floats at p (16-byte aligned, not written during the launch). */
 __device__ __forceinline__ void ld_f4(const float *p, float *v) {
 #ifdef ROOTSPEC_CUEMU
+    CUEMU_ASSERT_ALIGNED(p, 16, "ld_f4");
     memcpy(v, p, 16);
 #else
     float4 u = __ldg(reinterpret_cast<const float4 *>(p));
@@ -757,6 +760,7 @@ __device__ void stage_normed(const float *xf, const int *rows, int r0, int nr, i
             pk[e] = (uint32_t)l16 | (uint32_t)h16 << 16;
         }
 #ifdef ROOTSPEC_CUEMU
+        CUEMU_ASSERT_ALIGNED(xs + j, 16, "16-byte store of the normed input");
         memcpy(xs + j, pk, 16);
 #else
         *reinterpret_cast<uint4 *>(xs + j) = make_uint4(pk[0], pk[1], pk[2], pk[3]);

@@ -61,6 +61,14 @@ void cuemu_launch_impl(const char *name, dim3 grid, dim3 block, size_t shmem, cu
 
 #define __syncthreads() cuemu_syncthreads()
 
+/* A 16-byte vector access must be 16-byte aligned on a GPU (a misaligned one faults there,
+ * while memcpy here would not): the kernels' vector loads and stores assert it. */
+[[noreturn]] void cuemu_misaligned(const void *p, unsigned align, const char *what);
+#define CUEMU_ASSERT_ALIGNED(p, align, what)                                                \
+    do {                                                                                   \
+        if ((uintptr_t)(const void *)(p) & ((align) - 1u)) cuemu_misaligned((p), (align), (what)); \
+    } while (0)
+
 template <typename T>
 static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
     static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value,
