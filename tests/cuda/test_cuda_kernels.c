@@ -1,4 +1,5 @@
-/* Per-kernel tests of kernels/cuda/cuda_kernels.cu on random inputs, each against the CPU
+/* Per-kernel tests of kernels/cuda/ (cuda_kernels.cu, cuda_attention.cu, cuda_gemm.cu,
+ * cuda_sample.cu) on random inputs, each against the CPU
  * backend's own operation (kernels/cpu/cpu_ops.h) as its reference (llm.c style), so a kernel
  * is held to exactly what the CPU reference computes. Tolerances are stated per test as
  * |got - ref| <= atol + rtol*|ref|; tu_compare prints the first mismatches. */

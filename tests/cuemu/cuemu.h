@@ -1,10 +1,10 @@
 /* cuemu.h: device-code side of the rootspec CUDA emulator (tests/cuemu/). The CUDA
- * sources (kernels/cuda/cuda_kernels.cu, cuda_backend.cu) are compiled by g++ with `-x c++ -DROOTSPEC_CUEMU -include
+ * sources (the .cu files of kernels/cuda/) are compiled by g++ with `-x c++ -DROOTSPEC_CUEMU -include
  * tests/cuemu/cuemu.h`, so this header turns the CUDA C++ dialect they use into plain
  * C++17: __shared__ becomes `static` (valid because the emulator runs one block at a time
  * on one OS thread), threadIdx & co. read the current fiber's coordinates, __syncthreads
  * and warp shuffles yield to the block scheduler (cuemu_device.cc), and CUK_LAUNCH (see
- * kernels/cuda/cuda_kernels.cu) enqueues a kernel with its argument values converted to the
+ * kernels/cuda/cuda_device.cuh) enqueues a kernel with its argument values converted to the
  * parameter types at launch time, as the <<<>>> syntax does. The real toolkit headers
  * supply the host-side types (dim3, cudaError_t, __nv_bfloat16 with host conversions).
  * It is a logic harness (indexing, barriers, stream order), not a performance model. */
