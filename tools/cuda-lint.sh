@@ -10,8 +10,8 @@
 # 2. For sm_90, the SASS (nvdisasm -gi: source lines and inlining, kept by -lineinfo) of
 #    every innermost loop, with its 16-byte global loads (LDG.E.128) per iteration,
 #    attributed to the device functions whose source lines they come from; the hot loops:
-#    attention's K scores (att_scores) and V accumulation (att_values), and the GEMV/GEMM
-#    lane loop (dot_rows). nvdisasm comes from the toolkit, else from its PyPI wheel
+#    attention's K scores (att_scores) and V accumulation (att_values), the one-row GEMV
+#    (k_gemv) and the GEMM lane loop (dot_rows). nvdisasm comes from the toolkit, else from its PyPI wheel
 #    (tools/nvidia-wheel.sh; without network the SASS part is skipped, said so, not failed).
 # Writes DIR/resources.txt (the table) and DIR/sass-loops.txt; prints both. CUDA_LINT_FLAGS
 # adds nvcc flags to the ptxas pass (CUDA_LINT_FLAGS=-maxrregcount=32 shows a spill failing).
@@ -204,7 +204,7 @@ else
     echo
     # The hot loops' figures: most 16-byte loads per iteration of any loop whose loads come
     # from that function, per kernel.
-    for pair in k_attention:att_scores k_attention:att_values k_gemm_bi:dot_rows k_qkv_fused:dot_rows; do
+    for pair in k_attention:att_scores k_attention:att_values k_gemv:k_gemv k_gemm_bi:dot_rows k_qkv_fused:dot_rows; do
         k=${pair%%:*} fnn=${pair##*:}
         v=$(awk -v k="$k" -v f="$fnn" '$2 == k && index($6, f ":") { if ($4 > m) m = $4 } END { print m + 0 }' "$OUT/sass-loops.txt")
         echo "hot_loop $k $fnn ldg128_per_iter=$v"

@@ -13,6 +13,7 @@
 #   device    the binaries (gpu-bundle/ if they start here, else `make cuda CUDA_ARCHS=90`)
 #             and the device-to-device copy bandwidth
 #   pass1     the Llama-3.1-8B-shaped one-row pass at a 512-token context (the headline figure)
+#   gemv      the own one-row bf16 GEMV (cuk_gemv) beside cuBLAS on the 8B decode matrices
 #   qkv       8B pass times for 1 and 65 rows with the q|k|v projection in the fused kernel
 #             and on cuBLAS (rootspec-cuda-bench, ROOTSPEC_CUDA_FUSED_QKV)
 #   suites    the CUDA Check suites, one at a time (kernels vs CPU references, forward
@@ -75,10 +76,11 @@ if [ "$EMU" = 1 ]; then
     : "${GPU_CHECK_BIN:=build/cuda-emu}" "${GPU_CHECK_SCALE:=10}"
     export CUEMU_QUIET=1 OPENBLAS_NUM_THREADS=1
     MODEL_ARGS="--model random:tiny --copy-mib 8 --ctx 64 --iters 2"
+    GEMV_ARGS="--gemv-div 16 --iters 2"
     PASS1_ARGS=$MODEL_ARGS QKV_ARGS=$MODEL_ARGS BI_ARGS=$MODEL_ARGS BENCH_ARGS=$MODEL_ARGS
     PIPE_T=random:tiny,seed=9 PIPE_D=random:tiny,seed=9,layers=1 PIPE_E3=random:eagle3-tiny
 else
-    PASS1_ARGS="--only target --iters 10 --ctx 512 --copy-mib 1024"
+    PASS1_ARGS="--only target --iters 10 --ctx 512 --copy-mib 1024" GEMV_ARGS="--iters 20"
     QKV_ARGS="--only target --iters 10 --ctx 512" BI_ARGS="--only target --iters 5 --ctx 512"
     BENCH_ARGS="--iters 20 --ctx 512"
     PIPE_T=random:llama3-8b,seed=1 PIPE_D=random:llama3-1b,seed=2 PIPE_E3=random:eagle3-llama3-8b
@@ -86,7 +88,7 @@ fi
 SCALE=${GPU_CHECK_SCALE:-1}
 declare -A ST # stage -> ok | FAIL (...) | skipped (...) | timeout
 PIPE_DIR=/nonexistent # the pipeline's round logs, once it has run
-STAGES="preflight device pass1 qkv suites memcheck bench pipeline batch_invariant racecheck synccheck"
+STAGES="preflight device pass1 gemv qkv suites memcheck bench pipeline batch_invariant racecheck synccheck"
 STAGE=preflight # the stage running now
 # limit CAP: CAP * SCALE seconds, or what is left before the deadline if less; fails
 # (skip the stage) with under 15 s left.
@@ -389,6 +391,18 @@ bench_kv share_n1 "$OUTDIR/pass1.log" 1 share
 bench_kv launches_per_layer "$OUTDIR/pass1.log" 1 launches_layer
 bench_kv launches_per_layer_graph "$OUTDIR/pass1.log" 1 graph_kernels_layer
 stage_end pass1 "$s"
+
+# ---- gemv: the own one-row GEMV beside cuBLAS on the 8B decode matrices ----
+STAGE=gemv
+say "gemv: rootspec-cuda-bench --gemv $GEMV_ARGS"
+s=$(run_bench "$OUTDIR/gemv.log" 30 --gemv $GEMV_ARGS)
+grep -h "^GEMV" "$OUTDIR/gemv.log"
+for sh in o gate_up down lm_head; do
+    l=$(grep -m1 "^GEMV shape=$sh " "$OUTDIR/gemv.log")
+    o=$(echo "$l" | grep -o 'own_us=[^ ]*' | cut -d= -f2) c=$(echo "$l" | grep -o 'cublas_us=[^ ]*' | cut -d= -f2)
+    kv "gemv_us_$sh" "own:${o:-n/a},cublas:${c:-n/a}"
+done
+stage_end gemv "$s"
 
 # ---- qkv: the fused q|k|v kernel against cuBLAS on the 8B shape, 1 and 65 rows ----
 STAGE=qkv

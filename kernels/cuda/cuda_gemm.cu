@@ -1,4 +1,4 @@
-/* The own GEMV/GEMM kernels (see cuda_kernels.h: cuk_gemm_bi, cuk_qkv_fused), against the
+/* The own GEMV/GEMM kernels (see cuda_kernels.h: cuk_gemm_bi, cuk_qkv_fused, cuk_gemv), against the
  * CPU reference cpu_matmul (kernels/cpu/cpu_ops.c) with cpu_rmsnorm in the prologue and
  * cpu_swiglu or cpu_residual_add in the epilogue; the fused q|k|v kernel adds the head
  * post-processing of cuk_qkv_post and the KV store. */
@@ -310,5 +310,59 @@ extern "C" void cuk_gemm_bi(cudaStream_t s, const rs_bf16 *W, int out, int in, i
     dim3 grid((out + opb - 1) / opb, groups);
     CUK_LAUNCH(k_gemm_bi, grid, 256, s, (const bf16 *)W, out, in, nb, (const bf16 *)xb, xf, rows,
                norm_w, eps, gated, accumulate, y, (bf16 *)yb, opb);
+    LAUNCH_CHECK();
+}
+
+/* ---- one-row GEMV ---- */
+
+/* y[o] (+)= W[o, :] . x for one bf16 row x: warp w of a block takes outputs
+ * 8 * blockIdx.x + w, + 8 * gridDim.x, ...; lane l sums chunks k = 8 l + 256 j as
+ * dot_rows does, in the same order (so a row's bits equal cuk_gemm_bi's without a
+ * prologue), with GEMV_U weight and GEMV_U input loads of 16 bytes in flight per lane
+ * before the first product, then the fixed butterfly. */
+#define GEMV_U 8
+
+__global__ void __launch_bounds__(256)
+k_gemv(const bf16 *W, int out, int in, const bf16 *x, int accumulate, float *y) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = blockIdx.x * 8 + warp; o < out; o += gridDim.x * 8) {
+        const bf16 *w = W + (size_t)o * in;
+        float acc = 0.0f;
+        for (int k0 = lane * 8; k0 < in; k0 += 256 * GEMV_U) {
+            uint4 wr[GEMV_U], xr[GEMV_U];
+#pragma unroll
+            for (int u = 0; u < GEMV_U; u++) {
+                int k = k0 + 256 * u;
+                wr[u] = k < in ? ld16g(w + k) : make_uint4(0, 0, 0, 0);
+                xr[u] = k < in ? ld16g(x + k) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < GEMV_U; u++) {
+                if (k0 + 256 * u >= in) break;
+                float wv[8], xv[8];
+                unpack8(wr[u], wv);
+                unpack8(xr[u], xv);
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc += wv[e] * xv[e];
+            }
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) {
+            if (accumulate) y[o] += acc;
+            else y[o] = acc;
+        }
+    }
+}
+
+extern "C" void cuk_gemv(cudaStream_t s, const rs_bf16 *W, int out, int in, const rs_bf16 *x,
+                         int accumulate, float *y) {
+    if (in % 8) {
+        fprintf(stderr, "rootspec: cuk_gemv needs in %% 8 == 0 (got %d)\n", in);
+        abort();
+    }
+    if (out <= 0) return;
+    unsigned blocks = (unsigned)((out + 7) / 8);
+    if (blocks > 65535u) blocks = 65535u; /* the warps stride over the rest */
+    CUK_LAUNCH(k_gemv, blocks, 256, s, (const bf16 *)W, out, in, (const bf16 *)x, accumulate, y);
     LAUNCH_CHECK();
 }

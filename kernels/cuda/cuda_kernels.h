@@ -140,6 +140,12 @@ void cuk_swiglu(cudaStream_t s, const float *gu, int nb, int hidden, rs_bf16 *ou
                 float *out_f32);
 /* x[i] += y[i], i < n. */
 void cuk_residual_add(cudaStream_t s, float *x, const float *y, size_t n);
+/* y (out) (+)= W x for one bf16 row x (in), W (out, in) bf16 (cuda_gemm.cu): one warp per
+ * output, 8 16-byte weight and 8 input loads in flight per lane, each output's bits those
+ * of cuk_gemm_bi with one row and no prologue. in % 8 == 0. */
+void cuk_gemv(cudaStream_t s, const rs_bf16 *W, int out, int in, const rs_bf16 *x,
+              int accumulate, float *y);
+
 /* Batch-invariant y (nb, out) = op(x) @ W^T, W (out, in) bf16 (cuda_gemm.cu): each output
  * element reduced over in in an order fixed by `in` alone. Input: xb (nb, in) bf16, or with
  * norm_w the f32 rows xf (rows ? rows[r] : r) RMS-normed with norm_w, eps and rounded to

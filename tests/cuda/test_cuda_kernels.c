@@ -396,6 +396,49 @@ START_TEST(test_cuda_qkv_fused) {
 }
 END_TEST
 
+/* cuk_gemv against cpu_matmul on the bf16 values the device holds (|d| <= 1e-5 of the sum of
+ * |w x|), bitwise equal to cuk_gemm_bi of one row without a prologue (the same lane split
+ * and order), and accumulating adds exactly the same values; shapes whose in is not a
+ * multiple of the 2048 elements a warp loads per step and whose out is not of 8. */
+START_TEST(test_cuda_gemv) {
+    CU_REQUIRE_DEVICE();
+    int shapes[3][2] = {{37, 96}, {130, 2056}, {8, 4608}};
+    uint64_t st = 77;
+    for (int si = 0; si < 3; si++) {
+        int out = shapes[si][0], in = shapes[si][1];
+        float *wf = randv((size_t)out * in, &st, -0.2f, 0.2f), *xf = randv(in, &st, -1.0f, 1.0f);
+        float *y0 = randv(out, &st, -1.0f, 1.0f);
+        rs_bf16 *wb = to_bf16(wf, (size_t)out * in), *xb = to_bf16(xf, in);
+        float *wr = from_bf16(wb, (size_t)out * in), *xr = from_bf16(xb, in);
+        rs_bf16 *dw = dput(wb, (size_t)out * in * 2), *dx = dput(xb, (size_t)in * 2);
+        float *dy = dnew((size_t)out * 4), *dz = dnew((size_t)out * 4), *dacc = dput(y0, (size_t)out * 4);
+        cuk_gemv(0, dw, out, in, dx, 0, dy);
+        cuk_gemm_bi(0, dw, out, in, 1, dx, NULL, NULL, NULL, 0.0f, 0, 0, dz, NULL);
+        cuk_gemv(0, dw, out, in, dx, 1, dacc);
+        float *y = malloc((size_t)out * 4), *z = malloc((size_t)out * 4), *acc = malloc((size_t)out * 4);
+        float *ref = malloc((size_t)out * 4), *want = malloc((size_t)out * 4);
+        dget(y, dy, (size_t)out * 4), dget(z, dz, (size_t)out * 4), dget(acc, dacc, (size_t)out * 4);
+        cpu_matmul(ref, xr, wr, 1, in, out, out);
+        for (int o = 0; o < out; o++) {
+            double mag = 0;
+            for (int k = 0; k < in; k++) mag += fabs((double)wr[(size_t)o * in + k] * xr[k]);
+            ck_assert_msg(fabs(y[o] - ref[o]) <= 1e-5 * mag + 1e-7, "gemv %dx%d out %d: %g vs %g",
+                          out, in, o, y[o], ref[o]);
+            want[o] = y0[o] + y[o];
+        }
+        char label[64];
+        snprintf(label, sizeof label, "gemv %dx%d vs gemm_bi", out, in);
+        int d1 = cu_bits_report(label, y, z, 1, out);
+        snprintf(label, sizeof label, "gemv %dx%d accumulate", out, in);
+        int d2 = cu_bits_report(label, acc, want, 1, out);
+        ck_assert_msg(d1 == 0 && d2 == 0, "gemv %dx%d: bits differ from gemm_bi or y0 + y", out, in);
+        cudaFree(dw), cudaFree(dx), cudaFree(dy), cudaFree(dz), cudaFree(dacc);
+        free(wf), free(xf), free(y0), free(wb), free(xb), free(wr), free(xr);
+        free(y), free(z), free(acc), free(ref), free(want);
+    }
+}
+END_TEST
+
 START_TEST(test_cuda_kv_store_swiglu_residual) {
     CU_REQUIRE_DEVICE();
     uint64_t st = 4;
@@ -518,6 +561,7 @@ Suite *suite_cuda_kernels(void) {
     tcase_add_test(tc, test_cuda_attention);
     tcase_add_test(tc, test_cuda_attention_batch_invariant);
     tcase_add_test(tc, test_cuda_qkv_fused);
+    tcase_add_test(tc, test_cuda_gemv);
     tcase_add_test(tc, test_cuda_kv_store_swiglu_residual);
     tcase_add_test(tc, test_cuda_kv_compact);
     tcase_add_test(tc, test_cuda_argmax_sample);
