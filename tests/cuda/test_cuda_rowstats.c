@@ -15,6 +15,7 @@
 #include "cuda_testutil.h"
 #include "draft_proc/model_drafter.h"
 #include "target_proc/decode.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_rowstats.h"
 #include "tests/testutil.h"
@@ -149,6 +150,12 @@ START_TEST(test_cuda_rows_backend) {
     ck_assert(backend_forward(gpu, tok, pos, n, NULL, out_rows, 5, full, &e) == 0);
     ck_assert(backend_kv_commit(gpu, NULL, 0, &e) == 0);
     ck_assert(backend_forward(gpu, tok, pos, n, NULL, out_rows, 5, NULL, &e) == 0);
+#ifdef ROOTSPEC_CUEMU
+    /* the emulator runs a stream's work only at a synchronisation: a forward() that keeps
+     * its rows on the device must have left its pass queued (no device sync), and the
+     * queries below read them behind it */
+    ck_assert_msg(cuda_backend_busy(gpu), "forward() without logits synchronised the device");
+#endif
     int rows[6] = {4, 0, 2, 1, 3, 0};
     double u[6] = {0.25, 0.5, 0.0, 0.99, 0.125, 0.75};
     double cs[8];
