@@ -364,15 +364,17 @@ fi
 # A "no CUDA device" skip on the GPU machine means nothing was checked.
 no_device() { [ "$EMU" = 0 ] && [ -z "${GPU_CHECK_BIN:-}" ] && grep -q "^SKIP: no CUDA device" "$1"; }
 
-# run_bench LOG CAP ARGS...: one rootspec-cuda-bench run; returns its status word.
+# run_bench LOG CAP ARGS...: one rootspec-cuda-bench run; its status word in RB. (Not run
+# inside $(...): a subshell would keep the stop trap from reaching the bench.)
+RB=""
 run_bench() {
     local log=$1 cap=$2 lim rc
     shift 2
-    if ! lim=$(limit "$cap"); then echo "skipped (time)"; return; fi
+    if ! lim=$(limit "$cap"); then RB="skipped (time)"; return; fi
     tmo "$lim" "$BIN/rootspec-cuda-bench" "$@" >"$log" 2>&1
     rc=$?
-    if no_device "$log"; then echo "FAIL (no usable device)"; return; fi
-    status $rc
+    if no_device "$log"; then RB="FAIL (no usable device)"; return; fi
+    RB=$(status $rc)
 }
 
 if [ "$MODE" = default-model ]; then
@@ -384,7 +386,7 @@ fi
 # ---- pass1: the 8B one-row pass at a 512-token context, first of all figures ----
 STAGE=pass1
 say "pass1: rootspec-cuda-bench $PASS1_ARGS --ns 1"
-s=$(run_bench "$OUTDIR/pass1.log" 60 $PASS1_ARGS --ns 1)
+run_bench "$OUTDIR/pass1.log" 60 $PASS1_ARGS --ns 1; s=$RB
 grep -hE "^BENCH|copy bandwidth" "$OUTDIR/pass1.log"
 bench_kv pass_ms_n1 "$OUTDIR/pass1.log" 1 graph_nout1_ms
 bench_kv share_n1 "$OUTDIR/pass1.log" 1 share
@@ -395,7 +397,7 @@ stage_end pass1 "$s"
 # ---- gemv: the own one-row GEMV beside cuBLAS on the 8B decode matrices ----
 STAGE=gemv
 say "gemv: rootspec-cuda-bench --gemv $GEMV_ARGS"
-s=$(run_bench "$OUTDIR/gemv.log" 30 --gemv $GEMV_ARGS)
+run_bench "$OUTDIR/gemv.log" 30 --gemv $GEMV_ARGS; s=$RB
 grep -h "^GEMV" "$OUTDIR/gemv.log"
 for sh in o gate_up down lm_head; do
     l=$(grep -m1 "^GEMV shape=$sh " "$OUTDIR/gemv.log")
@@ -407,8 +409,8 @@ stage_end gemv "$s"
 # ---- qkv: the fused q|k|v kernel against cuBLAS on the 8B shape, 1 and 65 rows ----
 STAGE=qkv
 say "qkv: rootspec-cuda-bench $QKV_ARGS --ns 1,65, q|k|v fused, then on cuBLAS"
-s1=$(ROOTSPEC_CUDA_FUSED_QKV=all run_bench "$OUTDIR/qkv-fused.log" 60 $QKV_ARGS --ns 1,65)
-s2=$(ROOTSPEC_CUDA_FUSED_QKV=0 run_bench "$OUTDIR/qkv-cublas.log" 60 $QKV_ARGS --ns 1,65)
+ROOTSPEC_CUDA_FUSED_QKV=all run_bench "$OUTDIR/qkv-fused.log" 60 $QKV_ARGS --ns 1,65; s1=$RB
+ROOTSPEC_CUDA_FUSED_QKV=0 run_bench "$OUTDIR/qkv-cublas.log" 60 $QKV_ARGS --ns 1,65; s2=$RB
 grep -hE "^BENCH" "$OUTDIR/qkv-fused.log" "$OUTDIR/qkv-cublas.log"
 recap_qkv
 if [ "$s1" = ok ]; then stage_end qkv "$s2"; else stage_end qkv "$s1"; fi
@@ -455,34 +457,34 @@ for c in gpu-bundle/sanitizer/compute-sanitizer "$(command -v compute-sanitizer)
          $(ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null); do
     [ -n "$c" ] && [ -x "$c" ] && { SAN=$c; break; }
 done
-# sanitize TOOL CAP: status word. A run that never reached the suite (the tool cannot start
-# here: no ERROR SUMMARY line) is skipped, not failed.
+# sanitize TOOL CAP: the stage's line (stage_end). A run that never reached the suite (the
+# tool cannot start here: no ERROR SUMMARY line) is skipped, not failed.
 sanitize() {
     local tool=$1 log="$OUTDIR/sanitizer-$1.log" lim rc
-    if [ "$EMU" = 1 ] || [ -n "${GPU_CHECK_BIN:-}" ]; then echo "skipped (not a GPU run)"; return; fi
-    [ -z "$SAN" ] && { echo "skipped (no compute-sanitizer)"; return; }
-    lim=$(limit "$2") || { echo "skipped (time)"; return; }
+    if [ "$EMU" = 1 ] || [ -n "${GPU_CHECK_BIN:-}" ]; then stage_end "$tool" "skipped (not a GPU run)"; return; fi
+    [ -z "$SAN" ] && { stage_end "$tool" "skipped (no compute-sanitizer)"; return; }
+    lim=$(limit "$2") || { stage_end "$tool" "skipped (time)"; return; }
     CK_RUN_SUITE=cuda_kernels tmo "$lim" "$SAN" --tool "$tool" --error-exitcode 9 \
         "$BIN/rootspec-cuda-tests" >"$log" 2>&1
     rc=$?
-    if [ "$rc" -eq 0 ]; then echo ok
-    elif [ "$rc" -eq 124 ]; then echo timeout
+    if [ "$rc" -eq 0 ]; then stage_end "$tool" ok
+    elif [ "$rc" -eq 124 ]; then stage_end "$tool" timeout
     elif ! grep -q "ERROR SUMMARY" "$log"; then
-        echo "skipped (could not start: $(grep -m1 -iE 'error|unable|fail' "$log" | cut -c1-80))"
+        stage_end "$tool" "skipped (could not start: $(grep -m1 -iE 'error|unable|fail' "$log" | cut -c1-80))"
     else
-        echo "FAIL (exit $rc, $(grep -m1 -o 'ERROR SUMMARY: [0-9]* error[s]*' "$log"))"
+        stage_end "$tool" "FAIL (exit $rc, $(grep -m1 -o 'ERROR SUMMARY: [0-9]* error[s]*' "$log"))"
     fi
 }
 STAGE=memcheck
 say "memcheck: ${SAN:-no compute-sanitizer} --tool memcheck, kernel suite"
 kv sanitizer "${SAN:-none}${SAN:+ ($("$SAN" --version 2>&1 | tail -1 | tr -s ' ' _))}"
-stage_end memcheck "$(sanitize memcheck 60)"
+sanitize memcheck 60
 case "${ST[memcheck]}" in FAIL*) tail -20 "$OUTDIR/sanitizer-memcheck.log" ;; esac
 
 # ---- bench: both shapes, every n, graph vs eager ----
 STAGE=bench
 say "bench: rootspec-cuda-bench $BENCH_ARGS"
-s=$(run_bench "$OUTDIR/cuda-bench.log" 90 $BENCH_ARGS)
+run_bench "$OUTDIR/cuda-bench.log" 90 $BENCH_ARGS; s=$RB
 grep -hE "^BENCH|graph replays" "$OUTDIR/cuda-bench.log"
 recap_bench
 stage_end bench "$s"
@@ -542,16 +544,16 @@ stage_end pipeline "$sp"
 # ---- batch-invariant mode (its suite ran with the others) ----
 STAGE=batch_invariant
 say "batch_invariant: rootspec-cuda-bench $BI_ARGS --ns 1,9,65 --batch-invariant"
-s=$(run_bench "$OUTDIR/cuda-bench-bi.log" 45 $BI_ARGS --ns 1,9,65 --batch-invariant)
+run_bench "$OUTDIR/cuda-bench-bi.log" 45 $BI_ARGS --ns 1,9,65 --batch-invariant; s=$RB
 grep -hE "^BENCH" "$OUTDIR/cuda-bench-bi.log"
 recap_bi
 stage_end batch_invariant "$s"
 
 say "racecheck, synccheck: compute-sanitizer, kernel suite, if time is left"
 STAGE=racecheck
-stage_end racecheck "$(sanitize racecheck 45)"
+sanitize racecheck 45
 STAGE=synccheck
-stage_end synccheck "$(sanitize synccheck 45)"
+sanitize synccheck 45
 
 STAGE=recap
 recap
