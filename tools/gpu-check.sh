@@ -33,7 +33,7 @@
 # Exit status: 0 when no stage FAILed, 1 otherwise, 2 when no binaries could be had or on
 # bad usage, 3 when the driver is too old for the binaries.
 #   --limit S        the run's time limit in seconds (required, except with --emu: 3600)
-#   --emu            dry run on this machine: the emulator build (make cuda-emu), tiny
+#   --emu            dry run without a GPU: the emulator build (make cuda-emu), tiny
 #                    models, stage limits x10 (the recap has the same keys)
 #   --default-model  a second, optional run (the default model travels in two parts,
 #                    tools/gpu-carry.sh): checks the parts first and goes if they are not
