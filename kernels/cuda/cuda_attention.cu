@@ -243,7 +243,6 @@ k_attention(const float *q, int q_stride, const bf16 *kc, const bf16 *vc, const 
     __shared__ float p_sh[ATT_QV][ATT_C];
     __shared__ float m_sh[ATT_QV], l_sh[ATT_QV], a_sh[ATT_QV];
     AttTile T = att_tile(meta, n_heads, n_kv_heads, g);
-    int kvh = blockIdx.y / g.n_hgroups, kv_dim = n_kv_heads * hd;
     for (int i = threadIdx.x; i < T.nq * hd; i += ATT_THREADS) {
         int qv = i / hd, d = i % hd;
         q_sh[i] = q[(size_t)(T.r0 + qv / T.nhb) * q_stride + (size_t)(T.h0 + qv % T.nhb) * hd + d];
@@ -259,6 +258,9 @@ k_attention(const float *q, int q_stride, const bf16 *kc, const bf16 *vc, const 
         for (int e = 0; e < 8; e++) acc[k][e] = 0.0f;
     __syncthreads();
     for (int t0 = T.lo; t0 < T.hi && T.nq > 0; t0 += ATT_C) {
+        /* the KV head read again each tile rather than kept across the tile's warp-sync
+         * calls, around which sm_80 would spill it */
+        int kvh = block_y() / g.n_hgroups, kv_dim = n_kv_heads * hd;
         att_scores(T, t0, q_sh, kc, kv_dim, kvh, hd, scale, mask, p_sh, m_sh, l_sh, a_sh);
         __syncthreads();
         att_values(T, t0, vc, kv_dim, kvh, hd, p_sh, a_sh, acc);

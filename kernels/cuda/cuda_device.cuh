@@ -29,6 +29,17 @@ static inline unsigned blocks_for(size_t n, unsigned threads) {
     return (unsigned)(b > 65535u * 16u ? 65535u * 16u : (b ? b : 1));
 }
 
+/* blockIdx.y, read from its special register each time (never kept in a register). */
+__device__ __forceinline__ int block_y(void) {
+#ifdef ROOTSPEC_CUEMU
+    return blockIdx.y;
+#else
+    int y;
+    asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(y));
+    return y;
+#endif
+}
+
 /* ---- reductions ---- */
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -210,17 +210,6 @@ __device__ void qkv_fused_post(const float *qkv, float (*head_sh)[256], int h, i
     for (int i = lane; i < hd; i += 32) dst[i] = __float2bfloat16_rn(v[i]);
 }
 
-/* blockIdx.y, read from its special register each time (never kept in a register). */
-__device__ __forceinline__ int block_y(void) {
-#ifdef ROOTSPEC_CUEMU
-    return blockIdx.y;
-#else
-    int y;
-    asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(y));
-    return y;
-#endif
-}
-
 __global__ void __launch_bounds__(256)
 k_qkv_fused(const bf16 *W, const float *x, const float *norm_w, int dim, float eps, int nb,
             int n_heads, int n_kv_heads, int hd, int parts, const float *bias,
