@@ -8,7 +8,17 @@
  * and the kernel nodes of its captured graph per layer.
  *   rootspec-cuda-bench [--iters N] [--ctx N] [--only target|drafter] [--model SPEC]
  *                       [--copy-mib N] [--device D] [--ns N,N,...] [--batch-invariant]
- * --model times one other model instead (a file or random:PRESET, see common/randmodel.h). */
+ *   rootspec-cuda-bench --preflight [--device D]
+ *   rootspec-cuda-bench --gemv [--gemv-div N] [--iters N] [--device D]
+ * --model times one other model instead (a file or random:PRESET, see common/randmodel.h).
+ * --gemv times the own one-row GEMV (cuk_gemv) beside cuBLAS (cublasGemmEx, bf16 in, f32
+ * out, as the backend calls it) on the Llama-3.1-8B matrices of a decode step (o, gate|up,
+ * down, LM head; each dimension divided by --gemv-div): one GEMV line per shape with the
+ * median microseconds and weight GB/s of each.
+ * --preflight times nothing: it prints key=value lines of the driver's and the runtime's
+ * CUDA versions, the cuBLAS version loaded and the device, and exits 3 when the driver is
+ * older than the runtime linked in (nothing else could run), 1 without a usable device. */
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,9 +193,115 @@ static int time_shape(const Shape *sh, int ctx, int iters, int device, double co
     return 0;
 }
 
+/* Median microseconds of `iters` launches of one GEMV (own kernel or cuBLAS), events
+ * around each. */
+static double time_gemv(int own, cublasHandle_t h, const rs_bf16 *W, int out, int in,
+                        const rs_bf16 *x, float *y, int iters) {
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    double *t = (double *)malloc(sizeof(double) * iters);
+    const float alpha = 1.0f, beta = 0.0f;
+    for (int i = -3; i < iters; i++) {
+        CUDA_CHECK(cudaEventRecord(e0, 0));
+        if (own) cuk_gemv(0, W, out, in, x, 0, y);
+        else CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, out, 1, in, &alpha, W,
+                                       CUDA_R_16BF, in, x, CUDA_R_16BF, in, &beta, y,
+                                       CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+                                       CUBLAS_GEMM_DEFAULT));
+        CUDA_CHECK(cudaEventRecord(e1, 0));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 0) t[i] = ms * 1e3;
+    }
+    qsort(t, iters, sizeof(double), cmp_double);
+    double med = t[iters / 2];
+    free(t);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return med;
+}
+
+/* --gemv: the 8B decode matrices, own kernel beside cuBLAS. */
+static int bench_gemv(int div, int iters) {
+    static const int shapes[4][2] = {{4096, 4096}, {28672, 4096}, {4096, 14336}, {128256, 4096}};
+    static const char *names[4] = {"o", "gate_up", "down", "lm_head"};
+    cublasHandle_t h;
+    CUBLAS_CHECK(cublasCreate(&h));
+    for (int i = 0; i < 4; i++) {
+        int out = shapes[i][0] / div, in = shapes[i][1] / div / 8 * 8;
+        rs_bf16 *W, *x;
+        float *y;
+        CUDA_CHECK(cudaMalloc((void **)&W, (size_t)out * in * 2));
+        CUDA_CHECK(cudaMalloc((void **)&x, (size_t)in * 2));
+        CUDA_CHECK(cudaMalloc((void **)&y, (size_t)out * 4));
+        cuk_fill_random_bf16(0, W, (size_t)out * in, 11 + i, 0.05f, 0.0f);
+        cuk_fill_random_bf16(0, x, (size_t)in, 21 + i, 1.0f, 0.0f);
+        double own = time_gemv(1, h, W, out, in, x, y, iters);
+        double cb = time_gemv(0, h, W, out, in, x, y, iters);
+        double bytes = (double)out * in * 2;
+        printf("GEMV shape=%s out=%d in=%d own_us=%.2f cublas_us=%.2f own_GBps=%.0f "
+               "cublas_GBps=%.0f\n", names[i], out, in, own, cb, bytes / own * 1e-3,
+               bytes / cb * 1e-3);
+        cudaFree(W), cudaFree(x), cudaFree(y);
+    }
+    cublasDestroy(h);
+    return 0;
+}
+
+/* CUDA version number (1000 major + 10 minor) as "major.minor". */
+static const char *cuda_ver(int v, char *buf, size_t n) {
+    snprintf(buf, n, "%d.%d", v / 1000, v % 1000 / 10);
+    return buf;
+}
+
+/* The versions and the device, before any timing; see the file comment. */
+static int preflight(int device) {
+    int drv = 0, rt = 0, ndev = 0, maj = -1, min = -1, pat = -1;
+    char a[16], b[16];
+    cudaDriverGetVersion(&drv); /* 0 with no driver; never fails on an old one */
+    cudaRuntimeGetVersion(&rt);
+    cublasGetProperty(MAJOR_VERSION, &maj);
+    cublasGetProperty(MINOR_VERSION, &min);
+    cublasGetProperty(PATCH_LEVEL, &pat);
+    printf("cuda_driver=%s\ncuda_runtime=%s\ncublas=%d.%d.%d\n", cuda_ver(drv, a, sizeof a),
+           cuda_ver(rt, b, sizeof b), maj, min, pat);
+    if (drv == 0) {
+        printf("preflight=FAIL (no CUDA driver: libcuda.so.1 not found or not loadable)\n");
+        return 1;
+    }
+    /* Minor version compatibility lets a runtime run on an older driver of its major
+     * version (SASS only, which the binaries carry); an older major cannot run at all. */
+    if (drv / 1000 < rt / 1000) {
+        printf("preflight=FAIL (the driver supports CUDA %s, older than the CUDA %s runtime "
+               "these binaries carry: a driver of CUDA %d or newer is needed)\n", a, b, rt / 1000);
+        return 3;
+    }
+    if (drv < rt) printf("preflight_note=driver CUDA %s < runtime %s: minor version compatibility\n", a, b);
+    cudaError_t rc = cudaGetDeviceCount(&ndev);
+    if (rc != cudaSuccess || ndev <= device) {
+        printf("preflight=FAIL (no CUDA device %d: %s)\n", device,
+               rc != cudaSuccess ? cudaGetErrorString(rc) : "too few devices");
+        return 1;
+    }
+    cudaDeviceProp prop;
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaSetDevice(device));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    for (char *c = prop.name; *c; c++)
+        if (*c == ' ') *c = '_';
+    printf("device=%s\ncc=%d.%d\nsms=%d\nmem_gib=%.1f\nmem_free_gib=%.1f\npreflight=ok\n",
+           prop.name, prop.major, prop.minor, prop.multiProcessorCount, total_b / 1073741824.0,
+           free_b / 1073741824.0);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int iters = 20, ctx = 512, device = 0, copy_mib = 2048;
     const char *only = NULL, *model_spec = NULL;
+    int preflight_only = 0, gemv = 0, gemv_div = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) ctx = atoi(argv[++i]);
@@ -194,11 +310,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) model_spec = argv[++i];
         else if (!strcmp(argv[i], "--copy-mib") && i + 1 < argc) copy_mib = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--batch-invariant")) g_batch_inv = 1;
+        else if (!strcmp(argv[i], "--preflight")) preflight_only = 1;
+        else if (!strcmp(argv[i], "--gemv")) gemv = 1;
+        else if (!strcmp(argv[i], "--gemv-div") && i + 1 < argc) gemv_div = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--ns") && i + 1 < argc && parse_ns(argv[i + 1])) i++;
         else {
             fprintf(stderr, "usage: %s [--iters N] [--ctx N] [--only target|drafter] "
                     "[--model SPEC] [--copy-mib N] [--device D] [--ns N,N,...] "
-                    "[--batch-invariant]\n", argv[0]);
+                    "[--batch-invariant] | --preflight [--device D] | --gemv [--gemv-div N]\n", argv[0]);
             return 2;
         }
     }
@@ -207,6 +326,7 @@ int main(int argc, char **argv) {
                 iters, ctx, copy_mib);
         return 2;
     }
+    if (preflight_only) return preflight(device);
     int ndev = 0;
     cudaError_t rc = cudaGetDeviceCount(&ndev);
     if (rc != cudaSuccess || ndev == 0) {
@@ -215,6 +335,13 @@ int main(int argc, char **argv) {
         return 0;
     }
     CUDA_CHECK(cudaSetDevice(device));
+    if (gemv) {
+        if (gemv_div < 1 || gemv_div > 64) {
+            fprintf(stderr, "rootspec-cuda-bench: --gemv-div %d out of range (1..64)\n", gemv_div);
+            return 2;
+        }
+        return bench_gemv(gemv_div, iters);
+    }
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     printf("device %d: %s, %d SMs, %.1f GiB, cc %d.%d\n", device, prop.name,

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The default model (98 MB) is larger than what one device call may carry (64 MiB with the
-# working tree), so the first GPU run (`bash tools/gpu-check.sh`, one call carrying
-# gpu-bundle/) goes without it. For the optional `--default-model` check it travels in two
-# parts over two calls to the same warm machine (released about 30 s after a call, so the
-# second call must follow at once; a fresh machine has lost part 1 and the check goes):
+# The default model (98 MB) does not fit beside gpu-bundle/ in what a GPU run is sent
+# (64 MiB with the working tree), so the first GPU run (`bash tools/gpu-check.sh --limit S`)
+# goes without it. For the optional `--default-model` run it travels in two parts, with two
+# consecutive runs on the same GPU machine (a fresh machine has lost part 1 and the check
+# stops):
 #   here:   bash tools/gpu-carry.sh split   -> gpu-carry/model.part1 (44 MiB), model.part2,
 #                                              model.sha256 (git-ignored)
-#   call 1: the first GPU run, carrying gpu-carry/model.part1 and model.sha256 as well
-#   call 2 (at once): carry gpu-carry/model.part2; run `bash tools/gpu-check.sh --default-model`
+#   run 1:  the first GPU run, sent gpu-carry/model.part1 and model.sha256 as well
+#   run 2 (at once): sent gpu-carry/model.part2; `bash tools/gpu-check.sh --limit S --default-model`
 #   there:  bash tools/gpu-carry.sh join    -> models/<default>.gguf once both parts are there
 #           and the sha256 matches (gpu-check.sh calls it first); exit 1 (and a message)
 #           otherwise.
@@ -26,15 +26,15 @@ case "${1:-}" in
     cat "$DIR/model.part1" "$DIR/model.part2" | cmp -s - "$MODEL" \
       || { echo "gpu-carry: the parts do not rebuild $MODEL" >&2; exit 1; }
     ls -l "$DIR"
-    # What each call would send (the device tool's limit is 64 MiB a call, working tree included).
+    # What each run is sent (at most 64 MiB, working tree included).
     tree=$(git ls-files -co --exclude-standard -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
     bundle=$( [ -d gpu-bundle ] && du -sb gpu-bundle | cut -f1 || echo 0)
     c1=$((tree + bundle + $(stat -c %s "$DIR/model.part1") + $(stat -c %s "$DIR/model.sha256")))
     c2=$((tree + $(stat -c %s "$DIR/model.part2")))
     lim=$((64 << 20))
-    echo "gpu-carry: call 1 (tree + gpu-bundle + part1) $c1 bytes, call 2 (tree + part2) $c2 bytes, limit $lim"
+    echo "gpu-carry: run 1 (tree + gpu-bundle + part1) $c1 bytes, run 2 (tree + part2) $c2 bytes, limit $lim"
     [ "$c1" -le "$lim" ] && [ "$c2" -le "$lim" ] || { echo "gpu-carry: over the limit: rebalance PART1_BYTES" >&2; exit 1; }
-    [ "$bundle" -gt 0 ] || echo "gpu-carry: gpu-bundle/ missing: run make gpu-bundle first (call 1 carries it)"
+    [ "$bundle" -gt 0 ] || echo "gpu-carry: gpu-bundle/ missing: run make gpu-bundle first (run 1 needs it)"
     ;;
   join)
     if [ -r "$MODEL" ] && (cd models && sha256sum -c --quiet "../$DIR/model.sha256" 2>/dev/null); then

@@ -13,7 +13,8 @@
 #   PIPE_DECODERS speculative decoders              (default "draft pearl rootdraw")
 #   PIPE_MAX_NEW  new tokens per decode (default 128); PIPE_PROMPT_LEN prompt ids (64)
 #   PIPE_BUDGET   tree budget (59); PIPE_OUT log folder (default pipeline-out)
-#   PIPE_RUN_LIMIT seconds per decode including start-up (default 60)
+#   PIPE_RUN_LIMIT seconds per decode including start-up (default 60); a decode past it, or
+#                 the script stopped by a signal, has its whole process group killed
 #   PIPE_TIE_TOL  logit margin of a near-tie (default 0.05 on cuda, 0.001 on cpu)
 #   PIPE_IDENTITY strict | report (default strict): whether a difference from AR beyond a
 #                 near-tie fails the run or is only reported (IDENTITY DIFFERS)
@@ -60,14 +61,36 @@ case "$DRAFT" in
 esac
 say "target $TARGET, drafter $DRAFT, backend $BACKEND, $PLEN prompt ids, $MAX_NEW new tokens"
 
+# limited CMD...: CMD under timeout with RUN_LIMIT (TERM, then KILL 5 s later). timeout
+# puts CMD in a process group of its own, which a timeout of this script's caller would not
+# reach: so CMD runs in the background and a signal to this script kills that whole group
+# (the target and the drafter launch.sh started) before the script exits.
+CHILD=""
+limited() {
+    local rc
+    timeout -k 5 "$RUN_LIMIT" "$@" &
+    CHILD=$!
+    wait "$CHILD"
+    rc=$?
+    CHILD=""
+    return $rc
+}
+stop_child() {
+    [ -n "$CHILD" ] && kill -TERM -- -"$CHILD" 2>/dev/null
+    sleep 1
+    [ -n "$CHILD" ] && kill -KILL -- -"$CHILD" 2>/dev/null
+    exit 143
+}
+trap stop_child TERM INT HUP
+
 # AR runs past the speculative decoders' MAX_NEW: they may stop a tree depth later.
 run_ar() {
-    timeout "$RUN_LIMIT" "$BIN/rootspec-target" --backend "$BACKEND" "${common[@]}" --decoder ar \
+    limited "$BIN/rootspec-target" --backend "$BACKEND" "${common[@]}" --decoder ar \
         --max-new $((MAX_NEW + 16)) --log-rounds "$OUT/rounds-ar.jsonl" \
         >"$OUT/ar.out" 2>"$OUT/ar.err"
 }
 run_spec() {
-    timeout "$RUN_LIMIT" bash deploy/launch.sh --backend "$BACKEND" --bin "$BIN" --draft-model "$DRAFT" \
+    limited bash deploy/launch.sh --backend "$BACKEND" --bin "$BIN" --draft-model "$DRAFT" \
         "${head_args[@]}" -- \
         "${common[@]}" --decoder "$1" --max-new "$MAX_NEW" --draft-timeout-ms 120000 \
         --log-rounds "$OUT/rounds-$1.jsonl" >"$OUT/$1.out" 2>"$OUT/$1.err"

@@ -2,11 +2,12 @@
 # LIB_OBJS, BENCH_OBJS, main_bench_objs and MAIN_SRCS). Nothing here is built by `make` or
 # `make test`:
 #   make cuda [CUDA_ARCHS="80 86 89 90"]  -> build/cuda/rootspec-{<mains>,cuda-bench,cuda-tests}
-#   make gpu-bundle                       -> gpu-bundle/: sm_90 binaries + the shared
-#                                            libraries a bare CUDA machine lacks: what the
-#                                            one GPU call (tools/gpu-check.sh) carries
+#   make gpu-bundle                       -> gpu-bundle/: sm_90 binaries, the shared
+#                                            libraries a bare CUDA machine lacks and
+#                                            compute-sanitizer: what tools/gpu-check.sh
+#                                            runs on a GPU machine
 #   make gpu-prepare                      -> gpu-bundle + gpu-carry/ (default model in 2
-#                                            parts, for the optional --default-model calls)
+#                                            parts, for the optional --default-model run)
 # The CUDA binaries link the CPU library objects except kernels/cuda/cuda_stub.o (which would
 # answer "no CUDA backend") plus the nvcc objects of kernels/cuda/*.cu. The CPU emulator build
 # (make cuda-emu, cuda-emu-test) is test scaffolding: tests/cuemu/cuemu.mk.
@@ -78,10 +79,16 @@ cuda-test: $(CUDA_TEST_BIN)
 
 # gpu-bundle: sm_90 build (always relinked) + every shared library ldd resolves outside the set a CUDA
 # machine has anyway (libc family, libstdc++/libgcc_s, the CUDA libraries), reached
-# through the $ORIGIN/lib rpath. The fixtures the CUDA tests read come with the working
-# tree, which every device call carries.
+# through the $ORIGIN/lib rpath, + compute-sanitizer (sanitizer/) from the PyPI wheel of the
+# toolkit's CUDA version, so the sanitizer stages run on a machine that has only the
+# driver; BUILD.txt names the CUDA runtime linked in (the check's preflight compares it with
+# the driver). The fixtures the CUDA tests read come with the working tree.
 # glibc's own libraries must match the machine's libc, so they are never bundled.
 GPU_BUNDLE_SKIP := linux-vdso|ld-linux|/libc\.so|/libm\.so|/libpthread|/libdl\.so|/librt\.so|/libresolv|/libutil\.so|/libanl|/libnsl|/libstdc\+\+|/libgcc_s|/libcuda|/libcublas|/libcudart
+# The working tree and gpu-bundle/ travel to the GPU machine together, in at most 64 MiB.
+GPU_BUNDLE_MAX := 67108864
+CUDA_VERSION_MM = $(shell $(NVCC) --version | sed -n 's/.*release \([0-9]*\.[0-9]*\).*/\1/p')
+CUDA_SANITIZER_WHEEL ?= nvidia-cuda-sanitizer-api==$(CUDA_VERSION_MM).*
 gpu-bundle:
 	$(MAKE) cuda CUDA_ARCHS=90
 	rm -rf gpu-bundle
@@ -92,37 +99,33 @@ gpu-bundle:
 	  | sort -u | grep -Ev '$(GPU_BUNDLE_SKIP)' | while read -r lib; do \
 	    cp -L "$$lib" gpu-bundle/lib/ && chmod u+w "gpu-bundle/lib/$$(basename $$lib)" && \
 	    strip --strip-unneeded "gpu-bundle/lib/$$(basename $$lib)"; done
-	# binaries and libraries travel xz-compressed (25 MB -> 7: the bundle and the working tree
-	# must fit the device call's 64 MiB); tools/gpu-check.sh unpacks them (or:
-	# xz -d gpu-bundle/*.xz gpu-bundle/lib/*.xz) before the binaries start.
-	xz -T0 -6 gpu-bundle/rootspec-* gpu-bundle/lib/*
+	bash tools/nvidia-wheel.sh '$(CUDA_SANITIZER_WHEEL)' gpu-bundle/sanitizer
+	gpu-bundle/sanitizer/compute-sanitizer --version | tail -1
+	printf 'cuda_runtime=%s\nnvcc=%s\narchs=90\ncommit=%s\n' '$(CUDA_VERSION_MM)' \
+	  "$$($(NVCC) --version | sed -n 's/.*\(V[0-9.]*\)$$/\1/p')" "$$(git rev-parse --short HEAD)" >gpu-bundle/BUILD.txt
+	# binaries and libraries travel xz-compressed (50 MB -> 14: the bundle and the working
+	# tree must fit GPU_BUNDLE_MAX); tools/gpu-check.sh unpacks them (or: xz -d
+	# gpu-bundle/*.xz gpu-bundle/*/*.xz) before the binaries start.
+	xz -T0 -6 gpu-bundle/rootspec-* gpu-bundle/lib/* gpu-bundle/sanitizer/*
 	@echo "gpu-bundle: $$(du -sh gpu-bundle | cut -f1) ($$(ls gpu-bundle/lib | wc -l) libraries: $$(ls gpu-bundle/lib | tr '\n' ' '))"
 	@tree=$$(git ls-files -co --exclude-standard -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1); \
 	  all=$$((tree + $$(du -sb gpu-bundle | cut -f1))); \
-	  echo "gpu-bundle: the device call carries $$all bytes (working tree + gpu-bundle; limit $$((64 << 20)))"; \
-	  [ $$all -le $$((64 << 20)) ] || { echo "gpu-bundle: over the device call's limit" >&2; exit 1; }
+	  echo "gpu-bundle: working tree + gpu-bundle = $$all bytes (at most $(GPU_BUNDLE_MAX))"; \
+	  [ $$all -le $(GPU_BUNDLE_MAX) ] || { echo "gpu-bundle: over $(GPU_BUNDLE_MAX) bytes" >&2; exit 1; }
 
-# Everything two device calls carry (docs/CUDA.md): gpu-bundle/ plus the default model in
-# two parts under gpu-carry/, with each call's size checked against the 64 MiB limit.
+# Everything the two GPU runs need (docs/CUDA.md): gpu-bundle/ plus the default model in
+# two parts under gpu-carry/, each run's share checked against GPU_BUNDLE_MAX.
 .PHONY: gpu-prepare
 gpu-prepare: gpu-bundle $(DEFAULT_MODEL)
 	bash tools/gpu-carry.sh split
 
 -include $(CUDA_CU_OBJS:.o=.d) $(CUDA_DIR)/bench/cuda_bench_main.d $(CUDA_TEST_OBJS:.o=.d)
 
-# Static launch-resource check (needs nvcc, no GPU): ptxas registers and shared memory of every
-# kernel for CUDA_ARCHS. A block of T threads needs T * registers <= 65536, so the 1024-thread
-# kernels (k_argmax, k_sample) must stay at <= 64 registers or their launches fail on the GPU
-# (too many resources requested), which the CPU emulator cannot see.
+# Resource and SASS lint (needs nvcc, no GPU; tools/cuda-lint.sh): ptxas -v of every
+# kernels/cuda/*.cu for CUDA_ARCHS — registers x threads of each launch size, static shared
+# memory, local memory, spills (a spill, or a launch a GPU would refuse as "too many
+# resources requested", fails: the CPU emulator cannot see either) — and the 16-byte loads
+# per iteration of the sm_90 hot loops (attention, GEMV), printed.
 .PHONY: cuda-resources
 cuda-resources:
-	@mkdir -p $(CUDA_DIR)
-	$(NVCC) $(NVCCFLAGS) -Xptxas -v -c kernels/cuda/cuda_kernels.cu -o $(CUDA_DIR)/resources.o 2> $(CUDA_DIR)/resources.txt
-	@awk '/Compiling entry function/ { k = $$0; sub(/.*function ./, "", k); sub(/. for .*/, "", k); \
-	        a = $$0; sub(/.*for ./, "", a); sub(/.$$/, "", a) } \
-	      /Used [0-9]+ registers/ { r = $$0; sub(/.*Used /, "", r); sub(/ registers.*/, "", r); \
-	        s = $$0; sub(/.*registers,? */, "", s); \
-	        big = (k ~ /k_argmax|k_sample/) ? 1024 : 256; bad = r * big > 65536; nbad += bad; \
-	        printf "%-6s %-40s %3d regs  %s%s\n", a, k, r, s, bad ? "  TOO MANY for " big " threads" : "" } \
-	      END { if (nbad) { print "cuda-resources: " nbad " kernel(s) over the register budget"; exit 1 } \
-	            else print "cuda-resources: every kernel fits its launch size" }' $(CUDA_DIR)/resources.txt
+	bash tools/cuda-lint.sh --archs "$(CUDA_ARCHS)" --out $(CUDA_DIR)/lint

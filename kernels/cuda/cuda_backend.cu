@@ -75,6 +75,7 @@ typedef struct {
     int rows;
     float eps;
     cudaStream_t stream;
+    cudaEvent_t in_copied; /* the last forward's input block has reached the device */
     cublasHandle_t blas;
     void *blas_ws;
     size_t blas_ws_bytes;
@@ -243,6 +244,7 @@ static void cuda_destroy(Backend **pb) {
     free(b->h_mask_bytes);
     free(b->keep_seen);
     if (b->blas) cublasDestroy(b->blas);
+    if (b->in_copied) cudaEventDestroy(b->in_copied);
     if (b->stream) cudaStreamDestroy(b->stream);
     free(b);
     *pb = NULL;
@@ -405,6 +407,7 @@ static CudaBackend *backend_new(const Model *m, const BackendParams *p) {
     if (c->dim > CUK_NORM_GEMM_MAX_IN) b->fused_qkv = 0;
     b->batch_inv = p->batch_invariant != 0 || backend_batch_invariant();
     CUDA_CHECK(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&b->in_copied, cudaEventDisableTiming));
     CUBLAS_CHECK(cublasCreate(&b->blas));
     CUBLAS_CHECK(cublasSetStream(b->blas, b->stream));
     /* An explicit workspace: cuBLAS must not allocate while a graph is being captured. */
@@ -787,6 +790,14 @@ extern "C" int cuda_backend_qkv_fused(const Backend *bb, int n) {
     return b->batch_inv || nb <= b->fused_qkv;
 }
 
+extern "C" int cuda_backend_busy(const Backend *bb) {
+    RS_ASSERT(bb && bb->ops == &cuda_ops);
+    cudaError_t rc = cudaStreamQuery(((const CudaBackend *)bb)->stream);
+    if (rc == cudaErrorNotReady) return 1;
+    CUDA_CHECK(rc);
+    return 0;
+}
+
 extern "C" void cuda_backend_launches(const Backend *bb, int *per_layer, int *per_pass) {
     RS_ASSERT(bb && bb->ops == &cuda_ops);
     const CudaBackend *b = (const CudaBackend *)bb;
@@ -827,9 +838,12 @@ static int cuda_forward(Backend *bb, const int *tokens, const int *pos, int n,
     int bi = n <= GRAPH_MAX_TOKENS ? bucket_of(n) : -1;
     int nb = bi >= 0 ? kBuckets[bi] : n;
     RS_ASSERT(nb <= b->rows);
+    /* the previous call's input copy may still read the pinned block staged anew here */
+    CUDA_CHECK(cudaEventSynchronize(b->in_copied));
     size_t bytes = stage_inputs(b, tokens, pos, n, nb, mask, out_rows, n_out);
     cudaStream_t s = b->stream;
     CUDA_CHECK(cudaMemcpyAsync(b->d_in, b->h_in, bytes, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaEventRecord(b->in_copied, s));
     if (bi >= 0 && b->use_graphs) {
         launch_graph(b, bi);
         b->n_graph_replays++;
@@ -839,10 +853,14 @@ static int cuda_forward(Backend *bb, const int *tokens, const int *pos, int n,
         b->graph_kernel_nodes = b->graph_nodes = -1;
     }
     b->launches_pass += head(b, n_out);
-    if (n_out > 0 && logits) /* NULL: the rows stay on the device (kept rows) */
+    /* Without logits to return the pass stays in flight: the rows stay on the device, and
+     * every later call that reads the device (row queries, kv_commit, copies) runs behind it
+     * on the same stream and synchronises itself. */
+    if (n_out > 0 && logits) {
         CUDA_CHECK(cudaMemcpyAsync(logits, b->logits, (size_t)n_out * b->dims.vocab * 4,
                                    cudaMemcpyDeviceToHost, s));
-    CUDA_CHECK(cudaStreamSynchronize(s));
+        CUDA_CHECK(cudaStreamSynchronize(s));
+    }
     bb->n_pending += n;
     return RS_OK;
 }

@@ -34,6 +34,9 @@ void cuda_backend_graph_launches(const Backend *b, double *per_layer, int *kerne
 /* 1 when a forward() of n rows computes q|k|v with the fused kernel (k_qkv_fused), 0 when
  * with RMSNorm + cuBLAS + k_qkv_post. */
 int cuda_backend_qkv_fused(const Backend *b, int n);
+/* 1 while work enqueued on the backend's stream has not finished (cudaStreamQuery): a
+ * forward() without logits to return leaves its pass in flight. */
+int cuda_backend_busy(const Backend *b);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,7 @@
-/* CUDA kernels of the transformer forward (kernels/cuda/cuda_kernels.cu), callable from C.
+/* CUDA kernels of the transformer forward, callable from C; one file per operation, each
+ * naming its CPU reference: kernels/cuda/cuda_kernels.cu (norms and elementwise, the launch
+ * counter), cuda_attention.cu, cuda_gemm.cu (own GEMV/GEMM, fused q|k|v), cuda_sample.cu
+ * (argmax, sampling); cuda_topk.cu and cuda_rowstats.cu have headers of their own.
  * Every launcher takes device pointers and a stream and only enqueues work, so the
  * backend can capture a whole forward in a CUDA graph. bf16 values cross this C interface
  * as raw uint16_t bits (the device side reads them as __nv_bfloat16).
@@ -32,7 +35,7 @@ typedef struct {
 
 /* The one kernel-launch form of the .cu files. Under nvcc it is exactly the <<<>>> launch;
  * under the CPU emulator (ROOTSPEC_CUEMU, tests/cuemu/) it enqueues the kernel on the
- * emulated stream with the same argument conversions. It counts nothing: cuda_kernels.cu's
+ * emulated stream with the same argument conversions. It counts nothing: cuda_device.cuh's
  * CUK_LAUNCH counts each launch, the other files call cuk_count_launches. */
 #ifdef ROOTSPEC_CUEMU
 #define CUK_KERNEL_LAUNCH(k, grid, block, stream, ...) \
@@ -117,7 +120,7 @@ void cuk_kv_store(cudaStream_t s, const float *k, const float *v, int row_stride
 /* Attention of query rows t < meta->n over cache slots [0, kv_base + n): committed slots
  * always, pending slot j (relative to n_committed) where bit j of mask row t is set (rows
  * of (mask_stride + 63) / 64 words, cuk_pack_mask). GQA, scale 1/sqrt(hd), f32 online
- * softmax, split-KV merged in the same launch (cuda_kernels.cu): always one launch. q rows
+ * softmax, split-KV merged in the same launch (cuda_attention.cu): always one launch. q rows
  * of q_stride floats (n_heads*hd used); out (nb, n_heads*hd) bf16 and/or f32; padding rows
  * get zeros. hd % 8 == 0, hd <= 256. cap: the cache's slots (bounds the splits); batch_inv:
  * split bounds fixed by slot position, so a row's result does not depend on nb or n.
@@ -137,7 +140,13 @@ void cuk_swiglu(cudaStream_t s, const float *gu, int nb, int hidden, rs_bf16 *ou
                 float *out_f32);
 /* x[i] += y[i], i < n. */
 void cuk_residual_add(cudaStream_t s, float *x, const float *y, size_t n);
-/* Batch-invariant y (nb, out) = op(x) @ W^T, W (out, in) bf16 (cuda_kernels.cu): each output
+/* y (out) (+)= W x for one bf16 row x (in), W (out, in) bf16 (cuda_gemm.cu): one warp per
+ * output, 8 16-byte weight and 8 input loads in flight per lane, each output's bits those
+ * of cuk_gemm_bi with one row and no prologue. in % 8 == 0. */
+void cuk_gemv(cudaStream_t s, const rs_bf16 *W, int out, int in, const rs_bf16 *x,
+              int accumulate, float *y);
+
+/* Batch-invariant y (nb, out) = op(x) @ W^T, W (out, in) bf16 (cuda_gemm.cu): each output
  * element reduced over in in an order fixed by `in` alone. Input: xb (nb, in) bf16, or with
  * norm_w the f32 rows xf (rows ? rows[r] : r) RMS-normed with norm_w, eps and rounded to
  * bf16 (in <= CUK_NORM_GEMM_MAX_IN). Output: y (nb, out) f32, added to y when accumulate; or

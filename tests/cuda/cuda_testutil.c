@@ -57,6 +57,29 @@ const char *cu_fixture(const char *rel) {
     return access(buf[k], R_OK) == 0 ? buf[k] : NULL;
 }
 
+int cu_bits_report(const char *label, const float *got, const float *want, int rows, int cols) {
+    int bad_rows = 0, fr = -1, fc = -1, mr = -1, mc = -1;
+    double worst = -1.0;
+    for (int r = 0; r < rows; r++) {
+        const float *g = got + (size_t)r * cols, *w = want + (size_t)r * cols;
+        if (!memcmp(g, w, sizeof(float) * cols)) continue;
+        bad_rows++;
+        for (int c = 0; c < cols; c++) {
+            if (!memcmp(&g[c], &w[c], sizeof(float))) continue;
+            if (fr < 0) fr = r, fc = c;
+            double d = fabs((double)g[c] - (double)w[c]);
+            if (d != d) d = INFINITY; /* a NaN on either side */
+            if (d > worst) worst = d, mr = r, mc = c;
+        }
+    }
+    if (!bad_rows) return 0;
+    printf("MISMATCH %s: %d of %d rows differ; first at row %d col %d (got %.9g, want %.9g); "
+           "largest |difference| %.3g at row %d col %d\n", label, bad_rows, rows, fr, fc,
+           got[(size_t)fr * cols + fc], want[(size_t)fr * cols + fc], worst, mr, mc);
+    fflush(stdout);
+    return bad_rows;
+}
+
 float cu_round_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);

@@ -46,6 +46,13 @@ int cu_compare_logits(const char *label, const float *got, const float *ref, int
 int cu_prefill_decode_parity(const char *label, Backend *cpu, Backend *gpu, const int *tok,
                              int n, int steps, int *agree, float *worst);
 
+/* Bitwise comparison of rows x cols floats: 0 when every bit agrees, else the rows that
+ * differ, after one line "MISMATCH label: N of M rows differ; first at row R col C (got G,
+ * want W); largest |difference| D at row R2 col C2" (NaNs count as differences). The
+ * bitwise tests compare everything before failing, so a first GPU run shows how far and
+ * where results differ (FMA contraction, libdevice maths), not only that they do. */
+int cu_bits_report(const char *label, const float *got, const float *want, int rows, int cols);
+
 /* Independent bf16 round-to-nearest-even (reference for the device conversions). */
 float cu_round_bf16(float f);
 /* Uniform float in [lo, hi) from a tiny LCG (tests only). */

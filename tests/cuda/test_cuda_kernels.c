@@ -1,4 +1,5 @@
-/* Per-kernel tests of kernels/cuda/cuda_kernels.cu on random inputs, each against the CPU
+/* Per-kernel tests of kernels/cuda/ (cuda_kernels.cu, cuda_attention.cu, cuda_gemm.cu,
+ * cuda_sample.cu) on random inputs, each against the CPU
  * backend's own operation (kernels/cpu/cpu_ops.h) as its reference (llm.c style), so a kernel
  * is held to exactly what the CPU reference computes. Tolerances are stated per test as
  * |got - ref| <= atol + rtol*|ref|; tu_compare prints the first mismatches. */
@@ -264,7 +265,7 @@ START_TEST(test_cuda_attention_batch_invariant) {
     cuk_attention(0, dq, qd, dk, dv, dm, dmeta, n, nh, nkv, hd, cap, 1, scr, cnt, NULL, dall);
     float *all = malloc((size_t)n * qd * 4), *one = malloc((size_t)qd * 4);
     dget(all, dall, (size_t)n * qd * 4);
-    int rows[4] = {0, 17, 37, 64};
+    int rows[4] = {0, 17, 37, 64}, differ = 0;
     for (int r = 0; r < 4; r++) {
         int t = rows[r];
         CuMeta m1 = {1, nc + t, nc, t + 1};
@@ -273,10 +274,12 @@ START_TEST(test_cuda_attention_batch_invariant) {
         cuk_attention(0, dq + (size_t)t * qd, qd, dk, dv, dm1, dmeta, 1, nh, nkv, hd, cap, 1, scr,
                       cnt, NULL, done);
         dget(one, done, (size_t)qd * 4);
-        ck_assert_msg(memcmp(one, all + (size_t)t * qd, (size_t)qd * 4) == 0,
-                      "row %d alone differs from the same row in the 65-row pass", t);
+        char label[96];
+        snprintf(label, sizeof label, "attention row %d alone vs the 65-row pass", t);
+        differ += cu_bits_report(label, one, all + (size_t)t * qd, 1, qd) > 0;
         cudaFree(dm1);
     }
+    ck_assert_msg(differ == 0, "%d of 4 rows differ alone from the 65-row pass", differ);
     cudaFree(dq), cudaFree(dall), cudaFree(done), cudaFree(dk), cudaFree(dv), cudaFree(scr);
     cudaFree(dm), cudaFree(dmeta), cudaFree(cnt);
     free(q), free(kf), free(vf), free(kb), free(vb), free(mask), free(all), free(one);
@@ -337,8 +340,24 @@ static void qkv_fused_case(int dim, int nh, int nkv, int hd, int nb, int n, int 
     char label[96];
     snprintf(label, sizeof label, "qkv_fused dim=%d nh=%d nkv=%d hd=%d nb=%d n=%d", dim, nh, nkv,
              hd, nb, n);
-    ck_assert_msg(memcmp(ga, gb, (size_t)nb * w * 4) == 0, "%s: differs from gemm_bi+qkv_post", label);
-    ck_assert_msg(memcmp(ka, kb2, cb) == 0 && memcmp(va, vb2, cb) == 0, "%s: caches differ", label);
+    /* every comparison runs (and reports) before the test fails on any */
+    char what[160];
+    snprintf(what, sizeof what, "%s: fused vs gemm_bi+qkv_post", label);
+    int differ = cu_bits_report(what, ga, gb, nb, w);
+    size_t ce = cb / 2;
+    float *cf[4];
+    const rs_bf16 *csrc[4] = {ka, kb2, va, vb2};
+    for (int i = 0; i < 4; i++) {
+        cf[i] = malloc(ce * 4);
+        for (size_t j = 0; j < ce; j++) cf[i][j] = cuk_bf16_to_f32_host(csrc[i][j]);
+    }
+    snprintf(what, sizeof what, "%s: K cache", label);
+    int kd = cu_bits_report(what, cf[0], cf[1], 1, (int)ce);
+    snprintf(what, sizeof what, "%s: V cache", label);
+    int vd = cu_bits_report(what, cf[2], cf[3], 1, (int)ce);
+    for (int i = 0; i < 4; i++) free(cf[i]);
+    ck_assert_msg(differ == 0, "%s: %d rows differ from gemm_bi+qkv_post", label, differ);
+    ck_assert_msg(kd == 0 && vd == 0, "%s: caches differ", label);
     float *ref = malloc((size_t)nb * w * 4), *xn = malloc((size_t)dim * 4);
     for (int t = 0; t < nb; t++) {
         float *r = ref + (size_t)t * w;
@@ -374,6 +393,49 @@ START_TEST(test_cuda_qkv_fused) {
     qkv_fused_case(64, 16, 8, 16, 65, 65, 0, 1, 35); /* enough blocks: one per head */
     /* rows staged into shared memory 4 at a time (8 rows a group) */
     qkv_fused_case(CUK_NORM_GEMM_MAX_IN / 4, 2, 1, 64, 9, 9, 1, 1, 36);
+}
+END_TEST
+
+/* cuk_gemv against cpu_matmul on the bf16 values the device holds (|d| <= 1e-5 of the sum of
+ * |w x|), bitwise equal to cuk_gemm_bi of one row without a prologue (the same lane split
+ * and order), and accumulating adds exactly the same values; shapes whose in is not a
+ * multiple of the 2048 elements a warp loads per step and whose out is not of 8. */
+START_TEST(test_cuda_gemv) {
+    CU_REQUIRE_DEVICE();
+    int shapes[3][2] = {{37, 96}, {130, 2056}, {8, 4608}};
+    uint64_t st = 77;
+    for (int si = 0; si < 3; si++) {
+        int out = shapes[si][0], in = shapes[si][1];
+        float *wf = randv((size_t)out * in, &st, -0.2f, 0.2f), *xf = randv(in, &st, -1.0f, 1.0f);
+        float *y0 = randv(out, &st, -1.0f, 1.0f);
+        rs_bf16 *wb = to_bf16(wf, (size_t)out * in), *xb = to_bf16(xf, in);
+        float *wr = from_bf16(wb, (size_t)out * in), *xr = from_bf16(xb, in);
+        rs_bf16 *dw = dput(wb, (size_t)out * in * 2), *dx = dput(xb, (size_t)in * 2);
+        float *dy = dnew((size_t)out * 4), *dz = dnew((size_t)out * 4), *dacc = dput(y0, (size_t)out * 4);
+        cuk_gemv(0, dw, out, in, dx, 0, dy);
+        cuk_gemm_bi(0, dw, out, in, 1, dx, NULL, NULL, NULL, 0.0f, 0, 0, dz, NULL);
+        cuk_gemv(0, dw, out, in, dx, 1, dacc);
+        float *y = malloc((size_t)out * 4), *z = malloc((size_t)out * 4), *acc = malloc((size_t)out * 4);
+        float *ref = malloc((size_t)out * 4), *want = malloc((size_t)out * 4);
+        dget(y, dy, (size_t)out * 4), dget(z, dz, (size_t)out * 4), dget(acc, dacc, (size_t)out * 4);
+        cpu_matmul(ref, xr, wr, 1, in, out, out);
+        for (int o = 0; o < out; o++) {
+            double mag = 0;
+            for (int k = 0; k < in; k++) mag += fabs((double)wr[(size_t)o * in + k] * xr[k]);
+            ck_assert_msg(fabs(y[o] - ref[o]) <= 1e-5 * mag + 1e-7, "gemv %dx%d out %d: %g vs %g",
+                          out, in, o, y[o], ref[o]);
+            want[o] = y0[o] + y[o];
+        }
+        char label[64];
+        snprintf(label, sizeof label, "gemv %dx%d vs gemm_bi", out, in);
+        int d1 = cu_bits_report(label, y, z, 1, out);
+        snprintf(label, sizeof label, "gemv %dx%d accumulate", out, in);
+        int d2 = cu_bits_report(label, acc, want, 1, out);
+        ck_assert_msg(d1 == 0 && d2 == 0, "gemv %dx%d: bits differ from gemm_bi or y0 + y", out, in);
+        cudaFree(dw), cudaFree(dx), cudaFree(dy), cudaFree(dz), cudaFree(dacc);
+        free(wf), free(xf), free(y0), free(wb), free(xb), free(wr), free(xr);
+        free(y), free(z), free(acc), free(ref), free(want);
+    }
 }
 END_TEST
 
@@ -499,6 +561,7 @@ Suite *suite_cuda_kernels(void) {
     tcase_add_test(tc, test_cuda_attention);
     tcase_add_test(tc, test_cuda_attention_batch_invariant);
     tcase_add_test(tc, test_cuda_qkv_fused);
+    tcase_add_test(tc, test_cuda_gemv);
     tcase_add_test(tc, test_cuda_kv_store_swiglu_residual);
     tcase_add_test(tc, test_cuda_kv_compact);
     tcase_add_test(tc, test_cuda_argmax_sample);

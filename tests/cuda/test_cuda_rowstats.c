@@ -1,7 +1,8 @@
 /* The verifier's row queries on the CUDA backend (kernels/cuda/cuda_rowstats.cu) against the CPU
  * reference (common/logits.c row_stats, the same canonical order): argmax, runner-up and
  * draws exact (same index at the same uniform); log-sum-exp bitwise on the emulator, and
- * within 1e-12 relative on a GPU (its exp/log differ from the host's by an ulp); gathers
+ * within 1e-12 relative on a GPU (its exp/log differ from the host's by an ulp, its fused
+ * multiply-adds round once) and on the emulator built with FMA contraction; gathers
  * exact. Then the backend: backend_rows_stats / backend_rows_gather over the rows a
  * keeping forward left on the device equal the reference over the rows a copying forward
  * of the same batch returns, also for queries longer than the backend stages at once; and
@@ -14,12 +15,14 @@
 #include "cuda_testutil.h"
 #include "draft_proc/model_drafter.h"
 #include "target_proc/decode.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_rowstats.h"
 #include "tests/testutil.h"
 
-/* The emulator runs the kernels with the host's exp and log: bitwise equal. */
-#ifdef ROOTSPEC_CUEMU
+/* The emulator runs the kernels with the host's exp and log: bitwise equal, unless built
+ * with FMA contraction (CUEMU_FMA), which rounds as a GPU's fused multiply-adds do. */
+#if defined(ROOTSPEC_CUEMU) && !defined(CUEMU_FMA)
 #define LSE_RTOL 0.0
 #else
 #define LSE_RTOL 1e-12
@@ -181,6 +184,12 @@ START_TEST(test_cuda_rows_backend) {
     ck_assert(backend_forward(gpu, tok, pos, n, NULL, out_rows, 5, full, &e) == 0);
     ck_assert(backend_kv_commit(gpu, NULL, 0, &e) == 0);
     ck_assert(backend_forward(gpu, tok, pos, n, NULL, out_rows, 5, NULL, &e) == 0);
+#ifdef ROOTSPEC_CUEMU
+    /* the emulator runs a stream's work only at a synchronisation: a forward() that keeps
+     * its rows on the device must have left its pass queued (no device sync), and the
+     * queries below read them behind it */
+    ck_assert_msg(cuda_backend_busy(gpu), "forward() without logits synchronised the device");
+#endif
     int rows[6] = {4, 0, 2, 1, 3, 0};
     double u[6] = {0.25, 0.5, 0.0, 0.99, 0.125, 0.75};
     double cs[8];

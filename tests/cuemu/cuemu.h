@@ -1,10 +1,10 @@
 /* cuemu.h: device-code side of the rootspec CUDA emulator (tests/cuemu/). The CUDA
- * sources (kernels/cuda/cuda_kernels.cu, cuda_backend.cu) are compiled by g++ with `-x c++ -DROOTSPEC_CUEMU -include
+ * sources (the .cu files of kernels/cuda/) are compiled by g++ with `-x c++ -DROOTSPEC_CUEMU -include
  * tests/cuemu/cuemu.h`, so this header turns the CUDA C++ dialect they use into plain
  * C++17: __shared__ becomes `static` (valid because the emulator runs one block at a time
  * on one OS thread), threadIdx & co. read the current fiber's coordinates, __syncthreads
  * and warp shuffles yield to the block scheduler (cuemu_device.cc), and CUK_LAUNCH (see
- * kernels/cuda/cuda_kernels.cu) enqueues a kernel with its argument values converted to the
+ * kernels/cuda/cuda_device.cuh) enqueues a kernel with its argument values converted to the
  * parameter types at launch time, as the <<<>>> syntax does. The real toolkit headers
  * supply the host-side types (dim3, cudaError_t, __nv_bfloat16 with host conversions).
  * It is a logic harness (indexing, barriers, stream order), not a performance model. */
@@ -60,6 +60,14 @@ void cuemu_launch_impl(const char *name, dim3 grid, dim3 block, size_t shmem, cu
                        std::function<void()> body);
 
 #define __syncthreads() cuemu_syncthreads()
+
+/* A 16-byte vector access must be 16-byte aligned on a GPU (a misaligned one faults there,
+ * while memcpy here would not): the kernels' vector loads and stores assert it. */
+[[noreturn]] void cuemu_misaligned(const void *p, unsigned align, const char *what);
+#define CUEMU_ASSERT_ALIGNED(p, align, what)                                                \
+    do {                                                                                   \
+        if ((uintptr_t)(const void *)(p) & ((align) - 1u)) cuemu_misaligned((p), (align), (what)); \
+    } while (0)
 
 template <typename T>
 static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {

@@ -8,6 +8,10 @@
 #                               again with each block's threads in reverse order, and
 #                               tools/pipeline-timing.sh on build/cuda-emu binaries
 #   make cuda-emu-test SAN=1 -> the same under ASan+UBSan (build/cuda-emu-san/)
+#   make cuda-emu-fma-kernels -> the kernel-level suites (CUEMU_SAN_SUITES) built with FMA
+#                               contraction (build/cuda-emu-fma/: -march=x86-64-v3
+#                               -ffp-contract=fast, as nvcc contracts a * b + c by default),
+#                               blocks in random order; cuda-emu-test runs it last
 #   make cuda-emu-san-kernels -> under ASan+UBSan, only the kernel-level suites
 #                               (CUEMU_SAN_SUITES) and the self-test: what .ci/run runs,
 #                               since the decode-level suites take minutes each under ASan
@@ -15,7 +19,10 @@
 # The unchanged kernels/cuda/*.cu are compiled by g++ as C++ with tests/cuemu/cuemu.h forced in
 # (ROOTSPEC_CUEMU); the C tests and programs link the emulator's C-linkage runtime and cuBLAS
 # instead of libcudart/libcublas. Every test runs in full (about a minute on 2 cores; ~2 with
-# SAN=1). The emulator's knobs (CUEMU_SCHED, CUEMU_PROTECT, ...) are listed in tests/cuemu/.
+# SAN=1). The emulator's knobs (CUEMU_SCHED, CUEMU_BLOCKS, CUEMU_PROTECT, ...) are listed in
+# tests/cuemu/. Every suite runs with each launch's blocks in a random order
+# (CUEMU_BLOCKS=random, CUEMU_SEED, default 1: `make cuda-emu-test CUEMU_SEED=7` draws
+# another order).
 CUEMU_CXX     ?= g++
 ifeq ($(SAN),1)
 CUEMU_DIR     := build/cuda-emu-san
@@ -23,6 +30,12 @@ CUEMU_OPT     := $(SAN_FLAGS)
 CUEMU_LIB_OBJS := $(filter-out build/san/kernels/cuda/cuda_stub.o,$(SAN_OBJS))
 CUEMU_BENCH_OBJS := $(BENCH_SAN_OBJS)
 CUEMU_SERVE_OBJS := $(SERVE_SAN_OBJS)
+else ifeq ($(FMA),1)
+CUEMU_DIR     := build/cuda-emu-fma
+CUEMU_OPT     := -O2 -g -march=x86-64-v3 -ffp-contract=fast -DCUEMU_FMA
+CUEMU_LIB_OBJS := $(CUDA_LIB_OBJS)
+CUEMU_BENCH_OBJS := $(BENCH_OBJS)
+CUEMU_SERVE_OBJS := $(SERVE_OBJS)
 else
 CUEMU_DIR     := build/cuda-emu
 CUEMU_OPT     := -O2 -g -march=x86-64-v2
@@ -89,9 +102,11 @@ $(CUEMU_BENCH): $(CUEMU_DIR)/bench/cuda_bench_main.o $(CUEMU_LIB_OBJS) $(CUEMU_O
 $(CUEMU_TEST_BIN): $(CUEMU_TEST_OBJS) $(CUEMU_LIB_OBJS) $(CUEMU_OBJS)
 	$(CC) $(CUEMU_CFLAGS) $^ -o $@ $(CUEMU_LDLIBS) $(CHECK_LIBS)
 
+CUEMU_SEED ?= 1
 cuda-emu-test: cuda-emu
 	ASAN_OPTIONS=detect_leaks=1 ./$(CUEMU_SELFTEST)
-	OPENBLAS_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1 \
+	@echo "cuda-emu-test: every CUDA suite, the blocks of each launch in a random order (seed $(CUEMU_SEED))"
+	CUEMU_BLOCKS=random CUEMU_SEED=$(CUEMU_SEED) OPENBLAS_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1 \
 	UBSAN_OPTIONS=print_stacktrace=1 ./$(CUEMU_TEST_BIN)
 	@echo "cuda-emu-test: the kernel suite again with the threads of each block in reverse order" \
 	      "(a shared-memory race would change results)"
@@ -102,12 +117,22 @@ cuda-emu-test: cuda-emu
 	CUEMU_QUIET=1 OPENBLAS_NUM_THREADS=1 PIPE_BIN=$(CUEMU_DIR) PIPE_BACKEND=cuda \
 	PIPE_TARGET=random:tiny,seed=9 PIPE_DRAFT=random:tiny,seed=9 PIPE_MAX_NEW=24 \
 	PIPE_PROMPT_LEN=8 PIPE_OUT=$(CUEMU_DIR)/pipeline bash tools/pipeline-timing.sh
+	$(if $(filter 1,$(SAN) $(FMA)),,$(MAKE) cuda-emu-fma-kernels)
 
 CUEMU_SAN_SUITES ?= cuda_runtime cuda_kernels cuda_topk cuda_rowstats cuda_feat
+.PHONY: cuda-emu-fma-kernels
+cuda-emu-fma-kernels:
+	$(MAKE) FMA=1 build/cuda-emu-fma/rootspec-cuda-tests
+	@echo "cuda-emu-fma-kernels: the kernel-level suites with FMA contraction, blocks in random order"
+	set -e; for s in $(CUEMU_SAN_SUITES); do \
+	  CUEMU_BLOCKS=random CUEMU_SEED=$(CUEMU_SEED) OPENBLAS_NUM_THREADS=1 \
+	  CK_RUN_SUITE=$$s ./build/cuda-emu-fma/rootspec-cuda-tests; done
+
 cuda-emu-san-kernels:
 	$(MAKE) SAN=1 build/cuda-emu-san/rootspec-cuda-tests build/cuda-emu-san/cuemu-selftest
 	ASAN_OPTIONS=detect_leaks=1 ./build/cuda-emu-san/cuemu-selftest
 	set -e; for s in $(CUEMU_SAN_SUITES); do \
+	  CUEMU_BLOCKS=random CUEMU_SEED=$(CUEMU_SEED) \
 	  OPENBLAS_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  CK_RUN_SUITE=$$s ./build/cuda-emu-san/rootspec-cuda-tests; done
 

@@ -50,6 +50,18 @@ static void widen(const void *p, cudaDataType t, int rows, int cols, int ld, std
 
 extern "C" {
 
+/* The emulator stands for the cuBLAS of the headers it is built against. */
+cublasStatus_t cublasGetProperty(libraryPropertyType type, int *value) {
+    if (!value) return CUBLAS_STATUS_INVALID_VALUE;
+    switch (type) {
+    case MAJOR_VERSION: *value = CUBLAS_VER_MAJOR; break;
+    case MINOR_VERSION: *value = CUBLAS_VER_MINOR; break;
+    case PATCH_LEVEL: *value = CUBLAS_VER_PATCH; break;
+    default: return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 cublasStatus_t cublasCreate_v2(cublasHandle_t *h) {
     if (!h) return CUBLAS_STATUS_INVALID_VALUE;
     int n = 0;

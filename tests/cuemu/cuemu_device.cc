@@ -6,7 +6,13 @@
  * and the code must not rely on: a barrier some live thread never reaches (deadlock), a
  * shuffle naming an exited or absent lane, lanes of one shuffle passing different masks.
  * CUEMU_SCHED=rev runs the threads of a block in reverse order (shared-memory races show
- * up as different results between the two orders). */
+ * up as different results between the two orders). CUEMU_BLOCKS=random runs the blocks of
+ * each launch in a random order drawn from CUEMU_SEED (default 1) and the launch's serial
+ * number, so code that assumes blocks run or finish in index order (the "last block
+ * merges" counters) is exercised with other last blocks, reproducibly. After the first
+ * block of each launch, the static shared memory it wrote (bytes no longer holding the
+ * block-start poison) is checked against the 48 KiB a block may have statically: per
+ * kernel, a lower bound of what it declares (tools/cuda-lint.sh has ptxas's exact figure). */
 #include "cuemu.h"
 #include "cuemu_internal.h"
 #include <stdarg.h>
@@ -245,6 +251,40 @@ static int sched_reverse(void) {
 extern "C" char __start_cuemu_shared[] __attribute__((weak));
 extern "C" char __stop_cuemu_shared[] __attribute__((weak));
 
+/* CUEMU_BLOCKS=random: the seed, else 0 (index order). */
+static uint64_t blocks_seed(void) {
+    static int init;
+    static uint64_t seed;
+    if (!init) {
+        const char *e = getenv("CUEMU_BLOCKS"), *sd = getenv("CUEMU_SEED");
+        if (e && !strcmp(e, "random")) seed = sd ? strtoull(sd, NULL, 10) + 1 : 2;
+        else if (e && *e && strcmp(e, "index"))
+            cuemu_fatal("CUEMU_BLOCKS=%s: expected random or index", e);
+        init = 1;
+    }
+    return seed;
+}
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Bytes of the shared-memory section not holding the poison (0xff) run_block writes. */
+static size_t shared_written(void) {
+    size_t n = 0;
+    for (const char *p = __start_cuemu_shared; p < __stop_cuemu_shared; p++) n += (unsigned char)*p != 0xff;
+    return n;
+}
+
+void cuemu_misaligned(const void *p, unsigned align, const char *what) {
+    cuemu_fatal("kernel %s, block (%u,%u,%u): %s at %p is not %u-byte aligned (a GPU faults on "
+                "a misaligned vector access)", s_kname ? s_kname : "?", cuemu_cur_block.x,
+                cuemu_cur_block.y, cuemu_cur_block.z, what, p, align);
+}
+
 static void run_block(void) {
     int n = s_nthreads;
     /* Shared memory is undefined at block start on a GPU; here the statics would carry the
@@ -304,12 +344,24 @@ void cuemu_run_kernel(const char *name, dim3 grid, dim3 block, const std::functi
     cuemu_cur_block_dim = block;
     cuemu_cur_grid_dim = grid;
     s_block_serial = 0;
-    for (unsigned z = 0; z < grid.z; z++)
-        for (unsigned y = 0; y < grid.y; y++)
-            for (unsigned x = 0; x < grid.x; x++) {
-                cuemu_cur_block = make_uint3(x, y, z);
-                run_block();
-            }
+    static uint64_t launches;
+    uint64_t seed = blocks_seed(), st = seed * 0x100000001b3ull ^ ++launches;
+    size_t nblk = (size_t)grid.x * grid.y * grid.z;
+    std::vector<uint32_t> order(nblk);
+    for (size_t i = 0; i < nblk; i++) order[i] = (uint32_t)i;
+    if (seed) /* Fisher-Yates */
+        for (size_t i = nblk; i > 1; i--) std::swap(order[i - 1], order[splitmix64(&st) % i]);
+    for (size_t i = 0; i < nblk; i++) {
+        uint32_t b = order[i];
+        cuemu_cur_block = make_uint3(b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y));
+        run_block();
+        if (i == 0 && __start_cuemu_shared) {
+            size_t used = shared_written();
+            if (used > 48 * 1024)
+                cuemu_fatal("kernel %s wrote %zu bytes of static shared memory in one block "
+                            "(a block may have 48 KiB statically)", name, used);
+        }
+    }
     cuemu_cur_lane = NULL;
     s_body = NULL;
 }
@@ -366,13 +418,4 @@ uint64_t cuemu_shfl_xor_bits(unsigned mask, uint64_t bits, int lane_mask, int wi
         cuemu_fatal("kernel %s: lane %d reads lane %d, outside shuffle mask 0x%08x", s_kname,
                     l->lane, src, mask);
     return w->slot[par][src];
-}
-
-/* Bound on static shared memory: the __shared__ variables of non-template kernels live in
- * the section cuemu_shared, so if their total fits the 48 KiB static limit, each of those
- * kernels does (template kernels are not counted; `make cuda-resources` has exact figures). */
-
-size_t cuemu_static_shared_total(void) {
-    if (!__start_cuemu_shared || !__stop_cuemu_shared) return 0;
-    return (size_t)(__stop_cuemu_shared - __start_cuemu_shared);
 }

@@ -38,7 +38,6 @@
 #endif
 
 std::mutex cuemu_mu;
-size_t cuemu_static_shared_total(void);
 
 struct CUstream_st {
     std::deque<std::pair<uint64_t, cuemu_op_p>> q; /* (global enqueue seq, op) */
@@ -110,10 +109,6 @@ void cuemu_init_locked(void) {
     if (!(e && !strcmp(e, "1")))
         fprintf(stderr, "NOTE: CUDA emulator on the CPU (tests/cuemu): kernels run as fibers, "
                         "no GPU is used; results check logic, not performance\n");
-    size_t sh = cuemu_static_shared_total();
-    if (sh > 48 * 1024)
-        cuemu_warn("static __shared__ memory of all kernels totals %zu bytes (> 48 KiB): check each "
-             "kernel against the per-block limit", sh);
 }
 
 /* ---- device memory ---- */
@@ -268,6 +263,19 @@ cudaError_t cudaGetDeviceCount(int *count) {
     if (!count) return ret(cudaErrorInvalidValue);
     *count = s_devices;
     return s_devices ? cudaSuccess : ret(cudaErrorNoDevice);
+}
+
+/* Driver and runtime both stand for the CUDA of the headers the emulator is built against. */
+cudaError_t cudaDriverGetVersion(int *v) {
+    if (!v) return ret(cudaErrorInvalidValue);
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int *v) {
+    if (!v) return ret(cudaErrorInvalidValue);
+    *v = CUDART_VERSION;
+    return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int device) {

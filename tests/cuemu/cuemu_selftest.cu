@@ -1,7 +1,8 @@
 /* cuemu_selftest.cu: checks of the CPU emulator itself (build/cuda-emu/cuemu-selftest, run
  * by make cuda-emu-test before the CUDA suites): barrier and shuffle semantics, that the
  * defects it promises to catch really abort (deadlock, shuffle with an exited lane, launch
- * limits, host dereference of device memory), stream asynchrony (pageable vs pinned copies),
+ * limits, static shared memory over 48 KiB in a kernel, a misaligned 16-byte access, host
+ * dereference of device memory), blocks in a seeded random order, stream asynchrony (pageable vs pinned copies),
  * allocation tracking and cublasGemmEx against a naive reference. Compiled only for the
  * emulator (it calls a C++ kernel launcher directly); a case that must abort runs in a
  * forked child. Exit 0 when every check passes. */
@@ -59,6 +60,66 @@ __global__ void k_copy(const int *in, int *out, int n) {
     if (i < n) out[i] = in[i];
 }
 
+/* Block b records its place in the launch's run order. */
+__global__ void k_order(unsigned *ctr, unsigned *out) {
+    if (threadIdx.x == 0) out[blockIdx.x] = atomicAdd(ctr, 1u);
+}
+
+/* 52,000 bytes of static shared memory written by one block: over the 48 KiB a block may
+ * have statically. */
+__global__ void k_big_shared(float *out) {
+    __shared__ float big[13000];
+    for (int i = threadIdx.x; i < 13000; i += blockDim.x) big[i] = (float)i;
+    __syncthreads();
+    if (threadIdx.x == 0) out[0] = big[12999];
+}
+
+/* A 16-byte access 4 bytes past an aligned address. */
+__global__ void k_misaligned(const float *p, float *out) {
+    float v[4];
+    CUEMU_ASSERT_ALIGNED(p + 1, 16, "selftest 16-byte load");
+    memcpy(v, p + 1, 16);
+    out[0] = v[0];
+}
+
+/* The order 64 blocks ran in with CUEMU_BLOCKS=random and this seed, in a child (the
+ * setting is read at the first launch, so before any in this process). Returns the run
+ * order of block 0..63 packed as a checksum-like fingerprint; ~0 when the child failed,
+ * the order was not a permutation, or it was the index order. */
+static unsigned long long random_order(const char *seed) {
+    int fd[2];
+    if (pipe(fd)) return ~0ull;
+    fflush(stdout);
+    pid_t p = fork();
+    if (p == 0) {
+        close(fd[0]);
+        setenv("CUEMU_QUIET", "1", 1);
+        setenv("CUEMU_BLOCKS", "random", 1);
+        setenv("CUEMU_SEED", seed, 1);
+        unsigned *d, h[65] = {0};
+        cudaMalloc((void **)&d, 65 * 4);
+        cudaMemset(d, 0, 65 * 4);
+        LAUNCH(k_order, 64, 32, 0, d, d + 1);
+        cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
+        unsigned long long fp = 0, seen = 0;
+        int identity = 1;
+        for (int b = 0; b < 64; b++) {
+            seen |= 1ull << (h[1 + b] & 63);
+            identity &= h[1 + b] == (unsigned)b;
+            fp = fp * 1000003ull + h[1 + b];
+        }
+        if (h[0] != 64 || seen != ~0ull || identity) fp = ~0ull;
+        if (write(fd[1], &fp, sizeof fp) != (ssize_t)sizeof fp) _exit(1);
+        _exit(0);
+    }
+    close(fd[1]);
+    unsigned long long fp = ~0ull;
+    if (read(fd[0], &fp, sizeof fp) != (ssize_t)sizeof fp) fp = ~0ull;
+    close(fd[0]);
+    waitpid(p, NULL, 0);
+    return fp;
+}
+
 /* Runs fn in a child; 1 when the child died of SIGABRT/SIGSEGV as expected. */
 static int dies(void (*fn)(void), int sig) {
     fflush(stdout);
@@ -90,6 +151,18 @@ static void do_big_block(void) {
     int *d;
     cudaMalloc((void **)&d, 64);
     LAUNCH(k_noop, 1, 2048, 0, d);
+}
+static void do_big_shared(void) {
+    float *d;
+    cudaMalloc((void **)&d, 64);
+    LAUNCH(k_big_shared, 2, 128, 0, d);
+    cudaDeviceSynchronize();
+}
+static void do_misaligned(void) {
+    float *d;
+    cudaMalloc((void **)&d, 64);
+    LAUNCH(k_misaligned, 1, 32, 0, d, d);
+    cudaDeviceSynchronize();
 }
 static void do_host_deref(void) {
     int *d;
@@ -188,6 +261,11 @@ static void test_graph_nodes(cudaStream_t s, float *dx, float *dout, int *d1) {
 }
 
 int main(void) {
+    /* blocks in a seeded random order: a permutation, not the index order, the same for
+     * one seed and another for another (children: the setting is read once) */
+    unsigned long long o1 = random_order("1"), o1b = random_order("1"), o2 = random_order("2");
+    CHECK(o1 != ~0ull && o2 != ~0ull, "CUEMU_BLOCKS=random did not run the blocks in a shuffled order");
+    CHECK(o1 == o1b && o1 != o2, "block order not reproducible per seed or not seed-dependent");
     /* barrier + shuffle arithmetic */
     float x[4 * 256], out[4];
     for (int i = 0; i < 4 * 256; i++) x[i] = (float)(i % 7);
@@ -206,6 +284,8 @@ int main(void) {
     CHECK(dies(do_deadlock, SIGABRT), "deadlock not detected");
     CHECK(dies(do_exited_lane, SIGABRT), "shuffle with an exited lane not detected");
     CHECK(dies(do_big_block, SIGABRT), "2048-thread block not refused");
+    CHECK(dies(do_big_shared, SIGABRT), "a block writing 52,000 bytes of static shared memory not refused");
+    CHECK(dies(do_misaligned, SIGABRT), "a misaligned 16-byte access not refused");
     if (!getenv("CUEMU_PROTECT") || strcmp(getenv("CUEMU_PROTECT"), "0")) {
 #if !defined(__SANITIZE_ADDRESS__)
         CHECK(dies(do_host_deref, SIGSEGV), "host read of device memory did not fault");
