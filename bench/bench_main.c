@@ -117,6 +117,7 @@ typedef struct {
     char *prompts, *decoders, *temps, *budgets;
     char prompts_hash[17]; /* FNV-1a 64 of the prompt file's bytes, hex */
     int launch, insecure, draft_timeout_ms, device;
+    int batch_invariant; /* --batch-invariant: BackendParams.batch_invariant */
     int limit, max_new, no_ar, warmup, repeats, threads, ctx, ignore_eos;
     uint64_t seed;
     Sampling sampling; /* the law of the T=1 combinations (T=0 ones are greedy) */
@@ -436,7 +437,7 @@ static void drafter_argv(const Settings *s, const char *bin, const char *endpoin
     argv[a++] = s->backend;
     argv[a++] = "--device";
     argv[a++] = nums[2];
-    if (backend_batch_invariant()) argv[a++] = "--batch-invariant";
+    if (s->batch_invariant) argv[a++] = "--batch-invariant";
     argv[a++] = "--threads";
     argv[a++] = nums[0];
     argv[a++] = "--ctx";
@@ -598,7 +599,7 @@ static int parse_option(int argc, char **argv, int *i, Cli *c, int *setting, RsE
     else if (!strcmp(a, "--ctx")) { if (VAL()) rc = cli_int(a, v, 256, 1 << 20, &s->ctx, e); }
     else if (!strcmp(a, "--backend")) { if (VAL()) c->backend = v; }
     else if (!strcmp(a, "--device")) { if (VAL()) rc = cli_int(a, v, 0, 64, &s->device, e); }
-    else if (!strcmp(a, "--batch-invariant")) backend_set_batch_invariant(1);
+    else if (!strcmp(a, "--batch-invariant")) s->batch_invariant = 1;
     else if (!strcmp(a, "--out")) { if (VAL()) c->out = v; }
     else if (!strcmp(a, "--resume")) { *setting = 0; if (VAL()) c->resume = v; }
     else if (!strcmp(a, "--analyze")) { *setting = 0; if (VAL()) c->analyze = v; }
@@ -818,7 +819,8 @@ static int engine_setup(Bench *b) {
     EngineOpts eo = {.model_path = s->model, .draft_model_path = s->draft_model,
                      .draft_layers = s->draft_layers, .draft_endpoint = s->draft_endpoint,
                      .backend = s->backend, .threads = s->threads, .device = s->device,
-                     .ctx = s->ctx, .draft_timeout_ms = s->draft_timeout_ms,
+                     .ctx = s->ctx, .batch_invariant = s->batch_invariant,
+                     .draft_timeout_ms = s->draft_timeout_ms,
                      .insecure = s->insecure, .curve_dir = s->curve_dir,
                      .draft_corpus = s->draft_corpus};
     if (s->drafter) drafter_kind_option(s->drafter, &eo.drafter_kind, NULL);

@@ -40,8 +40,8 @@ int micro_drafter_host(const Model *m, int threads, int rounds, double *us_row, 
     int half = m->cfg.n_layers / 2 > 0 ? m->cfg.n_layers / 2 : 1;
     snprintf(layers, sizeof layers, "0-%d", half - 1);
     Drafter *d = NULL;
-    rc = drafter_self_create(m, layers, &cpu_backend_ops, n + rounds + POOL_N_EXPANDED + 8,
-                             threads, 0, &d, e);
+    BackendParams bp = {.kv_capacity = n + rounds + POOL_N_EXPANDED + 8, .threads = threads};
+    rc = drafter_self_create(m, layers, &cpu_backend_ops, &bp, &d, e);
     Pool *p = rs_xmalloc(sizeof(Pool));
     double *per = rs_xmalloc(sizeof(double) * (size_t)(rounds > 0 ? rounds : 1));
     double draft_ms = 0;

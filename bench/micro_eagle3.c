@@ -26,7 +26,7 @@ typedef struct {
 
 static int e3_open(const char *path, const Model *target, E3Bench *b, RsErr *e) {
     int layers[EAGLE3_N_FEATURES];
-    int rc = eagle3_head_open_for(path, target, &b->h, layers, &b->em, e);
+    int rc = eagle3_head_open_for(path, target, EAGLE3_IDS_AUTO, &b->h, layers, &b->em, e);
     if (rc) return rc;
     const Eagle3Head *h = b->h;
     const QTensor *all[EAGLE3_N_MATRICES], **mats = all + 1; /* an expansion skips fc */

@@ -16,7 +16,7 @@ int cli_budget(const char *val, int *out, RsErr *e);
 typedef struct {
     const char *backend;   /* --backend: "cpu" or "cuda" */
     int threads, ctx, device;
-    int batch_invariant;   /* --batch-invariant (the caller applies it to the backend) */
+    int batch_invariant;   /* --batch-invariant: BackendParams.batch_invariant */
     int insecure;          /* --insecure: plain tcp:// */
     const char *curve_dir; /* --curve-dir */
 } CliRuntime;

@@ -70,11 +70,6 @@ const BackendOps *backend_ops_by_name(const char *name, RsErr *e);
  * in huge pages (model_make_resident), laid out for its kernels (the CPU: x4 tiles,
  * model_pack_x4). *out as model_load. */
 int backend_model_load(const BackendOps *ops, const char *path, Model **out, RsErr *e);
-/* Process-wide --batch-invariant (rootspec-target, -draft, -bench): a backend created
- * afterwards behaves as if BackendParams.batch_invariant were set, so the option reaches
- * every backend the program makes without threading it through each constructor. */
-void backend_set_batch_invariant(int on);
-int backend_batch_invariant(void);
 
 /* Allocates every buffer once. The backend borrows `m`: keep it alive. *out = NULL on
  * error (RS_EINVAL for bad sizes, RS_ENOMEM when the KV cache does not fit, ...). */

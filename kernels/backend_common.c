@@ -192,13 +192,6 @@ void backend_host_free(Backend *b, void *p) {
     else free(p);
 }
 
-/* Set once by a main's --batch-invariant before any backend exists; read by create(). */
-static int g_batch_invariant;
-
-void backend_set_batch_invariant(int on) { g_batch_invariant = on != 0; }
-
-int backend_batch_invariant(void) { return g_batch_invariant; }
-
 /* ---- EAGLE-3 features ---- */
 
 int backend_set_feature_layers(Backend *b, const int *layers, int n, RsErr *e) {

@@ -335,7 +335,7 @@ START_TEST(test_drafter_round_no_full_rows) {
     Model *dm = tu_random_model(ARCH_LLAMA, 32, 64, 1, 4, 2, 300, 31);
     Drafter *d = NULL;
     RsErr e = {0};
-    ck_assert(drafter_model_create(dm, &cpu_backend_ops, 512, 2, 0, &d, &e) == RS_OK);
+    ck_assert(drafter_model_create(dm, &cpu_backend_ops, TU_BP(512, 2), &d, &e) == RS_OK);
     Pool *pl = malloc(sizeof(Pool));
     int toks[5] = {3, 4, 5, 6, 7};
     for (int round = 0; round < 3; round++) {
