@@ -78,10 +78,9 @@ static void *copy_thread(void *arg) {
 }
 
 /* Software prefetch of a read stream: none, 1 KB ahead into L1, or 8 KB ahead into L2 (the
- * avx512 kernels' own, QK_PF / QK_PF_HINT). With the L1 one a core of an AMD EPYC Zen 1
- * read ~10% more, without prefetch one of a Zen 4 ~10% more (26.9 vs 29.7 GB/s); a pass
- * whose kernels prefetch their own way must not beat its bound by that alone, so the
- * bound is the best of the three. */
+ * avx512 kernels' own, QK_PF / QK_PF_HINT). Which one reads most depends on the CPU
+ * (docs/PERF.md); a pass whose kernels prefetch their own way must not beat its bound by
+ * that alone, so the bound is the best of the three. */
 enum { READ_PF_NONE, READ_PF_L1, READ_PF_L2, READ_PF_N };
 
 /* Reads j->n bytes, four 16-byte loads a line, prefetching as j->prefetch says. */
@@ -330,9 +329,9 @@ static int paired_read_frac(Backend *b, int threads, double bytes, int rounds, f
                             double *frac, RsErr *e) {
     size_t sz = ((size_t)bytes + 4095) & ~(size_t)4095, most = (size_t)256 << 20;
     sz = sz < most ? sz : most; /* a larger model's GB/s from 256 MiB, not a third copy */
-    /* Two regions read in turn: a region read twice in a row streams part of itself from
-     * the L3 (Zen 3, 99 MB: ~5% faster), which the pass, reading its weights after the
-     * stream, never gets. */
+    /* Two regions read in turn: a region read twice in a row streams part of itself from a
+     * large L3 (docs/PERF.md), which the pass, reading its weights after the stream, never
+     * gets. */
     char *a = stream_buffer(2 * sz, 1);
     double *ratio = rs_xmalloc(sizeof(double) * (size_t)rounds);
     int tok = 1, zero = 0, pos = backend_n_committed(b), rc = RS_OK;

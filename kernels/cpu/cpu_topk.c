@@ -1,7 +1,7 @@
 /* Fused top-k + log-sum-exp over logits rows on the CPU (see cpu_topk.h). The drafter
- * reduces ten 49152-wide rows per pass. A double-precision exp() per column (the host
- * code this replaces) cost ~0.3 ms a row, a float vector exp on every column ~80 us;
- * here a row is read once, 64 columns (a block) at a time, in column order:
+ * reduces ten 49152-wide rows per pass, so an exp per column (double or float) would cost
+ * more than the rest of its host work (docs/PERF.md); here a row is read once, 64 columns
+ * (a block) at a time, in column order:
  *   - the block's max, broadcast in registers, raises the row's running max m (the sums
  *     so far are rescaled, rarely: a tokenizer puts frequent tokens first, so the max
  *     comes early);
