@@ -820,6 +820,7 @@ static int engine_setup(Bench *b) {
                      .draft_layers = s->draft_layers, .draft_endpoint = s->draft_endpoint,
                      .backend = s->backend, .threads = s->threads, .device = s->device,
                      .ctx = s->ctx, .batch_invariant = s->batch_invariant,
+                     .cpu_kernels = cli_cpu_kernels(), /* the environment, read here once */
                      .draft_timeout_ms = s->draft_timeout_ms,
                      .insecure = s->insecure, .curve_dir = s->curve_dir,
                      .draft_corpus = s->draft_corpus};

@@ -37,7 +37,7 @@ static int e3_open(const char *path, const Model *target, E3Bench *b, RsErr *e) 
         params += (double)mats[i]->rows * mats[i]->cols;
     }
     MicroRoof roof;
-    rc = micro_roof_mats(mats, uses, 8, &roof, e);
+    rc = micro_roof_mats(mats, uses, 8, NULL, &roof, e); /* the head's layer: the best family */
     b->roof_ms = rc ? 0 : POOL_EXPAND * params / roof.gw_n4 / 1e6;
     b->type = quant_type_name(h->lm_head.type);
     return rc;

@@ -164,13 +164,14 @@ static int load_drafter(const Args *A, const BackendOps *ops, Model **full, Toke
     DrafterSpec s = spec_of(A);
     int light = s.kind == DRAFTER_KIND_EAGLE3 || s.kind == DRAFTER_KIND_SUFFIX;
     const char *host = A->target_path ? A->target_path : A->model;
-    int rc = light ? model_load(host, full, &e) : backend_model_load(ops, A->model, full, &e);
+    BackendParams bp = {.kv_capacity = A->rt.ctx, .threads = A->rt.threads,
+                        .device = A->rt.device, .batch_invariant = A->rt.batch_invariant,
+                        .cpu_kernels = A->rt.cpu_kernels};
+    int rc = light ? model_load(host, full, &e)
+                   : backend_model_load(ops, A->model, &bp, full, &e);
     if (!rc) rc = tokenizer_load_model(*full, tok, &e);
     if (s.kind == DRAFTER_KIND_MODEL) s.model = *full, s.model_path = NULL;
-    DrafterHost h = {.model = *full, .tok = *tok, .ops = ops,
-                     .backend = {.kv_capacity = A->rt.ctx, .threads = A->rt.threads,
-                                 .device = A->rt.device,
-                                 .batch_invariant = A->rt.batch_invariant}};
+    DrafterHost h = {.model = *full, .tok = *tok, .ops = ops, .backend = bp};
     if (!rc) rc = drafter_open(&s, &h, d, &e);
     if (!rc) return -1;
     fprintf(stderr, "rootspec-draft: %s\n", e.msg);

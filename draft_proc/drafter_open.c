@@ -64,7 +64,7 @@ static int open_model(const DrafterSpec *s, const DrafterHost *h, Drafter **out,
         return drafter_model_create(s->model, h->ops, &h->backend, out, e);
     if (!s->model_path) return rs_err(e, RS_EINVAL, "a model drafter needs a model path");
     Model *dm = NULL;
-    int rc = backend_model_load(h->ops, s->model_path, &dm, e);
+    int rc = backend_model_load(h->ops, s->model_path, &h->backend, &dm, e);
     if (!rc && h->model) rc = check_same_tokens(dm, h, e);
     if (rc) {
         model_destroy(&dm);

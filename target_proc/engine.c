@@ -15,7 +15,8 @@ static void collect_eog(const Engine *en, int **eog, int *n) {
  * drafter's); each sets its own batch sizes. */
 static BackendParams engine_backend_params(const EngineOpts *o) {
     return (BackendParams){.kv_capacity = o->ctx, .threads = o->threads, .device = o->device,
-                           .batch_invariant = o->batch_invariant};
+                           .batch_invariant = o->batch_invariant,
+                           .cpu_kernels = o->cpu_kernels};
 }
 
 /* The one Drafter the engine holds, of the kind the options describe; in-process kinds
@@ -35,7 +36,8 @@ static int open_drafter(const EngineOpts *o, const BackendOps *ops, Engine *en, 
 static int engine_build(const EngineOpts *o, int need_drafter, Engine *en, RsErr *e) {
     const BackendOps *ops = backend_ops_by_name(o->backend, e);
     if (!ops) return e ? e->code : RS_EINVAL;
-    int rc = backend_model_load(ops, o->model_path, &en->target_model, e);
+    BackendParams bp = engine_backend_params(o);
+    int rc = backend_model_load(ops, o->model_path, &bp, &en->target_model, e);
     if (rc) return rc;
     rc = tokenizer_load_model(en->target_model, &en->tok, e);
     if (rc) return rc;
@@ -47,7 +49,6 @@ static int engine_build(const EngineOpts *o, int need_drafter, Engine *en, RsErr
     en->chat = en->tok ? chat_template_for_model(en->target_model) : CHAT_NONE;
     int *eog, n_eog;
     collect_eog(en, &eog, &n_eog);
-    BackendParams bp = engine_backend_params(o);
     rc = target_create(en->target_model, ops, &bp, eog, n_eog, &en->target, e);
     free(eog);
     if (rc) return rc;

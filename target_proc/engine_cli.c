@@ -102,6 +102,7 @@ void engine_cli_runtime(EngineOpts *eo, const CliRuntime *rt) {
     eo->insecure = rt->insecure;
     eo->curve_dir = rt->curve_dir;
     eo->batch_invariant = rt->batch_invariant;
+    eo->cpu_kernels = rt->cpu_kernels;
 }
 
 /* The drafter options that do not go together, or NULL. */

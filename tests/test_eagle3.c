@@ -815,12 +815,12 @@ static void grow_fixed(Drafter *d, int F, Pool *p) {
 
 /* The CPU layer splits each product's rows over its thread pool: the pools a head grows
  * must be the same bits on 1 and 3 threads (rows of 64..256 split 12 ways) and agree with
- * the f32 reference family's within rounding (ROOTSPEC_CPU_KERNELS=ref: every product in
- * f32 loops) on tokens. */
+ * the f32 reference family's within rounding (BackendParams.cpu_kernels "ref": every
+ * product in f32 loops) on tokens. */
 START_TEST(test_threads_and_family) {
     Model *mat;
     RsErr e = {0};
-    ck_assert(backend_model_load(&cpu_backend_ops, "random:tiny,seed=21", &mat, &e) == 0);
+    ck_assert(backend_model_load(&cpu_backend_ops, "random:tiny,seed=21", NULL, &mat, &e) == 0);
     int F = 3 * mat->cfg.dim;
     Drafter *d1, *d3, *dref;
     Pool *p1 = malloc(sizeof *p1), *p3 = malloc(sizeof *p3), *pr = malloc(sizeof *pr);
@@ -829,13 +829,9 @@ START_TEST(test_threads_and_family) {
                                       NULL, &one, &d1, &e) == 0, "%s", e.msg);
     ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", mat, EAGLE3_IDS_AUTO,
                                       NULL, &three, &d3, &e) == 0, "%s", e.msg);
-    char *old = getenv("ROOTSPEC_CPU_KERNELS") ? strdup(getenv("ROOTSPEC_CPU_KERNELS")) : NULL;
-    setenv("ROOTSPEC_CPU_KERNELS", "ref", 1);
+    BackendParams ref = {.kv_capacity = 256, .threads = 1, .cpu_kernels = "ref"};
     ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", mat, EAGLE3_IDS_AUTO,
-                                      NULL, &one, &dref, &e) == 0, "%s", e.msg);
-    if (old) setenv("ROOTSPEC_CPU_KERNELS", old, 1);
-    else unsetenv("ROOTSPEC_CPU_KERNELS");
-    free(old);
+                                      NULL, &ref, &dref, &e) == 0, "%s", e.msg);
     grow_fixed(d1, F, p1);
     grow_fixed(d3, F, p3);
     grow_fixed(dref, F, pr);
@@ -869,7 +865,7 @@ START_TEST(test_embeddings_by_row) {
     RsErr e = {0};
     BackendParams bp = {.kv_capacity = 256, .threads = 1};
     ck_assert(model_load("random:tiny,seed=21", &lazy, &e) == 0);
-    ck_assert(backend_model_load(&cpu_backend_ops, "random:tiny,seed=21", &mat, &e) == 0);
+    ck_assert(backend_model_load(&cpu_backend_ops, "random:tiny,seed=21", NULL, &mat, &e) == 0);
     Eagle3Embed a, b;
     ck_assert_msg(eagle3_embed_of(lazy, &a, &e) == 0, "%s", e.msg);
     ck_assert_msg(eagle3_embed_of(mat, &b, &e) == 0, "%s", e.msg);

@@ -5,6 +5,8 @@
  * with a layer-0 self-drafter (its greedy output is varied; tiny llama's repeats one id), so each run takes well under a second. */
 #include "draft_proc/model_drafter.h"
 #include "target_proc/engine.h"
+#include "target_proc/engine_cli.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "draft_proc/remote_drafter.h"
 #include "proto/proto.h"
 #include "testutil.h"
@@ -1068,9 +1070,10 @@ START_TEST(test_eagle3_head_wiring) {
 END_TEST
 
 /* Settings a user gives travel in parameters, not in process-wide state: --batch-invariant
- * (EngineOpts) reaches the target's backend (BackendParams), --eagle3-layer-ids
- * (DrafterSpec) the head drafter_open loads: the fixture head lists layers 0, 1, 2, which
- * fit the 2-layer fixture target as entering-layer ids and not as output ids. */
+ * and ROOTSPEC_CPU_KERNELS (read once, by cli_runtime_defaults, into EngineOpts) reach the
+ * target's backend (BackendParams), --eagle3-layer-ids (DrafterSpec) the head drafter_open
+ * loads: the fixture head lists layers 0, 1, 2, which fit the 2-layer fixture target as
+ * entering-layer ids and not as output ids. */
 START_TEST(test_settings_travel) {
     RsErr e = {0};
     EngineOpts eo = {.model_path = "random:tiny", .backend = "cpu", .threads = 1, .ctx = 256,
@@ -1083,6 +1086,17 @@ START_TEST(test_settings_travel) {
     ck_assert_msg(engine_create(&eo, 0, &en, &e) == 0, "%s", e.msg);
     ck_assert_int_eq(backend_params(target_backend(en->target)).batch_invariant, 0);
     engine_destroy(&en);
+    setenv("ROOTSPEC_CPU_KERNELS", "scalar", 1);
+    CliRuntime rt = cli_runtime_defaults();
+    unsetenv("ROOTSPEC_CPU_KERNELS"); /* read once: what comes after does not look again */
+    engine_cli_runtime(&eo, &rt);
+    eo.model_path = "random:tiny";
+    ck_assert_msg(engine_create(&eo, 0, &en, &e) == 0, "%s", e.msg);
+    ck_assert_str_eq(cpu_backend_kernels(target_backend(en->target)), "scalar");
+    engine_destroy(&en);
+    eo.cpu_kernels = "avx3";
+    ck_assert_int_eq(engine_create(&eo, 0, &en, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "avx3"), "%s", e.msg);
     Model *t = NULL;
     ck_assert_msg(model_load(tu_fixture("eagle3/target"), &t, &e) == 0, "%s", e.msg);
     DrafterSpec s = {.kind = DRAFTER_KIND_EAGLE3, .model_path = tu_fixture("eagle3/head")};
