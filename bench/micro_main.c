@@ -472,7 +472,7 @@ static int eagle3_main(const Opts *o) {
     }
     double gbs[MAX_THREADS];
     for (int i = 0; i < o->n_threads; i++) gbs[i] = stream_gbs(o->threads[i], 0);
-    rc = micro_eagle3(o->eagle3, t, o->threads, gbs, o->n_threads, o->ctx,
+    rc = micro_eagle3(o->eagle3, t, o->cpu_kernels, o->threads, gbs, o->n_threads, o->ctx,
                       o->draft_rounds > 0 ? o->draft_rounds : 1, &e);
     model_destroy(&t);
     if (rc) fprintf(stderr, "rootspec-micro: %s\n", e.msg);
