@@ -9,13 +9,25 @@ PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) $(SERVE_PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lmsgpackc
 SERVE_LIBS := $(shell pkg-config --libs $(SERVE_PKGS) 2>/dev/null)
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
-WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wno-sign-compare
+# -Wno-psabi: GCC notes that vector arguments changed ABI in GCC 4.6 even for static inline
+# helpers, which have no ABI (a #pragma does not silence the note).
+WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wno-sign-compare -Wno-psabi
 CFLAGS  ?= -O2 -march=x86-64-v2 -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -pthread $(WARN) $(PKG_CFLAGS) -I. -MMD -MP
 LDLIBS  := $(PKG_LIBS) -lm -pthread
 SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
 DEFAULT_MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
+
+# Quiet by default: one "CC file.c" / "AR lib" / "LD prog" line per step, so a build shows
+# what it makes and its warnings; `make V=1` prints every command in full.
+# $(call say,TAG,WHAT) prefixes a recipe line: the short line, or nothing with V=1.
+V ?= 0
+ifeq ($(V),1)
+say =
+else
+say = @printf '  %-6s %s\n' '$(1)' '$(2)';
+endif
 
 # The engine library (librootspec.a, linked by every program): every .c in LIB_DIRS except
 # program entry points (*_main.c). The bench's own code (statistics, logs, summary) is a
@@ -50,11 +62,11 @@ all: $(BINS)
 
 build/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(call say,CC,$<) $(CC) $(CFLAGS) -c $< -o $@
 
 build/san/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(filter-out -O2 -O3,$(CFLAGS)) $(SAN_FLAGS) -c $< -o $@
+	$(call say,CC-SAN,$<) $(CC) $(filter-out -O2 -O3,$(CFLAGS)) $(SAN_FLAGS) -c $< -o $@
 
 build/librootspec.a: $(LIB_OBJS)
 build/librootspec-san.a: $(SAN_OBJS)
@@ -65,13 +77,12 @@ build/librootspec-serve-san.a: $(SERVE_SAN_OBJS)
 build/librootspec.a build/librootspec-san.a build/librootspec-bench.a build/librootspec-bench-san.a \
 build/librootspec-serve.a build/librootspec-serve-san.a:
 	@mkdir -p build
-	rm -f $@
-	ar rcs $@ $^
+	$(call say,AR,$@) rm -f $@ && ar rcs $@ $^
 
 # The bench library comes first: it calls into the engine library, not the other way round.
 define BIN_RULE
 build/rootspec-$(patsubst %_main.c,%,$(notdir $(1))): build/obj/$(1:.c=.o) $(call main_bench_objs,$(1),build/librootspec-bench.a) $(call main_serve,$(1),build/librootspec-serve.a) build/librootspec.a
-	$$(CC) $$(CFLAGS) $$^ -o $$@ $$(LDLIBS) $(call main_serve,$(1),$$(SERVE_LIBS))
+	$$(call say,LD,$$@) $$(CC) $$(CFLAGS) $$^ -o $$@ $$(LDLIBS) $(call main_serve,$(1),$$(SERVE_LIBS))
 endef
 $(foreach m,$(MAIN_SRCS),$(eval $(call BIN_RULE,$(m))))
 
@@ -83,18 +94,18 @@ build/suites.inc: $(TEST_SRCS)
 
 build/san/tests/main.o: build/suites.inc
 build/rootspec-tests: $(TEST_OBJS) build/librootspec-bench-san.a build/librootspec-serve-san.a build/librootspec-san.a
-	$(CC) $(SAN_FLAGS) $^ -o $@ $(LDLIBS) $(SERVE_LIBS) $(CHECK_LIBS)
+	$(call say,LD,$@) $(CC) $(SAN_FLAGS) $^ -o $@ $(LDLIBS) $(SERVE_LIBS) $(CHECK_LIBS)
 
 # rootspec-serve under ASan+UBSan, for tests/serve_test.sh's malformed-request flood.
 build/rootspec-serve-san: build/san/target_proc/serve_main.o build/librootspec-serve-san.a build/librootspec-san.a
-	$(CC) $(SAN_FLAGS) $^ -o $@ $(LDLIBS) $(SERVE_LIBS)
+	$(call say,LD,$@) $(CC) $(SAN_FLAGS) $^ -o $@ $(LDLIBS) $(SERVE_LIBS)
 
 test-bin: build/rootspec-tests $(BINS) build/amx-overhead
 
 # The AMX family's work outside its tile instructions against the AVX2 family's whole
 # computation, on any AVX2 machine (tests/amx_overhead.c): a benchmark, built with the tests.
 build/amx-overhead: build/obj/tests/amx_overhead.o build/obj/tests/qmm_avx512_emu.o build/librootspec-bench.a build/librootspec.a
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+	$(call say,LD,$@) $(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 amx-overhead: build/amx-overhead
 	./build/amx-overhead
@@ -119,10 +130,10 @@ setup:
 	bash tools/setup.sh
 
 $(DEFAULT_MODEL):
-	bash tools/setup.sh --model-only
+	@bash tools/setup.sh --model-only
 
 run: all $(DEFAULT_MODEL)
-	bash deploy/run-main.sh
+	@bash deploy/run-main.sh
 
 clean:
 	rm -rf build

@@ -42,10 +42,10 @@ int bench_analyze(const char *dir, RsErr *e) {
     snprintf(dp, sizeof dp, "%s/decodes.csv", dir);
     snprintf(rp, sizeof rp, "%s/rounds.jsonl", dir);
     BenchDecode *d = NULL;
-    BenchRound *r = NULL;
+    RoundRecord *r = NULL;
     int nd = 0, nr = 0;
     int rc = benchlog_decodes_read(dp, &d, &nd, e);
-    if (rc == RS_OK) rc = benchlog_rounds_read(rp, &r, &nr, e);
+    if (rc == RS_OK) rc = roundlog_read(rp, &r, &nr, e);
     if (rc == RS_OK && nd == 0) rc = rs_err(e, RS_EFORMAT, "%s: no complete decode rows", dp);
     if (rc == RS_OK && nr == 0)
         rc = rs_err(e, RS_EFORMAT, "%s: no rounds, but %s has %d decodes", rp, dp, nd);
@@ -63,10 +63,11 @@ int bench_analyze(const char *dir, RsErr *e) {
 
 const char *bench_help_outputs(void) {
     return "Outputs (in the run directory):\n"
-           "  rounds.jsonl  one JSON object per round: decoder, temp, budget, prompt_id, round,\n"
-           "                emitted, accepted, tree_size, x1_in_pool, tau, monotonic ns timestamps\n"
-           "                t_round_start .. t_commit (null where a decoder has no such phase),\n"
-           "                draft_ns, graph_replays, eager_launches\n"
+           "  rounds.jsonl  one JSON object per round, the round log rootspec-target --log-rounds\n"
+           "                writes too (docs/DESIGN.md section 6): decoder, temp, budget, prompt_id,\n"
+           "                rep, round, emitted, accepted, tree_size, x1_in_pool, tau, monotonic ns\n"
+           "                timestamps t_round_start .. t_commit (null where a decoder has no such\n"
+           "                phase), draft_ns, the round's backend counters, its tokens, ...\n"
            "  decodes.csv   one row per decode (speed = tokens up to and including the first EOS /\n"
            "                (last commit - start of the target prefill))\n"
            "  summary.md    speeds, speedups over AR, gains with 95% paired bootstrap intervals\n"

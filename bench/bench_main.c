@@ -117,6 +117,7 @@ typedef struct {
     char *prompts, *decoders, *temps, *budgets;
     char prompts_hash[17]; /* FNV-1a 64 of the prompt file's bytes, hex */
     int launch, insecure, draft_timeout_ms, device;
+    int batch_invariant; /* --batch-invariant: BackendParams.batch_invariant */
     int limit, max_new, no_ar, warmup, repeats, threads, ctx, ignore_eos;
     uint64_t seed;
     Sampling sampling; /* the law of the T=1 combinations (T=0 ones are greedy) */
@@ -441,7 +442,7 @@ static void drafter_argv(const Settings *s, const char *bin, const char *endpoin
     argv[a++] = s->backend;
     argv[a++] = "--device";
     argv[a++] = nums[2];
-    if (backend_batch_invariant()) argv[a++] = "--batch-invariant";
+    if (s->batch_invariant) argv[a++] = "--batch-invariant";
     argv[a++] = "--threads";
     argv[a++] = nums[0];
     argv[a++] = "--ctx";
@@ -504,16 +505,12 @@ static int drafter_launch(const Settings *s, char *endpoint, size_t cap, RsErr *
 /* ---- per-decode round capture ---- */
 
 typedef struct {
-    const BenchCombo *combo;
-    const char *prompt_id;
-    int rep;
-    BenchRound *rounds; // (cap) buffered, written after the decode so no I/O is timed
+    RoundInfo *rounds; // (cap) buffered, written after the decode so no I/O is timed
     int n, cap;
-    uint64_t graph0, eager0; /* backend counters before the decode / at the last round */
+    RoundLog log;      /* the decode as its rounds' log lines name it */
+    Sampling law;      /* the decode's sampling law, which log.sampling points to */
     const char *label;
 } Sink;
-
-static int64_t ts(uint64_t ns) { return ns ? (int64_t)ns : BENCH_NULL_NS; }
 
 static void on_round(void *u, const RoundInfo *ri) {
     Sink *s = u;
@@ -522,35 +519,7 @@ static void on_round(void *u, const RoundInfo *ri) {
         s->rounds = realloc(s->rounds, sizeof *s->rounds * (size_t)s->cap);
         RS_ASSERT(s->rounds);
     }
-    BenchRound *r = &s->rounds[s->n++];
-    benchlog_round_init(r);
-    snprintf(r->decoder, sizeof r->decoder, "%s", s->combo->decoder);
-    r->temp = s->combo->temp;
-    r->budget = s->combo->budget;
-    snprintf(r->prompt_id, sizeof r->prompt_id, "%s", s->prompt_id);
-    r->rep = s->rep;
-    r->round = ri->round;
-    r->emitted = ri->emitted;
-    r->dropped = ri->dropped;
-    r->accepted = ri->accepted;
-    r->tree_size = ri->tree_size;
-    r->x1_in_pool = ri->x1_in_pool < 0 ? BENCH_X1_NULL : ri->x1_in_pool;
-    r->tau = ri->tau; /* NAN is written as null */
-    r->t_round_start = ts(ri->t_round_start);
-    r->t_grow_sent = ts(ri->t_grow_sent);
-    r->t_root_start = ts(ri->t_root_start);
-    r->t_root_end = ts(ri->t_root_end);
-    r->t_pool_recv = ts(ri->t_pool_recv);
-    r->t_select_done = ts(ri->t_select_done);
-    r->t_tree_start = ts(ri->t_tree_start);
-    r->t_tree_end = ts(ri->t_tree_end);
-    r->t_commit = ts(ri->t_commit);
-    r->draft_ns = ri->draft_ns ? (int64_t)ri->draft_ns : BENCH_NULL_NS;
-    /* RoundInfo carries cumulative backend counters; the log wants this round's share */
-    r->graph_replays = (int64_t)(ri->graph_replays - s->graph0);
-    r->eager_launches = (int64_t)(ri->eager_launches - s->eager0);
-    s->graph0 = ri->graph_replays;
-    s->eager0 = ri->eager_launches;
+    s->rounds[s->n++] = *ri;
 }
 
 static void on_event(void *u, const char *ev, const char *detail) {
@@ -638,7 +607,7 @@ static int parse_option(int argc, char **argv, int *i, Cli *c, int *setting, RsE
     else if (!strcmp(a, "--ctx")) { if (VAL()) rc = cli_int(a, v, 256, 1 << 20, &s->ctx, e); }
     else if (!strcmp(a, "--backend")) { if (VAL()) c->backend = v; }
     else if (!strcmp(a, "--device")) { if (VAL()) rc = cli_int(a, v, 0, 64, &s->device, e); }
-    else if (!strcmp(a, "--batch-invariant")) backend_set_batch_invariant(1);
+    else if (!strcmp(a, "--batch-invariant")) s->batch_invariant = 1;
     else if (!strcmp(a, "--out")) { if (VAL()) c->out = v; }
     else if (!strcmp(a, "--resume")) { *setting = 0; if (VAL()) c->resume = v; }
     else if (!strcmp(a, "--analyze")) { *setting = 0; if (VAL()) c->analyze = v; }
@@ -864,7 +833,9 @@ static int engine_setup(Bench *b) {
     EngineOpts eo = {.model_path = s->model, .draft_model_path = s->draft_model,
                      .draft_layers = s->draft_layers, .draft_endpoint = s->draft_endpoint,
                      .backend = s->backend, .threads = s->threads, .device = s->device,
-                     .ctx = s->ctx, .draft_timeout_ms = s->draft_timeout_ms,
+                     .ctx = s->ctx, .batch_invariant = s->batch_invariant,
+                     .cpu_kernels = cli_cpu_kernels(), /* the environment, read here once */
+                     .draft_timeout_ms = s->draft_timeout_ms,
                      .insecure = s->insecure, .curve_dir = s->curve_dir,
                      .draft_corpus = s->draft_corpus};
     if (s->drafter) drafter_kind_option(s->drafter, &eo.drafter_kind, NULL);
@@ -942,13 +913,12 @@ static int decode_one(Bench *b, const BenchRun *r, const char *label, DecodeResu
                     .max_new = b->s.max_new, .ignore_eos = b->s.ignore_eos};
     Backend *be = target_backend(b->en->target);
     Sink *sink = &b->sink;
-    sink->combo = c;
-    sink->prompt_id = bp->id;
-    sink->rep = r->rep;
     sink->n = 0;
+    sink->law = o.sampling;
+    sink->log = (RoundLog){.decoder = c->decoder, .temp = c->temp, .budget = c->budget,
+                           .prompt_id = bp->id, .rep = r->rep, .sampling = &sink->law};
     BackendStats st = backend_stats(be);
-    sink->graph0 = st.graph_replays;
-    sink->eager0 = st.eager_launches;
+    roundlog_begin(&sink->log, &st);
     sink->label = label;
     DecodeHooks h = {NULL, on_round, on_event, sink, NULL};
     int rc = decode_run(b->en->target, b->en->drafter, b->ids[r->prompt],
@@ -989,7 +959,7 @@ static int decode_log(Bench *b, const BenchRun *r, const DecodeResult *res, int 
     d.rep = r->rep;
     block_signals(1);
     int wrc = 0;
-    for (int i = 0; i < b->sink.n && !wrc; i++) wrc = benchlog_round_write(b->frounds, &b->sink.rounds[i]);
+    for (int i = 0; i < b->sink.n && !wrc; i++) wrc = roundlog_write(b->frounds, &b->sink.log, &b->sink.rounds[i]);
     if (!wrc) wrc = benchlog_decode_write_row(b->fdecodes, &d);
     if (!wrc) set_interrupt_msg(b->dir, ++*n_logged);
     block_signals(0);

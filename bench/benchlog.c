@@ -1,10 +1,9 @@
-/* Writers and readers of rounds.jsonl and decodes.csv, and --resume support; see benchlog.h.
- * Lines are written with fprintf (fixed key order, %.17g for doubles so they read back
- * exactly) and read with cJSON / a strict CSV splitter. */
+/* The writer and reader of decodes.csv, and --resume support over it and rounds.jsonl (whose
+ * lines target_proc/roundlog.c writes and reads); see benchlog.h. Rows are written with
+ * fprintf and read with a strict CSV splitter. */
 #include "bench/benchlog.h"
 #include "bench/outdir.h"
 #include "common/textsafe.h"
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -21,65 +20,9 @@ static const char *DECODES_HEADER_V1 =
     "prompt_id,prompt_pos,decoder,temp,budget,tokens,time_ns,speed,rounds,mean_accepted,"
     "hit_eos,run_index";
 
-/* Ids and decoder names are restricted so they need no escaping in JSON or CSV. */
-static int name_ok(const char *s, size_t cap) {
-    size_t n = strnlen(s, cap);
-    if (n == 0 || n >= cap) return 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '.' || c == '/' || c == ':' || c == '+' || c == '-'))
-            return 0;
-    }
-    return 1;
-}
-
-void benchlog_round_init(BenchRound *r) {
-    memset(r, 0, sizeof *r);
-    r->x1_in_pool = BENCH_X1_NULL;
-    r->tau = NAN;
-    r->t_round_start = r->t_grow_sent = r->t_root_start = r->t_root_end = r->t_pool_recv =
-        r->t_select_done = r->t_tree_start = r->t_tree_end = r->t_commit = BENCH_NULL_NS;
-    r->draft_ns = BENCH_NULL_NS;
-}
-
-static void put_ns(char **p, char *end, const char *key, int64_t v) {
-    int k = v < 0 ? snprintf(*p, (size_t)(end - *p), ",\"%s\":null", key)
-                  : snprintf(*p, (size_t)(end - *p), ",\"%s\":%" PRId64, key, v);
-    RS_ASSERT(k > 0 && k < end - *p);
-    *p += k;
-}
-
-int benchlog_round_write(FILE *f, const BenchRound *r) {
-    RS_ASSERT(name_ok(r->decoder, sizeof r->decoder) && name_ok(r->prompt_id, sizeof r->prompt_id));
-    char buf[1024], *p = buf, *end = buf + sizeof buf;
-    char x1[8], tau[32];
-    snprintf(x1, sizeof x1, "%s", r->x1_in_pool < 0 ? "null" : r->x1_in_pool ? "true" : "false");
-    if (isfinite(r->tau)) snprintf(tau, sizeof tau, "%.17g", r->tau);
-    else snprintf(tau, sizeof tau, "null");
-    p += snprintf(p, (size_t)(end - p),
-                  "{\"decoder\":\"%s\",\"temp\":%d,\"budget\":%d,\"prompt_id\":\"%s\","
-                  "\"rep\":%d,\"round\":%d,\"emitted\":%d,\"dropped\":%d,\"accepted\":%d,"
-                  "\"tree_size\":%d,\"x1_in_pool\":%s,\"tau\":%s",
-                  r->decoder, r->temp, r->budget, r->prompt_id, r->rep, r->round, r->emitted,
-                  r->dropped, r->accepted, r->tree_size, x1, tau);
-    put_ns(&p, end, "t_round_start", r->t_round_start);
-    put_ns(&p, end, "t_grow_sent", r->t_grow_sent);
-    put_ns(&p, end, "t_root_start", r->t_root_start);
-    put_ns(&p, end, "t_root_end", r->t_root_end);
-    put_ns(&p, end, "t_pool_recv", r->t_pool_recv);
-    put_ns(&p, end, "t_select_done", r->t_select_done);
-    put_ns(&p, end, "t_tree_start", r->t_tree_start);
-    put_ns(&p, end, "t_tree_end", r->t_tree_end);
-    put_ns(&p, end, "t_commit", r->t_commit);
-    put_ns(&p, end, "draft_ns", r->draft_ns);
-    int k = snprintf(p, (size_t)(end - p), ",\"graph_replays\":%" PRId64
-                     ",\"eager_launches\":%" PRId64 "}\n", r->graph_replays, r->eager_launches);
-    RS_ASSERT(k > 0 && k < end - p);
-    p += k;
-    if (fwrite(buf, 1, (size_t)(p - buf), f) != (size_t)(p - buf)) return RS_EIO;
-    return fflush(f) == 0 ? RS_OK : RS_EIO;
-}
+/* The round log's names (decoder, prompt id) and decodes.csv's are the same. */
+_Static_assert(BENCH_DEC_MAX == ROUNDLOG_DECODER_MAX, "decoder names fit both logs");
+_Static_assert(BENCH_BUDGET_AUTO == ROUNDLOG_BUDGET_AUTO, "auto is one budget in both logs");
 
 int benchlog_decode_write_header(FILE *f) {
     if (fprintf(f, "%s\n", DECODES_HEADER) < 0) return RS_EIO;
@@ -87,7 +30,7 @@ int benchlog_decode_write_header(FILE *f) {
 }
 
 int benchlog_decode_write_row(FILE *f, const BenchDecode *d) {
-    RS_ASSERT(name_ok(d->decoder, sizeof d->decoder) && name_ok(d->prompt_id, sizeof d->prompt_id));
+    RS_ASSERT(roundlog_name_ok(d->decoder, sizeof d->decoder) && roundlog_name_ok(d->prompt_id, sizeof d->prompt_id));
     if (fprintf(f, "%s,%d,%s,%d,%d,%" PRId64 ",%" PRId64 ",%.6f,%d,%.6f,%d,%d,%d\n",
                 d->prompt_id, d->prompt_pos, d->decoder, d->temp, d->budget, d->tokens,
                 d->time_ns, d->speed, d->rounds, d->mean_accepted, d->hit_eos, d->run_index,
@@ -123,127 +66,6 @@ static int for_each_line(const char *path, LineFn fn, void *ctx, RsErr *e) {
     }
     free(buf);
     return rc;
-}
-
-typedef struct {
-    BenchRound *v;
-    int n, cap;
-} RoundVec;
-
-static int json_int(const cJSON *o, const char *key, int64_t lo, int64_t hi, int nullable,
-                    int64_t *out, const char *path, int lineno, RsErr *e) {
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!it) return rs_err(e, RS_EFORMAT, "%s:%d: missing field \"%s\"", path, lineno, key);
-    if (nullable && cJSON_IsNull(it)) {
-        *out = BENCH_NULL_NS;
-        return RS_OK;
-    }
-    if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) ||
-        it->valuedouble < (double)lo || it->valuedouble > (double)hi)
-        return rs_err(e, RS_EFORMAT, "%s:%d: field \"%s\" must be an integer in [%" PRId64
-                      ", %" PRId64 "]%s", path, lineno, key, lo, hi, nullable ? " or null" : "");
-    *out = (int64_t)it->valuedouble;
-    return RS_OK;
-}
-
-static int json_name(const cJSON *o, const char *key, char *dst, size_t cap, const char *path,
-                     int lineno, RsErr *e) {
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!cJSON_IsString(it) || !name_ok(it->valuestring, cap))
-        return rs_err(e, RS_EFORMAT, "%s:%d: field \"%s\" must be a name of 1-%zu characters "
-                      "[A-Za-z0-9_./:+-]", path, lineno, key, cap - 1);
-    snprintf(dst, cap, "%s", it->valuestring);
-    return RS_OK;
-}
-
-static int round_line(void *ctx, const char *path, int lineno, char *line, size_t n, RsErr *e) {
-    RoundVec *rv = ctx;
-    if (n == 0) return rs_err(e, RS_EFORMAT, "%s:%d: empty line", path, lineno);
-    cJSON *j = cJSON_ParseWithLength(line, n);
-    if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        return rs_err(e, RS_EFORMAT, "%s:%d: not a JSON object", path, lineno);
-    }
-    BenchRound r;
-    benchlog_round_init(&r);
-    int64_t v;
-    int rc;
-    const int64_t BIG = INT64_C(1) << 62, IMAX = 2147483647;
-#define GETI(key, dst, lo, hi)                                                   \
-    if ((rc = json_int(j, key, lo, hi, 0, &v, path, lineno, e))) goto out;        \
-    dst = (int)v;
-#define GETNS(key, dst)                                                          \
-    if ((rc = json_int(j, key, 0, BIG, 1, &v, path, lineno, e))) goto out;        \
-    dst = v;
-    if ((rc = json_name(j, "decoder", r.decoder, sizeof r.decoder, path, lineno, e))) goto out;
-    if ((rc = json_name(j, "prompt_id", r.prompt_id, sizeof r.prompt_id, path, lineno, e)))
-        goto out;
-    GETI("temp", r.temp, 0, 1);
-    GETI("budget", r.budget, 0, 4096);
-    if (cJSON_GetObjectItemCaseSensitive(j, "rep")) { /* absent in older logs */
-        GETI("rep", r.rep, 0, IMAX);
-    }
-    GETI("round", r.round, 0, IMAX);
-    GETI("emitted", r.emitted, 0, IMAX);
-    if (cJSON_GetObjectItemCaseSensitive(j, "dropped")) { /* absent in older logs */
-        GETI("dropped", r.dropped, 0, r.emitted);
-    }
-    GETI("accepted", r.accepted, 0, IMAX);
-    GETI("tree_size", r.tree_size, 0, IMAX);
-    GETNS("t_round_start", r.t_round_start);
-    GETNS("t_grow_sent", r.t_grow_sent);
-    GETNS("t_root_start", r.t_root_start);
-    GETNS("t_root_end", r.t_root_end);
-    GETNS("t_pool_recv", r.t_pool_recv);
-    GETNS("t_select_done", r.t_select_done);
-    GETNS("t_tree_start", r.t_tree_start);
-    GETNS("t_tree_end", r.t_tree_end);
-    GETNS("t_commit", r.t_commit);
-    GETNS("draft_ns", r.draft_ns);
-    if ((rc = json_int(j, "graph_replays", 0, BIG, 0, &r.graph_replays, path, lineno, e))) goto out;
-    if ((rc = json_int(j, "eager_launches", 0, BIG, 0, &r.eager_launches, path, lineno, e)))
-        goto out;
-#undef GETI
-#undef GETNS
-    const cJSON *x1 = cJSON_GetObjectItemCaseSensitive(j, "x1_in_pool");
-    if (cJSON_IsNull(x1)) r.x1_in_pool = BENCH_X1_NULL;
-    else if (cJSON_IsBool(x1)) r.x1_in_pool = cJSON_IsTrue(x1) ? 1 : 0;
-    else {
-        rc = rs_err(e, RS_EFORMAT, "%s:%d: field \"x1_in_pool\" must be true, false or null",
-                    path, lineno);
-        goto out;
-    }
-    const cJSON *tau = cJSON_GetObjectItemCaseSensitive(j, "tau");
-    if (cJSON_IsNull(tau)) r.tau = NAN;
-    else if (cJSON_IsNumber(tau) && tau->valuedouble >= 0) r.tau = tau->valuedouble;
-    else {
-        rc = rs_err(e, RS_EFORMAT, "%s:%d: field \"tau\" must be a number >= 0 or null", path,
-                    lineno);
-        goto out;
-    }
-    if (rv->n == rv->cap) {
-        rv->cap = rv->cap ? 2 * rv->cap : 256;
-        rv->v = realloc(rv->v, (size_t)rv->cap * sizeof *rv->v);
-        RS_ASSERT(rv->v);
-    }
-    rv->v[rv->n++] = r;
-out:
-    cJSON_Delete(j);
-    return rc;
-}
-
-int benchlog_rounds_read(const char *path, BenchRound **out, int *n, RsErr *e) {
-    RoundVec rv = {0};
-    int rc = for_each_line(path, round_line, &rv, e);
-    if (rc) {
-        free(rv.v);
-        *out = NULL;
-        *n = 0;
-        return rc;
-    }
-    *out = rv.v;
-    *n = rv.n;
-    return RS_OK;
 }
 
 typedef struct {
@@ -339,11 +161,11 @@ static int decode_line(void *ctx, const char *path, int lineno, char *line, size
                                nf, dv->nf);
     BenchDecode d;
     memset(&d, 0, sizeof d);
-    if (!name_ok(f[0], sizeof d.prompt_id))
+    if (!roundlog_name_ok(f[0], sizeof d.prompt_id))
         return rs_err(e, RS_EFORMAT, "%s:%d: bad prompt_id \"%s\"", path, lineno,
                       rs_escape(esc, sizeof esc, f[0], strlen(f[0]), 1));
     snprintf(d.prompt_id, sizeof d.prompt_id, "%s", f[0]);
-    if (!name_ok(f[2], sizeof d.decoder))
+    if (!roundlog_name_ok(f[2], sizeof d.decoder))
         return rs_err(e, RS_EFORMAT, "%s:%d: bad decoder \"%s\"", path, lineno,
                       rs_escape(esc, sizeof esc, f[2], strlen(f[2]), 1));
     snprintf(d.decoder, sizeof d.decoder, "%s", f[2]);
@@ -469,30 +291,35 @@ static int cut_partial_line(const char *path, RsErr *e) {
     return rc;
 }
 
-/* Rewrites rounds.jsonl keeping only rounds of decodes in the done set. */
+/* Rewrites rounds.jsonl keeping only the lines of decodes in the done set, byte for byte. */
+typedef struct {
+    FILE *f;
+    const BenchDoneSet *done;
+    const char *tmp;
+} Filter;
+
+static int keep_done(void *ctx, const RoundRecord *r, const char *line, size_t n, RsErr *e) {
+    Filter *fl = ctx;
+    BenchCombo c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.decoder, BENCH_DEC_MAX, "%s", r->decoder);
+    c.temp = r->temp;
+    c.budget = r->budget;
+    if (!bench_done_has(fl->done, r->prompt_id, &c, r->rep)) return RS_OK;
+    if (fwrite(line, 1, n, fl->f) != n || fputc('\n', fl->f) == EOF)
+        return rs_err(e, RS_EIO, "cannot write '%s': %s", fl->tmp, strerror(errno));
+    return RS_OK;
+}
+
 static int filter_rounds(const char *path, const BenchDoneSet *done, RsErr *e) {
-    BenchRound *r;
-    int n;
-    int rc = benchlog_rounds_read(path, &r, &n, e);
-    if (rc) return rc;
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     remove(tmp); /* a crash's leftover: a regular file (checked), or nothing */
     FILE *f = NULL;
-    if ((rc = bench_file_open(tmp, BENCH_FILE_NEW, &f, e))) {
-        free(r);
-        return rc;
-    }
-    for (int i = 0; i < n && rc == RS_OK; i++) {
-        BenchCombo c;
-        memset(&c, 0, sizeof c);
-        snprintf(c.decoder, BENCH_DEC_MAX, "%s", r[i].decoder);
-        c.temp = r[i].temp;
-        c.budget = r[i].budget;
-        if (bench_done_has(done, r[i].prompt_id, &c, r[i].rep) && benchlog_round_write(f, &r[i]))
-            rc = rs_err(e, RS_EIO, "cannot write '%s': %s", tmp, strerror(errno));
-    }
-    free(r);
+    int rc = bench_file_open(tmp, BENCH_FILE_NEW, &f, e);
+    if (rc) return rc;
+    Filter fl = {f, done, tmp};
+    rc = roundlog_scan(path, keep_done, &fl, e);
     if (fclose(f) != 0 && rc == RS_OK)
         rc = rs_err(e, RS_EIO, "cannot close '%s': %s", tmp, strerror(errno));
     if (rc == RS_OK && rename(tmp, path) != 0)

@@ -1,5 +1,6 @@
 /* Benchmark output files and their readers (for --analyze and --resume):
- *   rounds.jsonl: one JSON object per round with every DESIGN.md §6 field;
+ *   rounds.jsonl: one JSON object per round, the round log of target_proc/roundlog.h
+ *                 (written and read there, the same schema as rootspec-target --log-rounds);
  *   decodes.csv:  one row per decode.
  * Writers emit each record as one line ending in '\n' and flush it, so the newline marks a
  * complete record: readers ignore a final line without one (an interrupted write). */
@@ -7,33 +8,8 @@
 #define ROOTSPEC_BENCH_BENCHLOG_H
 #include "common/prompts.h"
 #include "bench/stats.h"
+#include "target_proc/roundlog.h"
 #include <stdio.h>
-
-#define BENCH_NULL_NS (-1)   /* timestamp / draft_ns absent: written as JSON null */
-#define BENCH_X1_NULL (-1)   /* x1_in_pool not applicable (draft, ar) */
-
-typedef struct {
-    char decoder[BENCH_DEC_MAX];
-    int temp, budget;
-    char prompt_id[PROMPT_ID_MAX];
-    int rep;         /* repetition of the decode (--repeats; 0 in logs without it) */
-    int round;       /* 0-based within the decode */
-    int emitted;     /* tokens the round verified (accepted + continuation) */
-    int dropped;     /* of emitted, the last ones past --max-new or the first EOS: not in
-                        the output, not in the decode's tokens or speed (0 when absent) */
-    int accepted;    /* accepted tree tokens (X1 counts for pearl/rootdraw) */
-    int tree_size;   /* non-root nodes of the selected tree (root rule: also when its pass
-                        is skipped, tree_pass_skipped; pearl/rootdraw: X1 included) */
-    int x1_in_pool;  /* 1, 0, or BENCH_X1_NULL */
-    double tau;      /* expected acceptance of the tree; NAN = null (not computed) */
-    /* CLOCK_MONOTONIC ns, BENCH_NULL_NS where the decoder has no such phase. JSON numbers
-     * are read back as doubles: exact below 2^53 ns (104 days of uptime). */
-    int64_t t_round_start, t_grow_sent, t_root_start, t_root_end, t_pool_recv, t_select_done,
-        t_tree_start, t_tree_end, t_commit;
-    int64_t draft_ns;       /* drafter's own time from the POOL reply, or BENCH_NULL_NS */
-    int64_t graph_replays;  /* CUDA graph replays this round */
-    int64_t eager_launches; /* uncaptured launches this round */
-} BenchRound;
 
 typedef struct {
     char prompt_id[PROMPT_ID_MAX];
@@ -50,17 +26,12 @@ typedef struct {
     int rep;         /* repetition of (prompt, decoder, T, B); logs without the column: 0 */
 } BenchDecode;
 
-/* Fills a round with nulls (timestamps, draft_ns, x1_in_pool, tau) and zeros. */
-void benchlog_round_init(BenchRound *r);
-
 /* Each writes one complete line and flushes. Return RS_OK or RS_EIO (errno is set). */
-int benchlog_round_write(FILE *f, const BenchRound *r);
 int benchlog_decode_write_header(FILE *f);
 int benchlog_decode_write_row(FILE *f, const BenchDecode *d);
 
-/* Readers: *out malloc'd (caller frees), *n records. A final line without '\n' is ignored;
+/* Reader: *out malloc'd (caller frees), *n records. A final line without '\n' is ignored;
  * any other malformed line is an RS_EFORMAT error naming the file and line. */
-int benchlog_rounds_read(const char *path, BenchRound **out, int *n, RsErr *e);
 int benchlog_decodes_read(const char *path, BenchDecode **out, int *n, RsErr *e);
 
 /* --resume support: the set of (prompt_id, decoder, temp, budget, rep) already in

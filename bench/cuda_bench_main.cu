@@ -133,7 +133,7 @@ static int time_shape(const Shape *sh, int ctx, int iters, int device, double co
     Model *m = NULL;
     RsErr e = {0};
     /* random models are made on the device by cuda_ops.create (no host copy) */
-    if (backend_model_load(cuda_backend_ops_get(), sh->spec, &m, &e) != RS_OK) {
+    if (backend_model_load(cuda_backend_ops_get(), sh->spec, NULL, &m, &e) != RS_OK) {
         fprintf(stderr, "rootspec-cuda-bench: %s\n", e.msg);
         return 2;
     }

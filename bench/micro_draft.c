@@ -33,15 +33,17 @@ static int context_ids(const Model *m, int **ids, int *n, RsErr *e) {
     return RS_OK;
 }
 
-int micro_drafter_host(const Model *m, int threads, int rounds, double *us_row, RsErr *e) {
+int micro_drafter_host(const Model *m, int threads, const char *family, int rounds,
+                       double *us_row, RsErr *e) {
     int *ids = NULL, n = 0, rc = context_ids(m, &ids, &n, e);
     if (rc) return rc;
     char layers[32];
     int half = m->cfg.n_layers / 2 > 0 ? m->cfg.n_layers / 2 : 1;
     snprintf(layers, sizeof layers, "0-%d", half - 1);
     Drafter *d = NULL;
-    rc = drafter_self_create(m, layers, &cpu_backend_ops, n + rounds + POOL_N_EXPANDED + 8,
-                             threads, 0, &d, e);
+    BackendParams bp = {.kv_capacity = n + rounds + POOL_N_EXPANDED + 8, .threads = threads,
+                        .cpu_kernels = family};
+    rc = drafter_self_create(m, layers, &cpu_backend_ops, &bp, &d, e);
     Pool *p = rs_xmalloc(sizeof(Pool));
     double *per = rs_xmalloc(sizeof(double) * (size_t)(rounds > 0 ? rounds : 1));
     double draft_ms = 0;

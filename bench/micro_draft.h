@@ -8,7 +8,8 @@
  * fixed English paragraph (random ids for a model without a tokenizer: flatter rows, so
  * more exps), then `rounds` pools, each after committing the last pool's best first
  * child. Prints a line and "drafter_host_us_row_t<threads>=" (the median round's host
- * work per row); *us_row gets that figure. */
-int micro_drafter_host(const Model *m, int threads, int rounds, double *us_row, RsErr *e);
+ * work per row); *us_row gets that figure. family: BackendParams.cpu_kernels. */
+int micro_drafter_host(const Model *m, int threads, const char *family, int rounds,
+                       double *us_row, RsErr *e);
 
 #endif

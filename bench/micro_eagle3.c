@@ -22,11 +22,12 @@ typedef struct {
     double pass_gb;  /* bytes of the matrices an expansion pass reads (all but fc) */
     double roof_ms;  /* compute roof of a 10-row pass, one thread */
     const char *type; /* ggml type name of lm_head: the head's stored type */
+    const char *family; /* BackendParams.cpu_kernels of the head's layer and its roof */
 } E3Bench;
 
 static int e3_open(const char *path, const Model *target, E3Bench *b, RsErr *e) {
     int layers[EAGLE3_N_FEATURES];
-    int rc = eagle3_head_open_for(path, target, &b->h, layers, &b->em, e);
+    int rc = eagle3_head_open_for(path, target, EAGLE3_IDS_AUTO, &b->h, layers, &b->em, e);
     if (rc) return rc;
     const Eagle3Head *h = b->h;
     const QTensor *all[EAGLE3_N_MATRICES], **mats = all + 1; /* an expansion skips fc */
@@ -37,7 +38,7 @@ static int e3_open(const char *path, const Model *target, E3Bench *b, RsErr *e) 
         params += (double)mats[i]->rows * mats[i]->cols;
     }
     MicroRoof roof;
-    rc = micro_roof_mats(mats, uses, 8, &roof, e);
+    rc = micro_roof_mats(mats, uses, 8, b->family, &roof, e);
     b->roof_ms = rc ? 0 : POOL_EXPAND * params / roof.gw_n4 / 1e6;
     b->type = quant_type_name(h->lm_head.type);
     return rc;
@@ -82,7 +83,8 @@ static int e3_time(const E3Bench *b, int threads, int ctx, int rounds, double *r
     const Eagle3Head *h = b->h;
     size_t F = (size_t)EAGLE3_N_FEATURES * h->cfg.target_hidden;
     BackendParams bp = {.kv_capacity = ctx + E3_COMMIT * (rounds + 1) + POOL_N_EXPANDED + 1,
-                        .max_batch = E3_CTX_CHUNK, .threads = threads};
+                        .max_batch = E3_CTX_CHUNK, .threads = threads,
+                        .cpu_kernels = b->family};
     Eagle3Runner *r;
     int rc = eagle3_runner_create_on(h, &b->em, &cpu_eagle3_layer, &bp, &r, e);
     if (rc) return rc;
@@ -108,9 +110,10 @@ static int e3_time(const E3Bench *b, int threads, int ctx, int rounds, double *r
     return rc;
 }
 
-int micro_eagle3(const char *head_path, const Model *target, const int *threads,
-                 const double *read_gbs, int n, int ctx, int rounds, RsErr *e) {
-    E3Bench b = {0};
+int micro_eagle3(const char *head_path, const Model *target, const char *family,
+                 const int *threads, const double *read_gbs, int n, int ctx, int rounds,
+                 RsErr *e) {
+    E3Bench b = {.family = family};
     int rc = e3_open(head_path, target, &b, e);
     if (!rc)
         printf("eagle3 head %s (%s, dim %d, draft vocab %d): %.3f GB of matrices an expansion "

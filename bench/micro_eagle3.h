@@ -12,8 +12,10 @@
  * expansion pass, the bytes of the matrices it streams against read_gbs[i] (the read
  * stream at threads[i]) and against the compute roof of a 10-row pass (one thread,
  * weights in cache, divided by the thread count), and a "micro eagle3 ..." key=value line
- * per thread count. Errors: the head's (load, misfit) or the runner's. */
-int micro_eagle3(const char *head_path, const Model *target, const int *threads,
-                 const double *read_gbs, int n, int ctx, int rounds, RsErr *e);
+ * per thread count. family: BackendParams.cpu_kernels of the head's layer. Errors: the
+ * head's (load, misfit) or the runner's. */
+int micro_eagle3(const char *head_path, const Model *target, const char *family,
+                 const int *threads, const double *read_gbs, int n, int ctx, int rounds,
+                 RsErr *e);
 
 #endif

@@ -78,10 +78,9 @@ static void *copy_thread(void *arg) {
 }
 
 /* Software prefetch of a read stream: none, 1 KB ahead into L1, or 8 KB ahead into L2 (the
- * avx512 kernels' own, QK_PF / QK_PF_HINT). With the L1 one a core of an AMD EPYC Zen 1
- * read ~10% more, without prefetch one of a Zen 4 ~10% more (26.9 vs 29.7 GB/s); a pass
- * whose kernels prefetch their own way must not beat its bound by that alone, so the
- * bound is the best of the three. */
+ * avx512 kernels' own, QK_PF / QK_PF_HINT). Which one reads most depends on the CPU
+ * (docs/PERF.md); a pass whose kernels prefetch their own way must not beat its bound by
+ * that alone, so the bound is the best of the three. */
 enum { READ_PF_NONE, READ_PF_L1, READ_PF_L2, READ_PF_N };
 
 /* Reads j->n bytes, four 16-byte loads a line, prefetching as j->prefetch says. */
@@ -179,6 +178,7 @@ typedef struct {
     const char *model_path;
     int threads[MAX_THREADS], n_threads, iters, ar_tokens, ctx, rss_ctx, draft_rounds;
     const char *eagle3; /* --eagle3 HEAD: only the head's figure, --model its target */
+    const char *cpu_kernels; /* cli_cpu_kernels(): BackendParams.cpu_kernels */
 } Opts;
 
 static int parse_threads(const char *v, Opts *o, RsErr *e) {
@@ -197,7 +197,7 @@ static int parse_threads(const char *v, Opts *o, RsErr *e) {
 
 static int parse_opts(int argc, char **argv, Opts *o, RsErr *e) {
     *o = (Opts){.threads = {1, 2}, .n_threads = 2, .iters = 20, .ar_tokens = 64,
-                .ctx = PREFILL, .draft_rounds = 8};
+                .ctx = PREFILL, .draft_rounds = 8, .cpu_kernels = cli_cpu_kernels()};
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int rc = RS_OK;
@@ -330,9 +330,9 @@ static int paired_read_frac(Backend *b, int threads, double bytes, int rounds, f
                             double *frac, RsErr *e) {
     size_t sz = ((size_t)bytes + 4095) & ~(size_t)4095, most = (size_t)256 << 20;
     sz = sz < most ? sz : most; /* a larger model's GB/s from 256 MiB, not a third copy */
-    /* Two regions read in turn: a region read twice in a row streams part of itself from
-     * the L3 (Zen 3, 99 MB: ~5% faster), which the pass, reading its weights after the
-     * stream, never gets. */
+    /* Two regions read in turn: a region read twice in a row streams part of itself from a
+     * large L3 (docs/PERF.md), which the pass, reading its weights after the stream, never
+     * gets. */
     char *a = stream_buffer(2 * sz, 1);
     double *ratio = rs_xmalloc(sizeof(double) * (size_t)rounds);
     int tok = 1, zero = 0, pos = backend_n_committed(b), rc = RS_OK;
@@ -363,7 +363,8 @@ static int run_threads(const Model *m, const Opts *o, int threads, double wbytes
                        const MicroRoof *roof, long *rss_kb, size_t *kv_es, RsErr *e) {
     const Config *c = &m->cfg;
     BackendParams bp = {.kv_capacity = o->ctx + MAX_N + o->ar_tokens, .max_batch = PREFILL,
-                        .max_pending = PREFILL, .threads = threads};
+                        .max_pending = PREFILL, .threads = threads,
+                        .cpu_kernels = o->cpu_kernels};
     Backend *b = NULL;
     int rc = backend_create(&cpu_backend_ops, m, &bp, &b, e);
     if (rc) return rc;
@@ -440,7 +441,7 @@ static int rss_check(const Model *m, const Opts *o, double file_mb, RsErr *e) {
     int th = 1;
     for (int i = 0; i < o->n_threads; i++) th = o->threads[i] > th ? o->threads[i] : th;
     BackendParams bp = {.kv_capacity = o->rss_ctx, .max_batch = PREFILL, .max_pending = PREFILL,
-                        .threads = th};
+                        .threads = th, .cpu_kernels = o->cpu_kernels};
     Backend *b = NULL;
     if (backend_create(&cpu_backend_ops, m, &bp, &b, e)) return -1;
     int *tokens = rs_xmalloc(sizeof(int) * o->rss_ctx);
@@ -471,7 +472,7 @@ static int eagle3_main(const Opts *o) {
     }
     double gbs[MAX_THREADS];
     for (int i = 0; i < o->n_threads; i++) gbs[i] = stream_gbs(o->threads[i], 0);
-    rc = micro_eagle3(o->eagle3, t, o->threads, gbs, o->n_threads, o->ctx,
+    rc = micro_eagle3(o->eagle3, t, o->cpu_kernels, o->threads, gbs, o->n_threads, o->ctx,
                       o->draft_rounds > 0 ? o->draft_rounds : 1, &e);
     model_destroy(&t);
     if (rc) fprintf(stderr, "rootspec-micro: %s\n", e.msg);
@@ -488,7 +489,8 @@ int main(int argc, char **argv) {
     if (o.eagle3) return eagle3_main(&o);
     long rss0 = vm_rss_kb();
     Model *m = NULL;
-    int lrc = backend_model_load(&cpu_backend_ops, o.model_path, &m, &e); /* random: too */
+    BackendParams lp = {.cpu_kernels = o.cpu_kernels};
+    int lrc = backend_model_load(&cpu_backend_ops, o.model_path, &lp, &m, &e); /* random: too */
     if (lrc) {
         fprintf(stderr, "rootspec-micro: %s\n", e.msg);
         return cli_exit_status(lrc);
@@ -511,7 +513,7 @@ int main(int argc, char **argv) {
            "load\nx4_matrices=%d\n", o.model_path, c->n_layers, c->dim, c->vocab_size,
            wbytes / 1e6, n_x4, n_mats, file_mb, rss0 / 1e3, n_x4);
     MicroRoof roof;
-    int rc = micro_compute_roof(m, &roof, &e);
+    int rc = micro_compute_roof(m, o.cpu_kernels, &roof, &e);
     if (!rc)
         printf("compute roof (1 thread, each matrix's kernel on a slice in L2, scaled to the "
                "model; no attention): n = 1 %.2f ms (%.1f G weight-token products/s), n = 65 "
@@ -524,7 +526,7 @@ int main(int argc, char **argv) {
         rss = rss_t > rss ? rss_t : rss;
         double us_row;
         if (!rc && o.draft_rounds)
-            rc = micro_drafter_host(m, o.threads[i], o.draft_rounds, &us_row, &e);
+            rc = micro_drafter_host(m, o.threads[i], o.cpu_kernels, o.draft_rounds, &us_row, &e);
     }
     if (!rc) {
         double kv = kv_mb(c, o.ctx + MAX_N + o.ar_tokens, kv_es);

@@ -32,9 +32,9 @@ static double slice_ns(const QkFamily *f, const QTensor *w, const QkActs *x, flo
     return best;
 }
 
-int micro_roof_mats(const QTensor *const *mats, const double *uses, int n, MicroRoof *out,
-                    RsErr *e) {
-    const QkFamily *f = qk_family_pick(getenv("ROOTSPEC_CPU_KERNELS"), e);
+int micro_roof_mats(const QTensor *const *mats, const double *uses, int n, const char *family,
+                    MicroRoof *out, RsErr *e) {
+    const QkFamily *f = qk_family_pick(family, e);
     if (!f) return e->code;
     int maxc = 0;
     for (int i = 0; i < n; i++) maxc = mats[i]->cols > maxc ? mats[i]->cols : maxc;
@@ -72,11 +72,11 @@ int micro_roof_mats(const QTensor *const *mats, const double *uses, int n, Micro
     return RS_OK;
 }
 
-int micro_compute_roof(const Model *m, MicroRoof *out, RsErr *e) {
+int micro_compute_roof(const Model *m, const char *family, MicroRoof *out, RsErr *e) {
     const LayerWeights *L = &m->w.layers[0];
     const QTensor *mats[8] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up,
                               &L->w_down, &m->w.wcls};
     double uses[8];
     for (int i = 0; i < 8; i++) uses[i] = i == 7 ? 1 : m->cfg.n_layers;
-    return micro_roof_mats(mats, uses, 8, out, e);
+    return micro_roof_mats(mats, uses, 8, family, out, e);
 }

@@ -12,12 +12,12 @@ typedef struct {
 } MicroRoof;
 
 /* Times each of layer 0's matrices and the head on a slice of its rows that stays in L2
- * (<= 128 KB), for 1 and 4 tokens, with the kernel family the backend picks (honours
- * ROOTSPEC_CPU_KERNELS), and scales each to the model's parameters. Attention is left
- * out (at the bench's 128-token context it is under 1% of the products). */
-int micro_compute_roof(const Model *m, MicroRoof *out, RsErr *e);
+ * (<= 128 KB), for 1 and 4 tokens, with the kernel family the backend picks for `family`
+ * (BackendParams.cpu_kernels), and scales each to the model's parameters. Attention is
+ * left out (at the bench's 128-token context it is under 1% of the products). */
+int micro_compute_roof(const Model *m, const char *family, MicroRoof *out, RsErr *e);
 /* The same over any n matrices, matrix i counted uses[i] times (a model's layers). */
-int micro_roof_mats(const QTensor *const *mats, const double *uses, int n, MicroRoof *out,
-                    RsErr *e);
+int micro_roof_mats(const QTensor *const *mats, const double *uses, int n, const char *family,
+                    MicroRoof *out, RsErr *e);
 
 #endif

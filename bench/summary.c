@@ -13,11 +13,11 @@
 const char *const bench_part_names[BENCH_N_PARTS] = {"send",   "root pass", "wait for pool",
                                                      "select", "tree pass", "other"};
 
-static int has(int64_t t) { return t != BENCH_NULL_NS; }
+static int has(int64_t t) { return t != ROUNDLOG_NULL; }
 static double pos_ms(int64_t ns) { return ns > 0 ? (double)ns / 1e6 : 0.0; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-int bench_round_parts(const BenchRound *r, double p[BENCH_N_PARTS]) {
+int bench_round_parts(const RoundRecord *r, double p[BENCH_N_PARTS]) {
     if (!has(r->t_round_start) || !has(r->t_commit)) return -1;
     int64_t s = r->t_round_start;
     int64_t root_end = has(r->t_root_end) ? r->t_root_end : s;
@@ -173,7 +173,7 @@ static int count_prompts(const BenchDecode *d, int nd) {
 }
 
 /* Adds one round's counts and timings to its group. */
-static void group_add_round(Group *g, const BenchRound *x) {
+static void group_add_round(Group *g, const RoundRecord *x) {
     g->rounds++;
     g->sum_acc += x->accepted;
     g->sum_emit += x->emitted;
@@ -203,7 +203,7 @@ static void group_add_round(Group *g, const BenchRound *x) {
     g->eager += x->eager_launches;
 }
 
-static void analysis_build(Analysis *an, const BenchDecode *d, int nd, const BenchRound *r,
+static void analysis_build(Analysis *an, const BenchDecode *d, int nd, const RoundRecord *r,
                            int nr) {
     memset(an, 0, sizeof *an);
     an->nd = nd;
@@ -212,7 +212,7 @@ static void analysis_build(Analysis *an, const BenchDecode *d, int nd, const Ben
     an->n_prompts = count_prompts(d, nd);
     /* rounds: only those of logged decodes count */
     for (int i = 0; i < nr; i++) {
-        const BenchRound *x = &r[i];
+        const RoundRecord *x = &r[i];
         Group *g = NULL;
         for (int k = 0; k < an->ng; k++)
             if (!strcmp(an->g[k].c.decoder, x->decoder) && an->g[k].c.temp == x->temp &&
@@ -488,7 +488,7 @@ static void write_breakdown(FILE *f, const Analysis *an) {
     }
 }
 
-int bench_summary_write(FILE *f, const BenchDecode *d, int nd, const BenchRound *r, int nr,
+int bench_summary_write(FILE *f, const BenchDecode *d, int nd, const RoundRecord *r, int nr,
                         RsErr *e) {
     Analysis an;
     analysis_build(&an, d, nd, r, nr);
@@ -503,7 +503,7 @@ int bench_summary_write(FILE *f, const BenchDecode *d, int nd, const BenchRound 
     return RS_OK;
 }
 
-int bench_summary_file(const char *dir, const BenchDecode *d, int nd, const BenchRound *r,
+int bench_summary_file(const char *dir, const BenchDecode *d, int nd, const RoundRecord *r,
                        int nr, RsErr *e) {
     char path[4096];
     snprintf(path, sizeof path, "%s/summary.md", dir);
@@ -635,7 +635,7 @@ static void write_plot_script(FILE *f, const char *dir, const Analysis *an) {
     fprintf(f, "\nset output\n");
 }
 
-int bench_plots_write(const char *dir, const BenchDecode *d, int nd, const BenchRound *r,
+int bench_plots_write(const char *dir, const BenchDecode *d, int nd, const RoundRecord *r,
                       int nr, RsErr *e) {
     char gp[4096];
     if (find_gnuplot(gp, sizeof gp) != 0) {

@@ -9,17 +9,17 @@
 /* Writes the Markdown summary. Decodes are grouped by (decoder, T, B) and paired across
  * groups by prompt id; if one (prompt, decoder, T, B) appears twice only the first row counts
  * (noted in the output). Bootstrap: BENCH_RESAMPLES resamples, seed BENCH_BOOT_SEED. */
-int bench_summary_write(FILE *f, const BenchDecode *d, int nd, const BenchRound *r, int nr,
+int bench_summary_write(FILE *f, const BenchDecode *d, int nd, const RoundRecord *r, int nr,
                         RsErr *e);
 /* Same, into dir/summary.md. */
-int bench_summary_file(const char *dir, const BenchDecode *d, int nd, const BenchRound *r,
+int bench_summary_file(const char *dir, const BenchDecode *d, int nd, const RoundRecord *r,
                        int nr, RsErr *e);
 
 /* Writes dir/speeds.png and dir/round_breakdown.png with gnuplot (pngcairo). The gnuplot
  * binary is $ROOTSPEC_GNUPLOT if set, else "gnuplot" on $PATH. Returns RS_OK, 1 when gnuplot
  * is not found (a warning is printed on stderr and no plot is made), or a negative RsStatus
  * when gnuplot fails. */
-int bench_plots_write(const char *dir, const BenchDecode *d, int nd, const BenchRound *r,
+int bench_plots_write(const char *dir, const BenchDecode *d, int nd, const RoundRecord *r,
                       int nr, RsErr *e);
 
 /* Per-round time breakdown used by the plot and summary (ms, means over rounds whose
@@ -30,6 +30,6 @@ int bench_plots_write(const char *dir, const BenchDecode *d, int nd, const Bench
  * clamped at 0. Returns 0, or -1 when the round lacks t_round_start or t_commit. */
 #define BENCH_N_PARTS 6
 extern const char *const bench_part_names[BENCH_N_PARTS];
-int bench_round_parts(const BenchRound *r, double parts_ms[BENCH_N_PARTS]);
+int bench_round_parts(const RoundRecord *r, double parts_ms[BENCH_N_PARTS]);
 
 #endif

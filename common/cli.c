@@ -71,8 +71,11 @@ int cli_budget(const char *val, int *out, RsErr *e) {
     return rs_err(e, RS_EINVAL, "--budget '%s': expected auto or a number 1..%d", val, TREE_MAX);
 }
 
+const char *cli_cpu_kernels(void) { return getenv("ROOTSPEC_CPU_KERNELS"); }
+
 CliRuntime cli_runtime_defaults(void) {
-    return (CliRuntime){.backend = "cpu", .threads = 1, .ctx = 2048, .device = 0};
+    return (CliRuntime){.backend = "cpu", .threads = 1, .ctx = 2048, .device = 0,
+                        .cpu_kernels = cli_cpu_kernels()};
 }
 
 int cli_runtime_option(int argc, char **argv, int *i, CliRuntime *rt, RsErr *e) {

@@ -19,12 +19,16 @@ int cli_budget(const char *val, int *out, RsErr *e);
 typedef struct {
     const char *backend;   /* --backend: "cpu" or "cuda" */
     int threads, ctx, device;
-    int batch_invariant;   /* --batch-invariant (the caller applies it to the backend) */
+    int batch_invariant;   /* --batch-invariant: BackendParams.batch_invariant */
+    const char *cpu_kernels; /* ROOTSPEC_CPU_KERNELS: BackendParams.cpu_kernels */
     int insecure;          /* --insecure: plain tcp:// */
     const char *curve_dir; /* --curve-dir */
 } CliRuntime;
 
-/* Defaults: cpu, 1 thread, 2048 KV entries, device 0. */
+/* ROOTSPEC_CPU_KERNELS, or NULL: the CPU kernel family a program was asked for. Programs
+ * read it here once, at start-up, and pass it on in BackendParams.cpu_kernels. */
+const char *cli_cpu_kernels(void);
+/* Defaults: cpu, 1 thread, 2048 KV entries, device 0, cli_cpu_kernels(). */
 CliRuntime cli_runtime_defaults(void);
 /* When argv[*i] is one of CliRuntime's options, parses it and its value (advancing *i past
  * it) and returns 1; 0 when it is another option; RS_EINVAL (named in e) for a bad value. */

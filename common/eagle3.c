@@ -313,11 +313,6 @@ void eagle3_default_layers(int n_layers, int layers[EAGLE3_N_FEATURES]) {
 
 /* ---- feature-layer ids: whose convention ---- */
 
-static Eagle3LayerIds g_layer_ids = EAGLE3_IDS_AUTO;
-
-void eagle3_set_layer_ids(Eagle3LayerIds ids) { g_layer_ids = ids; }
-Eagle3LayerIds eagle3_layer_ids(void) { return g_layer_ids; }
-
 int eagle3_layer_ids_parse(const char *s, Eagle3LayerIds *out, RsErr *e) {
     static const char *const names[] = {"auto", "input", "output"};
     for (int i = 0; i < 3; i++)
@@ -328,13 +323,6 @@ int eagle3_layer_ids_parse(const char *s, Eagle3LayerIds *out, RsErr *e) {
     return rs_err(e, RS_EINVAL, "--eagle3-layer-ids '%s': expected input (vLLM: the stream "
                   "entering layer i), output (SGLang: the output of layer i) or auto",
                   s ? s : "(null)");
-}
-
-int eagle3_layer_ids_option(const char *s, RsErr *e) {
-    Eagle3LayerIds ids;
-    int rc = eagle3_layer_ids_parse(s, &ids, e);
-    if (!rc) eagle3_set_layer_ids(ids);
-    return rc;
 }
 
 void eagle3_resolve_layers(const int listed[EAGLE3_N_FEATURES], int n_layers, Eagle3LayerIds ids,
@@ -374,7 +362,7 @@ int eagle3_head_check(const Eagle3Head *h, const Config *t, int layers_out[EAGLE
     int guessed = 0;
     if (c->feature_layers[0] < 0) eagle3_default_layers(t->n_layers, L);
     else eagle3_resolve_layers(c->feature_layers, t->n_layers,
-                               g_layer_ids ? g_layer_ids : c->layer_ids, L, NULL, &guessed);
+                               c->layer_ids, L, NULL, &guessed);
     if (guessed)
         fprintf(stderr, "rootspec: note: EAGLE-3 head '%s' lists feature layers %d, %d, %d "
                 "without saying whose convention; read as vLLM reads them (the stream entering "

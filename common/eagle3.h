@@ -57,13 +57,6 @@ typedef struct {
 
 /* "auto", "input" or "output" -> *out; RS_EINVAL naming the value otherwise. */
 int eagle3_layer_ids_parse(const char *s, Eagle3LayerIds *out, RsErr *e);
-/* Process-wide convention for heads that list ids (--eagle3-layer-ids in rootspec-target
- * and rootspec-draft): eagle3_head_check calls made afterwards read ids this way. AUTO
- * (the default) infers it as above. */
-void eagle3_set_layer_ids(Eagle3LayerIds ids);
-/* The option's value: parse it and set it (RS_EINVAL naming a bad value, nothing set). */
-int eagle3_layer_ids_option(const char *s, RsErr *e);
-Eagle3LayerIds eagle3_layer_ids(void);
 /* The entering-layer indices (the backend's feature layers) of listed ids under `ids`
  * for an n_layers target: AUTO resolved as above (*used: the convention applied, may be
  * NULL; *guessed: 1 when AUTO found no hint, may be NULL). */

@@ -120,31 +120,26 @@ void row_max_merge(RowMax *acc, const RowMax *m);
 void row_chunk_sums(const float *row, int n, float mx, int c0, int c1, double *csum);
 /* One unit of top-p's fixed-point masses (2^40): the largest weight, exp(0). */
 #define ROW_FIXED_ONE 1099511627776.0
-/* Helpers the CPU reduction and the CUDA kernel share (host and device code). */
-#ifdef __CUDACC__
-#define ROW_HD __host__ __device__
-#else
-#define ROW_HD
-#endif
+/* Helpers the CPU reduction and the CUDA kernel share (host and device code: RS_HOSTDEV). */
 /* The key of a logit: unsigned order = float order (-0 is +0; NaN is not a logit). */
-static inline ROW_HD uint32_t row_logit_key(float f) {
+static inline RS_HOSTDEV uint32_t row_logit_key(float f) {
     uint32_t u;
     f = f == 0 ? 0.0f : f;
     memcpy(&u, &f, 4);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
-static inline ROW_HD float row_key_logit(uint32_t k) {
+static inline RS_HOSTDEV float row_key_logit(uint32_t k) {
     uint32_t u = (k & 0x80000000u) ? (k & 0x7fffffffu) : ~k;
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
 /* A weight in fixed point: sums of these are exact, so their order does not matter. */
-static inline ROW_HD uint64_t row_fixed_weight(float l, float mx, double scale) {
+static inline RS_HOSTDEV uint64_t row_fixed_weight(float l, float mx, double scale) {
     return (uint64_t)(exp(((double)l - mx) * scale) * ROW_FIXED_ONE);
 }
 /* The law's unnormalised weight of logit l (scale 1, no cut: exp(l - mx) to the bit). */
-static inline ROW_HD double row_weight(float l, float mx, double scale, float cut) {
+static inline RS_HOSTDEV double row_weight(float l, float mx, double scale, float cut) {
     return l >= cut ? exp(((double)l - mx) * scale) : 0.0;
 }
 /* The sampling law's cut (RowStats.cut) of a row whose maximum is mx: top-k and top-p by

@@ -15,11 +15,12 @@
 #define ROOTSPEC_RANDMODEL_H
 #include <stddef.h>
 #include <stdint.h>
-
-#if defined(__CUDACC__)
-#define RS_HOSTDEV __host__ __device__
-#else
-#define RS_HOSTDEV
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "util.h" /* RS_HOSTDEV */
+#ifdef __cplusplus
+}
 #endif
 
 /* splitmix64 finaliser of (seed, i): counter based, so a value depends on its index only,

@@ -8,6 +8,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* Marks a header-inline helper that host code and CUDA kernels share (the same source, so
+ * both compute the same bits). */
+#ifdef __CUDACC__
+#define RS_HOSTDEV __host__ __device__
+#else
+#define RS_HOSTDEV
+#endif
+
 typedef enum {
     RS_OK = 0,
     RS_EIO = -1,          /* file or socket I/O failed */

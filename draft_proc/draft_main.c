@@ -59,6 +59,7 @@ static void usage(FILE *f) {
 typedef struct {
     const char *model, *layers, *bind, *gen, *target_path, *corpus;
     DrafterKind kind;
+    Eagle3LayerIds layer_ids; /* --eagle3-layer-ids */
     CliRuntime rt;
     int max_req;
 } Args;
@@ -81,7 +82,7 @@ static int parse_args(int argc, char **argv, Args *A) {
         else if (!strcmp(a, "--target-model")) { if (VAL()) A->target_path = v; }
         else if (!strcmp(a, "--corpus")) { if (VAL()) A->corpus = v; }
         else if (!strcmp(a, "--drafter")) { if (VAL()) rc = drafter_kind_option(v, &A->kind, &e); }
-        else if (!strcmp(a, "--eagle3-layer-ids")) { if (VAL()) rc = eagle3_layer_ids_option(v, &e); }
+        else if (!strcmp(a, "--eagle3-layer-ids")) { if (VAL()) rc = eagle3_layer_ids_parse(v, &A->layer_ids, &e); }
         else if (!strcmp(a, "--bind")) { if (VAL()) A->bind = v; }
         else if (!strcmp(a, "--gen-keys")) { if (VAL()) A->gen = v; }
         else if (!strcmp(a, "--max-requests")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 30, &A->max_req, &e); }
@@ -92,7 +93,6 @@ static int parse_args(int argc, char **argv, Args *A) {
             return 2;
         }
     }
-    if (A->rt.batch_invariant) backend_set_batch_invariant(1);
     return -1;
 }
 
@@ -111,7 +111,7 @@ static int gen_keys(const char *dir) {
 /* What the options ask for, as the factory's spec. */
 static DrafterSpec spec_of(const Args *A) {
     DrafterSpec s = {.kind = A->kind, .model_path = A->model, .layers = A->layers,
-                     .corpus_path = A->corpus};
+                     .corpus_path = A->corpus, .layer_ids = A->layer_ids};
     if (s.kind == DRAFTER_KIND_AUTO)
         s.kind = A->corpus ? DRAFTER_KIND_SUFFIX
                  : A->layers ? DRAFTER_KIND_SELF
@@ -164,11 +164,14 @@ static int load_drafter(const Args *A, const BackendOps *ops, Model **full, Toke
     DrafterSpec s = spec_of(A);
     int light = s.kind == DRAFTER_KIND_EAGLE3 || s.kind == DRAFTER_KIND_SUFFIX;
     const char *host = A->target_path ? A->target_path : A->model;
-    int rc = light ? model_load(host, full, &e) : backend_model_load(ops, A->model, full, &e);
+    BackendParams bp = {.kv_capacity = A->rt.ctx, .threads = A->rt.threads,
+                        .device = A->rt.device, .batch_invariant = A->rt.batch_invariant,
+                        .cpu_kernels = A->rt.cpu_kernels};
+    int rc = light ? model_load(host, full, &e)
+                   : backend_model_load(ops, A->model, &bp, full, &e);
     if (!rc) rc = tokenizer_load_model(*full, tok, &e);
     if (s.kind == DRAFTER_KIND_MODEL) s.model = *full, s.model_path = NULL;
-    DrafterHost h = {.model = *full, .tok = *tok, .ops = ops, .ctx = A->rt.ctx,
-                     .threads = A->rt.threads, .device = A->rt.device};
+    DrafterHost h = {.model = *full, .tok = *tok, .ops = ops, .backend = bp};
     if (!rc) rc = drafter_open(&s, &h, d, &e);
     if (!rc) return -1;
     fprintf(stderr, "rootspec-draft: %s\n", e.msg);

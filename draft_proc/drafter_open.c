@@ -61,16 +61,16 @@ static int check_same_tokens(const Model *dm, const DrafterHost *h, RsErr *e) {
 
 static int open_model(const DrafterSpec *s, const DrafterHost *h, Drafter **out, RsErr *e) {
     if (s->model)
-        return drafter_model_create(s->model, h->ops, h->ctx, h->threads, h->device, out, e);
+        return drafter_model_create(s->model, h->ops, &h->backend, out, e);
     if (!s->model_path) return rs_err(e, RS_EINVAL, "a model drafter needs a model path");
     Model *dm = NULL;
-    int rc = backend_model_load(h->ops, s->model_path, &dm, e);
+    int rc = backend_model_load(h->ops, s->model_path, &h->backend, &dm, e);
     if (!rc && h->model) rc = check_same_tokens(dm, h, e);
     if (rc) {
         model_destroy(&dm);
         return rc;
     }
-    return drafter_model_adopt(dm, h->ops, h->ctx, h->threads, h->device, out, e);
+    return drafter_model_adopt(dm, h->ops, &h->backend, out, e);
 }
 
 /* The corpus file as the host tokenizer's ids (NULL path: none). */
@@ -98,13 +98,13 @@ static int open_local(const DrafterSpec *s, const DrafterHost *h, Drafter **out,
     switch (drafter_spec_kind(s)) {
     case DRAFTER_KIND_SELF:
         return drafter_self_create(h->model, s->layers ? s->layers : DRAFTER_DEFAULT_LAYERS,
-                                   h->ops, h->ctx, h->threads, h->device, out, e);
+                                   h->ops, &h->backend, out, e);
     case DRAFTER_KIND_MODEL: return open_model(s, h, out, e);
     case DRAFTER_KIND_EAGLE3: {
         /* the head's vocabulary is the target's (eagle3_head_check), its tokenizer too */
-        BackendParams hp = {.kv_capacity = h->ctx + POOL_N_EXPANDED, .threads = h->threads,
-                            .device = h->device};
-        return drafter_eagle3_open(s->model_path, h->model, h->ops, &hp, out, e);
+        BackendParams hp = h->backend;
+        hp.kv_capacity += POOL_N_EXPANDED;
+        return drafter_eagle3_open(s->model_path, h->model, s->layer_ids, h->ops, &hp, out, e);
     }
     case DRAFTER_KIND_SUFFIX: return suffix_open(s, h, out, e);
     default: RS_ASSERT(!"drafter kind");

@@ -6,6 +6,7 @@
 #ifndef ROOTSPEC_DRAFTER_OPEN_H
 #define ROOTSPEC_DRAFTER_OPEN_H
 #include "common/tokenizer.h"
+#include "common/eagle3.h"
 #include "drafter.h"
 #include "kernels/backend.h"
 
@@ -29,6 +30,8 @@ typedef struct {
     const char *endpoint;    /* remote */
     int timeout_ms, insecure;
     const char *curve_dir;   /* remote over tcp:// */
+    Eagle3LayerIds layer_ids; /* eagle3: how to read the head's listed feature-layer ids
+                                 (--eagle3-layer-ids; AUTO: as the head says or infers) */
     int threaded;            /* wrap an in-process kind so its growth runs on a worker thread
                                 (not the suffix kind: it grows faster than a hand-off) */
 } DrafterSpec;
@@ -39,7 +42,9 @@ typedef struct {
     const Tokenizer *tok;   /* its tokenizer, NULL for random models (a suffix corpus or a
                                drafter model then cannot be checked: refused) */
     const BackendOps *ops;
-    int ctx, threads, device;
+    /* what a drafter's backend shares with its host's: kv_capacity (the context),
+     * threads, device, batch_invariant; each kind sets its own batch sizes */
+    BackendParams backend;
 } DrafterHost;
 
 /* Self-drafter default: of the subsets measured with SmolLM2-135M (T=0, B=59, draft

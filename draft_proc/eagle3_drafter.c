@@ -146,11 +146,13 @@ int drafter_eagle3_create(const Eagle3Head *h, const float *embed, int kv_capaci
     return drafter_eagle3_create_on(h, &em, NULL, &p, layers, out, e);
 }
 
-int eagle3_head_open_for(const char *head_path, const Model *target, Eagle3Head **h,
-                         int layers[EAGLE3_N_FEATURES], Eagle3Embed *em, RsErr *e) {
+int eagle3_head_open_for(const char *head_path, const Model *target, Eagle3LayerIds ids,
+                         Eagle3Head **h, int layers[EAGLE3_N_FEATURES], Eagle3Embed *em,
+                         RsErr *e) {
     *h = NULL;
     int rc = eagle3_path_is_random(head_path) ? eagle3_head_random(head_path, 1, h, e)
                                                 : eagle3_head_load(head_path, h, e);
+    if (!rc && ids != EAGLE3_IDS_AUTO) (*h)->cfg.layer_ids = ids; /* the user's word wins */
     if (!rc) rc = eagle3_head_check(*h, &target->cfg, layers, e);
     /* no f32 copy of either table */
     if (!rc && (*h)->embed.data) *em = (Eagle3Embed){.table = (*h)->embed};
@@ -159,13 +161,14 @@ int eagle3_head_open_for(const char *head_path, const Model *target, Eagle3Head 
     return rc;
 }
 
-int drafter_eagle3_open(const char *head_path, const Model *target, const BackendOps *backend,
-                        const BackendParams *p, Drafter **out, RsErr *e) {
+int drafter_eagle3_open(const char *head_path, const Model *target, Eagle3LayerIds ids,
+                        const BackendOps *backend, const BackendParams *p, Drafter **out,
+                        RsErr *e) {
     *out = NULL;
     Eagle3Head *h;
     int layers[EAGLE3_N_FEATURES];
     Eagle3Embed em;
-    int rc = eagle3_head_open_for(head_path, target, &h, layers, &em, e);
+    int rc = eagle3_head_open_for(head_path, target, ids, &h, layers, &em, e);
     if (!rc) rc = drafter_eagle3_create_on(h, &em, backend, p, layers, out, e);
     if (rc) {
         eagle3_head_destroy(&h);

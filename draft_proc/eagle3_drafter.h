@@ -34,16 +34,20 @@ int drafter_eagle3_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
 /* Loads the head at head_path (a directory or a random:eagle3-* preset), checks that it fits
  * `target` (refusals name both values; layers gets the feature layers it resolved) and
  * gives the token embeddings the head drafts with: its own table, else the target's, read
- * a row per token in their stored type (borrowed: keep target alive). *h is the caller's
- * (NULL on error). */
-int eagle3_head_open_for(const char *head_path, const Model *target, Eagle3Head **h,
-                         int layers[EAGLE3_N_FEATURES], Eagle3Embed *em, RsErr *e);
+ * a row per token in their stored type (borrowed: keep target alive). ids: how to read
+ * the head's listed feature-layer ids (--eagle3-layer-ids); AUTO keeps what the head
+ * states or infers it (common/eagle3.h). *h is the caller's (NULL on error). */
+int eagle3_head_open_for(const char *head_path, const Model *target, Eagle3LayerIds ids,
+                         Eagle3Head **h, int layers[EAGLE3_N_FEATURES], Eagle3Embed *em,
+                         RsErr *e);
 
 /* Loads the head at head_path (a directory or a random:eagle3-* preset), checks that it fits
  * `target` (refusals name both values) and builds the drafter over it with the target's
  * token embeddings (borrowed: keep target alive) unless the head has its own, its layer on
- * `backend` with p (as drafter_eagle3_create_on). The drafter owns the head. */
-int drafter_eagle3_open(const char *head_path, const Model *target, const BackendOps *backend,
-                        const BackendParams *p, Drafter **out, RsErr *e);
+ * `backend` with p (as drafter_eagle3_create_on); ids as eagle3_head_open_for's. The
+ * drafter owns the head. */
+int drafter_eagle3_open(const char *head_path, const Model *target, Eagle3LayerIds ids,
+                        const BackendOps *backend, const BackendParams *p, Drafter **out,
+                        RsErr *e);
 
 #endif

@@ -147,7 +147,7 @@ static const DrafterOps model_ops = {
 
 /* Builds the kind's state on `m`; takes ownership of `view` (NULL or m itself). */
 static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
-                             int kv_capacity, int threads, int device, Drafter **out, RsErr *e) {
+                             const BackendParams *params, Drafter **out, RsErr *e) {
     *out = NULL;
     if (m->cfg.vocab_size < POOL_TOPK) {
         model_destroy(&view);
@@ -159,12 +159,10 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
     d->view = view;
     d->vocab = m->cfg.vocab_size;
     d->depth = POOL_MAX_DEPTH;
-    BackendParams bp = {.kv_capacity = kv_capacity,
-                        .max_batch = MAX_BATCH,
-                        .max_pending = POOL_N_EXPANDED + MAX_BATCH,
-                        .threads = threads,
-                        .device = device,
-                        .topk_hint = POOL_TOPK}; /* every pass is read by reduce() */
+    BackendParams bp = *params;
+    bp.max_batch = MAX_BATCH;
+    bp.max_pending = POOL_N_EXPANDED + MAX_BATCH;
+    bp.topk_hint = POOL_TOPK; /* every pass is read by reduce() */
     int rc = backend_create(ops, m, &bp, &d->b, e);
     if (rc) {
         model_destroy(&d->view);
@@ -177,23 +175,23 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
     return RS_OK;
 }
 
-int drafter_model_create(const Model *m, const BackendOps *ops, int kv_capacity, int threads,
-                         int device, Drafter **out, RsErr *e) {
-    return model_kind_create(m, NULL, ops, kv_capacity, threads, device, out, e);
+int drafter_model_create(const Model *m, const BackendOps *ops, const BackendParams *bp,
+                         Drafter **out, RsErr *e) {
+    return model_kind_create(m, NULL, ops, bp, out, e);
 }
 
-int drafter_model_adopt(Model *m, const BackendOps *ops, int kv_capacity, int threads,
-                        int device, Drafter **out, RsErr *e) {
-    return model_kind_create(m, m, ops, kv_capacity, threads, device, out, e);
+int drafter_model_adopt(Model *m, const BackendOps *ops, const BackendParams *bp,
+                        Drafter **out, RsErr *e) {
+    return model_kind_create(m, m, ops, bp, out, e);
 }
 
 int drafter_self_create(const Model *target, const char *layers, const BackendOps *ops,
-                        int kv_capacity, int threads, int device, Drafter **out, RsErr *e) {
+                        const BackendParams *bp, Drafter **out, RsErr *e) {
     *out = NULL;
     Model *view = NULL;
     int rc = model_layer_view(target, layers, &view, e);
     if (rc) return rc;
-    return model_kind_create(view, view, ops, kv_capacity, threads, device, out, e);
+    return model_kind_create(view, view, ops, bp, out, e);
 }
 
 int model_drafter_n_committed(const Drafter *d) {

@@ -10,20 +10,21 @@
 #include "kernels/backend.h"
 
 /* A drafter model of its own. Borrows `m` (keep it alive until drafter_destroy); creates
- * its own backend from `ops` with kv_capacity entries. RS_EUNSUPPORTED when the vocabulary
- * is smaller than POOL_TOPK. */
-int drafter_model_create(const Model *m, const BackendOps *ops, int kv_capacity, int threads,
-                         int device, Drafter **out, RsErr *e);
+ * its own backend from `ops` with bp's settings (kv_capacity entries, threads, device,
+ * batch_invariant; the drafter sets the batch sizes and its top-k hint). RS_EUNSUPPORTED
+ * when the vocabulary is smaller than POOL_TOPK. */
+int drafter_model_create(const Model *m, const BackendOps *ops, const BackendParams *bp,
+                         Drafter **out, RsErr *e);
 
 /* drafter_model_create that owns m (freed with the drafter, also on failure). */
-int drafter_model_adopt(Model *m, const BackendOps *ops, int kv_capacity, int threads,
-                        int device, Drafter **out, RsErr *e);
+int drafter_model_adopt(Model *m, const BackendOps *ops, const BackendParams *bp,
+                        Drafter **out, RsErr *e);
 
 /* The self-drafter: layers `layers` (model_layer_view's spec, e.g. "0-5") of `target`.
  * Owns the view, which borrows target's weights: destroy the drafter before the target.
  * RS_EINVAL for a bad spec. */
 int drafter_self_create(const Model *target, const char *layers, const BackendOps *ops,
-                        int kv_capacity, int threads, int device, Drafter **out, RsErr *e);
+                        const BackendParams *bp, Drafter **out, RsErr *e);
 
 /* Tokens in the KV cache (tests check the commit bookkeeping). d must be of this kind. */
 int model_drafter_n_committed(const Drafter *d);

@@ -37,6 +37,11 @@ typedef struct {
      * tile while they are in cache, and rows_topk(k) returns what the forward computed:
      * the same bits, without reading the rows back from memory. 0: no hint. */
     int topk_hint;
+    /* CPU: the kernel family by name (ref, scalar, avx2, avx512, amx; an unknown one or one
+     * the CPU lacks is refused at create), NULL: the best the CPU has. Programs take it
+     * from ROOTSPEC_CPU_KERNELS once, at start-up (cli_runtime_defaults). Other backends
+     * ignore it. */
+    const char *cpu_kernels;
 } BackendParams;
 
 /* Counters since create(), for the round log and benchmarks. A counter a backend does not
@@ -68,13 +73,9 @@ const BackendOps *backend_ops_by_name(const char *name, RsErr *e);
 /* model_load() for this backend: a random model ("random:...") gets host weights unless
  * the backend makes its own; a backend that streams host weights (CPU) gets them resident
  * in huge pages (model_make_resident), laid out for its kernels (the CPU: x4 tiles,
- * model_pack_x4). *out as model_load. */
-int backend_model_load(const BackendOps *ops, const char *path, Model **out, RsErr *e);
-/* Process-wide --batch-invariant (rootspec-target, -draft, -bench): a backend created
- * afterwards behaves as if BackendParams.batch_invariant were set, so the option reaches
- * every backend the program makes without threading it through each constructor. */
-void backend_set_batch_invariant(int on);
-int backend_batch_invariant(void);
+ * model_pack_x4, for the kernel family p names; p NULL: defaults). *out as model_load. */
+int backend_model_load(const BackendOps *ops, const char *path, const BackendParams *p,
+                       Model **out, RsErr *e);
 
 /* Allocates every buffer once. The backend borrows `m`: keep it alive. *out = NULL on
  * error (RS_EINVAL for bad sizes, RS_ENOMEM when the KV cache does not fit, ...). */

@@ -42,12 +42,13 @@ int backend_check_forward(const Backend *b, const int *tokens, const int *pos, i
     return RS_OK;
 }
 
-int backend_model_load(const BackendOps *ops, const char *path, Model **out, RsErr *e) {
+int backend_model_load(const BackendOps *ops, const char *path, const BackendParams *p,
+                       Model **out, RsErr *e) {
     int rc = model_load(path, out, e);
     if (rc) return rc;
     if ((*out)->random_weights && !ops->makes_random_weights) rc = model_random_materialize(*out, e);
     if (!rc && ops->streams_host_weights) rc = model_make_resident(*out, e);
-    if (!rc && ops->prepare_weights) rc = ops->prepare_weights(*out, e);
+    if (!rc && ops->prepare_weights) rc = ops->prepare_weights(*out, p, e);
     if (rc) model_destroy(out);
     return rc;
 }
@@ -191,13 +192,6 @@ void backend_host_free(Backend *b, void *p) {
     if (b->ops->host_free) b->ops->host_free(b, p);
     else free(p);
 }
-
-/* Set once by a main's --batch-invariant before any backend exists; read by create(). */
-static int g_batch_invariant;
-
-void backend_set_batch_invariant(int on) { g_batch_invariant = on != 0; }
-
-int backend_batch_invariant(void) { return g_batch_invariant; }
 
 /* ---- EAGLE-3 features ---- */
 

@@ -16,8 +16,9 @@ struct BackendOps {
      * huge pages (model_make_resident); a device backend copies them once instead. */
     int streams_host_weights;
     /* Optional: after model_make_resident, lays the resident weights out for the kernels
-     * (the CPU: x4 tiles, model_pack_x4). An error fails backend_model_load. */
-    int (*prepare_weights)(Model *m, RsErr *e);
+     * (the CPU: x4 tiles, model_pack_x4, for p's kernel family; p may be NULL). An error
+     * fails backend_model_load. */
+    int (*prepare_weights)(Model *m, const BackendParams *p, RsErr *e);
     /* As backend_create; sets the common head of a zeroed struct (ops, model, params). */
     int (*create)(const Model *m, const BackendParams *p, Backend **out, RsErr *e);
     void (*destroy)(Backend **b);

@@ -32,7 +32,7 @@ typedef struct {
 /* One decode's state across rounds. */
 typedef struct {
     Target *t;
-    Drafter *dc;
+    Drafter *drafter;
     const DecodeOpts *o;
     const DecodeHooks *h;
     DecodeResult *res;
@@ -317,11 +317,11 @@ static void drafter_failed(Decode *d, const RsErr *e) {
 /* Sends the drafter the tokens it has not committed (the whole prompt first, resetting its
  * context) and lets it grow the next pool, `depth` levels deep. 0: the drafter failed. */
 static int round_request(Decode *d, Round *r, int depth, RsErr *e) {
-    if (depth != d->depth) drafter_set_depth(d->dc, depth);
+    if (depth != d->depth) drafter_set_depth(d->drafter, depth);
     d->depth = depth;
     r->info.t_grow_sent = dec_now(d);
     size_t fb = d->feat ? sizeof(float) * (size_t)d->n_pend * d->feat_w : 0;
-    int rc = drafter_grow_begin(d->dc, d->pend, d->n_pend, !d->synced, fb ? d->feat : NULL, fb,
+    int rc = drafter_grow_begin(d->drafter, d->pend, d->n_pend, !d->synced, fb ? d->feat : NULL, fb,
                                 e);
     if (rc) {
         drafter_failed(d, e);
@@ -338,7 +338,7 @@ static int round_request(Decode *d, Round *r, int depth, RsErr *e) {
 /* Waits for the pool into t->pool. 0: the drafter failed. */
 static int round_receive(Decode *d, Round *r, RsErr *e) {
     const Pool *pool = d->t->pool;
-    int rc = drafter_grow_end(d->dc, d->t->pool, e);
+    int rc = drafter_grow_end(d->drafter, d->t->pool, e);
     r->info.t_pool_recv = dec_now(d);
     if (rc) {
         drafter_failed(d, e);
@@ -611,7 +611,7 @@ static void output_append(Decode *d, const int *tok, int m, int eos) {
  * (nothing pending). RS_EINVAL when the drafter's layers do not exist in this target (the
  * message names both). */
 static int feat_begin(Decode *d, int n_prompt, RsErr *e) {
-    const DrafterInfo *in = d->use_drafter ? drafter_info(d->dc) : NULL;
+    const DrafterInfo *in = d->use_drafter ? drafter_info(d->drafter) : NULL;
     Backend *b = d->t->b;
     if (!in || in->n_feature_layers == 0) return backend_set_feature_layers(b, NULL, 0, e);
     int rc = backend_set_feature_layers(b, in->feature_layers, in->n_feature_layers, e);
@@ -705,14 +705,14 @@ static int round_commit(Decode *d, Round *r, RsErr *e) {
 
 /* ---- the decode --------------------------------------------------------------------- */
 
-static int decode_check(const Target *t, const Drafter *dc, const int *prompt,
+static int decode_check(const Target *t, const Drafter *drafter, const int *prompt,
                         int n_prompt, const DecodeOpts *o, RsErr *e) {
     if (n_prompt < 1) return rs_err(e, RS_EINVAL, "empty prompt: need at least one token");
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= t->vocab)
             return rs_err(e, RS_EINVAL, "prompt token %d at position %d outside vocabulary of %d",
                           prompt[i], i, t->vocab);
-    if (o->rule != RULE_AR && !dc)
+    if (o->rule != RULE_AR && !drafter)
         return rs_err(e, RS_EINVAL, "decoder '%s' needs a drafter", rule_name(o->rule));
     if (o->rule == RULE_ORACLE)
         return rs_err(e, RS_EINVAL, "'oracle' is an offline scoring rule, not a decoder");
@@ -736,11 +736,11 @@ static int decode_check(const Target *t, const Drafter *dc, const int *prompt,
     return RS_OK;
 }
 
-static void decode_begin(Decode *d, Target *t, Drafter *dc, const int *prompt,
+static void decode_begin(Decode *d, Target *t, Drafter *drafter, const int *prompt,
                          int n_prompt, const DecodeOpts *o, const DecodeHooks *h,
                          DecodeResult *res) {
     d->t = t;
-    d->dc = dc;
+    d->drafter = drafter;
     d->o = o;
     d->h = h;
     d->res = res;
@@ -764,7 +764,7 @@ static int kv_full(Decode *d) {
     return 1;
 }
 
-int decode_run(Target *t, Drafter *dc, const int *prompt, int n_prompt, const DecodeOpts *o,
+int decode_run(Target *t, Drafter *drafter, const int *prompt, int n_prompt, const DecodeOpts *o,
                const DecodeHooks *h, DecodeResult *res, RsErr *e) {
     res->n_tokens = 0;
     res->hit_eos = res->hit_capacity = 0;
@@ -772,10 +772,10 @@ int decode_run(Target *t, Drafter *dc, const int *prompt, int n_prompt, const De
     res->accepted_total = 0;
     res->tau_total = 0;
     res->drafter_failed = res->stopped = 0;
-    int rc = decode_check(t, dc, prompt, n_prompt, o, e);
+    int rc = decode_check(t, drafter, prompt, n_prompt, o, e);
     if (rc) return rc;
     Decode *d = rs_xcalloc(1, sizeof *d);
-    decode_begin(d, t, dc, prompt, n_prompt, o, h, res);
+    decode_begin(d, t, drafter, prompt, n_prompt, o, h, res);
     target_reset(t);
     rc = feat_begin(d, n_prompt, e);
     res->t_start = dec_now(d);

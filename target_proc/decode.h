@@ -104,9 +104,9 @@ typedef struct {
  * prefill and before every round): 1 for AR, 1 + B for a tree, more for score_all. */
 int decode_round_reserve(const DecodeOpts *o);
 
-/* Runs one decode. dc may be NULL for RULE_AR. On a drafter failure mid-decode the
+/* Runs one decode. drafter may be NULL for RULE_AR. On a drafter failure mid-decode the
  * target finishes autoregressively, keeps every emitted token, and reports the event. */
-int decode_run(Target *t, Drafter *dc, const int *prompt, int n_prompt,
+int decode_run(Target *t, Drafter *drafter, const int *prompt, int n_prompt,
                const DecodeOpts *o, const DecodeHooks *h, DecodeResult *res, RsErr *e);
 
 #endif

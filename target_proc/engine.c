@@ -11,15 +11,24 @@ static void collect_eog(const Engine *en, int **eog, int *n) {
     *n = k;
 }
 
+/* The settings every backend of the engine shares (the target's, an in-process
+ * drafter's); each sets its own batch sizes. */
+static BackendParams engine_backend_params(const EngineOpts *o) {
+    return (BackendParams){.kv_capacity = o->ctx, .threads = o->threads, .device = o->device,
+                           .batch_invariant = o->batch_invariant,
+                           .cpu_kernels = o->cpu_kernels};
+}
+
 /* The one Drafter the engine holds, of the kind the options describe; in-process kinds
  * run on a worker thread so the root pass overlaps drafting. */
 static int open_drafter(const EngineOpts *o, const BackendOps *ops, Engine *en, RsErr *e) {
     DrafterSpec s = {.kind = o->drafter_kind, .model_path = o->draft_model_path,
                      .layers = o->draft_layers, .corpus_path = o->draft_corpus,
                      .endpoint = o->draft_endpoint, .timeout_ms = o->draft_timeout_ms,
-                     .insecure = o->insecure, .curve_dir = o->curve_dir, .threaded = 1};
-    DrafterHost h = {.model = en->target_model, .tok = en->tok, .ops = ops, .ctx = o->ctx,
-                     .threads = o->threads, .device = o->device};
+                     .insecure = o->insecure, .curve_dir = o->curve_dir,
+                     .layer_ids = o->eagle3_layer_ids, .threaded = 1};
+    DrafterHost h = {.model = en->target_model, .tok = en->tok, .ops = ops,
+                     .backend = engine_backend_params(o)};
     return drafter_open(&s, &h, &en->drafter, e);
 }
 
@@ -27,7 +36,8 @@ static int open_drafter(const EngineOpts *o, const BackendOps *ops, Engine *en, 
 static int engine_build(const EngineOpts *o, int need_drafter, Engine *en, RsErr *e) {
     const BackendOps *ops = backend_ops_by_name(o->backend, e);
     if (!ops) return e ? e->code : RS_EINVAL;
-    int rc = backend_model_load(ops, o->model_path, &en->target_model, e);
+    BackendParams bp = engine_backend_params(o);
+    int rc = backend_model_load(ops, o->model_path, &bp, &en->target_model, e);
     if (rc) return rc;
     rc = tokenizer_load_model(en->target_model, &en->tok, e);
     if (rc) return rc;
@@ -45,8 +55,7 @@ static int engine_build(const EngineOpts *o, int need_drafter, Engine *en, RsErr
     en->chat_special_tokens = o->chat_special_tokens;
     int *eog, n_eog;
     collect_eog(en, &eog, &n_eog);
-    rc = target_create(en->target_model, ops, o->ctx, o->threads, o->device, eog, n_eog,
-                       &en->target, e);
+    rc = target_create(en->target_model, ops, &bp, eog, n_eog, &en->target, e);
     free(eog);
     if (rc) return rc;
     if (!need_drafter) return RS_OK;

@@ -14,8 +14,11 @@ typedef struct {
     const char *draft_layers;     /* NULL: DRAFTER_DEFAULT_LAYERS */
     const char *draft_endpoint;   /* NULL: in-process drafter */
     const char *draft_corpus;     /* suffix drafter: a text file it also looks in */
+    Eagle3LayerIds eagle3_layer_ids; /* --eagle3-layer-ids (AUTO: as the head says) */
     const char *backend;          /* "cpu" (default) or "cuda" */
     int threads, device, ctx;
+    int batch_invariant;          /* BackendParams.batch_invariant for every backend */
+    const char *cpu_kernels;      /* BackendParams.cpu_kernels for every backend */
     int draft_timeout_ms;         /* remote drafter reply timeout */
     int insecure;                 /* allow plain tcp:// */
     const char *curve_dir;        /* key files for tcp:// */

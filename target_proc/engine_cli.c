@@ -77,7 +77,7 @@ static int parse_value(const char *a, const char *v, EngineOpts *eo, DecodeOpts 
     else if (!strcmp(a, "--draft-endpoint")) eo->draft_endpoint = v;
     else if (!strcmp(a, "--drafter")) return drafter_kind_option(v, &eo->drafter_kind, e);
     else if (!strcmp(a, "--draft-corpus")) eo->draft_corpus = v;
-    else if (!strcmp(a, "--eagle3-layer-ids")) return eagle3_layer_ids_option(v, e);
+    else if (!strcmp(a, "--eagle3-layer-ids")) return eagle3_layer_ids_parse(v, &eo->eagle3_layer_ids, e);
     else return cli_int(a, v, 1, 3600000, &eo->draft_timeout_ms, e);
     return RS_OK;
 }
@@ -107,7 +107,8 @@ void engine_cli_runtime(EngineOpts *eo, const CliRuntime *rt) {
     eo->device = rt->device;
     eo->insecure = rt->insecure;
     eo->curve_dir = rt->curve_dir;
-    if (rt->batch_invariant) backend_set_batch_invariant(1);
+    eo->batch_invariant = rt->batch_invariant;
+    eo->cpu_kernels = rt->cpu_kernels;
 }
 
 /* The drafter options that do not go together, or NULL. */

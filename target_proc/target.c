@@ -6,17 +6,15 @@
 /* Most tokens in one forward(): the tree pass (root included) and a prefill chunk. */
 #define MAX_BATCH 256
 
-int target_create(const Model *m, const BackendOps *ops, int kv_capacity, int threads,
-                  int device, const int *eog, int n_eog, Target **out, RsErr *e) {
+int target_create(const Model *m, const BackendOps *ops, const BackendParams *params,
+                  const int *eog, int n_eog, Target **out, RsErr *e) {
     *out = NULL;
     Target *t = rs_xcalloc(1, sizeof *t);
     t->m = m;
     t->vocab = m->cfg.vocab_size;
-    BackendParams bp = {.kv_capacity = kv_capacity,
-                        .max_batch = MAX_BATCH,
-                        .max_pending = TARGET_PASS_MAX + 2,
-                        .threads = threads,
-                        .device = device};
+    BackendParams bp = *params;
+    bp.max_batch = MAX_BATCH;
+    bp.max_pending = TARGET_PASS_MAX + 2;
     int rc = backend_create(ops, m, &bp, &t->b, e);
     if (rc) {
         free(t);

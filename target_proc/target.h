@@ -36,10 +36,11 @@ typedef struct Target {
     int kept_with_root; /* tree pass: the root's row is kept row 0 */
 } Target;
 
-/* Borrows m; creates a backend with kv_capacity entries. eog: tokens that end a decode
- * (n_eog ids; out-of-vocabulary ones are ignored). */
-int target_create(const Model *m, const BackendOps *ops, int kv_capacity, int threads,
-                  int device, const int *eog, int n_eog, Target **out, RsErr *e);
+/* Borrows m; creates a backend with bp's settings (kv_capacity entries, threads, device,
+ * batch_invariant; the target sets the batch sizes). eog: tokens that end a decode (n_eog
+ * ids; out-of-vocabulary ones are ignored). */
+int target_create(const Model *m, const BackendOps *ops, const BackendParams *bp,
+                  const int *eog, int n_eog, Target **out, RsErr *e);
 void target_destroy(Target **t);
 Backend *target_backend(Target *t);
 int target_kv_capacity(const Target *t);

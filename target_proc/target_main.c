@@ -8,6 +8,7 @@
 #include "common/eagle3.h"
 #include "proto/proto.h"
 #include <errno.h>
+#include <inttypes.h>
 #include <string.h>
 
 static void usage(FILE *f) {
@@ -39,7 +40,8 @@ typedef struct {
     const Tokenizer *tok;
     int output_ids;
     FILE *log;
-    RoundLogCtx lc;
+    RoundLog lc;
+    char prompt_id[PROMPT_ID_MAX]; /* the log's: the file's id, or --prompt-id */
     TimingAcc *timing;
     int first_id;
     long n_scored;               /* --score-all-rules: rounds with a tau per rule */
@@ -64,7 +66,7 @@ static void on_tokens(void *u, const int *t, int n) {
 
 static void on_round(void *u, const RoundInfo *r) {
     Sink *s = u;
-    if (s->log) roundlog_write(s->log, &s->lc, r);
+    if (s->log) roundlog_write(s->log, &s->lc, r); /* a failure shows in finish's ferror */
     if (s->timing) timing_add(s->timing, r);
     if (r->have_tau_rule) {
         s->n_scored++;
@@ -219,6 +221,21 @@ static void print_prompt_summary(const DecodeOpts *dp, int n, const DecodeResult
             en->drafter_missing[0] ? ", no drafter (decoded autoregressively)" : "");
 }
 
+/* The round log's view of the next decode: the prompt file's id (NULL: --prompt-id),
+ * the decoder, T and B as the bench writes them, and the backend counters now. */
+static void log_begin(Sink *s, const char *file_id, const DecodeOpts *dp, const Sampling *law,
+                      Engine *en) {
+    if (file_id) snprintf(s->prompt_id, sizeof s->prompt_id, "%s", file_id);
+    else snprintf(s->prompt_id, sizeof s->prompt_id, "%" PRIu64, dp->prompt_id);
+    s->lc = (RoundLog){.decoder = rule_name(dp->rule), .temp = sampling_temp(&dp->sampling),
+                       .budget = dp->rule == RULE_AR ? 0
+                                 : dp->planner       ? ROUNDLOG_BUDGET_AUTO
+                                                     : dp->budget,
+                       .prompt_id = s->prompt_id, .sampling = law};
+    BackendStats st = backend_stats(target_backend(en->target));
+    roundlog_begin(&s->lc, &st);
+}
+
 /* Decode each prompt in turn (one, or every line of --prompts), streaming through the sink;
  * stops at the first failure. Returns the exit status so far. */
 static int decode_prompts(const Args *A, Engine *en, const PromptSet *ps, Sink *s, Totals *t) {
@@ -244,8 +261,7 @@ static int decode_prompts(const Args *A, Engine *en, const PromptSet *ps, Sink *
             break;
         }
         if (ps) printf("=== prompt %s: %s\n", ps->items[pi].id, text);
-        s->lc = (RoundLogCtx){rule_name(dp.rule), sampling_temp(&dp.sampling), A->d.budget,
-                              dp.prompt_id, &A->d.sampling};
+        log_begin(s, ps ? ps->items[pi].id : NULL, &dp, &A->d.sampling, en);
         s->first_id = 1;
         rc = decode_run(en->target, en->drafter, ids, n, &dp, &h, &res, &e);
         free(ids);

@@ -86,9 +86,13 @@ if [ -n "$reach" ]; then
   fail=1
 fi
 
-# "issue 12", "issues 4", "#31" (not "&#31;", "$#", a path or an identifier). Fixtures are data.
+# "issue 12", "Issues #4", "issue-7", identifiers such as issue15 or issue_15, "PR 9", "#31"
+# (not "&#31;", "$#" or a path), and "the issue's rule" / "this issue" (a ticket the reader
+# does not have). Fixtures are data.
+issue_re='issues?[ _#:-]*[0-9]+|pull[ -]?requests?[ _#:-]*[0-9]+|\bPR[ _#:-]*[0-9]+\b'
+issue_re+="|\\b(the|this|that|per) issue('s)?\\b|(^|[^&\$A-Za-z0-9_/])#[0-9]+\\b"
 issues=$(list_files | grep -zv -e '^tests/fixtures/' -e "^$self\$" \
-           | xargs -0 grep -InE '[Ii]ssues? #?[0-9]+\b|(^|[^&$A-Za-z0-9_/])#[0-9]+\b' -- || true)
+           | xargs -0 grep -InEi "$issue_re" -- || true)
 if [ -n "$issues" ]; then
   echo "check_repo: issue numbers a reader cannot look up; say what the thing is instead:"
   echo "$issues"

@@ -44,12 +44,12 @@ fuzz_file = mkdir -p build/fuzz_corpus_$(1) && ./build/fuzz_$(1) -max_len=$(FUZZ
 
 build/fuzz_proto: $(FUZZ_SRCS) proto/proto.h common/pool.h common/util.h common/quant.h tests/fuzz.mk
 	@mkdir -p build
-	$(FUZZ_CC) $(FUZZ_FLAGS) $(FUZZ_SRCS) -o $@ -lmsgpackc -lzmq -lm
+	$(call say,CC,$@) $(FUZZ_CC) $(FUZZ_FLAGS) $(FUZZ_SRCS) -o $@ -lmsgpackc -lzmq -lm
 
 $(FUZZ_FILES:%=build/fuzz_%): build/fuzz_%: tests/fuzz_%.c $(wildcard common/*.c) \
                                 $(wildcard common/*.h) tests/fuzz_common.h tests/fuzz.mk
 	@mkdir -p build
-	$(FUZZ_CC) $(FUZZ_FLAGS) $(PKG_CFLAGS) $< $(wildcard common/*.c) -o $@ $(FUZZ_LIBS)
+	$(call say,CC,$@) $(FUZZ_CC) $(FUZZ_FLAGS) $(PKG_CFLAGS) $< $(wildcard common/*.c) -o $@ $(FUZZ_LIBS)
 
 build/fuzz_seed_gguf: $(FUZZ_GGUF_SEEDS)
 	@mkdir -p $@

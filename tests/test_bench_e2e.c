@@ -6,6 +6,7 @@
  * after SIGINT), --launch-drafter, and the exit status and message of bad input. */
 #include "bench/benchlog.h"
 #include "testutil.h"
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -174,10 +175,10 @@ static void check_consistent(const char *dir, const Row *rows, int n) {
                       "decode %s rep %d logged twice", rows[i].key, rows[i].rep);
     char p[512];
     snprintf(p, sizeof p, "%s/rounds.jsonl", dir);
-    BenchRound *r = NULL;
+    RoundRecord *r = NULL;
     int nr = 0;
     RsErr e = {0};
-    ck_assert_msg(benchlog_rounds_read(p, &r, &nr, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(roundlog_read(p, &r, &nr, &e) == RS_OK, "%s", e.msg);
     int *seen = calloc((size_t)n, sizeof(int)), *kept = calloc((size_t)n, sizeof(int));
     for (int i = 0; i < nr; i++) {
         char key[128];
@@ -195,10 +196,10 @@ static void check_consistent(const char *dir, const Row *rows, int n) {
                       r[i].dropped);
         kept[k] += r[i].emitted - r[i].dropped;
         if (!strcmp(r[i].decoder, "ar")) {
-            ck_assert_int_eq(r[i].x1_in_pool, BENCH_X1_NULL);
-            ck_assert_int_eq(r[i].t_grow_sent, BENCH_NULL_NS);
+            ck_assert_int_eq(r[i].x1_in_pool, ROUNDLOG_NULL);
+            ck_assert_int_eq(r[i].t_grow_sent, ROUNDLOG_NULL);
         } else {
-            ck_assert_int_ne(r[i].t_grow_sent, BENCH_NULL_NS);
+            ck_assert_int_ne(r[i].t_grow_sent, ROUNDLOG_NULL);
             ck_assert_int_ge(r[i].t_pool_recv, r[i].t_grow_sent);
         }
     }
@@ -584,10 +585,10 @@ START_TEST(test_e2e_launch_drafter) {
     /* the pool came from the other process: the drafter reported its own time */
     char p[512];
     snprintf(p, sizeof p, "%s/rounds.jsonl", out);
-    BenchRound *r = NULL;
+    RoundRecord *r = NULL;
     int nr = 0;
     RsErr e = {0};
-    ck_assert_msg(benchlog_rounds_read(p, &r, &nr, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(roundlog_read(p, &r, &nr, &e) == RS_OK, "%s", e.msg);
     int n_root = 0;
     for (int i = 0; i < nr; i++)
         if (!strcmp(r[i].decoder, "root")) {
@@ -597,6 +598,92 @@ START_TEST(test_e2e_launch_drafter) {
         }
     ck_assert_int_gt(n_root, 0);
     free(r);
+    rm_tree(tmp);
+}
+END_TEST
+
+/* The kept tokens (emitted less dropped) of one decode's rounds in a log, in round order. */
+static int decode_tokens(const RoundRecord *r, int n, const char *pid, const char *decoder,
+                         int *out, int cap) {
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (strcmp(r[i].prompt_id, pid) || strcmp(r[i].decoder, decoder)) continue;
+        ck_assert_msg(r[i].n_tokens == r[i].emitted, "%s %s round %d: %d tokens for %d emitted",
+                      pid, decoder, r[i].round, r[i].n_tokens, r[i].emitted);
+        for (int j = 0; j < r[i].emitted - r[i].dropped && k < cap; j++) out[k++] = r[i].tokens[j];
+    }
+    return k;
+}
+
+/* A log line's keys in order, comma-separated (the schema a line follows). */
+static void line_keys(const char *path, char *keys, size_t cap) {
+    char *text = slurp(path, NULL), *nl = strchr(text, '\n');
+    ck_assert_ptr_nonnull(nl);
+    *nl = 0;
+    cJSON *j = cJSON_Parse(text);
+    ck_assert_ptr_nonnull(j);
+    keys[0] = 0;
+    for (const cJSON *it = j->child; it; it = it->next)
+        snprintf(keys + strlen(keys), cap - strlen(keys), "%s,", it->string);
+    cJSON_Delete(j);
+    free(text);
+}
+
+/* One round log: a bench run's rounds.jsonl and `rootspec-target --log-rounds` on the same
+ * prompts are read by the same reader, name prompts, decoder, T and B alike, follow the
+ * same keys, and carry the same T=0 tokens (draft selection is exact, so both equal the
+ * bench's AR decode). */
+START_TEST(test_e2e_round_log_shared) {
+    char *tmp = tmp_dir();
+    char pf[256], out[256], tlog[256], rp[512], *err;
+    snprintf(pf, sizeof pf, "%s/p.jsonl", tmp);
+    snprintf(out, sizeof out, "%s/run", tmp);
+    snprintf(tlog, sizeof tlog, "%s/target.jsonl", tmp);
+    snprintf(rp, sizeof rp, "%s/rounds.jsonl", out);
+    write_text(pf, "{\"question_id\": 81, \"turns\": [\"Write a short poem about the sea.\"]}\n"
+                   "{\"question_id\": 82, \"turns\": [\"What is 12 times 7?\"]}\n");
+    const char *args[] = {"--model", TINY, "--draft-layers", "0", "--prompts", pf, "--max-new",
+                          "6", "--decoders", "draft", "--temps", "0", "--budgets", "8",
+                          "--warmup", "0", "--ctx", "512", "--out", out, NULL};
+    int rc = bench_run(tmp, "run", args, &err);
+    ck_assert_msg(rc == 0, "rootspec-bench exited %d: %s", rc, err);
+    free(err);
+    char *targv[] = {"build/rootspec-target", "--model", TINY, "--draft-layers", "0", "--prompts",
+                     pf, "--max-new", "6", "--decoder", "draft", "--budget", "8", "--temp", "0",
+                     "--ctx", "512", "--log-rounds", tlog, NULL};
+    rc = tu_wait_exit(tu_spawn(tmp, targv, "target", NULL, 0, 0), 60000);
+    err = tu_slurp(tmp, "target", "err");
+    ck_assert_msg(rc == 0, "rootspec-target exited %d: %s", rc, err);
+    free(err);
+    RoundRecord *b = NULL, *t = NULL;
+    int nb = 0, nt = 0;
+    RsErr e = {0};
+    ck_assert_msg(roundlog_read(rp, &b, &nb, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(roundlog_read(tlog, &t, &nt, &e) == RS_OK, "%s", e.msg);
+    ck_assert_int_gt(nt, 0);
+    for (int i = 0; i < nt; i++) {
+        ck_assert_str_eq(t[i].decoder, "draft");
+        ck_assert_int_eq(t[i].temp, 0);
+        ck_assert_int_eq(t[i].budget, 8);
+        ck_assert_int_eq(t[i].rep, 0);
+    }
+    const char *pids[] = {"81", "82"};
+    for (int p = 0; p < 2; p++) {
+        int tb[64], tt[64], ta[64];
+        int kb = decode_tokens(b, nb, pids[p], "draft", tb, 64);
+        int kt = decode_tokens(t, nt, pids[p], "draft", tt, 64);
+        int ka = decode_tokens(b, nb, pids[p], "ar", ta, 64);
+        ck_assert_msg(kb == 6 && kt == 6 && ka == 6, "prompt %s: bench %d, target %d, AR %d tokens",
+                      pids[p], kb, kt, ka);
+        ck_assert_mem_eq(tb, tt, sizeof(int) * 6);
+        ck_assert_mem_eq(tb, ta, sizeof(int) * 6);
+    }
+    char kb[2048], kt[2048];
+    line_keys(rp, kb, sizeof kb);
+    line_keys(tlog, kt, sizeof kt);
+    ck_assert_str_eq(kb, kt);
+    free(b);
+    free(t);
     rm_tree(tmp);
 }
 END_TEST
@@ -773,6 +860,7 @@ Suite *suite_bench_e2e(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_e2e_run_analyze_resume);
     tcase_add_test(tc, test_e2e_repeats);
+    tcase_add_test(tc, test_e2e_round_log_shared);
     tcase_add_test(tc, test_e2e_bad_input);
     tcase_add_test(tc, test_e2e_micro_report);
     tcase_add_test(tc, test_e2e_micro_eagle3);

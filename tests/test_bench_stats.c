@@ -286,10 +286,45 @@ END_TEST
 
 /* ---- logs ---- */
 
-static BenchRound mk_round(const char *dec, int temp, int budget, const char *pid, int round,
+/* A record with every field null (timestamps, draft times, x1_in_pool, tau) or zero, as the
+ * bench's older logs read back. */
+static void record_init(RoundRecord *r) {
+    memset(r, 0, sizeof *r);
+    r->x1_in_pool = r->budget_chosen = r->depth_asked = ROUNDLOG_NULL;
+    r->tau = r->root_margin = r->pred_tok_s = r->real_tok_s = NAN;
+    int64_t *t = &r->t_round_start;
+    for (int i = 0; i < 9; i++) t[i] = ROUNDLOG_NULL;
+    r->draft_ns = r->draft_commit_ns = r->draft_host_ns = ROUNDLOG_NULL;
+    r->n_tokens = ROUNDLOG_NULL;
+}
+
+/* Writes r through the one round-log writer: the RoundInfo a decode would have reported
+ * (0 for a null time, cumulative counters starting from 0) and the decode's RoundLog. */
+static int record_write(FILE *f, const RoundRecord *r) {
+    RoundInfo ri;
+    memset(&ri, 0, sizeof ri);
+    ri.round = r->round, ri.emitted = r->emitted, ri.dropped = r->dropped;
+    ri.accepted = r->accepted, ri.tree_size = r->tree_size;
+    ri.x1_in_pool = r->x1_in_pool < 0 ? -1 : r->x1_in_pool;
+    ri.tau = r->tau, ri.root_margin = r->root_margin;
+    ri.plan_k = -1;
+    const int64_t *t = &r->t_round_start;
+    uint64_t *u = &ri.t_round_start;
+    for (int i = 0; i < 9; i++) u[i] = t[i] < 0 ? 0 : (uint64_t)t[i];
+    ri.draft_ns = r->draft_ns < 0 ? 0 : (uint64_t)r->draft_ns;
+    ri.graph_replays = (uint64_t)r->graph_replays;
+    ri.eager_launches = (uint64_t)r->eager_launches;
+    for (int i = 0; i < r->n_tokens; i++) ri.tokens[i] = r->tokens[i];
+    RoundLog lg = {.decoder = r->decoder, .temp = r->temp, .budget = r->budget,
+                   .prompt_id = r->prompt_id, .rep = r->rep};
+    roundlog_begin(&lg, &(BackendStats){0});
+    return roundlog_write(f, &lg, &ri);
+}
+
+static RoundRecord mk_round(const char *dec, int temp, int budget, const char *pid, int round,
                            int64_t t0) {
-    BenchRound r;
-    benchlog_round_init(&r);
+    RoundRecord r;
+    record_init(&r);
     snprintf(r.decoder, sizeof r.decoder, "%s", dec);
     snprintf(r.prompt_id, sizeof r.prompt_id, "%s", pid);
     r.temp = temp, r.budget = budget, r.round = round;
@@ -320,7 +355,7 @@ static BenchRound mk_round(const char *dec, int temp, int budget, const char *pi
     return r;
 }
 
-static void rounds_eq(const BenchRound *a, const BenchRound *b) {
+static void rounds_eq(const RoundRecord *a, const RoundRecord *b) {
     ck_assert_str_eq(a->decoder, b->decoder);
     ck_assert_str_eq(a->prompt_id, b->prompt_id);
     ck_assert_int_eq(a->temp, b->temp);
@@ -344,12 +379,12 @@ START_TEST(test_log_roundtrip) {
     FILE *fr, *fd;
     RsErr e = {0};
     ck_assert_msg(benchlog_open(dir, 0, &fr, &fd, &e) == RS_OK, "%s", e.msg);
-    BenchRound r[3] = {mk_round("ar", 0, 0, "81", 0, 1000), mk_round("pearl", 1, 59, "82", 3,
+    RoundRecord r[3] = {mk_round("ar", 0, 0, "81", 0, 1000), mk_round("pearl", 1, 59, "82", 3,
                                                                     INT64_C(123456789012345)),
                        mk_round("root", 0, 8, "HumanEval/0", 1, 5)};
     r[2].tau = 1.0 / 3.0; /* needs %.17g to round-trip */
     r[1].rep = 4;
-    for (int i = 0; i < 3; i++) ck_assert_int_eq(benchlog_round_write(fr, &r[i]), RS_OK);
+    for (int i = 0; i < 3; i++) ck_assert_int_eq(record_write(fr, &r[i]), RS_OK);
     BenchDecode d[2] = {
         {.prompt_id = "81", .prompt_pos = 3, .decoder = "ar", .temp = 0, .budget = 0,
          .tokens = 264, .time_ns = INT64_C(9876543210), .speed = 26.73, .rounds = 264,
@@ -369,12 +404,13 @@ START_TEST(test_log_roundtrip) {
     snprintf(dp, sizeof dp, "%s/decodes.csv", dir);
     size_t len;
     char *txt = slurp(rp, &len);
-    ck_assert_msg(strstr(txt, "\"x1_in_pool\":null,\"tau\":null,\"t_round_start\":1000,"
-                              "\"t_grow_sent\":null") != NULL, "%s", txt);
+    ck_assert_msg(strstr(txt, "\"x1_in_pool\":null,\"tau\":null,\"root_margin\":null,"
+                              "\"tree_pass_skipped\":false,\"fallback_ar\":false,"
+                              "\"t_round_start\":1000,\"t_grow_sent\":null") != NULL, "%s", txt);
     free(txt);
-    BenchRound *rr;
+    RoundRecord *rr;
     int nr;
-    ck_assert_msg(benchlog_rounds_read(rp, &rr, &nr, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(roundlog_read(rp, &rr, &nr, &e) == RS_OK, "%s", e.msg);
     ck_assert_int_eq(nr, 3);
     for (int i = 0; i < 3; i++) rounds_eq(&rr[i], &r[i]);
     free(rr);
@@ -426,15 +462,69 @@ START_TEST(test_log_roundtrip) {
     ck_assert_str_eq(e.msg, want);
     const char *badj = "{\"decoder\":\"ar\"}\n";
     write_text(rp, badj, strlen(badj));
-    ck_assert_int_eq(benchlog_rounds_read(rp, &rr, &nr, &e), RS_EFORMAT);
+    ck_assert_int_eq(roundlog_read(rp, &rr, &nr, &e), RS_EFORMAT);
     snprintf(want, sizeof want, "%s:1: field \"prompt_id\" must be a name of 1-63 characters "
                                 "[A-Za-z0-9_./:+-]", rp);
     ck_assert_str_eq(e.msg, want);
     badj = "{\"decoder\":\"ar\",\n";
     write_text(rp, badj, strlen(badj));
-    ck_assert_int_eq(benchlog_rounds_read(rp, &rr, &nr, &e), RS_EFORMAT);
+    ck_assert_int_eq(roundlog_read(rp, &rr, &nr, &e), RS_EFORMAT);
     snprintf(want, sizeof want, "%s:1: not a JSON object", rp);
     ck_assert_str_eq(e.msg, want);
+    rm_dir(dir);
+}
+END_TEST
+
+/* The round log's reader takes the two older shapes: the bench's (budget 1000 for auto, no
+ * tokens, no dropped) and rootspec-target's (numeric prompt id, "auto", cumulative backend
+ * counters, which it reads as each round's share). */
+START_TEST(test_log_older_shapes) {
+    char *dir = tmp_dir();
+    char rp[256];
+    snprintf(rp, sizeof rp, "%s/rounds.jsonl", dir);
+    const char *txt =
+        "{\"decoder\":\"draft\",\"temp\":0,\"budget\":1000,\"prompt_id\":\"81\",\"round\":0,"
+        "\"emitted\":3,\"accepted\":2,\"tree_size\":8,\"x1_in_pool\":null,\"tau\":2.5,"
+        "\"t_round_start\":10,\"t_grow_sent\":11,\"t_root_start\":null,\"t_root_end\":null,"
+        "\"t_pool_recv\":12,\"t_select_done\":13,\"t_tree_start\":14,\"t_tree_end\":15,"
+        "\"t_commit\":16,\"draft_ns\":null,\"graph_replays\":2,\"eager_launches\":1}\n"
+        "{\"decoder\":\"root\",\"temp\":1,\"budget\":\"auto\",\"prompt_id\":7,\"round\":0,"
+        "\"emitted\":2,\"dropped\":0,\"accepted\":1,\"tree_size\":4,\"budget_chosen\":4,"
+        "\"depth_asked\":3,\"pred_tok_s\":null,\"real_tok_s\":10.000000,\"x1_in_pool\":true,"
+        "\"tau\":1.250000,\"root_margin\":0.500000,\"tree_pass_skipped\":false,"
+        "\"fallback_ar\":false,\"t_round_start\":1,\"t_grow_sent\":2,\"t_root_start\":3,"
+        "\"t_root_end\":4,\"t_pool_recv\":5,\"t_select_done\":6,\"t_tree_start\":7,"
+        "\"t_tree_end\":8,\"t_commit\":9,\"measure_ns\":0,\"draft_ns\":5,\"draft_commit_ns\":1,"
+        "\"draft_host_ns\":null,\"draft_rows\":0,\"graph_replays\":10,\"eager_launches\":3,"
+        "\"d2h_full_rows\":4,\"tokens\":[5,6]}\n"
+        "{\"decoder\":\"root\",\"temp\":1,\"budget\":\"auto\",\"prompt_id\":7,\"round\":1,"
+        "\"emitted\":1,\"dropped\":0,\"accepted\":0,\"tree_size\":4,\"x1_in_pool\":false,"
+        "\"tau\":null,\"t_round_start\":1,\"t_grow_sent\":2,\"t_root_start\":3,"
+        "\"t_root_end\":4,\"t_pool_recv\":5,\"t_select_done\":6,\"t_tree_start\":7,"
+        "\"t_tree_end\":8,\"t_commit\":9,\"draft_ns\":null,\"graph_replays\":13,"
+        "\"eager_launches\":3,\"d2h_full_rows\":9,\"tokens\":[8]}\n";
+    write_text(rp, txt, strlen(txt));
+    RoundRecord *r;
+    int n;
+    RsErr e = {0};
+    ck_assert_msg(roundlog_read(rp, &r, &n, &e) == RS_OK, "%s", e.msg);
+    ck_assert_int_eq(n, 3);
+    ck_assert_int_eq(r[0].budget, BENCH_BUDGET_AUTO);
+    ck_assert_int_eq(r[0].n_tokens, ROUNDLOG_NULL);
+    ck_assert_int_eq(r[0].dropped, 0);
+    ck_assert_int_eq(r[0].graph_replays, 2); /* the bench's own counters: already per round */
+    ck_assert_int_eq(r[0].t_root_start, ROUNDLOG_NULL);
+    ck_assert_str_eq(r[1].prompt_id, "7");
+    ck_assert_int_eq(r[1].budget, BENCH_BUDGET_AUTO);
+    ck_assert_int_eq(r[1].budget_chosen, 4);
+    ck_assert_int_eq(r[1].x1_in_pool, 1);
+    ck_assert_int_eq(r[1].n_tokens, 2);
+    ck_assert_int_eq(r[1].tokens[1], 6);
+    ck_assert_int_eq(r[2].graph_replays, 3); /* 13 - 10 */
+    ck_assert_int_eq(r[2].eager_launches, 0);
+    ck_assert_int_eq(r[2].d2h_full_rows, 5);
+    ck_assert(isnan(r[2].tau));
+    free(r);
     rm_dir(dir);
 }
 END_TEST
@@ -446,15 +536,15 @@ START_TEST(test_resume) {
     ck_assert_int_eq(benchlog_open(dir, 0, &fr, &fd, &e), RS_OK);
     /* decode 1 (p1, draft T0 B8) complete, decode 2 (p2, root T1 B59) interrupted */
     for (int k = 0; k < 3; k++) {
-        BenchRound r = mk_round("draft", 0, 8, "p1", k, 100 * k);
-        benchlog_round_write(fr, &r);
+        RoundRecord r = mk_round("draft", 0, 8, "p1", k, 100 * k);
+        record_write(fr, &r);
     }
     BenchDecode d = {.prompt_id = "p1", .decoder = "draft", .temp = 0, .budget = 8,
                      .tokens = 9, .time_ns = 1000, .rounds = 3};
     benchlog_decode_write_row(fd, &d);
     for (int k = 0; k < 2; k++) {
-        BenchRound r = mk_round("root", 1, 59, "p2", k, 100 * k);
-        benchlog_round_write(fr, &r);
+        RoundRecord r = mk_round("root", 1, 59, "p2", k, 100 * k);
+        record_write(fr, &r);
     }
     fputs("{\"decoder\":\"ro", fr);
     fputs("p2,1,root,1,59,", fd);
@@ -474,8 +564,8 @@ START_TEST(test_resume) {
 
     /* reopen for resume: partial lines cut, the interrupted decode's rounds dropped */
     ck_assert_msg(benchlog_open(dir, 1, &fr, &fd, &e) == RS_OK, "%s", e.msg);
-    BenchRound r = mk_round("root", 1, 59, "p2", 0, 7);
-    benchlog_round_write(fr, &r);
+    RoundRecord r = mk_round("root", 1, 59, "p2", 0, 7);
+    record_write(fr, &r);
     d = (BenchDecode){.prompt_id = "p2", .decoder = "root", .temp = 1, .budget = 59,
                       .tokens = 4, .time_ns = 50, .rounds = 1};
     benchlog_decode_write_row(fd, &d);
@@ -483,9 +573,9 @@ START_TEST(test_resume) {
     fclose(fd);
     char p[256];
     snprintf(p, sizeof p, "%s/rounds.jsonl", dir);
-    BenchRound *rr;
+    RoundRecord *rr;
     int nr;
-    ck_assert_msg(benchlog_rounds_read(p, &rr, &nr, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(roundlog_read(p, &rr, &nr, &e) == RS_OK, "%s", e.msg);
     ck_assert_int_eq(nr, 4);
     ck_assert_str_eq(rr[3].prompt_id, "p2");
     ck_assert_int_eq(rr[3].t_round_start, 7);
@@ -513,12 +603,12 @@ END_TEST
 
 /* Synthetic run: 6 prompts x 18 settings. AR speed 20+i tok/s on prompt i; draft 1.5x AR;
  * root exactly 1.1x draft at T=0 B=8 (so the interval collapses); others vary by prompt. */
-static void synth(BenchDecode **dout, int *nd, BenchRound **rout, int *nr) {
+static void synth(BenchDecode **dout, int *nd, RoundRecord **rout, int *nr) {
     BenchCombo c[18];
     int nc = bench_combos_default(c, 18, 1);
     BenchPlan *pl = bench_plan_create(6, nc, 0, 1, 2024);
     BenchDecode *d = rs_xcalloc((size_t)pl->n_runs, sizeof *d);
-    BenchRound *r = NULL;
+    RoundRecord *r = NULL;
     int n = 0, m = 0, cap = 0;
     for (int k = 0; k < pl->n_runs; k++) {
         const BenchRun *run = &pl->runs[k];
@@ -566,12 +656,12 @@ static void synth(BenchDecode **dout, int *nd, BenchRound **rout, int *nr) {
     *nr = m;
 }
 
-static void write_logs(const char *dir, const BenchDecode *d, int nd, const BenchRound *r,
+static void write_logs(const char *dir, const BenchDecode *d, int nd, const RoundRecord *r,
                        int nr) {
     FILE *fr, *fd;
     RsErr e = {0};
     ck_assert_msg(benchlog_open(dir, 0, &fr, &fd, &e) == RS_OK, "%s", e.msg);
-    for (int i = 0; i < nr; i++) ck_assert_int_eq(benchlog_round_write(fr, &r[i]), RS_OK);
+    for (int i = 0; i < nr; i++) ck_assert_int_eq(record_write(fr, &r[i]), RS_OK);
     for (int i = 0; i < nd; i++) ck_assert_int_eq(benchlog_decode_write_row(fd, &d[i]), RS_OK);
     fclose(fr);
     fclose(fd);
@@ -584,7 +674,7 @@ START_TEST(test_analyze_refusals) {
     setenv("ROOTSPEC_GNUPLOT", "/nonexistent/gnuplot", 1);
     char *dir = tmp_dir();
     BenchDecode *d;
-    BenchRound *r;
+    RoundRecord *r;
     int nd, nr;
     synth(&d, &nd, &r, &nr);
     RsErr e = {0};
@@ -616,7 +706,7 @@ START_TEST(test_analyze_reproduces_summary) {
     setenv("ROOTSPEC_GNUPLOT", "/nonexistent/gnuplot", 1); /* plots have their own test */
     char *dir = tmp_dir();
     BenchDecode *d;
-    BenchRound *r;
+    RoundRecord *r;
     int nd, nr;
     synth(&d, &nd, &r, &nr);
     write_logs(dir, d, nd, r, nr);
@@ -725,7 +815,7 @@ START_TEST(test_plots) {
     }
     char *dir = tmp_dir();
     BenchDecode *d;
-    BenchRound *r;
+    RoundRecord *r;
     int nd, nr;
     synth(&d, &nd, &r, &nr);
     RsErr e = {0};
@@ -746,7 +836,7 @@ START_TEST(test_plots) {
 END_TEST
 
 START_TEST(test_round_parts) {
-    BenchRound r = mk_round("pearl", 0, 8, "x", 1, 1000000000);
+    RoundRecord r = mk_round("pearl", 0, 8, "x", 1, 1000000000);
     double p[BENCH_N_PARTS];
     ck_assert_int_eq(bench_round_parts(&r, p), 0);
     /* send 0.1, root 5.0 (0.2..5.2), wait 9.0-5.2 = 3.8, select 0.25, tree 6, commit 0.5+0.1 */
@@ -756,7 +846,7 @@ START_TEST(test_round_parts) {
     ck_assert_double_eq_tol(p[3], 0.25, 1e-9);
     ck_assert_double_eq_tol(p[4], 6.0, 1e-9);
     ck_assert_double_eq_tol(p[5], 0.7, 1e-9); /* gaps: 0.1 before root, 0.1 before tree, 0.5 to commit */
-    r.t_commit = BENCH_NULL_NS;
+    r.t_commit = ROUNDLOG_NULL;
     ck_assert_int_eq(bench_round_parts(&r, p), -1);
 }
 END_TEST
@@ -975,6 +1065,7 @@ Suite *suite_bench_stats(void) {
     tcase_add_test(tc, test_plan_repeats);
     tcase_add_test(tc, test_combos);
     tcase_add_test(tc, test_log_roundtrip);
+    tcase_add_test(tc, test_log_older_shapes);
     tcase_add_test(tc, test_resume);
     tcase_add_test(tc, test_round_parts);
     tcase_add_test(tc, test_analyze_reproduces_summary);

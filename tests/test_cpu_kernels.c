@@ -971,8 +971,9 @@ START_TEST(test_forward_x4_same_bits) {
     Model *m = NULL, *p = NULL;
     RsErr e = {0};
     ck_assert_msg(model_load(paths[_i], &m, &e) == RS_OK, "%s", e.msg);
-    ck_assert_msg(backend_model_load(&cpu_backend_ops, paths[_i], &p, &e) == RS_OK, "%s", e.msg);
-    const QkFamily *f = qk_family_pick(getenv("ROOTSPEC_CPU_KERNELS"), &e);
+    ck_assert_msg(backend_model_load(&cpu_backend_ops, paths[_i], NULL,
+                                     &p, &e) == RS_OK, "%s", e.msg);
+    const QkFamily *f = qk_family_pick(NULL, &e); /* the family a NULL BackendParams picks */
     QTensor *w[MODEL_MAX_MATRICES(64)];
     ck_assert_int_le(p->cfg.n_layers, 64);
     int n = model_matrices(p, w), packed = 0, want = 0;
@@ -1001,11 +1002,11 @@ START_TEST(test_pack_env) {
     Model *m = NULL;
     RsErr e = {0};
     setenv("ROOTSPEC_CPU_PACK", "0", 1);
-    ck_assert_msg(backend_model_load(&cpu_backend_ops, path, &m, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(backend_model_load(&cpu_backend_ops, path, NULL, &m, &e) == RS_OK, "%s", e.msg);
     ck_assert(m->resident && !m->w.layers[0].w_up.packed && !m->w.wcls.packed);
     model_destroy(&m);
     setenv("ROOTSPEC_CPU_PACK", "yes", 1);
-    ck_assert_int_eq(backend_model_load(&cpu_backend_ops, path, &m, &e), RS_EINVAL);
+    ck_assert_int_eq(backend_model_load(&cpu_backend_ops, path, NULL, &m, &e), RS_EINVAL);
     ck_assert_ptr_null(m);
     ck_assert_msg(strstr(e.msg, "ROOTSPEC_CPU_PACK=yes"), "%s", e.msg);
     unsetenv("ROOTSPEC_CPU_PACK");

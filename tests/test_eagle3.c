@@ -454,7 +454,7 @@ START_TEST(test_decode_identity_with_eagle3) {
     ck_assert(eagle3_head_load(tu_fixture("eagle3/head"), &h, &e) == 0);
     float *emb = target_embeddings(tu_fixture("eagle3/target"), &tm->cfg);
     int eog = -1;
-    ck_assert_msg(target_create(tm, &cpu_backend_ops, 512, 1, 0, &eog, 0, &t, &e) == 0, "%s", e.msg);
+    ck_assert_msg(target_create(tm, &cpu_backend_ops, TU_BP(512, 1), &eog, 0, &t, &e) == 0, "%s", e.msg);
     FeatAdapter *a = calloc(1, sizeof *a);
     a->F = 3 * h->cfg.target_hidden;
     a->feats = malloc(sizeof(float) * (size_t)(ROUND_MAX_EMIT + 512) * a->F);
@@ -650,14 +650,13 @@ START_TEST(test_layer_id_conventions) {
     /* a head that states its convention is read that way */
     copy.cfg.layer_ids = EAGLE3_IDS_OUTPUT;
     expect_layers(&copy, 32, 4, 11, 21);
-    /* the option wins over the inference and over what the head states */
-    ck_assert_int_eq(eagle3_layer_ids_option("input", &e), 0);
-    ck_assert_int_eq(eagle3_layer_ids(), EAGLE3_IDS_INPUT);
+    /* --eagle3-layer-ids sets the convention (eagle3_head_open_for): it wins over the
+     * inference and over what the head states */
+    copy.cfg.layer_ids = EAGLE3_IDS_INPUT;
     expect_layers(&copy, 32, 3, 10, 20);
-    copy.cfg.layer_ids = EAGLE3_IDS_AUTO;
     memcpy(copy.cfg.feature_layers, sg, sizeof sg);
     expect_layers(&copy, 32, sg[0], sg[1], sg[2]);
-    ck_assert_int_eq(eagle3_layer_ids_option("output", &e), 0);
+    copy.cfg.layer_ids = EAGLE3_IDS_OUTPUT;
     memcpy(copy.cfg.feature_layers, odd, sizeof odd);
     expect_layers(&copy, 32, 4, 11, 21);
     /* output ids reach the last layer's output (entering index N), not past it */
@@ -668,12 +667,30 @@ START_TEST(test_layer_id_conventions) {
     int L[3];
     ck_assert_int_eq(eagle3_head_check(&copy, &t, L, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "entering layer 32"), "%s", e.msg);
-    /* bad values are refused, naming them, and change nothing */
-    ck_assert_int_eq(eagle3_layer_ids_option("outputs", &e), RS_EINVAL);
+    /* the option's values; bad ones are refused, naming them, and change nothing */
+    Eagle3LayerIds ids = EAGLE3_IDS_OUTPUT;
+    ck_assert_int_eq(eagle3_layer_ids_parse("outputs", &ids, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "'outputs'"), "%s", e.msg);
-    ck_assert_int_eq(eagle3_layer_ids(), EAGLE3_IDS_OUTPUT);
-    ck_assert_int_eq(eagle3_layer_ids_option("auto", &e), 0);
-    ck_assert_int_eq(eagle3_layer_ids(), EAGLE3_IDS_AUTO);
+    ck_assert_int_eq(ids, EAGLE3_IDS_OUTPUT);
+    ck_assert_int_eq(eagle3_layer_ids_parse("input", &ids, &e), 0);
+    ck_assert_int_eq(ids, EAGLE3_IDS_INPUT);
+    ck_assert_int_eq(eagle3_layer_ids_parse("auto", &ids, &e), 0);
+    ck_assert_int_eq(ids, EAGLE3_IDS_AUTO);
+    /* eagle3_head_open_for reads the fixture head's ids (0, 1, 2) the way it is told: as
+     * entering-layer ids they fit the 2-layer target, as output ids the last one is past it */
+    Model *tm;
+    ck_assert_msg(model_load(tu_fixture("eagle3/target"), &tm, &e) == 0, "%s", e.msg);
+    Eagle3Head *ho;
+    Eagle3Embed em;
+    ck_assert_msg(eagle3_head_open_for(tu_fixture("eagle3/head"), tm, EAGLE3_IDS_AUTO, &ho, L,
+                                       &em, &e) == 0, "%s", e.msg);
+    ck_assert(L[0] == 0 && L[1] == 1 && L[2] == 2);
+    eagle3_head_destroy(&ho);
+    ck_assert_int_eq(eagle3_head_open_for(tu_fixture("eagle3/head"), tm, EAGLE3_IDS_OUTPUT, &ho,
+                                          L, &em, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "entering layer 3"), "%s", e.msg);
+    ck_assert_ptr_null(ho);
+    model_destroy(&tm);
     eagle3_head_destroy(&h);
 }
 END_TEST
@@ -798,24 +815,23 @@ static void grow_fixed(Drafter *d, int F, Pool *p) {
 
 /* The CPU layer splits each product's rows over its thread pool: the pools a head grows
  * must be the same bits on 1 and 3 threads (rows of 64..256 split 12 ways) and agree with
- * the f32 reference family's within rounding (ROOTSPEC_CPU_KERNELS=ref: every product in
- * f32 loops) on tokens. */
+ * the f32 reference family's within rounding (BackendParams.cpu_kernels "ref": every
+ * product in f32 loops) on tokens. */
 START_TEST(test_threads_and_family) {
     Model *mat;
     RsErr e = {0};
-    ck_assert(backend_model_load(&cpu_backend_ops, "random:tiny,seed=21", &mat, &e) == 0);
+    ck_assert(backend_model_load(&cpu_backend_ops, "random:tiny,seed=21", NULL, &mat, &e) == 0);
     int F = 3 * mat->cfg.dim;
     Drafter *d1, *d3, *dref;
     Pool *p1 = malloc(sizeof *p1), *p3 = malloc(sizeof *p3), *pr = malloc(sizeof *pr);
     BackendParams one = {.kv_capacity = 256, .threads = 1}, three = {.kv_capacity = 256, .threads = 3};
-    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", mat, NULL, &one, &d1, &e) == 0, "%s", e.msg);
-    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", mat, NULL, &three, &d3, &e) == 0, "%s", e.msg);
-    char *old = getenv("ROOTSPEC_CPU_KERNELS") ? strdup(getenv("ROOTSPEC_CPU_KERNELS")) : NULL;
-    setenv("ROOTSPEC_CPU_KERNELS", "ref", 1);
-    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", mat, NULL, &one, &dref, &e) == 0, "%s", e.msg);
-    if (old) setenv("ROOTSPEC_CPU_KERNELS", old, 1);
-    else unsetenv("ROOTSPEC_CPU_KERNELS");
-    free(old);
+    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", mat, EAGLE3_IDS_AUTO,
+                                      NULL, &one, &d1, &e) == 0, "%s", e.msg);
+    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", mat, EAGLE3_IDS_AUTO,
+                                      NULL, &three, &d3, &e) == 0, "%s", e.msg);
+    BackendParams ref = {.kv_capacity = 256, .threads = 1, .cpu_kernels = "ref"};
+    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", mat, EAGLE3_IDS_AUTO,
+                                      NULL, &ref, &dref, &e) == 0, "%s", e.msg);
     grow_fixed(d1, F, p1);
     grow_fixed(d3, F, p3);
     grow_fixed(dref, F, pr);
@@ -849,7 +865,7 @@ START_TEST(test_embeddings_by_row) {
     RsErr e = {0};
     BackendParams bp = {.kv_capacity = 256, .threads = 1};
     ck_assert(model_load("random:tiny,seed=21", &lazy, &e) == 0);
-    ck_assert(backend_model_load(&cpu_backend_ops, "random:tiny,seed=21", &mat, &e) == 0);
+    ck_assert(backend_model_load(&cpu_backend_ops, "random:tiny,seed=21", NULL, &mat, &e) == 0);
     Eagle3Embed a, b;
     ck_assert_msg(eagle3_embed_of(lazy, &a, &e) == 0, "%s", e.msg);
     ck_assert_msg(eagle3_embed_of(mat, &b, &e) == 0, "%s", e.msg);
@@ -863,8 +879,10 @@ START_TEST(test_embeddings_by_row) {
     }
     Drafter *dl, *dm, *dq, *df;
     Pool *pl = malloc(sizeof *pl), *pm = malloc(sizeof *pm);
-    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", lazy, NULL, &bp, &dl, &e) == 0, "%s", e.msg);
-    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", mat, NULL, &bp, &dm, &e) == 0, "%s", e.msg);
+    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", lazy, EAGLE3_IDS_AUTO,
+                                      NULL, &bp, &dl, &e) == 0, "%s", e.msg);
+    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", mat, EAGLE3_IDS_AUTO,
+                                      NULL, &bp, &dm, &e) == 0, "%s", e.msg);
     grow_fixed(dl, F, pl);
     grow_fixed(dm, F, pm);
     pools_equal(pl, pm);

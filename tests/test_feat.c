@@ -278,7 +278,7 @@ static void e3_pair_open(E3Pair *p, int V, int D, uint64_t seed) {
     RsErr e = {0};
     int eog = -1, layers[3];
     ck_assert_msg(eagle3_head_check(h, &p->tm->cfg, layers, &e) == 0, "%s", e.msg);
-    ck_assert_msg(target_create(p->tm, &cpu_backend_ops, 128, 1, 0, &eog, 0, &p->t, &e) == 0,
+    ck_assert_msg(target_create(p->tm, &cpu_backend_ops, TU_BP(128, 1), &eog, 0, &p->t, &e) == 0,
                   "%s", e.msg);
     ck_assert_msg(drafter_eagle3_create(h, p->emb, 128 + POOL_N_EXPANDED, layers, &p->d, &e) == 0,
                   "%s", e.msg);

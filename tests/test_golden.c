@@ -49,14 +49,12 @@ static const struct {
 #define N_FAMILIES 4
 
 static Backend *golden_backend(const Model *m, int n, int fi) {
-    BackendParams p = {.kv_capacity = n, .max_batch = n, .max_pending = n, .threads = 1};
+    BackendParams p = {.kv_capacity = n, .max_batch = n, .max_pending = n, .threads = 1,
+                       .cpu_kernels = kFamilies[fi].family};
     Backend *b = NULL;
     RsErr e = {0};
-    if (kFamilies[fi].family) setenv("ROOTSPEC_CPU_KERNELS", kFamilies[fi].family, 1);
-    else unsetenv("ROOTSPEC_CPU_KERNELS");
     setenv("ROOTSPEC_CPU_KV", kFamilies[fi].kv, 1);
     int rc = backend_create(&cpu_backend_ops, m, &p, &b, &e);
-    unsetenv("ROOTSPEC_CPU_KERNELS");
     unsetenv("ROOTSPEC_CPU_KV");
     ck_assert_msg(rc == RS_OK, "%s", e.msg);
     return b;

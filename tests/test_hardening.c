@@ -567,7 +567,7 @@ END_TEST
 
 Suite *suite_hardening(void) {
     Suite *s = suite_create("hardening");
-    TCase *tc = tcase_create("issue15");
+    TCase *tc = tcase_create("programs");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_idle_flood);
     tcase_add_test(tc, test_ipc_bind_not_a_socket);

@@ -185,7 +185,8 @@ START_TEST(test_random_refusals) {
     ck_assert_int_eq(backend_create(&cpu_backend_ops, m, &p, &b, &e), RS_EINVAL);
     ck_assert_ptr_null(b);
     model_destroy(&m);
-    ck_assert_int_eq(backend_model_load(&cpu_backend_ops, "random:llama3-8b", &m, &e), RS_ENOMEM);
+    ck_assert_int_eq(backend_model_load(&cpu_backend_ops, "random:llama3-8b", NULL,
+                                        &m, &e), RS_ENOMEM);
     ck_assert_ptr_null(m);
 }
 END_TEST
@@ -195,7 +196,8 @@ END_TEST
 START_TEST(test_random_cpu_forward) {
     Model *m = NULL, *v = NULL;
     RsErr e = {0};
-    ck_assert_int_eq(backend_model_load(&cpu_backend_ops, "random:tiny,seed=2", &m, &e), RS_OK);
+    ck_assert_int_eq(backend_model_load(&cpu_backend_ops, "random:tiny,seed=2", NULL,
+                                        &m, &e), RS_OK);
     ck_assert_ptr_nonnull(m->arena);
     ck_assert_int_eq(model_layer_view(m, "1", &v, &e), RS_OK);
     const Model *ms[2] = {m, v};

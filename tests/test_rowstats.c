@@ -308,8 +308,8 @@ START_TEST(test_rows_decode_no_full_rows) {
     Target *t;
     Drafter *d;
     int eog = -1;
-    ck_assert_msg(target_create(tm, &full_rows_ops, 512, 2, 0, &eog, 0, &t, &e) == 0, "%s", e.msg);
-    ck_assert_msg(drafter_model_create(dm, &cpu_backend_ops, 512, 1, 0, &d, &e) == 0, "%s", e.msg);
+    ck_assert_msg(target_create(tm, &full_rows_ops, TU_BP(512, 2), &eog, 0, &t, &e) == 0, "%s", e.msg);
+    ck_assert_msg(drafter_model_create(dm, &cpu_backend_ops, TU_BP(512, 1), &d, &e) == 0, "%s", e.msg);
     const Rule rules[] = {RULE_AR, RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
     int prompt[5] = {3, 14, 15, 92, 65}, buf[64];
     for (int k = 0; k < 5; k++)

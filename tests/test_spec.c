@@ -37,13 +37,13 @@ static void pair_open_kv(Pair *p, int kind, int vocab, int dim, uint64_t seed, i
         p->dm_is_view = 1;
     }
     int eog = -1;
-    ck_assert_msg(target_create(p->tm, &cpu_backend_ops, kv, 1, 0, &eog, 0, &p->t, &e) == 0,
+    ck_assert_msg(target_create(p->tm, &cpu_backend_ops, TU_BP(kv, 1), &eog, 0, &p->t, &e) == 0,
                   "%s", e.msg);
     if (kind == 3)
         ck_assert_msg(drafter_suffix_create(vocab, NULL, 0, NULL, &p->d, &e) == 0, "%s", e.msg);
     else
-        ck_assert_msg(drafter_model_create(kind == 2 ? p->tm : p->dm, &cpu_backend_ops, kv, 1,
-                                           0, &p->d, &e) == 0,
+        ck_assert_msg(drafter_model_create(kind == 2 ? p->tm : p->dm, &cpu_backend_ops,
+                                           TU_BP(kv, 1), &p->d, &e) == 0,
                       "%s", e.msg);
     p->dc = p->d;
     if (threaded) ck_assert_int_eq(drafter_threaded_create(p->d, &p->dc, &e), 0);
@@ -402,7 +402,7 @@ START_TEST(test_tree_properties) {
     RsErr e = {0};
     Model *dm = tu_random_model(ARCH_LLAMA, 32, 64, 1, 4, 2, 50, 9);
     Drafter *d;
-    ck_assert(drafter_model_create(dm, &cpu_backend_ops, 512, 1, 0, &d, &e) == 0);
+    ck_assert(drafter_model_create(dm, &cpu_backend_ops, TU_BP(512, 1), &d, &e) == 0);
     Pool *pl = malloc(sizeof(Pool));
     Rng r;
     rng_seed(&r, 5);
@@ -456,7 +456,7 @@ START_TEST(test_pool_growth_shape) {
     RsErr e = {0};
     Model *dm = tu_random_model(ARCH_LLAMA, 32, 64, 1, 4, 2, 50, 21);
     Drafter *d;
-    ck_assert(drafter_model_create(dm, &counting_ops, 512, 1, 0, &d, &e) == 0);
+    ck_assert(drafter_model_create(dm, &counting_ops, TU_BP(512, 1), &d, &e) == 0);
     Pool *pl = malloc(sizeof(Pool));
     int toks[4] = {3, 4, 5, 6}, committed = 0;
     for (int round = 0; round < 6; round++) {
@@ -739,7 +739,7 @@ START_TEST(test_stop_at_first_eos) {
     while (ref[first] != eos) first++;
     Target *t2;
     RsErr e = {0};
-    ck_assert(target_create(p.tm, &cpu_backend_ops, 512, 1, 0, &eos, 1, &t2, &e) == 0);
+    ck_assert(target_create(p.tm, &cpu_backend_ops, TU_BP(512, 1), &eos, 1, &t2, &e) == 0);
     for (int ri = 0; ri < 5; ri++)
         for (int b = 0; b < 2; b++) {
             RoundLog lg;

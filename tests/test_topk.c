@@ -168,16 +168,17 @@ static void topk_variant(const float *rows, int n, int V, int threads, int porta
     RsErr e = {0};
     ck_assert(threadpool_create(threads, &pool, &e) == RS_OK);
     CpuTopkPart *parts = malloc(sizeof(CpuTopkPart) * (size_t)n);
-    if (portable) setenv("ROOTSPEC_CPU_KERNELS", "scalar", 1);
-    cpu_topk(pool, rows, n, V, 10, o->ids, o->logq, o->lse, parts);
-    unsetenv("ROOTSPEC_CPU_KERNELS");
+    CpuTopkRun run = cpu_topk_begin(parts, n, V, 10);
+    if (portable) cpu_topk_portable(&run);
+    cpu_topk_feed(pool, &run, rows, V, 0, V);
+    cpu_topk_end(&run, o->ids, o->logq, o->lse);
     for (int i = 0; i < n; i++) memcpy(o->sum[i], parts[i].sd, sizeof o->sum[i]);
     free(parts);
     threadpool_destroy(&pool);
 }
 
 /* Same bits on 1, 2 and 3 threads (a row is one thread's, whichever), and in the portable
- * build (ROOTSPEC_CPU_KERNELS=scalar) as in the AVX2 + FMA one. */
+ * build (cpu_topk_portable) as in the AVX2 + FMA one. */
 START_TEST(test_topk_same_bits) {
     int V = 49152, n = 7;
     float *rows = make_rows(n, V, 99);
@@ -335,7 +336,7 @@ START_TEST(test_drafter_round_no_full_rows) {
     Model *dm = tu_random_model(ARCH_LLAMA, 32, 64, 1, 4, 2, 300, 31);
     Drafter *d = NULL;
     RsErr e = {0};
-    ck_assert(drafter_model_create(dm, &cpu_backend_ops, 512, 2, 0, &d, &e) == RS_OK);
+    ck_assert(drafter_model_create(dm, &cpu_backend_ops, TU_BP(512, 2), &d, &e) == RS_OK);
     Pool *pl = malloc(sizeof(Pool));
     int toks[5] = {3, 4, 5, 6, 7};
     for (int round = 0; round < 3; round++) {

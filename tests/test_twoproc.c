@@ -5,6 +5,8 @@
  * with a layer-0 self-drafter (its greedy output is varied; tiny llama's repeats one id), so each run takes well under a second. */
 #include "draft_proc/model_drafter.h"
 #include "target_proc/engine.h"
+#include "target_proc/engine_cli.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "draft_proc/remote_drafter.h"
 #include "proto/proto.h"
 #include "testutil.h"
@@ -599,7 +601,7 @@ START_TEST(test_drafter_nonfinite_logits) {
     m->w.final_norm[0] = NAN;
     Drafter *d = NULL;
     RsErr e = {0};
-    ck_assert_msg(drafter_model_create(m, &cpu_backend_ops, 256, 1, 0, &d, &e) == 0, "%s", e.msg);
+    ck_assert_msg(drafter_model_create(m, &cpu_backend_ops, TU_BP(256, 1), &d, &e) == 0, "%s", e.msg);
     static Pool p;
     const int toks[] = {1, 2, 3};
     int rc = drafter_commit_grow(d, toks, 3, &p, &e);
@@ -913,10 +915,10 @@ START_TEST(test_each_drafter_kind_same_pools) {
     ck_assert_int_eq(model_layer_view(m, "0", &view, &e), 0);
     Drafter *kinds[4] = {0};
     const char *names[4] = {"model on a view", "self", "threaded self", "remote"};
-    ck_assert_int_eq(drafter_model_create(view, &cpu_backend_ops, 256, 1, 0, &kinds[0], &e), 0);
-    ck_assert_int_eq(drafter_self_create(m, "0", &cpu_backend_ops, 256, 1, 0, &kinds[1], &e), 0);
+    ck_assert_int_eq(drafter_model_create(view, &cpu_backend_ops, TU_BP(256, 1), &kinds[0], &e), 0);
+    ck_assert_int_eq(drafter_self_create(m, "0", &cpu_backend_ops, TU_BP(256, 1), &kinds[1], &e), 0);
     Drafter *inner = NULL;
-    ck_assert_int_eq(drafter_self_create(m, "0", &cpu_backend_ops, 256, 1, 0, &inner, &e), 0);
+    ck_assert_int_eq(drafter_self_create(m, "0", &cpu_backend_ops, TU_BP(256, 1), &inner, &e), 0);
     ck_assert_int_eq(drafter_threaded_create(inner, &kinds[2], &e), 0);
     ck_assert_msg(drafter_remote_create(ep, m, tokenizer_identity(tok, m->cfg.vocab_size), 20000,
                                         0, NULL, &kinds[3], &e) == 0,
@@ -1067,6 +1069,50 @@ START_TEST(test_eagle3_head_wiring) {
 }
 END_TEST
 
+/* Settings a user gives travel in parameters, not in process-wide state: --batch-invariant
+ * and ROOTSPEC_CPU_KERNELS (read once, by cli_runtime_defaults, into EngineOpts) reach the
+ * target's backend (BackendParams), --eagle3-layer-ids (DrafterSpec) the head drafter_open
+ * loads: the fixture head lists layers 0, 1, 2, which fit the 2-layer fixture target as
+ * entering-layer ids and not as output ids. */
+START_TEST(test_settings_travel) {
+    RsErr e = {0};
+    EngineOpts eo = {.model_path = "random:tiny", .backend = "cpu", .threads = 1, .ctx = 256,
+                     .batch_invariant = 1};
+    Engine *en = NULL;
+    ck_assert_msg(engine_create(&eo, 0, &en, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(backend_params(target_backend(en->target)).batch_invariant, 1);
+    engine_destroy(&en);
+    eo.batch_invariant = 0;
+    ck_assert_msg(engine_create(&eo, 0, &en, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(backend_params(target_backend(en->target)).batch_invariant, 0);
+    engine_destroy(&en);
+    setenv("ROOTSPEC_CPU_KERNELS", "scalar", 1);
+    CliRuntime rt = cli_runtime_defaults();
+    unsetenv("ROOTSPEC_CPU_KERNELS"); /* read once: what comes after does not look again */
+    engine_cli_runtime(&eo, &rt);
+    eo.model_path = "random:tiny";
+    ck_assert_msg(engine_create(&eo, 0, &en, &e) == 0, "%s", e.msg);
+    ck_assert_str_eq(cpu_backend_kernels(target_backend(en->target)), "scalar");
+    engine_destroy(&en);
+    eo.cpu_kernels = "avx3";
+    ck_assert_int_eq(engine_create(&eo, 0, &en, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "avx3"), "%s", e.msg);
+    Model *t = NULL;
+    ck_assert_msg(model_load(tu_fixture("eagle3/target"), &t, &e) == 0, "%s", e.msg);
+    DrafterSpec s = {.kind = DRAFTER_KIND_EAGLE3, .model_path = tu_fixture("eagle3/head")};
+    DrafterHost h = {.model = t, .ops = &cpu_backend_ops,
+                     .backend = {.kv_capacity = 64, .threads = 1}};
+    Drafter *d = NULL;
+    ck_assert_msg(drafter_open(&s, &h, &d, &e) == 0, "%s", e.msg);
+    drafter_destroy(&d);
+    s.layer_ids = EAGLE3_IDS_OUTPUT;
+    ck_assert_int_eq(drafter_open(&s, &h, &d, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "entering layer 3"), "%s", e.msg);
+    ck_assert_ptr_null(d);
+    model_destroy(&t);
+}
+END_TEST
+
 /* ---- an EAGLE-3 head fed by the target's features (random:eagle3-tiny for random:tiny) ----
  * rootspec-target on random:tiny: with ep, its drafter is that rootspec-draft; with head,
  * the head in process (--draft-model); neither: AR. */
@@ -1194,5 +1240,8 @@ Suite *suite_twoproc(void) {
     tcase_add_test(tc, test_each_drafter_kind_same_pools);
     tcase_add_test(tc, test_engine_each_drafter_kind);
     suite_add_tcase(s, tc);
+    TCase *ts = tcase_create("settings");
+    tcase_add_test(ts, test_settings_travel);
+    suite_add_tcase(s, ts);
     return s;
 }

@@ -6,6 +6,7 @@
 #include "common/logits.h"
 #include "common/model.h"
 #include "draft_proc/drafter.h"
+#include "kernels/backend.h"
 #include <sys/types.h>
 
 /* Path of the default model (models/...gguf); the test fails loudly if it is missing. */
@@ -90,5 +91,8 @@ char *tu_slurp(const char *dir, const char *tag, const char *ext);
 /* The child's exit status (128 + signal when killed); fails the test, killing the child,
  * when it runs past timeout_ms. */
 int tu_wait_exit(pid_t pid, int timeout_ms);
+
+/* The backend settings the tests give a target or drafter: kv entries, threads. */
+#define TU_BP(kv, nth) (&(BackendParams){.kv_capacity = (kv), .threads = (nth)})
 
 #endif

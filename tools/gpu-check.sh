@@ -283,11 +283,10 @@ recap_pipeline() {
     local f dh dr d2h
     sed -n 's/^identity_/identity_/p' "$OUTDIR/pipeline.log" 2>/dev/null | while IFS='=' read -r k v; do kv "$k" "$v"; done
     sed -n 's/^identity_/identity_eagle3_/p' "$OUTDIR/pipeline-eagle3.log" 2>/dev/null | while IFS='=' read -r k v; do kv "$k" "$v"; done
-    # whole logits rows the targets copied to the host: each round log's last line holds its
-    # process's cumulative count (must be 0: the decode reads rows through row queries)
-    d2h=$(for f in "$PIPE_DIR"/rounds-*.jsonl "$PIPE_DIR"/eagle3/rounds-*.jsonl; do
-              [ -s "$f" ] && tail -1 "$f" | grep -o '"d2h_full_rows":[0-9]*' | cut -d: -f2
-          done | awk '{ s += $1; n++ } END { print n ? s : "n/a" }')
+    # whole logits rows the targets copied to the host, each round's share summed over the
+    # round logs (must be 0: the decode reads rows through row queries)
+    d2h=$(cat "$PIPE_DIR"/rounds-*.jsonl "$PIPE_DIR"/eagle3/rounds-*.jsonl 2>/dev/null |
+          grep -o '"d2h_full_rows":[0-9]*' | cut -d: -f2 | awk '{ s += $1; n++ } END { print n ? s : "n/a" }')
     kv d2h_full_rows "$d2h"
     dh=$(cat "$PIPE_DIR"/rounds-*.jsonl 2>/dev/null | grep -o '"draft_host_ns":[0-9]*' | cut -d: -f2 |
          awk '{ s += $1; n++ } END { if (n) printf "%.3f", s / n / 1e6 }')

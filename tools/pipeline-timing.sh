@@ -115,10 +115,12 @@ for dec in ar $DECODERS; do
         say "$dec: the drafter failed; timings are of an AR fallback"
         status=1
     fi
-    # Last round's cumulative backend counters (CUDA: graph replays vs eager launches).
-    last=$(tail -1 "$OUT/rounds-$dec.jsonl" 2>/dev/null)
-    gr=$(echo "$last" | grep -o '"graph_replays":[0-9]*' | cut -d: -f2)
-    eg=$(echo "$last" | grep -o '"eager_launches":[0-9]*' | cut -d: -f2)
+    # Backend counters over the decode, each round's share summed (CUDA: graph replays vs
+    # eager launches).
+    count() { grep -o "\"$1\":[0-9]*" "$OUT/rounds-$dec.jsonl" 2>/dev/null | cut -d: -f2 |
+              awk '{ s += $1; n++ } END { if (n) print s }'; }
+    gr=$(count graph_replays)
+    eg=$(count eager_launches)
     line=$(grep "^rootspec-target: decoder=" "$OUT/$dec.err" | tail -1)
     tps=$(echo "$line" | grep -o '[0-9.]* tok/s' | cut -d' ' -f1)
     acc=$(echo "$line" | grep -o 'mean accepted [0-9.]*' | cut -d' ' -f3)

@@ -332,7 +332,7 @@ static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsE
     const Config *c = &m->cfg;
     int rc = cpu_check(m, p, e);
     if (rc) return rc;
-    const QkFamily *fam = qk_family_pick(getenv("ROOTSPEC_CPU_KERNELS"), e);
+    const QkFamily *fam = qk_family_pick(p->cpu_kernels, e);
     if (!fam) return e ? e->code : RS_EINVAL;
     CpuBackend *b = rs_xcalloc(1, sizeof *b);
     b->base.ops = &cpu_backend_ops;
@@ -701,12 +701,12 @@ static int packs_type(uint32_t type, const void *fam) { return qk_family_packs(f
 
 /* BackendOps.prepare_weights: the resident matrices of every type the family has an x4
  * kernel for, packed (model_pack_x4); ROOTSPEC_CPU_PACK=0 keeps the file's row layout. */
-static int cpu_prepare_weights(Model *m, RsErr *e) {
+static int cpu_prepare_weights(Model *m, const BackendParams *p, RsErr *e) {
     const char *pack = getenv("ROOTSPEC_CPU_PACK");
     if (pack && strcmp(pack, "0") != 0 && strcmp(pack, "1") != 0)
         return rs_err(e, RS_EINVAL, "ROOTSPEC_CPU_PACK=%s: expected 0 or 1", pack);
     if (pack && strcmp(pack, "0") == 0) return RS_OK;
-    const QkFamily *fam = qk_family_pick(getenv("ROOTSPEC_CPU_KERNELS"), e);
+    const QkFamily *fam = qk_family_pick(p ? p->cpu_kernels : NULL, e);
     if (!fam) return e && e->code ? e->code : RS_EINVAL;
     model_pack_x4(m, packs_type, fam);
     return RS_OK;

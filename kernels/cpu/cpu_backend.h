@@ -4,8 +4,8 @@
 #define ROOTSPEC_CPU_BACKEND_H
 #include "kernels/backend.h"
 
-/* The CPU backend's kernel family ("avx2", "scalar", "ref", ...; ROOTSPEC_CPU_KERNELS
- * forces one at create()) and thread count. b must be a CPU backend. */
+/* The CPU backend's kernel family ("avx2", "scalar", "ref", ...; BackendParams.cpu_kernels
+ * names one at create()) and thread count. b must be a CPU backend. */
 const char *cpu_backend_kernels(const Backend *b);
 int cpu_backend_threads(const Backend *b);
 /* The element type of its KV caches: "f16" where the family has f16 attention (the x86

@@ -1,6 +1,6 @@
 /* The CPU implementation of kernels/eagle3_layer.h: an EAGLE-3 head's decoder layer, its
  * products against the weights in their stored type through the CPU backend's kernel
- * family (ROOTSPEC_CPU_KERNELS as there; "ref" is f32 throughout) split by output rows over
+ * family (BackendParams.cpu_kernels as there; "ref" is f32 throughout) split by output rows over
  * a thread pool of its own, attention with the family's kernel over (row, head) items on
  * the same pool, the rest with the backend's reference operations
  * (kernels/cpu/cpu_ops.h) so the head's arithmetic is the target's; written after SGLang
@@ -45,9 +45,9 @@ static int imax(int a, int b) { return a > b ? a : b; }
 
 /* The family and the pool; every matrix must take f32 activations in that family (the
  * loader gives F32, F16 and BF16 only). */
-static int cpu_engine(Eagle3Layer *r, int threads, RsErr *e) {
+static int cpu_engine(Eagle3Layer *r, const char *family, int threads, RsErr *e) {
     const Eagle3Head *h = r->h;
-    r->fam = qk_family_pick(getenv("ROOTSPEC_CPU_KERNELS"), e);
+    r->fam = qk_family_pick(family, e);
     if (!r->fam) return e ? e->code : RS_EINVAL;
     const QTensor *ms[EAGLE3_N_MATRICES];
     eagle3_head_matrices(h, ms);
@@ -75,7 +75,7 @@ static int cpu_create(const Eagle3Head *h, const BackendParams *p, Eagle3Layer *
     r->cap = p->kv_capacity;
     r->max_batch = p->max_batch;
     r->dims = model_dims(c);
-    int rc = cpu_engine(r, p->threads, e);
+    int rc = cpu_engine(r, p->cpu_kernels, p->threads, e);
     if (rc) {
         cpu_destroy(&r);
         return rc;

@@ -268,9 +268,8 @@ static void rows_tiled(const QkKernel *k, const QTensor *w, const QkActs *x, flo
 
 /* The first bytes of a range of tiles, asked for at once (into L2): the kernels prefetch
  * QK_PF bytes ahead of their loads, so a range's first QK_PF bytes came one miss after
- * another, at the start of every chunk of every region. Default model, one-row pass, this
- * on and off alternating pass by pass in one process (Zen 4, 600 passes each): 1 thread
- * median 5.22 -> 5.14 ms, 2 threads 4.04 -> 3.81 ms. */
+ * another, at the start of every chunk of every region (docs/PERF.md, the avx512 family
+ * natively). */
 #define QK_START_BYTES 8192
 
 static void prefetch_start(const char *p, size_t bytes) {

@@ -5,8 +5,8 @@
  *   ref     every type dequantized to f32 and multiplied in f32 (the golden tests' path)
  *   scalar  portable C; integer weight types against Q8 activations
  *   avx2    AVX2+FMA+F16C
- *   avx512  AVX-512 F/BW/VL + VNNI: run and tested natively on an AMD EPYC Zen 4, and on
- *           AVX2 machines with vpdpbusd emulated (tests/qmm_avx512_emu.c)
+ *   avx512  AVX-512 F/BW/VL + VNNI: tested natively where the CPU has it, and on AVX2
+ *           machines with vpdpbusd emulated (tests/qmm_avx512_emu.c)
  *   amx     avx512 + AMX-INT8 tiles for groups of more than QK_GROUP tokens of every
  *           integer type (cpu_qmm_amx.inc; bitwise avx512's results); likewise only
  *           tested with the tile instructions emulated (tests/qmm_amx_emu.c)

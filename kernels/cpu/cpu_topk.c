@@ -1,7 +1,7 @@
 /* Fused top-k + log-sum-exp over logits rows on the CPU (see cpu_topk.h). The drafter
- * reduces ten 49152-wide rows per pass. A double-precision exp() per column (the host
- * code this replaces) cost ~0.3 ms a row, a float vector exp on every column ~80 us;
- * here a row is read once, 64 columns (a block) at a time, in column order:
+ * reduces ten 49152-wide rows per pass, so an exp per column (double or float) would cost
+ * more than the rest of its host work (docs/PERF.md); here a row is read once, 64 columns
+ * (a block) at a time, in column order:
  *   - the block's max, broadcast in registers, raises the row's running max m (the sums
  *     so far are rescaled, rarely: a tokenizer puts frequent tokens first, so the max
  *     comes early);
@@ -244,11 +244,9 @@ static void row_generic(const float *x, int c0, int c1, int k, float cut, CpuTop
     row_reduce(x, c0, c1, k, cut, p, 0);
 }
 
-/* AVX2 + FMA where the CPU has them, unless ROOTSPEC_CPU_KERNELS asks for the portable
- * families (ref, scalar): the tests compare the two builds bit for bit that way. */
+/* AVX2 + FMA where the CPU has them: the same bits as the portable row kernel (the tests
+ * compare the two through cpu_topk_portable). */
 static RowFn row_fn(void) {
-    const char *fam = getenv("ROOTSPEC_CPU_KERNELS");
-    if (fam && (!strcmp(fam, "ref") || !strcmp(fam, "scalar"))) return row_generic;
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return row_avx2;
@@ -286,6 +284,8 @@ CpuTopkRun cpu_topk_begin(CpuTopkPart *parts, int n, int vocab, int k) {
                       n, vocab, k, parts};
     return run;
 }
+
+void cpu_topk_portable(CpuTopkRun *run) { run->fn = (void (*)(void))row_generic; }
 
 void cpu_topk_feed(ThreadPool *pool, const CpuTopkRun *run, const float *logits, int ld,
                    int c0, int c1) {

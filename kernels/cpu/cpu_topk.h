@@ -6,8 +6,8 @@
  *
  * Determinism: a row is reduced whole by one thread, in column order, so the result is
  * the same bits on 1 or N threads, and with or without AVX2/FMA (the portable build does
- * the same IEEE operations: fmaf, no contraction under -std=c11; ROOTSPEC_CPU_KERNELS=ref
- * or scalar forces it). */
+ * the same IEEE operations: fmaf, no contraction under -std=c11; cpu_topk_portable forces
+ * it). */
 #ifndef ROOTSPEC_CPU_TOPK_H
 #define ROOTSPEC_CPU_TOPK_H
 #include "kernels/backend.h"
@@ -53,6 +53,9 @@ typedef struct {
 } CpuTopkRun;
 
 CpuTopkRun cpu_topk_begin(CpuTopkPart *parts, int n, int vocab, int k);
+/* Tests: the run takes the portable row kernel instead of the AVX2 + FMA one (both give
+ * the same bits). */
+void cpu_topk_portable(CpuTopkRun *run);
 void cpu_topk_feed(ThreadPool *pool, const CpuTopkRun *run, const float *logits, int ld,
                    int c0, int c1);
 void cpu_topk_end(const CpuTopkRun *run, int *ids, float *logq, float *lse);

@@ -48,20 +48,20 @@ $(CUDA_DIR)/archs.stamp: FORCE_CUDA_ARCHS
 
 $(CUDA_DIR)/%.o: %.cu $(CUDA_DIR)/archs.stamp
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(call say,NVCC,$<) $(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 $(CUDA_DIR)/tests/%.o: tests/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CUDA_CFLAGS) -c $< -o $@
+	$(call say,CC,$<) $(CC) $(CUDA_CFLAGS) -c $< -o $@
 
 define CUDA_BIN_RULE
 $(CUDA_DIR)/rootspec-$(patsubst %_main.c,%,$(notdir $(1))): build/obj/$(1:.c=.o) $(call main_bench_objs,$(1),$$(BENCH_OBJS)) $(call main_serve,$(1),$$(SERVE_OBJS)) $$(CUDA_LIB_OBJS) $$(CUDA_CU_OBJS)
-	$$(CC) $$(CFLAGS) $$^ -o $$@ $$(CUDA_RPATH) $$(CUDA_LDLIBS) $(call main_serve,$(1),$$(SERVE_LIBS))
+	$$(call say,LD,$$@) $$(CC) $$(CFLAGS) $$^ -o $$@ $$(CUDA_RPATH) $$(CUDA_LDLIBS) $(call main_serve,$(1),$$(SERVE_LIBS))
 endef
 $(foreach m,$(MAIN_SRCS),$(eval $(call CUDA_BIN_RULE,$(m))))
 
 $(CUDA_BENCH): $(CUDA_DIR)/bench/cuda_bench_main.o $(CUDA_LIB_OBJS) $(CUDA_CU_OBJS)
-	$(CC) $(CFLAGS) $^ -o $@ $(CUDA_RPATH) $(CUDA_LDLIBS)
+	$(call say,LD,$@) $(CC) $(CFLAGS) $^ -o $@ $(CUDA_RPATH) $(CUDA_LDLIBS)
 
 # The CUDA test runner has its own suite list (tests/cuda/test_cuda_NAME.c defines
 # Suite *suite_cuda_NAME(void)); the CPU test binary never sees these files.
@@ -72,7 +72,7 @@ $(CUDA_DIR)/suites.inc: $(CUDA_TEST_SRCS)
 $(CUDA_DIR)/tests/cuda/main.o: $(CUDA_DIR)/suites.inc
 
 $(CUDA_TEST_BIN): $(CUDA_TEST_OBJS) $(CUDA_LIB_OBJS) $(CUDA_CU_OBJS)
-	$(CC) $(CFLAGS) $^ -o $@ $(CUDA_RPATH) $(CUDA_LDLIBS) $(CHECK_LIBS)
+	$(call say,LD,$@) $(CC) $(CFLAGS) $^ -o $@ $(CUDA_RPATH) $(CUDA_LDLIBS) $(CHECK_LIBS)
 
 cuda-test: $(CUDA_TEST_BIN)
 	./$(CUDA_TEST_BIN)

@@ -364,7 +364,7 @@ static int check_and_select(const Config *c, const BackendParams *p, RsErr *e) {
     if (c->head_dim % 2 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads)
         return rs_err(e, RS_EUNSUPPORTED, "head_dim %d must be even and n_heads %d a multiple "
                       "of n_kv_heads %d", c->head_dim, c->n_heads, c->n_kv_heads);
-    if ((p->batch_invariant || backend_batch_invariant()) && c->dim > CUK_NORM_GEMM_MAX_IN)
+    if (p->batch_invariant && c->dim > CUK_NORM_GEMM_MAX_IN)
         return rs_err(e, RS_EUNSUPPORTED, "dim %d is too wide for the batch-invariant kernels "
                       "(at most %d)", c->dim, CUK_NORM_GEMM_MAX_IN);
     if (c->head_dim > 256 || c->head_dim % 8)
@@ -405,7 +405,7 @@ static CudaBackend *backend_new(const Model *m, const BackendParams *p) {
     env = getenv("ROOTSPEC_CUDA_FUSED_QKV");
     b->fused_qkv = env && !strcmp(env, "0") ? 0 : env && !strcmp(env, "all") ? GRAPH_MAX_TOKENS : 1;
     if (c->dim > CUK_NORM_GEMM_MAX_IN) b->fused_qkv = 0;
-    b->batch_inv = p->batch_invariant != 0 || backend_batch_invariant();
+    b->batch_inv = p->batch_invariant != 0;
     CUDA_CHECK(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&b->in_copied, cudaEventDisableTiming));
     CUBLAS_CHECK(cublasCreate(&b->blas));

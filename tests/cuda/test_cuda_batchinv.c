@@ -30,7 +30,7 @@ static Backend *make(const Model *m, int cap, int batch, int pend, int bi) {
 static Model *load(const BackendOps *ops, const char *spec) {
     Model *m = NULL;
     RsErr e = {0};
-    ck_assert_msg(backend_model_load(ops, spec, &m, &e) == RS_OK, "%s: %s", spec, e.msg);
+    ck_assert_msg(backend_model_load(ops, spec, NULL, &m, &e) == RS_OK, "%s: %s", spec, e.msg);
     return m;
 }
 

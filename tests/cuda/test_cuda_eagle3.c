@@ -31,7 +31,7 @@ typedef struct {
 static void pair_open(Pair *p, int cap, int max_batch) {
     RsErr e = {0};
     memset(p, 0, sizeof *p);
-    ck_assert_msg(backend_model_load(&cpu_backend_ops, "random:tiny,seed=21", &p->t, &e) == 0,
+    ck_assert_msg(backend_model_load(&cpu_backend_ops, "random:tiny,seed=21", NULL, &p->t, &e) == 0,
                   "%s", e.msg);
     ck_assert_msg(eagle3_head_random("random:eagle3-tiny,seed=4", 1, &p->h, &e) == 0, "%s", e.msg);
     int layers[EAGLE3_N_FEATURES];
@@ -257,10 +257,11 @@ START_TEST(test_cuda_eagle3_drafter_backend) {
     Drafter *d = NULL;
     RsErr e = {0};
     /* the target as the CUDA backend loads it: no host weights, embedding rows from its seed */
-    ck_assert(backend_model_load(cuda_backend_ops_get(), "random:tiny,seed=21", &t, &e) == 0);
+    ck_assert(backend_model_load(cuda_backend_ops_get(), "random:tiny,seed=21", NULL, &t, &e) == 0);
     ck_assert_ptr_null(t->arena);
     BackendParams bp = {.kv_capacity = 256, .device = 0};
-    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny,seed=4", t, cuda_backend_ops_get(), &bp,
+    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny,seed=4", t, EAGLE3_IDS_AUTO,
+                                      cuda_backend_ops_get(), &bp,
                                       &d, &e) == 0, "%s", e.msg);
     int tok[6] = {1, 2, 3, 4, 5, 6};
     float *f = calloc(6 * 192, sizeof(float));
@@ -270,7 +271,8 @@ START_TEST(test_cuda_eagle3_drafter_backend) {
     ck_assert_int_eq(pool->n, POOL_MAX);
     drafter_destroy(&d);
     bp.device = 7;
-    ck_assert_int_eq(drafter_eagle3_open("random:eagle3-tiny", t, cuda_backend_ops_get(), &bp, &d,
+    ck_assert_int_eq(drafter_eagle3_open("random:eagle3-tiny", t, EAGLE3_IDS_AUTO,
+                                         cuda_backend_ops_get(), &bp, &d,
                                          &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "CUDA device 7 does not exist"), "%s", e.msg);
     free(f), free(pool);

@@ -31,8 +31,9 @@ START_TEST(test_cuda_random_model_matches_cpu) {
     const char *spec = kSpecs[_i];
     Model *host = NULL, *dev = NULL;
     RsErr e = {0};
-    ck_assert_msg(backend_model_load(&cpu_backend_ops, spec, &host, &e) == RS_OK, "%s", e.msg);
-    ck_assert_msg(backend_model_load(cuda_backend_ops_get(), spec, &dev, &e) == RS_OK, "%s",
+    ck_assert_msg(backend_model_load(&cpu_backend_ops, spec, NULL,
+                                     &host, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(backend_model_load(cuda_backend_ops_get(), spec, NULL, &dev, &e) == RS_OK, "%s",
                   e.msg);
     ck_assert_ptr_nonnull(host->arena);
     ck_assert_ptr_null(dev->arena); /* the CUDA backend must make these weights itself */
@@ -77,7 +78,7 @@ START_TEST(test_cuda_no_alloc_in_decode_loop) {
     CU_REQUIRE_DEVICE();
     Model *m = NULL;
     RsErr e = {0};
-    ck_assert_int_eq(backend_model_load(cuda_backend_ops_get(), "random:tiny,seed=3", &m, &e),
+    ck_assert_int_eq(backend_model_load(cuda_backend_ops_get(), "random:tiny,seed=3", NULL, &m, &e),
                      RS_OK);
     Backend *b = cu_backend_make(cuda_backend_ops_get(), m, 1024, 128, 128);
     float *lg = malloc(sizeof(float) * 128 * (size_t)m->cfg.vocab_size);

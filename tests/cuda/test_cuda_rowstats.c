@@ -220,14 +220,14 @@ START_TEST(test_cuda_rowstats_decode) {
     RsErr e = {0};
     Model *tm = tu_random_model(ARCH_LLAMA, 64, 128, 2, 4, 2, 300, 51);
     Model *dm = tu_random_model(ARCH_LLAMA, 64, 128, 1, 4, 2, 300, 52);
-    backend_set_batch_invariant(1);
     Target *t;
     Drafter *d;
     int eog = -1;
-    ck_assert_msg(target_create(tm, cuda_backend_ops_get(), 256, 1, 0, &eog, 0, &t, &e) == 0,
-                  "%s", e.msg);
-    backend_set_batch_invariant(0);
-    ck_assert_msg(drafter_model_create(dm, &cpu_backend_ops, 256, 1, 0, &d, &e) == 0, "%s", e.msg);
+    BackendParams bi = {.kv_capacity = 256, .threads = 1, .batch_invariant = 1};
+    ck_assert_msg(target_create(tm, cuda_backend_ops_get(), &bi, &eog, 0, &t, &e) == 0, "%s",
+                  e.msg);
+    ck_assert_msg(drafter_model_create(dm, &cpu_backend_ops, TU_BP(256, 1),
+                                       &d, &e) == 0, "%s", e.msg);
     const Rule rules[] = {RULE_AR, RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
     int prompt[4] = {7, 70, 170, 270}, ar[16], buf[48];
     for (int k = 0; k < 5; k++)

@@ -71,18 +71,18 @@ cuemu-headers:
 
 $(CUEMU_DIR)/tests/cuemu/%.o: tests/cuemu/%.cc | cuemu-headers
 	@mkdir -p $(dir $@)
-	$(CUEMU_CXX) $(CUEMU_CXXFLAGS) -c $< -o $@
+	$(call say,CXX,$<) $(CUEMU_CXX) $(CUEMU_CXXFLAGS) -c $< -o $@
 
 $(CUEMU_SELFTEST): $(CUEMU_DIR)/tests/cuemu/cuemu_selftest.o $(filter-out $(CUEMU_DIR)/kernels/cuda/cuda_%,$(CUEMU_OBJS))
-	$(CC) $(CUEMU_CFLAGS) $^ -o $@ $(CUEMU_LDLIBS)
+	$(call say,LD,$@) $(CC) $(CUEMU_CFLAGS) $^ -o $@ $(CUEMU_LDLIBS)
 
 $(CUEMU_DIR)/%.o: %.cu | cuemu-headers
 	@mkdir -p $(dir $@)
-	$(CUEMU_CXX) -x c++ $(CUEMU_CXXFLAGS) -include tests/cuemu/cuemu.h -c $< -o $@
+	$(call say,CXX,$<) $(CUEMU_CXX) -x c++ $(CUEMU_CXXFLAGS) -include tests/cuemu/cuemu.h -c $< -o $@
 
 $(CUEMU_DIR)/tests/%.o: tests/%.c | cuemu-headers
 	@mkdir -p $(dir $@)
-	$(CC) $(CUEMU_CFLAGS) -c $< -o $@
+	$(call say,CC,$<) $(CC) $(CUEMU_CFLAGS) -c $< -o $@
 
 $(CUEMU_DIR)/suites.inc: $(CUDA_TEST_SRCS)
 	@mkdir -p $(CUEMU_DIR)
@@ -92,15 +92,15 @@ $(CUEMU_DIR)/tests/cuda/main.o: $(CUEMU_DIR)/suites.inc
 
 define CUEMU_BIN_RULE
 $(CUEMU_DIR)/rootspec-$(patsubst %_main.c,%,$(notdir $(1))): $(call CUEMU_MAIN_OBJ,$(1)) $(call main_bench_objs,$(1),$$(CUEMU_BENCH_OBJS)) $(call main_serve,$(1),$$(CUEMU_SERVE_OBJS)) $$(CUEMU_LIB_OBJS) $$(CUEMU_OBJS)
-	$$(CC) $$(CUEMU_CFLAGS) $$^ -o $$@ $$(CUEMU_LDLIBS) $(call main_serve,$(1),$$(SERVE_LIBS))
+	$$(call say,LD,$$@) $$(CC) $$(CUEMU_CFLAGS) $$^ -o $$@ $$(CUEMU_LDLIBS) $(call main_serve,$(1),$$(SERVE_LIBS))
 endef
 $(foreach m,$(MAIN_SRCS),$(eval $(call CUEMU_BIN_RULE,$(m))))
 
 $(CUEMU_BENCH): $(CUEMU_DIR)/bench/cuda_bench_main.o $(CUEMU_LIB_OBJS) $(CUEMU_OBJS)
-	$(CC) $(CUEMU_CFLAGS) $^ -o $@ $(CUEMU_LDLIBS)
+	$(call say,LD,$@) $(CC) $(CUEMU_CFLAGS) $^ -o $@ $(CUEMU_LDLIBS)
 
 $(CUEMU_TEST_BIN): $(CUEMU_TEST_OBJS) $(CUEMU_LIB_OBJS) $(CUEMU_OBJS)
-	$(CC) $(CUEMU_CFLAGS) $^ -o $@ $(CUEMU_LDLIBS) $(CHECK_LIBS)
+	$(call say,LD,$@) $(CC) $(CUEMU_CFLAGS) $^ -o $@ $(CUEMU_LDLIBS) $(CHECK_LIBS)
 
 CUEMU_SEED ?= 1
 cuda-emu-test: cuda-emu

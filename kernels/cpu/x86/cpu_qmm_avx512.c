@@ -1,9 +1,9 @@
 /* AVX-512 kernel family (see cpu_qmatmul.h; kernels in cpu_qmm_x86.inc): the AVX2 kernels
  * recompiled with AVX-512 F/BW/VL enabled (the compiler may use the extra registers) and
  * VNNI's dpbusd for the integer block sums (Q8_0, the block-pair tiles, the K-quant x4
- * tiles). Written on a machine without AVX-512, first run and tuned on an AMD EPYC Zen 4;
- * the tests run it where it runs, and everywhere with AVX2 they run this same source with
- * vpdpbusd emulated (tests/qmm_avx512_emu.c), which must give the AVX2 family's bits. */
+ * tiles). The tests run it natively where the CPU has it, and everywhere with AVX2 they run
+ * this same source with vpdpbusd emulated (tests/qmm_avx512_emu.c), which must give the
+ * AVX2 family's bits. */
 #include "kernels/cpu/cpu_qmatmul.h"
 #include "common/quant.h"
 
@@ -14,11 +14,9 @@
 #define QK_FAMILY_NAME "avx512"
 #define QK_VNNI 1
 #define QK_REGS32 1 /* AVX-512 VL: 32 vector registers */
-/* Weights prefetched 8 KB ahead into L2: on an AMD EPYC Zen 4 (AVX-512, no AMX) the
- * one-row pass took 4.4-4.6 ms against 5.1-5.4 with the AVX2 default of 4 KB into L1 (best
- * of 300 passes each, the settings alternating pass by pass in one process; 6 KB / 12 KB /
- * 16 KB into L2 and no prefetch in between); the weights are read once, so L1 needs them
- * only when the L1 prefetchers bring them. */
+/* Weights prefetched 8 KB ahead into L2 rather than the AVX2 default of 4 KB into L1: the
+ * weights are read once, so L1 needs them only when the L1 prefetchers bring them, and the
+ * one-row pass measured faster this way (docs/PERF.md, the avx512 family natively). */
 #define QK_PF 8192
 #define QK_PF_HINT _MM_HINT_T1
 #include "cpu_qmm_x86.inc"
