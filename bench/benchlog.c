@@ -335,12 +335,12 @@ static int resume_prepare(const char *dir, const char *rp, const char *dp, RsErr
     int rc = bench_run_files_check(dir, e);
     if (rc) return rc;
     BenchDoneSet *done = NULL;
-    BenchRound *r = NULL;
+    RoundRecord *r = NULL;
     int nr = 0;
     struct stat st;
     int have_r = stat(rp, &st) == 0, have_d = stat(dp, &st) == 0;
     if ((rc = bench_resume_load(dir, &done, e))) return rc;
-    if (have_r && (rc = benchlog_rounds_read(rp, &r, &nr, e))) goto out;
+    if (have_r && (rc = roundlog_read(rp, &r, &nr, e))) goto out;
     free(r);
     if (have_d && (rc = cut_partial_line(dp, e))) goto out;
     if (have_r && (rc = cut_partial_line(rp, e))) goto out;

@@ -565,7 +565,7 @@ static int round_speculative(Decode *d, Round *r, RsErr *e) {
         int rc = round_root(d, r, e);
         if (rc) { /* the growth asked for ends here, so the next decode finds the drafter idle */
             RsErr ignored = {0};
-            drafter_grow_end(d->dc, d->t->pool, &ignored);
+            drafter_grow_end(d->drafter, d->t->pool, &ignored);
             return rc;
         }
     }
