@@ -237,6 +237,15 @@ static void job_end(ServeJob *j, ServeFinish f, const char *reason, int status, 
                          n_out, j->drafter_failed);
 }
 
+/* A cancel from serve_core_stop rather than from the client: the client is still there and
+ * gets a 503 (a stream: an error event), not an answer that looks complete. */
+static int core_stopping(ServeCore *c) {
+    pthread_mutex_lock(&c->mu);
+    int quit = c->quit;
+    pthread_mutex_unlock(&c->mu);
+    return quit;
+}
+
 static void job_run(ServeCore *c, ServeJob *j) {
     if (atomic_load(&j->cancelled)) {
         job_end(j, FINISH_CANCELLED, NULL, 0, NULL);
@@ -252,6 +261,8 @@ static void job_run(ServeCore *c, ServeJob *j) {
     char why[1100];
     snprintf(why, sizeof why, "decode failed: %s", e.msg);
     if (rc) job_end(j, FINISH_ERROR, NULL, 500, why);
+    else if (atomic_load(&j->cancelled) && core_stopping(c))
+        job_end(j, FINISH_ERROR, NULL, 503, "the server is stopping");
     else if (atomic_load(&j->cancelled)) job_end(j, FINISH_CANCELLED, NULL, 0, NULL);
     else if (j->text.matched || res.hit_eos) job_end(j, FINISH_STOP, "stop", 0, NULL);
     else job_end(j, FINISH_LENGTH, "length", 0, NULL);

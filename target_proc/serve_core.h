@@ -18,8 +18,8 @@ typedef struct ServeJob ServeJob;
 
 /* Starts the worker. Borrows en, m and cfg->model_name (they outlive the core). */
 void serve_core_create(Engine *en, const ServeConfig *cfg, ServeMetrics *m, ServeCore **out);
-/* Stops the worker: the running job is cancelled, queued ones end with a 503, later
- * submissions get a 503. Connections may still read their jobs. Idempotent. */
+/* Stops the worker: the running job is stopped and, like the queued ones, ends with a 503;
+ * later submissions get a 503. Connections may still read their jobs. Idempotent. */
 void serve_core_stop(ServeCore *c);
 /* serve_core_stop, then frees the core (no connection may use it any more). Clears *c. */
 void serve_core_destroy(ServeCore **c);

@@ -1,21 +1,43 @@
 /* HTTP for rootspec-serve on libmicrohttpd. Each connection has a thread of its own, so a
  * handler may block while its job waits in the queue or decodes; it polls its socket
- * between waits, and a client that went away cancels its job. */
+ * between waits, and a client that went away cancels its job. libmicrohttpd's idle timeout
+ * restarts with every byte, so a client sending a byte a second would hold its thread for
+ * ever: a watchdog thread shuts down connections whose request has not fully arrived by
+ * the deadline (serve_http.h). */
 #include "serve_http.h"
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
 #include <poll.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #define WAIT_MS 100 /* how often a waiting handler looks at its socket */
+#define WATCH_MS 200 /* how often the watchdog looks at the deadlines */
+
+/* A connection as the watchdog sees it (libmicrohttpd's socket context). */
+typedef struct Conn {
+    int fd;
+    uint64_t since; /* ns: the start of the current request's arrival */
+    int answering;  /* the request has arrived: no deadline until its answer is done */
+    int dropped;    /* the watchdog shut it down */
+    struct Conn *prev, *next;
+} Conn;
 
 struct ServeHttp {
     struct MHD_Daemon *d;
     ServeCore *core;
     ServeHttpOpts o;
     int port;
+    pthread_mutex_t mu; /* conns, answering, stop */
+    pthread_cond_t cv;
+    Conn *conns;
+    int n_answering;
+    int stop;
+    pthread_t watchdog;
+    int listen_fd; /* once quiesced: ours to close after the daemon stops */
 };
 
 /* A request's body as it arrives. */
@@ -42,16 +64,18 @@ static enum MHD_Result reply_error(ServeHttp *h, struct MHD_Connection *c, const
     return reply(h, c, se->status, serve_error_json(se), "application/json");
 }
 
-/* The client closed its end (or the socket failed): nobody will read the answer. */
+/* The socket failed or was reset: nobody will read the answer. An end of input is not
+ * that: a client may shut down its sending side and wait for the answer (and one that
+ * closed the socket is found when the answer, or a stream's next chunk, meets a reset). */
 static int peer_gone(struct MHD_Connection *c) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!ci) return 1;
-    struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN};
     if (poll(&p, 1, 0) <= 0) return 0;
-    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) return 1;
+    if (p.revents & (POLLHUP | POLLERR)) return 1;
     char b;
     ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
 }
 
 /* ---- streaming (server-sent events) ------------------------------------------------------- */
@@ -185,7 +209,8 @@ static enum MHD_Result handle_completion(ServeHttp *h, struct MHD_Connection *c,
         return reply_error(h, c, &se);
     }
     /* The idle timeout is for clients that stall; a job may wait and decode for longer
-     * than that without a byte on the wire, and the connection must outlive it. */
+     * than that without a byte on the wire, and the connection must outlive it (on_completed
+     * restores the timeout). */
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     if (serve_job_request(j)->stream) return start_stream(h, c, j); /* the stream owns j */
     enum MHD_Result ok = finish_whole(h, c, j);
@@ -237,6 +262,79 @@ static int declared_too_large(const ServeHttp *h, struct MHD_Connection *c) {
     return v > h->o.max_body;
 }
 
+/* ---- the watchdog ----------------------------------------------------------------------- */
+
+static Conn *conn_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* The request has arrived (answering) or its answer is done (a new arrival starts). */
+static void conn_mark(ServeHttp *h, struct MHD_Connection *c, int answering) {
+    Conn *k = conn_of(c);
+    if (!k) return;
+    pthread_mutex_lock(&h->mu);
+    if (k->answering != answering) h->n_answering += answering ? 1 : -1;
+    k->answering = answering;
+    k->since = rs_now_ns();
+    pthread_mutex_unlock(&h->mu);
+    pthread_cond_broadcast(&h->cv);
+}
+
+/* libmicrohttpd closes the socket after CLOSED is notified, and the watchdog shuts sockets
+ * down only under mu while their Conn is listed: it never touches a reused descriptor. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    ServeHttp *h = cls;
+    Conn *k = *socket_context;
+    pthread_mutex_lock(&h->mu);
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        k = rs_xcalloc(1, sizeof *k);
+        k->fd = ci ? ci->connect_fd : -1;
+        k->since = rs_now_ns();
+        k->next = h->conns;
+        if (h->conns) h->conns->prev = k;
+        h->conns = k;
+        *socket_context = k;
+    } else if (k) {
+        if (k->prev) k->prev->next = k->next;
+        else h->conns = k->next;
+        if (k->next) k->next->prev = k->prev;
+        if (k->answering) h->n_answering--;
+        free(k);
+        *socket_context = NULL;
+    }
+    pthread_mutex_unlock(&h->mu);
+    pthread_cond_broadcast(&h->cv);
+}
+
+/* Shuts down the connections whose request is late: their threads see the end of input
+ * and close them. */
+static void *watchdog_main(void *arg) {
+    ServeHttp *h = arg;
+    uint64_t limit = (uint64_t)h->o.request_timeout * 1000000000ull;
+    pthread_mutex_lock(&h->mu);
+    while (!h->stop) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_nsec += WATCH_MS * 1000000L;
+        dl.tv_sec += dl.tv_nsec / 1000000000L;
+        dl.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&h->cv, &h->mu, &dl);
+        uint64_t now = rs_now_ns();
+        for (Conn *k = h->conns; k; k = k->next)
+            if (!k->answering && !k->dropped && k->fd >= 0 && now - k->since > limit) {
+                shutdown(k->fd, SHUT_RDWR);
+                k->dropped = 1;
+            }
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* ---- requests ------------------------------------------------------------------------------- */
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *data,
                                   size_t *data_size, void **con_cls) {
@@ -248,6 +346,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (cs->too_large < 2) return MHD_YES;
         ServeError se;
         serve_error(&se, 413, NULL, "the request body is larger than %zu bytes (--max-body)", h->o.max_body);
+        conn_mark(h, c, 1);
         return reply_error(h, c, &se);
     }
     if (*data_size) {
@@ -263,11 +362,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *data_size = 0;
         return MHD_YES;
     }
+    conn_mark(h, c, 1);
     return route(h, c, url, method, cs);
 }
 
+/* The answer is done (or the connection failed): the idle timeout a long decode lifted
+ * holds again, and the next request's arrival is timed. */
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode why) {
+    ServeHttp *h = cls;
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, h->o.timeout);
+    conn_mark(h, c, 0);
     ConnState *cs = *con_cls;
     if (!cs) return;
     free(cs->body);
@@ -285,28 +390,64 @@ int serve_http_start(ServeCore *core, const ServeHttpOpts *o, ServeHttp **out, R
     ServeHttp *h = rs_xcalloc(1, sizeof *h);
     h->core = core;
     h->o = *o;
+    h->listen_fd = -1;
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
     h->d = MHD_start_daemon(MHD_USE_AUTO | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
-                                MHD_USE_ERROR_LOG,
+                                MHD_USE_ITC | MHD_USE_ERROR_LOG,
                             (uint16_t)o->port, NULL, NULL, on_request, h,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_conn,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)o->max_conn_ip,
                             MHD_OPTION_CONNECTION_TIMEOUT, o->timeout,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_END);
     if (!h->d) {
+        pthread_mutex_destroy(&h->mu);
+        pthread_cond_destroy(&h->cv);
         free(h);
         return rs_err(e, RS_EIO, "cannot listen on %s:%d (%s)", o->host, o->port, strerror(errno));
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
     h->port = di ? di->port : o->port;
+    RS_ASSERT(pthread_create(&h->watchdog, NULL, watchdog_main, h) == 0);
     *out = h;
     return RS_OK;
 }
 
 int serve_http_port(const ServeHttp *h) { return h->port; }
 
+void serve_http_quiesce(ServeHttp *h) {
+    if (h && h->listen_fd < 0) h->listen_fd = MHD_quiesce_daemon(h->d);
+}
+
+void serve_http_drain(ServeHttp *h, int ms) {
+    if (!h) return;
+    uint64_t end = rs_now_ns() + (uint64_t)ms * 1000000ull;
+    pthread_mutex_lock(&h->mu);
+    while (h->n_answering > 0 && rs_now_ns() < end) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_nsec += WATCH_MS * 1000000L;
+        dl.tv_sec += dl.tv_nsec / 1000000000L;
+        dl.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&h->cv, &h->mu, &dl);
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
 void serve_http_stop(ServeHttp **ph) {
     if (!ph || !*ph) return;
-    MHD_stop_daemon((*ph)->d);
-    free(*ph);
+    ServeHttp *h = *ph;
+    pthread_mutex_lock(&h->mu);
+    h->stop = 1;
+    pthread_mutex_unlock(&h->mu);
+    pthread_cond_broadcast(&h->cv);
+    pthread_join(h->watchdog, NULL);
+    MHD_stop_daemon(h->d);
+    if (h->listen_fd >= 0) close(h->listen_fd);
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->cv);
+    free(h);
     *ph = NULL;
 }

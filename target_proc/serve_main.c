@@ -18,9 +18,14 @@ static void usage(FILE *f) {
             "  --queue N             requests that may wait while one decodes; more get a 429\n"
             "                        (default 16)\n"
             "  --max-body BYTES      largest request body; larger ones get a 413 (default 1048576)\n"
-            "  --max-connections N   open connections at once (default 64)\n"
-            "  --timeout S           seconds an idle connection stays open; a request that waits\n"
-            "                        for the decoder or decodes is not idle (default 60)\n"
+            "  --max-connections N   open connections at once (default 512)\n"
+            "  --max-connections-per-client N\n"
+            "                        open connections at once from one client address (default 16)\n"
+            "  --timeout S           seconds a connection may stall (no byte either way); a request\n"
+            "                        that waits for the decoder or decodes is not stalled (default 60)\n"
+            "  --request-timeout S   seconds a request's headers and body may take to arrive, from\n"
+            "                        the connection's start or the previous answer's end; a slower\n"
+            "                        or idle client is disconnected (default 10)\n"
             "  -h, --help            this text\n"
             "\n"
             "Engine and decoder (--decoder, --budget and the sampling options are the defaults of\n"
@@ -54,7 +59,8 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
         }
         static const char *const own[] = {"--host", "--port", "--model-name", "--max-tokens",
                                           "--queue", "--max-body", "--max-connections",
-                                          "--timeout"};
+                                          "--max-connections-per-client", "--timeout",
+                                          "--request-timeout"};
         size_t k = 0;
         while (k < sizeof own / sizeof own[0] && strcmp(a, own[k])) k++;
         if (k == sizeof own / sizeof own[0]) return rs_err(e, RS_EINVAL, "unknown option '%s' (see --help)", a);
@@ -67,7 +73,11 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
         else if (!strcmp(a, "--max-body")) {
             if (!(rc = cli_int(a, v, 1024, 1 << 30, &n, e))) A->http.max_body = (size_t)n;
         } else if (!strcmp(a, "--max-connections")) rc = cli_int(a, v, 2, 4096, &A->http.max_conn, e);
-        else if (!(rc = cli_int(a, v, 1, 86400, &n, e))) A->http.timeout = (unsigned)n;
+        else if (!strcmp(a, "--max-connections-per-client")) rc = cli_int(a, v, 1, 4096, &A->http.max_conn_ip, e);
+        else if (!(rc = cli_int(a, v, 1, 86400, &n, e))) {
+            if (!strcmp(a, "--timeout")) A->http.timeout = (unsigned)n;
+            else A->http.request_timeout = (unsigned)n;
+        }
         if (rc) return rc;
     }
     if (!A->eo.model_path) return rs_err(e, RS_EINVAL, "need --model (see --help)");
@@ -104,7 +114,10 @@ static int serve(Args *A, Engine *en, const sigset_t *sigs) {
         sigwait(sigs, &sig);
         fprintf(stderr, "rootspec-serve: stopping (signal %d)\n", sig);
     }
-    serve_core_stop(core); /* waiting handlers see their jobs end */
+    /* Graceful: no new connections; every job ends (503); the handlers get to send that. */
+    serve_http_quiesce(http);
+    serve_core_stop(core);
+    serve_http_drain(http, 5000);
     serve_http_stop(&http);
     serve_core_destroy(&core);
     serve_metrics_destroy(&m);
@@ -114,8 +127,8 @@ static int serve(Args *A, Engine *en, const sigset_t *sigs) {
 int main(int argc, char **argv) {
     Args A = {.eo = {.draft_timeout_ms = 10000}, .rt = cli_runtime_defaults(),
               .d = {.rule = RULE_AR, .budget = 59, .seed = 1, .max_new = 512},
-              .http = {.host = "127.0.0.1", .port = 8080, .max_body = 1 << 20, .max_conn = 64,
-                       .timeout = 60},
+              .http = {.host = "127.0.0.1", .port = 8080, .max_body = 1 << 20, .max_conn = 512,
+                       .max_conn_ip = 16, .timeout = 60, .request_timeout = 10},
               .queue = 16};
     RsErr e = {0};
     int rc = parse_args(argc, argv, &A, &e);

@@ -360,16 +360,198 @@ def test_flood():
           rc == 0 and "Sanitizer" not in log and "runtime error" not in log, f"rc={rc}\n{log[-3000:]}")
 
 
+# ---- hostile clients --------------------------------------------------------------------
+
+def _request_bytes(port, body, path="/v1/completions"):
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body.encode()
+
+
+def _read_http(sock, timeout=60):
+    """Reads until the server closes the connection; returns (status, body bytes)."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while True:
+            b = sock.recv(65536)
+            if not b:
+                break
+            data += b
+    except OSError:
+        pass
+    m = re.match(rb"HTTP/1\.1 (\d+)", data)
+    return (int(m.group(1)) if m else 0), data.partition(b"\r\n\r\n")[2]
+
+
+def test_half_close(s):
+    """A client that shuts down its sending side after the request still reads the answer."""
+    for stream in (False, True):
+        c = socket.create_connection(("127.0.0.1", s.port), timeout=60)
+        c.sendall(_request_bytes(s.port, json.dumps({"prompt": "The capital of France is", "max_tokens": 8,
+                                                     "temperature": 0, "stream": stream})).replace(
+            b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1))
+        c.shutdown(socket.SHUT_WR)
+        st, body = _read_http(c)
+        c.close()
+        ok = st == 200 and ((b"data: [DONE]" in body and b'"finish_reason":"length"' in body) if stream
+                            else json.loads(body)["usage"]["completion_tokens"] == 8)
+        check(f"half-closed client ({'stream' if stream else 'whole'}) gets its answer", ok, f"{st} {body[:300]!r}")
+
+
+def test_keepalive_timeout():
+    """After an answer on a keep-alive connection the idle timeout holds again."""
+    s = Server("--timeout", "2")
+    c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+    c.request("POST", "/v1/completions", body=json.dumps({"prompt": "Hi", "max_tokens": 2}),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    r.read()
+    t0 = time.time()
+    c.sock.settimeout(10)
+    try:
+        closed = c.sock.recv(1) == b""
+    except OSError:
+        closed = False
+    dt = time.time() - t0
+    c.close()
+    check("an idle keep-alive connection is closed after --timeout once it was answered",
+          closed and dt < 6, f"closed={closed} after {dt:.1f} s")
+    s.stop()
+
+
+class SlowClients:
+    """n connections, each from a loopback address of its own, that send a request a byte
+    a second and open a new connection when the server closes theirs; plus idle ones."""
+
+    def __init__(self, port, n_slow, n_idle):
+        self.port, self.stop_flag, self.lifetimes = port, False, []
+        self.socks = {}
+        self.msg = _request_bytes(port, '{"prompt": "x"}' * 10)
+        for i in range(n_slow):
+            self._open(f"127.0.{1 + i // 200}.{10 + i % 200}")
+        self.idle = []
+        for _ in range(n_idle):
+            try:
+                self.idle.append(socket.create_connection(("127.0.0.1", port), timeout=5,
+                                                          source_address=("127.0.0.2", 0)))
+            except OSError:
+                pass
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _open(self, addr):
+        try:
+            c = socket.create_connection(("127.0.0.1", self.port), timeout=5, source_address=(addr, 0))
+            c.setblocking(False)
+            self.socks[c] = [addr, 0, time.time()]
+        except OSError:
+            pass
+
+    def _run(self):
+        while not self.stop_flag:
+            for c, st in list(self.socks.items()):
+                try:
+                    c.send(self.msg[st[1]:st[1] + 1])
+                    st[1] = (st[1] + 1) % len(self.msg)
+                    if c.recv(1) == b"":
+                        raise ConnectionResetError
+                except BlockingIOError:
+                    pass
+                except OSError:  # closed by the server: how long did it live?
+                    self.lifetimes.append(time.time() - st[2])
+                    del self.socks[c]
+                    c.close()
+                    self._open(st[0])
+            time.sleep(1)
+
+    def close(self):
+        self.stop_flag = True
+        self.thread.join()
+        for c in list(self.socks) + self.idle:
+            c.close()
+
+
+def test_slow_clients():
+    """100 clients at a byte a second and 64 idle connections: normal requests still get
+    their first token within a second, and the slow ones are dropped at --request-timeout."""
+    s = Server("--request-timeout", "3")
+    s.client.completions.create(model=NAME, prompt="Hello", max_tokens=2)  # the model's pages in
+    flood = SlowClients(s.port, 100, 64)
+    time.sleep(1)
+    ttft, errors = [], []
+    t_end = time.time() + 6
+    while time.time() < t_end:
+        t0 = time.time()
+        try:
+            for ch in s.client.completions.create(model=NAME, prompt="Hello", max_tokens=4, stream=True,
+                                                  timeout=10):
+                if ch.choices and ch.choices[0].text:
+                    ttft.append(time.time() - t0)
+                    break
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+        time.sleep(0.3)
+    flood.close()
+    worst = max(ttft) if ttft else None
+    check("100 slow + 64 idle clients: normal requests served, TTFT < 1 s",
+          not errors and len(ttft) >= 5 and worst < 1.0, f"{len(ttft)} served, worst {worst}, {[round(x, 2) for x in ttft]}, errors {errors[:3]}")
+    dropped = [x for x in flood.lifetimes if 2.5 < x < 6]
+    check("slow clients are dropped at --request-timeout (3 s)", len(dropped) >= 90,
+          f"{len(dropped)} of {len(flood.lifetimes)} closed 2.5-6 s after they opened")
+    s.stop()
+
+
+def test_shutdown():
+    """SIGTERM with requests in flight: every waiting or decoding request gets a 503 error
+    object, every stream ends with an error event and [DONE]."""
+    s = Server("--queue", "4")
+    body = {"messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 1500,
+            "temperature": 0}
+    out = {}
+
+    def one(key, stream):
+        c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        try:
+            c.request("POST", "/v1/chat/completions", body=json.dumps({**body, "stream": stream}),
+                      headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            out[key] = (r.status, r.read())
+        except Exception as e:  # noqa: BLE001 - reported below
+            out[key] = (0, repr(e).encode())
+        c.close()
+    ts = [threading.Thread(target=one, args=(k, st)) for k, st in
+          (("decoding stream", True), ("waiting whole", False), ("waiting stream", True))]
+    for t in ts:
+        t.start()
+        time.sleep(0.5)
+    s.proc.send_signal(signal.SIGTERM)
+    [t.join() for t in ts]
+    check("SIGTERM: the server exits 0", s.proc.wait(timeout=30) == 0)
+    st, b = out["waiting whole"]
+    check("SIGTERM: a waiting request gets a 503 error object",
+          st == 503 and json.loads(b)["error"]["message"] == "the server is stopping", f"{st} {b[:200]!r}")
+    for k in ("decoding stream", "waiting stream"):
+        st, b = out[k]
+        frames = [f for f in b.decode(errors="replace").split("\n\n") if f]
+        ok = (st == 200 and len(frames) >= 2 and frames[-1] == "data: [DONE]" and
+              "error" in json.loads(frames[-2][6:]) and
+              not any('"finish_reason":"' in f for f in frames))
+        check(f"SIGTERM: a {k} ends with an error event, then [DONE]", ok, f"{st} {frames[-3:]}")
+
+
 def main():
     ref = target_text("--prompt", PROMPT, "--chat", "--max-new", "24")
     s = Server()
     for t in (lambda: test_chat(s, ref), lambda: test_conversation(s), lambda: test_completions(s),
               lambda: test_stop(s, ref),
               lambda: test_models_health(s), lambda: test_concurrent(s, ref), lambda: test_disconnect(s),
-              lambda: test_errors(s)):
+              lambda: test_errors(s), lambda: test_half_close(s)):
         t()
     check("the server stops with status 0 on SIGTERM", s.stop() == 0)
     test_queue_full()
+    test_keepalive_timeout()
+    test_shutdown()
+    test_slow_clients()
     test_speculative(ref)
     test_drafter_failure()
     test_flood()
