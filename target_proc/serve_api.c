@@ -30,11 +30,20 @@ int serve_error(ServeError *se, int status, const char *param, const char *fmt, 
     return status;
 }
 
+/* Adds s as valid UTF-8: messages quote client bytes, which may be invalid or cut inside a
+ * character by a length limit (JSON must be UTF-8, and clients' decoders refuse it). */
+static void add_clean_string(cJSON *o, const char *name, const char *s) {
+    size_t n;
+    char *clean = serve_utf8_clean(s, strlen(s), &n);
+    cJSON_AddStringToObject(o, name, clean);
+    free(clean);
+}
+
 char *serve_error_json(const ServeError *se) {
     cJSON *root = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(root, "error");
-    cJSON_AddStringToObject(err, "message", se->msg);
+    add_clean_string(err, "message", se->msg);
     cJSON_AddStringToObject(err, "type", se->type ? se->type : error_type(se->status));
-    if (se->param[0]) cJSON_AddStringToObject(err, "param", se->param);
+    if (se->param[0]) add_clean_string(err, "param", se->param);
     else cJSON_AddNullToObject(err, "param");
     if (se->code) cJSON_AddStringToObject(err, "code", se->code);
     else cJSON_AddNullToObject(err, "code");
@@ -257,8 +266,17 @@ int serve_request_parse(const char *body, size_t len, ServeKind kind, const char
     memset(r, 0, sizeof *r);
     r->kind = kind;
     r->rule = -1;
-    cJSON *o = cJSON_ParseWithLength(body, len);
+    const char *end = NULL;
+    cJSON *o = cJSON_ParseWithLengthOpts(body, len, &end, 0);
     if (!o) return serve_error(se, 400, NULL, "the request body is not valid JSON");
+    /* One value and nothing after it but whitespace: a second object or trailing bytes
+     * mean the client and this server disagree on what was asked. */
+    while (end < body + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
+    if (end != body + len) {
+        cJSON_Delete(o);
+        return serve_error(se, 400, NULL, "the request body has bytes after its JSON value (at offset %zu)",
+                           (size_t)(end - body));
+    }
     int rc = parse_object(o, kind, model_name, r, se);
     cJSON_Delete(o);
     if (rc) serve_request_free(r);

@@ -9,6 +9,7 @@
 #include "target_proc/serve.h"
 #include <cjson/cJSON.h>
 #include <string.h>
+#include <utf8proc.h>
 
 /* ---- output text ------------------------------------------------------------------------ */
 
@@ -175,6 +176,70 @@ START_TEST(test_request_fields) {
 }
 END_TEST
 
+/* Bytes a strict UTF-8 decoder takes whole (utf8proc_iterate rejects overlongs, surrogates
+ * and cut characters). */
+static int valid_utf8(const char *s) {
+    const utf8proc_uint8_t *p = (const utf8proc_uint8_t *)s;
+    utf8proc_ssize_t n = (utf8proc_ssize_t)strlen(s);
+    while (n > 0) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t k = utf8proc_iterate(p, n, &cp);
+        if (k < 0) return 0;
+        p += k;
+        n -= k;
+    }
+    return 1;
+}
+
+/* Error messages quote client bytes: the error body is still valid UTF-8, whether the bytes
+ * were invalid or a character was cut by a length limit. */
+START_TEST(test_error_utf8) {
+    char body[512];
+    static const char *const cases[] = {
+        "{\"messages\": [{\"role\": \"\xff\", \"content\": \"x\"}]}",
+        "{\"messages\": [{\"role\": \"us\xc3\", \"content\": \"x\"}]}",
+        NULL, /* a model name cut mid-character (below) */
+    };
+    char name[260] = {0};
+    memset(name, 'a', 199);
+    strcat(name, "\xc3\xa9\xc3\xa9"); /* é straddles the 200-byte cut */
+    snprintf(body, sizeof body, "{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", name);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ServeRequest r;
+        ServeError se;
+        int rc = parse(cases[i] ? cases[i] : body, SERVE_CHAT, &r, &se);
+        ck_assert_msg(rc >= 400, "case %zu: status %d", i, rc);
+        char *js = serve_error_json(&se);
+        ck_assert_msg(valid_utf8(js), "case %zu: error body is not UTF-8: %s", i, js);
+        free(js);
+    }
+    ServeError se;
+    serve_error(&se, 400, "a\xe2\x82", "bad \xf0\x9f\x98 bytes"); /* the param too */
+    char *js = serve_error_json(&se);
+    ck_assert_msg(valid_utf8(js), "%s", js);
+    free(js);
+}
+END_TEST
+
+/* One JSON value, then only whitespace: trailing bytes or a second object are refused. */
+START_TEST(test_request_strict_json) {
+    static const char *const bad[] = {
+        "{\"prompt\": \"x\"} x", "{\"prompt\": \"x\"}{\"prompt\": \"y\"}", "{\"prompt\": \"x\"},",
+        "{\"prompt\": \"x\"}\n\n]", "{\"prompt\": \"x\"} // comment",
+    };
+    ServeRequest r;
+    ServeError se;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_msg(parse(bad[i], SERVE_COMPLETION, &r, &se) == 400, "%s accepted", bad[i]);
+        ck_assert_msg(strstr(se.msg, "JSON"), "%s", se.msg);
+    }
+    /* a NUL after the object is trailing data too, whatever strlen would say */
+    ck_assert_int_eq(serve_request_parse("{\"prompt\": \"x\"}\0{}", 18, SERVE_COMPLETION, "m", &r, &se), 400);
+    ck_assert_int_eq(parse(" \t{\"prompt\": \"x\"} \r\n\t ", SERVE_COMPLETION, &r, &se), 0);
+    serve_request_free(&r);
+}
+END_TEST
+
 /* ---- responses and metrics ---------------------------------------------------------------- */
 
 START_TEST(test_response_json) {
@@ -249,6 +314,8 @@ Suite *suite_serve(void) {
     tcase_add_test(tc, test_utf8_clean);
     tcase_add_test(tc, test_request_refusals);
     tcase_add_test(tc, test_request_fields);
+    tcase_add_test(tc, test_error_utf8);
+    tcase_add_test(tc, test_request_strict_json);
     tcase_add_test(tc, test_response_json);
     tcase_add_test(tc, test_metrics);
     suite_add_tcase(s, tc);
