@@ -5,6 +5,8 @@
  *                   streaming), UTF-8 that is never cut inside a character
  *   serve_metrics.c Prometheus counters and histograms
  *   serve_core.c    the one decode worker, its bounded queue and the jobs it runs
+ *   serve_gate.c    what a request must show before a route answers it: an allowed Host,
+ *                   an API key, a JSON Content-Type (no sockets: the fuzzer calls it too)
  *   serve_http.c    libmicrohttpd: routes, body limits, SSE, client disconnects
  * The engine does one decode at a time; requests wait in a bounded queue (429 when full). */
 #ifndef ROOTSPEC_SERVE_H
@@ -68,6 +70,45 @@ void serve_request_free(ServeRequest *r);
  * Absent fields keep d's values (the server's defaults); a law out of range is a 400.
  * Returns 0 or the HTTP status. */
 int serve_sampling_map(const ServeRequest *r, DecodeOpts *d, ServeError *se);
+
+/* ---- the gate ------------------------------------------------------------------------ */
+
+typedef enum {
+    ROUTE_HEALTH, ROUTE_MODELS, ROUTE_METRICS, ROUTE_CHAT, ROUTE_COMPLETION, ROUTE_COUNT
+} ServeRoute;
+
+/* Who may ask: Host names (a browser page on another origin names its own, which is how a
+ * loopback server is kept from DNS rebinding), API keys, and whether /metrics needs one. */
+typedef struct {
+    char **hosts;       /* allowed Host header names, lower case, without the port */
+    int n_hosts;        /* 0: any Host */
+    char **keys;        /* API keys; n_keys 0: no authentication */
+    int n_keys;
+    int metrics_public; /* /metrics without a key */
+    size_t max_body;    /* for the 413's message */
+} ServeGate;
+
+/* A request as far as the gate looks: its line, three headers (NULL when absent) and
+ * whether the body outgrew max_body. */
+typedef struct {
+    const char *method, *url;
+    const char *host, *content_type, *authorization;
+    int too_large;
+} ServeHead;
+
+/* The route h asks for, or an error: 403 a Host not allowed, 404 no such route, 405 the
+ * wrong method, 401 a missing or wrong key (/health is open), 413 a body over max_body, 415
+ * a POST whose Content-Type is not application/json. Returns 0 or the status. */
+int serve_gate_check(const ServeGate *g, const ServeHead *h, ServeRoute *route, ServeError *se);
+/* Allowed hosts from a comma-separated list ("*": any); list NULL: the loopback names and
+ * bind when bind is a loopback address, else any. */
+int serve_gate_hosts(ServeGate *g, const char *list, const char *bind, RsErr *e);
+/* Adds one key (copied). */
+void serve_gate_add_key(ServeGate *g, const char *key);
+/* Keys from a file, one a line (blank lines and lines starting with # skipped); refused
+ * when the file is readable by group or others, or holds no key. */
+int serve_gate_key_file(ServeGate *g, const char *path, RsErr *e);
+void serve_gate_free(ServeGate *g);
 
 /* ---- response JSON (malloc'd strings, caller frees) --------------------------------- */
 

@@ -222,31 +222,26 @@ static enum MHD_Result handle_completion(ServeHttp *h, struct MHD_Connection *c,
 
 static enum MHD_Result route(ServeHttp *h, struct MHD_Connection *c, const char *url,
                              const char *method, const ConnState *cs) {
-    static const struct { const char *path, *method; int what; } routes[] = {
-        {"/health", "GET", 0}, {"/v1/models", "GET", 1}, {"/metrics", "GET", 2},
-        {"/v1/chat/completions", "POST", 3}, {"/v1/completions", "POST", 4},
+    ServeHead hd = {
+        .method = method, .url = url, .too_large = cs->too_large,
+        .host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST),
+        .content_type = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE),
+        .authorization = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
     };
     ServeError se;
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
-        if (strcmp(url, routes[i].path)) continue;
-        if (strcmp(method, routes[i].method))
-            return reply_error(h, c, (serve_error(&se, 405, NULL, "%s takes %s, not %.32s", url,
-                                                  routes[i].method, method), &se));
-        if (cs->too_large)
-            return reply_error(h, c, (serve_error(&se, 413, NULL, "the request body is larger than %zu bytes (--max-body)",
-                                                  h->o.max_body), &se));
-        int queued, running;
-        switch (routes[i].what) {
-        case 0: return reply(h, c, 200, strdup("{\"status\":\"ok\"}"), "application/json");
-        case 1: return reply(h, c, 200, serve_models_json(serve_core_model(h->core), 0), "application/json");
-        case 2:
-            serve_core_counts(h->core, &queued, &running);
-            return reply(h, c, 200, serve_metrics_render(serve_core_metrics(h->core), queued, running),
-                         "text/plain; version=0.0.4");
-        default: return handle_completion(h, c, routes[i].what == 3 ? SERVE_CHAT : SERVE_COMPLETION, cs);
-        }
+    ServeRoute rt;
+    if (serve_gate_check(h->o.gate, &hd, &rt, &se)) return reply_error(h, c, &se);
+    int queued, running;
+    switch (rt) {
+    case ROUTE_HEALTH: return reply(h, c, 200, strdup("{\"status\":\"ok\"}"), "application/json");
+    case ROUTE_MODELS:
+        return reply(h, c, 200, serve_models_json(serve_core_model(h->core), 0), "application/json");
+    case ROUTE_METRICS:
+        serve_core_counts(h->core, &queued, &running);
+        return reply(h, c, 200, serve_metrics_render(serve_core_metrics(h->core), queued, running),
+                     "text/plain; version=0.0.4");
+    default: return handle_completion(h, c, rt == ROUTE_CHAT ? SERVE_CHAT : SERVE_COMPLETION, cs);
     }
-    return reply_error(h, c, (serve_error(&se, 404, NULL, "no route %.200s", url), &se));
 }
 
 /* The declared body size: 0 when there is none or it fits, 1 when it is over the limit

@@ -9,6 +9,7 @@
 
 typedef struct {
     const char *host;  /* IPv4 address to bind */
+    const ServeGate *gate; /* Host, key and Content-Type checks (borrowed) */
     int port;          /* 0: any free port (serve_http_port says which) */
     size_t max_body;   /* bytes; a larger request body is a 413 */
     int max_conn;      /* connections at once; more are refused by the listener */

@@ -4,6 +4,7 @@
 #include "common/cli.h"
 #include "engine_cli.h"
 #include "serve_http.h"
+#include <arpa/inet.h>
 #include <signal.h>
 #include <string.h>
 
@@ -26,6 +27,15 @@ static void usage(FILE *f) {
             "  --request-timeout S   seconds a request's headers and body may take to arrive, from\n"
             "                        the connection's start or the previous answer's end; a slower\n"
             "                        or idle client is disconnected (default 10)\n"
+            "  --allowed-hosts LIST  comma-separated Host header names a request may carry (a web\n"
+            "                        page elsewhere names its own: DNS rebinding); '*': any\n"
+            "                        (default: localhost, 127.0.0.1, [::1] and --host when --host\n"
+            "                        is a loopback address, else any)\n"
+            "  --api-key KEY         require 'Authorization: Bearer KEY' (401 otherwise; /health\n"
+            "                        stays open). Repeatable; prefer --api-key-file (argv is public)\n"
+            "  --api-key-file F      keys one a line (# comments); F must not be readable by others\n"
+            "  --metrics-public      /metrics without a key\n"
+            "  --no-auth             allow a non-loopback --host without any key\n"
             "  -h, --help            this text\n"
             "\n"
             "Engine and decoder (--decoder, --budget and the sampling options are the defaults of\n"
@@ -42,6 +52,9 @@ typedef struct {
     ServeHttpOpts http;
     const char *model_name;
     int queue;
+    ServeGate gate;
+    const char *allowed_hosts;
+    int no_auth;
 } Args;
 
 static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
@@ -57,10 +70,15 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
             if (rc < 0) return rc;
             continue;
         }
+        if (!strcmp(a, "--metrics-public") || !strcmp(a, "--no-auth")) {
+            *(a[2] == 'm' ? &A->gate.metrics_public : &A->no_auth) = 1;
+            continue;
+        }
         static const char *const own[] = {"--host", "--port", "--model-name", "--max-tokens",
                                           "--queue", "--max-body", "--max-connections",
                                           "--max-connections-per-client", "--timeout",
-                                          "--request-timeout"};
+                                          "--request-timeout", "--allowed-hosts", "--api-key",
+                                          "--api-key-file"};
         size_t k = 0;
         while (k < sizeof own / sizeof own[0] && strcmp(a, own[k])) k++;
         if (k == sizeof own / sizeof own[0]) return rs_err(e, RS_EINVAL, "unknown option '%s' (see --help)", a);
@@ -68,6 +86,11 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
         if (!strcmp(a, "--host")) A->http.host = v;
         else if (!strcmp(a, "--port")) rc = cli_int(a, v, 0, 65535, &A->http.port, e);
         else if (!strcmp(a, "--model-name")) A->model_name = v;
+        else if (!strcmp(a, "--allowed-hosts")) A->allowed_hosts = v;
+        else if (!strcmp(a, "--api-key")) {
+            if (!*v) return rs_err(e, RS_EINVAL, "--api-key is empty");
+            serve_gate_add_key(&A->gate, v);
+        } else if (!strcmp(a, "--api-key-file")) rc = serve_gate_key_file(&A->gate, v, e);
         else if (!strcmp(a, "--max-tokens")) rc = cli_int(a, v, 1, 1 << 20, &A->d.max_new, e);
         else if (!strcmp(a, "--queue")) rc = cli_int(a, v, 1, 4096, &A->queue, e);
         else if (!strcmp(a, "--max-body")) {
@@ -81,8 +104,17 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
         if (rc) return rc;
     }
     if (!A->eo.model_path) return rs_err(e, RS_EINVAL, "need --model (see --help)");
+    int rc = serve_gate_hosts(&A->gate, A->allowed_hosts, A->http.host, e);
+    if (rc) return rc;
+    struct in_addr ip;
+    int loopback = inet_pton(AF_INET, A->http.host, &ip) == 1 && (ntohl(ip.s_addr) >> 24) == 127;
+    if (!loopback && !A->gate.n_keys && !A->no_auth)
+        return rs_err(e, RS_EINVAL, "--host %s is reachable from other machines: give --api-key or "
+                      "--api-key-file, or --no-auth to serve without authentication", A->http.host);
+    A->gate.max_body = A->http.max_body;
+    A->http.gate = &A->gate;
     engine_cli_runtime(&A->eo, &A->rt);
-    int rc = sampling_check(&A->d.sampling, e);
+    rc = sampling_check(&A->d.sampling, e);
     return rc ? rc : engine_cli_check(&A->eo, e);
 }
 
@@ -132,6 +164,7 @@ int main(int argc, char **argv) {
               .queue = 16};
     RsErr e = {0};
     int rc = parse_args(argc, argv, &A, &e);
+    if (rc) serve_gate_free(&A.gate);
     if (rc == 1) return 0;
     if (rc) {
         fprintf(stderr, "rootspec-serve: %s\n", e.msg);
@@ -148,5 +181,6 @@ int main(int argc, char **argv) {
     if (rc >= 0) return rc;
     rc = serve(&A, en, &sigs);
     engine_destroy(&en);
+    serve_gate_free(&A.gate);
     return rc;
 }

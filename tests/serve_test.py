@@ -305,7 +305,7 @@ def send_raw(port, data, read=True):
 def post(path, body, ctype="application/json"):
     if isinstance(body, str):
         body = body.encode()
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
             f"Connection: close\r\n\r\n").encode() + body
 
 
@@ -346,7 +346,8 @@ def test_flood():
         send_raw(s.port, j)
     st, _ = s.raw("DELETE", "/v1/models")
     st2, _ = s.raw("GET", "/v1/nothing")
-    st3, body = s.raw("POST", "/v1/completions", body=b"{\"prompt\": [1, 2, 3], \"max_tokens\": 4}")
+    st3, body = s.raw("POST", "/v1/completions", body=b"{\"prompt\": [1, 2, 3], \"max_tokens\": 4}",
+                      headers={"Content-Type": "application/json"})
     check("unknown route 404, wrong method 405", st == 405 and st2 == 404, f"{st} {st2}")
     check("a good request after the flood (ASan build)", st3 == 200 and
           json.loads(body)["usage"]["completion_tokens"] == 4, f"{st3} {body[:200]}")
@@ -539,17 +540,102 @@ def test_shutdown():
         check(f"SIGTERM: a {k} ends with an error event, then [DONE]", ok, f"{st} {frames[-3:]}")
 
 
+def test_host_and_content_type(s):
+    """A page on another origin (DNS rebinding, a cross-site form post) is refused: a Host
+    that is not the server's own is a 403, a POST that is not application/json a 415."""
+    body = json.dumps({"prompt": "Hi", "max_tokens": 2})
+    cases = [("evil.example", "application/json", 403), (f"evil.example:{s.port}", "application/json", 403),
+             (f"localhost:{s.port}", "application/json", 200), (f"127.0.0.1:{s.port}", "application/json; charset=utf-8", 200),
+             (f"LOCALHOST:{s.port}", "Application/JSON", 200),
+             (f"127.0.0.1:{s.port}", "text/plain", 415), (f"127.0.0.1:{s.port}", "application/x-www-form-urlencoded", 415),
+             (f"127.0.0.1:{s.port}", None, 415), (f"127.0.0.1:{s.port}", "application/jsonx", 415)]
+    for host, ctype, want in cases:
+        h = {"Host": host}
+        if ctype:
+            h["Content-Type"] = ctype
+        c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        c.putrequest("POST", "/v1/completions", skip_host=True)
+        for k, v in h.items():
+            c.putheader(k, v)
+        c.putheader("Content-Length", str(len(body)))
+        c.endheaders(body.encode())
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        ok = r.status == want and (want == 200 or "error" in json.loads(data))
+        check(f"Host {host!r}, Content-Type {ctype!r}: {want}", ok, f"{r.status} {data[:200]!r}")
+    st, _ = s.raw("GET", "/health", headers={"Host": "evil.example"})
+    check("a GET with a foreign Host: 403", st == 403, f"{st}")
+
+
+def test_allowed_hosts():
+    s = Server("--allowed-hosts", "api.example,Other.example")
+    ok = [s.raw("GET", "/health", headers={"Host": h})[0] for h in ("api.example:8080", "other.example")]
+    bad = [s.raw("GET", "/health", headers={"Host": h})[0] for h in ("localhost", "api.example.evil")]
+    check("--allowed-hosts: the listed names pass, loopback names no longer", ok == [200, 200] and bad == [403, 403],
+          f"{ok} {bad}")
+    s.stop()
+
+
+def test_api_keys():
+    d = tempfile.mkdtemp(prefix="rs-keys-")
+    path = os.path.join(d, "keys")
+    with open(path, "w") as f:
+        f.write("# deploy keys\nsk-first\n\n  sk-second  \n")
+    os.chmod(path, 0o644)
+    r = subprocess.run([f"{BUILD}/rootspec-serve", "--model", MODEL, "--api-key-file", path],
+                       capture_output=True, text=True)
+    check("a key file readable by others is refused (exit 2)", r.returncode == 2 and "chmod 600" in r.stderr,
+          f"{r.returncode} {r.stderr}")
+    r = subprocess.run([f"{BUILD}/rootspec-serve", "--model", MODEL, "--host", "0.0.0.0"],
+                       capture_output=True, text=True)
+    check("a non-loopback --host without a key is refused (exit 2)", r.returncode == 2 and "--no-auth" in r.stderr,
+          f"{r.returncode} {r.stderr}")
+    os.chmod(path, 0o600)
+    s = Server("--api-key-file", path)
+    try:
+        chat(s, max_tokens=2)
+        check("no key: 401", False)
+    except openai.AuthenticationError as e:
+        check("no key: 401 with an OpenAI error object", e.status_code == 401 and
+              e.body.get("code") == "invalid_api_key", str(e.body))
+    for key in ("sk-first", "sk-second"):
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{s.port}/v1", api_key=key, max_retries=0, timeout=120)
+        r = c.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+        check(f"key {key}: 200", r.choices[0].finish_reason in ("length", "stop"))
+    c = openai.OpenAI(base_url=f"http://127.0.0.1:{s.port}/v1", api_key="sk-firs", max_retries=0, timeout=120)
+    try:
+        c.models.list()
+        check("a key's prefix: 401", False)
+    except openai.AuthenticationError:
+        check("a key's prefix: 401", True)
+    st_h, _ = s.raw("GET", "/health")
+    st_m, _ = s.raw("GET", "/metrics")
+    st_mk, _ = s.raw("GET", "/metrics", headers={"Authorization": "Bearer sk-second"})
+    check("/health open, /metrics behind the key", (st_h, st_m, st_mk) == (200, 401, 200), f"{st_h} {st_m} {st_mk}")
+    s.stop()
+    s = Server("--api-key", "k1", "--metrics-public")
+    check("--metrics-public: /metrics without a key", s.raw("GET", "/metrics")[0] == 200 and
+          s.raw("GET", "/v1/models")[0] == 401)
+    s.stop()
+    os.unlink(path)
+    os.rmdir(d)
+
+
 def main():
     ref = target_text("--prompt", PROMPT, "--chat", "--max-new", "24")
     s = Server()
     for t in (lambda: test_chat(s, ref), lambda: test_conversation(s), lambda: test_completions(s),
               lambda: test_stop(s, ref),
               lambda: test_models_health(s), lambda: test_concurrent(s, ref), lambda: test_disconnect(s),
-              lambda: test_errors(s), lambda: test_half_close(s)):
+              lambda: test_errors(s), lambda: test_half_close(s),
+              lambda: test_host_and_content_type(s)):
         t()
     check("the server stops with status 0 on SIGTERM", s.stop() == 0)
     test_queue_full()
     test_keepalive_timeout()
+    test_allowed_hosts()
+    test_api_keys()
     test_shutdown()
     test_slow_clients()
     test_speculative(ref)

@@ -240,6 +240,53 @@ START_TEST(test_request_strict_json) {
 }
 END_TEST
 
+/* The gate's order and parsing: Host (port and case aside), route, method, key, size,
+ * Content-Type; /health open, /metrics open only when public. */
+START_TEST(test_gate) {
+    ServeGate g = {.max_body = 10};
+    RsErr e = {0};
+    ck_assert_int_eq(serve_gate_hosts(&g, NULL, "127.0.0.1", &e), 0);
+    serve_gate_add_key(&g, "sk-1");
+    static const struct { const char *method, *url, *host, *ctype, *auth; int too_large, status; } cases[] = {
+        {"POST", "/v1/completions", "127.0.0.1:80", "application/json", "Bearer sk-1", 0, 0},
+        {"POST", "/v1/completions", "[::1]:8080", "application/json;charset=utf-8", "bearer  sk-1 ", 0, 0},
+        {"POST", "/v1/completions", NULL, "application/json", "Bearer sk-1", 0, 0},
+        {"POST", "/v1/completions", "evil:80", "application/json", "Bearer sk-1", 0, 403},
+        {"POST", "/v1/completions", "localhost.evil", "application/json", "Bearer sk-1", 0, 403},
+        {"GET", "/nope", "localhost", NULL, NULL, 0, 404},
+        {"GET", "/v1/completions", "localhost", NULL, "Bearer sk-1", 0, 405},
+        {"POST", "/v1/completions", "localhost", "application/json", NULL, 0, 401},
+        {"POST", "/v1/completions", "localhost", "application/json", "Bearer sk-", 0, 401},
+        {"POST", "/v1/completions", "localhost", "application/json", "Bearer sk-12", 0, 401},
+        {"POST", "/v1/completions", "localhost", "application/json", "Basic sk-1", 0, 401},
+        {"POST", "/v1/completions", "localhost", "application/json", "Bearer sk-1", 1, 413},
+        {"POST", "/v1/completions", "localhost", "text/plain", "Bearer sk-1", 0, 415},
+        {"POST", "/v1/chat/completions", "localhost", NULL, "Bearer sk-1", 0, 415},
+        {"GET", "/health", "localhost", NULL, NULL, 0, 0},
+        {"GET", "/metrics", "localhost", NULL, NULL, 0, 401},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ServeHead h = {cases[i].method, cases[i].url, cases[i].host, cases[i].ctype, cases[i].auth,
+                       cases[i].too_large};
+        ServeRoute rt;
+        ServeError se;
+        int rc = serve_gate_check(&g, &h, &rt, &se);
+        ck_assert_msg(rc == cases[i].status, "case %zu: %d (%s), want %d", i, rc, rc ? se.msg : "", cases[i].status);
+    }
+    g.metrics_public = 1;
+    ServeHead h = {"GET", "/metrics", "localhost", NULL, NULL, 0};
+    ServeRoute rt;
+    ServeError se;
+    ck_assert_int_eq(serve_gate_check(&g, &h, &rt, &se), 0);
+    ck_assert_int_eq(rt, ROUTE_METRICS);
+    serve_gate_free(&g);
+    ck_assert_int_eq(serve_gate_hosts(&g, NULL, "0.0.0.0", &e), 0); /* not loopback: any Host */
+    ck_assert_int_eq(g.n_hosts, 0);
+    ck_assert_int_ne(serve_gate_hosts(&g, "a,,b", "127.0.0.1", &e), 0);
+    serve_gate_free(&g);
+}
+END_TEST
+
 /* ---- responses and metrics ---------------------------------------------------------------- */
 
 START_TEST(test_response_json) {
@@ -316,6 +363,7 @@ Suite *suite_serve(void) {
     tcase_add_test(tc, test_request_fields);
     tcase_add_test(tc, test_error_utf8);
     tcase_add_test(tc, test_request_strict_json);
+    tcase_add_test(tc, test_gate);
     tcase_add_test(tc, test_response_json);
     tcase_add_test(tc, test_metrics);
     suite_add_tcase(s, tc);
