@@ -74,7 +74,8 @@ int serve_sampling_map(const ServeRequest *r, DecodeOpts *d, ServeError *se);
 /* ---- the gate ------------------------------------------------------------------------ */
 
 typedef enum {
-    ROUTE_HEALTH, ROUTE_MODELS, ROUTE_METRICS, ROUTE_CHAT, ROUTE_COMPLETION, ROUTE_COUNT
+    ROUTE_HEALTH, ROUTE_MODELS, ROUTE_METRICS, ROUTE_CHAT, ROUTE_COMPLETION, ROUTE_TOKENIZE,
+    ROUTE_DETOKENIZE, ROUTE_COUNT
 } ServeRoute;
 
 /* Who may ask: Host names (a browser page on another origin names its own, which is how a
@@ -124,7 +125,18 @@ typedef struct {
 } ServeUsage;
 
 char *serve_error_json(const ServeError *se);
-char *serve_models_json(const char *model, long created);
+/* The model list; context: the model's context length in tokens. */
+char *serve_models_json(const char *model, long created, int context);
+
+/* /tokenize and /detokenize (llama-server's shapes): {"content": TEXT, "add_special": bool,
+ * "with_pieces": bool} -> {"tokens": [id, ...]} (with pieces: [{"id": id, "piece": text}]);
+ * {"tokens": [id, ...]} -> {"content": TEXT}. The parsers return 0 or the HTTP status. */
+int serve_tokenize_parse(const char *body, size_t len, char **text, int *add_special,
+                         int *with_pieces, ServeError *se);
+int serve_detokenize_parse(const char *body, size_t len, int **ids, int *n, ServeError *se);
+/* pieces: each token's bytes (NULL: ids only). */
+char *serve_tokens_json(const int *ids, int n, char *const *pieces);
+char *serve_content_json(const char *text, size_t n);
 /* The whole non-streamed answer: text (n bytes, valid UTF-8), finish_reason, usage. */
 char *serve_response_json(const ServeMeta *m, const char *text, size_t n,
                           const char *finish_reason, const ServeUsage *u);

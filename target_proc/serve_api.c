@@ -380,7 +380,7 @@ char *serve_chunk_json(const ServeMeta *m, int role_only, const char *text, size
     return print_delete(o);
 }
 
-char *serve_models_json(const char *model, long created) {
+char *serve_models_json(const char *model, long created, int context) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "object", "list");
     cJSON *data = cJSON_AddArrayToObject(o, "data"), *e = cJSON_CreateObject();
@@ -388,6 +388,86 @@ char *serve_models_json(const char *model, long created) {
     cJSON_AddStringToObject(e, "object", "model");
     cJSON_AddNumberToObject(e, "created", (double)created);
     cJSON_AddStringToObject(e, "owned_by", "rootspec");
+    cJSON_AddNumberToObject(e, "max_model_len", context); /* vLLM's name */
     cJSON_AddItemToArray(data, e);
+    return print_delete(o);
+}
+
+/* ---- /tokenize and /detokenize --------------------------------------------------------- */
+
+/* body as one JSON object (strict, as serve_request_parse); NULL with se set. */
+static cJSON *parse_body_object(const char *body, size_t len, ServeError *se) {
+    const char *end = NULL;
+    cJSON *o = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    while (o && end < body + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
+    if (!o || end != body + len || !cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        serve_error(se, 400, NULL, "the request body must be one JSON object");
+        return NULL;
+    }
+    return o;
+}
+
+int serve_tokenize_parse(const char *body, size_t len, char **text, int *add_special,
+                         int *with_pieces, ServeError *se) {
+    *text = NULL;
+    *add_special = *with_pieces = 0;
+    cJSON *o = parse_body_object(body, len, se);
+    if (!o) return 400;
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(o, "content");
+    int rc = cJSON_IsString(c) ? 0 : serve_error(se, 400, "content", "'content' must be a string");
+    if (!rc) rc = get_bool(o, "add_special", add_special, se);
+    if (!rc) rc = get_bool(o, "with_pieces", with_pieces, se);
+    if (!rc) *text = strdup(c->valuestring);
+    cJSON_Delete(o);
+    return rc;
+}
+
+int serve_detokenize_parse(const char *body, size_t len, int **ids, int *n, ServeError *se) {
+    *ids = NULL;
+    *n = 0;
+    cJSON *o = parse_body_object(body, len, se);
+    if (!o) return 400;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "tokens"), *x;
+    int rc = cJSON_IsArray(t) ? 0 : serve_error(se, 400, "tokens", "'tokens' must be an array of token ids");
+    if (!rc) *ids = rs_xmalloc(sizeof(int) * (size_t)(cJSON_GetArraySize(t) + 1));
+    if (!rc) cJSON_ArrayForEach(x, t) {
+        double v = x->valuedouble;
+        if (!cJSON_IsNumber(x) || v != floor(v) || v < 0 || v > 0x7fffffff) {
+            rc = serve_error(se, 400, "tokens", "'tokens' must hold non-negative integers");
+            break;
+        }
+        (*ids)[(*n)++] = (int)v;
+    }
+    cJSON_Delete(o);
+    if (rc) {
+        free(*ids);
+        *ids = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
+char *serve_tokens_json(const int *ids, int n, char *const *pieces) {
+    cJSON *o = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(o, "tokens");
+    for (int i = 0; i < n; i++) {
+        if (!pieces) {
+            cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+            continue;
+        }
+        cJSON *p = cJSON_CreateObject();
+        cJSON_AddNumberToObject(p, "id", ids[i]);
+        add_clean_string(p, "piece", pieces[i]);
+        cJSON_AddItemToArray(a, p);
+    }
+    return print_delete(o);
+}
+
+char *serve_content_json(const char *text, size_t n) {
+    size_t m;
+    char *clean = serve_utf8_clean(text, n, &m);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "content", clean);
+    free(clean);
     return print_delete(o);
 }

@@ -329,6 +329,50 @@ void serve_core_counts(ServeCore *c, int *queued, int *running) {
 
 ServeMetrics *serve_core_metrics(ServeCore *c) { return c->metrics; }
 const char *serve_core_model(const ServeCore *c) { return c->cfg.model_name; }
+int serve_core_context(const ServeCore *c) { return target_kv_capacity(c->en->target); }
+
+/* ---- the tokenizer routes (tokenizer calls one at a time, as job_prompt's) ------------------ */
+
+int serve_core_tokenize(ServeCore *c, const char *text, int add_special, int **ids, int *n,
+                        char ***pieces, ServeError *se) {
+    *ids = NULL;
+    *n = 0;
+    if (!c->en->tok) return serve_error(se, 400, NULL, "this model has no tokenizer");
+    RsErr e = {0};
+    int *raw = NULL, nr = 0, bos = add_special && tokenizer_add_bos(c->en->tok) ? tokenizer_bos_id(c->en->tok) : -1;
+    pthread_mutex_lock(&c->enc_mu);
+    int rc = tokenizer_encode(c->en->tok, text, &raw, &nr, &e);
+    pthread_mutex_unlock(&c->enc_mu);
+    if (rc) return serve_error(se, 400, "content", "%s", e.msg);
+    *ids = rs_xmalloc(sizeof(int) * (size_t)(nr + 1));
+    if (bos >= 0) (*ids)[(*n)++] = bos;
+    memcpy(*ids + *n, raw, sizeof(int) * (size_t)nr);
+    *n += nr;
+    free(raw);
+    if (pieces) {
+        *pieces = rs_xcalloc((size_t)*n + 1, sizeof **pieces);
+        for (int i = 0; i < *n; i++) {
+            size_t k = 0;
+            const char *b = tokenizer_token_view(c->en->tok, (*ids)[i], &k);
+            (*pieces)[i] = strndup(b ? b : "", b ? k : 0);
+        }
+    }
+    return 0;
+}
+
+int serve_core_detokenize(ServeCore *c, const int *ids, int n, char **text, size_t *len, ServeError *se) {
+    *text = NULL;
+    if (!c->en->tok) return serve_error(se, 400, NULL, "this model has no tokenizer");
+    int vocab = tokenizer_vocab_size(c->en->tok);
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= vocab)
+            return serve_error(se, 400, "tokens", "token %d is outside the vocabulary of %d", ids[i], vocab);
+    pthread_mutex_lock(&c->enc_mu);
+    *text = tokenizer_decode(c->en->tok, ids, n);
+    pthread_mutex_unlock(&c->enc_mu);
+    *len = strlen(*text);
+    return 0;
+}
 
 void serve_core_stop(ServeCore *c) {
     pthread_mutex_lock(&c->mu);

@@ -27,6 +27,15 @@ void serve_core_destroy(ServeCore **c);
 void serve_core_counts(ServeCore *c, int *queued, int *running);
 ServeMetrics *serve_core_metrics(ServeCore *c);
 const char *serve_core_model(const ServeCore *c);
+/* The model's context length in tokens. */
+int serve_core_context(const ServeCore *c);
+/* /tokenize: text's token ids (BOS first when add_special and the tokenizer adds one);
+ * pieces (when not NULL): each token's bytes, malloc'd. /detokenize: the text of ids,
+ * malloc'd, *len bytes. Both 400 on a model without a tokenizer or ids outside its
+ * vocabulary; 0 on success. */
+int serve_core_tokenize(ServeCore *c, const char *text, int add_special, int **ids, int *n,
+                        char ***pieces, ServeError *se);
+int serve_core_detokenize(ServeCore *c, const int *ids, int n, char **text, size_t *len, ServeError *se);
 
 /* A job for a parsed request (its contents move into the job; r is left empty): encodes
  * the prompt, checks it against the context and the decoder options. Returns 0, or the

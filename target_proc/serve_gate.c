@@ -17,7 +17,8 @@ static const struct {
 } ROUTES[] = {
     {"/health", "GET", ROUTE_HEALTH, 1},        {"/v1/models", "GET", ROUTE_MODELS, 0},
     {"/metrics", "GET", ROUTE_METRICS, 0},      {"/v1/chat/completions", "POST", ROUTE_CHAT, 0},
-    {"/v1/completions", "POST", ROUTE_COMPLETION, 0},
+    {"/v1/completions", "POST", ROUTE_COMPLETION, 0}, {"/tokenize", "POST", ROUTE_TOKENIZE, 0},
+    {"/detokenize", "POST", ROUTE_DETOKENIZE, 0},
 };
 
 /* The Host header's name without its port: "a.b:80" -> "a.b", "[::1]:80" -> "[::1]". */

@@ -218,6 +218,37 @@ static enum MHD_Result handle_completion(ServeHttp *h, struct MHD_Connection *c,
     return ok;
 }
 
+/* ---- /tokenize and /detokenize -------------------------------------------------------------- */
+
+static enum MHD_Result handle_tokenize(ServeHttp *h, struct MHD_Connection *c, const ConnState *cs) {
+    char *text = NULL, **pieces = NULL;
+    int add_special, with_pieces, *ids = NULL, n = 0;
+    ServeError se;
+    int rc = serve_tokenize_parse(cs->body ? cs->body : "", cs->len, &text, &add_special, &with_pieces, &se);
+    if (!rc) rc = serve_core_tokenize(h->core, text, add_special, &ids, &n, with_pieces ? &pieces : NULL, &se);
+    enum MHD_Result ok = rc ? reply_error(h, c, &se)
+                            : reply(h, c, 200, serve_tokens_json(ids, n, pieces), "application/json");
+    for (int i = 0; pieces && i < n; i++) free(pieces[i]);
+    free(pieces);
+    free(ids);
+    free(text);
+    return ok;
+}
+
+static enum MHD_Result handle_detokenize(ServeHttp *h, struct MHD_Connection *c, const ConnState *cs) {
+    int *ids = NULL, n = 0;
+    char *text = NULL;
+    size_t len = 0;
+    ServeError se;
+    int rc = serve_detokenize_parse(cs->body ? cs->body : "", cs->len, &ids, &n, &se);
+    if (!rc) rc = serve_core_detokenize(h->core, ids, n, &text, &len, &se);
+    enum MHD_Result ok = rc ? reply_error(h, c, &se)
+                            : reply(h, c, 200, serve_content_json(text, len), "application/json");
+    free(text);
+    free(ids);
+    return ok;
+}
+
 /* ---- routes ------------------------------------------------------------------------------- */
 
 static enum MHD_Result route(ServeHttp *h, struct MHD_Connection *c, const char *url,
@@ -235,11 +266,14 @@ static enum MHD_Result route(ServeHttp *h, struct MHD_Connection *c, const char 
     switch (rt) {
     case ROUTE_HEALTH: return reply(h, c, 200, strdup("{\"status\":\"ok\"}"), "application/json");
     case ROUTE_MODELS:
-        return reply(h, c, 200, serve_models_json(serve_core_model(h->core), 0), "application/json");
+        return reply(h, c, 200, serve_models_json(serve_core_model(h->core), 0, serve_core_context(h->core)),
+                     "application/json");
     case ROUTE_METRICS:
         serve_core_counts(h->core, &queued, &running);
         return reply(h, c, 200, serve_metrics_render(serve_core_metrics(h->core), queued, running),
                      "text/plain; version=0.0.4");
+    case ROUTE_TOKENIZE: return handle_tokenize(h, c, cs);
+    case ROUTE_DETOKENIZE: return handle_detokenize(h, c, cs);
     default: return handle_completion(h, c, rt == ROUTE_CHAT ? SERVE_CHAT : SERVE_COMPLETION, cs);
     }
 }

@@ -38,6 +38,9 @@ static void usage(FILE *f) {
             "  --no-auth             allow a non-loopback --host without any key\n"
             "  -h, --help            this text\n"
             "\n"
+            "--threads defaults to the CPUs this process may use (its affinity mask and cgroup\n"
+            "CPU quota), printed at start.\n"
+            "\n"
             "Engine and decoder (--decoder, --budget and the sampling options are the defaults of\n"
             "requests that omit them; a request picks its own with \"rootspec\": {\"decoder\": NAME,\n"
             "\"budget\": B}, \"temperature\", \"top_k\", \"top_p\", \"min_p\" and \"seed\"):\n");
@@ -113,6 +116,7 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
                       "--api-key-file, or --no-auth to serve without authentication", A->http.host);
     A->gate.max_body = A->http.max_body;
     A->http.gate = &A->gate;
+    if (A->rt.threads == 0) A->rt.threads = cli_cpus_available(); /* --threads not given */
     engine_cli_runtime(&A->eo, &A->rt);
     rc = sampling_check(&A->d.sampling, e);
     return rc ? rc : engine_cli_check(&A->eo, e);
@@ -139,9 +143,12 @@ static int serve(Args *A, Engine *en, const sigset_t *sigs) {
     else {
         char smp[SAMPLING_STR], budget[16] = "auto";
         if (A->d.budget) snprintf(budget, sizeof budget, "%d", A->d.budget);
-        fprintf(stderr, "rootspec-serve: listening on http://%s:%d (model %s, decoder %s, B=%s, %s)\n",
-                A->http.host, serve_http_port(http), cfg.model_name, rule_name(A->d.rule), budget,
-                sampling_str(&A->d.sampling, smp, sizeof smp));
+        fprintf(stderr, "rootspec-serve: listening on http://%s:%d (model %s, context %d, decoder %s, "
+                "B=%s, %s, threads %d of %d CPUs available, %s)\n",
+                A->http.host, serve_http_port(http), cfg.model_name, serve_core_context(core),
+                rule_name(A->d.rule), budget, sampling_str(&A->d.sampling, smp, sizeof smp),
+                A->eo.threads, cli_cpus_available(),
+                A->gate.n_keys ? "API key required" : "no API key");
         int sig = 0;
         sigwait(sigs, &sig);
         fprintf(stderr, "rootspec-serve: stopping (signal %d)\n", sig);
@@ -162,6 +169,7 @@ int main(int argc, char **argv) {
               .http = {.host = "127.0.0.1", .port = 8080, .max_body = 1 << 20, .max_conn = 512,
                        .max_conn_ip = 16, .timeout = 60, .request_timeout = 10},
               .queue = 16};
+    A.rt.threads = 0; /* the CPUs this process may use, unless --threads says */
     RsErr e = {0};
     int rc = parse_args(argc, argv, &A, &e);
     if (rc) serve_gate_free(&A.gate);

@@ -5,6 +5,7 @@ what no well-behaved client would. Every check compares with an independent refe
 rootspec-target's own T=0 text, the same request unstreamed, or the HTTP status the API
 documents. Prints `serve: N passed, M failed` and exits 1 on any failure.
 """
+import atexit
 import http.client
 import json
 import os
@@ -52,6 +53,7 @@ class Server:
             m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
             if m:
                 self.port = int(m.group(1))
+        atexit.register(lambda: self.proc.poll() is None and self.proc.kill())  # a failed test leaves none
         self.reader = threading.Thread(target=self._drain, daemon=True)
         self.reader.start()
         self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none",
@@ -584,11 +586,11 @@ def test_api_keys():
         f.write("# deploy keys\nsk-first\n\n  sk-second  \n")
     os.chmod(path, 0o644)
     r = subprocess.run([f"{BUILD}/rootspec-serve", "--model", MODEL, "--api-key-file", path],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, timeout=60)
     check("a key file readable by others is refused (exit 2)", r.returncode == 2 and "chmod 600" in r.stderr,
           f"{r.returncode} {r.stderr}")
     r = subprocess.run([f"{BUILD}/rootspec-serve", "--model", MODEL, "--host", "0.0.0.0"],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, timeout=60)
     check("a non-loopback --host without a key is refused (exit 2)", r.returncode == 2 and "--no-auth" in r.stderr,
           f"{r.returncode} {r.stderr}")
     os.chmod(path, 0o600)
@@ -622,6 +624,63 @@ def test_api_keys():
     os.rmdir(d)
 
 
+def _post_json(s, path, obj):
+    st, b = s.raw("POST", path, body=json.dumps(obj), headers={"Content-Type": "application/json"})
+    return st, json.loads(b)
+
+
+def test_tokenize(s):
+    """/tokenize and /detokenize (llama-server's shapes) agree with what the completion
+    route does with the same text; /v1/models states the context length."""
+    st, r = _post_json(s, "/tokenize", {"content": PROMPT, "add_special": True})
+    toks = r.get("tokens", [])
+    c = s.client.completions.create(model=NAME, prompt=PROMPT, max_tokens=8, temperature=0)
+    check("/tokenize: as many tokens as the completion's prompt_tokens",
+          st == 200 and len(toks) == c.usage.prompt_tokens, f"{st} {r} vs {c.usage}")
+    c2 = s.client.completions.create(model=NAME, prompt=toks, max_tokens=8, temperature=0)
+    check("the ids /tokenize gives, sent as the prompt, give the same T=0 text", c2.choices[0].text == c.choices[0].text,
+          f"{c2.choices[0].text!r} vs {c.choices[0].text!r}")
+    st, r = _post_json(s, "/detokenize", {"tokens": toks})
+    check("/detokenize(/tokenize(text)) == text", st == 200 and r["content"] == PROMPT, f"{st} {r}")
+    st, r = _post_json(s, "/tokenize", {"content": "héllo wörld", "with_pieces": True})
+    check("/tokenize with_pieces: the pieces spell the text",
+          st == 200 and "".join(p["piece"] for p in r["tokens"]) == "héllo wörld" and
+          all(isinstance(p["id"], int) for p in r["tokens"]), f"{st} {r}")
+    st1, r1 = _post_json(s, "/detokenize", {"tokens": [10 ** 8]})
+    st2, r2 = _post_json(s, "/tokenize", {"content": 5})
+    check("/detokenize of an id outside the vocabulary, /tokenize of a number: 400",
+          st1 == 400 and st2 == 400 and r2["error"]["param"] == "content", f"{st1} {r1} {st2} {r2}")
+    st, b = s.raw("GET", "/v1/models")
+    check("/v1/models states the context length (--ctx)", st == 200 and
+          json.loads(b)["data"][0]["max_model_len"] == 2048, f"{b[:300]!r}")
+
+
+def _cpus_available():
+    """The CPUs this process may use, computed here from the same sources: the affinity mask
+    and the cgroup v2 cpu.max quotas along its cgroup path."""
+    n = len(os.sched_getaffinity(0))
+    try:
+        path = [l[3:].strip() for l in open("/proc/self/cgroup") if l.startswith("0::")][0]
+    except (OSError, IndexError):
+        return n
+    parts = path.strip("/").split("/") if path.strip("/") else []
+    for k in range(len(parts), -1, -1):
+        try:
+            q, p = open("/sys/fs/cgroup/" + "/".join(parts[:k]) + "/cpu.max").read().split()
+            if q != "max":
+                n = min(n, -(-int(q) // int(p)))
+        except (OSError, ValueError):
+            pass
+    return n
+
+
+def test_threads_default(s):
+    want = _cpus_available()
+    line = "".join(l for l in s.lines if "listening on" in l)
+    check(f"--threads defaults to the CPUs available ({want}), printed at start", f"threads {want} of {want} CPUs" in line,
+          line)
+
+
 def main():
     ref = target_text("--prompt", PROMPT, "--chat", "--max-new", "24")
     s = Server()
@@ -629,7 +688,8 @@ def main():
               lambda: test_stop(s, ref),
               lambda: test_models_health(s), lambda: test_concurrent(s, ref), lambda: test_disconnect(s),
               lambda: test_errors(s), lambda: test_half_close(s),
-              lambda: test_host_and_content_type(s)):
+              lambda: test_host_and_content_type(s), lambda: test_tokenize(s),
+              lambda: test_threads_default(s)):
         t()
     check("the server stops with status 0 on SIGTERM", s.stop() == 0)
     test_queue_full()
