@@ -9,6 +9,8 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 #include <pthread.h>
 #include <sys/socket.h>
@@ -38,6 +40,9 @@ struct ServeHttp {
     int stop;
     pthread_t watchdog;
     int listen_fd; /* once quiesced: ours to close after the daemon stops */
+    pthread_mutex_t log_mu; /* on_log's rate limit */
+    uint64_t log_sec;
+    int log_n, log_dropped;
 };
 
 /* A request's body as it arrives. */
@@ -411,6 +416,27 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 
 /* ---- the daemon ------------------------------------------------------------------------------ */
 
+/* libmicrohttpd's messages (a dropped connection, a malformed request) at most LOG_PER_S a
+ * second, with a count of those left out: a flood of bad clients must not flood the log. */
+#define LOG_PER_S 10
+static void on_log(void *cls, const char *fmt, va_list ap) {
+    ServeHttp *h = cls;
+    uint64_t sec = rs_now_ns() / 1000000000ull;
+    pthread_mutex_lock(&h->log_mu);
+    if (sec != h->log_sec) {
+        if (h->log_dropped) fprintf(stderr, "rootspec-serve: %d more HTTP messages left out\n", h->log_dropped);
+        h->log_sec = sec;
+        h->log_n = h->log_dropped = 0;
+    }
+    int print = h->log_n++ < LOG_PER_S;
+    if (!print) h->log_dropped++;
+    pthread_mutex_unlock(&h->log_mu);
+    if (!print) return;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    fprintf(stderr, "rootspec-serve: http: %s%s", msg, msg[0] && msg[strlen(msg) - 1] == '\n' ? "" : "\n");
+}
+
 int serve_http_start(ServeCore *core, const ServeHttpOpts *o, ServeHttp **out, RsErr *e) {
     *out = NULL;
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)o->port)};
@@ -421,6 +447,7 @@ int serve_http_start(ServeCore *core, const ServeHttpOpts *o, ServeHttp **out, R
     h->o = *o;
     h->listen_fd = -1;
     pthread_mutex_init(&h->mu, NULL);
+    pthread_mutex_init(&h->log_mu, NULL);
     pthread_cond_init(&h->cv, NULL);
     h->d = MHD_start_daemon(MHD_USE_AUTO | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
                                 MHD_USE_ITC | MHD_USE_ERROR_LOG,
@@ -430,8 +457,10 @@ int serve_http_start(ServeCore *core, const ServeHttpOpts *o, ServeHttp **out, R
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)o->max_conn_ip,
                             MHD_OPTION_CONNECTION_TIMEOUT, o->timeout,
                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
+                            MHD_OPTION_EXTERNAL_LOGGER, on_log, h,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_END);
     if (!h->d) {
+        pthread_mutex_destroy(&h->log_mu);
         pthread_mutex_destroy(&h->mu);
         pthread_cond_destroy(&h->cv);
         free(h);
@@ -475,6 +504,7 @@ void serve_http_stop(ServeHttp **ph) {
     pthread_join(h->watchdog, NULL);
     MHD_stop_daemon(h->d);
     if (h->listen_fd >= 0) close(h->listen_fd);
+    pthread_mutex_destroy(&h->log_mu);
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->cv);
     free(h);
