@@ -935,7 +935,7 @@ static int decode_one(Bench *b, const BenchRun *r, const char *label, DecodeResu
     sink->graph0 = st.graph_replays;
     sink->eager0 = st.eager_launches;
     sink->label = label;
-    DecodeHooks h = {NULL, on_round, on_event, sink, NULL};
+    DecodeHooks h = {NULL, on_round, on_event, sink, NULL, NULL};
     int rc = decode_run(b->en->target, b->en->drafter, b->ids[r->prompt],
                         b->n_ids[r->prompt], &o, &h, res, &e);
     const char *why = rc ? e.msg

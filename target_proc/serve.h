@@ -53,6 +53,8 @@ typedef struct {
     double temperature, top_p, min_p;
     int top_k;
     uint64_t seed;
+    int logprobs;          /* chat "logprobs": true / completions "logprobs": N: report them */
+    int top_logprobs;      /* alternatives per token (chat "top_logprobs", completions N) */
     int rule;              /* extension "rootspec": {"decoder": NAME}; -1 absent */
     int budget;            /* extension "rootspec": {"budget": B}; 0 absent */
 } ServeRequest;
@@ -124,6 +126,24 @@ typedef struct {
     int prompt_tokens, completion_tokens;
 } ServeUsage;
 
+#define SERVE_TOP_LOGPROBS 20 /* OpenAI's limit on top_logprobs */
+
+/* Each output token's log-probability under the law it was drawn from (the request's
+ * sampling law; at temperature 0 the model's own distribution, T = 1 unfiltered), and the
+ * top_n most likely tokens of that law with theirs. */
+typedef struct {
+    int n, cap, top_n;
+    int *ids;         /* (n) */
+    double *lp;       /* (n) */
+    int *top_ids;     /* (n * top_n); -1 past the tokens the law keeps */
+    double *top_lp;
+    const Tokenizer *tok; /* the tokens' text; NULL: " <id>" */
+} ServeLogprobs;
+
+/* Appends one token: its row of vocab logits and the law (greedy: T = 1 unfiltered). */
+void serve_logprobs_add(ServeLogprobs *l, const float *row, int vocab, const Sampling *law, int id);
+void serve_logprobs_free(ServeLogprobs *l);
+
 char *serve_error_json(const ServeError *se);
 /* The model list; context: the model's context length in tokens. */
 char *serve_models_json(const char *model, long created, int context);
@@ -140,6 +160,10 @@ char *serve_content_json(const char *text, size_t n);
 /* The whole non-streamed answer: text (n bytes, valid UTF-8), finish_reason, usage. */
 char *serve_response_json(const ServeMeta *m, const char *text, size_t n,
                           const char *finish_reason, const ServeUsage *u);
+/* The same with the tokens' log-probabilities (lp NULL: none asked). */
+char *serve_response_logprobs_json(const ServeMeta *m, const char *text, size_t n,
+                                   const char *finish_reason, const ServeUsage *u,
+                                   const ServeLogprobs *lp);
 /* One streamed chunk: role_only (chat's first chunk: the assistant role, empty content), a
  * text delta (text != NULL), or the last one (finish_reason != NULL, empty delta). u != NULL:
  * the usage chunk (no choices) that stream_options.include_usage asks for. */

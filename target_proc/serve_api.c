@@ -111,11 +111,11 @@ static int parse_stop(const cJSON *o, ServeRequest *r, ServeError *se) {
 /* Fields that change what is returned in ways this server does not implement: only their
  * neutral values pass. */
 static int parse_refused(const cJSON *o, ServeError *se) {
-    int n = 1, has = 0, lp = 0;
+    int n = 1, has = 0, echo = 0;
     double pen = 0;
     int rc = get_int(o, "n", 1, 1, &n, NULL, se);
-    if (!rc) rc = get_bool(o, "logprobs", &lp, se);
-    if (!rc && lp) rc = serve_error(se, 400, "logprobs", "'logprobs' is not supported by this build");
+    if (!rc) rc = get_bool(o, "echo", &echo, se);
+    if (!rc && echo) rc = serve_error(se, 400, "echo", "'echo' is not supported by this build");
     static const char *const zero[] = {"presence_penalty", "frequency_penalty"};
     for (int i = 0; i < 2 && !rc; i++) {
         rc = get_num(o, zero[i], &pen, &has, se);
@@ -229,6 +229,23 @@ static int parse_prompt(const cJSON *o, ServeRequest *r, ServeError *se) {
     return 0;
 }
 
+/* Chat: "logprobs": bool, "top_logprobs": 0..20 (with logprobs). Completions:
+ * "logprobs": N, 0..20 (the top N too). Not while streaming (this build). */
+static int parse_logprobs(const cJSON *o, ServeRequest *r, ServeError *se) {
+    int rc, has = 0;
+    if (r->kind == SERVE_CHAT) {
+        rc = get_bool(o, "logprobs", &r->logprobs, se);
+        if (!rc) rc = get_int(o, "top_logprobs", 0, SERVE_TOP_LOGPROBS, &r->top_logprobs, &has, se);
+        if (!rc && has && r->top_logprobs && !r->logprobs)
+            rc = serve_error(se, 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    } else {
+        rc = get_int(o, "logprobs", 0, SERVE_TOP_LOGPROBS, &r->top_logprobs, &r->logprobs, se);
+    }
+    if (!rc && r->logprobs && r->stream)
+        rc = serve_error(se, 400, "logprobs", "'logprobs' while streaming is not supported by this build");
+    return rc;
+}
+
 static int parse_common(const cJSON *o, ServeRequest *r, ServeError *se) {
     int has = 0, rc = get_int(o, "max_tokens", 1, 1 << 20, &r->max_tokens, &has, se);
     if (!rc) rc = get_int(o, "max_completion_tokens", 1, 1 << 20, &r->max_tokens, &has, se);
@@ -242,6 +259,7 @@ static int parse_common(const cJSON *o, ServeRequest *r, ServeError *se) {
     if (!rc) rc = parse_stop(o, r, se);
     if (!rc) rc = parse_sampling(o, r, se);
     if (!rc) rc = parse_refused(o, se);
+    if (!rc) rc = parse_logprobs(o, r, se);
     return rc ? rc : parse_extension(o, r, se);
 }
 
@@ -364,9 +382,128 @@ static char *print_delete(cJSON *o) {
 
 char *serve_response_json(const ServeMeta *m, const char *text, size_t n,
                           const char *finish_reason, const ServeUsage *u) {
+    return serve_response_logprobs_json(m, text, n, finish_reason, u, NULL);
+}
+
+/* ---- log-probabilities ---------------------------------------------------------------- */
+
+void serve_logprobs_add(ServeLogprobs *l, const float *row, int vocab, const Sampling *law, int id) {
+    Sampling raw = {.temperature = 1, .top_p = 1};
+    const Sampling *s = sampling_greedy(law) ? &raw : law;
+    double *csum = rs_xmalloc(sizeof(double) * (size_t)row_chunks(vocab));
+    RowStats st;
+    row_stats(row, vocab, s, -1.0, csum, &st);
+    free(csum);
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 64;
+        l->ids = realloc(l->ids, sizeof(int) * (size_t)l->cap);
+        l->lp = realloc(l->lp, sizeof(double) * (size_t)l->cap);
+        l->top_ids = realloc(l->top_ids, sizeof(int) * (size_t)l->cap * (size_t)(l->top_n + 1));
+        l->top_lp = realloc(l->top_lp, sizeof(double) * (size_t)l->cap * (size_t)(l->top_n + 1));
+        RS_ASSERT(l->ids && l->lp && l->top_ids && l->top_lp);
+    }
+    l->ids[l->n] = id;
+    l->lp[l->n] = row_stats_logp(&st, row[id]);
+    int idx[SERVE_TOP_LOGPROBS];
+    int k = l->top_n < vocab ? l->top_n : vocab;
+    if (k) row_topk(row, vocab, k, idx);
+    for (int i = 0; i < l->top_n; i++) {
+        double lp = i < k ? row_stats_logp(&st, row[idx[i]]) : -INFINITY;
+        l->top_ids[(size_t)l->n * l->top_n + i] = isfinite(lp) ? idx[i] : -1;
+        l->top_lp[(size_t)l->n * l->top_n + i] = lp;
+    }
+    l->n++;
+}
+
+void serve_logprobs_free(ServeLogprobs *l) {
+    free(l->ids);
+    free(l->lp);
+    free(l->top_ids);
+    free(l->top_lp);
+    memset(l, 0, sizeof *l);
+}
+
+/* A token's text: its bytes (b, n) and a UTF-8-clean string of them. */
+static char *token_text(const ServeLogprobs *l, int id, const char **b, size_t *n) {
+    static __thread char num[16];
+    *b = l->tok ? tokenizer_token_view(l->tok, id, n) : NULL;
+    if (!*b) {
+        *n = (size_t)snprintf(num, sizeof num, " %d", id);
+        *b = num;
+    }
+    size_t m;
+    return serve_utf8_clean(*b, *n, &m);
+}
+
+/* OpenAI's chat entry: {"token", "logprob", "bytes"}. */
+static cJSON *chat_entry(const ServeLogprobs *l, int id, double lp) {
+    const char *b;
+    size_t n;
+    char *t = token_text(l, id, &b, &n);
+    cJSON *e = cJSON_CreateObject(), *bytes;
+    cJSON_AddStringToObject(e, "token", t);
+    cJSON_AddNumberToObject(e, "logprob", lp);
+    bytes = cJSON_AddArrayToObject(e, "bytes");
+    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(bytes, cJSON_CreateNumber((unsigned char)b[i]));
+    free(t);
+    return e;
+}
+
+static cJSON *chat_logprobs(const ServeLogprobs *l) {
+    cJSON *o = cJSON_CreateObject(), *content = cJSON_AddArrayToObject(o, "content");
+    for (int i = 0; i < l->n; i++) {
+        cJSON *e = chat_entry(l, l->ids[i], l->lp[i]), *top = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (int k = 0; k < l->top_n; k++)
+            if (l->top_ids[(size_t)i * l->top_n + k] >= 0)
+                cJSON_AddItemToArray(top, chat_entry(l, l->top_ids[(size_t)i * l->top_n + k],
+                                                     l->top_lp[(size_t)i * l->top_n + k]));
+        cJSON_AddItemToArray(content, e);
+    }
+    cJSON_AddNullToObject(o, "refusal");
+    return o;
+}
+
+/* The completions shape: tokens, token_logprobs, top_logprobs (a map per token) and each
+ * token's offset in the text. */
+static cJSON *completion_logprobs(const ServeLogprobs *l) {
+    cJSON *o = cJSON_CreateObject(), *toks = cJSON_AddArrayToObject(o, "tokens");
+    cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs"), *tops = cJSON_AddArrayToObject(o, "top_logprobs");
+    cJSON *offs = cJSON_AddArrayToObject(o, "text_offset");
+    size_t off = 0;
+    for (int i = 0; i < l->n; i++) {
+        const char *b;
+        size_t n;
+        char *t = token_text(l, l->ids[i], &b, &n);
+        cJSON_AddItemToArray(toks, cJSON_CreateString(t));
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(l->lp[i]));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
+        off += n;
+        free(t);
+        cJSON *m = cJSON_CreateObject();
+        for (int k = 0; k < l->top_n; k++) {
+            int id = l->top_ids[(size_t)i * l->top_n + k];
+            if (id < 0) continue;
+            t = token_text(l, id, &b, &n);
+            if (!cJSON_GetObjectItemCaseSensitive(m, t))
+                cJSON_AddNumberToObject(m, t, l->top_lp[(size_t)i * l->top_n + k]);
+            free(t);
+        }
+        cJSON_AddItemToArray(tops, m);
+    }
+    return o;
+}
+
+char *serve_response_logprobs_json(const ServeMeta *m, const char *text, size_t n,
+                                   const char *finish_reason, const ServeUsage *u,
+                                   const ServeLogprobs *lp) {
     cJSON *o = meta_object(m, 0);
     cJSON *ch = cJSON_AddArrayToObject(o, "choices");
-    cJSON_AddItemToArray(ch, choice(m, 0, 0, text, n, finish_reason));
+    cJSON *c = choice(m, 0, 0, text, n, finish_reason);
+    if (lp) {
+        cJSON_DeleteItemFromObjectCaseSensitive(c, "logprobs");
+        cJSON_AddItemToObject(c, "logprobs", m->kind == SERVE_CHAT ? chat_logprobs(lp) : completion_logprobs(lp));
+    }
+    cJSON_AddItemToArray(ch, c);
     add_usage(o, u);
     return print_delete(o);
 }

@@ -34,6 +34,7 @@ struct ServeJob {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     ServeText text;
+    ServeLogprobs lp; /* when the request asks for them: one entry per output token */
     int done, failed, n_out;
     const char *finish_reason;
     ServeError err;
@@ -46,6 +47,7 @@ struct ServeJob {
 
 static void job_free(ServeJob *j) {
     serve_text_free(&j->text);
+    serve_logprobs_free(&j->lp);
     serve_request_free(&j->req);
     free(j->ids);
     pthread_mutex_destroy(&j->mu);
@@ -142,6 +144,8 @@ int serve_job_create(ServeCore *c, ServeRequest *r, ServeJob **out, ServeError *
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     serve_text_init(&j->text, (const char *const *)j->req.stop, j->req.n_stop);
+    j->lp.top_n = j->req.top_logprobs;
+    j->lp.tok = c->en->tok;
     pthread_mutex_lock(&c->mu);
     j->seq = ++c->next_id;
     pthread_mutex_unlock(&c->mu);
@@ -174,6 +178,7 @@ int serve_job_wait(ServeJob *j, int timeout_ms, ServeOutput *out) {
     out->err = j->err;
     out->finish_reason = j->finish_reason;
     out->usage = (ServeUsage){j->n_ids, j->n_out};
+    out->lp = j->done && j->req.logprobs ? &j->lp : NULL;
     pthread_mutex_unlock(&j->mu);
     return out->text || out->done;
 }
@@ -200,6 +205,14 @@ static void on_tokens(void *u, const int *t, int n) {
     pthread_cond_broadcast(&j->cv);
 }
 
+/* The rows the tokens were drawn from: their log-probabilities under the request's law. */
+static void on_rows(void *u, const float *const *rows, const int *t, int n, int vocab) {
+    ServeJob *j = u;
+    pthread_mutex_lock(&j->mu);
+    for (int i = 0; i < n; i++) serve_logprobs_add(&j->lp, rows[i], vocab, &j->d.sampling, t[i]);
+    pthread_mutex_unlock(&j->mu);
+}
+
 static void on_round(void *u, const RoundInfo *r) {
     ServeJob *j = u;
     serve_metrics_round(j->core->metrics, r->emitted - r->dropped, r->fallback_ar);
@@ -224,6 +237,7 @@ static int should_stop(void *u) {
 static void job_end(ServeJob *j, ServeFinish f, const char *reason, int status, const char *why) {
     pthread_mutex_lock(&j->mu);
     serve_text_finish(&j->text);
+    if (j->lp.n > j->n_out) j->lp.n = j->n_out; /* a round's tokens past a stop string */
     j->finish_reason = reason;
     if (f == FINISH_ERROR) {
         j->failed = 1;
@@ -251,7 +265,7 @@ static void job_run(ServeCore *c, ServeJob *j) {
         job_end(j, FINISH_CANCELLED, NULL, 0, NULL);
         return;
     }
-    DecodeHooks h = {on_tokens, on_round, on_event, j, should_stop};
+    DecodeHooks h = {on_tokens, on_round, on_event, j, should_stop, j->req.logprobs ? on_rows : NULL};
     DecodeResult res = {0};
     res.cap = j->d.max_new + ROUND_MAX_EMIT;
     res.tokens = rs_xmalloc(sizeof(int) * (size_t)res.cap);

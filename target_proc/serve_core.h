@@ -60,6 +60,8 @@ typedef struct {
     int failed;          /* the decode failed: err says why */
     ServeError err;
     ServeUsage usage;
+    const ServeLogprobs *lp; /* done and asked for: the tokens' log-probabilities (the job's,
+                                valid while the caller holds its reference) */
 } ServeOutput;
 
 /* Waits up to timeout_ms for new output or the end of the job. Returns 1 when out has

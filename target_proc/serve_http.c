@@ -192,8 +192,8 @@ static enum MHD_Result finish_whole(ServeHttp *h, struct MHD_Connection *c, Serv
     int rc = fclose(f);
     RS_ASSERT(rc == 0);
     enum MHD_Result ok = o.failed ? reply_error(h, c, &o.err)
-                                  : reply(h, c, 200, serve_response_json(serve_job_meta(j), acc, len,
-                                                                         o.finish_reason, &o.usage),
+                                  : reply(h, c, 200, serve_response_logprobs_json(serve_job_meta(j), acc, len,
+                                                                                  o.finish_reason, &o.usage, o.lp),
                                           "application/json");
     free(acc);
     return ok;

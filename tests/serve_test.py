@@ -8,6 +8,7 @@ documents. Prints `serve: N passed, M failed` and exits 1 on any failure.
 import atexit
 import http.client
 import json
+import math
 import os
 import re
 import signal
@@ -255,8 +256,9 @@ def test_queue_full():
 
 # ---- speculative decoding ---------------------------------------------------------------
 
-def test_speculative(ref):
+def test_speculative(ref, ar):
     s = Server("--decoder", "rootdraw", "--budget", "16")
+    test_logprobs(ar, s)
     r = chat(s, max_tokens=24, temperature=0)
     check("rootdraw (in-process drafter) T=0 text equals AR's", r.choices[0].message.content == ref,
           f"{r.choices[0].message.content!r}")
@@ -682,6 +684,58 @@ def test_threads_default(s):
           line)
 
 
+def _chat_lp(s, **kw):
+    r = s.client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": PROMPT}], max_tokens=16,
+                                         logprobs=True, top_logprobs=5, **kw)
+    return r.choices[0], r.usage
+
+
+def _law_ok(c, greedy):
+    """A token's logprob <= 0, its alternatives sorted and summing to at most 1, the token
+    among them with the same value when it is likely enough, and at T=0 the most likely."""
+    for e in c.logprobs.content:
+        tops = [t.logprob for t in e.top_logprobs]
+        if not (e.logprob <= 1e-9 and tops == sorted(tops, reverse=True) and sum(map(math.exp, tops)) <= 1 + 1e-6):
+            return False
+        same = [t.logprob for t in e.top_logprobs if t.token == e.token]
+        if e.logprob >= tops[-1] and not (same and abs(same[0] - e.logprob) < 1e-9):
+            return False
+        if greedy and abs(e.logprob - tops[0]) > 1e-9:
+            return False
+    return True
+
+
+def test_logprobs(s, spec):
+    """logprobs/top_logprobs with the openai client: consistent with the law they claim, and
+    a speculative server's (rows from its verified tree) equal to AR's at T=0."""
+    c, u = _chat_lp(s, temperature=0)
+    check("chat logprobs: one entry per output token, the text's bytes",
+          len(c.logprobs.content) == u.completion_tokens and
+          b"".join(bytes(e.bytes) for e in c.logprobs.content) == c.message.content.encode(), f"{c.logprobs}")
+    check("chat logprobs at T=0: the law's checks hold", _law_ok(c, True), f"{c.logprobs.content[:3]}")
+    c7, _ = _chat_lp(s, temperature=0.8, seed=5, extra_body={"top_k": 40})
+    check("chat logprobs at T=0.8, top_k 40: the law's checks hold", _law_ok(c7, False), f"{c7.logprobs.content[:3]}")
+    cs, _ = _chat_lp(spec, temperature=0)
+    same = [e.token for e in cs.logprobs.content] == [e.token for e in c.logprobs.content]
+    diff = max((abs(a.logprob - b.logprob) for a, b in zip(cs.logprobs.content, c.logprobs.content)), default=9)
+    tdiff = max((abs(x.logprob - y.logprob) for a, b in zip(cs.logprobs.content, c.logprobs.content)
+                 for x, y in zip(a.top_logprobs, b.top_logprobs)), default=9)
+    check("rootdraw's logprobs (verified tree rows) equal AR's at T=0 (within 1e-3)",
+          same and diff < 1e-3 and tdiff < 1e-3, f"max diff {diff} {tdiff}")
+    r = s.client.completions.create(model=NAME, prompt="The capital of France is", max_tokens=8, temperature=0,
+                                    logprobs=3)
+    lp = r.choices[0].logprobs
+    check("completions logprobs N: tokens spell the text, offsets, N alternatives",
+          "".join(lp.tokens) == r.choices[0].text and len(lp.token_logprobs) == 8 and
+          lp.text_offset == [sum(len(t.encode()) for t in lp.tokens[:i]) for i in range(8)] and
+          all(len(m) == 3 for m in lp.top_logprobs), f"{lp}")
+    for body, param in (({"logprobs": True, "stream": True}, "logprobs"), ({"top_logprobs": 3}, "top_logprobs"),
+                        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs")):
+        st, b = s.raw("POST", "/v1/chat/completions", body=json.dumps(
+            {"messages": [{"role": "user", "content": "x"}], **body}), headers={"Content-Type": "application/json"})
+        check(f"chat {body}: 400 naming {param}", st == 400 and json.loads(b)["error"]["param"] == param, f"{st} {b!r}")
+
+
 def main():
     ref = target_text("--prompt", PROMPT, "--chat", "--max-new", "24")
     s = Server()
@@ -699,7 +753,9 @@ def main():
     test_api_keys()
     test_shutdown()
     test_slow_clients()
-    test_speculative(ref)
+    ar = Server()
+    test_speculative(ref, ar)
+    ar.stop()
     test_drafter_failure()
     test_flood()
     print(f"serve: {results['passed']} passed, {results['failed']} failed")

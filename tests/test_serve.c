@@ -8,6 +8,7 @@
 #include "common/rng.h"
 #include "target_proc/serve.h"
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <string.h>
 #include <utf8proc.h>
 
@@ -287,6 +288,43 @@ START_TEST(test_gate) {
 }
 END_TEST
 
+/* serve_logprobs_add against the law written out here: log p = l/T - log sum over the k
+ * largest of exp(l/T) (top-k), the raw softmax at T = 0; the alternatives are the k most
+ * likely in order; a token the law filters out is not listed. */
+START_TEST(test_logprobs_law) {
+    Rng r;
+    rng_seed(&r, 9);
+    enum { V = 300 };
+    float row[V];
+    for (int rep = 0; rep < 50; rep++) {
+        for (int i = 0; i < V; i++) row[i] = (float)(rng_uniform(&r) * 12 - 6);
+        double T = rep % 3 == 0 ? 0 : 0.3 + rng_uniform(&r);
+        int k = rep % 2 ? 0 : 1 + (int)(rng_uniform(&r) * 30);
+        Sampling law = {.temperature = T, .top_p = 1, .top_k = k};
+        int order[V];
+        row_topk(row, V, V, order);
+        double t = T == 0 ? 1 : T, lse = 0;
+        int kept = T == 0 || k == 0 ? V : k;
+        for (int i = 0; i < kept; i++) lse += exp(row[order[i]] / t);
+        lse = log(lse);
+        ServeLogprobs l = {.top_n = 5};
+        int id = order[rep % 4];
+        serve_logprobs_add(&l, row, V, &law, id);
+        ck_assert_int_eq(l.n, 1);
+        ck_assert_msg(fabs(l.lp[0] - (row[id] / t - lse)) < 1e-6, "rep %d: %g vs %g", rep, l.lp[0], row[id] / t - lse);
+        for (int i = 0; i < 5; i++) {
+            if (i >= kept) {
+                ck_assert_int_eq(l.top_ids[i], -1);
+                continue;
+            }
+            ck_assert_int_eq(l.top_ids[i], order[i]);
+            ck_assert(fabs(l.top_lp[i] - (row[order[i]] / t - lse)) < 1e-6);
+        }
+        serve_logprobs_free(&l);
+    }
+}
+END_TEST
+
 /* ---- responses and metrics ---------------------------------------------------------------- */
 
 START_TEST(test_response_json) {
@@ -364,6 +402,7 @@ Suite *suite_serve(void) {
     tcase_add_test(tc, test_error_utf8);
     tcase_add_test(tc, test_request_strict_json);
     tcase_add_test(tc, test_gate);
+    tcase_add_test(tc, test_logprobs_law);
     tcase_add_test(tc, test_response_json);
     tcase_add_test(tc, test_metrics);
     suite_add_tcase(s, tc);
