@@ -243,12 +243,13 @@ static void job_end(ServeJob *j, ServeFinish f, const char *reason, int status, 
         j->failed = 1;
         serve_error(&j->err, status, NULL, "%s", why);
     }
+    /* Counted before the connection can see the end: a client that reads /metrics after
+     * its answer finds it there. */
+    serve_metrics_finish(j->core->metrics, f, f == FINISH_CANCELLED && j->n_out == 0 ? 0 : j->n_ids,
+                         j->n_out, j->drafter_failed);
     j->done = 1;
-    int n_out = j->n_out;
     pthread_mutex_unlock(&j->mu);
     pthread_cond_broadcast(&j->cv);
-    serve_metrics_finish(j->core->metrics, f, f == FINISH_CANCELLED && n_out == 0 ? 0 : j->n_ids,
-                         n_out, j->drafter_failed);
 }
 
 /* A cancel from serve_core_stop rather than from the client: the client is still there and
