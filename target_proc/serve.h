@@ -24,6 +24,7 @@ typedef enum { SERVE_CHAT, SERVE_COMPLETION } ServeKind;
 #define SERVE_STOP_MAX 4     /* OpenAI's limit on stop strings */
 #define SERVE_MSGS_MAX 256   /* turns in one chat request */
 #define SERVE_STOP_LEN 256   /* bytes per stop string */
+#define SERVE_N_MAX 16       /* choices in one request ("n") */
 
 /* An OpenAI-style error: HTTP status, the error object's type/code/param and message. */
 typedef struct {
@@ -53,6 +54,8 @@ typedef struct {
     double temperature, top_p, min_p;
     int top_k;
     uint64_t seed;
+    int n;                 /* choices, 1..SERVE_N_MAX (decoded one after another) */
+    int choice;            /* which choice this request decodes: with a seed, its stream */
     int logprobs;          /* chat "logprobs": true / completions "logprobs": N: report them */
     int top_logprobs;      /* alternatives per token (chat "top_logprobs", completions N) */
     int rule;              /* extension "rootspec": {"decoder": NAME}; -1 absent */
@@ -164,6 +167,15 @@ char *serve_response_json(const ServeMeta *m, const char *text, size_t n,
 char *serve_response_logprobs_json(const ServeMeta *m, const char *text, size_t n,
                                    const char *finish_reason, const ServeUsage *u,
                                    const ServeLogprobs *lp);
+/* One choice of several ("n"): its text (n bytes, valid UTF-8), finish_reason, logprobs. */
+typedef struct {
+    const char *text;
+    size_t n;
+    const char *finish_reason;
+    const ServeLogprobs *lp;
+} ServeChoice;
+char *serve_response_choices_json(const ServeMeta *m, const ServeChoice *ch, int n_choices,
+                                  const ServeUsage *u);
 /* One streamed chunk: role_only (chat's first chunk: the assistant role, empty content), a
  * text delta (text != NULL), or the last one (finish_reason != NULL, empty delta). u != NULL:
  * the usage chunk (no choices) that stream_options.include_usage asks for. */

@@ -111,10 +111,9 @@ static int parse_stop(const cJSON *o, ServeRequest *r, ServeError *se) {
 /* Fields that change what is returned in ways this server does not implement: only their
  * neutral values pass. */
 static int parse_refused(const cJSON *o, ServeError *se) {
-    int n = 1, has = 0, echo = 0;
+    int has = 0, echo = 0;
     double pen = 0;
-    int rc = get_int(o, "n", 1, 1, &n, NULL, se);
-    if (!rc) rc = get_bool(o, "echo", &echo, se);
+    int rc = get_bool(o, "echo", &echo, se);
     if (!rc && echo) rc = serve_error(se, 400, "echo", "'echo' is not supported by this build");
     static const char *const zero[] = {"presence_penalty", "frequency_penalty"};
     for (int i = 0; i < 2 && !rc; i++) {
@@ -259,6 +258,9 @@ static int parse_common(const cJSON *o, ServeRequest *r, ServeError *se) {
     if (!rc) rc = parse_stop(o, r, se);
     if (!rc) rc = parse_sampling(o, r, se);
     if (!rc) rc = parse_refused(o, se);
+    if (!rc) rc = get_int(o, "n", 1, SERVE_N_MAX, &r->n, NULL, se);
+    if (!rc && r->n > 1 && r->stream)
+        rc = serve_error(se, 400, "n", "'n' > 1 while streaming is not supported by this build");
     if (!rc) rc = parse_logprobs(o, r, se);
     return rc ? rc : parse_extension(o, r, se);
 }
@@ -284,6 +286,7 @@ int serve_request_parse(const char *body, size_t len, ServeKind kind, const char
     memset(r, 0, sizeof *r);
     r->kind = kind;
     r->rule = -1;
+    r->n = 1;
     const char *end = NULL;
     cJSON *o = cJSON_ParseWithLengthOpts(body, len, &end, 0);
     if (!o) return serve_error(se, 400, NULL, "the request body is not valid JSON");
@@ -356,10 +359,10 @@ static cJSON *string_n(const char *text, size_t n) {
 }
 
 /* One choice: chat's message/delta or a completion's text. */
-static cJSON *choice(const ServeMeta *m, int chunk, int role, const char *text, size_t n,
-                     const char *finish) {
+static cJSON *choice_at(const ServeMeta *m, int index, int chunk, int role, const char *text,
+                        size_t n, const char *finish) {
     cJSON *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", index);
     if (m->kind == SERVE_CHAT) {
         cJSON *msg = cJSON_AddObjectToObject(c, chunk ? "delta" : "message");
         if (role || !chunk) cJSON_AddStringToObject(msg, "role", "assistant");
@@ -371,6 +374,11 @@ static cJSON *choice(const ServeMeta *m, int chunk, int role, const char *text, 
     if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
     else cJSON_AddNullToObject(c, "finish_reason");
     return c;
+}
+
+static cJSON *choice(const ServeMeta *m, int chunk, int role, const char *text, size_t n,
+                     const char *finish) {
+    return choice_at(m, 0, chunk, role, text, n, finish);
 }
 
 static char *print_delete(cJSON *o) {
@@ -496,14 +504,23 @@ static cJSON *completion_logprobs(const ServeLogprobs *l) {
 char *serve_response_logprobs_json(const ServeMeta *m, const char *text, size_t n,
                                    const char *finish_reason, const ServeUsage *u,
                                    const ServeLogprobs *lp) {
+    ServeChoice c = {text, n, finish_reason, lp};
+    return serve_response_choices_json(m, &c, 1, u);
+}
+
+char *serve_response_choices_json(const ServeMeta *m, const ServeChoice *ch, int n_choices,
+                                  const ServeUsage *u) {
     cJSON *o = meta_object(m, 0);
-    cJSON *ch = cJSON_AddArrayToObject(o, "choices");
-    cJSON *c = choice(m, 0, 0, text, n, finish_reason);
-    if (lp) {
-        cJSON_DeleteItemFromObjectCaseSensitive(c, "logprobs");
-        cJSON_AddItemToObject(c, "logprobs", m->kind == SERVE_CHAT ? chat_logprobs(lp) : completion_logprobs(lp));
+    cJSON *arr = cJSON_AddArrayToObject(o, "choices");
+    for (int i = 0; i < n_choices; i++) {
+        cJSON *c = choice_at(m, i, 0, 0, ch[i].text, ch[i].n, ch[i].finish_reason);
+        if (ch[i].lp) {
+            cJSON_DeleteItemFromObjectCaseSensitive(c, "logprobs");
+            cJSON_AddItemToObject(c, "logprobs", m->kind == SERVE_CHAT ? chat_logprobs(ch[i].lp)
+                                                                        : completion_logprobs(ch[i].lp));
+        }
+        cJSON_AddItemToArray(arr, c);
     }
-    cJSON_AddItemToArray(ch, c);
     add_usage(o, u);
     return print_delete(o);
 }

@@ -118,7 +118,8 @@ static int job_options(ServeCore *c, ServeJob *j, ServeError *se) {
         j->d.planner = c->en->planner;
         j->d.budget = TREE_MAX;
     }
-    j->d.prompt_id = r->has_seed ? 0 : j->seq; /* unseeded requests: a stream each */
+    /* unseeded requests: a stream each; seeded: one per choice, the same on every call */
+    j->d.prompt_id = r->has_seed ? (uint64_t)r->choice : j->seq;
     int room = target_kv_capacity(c->en->target) - decode_round_reserve(&j->d) - j->n_ids + 1;
     if (room < 1 || (r->max_tokens && r->max_tokens > room)) {
         serve_error(se, 400, r->kind == SERVE_CHAT ? "messages" : "prompt",

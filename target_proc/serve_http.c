@@ -170,32 +170,88 @@ static enum MHD_Result start_stream(ServeHttp *h, struct MHD_Connection *c, Serv
 
 /* ---- completions ------------------------------------------------------------------------- */
 
-/* Waits for the whole answer. MHD_NO (the connection closes) when the client went away. */
-static enum MHD_Result finish_whole(ServeHttp *h, struct MHD_Connection *c, ServeJob *j) {
-    char *acc = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&acc, &len);
+/* Waits for the whole answer into *acc (malloc'd, *len bytes) and *o. -1 when the client
+ * went away (the job is cancelled), else 0. */
+static int wait_whole(struct MHD_Connection *c, ServeJob *j, char **acc, size_t *len, ServeOutput *o) {
+    *acc = NULL;
+    *len = 0;
+    FILE *f = open_memstream(acc, len);
     RS_ASSERT(f);
-    ServeOutput o;
     for (;;) {
-        int got = serve_job_wait(j, WAIT_MS, &o);
-        if (o.text) fwrite(o.text, 1, o.n, f);
-        free(o.text);
-        if (got && o.done) break;
+        int got = serve_job_wait(j, WAIT_MS, o);
+        if (o->text) fwrite(o->text, 1, o->n, f);
+        free(o->text);
+        o->text = NULL;
+        if (got && o->done) break;
         if (peer_gone(c)) {
             serve_job_cancel(j);
             fclose(f);
-            free(acc);
-            return MHD_NO;
+            free(*acc);
+            *acc = NULL;
+            return -1;
         }
     }
     int rc = fclose(f);
     RS_ASSERT(rc == 0);
+    return 0;
+}
+
+/* The whole answer. MHD_NO (the connection closes) when the client went away. */
+static enum MHD_Result finish_whole(ServeHttp *h, struct MHD_Connection *c, ServeJob *j) {
+    char *acc;
+    size_t len;
+    ServeOutput o;
+    if (wait_whole(c, j, &acc, &len, &o)) return MHD_NO;
     enum MHD_Result ok = o.failed ? reply_error(h, c, &o.err)
                                   : reply(h, c, 200, serve_response_logprobs_json(serve_job_meta(j), acc, len,
                                                                                   o.finish_reason, &o.usage, o.lp),
                                           "application/json");
     free(acc);
+    return ok;
+}
+
+/* Choice i of n: the request parsed again (a job owns its request), decoded as a job of its
+ * own with the seed stream i, waited for. 0, -1 (client gone) or an HTTP status in se. */
+static int decode_choice(ServeHttp *h, struct MHD_Connection *c, ServeKind kind, const ConnState *cs,
+                         int i, ServeJob **j, char **acc, size_t *len, ServeOutput *o, ServeError *se) {
+    ServeRequest r;
+    int rc = serve_request_parse(cs->body ? cs->body : "", cs->len, kind, serve_core_model(h->core), &r, se);
+    r.choice = i;
+    if (!rc) rc = serve_job_create(h->core, &r, j, se);
+    if (!rc) rc = serve_core_submit(h->core, *j, se);
+    serve_request_free(&r);
+    if (rc) return rc;
+    if (wait_whole(c, *j, acc, len, o)) return -1;
+    if (o->failed) *se = o->err;
+    return o->failed ? o->err.status : 0;
+}
+
+/* n > 1: the choices one after another, answered together (usage: the prompt once, every
+ * choice's tokens). */
+static enum MHD_Result finish_choices(ServeHttp *h, struct MHD_Connection *c, ServeKind kind,
+                                      const ConnState *cs, int n) {
+    ServeJob *jobs[SERVE_N_MAX] = {0};
+    char *acc[SERVE_N_MAX] = {0};
+    ServeChoice ch[SERVE_N_MAX];
+    ServeUsage u = {0, 0};
+    ServeError se;
+    int rc = 0, i;
+    for (i = 0; i < n && !rc; i++) {
+        ServeOutput o;
+        rc = decode_choice(h, c, kind, cs, i, &jobs[i], &acc[i], &ch[i].n, &o, &se);
+        if (rc) break;
+        ch[i] = (ServeChoice){acc[i], ch[i].n, o.finish_reason, o.lp};
+        u.prompt_tokens = o.usage.prompt_tokens;
+        u.completion_tokens += o.usage.completion_tokens;
+    }
+    enum MHD_Result ok = rc < 0 ? MHD_NO
+                         : rc ? reply_error(h, c, &se)
+                              : reply(h, c, 200, serve_response_choices_json(serve_job_meta(jobs[0]), ch, n, &u),
+                                      "application/json");
+    for (int k = 0; k < n; k++) {
+        free(acc[k]);
+        serve_job_unref(&jobs[k]);
+    }
     return ok;
 }
 
@@ -206,6 +262,15 @@ static enum MHD_Result handle_completion(ServeHttp *h, struct MHD_Connection *c,
     ServeJob *j = NULL;
     int rc = serve_request_parse(cs->body ? cs->body : "", cs->len, kind, serve_core_model(h->core),
                                  &r, &se);
+    /* The idle timeout is for clients that stall; a job may wait and decode for longer
+     * than that without a byte on the wire, and the connection must outlive it (on_completed
+     * restores the timeout). */
+    if (!rc && r.n > 1) {
+        int n = r.n;
+        serve_request_free(&r);
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+        return finish_choices(h, c, kind, cs, n);
+    }
     if (!rc) rc = serve_job_create(h->core, &r, &j, &se);
     if (!rc) rc = serve_core_submit(h->core, j, &se);
     if (rc) {
@@ -213,9 +278,6 @@ static enum MHD_Result handle_completion(ServeHttp *h, struct MHD_Connection *c,
         serve_job_unref(&j);
         return reply_error(h, c, &se);
     }
-    /* The idle timeout is for clients that stall; a job may wait and decode for longer
-     * than that without a byte on the wire, and the connection must outlive it (on_completed
-     * restores the timeout). */
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     if (serve_job_request(j)->stream) return start_stream(h, c, j); /* the stream owns j */
     enum MHD_Result ok = finish_whole(h, c, j);

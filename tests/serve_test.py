@@ -322,7 +322,7 @@ BAD_BODIES = [
     '{"prompt": [1], "stream": "yes"}', '{"prompt": [1], "stop": 3}', '{"prompt": [1], "stop": ["", "a"]}',
     '{"prompt": [1], "stop": ["a","b","c","d","e"]}', '{"prompt": [1], "temperature": "hot"}',
     '{"prompt": [1], "temperature": -1}', '{"prompt": [1], "top_p": 1.5}', '{"prompt": [1], "min_p": 2}',
-    '{"prompt": [1], "n": 2}', '{"prompt": [1], "seed": "s"}', '{"prompt": [1], "rootspec": 1}',
+    '{"prompt": [1], "n": 0}', '{"prompt": [1], "seed": "s"}', '{"prompt": [1], "rootspec": 1}',
     '{"prompt": [1], "rootspec": {"decoder": "oracle"}}', '{"prompt": [1], "rootspec": {"budget": 0}}',
     '{"prompt": [1], "rootspec": {"decoder": "rootdraw"}}', '{"prompt": [1], "stream_options": 1}',
     '{"model": 7, "prompt": [1]}', '{"prompt": "text but no tokenizer"}', "[" * 5000 + "]" * 5000,
@@ -736,6 +736,21 @@ def test_logprobs(s, spec):
         check(f"chat {body}: 400 naming {param}", st == 400 and json.loads(b)["error"]["param"] == param, f"{st} {b!r}")
 
 
+
+def test_n(s, ref):
+    """n=3 with the openai client: three choices, indexed, usage summing their tokens; at
+    T=0 each is AR's text; sampled with a seed, the same three again on a second call."""
+    r = chat(s, max_tokens=24, temperature=0, n=3)
+    check("n=3 at T=0: three choices, each AR's text", [c.index for c in r.choices] == [0, 1, 2] and
+          all(c.message.content == ref for c in r.choices) and r.usage.completion_tokens == 72,
+          f"{[c.message.content for c in r.choices]} {r.usage}")
+    a, b = (chat(s, max_tokens=12, temperature=0.9, seed=11, n=3, logprobs=True) for _ in range(2))
+    ta, tb = [c.message.content for c in a.choices], [c.message.content for c in b.choices]
+    check("n=3 sampled with a seed: the same choices twice, not all alike, each with its logprobs",
+          ta == tb and len(set(ta)) > 1 and all(c.logprobs.content for c in a.choices) and
+          sum(len(c.logprobs.content) for c in a.choices) == a.usage.completion_tokens, f"{ta} {tb}")
+
+
 def main():
     ref = target_text("--prompt", PROMPT, "--chat", "--max-new", "24")
     s = Server()
@@ -744,7 +759,7 @@ def main():
               lambda: test_models_health(s), lambda: test_concurrent(s, ref), lambda: test_disconnect(s),
               lambda: test_errors(s), lambda: test_half_close(s),
               lambda: test_host_and_content_type(s), lambda: test_tokenize(s),
-              lambda: test_threads_default(s)):
+              lambda: test_threads_default(s), lambda: test_n(s, ref)):
         t()
     check("the server stops with status 0 on SIGTERM", s.stop() == 0)
     test_queue_full()
