@@ -722,6 +722,9 @@ def test_logprobs(s, spec):
                  for x, y in zip(a.top_logprobs, b.top_logprobs)), default=9)
     check("rootdraw's logprobs (verified tree rows) equal AR's at T=0 (within 1e-3)",
           same and diff < 1e-3 and tdiff < 1e-3, f"max diff {diff} {tdiff}")
+    cs7, u7 = _chat_lp(spec, temperature=0.8, seed=5, extra_body={"top_k": 40})
+    check("rootdraw's logprobs at T=0.8, top_k 40: one per token, the law's checks hold",
+          len(cs7.logprobs.content) == u7.completion_tokens and _law_ok(cs7, False), f"{cs7.logprobs.content[:3]}")
     r = s.client.completions.create(model=NAME, prompt="The capital of France is", max_tokens=8, temperature=0,
                                     logprobs=3)
     lp = r.choices[0].logprobs
