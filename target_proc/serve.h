@@ -141,11 +141,14 @@ typedef struct {
     int *top_ids;     /* (n * top_n); -1 past the tokens the law keeps */
     double *top_lp;
     const Tokenizer *tok; /* the tokens' text; NULL: " <id>" */
+    size_t offset0;       /* bytes of output before entry 0 (a stream's later chunks) */
 } ServeLogprobs;
 
 /* Appends one token: its row of vocab logits and the law (greedy: T = 1 unfiltered). */
 void serve_logprobs_add(ServeLogprobs *l, const float *row, int vocab, const Sampling *law, int id);
 void serve_logprobs_free(ServeLogprobs *l);
+/* dst (empty) gets src's entries [from, to), copied. */
+void serve_logprobs_slice(ServeLogprobs *dst, const ServeLogprobs *src, int from, int to);
 
 char *serve_error_json(const ServeError *se);
 /* The model list; context: the model's context length in tokens. */
@@ -181,6 +184,9 @@ char *serve_response_choices_json(const ServeMeta *m, const ServeChoice *ch, int
  * the usage chunk (no choices) that stream_options.include_usage asks for. */
 char *serve_chunk_json(const ServeMeta *m, int role_only, const char *text, size_t n,
                        const char *finish_reason, const ServeUsage *u);
+/* A text delta with the log-probabilities of the tokens that arrived with it (their text may
+ * come in this chunk or a later one: stop strings and characters hold text back). */
+char *serve_chunk_logprobs_json(const ServeMeta *m, const char *text, size_t n, const ServeLogprobs *lp);
 
 /* ---- output text --------------------------------------------------------------------- */
 

@@ -229,7 +229,7 @@ static int parse_prompt(const cJSON *o, ServeRequest *r, ServeError *se) {
 }
 
 /* Chat: "logprobs": bool, "top_logprobs": 0..20 (with logprobs). Completions:
- * "logprobs": N, 0..20 (the top N too). Not while streaming (this build). */
+ * "logprobs": N, 0..20 (the top N too). */
 static int parse_logprobs(const cJSON *o, ServeRequest *r, ServeError *se) {
     int rc, has = 0;
     if (r->kind == SERVE_CHAT) {
@@ -240,8 +240,6 @@ static int parse_logprobs(const cJSON *o, ServeRequest *r, ServeError *se) {
     } else {
         rc = get_int(o, "logprobs", 0, SERVE_TOP_LOGPROBS, &r->top_logprobs, &r->logprobs, se);
     }
-    if (!rc && r->logprobs && r->stream)
-        rc = serve_error(se, 400, "logprobs", "'logprobs' while streaming is not supported by this build");
     return rc;
 }
 
@@ -423,6 +421,27 @@ void serve_logprobs_add(ServeLogprobs *l, const float *row, int vocab, const Sam
     l->n++;
 }
 
+static char *token_text(const ServeLogprobs *l, int id, const char **b, size_t *n);
+
+void serve_logprobs_slice(ServeLogprobs *dst, const ServeLogprobs *src, int from, int to) {
+    int n = to - from, k = src->top_n;
+    *dst = (ServeLogprobs){.n = n, .cap = n, .top_n = k, .tok = src->tok, .offset0 = src->offset0};
+    for (int i = 0; i < from; i++) {
+        const char *b;
+        size_t len;
+        free(token_text(src, src->ids[i], &b, &len));
+        dst->offset0 += len;
+    }
+    dst->ids = rs_xmalloc(sizeof(int) * (size_t)(n + 1));
+    dst->lp = rs_xmalloc(sizeof(double) * (size_t)(n + 1));
+    dst->top_ids = rs_xmalloc(sizeof(int) * (size_t)(n * k + 1));
+    dst->top_lp = rs_xmalloc(sizeof(double) * (size_t)(n * k + 1));
+    memcpy(dst->ids, src->ids + from, sizeof(int) * (size_t)n);
+    memcpy(dst->lp, src->lp + from, sizeof(double) * (size_t)n);
+    memcpy(dst->top_ids, src->top_ids + (size_t)from * k, sizeof(int) * (size_t)(n * k));
+    memcpy(dst->top_lp, src->top_lp + (size_t)from * k, sizeof(double) * (size_t)(n * k));
+}
+
 void serve_logprobs_free(ServeLogprobs *l) {
     free(l->ids);
     free(l->lp);
@@ -477,7 +496,7 @@ static cJSON *completion_logprobs(const ServeLogprobs *l) {
     cJSON *o = cJSON_CreateObject(), *toks = cJSON_AddArrayToObject(o, "tokens");
     cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs"), *tops = cJSON_AddArrayToObject(o, "top_logprobs");
     cJSON *offs = cJSON_AddArrayToObject(o, "text_offset");
-    size_t off = 0;
+    size_t off = l->offset0;
     for (int i = 0; i < l->n; i++) {
         const char *b;
         size_t n;
@@ -531,6 +550,16 @@ char *serve_chunk_json(const ServeMeta *m, int role_only, const char *text, size
     cJSON *ch = cJSON_AddArrayToObject(o, "choices");
     if (u) add_usage(o, u);
     else cJSON_AddItemToArray(ch, choice(m, 1, role_only, text, n, finish_reason));
+    return print_delete(o);
+}
+
+char *serve_chunk_logprobs_json(const ServeMeta *m, const char *text, size_t n, const ServeLogprobs *lp) {
+    cJSON *o = meta_object(m, 1);
+    cJSON *ch = cJSON_AddArrayToObject(o, "choices");
+    cJSON *c = choice(m, 1, 0, text ? text : "", n, NULL);
+    cJSON_DeleteItemFromObjectCaseSensitive(c, "logprobs");
+    cJSON_AddItemToObject(c, "logprobs", m->kind == SERVE_CHAT ? chat_logprobs(lp) : completion_logprobs(lp));
+    cJSON_AddItemToArray(ch, c);
     return print_delete(o);
 }
 

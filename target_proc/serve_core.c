@@ -36,6 +36,7 @@ struct ServeJob {
     ServeText text;
     ServeLogprobs lp; /* when the request asks for them: one entry per output token */
     int done, failed, n_out;
+    int lp_taken; /* streams: entries serve_job_wait handed out */
     const char *finish_reason;
     ServeError err;
     /* the worker's own */
@@ -180,8 +181,14 @@ int serve_job_wait(ServeJob *j, int timeout_ms, ServeOutput *out) {
     out->finish_reason = j->finish_reason;
     out->usage = (ServeUsage){j->n_ids, j->n_out};
     out->lp = j->done && j->req.logprobs ? &j->lp : NULL;
+    int to = j->lp.n < j->n_out ? j->lp.n : j->n_out; /* none past a stop string */
+    if (j->req.logprobs && j->req.stream && to > j->lp_taken) {
+        out->lp_new = rs_xmalloc(sizeof *out->lp_new);
+        serve_logprobs_slice(out->lp_new, &j->lp, j->lp_taken, to);
+        j->lp_taken = to;
+    }
     pthread_mutex_unlock(&j->mu);
-    return out->text || out->done;
+    return out->text || out->done || out->lp_new;
 }
 
 /* ---- the decode ------------------------------------------------------------------------ */

@@ -62,6 +62,8 @@ typedef struct {
     ServeUsage usage;
     const ServeLogprobs *lp; /* done and asked for: the tokens' log-probabilities (the job's,
                                 valid while the caller holds its reference) */
+    ServeLogprobs *lp_new;   /* streams asking for them: the entries not taken before
+                                (malloc'd: serve_logprobs_free, then free), or NULL */
 } ServeOutput;
 
 /* Waits up to timeout_ms for new output or the end of the job. Returns 1 when out has

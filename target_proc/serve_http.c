@@ -107,7 +107,8 @@ static void stream_frames(Stream *s, const ServeOutput *o) {
     RS_ASSERT(f);
     if (!s->started && m->kind == SERVE_CHAT) frame(f, serve_chunk_json(m, 1, NULL, 0, NULL, NULL));
     s->started = 1;
-    if (o && o->text) frame(f, serve_chunk_json(m, 0, o->text, o->n, NULL, NULL));
+    if (o && o->lp_new) frame(f, serve_chunk_logprobs_json(m, o->text, o->n, o->lp_new));
+    else if (o && o->text) frame(f, serve_chunk_json(m, 0, o->text, o->n, NULL, NULL));
     if (o && o->done) {
         if (o->failed) frame(f, serve_error_json(&o->err));
         else frame(f, serve_chunk_json(m, 0, NULL, 0, o->finish_reason, NULL));
@@ -141,6 +142,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         int got = serve_job_wait(s->job, WAIT_MS, &o);
         if (got) stream_frames(s, &o);
         free(o.text);
+        if (o.lp_new) serve_logprobs_free(o.lp_new);
+        free(o.lp_new);
         if (!got && peer_gone(s->conn)) return MHD_CONTENT_READER_END_WITH_ERROR;
     }
 }

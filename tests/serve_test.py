@@ -732,7 +732,24 @@ def test_logprobs(s, spec):
           "".join(lp.tokens) == r.choices[0].text and len(lp.token_logprobs) == 8 and
           lp.text_offset == [sum(len(t.encode()) for t in lp.tokens[:i]) for i in range(8)] and
           all(len(m) == 3 for m in lp.top_logprobs), f"{lp}")
-    for body, param in (({"logprobs": True, "stream": True}, "logprobs"), ({"top_logprobs": 3}, "top_logprobs"),
+    entries = []
+    for ch in chat(s, max_tokens=16, temperature=0, logprobs=True, top_logprobs=5, stream=True):
+        for x in ch.choices:
+            entries += x.logprobs.content if x.logprobs and x.logprobs.content else []
+    check("chat stream with logprobs: the same entries as the whole answer's",
+          [(e.token, round(e.logprob, 9), [t.token for t in e.top_logprobs]) for e in entries] ==
+          [(e.token, round(e.logprob, 9), [t.token for t in e.top_logprobs]) for e in c.logprobs.content],
+          f"{len(entries)} vs {len(c.logprobs.content)}")
+    offs, toks = [], []
+    for ch in s.client.completions.create(model=NAME, prompt="The capital of France is", max_tokens=8,
+                                          temperature=0, logprobs=3, stream=True):
+        for x in ch.choices:
+            if x.logprobs:
+                offs += x.logprobs.text_offset
+                toks += x.logprobs.tokens
+    check("completions stream with logprobs: the whole answer's tokens and text offsets",
+          toks == lp.tokens and offs == lp.text_offset, f"{toks} {offs} vs {lp.tokens} {lp.text_offset}")
+    for body, param in (({"top_logprobs": 3}, "top_logprobs"),
                         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs")):
         st, b = s.raw("POST", "/v1/chat/completions", body=json.dumps(
             {"messages": [{"role": "user", "content": "x"}], **body}), headers={"Content-Type": "application/json"})
