@@ -258,7 +258,6 @@ def test_queue_full():
 
 def test_speculative(ref, ar):
     s = Server("--decoder", "rootdraw", "--budget", "16")
-    test_logprobs(ar, s)
     r = chat(s, max_tokens=24, temperature=0)
     check("rootdraw (in-process drafter) T=0 text equals AR's", r.choices[0].message.content == ref,
           f"{r.choices[0].message.content!r}")
@@ -266,6 +265,7 @@ def test_speculative(ref, ar):
     check("per-request decoder through the extension object", r.choices[0].message.content == ref)
     rounds = s.metric("rootspec_rounds_total")
     check("tokens per round counted", rounds is not None and 0 < rounds < 48, f"{rounds}")
+    test_logprobs(ar, s)
     s.stop()
 
 
