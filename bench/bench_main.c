@@ -67,7 +67,7 @@ static void usage(FILE *f) {
             "  --decoders LIST       comma list of draft, pearl, rootdraw, root, ar\n"
             "                        (default draft,pearl,rootdraw,root)\n"
             "  --temps LIST          comma list of 0 (greedy) and 1 (sampling) (default 0,1)\n"
-            "  --temp T              temperature of the T=1 combinations (> 0; default 1)\n"
+            "  --temp T              temperature of the T=1 combinations (1e-5..1e6; default 1)\n"
             "  --top-k N             their top-k (default 0: off)\n"
             "  --top-p P             their top-p (default 0: off; 1 is off too)\n"
             "  --min-p P             their min-p (default 0: off). The law and its order are\n"
@@ -199,9 +199,14 @@ static int settings_save(const Settings *s, const char *dir, RsErr *e) {
     char path[4096], tmp[4200];
     snprintf(path, sizeof path, "%s/run.json", dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-    if (f && fclose(f) != 0) ok = 0;
+    FILE *f = NULL;
+    int rc = bench_file_open(tmp, BENCH_FILE_NEW, &f, e);
+    if (rc) {
+        free(text);
+        return rc;
+    }
+    int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    if (fclose(f) != 0) ok = 0;
     free(text);
     /* rename: a crash never leaves a half-written run.json behind */
     if (!ok || rename(tmp, path) != 0) {
@@ -616,7 +621,10 @@ static int parse_option(int argc, char **argv, int *i, Cli *c, int *setting, RsE
     else if (!strcmp(a, "--max-new")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 20, &s->max_new, e); }
     else if (!strcmp(a, "--decoders")) { if (VAL()) c->decoders = v; }
     else if (!strcmp(a, "--temps")) { if (VAL()) c->temps = v; }
-    else if (!strcmp(a, "--temp")) { if (VAL()) rc = cli_double(a, v, 1e-6, 1e6, &s->sampling.temperature, e); }
+    else if (!strcmp(a, "--temp")) {
+        if (VAL())
+            rc = cli_double(a, v, SAMPLING_TEMP_MIN, SAMPLING_TEMP_MAX, &s->sampling.temperature, e);
+    }
     else if (!strcmp(a, "--top-k")) { if (VAL()) rc = cli_int(a, v, 0, 1 << 30, &s->sampling.top_k, e); }
     else if (!strcmp(a, "--top-p")) { if (VAL()) rc = cli_double(a, v, 0, 1, &s->sampling.top_p, e); }
     else if (!strcmp(a, "--min-p")) { if (VAL()) rc = cli_double(a, v, 0, 1, &s->sampling.min_p, e); }
@@ -662,6 +670,11 @@ static int bench_parse(int argc, char **argv, Cli *c) {
                        "with '%s'", c->first_setting);
     if (sampling_greedy(&c->s.sampling))
         return fail(2, "--top-k 1 makes the T=1 combinations greedy; use --temps 0 for greedy");
+    const char *const dirs[3][2] = {{"--out", c->out}, {"--resume", c->resume},
+                                    {"--analyze", c->analyze}};
+    RsErr pe = {0};
+    for (int i = 0; i < 3; i++)
+        if (dirs[i][1] && bench_path_check(dirs[i][0], dirs[i][1], &pe)) return fail(2, "%s", pe.msg);
     return -1;
 }
 
@@ -736,6 +749,7 @@ static int settings_from_args(const Cli *c, Settings *s) {
 /* A resumed run: the settings of DIR/run.json, refused when the prompt file has changed. */
 static int settings_from_resume(const char *dir, Settings *s) {
     RsErr e = {0};
+    if (bench_run_files_check(dir, &e)) return fail(2, "--resume: %s", e.msg);
     if (settings_load(s, dir, &e)) return fail(2, "%s", e.msg);
     char now[17];
     if (file_hash(s->prompts, now, &e))
@@ -862,6 +876,7 @@ static int engine_setup(Bench *b) {
     }
     int rc = engine_create(&eo, b->need_drafter, &b->en, &e);
     if (rc) return fail(cli_exit_status(rc), "%s", e.msg);
+    if (b->en->vocab_note[0]) fprintf(stderr, "rootspec-bench: note: %s\n", b->en->vocab_note);
     b->engine_ok = 1;
     return 0;
 }
@@ -1051,6 +1066,7 @@ static int bench_report(Bench *b) {
 /* --analyze DIR: the same analysis from the logs of an earlier run. */
 static int analyze_only(const char *dir) {
     RsErr e = {0};
+    if (bench_run_files_check(dir, &e)) return fail(2, "--analyze: %s", e.msg);
     int rc = bench_analyze(dir, &e);
     if (rc) return fail(cli_exit_status(rc), "--analyze %s: %s", dir, e.msg);
     return echo_summary(dir);

@@ -2,6 +2,7 @@
  * Lines are written with fprintf (fixed key order, %.17g for doubles so they read back
  * exactly) and read with cJSON / a strict CSV splitter. */
 #include "bench/benchlog.h"
+#include "bench/outdir.h"
 #include "common/textsafe.h"
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -449,7 +450,8 @@ void bench_done_destroy(BenchDoneSet **s) {
     *s = NULL;
 }
 
-/* Cuts the bytes after the last '\n' (an interrupted line). */
+/* Cuts the bytes after the last '\n' (an interrupted line), through a descriptor that
+ * followed no link (bench_run_files_check ran first). */
 static int cut_partial_line(const char *path, RsErr *e) {
     char *buf;
     size_t len;
@@ -458,9 +460,13 @@ static int cut_partial_line(const char *path, RsErr *e) {
     size_t keep = len;
     while (keep > 0 && buf[keep - 1] != '\n') keep--;
     free(buf);
-    if (keep != len && truncate(path, (off_t)keep) != 0)
-        return rs_err(e, RS_EIO, "cannot truncate '%s': %s", path, strerror(errno));
-    return RS_OK;
+    if (keep == len) return RS_OK;
+    FILE *f = NULL;
+    if ((rc = bench_file_open(path, BENCH_FILE_CUT, &f, e))) return rc;
+    if (ftruncate(fileno(f), (off_t)keep) != 0)
+        rc = rs_err(e, RS_EIO, "cannot truncate '%s': %s", path, strerror(errno));
+    fclose(f);
+    return rc;
 }
 
 /* Rewrites rounds.jsonl keeping only rounds of decodes in the done set. */
@@ -471,10 +477,11 @@ static int filter_rounds(const char *path, const BenchDoneSet *done, RsErr *e) {
     if (rc) return rc;
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
+    remove(tmp); /* a crash's leftover: a regular file (checked), or nothing */
+    FILE *f = NULL;
+    if ((rc = bench_file_open(tmp, BENCH_FILE_NEW, &f, e))) {
         free(r);
-        return rs_err(e, RS_EIO, "cannot create '%s': %s", tmp, strerror(errno));
+        return rc;
     }
     for (int i = 0; i < n && rc == RS_OK; i++) {
         BenchCombo c;
@@ -494,34 +501,43 @@ static int filter_rounds(const char *path, const BenchDoneSet *done, RsErr *e) {
     return rc;
 }
 
+/* --resume: every file checked and both logs read whole before the first write, so a run
+ * directory that is not what it claims is refused as it was found. Then the interrupted
+ * lines are cut and the rounds of unfinished decodes dropped. */
+static int resume_prepare(const char *dir, const char *rp, const char *dp, RsErr *e) {
+    int rc = bench_run_files_check(dir, e);
+    if (rc) return rc;
+    BenchDoneSet *done = NULL;
+    BenchRound *r = NULL;
+    int nr = 0;
+    struct stat st;
+    int have_r = stat(rp, &st) == 0, have_d = stat(dp, &st) == 0;
+    if ((rc = bench_resume_load(dir, &done, e))) return rc;
+    if (have_r && (rc = benchlog_rounds_read(rp, &r, &nr, e))) goto out;
+    free(r);
+    if (have_d && (rc = cut_partial_line(dp, e))) goto out;
+    if (have_r && (rc = cut_partial_line(rp, e))) goto out;
+    if (have_r) rc = filter_rounds(rp, done, e);
+out:
+    bench_done_destroy(&done);
+    return rc;
+}
+
 int benchlog_open(const char *dir, int resume, FILE **rounds, FILE **decodes, RsErr *e) {
     *rounds = *decodes = NULL;
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-        return rs_err(e, RS_EIO, "cannot create directory '%s': %s", dir, strerror(errno));
     char rp[4096], dp[4096];
     snprintf(rp, sizeof rp, "%s/rounds.jsonl", dir);
     snprintf(dp, sizeof dp, "%s/decodes.csv", dir);
-    struct stat st;
-    int rc;
-    if (resume) {
-        if (stat(dp, &st) == 0 && (rc = cut_partial_line(dp, e))) return rc;
-        if (stat(rp, &st) == 0) {
-            if ((rc = cut_partial_line(rp, e))) return rc;
-            BenchDoneSet *done;
-            if ((rc = bench_resume_load(dir, &done, e))) return rc;
-            rc = filter_rounds(rp, done, e);
-            bench_done_destroy(&done);
-            if (rc) return rc;
-        }
-    }
-    const char *mode = resume ? "ab" : "wb";
-    *rounds = fopen(rp, mode);
-    if (!*rounds) return rs_err(e, RS_EIO, "cannot open '%s': %s", rp, strerror(errno));
-    *decodes = fopen(dp, mode);
-    if (!*decodes) {
+    int rc = resume ? resume_prepare(dir, rp, dp, e) : RS_OK;
+    if (rc) return rc;
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return rs_err(e, RS_EIO, "cannot create directory '%s': %s", dir, strerror(errno));
+    BenchFileMode mode = resume ? BENCH_FILE_APPEND : BENCH_FILE_TRUNC;
+    if ((rc = bench_file_open(rp, mode, rounds, e))) return rc;
+    if ((rc = bench_file_open(dp, mode, decodes, e))) {
         fclose(*rounds);
         *rounds = NULL;
-        return rs_err(e, RS_EIO, "cannot open '%s': %s", dp, strerror(errno));
+        return rc;
     }
     /* "a" mode positions at the end only on the first write; seek to learn the size. */
     if (fseek(*decodes, 0, SEEK_END) != 0 ||

@@ -73,11 +73,14 @@ int bench_done_has(const BenchDoneSet *s, const char *prompt_id, const BenchComb
 int bench_done_count(const BenchDoneSet *s);
 void bench_done_destroy(BenchDoneSet **s);
 
-/* Opens dir/rounds.jsonl and dir/decodes.csv for appending, creating dir if needed. With
- * resume = 0 the files are truncated (fresh run). With resume = 1 a partial final line is cut
- * from both files, and rounds of decodes absent from decodes.csv (the decode that was
+/* Opens dir/rounds.jsonl and dir/decodes.csv for appending, creating dir if needed, never
+ * through a symbolic link (bench/outdir.h). With resume = 0 the files are truncated (fresh
+ * run). With resume = 1 every file of the run is checked (bench_run_files_check) and both
+ * logs are read whole before anything is written; then a partial final line is cut from
+ * both files, and rounds of decodes absent from decodes.csv (the decode that was
  * interrupted) are dropped, so a rerun of that decode does not duplicate them. Writes the
- * CSV header when decodes.csv is empty. */
+ * CSV header when decodes.csv is empty. RS_EINVAL for a file that is not the bench's to
+ * write (a link, a FIFO, a hard link), RS_EFORMAT for a log that does not parse. */
 int benchlog_open(const char *dir, int resume, FILE **rounds, FILE **decodes, RsErr *e);
 
 #endif

@@ -2,6 +2,7 @@
  * Everything is computed from integer fields (tokens, ns) and sorted keys, with a fixed
  * bootstrap seed and fixed number formats, so the same logs always give the same bytes. */
 #include "bench/summary.h"
+#include "bench/outdir.h"
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -506,9 +507,10 @@ int bench_summary_file(const char *dir, const BenchDecode *d, int nd, const Benc
                        int nr, RsErr *e) {
     char path[4096];
     snprintf(path, sizeof path, "%s/summary.md", dir);
-    FILE *f = fopen(path, "wb");
-    if (!f) return rs_err(e, RS_EIO, "cannot create '%s': %s", path, strerror(errno));
-    int rc = bench_summary_write(f, d, nd, r, nr, e);
+    FILE *f = NULL;
+    int rc = bench_file_open(path, BENCH_FILE_TRUNC, &f, e);
+    if (rc) return rc;
+    rc = bench_summary_write(f, d, nd, r, nr, e);
     if (fclose(f) != 0 && rc == RS_OK)
         rc = rs_err(e, RS_EIO, "cannot write '%s': %s", path, strerror(errno));
     return rc;
@@ -535,7 +537,8 @@ static int find_gnuplot(char *out, size_t cap) {
     return -1;
 }
 
-/* gnuplot single-quoted string: '' stands for one quote. */
+/* gnuplot single-quoted string: '' stands for one quote, and nothing else is special but
+ * a line's end, which bench_plots_write has refused (no control character in dir). */
 static void gp_quote(FILE *f, const char *dir, const char *name) {
     fputc('\'', f);
     for (const char *p = dir; *p; p++) {
@@ -642,6 +645,15 @@ int bench_plots_write(const char *dir, const BenchDecode *d, int nd, const Bench
         return 1;
     }
     if (nd == 0) return rs_err(e, RS_EINVAL, "no decodes to plot in '%s'", dir);
+    /* The script names the plots by path: one with a newline would end its line and start
+     * a gnuplot command. Where gnuplot writes, no link may lead elsewhere. */
+    char png[4200];
+    int rc = bench_path_check("plots in", dir, e);
+    for (int i = 0; i < 2 && !rc; i++) {
+        snprintf(png, sizeof png, "%s/%s", dir, i ? "round_breakdown.png" : "speeds.png");
+        rc = bench_file_check(png, e);
+    }
+    if (rc) return rc;
     Analysis an;
     analysis_build(&an, d, nd, r, nr);
     char cmd[8300];

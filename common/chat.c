@@ -17,19 +17,6 @@
 #include <string.h>
 #include <utf8proc.h>
 
-static char *concat(const char *const *parts, int n) {
-    size_t total = 0;
-    for (int i = 0; i < n; i++) total += strlen(parts[i]);
-    char *out = rs_xmalloc(total + 1), *p = out;
-    for (int i = 0; i < n; i++) {
-        size_t l = strlen(parts[i]);
-        memcpy(p, parts[i], l);
-        p += l;
-    }
-    *p = 0;
-    return out;
-}
-
 /* Python's str.isspace(), which Jinja's `trim` (str.strip()) uses. */
 static int py_isspace(int32_t c) {
     if ((c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 ||
@@ -66,66 +53,79 @@ static char *py_strip(const char *s) {
 
 /* ---- conversations ------------------------------------------------------------------ */
 
-/* A growing string. */
+/* A growing string, and which of its bytes are content (the caller's words). */
 typedef struct {
     char *s;
+    uint8_t *plain; /* NULL: not tracked */
     size_t n, cap;
+    int track;
 } Buf;
 
-static void buf_put(Buf *b, const char *t) {
+static void buf_add(Buf *b, const char *t, uint8_t content) {
     size_t k = strlen(t);
     if (b->n + k + 1 > b->cap) {
         b->cap = 2 * (b->n + k + 1);
         b->s = realloc(b->s, b->cap);
         RS_ASSERT(b->s && "out of memory");
+        if (b->track) {
+            b->plain = realloc(b->plain, b->cap);
+            RS_ASSERT(b->plain && "out of memory");
+        }
     }
     memcpy(b->s + b->n, t, k + 1);
+    if (b->track) memset(b->plain + b->n, content, k + 1);
     b->n += k;
 }
+
+/* The template's own text. */
+static void buf_put(Buf *b, const char *t) { buf_add(b, t, 0); }
+/* A turn's content. */
+static void buf_content(Buf *b, const char *t) { buf_add(b, t, 1); }
 
 /* ChatML (SmolLM2, Qwen2.5, Qwen3): an optional system turn (the family's default when the
  * conversation has none and dflt is not NULL), every turn as <|im_start|>role ... <|im_end|>,
  * then the assistant's opening (and Qwen3's empty think block, enable_thinking=False). */
-static char *chatml(const ChatMsg *m, int n, const char *dflt, const char *gen_tail) {
-    Buf b = {0};
-    buf_put(&b, "");
+static void chatml(Buf *b, const ChatMsg *m, int n, const char *dflt, const char *gen_tail) {
+    buf_put(b, "");
     if (dflt && strcmp(m[0].role, "system")) {
-        buf_put(&b, "<|im_start|>system\n");
-        buf_put(&b, dflt);
-        buf_put(&b, "<|im_end|>\n");
+        buf_put(b, "<|im_start|>system\n");
+        buf_put(b, dflt);
+        buf_put(b, "<|im_end|>\n");
     }
     for (int i = 0; i < n; i++) {
-        const char *p[] = {"<|im_start|>", m[i].role, "\n", m[i].content, "<|im_end|>\n"};
-        for (int k = 0; k < 5; k++) buf_put(&b, p[k]);
+        buf_put(b, "<|im_start|>");
+        buf_put(b, m[i].role);
+        buf_put(b, "\n");
+        buf_content(b, m[i].content);
+        buf_put(b, "<|im_end|>\n");
     }
-    buf_put(&b, "<|im_start|>assistant\n");
-    buf_put(&b, gen_tail);
-    return b.s;
+    buf_put(b, "<|im_start|>assistant\n");
+    buf_put(b, gen_tail);
 }
 
 /* Llama-3.1: BOS, the system header (dated, with the system turn's text when there is
  * one), then every other turn between header and <|eot_id|>, contents through `trim`. */
-static char *llama3(const ChatMsg *m, int n) {
-    Buf b = {0};
-    buf_put(&b, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
-                "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
+static void llama3(Buf *b, const ChatMsg *m, int n) {
+    buf_put(b, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+               "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
     int first = 0;
     if (!strcmp(m[0].role, "system")) {
         char *sys = py_strip(m[0].content);
-        buf_put(&b, sys);
+        buf_content(b, sys);
         free(sys);
         first = 1;
     }
-    buf_put(&b, "<|eot_id|>");
+    buf_put(b, "<|eot_id|>");
     for (int i = first; i < n; i++) {
         char *c = py_strip(m[i].content);
-        const char *p[] = {"<|start_header_id|>", m[i].role, "<|end_header_id|>\n\n", c,
-                           "<|eot_id|>"};
-        for (int k = 0; k < 5; k++) buf_put(&b, p[k]);
+        buf_put(b, "<|start_header_id|>");
+        buf_put(b, m[i].role);
+        buf_put(b, "<|end_header_id|>\n\n");
+        buf_content(b, c);
+        buf_put(b, "<|eot_id|>");
         free(c);
     }
-    buf_put(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
-    return b.s;
+    buf_put(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
 int chat_conversation_check(const ChatMsg *m, int n, RsErr *e) {
@@ -143,26 +143,34 @@ int chat_conversation_check(const ChatMsg *m, int n, RsErr *e) {
     return RS_OK;
 }
 
-char *chat_build_conversation(ChatTemplate tpl, const ChatMsg *m, int n, RsErr *e) {
+char *chat_render(ChatTemplate tpl, const ChatMsg *m, int n, uint8_t **plain, RsErr *e) {
+    if (plain) *plain = NULL;
     if (chat_conversation_check(m, n, e)) return NULL;
+    Buf b = {.track = plain != NULL};
     switch (tpl) {
     case CHAT_SMOLLM2:
-        return chatml(m, n, "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
-                      "");
+        chatml(&b, m, n, "You are a helpful AI assistant named SmolLM, trained by Hugging Face", "");
+        break;
     case CHAT_QWEN2:
-        return chatml(m, n, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
-                      "");
-    case CHAT_QWEN3: return chatml(m, n, NULL, "<think>\n\n</think>\n\n");
-    case CHAT_LLAMA3: return llama3(m, n);
+        chatml(&b, m, n, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.", "");
+        break;
+    case CHAT_QWEN3: chatml(&b, m, n, NULL, "<think>\n\n</think>\n\n"); break;
+    case CHAT_LLAMA3: llama3(&b, m, n); break;
     case CHAT_NONE:
     default:
-        if (n == 1) {
-            const char *p[] = {m[0].content};
-            return concat(p, 1);
+        if (n != 1) {
+            rs_err(e, RS_EUNSUPPORTED, "no chat template to render a conversation of %d messages", n);
+            return NULL;
         }
-        rs_err(e, RS_EUNSUPPORTED, "no chat template to render a conversation of %d messages", n);
-        return NULL;
+        buf_put(&b, "");
+        buf_content(&b, m[0].content);
     }
+    if (plain) *plain = b.plain;
+    return b.s;
+}
+
+char *chat_build_conversation(ChatTemplate tpl, const ChatMsg *m, int n, RsErr *e) {
+    return chat_render(tpl, m, n, NULL, e);
 }
 
 char *chat_build_prompt(ChatTemplate tpl, const char *user) {

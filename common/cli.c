@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include "pool.h"
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -17,6 +18,17 @@ int cli_int(const char *opt, const char *val, long min, long max, int *out, RsEr
     if (v < min || v > max)
         return rs_err(e, RS_EINVAL, "%s: %ld is outside %ld..%ld", opt, v, min, max);
     *out = (int)v;
+    return RS_OK;
+}
+
+int cli_real(const char *opt, const char *val, double *out, RsErr *e) {
+    char *end;
+    errno = 0;
+    double v = strtod(val, &end);
+    int underflow = errno == ERANGE && fabs(v) <= DBL_MIN;
+    if (!*val || *end || (errno && !underflow) || !isfinite(v))
+        return rs_err(e, RS_EINVAL, "%s: '%s' is not a finite number", opt, val);
+    *out = v;
     return RS_OK;
 }
 

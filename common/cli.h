@@ -6,6 +6,9 @@
 #include <stdint.h>
 
 int cli_int(const char *opt, const char *val, long min, long max, int *out, RsErr *e);
+/* A finite number, however small: an underflow (1e-400) is the number it rounds to
+ * (subnormal or 0); the range is the caller's to check. */
+int cli_real(const char *opt, const char *val, double *out, RsErr *e);
 /* A finite decimal or exponent number in [min, max]. */
 int cli_double(const char *opt, const char *val, double min, double max, double *out, RsErr *e);
 int cli_u64(const char *opt, const char *val, uint64_t *out, RsErr *e);

@@ -8,14 +8,28 @@
 /* ---- the sampling law ---- */
 
 int sampling_check(const Sampling *s, RsErr *e) {
-    if (!(s->temperature >= 0) || !isfinite(s->temperature))
-        return rs_err(e, RS_EINVAL, "temperature %g: need a finite value >= 0", s->temperature);
+    double t = s->temperature;
+    if (!(t >= 0) || !isfinite(t))
+        return rs_err(e, RS_EINVAL, "temperature %g: need a finite value >= 0", t);
+    if (t > SAMPLING_TEMP_MAX)
+        return rs_err(e, RS_EINVAL, "temperature %g: at most %g", t, SAMPLING_TEMP_MAX);
+    if (t > 0 && t < SAMPLING_TEMP_MIN)
+        return rs_err(e, RS_EINVAL, "temperature %g: below %g, which is greedy (0)", t,
+                      SAMPLING_TEMP_MIN);
     if (s->top_k < 0) return rs_err(e, RS_EINVAL, "top_k %d: need >= 0 (0: off)", s->top_k);
     if (!(s->top_p >= 0 && s->top_p <= 1))
         return rs_err(e, RS_EINVAL, "top_p %g outside [0, 1] (0 or 1: off)", s->top_p);
     if (!(s->min_p >= 0 && s->min_p <= 1))
         return rs_err(e, RS_EINVAL, "min_p %g outside [0, 1] (0: off)", s->min_p);
     return RS_OK;
+}
+
+int sampling_normalize(Sampling *s, RsErr *e) {
+    Sampling n = *s;
+    if (n.temperature >= 0 && n.temperature < SAMPLING_TEMP_MIN) n.temperature = 0;
+    int rc = sampling_check(&n, e);
+    if (!rc) *s = n;
+    return rc;
 }
 
 int sampling_greedy(const Sampling *s) { return s->temperature == 0 || s->top_k == 1; }
@@ -122,6 +136,11 @@ void row_max_part(const float *row, int lo, int hi, RowMax *m) {
     int ai = -1;
     for (int i = lo; i < hi; i++) {
         float v = row[i];
+        if (isnan(v)) { /* no maximum: NaN wins, so the row's check sees it */
+            m->max = m->second = v;
+            m->argmax = i;
+            return;
+        }
         if (ai < 0 || v > a) {
             b = a;
             a = v;
@@ -136,8 +155,8 @@ void row_max_part(const float *row, int lo, int hi, RowMax *m) {
 }
 
 void row_max_merge(RowMax *acc, const RowMax *m) {
-    if (m->argmax < 0) return;
-    if (acc->argmax < 0) {
+    if (m->argmax < 0 || (acc->argmax >= 0 && isnan(acc->max))) return;
+    if (acc->argmax < 0 || isnan(m->max)) {
         *acc = *m;
         return;
     }
@@ -262,7 +281,7 @@ void row_stats_finish(const float *row, int n, const RowMax *m, const double *cs
     out->scale = greedy ? NAN : 1.0 / s->temperature;
     out->lse = NAN;
     out->draw = greedy ? m->argmax : -1;
-    if (greedy) return;
+    if (greedy || !isfinite(m->max)) return; /* no law: lse stays NAN (backend_rows_stats) */
     double total = 0.0;
     for (int c = 0; c < row_chunks(n); c++) total += csum[c];
     out->lse = (double)m->max * out->scale + log(total);
@@ -275,7 +294,7 @@ void row_stats(const float *row, int n, const Sampling *s, double u, double *csu
     RowMax m;
     row_max_part(row, 0, n, &m);
     float cut = -INFINITY;
-    if (!sampling_greedy(s)) {
+    if (!sampling_greedy(s) && isfinite(m.max)) {
         cut = row_cut(row, n, m.max, s);
         row_chunk_wsums(row, n, m.max, 1.0 / s->temperature, cut, 0, row_chunks(n), csum);
     }

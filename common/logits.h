@@ -25,7 +25,7 @@
  * plain sampling, computed bit for bit as it is without a Sampling. The seed stays with the
  * caller (DecodeOpts.seed). */
 typedef struct {
-    double temperature; /* >= 0, finite; 0: greedy */
+    double temperature; /* 0 (greedy) or SAMPLING_TEMP_MIN..SAMPLING_TEMP_MAX */
     int top_k;          /* >= 0; 0 (or >= the vocabulary): off; 1: greedy */
     double top_p;       /* in [0, 1]; 0 or 1: off */
     double min_p;       /* in [0, 1]; 0: off */
@@ -37,8 +37,20 @@ typedef struct {
 static inline Sampling sampling_from_temp(int temp) {
     return temp ? SAMPLING_PLAIN : SAMPLING_GREEDY;
 }
-/* RS_EINVAL naming the field and value when s is outside the ranges above. */
+/* The temperatures a decode takes besides 0. Below SAMPLING_TEMP_MIN, 1/T (and a logit
+ * times it) may overflow, so the row's log-sum-exp would be inf - inf; such a temperature,
+ * down to subnormal numbers and 0 itself, is taken as greedy by sampling_normalize, the
+ * limit T -> 0 of the law (ties aside: greedy takes the lowest index). The same floor as
+ * vLLM's, so a client sees the same law from either server. */
+#define SAMPLING_TEMP_MIN 1e-5
+#define SAMPLING_TEMP_MAX 1e6
+/* RS_EINVAL naming the field and value when s is outside the ranges above (0 < T <
+ * SAMPLING_TEMP_MIN included: what a decode is given has been through sampling_normalize). */
 int sampling_check(const Sampling *s, RsErr *e);
+/* The one check of a sampling law from outside (command lines, request bodies): finite
+ * values in range, and a temperature in [0, SAMPLING_TEMP_MIN) set to 0 (greedy). RS_EINVAL
+ * naming the field and value otherwise; s is left as it was then. */
+int sampling_normalize(Sampling *s, RsErr *e);
 /* The argmax path: T = 0 or top_k = 1. */
 int sampling_greedy(const Sampling *s);
 /* T = 1 and no filter: plain softmax. */
@@ -91,7 +103,9 @@ typedef struct {
  * filtered out); the row's stats must be a sampling one (lse not NAN). */
 double row_stats_logp(const RowStats *st, float logit);
 
-/* Maximum, first index of it and runner-up of a range of a row. */
+/* Maximum, first index of it and runner-up of a range of a row. A NaN logit makes the
+ * maximum NaN (and the argmax its index): a row holding one has no law, and a check of the
+ * maximum alone finds it. */
 typedef struct {
     float max, second;
     int argmax; /* -1: empty range */

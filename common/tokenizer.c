@@ -1092,7 +1092,21 @@ static int encode_segment(const Tokenizer *t, const char *s, size_t len, pcre2_m
     return RS_OK;
 }
 
+/* 1 when any of text[at, at + len) is plain (a caller's words, where no special token
+ * starts or ends). */
+static int overlaps_plain(const uint8_t *plain, size_t at, size_t len) {
+    if (!plain) return 0;
+    for (size_t i = at; i < at + len; i++)
+        if (plain[i]) return 1;
+    return 0;
+}
+
 int tokenizer_encode(const Tokenizer *t, const char *text, int **ids, int *n, RsErr *e) {
+    return tokenizer_encode_plain(t, text, NULL, ids, n, e);
+}
+
+int tokenizer_encode_plain(const Tokenizer *t, const char *text, const uint8_t *plain,
+                           int **ids, int *n, RsErr *e) {
     *ids = NULL;
     *n = 0;
     size_t len = strlen(text);
@@ -1119,7 +1133,7 @@ int tokenizer_encode(const Tokenizer *t, const char *text, int **ids, int *n, Rs
             for (int k = t->added_start[c]; k < t->added_start[c + 1]; k++) {
                 size_t l;
                 const char *s = tok_str(t, t->added[k], &l);
-                if (l <= len - i && memcmp(text + i, s, l) == 0) {
+                if (l <= len - i && memcmp(text + i, s, l) == 0 && !overlaps_plain(plain, i, l)) {
                     hit = t->added[k];
                     hlen = l;
                     at = i;
@@ -1146,6 +1160,13 @@ int tokenizer_encode(const Tokenizer *t, const char *text, int **ids, int *n, Rs
 const char *tokenizer_token_view(const Tokenizer *t, int id, size_t *len) {
     if (id < 0 || id >= t->n_vocab) return NULL;
     return tok_str(t, id, len);
+}
+
+const char *tokenizer_token_text(const Tokenizer *t, int id, size_t *len) {
+    const char *s = tokenizer_token_view(t, id, len);
+    if (s) return s;
+    *len = 3;
+    return "\xef\xbf\xbd";
 }
 
 int tokenizer_token_bytes(const Tokenizer *t, int id, char *buf, int cap) {

@@ -41,6 +41,12 @@ uint64_t tokenizer_identity(const Tokenizer *t, int vocab_size);
  * become their ids, as HF tokenizers do by default. Does not add BOS (callers decide with
  * tokenizer_add_bos). *ids is malloc'd; caller frees. */
 int tokenizer_encode(const Tokenizer *t, const char *text, int **ids, int *n, RsErr *e);
+/* The same, except where plain (NULL, or one flag per byte of text) marks bytes: a special
+ * token overlapping one is not matched there, so it is text like any other and encodes to
+ * the tokens of the bytes it spells. Text without special tokens in the marked bytes encodes
+ * exactly as with tokenizer_encode. chat_render marks a conversation's contents so. */
+int tokenizer_encode_plain(const Tokenizer *t, const char *text, const uint8_t *plain,
+                           int **ids, int *n, RsErr *e);
 
 /* Raw bytes of one token (byte-level decoded). Returns the byte count written into buf
  * (at most cap), or -1 for an out-of-range id. Special tokens decode to their text. */
@@ -48,6 +54,10 @@ int tokenizer_token_bytes(const Tokenizer *t, int id, char *buf, int cap);
 /* The same bytes in place, however long: the tokenizer owns them (valid until
  * tokenizer_destroy). NULL for an out-of-range id. */
 const char *tokenizer_token_view(const Tokenizer *t, int id, size_t *len);
+/* What token id prints: its bytes (tokenizer_token_view), or for an id the tokenizer does
+ * not have (a model vocabulary padded past the tokenizer) U+FFFD, the replacement character,
+ * so such an id is seen rather than silently dropped. *len gets the byte count. */
+const char *tokenizer_token_text(const Tokenizer *t, int id, size_t *len);
 /* Decodes a whole sequence to a malloc'd NUL-terminated string; caller frees. */
 char *tokenizer_decode(const Tokenizer *t, const int *ids, int n);
 
@@ -70,5 +80,10 @@ int chat_conversation_check(const ChatMsg *m, int n, RsErr *e);
  * messages). NULL with e set: RS_EINVAL for another shape (named), RS_EUNSUPPORTED for
  * several turns without a template. Caller frees. */
 char *chat_build_conversation(ChatTemplate tpl, const ChatMsg *m, int n, RsErr *e);
+/* chat_build_conversation's text, and with plain != NULL a malloc'd flag per byte of it
+ * (the caller frees): 1 where the byte is a turn's content, the caller's words; 0 where it
+ * is the template's own (markers, roles, a default system prompt). tokenizer_encode_plain
+ * then keeps content that spells a special token (<|im_end|>, ...) from forging turns. */
+char *chat_render(ChatTemplate tpl, const ChatMsg *m, int n, uint8_t **plain, RsErr *e);
 
 #endif

@@ -170,7 +170,8 @@ void backend_read_features(Backend *b, BackendFeatType t, void *out);
  * argmax, max, runner-up; sampling: also the filters' cut, 1/T and the log-sum-exp of the
  * kept tokens' l/T, so log p = row_stats_logp). u: NULL, or (n) uniforms from the caller's
  * Rng: when sampling, out[i].draw is the inverse-CDF draw of the law at u[i] (u[i] < 0:
- * none). */
+ * none). A row with a non-finite maximum (or, sampling, log-sum-exp) has no law: RS_EFORMAT
+ * naming it, so a model whose logits overflow fails its decode instead of the process. */
 int backend_rows_stats(Backend *b, const int *rows, int n, const Sampling *s, const double *u,
                        RowStats *out, RsErr *e);
 /* out[i] = logit ids[i] of kept row rows[i] (log p = row_stats_logp of that row's stats). */

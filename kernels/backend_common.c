@@ -274,6 +274,20 @@ static int check_rows(const Backend *b, const char *what, const int *rows, int n
     return RS_OK;
 }
 
+/* A row with an inf or NaN logit has no law to draw from: its maximum (NaN wins the row
+ * reduction, +inf is the maximum, all -inf leaves max - max = NaN) or, sampling, its
+ * log-sum-exp is not finite. Weights that overflow (a model file holding inf) end here,
+ * as an error of this decode rather than an abort. */
+static int rows_finite(const int *rows, int n, const Sampling *s, const RowStats *st,
+                       RsErr *e) {
+    int greedy = sampling_greedy(s);
+    for (int i = 0; i < n; i++)
+        if (!isfinite(st[i].max) || (!greedy && !isfinite(st[i].lse)))
+            return rs_err(e, RS_EFORMAT, "non-finite logits in row %d (max %g): the model's "
+                          "weights or activations overflow", rows[i], (double)st[i].max);
+    return RS_OK;
+}
+
 int backend_rows_stats(Backend *b, const int *rows, int n, const Sampling *s, const double *u,
                        RowStats *out, RsErr *e) {
     int rc = check_rows(b, "rows_stats", rows, n, e);
@@ -283,7 +297,7 @@ int backend_rows_stats(Backend *b, const int *rows, int n, const Sampling *s, co
         if (!(u[i] < 1.0) || isnan(u[i]))
             return rs_err(e, RS_EINVAL, "rows_stats: u[%d] = %g outside [0, 1)", i, u[i]);
     if (n > 0) b->ops->rows_stats(b, rows, n, s, u, out);
-    return RS_OK;
+    return rows_finite(rows, n, s, out, e);
 }
 
 int backend_rows_gather(Backend *b, const int *rows, const int *ids, int n, float *out,

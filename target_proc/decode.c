@@ -575,7 +575,11 @@ static int round_speculative(Decode *d, Round *r, RsErr *e) {
     if (!round_request(d, r, depth, e)) return round_ar(d, r, e);
     if (rule_needs_root(d->o->rule)) {
         int rc = round_root(d, r, e);
-        if (rc) return rc;
+        if (rc) { /* the growth asked for ends here, so the next decode finds the drafter idle */
+            RsErr ignored = {0};
+            drafter_grow_end(d->dc, d->t->pool, &ignored);
+            return rc;
+        }
     }
     if (!round_receive(d, r, e)) return round_ar(d, r, e);
     if (d->o->test_wrong_x1 && r->have_root) wrong_x1(d, r);

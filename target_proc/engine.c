@@ -36,7 +36,13 @@ static int engine_build(const EngineOpts *o, int need_drafter, Engine *en, RsErr
                     tokenizer_vocab_size(en->tok), en->target_model->cfg.vocab_size);
         return rc;
     }
+    int nt = en->tok ? tokenizer_vocab_size(en->tok) : 0, V = en->target_model->cfg.vocab_size;
+    if (en->tok && nt < V) /* padded (Qwen2.5: 151665 of 151936): load, and say so */
+        snprintf(en->vocab_note, sizeof en->vocab_note,
+                 "the tokenizer has %d tokens but the model's vocabulary is %d: ids %d..%d "
+                 "have no text and print as U+FFFD", nt, V, nt, V - 1);
     en->chat = en->tok ? chat_template_for_model(en->target_model) : CHAT_NONE;
+    en->chat_special_tokens = o->chat_special_tokens;
     int *eog, n_eog;
     collect_eog(en, &eog, &n_eog);
     rc = target_create(en->target_model, ops, o->ctx, o->threads, o->device, eog, n_eog,
@@ -77,23 +83,18 @@ void engine_destroy(Engine **pen) {
     *pen = NULL;
 }
 
-int engine_prompt_ids(const Engine *en, const char *text, int chat, int **ids, int *n, RsErr *e) {
-    if (!en->tok)
-        return rs_err(e, RS_EINVAL,
-                      "model '%s' has no tokenizer (random weights), so a text prompt cannot be "
-                      "encoded: rootspec-target takes token ids (--prompt-ids 1,2,3)",
-                      en->target_model->path);
-    char *built = NULL;
-    if (chat) {
-        if (en->chat == CHAT_NONE)
-            return rs_err(e, RS_EUNSUPPORTED,
-                          "--chat: no known chat template for model '%s'", en->target_model->path);
-        built = chat_build_prompt(en->chat, text);
-        text = built;
-    }
+static int no_tokenizer(const Engine *en, RsErr *e) {
+    return rs_err(e, RS_EINVAL,
+                  "model '%s' has no tokenizer (random weights), so a text prompt cannot be "
+                  "encoded: rootspec-target takes token ids (--prompt-ids 1,2,3)",
+                  en->target_model->path);
+}
+
+/* text (plain: tokenizer_encode_plain's flags, or NULL) with BOS when the tokenizer adds it. */
+static int encode_with_bos(const Engine *en, const char *text, const uint8_t *plain, int **ids,
+                           int *n, RsErr *e) {
     int *raw = NULL, nr = 0;
-    int rc = tokenizer_encode(en->tok, text, &raw, &nr, e);
-    free(built);
+    int rc = tokenizer_encode_plain(en->tok, text, plain, &raw, &nr, e);
     if (rc) return rc;
     int bos = tokenizer_add_bos(en->tok) ? tokenizer_bos_id(en->tok) : -1;
     int add = bos >= 0 && !(nr > 0 && raw[0] == bos);
@@ -103,4 +104,25 @@ int engine_prompt_ids(const Engine *en, const char *text, int chat, int **ids, i
     *n = nr + add;
     free(raw);
     return RS_OK;
+}
+
+int engine_chat_ids(const Engine *en, const ChatMsg *m, int n_msgs, int **ids, int *n, RsErr *e) {
+    if (!en->tok) return no_tokenizer(en, e);
+    uint8_t *plain = NULL;
+    char *text = chat_render(en->chat, m, n_msgs, en->chat_special_tokens ? NULL : &plain, e);
+    if (!text) return e ? e->code : RS_EINVAL;
+    int rc = encode_with_bos(en, text, plain, ids, n, e);
+    free(text);
+    free(plain);
+    return rc;
+}
+
+int engine_prompt_ids(const Engine *en, const char *text, int chat, int **ids, int *n, RsErr *e) {
+    if (!en->tok) return no_tokenizer(en, e);
+    if (!chat) return encode_with_bos(en, text, NULL, ids, n, e);
+    if (en->chat == CHAT_NONE)
+        return rs_err(e, RS_EUNSUPPORTED, "--chat: no known chat template for model '%s'",
+                      en->target_model->path);
+    ChatMsg m = {"user", text};
+    return engine_chat_ids(en, &m, 1, ids, n, e);
 }

@@ -21,6 +21,8 @@ typedef struct {
     const char *curve_dir;        /* key files for tcp:// */
     int drafter_optional;         /* a remote drafter that does not answer the HELLO: open
                                    * without one (Engine.drafter_missing) instead of failing */
+    int chat_special_tokens;      /* special tokens spelled in chat content become their ids
+                                   * (trusted callers); 0: plain text (engine_chat_ids) */
 } EngineOpts;
 
 typedef struct {
@@ -32,6 +34,9 @@ typedef struct {
     Planner *planner;    /* --budget auto's: one for the engine, so what it measures carries
                             over from one decode to the next */
     char drafter_missing[1024]; /* drafter_optional: why there is no drafter, else "" */
+    int chat_special_tokens;    /* EngineOpts' */
+    char vocab_note[256];       /* a tokenizer smaller than the vocabulary: the ids without
+                                   text, said once at start-up (engine_cli_open), else "" */
 } Engine;
 
 /* need_drafter: 0 for --decoder ar (no drafter is loaded or contacted). *out is a new
@@ -42,5 +47,10 @@ void engine_destroy(Engine **en);
 /* Encodes a user prompt (through the chat template when chat != 0), adding BOS when the
  * model's tokenizer does. *ids is malloc'd; caller frees. */
 int engine_prompt_ids(const Engine *en, const char *text, int chat, int **ids, int *n, RsErr *e);
+/* A conversation through the model's chat template (chat_render), adding BOS as above. The
+ * turns' contents are the caller's words: a special token spelled there (<|im_end|>, ...)
+ * encodes as the text it is, so content cannot close its turn and forge another, unless
+ * the engine was opened with chat_special_tokens. Also engine_prompt_ids' chat path. */
+int engine_chat_ids(const Engine *en, const ChatMsg *m, int n_msgs, int **ids, int *n, RsErr *e);
 
 #endif

@@ -14,7 +14,8 @@ void engine_cli_usage(FILE *f) {
             "                        from measured costs and acceptance whether to ask the\n"
             "                        drafter, how deep a pool to grow and how many nodes to\n"
             "                        verify (0: a plain AR step), for the most tokens/s\n"
-            "  --temp T              sampling temperature >= 0; 0: greedy (default 0)\n"
+            "  --temp T              sampling temperature, 0..1e6; 0: greedy, and so is any\n"
+            "                        T below 1e-5 (default 0)\n"
             "  --top-k N             sample among the N likeliest tokens (ties kept; 0: off)\n"
             "  --top-p P             then among the fewest likeliest tokens reaching mass P\n"
             "                        (0 < P < 1; 0 or 1: off)\n"
@@ -44,7 +45,10 @@ void engine_cli_usage(FILE *f) {
             "  --draft-timeout-ms N  remote drafter reply timeout (default 10000)\n"
             "  --insecure            allow plain tcp:// to the drafter (no CURVE)\n"
             "  --curve-dir DIR       CURVE key files for tcp:// (rootspec-draft --gen-keys DIR;\n"
-            "                        docs/DESIGN.md §8)\n",
+            "                        docs/DESIGN.md §8)\n"
+            "  --chat-special-tokens special tokens spelled in chat content (<|im_end|>, ...)\n"
+            "                        become their ids: for trusted callers only (default: the\n"
+            "                        text they spell, so content cannot forge a turn)\n",
             TREE_MAX, DRAFTER_DEFAULT_LAYERS);
 }
 
@@ -62,10 +66,11 @@ static int parse_value(const char *a, const char *v, EngineOpts *eo, DecodeOpts 
     if (!strcmp(a, "--model")) eo->model_path = v;
     else if (!strcmp(a, "--decoder")) return parse_decoder(v, d, e);
     else if (!strcmp(a, "--budget")) return cli_budget(v, &d->budget, e);
-    else if (!strcmp(a, "--temp")) return cli_double(a, v, 0, 1e6, &s->temperature, e);
+    /* ranges: sampling_normalize, the check requests go through too (engine_cli_check) */
+    else if (!strcmp(a, "--temp")) return cli_real(a, v, &s->temperature, e);
     else if (!strcmp(a, "--top-k")) return cli_int(a, v, 0, 1 << 30, &s->top_k, e);
-    else if (!strcmp(a, "--top-p")) return cli_double(a, v, 0, 1, &s->top_p, e);
-    else if (!strcmp(a, "--min-p")) return cli_double(a, v, 0, 1, &s->min_p, e);
+    else if (!strcmp(a, "--top-p")) return cli_real(a, v, &s->top_p, e);
+    else if (!strcmp(a, "--min-p")) return cli_real(a, v, &s->min_p, e);
     else if (!strcmp(a, "--seed")) return cli_u64(a, v, &d->seed, e);
     else if (!strcmp(a, "--draft-model")) eo->draft_model_path = v;
     else if (!strcmp(a, "--draft-layers")) eo->draft_layers = v;
@@ -84,6 +89,7 @@ int engine_cli_option(int argc, char **argv, int *i, EngineOpts *eo, DecodeOpts 
                                         "--draft-corpus", "--eagle3-layer-ids",
                                         "--draft-timeout-ms"};
     const char *a = argv[*i], *v = NULL;
+    if (!strcmp(a, "--chat-special-tokens")) return eo->chat_special_tokens = 1;
     size_t k = 0;
     while (k < sizeof names / sizeof names[0] && strcmp(a, names[k])) k++;
     if (k == sizeof names / sizeof names[0]) return 0;
@@ -124,9 +130,10 @@ static const char *drafter_conflict(const EngineOpts *eo) {
     return NULL;
 }
 
-int engine_cli_check(const EngineOpts *eo, RsErr *e) {
+int engine_cli_check(const EngineOpts *eo, DecodeOpts *d, RsErr *e) {
     const char *why = drafter_conflict(eo);
-    return why ? rs_err(e, RS_EINVAL, "%s", why) : RS_OK;
+    if (why) return rs_err(e, RS_EINVAL, "%s", why);
+    return sampling_normalize(&d->sampling, e);
 }
 
 int engine_cli_open(const char *prog, EngineOpts *eo, DecodeOpts *d, Engine **en) {
@@ -137,6 +144,7 @@ int engine_cli_open(const char *prog, EngineOpts *eo, DecodeOpts *d, Engine **en
         fprintf(stderr, "%s: %s\n", prog, e.msg);
         return rc == RS_EPEER ? 2 : cli_exit_status(rc);
     }
+    if ((*en)->vocab_note[0]) fprintf(stderr, "%s: note: %s\n", prog, (*en)->vocab_note);
     if ((*en)->drafter_missing[0]) {
         fprintf(stderr, "%s: warning: %s; decoding autoregressively instead of with "
                         "--decoder %s\n", prog, (*en)->drafter_missing, rule_name(d->rule));

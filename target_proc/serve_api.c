@@ -72,7 +72,7 @@ static int get_num(const cJSON *o, const char *name, double *out, int *has, Serv
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
     if (!v || cJSON_IsNull(v)) return 0;
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
-        return serve_error(se, 400, name, "'%s' must be a number", name);
+        return serve_error(se, 400, name, "'%s' must be a finite number", name);
     *out = v->valuedouble;
     *has = 1;
     return 0;
@@ -323,8 +323,10 @@ int serve_sampling_map(const ServeRequest *r, DecodeOpts *d, ServeError *se) {
     if (r->has_min_p) s->min_p = r->min_p;
     if (r->has_seed) d->seed = r->seed;
     RsErr e = {0};
-    if (sampling_check(s, &e)) return serve_error(se, 400, NULL, "%s", e.msg);
-    return 0;
+    if (!sampling_normalize(s, &e)) return 0;
+    char field[16] = ""; /* the message starts with the field's name, the request's too */
+    sscanf(e.msg, "%15[a-z_]", field);
+    return serve_error(se, 400, field, "%s", e.msg);
 }
 
 /* ---- responses ----------------------------------------------------------------------- */

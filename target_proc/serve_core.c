@@ -84,19 +84,14 @@ static int job_prompt(ServeCore *c, ServeJob *j, ServeError *se) {
     }
     RsErr e = {0};
     int rc = RS_OK;
-    char *built = NULL;
-    if (j->req.kind == SERVE_CHAT) {
-        if (c->en->chat == CHAT_NONE && j->req.n_msgs > 0 && c->en->tok)
-            rc = rs_err(&e, RS_EUNSUPPORTED, "model '%s' has no known chat template",
-                        c->en->target_model->path);
-        else if (!(built = chat_build_conversation(c->en->chat, j->req.msgs, j->req.n_msgs, &e)))
-            rc = e.code;
-    }
+    int chat = j->req.kind == SERVE_CHAT;
+    if (chat && c->en->chat == CHAT_NONE && j->req.n_msgs > 0 && c->en->tok)
+        rc = rs_err(&e, RS_EUNSUPPORTED, "model '%s' has no known chat template",
+                    c->en->target_model->path);
     pthread_mutex_lock(&c->enc_mu);
-    if (!rc)
-        rc = engine_prompt_ids(c->en, built ? built : j->req.text, 0, &j->ids, &j->n_ids, &e);
+    if (!rc && chat) rc = engine_chat_ids(c->en, j->req.msgs, j->req.n_msgs, &j->ids, &j->n_ids, &e);
+    else if (!rc) rc = engine_prompt_ids(c->en, j->req.text, 0, &j->ids, &j->n_ids, &e);
     pthread_mutex_unlock(&c->enc_mu);
-    free(built);
     if (rc) return serve_error(se, 400, j->req.kind == SERVE_CHAT ? "messages" : "prompt", "%s", e.msg);
     if (j->n_ids == 0) return serve_error(se, 400, "prompt", "the prompt encodes to no tokens");
     return 0;
@@ -203,7 +198,7 @@ static void on_tokens(void *u, const int *t, int n) {
     pthread_mutex_lock(&j->mu);
     for (int i = 0; i < n && !j->text.matched; i++) {
         size_t k = 0;
-        const char *b = c->en->tok ? tokenizer_token_view(c->en->tok, t[i], &k) : NULL;
+        const char *b = c->en->tok ? tokenizer_token_text(c->en->tok, t[i], &k) : NULL;
         char num[16];
         if (!c->en->tok) k = (size_t)snprintf(num, sizeof num, " %d", t[i]), b = num;
         if (b) serve_text_push(&j->text, b, k);

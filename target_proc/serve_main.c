@@ -118,8 +118,7 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
     A->http.gate = &A->gate;
     if (A->rt.threads == 0) A->rt.threads = cli_cpus_available(); /* --threads not given */
     engine_cli_runtime(&A->eo, &A->rt);
-    rc = sampling_check(&A->d.sampling, e);
-    return rc ? rc : engine_cli_check(&A->eo, e);
+    return engine_cli_check(&A->eo, &A->d, e);
 }
 
 /* The model id: --model-name, else the model path's last component. */

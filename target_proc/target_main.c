@@ -55,8 +55,8 @@ static void on_tokens(void *u, const int *t, int n) {
             s->first_id = 0;
         } else {
             size_t k;
-            const char *b = tokenizer_token_view(s->tok, t[i], &k);
-            if (b) fwrite(b, 1, k, stdout);
+            const char *b = tokenizer_token_text(s->tok, t[i], &k);
+            fwrite(b, 1, k, stdout);
         }
     }
     fflush(stdout);
@@ -169,7 +169,7 @@ static int parse_args(int argc, char **argv, Args *A) {
 
 /* Options that parse alone but contradict each other: refused (exit 2) before the models load,
  * which takes seconds. Returns -1 to go on. */
-static int check_args(const Args *A) {
+static int check_args(Args *A) {
     const EngineOpts *eo = &A->eo;
     if (!eo->model_path || (!!A->prompt + !!A->prompt_ids + !!A->prompts_path) != 1) {
         fprintf(stderr, "rootspec-target: need --model and exactly one of --prompt / --prompt-ids / --prompts\n");
@@ -177,7 +177,7 @@ static int check_args(const Args *A) {
         return 2;
     }
     RsErr e = {0};
-    if (engine_cli_check(eo, &e)) {
+    if (engine_cli_check(eo, &A->d, &e)) {
         fprintf(stderr, "rootspec-target: %s\n", e.msg);
         return 2;
     }

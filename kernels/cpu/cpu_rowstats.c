@@ -65,7 +65,7 @@ void cpu_rows_stats(ThreadPool *tp, const float *const *row, int n_rows, int n,
         for (int t = 0; t < nth; t++) row_max_merge(&m, &j.part[t]);
         j.mx = m.max;
         j.cut = -INFINITY;
-        if (!greedy) {
+        if (!greedy && isfinite(m.max)) { /* else no law: backend_rows_stats refuses it */
             j.cut = row_cut(row[j.r], n, m.max, s); /* on this thread (filters only) */
             threadpool_run(tp, sum_task, &j);
         }

@@ -13,10 +13,10 @@
 
 #define ROWQ_THREADS 256
 
-/* row_max_merge (common/logits.c) on the device. */
+/* row_max_merge (common/logits.c) on the device: a NaN maximum wins, as there. */
 __device__ static void rowmax_merge(RowMax *acc, const RowMax *m) {
-    if (m->argmax < 0) return;
-    if (acc->argmax < 0) {
+    if (m->argmax < 0 || (acc->argmax >= 0 && acc->max != acc->max)) return;
+    if (acc->argmax < 0 || m->max != m->max) {
         *acc = *m;
         return;
     }
@@ -37,8 +37,9 @@ __device__ static RowMax block_rowmax(const float *row, int V) {
     /* Strided (coalesced) loads: the maximum, its first index and the runner-up do not
      * depend on the order entries are seen in, given ties merge to the lower index. */
     for (int i = t; i < V; i += nt) {
+        if (m.max != m.max) break; /* a NaN: the row has no maximum (backend_rows_stats) */
         float v = row[i];
-        if (m.argmax < 0 || v > m.max) {
+        if (m.argmax < 0 || v > m.max || v != v) {
             m.second = m.max;
             m.max = v;
             m.argmax = i;

@@ -105,6 +105,40 @@ START_TEST(test_cuda_rows_kernels) {
 }
 END_TEST
 
+/* Rows with no law: a NaN anywhere (each thread of a block may meet it first), +inf, or
+ * nothing but -inf give a non-finite maximum under every law, and a sampling law's
+ * log-sum-exp is not finite either, so backend_rows_stats refuses the row. */
+START_TEST(test_cuda_rows_nonfinite) {
+    CU_REQUIRE_DEVICE();
+    const int V = 1000, R = 5;
+    float *h = malloc(sizeof(float) * V * R);
+    for (int i = 0; i < V * R; i++) h[i] = (float)((i * 37) % 101) * 0.01f;
+    h[0 * V + 0] = NAN;
+    h[1 * V + 513] = NAN;
+    h[2 * V + 999] = NAN;
+    h[3 * V + 7] = INFINITY;
+    for (int i = 0; i < V; i++) h[4 * V + i] = -INFINITY;
+    int rows[5] = {0, 1, 2, 3, 4};
+    double u[5] = {0.5, 0.5, 0.5, 0.5, 0.5};
+    float *dl = dcopy(h, sizeof(float) * V * R);
+    int *dr = dcopy(rows, sizeof rows);
+    double *du = dcopy(u, sizeof u), *dc = dcopy(NULL, sizeof(double) * R * row_chunks(V));
+    RowStats *ds = dcopy(NULL, sizeof(RowStats) * R), got[5];
+    for (int l = 0; l < N_LAWS; l++) {
+        int temp = sampling_temp(&LAWS[l]);
+        cuk_rows_stats(0, dl, V, dr, R, &LAWS[l], temp ? du : NULL, dc, ds);
+        CUDA_CHECK(cudaMemcpy(got, ds, sizeof got, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < R; i++) {
+            ck_assert_msg(!isfinite(got[i].max), "law %d row %d: max %g", l, i, got[i].max);
+            if (temp)
+                ck_assert_msg(!isfinite(got[i].lse), "law %d row %d: lse %g", l, i, got[i].lse);
+        }
+    }
+    cudaFree(dl), cudaFree(dr), cudaFree(du), cudaFree(dc), cudaFree(ds);
+    free(h);
+}
+END_TEST
+
 /* Queries longer than the backend stages at once (cuda_backend.cu's RowQuery holds 128
  * stats and 1024 gathers): every batch's results land at their own entries. full: the
  * (n_kept, V) rows a copying forward returned. */
@@ -218,6 +252,7 @@ Suite *suite_cuda_rowstats(void) {
     TCase *tc = tcase_create("rows");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_cuda_rows_kernels);
+    tcase_add_test(tc, test_cuda_rows_nonfinite);
     tcase_add_test(tc, test_cuda_rows_backend);
     tcase_add_test(tc, test_cuda_rowstats_decode);
     suite_add_tcase(s, tc);
