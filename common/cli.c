@@ -1,5 +1,8 @@
 /* Strict numeric option parsing (no silent truncation of "12abc" or overflow). */
 #include "cli.h"
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include "pool.h"
 #include <errno.h>
 #include <float.h>
@@ -72,6 +75,60 @@ int cli_budget(const char *val, int *out, RsErr *e) {
 }
 
 const char *cli_cpu_kernels(void) { return getenv("ROOTSPEC_CPU_KERNELS"); }
+
+/* quota / period from a file holding "QUOTA PERIOD" (v2 cpu.max) or one number (v1, with
+ * the period in period_path); 0 when unlimited or unreadable. */
+static int cgroup_cpus(const char *path, const char *period_path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char q[32] = "";
+    long long period = 0;
+    int n = fscanf(f, "%31s %lld", q, &period);
+    fclose(f);
+    if (n < 1 || !strcmp(q, "max")) return 0;
+    if (period_path) {
+        f = fopen(period_path, "r");
+        if (!f) return 0;
+        if (fscanf(f, "%lld", &period) != 1) period = 0;
+        fclose(f);
+    }
+    long long quota = atoll(q);
+    if (quota <= 0 || period <= 0) return 0;
+    return (int)((quota + period - 1) / period);
+}
+
+/* The smallest cgroup v2 cpu.max quota from the process's cgroup up to the root. */
+static int cgroup_v2_cpus(void) {
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f) return 0;
+    char line[4096], dir[4200];
+    int best = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "0::", 3)) continue;
+        line[strcspn(line, "\n")] = 0;
+        snprintf(dir, sizeof dir, "/sys/fs/cgroup%s", line + 3);
+        for (;;) {
+            char path[4300];
+            snprintf(path, sizeof path, "%s/cpu.max", dir);
+            int n = cgroup_cpus(path, NULL);
+            if (n > 0 && (best == 0 || n < best)) best = n;
+            char *slash = strrchr(dir, '/');
+            if (!slash || slash - dir < (long)strlen("/sys/fs/cgroup")) break;
+            *slash = 0;
+        }
+    }
+    fclose(f);
+    return best;
+}
+
+int cli_cpus_available(void) {
+    cpu_set_t set;
+    int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    int q = cgroup_v2_cpus();
+    if (!q) q = cgroup_cpus("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us");
+    if (q > 0 && q < n) n = q;
+    return n > 0 ? n : 1;
+}
 
 CliRuntime cli_runtime_defaults(void) {
     return (CliRuntime){.backend = "cpu", .threads = 1, .ctx = 2048, .device = 0,

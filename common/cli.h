@@ -34,6 +34,11 @@ CliRuntime cli_runtime_defaults(void);
  * it) and returns 1; 0 when it is another option; RS_EINVAL (named in e) for a bad value. */
 int cli_runtime_option(int argc, char **argv, int *i, CliRuntime *rt, RsErr *e);
 
+/* The CPUs this process may run on: its affinity mask, capped by the cgroup CPU quota
+ * (cgroup v2 cpu.max along the process's cgroup path, or v1 cpu.cfs_quota_us), rounded
+ * up; at least 1. */
+int cli_cpus_available(void);
+
 /* Returns argv[i+1] or sets an error "option X needs a value". */
 int cli_value(int argc, char **argv, int i, const char **out, RsErr *e);
 /* The exit status of a program that failed with status rc (!= RS_OK): 2 for bad usage or

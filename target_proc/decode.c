@@ -57,6 +57,7 @@ typedef struct {
     TreePass ps;
     Probe probe;              /* this round's target probabilities */
     double root_logp[POOL_MAX]; /* root-pass rules: log p0 of each first-level pool node */
+    float *root_logits; /* with DecodeHooks.on_rows: the last root row (vocab) */
 } Decode;
 
 /* One round's state. emitted[j] is the round's j-th token; keep[j] the pending KV entry of
@@ -64,6 +65,7 @@ typedef struct {
 typedef struct {
     RoundInfo info;
     int emitted[ROUND_MAX_EMIT], keep[ROUND_MAX_EMIT], n_emit, accepted;
+    int row[ROUND_MAX_EMIT]; /* the kept target row emitted[j] was drawn from */
     int have_root; /* the root pass ran: its row is kept in the target's backend */
     RowStats root_st; /* that row's statistics (T=1: with the draw of x1) */
     int x1;        /* the draw from the root row (root-pass rules, AR) */
@@ -384,7 +386,11 @@ static int round_root(Decode *d, Round *r, RsErr *e) {
     OFF_CLOCK(d, r->info.root_margin = (double)r->root_st.max - (double)r->root_st.second);
     r->have_root = 1;
     r->x1 = r->root_st.draw;
-    return RS_OK;
+    if (d->h && d->h->on_rows) { /* X1's row: a tree pass may replace it before the commit */
+        if (!d->root_logits) d->root_logits = rs_xmalloc(sizeof(float) * (size_t)t->vocab);
+        rc = backend_rows_copy(t->b, &row, 1, d->root_logits, e);
+    }
+    return rc;
 }
 
 /* Autoregressive round: the root pass alone (unless it ran already); its draw is the
@@ -395,6 +401,7 @@ static int round_ar(Decode *d, Round *r, RsErr *e) {
         int rc = round_root(d, r, e);
         if (rc) return rc;
     }
+    r->row[r->n_emit] = -1;
     r->emitted[r->n_emit++] = r->x1;
     r->keep[0] = 0;
     return RS_OK;
@@ -507,6 +514,7 @@ static int round_accept(Decode *d, Round *r, RsErr *e) {
     const Selection *sel = &r->sel;
     int cur = -1; /* tree index; -1 = root */
     if (sel->rooted_at_x1) {
+        r->row[r->n_emit] = -1;
         r->emitted[r->n_emit++] = r->x1;
         r->accepted++;
         cur = 0;
@@ -514,9 +522,9 @@ static int round_accept(Decode *d, Round *r, RsErr *e) {
     }
     int forced = d->o->rule == RULE_ROOT ? r->x1 : -1;
     for (;;) {
-        int y = forced;
+        int y = forced, row = -1; /* forced: X1, from the root row */
         if (y < 0) { /* one reduction of the node's kept row: its argmax, or a draw at u */
-            int row = target_row(t, cur < 0 ? -1 : pass_slot(&d->ps, sel, cur));
+            row = target_row(t, cur < 0 ? -1 : pass_slot(&d->ps, sel, cur));
             int temp = sampling_temp(&d->o->sampling);
             double u = temp ? rng_uniform(&d->rng) : -1.0;
             RowStats st;
@@ -527,6 +535,7 @@ static int round_accept(Decode *d, Round *r, RsErr *e) {
         }
         forced = -1;
         int child = tree_child_with_token(t->pool, sel, cur, y);
+        r->row[r->n_emit] = row;
         r->emitted[r->n_emit++] = y;
         if (child < 0) break; /* y is the continuation */
         r->acc[r->n_acc++] = child;
@@ -548,7 +557,10 @@ static int round_verify(Decode *d, Round *r, RsErr *e) {
         OFF_CLOCK(d, rc = round_measure(d, r, e));
         if (rc) return rc;
     }
-    if (r->skip) r->emitted[r->n_emit++] = r->x1;
+    if (r->skip) {
+        r->row[r->n_emit] = -1;
+        r->emitted[r->n_emit++] = r->x1;
+    }
     else return round_accept(d, r, e);
     return RS_OK;
 }
@@ -672,12 +684,32 @@ static void pend_push(Decode *d, const int *tok, int n) {
  * here (past --max-new or the first EOS) end the decode, so nothing is committed after
  * them: the target's KV holds the prompt and the output less its last token, as after
  * any round. */
+/* DecodeHooks.on_rows for the round's first n tokens: the tree rows copied from the
+ * backend now (they live until the next forward), X1's from round_root's copy. */
+static int round_rows(Decode *d, const Round *r, int n, RsErr *e) {
+    if (!d->h || !d->h->on_rows) return RS_OK;
+    int vocab = d->t->vocab, kept[ROUND_MAX_EMIT], nk = 0;
+    for (int j = 0; j < n; j++)
+        if (r->row[j] >= 0) kept[nk++] = r->row[j];
+    float *buf = rs_xmalloc(sizeof(float) * (size_t)vocab * (size_t)(nk ? nk : 1));
+    const float *rows[ROUND_MAX_EMIT];
+    int rc = nk ? backend_rows_copy(d->t->b, kept, nk, buf, e) : RS_OK;
+    for (int j = 0, k = 0; j < n; j++) {
+        RS_ASSERT(r->row[j] >= 0 || d->root_logits);
+        rows[j] = r->row[j] >= 0 ? buf + (size_t)vocab * (size_t)k++ : d->root_logits;
+    }
+    if (!rc) d->h->on_rows(d->h->user, rows, r->emitted, n, vocab);
+    free(buf);
+    return rc;
+}
+
 static int round_commit(Decode *d, Round *r, RsErr *e) {
     Target *t = d->t;
     DecodeResult *res = d->res;
     RoundInfo *ri = &r->info;
     int eos, m = output_take(d, r, &eos);
-    int rc = target_commit(t, r->keep, m, e);
+    int rc = m - eos > 0 ? round_rows(d, r, m - eos, e) : RS_OK;
+    if (!rc) rc = target_commit(t, r->keep, m, e);
     if (rc) return rc;
     ri->t_commit = dec_now(d);
     ri->measure_ns = d->clock_skip - r->skip0;
@@ -795,6 +827,7 @@ int decode_run(Target *t, Drafter *drafter, const int *prompt, int n_prompt, con
      * unchanged, where a change would re-capture the CUDA backend's graphs). */
     free(d->feat);
     free(d->pend);
+    free(d->root_logits);
     free(d);
     return rc;
 }

@@ -83,6 +83,11 @@ typedef struct {
     /* NULL or checked before each round: nonzero ends the decode there (a server's client
      * went away or a stop string matched); the tokens emitted so far stay in the result */
     int (*should_stop)(void *user);
+    /* NULL or called once a round with the target logits rows the round's output tokens
+     * were drawn from (rows[i]: tokens[i]'s, vocab floats on the host; the tokens on_tokens
+     * gets): a server's log-probabilities. Valid during the call only. Setting it copies
+     * those rows to the host each round, which a decode otherwise never does. */
+    void (*on_rows)(void *user, const float *const *rows, const int *tokens, int n, int vocab);
 } DecodeHooks;
 
 typedef struct {

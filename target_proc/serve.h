@@ -5,6 +5,8 @@
  *                   streaming), UTF-8 that is never cut inside a character
  *   serve_metrics.c Prometheus counters and histograms
  *   serve_core.c    the one decode worker, its bounded queue and the jobs it runs
+ *   serve_gate.c    what a request must show before a route answers it: an allowed Host,
+ *                   an API key, a JSON Content-Type (no sockets: the fuzzer calls it too)
  *   serve_http.c    libmicrohttpd: routes, body limits, SSE, client disconnects
  * The engine does one decode at a time; requests wait in a bounded queue (429 when full). */
 #ifndef ROOTSPEC_SERVE_H
@@ -22,6 +24,7 @@ typedef enum { SERVE_CHAT, SERVE_COMPLETION } ServeKind;
 #define SERVE_STOP_MAX 4     /* OpenAI's limit on stop strings */
 #define SERVE_MSGS_MAX 256   /* turns in one chat request */
 #define SERVE_STOP_LEN 256   /* bytes per stop string */
+#define SERVE_N_MAX 16       /* choices in one request ("n") */
 
 /* An OpenAI-style error: HTTP status, the error object's type/code/param and message. */
 typedef struct {
@@ -51,6 +54,10 @@ typedef struct {
     double temperature, top_p, min_p;
     int top_k;
     uint64_t seed;
+    int n;                 /* choices, 1..SERVE_N_MAX (decoded one after another) */
+    int choice;            /* which choice this request decodes: with a seed, its stream */
+    int logprobs;          /* chat "logprobs": true / completions "logprobs": N: report them */
+    int top_logprobs;      /* alternatives per token (chat "top_logprobs", completions N) */
     int rule;              /* extension "rootspec": {"decoder": NAME}; -1 absent */
     int budget;            /* extension "rootspec": {"budget": B}; 0 absent */
 } ServeRequest;
@@ -69,6 +76,46 @@ void serve_request_free(ServeRequest *r);
  * Returns 0 or the HTTP status. */
 int serve_sampling_map(const ServeRequest *r, DecodeOpts *d, ServeError *se);
 
+/* ---- the gate ------------------------------------------------------------------------ */
+
+typedef enum {
+    ROUTE_HEALTH, ROUTE_MODELS, ROUTE_METRICS, ROUTE_CHAT, ROUTE_COMPLETION, ROUTE_TOKENIZE,
+    ROUTE_DETOKENIZE, ROUTE_COUNT
+} ServeRoute;
+
+/* Who may ask: Host names (a browser page on another origin names its own, which is how a
+ * loopback server is kept from DNS rebinding), API keys, and whether /metrics needs one. */
+typedef struct {
+    char **hosts;       /* allowed Host header names, lower case, without the port */
+    int n_hosts;        /* 0: any Host */
+    char **keys;        /* API keys; n_keys 0: no authentication */
+    int n_keys;
+    int metrics_public; /* /metrics without a key */
+    size_t max_body;    /* for the 413's message */
+} ServeGate;
+
+/* A request as far as the gate looks: its line, three headers (NULL when absent) and
+ * whether the body outgrew max_body. */
+typedef struct {
+    const char *method, *url;
+    const char *host, *content_type, *authorization;
+    int too_large;
+} ServeHead;
+
+/* The route h asks for, or an error: 403 a Host not allowed, 404 no such route, 405 the
+ * wrong method, 401 a missing or wrong key (/health is open), 413 a body over max_body, 415
+ * a POST whose Content-Type is not application/json. Returns 0 or the status. */
+int serve_gate_check(const ServeGate *g, const ServeHead *h, ServeRoute *route, ServeError *se);
+/* Allowed hosts from a comma-separated list ("*": any); list NULL: the loopback names and
+ * bind when bind is a loopback address, else any. */
+int serve_gate_hosts(ServeGate *g, const char *list, const char *bind, RsErr *e);
+/* Adds one key (copied). */
+void serve_gate_add_key(ServeGate *g, const char *key);
+/* Keys from a file, one a line (blank lines and lines starting with # skipped); refused
+ * when the file is readable by group or others, or holds no key. */
+int serve_gate_key_file(ServeGate *g, const char *path, RsErr *e);
+void serve_gate_free(ServeGate *g);
+
 /* ---- response JSON (malloc'd strings, caller frees) --------------------------------- */
 
 typedef struct {
@@ -82,16 +129,64 @@ typedef struct {
     int prompt_tokens, completion_tokens;
 } ServeUsage;
 
+#define SERVE_TOP_LOGPROBS 20 /* OpenAI's limit on top_logprobs */
+
+/* Each output token's log-probability under the law it was drawn from (the request's
+ * sampling law; at temperature 0 the model's own distribution, T = 1 unfiltered), and the
+ * top_n most likely tokens of that law with theirs. */
+typedef struct {
+    int n, cap, top_n;
+    int *ids;         /* (n) */
+    double *lp;       /* (n) */
+    int *top_ids;     /* (n * top_n); -1 past the tokens the law keeps */
+    double *top_lp;
+    const Tokenizer *tok; /* the tokens' text; NULL: " <id>" */
+    size_t offset0;       /* bytes of output before entry 0 (a stream's later chunks) */
+} ServeLogprobs;
+
+/* Appends one token: its row of vocab logits and the law (greedy: T = 1 unfiltered). */
+void serve_logprobs_add(ServeLogprobs *l, const float *row, int vocab, const Sampling *law, int id);
+void serve_logprobs_free(ServeLogprobs *l);
+/* dst (empty) gets src's entries [from, to), copied. */
+void serve_logprobs_slice(ServeLogprobs *dst, const ServeLogprobs *src, int from, int to);
+
 char *serve_error_json(const ServeError *se);
-char *serve_models_json(const char *model, long created);
+/* The model list; context: the model's context length in tokens. */
+char *serve_models_json(const char *model, long created, int context);
+
+/* /tokenize and /detokenize (llama-server's shapes): {"content": TEXT, "add_special": bool,
+ * "with_pieces": bool} -> {"tokens": [id, ...]} (with pieces: [{"id": id, "piece": text}]);
+ * {"tokens": [id, ...]} -> {"content": TEXT}. The parsers return 0 or the HTTP status. */
+int serve_tokenize_parse(const char *body, size_t len, char **text, int *add_special,
+                         int *with_pieces, ServeError *se);
+int serve_detokenize_parse(const char *body, size_t len, int **ids, int *n, ServeError *se);
+/* pieces: each token's bytes (NULL: ids only). */
+char *serve_tokens_json(const int *ids, int n, char *const *pieces);
+char *serve_content_json(const char *text, size_t n);
 /* The whole non-streamed answer: text (n bytes, valid UTF-8), finish_reason, usage. */
 char *serve_response_json(const ServeMeta *m, const char *text, size_t n,
                           const char *finish_reason, const ServeUsage *u);
+/* The same with the tokens' log-probabilities (lp NULL: none asked). */
+char *serve_response_logprobs_json(const ServeMeta *m, const char *text, size_t n,
+                                   const char *finish_reason, const ServeUsage *u,
+                                   const ServeLogprobs *lp);
+/* One choice of several ("n"): its text (n bytes, valid UTF-8), finish_reason, logprobs. */
+typedef struct {
+    const char *text;
+    size_t n;
+    const char *finish_reason;
+    const ServeLogprobs *lp;
+} ServeChoice;
+char *serve_response_choices_json(const ServeMeta *m, const ServeChoice *ch, int n_choices,
+                                  const ServeUsage *u);
 /* One streamed chunk: role_only (chat's first chunk: the assistant role, empty content), a
  * text delta (text != NULL), or the last one (finish_reason != NULL, empty delta). u != NULL:
  * the usage chunk (no choices) that stream_options.include_usage asks for. */
 char *serve_chunk_json(const ServeMeta *m, int role_only, const char *text, size_t n,
                        const char *finish_reason, const ServeUsage *u);
+/* A text delta with the log-probabilities of the tokens that arrived with it (their text may
+ * come in this chunk or a later one: stop strings and characters hold text back). */
+char *serve_chunk_logprobs_json(const ServeMeta *m, const char *text, size_t n, const ServeLogprobs *lp);
 
 /* ---- output text --------------------------------------------------------------------- */
 

@@ -30,11 +30,20 @@ int serve_error(ServeError *se, int status, const char *param, const char *fmt, 
     return status;
 }
 
+/* Adds s as valid UTF-8: messages quote client bytes, which may be invalid or cut inside a
+ * character by a length limit (JSON must be UTF-8, and clients' decoders refuse it). */
+static void add_clean_string(cJSON *o, const char *name, const char *s) {
+    size_t n;
+    char *clean = serve_utf8_clean(s, strlen(s), &n);
+    cJSON_AddStringToObject(o, name, clean);
+    free(clean);
+}
+
 char *serve_error_json(const ServeError *se) {
     cJSON *root = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(root, "error");
-    cJSON_AddStringToObject(err, "message", se->msg);
+    add_clean_string(err, "message", se->msg);
     cJSON_AddStringToObject(err, "type", se->type ? se->type : error_type(se->status));
-    if (se->param[0]) cJSON_AddStringToObject(err, "param", se->param);
+    if (se->param[0]) add_clean_string(err, "param", se->param);
     else cJSON_AddNullToObject(err, "param");
     if (se->code) cJSON_AddStringToObject(err, "code", se->code);
     else cJSON_AddNullToObject(err, "code");
@@ -102,11 +111,10 @@ static int parse_stop(const cJSON *o, ServeRequest *r, ServeError *se) {
 /* Fields that change what is returned in ways this server does not implement: only their
  * neutral values pass. */
 static int parse_refused(const cJSON *o, ServeError *se) {
-    int n = 1, has = 0, lp = 0;
+    int has = 0, echo = 0;
     double pen = 0;
-    int rc = get_int(o, "n", 1, 1, &n, NULL, se);
-    if (!rc) rc = get_bool(o, "logprobs", &lp, se);
-    if (!rc && lp) rc = serve_error(se, 400, "logprobs", "'logprobs' is not supported by this build");
+    int rc = get_bool(o, "echo", &echo, se);
+    if (!rc && echo) rc = serve_error(se, 400, "echo", "'echo' is not supported by this build");
     static const char *const zero[] = {"presence_penalty", "frequency_penalty"};
     for (int i = 0; i < 2 && !rc; i++) {
         rc = get_num(o, zero[i], &pen, &has, se);
@@ -220,6 +228,21 @@ static int parse_prompt(const cJSON *o, ServeRequest *r, ServeError *se) {
     return 0;
 }
 
+/* Chat: "logprobs": bool, "top_logprobs": 0..20 (with logprobs). Completions:
+ * "logprobs": N, 0..20 (the top N too). */
+static int parse_logprobs(const cJSON *o, ServeRequest *r, ServeError *se) {
+    int rc, has = 0;
+    if (r->kind == SERVE_CHAT) {
+        rc = get_bool(o, "logprobs", &r->logprobs, se);
+        if (!rc) rc = get_int(o, "top_logprobs", 0, SERVE_TOP_LOGPROBS, &r->top_logprobs, &has, se);
+        if (!rc && has && r->top_logprobs && !r->logprobs)
+            rc = serve_error(se, 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    } else {
+        rc = get_int(o, "logprobs", 0, SERVE_TOP_LOGPROBS, &r->top_logprobs, &r->logprobs, se);
+    }
+    return rc;
+}
+
 static int parse_common(const cJSON *o, ServeRequest *r, ServeError *se) {
     int has = 0, rc = get_int(o, "max_tokens", 1, 1 << 20, &r->max_tokens, &has, se);
     if (!rc) rc = get_int(o, "max_completion_tokens", 1, 1 << 20, &r->max_tokens, &has, se);
@@ -233,6 +256,10 @@ static int parse_common(const cJSON *o, ServeRequest *r, ServeError *se) {
     if (!rc) rc = parse_stop(o, r, se);
     if (!rc) rc = parse_sampling(o, r, se);
     if (!rc) rc = parse_refused(o, se);
+    if (!rc) rc = get_int(o, "n", 1, SERVE_N_MAX, &r->n, NULL, se);
+    if (!rc && r->n > 1 && r->stream)
+        rc = serve_error(se, 400, "n", "'n' > 1 while streaming is not supported by this build");
+    if (!rc) rc = parse_logprobs(o, r, se);
     return rc ? rc : parse_extension(o, r, se);
 }
 
@@ -257,8 +284,18 @@ int serve_request_parse(const char *body, size_t len, ServeKind kind, const char
     memset(r, 0, sizeof *r);
     r->kind = kind;
     r->rule = -1;
-    cJSON *o = cJSON_ParseWithLength(body, len);
+    r->n = 1;
+    const char *end = NULL;
+    cJSON *o = cJSON_ParseWithLengthOpts(body, len, &end, 0);
     if (!o) return serve_error(se, 400, NULL, "the request body is not valid JSON");
+    /* One value and nothing after it but whitespace: a second object or trailing bytes
+     * mean the client and this server disagree on what was asked. */
+    while (end < body + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
+    if (end != body + len) {
+        cJSON_Delete(o);
+        return serve_error(se, 400, NULL, "the request body has bytes after its JSON value (at offset %zu)",
+                           (size_t)(end - body));
+    }
     int rc = parse_object(o, kind, model_name, r, se);
     cJSON_Delete(o);
     if (rc) serve_request_free(r);
@@ -322,10 +359,10 @@ static cJSON *string_n(const char *text, size_t n) {
 }
 
 /* One choice: chat's message/delta or a completion's text. */
-static cJSON *choice(const ServeMeta *m, int chunk, int role, const char *text, size_t n,
-                     const char *finish) {
+static cJSON *choice_at(const ServeMeta *m, int index, int chunk, int role, const char *text,
+                        size_t n, const char *finish) {
     cJSON *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", index);
     if (m->kind == SERVE_CHAT) {
         cJSON *msg = cJSON_AddObjectToObject(c, chunk ? "delta" : "message");
         if (role || !chunk) cJSON_AddStringToObject(msg, "role", "assistant");
@@ -339,6 +376,11 @@ static cJSON *choice(const ServeMeta *m, int chunk, int role, const char *text, 
     return c;
 }
 
+static cJSON *choice(const ServeMeta *m, int chunk, int role, const char *text, size_t n,
+                     const char *finish) {
+    return choice_at(m, 0, chunk, role, text, n, finish);
+}
+
 static char *print_delete(cJSON *o) {
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
@@ -348,9 +390,158 @@ static char *print_delete(cJSON *o) {
 
 char *serve_response_json(const ServeMeta *m, const char *text, size_t n,
                           const char *finish_reason, const ServeUsage *u) {
+    return serve_response_logprobs_json(m, text, n, finish_reason, u, NULL);
+}
+
+/* ---- log-probabilities ---------------------------------------------------------------- */
+
+void serve_logprobs_add(ServeLogprobs *l, const float *row, int vocab, const Sampling *law, int id) {
+    Sampling raw = {.temperature = 1, .top_p = 1};
+    const Sampling *s = sampling_greedy(law) ? &raw : law;
+    double *csum = rs_xmalloc(sizeof(double) * (size_t)row_chunks(vocab));
+    RowStats st;
+    row_stats(row, vocab, s, -1.0, csum, &st);
+    free(csum);
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 64;
+        l->ids = realloc(l->ids, sizeof(int) * (size_t)l->cap);
+        l->lp = realloc(l->lp, sizeof(double) * (size_t)l->cap);
+        l->top_ids = realloc(l->top_ids, sizeof(int) * (size_t)l->cap * (size_t)(l->top_n + 1));
+        l->top_lp = realloc(l->top_lp, sizeof(double) * (size_t)l->cap * (size_t)(l->top_n + 1));
+        RS_ASSERT(l->ids && l->lp && l->top_ids && l->top_lp);
+    }
+    l->ids[l->n] = id;
+    l->lp[l->n] = row_stats_logp(&st, row[id]);
+    int idx[SERVE_TOP_LOGPROBS];
+    int k = l->top_n < vocab ? l->top_n : vocab;
+    if (k) row_topk(row, vocab, k, idx);
+    for (int i = 0; i < l->top_n; i++) {
+        double lp = i < k ? row_stats_logp(&st, row[idx[i]]) : -INFINITY;
+        l->top_ids[(size_t)l->n * l->top_n + i] = isfinite(lp) ? idx[i] : -1;
+        l->top_lp[(size_t)l->n * l->top_n + i] = lp;
+    }
+    l->n++;
+}
+
+static char *token_text(const ServeLogprobs *l, int id, const char **b, size_t *n);
+
+void serve_logprobs_slice(ServeLogprobs *dst, const ServeLogprobs *src, int from, int to) {
+    int n = to - from, k = src->top_n;
+    *dst = (ServeLogprobs){.n = n, .cap = n, .top_n = k, .tok = src->tok, .offset0 = src->offset0};
+    for (int i = 0; i < from; i++) {
+        const char *b;
+        size_t len;
+        free(token_text(src, src->ids[i], &b, &len));
+        dst->offset0 += len;
+    }
+    dst->ids = rs_xmalloc(sizeof(int) * (size_t)(n + 1));
+    dst->lp = rs_xmalloc(sizeof(double) * (size_t)(n + 1));
+    dst->top_ids = rs_xmalloc(sizeof(int) * (size_t)(n * k + 1));
+    dst->top_lp = rs_xmalloc(sizeof(double) * (size_t)(n * k + 1));
+    memcpy(dst->ids, src->ids + from, sizeof(int) * (size_t)n);
+    memcpy(dst->lp, src->lp + from, sizeof(double) * (size_t)n);
+    memcpy(dst->top_ids, src->top_ids + (size_t)from * k, sizeof(int) * (size_t)(n * k));
+    memcpy(dst->top_lp, src->top_lp + (size_t)from * k, sizeof(double) * (size_t)(n * k));
+}
+
+void serve_logprobs_free(ServeLogprobs *l) {
+    free(l->ids);
+    free(l->lp);
+    free(l->top_ids);
+    free(l->top_lp);
+    memset(l, 0, sizeof *l);
+}
+
+/* A token's text: its bytes (b, n) and a UTF-8-clean string of them. */
+static char *token_text(const ServeLogprobs *l, int id, const char **b, size_t *n) {
+    static __thread char num[16];
+    *b = l->tok ? tokenizer_token_view(l->tok, id, n) : NULL;
+    if (!*b) {
+        *n = (size_t)snprintf(num, sizeof num, " %d", id);
+        *b = num;
+    }
+    size_t m;
+    return serve_utf8_clean(*b, *n, &m);
+}
+
+/* OpenAI's chat entry: {"token", "logprob", "bytes"}. */
+static cJSON *chat_entry(const ServeLogprobs *l, int id, double lp) {
+    const char *b;
+    size_t n;
+    char *t = token_text(l, id, &b, &n);
+    cJSON *e = cJSON_CreateObject(), *bytes;
+    cJSON_AddStringToObject(e, "token", t);
+    cJSON_AddNumberToObject(e, "logprob", lp);
+    bytes = cJSON_AddArrayToObject(e, "bytes");
+    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(bytes, cJSON_CreateNumber((unsigned char)b[i]));
+    free(t);
+    return e;
+}
+
+static cJSON *chat_logprobs(const ServeLogprobs *l) {
+    cJSON *o = cJSON_CreateObject(), *content = cJSON_AddArrayToObject(o, "content");
+    for (int i = 0; i < l->n; i++) {
+        cJSON *e = chat_entry(l, l->ids[i], l->lp[i]), *top = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (int k = 0; k < l->top_n; k++)
+            if (l->top_ids[(size_t)i * l->top_n + k] >= 0)
+                cJSON_AddItemToArray(top, chat_entry(l, l->top_ids[(size_t)i * l->top_n + k],
+                                                     l->top_lp[(size_t)i * l->top_n + k]));
+        cJSON_AddItemToArray(content, e);
+    }
+    cJSON_AddNullToObject(o, "refusal");
+    return o;
+}
+
+/* The completions shape: tokens, token_logprobs, top_logprobs (a map per token) and each
+ * token's offset in the text. */
+static cJSON *completion_logprobs(const ServeLogprobs *l) {
+    cJSON *o = cJSON_CreateObject(), *toks = cJSON_AddArrayToObject(o, "tokens");
+    cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs"), *tops = cJSON_AddArrayToObject(o, "top_logprobs");
+    cJSON *offs = cJSON_AddArrayToObject(o, "text_offset");
+    size_t off = l->offset0;
+    for (int i = 0; i < l->n; i++) {
+        const char *b;
+        size_t n;
+        char *t = token_text(l, l->ids[i], &b, &n);
+        cJSON_AddItemToArray(toks, cJSON_CreateString(t));
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(l->lp[i]));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
+        off += n;
+        free(t);
+        cJSON *m = cJSON_CreateObject();
+        for (int k = 0; k < l->top_n; k++) {
+            int id = l->top_ids[(size_t)i * l->top_n + k];
+            if (id < 0) continue;
+            t = token_text(l, id, &b, &n);
+            if (!cJSON_GetObjectItemCaseSensitive(m, t))
+                cJSON_AddNumberToObject(m, t, l->top_lp[(size_t)i * l->top_n + k]);
+            free(t);
+        }
+        cJSON_AddItemToArray(tops, m);
+    }
+    return o;
+}
+
+char *serve_response_logprobs_json(const ServeMeta *m, const char *text, size_t n,
+                                   const char *finish_reason, const ServeUsage *u,
+                                   const ServeLogprobs *lp) {
+    ServeChoice c = {text, n, finish_reason, lp};
+    return serve_response_choices_json(m, &c, 1, u);
+}
+
+char *serve_response_choices_json(const ServeMeta *m, const ServeChoice *ch, int n_choices,
+                                  const ServeUsage *u) {
     cJSON *o = meta_object(m, 0);
-    cJSON *ch = cJSON_AddArrayToObject(o, "choices");
-    cJSON_AddItemToArray(ch, choice(m, 0, 0, text, n, finish_reason));
+    cJSON *arr = cJSON_AddArrayToObject(o, "choices");
+    for (int i = 0; i < n_choices; i++) {
+        cJSON *c = choice_at(m, i, 0, 0, ch[i].text, ch[i].n, ch[i].finish_reason);
+        if (ch[i].lp) {
+            cJSON_DeleteItemFromObjectCaseSensitive(c, "logprobs");
+            cJSON_AddItemToObject(c, "logprobs", m->kind == SERVE_CHAT ? chat_logprobs(ch[i].lp)
+                                                                        : completion_logprobs(ch[i].lp));
+        }
+        cJSON_AddItemToArray(arr, c);
+    }
     add_usage(o, u);
     return print_delete(o);
 }
@@ -364,7 +555,17 @@ char *serve_chunk_json(const ServeMeta *m, int role_only, const char *text, size
     return print_delete(o);
 }
 
-char *serve_models_json(const char *model, long created) {
+char *serve_chunk_logprobs_json(const ServeMeta *m, const char *text, size_t n, const ServeLogprobs *lp) {
+    cJSON *o = meta_object(m, 1);
+    cJSON *ch = cJSON_AddArrayToObject(o, "choices");
+    cJSON *c = choice(m, 1, 0, text ? text : "", n, NULL);
+    cJSON_DeleteItemFromObjectCaseSensitive(c, "logprobs");
+    cJSON_AddItemToObject(c, "logprobs", m->kind == SERVE_CHAT ? chat_logprobs(lp) : completion_logprobs(lp));
+    cJSON_AddItemToArray(ch, c);
+    return print_delete(o);
+}
+
+char *serve_models_json(const char *model, long created, int context) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "object", "list");
     cJSON *data = cJSON_AddArrayToObject(o, "data"), *e = cJSON_CreateObject();
@@ -372,6 +573,86 @@ char *serve_models_json(const char *model, long created) {
     cJSON_AddStringToObject(e, "object", "model");
     cJSON_AddNumberToObject(e, "created", (double)created);
     cJSON_AddStringToObject(e, "owned_by", "rootspec");
+    cJSON_AddNumberToObject(e, "max_model_len", context); /* vLLM's name */
     cJSON_AddItemToArray(data, e);
+    return print_delete(o);
+}
+
+/* ---- /tokenize and /detokenize --------------------------------------------------------- */
+
+/* body as one JSON object (strict, as serve_request_parse); NULL with se set. */
+static cJSON *parse_body_object(const char *body, size_t len, ServeError *se) {
+    const char *end = NULL;
+    cJSON *o = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    while (o && end < body + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
+    if (!o || end != body + len || !cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        serve_error(se, 400, NULL, "the request body must be one JSON object");
+        return NULL;
+    }
+    return o;
+}
+
+int serve_tokenize_parse(const char *body, size_t len, char **text, int *add_special,
+                         int *with_pieces, ServeError *se) {
+    *text = NULL;
+    *add_special = *with_pieces = 0;
+    cJSON *o = parse_body_object(body, len, se);
+    if (!o) return 400;
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(o, "content");
+    int rc = cJSON_IsString(c) ? 0 : serve_error(se, 400, "content", "'content' must be a string");
+    if (!rc) rc = get_bool(o, "add_special", add_special, se);
+    if (!rc) rc = get_bool(o, "with_pieces", with_pieces, se);
+    if (!rc) *text = strdup(c->valuestring);
+    cJSON_Delete(o);
+    return rc;
+}
+
+int serve_detokenize_parse(const char *body, size_t len, int **ids, int *n, ServeError *se) {
+    *ids = NULL;
+    *n = 0;
+    cJSON *o = parse_body_object(body, len, se);
+    if (!o) return 400;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "tokens"), *x;
+    int rc = cJSON_IsArray(t) ? 0 : serve_error(se, 400, "tokens", "'tokens' must be an array of token ids");
+    if (!rc) *ids = rs_xmalloc(sizeof(int) * (size_t)(cJSON_GetArraySize(t) + 1));
+    if (!rc) cJSON_ArrayForEach(x, t) {
+        double v = x->valuedouble;
+        if (!cJSON_IsNumber(x) || v != floor(v) || v < 0 || v > 0x7fffffff) {
+            rc = serve_error(se, 400, "tokens", "'tokens' must hold non-negative integers");
+            break;
+        }
+        (*ids)[(*n)++] = (int)v;
+    }
+    cJSON_Delete(o);
+    if (rc) {
+        free(*ids);
+        *ids = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
+char *serve_tokens_json(const int *ids, int n, char *const *pieces) {
+    cJSON *o = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(o, "tokens");
+    for (int i = 0; i < n; i++) {
+        if (!pieces) {
+            cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+            continue;
+        }
+        cJSON *p = cJSON_CreateObject();
+        cJSON_AddNumberToObject(p, "id", ids[i]);
+        add_clean_string(p, "piece", pieces[i]);
+        cJSON_AddItemToArray(a, p);
+    }
+    return print_delete(o);
+}
+
+char *serve_content_json(const char *text, size_t n) {
+    size_t m;
+    char *clean = serve_utf8_clean(text, n, &m);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "content", clean);
+    free(clean);
     return print_delete(o);
 }

@@ -34,7 +34,9 @@ struct ServeJob {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     ServeText text;
+    ServeLogprobs lp; /* when the request asks for them: one entry per output token */
     int done, failed, n_out;
+    int lp_taken; /* streams: entries serve_job_wait handed out */
     const char *finish_reason;
     ServeError err;
     /* the worker's own */
@@ -46,6 +48,7 @@ struct ServeJob {
 
 static void job_free(ServeJob *j) {
     serve_text_free(&j->text);
+    serve_logprobs_free(&j->lp);
     serve_request_free(&j->req);
     free(j->ids);
     pthread_mutex_destroy(&j->mu);
@@ -111,7 +114,8 @@ static int job_options(ServeCore *c, ServeJob *j, ServeError *se) {
         j->d.planner = c->en->planner;
         j->d.budget = TREE_MAX;
     }
-    j->d.prompt_id = r->has_seed ? 0 : j->seq; /* unseeded requests: a stream each */
+    /* unseeded requests: a stream each; seeded: one per choice, the same on every call */
+    j->d.prompt_id = r->has_seed ? (uint64_t)r->choice : j->seq;
     int room = target_kv_capacity(c->en->target) - decode_round_reserve(&j->d) - j->n_ids + 1;
     if (room < 1 || (r->max_tokens && r->max_tokens > room)) {
         serve_error(se, 400, r->kind == SERVE_CHAT ? "messages" : "prompt",
@@ -137,6 +141,8 @@ int serve_job_create(ServeCore *c, ServeRequest *r, ServeJob **out, ServeError *
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     serve_text_init(&j->text, (const char *const *)j->req.stop, j->req.n_stop);
+    j->lp.top_n = j->req.top_logprobs;
+    j->lp.tok = c->en->tok;
     pthread_mutex_lock(&c->mu);
     j->seq = ++c->next_id;
     pthread_mutex_unlock(&c->mu);
@@ -169,8 +175,15 @@ int serve_job_wait(ServeJob *j, int timeout_ms, ServeOutput *out) {
     out->err = j->err;
     out->finish_reason = j->finish_reason;
     out->usage = (ServeUsage){j->n_ids, j->n_out};
+    out->lp = j->done && j->req.logprobs ? &j->lp : NULL;
+    int to = j->lp.n < j->n_out ? j->lp.n : j->n_out; /* none past a stop string */
+    if (j->req.logprobs && j->req.stream && to > j->lp_taken) {
+        out->lp_new = rs_xmalloc(sizeof *out->lp_new);
+        serve_logprobs_slice(out->lp_new, &j->lp, j->lp_taken, to);
+        j->lp_taken = to;
+    }
     pthread_mutex_unlock(&j->mu);
-    return out->text || out->done;
+    return out->text || out->done || out->lp_new;
 }
 
 /* ---- the decode ------------------------------------------------------------------------ */
@@ -193,6 +206,14 @@ static void on_tokens(void *u, const int *t, int n) {
     }
     pthread_mutex_unlock(&j->mu);
     pthread_cond_broadcast(&j->cv);
+}
+
+/* The rows the tokens were drawn from: their log-probabilities under the request's law. */
+static void on_rows(void *u, const float *const *rows, const int *t, int n, int vocab) {
+    ServeJob *j = u;
+    pthread_mutex_lock(&j->mu);
+    for (int i = 0; i < n; i++) serve_logprobs_add(&j->lp, rows[i], vocab, &j->d.sampling, t[i]);
+    pthread_mutex_unlock(&j->mu);
 }
 
 static void on_round(void *u, const RoundInfo *r) {
@@ -219,17 +240,28 @@ static int should_stop(void *u) {
 static void job_end(ServeJob *j, ServeFinish f, const char *reason, int status, const char *why) {
     pthread_mutex_lock(&j->mu);
     serve_text_finish(&j->text);
+    if (j->lp.n > j->n_out) j->lp.n = j->n_out; /* a round's tokens past a stop string */
     j->finish_reason = reason;
     if (f == FINISH_ERROR) {
         j->failed = 1;
         serve_error(&j->err, status, NULL, "%s", why);
     }
+    /* Counted before the connection can see the end: a client that reads /metrics after
+     * its answer finds it there. */
+    serve_metrics_finish(j->core->metrics, f, f == FINISH_CANCELLED && j->n_out == 0 ? 0 : j->n_ids,
+                         j->n_out, j->drafter_failed);
     j->done = 1;
-    int n_out = j->n_out;
     pthread_mutex_unlock(&j->mu);
     pthread_cond_broadcast(&j->cv);
-    serve_metrics_finish(j->core->metrics, f, f == FINISH_CANCELLED && n_out == 0 ? 0 : j->n_ids,
-                         n_out, j->drafter_failed);
+}
+
+/* A cancel from serve_core_stop rather than from the client: the client is still there and
+ * gets a 503 (a stream: an error event), not an answer that looks complete. */
+static int core_stopping(ServeCore *c) {
+    pthread_mutex_lock(&c->mu);
+    int quit = c->quit;
+    pthread_mutex_unlock(&c->mu);
+    return quit;
 }
 
 static void job_run(ServeCore *c, ServeJob *j) {
@@ -237,7 +269,7 @@ static void job_run(ServeCore *c, ServeJob *j) {
         job_end(j, FINISH_CANCELLED, NULL, 0, NULL);
         return;
     }
-    DecodeHooks h = {on_tokens, on_round, on_event, j, should_stop};
+    DecodeHooks h = {on_tokens, on_round, on_event, j, should_stop, j->req.logprobs ? on_rows : NULL};
     DecodeResult res = {0};
     res.cap = j->d.max_new + ROUND_MAX_EMIT;
     res.tokens = rs_xmalloc(sizeof(int) * (size_t)res.cap);
@@ -247,6 +279,8 @@ static void job_run(ServeCore *c, ServeJob *j) {
     char why[1100];
     snprintf(why, sizeof why, "decode failed: %s", e.msg);
     if (rc) job_end(j, FINISH_ERROR, NULL, 500, why);
+    else if (atomic_load(&j->cancelled) && core_stopping(c))
+        job_end(j, FINISH_ERROR, NULL, 503, "the server is stopping");
     else if (atomic_load(&j->cancelled)) job_end(j, FINISH_CANCELLED, NULL, 0, NULL);
     else if (j->text.matched || res.hit_eos) job_end(j, FINISH_STOP, "stop", 0, NULL);
     else job_end(j, FINISH_LENGTH, "length", 0, NULL);
@@ -313,6 +347,50 @@ void serve_core_counts(ServeCore *c, int *queued, int *running) {
 
 ServeMetrics *serve_core_metrics(ServeCore *c) { return c->metrics; }
 const char *serve_core_model(const ServeCore *c) { return c->cfg.model_name; }
+int serve_core_context(const ServeCore *c) { return target_kv_capacity(c->en->target); }
+
+/* ---- the tokenizer routes (tokenizer calls one at a time, as job_prompt's) ------------------ */
+
+int serve_core_tokenize(ServeCore *c, const char *text, int add_special, int **ids, int *n,
+                        char ***pieces, ServeError *se) {
+    *ids = NULL;
+    *n = 0;
+    if (!c->en->tok) return serve_error(se, 400, NULL, "this model has no tokenizer");
+    RsErr e = {0};
+    int *raw = NULL, nr = 0, bos = add_special && tokenizer_add_bos(c->en->tok) ? tokenizer_bos_id(c->en->tok) : -1;
+    pthread_mutex_lock(&c->enc_mu);
+    int rc = tokenizer_encode(c->en->tok, text, &raw, &nr, &e);
+    pthread_mutex_unlock(&c->enc_mu);
+    if (rc) return serve_error(se, 400, "content", "%s", e.msg);
+    *ids = rs_xmalloc(sizeof(int) * (size_t)(nr + 1));
+    if (bos >= 0) (*ids)[(*n)++] = bos;
+    memcpy(*ids + *n, raw, sizeof(int) * (size_t)nr);
+    *n += nr;
+    free(raw);
+    if (pieces) {
+        *pieces = rs_xcalloc((size_t)*n + 1, sizeof **pieces);
+        for (int i = 0; i < *n; i++) {
+            size_t k = 0;
+            const char *b = tokenizer_token_view(c->en->tok, (*ids)[i], &k);
+            (*pieces)[i] = strndup(b ? b : "", b ? k : 0);
+        }
+    }
+    return 0;
+}
+
+int serve_core_detokenize(ServeCore *c, const int *ids, int n, char **text, size_t *len, ServeError *se) {
+    *text = NULL;
+    if (!c->en->tok) return serve_error(se, 400, NULL, "this model has no tokenizer");
+    int vocab = tokenizer_vocab_size(c->en->tok);
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= vocab)
+            return serve_error(se, 400, "tokens", "token %d is outside the vocabulary of %d", ids[i], vocab);
+    pthread_mutex_lock(&c->enc_mu);
+    *text = tokenizer_decode(c->en->tok, ids, n);
+    pthread_mutex_unlock(&c->enc_mu);
+    *len = strlen(*text);
+    return 0;
+}
 
 void serve_core_stop(ServeCore *c) {
     pthread_mutex_lock(&c->mu);

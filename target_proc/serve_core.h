@@ -18,8 +18,8 @@ typedef struct ServeJob ServeJob;
 
 /* Starts the worker. Borrows en, m and cfg->model_name (they outlive the core). */
 void serve_core_create(Engine *en, const ServeConfig *cfg, ServeMetrics *m, ServeCore **out);
-/* Stops the worker: the running job is cancelled, queued ones end with a 503, later
- * submissions get a 503. Connections may still read their jobs. Idempotent. */
+/* Stops the worker: the running job is stopped and, like the queued ones, ends with a 503;
+ * later submissions get a 503. Connections may still read their jobs. Idempotent. */
 void serve_core_stop(ServeCore *c);
 /* serve_core_stop, then frees the core (no connection may use it any more). Clears *c. */
 void serve_core_destroy(ServeCore **c);
@@ -27,6 +27,15 @@ void serve_core_destroy(ServeCore **c);
 void serve_core_counts(ServeCore *c, int *queued, int *running);
 ServeMetrics *serve_core_metrics(ServeCore *c);
 const char *serve_core_model(const ServeCore *c);
+/* The model's context length in tokens. */
+int serve_core_context(const ServeCore *c);
+/* /tokenize: text's token ids (BOS first when add_special and the tokenizer adds one);
+ * pieces (when not NULL): each token's bytes, malloc'd. /detokenize: the text of ids,
+ * malloc'd, *len bytes. Both 400 on a model without a tokenizer or ids outside its
+ * vocabulary; 0 on success. */
+int serve_core_tokenize(ServeCore *c, const char *text, int add_special, int **ids, int *n,
+                        char ***pieces, ServeError *se);
+int serve_core_detokenize(ServeCore *c, const int *ids, int n, char **text, size_t *len, ServeError *se);
 
 /* A job for a parsed request (its contents move into the job; r is left empty): encodes
  * the prompt, checks it against the context and the decoder options. Returns 0, or the
@@ -51,6 +60,10 @@ typedef struct {
     int failed;          /* the decode failed: err says why */
     ServeError err;
     ServeUsage usage;
+    const ServeLogprobs *lp; /* done and asked for: the tokens' log-probabilities (the job's,
+                                valid while the caller holds its reference) */
+    ServeLogprobs *lp_new;   /* streams asking for them: the entries not taken before
+                                (malloc'd: serve_logprobs_free, then free), or NULL */
 } ServeOutput;
 
 /* Waits up to timeout_ms for new output or the end of the job. Returns 1 when out has

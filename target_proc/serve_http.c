@@ -1,21 +1,48 @@
 /* HTTP for rootspec-serve on libmicrohttpd. Each connection has a thread of its own, so a
  * handler may block while its job waits in the queue or decodes; it polls its socket
- * between waits, and a client that went away cancels its job. */
+ * between waits, and a client that went away cancels its job. libmicrohttpd's idle timeout
+ * restarts with every byte, so a client sending a byte a second would hold its thread for
+ * ever: a watchdog thread shuts down connections whose request has not fully arrived by
+ * the deadline (serve_http.h). */
 #include "serve_http.h"
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
 #include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #define WAIT_MS 100 /* how often a waiting handler looks at its socket */
+#define WATCH_MS 200 /* how often the watchdog looks at the deadlines */
+
+/* A connection as the watchdog sees it (libmicrohttpd's socket context). */
+typedef struct Conn {
+    int fd;
+    uint64_t since; /* ns: the start of the current request's arrival */
+    int answering;  /* the request has arrived: no deadline until its answer is done */
+    int dropped;    /* the watchdog shut it down */
+    struct Conn *prev, *next;
+} Conn;
 
 struct ServeHttp {
     struct MHD_Daemon *d;
     ServeCore *core;
     ServeHttpOpts o;
     int port;
+    pthread_mutex_t mu; /* conns, answering, stop */
+    pthread_cond_t cv;
+    Conn *conns;
+    int n_answering;
+    int stop;
+    pthread_t watchdog;
+    int listen_fd; /* once quiesced: ours to close after the daemon stops */
+    pthread_mutex_t log_mu; /* on_log's rate limit */
+    uint64_t log_sec;
+    int log_n, log_dropped;
 };
 
 /* A request's body as it arrives. */
@@ -42,16 +69,18 @@ static enum MHD_Result reply_error(ServeHttp *h, struct MHD_Connection *c, const
     return reply(h, c, se->status, serve_error_json(se), "application/json");
 }
 
-/* The client closed its end (or the socket failed): nobody will read the answer. */
+/* The socket failed or was reset: nobody will read the answer. An end of input is not
+ * that: a client may shut down its sending side and wait for the answer (and one that
+ * closed the socket is found when the answer, or a stream's next chunk, meets a reset). */
 static int peer_gone(struct MHD_Connection *c) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!ci) return 1;
-    struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN};
     if (poll(&p, 1, 0) <= 0) return 0;
-    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) return 1;
+    if (p.revents & (POLLHUP | POLLERR)) return 1;
     char b;
     ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
 }
 
 /* ---- streaming (server-sent events) ------------------------------------------------------- */
@@ -78,7 +107,8 @@ static void stream_frames(Stream *s, const ServeOutput *o) {
     RS_ASSERT(f);
     if (!s->started && m->kind == SERVE_CHAT) frame(f, serve_chunk_json(m, 1, NULL, 0, NULL, NULL));
     s->started = 1;
-    if (o && o->text) frame(f, serve_chunk_json(m, 0, o->text, o->n, NULL, NULL));
+    if (o && o->lp_new) frame(f, serve_chunk_logprobs_json(m, o->text, o->n, o->lp_new));
+    else if (o && o->text) frame(f, serve_chunk_json(m, 0, o->text, o->n, NULL, NULL));
     if (o && o->done) {
         if (o->failed) frame(f, serve_error_json(&o->err));
         else frame(f, serve_chunk_json(m, 0, NULL, 0, o->finish_reason, NULL));
@@ -112,6 +142,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         int got = serve_job_wait(s->job, WAIT_MS, &o);
         if (got) stream_frames(s, &o);
         free(o.text);
+        if (o.lp_new) serve_logprobs_free(o.lp_new);
+        free(o.lp_new);
         if (!got && peer_gone(s->conn)) return MHD_CONTENT_READER_END_WITH_ERROR;
     }
 }
@@ -141,32 +173,88 @@ static enum MHD_Result start_stream(ServeHttp *h, struct MHD_Connection *c, Serv
 
 /* ---- completions ------------------------------------------------------------------------- */
 
-/* Waits for the whole answer. MHD_NO (the connection closes) when the client went away. */
-static enum MHD_Result finish_whole(ServeHttp *h, struct MHD_Connection *c, ServeJob *j) {
-    char *acc = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&acc, &len);
+/* Waits for the whole answer into *acc (malloc'd, *len bytes) and *o. -1 when the client
+ * went away (the job is cancelled), else 0. */
+static int wait_whole(struct MHD_Connection *c, ServeJob *j, char **acc, size_t *len, ServeOutput *o) {
+    *acc = NULL;
+    *len = 0;
+    FILE *f = open_memstream(acc, len);
     RS_ASSERT(f);
-    ServeOutput o;
     for (;;) {
-        int got = serve_job_wait(j, WAIT_MS, &o);
-        if (o.text) fwrite(o.text, 1, o.n, f);
-        free(o.text);
-        if (got && o.done) break;
+        int got = serve_job_wait(j, WAIT_MS, o);
+        if (o->text) fwrite(o->text, 1, o->n, f);
+        free(o->text);
+        o->text = NULL;
+        if (got && o->done) break;
         if (peer_gone(c)) {
             serve_job_cancel(j);
             fclose(f);
-            free(acc);
-            return MHD_NO;
+            free(*acc);
+            *acc = NULL;
+            return -1;
         }
     }
     int rc = fclose(f);
     RS_ASSERT(rc == 0);
+    return 0;
+}
+
+/* The whole answer. MHD_NO (the connection closes) when the client went away. */
+static enum MHD_Result finish_whole(ServeHttp *h, struct MHD_Connection *c, ServeJob *j) {
+    char *acc;
+    size_t len;
+    ServeOutput o;
+    if (wait_whole(c, j, &acc, &len, &o)) return MHD_NO;
     enum MHD_Result ok = o.failed ? reply_error(h, c, &o.err)
-                                  : reply(h, c, 200, serve_response_json(serve_job_meta(j), acc, len,
-                                                                         o.finish_reason, &o.usage),
+                                  : reply(h, c, 200, serve_response_logprobs_json(serve_job_meta(j), acc, len,
+                                                                                  o.finish_reason, &o.usage, o.lp),
                                           "application/json");
     free(acc);
+    return ok;
+}
+
+/* Choice i of n: the request parsed again (a job owns its request), decoded as a job of its
+ * own with the seed stream i, waited for. 0, -1 (client gone) or an HTTP status in se. */
+static int decode_choice(ServeHttp *h, struct MHD_Connection *c, ServeKind kind, const ConnState *cs,
+                         int i, ServeJob **j, char **acc, size_t *len, ServeOutput *o, ServeError *se) {
+    ServeRequest r;
+    int rc = serve_request_parse(cs->body ? cs->body : "", cs->len, kind, serve_core_model(h->core), &r, se);
+    r.choice = i;
+    if (!rc) rc = serve_job_create(h->core, &r, j, se);
+    if (!rc) rc = serve_core_submit(h->core, *j, se);
+    serve_request_free(&r);
+    if (rc) return rc;
+    if (wait_whole(c, *j, acc, len, o)) return -1;
+    if (o->failed) *se = o->err;
+    return o->failed ? o->err.status : 0;
+}
+
+/* n > 1: the choices one after another, answered together (usage: the prompt once, every
+ * choice's tokens). */
+static enum MHD_Result finish_choices(ServeHttp *h, struct MHD_Connection *c, ServeKind kind,
+                                      const ConnState *cs, int n) {
+    ServeJob *jobs[SERVE_N_MAX] = {0};
+    char *acc[SERVE_N_MAX] = {0};
+    ServeChoice ch[SERVE_N_MAX];
+    ServeUsage u = {0, 0};
+    ServeError se;
+    int rc = 0, i;
+    for (i = 0; i < n && !rc; i++) {
+        ServeOutput o;
+        rc = decode_choice(h, c, kind, cs, i, &jobs[i], &acc[i], &ch[i].n, &o, &se);
+        if (rc) break;
+        ch[i] = (ServeChoice){acc[i], ch[i].n, o.finish_reason, o.lp};
+        u.prompt_tokens = o.usage.prompt_tokens;
+        u.completion_tokens += o.usage.completion_tokens;
+    }
+    enum MHD_Result ok = rc < 0 ? MHD_NO
+                         : rc ? reply_error(h, c, &se)
+                              : reply(h, c, 200, serve_response_choices_json(serve_job_meta(jobs[0]), ch, n, &u),
+                                      "application/json");
+    for (int k = 0; k < n; k++) {
+        free(acc[k]);
+        serve_job_unref(&jobs[k]);
+    }
     return ok;
 }
 
@@ -177,6 +265,15 @@ static enum MHD_Result handle_completion(ServeHttp *h, struct MHD_Connection *c,
     ServeJob *j = NULL;
     int rc = serve_request_parse(cs->body ? cs->body : "", cs->len, kind, serve_core_model(h->core),
                                  &r, &se);
+    /* The idle timeout is for clients that stall; a job may wait and decode for longer
+     * than that without a byte on the wire, and the connection must outlive it (on_completed
+     * restores the timeout). */
+    if (!rc && r.n > 1) {
+        int n = r.n;
+        serve_request_free(&r);
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+        return finish_choices(h, c, kind, cs, n);
+    }
     if (!rc) rc = serve_job_create(h->core, &r, &j, &se);
     if (!rc) rc = serve_core_submit(h->core, j, &se);
     if (rc) {
@@ -184,8 +281,6 @@ static enum MHD_Result handle_completion(ServeHttp *h, struct MHD_Connection *c,
         serve_job_unref(&j);
         return reply_error(h, c, &se);
     }
-    /* The idle timeout is for clients that stall; a job may wait and decode for longer
-     * than that without a byte on the wire, and the connection must outlive it. */
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     if (serve_job_request(j)->stream) return start_stream(h, c, j); /* the stream owns j */
     enum MHD_Result ok = finish_whole(h, c, j);
@@ -193,35 +288,64 @@ static enum MHD_Result handle_completion(ServeHttp *h, struct MHD_Connection *c,
     return ok;
 }
 
+/* ---- /tokenize and /detokenize -------------------------------------------------------------- */
+
+static enum MHD_Result handle_tokenize(ServeHttp *h, struct MHD_Connection *c, const ConnState *cs) {
+    char *text = NULL, **pieces = NULL;
+    int add_special, with_pieces, *ids = NULL, n = 0;
+    ServeError se;
+    int rc = serve_tokenize_parse(cs->body ? cs->body : "", cs->len, &text, &add_special, &with_pieces, &se);
+    if (!rc) rc = serve_core_tokenize(h->core, text, add_special, &ids, &n, with_pieces ? &pieces : NULL, &se);
+    enum MHD_Result ok = rc ? reply_error(h, c, &se)
+                            : reply(h, c, 200, serve_tokens_json(ids, n, pieces), "application/json");
+    for (int i = 0; pieces && i < n; i++) free(pieces[i]);
+    free(pieces);
+    free(ids);
+    free(text);
+    return ok;
+}
+
+static enum MHD_Result handle_detokenize(ServeHttp *h, struct MHD_Connection *c, const ConnState *cs) {
+    int *ids = NULL, n = 0;
+    char *text = NULL;
+    size_t len = 0;
+    ServeError se;
+    int rc = serve_detokenize_parse(cs->body ? cs->body : "", cs->len, &ids, &n, &se);
+    if (!rc) rc = serve_core_detokenize(h->core, ids, n, &text, &len, &se);
+    enum MHD_Result ok = rc ? reply_error(h, c, &se)
+                            : reply(h, c, 200, serve_content_json(text, len), "application/json");
+    free(text);
+    free(ids);
+    return ok;
+}
+
 /* ---- routes ------------------------------------------------------------------------------- */
 
 static enum MHD_Result route(ServeHttp *h, struct MHD_Connection *c, const char *url,
                              const char *method, const ConnState *cs) {
-    static const struct { const char *path, *method; int what; } routes[] = {
-        {"/health", "GET", 0}, {"/v1/models", "GET", 1}, {"/metrics", "GET", 2},
-        {"/v1/chat/completions", "POST", 3}, {"/v1/completions", "POST", 4},
+    ServeHead hd = {
+        .method = method, .url = url, .too_large = cs->too_large,
+        .host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST),
+        .content_type = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE),
+        .authorization = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
     };
     ServeError se;
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
-        if (strcmp(url, routes[i].path)) continue;
-        if (strcmp(method, routes[i].method))
-            return reply_error(h, c, (serve_error(&se, 405, NULL, "%s takes %s, not %.32s", url,
-                                                  routes[i].method, method), &se));
-        if (cs->too_large)
-            return reply_error(h, c, (serve_error(&se, 413, NULL, "the request body is larger than %zu bytes (--max-body)",
-                                                  h->o.max_body), &se));
-        int queued, running;
-        switch (routes[i].what) {
-        case 0: return reply(h, c, 200, strdup("{\"status\":\"ok\"}"), "application/json");
-        case 1: return reply(h, c, 200, serve_models_json(serve_core_model(h->core), 0), "application/json");
-        case 2:
-            serve_core_counts(h->core, &queued, &running);
-            return reply(h, c, 200, serve_metrics_render(serve_core_metrics(h->core), queued, running),
-                         "text/plain; version=0.0.4");
-        default: return handle_completion(h, c, routes[i].what == 3 ? SERVE_CHAT : SERVE_COMPLETION, cs);
-        }
+    ServeRoute rt;
+    if (serve_gate_check(h->o.gate, &hd, &rt, &se)) return reply_error(h, c, &se);
+    int queued, running;
+    switch (rt) {
+    case ROUTE_HEALTH: return reply(h, c, 200, strdup("{\"status\":\"ok\"}"), "application/json");
+    case ROUTE_MODELS:
+        return reply(h, c, 200, serve_models_json(serve_core_model(h->core), 0, serve_core_context(h->core)),
+                     "application/json");
+    case ROUTE_METRICS:
+        serve_core_counts(h->core, &queued, &running);
+        return reply(h, c, 200, serve_metrics_render(serve_core_metrics(h->core), queued, running),
+                     "text/plain; version=0.0.4");
+    case ROUTE_TOKENIZE: return handle_tokenize(h, c, cs);
+    case ROUTE_DETOKENIZE: return handle_detokenize(h, c, cs);
+    default: return handle_completion(h, c, rt == ROUTE_CHAT ? SERVE_CHAT : SERVE_COMPLETION, cs);
     }
-    return reply_error(h, c, (serve_error(&se, 404, NULL, "no route %.200s", url), &se));
 }
 
 /* The declared body size: 0 when there is none or it fits, 1 when it is over the limit
@@ -237,6 +361,79 @@ static int declared_too_large(const ServeHttp *h, struct MHD_Connection *c) {
     return v > h->o.max_body;
 }
 
+/* ---- the watchdog ----------------------------------------------------------------------- */
+
+static Conn *conn_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* The request has arrived (answering) or its answer is done (a new arrival starts). */
+static void conn_mark(ServeHttp *h, struct MHD_Connection *c, int answering) {
+    Conn *k = conn_of(c);
+    if (!k) return;
+    pthread_mutex_lock(&h->mu);
+    if (k->answering != answering) h->n_answering += answering ? 1 : -1;
+    k->answering = answering;
+    k->since = rs_now_ns();
+    pthread_mutex_unlock(&h->mu);
+    pthread_cond_broadcast(&h->cv);
+}
+
+/* libmicrohttpd closes the socket after CLOSED is notified, and the watchdog shuts sockets
+ * down only under mu while their Conn is listed: it never touches a reused descriptor. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    ServeHttp *h = cls;
+    Conn *k = *socket_context;
+    pthread_mutex_lock(&h->mu);
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        k = rs_xcalloc(1, sizeof *k);
+        k->fd = ci ? ci->connect_fd : -1;
+        k->since = rs_now_ns();
+        k->next = h->conns;
+        if (h->conns) h->conns->prev = k;
+        h->conns = k;
+        *socket_context = k;
+    } else if (k) {
+        if (k->prev) k->prev->next = k->next;
+        else h->conns = k->next;
+        if (k->next) k->next->prev = k->prev;
+        if (k->answering) h->n_answering--;
+        free(k);
+        *socket_context = NULL;
+    }
+    pthread_mutex_unlock(&h->mu);
+    pthread_cond_broadcast(&h->cv);
+}
+
+/* Shuts down the connections whose request is late: their threads see the end of input
+ * and close them. */
+static void *watchdog_main(void *arg) {
+    ServeHttp *h = arg;
+    uint64_t limit = (uint64_t)h->o.request_timeout * 1000000000ull;
+    pthread_mutex_lock(&h->mu);
+    while (!h->stop) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_nsec += WATCH_MS * 1000000L;
+        dl.tv_sec += dl.tv_nsec / 1000000000L;
+        dl.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&h->cv, &h->mu, &dl);
+        uint64_t now = rs_now_ns();
+        for (Conn *k = h->conns; k; k = k->next)
+            if (!k->answering && !k->dropped && k->fd >= 0 && now - k->since > limit) {
+                shutdown(k->fd, SHUT_RDWR);
+                k->dropped = 1;
+            }
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* ---- requests ------------------------------------------------------------------------------- */
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *data,
                                   size_t *data_size, void **con_cls) {
@@ -248,6 +445,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (cs->too_large < 2) return MHD_YES;
         ServeError se;
         serve_error(&se, 413, NULL, "the request body is larger than %zu bytes (--max-body)", h->o.max_body);
+        conn_mark(h, c, 1);
         return reply_error(h, c, &se);
     }
     if (*data_size) {
@@ -263,11 +461,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *data_size = 0;
         return MHD_YES;
     }
+    conn_mark(h, c, 1);
     return route(h, c, url, method, cs);
 }
 
+/* The answer is done (or the connection failed): the idle timeout a long decode lifted
+ * holds again, and the next request's arrival is timed. */
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode why) {
+    ServeHttp *h = cls;
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, h->o.timeout);
+    conn_mark(h, c, 0);
     ConnState *cs = *con_cls;
     if (!cs) return;
     free(cs->body);
@@ -277,6 +481,27 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 
 /* ---- the daemon ------------------------------------------------------------------------------ */
 
+/* libmicrohttpd's messages (a dropped connection, a malformed request) at most LOG_PER_S a
+ * second, with a count of those left out: a flood of bad clients must not flood the log. */
+#define LOG_PER_S 10
+static void on_log(void *cls, const char *fmt, va_list ap) {
+    ServeHttp *h = cls;
+    uint64_t sec = rs_now_ns() / 1000000000ull;
+    pthread_mutex_lock(&h->log_mu);
+    if (sec != h->log_sec) {
+        if (h->log_dropped) fprintf(stderr, "rootspec-serve: %d more HTTP messages left out\n", h->log_dropped);
+        h->log_sec = sec;
+        h->log_n = h->log_dropped = 0;
+    }
+    int print = h->log_n++ < LOG_PER_S;
+    if (!print) h->log_dropped++;
+    pthread_mutex_unlock(&h->log_mu);
+    if (!print) return;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    fprintf(stderr, "rootspec-serve: http: %s%s", msg, msg[0] && msg[strlen(msg) - 1] == '\n' ? "" : "\n");
+}
+
 int serve_http_start(ServeCore *core, const ServeHttpOpts *o, ServeHttp **out, RsErr *e) {
     *out = NULL;
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)o->port)};
@@ -285,28 +510,68 @@ int serve_http_start(ServeCore *core, const ServeHttpOpts *o, ServeHttp **out, R
     ServeHttp *h = rs_xcalloc(1, sizeof *h);
     h->core = core;
     h->o = *o;
+    h->listen_fd = -1;
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_mutex_init(&h->log_mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
     h->d = MHD_start_daemon(MHD_USE_AUTO | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
-                                MHD_USE_ERROR_LOG,
+                                MHD_USE_ITC | MHD_USE_ERROR_LOG,
                             (uint16_t)o->port, NULL, NULL, on_request, h,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_conn,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)o->max_conn_ip,
                             MHD_OPTION_CONNECTION_TIMEOUT, o->timeout,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
+                            MHD_OPTION_EXTERNAL_LOGGER, on_log, h,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_END);
     if (!h->d) {
+        pthread_mutex_destroy(&h->log_mu);
+        pthread_mutex_destroy(&h->mu);
+        pthread_cond_destroy(&h->cv);
         free(h);
         return rs_err(e, RS_EIO, "cannot listen on %s:%d (%s)", o->host, o->port, strerror(errno));
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
     h->port = di ? di->port : o->port;
+    RS_ASSERT(pthread_create(&h->watchdog, NULL, watchdog_main, h) == 0);
     *out = h;
     return RS_OK;
 }
 
 int serve_http_port(const ServeHttp *h) { return h->port; }
 
+void serve_http_quiesce(ServeHttp *h) {
+    if (h && h->listen_fd < 0) h->listen_fd = MHD_quiesce_daemon(h->d);
+}
+
+void serve_http_drain(ServeHttp *h, int ms) {
+    if (!h) return;
+    uint64_t end = rs_now_ns() + (uint64_t)ms * 1000000ull;
+    pthread_mutex_lock(&h->mu);
+    while (h->n_answering > 0 && rs_now_ns() < end) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_nsec += WATCH_MS * 1000000L;
+        dl.tv_sec += dl.tv_nsec / 1000000000L;
+        dl.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&h->cv, &h->mu, &dl);
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
 void serve_http_stop(ServeHttp **ph) {
     if (!ph || !*ph) return;
-    MHD_stop_daemon((*ph)->d);
-    free(*ph);
+    ServeHttp *h = *ph;
+    pthread_mutex_lock(&h->mu);
+    h->stop = 1;
+    pthread_mutex_unlock(&h->mu);
+    pthread_cond_broadcast(&h->cv);
+    pthread_join(h->watchdog, NULL);
+    MHD_stop_daemon(h->d);
+    if (h->listen_fd >= 0) close(h->listen_fd);
+    pthread_mutex_destroy(&h->log_mu);
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->cv);
+    free(h);
     *ph = NULL;
 }

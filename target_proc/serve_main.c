@@ -4,6 +4,7 @@
 #include "common/cli.h"
 #include "engine_cli.h"
 #include "serve_http.h"
+#include <arpa/inet.h>
 #include <signal.h>
 #include <string.h>
 
@@ -18,10 +19,27 @@ static void usage(FILE *f) {
             "  --queue N             requests that may wait while one decodes; more get a 429\n"
             "                        (default 16)\n"
             "  --max-body BYTES      largest request body; larger ones get a 413 (default 1048576)\n"
-            "  --max-connections N   open connections at once (default 64)\n"
-            "  --timeout S           seconds an idle connection stays open; a request that waits\n"
-            "                        for the decoder or decodes is not idle (default 60)\n"
+            "  --max-connections N   open connections at once (default 512)\n"
+            "  --max-connections-per-client N\n"
+            "                        open connections at once from one client address (default 16)\n"
+            "  --timeout S           seconds a connection may stall (no byte either way); a request\n"
+            "                        that waits for the decoder or decodes is not stalled (default 60)\n"
+            "  --request-timeout S   seconds a request's headers and body may take to arrive, from\n"
+            "                        the connection's start or the previous answer's end; a slower\n"
+            "                        or idle client is disconnected (default 10)\n"
+            "  --allowed-hosts LIST  comma-separated Host header names a request may carry (a web\n"
+            "                        page elsewhere names its own: DNS rebinding); '*': any\n"
+            "                        (default: localhost, 127.0.0.1, [::1] and --host when --host\n"
+            "                        is a loopback address, else any)\n"
+            "  --api-key KEY         require 'Authorization: Bearer KEY' (401 otherwise; /health\n"
+            "                        stays open). Repeatable; prefer --api-key-file (argv is public)\n"
+            "  --api-key-file F      keys one a line (# comments); F must not be readable by others\n"
+            "  --metrics-public      /metrics without a key\n"
+            "  --no-auth             allow a non-loopback --host without any key\n"
             "  -h, --help            this text\n"
+            "\n"
+            "--threads defaults to the CPUs this process may use (its affinity mask and cgroup\n"
+            "CPU quota), printed at start.\n"
             "\n"
             "Engine and decoder (--decoder, --budget and the sampling options are the defaults of\n"
             "requests that omit them; a request picks its own with \"rootspec\": {\"decoder\": NAME,\n"
@@ -37,6 +55,9 @@ typedef struct {
     ServeHttpOpts http;
     const char *model_name;
     int queue;
+    ServeGate gate;
+    const char *allowed_hosts;
+    int no_auth;
 } Args;
 
 static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
@@ -52,9 +73,15 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
             if (rc < 0) return rc;
             continue;
         }
+        if (!strcmp(a, "--metrics-public") || !strcmp(a, "--no-auth")) {
+            *(a[2] == 'm' ? &A->gate.metrics_public : &A->no_auth) = 1;
+            continue;
+        }
         static const char *const own[] = {"--host", "--port", "--model-name", "--max-tokens",
                                           "--queue", "--max-body", "--max-connections",
-                                          "--timeout"};
+                                          "--max-connections-per-client", "--timeout",
+                                          "--request-timeout", "--allowed-hosts", "--api-key",
+                                          "--api-key-file"};
         size_t k = 0;
         while (k < sizeof own / sizeof own[0] && strcmp(a, own[k])) k++;
         if (k == sizeof own / sizeof own[0]) return rs_err(e, RS_EINVAL, "unknown option '%s' (see --help)", a);
@@ -62,15 +89,34 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
         if (!strcmp(a, "--host")) A->http.host = v;
         else if (!strcmp(a, "--port")) rc = cli_int(a, v, 0, 65535, &A->http.port, e);
         else if (!strcmp(a, "--model-name")) A->model_name = v;
+        else if (!strcmp(a, "--allowed-hosts")) A->allowed_hosts = v;
+        else if (!strcmp(a, "--api-key")) {
+            if (!*v) return rs_err(e, RS_EINVAL, "--api-key is empty");
+            serve_gate_add_key(&A->gate, v);
+        } else if (!strcmp(a, "--api-key-file")) rc = serve_gate_key_file(&A->gate, v, e);
         else if (!strcmp(a, "--max-tokens")) rc = cli_int(a, v, 1, 1 << 20, &A->d.max_new, e);
         else if (!strcmp(a, "--queue")) rc = cli_int(a, v, 1, 4096, &A->queue, e);
         else if (!strcmp(a, "--max-body")) {
             if (!(rc = cli_int(a, v, 1024, 1 << 30, &n, e))) A->http.max_body = (size_t)n;
         } else if (!strcmp(a, "--max-connections")) rc = cli_int(a, v, 2, 4096, &A->http.max_conn, e);
-        else if (!(rc = cli_int(a, v, 1, 86400, &n, e))) A->http.timeout = (unsigned)n;
+        else if (!strcmp(a, "--max-connections-per-client")) rc = cli_int(a, v, 1, 4096, &A->http.max_conn_ip, e);
+        else if (!(rc = cli_int(a, v, 1, 86400, &n, e))) {
+            if (!strcmp(a, "--timeout")) A->http.timeout = (unsigned)n;
+            else A->http.request_timeout = (unsigned)n;
+        }
         if (rc) return rc;
     }
     if (!A->eo.model_path) return rs_err(e, RS_EINVAL, "need --model (see --help)");
+    int rc = serve_gate_hosts(&A->gate, A->allowed_hosts, A->http.host, e);
+    if (rc) return rc;
+    struct in_addr ip;
+    int loopback = inet_pton(AF_INET, A->http.host, &ip) == 1 && (ntohl(ip.s_addr) >> 24) == 127;
+    if (!loopback && !A->gate.n_keys && !A->no_auth)
+        return rs_err(e, RS_EINVAL, "--host %s is reachable from other machines: give --api-key or "
+                      "--api-key-file, or --no-auth to serve without authentication", A->http.host);
+    A->gate.max_body = A->http.max_body;
+    A->http.gate = &A->gate;
+    if (A->rt.threads == 0) A->rt.threads = cli_cpus_available(); /* --threads not given */
     engine_cli_runtime(&A->eo, &A->rt);
     return engine_cli_check(&A->eo, &A->d, e);
 }
@@ -96,14 +142,20 @@ static int serve(Args *A, Engine *en, const sigset_t *sigs) {
     else {
         char smp[SAMPLING_STR], budget[16] = "auto";
         if (A->d.budget) snprintf(budget, sizeof budget, "%d", A->d.budget);
-        fprintf(stderr, "rootspec-serve: listening on http://%s:%d (model %s, decoder %s, B=%s, %s)\n",
-                A->http.host, serve_http_port(http), cfg.model_name, rule_name(A->d.rule), budget,
-                sampling_str(&A->d.sampling, smp, sizeof smp));
+        fprintf(stderr, "rootspec-serve: listening on http://%s:%d (model %s, context %d, decoder %s, "
+                "B=%s, %s, threads %d of %d CPUs available, %s)\n",
+                A->http.host, serve_http_port(http), cfg.model_name, serve_core_context(core),
+                rule_name(A->d.rule), budget, sampling_str(&A->d.sampling, smp, sizeof smp),
+                A->eo.threads, cli_cpus_available(),
+                A->gate.n_keys ? "API key required" : "no API key");
         int sig = 0;
         sigwait(sigs, &sig);
         fprintf(stderr, "rootspec-serve: stopping (signal %d)\n", sig);
     }
-    serve_core_stop(core); /* waiting handlers see their jobs end */
+    /* Graceful: no new connections; every job ends (503); the handlers get to send that. */
+    serve_http_quiesce(http);
+    serve_core_stop(core);
+    serve_http_drain(http, 5000);
     serve_http_stop(&http);
     serve_core_destroy(&core);
     serve_metrics_destroy(&m);
@@ -113,11 +165,13 @@ static int serve(Args *A, Engine *en, const sigset_t *sigs) {
 int main(int argc, char **argv) {
     Args A = {.eo = {.draft_timeout_ms = 10000}, .rt = cli_runtime_defaults(),
               .d = {.rule = RULE_AR, .budget = 59, .seed = 1, .max_new = 512},
-              .http = {.host = "127.0.0.1", .port = 8080, .max_body = 1 << 20, .max_conn = 64,
-                       .timeout = 60},
+              .http = {.host = "127.0.0.1", .port = 8080, .max_body = 1 << 20, .max_conn = 512,
+                       .max_conn_ip = 16, .timeout = 60, .request_timeout = 10},
               .queue = 16};
+    A.rt.threads = 0; /* the CPUs this process may use, unless --threads says */
     RsErr e = {0};
     int rc = parse_args(argc, argv, &A, &e);
+    if (rc) serve_gate_free(&A.gate);
     if (rc == 1) return 0;
     if (rc) {
         fprintf(stderr, "rootspec-serve: %s\n", e.msg);
@@ -134,5 +188,6 @@ int main(int argc, char **argv) {
     if (rc >= 0) return rc;
     rc = serve(&A, en, &sigs);
     engine_destroy(&en);
+    serve_gate_free(&A.gate);
     return rc;
 }

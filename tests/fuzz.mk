@@ -1,6 +1,6 @@
 # libFuzzer targets (included by the Makefile) for what the engine reads from outside: the
 # protocol decoder, the GGUF loader, the tokenizer.json reader, the Hugging Face directory
-# loader and prompt files.
+# loader, prompt files and rootspec-serve's request handling.
 #   make fuzz                 FUZZ_SECONDS (default 60) of the protocol decoder on a copy of
 #                             its seed corpus
 #   make fuzz-gguf            FUZZ_SECONDS of the GGUF loader (and the tokenizer it builds
@@ -12,6 +12,10 @@
 #                             llama and qwen2 fixture directories
 #   make fuzz-prompts         FUZZ_SECONDS of the prompt-file reader (JSON lines), seeded with
 #                             deploy/prompts.jsonl and tests/fuzz_corpus/prompts
+#   make fuzz-serve           FUZZ_SECONDS of rootspec-serve's request handling (the gate's
+#                             Host, key and Content-Type checks, the request JSON parser):
+#                             an HTTP request's line, headers and body, seeded with
+#                             tests/fuzz_corpus/serve
 #   make fuzz-short           a bounded 10 s run of each, for CI
 # Built with clang directly from the sources they call (common/ is self-contained).
 FUZZ_CC ?= clang
@@ -29,6 +33,11 @@ FUZZ_LEN_gguf := 262144
 FUZZ_LEN_tokjson := 65536
 FUZZ_LEN_hf := 131072
 FUZZ_LEN_prompts := 16384
+FUZZ_LEN_serve := 16384
+# The server's request handling: its sources without sockets (serve_gate.c, serve_api.c,
+# serve_text.c) and the engine pieces they name (decoder names, the sampling law, chat).
+FUZZ_SERVE_SRCS := tests/fuzz_serve.c target_proc/serve_gate.c target_proc/serve_api.c \
+                   target_proc/serve_text.c target_proc/select.c
 # Seeds: the committed GGUF fixtures, copied into a folder of their own (libFuzzer takes
 # folders; theirs hold other files too).
 FUZZ_GGUF_SEEDS := tests/fixtures/loader/tiny.gguf tests/fixtures/loader/tiny_llama3.gguf \
@@ -51,6 +60,15 @@ $(FUZZ_FILES:%=build/fuzz_%): build/fuzz_%: tests/fuzz_%.c $(wildcard common/*.c
 	@mkdir -p build
 	$(call say,CC,$@) $(FUZZ_CC) $(FUZZ_FLAGS) $(PKG_CFLAGS) $< $(wildcard common/*.c) -o $@ $(FUZZ_LIBS)
 
+build/fuzz_serve: $(FUZZ_SERVE_SRCS) target_proc/serve.h $(wildcard common/*.c) \
+                   $(wildcard common/*.h) tests/fuzz.mk
+	@mkdir -p build
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(PKG_CFLAGS) $(FUZZ_SERVE_SRCS) $(wildcard common/*.c) -o $@ $(FUZZ_LIBS)
+
+# The seeds are committed (tests/fuzz_corpus/serve, which fuzz_file adds).
+build/fuzz_seed_serve:
+	@mkdir -p $@
+
 build/fuzz_seed_gguf: $(FUZZ_GGUF_SEEDS)
 	@mkdir -p $@
 	cp $^ $@/
@@ -72,18 +90,19 @@ build/fuzz_seed_tokjson: $(FUZZ_TOK_SEEDS)
 	@mkdir -p $@
 	i=0; for f in $^; do i=$$((i + 1)); cp $$f $@/seed$$i.json; done
 
-.PHONY: fuzz fuzz-gguf fuzz-tokjson fuzz-hf fuzz-prompts fuzz-short
+.PHONY: fuzz fuzz-gguf fuzz-tokjson fuzz-hf fuzz-prompts fuzz-serve fuzz-short
 # New inputs go to build/fuzz_corpus* so the committed seeds stay small.
 fuzz: build/fuzz_proto
 	@mkdir -p build/fuzz_corpus
 	./build/fuzz_proto -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 \
 	  -rss_limit_mb=2048 build/fuzz_corpus $(FUZZ_CORPUS)
 
-$(FUZZ_FILES:%=fuzz-%): fuzz-%: build/fuzz_% build/fuzz_seed_%
+$(FUZZ_FILES:%=fuzz-%) fuzz-serve: fuzz-%: build/fuzz_% build/fuzz_seed_%
 	$(call fuzz_file,$*) -max_total_time=$(FUZZ_SECONDS)
 
-fuzz-short: build/fuzz_proto $(FUZZ_FILES:%=build/fuzz_%) $(FUZZ_FILES:%=build/fuzz_seed_%)
+fuzz-short: build/fuzz_proto $(FUZZ_FILES:%=build/fuzz_%) $(FUZZ_FILES:%=build/fuzz_seed_%) \
+            build/fuzz_serve build/fuzz_seed_serve
 	@mkdir -p build/fuzz_corpus
 	./build/fuzz_proto -max_total_time=10 -max_len=16384 -timeout=10 -rss_limit_mb=2048 \
 	  build/fuzz_corpus $(FUZZ_CORPUS)
-	$(foreach t,$(FUZZ_FILES),$(call fuzz_file,$(t)) -max_total_time=10 && ) true
+	$(foreach t,$(FUZZ_FILES) serve,$(call fuzz_file,$(t)) -max_total_time=10 && ) true

@@ -5,8 +5,10 @@ what no well-behaved client would. Every check compares with an independent refe
 rootspec-target's own T=0 text, the same request unstreamed, or the HTTP status the API
 documents. Prints `serve: N passed, M failed` and exits 1 on any failure.
 """
+import atexit
 import http.client
 import json
+import math
 import os
 import re
 import signal
@@ -52,6 +54,7 @@ class Server:
             m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
             if m:
                 self.port = int(m.group(1))
+        atexit.register(lambda: self.proc.poll() is None and self.proc.kill())  # a failed test leaves none
         self.reader = threading.Thread(target=self._drain, daemon=True)
         self.reader.start()
         self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none",
@@ -62,8 +65,13 @@ class Server:
             self.lines.append(line)
 
     def raw(self, method, path, body=None, headers=None, timeout=120):
+        """A request as http.client sends it; a POST says Content-Type: application/json
+        unless headers give one (the server refuses others with a 415)."""
+        headers = dict(headers or {})
+        if method == "POST":
+            headers.setdefault("Content-Type", "application/json")
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        c.request(method, path, body=body, headers=headers or {})
+        c.request(method, path, body=body, headers=headers)
         r = c.getresponse()
         data = r.read()
         c.close()
@@ -253,7 +261,7 @@ def test_queue_full():
 
 # ---- speculative decoding ---------------------------------------------------------------
 
-def test_speculative(ref):
+def test_speculative(ref, ar):
     s = Server("--decoder", "rootdraw", "--budget", "16")
     r = chat(s, max_tokens=24, temperature=0)
     check("rootdraw (in-process drafter) T=0 text equals AR's", r.choices[0].message.content == ref,
@@ -262,6 +270,7 @@ def test_speculative(ref):
     check("per-request decoder through the extension object", r.choices[0].message.content == ref)
     rounds = s.metric("rootspec_rounds_total")
     check("tokens per round counted", rounds is not None and 0 < rounds < 48, f"{rounds}")
+    test_logprobs(ar, s)
     s.stop()
 
 
@@ -305,7 +314,7 @@ def send_raw(port, data, read=True):
 def post(path, body, ctype="application/json"):
     if isinstance(body, str):
         body = body.encode()
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
             f"Connection: close\r\n\r\n").encode() + body
 
 
@@ -318,7 +327,7 @@ BAD_BODIES = [
     '{"prompt": [1], "stream": "yes"}', '{"prompt": [1], "stop": 3}', '{"prompt": [1], "stop": ["", "a"]}',
     '{"prompt": [1], "stop": ["a","b","c","d","e"]}', '{"prompt": [1], "temperature": "hot"}',
     '{"prompt": [1], "temperature": -1}', '{"prompt": [1], "top_p": 1.5}', '{"prompt": [1], "min_p": 2}',
-    '{"prompt": [1], "n": 2}', '{"prompt": [1], "seed": "s"}', '{"prompt": [1], "rootspec": 1}',
+    '{"prompt": [1], "n": 0}', '{"prompt": [1], "seed": "s"}', '{"prompt": [1], "rootspec": 1}',
     '{"prompt": [1], "rootspec": {"decoder": "oracle"}}', '{"prompt": [1], "rootspec": {"budget": 0}}',
     '{"prompt": [1], "rootspec": {"decoder": "rootdraw"}}', '{"prompt": [1], "stream_options": 1}',
     '{"model": 7, "prompt": [1]}', '{"prompt": "text but no tokenizer"}', "[" * 5000 + "]" * 5000,
@@ -346,7 +355,8 @@ def test_flood():
         send_raw(s.port, j)
     st, _ = s.raw("DELETE", "/v1/models")
     st2, _ = s.raw("GET", "/v1/nothing")
-    st3, body = s.raw("POST", "/v1/completions", body=b"{\"prompt\": [1, 2, 3], \"max_tokens\": 4}")
+    st3, body = s.raw("POST", "/v1/completions", body=b"{\"prompt\": [1, 2, 3], \"max_tokens\": 4}",
+                      headers={"Content-Type": "application/json"})
     check("unknown route 404, wrong method 405", st == 405 and st2 == 404, f"{st} {st2}")
     check("a good request after the flood (ASan build)", st3 == 200 and
           json.loads(body)["usage"]["completion_tokens"] == 4, f"{st3} {body[:200]}")
@@ -360,6 +370,410 @@ def test_flood():
           rc == 0 and "Sanitizer" not in log and "runtime error" not in log, f"rc={rc}\n{log[-3000:]}")
 
 
+# ---- hostile clients --------------------------------------------------------------------
+
+def _request_bytes(port, body, path="/v1/completions"):
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body.encode()
+
+
+def _read_http(sock, timeout=60):
+    """Reads until the server closes the connection; returns (status, body bytes)."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while True:
+            b = sock.recv(65536)
+            if not b:
+                break
+            data += b
+    except OSError:
+        pass
+    m = re.match(rb"HTTP/1\.1 (\d+)", data)
+    return (int(m.group(1)) if m else 0), data.partition(b"\r\n\r\n")[2]
+
+
+def test_half_close(s):
+    """A client that shuts down its sending side after the request still reads the answer."""
+    for stream in (False, True):
+        c = socket.create_connection(("127.0.0.1", s.port), timeout=60)
+        c.sendall(_request_bytes(s.port, json.dumps({"prompt": "The capital of France is", "max_tokens": 8,
+                                                     "temperature": 0, "stream": stream})).replace(
+            b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1))
+        c.shutdown(socket.SHUT_WR)
+        st, body = _read_http(c)
+        c.close()
+        ok = st == 200 and ((b"data: [DONE]" in body and b'"finish_reason":"length"' in body) if stream
+                            else json.loads(body)["usage"]["completion_tokens"] == 8)
+        check(f"half-closed client ({'stream' if stream else 'whole'}) gets its answer", ok, f"{st} {body[:300]!r}")
+
+
+def test_keepalive_timeout():
+    """After an answer on a keep-alive connection the idle timeout holds again."""
+    s = Server("--timeout", "2")
+    c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+    c.request("POST", "/v1/completions", body=json.dumps({"prompt": "Hi", "max_tokens": 2}),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    r.read()
+    t0 = time.time()
+    c.sock.settimeout(10)
+    try:
+        closed = c.sock.recv(1) == b""
+    except OSError:
+        closed = False
+    dt = time.time() - t0
+    c.close()
+    check("an idle keep-alive connection is closed after --timeout once it was answered",
+          closed and dt < 6, f"closed={closed} after {dt:.1f} s")
+    s.stop()
+
+
+class SlowClients:
+    """n connections, each from a loopback address of its own, that send a request a byte
+    a second and open a new connection when the server closes theirs; plus idle ones."""
+
+    def __init__(self, port, n_slow, n_idle):
+        self.port, self.stop_flag, self.lifetimes = port, False, []
+        self.socks = {}
+        self.msg = _request_bytes(port, '{"prompt": "x"}' * 10)
+        for i in range(n_slow):
+            self._open(f"127.0.{1 + i // 200}.{10 + i % 200}")
+        self.idle = []
+        for _ in range(n_idle):
+            try:
+                self.idle.append(socket.create_connection(("127.0.0.1", port), timeout=5,
+                                                          source_address=("127.0.0.2", 0)))
+            except OSError:
+                pass
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _open(self, addr):
+        try:
+            c = socket.create_connection(("127.0.0.1", self.port), timeout=5, source_address=(addr, 0))
+            c.setblocking(False)
+            self.socks[c] = [addr, 0, time.time()]
+        except OSError:
+            pass
+
+    def _run(self):
+        while not self.stop_flag:
+            for c, st in list(self.socks.items()):
+                try:
+                    c.send(self.msg[st[1]:st[1] + 1])
+                    st[1] = (st[1] + 1) % len(self.msg)
+                    if c.recv(1) == b"":
+                        raise ConnectionResetError
+                except BlockingIOError:
+                    pass
+                except OSError:  # closed by the server: how long did it live?
+                    self.lifetimes.append(time.time() - st[2])
+                    del self.socks[c]
+                    c.close()
+                    self._open(st[0])
+            time.sleep(1)
+
+    def close(self):
+        self.stop_flag = True
+        self.thread.join()
+        for c in list(self.socks) + self.idle:
+            c.close()
+
+
+def test_slow_clients():
+    """100 clients at a byte a second and 64 idle connections: normal requests still get
+    their first token within a second, and the slow ones are dropped at --request-timeout."""
+    s = Server("--request-timeout", "3")
+    s.client.completions.create(model=NAME, prompt="Hello", max_tokens=2)  # the model's pages in
+    flood = SlowClients(s.port, 100, 64)
+    time.sleep(1)
+    ttft, errors = [], []
+    t_end = time.time() + 6
+    while time.time() < t_end:
+        t0 = time.time()
+        try:  # read to the end: an abandoned stream closed later by the GC can deadlock httpx
+            first = None
+            for ch in s.client.completions.create(model=NAME, prompt="Hello", max_tokens=4, stream=True,
+                                                  timeout=10):
+                if first is None and ch.choices and ch.choices[0].text:
+                    first = time.time() - t0
+            ttft.append(first if first is not None else 99)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+        time.sleep(0.3)
+    flood.close()
+    worst = max(ttft) if ttft else None
+    check("100 slow + 64 idle clients: normal requests served, TTFT < 1 s",
+          not errors and len(ttft) >= 5 and worst < 1.0, f"{len(ttft)} served, worst {worst}, {[round(x, 2) for x in ttft]}, errors {errors[:3]}")
+    dropped = [x for x in flood.lifetimes if 2.5 < x < 6]
+    check("slow clients are dropped at --request-timeout (3 s)", len(dropped) >= 90,
+          f"{len(dropped)} of {len(flood.lifetimes)} closed 2.5-6 s after they opened")
+    s.stop()
+
+
+def test_shutdown():
+    """SIGTERM with requests in flight: every waiting or decoding request gets a 503 error
+    object, every stream ends with an error event and [DONE]."""
+    s = Server("--queue", "4")
+    body = {"messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 1500,
+            "temperature": 0}
+    out = {}
+
+    def one(key, stream):
+        c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        try:
+            c.request("POST", "/v1/chat/completions", body=json.dumps({**body, "stream": stream}),
+                      headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            out[key] = (r.status, r.read())
+        except Exception as e:  # noqa: BLE001 - reported below
+            out[key] = (0, repr(e).encode())
+        c.close()
+    ts = [threading.Thread(target=one, args=(k, st)) for k, st in
+          (("decoding stream", True), ("waiting whole", False), ("waiting stream", True))]
+    for t in ts:
+        t.start()
+        time.sleep(0.5)
+    s.proc.send_signal(signal.SIGTERM)
+    [t.join() for t in ts]
+    check("SIGTERM: the server exits 0", s.proc.wait(timeout=30) == 0)
+    st, b = out["waiting whole"]
+    check("SIGTERM: a waiting request gets a 503 error object",
+          st == 503 and json.loads(b)["error"]["message"] == "the server is stopping", f"{st} {b[:200]!r}")
+    for k in ("decoding stream", "waiting stream"):
+        st, b = out[k]
+        frames = [f for f in b.decode(errors="replace").split("\n\n") if f]
+        ok = (st == 200 and len(frames) >= 2 and frames[-1] == "data: [DONE]" and
+              "error" in json.loads(frames[-2][6:]) and
+              not any('"finish_reason":"' in f for f in frames))
+        check(f"SIGTERM: a {k} ends with an error event, then [DONE]", ok, f"{st} {frames[-3:]}")
+
+
+def test_host_and_content_type(s):
+    """A page on another origin (DNS rebinding, a cross-site form post) is refused: a Host
+    that is not the server's own is a 403, a POST that is not application/json a 415."""
+    body = json.dumps({"prompt": "Hi", "max_tokens": 2})
+    cases = [("evil.example", "application/json", 403), (f"evil.example:{s.port}", "application/json", 403),
+             (f"localhost:{s.port}", "application/json", 200), (f"127.0.0.1:{s.port}", "application/json; charset=utf-8", 200),
+             (f"LOCALHOST:{s.port}", "Application/JSON", 200),
+             (f"127.0.0.1:{s.port}", "text/plain", 415), (f"127.0.0.1:{s.port}", "application/x-www-form-urlencoded", 415),
+             (f"127.0.0.1:{s.port}", None, 415), (f"127.0.0.1:{s.port}", "application/jsonx", 415)]
+    for host, ctype, want in cases:
+        h = {"Host": host}
+        if ctype:
+            h["Content-Type"] = ctype
+        c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        c.putrequest("POST", "/v1/completions", skip_host=True)
+        for k, v in h.items():
+            c.putheader(k, v)
+        c.putheader("Content-Length", str(len(body)))
+        c.endheaders(body.encode())
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        ok = r.status == want and (want == 200 or "error" in json.loads(data))
+        check(f"Host {host!r}, Content-Type {ctype!r}: {want}", ok, f"{r.status} {data[:200]!r}")
+    st, _ = s.raw("GET", "/health", headers={"Host": "evil.example"})
+    check("a GET with a foreign Host: 403", st == 403, f"{st}")
+
+
+def test_allowed_hosts():
+    s = Server("--allowed-hosts", "api.example,Other.example")
+    ok = [s.raw("GET", "/health", headers={"Host": h})[0] for h in ("api.example:8080", "other.example")]
+    bad = [s.raw("GET", "/health", headers={"Host": h})[0] for h in ("localhost", "api.example.evil")]
+    check("--allowed-hosts: the listed names pass, loopback names no longer", ok == [200, 200] and bad == [403, 403],
+          f"{ok} {bad}")
+    s.stop()
+
+
+def test_api_keys():
+    d = tempfile.mkdtemp(prefix="rs-keys-")
+    path = os.path.join(d, "keys")
+    with open(path, "w") as f:
+        f.write("# deploy keys\nsk-first\n\n  sk-second  \n")
+    os.chmod(path, 0o644)
+    r = subprocess.run([f"{BUILD}/rootspec-serve", "--model", MODEL, "--api-key-file", path],
+                       capture_output=True, text=True, timeout=60)
+    check("a key file readable by others is refused (exit 2)", r.returncode == 2 and "chmod 600" in r.stderr,
+          f"{r.returncode} {r.stderr}")
+    r = subprocess.run([f"{BUILD}/rootspec-serve", "--model", MODEL, "--host", "0.0.0.0"],
+                       capture_output=True, text=True, timeout=60)
+    check("a non-loopback --host without a key is refused (exit 2)", r.returncode == 2 and "--no-auth" in r.stderr,
+          f"{r.returncode} {r.stderr}")
+    os.chmod(path, 0o600)
+    s = Server("--api-key-file", path)
+    try:
+        chat(s, max_tokens=2)
+        check("no key: 401", False)
+    except openai.AuthenticationError as e:
+        check("no key: 401 with an OpenAI error object", e.status_code == 401 and
+              e.body.get("code") == "invalid_api_key", str(e.body))
+    for key in ("sk-first", "sk-second"):
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{s.port}/v1", api_key=key, max_retries=0, timeout=120)
+        r = c.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+        check(f"key {key}: 200", r.choices[0].finish_reason in ("length", "stop"))
+    c = openai.OpenAI(base_url=f"http://127.0.0.1:{s.port}/v1", api_key="sk-firs", max_retries=0, timeout=120)
+    try:
+        c.models.list()
+        check("a key's prefix: 401", False)
+    except openai.AuthenticationError:
+        check("a key's prefix: 401", True)
+    st_h, _ = s.raw("GET", "/health")
+    st_m, _ = s.raw("GET", "/metrics")
+    st_mk, _ = s.raw("GET", "/metrics", headers={"Authorization": "Bearer sk-second"})
+    check("/health open, /metrics behind the key", (st_h, st_m, st_mk) == (200, 401, 200), f"{st_h} {st_m} {st_mk}")
+    s.stop()
+    s = Server("--api-key", "k1", "--metrics-public")
+    check("--metrics-public: /metrics without a key", s.raw("GET", "/metrics")[0] == 200 and
+          s.raw("GET", "/v1/models")[0] == 401)
+    s.stop()
+    os.unlink(path)
+    os.rmdir(d)
+
+
+def _post_json(s, path, obj):
+    st, b = s.raw("POST", path, body=json.dumps(obj), headers={"Content-Type": "application/json"})
+    return st, json.loads(b)
+
+
+def test_tokenize(s):
+    """/tokenize and /detokenize (llama-server's shapes) agree with what the completion
+    route does with the same text; /v1/models states the context length."""
+    st, r = _post_json(s, "/tokenize", {"content": PROMPT, "add_special": True})
+    toks = r.get("tokens", [])
+    c = s.client.completions.create(model=NAME, prompt=PROMPT, max_tokens=8, temperature=0)
+    check("/tokenize: as many tokens as the completion's prompt_tokens",
+          st == 200 and len(toks) == c.usage.prompt_tokens, f"{st} {r} vs {c.usage}")
+    c2 = s.client.completions.create(model=NAME, prompt=toks, max_tokens=8, temperature=0)
+    check("the ids /tokenize gives, sent as the prompt, give the same T=0 text", c2.choices[0].text == c.choices[0].text,
+          f"{c2.choices[0].text!r} vs {c.choices[0].text!r}")
+    st, r = _post_json(s, "/detokenize", {"tokens": toks})
+    check("/detokenize(/tokenize(text)) == text", st == 200 and r["content"] == PROMPT, f"{st} {r}")
+    st, r = _post_json(s, "/tokenize", {"content": "héllo wörld", "with_pieces": True})
+    check("/tokenize with_pieces: the pieces spell the text",
+          st == 200 and "".join(p["piece"] for p in r["tokens"]) == "héllo wörld" and
+          all(isinstance(p["id"], int) for p in r["tokens"]), f"{st} {r}")
+    st1, r1 = _post_json(s, "/detokenize", {"tokens": [10 ** 8]})
+    st2, r2 = _post_json(s, "/tokenize", {"content": 5})
+    check("/detokenize of an id outside the vocabulary, /tokenize of a number: 400",
+          st1 == 400 and st2 == 400 and r2["error"]["param"] == "content", f"{st1} {r1} {st2} {r2}")
+    st, b = s.raw("GET", "/v1/models")
+    check("/v1/models states the context length (--ctx)", st == 200 and
+          json.loads(b)["data"][0]["max_model_len"] == 2048, f"{b[:300]!r}")
+
+
+def _cpus_available():
+    """The CPUs this process may use, computed here from the same sources: the affinity mask
+    and the cgroup v2 cpu.max quotas along its cgroup path."""
+    n = len(os.sched_getaffinity(0))
+    try:
+        path = [l[3:].strip() for l in open("/proc/self/cgroup") if l.startswith("0::")][0]
+    except (OSError, IndexError):
+        return n
+    parts = path.strip("/").split("/") if path.strip("/") else []
+    for k in range(len(parts), -1, -1):
+        try:
+            q, p = open("/sys/fs/cgroup/" + "/".join(parts[:k]) + "/cpu.max").read().split()
+            if q != "max":
+                n = min(n, -(-int(q) // int(p)))
+        except (OSError, ValueError):
+            pass
+    return n
+
+
+def test_threads_default(s):
+    want = _cpus_available()
+    line = "".join(l for l in s.lines if "listening on" in l)
+    check(f"--threads defaults to the CPUs available ({want}), printed at start", f"threads {want} of {want} CPUs" in line,
+          line)
+
+
+def _chat_lp(s, **kw):
+    r = s.client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": PROMPT}], max_tokens=16,
+                                         logprobs=True, top_logprobs=5, **kw)
+    return r.choices[0], r.usage
+
+
+def _law_ok(c, greedy):
+    """A token's logprob <= 0, its alternatives sorted and summing to at most 1, the token
+    among them with the same value when it is likely enough, and at T=0 the most likely."""
+    for e in c.logprobs.content:
+        tops = [t.logprob for t in e.top_logprobs]
+        if not (e.logprob <= 1e-9 and tops == sorted(tops, reverse=True) and sum(map(math.exp, tops)) <= 1 + 1e-6):
+            return False
+        same = [t.logprob for t in e.top_logprobs if t.token == e.token]
+        if e.logprob >= tops[-1] and not (same and abs(same[0] - e.logprob) < 1e-9):
+            return False
+        if greedy and abs(e.logprob - tops[0]) > 1e-9:
+            return False
+    return True
+
+
+def test_logprobs(s, spec):
+    """logprobs/top_logprobs with the openai client: consistent with the law they claim, and
+    a speculative server's (rows from its verified tree) equal to AR's at T=0."""
+    c, u = _chat_lp(s, temperature=0)
+    check("chat logprobs: one entry per output token, the text's bytes",
+          len(c.logprobs.content) == u.completion_tokens and
+          b"".join(bytes(e.bytes) for e in c.logprobs.content) == c.message.content.encode(), f"{c.logprobs}")
+    check("chat logprobs at T=0: the law's checks hold", _law_ok(c, True), f"{c.logprobs.content[:3]}")
+    c7, _ = _chat_lp(s, temperature=0.8, seed=5, extra_body={"top_k": 40})
+    check("chat logprobs at T=0.8, top_k 40: the law's checks hold", _law_ok(c7, False), f"{c7.logprobs.content[:3]}")
+    cs, _ = _chat_lp(spec, temperature=0)
+    same = [e.token for e in cs.logprobs.content] == [e.token for e in c.logprobs.content]
+    diff = max((abs(a.logprob - b.logprob) for a, b in zip(cs.logprobs.content, c.logprobs.content)), default=9)
+    tdiff = max((abs(x.logprob - y.logprob) for a, b in zip(cs.logprobs.content, c.logprobs.content)
+                 for x, y in zip(a.top_logprobs, b.top_logprobs)), default=9)
+    check("rootdraw's logprobs (verified tree rows) equal AR's at T=0 (within 1e-3)",
+          same and diff < 1e-3 and tdiff < 1e-3, f"max diff {diff} {tdiff}")
+    cs7, u7 = _chat_lp(spec, temperature=0.8, seed=5, extra_body={"top_k": 40})
+    check("rootdraw's logprobs at T=0.8, top_k 40: one per token, the law's checks hold",
+          len(cs7.logprobs.content) == u7.completion_tokens and _law_ok(cs7, False), f"{cs7.logprobs.content[:3]}")
+    r = s.client.completions.create(model=NAME, prompt="The capital of France is", max_tokens=8, temperature=0,
+                                    logprobs=3)
+    lp = r.choices[0].logprobs
+    check("completions logprobs N: tokens spell the text, offsets, N alternatives",
+          "".join(lp.tokens) == r.choices[0].text and len(lp.token_logprobs) == 8 and
+          lp.text_offset == [sum(len(t.encode()) for t in lp.tokens[:i]) for i in range(8)] and
+          all(len(m) == 3 for m in lp.top_logprobs), f"{lp}")
+    entries = []
+    for ch in chat(s, max_tokens=16, temperature=0, logprobs=True, top_logprobs=5, stream=True):
+        for x in ch.choices:
+            entries += x.logprobs.content if x.logprobs and x.logprobs.content else []
+    check("chat stream with logprobs: the same entries as the whole answer's",
+          [(e.token, round(e.logprob, 9), [t.token for t in e.top_logprobs]) for e in entries] ==
+          [(e.token, round(e.logprob, 9), [t.token for t in e.top_logprobs]) for e in c.logprobs.content],
+          f"{len(entries)} vs {len(c.logprobs.content)}")
+    offs, toks = [], []
+    for ch in s.client.completions.create(model=NAME, prompt="The capital of France is", max_tokens=8,
+                                          temperature=0, logprobs=3, stream=True):
+        for x in ch.choices:
+            if x.logprobs:
+                offs += x.logprobs.text_offset
+                toks += x.logprobs.tokens
+    check("completions stream with logprobs: the whole answer's tokens and text offsets",
+          toks == lp.tokens and offs == lp.text_offset, f"{toks} {offs} vs {lp.tokens} {lp.text_offset}")
+    for body, param in (({"top_logprobs": 3}, "top_logprobs"),
+                        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs")):
+        st, b = s.raw("POST", "/v1/chat/completions", body=json.dumps(
+            {"messages": [{"role": "user", "content": "x"}], **body}), headers={"Content-Type": "application/json"})
+        check(f"chat {body}: 400 naming {param}", st == 400 and json.loads(b)["error"]["param"] == param, f"{st} {b!r}")
+
+
+
+def test_n(s, ref):
+    """n=3 with the openai client: three choices, indexed, usage summing their tokens; at
+    T=0 each is AR's text; sampled with a seed, the same three again on a second call."""
+    r = chat(s, max_tokens=24, temperature=0, n=3)
+    check("n=3 at T=0: three choices, each AR's text", [c.index for c in r.choices] == [0, 1, 2] and
+          all(c.message.content == ref for c in r.choices) and r.usage.completion_tokens == 72,
+          f"{[c.message.content for c in r.choices]} {r.usage}")
+    a, b = (chat(s, max_tokens=12, temperature=0.9, seed=11, n=3, logprobs=True) for _ in range(2))
+    ta, tb = [c.message.content for c in a.choices], [c.message.content for c in b.choices]
+    check("n=3 sampled with a seed: the same choices twice, not all alike, each with its logprobs",
+          ta == tb and len(set(ta)) > 1 and all(c.logprobs.content for c in a.choices) and
+          sum(len(c.logprobs.content) for c in a.choices) == a.usage.completion_tokens, f"{ta} {tb}")
 # ---- hostile sampling values and models ---------------------------------------------------
 
 def answered(st, body):
@@ -525,11 +939,20 @@ def main():
     for t in (lambda: test_chat(s, ref), lambda: test_conversation(s), lambda: test_completions(s),
               lambda: test_stop(s, ref),
               lambda: test_models_health(s), lambda: test_concurrent(s, ref), lambda: test_disconnect(s),
-              lambda: test_errors(s)):
+              lambda: test_errors(s), lambda: test_half_close(s),
+              lambda: test_host_and_content_type(s), lambda: test_tokenize(s),
+              lambda: test_threads_default(s), lambda: test_n(s, ref)):
         t()
     check("the server stops with status 0 on SIGTERM", s.stop() == 0)
     test_queue_full()
-    test_speculative(ref)
+    test_keepalive_timeout()
+    test_allowed_hosts()
+    test_api_keys()
+    test_shutdown()
+    test_slow_clients()
+    ar = Server()
+    test_speculative(ref, ar)
+    ar.stop()
     test_drafter_failure()
     test_flood()
     test_chat_specials()

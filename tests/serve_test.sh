@@ -36,11 +36,22 @@ if [ "$(printf '%s\n' "$sse" | grep '^data: ' | tail -1)" != "data: [DONE]" ] ||
 else
   echo "ok    curl SSE: $frames data: frames ending in [DONE]"
 fi
+# curl: /tokenize and /detokenize round trip (llama-server's shapes).
+toks=$(curl -s --max-time 30 "http://127.0.0.1:$port/tokenize" -H 'Content-Type: application/json' \
+         -d '{"content":"The capital of France is"}' | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["tokens"]))' || true)
+back=$(curl -s --max-time 30 "http://127.0.0.1:$port/detokenize" -H 'Content-Type: application/json' \
+         -d "{\"tokens\":${toks:-null}}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["content"])' || true)
+if [ "$back" != "The capital of France is" ] || [ "${toks:0:1}" != "[" ]; then
+  echo "FAIL  curl /tokenize then /detokenize: tokens '$toks', text back '$back'"
+  curl_fail=1
+else
+  echo "ok    curl /tokenize then /detokenize: $toks"
+fi
 kill "$pid"; wait "$pid" || true
 trap - EXIT
 rm -f "$log"
 
 py_rc=0
 BUILD=build MODEL="$MODEL" "$venv/bin/python" tests/serve_test.py || py_rc=$?
-if [ "$curl_fail" -ne 0 ]; then echo "serve: curl SSE check failed"; exit 1; fi
+if [ "$curl_fail" -ne 0 ]; then echo "serve: a curl check failed"; exit 1; fi
 exit "$py_rc"

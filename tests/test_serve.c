@@ -8,7 +8,9 @@
 #include "common/rng.h"
 #include "target_proc/serve.h"
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <string.h>
+#include <utf8proc.h>
 
 /* ---- output text ------------------------------------------------------------------------ */
 
@@ -112,7 +114,9 @@ START_TEST(test_request_refusals) {
         {"{\"prompt\": \"x\", \"stop\": [\"a\", 2]}", SERVE_COMPLETION, 400, "stop"},
         {"{\"prompt\": \"x\", \"stop\": [\"a\",\"b\",\"c\",\"d\",\"e\"]}", SERVE_COMPLETION, 400, "stop"},
         {"{\"prompt\": \"x\", \"temperature\": \"0\"}", SERVE_COMPLETION, 400, "temperature"},
-        {"{\"prompt\": \"x\", \"n\": 2}", SERVE_COMPLETION, 400, "n"},
+        {"{\"prompt\": \"x\", \"n\": 17}", SERVE_COMPLETION, 400, "n"},
+        {"{\"prompt\": \"x\", \"n\": 2, \"stream\": true}", SERVE_COMPLETION, 400, "n"},
+        {"{\"prompt\": \"x\", \"echo\": true}", SERVE_COMPLETION, 400, "echo"},
         {"{\"prompt\": \"x\", \"presence_penalty\": 0.5}", SERVE_COMPLETION, 400, "presence_penalty"},
         {"{\"prompt\": \"x\", \"rootspec\": {\"decoder\": \"oracle\"}}", SERVE_COMPLETION, 400, "rootspec.decoder"},
         {"{\"prompt\": \"x\", \"rootspec\": {\"budget\": 100000}}", SERVE_COMPLETION, 400, "budget"},
@@ -172,6 +176,154 @@ START_TEST(test_request_fields) {
     ck_assert_int_eq(parse("{\"prompt\": [3, 4]}", SERVE_COMPLETION, &r, &se), 0);
     ck_assert(r.n_ids == 2 && r.ids[1] == 4 && r.rule == -1 && !r.max_tokens);
     serve_request_free(&r);
+}
+END_TEST
+
+/* Bytes a strict UTF-8 decoder takes whole (utf8proc_iterate rejects overlongs, surrogates
+ * and cut characters). */
+static int valid_utf8(const char *s) {
+    const utf8proc_uint8_t *p = (const utf8proc_uint8_t *)s;
+    utf8proc_ssize_t n = (utf8proc_ssize_t)strlen(s);
+    while (n > 0) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t k = utf8proc_iterate(p, n, &cp);
+        if (k < 0) return 0;
+        p += k;
+        n -= k;
+    }
+    return 1;
+}
+
+/* Error messages quote client bytes: the error body is still valid UTF-8, whether the bytes
+ * were invalid or a character was cut by a length limit. */
+START_TEST(test_error_utf8) {
+    char body[512];
+    static const char *const cases[] = {
+        "{\"messages\": [{\"role\": \"\xff\", \"content\": \"x\"}]}",
+        "{\"messages\": [{\"role\": \"us\xc3\", \"content\": \"x\"}]}",
+        NULL, /* a model name cut mid-character (below) */
+    };
+    char name[260] = {0};
+    memset(name, 'a', 199);
+    strcat(name, "\xc3\xa9\xc3\xa9"); /* é straddles the 200-byte cut */
+    snprintf(body, sizeof body, "{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", name);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ServeRequest r;
+        ServeError se;
+        int rc = parse(cases[i] ? cases[i] : body, SERVE_CHAT, &r, &se);
+        ck_assert_msg(rc >= 400, "case %zu: status %d", i, rc);
+        char *js = serve_error_json(&se);
+        ck_assert_msg(valid_utf8(js), "case %zu: error body is not UTF-8: %s", i, js);
+        free(js);
+    }
+    ServeError se;
+    serve_error(&se, 400, "a\xe2\x82", "bad \xf0\x9f\x98 bytes"); /* the param too */
+    char *js = serve_error_json(&se);
+    ck_assert_msg(valid_utf8(js), "%s", js);
+    free(js);
+}
+END_TEST
+
+/* One JSON value, then only whitespace: trailing bytes or a second object are refused. */
+START_TEST(test_request_strict_json) {
+    static const char *const bad[] = {
+        "{\"prompt\": \"x\"} x", "{\"prompt\": \"x\"}{\"prompt\": \"y\"}", "{\"prompt\": \"x\"},",
+        "{\"prompt\": \"x\"}\n\n]", "{\"prompt\": \"x\"} // comment",
+    };
+    ServeRequest r;
+    ServeError se;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_msg(parse(bad[i], SERVE_COMPLETION, &r, &se) == 400, "%s accepted", bad[i]);
+        ck_assert_msg(strstr(se.msg, "JSON"), "%s", se.msg);
+    }
+    /* a NUL after the object is trailing data too, whatever strlen would say */
+    ck_assert_int_eq(serve_request_parse("{\"prompt\": \"x\"}\0{}", 18, SERVE_COMPLETION, "m", &r, &se), 400);
+    ck_assert_int_eq(parse(" \t{\"prompt\": \"x\"} \r\n\t ", SERVE_COMPLETION, &r, &se), 0);
+    serve_request_free(&r);
+}
+END_TEST
+
+/* The gate's order and parsing: Host (port and case aside), route, method, key, size,
+ * Content-Type; /health open, /metrics open only when public. */
+START_TEST(test_gate) {
+    ServeGate g = {.max_body = 10};
+    RsErr e = {0};
+    ck_assert_int_eq(serve_gate_hosts(&g, NULL, "127.0.0.1", &e), 0);
+    serve_gate_add_key(&g, "sk-1");
+    static const struct { const char *method, *url, *host, *ctype, *auth; int too_large, status; } cases[] = {
+        {"POST", "/v1/completions", "127.0.0.1:80", "application/json", "Bearer sk-1", 0, 0},
+        {"POST", "/v1/completions", "[::1]:8080", "application/json;charset=utf-8", "bearer  sk-1 ", 0, 0},
+        {"POST", "/v1/completions", NULL, "application/json", "Bearer sk-1", 0, 0},
+        {"POST", "/v1/completions", "evil:80", "application/json", "Bearer sk-1", 0, 403},
+        {"POST", "/v1/completions", "localhost.evil", "application/json", "Bearer sk-1", 0, 403},
+        {"GET", "/nope", "localhost", NULL, NULL, 0, 404},
+        {"GET", "/v1/completions", "localhost", NULL, "Bearer sk-1", 0, 405},
+        {"POST", "/v1/completions", "localhost", "application/json", NULL, 0, 401},
+        {"POST", "/v1/completions", "localhost", "application/json", "Bearer sk-", 0, 401},
+        {"POST", "/v1/completions", "localhost", "application/json", "Bearer sk-12", 0, 401},
+        {"POST", "/v1/completions", "localhost", "application/json", "Basic sk-1", 0, 401},
+        {"POST", "/v1/completions", "localhost", "application/json", "Bearer sk-1", 1, 413},
+        {"POST", "/v1/completions", "localhost", "text/plain", "Bearer sk-1", 0, 415},
+        {"POST", "/v1/chat/completions", "localhost", NULL, "Bearer sk-1", 0, 415},
+        {"GET", "/health", "localhost", NULL, NULL, 0, 0},
+        {"GET", "/metrics", "localhost", NULL, NULL, 0, 401},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ServeHead h = {cases[i].method, cases[i].url, cases[i].host, cases[i].ctype, cases[i].auth,
+                       cases[i].too_large};
+        ServeRoute rt;
+        ServeError se;
+        int rc = serve_gate_check(&g, &h, &rt, &se);
+        ck_assert_msg(rc == cases[i].status, "case %zu: %d (%s), want %d", i, rc, rc ? se.msg : "", cases[i].status);
+    }
+    g.metrics_public = 1;
+    ServeHead h = {"GET", "/metrics", "localhost", NULL, NULL, 0};
+    ServeRoute rt;
+    ServeError se;
+    ck_assert_int_eq(serve_gate_check(&g, &h, &rt, &se), 0);
+    ck_assert_int_eq(rt, ROUTE_METRICS);
+    serve_gate_free(&g);
+    ck_assert_int_eq(serve_gate_hosts(&g, NULL, "0.0.0.0", &e), 0); /* not loopback: any Host */
+    ck_assert_int_eq(g.n_hosts, 0);
+    ck_assert_int_ne(serve_gate_hosts(&g, "a,,b", "127.0.0.1", &e), 0);
+    serve_gate_free(&g);
+}
+END_TEST
+
+/* serve_logprobs_add against the law written out here: log p = l/T - log sum over the k
+ * largest of exp(l/T) (top-k), the raw softmax at T = 0; the alternatives are the k most
+ * likely in order; a token the law filters out is not listed. */
+START_TEST(test_logprobs_law) {
+    Rng r;
+    rng_seed(&r, 9);
+    enum { V = 300 };
+    float row[V];
+    for (int rep = 0; rep < 50; rep++) {
+        for (int i = 0; i < V; i++) row[i] = (float)(rng_uniform(&r) * 12 - 6);
+        double T = rep % 3 == 0 ? 0 : 0.3 + rng_uniform(&r);
+        int k = rep % 2 ? 0 : 1 + (int)(rng_uniform(&r) * 30);
+        Sampling law = {.temperature = T, .top_p = 1, .top_k = k};
+        int order[V];
+        row_topk(row, V, V, order);
+        double t = T == 0 ? 1 : T, lse = 0;
+        int kept = T == 0 || k == 0 ? V : k;
+        for (int i = 0; i < kept; i++) lse += exp(row[order[i]] / t);
+        lse = log(lse);
+        ServeLogprobs l = {.top_n = 5};
+        int id = order[rep % 4];
+        serve_logprobs_add(&l, row, V, &law, id);
+        ck_assert_int_eq(l.n, 1);
+        ck_assert_msg(fabs(l.lp[0] - (row[id] / t - lse)) < 1e-6, "rep %d: %g vs %g", rep, l.lp[0], row[id] / t - lse);
+        for (int i = 0; i < 5; i++) {
+            if (i >= kept) {
+                ck_assert_int_eq(l.top_ids[i], -1);
+                continue;
+            }
+            ck_assert_int_eq(l.top_ids[i], order[i]);
+            ck_assert(fabs(l.top_lp[i] - (row[order[i]] / t - lse)) < 1e-6);
+        }
+        serve_logprobs_free(&l);
+    }
 }
 END_TEST
 
@@ -249,6 +401,10 @@ Suite *suite_serve(void) {
     tcase_add_test(tc, test_utf8_clean);
     tcase_add_test(tc, test_request_refusals);
     tcase_add_test(tc, test_request_fields);
+    tcase_add_test(tc, test_error_utf8);
+    tcase_add_test(tc, test_request_strict_json);
+    tcase_add_test(tc, test_gate);
+    tcase_add_test(tc, test_logprobs_law);
     tcase_add_test(tc, test_response_json);
     tcase_add_test(tc, test_metrics);
     suite_add_tcase(s, tc);
