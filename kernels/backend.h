@@ -51,6 +51,9 @@ typedef struct {
     /* Sequences open at once, sequence 0 included (0: 1). A backend that runs one sequence
      * only (CUDA) refuses more. */
     int max_seqs;
+    /* Optional: tokens per backend_prefill chunk (kernels/prefill.h; 0: the largest that
+     * max_batch and max_pending allow). */
+    int prefill_chunk;
 } BackendParams;
 
 /* Entries per KV block (backend.h: Sequences). */
