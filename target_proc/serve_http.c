@@ -210,13 +210,11 @@ static enum MHD_Result route(ServeHttp *h, struct MHD_Connection *c, const char 
         if (cs->too_large)
             return reply_error(h, c, (serve_error(&se, 413, NULL, "the request body is larger than %zu bytes (--max-body)",
                                                   h->o.max_body), &se));
-        int queued, running;
         switch (routes[i].what) {
         case 0: return reply(h, c, 200, strdup("{\"status\":\"ok\"}"), "application/json");
         case 1: return reply(h, c, 200, serve_models_json(serve_core_model(h->core), 0), "application/json");
         case 2:
-            serve_core_counts(h->core, &queued, &running);
-            return reply(h, c, 200, serve_metrics_render(serve_core_metrics(h->core), queued, running),
+            return reply(h, c, 200, serve_core_metrics_text(h->core),
                          "text/plain; version=0.0.4");
         default: return handle_completion(h, c, routes[i].what == 3 ? SERVE_CHAT : SERVE_COMPLETION, cs);
         }
