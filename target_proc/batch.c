@@ -27,6 +27,9 @@ typedef struct {
     int kept0; /* its kept rows' first index in the pass's kept rows */
     int rc;
     RsErr err;
+    int pass_rows, pass_seqs; /* the pass it ran in: all rows, sequences */
+    uint64_t pass_ns;
+    Planner *planner; /* batcher_plan */
 } View;
 
 struct Batcher {
@@ -109,7 +112,9 @@ static int pass_run(Batcher *bt, int n) {
             for (int j = 0; j < k; j++) r0 += bt->pass[j]->seg.n;
             for (int j = 0; j < v->n_out; j++) bt->out_rows[n_out++] = r0 + v->out_rows[j];
         }
+        uint64_t t0 = rs_now_ns();
         int rc = backend_forward_batch(bt->b, bt->segs, n, bt->out_rows, n_out, NULL, &e);
+        uint64_t ns = rs_now_ns() - t0;
         if (rc == RS_EFULL && n > 1) {
             n--;
             continue;
@@ -126,6 +131,11 @@ static int pass_run(Batcher *bt, int n) {
         bt->st.passes++;
         bt->st.last_rows = 0;
         for (int k = 0; k < n; k++) bt->st.last_rows += bt->pass[k]->seg.n;
+        for (int k = 0; k < n; k++) {
+            bt->pass[k]->pass_rows = bt->st.last_rows;
+            bt->pass[k]->pass_seqs = n;
+            bt->pass[k]->pass_ns = ns;
+        }
         return n;
     }
 }
@@ -280,6 +290,13 @@ void batcher_leave(Target *t) {
     view_reset(&v->base);
 }
 
+void batcher_plan(Target *t, Planner *p) {
+    View *v = (View *)t->b;
+    RS_ASSERT(v->base.ops == &batch_view_ops);
+    v->planner = p;
+    if (p) planner_set_batch(p, 0, 1);
+}
+
 int batcher_preempted(const Target *t) {
     const View *v = (const View *)t->b;
     return v->base.ops == &batch_view_ops && v->preempted;
@@ -346,6 +363,10 @@ static int view_forward(Backend *bb, const int *tokens, const int *pos, int n,
     if (rc && e) *e = v->err;
     pthread_mutex_unlock(&bt->mu);
     if (!rc) bb->n_pending += n;
+    if (!rc && v->planner) {
+        planner_observe_batch_pass(v->planner, v->pass_rows, v->pass_ns);
+        planner_set_batch(v->planner, v->pass_rows - n, v->pass_seqs);
+    }
     return rc;
 }
 

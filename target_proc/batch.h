@@ -18,6 +18,7 @@
  * (batcher_preempted says so), so its owner restarts it later (recompute). */
 #ifndef ROOTSPEC_BATCH_H
 #define ROOTSPEC_BATCH_H
+#include "planner.h"
 #include "target.h"
 
 typedef struct Batcher Batcher;
@@ -47,6 +48,10 @@ void batcher_destroy(Batcher **b);
 /* A Target whose backend is a view on a sequence of its own (up to o->parallel of them).
  * Destroy it with target_destroy. */
 int batcher_target(Batcher *bt, const int *eog, int n_eog, Target **out, RsErr *e);
+/* Links a planner (--budget auto) to t's view: after each pass the view records the pass
+ * by its total rows and tells the planner what the others brought (planner_set_batch), so
+ * the decode prices its rows at the batch's cost and rate. */
+void batcher_plan(Target *t, Planner *p);
 /* The decode on t ended (or failed): its sequence is emptied and it stops holding passes
  * back until its next forward(). */
 void batcher_leave(Target *t);

@@ -39,6 +39,7 @@ struct Planner {
     int asks;
     int fixed;
     double fix_pass1, fix_row, fix_draft;
+    int batched, batch_others, batch_seqs; /* planner_set_batch */
 };
 
 static void ewma_w(double *v, double x, int first, double w) { *v = first ? x : *v + w * (x - *v); }
@@ -80,9 +81,11 @@ static int pass_fit(const Planner *p, double *a, double *b) {
 }
 
 /* Expected ns of a target pass of n rows. Before any pass was measured, in units of a
- * one-row pass (the reference rate is then 1 a unit: only ratios matter). */
+ * one-row pass (the reference rate is then 1 a unit: only ratios matter). In a batch, n
+ * of the decode's own rows make a pass of n + others. */
 static double pass_cost(const Planner *p, int n) {
-    if (p->fixed) return p->fix_pass1 + (n - 1) * p->fix_row;
+    if (p->fixed) return p->fix_pass1 + (n - 1 + p->batch_others) * p->fix_row;
+    n += p->batch_others;
     if (n > ROWS_MAX) n = ROWS_MAX;
     if (p->pass_n[n] >= 3) return p->pass_ns[n];
     int lo = n, hi = n;
@@ -114,10 +117,11 @@ static double wait_cost(const Planner *p, Rule rule, int depth, int n_pend) {
 /* The reference rate, tokens per ns: an AR step's, or this rule's recent one if higher. */
 static double ref_rate(const Planner *p, Rule rule, int temp) {
     double c1 = pass_cost(p, 1), r = c1 > 0 ? 1 / c1 : 0;
-    if (p->fixed) return r; /* nothing measured may move a fixed planner */
+    int seqs = p->batch_seqs > 1 ? p->batch_seqs : 1; /* a batch's rate: every sequence's */
+    if (p->fixed) return seqs * r; /* nothing measured may move a fixed planner */
     double tok = p->rate_tok[rule][temp != 0], ns = p->rate_ns[rule][temp != 0];
     if (ns > 0 && tok / ns > r) r = tok / ns;
-    return r;
+    return seqs * r;
 }
 
 /* ns priced in tokens at rate r; free while nothing is measured. */
@@ -241,7 +245,24 @@ PlanAsk planner_before_round(Planner *p, Rule rule, int temp, int n_pend) {
 
 /* ---- observations ------------------------------------------------------------------ */
 
+void planner_set_batch(Planner *p, int others, int seqs) {
+    p->batched = 1;
+    p->batch_others = others > 0 ? others : 0;
+    p->batch_seqs = seqs;
+}
+
+static void observe_rows(Planner *p, int rows, uint64_t ns) {
+    if (rows < 1) return;
+    if (rows > ROWS_MAX) rows = ROWS_MAX;
+    ewma(&p->pass_ns[rows], (double)ns, p->pass_n[rows]++ == 0);
+}
+
+void planner_observe_batch_pass(Planner *p, int total_rows, uint64_t ns) {
+    observe_rows(p, total_rows, ns);
+}
+
 void planner_observe_pass(Planner *p, int rows, uint64_t ns) {
+    if (p->batched) return;
     if (rows < 1) return;
     if (rows > ROWS_MAX) rows = ROWS_MAX;
     ewma(&p->pass_ns[rows], (double)ns, p->pass_n[rows]++ == 0);

@@ -356,6 +356,7 @@ static int slots_make(ServeCore *c, RsErr *e) {
         rc = batcher_target(c->bt, ids, n, &sl->t, e);
         free(ids);
         sl->planner = planner_create();
+        if (!rc) batcher_plan(sl->t, sl->planner);
         DrafterHost host = {.model = en->target_model, .tok = en->tok};
         if (!rc && c->cfg.slot_drafter) rc = drafter_open(c->cfg.slot_drafter, &host, &sl->d, e);
     }

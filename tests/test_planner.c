@@ -84,6 +84,38 @@ START_TEST(test_planner_breakeven) {
 }
 END_TEST
 
+/* In a batch a row costs what it adds to the shared pass, priced at the batch's rate: with
+ * passes of 10 ms + 2.5 ms a row, alone (rate 1 / 10 ms) a node pays when its path
+ * probability beats 0.25, so a chain of 0.9 nodes is verified whole; with 5 others (6
+ * sequences, rate 6 / 22.5 ms) only beyond 0.667: 0.9, 0.81 and 0.729; with 15 others
+ * (16 / 47.5 ms) beyond 0.842: the first node only. Alone again, the whole chain. */
+START_TEST(test_planner_batch_fades) {
+    Selection s;
+    Pool *p = chain_selected(8, 0.9, &s);
+    Planner *pl = fixed_planner(10e6, 2.5e6, 0);
+    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    planner_set_batch(pl, 5, 6);
+    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 3);
+    planner_set_batch(pl, 15, 16);
+    PlanChoice c = planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
+    ck_assert_int_eq(c.k, 1);
+    ck_assert_double_eq_tol(c.ns, 10e6 + 16 * 2.5e6, 1); /* the whole pass it joins */
+    planner_set_batch(pl, 0, 1);
+    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    planner_destroy(&pl);
+    /* measured: a batched decode's own pass times (one sequence's rows of a shared pass)
+     * are ignored, the batch's passes by their total rows count */
+    pl = measured_planner(); /* 10 ms a row, 40 ms 9 rows */
+    planner_set_batch(pl, 0, 1);
+    for (int i = 0; i < 20; i++) planner_observe_pass(pl, 9, 400000000);
+    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    for (int i = 0; i < 20; i++) planner_observe_batch_pass(pl, 9, 400000000);
+    ck_assert_int_lt(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    planner_destroy(&pl);
+    free(p);
+}
+END_TEST
+
 START_TEST(test_planner_learns_rejections) {
     /* The drafter says 0.99, but 200 such nodes were all rejected: the chain stops paying. */
     Selection s;
@@ -203,6 +235,7 @@ Suite *suite_planner(void) {
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_planner_sure_chain);
     tcase_add_test(tc, test_planner_breakeven);
+    tcase_add_test(tc, test_planner_batch_fades);
     tcase_add_test(tc, test_planner_learns_rejections);
     tcase_add_test(tc, test_planner_root_rule_uses_x1);
     tcase_add_test(tc, test_planner_asks_when_it_pays);
