@@ -129,6 +129,7 @@ static int pass_run(Batcher *bt, int n) {
         }
         bt->n_waiting -= n;
         bt->st.passes++;
+        bt->st.pass_ns += ns;
         bt->st.last_rows = 0;
         for (int k = 0; k < n; k++) bt->st.last_rows += bt->pass[k]->seg.n;
         for (int k = 0; k < n; k++) {

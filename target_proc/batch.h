@@ -37,6 +37,7 @@ typedef struct {
     int blocks_used, blocks_total;
     uint64_t passes, rows;   /* passes run and the rows they carried */
     uint64_t preemptions;
+    uint64_t pass_ns;        /* time the passes took (the rest: decodes' host work) */
     int last_rows;           /* rows of the last pass */
 } BatchStats;
 

@@ -145,6 +145,9 @@ static void batch_print(FILE *f, int queued, const BatchStats *b) {
     counter_print(f, "rootspec_batch_passes_total", "Batched forward passes.", b->passes);
     counter_print(f, "rootspec_batch_rows_total",
                   "Rows those passes carried (rows per pass: its rate over the passes').", b->rows);
+    fprintf(f, "# HELP rootspec_batch_pass_seconds_total Time the passes took.\n"
+               "# TYPE rootspec_batch_pass_seconds_total counter\nrootspec_batch_pass_seconds_total %.6f\n",
+            b->pass_ns * 1e-9);
     fprintf(f, "# HELP rootspec_batch_last_rows Rows of the last pass.\n"
                "# TYPE rootspec_batch_last_rows gauge\nrootspec_batch_last_rows %d\n", b->last_rows);
     fprintf(f, "# HELP rootspec_kv_blocks_used KV cache blocks held by sequences.\n"

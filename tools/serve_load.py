@@ -11,6 +11,8 @@ one server) and each level it prints
   agg tok/s   completion tokens of all requests over the wall time of the level
   TTFT        request sent to first content chunk, p50 and p90
   req tok/s   each request's tokens over its own time (first byte sent to last chunk), p50
+the rows per batched pass, the wall ms per pass and the ms its forward took (rootspec's
+/metrics, when batching; the difference is the decodes' host work between passes),
 and the ratios: aggregate over the same decoder's concurrency-1 figure, speculation over
 AR at the same level, rootspec over the peer. With --check every T=0 text under load is
 compared with the same prompt decoded alone afterwards (the batch must not change it).
@@ -114,6 +116,19 @@ def run_level(port, prompts, decoder, conc, max_tokens):
     return out, time.perf_counter() - t0
 
 
+def metrics(port):
+    """rootspec-serve's batch counters (passes, rows), or None for another server."""
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        c.request("GET", "/metrics")
+        text = c.getresponse().read().decode()
+    except OSError:
+        return None
+    got = dict(re.findall(r"^(rootspec_batch_(?:passes|rows|pass_seconds)_total) (\S+)$", text, re.M))
+    return (float(got["rootspec_batch_passes_total"]), float(got["rootspec_batch_rows_total"]),
+            float(got["rootspec_batch_pass_seconds_total"])) if len(got) == 3 else None
+
+
 def pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -174,12 +189,15 @@ def main():
         for name, p, dec in sides:
             one_request(p, prompts[-1], dec, 8)  # warm-up (a prompt no level uses)
         print(f"{'side':6} {'conc':>4} {'reqs':>4} {'agg tok/s':>9} {'x c=1':>6} {'TTFT p50':>9} "
-              f"{'p90':>7} {'req tok/s':>9} {'spec/ar':>7} {'/peer':>6}")
+              f"{'p90':>7} {'req tok/s':>9} {'spec/ar':>7} {'/peer':>6} {'rows':>5} {'ms/pass':>6} {'fwd ms':>6}")
         for li, conc in enumerate(levels):
             level = prompts[li * args.requests:(li + 1) * args.requests]
             for name, p, dec in sides:
+                m0 = metrics(p)
                 res, wall = run_level(p, level, dec, conc, args.max_tokens)
+                m1 = metrics(p)
                 f = figs[(name, conc)] = summary(res, wall)
+                passes = m1[0] - m0[0] if m0 and m1 else 0
                 f["texts"] = [r[3] for r in res]
                 base = figs.get((name, levels[0]))
                 ar = figs.get(("ar", conc))
@@ -187,7 +205,10 @@ def main():
                 print(f"{name:6} {conc:4d} {len(res):4d} {f['agg']:9.1f} {f['agg'] / base['agg']:6.2f} "
                       f"{f['ttft50'] * 1e3:7.0f}ms {f['ttft90'] * 1e3:5.0f}ms {f['req']:9.1f} "
                       f"{(f['agg'] / ar['agg']) if ar and name not in ('ar', 'peer') else float('nan'):7.2f} "
-                      f"{'' if not pr or name == 'peer' else format(f['agg'] / pr['agg'], '6.2f')}",
+                      f"{'' if not pr or name == 'peer' else format(f['agg'] / pr['agg'], '6.2f'):6} "
+                      f"{'' if not passes else format((m1[1] - m0[1]) / passes, '5.1f'):>5} "
+                      f"{'' if not passes else format(wall * 1e3 / passes, '6.1f'):>6} "
+                      f"{'' if not passes else format((m1[2] - m0[2]) * 1e3 / passes, '6.1f'):>6}",
                       flush=True)
         if args.check:
             for li, conc in enumerate(levels):
