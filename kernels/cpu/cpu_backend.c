@@ -53,8 +53,13 @@ typedef struct {
     float *rope_cos;    // (max_batch, head_dim/2)
     float *rope_sin;    // (max_batch, head_dim/2)
     int *pend_idx;      // (max_batch, max_pending) pending entries each new token attends to
-    int *att_idx;       // (max_batch, kv_capacity) cache slots each new token attends to, in order
-    int *att_cnt;       // (max_batch) entries of each att_idx row
+    /* The cache slots each new token attends to, in order: att_cnt[t] of them from
+     * att_idx + att_off[t]. The rows of a causal segment share one list (each row reads a
+     * prefix), so the lists take about the batch's context, not rows x context. */
+    int *att_idx;       // (att_cap) grown by forward when a batch needs more
+    size_t att_cap;
+    size_t *att_off;    // (max_batch)
+    int *att_cnt;       // (max_batch) entries of each row's list
     int *row_slot;      // (max_batch) the cache slot of each new token's entry
     uint8_t *keep_seen; // (max_pending) duplicate check in kv_commit
     float *logits;      // (max_kept, vocab) the kept rows of the last forward
@@ -214,8 +219,7 @@ static void attend(CpuBackend *b, const AttnJob *j, int t, int h, int g, float *
     size_t off = (size_t)(h / (c->n_heads / c->n_kv_heads)) * b->slots * hd * s->kv_es;
     size_t at = (size_t)t * qd + (size_t)h * hd;
     qk_attention(b->fam, s->kv_es == 2, s->att_out + at, s->q + at, j->kc + off, j->vc + off, hd,
-                 0, s->att_idx + (size_t)t * b->base.params.kv_capacity, s->att_cnt[t], hd, g,
-                 att);
+                 0, s->att_idx + s->att_off[t], s->att_cnt[t], hd, g, att);
 }
 
 /* (token, head) items [lo, hi) of the chunk, as runs of heads that share a KV group: a
@@ -336,7 +340,7 @@ static void alloc_state(CpuBackend *b, const Config *c, const BackendParams *p, 
     s->rope_cos = rs_xcalloc(B * half, sizeof(float));
     s->rope_sin = rs_xcalloc(B * half, sizeof(float));
     s->pend_idx = rs_xcalloc(B * P, sizeof(int));
-    s->att_idx = rs_xcalloc(B * cap, sizeof(int));
+    s->att_off = rs_xcalloc(B, sizeof(size_t));
     s->att_cnt = rs_xcalloc(B, sizeof(int));
     s->row_slot = rs_xcalloc(B, sizeof(int));
     s->keep_seen = rs_xcalloc(P, 1);
@@ -437,7 +441,7 @@ static void cpu_destroy(Backend **pb) {
     void *bufs[] = {s->x,       s->xb,       s->q,           s->att_out,  s->hb,
                     s->hb2,     s->att,      s->scratch,     s->xq,       s->hq,  s->xqk,
                     s->kv_tmp, s->knew, s->vnew, s->inv_freq,  s->rope_cos, s->rope_sin,
-                    s->att_idx, s->att_cnt,  s->keep_seen, s->pend_idx, s->row_slot, s->logits,
+                    s->att_idx, s->att_off, s->att_cnt,  s->keep_seen, s->pend_idx, s->row_slot, s->logits,
                     b->seqs, b->free_blocks,
                     s->feat_pend, s->feat_out, s->parts,
                     b->rows_scratch};
@@ -490,24 +494,64 @@ static void sort_by_position(const CpuSeq *q, int *idx, int cnt) {
     }
 }
 
-/* The slots rows [r0, r0 + g->n) see (their sequence's committed entries, then the pending
- * ones their mask rows allow, by position) and the slot each writes. */
-static void seg_index(CpuBackend *b, const BackendSeg *g, int r0) {
+/* 1 when the rows of segment g share one slot list: no mask, and every new row's position
+ * at least that of each entry before it, so row t's entries in position order are a prefix
+ * of the last row's. */
+static int seg_shared(const CpuSeq *q, const BackendSeg *g) {
+    if (g->mask) return 0;
+    int mx = 0;
+    for (int i = 0; i < q->np; i++) mx = q->pend_pos[i] > mx ? q->pend_pos[i] : mx;
+    for (int t = 0; t < g->n; t++) {
+        if (g->pos[t] < mx) return 0;
+        mx = g->pos[t];
+    }
+    return 1;
+}
+
+/* List entries the segment's rows need (before its forward changes the sequence). */
+static size_t seg_list_size(const CpuSeq *q, const BackendSeg *g) {
+    size_t all = (size_t)q->nc + q->np + g->n;
+    return seg_shared(q, g) ? all : all * g->n;
+}
+
+/* Slots rows [r0, r0 + g->n) see (their sequence's committed entries, then the pending
+ * ones their mask rows allow, by position), from list entry *at on, and the slot each
+ * writes. */
+static void seg_index(CpuBackend *b, const BackendSeg *g, int r0, size_t *at) {
     RunState *s = &b->s;
     CpuSeq *q = &b->seqs[g->seq];
-    int P = b->base.params.max_pending, cap = b->base.params.kv_capacity;
+    int P = b->base.params.max_pending, shared = seg_shared(q, g);
     int *pidx = s->pend_idx + (size_t)r0 * P;
     cpu_attention_index(g->mask, g->n, q->np, P, pidx, s->att_cnt + r0);
     for (int t = 0; t < g->n; t++) q->pend_pos[q->np + t] = g->pos[t];
-    for (int t = 0; t < g->n; t++) {
-        int *pi = pidx + (size_t)t * P, cnt = s->att_cnt[r0 + t];
-        int *ai = s->att_idx + (size_t)(r0 + t) * cap;
+    for (int t = shared ? g->n - 1 : 0; t < g->n; t++) { /* shared: the last row's list */
+        int *pi = pidx + (size_t)t * P, cnt = s->att_cnt[r0 + t], *ai = s->att_idx + *at;
         sort_by_position(q, pi, cnt);
         for (int j = 0; j < q->nc; j++) ai[j] = (int)seq_slot(q, j);
         for (int j = 0; j < cnt; j++) ai[q->nc + j] = (int)seq_slot(q, q->nc + pi[j]);
-        s->att_cnt[r0 + t] = q->nc + cnt;
+        s->att_off[r0 + t] = *at;
+        if (!shared) *at += (size_t)q->nc + cnt;
+    }
+    for (int t = 0; t < g->n; t++) {
+        if (shared) s->att_off[r0 + t] = *at;
+        s->att_cnt[r0 + t] += q->nc;
         s->row_slot[r0 + t] = (int)seq_slot(q, q->nc + q->np + t);
     }
+    if (shared) *at += (size_t)q->nc + q->np + g->n;
+}
+
+/* Room for the batch's slot lists; RS_ENOMEM (nothing changed) when it cannot grow. */
+static int att_reserve(CpuBackend *b, const BackendSeg *segs, int n_segs, RsErr *e) {
+    size_t need = 0;
+    for (int i = 0; i < n_segs; i++) need += seg_list_size(&b->seqs[segs[i].seq], &segs[i]);
+    if (need <= b->s.att_cap) return RS_OK;
+    int *p = realloc(b->s.att_idx, need * sizeof(int));
+    if (!p)
+        return rs_err(e, RS_ENOMEM, "cannot allocate the attention lists of a batch (%zu MiB)",
+                      need * sizeof(int) >> 20);
+    b->s.att_idx = p;
+    b->s.att_cap = need;
+    return RS_OK;
 }
 
 /* Per-batch tables shared by all layers: the slots each token sees and writes, cos/sin
@@ -516,11 +560,12 @@ static void seg_index(CpuBackend *b, const BackendSeg *g, int r0) {
 static void fwd_prepare(CpuBackend *b, const BackendSeg *segs, int n_segs) {
     const Config *c = &b->base.model->cfg;
     RunState *s = &b->s;
+    size_t at = 0;
     for (int i = 0, r0 = 0; i < n_segs; r0 += segs[i].n, i++) {
         const BackendSeg *g = &segs[i];
         CpuSeq *q = &b->seqs[g->seq];
         seq_grow(b, q, q->nc + q->np + g->n);
-        seg_index(b, g, r0);
+        seg_index(b, g, r0, &at);
         cpu_rope_table(g->pos, s->inv_freq, g->n, c->head_dim / 2,
                        s->rope_cos + (size_t)r0 * (c->head_dim / 2),
                        s->rope_sin + (size_t)r0 * (c->head_dim / 2));
@@ -697,6 +742,8 @@ static int cpu_forward_batch(Backend *bb, const BackendSeg *segs, int n_segs,
     if (need > b->n_free)
         return rs_err(e, RS_EFULL, "the batch needs %d more KV blocks; %d of %d are free", need,
                       b->n_free, b->blocks_total);
+    int rc = att_reserve(b, segs, n_segs, e);
+    if (rc) return rc;
     fwd_prepare(b, segs, n_segs);
     for (int l = 0; l < c->n_layers; l++) {
         if (bb->feat_n) feat_record(b, l, n);
