@@ -83,9 +83,13 @@ static int pass_fit(const Planner *p, double *a, double *b) {
 /* Expected ns of a target pass of n rows. Before any pass was measured, in units of a
  * one-row pass (the reference rate is then 1 a unit: only ratios matter). In a batch, n
  * of the decode's own rows make a pass of n + others. */
-static double pass_cost(const Planner *p, int n) {
-    if (p->fixed) return p->fix_pass1 + (n - 1 + p->batch_others) * p->fix_row;
-    n += p->batch_others;
+static double table_cost(const Planner *p, int n);
+
+static double pass_cost(const Planner *p, int n) { return table_cost(p, n + p->batch_others); }
+
+/* Expected ns of a pass of n rows in all. */
+static double table_cost(const Planner *p, int n) {
+    if (p->fixed) return p->fix_pass1 + (n - 1) * p->fix_row;
     if (n > ROWS_MAX) n = ROWS_MAX;
     if (p->pass_n[n] >= 3) return p->pass_ns[n];
     int lo = n, hi = n;
@@ -116,8 +120,10 @@ static double wait_cost(const Planner *p, Rule rule, int depth, int n_pend) {
 
 /* The reference rate, tokens per ns: an AR step's, or this rule's recent one if higher. */
 static double ref_rate(const Planner *p, Rule rule, int temp) {
-    double c1 = pass_cost(p, 1), r = c1 > 0 ? 1 / c1 : 0;
-    int seqs = p->batch_seqs > 1 ? p->batch_seqs : 1; /* a batch's rate: every sequence's */
+    /* a batch's rate is every sequence's; its AR step is a pass of one row a sequence (not
+     * one row beside the others' trees: their speculation must not cheapen the rows) */
+    int seqs = p->batch_seqs > 1 ? p->batch_seqs : 1;
+    double c1 = p->batched ? table_cost(p, seqs) : pass_cost(p, 1), r = c1 > 0 ? 1 / c1 : 0;
     if (p->fixed) return seqs * r; /* nothing measured may move a fixed planner */
     double tok = p->rate_tok[rule][temp != 0], ns = p->rate_ns[rule][temp != 0];
     if (ns > 0 && tok / ns > r) r = tok / ns;

@@ -100,6 +100,10 @@ START_TEST(test_planner_batch_fades) {
     PlanChoice c = planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
     ck_assert_int_eq(c.k, 1);
     ck_assert_double_eq_tol(c.ns, 10e6 + 16 * 2.5e6, 1); /* the whole pass it joins */
+    /* the others' trees (45 rows for 15 sequences) make the pass dearer, not the rows
+     * cheaper: the batch's AR step is still 16 rows */
+    planner_set_batch(pl, 45, 16);
+    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 1);
     planner_set_batch(pl, 0, 1);
     ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
     planner_destroy(&pl);
