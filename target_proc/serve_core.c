@@ -243,12 +243,15 @@ static void job_end(ServeJob *j, ServeFinish f, const char *reason, int status, 
         j->failed = 1;
         serve_error(&j->err, status, NULL, "%s", why);
     }
-    j->done = 1;
     int n_out = j->n_out;
     pthread_mutex_unlock(&j->mu);
-    pthread_cond_broadcast(&j->cv);
+    /* counted before the client can see the end, so /metrics read after it includes it */
     serve_metrics_finish(j->core->metrics, f, f == FINISH_CANCELLED && n_out == 0 ? 0 : j->n_ids,
                          n_out, j->drafter_failed);
+    pthread_mutex_lock(&j->mu);
+    j->done = 1;
+    pthread_mutex_unlock(&j->mu);
+    pthread_cond_broadcast(&j->cv);
 }
 
 /* Waits until the batcher has the blocks the job's prompt and first round need (other
