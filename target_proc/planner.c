@@ -90,6 +90,10 @@ static double pass_cost(const Planner *p, int n) { return table_cost(p, n + p->b
 /* Expected ns of a pass of n rows in all. */
 static double table_cost(const Planner *p, int n) {
     if (p->fixed) return p->fix_pass1 + (n - 1) * p->fix_row;
+    /* In a batch a decision turns on the difference of two large passes a few rows apart,
+     * which the per-size averages give mostly as noise: the fitted line instead. */
+    double a, b;
+    if (p->batched && pass_fit(p, &a, &b)) return a + b * (n - 1);
     if (n > ROWS_MAX) n = ROWS_MAX;
     if (p->pass_n[n] >= 3) return p->pass_ns[n];
     int lo = n, hi = n;
@@ -97,7 +101,6 @@ static double table_cost(const Planner *p, int n) {
     while (hi <= ROWS_MAX && !p->pass_n[hi]) hi++;
     if (lo > 0 && hi <= ROWS_MAX && lo != hi)
         return p->pass_ns[lo] + (p->pass_ns[hi] - p->pass_ns[lo]) * (n - lo) / (hi - lo);
-    double a, b;
     if (pass_fit(p, &a, &b)) return a + b * (n - 1);
     int m = lo > 0 ? lo : hi; /* the one size seen */
     if (m < 1 || m > ROWS_MAX) return 1 + ROW_SLOPE * (n - 1);

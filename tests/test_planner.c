@@ -116,6 +116,17 @@ START_TEST(test_planner_batch_fades) {
     for (int i = 0; i < 20; i++) planner_observe_batch_pass(pl, 9, 400000000);
     ck_assert_int_lt(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
     planner_destroy(&pl);
+    /* noisy passes of 16 and 17 rows (20 ms apart): a batched decode prices its rows by
+     * the line through all sizes (19.7 ms + 3.89 ms a row: at 16 / 78 ms a row costs 0.797
+     * tokens, so the 0.9 and 0.81 nodes pay), not by the difference of the two averages
+     * (which would make the first row cost 4.6 tokens) */
+    pl = planner_create();
+    planner_set_batch(pl, 15, 16);
+    const int rows[4] = {1, 16, 17, 32};
+    const uint64_t ms[4] = {20, 70, 90, 140};
+    for (int i = 0; i < 12; i++) planner_observe_batch_pass(pl, rows[i % 4], ms[i % 4] * 1000000);
+    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 2);
+    planner_destroy(&pl);
     free(p);
 }
 END_TEST
