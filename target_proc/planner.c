@@ -5,6 +5,7 @@
 #include "planner.h"
 #include "target.h"
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #define ROWS_MAX (TARGET_PASS_MAX + 1)
@@ -40,15 +41,24 @@ struct Planner {
     int fixed;
     double fix_pass1, fix_row, fix_draft;
     int batched, batch_others, batch_seqs; /* planner_set_batch */
+    struct Planner *accept; /* where the acceptance calibration lives: itself, or the planner
+                               planner_share_accept named (its mu guards it) */
+    pthread_mutex_t mu;
 };
 
 static void ewma_w(double *v, double x, int first, double w) { *v = first ? x : *v + w * (x - *v); }
 static void ewma(double *v, double x, int first) { ewma_w(v, x, first, EWMA); }
 
-Planner *planner_create(void) { return rs_xcalloc(1, sizeof(Planner)); }
+Planner *planner_create(void) {
+    Planner *p = rs_xcalloc(1, sizeof(Planner));
+    p->accept = p;
+    pthread_mutex_init(&p->mu, NULL);
+    return p;
+}
 
 void planner_destroy(Planner **p) {
     if (!p || !*p) return;
+    pthread_mutex_destroy(&(*p)->mu);
     free(*p);
     *p = NULL;
 }
@@ -149,7 +159,10 @@ static int bucket_of(double logq) {
 static double accept_prob(const Planner *p, int temp, double logq) {
     int b = bucket_of(logq), t = temp != 0;
     double q = exp(logq);
-    double v = q * (p->acc_a[t][b] + PRIOR_Q * q) / (p->acc_q[t][b] + PRIOR_Q * q);
+    Planner *a = p->accept;
+    pthread_mutex_lock(&a->mu);
+    double v = q * (a->acc_a[t][b] + PRIOR_Q * q) / (a->acc_q[t][b] + PRIOR_Q * q);
+    pthread_mutex_unlock(&a->mu);
     return v < 1 ? v : 1;
 }
 
@@ -254,6 +267,8 @@ PlanAsk planner_before_round(Planner *p, Rule rule, int temp, int n_pend) {
 
 /* ---- observations ------------------------------------------------------------------ */
 
+void planner_share_accept(Planner *p, Planner *with) { p->accept = with ? with : p; }
+
 void planner_set_batch(Planner *p, int others, int seqs) {
     p->batched = 1;
     p->batch_others = others > 0 ? others : 0;
@@ -311,8 +326,10 @@ void planner_observe_accept(Planner *p, Rule rule, int temp, const Pool *pool,
         int reached = par < 0 || (sel->rooted_at_x1 && par == 0) || in_list(acc, n_acc, par);
         if (!reached) continue;
         int b = bucket_of(pool->logq[u]);
-        p->acc_a[t][b] += in_list(acc, n_acc, i);
-        p->acc_q[t][b] += exp(pool->logq[u]);
+        pthread_mutex_lock(&p->accept->mu);
+        p->accept->acc_a[t][b] += in_list(acc, n_acc, i);
+        p->accept->acc_q[t][b] += exp(pool->logq[u]);
+        pthread_mutex_unlock(&p->accept->mu);
     }
 }
 

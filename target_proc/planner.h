@@ -62,6 +62,11 @@ PlanChoice planner_choose(Planner *p, Rule rule, int temp, const Pool *pool,
  * planner_observe_pass calls are ignored (they time a shared pass by one sequence's rows);
  * planner_observe_batch_pass records the passes by their total rows instead. */
 void planner_set_batch(Planner *p, int others, int seqs);
+/* p's acceptance calibration (how often a candidate of a given draft probability is
+ * accepted: a property of the drafter and the text, not of one decode) becomes with's, so
+ * the planners of a batch's decodes learn it together instead of each from its own rounds.
+ * Thread-safe on with; with must outlive p. NULL: p's own again. */
+void planner_share_accept(Planner *p, Planner *with);
 void planner_observe_batch_pass(Planner *p, int total_rows, uint64_t ns);
 
 /* Observations. A pass of `rows` rows took ns. */

@@ -360,6 +360,7 @@ static int slots_make(ServeCore *c, RsErr *e) {
         free(ids);
         sl->planner = planner_create();
         if (!rc) batcher_plan(sl->t, sl->planner);
+        planner_share_accept(sl->planner, en->planner);
         DrafterHost host = {.model = en->target_model, .tok = en->tok};
         if (!rc && c->cfg.slot_drafter) rc = drafter_open(c->cfg.slot_drafter, &host, &sl->d, e);
     }

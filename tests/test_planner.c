@@ -141,6 +141,17 @@ START_TEST(test_planner_learns_rejections) {
     /* a T=1 decode keeps its own calibration */
     ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 1, p, &s, -1, POOL_MAX_DEPTH).k, 8);
     planner_destroy(&pl);
+    /* a batch's planners learn acceptance together: what one saw moves the other's
+     * choices, and each keeps its own once unshared */
+    Planner *a = fixed_planner(10e6, 1e6, 0), *b = fixed_planner(10e6, 1e6, 0);
+    planner_share_accept(b, a);
+    for (int i = 0; i < 200; i++) planner_observe_accept(b, RULE_DRAFT, 0, p, &s, 8, NULL, 0);
+    ck_assert_int_eq(planner_choose(a, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 0);
+    ck_assert_int_eq(planner_choose(b, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 0);
+    planner_share_accept(b, NULL);
+    ck_assert_int_eq(planner_choose(b, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    planner_destroy(&b);
+    planner_destroy(&a);
     free(p);
 }
 END_TEST
