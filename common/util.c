@@ -32,6 +32,7 @@ const char *rs_status_name(int code) {
     case RS_ETIMEOUT: return "timeout";
     case RS_EPEER: return "peer";
     case RS_ENOMEM: return "nomem";
+    case RS_EFULL: return "full";
     default: return "unknown";
     }
 }

@@ -26,6 +26,7 @@ typedef enum {
     RS_ETIMEOUT = -6,     /* peer did not answer in time */
     RS_EPEER = -7,        /* peer reported an error or refused */
     RS_ENOMEM = -8,       /* allocation failed */
+    RS_EFULL = -9,        /* a shared pool is used up for now (KV blocks): retry later */
 } RsStatus;
 
 typedef struct {

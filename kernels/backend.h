@@ -10,7 +10,18 @@
  * token attends to every committed entry, plus the pending entries (earlier ones and
  * this batch's) that its mask row allows. kv_commit() keeps an ordered subset of the
  * pending entries (e.g. root + accepted path), appends them to the committed context and
- * drops the rest. */
+ * drops the rest.
+ *
+ * Sequences. The cache is shared by up to BackendParams.max_seqs sequences and paged: it
+ * is cut into blocks of BACKEND_KV_BLOCK entries, and each sequence holds a block table
+ * that maps its entries (committed, then pending, as above) to blocks taken from a free
+ * list as it grows and given back when it commits fewer entries than it forwarded or is
+ * closed, so the memory a sequence holds follows its length (PagedAttention, Kwon et al.,
+ * SOSP 2023). Sequence 0 is always open: the functions without a sequence argument act on
+ * it, so a single-sequence caller sees one cache of kv_capacity entries as before. One
+ * backend_forward_batch runs rows of many sequences; each row attends only to its own
+ * sequence, and its logits are the same bits whatever else shares the pass (a backend
+ * that cannot promise that refuses more than sequence 0). */
 #ifndef ROOTSPEC_BACKEND_H
 #define ROOTSPEC_BACKEND_H
 #include "../common/logits.h"
@@ -42,7 +53,16 @@ typedef struct {
      * from ROOTSPEC_CPU_KERNELS once, at start-up (cli_runtime_defaults). Other backends
      * ignore it. */
     const char *cpu_kernels;
+    /* Sequences open at once, sequence 0 included (0: 1). A backend that runs one sequence
+     * only (CUDA) refuses more. */
+    int max_seqs;
+    /* Optional: tokens per backend_prefill chunk (kernels/prefill.h; 0: the largest that
+     * max_batch and max_pending allow). */
+    int prefill_chunk;
 } BackendParams;
+
+/* Entries per KV block (backend.h: Sequences). */
+#define BACKEND_KV_BLOCK 16
 
 /* Counters since create(), for the round log and benchmarks. A counter a backend does not
  * have reads zero (the CUDA ones on the CPU backend). */
@@ -120,12 +140,51 @@ int backend_rows_topk(Backend *b, int k, int *ids, float *logq, float *lse, RsEr
 /* keep: indices into the pending entries (0 = first pending), ascending not required
  * but each at most once. n_keep may be 0 (drop all pending). */
 int backend_kv_commit(Backend *b, const int *keep, int n_keep, RsErr *e);
-/* Forget everything (new prompt). */
+/* Forget sequence 0's context (new prompt); other sequences keep theirs. */
 void backend_kv_reset(Backend *b);
 int backend_n_committed(const Backend *b); /* committed cache entries */
 int backend_n_pending(const Backend *b);   /* pending entries after the committed ones */
 int backend_kv_capacity(const Backend *b); /* committed + pending never exceed this */
 BackendStats backend_stats(const Backend *b);
+
+/* ---- Sequences (see the top of this file) ---- */
+
+/* Rows of one sequence in a batch: what backend_forward takes, for sequence seq (mask:
+ * (n, n_pending(seq) + n) over that sequence's pending entries and these rows). */
+typedef struct {
+    int seq;
+    const int *tokens, *pos;
+    int n;
+    const uint8_t *mask;
+} BackendSeg;
+
+/* The KV cache's blocks now. */
+typedef struct {
+    int block_size;   /* BACKEND_KV_BLOCK */
+    int blocks_total; /* kv_capacity / BACKEND_KV_BLOCK, rounded up */
+    int blocks_used;  /* held by the open sequences */
+    int seqs_open;    /* sequence 0 included */
+} BackendKvUsage;
+
+/* Opens an empty sequence: *seq in [1, max_seqs). RS_EFULL when max_seqs are open;
+ * RS_EUNSUPPORTED on a backend of one sequence. */
+int backend_seq_open(Backend *b, int *seq, RsErr *e);
+/* Gives back every block of seq and closes it (seq 0: empties it, it stays open). */
+void backend_seq_close(Backend *b, int seq);
+/* backend_forward over the rows of several sequences, segs[i] rows following segs[i-1]'s:
+ * out_rows index that concatenation (kept rows as backend_forward's). Each sequence at most
+ * once; total rows within max_batch; each segment within its sequence's kv_capacity and
+ * max_pending. RS_EFULL when the blocks the batch needs are not free (the caller may run
+ * fewer sequences, or close one); every failure changes nothing. */
+int backend_forward_batch(Backend *b, const BackendSeg *segs, int n_segs, const int *out_rows,
+                          int n_out, float *logits, RsErr *e);
+/* backend_kv_commit of sequence seq; blocks past its committed entries go back. */
+int backend_seq_commit(Backend *b, int seq, const int *keep, int n_keep, RsErr *e);
+int backend_seq_n_committed(const Backend *b, int seq);
+int backend_seq_n_pending(const Backend *b, int seq);
+/* Blocks a sequence holding `entries` entries needs. */
+int backend_kv_blocks_for(int entries);
+BackendKvUsage backend_kv_usage(const Backend *b);
 
 /* Logits buffers for forward(): host memory it copies into fastest (CUDA: pinned, so the
  * device-to-host copy runs at full speed; CPU: malloc). The caller owns them; free with

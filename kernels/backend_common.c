@@ -8,10 +8,9 @@
 #include <math.h>
 #include <string.h>
 
-int backend_check_forward(const Backend *b, const int *tokens, const int *pos, int n,
-                          const uint8_t *mask, const int *out_rows, int n_out, RsErr *e) {
+int backend_check_segment(const Backend *b, int nc, int np, const int *tokens, const int *pos,
+                          int n, const uint8_t *mask, RsErr *e) {
     const BackendParams *p = &b->params;
-    int nc = b->n_committed, np = b->n_pending;
     int vocab = b->model->cfg.vocab_size;
     if (n <= 0) return rs_err(e, RS_EINVAL, "forward of %d tokens: need at least 1", n);
     if (n > p->max_batch)
@@ -24,9 +23,6 @@ int backend_check_forward(const Backend *b, const int *tokens, const int *pos, i
     if (np + n > p->max_pending)
         return rs_err(e, RS_EINVAL, "batch of %d tokens exceeds max_pending %d (pending %d)", n,
                       p->max_pending, np);
-    if (n_out < 0 || n_out > n)
-        return rs_err(e, RS_EINVAL, "n_out %d outside [0, %d] for a batch of %d tokens", n_out,
-                      n, n);
     for (int i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= vocab)
             return rs_err(e, RS_EINVAL, "token %d at batch index %d outside vocabulary [0, %d)",
@@ -36,10 +32,23 @@ int backend_check_forward(const Backend *b, const int *tokens, const int *pos, i
         if (mask && !mask[(size_t)i * (np + n) + np + i])
             return rs_err(e, RS_EINVAL, "mask row %d does not attend to its own token", i);
     }
+    return RS_OK;
+}
+
+static int check_out_rows(const int *out_rows, int n_out, int n, RsErr *e) {
+    if (n_out < 0 || n_out > n)
+        return rs_err(e, RS_EINVAL, "n_out %d outside [0, %d] for a batch of %d tokens", n_out,
+                      n, n);
     for (int i = 0; i < n_out; i++)
         if (out_rows[i] < 0 || out_rows[i] >= n)
             return rs_err(e, RS_EINVAL, "out_rows[%d] = %d outside [0, %d)", i, out_rows[i], n);
     return RS_OK;
+}
+
+int backend_check_forward(const Backend *b, const int *tokens, const int *pos, int n,
+                          const uint8_t *mask, const int *out_rows, int n_out, RsErr *e) {
+    int rc = backend_check_segment(b, b->n_committed, b->n_pending, tokens, pos, n, mask, e);
+    return rc ? rc : check_out_rows(out_rows, n_out, n, e);
 }
 
 int backend_model_load(const BackendOps *ops, const char *path, const BackendParams *p,
@@ -117,10 +126,9 @@ int backend_rows_copy(Backend *b, const int *rows, int n, float *logits, RsErr *
     return rc;
 }
 
-int backend_check_commit(const Backend *b, const int *keep, int n_keep, uint8_t *seen,
-                         int *identity, RsErr *e) {
+int backend_check_keep(int np, const int *keep, int n_keep, uint8_t *seen, int *identity,
+                       RsErr *e) {
     RS_ASSERT(keep || n_keep == 0);
-    int np = b->n_pending;
     if (n_keep < 0 || n_keep > np)
         return rs_err(e, RS_EINVAL, "kv_commit of %d entries with %d pending", n_keep, np);
     memset(seen, 0, (size_t)np);
@@ -135,6 +143,11 @@ int backend_check_commit(const Backend *b, const int *keep, int n_keep, uint8_t 
         *identity &= keep[i] == i;
     }
     return RS_OK;
+}
+
+int backend_check_commit(const Backend *b, const int *keep, int n_keep, uint8_t *seen,
+                         int *identity, RsErr *e) {
+    return backend_check_keep(b->n_pending, keep, n_keep, seen, identity, e);
 }
 
 int backend_kv_commit(Backend *b, const int *keep, int n_keep, RsErr *e) {
@@ -305,4 +318,112 @@ int backend_rows_gather(Backend *b, const int *rows, const int *ids, int n, floa
                           i, ids[i], vocab);
     if (n > 0) b->ops->rows_gather(b, rows, ids, n, out);
     return RS_OK;
+}
+
+/* ---- sequences ---- */
+
+static int max_seqs(const Backend *b) {
+    return b->params.max_seqs > 1 && b->ops->forward_batch ? b->params.max_seqs : 1;
+}
+
+static int seq_valid(const Backend *b, int seq) {
+    if (seq == 0) return 1;
+    if (seq < 0 || seq >= max_seqs(b)) return 0;
+    int nc = -1, np;
+    b->ops->seq_counts(b, seq, &nc, &np);
+    return nc >= 0;
+}
+
+int backend_kv_blocks_for(int entries) {
+    return (entries + BACKEND_KV_BLOCK - 1) / BACKEND_KV_BLOCK;
+}
+
+int backend_seq_open(Backend *b, int *seq, RsErr *e) {
+    if (!b->ops->seq_open)
+        return rs_err(e, RS_EUNSUPPORTED, "the %s backend runs one sequence at a time",
+                      b->ops->name);
+    return b->ops->seq_open(b, seq, e);
+}
+
+void backend_seq_close(Backend *b, int seq) {
+    if (seq == 0 && !b->ops->seq_close) {
+        backend_kv_reset(b);
+        return;
+    }
+    RS_ASSERT(seq_valid(b, seq));
+    b->ops->seq_close(b, seq);
+}
+
+int backend_seq_n_committed(const Backend *b, int seq) {
+    if (seq == 0) return b->n_committed;
+    RS_ASSERT(seq_valid(b, seq));
+    int nc, np;
+    b->ops->seq_counts(b, seq, &nc, &np);
+    return nc;
+}
+
+int backend_seq_n_pending(const Backend *b, int seq) {
+    if (seq == 0) return b->n_pending;
+    RS_ASSERT(seq_valid(b, seq));
+    int nc, np;
+    b->ops->seq_counts(b, seq, &nc, &np);
+    return np;
+}
+
+static int check_batch(const Backend *b, const BackendSeg *segs, int n_segs, const int *out_rows,
+                       int n_out, RsErr *e) {
+    int total = 0;
+    if (n_segs < 1) return rs_err(e, RS_EINVAL, "forward_batch of %d segments", n_segs);
+    for (int i = 0; i < n_segs; i++) {
+        const BackendSeg *g = &segs[i];
+        if (!seq_valid(b, g->seq))
+            return rs_err(e, RS_EINVAL, "segment %d: sequence %d is not open", i, g->seq);
+        for (int k = 0; k < i; k++)
+            if (segs[k].seq == g->seq)
+                return rs_err(e, RS_EINVAL, "sequence %d appears twice in one batch", g->seq);
+        int rc = backend_check_segment(b, backend_seq_n_committed(b, g->seq),
+                                       backend_seq_n_pending(b, g->seq), g->tokens, g->pos, g->n,
+                                       g->mask, e);
+        if (rc) return rc;
+        total += g->n;
+    }
+    if (total > b->params.max_batch)
+        return rs_err(e, RS_EINVAL, "batch of %d rows exceeds max_batch %d", total,
+                      b->params.max_batch);
+    return check_out_rows(out_rows, n_out, total, e);
+}
+
+int backend_forward_batch(Backend *b, const BackendSeg *segs, int n_segs, const int *out_rows,
+                          int n_out, float *logits, RsErr *e) {
+    if (!b->ops->forward_batch) {
+        if (n_segs != 1 || segs[0].seq != 0)
+            return rs_err(e, RS_EUNSUPPORTED, "the %s backend runs one sequence at a time",
+                          b->ops->name);
+        return backend_forward(b, segs[0].tokens, segs[0].pos, segs[0].n, segs[0].mask,
+                               out_rows, n_out, logits, e);
+    }
+    int rc = check_batch(b, segs, n_segs, out_rows, n_out, e);
+    if (!rc) rc = b->ops->forward_batch(b, segs, n_segs, out_rows, n_out, logits, e);
+    if (rc == RS_OK) {
+        b->n_forwards++;
+        for (int i = 0; i < n_segs; i++) b->n_tokens += (uint64_t)segs[i].n;
+        b->n_kept = n_out;
+        if (logits) b->n_d2h_full_rows += (uint64_t)n_out;
+    }
+    return rc;
+}
+
+int backend_seq_commit(Backend *b, int seq, const int *keep, int n_keep, RsErr *e) {
+    if (seq == 0) return backend_kv_commit(b, keep, n_keep, e);
+    RS_ASSERT(seq_valid(b, seq));
+    return b->ops->seq_commit(b, seq, keep, n_keep, e);
+}
+
+BackendKvUsage backend_kv_usage(const Backend *b) {
+    BackendKvUsage u = {.block_size = BACKEND_KV_BLOCK,
+                        .blocks_total = backend_kv_blocks_for(b->params.kv_capacity),
+                        .seqs_open = 1};
+    if (b->ops->kv_usage) b->ops->kv_usage(b, &u);
+    else u.blocks_used = backend_kv_blocks_for(b->n_committed + b->n_pending);
+    return u;
 }

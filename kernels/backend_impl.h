@@ -58,6 +58,18 @@ struct BackendOps {
     /* Optional: an EAGLE-3 head's layer on this backend (kernels/eagle3_layer.h); NULL:
      * heads do not run here. */
     const Eagle3LayerOps *eagle3_layer;
+    /* Optional, all or none (NULL: one sequence; the common code runs sequence 0's
+     * segment through forward and refuses the rest): backend.h's sequence functions,
+     * arguments checked by the common wrappers (backend_check_segment per segment, seq
+     * ids open, out_rows). forward_batch and seq_commit keep the head's n_committed and
+     * n_pending equal to sequence 0's. */
+    int (*seq_open)(Backend *b, int *seq, RsErr *e);
+    void (*seq_close)(Backend *b, int seq);
+    int (*forward_batch)(Backend *b, const BackendSeg *segs, int n_segs, const int *out_rows,
+                         int n_out, float *logits, RsErr *e);
+    int (*seq_commit)(Backend *b, int seq, const int *keep, int n_keep, RsErr *e);
+    void (*seq_counts)(const Backend *b, int seq, int *n_committed, int *n_pending);
+    void (*kv_usage)(const Backend *b, BackendKvUsage *out);
 };
 
 /* Common state every backend keeps at the head of its own struct (a Backend * is cast to
@@ -80,11 +92,19 @@ struct Backend {
 int backend_check_forward(const Backend *b, const int *tokens, const int *pos, int n,
                           const uint8_t *mask, const int *out_rows, int n_out, RsErr *e);
 
+/* backend_check_forward's checks of one sequence's rows, given its committed and pending
+ * entries (out_rows are checked by the caller). */
+int backend_check_segment(const Backend *b, int nc, int np, const int *tokens, const int *pos,
+                          int n, const uint8_t *mask, RsErr *e);
+
 /* Checks a kv_commit's keep list (0 <= n_keep <= n_pending, each index a pending entry,
  * none twice; seen: the backend's (max_pending) scratch) and sets *identity when keep is
  * 0, 1, ..., n_keep - 1 (the entries are in place already). Every kv_commit op calls it
  * first, so a refused commit changes nothing and reads the same on every backend. */
 int backend_check_commit(const Backend *b, const int *keep, int n_keep, uint8_t *seen,
                          int *identity, RsErr *e);
+/* The same against a sequence's np pending entries. */
+int backend_check_keep(int np, const int *keep, int n_keep, uint8_t *seen, int *identity,
+                       RsErr *e);
 
 #endif

@@ -4,6 +4,7 @@
 int prefill_chunk(const BackendParams *p) {
     int c = p->max_batch < p->max_pending ? p->max_batch : p->max_pending;
     c = c < PREFILL_CHUNK_MAX ? c : PREFILL_CHUNK_MAX;
+    if (p->prefill_chunk > 0 && p->prefill_chunk < c) c = p->prefill_chunk;
     RS_ASSERT(c >= 1);
     return c;
 }

@@ -9,7 +9,8 @@
 
 /* Tokens per prefill chunk on a backend with these parameters: a chunk is one forward()
  * (at most max_batch tokens) whose entries stay pending until its commit (at most
- * max_pending), so the smaller of the two, capped at PREFILL_CHUNK_MAX. */
+ * max_pending), so the smaller of the two, capped at PREFILL_CHUNK_MAX and at
+ * BackendParams.prefill_chunk when set. */
 int prefill_chunk(const BackendParams *p);
 
 /* Forwards tokens[0..n) (n >= 0) at positions n_committed.. and commits them, chunk by

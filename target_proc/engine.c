@@ -11,9 +11,7 @@ static void collect_eog(const Engine *en, int **eog, int *n) {
     *n = k;
 }
 
-/* The settings every backend of the engine shares (the target's, an in-process
- * drafter's); each sets its own batch sizes. */
-static BackendParams engine_backend_params(const EngineOpts *o) {
+BackendParams engine_backend_params(const EngineOpts *o) {
     return (BackendParams){.kv_capacity = o->ctx, .threads = o->threads, .device = o->device,
                            .batch_invariant = o->batch_invariant,
                            .cpu_kernels = o->cpu_kernels};

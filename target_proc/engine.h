@@ -44,6 +44,10 @@ typedef struct {
 
 /* need_drafter: 0 for --decoder ar (no drafter is loaded or contacted). *out is a new
  * Engine the caller owns (engine_destroy), NULL on error. */
+/* The settings every backend of the engine shares (the target's, an in-process drafter's,
+ * a batcher's): context, threads, device, kernel family, batch invariance; each backend
+ * sets its own batch sizes. */
+BackendParams engine_backend_params(const EngineOpts *o);
 int engine_create(const EngineOpts *o, int need_drafter, Engine **out, RsErr *e);
 /* Frees the drafter, target, tokenizer and models; accepts NULL, clears the pointer. */
 void engine_destroy(Engine **en);

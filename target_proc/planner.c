@@ -5,6 +5,7 @@
 #include "planner.h"
 #include "target.h"
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #define ROWS_MAX (TARGET_PASS_MAX + 1)
@@ -39,15 +40,25 @@ struct Planner {
     int asks;
     int fixed;
     double fix_pass1, fix_row, fix_draft;
+    int batched, batch_others, batch_seqs; /* planner_set_batch */
+    struct Planner *accept; /* where the acceptance calibration lives: itself, or the planner
+                               planner_share_accept named (its mu guards it) */
+    pthread_mutex_t mu;
 };
 
 static void ewma_w(double *v, double x, int first, double w) { *v = first ? x : *v + w * (x - *v); }
 static void ewma(double *v, double x, int first) { ewma_w(v, x, first, EWMA); }
 
-Planner *planner_create(void) { return rs_xcalloc(1, sizeof(Planner)); }
+Planner *planner_create(void) {
+    Planner *p = rs_xcalloc(1, sizeof(Planner));
+    p->accept = p;
+    pthread_mutex_init(&p->mu, NULL);
+    return p;
+}
 
 void planner_destroy(Planner **p) {
     if (!p || !*p) return;
+    pthread_mutex_destroy(&(*p)->mu);
     free(*p);
     *p = NULL;
 }
@@ -80,9 +91,19 @@ static int pass_fit(const Planner *p, double *a, double *b) {
 }
 
 /* Expected ns of a target pass of n rows. Before any pass was measured, in units of a
- * one-row pass (the reference rate is then 1 a unit: only ratios matter). */
-static double pass_cost(const Planner *p, int n) {
+ * one-row pass (the reference rate is then 1 a unit: only ratios matter). In a batch, n
+ * of the decode's own rows make a pass of n + others. */
+static double table_cost(const Planner *p, int n);
+
+static double pass_cost(const Planner *p, int n) { return table_cost(p, n + p->batch_others); }
+
+/* Expected ns of a pass of n rows in all. */
+static double table_cost(const Planner *p, int n) {
     if (p->fixed) return p->fix_pass1 + (n - 1) * p->fix_row;
+    /* In a batch a decision turns on the difference of two large passes a few rows apart,
+     * which the per-size averages give mostly as noise: the fitted line instead. */
+    double a, b;
+    if (p->batched && pass_fit(p, &a, &b)) return a + b * (n - 1);
     if (n > ROWS_MAX) n = ROWS_MAX;
     if (p->pass_n[n] >= 3) return p->pass_ns[n];
     int lo = n, hi = n;
@@ -90,7 +111,6 @@ static double pass_cost(const Planner *p, int n) {
     while (hi <= ROWS_MAX && !p->pass_n[hi]) hi++;
     if (lo > 0 && hi <= ROWS_MAX && lo != hi)
         return p->pass_ns[lo] + (p->pass_ns[hi] - p->pass_ns[lo]) * (n - lo) / (hi - lo);
-    double a, b;
     if (pass_fit(p, &a, &b)) return a + b * (n - 1);
     int m = lo > 0 ? lo : hi; /* the one size seen */
     if (m < 1 || m > ROWS_MAX) return 1 + ROW_SLOPE * (n - 1);
@@ -113,11 +133,14 @@ static double wait_cost(const Planner *p, Rule rule, int depth, int n_pend) {
 
 /* The reference rate, tokens per ns: an AR step's, or this rule's recent one if higher. */
 static double ref_rate(const Planner *p, Rule rule, int temp) {
-    double c1 = pass_cost(p, 1), r = c1 > 0 ? 1 / c1 : 0;
-    if (p->fixed) return r; /* nothing measured may move a fixed planner */
+    /* a batch's rate is every sequence's; its AR step is a pass of one row a sequence (not
+     * one row beside the others' trees: their speculation must not cheapen the rows) */
+    int seqs = p->batch_seqs > 1 ? p->batch_seqs : 1;
+    double c1 = p->batched ? table_cost(p, seqs) : pass_cost(p, 1), r = c1 > 0 ? 1 / c1 : 0;
+    if (p->fixed) return seqs * r; /* nothing measured may move a fixed planner */
     double tok = p->rate_tok[rule][temp != 0], ns = p->rate_ns[rule][temp != 0];
     if (ns > 0 && tok / ns > r) r = tok / ns;
-    return r;
+    return seqs * r;
 }
 
 /* ns priced in tokens at rate r; free while nothing is measured. */
@@ -136,7 +159,10 @@ static int bucket_of(double logq) {
 static double accept_prob(const Planner *p, int temp, double logq) {
     int b = bucket_of(logq), t = temp != 0;
     double q = exp(logq);
-    double v = q * (p->acc_a[t][b] + PRIOR_Q * q) / (p->acc_q[t][b] + PRIOR_Q * q);
+    Planner *a = p->accept;
+    pthread_mutex_lock(&a->mu);
+    double v = q * (a->acc_a[t][b] + PRIOR_Q * q) / (a->acc_q[t][b] + PRIOR_Q * q);
+    pthread_mutex_unlock(&a->mu);
     return v < 1 ? v : 1;
 }
 
@@ -241,7 +267,26 @@ PlanAsk planner_before_round(Planner *p, Rule rule, int temp, int n_pend) {
 
 /* ---- observations ------------------------------------------------------------------ */
 
+void planner_share_accept(Planner *p, Planner *with) { p->accept = with ? with : p; }
+
+void planner_set_batch(Planner *p, int others, int seqs) {
+    p->batched = 1;
+    p->batch_others = others > 0 ? others : 0;
+    p->batch_seqs = seqs;
+}
+
+static void observe_rows(Planner *p, int rows, uint64_t ns) {
+    if (rows < 1) return;
+    if (rows > ROWS_MAX) rows = ROWS_MAX;
+    ewma(&p->pass_ns[rows], (double)ns, p->pass_n[rows]++ == 0);
+}
+
+void planner_observe_batch_pass(Planner *p, int total_rows, uint64_t ns) {
+    observe_rows(p, total_rows, ns);
+}
+
 void planner_observe_pass(Planner *p, int rows, uint64_t ns) {
+    if (p->batched) return;
     if (rows < 1) return;
     if (rows > ROWS_MAX) rows = ROWS_MAX;
     ewma(&p->pass_ns[rows], (double)ns, p->pass_n[rows]++ == 0);
@@ -281,8 +326,10 @@ void planner_observe_accept(Planner *p, Rule rule, int temp, const Pool *pool,
         int reached = par < 0 || (sel->rooted_at_x1 && par == 0) || in_list(acc, n_acc, par);
         if (!reached) continue;
         int b = bucket_of(pool->logq[u]);
-        p->acc_a[t][b] += in_list(acc, n_acc, i);
-        p->acc_q[t][b] += exp(pool->logq[u]);
+        pthread_mutex_lock(&p->accept->mu);
+        p->accept->acc_a[t][b] += in_list(acc, n_acc, i);
+        p->accept->acc_q[t][b] += exp(pool->logq[u]);
+        pthread_mutex_unlock(&p->accept->mu);
     }
 }
 

@@ -54,6 +54,21 @@ PlanAsk planner_before_round(Planner *p, Rule rule, int temp, int n_pend);
 PlanChoice planner_choose(Planner *p, Rule rule, int temp, const Pool *pool,
                           const Selection *sel, int x1, int depth);
 
+/* A decode in a batch (batch.h) shares every pass with others: its rows cost what they
+ * add to the batch's pass, and the time they take is priced at the batch's rate, so a
+ * full batch verifies only what is likely to be accepted and speculation fades as it
+ * fills. others: the rows the other sequences bring to a pass; seqs: the sequences
+ * sharing it (1 and 0: alone). From the first call on, the decode's own
+ * planner_observe_pass calls are ignored (they time a shared pass by one sequence's rows);
+ * planner_observe_batch_pass records the passes by their total rows instead. */
+void planner_set_batch(Planner *p, int others, int seqs);
+/* p's acceptance calibration (how often a candidate of a given draft probability is
+ * accepted: a property of the drafter and the text, not of one decode) becomes with's, so
+ * the planners of a batch's decodes learn it together instead of each from its own rounds.
+ * Thread-safe on with; with must outlive p. NULL: p's own again. */
+void planner_share_accept(Planner *p, Planner *with);
+void planner_observe_batch_pass(Planner *p, int total_rows, uint64_t ns);
+
 /* Observations. A pass of `rows` rows took ns. */
 void planner_observe_pass(Planner *p, int rows, uint64_t ns);
 /* A pool arrived after a commit of n_commit tokens: its own timings; total_ns from the

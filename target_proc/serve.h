@@ -14,6 +14,7 @@
 #include "common/tokenizer.h"
 #include "decode.h"
 #include "engine.h"
+#include "batch.h"
 #include <stddef.h>
 #include <stdint.h>
 
@@ -231,5 +232,7 @@ void serve_metrics_itl(ServeMetrics *m, double gap, int n);
 void serve_metrics_round(ServeMetrics *m, int tokens, int fallback_ar);
 /* Prometheus text exposition (version 0.0.4), malloc'd; queued/running: the gauges. */
 char *serve_metrics_render(ServeMetrics *m, int queued, int running);
+/* The same with a batcher's gauges and counters (batch NULL: none). */
+char *serve_metrics_render_batch(ServeMetrics *m, int queued, int running, const BatchStats *batch);
 
 #endif

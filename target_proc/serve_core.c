@@ -1,10 +1,22 @@
 /* The decode worker, its queue and the jobs (serve_core.h). */
 #include "serve_core.h"
+#include "draft_proc/drafter_open.h"
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <time.h>
+
+/* A worker: the engine's target and drafter (parallel 1), or a batcher view with a
+ * planner and a drafter of its own. */
+typedef struct {
+    struct ServeCore *c;
+    Target *t;
+    Drafter *d;
+    Planner *planner;
+    ServeJob *job; /* under c->mu: the job it decodes */
+    pthread_t thread;
+} Slot;
 
 struct ServeCore {
     Engine *en;
@@ -14,11 +26,13 @@ struct ServeCore {
     pthread_cond_t cv;
     ServeJob **queue; /* ring of cfg.queue_max */
     int head, count;
-    ServeJob *running;
+    int n_running;    /* slots with a job */
     int quit;
     uint64_t next_id;
     pthread_mutex_t enc_mu; /* tokenizer calls from connection threads, one at a time */
-    pthread_t worker;
+    Batcher *bt;      /* parallel > 1 */
+    Slot *slots;      // (parallel)
+    int n_slots;
 };
 
 struct ServeJob {
@@ -264,18 +278,55 @@ static int core_stopping(ServeCore *c) {
     return quit;
 }
 
-static void job_run(ServeCore *c, ServeJob *j) {
+/* Waits until the batcher has the blocks the job's prompt and first round need (other
+ * decodes finish or grow); 0 when the job was cancelled meanwhile. */
+static int job_admit(ServeCore *c, ServeJob *j, int n_prompt) {
+    int need = backend_kv_blocks_for(n_prompt + decode_round_reserve(&j->d));
+    while (!batcher_wait_blocks(c->bt, need, 100))
+        if (atomic_load(&j->cancelled)) return 0;
+    return 1;
+}
+
+/* The decode on the slot; a preempted one goes on from what it emitted (the prompt and
+ * its output so far as the new prompt: recompute), so nothing streamed is repeated. */
+static int job_decode(ServeCore *c, Slot *sl, ServeJob *j, DecodeResult *res, RsErr *e) {
+    DecodeHooks h = {on_tokens, on_round, on_event, j, should_stop, j->req.logprobs ? on_rows : NULL};
+    DecodeOpts d = j->d;
+    if (d.planner && sl->planner) d.planner = sl->planner;
+    int *ids = rs_xmalloc(sizeof(int) * (size_t)(j->n_ids + d.max_new + ROUND_MAX_EMIT));
+    memcpy(ids, j->ids, sizeof(int) * (size_t)j->n_ids);
+    int n_ids = j->n_ids, done = 0, rc;
+    res->hit_eos = 0;
+    for (;;) {
+        if (c->bt && !job_admit(c, j, n_ids)) {
+            rc = RS_OK;
+            break;
+        }
+        DecodeResult part = {.tokens = ids + n_ids, .cap = res->cap - done};
+        d.max_new = j->d.max_new - done;
+        rc = decode_run(sl->t, sl->d, ids, n_ids, &d, &h, &part, e);
+        if (c->bt) batcher_leave(sl->t);
+        done += part.n_tokens;
+        n_ids += part.n_tokens;
+        res->hit_eos = part.hit_eos;
+        if (!(rc == RS_EFULL && c->bt && batcher_preempted(sl->t)) || done >= j->d.max_new) break;
+        fprintf(stderr, "rootspec-serve: %s: preempted after %d tokens; recomputing\n",
+                j->meta.id, done);
+    }
+    res->n_tokens = done;
+    free(ids);
+    return rc;
+}
+
+static void job_run(ServeCore *c, Slot *sl, ServeJob *j) {
     if (atomic_load(&j->cancelled)) {
         job_end(j, FINISH_CANCELLED, NULL, 0, NULL);
         return;
     }
-    DecodeHooks h = {on_tokens, on_round, on_event, j, should_stop, j->req.logprobs ? on_rows : NULL};
     DecodeResult res = {0};
     res.cap = j->d.max_new + ROUND_MAX_EMIT;
-    res.tokens = rs_xmalloc(sizeof(int) * (size_t)res.cap);
     RsErr e = {0};
-    int rc = decode_run(c->en->target, c->en->drafter, j->ids, j->n_ids, &j->d, &h, &res, &e);
-    free(res.tokens);
+    int rc = job_decode(c, sl, j, &res, &e);
     char why[1100];
     snprintf(why, sizeof why, "decode failed: %s", e.msg);
     if (rc) job_end(j, FINISH_ERROR, NULL, 500, why);
@@ -287,7 +338,8 @@ static void job_run(ServeCore *c, ServeJob *j) {
 }
 
 static void *worker_main(void *arg) {
-    ServeCore *c = arg;
+    Slot *sl = arg;
+    ServeCore *c = sl->c;
     pthread_mutex_lock(&c->mu);
     for (;;) {
         while (!c->count && !c->quit) pthread_cond_wait(&c->cv, &c->mu);
@@ -295,11 +347,13 @@ static void *worker_main(void *arg) {
         ServeJob *j = c->queue[c->head];
         c->head = (c->head + 1) % c->cfg.queue_max;
         c->count--;
-        c->running = j;
+        sl->job = j;
+        c->n_running++;
         pthread_mutex_unlock(&c->mu);
-        job_run(c, j);
+        job_run(c, sl, j);
         pthread_mutex_lock(&c->mu);
-        c->running = NULL;
+        sl->job = NULL;
+        c->n_running--;
         serve_job_unref(&j);
     }
     pthread_mutex_unlock(&c->mu);
@@ -308,18 +362,70 @@ static void *worker_main(void *arg) {
 
 /* ---- the core -------------------------------------------------------------------------- */
 
-void serve_core_create(Engine *en, const ServeConfig *cfg, ServeMetrics *m, ServeCore **out) {
+/* The workers' targets, planners and drafters: the engine's own for parallel 1. */
+static int slots_make(ServeCore *c, RsErr *e) {
+    Engine *en = c->en;
+    c->n_slots = c->cfg.parallel > 1 ? c->cfg.parallel : 1;
+    c->slots = rs_xcalloc((size_t)c->n_slots, sizeof(Slot));
+    if (c->n_slots == 1) {
+        c->slots[0] = (Slot){.c = c, .t = en->target, .d = en->drafter};
+        return RS_OK;
+    }
+    const BackendOps *ops = backend_ops_by_name(backend_name(target_backend(en->target)), e);
+    BatchOpts bo = c->cfg.batch;
+    bo.parallel = c->n_slots;
+    int rc = ops ? batcher_create(en->target_model, ops, &bo, &c->bt, e) : RS_EINVAL;
+    for (int i = 0; !rc && i < c->n_slots; i++) {
+        Slot *sl = &c->slots[i];
+        sl->c = c;
+        const uint8_t *eog = en->target->eog;
+        int *ids = rs_xmalloc(sizeof(int) * (size_t)en->target->vocab), n = 0;
+        for (int v = 0; v < en->target->vocab; v++)
+            if (eog[v]) ids[n++] = v;
+        rc = batcher_target(c->bt, ids, n, &sl->t, e);
+        free(ids);
+        sl->planner = planner_create();
+        if (!rc) batcher_plan(sl->t, sl->planner);
+        planner_share_accept(sl->planner, en->planner);
+        DrafterHost host = {.model = en->target_model, .tok = en->tok, .backend = c->cfg.batch.backend};
+        if (!rc && c->cfg.slot_drafter) rc = drafter_open(c->cfg.slot_drafter, &host, &sl->d, e);
+    }
+    return rc;
+}
+
+static void slots_free(ServeCore *c) {
+    for (int i = 0; c->bt && i < c->n_slots; i++) {
+        drafter_destroy(&c->slots[i].d);
+        planner_destroy(&c->slots[i].planner);
+        target_destroy(&c->slots[i].t);
+    }
+    batcher_destroy(&c->bt);
+    free(c->slots);
+    c->slots = NULL;
+}
+
+int serve_core_create(Engine *en, const ServeConfig *cfg, ServeMetrics *m, ServeCore **out,
+                      RsErr *e) {
     RS_ASSERT(cfg->queue_max >= 1);
+    *out = NULL;
     ServeCore *c = rs_xcalloc(1, sizeof *c);
     c->en = en;
     c->cfg = *cfg;
     c->metrics = m;
+    int rc = slots_make(c, e);
+    if (rc) {
+        slots_free(c);
+        free(c);
+        return rc;
+    }
     c->queue = rs_xcalloc((size_t)cfg->queue_max, sizeof *c->queue);
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->enc_mu, NULL);
     pthread_cond_init(&c->cv, NULL);
-    RS_ASSERT(pthread_create(&c->worker, NULL, worker_main, c) == 0);
+    for (int i = 0; i < c->n_slots; i++)
+        RS_ASSERT(pthread_create(&c->slots[i].thread, NULL, worker_main, &c->slots[i]) == 0);
     *out = c;
+    return RS_OK;
 }
 
 int serve_core_submit(ServeCore *c, ServeJob *j, ServeError *se) {
@@ -341,7 +447,7 @@ int serve_core_submit(ServeCore *c, ServeJob *j, ServeError *se) {
 void serve_core_counts(ServeCore *c, int *queued, int *running) {
     pthread_mutex_lock(&c->mu);
     *queued = c->count;
-    *running = c->running != NULL;
+    *running = c->n_running;
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -396,11 +502,12 @@ void serve_core_stop(ServeCore *c) {
     pthread_mutex_lock(&c->mu);
     int was = c->quit;
     c->quit = 1;
-    if (c->running) serve_job_cancel(c->running);
+    for (int i = 0; i < c->n_slots; i++)
+        if (c->slots[i].job) serve_job_cancel(c->slots[i].job);
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     if (was) return;
-    pthread_join(c->worker, NULL);
+    for (int i = 0; i < c->n_slots; i++) pthread_join(c->slots[i].thread, NULL);
     for (; c->count; c->count--) {
         ServeJob *j = c->queue[c->head];
         c->head = (c->head + 1) % c->cfg.queue_max;
@@ -413,10 +520,19 @@ void serve_core_destroy(ServeCore **pc) {
     if (!pc || !*pc) return;
     ServeCore *c = *pc;
     serve_core_stop(c);
+    slots_free(c);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->enc_mu);
     pthread_cond_destroy(&c->cv);
     free(c->queue);
     free(c);
     *pc = NULL;
+}
+
+char *serve_core_metrics_text(ServeCore *c) {
+    int queued, running;
+    serve_core_counts(c, &queued, &running);
+    BatchStats bs;
+    if (c->bt) bs = batcher_stats(c->bt);
+    return serve_metrics_render_batch(c->metrics, queued, running, c->bt ? &bs : NULL);
 }

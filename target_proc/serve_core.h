@@ -1,31 +1,43 @@
-/* The decode side of rootspec-serve: one worker thread owns the engine and runs one job at
- * a time from a bounded queue; connection threads create jobs, submit them and wait for
- * their output. A job is shared by its connection and the core (reference counted), so
+/* The decode side of rootspec-serve: worker threads take jobs from a bounded queue;
+ * connection threads create jobs, submit them and wait for their output. With parallel 1
+ * one worker owns the engine's target and runs one job at a time; with parallel N, N
+ * workers each decode on a view of a batcher (batch.h), whose passes carry the rows of
+ * every running decode (continuous batching), each with a planner and a suffix drafter
+ * of its own. A job is shared by its connection and the core (reference counted), so
  * either side may go first: a client that disconnects cancels its job, which the worker
  * skips if it is still queued or stops before its next round. */
 #ifndef ROOTSPEC_SERVE_CORE_H
 #define ROOTSPEC_SERVE_CORE_H
 #include "serve.h"
+#include "batch.h"
 
 typedef struct {
     const char *model_name;
     int queue_max;     /* jobs that may wait while one decodes */
     DecodeOpts dflt;   /* rule, budget, temp, seed, max_new when a request omits them */
+    int parallel;      /* decodes at once (>= 1); > 1 runs them on a batcher */
+    BatchOpts batch;   /* parallel > 1: the batcher's sizes (batch.parallel = parallel) */
+    /* parallel > 1 with a drafter: each worker's own (the suffix kind); NULL: none */
+    const DrafterSpec *slot_drafter;
 } ServeConfig;
 
 typedef struct ServeCore ServeCore;
 typedef struct ServeJob ServeJob;
 
-/* Starts the worker. Borrows en, m and cfg->model_name (they outlive the core). */
-void serve_core_create(Engine *en, const ServeConfig *cfg, ServeMetrics *m, ServeCore **out);
-/* Stops the worker: the running job is stopped and, like the queued ones, ends with a 503;
- * later submissions get a 503. Connections may still read their jobs. Idempotent. */
+/* Starts the workers. Borrows en, m and cfg's strings (they outlive the core). Fails
+ * (with e set) only when the batcher or a worker's drafter cannot be made. */
+int serve_core_create(Engine *en, const ServeConfig *cfg, ServeMetrics *m, ServeCore **out,
+                      RsErr *e);
+/* Stops the workers: the running jobs are cancelled, queued ones end with a 503, later
+ * submissions get a 503. Connections may still read their jobs. Idempotent. */
 void serve_core_stop(ServeCore *c);
 /* serve_core_stop, then frees the core (no connection may use it any more). Clears *c. */
 void serve_core_destroy(ServeCore **c);
 /* Jobs waiting and decoding now. */
 void serve_core_counts(ServeCore *c, int *queued, int *running);
 ServeMetrics *serve_core_metrics(ServeCore *c);
+/* The /metrics text: serve_metrics_render's, and the batcher's gauges when there is one. */
+char *serve_core_metrics_text(ServeCore *c);
 const char *serve_core_model(const ServeCore *c);
 /* The model's context length in tokens. */
 int serve_core_context(const ServeCore *c);

@@ -332,16 +332,13 @@ static enum MHD_Result route(ServeHttp *h, struct MHD_Connection *c, const char 
     ServeError se;
     ServeRoute rt;
     if (serve_gate_check(h->o.gate, &hd, &rt, &se)) return reply_error(h, c, &se);
-    int queued, running;
     switch (rt) {
     case ROUTE_HEALTH: return reply(h, c, 200, strdup("{\"status\":\"ok\"}"), "application/json");
     case ROUTE_MODELS:
         return reply(h, c, 200, serve_models_json(serve_core_model(h->core), 0, serve_core_context(h->core)),
                      "application/json");
     case ROUTE_METRICS:
-        serve_core_counts(h->core, &queued, &running);
-        return reply(h, c, 200, serve_metrics_render(serve_core_metrics(h->core), queued, running),
-                     "text/plain; version=0.0.4");
+        return reply(h, c, 200, serve_core_metrics_text(h->core), "text/plain; version=0.0.4");
     case ROUTE_TOKENIZE: return handle_tokenize(h, c, cs);
     case ROUTE_DETOKENIZE: return handle_detokenize(h, c, cs);
     default: return handle_completion(h, c, rt == ROUTE_CHAT ? SERVE_CHAT : SERVE_COMPLETION, cs);

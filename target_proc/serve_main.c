@@ -1,6 +1,7 @@
 /* rootspec-serve: the engine behind an OpenAI-compatible HTTP API (chat and text
  * completions, streamed over server-sent events or whole), with /health, /v1/models and
- * Prometheus /metrics. One decode at a time; see serve.h for the pieces. */
+ * Prometheus /metrics. One decode at a time, or --parallel N of them batched into shared
+ * passes; see serve.h and batch.h for the pieces. */
 #include "common/cli.h"
 #include "engine_cli.h"
 #include "serve_http.h"
@@ -16,8 +17,14 @@ static void usage(FILE *f) {
             "  --port N              TCP port (default 8080; 0: any free port, printed at start)\n"
             "  --model-name NAME     the model id clients name (default: the model file's name)\n"
             "  --max-tokens N        output cap of a request without max_tokens (default 512)\n"
-            "  --queue N             requests that may wait while one decodes; more get a 429\n"
+            "  --queue N             requests that may wait while others decode; more get a 429\n"
             "                        (default 16)\n"
+            "  --parallel N          decodes at once, batched into shared passes (default 1)\n"
+            "  --batch-rows N        --parallel: most rows one pass carries (default 64)\n"
+            "  --prefill-chunk N     --parallel: prompt rows a request adds to one pass, so a long\n"
+            "                        prompt holds running decodes back by one chunk (default 32)\n"
+            "  --kv-entries N        --parallel: KV cache entries all requests share, in blocks of\n"
+            "                        16 (default N x --ctx); a request holds what its length needs\n"
             "  --max-body BYTES      largest request body; larger ones get a 413 (default 1048576)\n"
             "  --max-connections N   open connections at once (default 512)\n"
             "  --max-connections-per-client N\n"
@@ -58,7 +65,33 @@ typedef struct {
     ServeGate gate;
     const char *allowed_hosts;
     int no_auth;
+    int parallel, batch_rows, prefill_chunk, kv_entries;
 } Args;
+
+/* The drafter each batched worker opens: the engine's options, in process. */
+static DrafterSpec slot_spec(const Args *A) {
+    return (DrafterSpec){.kind = A->eo.drafter_kind, .model_path = A->eo.draft_model_path,
+                         .layers = A->eo.draft_layers, .corpus_path = A->eo.draft_corpus,
+                         .endpoint = A->eo.draft_endpoint};
+}
+
+/* --parallel's sizes, and a drafter every worker can have of its own. */
+static int batch_args(Args *A, RsErr *e) {
+    if (A->batch_rows < A->prefill_chunk)
+        return rs_err(e, RS_EINVAL, "--batch-rows %d is below --prefill-chunk %d", A->batch_rows,
+                      A->prefill_chunk);
+    if (A->parallel <= 1) return RS_OK;
+    DrafterSpec s = slot_spec(A);
+    if (A->d.rule != RULE_AR && drafter_spec_kind(&s) != DRAFTER_KIND_SUFFIX)
+        return rs_err(e, RS_EINVAL, "--parallel %d: a batch decodes with --drafter suffix (each "
+                      "request keeps its own) or --decoder ar, not a %s drafter", A->parallel,
+                      drafter_kind_name(drafter_spec_kind(&s)));
+    if (!A->kv_entries) A->kv_entries = A->parallel * A->eo.ctx;
+    if (A->kv_entries < A->eo.ctx)
+        return rs_err(e, RS_EINVAL, "--kv-entries %d is below --ctx %d (one request must fit)",
+                      A->kv_entries, A->eo.ctx);
+    return RS_OK;
+}
 
 static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
     for (int i = 1; i < argc; i++) {
@@ -81,7 +114,8 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
                                           "--queue", "--max-body", "--max-connections",
                                           "--max-connections-per-client", "--timeout",
                                           "--request-timeout", "--allowed-hosts", "--api-key",
-                                          "--api-key-file"};
+                                          "--api-key-file", "--parallel", "--batch-rows",
+                                          "--prefill-chunk", "--kv-entries"};
         size_t k = 0;
         while (k < sizeof own / sizeof own[0] && strcmp(a, own[k])) k++;
         if (k == sizeof own / sizeof own[0]) return rs_err(e, RS_EINVAL, "unknown option '%s' (see --help)", a);
@@ -96,6 +130,10 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
         } else if (!strcmp(a, "--api-key-file")) rc = serve_gate_key_file(&A->gate, v, e);
         else if (!strcmp(a, "--max-tokens")) rc = cli_int(a, v, 1, 1 << 20, &A->d.max_new, e);
         else if (!strcmp(a, "--queue")) rc = cli_int(a, v, 1, 4096, &A->queue, e);
+        else if (!strcmp(a, "--parallel")) rc = cli_int(a, v, 1, 256, &A->parallel, e);
+        else if (!strcmp(a, "--batch-rows")) rc = cli_int(a, v, 1, 4096, &A->batch_rows, e);
+        else if (!strcmp(a, "--prefill-chunk")) rc = cli_int(a, v, 1, 256, &A->prefill_chunk, e);
+        else if (!strcmp(a, "--kv-entries")) rc = cli_int(a, v, 16, 1 << 24, &A->kv_entries, e);
         else if (!strcmp(a, "--max-body")) {
             if (!(rc = cli_int(a, v, 1024, 1 << 30, &n, e))) A->http.max_body = (size_t)n;
         } else if (!strcmp(a, "--max-connections")) rc = cli_int(a, v, 2, 4096, &A->http.max_conn, e);
@@ -118,7 +156,8 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
     A->http.gate = &A->gate;
     if (A->rt.threads == 0) A->rt.threads = cli_cpus_available(); /* --threads not given */
     engine_cli_runtime(&A->eo, &A->rt);
-    return engine_cli_check(&A->eo, &A->d, e);
+    rc = engine_cli_check(&A->eo, &A->d, e);
+    return rc ? rc : batch_args(A, e);
 }
 
 /* The model id: --model-name, else the model path's last component. */
@@ -132,12 +171,23 @@ static const char *model_id(const Args *A) {
 static int serve(Args *A, Engine *en, const sigset_t *sigs) {
     ServeMetrics *m = NULL;
     serve_metrics_create(&m);
-    ServeConfig cfg = {.model_name = model_id(A), .queue_max = A->queue, .dflt = A->d};
+    DrafterSpec spec = slot_spec(A);
+    ServeConfig cfg = {.model_name = model_id(A), .queue_max = A->queue, .dflt = A->d,
+                       .parallel = A->parallel,
+                       .batch = {.row_budget = A->batch_rows, .prefill_chunk = A->prefill_chunk,
+                                 .kv_entries = A->kv_entries, .seq_capacity = A->eo.ctx,
+                                 .backend = engine_backend_params(&A->eo)},
+                       .slot_drafter = A->d.rule != RULE_AR ? &spec : NULL};
     ServeCore *core = NULL;
-    serve_core_create(en, &cfg, m, &core);
-    ServeHttp *http = NULL;
     RsErr e = {0};
-    int rc = serve_http_start(core, &A->http, &http, &e);
+    int rc = serve_core_create(en, &cfg, m, &core, &e);
+    if (rc) {
+        fprintf(stderr, "rootspec-serve: %s\n", e.msg);
+        serve_metrics_destroy(&m);
+        return cli_exit_status(rc);
+    }
+    ServeHttp *http = NULL;
+    rc = serve_http_start(core, &A->http, &http, &e);
     if (rc) fprintf(stderr, "rootspec-serve: %s\n", e.msg);
     else {
         char smp[SAMPLING_STR], budget[16] = "auto";
@@ -167,7 +217,7 @@ int main(int argc, char **argv) {
               .d = {.rule = RULE_AR, .budget = 59, .seed = 1, .max_new = 512},
               .http = {.host = "127.0.0.1", .port = 8080, .max_body = 1 << 20, .max_conn = 512,
                        .max_conn_ip = 16, .timeout = 60, .request_timeout = 10},
-              .queue = 16};
+              .queue = 16, .parallel = 1, .batch_rows = 64, .prefill_chunk = 32};
     A.rt.threads = 0; /* the CPUs this process may use, unless --threads says */
     RsErr e = {0};
     int rc = parse_args(argc, argv, &A, &e);

@@ -135,7 +135,35 @@ static void labelled_print(FILE *f, const ServeMetrics *m) {
                 (unsigned long long)m->finished[i]);
 }
 
+/* The batcher's part of /metrics. */
+static void batch_print(FILE *f, int queued, const BatchStats *b) {
+    fprintf(f, "# HELP rootspec_sequences_running Sequences decoding in the batch now.\n"
+               "# TYPE rootspec_sequences_running gauge\nrootspec_sequences_running %d\n",
+            b->active);
+    fprintf(f, "# HELP rootspec_sequences_waiting Requests waiting for a place in the batch.\n"
+               "# TYPE rootspec_sequences_waiting gauge\nrootspec_sequences_waiting %d\n", queued);
+    counter_print(f, "rootspec_batch_passes_total", "Batched forward passes.", b->passes);
+    counter_print(f, "rootspec_batch_rows_total",
+                  "Rows those passes carried (rows per pass: its rate over the passes').", b->rows);
+    fprintf(f, "# HELP rootspec_batch_pass_seconds_total Time the passes took.\n"
+               "# TYPE rootspec_batch_pass_seconds_total counter\nrootspec_batch_pass_seconds_total %.6f\n",
+            b->pass_ns * 1e-9);
+    fprintf(f, "# HELP rootspec_batch_last_rows Rows of the last pass.\n"
+               "# TYPE rootspec_batch_last_rows gauge\nrootspec_batch_last_rows %d\n", b->last_rows);
+    fprintf(f, "# HELP rootspec_kv_blocks_used KV cache blocks held by sequences.\n"
+               "# TYPE rootspec_kv_blocks_used gauge\nrootspec_kv_blocks_used %d\n", b->blocks_used);
+    fprintf(f, "# HELP rootspec_kv_blocks_free KV cache blocks free.\n"
+               "# TYPE rootspec_kv_blocks_free gauge\nrootspec_kv_blocks_free %d\n",
+            b->blocks_total - b->blocks_used);
+    counter_print(f, "rootspec_preemptions_total",
+                  "Decodes preempted for KV blocks (recomputed later).", b->preemptions);
+}
+
 char *serve_metrics_render(ServeMetrics *m, int queued, int running) {
+    return serve_metrics_render_batch(m, queued, running, NULL);
+}
+
+char *serve_metrics_render_batch(ServeMetrics *m, int queued, int running, const BatchStats *batch) {
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
@@ -158,6 +186,7 @@ char *serve_metrics_render(ServeMetrics *m, int queued, int running) {
                "# TYPE rootspec_queue_depth gauge\nrootspec_queue_depth %d\n", queued);
     fprintf(f, "# HELP rootspec_requests_running Requests decoding now.\n"
                "# TYPE rootspec_requests_running gauge\nrootspec_requests_running %d\n", running);
+    if (batch) batch_print(f, queued, batch);
     int rc = fclose(f);
     RS_ASSERT(rc == 0 && text);
     return text;

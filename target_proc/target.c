@@ -3,23 +3,26 @@
 #include "kernels/prefill.h"
 #include <string.h>
 
-/* Most tokens in one forward(): the tree pass (root included) and a prefill chunk. */
-#define MAX_BATCH 256
+#define MAX_BATCH TARGET_MAX_BATCH
 
 int target_create(const Model *m, const BackendOps *ops, const BackendParams *params,
                   const int *eog, int n_eog, Target **out, RsErr *e) {
     *out = NULL;
-    Target *t = rs_xcalloc(1, sizeof *t);
-    t->m = m;
-    t->vocab = m->cfg.vocab_size;
     BackendParams bp = *params;
     bp.max_batch = MAX_BATCH;
     bp.max_pending = TARGET_PASS_MAX + 2;
-    int rc = backend_create(ops, m, &bp, &t->b, e);
-    if (rc) {
-        free(t);
-        return rc;
-    }
+    Backend *b = NULL;
+    int rc = backend_create(ops, m, &bp, &b, e);
+    if (rc) return rc;
+    target_create_on(b, eog, n_eog, out);
+    return RS_OK;
+}
+
+void target_create_on(Backend *b, const int *eog, int n_eog, Target **out) {
+    Target *t = rs_xcalloc(1, sizeof *t);
+    t->b = b;
+    t->m = backend_model(b);
+    t->vocab = t->m->cfg.vocab_size;
     t->eog = rs_xcalloc((size_t)t->vocab, 1);
     for (int i = 0; i < n_eog; i++)
         if (eog[i] >= 0 && eog[i] < t->vocab) t->eog[eog[i]] = 1;
@@ -27,7 +30,6 @@ int target_create(const Model *m, const BackendOps *ops, const BackendParams *pa
     t->mask = rs_xmalloc((size_t)(TARGET_PASS_MAX + 1) * (TARGET_PASS_MAX + 2));
     t->pool = rs_xmalloc(sizeof(Pool));
     *out = t;
-    return RS_OK;
 }
 
 void target_destroy(Target **pt) {

@@ -12,6 +12,9 @@
  * the expanded pool nodes, whose rows give every candidate's target probability. */
 #define TARGET_PASS_MAX (TREE_MAX + 1 + POOL_N_EXPANDED)
 
+/* Most tokens in one forward(): the tree pass (root included) and a prefill chunk. */
+#define TARGET_MAX_BATCH 256
+
 /* The nodes of one tree pass: pool nodes (parents first) plus possibly X1 off the pool. */
 typedef struct {
     int n;
@@ -41,6 +44,8 @@ typedef struct Target {
  * ids; out-of-vocabulary ones are ignored). */
 int target_create(const Model *m, const BackendOps *ops, const BackendParams *bp,
                   const int *eog, int n_eog, Target **out, RsErr *e);
+/* The same over a backend made elsewhere (a batcher's view, batch.h); the target owns it. */
+void target_create_on(Backend *b, const int *eog, int n_eog, Target **out);
 void target_destroy(Target **t);
 Backend *target_backend(Target *t);
 int target_kv_capacity(const Target *t);

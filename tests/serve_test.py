@@ -933,6 +933,113 @@ def test_nonfinite_model():
         check("and stops cleanly", s.stop() == 0)
 
 
+# ---- --parallel: continuous batching --------------------------------------------------
+
+BATCH_PROMPTS = ["What is the capital of France?", "Name three colours.",
+                 "Explain in two sentences why the sky is blue.", "Count from one to ten.",
+                 "Write a haiku about the sea.", "What is 12 times 7?",
+                 "Give me a short recipe for pancakes with eggs, flour and milk, step by step.",
+                 "Translate 'good morning' into Spanish and German.", "Who wrote Hamlet?",
+                 "List four planets of the solar system.", "What does a CPU do?",
+                 "Summarize the plot of Cinderella in one sentence."]
+
+
+def stream_raw(port, content, max_tokens, extra=None, drop_after=None):
+    """A streamed chat completion over a raw socket: (text, finish_reason); with drop_after,
+    the connection is cut after that many data frames and (None, None) comes back."""
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+            "stream": True, "temperature": 0}
+    body.update(extra or {})
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    c.request("POST", "/v1/chat/completions", body=json.dumps(body),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        return f"HTTP {r.status}", None
+    parts, finish, frames = [], None, 0
+    for raw in r:
+        line = raw.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        frames += 1
+        if drop_after is not None and frames >= drop_after:
+            c.sock.shutdown(socket.SHUT_RDWR)
+            c.close()
+            return None, None
+        for ch in json.loads(line[6:]).get("choices", []):
+            parts.append(ch["delta"].get("content") or "")
+            finish = ch.get("finish_reason") or finish
+    c.close()
+    return "".join(parts), finish
+
+
+def run_all(port, jobs, concurrency):
+    """jobs: (args, kwargs) of stream_raw; results in order, exceptions as values."""
+    out, lock, nxt = [None] * len(jobs), threading.Lock(), [0]
+
+    def worker():
+        while True:
+            with lock:
+                i = nxt[0]
+                nxt[0] += 1
+            if i >= len(jobs):
+                return
+            try:
+                out[i] = stream_raw(port, *jobs[i][0], **jobs[i][1])
+            except Exception as e:  # noqa: BLE001 - reported by the caller
+                out[i] = (e, None)
+    ts = [threading.Thread(target=worker) for _ in range(concurrency)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    return out
+
+
+def test_batched():
+    refs = [target_text("--prompt", p, "--chat", "--max-new", "24") for p in BATCH_PROMPTS]
+    s = Server("--parallel", "8", "--decoder", "draft", "--drafter", "suffix", "--budget", "auto",
+               "--prefill-chunk", "16", "--queue", "256")
+    jobs = [((p, 24), {}) for p in BATCH_PROMPTS]
+    out = run_all(s.port, jobs, 8)
+    bad = [i for i, (t, _) in enumerate(out) if t != refs[i]]
+    check("--parallel 8: 12 prompts of different lengths at once, each T=0 text equals its "
+          "solo rootspec-target text", not bad, str([(out[i], refs[i]) for i in bad[:2]]))
+    seeded = {"temperature": 1, "seed": 11, "rootspec": {"decoder": "ar"}}
+    alone = stream_raw(s.port, BATCH_PROMPTS[2], 20, seeded)
+    load = [((p, 24), {}) for p in BATCH_PROMPTS[:6]] + [((BATCH_PROMPTS[2], 20, seeded), {})]
+    out = run_all(s.port, load, 7)
+    check("--parallel 8: a seeded T=1 request samples the same text under load as alone",
+          out[-1] == alone and alone[0], f"{out[-1]} vs {alone}")
+    rng = __import__("random").Random(5)
+    jobs = [((BATCH_PROMPTS[i % 12] + f" (request {i})", 8 + i % 5),
+             {"drop_after": rng.randint(1, 4)} if rng.random() < 0.25 else {}) for i in range(200)]
+    out = run_all(s.port, jobs, 16)
+    lost = [i for i, (j, o) in enumerate(zip(jobs, out))
+            if "drop_after" not in j[1] and not (isinstance(o[0], str) and o[1] in ("length", "stop"))]
+    time.sleep(0.5)
+    check("--parallel 8: 200 requests at concurrency 16 with random disconnects, none lost",
+          not lost, str([out[i] for i in lost[:3]]))
+    check("--parallel 8: afterwards every KV block is free and no sequence runs",
+          s.metric("rootspec_kv_blocks_used") == 0 and s.metric("rootspec_sequences_running") == 0,
+          f"{s.metric('rootspec_kv_blocks_used')} blocks used")
+    check("--parallel 8: passes carried several rows",
+          s.metric("rootspec_batch_rows_total") > 1.5 * s.metric("rootspec_batch_passes_total"))
+    check("the batched server stops with status 0 on SIGTERM", s.stop() == 0)
+
+
+def test_preempt():
+    prompts = [f"Write a very long story about a {w}." for w in ("dragon", "ship", "robot", "garden")]
+    refs = [target_text("--prompt", p, "--chat", "--max-new", "200", "--ctx", "256") for p in prompts]
+    s = Server("--parallel", "4", "--ctx", "256", "--kv-entries", "256")
+    out = run_all(s.port, [((p, 200), {}) for p in prompts], 4)
+    bad = [i for i, (t, _) in enumerate(out) if t != refs[i]]
+    check("--kv-entries below what 4 decodes need: decodes are preempted and recomputed",
+          s.metric("rootspec_preemptions_total") > 0, str(s.metric("rootspec_preemptions_total")))
+    check("after preemption every T=0 text still equals its solo text", not bad,
+          str([(out[i], refs[i]) for i in bad[:1]]))
+    check("after preemption every KV block is free", s.metric("rootspec_kv_blocks_used") == 0)
+    s.stop()
+
+
 def main():
     ref = target_text("--prompt", PROMPT, "--chat", "--max-new", "24")
     s = Server()
@@ -959,6 +1066,8 @@ def main():
     test_tiny_temperature()
     test_sampling_flood()
     test_nonfinite_model()
+    test_batched()
+    test_preempt()
     print(f"serve: {results['passed']} passed, {results['failed']} failed")
     return 1 if results["failed"] else 0
 

@@ -84,6 +84,53 @@ START_TEST(test_planner_breakeven) {
 }
 END_TEST
 
+/* In a batch a row costs what it adds to the shared pass, priced at the batch's rate: with
+ * passes of 10 ms + 2.5 ms a row, alone (rate 1 / 10 ms) a node pays when its path
+ * probability beats 0.25, so a chain of 0.9 nodes is verified whole; with 5 others (6
+ * sequences, rate 6 / 22.5 ms) only beyond 0.667: 0.9, 0.81 and 0.729; with 15 others
+ * (16 / 47.5 ms) beyond 0.842: the first node only. Alone again, the whole chain. */
+START_TEST(test_planner_batch_fades) {
+    Selection s;
+    Pool *p = chain_selected(8, 0.9, &s);
+    Planner *pl = fixed_planner(10e6, 2.5e6, 0);
+    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    planner_set_batch(pl, 5, 6);
+    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 3);
+    planner_set_batch(pl, 15, 16);
+    PlanChoice c = planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
+    ck_assert_int_eq(c.k, 1);
+    ck_assert_double_eq_tol(c.ns, 10e6 + 16 * 2.5e6, 1); /* the whole pass it joins */
+    /* the others' trees (45 rows for 15 sequences) make the pass dearer, not the rows
+     * cheaper: the batch's AR step is still 16 rows */
+    planner_set_batch(pl, 45, 16);
+    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 1);
+    planner_set_batch(pl, 0, 1);
+    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    planner_destroy(&pl);
+    /* measured: a batched decode's own pass times (one sequence's rows of a shared pass)
+     * are ignored, the batch's passes by their total rows count */
+    pl = measured_planner(); /* 10 ms a row, 40 ms 9 rows */
+    planner_set_batch(pl, 0, 1);
+    for (int i = 0; i < 20; i++) planner_observe_pass(pl, 9, 400000000);
+    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    for (int i = 0; i < 20; i++) planner_observe_batch_pass(pl, 9, 400000000);
+    ck_assert_int_lt(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    planner_destroy(&pl);
+    /* noisy passes of 16 and 17 rows (20 ms apart): a batched decode prices its rows by
+     * the line through all sizes (19.7 ms + 3.89 ms a row: at 16 / 78 ms a row costs 0.797
+     * tokens, so the 0.9 and 0.81 nodes pay), not by the difference of the two averages
+     * (which would make the first row cost 4.6 tokens) */
+    pl = planner_create();
+    planner_set_batch(pl, 15, 16);
+    const int rows[4] = {1, 16, 17, 32};
+    const uint64_t ms[4] = {20, 70, 90, 140};
+    for (int i = 0; i < 12; i++) planner_observe_batch_pass(pl, rows[i % 4], ms[i % 4] * 1000000);
+    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 2);
+    planner_destroy(&pl);
+    free(p);
+}
+END_TEST
+
 START_TEST(test_planner_learns_rejections) {
     /* The drafter says 0.99, but 200 such nodes were all rejected: the chain stops paying. */
     Selection s;
@@ -94,6 +141,17 @@ START_TEST(test_planner_learns_rejections) {
     /* a T=1 decode keeps its own calibration */
     ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 1, p, &s, -1, POOL_MAX_DEPTH).k, 8);
     planner_destroy(&pl);
+    /* a batch's planners learn acceptance together: what one saw moves the other's
+     * choices, and each keeps its own once unshared */
+    Planner *a = fixed_planner(10e6, 1e6, 0), *b = fixed_planner(10e6, 1e6, 0);
+    planner_share_accept(b, a);
+    for (int i = 0; i < 200; i++) planner_observe_accept(b, RULE_DRAFT, 0, p, &s, 8, NULL, 0);
+    ck_assert_int_eq(planner_choose(a, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 0);
+    ck_assert_int_eq(planner_choose(b, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 0);
+    planner_share_accept(b, NULL);
+    ck_assert_int_eq(planner_choose(b, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    planner_destroy(&b);
+    planner_destroy(&a);
     free(p);
 }
 END_TEST
@@ -203,6 +261,7 @@ Suite *suite_planner(void) {
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_planner_sure_chain);
     tcase_add_test(tc, test_planner_breakeven);
+    tcase_add_test(tc, test_planner_batch_fades);
     tcase_add_test(tc, test_planner_learns_rejections);
     tcase_add_test(tc, test_planner_root_rule_uses_x1);
     tcase_add_test(tc, test_planner_asks_when_it_pays);

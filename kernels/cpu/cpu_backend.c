@@ -43,8 +43,8 @@ typedef struct {
      * rows (with the heads interleaved in every entry it took 27 instead of 23 ns per
      * (entry, head), rootspec-kbench --attn). Elements are f32, or f16 (kv_es 2) when the
      * family reads f16 caches (attn_f16). */
-    uint8_t *key_cache;   // (n_layers, n_kv_heads, kv_capacity, head_dim), RoPE already applied
-    uint8_t *value_cache; // (n_layers, n_kv_heads, kv_capacity, head_dim)
+    uint8_t *key_cache;   // (n_layers, n_kv_heads, slots, head_dim), RoPE already applied
+    uint8_t *value_cache; // (n_layers, n_kv_heads, slots, head_dim)
     size_t kv_es;         /* bytes per element: 4 or 2 */
     size_t kv_bytes;      /* of each cache (rs_huge_alloc) */
     float *knew, *vnew; // (max_batch, kv_dim) the batch's new k/v rows before kv_store
@@ -52,9 +52,15 @@ typedef struct {
     float *inv_freq;    // (head_dim/2) RoPE inverse frequencies (llama3-scaled if asked)
     float *rope_cos;    // (max_batch, head_dim/2)
     float *rope_sin;    // (max_batch, head_dim/2)
-    int *att_idx;       // (max_batch, max_pending) pending slots each new token attends to
-    int *att_cnt;       // (max_batch)
-    int *pend_pos;      // (max_pending) position of each pending entry
+    int *pend_idx;      // (max_batch, max_pending) pending entries each new token attends to
+    /* The cache slots each new token attends to, in order: att_cnt[t] of them from
+     * att_idx + att_off[t]. The rows of a causal segment share one list (each row reads a
+     * prefix), so the lists take about the batch's context, not rows x context. */
+    int *att_idx;       // (att_cap) grown by forward when a batch needs more
+    size_t att_cap;
+    size_t *att_off;    // (max_batch)
+    int *att_cnt;       // (max_batch) entries of each row's list
+    int *row_slot;      // (max_batch) the cache slot of each new token's entry
     uint8_t *keep_seen; // (max_pending) duplicate check in kv_commit
     float *logits;      // (max_kept, vocab) the kept rows of the last forward
     /* EAGLE-3 features, allocated when recording starts (backend_set_feature_layers) */
@@ -63,9 +69,24 @@ typedef struct {
     CpuTopkPart *parts; // (max_kept) rows_topk scratch; the fused head's row states
 } RunState;
 
+/* A sequence of the shared cache (backend.h: Sequences): entry i lives in slot
+ * blocks[i / BACKEND_KV_BLOCK] * BACKEND_KV_BLOCK + i % BACKEND_KV_BLOCK. */
+typedef struct {
+    int open;
+    int nc, np;         /* committed and pending entries */
+    int n_blocks;
+    int *blocks;        // (blocks_total) the block table
+    int *pend_pos;      // (max_pending) position of each pending entry
+} CpuSeq;
+
 typedef struct {
     Backend base; /* must stay first: Backend * is cast to CpuBackend * */
     RunState s;
+    CpuSeq *seqs;       // (n_seqs); seqs[0] is always open
+    int n_seqs;
+    int blocks_total, n_free;
+    int *free_blocks;   // (blocks_total) a stack of free block ids
+    int slots;          /* blocks_total * BACKEND_KV_BLOCK: cache rows per (layer, KV head) */
     int q_dim, kv_dim, max_cols;
     int max_kept; /* min(max_batch, max_pending): a forward's n_out never exceeds it */
     CpuTopkRun topk_run; /* the fused head's reduction (BackendParams.topk_hint) */
@@ -182,24 +203,23 @@ static void matmul1(CpuBackend *b, const float *x, const QkQ8 *xq, int n, const 
 
 typedef struct {
     CpuBackend *b;
-    const uint8_t *kc, *vc; // (n_kv_heads, cap, head_dim) this layer's caches (kv_es)
-    int n, nc;
+    const uint8_t *kc, *vc; // (n_kv_heads, slots, head_dim) this layer's caches (kv_es)
+    int n;
     QkQ8 *oq; // (n, q_dim/32) the output quantized for wo, or NULL
 } AttnJob;
 
-/* Softmax attention of heads [h, h + g) of token t, one KV group: committed entries
- * [0, nc) then the pending ones its mask row allows, in cache order (the order a row alone
- * would see them in). */
+/* Softmax attention of heads [h, h + g) of token t, one KV group, over the slots att_idx
+ * lists for it: its sequence's committed entries, then the pending ones its mask row
+ * allows, in sequence order (the order a row alone would see them in, wherever the
+ * blocks lie). */
 static void attend(CpuBackend *b, const AttnJob *j, int t, int h, int g, float *att) {
     const Config *c = &b->base.model->cfg;
     RunState *s = &b->s;
     int hd = c->head_dim, qd = b->q_dim;
-    size_t off = (size_t)(h / (c->n_heads / c->n_kv_heads)) * b->base.params.kv_capacity * hd *
-                 s->kv_es;
+    size_t off = (size_t)(h / (c->n_heads / c->n_kv_heads)) * b->slots * hd * s->kv_es;
     size_t at = (size_t)t * qd + (size_t)h * hd;
     qk_attention(b->fam, s->kv_es == 2, s->att_out + at, s->q + at, j->kc + off, j->vc + off, hd,
-                 j->nc, s->att_idx + (size_t)t * b->base.params.max_pending,
-                 j->nc + s->att_cnt[t], hd, g, att);
+                 0, s->att_idx + s->att_off[t], s->att_cnt[t], hd, g, att);
 }
 
 /* (token, head) items [lo, hi) of the chunk, as runs of heads that share a KV group: a
@@ -319,12 +339,29 @@ static void alloc_state(CpuBackend *b, const Config *c, const BackendParams *p, 
     s->inv_freq = rs_xcalloc(half, sizeof(float));
     s->rope_cos = rs_xcalloc(B * half, sizeof(float));
     s->rope_sin = rs_xcalloc(B * half, sizeof(float));
-    s->att_idx = rs_xcalloc(B * P, sizeof(int));
+    s->pend_idx = rs_xcalloc(B * P, sizeof(int));
+    s->att_off = rs_xcalloc(B, sizeof(size_t));
     s->att_cnt = rs_xcalloc(B, sizeof(int));
-    s->pend_pos = rs_xcalloc(P, sizeof(int));
+    s->row_slot = rs_xcalloc(B, sizeof(int));
     s->keep_seen = rs_xcalloc(P, 1);
     s->logits = rs_xcalloc((size_t)b->max_kept * c->vocab_size, sizeof(float));
     s->parts = rs_xcalloc((size_t)b->max_kept, sizeof(CpuTopkPart));
+}
+
+/* The sequences and the block free list; sets slots, which sizes the caches. */
+static void alloc_seqs(CpuBackend *b, const BackendParams *p) {
+    b->blocks_total = backend_kv_blocks_for(p->kv_capacity);
+    b->slots = b->blocks_total * BACKEND_KV_BLOCK;
+    b->free_blocks = rs_xcalloc((size_t)b->blocks_total, sizeof(int));
+    /* a stack: the lowest block ids go first */
+    for (int i = 0; i < b->blocks_total; i++) b->free_blocks[i] = b->blocks_total - 1 - i;
+    b->n_free = b->blocks_total;
+    b->seqs = rs_xcalloc((size_t)b->n_seqs, sizeof(CpuSeq));
+    for (int i = 0; i < b->n_seqs; i++) {
+        b->seqs[i].blocks = rs_xcalloc((size_t)b->blocks_total, sizeof(int));
+        b->seqs[i].pend_pos = rs_xcalloc((size_t)p->max_pending, sizeof(int));
+    }
+    b->seqs[0].open = 1;
 }
 
 static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
@@ -345,11 +382,14 @@ static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsE
     int mc = c->dim > c->hidden_dim ? c->dim : c->hidden_dim;
     b->max_cols = mc > b->q_dim ? mc : b->q_dim;
     int nth = p->threads > 0 ? p->threads : default_threads();
-    b->max_kept = p->max_batch < p->max_pending ? p->max_batch : p->max_pending;
+    b->n_seqs = p->max_seqs > 1 ? p->max_seqs : 1;
+    /* one sequence forwards at most max_pending rows; several fill max_batch */
+    b->max_kept = p->max_batch < p->max_pending || b->n_seqs > 1 ? p->max_batch : p->max_pending;
     alloc_state(b, c, p, nth);
+    alloc_seqs(b, p);
     /* The KV cache grows with --ctx: a size the host cannot hold is an error, not an abort. */
     RunState *s = &b->s;
-    size_t kv_n = (size_t)c->n_layers * p->kv_capacity * b->kv_dim;
+    size_t kv_n = (size_t)c->n_layers * b->slots * b->kv_dim;
     /* f16 where the family reads it; ROOTSPEC_CPU_KV=f32 keeps f32 (the golden tests hold
      * the f32 caches to tighter bounds) */
     s->kv_es = qk_kv_f16(fam, c->head_dim, getenv("ROOTSPEC_CPU_KV")) ? 2 : sizeof(float);
@@ -394,10 +434,15 @@ static void cpu_destroy(Backend **pb) {
     CpuBackend *b = (CpuBackend *)*pb;
     RunState *s = &b->s;
     threadpool_destroy(&b->pool);
+    for (int i = 0; i < b->n_seqs && b->seqs; i++) {
+        free(b->seqs[i].blocks);
+        free(b->seqs[i].pend_pos);
+    }
     void *bufs[] = {s->x,       s->xb,       s->q,           s->att_out,  s->hb,
                     s->hb2,     s->att,      s->scratch,     s->xq,       s->hq,  s->xqk,
                     s->kv_tmp, s->knew, s->vnew, s->inv_freq,  s->rope_cos, s->rope_sin,
-                    s->att_idx, s->att_cnt,  s->keep_seen, s->pend_pos, s->logits,
+                    s->att_idx, s->att_off, s->att_cnt,  s->keep_seen, s->pend_idx, s->row_slot, s->logits,
+                    b->seqs, b->free_blocks,
                     s->feat_pend, s->feat_out, s->parts,
                     b->rows_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
@@ -407,37 +452,128 @@ static void cpu_destroy(Backend **pb) {
     *pb = NULL;
 }
 
-/* Orders each row's pending entries by position (stable): a tree row then sums its
- * ancestors in sequence order, as a causal prefill of its path does, even when the batch
- * lists a child before its parent. */
-static void sort_by_position(CpuBackend *b, int n) {
-    RunState *s = &b->s;
-    for (int t = 0; t < n; t++) {
-        int *idx = s->att_idx + (size_t)t * b->base.params.max_pending;
-        for (int i = 1; i < s->att_cnt[t]; i++) {
-            int v = idx[i], k = i;
-            for (; k > 0 && s->pend_pos[idx[k - 1]] > s->pend_pos[v]; k--) idx[k] = idx[k - 1];
-            idx[k] = v;
-        }
+/* ---- sequences and their blocks ---- */
+
+static size_t seq_slot(const CpuSeq *q, int i) {
+    return (size_t)q->blocks[i / BACKEND_KV_BLOCK] * BACKEND_KV_BLOCK + i % BACKEND_KV_BLOCK;
+}
+
+/* Blocks sequence q lacks for `entries` entries. */
+static int seq_short(const CpuSeq *q, int entries) {
+    int need = backend_kv_blocks_for(entries) - q->n_blocks;
+    return need > 0 ? need : 0;
+}
+
+static void seq_grow(CpuBackend *b, CpuSeq *q, int entries) {
+    for (int k = seq_short(q, entries); k > 0; k--) {
+        RS_ASSERT(b->n_free > 0);
+        q->blocks[q->n_blocks++] = b->free_blocks[--b->n_free];
     }
 }
 
-/* Per-batch tables shared by all layers: the pending slots (relative to nc) each token
- * may see, cos/sin per token (angle = float32(pos) * inv_freq in float32, as
- * transformers), and the embeddings. */
-static void fwd_prepare(CpuBackend *b, const int *tokens, const int *pos, int n,
-                        const uint8_t *mask) {
+/* Gives back the blocks past `entries` entries. */
+static void seq_shrink(CpuBackend *b, CpuSeq *q, int entries) {
+    int keep = backend_kv_blocks_for(entries);
+    while (q->n_blocks > keep) b->free_blocks[b->n_free++] = q->blocks[--q->n_blocks];
+}
+
+/* Keeps the head's counters equal to sequence 0's (the single-sequence functions). */
+static void seq0_sync(CpuBackend *b) {
+    b->base.n_committed = b->seqs[0].nc;
+    b->base.n_pending = b->seqs[0].np;
+}
+
+/* Orders a row's pending entries by position (stable): a tree row then sums its ancestors
+ * in sequence order, as a causal prefill of its path does, even when the batch lists a
+ * child before its parent. */
+static void sort_by_position(const CpuSeq *q, int *idx, int cnt) {
+    for (int i = 1; i < cnt; i++) {
+        int v = idx[i], k = i;
+        for (; k > 0 && q->pend_pos[idx[k - 1]] > q->pend_pos[v]; k--) idx[k] = idx[k - 1];
+        idx[k] = v;
+    }
+}
+
+/* 1 when the rows of segment g share one slot list: no mask, and every new row's position
+ * at least that of each entry before it, so row t's entries in position order are a prefix
+ * of the last row's. */
+static int seg_shared(const CpuSeq *q, const BackendSeg *g) {
+    if (g->mask) return 0;
+    int mx = 0;
+    for (int i = 0; i < q->np; i++) mx = q->pend_pos[i] > mx ? q->pend_pos[i] : mx;
+    for (int t = 0; t < g->n; t++) {
+        if (g->pos[t] < mx) return 0;
+        mx = g->pos[t];
+    }
+    return 1;
+}
+
+/* List entries the segment's rows need (before its forward changes the sequence). */
+static size_t seg_list_size(const CpuSeq *q, const BackendSeg *g) {
+    size_t all = (size_t)q->nc + q->np + g->n;
+    return seg_shared(q, g) ? all : all * g->n;
+}
+
+/* Slots rows [r0, r0 + g->n) see (their sequence's committed entries, then the pending
+ * ones their mask rows allow, by position), from list entry *at on, and the slot each
+ * writes. */
+static void seg_index(CpuBackend *b, const BackendSeg *g, int r0, size_t *at) {
+    RunState *s = &b->s;
+    CpuSeq *q = &b->seqs[g->seq];
+    int P = b->base.params.max_pending, shared = seg_shared(q, g);
+    int *pidx = s->pend_idx + (size_t)r0 * P;
+    cpu_attention_index(g->mask, g->n, q->np, P, pidx, s->att_cnt + r0);
+    for (int t = 0; t < g->n; t++) q->pend_pos[q->np + t] = g->pos[t];
+    for (int t = shared ? g->n - 1 : 0; t < g->n; t++) { /* shared: the last row's list */
+        int *pi = pidx + (size_t)t * P, cnt = s->att_cnt[r0 + t], *ai = s->att_idx + *at;
+        sort_by_position(q, pi, cnt);
+        for (int j = 0; j < q->nc; j++) ai[j] = (int)seq_slot(q, j);
+        for (int j = 0; j < cnt; j++) ai[q->nc + j] = (int)seq_slot(q, q->nc + pi[j]);
+        s->att_off[r0 + t] = *at;
+        if (!shared) *at += (size_t)q->nc + cnt;
+    }
+    for (int t = 0; t < g->n; t++) {
+        if (shared) s->att_off[r0 + t] = *at;
+        s->att_cnt[r0 + t] += q->nc;
+        s->row_slot[r0 + t] = (int)seq_slot(q, q->nc + q->np + t);
+    }
+    if (shared) *at += (size_t)q->nc + q->np + g->n;
+}
+
+/* Room for the batch's slot lists; RS_ENOMEM (nothing changed) when it cannot grow. */
+static int att_reserve(CpuBackend *b, const BackendSeg *segs, int n_segs, RsErr *e) {
+    size_t need = 0;
+    for (int i = 0; i < n_segs; i++) need += seg_list_size(&b->seqs[segs[i].seq], &segs[i]);
+    if (need <= b->s.att_cap) return RS_OK;
+    int *p = realloc(b->s.att_idx, need * sizeof(int));
+    if (!p)
+        return rs_err(e, RS_ENOMEM, "cannot allocate the attention lists of a batch (%zu MiB)",
+                      need * sizeof(int) >> 20);
+    b->s.att_idx = p;
+    b->s.att_cap = need;
+    return RS_OK;
+}
+
+/* Per-batch tables shared by all layers: the slots each token sees and writes, cos/sin
+ * per token (angle = float32(pos) * inv_freq in float32, as transformers), and the
+ * embeddings. */
+static void fwd_prepare(CpuBackend *b, const BackendSeg *segs, int n_segs) {
     const Config *c = &b->base.model->cfg;
     RunState *s = &b->s;
-    cpu_attention_index(mask, n, b->base.n_pending, b->base.params.max_pending, s->att_idx,
-                        s->att_cnt);
-    for (int t = 0; t < n; t++) s->pend_pos[b->base.n_pending + t] = pos[t];
-    sort_by_position(b, n);
-    cpu_rope_table(pos, s->inv_freq, n, c->head_dim / 2, s->rope_cos, s->rope_sin);
-    /* the embeddings in their stored type: cpu_embed takes an f32 table */
-    for (int t = 0; t < n; t++)
-        qtensor_dequantize_rows(&b->base.model->w.tok_embeddings, tokens[t], 1,
-                                s->x + (size_t)t * c->dim);
+    size_t at = 0;
+    for (int i = 0, r0 = 0; i < n_segs; r0 += segs[i].n, i++) {
+        const BackendSeg *g = &segs[i];
+        CpuSeq *q = &b->seqs[g->seq];
+        seq_grow(b, q, q->nc + q->np + g->n);
+        seg_index(b, g, r0, &at);
+        cpu_rope_table(g->pos, s->inv_freq, g->n, c->head_dim / 2,
+                       s->rope_cos + (size_t)r0 * (c->head_dim / 2),
+                       s->rope_sin + (size_t)r0 * (c->head_dim / 2));
+        /* the embeddings in their stored type: cpu_embed takes an f32 table */
+        for (int t = 0; t < g->n; t++)
+            qtensor_dequantize_rows(&b->base.model->w.tok_embeddings, g->tokens[t], 1,
+                                    s->x + (size_t)(r0 + t) * c->dim);
+    }
 }
 
 /* Biases, q/k norms and RoPE of the batch's new q and k rows. */
@@ -465,14 +601,14 @@ static void fwd_qk_post(CpuBackend *b, const LayerWeights *L, float *knew, float
     }
 }
 
-/* Rows x (n, kv_dim) into entries [start, start + n) of a layer's cache (n_kv_heads,
- * cap, head_dim), converted to f16 for an f16 cache. */
-static void kv_store(const CpuBackend *b, uint8_t *cache, const float *x, int start, int n) {
-    int hd = b->base.model->cfg.head_dim, cap = b->base.params.kv_capacity;
+/* Rows x (n, kv_dim) into their slots (row_slot) of a layer's cache (n_kv_heads, slots,
+ * head_dim), converted to f16 for an f16 cache. */
+static void kv_store(const CpuBackend *b, uint8_t *cache, const float *x, int n) {
+    int hd = b->base.model->cfg.head_dim, cap = b->slots;
     size_t es = b->s.kv_es;
     for (int h = 0; h < b->base.model->cfg.n_kv_heads; h++)
         for (int t = 0; t < n; t++) {
-            uint8_t *dst = cache + ((size_t)h * cap + start + t) * hd * es;
+            uint8_t *dst = cache + ((size_t)h * cap + b->s.row_slot[t]) * hd * es;
             const float *src = x + (size_t)t * b->kv_dim + h * hd;
             if (es == 2) b->fam->to_f16((uint16_t *)(void *)dst, src, hd);
             else memcpy(dst, src, sizeof(float) * hd);
@@ -484,10 +620,10 @@ static void fwd_attention(CpuBackend *b, int l, int n) {
     const Config *c = &b->base.model->cfg;
     const LayerWeights *L = &b->base.model->w.layers[l];
     RunState *s = &b->s;
-    int dim = c->dim, kvd = b->kv_dim, cap = b->base.params.kv_capacity;
-    int start = b->base.n_committed + b->base.n_pending;
-    uint8_t *kc = s->key_cache + (size_t)l * cap * kvd * s->kv_es;   // (n_kv_heads, cap, head_dim)
-    uint8_t *vc = s->value_cache + (size_t)l * cap * kvd * s->kv_es; // (n_kv_heads, cap, head_dim)
+    int dim = c->dim, kvd = b->kv_dim;
+    size_t layer = (size_t)l * b->slots * kvd * s->kv_es;
+    uint8_t *kc = s->key_cache + layer;   // (n_kv_heads, slots, head_dim)
+    uint8_t *vc = s->value_cache + layer; // (n_kv_heads, slots, head_dim)
     for (int t = 0; t < n; t++)
         qk_rmsnorm(b->fam, s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim,
                    c->norm_eps);
@@ -495,10 +631,10 @@ static void fwd_attention(CpuBackend *b, int l, int n) {
     float *y[3] = {s->q, s->knew, s->vnew};
     matmul(b, s->xb, NULL, n, 3, w, y);
     fwd_qk_post(b, L, s->knew, s->vnew, n);
-    kv_store(b, kc, s->knew, start, n);
-    kv_store(b, vc, s->vnew, start, n);
+    kv_store(b, kc, s->knew, n);
+    kv_store(b, vc, s->vnew, n);
     int oq = qk_wants_act(b->fam, L->wo.type) == QK_ACT_Q8 && c->head_dim % QK_BLOCK == 0;
-    AttnJob aj = {b, kc, vc, n, b->base.n_committed, oq ? s->xq : NULL};
+    AttnJob aj = {b, kc, vc, n, oq ? s->xq : NULL};
     threadpool_run_chunks(b->pool, attn_task, &aj, attn_chunks(b, n));
     matmul1(b, s->att_out, aj.oq, n, &L->wo, s->xb);
     cpu_residual_add(s->x, s->xb, (size_t)n * dim);
@@ -581,17 +717,34 @@ static void head_topk(CpuBackend *b, int n) {
     b->topk_ready = 1;
 }
 
-static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
-                       const uint8_t *mask, const int *out_rows, int n_out, float *logits,
-                       RsErr *e) {
+/* Blocks the batch needs beyond those its sequences hold. */
+static int batch_short(const CpuBackend *b, const BackendSeg *segs, int n_segs) {
+    int need = 0;
+    for (int i = 0; i < n_segs; i++) {
+        const CpuSeq *q = &b->seqs[segs[i].seq];
+        need += seq_short(q, q->nc + q->np + segs[i].n);
+    }
+    return need;
+}
+
+/* The whole forward over checked segments (backend_forward_batch). */
+static int cpu_forward_batch(Backend *bb, const BackendSeg *segs, int n_segs,
+                             const int *out_rows, int n_out, float *logits, RsErr *e) {
     CpuBackend *b = (CpuBackend *)bb;
-    RS_ASSERT(tokens && pos && (n_out <= 0 || out_rows));
-    int rc = backend_check_forward(bb, tokens, pos, n, mask, out_rows, n_out, e);
-    if (rc) return rc;
     const Model *m = bb->model;
     const Config *c = &m->cfg;
     RunState *s = &b->s;
-    fwd_prepare(b, tokens, pos, n, mask);
+    int n = 0, need = batch_short(b, segs, n_segs);
+    for (int i = 0; i < n_segs; i++) n += segs[i].n;
+    RS_ASSERT(n_out <= 0 || out_rows);
+    if (bb->feat_n && (n_segs > 1 || segs[0].seq != 0))
+        return rs_err(e, RS_EUNSUPPORTED, "EAGLE-3 features are recorded for sequence 0 only");
+    if (need > b->n_free)
+        return rs_err(e, RS_EFULL, "the batch needs %d more KV blocks; %d of %d are free", need,
+                      b->n_free, b->blocks_total);
+    int rc = att_reserve(b, segs, n_segs, e);
+    if (rc) return rc;
+    fwd_prepare(b, segs, n_segs);
     for (int l = 0; l < c->n_layers; l++) {
         if (bb->feat_n) feat_record(b, l, n);
         fwd_attention(b, l, n);
@@ -609,45 +762,102 @@ static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
     else if (n_out > 0) matmul1(b, s->xb, NULL, n_out, &m->w.wcls, s->logits);
     if (n_out > 0 && logits)
         memcpy(logits, s->logits, (size_t)n_out * c->vocab_size * sizeof(float));
-    bb->n_pending += n;
+    for (int i = 0; i < n_segs; i++) b->seqs[segs[i].seq].np += segs[i].n;
+    seq0_sync(b);
     return RS_OK;
 }
 
-/* Moves pending entries keep[i] to committed slot nc + i in every (layer, KV head).
- * Staged through kv_tmp because keep need not be ascending (in place could clobber). */
-static void kv_compact(CpuBackend *b, const int *keep, int n_keep) {
+static int cpu_forward(Backend *bb, const int *tokens, const int *pos, int n,
+                       const uint8_t *mask, const int *out_rows, int n_out, float *logits,
+                       RsErr *e) {
+    RS_ASSERT(tokens && pos && (n_out <= 0 || out_rows));
+    int rc = backend_check_forward(bb, tokens, pos, n, mask, out_rows, n_out, e);
+    if (rc) return rc;
+    BackendSeg g = {0, tokens, pos, n, mask};
+    return cpu_forward_batch(bb, &g, 1, out_rows, n_out, logits, e);
+}
+
+/* Moves sequence q's pending entries keep[i] to its entry nc + i in every (layer, KV
+ * head). Staged through kv_tmp because keep need not be ascending (in place could
+ * clobber). */
+static void kv_compact(CpuBackend *b, const CpuSeq *q, const int *keep, int n_keep) {
     RunState *s = &b->s;
     const Config *c = &b->base.model->cfg;
-    int nc = b->base.n_committed, hd = c->head_dim, cap = b->base.params.kv_capacity;
+    int nc = q->nc, hd = c->head_dim, cap = b->slots;
     size_t row = (size_t)hd * s->kv_es;
     uint8_t *tk = (uint8_t *)s->kv_tmp, *tv = tk + (size_t)b->base.params.max_pending * row;
     for (int lh = 0; lh < c->n_layers * c->n_kv_heads; lh++) {
-        uint8_t *kc = s->key_cache + ((size_t)lh * cap + nc) * row;
-        uint8_t *vc = s->value_cache + ((size_t)lh * cap + nc) * row;
+        uint8_t *kc = s->key_cache + (size_t)lh * cap * row;
+        uint8_t *vc = s->value_cache + (size_t)lh * cap * row;
         for (int i = 0; i < n_keep; i++) {
-            memcpy(tk + (size_t)i * row, kc + (size_t)keep[i] * row, row);
-            memcpy(tv + (size_t)i * row, vc + (size_t)keep[i] * row, row);
+            size_t from = seq_slot(q, nc + keep[i]) * row;
+            memcpy(tk + (size_t)i * row, kc + from, row);
+            memcpy(tv + (size_t)i * row, vc + from, row);
         }
-        memcpy(kc, tk, n_keep * row);
-        memcpy(vc, tv, n_keep * row);
+        for (int i = 0; i < n_keep; i++) {
+            size_t to = seq_slot(q, nc + i) * row;
+            memcpy(kc + to, tk + (size_t)i * row, row);
+            memcpy(vc + to, tv + (size_t)i * row, row);
+        }
     }
 }
 
-static int cpu_kv_commit(Backend *bb, const int *keep, int n_keep, RsErr *e) {
+static int cpu_seq_commit(Backend *bb, int seq, const int *keep, int n_keep, RsErr *e) {
     CpuBackend *b = (CpuBackend *)bb;
     RunState *s = &b->s;
-    int identity, rc = backend_check_commit(bb, keep, n_keep, s->keep_seen, &identity, e);
+    CpuSeq *q = &b->seqs[seq];
+    int identity, rc = backend_check_keep(q->np, keep, n_keep, s->keep_seen, &identity, e);
     if (rc) return rc;
     /* keep = 0, 1, ... (AR steps, prefill chunks): the entries are in place already. */
-    if (!identity) kv_compact(b, keep, n_keep);
-    if (bb->feat_n) { /* kept rows' features in keep order (feat_out is not feat_pend) */
+    if (!identity) kv_compact(b, q, keep, n_keep);
+    if (bb->feat_n && seq == 0) { /* kept rows' features in keep order */
         size_t W = (size_t)bb->feat_n * bb->model->cfg.dim;
         for (int i = 0; i < n_keep; i++)
             memcpy(s->feat_out + i * W, s->feat_pend + (size_t)keep[i] * W, W * sizeof(float));
     }
-    bb->n_committed += n_keep;
-    bb->n_pending = 0;
+    q->nc += n_keep;
+    q->np = 0;
+    seq_shrink(b, q, q->nc);
+    seq0_sync(b);
     return RS_OK;
+}
+
+static int cpu_kv_commit(Backend *bb, const int *keep, int n_keep, RsErr *e) {
+    return cpu_seq_commit(bb, 0, keep, n_keep, e);
+}
+
+static int cpu_seq_open(Backend *bb, int *seq, RsErr *e) {
+    CpuBackend *b = (CpuBackend *)bb;
+    for (int i = 1; i < b->n_seqs; i++)
+        if (!b->seqs[i].open) {
+            b->seqs[i] = (CpuSeq){.open = 1, .blocks = b->seqs[i].blocks,
+                                  .pend_pos = b->seqs[i].pend_pos};
+            *seq = i;
+            return RS_OK;
+        }
+    return rs_err(e, RS_EFULL, "all %d sequences are open (max_seqs)", b->n_seqs);
+}
+
+static void cpu_seq_close(Backend *bb, int seq) {
+    CpuBackend *b = (CpuBackend *)bb;
+    CpuSeq *q = &b->seqs[seq];
+    seq_shrink(b, q, 0);
+    q->nc = q->np = 0;
+    q->open = seq == 0;
+    seq0_sync(b);
+}
+
+static void cpu_seq_counts(const Backend *bb, int seq, int *nc, int *np) {
+    const CpuSeq *q = &((const CpuBackend *)bb)->seqs[seq];
+    *nc = q->open ? q->nc : -1;
+    *np = q->np;
+}
+
+static void cpu_kv_usage(const Backend *bb, BackendKvUsage *u) {
+    const CpuBackend *b = (const CpuBackend *)bb;
+    u->blocks_used = b->blocks_total - b->n_free;
+    u->seqs_open = 0;
+    for (int i = 0; i < b->n_seqs; i++) u->seqs_open += b->seqs[i].open;
 }
 
 static int cpu_rows_copy(Backend *bb, const int *rows, int n, float *logits, RsErr *e) {
@@ -672,10 +882,7 @@ static void cpu_stats(const Backend *bb, BackendStats *st) {
     st->fused_topk_ns = ((const CpuBackend *)bb)->fused_topk_ns;
 }
 
-static void cpu_kv_reset(Backend *bb) {
-    bb->n_committed = 0;
-    bb->n_pending = 0;
-}
+static void cpu_kv_reset(Backend *bb) { cpu_seq_close(bb, 0); }
 
 /* ---- the verifier's row queries over the kept rows ---- */
 
@@ -729,4 +936,10 @@ const BackendOps cpu_backend_ops = {
     .rows_stats = cpu_rows_stats_op,
     .rows_gather = cpu_rows_gather_op,
     .eagle3_layer = &cpu_eagle3_layer,
+    .seq_open = cpu_seq_open,
+    .seq_close = cpu_seq_close,
+    .forward_batch = cpu_forward_batch,
+    .seq_commit = cpu_seq_commit,
+    .seq_counts = cpu_seq_counts,
+    .kv_usage = cpu_kv_usage,
 };

@@ -1,0 +1,456 @@
+/* The batcher and its views (batch.h). Two locks: mu guards the views' states and the
+ * scheduler's bookkeeping; bk guards the shared backend, whose thread pool takes one caller
+ * at a time (a pass, a view's row query, commit or reset). A pass runs only while every
+ * active view waits in forward(), so no view reads kept rows while a pass replaces them. */
+#include "batch.h"
+#include "kernels/backend_impl.h"
+#include "kernels/prefill.h"
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+
+enum { VIEW_IDLE, VIEW_WAITING, VIEW_DONE };
+
+typedef struct {
+    Backend base; /* must stay first */
+    Batcher *bt;
+    int seq;      /* its sequence of the shared backend */
+    int active;   /* in a decode: holds passes back until it waits */
+    uint64_t ticket; /* when it became active: older views go first */
+    int preempted;
+    /* under mu: the forward it waits in, and what it returned */
+    int state;
+    BackendSeg seg;
+    const int *out_rows;
+    int n_out;
+    int kept0; /* its kept rows' first index in the pass's kept rows */
+    int rc;
+    RsErr err;
+    int pass_rows, pass_seqs; /* the pass it ran in: all rows, sequences */
+    uint64_t pass_ns;
+    Planner *planner; /* batcher_plan */
+} View;
+
+struct Batcher {
+    Backend *b; /* the shared backend */
+    BatchOpts o;
+    pthread_mutex_t mu, bk;
+    pthread_cond_t sched_cv, done_cv, blocks_cv;
+    View **views; // (parallel)
+    int n_views, n_active, n_waiting, quit;
+    uint64_t tickets;
+    BatchStats st;
+    pthread_t thread;
+    /* the scheduler's scratch */
+    View **pass;  // (parallel)
+    BackendSeg *segs;
+    int *out_rows; // (row budget + the largest request)
+};
+
+extern const BackendOps batch_view_ops;
+
+/* ---- the scheduler ---- */
+
+/* The waiting views in the order they became active. */
+static int waiting_by_age(Batcher *bt, View **out) {
+    int n = 0;
+    for (int i = 0; i < bt->n_views; i++)
+        if (bt->views[i]->state == VIEW_WAITING) out[n++] = bt->views[i];
+    for (int i = 1; i < n; i++)
+        for (int k = i; k > 0 && out[k - 1]->ticket > out[k]->ticket; k--) {
+            View *t = out[k];
+            out[k] = out[k - 1];
+            out[k - 1] = t;
+        }
+    return n;
+}
+
+/* The oldest waiting views whose rows fit the budget (the oldest always). */
+static int pass_pick(Batcher *bt) {
+    int n = waiting_by_age(bt, bt->pass), rows = 0, k = 0;
+    for (; k < n; k++) {
+        if (k > 0 && rows + bt->pass[k]->seg.n > bt->o.row_budget) break;
+        rows += bt->pass[k]->seg.n;
+    }
+    return k;
+}
+
+/* Empties the youngest active view other than keep and fails its forward (under mu and
+ * bk). 0 when there is none. */
+static int preempt_youngest(Batcher *bt, const View *keep) {
+    View *v = NULL;
+    for (int i = 0; i < bt->n_views; i++) {
+        View *w = bt->views[i];
+        if (w != keep && w->state == VIEW_WAITING && (!v || w->ticket > v->ticket)) v = w;
+    }
+    if (!v) return 0;
+    backend_seq_close(bt->b, v->seq);
+    RS_ASSERT(backend_seq_open(bt->b, &v->seq, NULL) == RS_OK);
+    v->base.n_committed = v->base.n_pending = 0;
+    v->preempted = 1;
+    v->active = 0;
+    bt->n_active--;
+    v->rc = rs_err(&v->err, RS_EFULL, "preempted: the KV blocks went to older sequences");
+    v->state = VIEW_DONE;
+    bt->n_waiting--;
+    bt->st.preemptions++;
+    return 1;
+}
+
+/* Runs the first n views of bt->pass in one forward; drops the youngest while their blocks
+ * are not free, then preempts. Returns how many ran (their results set). Under mu and bk. */
+static int pass_run(Batcher *bt, int n) {
+    RsErr e = {0};
+    for (;;) {
+        int n_out = 0;
+        for (int k = 0; k < n; k++) {
+            View *v = bt->pass[k];
+            bt->segs[k] = v->seg;
+            v->kept0 = n_out;
+            int r0 = 0;
+            for (int j = 0; j < k; j++) r0 += bt->pass[j]->seg.n;
+            for (int j = 0; j < v->n_out; j++) bt->out_rows[n_out++] = r0 + v->out_rows[j];
+        }
+        uint64_t t0 = rs_now_ns();
+        int rc = backend_forward_batch(bt->b, bt->segs, n, bt->out_rows, n_out, NULL, &e);
+        uint64_t ns = rs_now_ns() - t0;
+        if (rc == RS_EFULL && n > 1) {
+            n--;
+            continue;
+        }
+        if (rc == RS_EFULL && preempt_youngest(bt, bt->pass[0])) continue;
+        for (int k = 0; k < n; k++) {
+            View *v = bt->pass[k];
+            v->rc = rc;
+            v->err = e;
+            v->state = VIEW_DONE;
+            bt->st.rows += (uint64_t)v->seg.n;
+        }
+        bt->n_waiting -= n;
+        bt->st.passes++;
+        bt->st.pass_ns += ns;
+        bt->st.last_rows = 0;
+        for (int k = 0; k < n; k++) bt->st.last_rows += bt->pass[k]->seg.n;
+        for (int k = 0; k < n; k++) {
+            bt->pass[k]->pass_rows = bt->st.last_rows;
+            bt->pass[k]->pass_seqs = n;
+            bt->pass[k]->pass_ns = ns;
+        }
+        return n;
+    }
+}
+
+static void *sched_main(void *arg) {
+    Batcher *bt = arg;
+    pthread_mutex_lock(&bt->mu);
+    for (;;) {
+        while (!bt->quit && !(bt->n_active > 0 && bt->n_waiting == bt->n_active))
+            pthread_cond_wait(&bt->sched_cv, &bt->mu);
+        if (bt->quit) break;
+        int n = pass_pick(bt);
+        pthread_mutex_lock(&bt->bk);
+        pass_run(bt, n);
+        pthread_mutex_unlock(&bt->bk);
+        pthread_cond_broadcast(&bt->done_cv);
+        pthread_cond_broadcast(&bt->blocks_cv);
+    }
+    pthread_mutex_unlock(&bt->mu);
+    return NULL;
+}
+
+/* ---- the batcher ---- */
+
+static int batch_check(const BatchOpts *o, RsErr *e) {
+    if (o->parallel < 1 || o->parallel > 4096)
+        return rs_err(e, RS_EINVAL, "--parallel %d outside [1, 4096]", o->parallel);
+    if (o->prefill_chunk < 1 || o->prefill_chunk > PREFILL_CHUNK_MAX)
+        return rs_err(e, RS_EINVAL, "--prefill-chunk %d outside [1, %d]", o->prefill_chunk,
+                      PREFILL_CHUNK_MAX);
+    if (o->row_budget < o->prefill_chunk || o->row_budget > 4096)
+        return rs_err(e, RS_EINVAL, "--batch-rows %d outside [--prefill-chunk %d, 4096]",
+                      o->row_budget, o->prefill_chunk);
+    if (o->seq_capacity < 2 || o->kv_entries < o->seq_capacity)
+        return rs_err(e, RS_EINVAL, "--kv-entries %d below --ctx %d (one sequence must fit)",
+                      o->kv_entries, o->seq_capacity);
+    return RS_OK;
+}
+
+int batcher_create(const Model *m, const BackendOps *ops, const BatchOpts *o, Batcher **out,
+                   RsErr *e) {
+    *out = NULL;
+    int rc = batch_check(o, e);
+    if (rc) return rc;
+    /* the shared pass's most rows: the budget, or one view's largest request alone */
+    int rows = o->row_budget > TARGET_MAX_BATCH ? o->row_budget : TARGET_MAX_BATCH;
+    BackendParams bp = o->backend;
+    bp.kv_capacity = o->kv_entries;
+    bp.max_batch = rows;
+    bp.max_pending = TARGET_PASS_MAX + 2;
+    bp.max_seqs = o->parallel + 1;
+    Batcher *bt = rs_xcalloc(1, sizeof *bt);
+    if ((rc = backend_create(ops, m, &bp, &bt->b, e))) {
+        free(bt);
+        return rc;
+    }
+    if (!bt->b->ops->forward_batch) {
+        backend_destroy(&bt->b);
+        free(bt);
+        return rs_err(e, RS_EUNSUPPORTED, "--parallel: the %s backend runs one sequence at a "
+                      "time (use --parallel 1)", ops->name);
+    }
+    bt->o = *o;
+    bt->views = rs_xcalloc((size_t)o->parallel, sizeof *bt->views);
+    bt->pass = rs_xcalloc((size_t)o->parallel, sizeof *bt->pass);
+    bt->segs = rs_xcalloc((size_t)o->parallel, sizeof *bt->segs);
+    bt->out_rows = rs_xcalloc((size_t)rows + TARGET_MAX_BATCH, sizeof(int));
+    pthread_mutex_init(&bt->mu, NULL);
+    pthread_mutex_init(&bt->bk, NULL);
+    pthread_cond_init(&bt->sched_cv, NULL);
+    pthread_cond_init(&bt->done_cv, NULL);
+    pthread_cond_init(&bt->blocks_cv, NULL);
+    RS_ASSERT(pthread_create(&bt->thread, NULL, sched_main, bt) == 0);
+    *out = bt;
+    return RS_OK;
+}
+
+void batcher_destroy(Batcher **pb) {
+    if (!pb || !*pb) return;
+    Batcher *bt = *pb;
+    RS_ASSERT(bt->n_views == 0);
+    pthread_mutex_lock(&bt->mu);
+    bt->quit = 1;
+    pthread_cond_broadcast(&bt->sched_cv);
+    pthread_mutex_unlock(&bt->mu);
+    pthread_join(bt->thread, NULL);
+    backend_destroy(&bt->b);
+    pthread_mutex_destroy(&bt->mu);
+    pthread_mutex_destroy(&bt->bk);
+    pthread_cond_destroy(&bt->sched_cv);
+    pthread_cond_destroy(&bt->done_cv);
+    pthread_cond_destroy(&bt->blocks_cv);
+    free(bt->views);
+    free(bt->pass);
+    free(bt->segs);
+    free(bt->out_rows);
+    free(bt);
+    *pb = NULL;
+}
+
+int batcher_target(Batcher *bt, const int *eog, int n_eog, Target **out, RsErr *e) {
+    *out = NULL;
+    pthread_mutex_lock(&bt->mu);
+    int full = bt->n_views == bt->o.parallel;
+    pthread_mutex_unlock(&bt->mu);
+    if (full) return rs_err(e, RS_EFULL, "all %d views are in use (--parallel)", bt->o.parallel);
+    View *v = rs_xcalloc(1, sizeof *v);
+    v->base.ops = &batch_view_ops;
+    v->base.model = backend_model(bt->b);
+    v->base.params = backend_params(bt->b);
+    v->base.params.kv_capacity = bt->o.seq_capacity;
+    v->base.params.max_batch = TARGET_MAX_BATCH;
+    v->base.params.prefill_chunk = bt->o.prefill_chunk;
+    v->base.params.max_seqs = 1;
+    v->bt = bt;
+    pthread_mutex_lock(&bt->bk);
+    int rc = backend_seq_open(bt->b, &v->seq, e);
+    pthread_mutex_unlock(&bt->bk);
+    if (rc) {
+        free(v);
+        return rc;
+    }
+    pthread_mutex_lock(&bt->mu);
+    bt->views[bt->n_views++] = v;
+    pthread_mutex_unlock(&bt->mu);
+    target_create_on(&v->base, eog, n_eog, out);
+    return RS_OK;
+}
+
+/* Stops holding passes back (under mu). */
+static void view_deactivate(View *v) {
+    if (!v->active) return;
+    v->active = 0;
+    v->bt->n_active--;
+    pthread_cond_signal(&v->bt->sched_cv);
+}
+
+static void view_reset(Backend *bb) {
+    View *v = (View *)bb;
+    pthread_mutex_lock(&v->bt->bk);
+    backend_seq_close(v->bt->b, v->seq);
+    RS_ASSERT(backend_seq_open(v->bt->b, &v->seq, NULL) == RS_OK);
+    pthread_mutex_unlock(&v->bt->bk);
+    bb->n_committed = bb->n_pending = 0;
+    pthread_cond_broadcast(&v->bt->blocks_cv);
+}
+
+void batcher_leave(Target *t) {
+    View *v = (View *)t->b;
+    RS_ASSERT(v->base.ops == &batch_view_ops);
+    pthread_mutex_lock(&v->bt->mu);
+    view_deactivate(v);
+    pthread_mutex_unlock(&v->bt->mu);
+    view_reset(&v->base);
+}
+
+void batcher_plan(Target *t, Planner *p) {
+    View *v = (View *)t->b;
+    RS_ASSERT(v->base.ops == &batch_view_ops);
+    v->planner = p;
+    if (p) planner_set_batch(p, 0, 1);
+}
+
+int batcher_preempted(const Target *t) {
+    const View *v = (const View *)t->b;
+    return v->base.ops == &batch_view_ops && v->preempted;
+}
+
+int batcher_wait_blocks(Batcher *bt, int blocks, int timeout_ms) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    dl.tv_sec += timeout_ms / 1000 + dl.tv_nsec / 1000000000L;
+    dl.tv_nsec %= 1000000000L;
+    pthread_mutex_lock(&bt->mu);
+    int ok = 0;
+    for (;;) {
+        pthread_mutex_lock(&bt->bk);
+        BackendKvUsage u = backend_kv_usage(bt->b);
+        pthread_mutex_unlock(&bt->bk);
+        if ((ok = u.blocks_total - u.blocks_used >= blocks)) break;
+        if (pthread_cond_timedwait(&bt->blocks_cv, &bt->mu, &dl) == ETIMEDOUT) break;
+    }
+    pthread_mutex_unlock(&bt->mu);
+    return ok;
+}
+
+BatchStats batcher_stats(Batcher *bt) {
+    pthread_mutex_lock(&bt->mu);
+    BatchStats s = bt->st;
+    s.active = bt->n_active;
+    pthread_mutex_unlock(&bt->mu);
+    pthread_mutex_lock(&bt->bk);
+    BackendKvUsage u = backend_kv_usage(bt->b);
+    pthread_mutex_unlock(&bt->bk);
+    s.blocks_used = u.blocks_used;
+    s.blocks_total = u.blocks_total;
+    return s;
+}
+
+/* ---- the view's backend ops ---- */
+
+static int view_forward(Backend *bb, const int *tokens, const int *pos, int n,
+                        const uint8_t *mask, const int *out_rows, int n_out, float *logits,
+                        RsErr *e) {
+    View *v = (View *)bb;
+    Batcher *bt = v->bt;
+    int rc = backend_check_forward(bb, tokens, pos, n, mask, out_rows, n_out, e);
+    if (rc) return rc;
+    RS_ASSERT(!logits); /* decodes reduce their rows where they live */
+    pthread_mutex_lock(&bt->mu);
+    if (!v->active) {
+        v->active = 1;
+        v->preempted = 0;
+        v->ticket = ++bt->tickets;
+        bt->n_active++;
+    }
+    v->seg = (BackendSeg){v->seq, tokens, pos, n, mask};
+    v->out_rows = out_rows;
+    v->n_out = n_out;
+    v->state = VIEW_WAITING;
+    bt->n_waiting++;
+    pthread_cond_signal(&bt->sched_cv);
+    while (v->state == VIEW_WAITING) pthread_cond_wait(&bt->done_cv, &bt->mu);
+    v->state = VIEW_IDLE;
+    rc = v->rc;
+    if (rc && e) *e = v->err;
+    pthread_mutex_unlock(&bt->mu);
+    if (!rc) bb->n_pending += n;
+    if (!rc && v->planner) {
+        planner_observe_batch_pass(v->planner, v->pass_rows, v->pass_ns);
+        planner_set_batch(v->planner, v->pass_rows - n, v->pass_seqs);
+    }
+    return rc;
+}
+
+static int view_commit(Backend *bb, const int *keep, int n_keep, RsErr *e) {
+    View *v = (View *)bb;
+    pthread_mutex_lock(&v->bt->bk);
+    int rc = backend_seq_commit(v->bt->b, v->seq, keep, n_keep, e);
+    pthread_mutex_unlock(&v->bt->bk);
+    if (!rc) {
+        bb->n_committed += n_keep;
+        bb->n_pending = 0;
+    }
+    return rc;
+}
+
+/* Rows of the view (kept rows 0..n_kept of its last forward) in the pass's kept rows. */
+static void view_rows(const View *v, const int *rows, int n, int *mapped) {
+    for (int i = 0; i < n; i++) mapped[i] = v->kept0 + rows[i];
+}
+
+static int view_rows_copy(Backend *bb, const int *rows, int n, float *logits, RsErr *e) {
+    View *v = (View *)bb;
+    int *m = rs_xmalloc(sizeof(int) * (size_t)n);
+    view_rows(v, rows, n, m);
+    pthread_mutex_lock(&v->bt->bk);
+    int rc = backend_rows_copy(v->bt->b, m, n, logits, e);
+    pthread_mutex_unlock(&v->bt->bk);
+    free(m);
+    return rc;
+}
+
+static void view_rows_stats(Backend *bb, const int *rows, int n, const Sampling *s,
+                            const double *u, RowStats *out) {
+    View *v = (View *)bb;
+    int *m = rs_xmalloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+    view_rows(v, rows, n, m);
+    pthread_mutex_lock(&v->bt->bk);
+    RS_ASSERT(backend_rows_stats(v->bt->b, m, n, s, u, out, NULL) == RS_OK);
+    pthread_mutex_unlock(&v->bt->bk);
+    free(m);
+}
+
+static void view_rows_gather(Backend *bb, const int *rows, const int *ids, int n, float *out) {
+    View *v = (View *)bb;
+    int *m = rs_xmalloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+    view_rows(v, rows, n, m);
+    pthread_mutex_lock(&v->bt->bk);
+    RS_ASSERT(backend_rows_gather(v->bt->b, m, ids, n, out, NULL) == RS_OK);
+    pthread_mutex_unlock(&v->bt->bk);
+    free(m);
+}
+
+static void view_destroy(Backend **pb) {
+    View *v = (View *)*pb;
+    Batcher *bt = v->bt;
+    pthread_mutex_lock(&bt->mu);
+    view_deactivate(v);
+    for (int i = 0; i < bt->n_views; i++)
+        if (bt->views[i] == v) bt->views[i] = bt->views[--bt->n_views];
+    pthread_mutex_unlock(&bt->mu);
+    pthread_mutex_lock(&bt->bk);
+    backend_seq_close(bt->b, v->seq);
+    pthread_mutex_unlock(&bt->bk);
+    pthread_cond_broadcast(&bt->blocks_cv);
+    free(v);
+    *pb = NULL;
+}
+
+static int view_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
+    *out = NULL;
+    return rs_err(e, RS_EUNSUPPORTED, "a batcher view is made by batcher_target");
+}
+
+const BackendOps batch_view_ops = {
+    .name = "batch",
+    .create = view_create,
+    .destroy = view_destroy,
+    .forward = view_forward,
+    .kv_commit = view_commit,
+    .kv_reset = view_reset,
+    .rows_copy = view_rows_copy,
+    .rows_stats = view_rows_stats,
+    .rows_gather = view_rows_gather,
+};

@@ -1,0 +1,66 @@
+/* Iteration-level continuous batching (Orca, OSDI 2022) over one backend's sequences
+ * (kernels/backend.h: Sequences). Each decode runs decode_run unchanged on a Target of its
+ * own whose backend is a *view*: a sequence of the shared backend whose forward() does not
+ * run alone but joins the batcher's next pass. A scheduler thread runs a pass once every
+ * decode that has joined is waiting in forward() (a round boundary: each has finished its
+ * host work of the round), taking their rows oldest first up to a row budget; the rest
+ * wait for the next pass. Rows, kept logits and the row queries are mapped between the
+ * view and the shared pass, so every decode sees exactly what it would see alone, and the
+ * backend's batch invariance makes its logits the same bits: a decode's output equals its
+ * solo output whatever shares its passes.
+ *
+ * Chunked prefill (Sarathi-Serve, OSDI 2024): a view forwards a prompt prefill_chunk rows
+ * at a time, so a new prompt holds the running decodes' passes back by one chunk at most.
+ *
+ * KV blocks. A pass whose sequences need more blocks than are free runs without its
+ * youngest sequences (they wait); when even the oldest alone does not fit, the youngest
+ * other decode is preempted: its sequence is emptied and its forward() fails with RS_EFULL
+ * (batcher_preempted says so), so its owner restarts it later (recompute). */
+#ifndef ROOTSPEC_BATCH_H
+#define ROOTSPEC_BATCH_H
+#include "planner.h"
+#include "target.h"
+
+typedef struct Batcher Batcher;
+
+typedef struct {
+    int parallel;      /* decodes at once (views), >= 1 */
+    int row_budget;    /* most rows in one pass (a lone larger request still runs) */
+    int prefill_chunk; /* prompt rows a decode adds to one pass, 1..PREFILL_CHUNK_MAX */
+    int kv_entries;    /* the shared cache's entries (kv_capacity), all sequences together */
+    int seq_capacity;  /* the most entries one sequence may hold (a decode's --ctx) */
+    BackendParams backend; /* the shared backend's settings (threads, kernel family, ...);
+                              its sizes come from the fields above */
+} BatchOpts;
+
+typedef struct {
+    int active;              /* views in a decode now */
+    int blocks_used, blocks_total;
+    uint64_t passes, rows;   /* passes run and the rows they carried */
+    uint64_t preemptions;
+    uint64_t pass_ns;        /* time the passes took (the rest: decodes' host work) */
+    int last_rows;           /* rows of the last pass */
+} BatchStats;
+
+/* Creates the shared backend (ops over m) and the scheduler thread. */
+int batcher_create(const Model *m, const BackendOps *ops, const BatchOpts *o, Batcher **out,
+                   RsErr *e);
+/* Every target made by batcher_target must be destroyed first. Accepts NULL; clears *b. */
+void batcher_destroy(Batcher **b);
+/* A Target whose backend is a view on a sequence of its own (up to o->parallel of them).
+ * Destroy it with target_destroy. */
+int batcher_target(Batcher *bt, const int *eog, int n_eog, Target **out, RsErr *e);
+/* Links a planner (--budget auto) to t's view: after each pass the view records the pass
+ * by its total rows and tells the planner what the others brought (planner_set_batch), so
+ * the decode prices its rows at the batch's cost and rate. */
+void batcher_plan(Target *t, Planner *p);
+/* The decode on t ended (or failed): its sequence is emptied and it stops holding passes
+ * back until its next forward(). */
+void batcher_leave(Target *t);
+/* 1 when t's last forward failed because its decode was preempted (it has left). */
+int batcher_preempted(const Target *t);
+/* Waits until `blocks` KV blocks are free, or timeout_ms passes (0 on timeout). */
+int batcher_wait_blocks(Batcher *bt, int blocks, int timeout_ms);
+BatchStats batcher_stats(Batcher *bt);
+
+#endif
