@@ -16,6 +16,8 @@ LDLIBS  := $(PKG_LIBS) -lm -pthread
 SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
 DEFAULT_MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
+# The default pair's target: the default model's values in F16 (tools/setup.sh --pair).
+PAIR_MODEL := models/SmolLM2-135M-Instruct.F16.gguf
 
 # The engine library (librootspec.a, linked by every program): every .c in LIB_DIRS except
 # program entry points (*_main.c). The bench's own code (statistics, logs, summary) is a
@@ -121,7 +123,10 @@ setup:
 $(DEFAULT_MODEL):
 	bash tools/setup.sh --model-only
 
-run: all $(DEFAULT_MODEL)
+$(PAIR_MODEL): $(DEFAULT_MODEL) build/rootspec-convert
+	bash tools/setup.sh --pair
+
+run: all $(DEFAULT_MODEL) $(PAIR_MODEL)
 	bash deploy/run-main.sh
 
 clean:
