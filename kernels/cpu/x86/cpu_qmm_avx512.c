@@ -14,6 +14,7 @@
 #define QK_FAMILY_NAME "avx512"
 #define QK_VNNI 1
 #define QK_REGS32 1 /* AVX-512 VL: 32 vector registers */
+#define QK_ZMM 1    /* 512-bit registers (the emulated builds leave them out) */
 /* Weights prefetched 8 KB ahead into L2: on an AMD EPYC Zen 4 (AVX-512, no AMX) the
  * one-row pass took 4.4-4.6 ms against 5.1-5.4 with the AVX2 default of 4 KB into L1 (best
  * of 300 passes each, the settings alternating pass by pass in one process; 6 KB / 12 KB /
