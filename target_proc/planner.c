@@ -20,6 +20,8 @@
 #define DEEPEN_EVERY 16  /* every this many asks, one level deeper than the best */
 #define FIRST_DEPTH 2    /* the first ask's depth: a commit and one expansion level */
 #define TIE_TOKENS 0.01  /* depths whose values differ by less are worth the same */
+#define CHAIN_LEVEL 0.125 /* a pool level costing more than this share of a one-row target
+                             pass is grown one node wide */
 
 /* Upper edges of the calibration's log q buckets (the last bucket is below -15). */
 static const double BUCKET_EDGE[N_BUCKETS - 1] = {-0.02, -0.05, -0.1, -0.2, -0.35, -0.5, -0.7,
@@ -214,6 +216,17 @@ static double depth_value(const Planner *p, Rule rule, int t, int d, int *tried)
     return *tried ? p->gain[rule][t][*tried] : NAN;
 }
 
+/* Nodes a pool level expands. All ten while a level costs little next to a target pass
+ * (an EAGLE-3 head; the suffix kind, which ignores it): the wide pool's siblings then come
+ * nearly free. One when a level costs like a pass of a full model (a quantized twin of the
+ * target): its passes cost per row, and a confident drafter's best node carries most of
+ * the acceptance, so the pool is a chain of best nodes with their siblings (DESIGN.md §2,
+ * "Pool shape"). Unmeasured: the full width. */
+static int pool_width(const Planner *p) {
+    if (p->fixed || !p->have_level) return POOL_EXPAND;
+    return p->level_ns > CHAIN_LEVEL * pass_cost(p, 1) ? 1 : POOL_EXPAND;
+}
+
 PlanAsk planner_before_round(Planner *p, Rule rule, int temp, int n_pend) {
     double r = ref_rate(p, rule, temp), best = -INFINITY;
     int t = temp != 0, best_d = 0, tried = 0;
@@ -226,16 +239,18 @@ PlanAsk planner_before_round(Planner *p, Rule rule, int temp, int n_pend) {
     }
     /* Nothing known: a shallow first ask (a commit and one level, whose costs it measures);
      * a deep one from a slow drafter would cost several passes before anything is known. */
-    if (!tried || isnan(best)) return (PlanAsk){.ask = 1, .depth = FIRST_DEPTH, .explore = 1};
+    int w = pool_width(p);
+    if (!tried || isnan(best))
+        return (PlanAsk){.ask = 1, .depth = FIRST_DEPTH, .width = w, .explore = 1};
     if (best > 0) {
         int deeper = ++p->asks % DEEPEN_EVERY == 0 && best_d < POOL_MAX_DEPTH;
-        return (PlanAsk){.ask = 1, .depth = best_d + deeper, .explore = deeper};
+        return (PlanAsk){.ask = 1, .depth = best_d + deeper, .width = w, .explore = deeper};
     }
     /* Refresh the depth that came closest to paying. An ask costs only its wait: with a
      * useless pool the round still makes its AR step. */
     double cost = wait_cost(p, rule, best_d, n_pend);
     if (p->skipped_ns >= EXPLORE_EVERY * (isnan(cost) ? 0 : cost))
-        return (PlanAsk){.ask = 1, .depth = best_d, .explore = 1};
+        return (PlanAsk){.ask = 1, .depth = best_d, .width = w, .explore = 1};
     return (PlanAsk){.ask = 0, .depth = 0};
 }
 
