@@ -198,6 +198,36 @@ START_TEST(test_planner_measured_costs) {
 }
 END_TEST
 
+/* The pool's width: the full ten until a level was measured and while a level costs at
+ * most an eighth of a one-row target pass (10 ms here); one node a level once levels cost
+ * more (a full-model drafter), and ten again when they turn cheap. */
+START_TEST(test_planner_pool_width) {
+    Selection s;
+    Pool *p = chain_selected(8, 0.99, &s);
+    Planner *pl = measured_planner();
+    PlanAsk a = planner_before_round(pl, RULE_ROOTDRAW, 0, 1);
+    ck_assert(a.ask);
+    ck_assert_int_eq(a.width, POOL_EXPAND);
+    p->n_passes = 2; /* a commit of 1 ms and one level of 5 ms: half a target pass */
+    p->commit_pass_ns = 1000000;
+    p->draft_ns = 6000000;
+    planner_observe_pool(pl, p, 1, 6000000, 0);
+    planner_choose(pl, RULE_ROOTDRAW, 0, p, &s, 1, 2);
+    a = planner_before_round(pl, RULE_ROOTDRAW, 0, 1);
+    ck_assert(a.ask);
+    ck_assert_int_eq(a.width, 1);
+    for (int i = 0; i < 40; i++) { /* levels of 0.5 ms: a twentieth */
+        p->draft_ns = 1500000;
+        planner_observe_pool(pl, p, 1, 1500000, 0);
+    }
+    a = planner_before_round(pl, RULE_ROOTDRAW, 0, 1);
+    ck_assert(a.ask);
+    ck_assert_int_eq(a.width, POOL_EXPAND);
+    planner_destroy(&pl);
+    free(p);
+}
+END_TEST
+
 Suite *suite_planner(void) {
     Suite *s = suite_create("planner");
     TCase *tc = tcase_create("core");
@@ -208,6 +238,7 @@ Suite *suite_planner(void) {
     tcase_add_test(tc, test_planner_asks_when_it_pays);
     tcase_add_test(tc, test_planner_measured_costs);
     tcase_add_test(tc, test_planner_long_commit_not_asked);
+    tcase_add_test(tc, test_planner_pool_width);
     suite_add_tcase(s, tc);
     return s;
 }
