@@ -20,6 +20,9 @@
 #define DEEPEN_EVERY 16  /* every this many asks, one level deeper than the best */
 #define FIRST_DEPTH 2    /* the first ask's depth: a commit and one expansion level */
 #define TIE_TOKENS 0.01  /* depths whose values differ by less are worth the same */
+#define COMMIT_LONG 16   /* a drafter commit of more tokens is a prefill (the prompt, or
+                            the tokens of a run of AR steps): it tells what a committed token
+                            costs, not what a round's commit pass does */
 #define CHAIN_LEVEL 0.125 /* a pool level costing more than this share of a one-row target
                              pass is grown one node wide */
 
@@ -33,6 +36,7 @@ struct Planner {
     double commit_ns, level_ns, extra_ns; /* drafting: commit pass, per level, overhead */
     double commit_tok_ns;                 /* commit pass per committed token */
     int have_pool, have_level;
+    int have_commit; /* commit_ns measured on a round's commit, not guessed from a prefill */
     double acc_a[2][N_BUCKETS], acc_q[2][N_BUCKETS]; /* accepted, sum of q: by T, bucket */
     double gain[RULE_COUNT][2][POOL_MAX_DEPTH + 1];  /* excess over an AR step, by depth */
     int gain_n[RULE_COUNT][2][POOL_MAX_DEPTH + 1];
@@ -265,8 +269,17 @@ void planner_observe_pass(Planner *p, int rows, uint64_t ns) {
 void planner_observe_pool(Planner *p, const Pool *pool, int n_commit, uint64_t total_ns,
                           uint64_t waited_ns) {
     int first = !p->have_pool;
-    ewma(&p->commit_ns, (double)pool->commit_pass_ns, first);
     if (n_commit > 0) ewma(&p->commit_tok_ns, (double)pool->commit_pass_ns / n_commit, first);
+    /* A first pool after the prompt's prefill would price every later commit like that
+     * prefill, and a drafter that costs a quarter of the target would never be asked
+     * again; until a round's commit is measured, one token's share stands in (low: the
+     * next ask measures it). */
+    if (n_commit <= COMMIT_LONG) {
+        ewma(&p->commit_ns, (double)pool->commit_pass_ns, !p->have_commit);
+        p->have_commit = 1;
+    } else if (!p->have_commit) {
+        p->commit_ns = p->commit_tok_ns;
+    }
     if (pool->n_passes > 1) {
         double lv = (double)(pool->draft_ns - pool->commit_pass_ns) / (pool->n_passes - 1);
         ewma(&p->level_ns, lv, !p->have_level);
