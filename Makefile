@@ -18,6 +18,8 @@ LDLIBS  := $(PKG_LIBS) -lm -pthread
 SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
 DEFAULT_MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
+# The default pair's target: the default model's values in F16 (tools/setup.sh --pair).
+PAIR_MODEL := models/SmolLM2-135M-Instruct.F16.gguf
 
 # Quiet by default: one "CC file.c" / "AR lib" / "LD prog" line per step, so a build shows
 # what it makes and its warnings; `make V=1` prints every command in full.
@@ -132,7 +134,10 @@ setup:
 $(DEFAULT_MODEL):
 	@bash tools/setup.sh --model-only
 
-run: all $(DEFAULT_MODEL)
+$(PAIR_MODEL): $(DEFAULT_MODEL) build/rootspec-convert
+	@bash tools/setup.sh --pair
+
+run: all $(DEFAULT_MODEL) $(PAIR_MODEL)
 	@bash deploy/run-main.sh
 
 clean:

@@ -80,6 +80,9 @@ static void usage(FILE *f) {
             "                        docs/DESIGN.md §6 (default: one AR decode per T joins\n"
             "                        each prompt's rotation, 18 in all, for every decoder's\n"
             "                        speedup over AR)\n"
+            "  --pool-shape D,W      the drafter's pools: D levels, W nodes expanded a level\n"
+            "                        (rootspec-target --help; default 8,10, or the planner's\n"
+            "                        choice under auto)\n"
             "  --warmup N            prompts whose combinations run once first, unlogged\n"
             "                        (default 2)\n"
             "  --repeats N           every prompt runs its combinations N times, each time in\n"
@@ -119,6 +122,7 @@ typedef struct {
     int launch, insecure, draft_timeout_ms, device;
     int batch_invariant; /* --batch-invariant: BackendParams.batch_invariant */
     int limit, max_new, no_ar, warmup, repeats, threads, ctx, ignore_eos;
+    int pool_depth, pool_width; /* --pool-shape (0: the full shape, or the planner's) */
     uint64_t seed;
     Sampling sampling; /* the law of the T=1 combinations (T=0 ones are greedy) */
 } Settings;
@@ -183,6 +187,8 @@ static int settings_save(const Settings *s, const char *dir, RsErr *e) {
     cJSON_AddBoolToObject(o, "ignore_eos", s->ignore_eos);
     cJSON_AddNumberToObject(o, "warmup", s->warmup);
     cJSON_AddNumberToObject(o, "repeats", s->repeats);
+    cJSON_AddNumberToObject(o, "pool_depth", s->pool_depth);
+    cJSON_AddNumberToObject(o, "pool_width", s->pool_width);
     char seed[32];
     snprintf(seed, sizeof seed, "%" PRIu64, s->seed); /* a string: doubles lose 64-bit seeds */
     json_str(o, "seed", seed);
@@ -334,6 +340,8 @@ static int settings_load(Settings *s, const char *dir, RsErr *e) {
         (rc = jget_opt_bool(o, path, "ignore_eos", &s->ignore_eos, e)) ||
         (rc = jget_int(o, path, "warmup", 0, 1 << 20, &s->warmup, e)) ||
         (rc = jget_opt_int(o, path, "repeats", 1, 1000, 1, &s->repeats, e)) ||
+        (rc = jget_opt_int(o, path, "pool_depth", 0, POOL_MAX_DEPTH, 0, &s->pool_depth, e)) ||
+        (rc = jget_opt_int(o, path, "pool_width", 0, POOL_EXPAND, 0, &s->pool_width, e)) ||
         (rc = jget_str(o, path, "seed", 0, &seed, e)) ||
         (rc = jget_int(o, path, "threads", 1, 256, &s->threads, e)) ||
         (rc = jget_int(o, path, "ctx", 256, 1 << 20, &s->ctx, e)) ||
@@ -598,6 +606,7 @@ static int parse_option(int argc, char **argv, int *i, Cli *c, int *setting, RsE
     else if (!strcmp(a, "--top-p")) { if (VAL()) rc = cli_double(a, v, 0, 1, &s->sampling.top_p, e); }
     else if (!strcmp(a, "--min-p")) { if (VAL()) rc = cli_double(a, v, 0, 1, &s->sampling.min_p, e); }
     else if (!strcmp(a, "--budgets")) { if (VAL()) c->budgets = v; }
+    else if (!strcmp(a, "--pool-shape")) { if (VAL()) rc = cli_pool_shape(v, &s->pool_depth, &s->pool_width, e); }
     else if (!strcmp(a, "--no-ar")) s->no_ar = 1;
     else if (!strcmp(a, "--ignore-eos")) s->ignore_eos = 1;
     else if (!strcmp(a, "--warmup")) { if (VAL()) rc = cli_int(a, v, 0, 1 << 20, &s->warmup, e); }
@@ -910,7 +919,8 @@ static int decode_one(Bench *b, const BenchRun *r, const char *label, DecodeResu
                     .planner = automatic ? b->en->planner : NULL,
                     .sampling = c->temp ? b->s.sampling : SAMPLING_GREEDY, .seed = b->s.seed,
                     .prompt_id = (uint64_t)r->prompt,
-                    .max_new = b->s.max_new, .ignore_eos = b->s.ignore_eos};
+                    .max_new = b->s.max_new, .ignore_eos = b->s.ignore_eos,
+                    .pool_depth = b->s.pool_depth, .pool_width = b->s.pool_width};
     Backend *be = target_backend(b->en->target);
     Sink *sink = &b->sink;
     sink->n = 0;

@@ -4,7 +4,7 @@
  * shared, so the minimum is the figure that means something):
  *   stream  a matrix far larger than the caches (--mb MiB at n = 1): GB/s of weights read;
  *           for n > 1 also GFLOP/s (2 * rows * cols * n per pass)
- *   hot     a matrix that stays in the caches (--hot-kb, default 192 KiB: L2): TSC cycles and ns per 32-weight block and
+ *   hot     a matrix that stays in the caches (--hot-kb, default 192 KiB: L2), at each n: TSC cycles and ns per 32-weight block and
  *           token, i.e. the kernel's instruction cost without the memory system.
  *   attn    (--attn CTX) one token's attention over CTX cache entries in every head of
  *           SmolLM2-135M's 30 layers (9 heads sharing 3 KV heads of 64), with the KV cache
@@ -249,9 +249,9 @@ int main(int argc, char **argv) {
     for (int k = 0; k < o.n_attn; k++) run_attn(f, o.attn[k], o.reps, &r);
     if (o.n_attn) return 0;
     for (int ti = 0; ti < o.n_types; ti++) {
-        run_case(f, o.types[ti], 1, (size_t)o.hot_kb << 10, o.cols, o.reps * 20, 1, o.x4, &r);
         for (int k = 0; k < o.n_ns; k++) {
             int n = o.ns[k];
+            run_case(f, o.types[ti], n, (size_t)o.hot_kb << 10, o.cols, o.reps * 20, 1, o.x4, &r);
             size_t bytes = ((size_t)o.mb << 20) / (n < 4 ? 1 : (size_t)n / 4);
             if (bytes < ((size_t)2 << 20)) bytes = (size_t)2 << 20;
             run_case(f, o.types[ti], n, bytes, o.cols, o.reps, 0, o.x4, &r);

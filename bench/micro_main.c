@@ -1,8 +1,8 @@
 /* rootspec-micro: forward-pass micro-benchmark of the CPU backend. For each thread count it
  * runs a 128-token prefill, then greedy AR decoding (one token per pass, its argmax from
  * the kept row as rootspec-target takes it, commit: the AR tok/s figure), then times
- * tree-shaped pending batches of n = 1, 9 and 65 tokens (the root pass, a B=8 and a B=64
- * tree pass). Bytes streamed per token (weights in their stored type + the KV cache read)
+ * tree-shaped pending batches of n = 1, 5, 9 and 65 tokens (the root pass, a chain of
+ * four, a B=8 and a B=64 tree pass). Bytes streamed per token (weights in their stored type + the KV cache read)
  * are set against a memcpy bandwidth and a read-only stream measured in the same run (n = 1
  * reads; the read stream is its bound) and against the kernels' compute roof
  * (bench/micro_roof.c), and the drafter's host work per logits row while a self-drafter
@@ -52,7 +52,7 @@ static void usage(FILE *f) {
             "                   rounds of a 4-row commit and pool growth (7 passes of 10\n"
             "                   rows) per thread count, set against the read stream and the\n"
             "                   compute roof\n"
-            "After an N-token prefill: AR tok/s, then forward() of n = 1, 9, 65 pending tree\n"
+            "After an N-token prefill: AR tok/s, then forward() of n = 1, 5, 9, 65 pending tree\n"
             "tokens with logits for every row, each set against a memcpy and a read stream\n"
             "measured in the run and against the compute roof (the same kernels on a slice\n"
             "of each matrix in cache, one thread).\n"
@@ -384,9 +384,10 @@ static int run_threads(const Model *m, const Opts *o, int threads, double wbytes
            cpu_backend_kv(b), ar, ar_cpu, mem, rd);
     printf("%4s %9s %9s %9s %12s %8s %7s %9s\n", "n", "ms(mean)", "ms(best)", "cpu_ms",
            "streamGB/s", "%memcpy", "%read", "GFLOP/s");
-    static const int sizes[3] = {1, 9, MAX_N};
-    double best[3] = {0}, bcpu[3] = {0}, means[3] = {0}, mean;
-    for (int si = 0; si < 3 && !rc; si++) {
+    /* 5: a root pass's chain of four (a full-model drafter's tree), against 1 */
+    static const int sizes[4] = {1, 5, 9, MAX_N};
+    double best[4] = {0}, bcpu[4] = {0}, means[4] = {0}, mean;
+    for (int si = 0; si < 4 && !rc; si++) {
         long att;
         rc = time_passes(b, &r, sizes[si], o->iters, logits, &best[si], &mean, &bcpu[si], &att,
                          e);
@@ -409,14 +410,17 @@ static int run_threads(const Model *m, const Opts *o, int threads, double wbytes
                "pass_ms_n65=%.3f cpu_ms_n1=%.3f cpu_ms_n9=%.3f cpu_ms_n65=%.3f "
                "bytes_per_token=%.0f copy_gbs=%.2f bw_frac_n1=%.3f read_gbs=%.2f "
                "read_frac_n1=%.3f read_pair_frac_n1=%.3f vmrss_kb=%ld\n",
-               threads, cpu_backend_kernels(b), ar, best[0], best[1], best[2], bcpu[0], bcpu[1],
-               bcpu[2], wbytes + kv, mem,
+               threads, cpu_backend_kernels(b), ar, best[0], best[2], best[3], bcpu[0], bcpu[2],
+               bcpu[3], wbytes + kv, mem,
                (wbytes + kv) / (best[0] * 1e6) / mem, rd, (wbytes + kv) / (best[0] * 1e6) / rd,
                paired, *rss_kb = vm_rss_kb());
     /* against the roof on `threads` cores: near 1 = the kernels' arithmetic is the limit */
     if (!rc)
         printf("roof_frac_n1_t%d=%.3f\nroof_frac_n65_t%d=%.3f\n", threads,
-               roof->ms_n1 / threads / best[0], threads, roof->ms_n65 / threads / best[2]);
+               roof->ms_n1 / threads / best[0], threads, roof->ms_n65 / threads / best[3]);
+    /* a memory-bound tree pass of a few rows costs about a one-row pass (best of each) */
+    if (!rc)
+        printf("pass_ratio_n5_n1_t%d=%.3f\n", threads, best[1] / best[0]);
     /* against the read stream (the one-row pass's bound), both ways */
     if (!rc)
         printf("read_frac_n1_t%d=%.3f\nread_pair_frac_n1_t%d=%.3f\n", threads,
@@ -425,7 +429,7 @@ static int run_threads(const Model *m, const Opts *o, int threads, double wbytes
     if (!rc) {
         printf("ar_tok_s_t%d=%.2f\nar_cpu_tok_s_t%d=%.2f\nkernels_t%d=%s\n", threads, ar, threads,
                ar_cpu, threads, cpu_backend_kernels(b));
-        for (int si = 0; si < 3; si++)
+        for (int si = 0; si < 4; si++)
             printf("pass_ms_n%d_t%d=%.2f\npass_best_ms_n%d_t%d=%.2f\n", sizes[si], threads,
                    means[si], sizes[si], threads, best[si]);
     }

@@ -130,6 +130,17 @@ int cli_cpus_available(void) {
     return n > 0 ? n : 1;
 }
 
+int cli_pool_shape(const char *val, int *depth, int *width, RsErr *e) {
+    char dep[32], wid[32];
+    const char *comma = strchr(val, ',');
+    if (!comma || (size_t)(comma - val) >= sizeof dep || strlen(comma + 1) >= sizeof wid)
+        return rs_err(e, RS_EINVAL, "--pool-shape: '%s' is not DEPTH,WIDTH (e.g. 5,1)", val);
+    snprintf(dep, sizeof dep, "%.*s", (int)(comma - val), val);
+    snprintf(wid, sizeof wid, "%s", comma + 1);
+    int rc = cli_int("--pool-shape depth", dep, 1, POOL_MAX_DEPTH, depth, e);
+    return rc ? rc : cli_int("--pool-shape width", wid, 1, POOL_EXPAND, width, e);
+}
+
 CliRuntime cli_runtime_defaults(void) {
     return (CliRuntime){.backend = "cpu", .threads = 1, .ctx = 2048, .device = 0,
                         .cpu_kernels = cli_cpu_kernels()};

@@ -14,6 +14,8 @@ int cli_double(const char *opt, const char *val, double min, double max, double 
 int cli_u64(const char *opt, const char *val, uint64_t *out, RsErr *e);
 /* --budget: "auto" gives 0 (the cost-aware budget), else B in 1..TREE_MAX. */
 int cli_budget(const char *val, int *out, RsErr *e);
+/* --pool-shape: "DEPTH,WIDTH", depth 1..POOL_MAX_DEPTH, width 1..POOL_EXPAND (common/pool.h). */
+int cli_pool_shape(const char *val, int *depth, int *width, RsErr *e);
 /* The options rootspec-target and rootspec-draft share, parsed alike: where the model runs
  * and how the two processes secure their link. */
 typedef struct {

@@ -53,6 +53,7 @@ struct GGUFFile {
     GGUFTensor *t;
     size_t n_t;
     uint64_t alignment, data_off;
+    size_t kv_end; /* where the metadata ends and the tensor infos begin */
 };
 
 /* ---- bounds-checked reader ---- */
@@ -333,6 +334,7 @@ static int parse(GGUFFile *g, RsErr *e) {
     g->t = rs_xcalloc((size_t)n_t, sizeof(GGUFTensor));
     g->alignment = 32;
     if ((rc = parse_kvs(g, &r, n_kv))) return rc;
+    g->kv_end = r.pos;
     if ((rc = parse_alignment(g, e))) return rc;
     if ((rc = parse_tensor_infos(g, &r, n_t))) return rc;
     return place_tensors(g, r.pos, e);
@@ -725,4 +727,129 @@ int gguf_load_model(const char *path, Model **out, RsErr *e) {
     chat_hint(g, m->chat_hint, sizeof m->chat_hint);
     *out = m;
     return RS_OK;
+}
+
+/* ---- conversion to a 16-bit float file ---- */
+
+static void put_le(FILE *f, uint64_t v, int n) {
+    for (int i = 0; i < n; i++) fputc((int)((v >> (8 * i)) & 0xff), f);
+}
+
+/* The type tensor t gets: matrices (2+ dimensions) `type`, vectors as they are (the loader
+ * expands vectors to f32 whatever they are stored in). */
+static uint32_t convert_type(const GGUFTensor *t, uint32_t type) {
+    return t->n_dims >= 2 ? type : t->type;
+}
+
+static uint64_t convert_bytes(const GGUFTensor *t, uint32_t type) {
+    if (type == t->type) return t->nbytes;
+    uint64_t nel = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    return nel * 2;
+}
+
+/* Header and metadata as the input has them (general.file_type says the new type), then
+ * the tensor infos with their new types and offsets; returns the data section's size. */
+static uint64_t convert_header(const GGUFFile *g, FILE *f, uint32_t type) {
+    fwrite("GGUF", 1, 4, f);
+    put_le(f, 3, 4);
+    put_le(f, g->n_t, 8);
+    put_le(f, g->n_kv, 8);
+    size_t kv_n = g->kv_end - 24;
+    uint8_t *kv = rs_xmalloc(kv_n + 1);
+    memcpy(kv, g->map + 24, kv_n);
+    const GGUFKV *ft = find_kv(g, "general.file_type");
+    if (ft && (ft->type == GV_U32 || ft->type == GV_I32)) {
+        uint32_t v = type == QT_F16 ? 1 : 32; /* llama.cpp's MOSTLY_F16, MOSTLY_BF16 */
+        for (int i = 0; i < 4; i++) kv[(size_t)(ft->val - g->map) - 24 + i] = (uint8_t)(v >> (8 * i));
+    }
+    fwrite(kv, 1, kv_n, f);
+    free(kv);
+    uint64_t off = 0;
+    for (size_t i = 0; i < g->n_t; i++) {
+        const GGUFTensor *t = &g->t[i];
+        uint32_t ty = convert_type(t, type);
+        put_le(f, t->name_len, 8);
+        fwrite(t->name, 1, t->name_len, f);
+        put_le(f, t->n_dims, 4);
+        for (uint32_t d = 0; d < t->n_dims; d++) put_le(f, t->ne[d], 8);
+        put_le(f, ty, 4);
+        put_le(f, off, 8);
+        off += (convert_bytes(t, ty) + g->alignment - 1) / g->alignment * g->alignment;
+    }
+    return off;
+}
+
+/* One tensor's data: its bytes, or its rows expanded by the engine's dequantizer and
+ * rounded to `type`. */
+static void convert_data(const GGUFTensor *t, uint32_t type, FILE *f) {
+    if (type == t->type) {
+        fwrite(t->data, 1, t->nbytes, f);
+        return;
+    }
+    size_t cols = (size_t)t->ne[0], rows = (size_t)(t->ne[1] * t->ne[2] * t->ne[3]), be, bb;
+    quant_type_geometry(t->type, &be, &bb);
+    float *x = rs_xmalloc(cols * sizeof(float));
+    uint8_t *h = rs_xmalloc(cols * 2);
+    for (size_t r = 0; r < rows; r++) {
+        quant_dequantize(t->type, t->data + r * (cols / be * bb), x, cols);
+        for (size_t c = 0; c < cols; c++) {
+            uint16_t v = type == QT_F16 ? quant_f32_to_f16(x[c]) : quant_f32_to_bf16(x[c]);
+            h[2 * c] = (uint8_t)v, h[2 * c + 1] = (uint8_t)(v >> 8);
+        }
+        fwrite(h, 1, cols * 2, f);
+    }
+    free(h);
+    free(x);
+}
+
+static void pad_to(FILE *f, uint64_t pos) {
+    for (long cur = ftell(f); cur >= 0 && (uint64_t)cur < pos; cur++) fputc(0, f);
+}
+
+static int convert_write(const GGUFFile *g, const char *out, uint32_t type, RsErr *e) {
+    FILE *f = fopen(out, "wb");
+    if (!f) return rs_err(e, RS_EIO, "cannot create '%s': %s", out, strerror(errno));
+    convert_header(g, f, type);
+    long hdr = ftell(f);
+    uint64_t data_off = ((uint64_t)(hdr < 0 ? 0 : hdr) + g->alignment - 1) / g->alignment * g->alignment;
+    uint64_t off = 0;
+    for (size_t i = 0; i < g->n_t; i++) {
+        const GGUFTensor *t = &g->t[i];
+        uint32_t ty = convert_type(t, type);
+        pad_to(f, data_off + off);
+        convert_data(t, ty, f);
+        off += (convert_bytes(t, ty) + g->alignment - 1) / g->alignment * g->alignment;
+    }
+    int bad = ferror(f) || hdr < 0;
+    if (fclose(f) != 0 || bad) return rs_err(e, RS_EIO, "cannot write '%s': %s", out, strerror(errno));
+    return RS_OK;
+}
+
+int gguf_convert(const char *in, const char *out, uint32_t type, RsErr *e) {
+    if (type != QT_F16 && type != QT_BF16)
+        return rs_err(e, RS_EINVAL, "gguf_convert: type %s is not F16 or BF16",
+                      quant_type_name(type) ? quant_type_name(type) : "?");
+    Model *m = NULL;
+    int rc = gguf_load_model(in, &m, e); /* what the engine cannot load is not converted */
+    if (rc) return rc;
+    const GGUFFile *g = m->gguf;
+    char tnb[200];
+    for (size_t i = 0; i < g->n_t && !rc; i++)
+        if (convert_type(&g->t[i], type) != g->t[i].type && !quant_type_supported(g->t[i].type))
+            rc = rs_err(e, RS_EUNSUPPORTED, "'%s': tensor '%s' has type %s, which rootspec cannot "
+                        "dequantize (supported: " QUANT_SUPPORTED_NAMES ")", in,
+                        rs_escape(tnb, sizeof tnb, g->t[i].name, g->t[i].name_len, 0),
+                        quant_type_name(g->t[i].type));
+    if (rc) {
+        model_destroy(&m);
+        return rc;
+    }
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp%ld", out, (long)getpid());
+    rc = convert_write(m->gguf, tmp, type, e);
+    model_destroy(&m);
+    if (!rc && rename(tmp, out) != 0)
+        rc = rs_err(e, RS_EIO, "cannot rename '%s' to '%s': %s", tmp, out, strerror(errno));
+    if (rc) unlink(tmp);
+    return rc;
 }

@@ -138,6 +138,13 @@ typedef struct Model {
  * On success *out is a new Model the caller owns (free with model_destroy). */
 int model_load(const char *path, Model **out, RsErr *e);
 
+/* Writes `out`, a GGUF v3 file of the model in GGUF file `in` (which must load) with every
+ * matrix stored as `type` (QT_F16 or QT_BF16, common/quant.h): each element is the engine's
+ * dequantized value (quant_dequantize) rounded to nearest even; metadata, tokenizer, vectors
+ * and tensor order are kept. Written to a temporary name and renamed, so `out` is whole or
+ * absent. */
+int gguf_convert(const char *in, const char *out, uint32_t type, RsErr *e);
+
 /* Pointers to m's matrix descriptors into out (2 + 7 * n_layers of them): tok_embeddings,
  * wcls, then each layer's wq, wk, wv, wo, w_gate, w_up, w_down. Returns the count; a tied
  * head is listed beside the embeddings it shares. */

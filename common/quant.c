@@ -72,6 +72,37 @@ float quant_f16_to_f32(uint16_t h) {
 
 float quant_bf16_to_f32(uint16_t h) { return bits_to_f32((uint32_t)h << 16); }
 
+static inline uint32_t f32_to_bits(float f) {
+    uint32_t b;
+    memcpy(&b, &f, sizeof b);
+    return b;
+}
+
+/* Round to nearest, ties to even, as F16C's vcvtps2ph with rounding mode 0: overflow goes
+ * to infinity, values below 2^-14 to subnormals, NaNs stay quiet NaNs. */
+uint16_t quant_f32_to_f16(float f) {
+    uint32_t x = f32_to_bits(f), sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520: rounds past 65504 */
+    if (ax <= 0x33000000u) return (uint16_t)sign;             /* <= 2^-25: rounds to zero */
+    uint32_t q, rem, half;
+    if (ax < 0x38800000u) { /* subnormal: round(m * 2^(e - 126)) */
+        uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u, shift = 126u - e;
+        q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    } else { /* normal: rebias the exponent (127 - 15), drop 13 mantissa bits */
+        uint32_t r = ax - 0x38000000u;
+        q = r >> 13, rem = r & 0x1fffu, half = 0x1000u;
+    }
+    if (rem > half || (rem == half && (q & 1u))) q++; /* a carry moves into the exponent */
+    return (uint16_t)(sign | q);
+}
+
+uint16_t quant_f32_to_bf16(float f) {
+    uint32_t x = f32_to_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
 static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
 /* The K-quant expansions below round exactly as ggml's dequantize_row_* and gguf-py do:

@@ -38,6 +38,9 @@ static inline uint32_t quant_le32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 float quant_bf16_to_f32(uint16_t h);
+/* f32 to f16 / bf16, round to nearest even (F16C's and ggml's rounding; NaN stays NaN). */
+uint16_t quant_f32_to_f16(float f);
+uint16_t quant_f32_to_bf16(float f);
 
 /* K-quant super-block geometry (QK_K elements; bytes per block). */
 #define QK_K 256

@@ -81,9 +81,10 @@ int drafter_commit_grow(Drafter *d, const int *tokens, int n, Pool *out, RsErr *
     return drafter_grow(d, tokens, n, NULL, 0, out, e);
 }
 
-void drafter_set_depth(Drafter *d, int depth) {
-    RS_ASSERT(depth >= 1 && depth <= POOL_MAX_DEPTH && !d->growing);
-    if (d->ops->set_depth) d->ops->set_depth(d->ctx, depth);
+void drafter_set_shape(Drafter *d, int depth, int width) {
+    RS_ASSERT(depth >= 1 && depth <= POOL_MAX_DEPTH && width >= 1 && width <= POOL_EXPAND &&
+              !d->growing);
+    if (d->ops->set_shape) d->ops->set_shape(d->ctx, depth, width);
 }
 
 const DrafterInfo *drafter_info(const Drafter *d) { return &d->info; }

@@ -84,12 +84,14 @@ int drafter_grow(Drafter *d, const int *tokens, int n, const void *features, siz
 /* drafter_grow without features. */
 int drafter_commit_grow(Drafter *d, const int *tokens, int n, Pool *out, RsErr *e);
 
-/* The deepest pool level the next growths may reach, 1..POOL_MAX_DEPTH (a cost-aware
- * decoder asks for shallower pools when deep candidates do not pay for their passes): a
- * model kind runs depth - 1 expansion passes, the suffix kind follows matches that far.
- * Kinds without the op keep their full depth. Call it between growths (not while one is
+/* The shape of the next growths' pools (DESIGN.md §2, "Pool shape"): the deepest level
+ * they may reach, 1..POOL_MAX_DEPTH, and how many nodes a level expands, 1..POOL_EXPAND (a
+ * cost-aware decoder asks for shallower or narrower pools when deep or wide candidates do
+ * not pay for their passes): a model kind runs depth - 1 expansion passes of `width` rows,
+ * the suffix kind follows matches that far (its matches decide the width). Kinds without
+ * the op keep the full shape (8, 10). Call it between growths (not while one is
  * outstanding); the remote kind sends it with the next commit. */
-void drafter_set_depth(Drafter *d, int depth);
+void drafter_set_shape(Drafter *d, int depth, int width);
 
 /* Size, weights and name; valid until drafter_destroy. */
 const DrafterInfo *drafter_info(const Drafter *d);

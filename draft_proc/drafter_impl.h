@@ -21,9 +21,9 @@ typedef struct {
     /* As drafter_append (n >= 1); optional: NULL makes drafter_append RS_EUNSUPPORTED. */
     int (*append)(void *ctx, const int *tokens, int n, const void *features, size_t feat_bytes,
                   RsErr *e);
-    /* As drafter_set_depth, called only while no growth is outstanding; optional: NULL
-     * keeps the kind's full depth. */
-    void (*set_depth)(void *ctx, int depth);
+    /* As drafter_set_shape, called only while no growth is outstanding; optional: NULL
+     * keeps the kind's full shape. */
+    void (*set_shape)(void *ctx, int depth, int width);
 } DrafterOps;
 
 struct Drafter {

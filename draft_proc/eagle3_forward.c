@@ -263,7 +263,7 @@ int eagle3_grow_pool(Eagle3Runner *r, const float *root_state, const float *root
     eagle3_topk(r->h, root_logits, POOL_TOPK, ids, lq);
     r->rows_reduced = 1;
     r->grow_root = root_state;
-    int rc = pool_grow(p, ids, lq, 0, POOL_MAX_DEPTH, expand_nodes, r, r->h->cfg.c.vocab_size, "EAGLE-3 head", e);
+    int rc = pool_grow(p, ids, lq, 0, POOL_MAX_DEPTH, POOL_EXPAND, expand_nodes, r, r->h->cfg.c.vocab_size, "EAGLE-3 head", e);
     r->grow_root = NULL;
     if (rc) return rc;
     p->draft_ns = rs_now_ns() - t0;

@@ -21,7 +21,7 @@ typedef struct {
                            an adopted model */
     Backend *b;
     int vocab;
-    int depth;           /* drafter_set_depth's, POOL_MAX_DEPTH by default */
+    int depth, width;    /* drafter_set_shape's, POOL_MAX_DEPTH and POOL_EXPAND by default */
     float lse[POOL_EXPAND]; /* rows_topk's log-sum-exp of the last pass's rows */
     uint64_t backend_ns; /* this growth's time inside backend forward/commit calls */
     int rows;            /* logits rows this growth reduced */
@@ -87,7 +87,7 @@ static int grow(ModelDrafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
     if (!rc) rc = reduce(d, ids, lq, e);
     if (rc) return rc;
     p->commit_pass_ns = rs_now_ns() - t0;
-    rc = pool_grow(p, ids, lq, backend_n_pending(d->b), d->depth, expand, d, d->vocab, "drafter", e);
+    rc = pool_grow(p, ids, lq, backend_n_pending(d->b), d->depth, d->width, expand, d, d->vocab, "drafter", e);
     if (rc) return rc;
     p->draft_ns = rs_now_ns() - t0;
     /* The top-k reduction is host work wherever it ran: in rows_topk, or (CPU backend)
@@ -126,7 +126,11 @@ static int model_grow_end(void *ctx, Pool *out, RsErr *e) {
     return sync_growth_end(&((ModelDrafter *)ctx)->g, out, e);
 }
 
-static void model_set_depth(void *ctx, int depth) { ((ModelDrafter *)ctx)->depth = depth; }
+static void model_set_shape(void *ctx, int depth, int width) {
+    ModelDrafter *d = ctx;
+    d->depth = depth;
+    d->width = width;
+}
 
 static void md_destroy(void *ctx) {
     ModelDrafter *d = ctx;
@@ -142,7 +146,7 @@ static const DrafterOps model_ops = {
     .grow_end = model_grow_end,
     .destroy = md_destroy,
     .append = model_append,
-    .set_depth = model_set_depth,
+    .set_shape = model_set_shape,
 };
 
 /* Builds the kind's state on `m`; takes ownership of `view` (NULL or m itself). */
@@ -159,6 +163,7 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
     d->view = view;
     d->vocab = m->cfg.vocab_size;
     d->depth = POOL_MAX_DEPTH;
+    d->width = POOL_EXPAND;
     BackendParams bp = *params;
     bp.max_batch = MAX_BATCH;
     bp.max_pending = POOL_N_EXPANDED + MAX_BATCH;

@@ -15,12 +15,12 @@ static void add_children(Pool *p, const int *ids, const float *logq, int parent,
     }
 }
 
-/* The POOL_EXPAND best of the candidates from `first` on (all of one depth) by the ranking,
+/* The `width` best of the candidates from `first` on (all of one depth) by the ranking,
  * returned in pool order so children stay in creation order by parent. */
-static void best_new(const Pool *p, int first, int *nodes) {
+static void best_new(const Pool *p, int first, int width, int *nodes) {
     int cand[POOL_EXPAND * POOL_TOPK], nc = p->n - first;
     for (int i = 0; i < nc; i++) cand[i] = first + i;
-    for (int k = 0; k < POOL_EXPAND; k++) { /* partial selection sort */
+    for (int k = 0; k < width; k++) { /* partial selection sort */
         int best = k;
         for (int i = k + 1; i < nc; i++)
             if (pool_rank_cmp(p, cand[i], cand[best]) < 0) best = i;
@@ -29,7 +29,7 @@ static void best_new(const Pool *p, int first, int *nodes) {
         cand[best] = t;
         nodes[k] = cand[k];
     }
-    for (int k = 1; k < POOL_EXPAND; k++)
+    for (int k = 1; k < width; k++)
         for (int j = k; j > 0 && nodes[j] < nodes[j - 1]; j--) {
             int t = nodes[j];
             nodes[j] = nodes[j - 1];
@@ -40,9 +40,9 @@ static void best_new(const Pool *p, int first, int *nodes) {
 /* One pass over `nodes` (one depth): mask rows naming each node's pending ancestors and
  * itself, the kind's forward, then the nodes' children. slot_of: pending row of every
  * expanded node so far. */
-static int expand_pass(Pool *p, const int *nodes, int np, int *slot_of, uint8_t *m,
+static int expand_pass(Pool *p, const int *nodes, int n, int np, int *slot_of, uint8_t *m,
                        PoolExpandFn expand, void *ctx, RsErr *e) {
-    int n = POOL_EXPAND, cols = np + n, tokens[POOL_EXPAND], prow[POOL_EXPAND];
+    int cols = np + n, tokens[POOL_EXPAND], prow[POOL_EXPAND];
     int ids[POOL_EXPAND * POOL_TOPK];
     float lq[POOL_EXPAND * POOL_TOPK];
     memset(m, 0, (size_t)n * cols);
@@ -67,12 +67,14 @@ static int expand_pass(Pool *p, const int *nodes, int np, int *slot_of, uint8_t 
 }
 
 int pool_grow(Pool *p, const int *root_ids, const float *root_logq, int n_pending0,
-              int max_depth, PoolExpandFn expand, void *ctx, int vocab, const char *who, RsErr *e) {
+              int max_depth, int width, PoolExpandFn expand, void *ctx, int vocab, const char *who,
+              RsErr *e) {
     int slot_of[POOL_MAX], nodes[POOL_EXPAND], passes = 1, expanded = 0;
     for (int i = 0; i < POOL_MAX; i++) slot_of[i] = -1;
     p->n = 0;
     add_children(p, root_ids, root_logq, -1, 1);
-    for (int k = 0; k < POOL_EXPAND; k++) nodes[k] = k;
+    RS_ASSERT(width >= 1 && width <= POOL_EXPAND);
+    for (int k = 0; k < width; k++) nodes[k] = k; /* the root's top `width`, best first */
     uint8_t mask[POOL_EXPAND * POOL_N_EXPANDED];
     /* the mask's columns cover the rows pending before the growth too */
     uint8_t *m = n_pending0 ? rs_xmalloc(POOL_EXPAND * ((size_t)n_pending0 + POOL_N_EXPANDED))
@@ -80,18 +82,18 @@ int pool_grow(Pool *p, const int *root_ids, const float *root_logq, int n_pendin
     RS_ASSERT(max_depth >= 1 && max_depth <= POOL_MAX_DEPTH);
     for (int depth = 1; depth < max_depth; depth++) {
         int first_new = p->n;
-        int rc = expand_pass(p, nodes, n_pending0 + expanded, slot_of, m, expand, ctx, e);
+        int rc = expand_pass(p, nodes, width, n_pending0 + expanded, slot_of, m, expand, ctx, e);
         if (rc) {
             if (m != mask) free(m);
             return rc;
         }
         passes++;
-        expanded += POOL_EXPAND;
-        if (depth + 1 < max_depth) best_new(p, first_new, nodes);
+        expanded += width;
+        if (depth + 1 < max_depth) best_new(p, first_new, width, nodes);
     }
     if (m != mask) free(m);
-    RS_ASSERT(p->n == POOL_TOPK + (max_depth - 1) * POOL_EXPAND * POOL_TOPK &&
-              expanded == (max_depth - 1) * POOL_EXPAND);
+    RS_ASSERT(p->n == POOL_TOPK + (max_depth - 1) * width * POOL_TOPK &&
+              expanded == (max_depth - 1) * width);
     /* The shape is right by construction; log q is not when the model's logits are not
      * finite (NaN / inf weights, fp16 overflow): an error for the target, not an abort. */
     RsErr pe = {0};

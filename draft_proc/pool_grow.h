@@ -31,11 +31,15 @@ typedef int (*PoolExpandFn)(void *ctx, const PoolPass *pass, int *top_ids /* (n,
 
 /* Grows *p from the root's top 10 (root_ids, root_logq: POOL_TOPK each, best first), the
  * kind's pending rows starting at n_pending0, down to depth max_depth (1..POOL_MAX_DEPTH:
- * max_depth - 1 expansion passes; POOL_MAX_DEPTH gives the full 710), then
+ * max_depth - 1 expansion passes), expanding the `width` best nodes of each level (1..
+ * POOL_EXPAND; the passes have that many rows): 10 + (max_depth - 1) * width * 10
+ * candidates, POOL_MAX_DEPTH and POOL_EXPAND giving the full 710 (DESIGN.md §2, "Pool
+ * shape"), then
  * pool_finalize(p, vocab): RS_EFORMAT "<who> produced an invalid pool (non-finite
  * logits?): ..." when log q is not finite. Sets n_passes (the commit pass counted: 8 at
  * full depth) and n_expanded (70); timings are the caller's. */
 int pool_grow(Pool *p, const int *root_ids, const float *root_logq, int n_pending0,
-              int max_depth, PoolExpandFn expand, void *ctx, int vocab, const char *who, RsErr *e);
+              int max_depth, int width, PoolExpandFn expand, void *ctx, int vocab, const char *who,
+              RsErr *e);
 
 #endif

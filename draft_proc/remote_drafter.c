@@ -24,7 +24,7 @@ typedef struct {
     uint64_t tok_hash;
     uint64_t session, seq, pending_seq;
     int healthy;
-    int depth;       /* drafter_set_depth's, sent with each COMMIT_GROW; 0: never set */
+    int depth, width; /* drafter_set_shape's, sent with each COMMIT_GROW; 0: never set */
     char fingerprint[PROTO_FP_MAX + 1]; /* the drafter's, from its last HELLO_OK */
     ProtoMsg in;
     msgpack_sbuffer sb;
@@ -171,7 +171,12 @@ static int send_tokens(Remote *r, ProtoType type, const int *tokens, int n, cons
                    : type == PROTO_COMMIT_GROW && last ? PROTO_COMMIT_GROW : PROTO_APPEND;
         msg.u.tokens.ids = (const int32_t *)tokens + off;
         msg.u.tokens.n = m;
-        if (msg.type == PROTO_COMMIT_GROW) msg.u.tokens.depth = r->depth;
+        if (msg.type == PROTO_COMMIT_GROW) {
+            msg.u.tokens.depth = r->depth;
+            /* the full width is the default: a drafter that predates the field still
+             * serves a target that never narrows its pools */
+            msg.u.tokens.width = r->width == POOL_EXPAND ? 0 : r->width;
+        }
         const float *f = features ? (const float *)features + (size_t)off * width : NULL;
         int rc = attach_features(r, &msg, m, f, f ? (size_t)m * width * sizeof(float) : 0, e);
         if (rc) return rc;
@@ -216,7 +221,11 @@ static int remote_grow_end(void *ctx, Pool *out, RsErr *e) {
     return rc;
 }
 
-static void remote_set_depth(void *ctx, int depth) { ((Remote *)ctx)->depth = depth; }
+static void remote_set_shape(void *ctx, int depth, int width) {
+    Remote *r = ctx;
+    r->depth = depth;
+    r->width = width;
+}
 
 /* Says BYE when the session is healthy, so the drafter can take the next target at once. */
 static void remote_destroy(void *ctx) {
@@ -242,7 +251,7 @@ static const DrafterOps remote_ops = {
     .grow_end = remote_grow_end,
     .destroy = remote_destroy,
     .append = remote_append,
-    .set_depth = remote_set_depth,
+    .set_shape = remote_set_shape,
 };
 
 int drafter_remote_create(const char *endpoint, const Model *target, uint64_t tok_hash,

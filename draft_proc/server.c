@@ -206,8 +206,8 @@ static void on_commit_grow(Session *s) {
     RsErr ge = {0};
     size_t fb;
     const float *f = request_features(s, &fb);
-    int depth = s->req.u.tokens.depth;
-    drafter_set_depth(s->d, depth ? depth : POOL_MAX_DEPTH);
+    int depth = s->req.u.tokens.depth, width = s->req.u.tokens.width;
+    drafter_set_shape(s->d, depth ? depth : POOL_MAX_DEPTH, width ? width : POOL_EXPAND);
     int rc = drafter_grow(s->d, s->req.u.tokens.ids, s->req.u.tokens.n, f, fb, s->pool, &ge);
     if (rc) {
         lose_context(s, "COMMIT_GROW");

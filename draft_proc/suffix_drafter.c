@@ -245,7 +245,11 @@ static int suffix_grow_end(void *ctx, Pool *out, RsErr *e) {
     return sync_growth_end(&((SuffixDrafter *)ctx)->g, out, e);
 }
 
-static void suffix_set_depth(void *ctx, int depth) { ((SuffixDrafter *)ctx)->depth = depth; }
+/* The width is the model kinds': matches decide how many nodes a level expands. */
+static void suffix_set_shape(void *ctx, int depth, int width) {
+    (void)width;
+    ((SuffixDrafter *)ctx)->depth = depth;
+}
 
 static void suffix_destroy(void *ctx) {
     SuffixDrafter *d = ctx;
@@ -261,7 +265,7 @@ static const DrafterOps suffix_ops = {
     .grow_end = suffix_grow_end,
     .destroy = suffix_destroy,
     .append = suffix_append,
-    .set_depth = suffix_set_depth,
+    .set_shape = suffix_set_shape,
 };
 
 int drafter_suffix_create(int vocab, const int *corpus, size_t n_corpus, const char *name,

@@ -74,11 +74,11 @@ static int thread_append(void *ctx, const int *tokens, int n, const void *featur
     return rc;
 }
 
-static void thread_set_depth(void *ctx, int depth) {
+static void thread_set_shape(void *ctx, int depth, int width) {
     ThreadDrafter *td = ctx;
     pthread_mutex_lock(&td->mu);
     wait_idle(td);
-    drafter_set_depth(td->inner, depth);
+    drafter_set_shape(td->inner, depth, width);
     pthread_mutex_unlock(&td->mu);
 }
 
@@ -148,7 +148,7 @@ static const DrafterOps thread_ops = {
     .grow_end = thread_grow_end,
     .destroy = thread_destroy,
     .append = thread_append,
-    .set_depth = thread_set_depth,
+    .set_shape = thread_set_shape,
 };
 
 int drafter_threaded_create(Drafter *inner, Drafter **out, RsErr *e) {

@@ -384,13 +384,14 @@ static int dec_features(Rd *r, ProtoMsg *out, uint32_t n) {
     return 0;
 }
 
-/* grow: a COMMIT_GROW, whose body may carry a third element, the pool depth. */
+/* grow: a COMMIT_GROW, whose body may carry a third and a fourth element, the pool depth
+ * and width. */
 static int dec_tokens(Rd *r, ProtoMsg *out, int min_n, int grow) {
     uint32_t n, parts;
-    if (rd_arr(r, "body", -1, 3, &parts)) return -1;
-    if (parts != 2 && !(grow && parts == 3))
+    if (rd_arr(r, "body", -1, 4, &parts)) return -1;
+    if (parts != 2 && !(grow && (parts == 3 || parts == 4)))
         return rd_fail(r, RS_EPROTO, "body has %u fields, expected 2%s", parts,
-                       grow ? " or 3" : "");
+                       grow ? " to 4" : "");
     if (rd_arr(r, "tokens", -1, PROTO_MAX_TOKENS, &n)) return -1;
     if ((int)n < min_n)
         return rd_fail(r, RS_EPROTO, "tokens has %u entries, expected at least %d", n, min_n);
@@ -413,6 +414,9 @@ static int dec_tokens(Rd *r, ProtoMsg *out, int min_n, int grow) {
     if (parts < 3) return 0;
     if (rd_i64(r, "depth", -1, 1, POOL_MAX_DEPTH, &v)) return -1;
     out->u.tokens.depth = (int)v;
+    if (parts < 4) return 0;
+    if (rd_i64(r, "width", -1, 1, POOL_EXPAND, &v)) return -1;
+    out->u.tokens.width = (int)v;
     return 0;
 }
 
@@ -621,7 +625,11 @@ static int enc_tokens(msgpack_packer *pk, const ProtoTokens *t, int min_n, int g
                       PROTO_MAX_FEAT_BYTES);
     if (t->depth < 0 || t->depth > POOL_MAX_DEPTH || (t->depth && !grow))
         return rs_err(e, RS_EINVAL, "proto: cannot encode pool depth %d", t->depth);
-    int rc = msgpack_pack_array(pk, t->depth ? 3 : 2) | msgpack_pack_array(pk, (size_t)t->n);
+    if (t->width < 0 || t->width > POOL_EXPAND || (t->width && !t->depth))
+        return rs_err(e, RS_EINVAL, "proto: cannot encode pool width %d (depth %d)", t->width,
+                      t->depth);
+    int rc = msgpack_pack_array(pk, t->width ? 4 : t->depth ? 3 : 2) |
+             msgpack_pack_array(pk, (size_t)t->n);
     for (int i = 0; i < t->n; i++) rc |= msgpack_pack_int32(pk, t->ids[i]);
     if (t->feat_type == PROTO_FEAT_NONE) {
         rc |= msgpack_pack_array(pk, 0);
@@ -639,6 +647,7 @@ static int enc_tokens(msgpack_packer *pk, const ProtoTokens *t, int min_n, int g
         }
     }
     if (t->depth) rc |= msgpack_pack_uint32(pk, (uint32_t)t->depth);
+    if (t->width) rc |= msgpack_pack_uint32(pk, (uint32_t)t->width);
     return rc ? rs_err(e, RS_ENOMEM, "proto: out of memory encoding %d tokens", t->n) : RS_OK;
 }
 
@@ -772,7 +781,7 @@ int proto_msg_equal(const ProtoMsg *a, const ProtoMsg *b) {
         return x->n == y->n &&
                (x->n == 0 || memcmp(x->ids, y->ids, (size_t)x->n * sizeof(int32_t)) == 0) &&
                x->feat_type == y->feat_type && x->feat_width == y->feat_width &&
-               x->depth == y->depth && (nf == 0 || memcmp(x->feat, y->feat, nf * sizeof(uint16_t)) == 0);
+               x->depth == y->depth && x->width == y->width && (nf == 0 || memcmp(x->feat, y->feat, nf * sizeof(uint16_t)) == 0);
     }
     case PROTO_POOL: {
         const Pool *x = a->u.pool.pool, *y = b->u.pool.pool;

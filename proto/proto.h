@@ -28,9 +28,11 @@
  *                  [tokens [int32 >= 0, ...] (<= 1<<20), features]   no reply unless it fails
  *   COMMIT_GROW 4  target -> drafter: newly committed tokens, ending with the
  *                  continuation token; the drafter appends them and grows a pool.
- *                  [tokens [int32 >= 0, ...] (1 .. 1<<20), features (, depth uint 1..8)]
+ *                  [tokens [int32 >= 0, ...] (1 .. 1<<20), features
+ *                   (, depth uint 1..8 (, width uint 1..10))]
  *                  reply: POOL or ERROR. depth, when present, is the deepest pool level
- *                  to grow (a cost-aware target asks for less than 8); absent: 8.
+ *                  to grow (a cost-aware target asks for less than 8); absent: 8. width,
+ *                  when present, is how many nodes each level expands; absent: 10.
  *                  features: [] (none), or [dtype uint (PROTO_FEAT_BF16 / _F16), width uint
  *                  (1..PROTO_FEAT_WIDTH_MAX), data bin] with data n * width 16-bit values,
  *                  little-endian, row i for tokens[i], at most PROTO_MAX_FEAT_BYTES bytes.
@@ -143,6 +145,8 @@ typedef struct {
     const uint16_t *feat; // (n, feat_width); decode: points into ProtoMsg.feat_store
     int depth; /* COMMIT_GROW: the pool depth asked for, 1..POOL_MAX_DEPTH; 0: not sent
                   (the full depth) */
+    int width; /* COMMIT_GROW: nodes expanded per level, 1..POOL_EXPAND; 0: not sent (the
+                  full width); sent only with a depth */
 } ProtoTokens;
 
 typedef struct {

@@ -45,7 +45,7 @@ typedef struct {
      * theirs). synced: the drafter has this decode's context (the first request resets). */
     int *pend;         // (pend_cap)
     int n_pend, pend_cap, synced;
-    int depth;         /* the pool depth last set on the drafter, 0: none yet */
+    int depth, width;  /* the pool shape last set on the drafter, 0: none yet */
     /* EAGLE-3 drafters: the target's features of the pending rows (row i: the token before
      * pend[i]); NULL for a drafter that needs none */
     float *feat;       // (feat_rows, feat_w)
@@ -317,10 +317,12 @@ static void drafter_failed(Decode *d, const RsErr *e) {
 }
 
 /* Sends the drafter the tokens it has not committed (the whole prompt first, resetting its
- * context) and lets it grow the next pool, `depth` levels deep. 0: the drafter failed. */
-static int round_request(Decode *d, Round *r, int depth, RsErr *e) {
-    if (depth != d->depth) drafter_set_depth(d->drafter, depth);
+ * context) and lets it grow the next pool, `depth` levels deep, `width` nodes expanded a
+ * level. 0: the drafter failed. */
+static int round_request(Decode *d, Round *r, int depth, int width, RsErr *e) {
+    if (depth != d->depth || width != d->width) drafter_set_shape(d->drafter, depth, width);
     d->depth = depth;
+    d->width = width;
     r->info.t_grow_sent = dec_now(d);
     size_t fb = d->feat ? sizeof(float) * (size_t)d->n_pend * d->feat_w : 0;
     int rc = drafter_grow_begin(d->drafter, d->pend, d->n_pend, !d->synced, fb ? d->feat : NULL, fb,
@@ -566,13 +568,16 @@ static int round_verify(Decode *d, Round *r, RsErr *e) {
 }
 
 static int round_speculative(Decode *d, Round *r, RsErr *e) {
-    int depth = POOL_MAX_DEPTH;
+    /* --pool-shape fixes what it gives; the planner picks the rest (DESIGN.md §5) */
+    int depth = d->o->pool_depth ? d->o->pool_depth : POOL_MAX_DEPTH;
+    int width = d->o->pool_width ? d->o->pool_width : POOL_EXPAND;
     if (d->o->planner) {
         PlanAsk a = planner_before_round(d->o->planner, d->o->rule, sampling_temp(&d->o->sampling), d->n_pend);
         if (!a.ask) return round_ar(d, r, e); /* the drafter catches up next time */
-        depth = a.depth;
+        if (!d->o->pool_depth) depth = a.depth;
+        if (!d->o->pool_width) width = a.width;
     }
-    if (!round_request(d, r, depth, e)) return round_ar(d, r, e);
+    if (!round_request(d, r, depth, width, e)) return round_ar(d, r, e);
     if (rule_needs_root(d->o->rule)) {
         int rc = round_root(d, r, e);
         if (rc) { /* the growth asked for ends here, so the next decode finds the drafter idle */

@@ -25,6 +25,9 @@ typedef struct {
                           emits max_new tokens and decoders compare on equal lengths */
     int score_all;     /* offline scoring (root-pass rules): the tree pass also covers every
                           expanded pool node, so each rule's tree and the oracle's get a tau */
+    int pool_depth, pool_width; /* --pool-shape: the pool's depth (1..POOL_MAX_DEPTH) and
+                                   nodes expanded a level (1..POOL_EXPAND); 0: the
+                                   planner's choice, or the full 8 and 10 without one */
     int test_wrong_x1; /* tests only: draw X1 from the drafter's first level instead of
                           p0 (a deliberately wrong verifier that must fail exactness) */
 } DecodeOpts;

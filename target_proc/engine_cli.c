@@ -14,6 +14,11 @@ void engine_cli_usage(FILE *f) {
             "                        from measured costs and acceptance whether to ask the\n"
             "                        drafter, how deep a pool to grow and how many nodes to\n"
             "                        verify (0: a plain AR step), for the most tokens/s\n"
+            "  --pool-shape D,W      the drafter's pools: D levels deep (1..8), W nodes expanded\n"
+            "                        a level (1..10; 1: a chain of best nodes with their\n"
+            "                        siblings, for a drafter as costly as a full model);\n"
+            "                        default 8,10 (710 candidates), or with --budget auto\n"
+            "                        the planner's choice (docs/DESIGN.md §2, §5)\n"
             "  --temp T              sampling temperature, 0..1e6; 0: greedy, and so is any\n"
             "                        T below 1e-5 (default 0)\n"
             "  --top-k N             sample among the N likeliest tokens (ties kept; 0: off)\n"
@@ -66,6 +71,7 @@ static int parse_value(const char *a, const char *v, EngineOpts *eo, DecodeOpts 
     if (!strcmp(a, "--model")) eo->model_path = v;
     else if (!strcmp(a, "--decoder")) return parse_decoder(v, d, e);
     else if (!strcmp(a, "--budget")) return cli_budget(v, &d->budget, e);
+    else if (!strcmp(a, "--pool-shape")) return cli_pool_shape(v, &d->pool_depth, &d->pool_width, e);
     /* ranges: sampling_normalize, the check requests go through too (engine_cli_check) */
     else if (!strcmp(a, "--temp")) return cli_real(a, v, &s->temperature, e);
     else if (!strcmp(a, "--top-k")) return cli_int(a, v, 0, 1 << 30, &s->top_k, e);
@@ -83,7 +89,7 @@ static int parse_value(const char *a, const char *v, EngineOpts *eo, DecodeOpts 
 }
 
 int engine_cli_option(int argc, char **argv, int *i, EngineOpts *eo, DecodeOpts *d, RsErr *e) {
-    static const char *const names[] = {"--model", "--decoder", "--budget", "--temp", "--top-k",
+    static const char *const names[] = {"--model", "--decoder", "--budget", "--pool-shape", "--temp", "--top-k",
                                         "--top-p", "--min-p", "--seed", "--draft-model",
                                         "--draft-layers", "--draft-endpoint", "--drafter",
                                         "--draft-corpus", "--eagle3-layer-ids",

@@ -21,6 +21,11 @@
 #define DEEPEN_EVERY 16  /* every this many asks, one level deeper than the best */
 #define FIRST_DEPTH 2    /* the first ask's depth: a commit and one expansion level */
 #define TIE_TOKENS 0.01  /* depths whose values differ by less are worth the same */
+#define COMMIT_LONG 16   /* a drafter commit of more tokens is a prefill (the prompt, or
+                            the tokens of a run of AR steps): it tells what a committed token
+                            costs, not what a round's commit pass does */
+#define CHAIN_LEVEL 0.125 /* a pool level costing more than this share of a one-row target
+                             pass is grown one node wide */
 
 /* Upper edges of the calibration's log q buckets (the last bucket is below -15). */
 static const double BUCKET_EDGE[N_BUCKETS - 1] = {-0.02, -0.05, -0.1, -0.2, -0.35, -0.5, -0.7,
@@ -32,6 +37,7 @@ struct Planner {
     double commit_ns, level_ns, extra_ns; /* drafting: commit pass, per level, overhead */
     double commit_tok_ns;                 /* commit pass per committed token */
     int have_pool, have_level;
+    int have_commit; /* commit_ns measured on a round's commit, not guessed from a prefill */
     double acc_a[2][N_BUCKETS], acc_q[2][N_BUCKETS]; /* accepted, sum of q: by T, bucket */
     double gain[RULE_COUNT][2][POOL_MAX_DEPTH + 1];  /* excess over an AR step, by depth */
     int gain_n[RULE_COUNT][2][POOL_MAX_DEPTH + 1];
@@ -240,6 +246,17 @@ static double depth_value(const Planner *p, Rule rule, int t, int d, int *tried)
     return *tried ? p->gain[rule][t][*tried] : NAN;
 }
 
+/* Nodes a pool level expands. All ten while a level costs little next to a target pass
+ * (an EAGLE-3 head; the suffix kind, which ignores it): the wide pool's siblings then come
+ * nearly free. One when a level costs like a pass of a full model (a quantized twin of the
+ * target): its passes cost per row, and a confident drafter's best node carries most of
+ * the acceptance, so the pool is a chain of best nodes with their siblings (DESIGN.md §2,
+ * "Pool shape"). Unmeasured: the full width. */
+static int pool_width(const Planner *p) {
+    if (p->fixed || !p->have_level) return POOL_EXPAND;
+    return p->level_ns > CHAIN_LEVEL * pass_cost(p, 1) ? 1 : POOL_EXPAND;
+}
+
 PlanAsk planner_before_round(Planner *p, Rule rule, int temp, int n_pend) {
     double r = ref_rate(p, rule, temp), best = -INFINITY;
     int t = temp != 0, best_d = 0, tried = 0;
@@ -252,16 +269,18 @@ PlanAsk planner_before_round(Planner *p, Rule rule, int temp, int n_pend) {
     }
     /* Nothing known: a shallow first ask (a commit and one level, whose costs it measures);
      * a deep one from a slow drafter would cost several passes before anything is known. */
-    if (!tried || isnan(best)) return (PlanAsk){.ask = 1, .depth = FIRST_DEPTH, .explore = 1};
+    int w = pool_width(p);
+    if (!tried || isnan(best))
+        return (PlanAsk){.ask = 1, .depth = FIRST_DEPTH, .width = w, .explore = 1};
     if (best > 0) {
         int deeper = ++p->asks % DEEPEN_EVERY == 0 && best_d < POOL_MAX_DEPTH;
-        return (PlanAsk){.ask = 1, .depth = best_d + deeper, .explore = deeper};
+        return (PlanAsk){.ask = 1, .depth = best_d + deeper, .width = w, .explore = deeper};
     }
     /* Refresh the depth that came closest to paying. An ask costs only its wait: with a
      * useless pool the round still makes its AR step. */
     double cost = wait_cost(p, rule, best_d, n_pend);
     if (p->skipped_ns >= EXPLORE_EVERY * (isnan(cost) ? 0 : cost))
-        return (PlanAsk){.ask = 1, .depth = best_d, .explore = 1};
+        return (PlanAsk){.ask = 1, .depth = best_d, .width = w, .explore = 1};
     return (PlanAsk){.ask = 0, .depth = 0};
 }
 
@@ -295,8 +314,17 @@ void planner_observe_pass(Planner *p, int rows, uint64_t ns) {
 void planner_observe_pool(Planner *p, const Pool *pool, int n_commit, uint64_t total_ns,
                           uint64_t waited_ns) {
     int first = !p->have_pool;
-    ewma(&p->commit_ns, (double)pool->commit_pass_ns, first);
     if (n_commit > 0) ewma(&p->commit_tok_ns, (double)pool->commit_pass_ns / n_commit, first);
+    /* A first pool after the prompt's prefill would price every later commit like that
+     * prefill, and a drafter that costs a quarter of the target would never be asked
+     * again; until a round's commit is measured, one token's share stands in (low: the
+     * next ask measures it). */
+    if (n_commit <= COMMIT_LONG) {
+        ewma(&p->commit_ns, (double)pool->commit_pass_ns, !p->have_commit);
+        p->have_commit = 1;
+    } else if (!p->have_commit) {
+        p->commit_ns = p->commit_tok_ns;
+    }
     if (pool->n_passes > 1) {
         double lv = (double)(pool->draft_ns - pool->commit_pass_ns) / (pool->n_passes - 1);
         ewma(&p->level_ns, lv, !p->have_level);

@@ -21,10 +21,11 @@
 
 typedef struct Planner Planner;
 
-/* Before a round: ask the drafter (depth 1..POOL_MAX_DEPTH) or decode one AR step. */
+/* Before a round: ask the drafter (depth 1..POOL_MAX_DEPTH, width 1..POOL_EXPAND nodes
+ * expanded a level) or decode one AR step. */
 typedef struct {
     int ask;
-    int depth;
+    int depth, width;
     int explore; /* asked to refresh stale estimates, not because it looked better */
 } PlanAsk;
 

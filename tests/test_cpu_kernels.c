@@ -274,6 +274,69 @@ START_TEST(test_kernels_emu_bitwise_avx2) {
 }
 END_TEST
 
+/* The AVX-512 families' float tiles (512-bit registers, up to 8 tokens a read of the
+ * weights) give the AVX2 family's bits for F32, F16 and BF16 at every token count of a
+ * group and past it (21: groups of 8, 8 and 5), each token alone as in the batch, and with
+ * rows that end in a half step and single columns; run where the CPU has them. */
+START_TEST(test_kernels_float_wide_bitwise) {
+    const QkFamily *f2 = family("avx2"), *f5 = family(_i ? "amx" : "avx512");
+    if (!f2 || !f5) return;
+    for (int ti = 0; ti < 3; ti++) {
+        Model *m;
+        uint8_t *buf;
+        QTensor w = weights(kTypes[ti], 110 + ti, &m, &buf);
+        int in = w.cols, out = w.rows;
+        for (int N = 1; N <= 21; N += N < 9 ? 1 : 12) {
+            Rng r;
+            rng_seed(&r, 120 + ti * 31 + N);
+            float *x = rs_xmalloc(sizeof(float) * N * in), *scratch = rs_xmalloc(sizeof(float) * in);
+            float *y2 = rs_xmalloc(sizeof(float) * N * out), *y5 = rs_xmalloc(sizeof(float) * N * out);
+            for (int i = 0; i < N * in; i++) x[i] = (float)(rng_uniform(&r) * 2 - 1);
+            QkActs a = tu_acts(x, N, in);
+            qk_matmul_rows(f2, &w, &a, y2, out, 0, out, scratch);
+            qk_matmul_rows(f5, &w, &a, y5, out, 0, out, scratch);
+            ck_assert_msg(memcmp(y2, y5, sizeof(float) * N * out) == 0, "%s n=%d: %s != avx2",
+                          quant_type_name(w.type), N, f5->name);
+            free(x), free(scratch), free(y2), free(y5);
+            tu_acts_free(&a);
+        }
+        check_batch_invariant(f5, &w, 21, 13, 130 + ti);
+        weights_free(&m, &buf);
+        /* 76 columns: four 16-column steps, a half step and 4 columns past it */
+        m = tu_random_model_typed(ARCH_LLAMA, 64, 76, 1, 4, 2, 64, 140 + ti, kTypes[ti]);
+        w = m->w.layers[0].w_down;
+        ck_assert_int_eq(w.cols, 76);
+        for (int N = 1; N <= 9; N += 4) {
+            Rng r;
+            rng_seed(&r, 150 + ti * 31 + N);
+            int in2 = w.cols, out2 = w.rows;
+            float *x = rs_xmalloc(sizeof(float) * N * in2), *scratch = rs_xmalloc(sizeof(float) * in2);
+            float *y2 = rs_xmalloc(sizeof(float) * N * out2), *y5 = rs_xmalloc(sizeof(float) * N * out2);
+            for (int i = 0; i < N * in2; i++) x[i] = (float)(rng_uniform(&r) * 2 - 1);
+            QkActs a = {.f32 = x, .n = N, .in = in2}; /* float weights take f32 rows only */
+            qk_matmul_rows(f2, &w, &a, y2, out2, 0, out2, scratch);
+            qk_matmul_rows(f5, &w, &a, y5, out2, 0, out2, scratch);
+            ck_assert_msg(memcmp(y2, y5, sizeof(float) * N * out2) == 0, "%s 76 columns n=%d: %s != avx2",
+                          quant_type_name(w.type), N, f5->name);
+            float *wf = tu_f32(&w);
+            for (int t = 0; t < N; t++)
+                for (int j = 0; j < out2; j++) {
+                    double sum = 0, mag = 0;
+                    for (int k = 0; k < in2; k++) {
+                        sum += (double)wf[j * in2 + k] * x[t * in2 + k];
+                        mag += fabs((double)wf[j * in2 + k] * x[t * in2 + k]);
+                    }
+                    ck_assert_msg(fabs(y5[t * out2 + j] - sum) <= 1e-5 * mag + 1e-6,
+                                  "%s 76 columns t %d j %d: %.9g vs %.9g",
+                                  quant_type_name(w.type), t, j, y5[t * out2 + j], sum);
+                }
+            free(wf), free(x), free(scratch), free(y2), free(y5);
+        }
+        model_destroy(&m);
+    }
+}
+END_TEST
+
 /* qk_family_pick: each family by name, or a refusal naming it; the default is the first
  * of amx, avx512, avx2, scalar this CPU runs; a wrong name is refused with the list. */
 START_TEST(test_family_pick) {
@@ -1025,6 +1088,7 @@ Suite *suite_cpu_kernels(void) {
     tcase_add_test(tc, test_x4_layout_round_trip_k);
     tcase_add_loop_test(tc, test_kernels_x4_bitwise, 0, N_FAMS);
     tcase_add_loop_test(tc, test_kernels_emu_bitwise_avx2, 0, 2);
+    tcase_add_loop_test(tc, test_kernels_float_wide_bitwise, 0, 2);
     tcase_add_test(tc, test_family_pick);
     tcase_add_test(tc, test_threadpool_runs_every_worker);
     tcase_add_test(tc, test_threadpool_chunks_each_once);

@@ -237,6 +237,28 @@ START_TEST(test_planner_long_commit_not_asked) {
 }
 END_TEST
 
+/* A first pool after the prompt's prefill (50 tokens committed in 100 ms, one level of
+ * 2 ms, 10 ms target passes) does not price the next rounds' one-token commits like that
+ * prefill: the planner asks again; a measured round commit then counts as it is. */
+START_TEST(test_planner_prefill_commit) {
+    Selection s;
+    Pool *p = chain_selected(8, 0.999, &s);
+    Planner *pl = measured_planner();
+    p->n_passes = 2;
+    p->commit_pass_ns = 100000000;
+    p->draft_ns = 102000000;
+    planner_observe_pool(pl, p, 50, 102000000, 92000000);
+    planner_choose(pl, RULE_ROOTDRAW, 0, p, &s, 1, 2);
+    ck_assert(planner_before_round(pl, RULE_ROOTDRAW, 0, 1).ask);
+    p->commit_pass_ns = 60000000; /* a 2-token commit of 60 ms: six target passes */
+    p->draft_ns = 62000000;
+    for (int i = 0; i < 20; i++) planner_observe_pool(pl, p, 2, 62000000, 52000000);
+    ck_assert(!planner_before_round(pl, RULE_ROOTDRAW, 0, 1).ask);
+    planner_destroy(&pl);
+    free(p);
+}
+END_TEST
+
 START_TEST(test_planner_measured_costs) {
     /* Measured passes of 1 and 9 rows; a 5-row pass is interpolated between them, and the
      * choice follows: with 9 rows at 4 passes a sure chain of 8 pays (~8 tokens for 4). */
@@ -256,6 +278,36 @@ START_TEST(test_planner_measured_costs) {
 }
 END_TEST
 
+/* The pool's width: the full ten until a level was measured and while a level costs at
+ * most an eighth of a one-row target pass (10 ms here); one node a level once levels cost
+ * more (a full-model drafter), and ten again when they turn cheap. */
+START_TEST(test_planner_pool_width) {
+    Selection s;
+    Pool *p = chain_selected(8, 0.99, &s);
+    Planner *pl = measured_planner();
+    PlanAsk a = planner_before_round(pl, RULE_ROOTDRAW, 0, 1);
+    ck_assert(a.ask);
+    ck_assert_int_eq(a.width, POOL_EXPAND);
+    p->n_passes = 2; /* a commit of 1 ms and one level of 5 ms: half a target pass */
+    p->commit_pass_ns = 1000000;
+    p->draft_ns = 6000000;
+    planner_observe_pool(pl, p, 1, 6000000, 0);
+    planner_choose(pl, RULE_ROOTDRAW, 0, p, &s, 1, 2);
+    a = planner_before_round(pl, RULE_ROOTDRAW, 0, 1);
+    ck_assert(a.ask);
+    ck_assert_int_eq(a.width, 1);
+    for (int i = 0; i < 40; i++) { /* levels of 0.5 ms: a twentieth */
+        p->draft_ns = 1500000;
+        planner_observe_pool(pl, p, 1, 1500000, 0);
+    }
+    a = planner_before_round(pl, RULE_ROOTDRAW, 0, 1);
+    ck_assert(a.ask);
+    ck_assert_int_eq(a.width, POOL_EXPAND);
+    planner_destroy(&pl);
+    free(p);
+}
+END_TEST
+
 Suite *suite_planner(void) {
     Suite *s = suite_create("planner");
     TCase *tc = tcase_create("core");
@@ -267,6 +319,8 @@ Suite *suite_planner(void) {
     tcase_add_test(tc, test_planner_asks_when_it_pays);
     tcase_add_test(tc, test_planner_measured_costs);
     tcase_add_test(tc, test_planner_long_commit_not_asked);
+    tcase_add_test(tc, test_planner_pool_width);
+    tcase_add_test(tc, test_planner_prefill_commit);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -620,6 +620,29 @@ START_TEST(test_exact_bytes) {
     ck_assert_int_eq(back.u.tokens.depth, 3);
     ck_assert(proto_msg_equal(&m, &back));
     proto_msg_clear(&back);
+    /* ... and the pool width 1 (a chain): a fourth; never without a depth */
+    m.u.tokens.width = 1;
+    encode_ok(&m, &sb);
+    const uint8_t want5[] = {0x96, 0xa4, 'R',  'S',  'P',  'C',  0x02, 0x04, 0x05, 0x01, 0x94,
+                             0x93, 0x01, 0xcc, 0xc8, 0xce, 0x00, 0x01, 0x11, 0x70, 0x90, 0x03,
+                             0x01};
+    ck_assert_uint_eq(sb.size, sizeof want5);
+    ck_assert(memcmp(sb.data, want5, sizeof want5) == 0);
+    ck_assert_msg(proto_decode(sb.data, sb.size, &back, &de) == RS_OK, "%s", de.msg);
+    ck_assert_int_eq(back.u.tokens.width, 1);
+    ck_assert(proto_msg_equal(&m, &back));
+    proto_msg_clear(&back);
+    uint8_t wide[sizeof want5];
+    memcpy(wide, want5, sizeof wide);
+    wide[sizeof wide - 1] = 11; /* more than POOL_EXPAND */
+    ck_assert_int_eq(proto_decode(wide, sizeof wide, &back, &de), RS_EPROTO);
+    ck_assert_msg(strstr(de.msg, "width"), "%s", de.msg);
+    proto_msg_clear(&back);
+    m.u.tokens.depth = 0;
+    ck_assert_int_eq(proto_encode(&m, &sb, &de), RS_EINVAL);
+    ck_assert_msg(strstr(de.msg, "pool width 1"), "%s", de.msg);
+    m.u.tokens.depth = 3;
+    m.u.tokens.width = 0;
     m.type = PROTO_APPEND; /* only a COMMIT_GROW asks for a pool */
     ck_assert_int_eq(proto_encode(&m, &sb, &de), RS_EINVAL);
     ck_assert_msg(strstr(de.msg, "pool depth 3"), "%s", de.msg);

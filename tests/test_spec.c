@@ -67,6 +67,8 @@ static void pair_close(Pair *p) {
 
 /* --budget auto in the tests below: run_law() gives decodes this planner (NULL: fixed B). */
 static Planner *g_planner;
+/* --pool-shape in the tests below: depth and width run_law() asks for (0: the defaults). */
+static int g_depth, g_width;
 
 /* One decode under the law smp. */
 static int run_law(Pair *p, Rule rule, int B, const Sampling *smp, uint64_t seed, uint64_t pid,
@@ -74,7 +76,8 @@ static int run_law(Pair *p, Rule rule, int B, const Sampling *smp, uint64_t seed
                    int wrong) {
     DecodeOpts o = {.rule = rule, .budget = B, .sampling = *smp, .seed = seed, .prompt_id = pid,
                     .max_new = max_new, .test_wrong_x1 = wrong,
-                    .planner = rule == RULE_AR ? NULL : g_planner};
+                    .planner = rule == RULE_AR ? NULL : g_planner, .pool_depth = g_depth,
+                    .pool_width = g_width};
     DecodeResult r = {0};
     int buf[512];
     r.tokens = buf;
@@ -225,8 +228,10 @@ static void exactness_law(int kind, Rule rule, int B, const Sampling *smp, long 
     int df;
     char what[SAMPLING_STR];
     *pval = chi2_pvalue(count, law, V * V * V, N, &df);
-    fprintf(stderr, "exactness %s %s B=%d %s%s: %ld decodes, chi-square df=%d, p=%.4g\n",
-            kind == 3 ? "suffix" : "model", rule_name(rule), B,
+    char shape[32] = "";
+    if (g_depth) snprintf(shape, sizeof shape, " pools %d,%d", g_depth, g_width);
+    fprintf(stderr, "exactness %s %s B=%d%s %s%s: %ld decodes, chi-square df=%d, p=%.4g\n",
+            kind == 3 ? "suffix" : "model", rule_name(rule), B, shape,
             sampling_str(smp, what, sizeof what),
             wrong ? " (WRONG verifier)" : g_planner ? " auto" : "", N, df, *pval);
     if (plain_pval) {
@@ -449,7 +454,14 @@ static int counting_forward(Backend *b, const int *tokens, const int *pos, int n
  * commit pass, 70 expanded; the expanded nodes of each depth are exactly its top 10 by
  * score (ties by pool index), none at depth 8; between rounds the drafter's KV cache holds
  * only committed tokens. */
+/* Pool shapes (depth, width), the full one first. */
+static const int SHAPES[][2] = {{8, 10}, {5, 1}, {4, 3}, {1, 10}};
+
+/* drafter_set_shape: depth - 1 expansion passes of `width` rows; the depth-1 level's
+ * `width` best and then each level's `width` best by the ranking get 10 children each,
+ * no other node any; every candidate of depth <= the asked depth. */
 START_TEST(test_pool_growth_shape) {
+    int depth = SHAPES[_i][0], width = SHAPES[_i][1];
     counting_ops = cpu_backend_ops;
     counting_ops.create = counting_create;
     counting_ops.forward = counting_forward;
@@ -457,6 +469,7 @@ START_TEST(test_pool_growth_shape) {
     Model *dm = tu_random_model(ARCH_LLAMA, 32, 64, 1, 4, 2, 50, 21);
     Drafter *d;
     ck_assert(drafter_model_create(dm, &counting_ops, TU_BP(512, 1), &d, &e) == 0);
+    if (_i) drafter_set_shape(d, depth, width);
     Pool *pl = malloc(sizeof(Pool));
     int toks[4] = {3, 4, 5, 6}, committed = 0;
     for (int round = 0; round < 6; round++) {
@@ -465,11 +478,12 @@ START_TEST(test_pool_growth_shape) {
         ck_assert_msg(drafter_commit_grow(d, toks, n, pl, &e) == 0, "%s", e.msg);
         committed += n;
         ck_assert_int_eq(model_drafter_n_committed(d), committed);
-        ck_assert_int_eq(g_fwd_n, 1 + 7);
+        ck_assert_int_eq(g_fwd_n, depth);
         ck_assert_int_eq(g_fwd_tokens[0], n);
-        for (int k = 1; k < 8; k++) ck_assert_int_eq(g_fwd_tokens[k], 10);
-        ck_assert_int_eq(pl->n_passes, 8);
-        ck_assert_int_eq(pl->n_expanded, 70);
+        for (int k = 1; k < depth; k++) ck_assert_int_eq(g_fwd_tokens[k], width);
+        ck_assert_int_eq(pl->n_passes, depth);
+        ck_assert_int_eq(pl->n_expanded, (depth - 1) * width);
+        ck_assert_int_eq(pl->n, POOL_TOPK + (depth - 1) * width * POOL_TOPK);
         for (int dep = 1; dep <= POOL_MAX_DEPTH; dep++) {
             int idx[POOL_MAX], m = 0;
             for (int i = 0; i < pl->n; i++)
@@ -484,7 +498,7 @@ START_TEST(test_pool_growth_shape) {
                     idx[j - 1] = t;
                 }
             for (int r = 0; r < m; r++) {
-                int want = dep < POOL_MAX_DEPTH && r < POOL_EXPAND ? POOL_TOPK : 0;
+                int want = dep < depth && r < width ? POOL_TOPK : 0;
                 ck_assert_msg(pl->n_children[idx[r]] == want,
                               "depth %d rank %d (pool %d): %d children, want %d", dep, r, idx[r],
                               pl->n_children[idx[r]], want);
@@ -1195,6 +1209,65 @@ START_TEST(test_root_margin) {
 }
 END_TEST
 
+/* ---- pool shapes (--pool-shape) ----------------------------------------------------- */
+
+/* T=0: every decoder with the narrow shapes of SHAPES (a chain of best nodes with their
+ * siblings, a three-wide tree, the first level alone) gives AR's tokens, with an
+ * independent and a perfect drafter, at the node cap of a chain and at B=8; X1 from the
+ * drafter's first level (`wrong`) must break it. Returns mismatches. */
+static int shape_identity(int shape, int wrong) {
+    const Rule rules[] = {RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
+    int bad = 0;
+    g_depth = SHAPES[shape][0], g_width = SHAPES[shape][1];
+    for (int kind = 0; kind <= 2; kind += 2) {
+        Pair p;
+        pair_open(&p, kind, 64, 32, 4321 + kind);
+        Rng r;
+        rng_seed(&r, 91 + kind);
+        for (int pr = 0; pr < 5; pr++) {
+            int prompt[12], n = 3 + pr, ref[64], got[64];
+            for (int i = 0; i < n; i++) prompt[i] = (int)(rng_next(&r) % 64);
+            int nref = run(&p, RULE_AR, 8, 0, 1, pr, prompt, n, 40, ref, NULL, 0);
+            for (int ri = 0; ri < 4; ri++)
+                for (int bi = 0; bi < 2; bi++) {
+                    int B = bi ? 8 : g_depth;
+                    int ng = run(&p, rules[ri], B, 0, 1, pr, prompt, n, 40, got, NULL, wrong);
+                    ck_assert_int_eq(ng, nref);
+                    for (int i = 0; i < nref; i++) bad += got[i] != ref[i];
+                    for (int i = 0; i < nref && !wrong; i++)
+                        ck_assert_msg(got[i] == ref[i],
+                                      "shape %d,%d kind %d %s B=%d prompt %d: token %d is %d, "
+                                      "AR %d", g_depth, g_width, kind, rule_name(rules[ri]), B,
+                                      pr, i, got[i], ref[i]);
+                }
+        }
+        pair_close(&p);
+    }
+    g_depth = g_width = 0;
+    return bad;
+}
+
+START_TEST(test_greedy_identity_shapes) {
+    shape_identity(1 + _i, 0);
+    if (_i == 0) ck_assert_int_gt(shape_identity(1, 1), 0); /* the test can fail */
+}
+END_TEST
+
+/* T=1: each root-pass rule and draft with a chain pool (5,1) follow the target's law; the
+ * same chi-square catches the wrong verifier with that pool. */
+START_TEST(test_t1_exactness_shapes) {
+    double pv;
+    Rule rule = ALL_RULES[1 + _i % 4];
+    int wrong = _i == 4;
+    g_depth = SHAPES[1][0], g_width = SHAPES[1][1];
+    exactness_law(1, wrong ? RULE_ROOTDRAW : rule, 4, &SAMPLING_PLAIN, 8000, wrong, &pv, NULL);
+    g_depth = g_width = 0;
+    if (wrong) ck_assert_msg(pv < 1e-3, "chain pool: a wrong verifier passed (p=%g)", pv);
+    else ck_assert_msg(pv > 1e-3, "%s chain pool: T=1 law differs from the target's (p=%g)",
+                       rule_name(rule), pv);
+}
+END_TEST
+
 /* ---- cheap drafters and the cost-aware budget -------------------------------------- */
 
 typedef struct {
@@ -1315,7 +1388,7 @@ Suite *suite_spec(void) {
     tcase_add_test(tr, test_long_prompt);
     tcase_add_test(tr, test_round_rules);
     tcase_add_test(tr, test_realised_vs_tau_root);
-    tcase_add_test(tr, test_pool_growth_shape);
+    tcase_add_loop_test(tr, test_pool_growth_shape, 0, 4);
     tcase_add_test(tr, test_oracle_brute_force);
     tcase_add_test(tr, test_score_all_oracle);
     tcase_add_test(tr, test_kv_full_reserve);
@@ -1330,6 +1403,8 @@ Suite *suite_spec(void) {
     TCase *tcheap = tcase_create("cheap"); /* suffix drafter, --budget auto */
     tcase_set_timeout(tcheap, 900);
     tcase_add_test(tcheap, test_greedy_identity_cheap);
+    tcase_add_loop_test(tcheap, test_greedy_identity_shapes, 0, 3);
+    tcase_add_loop_test(tcheap, test_t1_exactness_shapes, 0, 5);
     tcase_add_loop_test(tcheap, test_t1_exactness_cheap, 0, 12);
     tcase_add_test(tcheap, test_t1_wrong_verifier_fails_cheap);
     suite_add_tcase(s, tcheap);

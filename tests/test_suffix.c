@@ -45,7 +45,7 @@ START_TEST(test_suffix_continues_repeat) {
     Pool q = *p;
     ck_assert_msg(pool_finalize(&q, 64, &e) == RS_OK, "%s", e.msg); /* as a peer would */
     /* the depth asked is kept */
-    drafter_set_depth(d, 3);
+    drafter_set_shape(d, 3, POOL_EXPAND);
     int one = 13;
     grow(d, &one, 1, 0, p); /* context ... 10 11 12 13: continues 14 15 16 */
     k = best_chain(p, chain);

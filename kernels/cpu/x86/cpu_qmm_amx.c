@@ -13,6 +13,7 @@
 #define QK_FAMILY_NAME "amx"
 #define QK_VNNI 1
 #define QK_REGS32 1 /* AVX-512 VL: 32 vector registers */
+#define QK_ZMM 1    /* 512-bit registers (the emulated builds leave them out) */
 /* the avx512 family's weight prefetch (cpu_qmm_avx512.c says why) */
 #define QK_PF 8192
 #define QK_PF_HINT _MM_HINT_T1

@@ -14,6 +14,7 @@
 #define QK_FAMILY_NAME "avx512"
 #define QK_VNNI 1
 #define QK_REGS32 1 /* AVX-512 VL: 32 vector registers */
+#define QK_ZMM 1    /* 512-bit registers (the emulated builds leave them out) */
 /* Weights prefetched 8 KB ahead into L2 rather than the AVX2 default of 4 KB into L1: the
  * weights are read once, so L1 needs them only when the L1 prefetchers bring them, and the
  * one-row pass measured faster this way (docs/PERF.md, the avx512 family natively). */
