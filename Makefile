@@ -51,7 +51,7 @@ BENCH_SAN_OBJS := $(BENCH_SRCS:%.c=build/san/%.o)
 SERVE_OBJS     := $(SERVE_SRCS:%.c=build/obj/%.o)
 SERVE_SAN_OBJS := $(SERVE_SRCS:%.c=build/san/%.o)
 TEST_OBJS := $(TEST_SRCS:%.c=build/san/%.o) build/san/tests/main.o build/san/tests/testutil.o \
-             build/san/tests/qmm_avx512_emu.o build/san/tests/qmm_amx_emu.o
+             build/san/tests/qk_avx512_emu.o build/san/tests/qk_amx_emu.o
 # $(call main_bench_objs,MAIN.c,OBJS): OBJS when MAIN.c is a bench program, else nothing.
 main_bench_objs = $(if $(filter $(BENCH_DIR)/%,$(1)),$(2))
 # $(call main_serve,MAIN.c,X): X when MAIN.c is rootspec-serve's, else nothing.
@@ -106,7 +106,7 @@ test-bin: build/rootspec-tests $(BINS) build/amx-overhead
 
 # The AMX family's work outside its tile instructions against the AVX2 family's whole
 # computation, on any AVX2 machine (tests/amx_overhead.c): a benchmark, built with the tests.
-build/amx-overhead: build/obj/tests/amx_overhead.o build/obj/tests/qmm_avx512_emu.o build/librootspec-bench.a build/librootspec.a
+build/amx-overhead: build/obj/tests/amx_overhead.o build/obj/tests/qk_avx512_emu.o build/librootspec-bench.a build/librootspec.a
 	$(call say,LD,$@) $(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 amx-overhead: build/amx-overhead

@@ -1,5 +1,5 @@
 /* What the AMX family costs outside its tile instructions, measured on any AVX2 machine:
- * the family's own source (tests/qmm_amx_emu.c) built with every tile load, store and
+ * the family's own source (tests/qk_amx_emu.c) built with every tile load, store and
  * product a no-op, so what remains is the work around them (weights into B tiles, token
  * tiles, the float steps after each product). Set against the AVX2 family's whole
  * computation on the same packed weights, old and new alternating: an AMX path whose
@@ -7,7 +7,7 @@
  * Outputs are meaningless (the products are not computed); only time is reported.
  * `make amx-overhead`; usage: build/amx-overhead [TOKENS] [ROWS] [REPS]. */
 #define QK_AMX_NULL 1
-#include "qmm_amx_emu.c"
+#include "qk_amx_emu.c"
 
 #include "bench/kweights.h"
 #include "bench/stats.h"

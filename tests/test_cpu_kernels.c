@@ -12,7 +12,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_qmatmul.h"
 #include "kernels/cpu/threadpool.h"
-#include "qmm_avx512_emu.h"
+#include "qk_avx512_emu.h"
 #include "kernels/cpu/cpu_backend.h"
 #include <math.h>
 #include <stdatomic.h>
@@ -22,7 +22,7 @@ static const uint32_t kTypes[] = {QT_F32,  QT_F16,  QT_BF16, QT_Q8_0, QT_Q4_0, Q
                                    QT_Q5_0, QT_Q5_1, QT_Q4_K, QT_Q5_K, QT_Q6_K};
 #define N_TYPES ((int)(sizeof kTypes / sizeof kTypes[0]))
 /* avx512-emu / amx-emu: the AVX-512 / AMX families' source with their VNNI and AMX
- * instructions emulated (qmm_avx512_emu.h) */
+ * instructions emulated (qk_avx512_emu.h) */
 static const char *kFams[] = {"ref", "scalar", "avx2", "avx512", "amx", "avx512-emu", "amx-emu"};
 #define N_FAMS 7
 
@@ -38,7 +38,7 @@ static const QkFamily *family(const char *name) {
 
 /* K-quant (rows, cols) of random bytes, every super-block's f16 scales set to small
  * values (any bytes are a valid K-quant block), in *buf. */
-static QTensor kq_weights(uint32_t type, uint64_t seed, int rows, int cols, uint8_t **buf) {
+static QTensor qk_weights(uint32_t type, uint64_t seed, int rows, int cols, uint8_t **buf) {
     size_t be, bb;
     ck_assert_int_eq(quant_type_geometry(type, &be, &bb), 0);
     size_t rb = cols / be * bb;
@@ -57,7 +57,7 @@ static QTensor kq_weights(uint32_t type, uint64_t seed, int rows, int cols, uint
 }
 
 /* A random weight matrix of `type`. F32..Q5_1: a 1-layer typed test model's w_down (64,
- * 96: an odd count of 32-blocks), in *m. K-quants (no test quantizer): kq_weights (45,
+ * 96: an odd count of 32-blocks), in *m. K-quants (no test quantizer): qk_weights (45,
  * 512) in *buf. */
 static QTensor weights(uint32_t type, uint64_t seed, Model **m, uint8_t **buf) {
     *m = NULL;
@@ -66,7 +66,7 @@ static QTensor weights(uint32_t type, uint64_t seed, Model **m, uint8_t **buf) {
         *m = tu_random_model_typed(ARCH_LLAMA, 64, 96, 1, 4, 2, 64, seed, type);
         return (*m)->w.layers[0].w_down;
     }
-    return kq_weights(type, seed, 45, 512, buf);
+    return qk_weights(type, seed, 45, 512, buf);
 }
 
 static void weights_free(Model **m, uint8_t **buf) {
@@ -227,11 +227,11 @@ START_TEST(test_kernels_wide_rows) {
     }
     for (uint32_t t = QT_Q4_K; t <= QT_Q6_K; t++) { /* 17 super-blocks, then 66 */
         uint8_t *buf;
-        QTensor w = kq_weights(t, 95 + t, 13, 4352, &buf);
+        QTensor w = qk_weights(t, 95 + t, 13, 4352, &buf);
         check_vs_double(f, &w, 5, 13);
         check_batch_invariant(f, &w, 5, 6, 14);
         free(buf);
-        w = kq_weights(t, 97 + t, 6, 66 * QK_K, &buf); /* the x86 tiles go 64 at a time */
+        w = qk_weights(t, 97 + t, 6, 66 * QK_K, &buf); /* the x86 tiles go 64 at a time */
         check_vs_double(f, &w, 5, 15);
         check_batch_invariant(f, &w, 5, 3, 16);
         free(buf);
@@ -372,7 +372,7 @@ START_TEST(test_kernels_perm_rows) {
         Model *m = NULL;
         uint8_t *buf = NULL;
         int kq = kTypes[ti] == QT_Q4_K || kTypes[ti] == QT_Q5_K || kTypes[ti] == QT_Q6_K;
-        QTensor w = kq ? kq_weights(kTypes[ti], 60 + ti, 64, 512, &buf)
+        QTensor w = kq ? qk_weights(kTypes[ti], 60 + ti, 64, 512, &buf)
                        : weights(kTypes[ti], 60 + ti, &m, &buf), wp = w;
         wp.perm_hd = 16; /* 4 heads of 16 rows */
         int n = 5, in = w.cols, out = w.rows;
@@ -480,7 +480,7 @@ START_TEST(test_x4_layout_round_trip_k) {
     for (uint32_t type = QT_Q4_K; type <= QT_Q6_K; type++)
         for (int nsb = 1; nsb <= 3; nsb++) {
             uint8_t *buf, blk[256], tile[4 * 3 * 210];
-            QTensor w = kq_weights(type, 60 + type, 4, 256 * nsb, &buf);
+            QTensor w = qk_weights(type, 60 + type, 4, 256 * nsb, &buf);
             const uint8_t *rows[4] = {buf, buf + w.row_bytes, buf + 2 * w.row_bytes,
                                       buf + 3 * w.row_bytes};
             size_t bb = w.row_bytes / (size_t)nsb;
@@ -523,7 +523,7 @@ START_TEST(test_kernels_x4_bitwise) {
         ck_assert_int_eq(qk_family_packs(f, types[ti]), x86);
         for (int ci = 0; ci < 3; ci++) {
             uint8_t *buf, *pbuf;
-            QTensor w = k ? kq_weights(types[ti], 40 + ti, 72, kcols[ci], &buf)
+            QTensor w = k ? qk_weights(types[ti], 40 + ti, 72, kcols[ci], &buf)
                           : b32_weights(types[ti], 40 + ti, 72, cols[ci], &buf);
             QTensor p = x4_copy(&w, &pbuf);
             int n = 6, in = w.cols, out = w.rows;

@@ -14,7 +14,7 @@
  * picked the runner-up at leads of 0.18 and 0.53). Top-1 at every position would need f32
  * activations (the ref path keeps it). Tiny models with F32/F16/BF16 weights (f32
  * activations on every path) keep the ref tolerances; the Q4_K_M-style one takes Q8
- * activations off the ref path and holds KQ_FAST_ATOL there, plus transformers' top-1
+ * activations off the ref path and holds QK_FAST_ATOL there, plus transformers' top-1
  * wherever that leads by more than twice it. */
 #include "testutil.h"
 #include "common/logits.h"
@@ -35,7 +35,7 @@
 #define FAST_MARGIN 1.0f
 /* Tiny Q4_K_M-style model on the Q8-activation paths (measured 0.046 on AVX2 and scalar;
  * 0.066 with the f16 KV cache). */
-#define KQ_FAST_ATOL 0.1f
+#define QK_FAST_ATOL 0.1f
 /* Tiny float models with the f16 KV cache: keys and values rounded to 11 bits (measured
  * 0.0079 on AVX2, llama; the f32 caches hold GOLDEN_ATOL). Top-1 must agree too. */
 #define KV16_ATOL 0.03f
@@ -120,7 +120,7 @@ START_TEST(test_tiny_golden) {
                   "%s", e.msg);
     int kv16 = strcmp(cpu_backend_kv(b), "f16") == 0;
     int fast = (tiny[ti].q8 && strcmp(cpu_backend_kernels(b), "ref") != 0) || kv16;
-    float atol = tiny[ti].q8 && fast ? KQ_FAST_ATOL : kv16 ? KV16_ATOL : GOLDEN_ATOL;
+    float atol = tiny[ti].q8 && fast ? QK_FAST_ATOL : kv16 ? KV16_ATOL : GOLDEN_ATOL;
     int bad = tu_compare(tiny[ti].model, got, g.logits, (size_t)g.n * g.vocab, atol,
                          GOLDEN_RTOL, &mx);
     if (fast) bad += top1_misses(tiny[ti].model, got, g.logits, g.n, g.vocab, 2 * atol);

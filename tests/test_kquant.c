@@ -2,7 +2,7 @@
  * back to) against gguf-py's dequantization
  * (tests/fixtures/kquant/blocks.bin from tools/gen_kquant_fixtures.py), and the kernel
  * families' K-quant products against Q8 (per 32) activations (kernels/cpu/cpu_kquant.c, the
- * x86 tiles of cpu_qmm_x86.inc) against dequantize-then-dot. */
+ * x86 tiles of cpu_qk_x86.inc) against dequantize-then-dot. */
 #include "testutil.h"
 #include "common/quant.h"
 #include "common/util.h"
@@ -15,14 +15,14 @@ typedef struct {
     uint32_t type, n_elems, n_bytes;
     const uint8_t *bytes;
     const float *deq; /* points into the file buffer: read with memcpy */
-} KqCase;
+} QkCase;
 
 typedef struct {
     char *buf;
     size_t len;
     int n;
-    KqCase c[16];
-} KqFixture;
+    QkCase c[16];
+} QkFixture;
 
 static uint32_t rd_u32(const char *p) {
     uint32_t v;
@@ -30,7 +30,7 @@ static uint32_t rd_u32(const char *p) {
     return v;
 }
 
-static void kq_read(KqFixture *f) {
+static void qk_read(QkFixture *f) {
     const char *path = tu_fixture("kquant/blocks.bin");
     RsErr e = {0};
     ck_assert_msg(rs_read_file(path, &f->buf, &f->len, &e) == RS_OK, "%s", e.msg);
@@ -40,7 +40,7 @@ static void kq_read(KqFixture *f) {
     ck_assert_int_le(f->n, 16);
     size_t off = 12;
     for (int i = 0; i < f->n; i++) {
-        KqCase *c = &f->c[i];
+        QkCase *c = &f->c[i];
         ck_assert_msg(off + 12 <= f->len, "%s truncated", path);
         c->type = rd_u32(f->buf + off);
         c->n_elems = rd_u32(f->buf + off + 4);
@@ -58,11 +58,11 @@ static void kq_read(KqFixture *f) {
 
 /* Every element bitwise equal to gguf-py's float32 result. */
 START_TEST(test_kquant_dequant_fixture) {
-    KqFixture f;
-    kq_read(&f);
+    QkFixture f;
+    qk_read(&f);
     int seen[5] = {0};
     for (int i = 0; i < f.n; i++) {
-        KqCase *c = &f.c[i];
+        QkCase *c = &f.c[i];
         int k = c->type == QT_Q4_K ? 0 : c->type == QT_Q5_K ? 1 : c->type == QT_Q6_K ? 2
               : c->type == QT_Q5_0 ? 3 : c->type == QT_Q5_1 ? 4 : -1;
         ck_assert_msg(k >= 0, "case %d: type %u", i, c->type);
@@ -174,8 +174,8 @@ static void check_dot(int t, const uint8_t *w, int n, const QkActs *a, int rep) 
 }
 
 START_TEST(test_kquant_dot) {
-    KqFixture f;
-    kq_read(&f);
+    QkFixture f;
+    qk_read(&f);
     const int ns[] = {256, 512, 2048};
     uint64_t seed = 42;
     for (int t = QT_Q4_K; t <= QT_Q6_K; t++) {

@@ -7,26 +7,26 @@
 #include "common/util.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
-/* Uninstrumented and optimised even in the sanitizer build (as cpu_qmm_*.c): the accesses
+/* Uninstrumented and optimised even in the sanitizer build (as cpu_qk_*.c): the accesses
  * are the row ranges qk_matmul_rows computes. */
-#define KQ_HOT __attribute__((optimize("O3"), no_sanitize("address", "undefined")))
-#define KQ_INLINE static inline __attribute__((always_inline, no_sanitize_address, no_sanitize_undefined))
+#define QK_HOT __attribute__((optimize("O3"), no_sanitize("address", "undefined")))
+#define QK_INLINE static inline __attribute__((always_inline, no_sanitize_address, no_sanitize_undefined))
 #else
-#define KQ_HOT
-#define KQ_INLINE static inline
+#define QK_HOT
+#define QK_INLINE static inline
 #endif
 
-KQ_INLINE float f16_at(const uint8_t *p) { return quant_f16_to_f32((uint16_t)(p[0] | (p[1] << 8))); }
+QK_INLINE float f16_at(const uint8_t *p) { return quant_f16_to_f32((uint16_t)(p[0] | (p[1] << 8))); }
 
 /* The 8 sub-block scales and minimums of a Q4_K/Q5_K block from its 12 packed bytes: the
  * one place both kernel families unpack them. */
-KQ_INLINE void k4_scales(const uint8_t *packed, uint8_t sc[8], uint8_t m[8]) {
+QK_INLINE void k4_scales(const uint8_t *packed, uint8_t sc[8], uint8_t m[8]) {
     for (int j = 0; j < 8; j++) quant_k4_scale_min(j, packed, &sc[j], &m[j]);
 }
 
 /* Q6_K quant k (0..3) of a 128-element half at position l (0..31): ql, qh are the half's
  * low-nibble and high-bit bytes; 0..63, the stored value plus 32. */
-KQ_INLINE int q6_quant(const uint8_t *ql, const uint8_t *qh, int k, int l) {
+QK_INLINE int q6_quant(const uint8_t *ql, const uint8_t *qh, int k, int l) {
     return ((ql[l + 32 * (k & 1)] >> (4 * (k >> 1))) & 0xf) | (((qh[l] >> (2 * k)) & 3) << 4);
 }
 
@@ -34,7 +34,7 @@ KQ_INLINE int q6_quant(const uint8_t *ql, const uint8_t *qh, int k, int l) {
 
 /* One Q4_K/Q5_K block against the 8 QkQ8 blocks of one token, added to acc in sub-block
  * order. */
-KQ_INLINE float q45_block_scalar(const uint8_t *w, const QkQ8 *x, int five, float acc) {
+QK_INLINE float q45_block_scalar(const uint8_t *w, const QkQ8 *x, int five, float acc) {
     uint8_t sc[8], m[8];
     k4_scales(w + 4, sc, m);
     float d = f16_at(w), dmin = f16_at(w + 2);
@@ -52,7 +52,7 @@ KQ_INLINE float q45_block_scalar(const uint8_t *w, const QkQ8 *x, int five, floa
     return acc;
 }
 
-KQ_INLINE void q45_scalar(const uint8_t *w, const void *const *xs, int nt, int in, float *out,
+QK_INLINE void q45_scalar(const uint8_t *w, const void *const *xs, int nt, int in, float *out,
                           int five) {
     RS_ASSERT(in % QK_K == 0);
     size_t bb = five ? QK5_K_BYTES : QK4_K_BYTES;
@@ -64,17 +64,17 @@ KQ_INLINE void q45_scalar(const uint8_t *w, const void *const *xs, int nt, int i
     }
 }
 
-KQ_HOT void kq_dot_q4_K_scalar(const uint8_t *w, const void *const *xs, int nt, int in, float *out) {
+QK_HOT void qk_dot_q4_K_scalar(const uint8_t *w, const void *const *xs, int nt, int in, float *out) {
     q45_scalar(w, xs, nt, in, out, 0);
 }
 
-KQ_HOT void kq_dot_q5_K_scalar(const uint8_t *w, const void *const *xs, int nt, int in, float *out) {
+QK_HOT void qk_dot_q5_K_scalar(const uint8_t *w, const void *const *xs, int nt, int in, float *out) {
     q45_scalar(w, xs, nt, in, out, 1);
 }
 
 /* Q6_K: sub-block s = 4h + k of half h has the scales of its two 16-element groups at
  * 8h + 2k and 8h + 2k + 1. */
-KQ_HOT void kq_dot_q6_K_scalar(const uint8_t *w, const void *const *xs, int nt, int in, float *out) {
+QK_HOT void qk_dot_q6_K_scalar(const uint8_t *w, const void *const *xs, int nt, int in, float *out) {
     RS_ASSERT(in % QK_K == 0);
     for (int t = 0; t < nt; t++) {
         const QkQ8 *x = xs[t];

@@ -1,5 +1,5 @@
 /* Family selection, activation quantization and the row loop shared by every kernel family
- * (see cpu_qmatmul.h); the kernels themselves live in cpu_qmm_<family>.c. */
+ * (see cpu_qmatmul.h); the kernels themselves live in cpu_qk_<family>.c. */
 #include "cpu_qmatmul.h"
 #include "common/quant.h"
 #include "cpu_ops.h"

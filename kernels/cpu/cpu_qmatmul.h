@@ -6,10 +6,10 @@
  *   scalar  portable C; integer weight types against Q8 activations
  *   avx2    AVX2+FMA+F16C
  *   avx512  AVX-512 F/BW/VL + VNNI: tested natively where the CPU has it, and on AVX2
- *           machines with vpdpbusd emulated (tests/qmm_avx512_emu.c)
+ *           machines with vpdpbusd emulated (tests/qk_avx512_emu.c)
  *   amx     avx512 + AMX-INT8 tiles for groups of more than QK_GROUP tokens of every
- *           integer type (cpu_qmm_amx.inc; bitwise avx512's results); likewise only
- *           tested with the tile instructions emulated (tests/qmm_amx_emu.c)
+ *           integer type (cpu_qk_amx.inc; bitwise avx512's results); likewise only
+ *           tested with the tile instructions emulated (tests/qk_amx_emu.c)
  * Integer weight types take activations quantized per row: in blocks of 32 (QkQ8, as
  * llama.cpp's Q8_1) for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and, in the portable families, the
  * K-quants (cpu_kquant.h); the x86 families take K-quants against blocks of 256 (QkQ8K, as

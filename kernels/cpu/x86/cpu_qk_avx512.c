@@ -1,8 +1,8 @@
-/* AVX-512 kernel family (see cpu_qmatmul.h; kernels in cpu_qmm_x86.inc): the AVX2 kernels
+/* AVX-512 kernel family (see cpu_qmatmul.h; kernels in cpu_qk_x86.inc): the AVX2 kernels
  * recompiled with AVX-512 F/BW/VL enabled (the compiler may use the extra registers) and
  * VNNI's dpbusd for the integer block sums (Q8_0, the block-pair tiles, the K-quant x4
  * tiles). The tests run it natively where the CPU has it, and everywhere with AVX2 they run
- * this same source with vpdpbusd emulated (tests/qmm_avx512_emu.c), which must give the
+ * this same source with vpdpbusd emulated (tests/qk_avx512_emu.c), which must give the
  * AVX2 family's bits. */
 #include "kernels/cpu/cpu_qmatmul.h"
 #include "common/quant.h"
@@ -20,7 +20,7 @@
  * one-row pass measured faster this way (docs/PERF.md, the avx512 family natively). */
 #define QK_PF 8192
 #define QK_PF_HINT _MM_HINT_T1
-#include "cpu_qmm_x86.inc"
+#include "cpu_qk_x86.inc"
 #pragma GCC pop_options
 #else
 const QkFamily qk_family_avx512 = {"avx512", NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL};

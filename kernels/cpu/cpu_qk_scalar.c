@@ -125,9 +125,9 @@ static const QkKernel kScalar[] = {
     {QT_Q4_1, 1, dot_q4_1, NULL, 0, NULL},
     {QT_Q5_0, 1, dot_q5_0, NULL, 0, NULL},
     {QT_Q5_1, 1, dot_q5_1, NULL, 0, NULL},
-    {QT_Q4_K, 1, kq_dot_q4_K_scalar, NULL, 0, NULL},
-    {QT_Q5_K, 1, kq_dot_q5_K_scalar, NULL, 0, NULL},
-    {QT_Q6_K, 1, kq_dot_q6_K_scalar, NULL, 0, NULL},
+    {QT_Q4_K, 1, qk_dot_q4_K_scalar, NULL, 0, NULL},
+    {QT_Q5_K, 1, qk_dot_q5_K_scalar, NULL, 0, NULL},
+    {QT_Q6_K, 1, qk_dot_q6_K_scalar, NULL, 0, NULL},
 };
 
 const QkFamily qk_family_scalar = {"scalar", kScalar, (int)(sizeof kScalar / sizeof kScalar[0]),

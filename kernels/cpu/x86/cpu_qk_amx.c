@@ -1,8 +1,8 @@
-/* AMX kernel family (see cpu_qmatmul.h): the AVX-512 family's kernels (cpu_qmm_x86.inc)
+/* AMX kernel family (see cpu_qmatmul.h): the AVX-512 family's kernels (cpu_qk_x86.inc)
  * with AMX-INT8 tile products for groups of more than QK_GROUP tokens of every integer
- * type (cpu_qmm_amx.inc), giving the AVX-512 family's bits. Written on a machine without
+ * type (cpu_qk_amx.inc), giving the AVX-512 family's bits. Written on a machine without
  * AMX: selected by cpuid and the kernel's tile permission only; the tests run this source
- * with the tile instructions emulated (tests/qmm_amx_emu.c). */
+ * with the tile instructions emulated (tests/qk_amx_emu.c). */
 #include "kernels/cpu/cpu_qmatmul.h"
 #include "common/quant.h"
 
@@ -14,11 +14,11 @@
 #define QK_VNNI 1
 #define QK_REGS32 1 /* AVX-512 VL: 32 vector registers */
 #define QK_ZMM 1    /* 512-bit registers (the emulated builds leave them out) */
-/* the avx512 family's weight prefetch (cpu_qmm_avx512.c says why) */
+/* the avx512 family's weight prefetch (cpu_qk_avx512.c says why) */
 #define QK_PF 8192
 #define QK_PF_HINT _MM_HINT_T1
 #define QK_AMX 1
-#include "cpu_qmm_x86.inc"
+#include "cpu_qk_x86.inc"
 #pragma GCC pop_options
 #else
 const QkFamily qk_family_amx = {"amx", NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL};

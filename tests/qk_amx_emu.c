@@ -1,4 +1,4 @@
-/* The AMX kernel family's code (kernels/cpu/x86/cpu_qmm_x86.inc with QK_AMX, cpu_qmm_amx.inc) built
+/* The AMX kernel family's code (kernels/cpu/x86/cpu_qk_x86.inc with QK_AMX, cpu_qk_amx.inc) built
  * for AVX2 machines with its AMX tile instructions and its one VNNI instruction emulated in
  * C: no AMX machine was at hand, so the tests run this build of the family's own source
  * through every cpu_kernels check and compare it bitwise with the AVX2 family. What it
@@ -6,7 +6,7 @@
  * request, the compiler's AVX-512 code. */
 #include "kernels/cpu/cpu_qmatmul.h"
 #include "common/quant.h"
-#include "qmm_avx512_emu.h"
+#include "qk_avx512_emu.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC push_options
@@ -82,7 +82,7 @@ EMU_INLINE void emu_dp(int c, int a, int b, int sa, int sb) {
 #define QK_VNNI 1
 #define QK_REGS32 1 /* the real family's wider attention steps (spilled here, same bits) */
 #define QK_AMX 1
-#include "kernels/cpu/x86/cpu_qmm_x86.inc"
+#include "kernels/cpu/x86/cpu_qk_x86.inc"
 #pragma GCC pop_options
 #else
 const QkFamily qk_family_amx_emu = {"amx-emu", NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL};

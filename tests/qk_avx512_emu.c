@@ -1,11 +1,11 @@
-/* The AVX-512 kernel family's code (kernels/cpu/x86/cpu_qmm_x86.inc with QK_VNNI) built for AVX2
+/* The AVX-512 kernel family's code (kernels/cpu/x86/cpu_qk_x86.inc with QK_VNNI) built for AVX2
  * machines with VNNI's one instruction, vpdpbusd, emulated in C: no AVX-512 machine was at
  * hand, so the tests check this build of the family's own source (its dpbusd block sums
  * in the Q8_0 and block-pair tiles) against double sums and bitwise against the AVX2
  * family. What it cannot check is the compiler's AVX-512 code generation. */
 #include "kernels/cpu/cpu_qmatmul.h"
 #include "common/quant.h"
-#include "qmm_avx512_emu.h"
+#include "qk_avx512_emu.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC push_options
@@ -16,7 +16,7 @@
 
 /* vpdpbusd (256-bit): each i32 lane of acc plus the four products of a's unsigned bytes
  * and b's signed bytes in it, in i32 without saturation (Intel SDM, VPDPBUSD). Also the
- * AMX family's emulation's (qmm_amx_emu.c). */
+ * AMX family's emulation's (qk_amx_emu.c). */
 __attribute__((no_sanitize_address, no_sanitize_undefined)) __m256i
 qk_emu_dpbusd(__m256i acc, __m256i a, __m256i b) {
     uint8_t ua[32];
@@ -37,7 +37,7 @@ qk_emu_dpbusd(__m256i acc, __m256i a, __m256i b) {
 #define QK_FAMILY_NAME "avx512-emu"
 #define QK_VNNI 1
 #define QK_REGS32 1 /* the real family's wider attention steps (spilled here, same bits) */
-#include "kernels/cpu/x86/cpu_qmm_x86.inc"
+#include "kernels/cpu/x86/cpu_qk_x86.inc"
 #pragma GCC pop_options
 #else
 const QkFamily qk_family_avx512_emu = {"avx512-emu", NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
