@@ -34,14 +34,15 @@ endif
 # The engine library (librootspec.a, linked by every program): every .c in LIB_DIRS except
 # program entry points (*_main.c). The bench's own code (statistics, logs, summary) is a
 # second library, librootspec-bench.a, linked only by the programs in bench/ and the tests,
-# so rootspec-target and rootspec-draft carry none of it. The HTTP server's code
-# (target_proc/serve_*.c) is a third, librootspec-serve.a, for rootspec-serve and the tests.
+# so rootspec-target and rootspec-draft carry none of it. The HTTP server's folder, serve/,
+# is a third, librootspec-serve.a, for rootspec-serve and the tests.
 LIB_DIRS   := common kernels kernels/cpu kernels/cpu/x86 kernels/cuda proto draft_proc target_proc
 BENCH_DIR  := bench
-SERVE_SRCS := $(filter-out %_main.c,$(wildcard target_proc/serve_*.c))
-LIB_SRCS   := $(filter-out %_main.c $(SERVE_SRCS),$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
+SERVE_DIR  := serve
+SERVE_SRCS := $(filter-out %_main.c,$(wildcard $(SERVE_DIR)/*.c))
+LIB_SRCS   := $(filter-out %_main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 BENCH_SRCS := $(filter-out %_main.c,$(wildcard $(BENCH_DIR)/*.c))
-MAIN_SRCS  := $(foreach d,$(LIB_DIRS) $(BENCH_DIR),$(wildcard $(d)/*_main.c))
+MAIN_SRCS  := $(foreach d,$(LIB_DIRS) $(BENCH_DIR) $(SERVE_DIR),$(wildcard $(d)/*_main.c))
 TEST_SRCS  := $(wildcard tests/test_*.c)
 
 LIB_OBJS       := $(LIB_SRCS:%.c=build/obj/%.o)
@@ -55,7 +56,7 @@ TEST_OBJS := $(TEST_SRCS:%.c=build/san/%.o) build/san/tests/main.o build/san/tes
 # $(call main_bench_objs,MAIN.c,OBJS): OBJS when MAIN.c is a bench program, else nothing.
 main_bench_objs = $(if $(filter $(BENCH_DIR)/%,$(1)),$(2))
 # $(call main_serve,MAIN.c,X): X when MAIN.c is rootspec-serve's, else nothing.
-main_serve = $(if $(filter target_proc/serve_main.c,$(1)),$(2))
+main_serve = $(if $(filter $(SERVE_DIR)/%,$(1)),$(2))
 # target_proc/target_main.c -> build/rootspec-target
 BINS := $(foreach m,$(MAIN_SRCS),build/rootspec-$(patsubst %_main.c,%,$(notdir $(m))))
 
@@ -99,7 +100,7 @@ build/rootspec-tests: $(TEST_OBJS) build/librootspec-bench-san.a build/librootsp
 	$(call say,LD,$@) $(CC) $(SAN_FLAGS) $^ -o $@ $(LDLIBS) $(SERVE_LIBS) $(CHECK_LIBS)
 
 # rootspec-serve under ASan+UBSan, for tests/serve_test.sh's malformed-request flood.
-build/rootspec-serve-san: build/san/target_proc/serve_main.o build/librootspec-serve-san.a build/librootspec-san.a
+build/rootspec-serve-san: build/san/serve/serve_main.o build/librootspec-serve-san.a build/librootspec-san.a
 	$(call say,LD,$@) $(CC) $(SAN_FLAGS) $^ -o $@ $(LDLIBS) $(SERVE_LIBS)
 
 test-bin: build/rootspec-tests $(BINS) build/amx-overhead
@@ -146,7 +147,7 @@ clean:
 -include kernels/cuda/cuda.mk
 -include tests/cuemu/cuemu.mk
 -include tests/fuzz.mk
--include $(SERVE_OBJS:.o=.d) $(SERVE_SAN_OBJS:.o=.d) build/san/target_proc/serve_main.d
+-include $(SERVE_OBJS:.o=.d) $(SERVE_SAN_OBJS:.o=.d) build/san/serve/serve_main.d
 -include $(LIB_OBJS:.o=.d) $(SAN_OBJS:.o=.d) $(BENCH_OBJS:.o=.d) $(BENCH_SAN_OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(MAIN_SRCS:%.c=build/obj/%.d) build/obj/tests/amx_overhead.d
 
 # Optional, slow (minutes on a CPU): T=0 identity of every decoder with AR on the default model.

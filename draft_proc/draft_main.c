@@ -6,7 +6,7 @@
 #include "proto/secure.h"
 #include "common/eagle3.h"
 #include "drafter_open.h"
-#include "server.h"
+#include "draft_server.h"
 #include <signal.h>
 #include <string.h>
 
@@ -198,12 +198,12 @@ int main(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    ServerOpts so = {.endpoint = A.bind, .insecure = A.rt.insecure, .curve_dir = A.rt.curve_dir,
+    DraftServerOpts so = {.endpoint = A.bind, .insecure = A.rt.insecure, .curve_dir = A.rt.curve_dir,
                      .name = name,
                      .caps = ops == cuda_backend_ops_get() ? PROTO_CAP_CUDA : 0,
                      .max_requests = A.max_req, .stop = &g_stop};
     RsErr e = {0};
-    rc = server_run(d, tokenizer_identity(tok, full->cfg.vocab_size), &so, &e);
+    rc = draft_server_run(d, tokenizer_identity(tok, full->cfg.vocab_size), &so, &e);
     if (rc) fprintf(stderr, "rootspec-draft: %s\n", e.msg);
     drafter_destroy(&d); /* before the model it borrows */
     tokenizer_destroy(&tok);

@@ -5,7 +5,7 @@
 #    and every "DESIGN.md §n" names a section that docs/DESIGN.md has. Spec-Bench prompts
 #    under ../shared/data/ are data, not documentation: they stay allowed.
 # 2. Layering: the engine's folders (what rootspec-target and rootspec-draft link) include
-#    nothing from bench/, which is a library of its own for the bench programs and tests.
+#    nothing from bench/ or serve/, libraries of their own for their programs and the tests.
 # 3. Every repository path a Markdown document names (README.md, docs/, PROTOCOL.md) exists,
 #    so a file that moves takes its documentation with it.
 # 4. Backend layout: CUDA sources (.cu, .cuh, cuda_*) of the engine live in kernels/cuda/,
@@ -54,14 +54,14 @@ done
 
 engine_dirs="common kernels proto draft_proc target_proc"
 up=$(list_files | grep -zE "^($(echo $engine_dirs | tr ' ' '|'))/" \
-       | xargs -0 grep -InE '#[[:space:]]*include[[:space:]]*"(\.\./)?bench/' -- || true)
+       | xargs -0 grep -InE '#[[:space:]]*include[[:space:]]*"(\.\./)?(bench|serve)/' -- || true)
 if [ -n "$up" ]; then
-  echo "check_repo: the engine ($engine_dirs) must not include bench/ headers:"
+  echo "check_repo: the engine ($engine_dirs) must not include bench/ or serve/ headers:"
   echo "$up"
   fail=1
 fi
 
-top='common|kernels|proto|draft_proc|target_proc|bench|deploy|tests|tools|docs'
+top='common|kernels|proto|draft_proc|target_proc|serve|bench|deploy|tests|tools|docs'
 for p in $(list_files | grep -z '\.md$' \
              | xargs -0 grep -ohE "\b($top)/[A-Za-z0-9_./-]*[A-Za-z0-9_/]" -- | sort -u); do
   if [ ! -e "$p" ]; then
@@ -99,5 +99,5 @@ if [ -n "$issues" ]; then
   fail=1
 fi
 
-[ $fail -eq 0 ] && echo "check_repo: OK (no SPEC citations; $(echo $cited | wc -w) DESIGN.md sections cited, all present; the engine includes nothing from bench/; every path the documents name exists; CUDA files only in kernels/cuda/; no issue numbers)"
+[ $fail -eq 0 ] && echo "check_repo: OK (no SPEC citations; $(echo $cited | wc -w) DESIGN.md sections cited, all present; the engine includes nothing from bench/ or serve/; every path the documents name exists; CUDA files only in kernels/cuda/; no issue numbers)"
 exit $fail

@@ -36,8 +36,8 @@ FUZZ_LEN_prompts := 16384
 FUZZ_LEN_serve := 16384
 # The server's request handling: its sources without sockets (serve_gate.c, serve_api.c,
 # serve_text.c) and the engine pieces they name (decoder names, the sampling law, chat).
-FUZZ_SERVE_SRCS := tests/fuzz_serve.c target_proc/serve_gate.c target_proc/serve_api.c \
-                   target_proc/serve_text.c target_proc/select.c
+FUZZ_SERVE_SRCS := tests/fuzz_serve.c serve/serve_gate.c serve/serve_api.c \
+                   serve/serve_text.c target_proc/select.c
 # Seeds: the committed GGUF fixtures, copied into a folder of their own (libFuzzer takes
 # folders; theirs hold other files too).
 FUZZ_GGUF_SEEDS := tests/fixtures/loader/tiny.gguf tests/fixtures/loader/tiny_llama3.gguf \
@@ -60,7 +60,7 @@ $(FUZZ_FILES:%=build/fuzz_%): build/fuzz_%: tests/fuzz_%.c $(wildcard common/*.c
 	@mkdir -p build
 	$(call say,CC,$@) $(FUZZ_CC) $(FUZZ_FLAGS) $(PKG_CFLAGS) $< $(wildcard common/*.c) -o $@ $(FUZZ_LIBS)
 
-build/fuzz_serve: $(FUZZ_SERVE_SRCS) target_proc/serve.h $(wildcard common/*.c) \
+build/fuzz_serve: $(FUZZ_SERVE_SRCS) serve/serve.h $(wildcard common/*.c) \
                    $(wildcard common/*.h) tests/fuzz.mk
 	@mkdir -p build
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(PKG_CFLAGS) $(FUZZ_SERVE_SRCS) $(wildcard common/*.c) -o $@ $(FUZZ_LIBS)

@@ -6,7 +6,7 @@
  * law. Every refusal must be a 4xx whose error body is valid JSON and valid UTF-8; a request
  * that parses must keep serve.h's promises (a prompt, stop strings within their limits). */
 #include "common/util.h"
-#include "target_proc/serve.h"
+#include "serve/serve.h"
 #include <cjson/cJSON.h>
 #include <string.h>
 #include <utf8proc.h>

@@ -12,7 +12,7 @@
 #include "draft_proc/eagle3_drafter.h"
 #include "draft_proc/drafter_impl.h"
 #include "draft_proc/eagle3_forward.h"
-#include "draft_proc/server.h"
+#include "draft_proc/draft_server.h"
 #include "kernels/backend.h"
 #include "proto/proto.h"
 #include "target_proc/decode.h"

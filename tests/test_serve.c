@@ -6,7 +6,7 @@
  * histograms' cumulative buckets. */
 #include "testutil.h"
 #include "common/rng.h"
-#include "target_proc/serve.h"
+#include "serve/serve.h"
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <string.h>

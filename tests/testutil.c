@@ -2,7 +2,7 @@
 #include "testutil.h"
 #include "common/quant.h"
 #include "common/rng.h"
-#include "draft_proc/server.h"
+#include "draft_proc/draft_server.h"
 #include <pthread.h>
 #include <fcntl.h>
 #include <math.h>
@@ -349,7 +349,7 @@ int tu_wait_exit(pid_t pid, int timeout_ms) {
 
 struct TuServer {
     Drafter *d;
-    ServerOpts o;
+    DraftServerOpts o;
     volatile int stop;
     int rc;
     pthread_t th;
@@ -358,7 +358,7 @@ struct TuServer {
 static void *tu_server_main(void *arg) {
     TuServer *s = arg;
     RsErr e = {0};
-    s->rc = server_run(s->d, 42, &s->o, &e);
+    s->rc = draft_server_run(s->d, 42, &s->o, &e);
     return NULL;
 }
 
@@ -366,7 +366,7 @@ TuServer *tu_serve(Drafter *d, const char *ep, const char *name) {
     TuServer *s = calloc(1, sizeof *s);
     ck_assert_ptr_nonnull(s);
     s->d = d;
-    s->o = (ServerOpts){.endpoint = ep, .insecure = 1, .name = name, .stop = &s->stop};
+    s->o = (DraftServerOpts){.endpoint = ep, .insecure = 1, .name = name, .stop = &s->stop};
     ck_assert(pthread_create(&s->th, NULL, tu_server_main, s) == 0);
     return s;
 }

@@ -69,7 +69,7 @@ typedef struct TuServer TuServer;
 /* Serves drafter d (borrowed; insecure ipc://, tokenizer hash 42) on endpoint ep under
  * name until tu_serve_stop. */
 TuServer *tu_serve(Drafter *d, const char *ep, const char *name);
-/* Stops and joins the server; returns server_run's status. Frees *s and clears it. */
+/* Stops and joins the server; returns draft_server_run's status. Frees *s and clears it. */
 int tu_serve_stop(TuServer **s);
 
 /* ---- Child processes (the suites that run the real binaries) ----

@@ -9,7 +9,7 @@
 #ifndef ROOTSPEC_SERVE_CORE_H
 #define ROOTSPEC_SERVE_CORE_H
 #include "serve.h"
-#include "batch.h"
+#include "target_proc/batch.h"
 
 typedef struct {
     const char *model_name;

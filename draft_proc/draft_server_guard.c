@@ -2,7 +2,7 @@
  * monitor: ACCEPTED and DISCONNECTED events (their value is the connection's fd) keep a
  * table of live connections; over the cap, the connection idle longest (never the current
  * session's) is shut down, and libzmq closes it as if the peer had left. */
-#include "server_guard.h"
+#include "draft_server_guard.h"
 #include "proto/proto.h"
 #include <errno.h>
 #include <inttypes.h>
@@ -35,7 +35,7 @@ int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) {
     return (int)r;
 }
 
-struct ServerGuard {
+struct DraftServerGuard {
     void *sock, *mon;          /* the ROUTER, and our end of its monitor */
     char mon_ep[64];
     pthread_t thread;
@@ -92,7 +92,7 @@ static int raise_nofile(void) {
 /* Shuts down the live connection idle longest, other than the session's and those younger
  * than the grace period; 0 if there is none (yet: the monitor tries again every 100 ms,
  * and until then libzmq's accept waits, see accept4 above). */
-static int evict_one(ServerGuard *g) {
+static int evict_one(DraftServerGuard *g) {
     int victim = -1, sess = atomic_load(&g->session_fd);
     uint64_t oldest = UINT64_MAX, now = rs_now_ns();
     for (int fd = 0; fd < g->n_fds; fd++) {
@@ -108,7 +108,7 @@ static int evict_one(ServerGuard *g) {
     return 1;
 }
 
-static void on_event(ServerGuard *g, uint16_t ev, int fd) {
+static void on_event(DraftServerGuard *g, uint16_t ev, int fd) {
     if (fd < 0 || fd >= g->n_fds) return;
     if (ev == ZMQ_EVENT_ACCEPTED) {
         if (!atomic_load(&g->last[fd])) g->live++;
@@ -119,7 +119,7 @@ static void on_event(ServerGuard *g, uint16_t ev, int fd) {
     }
 }
 
-static void enforce_cap(ServerGuard *g) {
+static void enforce_cap(DraftServerGuard *g) {
     while (g->live > g->cap && evict_one(g)) {}
     uint64_t now = rs_now_ns();
     if (g->evicted > g->evicted_logged && now - g->evict_log_ns >= 5 * GUARD_LOG_GAP_NS) {
@@ -133,7 +133,7 @@ static void enforce_cap(ServerGuard *g) {
 }
 
 static void *monitor_main(void *arg) {
-    ServerGuard *g = arg;
+    DraftServerGuard *g = arg;
     while (!atomic_load(&g->stop)) {
         zmq_pollitem_t it = {.socket = g->mon, .events = ZMQ_POLLIN};
         int ready = zmq_poll(&it, 1, 100);
@@ -157,13 +157,13 @@ static void *monitor_main(void *arg) {
     return NULL;
 }
 
-int server_guard_create(void *ctx, void *sock, const char *endpoint, ServerGuard **out,
+int draft_server_guard_create(void *ctx, void *sock, const char *endpoint, DraftServerGuard **out,
                         RsErr *e) {
     *out = NULL;
     int ipc = !strncmp(endpoint, "ipc://", 6);
     int rc = ipc ? ipc_path_check(endpoint, endpoint + 6, e) : RS_OK;
     if (rc) return rc;
-    ServerGuard *g = rs_xcalloc(1, sizeof *g);
+    DraftServerGuard *g = rs_xcalloc(1, sizeof *g);
     if (ipc) snprintf(g->path, sizeof g->path, "%s", endpoint + 6);
     g->sock = sock;
     g->n_fds = raise_nofile();
@@ -181,7 +181,7 @@ int server_guard_create(void *ctx, void *sock, const char *endpoint, ServerGuard
         !g->mon || zmq_connect(g->mon, g->mon_ep) != 0) {
         rc = rs_err(e, RS_EIO, "cannot monitor the drafter's socket: %s",
                     zmq_strerror(zmq_errno()));
-        server_guard_destroy(&g);
+        draft_server_guard_destroy(&g);
         return rc;
     }
     g->thread_on = pthread_create(&g->thread, NULL, monitor_main, g) == 0;
@@ -189,7 +189,7 @@ int server_guard_create(void *ctx, void *sock, const char *endpoint, ServerGuard
     return RS_OK;
 }
 
-void server_guard_bound(ServerGuard *g) {
+void draft_server_guard_bound(DraftServerGuard *g) {
     struct stat st;
     if (!g || !g->path[0] || lstat(g->path, &st) != 0 || !S_ISSOCK(st.st_mode)) return;
     g->bound = 1;
@@ -197,12 +197,12 @@ void server_guard_bound(ServerGuard *g) {
     g->ino = st.st_ino;
 }
 
-void server_guard_seen(ServerGuard *g, int fd) {
+void draft_server_guard_seen(DraftServerGuard *g, int fd) {
     if (g && fd >= 0 && fd < g->n_fds && atomic_load_explicit(&g->last[fd], memory_order_relaxed))
         atomic_store_explicit(&g->last[fd], rs_now_ns(), memory_order_relaxed);
 }
 
-void server_guard_hello(ServerGuard *g, int fd, int replaced, uint64_t old_session) {
+void draft_server_guard_hello(DraftServerGuard *g, int fd, int replaced, uint64_t old_session) {
     if (!g) return;
     atomic_store(&g->session_fd, fd);
     if (!replaced) return;
@@ -222,16 +222,16 @@ void server_guard_hello(ServerGuard *g, int fd, int replaced, uint64_t old_sessi
     g->takeover_log_ns = now;
 }
 
-const char *server_guard_no_session(const ServerGuard *g, uint64_t session) {
+const char *draft_server_guard_no_session(const DraftServerGuard *g, uint64_t session) {
     for (int i = 0; g && i < g->n_replaced; i++)
         if (g->replaced[i] == session)
             return PROTO_TAKEN_OVER " (its HELLO replaced this session): send HELLO to start again";
     return "no session: send HELLO first (or another target took over)";
 }
 
-void server_guard_destroy(ServerGuard **gp) {
+void draft_server_guard_destroy(DraftServerGuard **gp) {
     if (!gp || !*gp) return;
-    ServerGuard *g = *gp;
+    DraftServerGuard *g = *gp;
     if (g->thread_on) {
         atomic_store(&g->stop, 1);
         pthread_join(g->thread, NULL);

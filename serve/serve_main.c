@@ -3,7 +3,7 @@
  * Prometheus /metrics. One decode at a time, or --parallel N of them batched into shared
  * passes; see serve.h and batch.h for the pieces. */
 #include "common/cli.h"
-#include "engine_cli.h"
+#include "target_proc/engine_cli.h"
 #include "serve_http.h"
 #include <arpa/inet.h>
 #include <signal.h>

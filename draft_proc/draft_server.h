@@ -2,8 +2,8 @@
  * target session at a time (a new HELLO takes over and resets the drafter's context),
  * prefills RESET's prompt, grows pools on COMMIT_GROW, and answers every malformed frame
  * with ERROR instead of crashing or hanging. After a failed request of the session, COMMIT_GROW is refused until RESET. */
-#ifndef ROOTSPEC_SERVER_H
-#define ROOTSPEC_SERVER_H
+#ifndef ROOTSPEC_DRAFT_SERVER_H
+#define ROOTSPEC_DRAFT_SERVER_H
 #include "common/tokenizer.h"
 #include "drafter.h"
 
@@ -15,10 +15,10 @@ typedef struct {
     uint32_t caps;           /* HELLO_OK capability bits beside PROTO_CAP_POOL_V1 (CUDA) */
     int max_requests;        /* > 0: exit after this many requests (tests) */
     volatile int *stop;      /* set by a signal handler */
-} ServerOpts;
+} DraftServerOpts;
 
 /* Serves `d` (borrowed; any kind) until *stop or max_requests; returns RS_OK or a set-up
  * error. tok_hash: the drafter's tokenizer identity, which a target's HELLO must match. */
-int server_run(Drafter *d, uint64_t tok_hash, const ServerOpts *o, RsErr *e);
+int draft_server_run(Drafter *d, uint64_t tok_hash, const DraftServerOpts *o, RsErr *e);
 
 #endif

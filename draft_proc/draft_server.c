@@ -3,10 +3,10 @@
  * the current session) gets an ERROR reply to that peer; the loop never exits on bad input.
  * The state lives in one Session; each message type has its handler (on_*), and the loop
  * only reads a request and dispatches it. */
-#include "server.h"
+#include "draft_server.h"
 #include "proto/proto.h"
 #include "proto/secure.h"
-#include "server_guard.h"
+#include "draft_server_guard.h"
 #include <inttypes.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -19,10 +19,10 @@ typedef struct {
     Drafter *d;
     const DrafterInfo *info;
     uint64_t tok_hash;
-    const ServerOpts *o;
+    const DraftServerOpts *o;
     void *zctx, *sock;
     int use_curve;
-    ServerGuard *guard;   /* ipc path, connection bound, takeover log (server_guard.h) */
+    DraftServerGuard *guard;   /* ipc path, connection bound, takeover log (server_guard.h) */
     msgpack_sbuffer sb;
     Pool *pool;           /* COMMIT_GROW's pool, sent from here */
     float *feat;          // (feat_cap) the request's features widened to f32
@@ -113,7 +113,7 @@ static void on_hello(Session *s) {
         reply_error(s, &s->req, RS_EPEER, why);
         return;
     }
-    server_guard_hello(s->guard, s->srcfd, s->have_session && !s->same_peer, s->session);
+    draft_server_guard_hello(s->guard, s->srcfd, s->have_session && !s->same_peer, s->session);
     memcpy(s->sess_peer, s->peer, s->peer_len);
     s->sess_peer_len = s->peer_len;
     s->session = s->req.session;
@@ -141,7 +141,7 @@ static void on_hello(Session *s) {
 /* RESET and COMMIT_GROW belong to the session; 0 (after an ERROR reply) when not. */
 static int in_session(Session *s) {
     if (s->same_peer && s->req.session == s->session) return 1;
-    reply_error(s, &s->req, RS_EPROTO, server_guard_no_session(s->guard, s->req.session));
+    reply_error(s, &s->req, RS_EPROTO, draft_server_guard_no_session(s->guard, s->req.session));
     return 0;
 }
 
@@ -288,7 +288,7 @@ static ReqStatus next_request(Session *s) {
     zmq_msg_init(&msg);
     zmq_msg_recv(&msg, s->sock, 0);
     s->srcfd = zmq_msg_get(&msg, ZMQ_SRCFD);
-    server_guard_seen(s->guard, s->srcfd);
+    draft_server_guard_seen(s->guard, s->srcfd);
     int extra = drain_extra_frames(s, &msg);
     if (extra) {
         zmq_msg_close(&msg);
@@ -327,7 +327,7 @@ static int ipc_in_use(const char *path) {
 
 /* The ROUTER socket, bound to o->endpoint (with CURVE on tcp:// when keys are given). */
 static int open_socket(Session *s, RsErr *e) {
-    const ServerOpts *o = s->o;
+    const DraftServerOpts *o = s->o;
     s->zctx = zmq_ctx_new();
     s->sock = zmq_socket(s->zctx, ZMQ_ROUTER);
     int zero = 0, one = 1, rc;
@@ -342,15 +342,15 @@ static int open_socket(Session *s, RsErr *e) {
                       "cannot bind '%s': another process is serving on that socket (stop it or "
                       "choose another path)",
                       o->endpoint);
-    if ((rc = server_guard_create(s->zctx, s->sock, o->endpoint, &s->guard, e))) return rc;
+    if ((rc = draft_server_guard_create(s->zctx, s->sock, o->endpoint, &s->guard, e))) return rc;
     if (zmq_bind(s->sock, o->endpoint) != 0)
         return rs_err(e, RS_EIO, "cannot bind '%s': %s", o->endpoint, zmq_strerror(zmq_errno()));
-    server_guard_bound(s->guard);
+    draft_server_guard_bound(s->guard);
     return RS_OK;
 }
 
 static void close_socket(Session *s) {
-    server_guard_destroy(&s->guard); /* before the socket it monitors */
+    draft_server_guard_destroy(&s->guard); /* before the socket it monitors */
     zmq_close(s->sock);
     zmq_ctx_shutdown(s->zctx);
     if (s->use_curve) secure_server_shutdown();
@@ -366,7 +366,7 @@ static void announce(const Session *s) {
             s->info->vocab_size);
 }
 
-int server_run(Drafter *d, uint64_t tok_hash, const ServerOpts *o, RsErr *e) {
+int draft_server_run(Drafter *d, uint64_t tok_hash, const DraftServerOpts *o, RsErr *e) {
     int rc = secure_check_endpoint(o->endpoint, o->insecure, o->curve_dir, e);
     if (rc) return rc;
     Session s = {.d = d, .info = drafter_info(d), .tok_hash = tok_hash, .o = o};

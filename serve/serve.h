@@ -12,9 +12,9 @@
 #ifndef ROOTSPEC_SERVE_H
 #define ROOTSPEC_SERVE_H
 #include "common/tokenizer.h"
-#include "decode.h"
-#include "engine.h"
-#include "batch.h"
+#include "target_proc/decode.h"
+#include "target_proc/engine.h"
+#include "target_proc/batch.h"
 #include <stddef.h>
 #include <stdint.h>
 
