@@ -1,4 +1,4 @@
-/* Protocol v2 codec and ZeroMQ helpers (layout documented in proto.h and PROTOCOL.md).
+/* Wire protocol codec and ZeroMQ helpers (layout documented in proto.h and PROTOCOL.md).
  * Encoding uses msgpack-c's packer. Decoding uses a small strict reader over the frame
  * instead of msgpack-c's unpacker: the unpacker allocates a zone per message and sizes
  * arrays from their (untrusted) headers before reading them, whereas this reader checks
@@ -499,6 +499,12 @@ static int dec_error(Rd *r, ProtoError *er) {
     return rd_str(r, "message", -1, er->message, PROTO_MSG_MAX);
 }
 
+/* What the versions after `ver` added, for the message that refuses an older peer. */
+static const char *proto_version_news(uint64_t ver) {
+    return ver == 1 ? "target features for EAGLE-3 drafters, then the pool width"
+                    : "the pool width in COMMIT_GROW";
+}
+
 static int dec_header(Rd *r, ProtoMsg *out, uint64_t *type) {
     uint8_t b;
     uint32_t n;
@@ -533,10 +539,10 @@ static int dec_header(Rd *r, ProtoMsg *out, uint64_t *type) {
     if (rd_u64(r, "type", -1, 0, UINT64_MAX, type)) return -1;
     if (rd_u64(r, "session", -1, 0, UINT64_MAX, &out->session)) return -1;
     if (rd_u64(r, "seq", -1, 0, UINT64_MAX, &out->seq)) return -1;
-    if (ver == 1)
-        return rd_fail(r, RS_EUNSUPPORTED, "the peer speaks protocol version 1, this end "
-                       "version %d (target features for EAGLE-3 drafters): run the same "
-                       "rootspec release on both ends", PROTO_VERSION);
+    if (ver >= 1 && ver < PROTO_VERSION)
+        return rd_fail(r, RS_EUNSUPPORTED, "the peer speaks protocol version %llu, this end "
+                       "version %d (%s): run the same rootspec release on both ends",
+                       (unsigned long long)ver, PROTO_VERSION, proto_version_news(ver));
     if (ver != PROTO_VERSION)
         return rd_fail(r, RS_EUNSUPPORTED, "protocol version %llu, expected %d",
                        (unsigned long long)ver, PROTO_VERSION);

@@ -1,12 +1,12 @@
-/* The target <-> drafter wire protocol, version 2: codec (msgpack) and ZeroMQ helpers.
- * Version 2 adds the target's per-token features for EAGLE-3 heads (RESET / COMMIT_GROW
- * carry them, HELLO_OK names the layers it wants); a version-1 peer is refused by name.
+/* The target <-> drafter wire protocol, version 3: codec (msgpack) and ZeroMQ helpers.
+ * Version 3 adds the pool width to COMMIT_GROW; version 2 added the target's per-token
+ * features for EAGLE-3 heads. An older peer is refused at HELLO, naming both versions.
  *
  * Every message is ONE ZeroMQ frame holding ONE msgpack array of 6 elements:
  *
  *   [ magic, version, type, session, seq, body ]
  *     magic    str "RSPC" (decoder also accepts uint 0x52535043)
- *     version  uint, 2 (1 is refused with a message saying the peer speaks version 1)
+ *     version  uint, 3 (an older one is refused with a message naming both versions)
  *     type     uint, ProtoType below
  *     session  uint64, chosen by the target in HELLO and echoed in every later message
  *     seq      uint64, the target numbers its requests; a reply echoes its request's seq
@@ -74,7 +74,7 @@
 
 #define PROTO_MAGIC "RSPC"
 #define PROTO_MAGIC_U32 0x52535043u
-#define PROTO_VERSION 2
+#define PROTO_VERSION 3
 #define PROTO_MAX_TOKENS (1 << 20) /* longest RESET / COMMIT_GROW token list */
 #define PROTO_FP_MAX 64            /* fingerprint bytes (Model.fingerprint is char[65]) */
 #define PROTO_NAME_MAX 63          /* drafter name bytes */

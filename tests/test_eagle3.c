@@ -1039,10 +1039,17 @@ START_TEST(test_eagle3_over_protocol) {
 }
 END_TEST
 
-/* A version-1 drafter's HELLO_OK fails the v2 target's handshake with a message saying so
- * (the other direction, a v1 HELLO to rootspec-draft, is in test_twoproc). */
-static void *v1_drafter(void *arg) {
-    void *s = arg;
+/* An older drafter's HELLO_OK (version 1: 5 fields, version 2: 6) fails the target's
+ * handshake with a message naming both versions (the other direction, an older HELLO to
+ * rootspec-draft, is in test_twoproc). */
+typedef struct {
+    void *s;
+    unsigned version;
+} OldDrafter;
+
+static void *old_drafter(void *arg) {
+    const OldDrafter *od = arg;
+    void *s = od->s;
     uint8_t id[256], req[4096];
     int il = zmq_recv(s, id, sizeof id, 0);
     zmq_recv(s, req, sizeof req, 0);
@@ -1053,37 +1060,43 @@ static void *v1_drafter(void *arg) {
     msgpack_pack_array(&pk, 6);
     msgpack_pack_str(&pk, 4);
     msgpack_pack_str_body(&pk, "RSPC", 4);
-    msgpack_pack_uint32(&pk, 1);
+    msgpack_pack_uint32(&pk, od->version);
     msgpack_pack_uint32(&pk, PROTO_HELLO_OK);
-    msgpack_pack_uint64(&pk, 0); /* a v1 reply; session/seq never judged */
+    msgpack_pack_uint64(&pk, 0); /* an older reply; session/seq never judged */
     msgpack_pack_uint64(&pk, 1);
-    msgpack_pack_array(&pk, 5);
+    msgpack_pack_array(&pk, od->version == 1 ? 5 : 6);
     msgpack_pack_str(&pk, 0);
     msgpack_pack_uint64(&pk, 42);
     msgpack_pack_uint32(&pk, 96);
     msgpack_pack_uint32(&pk, PROTO_CAP_POOL_V1);
-    msgpack_pack_str(&pk, 2);
-    msgpack_pack_str_body(&pk, "v1", 2);
+    msgpack_pack_str(&pk, 3);
+    msgpack_pack_str_body(&pk, "old", 3);
+    if (od->version == 2) msgpack_pack_array(&pk, 0); /* no feature layers */
     zmq_send(s, id, (size_t)il, ZMQ_SNDMORE);
     zmq_send(s, sb.data, sb.size, 0);
     msgpack_sbuffer_destroy(&sb);
     return NULL;
 }
 
-START_TEST(test_v1_drafter_refused) {
+START_TEST(test_old_drafter_refused) {
+    static const char *const want[] = {
+        NULL, "the peer speaks protocol version 1, this end version 3 (target features",
+        "the peer speaks protocol version 2, this end version 3 (the pool width in "
+        "COMMIT_GROW): run the same rootspec release on both ends"};
+    unsigned version = (unsigned)_i;
     Model *t;
     RsErr e = {0};
     ck_assert(model_load(tu_fixture("eagle3/target"), &t, &e) == 0);
     char ep[128];
-    snprintf(ep, sizeof ep, "ipc:///tmp/rs-e3-v1-%d.sock", (int)getpid());
+    snprintf(ep, sizeof ep, "ipc:///tmp/rs-e3-v%u-%d.sock", version, (int)getpid());
     void *zc = zmq_ctx_new(), *s = zmq_socket(zc, ZMQ_ROUTER);
     ck_assert(zmq_bind(s, ep) == 0);
     pthread_t th;
-    ck_assert(pthread_create(&th, NULL, v1_drafter, s) == 0);
+    OldDrafter od = {s, version};
+    ck_assert(pthread_create(&th, NULL, old_drafter, &od) == 0);
     Drafter *d = NULL;
     ck_assert_int_eq(drafter_remote_create(ep, t, 42, 5000, 1, NULL, &d, &e), RS_EUNSUPPORTED);
-    ck_assert_msg(strstr(e.msg, "the peer speaks protocol version 1, this end version 2"), "%s",
-                  e.msg);
+    ck_assert_msg(strstr(e.msg, want[version]), "%s", e.msg);
     ck_assert_ptr_null(d);
     pthread_join(th, NULL);
     zmq_close(s);
@@ -1110,7 +1123,7 @@ Suite *suite_eagle3(void) {
     tcase_add_test(tc, test_embeddings_by_row);
     tcase_add_test(tc, test_threads_and_family);
     tcase_add_loop_test(tc, test_eagle3_over_protocol, 0, 2);
-    tcase_add_test(tc, test_v1_drafter_refused);
+    tcase_add_loop_test(tc, test_old_drafter_refused, 1, 3);
     suite_add_tcase(s, tc);
     return s;
 }

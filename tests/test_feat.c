@@ -4,7 +4,7 @@
  * a tree round's kv_commit, and decoding with a real EAGLE-3 drafter fed by them: T=0 ids
  * equal AR's for every decoder, and the T=1 law of the first three tokens equals the
  * target's (chi-square, as tests/test_spec.c does for model drafters), in process and
- * across protocol v2 (the head behind rootspec-draft's server loop). */
+ * across the wire protocol (the head behind rootspec-draft's server loop). */
 #include "common/eagle3.h"
 #include "common/logits.h"
 #include "common/rng.h"
@@ -399,7 +399,7 @@ START_TEST(test_t1_exactness_eagle3) {
 }
 END_TEST
 
-/* The same law across protocol v2: the head served by rootspec-draft's server loop, the
+/* The same law across the wire protocol: the head served by rootspec-draft's server loop, the
  * target's decode driving it through the remote kind, the features crossing as bf16 (a
  * different drafter input than in process: exactness must not depend on it). */
 START_TEST(test_t1_exactness_eagle3_over_protocol) {
@@ -413,7 +413,7 @@ START_TEST(test_t1_exactness_eagle3_over_protocol) {
     ck_assert_msg(drafter_remote_create(ep, p.tm, 42, 10000, 1, NULL, &remote, &e) == 0, "%s",
                   e.msg);
     ck_assert_int_eq(drafter_info(remote)->n_feature_layers, 3);
-    e3_chi2(&p, remote, _i, e3_exact_n() * 3 / 4, "over protocol v2");
+    e3_chi2(&p, remote, _i, e3_exact_n() * 3 / 4, "over the wire protocol");
     drafter_destroy(&remote);
     ck_assert_int_eq(tu_serve_stop(&st), 0);
     e3_pair_close(&p);

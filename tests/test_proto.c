@@ -139,6 +139,8 @@ static void make_vector(int type, ProtoMsg *m) {
         m->u.tokens.feat_type = PROTO_FEAT_F16;
         m->u.tokens.feat_width = 4;
         m->u.tokens.feat = grow_feat;
+        m->u.tokens.depth = 5; /* a narrowed pool: the version-3 width field rides along */
+        m->u.tokens.width = 1;
         break;
     case PROTO_POOL:
         m->seq = 3;
@@ -560,7 +562,7 @@ START_TEST(test_pool_optional_host_fields) {
     ck_assert_int_eq(into.draft_rows, 0);
     /* the optional pair with draft_rows 0 (found by fuzz-short: it decoded, then lost
      * draft_host_ns = 85 on re-encoding) is refused by name */
-    static const uint8_t zero_rows[] = {0x96, 0xa4, 'R', 'S', 'P', 'C', 0x02, 0x05, 0x08, 0x02, 0x9b,
+    static const uint8_t zero_rows[] = {0x96, 0xa4, 'R', 'S', 'P', 'C', 0x03, 0x05, 0x08, 0x02, 0x9b,
                                         0x00, 0x90, 0x90, 0x90, 0x90, 0x00, 0x50, 0x38, 0x44, 0x55, 0x00};
     RsErr e = {0};
     ck_assert_int_eq(proto_decode(zero_rows, sizeof zero_rows, &got, &e), RS_EPROTO);
@@ -579,7 +581,7 @@ START_TEST(test_exact_bytes) {
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
     encode_ok(&m, &sb);
-    const uint8_t want[] = {0x96, 0xa4, 'R', 'S', 'P', 'C', 0x02, 0x07, 0x05, 0xcd, 0x01, 0x2c, 0x90};
+    const uint8_t want[] = {0x96, 0xa4, 'R', 'S', 'P', 'C', 0x03, 0x07, 0x05, 0xcd, 0x01, 0x2c, 0x90};
     ck_assert_uint_eq(sb.size, sizeof want);
     ck_assert(memcmp(sb.data, want, sizeof want) == 0);
     /* COMMIT_GROW [-> body [[1, 200, 70000], []]] */
@@ -589,7 +591,7 @@ START_TEST(test_exact_bytes) {
     m.u.tokens.ids = ids;
     m.u.tokens.n = 3;
     encode_ok(&m, &sb);
-    const uint8_t want2[] = {0x96, 0xa4, 'R',  'S',  'P',  'C',  0x02, 0x04, 0x05, 0x01, 0x92,
+    const uint8_t want2[] = {0x96, 0xa4, 'R',  'S',  'P',  'C',  0x03, 0x04, 0x05, 0x01, 0x92,
                              0x93, 0x01, 0xcc, 0xc8, 0xce, 0x00, 0x01, 0x11, 0x70, 0x90};
     ck_assert_uint_eq(sb.size, sizeof want2);
     ck_assert(memcmp(sb.data, want2, sizeof want2) == 0);
@@ -599,7 +601,7 @@ START_TEST(test_exact_bytes) {
     m.u.tokens.feat_width = 1;
     m.u.tokens.feat = fv;
     encode_ok(&m, &sb);
-    const uint8_t want3[] = {0x96, 0xa4, 'R',  'S',  'P',  'C',  0x02, 0x04, 0x05, 0x01,
+    const uint8_t want3[] = {0x96, 0xa4, 'R',  'S',  'P',  'C',  0x03, 0x04, 0x05, 0x01,
                              0x92, 0x93, 0x01, 0xcc, 0xc8, 0xce, 0x00, 0x01, 0x11, 0x70,
                              0x93, 0x01, 0x01, 0xc4, 0x06, 0x80, 0x3f, 0x20, 0xc0, 0x02, 0x01};
     ck_assert_uint_eq(sb.size, sizeof want3);
@@ -610,7 +612,7 @@ START_TEST(test_exact_bytes) {
     m.u.tokens.feat = NULL;
     m.u.tokens.depth = 3;
     encode_ok(&m, &sb);
-    const uint8_t want4[] = {0x96, 0xa4, 'R',  'S',  'P',  'C',  0x02, 0x04, 0x05, 0x01, 0x93,
+    const uint8_t want4[] = {0x96, 0xa4, 'R',  'S',  'P',  'C',  0x03, 0x04, 0x05, 0x01, 0x93,
                              0x93, 0x01, 0xcc, 0xc8, 0xce, 0x00, 0x01, 0x11, 0x70, 0x90, 0x03};
     ck_assert_uint_eq(sb.size, sizeof want4);
     ck_assert(memcmp(sb.data, want4, sizeof want4) == 0);
@@ -623,7 +625,7 @@ START_TEST(test_exact_bytes) {
     /* ... and the pool width 1 (a chain): a fourth; never without a depth */
     m.u.tokens.width = 1;
     encode_ok(&m, &sb);
-    const uint8_t want5[] = {0x96, 0xa4, 'R',  'S',  'P',  'C',  0x02, 0x04, 0x05, 0x01, 0x94,
+    const uint8_t want5[] = {0x96, 0xa4, 'R',  'S',  'P',  'C',  0x03, 0x04, 0x05, 0x01, 0x94,
                              0x93, 0x01, 0xcc, 0xc8, 0xce, 0x00, 0x01, 0x11, 0x70, 0x90, 0x03,
                              0x01};
     ck_assert_uint_eq(sb.size, sizeof want5);
@@ -648,7 +650,7 @@ START_TEST(test_exact_bytes) {
     ck_assert_msg(strstr(de.msg, "pool depth 3"), "%s", de.msg);
     memset(&m.u, 0, sizeof m.u);
     /* The uint32 magic form is accepted too. */
-    const uint8_t alt[] = {0x96, 0xce, 0x52, 0x53, 0x50, 0x43, 0x02, 0x07, 0x05, 0x01, 0x90};
+    const uint8_t alt[] = {0x96, 0xce, 0x52, 0x53, 0x50, 0x43, 0x03, 0x07, 0x05, 0x01, 0x90};
     ProtoMsg got = {0};
     RsErr e = {0};
     ck_assert_msg(proto_decode(alt, sizeof alt, &got, &e) == RS_OK, "%s", e.msg);
@@ -872,17 +874,24 @@ START_TEST(test_malformed_header) {
     expect_fail(m1, sizeof m1, RS_EPROTO, "magic is nil, expected str \"RSPC\"");
     const uint8_t m2[] = {0x96, 0xce, 0x52, 0x53, 0x50, 0x44, 1, 7, 0, 0, 0x90};
     expect_fail(m2, sizeof m2, RS_EPROTO, "bad magic 0x52535044");
-    /* a version-1 peer is refused by name; an unknown version by number */
+    /* an older peer is refused naming both versions; an unknown version by number */
+    static const char *const older[] = {
+        NULL,
+        "the peer speaks protocol version 1, this end version 3 (target features for EAGLE-3 "
+        "drafters, then the pool width): run the same rootspec release on both ends",
+        "the peer speaks protocol version 2, this end version 3 (the pool width in "
+        "COMMIT_GROW): run the same rootspec release on both ends"};
+    for (unsigned v = 1; v <= 2; v++) {
+        frame_init(&f);
+        frame_header(&f, "RSPC", v, PROTO_HELLO);
+        msgpack_pack_array(&f.pk, 0);
+        expect_fail(f.sb.data, f.sb.size, RS_EUNSUPPORTED, older[v]);
+        msgpack_sbuffer_destroy(&f.sb);
+    }
     frame_init(&f);
-    frame_header(&f, "RSPC", 1, PROTO_BYE);
+    frame_header(&f, "RSPC", 4, PROTO_BYE);
     msgpack_pack_array(&f.pk, 0);
-    expect_fail(f.sb.data, f.sb.size, RS_EUNSUPPORTED,
-                "the peer speaks protocol version 1, this end version 2");
-    msgpack_sbuffer_destroy(&f.sb);
-    frame_init(&f);
-    frame_header(&f, "RSPC", 3, PROTO_BYE);
-    msgpack_pack_array(&f.pk, 0);
-    expect_fail(f.sb.data, f.sb.size, RS_EUNSUPPORTED, "protocol version 3, expected 2");
+    expect_fail(f.sb.data, f.sb.size, RS_EUNSUPPORTED, "protocol version 4, expected 3");
     /* ... and proto_error_reply still answers with its session and seq */
     {
         ProtoMsg req = {0}, rep = {0}, back = {0};
@@ -899,7 +908,7 @@ START_TEST(test_malformed_header) {
         ck_assert_uint_eq(back.session, 77);
         ck_assert_uint_eq(back.seq, 3);
         ck_assert_int_eq(back.u.error.code, RS_EUNSUPPORTED);
-        ck_assert_str_eq(back.u.error.message, "proto: protocol version 3, expected 2");
+        ck_assert_str_eq(back.u.error.message, "proto: protocol version 4, expected 3");
         msgpack_sbuffer_destroy(&sb);
     }
     msgpack_sbuffer_destroy(&f.sb);
@@ -1318,7 +1327,7 @@ START_TEST(test_zmq_pair) {
     ck_assert_int_eq(proto_recv(a, &got, 2000, &e), RS_EPROTO);
     ck_assert_str_eq(e.msg, "proto: multi-part message (3 frames), expected one frame");
     /* A garbage frame is answered with ERROR, which the sender decodes. */
-    const uint8_t bad[] = {0x96, 0xa4, 'R', 'S', 'P', 'C', 2, 99, 0x2a, 0x07, 0x90};
+    const uint8_t bad[] = {0x96, 0xa4, 'R', 'S', 'P', 'C', 3, 99, 0x2a, 0x07, 0x90};
     zmq_send(b, bad, sizeof bad, 0);
     ck_assert_int_eq(proto_recv(a, &got, 2000, &e), RS_EPROTO);
     ProtoMsg rep = {0};

@@ -278,12 +278,16 @@ START_TEST(test_bad_frames_to_drafter) {
     encode_hello(&sb, 258, 0);
     char *v = memchr(sb.data, PROTO_VERSION, sb.size);
     ck_assert(v && (size_t)(v - sb.data) == 6); /* array header + fixstr "RSPC" */
-    *v = 1; /* a v1 target's HELLO: refused by name */
+    *v = 1; /* an older target's HELLO: refused naming both versions */
     send_raw(s, sb.data, sb.size);
-    expect_error(s, "the peer speaks protocol version 1, this end version 2");
-    *v = 3;
+    expect_error(s, "the peer speaks protocol version 1, this end version 3 (target features");
+    *v = 2;
     send_raw(s, sb.data, sb.size);
-    expect_error(s, "protocol version 3, expected 2");
+    expect_error(s, "the peer speaks protocol version 2, this end version 3 (the pool width in "
+                    "COMMIT_GROW): run the same rootspec release on both ends");
+    *v = 4;
+    send_raw(s, sb.data, sb.size);
+    expect_error(s, "protocol version 4, expected 3");
     /* wrong vocabulary */
     encode_hello(&sb, 999, 0);
     send_raw(s, sb.data, sb.size);

@@ -3,8 +3,9 @@
 message type (the canonical test vectors of tools/proto_client.py, byte-identical to the C
 encoder's, see tests/fixtures/proto/vectors.bin), plus a small pool and the uint32-magic
 header form so the fuzzer starts from every decoder branch; protocol v2 adds feature payloads
-(bf16 and f16, with and without), a HELLO_OK without feature layers, a v1 frame (refused
-by name), and an APPEND (the later parts of a context too long for one message)."""
+(bf16 and f16, with and without), a HELLO_OK without feature layers, v1 and v2 frames
+(refused naming both versions), and an APPEND (the later parts of a context too long for one
+message); the COMMIT_GROW vector carries the v3 pool depth and width."""
 import os
 import sys
 
@@ -24,6 +25,7 @@ def main():
     frames["pool_empty"] = pc.encode(pc.POOL, 9, 2, [0, [], [], [], [], 0, 0, 0, 0])
     frames["bye_u32_magic"] = msgpack.packb([pc.MAGIC_U32, pc.VERSION, pc.BYE, 1, 2, []])
     frames["bye_v1"] = msgpack.packb([pc.MAGIC, 1, pc.BYE, 1, 2, []])
+    frames["hello_v2"] = msgpack.packb([pc.MAGIC, 2, pc.HELLO, 1, 2, []])
     frames["reset_nofeat"] = pc.encode(pc.RESET, 9, 3, [[1, 2, 3], []])
     frames["commit_grow_bf16"] = pc.encode(pc.COMMIT_GROW, 9, 4,
                                            [[7, 8], [pc.FEAT_BF16, 3, pc.u16le(range(6))]])

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Dev-time client for the rootspec target<->drafter protocol v2 (proto/PROTOCOL.md).
+"""Dev-time client for the rootspec target<->drafter protocol v3 (proto/PROTOCOL.md).
 
 Modes:
   proto_client.py ENDPOINT [--tokens 42,1000,2] [--prompt 1,2,3] [--fingerprint FP
@@ -32,7 +32,10 @@ import zmq
 
 MAGIC = "RSPC"
 MAGIC_U32 = 0x52535043
-VERSION = 2
+VERSION = 3
+# What the versions after an older peer's added, as the C decoder words it.
+VERSION_NEWS = {False: "the pool width in COMMIT_GROW",
+                True: "target features for EAGLE-3 drafters, then the pool width"}
 HELLO, HELLO_OK, RESET, COMMIT_GROW, POOL, ERROR, BYE, APPEND = range(1, 9)
 TYPE_NAMES = {1: "HELLO", 2: "HELLO_OK", 3: "RESET", 4: "COMMIT_GROW", 5: "POOL", 6: "ERROR",
               7: "BYE", 8: "APPEND"}
@@ -41,7 +44,7 @@ BODY_FIELDS = {HELLO: 5, HELLO_OK: 6, RESET: 2, COMMIT_GROW: 2, POOL: 9, ERROR: 
 CAP_POOL_V1, CAP_CUDA, CAP_FEATURES = 1, 2, 4
 FEAT_BF16, FEAT_F16 = 1, 2
 FEAT_LAYERS_MAX, FEAT_WIDTH_MAX, MAX_FEAT_BYTES = 8, 1 << 17, 64 << 20
-POOL_MAX, POOL_MAX_DEPTH, MAX_TOKENS = 710, 8, 1 << 20
+POOL_MAX, POOL_MAX_DEPTH, POOL_EXPAND, MAX_TOKENS = 710, 8, 10, 1 << 20
 U64 = (1 << 64) - 1
 
 
@@ -93,8 +96,9 @@ def decode(buf):
     if magic != MAGIC and magic != MAGIC_U32:
         raise ProtoError(f"bad magic {magic!r}")
     _int(ver, "version", 0, U64)
-    if ver == 1:
-        raise ProtoError(f"the peer speaks protocol version 1, this end version {VERSION}")
+    if 1 <= ver < VERSION:
+        raise ProtoError(f"the peer speaks protocol version {ver}, this end version {VERSION} "
+                         f"({VERSION_NEWS[ver == 1]}): run the same rootspec release on both ends")
     if ver != VERSION:
         raise ProtoError(f"protocol version {ver}, expected {VERSION}")
     _int(mtype, "type", 0, U64)
@@ -105,6 +109,10 @@ def decode(buf):
     name = TYPE_NAMES[mtype]
     if mtype == POOL and isinstance(body, list) and len(body) == 11:
         pass  # the optional draft_host_ns, draft_rows
+    elif mtype == COMMIT_GROW and isinstance(body, list) and len(body) in (3, 4):
+        _int(body[2], "pool depth", 1, POOL_MAX_DEPTH)  # the optional pool shape
+        if len(body) == 4:
+            _int(body[3], "pool width", 1, POOL_EXPAND)
     else:
         _arr(body, f"{name} body", BODY_FIELDS[mtype])
     if mtype in (HELLO, HELLO_OK):
@@ -262,7 +270,8 @@ def vectors():
           [2, 16, 300]]),
         ("reset", RESET, SESSION, 2, [[1, 9690, 28, 49151, 0, 127, 128, 255, 256, 32767, 32768],
                                       [FEAT_BF16, 2, u16le(RESET_FEAT)]]),
-        ("commit_grow", COMMIT_GROW, SESSION, 3, [[42, 1000, 2], [FEAT_F16, 4, u16le(GROW_FEAT)]]),
+        ("commit_grow", COMMIT_GROW, SESSION, 3, [[42, 1000, 2], [FEAT_F16, 4, u16le(GROW_FEAT)],
+                                               5, 1]),
         ("pool", POOL, SESSION, 3, vector_pool()),
         ("error", ERROR, SESSION, 4, [-5, "proto: unknown message type 99"]),
         ("bye", BYE, SESSION, 5, []),
