@@ -334,6 +334,7 @@ BatchStats batcher_stats(Batcher *bt) {
     pthread_mutex_unlock(&bt->bk);
     s.blocks_used = u.blocks_used;
     s.blocks_total = u.blocks_total;
+    s.blocks_cached = u.blocks_cached;
     return s;
 }
 

@@ -163,6 +163,10 @@ static void batch_print(FILE *f, int queued, const BatchStats *b) {
     fprintf(f, "# HELP rootspec_kv_blocks_free KV cache blocks free.\n"
                "# TYPE rootspec_kv_blocks_free gauge\nrootspec_kv_blocks_free %d\n",
             b->blocks_total - b->blocks_used);
+    fprintf(f, "# HELP rootspec_kv_blocks_cached KV cache blocks in the prefix cache (held or "
+               "idle; idle ones count as free).\n"
+               "# TYPE rootspec_kv_blocks_cached gauge\nrootspec_kv_blocks_cached %d\n",
+            b->blocks_cached);
     counter_print(f, "rootspec_preemptions_total",
                   "Decodes preempted for KV blocks (recomputed later).", b->preemptions);
 }
