@@ -1,10 +1,13 @@
 /* The CPU backend's prefix cache (kernels/backend.h: Prefix cache): a sequence that attaches
  * another's published blocks computes the same bits as a fresh single-sequence run of its
- * whole path, while the publisher goes on writing its own blocks; reference counts keep held
+ * whole path, while the publisher goes on writing its own blocks; decodes through
+ * target_prefill emit what they emit without the cache; reference counts keep held
  * blocks, idle ones are taken back least recently used, and every block comes back. */
 #include "testutil.h"
 #include "common/rng.h"
+#include "draft_proc/suffix_drafter.h"
 #include "kernels/backend.h"
+#include "target_proc/decode.h"
 #include <string.h>
 
 #define VOCAB 96
@@ -211,6 +214,54 @@ START_TEST(test_prefix_hash_chain) {
 }
 END_TEST
 
+/* One decode of prompt on t (rule: AR or the draft rule with a fresh suffix drafter). */
+static int decode_once(Target *t, const int *prompt, int n, int rule, int sample, int *out,
+                       int *cached) {
+    Drafter *d = NULL;
+    RsErr e = {0};
+    if (rule != RULE_AR) ck_assert_int_eq(drafter_suffix_create(VOCAB, NULL, 0, NULL, &d, &e), RS_OK);
+    DecodeOpts o = {.rule = rule, .budget = 6, .seed = 3, .max_new = 20, .ignore_eos = 1};
+    if (sample) o.sampling = (Sampling){.temperature = 1.0};
+    DecodeResult res = {.tokens = out, .cap = 20 + ROUND_MAX_EMIT};
+    ck_assert_msg(decode_run(t, d, prompt, n, &o, NULL, &res, &e) == RS_OK, "%s", e.msg);
+    drafter_destroy(&d);
+    *cached = res.prompt_cached;
+    return res.n_tokens;
+}
+
+/* Decodes through target_prefill (the --parallel 1 server's path): prompts sharing 40
+ * tokens, AR and speculative, T=0 and seeded T=1, emit on a target with the cache exactly
+ * what they emit on one without, and report the whole blocks they reused. */
+START_TEST(test_prefix_decodes_unchanged) {
+    Model *m = prefix_model();
+    BackendParams p = {.kv_capacity = 256, .threads = 2, .prefix_cache = 1};
+    Target *on = NULL, *off = NULL;
+    RsErr e = {0};
+    ck_assert_int_eq(target_create(m, &cpu_backend_ops, &p, NULL, 0, &on, &e), RS_OK);
+    p.prefix_cache = 0;
+    ck_assert_int_eq(target_create(m, &cpu_backend_ops, &p, NULL, 0, &off, &e), RS_OK);
+    Rng r;
+    rng_seed(&r, 31);
+    int prompt[60];
+    random_tokens(&r, prompt, 40);
+    for (int i = 0; i < 8; i++) {
+        int n = 41 + i * 2;
+        random_tokens(&r, prompt + 40, n - 40);
+        int want[20 + ROUND_MAX_EMIT], got[20 + ROUND_MAX_EMIT], c_on, c_off;
+        int rule = i % 2 ? RULE_DRAFT : RULE_AR, sample = (i / 2) % 2;
+        int nw = decode_once(off, prompt, n, rule, sample, want, &c_off);
+        int ng = decode_once(on, prompt, n, rule, sample, got, &c_on);
+        ck_assert_int_eq(c_off, 0);
+        ck_assert_int_eq(c_on, i == 0 ? 0 : 2 * BLK); /* the 40 shared tokens' whole blocks */
+        ck_assert_int_eq(ng, nw);
+        ck_assert_msg(!memcmp(got, want, sizeof(int) * (size_t)nw), "decode %d differs", i);
+    }
+    target_destroy(&on);
+    target_destroy(&off);
+    model_destroy(&m);
+}
+END_TEST
+
 Suite *suite_prefix(void) {
     Suite *s = suite_create("prefix");
     TCase *tc = tcase_create("core");
@@ -220,6 +271,7 @@ Suite *suite_prefix(void) {
     tcase_add_test(tc, test_prefix_off);
     tcase_add_test(tc, test_prefix_refcount_lru);
     tcase_add_test(tc, test_prefix_hash_chain);
+    tcase_add_test(tc, test_prefix_decodes_unchanged);
     suite_add_tcase(s, tc);
     return s;
 }
