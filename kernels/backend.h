@@ -59,6 +59,8 @@ typedef struct {
     /* Optional: tokens per backend_prefill chunk (kernels/prefill.h; 0: the largest that
      * max_batch and max_pending allow). */
     int prefill_chunk;
+    /* 1: keep published blocks for reuse (backend.h: Prefix cache); 0: no prefix cache. */
+    int prefix_cache;
 } BackendParams;
 
 /* Entries per KV block (backend.h: Sequences). */
@@ -164,6 +166,7 @@ typedef struct {
     int blocks_total; /* kv_capacity / BACKEND_KV_BLOCK, rounded up */
     int blocks_used;  /* held by the open sequences */
     int seqs_open;    /* sequence 0 included */
+    int blocks_cached; /* published in the prefix cache (held or idle) */
 } BackendKvUsage;
 
 /* Opens an empty sequence: *seq in [1, max_seqs). RS_EFULL when max_seqs are open;
@@ -185,6 +188,28 @@ int backend_seq_n_pending(const Backend *b, int seq);
 /* Blocks a sequence holding `entries` entries needs. */
 int backend_kv_blocks_for(int entries);
 BackendKvUsage backend_kv_usage(const Backend *b);
+
+/* ---- Prefix cache (BackendParams.prefix_cache) ----
+ * A sequence publishes its full, committed blocks under the hash chain of the tokens up to
+ * and including each (backend_prefix_hash over the blocks in order); a new sequence whose
+ * first tokens are a published chain attaches those blocks instead of computing them. An
+ * attached block is shared read-only (reference counts): a sequence writes only past its
+ * committed entries, and shared blocks are full and committed, so none is ever written.
+ * When no sequence holds a published block it stays cached (idle, counted free), and is
+ * taken back least recently used when a sequence needs a block and none is free. The
+ * block's tokens are stored and compared too, so a hash collision cannot alias two
+ * prefixes. Rows are batch-invariant, so attached K/V are the bits a prefill would write:
+ * the logits after an attach equal those of a full prefill. A backend without the cache
+ * (CUDA) attaches nothing and publishes nothing. */
+
+/* The chain hash of a block of BACKEND_KV_BLOCK tokens following chain value prev (0 for
+ * the first block). */
+uint64_t backend_prefix_hash(uint64_t prev, const int *tokens);
+/* seq must be empty. Attaches the longest published chain of whole blocks that tokens[0..n)
+ * starts with; returns the entries now committed (a multiple of BACKEND_KV_BLOCK, <= n). */
+int backend_prefix_attach(Backend *b, int seq, const int *tokens, int n);
+/* tokens: seq's first n committed entries' tokens; publishes its whole blocks among them. */
+void backend_prefix_publish(Backend *b, int seq, const int *tokens, int n);
 
 /* Logits buffers for forward(): host memory it copies into fastest (CUDA: pinned, so the
  * device-to-host copy runs at full speed; CPU: malloc). The caller owns them; free with

@@ -419,6 +419,29 @@ int backend_seq_commit(Backend *b, int seq, const int *keep, int n_keep, RsErr *
     return b->ops->seq_commit(b, seq, keep, n_keep, e);
 }
 
+/* ---- the prefix cache ---- */
+
+uint64_t backend_prefix_hash(uint64_t prev, const int *tokens) {
+    uint64_t h = prev ^ 0x9e3779b97f4a7c15u; /* FNV-1a over the block, seeded by the chain */
+    for (int i = 0; i < BACKEND_KV_BLOCK; i++) {
+        uint32_t t = (uint32_t)tokens[i];
+        for (int k = 0; k < 4; k++) h = (h ^ ((t >> (8 * k)) & 0xffu)) * 0x100000001b3u;
+    }
+    return h;
+}
+
+int backend_prefix_attach(Backend *b, int seq, const int *tokens, int n) {
+    RS_ASSERT(n >= 0 && (n == 0 || tokens));
+    RS_ASSERT(backend_seq_n_committed(b, seq) == 0 && backend_seq_n_pending(b, seq) == 0);
+    if (n > b->params.kv_capacity) n = b->params.kv_capacity;
+    return b->ops->prefix_attach ? b->ops->prefix_attach(b, seq, tokens, n) : 0;
+}
+
+void backend_prefix_publish(Backend *b, int seq, const int *tokens, int n) {
+    RS_ASSERT(n >= 0 && n <= backend_seq_n_committed(b, seq) && (n == 0 || tokens));
+    if (b->ops->prefix_publish) b->ops->prefix_publish(b, seq, tokens, n);
+}
+
 BackendKvUsage backend_kv_usage(const Backend *b) {
     BackendKvUsage u = {.block_size = BACKEND_KV_BLOCK,
                         .blocks_total = backend_kv_blocks_for(b->params.kv_capacity),

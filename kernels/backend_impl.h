@@ -70,6 +70,10 @@ struct BackendOps {
     int (*seq_commit)(Backend *b, int seq, const int *keep, int n_keep, RsErr *e);
     void (*seq_counts)(const Backend *b, int seq, int *n_committed, int *n_pending);
     void (*kv_usage)(const Backend *b, BackendKvUsage *out);
+    /* Optional (NULL: no prefix cache): backend.h's prefix functions, seq open and empty
+     * (attach) or holding n committed entries (publish). */
+    int (*prefix_attach)(Backend *b, int seq, const int *tokens, int n);
+    void (*prefix_publish)(Backend *b, int seq, const int *tokens, int n);
 };
 
 /* Common state every backend keeps at the head of its own struct (a Backend * is cast to

@@ -128,6 +128,7 @@ typedef struct {
 
 typedef struct {
     int prompt_tokens, completion_tokens;
+    int cached_tokens; /* of the prompt's, taken from the prefix cache */
 } ServeUsage;
 
 #define SERVE_TOP_LOGPROBS 20 /* OpenAI's limit on top_logprobs */
@@ -227,6 +228,8 @@ void serve_metrics_request(ServeMetrics *m, int http_status);
 void serve_metrics_finish(ServeMetrics *m, ServeFinish f, int prompt_tokens, int tokens,
                           int drafter_failed);
 void serve_metrics_ttft(ServeMetrics *m, double seconds);
+/* A decode's prompt: cached entries from the prefix cache, computed the rest. */
+void serve_metrics_prompt(ServeMetrics *m, int cached, int computed);
 /* n tokens arrived together gap seconds after the previous ones: n samples of gap / n. */
 void serve_metrics_itl(ServeMetrics *m, double gap, int n);
 void serve_metrics_round(ServeMetrics *m, int tokens, int fallback_ar);

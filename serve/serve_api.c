@@ -346,6 +346,8 @@ static void add_usage(cJSON *o, const ServeUsage *u) {
     cJSON_AddNumberToObject(x, "prompt_tokens", u->prompt_tokens);
     cJSON_AddNumberToObject(x, "completion_tokens", u->completion_tokens);
     cJSON_AddNumberToObject(x, "total_tokens", u->prompt_tokens + u->completion_tokens);
+    cJSON *d = cJSON_AddObjectToObject(x, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", u->cached_tokens);
 }
 
 /* text may hold NUL bytes a model emitted, so it goes in by length, not as a C string. */

@@ -50,6 +50,7 @@ struct ServeJob {
     ServeText text;
     ServeLogprobs lp; /* when the request asks for them: one entry per output token */
     int done, failed, n_out;
+    int n_cached; /* the prompt's tokens the prefix cache supplied */
     int lp_taken; /* streams: entries serve_job_wait handed out */
     const char *finish_reason;
     ServeError err;
@@ -188,7 +189,7 @@ int serve_job_wait(ServeJob *j, int timeout_ms, ServeOutput *out) {
     out->failed = j->failed;
     out->err = j->err;
     out->finish_reason = j->finish_reason;
-    out->usage = (ServeUsage){j->n_ids, j->n_out};
+    out->usage = (ServeUsage){j->n_ids, j->n_out, j->n_cached};
     out->lp = j->done && j->req.logprobs ? &j->lp : NULL;
     int to = j->lp.n < j->n_out ? j->lp.n : j->n_out; /* none past a stop string */
     if (j->req.logprobs && j->req.stream && to > j->lp_taken) {
@@ -305,6 +306,12 @@ static int job_decode(ServeCore *c, Slot *sl, ServeJob *j, DecodeResult *res, Rs
         DecodeResult part = {.tokens = ids + n_ids, .cap = res->cap - done};
         d.max_new = j->d.max_new - done;
         rc = decode_run(sl->t, sl->d, ids, n_ids, &d, &h, &part, e);
+        serve_metrics_prompt(c->metrics, part.prompt_cached, n_ids - part.prompt_cached);
+        if (!done) {
+            pthread_mutex_lock(&j->mu);
+            j->n_cached = part.prompt_cached;
+            pthread_mutex_unlock(&j->mu);
+        }
         if (c->bt) batcher_leave(sl->t);
         done += part.n_tokens;
         n_ids += part.n_tokens;

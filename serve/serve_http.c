@@ -236,7 +236,7 @@ static enum MHD_Result finish_choices(ServeHttp *h, struct MHD_Connection *c, Se
     ServeJob *jobs[SERVE_N_MAX] = {0};
     char *acc[SERVE_N_MAX] = {0};
     ServeChoice ch[SERVE_N_MAX];
-    ServeUsage u = {0, 0};
+    ServeUsage u = {0};
     ServeError se;
     int rc = 0, i;
     for (i = 0; i < n && !rc; i++) {
@@ -245,6 +245,7 @@ static enum MHD_Result finish_choices(ServeHttp *h, struct MHD_Connection *c, Se
         if (rc) break;
         ch[i] = (ServeChoice){acc[i], ch[i].n, o.finish_reason, o.lp};
         u.prompt_tokens = o.usage.prompt_tokens;
+        u.cached_tokens = o.usage.cached_tokens;
         u.completion_tokens += o.usage.completion_tokens;
     }
     enum MHD_Result ok = rc < 0 ? MHD_NO

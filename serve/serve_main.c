@@ -25,6 +25,8 @@ static void usage(FILE *f) {
             "                        prompt holds running decodes back by one chunk (default 32)\n"
             "  --kv-entries N        --parallel: KV cache entries all requests share, in blocks of\n"
             "                        16 (default N x --ctx); a request holds what its length needs\n"
+            "  --no-prefix-cache     prefill every prompt whole (default: a prompt reuses the KV\n"
+            "                        blocks of the longest prefix an earlier one computed)\n"
             "  --max-body BYTES      largest request body; larger ones get a 413 (default 1048576)\n"
             "  --max-connections N   open connections at once (default 512)\n"
             "  --max-connections-per-client N\n"
@@ -104,6 +106,10 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
         if ((rc = cli_runtime_option(argc, argv, &i, &A->rt, e)) != 0 ||
             (rc = engine_cli_option(argc, argv, &i, &A->eo, &A->d, e)) != 0) {
             if (rc < 0) return rc;
+            continue;
+        }
+        if (!strcmp(a, "--no-prefix-cache")) {
+            A->eo.prefix_cache = 0;
             continue;
         }
         if (!strcmp(a, "--metrics-public") || !strcmp(a, "--no-auth")) {
@@ -213,7 +219,7 @@ static int serve(Args *A, Engine *en, const sigset_t *sigs) {
 }
 
 int main(int argc, char **argv) {
-    Args A = {.eo = {.draft_timeout_ms = 10000}, .rt = cli_runtime_defaults(),
+    Args A = {.eo = {.draft_timeout_ms = 10000, .prefix_cache = 1}, .rt = cli_runtime_defaults(),
               .d = {.rule = RULE_AR, .budget = 59, .seed = 1, .max_new = 512},
               .http = {.host = "127.0.0.1", .port = 8080, .max_body = 1 << 20, .max_conn = 512,
                        .max_conn_ip = 16, .timeout = 60, .request_timeout = 10},

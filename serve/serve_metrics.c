@@ -23,6 +23,7 @@ struct ServeMetrics {
     uint64_t requests[N_STATUS + 1]; /* the last: any other status */
     uint64_t finished[FINISH_COUNT];
     uint64_t prompt_tokens, gen_tokens, rounds, fallback_rounds, fallback_requests;
+    uint64_t prompt_cached, prompt_computed;
     Hist ttft, itl, per_round;
 };
 
@@ -79,6 +80,13 @@ void serve_metrics_finish(ServeMetrics *m, ServeFinish f, int prompt_tokens, int
     m->prompt_tokens += (uint64_t)prompt_tokens;
     m->gen_tokens += (uint64_t)tokens;
     m->fallback_requests += drafter_failed != 0;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void serve_metrics_prompt(ServeMetrics *m, int cached, int computed) {
+    pthread_mutex_lock(&m->mu);
+    m->prompt_cached += (uint64_t)cached;
+    m->prompt_computed += (uint64_t)computed;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -155,6 +163,10 @@ static void batch_print(FILE *f, int queued, const BatchStats *b) {
     fprintf(f, "# HELP rootspec_kv_blocks_free KV cache blocks free.\n"
                "# TYPE rootspec_kv_blocks_free gauge\nrootspec_kv_blocks_free %d\n",
             b->blocks_total - b->blocks_used);
+    fprintf(f, "# HELP rootspec_kv_blocks_cached KV cache blocks in the prefix cache (held or "
+               "idle; idle ones count as free).\n"
+               "# TYPE rootspec_kv_blocks_cached gauge\nrootspec_kv_blocks_cached %d\n",
+            b->blocks_cached);
     counter_print(f, "rootspec_preemptions_total",
                   "Decodes preempted for KV blocks (recomputed later).", b->preemptions);
 }
@@ -171,6 +183,11 @@ char *serve_metrics_render_batch(ServeMetrics *m, int queued, int running, const
     pthread_mutex_lock(&m->mu);
     labelled_print(f, m);
     counter_print(f, "rootspec_prompt_tokens_total", "Prompt tokens of finished decodes.", m->prompt_tokens);
+    counter_print(f, "rootspec_prompt_tokens_cached_total",
+                  "Prompt tokens whose KV blocks came from the prefix cache.", m->prompt_cached);
+    counter_print(f, "rootspec_prompt_tokens_computed_total",
+                  "Prompt tokens the target computed (not from the prefix cache).",
+                  m->prompt_computed);
     counter_print(f, "rootspec_generation_tokens_total", "Tokens generated.", m->gen_tokens);
     counter_print(f, "rootspec_rounds_total", "Decode rounds.", m->rounds);
     counter_print(f, "rootspec_drafter_fallback_rounds_total",

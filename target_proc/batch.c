@@ -334,6 +334,7 @@ BatchStats batcher_stats(Batcher *bt) {
     pthread_mutex_unlock(&bt->bk);
     s.blocks_used = u.blocks_used;
     s.blocks_total = u.blocks_total;
+    s.blocks_cached = u.blocks_cached;
     return s;
 }
 
@@ -422,6 +423,25 @@ static void view_rows_gather(Backend *bb, const int *rows, const int *ids, int n
     free(m);
 }
 
+/* The prefix cache acts on the view's sequence of the shared backend. */
+static int view_prefix_attach(Backend *bb, int seq, const int *tokens, int n) {
+    View *v = (View *)bb;
+    RS_ASSERT(seq == 0);
+    pthread_mutex_lock(&v->bt->bk);
+    int got = backend_prefix_attach(v->bt->b, v->seq, tokens, n);
+    pthread_mutex_unlock(&v->bt->bk);
+    bb->n_committed = got;
+    return got;
+}
+
+static void view_prefix_publish(Backend *bb, int seq, const int *tokens, int n) {
+    View *v = (View *)bb;
+    RS_ASSERT(seq == 0);
+    pthread_mutex_lock(&v->bt->bk);
+    backend_prefix_publish(v->bt->b, v->seq, tokens, n);
+    pthread_mutex_unlock(&v->bt->bk);
+}
+
 static void view_destroy(Backend **pb) {
     View *v = (View *)*pb;
     Batcher *bt = v->bt;
@@ -453,4 +473,6 @@ const BackendOps batch_view_ops = {
     .rows_copy = view_rows_copy,
     .rows_stats = view_rows_stats,
     .rows_gather = view_rows_gather,
+    .prefix_attach = view_prefix_attach,
+    .prefix_publish = view_prefix_publish,
 };

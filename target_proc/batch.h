@@ -36,6 +36,7 @@ typedef struct {
 typedef struct {
     int active;              /* views in a decode now */
     int blocks_used, blocks_total;
+    int blocks_cached; /* in the prefix cache, held or idle */
     uint64_t passes, rows;   /* passes run and the rows they carried */
     uint64_t preemptions;
     uint64_t pass_ns;        /* time the passes took (the rest: decodes' host work) */

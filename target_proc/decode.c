@@ -817,6 +817,7 @@ int decode_run(Target *t, Drafter *drafter, const int *prompt, int n_prompt, con
     rc = feat_begin(d, n_prompt, e);
     res->t_start = dec_now(d);
     if (!rc) rc = feat_prefill(d, prompt, n_prompt, e);
+    res->prompt_cached = t->n_cached;
     /* a prefill of one chunk is a pass of that many rows: the planner's first cost */
     if (!rc && o->planner && n_prompt > 1 && n_prompt - 1 <= DECODE_PASS_MAX)
         planner_observe_pass(o->planner, n_prompt - 1, dec_now(d) - res->t_start);

@@ -106,6 +106,7 @@ typedef struct {
     uint64_t t_start, t_end; /* prefill start, last commit */
     int drafter_failed;
     int stopped; /* DecodeHooks.should_stop ended the decode */
+    int prompt_cached; /* prompt entries the prefix cache supplied (target_prefill) */
 } DecodeResult;
 
 /* KV entries decode_run keeps free for one round with these options (checked before the

@@ -18,6 +18,7 @@ typedef struct {
     const char *backend;          /* "cpu" (default) or "cuda" */
     int threads, device, ctx;
     int batch_invariant;          /* BackendParams.batch_invariant for every backend */
+    int prefix_cache;             /* BackendParams.prefix_cache for every backend */
     const char *cpu_kernels;      /* BackendParams.cpu_kernels for every backend */
     int draft_timeout_ms;         /* remote drafter reply timeout */
     int insecure;                 /* allow plain tcp:// */

@@ -47,11 +47,17 @@ Backend *target_backend(Target *t) { return t->b; }
 
 int target_kv_capacity(const Target *t) { return backend_kv_capacity(t->b); }
 
-void target_reset(Target *t) { backend_kv_reset(t->b); }
+void target_reset(Target *t) {
+    backend_kv_reset(t->b);
+    t->n_cached = 0;
+}
 
 int target_prefill(Target *t, const int *tokens, int n, RsErr *e) {
     t->kept_pass = -1;
-    return backend_prefill(t->b, tokens, n, NULL, e);
+    t->n_cached = backend_n_committed(t->b) == 0 ? backend_prefix_attach(t->b, 0, tokens, n) : 0;
+    int rc = backend_prefill(t->b, tokens + t->n_cached, n - t->n_cached, NULL, e);
+    if (!rc) backend_prefix_publish(t->b, 0, tokens, n);
+    return rc;
 }
 
 int target_root_pass(Target *t, int root, RsErr *e) {

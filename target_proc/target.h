@@ -37,6 +37,7 @@ typedef struct Target {
      * decode asks the backend's row queries): -1 none, 0 the root pass, 1 a tree pass. */
     int kept_pass;
     int kept_with_root; /* tree pass: the root's row is kept row 0 */
+    int n_cached;       /* entries the last target_prefill took from the prefix cache */
 } Target;
 
 /* Borrows m; creates a backend with bp's settings (kv_capacity entries, threads, device,
@@ -52,7 +53,8 @@ int target_kv_capacity(const Target *t);
 
 /* Forgets the context (new prompt). */
 void target_reset(Target *t);
-/* Commits tokens[0..n) as context (backend_prefill). */
+/* Commits tokens[0..n) as context: the longest prefix the prefix cache holds is attached
+ * (t->n_cached entries), the rest prefilled (backend_prefill), then its blocks published. */
 int target_prefill(Target *t, const int *tokens, int n, RsErr *e);
 /* One-token pass on the root: its row kept in the backend, the root left pending at entry 0. */
 int target_root_pass(Target *t, int root, RsErr *e);

@@ -1040,6 +1040,91 @@ def test_preempt():
     s.stop()
 
 
+SYSTEM = " ".join(f"Rule {i}: answer politely, cite the {w} handbook, and keep the reply short."
+                  for i, w in zip(range(52), __import__("itertools").cycle(
+                      ["blue", "green", "red", "amber", "violet", "silver", "copper"])))
+QUESTIONS = ["What is the capital of France?", "Name three colours.", "Who wrote Hamlet?",
+             "What is 12 times 7?", "Count from one to five.", "What does a CPU do?",
+             "Name a planet.", "Translate 'hello' into Spanish."]
+
+
+def timed_chat(port, question, max_tokens=16):
+    """A streamed T=0 chat under SYSTEM: (seconds to the first content, text, usage)."""
+    body = {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+            "max_tokens": max_tokens, "stream": True, "temperature": 0,
+            "stream_options": {"include_usage": True}}
+    t0 = time.time()
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    c.request("POST", "/v1/chat/completions", body=json.dumps(body),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    ttft, parts, usage = None, [], None
+    for raw in r:
+        line = raw.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        obj = json.loads(line[6:])
+        usage = obj.get("usage") or usage
+        for ch in obj.get("choices", []):
+            if ch["delta"].get("content") and ttft is None:
+                ttft = time.time() - t0
+            parts.append(ch["delta"].get("content") or "")
+    c.close()
+    return ttft, "".join(parts), usage
+
+
+def prefix_round(s):
+    """The first request alone, then the other 7 at once: (ttfts, texts, usages)."""
+    first = timed_chat(s.port, QUESTIONS[0])
+    rest, ts = [None] * 7, []
+    for i in range(7):
+        def go(i=i):
+            rest[i] = timed_chat(s.port, QUESTIONS[i + 1])
+        ts.append(threading.Thread(target=go))
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    out = [first] + rest
+    return [o[0] for o in out], [o[1] for o in out], [o[2] for o in out]
+
+
+def test_prefix_cache():
+    s = Server("--parallel", "8", "--ctx", "2048")
+    ttft, texts, usage = prefix_round(s)
+    cached = [u["prompt_tokens_details"]["cached_tokens"] for u in usage]
+    n_prompt = usage[0]["prompt_tokens"]
+    p50 = sorted(ttft[1:])[3]
+    print(f"      prefix cache: {n_prompt}-token prompts, first TTFT {ttft[0]:.3f} s, "
+          f"the others' p50 {p50:.3f} s (ratio {p50 / ttft[0]:.3f}), cached {cached}")
+    check("prefix cache: a ~1000-token system prompt shared by 8 requests", n_prompt >= 900, str(n_prompt))
+    check("prefix cache: the first request computes its prompt, the other 7 reuse whole blocks of it",
+          cached[0] == 0 and all(c >= n_prompt - 64 and c % 16 == 0 for c in cached[1:]), str(cached))
+    check("prefix cache: the 2nd..8th requests' TTFT p50 is at most 1/3 of the first's",
+          p50 <= ttft[0] / 3, f"{p50:.3f} vs {ttft[0]:.3f}")
+    check("prefix cache: /metrics counts the cached and computed prompt tokens",
+          s.metric("rootspec_prompt_tokens_cached_total") == sum(cached) and
+          s.metric("rootspec_prompt_tokens_computed_total") == sum(u["prompt_tokens"] for u in usage) - sum(cached))
+    time.sleep(0.5)
+    check("prefix cache: afterwards no KV block is held, the shared prompt's stay cached",
+          s.metric("rootspec_kv_blocks_used") == 0 and
+          s.metric("rootspec_kv_blocks_cached") >= cached[1] // 16, str(s.metric("rootspec_kv_blocks_cached")))
+    s.stop()
+    off = Server("--parallel", "8", "--ctx", "2048", "--no-prefix-cache")
+    _, texts_off, usage_off = prefix_round(off)
+    check("prefix cache: T=0 texts with and without the cache are identical", texts == texts_off,
+          str([(a, b) for a, b in zip(texts, texts_off) if a != b][:2]))
+    check("--no-prefix-cache: nothing is reused",
+          all(u["prompt_tokens_details"]["cached_tokens"] == 0 for u in usage_off) and
+          off.metric("rootspec_prompt_tokens_cached_total") == 0)
+    off.stop()
+    one = Server("--ctx", "2048")
+    a, b = timed_chat(one.port, QUESTIONS[0]), timed_chat(one.port, QUESTIONS[1])
+    check("--parallel 1: the second request reuses the first's system prompt, same text",
+          a[2]["prompt_tokens_details"]["cached_tokens"] == 0 and
+          b[2]["prompt_tokens_details"]["cached_tokens"] >= n_prompt - 64 and
+          (a[1], b[1]) == (texts[0], texts[1]), f"{b[2]} {(a[1], b[1])} {texts[:2]}")
+    one.stop()
+
+
 def main():
     ref = target_text("--prompt", PROMPT, "--chat", "--max-new", "24")
     s = Server()
@@ -1068,6 +1153,7 @@ def main():
     test_nonfinite_model()
     test_batched()
     test_preempt()
+    test_prefix_cache()
     print(f"serve: {results['passed']} passed, {results['failed']} failed")
     return 1 if results["failed"] else 0
 

@@ -331,7 +331,7 @@ END_TEST
 
 START_TEST(test_response_json) {
     ServeMeta m = {.kind = SERVE_CHAT, .id = "chatcmpl-1", .created = 5, .model = "m"};
-    ServeUsage u = {3, 4};
+    ServeUsage u = {3, 4, 2};
     char *s = serve_response_json(&m, "hi \"there\"", 10, "stop", &u);
     cJSON *o = cJSON_Parse(s);
     ck_assert_ptr_nonnull(o);
@@ -339,6 +339,9 @@ START_TEST(test_response_json) {
     ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "message"), "content")->valuestring, "hi \"there\"");
     ck_assert_str_eq(cJSON_GetObjectItem(c0, "finish_reason")->valuestring, "stop");
     ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "usage"), "total_tokens")->valueint, 7);
+    ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "usage"),
+                                                              "prompt_tokens_details"),
+                                         "cached_tokens")->valueint, 2);
     ck_assert_str_eq(cJSON_GetObjectItem(o, "object")->valuestring, "chat.completion");
     cJSON_Delete(o);
     free(s);

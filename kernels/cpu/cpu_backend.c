@@ -86,6 +86,15 @@ typedef struct {
     int n_seqs;
     int blocks_total, n_free;
     int *free_blocks;   // (blocks_total) a stack of free block ids
+    /* The prefix cache (backend.h: Prefix cache): per block, its holders, and when cached
+     * the hash chain and tokens it was published under and its last use. A cached block
+     * no sequence holds is idle: not on the free list, taken back least recently used. */
+    int prefix_on, n_idle;
+    int *ref;           // (blocks_total) sequences holding the block
+    uint8_t *cached;    // (blocks_total)
+    uint64_t *hash, *used; // (blocks_total)
+    int *btok;          // (blocks_total, BACKEND_KV_BLOCK)
+    uint64_t tick;
     int slots;          /* blocks_total * BACKEND_KV_BLOCK: cache rows per (layer, KV head) */
     int q_dim, kv_dim, max_cols;
     int max_kept; /* min(max_batch, max_pending): a forward's n_out never exceeds it */
@@ -362,6 +371,12 @@ static void alloc_seqs(CpuBackend *b, const BackendParams *p) {
         b->seqs[i].pend_pos = rs_xcalloc((size_t)p->max_pending, sizeof(int));
     }
     b->seqs[0].open = 1;
+    b->prefix_on = p->prefix_cache != 0;
+    b->ref = rs_xcalloc((size_t)b->blocks_total, sizeof(int));
+    b->cached = rs_xcalloc((size_t)b->blocks_total, 1);
+    b->hash = rs_xcalloc((size_t)b->blocks_total, sizeof(uint64_t));
+    b->used = rs_xcalloc((size_t)b->blocks_total, sizeof(uint64_t));
+    b->btok = rs_xcalloc((size_t)b->blocks_total * BACKEND_KV_BLOCK, sizeof(int));
 }
 
 static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
@@ -442,7 +457,7 @@ static void cpu_destroy(Backend **pb) {
                     s->hb2,     s->att,      s->scratch,     s->xq,       s->hq,  s->xqk,
                     s->kv_tmp, s->knew, s->vnew, s->inv_freq,  s->rope_cos, s->rope_sin,
                     s->att_idx, s->att_off, s->att_cnt,  s->keep_seen, s->pend_idx, s->row_slot, s->logits,
-                    b->seqs, b->free_blocks,
+                    b->seqs, b->free_blocks, b->ref, b->cached, b->hash, b->used, b->btok,
                     s->feat_pend, s->feat_out, s->parts,
                     b->rows_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
@@ -464,17 +479,41 @@ static int seq_short(const CpuSeq *q, int entries) {
     return need > 0 ? need : 0;
 }
 
-static void seq_grow(CpuBackend *b, CpuSeq *q, int entries) {
-    for (int k = seq_short(q, entries); k > 0; k--) {
-        RS_ASSERT(b->n_free > 0);
-        q->blocks[q->n_blocks++] = b->free_blocks[--b->n_free];
+/* A free block, else the least recently used idle one (its cache entry dropped). */
+static int block_take(CpuBackend *b) {
+    int blk = -1;
+    if (b->n_free > 0) {
+        blk = b->free_blocks[--b->n_free];
+    } else {
+        for (int i = 0; i < b->blocks_total; i++)
+            if (b->cached[i] && !b->ref[i] && (blk < 0 || b->used[i] < b->used[blk])) blk = i;
+        RS_ASSERT(blk >= 0);
+        b->cached[blk] = 0;
+        b->n_idle--;
     }
+    b->ref[blk] = 1;
+    return blk;
+}
+
+static void block_release(CpuBackend *b, int blk) {
+    RS_ASSERT(b->ref[blk] > 0);
+    if (--b->ref[blk]) return;
+    if (b->cached[blk]) {
+        b->n_idle++;
+        b->used[blk] = ++b->tick;
+    } else {
+        b->free_blocks[b->n_free++] = blk;
+    }
+}
+
+static void seq_grow(CpuBackend *b, CpuSeq *q, int entries) {
+    for (int k = seq_short(q, entries); k > 0; k--) q->blocks[q->n_blocks++] = block_take(b);
 }
 
 /* Gives back the blocks past `entries` entries. */
 static void seq_shrink(CpuBackend *b, CpuSeq *q, int entries) {
     int keep = backend_kv_blocks_for(entries);
-    while (q->n_blocks > keep) b->free_blocks[b->n_free++] = q->blocks[--q->n_blocks];
+    while (q->n_blocks > keep) block_release(b, q->blocks[--q->n_blocks]);
 }
 
 /* Keeps the head's counters equal to sequence 0's (the single-sequence functions). */
@@ -536,6 +575,7 @@ static void seg_index(CpuBackend *b, const BackendSeg *g, int r0, size_t *at) {
         if (shared) s->att_off[r0 + t] = *at;
         s->att_cnt[r0 + t] += q->nc;
         s->row_slot[r0 + t] = (int)seq_slot(q, q->nc + q->np + t);
+        RS_ASSERT(b->ref[s->row_slot[r0 + t] / BACKEND_KV_BLOCK] == 1); /* never a shared one */
     }
     if (shared) *at += (size_t)q->nc + q->np + g->n;
 }
@@ -739,9 +779,9 @@ static int cpu_forward_batch(Backend *bb, const BackendSeg *segs, int n_segs,
     RS_ASSERT(n_out <= 0 || out_rows);
     if (bb->feat_n && (n_segs > 1 || segs[0].seq != 0))
         return rs_err(e, RS_EUNSUPPORTED, "EAGLE-3 features are recorded for sequence 0 only");
-    if (need > b->n_free)
+    if (need > b->n_free + b->n_idle)
         return rs_err(e, RS_EFULL, "the batch needs %d more KV blocks; %d of %d are free", need,
-                      b->n_free, b->blocks_total);
+                      b->n_free + b->n_idle, b->blocks_total);
     int rc = att_reserve(b, segs, n_segs, e);
     if (rc) return rc;
     fwd_prepare(b, segs, n_segs);
@@ -855,7 +895,9 @@ static void cpu_seq_counts(const Backend *bb, int seq, int *nc, int *np) {
 
 static void cpu_kv_usage(const Backend *bb, BackendKvUsage *u) {
     const CpuBackend *b = (const CpuBackend *)bb;
-    u->blocks_used = b->blocks_total - b->n_free;
+    u->blocks_used = b->blocks_total - b->n_free - b->n_idle;
+    u->blocks_cached = 0;
+    for (int i = 0; i < b->blocks_total; i++) u->blocks_cached += b->cached[i];
     u->seqs_open = 0;
     for (int i = 0; i < b->n_seqs; i++) u->seqs_open += b->seqs[i].open;
 }
@@ -883,6 +925,56 @@ static void cpu_stats(const Backend *bb, BackendStats *st) {
 }
 
 static void cpu_kv_reset(Backend *bb) { cpu_seq_close(bb, 0); }
+
+/* ---- the prefix cache ---- */
+
+/* The cached block published under hash h with these tokens, or -1. */
+static int prefix_find(const CpuBackend *b, uint64_t h, const int *tokens) {
+    for (int i = 0; i < b->blocks_total; i++)
+        if (b->cached[i] && b->hash[i] == h &&
+            !memcmp(b->btok + (size_t)i * BACKEND_KV_BLOCK, tokens,
+                    BACKEND_KV_BLOCK * sizeof(int)))
+            return i;
+    return -1;
+}
+
+static int cpu_prefix_attach(Backend *bb, int seq, const int *tokens, int n) {
+    CpuBackend *b = (CpuBackend *)bb;
+    CpuSeq *q = &b->seqs[seq];
+    RS_ASSERT(q->nc == 0 && q->np == 0 && q->n_blocks == 0);
+    if (!b->prefix_on) return 0;
+    uint64_t h = 0;
+    for (int k = 0; k < n / BACKEND_KV_BLOCK; k++) {
+        const int *t = tokens + (size_t)k * BACKEND_KV_BLOCK;
+        h = backend_prefix_hash(h, t);
+        int blk = prefix_find(b, h, t);
+        if (blk < 0) break;
+        if (!b->ref[blk]++) b->n_idle--;
+        b->used[blk] = ++b->tick;
+        q->blocks[q->n_blocks++] = blk;
+    }
+    q->nc = q->n_blocks * BACKEND_KV_BLOCK;
+    seq0_sync(b);
+    return q->nc;
+}
+
+static void cpu_prefix_publish(Backend *bb, int seq, const int *tokens, int n) {
+    CpuBackend *b = (CpuBackend *)bb;
+    const CpuSeq *q = &b->seqs[seq];
+    RS_ASSERT(n <= q->nc);
+    if (!b->prefix_on) return;
+    uint64_t h = 0;
+    for (int k = 0; k < n / BACKEND_KV_BLOCK; k++) {
+        const int *t = tokens + (size_t)k * BACKEND_KV_BLOCK;
+        h = backend_prefix_hash(h, t);
+        int blk = q->blocks[k];
+        if (b->cached[blk] || prefix_find(b, h, t) >= 0) continue; /* one copy is enough */
+        b->cached[blk] = 1;
+        b->hash[blk] = h;
+        memcpy(b->btok + (size_t)blk * BACKEND_KV_BLOCK, t, BACKEND_KV_BLOCK * sizeof(int));
+        b->used[blk] = ++b->tick;
+    }
+}
 
 /* ---- the verifier's row queries over the kept rows ---- */
 
@@ -942,4 +1034,6 @@ const BackendOps cpu_backend_ops = {
     .seq_commit = cpu_seq_commit,
     .seq_counts = cpu_seq_counts,
     .kv_usage = cpu_kv_usage,
+    .prefix_attach = cpu_prefix_attach,
+    .prefix_publish = cpu_prefix_publish,
 };
