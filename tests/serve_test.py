@@ -1070,6 +1070,16 @@ def test_suffix_global():
     check("--suffix-global: the repeated-task workload's T=0 texts equal those without it",
           on == off and len(on) == 16, str([(a, b) for a, b in zip(on, off) if a != b][:1]))
     print(f"  repeated tasks: {tps_off:.1f} tok/s without --suffix-global, {tps_on:.1f} with")
+    import concurrent.futures as cf
+    s = Server("--parallel", "4", "--decoder", "draft", "--drafter", "suffix", "--budget", "auto",
+               "--suffix-global", "300")
+    with cf.ThreadPoolExecutor(4) as ex:
+        shared = list(ex.map(lambda p: s.client.chat.completions.create(
+            model=NAME, messages=[{"role": "user", "content": p}], max_tokens=96,
+            temperature=0).choices[0].message.content, repeated_tasks()))
+    check("--suffix-global 300 --parallel 4 (four writers and readers, the oldest evicted): "
+          "the same texts", shared == off, str([(a, b) for a, b in zip(shared, off) if a != b][:1]))
+    check("the server with a shared index stops with status 0", s.stop() == 0)
 
 
 def main():
