@@ -3,7 +3,9 @@
  * the trie laid out as a pool. */
 #include "suffix_drafter.h"
 #include "drafter_impl.h"
+#include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #define HASH_BITS 16
@@ -13,10 +15,14 @@
 
 /* ---- a token sequence with its 1-gram and 2-gram occurrence chains ------------------ */
 
+/* Positions are absolute (the n-th token pushed is at n - 1). A windowed sequence keeps
+ * only its last `window` tokens in a ring: a chain that reaches below seq_lo has ended.
+ * A negative token separates documents: it never matches and never continues one. */
 typedef struct {
     int *tok;           // (cap)
     int *prev1, *prev2; // (cap) the previous position with the same 1-gram / 2-gram, -1
     size_t n, cap;
+    size_t window;      /* 0: unbounded */
     int head1[HASH_SIZE], head2[HASH_SIZE]; /* the last position with each key, -1 */
 } Seq;
 
@@ -26,29 +32,42 @@ static unsigned key2(int a, int b) {
            & (HASH_SIZE - 1);
 }
 
+/* The first position still held. */
+static size_t seq_lo(const Seq *s) { return s->window && s->n > s->window ? s->n - s->window : 0; }
+/* Where position p lives (before the ring first wraps, n <= cap <= window and p < n). */
+static size_t seq_slot(const Seq *s, size_t p) { return s->window ? p % s->window : p; }
+static int seq_tok(const Seq *s, size_t p) { return s->tok[seq_slot(s, p)]; }
+
 static void seq_clear(Seq *s) {
     s->n = 0;
     memset(s->head1, 0xff, sizeof s->head1);
     memset(s->head2, 0xff, sizeof s->head2);
 }
 
+/* Room for one more token: unbounded sequences double; a windowed one grows up to its
+ * window and then overwrites its oldest token. */
+static void seq_reserve(Seq *s) {
+    if (s->n < s->cap || (s->window && s->cap == s->window)) return;
+    size_t cap = s->cap ? 2 * s->cap : 1024;
+    if (s->window && cap > s->window) cap = s->window;
+    s->cap = cap;
+    s->tok = realloc(s->tok, s->cap * sizeof(int));
+    s->prev1 = realloc(s->prev1, s->cap * sizeof(int));
+    s->prev2 = realloc(s->prev2, s->cap * sizeof(int));
+    RS_ASSERT(s->tok && s->prev1 && s->prev2 && "out of memory");
+}
+
 static void seq_push(Seq *s, int t) {
-    if (s->n == s->cap) {
-        s->cap = s->cap ? 2 * s->cap : 1024;
-        s->tok = realloc(s->tok, s->cap * sizeof(int));
-        s->prev1 = realloc(s->prev1, s->cap * sizeof(int));
-        s->prev2 = realloc(s->prev2, s->cap * sizeof(int));
-        RS_ASSERT(s->tok && s->prev1 && s->prev2 && "out of memory");
-    }
-    size_t p = s->n++;
-    s->tok[p] = t;
+    seq_reserve(s);
+    size_t p = s->n++, i = seq_slot(s, p);
+    s->tok[i] = t;
     unsigned h = key1(t);
-    s->prev1[p] = s->head1[h];
+    s->prev1[i] = s->head1[h];
     s->head1[h] = (int)p;
-    s->prev2[p] = -1;
-    if (p == 0) return;
-    h = key2(s->tok[p - 1], t);
-    s->prev2[p] = s->head2[h];
+    s->prev2[i] = -1;
+    if (p == seq_lo(s)) return;
+    h = key2(seq_tok(s, p - 1), t);
+    s->prev2[i] = s->head2[h];
     s->head2[h] = (int)p;
 }
 
@@ -74,8 +93,9 @@ typedef struct {
 /* How many tokens before and at s[pos] equal the context's tail. */
 static int match_len(const Seq *s, int pos, const Seq *ctx) {
     int k = 0;
-    while (k < SUFFIX_MATCH_MAX && pos - k >= 0 && (int)ctx->n - 1 - k >= 0 &&
-           s->tok[pos - k] == ctx->tok[ctx->n - 1 - k])
+    int lo = (int)seq_lo(s);
+    while (k < SUFFIX_MATCH_MAX && pos - k >= lo && (int)ctx->n - 1 - k >= 0 &&
+           seq_tok(s, (size_t)(pos - k)) == ctx->tok[ctx->n - 1 - k])
         k++;
     return k;
 }
@@ -93,11 +113,14 @@ static void matches_add(Matches *ms, const Seq *s, int pos, int len) {
 static void matches_scan(Matches *ms, const Seq *s, const Seq *ctx, int bigram) {
     int a = ctx->tok[ctx->n - 1];
     int p = bigram ? s->head2[key2(ctx->tok[ctx->n - 2], a)] : s->head1[key1(a)];
-    for (int visits = 0; p >= 0 && visits < CHAIN_VISITS; visits++) {
+    int lo = (int)seq_lo(s);
+    for (int visits = 0; p >= lo && visits < CHAIN_VISITS; visits++) {
         /* an occurrence needs a continuation; the context's own tail has none */
-        int len = (size_t)p + 1 < s->n ? match_len(s, p, ctx) : 0;
+        int cont = (size_t)p + 1 < s->n && seq_tok(s, (size_t)p + 1) >= 0;
+        int len = cont ? match_len(s, p, ctx) : 0;
         if (len >= 1 + bigram) matches_add(ms, s, p, len);
-        p = bigram ? s->prev2[p] : s->prev1[p];
+        size_t i = seq_slot(s, (size_t)p);
+        p = bigram ? s->prev2[i] : s->prev1[i];
     }
 }
 
@@ -131,7 +154,9 @@ static void trie_build(Trie *t, const Matches *ms, int depth) {
         double w = (double)m->len * m->len * m->len;
         t->w[0] += w;
         for (int u = 0, k = 1; k <= depth && (size_t)(m->pos + k) < m->s->n; k++) {
-            u = trie_child(t, u, m->s->tok[m->pos + k]);
+            int tok = seq_tok(m->s, (size_t)(m->pos + k));
+            if (tok < 0) break; /* a document's end */
+            u = trie_child(t, u, tok);
             t->w[u] += w;
         }
     }
@@ -175,11 +200,56 @@ static void trie_to_pool(const Trie *t, Pool *p) {
     }
 }
 
+/* ---- the index shared across requests -------------------------------------------- */
+
+struct SuffixIndex {
+    pthread_rwlock_t lock; /* drafters read under it; suffix_index_add writes */
+    Seq seq;               /* windowed: the last max_tokens tokens, separators included */
+};
+
+int suffix_index_create(size_t max_tokens, SuffixIndex **out, RsErr *e) {
+    *out = NULL;
+    if (max_tokens < 2 || max_tokens > SUFFIX_INDEX_MAX)
+        return rs_err(e, RS_EINVAL, "suffix index of %zu tokens: give 2..%d", max_tokens,
+                      SUFFIX_INDEX_MAX);
+    SuffixIndex *ix = rs_xcalloc(1, sizeof *ix);
+    RS_ASSERT(pthread_rwlock_init(&ix->lock, NULL) == 0);
+    ix->seq.window = max_tokens;
+    seq_clear(&ix->seq);
+    *out = ix;
+    return RS_OK;
+}
+
+void suffix_index_destroy(SuffixIndex **pix) {
+    if (!pix || !*pix) return;
+    seq_free(&(*pix)->seq);
+    pthread_rwlock_destroy(&(*pix)->lock);
+    free(*pix);
+    *pix = NULL;
+}
+
+void suffix_index_add(SuffixIndex *ix, const int *tokens, size_t n) {
+    if (n == 0) return;
+    pthread_rwlock_wrlock(&ix->lock);
+    if (ix->seq.n + n + 1 >= INT_MAX) seq_clear(&ix->seq); /* positions are ints */
+    for (size_t i = 0; i < n; i++) seq_push(&ix->seq, tokens[i]);
+    seq_push(&ix->seq, -1);
+    pthread_rwlock_unlock(&ix->lock);
+}
+
+size_t suffix_index_tokens(SuffixIndex *ix) {
+    pthread_rwlock_rdlock(&ix->lock);
+    size_t n = ix->seq.n - seq_lo(&ix->seq);
+    pthread_rwlock_unlock(&ix->lock);
+    return n;
+}
+
 /* ---- the Drafter ops ----------------------------------------------------------------- */
 
 typedef struct {
     int vocab, depth;
     Seq ctx, corpus;
+    SuffixIndex *shared; /* borrowed, or NULL */
     Trie trie;
     SyncGrowth g; /* grow_begin's outcome for grow_end */
     char name[256];
@@ -194,15 +264,20 @@ static int push_tokens(SuffixDrafter *d, const int *tokens, int n, RsErr *e) {
     return RS_OK;
 }
 
+/* The matches point into the shared index too, so it stays read-locked until the trie
+ * holds their continuations. */
 static void grow(SuffixDrafter *d, Pool *p) {
     Matches ms = {.n = 0};
+    if (d->shared) pthread_rwlock_rdlock(&d->shared->lock);
     for (int pass = 0; pass < 2 && ms.n == 0; pass++) { /* 2-grams, else 1-grams */
         int bigram = pass == 0;
         if (bigram && d->ctx.n < 2) continue;
         matches_scan(&ms, &d->ctx, &d->ctx, bigram);
         if (d->corpus.n) matches_scan(&ms, &d->corpus, &d->ctx, bigram);
+        if (d->shared && d->shared->seq.n) matches_scan(&ms, &d->shared->seq, &d->ctx, bigram);
     }
     trie_build(&d->trie, &ms, d->depth);
+    if (d->shared) pthread_rwlock_unlock(&d->shared->lock);
     trie_to_pool(&d->trie, p);
 }
 
@@ -286,5 +361,13 @@ int drafter_suffix_create(int vocab, const int *corpus, size_t n_corpus, const c
     snprintf(d->name, sizeof d->name, "%s", name ? name : "suffix");
     DrafterInfo info = {.vocab_size = vocab, .fingerprint = "", .name = d->name};
     *out = drafter_wrap(&suffix_ops, d, &info);
+    return RS_OK;
+}
+
+int drafter_suffix_share(Drafter *d, SuffixIndex *ix, RsErr *e) {
+    if (d->ops != &suffix_ops)
+        return rs_err(e, RS_EINVAL, "drafter '%s' is not the suffix kind: it cannot read a "
+                      "shared suffix index", d->info.name ? d->info.name : "?");
+    ((SuffixDrafter *)d->ctx)->shared = ix;
     return RS_OK;
 }

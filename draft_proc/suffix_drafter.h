@@ -25,4 +25,26 @@
 int drafter_suffix_create(int vocab, const int *corpus, size_t n_corpus, const char *name,
                           Drafter **out, RsErr *e);
 
+/* An index shared across requests (a server's earlier outputs): the last max_tokens
+ * tokens of the documents added, oldest out first, each document followed by a separator
+ * that counts as a token and that no match crosses. Drafters that share it search it as
+ * they search their corpus; drafts are proposals only, so what it holds never changes an
+ * output, only how many tokens a round accepts. Safe to add to while drafters read it
+ * (a reader-writer lock: a round reads, a finished request writes). */
+typedef struct SuffixIndex SuffixIndex;
+
+#define SUFFIX_INDEX_MAX (1 << 26)
+
+/* RS_EINVAL for max_tokens outside 2..SUFFIX_INDEX_MAX. */
+int suffix_index_create(size_t max_tokens, SuffixIndex **out, RsErr *e);
+/* Clears *ix; no drafter may share it any more. */
+void suffix_index_destroy(SuffixIndex **ix);
+/* Appends one document (ids inside the drafters' vocabulary: the caller's contract). */
+void suffix_index_add(SuffixIndex *ix, const int *tokens, size_t n);
+/* Tokens held now (separators included), at most max_tokens. */
+size_t suffix_index_tokens(SuffixIndex *ix);
+/* d (a suffix drafter; RS_EINVAL for any other kind) also searches ix from its next round
+ * on; ix must outlive d's use of it. NULL stops sharing. */
+int drafter_suffix_share(Drafter *d, SuffixIndex *ix, RsErr *e);
+
 #endif

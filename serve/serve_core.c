@@ -1,6 +1,7 @@
 /* The decode worker, its queue and the jobs (serve_core.h). */
 #include "serve_core.h"
 #include "draft_proc/drafter_open.h"
+#include "draft_proc/suffix_drafter.h"
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -33,6 +34,7 @@ struct ServeCore {
     Batcher *bt;      /* parallel > 1 */
     Slot *slots;      // (parallel)
     int n_slots;
+    SuffixIndex *shared; /* cfg.suffix_global > 0: the earlier outputs the drafters search */
 };
 
 struct ServeJob {
@@ -321,6 +323,8 @@ static int job_decode(ServeCore *c, Slot *sl, ServeJob *j, DecodeResult *res, Rs
                 j->meta.id, done);
     }
     res->n_tokens = done;
+    /* only the output: the prompt is already in the next request's context when it repeats */
+    if (c->shared && done > 0) suffix_index_add(c->shared, ids + j->n_ids, (size_t)done);
     free(ids);
     return rc;
 }
@@ -369,6 +373,19 @@ static void *worker_main(void *arg) {
 
 /* ---- the core -------------------------------------------------------------------------- */
 
+/* The index the workers' drafters share, when cfg.suffix_global asks for one. */
+static int shared_make(ServeCore *c, RsErr *e) {
+    if (c->cfg.suffix_global <= 0) return RS_OK;
+    int rc = suffix_index_create((size_t)c->cfg.suffix_global, &c->shared, e);
+    for (int i = 0; !rc && i < c->n_slots; i++) {
+        if (!c->slots[i].d)
+            return rs_err(e, RS_EINVAL, "--suffix-global needs a suffix drafter; this server "
+                          "runs without one");
+        rc = drafter_suffix_share(c->slots[i].d, c->shared, e);
+    }
+    return rc;
+}
+
 /* The workers' targets, planners and drafters: the engine's own for parallel 1. */
 static int slots_make(ServeCore *c, RsErr *e) {
     Engine *en = c->en;
@@ -376,7 +393,7 @@ static int slots_make(ServeCore *c, RsErr *e) {
     c->slots = rs_xcalloc((size_t)c->n_slots, sizeof(Slot));
     if (c->n_slots == 1) {
         c->slots[0] = (Slot){.c = c, .t = en->target, .d = en->drafter};
-        return RS_OK;
+        return shared_make(c, e);
     }
     const BackendOps *ops = backend_ops_by_name(backend_name(target_backend(en->target)), e);
     BatchOpts bo = c->cfg.batch;
@@ -397,16 +414,19 @@ static int slots_make(ServeCore *c, RsErr *e) {
         DrafterHost host = {.model = en->target_model, .tok = en->tok, .backend = c->cfg.batch.backend};
         if (!rc && c->cfg.slot_drafter) rc = drafter_open(c->cfg.slot_drafter, &host, &sl->d, e);
     }
-    return rc;
+    return rc ? rc : shared_make(c, e);
 }
 
 static void slots_free(ServeCore *c) {
+    if (c->n_slots == 1 && c->slots && c->slots[0].d && c->shared)
+        drafter_suffix_share(c->slots[0].d, NULL, NULL); /* the engine's: it outlives the core */
     for (int i = 0; c->bt && i < c->n_slots; i++) {
         drafter_destroy(&c->slots[i].d);
         planner_destroy(&c->slots[i].planner);
         target_destroy(&c->slots[i].t);
     }
     batcher_destroy(&c->bt);
+    suffix_index_destroy(&c->shared);
     free(c->slots);
     c->slots = NULL;
 }

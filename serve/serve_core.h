@@ -19,13 +19,17 @@ typedef struct {
     BatchOpts batch;   /* parallel > 1: the batcher's sizes (batch.parallel = parallel) */
     /* parallel > 1 with a drafter: each worker's own (the suffix kind); NULL: none */
     const DrafterSpec *slot_drafter;
+    /* > 0: the workers' suffix drafters also search the last suffix_global tokens of the
+     * earlier requests' outputs (one index they share); 0: each request sees its own */
+    int suffix_global;
 } ServeConfig;
 
 typedef struct ServeCore ServeCore;
 typedef struct ServeJob ServeJob;
 
 /* Starts the workers. Borrows en, m and cfg's strings (they outlive the core). Fails
- * (with e set) only when the batcher or a worker's drafter cannot be made. */
+ * (with e set) only when the batcher or a worker's drafter cannot be made, or when
+ * suffix_global is asked of a drafter that is not the suffix kind. */
 int serve_core_create(Engine *en, const ServeConfig *cfg, ServeMetrics *m, ServeCore **out,
                       RsErr *e);
 /* Stops the workers: the running jobs are cancelled, queued ones end with a 503, later

@@ -5,6 +5,7 @@
 #include "common/cli.h"
 #include "target_proc/engine_cli.h"
 #include "serve_http.h"
+#include "draft_proc/suffix_drafter.h"
 #include <arpa/inet.h>
 #include <signal.h>
 #include <string.h>
@@ -27,6 +28,9 @@ static void usage(FILE *f) {
             "                        16 (default N x --ctx); a request holds what its length needs\n"
             "  --no-prefix-cache     prefill every prompt whole (default: a prompt reuses the KV\n"
             "                        blocks of the longest prefix an earlier one computed)\n"
+            "  --suffix-global N     the suffix drafter also proposes from the last N tokens of\n"
+            "                        earlier requests' outputs, shared by the workers, oldest\n"
+            "                        out first (--drafter suffix; default 0: off)\n"
             "  --max-body BYTES      largest request body; larger ones get a 413 (default 1048576)\n"
             "  --max-connections N   open connections at once (default 512)\n"
             "  --max-connections-per-client N\n"
@@ -68,6 +72,7 @@ typedef struct {
     const char *allowed_hosts;
     int no_auth;
     int parallel, batch_rows, prefill_chunk, kv_entries;
+    int suffix_global;
 } Args;
 
 /* The drafter each batched worker opens: the engine's options, in process. */
@@ -82,8 +87,11 @@ static int batch_args(Args *A, RsErr *e) {
     if (A->batch_rows < A->prefill_chunk)
         return rs_err(e, RS_EINVAL, "--batch-rows %d is below --prefill-chunk %d", A->batch_rows,
                       A->prefill_chunk);
-    if (A->parallel <= 1) return RS_OK;
     DrafterSpec s = slot_spec(A);
+    if (A->suffix_global && (A->d.rule == RULE_AR || drafter_spec_kind(&s) != DRAFTER_KIND_SUFFIX))
+        return rs_err(e, RS_EINVAL, "--suffix-global %d: needs --drafter suffix and a speculative "
+                      "--decoder", A->suffix_global);
+    if (A->parallel <= 1) return RS_OK;
     if (A->d.rule != RULE_AR && drafter_spec_kind(&s) != DRAFTER_KIND_SUFFIX)
         return rs_err(e, RS_EINVAL, "--parallel %d: a batch decodes with --drafter suffix (each "
                       "request keeps its own) or --decoder ar, not a %s drafter", A->parallel,
@@ -121,7 +129,7 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
                                           "--max-connections-per-client", "--timeout",
                                           "--request-timeout", "--allowed-hosts", "--api-key",
                                           "--api-key-file", "--parallel", "--batch-rows",
-                                          "--prefill-chunk", "--kv-entries"};
+                                          "--prefill-chunk", "--kv-entries", "--suffix-global"};
         size_t k = 0;
         while (k < sizeof own / sizeof own[0] && strcmp(a, own[k])) k++;
         if (k == sizeof own / sizeof own[0]) return rs_err(e, RS_EINVAL, "unknown option '%s' (see --help)", a);
@@ -139,6 +147,7 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
         else if (!strcmp(a, "--parallel")) rc = cli_int(a, v, 1, 256, &A->parallel, e);
         else if (!strcmp(a, "--batch-rows")) rc = cli_int(a, v, 1, 4096, &A->batch_rows, e);
         else if (!strcmp(a, "--prefill-chunk")) rc = cli_int(a, v, 1, 256, &A->prefill_chunk, e);
+        else if (!strcmp(a, "--suffix-global")) rc = cli_int(a, v, 0, SUFFIX_INDEX_MAX, &A->suffix_global, e);
         else if (!strcmp(a, "--kv-entries")) rc = cli_int(a, v, 16, 1 << 24, &A->kv_entries, e);
         else if (!strcmp(a, "--max-body")) {
             if (!(rc = cli_int(a, v, 1024, 1 << 30, &n, e))) A->http.max_body = (size_t)n;
@@ -183,7 +192,8 @@ static int serve(Args *A, Engine *en, const sigset_t *sigs) {
                        .batch = {.row_budget = A->batch_rows, .prefill_chunk = A->prefill_chunk,
                                  .kv_entries = A->kv_entries, .seq_capacity = A->eo.ctx,
                                  .backend = engine_backend_params(&A->eo)},
-                       .slot_drafter = A->d.rule != RULE_AR ? &spec : NULL};
+                       .slot_drafter = A->d.rule != RULE_AR ? &spec : NULL,
+                       .suffix_global = A->suffix_global};
     ServeCore *core = NULL;
     RsErr e = {0};
     int rc = serve_core_create(en, &cfg, m, &core, &e);

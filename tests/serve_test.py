@@ -1127,6 +1127,48 @@ def test_prefix_cache():
     one.stop()
 
 
+def repeated_tasks():
+    """The repeated-task workload: deploy/code_edit.jsonl's edits, then each asked again
+    with a small change to the instruction (the code to edit is the same)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "deploy", "code_edit.jsonl")
+    edits = [json.loads(l)["turns"][0] for l in open(path) if l.strip()]
+    return edits + [e.replace("Output", "Please output", 1).replace("Copy", "Please copy", 1)
+                    .replace("Repeat", "Please repeat", 1) for e in edits]
+
+
+def suffix_global_run(*extra, max_tokens=96):
+    """The repeated-task workload through the openai client, one request at a time; the
+    texts and the output tokens per second."""
+    s = Server("--decoder", "draft", "--drafter", "suffix", "--budget", "auto", *extra)
+    texts, n_out, t0 = [], 0, time.time()
+    for p in repeated_tasks():
+        r = s.client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": p}],
+                                             max_tokens=max_tokens, temperature=0)
+        texts.append(r.choices[0].message.content)
+        n_out += r.usage.completion_tokens
+    dt = time.time() - t0
+    s.stop()
+    return texts, n_out / dt
+
+
+def test_suffix_global():
+    off, tps_off = suffix_global_run()
+    on, tps_on = suffix_global_run("--suffix-global", "65536")
+    check("--suffix-global: the repeated-task workload's T=0 texts equal those without it",
+          on == off and len(on) == 16, str([(a, b) for a, b in zip(on, off) if a != b][:1]))
+    print(f"  repeated tasks: {tps_off:.1f} tok/s without --suffix-global, {tps_on:.1f} with")
+    import concurrent.futures as cf
+    s = Server("--parallel", "4", "--decoder", "draft", "--drafter", "suffix", "--budget", "auto",
+               "--suffix-global", "300")
+    with cf.ThreadPoolExecutor(4) as ex:
+        shared = list(ex.map(lambda p: s.client.chat.completions.create(
+            model=NAME, messages=[{"role": "user", "content": p}], max_tokens=96,
+            temperature=0).choices[0].message.content, repeated_tasks()))
+    check("--suffix-global 300 --parallel 4 (four writers and readers, the oldest evicted): "
+          "the same texts", shared == off, str([(a, b) for a, b in zip(shared, off) if a != b][:1]))
+    check("the server with a shared index stops with status 0", s.stop() == 0)
+
+
 def main():
     ref = target_text("--prompt", PROMPT, "--chat", "--max-new", "24")
     s = Server()
@@ -1156,6 +1198,7 @@ def main():
     test_batched()
     test_preempt()
     test_prefix_cache()
+    test_suffix_global()
     print(f"serve: {results['passed']} passed, {results['failed']} failed")
     return 1 if results["failed"] else 0
 
