@@ -930,7 +930,7 @@ static int decode_one(Bench *b, const BenchRun *r, const char *label, DecodeResu
     BackendStats st = backend_stats(be);
     roundlog_begin(&sink->log, &st);
     sink->label = label;
-    DecodeHooks h = {NULL, on_round, on_event, sink, NULL, NULL};
+    DecodeHooks h = {NULL, on_round, on_event, sink, NULL, NULL, NULL};
     int rc = decode_run(b->en->target, b->en->drafter, b->ids[r->prompt],
                         b->n_ids[r->prompt], &o, &h, res, &e);
     const char *why = rc ? e.msg

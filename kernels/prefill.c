@@ -9,10 +9,27 @@ int prefill_chunk(const BackendParams *p) {
     return c;
 }
 
+/* Copies the chunk's kept rows (all m of them, kept rows 0..m-1) to the host a few at a time
+ * and hands them to fn: rows predicting tokens first+1.. of the prefill. */
+#define ROWS_AT_ONCE 16
+static int prefill_report(Backend *b, int first, int m, PrefillRowsFn fn, void *user, RsErr *e) {
+    int vocab = backend_model(b)->cfg.vocab_size;
+    float *buf = rs_xmalloc(sizeof(float) * (size_t)vocab * ROWS_AT_ONCE);
+    int rows[ROWS_AT_ONCE], rc = RS_OK;
+    for (int r0 = 0; r0 < m && !rc; r0 += ROWS_AT_ONCE) {
+        int k = m - r0 < ROWS_AT_ONCE ? m - r0 : ROWS_AT_ONCE;
+        for (int i = 0; i < k; i++) rows[i] = r0 + i;
+        rc = backend_rows_copy(b, rows, k, buf, e);
+        if (!rc) fn(user, buf, first + r0, k, vocab);
+    }
+    free(buf);
+    return rc;
+}
+
 /* want_last: the last token's row is computed (copied to last_row unless NULL, else kept in
- * the backend); feats: see backend_prefill_features. */
+ * the backend); feats: see backend_prefill_features; fn: see backend_prefill_rows. */
 static int prefill(Backend *b, const int *tokens, int n, int want_last, float *last_row,
-                   float *feats, RsErr *e) {
+                   float *feats, PrefillRowsFn fn, void *user, RsErr *e) {
     RS_ASSERT(n >= 0 && backend_n_pending(b) == 0);
     BackendParams bp = backend_params(b);
     int chunk = prefill_chunk(&bp);
@@ -22,7 +39,9 @@ static int prefill(Backend *b, const int *tokens, int n, int want_last, float *l
         int m = n - off < chunk ? n - off : chunk;
         for (int i = 0; i < m; i++) pos[i] = backend_n_committed(b) + i;
         int last = m - 1, want = want_last && off + m == n;
-        int rc = backend_forward(b, tokens + off, pos, m, NULL, &last, want, last_row, e);
+        int rc = fn ? backend_forward(b, tokens + off, pos, m, NULL, keep, m, NULL, e)
+                    : backend_forward(b, tokens + off, pos, m, NULL, &last, want, last_row, e);
+        if (!rc && fn) rc = prefill_report(b, off, m, fn, user, e);
         if (rc) return rc;
         rc = backend_kv_commit(b, keep, m, e);
         if (rc) return rc;
@@ -34,15 +53,21 @@ static int prefill(Backend *b, const int *tokens, int n, int want_last, float *l
 }
 
 int backend_prefill(Backend *b, const int *tokens, int n, float *last_row, RsErr *e) {
-    return prefill(b, tokens, n, last_row != NULL, last_row, NULL, e);
+    return prefill(b, tokens, n, last_row != NULL, last_row, NULL, NULL, NULL, e);
 }
 
 int backend_prefill_features(Backend *b, const int *tokens, int n, float *last_row, float *feats,
                              RsErr *e) {
-    return prefill(b, tokens, n, last_row != NULL, last_row, feats, e);
+    return prefill(b, tokens, n, last_row != NULL, last_row, feats, NULL, NULL, e);
 }
 
 int backend_prefill_keep(Backend *b, const int *tokens, int n, RsErr *e) {
     RS_ASSERT(n >= 1);
-    return prefill(b, tokens, n, 1, NULL, NULL, e);
+    return prefill(b, tokens, n, 1, NULL, NULL, NULL, NULL, e);
+}
+
+int backend_prefill_rows(Backend *b, const int *tokens, int n, float *feats, PrefillRowsFn fn,
+                         void *user, RsErr *e) {
+    RS_ASSERT(fn);
+    return prefill(b, tokens, n, 0, NULL, feats, fn, user, e);
 }

@@ -26,4 +26,13 @@ int backend_prefill_features(Backend *b, const int *tokens, int n, float *last_r
  * (backend.h), for a reduction where they live; nothing is copied to the host. */
 int backend_prefill_keep(Backend *b, const int *tokens, int n, RsErr *e);
 
+/* Rows of a prefill, on the host: rows (n, vocab) are the logits after tokens first..
+ * first+n-1 of the prefill (row i predicts token first+i+1). Valid during the call only. */
+typedef void (*PrefillRowsFn)(void *user, const float *rows, int first, int n, int vocab);
+/* backend_prefill (feats as backend_prefill_features, or NULL) that computes every token's
+ * logits and hands them to fn chunk by chunk (a prompt's own log-probabilities: the
+ * server's echo). Each row costs the output head, and crosses to the host. */
+int backend_prefill_rows(Backend *b, const int *tokens, int n, float *feats, PrefillRowsFn fn,
+                         void *user, RsErr *e);
+
 #endif

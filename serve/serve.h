@@ -58,6 +58,8 @@ typedef struct {
     int n;                 /* choices, 1..SERVE_N_MAX (decoded one after another) */
     int choice;            /* which choice this request decodes: with a seed, its stream */
     int logprobs;          /* chat "logprobs": true / completions "logprobs": N: report them */
+    int echo;              /* completions "echo": the prompt's text (and with logprobs, its
+                              tokens' log-probabilities) before the output */
     int top_logprobs;      /* alternatives per token (chat "top_logprobs", completions N) */
     int rule;              /* extension "rootspec": {"decoder": NAME}; -1 absent */
     int budget;            /* extension "rootspec": {"budget": B}; 0 absent */
@@ -148,6 +150,8 @@ typedef struct {
 
 /* Appends one token: its row of vocab logits and the law (greedy: T = 1 unfiltered). */
 void serve_logprobs_add(ServeLogprobs *l, const float *row, int vocab, const Sampling *law, int id);
+/* Appends a token nothing predicts (echo's first prompt token): null log-probabilities. */
+void serve_logprobs_add_none(ServeLogprobs *l, int id);
 void serve_logprobs_free(ServeLogprobs *l);
 /* dst (empty) gets src's entries [from, to), copied. */
 void serve_logprobs_slice(ServeLogprobs *dst, const ServeLogprobs *src, int from, int to);
@@ -209,6 +213,9 @@ void serve_text_init(ServeText *t, const char *const *stop, int n_stop);
 void serve_text_free(ServeText *t);
 /* Appends n bytes of output (ignored once a stop string matched). */
 void serve_text_push(ServeText *t, const char *b, size_t n);
+/* Text before the output (completions echo): ready at once, never part of a stop match.
+ * Only before any serve_text_push. */
+void serve_text_prefix(ServeText *t, const char *b, size_t n);
 /* The output is complete: everything left becomes ready. */
 void serve_text_finish(ServeText *t);
 /* The ready bytes not taken yet, as valid UTF-8 (invalid bytes become U+FFFD), malloc'd

@@ -110,11 +110,13 @@ static int parse_stop(const cJSON *o, ServeRequest *r, ServeError *se) {
 
 /* Fields that change what is returned in ways this server does not implement: only their
  * neutral values pass. */
-static int parse_refused(const cJSON *o, ServeError *se) {
-    int has = 0, echo = 0;
+static int parse_refused(const cJSON *o, ServeRequest *r, ServeError *se) {
+    int has = 0;
     double pen = 0;
-    int rc = get_bool(o, "echo", &echo, se);
-    if (!rc && echo) rc = serve_error(se, 400, "echo", "'echo' is not supported by this build");
+    int rc = get_bool(o, "echo", &r->echo, se);
+    if (!rc && r->echo && r->kind == SERVE_CHAT)
+        rc = serve_error(se, 400, "echo", "'echo' is a completions field (chat answers do not repeat "
+                         "the conversation)");
     static const char *const zero[] = {"presence_penalty", "frequency_penalty"};
     for (int i = 0; i < 2 && !rc; i++) {
         rc = get_num(o, zero[i], &pen, &has, se);
@@ -255,7 +257,7 @@ static int parse_common(const cJSON *o, ServeRequest *r, ServeError *se) {
     }
     if (!rc) rc = parse_stop(o, r, se);
     if (!rc) rc = parse_sampling(o, r, se);
-    if (!rc) rc = parse_refused(o, se);
+    if (!rc) rc = parse_refused(o, r, se);
     if (!rc) rc = get_int(o, "n", 1, SERVE_N_MAX, &r->n, NULL, se);
     if (!rc && r->n > 1 && r->stream)
         rc = serve_error(se, 400, "n", "'n' > 1 while streaming is not supported by this build");
@@ -397,6 +399,27 @@ char *serve_response_json(const ServeMeta *m, const char *text, size_t n,
 
 /* ---- log-probabilities ---------------------------------------------------------------- */
 
+static void logprobs_grow(ServeLogprobs *l) {
+    if (l->n < l->cap) return;
+    l->cap = l->cap ? 2 * l->cap : 64;
+    l->ids = realloc(l->ids, sizeof(int) * (size_t)l->cap);
+    l->lp = realloc(l->lp, sizeof(double) * (size_t)l->cap);
+    l->top_ids = realloc(l->top_ids, sizeof(int) * (size_t)l->cap * (size_t)(l->top_n + 1));
+    l->top_lp = realloc(l->top_lp, sizeof(double) * (size_t)l->cap * (size_t)(l->top_n + 1));
+    RS_ASSERT(l->ids && l->lp && l->top_ids && l->top_lp);
+}
+
+void serve_logprobs_add_none(ServeLogprobs *l, int id) {
+    logprobs_grow(l);
+    l->ids[l->n] = id;
+    l->lp[l->n] = NAN;
+    for (int i = 0; i < l->top_n; i++) {
+        l->top_ids[(size_t)l->n * l->top_n + i] = -1;
+        l->top_lp[(size_t)l->n * l->top_n + i] = -INFINITY;
+    }
+    l->n++;
+}
+
 void serve_logprobs_add(ServeLogprobs *l, const float *row, int vocab, const Sampling *law, int id) {
     Sampling raw = {.temperature = 1, .top_p = 1};
     const Sampling *s = sampling_greedy(law) ? &raw : law;
@@ -404,14 +427,7 @@ void serve_logprobs_add(ServeLogprobs *l, const float *row, int vocab, const Sam
     RowStats st;
     row_stats(row, vocab, s, -1.0, csum, &st);
     free(csum);
-    if (l->n == l->cap) {
-        l->cap = l->cap ? 2 * l->cap : 64;
-        l->ids = realloc(l->ids, sizeof(int) * (size_t)l->cap);
-        l->lp = realloc(l->lp, sizeof(double) * (size_t)l->cap);
-        l->top_ids = realloc(l->top_ids, sizeof(int) * (size_t)l->cap * (size_t)(l->top_n + 1));
-        l->top_lp = realloc(l->top_lp, sizeof(double) * (size_t)l->cap * (size_t)(l->top_n + 1));
-        RS_ASSERT(l->ids && l->lp && l->top_ids && l->top_lp);
-    }
+    logprobs_grow(l);
     l->ids[l->n] = id;
     l->lp[l->n] = row_stats_logp(&st, row[id]);
     int idx[SERVE_TOP_LOGPROBS];
@@ -506,10 +522,15 @@ static cJSON *completion_logprobs(const ServeLogprobs *l) {
         size_t n;
         char *t = token_text(l, l->ids[i], &b, &n);
         cJSON_AddItemToArray(toks, cJSON_CreateString(t));
-        cJSON_AddItemToArray(lps, cJSON_CreateNumber(l->lp[i]));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
         off += n;
         free(t);
+        if (isnan(l->lp[i])) { /* echo's first prompt token: nothing predicts it */
+            cJSON_AddItemToArray(lps, cJSON_CreateNull());
+            cJSON_AddItemToArray(tops, cJSON_CreateNull());
+            continue;
+        }
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(l->lp[i]));
         cJSON *m = cJSON_CreateObject();
         for (int k = 0; k < l->top_n; k++) {
             int id = l->top_ids[(size_t)i * l->top_n + k];

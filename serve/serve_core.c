@@ -53,6 +53,7 @@ struct ServeJob {
     ServeLogprobs lp; /* when the request asks for them: one entry per output token */
     int done, failed, n_out;
     int n_cached; /* the prompt's tokens the prefix cache supplied */
+    int n_echo;   /* echo with logprobs: lp's first n_echo entries are the prompt's */
     int lp_taken; /* streams: entries serve_job_wait handed out */
     const char *finish_reason;
     ServeError err;
@@ -147,6 +148,22 @@ static int job_options(ServeCore *c, ServeJob *j, ServeError *se) {
     return 0;
 }
 
+/* Completions echo: the prompt's tokens' text leads the output, and with logprobs the
+ * first prompt token's (nothing predicts it) leads the entries; on_prompt_rows adds the
+ * others during the prefill. */
+static void job_echo(ServeCore *c, ServeJob *j) {
+    for (int i = 0; i < j->n_ids; i++) {
+        size_t k = 0;
+        char num[16];
+        const char *b = c->en->tok ? tokenizer_token_text(c->en->tok, j->ids[i], &k) : NULL;
+        if (!c->en->tok) k = (size_t)snprintf(num, sizeof num, " %d", j->ids[i]), b = num;
+        if (b) serve_text_prefix(&j->text, b, k);
+    }
+    if (!j->req.logprobs) return;
+    serve_logprobs_add_none(&j->lp, j->ids[0]);
+    j->n_echo = j->n_ids;
+}
+
 int serve_job_create(ServeCore *c, ServeRequest *r, ServeJob **out, ServeError *se) {
     ServeJob *j = rs_xcalloc(1, sizeof *j);
     j->req = *r;
@@ -172,6 +189,7 @@ int serve_job_create(ServeCore *c, ServeRequest *r, ServeJob **out, ServeError *
         job_free(j);
         return rc;
     }
+    if (j->req.echo) job_echo(c, j);
     *out = j;
     return 0;
 }
@@ -193,7 +211,7 @@ int serve_job_wait(ServeJob *j, int timeout_ms, ServeOutput *out) {
     out->finish_reason = j->finish_reason;
     out->usage = (ServeUsage){j->n_ids, j->n_out, j->n_cached};
     out->lp = j->done && j->req.logprobs ? &j->lp : NULL;
-    int to = j->lp.n < j->n_out ? j->lp.n : j->n_out; /* none past a stop string */
+    int to = j->lp.n < j->n_echo + j->n_out ? j->lp.n : j->n_echo + j->n_out; /* none past a stop string */
     if (j->req.logprobs && j->req.stream && to > j->lp_taken) {
         out->lp_new = rs_xmalloc(sizeof *out->lp_new);
         serve_logprobs_slice(out->lp_new, &j->lp, j->lp_taken, to);
@@ -233,6 +251,21 @@ static void on_rows(void *u, const float *const *rows, const int *t, int n, int 
     pthread_mutex_unlock(&j->mu);
 }
 
+/* The prompt's rows (echo): each prompt token's log-probability under the model's own
+ * distribution (T = 1 unfiltered: no law drew them). A prefill that a preemption repeats
+ * reports rows already taken: those are skipped. */
+static void on_prompt_rows(void *u, const float *rows, int first, int n, int vocab) {
+    ServeJob *j = u;
+    const Sampling raw = {0};
+    pthread_mutex_lock(&j->mu);
+    for (int i = 0; i < n; i++) {
+        int at = first + i + 1;
+        if (at == j->lp.n && at < j->n_echo)
+            serve_logprobs_add(&j->lp, rows + (size_t)i * vocab, vocab, &raw, j->ids[at]);
+    }
+    pthread_mutex_unlock(&j->mu);
+}
+
 static void on_round(void *u, const RoundInfo *r) {
     ServeJob *j = u;
     serve_metrics_round(j->core->metrics, r->emitted - r->dropped, r->fallback_ar);
@@ -257,7 +290,7 @@ static int should_stop(void *u) {
 static void job_end(ServeJob *j, ServeFinish f, const char *reason, int status, const char *why) {
     pthread_mutex_lock(&j->mu);
     serve_text_finish(&j->text);
-    if (j->lp.n > j->n_out) j->lp.n = j->n_out; /* a round's tokens past a stop string */
+    if (j->lp.n > j->n_echo + j->n_out) j->lp.n = j->n_echo + j->n_out; /* a round's tokens past a stop string */
     j->finish_reason = reason;
     if (f == FINISH_ERROR) {
         j->failed = 1;
@@ -293,7 +326,8 @@ static int job_admit(ServeCore *c, ServeJob *j, int n_prompt) {
 /* The decode on the slot; a preempted one goes on from what it emitted (the prompt and
  * its output so far as the new prompt: recompute), so nothing streamed is repeated. */
 static int job_decode(ServeCore *c, Slot *sl, ServeJob *j, DecodeResult *res, RsErr *e) {
-    DecodeHooks h = {on_tokens, on_round, on_event, j, should_stop, j->req.logprobs ? on_rows : NULL};
+    DecodeHooks h = {on_tokens, on_round, on_event, j, should_stop, j->req.logprobs ? on_rows : NULL,
+                     j->n_echo ? on_prompt_rows : NULL};
     DecodeOpts d = j->d;
     if (d.planner && sl->planner) d.planner = sl->planner;
     int *ids = rs_xmalloc(sizeof(int) * (size_t)(j->n_ids + d.max_new + ROUND_MAX_EMIT));
@@ -306,6 +340,7 @@ static int job_decode(ServeCore *c, Slot *sl, ServeJob *j, DecodeResult *res, Rs
             break;
         }
         DecodeResult part = {.tokens = ids + n_ids, .cap = res->cap - done};
+        if (done > 0) h.on_prompt_rows = NULL; /* the prompt's rows are all taken */
         d.max_new = j->d.max_new - done;
         rc = decode_run(sl->t, sl->d, ids, n_ids, &d, &h, &part, e);
         serve_metrics_prompt(c->metrics, part.prompt_cached, n_ids - part.prompt_cached);

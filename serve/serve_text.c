@@ -73,6 +73,16 @@ void serve_text_push(ServeText *t, const char *b, size_t n) {
     if (t->ready < t->sent) t->ready = t->sent;
 }
 
+void serve_text_prefix(ServeText *t, const char *b, size_t n) {
+    RS_ASSERT(t->len == t->ready && !t->matched);
+    t->cap = t->len + n + 1;
+    t->buf = realloc(t->buf, t->cap);
+    RS_ASSERT(t->buf);
+    memcpy(t->buf + t->len, b, n);
+    t->len += n;
+    t->ready = t->len;
+}
+
 void serve_text_finish(ServeText *t) {
     t->ready = t->len;
 }

@@ -649,6 +649,9 @@ static int feat_begin(Decode *d, int n_prompt, RsErr *e) {
 /* The prompt less its last token into the KV cache; with features, rows 1.. of the first
  * request's features are the prefill's. */
 static int feat_prefill(Decode *d, const int *prompt, int n_prompt, RsErr *e) {
+    if (d->h && d->h->on_prompt_rows)
+        return target_prefill_rows(d->t, prompt, n_prompt - 1, d->feat ? d->feat + d->feat_w : NULL,
+                                   d->h->on_prompt_rows, d->h->user, e);
     if (!d->feat) return target_prefill(d->t, prompt, n_prompt - 1, e);
     return backend_prefill_features(d->t->b, prompt, n_prompt - 1, NULL,
                                     d->feat + d->feat_w, e);
@@ -801,6 +804,17 @@ static int kv_full(Decode *d) {
     return 1;
 }
 
+/* The prompt and output the context holds go to the prefix cache: a conversation's next
+ * turn resends this answer, and attaches its blocks instead of computing them. */
+static void decode_publish(Target *t, const int *prompt, int n_prompt, const DecodeResult *res) {
+    int n = n_prompt + res->n_tokens;
+    int *all = rs_xmalloc(sizeof(int) * (size_t)n);
+    memcpy(all, prompt, sizeof(int) * (size_t)n_prompt);
+    memcpy(all + n_prompt, res->tokens, sizeof(int) * (size_t)res->n_tokens);
+    target_publish(t, all, n);
+    free(all);
+}
+
 int decode_run(Target *t, Drafter *drafter, const int *prompt, int n_prompt, const DecodeOpts *o,
                const DecodeHooks *h, DecodeResult *res, RsErr *e) {
     res->n_tokens = 0;
@@ -829,6 +843,7 @@ int decode_run(Target *t, Drafter *drafter, const int *prompt, int n_prompt, con
         rc = d->use_drafter ? round_speculative(d, &r, e) : round_ar(d, &r, e);
         if (!rc) rc = round_commit(d, &r, e);
     }
+    if (!rc) decode_publish(t, prompt, n_prompt, res);
     /* Recording stays as set: the next decode's feat_begin sets it again (a no-op when
      * unchanged, where a change would re-capture the CUDA backend's graphs). */
     free(d->feat);

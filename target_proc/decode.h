@@ -91,6 +91,11 @@ typedef struct {
      * gets): a server's log-probabilities. Valid during the call only. Setting it copies
      * those rows to the host each round, which a decode otherwise never does. */
     void (*on_rows)(void *user, const float *const *rows, const int *tokens, int n, int vocab);
+    /* NULL or called during the prefill with the prompt's own rows (a server's echo): rows
+     * (n, vocab) follow prompt tokens first..first+n-1, so row i predicts prompt token
+     * first+i+1; tokens 1..n_prompt-1 are covered, in order. Setting it prefills without
+     * the prefix cache and copies every prompt row to the host. */
+    void (*on_prompt_rows)(void *user, const float *rows, int first, int n, int vocab);
 } DecodeHooks;
 
 typedef struct {

@@ -60,6 +60,20 @@ int target_prefill(Target *t, const int *tokens, int n, RsErr *e) {
     return rc;
 }
 
+int target_prefill_rows(Target *t, const int *tokens, int n, float *feats, PrefillRowsFn fn,
+                        void *user, RsErr *e) {
+    t->kept_pass = -1;
+    t->n_cached = 0;
+    int rc = backend_prefill_rows(t->b, tokens, n, feats, fn, user, e);
+    if (!rc) backend_prefix_publish(t->b, 0, tokens, n);
+    return rc;
+}
+
+void target_publish(Target *t, const int *tokens, int n) {
+    int nc = backend_n_committed(t->b);
+    backend_prefix_publish(t->b, 0, tokens, n < nc ? n : nc);
+}
+
 int target_root_pass(Target *t, int root, RsErr *e) {
     Backend *b = t->b;
     int pos = backend_n_committed(b), row = 0;

@@ -7,6 +7,7 @@
 #define ROOTSPEC_TARGET_H
 #include "common/pool.h"
 #include "kernels/backend.h"
+#include "kernels/prefill.h"
 
 /* Nodes of one tree pass: the verified tree (X1 off the pool included) and, for score_all,
  * the expanded pool nodes, whose rows give every candidate's target probability. */
@@ -56,6 +57,14 @@ void target_reset(Target *t);
 /* Commits tokens[0..n) as context: the longest prefix the prefix cache holds is attached
  * (t->n_cached entries), the rest prefilled (backend_prefill), then its blocks published. */
 int target_prefill(Target *t, const int *tokens, int n, RsErr *e);
+/* target_prefill without the prefix cache's blocks (every token's row is computed), each
+ * row handed to fn (kernels/prefill.h: the prompt's own log-probabilities). feats: as
+ * backend_prefill_features, or NULL. */
+int target_prefill_rows(Target *t, const int *tokens, int n, float *feats, PrefillRowsFn fn,
+                        void *user, RsErr *e);
+/* After a decode: publishes the whole blocks of tokens[0..n) (its prompt, then its output)
+ * that the context holds, so a later prompt that repeats the conversation attaches them. */
+void target_publish(Target *t, const int *tokens, int n);
 /* One-token pass on the root: its row kept in the backend, the root left pending at entry 0. */
 int target_root_pass(Target *t, int root, RsErr *e);
 /* The tree-masked pass over ps. with_root: the root token is batch entry 0 (draft rule);

@@ -240,7 +240,7 @@ static void log_begin(Sink *s, const char *file_id, const DecodeOpts *dp, const 
  * stops at the first failure. Returns the exit status so far. */
 static int decode_prompts(const Args *A, Engine *en, const PromptSet *ps, Sink *s, Totals *t) {
     RsErr e = {0};
-    DecodeHooks h = {on_tokens, on_round, on_event, s, NULL, NULL};
+    DecodeHooks h = {on_tokens, on_round, on_event, s, NULL, NULL, NULL};
     DecodeResult res = {0};
     res.cap = A->d.max_new + ROUND_MAX_EMIT;
     res.tokens = rs_xmalloc(sizeof(int) * (size_t)res.cap);

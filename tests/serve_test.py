@@ -762,6 +762,55 @@ def test_logprobs(s, spec):
 
 
 
+def test_echo(s):
+    """Completions echo with the openai client: the prompt's text leads the answer; with
+    logprobs N its tokens lead the entries (the first null, as OpenAI and vLLM give it), and
+    prompt token i's entry equals the row a one-token completion of the first i tokens
+    reports (the decode's own rows)."""
+    p = "The capital of France is"
+    plain = s.client.completions.create(model=NAME, prompt=p, max_tokens=6, temperature=0, logprobs=3)
+    r = s.client.completions.create(model=NAME, prompt=p, max_tokens=6, temperature=0, logprobs=3, echo=True)
+    c, lp = r.choices[0], r.choices[0].logprobs
+    n_p = r.usage.prompt_tokens
+    check("echo: the prompt's text, then the answer's", c.text == p + plain.choices[0].text, repr(c.text))
+    check("echo with logprobs: one entry per prompt and output token, spelling the text, the first null",
+          len(lp.tokens) == n_p + r.usage.completion_tokens and "".join(lp.tokens) == c.text and
+          lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and
+          lp.text_offset == [sum(len(t.encode()) for t in lp.tokens[:i]) for i in range(len(lp.tokens))],
+          f"{lp}")
+    check("echo with logprobs: the output's entries equal those without echo",
+          lp.tokens[n_p:] == plain.choices[0].logprobs.tokens and
+          max(abs(a - b) for a, b in zip(lp.token_logprobs[n_p:], plain.choices[0].logprobs.token_logprobs)) < 1e-9)
+    _, body = s.raw("POST", "/tokenize", json.dumps({"content": p, "with_pieces": True}))
+    ids = [t["id"] for t in json.loads(body)["tokens"]]
+    pieces = [t["piece"] for t in json.loads(body)["tokens"]]
+    worst, same_top, found = 0.0, True, 0
+    for i in range(1, len(ids)):
+        one = s.client.completions.create(model=NAME, prompt=ids[:i], max_tokens=1, temperature=0, logprobs=20)
+        top = one.choices[0].logprobs.top_logprobs[0]
+        if pieces[i] in top:
+            found += 1
+            worst = max(worst, abs(top[pieces[i]] - lp.token_logprobs[i]))
+        same_top &= all(abs(top.get(k, 9) - v) < 1e-6 for k, v in lp.top_logprobs[i].items())
+    check("echo: prompt token i's log-probability and top 3 equal a completion of tokens 0..i-1's row",
+          lp.tokens[:n_p] == pieces and found >= 3 and worst < 1e-6 and same_top,
+          f"{lp.tokens[:n_p]} vs {pieces}: {found} found, max diff {worst}, same top {same_top}")
+    text, toks = "", []
+    for ch in s.client.completions.create(model=NAME, prompt=p, max_tokens=6, temperature=0, logprobs=3,
+                                          echo=True, stream=True):
+        for x in ch.choices:
+            text += x.text
+            toks += x.logprobs.tokens if x.logprobs else []
+    check("echo streamed: the same text and entries as the whole answer", text == c.text and toks == lp.tokens,
+          f"{text!r} {toks}")
+    st = s.client.completions.create(model=NAME, prompt=p, max_tokens=6, temperature=0, echo=True, stop=["France"])
+    check("echo: a stop string inside the prompt does not cut the echoed prompt",
+          st.choices[0].text == p + plain.choices[0].text, repr(st.choices[0].text))
+    code, b = s.raw("POST", "/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "x"}],
+                                                                 "echo": True}))
+    check("chat with echo: 400 naming echo", code == 400 and json.loads(b)["error"]["param"] == "echo", f"{code} {b!r}")
+
+
 def test_n(s, ref):
     """n=3 with the openai client: three choices, indexed, usage summing their tokens; at
     T=0 each is AR's text; sampled with a seed, the same three again on a second call."""
@@ -1177,7 +1226,7 @@ def main():
               lambda: test_models_health(s), lambda: test_concurrent(s, ref), lambda: test_disconnect(s),
               lambda: test_errors(s), lambda: test_half_close(s),
               lambda: test_host_and_content_type(s), lambda: test_tokenize(s),
-              lambda: test_threads_default(s), lambda: test_n(s, ref)):
+              lambda: test_threads_default(s), lambda: test_echo(s), lambda: test_n(s, ref)):
         t()
     check("the server stops with status 0 on SIGTERM", s.stop() == 0)
     test_queue_full()

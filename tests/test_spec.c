@@ -1198,7 +1198,7 @@ START_TEST(test_root_margin) {
         int buf[64], prompt[3] = {1, 2, 3};
         DecodeResult r = {.tokens = buf, .cap = 64};
         MarginLog ml = {0};
-        DecodeHooks h = {NULL, margin_round, NULL, &ml, NULL, NULL};
+        DecodeHooks h = {NULL, margin_round, NULL, &ml, NULL, NULL, NULL};
         RsErr e = {0};
         ck_assert_int_eq(decode_run(p.t, p.dc, prompt, 3, &o, &h, &r, &e), RS_OK);
         ck_assert_int_eq(ml.bad, 0);
