@@ -1176,6 +1176,39 @@ def test_prefix_cache():
     one.stop()
 
 
+def conversation_turns(s):
+    """Two turns of one conversation at T=0, the second resending the first's answer."""
+    msgs = [{"role": "system", "content": "You are a careful assistant who answers in full sentences. " * 4},
+            {"role": "user", "content": "Name three fruits and say one thing about each."}]
+    r1 = s.client.chat.completions.create(model=NAME, messages=msgs, max_tokens=48, temperature=0)
+    msgs += [{"role": "assistant", "content": r1.choices[0].message.content},
+             {"role": "user", "content": "Now three vegetables."}]
+    r2 = s.client.chat.completions.create(model=NAME, messages=msgs, max_tokens=24, temperature=0)
+    return r1, r2
+
+
+def test_conversation_cache():
+    """A finished request publishes its output's blocks too: the conversation's next turn,
+    which resends the answer, finds the first turn's prompt and answer (their whole blocks)
+    in the prefix cache, and says the same as a server without the cache."""
+    for args in ((), ("--parallel", "4")):
+        s = Server(*args)
+        r1, r2 = conversation_turns(s)
+        s.stop()
+        off = Server("--no-prefix-cache", *args)
+        o1, o2 = conversation_turns(off)
+        off.stop()
+        p1, c1 = r1.usage.prompt_tokens, r1.usage.completion_tokens
+        want = (p1 + c1 - 1) // 16 * 16  # the context holds the output less its last token
+        got = r2.usage.prompt_tokens_details.cached_tokens
+        check(f"{' '.join(args) or '--parallel 1'}: the next turn's cached tokens cover the earlier "
+              f"answer's whole blocks", c1 > 16 and got >= want > p1 // 16 * 16, f"cached {got}, want {want} "
+              f"(prompt {p1}, answer {c1})")
+        check(f"{' '.join(args) or '--parallel 1'}: both turns' T=0 texts equal those without the cache",
+              (r1.choices[0].message.content, r2.choices[0].message.content) ==
+              (o1.choices[0].message.content, o2.choices[0].message.content))
+
+
 def repeated_tasks():
     """The repeated-task workload: deploy/code_edit.jsonl's edits, then each asked again
     with a small change to the instruction (the code to edit is the same)."""
@@ -1247,6 +1280,7 @@ def main():
     test_batched()
     test_preempt()
     test_prefix_cache()
+    test_conversation_cache()
     test_suffix_global()
     print(f"serve: {results['passed']} passed, {results['failed']} failed")
     return 1 if results["failed"] else 0
