@@ -55,7 +55,7 @@ typedef struct {
     double temperature, top_p, min_p;
     int top_k;
     uint64_t seed;
-    int n;                 /* choices, 1..SERVE_N_MAX (decoded one after another) */
+    int n;                 /* choices, 1..SERVE_N_MAX (each a job; they share the prompt) */
     int choice;            /* which choice this request decodes: with a seed, its stream */
     int logprobs;          /* chat "logprobs": true / completions "logprobs": N: report them */
     int echo;              /* completions "echo": the prompt's text (and with logprobs, its
@@ -126,6 +126,7 @@ typedef struct {
     char id[48];
     long created;
     const char *model;
+    int index; /* the choice a stream's chunks carry ("n") */
 } ServeMeta;
 
 typedef struct {

@@ -259,8 +259,6 @@ static int parse_common(const cJSON *o, ServeRequest *r, ServeError *se) {
     if (!rc) rc = parse_sampling(o, r, se);
     if (!rc) rc = parse_refused(o, r, se);
     if (!rc) rc = get_int(o, "n", 1, SERVE_N_MAX, &r->n, NULL, se);
-    if (!rc && r->n > 1 && r->stream)
-        rc = serve_error(se, 400, "n", "'n' > 1 while streaming is not supported by this build");
     if (!rc) rc = parse_logprobs(o, r, se);
     return rc ? rc : parse_extension(o, r, se);
 }
@@ -382,7 +380,7 @@ static cJSON *choice_at(const ServeMeta *m, int index, int chunk, int role, cons
 
 static cJSON *choice(const ServeMeta *m, int chunk, int role, const char *text, size_t n,
                      const char *finish) {
-    return choice_at(m, 0, chunk, role, text, n, finish);
+    return choice_at(m, m->index, chunk, role, text, n, finish);
 }
 
 static char *print_delete(cJSON *o) {

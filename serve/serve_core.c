@@ -54,6 +54,8 @@ struct ServeJob {
     int done, failed, n_out;
     int n_cached; /* the prompt's tokens the prefix cache supplied */
     int n_echo;   /* echo with logprobs: lp's first n_echo entries are the prompt's */
+    int prefilled; /* its prompt is in the KV cache (and published): its first tokens came */
+    ServeJob *leader; /* choice 1.. of a request: waits for choice 0's prefill (a reference) */
     int lp_taken; /* streams: entries serve_job_wait handed out */
     const char *finish_reason;
     ServeError err;
@@ -65,6 +67,7 @@ struct ServeJob {
 /* ---- jobs ------------------------------------------------------------------------------ */
 
 static void job_free(ServeJob *j) {
+    serve_job_unref(&j->leader);
     serve_text_free(&j->text);
     serve_logprobs_free(&j->lp);
     serve_request_free(&j->req);
@@ -78,6 +81,13 @@ void serve_job_unref(ServeJob **pj) {
     if (!pj || !*pj) return;
     if (atomic_fetch_sub(&(*pj)->refs, 1) == 1) job_free(*pj);
     *pj = NULL;
+}
+
+void serve_job_follow(ServeJob *j, ServeJob *leader) {
+    atomic_fetch_add(&leader->refs, 1);
+    j->leader = leader;
+    j->meta.index = j->req.choice;
+    memcpy(j->meta.id, leader->meta.id, sizeof j->meta.id);
 }
 
 void serve_job_cancel(ServeJob *j) {
@@ -239,6 +249,7 @@ static void on_tokens(void *u, const int *t, int n) {
         if (b) serve_text_push(&j->text, b, k);
         j->n_out++;
     }
+    j->prefilled = 1;
     pthread_mutex_unlock(&j->mu);
     pthread_cond_broadcast(&j->cv);
 }
@@ -364,7 +375,25 @@ static int job_decode(ServeCore *c, Slot *sl, ServeJob *j, DecodeResult *res, Rs
     return rc;
 }
 
+/* A later choice starts once the first has its prompt in the KV cache: its prefill then
+ * attaches the prompt's whole blocks (the prefix cache shares them) and computes only the
+ * last partial block. The first was queued before it, so it runs or has ended. */
+static void job_follow_wait(ServeJob *j) {
+    ServeJob *l = j->leader;
+    pthread_mutex_lock(&l->mu);
+    while (!l->prefilled && !l->done && !atomic_load(&j->cancelled)) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_nsec += 100 * 1000000L;
+        dl.tv_sec += dl.tv_nsec / 1000000000L;
+        dl.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&l->cv, &l->mu, &dl);
+    }
+    pthread_mutex_unlock(&l->mu);
+}
+
 static void job_run(ServeCore *c, Slot *sl, ServeJob *j) {
+    if (j->leader) job_follow_wait(j);
     if (atomic_load(&j->cancelled)) {
         job_end(j, FINISH_CANCELLED, NULL, 0, NULL);
         return;

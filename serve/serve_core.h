@@ -60,6 +60,11 @@ int serve_job_create(ServeCore *c, ServeRequest *r, ServeJob **out, ServeError *
 /* Queues the job (the core takes a reference of its own). 429 when the queue is full, 503
  * when the server is stopping; 0 on success. */
 int serve_core_submit(ServeCore *c, ServeJob *j, ServeError *se);
+/* j is choice j's request.choice (1..) of the request whose choice 0 is leader, created
+ * and not yet submitted; leader is submitted first. j shares leader's response id, and
+ * starts decoding once leader has its prompt in the KV cache, so the prompt's whole blocks
+ * are computed once and shared (the prefix cache). */
+void serve_job_follow(ServeJob *j, ServeJob *leader);
 /* The client is gone: skip or stop the decode. */
 void serve_job_cancel(ServeJob *j);
 /* Drops the caller's reference; clears *j. */

@@ -87,7 +87,10 @@ static int peer_gone(struct MHD_Connection *c) {
 
 typedef struct {
     ServeHttp *h;
-    ServeJob *job;
+    ServeJob *jobs[SERVE_N_MAX]; /* the request's choices ("n"), choice i at i */
+    int n, next;                 /* choices; the one to wait on next */
+    int ended[SERVE_N_MAX], n_ended;
+    ServeUsage usage;            /* the prompt once, every choice's tokens */
     struct MHD_Connection *conn;
     int started, finished;
     char *pending; /* SSE frames not yet handed to the connection */
@@ -99,27 +102,52 @@ static void frame(FILE *f, char *json) {
     free(json);
 }
 
-/* The frames for what the job produced: a text delta, and at the end the finish chunk (or
- * the error), the usage chunk when asked for, and [DONE]. */
-static void stream_frames(Stream *s, const ServeOutput *o) {
-    const ServeMeta *m = serve_job_meta(s->job);
+/* The frames for what choice i produced: a text delta, and at its end its finish chunk;
+ * once every choice ended (or one failed: the error), the usage chunk when asked for and
+ * [DONE]. o NULL: the stream's start (chat: each choice's role chunk). */
+static void stream_frames(Stream *s, int i, const ServeOutput *o) {
+    const ServeMeta *m = o ? serve_job_meta(s->jobs[i]) : NULL;
     FILE *f = open_memstream(&s->pending, &s->plen);
     RS_ASSERT(f);
-    if (!s->started && m->kind == SERVE_CHAT) frame(f, serve_chunk_json(m, 1, NULL, 0, NULL, NULL));
+    for (int k = 0; !s->started && k < s->n; k++)
+        if (serve_job_meta(s->jobs[k])->kind == SERVE_CHAT)
+            frame(f, serve_chunk_json(serve_job_meta(s->jobs[k]), 1, NULL, 0, NULL, NULL));
     s->started = 1;
     if (o && o->lp_new) frame(f, serve_chunk_logprobs_json(m, o->text, o->n, o->lp_new));
     else if (o && o->text) frame(f, serve_chunk_json(m, 0, o->text, o->n, NULL, NULL));
     if (o && o->done) {
+        s->ended[i] = 1;
+        s->n_ended++;
+        if (i == 0) s->usage = (ServeUsage){o->usage.prompt_tokens, 0, o->usage.cached_tokens};
+        s->usage.completion_tokens += o->usage.completion_tokens;
         if (o->failed) frame(f, serve_error_json(&o->err));
         else frame(f, serve_chunk_json(m, 0, NULL, 0, o->finish_reason, NULL));
-        if (!o->failed && serve_job_request(s->job)->include_usage)
-            frame(f, serve_chunk_json(m, 0, NULL, 0, NULL, &o->usage));
+    }
+    if (o && o->done && (o->failed || s->n_ended == s->n)) {
+        if (!o->failed && serve_job_request(s->jobs[0])->include_usage)
+            frame(f, serve_chunk_json(serve_job_meta(s->jobs[0]), 0, NULL, 0, NULL, &s->usage));
         fputs("data: [DONE]\n\n", f);
         s->finished = 1;
     }
     int rc = fclose(f);
     RS_ASSERT(rc == 0);
     s->poff = 0;
+}
+
+/* New output of some choice: each not ended is asked without waiting, then the next one
+ * in turn is waited on for up to WAIT_MS. The choice it came from, or -1. */
+static int stream_poll(Stream *s, ServeOutput *o) {
+    for (int pass = 0; pass < 2; pass++)
+        for (int k = 0; k < s->n; k++) {
+            int i = (s->next + k) % s->n;
+            if (s->ended[i]) continue;
+            if (serve_job_wait(s->jobs[i], pass ? WAIT_MS : 0, o)) return i;
+            if (pass) {
+                s->next = (i + 1) % s->n;
+                return -1;
+            }
+        }
+    return -1;
 }
 
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -135,31 +163,35 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         s->pending = NULL;
         if (s->finished) return MHD_CONTENT_READER_END_OF_STREAM;
         if (!s->started) {
-            stream_frames(s, NULL);
+            stream_frames(s, 0, NULL);
             continue;
         }
         ServeOutput o;
-        int got = serve_job_wait(s->job, WAIT_MS, &o);
-        if (got) stream_frames(s, &o);
+        int i = stream_poll(s, &o);
+        if (i >= 0) stream_frames(s, i, &o);
         free(o.text);
         if (o.lp_new) serve_logprobs_free(o.lp_new);
         free(o.lp_new);
-        if (!got && peer_gone(s->conn)) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (i < 0 && peer_gone(s->conn)) return MHD_CONTENT_READER_END_WITH_ERROR;
     }
 }
 
 static void stream_free(void *cls) {
     Stream *s = cls;
-    serve_job_cancel(s->job); /* a no-op for a job that ended */
-    serve_job_unref(&s->job);
+    for (int i = 0; i < s->n; i++) {
+        serve_job_cancel(s->jobs[i]); /* a no-op for a job that ended */
+        serve_job_unref(&s->jobs[i]);
+    }
     free(s->pending);
     free(s);
 }
 
-static enum MHD_Result start_stream(ServeHttp *h, struct MHD_Connection *c, ServeJob *j) {
+/* The stream takes the n jobs' references. */
+static enum MHD_Result start_stream(ServeHttp *h, struct MHD_Connection *c, ServeJob **jobs, int n) {
     Stream *s = rs_xcalloc(1, sizeof *s);
     s->h = h;
-    s->job = j;
+    memcpy(s->jobs, jobs, sizeof(ServeJob *) * (size_t)n);
+    s->n = n;
     s->conn = c;
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read,
                                                                s, stream_free);
@@ -199,93 +231,72 @@ static int wait_whole(struct MHD_Connection *c, ServeJob *j, char **acc, size_t 
     return 0;
 }
 
-/* The whole answer. MHD_NO (the connection closes) when the client went away. */
-static enum MHD_Result finish_whole(ServeHttp *h, struct MHD_Connection *c, ServeJob *j) {
-    char *acc;
-    size_t len;
-    ServeOutput o;
-    if (wait_whole(c, j, &acc, &len, &o)) return MHD_NO;
-    enum MHD_Result ok = o.failed ? reply_error(h, c, &o.err)
-                                  : reply(h, c, 200, serve_response_logprobs_json(serve_job_meta(j), acc, len,
-                                                                                  o.finish_reason, &o.usage, o.lp),
-                                          "application/json");
-    free(acc);
-    return ok;
-}
-
-/* Choice i of n: the request parsed again (a job owns its request), decoded as a job of its
- * own with the seed stream i, waited for. 0, -1 (client gone) or an HTTP status in se. */
-static int decode_choice(ServeHttp *h, struct MHD_Connection *c, ServeKind kind, const ConnState *cs,
-                         int i, ServeJob **j, char **acc, size_t *len, ServeOutput *o, ServeError *se) {
-    ServeRequest r;
-    int rc = serve_request_parse(cs->body ? cs->body : "", cs->len, kind, serve_core_model(h->core), &r, se);
-    r.choice = i;
-    if (!rc) rc = serve_job_create(h->core, &r, j, se);
-    if (!rc) rc = serve_core_submit(h->core, *j, se);
-    serve_request_free(&r);
-    if (rc) return rc;
-    if (wait_whole(c, *j, acc, len, o)) return -1;
-    if (o->failed) *se = o->err;
-    return o->failed ? o->err.status : 0;
-}
-
-/* n > 1: the choices one after another, answered together (usage: the prompt once, every
- * choice's tokens). */
-static enum MHD_Result finish_choices(ServeHttp *h, struct MHD_Connection *c, ServeKind kind,
-                                      const ConnState *cs, int n) {
-    ServeJob *jobs[SERVE_N_MAX] = {0};
+/* The n choices' whole answers, together (usage: the prompt once, every choice's tokens).
+ * MHD_NO (the connection closes) when the client went away. */
+static enum MHD_Result finish_whole(ServeHttp *h, struct MHD_Connection *c, ServeJob **jobs, int n) {
     char *acc[SERVE_N_MAX] = {0};
     ServeChoice ch[SERVE_N_MAX];
     ServeUsage u = {0};
-    ServeError se;
-    int rc = 0, i;
-    for (i = 0; i < n && !rc; i++) {
-        ServeOutput o;
-        rc = decode_choice(h, c, kind, cs, i, &jobs[i], &acc[i], &ch[i].n, &o, &se);
-        if (rc) break;
-        ch[i] = (ServeChoice){acc[i], ch[i].n, o.finish_reason, o.lp};
-        u.prompt_tokens = o.usage.prompt_tokens;
-        u.cached_tokens = o.usage.cached_tokens;
+    ServeOutput o;
+    int gone = 0, failed = -1;
+    for (int i = 0; i < n && !gone && failed < 0; i++) {
+        size_t len;
+        if ((gone = wait_whole(c, jobs[i], &acc[i], &len, &o) != 0)) break;
+        if (o.failed) failed = i;
+        ch[i] = (ServeChoice){acc[i], len, o.finish_reason, o.lp};
+        if (i == 0) u = (ServeUsage){o.usage.prompt_tokens, 0, o.usage.cached_tokens};
         u.completion_tokens += o.usage.completion_tokens;
     }
-    enum MHD_Result ok = rc < 0 ? MHD_NO
-                         : rc ? reply_error(h, c, &se)
-                              : reply(h, c, 200, serve_response_choices_json(serve_job_meta(jobs[0]), ch, n, &u),
-                                      "application/json");
-    for (int k = 0; k < n; k++) {
-        free(acc[k]);
-        serve_job_unref(&jobs[k]);
-    }
+    for (int i = 0; (gone || failed >= 0) && i < n; i++) serve_job_cancel(jobs[i]);
+    enum MHD_Result ok = gone ? MHD_NO
+                         : failed >= 0 ? reply_error(h, c, &o.err)
+                                       : reply(h, c, 200, serve_response_choices_json(serve_job_meta(jobs[0]), ch, n, &u),
+                                               "application/json");
+    for (int i = 0; i < n; i++) free(acc[i]);
     return ok;
+}
+
+/* The request's n jobs: choice 0 from r (emptied), the others from the body parsed again (a
+ * job owns its request), following choice 0; all submitted, in order. 0, or the HTTP status
+ * with se set (the jobs made are dropped, those queued cancelled). */
+static int make_choices(ServeHttp *h, ServeKind kind, const ConnState *cs, ServeRequest *r,
+                        ServeJob **jobs, ServeError *se) {
+    int n = r->n, rc = serve_job_create(h->core, r, &jobs[0], se);
+    for (int i = 1; !rc && i < n; i++) {
+        ServeRequest ri;
+        rc = serve_request_parse(cs->body ? cs->body : "", cs->len, kind, serve_core_model(h->core), &ri, se);
+        ri.choice = i;
+        if (!rc) rc = serve_job_create(h->core, &ri, &jobs[i], se);
+        serve_request_free(&ri);
+        if (!rc) serve_job_follow(jobs[i], jobs[0]);
+    }
+    for (int i = 0; !rc && i < n; i++) rc = serve_core_submit(h->core, jobs[i], se);
+    for (int i = 0; rc && i < n; i++)
+        if (jobs[i]) {
+            serve_job_cancel(jobs[i]);
+            serve_job_unref(&jobs[i]);
+        }
+    return rc;
 }
 
 static enum MHD_Result handle_completion(ServeHttp *h, struct MHD_Connection *c, ServeKind kind,
                                          const ConnState *cs) {
     ServeRequest r;
     ServeError se;
-    ServeJob *j = NULL;
+    ServeJob *jobs[SERVE_N_MAX] = {0};
     int rc = serve_request_parse(cs->body ? cs->body : "", cs->len, kind, serve_core_model(h->core),
                                  &r, &se);
+    int n = rc ? 0 : r.n;
+    if (!rc) rc = make_choices(h, kind, cs, &r, jobs, &se);
+    serve_request_free(&r);
+    if (rc) return reply_error(h, c, &se);
     /* The idle timeout is for clients that stall; a job may wait and decode for longer
      * than that without a byte on the wire, and the connection must outlive it (on_completed
      * restores the timeout). */
-    if (!rc && r.n > 1) {
-        int n = r.n;
-        serve_request_free(&r);
-        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-        return finish_choices(h, c, kind, cs, n);
-    }
-    if (!rc) rc = serve_job_create(h->core, &r, &j, &se);
-    if (!rc) rc = serve_core_submit(h->core, j, &se);
-    if (rc) {
-        serve_request_free(&r);
-        serve_job_unref(&j);
-        return reply_error(h, c, &se);
-    }
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-    if (serve_job_request(j)->stream) return start_stream(h, c, j); /* the stream owns j */
-    enum MHD_Result ok = finish_whole(h, c, j);
-    serve_job_unref(&j);
+    if (serve_job_request(jobs[0])->stream) return start_stream(h, c, jobs, n); /* it owns them */
+    enum MHD_Result ok = finish_whole(h, c, jobs, n);
+    for (int i = 0; i < n; i++) serve_job_unref(&jobs[i]);
     return ok;
 }
 

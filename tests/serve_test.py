@@ -823,6 +823,48 @@ def test_n(s, ref):
     check("n=3 sampled with a seed: the same choices twice, not all alike, each with its logprobs",
           ta == tb and len(set(ta)) > 1 and all(c.logprobs.content for c in a.choices) and
           sum(len(c.logprobs.content) for c in a.choices) == a.usage.completion_tokens, f"{ta} {tb}")
+    texts, finish, usage = n_stream(s, max_tokens=12, temperature=0.9, seed=11, n=3)
+    check("n=3 streamed (seed): choice i's deltas spell the whole answer's choice i, each finished, "
+          "usage once", texts == ta and all(finish) and usage and usage.completion_tokens == a.usage.completion_tokens,
+          f"{texts} vs {ta} {finish} {usage}")
+    texts, _, _ = n_stream(s, max_tokens=24, temperature=0, n=3)
+    check("n=3 streamed at T=0: each choice AR's text", texts == [ref] * 3, str(texts))
+
+
+def n_stream(s, **kw):
+    """A streamed chat with n choices: each choice's text, finish_reason and the usage."""
+    n = kw["n"]
+    texts, finish, usage = [""] * n, [None] * n, None
+    for ch in chat(s, stream=True, stream_options={"include_usage": True}, **kw):
+        usage = ch.usage or usage
+        for c in ch.choices:
+            texts[c.index] += c.delta.content or ""
+            finish[c.index] = c.finish_reason or finish[c.index]
+    return texts, finish, usage
+
+
+def test_n_shared():
+    """n choices at --parallel 4 share the prompt: choice 0 computes it, the others attach its
+    whole blocks and compute only the last partial one (/metrics counts both); the T=0 texts
+    are one text, and a seeded request's choices are the ones a --parallel 1 server draws."""
+    s = Server("--parallel", "4")
+    long_prompt = "Summarize in one line: " + " ".join(f"item {i} is {i * 7 % 13}." for i in range(40))
+    c0, m0 = s.metric("rootspec_prompt_tokens_computed_total"), s.metric("rootspec_prompt_tokens_cached_total")
+    r = chat(s, content=long_prompt, max_tokens=16, temperature=0, n=4)
+    p = r.usage.prompt_tokens
+    dc = s.metric("rootspec_prompt_tokens_computed_total") - c0
+    dm = s.metric("rootspec_prompt_tokens_cached_total") - m0
+    print(f"      n=4 on a {p}-token prompt: {dc:.0f} prompt tokens computed, {dm:.0f} attached")
+    check("n=4 at --parallel 4: the prompt's whole blocks computed once, the 3 others attach them",
+          p > 200 and dc <= p + 3 * 16 and dm == 3 * (p // 16 * 16) and
+          len({c.message.content for c in r.choices}) == 1, f"prompt {p}: computed {dc}, cached {dm}")
+    texts, _, _ = n_stream(s, content=long_prompt, max_tokens=10, temperature=1.0, seed=4, n=4)
+    s.stop()
+    one = Server()
+    ref = [c.message.content for c in chat(one, content=long_prompt, max_tokens=10, temperature=1.0, seed=4, n=4).choices]
+    one.stop()
+    check("n=4 seeded: choice i streamed at --parallel 4 equals choice i at --parallel 1", texts == ref,
+          f"{texts} vs {ref}")
 # ---- hostile sampling values and models ---------------------------------------------------
 
 def answered(st, body):
@@ -1280,6 +1322,7 @@ def main():
     test_batched()
     test_preempt()
     test_prefix_cache()
+    test_n_shared()
     test_conversation_cache()
     test_suffix_global()
     print(f"serve: {results['passed']} passed, {results['failed']} failed")
