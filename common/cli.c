@@ -130,6 +130,60 @@ int cli_cpus_available(void) {
     return n > 0 ? n : 1;
 }
 
+/* A number from a one-value file (cgroup's "max" reads -1); -1 when unreadable. */
+static long long file_number(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char v[32] = "";
+    int n = fscanf(f, "%31s", v);
+    fclose(f);
+    return n == 1 && strcmp(v, "max") ? atoll(v) : -1;
+}
+
+/* The least room (memory.max - memory.current) along the process's cgroup v2 path, the v1
+ * limit's room, or -1 without a limit. */
+static long long cgroup_mem_room(void) {
+    long long best = -1;
+    long long lim = file_number("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+    long long use = file_number("/sys/fs/cgroup/memory/memory.usage_in_bytes");
+    if (lim > 0 && use >= 0 && lim < (1LL << 60)) best = lim > use ? lim - use : 0;
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f) return best;
+    char line[4096], dir[4200], path[4300];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "0::", 3)) continue;
+        line[strcspn(line, "\n")] = 0;
+        snprintf(dir, sizeof dir, "/sys/fs/cgroup%s", line + 3);
+        for (;;) {
+            snprintf(path, sizeof path, "%s/memory.max", dir);
+            lim = file_number(path);
+            snprintf(path, sizeof path, "%s/memory.current", dir);
+            use = file_number(path);
+            if (lim > 0 && use >= 0 && (best < 0 || lim - use < best)) best = lim > use ? lim - use : 0;
+            char *slash = strrchr(dir, '/');
+            if (!slash || slash - dir < (long)strlen("/sys/fs/cgroup")) break;
+            *slash = 0;
+        }
+    }
+    fclose(f);
+    return best;
+}
+
+long long cli_mem_available(void) {
+    long long avail = -1;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lld kB", &avail) == 1) {
+            avail *= 1024;
+            break;
+        }
+    if (f) fclose(f);
+    long long room = cgroup_mem_room();
+    if (room >= 0 && (avail < 0 || room < avail)) avail = room;
+    return avail > 0 ? avail : 0;
+}
+
 int cli_pool_shape(const char *val, int *depth, int *width, RsErr *e) {
     char dep[32], wid[32];
     const char *comma = strchr(val, ',');

@@ -40,6 +40,10 @@ int cli_runtime_option(int argc, char **argv, int *i, CliRuntime *rt, RsErr *e);
  * (cgroup v2 cpu.max along the process's cgroup path, or v1 cpu.cfs_quota_us), rounded
  * up; at least 1. */
 int cli_cpus_available(void);
+/* Bytes of memory this process may still take: /proc/meminfo's MemAvailable, capped by the
+ * room its cgroup leaves (v2 memory.max - memory.current along its path, or v1's limit);
+ * 0 when unknown. */
+long long cli_mem_available(void);
 
 /* Returns argv[i+1] or sets an error "option X needs a value". */
 int cli_value(int argc, char **argv, int i, const char **out, RsErr *e);

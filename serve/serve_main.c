@@ -6,6 +6,7 @@
 #include "target_proc/engine_cli.h"
 #include "serve_http.h"
 #include "draft_proc/suffix_drafter.h"
+#include "kernels/cpu/cpu_backend.h"
 #include <arpa/inet.h>
 #include <signal.h>
 #include <string.h>
@@ -20,12 +21,17 @@ static void usage(FILE *f) {
             "  --max-tokens N        output cap of a request without max_tokens (default 512)\n"
             "  --queue N             requests that may wait while others decode; more get a 429\n"
             "                        (default 16)\n"
-            "  --parallel N          decodes at once, batched into shared passes (default 1)\n"
+            "  --parallel N          decodes at once, batched into shared passes (default: as many\n"
+            "                        --ctx sequences as half the available memory holds, at most\n"
+            "                        4; 1 where batching is not possible: a drafter other than\n"
+            "                        suffix, or a backend of one sequence)\n"
             "  --batch-rows N        --parallel: most rows one pass carries (default 64)\n"
             "  --prefill-chunk N     --parallel: prompt rows a request adds to one pass, so a long\n"
             "                        prompt holds running decodes back by one chunk (default 32)\n"
             "  --kv-entries N        --parallel: KV cache entries all requests share, in blocks of\n"
-            "                        16 (default N x --ctx); a request holds what its length needs\n"
+            "                        16 (default N x --ctx, capped at what half the available\n"
+            "                        memory holds); a request holds what its length needs. A value\n"
+            "                        over 90%% of the available memory is refused\n"
             "  --no-prefix-cache     prefill every prompt whole (default: a prompt reuses the KV\n"
             "                        blocks of the longest prefix an earlier one computed)\n"
             "  --suffix-global N     the suffix drafter also proposes from the last N tokens of\n"
@@ -52,7 +58,8 @@ static void usage(FILE *f) {
             "  -h, --help            this text\n"
             "\n"
             "--threads defaults to the CPUs this process may use (its affinity mask and cgroup\n"
-            "CPU quota), printed at start.\n"
+            "CPU quota); the available memory is MemAvailable capped by the cgroup's memory.max.\n"
+            "Both, and the --parallel and --kv-entries they give, are printed at start.\n"
             "\n"
             "Engine and decoder (--decoder, --budget and the sampling options are the defaults of\n"
             "requests that omit them; a request picks its own with \"rootspec\": {\"decoder\": NAME,\n"
@@ -82,6 +89,12 @@ static DrafterSpec slot_spec(const Args *A) {
                          .endpoint = A->eo.draft_endpoint};
 }
 
+/* Whether requests may share passes: AR, or each request a suffix drafter of its own. */
+static int batchable(const Args *A) {
+    DrafterSpec s = slot_spec(A);
+    return A->d.rule == RULE_AR || drafter_spec_kind(&s) == DRAFTER_KIND_SUFFIX;
+}
+
 /* --parallel's sizes, and a drafter every worker can have of its own. */
 static int batch_args(Args *A, RsErr *e) {
     if (A->batch_rows < A->prefill_chunk)
@@ -92,14 +105,58 @@ static int batch_args(Args *A, RsErr *e) {
         return rs_err(e, RS_EINVAL, "--suffix-global %d: needs --drafter suffix and a speculative "
                       "--decoder", A->suffix_global);
     if (A->parallel <= 1) return RS_OK;
-    if (A->d.rule != RULE_AR && drafter_spec_kind(&s) != DRAFTER_KIND_SUFFIX)
+    if (!batchable(A))
         return rs_err(e, RS_EINVAL, "--parallel %d: a batch decodes with --drafter suffix (each "
                       "request keeps its own) or --decoder ar, not a %s drafter", A->parallel,
                       drafter_kind_name(drafter_spec_kind(&s)));
-    if (!A->kv_entries) A->kv_entries = A->parallel * A->eo.ctx;
-    if (A->kv_entries < A->eo.ctx)
+    if (A->kv_entries && A->kv_entries < A->eo.ctx)
         return rs_err(e, RS_EINVAL, "--kv-entries %d is below --ctx %d (one request must fit)",
                       A->kv_entries, A->eo.ctx);
+    return RS_OK;
+}
+
+#define PARALLEL_DEFAULT_MAX 4 /* decodes at once when --parallel is not given */
+#define MIB (1024.0 * 1024.0)
+
+/* Bytes one KV cache entry takes on the target's backend: K and V of every layer. */
+static long long kv_entry_bytes(Engine *en) {
+    Backend *b = target_backend(en->target);
+    const Config *c = &en->target_model->cfg;
+    int es = !strcmp(backend_name(b), "cpu") && !strcmp(cpu_backend_kv(b), "f32") ? 4 : 2;
+    return 2LL * c->n_layers * c->n_kv_heads * c->head_dim * es;
+}
+
+/* --parallel and --kv-entries where the command line left them, from the memory available
+ * now (the model loaded): half of it for the shared KV cache. A given --kv-entries over
+ * 90% of it is refused; so is a --parallel whose cache could not hold one --ctx sequence.
+ * Prints what it chose. */
+static int memory_defaults(Args *A, Engine *en, RsErr *e) {
+    long long avail = cli_mem_available(), per = kv_entry_bytes(en), ctx = A->eo.ctx;
+    long long fit = avail ? avail / 2 / per / BACKEND_KV_BLOCK * BACKEND_KV_BLOCK : 0;
+    int given_p = A->parallel > 0, given_kv = A->kv_entries > 0;
+    int on_cpu = !strcmp(backend_name(target_backend(en->target)), "cpu");
+    if (given_kv && avail && A->kv_entries * per > avail / 10 * 9)
+        return rs_err(e, RS_EINVAL, "--kv-entries %d needs %.0f MiB (%lld bytes an entry); %.0f MiB "
+                      "of memory are available", A->kv_entries, A->kv_entries * per / MIB, per, avail / MIB);
+    if (!given_p) {
+        long long p = !avail ? 1 : fit / ctx;
+        A->parallel = !on_cpu || !batchable(A) || p < 1 ? 1 : p > PARALLEL_DEFAULT_MAX ? PARALLEL_DEFAULT_MAX : (int)p;
+    }
+    if (A->parallel > 1 && !given_kv) {
+        long long kv = A->parallel * ctx;
+        if (avail && fit < kv) kv = fit;
+        if (kv < ctx)
+            return rs_err(e, RS_EINVAL, "--parallel %d: half of the %.0f MiB available holds %lld KV "
+                          "entries (%lld bytes each), below --ctx %lld: lower --ctx or --parallel",
+                          A->parallel, avail / MIB, kv, per, ctx);
+        A->kv_entries = (int)kv;
+    }
+    fprintf(stderr, "rootspec-serve: %.0f MiB of memory available, KV entries of %lld bytes: "
+            "--parallel %d (%s)", avail / MIB, per, A->parallel, given_p ? "given" : "default");
+    if (A->parallel > 1)
+        fprintf(stderr, ", --kv-entries %d = %.0f MiB (%s)", A->kv_entries, A->kv_entries * per / MIB,
+                given_kv ? "given" : "default");
+    fputc('\n', stderr);
     return RS_OK;
 }
 
@@ -233,7 +290,7 @@ int main(int argc, char **argv) {
               .d = {.rule = RULE_AR, .budget = 59, .seed = 1, .max_new = 512},
               .http = {.host = "127.0.0.1", .port = 8080, .max_body = 1 << 20, .max_conn = 512,
                        .max_conn_ip = 16, .timeout = 60, .request_timeout = 10},
-              .queue = 16, .parallel = 1, .batch_rows = 64, .prefill_chunk = 32};
+              .queue = 16, .batch_rows = 64, .prefill_chunk = 32}; /* parallel 0: from memory */
     A.rt.threads = 0; /* the CPUs this process may use, unless --threads says */
     RsErr e = {0};
     int rc = parse_args(argc, argv, &A, &e);
@@ -252,6 +309,12 @@ int main(int argc, char **argv) {
     Engine *en = NULL;
     rc = engine_cli_open("rootspec-serve", &A.eo, &A.d, &en);
     if (rc >= 0) return rc;
+    if ((rc = memory_defaults(&A, en, &e))) {
+        fprintf(stderr, "rootspec-serve: %s\n", e.msg);
+        engine_destroy(&en);
+        serve_gate_free(&A.gate);
+        return 2;
+    }
     rc = serve(&A, en, &sigs);
     engine_destroy(&en);
     serve_gate_free(&A.gate);

@@ -811,6 +811,69 @@ def test_echo(s):
     check("chat with echo: 400 naming echo", code == 400 and json.loads(b)["error"]["param"] == "echo", f"{code} {b!r}")
 
 
+def gguf_config(path):
+    """(layers, KV heads, head dim) from a GGUF's metadata, read here (not by the engine)."""
+    import struct
+    f = open(path, "rb")
+    rd = lambda fmt: struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
+    sizes = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+    def value(t):
+        if t == 8:
+            return f.read(rd("Q")).decode("utf-8", "replace")
+        if t == 9:
+            et, n = rd("I"), rd("Q")
+            return [value(et) for _ in range(n)]
+        return rd(sizes[t])
+    assert f.read(4) == b"GGUF"
+    rd("I"), rd("Q")
+    kv = {}
+    for _ in range(rd("Q")):
+        key = f.read(rd("Q")).decode()
+        kv[key] = value(rd("I"))
+    arch = kv["general.architecture"]
+    heads = kv[f"{arch}.attention.head_count"]
+    hd = kv.get(f"{arch}.attention.key_length", kv[f"{arch}.embedding_length"] // heads)
+    return kv[f"{arch}.block_count"], kv.get(f"{arch}.attention.head_count_kv", heads), hd
+
+
+def mem_available():
+    """MemAvailable in bytes, capped by a cgroup v2 memory.max's room."""
+    avail = int(re.search(r"MemAvailable:\s+(\d+) kB", open("/proc/meminfo").read()).group(1)) * 1024
+    try:
+        lim = open("/sys/fs/cgroup/memory.max").read().strip()
+        if lim != "max":
+            avail = min(avail, int(lim) - int(open("/sys/fs/cgroup/memory.current").read()))
+    except OSError:
+        pass
+    return avail
+
+
+def test_memory_defaults(s):
+    """--parallel and --kv-entries from the available memory, printed at start: the entry
+    size is the GGUF's K and V of every layer (f16 or f32), half the memory bounds the
+    cache, at most 4 decodes; a --kv-entries over the available memory is refused by name."""
+    line = next((l for l in s.lines if "MiB of memory available" in l), "")
+    m = re.search(r"(\d+) MiB of memory available, KV entries of (\d+) bytes: --parallel (\d+) \(default\), "
+                  r"--kv-entries (\d+) = \d+ MiB \(default\)", line)
+    layers, kvh, hd = gguf_config(MODEL)
+    avail = mem_available()
+    ok = m is not None
+    if ok:
+        mib, per, par, kv = (int(x) for x in m.groups())
+        fit = avail // 2 // per // 16 * 16
+        ok = (per in (2 * layers * kvh * hd * 2, 2 * layers * kvh * hd * 4) and
+              abs(mib * 2**20 - avail) < 0.25 * avail and par == min(4, max(1, fit // 2048)) and
+              kv == min(par * 2048, fit))
+    check("defaults from memory: --parallel and --kv-entries printed, sized from the GGUF and MemAvailable",
+          ok, f"{line!r} (model {layers}x{kvh}x{hd}, {avail >> 20} MiB available)")
+    big = min(1 << 24, avail // (2 * layers * kvh * hd * 2))
+    p = subprocess.run([f"{BUILD}/rootspec-serve", "--model", MODEL, "--port", "0", "--parallel", "2",
+                        "--kv-entries", str(big)], capture_output=True, text=True, timeout=120)
+    check("--kv-entries over the available memory: exit 2, the value named",
+          p.returncode == 2 and f"--kv-entries {big} needs" in p.stderr, f"{p.returncode} {p.stderr[-300:]!r}")
+
+
 def test_n(s, ref):
     """n=3 with the openai client: three choices, indexed, usage summing their tokens; at
     T=0 each is AR's text; sampled with a seed, the same three again on a second call."""
@@ -860,7 +923,7 @@ def test_n_shared():
           len({c.message.content for c in r.choices}) == 1, f"prompt {p}: computed {dc}, cached {dm}")
     texts, _, _ = n_stream(s, content=long_prompt, max_tokens=10, temperature=1.0, seed=4, n=4)
     s.stop()
-    one = Server()
+    one = Server("--parallel", "1")
     ref = [c.message.content for c in chat(one, content=long_prompt, max_tokens=10, temperature=1.0, seed=4, n=4).choices]
     one.stop()
     check("n=4 seeded: choice i streamed at --parallel 4 equals choice i at --parallel 1", texts == ref,
@@ -1209,7 +1272,7 @@ def test_prefix_cache():
           all(u["prompt_tokens_details"]["cached_tokens"] == 0 for u in usage_off) and
           off.metric("rootspec_prompt_tokens_cached_total") == 0)
     off.stop()
-    one = Server("--ctx", "2048")
+    one = Server("--ctx", "2048", "--parallel", "1")
     a, b = timed_chat(one.port, QUESTIONS[0]), timed_chat(one.port, QUESTIONS[1])
     check("--parallel 1: the second request reuses the first's system prompt, same text",
           a[2]["prompt_tokens_details"]["cached_tokens"] == 0 and
@@ -1233,7 +1296,7 @@ def test_conversation_cache():
     """A finished request publishes its output's blocks too: the conversation's next turn,
     which resends the answer, finds the first turn's prompt and answer (their whole blocks)
     in the prefix cache, and says the same as a server without the cache."""
-    for args in ((), ("--parallel", "4")):
+    for args in (("--parallel", "1"), ("--parallel", "4")):
         s = Server(*args)
         r1, r2 = conversation_turns(s)
         s.stop()
@@ -1243,10 +1306,10 @@ def test_conversation_cache():
         p1, c1 = r1.usage.prompt_tokens, r1.usage.completion_tokens
         want = (p1 + c1 - 1) // 16 * 16  # the context holds the output less its last token
         got = r2.usage.prompt_tokens_details.cached_tokens
-        check(f"{' '.join(args) or '--parallel 1'}: the next turn's cached tokens cover the earlier "
+        check(f"{' '.join(args)}: the next turn's cached tokens cover the earlier "
               f"answer's whole blocks", c1 > 16 and got >= want > p1 // 16 * 16, f"cached {got}, want {want} "
               f"(prompt {p1}, answer {c1})")
-        check(f"{' '.join(args) or '--parallel 1'}: both turns' T=0 texts equal those without the cache",
+        check(f"{' '.join(args)}: both turns' T=0 texts equal those without the cache",
               (r1.choices[0].message.content, r2.choices[0].message.content) ==
               (o1.choices[0].message.content, o2.choices[0].message.content))
 
@@ -1301,7 +1364,8 @@ def main():
               lambda: test_models_health(s), lambda: test_concurrent(s, ref), lambda: test_disconnect(s),
               lambda: test_errors(s), lambda: test_half_close(s),
               lambda: test_host_and_content_type(s), lambda: test_tokenize(s),
-              lambda: test_threads_default(s), lambda: test_echo(s), lambda: test_n(s, ref)):
+              lambda: test_threads_default(s), lambda: test_echo(s), lambda: test_n(s, ref),
+              lambda: test_memory_defaults(s)):
         t()
     check("the server stops with status 0 on SIGTERM", s.stop() == 0)
     test_queue_full()
