@@ -211,6 +211,15 @@ int backend_prefix_attach(Backend *b, int seq, const int *tokens, int n);
 /* tokens: seq's first n committed entries' tokens; publishes its whole blocks among them. */
 void backend_prefix_publish(Backend *b, int seq, const int *tokens, int n);
 
+/* dst (open and empty) starts as src's first n committed entries, without computing them:
+ * the whole blocks among them are shared (reference counts, as attached blocks are, and
+ * never written: both sequences write past n only), the partial last block is copied into
+ * a block of dst's own. The K and V are src's bits, so dst's rows are those of a prefill
+ * of the same tokens (a request's n choices forking from one prompt). RS_EFULL when no
+ * block is free for the copy; RS_EUNSUPPORTED on a backend without it (CUDA). Changes
+ * nothing on failure. */
+int backend_seq_fork(Backend *b, int src, int dst, int n, RsErr *e);
+
 /* Logits buffers for forward(): host memory it copies into fastest (CUDA: pinned, so the
  * device-to-host copy runs at full speed; CPU: malloc). The caller owns them; free with
  * backend_host_free on the same backend, before destroying it. Start-up buffers only;

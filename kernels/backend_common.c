@@ -419,6 +419,15 @@ int backend_seq_commit(Backend *b, int seq, const int *keep, int n_keep, RsErr *
     return b->ops->seq_commit(b, seq, keep, n_keep, e);
 }
 
+int backend_seq_fork(Backend *b, int src, int dst, int n, RsErr *e) {
+    RS_ASSERT(src != dst && (src == 0 || seq_valid(b, src)) && (dst == 0 || seq_valid(b, dst)));
+    RS_ASSERT(n >= 0 && n <= backend_seq_n_committed(b, src));
+    RS_ASSERT(backend_seq_n_committed(b, dst) == 0 && backend_seq_n_pending(b, dst) == 0);
+    if (!b->ops->seq_fork)
+        return rs_err(e, RS_EUNSUPPORTED, "the %s backend cannot fork a sequence", b->ops->name);
+    return b->ops->seq_fork(b, src, dst, n, e);
+}
+
 /* ---- the prefix cache ---- */
 
 uint64_t backend_prefix_hash(uint64_t prev, const int *tokens) {

@@ -74,6 +74,9 @@ struct BackendOps {
      * (attach) or holding n committed entries (publish). */
     int (*prefix_attach)(Backend *b, int seq, const int *tokens, int n);
     void (*prefix_publish)(Backend *b, int seq, const int *tokens, int n);
+    /* Optional (NULL: RS_EUNSUPPORTED): backend_seq_fork, arguments checked (dst open and
+     * empty, src open with at least n committed entries). */
+    int (*seq_fork)(Backend *b, int src, int dst, int n, RsErr *e);
 };
 
 /* Common state every backend keeps at the head of its own struct (a Backend * is cast to

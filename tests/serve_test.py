@@ -239,7 +239,7 @@ def test_errors(s):
 
 def test_queue_full():
     # --timeout 1: the waiting request sits on its connection longer than the idle timeout
-    s = Server("--queue", "1", "--timeout", "1")
+    s = Server("--queue", "1", "--timeout", "1", "--parallel", "1")
     statuses = []
 
     def one():  # long enough that all four arrive while the first decodes, even on a busy CPU

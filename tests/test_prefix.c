@@ -262,6 +262,52 @@ START_TEST(test_prefix_decodes_unchanged) {
 }
 END_TEST
 
+/* A fork takes a sequence's first 37 entries (2 whole blocks shared, 5 entries copied) after
+ * it went on past them; both then decode on, different tokens each, and every row equals a
+ * solo run's bits. Without a free block for the copy the fork fails and changes nothing. */
+START_TEST(test_prefix_seq_fork_exact) {
+    Model *m = prefix_model();
+    Backend *b = prefix_backend(m, 6 * BLK, 4, 1), *ref = prefix_backend(m, CAP, 1, 0);
+    Rng r;
+    rng_seed(&r, 91);
+    int a[CAP], c[CAP], bad = 0;
+    random_tokens(&r, a, CAP);
+    memcpy(c, a, sizeof(int) * 37);
+    random_tokens(&r, c + 37, CAP - 37);
+    float got[VOCAB];
+    RsErr e = {0};
+    int sa = open_seq(b), sc = open_seq(b);
+    run_rows(b, sa, a, 40, NULL);
+    ck_assert_int_eq(backend_seq_fork(b, sa, sc, 37, &e), RS_OK);
+    ck_assert_int_eq(backend_seq_n_committed(b, sc), 37);
+    ck_assert_int_eq(backend_kv_usage(b).blocks_used, 4); /* a's 3, c's copy of the third */
+    for (int la = 40, lc = 37; la < 52; la += 3, lc += 2) {
+        run_rows(b, sc, c + lc, 2, got);
+        bad += same_bits("fork", ref, c, lc + 2, got);
+        run_rows(b, sa, a + la, 3, got);
+        bad += same_bits("forked from", ref, a, la + 3, got);
+    }
+    ck_assert_int_eq(bad, 0);
+    backend_seq_close(b, sc);
+    ck_assert_int_eq(backend_kv_usage(b).blocks_used, 4); /* a's 52 entries */
+    int sd = open_seq(b), se = open_seq(b);
+    ck_assert_int_eq(backend_seq_fork(b, sa, sd, 32, &e), RS_OK); /* whole blocks: no copy */
+    ck_assert_int_eq(backend_kv_usage(b).blocks_used, 4);
+    run_rows(b, sd, a + 32, 32, NULL); /* 2 blocks of its own: none left free */
+    ck_assert_int_eq(backend_kv_usage(b).blocks_used, 6);
+    ck_assert_int_eq(backend_seq_fork(b, sa, se, 33, &e), RS_EFULL);
+    ck_assert_int_eq(backend_seq_n_committed(b, se), 0);
+    ck_assert_int_eq(backend_seq_fork(b, sa, se, 16, &e), RS_OK);
+    backend_seq_close(b, se);
+    backend_seq_close(b, sa);
+    backend_seq_close(b, sd);
+    ck_assert_int_eq(backend_kv_usage(b).blocks_used, 0);
+    backend_destroy(&b);
+    backend_destroy(&ref);
+    model_destroy(&m);
+}
+END_TEST
+
 Suite *suite_prefix(void) {
     Suite *s = suite_create("prefix");
     TCase *tc = tcase_create("core");
@@ -272,6 +318,7 @@ Suite *suite_prefix(void) {
     tcase_add_test(tc, test_prefix_refcount_lru);
     tcase_add_test(tc, test_prefix_hash_chain);
     tcase_add_test(tc, test_prefix_decodes_unchanged);
+    tcase_add_test(tc, test_prefix_seq_fork_exact);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -976,6 +976,36 @@ static void cpu_prefix_publish(Backend *bb, int seq, const int *tokens, int n) {
     }
 }
 
+/* backend_seq_fork: src's whole blocks get one more holder; the partial block's entries are
+ * copied in every (layer, KV head). */
+static int cpu_seq_fork(Backend *bb, int src, int dst, int n, RsErr *e) {
+    CpuBackend *b = (CpuBackend *)bb;
+    const CpuSeq *from = &b->seqs[src];
+    CpuSeq *to = &b->seqs[dst];
+    int whole = n / BACKEND_KV_BLOCK, part = n % BACKEND_KV_BLOCK;
+    if (part && b->n_free + b->n_idle == 0)
+        return rs_err(e, RS_EFULL, "no free KV block to copy a partial block into");
+    for (int k = 0; k < whole; k++) {
+        b->ref[from->blocks[k]]++;
+        to->blocks[to->n_blocks++] = from->blocks[k];
+    }
+    if (part) {
+        int blk = block_take(b), sblk = from->blocks[whole];
+        size_t row = (size_t)bb->model->cfg.head_dim * b->s.kv_es, cap = (size_t)b->slots;
+        for (int lh = 0; lh < bb->model->cfg.n_layers * bb->model->cfg.n_kv_heads; lh++) {
+            size_t base = (size_t)lh * cap * row;
+            memcpy(b->s.key_cache + base + (size_t)blk * BACKEND_KV_BLOCK * row,
+                   b->s.key_cache + base + (size_t)sblk * BACKEND_KV_BLOCK * row, part * row);
+            memcpy(b->s.value_cache + base + (size_t)blk * BACKEND_KV_BLOCK * row,
+                   b->s.value_cache + base + (size_t)sblk * BACKEND_KV_BLOCK * row, part * row);
+        }
+        to->blocks[to->n_blocks++] = blk;
+    }
+    to->nc = n;
+    seq0_sync(b);
+    return RS_OK;
+}
+
 /* ---- the verifier's row queries over the kept rows ---- */
 
 static void cpu_rows_stats_op(Backend *bb, const int *rows, int n, const Sampling *s,
@@ -1036,4 +1066,5 @@ const BackendOps cpu_backend_ops = {
     .kv_usage = cpu_kv_usage,
     .prefix_attach = cpu_prefix_attach,
     .prefix_publish = cpu_prefix_publish,
+    .seq_fork = cpu_seq_fork,
 };
