@@ -10,7 +10,7 @@
 
 /* A worker: the engine's target and drafter (parallel 1), or a batcher view with a
  * planner and a drafter of its own. */
-typedef struct {
+typedef struct Slot {
     struct ServeCore *c;
     Target *t;
     Drafter *d;
@@ -56,6 +56,12 @@ struct ServeJob {
     int n_echo;   /* echo with logprobs: lp's first n_echo entries are the prompt's */
     int prefilled; /* its prompt is in the KV cache (and published): its first tokens came */
     ServeJob *leader; /* choice 1.. of a request: waits for choice 0's prefill (a reference) */
+    /* choice 0: the later choices (references, dropped once it forked them or ended) */
+    ServeJob *followers[SERVE_N_MAX];
+    int n_followers;
+    struct Slot *slot; /* the worker's own: the slot decoding it */
+    struct Slot *waiting; /* a later choice, under its leader's mu: its slot, waiting */
+    int forked; /* under its leader's mu: its slot's target holds the prompt (batcher_fork) */
     int lp_taken; /* streams: entries serve_job_wait handed out */
     const char *finish_reason;
     ServeError err;
@@ -66,8 +72,15 @@ struct ServeJob {
 
 /* ---- jobs ------------------------------------------------------------------------------ */
 
+/* Drops choice 0's references to the later choices (under its mu). */
+static void followers_drop(ServeJob *j) {
+    for (int i = 0; i < j->n_followers; i++) serve_job_unref(&j->followers[i]);
+    j->n_followers = 0;
+}
+
 static void job_free(ServeJob *j) {
     serve_job_unref(&j->leader);
+    followers_drop(j);
     serve_text_free(&j->text);
     serve_logprobs_free(&j->lp);
     serve_request_free(&j->req);
@@ -86,6 +99,10 @@ void serve_job_unref(ServeJob **pj) {
 void serve_job_follow(ServeJob *j, ServeJob *leader) {
     atomic_fetch_add(&leader->refs, 1);
     j->leader = leader;
+    atomic_fetch_add(&j->refs, 1);
+    pthread_mutex_lock(&leader->mu);
+    leader->followers[leader->n_followers++] = j;
+    pthread_mutex_unlock(&leader->mu);
     j->meta.index = j->req.choice;
     memcpy(j->meta.id, leader->meta.id, sizeof j->meta.id);
 }
@@ -233,6 +250,21 @@ int serve_job_wait(ServeJob *j, int timeout_ms, ServeOutput *out) {
 
 /* ---- the decode ------------------------------------------------------------------------ */
 
+/* Choice 0's first tokens (its prompt is committed): the later choices waiting on slots of
+ * the batcher start from a fork of its sequence's prompt entries, computing none of them;
+ * the others (not started yet, or --parallel 1) attach the published whole blocks. Under
+ * j->mu, in j's worker between rounds. */
+static void followers_fork(ServeJob *j) {
+    ServeCore *c = j->core;
+    for (int i = 0; c->bt && j->slot && i < j->n_followers; i++) {
+        ServeJob *f = j->followers[i];
+        RsErr e = {0};
+        if (f->waiting && !f->n_echo && !atomic_load(&f->cancelled))
+            f->forked = batcher_fork(f->waiting->t, j->slot->t, j->n_ids - 1, &e) == RS_OK;
+    }
+    followers_drop(j);
+}
+
 static void on_tokens(void *u, const int *t, int n) {
     ServeJob *j = u;
     ServeCore *c = j->core;
@@ -249,6 +281,7 @@ static void on_tokens(void *u, const int *t, int n) {
         if (b) serve_text_push(&j->text, b, k);
         j->n_out++;
     }
+    if (!j->prefilled) followers_fork(j);
     j->prefilled = 1;
     pthread_mutex_unlock(&j->mu);
     pthread_cond_broadcast(&j->cv);
@@ -300,6 +333,7 @@ static int should_stop(void *u) {
 /* Records how the job ended and wakes its connection; status and why: FINISH_ERROR's. */
 static void job_end(ServeJob *j, ServeFinish f, const char *reason, int status, const char *why) {
     pthread_mutex_lock(&j->mu);
+    followers_drop(j); /* the later choices attach what it published, if anything */
     serve_text_finish(&j->text);
     if (j->lp.n > j->n_echo + j->n_out) j->lp.n = j->n_echo + j->n_out; /* a round's tokens past a stop string */
     j->finish_reason = reason;
@@ -378,9 +412,10 @@ static int job_decode(ServeCore *c, Slot *sl, ServeJob *j, DecodeResult *res, Rs
 /* A later choice starts once the first has its prompt in the KV cache: its prefill then
  * attaches the prompt's whole blocks (the prefix cache shares them) and computes only the
  * last partial block. The first was queued before it, so it runs or has ended. */
-static void job_follow_wait(ServeJob *j) {
+static void job_follow_wait(ServeJob *j, Slot *sl) {
     ServeJob *l = j->leader;
     pthread_mutex_lock(&l->mu);
+    j->waiting = sl;
     while (!l->prefilled && !l->done && !atomic_load(&j->cancelled)) {
         struct timespec dl;
         clock_gettime(CLOCK_REALTIME, &dl);
@@ -389,12 +424,15 @@ static void job_follow_wait(ServeJob *j) {
         dl.tv_nsec %= 1000000000L;
         pthread_cond_timedwait(&l->cv, &l->mu, &dl);
     }
+    j->waiting = NULL;
     pthread_mutex_unlock(&l->mu);
 }
 
 static void job_run(ServeCore *c, Slot *sl, ServeJob *j) {
-    if (j->leader) job_follow_wait(j);
+    j->slot = sl;
+    if (j->leader) job_follow_wait(j, sl);
     if (atomic_load(&j->cancelled)) {
+        if (sl->t->n_forked) target_reset(sl->t); /* the fork's blocks go back */
         job_end(j, FINISH_CANCELLED, NULL, 0, NULL);
         return;
     }

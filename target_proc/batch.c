@@ -305,6 +305,16 @@ int batcher_preempted(const Target *t) {
     return v->base.ops == &batch_view_ops && v->preempted;
 }
 
+int batcher_fork(Target *dst, Target *src, int n, RsErr *e) {
+    View *d = (View *)dst->b, *s = (View *)src->b;
+    RS_ASSERT(d->base.ops == &batch_view_ops && s->base.ops == &batch_view_ops && d->bt == s->bt);
+    pthread_mutex_lock(&d->bt->bk);
+    int rc = backend_seq_fork(d->bt->b, s->seq, d->seq, n, e);
+    pthread_mutex_unlock(&d->bt->bk);
+    if (!rc) d->base.n_committed = dst->n_forked = n;
+    return rc;
+}
+
 int batcher_wait_blocks(Batcher *bt, int blocks, int timeout_ms) {
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);

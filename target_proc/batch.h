@@ -60,6 +60,11 @@ void batcher_plan(Target *t, Planner *p);
 void batcher_leave(Target *t);
 /* 1 when t's last forward failed because its decode was preempted (it has left). */
 int batcher_preempted(const Target *t);
+/* dst's view starts as src's first n committed entries (backend_seq_fork: whole blocks
+ * shared, the partial one copied), which dst's next decode keeps as its prompt's first n
+ * tokens (Target.n_forked): a request's choices share one prefill. Neither may be in a
+ * forward (src's owner calls it between rounds; dst's waits). RS_EFULL: no free block. */
+int batcher_fork(Target *dst, Target *src, int n, RsErr *e);
 /* Waits until `blocks` KV blocks are free, or timeout_ms passes (0 on timeout). */
 int batcher_wait_blocks(Batcher *bt, int blocks, int timeout_ms);
 BatchStats batcher_stats(Batcher *bt);

@@ -653,6 +653,7 @@ static int feat_prefill(Decode *d, const int *prompt, int n_prompt, RsErr *e) {
         return target_prefill_rows(d->t, prompt, n_prompt - 1, d->feat ? d->feat + d->feat_w : NULL,
                                    d->h->on_prompt_rows, d->h->user, e);
     if (!d->feat) return target_prefill(d->t, prompt, n_prompt - 1, e);
+    RS_ASSERT(backend_n_committed(d->t->b) == 0); /* no fork: features need every row */
     return backend_prefill_features(d->t->b, prompt, n_prompt - 1, NULL,
                                     d->feat + d->feat_w, e);
 }
@@ -827,7 +828,7 @@ int decode_run(Target *t, Drafter *drafter, const int *prompt, int n_prompt, con
     if (rc) return rc;
     Decode *d = rs_xcalloc(1, sizeof *d);
     decode_begin(d, t, drafter, prompt, n_prompt, o, h, res);
-    target_reset(t);
+    if (!t->n_forked || t->n_forked > n_prompt - 1 || (h && h->on_prompt_rows)) target_reset(t);
     rc = feat_begin(d, n_prompt, e);
     res->t_start = dec_now(d);
     if (!rc) rc = feat_prefill(d, prompt, n_prompt, e);

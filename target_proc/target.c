@@ -49,12 +49,15 @@ int target_kv_capacity(const Target *t) { return backend_kv_capacity(t->b); }
 
 void target_reset(Target *t) {
     backend_kv_reset(t->b);
-    t->n_cached = 0;
+    t->n_cached = t->n_forked = 0;
 }
 
 int target_prefill(Target *t, const int *tokens, int n, RsErr *e) {
     t->kept_pass = -1;
-    t->n_cached = backend_n_committed(t->b) == 0 ? backend_prefix_attach(t->b, 0, tokens, n) : 0;
+    int have = backend_n_committed(t->b); /* a fork's entries, else none */
+    RS_ASSERT(have <= n);
+    t->n_cached = have ? have : backend_prefix_attach(t->b, 0, tokens, n);
+    t->n_forked = 0;
     int rc = backend_prefill(t->b, tokens + t->n_cached, n - t->n_cached, NULL, e);
     if (!rc) backend_prefix_publish(t->b, 0, tokens, n);
     return rc;

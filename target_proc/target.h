@@ -39,6 +39,8 @@ typedef struct Target {
     int kept_pass;
     int kept_with_root; /* tree pass: the root's row is kept row 0 */
     int n_cached;       /* entries the last target_prefill took from the prefix cache */
+    int n_forked;       /* entries a fork gave it (batcher_fork): the next decode starts from
+                           them (they are its prompt's first tokens) instead of resetting */
 } Target;
 
 /* Borrows m; creates a backend with bp's settings (kv_capacity entries, threads, device,
@@ -54,8 +56,9 @@ int target_kv_capacity(const Target *t);
 
 /* Forgets the context (new prompt). */
 void target_reset(Target *t);
-/* Commits tokens[0..n) as context: the longest prefix the prefix cache holds is attached
- * (t->n_cached entries), the rest prefilled (backend_prefill), then its blocks published. */
+/* Commits tokens[0..n) as context: the entries a fork left (n_forked), else the longest
+ * prefix the prefix cache holds, are kept (t->n_cached entries), the rest prefilled
+ * (backend_prefill), then its blocks published. */
 int target_prefill(Target *t, const int *tokens, int n, RsErr *e);
 /* target_prefill without the prefix cache's blocks (every token's row is computed), each
  * row handed to fn (kernels/prefill.h: the prompt's own log-probabilities). feats: as
