@@ -47,6 +47,25 @@ if [ "$back" != "The capital of France is" ] || [ "${toks:0:1}" != "[" ]; then
 else
   echo "ok    curl /tokenize then /detokenize: $toks"
 fi
+# curl: completions echo with logprobs (the first prompt token's null), and n=3 streamed
+# (every choice index, each finished, one [DONE]).
+echo_ok=$(curl -s --max-time 60 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"prompt":"The capital of France is","max_tokens":3,"temperature":0,"echo":true,"logprobs":2}' |
+  python3 -c 'import json,sys; c=json.load(sys.stdin)["choices"][0]; l=c["logprobs"]
+print(int(c["text"].startswith("The capital of France is") and l["token_logprobs"][0] is None and
+          l["top_logprobs"][0] is None and all(x is not None for x in l["token_logprobs"][1:]) and
+          "".join(l["tokens"]) == c["text"]))' || true)
+if [ "$echo_ok" != 1 ]; then echo "FAIL  curl echo with logprobs"; curl_fail=1
+else echo "ok    curl echo with logprobs: the prompt's text and tokens first, the first logprob null"; fi
+nsse=$(curl -sN --max-time 60 "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
+  -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":4,"n":3,"seed":2,"temperature":0.8,"stream":true}')
+n_ok=$(printf '%s\n' "$nsse" | python3 -c 'import json,sys
+f=[l[6:] for l in sys.stdin.read().splitlines() if l.startswith("data: ")]
+ch=[c for x in f[:-1] for c in json.loads(x)["choices"]]
+print(int(f[-1] == "[DONE]" and {c["index"] for c in ch} == {0, 1, 2} and
+          sorted(c["index"] for c in ch if c["finish_reason"]) == [0, 1, 2]))' || true)
+if [ "$n_ok" != 1 ]; then echo "FAIL  curl n=3 streamed:"; printf '%s\n' "$nsse"; curl_fail=1
+else echo "ok    curl n=3 streamed: chunks of choices 0, 1 and 2, each finished, then [DONE]"; fi
 kill "$pid"; wait "$pid" || true
 trap - EXIT
 rm -f "$log"

@@ -100,6 +100,17 @@ static int parse(const char *body, ServeKind kind, ServeRequest *r, ServeError *
     return serve_request_parse(body, strlen(body), kind, "m", r, se);
 }
 
+/* Completions echo, and n > 1 streamed, are taken. */
+START_TEST(test_request_echo_n_stream) {
+    ServeRequest r;
+    ServeError se;
+    ck_assert_int_eq(parse("{\"prompt\": \"x\", \"echo\": true, \"logprobs\": 2, \"n\": 3, \"stream\": true}",
+                           SERVE_COMPLETION, &r, &se), 0);
+    ck_assert(r.echo && r.logprobs && r.top_logprobs == 2 && r.n == 3 && r.stream);
+    serve_request_free(&r);
+}
+END_TEST
+
 START_TEST(test_request_refusals) {
     static const struct { const char *body; int kind, status; const char *param; } cases[] = {
         {"{", SERVE_COMPLETION, 400, ""},
@@ -115,8 +126,8 @@ START_TEST(test_request_refusals) {
         {"{\"prompt\": \"x\", \"stop\": [\"a\",\"b\",\"c\",\"d\",\"e\"]}", SERVE_COMPLETION, 400, "stop"},
         {"{\"prompt\": \"x\", \"temperature\": \"0\"}", SERVE_COMPLETION, 400, "temperature"},
         {"{\"prompt\": \"x\", \"n\": 17}", SERVE_COMPLETION, 400, "n"},
-        {"{\"prompt\": \"x\", \"n\": 2, \"stream\": true}", SERVE_COMPLETION, 400, "n"},
-        {"{\"prompt\": \"x\", \"echo\": true}", SERVE_COMPLETION, 400, "echo"},
+        {"{\"prompt\": \"x\", \"echo\": 1}", SERVE_COMPLETION, 400, "echo"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"echo\": true}", SERVE_CHAT, 400, "echo"},
         {"{\"prompt\": \"x\", \"presence_penalty\": 0.5}", SERVE_COMPLETION, 400, "presence_penalty"},
         {"{\"prompt\": \"x\", \"rootspec\": {\"decoder\": \"oracle\"}}", SERVE_COMPLETION, 400, "rootspec.decoder"},
         {"{\"prompt\": \"x\", \"rootspec\": {\"budget\": 100000}}", SERVE_COMPLETION, 400, "budget"},
@@ -403,6 +414,7 @@ Suite *suite_serve(void) {
     tcase_add_test(tc, test_text_stops);
     tcase_add_test(tc, test_utf8_clean);
     tcase_add_test(tc, test_request_refusals);
+    tcase_add_test(tc, test_request_echo_n_stream);
     tcase_add_test(tc, test_request_fields);
     tcase_add_test(tc, test_error_utf8);
     tcase_add_test(tc, test_request_strict_json);
