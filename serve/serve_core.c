@@ -359,10 +359,12 @@ static int core_stopping(ServeCore *c) {
     return quit;
 }
 
-/* Waits until the batcher has the blocks the job's prompt and first round need (other
- * decodes finish or grow); 0 when the job was cancelled meanwhile. */
-static int job_admit(ServeCore *c, ServeJob *j, int n_prompt) {
-    int need = backend_kv_blocks_for(n_prompt + decode_round_reserve(&j->d));
+/* Waits until the batcher has the blocks the job's prompt and first round need beyond those
+ * a fork gave its target (other decodes finish or grow); 0 when the job was cancelled
+ * meanwhile. */
+static int job_admit(ServeCore *c, ServeJob *j, const Target *t, int n_prompt) {
+    int need = backend_kv_blocks_for(n_prompt + decode_round_reserve(&j->d)) -
+               backend_kv_blocks_for(t->n_forked);
     while (!batcher_wait_blocks(c->bt, need, 100))
         if (atomic_load(&j->cancelled)) return 0;
     return 1;
@@ -380,7 +382,8 @@ static int job_decode(ServeCore *c, Slot *sl, ServeJob *j, DecodeResult *res, Rs
     int n_ids = j->n_ids, done = 0, rc;
     res->hit_eos = 0;
     for (;;) {
-        if (c->bt && !job_admit(c, j, n_ids)) {
+        if (c->bt && !job_admit(c, j, sl->t, n_ids)) {
+            if (sl->t->n_forked) target_reset(sl->t); /* the fork's blocks go back */
             rc = RS_OK;
             break;
         }
@@ -395,6 +398,7 @@ static int job_decode(ServeCore *c, Slot *sl, ServeJob *j, DecodeResult *res, Rs
             pthread_mutex_unlock(&j->mu);
         }
         if (c->bt) batcher_leave(sl->t);
+        sl->t->n_forked = 0; /* whatever the decode did not take went with the sequence */
         done += part.n_tokens;
         n_ids += part.n_tokens;
         res->hit_eos = part.hit_eos;

@@ -924,6 +924,19 @@ def test_n_shared():
           p > 200 and dc == p + 3 and dm == 3 * (p - 1) and
           len({c.message.content for c in r.choices}) == 1, f"prompt {p}: computed {dc}, cached {dm}")
     texts, _, _ = n_stream(s, content=long_prompt, max_tokens=10, temperature=1.0, seed=4, n=4)
+    import concurrent.futures as cf
+    other = [chat(s, content=q, max_tokens=12, temperature=0).choices[0].message.content for q in QUESTIONS[:4]]
+    for _ in range(3):  # choices cancelled while waiting, forked or decoding
+        st = chat(s, content=long_prompt, max_tokens=64, temperature=0, n=4, stream=True)
+        next(iter(st))
+        st.response.close()
+    with cf.ThreadPoolExecutor(4) as ex:
+        again = list(ex.map(lambda q: chat(s, content=q, max_tokens=12, temperature=0).choices[0].message.content,
+                            QUESTIONS[:4]))
+    time.sleep(0.5)
+    check("n=4 streams dropped early leave no fork behind: 4 other prompts at once give their texts, "
+          "every KV block free", again == other and s.metric("rootspec_kv_blocks_used") == 0,
+          f"{again} vs {other}, {s.metric('rootspec_kv_blocks_used')} blocks used")
     s.stop()
     one = Server("--parallel", "1")
     ref = [c.message.content for c in chat(one, content=long_prompt, max_tokens=10, temperature=1.0, seed=4, n=4).choices]
