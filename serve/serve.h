@@ -8,7 +8,8 @@
  *   serve_gate.c    what a request must show before a route answers it: an allowed Host,
  *                   an API key, a JSON Content-Type (no sockets: the fuzzer calls it too)
  *   serve_http.c    libmicrohttpd: routes, body limits, SSE, client disconnects
- * The engine does one decode at a time; requests wait in a bounded queue (429 when full). */
+ * The engine decodes --parallel requests at once (one, or a batcher's views: batch.h);
+ * the rest wait in a bounded queue (429 when full). */
 #ifndef ROOTSPEC_SERVE_H
 #define ROOTSPEC_SERVE_H
 #include "common/tokenizer.h"
