@@ -877,9 +877,9 @@ static int prompts_tokenize(Bench *b) {
     int reserve = 0;
     for (int c = 0; c < b->n_combos; c++) {
         int B = b->combos[c].budget;
-        DecodeOpts o = {.rule = rule_parse(b->combos[c].decoder),
-                        .budget = B == BENCH_BUDGET_AUTO ? TREE_MAX : B};
-        int r = decode_round_reserve(&o) + ROUND_MAX_EMIT;
+        DecodeOpts opts = {.rule = rule_parse(b->combos[c].decoder),
+                           .budget = B == BENCH_BUDGET_AUTO ? TREE_MAX : B};
+        int r = decode_round_reserve(&opts) + ROUND_MAX_EMIT;
         if (r > reserve) reserve = r;
     }
     for (int p = 0; p < b->n_prompts; p++) {
@@ -914,17 +914,17 @@ static int decode_one(Bench *b, const BenchRun *r, const char *label, DecodeResu
     const BenchCombo *c = &b->combos[r->combo];
     RsErr e = {0};
     int automatic = c->budget == BENCH_BUDGET_AUTO;
-    DecodeOpts o = {.rule = (Rule)rule_parse(c->decoder),
-                    .budget = automatic ? TREE_MAX : c->budget > 0 ? c->budget : 1, /* 1: AR */
-                    .planner = automatic ? b->en->planner : NULL,
-                    .sampling = c->temp ? b->s.sampling : SAMPLING_GREEDY, .seed = b->s.seed,
-                    .prompt_id = (uint64_t)r->prompt,
-                    .max_new = b->s.max_new, .ignore_eos = b->s.ignore_eos,
-                    .pool_depth = b->s.pool_depth, .pool_width = b->s.pool_width};
+    DecodeOpts opts = {.rule = (Rule)rule_parse(c->decoder),
+                       .budget = automatic ? TREE_MAX : c->budget > 0 ? c->budget : 1, /* 1: AR */
+                       .planner = automatic ? b->en->planner : NULL,
+                       .sampling = c->temp ? b->s.sampling : SAMPLING_GREEDY, .seed = b->s.seed,
+                       .prompt_id = (uint64_t)r->prompt,
+                       .max_new = b->s.max_new, .ignore_eos = b->s.ignore_eos,
+                       .pool_depth = b->s.pool_depth, .pool_width = b->s.pool_width};
     Backend *be = target_backend(b->en->target);
     Sink *sink = &b->sink;
     sink->n = 0;
-    sink->law = o.sampling;
+    sink->law = opts.sampling;
     sink->log = (RoundLog){.decoder = c->decoder, .temp = c->temp, .budget = c->budget,
                            .prompt_id = bp->id, .rep = r->rep, .sampling = &sink->law};
     BackendStats st = backend_stats(be);
@@ -932,7 +932,7 @@ static int decode_one(Bench *b, const BenchRun *r, const char *label, DecodeResu
     sink->label = label;
     DecodeHooks h = {NULL, on_round, on_event, sink, NULL, NULL};
     int rc = decode_run(b->en->target, b->en->drafter, b->ids[r->prompt],
-                        b->n_ids[r->prompt], &o, &h, res, &e);
+                        b->n_ids[r->prompt], &opts, &h, res, &e);
     const char *why = rc ? e.msg
                       : res->drafter_failed ? "the drafter failed (decode finished autoregressively)"
                       : res->hit_capacity ? "the KV cache filled up (raise --ctx)"

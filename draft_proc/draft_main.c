@@ -159,7 +159,7 @@ static int check_args(const Args *A, const BackendOps **ops) {
  * drafter needs only the host's config, tokenizer (and a head its embedding rows, read on
  * demand): no weights are materialised for them. */
 static int load_drafter(const Args *A, const BackendOps *ops, Model **full, Tokenizer **tok,
-                        Drafter **d) {
+                        Drafter **out) {
     RsErr e = {0};
     DrafterSpec s = spec_of(A);
     int light = s.kind == DRAFTER_KIND_EAGLE3 || s.kind == DRAFTER_KIND_SUFFIX;
@@ -172,7 +172,7 @@ static int load_drafter(const Args *A, const BackendOps *ops, Model **full, Toke
     if (!rc) rc = tokenizer_load_model(*full, tok, &e);
     if (s.kind == DRAFTER_KIND_MODEL) s.model = *full, s.model_path = NULL;
     DrafterHost h = {.model = *full, .tok = *tok, .ops = ops, .backend = bp};
-    if (!rc) rc = drafter_open(&s, &h, d, &e);
+    if (!rc) rc = drafter_open(&s, &h, out, &e);
     if (!rc) return -1;
     fprintf(stderr, "rootspec-draft: %s\n", e.msg);
     tokenizer_destroy(tok);

@@ -111,11 +111,11 @@ typedef struct {
 
 /* KV entries decode_run keeps free for one round with these options (checked before the
  * prefill and before every round): 1 for AR, 1 + B for a tree, more for score_all. */
-int decode_round_reserve(const DecodeOpts *o);
+int decode_round_reserve(const DecodeOpts *opts);
 
 /* Runs one decode. drafter may be NULL for RULE_AR. On a drafter failure mid-decode the
  * target finishes autoregressively, keeps every emitted token, and reports the event. */
-int decode_run(Target *t, Drafter *drafter, const int *prompt, int n_prompt,
-               const DecodeOpts *o, const DecodeHooks *h, DecodeResult *res, RsErr *e);
+int decode_run(Target *t, Drafter *d, const int *prompt, int n_prompt,
+               const DecodeOpts *opts, const DecodeHooks *h, DecodeResult *res, RsErr *e);
 
 #endif

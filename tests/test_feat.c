@@ -176,10 +176,10 @@ static const Rule SPEC_RULES[] = {RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_RO
 
 static int engine_run(Engine *en, Rule rule, int B, const int *prompt, int n, int max_new,
                       int *out, DecodeResult *res) {
-    DecodeOpts o = {.rule = rule, .budget = B, .sampling = SAMPLING_GREEDY, .seed = 1, .max_new = max_new};
+    DecodeOpts opts = {.rule = rule, .budget = B, .sampling = SAMPLING_GREEDY, .seed = 1, .max_new = max_new};
     *res = (DecodeResult){.tokens = out, .cap = max_new + ROUND_MAX_EMIT};
     RsErr e = {0};
-    ck_assert_msg(decode_run(en->target, rule == RULE_AR ? NULL : en->drafter, prompt, n, &o,
+    ck_assert_msg(decode_run(en->target, rule == RULE_AR ? NULL : en->drafter, prompt, n, &opts,
                              NULL, res, &e) == 0, "%s", e.msg);
     return res->n_tokens;
 }
@@ -363,11 +363,11 @@ static void e3_chi2(E3Pair *p, Drafter *d, int i, long N, const char *how) {
     uint64_t t0 = rs_now_ns();
     for (long s = 0; s < N; s++) {
         int out[3 + ROUND_MAX_EMIT];
-        DecodeOpts o = {.rule = rule, .budget = i % 2 ? 8 : 4, .sampling = SAMPLING_PLAIN,
-                        .seed = 5000 + (uint64_t)s, .max_new = 3, .test_wrong_x1 = i == 4};
+        DecodeOpts opts = {.rule = rule, .budget = i % 2 ? 8 : 4, .sampling = SAMPLING_PLAIN,
+                           .seed = 5000 + (uint64_t)s, .max_new = 3, .test_wrong_x1 = i == 4};
         DecodeResult res = {.tokens = out, .cap = 3 + ROUND_MAX_EMIT};
         RsErr e = {0};
-        ck_assert_msg(decode_run(p->t, d, prompt, 3, &o, NULL, &res, &e) == 0, "%s", e.msg);
+        ck_assert_msg(decode_run(p->t, d, prompt, 3, &opts, NULL, &res, &e) == 0, "%s", e.msg);
         ck_assert_msg(!res.drafter_failed, "the EAGLE-3 drafter failed (%s)", how);
         ck_assert_int_eq(res.n_tokens, 3);
         acc += res.accepted_total;
@@ -480,9 +480,9 @@ START_TEST(test_decode_sends_predecessor_features) {
     for (int c = 0; c < 4; c++) {
         Rule rule = c % 2 ? RULE_ROOTDRAW : RULE_DRAFT;
         int out[64];
-        DecodeOpts o = {.rule = rule, .budget = 8, .sampling = sampling_from_temp(c / 2), .seed = 3, .max_new = 30};
+        DecodeOpts opts = {.rule = rule, .budget = 8, .sampling = sampling_from_temp(c / 2), .seed = 3, .max_new = 30};
         DecodeResult res = {.tokens = out, .cap = 30 + ROUND_MAX_EMIT};
-        ck_assert_msg(decode_run(p.t, spy, prompt, 5, &o, NULL, &res, &e) == 0, "%s", e.msg);
+        ck_assert_msg(decode_run(p.t, spy, prompt, 5, &opts, NULL, &res, &e) == 0, "%s", e.msg);
         ck_assert(!res.drafter_failed && res.rounds > 1);
         /* the context the drafter got: the prompt, then the output of every round but the
          * last (whose tokens no grow request carried) */
@@ -503,9 +503,9 @@ START_TEST(test_decode_sends_predecessor_features) {
     bad.feature_layers[2] = 9;
     Drafter *wrong = drafter_wrap(&spy_ops, s, &bad);
     int out[64];
-    DecodeOpts o = {.rule = RULE_ROOTDRAW, .budget = 8, .max_new = 4};
+    DecodeOpts opts = {.rule = RULE_ROOTDRAW, .budget = 8, .max_new = 4};
     DecodeResult res = {.tokens = out, .cap = 4 + ROUND_MAX_EMIT};
-    ck_assert_int_eq(decode_run(p.t, wrong, prompt, 5, &o, NULL, &res, &e), RS_EINVAL);
+    ck_assert_int_eq(decode_run(p.t, wrong, prompt, 5, &opts, NULL, &res, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "drafter test-head wants the target's features, but feature "
                                 "layer 9 outside [0, 2] (the target has 2 layers)"), "%s", e.msg);
     drafter_destroy(&wrong);

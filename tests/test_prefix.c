@@ -220,10 +220,10 @@ static int decode_once(Target *t, const int *prompt, int n, int rule, int sample
     Drafter *d = NULL;
     RsErr e = {0};
     if (rule != RULE_AR) ck_assert_int_eq(drafter_suffix_create(VOCAB, NULL, 0, NULL, &d, &e), RS_OK);
-    DecodeOpts o = {.rule = rule, .budget = 6, .seed = 3, .max_new = 20, .ignore_eos = 1};
-    if (sample) o.sampling = (Sampling){.temperature = 1.0};
+    DecodeOpts opts = {.rule = rule, .budget = 6, .seed = 3, .max_new = 20, .ignore_eos = 1};
+    if (sample) opts.sampling = (Sampling){.temperature = 1.0};
     DecodeResult res = {.tokens = out, .cap = 20 + ROUND_MAX_EMIT};
-    ck_assert_msg(decode_run(t, d, prompt, n, &o, NULL, &res, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(decode_run(t, d, prompt, n, &opts, NULL, &res, &e) == RS_OK, "%s", e.msg);
     drafter_destroy(&d);
     *cached = res.prompt_cached;
     return res.n_tokens;

@@ -315,12 +315,12 @@ START_TEST(test_rows_decode_no_full_rows) {
     for (int k = 0; k < 5; k++)
         for (int l = 0; l < 3; l++)
             for (int sa = 0; sa <= rule_needs_root(rules[k]); sa++) {
-                DecodeOpts o = {.rule = rules[k], .budget = 8, .sampling = LAWS[l], .seed = 7,
-                                .max_new = 24, .score_all = sa};
+                DecodeOpts opts = {.rule = rules[k], .budget = 8, .sampling = LAWS[l], .seed = 7,
+                                   .max_new = 24, .score_all = sa};
                 DecodeResult r = {.tokens = buf, .cap = 64};
                 g_full_rows = 0;
                 uint64_t d0 = backend_stats(target_backend(t)).d2h_full_rows;
-                ck_assert_msg(decode_run(t, rules[k] == RULE_AR ? NULL : d, prompt, 5, &o, NULL,
+                ck_assert_msg(decode_run(t, rules[k] == RULE_AR ? NULL : d, prompt, 5, &opts, NULL,
                                          &r, &e) == 0, "%s", e.msg);
                 ck_assert_int_ge(r.n_tokens, 1);
                 ck_assert_msg(g_full_rows == 0, "%s law %d%s: %ld whole rows copied to the host",

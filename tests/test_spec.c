@@ -19,8 +19,8 @@ typedef struct {
     Model *tm, *dm;
     int dm_is_view;
     Target *t;
-    Drafter *d;  /* the model drafter (owned by dc when threaded) */
-    Drafter *dc; /* what the decode gets: d, or the threaded kind around it */
+    Drafter *d;     /* the model drafter (owned by front when threaded) */
+    Drafter *front; /* what the decode gets: d, or the threaded kind around it */
 } Pair;
 
 /* kind 0: independent random drafter; 1: layer-0 view of a 2-layer target;
@@ -45,8 +45,8 @@ static void pair_open_kv(Pair *p, int kind, int vocab, int dim, uint64_t seed, i
         ck_assert_msg(drafter_model_create(kind == 2 ? p->tm : p->dm, &cpu_backend_ops,
                                            TU_BP(kv, 1), &p->d, &e) == 0,
                       "%s", e.msg);
-    p->dc = p->d;
-    if (threaded) ck_assert_int_eq(drafter_threaded_create(p->d, &p->dc, &e), 0);
+    p->front = p->d;
+    if (threaded) ck_assert_int_eq(drafter_threaded_create(p->d, &p->front, &e), 0);
 }
 
 static void pair_open_t(Pair *p, int kind, int vocab, int dim, uint64_t seed, int threaded) {
@@ -58,7 +58,7 @@ static void pair_open(Pair *p, int kind, int vocab, int dim, uint64_t seed) {
 }
 
 static void pair_close(Pair *p) {
-    drafter_destroy(&p->dc); /* and p->d, which it owns or is */
+    drafter_destroy(&p->front); /* and p->d, which it owns or is */
     p->d = NULL;
     target_destroy(&p->t);
     model_destroy(&p->dm);
@@ -74,16 +74,16 @@ static int g_depth, g_width;
 static int run_law(Pair *p, Rule rule, int B, const Sampling *smp, uint64_t seed, uint64_t pid,
                    const int *prompt, int n, int max_new, int *out, const DecodeHooks *h,
                    int wrong) {
-    DecodeOpts o = {.rule = rule, .budget = B, .sampling = *smp, .seed = seed, .prompt_id = pid,
-                    .max_new = max_new, .test_wrong_x1 = wrong,
-                    .planner = rule == RULE_AR ? NULL : g_planner, .pool_depth = g_depth,
-                    .pool_width = g_width};
+    DecodeOpts opts = {.rule = rule, .budget = B, .sampling = *smp, .seed = seed, .prompt_id = pid,
+                       .max_new = max_new, .test_wrong_x1 = wrong,
+                       .planner = rule == RULE_AR ? NULL : g_planner, .pool_depth = g_depth,
+                       .pool_width = g_width};
     DecodeResult r = {0};
     int buf[512];
     r.tokens = buf;
     r.cap = max_new + ROUND_MAX_EMIT;
     RsErr e = {0};
-    int rc = decode_run(p->t, rule == RULE_AR ? NULL : p->dc, prompt, n, &o, h, &r, &e);
+    int rc = decode_run(p->t, rule == RULE_AR ? NULL : p->front, prompt, n, &opts, h, &r, &e);
     ck_assert_msg(rc == 0, "decode failed: %s", e.msg);
     int m = r.n_tokens < max_new ? r.n_tokens : max_new;
     memcpy(out, buf, sizeof(int) * (size_t)m);
@@ -673,14 +673,14 @@ static int decode_logged(Pair *p, Target *t, Rule rule, int B, int temp, uint64_
     lg->max_new = max_new;
     lg->rule = rule;
     lg->B = B;
-    DecodeOpts o = {.rule = rule, .budget = B, .sampling = sampling_from_temp(temp), .seed = seed, .prompt_id = 3,
-                    .max_new = max_new};
+    DecodeOpts opts = {.rule = rule, .budget = B, .sampling = sampling_from_temp(temp), .seed = seed, .prompt_id = 3,
+                       .max_new = max_new};
     DecodeHooks h = {.on_round = round_check, .user = lg};
     memset(r, 0, sizeof *r);
     r->tokens = buf;
     r->cap = max_new + ROUND_MAX_EMIT;
     RsErr e = {0};
-    int rc = decode_run(t, rule == RULE_AR ? NULL : p->dc, prompt, n, &o, &h, r, &e);
+    int rc = decode_run(t, rule == RULE_AR ? NULL : p->front, prompt, n, &opts, &h, r, &e);
     ck_assert_msg(rc == 0, "decode failed: %s", e.msg);
     ck_assert_msg(lg->bad == 0, "%s T=%d B=%d: %s", rule_name(rule), temp, B, lg->why);
     return r->n_tokens;
@@ -768,11 +768,11 @@ START_TEST(test_stop_at_first_eos) {
     /* ignore_eos (rootspec-bench --ignore-eos): every decoder goes on past the EOS to
      * max_new tokens, AR's tokens all the way */
     for (int ri = 0; ri < 5; ri++) {
-        DecodeOpts o = {.rule = ALL_RULES[ri], .budget = 8, .seed = 1, .max_new = 40,
-                        .ignore_eos = 1};
+        DecodeOpts opts = {.rule = ALL_RULES[ri], .budget = 8, .seed = 1, .max_new = 40,
+                           .ignore_eos = 1};
         DecodeResult r = {.tokens = buf, .cap = 40 + ROUND_MAX_EMIT};
-        Drafter *dc = ALL_RULES[ri] == RULE_AR ? NULL : p.dc;
-        ck_assert_msg(decode_run(t2, dc, prompt, 4, &o, NULL, &r, &e) == 0, "%s", e.msg);
+        Drafter *d = ALL_RULES[ri] == RULE_AR ? NULL : p.front;
+        ck_assert_msg(decode_run(t2, d, prompt, 4, &opts, NULL, &r, &e) == 0, "%s", e.msg);
         ck_assert_msg(!r.hit_eos && r.n_tokens == 40, "%s --ignore-eos: %d tokens, eos %d",
                       rule_name(ALL_RULES[ri]), r.n_tokens, r.hit_eos);
         for (int i = 0; i < 40; i++) ck_assert_int_eq(buf[i], ref[i]);
@@ -912,14 +912,14 @@ START_TEST(test_realised_vs_tau_root) {
         int prompt[4] = {1, 2, 3, 4};
         DecodeHooks h = {.on_round = on_round_acc, .user = &st};
         for (int s = 0; s < 300; s++) {
-            DecodeOpts o = {.rule = RULE_ROOT, .budget = B, .sampling = SAMPLING_PLAIN, .seed = 900 + s,
-                            .prompt_id = s, .max_new = 24};
+            DecodeOpts opts = {.rule = RULE_ROOT, .budget = B, .sampling = SAMPLING_PLAIN, .seed = 900 + s,
+                               .prompt_id = s, .max_new = 24};
             DecodeResult r = {0};
             int bb[128];
             r.tokens = bb;
             r.cap = 128;
             RsErr e = {0};
-            ck_assert(decode_run(p.t, p.dc, prompt, 4, &o, &h, &r, &e) == 0);
+            ck_assert(decode_run(p.t, p.front, prompt, 4, &opts, &h, &r, &e) == 0);
             rounds += r.rounds;
         }
         double ma = st.sum_acc / st.n, mt = st.sum_tau / st.n;
@@ -1012,8 +1012,8 @@ static void oracle_round(void *u, const RoundInfo *r) {
 START_TEST(test_score_all_oracle) {
     Pair p;
     pair_open(&p, 1, 64, 32, 4242);
-    PoolTap tap = {.inner = p.dc};
-    Drafter *dc = drafter_wrap(&tap_ops, &tap, drafter_info(p.dc));
+    PoolTap tap = {.inner = p.front};
+    Drafter *d = drafter_wrap(&tap_ops, &tap, drafter_info(p.front));
     int prompt[5] = {3, 9, 27, 17, 51};
     long checked = 0, deep = 0;
     for (int temp = 0; temp <= 1; temp++) {
@@ -1028,14 +1028,14 @@ START_TEST(test_score_all_oracle) {
                     OracleLog g = {.tap = &tap, .ar = temp == 0 ? ar : NULL, .n_ar = n_ar,
                                    .B = B, .rule = rule};
                     DecodeHooks h = {.on_round = oracle_round, .user = &g};
-                    DecodeOpts o = {.rule = rule, .budget = B, .sampling = sampling_from_temp(temp), .seed = 50 + s,
-                                    .prompt_id = s, .max_new = 96, .score_all = 1};
+                    DecodeOpts opts = {.rule = rule, .budget = B, .sampling = sampling_from_temp(temp), .seed = 50 + s,
+                                       .prompt_id = s, .max_new = 96, .score_all = 1};
                     DecodeResult r = {0};
                     int buf[256];
                     r.tokens = buf;
                     r.cap = 256;
                     RsErr e = {0};
-                    ck_assert_msg(decode_run(p.t, dc, prompt, 5, &o, &h, &r, &e) == 0, "%s", e.msg);
+                    ck_assert_msg(decode_run(p.t, d, prompt, 5, &opts, &h, &r, &e) == 0, "%s", e.msg);
                     ck_assert_msg(g.bad == 0, "%s T=%d B=%d: %s", rule_name(rule), temp, B, g.why);
                     ck_assert_int_eq(g.rounds, r.rounds);
                     if (temp == 0) /* the wider pass must not disturb greedy identity */
@@ -1050,7 +1050,7 @@ START_TEST(test_score_all_oracle) {
             "(%ld of 2+ tokens)\n", checked, deep);
     ck_assert_int_gt(checked, 50);
     ck_assert_int_gt(deep, 10);
-    drafter_destroy(&dc);
+    drafter_destroy(&d);
     pair_close(&p);
 }
 END_TEST
@@ -1064,15 +1064,15 @@ START_TEST(test_kv_full_reserve) {
     const Rule rules[] = {RULE_AR, RULE_ROOTDRAW, RULE_DRAFT};
     for (int k = 0; k < 3; k++) {
         for (int B = 4; B <= 59; B += 55) {
-            DecodeOpts o = {.rule = rules[k], .budget = B, .max_new = 4 * cap};
+            DecodeOpts opts = {.rule = rules[k], .budget = B, .max_new = 4 * cap};
             DecodeResult r = {0};
             int buf[2048];
             r.tokens = buf;
             r.cap = 2048;
             RsErr e = {0};
-            ck_assert_msg(decode_run(p.t, rules[k] == RULE_AR ? NULL : p.dc, prompt, 3, &o, NULL,
+            ck_assert_msg(decode_run(p.t, rules[k] == RULE_AR ? NULL : p.front, prompt, 3, &opts, NULL,
                                      &r, &e) == 0, "%s", e.msg);
-            int reserve = decode_round_reserve(&o), used = 3 - 1 + r.n_tokens;
+            int reserve = decode_round_reserve(&opts), used = 3 - 1 + r.n_tokens;
             ck_assert_int_eq(reserve, rules[k] == RULE_AR ? 1 : 1 + B);
             ck_assert_msg(r.hit_capacity, "%s B=%d: no KV-full stop", rule_name(rules[k]), B);
             /* stopped because the next round might not fit, not earlier */
@@ -1109,14 +1109,14 @@ START_TEST(test_measurement_off_clock) {
     for (int k = 0; k < 3; k++) {
         MeasureLog m = {0};
         DecodeHooks h = {.on_round = measure_round, .user = &m};
-        DecodeOpts o = {.rule = rules[k], .budget = 59, .sampling = SAMPLING_PLAIN, .seed = 3, .max_new = 48};
+        DecodeOpts opts = {.rule = rules[k], .budget = 59, .sampling = SAMPLING_PLAIN, .seed = 3, .max_new = 48};
         DecodeResult r = {0};
         int buf[256];
         r.tokens = buf;
         r.cap = 256;
         RsErr e = {0};
         uint64_t w0 = rs_now_ns();
-        ck_assert_msg(decode_run(p.t, rules[k] == RULE_AR ? NULL : p.dc, prompt, 4, &o, &h, &r,
+        ck_assert_msg(decode_run(p.t, rules[k] == RULE_AR ? NULL : p.front, prompt, 4, &opts, &h, &r,
                                  &e) == 0, "%s", e.msg);
         uint64_t wall = rs_now_ns() - w0, took = r.t_end - r.t_start;
         if (rules[k] == RULE_AR) ck_assert_msg(m.measured_ar == m.rounds, "AR: %d of %d rounds measured", m.measured_ar, m.rounds);
@@ -1135,24 +1135,24 @@ END_TEST
 START_TEST(test_decode_errors) {
     Pair p;
     pair_open(&p, 1, 32, 16, 3);
-    DecodeOpts o = {.rule = RULE_DRAFT, .budget = 8, .max_new = 4};
+    DecodeOpts opts = {.rule = RULE_DRAFT, .budget = 8, .max_new = 4};
     DecodeResult r = {0};
     int buf[64], big[600];
     r.tokens = buf;
     r.cap = 64;
     RsErr e = {0};
     for (int i = 0; i < 600; i++) big[i] = 1;
-    ck_assert_int_eq(decode_run(p.t, p.dc, big, 600, &o, NULL, &r, &e), RS_EINVAL);
+    ck_assert_int_eq(decode_run(p.t, p.front, big, 600, &opts, NULL, &r, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "prompt of 600 tokens does not fit the KV cache"), "%s", e.msg);
     int bad[2] = {1, 32};
-    ck_assert_int_eq(decode_run(p.t, p.dc, bad, 2, &o, NULL, &r, &e), RS_EINVAL);
+    ck_assert_int_eq(decode_run(p.t, p.front, bad, 2, &opts, NULL, &r, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "prompt token 32 at position 1 outside vocabulary of 32"), "%s", e.msg);
-    o.budget = 65;
-    ck_assert_int_eq(decode_run(p.t, p.dc, bad, 1, &o, NULL, &r, &e), RS_EINVAL);
+    opts.budget = 65;
+    ck_assert_int_eq(decode_run(p.t, p.front, bad, 1, &opts, NULL, &r, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "budget 65 outside 1..64"), "%s", e.msg);
-    o.budget = 8;
-    o.score_all = 1;
-    ck_assert_int_eq(decode_run(p.t, p.dc, bad, 1, &o, NULL, &r, &e), RS_EINVAL);
+    opts.budget = 8;
+    opts.score_all = 1;
+    ck_assert_int_eq(decode_run(p.t, p.front, bad, 1, &opts, NULL, &r, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "needs a root-pass decoder"), "%s", e.msg);
     pair_close(&p);
 }
@@ -1194,13 +1194,13 @@ START_TEST(test_root_margin) {
     pair_open(&p, 1, 32, 16, 3);
     Rule rules[2] = {RULE_AR, RULE_DRAFT};
     for (int k = 0; k < 2; k++) {
-        DecodeOpts o = {.rule = rules[k], .budget = 8, .max_new = 12};
+        DecodeOpts opts = {.rule = rules[k], .budget = 8, .max_new = 12};
         int buf[64], prompt[3] = {1, 2, 3};
         DecodeResult r = {.tokens = buf, .cap = 64};
         MarginLog ml = {0};
         DecodeHooks h = {NULL, margin_round, NULL, &ml, NULL, NULL};
         RsErr e = {0};
-        ck_assert_int_eq(decode_run(p.t, p.dc, prompt, 3, &o, &h, &r, &e), RS_OK);
+        ck_assert_int_eq(decode_run(p.t, p.front, prompt, 3, &opts, &h, &r, &e), RS_OK);
         ck_assert_int_eq(ml.bad, 0);
         if (rules[k] == RULE_AR) ck_assert_int_eq(ml.with_margin, ml.rounds);
         else ck_assert_int_lt(ml.with_margin, ml.rounds); /* draft rounds have no root pass */

@@ -959,9 +959,9 @@ static int engine_decode(const EngineOpts *eo, Rule rule, int *out, int cap, lon
     RsErr e = {0};
     ck_assert_msg(engine_create(eo, rule != RULE_AR, &en, &e) == 0, "%s", e.msg);
     const int prompt[] = {10, 20, 30, 40, 50, 60};
-    DecodeOpts o = {.rule = rule, .budget = 8, .sampling = SAMPLING_GREEDY, .max_new = 40};
+    DecodeOpts opts = {.rule = rule, .budget = 8, .sampling = SAMPLING_GREEDY, .max_new = 40};
     DecodeResult r = {.tokens = out, .cap = cap};
-    ck_assert_msg(decode_run(en->target, en->drafter, prompt, 6, &o, NULL, &r, &e) == 0, "%s",
+    ck_assert_msg(decode_run(en->target, en->drafter, prompt, 6, &opts, NULL, &r, &e) == 0, "%s",
                   e.msg);
     ck_assert_msg(!r.drafter_failed, "the drafter failed");
     engine_destroy(&en);

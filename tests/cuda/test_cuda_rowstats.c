@@ -234,10 +234,10 @@ START_TEST(test_cuda_rowstats_decode) {
         for (int l = 0; l < 3; l++)
             for (int sa = 0; sa <= (l > 0 && rule_needs_root(rules[k])); sa++) {
                 int temp = sampling_temp(&LAWS[l]);
-                DecodeOpts o = {.rule = rules[k], .budget = 8, .sampling = LAWS[l], .seed = 3,
-                                .max_new = 12, .score_all = sa};
+                DecodeOpts opts = {.rule = rules[k], .budget = 8, .sampling = LAWS[l], .seed = 3,
+                                   .max_new = 12, .score_all = sa};
                 DecodeResult r = {.tokens = buf, .cap = 48};
-                ck_assert_msg(decode_run(t, rules[k] == RULE_AR ? NULL : d, prompt, 4, &o, NULL,
+                ck_assert_msg(decode_run(t, rules[k] == RULE_AR ? NULL : d, prompt, 4, &opts, NULL,
                                          &r, &e) == 0, "%s", e.msg);
                 ck_assert_int_ge(r.n_tokens, 12);
                 if (temp == 0 && k == 0) memcpy(ar, buf, sizeof(int) * 12);
