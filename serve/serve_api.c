@@ -315,13 +315,13 @@ void serve_request_free(ServeRequest *r) {
 }
 
 /* The one place the request's sampling fields meet the decoder's options. */
-int serve_sampling_map(const ServeRequest *r, DecodeOpts *d, ServeError *se) {
-    Sampling *s = &d->sampling;
+int serve_sampling_map(const ServeRequest *r, DecodeOpts *opts, ServeError *se) {
+    Sampling *s = &opts->sampling;
     if (r->has_temperature) s->temperature = r->temperature;
     if (r->has_top_k) s->top_k = r->top_k < 0 ? 0 : r->top_k; /* -1: off, as in vLLM */
     if (r->has_top_p) s->top_p = r->top_p;
     if (r->has_min_p) s->min_p = r->min_p;
-    if (r->has_seed) d->seed = r->seed;
+    if (r->has_seed) opts->seed = r->seed;
     RsErr e = {0};
     if (!sampling_normalize(s, &e)) return 0;
     char field[16] = ""; /* the message starts with the field's name, the request's too */

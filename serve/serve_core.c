@@ -294,9 +294,9 @@ static int job_admit(ServeCore *c, ServeJob *j, int n_prompt) {
  * its output so far as the new prompt: recompute), so nothing streamed is repeated. */
 static int job_decode(ServeCore *c, Slot *sl, ServeJob *j, DecodeResult *res, RsErr *e) {
     DecodeHooks h = {on_tokens, on_round, on_event, j, should_stop, j->req.logprobs ? on_rows : NULL};
-    DecodeOpts d = j->d;
-    if (d.planner && sl->planner) d.planner = sl->planner;
-    int *ids = rs_xmalloc(sizeof(int) * (size_t)(j->n_ids + d.max_new + ROUND_MAX_EMIT));
+    DecodeOpts opts = j->d;
+    if (opts.planner && sl->planner) opts.planner = sl->planner;
+    int *ids = rs_xmalloc(sizeof(int) * (size_t)(j->n_ids + opts.max_new + ROUND_MAX_EMIT));
     memcpy(ids, j->ids, sizeof(int) * (size_t)j->n_ids);
     int n_ids = j->n_ids, done = 0, rc;
     res->hit_eos = 0;
@@ -306,8 +306,8 @@ static int job_decode(ServeCore *c, Slot *sl, ServeJob *j, DecodeResult *res, Rs
             break;
         }
         DecodeResult part = {.tokens = ids + n_ids, .cap = res->cap - done};
-        d.max_new = j->d.max_new - done;
-        rc = decode_run(sl->t, sl->d, ids, n_ids, &d, &h, &part, e);
+        opts.max_new = j->d.max_new - done;
+        rc = decode_run(sl->t, sl->d, ids, n_ids, &opts, &h, &part, e);
         serve_metrics_prompt(c->metrics, part.prompt_cached, n_ids - part.prompt_cached);
         if (!done) {
             pthread_mutex_lock(&j->mu);

@@ -13,6 +13,9 @@
 #    the CPU build never reaches into the CUDA backend.
 # 5. No issue or pull-request numbers in code or documents: a reader of a clone cannot look
 #    them up; say what the thing is instead.
+# 6. One name per type: a parameter or local Decode is `dec`, a DecodeOpts `opts` (a second
+#    one in a scope: opts_NAME), a Drafter `d` and a Drafter ** out-parameter `out`; the
+#    short names these types once shared (d, o, dp, dc) are refused in declarations.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 self=tests/check_repo.sh
@@ -99,5 +102,15 @@ if [ -n "$issues" ]; then
   fail=1
 fi
 
-[ $fail -eq 0 ] && echo "check_repo: OK (no SPEC citations; $(echo $cited | wc -w) DESIGN.md sections cited, all present; the engine includes nothing from bench/ or serve/; every path the documents name exists; CUDA files only in kernels/cuda/; no issue numbers)"
+# Declarations only: `Decode *d`, `const DecodeOpts *o`, `DecodeOpts d = ...`, `Drafter *dc`.
+names_re='\bDecode \*+ ?(const )?(d|o|dc)\b|\bDecodeOpts \*+ ?(const )?(d|o|dp|dflt)\b'
+names_re+='|\bDecodeOpts (d|o|dp|dflt) ?[=,)]|\bDrafter \*+ ?(const )?(dc|dl)\b|\bDrafter \*\*(d|pd)\b'
+names=$(list_files | grep -zE '\.(c|h|cu|cuh)$' | xargs -0 grep -nE "$names_re" -- || true)
+if [ -n "$names" ]; then
+  echo "check_repo: one name per type: Decode is dec, DecodeOpts opts, Drafter d (Drafter ** out):"
+  echo "$names"
+  fail=1
+fi
+
+[ $fail -eq 0 ] && echo "check_repo: OK (no SPEC citations; $(echo $cited | wc -w) DESIGN.md sections cited, all present; the engine includes nothing from bench/ or serve/; every path the documents name exists; CUDA files only in kernels/cuda/; no issue numbers; one name per type)"
 exit $fail
