@@ -843,10 +843,11 @@ static int engine_setup(Bench *b) {
                      .draft_layers = s->draft_layers, .draft_endpoint = s->draft_endpoint,
                      .backend = s->backend, .threads = s->threads, .device = s->device,
                      .ctx = s->ctx, .batch_invariant = s->batch_invariant,
-                     .cpu_kernels = cli_cpu_kernels(), /* the environment, read here once */
                      .draft_timeout_ms = s->draft_timeout_ms,
                      .insecure = s->insecure, .curve_dir = s->curve_dir,
                      .draft_corpus = s->draft_corpus};
+    /* the environment's backend settings, read here once */
+    if (cli_backend_env(&eo.cpu_kernels, &eo.sw, &e)) return fail(2, "%s", e.msg);
     if (s->drafter) drafter_kind_option(s->drafter, &eo.drafter_kind, NULL);
     if (s->launch && b->need_drafter) {
         if (drafter_launch(s, ep, sizeof ep, &e)) return fail(1, "%s", e.msg);

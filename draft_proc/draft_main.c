@@ -93,6 +93,10 @@ static int parse_args(int argc, char **argv, Args *A) {
             return 2;
         }
     }
+    if (cli_runtime_env(&A->rt, &e)) {
+        fprintf(stderr, "rootspec-draft: %s\n", e.msg);
+        return 2;
+    }
     return -1;
 }
 
@@ -166,7 +170,7 @@ static int load_drafter(const Args *A, const BackendOps *ops, Model **full, Toke
     const char *host = A->target_path ? A->target_path : A->model;
     BackendParams bp = {.kv_capacity = A->rt.ctx, .threads = A->rt.threads,
                         .device = A->rt.device, .batch_invariant = A->rt.batch_invariant,
-                        .cpu_kernels = A->rt.cpu_kernels};
+                        .cpu_kernels = A->rt.cpu_kernels, .sw = A->rt.sw};
     int rc = light ? model_load(host, full, &e)
                    : backend_model_load(ops, A->model, &bp, full, &e);
     if (!rc) rc = tokenizer_load_model(*full, tok, &e);

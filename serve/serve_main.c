@@ -170,8 +170,8 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
     A->gate.max_body = A->http.max_body;
     A->http.gate = &A->gate;
     if (A->rt.threads == 0) A->rt.threads = cli_cpus_available(); /* --threads not given */
-    engine_cli_runtime(&A->eo, &A->rt);
-    rc = engine_cli_check(&A->eo, &A->d, e);
+    rc = engine_cli_runtime(&A->eo, &A->rt, e);
+    if (!rc) rc = engine_cli_check(&A->eo, &A->d, e);
     return rc ? rc : batch_args(A, e);
 }
 

@@ -14,7 +14,8 @@ static void collect_eog(const Engine *en, int **eog, int *n) {
 BackendParams engine_backend_params(const EngineOpts *o) {
     return (BackendParams){.kv_capacity = o->ctx, .threads = o->threads, .device = o->device,
                            .batch_invariant = o->batch_invariant,
-                           .cpu_kernels = o->cpu_kernels, .prefix_cache = o->prefix_cache};
+                           .cpu_kernels = o->cpu_kernels, .sw = o->sw,
+                           .prefix_cache = o->prefix_cache};
 }
 
 /* The one Drafter the engine holds, of the kind the options describe; in-process kinds

@@ -20,6 +20,7 @@ typedef struct {
     int batch_invariant;          /* BackendParams.batch_invariant for every backend */
     int prefix_cache;             /* BackendParams.prefix_cache for every backend */
     const char *cpu_kernels;      /* BackendParams.cpu_kernels for every backend */
+    BackendSwitches sw;           /* BackendParams.sw for every backend */
     int draft_timeout_ms;         /* remote drafter reply timeout */
     int insecure;                 /* allow plain tcp:// */
     const char *curve_dir;        /* key files for tcp:// */

@@ -106,7 +106,9 @@ int engine_cli_option(int argc, char **argv, int *i, EngineOpts *eo, DecodeOpts 
     return rc ? rc : 1;
 }
 
-void engine_cli_runtime(EngineOpts *eo, const CliRuntime *rt) {
+int engine_cli_runtime(EngineOpts *eo, CliRuntime *rt, RsErr *e) {
+    int rc = cli_runtime_env(rt, e);
+    if (rc) return rc;
     eo->backend = rt->backend;
     eo->threads = rt->threads;
     eo->ctx = rt->ctx;
@@ -115,6 +117,8 @@ void engine_cli_runtime(EngineOpts *eo, const CliRuntime *rt) {
     eo->curve_dir = rt->curve_dir;
     eo->batch_invariant = rt->batch_invariant;
     eo->cpu_kernels = rt->cpu_kernels;
+    eo->sw = rt->sw;
+    return RS_OK;
 }
 
 /* The drafter options that do not go together, or NULL. */

@@ -13,8 +13,10 @@ void engine_cli_usage(FILE *f);
  * moves *i past it and returns 1. 0: not one of these options. A bad value: the RsStatus,
  * e names it. Where the model runs (--threads, --backend, ...) is cli_runtime_option's. */
 int engine_cli_option(int argc, char **argv, int *i, EngineOpts *eo, DecodeOpts *opts, RsErr *e);
-/* The runtime options onto eo (and --batch-invariant onto the backend). */
-void engine_cli_runtime(EngineOpts *eo, const CliRuntime *rt);
+/* The environment's backend settings into rt (cli_runtime_env: the one place the programs
+ * read them), then the runtime options onto eo. A value a variable does not take:
+ * RS_EINVAL, e names it. */
+int engine_cli_runtime(EngineOpts *eo, CliRuntime *rt, RsErr *e);
 /* Drafter options that parse alone but contradict each other, or a sampling law out of
  * range (sampling_normalize, which also takes a temperature below SAMPLING_TEMP_MIN as
  * greedy, as requests to rootspec-serve do); RS_EINVAL with a message. */

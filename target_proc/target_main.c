@@ -165,7 +165,10 @@ static int parse_args(int argc, char **argv, Args *A) {
             return 2;
         }
     }
-    engine_cli_runtime(eo, &A->rt);
+    if (engine_cli_runtime(eo, &A->rt, &e)) {
+        fprintf(stderr, "rootspec-target: %s\n", e.msg);
+        return 2;
+    }
     return -1;
 }
 

@@ -200,7 +200,7 @@ START_TEST(test_rows_threaded) {
         for (int nth = 1; nth <= 3; nth++) {
             ThreadPool *tp;
             RsErr e = {0};
-            ck_assert_int_eq(threadpool_create(nth, &tp, &e), 0);
+            ck_assert_int_eq(threadpool_create(nth, 1, &tp, &e), 0);
             double *scratch = malloc(sizeof(double) * cpu_rows_scratch(n, nth));
             for (int k = 1; k <= R; k++) { /* 1 row (split) up to all of them */
                 RowStats got[R];
