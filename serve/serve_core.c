@@ -35,6 +35,8 @@ struct ServeCore {
     Slot *slots;      // (parallel)
     int n_slots;
     SuffixIndex *shared; /* cfg.suffix_global > 0: the earlier outputs the drafters search */
+    pthread_mutex_t log_mu; /* cfg.round_log: one writer at a time, whole lines */
+    int log_failed;         /* under log_mu: a write failed (said once) */
 };
 
 struct ServeJob {
@@ -59,6 +61,7 @@ struct ServeJob {
     /* the worker's own */
     uint64_t t_last;
     int drafter_failed;
+    RoundLog lg; /* cfg.round_log: the decode as its log lines name it */
 };
 
 /* ---- jobs ------------------------------------------------------------------------------ */
@@ -235,7 +238,27 @@ static void on_rows(void *u, const float *const *rows, const int *t, int n, int 
 
 static void on_round(void *u, const RoundInfo *r) {
     ServeJob *j = u;
-    serve_metrics_round(j->core->metrics, r->emitted - r->dropped, r->fallback_ar);
+    ServeCore *c = j->core;
+    serve_metrics_round(c->metrics, r->emitted - r->dropped, r->fallback_ar);
+    if (!c->cfg.round_log) return;
+    pthread_mutex_lock(&c->log_mu);
+    if (roundlog_write(c->cfg.round_log, &j->lg, r) && !c->log_failed) {
+        c->log_failed = 1;
+        fprintf(stderr, "rootspec-serve: writing the round log failed: %s\n", strerror(errno));
+    }
+    pthread_mutex_unlock(&c->log_mu);
+}
+
+/* The round log's view of the decode about to start (rep: recomputes so far), and the
+ * target backend's counters now. */
+static void log_begin(const Slot *sl, ServeJob *j, const DecodeOpts *opts, int rep) {
+    j->lg = (RoundLog){.decoder = rule_name(opts->rule), .temp = sampling_temp(&opts->sampling),
+                       .budget = opts->rule == RULE_AR ? 0
+                                 : opts->planner       ? ROUNDLOG_BUDGET_AUTO
+                                                     : opts->budget,
+                       .prompt_id = j->meta.id, .rep = rep, .sampling = &j->d.sampling};
+    BackendStats st = backend_stats(target_backend(sl->t));
+    roundlog_begin(&j->lg, &st);
 }
 
 static void on_event(void *u, const char *ev, const char *detail) {
@@ -300,13 +323,14 @@ static int job_decode(ServeCore *c, Slot *sl, ServeJob *j, DecodeResult *res, Rs
     memcpy(ids, j->ids, sizeof(int) * (size_t)j->n_ids);
     int n_ids = j->n_ids, done = 0, rc;
     res->hit_eos = 0;
-    for (;;) {
+    for (int rep = 0;; rep++) {
         if (c->bt && !job_admit(c, j, n_ids)) {
             rc = RS_OK;
             break;
         }
         DecodeResult part = {.tokens = ids + n_ids, .cap = res->cap - done};
         opts.max_new = j->d.max_new - done;
+        if (c->cfg.round_log) log_begin(sl, j, &opts, rep);
         rc = decode_run(sl->t, sl->d, ids, n_ids, &opts, &h, &part, e);
         serve_metrics_prompt(c->metrics, part.prompt_cached, n_ids - part.prompt_cached);
         if (!done) {
@@ -448,6 +472,7 @@ int serve_core_create(Engine *en, const ServeConfig *cfg, ServeMetrics *m, Serve
     c->queue = rs_xcalloc((size_t)cfg->queue_max, sizeof *c->queue);
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->enc_mu, NULL);
+    pthread_mutex_init(&c->log_mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     for (int i = 0; i < c->n_slots; i++)
         RS_ASSERT(pthread_create(&c->slots[i].thread, NULL, worker_main, &c->slots[i]) == 0);
@@ -550,6 +575,7 @@ void serve_core_destroy(ServeCore **pc) {
     slots_free(c);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->enc_mu);
+    pthread_mutex_destroy(&c->log_mu);
     pthread_cond_destroy(&c->cv);
     free(c->queue);
     free(c);

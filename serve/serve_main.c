@@ -7,6 +7,7 @@
 #include "serve_http.h"
 #include "draft_proc/suffix_drafter.h"
 #include <arpa/inet.h>
+#include <errno.h>
 #include <signal.h>
 #include <string.h>
 
@@ -31,6 +32,8 @@ static void usage(FILE *f) {
             "  --suffix-global N     the suffix drafter also proposes from the last N tokens of\n"
             "                        earlier requests' outputs, shared by the workers, oldest\n"
             "                        out first (--drafter suffix; default 0: off)\n"
+            "  --log-rounds FILE     append one JSON object per round of every decode to FILE\n"
+            "                        (rootspec-target's round log; prompt_id: the request id)\n"
             "  --max-body BYTES      largest request body; larger ones get a 413 (default 1048576)\n"
             "  --max-connections N   open connections at once (default 512)\n"
             "  --max-connections-per-client N\n"
@@ -73,6 +76,7 @@ typedef struct {
     int no_auth;
     int parallel, batch_rows, prefill_chunk, kv_entries;
     int suffix_global;
+    const char *log_path; /* --log-rounds */
 } Args;
 
 /* The drafter each batched worker opens: the engine's options, in process. */
@@ -129,7 +133,8 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
                                           "--max-connections-per-client", "--timeout",
                                           "--request-timeout", "--allowed-hosts", "--api-key",
                                           "--api-key-file", "--parallel", "--batch-rows",
-                                          "--prefill-chunk", "--kv-entries", "--suffix-global"};
+                                          "--prefill-chunk", "--kv-entries", "--suffix-global",
+                                          "--log-rounds"};
         size_t k = 0;
         while (k < sizeof own / sizeof own[0] && strcmp(a, own[k])) k++;
         if (k == sizeof own / sizeof own[0]) return rs_err(e, RS_EINVAL, "unknown option '%s' (see --help)", a);
@@ -138,6 +143,7 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
         else if (!strcmp(a, "--port")) rc = cli_int(a, v, 0, 65535, &A->http.port, e);
         else if (!strcmp(a, "--model-name")) A->model_name = v;
         else if (!strcmp(a, "--allowed-hosts")) A->allowed_hosts = v;
+        else if (!strcmp(a, "--log-rounds")) A->log_path = v;
         else if (!strcmp(a, "--api-key")) {
             if (!*v) return rs_err(e, RS_EINVAL, "--api-key is empty");
             serve_gate_add_key(&A->gate, v);
@@ -194,11 +200,18 @@ static int serve(Args *A, Engine *en, const sigset_t *sigs) {
                                  .backend = engine_backend_params(&A->eo)},
                        .slot_drafter = A->d.rule != RULE_AR ? &spec : NULL,
                        .suffix_global = A->suffix_global};
+    if (A->log_path && !(cfg.round_log = fopen(A->log_path, "a"))) {
+        fprintf(stderr, "rootspec-serve: cannot open --log-rounds '%s': %s\n", A->log_path,
+                strerror(errno));
+        serve_metrics_destroy(&m);
+        return 1;
+    }
     ServeCore *core = NULL;
     RsErr e = {0};
     int rc = serve_core_create(en, &cfg, m, &core, &e);
     if (rc) {
         fprintf(stderr, "rootspec-serve: %s\n", e.msg);
+        if (cfg.round_log) fclose(cfg.round_log);
         serve_metrics_destroy(&m);
         return cli_exit_status(rc);
     }
@@ -225,6 +238,10 @@ static int serve(Args *A, Engine *en, const sigset_t *sigs) {
     serve_http_stop(&http);
     serve_core_destroy(&core);
     serve_metrics_destroy(&m);
+    if (cfg.round_log && fclose(cfg.round_log)) {
+        fprintf(stderr, "rootspec-serve: writing --log-rounds '%s' failed\n", A->log_path);
+        if (!rc) return 1;
+    }
     return rc ? cli_exit_status(rc) : 0;
 }
 
