@@ -782,11 +782,11 @@ static int combos_build(Bench *b) {
     free(declist);
     if (rc) return fail(2, "%s", e.msg);
     for (int c = 0; c < b->n_combos; c++) {
-        int r = rule_parse(b->combos[c].decoder);
-        if (r < 0 || r == RULE_ORACLE)
+        int r = decoder_parse(b->combos[c].decoder);
+        if (r < 0 || r == DECODER_ORACLE)
             return fail(2, "--decoders: unknown decoder '%s' (draft, pearl, rootdraw, root, ar)",
                         b->combos[c].decoder);
-        if (r != RULE_AR) b->need_drafter = 1;
+        if (r != DECODER_AR) b->need_drafter = 1;
     }
     if (b->n_combos == 0) return fail(2, "no combinations to run");
     return 0;
@@ -878,7 +878,7 @@ static int prompts_tokenize(Bench *b) {
     int reserve = 0;
     for (int c = 0; c < b->n_combos; c++) {
         int B = b->combos[c].budget;
-        DecodeOpts opts = {.rule = rule_parse(b->combos[c].decoder),
+        DecodeOpts opts = {.decoder = decoder_parse(b->combos[c].decoder),
                            .budget = B == BENCH_BUDGET_AUTO ? TREE_MAX : B};
         int r = decode_round_reserve(&opts) + ROUND_MAX_EMIT;
         if (r > reserve) reserve = r;
@@ -915,7 +915,7 @@ static int decode_one(Bench *b, const BenchRun *r, const char *label, DecodeResu
     const BenchCombo *c = &b->combos[r->combo];
     RsErr e = {0};
     int automatic = c->budget == BENCH_BUDGET_AUTO;
-    DecodeOpts opts = {.rule = (Rule)rule_parse(c->decoder),
+    DecodeOpts opts = {.decoder = (DecoderKind)decoder_parse(c->decoder),
                        .budget = automatic ? TREE_MAX : c->budget > 0 ? c->budget : 1, /* 1: AR */
                        .planner = automatic ? b->en->planner : NULL,
                        .sampling = c->temp ? b->s.sampling : SAMPLING_GREEDY, .seed = b->s.seed,

@@ -59,7 +59,7 @@ typedef struct {
     int choice;            /* which choice this request decodes: with a seed, its stream */
     int logprobs;          /* chat "logprobs": true / completions "logprobs": N: report them */
     int top_logprobs;      /* alternatives per token (chat "top_logprobs", completions N) */
-    int rule;              /* extension "rootspec": {"decoder": NAME}; -1 absent */
+    int decoder;              /* extension "rootspec": {"decoder": NAME}; -1 absent */
     int budget;            /* extension "rootspec": {"budget": B}; 0 absent */
 } ServeRequest;
 

@@ -148,11 +148,11 @@ static int parse_extension(const cJSON *o, ServeRequest *r, ServeError *se) {
     if (!cJSON_IsObject(x)) return serve_error(se, 400, "rootspec", "'rootspec' must be an object");
     const cJSON *dec = cJSON_GetObjectItemCaseSensitive(x, "decoder");
     if (dec && !cJSON_IsNull(dec)) {
-        int rule = cJSON_IsString(dec) ? rule_parse(dec->valuestring) : -1;
-        if (rule < 0 || rule == RULE_ORACLE)
+        int rule = cJSON_IsString(dec) ? decoder_parse(dec->valuestring) : -1;
+        if (rule < 0 || rule == DECODER_ORACLE)
             return serve_error(se, 400, "rootspec.decoder",
                                "'rootspec.decoder' must be one of ar, draft, pearl, rootdraw, root");
-        r->rule = rule;
+        r->decoder = rule;
     }
     return get_int(x, "budget", 1, TREE_MAX, &r->budget, NULL, se);
 }
@@ -283,7 +283,7 @@ int serve_request_parse(const char *body, size_t len, ServeKind kind, const char
                         ServeRequest *r, ServeError *se) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
-    r->rule = -1;
+    r->decoder = -1;
     r->n = 1;
     const char *end = NULL;
     cJSON *o = cJSON_ParseWithLengthOpts(body, len, &end, 0);

@@ -122,12 +122,12 @@ static int job_prompt(ServeCore *c, ServeJob *j, ServeError *se) {
 static int job_options(ServeCore *c, ServeJob *j, ServeError *se) {
     const ServeRequest *r = &j->req;
     j->d = c->cfg.dflt;
-    if (r->rule >= 0) j->d.rule = (Rule)r->rule;
+    if (r->decoder >= 0) j->d.decoder = (DecoderKind)r->decoder;
     if (r->budget) j->d.budget = r->budget;
-    if (j->d.rule != RULE_AR && !c->en->drafter)
+    if (j->d.decoder != DECODER_AR && !c->en->drafter)
         return serve_error(se, 400, "rootspec.decoder",
                            "decoder '%s' needs a drafter; this server runs without one",
-                           rule_name(j->d.rule));
+                           decoder_name(j->d.decoder));
     int rc = serve_sampling_map(r, &j->d, se);
     if (rc) return rc;
     if (j->d.budget == 0) { /* --budget auto: the engine's planner, up to the largest tree */
@@ -141,7 +141,7 @@ static int job_options(ServeCore *c, ServeJob *j, ServeError *se) {
         serve_error(se, 400, r->kind == SERVE_CHAT ? "messages" : "prompt",
                     "this model's context is %d tokens; the prompt has %d and %d more are "
                     "requested (a %s round reserves %d)", target_kv_capacity(c->en->target),
-                    j->n_ids, r->max_tokens ? r->max_tokens : 1, rule_name(j->d.rule),
+                    j->n_ids, r->max_tokens ? r->max_tokens : 1, decoder_name(j->d.decoder),
                     decode_round_reserve(&j->d));
         se->code = "context_length_exceeded";
         return 400;
@@ -252,8 +252,8 @@ static void on_round(void *u, const RoundInfo *r) {
 /* The round log's view of the decode about to start (rep: recomputes so far), and the
  * target backend's counters now. */
 static void log_begin(const Slot *sl, ServeJob *j, const DecodeOpts *opts, int rep) {
-    j->lg = (RoundLog){.decoder = rule_name(opts->rule), .temp = sampling_temp(&opts->sampling),
-                       .budget = opts->rule == RULE_AR ? 0
+    j->lg = (RoundLog){.decoder = decoder_name(opts->decoder), .temp = sampling_temp(&opts->sampling),
+                       .budget = opts->decoder == DECODER_AR ? 0
                                  : opts->planner       ? ROUNDLOG_BUDGET_AUTO
                                                      : opts->budget,
                        .prompt_id = j->meta.id, .rep = rep, .sampling = &j->d.sampling};

@@ -92,11 +92,11 @@ static int batch_args(Args *A, RsErr *e) {
         return rs_err(e, RS_EINVAL, "--batch-rows %d is below --prefill-chunk %d", A->batch_rows,
                       A->prefill_chunk);
     DrafterSpec s = slot_spec(A);
-    if (A->suffix_global && (A->d.rule == RULE_AR || drafter_spec_kind(&s) != DRAFTER_KIND_SUFFIX))
+    if (A->suffix_global && (A->d.decoder == DECODER_AR || drafter_spec_kind(&s) != DRAFTER_KIND_SUFFIX))
         return rs_err(e, RS_EINVAL, "--suffix-global %d: needs --drafter suffix and a speculative "
                       "--decoder", A->suffix_global);
     if (A->parallel <= 1) return RS_OK;
-    if (A->d.rule != RULE_AR && drafter_spec_kind(&s) != DRAFTER_KIND_SUFFIX)
+    if (A->d.decoder != DECODER_AR && drafter_spec_kind(&s) != DRAFTER_KIND_SUFFIX)
         return rs_err(e, RS_EINVAL, "--parallel %d: a batch decodes with --drafter suffix (each "
                       "request keeps its own) or --decoder ar, not a %s drafter", A->parallel,
                       drafter_kind_name(drafter_spec_kind(&s)));
@@ -198,7 +198,7 @@ static int serve(Args *A, Engine *en, const sigset_t *sigs) {
                        .batch = {.row_budget = A->batch_rows, .prefill_chunk = A->prefill_chunk,
                                  .kv_entries = A->kv_entries, .seq_capacity = A->eo.ctx,
                                  .backend = engine_backend_params(&A->eo)},
-                       .slot_drafter = A->d.rule != RULE_AR ? &spec : NULL,
+                       .slot_drafter = A->d.decoder != DECODER_AR ? &spec : NULL,
                        .suffix_global = A->suffix_global};
     if (A->log_path && !(cfg.round_log = fopen(A->log_path, "a"))) {
         fprintf(stderr, "rootspec-serve: cannot open --log-rounds '%s': %s\n", A->log_path,
@@ -224,7 +224,7 @@ static int serve(Args *A, Engine *en, const sigset_t *sigs) {
         fprintf(stderr, "rootspec-serve: listening on http://%s:%d (model %s, context %d, decoder %s, "
                 "B=%s, %s, threads %d of %d CPUs available, %s)\n",
                 A->http.host, serve_http_port(http), cfg.model_name, serve_core_context(core),
-                rule_name(A->d.rule), budget, sampling_str(&A->d.sampling, smp, sizeof smp),
+                decoder_name(A->d.decoder), budget, sampling_str(&A->d.sampling, smp, sizeof smp),
                 A->eo.threads, cli_cpus_available(),
                 A->gate.n_keys ? "API key required" : "no API key");
         int sig = 0;
@@ -247,7 +247,7 @@ static int serve(Args *A, Engine *en, const sigset_t *sigs) {
 
 int main(int argc, char **argv) {
     Args A = {.eo = {.draft_timeout_ms = 10000, .prefix_cache = 1}, .rt = cli_runtime_defaults(),
-              .d = {.rule = RULE_AR, .budget = 59, .seed = 1, .max_new = 512},
+              .d = {.decoder = DECODER_AR, .budget = 59, .seed = 1, .max_new = 512},
               .http = {.host = "127.0.0.1", .port = 8080, .max_body = 1 << 20, .max_conn = 512,
                        .max_conn_ip = 16, .timeout = 60, .request_timeout = 10},
               .queue = 16, .parallel = 1, .batch_rows = 64, .prefill_chunk = 32};

@@ -95,7 +95,7 @@ static uint64_t dec_now(const Decode *dec) { return rs_now_ns() - dec->clock_ski
     } while (0)
 
 int decode_round_reserve(const DecodeOpts *opts) {
-    if (opts->rule == RULE_AR) return 1; /* the root alone */
+    if (opts->decoder == DECODER_AR) return 1; /* the root alone */
     /* the root, the tree (X1 off the pool is one of its B nodes) or the scoring pass */
     return 1 + (opts->score_all ? DECODE_PASS_MAX : opts->budget);
 }
@@ -261,18 +261,18 @@ static int score_rules(Decode *dec, int x1, RoundInfo *ri, RsErr *e) {
     const TreePass *ps = &dec->ps;
     Probe *pr = &dec->probe;
     int B = dec->opts->budget;
-    Selection s[RULE_COUNT];
-    select_draft(pool, B, &s[RULE_DRAFT]);
-    select_pearl(pool, B, x1, &s[RULE_PEARL]);
-    select_rootdraw(pool, B, x1, &s[RULE_ROOTDRAW]);
-    select_root_logp(pool, B, dec->root_logp, x1, &s[RULE_ROOT]);
+    Selection s[DECODER_COUNT];
+    select_draft(pool, B, &s[DECODER_DRAFT]);
+    select_pearl(pool, B, x1, &s[DECODER_PEARL]);
+    select_rootdraw(pool, B, x1, &s[DECODER_ROOTDRAW]);
+    select_root_logp(pool, B, dec->root_logp, x1, &s[DECODER_ROOT]);
     for (int u = 0; u < pool->n; u++) {
         int par = pool->parent[u];
         int slot = par < 0 ? -1 : ps->slot_of_pool[par];
         RS_ASSERT(par < 0 || slot >= 0);
         probe_add(pr, slot, pool->token[u]);
     }
-    for (int r = RULE_DRAFT; r <= RULE_ROOT; r++) probe_add_selection(pr, ps, pool, &s[r]);
+    for (int r = DECODER_DRAFT; r <= DECODER_ROOT; r++) probe_add_selection(pr, ps, pool, &s[r]);
     int rc = probe_resolve(pr, t, &dec->opts->sampling, e);
     if (rc) return rc;
     double path[POOL_MAX]; /* p(u | c): product of target transitions along u's path */
@@ -281,9 +281,9 @@ static int score_rules(Decode *dec, int x1, RoundInfo *ri, RsErr *e) {
         int slot = par < 0 ? -1 : ps->slot_of_pool[par];
         path[u] = (par < 0 ? 1.0 : path[par]) * probe_prob(pr, slot, pool->token[u]);
     }
-    select_oracle(pool, B, path, &s[RULE_ORACLE]);
+    select_oracle(pool, B, path, &s[DECODER_ORACLE]);
     ri->have_tau_rule = 1;
-    for (int r = RULE_DRAFT; r <= RULE_ORACLE; r++) {
+    for (int r = DECODER_DRAFT; r <= DECODER_ORACLE; r++) {
         ri->tau_rule[r] = selection_tau(pr, ps, pool, &s[r], -1);
         ri->tree_size_rule[r] = s[r].t.n;
     }
@@ -325,8 +325,8 @@ static int round_request(Decode *dec, Round *r, int depth, int width, RsErr *e) 
     dec->width = width;
     r->info.t_grow_sent = dec_now(dec);
     size_t fb = dec->feat ? sizeof(float) * (size_t)dec->n_pend * dec->feat_w : 0;
-    int rc = drafter_grow_begin(dec->drafter, dec->pend, dec->n_pend, !dec->synced, fb ? dec->feat : NULL, fb,
-                                e);
+    int rc = drafter_grow_begin(dec->drafter, dec->pend, dec->n_pend, !dec->synced,
+                                fb ? dec->feat : NULL, fb, e);
     if (rc) {
         drafter_failed(dec, e);
         return 0;
@@ -364,7 +364,7 @@ static void round_begin(Decode *dec, Round *r, int round) {
     r->info.x1_in_pool = -1;
     r->info.tau = NAN;
     r->info.root_margin = NAN;
-    for (int k = 0; k < RULE_COUNT; k++) r->info.tau_rule[k] = NAN;
+    for (int k = 0; k < DECODER_COUNT; k++) r->info.tau_rule[k] = NAN;
     r->info.t_round_start = dec_now(dec);
     r->skip0 = dec->clock_skip;
     r->x1 = r->x1_node = -1;
@@ -398,7 +398,7 @@ static int round_root(Decode *dec, Round *r, RsErr *e) {
 /* Autoregressive round: the root pass alone (unless it ran already); its draw is the
  * continuation. */
 static int round_ar(Decode *dec, Round *r, RsErr *e) {
-    r->info.fallback_ar = dec->opts->rule != RULE_AR && !dec->use_drafter;
+    r->info.fallback_ar = dec->opts->decoder != DECODER_AR && !dec->use_drafter;
     if (!r->have_root) {
         int rc = round_root(dec, r, e);
         if (rc) return rc;
@@ -447,8 +447,9 @@ static int root_probe(Decode *dec, Round *r, RsErr *e) {
 /* Cuts the rule's selection (made at the cap) to the planner's size: a prefix of its
  * ranked nodes, which is a tree. */
 static void plan_size(Decode *dec, Round *r) {
-    PlanChoice c = planner_choose(dec->opts->planner, dec->opts->rule, sampling_temp(&dec->opts->sampling), dec->t->pool, &r->sel,
-                                  r->have_root ? r->x1 : -1, dec->depth);
+    const DecodeOpts *opts = dec->opts;
+    PlanChoice c = planner_choose(opts->planner, opts->decoder, sampling_temp(&opts->sampling),
+                                  dec->t->pool, &r->sel, r->have_root ? r->x1 : -1, dec->depth);
     r->sel.t.n = c.k;
     r->info.plan_k = c.k;
     r->info.plan_tokens = c.tokens;
@@ -466,11 +467,11 @@ static void plan_observe(Decode *dec, const Round *r) {
         uint64_t own = ri->t_root_end > ri->t_grow_sent ? ri->t_root_end : ri->t_grow_sent;
         planner_observe_pool(p, dec->t->pool, r->n_sent, ri->t_pool_recv - ri->t_grow_sent,
                              ri->t_pool_recv > own ? ri->t_pool_recv - own : 0);
-        planner_observe_accept(p, dec->opts->rule, sampling_temp(&dec->opts->sampling), dec->t->pool, &r->sel, r->sel.t.n,
-                               r->acc, r->n_acc);
+        planner_observe_accept(p, dec->opts->decoder, sampling_temp(&dec->opts->sampling),
+                               dec->t->pool, &r->sel, r->sel.t.n, r->acc, r->n_acc);
     }
-    planner_observe_round(p, dec->opts->rule, sampling_temp(&dec->opts->sampling), r->n_emit, ri->t_commit - ri->t_round_start,
-                          r->asked);
+    planner_observe_round(p, dec->opts->decoder, sampling_temp(&dec->opts->sampling), r->n_emit,
+                          ri->t_commit - ri->t_round_start, r->asked);
 }
 
 /* The rule's tree (DESIGN.md §3) and the pass that verifies it. */
@@ -483,11 +484,11 @@ static int round_select(Decode *dec, Round *r, RsErr *e) {
         int rc = root_probe(dec, r, e);
         if (rc) return rc;
     }
-    switch (dec->opts->rule) {
-    case RULE_DRAFT: select_draft(pool, B, &r->sel); break;
-    case RULE_PEARL: select_pearl(pool, B, x1, &r->sel); break;
-    case RULE_ROOTDRAW: select_rootdraw(pool, B, x1, &r->sel); break;
-    case RULE_ROOT: select_root_logp(pool, B, dec->root_logp, x1, &r->sel); break;
+    switch (dec->opts->decoder) {
+    case DECODER_DRAFT: select_draft(pool, B, &r->sel); break;
+    case DECODER_PEARL: select_pearl(pool, B, x1, &r->sel); break;
+    case DECODER_ROOTDRAW: select_rootdraw(pool, B, x1, &r->sel); break;
+    case DECODER_ROOT: select_root_logp(pool, B, dec->root_logp, x1, &r->sel); break;
     default: RS_ASSERT(!"rule");
     }
     if (dec->opts->planner) plan_size(dec, r);
@@ -498,8 +499,8 @@ static int round_select(Decode *dec, Round *r, RsErr *e) {
     r->info.x1_in_pool = r->have_root ? r->sel.x1_in_pool : -1;
     r->info.tree_size = r->sel.t.n;
     r->with_root = !r->have_root;
-    if (dec->opts->rule == RULE_ROOT) r->x1_node = tree_child_with_token(pool, &r->sel, -1, x1);
-    r->skip = (dec->opts->rule == RULE_ROOT && r->x1_node < 0) || (r->have_root && r->sel.t.n == 0);
+    if (dec->opts->decoder == DECODER_ROOT) r->x1_node = tree_child_with_token(pool, &r->sel, -1, x1);
+    r->skip = (dec->opts->decoder == DECODER_ROOT && r->x1_node < 0) || (r->have_root && r->sel.t.n == 0);
     r->info.tree_pass_skipped = r->skip;
     /* Root selection's tau is taken given its X1, like pearl's and rootdraw's: with X1
      * off the first level nothing can be accepted. The unconditional tau would be
@@ -522,7 +523,7 @@ static int round_accept(Decode *dec, Round *r, RsErr *e) {
         cur = 0;
         r->keep[r->n_emit] = 1 + pass_slot(&dec->ps, sel, 0);
     }
-    int forced = dec->opts->rule == RULE_ROOT ? r->x1 : -1;
+    int forced = dec->opts->decoder == DECODER_ROOT ? r->x1 : -1;
     for (;;) {
         int y = forced, row = -1; /* forced: X1, from the root row */
         if (y < 0) { /* one reduction of the node's kept row: its argmax, or a draw at u */
@@ -572,13 +573,14 @@ static int round_speculative(Decode *dec, Round *r, RsErr *e) {
     int depth = dec->opts->pool_depth ? dec->opts->pool_depth : POOL_MAX_DEPTH;
     int width = dec->opts->pool_width ? dec->opts->pool_width : POOL_EXPAND;
     if (dec->opts->planner) {
-        PlanAsk a = planner_before_round(dec->opts->planner, dec->opts->rule, sampling_temp(&dec->opts->sampling), dec->n_pend);
+        PlanAsk a = planner_before_round(dec->opts->planner, dec->opts->decoder,
+                                         sampling_temp(&dec->opts->sampling), dec->n_pend);
         if (!a.ask) return round_ar(dec, r, e); /* the drafter catches up next time */
         if (!dec->opts->pool_depth) depth = a.depth;
         if (!dec->opts->pool_width) width = a.width;
     }
     if (!round_request(dec, r, depth, width, e)) return round_ar(dec, r, e);
-    if (rule_needs_root(dec->opts->rule)) {
+    if (decoder_needs_root_pass(dec->opts->decoder)) {
         int rc = round_root(dec, r, e);
         if (rc) { /* the growth asked for ends here, so the next decode finds the drafter idle */
             RsErr ignored = {0};
@@ -718,7 +720,7 @@ static int round_commit(Decode *dec, Round *r, RsErr *e) {
     if (rc) return rc;
     ri->t_commit = dec_now(dec);
     ri->measure_ns = dec->clock_skip - r->skip0;
-    if (dec->opts->planner && dec->opts->rule != RULE_AR) plan_observe(dec, r);
+    if (dec->opts->planner && dec->opts->decoder != DECODER_AR) plan_observe(dec, r);
     ri->emitted = r->n_emit;
     ri->accepted = r->accepted;
     ri->dropped = r->n_emit - m;
@@ -749,16 +751,16 @@ static int decode_check(const Target *t, const Drafter *d, const int *prompt,
         if (prompt[i] < 0 || prompt[i] >= t->vocab)
             return rs_err(e, RS_EINVAL, "prompt token %d at position %d outside vocabulary of %d",
                           prompt[i], i, t->vocab);
-    if (opts->rule != RULE_AR && !d)
-        return rs_err(e, RS_EINVAL, "decoder '%s' needs a drafter", rule_name(opts->rule));
-    if (opts->rule == RULE_ORACLE)
+    if (opts->decoder != DECODER_AR && !d)
+        return rs_err(e, RS_EINVAL, "decoder '%s' needs a drafter", decoder_name(opts->decoder));
+    if (opts->decoder == DECODER_ORACLE)
         return rs_err(e, RS_EINVAL, "'oracle' is an offline scoring rule, not a decoder");
     if (opts->score_all && opts->planner)
         return rs_err(e, RS_EINVAL, "--score-all-rules needs a fixed budget, not --budget auto");
-    if (opts->score_all && !rule_needs_root(opts->rule))
+    if (opts->score_all && !decoder_needs_root_pass(opts->decoder))
         return rs_err(e, RS_EINVAL,
                       "--score-all-rules needs a root-pass decoder (pearl, rootdraw, root), not "
-                      "'%s'", rule_name(opts->rule));
+                      "'%s'", decoder_name(opts->decoder));
     if (opts->budget < 1 || opts->budget > TREE_MAX)
         return rs_err(e, RS_EINVAL, "budget %d outside 1..%d", opts->budget, TREE_MAX);
     if (opts->max_new < 1) return rs_err(e, RS_EINVAL, "max_new %d: need at least 1", opts->max_new);
@@ -782,9 +784,9 @@ static void decode_begin(Decode *dec, Target *t, Drafter *d, const int *prompt,
     dec->h = h;
     dec->res = res;
     rng_seed_mix(&dec->rng, opts->seed, opts->prompt_id,
-                 (uint64_t)opts->rule * 1000003u + (uint64_t)(opts->planner ? 997 : opts->budget) * 101u +
+                 (uint64_t)opts->decoder * 1000003u + (uint64_t)(opts->planner ? 997 : opts->budget) * 101u +
                      (uint64_t)sampling_temp(&opts->sampling));
-    dec->use_drafter = opts->rule != RULE_AR;
+    dec->use_drafter = opts->decoder != DECODER_AR;
     dec->reserve = decode_round_reserve(opts);
     dec->root = prompt[n_prompt - 1];
     dec->n_pend = 0; /* the drafter receives the whole prompt with its first request */

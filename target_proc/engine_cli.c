@@ -58,10 +58,10 @@ void engine_cli_usage(FILE *f) {
 }
 
 static int parse_decoder(const char *v, DecodeOpts *opts, RsErr *e) {
-    int r = rule_parse(v);
-    if (r < 0 || r == RULE_ORACLE)
+    int r = decoder_parse(v);
+    if (r < 0 || r == DECODER_ORACLE)
         return rs_err(e, RS_EINVAL, "--decoder: unknown decoder '%s' (ar, draft, pearl, rootdraw, root)", v);
-    opts->rule = (Rule)r;
+    opts->decoder = (DecoderKind)r;
     return RS_OK;
 }
 
@@ -150,7 +150,7 @@ int engine_cli_check(const EngineOpts *eo, DecodeOpts *opts, RsErr *e) {
 int engine_cli_open(const char *prog, EngineOpts *eo, DecodeOpts *opts, Engine **en) {
     RsErr e = {0};
     eo->drafter_optional = 1; /* as when the drafter fails mid-decode: AR, with a warning */
-    int rc = engine_create(eo, opts->rule != RULE_AR, en, &e);
+    int rc = engine_create(eo, opts->decoder != DECODER_AR, en, &e);
     if (rc) {
         fprintf(stderr, "%s: %s\n", prog, e.msg);
         return rc == RS_EPEER ? 2 : cli_exit_status(rc);
@@ -158,8 +158,8 @@ int engine_cli_open(const char *prog, EngineOpts *eo, DecodeOpts *opts, Engine *
     if ((*en)->vocab_note[0]) fprintf(stderr, "%s: note: %s\n", prog, (*en)->vocab_note);
     if ((*en)->drafter_missing[0]) {
         fprintf(stderr, "%s: warning: %s; decoding autoregressively instead of with "
-                        "--decoder %s\n", prog, (*en)->drafter_missing, rule_name(opts->rule));
-        opts->rule = RULE_AR;
+                        "--decoder %s\n", prog, (*en)->drafter_missing, decoder_name(opts->decoder));
+        opts->decoder = DECODER_AR;
         opts->score_all = 0;
     }
     return -1;

@@ -7,18 +7,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const RULE_NAMES[RULE_COUNT] = {"ar", "draft", "pearl", "rootdraw", "root",
-                                                   "oracle"};
+static const char *const DECODER_NAMES[DECODER_COUNT] = {"ar",       "draft", "pearl",
+                                                         "rootdraw", "root",  "oracle"};
 
-const char *rule_name(Rule r) { return (r >= 0 && r < RULE_COUNT) ? RULE_NAMES[r] : "?"; }
+const char *decoder_name(DecoderKind k) {
+    return (k >= 0 && k < DECODER_COUNT) ? DECODER_NAMES[k] : "?";
+}
 
-int rule_parse(const char *s) {
-    for (int i = 0; i < RULE_COUNT; i++)
-        if (s && strcmp(s, RULE_NAMES[i]) == 0) return i;
+int decoder_parse(const char *s) {
+    for (int i = 0; i < DECODER_COUNT; i++)
+        if (s && strcmp(s, DECODER_NAMES[i]) == 0) return i;
     return -1;
 }
 
-int rule_needs_root(Rule r) { return r == RULE_PEARL || r == RULE_ROOTDRAW || r == RULE_ROOT; }
+int decoder_needs_root_pass(DecoderKind k) {
+    return k == DECODER_PEARL || k == DECODER_ROOTDRAW || k == DECODER_ROOT;
+}
 
 typedef struct {
     const Pool *p;

@@ -46,7 +46,7 @@ typedef struct {
     int first_id;
     long n_scored;               /* --score-all-rules: rounds with a tau per rule */
     int taken_over;              /* the drafter reported our session taken over */
-    double tau_sum[RULE_COUNT];
+    double tau_sum[DECODER_COUNT];
 } Sink;
 
 static void on_tokens(void *u, const int *t, int n) {
@@ -70,7 +70,7 @@ static void on_round(void *u, const RoundInfo *r) {
     if (s->timing) timing_add(s->timing, r);
     if (r->have_tau_rule) {
         s->n_scored++;
-        for (int k = RULE_DRAFT; k <= RULE_ORACLE; k++) s->tau_sum[k] += r->tau_rule[k];
+        for (int k = DECODER_DRAFT; k <= DECODER_ORACLE; k++) s->tau_sum[k] += r->tau_rule[k];
     }
 }
 
@@ -85,10 +85,10 @@ static void scores_print(FILE *f, const Sink *s) {
     fprintf(f,
             "rootspec-target: offline expected acceptance, mean tau over %ld rounds: given X1: "
             "pearl %.3f rootdraw %.3f",
-            s->n_scored, m[RULE_PEARL] / n, m[RULE_ROOTDRAW] / n);
-    if (m[RULE_PEARL] > 0) fprintf(f, " (rootdraw %+.1f%%)", 100.0 * (m[RULE_ROOTDRAW] / m[RULE_PEARL] - 1));
-    fprintf(f, "; from the root: draft %.3f root %.3f oracle %.3f\n", m[RULE_DRAFT] / n,
-            m[RULE_ROOT] / n, m[RULE_ORACLE] / n);
+            s->n_scored, m[DECODER_PEARL] / n, m[DECODER_ROOTDRAW] / n);
+    if (m[DECODER_PEARL] > 0) fprintf(f, " (rootdraw %+.1f%%)", 100.0 * (m[DECODER_ROOTDRAW] / m[DECODER_PEARL] - 1));
+    fprintf(f, "; from the root: draft %.3f root %.3f oracle %.3f\n", m[DECODER_DRAFT] / n,
+            m[DECODER_ROOT] / n, m[DECODER_ORACLE] / n);
 }
 
 static void on_event(void *u, const char *ev, const char *detail) {
@@ -190,7 +190,7 @@ static int check_args(Args *A) {
         fprintf(stderr, "rootspec-target: --score-all-rules needs a fixed --budget, not auto\n");
         return 2;
     }
-    if (A->opts.score_all && !rule_needs_root(A->opts.rule)) {
+    if (A->opts.score_all && !decoder_needs_root_pass(A->opts.decoder)) {
         fprintf(stderr, "rootspec-target: --score-all-rules needs --decoder pearl, rootdraw or root\n");
         return 2;
     }
@@ -213,7 +213,7 @@ static void print_prompt_summary(const DecodeOpts *opts, int n, const DecodeResu
     fprintf(stderr,
             "rootspec-target: decoder=%s sampling=%s B=%s prompt=%d tokens, emitted %d tokens "
             "in %d rounds, %.3f s, %.2f tok/s, mean accepted %.3f%s%s%s%s%s\n",
-            rule_name(opts->rule), sampling_str(&opts->sampling, smp, sizeof smp), budget, n,
+            decoder_name(opts->decoder), sampling_str(&opts->sampling, smp, sizeof smp), budget, n,
             res->n_tokens, res->rounds, secs,
             secs > 0 ? res->n_tokens / secs : 0.0,
             res->rounds ? (double)res->accepted_total / res->rounds : 0.0,
@@ -230,8 +230,8 @@ static void log_begin(Sink *s, const char *file_id, const DecodeOpts *opts, cons
                       Engine *en) {
     if (file_id) snprintf(s->prompt_id, sizeof s->prompt_id, "%s", file_id);
     else snprintf(s->prompt_id, sizeof s->prompt_id, "%" PRIu64, opts->prompt_id);
-    s->lc = (RoundLog){.decoder = rule_name(opts->rule), .temp = sampling_temp(&opts->sampling),
-                       .budget = opts->rule == RULE_AR ? 0
+    s->lc = (RoundLog){.decoder = decoder_name(opts->decoder), .temp = sampling_temp(&opts->sampling),
+                       .budget = opts->decoder == DECODER_AR ? 0
                                  : opts->planner       ? ROUNDLOG_BUDGET_AUTO
                                                      : opts->budget,
                        .prompt_id = s->prompt_id, .sampling = law};
@@ -309,7 +309,7 @@ static int finish(const Args *A, const PromptSet *ps, Sink *s, TimingAcc *timing
 
 int main(int argc, char **argv) {
     Args A = {.eo = {.draft_timeout_ms = 10000}, .rt = cli_runtime_defaults(),
-              .opts = {.rule = RULE_AR, .budget = 59, .seed = 1, .max_new = 256}};
+              .opts = {.decoder = DECODER_AR, .budget = 59, .seed = 1, .max_new = 256}};
     int rc = parse_args(argc, argv, &A);
     if (rc < 0) rc = check_args(&A);
     if (rc >= 0) return rc;

@@ -464,7 +464,7 @@ START_TEST(test_decode_identity_with_eagle3) {
     DrafterInfo info = *drafter_info(a->inner);
     Drafter *d = drafter_wrap(&adapter_ops, a, &info), *threaded;
     ck_assert_int_eq(drafter_threaded_create(d, &threaded, &e), 0);
-    const Rule rules[] = {RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
+    const DecoderKind rules[] = {DECODER_DRAFT, DECODER_PEARL, DECODER_ROOTDRAW, DECODER_ROOT};
     Rng r;
     rng_seed(&r, 5);
     long accepted = 0;
@@ -473,8 +473,8 @@ START_TEST(test_decode_identity_with_eagle3) {
         for (int i = 0; i < n; i++) prompt[i] = (int)(rng_next(&r) % 96);
         for (int ri = -1; ri < 4; ri++)
             for (int b = 0; b < (ri < 0 ? 1 : 2); b++) {
-                Rule rule = ri < 0 ? RULE_AR : rules[ri];
-                DecodeOpts opts = {.rule = rule, .budget = b ? 40 : 8, .sampling = SAMPLING_GREEDY, .seed = 1,
+                DecoderKind decoder = ri < 0 ? DECODER_AR : rules[ri];
+                DecodeOpts opts = {.decoder = decoder, .budget = b ? 40 : 8, .sampling = SAMPLING_GREEDY, .seed = 1,
                                    .prompt_id = (uint64_t)pr, .max_new = 30};
                 DecodeResult res = {0};
                 res.tokens = buf;
@@ -487,7 +487,7 @@ START_TEST(test_decode_identity_with_eagle3) {
                 if (ri >= 0) accepted += res.accepted_total;
                 for (int i = 0; ri >= 0 && i < 30; i++)
                     ck_assert_msg(got[i] == ref[i], "%s B=%d prompt %d: token %d is %d, AR %d",
-                                  rule_name(rule), opts.budget, pr, i, got[i], ref[i]);
+                                  decoder_name(decoder), opts.budget, pr, i, got[i], ref[i]);
             }
     }
     fprintf(stderr, "eagle3 decode identity: %ld draft tokens accepted over 32 decodes\n", accepted);

@@ -157,7 +157,7 @@ START_TEST(test_request_fields) {
     ck_assert(r.stream && r.include_usage && r.has_seed && r.seed == 42);
     ck_assert_int_eq(r.n_stop, 1);
     ck_assert_str_eq(r.stop[0], "\n");
-    ck_assert_int_eq(r.rule, RULE_ROOTDRAW);
+    ck_assert_int_eq(r.decoder, DECODER_ROOTDRAW);
     ck_assert_int_eq(r.budget, 16);
     DecodeOpts opts = {.seed = 1, .sampling = {.top_p = 0.5}};
     ck_assert_int_eq(serve_sampling_map(&r, &opts, &se), 0);
@@ -174,7 +174,7 @@ START_TEST(test_request_fields) {
     ck_assert_msg(strstr(se.msg, "top_p"), "%s", se.msg);
     serve_request_free(&r);
     ck_assert_int_eq(parse("{\"prompt\": [3, 4]}", SERVE_COMPLETION, &r, &se), 0);
-    ck_assert(r.n_ids == 2 && r.ids[1] == 4 && r.rule == -1 && !r.max_tokens);
+    ck_assert(r.n_ids == 2 && r.ids[1] == 4 && r.decoder == -1 && !r.max_tokens);
     serve_request_free(&r);
 }
 END_TEST

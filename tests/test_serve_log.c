@@ -14,10 +14,10 @@
 /* Runs LOG_JOBS completions (prompt token ids, no tokenizer needed) through a core with
  * `parallel` workers and a round log; ids[i] and tokens[i]: each request's id and the
  * completion tokens its answer reports. */
-static void serve_jobs(Engine *en, const DecodeOpts *dflt, int parallel, FILE *log,
+static void serve_jobs(Engine *en, const DecodeOpts *opts, int parallel, FILE *log,
                        char ids[][48], int *tokens) {
     EngineOpts eo = {.ctx = 256, .threads = 1};
-    ServeConfig cfg = {.model_name = "m", .queue_max = LOG_JOBS, .dflt = *dflt,
+    ServeConfig cfg = {.model_name = "m", .queue_max = LOG_JOBS, .dflt = *opts,
                        .parallel = parallel, .round_log = log,
                        .batch = {.row_budget = 64, .prefill_chunk = 16, .kv_entries = 512,
                                  .seq_capacity = 256, .backend = engine_backend_params(&eo)}};
@@ -84,7 +84,7 @@ static void check_log(const char *path, const char *decoder, int budget, char id
     free(rr);
 }
 
-static void run_case(int parallel, Rule rule, int need_drafter) {
+static void run_case(int parallel, DecoderKind decoder, int need_drafter) {
     char path[] = "/tmp/rootspec-serve-log-XXXXXX";
     int fd = mkstemp(path);
     ck_assert_int_ge(fd, 0);
@@ -94,21 +94,21 @@ static void run_case(int parallel, Rule rule, int need_drafter) {
     Engine *en = NULL;
     RsErr e = {0};
     ck_assert_msg(engine_create(&eo, need_drafter, &en, &e) == RS_OK, "%s", e.msg);
-    DecodeOpts dflt = {.rule = rule, .budget = rule == RULE_AR ? 0 : 8, .seed = 3,
+    DecodeOpts opts = {.decoder = decoder, .budget = decoder == DECODER_AR ? 0 : 8, .seed = 3,
                        .max_new = 16, .sampling = {.temperature = 1, .top_p = 1}};
     char ids[LOG_JOBS][48];
     int tokens[LOG_JOBS];
-    serve_jobs(en, &dflt, parallel, log, ids, tokens);
+    serve_jobs(en, &opts, parallel, log, ids, tokens);
     ck_assert_int_eq(fclose(log), 0);
-    check_log(path, rule_name(rule), dflt.budget, ids, tokens);
+    check_log(path, decoder_name(decoder), opts.budget, ids, tokens);
     engine_destroy(&en);
     unlink(path);
 }
 
-START_TEST(test_log_one_at_a_time) { run_case(1, RULE_DRAFT, 1); }
+START_TEST(test_log_one_at_a_time) { run_case(1, DECODER_DRAFT, 1); }
 END_TEST
 
-START_TEST(test_log_batched) { run_case(2, RULE_AR, 0); }
+START_TEST(test_log_batched) { run_case(2, DECODER_AR, 0); }
 END_TEST
 
 Suite *suite_serve_log(void) {

@@ -954,12 +954,12 @@ END_TEST
  * own, the self-drafter and a rootspec-draft process, T=0 output equals AR's. The
  * self-drafter and the remote one serve the same layers, so they accept the same tokens;
  * the target itself as its own drafter accepts more than a one-layer view. */
-static int engine_decode(const EngineOpts *eo, Rule rule, int *out, int cap, long *accepted) {
+static int engine_decode(const EngineOpts *eo, DecoderKind decoder, int *out, int cap, long *accepted) {
     Engine *en = NULL;
     RsErr e = {0};
-    ck_assert_msg(engine_create(eo, rule != RULE_AR, &en, &e) == 0, "%s", e.msg);
+    ck_assert_msg(engine_create(eo, decoder != DECODER_AR, &en, &e) == 0, "%s", e.msg);
     const int prompt[] = {10, 20, 30, 40, 50, 60};
-    DecodeOpts opts = {.rule = rule, .budget = 8, .sampling = SAMPLING_GREEDY, .max_new = 40};
+    DecodeOpts opts = {.decoder = decoder, .budget = 8, .sampling = SAMPLING_GREEDY, .max_new = 40};
     DecodeResult r = {.tokens = out, .cap = cap};
     ck_assert_msg(decode_run(en->target, en->drafter, prompt, 6, &opts, NULL, &r, &e) == 0, "%s",
                   e.msg);
@@ -981,7 +981,7 @@ START_TEST(test_engine_each_drafter_kind) {
     EngineOpts base = {.model_path = TINY, .threads = 1, .ctx = 512, .draft_timeout_ms = 20000};
     int ref[128], got[128];
     long acc[5], ar_acc;
-    int n_ref = engine_decode(&base, RULE_AR, ref, 128, &ar_acc);
+    int n_ref = engine_decode(&base, DECODER_AR, ref, 128, &ar_acc);
     ck_assert_int_ge(n_ref, 40);
     EngineOpts kinds[5] = {base, base, base, base, base};
     const char *names[5] = {"drafter model", "self-drafter", "remote", "suffix", "remote suffix"};
@@ -991,7 +991,7 @@ START_TEST(test_engine_each_drafter_kind) {
     kinds[3].drafter_kind = DRAFTER_KIND_SUFFIX;
     kinds[4].draft_endpoint = eps;
     for (int k = 0; k < 5; k++) {
-        int n = engine_decode(&kinds[k], RULE_ROOTDRAW, got, 128, &acc[k]);
+        int n = engine_decode(&kinds[k], DECODER_ROOTDRAW, got, 128, &acc[k]);
         ck_assert_msg(n >= 40, "%s: %d tokens", names[k], n);
         for (int i = 0; i < 40; i++)
             ck_assert_msg(got[i] == ref[i], "%s: token %d is %d, AR's %d", names[k], i, got[i],
