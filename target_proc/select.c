@@ -99,16 +99,16 @@ static int is_descendant(const Pool *p, int u, int anc) {
 }
 
 void select_pearl(const Pool *p, int B, int x1, Selection *out) {
-    Selection d;
-    select_draft(p, B, &d);
+    Selection sel;
+    select_draft(p, B, &sel);
     sel_init(out);
     out->x1_token = x1;
     out->rooted_at_x1 = 1;
     int x1n = first_level_node(p, x1);
     out->x1_in_pool = x1n >= 0;
     int list[TREE_MAX], n = 0;
-    for (int k = 0; k < d.t.n; k++)
-        if (x1n >= 0 && is_descendant(p, d.t.node[k], x1n)) list[n++] = d.t.node[k];
+    for (int k = 0; k < sel.t.n; k++)
+        if (x1n >= 0 && is_descendant(p, sel.t.node[k], x1n)) list[n++] = sel.t.node[k];
     if (n == 0) {
         x1_alone(out, x1);
         return;

@@ -303,13 +303,13 @@ static char *target_vs_fake(const char *text, int *rc) {
     Fake f = {.error_text = text};
     snprintf(f.ep, sizeof f.ep, "ipc://%s/fake.sock", g_dir);
     Model *m = NULL;
-    Tokenizer *t = NULL;
+    Tokenizer *tok = NULL;
     RsErr e = {0};
-    ck_assert_msg(model_load(TINY, &m, &e) == 0 && tokenizer_load_model(m, &t, &e) == 0, "%s",
+    ck_assert_msg(model_load(TINY, &m, &e) == 0 && tokenizer_load_model(m, &tok, &e) == 0, "%s",
                   e.msg);
     f.vocab = (uint32_t)m->cfg.vocab_size;
-    f.tok_hash = tokenizer_identity(t, m->cfg.vocab_size);
-    tokenizer_destroy(&t);
+    f.tok_hash = tokenizer_identity(tok, m->cfg.vocab_size);
+    tokenizer_destroy(&tok);
     model_destroy(&m);
     pthread_t th;
     ck_assert_int_eq(pthread_create(&th, NULL, fake_main, &f), 0);

@@ -317,12 +317,12 @@ START_TEST(test_rows_decode_no_full_rows) {
             for (int sa = 0; sa <= decoder_needs_root_pass(rules[k]); sa++) {
                 DecodeOpts opts = {.decoder = rules[k], .budget = 8, .sampling = LAWS[l], .seed = 7,
                                    .max_new = 24, .score_all = sa};
-                DecodeResult r = {.tokens = buf, .cap = 64};
+                DecodeResult res = {.tokens = buf, .cap = 64};
                 g_full_rows = 0;
                 uint64_t d0 = backend_stats(target_backend(t)).d2h_full_rows;
                 ck_assert_msg(decode_run(t, rules[k] == DECODER_AR ? NULL : d, prompt, 5, &opts, NULL,
-                                         &r, &e) == 0, "%s", e.msg);
-                ck_assert_int_ge(r.n_tokens, 1);
+                                         &res, &e) == 0, "%s", e.msg);
+                ck_assert_int_ge(res.n_tokens, 1);
                 ck_assert_msg(g_full_rows == 0, "%s law %d%s: %ld whole rows copied to the host",
                               decoder_name(rules[k]), l, sa ? " score-all" : "", g_full_rows);
                 ck_assert_msg(backend_stats(target_backend(t)).d2h_full_rows == d0,

@@ -78,14 +78,14 @@ static int run_law(Pair *p, DecoderKind decoder, int B, const Sampling *smp, uin
                        .max_new = max_new, .test_wrong_x1 = wrong,
                        .planner = decoder == DECODER_AR ? NULL : g_planner, .pool_depth = g_depth,
                        .pool_width = g_width};
-    DecodeResult r = {0};
+    DecodeResult res = {0};
     int buf[512];
-    r.tokens = buf;
-    r.cap = max_new + ROUND_MAX_EMIT;
+    res.tokens = buf;
+    res.cap = max_new + ROUND_MAX_EMIT;
     RsErr e = {0};
-    int rc = decode_run(p->t, decoder == DECODER_AR ? NULL : p->front, prompt, n, &opts, h, &r, &e);
+    int rc = decode_run(p->t, decoder == DECODER_AR ? NULL : p->front, prompt, n, &opts, h, &res, &e);
     ck_assert_msg(rc == 0, "decode failed: %s", e.msg);
-    int m = r.n_tokens < max_new ? r.n_tokens : max_new;
+    int m = res.n_tokens < max_new ? res.n_tokens : max_new;
     memcpy(out, buf, sizeof(int) * (size_t)m);
     return m;
 }
@@ -610,10 +610,10 @@ typedef struct {
     DecoderKind decoder;
     int B, skips, x1_off, rounds_tree;
     char why[200];
-} RoundLog;
+} RoundCheck;
 
 static void round_check(void *u, const RoundInfo *r) {
-    RoundLog *s = u;
+    RoundCheck *s = u;
     /* DESIGN.md §6: no round starts once the output has reached the limit */
     if (s->total >= s->max_new) s->after_limit++;
 #define BAD(...) do { if (!s->bad) snprintf(s->why, sizeof s->why, __VA_ARGS__); s->bad++; } while (0)
@@ -667,7 +667,7 @@ static void round_check(void *u, const RoundInfo *r) {
 }
 
 static int decode_logged(Pair *p, Target *t, DecoderKind decoder, int B, int temp, uint64_t seed,
-                         const int *prompt, int n, int max_new, RoundLog *lg, DecodeResult *r,
+                         const int *prompt, int n, int max_new, RoundCheck *lg, DecodeResult *res,
                          int *buf) {
     memset(lg, 0, sizeof *lg);
     lg->max_new = max_new;
@@ -676,14 +676,14 @@ static int decode_logged(Pair *p, Target *t, DecoderKind decoder, int B, int tem
     DecodeOpts opts = {.decoder = decoder, .budget = B, .sampling = sampling_from_temp(temp), .seed = seed, .prompt_id = 3,
                        .max_new = max_new};
     DecodeHooks h = {.on_round = round_check, .user = lg};
-    memset(r, 0, sizeof *r);
-    r->tokens = buf;
-    r->cap = max_new + ROUND_MAX_EMIT;
+    memset(res, 0, sizeof *res);
+    res->tokens = buf;
+    res->cap = max_new + ROUND_MAX_EMIT;
     RsErr e = {0};
-    int rc = decode_run(t, decoder == DECODER_AR ? NULL : p->front, prompt, n, &opts, &h, r, &e);
+    int rc = decode_run(t, decoder == DECODER_AR ? NULL : p->front, prompt, n, &opts, &h, res, &e);
     ck_assert_msg(rc == 0, "decode failed: %s", e.msg);
     ck_assert_msg(lg->bad == 0, "%s T=%d B=%d: %s", decoder_name(decoder), temp, B, lg->why);
-    return r->n_tokens;
+    return res->n_tokens;
 }
 
 /* Stop rule: a decode stops after the round in which its output reaches the limit (that
@@ -706,14 +706,14 @@ START_TEST(test_stop_rule_and_kv) {
                 for (int b = 0; b < 2; b++)
                     for (int li = 0; li < 3; li++) {
                         int B = b ? 59 : 8, lim = limits[li];
-                        RoundLog lg;
-                        DecodeResult r;
+                        RoundCheck lg;
+                        DecodeResult res;
                         decode_logged(&p, p.t, ALL_RULES[ri], B, temp, 7 + li, prompt, 5, lim,
-                                      &lg, &r, buf);
+                                      &lg, &res, buf);
                         const char *nm = decoder_name(ALL_RULES[ri]);
                         ck_assert_msg(lg.after_limit == 0, "%s: a round started after the limit", nm);
-                        ck_assert_int_eq(r.n_tokens, lg.total);
-                        ck_assert_int_eq(r.rounds, lg.rounds);
+                        ck_assert_int_eq(res.n_tokens, lg.total);
+                        ck_assert_int_eq(res.rounds, lg.rounds);
                         ck_assert_msg(lg.total == lim, "%s T=%d B=%d limit %d: %d tokens", nm,
                                       temp, B, lim, lg.total);
                         ck_assert_msg(lg.produced >= lim &&
@@ -756,11 +756,11 @@ START_TEST(test_stop_at_first_eos) {
     ck_assert(target_create(p.tm, &cpu_backend_ops, TU_BP(512, 1), &eos, 1, &t2, &e) == 0);
     for (int ri = 0; ri < 5; ri++)
         for (int b = 0; b < 2; b++) {
-            RoundLog lg;
-            DecodeResult r;
-            decode_logged(&p, t2, ALL_RULES[ri], b ? 59 : 8, 0, 1, prompt, 4, 40, &lg, &r, buf);
-            ck_assert_msg(r.hit_eos && r.n_tokens == first + 1, "%s: %d tokens (EOS at %d)",
-                          decoder_name(ALL_RULES[ri]), r.n_tokens, first);
+            RoundCheck lg;
+            DecodeResult res;
+            decode_logged(&p, t2, ALL_RULES[ri], b ? 59 : 8, 0, 1, prompt, 4, 40, &lg, &res, buf);
+            ck_assert_msg(res.hit_eos && res.n_tokens == first + 1, "%s: %d tokens (EOS at %d)",
+                          decoder_name(ALL_RULES[ri]), res.n_tokens, first);
             for (int i = 0; i <= first; i++) ck_assert_int_eq(buf[i], ref[i]);
             /* the EOS came in the last round */
             ck_assert_int_le(lg.total - lg.last_emit, first);
@@ -770,11 +770,11 @@ START_TEST(test_stop_at_first_eos) {
     for (int ri = 0; ri < 5; ri++) {
         DecodeOpts opts = {.decoder = ALL_RULES[ri], .budget = 8, .seed = 1, .max_new = 40,
                            .ignore_eos = 1};
-        DecodeResult r = {.tokens = buf, .cap = 40 + ROUND_MAX_EMIT};
+        DecodeResult res = {.tokens = buf, .cap = 40 + ROUND_MAX_EMIT};
         Drafter *d = ALL_RULES[ri] == DECODER_AR ? NULL : p.front;
-        ck_assert_msg(decode_run(t2, d, prompt, 4, &opts, NULL, &r, &e) == 0, "%s", e.msg);
-        ck_assert_msg(!r.hit_eos && r.n_tokens == 40, "%s --ignore-eos: %d tokens, eos %d",
-                      decoder_name(ALL_RULES[ri]), r.n_tokens, r.hit_eos);
+        ck_assert_msg(decode_run(t2, d, prompt, 4, &opts, NULL, &res, &e) == 0, "%s", e.msg);
+        ck_assert_msg(!res.hit_eos && res.n_tokens == 40, "%s --ignore-eos: %d tokens, eos %d",
+                      decoder_name(ALL_RULES[ri]), res.n_tokens, res.hit_eos);
         for (int i = 0; i < 40; i++) ck_assert_int_eq(buf[i], ref[i]);
     }
     target_destroy(&t2);
@@ -799,20 +799,20 @@ START_TEST(test_max_new_exact) {
             ck_assert_int_eq(nref, 40);
             for (int ri = 0; ri < 5; ri++)
                 for (int lim = 1; lim <= B + 2; lim++) {
-                    RoundLog lg;
-                    DecodeResult r;
-                    decode_logged(&p, p.t, ALL_RULES[ri], B, 0, 1, prompt, NP, lim, &lg, &r,
+                    RoundCheck lg;
+                    DecodeResult res;
+                    decode_logged(&p, p.t, ALL_RULES[ri], B, 0, 1, prompt, NP, lim, &lg, &res,
                                   buf);
                     const char *nm = decoder_name(ALL_RULES[ri]);
-                    ck_assert_msg(r.n_tokens == lim && !r.hit_eos,
+                    ck_assert_msg(res.n_tokens == lim && !res.hit_eos,
                                   "drafter %d %s --max-new %d: %d tokens", kind, nm, lim,
-                                  r.n_tokens);
+                                  res.n_tokens);
                     for (int i = 0; i < lim; i++)
                         ck_assert_msg(buf[i] == ref[i],
                                       "drafter %d %s --max-new %d: token %d is %d, AR %d", kind,
                                       nm, lim, i, buf[i], ref[i]);
                     ck_assert_int_eq(lg.total, lim);
-                    ck_assert_int_eq(lg.produced - lg.dropped, r.n_tokens);
+                    ck_assert_int_eq(lg.produced - lg.dropped, res.n_tokens);
                     dropping += lg.dropped > 0;
                     decodes++;
                     Backend *tb = target_backend(p.t);
@@ -850,11 +850,11 @@ START_TEST(test_long_prompt) {
     ck_assert_int_eq(nref, MAX_NEW);
     const DecoderKind rules[] = {DECODER_DRAFT, DECODER_ROOTDRAW}; /* root+tree in one pass; a root pass */
     for (int ri = 0; ri < 2; ri++) {
-        RoundLog lg;
-        DecodeResult r;
-        decode_logged(&p, p.t, rules[ri], 59, 0, 1, prompt, N, MAX_NEW, &lg, &r, buf);
+        RoundCheck lg;
+        DecodeResult res;
+        decode_logged(&p, p.t, rules[ri], 59, 0, 1, prompt, N, MAX_NEW, &lg, &res, buf);
         const char *nm = decoder_name(rules[ri]);
-        ck_assert_int_ge(r.n_tokens, MAX_NEW);
+        ck_assert_int_ge(res.n_tokens, MAX_NEW);
         for (int i = 0; i < MAX_NEW; i++)
             ck_assert_msg(buf[i] == ref[i], "%s, %d-token prompt: token %d is %d, AR %d", nm, N,
                           i, buf[i], ref[i]);
@@ -885,10 +885,10 @@ START_TEST(test_round_rules) {
         for (int ri = 1; ri < 5; ri++)
             for (int temp = 0; temp < 2; temp++)
                 for (int b = 0; b < 2; b++) {
-                    RoundLog lg;
-                    DecodeResult r;
+                    RoundCheck lg;
+                    DecodeResult res;
                     decode_logged(&p, p.t, ALL_RULES[ri], b ? 59 : 8, temp, 40 + pr, prompt, 6,
-                                  30, &lg, &r, buf);
+                                  30, &lg, &res, buf);
                     if (ALL_RULES[ri] == DECODER_ROOT) skips[temp] += lg.skips;
                     off += lg.x1_off;
                 }
@@ -914,13 +914,13 @@ START_TEST(test_realised_vs_tau_root) {
         for (int s = 0; s < 300; s++) {
             DecodeOpts opts = {.decoder = DECODER_ROOT, .budget = B, .sampling = SAMPLING_PLAIN, .seed = 900 + s,
                                .prompt_id = s, .max_new = 24};
-            DecodeResult r = {0};
+            DecodeResult res = {0};
             int bb[128];
-            r.tokens = bb;
-            r.cap = 128;
+            res.tokens = bb;
+            res.cap = 128;
             RsErr e = {0};
-            ck_assert(decode_run(p.t, p.front, prompt, 4, &opts, &h, &r, &e) == 0);
-            rounds += r.rounds;
+            ck_assert(decode_run(p.t, p.front, prompt, 4, &opts, &h, &res, &e) == 0);
+            rounds += res.rounds;
         }
         double ma = st.sum_acc / st.n, mt = st.sum_tau / st.n;
         double sd = sqrt(st.sum_acc2 / st.n - ma * ma), se = sd / sqrt((double)st.n);
@@ -1030,16 +1030,16 @@ START_TEST(test_score_all_oracle) {
                     DecodeHooks h = {.on_round = oracle_round, .user = &g};
                     DecodeOpts opts = {.decoder = rule, .budget = B, .sampling = sampling_from_temp(temp), .seed = 50 + s,
                                        .prompt_id = s, .max_new = 96, .score_all = 1};
-                    DecodeResult r = {0};
+                    DecodeResult res = {0};
                     int buf[256];
-                    r.tokens = buf;
-                    r.cap = 256;
+                    res.tokens = buf;
+                    res.cap = 256;
                     RsErr e = {0};
-                    ck_assert_msg(decode_run(p.t, d, prompt, 5, &opts, &h, &r, &e) == 0, "%s", e.msg);
+                    ck_assert_msg(decode_run(p.t, d, prompt, 5, &opts, &h, &res, &e) == 0, "%s", e.msg);
                     ck_assert_msg(g.bad == 0, "%s T=%d B=%d: %s", decoder_name(rule), temp, B, g.why);
-                    ck_assert_int_eq(g.rounds, r.rounds);
+                    ck_assert_int_eq(g.rounds, res.rounds);
                     if (temp == 0) /* the wider pass must not disturb greedy identity */
-                        for (int i = 0; i < 96 && i < r.n_tokens; i++) ck_assert_int_eq(buf[i], ar[i]);
+                        for (int i = 0; i < 96 && i < res.n_tokens; i++) ck_assert_int_eq(buf[i], ar[i]);
                     checked += g.checked;
                     deep += g.deep;
                 }
@@ -1065,16 +1065,16 @@ START_TEST(test_kv_full_reserve) {
     for (int k = 0; k < 3; k++) {
         for (int B = 4; B <= 59; B += 55) {
             DecodeOpts opts = {.decoder = rules[k], .budget = B, .max_new = 4 * cap};
-            DecodeResult r = {0};
+            DecodeResult res = {0};
             int buf[2048];
-            r.tokens = buf;
-            r.cap = 2048;
+            res.tokens = buf;
+            res.cap = 2048;
             RsErr e = {0};
             ck_assert_msg(decode_run(p.t, rules[k] == DECODER_AR ? NULL : p.front, prompt, 3, &opts, NULL,
-                                     &r, &e) == 0, "%s", e.msg);
-            int reserve = decode_round_reserve(&opts), used = 3 - 1 + r.n_tokens;
+                                     &res, &e) == 0, "%s", e.msg);
+            int reserve = decode_round_reserve(&opts), used = 3 - 1 + res.n_tokens;
             ck_assert_int_eq(reserve, rules[k] == DECODER_AR ? 1 : 1 + B);
-            ck_assert_msg(r.hit_capacity, "%s B=%d: no KV-full stop", decoder_name(rules[k]), B);
+            ck_assert_msg(res.hit_capacity, "%s B=%d: no KV-full stop", decoder_name(rules[k]), B);
             /* stopped because the next round might not fit, not earlier */
             ck_assert_msg(used + reserve > cap && used + reserve <= cap + ROUND_MAX_EMIT,
                           "%s B=%d: stopped with %d of %d entries used (reserve %d)",
@@ -1110,15 +1110,15 @@ START_TEST(test_measurement_off_clock) {
         MeasureLog m = {0};
         DecodeHooks h = {.on_round = measure_round, .user = &m};
         DecodeOpts opts = {.decoder = rules[k], .budget = 59, .sampling = SAMPLING_PLAIN, .seed = 3, .max_new = 48};
-        DecodeResult r = {0};
+        DecodeResult res = {0};
         int buf[256];
-        r.tokens = buf;
-        r.cap = 256;
+        res.tokens = buf;
+        res.cap = 256;
         RsErr e = {0};
         uint64_t w0 = rs_now_ns();
-        ck_assert_msg(decode_run(p.t, rules[k] == DECODER_AR ? NULL : p.front, prompt, 4, &opts, &h, &r,
+        ck_assert_msg(decode_run(p.t, rules[k] == DECODER_AR ? NULL : p.front, prompt, 4, &opts, &h, &res,
                                  &e) == 0, "%s", e.msg);
-        uint64_t wall = rs_now_ns() - w0, took = r.t_end - r.t_start;
+        uint64_t wall = rs_now_ns() - w0, took = res.t_end - res.t_start;
         if (rules[k] == DECODER_AR) ck_assert_msg(m.measured_ar == m.rounds, "AR: %d of %d rounds measured", m.measured_ar, m.rounds);
         ck_assert_msg(m.measured_trees == m.tree_rounds, "%s: %d of %d tree rounds measured",
                       decoder_name(rules[k]), m.measured_trees, m.tree_rounds);
@@ -1136,23 +1136,23 @@ START_TEST(test_decode_errors) {
     Pair p;
     pair_open(&p, 1, 32, 16, 3);
     DecodeOpts opts = {.decoder = DECODER_DRAFT, .budget = 8, .max_new = 4};
-    DecodeResult r = {0};
+    DecodeResult res = {0};
     int buf[64], big[600];
-    r.tokens = buf;
-    r.cap = 64;
+    res.tokens = buf;
+    res.cap = 64;
     RsErr e = {0};
     for (int i = 0; i < 600; i++) big[i] = 1;
-    ck_assert_int_eq(decode_run(p.t, p.front, big, 600, &opts, NULL, &r, &e), RS_EINVAL);
+    ck_assert_int_eq(decode_run(p.t, p.front, big, 600, &opts, NULL, &res, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "prompt of 600 tokens does not fit the KV cache"), "%s", e.msg);
     int bad[2] = {1, 32};
-    ck_assert_int_eq(decode_run(p.t, p.front, bad, 2, &opts, NULL, &r, &e), RS_EINVAL);
+    ck_assert_int_eq(decode_run(p.t, p.front, bad, 2, &opts, NULL, &res, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "prompt token 32 at position 1 outside vocabulary of 32"), "%s", e.msg);
     opts.budget = 65;
-    ck_assert_int_eq(decode_run(p.t, p.front, bad, 1, &opts, NULL, &r, &e), RS_EINVAL);
+    ck_assert_int_eq(decode_run(p.t, p.front, bad, 1, &opts, NULL, &res, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "budget 65 outside 1..64"), "%s", e.msg);
     opts.budget = 8;
     opts.score_all = 1;
-    ck_assert_int_eq(decode_run(p.t, p.front, bad, 1, &opts, NULL, &r, &e), RS_EINVAL);
+    ck_assert_int_eq(decode_run(p.t, p.front, bad, 1, &opts, NULL, &res, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "needs a root-pass decoder"), "%s", e.msg);
     pair_close(&p);
 }
@@ -1196,11 +1196,11 @@ START_TEST(test_root_margin) {
     for (int k = 0; k < 2; k++) {
         DecodeOpts opts = {.decoder = rules[k], .budget = 8, .max_new = 12};
         int buf[64], prompt[3] = {1, 2, 3};
-        DecodeResult r = {.tokens = buf, .cap = 64};
+        DecodeResult res = {.tokens = buf, .cap = 64};
         MarginLog ml = {0};
         DecodeHooks h = {NULL, margin_round, NULL, &ml, NULL, NULL};
         RsErr e = {0};
-        ck_assert_int_eq(decode_run(p.t, p.front, prompt, 3, &opts, &h, &r, &e), RS_OK);
+        ck_assert_int_eq(decode_run(p.t, p.front, prompt, 3, &opts, &h, &res, &e), RS_OK);
         ck_assert_int_eq(ml.bad, 0);
         if (rules[k] == DECODER_AR) ck_assert_int_eq(ml.with_margin, ml.rounds);
         else ck_assert_int_lt(ml.with_margin, ml.rounds); /* draft rounds have no root pass */

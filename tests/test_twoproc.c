@@ -960,14 +960,14 @@ static int engine_decode(const EngineOpts *eo, DecoderKind decoder, int *out, in
     ck_assert_msg(engine_create(eo, decoder != DECODER_AR, &en, &e) == 0, "%s", e.msg);
     const int prompt[] = {10, 20, 30, 40, 50, 60};
     DecodeOpts opts = {.decoder = decoder, .budget = 8, .sampling = SAMPLING_GREEDY, .max_new = 40};
-    DecodeResult r = {.tokens = out, .cap = cap};
-    ck_assert_msg(decode_run(en->target, en->drafter, prompt, 6, &opts, NULL, &r, &e) == 0, "%s",
+    DecodeResult res = {.tokens = out, .cap = cap};
+    ck_assert_msg(decode_run(en->target, en->drafter, prompt, 6, &opts, NULL, &res, &e) == 0, "%s",
                   e.msg);
-    ck_assert_msg(!r.drafter_failed, "the drafter failed");
+    ck_assert_msg(!res.drafter_failed, "the drafter failed");
     engine_destroy(&en);
     ck_assert(en == NULL); /* destroy clears the pointer */
-    *accepted = r.accepted_total;
-    return r.n_tokens;
+    *accepted = res.accepted_total;
+    return res.n_tokens;
 }
 
 START_TEST(test_engine_each_drafter_kind) {

@@ -236,10 +236,10 @@ START_TEST(test_cuda_rowstats_decode) {
                 int temp = sampling_temp(&LAWS[l]);
                 DecodeOpts opts = {.decoder = rules[k], .budget = 8, .sampling = LAWS[l], .seed = 3,
                                    .max_new = 12, .score_all = sa};
-                DecodeResult r = {.tokens = buf, .cap = 48};
+                DecodeResult res = {.tokens = buf, .cap = 48};
                 ck_assert_msg(decode_run(t, rules[k] == DECODER_AR ? NULL : d, prompt, 4, &opts, NULL,
-                                         &r, &e) == 0, "%s", e.msg);
-                ck_assert_int_ge(r.n_tokens, 12);
+                                         &res, &e) == 0, "%s", e.msg);
+                ck_assert_int_ge(res.n_tokens, 12);
                 if (temp == 0 && k == 0) memcpy(ar, buf, sizeof(int) * 12);
                 if (temp == 0)
                     for (int i = 0; i < 12; i++)
