@@ -13,9 +13,11 @@
 #    the CPU build never reaches into the CUDA backend.
 # 5. No issue or pull-request numbers in code or documents: a reader of a clone cannot look
 #    them up; say what the thing is instead.
-# 6. One name per type: a parameter or local Decode is `dec`, a DecodeOpts `opts` (a second
-#    one in a scope: opts_NAME), a Drafter `d` and a Drafter ** out-parameter `out`; the
-#    short names these types once shared (d, o, dp, dc) are refused in declarations.
+# 6. One name per type and per idea: a parameter or local Decode is `dec`, a DecodeOpts
+#    `opts` (a second one in a scope: opts_NAME), a Drafter `d` (a Drafter ** out-parameter
+#    `out`), an EngineOpts `eo`, a Tokenizer `tok`, a DecodeResult `res`; the short names
+#    these types once shared are refused in declarations. What --decoder picks is a
+#    DecoderKind (DECODER_*, decoder_name, DecodeOpts.decoder), never a "Rule".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 self=tests/check_repo.sh
@@ -105,9 +107,12 @@ fi
 # Declarations only: `Decode *d`, `const DecodeOpts *o`, `DecodeOpts d = ...`, `Drafter *dc`.
 names_re='\bDecode \*+ ?(const )?(d|o|dc)\b|\bDecodeOpts \*+ ?(const )?(d|o|dp|dflt)\b'
 names_re+='|\bDecodeOpts (d|o|dp|dflt) ?[=,)]|\bDrafter \*+ ?(const )?(dc|dl)\b|\bDrafter \*\*(d|pd)\b'
+names_re+='|\bEngineOpts \*?(const )?o\b|\bTokenizer \*(const )?t\b|\bDecodeResult \*?r\b'
+names_re+='|\bRule\b|\bRULE_[A-Z]+\b|\brule_(name|parse|needs_root)\('
 names=$(list_files | grep -zE '\.(c|h|cu|cuh)$' | xargs -0 grep -nE "$names_re" -- || true)
 if [ -n "$names" ]; then
-  echo "check_repo: one name per type: Decode is dec, DecodeOpts opts, Drafter d (Drafter ** out):"
+  echo "check_repo: one name per type: Decode is dec, DecodeOpts opts, Drafter d (Drafter ** out)," \
+       "EngineOpts eo, Tokenizer tok, DecodeResult res; --decoder's type is DecoderKind:"
   echo "$names"
   fail=1
 fi
