@@ -782,11 +782,11 @@ static int combos_build(Bench *b) {
     free(declist);
     if (rc) return fail(2, "%s", e.msg);
     for (int c = 0; c < b->n_combos; c++) {
-        int r = rule_parse(b->combos[c].decoder);
-        if (r < 0 || r == RULE_ORACLE)
+        int r = decoder_parse(b->combos[c].decoder);
+        if (r < 0 || r == DECODER_ORACLE)
             return fail(2, "--decoders: unknown decoder '%s' (draft, pearl, rootdraw, root, ar)",
                         b->combos[c].decoder);
-        if (r != RULE_AR) b->need_drafter = 1;
+        if (r != DECODER_AR) b->need_drafter = 1;
     }
     if (b->n_combos == 0) return fail(2, "no combinations to run");
     return 0;
@@ -843,10 +843,11 @@ static int engine_setup(Bench *b) {
                      .draft_layers = s->draft_layers, .draft_endpoint = s->draft_endpoint,
                      .backend = s->backend, .threads = s->threads, .device = s->device,
                      .ctx = s->ctx, .batch_invariant = s->batch_invariant,
-                     .cpu_kernels = cli_cpu_kernels(), /* the environment, read here once */
                      .draft_timeout_ms = s->draft_timeout_ms,
                      .insecure = s->insecure, .curve_dir = s->curve_dir,
                      .draft_corpus = s->draft_corpus};
+    /* the environment's backend settings, read here once */
+    if (cli_backend_env(&eo.cpu_kernels, &eo.sw, &e)) return fail(2, "%s", e.msg);
     if (s->drafter) drafter_kind_option(s->drafter, &eo.drafter_kind, NULL);
     if (s->launch && b->need_drafter) {
         if (drafter_launch(s, ep, sizeof ep, &e)) return fail(1, "%s", e.msg);
@@ -877,9 +878,9 @@ static int prompts_tokenize(Bench *b) {
     int reserve = 0;
     for (int c = 0; c < b->n_combos; c++) {
         int B = b->combos[c].budget;
-        DecodeOpts o = {.rule = rule_parse(b->combos[c].decoder),
-                        .budget = B == BENCH_BUDGET_AUTO ? TREE_MAX : B};
-        int r = decode_round_reserve(&o) + ROUND_MAX_EMIT;
+        DecodeOpts opts = {.decoder = decoder_parse(b->combos[c].decoder),
+                           .budget = B == BENCH_BUDGET_AUTO ? TREE_MAX : B};
+        int r = decode_round_reserve(&opts) + ROUND_MAX_EMIT;
         if (r > reserve) reserve = r;
     }
     for (int p = 0; p < b->n_prompts; p++) {
@@ -914,17 +915,17 @@ static int decode_one(Bench *b, const BenchRun *r, const char *label, DecodeResu
     const BenchCombo *c = &b->combos[r->combo];
     RsErr e = {0};
     int automatic = c->budget == BENCH_BUDGET_AUTO;
-    DecodeOpts o = {.rule = (Rule)rule_parse(c->decoder),
-                    .budget = automatic ? TREE_MAX : c->budget > 0 ? c->budget : 1, /* 1: AR */
-                    .planner = automatic ? b->en->planner : NULL,
-                    .sampling = c->temp ? b->s.sampling : SAMPLING_GREEDY, .seed = b->s.seed,
-                    .prompt_id = (uint64_t)r->prompt,
-                    .max_new = b->s.max_new, .ignore_eos = b->s.ignore_eos,
-                    .pool_depth = b->s.pool_depth, .pool_width = b->s.pool_width};
+    DecodeOpts opts = {.decoder = (DecoderKind)decoder_parse(c->decoder),
+                       .budget = automatic ? TREE_MAX : c->budget > 0 ? c->budget : 1, /* 1: AR */
+                       .planner = automatic ? b->en->planner : NULL,
+                       .sampling = c->temp ? b->s.sampling : SAMPLING_GREEDY, .seed = b->s.seed,
+                       .prompt_id = (uint64_t)r->prompt,
+                       .max_new = b->s.max_new, .ignore_eos = b->s.ignore_eos,
+                       .pool_depth = b->s.pool_depth, .pool_width = b->s.pool_width};
     Backend *be = target_backend(b->en->target);
     Sink *sink = &b->sink;
     sink->n = 0;
-    sink->law = o.sampling;
+    sink->law = opts.sampling;
     sink->log = (RoundLog){.decoder = c->decoder, .temp = c->temp, .budget = c->budget,
                            .prompt_id = bp->id, .rep = r->rep, .sampling = &sink->law};
     BackendStats st = backend_stats(be);
@@ -932,7 +933,7 @@ static int decode_one(Bench *b, const BenchRun *r, const char *label, DecodeResu
     sink->label = label;
     DecodeHooks h = {NULL, on_round, on_event, sink, NULL, NULL, NULL};
     int rc = decode_run(b->en->target, b->en->drafter, b->ids[r->prompt],
-                        b->n_ids[r->prompt], &o, &h, res, &e);
+                        b->n_ids[r->prompt], &opts, &h, res, &e);
     const char *why = rc ? e.msg
                       : res->drafter_failed ? "the drafter failed (decode finished autoregressively)"
                       : res->hit_capacity ? "the KV cache filled up (raise --ctx)"

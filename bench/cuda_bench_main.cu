@@ -97,6 +97,7 @@ static double time_pass(Backend *b, int n, int n_out, int iters, float *logits) 
  * passes for each n. *logits (pinned host memory) grows to the model's vocabulary. Returns 0
  * or the exit status (reported). */
 static int g_batch_inv; /* --batch-invariant: BackendParams.batch_invariant */
+static BackendSwitches g_sw; /* the environment's (ROOTSPEC_CUDA_FUSED_QKV, ...), read in main */
 static int g_ns[8] = {1, 9, 60, 65}, g_n_ns = 4; /* --ns */
 
 /* One BENCH line (tools/gpu-check.sh reads it) for the last graph-replayed pass of n rows. */
@@ -145,7 +146,7 @@ static int time_shape(const Shape *sh, int ctx, int iters, int device, double co
     }
     BackendParams p = {.kv_capacity = ctx + 128, .max_batch = ctx > 65 ? ctx : 65,
                        .max_pending = ctx > 65 ? ctx : 65, .threads = 0, .device = device,
-                       .batch_invariant = g_batch_inv};
+                       .batch_invariant = g_batch_inv, .sw = g_sw};
     Backend *b = NULL;
     uint64_t t0 = rs_now_ns();
     if (backend_create(cuda_backend_ops_get(), m, &p, &b, &e) != RS_OK) {
@@ -324,6 +325,12 @@ int main(int argc, char **argv) {
     if (iters < 1 || ctx < 1 || ctx > 8192 || copy_mib < 1 || copy_mib > 65536) {
         fprintf(stderr, "rootspec-cuda-bench: --iters %d / --ctx %d / --copy-mib %d out of range\n",
                 iters, ctx, copy_mib);
+        return 2;
+    }
+    const char *kernels = NULL;
+    RsErr env_err = {0};
+    if (cli_backend_env(&kernels, &g_sw, &env_err)) {
+        fprintf(stderr, "rootspec-cuda-bench: %s\n", env_err.msg);
         return 2;
     }
     if (preflight_only) return preflight(device);

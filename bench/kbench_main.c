@@ -33,6 +33,7 @@ typedef struct {
     int n_types, ns[8], n_ns, reps, mb, cols, hot_kb;
     int x4; /* --layout: 1 x4 tiles where the family has them (the backend's), 0 rows */
     int attn[8], n_attn; /* --attn: cache lengths (then no matrix cases) */
+    BackendSwitches sw;  /* the environment's: sw.cpu_kv_f32 for --attn */
 } Opts;
 
 static void usage(FILE *f) {
@@ -80,6 +81,9 @@ static int parse_types(const char *opt, const char *v, Opts *o, RsErr *e) {
 
 static int parse_opts(int argc, char **argv, Opts *o, RsErr *e) {
     *o = (Opts){.reps = 9, .mb = 64, .cols = 576, .hot_kb = 192, .x4 = 1};
+    const char *env_family = NULL; /* --family names the family here */
+    int env_rc = cli_backend_env(&env_family, &o->sw, e);
+    if (env_rc) return env_rc;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -200,9 +204,9 @@ static void attn_sweep(const QkFamily *f, const uint8_t *kc, const uint8_t *vc, 
 
 /* One token's attention over ctx committed entries in every head of ATT_LAYERS layers,
  * with the caches the backend would give this family (f16 where it has f16 attention,
- * unless ROOTSPEC_CPU_KV=f32): the minimum over reps of the whole sweep. */
-static void run_attn(const QkFamily *f, int ctx, int reps, Rng *r) {
-    size_t es = qk_kv_f16(f, ATT_HD, getenv("ROOTSPEC_CPU_KV")) ? 2 : sizeof(float);
+ * unless kv_f32, ROOTSPEC_CPU_KV=f32): the minimum over reps of the whole sweep. */
+static void run_attn(const QkFamily *f, int kv_f32, int ctx, int reps, Rng *r) {
+    size_t es = qk_kv_f16(f, ATT_HD, kv_f32) ? 2 : sizeof(float);
     size_t n = (size_t)ctx * ATT_KV_HEADS * ATT_HD * ATT_LAYERS;
     uint8_t *kc = rs_huge_alloc(es * n), *vc = rs_huge_alloc(es * n);
     float *row = rs_xmalloc(sizeof(float) * n), q[ATT_HEADS * ATT_HD], o[ATT_HEADS * ATT_HD];
@@ -246,7 +250,7 @@ int main(int argc, char **argv) {
     }
     Rng r;
     rng_seed(&r, 1);
-    for (int k = 0; k < o.n_attn; k++) run_attn(f, o.attn[k], o.reps, &r);
+    for (int k = 0; k < o.n_attn; k++) run_attn(f, o.sw.cpu_kv_f32, o.attn[k], o.reps, &r);
     if (o.n_attn) return 0;
     for (int ti = 0; ti < o.n_types; ti++) {
         for (int k = 0; k < o.n_ns; k++) {

@@ -33,7 +33,8 @@ static int context_ids(const Model *m, int **ids, int *n, RsErr *e) {
     return RS_OK;
 }
 
-int micro_drafter_host(const Model *m, int threads, const char *family, int rounds,
+int micro_drafter_host(const Model *m, int threads, const char *family,
+                       const BackendSwitches *sw, int rounds,
                        double *us_row, RsErr *e) {
     int *ids = NULL, n = 0, rc = context_ids(m, &ids, &n, e);
     if (rc) return rc;
@@ -42,7 +43,7 @@ int micro_drafter_host(const Model *m, int threads, const char *family, int roun
     snprintf(layers, sizeof layers, "0-%d", half - 1);
     Drafter *d = NULL;
     BackendParams bp = {.kv_capacity = n + rounds + POOL_N_EXPANDED + 8, .threads = threads,
-                        .cpu_kernels = family};
+                        .cpu_kernels = family, .sw = *sw};
     rc = drafter_self_create(m, layers, &cpu_backend_ops, &bp, &d, e);
     Pool *p = rs_xmalloc(sizeof(Pool));
     double *per = rs_xmalloc(sizeof(double) * (size_t)(rounds > 0 ? rounds : 1));

@@ -23,6 +23,7 @@ typedef struct {
     double roof_ms;  /* compute roof of a 10-row pass, one thread */
     const char *type; /* ggml type name of lm_head: the head's stored type */
     const char *family; /* BackendParams.cpu_kernels of the head's layer and its roof */
+    BackendSwitches sw; /* BackendParams.sw of the head's layer */
 } E3Bench;
 
 static int e3_open(const char *path, const Model *target, E3Bench *b, RsErr *e) {
@@ -84,7 +85,7 @@ static int e3_time(const E3Bench *b, int threads, int ctx, int rounds, double *r
     size_t F = (size_t)EAGLE3_N_FEATURES * h->cfg.target_hidden;
     BackendParams bp = {.kv_capacity = ctx + E3_COMMIT * (rounds + 1) + POOL_N_EXPANDED + 1,
                         .max_batch = E3_CTX_CHUNK, .threads = threads,
-                        .cpu_kernels = b->family};
+                        .cpu_kernels = b->family, .sw = b->sw};
     Eagle3Runner *r;
     int rc = eagle3_runner_create_on(h, &b->em, &cpu_eagle3_layer, &bp, &r, e);
     if (rc) return rc;
@@ -111,9 +112,9 @@ static int e3_time(const E3Bench *b, int threads, int ctx, int rounds, double *r
 }
 
 int micro_eagle3(const char *head_path, const Model *target, const char *family,
-                 const int *threads, const double *read_gbs, int n, int ctx, int rounds,
+                 const BackendSwitches *sw, const int *threads, const double *read_gbs, int n, int ctx, int rounds,
                  RsErr *e) {
-    E3Bench b = {.family = family};
+    E3Bench b = {.family = family, .sw = *sw};
     int rc = e3_open(head_path, target, &b, e);
     if (!rc)
         printf("eagle3 head %s (%s, dim %d, draft vocab %d): %.3f GB of matrices an expansion "

@@ -178,7 +178,8 @@ typedef struct {
     const char *model_path;
     int threads[MAX_THREADS], n_threads, iters, ar_tokens, ctx, rss_ctx, draft_rounds;
     const char *eagle3; /* --eagle3 HEAD: only the head's figure, --model its target */
-    const char *cpu_kernels; /* cli_cpu_kernels(): BackendParams.cpu_kernels */
+    const char *cpu_kernels; /* cli_backend_env: BackendParams.cpu_kernels */
+    BackendSwitches sw;      /* cli_backend_env: BackendParams.sw */
 } Opts;
 
 static int parse_threads(const char *v, Opts *o, RsErr *e) {
@@ -197,7 +198,9 @@ static int parse_threads(const char *v, Opts *o, RsErr *e) {
 
 static int parse_opts(int argc, char **argv, Opts *o, RsErr *e) {
     *o = (Opts){.threads = {1, 2}, .n_threads = 2, .iters = 20, .ar_tokens = 64,
-                .ctx = PREFILL, .draft_rounds = 8, .cpu_kernels = cli_cpu_kernels()};
+                .ctx = PREFILL, .draft_rounds = 8};
+    int env_rc = cli_backend_env(&o->cpu_kernels, &o->sw, e);
+    if (env_rc) return env_rc;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int rc = RS_OK;
@@ -364,7 +367,7 @@ static int run_threads(const Model *m, const Opts *o, int threads, double wbytes
     const Config *c = &m->cfg;
     BackendParams bp = {.kv_capacity = o->ctx + MAX_N + o->ar_tokens, .max_batch = PREFILL,
                         .max_pending = PREFILL, .threads = threads,
-                        .cpu_kernels = o->cpu_kernels};
+                        .cpu_kernels = o->cpu_kernels, .sw = o->sw};
     Backend *b = NULL;
     int rc = backend_create(&cpu_backend_ops, m, &bp, &b, e);
     if (rc) return rc;
@@ -445,7 +448,7 @@ static int rss_check(const Model *m, const Opts *o, double file_mb, RsErr *e) {
     int th = 1;
     for (int i = 0; i < o->n_threads; i++) th = o->threads[i] > th ? o->threads[i] : th;
     BackendParams bp = {.kv_capacity = o->rss_ctx, .max_batch = PREFILL, .max_pending = PREFILL,
-                        .threads = th, .cpu_kernels = o->cpu_kernels};
+                        .threads = th, .cpu_kernels = o->cpu_kernels, .sw = o->sw};
     Backend *b = NULL;
     if (backend_create(&cpu_backend_ops, m, &bp, &b, e)) return -1;
     int *tokens = rs_xmalloc(sizeof(int) * o->rss_ctx);
@@ -476,8 +479,8 @@ static int eagle3_main(const Opts *o) {
     }
     double gbs[MAX_THREADS];
     for (int i = 0; i < o->n_threads; i++) gbs[i] = stream_gbs(o->threads[i], 0);
-    rc = micro_eagle3(o->eagle3, t, o->cpu_kernels, o->threads, gbs, o->n_threads, o->ctx,
-                      o->draft_rounds > 0 ? o->draft_rounds : 1, &e);
+    rc = micro_eagle3(o->eagle3, t, o->cpu_kernels, &o->sw, o->threads, gbs, o->n_threads,
+                      o->ctx, o->draft_rounds > 0 ? o->draft_rounds : 1, &e);
     model_destroy(&t);
     if (rc) fprintf(stderr, "rootspec-micro: %s\n", e.msg);
     return rc ? cli_exit_status(rc) : 0;
@@ -493,7 +496,7 @@ int main(int argc, char **argv) {
     if (o.eagle3) return eagle3_main(&o);
     long rss0 = vm_rss_kb();
     Model *m = NULL;
-    BackendParams lp = {.cpu_kernels = o.cpu_kernels};
+    BackendParams lp = {.cpu_kernels = o.cpu_kernels, .sw = o.sw};
     int lrc = backend_model_load(&cpu_backend_ops, o.model_path, &lp, &m, &e); /* random: too */
     if (lrc) {
         fprintf(stderr, "rootspec-micro: %s\n", e.msg);
@@ -530,7 +533,8 @@ int main(int argc, char **argv) {
         rss = rss_t > rss ? rss_t : rss;
         double us_row;
         if (!rc && o.draft_rounds)
-            rc = micro_drafter_host(m, o.threads[i], o.cpu_kernels, o.draft_rounds, &us_row, &e);
+            rc = micro_drafter_host(m, o.threads[i], o.cpu_kernels, &o.sw, o.draft_rounds,
+                                    &us_row, &e);
     }
     if (!rc) {
         double kv = kv_mb(c, o.ctx + MAX_N + o.ar_tokens, kv_es);

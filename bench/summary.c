@@ -518,7 +518,9 @@ int bench_summary_file(const char *dir, const BenchDecode *d, int nd, const Roun
 
 /* ---- plots ---- */
 
-/* Finds the gnuplot binary: $ROOTSPEC_GNUPLOT, else "gnuplot" in $PATH. */
+/* Finds the gnuplot binary: $ROOTSPEC_GNUPLOT (a tool's path, read here only), else
+ * "gnuplot" in $PATH. Not found: -1, and out holds what was tried ($ROOTSPEC_GNUPLOT, or
+ * "not on $PATH"). */
 static int find_gnuplot(char *out, size_t cap) {
     const char *env = getenv("ROOTSPEC_GNUPLOT");
     if (env && *env) {
@@ -534,6 +536,7 @@ static int find_gnuplot(char *out, size_t cap) {
         if (len && access(out, X_OK) == 0) return 0;
         path += len + (c ? 1 : 0);
     }
+    snprintf(out, cap, "not on $PATH");
     return -1;
 }
 
@@ -640,8 +643,7 @@ int bench_plots_write(const char *dir, const BenchDecode *d, int nd, const Round
     char gp[4096];
     if (find_gnuplot(gp, sizeof gp) != 0) {
         fprintf(stderr, "rootspec-bench: warning: gnuplot not found (%s); skipping speeds.png "
-                        "and round_breakdown.png (summary.md is still written)\n",
-                getenv("ROOTSPEC_GNUPLOT") ? getenv("ROOTSPEC_GNUPLOT") : "not on $PATH");
+                        "and round_breakdown.png (summary.md is still written)\n", gp);
         return 1;
     }
     if (nd == 0) return rs_err(e, RS_EINVAL, "no decodes to plot in '%s'", dir);

@@ -74,7 +74,29 @@ int cli_budget(const char *val, int *out, RsErr *e) {
     return rs_err(e, RS_EINVAL, "--budget '%s': expected auto or a number 1..%d", val, TREE_MAX);
 }
 
-const char *cli_cpu_kernels(void) { return getenv("ROOTSPEC_CPU_KERNELS"); }
+/* *on = 1 when variable `name` holds on_val, 0 when it is unset or holds off_val. */
+static int env_choice(const char *name, const char *off_val, const char *on_val, int *on,
+                      RsErr *e) {
+    const char *v = getenv(name);
+    *on = v && !strcmp(v, on_val);
+    if (!v || *on || !strcmp(v, off_val)) return RS_OK;
+    return rs_err(e, RS_EINVAL, "%s=%s: expected %s or %s", name, v, off_val, on_val);
+}
+
+int cli_backend_env(const char **cpu_kernels, BackendSwitches *sw, RsErr *e) {
+    *cpu_kernels = getenv("ROOTSPEC_CPU_KERNELS");
+    *sw = (BackendSwitches){0};
+    int rc = env_choice("ROOTSPEC_CPU_KV", "f16", "f32", &sw->cpu_kv_f32, e);
+    if (!rc) rc = env_choice("ROOTSPEC_CPU_PACK", "1", "0", &sw->cpu_unpacked, e);
+    if (!rc) rc = env_choice("ROOTSPEC_CPU_PIN", "1", "0", &sw->cpu_unpinned, e);
+    if (!rc) rc = env_choice("ROOTSPEC_CUDA_GRAPHS", "1", "0", &sw->cuda_eager, e);
+    const char *qkv = getenv("ROOTSPEC_CUDA_FUSED_QKV");
+    if (rc || !qkv || !strcmp(qkv, "1")) return rc;
+    if (!strcmp(qkv, "0")) sw->cuda_fused_qkv = -1;
+    else if (!strcmp(qkv, "all")) sw->cuda_fused_qkv = 1;
+    else return rs_err(e, RS_EINVAL, "ROOTSPEC_CUDA_FUSED_QKV=%s: expected 0, 1 or all", qkv);
+    return RS_OK;
+}
 
 /* quota / period from a file holding "QUOTA PERIOD" (v2 cpu.max) or one number (v1, with
  * the period in period_path); 0 when unlimited or unreadable. */
@@ -196,8 +218,11 @@ int cli_pool_shape(const char *val, int *depth, int *width, RsErr *e) {
 }
 
 CliRuntime cli_runtime_defaults(void) {
-    return (CliRuntime){.backend = "cpu", .threads = 1, .ctx = 2048, .device = 0,
-                        .cpu_kernels = cli_cpu_kernels()};
+    return (CliRuntime){.backend = "cpu", .threads = 1, .ctx = 2048, .device = 0};
+}
+
+int cli_runtime_env(CliRuntime *rt, RsErr *e) {
+    return cli_backend_env(&rt->cpu_kernels, &rt->sw, e);
 }
 
 int cli_runtime_option(int argc, char **argv, int *i, CliRuntime *rt, RsErr *e) {

@@ -123,18 +123,18 @@ static uint32_t pow2_at_least(uint32_t n) {
     return c;
 }
 
-static const char *tok_str(const Tokenizer *t, int id, size_t *len) {
-    *len = t->off[id + 1] - t->off[id];
-    return t->bytes + t->off[id];
+static const char *tok_str(const Tokenizer *tok, int id, size_t *len) {
+    *len = tok->off[id + 1] - tok->off[id];
+    return tok->bytes + tok->off[id];
 }
 
-static int vmap_find(const Tokenizer *t, const char *s, size_t len) {
-    uint32_t mask = t->vmap_cap - 1, h = (uint32_t)fnv(FNV_INIT, s, len) & mask;
+static int vmap_find(const Tokenizer *tok, const char *s, size_t len) {
+    uint32_t mask = tok->vmap_cap - 1, h = (uint32_t)fnv(FNV_INIT, s, len) & mask;
     for (;;) {
-        int id = t->vmap[h];
+        int id = tok->vmap[h];
         if (id < 0) return -1;
         size_t l;
-        const char *p = tok_str(t, id, &l);
+        const char *p = tok_str(tok, id, &l);
         if (l == len && memcmp(p, s, len) == 0) return id;
         h = (h + 1) & mask;
     }
@@ -142,21 +142,21 @@ static int vmap_find(const Tokenizer *t, const char *s, size_t len) {
 
 /* Inserts id under its raw bytes. A regular token wins over an added one with the same
  * bytes, so BPE results (and ignore_merges look-ups) resolve to the model's own entry. */
-static void vmap_insert(Tokenizer *t, int id) {
+static void vmap_insert(Tokenizer *tok, int id) {
     size_t len;
-    const char *s = tok_str(t, id, &len);
+    const char *s = tok_str(tok, id, &len);
     if (len == 0) return;
-    uint32_t mask = t->vmap_cap - 1, h = (uint32_t)fnv(FNV_INIT, s, len) & mask;
+    uint32_t mask = tok->vmap_cap - 1, h = (uint32_t)fnv(FNV_INIT, s, len) & mask;
     for (;;) {
-        int cur = t->vmap[h];
+        int cur = tok->vmap[h];
         if (cur < 0) {
-            t->vmap[h] = id;
+            tok->vmap[h] = id;
             return;
         }
         size_t l;
-        const char *p = tok_str(t, cur, &l);
+        const char *p = tok_str(tok, cur, &l);
         if (l == len && memcmp(p, s, len) == 0) {
-            if ((t->flags[cur] & TOKF_ADDED) && !(t->flags[id] & TOKF_ADDED)) t->vmap[h] = id;
+            if ((tok->flags[cur] & TOKF_ADDED) && !(tok->flags[id] & TOKF_ADDED)) tok->vmap[h] = id;
             return;
         }
         h = (h + 1) & mask;
@@ -170,31 +170,31 @@ static uint64_t mix64(uint64_t x) {
     return x;
 }
 
-static int merge_find(const Tokenizer *t, int a, int b, int *res) {
-    if (!t->mcap) return INT_MAX;
+static int merge_find(const Tokenizer *tok, int a, int b, int *res) {
+    if (!tok->mcap) return INT_MAX;
     uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
-    uint32_t mask = t->mcap - 1, h = (uint32_t)mix64(key) & mask;
+    uint32_t mask = tok->mcap - 1, h = (uint32_t)mix64(key) & mask;
     for (;;) {
-        if (t->mkey[h] == ~0ull) return INT_MAX;
-        if (t->mkey[h] == key) {
-            *res = t->mres[h];
-            return t->mrank[h];
+        if (tok->mkey[h] == ~0ull) return INT_MAX;
+        if (tok->mkey[h] == key) {
+            *res = tok->mres[h];
+            return tok->mrank[h];
         }
         h = (h + 1) & mask;
     }
 }
 
 /* Adds a merge unless the pair is already known (HF keeps the first, lowest rank). */
-static void merge_insert(Tokenizer *t, int a, int b, int rank, int res) {
+static void merge_insert(Tokenizer *tok, int a, int b, int rank, int res) {
     uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
-    uint32_t mask = t->mcap - 1, h = (uint32_t)mix64(key) & mask;
-    while (t->mkey[h] != ~0ull) {
-        if (t->mkey[h] == key) return;
+    uint32_t mask = tok->mcap - 1, h = (uint32_t)mix64(key) & mask;
+    while (tok->mkey[h] != ~0ull) {
+        if (tok->mkey[h] == key) return;
         h = (h + 1) & mask;
     }
-    t->mkey[h] = key;
-    t->mrank[h] = rank;
-    t->mres[h] = res;
+    tok->mkey[h] = key;
+    tok->mrank[h] = rank;
+    tok->mres[h] = res;
 }
 
 /* ---- construction helpers ---- */
@@ -241,63 +241,63 @@ static void toktable_set(TokTable *tt, int id, const char *s, size_t len, int ad
 static int cmp_added(const void *a, const void *b, void *ctx);
 
 static Tokenizer *tokenizer_from_table(TokTable *tt) {
-    Tokenizer *t = rs_xcalloc(1, sizeof(Tokenizer));
-    t->n_vocab = tt->n;
+    Tokenizer *tok = rs_xcalloc(1, sizeof(Tokenizer));
+    tok->n_vocab = tt->n;
     size_t total = 0;
     for (int i = 0; i < tt->n; i++) total += tt->len[i];
-    t->bytes = rs_xmalloc(total + 1);
-    t->off = rs_xmalloc(((size_t)tt->n + 1) * sizeof(uint32_t));
-    t->flags = rs_xcalloc((size_t)tt->n, 1);
+    tok->bytes = rs_xmalloc(total + 1);
+    tok->off = rs_xmalloc(((size_t)tt->n + 1) * sizeof(uint32_t));
+    tok->flags = rs_xcalloc((size_t)tt->n, 1);
     size_t o = 0;
     uint64_t h = FNV_INIT;
     for (int i = 0; i < tt->n; i++) {
-        t->off[i] = (uint32_t)o;
-        if (tt->len[i]) memcpy(t->bytes + o, tt->raw[i], tt->len[i]);
+        tok->off[i] = (uint32_t)o;
+        if (tt->len[i]) memcpy(tok->bytes + o, tt->raw[i], tt->len[i]);
         o += tt->len[i];
-        t->flags[i] = tt->flags[i];
+        tok->flags[i] = tt->flags[i];
         uint32_t l = (uint32_t)tt->len[i];
         h = fnv(h, &l, sizeof l);
-        h = fnv(h, t->bytes + t->off[i], l);
+        h = fnv(h, tok->bytes + tok->off[i], l);
     }
-    t->off[tt->n] = (uint32_t)o;
-    t->hash = h;
-    t->vmap_cap = pow2_at_least((uint32_t)tt->n * 2u + 16u);
-    t->vmap = rs_xmalloc(t->vmap_cap * sizeof(int32_t));
-    memset(t->vmap, 0xff, t->vmap_cap * sizeof(int32_t));
-    for (int i = 0; i < tt->n; i++) vmap_insert(t, i);
+    tok->off[tt->n] = (uint32_t)o;
+    tok->hash = h;
+    tok->vmap_cap = pow2_at_least((uint32_t)tt->n * 2u + 16u);
+    tok->vmap = rs_xmalloc(tok->vmap_cap * sizeof(int32_t));
+    memset(tok->vmap, 0xff, tok->vmap_cap * sizeof(int32_t));
+    for (int i = 0; i < tt->n; i++) vmap_insert(tok, i);
     for (int b = 0; b < 256; b++) {
         char c = (char)b;
-        t->byte_tok[b] = vmap_find(t, &c, 1);
+        tok->byte_tok[b] = vmap_find(tok, &c, 1);
     }
     /* Added tokens, bucketed by first byte, longest first inside a bucket. */
     int na = 0;
     for (int i = 0; i < tt->n; i++)
         if ((tt->flags[i] & TOKF_ADDED) && tt->len[i] > 0) na++;
-    t->added = rs_xcalloc((size_t)na + 1, sizeof(int));
+    tok->added = rs_xcalloc((size_t)na + 1, sizeof(int));
     for (int i = 0; i < tt->n; i++)
-        if ((tt->flags[i] & TOKF_ADDED) && tt->len[i] > 0) t->added[t->n_added++] = i;
-    qsort_r(t->added, (size_t)t->n_added, sizeof(int), cmp_added, t);
+        if ((tt->flags[i] & TOKF_ADDED) && tt->len[i] > 0) tok->added[tok->n_added++] = i;
+    qsort_r(tok->added, (size_t)tok->n_added, sizeof(int), cmp_added, tok);
     int k = 0;
     for (int b = 0; b <= 256; b++) {
-        while (k < t->n_added && (uint8_t)t->bytes[t->off[t->added[k]]] < b) k++;
-        t->added_start[b] = k;
+        while (k < tok->n_added && (uint8_t)tok->bytes[tok->off[tok->added[k]]] < b) k++;
+        tok->added_start[b] = k;
     }
-    t->bos_id = t->eos_id = -1;
-    return t;
+    tok->bos_id = tok->eos_id = -1;
+    return tok;
 }
 
 static int cmp_added(const void *a, const void *b, void *ctx) {
-    const Tokenizer *t = ctx;
+    const Tokenizer *tok = ctx;
     int ia = *(const int *)a, ib = *(const int *)b;
-    uint8_t ca = (uint8_t)t->bytes[t->off[ia]], cb = (uint8_t)t->bytes[t->off[ib]];
+    uint8_t ca = (uint8_t)tok->bytes[tok->off[ia]], cb = (uint8_t)tok->bytes[tok->off[ib]];
     if (ca != cb) return ca < cb ? -1 : 1;
-    uint32_t la = t->off[ia + 1] - t->off[ia], lb = t->off[ib + 1] - t->off[ib];
+    uint32_t la = tok->off[ia + 1] - tok->off[ia], lb = tok->off[ib + 1] - tok->off[ib];
     if (la != lb) return la > lb ? -1 : 1;
     return ia < ib ? -1 : ia > ib;
 }
 
 /* Adds merge `rank` given its two parts in the file's spelling. */
-static int add_merge(Tokenizer *t, const char *a, size_t la, const char *b, size_t lb, int rank,
+static int add_merge(Tokenizer *tok, const char *a, size_t la, const char *b, size_t lb, int rank,
                      const char *src, RsErr *e) {
     char *buf = rs_xmalloc(la + lb + 1);
     int ra = bytelevel_decode(a, la, buf);
@@ -305,36 +305,36 @@ static int add_merge(Tokenizer *t, const char *a, size_t la, const char *b, size
         memcpy(buf, a, la);
         ra = (int)la;
     }
-    int ida = vmap_find(t, buf, (size_t)ra);
+    int ida = vmap_find(tok, buf, (size_t)ra);
     int rb = bytelevel_decode(b, lb, buf + ra);
     if (rb < 0) {
         memcpy(buf + ra, b, lb);
         rb = (int)lb;
     }
-    int idb = vmap_find(t, buf + ra, (size_t)rb);
-    int idm = vmap_find(t, buf, (size_t)(ra + rb));
+    int idb = vmap_find(tok, buf + ra, (size_t)rb);
+    int idm = vmap_find(tok, buf, (size_t)(ra + rb));
     free(buf);
     if (ida < 0 || idb < 0 || idm < 0)
         return rs_err(e, RS_EFORMAT, "%s: merge %d '%.*s %.*s' uses a token missing from the vocabulary",
                       src, rank, (int)la, a, (int)lb, b);
-    merge_insert(t, ida, idb, rank, idm);
+    merge_insert(tok, ida, idb, rank, idm);
     uint32_t p[2] = {(uint32_t)ida, (uint32_t)idb};
-    t->hash = fnv(t->hash, p, sizeof p);
-    t->n_merges++;
+    tok->hash = fnv(tok->hash, p, sizeof p);
+    tok->n_merges++;
     return RS_OK;
 }
 
-static void merges_alloc(Tokenizer *t, size_t n) {
-    t->mcap = pow2_at_least((uint32_t)(n * 2 + 16));
-    t->mkey = rs_xmalloc(t->mcap * sizeof(uint64_t));
-    memset(t->mkey, 0xff, t->mcap * sizeof(uint64_t));
-    t->mrank = rs_xmalloc(t->mcap * sizeof(int32_t));
-    t->mres = rs_xmalloc(t->mcap * sizeof(int32_t));
+static void merges_alloc(Tokenizer *tok, size_t n) {
+    tok->mcap = pow2_at_least((uint32_t)(n * 2 + 16));
+    tok->mkey = rs_xmalloc(tok->mcap * sizeof(uint64_t));
+    memset(tok->mkey, 0xff, tok->mcap * sizeof(uint64_t));
+    tok->mrank = rs_xmalloc(tok->mcap * sizeof(int32_t));
+    tok->mres = rs_xmalloc(tok->mcap * sizeof(int32_t));
 }
 
-static int add_regex_step(Tokenizer *t, const char *pattern, size_t plen, int literal, int behavior,
+static int add_regex_step(Tokenizer *tok, const char *pattern, size_t plen, int literal, int behavior,
                           int invert, const char *src, RsErr *e) {
-    if (t->n_pre >= MAX_PRE)
+    if (tok->n_pre >= MAX_PRE)
         return rs_err(e, RS_EUNSUPPORTED, "%s: more than %d pre-tokenizer steps", src, MAX_PRE);
     int errc;
     PCRE2_SIZE erroff;
@@ -347,7 +347,7 @@ static int add_regex_step(Tokenizer *t, const char *pattern, size_t plen, int li
                       src, (int)plen, pattern, (size_t)erroff, (char *)msg);
     }
     pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* optional speed-up; interpreter otherwise */
-    PreStep *p = &t->pre[t->n_pre++];
+    PreStep *p = &tok->pre[tok->n_pre++];
     p->kind = PRE_SPLIT;
     p->re = re;
     p->behavior = behavior;
@@ -356,20 +356,20 @@ static int add_regex_step(Tokenizer *t, const char *pattern, size_t plen, int li
 }
 
 /* Marks end-of-generation tokens: EOS plus the end-of-turn markers the supported families use. */
-static void mark_eog(Tokenizer *t) {
+static void mark_eog(Tokenizer *tok) {
     static const char *names[] = {"<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>",
                                   "<|eom_id|>", "<end_of_turn>", "</s>"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        int id = vmap_find(t, names[i], strlen(names[i]));
-        if (id >= 0 && (t->flags[id] & TOKF_ADDED)) t->flags[id] |= TOKF_EOG;
+        int id = vmap_find(tok, names[i], strlen(names[i]));
+        if (id >= 0 && (tok->flags[id] & TOKF_ADDED)) tok->flags[id] |= TOKF_EOG;
         /* an added token that shares its bytes with a regular one sits behind it in vmap */
-        for (int k = 0; k < t->n_added; k++) {
+        for (int k = 0; k < tok->n_added; k++) {
             size_t l;
-            const char *s = tok_str(t, t->added[k], &l);
-            if (l == strlen(names[i]) && memcmp(s, names[i], l) == 0) t->flags[t->added[k]] |= TOKF_EOG;
+            const char *s = tok_str(tok, tok->added[k], &l);
+            if (l == strlen(names[i]) && memcmp(s, names[i], l) == 0) tok->flags[tok->added[k]] |= TOKF_EOG;
         }
     }
-    if (t->eos_id >= 0 && t->eos_id < t->n_vocab) t->flags[t->eos_id] |= TOKF_EOG;
+    if (tok->eos_id >= 0 && tok->eos_id < tok->n_vocab) tok->flags[tok->eos_id] |= TOKF_EOG;
 }
 
 /* ---- GGUF source ---- */
@@ -428,17 +428,17 @@ static int gguf_tok_table(const GGUFFile *g, const char *src, size_t n, int have
 }
 
 /* The BPE merges, each "a b" in rank order. */
-static int gguf_tok_merges(const GGUFFile *g, const char *src, Tokenizer *t, size_t nm, RsErr *e) {
+static int gguf_tok_merges(const GGUFFile *g, const char *src, Tokenizer *tok, size_t nm, RsErr *e) {
     const char *s;
     size_t len;
-    merges_alloc(t, nm);
+    merges_alloc(tok, nm);
     for (size_t i = 0; i < nm; i++) {
         if (gguf_arr_str(g, "tokenizer.ggml.merges", i, &s, &len) != 0)
             return rs_err(e, RS_EFORMAT, "%s: cannot read tokenizer.ggml.merges[%zu]", src, i);
         const char *sp = memchr(s, ' ', len);
         if (!sp || sp == s || sp == s + len - 1)
             return rs_err(e, RS_EFORMAT, "%s: merge %zu '%.*s' is not 'a b'", src, i, (int)len, s);
-        int rc = add_merge(t, s, (size_t)(sp - s), sp + 1, len - (size_t)(sp - s) - 1, (int)i, src, e);
+        int rc = add_merge(tok, s, (size_t)(sp - s), sp + 1, len - (size_t)(sp - s) - 1, (int)i, src, e);
         if (rc) return rc;
     }
     return RS_OK;
@@ -463,16 +463,16 @@ static const char *gguf_tok_pre_regex(const GGUFFile *g) {
 }
 
 /* BOS/EOS/EOT ids; out-of-range ids from the file are ignored rather than trusted. */
-static void gguf_tok_special_ids(const GGUFFile *g, Tokenizer *t) {
+static void gguf_tok_special_ids(const GGUFFile *g, Tokenizer *tok) {
     long long v;
-    if (gguf_get_int(g, "tokenizer.ggml.bos_token_id", &v) == 0 && v >= 0 && v < t->n_vocab)
-        t->bos_id = (int)v;
-    if (gguf_get_int(g, "tokenizer.ggml.eos_token_id", &v) == 0 && v >= 0 && v < t->n_vocab)
-        t->eos_id = (int)v;
-    if (gguf_get_int(g, "tokenizer.ggml.add_bos_token", &v) == 0) t->add_bos = v != 0 && t->bos_id >= 0;
-    if (gguf_get_int(g, "tokenizer.ggml.eot_token_id", &v) == 0 && v >= 0 && v < t->n_vocab)
-        t->flags[v] |= TOKF_EOG;
-    mark_eog(t);
+    if (gguf_get_int(g, "tokenizer.ggml.bos_token_id", &v) == 0 && v >= 0 && v < tok->n_vocab)
+        tok->bos_id = (int)v;
+    if (gguf_get_int(g, "tokenizer.ggml.eos_token_id", &v) == 0 && v >= 0 && v < tok->n_vocab)
+        tok->eos_id = (int)v;
+    if (gguf_get_int(g, "tokenizer.ggml.add_bos_token", &v) == 0) tok->add_bos = v != 0 && tok->bos_id >= 0;
+    if (gguf_get_int(g, "tokenizer.ggml.eot_token_id", &v) == 0 && v >= 0 && v < tok->n_vocab)
+        tok->flags[v] |= TOKF_EOG;
+    mark_eog(tok);
 }
 
 static int load_gguf(const GGUFFile *g, const char *src, Tokenizer **out, RsErr *e) {
@@ -482,19 +482,19 @@ static int load_gguf(const GGUFFile *g, const char *src, Tokenizer **out, RsErr 
     if (rc) return rc;
     TokTable tt;
     if ((rc = gguf_tok_table(g, src, n, have_tt, &tt, e))) return rc;
-    Tokenizer *t = tokenizer_from_table(&tt);
+    Tokenizer *tok = tokenizer_from_table(&tt);
     toktable_free(&tt);
-    rc = gguf_tok_merges(g, src, t, nm, e);
+    rc = gguf_tok_merges(g, src, tok, nm, e);
     if (!rc) {
         const char *re = gguf_tok_pre_regex(g);
-        rc = add_regex_step(t, re, strlen(re), 0, BEH_ISOLATED, 0, src, e);
+        rc = add_regex_step(tok, re, strlen(re), 0, BEH_ISOLATED, 0, src, e);
     }
     if (rc) {
-        tokenizer_destroy(&t);
+        tokenizer_destroy(&tok);
         return rc;
     }
-    gguf_tok_special_ids(g, t);
-    *out = t;
+    gguf_tok_special_ids(g, tok);
+    *out = tok;
     return RS_OK;
 }
 
@@ -511,7 +511,7 @@ static int jbool(const cJSON *o, const char *key, int dflt) {
     return dflt;
 }
 
-static int parse_normalizer(Tokenizer *t, const cJSON *n, const char *src, RsErr *e) {
+static int parse_normalizer(Tokenizer *tok, const cJSON *n, const char *src, RsErr *e) {
     if (!n || cJSON_IsNull(n)) return RS_OK;
     const char *type = jstr(n, "type");
     if (!type) return rs_err(e, RS_EFORMAT, "%s: normalizer without a type", src);
@@ -519,7 +519,7 @@ static int parse_normalizer(Tokenizer *t, const cJSON *n, const char *src, RsErr
         const cJSON *arr = cJSON_GetObjectItemCaseSensitive(n, "normalizers"), *it;
         if (!cJSON_IsArray(arr)) return rs_err(e, RS_EFORMAT, "%s: Sequence normalizer without a list", src);
         cJSON_ArrayForEach(it, arr) {
-            int rc = parse_normalizer(t, it, src, e);
+            int rc = parse_normalizer(tok, it, src, e);
             if (rc) return rc;
         }
         return RS_OK;
@@ -532,8 +532,8 @@ static int parse_normalizer(Tokenizer *t, const cJSON *n, const char *src, RsErr
     else
         return rs_err(e, RS_EUNSUPPORTED, "%s: normalizer type '%s' is not supported (NFC/NFD/NFKC/NFKD, Sequence)",
                       src, type);
-    if (t->n_norm >= MAX_NORM) return rs_err(e, RS_EUNSUPPORTED, "%s: too many normalizers", src);
-    t->norm[t->n_norm++] = opt;
+    if (tok->n_norm >= MAX_NORM) return rs_err(e, RS_EUNSUPPORTED, "%s: too many normalizers", src);
+    tok->norm[tok->n_norm++] = opt;
     return RS_OK;
 }
 
@@ -548,7 +548,7 @@ static int parse_behavior(const char *b, int *out) {
 }
 
 /* Fills t->pre; *bytelevel is set once a ByteLevel step is seen (it must come last). */
-static int parse_pre(Tokenizer *t, const cJSON *p, int *bytelevel, const char *src, RsErr *e) {
+static int parse_pre(Tokenizer *tok, const cJSON *p, int *bytelevel, const char *src, RsErr *e) {
     if (!p || cJSON_IsNull(p)) return RS_OK;
     const char *type = jstr(p, "type");
     if (!type) return rs_err(e, RS_EFORMAT, "%s: pre_tokenizer without a type", src);
@@ -558,7 +558,7 @@ static int parse_pre(Tokenizer *t, const cJSON *p, int *bytelevel, const char *s
         const cJSON *arr = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers"), *it;
         if (!cJSON_IsArray(arr)) return rs_err(e, RS_EFORMAT, "%s: Sequence pre_tokenizer without a list", src);
         cJSON_ArrayForEach(it, arr) {
-            int rc = parse_pre(t, it, bytelevel, src, e);
+            int rc = parse_pre(tok, it, bytelevel, src, e);
             if (rc) return rc;
         }
         return RS_OK;
@@ -566,11 +566,11 @@ static int parse_pre(Tokenizer *t, const cJSON *p, int *bytelevel, const char *s
     if (!strcmp(type, "ByteLevel")) {
         *bytelevel = 1;
         if (jbool(p, "add_prefix_space", 0)) {
-            if (t->n_pre >= MAX_PRE) return rs_err(e, RS_EUNSUPPORTED, "%s: too many pre-tokenizer steps", src);
-            t->pre[t->n_pre++].kind = PRE_PREFIX_SPACE;
+            if (tok->n_pre >= MAX_PRE) return rs_err(e, RS_EUNSUPPORTED, "%s: too many pre-tokenizer steps", src);
+            tok->pre[tok->n_pre++].kind = PRE_PREFIX_SPACE;
         }
         if (jbool(p, "use_regex", 1))
-            return add_regex_step(t, RE_GPT2, strlen(RE_GPT2), 0, BEH_ISOLATED, 0, src, e);
+            return add_regex_step(tok, RE_GPT2, strlen(RE_GPT2), 0, BEH_ISOLATED, 0, src, e);
         return RS_OK;
     }
     if (!strcmp(type, "Split")) {
@@ -582,13 +582,13 @@ static int parse_pre(Tokenizer *t, const cJSON *p, int *bytelevel, const char *s
             return rs_err(e, RS_EUNSUPPORTED, "%s: Split behavior '%s' is not supported", src,
                           jstr(p, "behavior") ? jstr(p, "behavior") : "(none)");
         const char *pt = rx ? rx : lit;
-        return add_regex_step(t, pt, strlen(pt), rx == NULL, beh, jbool(p, "invert", 0), src, e);
+        return add_regex_step(tok, pt, strlen(pt), rx == NULL, beh, jbool(p, "invert", 0), src, e);
     }
     if (!strcmp(type, "Digits")) {
         /* Rust char::is_numeric == \p{N}; individual digits are isolated one by one,
          * otherwise runs of digits stay together (Contiguous). */
         const char *re = jbool(p, "individual_digits", 0) ? "\\p{N}" : "\\p{N}+";
-        return add_regex_step(t, re, strlen(re), 0, BEH_ISOLATED, 0, src, e);
+        return add_regex_step(tok, re, strlen(re), 0, BEH_ISOLATED, 0, src, e);
     }
     return rs_err(e, RS_EUNSUPPORTED, "%s: pre_tokenizer type '%s' is not supported (ByteLevel, Split, Digits, Sequence)",
                   src, type);
@@ -629,7 +629,7 @@ static const char *config_token(const cJSON *cfg, const char *key) {
 }
 
 /* Reads bos/eos/add_bos from tokenizer_config.json next to the tokenizer.json, if any. */
-static void apply_config(Tokenizer *t, const char *json_path) {
+static void apply_config(Tokenizer *tok, const char *json_path) {
     char path[1100];
     const char *slash = strrchr(json_path, '/');
     int dirlen = slash ? (int)(slash - json_path) : 0;
@@ -641,11 +641,11 @@ static void apply_config(Tokenizer *t, const char *json_path) {
     free(txt);
     if (!cfg) return;
     const char *b = config_token(cfg, "bos_token"), *eo = config_token(cfg, "eos_token");
-    if (b) t->bos_id = vmap_find(t, b, strlen(b));
-    if (eo) t->eos_id = vmap_find(t, eo, strlen(eo));
+    if (b) tok->bos_id = vmap_find(tok, b, strlen(b));
+    if (eo) tok->eos_id = vmap_find(tok, eo, strlen(eo));
     const cJSON *ab = cJSON_GetObjectItemCaseSensitive(cfg, "add_bos_token");
-    if (cJSON_IsBool(ab)) t->add_bos = cJSON_IsTrue(ab);
-    if (t->bos_id < 0) t->add_bos = 0;
+    if (cJSON_IsBool(ab)) tok->add_bos = cJSON_IsTrue(ab);
+    if (tok->bos_id < 0) tok->add_bos = 0;
     cJSON_Delete(cfg);
 }
 
@@ -707,10 +707,10 @@ static int load_json_doc(const cJSON *root, const char *src, Tokenizer **out, Rs
         toktable_set(&tt, id, c, strlen(c), 1);
         tt.flags[id] = (uint8_t)(TOKF_ADDED | (jbool(it, "special", 0) ? TOKF_SPECIAL : 0));
     }
-    Tokenizer *t = tokenizer_from_table(&tt);
+    Tokenizer *tok = tokenizer_from_table(&tt);
     toktable_free(&tt);
-    t->ignore_merges = jbool(model, "ignore_merges", 0);
-    merges_alloc(t, (size_t)cJSON_GetArraySize(merges));
+    tok->ignore_merges = jbool(model, "ignore_merges", 0);
+    merges_alloc(tok, (size_t)cJSON_GetArraySize(merges));
     int rank = 0, rc = RS_OK;
     cJSON_ArrayForEach(it, merges) {
         const char *a, *b;
@@ -722,21 +722,21 @@ static int load_json_doc(const cJSON *root, const char *src, Tokenizer **out, Rs
             free(txt);
             break;
         }
-        if ((rc = add_merge(t, a, la, b, lb, rank, src, e)) != 0) break;
+        if ((rc = add_merge(tok, a, la, b, lb, rank, src, e)) != 0) break;
         rank++;
     }
     int bytelevel = 0;
-    if (!rc) rc = parse_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), src, e);
-    if (!rc) rc = parse_pre(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), &bytelevel, src, e);
+    if (!rc) rc = parse_normalizer(tok, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), src, e);
+    if (!rc) rc = parse_pre(tok, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), &bytelevel, src, e);
     if (!rc && !bytelevel)
         rc = rs_err(e, RS_EUNSUPPORTED, "%s: pre_tokenizer has no ByteLevel step (only byte-level BPE is supported)", src);
     if (rc) {
-        tokenizer_destroy(&t);
+        tokenizer_destroy(&tok);
         return rc;
     }
-    parse_post(cJSON_GetObjectItemCaseSensitive(root, "post_processor"), &t->bos_id, &t->add_bos);
-    if (t->bos_id >= t->n_vocab) t->bos_id = -1, t->add_bos = 0;
-    *out = t;
+    parse_post(cJSON_GetObjectItemCaseSensitive(root, "post_processor"), &tok->bos_id, &tok->add_bos);
+    if (tok->bos_id >= tok->n_vocab) tok->bos_id = -1, tok->add_bos = 0;
+    *out = tok;
     return RS_OK;
 }
 
@@ -776,12 +776,12 @@ int tokenizer_load_model(const struct Model *m, Tokenizer **out, RsErr *e) {
     case TOKSRC_HF_JSON:
         rc = tokenizer_load_json(m->tokenizer_json, out, e);
         if (!rc) {
-            Tokenizer *t = *out;
+            Tokenizer *tok = *out;
             /* config.json ids fill what tokenizer_config.json did not say */
-            if (t->bos_id < 0 && m->cfg.bos_id >= 0 && m->cfg.bos_id < t->n_vocab) t->bos_id = m->cfg.bos_id;
-            if (t->eos_id < 0 && m->cfg.eos_id >= 0 && m->cfg.eos_id < t->n_vocab) {
-                t->eos_id = m->cfg.eos_id;
-                t->flags[t->eos_id] |= TOKF_EOG;
+            if (tok->bos_id < 0 && m->cfg.bos_id >= 0 && m->cfg.bos_id < tok->n_vocab) tok->bos_id = m->cfg.bos_id;
+            if (tok->eos_id < 0 && m->cfg.eos_id >= 0 && m->cfg.eos_id < tok->n_vocab) {
+                tok->eos_id = m->cfg.eos_id;
+                tok->flags[tok->eos_id] |= TOKF_EOG;
             }
         }
         break;
@@ -792,34 +792,34 @@ int tokenizer_load_model(const struct Model *m, Tokenizer **out, RsErr *e) {
 
 void tokenizer_destroy(Tokenizer **pt) {
     if (!pt || !*pt) return;
-    Tokenizer *t = *pt;
-    for (int i = 0; i < t->n_pre; i++) pcre2_code_free(t->pre[i].re);
-    free(t->bytes);
-    free(t->off);
-    free(t->flags);
-    free(t->vmap);
-    free(t->mkey);
-    free(t->mrank);
-    free(t->mres);
-    free(t->added);
-    free(t);
+    Tokenizer *tok = *pt;
+    for (int i = 0; i < tok->n_pre; i++) pcre2_code_free(tok->pre[i].re);
+    free(tok->bytes);
+    free(tok->off);
+    free(tok->flags);
+    free(tok->vmap);
+    free(tok->mkey);
+    free(tok->mrank);
+    free(tok->mres);
+    free(tok->added);
+    free(tok);
     *pt = NULL;
 }
 
-int tokenizer_vocab_size(const Tokenizer *t) { return t->n_vocab; }
-int tokenizer_eos_id(const Tokenizer *t) { return t->eos_id; }
-int tokenizer_bos_id(const Tokenizer *t) { return t->bos_id; }
-int tokenizer_add_bos(const Tokenizer *t) { return t->add_bos; }
-uint64_t tokenizer_hash(const Tokenizer *t) { return t->hash; }
+int tokenizer_vocab_size(const Tokenizer *tok) { return tok->n_vocab; }
+int tokenizer_eos_id(const Tokenizer *tok) { return tok->eos_id; }
+int tokenizer_bos_id(const Tokenizer *tok) { return tok->bos_id; }
+int tokenizer_add_bos(const Tokenizer *tok) { return tok->add_bos; }
+uint64_t tokenizer_hash(const Tokenizer *tok) { return tok->hash; }
 
-uint64_t tokenizer_identity(const Tokenizer *t, int vocab_size) {
-    if (t) return t->hash;
+uint64_t tokenizer_identity(const Tokenizer *tok, int vocab_size) {
+    if (tok) return tok->hash;
     const char tag[] = "rootspec: no tokenizer, token ids only";
     return fnv(fnv(FNV_INIT, tag, sizeof tag), &vocab_size, sizeof vocab_size);
 }
 
-int tokenizer_is_eog(const Tokenizer *t, int id) {
-    return id >= 0 && id < t->n_vocab && (t->flags[id] & TOKF_EOG) != 0;
+int tokenizer_is_eog(const Tokenizer *tok, int id) {
+    return id >= 0 && id < tok->n_vocab && (tok->flags[id] & TOKF_EOG) != 0;
 }
 
 /* ---- encoding ---- */
@@ -973,9 +973,9 @@ static int pair_before(const BpePair *x, const BpePair *y) {
     return x->rank != y->rank ? x->rank < y->rank : x->left < y->left;
 }
 
-static void pair_push(const Tokenizer *t, const int *sym, int l, int r, BpePair *h, int *hn) {
+static void pair_push(const Tokenizer *tok, const int *sym, int l, int r, BpePair *h, int *hn) {
     BpePair p = {.left = l, .right = r, .a = sym[l], .b = sym[r]};
-    p.rank = merge_find(t, p.a, p.b, &p.res);
+    p.rank = merge_find(tok, p.a, p.b, &p.res);
     if (p.rank == INT_MAX) return;
     int i = (*hn)++;
     while (i > 0 && pair_before(&p, &h[(i - 1) / 2])) {
@@ -1003,9 +1003,9 @@ static BpePair pair_pop(BpePair *h, int *hn) {
 /* BPE on one piece of raw bytes; appends ids. Repeatedly merges the lowest-ranked adjacent
  * pair, leftmost first (as HF does), with a heap of candidate pairs over a linked list of
  * symbols: O(n log n), so one long run of unmergeable text cannot stall the tokenizer. */
-static void bpe_piece(const Tokenizer *t, const char *s, size_t len, IdVec *out) {
-    if (t->ignore_merges) {
-        int id = vmap_find(t, s, len);
+static void bpe_piece(const Tokenizer *tok, const char *s, size_t len, IdVec *out) {
+    if (tok->ignore_merges) {
+        int id = vmap_find(tok, s, len);
         if (id >= 0) {
             ids_push(out, id);
             return;
@@ -1014,7 +1014,7 @@ static void bpe_piece(const Tokenizer *t, const char *s, size_t len, IdVec *out)
     int *sym = rs_xmalloc(len * 3 * sizeof(int) + 1), *nxt = sym + len, *prv = nxt + len;
     int n = 0;
     for (size_t i = 0; i < len; i++) {
-        int id = t->byte_tok[(uint8_t)s[i]];
+        int id = tok->byte_tok[(uint8_t)s[i]];
         if (id >= 0) sym[n++] = id; /* no unk token in byte-level BPE: HF drops it too */
     }
     for (int i = 0; i < n; i++) {
@@ -1024,7 +1024,7 @@ static void bpe_piece(const Tokenizer *t, const char *s, size_t len, IdVec *out)
     /* n - 1 initial pairs, at most 2 more per merge */
     BpePair *heap = rs_xmalloc(sizeof(BpePair) * (size_t)(3 * n + 1));
     int hn = 0;
-    for (int i = 0; i + 1 < n; i++) pair_push(t, sym, i, i + 1, heap, &hn);
+    for (int i = 0; i + 1 < n; i++) pair_push(tok, sym, i, i + 1, heap, &hn);
     while (hn > 0) {
         BpePair p = pair_pop(heap, &hn);
         int l = p.left, r = p.right;
@@ -1033,22 +1033,22 @@ static void bpe_piece(const Tokenizer *t, const char *s, size_t len, IdVec *out)
         sym[r] = -1;
         nxt[l] = nxt[r];
         if (nxt[l] >= 0) prv[nxt[l]] = l;
-        if (prv[l] >= 0) pair_push(t, sym, prv[l], l, heap, &hn);
-        if (nxt[l] >= 0) pair_push(t, sym, l, nxt[l], heap, &hn);
+        if (prv[l] >= 0) pair_push(tok, sym, prv[l], l, heap, &hn);
+        if (nxt[l] >= 0) pair_push(tok, sym, l, nxt[l], heap, &hn);
     }
     for (int i = n > 0 ? 0 : -1; i >= 0; i = nxt[i]) ids_push(out, sym[i]); /* 0 is never merged away */
     free(heap);
     free(sym);
 }
 
-static int encode_segment(const Tokenizer *t, const char *s, size_t len, pcre2_match_data *md,
+static int encode_segment(const Tokenizer *tok, const char *s, size_t len, pcre2_match_data *md,
                           IdVec *out, RsErr *e) {
     if (len == 0) return RS_OK;
     char *norm = NULL;
-    for (int i = 0; i < t->n_norm; i++) {
+    for (int i = 0; i < tok->n_norm; i++) {
         utf8proc_uint8_t *dst = NULL;
         utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)len, &dst,
-                                          (utf8proc_option_t)t->norm[i]);
+                                          (utf8proc_option_t)tok->norm[i]);
         if (r < 0) {
             free(norm);
             return rs_err(e, RS_EINVAL, "cannot normalize text: %s", utf8proc_errmsg(r));
@@ -1060,8 +1060,8 @@ static int encode_segment(const Tokenizer *t, const char *s, size_t len, pcre2_m
     }
     Pieces cur = {0}, nxt = {0};
     pieces_add(&cur, s, len);
-    for (int i = 0; i < t->n_pre; i++) {
-        const PreStep *st = &t->pre[i];
+    for (int i = 0; i < tok->n_pre; i++) {
+        const PreStep *st = &tok->pre[i];
         for (int j = 0; j < cur.n; j++) {
             const char *p = cur.buf + cur.sp[j].off;
             size_t pl = cur.sp[j].len;
@@ -1085,7 +1085,7 @@ static int encode_segment(const Tokenizer *t, const char *s, size_t len, pcre2_m
         nxt.len = 0;
         nxt.n = 0;
     }
-    for (int j = 0; j < cur.n; j++) bpe_piece(t, cur.buf + cur.sp[j].off, cur.sp[j].len, out);
+    for (int j = 0; j < cur.n; j++) bpe_piece(tok, cur.buf + cur.sp[j].off, cur.sp[j].len, out);
     pieces_free(&cur);
     pieces_free(&nxt);
     free(norm);
@@ -1101,11 +1101,11 @@ static int overlaps_plain(const uint8_t *plain, size_t at, size_t len) {
     return 0;
 }
 
-int tokenizer_encode(const Tokenizer *t, const char *text, int **ids, int *n, RsErr *e) {
-    return tokenizer_encode_plain(t, text, NULL, ids, n, e);
+int tokenizer_encode(const Tokenizer *tok, const char *text, int **ids, int *n, RsErr *e) {
+    return tokenizer_encode_plain(tok, text, NULL, ids, n, e);
 }
 
-int tokenizer_encode_plain(const Tokenizer *t, const char *text, const uint8_t *plain,
+int tokenizer_encode_plain(const Tokenizer *tok, const char *text, const uint8_t *plain,
                            int **ids, int *n, RsErr *e) {
     *ids = NULL;
     *n = 0;
@@ -1130,18 +1130,18 @@ int tokenizer_encode_plain(const Tokenizer *t, const char *text, const uint8_t *
         size_t hlen = 0;
         for (size_t i = pos; i < len && hit < 0; i++) {
             uint8_t c = (uint8_t)text[i];
-            for (int k = t->added_start[c]; k < t->added_start[c + 1]; k++) {
+            for (int k = tok->added_start[c]; k < tok->added_start[c + 1]; k++) {
                 size_t l;
-                const char *s = tok_str(t, t->added[k], &l);
+                const char *s = tok_str(tok, tok->added[k], &l);
                 if (l <= len - i && memcmp(text + i, s, l) == 0 && !overlaps_plain(plain, i, l)) {
-                    hit = t->added[k];
+                    hit = tok->added[k];
                     hlen = l;
                     at = i;
                     break; /* bucket is longest-first */
                 }
             }
         }
-        rc = encode_segment(t, text + pos, at - pos, md, &out, e);
+        rc = encode_segment(tok, text + pos, at - pos, md, &out, e);
         if (hit >= 0) ids_push(&out, hit);
         pos = at + hlen;
     }
@@ -1157,21 +1157,21 @@ int tokenizer_encode_plain(const Tokenizer *t, const char *text, const uint8_t *
 
 /* ---- decoding ---- */
 
-const char *tokenizer_token_view(const Tokenizer *t, int id, size_t *len) {
-    if (id < 0 || id >= t->n_vocab) return NULL;
-    return tok_str(t, id, len);
+const char *tokenizer_token_view(const Tokenizer *tok, int id, size_t *len) {
+    if (id < 0 || id >= tok->n_vocab) return NULL;
+    return tok_str(tok, id, len);
 }
 
-const char *tokenizer_token_text(const Tokenizer *t, int id, size_t *len) {
-    const char *s = tokenizer_token_view(t, id, len);
+const char *tokenizer_token_text(const Tokenizer *tok, int id, size_t *len) {
+    const char *s = tokenizer_token_view(tok, id, len);
     if (s) return s;
     *len = 3;
     return "\xef\xbf\xbd";
 }
 
-int tokenizer_token_bytes(const Tokenizer *t, int id, char *buf, int cap) {
+int tokenizer_token_bytes(const Tokenizer *tok, int id, char *buf, int cap) {
     size_t l;
-    const char *s = tokenizer_token_view(t, id, &l);
+    const char *s = tokenizer_token_view(tok, id, &l);
     if (!s) return -1;
     if (cap < 0) cap = 0;
     int n = (int)(l < (size_t)cap ? l : (size_t)cap);
@@ -1179,15 +1179,15 @@ int tokenizer_token_bytes(const Tokenizer *t, int id, char *buf, int cap) {
     return n;
 }
 
-char *tokenizer_decode(const Tokenizer *t, const int *ids, int n) {
+char *tokenizer_decode(const Tokenizer *tok, const int *ids, int n) {
     size_t total = 0;
     for (int i = 0; i < n; i++)
-        if (ids[i] >= 0 && ids[i] < t->n_vocab) total += t->off[ids[i] + 1] - t->off[ids[i]];
+        if (ids[i] >= 0 && ids[i] < tok->n_vocab) total += tok->off[ids[i] + 1] - tok->off[ids[i]];
     char *out = rs_xmalloc(total + 1), *p = out;
     for (int i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= t->n_vocab) continue;
+        if (ids[i] < 0 || ids[i] >= tok->n_vocab) continue;
         size_t l;
-        const char *s = tok_str(t, ids[i], &l);
+        const char *s = tok_str(tok, ids[i], &l);
         memcpy(p, s, l);
         p += l;
     }

@@ -24,42 +24,42 @@ int tokenizer_load_model(const struct Model *m, Tokenizer **out, RsErr *e);
 int tokenizer_load_json(const char *path, Tokenizer **out, RsErr *e);
 void tokenizer_destroy(Tokenizer **t);
 
-int tokenizer_vocab_size(const Tokenizer *t);
-int tokenizer_eos_id(const Tokenizer *t); /* -1 if none */
-int tokenizer_bos_id(const Tokenizer *t); /* -1 if none */
+int tokenizer_vocab_size(const Tokenizer *tok);
+int tokenizer_eos_id(const Tokenizer *tok); /* -1 if none */
+int tokenizer_bos_id(const Tokenizer *tok); /* -1 if none */
 /* Whether the model's reference tokenizer adds BOS when encoding a prompt. */
-int tokenizer_add_bos(const Tokenizer *t);
+int tokenizer_add_bos(const Tokenizer *tok);
 /* True for EOS and end-of-turn tokens (<|im_end|>, <|eot_id|>, <|endoftext|> as declared). */
-int tokenizer_is_eog(const Tokenizer *t, int id);
+int tokenizer_is_eog(const Tokenizer *tok, int id);
 /* 64-bit FNV-1a over the vocabulary strings and merges: equal hashes = same tokenizer. */
-uint64_t tokenizer_hash(const Tokenizer *t);
-/* What HELLO compares: tokenizer_hash(t), or for t == NULL (a model without a tokenizer) a
+uint64_t tokenizer_hash(const Tokenizer *tok);
+/* What HELLO compares: tokenizer_hash(tok), or for tok == NULL (a model without a tokenizer) a
  * hash of the vocabulary size alone, so random models of one vocabulary agree. */
-uint64_t tokenizer_identity(const Tokenizer *t, int vocab_size);
+uint64_t tokenizer_identity(const Tokenizer *tok, int vocab_size);
 
 /* Encodes UTF-8 text. Special tokens written literally in the text (e.g. "<|im_start|>")
  * become their ids, as HF tokenizers do by default. Does not add BOS (callers decide with
  * tokenizer_add_bos). *ids is malloc'd; caller frees. */
-int tokenizer_encode(const Tokenizer *t, const char *text, int **ids, int *n, RsErr *e);
+int tokenizer_encode(const Tokenizer *tok, const char *text, int **ids, int *n, RsErr *e);
 /* The same, except where plain (NULL, or one flag per byte of text) marks bytes: a special
  * token overlapping one is not matched there, so it is text like any other and encodes to
  * the tokens of the bytes it spells. Text without special tokens in the marked bytes encodes
  * exactly as with tokenizer_encode. chat_render marks a conversation's contents so. */
-int tokenizer_encode_plain(const Tokenizer *t, const char *text, const uint8_t *plain,
+int tokenizer_encode_plain(const Tokenizer *tok, const char *text, const uint8_t *plain,
                            int **ids, int *n, RsErr *e);
 
 /* Raw bytes of one token (byte-level decoded). Returns the byte count written into buf
  * (at most cap), or -1 for an out-of-range id. Special tokens decode to their text. */
-int tokenizer_token_bytes(const Tokenizer *t, int id, char *buf, int cap);
+int tokenizer_token_bytes(const Tokenizer *tok, int id, char *buf, int cap);
 /* The same bytes in place, however long: the tokenizer owns them (valid until
  * tokenizer_destroy). NULL for an out-of-range id. */
-const char *tokenizer_token_view(const Tokenizer *t, int id, size_t *len);
+const char *tokenizer_token_view(const Tokenizer *tok, int id, size_t *len);
 /* What token id prints: its bytes (tokenizer_token_view), or for an id the tokenizer does
  * not have (a model vocabulary padded past the tokenizer) U+FFFD, the replacement character,
  * so such an id is seen rather than silently dropped. *len gets the byte count. */
-const char *tokenizer_token_text(const Tokenizer *t, int id, size_t *len);
+const char *tokenizer_token_text(const Tokenizer *tok, int id, size_t *len);
 /* Decodes a whole sequence to a malloc'd NUL-terminated string; caller frees. */
-char *tokenizer_decode(const Tokenizer *t, const int *ids, int n);
+char *tokenizer_decode(const Tokenizer *tok, const int *ids, int n);
 
 /* Picks the template for a model (GGUF tokenizer.chat_template / general.name or the
  * directory's tokenizer_config.json); CHAT_NONE if unrecognised. */

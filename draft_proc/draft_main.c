@@ -93,6 +93,10 @@ static int parse_args(int argc, char **argv, Args *A) {
             return 2;
         }
     }
+    if (cli_runtime_env(&A->rt, &e)) {
+        fprintf(stderr, "rootspec-draft: %s\n", e.msg);
+        return 2;
+    }
     return -1;
 }
 
@@ -159,20 +163,20 @@ static int check_args(const Args *A, const BackendOps **ops) {
  * drafter needs only the host's config, tokenizer (and a head its embedding rows, read on
  * demand): no weights are materialised for them. */
 static int load_drafter(const Args *A, const BackendOps *ops, Model **full, Tokenizer **tok,
-                        Drafter **d) {
+                        Drafter **out) {
     RsErr e = {0};
     DrafterSpec s = spec_of(A);
     int light = s.kind == DRAFTER_KIND_EAGLE3 || s.kind == DRAFTER_KIND_SUFFIX;
     const char *host = A->target_path ? A->target_path : A->model;
     BackendParams bp = {.kv_capacity = A->rt.ctx, .threads = A->rt.threads,
                         .device = A->rt.device, .batch_invariant = A->rt.batch_invariant,
-                        .cpu_kernels = A->rt.cpu_kernels};
+                        .cpu_kernels = A->rt.cpu_kernels, .sw = A->rt.sw};
     int rc = light ? model_load(host, full, &e)
                    : backend_model_load(ops, A->model, &bp, full, &e);
     if (!rc) rc = tokenizer_load_model(*full, tok, &e);
     if (s.kind == DRAFTER_KIND_MODEL) s.model = *full, s.model_path = NULL;
     DrafterHost h = {.model = *full, .tok = *tok, .ops = ops, .backend = bp};
-    if (!rc) rc = drafter_open(&s, &h, d, &e);
+    if (!rc) rc = drafter_open(&s, &h, out, &e);
     if (!rc) return -1;
     fprintf(stderr, "rootspec-draft: %s\n", e.msg);
     tokenizer_destroy(tok);

@@ -89,10 +89,10 @@ void drafter_set_shape(Drafter *d, int depth, int width) {
 
 const DrafterInfo *drafter_info(const Drafter *d) { return &d->info; }
 
-void drafter_destroy(Drafter **pd) {
-    if (!pd || !*pd) return;
-    Drafter *d = *pd;
+void drafter_destroy(Drafter **out) {
+    if (!out || !*out) return;
+    Drafter *d = *out;
     d->ops->destroy(d->ctx);
     free(d);
-    *pd = NULL;
+    *out = NULL;
 }

@@ -98,7 +98,7 @@ const DrafterInfo *drafter_info(const Drafter *d);
 
 /* Waits for an outstanding growth, frees the drafter and whatever it owns (an inner
  * drafter, a layer view); accepts NULL and a NULL *d and clears the caller's pointer. */
-void drafter_destroy(Drafter **d);
+void drafter_destroy(Drafter **out);
 
 /* The threaded kind: runs `inner`'s grow_begin + grow_end on a worker thread, so that
  * drafter_grow_begin returns at once. Takes ownership of inner (also on failure). */

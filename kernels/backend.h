@@ -24,6 +24,7 @@
  * that cannot promise that refuses more than sequence 0). */
 #ifndef ROOTSPEC_BACKEND_H
 #define ROOTSPEC_BACKEND_H
+#include "../common/cli.h"
 #include "../common/logits.h"
 #include "../common/model.h"
 #include <stdint.h>
@@ -50,9 +51,11 @@ typedef struct {
     int topk_hint;
     /* CPU: the kernel family by name (ref, scalar, avx2, avx512, amx; an unknown one or one
      * the CPU lacks is refused at create), NULL: the best the CPU has. Programs take it
-     * from ROOTSPEC_CPU_KERNELS once, at start-up (cli_runtime_defaults). Other backends
+     * from ROOTSPEC_CPU_KERNELS once, at start-up (cli_backend_env). Other backends
      * ignore it. */
     const char *cpu_kernels;
+    /* The measuring and test switches (common/cli.h); zeroed: the product's choice. */
+    BackendSwitches sw;
     /* Sequences open at once, sequence 0 included (0: 1). A backend that runs one sequence
      * only (CUDA) refuses more. */
     int max_seqs;

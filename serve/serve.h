@@ -62,7 +62,7 @@ typedef struct {
     int echo;              /* completions "echo": the prompt's text (and with logprobs, its
                               tokens' log-probabilities) before the output */
     int top_logprobs;      /* alternatives per token (chat "top_logprobs", completions N) */
-    int rule;              /* extension "rootspec": {"decoder": NAME}; -1 absent */
+    int decoder;              /* extension "rootspec": {"decoder": NAME}; -1 absent */
     int budget;            /* extension "rootspec": {"budget": B}; 0 absent */
 } ServeRequest;
 
@@ -78,7 +78,7 @@ void serve_request_free(ServeRequest *r);
  * top_k (-1 or 0: off), top_p, min_p; every decoder follows that law exactly) and seed.
  * Absent fields keep d's values (the server's defaults); a law out of range is a 400.
  * Returns 0 or the HTTP status. */
-int serve_sampling_map(const ServeRequest *r, DecodeOpts *d, ServeError *se);
+int serve_sampling_map(const ServeRequest *r, DecodeOpts *opts, ServeError *se);
 
 /* ---- the gate ------------------------------------------------------------------------ */
 

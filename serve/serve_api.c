@@ -150,11 +150,11 @@ static int parse_extension(const cJSON *o, ServeRequest *r, ServeError *se) {
     if (!cJSON_IsObject(x)) return serve_error(se, 400, "rootspec", "'rootspec' must be an object");
     const cJSON *dec = cJSON_GetObjectItemCaseSensitive(x, "decoder");
     if (dec && !cJSON_IsNull(dec)) {
-        int rule = cJSON_IsString(dec) ? rule_parse(dec->valuestring) : -1;
-        if (rule < 0 || rule == RULE_ORACLE)
+        int rule = cJSON_IsString(dec) ? decoder_parse(dec->valuestring) : -1;
+        if (rule < 0 || rule == DECODER_ORACLE)
             return serve_error(se, 400, "rootspec.decoder",
                                "'rootspec.decoder' must be one of ar, draft, pearl, rootdraw, root");
-        r->rule = rule;
+        r->decoder = rule;
     }
     return get_int(x, "budget", 1, TREE_MAX, &r->budget, NULL, se);
 }
@@ -283,7 +283,7 @@ int serve_request_parse(const char *body, size_t len, ServeKind kind, const char
                         ServeRequest *r, ServeError *se) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
-    r->rule = -1;
+    r->decoder = -1;
     r->n = 1;
     const char *end = NULL;
     cJSON *o = cJSON_ParseWithLengthOpts(body, len, &end, 0);
@@ -315,13 +315,13 @@ void serve_request_free(ServeRequest *r) {
 }
 
 /* The one place the request's sampling fields meet the decoder's options. */
-int serve_sampling_map(const ServeRequest *r, DecodeOpts *d, ServeError *se) {
-    Sampling *s = &d->sampling;
+int serve_sampling_map(const ServeRequest *r, DecodeOpts *opts, ServeError *se) {
+    Sampling *s = &opts->sampling;
     if (r->has_temperature) s->temperature = r->temperature;
     if (r->has_top_k) s->top_k = r->top_k < 0 ? 0 : r->top_k; /* -1: off, as in vLLM */
     if (r->has_top_p) s->top_p = r->top_p;
     if (r->has_min_p) s->min_p = r->min_p;
-    if (r->has_seed) d->seed = r->seed;
+    if (r->has_seed) opts->seed = r->seed;
     RsErr e = {0};
     if (!sampling_normalize(s, &e)) return 0;
     char field[16] = ""; /* the message starts with the field's name, the request's too */

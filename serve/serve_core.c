@@ -35,6 +35,8 @@ struct ServeCore {
     Slot *slots;      // (parallel)
     int n_slots;
     SuffixIndex *shared; /* cfg.suffix_global > 0: the earlier outputs the drafters search */
+    pthread_mutex_t log_mu; /* cfg.round_log: one writer at a time, whole lines */
+    int log_failed;         /* under log_mu: a write failed (said once) */
 };
 
 struct ServeJob {
@@ -68,6 +70,7 @@ struct ServeJob {
     /* the worker's own */
     uint64_t t_last;
     int drafter_failed;
+    RoundLog lg; /* cfg.round_log: the decode as its log lines name it */
 };
 
 /* ---- jobs ------------------------------------------------------------------------------ */
@@ -147,12 +150,12 @@ static int job_prompt(ServeCore *c, ServeJob *j, ServeError *se) {
 static int job_options(ServeCore *c, ServeJob *j, ServeError *se) {
     const ServeRequest *r = &j->req;
     j->d = c->cfg.dflt;
-    if (r->rule >= 0) j->d.rule = (Rule)r->rule;
+    if (r->decoder >= 0) j->d.decoder = (DecoderKind)r->decoder;
     if (r->budget) j->d.budget = r->budget;
-    if (j->d.rule != RULE_AR && !c->en->drafter)
+    if (j->d.decoder != DECODER_AR && !c->en->drafter)
         return serve_error(se, 400, "rootspec.decoder",
                            "decoder '%s' needs a drafter; this server runs without one",
-                           rule_name(j->d.rule));
+                           decoder_name(j->d.decoder));
     int rc = serve_sampling_map(r, &j->d, se);
     if (rc) return rc;
     if (j->d.budget == 0) { /* --budget auto: the engine's planner, up to the largest tree */
@@ -166,7 +169,7 @@ static int job_options(ServeCore *c, ServeJob *j, ServeError *se) {
         serve_error(se, 400, r->kind == SERVE_CHAT ? "messages" : "prompt",
                     "this model's context is %d tokens; the prompt has %d and %d more are "
                     "requested (a %s round reserves %d)", target_kv_capacity(c->en->target),
-                    j->n_ids, r->max_tokens ? r->max_tokens : 1, rule_name(j->d.rule),
+                    j->n_ids, r->max_tokens ? r->max_tokens : 1, decoder_name(j->d.decoder),
                     decode_round_reserve(&j->d));
         se->code = "context_length_exceeded";
         return 400;
@@ -312,7 +315,27 @@ static void on_prompt_rows(void *u, const float *rows, int first, int n, int voc
 
 static void on_round(void *u, const RoundInfo *r) {
     ServeJob *j = u;
-    serve_metrics_round(j->core->metrics, r->emitted - r->dropped, r->fallback_ar);
+    ServeCore *c = j->core;
+    serve_metrics_round(c->metrics, r->emitted - r->dropped, r->fallback_ar);
+    if (!c->cfg.round_log) return;
+    pthread_mutex_lock(&c->log_mu);
+    if (roundlog_write(c->cfg.round_log, &j->lg, r) && !c->log_failed) {
+        c->log_failed = 1;
+        fprintf(stderr, "rootspec-serve: writing the round log failed: %s\n", strerror(errno));
+    }
+    pthread_mutex_unlock(&c->log_mu);
+}
+
+/* The round log's view of the decode about to start (rep: recomputes so far), and the
+ * target backend's counters now. */
+static void log_begin(const Slot *sl, ServeJob *j, const DecodeOpts *opts, int rep) {
+    j->lg = (RoundLog){.decoder = decoder_name(opts->decoder), .temp = sampling_temp(&opts->sampling),
+                       .budget = opts->decoder == DECODER_AR ? 0
+                                 : opts->planner       ? ROUNDLOG_BUDGET_AUTO
+                                                     : opts->budget,
+                       .prompt_id = j->meta.id, .rep = rep, .sampling = &j->d.sampling};
+    BackendStats st = backend_stats(target_backend(sl->t));
+    roundlog_begin(&j->lg, &st);
 }
 
 static void on_event(void *u, const char *ev, const char *detail) {
@@ -375,13 +398,13 @@ static int job_admit(ServeCore *c, ServeJob *j, const Target *t, int n_prompt) {
 static int job_decode(ServeCore *c, Slot *sl, ServeJob *j, DecodeResult *res, RsErr *e) {
     DecodeHooks h = {on_tokens, on_round, on_event, j, should_stop, j->req.logprobs ? on_rows : NULL,
                      j->n_echo ? on_prompt_rows : NULL};
-    DecodeOpts d = j->d;
-    if (d.planner && sl->planner) d.planner = sl->planner;
-    int *ids = rs_xmalloc(sizeof(int) * (size_t)(j->n_ids + d.max_new + ROUND_MAX_EMIT));
+    DecodeOpts opts = j->d;
+    if (opts.planner && sl->planner) opts.planner = sl->planner;
+    int *ids = rs_xmalloc(sizeof(int) * (size_t)(j->n_ids + opts.max_new + ROUND_MAX_EMIT));
     memcpy(ids, j->ids, sizeof(int) * (size_t)j->n_ids);
     int n_ids = j->n_ids, done = 0, rc;
     res->hit_eos = 0;
-    for (;;) {
+    for (int rep = 0;; rep++) {
         if (c->bt && !job_admit(c, j, sl->t, n_ids)) {
             if (sl->t->n_forked) target_reset(sl->t); /* the fork's blocks go back */
             rc = RS_OK;
@@ -389,8 +412,9 @@ static int job_decode(ServeCore *c, Slot *sl, ServeJob *j, DecodeResult *res, Rs
         }
         DecodeResult part = {.tokens = ids + n_ids, .cap = res->cap - done};
         if (done > 0) h.on_prompt_rows = NULL; /* the prompt's rows are all taken */
-        d.max_new = j->d.max_new - done;
-        rc = decode_run(sl->t, sl->d, ids, n_ids, &d, &h, &part, e);
+        opts.max_new = j->d.max_new - done;
+        if (c->cfg.round_log) log_begin(sl, j, &opts, rep);
+        rc = decode_run(sl->t, sl->d, ids, n_ids, &opts, &h, &part, e);
         serve_metrics_prompt(c->metrics, part.prompt_cached, n_ids - part.prompt_cached);
         if (!done) {
             pthread_mutex_lock(&j->mu);
@@ -554,6 +578,7 @@ int serve_core_create(Engine *en, const ServeConfig *cfg, ServeMetrics *m, Serve
     c->queue = rs_xcalloc((size_t)cfg->queue_max, sizeof *c->queue);
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->enc_mu, NULL);
+    pthread_mutex_init(&c->log_mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     for (int i = 0; i < c->n_slots; i++)
         RS_ASSERT(pthread_create(&c->slots[i].thread, NULL, worker_main, &c->slots[i]) == 0);
@@ -656,6 +681,7 @@ void serve_core_destroy(ServeCore **pc) {
     slots_free(c);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->enc_mu);
+    pthread_mutex_destroy(&c->log_mu);
     pthread_cond_destroy(&c->cv);
     free(c->queue);
     free(c);

@@ -10,6 +10,7 @@
 #define ROOTSPEC_SERVE_CORE_H
 #include "serve.h"
 #include "target_proc/batch.h"
+#include "target_proc/roundlog.h"
 
 typedef struct {
     const char *model_name;
@@ -22,6 +23,11 @@ typedef struct {
     /* > 0: the workers' suffix drafters also search the last suffix_global tokens of the
      * earlier requests' outputs (one index they share); 0: each request sees its own */
     int suffix_global;
+    /* --log-rounds: one line per round of every decode, the round log of rootspec-target
+     * and rootspec-bench (target_proc/roundlog.h), the request id as its prompt_id and a
+     * recompute after preemption as its rep; NULL: none. Borrowed: the caller closes it
+     * after serve_core_destroy. */
+    FILE *round_log;
 } ServeConfig;
 
 typedef struct ServeCore ServeCore;

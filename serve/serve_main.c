@@ -8,6 +8,7 @@
 #include "draft_proc/suffix_drafter.h"
 #include "kernels/cpu/cpu_backend.h"
 #include <arpa/inet.h>
+#include <errno.h>
 #include <signal.h>
 #include <string.h>
 
@@ -37,6 +38,8 @@ static void usage(FILE *f) {
             "  --suffix-global N     the suffix drafter also proposes from the last N tokens of\n"
             "                        earlier requests' outputs, shared by the workers, oldest\n"
             "                        out first (--drafter suffix; default 0: off)\n"
+            "  --log-rounds FILE     append one JSON object per round of every decode to FILE\n"
+            "                        (rootspec-target's round log; prompt_id: the request id)\n"
             "  --max-body BYTES      largest request body; larger ones get a 413 (default 1048576)\n"
             "  --max-connections N   open connections at once (default 512)\n"
             "  --max-connections-per-client N\n"
@@ -80,6 +83,7 @@ typedef struct {
     int no_auth;
     int parallel, batch_rows, prefill_chunk, kv_entries;
     int suffix_global;
+    const char *log_path; /* --log-rounds */
 } Args;
 
 /* The drafter each batched worker opens: the engine's options, in process. */
@@ -92,7 +96,7 @@ static DrafterSpec slot_spec(const Args *A) {
 /* Whether requests may share passes: AR, or each request a suffix drafter of its own. */
 static int batchable(const Args *A) {
     DrafterSpec s = slot_spec(A);
-    return A->d.rule == RULE_AR || drafter_spec_kind(&s) == DRAFTER_KIND_SUFFIX;
+    return A->d.decoder == DECODER_AR || drafter_spec_kind(&s) == DRAFTER_KIND_SUFFIX;
 }
 
 /* --parallel's sizes, and a drafter every worker can have of its own. */
@@ -101,7 +105,7 @@ static int batch_args(Args *A, RsErr *e) {
         return rs_err(e, RS_EINVAL, "--batch-rows %d is below --prefill-chunk %d", A->batch_rows,
                       A->prefill_chunk);
     DrafterSpec s = slot_spec(A);
-    if (A->suffix_global && (A->d.rule == RULE_AR || drafter_spec_kind(&s) != DRAFTER_KIND_SUFFIX))
+    if (A->suffix_global && (A->d.decoder == DECODER_AR || drafter_spec_kind(&s) != DRAFTER_KIND_SUFFIX))
         return rs_err(e, RS_EINVAL, "--suffix-global %d: needs --drafter suffix and a speculative "
                       "--decoder", A->suffix_global);
     if (A->parallel <= 1) return RS_OK;
@@ -186,7 +190,8 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
                                           "--max-connections-per-client", "--timeout",
                                           "--request-timeout", "--allowed-hosts", "--api-key",
                                           "--api-key-file", "--parallel", "--batch-rows",
-                                          "--prefill-chunk", "--kv-entries", "--suffix-global"};
+                                          "--prefill-chunk", "--kv-entries", "--suffix-global",
+                                          "--log-rounds"};
         size_t k = 0;
         while (k < sizeof own / sizeof own[0] && strcmp(a, own[k])) k++;
         if (k == sizeof own / sizeof own[0]) return rs_err(e, RS_EINVAL, "unknown option '%s' (see --help)", a);
@@ -195,6 +200,7 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
         else if (!strcmp(a, "--port")) rc = cli_int(a, v, 0, 65535, &A->http.port, e);
         else if (!strcmp(a, "--model-name")) A->model_name = v;
         else if (!strcmp(a, "--allowed-hosts")) A->allowed_hosts = v;
+        else if (!strcmp(a, "--log-rounds")) A->log_path = v;
         else if (!strcmp(a, "--api-key")) {
             if (!*v) return rs_err(e, RS_EINVAL, "--api-key is empty");
             serve_gate_add_key(&A->gate, v);
@@ -227,8 +233,8 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
     A->gate.max_body = A->http.max_body;
     A->http.gate = &A->gate;
     if (A->rt.threads == 0) A->rt.threads = cli_cpus_available(); /* --threads not given */
-    engine_cli_runtime(&A->eo, &A->rt);
-    rc = engine_cli_check(&A->eo, &A->d, e);
+    rc = engine_cli_runtime(&A->eo, &A->rt, e);
+    if (!rc) rc = engine_cli_check(&A->eo, &A->d, e);
     return rc ? rc : batch_args(A, e);
 }
 
@@ -249,13 +255,20 @@ static int serve(Args *A, Engine *en, const sigset_t *sigs) {
                        .batch = {.row_budget = A->batch_rows, .prefill_chunk = A->prefill_chunk,
                                  .kv_entries = A->kv_entries, .seq_capacity = A->eo.ctx,
                                  .backend = engine_backend_params(&A->eo)},
-                       .slot_drafter = A->d.rule != RULE_AR ? &spec : NULL,
+                       .slot_drafter = A->d.decoder != DECODER_AR ? &spec : NULL,
                        .suffix_global = A->suffix_global};
+    if (A->log_path && !(cfg.round_log = fopen(A->log_path, "a"))) {
+        fprintf(stderr, "rootspec-serve: cannot open --log-rounds '%s': %s\n", A->log_path,
+                strerror(errno));
+        serve_metrics_destroy(&m);
+        return 1;
+    }
     ServeCore *core = NULL;
     RsErr e = {0};
     int rc = serve_core_create(en, &cfg, m, &core, &e);
     if (rc) {
         fprintf(stderr, "rootspec-serve: %s\n", e.msg);
+        if (cfg.round_log) fclose(cfg.round_log);
         serve_metrics_destroy(&m);
         return cli_exit_status(rc);
     }
@@ -268,7 +281,7 @@ static int serve(Args *A, Engine *en, const sigset_t *sigs) {
         fprintf(stderr, "rootspec-serve: listening on http://%s:%d (model %s, context %d, decoder %s, "
                 "B=%s, %s, threads %d of %d CPUs available, %s)\n",
                 A->http.host, serve_http_port(http), cfg.model_name, serve_core_context(core),
-                rule_name(A->d.rule), budget, sampling_str(&A->d.sampling, smp, sizeof smp),
+                decoder_name(A->d.decoder), budget, sampling_str(&A->d.sampling, smp, sizeof smp),
                 A->eo.threads, cli_cpus_available(),
                 A->gate.n_keys ? "API key required" : "no API key");
         int sig = 0;
@@ -282,12 +295,16 @@ static int serve(Args *A, Engine *en, const sigset_t *sigs) {
     serve_http_stop(&http);
     serve_core_destroy(&core);
     serve_metrics_destroy(&m);
+    if (cfg.round_log && fclose(cfg.round_log)) {
+        fprintf(stderr, "rootspec-serve: writing --log-rounds '%s' failed\n", A->log_path);
+        if (!rc) return 1;
+    }
     return rc ? cli_exit_status(rc) : 0;
 }
 
 int main(int argc, char **argv) {
     Args A = {.eo = {.draft_timeout_ms = 10000, .prefix_cache = 1}, .rt = cli_runtime_defaults(),
-              .d = {.rule = RULE_AR, .budget = 59, .seed = 1, .max_new = 512},
+              .d = {.decoder = DECODER_AR, .budget = 59, .seed = 1, .max_new = 512},
               .http = {.host = "127.0.0.1", .port = 8080, .max_body = 1 << 20, .max_conn = 512,
                        .max_conn_ip = 16, .timeout = 60, .request_timeout = 10},
               .queue = 16, .batch_rows = 64, .prefill_chunk = 32}; /* parallel 0: from memory */

@@ -33,7 +33,7 @@ typedef struct {
 typedef struct {
     Target *t;
     Drafter *drafter;
-    const DecodeOpts *o;
+    const DecodeOpts *opts;
     const DecodeHooks *h;
     DecodeResult *res;
     Rng rng;
@@ -84,20 +84,20 @@ typedef struct {
 /* The decode's clock: monotonic ns less the measurement time skipped so far. Nothing else
  * of the decode runs while a measurement does (the pool is in, the drafter waits for the
  * next commit), so this is the timeline the decode would have without measuring. */
-static uint64_t dec_now(const Decode *d) { return rs_now_ns() - d->clock_skip; }
+static uint64_t dec_now(const Decode *dec) { return rs_now_ns() - dec->clock_skip; }
 
 /* Runs a measurement's code off the decode's clock. */
-#define OFF_CLOCK(d, ...)                                 \
+#define OFF_CLOCK(dec, ...)                               \
     do {                                                  \
         uint64_t off_clock_t0_ = rs_now_ns();             \
         __VA_ARGS__;                                      \
-        (d)->clock_skip += rs_now_ns() - off_clock_t0_;   \
+        (dec)->clock_skip += rs_now_ns() - off_clock_t0_; \
     } while (0)
 
-int decode_round_reserve(const DecodeOpts *o) {
-    if (o->rule == RULE_AR) return 1; /* the root alone */
+int decode_round_reserve(const DecodeOpts *opts) {
+    if (opts->decoder == DECODER_AR) return 1; /* the root alone */
     /* the root, the tree (X1 off the pool is one of its B nodes) or the scoring pass */
-    return 1 + (o->score_all ? DECODE_PASS_MAX : o->budget);
+    return 1 + (opts->score_all ? DECODE_PASS_MAX : opts->budget);
 }
 
 /* ---- target probabilities from a round's rows (selection, tau, offline scoring) ------ */
@@ -255,25 +255,25 @@ static double selection_tau(const Probe *pr, const TreePass *ps, const Pool *poo
  * (DESIGN.md §3), whose B-set is chosen from every candidate's target path probability. Needs
  * a pass that holds the expanded nodes (pass_add_expanded). Only these numbers per node
  * leave the backend: every candidate's logit and its parent row's log-sum-exp. */
-static int score_rules(Decode *d, int x1, RoundInfo *ri, RsErr *e) {
-    const Target *t = d->t;
+static int score_rules(Decode *dec, int x1, RoundInfo *ri, RsErr *e) {
+    const Target *t = dec->t;
     const Pool *pool = t->pool;
-    const TreePass *ps = &d->ps;
-    Probe *pr = &d->probe;
-    int B = d->o->budget;
-    Selection s[RULE_COUNT];
-    select_draft(pool, B, &s[RULE_DRAFT]);
-    select_pearl(pool, B, x1, &s[RULE_PEARL]);
-    select_rootdraw(pool, B, x1, &s[RULE_ROOTDRAW]);
-    select_root_logp(pool, B, d->root_logp, x1, &s[RULE_ROOT]);
+    const TreePass *ps = &dec->ps;
+    Probe *pr = &dec->probe;
+    int B = dec->opts->budget;
+    Selection s[DECODER_COUNT];
+    select_draft(pool, B, &s[DECODER_DRAFT]);
+    select_pearl(pool, B, x1, &s[DECODER_PEARL]);
+    select_rootdraw(pool, B, x1, &s[DECODER_ROOTDRAW]);
+    select_root_logp(pool, B, dec->root_logp, x1, &s[DECODER_ROOT]);
     for (int u = 0; u < pool->n; u++) {
         int par = pool->parent[u];
         int slot = par < 0 ? -1 : ps->slot_of_pool[par];
         RS_ASSERT(par < 0 || slot >= 0);
         probe_add(pr, slot, pool->token[u]);
     }
-    for (int r = RULE_DRAFT; r <= RULE_ROOT; r++) probe_add_selection(pr, ps, pool, &s[r]);
-    int rc = probe_resolve(pr, t, &d->o->sampling, e);
+    for (int r = DECODER_DRAFT; r <= DECODER_ROOT; r++) probe_add_selection(pr, ps, pool, &s[r]);
+    int rc = probe_resolve(pr, t, &dec->opts->sampling, e);
     if (rc) return rc;
     double path[POOL_MAX]; /* p(u | c): product of target transitions along u's path */
     for (int u = 0; u < pool->n; u++) {
@@ -281,9 +281,9 @@ static int score_rules(Decode *d, int x1, RoundInfo *ri, RsErr *e) {
         int slot = par < 0 ? -1 : ps->slot_of_pool[par];
         path[u] = (par < 0 ? 1.0 : path[par]) * probe_prob(pr, slot, pool->token[u]);
     }
-    select_oracle(pool, B, path, &s[RULE_ORACLE]);
+    select_oracle(pool, B, path, &s[DECODER_ORACLE]);
     ri->have_tau_rule = 1;
-    for (int r = RULE_DRAFT; r <= RULE_ORACLE; r++) {
+    for (int r = DECODER_DRAFT; r <= DECODER_ORACLE; r++) {
         ri->tau_rule[r] = selection_tau(pr, ps, pool, &s[r], -1);
         ri->tree_size_rule[r] = s[r].t.n;
     }
@@ -291,13 +291,13 @@ static int score_rules(Decode *d, int x1, RoundInfo *ri, RsErr *e) {
 }
 
 /* tau is an offline measure of the tree (DESIGN.md §4), not part of decoding. */
-static int round_measure(Decode *d, Round *r, RsErr *e) {
-    Probe *pr = &d->probe;
-    const Pool *pool = d->t->pool;
-    if (!r->skip) probe_add_selection(pr, &d->ps, pool, &r->sel);
-    int rc = d->o->score_all ? score_rules(d, r->x1, &r->info, e)
-                             : probe_resolve(pr, d->t, &d->o->sampling, e);
-    if (!rc && !r->skip) r->info.tau = selection_tau(pr, &d->ps, pool, &r->sel, r->x1_node);
+static int round_measure(Decode *dec, Round *r, RsErr *e) {
+    Probe *pr = &dec->probe;
+    const Pool *pool = dec->t->pool;
+    if (!r->skip) probe_add_selection(pr, &dec->ps, pool, &r->sel);
+    int rc = dec->opts->score_all ? score_rules(dec, r->x1, &r->info, e)
+                             : probe_resolve(pr, dec->t, &dec->opts->sampling, e);
+    if (!rc && !r->skip) r->info.tau = selection_tau(pr, &dec->ps, pool, &r->sel, r->x1_node);
     return rc;
 }
 
@@ -308,47 +308,47 @@ static void emit_event(const DecodeHooks *h, const char *ev, const char *detail)
 }
 
 /* The decode goes on autoregressively; every emitted token is kept. */
-static void drafter_failed(Decode *d, const RsErr *e) {
+static void drafter_failed(Decode *dec, const RsErr *e) {
     char msg[1100];
     snprintf(msg, sizeof msg, "drafter failed (%s); finishing autoregressively", e ? e->msg : "?");
-    emit_event(d->h, "drafter_failed", msg);
-    d->res->drafter_failed = 1;
-    d->use_drafter = 0;
+    emit_event(dec->h, "drafter_failed", msg);
+    dec->res->drafter_failed = 1;
+    dec->use_drafter = 0;
 }
 
 /* Sends the drafter the tokens it has not committed (the whole prompt first, resetting its
  * context) and lets it grow the next pool, `depth` levels deep, `width` nodes expanded a
  * level. 0: the drafter failed. */
-static int round_request(Decode *d, Round *r, int depth, int width, RsErr *e) {
-    if (depth != d->depth || width != d->width) drafter_set_shape(d->drafter, depth, width);
-    d->depth = depth;
-    d->width = width;
-    r->info.t_grow_sent = dec_now(d);
-    size_t fb = d->feat ? sizeof(float) * (size_t)d->n_pend * d->feat_w : 0;
-    int rc = drafter_grow_begin(d->drafter, d->pend, d->n_pend, !d->synced, fb ? d->feat : NULL, fb,
-                                e);
+static int round_request(Decode *dec, Round *r, int depth, int width, RsErr *e) {
+    if (depth != dec->depth || width != dec->width) drafter_set_shape(dec->drafter, depth, width);
+    dec->depth = depth;
+    dec->width = width;
+    r->info.t_grow_sent = dec_now(dec);
+    size_t fb = dec->feat ? sizeof(float) * (size_t)dec->n_pend * dec->feat_w : 0;
+    int rc = drafter_grow_begin(dec->drafter, dec->pend, dec->n_pend, !dec->synced,
+                                fb ? dec->feat : NULL, fb, e);
     if (rc) {
-        drafter_failed(d, e);
+        drafter_failed(dec, e);
         return 0;
     }
-    d->synced = 1;
-    r->n_sent = d->n_pend;
-    d->n_pend = 0;
+    dec->synced = 1;
+    r->n_sent = dec->n_pend;
+    dec->n_pend = 0;
     r->asked = 1;
     r->info.plan_depth = depth;
     return 1;
 }
 
 /* Waits for the pool into t->pool. 0: the drafter failed. */
-static int round_receive(Decode *d, Round *r, RsErr *e) {
-    const Pool *pool = d->t->pool;
-    int rc = drafter_grow_end(d->drafter, d->t->pool, e);
-    r->info.t_pool_recv = dec_now(d);
+static int round_receive(Decode *dec, Round *r, RsErr *e) {
+    const Pool *pool = dec->t->pool;
+    int rc = drafter_grow_end(dec->drafter, dec->t->pool, e);
+    r->info.t_pool_recv = dec_now(dec);
     if (rc) {
-        drafter_failed(d, e);
+        drafter_failed(dec, e);
         return 0;
     }
-    if (!sampling_greedy(&d->o->sampling)) pool_temper(d->t->pool, d->o->sampling.temperature);
+    if (!sampling_greedy(&dec->opts->sampling)) pool_temper(dec->t->pool, dec->opts->sampling.temperature);
     r->info.draft_ns = pool->draft_ns;
     r->info.draft_commit_ns = pool->commit_pass_ns;
     r->info.draft_host_ns = pool->draft_host_ns;
@@ -358,49 +358,49 @@ static int round_receive(Decode *d, Round *r, RsErr *e) {
 
 /* ---- the round's steps -------------------------------------------------------------- */
 
-static void round_begin(Decode *d, Round *r, int round) {
+static void round_begin(Decode *dec, Round *r, int round) {
     memset(r, 0, sizeof *r);
     r->info.round = round;
     r->info.x1_in_pool = -1;
     r->info.tau = NAN;
     r->info.root_margin = NAN;
-    for (int k = 0; k < RULE_COUNT; k++) r->info.tau_rule[k] = NAN;
-    r->info.t_round_start = dec_now(d);
-    r->skip0 = d->clock_skip;
+    for (int k = 0; k < DECODER_COUNT; k++) r->info.tau_rule[k] = NAN;
+    r->info.t_round_start = dec_now(dec);
+    r->skip0 = dec->clock_skip;
     r->x1 = r->x1_node = -1;
     r->info.plan_k = -1;
     r->info.plan_tokens = r->info.plan_ns = NAN;
 }
 
 /* The root pass; its draw from the root row is X1 (or AR's next token). */
-static int round_root(Decode *d, Round *r, RsErr *e) {
-    Target *t = d->t;
-    r->info.t_root_start = dec_now(d);
-    int rc = target_root_pass(t, d->root, e);
-    r->info.t_root_end = dec_now(d);
+static int round_root(Decode *dec, Round *r, RsErr *e) {
+    Target *t = dec->t;
+    r->info.t_root_start = dec_now(dec);
+    int rc = target_root_pass(t, dec->root, e);
+    r->info.t_root_end = dec_now(dec);
     if (rc) return rc;
     /* X1 (AR's next token) drawn where the row lives: its argmax, or when sampling the draw
      * at the decode's next uniform (one per draw, as ever, so a seed gives the same stream). */
-    int row = target_row(t, -1), temp = sampling_temp(&d->o->sampling);
-    double u = temp ? rng_uniform(&d->rng) : -1.0;
-    rc = backend_rows_stats(t->b, &row, 1, &d->o->sampling, temp ? &u : NULL, &r->root_st, e);
+    int row = target_row(t, -1), temp = sampling_temp(&dec->opts->sampling);
+    double u = temp ? rng_uniform(&dec->rng) : -1.0;
+    rc = backend_rows_stats(t->b, &row, 1, &dec->opts->sampling, temp ? &u : NULL, &r->root_st, e);
     if (rc) return rc;
-    OFF_CLOCK(d, r->info.root_margin = (double)r->root_st.max - (double)r->root_st.second);
+    OFF_CLOCK(dec, r->info.root_margin = (double)r->root_st.max - (double)r->root_st.second);
     r->have_root = 1;
     r->x1 = r->root_st.draw;
-    if (d->h && d->h->on_rows) { /* X1's row: a tree pass may replace it before the commit */
-        if (!d->root_logits) d->root_logits = rs_xmalloc(sizeof(float) * (size_t)t->vocab);
-        rc = backend_rows_copy(t->b, &row, 1, d->root_logits, e);
+    if (dec->h && dec->h->on_rows) { /* X1's row: a tree pass may replace it before the commit */
+        if (!dec->root_logits) dec->root_logits = rs_xmalloc(sizeof(float) * (size_t)t->vocab);
+        rc = backend_rows_copy(t->b, &row, 1, dec->root_logits, e);
     }
     return rc;
 }
 
 /* Autoregressive round: the root pass alone (unless it ran already); its draw is the
  * continuation. */
-static int round_ar(Decode *d, Round *r, RsErr *e) {
-    r->info.fallback_ar = d->o->rule != RULE_AR && !d->use_drafter;
+static int round_ar(Decode *dec, Round *r, RsErr *e) {
+    r->info.fallback_ar = dec->opts->decoder != DECODER_AR && !dec->use_drafter;
     if (!r->have_root) {
-        int rc = round_root(d, r, e);
+        int rc = round_root(dec, r, e);
         if (rc) return rc;
     }
     r->row[r->n_emit] = -1;
@@ -410,11 +410,11 @@ static int round_ar(Decode *d, Round *r, RsErr *e) {
 }
 
 /* Tests only (test_wrong_x1): X1 drawn from the drafter's first level instead of p0. */
-static void wrong_x1(Decode *d, Round *r) {
-    const Pool *pool = d->t->pool;
+static void wrong_x1(Decode *dec, Round *r) {
+    const Pool *pool = dec->t->pool;
     double z = 0, u;
     for (int k = 0; k < pool->root_n_children; k++) z += exp(pool->logq[k]);
-    u = rng_uniform(&d->rng) * z;
+    u = rng_uniform(&dec->rng) * z;
     for (int k = 0; k < pool->root_n_children; k++) {
         r->x1 = pool->token[k];
         if ((u -= exp(pool->logq[k])) < 0) break;
@@ -423,21 +423,21 @@ static void wrong_x1(Decode *d, Round *r) {
 
 /* Root-pass rules, while the root pass's row is still kept (the tree pass replaces it):
  * log p0 of every first-level pool token and of X1, for root selection and for tau. */
-static int root_probe(Decode *d, Round *r, RsErr *e) {
-    const Pool *pool = d->t->pool;
-    Probe *pr = &d->probe;
+static int root_probe(Decode *dec, Round *r, RsErr *e) {
+    const Pool *pool = dec->t->pool;
+    Probe *pr = &dec->probe;
     pr->have_st[0] = 1;
     pr->st[0] = r->root_st;
     for (int k = 0; k < pool->root_n_children; k++)
         probe_add(pr, -1, pool->token[pool->root_first_child + k]);
     probe_add(pr, -1, r->x1);
-    int rc = probe_resolve(pr, d->t, &d->o->sampling, e);
+    int rc = probe_resolve(pr, dec->t, &dec->opts->sampling, e);
     /* Root selection ranks by log of p0 rounded to float, as it did when p0 was a float
      * softmax of the copied row: a seed keeps selecting the same trees. */
     for (int k = 0; !rc && k < pool->root_n_children; k++) {
         double lp = pr->logp[probe_find(pr, -1, pool->token[pool->root_first_child + k])];
         float p0 = (float)exp(lp);
-        d->root_logp[k] = p0 > 0 ? log((double)p0) : -INFINITY;
+        dec->root_logp[k] = p0 > 0 ? log((double)p0) : -INFINITY;
     }
     return rc;
 }
@@ -446,9 +446,10 @@ static int root_probe(Decode *d, Round *r, RsErr *e) {
 
 /* Cuts the rule's selection (made at the cap) to the planner's size: a prefix of its
  * ranked nodes, which is a tree. */
-static void plan_size(Decode *d, Round *r) {
-    PlanChoice c = planner_choose(d->o->planner, d->o->rule, sampling_temp(&d->o->sampling), d->t->pool, &r->sel,
-                                  r->have_root ? r->x1 : -1, d->depth);
+static void plan_size(Decode *dec, Round *r) {
+    const DecodeOpts *opts = dec->opts;
+    PlanChoice c = planner_choose(opts->planner, opts->decoder, sampling_temp(&opts->sampling),
+                                  dec->t->pool, &r->sel, r->have_root ? r->x1 : -1, dec->depth);
     r->sel.t.n = c.k;
     r->info.plan_k = c.k;
     r->info.plan_tokens = c.tokens;
@@ -456,50 +457,50 @@ static void plan_size(Decode *d, Round *r) {
 }
 
 /* What the round measured, for the planner's next choices. */
-static void plan_observe(Decode *d, const Round *r) {
-    Planner *p = d->o->planner;
+static void plan_observe(Decode *dec, const Round *r) {
+    Planner *p = dec->opts->planner;
     const RoundInfo *ri = &r->info;
     if (ri->t_root_end) planner_observe_pass(p, 1, ri->t_root_end - ri->t_root_start);
-    if (ri->t_tree_end && !d->o->score_all)
-        planner_observe_pass(p, d->ps.n + r->with_root, ri->t_tree_end - ri->t_tree_start);
+    if (ri->t_tree_end && !dec->opts->score_all)
+        planner_observe_pass(p, dec->ps.n + r->with_root, ri->t_tree_end - ri->t_tree_start);
     if (r->asked) {
         uint64_t own = ri->t_root_end > ri->t_grow_sent ? ri->t_root_end : ri->t_grow_sent;
-        planner_observe_pool(p, d->t->pool, r->n_sent, ri->t_pool_recv - ri->t_grow_sent,
+        planner_observe_pool(p, dec->t->pool, r->n_sent, ri->t_pool_recv - ri->t_grow_sent,
                              ri->t_pool_recv > own ? ri->t_pool_recv - own : 0);
-        planner_observe_accept(p, d->o->rule, sampling_temp(&d->o->sampling), d->t->pool, &r->sel, r->sel.t.n,
-                               r->acc, r->n_acc);
+        planner_observe_accept(p, dec->opts->decoder, sampling_temp(&dec->opts->sampling),
+                               dec->t->pool, &r->sel, r->sel.t.n, r->acc, r->n_acc);
     }
-    planner_observe_round(p, d->o->rule, sampling_temp(&d->o->sampling), r->n_emit, ri->t_commit - ri->t_round_start,
-                          r->asked);
+    planner_observe_round(p, dec->opts->decoder, sampling_temp(&dec->opts->sampling), r->n_emit,
+                          ri->t_commit - ri->t_round_start, r->asked);
 }
 
 /* The rule's tree (DESIGN.md §3) and the pass that verifies it. */
-static int round_select(Decode *d, Round *r, RsErr *e) {
-    Target *t = d->t;
+static int round_select(Decode *dec, Round *r, RsErr *e) {
+    Target *t = dec->t;
     const Pool *pool = t->pool;
-    int B = d->o->budget, x1 = r->x1;
-    probe_init(&d->probe);
+    int B = dec->opts->budget, x1 = r->x1;
+    probe_init(&dec->probe);
     if (r->have_root) {
-        int rc = root_probe(d, r, e);
+        int rc = root_probe(dec, r, e);
         if (rc) return rc;
     }
-    switch (d->o->rule) {
-    case RULE_DRAFT: select_draft(pool, B, &r->sel); break;
-    case RULE_PEARL: select_pearl(pool, B, x1, &r->sel); break;
-    case RULE_ROOTDRAW: select_rootdraw(pool, B, x1, &r->sel); break;
-    case RULE_ROOT: select_root_logp(pool, B, d->root_logp, x1, &r->sel); break;
+    switch (dec->opts->decoder) {
+    case DECODER_DRAFT: select_draft(pool, B, &r->sel); break;
+    case DECODER_PEARL: select_pearl(pool, B, x1, &r->sel); break;
+    case DECODER_ROOTDRAW: select_rootdraw(pool, B, x1, &r->sel); break;
+    case DECODER_ROOT: select_root_logp(pool, B, dec->root_logp, x1, &r->sel); break;
     default: RS_ASSERT(!"rule");
     }
-    if (d->o->planner) plan_size(d, r);
-    pass_init(&d->ps, pool);
-    pass_add(&d->ps, pool, &r->sel);
-    if (d->o->score_all) pass_add_expanded(&d->ps, pool);
-    r->info.t_select_done = dec_now(d);
+    if (dec->opts->planner) plan_size(dec, r);
+    pass_init(&dec->ps, pool);
+    pass_add(&dec->ps, pool, &r->sel);
+    if (dec->opts->score_all) pass_add_expanded(&dec->ps, pool);
+    r->info.t_select_done = dec_now(dec);
     r->info.x1_in_pool = r->have_root ? r->sel.x1_in_pool : -1;
     r->info.tree_size = r->sel.t.n;
     r->with_root = !r->have_root;
-    if (d->o->rule == RULE_ROOT) r->x1_node = tree_child_with_token(pool, &r->sel, -1, x1);
-    r->skip = (d->o->rule == RULE_ROOT && r->x1_node < 0) || (r->have_root && r->sel.t.n == 0);
+    if (dec->opts->decoder == DECODER_ROOT) r->x1_node = tree_child_with_token(pool, &r->sel, -1, x1);
+    r->skip = (dec->opts->decoder == DECODER_ROOT && r->x1_node < 0) || (r->have_root && r->sel.t.n == 0);
     r->info.tree_pass_skipped = r->skip;
     /* Root selection's tau is taken given its X1, like pearl's and rootdraw's: with X1
      * off the first level nothing can be accepted. The unconditional tau would be
@@ -511,8 +512,8 @@ static int round_select(Decode *d, Round *r, RsErr *e) {
 
 /* Exhaustive target sampling (DESIGN.md §4): draw from the target's row at the current node,
  * descend while the draw labels a child; the first draw that does not is the continuation. */
-static int round_accept(Decode *d, Round *r, RsErr *e) {
-    const Target *t = d->t;
+static int round_accept(Decode *dec, Round *r, RsErr *e) {
+    const Target *t = dec->t;
     const Selection *sel = &r->sel;
     int cur = -1; /* tree index; -1 = root */
     if (sel->rooted_at_x1) {
@@ -520,17 +521,17 @@ static int round_accept(Decode *d, Round *r, RsErr *e) {
         r->emitted[r->n_emit++] = r->x1;
         r->accepted++;
         cur = 0;
-        r->keep[r->n_emit] = 1 + pass_slot(&d->ps, sel, 0);
+        r->keep[r->n_emit] = 1 + pass_slot(&dec->ps, sel, 0);
     }
-    int forced = d->o->rule == RULE_ROOT ? r->x1 : -1;
+    int forced = dec->opts->decoder == DECODER_ROOT ? r->x1 : -1;
     for (;;) {
         int y = forced, row = -1; /* forced: X1, from the root row */
         if (y < 0) { /* one reduction of the node's kept row: its argmax, or a draw at u */
-            row = target_row(t, cur < 0 ? -1 : pass_slot(&d->ps, sel, cur));
-            int temp = sampling_temp(&d->o->sampling);
-            double u = temp ? rng_uniform(&d->rng) : -1.0;
+            row = target_row(t, cur < 0 ? -1 : pass_slot(&dec->ps, sel, cur));
+            int temp = sampling_temp(&dec->opts->sampling);
+            double u = temp ? rng_uniform(&dec->rng) : -1.0;
             RowStats st;
-            const Sampling *smp = &d->o->sampling;
+            const Sampling *smp = &dec->opts->sampling;
             int rc = backend_rows_stats(t->b, &row, 1, smp, temp ? &u : NULL, &st, e);
             if (rc) return rc;
             y = st.draw;
@@ -542,75 +543,76 @@ static int round_accept(Decode *d, Round *r, RsErr *e) {
         if (child < 0) break; /* y is the continuation */
         r->acc[r->n_acc++] = child;
         r->accepted++;
-        r->keep[r->n_emit] = 1 + pass_slot(&d->ps, sel, child);
+        r->keep[r->n_emit] = 1 + pass_slot(&dec->ps, sel, child);
         cur = child;
     }
     return RS_OK;
 }
 
 /* The tree pass and the walk down the tree (or, root rule with X1 off its tree, X1). */
-static int round_verify(Decode *d, Round *r, RsErr *e) {
+static int round_verify(Decode *dec, Round *r, RsErr *e) {
     r->keep[0] = 0; /* the root */
-    if (!r->skip || d->o->score_all) {
-        r->info.t_tree_start = dec_now(d);
-        int rc = target_tree_pass(d->t, &d->ps, d->root, r->with_root, e);
+    if (!r->skip || dec->opts->score_all) {
+        r->info.t_tree_start = dec_now(dec);
+        int rc = target_tree_pass(dec->t, &dec->ps, dec->root, r->with_root, e);
         if (rc) return rc;
-        r->info.t_tree_end = dec_now(d);
-        OFF_CLOCK(d, rc = round_measure(d, r, e));
+        r->info.t_tree_end = dec_now(dec);
+        OFF_CLOCK(dec, rc = round_measure(dec, r, e));
         if (rc) return rc;
     }
     if (r->skip) {
         r->row[r->n_emit] = -1;
         r->emitted[r->n_emit++] = r->x1;
     }
-    else return round_accept(d, r, e);
+    else return round_accept(dec, r, e);
     return RS_OK;
 }
 
-static int round_speculative(Decode *d, Round *r, RsErr *e) {
+static int round_speculative(Decode *dec, Round *r, RsErr *e) {
     /* --pool-shape fixes what it gives; the planner picks the rest (DESIGN.md §5) */
-    int depth = d->o->pool_depth ? d->o->pool_depth : POOL_MAX_DEPTH;
-    int width = d->o->pool_width ? d->o->pool_width : POOL_EXPAND;
-    if (d->o->planner) {
-        PlanAsk a = planner_before_round(d->o->planner, d->o->rule, sampling_temp(&d->o->sampling), d->n_pend);
-        if (!a.ask) return round_ar(d, r, e); /* the drafter catches up next time */
-        if (!d->o->pool_depth) depth = a.depth;
-        if (!d->o->pool_width) width = a.width;
+    int depth = dec->opts->pool_depth ? dec->opts->pool_depth : POOL_MAX_DEPTH;
+    int width = dec->opts->pool_width ? dec->opts->pool_width : POOL_EXPAND;
+    if (dec->opts->planner) {
+        PlanAsk a = planner_before_round(dec->opts->planner, dec->opts->decoder,
+                                         sampling_temp(&dec->opts->sampling), dec->n_pend);
+        if (!a.ask) return round_ar(dec, r, e); /* the drafter catches up next time */
+        if (!dec->opts->pool_depth) depth = a.depth;
+        if (!dec->opts->pool_width) width = a.width;
     }
-    if (!round_request(d, r, depth, width, e)) return round_ar(d, r, e);
-    if (rule_needs_root(d->o->rule)) {
-        int rc = round_root(d, r, e);
+    if (!round_request(dec, r, depth, width, e)) return round_ar(dec, r, e);
+    if (decoder_needs_root_pass(dec->opts->decoder)) {
+        int rc = round_root(dec, r, e);
         if (rc) { /* the growth asked for ends here, so the next decode finds the drafter idle */
             RsErr ignored = {0};
-            drafter_grow_end(d->drafter, d->t->pool, &ignored);
+            drafter_grow_end(dec->drafter, dec->t->pool, &ignored);
             return rc;
         }
     }
-    if (!round_receive(d, r, e)) return round_ar(d, r, e);
-    if (d->o->test_wrong_x1 && r->have_root) wrong_x1(d, r);
-    int rc = round_select(d, r, e);
-    return rc ? rc : round_verify(d, r, e);
+    if (!round_receive(dec, r, e)) return round_ar(dec, r, e);
+    if (dec->opts->test_wrong_x1 && r->have_root) wrong_x1(dec, r);
+    int rc = round_select(dec, r, e);
+    return rc ? rc : round_verify(dec, r, e);
 }
 
 /* How many of the round's tokens the output takes: up to the first EOS, and no more than
  * --max-new (and the caller's buffer) allow. *eos: the last one taken ends the decode. */
-static int output_take(const Decode *d, const Round *r, int *eos) {
-    int cap = d->res->cap < d->o->max_new ? d->res->cap : d->o->max_new;
-    int room = cap - d->res->n_tokens, m = 0;
+static int output_take(const Decode *dec, const Round *r, int *eos) {
+    int cap = dec->res->cap < dec->opts->max_new ? dec->res->cap : dec->opts->max_new;
+    int room = cap - dec->res->n_tokens, m = 0;
     *eos = 0;
     while (m < r->n_emit && m < room)
-        if (d->t->eog[r->emitted[m++]] && !d->o->ignore_eos) {
+        if (dec->t->eog[r->emitted[m++]] && !dec->opts->ignore_eos) {
             *eos = 1;
             break;
         }
     return m;
 }
 
-static void output_append(Decode *d, const int *tok, int m, int eos) {
-    DecodeResult *res = d->res;
+static void output_append(Decode *dec, const int *tok, int m, int eos) {
+    DecodeResult *res = dec->res;
     memcpy(res->tokens + res->n_tokens, tok, sizeof(int) * (size_t)m);
     int visible = eos ? m - 1 : m; /* the EOS itself is not streamed */
-    if (d->h && d->h->on_tokens && visible > 0) d->h->on_tokens(d->h->user, tok, visible);
+    if (dec->h && dec->h->on_tokens && visible > 0) dec->h->on_tokens(dec->h->user, tok, visible);
     res->n_tokens += m;
     if (eos) res->hit_eos = 1;
 }
@@ -627,9 +629,9 @@ static void output_append(Decode *d, const int *tok, int m, int eos) {
 /* Asks the backend to record what the drafter needs (or nothing), after target_reset
  * (nothing pending). RS_EINVAL when the drafter's layers do not exist in this target (the
  * message names both). */
-static int feat_begin(Decode *d, int n_prompt, RsErr *e) {
-    const DrafterInfo *in = d->use_drafter ? drafter_info(d->drafter) : NULL;
-    Backend *b = d->t->b;
+static int feat_begin(Decode *dec, int n_prompt, RsErr *e) {
+    const DrafterInfo *in = dec->use_drafter ? drafter_info(dec->drafter) : NULL;
+    Backend *b = dec->t->b;
     if (!in || in->n_feature_layers == 0) return backend_set_feature_layers(b, NULL, 0, e);
     int rc = backend_set_feature_layers(b, in->feature_layers, in->n_feature_layers, e);
     if (rc) {
@@ -637,55 +639,56 @@ static int feat_begin(Decode *d, int n_prompt, RsErr *e) {
         snprintf(why, sizeof why, "%s", e ? e->msg : "?");
         return rs_err(e, rc, "drafter %s wants the target's features, but %s", in->name, why);
     }
-    d->feat_w = backend_feature_width(b);
-    d->feat_rows = n_prompt > ROUND_MAX_EMIT ? n_prompt : ROUND_MAX_EMIT;
-    d->feat = calloc((size_t)d->feat_rows * d->feat_w, sizeof(float));
-    if (!d->feat)
+    dec->feat_w = backend_feature_width(b);
+    dec->feat_rows = n_prompt > ROUND_MAX_EMIT ? n_prompt : ROUND_MAX_EMIT;
+    dec->feat = calloc((size_t)dec->feat_rows * dec->feat_w, sizeof(float));
+    if (!dec->feat)
         return rs_err(e, RS_ENOMEM, "cannot hold the features of a %d-token prompt (%zu MiB)",
-                      n_prompt, ((size_t)d->feat_rows * d->feat_w * sizeof(float)) >> 20);
+                      n_prompt, ((size_t)dec->feat_rows * dec->feat_w * sizeof(float)) >> 20);
     return RS_OK;
 }
 
 /* The prompt less its last token into the KV cache; with features, rows 1.. of the first
  * request's features are the prefill's. */
-static int feat_prefill(Decode *d, const int *prompt, int n_prompt, RsErr *e) {
-    if (d->h && d->h->on_prompt_rows)
-        return target_prefill_rows(d->t, prompt, n_prompt - 1, d->feat ? d->feat + d->feat_w : NULL,
-                                   d->h->on_prompt_rows, d->h->user, e);
-    if (!d->feat) return target_prefill(d->t, prompt, n_prompt - 1, e);
-    RS_ASSERT(backend_n_committed(d->t->b) == 0); /* no fork: features need every row */
-    return backend_prefill_features(d->t->b, prompt, n_prompt - 1, NULL,
-                                    d->feat + d->feat_w, e);
+static int feat_prefill(Decode *dec, const int *prompt, int n_prompt, RsErr *e) {
+    if (dec->h && dec->h->on_prompt_rows)
+        return target_prefill_rows(dec->t, prompt, n_prompt - 1,
+                                   dec->feat ? dec->feat + dec->feat_w : NULL,
+                                   dec->h->on_prompt_rows, dec->h->user, e);
+    if (!dec->feat) return target_prefill(dec->t, prompt, n_prompt - 1, e);
+    RS_ASSERT(backend_n_committed(dec->t->b) == 0); /* no fork: features need every row */
+    return backend_prefill_features(dec->t->b, prompt, n_prompt - 1, NULL,
+                                    dec->feat + dec->feat_w, e);
 }
 
 /* After a round's kv_commit (m rows kept): their features join the pending rows for the
  * next request. Once the decode has gone autoregressive, recording stops (nothing is
  * pending now). */
-static void feat_after_commit(Decode *d, int m) {
-    if (!d->use_drafter) {
-        backend_set_feature_layers(d->t->b, NULL, 0, NULL);
-        free(d->feat);
-        d->feat = NULL;
+static void feat_after_commit(Decode *dec, int m) {
+    if (!dec->use_drafter) {
+        backend_set_feature_layers(dec->t->b, NULL, 0, NULL);
+        free(dec->feat);
+        dec->feat = NULL;
         return;
     }
-    RS_ASSERT(backend_feature_rows(d->t->b) == m);
-    if (d->n_pend + m > d->feat_rows) {
-        d->feat_rows = 2 * (d->n_pend + m);
-        d->feat = realloc(d->feat, sizeof(float) * (size_t)d->feat_rows * d->feat_w);
-        RS_ASSERT(d->feat && "out of memory");
+    RS_ASSERT(backend_feature_rows(dec->t->b) == m);
+    if (dec->n_pend + m > dec->feat_rows) {
+        dec->feat_rows = 2 * (dec->n_pend + m);
+        dec->feat = realloc(dec->feat, sizeof(float) * (size_t)dec->feat_rows * dec->feat_w);
+        RS_ASSERT(dec->feat && "out of memory");
     }
-    backend_read_features(d->t->b, BACKEND_FEAT_F32, d->feat + (size_t)d->n_pend * d->feat_w);
+    backend_read_features(dec->t->b, BACKEND_FEAT_F32, dec->feat + (size_t)dec->n_pend * dec->feat_w);
 }
 
 /* Appends tokens to what the drafter has not committed yet. */
-static void pend_push(Decode *d, const int *tok, int n) {
-    if (d->n_pend + n > d->pend_cap) {
-        d->pend_cap = 2 * (d->n_pend + n);
-        d->pend = realloc(d->pend, sizeof(int) * (size_t)d->pend_cap);
-        RS_ASSERT(d->pend && "out of memory");
+static void pend_push(Decode *dec, const int *tok, int n) {
+    if (dec->n_pend + n > dec->pend_cap) {
+        dec->pend_cap = 2 * (dec->n_pend + n);
+        dec->pend = realloc(dec->pend, sizeof(int) * (size_t)dec->pend_cap);
+        RS_ASSERT(dec->pend && "out of memory");
     }
-    memcpy(d->pend + d->n_pend, tok, sizeof(int) * (size_t)n);
-    d->n_pend += n;
+    memcpy(dec->pend + dec->n_pend, tok, sizeof(int) * (size_t)n);
+    dec->n_pend += n;
 }
 
 /* Keeps the KV entries of the tokens the output takes (root + accepted path, cut where
@@ -695,34 +698,34 @@ static void pend_push(Decode *d, const int *tok, int n) {
  * any round. */
 /* DecodeHooks.on_rows for the round's first n tokens: the tree rows copied from the
  * backend now (they live until the next forward), X1's from round_root's copy. */
-static int round_rows(Decode *d, const Round *r, int n, RsErr *e) {
-    if (!d->h || !d->h->on_rows) return RS_OK;
-    int vocab = d->t->vocab, kept[ROUND_MAX_EMIT], nk = 0;
+static int round_rows(Decode *dec, const Round *r, int n, RsErr *e) {
+    if (!dec->h || !dec->h->on_rows) return RS_OK;
+    int vocab = dec->t->vocab, kept[ROUND_MAX_EMIT], nk = 0;
     for (int j = 0; j < n; j++)
         if (r->row[j] >= 0) kept[nk++] = r->row[j];
     float *buf = rs_xmalloc(sizeof(float) * (size_t)vocab * (size_t)(nk ? nk : 1));
     const float *rows[ROUND_MAX_EMIT];
-    int rc = nk ? backend_rows_copy(d->t->b, kept, nk, buf, e) : RS_OK;
+    int rc = nk ? backend_rows_copy(dec->t->b, kept, nk, buf, e) : RS_OK;
     for (int j = 0, k = 0; j < n; j++) {
-        RS_ASSERT(r->row[j] >= 0 || d->root_logits);
-        rows[j] = r->row[j] >= 0 ? buf + (size_t)vocab * (size_t)k++ : d->root_logits;
+        RS_ASSERT(r->row[j] >= 0 || dec->root_logits);
+        rows[j] = r->row[j] >= 0 ? buf + (size_t)vocab * (size_t)k++ : dec->root_logits;
     }
-    if (!rc) d->h->on_rows(d->h->user, rows, r->emitted, n, vocab);
+    if (!rc) dec->h->on_rows(dec->h->user, rows, r->emitted, n, vocab);
     free(buf);
     return rc;
 }
 
-static int round_commit(Decode *d, Round *r, RsErr *e) {
-    Target *t = d->t;
-    DecodeResult *res = d->res;
+static int round_commit(Decode *dec, Round *r, RsErr *e) {
+    Target *t = dec->t;
+    DecodeResult *res = dec->res;
     RoundInfo *ri = &r->info;
-    int eos, m = output_take(d, r, &eos);
-    int rc = m - eos > 0 ? round_rows(d, r, m - eos, e) : RS_OK;
+    int eos, m = output_take(dec, r, &eos);
+    int rc = m - eos > 0 ? round_rows(dec, r, m - eos, e) : RS_OK;
     if (!rc) rc = target_commit(t, r->keep, m, e);
     if (rc) return rc;
-    ri->t_commit = dec_now(d);
-    ri->measure_ns = d->clock_skip - r->skip0;
-    if (d->o->planner && d->o->rule != RULE_AR) plan_observe(d, r);
+    ri->t_commit = dec_now(dec);
+    ri->measure_ns = dec->clock_skip - r->skip0;
+    if (dec->opts->planner && dec->opts->decoder != DECODER_AR) plan_observe(dec, r);
     ri->emitted = r->n_emit;
     ri->accepted = r->accepted;
     ri->dropped = r->n_emit - m;
@@ -734,41 +737,41 @@ static int round_commit(Decode *d, Round *r, RsErr *e) {
     res->rounds++;
     res->accepted_total += r->accepted;
     if (!isnan(ri->tau)) res->tau_total += ri->tau;
-    output_append(d, r->emitted, m, eos);
-    if (d->h && d->h->on_round) d->h->on_round(d->h->user, ri);
-    d->done = eos || m < r->n_emit || res->n_tokens >= d->o->max_new || res->n_tokens >= res->cap;
+    output_append(dec, r->emitted, m, eos);
+    if (dec->h && dec->h->on_round) dec->h->on_round(dec->h->user, ri);
+    dec->done = eos || m < r->n_emit || res->n_tokens >= dec->opts->max_new || res->n_tokens >= res->cap;
     /* Next round: the continuation is the root, and the drafter commits these tokens. */
-    d->root = r->emitted[r->n_emit - 1];
-    if (d->feat) feat_after_commit(d, m);
-    if (d->use_drafter) pend_push(d, r->emitted, r->n_emit);
+    dec->root = r->emitted[r->n_emit - 1];
+    if (dec->feat) feat_after_commit(dec, m);
+    if (dec->use_drafter) pend_push(dec, r->emitted, r->n_emit);
     return RS_OK;
 }
 
 /* ---- the decode --------------------------------------------------------------------- */
 
-static int decode_check(const Target *t, const Drafter *drafter, const int *prompt,
-                        int n_prompt, const DecodeOpts *o, RsErr *e) {
+static int decode_check(const Target *t, const Drafter *d, const int *prompt,
+                        int n_prompt, const DecodeOpts *opts, RsErr *e) {
     if (n_prompt < 1) return rs_err(e, RS_EINVAL, "empty prompt: need at least one token");
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= t->vocab)
             return rs_err(e, RS_EINVAL, "prompt token %d at position %d outside vocabulary of %d",
                           prompt[i], i, t->vocab);
-    if (o->rule != RULE_AR && !drafter)
-        return rs_err(e, RS_EINVAL, "decoder '%s' needs a drafter", rule_name(o->rule));
-    if (o->rule == RULE_ORACLE)
+    if (opts->decoder != DECODER_AR && !d)
+        return rs_err(e, RS_EINVAL, "decoder '%s' needs a drafter", decoder_name(opts->decoder));
+    if (opts->decoder == DECODER_ORACLE)
         return rs_err(e, RS_EINVAL, "'oracle' is an offline scoring rule, not a decoder");
-    if (o->score_all && o->planner)
+    if (opts->score_all && opts->planner)
         return rs_err(e, RS_EINVAL, "--score-all-rules needs a fixed budget, not --budget auto");
-    if (o->score_all && !rule_needs_root(o->rule))
+    if (opts->score_all && !decoder_needs_root_pass(opts->decoder))
         return rs_err(e, RS_EINVAL,
                       "--score-all-rules needs a root-pass decoder (pearl, rootdraw, root), not "
-                      "'%s'", rule_name(o->rule));
-    if (o->budget < 1 || o->budget > TREE_MAX)
-        return rs_err(e, RS_EINVAL, "budget %d outside 1..%d", o->budget, TREE_MAX);
-    if (o->max_new < 1) return rs_err(e, RS_EINVAL, "max_new %d: need at least 1", o->max_new);
-    int rc = sampling_check(&o->sampling, e);
+                      "'%s'", decoder_name(opts->decoder));
+    if (opts->budget < 1 || opts->budget > TREE_MAX)
+        return rs_err(e, RS_EINVAL, "budget %d outside 1..%d", opts->budget, TREE_MAX);
+    if (opts->max_new < 1) return rs_err(e, RS_EINVAL, "max_new %d: need at least 1", opts->max_new);
+    int rc = sampling_check(&opts->sampling, e);
     if (rc) return rc;
-    int cap = target_kv_capacity(t), reserve = decode_round_reserve(o);
+    int cap = target_kv_capacity(t), reserve = decode_round_reserve(opts);
     if (n_prompt + reserve > cap)
         return rs_err(e, RS_EINVAL,
                       "prompt of %d tokens does not fit the KV cache: capacity %d minus %d "
@@ -777,31 +780,31 @@ static int decode_check(const Target *t, const Drafter *drafter, const int *prom
     return RS_OK;
 }
 
-static void decode_begin(Decode *d, Target *t, Drafter *drafter, const int *prompt,
-                         int n_prompt, const DecodeOpts *o, const DecodeHooks *h,
+static void decode_begin(Decode *dec, Target *t, Drafter *d, const int *prompt,
+                         int n_prompt, const DecodeOpts *opts, const DecodeHooks *h,
                          DecodeResult *res) {
-    d->t = t;
-    d->drafter = drafter;
-    d->o = o;
-    d->h = h;
-    d->res = res;
-    rng_seed_mix(&d->rng, o->seed, o->prompt_id,
-                 (uint64_t)o->rule * 1000003u + (uint64_t)(o->planner ? 997 : o->budget) * 101u +
-                     (uint64_t)sampling_temp(&o->sampling));
-    d->use_drafter = o->rule != RULE_AR;
-    d->reserve = decode_round_reserve(o);
-    d->root = prompt[n_prompt - 1];
-    d->n_pend = 0; /* the drafter receives the whole prompt with its first request */
-    if (d->use_drafter) pend_push(d, prompt, n_prompt);
-    d->done = 0;
-    d->clock_skip = 0;
+    dec->t = t;
+    dec->drafter = d;
+    dec->opts = opts;
+    dec->h = h;
+    dec->res = res;
+    rng_seed_mix(&dec->rng, opts->seed, opts->prompt_id,
+                 (uint64_t)opts->decoder * 1000003u + (uint64_t)(opts->planner ? 997 : opts->budget) * 101u +
+                     (uint64_t)sampling_temp(&opts->sampling));
+    dec->use_drafter = opts->decoder != DECODER_AR;
+    dec->reserve = decode_round_reserve(opts);
+    dec->root = prompt[n_prompt - 1];
+    dec->n_pend = 0; /* the drafter receives the whole prompt with its first request */
+    if (dec->use_drafter) pend_push(dec, prompt, n_prompt);
+    dec->done = 0;
+    dec->clock_skip = 0;
 }
 
 /* The next round might not fit the KV cache: stop, and say so. */
-static int kv_full(Decode *d) {
-    if (backend_n_committed(d->t->b) + d->reserve <= target_kv_capacity(d->t)) return 0;
-    d->res->hit_capacity = 1;
-    emit_event(d->h, "kv_full", "stopped: KV cache full (raise --ctx)");
+static int kv_full(Decode *dec) {
+    if (backend_n_committed(dec->t->b) + dec->reserve <= target_kv_capacity(dec->t)) return 0;
+    dec->res->hit_capacity = 1;
+    emit_event(dec->h, "kv_full", "stopped: KV cache full (raise --ctx)");
     return 1;
 }
 
@@ -816,7 +819,7 @@ static void decode_publish(Target *t, const int *prompt, int n_prompt, const Dec
     free(all);
 }
 
-int decode_run(Target *t, Drafter *drafter, const int *prompt, int n_prompt, const DecodeOpts *o,
+int decode_run(Target *t, Drafter *d, const int *prompt, int n_prompt, const DecodeOpts *opts,
                const DecodeHooks *h, DecodeResult *res, RsErr *e) {
     res->n_tokens = 0;
     res->hit_eos = res->hit_capacity = 0;
@@ -824,32 +827,32 @@ int decode_run(Target *t, Drafter *drafter, const int *prompt, int n_prompt, con
     res->accepted_total = 0;
     res->tau_total = 0;
     res->drafter_failed = res->stopped = 0;
-    int rc = decode_check(t, drafter, prompt, n_prompt, o, e);
+    int rc = decode_check(t, d, prompt, n_prompt, opts, e);
     if (rc) return rc;
-    Decode *d = rs_xcalloc(1, sizeof *d);
-    decode_begin(d, t, drafter, prompt, n_prompt, o, h, res);
+    Decode *dec = rs_xcalloc(1, sizeof *dec);
+    decode_begin(dec, t, d, prompt, n_prompt, opts, h, res);
     if (!t->n_forked || t->n_forked > n_prompt - 1 || (h && h->on_prompt_rows)) target_reset(t);
-    rc = feat_begin(d, n_prompt, e);
-    res->t_start = dec_now(d);
-    if (!rc) rc = feat_prefill(d, prompt, n_prompt, e);
+    rc = feat_begin(dec, n_prompt, e);
+    res->t_start = dec_now(dec);
+    if (!rc) rc = feat_prefill(dec, prompt, n_prompt, e);
     res->prompt_cached = t->n_cached;
     /* a prefill of one chunk is a pass of that many rows: the planner's first cost */
-    if (!rc && o->planner && n_prompt > 1 && n_prompt - 1 <= DECODE_PASS_MAX)
-        planner_observe_pass(o->planner, n_prompt - 1, dec_now(d) - res->t_start);
-    for (int round = 0; !rc && !d->done; round++) {
+    if (!rc && opts->planner && n_prompt > 1 && n_prompt - 1 <= DECODE_PASS_MAX)
+        planner_observe_pass(opts->planner, n_prompt - 1, dec_now(dec) - res->t_start);
+    for (int round = 0; !rc && !dec->done; round++) {
         Round r;
-        round_begin(d, &r, round);
-        if (kv_full(d)) break;
+        round_begin(dec, &r, round);
+        if (kv_full(dec)) break;
         if (h && h->should_stop && (res->stopped = h->should_stop(h->user) != 0)) break;
-        rc = d->use_drafter ? round_speculative(d, &r, e) : round_ar(d, &r, e);
-        if (!rc) rc = round_commit(d, &r, e);
+        rc = dec->use_drafter ? round_speculative(dec, &r, e) : round_ar(dec, &r, e);
+        if (!rc) rc = round_commit(dec, &r, e);
     }
     if (!rc) decode_publish(t, prompt, n_prompt, res);
     /* Recording stays as set: the next decode's feat_begin sets it again (a no-op when
      * unchanged, where a change would re-capture the CUDA backend's graphs). */
-    free(d->feat);
-    free(d->pend);
-    free(d->root_logits);
-    free(d);
+    free(dec->feat);
+    free(dec->pend);
+    free(dec->root_logits);
+    free(dec);
     return rc;
 }

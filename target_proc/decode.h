@@ -11,7 +11,7 @@
 #include "target.h"
 
 typedef struct {
-    Rule rule;
+    DecoderKind decoder;
     int budget;        /* B, 1..TREE_MAX; with a planner the most it may pick */
     Planner *planner;  /* --budget auto: the cost-aware budget (planner.h) picks each round
                           whether to ask the drafter, the pool depth and the tree size;
@@ -53,9 +53,9 @@ typedef struct {
      * choice that last-bit differences between batch shapes may flip); NAN otherwise */
     double root_margin;
     int have_tau_rule;
-    double tau_rule[RULE_COUNT]; /* with score_all: tau of each rule's tree, the oracle's
+    double tau_rule[DECODER_COUNT]; /* with score_all: tau of each rule's tree, the oracle's
                                     included (NAN: n/a); pearl/rootdraw given X1 */
-    int tree_size_rule[RULE_COUNT];
+    int tree_size_rule[DECODER_COUNT];
     /* monotonic ns, target process clock; 0 where the decoder has no such phase */
     uint64_t t_round_start, t_grow_sent, t_root_start, t_root_end, t_pool_recv,
         t_select_done, t_tree_start, t_tree_end, t_commit;
@@ -116,11 +116,11 @@ typedef struct {
 
 /* KV entries decode_run keeps free for one round with these options (checked before the
  * prefill and before every round): 1 for AR, 1 + B for a tree, more for score_all. */
-int decode_round_reserve(const DecodeOpts *o);
+int decode_round_reserve(const DecodeOpts *opts);
 
-/* Runs one decode. drafter may be NULL for RULE_AR. On a drafter failure mid-decode the
+/* Runs one decode. drafter may be NULL for DECODER_AR. On a drafter failure mid-decode the
  * target finishes autoregressively, keeps every emitted token, and reports the event. */
-int decode_run(Target *t, Drafter *drafter, const int *prompt, int n_prompt,
-               const DecodeOpts *o, const DecodeHooks *h, DecodeResult *res, RsErr *e);
+int decode_run(Target *t, Drafter *d, const int *prompt, int n_prompt,
+               const DecodeOpts *opts, const DecodeHooks *h, DecodeResult *res, RsErr *e);
 
 #endif

@@ -11,31 +11,32 @@ static void collect_eog(const Engine *en, int **eog, int *n) {
     *n = k;
 }
 
-BackendParams engine_backend_params(const EngineOpts *o) {
-    return (BackendParams){.kv_capacity = o->ctx, .threads = o->threads, .device = o->device,
-                           .batch_invariant = o->batch_invariant,
-                           .cpu_kernels = o->cpu_kernels, .prefix_cache = o->prefix_cache};
+BackendParams engine_backend_params(const EngineOpts *eo) {
+    return (BackendParams){.kv_capacity = eo->ctx, .threads = eo->threads, .device = eo->device,
+                           .batch_invariant = eo->batch_invariant,
+                           .cpu_kernels = eo->cpu_kernels, .sw = eo->sw,
+                           .prefix_cache = eo->prefix_cache};
 }
 
 /* The one Drafter the engine holds, of the kind the options describe; in-process kinds
  * run on a worker thread so the root pass overlaps drafting. */
-static int open_drafter(const EngineOpts *o, const BackendOps *ops, Engine *en, RsErr *e) {
-    DrafterSpec s = {.kind = o->drafter_kind, .model_path = o->draft_model_path,
-                     .layers = o->draft_layers, .corpus_path = o->draft_corpus,
-                     .endpoint = o->draft_endpoint, .timeout_ms = o->draft_timeout_ms,
-                     .insecure = o->insecure, .curve_dir = o->curve_dir,
-                     .layer_ids = o->eagle3_layer_ids, .threaded = 1};
+static int open_drafter(const EngineOpts *eo, const BackendOps *ops, Engine *en, RsErr *e) {
+    DrafterSpec s = {.kind = eo->drafter_kind, .model_path = eo->draft_model_path,
+                     .layers = eo->draft_layers, .corpus_path = eo->draft_corpus,
+                     .endpoint = eo->draft_endpoint, .timeout_ms = eo->draft_timeout_ms,
+                     .insecure = eo->insecure, .curve_dir = eo->curve_dir,
+                     .layer_ids = eo->eagle3_layer_ids, .threaded = 1};
     DrafterHost h = {.model = en->target_model, .tok = en->tok, .ops = ops,
-                     .backend = engine_backend_params(o)};
+                     .backend = engine_backend_params(eo)};
     return drafter_open(&s, &h, &en->drafter, e);
 }
 
 /* engine_create's steps on a zeroed Engine; on failure the caller destroys what was made. */
-static int engine_build(const EngineOpts *o, int need_drafter, Engine *en, RsErr *e) {
-    const BackendOps *ops = backend_ops_by_name(o->backend, e);
+static int engine_build(const EngineOpts *eo, int need_drafter, Engine *en, RsErr *e) {
+    const BackendOps *ops = backend_ops_by_name(eo->backend, e);
     if (!ops) return e ? e->code : RS_EINVAL;
-    BackendParams bp = engine_backend_params(o);
-    int rc = backend_model_load(ops, o->model_path, &bp, &en->target_model, e);
+    BackendParams bp = engine_backend_params(eo);
+    int rc = backend_model_load(ops, eo->model_path, &bp, &en->target_model, e);
     if (rc) return rc;
     rc = tokenizer_load_model(en->target_model, &en->tok, e);
     if (rc) return rc;
@@ -50,26 +51,26 @@ static int engine_build(const EngineOpts *o, int need_drafter, Engine *en, RsErr
                  "the tokenizer has %d tokens but the model's vocabulary is %d: ids %d..%d "
                  "have no text and print as U+FFFD", nt, V, nt, V - 1);
     en->chat = en->tok ? chat_template_for_model(en->target_model) : CHAT_NONE;
-    en->chat_special_tokens = o->chat_special_tokens;
+    en->chat_special_tokens = eo->chat_special_tokens;
     int *eog, n_eog;
     collect_eog(en, &eog, &n_eog);
     rc = target_create(en->target_model, ops, &bp, eog, n_eog, &en->target, e);
     free(eog);
     if (rc) return rc;
     if (!need_drafter) return RS_OK;
-    rc = open_drafter(o, ops, en, e);
-    if (rc == RS_ETIMEOUT && o->draft_endpoint && o->drafter_optional) {
+    rc = open_drafter(eo, ops, en, e);
+    if (rc == RS_ETIMEOUT && eo->draft_endpoint && eo->drafter_optional) {
         snprintf(en->drafter_missing, sizeof en->drafter_missing, "%s", e ? e->msg : "");
         return RS_OK; /* en->drafter stays NULL: the caller decodes AR */
     }
     return rc;
 }
 
-int engine_create(const EngineOpts *o, int need_drafter, Engine **out, RsErr *e) {
+int engine_create(const EngineOpts *eo, int need_drafter, Engine **out, RsErr *e) {
     *out = NULL;
     Engine *en = rs_xcalloc(1, sizeof *en);
     en->planner = planner_create();
-    int rc = engine_build(o, need_drafter, en, e);
+    int rc = engine_build(eo, need_drafter, en, e);
     if (rc) {
         engine_destroy(&en);
         return rc;

@@ -20,6 +20,7 @@ typedef struct {
     int batch_invariant;          /* BackendParams.batch_invariant for every backend */
     int prefix_cache;             /* BackendParams.prefix_cache for every backend */
     const char *cpu_kernels;      /* BackendParams.cpu_kernels for every backend */
+    BackendSwitches sw;           /* BackendParams.sw for every backend */
     int draft_timeout_ms;         /* remote drafter reply timeout */
     int insecure;                 /* allow plain tcp:// */
     const char *curve_dir;        /* key files for tcp:// */
@@ -48,8 +49,8 @@ typedef struct {
 /* The settings every backend of the engine shares (the target's, an in-process drafter's,
  * a batcher's): context, threads, device, kernel family, batch invariance; each backend
  * sets its own batch sizes. */
-BackendParams engine_backend_params(const EngineOpts *o);
-int engine_create(const EngineOpts *o, int need_drafter, Engine **out, RsErr *e);
+BackendParams engine_backend_params(const EngineOpts *eo);
+int engine_create(const EngineOpts *eo, int need_drafter, Engine **out, RsErr *e);
 /* Frees the drafter, target, tokenizer and models; accepts NULL, clears the pointer. */
 void engine_destroy(Engine **en);
 /* Encodes a user prompt (through the chat template when chat != 0), adding BOS when the

@@ -57,27 +57,27 @@ void engine_cli_usage(FILE *f) {
             TREE_MAX, DRAFTER_DEFAULT_LAYERS);
 }
 
-static int parse_decoder(const char *v, DecodeOpts *d, RsErr *e) {
-    int r = rule_parse(v);
-    if (r < 0 || r == RULE_ORACLE)
+static int parse_decoder(const char *v, DecodeOpts *opts, RsErr *e) {
+    int r = decoder_parse(v);
+    if (r < 0 || r == DECODER_ORACLE)
         return rs_err(e, RS_EINVAL, "--decoder: unknown decoder '%s' (ar, draft, pearl, rootdraw, root)", v);
-    d->rule = (Rule)r;
+    opts->decoder = (DecoderKind)r;
     return RS_OK;
 }
 
 /* One valued option a (known to be engine_cli's) with its value v. */
-static int parse_value(const char *a, const char *v, EngineOpts *eo, DecodeOpts *d, RsErr *e) {
-    Sampling *s = &d->sampling;
+static int parse_value(const char *a, const char *v, EngineOpts *eo, DecodeOpts *opts, RsErr *e) {
+    Sampling *s = &opts->sampling;
     if (!strcmp(a, "--model")) eo->model_path = v;
-    else if (!strcmp(a, "--decoder")) return parse_decoder(v, d, e);
-    else if (!strcmp(a, "--budget")) return cli_budget(v, &d->budget, e);
-    else if (!strcmp(a, "--pool-shape")) return cli_pool_shape(v, &d->pool_depth, &d->pool_width, e);
+    else if (!strcmp(a, "--decoder")) return parse_decoder(v, opts, e);
+    else if (!strcmp(a, "--budget")) return cli_budget(v, &opts->budget, e);
+    else if (!strcmp(a, "--pool-shape")) return cli_pool_shape(v, &opts->pool_depth, &opts->pool_width, e);
     /* ranges: sampling_normalize, the check requests go through too (engine_cli_check) */
     else if (!strcmp(a, "--temp")) return cli_real(a, v, &s->temperature, e);
     else if (!strcmp(a, "--top-k")) return cli_int(a, v, 0, 1 << 30, &s->top_k, e);
     else if (!strcmp(a, "--top-p")) return cli_real(a, v, &s->top_p, e);
     else if (!strcmp(a, "--min-p")) return cli_real(a, v, &s->min_p, e);
-    else if (!strcmp(a, "--seed")) return cli_u64(a, v, &d->seed, e);
+    else if (!strcmp(a, "--seed")) return cli_u64(a, v, &opts->seed, e);
     else if (!strcmp(a, "--draft-model")) eo->draft_model_path = v;
     else if (!strcmp(a, "--draft-layers")) eo->draft_layers = v;
     else if (!strcmp(a, "--draft-endpoint")) eo->draft_endpoint = v;
@@ -88,7 +88,7 @@ static int parse_value(const char *a, const char *v, EngineOpts *eo, DecodeOpts 
     return RS_OK;
 }
 
-int engine_cli_option(int argc, char **argv, int *i, EngineOpts *eo, DecodeOpts *d, RsErr *e) {
+int engine_cli_option(int argc, char **argv, int *i, EngineOpts *eo, DecodeOpts *opts, RsErr *e) {
     static const char *const names[] = {"--model", "--decoder", "--budget", "--pool-shape", "--temp", "--top-k",
                                         "--top-p", "--min-p", "--seed", "--draft-model",
                                         "--draft-layers", "--draft-endpoint", "--drafter",
@@ -102,11 +102,13 @@ int engine_cli_option(int argc, char **argv, int *i, EngineOpts *eo, DecodeOpts 
     int rc = cli_value(argc, argv, *i, &v, e);
     if (rc) return rc;
     (*i)++;
-    rc = parse_value(a, v, eo, d, e);
+    rc = parse_value(a, v, eo, opts, e);
     return rc ? rc : 1;
 }
 
-void engine_cli_runtime(EngineOpts *eo, const CliRuntime *rt) {
+int engine_cli_runtime(EngineOpts *eo, CliRuntime *rt, RsErr *e) {
+    int rc = cli_runtime_env(rt, e);
+    if (rc) return rc;
     eo->backend = rt->backend;
     eo->threads = rt->threads;
     eo->ctx = rt->ctx;
@@ -115,6 +117,8 @@ void engine_cli_runtime(EngineOpts *eo, const CliRuntime *rt) {
     eo->curve_dir = rt->curve_dir;
     eo->batch_invariant = rt->batch_invariant;
     eo->cpu_kernels = rt->cpu_kernels;
+    eo->sw = rt->sw;
+    return RS_OK;
 }
 
 /* The drafter options that do not go together, or NULL. */
@@ -137,16 +141,16 @@ static const char *drafter_conflict(const EngineOpts *eo) {
     return NULL;
 }
 
-int engine_cli_check(const EngineOpts *eo, DecodeOpts *d, RsErr *e) {
+int engine_cli_check(const EngineOpts *eo, DecodeOpts *opts, RsErr *e) {
     const char *why = drafter_conflict(eo);
     if (why) return rs_err(e, RS_EINVAL, "%s", why);
-    return sampling_normalize(&d->sampling, e);
+    return sampling_normalize(&opts->sampling, e);
 }
 
-int engine_cli_open(const char *prog, EngineOpts *eo, DecodeOpts *d, Engine **en) {
+int engine_cli_open(const char *prog, EngineOpts *eo, DecodeOpts *opts, Engine **en) {
     RsErr e = {0};
     eo->drafter_optional = 1; /* as when the drafter fails mid-decode: AR, with a warning */
-    int rc = engine_create(eo, d->rule != RULE_AR, en, &e);
+    int rc = engine_create(eo, opts->decoder != DECODER_AR, en, &e);
     if (rc) {
         fprintf(stderr, "%s: %s\n", prog, e.msg);
         return rc == RS_EPEER ? 2 : cli_exit_status(rc);
@@ -154,9 +158,9 @@ int engine_cli_open(const char *prog, EngineOpts *eo, DecodeOpts *d, Engine **en
     if ((*en)->vocab_note[0]) fprintf(stderr, "%s: note: %s\n", prog, (*en)->vocab_note);
     if ((*en)->drafter_missing[0]) {
         fprintf(stderr, "%s: warning: %s; decoding autoregressively instead of with "
-                        "--decoder %s\n", prog, (*en)->drafter_missing, rule_name(d->rule));
-        d->rule = RULE_AR;
-        d->score_all = 0;
+                        "--decoder %s\n", prog, (*en)->drafter_missing, decoder_name(opts->decoder));
+        opts->decoder = DECODER_AR;
+        opts->score_all = 0;
     }
     return -1;
 }

@@ -39,9 +39,9 @@ struct Planner {
     int have_pool, have_level;
     int have_commit; /* commit_ns measured on a round's commit, not guessed from a prefill */
     double acc_a[2][N_BUCKETS], acc_q[2][N_BUCKETS]; /* accepted, sum of q: by T, bucket */
-    double gain[RULE_COUNT][2][POOL_MAX_DEPTH + 1];  /* excess over an AR step, by depth */
-    int gain_n[RULE_COUNT][2][POOL_MAX_DEPTH + 1];
-    double rate_tok[RULE_COUNT][2], rate_ns[RULE_COUNT][2]; /* EWMA of rounds' tokens, ns */
+    double gain[DECODER_COUNT][2][POOL_MAX_DEPTH + 1];  /* excess over an AR step, by depth */
+    int gain_n[DECODER_COUNT][2][POOL_MAX_DEPTH + 1];
+    double rate_tok[DECODER_COUNT][2], rate_ns[DECODER_COUNT][2]; /* EWMA of rounds' tokens, ns */
     double skipped_ns;        /* time in AR steps since the last ask */
     int asks;
     int fixed;
@@ -127,24 +127,24 @@ static double table_cost(const Planner *p, int n) {
  * drafter has n_pend tokens to commit first (many after a run of AR steps: a long commit
  * costs like a prefill, which is what keeps an expensive drafter from being asked again
  * once it has lost). */
-static double wait_cost(const Planner *p, Rule rule, int depth, int n_pend) {
+static double wait_cost(const Planner *p, DecoderKind decoder, int depth, int n_pend) {
     if (p->fixed) return p->fix_draft;
     if (!p->have_pool) return NAN;
     double commit = p->commit_tok_ns * n_pend > p->commit_ns ? p->commit_tok_ns * n_pend
                                                               : p->commit_ns;
     double d = commit + (depth - 1) * (p->have_level ? p->level_ns : 0) + p->extra_ns;
-    if (rule_needs_root(rule)) d -= pass_cost(p, 1); /* the root pass runs meanwhile */
+    if (decoder_needs_root_pass(decoder)) d -= pass_cost(p, 1); /* the root pass runs meanwhile */
     return d > 0 ? d : 0;
 }
 
 /* The reference rate, tokens per ns: an AR step's, or this rule's recent one if higher. */
-static double ref_rate(const Planner *p, Rule rule, int temp) {
+static double ref_rate(const Planner *p, DecoderKind decoder, int temp) {
     /* a batch's rate is every sequence's; its AR step is a pass of one row a sequence (not
      * one row beside the others' trees: their speculation must not cheapen the rows) */
     int seqs = p->batch_seqs > 1 ? p->batch_seqs : 1;
     double c1 = p->batched ? table_cost(p, seqs) : pass_cost(p, 1), r = c1 > 0 ? 1 / c1 : 0;
     if (p->fixed) return seqs * r; /* nothing measured may move a fixed planner */
-    double tok = p->rate_tok[rule][temp != 0], ns = p->rate_ns[rule][temp != 0];
+    double tok = p->rate_tok[decoder][temp != 0], ns = p->rate_ns[decoder][temp != 0];
     if (ns > 0 && tok / ns > r) r = tok / ns;
     return seqs * r;
 }
@@ -175,12 +175,12 @@ static double accept_prob(const Planner *p, int temp, double logq) {
 /* ---- choosing the size ------------------------------------------------------------- */
 
 /* Per node of sel (rank order), the probability the walk reaches and accepts it. */
-static void path_probs(const Planner *p, Rule rule, int temp, const Pool *pool,
+static void path_probs(const Planner *p, DecoderKind decoder, int temp, const Pool *pool,
                        const Selection *sel, int x1, double *pp) {
     for (int i = 0; i < sel->t.n; i++) {
         int u = sel->t.node[i], par = sel->t.parent[i];
         if (sel->rooted_at_x1 && i == 0) pp[i] = 1; /* X1, drawn already */
-        else if (par < 0 && rule == RULE_ROOT) pp[i] = pool->token[u] == x1;
+        else if (par < 0 && decoder == DECODER_ROOT) pp[i] = pool->token[u] == x1;
         else pp[i] = (par < 0 ? 1 : pp[par]) * accept_prob(p, temp, pool->logq[u]);
     }
 }
@@ -192,46 +192,46 @@ static int node_depth(const Pool *pool, const Selection *sel, int i) {
 
 /* Expected ns of the tree pass over n nodes (0: none), given which rule verifies them;
  * root selection skips the pass when X1's node is not among them (x1_in). */
-static double tree_cost(const Planner *p, Rule rule, int n, int x1_in) {
-    if (rule == RULE_DRAFT) return pass_cost(p, 1 + n);
-    if (n == 0 || (rule == RULE_ROOT && !x1_in)) return 0;
+static double tree_cost(const Planner *p, DecoderKind decoder, int n, int x1_in) {
+    if (decoder == DECODER_DRAFT) return pass_cost(p, 1 + n);
+    if (n == 0 || (decoder == DECODER_ROOT && !x1_in)) return 0;
     return pass_cost(p, n);
 }
 
 /* The best prefix of sel's nodes of depth <= max_depth: *k nodes of the whole list (the
  * last one taken ends the prefix), value tokens - r * ns. */
-static double best_prefix(const Planner *p, Rule rule, const Pool *pool, const Selection *sel,
+static double best_prefix(const Planner *p, DecoderKind decoder, const Pool *pool, const Selection *sel,
                           const double *pp, int x1, int max_depth, double r, PlanChoice *c) {
-    double tokens = 1, best = 1 - price(r, tree_cost(p, rule, 0, 0));
+    double tokens = 1, best = 1 - price(r, tree_cost(p, decoder, 0, 0));
     int n = 0, x1_in = 0;
-    *c = (PlanChoice){.k = 0, .tokens = 1, .ns = tree_cost(p, rule, 0, 0)};
+    *c = (PlanChoice){.k = 0, .tokens = 1, .ns = tree_cost(p, decoder, 0, 0)};
     for (int i = 0; i < sel->t.n; i++) {
         if (node_depth(pool, sel, i) > max_depth) continue;
         int u = sel->t.node[i];
-        x1_in |= rule == RULE_ROOT && sel->t.parent[i] < 0 && pool->token[u] == x1;
+        x1_in |= decoder == DECODER_ROOT && sel->t.parent[i] < 0 && pool->token[u] == x1;
         tokens += pp[i];
-        double ns = tree_cost(p, rule, ++n, x1_in), v = tokens - price(r, ns);
+        double ns = tree_cost(p, decoder, ++n, x1_in), v = tokens - price(r, ns);
         if (v > best + 1e-9) best = v, *c = (PlanChoice){.k = i + 1, .tokens = tokens, .ns = ns};
     }
     return best;
 }
 
-PlanChoice planner_choose(Planner *p, Rule rule, int temp, const Pool *pool,
+PlanChoice planner_choose(Planner *p, DecoderKind decoder, int temp, const Pool *pool,
                           const Selection *sel, int x1, int depth) {
-    double pp[TREE_MAX], r = ref_rate(p, rule, temp);
-    path_probs(p, rule, temp, pool, sel, x1, pp);
+    double pp[TREE_MAX], r = ref_rate(p, decoder, temp);
+    path_probs(p, decoder, temp, pool, sel, x1, pp);
     /* what an AR step would have been worth instead of this round's tree */
-    double base = rule == RULE_DRAFT ? 1 - price(r, pass_cost(p, 1)) : 1;
+    double base = decoder == DECODER_DRAFT ? 1 - price(r, pass_cost(p, 1)) : 1;
     PlanChoice best;
     for (int d = 1; d <= depth; d++) {
-        double v = best_prefix(p, rule, pool, sel, pp, x1, d, r, &best);
-        int *n = &p->gain_n[rule][temp != 0][d];
-        ewma(&p->gain[rule][temp != 0][d], v - base, (*n)++ == 0);
+        double v = best_prefix(p, decoder, pool, sel, pp, x1, d, r, &best);
+        int *n = &p->gain_n[decoder][temp != 0][d];
+        ewma(&p->gain[decoder][temp != 0][d], v - base, (*n)++ == 0);
     }
     /* every node counts here: a drafter may grow deeper than asked */
-    best_prefix(p, rule, pool, sel, pp, x1, POOL_MAX_DEPTH, r, &best);
-    if (rule_needs_root(rule)) best.ns += pass_cost(p, 1);
-    double w = wait_cost(p, rule, depth, 0);
+    best_prefix(p, decoder, pool, sel, pp, x1, POOL_MAX_DEPTH, r, &best);
+    if (decoder_needs_root_pass(decoder)) best.ns += pass_cost(p, 1);
+    double w = wait_cost(p, decoder, depth, 0);
     if (!isnan(w)) best.ns += w;
     return best;
 }
@@ -241,9 +241,9 @@ PlanChoice planner_choose(Planner *p, Rule rule, int temp, const Pool *pool,
 /* What asking at depth d is worth, in tokens over an AR step, and the depth tried last at
  * or below d (*tried, 0: none). A depth never tried is worth what the deepest tried below it
  * showed: a deeper pool holds the shallower one, so that is a lower bound. */
-static double depth_value(const Planner *p, Rule rule, int t, int d, int *tried) {
-    if (p->gain_n[rule][t][d]) *tried = d;
-    return *tried ? p->gain[rule][t][*tried] : NAN;
+static double depth_value(const Planner *p, DecoderKind decoder, int t, int d, int *tried) {
+    if (p->gain_n[decoder][t][d]) *tried = d;
+    return *tried ? p->gain[decoder][t][*tried] : NAN;
 }
 
 /* Nodes a pool level expands. All ten while a level costs little next to a target pass
@@ -257,13 +257,13 @@ static int pool_width(const Planner *p) {
     return p->level_ns > CHAIN_LEVEL * pass_cost(p, 1) ? 1 : POOL_EXPAND;
 }
 
-PlanAsk planner_before_round(Planner *p, Rule rule, int temp, int n_pend) {
-    double r = ref_rate(p, rule, temp), best = -INFINITY;
+PlanAsk planner_before_round(Planner *p, DecoderKind decoder, int temp, int n_pend) {
+    double r = ref_rate(p, decoder, temp), best = -INFINITY;
     int t = temp != 0, best_d = 0, tried = 0;
     for (int d = 1; d <= POOL_MAX_DEPTH; d++) {
-        double g = depth_value(p, rule, t, d, &tried);
+        double g = depth_value(p, decoder, t, d, &tried);
         if (isnan(g)) continue;
-        double v = g - price(r, wait_cost(p, rule, d, n_pend));
+        double v = g - price(r, wait_cost(p, decoder, d, n_pend));
         /* near ties to the deeper: a level that costs nothing measurable may pay */
         if (v >= best - TIE_TOKENS) best_d = d, best = v > best ? v : best;
     }
@@ -278,7 +278,7 @@ PlanAsk planner_before_round(Planner *p, Rule rule, int temp, int n_pend) {
     }
     /* Refresh the depth that came closest to paying. An ask costs only its wait: with a
      * useless pool the round still makes its AR step. */
-    double cost = wait_cost(p, rule, best_d, n_pend);
+    double cost = wait_cost(p, decoder, best_d, n_pend);
     if (p->skipped_ns >= EXPLORE_EVERY * (isnan(cost) ? 0 : cost))
         return (PlanAsk){.ask = 1, .depth = best_d, .width = w, .explore = 1};
     return (PlanAsk){.ask = 0, .depth = 0};
@@ -344,13 +344,13 @@ static int in_list(const int *a, int n, int v) {
     return 0;
 }
 
-void planner_observe_accept(Planner *p, Rule rule, int temp, const Pool *pool,
+void planner_observe_accept(Planner *p, DecoderKind decoder, int temp, const Pool *pool,
                             const Selection *sel, int k, const int *acc, int n_acc) {
     int t = temp != 0;
     for (int i = 0; i < k; i++) {
         int par = sel->t.parent[i], u = sel->t.node[i];
         if (sel->rooted_at_x1 && i == 0) continue;   /* X1: drawn, not predicted */
-        if (rule == RULE_ROOT && par < 0) continue;  /* first level: known from X1 */
+        if (decoder == DECODER_ROOT && par < 0) continue;  /* first level: known from X1 */
         int reached = par < 0 || (sel->rooted_at_x1 && par == 0) || in_list(acc, n_acc, par);
         if (!reached) continue;
         int b = bucket_of(pool->logq[u]);
@@ -361,9 +361,9 @@ void planner_observe_accept(Planner *p, Rule rule, int temp, const Pool *pool,
     }
 }
 
-void planner_observe_round(Planner *p, Rule rule, int temp, int tokens, uint64_t ns,
+void planner_observe_round(Planner *p, DecoderKind decoder, int temp, int tokens, uint64_t ns,
                            int asked) {
-    double *tok = &p->rate_tok[rule][temp != 0], *t_ns = &p->rate_ns[rule][temp != 0];
+    double *tok = &p->rate_tok[decoder][temp != 0], *t_ns = &p->rate_ns[decoder][temp != 0];
     int first = *t_ns == 0;
     ewma_w(tok, tokens, first, RATE_EWMA);
     ewma_w(t_ns, (double)ns, first, RATE_EWMA);

@@ -46,13 +46,13 @@ void planner_fix_costs(Planner *p, double pass1_ns, double row_ns, double draft_
 
 /* The round's first decision, for `rule` at temperature class temp (0 greedy, else 1);
  * n_pend: the tokens the drafter would commit before growing. */
-PlanAsk planner_before_round(Planner *p, Rule rule, int temp, int n_pend);
+PlanAsk planner_before_round(Planner *p, DecoderKind decoder, int temp, int n_pend);
 
 /* The size to verify. sel: the rule's selection at the largest budget, nodes in rank order
  * (every prefix is a tree); x1: the round's first token when drawn already (root-pass
  * rules), else -1; depth: the pool depth asked. Records what each pool depth would have
  * been worth, for later planner_before_round calls. */
-PlanChoice planner_choose(Planner *p, Rule rule, int temp, const Pool *pool,
+PlanChoice planner_choose(Planner *p, DecoderKind decoder, int temp, const Pool *pool,
                           const Selection *sel, int x1, int depth);
 
 /* A decode in a batch (batch.h) shares every pass with others: its rows cost what they
@@ -79,11 +79,11 @@ void planner_observe_pool(Planner *p, const Pool *pool, int n_commit, uint64_t t
                           uint64_t waited_ns);
 /* Verification of the first k nodes of sel: acc[0..n_acc) are the tree indices accepted
  * (in path order; for X1-rooted trees node 0 is not a prediction and is left out). */
-void planner_observe_accept(Planner *p, Rule rule, int temp, const Pool *pool,
+void planner_observe_accept(Planner *p, DecoderKind decoder, int temp, const Pool *pool,
                             const Selection *sel, int k, const int *acc, int n_acc);
 /* A whole round of `rule` at temp: tokens emitted in ns; asked: whether it asked the
  * drafter. */
-void planner_observe_round(Planner *p, Rule rule, int temp, int tokens, uint64_t ns,
+void planner_observe_round(Planner *p, DecoderKind decoder, int temp, int tokens, uint64_t ns,
                            int asked);
 
 #endif

@@ -109,14 +109,14 @@ static void put_rules(FILE *f, const RoundInfo *r) {
     if (!r->have_tau_rule) return;
     fprintf(f, ",\"tau_rule\":{");
     int first = 1;
-    for (int k = RULE_DRAFT; k <= RULE_ORACLE; k++) {
+    for (int k = DECODER_DRAFT; k <= DECODER_ORACLE; k++) {
         if (isnan(r->tau_rule[k])) continue;
-        fprintf(f, "%s\"%s\":%.17g", first ? "" : ",", rule_name((Rule)k), r->tau_rule[k]);
+        fprintf(f, "%s\"%s\":%.17g", first ? "" : ",", decoder_name((DecoderKind)k), r->tau_rule[k]);
         first = 0;
     }
     fprintf(f, "},\"tree_size_rule\":{");
-    for (int k = RULE_DRAFT; k <= RULE_ORACLE; k++)
-        fprintf(f, "%s\"%s\":%d", k == RULE_DRAFT ? "" : ",", rule_name((Rule)k),
+    for (int k = DECODER_DRAFT; k <= DECODER_ORACLE; k++)
+        fprintf(f, "%s\"%s\":%d", k == DECODER_DRAFT ? "" : ",", decoder_name((DecoderKind)k),
                 r->tree_size_rule[k]);
     fprintf(f, "}");
 }
@@ -308,7 +308,7 @@ static int get_plan(const Line *l, RoundRecord *r) {
 }
 
 static int get_rules(const Line *l, RoundRecord *r) {
-    for (int k = 0; k < RULE_COUNT; k++) r->tau_rule[k] = NAN, r->tree_size_rule[k] = 0;
+    for (int k = 0; k < DECODER_COUNT; k++) r->tau_rule[k] = NAN, r->tree_size_rule[k] = 0;
     const cJSON *tau = cJSON_GetObjectItemCaseSensitive(l->j, "tau_rule"),
                 *size = cJSON_GetObjectItemCaseSensitive(l->j, "tree_size_rule");
     if (!tau && !size) return RS_OK;
@@ -316,9 +316,9 @@ static int get_rules(const Line *l, RoundRecord *r) {
         return rs_err(l->e, RS_EFORMAT, "%s:%d: \"tau_rule\" and \"tree_size_rule\" must be "
                       "objects, both or neither", l->path, l->lineno);
     r->have_tau_rule = 1;
-    for (int k = RULE_DRAFT; k <= RULE_ORACLE; k++) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(tau, rule_name((Rule)k)),
-                    *s = cJSON_GetObjectItemCaseSensitive(size, rule_name((Rule)k));
+    for (int k = DECODER_DRAFT; k <= DECODER_ORACLE; k++) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(tau, decoder_name((DecoderKind)k)),
+                    *s = cJSON_GetObjectItemCaseSensitive(size, decoder_name((DecoderKind)k));
         if (cJSON_IsNumber(t)) r->tau_rule[k] = t->valuedouble;
         if (cJSON_IsNumber(s)) r->tree_size_rule[k] = (int)s->valuedouble;
     }

@@ -21,7 +21,7 @@
 /* What the writer knows of a decode beyond its rounds, and the backend counters it last
  * saw (the log has each round's share of them). Set the fields, then roundlog_begin. */
 typedef struct {
-    const char *decoder;  /* rule_name(); [A-Za-z0-9_./:+-], under ROUNDLOG_DECODER_MAX */
+    const char *decoder;  /* decoder_name(); [A-Za-z0-9_./:+-], under ROUNDLOG_DECODER_MAX */
     int temp;             /* 0 greedy, 1 sampling */
     int budget;           /* B; 0 for ar; ROUNDLOG_BUDGET_AUTO */
     const char *prompt_id; /* the prompt file's id, or --prompt-id as a number */
@@ -56,8 +56,8 @@ typedef struct {
     int has_sampling;             /* 0: "sampling" null or absent */
     Sampling sampling;
     int have_tau_rule;
-    double tau_rule[RULE_COUNT];  /* NAN where the line leaves a rule out */
-    int tree_size_rule[RULE_COUNT];
+    double tau_rule[DECODER_COUNT];  /* NAN where the line leaves a rule out */
+    int tree_size_rule[DECODER_COUNT];
     int n_tokens;                 /* ROUNDLOG_NULL: the line has no tokens */
     int tokens[ROUND_MAX_EMIT];
 } RoundRecord;

@@ -7,18 +7,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const RULE_NAMES[RULE_COUNT] = {"ar", "draft", "pearl", "rootdraw", "root",
-                                                   "oracle"};
+static const char *const DECODER_NAMES[DECODER_COUNT] = {"ar",       "draft", "pearl",
+                                                         "rootdraw", "root",  "oracle"};
 
-const char *rule_name(Rule r) { return (r >= 0 && r < RULE_COUNT) ? RULE_NAMES[r] : "?"; }
+const char *decoder_name(DecoderKind k) {
+    return (k >= 0 && k < DECODER_COUNT) ? DECODER_NAMES[k] : "?";
+}
 
-int rule_parse(const char *s) {
-    for (int i = 0; i < RULE_COUNT; i++)
-        if (s && strcmp(s, RULE_NAMES[i]) == 0) return i;
+int decoder_parse(const char *s) {
+    for (int i = 0; i < DECODER_COUNT; i++)
+        if (s && strcmp(s, DECODER_NAMES[i]) == 0) return i;
     return -1;
 }
 
-int rule_needs_root(Rule r) { return r == RULE_PEARL || r == RULE_ROOTDRAW || r == RULE_ROOT; }
+int decoder_needs_root_pass(DecoderKind k) {
+    return k == DECODER_PEARL || k == DECODER_ROOTDRAW || k == DECODER_ROOT;
+}
 
 typedef struct {
     const Pool *p;
@@ -95,16 +99,16 @@ static int is_descendant(const Pool *p, int u, int anc) {
 }
 
 void select_pearl(const Pool *p, int B, int x1, Selection *out) {
-    Selection d;
-    select_draft(p, B, &d);
+    Selection sel;
+    select_draft(p, B, &sel);
     sel_init(out);
     out->x1_token = x1;
     out->rooted_at_x1 = 1;
     int x1n = first_level_node(p, x1);
     out->x1_in_pool = x1n >= 0;
     int list[TREE_MAX], n = 0;
-    for (int k = 0; k < d.t.n; k++)
-        if (x1n >= 0 && is_descendant(p, d.t.node[k], x1n)) list[n++] = d.t.node[k];
+    for (int k = 0; k < sel.t.n; k++)
+        if (x1n >= 0 && is_descendant(p, sel.t.node[k], x1n)) list[n++] = sel.t.node[k];
     if (n == 0) {
         x1_alone(out, x1);
         return;

@@ -4,21 +4,24 @@
 #define ROOTSPEC_SELECT_H
 #include "common/pool.h"
 
+/* What --decoder picks (the "decoder" of the round log and of a server request): plain
+ * autoregressive decoding, or a speculative round named by its selection rule. */
 typedef enum {
-    RULE_AR = 0,   /* plain autoregressive decoding: no pool */
-    RULE_DRAFT,    /* top-B by draft score, verified with the continuation in one pass */
-    RULE_PEARL,    /* draw X1 ~ p0, keep the draft tree's part beneath X1 */
-    RULE_ROOTDRAW, /* draw X1 ~ p0, keep X1 and its B-1 best pool descendants */
-    RULE_ROOT,     /* replace q(u1) by p0(u1), top-B */
-    RULE_ORACLE,   /* offline: maximises tau given every target row */
-    RULE_COUNT
-} Rule;
+    DECODER_AR = 0,   /* plain autoregressive decoding: no pool */
+    DECODER_DRAFT,    /* top-B by draft score, verified with the continuation in one pass */
+    DECODER_PEARL,    /* draw X1 ~ p0, keep the draft tree's part beneath X1 */
+    DECODER_ROOTDRAW, /* draw X1 ~ p0, keep X1 and its B-1 best pool descendants */
+    DECODER_ROOT,     /* replace q(u1) by p0(u1), top-B */
+    DECODER_ORACLE,   /* offline: maximises tau given every target row */
+    DECODER_COUNT
+} DecoderKind;
 
-const char *rule_name(Rule r);
+const char *decoder_name(DecoderKind k);
 /* Parses "ar", "draft", ...; returns -1 when unknown. */
-int rule_parse(const char *s);
-/* Whether the rule runs the one-token root pass before selecting. */
-int rule_needs_root(Rule r);
+int decoder_parse(const char *s);
+/* Whether the decoder's rule runs the one-token root pass before selecting (pearl,
+ * rootdraw, root). */
+int decoder_needs_root_pass(DecoderKind k);
 
 /* Tree whose node[0] may be a synthetic X1 that is not in the pool (rootdraw/pearl when
  * the draw is off the first level): then node[0] == TREE_X1_OFFPOOL and x1_token holds it. */

@@ -46,7 +46,7 @@ typedef struct {
     int first_id;
     long n_scored;               /* --score-all-rules: rounds with a tau per rule */
     int taken_over;              /* the drafter reported our session taken over */
-    double tau_sum[RULE_COUNT];
+    double tau_sum[DECODER_COUNT];
 } Sink;
 
 static void on_tokens(void *u, const int *t, int n) {
@@ -70,7 +70,7 @@ static void on_round(void *u, const RoundInfo *r) {
     if (s->timing) timing_add(s->timing, r);
     if (r->have_tau_rule) {
         s->n_scored++;
-        for (int k = RULE_DRAFT; k <= RULE_ORACLE; k++) s->tau_sum[k] += r->tau_rule[k];
+        for (int k = DECODER_DRAFT; k <= DECODER_ORACLE; k++) s->tau_sum[k] += r->tau_rule[k];
     }
 }
 
@@ -85,10 +85,10 @@ static void scores_print(FILE *f, const Sink *s) {
     fprintf(f,
             "rootspec-target: offline expected acceptance, mean tau over %ld rounds: given X1: "
             "pearl %.3f rootdraw %.3f",
-            s->n_scored, m[RULE_PEARL] / n, m[RULE_ROOTDRAW] / n);
-    if (m[RULE_PEARL] > 0) fprintf(f, " (rootdraw %+.1f%%)", 100.0 * (m[RULE_ROOTDRAW] / m[RULE_PEARL] - 1));
-    fprintf(f, "; from the root: draft %.3f root %.3f oracle %.3f\n", m[RULE_DRAFT] / n,
-            m[RULE_ROOT] / n, m[RULE_ORACLE] / n);
+            s->n_scored, m[DECODER_PEARL] / n, m[DECODER_ROOTDRAW] / n);
+    if (m[DECODER_PEARL] > 0) fprintf(f, " (rootdraw %+.1f%%)", 100.0 * (m[DECODER_ROOTDRAW] / m[DECODER_PEARL] - 1));
+    fprintf(f, "; from the root: draft %.3f root %.3f oracle %.3f\n", m[DECODER_DRAFT] / n,
+            m[DECODER_ROOT] / n, m[DECODER_ORACLE] / n);
 }
 
 static void on_event(void *u, const char *ev, const char *detail) {
@@ -126,7 +126,7 @@ static int parse_ids(const char *s, int **ids, int *n, RsErr *e) {
 typedef struct {
     EngineOpts eo;
     CliRuntime rt; /* copied into eo once parsed */
-    DecodeOpts d;
+    DecodeOpts opts;
     const char *prompt, *prompt_ids, *log_path, *prompts_path;
     int chat, output_ids, want_timing;
 } Args;
@@ -135,7 +135,7 @@ typedef struct {
  * usage), so main's exit codes stay in one place per outcome. */
 static int parse_args(int argc, char **argv, Args *A) {
     EngineOpts *eo = &A->eo;
-    DecodeOpts *d = &A->d;
+    DecodeOpts *opts = &A->opts;
     RsErr e = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -146,17 +146,17 @@ static int parse_args(int argc, char **argv, Args *A) {
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
-        } else if ((rc = engine_cli_option(argc, argv, &i, eo, d, &e)) != 0) {
+        } else if ((rc = engine_cli_option(argc, argv, &i, eo, opts, &e)) != 0) {
             if (rc == 1) rc = 0;
         } else if (!strcmp(a, "--prompt")) { if (VAL()) A->prompt = v; }
         else if (!strcmp(a, "--prompt-ids")) { if (VAL()) A->prompt_ids = v; }
         else if (!strcmp(a, "--prompts")) { if (VAL()) A->prompts_path = v; }
         else if (!strcmp(a, "--timing")) A->want_timing = 1;
         else if (!strcmp(a, "--chat")) A->chat = 1;
-        else if (!strcmp(a, "--prompt-id")) { if (VAL()) rc = cli_u64(a, v, &d->prompt_id, &e); }
-        else if (!strcmp(a, "--max-new")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 20, &d->max_new, &e); }
+        else if (!strcmp(a, "--prompt-id")) { if (VAL()) rc = cli_u64(a, v, &opts->prompt_id, &e); }
+        else if (!strcmp(a, "--max-new")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 20, &opts->max_new, &e); }
         else if (!strcmp(a, "--log-rounds")) { if (VAL()) A->log_path = v; }
-        else if (!strcmp(a, "--score-all-rules")) d->score_all = 1;
+        else if (!strcmp(a, "--score-all-rules")) opts->score_all = 1;
         else if (!strcmp(a, "--output-ids")) A->output_ids = 1;
         else rc = rs_err(&e, RS_EINVAL, "unknown option '%s' (see --help)", a);
 #undef VAL
@@ -165,7 +165,10 @@ static int parse_args(int argc, char **argv, Args *A) {
             return 2;
         }
     }
-    engine_cli_runtime(eo, &A->rt);
+    if (engine_cli_runtime(eo, &A->rt, &e)) {
+        fprintf(stderr, "rootspec-target: %s\n", e.msg);
+        return 2;
+    }
     return -1;
 }
 
@@ -179,15 +182,15 @@ static int check_args(Args *A) {
         return 2;
     }
     RsErr e = {0};
-    if (engine_cli_check(eo, &A->d, &e)) {
+    if (engine_cli_check(eo, &A->opts, &e)) {
         fprintf(stderr, "rootspec-target: %s\n", e.msg);
         return 2;
     }
-    if (A->d.score_all && A->d.budget == 0) {
+    if (A->opts.score_all && A->opts.budget == 0) {
         fprintf(stderr, "rootspec-target: --score-all-rules needs a fixed --budget, not auto\n");
         return 2;
     }
-    if (A->d.score_all && !rule_needs_root(A->d.rule)) {
+    if (A->opts.score_all && !decoder_needs_root_pass(A->opts.decoder)) {
         fprintf(stderr, "rootspec-target: --score-all-rules needs --decoder pearl, rootdraw or root\n");
         return 2;
     }
@@ -202,15 +205,15 @@ typedef struct {
 } Totals;
 
 /* One prompt's summary line on stderr: what ran, how fast, and why it stopped. */
-static void print_prompt_summary(const DecodeOpts *dp, int n, const DecodeResult *res,
+static void print_prompt_summary(const DecodeOpts *opts, int n, const DecodeResult *res,
                                  const Sink *s, const Engine *en) {
     double secs = (double)(res->t_end - res->t_start) * 1e-9;
     char budget[16] = "auto", smp[SAMPLING_STR];
-    if (!dp->planner) snprintf(budget, sizeof budget, "%d", dp->budget);
+    if (!opts->planner) snprintf(budget, sizeof budget, "%d", opts->budget);
     fprintf(stderr,
             "rootspec-target: decoder=%s sampling=%s B=%s prompt=%d tokens, emitted %d tokens "
             "in %d rounds, %.3f s, %.2f tok/s, mean accepted %.3f%s%s%s%s%s\n",
-            rule_name(dp->rule), sampling_str(&dp->sampling, smp, sizeof smp), budget, n,
+            decoder_name(opts->decoder), sampling_str(&opts->sampling, smp, sizeof smp), budget, n,
             res->n_tokens, res->rounds, secs,
             secs > 0 ? res->n_tokens / secs : 0.0,
             res->rounds ? (double)res->accepted_total / res->rounds : 0.0,
@@ -223,14 +226,14 @@ static void print_prompt_summary(const DecodeOpts *dp, int n, const DecodeResult
 
 /* The round log's view of the next decode: the prompt file's id (NULL: --prompt-id),
  * the decoder, T and B as the bench writes them, and the backend counters now. */
-static void log_begin(Sink *s, const char *file_id, const DecodeOpts *dp, const Sampling *law,
+static void log_begin(Sink *s, const char *file_id, const DecodeOpts *opts, const Sampling *law,
                       Engine *en) {
     if (file_id) snprintf(s->prompt_id, sizeof s->prompt_id, "%s", file_id);
-    else snprintf(s->prompt_id, sizeof s->prompt_id, "%" PRIu64, dp->prompt_id);
-    s->lc = (RoundLog){.decoder = rule_name(dp->rule), .temp = sampling_temp(&dp->sampling),
-                       .budget = dp->rule == RULE_AR ? 0
-                                 : dp->planner       ? ROUNDLOG_BUDGET_AUTO
-                                                     : dp->budget,
+    else snprintf(s->prompt_id, sizeof s->prompt_id, "%" PRIu64, opts->prompt_id);
+    s->lc = (RoundLog){.decoder = decoder_name(opts->decoder), .temp = sampling_temp(&opts->sampling),
+                       .budget = opts->decoder == DECODER_AR ? 0
+                                 : opts->planner       ? ROUNDLOG_BUDGET_AUTO
+                                                     : opts->budget,
                        .prompt_id = s->prompt_id, .sampling = law};
     BackendStats st = backend_stats(target_backend(en->target));
     roundlog_begin(&s->lc, &st);
@@ -242,16 +245,16 @@ static int decode_prompts(const Args *A, Engine *en, const PromptSet *ps, Sink *
     RsErr e = {0};
     DecodeHooks h = {on_tokens, on_round, on_event, s, NULL, NULL, NULL};
     DecodeResult res = {0};
-    res.cap = A->d.max_new + ROUND_MAX_EMIT;
+    res.cap = A->opts.max_new + ROUND_MAX_EMIT;
     res.tokens = rs_xmalloc(sizeof(int) * (size_t)res.cap);
     int exit_code = 0;
     t->n_prompts = ps ? ps->n : 1;
     for (int pi = 0; pi < t->n_prompts; pi++) {
         int *ids = NULL, n = 0;
         const char *text = ps ? ps->items[pi].text : A->prompt;
-        DecodeOpts dp = A->d;
-        if (ps) dp.prompt_id = A->d.prompt_id + (uint64_t)pi;
-        if (dp.budget == 0) dp.planner = en->planner, dp.budget = TREE_MAX;
+        DecodeOpts opts = A->opts;
+        if (ps) opts.prompt_id = A->opts.prompt_id + (uint64_t)pi;
+        if (opts.budget == 0) opts.planner = en->planner, opts.budget = TREE_MAX;
         int rc = A->prompt_ids ? parse_ids(A->prompt_ids, &ids, &n, &e)
                                : engine_prompt_ids(en, text, A->chat || (ps && en->chat != CHAT_NONE),
                                                    &ids, &n, &e);
@@ -261,9 +264,9 @@ static int decode_prompts(const Args *A, Engine *en, const PromptSet *ps, Sink *
             break;
         }
         if (ps) printf("=== prompt %s: %s\n", ps->items[pi].id, text);
-        log_begin(s, ps ? ps->items[pi].id : NULL, &dp, &A->d.sampling, en);
+        log_begin(s, ps ? ps->items[pi].id : NULL, &opts, &A->opts.sampling, en);
         s->first_id = 1;
-        rc = decode_run(en->target, en->drafter, ids, n, &dp, &h, &res, &e);
+        rc = decode_run(en->target, en->drafter, ids, n, &opts, &h, &res, &e);
         free(ids);
         printf("\n");
         fflush(stdout);
@@ -274,7 +277,7 @@ static int decode_prompts(const Args *A, Engine *en, const PromptSet *ps, Sink *
         }
         t->tokens += res.n_tokens;
         t->ns += res.t_end - res.t_start;
-        print_prompt_summary(&dp, n, &res, s, en);
+        print_prompt_summary(&opts, n, &res, s, en);
         s->taken_over = 0;
     }
     free(res.tokens);
@@ -306,7 +309,7 @@ static int finish(const Args *A, const PromptSet *ps, Sink *s, TimingAcc *timing
 
 int main(int argc, char **argv) {
     Args A = {.eo = {.draft_timeout_ms = 10000}, .rt = cli_runtime_defaults(),
-              .d = {.rule = RULE_AR, .budget = 59, .seed = 1, .max_new = 256}};
+              .opts = {.decoder = DECODER_AR, .budget = 59, .seed = 1, .max_new = 256}};
     int rc = parse_args(argc, argv, &A);
     if (rc < 0) rc = check_args(&A);
     if (rc >= 0) return rc;
@@ -317,7 +320,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     Engine *en = NULL;
-    rc = engine_cli_open("rootspec-target", &A.eo, &A.d, &en);
+    rc = engine_cli_open("rootspec-target", &A.eo, &A.opts, &en);
     if (rc >= 0) {
         prompts_destroy(&ps);
         return rc;

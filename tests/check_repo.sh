@@ -13,6 +13,11 @@
 #    the CPU build never reaches into the CUDA backend.
 # 5. No issue or pull-request numbers in code or documents: a reader of a clone cannot look
 #    them up; say what the thing is instead.
+# 6. One name per type and per idea: a parameter or local Decode is `dec`, a DecodeOpts
+#    `opts` (a second one in a scope: opts_NAME), a Drafter `d` (a Drafter ** out-parameter
+#    `out`), an EngineOpts `eo`, a Tokenizer `tok`, a DecodeResult `res`; the short names
+#    these types once shared are refused in declarations. What --decoder picks is a
+#    DecoderKind (DECODER_*, decoder_name, DecodeOpts.decoder), never a "Rule".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 self=tests/check_repo.sh
@@ -99,5 +104,18 @@ if [ -n "$issues" ]; then
   fail=1
 fi
 
-[ $fail -eq 0 ] && echo "check_repo: OK (no SPEC citations; $(echo $cited | wc -w) DESIGN.md sections cited, all present; the engine includes nothing from bench/ or serve/; every path the documents name exists; CUDA files only in kernels/cuda/; no issue numbers)"
+# Declarations only: `Decode *d`, `const DecodeOpts *o`, `DecodeOpts d = ...`, `Drafter *dc`.
+names_re='\bDecode \*+ ?(const )?(d|o|dc)\b|\bDecodeOpts \*+ ?(const )?(d|o|dp|dflt)\b'
+names_re+='|\bDecodeOpts (d|o|dp|dflt) ?[=,)]|\bDrafter \*+ ?(const )?(dc|dl)\b|\bDrafter \*\*(d|pd)\b'
+names_re+='|\bEngineOpts \*?(const )?o\b|\bTokenizer \*(const )?t\b|\bDecodeResult \*?r\b'
+names_re+='|\bRule\b|\bRULE_[A-Z]+\b|\brule_(name|parse|needs_root)\('
+names=$(list_files | grep -zE '\.(c|h|cu|cuh)$' | xargs -0 grep -nE "$names_re" -- || true)
+if [ -n "$names" ]; then
+  echo "check_repo: one name per type: Decode is dec, DecodeOpts opts, Drafter d (Drafter ** out)," \
+       "EngineOpts eo, Tokenizer tok, DecodeResult res; --decoder's type is DecoderKind:"
+  echo "$names"
+  fail=1
+fi
+
+[ $fail -eq 0 ] && echo "check_repo: OK (no SPEC citations; $(echo $cited | wc -w) DESIGN.md sections cited, all present; the engine includes nothing from bench/ or serve/; every path the documents name exists; CUDA files only in kernels/cuda/; no issue numbers; one name per type)"
 exit $fail

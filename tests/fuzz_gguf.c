@@ -11,20 +11,20 @@
 
 /* A tokenizer that loads encodes and decodes "hello world" without failing. */
 static void check_tokenizer(const Model *m, const char *path) {
-    Tokenizer *t = NULL;
+    Tokenizer *tok = NULL;
     RsErr e = {0};
-    int rc = tokenizer_load_model(m, &t, &e);
+    int rc = tokenizer_load_model(m, &tok, &e);
     if (rc != RS_OK) {
         fuzz_check_refusal(rc, &e, path);
         return;
     }
     int *ids = NULL, n = 0;
-    if (tokenizer_encode(t, "hello world", &ids, &n, &e) == RS_OK) {
-        for (int i = 0; i < n; i++) RS_ASSERT(ids[i] >= 0 && ids[i] < tokenizer_vocab_size(t));
-        free(tokenizer_decode(t, ids, n));
+    if (tokenizer_encode(tok, "hello world", &ids, &n, &e) == RS_OK) {
+        for (int i = 0; i < n; i++) RS_ASSERT(ids[i] >= 0 && ids[i] < tokenizer_vocab_size(tok));
+        free(tokenizer_decode(tok, ids, n));
     }
     free(ids);
-    tokenizer_destroy(&t);
+    tokenizer_destroy(&tok);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

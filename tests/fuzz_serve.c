@@ -57,8 +57,8 @@ static int handle(const ServeGate *g, const ServeHead *h, const char *body, size
     rc = serve_request_parse(body, n, kind, "m", &r, se);
     if (rc) return rc;
     check_request(&r, kind);
-    DecodeOpts d = {.rule = RULE_AR, .seed = 1, .max_new = 16, .sampling = {.temperature = 1, .top_p = 1}};
-    rc = serve_sampling_map(&r, &d, se);
+    DecodeOpts opts = {.decoder = DECODER_AR, .seed = 1, .max_new = 16, .sampling = {.temperature = 1, .top_p = 1}};
+    rc = serve_sampling_map(&r, &opts, se);
     serve_request_free(&r);
     return rc;
 }

@@ -32,7 +32,7 @@ static void req_make(Req *r, int i) {
     for (int k = 0; k < r->n_prompt; k++)
         r->prompt[k] = k >= 6 && rng_next(&g) % 3 ? r->prompt[k - 6] : (int)(rng_next(&g) % VOCAB);
     int kind = i % 4;
-    r->o = (DecodeOpts){.rule = kind < 2 ? RULE_AR : RULE_DRAFT, .budget = 6, .seed = 5 + i,
+    r->o = (DecodeOpts){.decoder = kind < 2 ? DECODER_AR : DECODER_DRAFT, .budget = 6, .seed = 5 + i,
                         .max_new = MAXNEW - i % 5, .ignore_eos = 1};
     if (kind % 2) r->o.sampling = (Sampling){.temperature = 1.0};
 }
@@ -40,7 +40,7 @@ static void req_make(Req *r, int i) {
 /* One decode on t with a fresh suffix drafter; RS_EFULL when preempted. */
 static int req_run(Target *t, Req *r, RsErr *e) {
     Drafter *d = NULL;
-    if (r->o.rule != RULE_AR)
+    if (r->o.decoder != DECODER_AR)
         ck_assert_int_eq(drafter_suffix_create(VOCAB, NULL, 0, NULL, &d, e), RS_OK);
     DecodeResult res = {.tokens = r->out, .cap = MAXNEW + ROUND_MAX_EMIT};
     int rc = decode_run(t, d, r->prompt, r->n_prompt, &r->o, NULL, &res, e);
@@ -125,7 +125,7 @@ static void batch_check_all(int parallel, int budget, int chunk, int kv, int wan
         for (int j = 0; j < want[i].n_out; j++)
             ck_assert_msg(got[i].out[j] == want[i].out[j],
                           "request %d (%s, T=%g) token %d: batched %d, solo %d", i,
-                          rule_name(got[i].o.rule), got[i].o.sampling.temperature, j,
+                          decoder_name(got[i].o.decoder), got[i].o.sampling.temperature, j,
                           got[i].out[j], want[i].out[j]);
         restarts += got[i].restarts;
     }

@@ -462,9 +462,9 @@ START_TEST(test_decode_identity_with_eagle3) {
     ck_assert_msg(eagle3_head_check(h, &tm->cfg, L, &e) == 0, "%s", e.msg);
     ck_assert(drafter_eagle3_create(h, emb, 512, L, &a->inner, &e) == 0);
     DrafterInfo info = *drafter_info(a->inner);
-    Drafter *d = drafter_wrap(&adapter_ops, a, &info), *dc;
-    ck_assert_int_eq(drafter_threaded_create(d, &dc, &e), 0);
-    const Rule rules[] = {RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
+    Drafter *d = drafter_wrap(&adapter_ops, a, &info), *threaded;
+    ck_assert_int_eq(drafter_threaded_create(d, &threaded, &e), 0);
+    const DecoderKind rules[] = {DECODER_DRAFT, DECODER_PEARL, DECODER_ROOTDRAW, DECODER_ROOT};
     Rng r;
     rng_seed(&r, 5);
     long accepted = 0;
@@ -473,13 +473,13 @@ START_TEST(test_decode_identity_with_eagle3) {
         for (int i = 0; i < n; i++) prompt[i] = (int)(rng_next(&r) % 96);
         for (int ri = -1; ri < 4; ri++)
             for (int b = 0; b < (ri < 0 ? 1 : 2); b++) {
-                Rule rule = ri < 0 ? RULE_AR : rules[ri];
-                DecodeOpts o = {.rule = rule, .budget = b ? 40 : 8, .sampling = SAMPLING_GREEDY, .seed = 1,
-                                .prompt_id = (uint64_t)pr, .max_new = 30};
+                DecoderKind decoder = ri < 0 ? DECODER_AR : rules[ri];
+                DecodeOpts opts = {.decoder = decoder, .budget = b ? 40 : 8, .sampling = SAMPLING_GREEDY, .seed = 1,
+                                   .prompt_id = (uint64_t)pr, .max_new = 30};
                 DecodeResult res = {0};
                 res.tokens = buf;
                 res.cap = 30 + ROUND_MAX_EMIT;
-                ck_assert_msg(decode_run(t, ri < 0 ? NULL : dc, prompt, n, &o, NULL, &res, &e) == 0,
+                ck_assert_msg(decode_run(t, ri < 0 ? NULL : threaded, prompt, n, &opts, NULL, &res, &e) == 0,
                               "%s", e.msg);
                 ck_assert_int_eq(res.drafter_failed, 0);
                 ck_assert_int_ge(res.n_tokens, 30);
@@ -487,11 +487,11 @@ START_TEST(test_decode_identity_with_eagle3) {
                 if (ri >= 0) accepted += res.accepted_total;
                 for (int i = 0; ri >= 0 && i < 30; i++)
                     ck_assert_msg(got[i] == ref[i], "%s B=%d prompt %d: token %d is %d, AR %d",
-                                  rule_name(rule), o.budget, pr, i, got[i], ref[i]);
+                                  decoder_name(decoder), opts.budget, pr, i, got[i], ref[i]);
             }
     }
     fprintf(stderr, "eagle3 decode identity: %ld draft tokens accepted over 32 decodes\n", accepted);
-    drafter_destroy(&dc);
+    drafter_destroy(&threaded);
     target_destroy(&t);
     free(emb);
     eagle3_head_destroy(&h);
@@ -877,13 +877,13 @@ START_TEST(test_embeddings_by_row) {
         eagle3_embed_row(&b, t, rb);
         ck_assert_msg(memcmp(ra, rb, sizeof(float) * D) == 0, "row %d differs", t);
     }
-    Drafter *dl, *dm, *dq, *df;
+    Drafter *d, *dm, *dq, *df;
     Pool *pl = malloc(sizeof *pl), *pm = malloc(sizeof *pm);
     ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", lazy, EAGLE3_IDS_AUTO,
-                                      NULL, &bp, &dl, &e) == 0, "%s", e.msg);
+                                      NULL, &bp, &d, &e) == 0, "%s", e.msg);
     ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", mat, EAGLE3_IDS_AUTO,
                                       NULL, &bp, &dm, &e) == 0, "%s", e.msg);
-    grow_fixed(dl, F, pl);
+    grow_fixed(d, F, pl);
     grow_fixed(dm, F, pm);
     pools_equal(pl, pm);
     /* Q8_0 rows (2 blocks of 32: f16 scale 2^-6 = 0x2400, 32 int8) of the same table */
@@ -912,7 +912,7 @@ START_TEST(test_embeddings_by_row) {
     grow_fixed(dq, F, pl);
     grow_fixed(df, F, pm);
     pools_equal(pl, pm);
-    drafter_destroy(&dl), drafter_destroy(&dm), drafter_destroy(&dq), drafter_destroy(&df);
+    drafter_destroy(&d), drafter_destroy(&dm), drafter_destroy(&dq), drafter_destroy(&df);
     eagle3_head_destroy(&h);
     free(q), free(deq), free(pl), free(pm);
     model_destroy(&lazy), model_destroy(&mat);

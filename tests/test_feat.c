@@ -172,14 +172,14 @@ END_TEST
 
 /* ---- decoding with an EAGLE-3 drafter fed by the target ---- */
 
-static const Rule SPEC_RULES[] = {RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
+static const DecoderKind SPEC_RULES[] = {DECODER_DRAFT, DECODER_PEARL, DECODER_ROOTDRAW, DECODER_ROOT};
 
-static int engine_run(Engine *en, Rule rule, int B, const int *prompt, int n, int max_new,
+static int engine_run(Engine *en, DecoderKind decoder, int B, const int *prompt, int n, int max_new,
                       int *out, DecodeResult *res) {
-    DecodeOpts o = {.rule = rule, .budget = B, .sampling = SAMPLING_GREEDY, .seed = 1, .max_new = max_new};
+    DecodeOpts opts = {.decoder = decoder, .budget = B, .sampling = SAMPLING_GREEDY, .seed = 1, .max_new = max_new};
     *res = (DecodeResult){.tokens = out, .cap = max_new + ROUND_MAX_EMIT};
     RsErr e = {0};
-    ck_assert_msg(decode_run(en->target, rule == RULE_AR ? NULL : en->drafter, prompt, n, &o,
+    ck_assert_msg(decode_run(en->target, decoder == DECODER_AR ? NULL : en->drafter, prompt, n, &opts,
                              NULL, res, &e) == 0, "%s", e.msg);
     return res->n_tokens;
 }
@@ -201,19 +201,19 @@ START_TEST(test_identity_in_process) {
         int prompt[16], n = 11, ref[80], got[80];
         for (int i = 0; i < n; i++) prompt[i] = (int)(rng_next(&r) % 512);
         DecodeResult res;
-        ck_assert_int_ge(engine_run(en, RULE_AR, 1, prompt, n, 16, ref, &res), 16);
+        ck_assert_int_ge(engine_run(en, DECODER_AR, 1, prompt, n, 16, ref, &res), 16);
         for (int ri = 0; ri < 4; ri++)
             for (int B = 8; B <= 59; B += 51) {
                 /* B=8 for one decoder: the sanitized head takes ~0.2 s a pool, and
                  * test_twoproc runs all four in process and across processes */
-                if (B == 8 && SPEC_RULES[ri] != RULE_ROOTDRAW) continue;
+                if (B == 8 && SPEC_RULES[ri] != DECODER_ROOTDRAW) continue;
                 ck_assert_int_ge(engine_run(en, SPEC_RULES[ri], B, prompt, n, 16, got, &res), 16);
                 ck_assert_msg(!res.drafter_failed, "%s B=%d: the drafter failed",
-                              rule_name(SPEC_RULES[ri]), B);
+                              decoder_name(SPEC_RULES[ri]), B);
                 for (int i = 0; i < 16; i++)
                     ck_assert_msg(got[i] == ref[i], "%s B=%d prompt %d: token %d is %d, AR %d",
-                                  rule_name(SPEC_RULES[ri]), B, pr, i, got[i], ref[i]);
-                if (SPEC_RULES[ri] == RULE_DRAFT || SPEC_RULES[ri] == RULE_ROOT) {
+                                  decoder_name(SPEC_RULES[ri]), B, pr, i, got[i], ref[i]);
+                if (SPEC_RULES[ri] == DECODER_DRAFT || SPEC_RULES[ri] == DECODER_ROOT) {
                     acc_head += res.accepted_total;
                     rounds_head += res.rounds;
                 }
@@ -359,15 +359,15 @@ static void e3_chi2(E3Pair *p, Drafter *d, int i, long N, const char *how) {
     double *law = malloc(sizeof(double) * V * V * V);
     exact_law3(p->tm, prompt, 3, law);
     long *count = calloc(V * V * V, sizeof(long)), acc = 0;
-    Rule rule = i < 4 ? SPEC_RULES[i] : RULE_ROOTDRAW;
+    DecoderKind decoder = i < 4 ? SPEC_RULES[i] : DECODER_ROOTDRAW;
     uint64_t t0 = rs_now_ns();
     for (long s = 0; s < N; s++) {
         int out[3 + ROUND_MAX_EMIT];
-        DecodeOpts o = {.rule = rule, .budget = i % 2 ? 8 : 4, .sampling = SAMPLING_PLAIN,
-                        .seed = 5000 + (uint64_t)s, .max_new = 3, .test_wrong_x1 = i == 4};
+        DecodeOpts opts = {.decoder = decoder, .budget = i % 2 ? 8 : 4, .sampling = SAMPLING_PLAIN,
+                           .seed = 5000 + (uint64_t)s, .max_new = 3, .test_wrong_x1 = i == 4};
         DecodeResult res = {.tokens = out, .cap = 3 + ROUND_MAX_EMIT};
         RsErr e = {0};
-        ck_assert_msg(decode_run(p->t, d, prompt, 3, &o, NULL, &res, &e) == 0, "%s", e.msg);
+        ck_assert_msg(decode_run(p->t, d, prompt, 3, &opts, NULL, &res, &e) == 0, "%s", e.msg);
         ck_assert_msg(!res.drafter_failed, "the EAGLE-3 drafter failed (%s)", how);
         ck_assert_int_eq(res.n_tokens, 3);
         acc += res.accepted_total;
@@ -375,10 +375,10 @@ static void e3_chi2(E3Pair *p, Drafter *d, int i, long N, const char *how) {
     }
     double pv = chi2_p(count, law, V * V * V, N);
     fprintf(stderr, "eagle3 exactness %s %s%s: %ld decodes (%.1f s), %ld tokens accepted, p=%.4g\n",
-            how, rule_name(rule), i == 4 ? " (WRONG verifier)" : "", N,
+            how, decoder_name(decoder), i == 4 ? " (WRONG verifier)" : "", N,
             (rs_now_ns() - t0) * 1e-9, acc, pv);
     if (i < 4) ck_assert_msg(pv > 1e-3, "%s %s: T=1 law differs from the target's (p=%g)", how,
-                             rule_name(rule), pv);
+                             decoder_name(decoder), pv);
     else ck_assert_msg(pv < 1e-3, "a wrong verifier passed (p=%g)", pv);
     ck_assert_msg(acc > 0, "nothing accepted: the head never drafted");
     free(count);
@@ -478,11 +478,11 @@ START_TEST(test_decode_sends_predecessor_features) {
     float *want = malloc(sizeof(float) * 512 * s->W);
     const int prompt[5] = {3, 14, 15, 9, 26};
     for (int c = 0; c < 4; c++) {
-        Rule rule = c % 2 ? RULE_ROOTDRAW : RULE_DRAFT;
+        DecoderKind decoder = c % 2 ? DECODER_ROOTDRAW : DECODER_DRAFT;
         int out[64];
-        DecodeOpts o = {.rule = rule, .budget = 8, .sampling = sampling_from_temp(c / 2), .seed = 3, .max_new = 30};
+        DecodeOpts opts = {.decoder = decoder, .budget = 8, .sampling = sampling_from_temp(c / 2), .seed = 3, .max_new = 30};
         DecodeResult res = {.tokens = out, .cap = 30 + ROUND_MAX_EMIT};
-        ck_assert_msg(decode_run(p.t, spy, prompt, 5, &o, NULL, &res, &e) == 0, "%s", e.msg);
+        ck_assert_msg(decode_run(p.t, spy, prompt, 5, &opts, NULL, &res, &e) == 0, "%s", e.msg);
         ck_assert(!res.drafter_failed && res.rounds > 1);
         /* the context the drafter got: the prompt, then the output of every round but the
          * last (whose tokens no grow request carried) */
@@ -496,16 +496,16 @@ START_TEST(test_decode_sends_predecessor_features) {
             ck_assert_msg(memcmp(s->feat + (size_t)j * s->W, want + (size_t)j * s->W,
                                  sizeof(float) * s->W) == 0,
                           "%s T=%d: token %d (%d) came with features other than token %d's",
-                          rule_name(rule), c / 2, j, s->tok[j], j - 1);
+                          decoder_name(decoder), c / 2, j, s->tok[j], j - 1);
     }
     /* a drafter wanting a layer this target lacks is refused before anything runs */
     DrafterInfo bad = *drafter_info(p.d);
     bad.feature_layers[2] = 9;
     Drafter *wrong = drafter_wrap(&spy_ops, s, &bad);
     int out[64];
-    DecodeOpts o = {.rule = RULE_ROOTDRAW, .budget = 8, .max_new = 4};
+    DecodeOpts opts = {.decoder = DECODER_ROOTDRAW, .budget = 8, .max_new = 4};
     DecodeResult res = {.tokens = out, .cap = 4 + ROUND_MAX_EMIT};
-    ck_assert_int_eq(decode_run(p.t, wrong, prompt, 5, &o, NULL, &res, &e), RS_EINVAL);
+    ck_assert_int_eq(decode_run(p.t, wrong, prompt, 5, &opts, NULL, &res, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "drafter test-head wants the target's features, but feature "
                                 "layer 9 outside [0, 2] (the target has 2 layers)"), "%s", e.msg);
     drafter_destroy(&wrong);

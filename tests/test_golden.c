@@ -50,12 +50,11 @@ static const struct {
 
 static Backend *golden_backend(const Model *m, int n, int fi) {
     BackendParams p = {.kv_capacity = n, .max_batch = n, .max_pending = n, .threads = 1,
-                       .cpu_kernels = kFamilies[fi].family};
+                       .cpu_kernels = kFamilies[fi].family,
+                       .sw = {.cpu_kv_f32 = !strcmp(kFamilies[fi].kv, "f32")}};
     Backend *b = NULL;
     RsErr e = {0};
-    setenv("ROOTSPEC_CPU_KV", kFamilies[fi].kv, 1);
     int rc = backend_create(&cpu_backend_ops, m, &p, &b, &e);
-    unsetenv("ROOTSPEC_CPU_KV");
     ck_assert_msg(rc == RS_OK, "%s", e.msg);
     return b;
 }

@@ -303,13 +303,13 @@ static char *target_vs_fake(const char *text, int *rc) {
     Fake f = {.error_text = text};
     snprintf(f.ep, sizeof f.ep, "ipc://%s/fake.sock", g_dir);
     Model *m = NULL;
-    Tokenizer *t = NULL;
+    Tokenizer *tok = NULL;
     RsErr e = {0};
-    ck_assert_msg(model_load(TINY, &m, &e) == 0 && tokenizer_load_model(m, &t, &e) == 0, "%s",
+    ck_assert_msg(model_load(TINY, &m, &e) == 0 && tokenizer_load_model(m, &tok, &e) == 0, "%s",
                   e.msg);
     f.vocab = (uint32_t)m->cfg.vocab_size;
-    f.tok_hash = tokenizer_identity(t, m->cfg.vocab_size);
-    tokenizer_destroy(&t);
+    f.tok_hash = tokenizer_identity(tok, m->cfg.vocab_size);
+    tokenizer_destroy(&tok);
     model_destroy(&m);
     pthread_t th;
     ck_assert_int_eq(pthread_create(&th, NULL, fake_main, &f), 0);
@@ -398,13 +398,13 @@ START_TEST(test_takeover_reported_and_rate_limited) {
     snprintf(ep, sizeof ep, "ipc://%s/d.sock", g_dir);
     pid_t d = start_drafter(ep, "draft", 0);
     Model *m = NULL;
-    Tokenizer *t = NULL;
+    Tokenizer *tok = NULL;
     RsErr e = {0};
-    ck_assert_msg(model_load(TINY, &m, &e) == 0 && tokenizer_load_model(m, &t, &e) == 0, "%s",
+    ck_assert_msg(model_load(TINY, &m, &e) == 0 && tokenizer_load_model(m, &tok, &e) == 0, "%s",
                   e.msg);
     uint32_t V = (uint32_t)m->cfg.vocab_size;
-    uint64_t H = tokenizer_identity(t, m->cfg.vocab_size);
-    tokenizer_destroy(&t);
+    uint64_t H = tokenizer_identity(tok, m->cfg.vocab_size);
+    tokenizer_destroy(&tok);
     model_destroy(&m);
     void *ctx = zmq_ctx_new(), *a = zmq_socket(ctx, ZMQ_DEALER), *b = zmq_socket(ctx, ZMQ_DEALER);
     int zero = 0;
@@ -419,11 +419,11 @@ START_TEST(test_takeover_reported_and_rate_limited) {
     hello(b, 2, V, H);
     expect_reply(b, &in, PROTO_HELLO_OK);
     ProtoMsg g = {0};
-    int32_t tok = 5;
+    int32_t token = 5;
     g.type = PROTO_COMMIT_GROW;
     g.session = 1;
     g.seq = 2;
-    g.u.tokens.ids = &tok;
+    g.u.tokens.ids = &token;
     g.u.tokens.n = 1;
     ck_assert_int_eq(proto_send(a, &g, &e), 0);
     expect_reply(a, &in, PROTO_ERROR);

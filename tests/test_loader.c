@@ -835,8 +835,8 @@ START_TEST(test_fifo_refused) {
             continue;
         }
         ck_assert_msg(rc == 0, "%s", e.msg); /* the tokenizer is read by tokenizer_load_model */
-        Tokenizer *t = NULL;
-        rc = tokenizer_load_model(m, &t, &e);
+        Tokenizer *tok = NULL;
+        rc = tokenizer_load_model(m, &tok, &e);
         ck_assert_msg(rc == RS_EINVAL && strstr(e.msg, "is a FIFO") && strstr(e.msg, p), "%d %s",
                       rc, e.msg);
         model_destroy(&m);

@@ -54,7 +54,7 @@ START_TEST(test_planner_sure_chain) {
     Pool *p = chain_selected(8, 0.99, &s);
     /* rows cost a tenth of a pass: every node brings ~0.9 tokens, costs 0.1 */
     Planner *pl = fixed_planner(10e6, 1e6, 0);
-    PlanChoice c = planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
+    PlanChoice c = planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
     ck_assert_int_eq(c.k, 8);
     double want = 1;
     for (int i = 1; i <= 8; i++) want += pow(0.99, i);
@@ -63,7 +63,7 @@ START_TEST(test_planner_sure_chain) {
     planner_destroy(&pl);
     /* rows cost two passes each: no node pays for itself */
     pl = fixed_planner(10e6, 20e6, 0);
-    c = planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
+    c = planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
     ck_assert_int_eq(c.k, 0);
     ck_assert_double_eq_tol(c.tokens, 1, 1e-12);
     planner_destroy(&pl);
@@ -78,7 +78,7 @@ START_TEST(test_planner_breakeven) {
     Selection s;
     Pool *p = chain_selected(4, 0.5, &s);
     Planner *pl = fixed_planner(10e6, 3e6, 0);
-    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 1, p, &s, -1, POOL_MAX_DEPTH).k, 1);
+    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 1, p, &s, -1, POOL_MAX_DEPTH).k, 1);
     planner_destroy(&pl);
     free(p);
 }
@@ -93,28 +93,28 @@ START_TEST(test_planner_batch_fades) {
     Selection s;
     Pool *p = chain_selected(8, 0.9, &s);
     Planner *pl = fixed_planner(10e6, 2.5e6, 0);
-    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
     planner_set_batch(pl, 5, 6);
-    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 3);
+    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 3);
     planner_set_batch(pl, 15, 16);
-    PlanChoice c = planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
+    PlanChoice c = planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
     ck_assert_int_eq(c.k, 1);
     ck_assert_double_eq_tol(c.ns, 10e6 + 16 * 2.5e6, 1); /* the whole pass it joins */
     /* the others' trees (45 rows for 15 sequences) make the pass dearer, not the rows
      * cheaper: the batch's AR step is still 16 rows */
     planner_set_batch(pl, 45, 16);
-    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 1);
+    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 1);
     planner_set_batch(pl, 0, 1);
-    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
     planner_destroy(&pl);
     /* measured: a batched decode's own pass times (one sequence's rows of a shared pass)
      * are ignored, the batch's passes by their total rows count */
     pl = measured_planner(); /* 10 ms a row, 40 ms 9 rows */
     planner_set_batch(pl, 0, 1);
     for (int i = 0; i < 20; i++) planner_observe_pass(pl, 9, 400000000);
-    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
     for (int i = 0; i < 20; i++) planner_observe_batch_pass(pl, 9, 400000000);
-    ck_assert_int_lt(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    ck_assert_int_lt(planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
     planner_destroy(&pl);
     /* noisy passes of 16 and 17 rows (20 ms apart): a batched decode prices its rows by
      * the line through all sizes (19.7 ms + 3.89 ms a row: at 16 / 78 ms a row costs 0.797
@@ -125,7 +125,7 @@ START_TEST(test_planner_batch_fades) {
     const int rows[4] = {1, 16, 17, 32};
     const uint64_t ms[4] = {20, 70, 90, 140};
     for (int i = 0; i < 12; i++) planner_observe_batch_pass(pl, rows[i % 4], ms[i % 4] * 1000000);
-    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 2);
+    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 2);
     planner_destroy(&pl);
     free(p);
 }
@@ -136,20 +136,20 @@ START_TEST(test_planner_learns_rejections) {
     Selection s;
     Pool *p = chain_selected(8, 0.99, &s);
     Planner *pl = fixed_planner(10e6, 1e6, 0);
-    for (int i = 0; i < 200; i++) planner_observe_accept(pl, RULE_DRAFT, 0, p, &s, 8, NULL, 0);
-    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 0);
+    for (int i = 0; i < 200; i++) planner_observe_accept(pl, DECODER_DRAFT, 0, p, &s, 8, NULL, 0);
+    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 0);
     /* a T=1 decode keeps its own calibration */
-    ck_assert_int_eq(planner_choose(pl, RULE_DRAFT, 1, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 1, p, &s, -1, POOL_MAX_DEPTH).k, 8);
     planner_destroy(&pl);
     /* a batch's planners learn acceptance together: what one saw moves the other's
      * choices, and each keeps its own once unshared */
     Planner *a = fixed_planner(10e6, 1e6, 0), *b = fixed_planner(10e6, 1e6, 0);
     planner_share_accept(b, a);
-    for (int i = 0; i < 200; i++) planner_observe_accept(b, RULE_DRAFT, 0, p, &s, 8, NULL, 0);
-    ck_assert_int_eq(planner_choose(a, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 0);
-    ck_assert_int_eq(planner_choose(b, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 0);
+    for (int i = 0; i < 200; i++) planner_observe_accept(b, DECODER_DRAFT, 0, p, &s, 8, NULL, 0);
+    ck_assert_int_eq(planner_choose(a, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 0);
+    ck_assert_int_eq(planner_choose(b, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 0);
     planner_share_accept(b, NULL);
-    ck_assert_int_eq(planner_choose(b, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    ck_assert_int_eq(planner_choose(b, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
     planner_destroy(&b);
     planner_destroy(&a);
     free(p);
@@ -165,10 +165,10 @@ START_TEST(test_planner_root_rule_uses_x1) {
     double lp1[POOL_TOPK] = {log(0.9), log(0.05)};
     Planner *pl = fixed_planner(10e6, 1e6, 0);
     select_root_logp(p, TREE_MAX, lp1, 50, &s); /* X1 = the sibling, a leaf */
-    PlanChoice c = planner_choose(pl, RULE_ROOT, 0, p, &s, 50, POOL_MAX_DEPTH);
+    PlanChoice c = planner_choose(pl, DECODER_ROOT, 0, p, &s, 50, POOL_MAX_DEPTH);
     ck_assert_double_le(c.tokens, 2.0 + 1e-9); /* X1 and the continuation at most */
     select_root_logp(p, TREE_MAX, lp1, 1, &s);  /* X1 = the chain's head */
-    c = planner_choose(pl, RULE_ROOT, 0, p, &s, 1, POOL_MAX_DEPTH);
+    c = planner_choose(pl, DECODER_ROOT, 0, p, &s, 1, POOL_MAX_DEPTH);
     ck_assert_int_ge(c.k, 6);
     ck_assert_double_gt(c.tokens, 5.0);
     planner_destroy(&pl);
@@ -182,10 +182,10 @@ START_TEST(test_planner_asks_when_it_pays) {
     /* a free drafter: the first (exploring) ask is shallow; once a pool has shown what its
      * levels are worth, it keeps asking, for the deepest pool (free levels tie) */
     Planner *pl = fixed_planner(10e6, 1e6, 0);
-    PlanAsk a = planner_before_round(pl, RULE_DRAFT, 0, 1);
+    PlanAsk a = planner_before_round(pl, DECODER_DRAFT, 0, 1);
     ck_assert(a.ask && a.explore && a.depth == 2);
-    planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, a.depth);
-    a = planner_before_round(pl, RULE_DRAFT, 0, 1);
+    planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, a.depth);
+    a = planner_before_round(pl, DECODER_DRAFT, 0, 1);
     ck_assert(a.ask && !a.explore);
     ck_assert_int_eq(a.depth, POOL_MAX_DEPTH);
     planner_destroy(&pl);
@@ -197,19 +197,19 @@ START_TEST(test_planner_asks_when_it_pays) {
     p->commit_pass_ns = 1000000;
     p->draft_ns = 3000000;
     planner_observe_pool(pl, p, 1, 3000000, 3000000);
-    planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, 2);
-    a = planner_before_round(pl, RULE_DRAFT, 0, 1);
+    planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, 2);
+    a = planner_before_round(pl, DECODER_DRAFT, 0, 1);
     ck_assert(a.ask && !a.explore);
     ck_assert_int_eq(a.depth, 2);
     planner_destroy(&pl);
     /* a drafter costing 100 passes: not asked, until AR steps have cost 40 times an ask */
     pl = fixed_planner(10e6, 1e6, 1000e6);
-    planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
-    a = planner_before_round(pl, RULE_DRAFT, 0, 1);
+    planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
+    a = planner_before_round(pl, DECODER_DRAFT, 0, 1);
     ck_assert(!a.ask);
     int steps = 0;
-    while (!(a = planner_before_round(pl, RULE_DRAFT, 0, 1)).ask && steps < 10000) {
-        planner_observe_round(pl, RULE_DRAFT, 0, 1, 10000000, 0);
+    while (!(a = planner_before_round(pl, DECODER_DRAFT, 0, 1)).ask && steps < 10000) {
+        planner_observe_round(pl, DECODER_DRAFT, 0, 1, 10000000, 0);
         steps++;
     }
     ck_assert(a.explore);
@@ -229,9 +229,9 @@ START_TEST(test_planner_long_commit_not_asked) {
     Planner *pl = measured_planner();
     p->commit_pass_ns = p->draft_ns = 2000000;
     planner_observe_pool(pl, p, 2, 2000000, 2000000);
-    planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
-    ck_assert(planner_before_round(pl, RULE_DRAFT, 0, 2).ask);
-    ck_assert(!planner_before_round(pl, RULE_DRAFT, 0, 2000).ask);
+    planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
+    ck_assert(planner_before_round(pl, DECODER_DRAFT, 0, 2).ask);
+    ck_assert(!planner_before_round(pl, DECODER_DRAFT, 0, 2000).ask);
     planner_destroy(&pl);
     free(p);
 }
@@ -248,12 +248,12 @@ START_TEST(test_planner_prefill_commit) {
     p->commit_pass_ns = 100000000;
     p->draft_ns = 102000000;
     planner_observe_pool(pl, p, 50, 102000000, 92000000);
-    planner_choose(pl, RULE_ROOTDRAW, 0, p, &s, 1, 2);
-    ck_assert(planner_before_round(pl, RULE_ROOTDRAW, 0, 1).ask);
+    planner_choose(pl, DECODER_ROOTDRAW, 0, p, &s, 1, 2);
+    ck_assert(planner_before_round(pl, DECODER_ROOTDRAW, 0, 1).ask);
     p->commit_pass_ns = 60000000; /* a 2-token commit of 60 ms: six target passes */
     p->draft_ns = 62000000;
     for (int i = 0; i < 20; i++) planner_observe_pool(pl, p, 2, 62000000, 52000000);
-    ck_assert(!planner_before_round(pl, RULE_ROOTDRAW, 0, 1).ask);
+    ck_assert(!planner_before_round(pl, DECODER_ROOTDRAW, 0, 1).ask);
     planner_destroy(&pl);
     free(p);
 }
@@ -265,11 +265,11 @@ START_TEST(test_planner_measured_costs) {
     Selection s;
     Pool *p = chain_selected(8, 0.999, &s);
     Planner *pl = measured_planner();
-    PlanChoice c = planner_choose(pl, RULE_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
+    PlanChoice c = planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
     ck_assert_int_eq(c.k, 8);
     ck_assert_double_eq_tol(c.ns, 40e6, 1);
     Pool *short_pool = chain_selected(4, 0.999, &s); /* 5 rows: 25 ms, ~5 tokens: pays */
-    c = planner_choose(pl, RULE_DRAFT, 0, short_pool, &s, -1, POOL_MAX_DEPTH);
+    c = planner_choose(pl, DECODER_DRAFT, 0, short_pool, &s, -1, POOL_MAX_DEPTH);
     ck_assert_int_eq(c.k, 4);
     ck_assert_double_eq_tol(c.ns, 25e6, 1);
     planner_destroy(&pl);
@@ -285,22 +285,22 @@ START_TEST(test_planner_pool_width) {
     Selection s;
     Pool *p = chain_selected(8, 0.99, &s);
     Planner *pl = measured_planner();
-    PlanAsk a = planner_before_round(pl, RULE_ROOTDRAW, 0, 1);
+    PlanAsk a = planner_before_round(pl, DECODER_ROOTDRAW, 0, 1);
     ck_assert(a.ask);
     ck_assert_int_eq(a.width, POOL_EXPAND);
     p->n_passes = 2; /* a commit of 1 ms and one level of 5 ms: half a target pass */
     p->commit_pass_ns = 1000000;
     p->draft_ns = 6000000;
     planner_observe_pool(pl, p, 1, 6000000, 0);
-    planner_choose(pl, RULE_ROOTDRAW, 0, p, &s, 1, 2);
-    a = planner_before_round(pl, RULE_ROOTDRAW, 0, 1);
+    planner_choose(pl, DECODER_ROOTDRAW, 0, p, &s, 1, 2);
+    a = planner_before_round(pl, DECODER_ROOTDRAW, 0, 1);
     ck_assert(a.ask);
     ck_assert_int_eq(a.width, 1);
     for (int i = 0; i < 40; i++) { /* levels of 0.5 ms: a twentieth */
         p->draft_ns = 1500000;
         planner_observe_pool(pl, p, 1, 1500000, 0);
     }
-    a = planner_before_round(pl, RULE_ROOTDRAW, 0, 1);
+    a = planner_before_round(pl, DECODER_ROOTDRAW, 0, 1);
     ck_assert(a.ask);
     ck_assert_int_eq(a.width, POOL_EXPAND);
     planner_destroy(&pl);

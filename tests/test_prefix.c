@@ -219,11 +219,11 @@ static int decode_once(Target *t, const int *prompt, int n, int rule, int sample
                        int *cached) {
     Drafter *d = NULL;
     RsErr e = {0};
-    if (rule != RULE_AR) ck_assert_int_eq(drafter_suffix_create(VOCAB, NULL, 0, NULL, &d, &e), RS_OK);
-    DecodeOpts o = {.rule = rule, .budget = 6, .seed = 3, .max_new = 20, .ignore_eos = 1};
-    if (sample) o.sampling = (Sampling){.temperature = 1.0};
+    if (rule != DECODER_AR) ck_assert_int_eq(drafter_suffix_create(VOCAB, NULL, 0, NULL, &d, &e), RS_OK);
+    DecodeOpts opts = {.decoder = rule, .budget = 6, .seed = 3, .max_new = 20, .ignore_eos = 1};
+    if (sample) opts.sampling = (Sampling){.temperature = 1.0};
     DecodeResult res = {.tokens = out, .cap = 20 + ROUND_MAX_EMIT};
-    ck_assert_msg(decode_run(t, d, prompt, n, &o, NULL, &res, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(decode_run(t, d, prompt, n, &opts, NULL, &res, &e) == RS_OK, "%s", e.msg);
     drafter_destroy(&d);
     *cached = res.prompt_cached;
     return res.n_tokens;
@@ -248,7 +248,7 @@ START_TEST(test_prefix_decodes_unchanged) {
         int n = 41 + i * 2;
         random_tokens(&r, prompt + 40, n - 40);
         int want[20 + ROUND_MAX_EMIT], got[20 + ROUND_MAX_EMIT], c_on, c_off;
-        int rule = i % 2 ? RULE_DRAFT : RULE_AR, sample = (i / 2) % 2;
+        int rule = i % 2 ? DECODER_DRAFT : DECODER_AR, sample = (i / 2) % 2;
         int nw = decode_once(off, prompt, n, rule, sample, want, &c_off);
         int ng = decode_once(on, prompt, n, rule, sample, got, &c_on);
         ck_assert_int_eq(c_off, 0);

@@ -200,7 +200,7 @@ START_TEST(test_rows_threaded) {
         for (int nth = 1; nth <= 3; nth++) {
             ThreadPool *tp;
             RsErr e = {0};
-            ck_assert_int_eq(threadpool_create(nth, &tp, &e), 0);
+            ck_assert_int_eq(threadpool_create(nth, 1, &tp, &e), 0);
             double *scratch = malloc(sizeof(double) * cpu_rows_scratch(n, nth));
             for (int k = 1; k <= R; k++) { /* 1 row (split) up to all of them */
                 RowStats got[R];
@@ -310,23 +310,23 @@ START_TEST(test_rows_decode_no_full_rows) {
     int eog = -1;
     ck_assert_msg(target_create(tm, &full_rows_ops, TU_BP(512, 2), &eog, 0, &t, &e) == 0, "%s", e.msg);
     ck_assert_msg(drafter_model_create(dm, &cpu_backend_ops, TU_BP(512, 1), &d, &e) == 0, "%s", e.msg);
-    const Rule rules[] = {RULE_AR, RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
+    const DecoderKind rules[] = {DECODER_AR, DECODER_DRAFT, DECODER_PEARL, DECODER_ROOTDRAW, DECODER_ROOT};
     int prompt[5] = {3, 14, 15, 92, 65}, buf[64];
     for (int k = 0; k < 5; k++)
         for (int l = 0; l < 3; l++)
-            for (int sa = 0; sa <= rule_needs_root(rules[k]); sa++) {
-                DecodeOpts o = {.rule = rules[k], .budget = 8, .sampling = LAWS[l], .seed = 7,
-                                .max_new = 24, .score_all = sa};
-                DecodeResult r = {.tokens = buf, .cap = 64};
+            for (int sa = 0; sa <= decoder_needs_root_pass(rules[k]); sa++) {
+                DecodeOpts opts = {.decoder = rules[k], .budget = 8, .sampling = LAWS[l], .seed = 7,
+                                   .max_new = 24, .score_all = sa};
+                DecodeResult res = {.tokens = buf, .cap = 64};
                 g_full_rows = 0;
                 uint64_t d0 = backend_stats(target_backend(t)).d2h_full_rows;
-                ck_assert_msg(decode_run(t, rules[k] == RULE_AR ? NULL : d, prompt, 5, &o, NULL,
-                                         &r, &e) == 0, "%s", e.msg);
-                ck_assert_int_ge(r.n_tokens, 1);
+                ck_assert_msg(decode_run(t, rules[k] == DECODER_AR ? NULL : d, prompt, 5, &opts, NULL,
+                                         &res, &e) == 0, "%s", e.msg);
+                ck_assert_int_ge(res.n_tokens, 1);
                 ck_assert_msg(g_full_rows == 0, "%s law %d%s: %ld whole rows copied to the host",
-                              rule_name(rules[k]), l, sa ? " score-all" : "", g_full_rows);
+                              decoder_name(rules[k]), l, sa ? " score-all" : "", g_full_rows);
                 ck_assert_msg(backend_stats(target_backend(t)).d2h_full_rows == d0,
-                              "%s law %d: d2h_full_rows moved", rule_name(rules[k]), l);
+                              "%s law %d: d2h_full_rows moved", decoder_name(rules[k]), l);
             }
     drafter_destroy(&d);
     target_destroy(&t);

@@ -168,24 +168,24 @@ START_TEST(test_request_fields) {
     ck_assert(r.stream && r.include_usage && r.has_seed && r.seed == 42);
     ck_assert_int_eq(r.n_stop, 1);
     ck_assert_str_eq(r.stop[0], "\n");
-    ck_assert_int_eq(r.rule, RULE_ROOTDRAW);
+    ck_assert_int_eq(r.decoder, DECODER_ROOTDRAW);
     ck_assert_int_eq(r.budget, 16);
-    DecodeOpts d = {.seed = 1, .sampling = {.top_p = 0.5}};
-    ck_assert_int_eq(serve_sampling_map(&r, &d, &se), 0);
-    ck_assert(d.sampling.temperature == 1 && d.sampling.top_p == 0.5 && d.seed == 42);
+    DecodeOpts opts = {.seed = 1, .sampling = {.top_p = 0.5}};
+    ck_assert_int_eq(serve_sampling_map(&r, &opts, &se), 0);
+    ck_assert(opts.sampling.temperature == 1 && opts.sampling.top_p == 0.5 && opts.seed == 42);
     r.has_top_k = 1;
     r.top_k = -1; /* off, as vLLM spells it */
     r.has_min_p = 1;
     r.min_p = 0.05;
-    ck_assert_int_eq(serve_sampling_map(&r, &d, &se), 0);
-    ck_assert(d.sampling.top_k == 0 && d.sampling.min_p == 0.05);
+    ck_assert_int_eq(serve_sampling_map(&r, &opts, &se), 0);
+    ck_assert(opts.sampling.top_k == 0 && opts.sampling.min_p == 0.05);
     r.has_top_p = 1;
     r.top_p = 1.5; /* out of range: sampling_check's refusal names it */
-    ck_assert_int_eq(serve_sampling_map(&r, &d, &se), 400);
+    ck_assert_int_eq(serve_sampling_map(&r, &opts, &se), 400);
     ck_assert_msg(strstr(se.msg, "top_p"), "%s", se.msg);
     serve_request_free(&r);
     ck_assert_int_eq(parse("{\"prompt\": [3, 4]}", SERVE_COMPLETION, &r, &se), 0);
-    ck_assert(r.n_ids == 2 && r.ids[1] == 4 && r.rule == -1 && !r.max_tokens);
+    ck_assert(r.n_ids == 2 && r.ids[1] == 4 && r.decoder == -1 && !r.max_tokens);
     serve_request_free(&r);
 }
 END_TEST

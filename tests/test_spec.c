@@ -19,8 +19,8 @@ typedef struct {
     Model *tm, *dm;
     int dm_is_view;
     Target *t;
-    Drafter *d;  /* the model drafter (owned by dc when threaded) */
-    Drafter *dc; /* what the decode gets: d, or the threaded kind around it */
+    Drafter *d;     /* the model drafter (owned by front when threaded) */
+    Drafter *front; /* what the decode gets: d, or the threaded kind around it */
 } Pair;
 
 /* kind 0: independent random drafter; 1: layer-0 view of a 2-layer target;
@@ -45,8 +45,8 @@ static void pair_open_kv(Pair *p, int kind, int vocab, int dim, uint64_t seed, i
         ck_assert_msg(drafter_model_create(kind == 2 ? p->tm : p->dm, &cpu_backend_ops,
                                            TU_BP(kv, 1), &p->d, &e) == 0,
                       "%s", e.msg);
-    p->dc = p->d;
-    if (threaded) ck_assert_int_eq(drafter_threaded_create(p->d, &p->dc, &e), 0);
+    p->front = p->d;
+    if (threaded) ck_assert_int_eq(drafter_threaded_create(p->d, &p->front, &e), 0);
 }
 
 static void pair_open_t(Pair *p, int kind, int vocab, int dim, uint64_t seed, int threaded) {
@@ -58,7 +58,7 @@ static void pair_open(Pair *p, int kind, int vocab, int dim, uint64_t seed) {
 }
 
 static void pair_close(Pair *p) {
-    drafter_destroy(&p->dc); /* and p->d, which it owns or is */
+    drafter_destroy(&p->front); /* and p->d, which it owns or is */
     p->d = NULL;
     target_destroy(&p->t);
     model_destroy(&p->dm);
@@ -71,36 +71,36 @@ static Planner *g_planner;
 static int g_depth, g_width;
 
 /* One decode under the law smp. */
-static int run_law(Pair *p, Rule rule, int B, const Sampling *smp, uint64_t seed, uint64_t pid,
+static int run_law(Pair *p, DecoderKind decoder, int B, const Sampling *smp, uint64_t seed, uint64_t pid,
                    const int *prompt, int n, int max_new, int *out, const DecodeHooks *h,
                    int wrong) {
-    DecodeOpts o = {.rule = rule, .budget = B, .sampling = *smp, .seed = seed, .prompt_id = pid,
-                    .max_new = max_new, .test_wrong_x1 = wrong,
-                    .planner = rule == RULE_AR ? NULL : g_planner, .pool_depth = g_depth,
-                    .pool_width = g_width};
-    DecodeResult r = {0};
+    DecodeOpts opts = {.decoder = decoder, .budget = B, .sampling = *smp, .seed = seed, .prompt_id = pid,
+                       .max_new = max_new, .test_wrong_x1 = wrong,
+                       .planner = decoder == DECODER_AR ? NULL : g_planner, .pool_depth = g_depth,
+                       .pool_width = g_width};
+    DecodeResult res = {0};
     int buf[512];
-    r.tokens = buf;
-    r.cap = max_new + ROUND_MAX_EMIT;
+    res.tokens = buf;
+    res.cap = max_new + ROUND_MAX_EMIT;
     RsErr e = {0};
-    int rc = decode_run(p->t, rule == RULE_AR ? NULL : p->dc, prompt, n, &o, h, &r, &e);
+    int rc = decode_run(p->t, decoder == DECODER_AR ? NULL : p->front, prompt, n, &opts, h, &res, &e);
     ck_assert_msg(rc == 0, "decode failed: %s", e.msg);
-    int m = r.n_tokens < max_new ? r.n_tokens : max_new;
+    int m = res.n_tokens < max_new ? res.n_tokens : max_new;
     memcpy(out, buf, sizeof(int) * (size_t)m);
     return m;
 }
 
 /* One decode at the 0/1 temperature. */
-static int run(Pair *p, Rule rule, int B, int temp, uint64_t seed, uint64_t pid, const int *prompt,
+static int run(Pair *p, DecoderKind decoder, int B, int temp, uint64_t seed, uint64_t pid, const int *prompt,
                int n, int max_new, int *out, const DecodeHooks *h, int wrong) {
     Sampling smp = sampling_from_temp(temp);
-    return run_law(p, rule, B, &smp, seed, pid, prompt, n, max_new, out, h, wrong);
+    return run_law(p, decoder, B, &smp, seed, pid, prompt, n, max_new, out, h, wrong);
 }
 
 START_TEST(test_greedy_identity) {
     /* Every decoder at B=8 and B=59 emits exactly AR's greedy tokens on 8 prompts, for an
      * independent drafter, a layer-subset drafter, and a perfect drafter. */
-    const Rule rules[] = {RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
+    const DecoderKind rules[] = {DECODER_DRAFT, DECODER_PEARL, DECODER_ROOTDRAW, DECODER_ROOT};
     for (int kind = 0; kind < 3; kind++) {
         Pair p;
         pair_open(&p, kind, 64, 32, 1234 + kind);
@@ -110,7 +110,7 @@ START_TEST(test_greedy_identity) {
             int prompt[12], n = 3 + pr % 8;
             for (int i = 0; i < n; i++) prompt[i] = (int)(rng_next(&r) % 64);
             int ref[64], got[64];
-            int nref = run(&p, RULE_AR, 8, 0, 1, pr, prompt, n, 40, ref, NULL, 0);
+            int nref = run(&p, DECODER_AR, 8, 0, 1, pr, prompt, n, 40, ref, NULL, 0);
             ck_assert_int_eq(nref, 40);
             for (int ri = 0; ri < 4; ri++)
                 for (int b = 0; b < 2; b++) {
@@ -120,7 +120,7 @@ START_TEST(test_greedy_identity) {
                     for (int i = 0; i < nref; i++)
                         ck_assert_msg(got[i] == ref[i],
                                       "drafter kind %d, %s B=%d prompt %d: token %d is %d, AR %d",
-                                      kind, rule_name(rules[ri]), B, pr, i, got[i], ref[i]);
+                                      kind, decoder_name(rules[ri]), B, pr, i, got[i], ref[i]);
                 }
         }
         pair_close(&p);
@@ -208,7 +208,7 @@ static double chi2_pvalue(const long *count, const double *law, int cells, long 
  * a prompt that repeats, so its pools are not empty; with g_planner set, B is the
  * planner's cap) vs the exact law of smp: *pval; with plain_pval, also the p-value of the
  * same counts against plain T=1 sampling (the test can tell the laws apart). */
-static void exactness_law(int kind, Rule rule, int B, const Sampling *smp, long N, int wrong,
+static void exactness_law(int kind, DecoderKind decoder, int B, const Sampling *smp, long N, int wrong,
                           double *pval, double *plain_pval) {
     Pair p;
     const int V = 10;
@@ -220,7 +220,7 @@ static void exactness_law(int kind, Rule rule, int B, const Sampling *smp, long 
     long *count = calloc(V * V * V, sizeof(long));
     for (long s = 0; s < N; s++) {
         int out[3];
-        int n = run_law(&p, rule, B, smp, 1000 + (uint64_t)s, 0, prompt, n_prompt, 3, out, NULL,
+        int n = run_law(&p, decoder, B, smp, 1000 + (uint64_t)s, 0, prompt, n_prompt, 3, out, NULL,
                         wrong);
         ck_assert_int_eq(n, 3);
         count[(out[0] * V + out[1]) * V + out[2]]++;
@@ -231,7 +231,7 @@ static void exactness_law(int kind, Rule rule, int B, const Sampling *smp, long 
     char shape[32] = "";
     if (g_depth) snprintf(shape, sizeof shape, " pools %d,%d", g_depth, g_width);
     fprintf(stderr, "exactness %s %s B=%d%s %s%s: %ld decodes, chi-square df=%d, p=%.4g\n",
-            kind == 3 ? "suffix" : "model", rule_name(rule), B, shape,
+            kind == 3 ? "suffix" : "model", decoder_name(decoder), B, shape,
             sampling_str(smp, what, sizeof what),
             wrong ? " (WRONG verifier)" : g_planner ? " auto" : "", N, df, *pval);
     if (plain_pval) {
@@ -244,17 +244,17 @@ static void exactness_law(int kind, Rule rule, int B, const Sampling *smp, long 
     pair_close(&p);
 }
 
-static void exactness_case(Rule rule, int B, int wrong, double *pval) {
-    exactness_law(1, rule, B, &SAMPLING_PLAIN, EXACT_N, wrong, pval, NULL);
+static void exactness_case(DecoderKind decoder, int B, int wrong, double *pval) {
+    exactness_law(1, decoder, B, &SAMPLING_PLAIN, EXACT_N, wrong, pval, NULL);
 }
 
-static const Rule ALL_RULES[] = {RULE_AR, RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
+static const DecoderKind ALL_RULES[] = {DECODER_AR, DECODER_DRAFT, DECODER_PEARL, DECODER_ROOTDRAW, DECODER_ROOT};
 
 START_TEST(test_t1_exactness) {
     double pv;
     exactness_case(ALL_RULES[_i], _i % 2 ? 8 : 4, 0, &pv);
     ck_assert_msg(pv > 1e-3, "%s: T=1 law differs from the target's (p=%g)",
-                  rule_name(ALL_RULES[_i]), pv);
+                  decoder_name(ALL_RULES[_i]), pv);
 }
 END_TEST
 
@@ -266,21 +266,21 @@ static const Sampling SAMPLED_LAWS[2] = {{0.7, 6, 0.9, 0}, {1.3, 0, 0, 0.1}};
 
 START_TEST(test_sampling_exactness) {
     const Sampling *smp = &SAMPLED_LAWS[_i / 5];
-    Rule rule = ALL_RULES[_i % 5];
+    DecoderKind decoder = ALL_RULES[_i % 5];
     double pv, plain;
-    exactness_law(1, rule, _i % 2 ? 8 : 4, smp, SAMPLED_N, 0, &pv, &plain);
+    exactness_law(1, decoder, _i % 2 ? 8 : 4, smp, SAMPLED_N, 0, &pv, &plain);
     char what[SAMPLING_STR];
     sampling_str(smp, what, sizeof what);
     ck_assert_msg(pv > 1e-3, "%s %s: law differs from the target's transformed one (p=%g)",
-                  rule_name(rule), what, pv);
+                  decoder_name(decoder), what, pv);
     ck_assert_msg(plain < 1e-3, "%s %s: counts fit plain T=1 sampling too (p=%g): the law's "
-                  "filters do not bite here", rule_name(rule), what, plain);
+                  "filters do not bite here", decoder_name(decoder), what, plain);
 }
 END_TEST
 
 START_TEST(test_t1_wrong_verifier_fails) {
     double pv;
-    exactness_case(RULE_ROOTDRAW, 4, 1, &pv);
+    exactness_case(DECODER_ROOTDRAW, 4, 1, &pv);
     ck_assert_msg(pv < 1e-3, "a verifier drawing X1 from the draft row passed (p=%g)", pv);
 }
 END_TEST
@@ -330,18 +330,18 @@ static void random_target(const Pool *pl, Rng *r, double *rowp, double *path) {
 /* rootdraw's tree: X1 and min(B - 1, X1's descendants) when X1 is in the pool, else X1
  * alone (and PEARL's too). */
 static void check_rootdraw_size(const Pool *pl, const Selection *s, int B) {
-    if (!s[RULE_ROOTDRAW].x1_in_pool) {
-        ck_assert_int_eq(s[RULE_ROOTDRAW].t.n, 1);
-        ck_assert_int_eq(s[RULE_PEARL].t.n, 1);
+    if (!s[DECODER_ROOTDRAW].x1_in_pool) {
+        ck_assert_int_eq(s[DECODER_ROOTDRAW].t.n, 1);
+        ck_assert_int_eq(s[DECODER_PEARL].t.n, 1);
         return;
     }
-    int x1n = s[RULE_ROOTDRAW].t.node[0], nd = 0;
+    int x1n = s[DECODER_ROOTDRAW].t.node[0], nd = 0;
     for (int i = 0; i < pl->n; i++) {
         int a = i;
         while (a >= 0 && a != x1n) a = pl->parent[a];
         nd += a == x1n && i != x1n;
     }
-    ck_assert_int_eq(s[RULE_ROOTDRAW].t.n, 1 + (nd < B - 1 ? nd : B - 1));
+    ck_assert_int_eq(s[DECODER_ROOTDRAW].t.n, 1 + (nd < B - 1 ? nd : B - 1));
 }
 
 /* Expected acceptance of selection s under the target rows rowp (random_target). */
@@ -377,30 +377,30 @@ static void check_rules(const Pool *pl, const double *rowp, const double *path, 
                         int B, int round) {
     float p0[50];
     for (int v = 0; v < 50; v++) p0[v] = (float)rowp[v];
-    Selection s[RULE_COUNT];
-    select_draft(pl, B, &s[RULE_DRAFT]);
-    select_pearl(pl, B, x1, &s[RULE_PEARL]);
-    select_rootdraw(pl, B, x1, &s[RULE_ROOTDRAW]);
-    select_root(pl, B, p0, x1, &s[RULE_ROOT]);
-    select_oracle(pl, B, path, &s[RULE_ORACLE]);
-    for (int k = RULE_DRAFT; k < RULE_COUNT; k++)
+    Selection s[DECODER_COUNT];
+    select_draft(pl, B, &s[DECODER_DRAFT]);
+    select_pearl(pl, B, x1, &s[DECODER_PEARL]);
+    select_rootdraw(pl, B, x1, &s[DECODER_ROOTDRAW]);
+    select_root(pl, B, p0, x1, &s[DECODER_ROOT]);
+    select_oracle(pl, B, path, &s[DECODER_ORACLE]);
+    for (int k = DECODER_DRAFT; k < DECODER_COUNT; k++)
         ck_assert_msg(ancestor_closed(pl, &s[k]), "%s tree not ancestor-closed",
-                      rule_name((Rule)k));
-    ck_assert_int_eq(s[RULE_DRAFT].t.n, B);
-    ck_assert_int_eq(s[RULE_ROOT].t.n, B);
-    ck_assert_int_eq(s[RULE_ORACLE].t.n, B);
-    ck_assert_int_le(s[RULE_PEARL].t.n, B);
+                      decoder_name((DecoderKind)k));
+    ck_assert_int_eq(s[DECODER_DRAFT].t.n, B);
+    ck_assert_int_eq(s[DECODER_ROOT].t.n, B);
+    ck_assert_int_eq(s[DECODER_ORACLE].t.n, B);
+    ck_assert_int_le(s[DECODER_PEARL].t.n, B);
     check_rootdraw_size(pl, s, B);
-    double tau[RULE_COUNT];
-    for (int k = RULE_DRAFT; k < RULE_COUNT; k++) tau[k] = selection_tau(pl, &s[k], rowp, x1);
-    ck_assert_msg(tau[RULE_ROOTDRAW] >= tau[RULE_PEARL] - 1e-12,
+    double tau[DECODER_COUNT];
+    for (int k = DECODER_DRAFT; k < DECODER_COUNT; k++) tau[k] = selection_tau(pl, &s[k], rowp, x1);
+    ck_assert_msg(tau[DECODER_ROOTDRAW] >= tau[DECODER_PEARL] - 1e-12,
                   "round %d B=%d: rootdraw tau %g < pearl tau %g", round, B,
-                  tau[RULE_ROOTDRAW], tau[RULE_PEARL]);
-    ck_assert_msg(tau[RULE_DRAFT] <= tau[RULE_ORACLE] + 1e-12,
-                  "round %d B=%d: draft tau %g > oracle tau %g", round, B, tau[RULE_DRAFT],
-                  tau[RULE_ORACLE]);
-    ck_assert_msg(tau[RULE_ROOT] <= tau[RULE_ORACLE] + 1e-12, "root tau > oracle");
-    check_draft_order(pl, &s[RULE_DRAFT], B);
+                  tau[DECODER_ROOTDRAW], tau[DECODER_PEARL]);
+    ck_assert_msg(tau[DECODER_DRAFT] <= tau[DECODER_ORACLE] + 1e-12,
+                  "round %d B=%d: draft tau %g > oracle tau %g", round, B, tau[DECODER_DRAFT],
+                  tau[DECODER_ORACLE]);
+    ck_assert_msg(tau[DECODER_ROOT] <= tau[DECODER_ORACLE] + 1e-12, "root tau > oracle");
+    check_draft_order(pl, &s[DECODER_DRAFT], B);
 }
 
 START_TEST(test_tree_properties) {
@@ -581,7 +581,7 @@ static void on_round_acc(void *u, const RoundInfo *r) {
 }
 
 START_TEST(test_realised_vs_tau) {
-    const Rule rules[] = {RULE_DRAFT, RULE_ROOTDRAW, RULE_PEARL};
+    const DecoderKind rules[] = {DECODER_DRAFT, DECODER_ROOTDRAW, DECODER_PEARL};
     Pair p;
     pair_open(&p, 1, 32, 32, 99);
     for (int ri = 0; ri < 3; ri++) {
@@ -592,9 +592,9 @@ START_TEST(test_realised_vs_tau) {
         double ma = st.sum_acc / st.n, mt = st.sum_tau / st.n;
         double sd = sqrt(st.sum_acc2 / st.n - ma * ma), se = sd / sqrt((double)st.n);
         fprintf(stderr, "%s: %ld rounds, mean accepted %.4f, mean tau %.4f, se %.4f\n",
-                rule_name(rules[ri]), st.n, ma, mt, se);
+                decoder_name(rules[ri]), st.n, ma, mt, se);
         ck_assert_msg(fabs(ma - mt) <= 3 * se, "%s: mean accepted %.4f vs tau %.4f (se %.4f)",
-                      rule_name(rules[ri]), ma, mt, se);
+                      decoder_name(rules[ri]), ma, mt, se);
     }
     pair_close(&p);
 }
@@ -607,13 +607,13 @@ typedef struct {
     int max_new, rounds, total, after_limit, max_emit, bad;
     int last_emit;       /* tokens the output took from the last round */
     int produced, dropped; /* tokens the rounds verified; of them, not output */
-    Rule rule;
+    DecoderKind decoder;
     int B, skips, x1_off, rounds_tree;
     char why[200];
-} RoundLog;
+} RoundCheck;
 
 static void round_check(void *u, const RoundInfo *r) {
-    RoundLog *s = u;
+    RoundCheck *s = u;
     /* DESIGN.md §6: no round starts once the output has reached the limit */
     if (s->total >= s->max_new) s->after_limit++;
 #define BAD(...) do { if (!s->bad) snprintf(s->why, sizeof s->why, __VA_ARGS__); s->bad++; } while (0)
@@ -630,11 +630,11 @@ static void round_check(void *u, const RoundInfo *r) {
     if (r->fallback_ar) BAD("round %d fell back to AR", r->round);
     /* DESIGN.md §4: the round emits accepted tokens + the continuation */
     if (r->emitted != r->accepted + 1) BAD("round %d: emitted %d, accepted %d", r->round, r->emitted, r->accepted);
-    if (s->rule == RULE_AR) return;
+    if (s->decoder == DECODER_AR) return;
     if (r->tree_size < 1 || r->tree_size > s->B) BAD("round %d: tree size %d", r->round, r->tree_size);
     if (r->draft_ns == 0) BAD("round %d: no drafter time from the pool", r->round);
-    int rooted = s->rule == RULE_PEARL || s->rule == RULE_ROOTDRAW;
-    if (s->rule == RULE_DRAFT) {
+    int rooted = s->decoder == DECODER_PEARL || s->decoder == DECODER_ROOTDRAW;
+    if (s->decoder == DECODER_DRAFT) {
         /* no root pass: the continuation is verified with the tree in one pass */
         if (r->t_root_start || r->x1_in_pool != -1 || !r->t_tree_start)
             BAD("draft round %d: root pass %d, x1_in_pool %d, tree pass %d", r->round,
@@ -650,7 +650,7 @@ static void round_check(void *u, const RoundInfo *r) {
         if (!r->t_tree_start) BAD("round %d: no tree pass", r->round);
         s->x1_off += r->x1_in_pool == 0;
     }
-    if (s->rule == RULE_ROOT) {
+    if (s->decoder == DECODER_ROOT) {
         if (r->tree_size != s->B) BAD("root round %d: tree size %d", r->round, r->tree_size);
         /* DESIGN.md §3: X1 off the tree's first level is the continuation, no tree pass */
         if (r->tree_pass_skipped) {
@@ -666,24 +666,24 @@ static void round_check(void *u, const RoundInfo *r) {
 #undef BAD
 }
 
-static int decode_logged(Pair *p, Target *t, Rule rule, int B, int temp, uint64_t seed,
-                         const int *prompt, int n, int max_new, RoundLog *lg, DecodeResult *r,
+static int decode_logged(Pair *p, Target *t, DecoderKind decoder, int B, int temp, uint64_t seed,
+                         const int *prompt, int n, int max_new, RoundCheck *lg, DecodeResult *res,
                          int *buf) {
     memset(lg, 0, sizeof *lg);
     lg->max_new = max_new;
-    lg->rule = rule;
+    lg->decoder = decoder;
     lg->B = B;
-    DecodeOpts o = {.rule = rule, .budget = B, .sampling = sampling_from_temp(temp), .seed = seed, .prompt_id = 3,
-                    .max_new = max_new};
+    DecodeOpts opts = {.decoder = decoder, .budget = B, .sampling = sampling_from_temp(temp), .seed = seed, .prompt_id = 3,
+                       .max_new = max_new};
     DecodeHooks h = {.on_round = round_check, .user = lg};
-    memset(r, 0, sizeof *r);
-    r->tokens = buf;
-    r->cap = max_new + ROUND_MAX_EMIT;
+    memset(res, 0, sizeof *res);
+    res->tokens = buf;
+    res->cap = max_new + ROUND_MAX_EMIT;
     RsErr e = {0};
-    int rc = decode_run(t, rule == RULE_AR ? NULL : p->dc, prompt, n, &o, &h, r, &e);
+    int rc = decode_run(t, decoder == DECODER_AR ? NULL : p->front, prompt, n, &opts, &h, res, &e);
     ck_assert_msg(rc == 0, "decode failed: %s", e.msg);
-    ck_assert_msg(lg->bad == 0, "%s T=%d B=%d: %s", rule_name(rule), temp, B, lg->why);
-    return r->n_tokens;
+    ck_assert_msg(lg->bad == 0, "%s T=%d B=%d: %s", decoder_name(decoder), temp, B, lg->why);
+    return res->n_tokens;
 }
 
 /* Stop rule: a decode stops after the round in which its output reaches the limit (that
@@ -706,14 +706,14 @@ START_TEST(test_stop_rule_and_kv) {
                 for (int b = 0; b < 2; b++)
                     for (int li = 0; li < 3; li++) {
                         int B = b ? 59 : 8, lim = limits[li];
-                        RoundLog lg;
-                        DecodeResult r;
+                        RoundCheck lg;
+                        DecodeResult res;
                         decode_logged(&p, p.t, ALL_RULES[ri], B, temp, 7 + li, prompt, 5, lim,
-                                      &lg, &r, buf);
-                        const char *nm = rule_name(ALL_RULES[ri]);
+                                      &lg, &res, buf);
+                        const char *nm = decoder_name(ALL_RULES[ri]);
                         ck_assert_msg(lg.after_limit == 0, "%s: a round started after the limit", nm);
-                        ck_assert_int_eq(r.n_tokens, lg.total);
-                        ck_assert_int_eq(r.rounds, lg.rounds);
+                        ck_assert_int_eq(res.n_tokens, lg.total);
+                        ck_assert_int_eq(res.rounds, lg.rounds);
                         ck_assert_msg(lg.total == lim, "%s T=%d B=%d limit %d: %d tokens", nm,
                                       temp, B, lim, lg.total);
                         ck_assert_msg(lg.produced >= lim &&
@@ -728,7 +728,7 @@ START_TEST(test_stop_rule_and_kv) {
                         ck_assert_msg(backend_n_committed(tb) == 5 - 1 + lg.total,
                                       "%s: target KV holds %d entries, want %d", nm,
                                       backend_n_committed(tb), 5 - 1 + lg.total);
-                        if (ALL_RULES[ri] != RULE_AR)
+                        if (ALL_RULES[ri] != DECODER_AR)
                             ck_assert_msg(model_drafter_n_committed(p.d) ==
                                               5 + lg.total - lg.last_emit,
                                           "%s: drafter KV holds %d committed, want %d", nm,
@@ -747,7 +747,7 @@ START_TEST(test_stop_at_first_eos) {
     Pair p;
     pair_open(&p, 2, 64, 32, 31);
     int prompt[4] = {5, 6, 7, 8}, ref[64], buf[512];
-    int nref = run(&p, RULE_AR, 8, 0, 1, 0, prompt, 4, 40, ref, NULL, 0);
+    int nref = run(&p, DECODER_AR, 8, 0, 1, 0, prompt, 4, 40, ref, NULL, 0);
     ck_assert_int_eq(nref, 40);
     int eos = ref[6], first = 0;
     while (ref[first] != eos) first++;
@@ -756,11 +756,11 @@ START_TEST(test_stop_at_first_eos) {
     ck_assert(target_create(p.tm, &cpu_backend_ops, TU_BP(512, 1), &eos, 1, &t2, &e) == 0);
     for (int ri = 0; ri < 5; ri++)
         for (int b = 0; b < 2; b++) {
-            RoundLog lg;
-            DecodeResult r;
-            decode_logged(&p, t2, ALL_RULES[ri], b ? 59 : 8, 0, 1, prompt, 4, 40, &lg, &r, buf);
-            ck_assert_msg(r.hit_eos && r.n_tokens == first + 1, "%s: %d tokens (EOS at %d)",
-                          rule_name(ALL_RULES[ri]), r.n_tokens, first);
+            RoundCheck lg;
+            DecodeResult res;
+            decode_logged(&p, t2, ALL_RULES[ri], b ? 59 : 8, 0, 1, prompt, 4, 40, &lg, &res, buf);
+            ck_assert_msg(res.hit_eos && res.n_tokens == first + 1, "%s: %d tokens (EOS at %d)",
+                          decoder_name(ALL_RULES[ri]), res.n_tokens, first);
             for (int i = 0; i <= first; i++) ck_assert_int_eq(buf[i], ref[i]);
             /* the EOS came in the last round */
             ck_assert_int_le(lg.total - lg.last_emit, first);
@@ -768,13 +768,13 @@ START_TEST(test_stop_at_first_eos) {
     /* ignore_eos (rootspec-bench --ignore-eos): every decoder goes on past the EOS to
      * max_new tokens, AR's tokens all the way */
     for (int ri = 0; ri < 5; ri++) {
-        DecodeOpts o = {.rule = ALL_RULES[ri], .budget = 8, .seed = 1, .max_new = 40,
-                        .ignore_eos = 1};
-        DecodeResult r = {.tokens = buf, .cap = 40 + ROUND_MAX_EMIT};
-        Drafter *dc = ALL_RULES[ri] == RULE_AR ? NULL : p.dc;
-        ck_assert_msg(decode_run(t2, dc, prompt, 4, &o, NULL, &r, &e) == 0, "%s", e.msg);
-        ck_assert_msg(!r.hit_eos && r.n_tokens == 40, "%s --ignore-eos: %d tokens, eos %d",
-                      rule_name(ALL_RULES[ri]), r.n_tokens, r.hit_eos);
+        DecodeOpts opts = {.decoder = ALL_RULES[ri], .budget = 8, .seed = 1, .max_new = 40,
+                           .ignore_eos = 1};
+        DecodeResult res = {.tokens = buf, .cap = 40 + ROUND_MAX_EMIT};
+        Drafter *d = ALL_RULES[ri] == DECODER_AR ? NULL : p.front;
+        ck_assert_msg(decode_run(t2, d, prompt, 4, &opts, NULL, &res, &e) == 0, "%s", e.msg);
+        ck_assert_msg(!res.hit_eos && res.n_tokens == 40, "%s --ignore-eos: %d tokens, eos %d",
+                      decoder_name(ALL_RULES[ri]), res.n_tokens, res.hit_eos);
         for (int i = 0; i < 40; i++) ck_assert_int_eq(buf[i], ref[i]);
     }
     target_destroy(&t2);
@@ -795,31 +795,31 @@ START_TEST(test_max_new_exact) {
         pair_open(&p, kind, 64, 32, 900 + kind);
         for (int pr = 0; pr < 3; pr++) {
             int prompt[NP] = {3 + pr, 9, 27, 17, 51, 8 * pr}, ref[64], buf[512];
-            int nref = run(&p, RULE_AR, B, 0, 1, pr, prompt, NP, 40, ref, NULL, 0);
+            int nref = run(&p, DECODER_AR, B, 0, 1, pr, prompt, NP, 40, ref, NULL, 0);
             ck_assert_int_eq(nref, 40);
             for (int ri = 0; ri < 5; ri++)
                 for (int lim = 1; lim <= B + 2; lim++) {
-                    RoundLog lg;
-                    DecodeResult r;
-                    decode_logged(&p, p.t, ALL_RULES[ri], B, 0, 1, prompt, NP, lim, &lg, &r,
+                    RoundCheck lg;
+                    DecodeResult res;
+                    decode_logged(&p, p.t, ALL_RULES[ri], B, 0, 1, prompt, NP, lim, &lg, &res,
                                   buf);
-                    const char *nm = rule_name(ALL_RULES[ri]);
-                    ck_assert_msg(r.n_tokens == lim && !r.hit_eos,
+                    const char *nm = decoder_name(ALL_RULES[ri]);
+                    ck_assert_msg(res.n_tokens == lim && !res.hit_eos,
                                   "drafter %d %s --max-new %d: %d tokens", kind, nm, lim,
-                                  r.n_tokens);
+                                  res.n_tokens);
                     for (int i = 0; i < lim; i++)
                         ck_assert_msg(buf[i] == ref[i],
                                       "drafter %d %s --max-new %d: token %d is %d, AR %d", kind,
                                       nm, lim, i, buf[i], ref[i]);
                     ck_assert_int_eq(lg.total, lim);
-                    ck_assert_int_eq(lg.produced - lg.dropped, r.n_tokens);
+                    ck_assert_int_eq(lg.produced - lg.dropped, res.n_tokens);
                     dropping += lg.dropped > 0;
                     decodes++;
                     Backend *tb = target_backend(p.t);
                     ck_assert_msg(tb->n_committed == NP - 1 + lim,
                                   "%s --max-new %d: target KV holds %d entries, want %d", nm,
                                   lim, tb->n_committed, NP - 1 + lim);
-                    if (ALL_RULES[ri] != RULE_AR)
+                    if (ALL_RULES[ri] != DECODER_AR)
                         ck_assert_msg(model_drafter_n_committed(p.d) == NP + lim - lg.last_emit,
                                       "%s: drafter KV holds %d committed, want %d", nm,
                                       model_drafter_n_committed(p.d), NP + lim - lg.last_emit);
@@ -846,15 +846,15 @@ START_TEST(test_long_prompt) {
     Rng rg;
     rng_seed(&rg, 21);
     for (int i = 0; i < N; i++) prompt[i] = (int)(rng_next(&rg) % 64);
-    int nref = run(&p, RULE_AR, 8, 0, 1, 0, prompt, N, MAX_NEW, ref, NULL, 0);
+    int nref = run(&p, DECODER_AR, 8, 0, 1, 0, prompt, N, MAX_NEW, ref, NULL, 0);
     ck_assert_int_eq(nref, MAX_NEW);
-    const Rule rules[] = {RULE_DRAFT, RULE_ROOTDRAW}; /* root+tree in one pass; a root pass */
+    const DecoderKind rules[] = {DECODER_DRAFT, DECODER_ROOTDRAW}; /* root+tree in one pass; a root pass */
     for (int ri = 0; ri < 2; ri++) {
-        RoundLog lg;
-        DecodeResult r;
-        decode_logged(&p, p.t, rules[ri], 59, 0, 1, prompt, N, MAX_NEW, &lg, &r, buf);
-        const char *nm = rule_name(rules[ri]);
-        ck_assert_int_ge(r.n_tokens, MAX_NEW);
+        RoundCheck lg;
+        DecodeResult res;
+        decode_logged(&p, p.t, rules[ri], 59, 0, 1, prompt, N, MAX_NEW, &lg, &res, buf);
+        const char *nm = decoder_name(rules[ri]);
+        ck_assert_int_ge(res.n_tokens, MAX_NEW);
         for (int i = 0; i < MAX_NEW; i++)
             ck_assert_msg(buf[i] == ref[i], "%s, %d-token prompt: token %d is %d, AR %d", nm, N,
                           i, buf[i], ref[i]);
@@ -885,11 +885,11 @@ START_TEST(test_round_rules) {
         for (int ri = 1; ri < 5; ri++)
             for (int temp = 0; temp < 2; temp++)
                 for (int b = 0; b < 2; b++) {
-                    RoundLog lg;
-                    DecodeResult r;
+                    RoundCheck lg;
+                    DecodeResult res;
                     decode_logged(&p, p.t, ALL_RULES[ri], b ? 59 : 8, temp, 40 + pr, prompt, 6,
-                                  30, &lg, &r, buf);
-                    if (ALL_RULES[ri] == RULE_ROOT) skips[temp] += lg.skips;
+                                  30, &lg, &res, buf);
+                    if (ALL_RULES[ri] == DECODER_ROOT) skips[temp] += lg.skips;
                     off += lg.x1_off;
                 }
     }
@@ -912,15 +912,15 @@ START_TEST(test_realised_vs_tau_root) {
         int prompt[4] = {1, 2, 3, 4};
         DecodeHooks h = {.on_round = on_round_acc, .user = &st};
         for (int s = 0; s < 300; s++) {
-            DecodeOpts o = {.rule = RULE_ROOT, .budget = B, .sampling = SAMPLING_PLAIN, .seed = 900 + s,
-                            .prompt_id = s, .max_new = 24};
-            DecodeResult r = {0};
+            DecodeOpts opts = {.decoder = DECODER_ROOT, .budget = B, .sampling = SAMPLING_PLAIN, .seed = 900 + s,
+                               .prompt_id = s, .max_new = 24};
+            DecodeResult res = {0};
             int bb[128];
-            r.tokens = bb;
-            r.cap = 128;
+            res.tokens = bb;
+            res.cap = 128;
             RsErr e = {0};
-            ck_assert(decode_run(p.t, p.dc, prompt, 4, &o, &h, &r, &e) == 0);
-            rounds += r.rounds;
+            ck_assert(decode_run(p.t, p.front, prompt, 4, &opts, &h, &res, &e) == 0);
+            rounds += res.rounds;
         }
         double ma = st.sum_acc / st.n, mt = st.sum_tau / st.n;
         double sd = sqrt(st.sum_acc2 / st.n - ma * ma), se = sd / sqrt((double)st.n);
@@ -962,7 +962,7 @@ typedef struct {
     PoolTap *tap;
     const int *ar;  /* greedy reference tokens */
     int n_ar, pos;  /* tokens emitted before this round */
-    int B, rule, rounds, checked, deep, bad; /* deep: checked rounds with a path of 2+ */
+    int B, decoder, rounds, checked, deep, bad; /* deep: checked rounds with a path of 2+ */
     char why[200];
 } OracleLog;
 static void oracle_round(void *u, const RoundInfo *r) {
@@ -973,17 +973,17 @@ static void oracle_round(void *u, const RoundInfo *r) {
     if (!r->have_tau_rule) {
         snprintf(g->why, sizeof g->why, "round %d: no tau_rule", r->round);
         g->bad++;
-    } else if (r->tree_size_rule[RULE_ORACLE] != (g->B < pl->n ? g->B : pl->n)) {
+    } else if (r->tree_size_rule[DECODER_ORACLE] != (g->B < pl->n ? g->B : pl->n)) {
         snprintf(g->why, sizeof g->why, "round %d: oracle tree of %d nodes", r->round,
-                 r->tree_size_rule[RULE_ORACLE]);
+                 r->tree_size_rule[DECODER_ORACLE]);
         g->bad++;
-    } else if (fabs(tr[g->rule] - r->tau) > 1e-9) {
+    } else if (fabs(tr[g->decoder] - r->tau) > 1e-9) {
         snprintf(g->why, sizeof g->why, "round %d: own tau %g vs tau_rule %g", r->round, r->tau,
-                 tr[g->rule]);
+                 tr[g->decoder]);
         g->bad++;
-    } else if (tr[RULE_ORACLE] < tr[RULE_DRAFT] - 1e-9 || tr[RULE_ORACLE] < tr[RULE_ROOT] - 1e-9) {
+    } else if (tr[DECODER_ORACLE] < tr[DECODER_DRAFT] - 1e-9 || tr[DECODER_ORACLE] < tr[DECODER_ROOT] - 1e-9) {
         snprintf(g->why, sizeof g->why, "round %d: oracle %g below draft %g or root %g",
-                 r->round, tr[RULE_ORACLE], tr[RULE_DRAFT], tr[RULE_ROOT]);
+                 r->round, tr[DECODER_ORACLE], tr[DECODER_DRAFT], tr[DECODER_ROOT]);
         g->bad++;
     } else if (g->ar) {
         int at = -1, L = 0; /* follow the greedy tokens down the pool */
@@ -999,9 +999,9 @@ static void oracle_round(void *u, const RoundInfo *r) {
         if (g->pos + 8 < g->n_ar) { /* the reference reaches past the pool's depth */
             g->checked++;
             g->deep += L >= 2;
-            if (tr[RULE_ORACLE] != (double)L) {
+            if (tr[DECODER_ORACLE] != (double)L) {
                 snprintf(g->why, sizeof g->why, "round %d: oracle tau %g, greedy path in pool %d",
-                         r->round, tr[RULE_ORACLE], L);
+                         r->round, tr[DECODER_ORACLE], L);
                 g->bad++;
             }
         }
@@ -1012,34 +1012,34 @@ static void oracle_round(void *u, const RoundInfo *r) {
 START_TEST(test_score_all_oracle) {
     Pair p;
     pair_open(&p, 1, 64, 32, 4242);
-    PoolTap tap = {.inner = p.dc};
-    Drafter *dc = drafter_wrap(&tap_ops, &tap, drafter_info(p.dc));
+    PoolTap tap = {.inner = p.front};
+    Drafter *d = drafter_wrap(&tap_ops, &tap, drafter_info(p.front));
     int prompt[5] = {3, 9, 27, 17, 51};
     long checked = 0, deep = 0;
     for (int temp = 0; temp <= 1; temp++) {
         for (int B = 4; B <= 59; B += 55) {
-            for (int rule = RULE_PEARL; rule <= RULE_ROOTDRAW; rule++) {
+            for (int rule = DECODER_PEARL; rule <= DECODER_ROOTDRAW; rule++) {
                 for (int s = 0; s < 6; s++) {
                     int ar[256], n_ar = 0;
                     if (temp == 0) {
                         prompt[0] = 3 + s;
-                        n_ar = run(&p, RULE_AR, B, 0, 1, s, prompt, 5, 120, ar, NULL, 0);
+                        n_ar = run(&p, DECODER_AR, B, 0, 1, s, prompt, 5, 120, ar, NULL, 0);
                     }
                     OracleLog g = {.tap = &tap, .ar = temp == 0 ? ar : NULL, .n_ar = n_ar,
-                                   .B = B, .rule = rule};
+                                   .B = B, .decoder = rule};
                     DecodeHooks h = {.on_round = oracle_round, .user = &g};
-                    DecodeOpts o = {.rule = rule, .budget = B, .sampling = sampling_from_temp(temp), .seed = 50 + s,
-                                    .prompt_id = s, .max_new = 96, .score_all = 1};
-                    DecodeResult r = {0};
+                    DecodeOpts opts = {.decoder = rule, .budget = B, .sampling = sampling_from_temp(temp), .seed = 50 + s,
+                                       .prompt_id = s, .max_new = 96, .score_all = 1};
+                    DecodeResult res = {0};
                     int buf[256];
-                    r.tokens = buf;
-                    r.cap = 256;
+                    res.tokens = buf;
+                    res.cap = 256;
                     RsErr e = {0};
-                    ck_assert_msg(decode_run(p.t, dc, prompt, 5, &o, &h, &r, &e) == 0, "%s", e.msg);
-                    ck_assert_msg(g.bad == 0, "%s T=%d B=%d: %s", rule_name(rule), temp, B, g.why);
-                    ck_assert_int_eq(g.rounds, r.rounds);
+                    ck_assert_msg(decode_run(p.t, d, prompt, 5, &opts, &h, &res, &e) == 0, "%s", e.msg);
+                    ck_assert_msg(g.bad == 0, "%s T=%d B=%d: %s", decoder_name(rule), temp, B, g.why);
+                    ck_assert_int_eq(g.rounds, res.rounds);
                     if (temp == 0) /* the wider pass must not disturb greedy identity */
-                        for (int i = 0; i < 96 && i < r.n_tokens; i++) ck_assert_int_eq(buf[i], ar[i]);
+                        for (int i = 0; i < 96 && i < res.n_tokens; i++) ck_assert_int_eq(buf[i], ar[i]);
                     checked += g.checked;
                     deep += g.deep;
                 }
@@ -1050,7 +1050,7 @@ START_TEST(test_score_all_oracle) {
             "(%ld of 2+ tokens)\n", checked, deep);
     ck_assert_int_gt(checked, 50);
     ck_assert_int_gt(deep, 10);
-    drafter_destroy(&dc);
+    drafter_destroy(&d);
     pair_close(&p);
 }
 END_TEST
@@ -1061,25 +1061,25 @@ START_TEST(test_kv_full_reserve) {
     Pair p;
     pair_open(&p, 1, 64, 32, 77);
     int cap = target_kv_capacity(p.t), prompt[3] = {5, 6, 7};
-    const Rule rules[] = {RULE_AR, RULE_ROOTDRAW, RULE_DRAFT};
+    const DecoderKind rules[] = {DECODER_AR, DECODER_ROOTDRAW, DECODER_DRAFT};
     for (int k = 0; k < 3; k++) {
         for (int B = 4; B <= 59; B += 55) {
-            DecodeOpts o = {.rule = rules[k], .budget = B, .max_new = 4 * cap};
-            DecodeResult r = {0};
+            DecodeOpts opts = {.decoder = rules[k], .budget = B, .max_new = 4 * cap};
+            DecodeResult res = {0};
             int buf[2048];
-            r.tokens = buf;
-            r.cap = 2048;
+            res.tokens = buf;
+            res.cap = 2048;
             RsErr e = {0};
-            ck_assert_msg(decode_run(p.t, rules[k] == RULE_AR ? NULL : p.dc, prompt, 3, &o, NULL,
-                                     &r, &e) == 0, "%s", e.msg);
-            int reserve = decode_round_reserve(&o), used = 3 - 1 + r.n_tokens;
-            ck_assert_int_eq(reserve, rules[k] == RULE_AR ? 1 : 1 + B);
-            ck_assert_msg(r.hit_capacity, "%s B=%d: no KV-full stop", rule_name(rules[k]), B);
+            ck_assert_msg(decode_run(p.t, rules[k] == DECODER_AR ? NULL : p.front, prompt, 3, &opts, NULL,
+                                     &res, &e) == 0, "%s", e.msg);
+            int reserve = decode_round_reserve(&opts), used = 3 - 1 + res.n_tokens;
+            ck_assert_int_eq(reserve, rules[k] == DECODER_AR ? 1 : 1 + B);
+            ck_assert_msg(res.hit_capacity, "%s B=%d: no KV-full stop", decoder_name(rules[k]), B);
             /* stopped because the next round might not fit, not earlier */
             ck_assert_msg(used + reserve > cap && used + reserve <= cap + ROUND_MAX_EMIT,
                           "%s B=%d: stopped with %d of %d entries used (reserve %d)",
-                          rule_name(rules[k]), B, used, cap, reserve);
-            if (rules[k] == RULE_AR) ck_assert_int_eq(used, cap);
+                          decoder_name(rules[k]), B, used, cap, reserve);
+            if (rules[k] == DECODER_AR) ck_assert_int_eq(used, cap);
         }
     }
     pair_close(&p);
@@ -1105,28 +1105,28 @@ START_TEST(test_measurement_off_clock) {
     Pair p;
     pair_open(&p, 1, 4096, 32, 31);
     int prompt[4] = {11, 22, 33, 44};
-    const Rule rules[] = {RULE_DRAFT, RULE_ROOTDRAW, RULE_AR};
+    const DecoderKind rules[] = {DECODER_DRAFT, DECODER_ROOTDRAW, DECODER_AR};
     for (int k = 0; k < 3; k++) {
         MeasureLog m = {0};
         DecodeHooks h = {.on_round = measure_round, .user = &m};
-        DecodeOpts o = {.rule = rules[k], .budget = 59, .sampling = SAMPLING_PLAIN, .seed = 3, .max_new = 48};
-        DecodeResult r = {0};
+        DecodeOpts opts = {.decoder = rules[k], .budget = 59, .sampling = SAMPLING_PLAIN, .seed = 3, .max_new = 48};
+        DecodeResult res = {0};
         int buf[256];
-        r.tokens = buf;
-        r.cap = 256;
+        res.tokens = buf;
+        res.cap = 256;
         RsErr e = {0};
         uint64_t w0 = rs_now_ns();
-        ck_assert_msg(decode_run(p.t, rules[k] == RULE_AR ? NULL : p.dc, prompt, 4, &o, &h, &r,
+        ck_assert_msg(decode_run(p.t, rules[k] == DECODER_AR ? NULL : p.front, prompt, 4, &opts, &h, &res,
                                  &e) == 0, "%s", e.msg);
-        uint64_t wall = rs_now_ns() - w0, took = r.t_end - r.t_start;
-        if (rules[k] == RULE_AR) ck_assert_msg(m.measured_ar == m.rounds, "AR: %d of %d rounds measured", m.measured_ar, m.rounds);
+        uint64_t wall = rs_now_ns() - w0, took = res.t_end - res.t_start;
+        if (rules[k] == DECODER_AR) ck_assert_msg(m.measured_ar == m.rounds, "AR: %d of %d rounds measured", m.measured_ar, m.rounds);
         ck_assert_msg(m.measured_trees == m.tree_rounds, "%s: %d of %d tree rounds measured",
-                      rule_name(rules[k]), m.measured_trees, m.tree_rounds);
+                      decoder_name(rules[k]), m.measured_trees, m.tree_rounds);
         ck_assert_msg(took + m.measure_ns <= wall,
                       "%s: decode %.3f ms + measurements %.3f ms > wall %.3f ms",
-                      rule_name(rules[k]), took * 1e-6, m.measure_ns * 1e-6, wall * 1e-6);
+                      decoder_name(rules[k]), took * 1e-6, m.measure_ns * 1e-6, wall * 1e-6);
         fprintf(stderr, "%s: decode %.2f ms, measurements kept off it %.2f ms, wall %.2f ms\n",
-                rule_name(rules[k]), took * 1e-6, m.measure_ns * 1e-6, wall * 1e-6);
+                decoder_name(rules[k]), took * 1e-6, m.measure_ns * 1e-6, wall * 1e-6);
     }
     pair_close(&p);
 }
@@ -1135,24 +1135,24 @@ END_TEST
 START_TEST(test_decode_errors) {
     Pair p;
     pair_open(&p, 1, 32, 16, 3);
-    DecodeOpts o = {.rule = RULE_DRAFT, .budget = 8, .max_new = 4};
-    DecodeResult r = {0};
+    DecodeOpts opts = {.decoder = DECODER_DRAFT, .budget = 8, .max_new = 4};
+    DecodeResult res = {0};
     int buf[64], big[600];
-    r.tokens = buf;
-    r.cap = 64;
+    res.tokens = buf;
+    res.cap = 64;
     RsErr e = {0};
     for (int i = 0; i < 600; i++) big[i] = 1;
-    ck_assert_int_eq(decode_run(p.t, p.dc, big, 600, &o, NULL, &r, &e), RS_EINVAL);
+    ck_assert_int_eq(decode_run(p.t, p.front, big, 600, &opts, NULL, &res, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "prompt of 600 tokens does not fit the KV cache"), "%s", e.msg);
     int bad[2] = {1, 32};
-    ck_assert_int_eq(decode_run(p.t, p.dc, bad, 2, &o, NULL, &r, &e), RS_EINVAL);
+    ck_assert_int_eq(decode_run(p.t, p.front, bad, 2, &opts, NULL, &res, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "prompt token 32 at position 1 outside vocabulary of 32"), "%s", e.msg);
-    o.budget = 65;
-    ck_assert_int_eq(decode_run(p.t, p.dc, bad, 1, &o, NULL, &r, &e), RS_EINVAL);
+    opts.budget = 65;
+    ck_assert_int_eq(decode_run(p.t, p.front, bad, 1, &opts, NULL, &res, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "budget 65 outside 1..64"), "%s", e.msg);
-    o.budget = 8;
-    o.score_all = 1;
-    ck_assert_int_eq(decode_run(p.t, p.dc, bad, 1, &o, NULL, &r, &e), RS_EINVAL);
+    opts.budget = 8;
+    opts.score_all = 1;
+    ck_assert_int_eq(decode_run(p.t, p.front, bad, 1, &opts, NULL, &res, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "needs a root-pass decoder"), "%s", e.msg);
     pair_close(&p);
 }
@@ -1192,17 +1192,17 @@ START_TEST(test_root_margin) {
     }
     Pair p;
     pair_open(&p, 1, 32, 16, 3);
-    Rule rules[2] = {RULE_AR, RULE_DRAFT};
+    DecoderKind rules[2] = {DECODER_AR, DECODER_DRAFT};
     for (int k = 0; k < 2; k++) {
-        DecodeOpts o = {.rule = rules[k], .budget = 8, .max_new = 12};
+        DecodeOpts opts = {.decoder = rules[k], .budget = 8, .max_new = 12};
         int buf[64], prompt[3] = {1, 2, 3};
-        DecodeResult r = {.tokens = buf, .cap = 64};
+        DecodeResult res = {.tokens = buf, .cap = 64};
         MarginLog ml = {0};
         DecodeHooks h = {NULL, margin_round, NULL, &ml, NULL, NULL, NULL};
         RsErr e = {0};
-        ck_assert_int_eq(decode_run(p.t, p.dc, prompt, 3, &o, &h, &r, &e), RS_OK);
+        ck_assert_int_eq(decode_run(p.t, p.front, prompt, 3, &opts, &h, &res, &e), RS_OK);
         ck_assert_int_eq(ml.bad, 0);
-        if (rules[k] == RULE_AR) ck_assert_int_eq(ml.with_margin, ml.rounds);
+        if (rules[k] == DECODER_AR) ck_assert_int_eq(ml.with_margin, ml.rounds);
         else ck_assert_int_lt(ml.with_margin, ml.rounds); /* draft rounds have no root pass */
     }
     pair_close(&p);
@@ -1216,7 +1216,7 @@ END_TEST
  * independent and a perfect drafter, at the node cap of a chain and at B=8; X1 from the
  * drafter's first level (`wrong`) must break it. Returns mismatches. */
 static int shape_identity(int shape, int wrong) {
-    const Rule rules[] = {RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
+    const DecoderKind rules[] = {DECODER_DRAFT, DECODER_PEARL, DECODER_ROOTDRAW, DECODER_ROOT};
     int bad = 0;
     g_depth = SHAPES[shape][0], g_width = SHAPES[shape][1];
     for (int kind = 0; kind <= 2; kind += 2) {
@@ -1227,7 +1227,7 @@ static int shape_identity(int shape, int wrong) {
         for (int pr = 0; pr < 5; pr++) {
             int prompt[12], n = 3 + pr, ref[64], got[64];
             for (int i = 0; i < n; i++) prompt[i] = (int)(rng_next(&r) % 64);
-            int nref = run(&p, RULE_AR, 8, 0, 1, pr, prompt, n, 40, ref, NULL, 0);
+            int nref = run(&p, DECODER_AR, 8, 0, 1, pr, prompt, n, 40, ref, NULL, 0);
             for (int ri = 0; ri < 4; ri++)
                 for (int bi = 0; bi < 2; bi++) {
                     int B = bi ? 8 : g_depth;
@@ -1237,7 +1237,7 @@ static int shape_identity(int shape, int wrong) {
                     for (int i = 0; i < nref && !wrong; i++)
                         ck_assert_msg(got[i] == ref[i],
                                       "shape %d,%d kind %d %s B=%d prompt %d: token %d is %d, "
-                                      "AR %d", g_depth, g_width, kind, rule_name(rules[ri]), B,
+                                      "AR %d", g_depth, g_width, kind, decoder_name(rules[ri]), B,
                                       pr, i, got[i], ref[i]);
                 }
         }
@@ -1257,14 +1257,14 @@ END_TEST
  * same chi-square catches the wrong verifier with that pool. */
 START_TEST(test_t1_exactness_shapes) {
     double pv;
-    Rule rule = ALL_RULES[1 + _i % 4];
+    DecoderKind decoder = ALL_RULES[1 + _i % 4];
     int wrong = _i == 4;
     g_depth = SHAPES[1][0], g_width = SHAPES[1][1];
-    exactness_law(1, wrong ? RULE_ROOTDRAW : rule, 4, &SAMPLING_PLAIN, 8000, wrong, &pv, NULL);
+    exactness_law(1, wrong ? DECODER_ROOTDRAW : decoder, 4, &SAMPLING_PLAIN, 8000, wrong, &pv, NULL);
     g_depth = g_width = 0;
     if (wrong) ck_assert_msg(pv < 1e-3, "chain pool: a wrong verifier passed (p=%g)", pv);
     else ck_assert_msg(pv > 1e-3, "%s chain pool: T=1 law differs from the target's (p=%g)",
-                       rule_name(rule), pv);
+                       decoder_name(decoder), pv);
 }
 END_TEST
 
@@ -1284,7 +1284,7 @@ static void count_plan(void *u, const RoundInfo *r) {
  * drafter under auto gives AR's tokens; the planner is seen both verifying trees and taking
  * AR steps. `wrong` (X1 from the drafter's first level) must break it. Returns mismatches. */
 static int cheap_identity(int kind, Planner *pl, int wrong, PlanCount *pc) {
-    const Rule rules[] = {RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
+    const DecoderKind rules[] = {DECODER_DRAFT, DECODER_PEARL, DECODER_ROOTDRAW, DECODER_ROOT};
     Pair p;
     pair_open(&p, kind, 64, 32, 555 + kind);
     Rng r;
@@ -1295,7 +1295,7 @@ static int cheap_identity(int kind, Planner *pl, int wrong, PlanCount *pc) {
         int prompt[16], n = 4 + pr % 8, ref[64], got[64];
         for (int i = 0; i < n; i++) prompt[i] = (int)(rng_next(&r) % 64);
         g_planner = NULL;
-        int nref = run(&p, RULE_AR, 8, 0, 1, pr, prompt, n, 48, ref, NULL, 0);
+        int nref = run(&p, DECODER_AR, 8, 0, 1, pr, prompt, n, 48, ref, NULL, 0);
         g_planner = pl;
         for (int ri = 0; ri < 4; ri++) {
             int ng = run(&p, rules[ri], pl ? TREE_MAX : 8, 0, 1, pr, prompt, n, 48, got, &h, wrong);
@@ -1304,7 +1304,7 @@ static int cheap_identity(int kind, Planner *pl, int wrong, PlanCount *pc) {
             if (!wrong)
                 for (int i = 0; i < nref; i++)
                     ck_assert_msg(got[i] == ref[i], "kind %d %s%s prompt %d: token %d is %d, AR %d",
-                                  kind, rule_name(rules[ri]), pl ? " auto" : "", pr, i, got[i],
+                                  kind, decoder_name(rules[ri]), pl ? " auto" : "", pr, i, got[i],
                                   ref[i]);
         }
     }
@@ -1342,16 +1342,16 @@ END_TEST
  * target's law; and the same chi-square catches a wrong verifier with the suffix drafter. */
 START_TEST(test_t1_exactness_cheap) {
     double pv;
-    Rule rule = ALL_RULES[1 + _i % 4];
+    DecoderKind decoder = ALL_RULES[1 + _i % 4];
     int mode = _i / 4; /* 0: suffix B=4, 1: suffix auto (rows cheap), 2: model auto measured */
     Planner *pl = mode ? planner_create() : NULL;
     if (mode == 1) planner_fix_costs(pl, 1e6, 1e5, 0);
     g_planner = pl;
-    exactness_law(mode == 2 ? 1 : 3, rule, mode ? TREE_MAX : 4, &SAMPLING_PLAIN, 6000, 0, &pv, NULL);
+    exactness_law(mode == 2 ? 1 : 3, decoder, mode ? TREE_MAX : 4, &SAMPLING_PLAIN, 6000, 0, &pv, NULL);
     g_planner = NULL;
     planner_destroy(&pl);
     ck_assert_msg(pv > 1e-3, "%s mode %d: T=1 law differs from the target's (p=%g)",
-                  rule_name(rule), mode, pv);
+                  decoder_name(decoder), mode, pv);
 }
 END_TEST
 
@@ -1360,7 +1360,7 @@ START_TEST(test_t1_wrong_verifier_fails_cheap) {
     Planner *pl = planner_create();
     planner_fix_costs(pl, 1e6, 1e5, 0);
     g_planner = pl;
-    exactness_law(3, RULE_ROOTDRAW, TREE_MAX, &SAMPLING_PLAIN, 10000, 1, &pv, NULL);
+    exactness_law(3, DECODER_ROOTDRAW, TREE_MAX, &SAMPLING_PLAIN, 10000, 1, &pv, NULL);
     g_planner = NULL;
     planner_destroy(&pl);
     ck_assert_msg(pv < 1e-3, "a verifier drawing X1 from the suffix pool passed (p=%g)", pv);

@@ -32,11 +32,11 @@ static cJSON *load_fixture(const char *rel) {
 /* Encodes text and compares with the expected id array, then checks that decoding gives
  * what HF's decode gave (`decoded`: the text itself unless a normalizer such as NFC rewrote
  * it). Returns 1 on match, prints the first difference otherwise. */
-static int ids_match(const Tokenizer *t, const char *label, const char *text, const cJSON *want,
+static int ids_match(const Tokenizer *tok, const char *label, const char *text, const cJSON *want,
                      const char *decoded) {
     int *ids, n;
     RsErr e = {0};
-    ck_assert_msg(tokenizer_encode(t, text, &ids, &n, &e) == 0, "%s: encode failed: %s", label, e.msg);
+    ck_assert_msg(tokenizer_encode(tok, text, &ids, &n, &e) == 0, "%s: encode failed: %s", label, e.msg);
     int nw = cJSON_GetArraySize(want), ok = n == nw;
     for (int i = 0; ok && i < n; i++) ok = ids[i] == cJSON_GetArrayItem(want, i)->valueint;
     if (!ok) {
@@ -47,7 +47,7 @@ static int ids_match(const Tokenizer *t, const char *label, const char *text, co
                 i < nw ? cJSON_GetArrayItem(want, i)->valueint : -1);
     }
     /* decode(encode(x)) == x (== HF's decode) */
-    char *back = tokenizer_decode(t, ids, n);
+    char *back = tokenizer_decode(tok, ids, n);
     if (strcmp(back, decoded) != 0) {
         fprintf(stderr, "%s: round trip differs for %s -> %s\n", label, text, back);
         ok = 0;
@@ -56,7 +56,7 @@ static int ids_match(const Tokenizer *t, const char *label, const char *text, co
     size_t pos = 0, blen = strlen(back);
     for (int i = 0; i < n; i++) {
         char buf[256];
-        int k = tokenizer_token_bytes(t, ids[i], buf, sizeof buf);
+        int k = tokenizer_token_bytes(tok, ids[i], buf, sizeof buf);
         if (k < 0 || pos + (size_t)k > blen || memcmp(back + pos, buf, (size_t)k) != 0) {
             fprintf(stderr, "%s: token_bytes of id %d disagrees with decode\n", label, ids[i]);
             ok = 0;
@@ -70,7 +70,7 @@ static int ids_match(const Tokenizer *t, const char *label, const char *text, co
     return ok;
 }
 
-static int check_cases(const Tokenizer *t, const char *label, const cJSON *fx) {
+static int check_cases(const Tokenizer *tok, const char *label, const cJSON *fx) {
     const cJSON *cases = cJSON_GetObjectItem(fx, "cases"), *c;
     int bad = 0, n = 0, n_normalized = 0;
     cJSON_ArrayForEach(c, cases) {
@@ -78,7 +78,7 @@ static int check_cases(const Tokenizer *t, const char *label, const cJSON *fx) {
         const char *text = cJSON_GetObjectItem(c, "text")->valuestring;
         const char *dec = cJSON_GetObjectItem(c, "decoded")->valuestring;
         if (strcmp(dec, text) != 0) n_normalized++;
-        bad += !ids_match(t, label, text, cJSON_GetObjectItem(c, "ids"), dec);
+        bad += !ids_match(tok, label, text, cJSON_GetObjectItem(c, "ids"), dec);
     }
     ck_assert_msg(n >= 40, "%s: only %d fixture cases", label, n);
     /* only the NFC tokenizer may change text (the one decomposed "e\u0301" case) */
@@ -91,11 +91,11 @@ static int check_cases(const Tokenizer *t, const char *label, const cJSON *fx) {
  * equal-rank candidate merges (HF breaks ties leftmost first; odd lengths make the other
  * order give other ids), merges that make queued candidates stale, multi-byte runs. The
  * ids are stored as runs [times, id, ...]; the text is unit repeated. Returns mismatches. */
-static int check_long_cases(const Tokenizer *t, const char *name) {
+static int check_long_cases(const Tokenizer *tok, const char *name) {
     cJSON *fx = load_fixture("tok/long_ids.json");
     const cJSON *tk = cJSON_GetObjectItem(cJSON_GetObjectItem(fx, "tokenizers"), name);
     ck_assert_msg(tk != NULL, "long_ids.json has no tokenizer '%s'", name);
-    ck_assert_int_eq(tokenizer_vocab_size(t), cJSON_GetObjectItem(tk, "vocab_size")->valueint);
+    ck_assert_int_eq(tokenizer_vocab_size(tok), cJSON_GetObjectItem(tk, "vocab_size")->valueint);
     const cJSON *all = cJSON_GetObjectItem(tk, "ids"), *c;
     int bad = 0, n = 0;
     cJSON_ArrayForEach(c, cJSON_GetObjectItem(fx, "cases")) {
@@ -116,7 +116,7 @@ static int check_long_cases(const Tokenizer *t, const char *name) {
         ck_assert_msg(cJSON_GetArraySize(want) > 0, "%s: no ids for case %s", name, cname);
         char label[96];
         snprintf(label, sizeof label, "%s long case %s", name, cname);
-        bad += !ids_match(t, label, text, want, text);
+        bad += !ids_match(tok, label, text, want, text);
         cJSON_Delete(want);
         free(text);
         n++;
@@ -228,21 +228,21 @@ END_TEST
 /* ---- trained tokenizer.json fixtures ---- */
 
 START_TEST(test_small_json_ids_match_hf) {
-    Tokenizer *t;
+    Tokenizer *tok;
     RsErr e = {0};
-    ck_assert_msg(tokenizer_load_json(tu_fixture("tok/small/tokenizer.json"), &t, &e) == 0, "%s", e.msg);
+    ck_assert_msg(tokenizer_load_json(tu_fixture("tok/small/tokenizer.json"), &tok, &e) == 0, "%s", e.msg);
     cJSON *fx = load_fixture("tok/small_ids.json");
-    ck_assert_int_eq(tokenizer_vocab_size(t), cJSON_GetObjectItem(fx, "vocab_size")->valueint);
-    int bad = check_cases(t, "small", fx);
+    ck_assert_int_eq(tokenizer_vocab_size(tok), cJSON_GetObjectItem(fx, "vocab_size")->valueint);
+    int bad = check_cases(tok, "small", fx);
     ck_assert_msg(bad == 0, "small: %d corpus strings differ from HF", bad);
     /* tokenizer_config.json next to it: bos <|endoftext|> (0), eos <|im_end|> (2), add_bos */
-    ck_assert_int_eq(tokenizer_bos_id(t), 0);
-    ck_assert_int_eq(tokenizer_eos_id(t), 2);
-    ck_assert_int_eq(tokenizer_add_bos(t), 1);
-    ck_assert(tokenizer_is_eog(t, 2));
+    ck_assert_int_eq(tokenizer_bos_id(tok), 0);
+    ck_assert_int_eq(tokenizer_eos_id(tok), 2);
+    ck_assert_int_eq(tokenizer_add_bos(tok), 1);
+    ck_assert(tokenizer_is_eog(tok, 2));
     cJSON_Delete(fx);
-    tokenizer_destroy(&t);
-    ck_assert(t == NULL);
+    tokenizer_destroy(&tok);
+    ck_assert(tok == NULL);
 }
 END_TEST
 
@@ -250,20 +250,20 @@ START_TEST(test_split_json_ids_match_hf) {
     /* Same merges ("a b" string form) plus two whole-word vocab entries no merge builds,
      * with a Llama-3 Split regex, no normalizer, ignore_merges (which alone yields those
      * entries) and a ByteLevel post-processor (no BOS). */
-    Tokenizer *t, *t2;
+    Tokenizer *tok, *t2;
     RsErr e = {0};
-    ck_assert_msg(tokenizer_load_json(tu_fixture("tok/small_split/tokenizer.json"), &t, &e) == 0, "%s", e.msg);
+    ck_assert_msg(tokenizer_load_json(tu_fixture("tok/small_split/tokenizer.json"), &tok, &e) == 0, "%s", e.msg);
     cJSON *fx = load_fixture("tok/small_split_ids.json");
-    ck_assert_int_eq(tokenizer_vocab_size(t), cJSON_GetObjectItem(fx, "vocab_size")->valueint);
-    int bad = check_cases(t, "small_split", fx);
+    ck_assert_int_eq(tokenizer_vocab_size(tok), cJSON_GetObjectItem(fx, "vocab_size")->valueint);
+    int bad = check_cases(tok, "small_split", fx);
     ck_assert_msg(bad == 0, "small_split: %d corpus strings differ from HF", bad);
-    ck_assert_int_eq(tokenizer_add_bos(t), 0);
-    ck_assert_int_eq(tokenizer_bos_id(t), -1);
+    ck_assert_int_eq(tokenizer_add_bos(tok), 0);
+    ck_assert_int_eq(tokenizer_bos_id(tok), -1);
     ck_assert_msg(tokenizer_load_json(tu_fixture("tok/small/tokenizer.json"), &t2, &e) == 0, "%s", e.msg);
-    ck_assert(tokenizer_hash(t) != tokenizer_hash(t2)); /* two extra vocab entries */
-    if (g_tok) ck_assert(tokenizer_hash(t) != tokenizer_hash(g_tok));
+    ck_assert(tokenizer_hash(tok) != tokenizer_hash(t2)); /* two extra vocab entries */
+    if (g_tok) ck_assert(tokenizer_hash(tok) != tokenizer_hash(g_tok));
     cJSON_Delete(fx);
-    tokenizer_destroy(&t);
+    tokenizer_destroy(&tok);
     tokenizer_destroy(&t2);
 }
 END_TEST
@@ -330,12 +330,12 @@ START_TEST(test_json_long_inputs_match_hf) {
     for (int i = 0; i < 2; i++) {
         char rel[64];
         snprintf(rel, sizeof rel, "tok/%s/tokenizer.json", names[i]);
-        Tokenizer *t;
+        Tokenizer *tok;
         RsErr e = {0};
-        ck_assert_msg(tokenizer_load_json(tu_fixture(rel), &t, &e) == 0, "%s", e.msg);
-        int bad = check_long_cases(t, names[i]);
+        ck_assert_msg(tokenizer_load_json(tu_fixture(rel), &tok, &e) == 0, "%s", e.msg);
+        int bad = check_long_cases(tok, names[i]);
         ck_assert_msg(bad == 0, "%s: %d long inputs differ from HF", names[i], bad);
-        tokenizer_destroy(&t);
+        tokenizer_destroy(&tok);
     }
 }
 END_TEST
@@ -449,21 +449,21 @@ START_TEST(test_model_sources) {
     snprintf(m.tokenizer_json, sizeof m.tokenizer_json, "%s", path);
     m.cfg.bos_id = 0;
     m.cfg.eos_id = 2;
-    Tokenizer *t;
-    ck_assert_msg(tokenizer_load_model(&m, &t, &e) == 0, "%s", e.msg);
-    ck_assert_int_eq(tokenizer_eos_id(t), 2);
-    ck_assert_int_eq(tokenizer_bos_id(t), 0);
-    ck_assert_int_eq(tokenizer_add_bos(t), 0); /* ByteLevel post-processor: no BOS */
-    ck_assert(tokenizer_is_eog(t, 2));
-    tokenizer_destroy(&t);
+    Tokenizer *tok;
+    ck_assert_msg(tokenizer_load_model(&m, &tok, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(tokenizer_eos_id(tok), 2);
+    ck_assert_int_eq(tokenizer_bos_id(tok), 0);
+    ck_assert_int_eq(tokenizer_add_bos(tok), 0); /* ByteLevel post-processor: no BOS */
+    ck_assert(tokenizer_is_eog(tok, 2));
+    tokenizer_destroy(&tok);
     ck_assert_int_eq(chat_template_for_model(&m), CHAT_LLAMA3);
     unlink(path);
     unlink(cfg);
     rmdir(dir);
     m.tok_source = TOKSRC_NONE;
-    t = (Tokenizer *)1;
-    ck_assert_int_eq(tokenizer_load_model(&m, &t, &e), RS_EINVAL);
-    ck_assert(t == NULL);
+    tok = (Tokenizer *)1;
+    ck_assert_int_eq(tokenizer_load_model(&m, &tok, &e), RS_EINVAL);
+    ck_assert(tok == NULL);
     ck_assert_msg(strstr(e.msg, "has no tokenizer source") && strstr(e.msg, dir), "%s", e.msg);
 }
 END_TEST
@@ -481,22 +481,22 @@ static const char *write_tmp(const char *text) {
 
 static void expect_json_error(const char *json, int code, const char *needle) {
     const char *p = write_tmp(json);
-    Tokenizer *t = (Tokenizer *)1;
+    Tokenizer *tok = (Tokenizer *)1;
     RsErr e = {0};
-    int rc = tokenizer_load_json(p, &t, &e);
+    int rc = tokenizer_load_json(p, &tok, &e);
     unlink(p);
     ck_assert_msg(rc == code, "expected %s for %s, got %d (%s)", rs_status_name(code), json, rc, e.msg);
-    ck_assert(t == NULL);
+    ck_assert(tok == NULL);
     ck_assert_msg(strstr(e.msg, needle) != NULL, "message '%s' lacks '%s'", e.msg, needle);
 }
 
 #define BL_PRE "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true}"
 
 START_TEST(test_load_errors) {
-    Tokenizer *t;
+    Tokenizer *tok;
     RsErr e = {0};
-    ck_assert_int_eq(tokenizer_load_json("/nonexistent/dir/tokenizer.json", &t, &e), RS_EINVAL);
-    ck_assert(t == NULL);
+    ck_assert_int_eq(tokenizer_load_json("/nonexistent/dir/tokenizer.json", &tok, &e), RS_EINVAL);
+    ck_assert(tok == NULL);
     ck_assert_msg(strstr(e.msg, "/nonexistent/dir/tokenizer.json"), "%s", e.msg);
     expect_json_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0,", RS_EFORMAT, "malformed JSON");
     expect_json_error("{\"model\":{\"type\":\"WordPiece\",\"vocab\":{\"a\":0}}}", RS_EUNSUPPORTED,
@@ -524,16 +524,16 @@ START_TEST(test_load_errors) {
 END_TEST
 
 START_TEST(test_encode_rejects_bad_utf8) {
-    Tokenizer *t;
+    Tokenizer *tok;
     RsErr e = {0};
-    ck_assert_msg(tokenizer_load_json(tu_fixture("tok/small/tokenizer.json"), &t, &e) == 0, "%s", e.msg);
+    ck_assert_msg(tokenizer_load_json(tu_fixture("tok/small/tokenizer.json"), &tok, &e) == 0, "%s", e.msg);
     int *ids = (int *)1, n = 7;
-    ck_assert_int_eq(tokenizer_encode(t, "abc\xff" "def", &ids, &n, &e), RS_EINVAL);
+    ck_assert_int_eq(tokenizer_encode(tok, "abc\xff" "def", &ids, &n, &e), RS_EINVAL);
     ck_assert(ids == NULL && n == 0);
     ck_assert_msg(strstr(e.msg, "not valid UTF-8 at byte 3 (0xff)"), "%s", e.msg);
-    ck_assert_int_eq(tokenizer_encode(t, "ok \xe4\xb8", &ids, &n, &e), RS_EINVAL); /* truncated */
+    ck_assert_int_eq(tokenizer_encode(tok, "ok \xe4\xb8", &ids, &n, &e), RS_EINVAL); /* truncated */
     ck_assert_msg(strstr(e.msg, "at byte 3"), "%s", e.msg);
-    tokenizer_destroy(&t);
+    tokenizer_destroy(&tok);
 }
 END_TEST
 

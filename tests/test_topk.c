@@ -166,7 +166,7 @@ static void topk_variant(const float *rows, int n, int V, int threads, int porta
                          TopkOut *o) {
     ThreadPool *pool = NULL;
     RsErr e = {0};
-    ck_assert(threadpool_create(threads, &pool, &e) == RS_OK);
+    ck_assert(threadpool_create(threads, 1, &pool, &e) == RS_OK);
     CpuTopkPart *parts = malloc(sizeof(CpuTopkPart) * (size_t)n);
     CpuTopkRun run = cpu_topk_begin(parts, n, V, 10);
     if (portable) cpu_topk_portable(&run);

@@ -954,20 +954,20 @@ END_TEST
  * own, the self-drafter and a rootspec-draft process, T=0 output equals AR's. The
  * self-drafter and the remote one serve the same layers, so they accept the same tokens;
  * the target itself as its own drafter accepts more than a one-layer view. */
-static int engine_decode(const EngineOpts *eo, Rule rule, int *out, int cap, long *accepted) {
+static int engine_decode(const EngineOpts *eo, DecoderKind decoder, int *out, int cap, long *accepted) {
     Engine *en = NULL;
     RsErr e = {0};
-    ck_assert_msg(engine_create(eo, rule != RULE_AR, &en, &e) == 0, "%s", e.msg);
+    ck_assert_msg(engine_create(eo, decoder != DECODER_AR, &en, &e) == 0, "%s", e.msg);
     const int prompt[] = {10, 20, 30, 40, 50, 60};
-    DecodeOpts o = {.rule = rule, .budget = 8, .sampling = SAMPLING_GREEDY, .max_new = 40};
-    DecodeResult r = {.tokens = out, .cap = cap};
-    ck_assert_msg(decode_run(en->target, en->drafter, prompt, 6, &o, NULL, &r, &e) == 0, "%s",
+    DecodeOpts opts = {.decoder = decoder, .budget = 8, .sampling = SAMPLING_GREEDY, .max_new = 40};
+    DecodeResult res = {.tokens = out, .cap = cap};
+    ck_assert_msg(decode_run(en->target, en->drafter, prompt, 6, &opts, NULL, &res, &e) == 0, "%s",
                   e.msg);
-    ck_assert_msg(!r.drafter_failed, "the drafter failed");
+    ck_assert_msg(!res.drafter_failed, "the drafter failed");
     engine_destroy(&en);
     ck_assert(en == NULL); /* destroy clears the pointer */
-    *accepted = r.accepted_total;
-    return r.n_tokens;
+    *accepted = res.accepted_total;
+    return res.n_tokens;
 }
 
 START_TEST(test_engine_each_drafter_kind) {
@@ -981,7 +981,7 @@ START_TEST(test_engine_each_drafter_kind) {
     EngineOpts base = {.model_path = TINY, .threads = 1, .ctx = 512, .draft_timeout_ms = 20000};
     int ref[128], got[128];
     long acc[5], ar_acc;
-    int n_ref = engine_decode(&base, RULE_AR, ref, 128, &ar_acc);
+    int n_ref = engine_decode(&base, DECODER_AR, ref, 128, &ar_acc);
     ck_assert_int_ge(n_ref, 40);
     EngineOpts kinds[5] = {base, base, base, base, base};
     const char *names[5] = {"drafter model", "self-drafter", "remote", "suffix", "remote suffix"};
@@ -991,7 +991,7 @@ START_TEST(test_engine_each_drafter_kind) {
     kinds[3].drafter_kind = DRAFTER_KIND_SUFFIX;
     kinds[4].draft_endpoint = eps;
     for (int k = 0; k < 5; k++) {
-        int n = engine_decode(&kinds[k], RULE_ROOTDRAW, got, 128, &acc[k]);
+        int n = engine_decode(&kinds[k], DECODER_ROOTDRAW, got, 128, &acc[k]);
         ck_assert_msg(n >= 40, "%s: %d tokens", names[k], n);
         for (int i = 0; i < 40; i++)
             ck_assert_msg(got[i] == ref[i], "%s: token %d is %d, AR's %d", names[k], i, got[i],
@@ -1074,7 +1074,8 @@ START_TEST(test_eagle3_head_wiring) {
 END_TEST
 
 /* Settings a user gives travel in parameters, not in process-wide state: --batch-invariant
- * and ROOTSPEC_CPU_KERNELS (read once, by cli_runtime_defaults, into EngineOpts) reach the
+ * and ROOTSPEC_CPU_KERNELS / ROOTSPEC_CPU_KV (read once, by engine_cli_runtime, into
+ * EngineOpts; a value a variable does not take is refused, named) reach the
  * target's backend (BackendParams), --eagle3-layer-ids (DrafterSpec) the head drafter_open
  * loads: the fixture head lists layers 0, 1, 2, which fit the 2-layer fixture target as
  * entering-layer ids and not as output ids. */
@@ -1090,14 +1091,49 @@ START_TEST(test_settings_travel) {
     ck_assert_msg(engine_create(&eo, 0, &en, &e) == 0, "%s", e.msg);
     ck_assert_int_eq(backend_params(target_backend(en->target)).batch_invariant, 0);
     engine_destroy(&en);
-    setenv("ROOTSPEC_CPU_KERNELS", "scalar", 1);
+    /* the best family keeps f16 caches where it can; ROOTSPEC_CPU_KV=f32 keeps f32 */
     CliRuntime rt = cli_runtime_defaults();
-    unsetenv("ROOTSPEC_CPU_KERNELS"); /* read once: what comes after does not look again */
-    engine_cli_runtime(&eo, &rt);
+    ck_assert_msg(engine_cli_runtime(&eo, &rt, &e) == 0, "%s", e.msg);
+    ck_assert_msg(engine_create(&eo, 0, &en, &e) == 0, "%s", e.msg);
+    int f16 = !strcmp(cpu_backend_kv(target_backend(en->target)), "f16");
+    engine_destroy(&en);
+    setenv("ROOTSPEC_CPU_KV", "f32", 1);
+    ck_assert_msg(engine_cli_runtime(&eo, &rt, &e) == 0, "%s", e.msg);
+    unsetenv("ROOTSPEC_CPU_KV"); /* read once: what comes after does not look again */
+    ck_assert_msg(engine_create(&eo, 0, &en, &e) == 0, "%s", e.msg);
+    ck_assert_str_eq(cpu_backend_kv(target_backend(en->target)), "f32");
+    engine_destroy(&en);
+    if (!f16) fprintf(stderr, "twoproc: the CPU's family keeps f32 caches anyway\n");
+    setenv("ROOTSPEC_CPU_KERNELS", "scalar", 1);
+    rt = cli_runtime_defaults();
+    ck_assert_msg(engine_cli_runtime(&eo, &rt, &e) == 0, "%s", e.msg);
+    unsetenv("ROOTSPEC_CPU_KERNELS");
     eo.model_path = "random:tiny";
     ck_assert_msg(engine_create(&eo, 0, &en, &e) == 0, "%s", e.msg);
     ck_assert_str_eq(cpu_backend_kernels(target_backend(en->target)), "scalar");
     engine_destroy(&en);
+    const char *bad[][2] = {{"ROOTSPEC_CPU_PACK", "yes"}, {"ROOTSPEC_CPU_KV", "f8"},
+                            {"ROOTSPEC_CPU_PIN", "on"}, {"ROOTSPEC_CUDA_GRAPHS", "off"},
+                            {"ROOTSPEC_CUDA_FUSED_QKV", "some"}};
+    for (int i = 0; i < 5; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "%s=%s", bad[i][0], bad[i][1]);
+        setenv(bad[i][0], bad[i][1], 1);
+        ck_assert_int_eq(engine_cli_runtime(&eo, &rt, &e), RS_EINVAL);
+        unsetenv(bad[i][0]);
+        ck_assert_msg(strstr(e.msg, want), "%s", e.msg);
+    }
+    BackendSwitches sw;
+    const char *kernels = "x";
+    setenv("ROOTSPEC_CPU_PIN", "0", 1);
+    setenv("ROOTSPEC_CUDA_GRAPHS", "0", 1);
+    setenv("ROOTSPEC_CUDA_FUSED_QKV", "all", 1);
+    ck_assert_int_eq(cli_backend_env(&kernels, &sw, &e), RS_OK);
+    unsetenv("ROOTSPEC_CPU_PIN");
+    unsetenv("ROOTSPEC_CUDA_GRAPHS");
+    unsetenv("ROOTSPEC_CUDA_FUSED_QKV");
+    ck_assert_ptr_null(kernels);
+    ck_assert(sw.cpu_unpinned && sw.cuda_eager && sw.cuda_fused_qkv == 1 && !sw.cpu_kv_f32);
     eo.cpu_kernels = "avx3";
     ck_assert_int_eq(engine_create(&eo, 0, &en, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "avx3"), "%s", e.msg);

@@ -405,9 +405,9 @@ static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsE
     /* The KV cache grows with --ctx: a size the host cannot hold is an error, not an abort. */
     RunState *s = &b->s;
     size_t kv_n = (size_t)c->n_layers * b->slots * b->kv_dim;
-    /* f16 where the family reads it; ROOTSPEC_CPU_KV=f32 keeps f32 (the golden tests hold
-     * the f32 caches to tighter bounds) */
-    s->kv_es = qk_kv_f16(fam, c->head_dim, getenv("ROOTSPEC_CPU_KV")) ? 2 : sizeof(float);
+    /* f16 where the family reads it; sw.cpu_kv_f32 keeps f32 (the golden tests hold the
+     * f32 caches to tighter bounds) */
+    s->kv_es = qk_kv_f16(fam, c->head_dim, p->sw.cpu_kv_f32) ? 2 : sizeof(float);
     s->kv_bytes = kv_n * s->kv_es; /* huge pages: attention streams it (util.h) */
     s->key_cache = rs_huge_alloc(s->kv_bytes);
     s->value_cache = s->key_cache ? rs_huge_alloc(s->kv_bytes) : NULL;
@@ -419,7 +419,7 @@ static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsE
                       "(lower --ctx)",
                       p->kv_capacity, c->n_layers, 2 * s->kv_bytes >> 20);
     }
-    if ((rc = threadpool_create(nth, &b->pool, e))) {
+    if ((rc = threadpool_create(nth, !p->sw.cpu_unpinned, &b->pool, e))) {
         cpu_destroy(&bb);
         return rc;
     }
@@ -1029,12 +1029,9 @@ static void cpu_rows_gather_op(Backend *bb, const int *rows, const int *ids, int
 static int packs_type(uint32_t type, const void *fam) { return qk_family_packs(fam, type); }
 
 /* BackendOps.prepare_weights: the resident matrices of every type the family has an x4
- * kernel for, packed (model_pack_x4); ROOTSPEC_CPU_PACK=0 keeps the file's row layout. */
+ * kernel for, packed (model_pack_x4); sw.cpu_unpacked keeps the file's row layout. */
 static int cpu_prepare_weights(Model *m, const BackendParams *p, RsErr *e) {
-    const char *pack = getenv("ROOTSPEC_CPU_PACK");
-    if (pack && strcmp(pack, "0") != 0 && strcmp(pack, "1") != 0)
-        return rs_err(e, RS_EINVAL, "ROOTSPEC_CPU_PACK=%s: expected 0 or 1", pack);
-    if (pack && strcmp(pack, "0") == 0) return RS_OK;
+    if (p && p->sw.cpu_unpacked) return RS_OK;
     const QkFamily *fam = qk_family_pick(p ? p->cpu_kernels : NULL, e);
     if (!fam) return e && e->code ? e->code : RS_EINVAL;
     model_pack_x4(m, packs_type, fam);

@@ -9,7 +9,7 @@
 const char *cpu_backend_kernels(const Backend *b);
 int cpu_backend_threads(const Backend *b);
 /* The element type of its KV caches: "f16" where the family has f16 attention (the x86
- * families), else "f32"; ROOTSPEC_CPU_KV=f32 forces f32 at create(). */
+ * families), else "f32"; BackendParams.sw.cpu_kv_f32 forces f32 at create(). */
 const char *cpu_backend_kv(const Backend *b);
 
 #endif

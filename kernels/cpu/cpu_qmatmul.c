@@ -362,9 +362,8 @@ void qk_rmsnorm(const QkFamily *f, float *o, const float *x, const float *w, int
     else cpu_rmsnorm(o, x, w, n, eps);
 }
 
-int qk_kv_f16(const QkFamily *f, int hd, const char *want) {
-    if (want && strcmp(want, "f32") == 0) return 0;
-    return f->attn_f16 && hd % 8 == 0 && hd <= QK_ATT_HD16;
+int qk_kv_f16(const QkFamily *f, int hd, int f32) {
+    return !f32 && f->attn_f16 && hd % 8 == 0 && hd <= QK_ATT_HD16;
 }
 
 void qk_attention(const QkFamily *f, int half, float *o, const float *q, const void *kh0,

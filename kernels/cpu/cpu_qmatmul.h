@@ -174,8 +174,8 @@ void qk_matmul_rows(const QkFamily *f, const QTensor *w, const QkActs *x, float 
 void qk_swiglu(const QkFamily *f, float *gate, const float *up, int n);
 void qk_rmsnorm(const QkFamily *f, float *o, const float *x, const float *w, int n, float eps);
 /* 1 when f keeps KV caches of head size hd in f16: it has attn_f16, the head fits that
- * kernel, and `want` (ROOTSPEC_CPU_KV's value, or NULL) is not "f32". */
-int qk_kv_f16(const QkFamily *f, int hd, const char *want);
+ * kernel, and f32 (BackendSwitches.cpu_kv_f32) is not asked for. */
+int qk_kv_f16(const QkFamily *f, int hd, int f32);
 /* Attention of g heads over f32 caches (half 0: float rows) or f16 ones (half 1, as
  * qk_kv_f16 chose: uint16_t rows): f's kernel, or the reference loops head by head when it
  * has none; any g >= 1 (calls of at most QK_ATT_G heads). */

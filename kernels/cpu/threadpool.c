@@ -118,10 +118,8 @@ static void *worker_main(void *a) {
 }
 
 /* CPU of the process's affinity set for worker tid (tid 0, the caller, takes the first),
- * or -1 when pinning is off or there are fewer CPUs than workers. */
+ * or -1 when there are fewer CPUs than workers. */
 static int pin_cpu(int tid, int n) {
-    const char *env = getenv("ROOTSPEC_CPU_PIN");
-    if (env && strcmp(env, "0") == 0) return -1;
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) != 0 || CPU_COUNT(&set) < n) return -1;
     for (int c = 0, k = 0; c < CPU_SETSIZE; c++)
@@ -129,7 +127,7 @@ static int pin_cpu(int tid, int n) {
     return -1;
 }
 
-int threadpool_create(int n_threads, ThreadPool **out, RsErr *e) {
+int threadpool_create(int n_threads, int pin, ThreadPool **out, RsErr *e) {
     *out = NULL;
     RS_ASSERT(n_threads >= 1);
     ThreadPool *p = rs_xcalloc(1, sizeof *p);
@@ -139,7 +137,7 @@ int threadpool_create(int n_threads, ThreadPool **out, RsErr *e) {
         Worker *w = &p->w[i];
         w->pool = p;
         w->tid = i;
-        w->cpu = pin_cpu(i, n_threads);
+        w->cpu = pin ? pin_cpu(i, n_threads) : -1;
         int rc = pthread_create(&w->th, NULL, worker_main, w);
         if (rc) {
             p->n = i; /* destroy joins the ones started */

@@ -1,5 +1,5 @@
 /* The CPU backend's own thread pool: a fixed set of workers (pinned to distinct CPUs of the
- * process's affinity set unless ROOTSPEC_CPU_PIN=0) that run one parallel region at a
+ * process's affinity set when asked to) that run one parallel region at a
  * time. A forward() runs a dozen regions per layer, microseconds apart, so workers spin
  * on the job counter for a while before they sleep on a futex: waking a sleeping thread
  * costs more than a small region takes. The calling thread is worker 0 and takes part, so
@@ -22,8 +22,11 @@ typedef void (*TpFn)(void *arg, int i, int n);
  * exactly once; tid (< the pool size) names the thread running it, for per-thread scratch. */
 typedef void (*TpChunkFn)(void *arg, int i, int n_chunks, int tid);
 
-/* n_threads >= 1 (the caller counts as one). RS_EIO when a thread cannot be started. */
-int threadpool_create(int n_threads, ThreadPool **out, RsErr *e);
+/* n_threads >= 1 (the caller counts as one). pin: worker i runs on the i-th CPU of the
+ * process's affinity set (none when the set has fewer CPUs than workers); 0: wherever the
+ * scheduler puts it (BackendSwitches.cpu_unpinned). RS_EIO when a thread cannot be
+ * started. */
+int threadpool_create(int n_threads, int pin, ThreadPool **out, RsErr *e);
 void threadpool_destroy(ThreadPool **p);
 void threadpool_run(ThreadPool *p, TpFn fn, void *arg);
 void threadpool_run_chunks(ThreadPool *p, TpChunkFn fn, void *arg, int n_chunks);

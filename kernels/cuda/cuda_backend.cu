@@ -9,7 +9,7 @@
  *
  * Every buffer is allocated in create(); forward() only enqueues work. Calls of at most
  * 65 tokens are padded to a bucket (1, 2, 4, 8, 16, 32, 48, 65) and, unless
- * ROOTSPEC_CUDA_GRAPHS=0, replayed from a CUDA graph captured on the bucket's first use:
+ * BackendSwitches.cuda_eager (ROOTSPEC_CUDA_GRAPHS=0), replayed from a CUDA graph captured on the bucket's first use:
  * per-call scalars live in device memory (CuMeta), so the graph stays valid; it is
  * re-captured only when a buffer pointer or shape it baked in changes. Larger batches
  * (prefill chunks) run eagerly without padding. */
@@ -398,12 +398,11 @@ static CudaBackend *backend_new(const Model *m, const BackendParams *p) {
     /* Padded batches of up to 65 rows need room for the whole bucket. */
     int small = p->max_batch < GRAPH_MAX_TOKENS ? p->max_batch : GRAPH_MAX_TOKENS;
     b->rows = p->max_batch > kBuckets[bucket_of(small)] ? p->max_batch : kBuckets[bucket_of(small)];
-    const char *env = getenv("ROOTSPEC_CUDA_GRAPHS");
-    b->use_graphs = !(env && strcmp(env, "0") == 0);
-    /* q|k|v through k_qkv_fused in one-row calls; "0": never, "all": every call a graph
-     * serves (the A/B switches for measuring on a GPU; a dim the kernel cannot stage: never) */
-    env = getenv("ROOTSPEC_CUDA_FUSED_QKV");
-    b->fused_qkv = env && !strcmp(env, "0") ? 0 : env && !strcmp(env, "all") ? GRAPH_MAX_TOKENS : 1;
+    b->use_graphs = !p->sw.cuda_eager;
+    /* q|k|v through k_qkv_fused in one-row calls; -1: never, 1: every call a graph serves
+     * (the A/B switches for measuring on a GPU; a dim the kernel cannot stage: never) */
+    int qkv = p->sw.cuda_fused_qkv;
+    b->fused_qkv = qkv < 0 ? 0 : qkv > 0 ? GRAPH_MAX_TOKENS : 1;
     if (c->dim > CUK_NORM_GEMM_MAX_IN) b->fused_qkv = 0;
     b->batch_inv = p->batch_invariant != 0;
     CUDA_CHECK(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking));

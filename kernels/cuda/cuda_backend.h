@@ -14,7 +14,7 @@ extern "C" {
 #include "kernels/backend.h"
 
 /* Turns CUDA graphs on (1) or off (0) for later forward() calls; the default comes from
- * ROOTSPEC_CUDA_GRAPHS (unset or not "0": on). */
+ * BackendParams.sw.cuda_eager (0: on). */
 void cuda_backend_set_graphs(Backend *b, int on);
 /* Weight bytes one forward streams (bf16 layers + output head), for bandwidth figures. */
 size_t cuda_backend_weight_bytes(const Backend *b);
@@ -22,8 +22,8 @@ size_t cuda_backend_weight_bytes(const Backend *b);
 /* Kernel launches of the last forward(), counted on the host as they are enqueued: per
  * layer and for the whole pass (embedding, RoPE table, layers, final norm and head; a
  * replayed graph counts the kernels enqueued while it was captured). Default mode: 7 a
- * layer in a one-row call, 9 with more rows (ROOTSPEC_CUDA_FUSED_QKV, read at create:
- * "0" 9 always, "all" 7 in every call of at most 65 rows); batch-invariant mode: 5
+ * layer in a one-row call, 9 with more rows (BackendParams.sw.cuda_fused_qkv: -1 9 always,
+ * 1 7 in every call of at most 65 rows); batch-invariant mode: 5
  * (docs/DESIGN.md §7). A cuBLAS call counts as one kernel. */
 void cuda_backend_launches(const Backend *b, int *per_layer, int *per_pass);
 /* The same counted in the CUDA graph the last forward() replayed (cudaGraphGetNodes):

@@ -95,8 +95,22 @@ float cu_randf(uint64_t *s, float lo, float hi) {
     return lo + (hi - lo) * u;
 }
 
+/* The environment's switches (ROOTSPEC_CUDA_GRAPHS=0, ...), read once, as a program does. */
+static BackendSwitches env_switches(void) {
+    static int read;
+    static BackendSwitches sw;
+    if (!read) {
+        const char *kernels = NULL;
+        RsErr e = {0};
+        ck_assert_msg(cli_backend_env(&kernels, &sw, &e) == RS_OK, "%s", e.msg);
+        read = 1;
+    }
+    return sw;
+}
+
 Backend *cu_backend_make(const BackendOps *ops, const Model *m, int cap, int batch, int pend) {
-    BackendParams p = {.kv_capacity = cap, .max_batch = batch, .max_pending = pend, .threads = 1};
+    BackendParams p = {.kv_capacity = cap, .max_batch = batch, .max_pending = pend, .threads = 1,
+                       .sw = env_switches()};
     Backend *b = NULL;
     RsErr e = {0};
     p.cpu_kernels = ops == &cpu_backend_ops ? "ref" : NULL;

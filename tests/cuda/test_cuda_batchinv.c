@@ -18,9 +18,9 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "tests/testutil.h"
 
-static Backend *make(const Model *m, int cap, int batch, int pend, int bi) {
+static Backend *make(const Model *m, int cap, int batch, int pend, int bi, int qkv) {
     BackendParams p = {.kv_capacity = cap, .max_batch = batch, .max_pending = pend,
-                       .threads = 1, .batch_invariant = bi};
+                       .threads = 1, .batch_invariant = bi, .sw = {.cuda_fused_qkv = qkv}};
     Backend *b = NULL;
     RsErr e = {0};
     ck_assert_msg(backend_create(cuda_backend_ops_get(), m, &p, &b, &e) == RS_OK, "%s", e.msg);
@@ -49,7 +49,7 @@ START_TEST(test_cuda_launches_per_layer) {
     float *lg = malloc(sizeof(float) * (size_t)m->cfg.vocab_size);
     for (int bi = 0; bi < 2; bi++)
         for (int graphs = 0; graphs < 2; graphs++) {
-            Backend *b = make(m, 256, 65, 130, bi);
+            Backend *b = make(m, 256, 65, 130, bi, 0);
             cuda_backend_set_graphs(b, graphs);
             int sizes[3] = {1, 9, 65};
             for (int k = 0; k < 3; k++) {
@@ -79,12 +79,9 @@ START_TEST(test_cuda_launches_per_layer) {
             backend_destroy(&b);
         }
     /* The A/B switches: q|k|v on RMSNorm + cuBLAS + k_qkv_post in one-row calls too
-     * ("0", 2 launches more), or fused in every call a graph serves ("all"). */
-    const char *mode[2] = {"0", "all"};
+     * (-1, 2 launches more), or fused in every call a graph serves (1). */
     for (int k = 0; k < 2; k++) {
-        setenv("ROOTSPEC_CUDA_FUSED_QKV", mode[k], 1);
-        Backend *b = make(m, 256, 65, 130, 0);
-        unsetenv("ROOTSPEC_CUDA_FUSED_QKV");
+        Backend *b = make(m, 256, 65, 130, 0, k ? 1 : -1);
         RsErr e = {0};
         int n = k ? 65 : 1, layer = 0, pass = 0;
         ck_assert_int_eq(backend_forward(b, tok, pos, n, NULL, rows, 1, lg, &e), RS_OK);
@@ -126,7 +123,7 @@ START_TEST(test_cuda_batch_invariant_rows) {
     Model *host = load(&cpu_backend_ops, spec), *dev = load(cuda_backend_ops_get(), spec);
     int V = host->cfg.vocab_size, np = 20, n = 65;
     Backend *cpu = cu_backend_make(&cpu_backend_ops, host, 256, 65, 130);
-    Backend *gpu = make(dev, 256, 65, 130, 1);
+    Backend *gpu = make(dev, 256, 65, 130, 1, 0);
     int ptok[20], ppos[20], tok[65], pos[65], rows[65];
     uint8_t *mask = malloc(65 * 65);
     for (int i = 0; i < np; i++) ptok[i] = (i * 41 + 3) % V, ppos[i] = i;

@@ -106,7 +106,7 @@ START_TEST(test_cuda_no_alloc_in_decode_loop) {
     ck_assert_msg(moved <= FREE_SLACK, "device memory moved in the decode loop: %zu -> %zu free",
                   free0, free1);
     if (backend_stats(b).graph_replays == replays0)
-        fprintf(stderr, "(graphs off: ROOTSPEC_CUDA_GRAPHS=0)\n");
+        fprintf(stderr, "(graphs off: BackendSwitches.cuda_eager, ROOTSPEC_CUDA_GRAPHS=0)\n");
     free(lg);
     backend_destroy(&b);
     model_destroy(&m);

@@ -228,25 +228,25 @@ START_TEST(test_cuda_rowstats_decode) {
                   e.msg);
     ck_assert_msg(drafter_model_create(dm, &cpu_backend_ops, TU_BP(256, 1),
                                        &d, &e) == 0, "%s", e.msg);
-    const Rule rules[] = {RULE_AR, RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
+    const DecoderKind rules[] = {DECODER_AR, DECODER_DRAFT, DECODER_PEARL, DECODER_ROOTDRAW, DECODER_ROOT};
     int prompt[4] = {7, 70, 170, 270}, ar[16], buf[48];
     for (int k = 0; k < 5; k++)
         for (int l = 0; l < 3; l++)
-            for (int sa = 0; sa <= (l > 0 && rule_needs_root(rules[k])); sa++) {
+            for (int sa = 0; sa <= (l > 0 && decoder_needs_root_pass(rules[k])); sa++) {
                 int temp = sampling_temp(&LAWS[l]);
-                DecodeOpts o = {.rule = rules[k], .budget = 8, .sampling = LAWS[l], .seed = 3,
-                                .max_new = 12, .score_all = sa};
-                DecodeResult r = {.tokens = buf, .cap = 48};
-                ck_assert_msg(decode_run(t, rules[k] == RULE_AR ? NULL : d, prompt, 4, &o, NULL,
-                                         &r, &e) == 0, "%s", e.msg);
-                ck_assert_int_ge(r.n_tokens, 12);
+                DecodeOpts opts = {.decoder = rules[k], .budget = 8, .sampling = LAWS[l], .seed = 3,
+                                   .max_new = 12, .score_all = sa};
+                DecodeResult res = {.tokens = buf, .cap = 48};
+                ck_assert_msg(decode_run(t, rules[k] == DECODER_AR ? NULL : d, prompt, 4, &opts, NULL,
+                                         &res, &e) == 0, "%s", e.msg);
+                ck_assert_int_ge(res.n_tokens, 12);
                 if (temp == 0 && k == 0) memcpy(ar, buf, sizeof(int) * 12);
                 if (temp == 0)
                     for (int i = 0; i < 12; i++)
                         ck_assert_msg(buf[i] == ar[i], "%s T=0: token %d is %d, AR %d",
-                                      rule_name(rules[k]), i, buf[i], ar[i]);
+                                      decoder_name(rules[k]), i, buf[i], ar[i]);
                 ck_assert_msg(backend_stats(target_backend(t)).d2h_full_rows == 0,
-                              "%s law %d%s: whole rows copied to the host", rule_name(rules[k]),
+                              "%s law %d%s: whole rows copied to the host", decoder_name(rules[k]),
                               l, sa ? " score-all" : "");
             }
     drafter_destroy(&d);
