@@ -1322,25 +1322,24 @@ START_TEST(test_ahead_identity) {
 }
 END_TEST
 
-/* Sampling at T=0.3 (peaked enough that whole chains are accepted and guesses hit): each
- * rule with a chain pool (5,1), B = 5, its drafter running ahead, follows the target's law;
- * the same chi-square catches the wrong verifier. */
+/* T=1: each rule with a chain pool (5,1), B = 5, its drafter running ahead (guessing, and
+ * taking most guesses back: a random drafter's chains are seldom accepted whole; the hits
+ * are test_ahead_identity's and tests/test_ahead.c's), follows the target's law; the same
+ * chi-square catches the wrong verifier. */
 START_TEST(test_ahead_t1_exactness) {
     double pv;
     Rule rule = ALL_RULES[1 + _i % 4];
     int wrong = _i == 4;
-    const Sampling cool = {0.3, 0, 0, 0};
     g_depth = 5, g_width = 1, g_threaded = 1;
-    exactness_law(2, wrong ? RULE_ROOTDRAW : rule, 5, &cool, 6000, wrong, &pv, NULL);
+    exactness_law(1, wrong ? RULE_ROOTDRAW : rule, 5, &SAMPLING_PLAIN, 8000, wrong, &pv, NULL);
     g_depth = g_width = g_threaded = 0;
     fprintf(stderr, "  run-ahead: %ld guesses, %ld hits (%ld pools ready), %ld misses\n",
             g_ahead.guesses, g_ahead.hits, g_ahead.pools_ready, g_ahead.misses);
     if (wrong) ck_assert_msg(pv < 1e-3, "run-ahead: a wrong verifier passed (p=%g)", pv);
     else ck_assert_msg(pv > 1e-3, "%s with run-ahead: law differs from the target's (p=%g)",
                        rule_name(rule), pv);
-    if (rule == RULE_ROOTDRAW && !wrong)
-        ck_assert_msg(g_ahead.hits > 0 && g_ahead.misses > 0, "no hit or no miss: %ld, %ld",
-                      g_ahead.hits, g_ahead.misses);
+    ck_assert_msg(g_ahead.guesses > 0 && g_ahead.misses > 0, "run-ahead did not run: %ld "
+                  "guesses, %ld misses", g_ahead.guesses, g_ahead.misses);
 }
 END_TEST
 
