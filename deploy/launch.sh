@@ -7,19 +7,21 @@
 #   deploy/launch.sh [--backend cpu|cuda] [--bin DIR] [--endpoint EP] [--insecure]
 #                    [--curve-dir DIR] --draft-model PATH [--draft-layers SPEC]
 #                    [--draft-threads N] [--draft-target-model PATH]
-#                    [--drafter KIND] [--corpus FILE] [--serve] -- TARGET_ARGS...
+#                    [--drafter KIND] [--corpus FILE] [--no-ahead] [--serve] -- TARGET_ARGS...
 # --draft-target-model: the target an EAGLE-3 head (--draft-model HEAD) drafts for, passed
 # to rootspec-draft as --target-model (its embeddings and vocabulary).
 # --drafter suffix: the model-free drafter (--draft-model then only lends its tokenizer),
 # with --corpus FILE a text it also looks in.
 # TARGET_ARGS go to rootspec-target (--model, --prompt/--prompts, --decoder, ...); the
 # launcher adds --draft-endpoint. The drafter is stopped when the target exits.
+# --no-ahead: the drafter idles between requests instead of running ahead (rootspec-draft
+# --no-ahead; DESIGN.md §5).
 # --serve: the target side is rootspec-serve, the HTTP server (TARGET_ARGS: --model,
 # --decoder, --port, ...), which runs until SIGINT or SIGTERM (deploy/serve.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 backend=cpu bin="" endpoint="" draft_model="" draft_layers="" insecure="" curve="" dthreads=1
-draft_target="" drafter="" corpus="" prog=rootspec-target
+draft_target="" drafter="" corpus="" prog=rootspec-target no_ahead=
 need() { [ $# -ge 2 ] || { echo "launch.sh: option $1 needs a value (see --help)" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -33,6 +35,7 @@ while [ $# -gt 0 ]; do
     --drafter) need "$@"; drafter=$2; shift 2 ;;
     --corpus) need "$@"; corpus=$2; shift 2 ;;
     --insecure) insecure=--insecure; shift ;;
+    --no-ahead) no_ahead=--no-ahead; shift ;;
     --curve-dir) need "$@"; curve=$2; shift 2 ;;
     --serve) prog=rootspec-serve; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -58,6 +61,7 @@ dargs=(--model "$draft_model" --bind "$endpoint" --backend "$backend" --threads 
 [ -n "$drafter" ] && dargs+=(--drafter "$drafter")
 [ -n "$corpus" ] && dargs+=(--corpus "$corpus")
 [ -n "$insecure" ] && dargs+=("$insecure")
+[ -n "$no_ahead" ] && dargs+=("$no_ahead")
 [ -n "$curve" ] && dargs+=(--curve-dir "$curve")
 targs=(--backend "$backend" --draft-endpoint "$endpoint")
 [ -n "$insecure" ] && targs+=("$insecure")

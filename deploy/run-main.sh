@@ -10,7 +10,9 @@
 #     process of its own on core 1 (deploy/launch.sh), pools a chain of best nodes with
 #     their siblings (--pool-shape). Both sets at T=0: AR with the F16 target alone, then
 #     draft, pearl, rootdraw and root; a table of speeds, ratio to AR, same text, tokens
-#     per round and the share of the root pass hidden behind drafting; then the rules'
+#     per round, the share of the root pass hidden behind drafting and the share of rounds
+#     whose commit the drafter had guessed while the target verified (run-ahead, DESIGN.md
+#     §5; PAIR_AHEAD=0 turns it off); then the rules'
 #     expected acceptance on this pair at T=1 (the paper's Table 2 shape).
 #  4. Expected acceptance of each selection rule at B=8 and B=59 (the shape of the paper's
 #     Table 2), measured offline on a few prompts with a model drafter (--score-all-rules:
@@ -26,7 +28,7 @@
 # Environment: MODEL, DECODER (draft), BUDGET (auto), DRAFTER (suffix | self),
 # DRAFT_LAYERS, MAX_NEW (48), CODE_MAX_NEW (128), SCORE_PROMPTS (3), SCORE_MAX_NEW (16),
 # SCORE_LAYERS (0-13,15-29), SCORE=0 to skip part 4; PAIR=0 to skip part 3, PAIR_TARGET
-# (the F16 file), PAIR_SHAPE (5,1), PAIR_BUDGET (5), PAIR_DECODERS; further arguments go
+# (the F16 file), PAIR_SHAPE (5,1), PAIR_BUDGET (5), PAIR_DECODERS, PAIR_AHEAD (1); further arguments go
 # to the speculative rootspec-target of part 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -102,6 +104,8 @@ per_round() {
 }
 # "root pass hidden behind drafting  X %" -> X
 hidden() { sed -n 's/^ *root pass hidden behind drafting *\([0-9.]*\) %.*/\1/p' "$1" | tail -1; }
+# "commits the drafter guessed ahead  X %" -> X (0 when the line is absent: none guessed)
+guessed() { sed -n 's/^ *commits the drafter guessed ahead *\([0-9.]*\) %.*/\1/p' "$1" | tail -1; }
 
 # pair_set NAME FILE MAX_NEW: AR with the F16 target alone, then each decoder with the Q4_1
 # drafter in its own process; one table row each.
@@ -111,9 +115,9 @@ pair_set() {
   "${pin[@]}" build/rootspec-target "${common[@]}" --decoder ar \
     >"$tmp/p_$name.ar.out" 2>"$tmp/p_$name.ar.err" || { cat "$tmp/p_$name.ar.err" >&2; exit 1; }
   ar=$(speed "$tmp/p_$name.ar.err")
-  printf "| %-9s | %-8s | %8.2f | %5.2fx | %-9s | %10s | %11s |\n" "$name" ar "${ar:-0}" 1 yes 1.00 -
+  printf "| %-9s | %-8s | %8.2f | %5.2fx | %-9s | %10s | %11s | %7s |\n" "$name" ar "${ar:-0}" 1 yes 1.00 - -
   for dec in $pair_decoders; do
-    deploy/launch.sh --draft-model "$model" -- "${common[@]}" --decoder "$dec" \
+    deploy/launch.sh --draft-model "$model" "${ahead[@]}" -- "${common[@]}" --decoder "$dec" \
       --budget "$pair_budget" --pool-shape "$pair_shape" --draft-timeout-ms 60000 \
       >"$tmp/p_$name.$dec.out" 2>"$tmp/p_$name.$dec.err" || { cat "$tmp/p_$name.$dec.err" >&2; exit 1; }
     local sd same=NO
@@ -121,8 +125,10 @@ pair_set() {
     cmp -s "$tmp/p_$name.ar.out" "$tmp/p_$name.$dec.out" && same=yes
     awk -v n="$name" -v d="$dec" -v a="${ar:-0}" -v s="${sd:-0}" -v same="$same" \
       -v tpr="$(per_round "$tmp/p_$name.$dec.err")" -v h="$(hidden "$tmp/p_$name.$dec.err")" \
-      'BEGIN { printf "| %-9s | %-8s | %8.2f | %5.2fx | %-9s | %10s | %11s |\n", n, d, s,
-               (a > 0 ? s / a : 0), same, tpr, (h == "" ? "-" : sprintf("%.1f%%", h)) }'
+      -v g="$(guessed "$tmp/p_$name.$dec.err")" \
+      'BEGIN { printf "| %-9s | %-8s | %8.2f | %5.2fx | %-9s | %10s | %11s | %7s |\n", n, d, s,
+               (a > 0 ? s / a : 0), same, tpr, (h == "" ? "-" : sprintf("%.1f%%", h)),
+               sprintf("%.0f%%", g == "" ? 0 : g) }'
   done
 }
 
@@ -152,12 +158,14 @@ if [ "${PAIR:-1}" != 0 ]; then
   pair_target=${PAIR_TARGET:-models/SmolLM2-135M-Instruct.F16.gguf}
   pair_shape=${PAIR_SHAPE:-5,1} pair_budget=${PAIR_BUDGET:-5}
   pair_decoders=${PAIR_DECODERS:-draft pearl rootdraw root}
+  ahead=()
+  [ "${PAIR_AHEAD:-1}" = 0 ] && ahead=(--no-ahead)
   [ -f "$pair_target" ] || { echo "run-main.sh: $pair_target missing (tools/setup.sh --pair)" >&2; exit 1; }
   echo
   echo "== the default pair in two processes: F16 target (core 0), Q4_1 drafter process (core 1),"
   echo "   T=0, B=$pair_budget, pools $pair_shape (depth,width); same text = the F16 target's AR text"
-  echo "| prompts   | decoder  | tok/s    | ratio  | same text | tok/round  | root hidden |"
-  echo "|-----------|----------|----------|--------|-----------|------------|-------------|"
+  echo "| prompts   | decoder  | tok/s    | ratio  | same text | tok/round  | root hidden | guessed |"
+  echo "|-----------|----------|----------|--------|-----------|------------|-------------|---------|"
   pair_set prompts deploy/prompts.jsonl "${MAX_NEW:-48}"
   pair_set code_edit deploy/code_edit.jsonl "${CODE_MAX_NEW:-128}"
   echo

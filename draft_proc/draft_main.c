@@ -48,6 +48,9 @@ static void usage(FILE *f) {
             "  --curve-dir DIR      CURVE keys for tcp:// (server.key, client.pub)\n"
             "  --insecure           allow plain tcp:// without CURVE\n"
             "  --max-requests N     exit after answering N requests (scripted runs, tests)\n"
+            "  --no-ahead           do not run ahead between requests (a model drafter\n"
+            "                       otherwise guesses the next commit and grows its pool while\n"
+            "                       the target verifies; docs/DESIGN.md §5)\n"
             "  --gen-keys DIR       write a fresh server/client CURVE key pair into DIR and exit\n"
             "                       (refused when DIR holds keys already)\n"
             "  -h, --help           this text\n"
@@ -61,7 +64,7 @@ typedef struct {
     DrafterKind kind;
     Eagle3LayerIds layer_ids; /* --eagle3-layer-ids */
     CliRuntime rt;
-    int max_req;
+    int max_req, no_ahead;
 } Args;
 
 /* Parses the options; returns -1 to go on, else the exit status (0 for --help, 2 for bad
@@ -85,6 +88,7 @@ static int parse_args(int argc, char **argv, Args *A) {
         else if (!strcmp(a, "--eagle3-layer-ids")) { if (VAL()) rc = eagle3_layer_ids_parse(v, &A->layer_ids, &e); }
         else if (!strcmp(a, "--bind")) { if (VAL()) A->bind = v; }
         else if (!strcmp(a, "--gen-keys")) { if (VAL()) A->gen = v; }
+        else if (!strcmp(a, "--no-ahead")) A->no_ahead = 1;
         else if (!strcmp(a, "--max-requests")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 30, &A->max_req, &e); }
         else rc = rs_err(&e, RS_EINVAL, "unknown option '%s' (see --help)", a);
 #undef VAL
@@ -201,10 +205,14 @@ int main(int argc, char **argv) {
     DraftServerOpts so = {.endpoint = A.bind, .insecure = A.rt.insecure, .curve_dir = A.rt.curve_dir,
                      .name = name,
                      .caps = ops == cuda_backend_ops_get() ? PROTO_CAP_CUDA : 0,
-                     .max_requests = A.max_req, .stop = &g_stop};
+                     .max_requests = A.max_req, .no_ahead = A.no_ahead, .stop = &g_stop};
     RsErr e = {0};
     rc = draft_server_run(d, tokenizer_identity(tok, full->cfg.vocab_size), &so, &e);
     if (rc) fprintf(stderr, "rootspec-draft: %s\n", e.msg);
+    DrafterAheadStats st = drafter_ahead_stats(d);
+    if (st.guesses)
+        fprintf(stderr, "rootspec-draft: ran ahead %ld times: %ld commits guessed (%ld pools ready), "
+                "%ld not\n", st.guesses, st.hits, st.pools_ready, st.misses);
     drafter_destroy(&d); /* before the model it borrows */
     tokenizer_destroy(&tok);
     model_destroy(&full);

@@ -200,7 +200,15 @@ static void on_append(Session *s) {
     }
 }
 
-/* COMMIT_GROW: commits the round's tokens and answers with the pool grown below them. */
+/* drafter_ahead's stop: a frame waits, or the server is told to stop. */
+static int request_waiting(void *arg) {
+    Session *s = arg;
+    zmq_pollitem_t it = {.socket = s->sock, .events = ZMQ_POLLIN};
+    return (s->o->stop && *s->o->stop) || zmq_poll(&it, 1, 0) != 0;
+}
+
+/* COMMIT_GROW: commits the round's tokens and answers with the pool grown below them; then
+ * the drafter runs ahead while the target verifies. */
 static void on_commit_grow(Session *s) {
     if (!in_session(s) || refuse_lost(s)) return;
     RsErr ge = {0};
@@ -217,7 +225,7 @@ static void on_commit_grow(Session *s) {
     ProtoMsg *r = start_reply(s, PROTO_POOL);
     r->u.pool.pool = s->pool;
     r->u.pool.commit_pass_ns = s->pool->commit_pass_ns;
-    send_reply(s, r);
+    if (send_reply(s, r) == RS_OK && !s->o->no_ahead) drafter_ahead(s->d, request_waiting, s);
 }
 
 /* BYE: answered with BYE; ends the session when it is the session's peer's. */

@@ -87,6 +87,17 @@ void drafter_set_shape(Drafter *d, int depth, int width) {
     if (d->ops->set_shape) d->ops->set_shape(d->ctx, depth, width);
 }
 
+void drafter_ahead(Drafter *d, int (*stop)(void *), void *arg) {
+    RS_ASSERT(!d->growing && stop);
+    if (d->ops->ahead) d->ops->ahead(d->ctx, stop, arg);
+}
+
+DrafterAheadStats drafter_ahead_stats(const Drafter *d) {
+    DrafterAheadStats st = {0};
+    if (d->ops->ahead_stats) d->ops->ahead_stats(d->ctx, &st);
+    return st;
+}
+
 const DrafterInfo *drafter_info(const Drafter *d) { return &d->info; }
 
 void drafter_destroy(Drafter **pd) {

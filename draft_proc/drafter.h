@@ -93,6 +93,25 @@ int drafter_commit_grow(Drafter *d, const int *tokens, int n, Pool *out, RsErr *
  * outstanding); the remote kind sends it with the next commit. */
 void drafter_set_shape(Drafter *d, int depth, int width);
 
+/* Run-ahead (DESIGN.md §5): work done between a pool and the next commit, while the
+ * target verifies. A model kind guesses the next commit (the pool's best path, then its
+ * best continuation), commits the guess and grows the pool below it; the next grow keeps
+ * that work when its tokens are the guess and takes the guess back otherwise, so every
+ * pool is the one the commit alone would grow. stop(arg) is asked before each pass and
+ * returns nonzero when the caller has a request waiting: run-ahead then returns at once.
+ * Call it after a grow_end (or drafter_grow), never while a growth is outstanding; kinds
+ * without it do nothing. Errors are its own: a guess it cannot keep is taken back. */
+void drafter_ahead(Drafter *d, int (*stop)(void *), void *arg);
+
+typedef struct {
+    long guesses;     /* guesses committed */
+    long hits;        /* commits that were the guess */
+    long misses;      /* commits that were not (the guess taken back) */
+    long pools_ready; /* hits whose pool was grown whole before the commit came */
+} DrafterAheadStats;
+/* What run-ahead did so far (zeros for a kind without it). */
+DrafterAheadStats drafter_ahead_stats(const Drafter *d);
+
 /* Size, weights and name; valid until drafter_destroy. */
 const DrafterInfo *drafter_info(const Drafter *d);
 

@@ -24,6 +24,10 @@ typedef struct {
     /* As drafter_set_shape, called only while no growth is outstanding; optional: NULL
      * keeps the kind's full shape. */
     void (*set_shape)(void *ctx, int depth, int width);
+    /* As drafter_ahead, called only while no growth is outstanding; optional: NULL does
+     * nothing. ahead_stats fills what it did (optional: NULL reports zeros). */
+    void (*ahead)(void *ctx, int (*stop)(void *), void *arg);
+    void (*ahead_stats)(const void *ctx, DrafterAheadStats *st);
 } DrafterOps;
 
 struct Drafter {

@@ -4,7 +4,15 @@
  * in all counting the commit pass. Expanded nodes stay pending in the drafter's KV cache
  * for the round; the next commit drops them. A pass's logits stay in the backend (kept
  * rows): backend_rows_topk reduces each row to its 10 children where it lives, so no whole
- * row crosses to the host. */
+ * row crosses to the host.
+ *
+ * Run-ahead (drafter_ahead, DESIGN.md §5): between a pool and the next commit the drafter
+ * guesses that commit (the pool's best path to its first unexpanded node, then that node's
+ * best child as the continuation), commits the guess and grows the pool below it. The
+ * next commit either is the guess (the pool, or at least the commit pass, is ready) or is
+ * not: the guess is taken back (backend_kv_truncate) to the prefix it shares with the
+ * commit, and the commit runs as ever. The pool is what the commit alone would have grown:
+ * rows a guess computed are the rows its commit would compute. */
 #include "model_drafter.h"
 #include "drafter_impl.h"
 #include "kernels/prefill.h"
@@ -26,7 +34,22 @@ typedef struct {
     uint64_t backend_ns; /* this growth's time inside backend forward/commit calls */
     int rows;            /* logits rows this growth reduced */
     SyncGrowth g;       /* grow_begin's outcome for grow_end */
+    /* run-ahead */
+    int ahead_ok;        /* its backend can take a guess back (backend_kv_truncate) */
+    Pool *last;          /* the last pool grown, its expanded nodes pending from last_np0 */
+    int have_last, last_np0;
+    int guess_n, guess[POOL_MAX_DEPTH + 1]; /* the committed guess, 0: none */
+    int guess_ids[POOL_TOPK];  /* the top 10 below the guess: the next pool's first level */
+    float guess_lq[POOL_TOPK];
+    Pool *next;          /* grown below the guess, of shape next_depth x next_width (0: none) */
+    int next_depth, next_width;
+    int (*stop)(void *); /* during run-ahead: 1 when a request waits */
+    void *stop_arg;
+    DrafterAheadStats st;
 } ModelDrafter;
+
+/* expand()'s status when run-ahead stopped for a request (never an RsStatus) */
+#define AHEAD_STOPPED 1
 
 /* The top-10 ids and draft log-probs of every row the last pass kept, (n_kept, 10). */
 static int reduce(ModelDrafter *d, int *ids, float *logq, RsErr *e) {
@@ -39,6 +62,7 @@ static int reduce(ModelDrafter *d, int *ids, float *logq, RsErr *e) {
 static int expand(void *ctx, const PoolPass *pass, int *ids, float *logq, RsErr *e) {
     ModelDrafter *d = ctx;
     Backend *b = d->b;
+    if (d->stop && d->stop(d->stop_arg)) return AHEAD_STOPPED;
     int n = pass->n, pos[POOL_EXPAND], rows[POOL_EXPAND];
     RS_ASSERT(n <= POOL_EXPAND && backend_n_pending(b) == pass->n_pending);
     for (int k = 0; k < n; k++) {
@@ -75,20 +99,75 @@ static int commit_tokens(ModelDrafter *d, const int *tokens, int n, int want_row
     return rc;
 }
 
+/* Takes a committed guess back to its first `keep` tokens (and drops what is pending). */
+static int guess_undo(ModelDrafter *d, int keep, RsErr *e) {
+    int rc = backend_kv_truncate(d->b, backend_n_committed(d->b) - d->guess_n + keep, e);
+    d->guess_n = 0;
+    d->next_depth = 0;
+    return rc;
+}
+
+/* With a committed guess: 1 when `tokens` are the guess (what was grown below it stays),
+ * else 0 with the guess taken back to the prefix it shares with them (at most n - 1
+ * tokens: the last one's row is the commit pass's) and *skip set to that prefix. */
+static int guess_check(ModelDrafter *d, const int *tokens, int n, int *skip, RsErr *e) {
+    *skip = 0;
+    if (!d->guess_n) return 0;
+    if (n == d->guess_n && !memcmp(tokens, d->guess, sizeof(int) * (size_t)n)) {
+        d->guess_n = 0;
+        d->st.hits++;
+        return 1;
+    }
+    int m = 0;
+    while (m < n - 1 && m < d->guess_n && tokens[m] == d->guess[m]) m++;
+    d->st.misses++;
+    *skip = m;
+    return guess_undo(d, m, e);
+}
+
+/* The first level below the commit, from the guess (*ahead = 1) or from a commit pass. */
+static int commit_first_level(ModelDrafter *d, const int *tokens, int n, int *ids, float *lq,
+                              int *ahead, RsErr *e) {
+    int skip, rc = guess_check(d, tokens, n, &skip, e);
+    if (rc < 0) return rc;
+    *ahead = rc == 1;
+    if (*ahead) {
+        memcpy(ids, d->guess_ids, sizeof d->guess_ids);
+        memcpy(lq, d->guess_lq, sizeof d->guess_lq);
+        return RS_OK;
+    }
+    rc = commit_tokens(d, tokens + skip, n - skip, 1, e);
+    return rc ? rc : reduce(d, ids, lq, e);
+}
+
 /* Commits `tokens` and grows the pool below the last of them into *p. */
 static int grow(ModelDrafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
     uint64_t t0 = rs_now_ns(), fused0 = backend_stats(d->b).fused_topk_ns;
     if (n < 1) return rs_err(e, RS_EINVAL, "commit of %d tokens: need at least one", n);
+    d->have_last = 0;
     d->backend_ns = 0;
     d->rows = 0;
-    int ids[POOL_TOPK];
+    int ids[POOL_TOPK], ahead;
     float lq[POOL_TOPK];
-    int rc = commit_tokens(d, tokens, n, 1, e);
-    if (!rc) rc = reduce(d, ids, lq, e);
+    int rc = commit_first_level(d, tokens, n, ids, lq, &ahead, e);
     if (rc) return rc;
-    p->commit_pass_ns = rs_now_ns() - t0;
-    rc = pool_grow(p, ids, lq, backend_n_pending(d->b), d->depth, d->width, expand, d, d->vocab, "drafter", e);
+    uint64_t commit_ns = ahead ? 0 : rs_now_ns() - t0; /* 0: the guess was the commit */
+    if (ahead && d->next_depth == d->depth && d->next_width == d->width) {
+        memcpy(p, d->next, sizeof *p); /* grown ahead: its rows are pending from 0 */
+        d->st.pools_ready++;
+        d->last_np0 = 0;
+    } else {
+        if (ahead) rc = backend_kv_commit(d->b, NULL, 0, e); /* a pool begun ahead, unfinished */
+        d->last_np0 = backend_n_pending(d->b);
+        if (!rc)
+            rc = pool_grow(p, ids, lq, d->last_np0, d->depth, d->width, expand, d, d->vocab,
+                           "drafter", e);
+    }
+    d->next_depth = 0;
     if (rc) return rc;
+    p->commit_pass_ns = commit_ns;
+    memcpy(d->last, p, sizeof *p);
+    d->have_last = 1;
     p->draft_ns = rs_now_ns() - t0;
     /* The top-k reduction is host work wherever it ran: in rows_topk, or (CPU backend)
      * fused into the forwards' output head. */
@@ -104,13 +183,17 @@ static int model_reset(void *ctx, const int *prompt, int n, const void *features
                        size_t feat_bytes, RsErr *e) {
     ModelDrafter *d = ctx;
     backend_kv_reset(d->b);
+    d->guess_n = d->have_last = d->next_depth = 0;
     if (n < 0) return rs_err(e, RS_EINVAL, "prefill of %d tokens", n);
     return n ? commit_tokens(d, prompt, n, 0, e) : RS_OK;
 }
 
 static int model_append(void *ctx, const int *tokens, int n, const void *features,
                         size_t feat_bytes, RsErr *e) {
-    return commit_tokens(ctx, tokens, n, 0, e);
+    ModelDrafter *d = ctx;
+    d->have_last = 0;
+    int rc = d->guess_n ? guess_undo(d, 0, e) : RS_OK;
+    return rc ? rc : commit_tokens(d, tokens, n, 0, e);
 }
 
 /* Grows at once; the status waits for grow_end, as a worker thread's or a peer's would. */
@@ -126,6 +209,83 @@ static int model_grow_end(void *ctx, Pool *out, RsErr *e) {
     return sync_growth_end(&((ModelDrafter *)ctx)->g, out, e);
 }
 
+/* Pending row of each expanded node of the last pool, -1 for the others: its passes ran
+ * by depth, each in pool order, so the rows follow pool order. */
+static void last_slots(const ModelDrafter *d, int *slot_of) {
+    const Pool *p = d->last;
+    for (int u = 0, k = d->last_np0; u < p->n; u++) slot_of[u] = p->n_children[u] ? k++ : -1;
+}
+
+/* One token as pending row backend_n_pending(), attending to the committed context, the
+ * pending rows anc[0 .. na) and itself: its top 10. */
+static int forward_one(ModelDrafter *d, int tok, int pos, const int *anc, int na, int *ids,
+                       float *lq, RsErr *e) {
+    int np = backend_n_pending(d->b), row = 0;
+    uint8_t m[POOL_N_EXPANDED + MAX_BATCH + 1] = {0};
+    RS_ASSERT(np < (int)sizeof m);
+    for (int i = 0; i < na; i++) m[anc[i]] = 1;
+    m[np] = 1;
+    uint64_t t0 = rs_now_ns();
+    int rc = backend_forward(d->b, &tok, &pos, 1, m, &row, 1, NULL, e);
+    d->backend_ns += rs_now_ns() - t0;
+    return rc ? rc : reduce(d, ids, lq, e);
+}
+
+/* The guess: the last pool's best path (each level's first child, best first) down to its
+ * first unexpanded node u, then u's best child. Runs u and that child, commits the path.
+ * AHEAD_STOPPED when a request came first (nothing committed). */
+static int guess_commit(ModelDrafter *d, RsErr *e) {
+    const Pool *p = d->last;
+    int slot_of[POOL_MAX], anc[POOL_MAX_DEPTH + 1], na = 0, ids[POOL_TOPK];
+    float lq[POOL_TOPK];
+    last_slots(d, slot_of);
+    int u = p->root_first_child, nc = backend_n_committed(d->b);
+    for (; slot_of[u] >= 0; u = p->first_child[u]) {
+        d->guess[na] = p->token[u];
+        anc[na++] = slot_of[u];
+    }
+    if (nc + na + 2 + POOL_N_EXPANDED > backend_kv_capacity(d->b)) return AHEAD_STOPPED;
+    if (d->stop(d->stop_arg)) return AHEAD_STOPPED;
+    int rc = forward_one(d, p->token[u], nc - 1 + p->depth[u], anc, na, ids, lq, e);
+    if (rc) return rc;
+    d->guess[na] = p->token[u];
+    anc[na++] = backend_n_pending(d->b) - 1;
+    if (d->stop(d->stop_arg)) return AHEAD_STOPPED;
+    rc = forward_one(d, ids[0], nc + p->depth[u], anc, na, d->guess_ids, d->guess_lq, e);
+    if (rc) return rc;
+    d->guess[na] = ids[0];
+    anc[na++] = backend_n_pending(d->b) - 1;
+    rc = backend_kv_commit(d->b, anc, na, e);
+    if (!rc) d->guess_n = na;
+    return rc;
+}
+
+/* drafter_ahead: the guess, then the pool below it, until stop() says a request waits. A
+ * failure takes the guess back; one that cannot be taken back forgets the context (the
+ * next commit then fails and the target goes on without the drafter). */
+static void model_ahead(void *ctx, int (*stop)(void *), void *arg) {
+    ModelDrafter *d = ctx;
+    if (!d->ahead_ok || !d->have_last || d->guess_n) return;
+    d->have_last = 0; /* one guess per pool */
+    d->stop = stop;
+    d->stop_arg = arg;
+    RsErr e = {0};
+    int rc = guess_commit(d, &e);
+    if (!rc) {
+        d->st.guesses++;
+        rc = pool_grow(d->next, d->guess_ids, d->guess_lq, 0, d->depth, d->width, expand, d,
+                       d->vocab, "drafter", &e);
+        if (!rc) d->next_depth = d->depth, d->next_width = d->width;
+    }
+    if (rc == AHEAD_STOPPED) rc = RS_OK;
+    d->stop = NULL;
+    if (rc && d->guess_n && guess_undo(d, 0, &e)) backend_kv_reset(d->b);
+}
+
+static void model_ahead_stats(const void *ctx, DrafterAheadStats *st) {
+    *st = ((const ModelDrafter *)ctx)->st;
+}
+
 static void model_set_shape(void *ctx, int depth, int width) {
     ModelDrafter *d = ctx;
     d->depth = depth;
@@ -137,6 +297,8 @@ static void md_destroy(void *ctx) {
     backend_destroy(&d->b);
     model_destroy(&d->view); /* after the backend that borrowed it */
     sync_growth_free(&d->g);
+    free(d->last);
+    free(d->next);
     free(d);
 }
 
@@ -147,6 +309,8 @@ static const DrafterOps model_ops = {
     .destroy = md_destroy,
     .append = model_append,
     .set_shape = model_set_shape,
+    .ahead = model_ahead,
+    .ahead_stats = model_ahead_stats,
 };
 
 /* Builds the kind's state on `m`; takes ownership of `view` (NULL or m itself). */
@@ -175,6 +339,10 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
         return rc;
     }
     sync_growth_init(&d->g);
+    d->last = rs_xcalloc(1, sizeof(Pool));
+    d->next = rs_xcalloc(1, sizeof(Pool));
+    RsErr te = {0};
+    d->ahead_ok = backend_kv_truncate(d->b, 0, &te) == RS_OK;
     DrafterInfo info = {.vocab_size = d->vocab, .fingerprint = m->fingerprint, .name = m->path};
     *out = drafter_wrap(&model_ops, d, &info);
     return RS_OK;
@@ -202,7 +370,7 @@ int drafter_self_create(const Model *target, const char *layers, const BackendOp
 int model_drafter_n_committed(const Drafter *d) {
     RS_ASSERT(d->ops == &model_ops);
     const ModelDrafter *md = d->ctx;
-    return backend_n_committed(md->b);
+    return backend_n_committed(md->b) - md->guess_n;
 }
 
 BackendStats model_drafter_backend_stats(const Drafter *d) {

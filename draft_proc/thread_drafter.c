@@ -1,8 +1,11 @@
 /* The threaded kind of Drafter: an adapter that grows any inner drafter's pool on a worker
  * thread, so even in one process the target's root pass overlaps drafting (on a second
  * core), as it does across two processes. grow_begin hands the commit to the worker and
- * returns; grow_end waits. The inner drafter is touched only by the worker while a growth
- * runs, and only by the caller (under the lock, the worker idle) otherwise. */
+ * returns; grow_end waits. After a growth the worker lets the inner drafter run ahead
+ * (drafter_ahead) until the caller wants it again: busy stays set meanwhile, and a caller
+ * waiting for the worker (wait_idle) raises `wanted`, which stops run-ahead at its next
+ * pass. The inner drafter is touched only by the worker while busy, and only by the
+ * caller (under the lock, the worker idle) otherwise. */
 #include "drafter_impl.h"
 #include <pthread.h>
 #include <string.h>
@@ -21,7 +24,12 @@ typedef struct {
     Pool *pool;          /* worker's result */
     int rc;
     RsErr err;
+    int wanted;          /* a caller waits for the worker (atomic): run-ahead stops */
 } ThreadDrafter;
+
+static int caller_waits(void *arg) {
+    return __atomic_load_n(&((ThreadDrafter *)arg)->wanted, __ATOMIC_ACQUIRE);
+}
 
 static void run_job(ThreadDrafter *td) {
     td->err = (RsErr){0};
@@ -40,6 +48,12 @@ static void *worker(void *arg) {
         run_job(td); /* tokens, pool, rc, err are the worker's until done is set */
         pthread_mutex_lock(&td->mu);
         td->done = 1;
+        pthread_cond_broadcast(&td->cv);
+        if (td->rc == RS_OK && !td->quit) {
+            pthread_mutex_unlock(&td->mu);
+            drafter_ahead(td->inner, caller_waits, td);
+            pthread_mutex_lock(&td->mu);
+        }
         td->busy = 0;
         pthread_cond_broadcast(&td->cv);
     }
@@ -49,7 +63,9 @@ static void *worker(void *arg) {
 
 /* Called with the lock held: waits out an abandoned round's growth. */
 static void wait_idle(ThreadDrafter *td) {
+    __atomic_store_n(&td->wanted, 1, __ATOMIC_RELEASE);
     while (td->busy) pthread_cond_wait(&td->cv, &td->mu);
+    __atomic_store_n(&td->wanted, 0, __ATOMIC_RELEASE);
 }
 
 static int thread_reset(void *ctx, const int *prompt, int n, const void *features,
@@ -142,6 +158,14 @@ static void thread_destroy(void *ctx) {
     free(td);
 }
 
+static void thread_ahead_stats(const void *ctx, DrafterAheadStats *st) {
+    ThreadDrafter *td = (ThreadDrafter *)ctx;
+    pthread_mutex_lock(&td->mu);
+    wait_idle(td);
+    *st = drafter_ahead_stats(td->inner);
+    pthread_mutex_unlock(&td->mu);
+}
+
 static const DrafterOps thread_ops = {
     .reset = thread_reset,
     .grow_begin = thread_grow_begin,
@@ -149,6 +173,7 @@ static const DrafterOps thread_ops = {
     .destroy = thread_destroy,
     .append = thread_append,
     .set_shape = thread_set_shape,
+    .ahead_stats = thread_ahead_stats,
 };
 
 int drafter_threaded_create(Drafter *inner, Drafter **out, RsErr *e) {

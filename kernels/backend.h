@@ -144,6 +144,10 @@ int backend_rows_topk(Backend *b, int k, int *ids, float *logq, float *lse, RsEr
 int backend_kv_commit(Backend *b, const int *keep, int n_keep, RsErr *e);
 /* Forget sequence 0's context (new prompt); other sequences keep theirs. */
 void backend_kv_reset(Backend *b);
+/* Drops sequence 0's pending entries and its committed entries from n_committed on (0 <=
+ * n_committed <= backend_n_committed): a drafter that committed a guess takes it back.
+ * RS_EINVAL for n outside that range; RS_EUNSUPPORTED for a backend without it (CUDA). */
+int backend_kv_truncate(Backend *b, int n_committed, RsErr *e);
 int backend_n_committed(const Backend *b); /* committed cache entries */
 int backend_n_pending(const Backend *b);   /* pending entries after the committed ones */
 int backend_kv_capacity(const Backend *b); /* committed + pending never exceed this */

@@ -189,6 +189,19 @@ void backend_kv_reset(Backend *b) {
     b->feat_rows = 0;
 }
 
+int backend_kv_truncate(Backend *b, int n_committed, RsErr *e) {
+    if (!b->ops->kv_truncate)
+        return rs_err(e, RS_EUNSUPPORTED, "the %s backend cannot truncate its KV cache",
+                      b->ops->name);
+    if (n_committed < 0 || n_committed > b->n_committed)
+        return rs_err(e, RS_EINVAL, "kv_truncate to %d entries: %d are committed", n_committed,
+                      b->n_committed);
+    b->ops->kv_truncate(b, n_committed);
+    b->n_kept = 0;
+    b->feat_rows = 0;
+    return RS_OK;
+}
+
 BackendStats backend_stats(const Backend *b) {
     BackendStats st = {.forwards = b->n_forwards, .tokens = b->n_tokens,
                        .d2h_full_rows = b->n_d2h_full_rows};

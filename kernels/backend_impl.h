@@ -31,6 +31,8 @@ struct BackendOps {
      * clears n_pending. */
     int (*kv_commit)(Backend *b, const int *keep, int n_keep, RsErr *e);
     void (*kv_reset)(Backend *b);
+    /* Optional: as backend_kv_truncate, n already checked (NULL: RS_EUNSUPPORTED). */
+    void (*kv_truncate)(Backend *b, int n_committed);
     /* Optional (NULL: malloc/free); see backend_host_alloc. */
     void *(*host_alloc)(Backend *b, size_t bytes);
     void (*host_free)(Backend *b, void *p);

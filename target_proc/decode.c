@@ -336,6 +336,7 @@ static int round_request(Decode *d, Round *r, int depth, int width, RsErr *e) {
     d->n_pend = 0;
     r->asked = 1;
     r->info.plan_depth = depth;
+    r->info.plan_width = width;
     return 1;
 }
 

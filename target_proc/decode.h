@@ -70,7 +70,7 @@ typedef struct {
     /* --budget auto: the tree size chosen (-1 without a planner), the pool depth asked
      * (0: the drafter was not asked, an AR step) and the predicted tokens and ns of the
      * round (NAN when not predicted) */
-    int plan_k, plan_depth;
+    int plan_k, plan_depth, plan_width; /* plan_width: the pool width asked (0: not asked) */
     double plan_tokens, plan_ns;
     uint64_t graph_replays, eager_launches; /* backend counters, cumulative */
     uint64_t d2h_full_rows; /* target backend: whole logits rows copied to the host,

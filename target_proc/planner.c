@@ -35,6 +35,11 @@ struct Planner {
     double pass_ns[ROWS_MAX + 1]; /* by rows: EWMA of measured passes */
     int pass_n[ROWS_MAX + 1];
     double commit_ns, level_ns, extra_ns; /* drafting: commit pass, per level, overhead */
+    /* a level of a chain pool (width 1), measured apart: a full-model drafter's one-row
+     * level costs a fraction of its ten-row one, and pricing a chain by the wide levels
+     * that decided on the chain would price it out */
+    double chain_level_ns;
+    int have_chain_level;
     double commit_tok_ns;                 /* commit pass per committed token */
     int have_pool, have_level;
     int have_commit; /* commit_ns measured on a round's commit, not guessed from a prefill */
@@ -127,12 +132,22 @@ static double table_cost(const Planner *p, int n) {
  * drafter has n_pend tokens to commit first (many after a run of AR steps: a long commit
  * costs like a prefill, which is what keeps an expensive drafter from being asked again
  * once it has lost). */
+static int pool_width(const Planner *p);
+
+/* What a level of the pools asked next costs: a chain's once measured (until then a tenth
+ * of a wide one: optimistic, and the next ask measures it), else a wide one's. */
+static double level_cost(const Planner *p) {
+    if (pool_width(p) > 1) return p->have_level ? p->level_ns : 0;
+    if (p->have_chain_level) return p->chain_level_ns;
+    return p->have_level ? p->level_ns / POOL_EXPAND : 0;
+}
+
 static double wait_cost(const Planner *p, Rule rule, int depth, int n_pend) {
     if (p->fixed) return p->fix_draft;
     if (!p->have_pool) return NAN;
     double commit = p->commit_tok_ns * n_pend > p->commit_ns ? p->commit_tok_ns * n_pend
                                                               : p->commit_ns;
-    double d = commit + (depth - 1) * (p->have_level ? p->level_ns : 0) + p->extra_ns;
+    double d = commit + (depth - 1) * level_cost(p) + p->extra_ns;
     if (rule_needs_root(rule)) d -= pass_cost(p, 1); /* the root pass runs meanwhile */
     return d > 0 ? d : 0;
 }
@@ -260,7 +275,8 @@ static int pool_width(const Planner *p) {
 PlanAsk planner_before_round(Planner *p, Rule rule, int temp, int n_pend) {
     double r = ref_rate(p, rule, temp), best = -INFINITY;
     int t = temp != 0, best_d = 0, tried = 0;
-    for (int d = 1; d <= POOL_MAX_DEPTH; d++) {
+    /* a root-pass rule's depth-1 pool holds nothing below X1: never worth an ask */
+    for (int d = rule_needs_root(rule) ? 2 : 1; d <= POOL_MAX_DEPTH; d++) {
         double g = depth_value(p, rule, t, d, &tried);
         if (isnan(g)) continue;
         double v = g - price(r, wait_cost(p, rule, d, n_pend));
@@ -327,8 +343,13 @@ void planner_observe_pool(Planner *p, const Pool *pool, int n_commit, uint64_t t
     }
     if (pool->n_passes > 1) {
         double lv = (double)(pool->draft_ns - pool->commit_pass_ns) / (pool->n_passes - 1);
-        ewma(&p->level_ns, lv, !p->have_level);
-        p->have_level = 1;
+        if (pool->n_expanded == pool->n_passes - 1) { /* one node a level: a chain */
+            ewma(&p->chain_level_ns, lv, !p->have_chain_level);
+            p->have_chain_level = 1;
+        } else {
+            ewma(&p->level_ns, lv, !p->have_level);
+            p->have_level = 1;
+        }
     }
     /* the overhead shows only where the target really waited for the pool */
     if (first || waited_ns > 50000) {

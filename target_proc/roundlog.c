@@ -40,13 +40,13 @@ static void put_d(FILE *f, const char *k, double v) {
     else fprintf(f, ",\"%s\":%.17g", k, v);
 }
 
-/* The tree size the planner chose (0: an AR step; null without a planner, --budget B), the pool depth asked (0:
- * the drafter was not asked), and the round's predicted and realised tokens per second
+/* The tree size the planner chose (0: an AR step; null without a planner, --budget B), the pool depth and width
+ * asked (0: the drafter was not asked), and the round's predicted and realised tokens per second
  * (predicted: null without a planner). */
 static void put_plan(FILE *f, const RoundLog *lg, const RoundInfo *r) {
     if (lg->budget != ROUNDLOG_BUDGET_AUTO) fprintf(f, ",\"budget_chosen\":null");
     else fprintf(f, ",\"budget_chosen\":%d", r->plan_k < 0 ? 0 : r->plan_k);
-    fprintf(f, ",\"depth_asked\":%d", r->plan_depth);
+    fprintf(f, ",\"depth_asked\":%d,\"width_asked\":%d", r->plan_depth, r->plan_width);
     put_d(f, "pred_tok_s", r->plan_ns > 0 ? r->plan_tokens / r->plan_ns * 1e9 : NAN);
     uint64_t ns = r->t_commit - r->t_round_start;
     put_d(f, "real_tok_s", ns ? (double)r->emitted / (double)ns * 1e9 : NAN);
@@ -290,6 +290,7 @@ static int get_plan(const Line *l, RoundRecord *r) {
     int rc;
     if ((rc = get_int(l, "budget_chosen", 0, TREE_MAX, OPTIONAL | NULLABLE, &r->budget_chosen)) ||
         (rc = get_int(l, "depth_asked", 0, 1 << 20, OPTIONAL, &r->depth_asked)) ||
+        (rc = get_int(l, "width_asked", 0, 1 << 20, OPTIONAL, &r->width_asked)) ||
         (rc = get_num(l, "pred_tok_s", 0, OPTIONAL, &r->pred_tok_s)) ||
         (rc = get_num(l, "real_tok_s", 0, OPTIONAL, &r->real_tok_s)))
         return rc;

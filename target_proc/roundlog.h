@@ -52,6 +52,7 @@ typedef struct {
     int64_t graph_replays, eager_launches, d2h_full_rows; /* this round's share */
     int budget_chosen;            /* --budget auto's pick; ROUNDLOG_NULL without a planner */
     int depth_asked;              /* pool depth asked; 0: the drafter was not asked */
+    int width_asked;              /* pool width asked (nodes expanded a level); 0: not asked */
     double pred_tok_s, real_tok_s;
     int has_sampling;             /* 0: "sampling" null or absent */
     Sampling sampling;

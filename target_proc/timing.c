@@ -33,6 +33,7 @@ void timing_add(TimingAcc *t, const RoundInfo *r) {
         if (r->draft_ns && (!r->t_root_end || r->t_grow_sent + r->draft_ns > r->t_root_end))
             over = span - r->draft_ns * 1e-6;
         t->rounds_with_pool++;
+        t->rounds_guessed += r->draft_ns > 0 && r->draft_commit_ns == 0;
     }
     t->wait_ms[k] = wait;
     t->overhead_ms[k] = over;
@@ -121,6 +122,10 @@ void timing_print(FILE *f, TimingAcc *t) {
             fprintf(f, "  %-36s %9.3f %-2s (%d rounds)\n", rows[i].name, m * rows[i].scale,
                     rows[i].unit, c);
     }
+    if (t->rounds_guessed)
+        fprintf(f, "  %-36s %9.3f %-2s (%d of %d rounds)\n", "commits the drafter guessed ahead",
+                100.0 * t->rounds_guessed / t->rounds_with_pool, "%", t->rounds_guessed,
+                t->rounds_with_pool);
     static const char *const names[TIMING_N_PARTS] = {"send", "root pass", "wait for pool",
                                                       "select", "tree pass", "other"};
     double whole = 0;

@@ -13,6 +13,8 @@ typedef struct {
     int n, cap;
     double *draft_ms, *root_ms, *tree_ms, *wait_ms, *overhead_ms, *hidden, *round_ms;
     int rounds_with_pool;
+    int rounds_guessed; /* of those, the drafter had guessed the commit ahead (run-ahead:
+                           no commit pass, draft_commit_ns 0) */
     double part_ms[TIMING_N_PARTS]; /* summed over the rounds */
 } TimingAcc;
 

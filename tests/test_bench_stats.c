@@ -1037,6 +1037,7 @@ START_TEST(test_timing_hidden_share) {
     ck_assert_msg(fabs(t->overhead_ms[1] - 0.501) < 1e-6, "overhead %.4f ms, expected 0.501",
                   t->overhead_ms[1]);
     RoundInfo c = timing_round(4, 0, 0); /* draft rule: no root pass, the target waits */
+    c.draft_commit_ns = 1000000; /* a commit pass: a and b ran none (guessed ahead) */
     timing_add(t, &c);
     ck_assert_msg(fabs(t->overhead_ms[2] - 0.501) < 1e-6, "overhead %.4f ms", t->overhead_ms[2]);
     ck_assert(t->hidden[2] < 0);
@@ -1047,6 +1048,8 @@ START_TEST(test_timing_hidden_share) {
     fclose(f);
     ck_assert_msg(strstr(buf, "root pass hidden behind drafting        69.950 %  (2 rounds)"), "%s", buf);
     ck_assert_msg(strstr(buf, "message round trip beyond drafting       0.501 ms (2 rounds)"), "%s", buf);
+    ck_assert_msg(strstr(buf, "commits the drafter guessed ahead       66.667 %  (2 of 3 rounds)"),
+                  "%s", buf);
     free(buf);
     timing_destroy(&t);
 }

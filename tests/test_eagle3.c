@@ -441,7 +441,8 @@ static void ad_destroy(void *ctx) {
     free(a);
 }
 
-static const DrafterOps adapter_ops = {ad_reset, ad_grow_begin, ad_grow_end, ad_destroy, NULL, NULL};
+static const DrafterOps adapter_ops = {ad_reset, ad_grow_begin, ad_grow_end, ad_destroy, NULL, NULL,
+                                       NULL, NULL};
 
 START_TEST(test_decode_identity_with_eagle3) {
     /* Every decoder at B=8 and B=40 emits exactly AR's greedy tokens with the fixture head
@@ -949,7 +950,7 @@ static int ca_append(void *c, const int *t, int n, const void *f, size_t fb, RsE
     return drafter_append(ca->inner, t, n, f, fb, e);
 }
 static const DrafterOps count_append_ops = {ca_reset, ca_grow_begin, ca_grow_end, ca_destroy,
-                                            ca_append, NULL};
+                                            ca_append, NULL, NULL, NULL};
 
 /* _i = 1: the features' bound per message lowered to 2 rows, so the 6-token RESET travels
  * as RESET + 2 APPENDs and the 3-token commit as APPEND + COMMIT_GROW; the pools must be

@@ -456,7 +456,8 @@ static int spy_grow_end(void *ctx, Pool *out, RsErr *e) {
 static void spy_destroy(void *ctx) { (void)ctx; } /* the test owns inner and the spy */
 
 static const DrafterOps spy_ops = {spy_reset, spy_grow_begin, spy_grow_end, spy_destroy,
-                                   NULL /* append: decode_run never splits a commit */, NULL};
+                                   NULL /* append: decode_run never splits a commit */, NULL,
+                                   NULL, NULL};
 
 /* The features decode_run hands the head pair each token with its predecessor: for the
  * context it sent (prompt, then every round's emitted tokens), the row of token j is the

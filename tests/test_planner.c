@@ -308,6 +308,47 @@ START_TEST(test_planner_pool_width) {
 }
 END_TEST
 
+/* A full-model drafter: its first (ten-wide) level costs 8 ms against 10 ms target passes,
+ * so the pools turn into chains. A chain's level is priced by what chains cost, not by
+ * that wide level: until one is measured at a tenth of it (0.8 ms a level, hidden behind
+ * the root pass down to depth 8), then as measured (5 ms: depth 8 would wait 26 ms).
+ * A root-pass rule never asks for a depth-1 pool (nothing below X1), not even to refresh
+ * its estimates when nothing pays. */
+START_TEST(test_planner_chain_levels) {
+    Pool *p = calloc(1, sizeof *p);
+    chain_pool(p, 8, 0.99, 0);
+    Selection s;
+    select_rootdraw(p, TREE_MAX, 1, &s);
+    Planner *pl = measured_planner();
+    p->n_passes = 2, p->n_expanded = POOL_EXPAND; /* a commit of 1 ms, a wide level of 8 */
+    p->commit_pass_ns = 1000000;
+    p->draft_ns = 9000000;
+    planner_observe_pool(pl, p, 1, 9000000, 0);
+    planner_choose(pl, RULE_ROOTDRAW, 0, p, &s, 1, 2);
+    PlanAsk a = planner_before_round(pl, RULE_ROOTDRAW, 0, 1);
+    ck_assert_int_eq(a.width, 1);
+    ck_assert_msg(a.ask && a.depth == POOL_MAX_DEPTH, "ask %d depth %d", a.ask, a.depth);
+    p->n_passes = 8, p->n_expanded = 7; /* a chain: 1 ms and seven levels of 5 ms */
+    p->draft_ns = 36000000;
+    for (int i = 0; i < 30; i++) planner_observe_pool(pl, p, 1, 36000000, 16000000);
+    planner_choose(pl, RULE_ROOTDRAW, 0, p, &s, 1, 8);
+    a = planner_before_round(pl, RULE_ROOTDRAW, 0, 1);
+    ck_assert_int_eq(a.width, 1);
+    ck_assert(a.ask && a.depth >= 2);
+    /* levels of 60 ms: nothing pays; the ask that refreshes the estimates after AR steps
+     * goes to depth 2, not to a depth-1 pool whose tree would hold X1 alone */
+    p->draft_ns = 421000000;
+    for (int i = 0; i < 30; i++) planner_observe_pool(pl, p, 1, 421000000, 411000000);
+    int steps = 0;
+    while (!(a = planner_before_round(pl, RULE_ROOTDRAW, 0, 1)).ask && steps++ < 100000)
+        planner_observe_round(pl, RULE_ROOTDRAW, 0, 1, 10000000, 0);
+    ck_assert_msg(steps > 0 && a.ask && a.depth == 2, "after %d AR steps: ask %d depth %d",
+                  steps, a.ask, a.depth);
+    planner_destroy(&pl);
+    free(p);
+}
+END_TEST
+
 Suite *suite_planner(void) {
     Suite *s = suite_create("planner");
     TCase *tc = tcase_create("core");
@@ -321,6 +362,7 @@ Suite *suite_planner(void) {
     tcase_add_test(tc, test_planner_long_commit_not_asked);
     tcase_add_test(tc, test_planner_pool_width);
     tcase_add_test(tc, test_planner_prefill_commit);
+    tcase_add_test(tc, test_planner_chain_levels);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -69,6 +69,10 @@ static void pair_close(Pair *p) {
 static Planner *g_planner;
 /* --pool-shape in the tests below: depth and width run_law() asks for (0: the defaults). */
 static int g_depth, g_width;
+/* exactness_law(): the drafter behind the threaded kind (it runs ahead between rounds), and
+ * that drafter's run-ahead counters when it closes */
+static int g_threaded;
+static DrafterAheadStats g_ahead;
 
 /* One decode under the law smp. */
 static int run_law(Pair *p, Rule rule, int B, const Sampling *smp, uint64_t seed, uint64_t pid,
@@ -212,7 +216,7 @@ static void exactness_law(int kind, Rule rule, int B, const Sampling *smp, long 
                           double *pval, double *plain_pval) {
     Pair p;
     const int V = 10;
-    pair_open_t(&p, kind, V, 16, 4242, 0);
+    pair_open_t(&p, kind, V, 16, 4242, g_threaded);
     int rep[] = {1, 5, 7, 2, 1, 5, 7, 2, 1, 5, 7}, n_prompt = kind == 3 ? 11 : 3;
     const int *prompt = kind == 3 ? rep : (const int[]){1, 5, 7};
     double *law = malloc(sizeof(double) * V * V * V);
@@ -241,6 +245,7 @@ static void exactness_law(int kind, Rule rule, int B, const Sampling *smp, long 
     }
     free(count);
     free(law);
+    g_ahead = drafter_ahead_stats(p.dc);
     pair_close(&p);
 }
 
@@ -957,7 +962,7 @@ static int tap_end(void *c, Pool *out, RsErr *e) {
     return rc;
 }
 static void tap_destroy(void *c) { (void)c; /* the test owns the tap and its inner */ }
-static const DrafterOps tap_ops = {tap_reset, tap_begin, tap_end, tap_destroy, NULL, NULL};
+static const DrafterOps tap_ops = {tap_reset, tap_begin, tap_end, tap_destroy, NULL, NULL, NULL, NULL};
 typedef struct {
     PoolTap *tap;
     const int *ar;  /* greedy reference tokens */
@@ -1268,6 +1273,76 @@ START_TEST(test_t1_exactness_shapes) {
 }
 END_TEST
 
+/* ---- run-ahead (DESIGN.md §5) ------------------------------------------------------ */
+
+/* The threaded kind lets its drafter run ahead between rounds; with the target as its own
+ * drafter most guesses are the commit. Every rule's T=0 output with a chain (B = its depth,
+ * so a whole path can be accepted) and with full pools must be AR's. Returns mismatches
+ * (`wrong`: X1 from the drafter's first level must make some); *st: the counters. */
+static int ahead_identity(int wrong, DrafterAheadStats *st) {
+    const Rule rules[] = {RULE_DRAFT, RULE_PEARL, RULE_ROOTDRAW, RULE_ROOT};
+    static const int shapes[2][2] = {{5, 1}, {8, 10}};
+    int bad = 0;
+    Pair p;
+    pair_open(&p, 2, 64, 32, 9001);
+    Rng r;
+    rng_seed(&r, 17);
+    for (int pr = 0; pr < 4; pr++) {
+        int prompt[12], n = 3 + pr, ref[64], got[64];
+        for (int i = 0; i < n; i++) prompt[i] = (int)(rng_next(&r) % 64);
+        int nref = run(&p, RULE_AR, 8, 0, 1, pr, prompt, n, 40, ref, NULL, 0);
+        for (int s = 0; s < 2; s++)
+            for (int ri = 0; ri < 4; ri++) {
+                g_depth = shapes[s][0], g_width = shapes[s][1];
+                int B = s ? 8 : g_depth;
+                int ng = run(&p, rules[ri], B, 0, 1, pr, prompt, n, 40, got, NULL, wrong);
+                g_depth = g_width = 0;
+                ck_assert_int_eq(ng, nref);
+                for (int i = 0; i < nref; i++) bad += got[i] != ref[i];
+                for (int i = 0; i < nref && !wrong; i++)
+                    ck_assert_msg(got[i] == ref[i], "run-ahead %s pools %d,%d prompt %d: token "
+                                  "%d is %d, AR %d", rule_name(rules[ri]), shapes[s][0],
+                                  shapes[s][1], pr, i, got[i], ref[i]);
+            }
+    }
+    *st = drafter_ahead_stats(p.dc);
+    pair_close(&p);
+    return bad;
+}
+
+START_TEST(test_ahead_identity) {
+    DrafterAheadStats st;
+    ck_assert_int_eq(ahead_identity(0, &st), 0);
+    fprintf(stderr, "run-ahead T=0: %ld guesses, %ld hits (%ld pools ready), %ld misses\n",
+            st.guesses, st.hits, st.pools_ready, st.misses);
+    ck_assert_msg(st.hits > 0 && st.pools_ready > 0 && st.misses > 0,
+                  "run-ahead never hit or never missed: %ld hits, %ld ready, %ld misses", st.hits,
+                  st.pools_ready, st.misses);
+    ck_assert_int_gt(ahead_identity(1, &st), 0); /* the test can fail */
+}
+END_TEST
+
+/* T=1: each rule with a chain pool (5,1), B = 5, its drafter running ahead (guessing, and
+ * taking most guesses back: a random drafter's chains are seldom accepted whole; the hits
+ * are test_ahead_identity's and tests/test_ahead.c's), follows the target's law; the same
+ * chi-square catches the wrong verifier. */
+START_TEST(test_ahead_t1_exactness) {
+    double pv;
+    Rule rule = ALL_RULES[1 + _i % 4];
+    int wrong = _i == 4;
+    g_depth = 5, g_width = 1, g_threaded = 1;
+    exactness_law(1, wrong ? RULE_ROOTDRAW : rule, 5, &SAMPLING_PLAIN, 8000, wrong, &pv, NULL);
+    g_depth = g_width = g_threaded = 0;
+    fprintf(stderr, "  run-ahead: %ld guesses, %ld hits (%ld pools ready), %ld misses\n",
+            g_ahead.guesses, g_ahead.hits, g_ahead.pools_ready, g_ahead.misses);
+    if (wrong) ck_assert_msg(pv < 1e-3, "run-ahead: a wrong verifier passed (p=%g)", pv);
+    else ck_assert_msg(pv > 1e-3, "%s with run-ahead: law differs from the target's (p=%g)",
+                       rule_name(rule), pv);
+    ck_assert_msg(g_ahead.guesses > 0 && g_ahead.misses > 0, "run-ahead did not run: %ld "
+                  "guesses, %ld misses", g_ahead.guesses, g_ahead.misses);
+}
+END_TEST
+
 /* ---- cheap drafters and the cost-aware budget -------------------------------------- */
 
 typedef struct {
@@ -1408,5 +1483,10 @@ Suite *suite_spec(void) {
     tcase_add_loop_test(tcheap, test_t1_exactness_cheap, 0, 12);
     tcase_add_test(tcheap, test_t1_wrong_verifier_fails_cheap);
     suite_add_tcase(s, tcheap);
+    TCase *tahead = tcase_create("ahead"); /* the drafter runs ahead between rounds */
+    tcase_set_timeout(tahead, 900);
+    tcase_add_test(tahead, test_ahead_identity);
+    tcase_add_loop_test(tahead, test_ahead_t1_exactness, 0, 5);
+    suite_add_tcase(s, tahead);
     return s;
 }

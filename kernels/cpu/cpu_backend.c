@@ -926,6 +926,15 @@ static void cpu_stats(const Backend *bb, BackendStats *st) {
 
 static void cpu_kv_reset(Backend *bb) { cpu_seq_close(bb, 0); }
 
+static void cpu_kv_truncate(Backend *bb, int n_committed) {
+    CpuBackend *b = (CpuBackend *)bb;
+    CpuSeq *q = &b->seqs[0];
+    q->nc = n_committed;
+    q->np = 0;
+    seq_shrink(b, q, q->nc);
+    seq0_sync(b);
+}
+
 /* ---- the prefix cache ---- */
 
 /* The cached block published under hash h with these tokens, or -1. */
@@ -1050,6 +1059,7 @@ const BackendOps cpu_backend_ops = {
     .forward = cpu_forward,
     .kv_commit = cpu_kv_commit,
     .kv_reset = cpu_kv_reset,
+    .kv_truncate = cpu_kv_truncate,
     .rows_copy = cpu_rows_copy,
     .set_features = cpu_set_features,
     .read_features = cpu_read_features,

@@ -1,0 +1,162 @@
+/* Run-ahead (drafter_ahead, DESIGN.md §5): a model drafter that guesses the next commit and
+ * grows below it between requests must hand out exactly the pools a drafter without
+ * run-ahead grows for the same commits: when the commit is the guess (pool ready, or only
+ * the guess's first level ready because run-ahead was stopped or the shape changed), and
+ * when it is not (the guess taken back to the prefix it shares with the commit, or all of
+ * it). A reference drafter on the same model never runs ahead; a probe drafter finds the
+ * guess's continuation so that the test can commit exactly the guess. */
+#include "draft_proc/model_drafter.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "testutil.h"
+#include <string.h>
+
+#define HIST_MAX 512
+
+/* drafter_ahead's stop: nonzero once *left passes have been allowed. */
+static int stop_after(void *arg) {
+    int *left = arg;
+    return (*left)-- <= 0;
+}
+
+static void check_same(const Pool *a, const Pool *r, int round) {
+    ck_assert_msg(a->n == r->n, "round %d: %d candidates, reference %d", round, a->n, r->n);
+    for (int i = 0; i < a->n; i++)
+        ck_assert_msg(a->token[i] == r->token[i] && a->parent[i] == r->parent[i] &&
+                          a->depth[i] == r->depth[i] &&
+                          !memcmp(&a->logq[i], &r->logq[i], sizeof a->logq[i]),
+                      "round %d: candidate %d is (%d, parent %d, %.9g), reference (%d, parent "
+                      "%d, %.9g)", round, i, a->token[i], a->parent[i], a->logq[i], r->token[i],
+                      r->parent[i], r->logq[i]);
+}
+
+/* The guess the drafter makes below pool p: its best path to the first unexpanded node,
+ * then that node's best child, found by growing the probe on the whole context. */
+static int guess_of(Drafter *probe, const Pool *p, const int *hist, int nh, int *out) {
+    int n = 0, u = p->root_first_child;
+    for (; p->n_children[u] > 0; u = p->first_child[u]) out[n++] = p->token[u];
+    out[n++] = p->token[u];
+    static int ctx[HIST_MAX];
+    memcpy(ctx, hist, sizeof(int) * (size_t)nh);
+    memcpy(ctx + nh, out, sizeof(int) * (size_t)n);
+    static Pool q;
+    RsErr e = {0};
+    ck_assert_msg(drafter_grow_begin(probe, ctx, nh + n, 1, NULL, 0, &e) == 0, "%s", e.msg);
+    ck_assert_msg(drafter_grow_end(probe, &q, &e) == 0, "%s", e.msg);
+    out[n++] = q.token[q.root_first_child];
+    return n;
+}
+
+/* The next commit below pool p, by kind: 0 the guess, 1 the guess's first token then a
+ * sibling of its second (shared prefix of one), 2 off the guess from its first token. */
+static int next_commit(int kind, Drafter *probe, const Pool *p, const int *hist, int nh,
+                       int *out) {
+    int u = p->root_first_child;
+    if (kind == 0) return guess_of(probe, p, hist, nh, out);
+    if (kind == 1 && p->n_children[u] > 0) {
+        out[0] = p->token[u];
+        out[1] = p->token[p->first_child[u] + 1];
+        return 2;
+    }
+    out[0] = p->token[u + 1];
+    out[1] = p->token[u + 2];
+    return 2;
+}
+
+static const int SHAPE_SEQ[][2] = {{5, 1}, {5, 1}, {3, 2}, {8, 10}, {1, 10}, {5, 1}, {4, 3}};
+
+/* 28 rounds through every case (the shape changes every third round; run-ahead runs to the
+ * end every fourth, else stops after 0 to 3 passes: before the guess, after its first row,
+ * or during the pool below it); returns the run-ahead drafter's counters. */
+static DrafterAheadStats same_pools(void) {
+    RsErr e = {0};
+    Model *m = tu_random_model(ARCH_LLAMA, 32, 64, 2, 4, 2, 64, 777);
+    Drafter *a = NULL, *r = NULL, *probe = NULL;
+    ck_assert_int_eq(drafter_model_create(m, &cpu_backend_ops, TU_BP(HIST_MAX + 128, 1), &a, &e), 0);
+    ck_assert_int_eq(drafter_model_create(m, &cpu_backend_ops, TU_BP(HIST_MAX + 128, 1), &r, &e), 0);
+    ck_assert_int_eq(drafter_model_create(m, &cpu_backend_ops, TU_BP(HIST_MAX + 128, 1), &probe, &e),
+                     0);
+    static int hist[HIST_MAX];
+    int nh = 6;
+    for (int i = 0; i < nh; i++) hist[i] = (i * 13 + 5) % 64;
+    static Pool pa, pr;
+    int commit[16], nc = nh;
+    memcpy(commit, hist, sizeof(int) * (size_t)nh);
+    for (int round = 0; round < 28; round++) {
+        const int *shape = SHAPE_SEQ[(round / 3) % 7];
+        drafter_set_shape(a, shape[0], shape[1]);
+        drafter_set_shape(r, shape[0], shape[1]);
+        ck_assert_msg(drafter_grow_begin(a, commit, nc, round == 0, NULL, 0, &e) == 0, "%s", e.msg);
+        ck_assert_msg(drafter_grow_end(a, &pa, &e) == 0, "%s", e.msg);
+        ck_assert_msg(drafter_grow_begin(r, commit, nc, round == 0, NULL, 0, &e) == 0, "%s", e.msg);
+        ck_assert_msg(drafter_grow_end(r, &pr, &e) == 0, "%s", e.msg);
+        check_same(&pa, &pr, round);
+        ck_assert_int_eq(model_drafter_n_committed(a), model_drafter_n_committed(r));
+        int left = round % 4 == 1 ? 1000 : (round / 4) % 4;
+        drafter_ahead(a, stop_after, &left);
+        if (round) {
+            memcpy(hist + nh, commit, sizeof(int) * (size_t)nc);
+            nh += nc;
+        }
+        nc = next_commit(round % 3 == 2 ? 1 + round % 2 : 0, probe, &pr, hist, nh, commit);
+        ck_assert(nh + nc < HIST_MAX);
+    }
+    DrafterAheadStats st = drafter_ahead_stats(a);
+    drafter_destroy(&a);
+    drafter_destroy(&r);
+    drafter_destroy(&probe);
+    model_destroy(&m);
+    return st;
+}
+
+START_TEST(test_ahead_same_pools) {
+    DrafterAheadStats st = same_pools();
+    fprintf(stderr, "run-ahead: %ld guesses, %ld hits (%ld pools ready), %ld misses\n",
+            st.guesses, st.hits, st.pools_ready, st.misses);
+    ck_assert_msg(st.hits >= 6 && st.pools_ready >= 3 && st.hits > st.pools_ready,
+                  "the sequence did not reach every hit case: %ld hits, %ld pools ready",
+                  st.hits, st.pools_ready);
+    ck_assert_msg(st.misses >= 4, "only %ld misses", st.misses);
+}
+END_TEST
+
+/* The backend op the guesses rely on: truncation keeps the first n committed entries,
+ * refuses more than are committed, and a prefill after it continues at n. */
+START_TEST(test_kv_truncate) {
+    RsErr e = {0};
+    Model *m = tu_random_model(ARCH_LLAMA, 32, 64, 2, 4, 2, 64, 5);
+    Backend *b = NULL;
+    BackendParams bp = {.kv_capacity = 64, .max_batch = 16, .max_pending = 16, .threads = 1};
+    ck_assert_int_eq(backend_create(&cpu_backend_ops, m, &bp, &b, &e), 0);
+    int toks[8] = {1, 2, 3, 4, 5, 6, 7, 8}, pos[8], row = 0;
+    for (int i = 0; i < 8; i++) pos[i] = i;
+    ck_assert_int_eq(backend_forward(b, toks, pos, 8, NULL, NULL, 0, NULL, &e), 0);
+    ck_assert_int_eq(backend_kv_commit(b, (int[]){0, 1, 2, 3, 4, 5, 6, 7}, 8, &e), 0);
+    ck_assert_int_eq(backend_kv_truncate(b, 9, &e), RS_EINVAL);
+    ck_assert_int_eq(backend_kv_truncate(b, 5, &e), 0);
+    ck_assert_int_eq(backend_n_committed(b), 5);
+    ck_assert_int_eq(backend_n_pending(b), 0);
+    /* the token at 5 after truncation sees what a fresh 5-token context gives it */
+    int p5 = 5;
+    float *l1 = malloc(sizeof(float) * 64), *l2 = malloc(sizeof(float) * 64);
+    ck_assert_int_eq(backend_forward(b, &toks[7], &p5, 1, NULL, &row, 1, l1, &e), 0);
+    backend_kv_reset(b);
+    ck_assert_int_eq(backend_forward(b, toks, pos, 5, NULL, NULL, 0, NULL, &e), 0);
+    ck_assert_int_eq(backend_kv_commit(b, (int[]){0, 1, 2, 3, 4}, 5, &e), 0);
+    ck_assert_int_eq(backend_forward(b, &toks[7], &p5, 1, NULL, &row, 1, l2, &e), 0);
+    ck_assert_msg(!memcmp(l1, l2, sizeof(float) * 64), "logits after truncation differ");
+    free(l1);
+    free(l2);
+    backend_destroy(&b);
+    model_destroy(&m);
+}
+END_TEST
+
+Suite *suite_ahead(void) {
+    Suite *s = suite_create("ahead");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_ahead_same_pools);
+    tcase_add_test(tc, test_kv_truncate);
+    suite_add_tcase(s, tc);
+    return s;
+}
