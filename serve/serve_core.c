@@ -1,6 +1,7 @@
 /* The decode worker, its queue and the jobs (serve_core.h). */
 #include "serve_core.h"
 #include "draft_proc/drafter_open.h"
+#include "draft_proc/remote_drafter.h"
 #include "draft_proc/suffix_drafter.h"
 #include <errno.h>
 #include <pthread.h>
@@ -492,6 +493,25 @@ static int shared_make(ServeCore *c, RsErr *e) {
     return rc;
 }
 
+/* A batched worker's drafter, a sequence of its own: an in-process kind opened anew, or
+ * another sequence on the engine's remote drafter's connection (one session, one drafter
+ * context per sequence id at the drafter process). */
+static int slot_drafter_open(ServeCore *c, const BackendOps *ops, Drafter **out, RsErr *e) {
+    Engine *en = c->en;
+    const DrafterSpec *spec = c->cfg.slot_drafter;
+    if (drafter_spec_kind(spec) != DRAFTER_KIND_REMOTE) {
+        DrafterHost host = {.model = en->target_model, .tok = en->tok, .ops = ops,
+                            .backend = c->cfg.batch.backend};
+        return drafter_open(spec, &host, out, e);
+    }
+    if (!en->drafter) return RS_OK; /* it did not answer: requests are refused as with one */
+    if (drafter_info(en->drafter)->n_feature_layers > 0)
+        return rs_err(e, RS_EINVAL, "--parallel %d: the remote drafter %s needs the target's "
+                      "features (an EAGLE-3 head), which batched decodes do not send: use "
+                      "--parallel 1", c->n_slots, drafter_info(en->drafter)->name);
+    return drafter_remote_share(en->drafter, out, e);
+}
+
 /* The workers' targets, planners and drafters: the engine's own for parallel 1. */
 static int slots_make(ServeCore *c, RsErr *e) {
     Engine *en = c->en;
@@ -517,8 +537,7 @@ static int slots_make(ServeCore *c, RsErr *e) {
         sl->planner = planner_create();
         if (!rc) batcher_plan(sl->t, sl->planner);
         planner_share_accept(sl->planner, en->planner);
-        DrafterHost host = {.model = en->target_model, .tok = en->tok, .backend = c->cfg.batch.backend};
-        if (!rc && c->cfg.slot_drafter) rc = drafter_open(c->cfg.slot_drafter, &host, &sl->d, e);
+        if (!rc && c->cfg.slot_drafter) rc = slot_drafter_open(c, ops, &sl->d, e);
     }
     return rc ? rc : shared_make(c, e);
 }
