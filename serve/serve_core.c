@@ -36,6 +36,7 @@ struct ServeCore {
     Slot *slots;      // (parallel)
     int n_slots;
     SuffixIndex *shared; /* cfg.suffix_global > 0: the earlier outputs the drafters search */
+    Model *draft_model;  /* parallel > 1 with a model drafter: its weights, loaded once */
 };
 
 struct ServeJob {
@@ -502,7 +503,17 @@ static int slot_drafter_open(ServeCore *c, const BackendOps *ops, Drafter **out,
     if (drafter_spec_kind(spec) != DRAFTER_KIND_REMOTE) {
         DrafterHost host = {.model = en->target_model, .tok = en->tok, .ops = ops,
                             .backend = c->cfg.batch.backend};
-        return drafter_open(spec, &host, out, e);
+        DrafterSpec s = *spec;
+        if (drafter_spec_kind(spec) == DRAFTER_KIND_MODEL && spec->model_path) {
+            /* the workers share the weights (the engine's drafter checked its tokenizer) */
+            int rc = c->draft_model ? RS_OK
+                                    : backend_model_load(ops, spec->model_path, &host.backend,
+                                                         &c->draft_model, e);
+            if (rc) return rc;
+            s.model = c->draft_model;
+            s.model_path = NULL;
+        }
+        return drafter_open(&s, &host, out, e);
     }
     if (!en->drafter) return RS_OK; /* it did not answer: requests are refused as with one */
     if (drafter_info(en->drafter)->n_feature_layers > 0)
@@ -551,6 +562,7 @@ static void slots_free(ServeCore *c) {
         target_destroy(&c->slots[i].t);
     }
     batcher_destroy(&c->bt);
+    model_destroy(&c->draft_model); /* after the drafters that borrow it */
     suffix_index_destroy(&c->shared);
     free(c->slots);
     c->slots = NULL;

@@ -25,7 +25,7 @@ static void usage(FILE *f) {
             "                        --ctx sequences as half the available memory holds, at most\n"
             "                        4 with --drafter suffix or --decoder ar; otherwise 1). Each\n"
             "                        request keeps a drafter of its own: a suffix, self or\n"
-            "                        model drafter per worker (a model one loads per worker),\n"
+            "                        model drafter per worker (sharing the weights),\n"
             "                        or a sequence of the remote drafter's session\n"
             "                        (rootspec-draft --max-seqs); not an EAGLE-3 head\n"
             "  --batch-rows N        --parallel: most rows one pass carries (default 64)\n"

@@ -1199,7 +1199,7 @@ def test_batched():
 
 def test_batched_drafters():
     """Model and remote drafters under --parallel: each request keeps a drafter of its own (a
-    self-drafter per worker; or one rootspec-draft session holding a sequence id per request),
+    self-drafter or a model drafter per worker, the latter sharing its weights; or one rootspec-draft session holding a sequence id per request),
     so every T=0 text equals its solo rootspec-target text, no decode falls back to AR, and a
     seeded T=1 request samples under load what a --parallel 1 server with that drafter does.
     (Texts are exact whatever the pools; that each decode gets its own sequence's pools is
@@ -1212,6 +1212,7 @@ def test_batched_drafters():
                           "--max-seqs", "4", "--bind", ep], stderr=subprocess.DEVNULL)
     seeded = {"temperature": 1, "seed": 11}
     for label, args in (("--drafter self", ("--drafter", "self")),
+                        ("a --draft-model", ("--draft-model", MODEL)),
                         ("a remote drafter", ("--draft-endpoint", ep))):
         spec = ("--decoder", "rootdraw", "--budget", "8", *args)
         s = Server("--parallel", "3", "--queue", "64", *spec)
