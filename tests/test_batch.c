@@ -297,7 +297,8 @@ START_TEST(test_batch_remote_drafter) {
 END_TEST
 
 /* The drafter holds at most max_seqs sequences: one more is refused by name (its decode
- * would go on autoregressively) until a handle's destroy CLOSEs its sequence. */
+ * would go on autoregressively) until a handle's destroy CLOSEs its sequence, or another
+ * client's HELLO frees them all. */
 START_TEST(test_remote_sequence_bound) {
     Model *m = tu_random_model(ARCH_LLAMA, 32, 64, 2, 4, 2, VOCAB, 77);
     Server srv;
@@ -322,6 +323,15 @@ START_TEST(test_remote_sequence_bound) {
     ck_assert_int_eq(drafter_grow_begin(d[2], prompt, 5, 1, NULL, 0, &e), RS_OK);
     ck_assert_msg(drafter_grow_end(d[2], &pool, &e) == RS_OK, "%s", e.msg);
     ck_assert_int_gt(pool.n, 0);
+    /* another client's HELLO frees the sequences the session held: its two fit */
+    Drafter *o[2] = {0};
+    ck_assert_int_eq(drafter_remote_create(srv.ep, m, TOKHASH, 20000, 0, NULL, &o[0], &e), RS_OK);
+    ck_assert_int_eq(drafter_remote_share(o[0], &o[1], &e), RS_OK);
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(drafter_grow_begin(o[k], prompt, 5, 1, NULL, 0, &e), RS_OK);
+        ck_assert_msg(drafter_grow_end(o[k], &pool, &e) == RS_OK, "%s", e.msg);
+    }
+    for (int k = 0; k < 2; k++) drafter_destroy(&o[k]);
     drafter_destroy(&d[2]);
     drafter_destroy(&d[1]);
     server_stop(&srv);
