@@ -47,6 +47,9 @@ static void usage(FILE *f) {
             "  --ctx N              KV cache entries (default 2048)\n"
             "  --curve-dir DIR      CURVE keys for tcp:// (server.key, client.pub)\n"
             "  --insecure           allow plain tcp:// without CURVE\n"
+            "  --max-seqs N         sequences one target may draft for at once (a batching\n"
+            "                       target, rootspec-serve --parallel): each holds a drafter\n"
+            "                       of its own, with a KV cache of --ctx entries (default 16)\n"
             "  --max-requests N     exit after answering N requests (scripted runs, tests)\n"
             "  --no-ahead           do not run ahead between requests (a model drafter\n"
             "                       otherwise guesses the next commit and grows its pool while\n"
@@ -64,7 +67,7 @@ typedef struct {
     DrafterKind kind;
     Eagle3LayerIds layer_ids; /* --eagle3-layer-ids */
     CliRuntime rt;
-    int max_req, no_ahead;
+    int max_req, no_ahead, max_seqs;
 } Args;
 
 /* Parses the options; returns -1 to go on, else the exit status (0 for --help, 2 for bad
@@ -89,6 +92,7 @@ static int parse_args(int argc, char **argv, Args *A) {
         else if (!strcmp(a, "--bind")) { if (VAL()) A->bind = v; }
         else if (!strcmp(a, "--gen-keys")) { if (VAL()) A->gen = v; }
         else if (!strcmp(a, "--no-ahead")) A->no_ahead = 1;
+        else if (!strcmp(a, "--max-seqs")) { if (VAL()) rc = cli_int(a, v, 1, DRAFT_SEQS_MAX, &A->max_seqs, &e); }
         else if (!strcmp(a, "--max-requests")) { if (VAL()) rc = cli_int(a, v, 1, 1 << 30, &A->max_req, &e); }
         else rc = rs_err(&e, RS_EINVAL, "unknown option '%s' (see --help)", a);
 #undef VAL
@@ -162,12 +166,24 @@ static int check_args(const Args *A, const BackendOps **ops) {
     return -1;
 }
 
+/* How the server opens a drafter for each further sequence: the first one's spec and host
+ * (a model kind borrows the loaded model, so sequences share its weights). */
+typedef struct {
+    DrafterSpec spec;
+    DrafterHost host;
+} Opener;
+
+static int open_seq(void *arg, Drafter **out, RsErr *e) {
+    Opener *o = arg;
+    return drafter_open(&o->spec, &o->host, out, e);
+}
+
 /* The host model (whose tokenizer the drafter speaks), its tokenizer and the drafter; -1
  * on success, else the exit status with nothing left allocated. A head or the suffix
  * drafter needs only the host's config, tokenizer (and a head its embedding rows, read on
  * demand): no weights are materialised for them. */
 static int load_drafter(const Args *A, const BackendOps *ops, Model **full, Tokenizer **tok,
-                        Drafter **out) {
+                        Drafter **out, Opener *op) {
     RsErr e = {0};
     DrafterSpec s = spec_of(A);
     int light = s.kind == DRAFTER_KIND_EAGLE3 || s.kind == DRAFTER_KIND_SUFFIX;
@@ -181,6 +197,7 @@ static int load_drafter(const Args *A, const BackendOps *ops, Model **full, Toke
     if (s.kind == DRAFTER_KIND_MODEL) s.model = *full, s.model_path = NULL;
     DrafterHost h = {.model = *full, .tok = *tok, .ops = ops, .backend = bp};
     if (!rc) rc = drafter_open(&s, &h, out, &e);
+    *op = (Opener){.spec = s, .host = h};
     if (!rc) return -1;
     fprintf(stderr, "rootspec-draft: %s\n", e.msg);
     tokenizer_destroy(tok);
@@ -198,7 +215,8 @@ int main(int argc, char **argv) {
     Model *full = NULL;
     Tokenizer *tok = NULL;
     Drafter *d = NULL;
-    if ((rc = load_drafter(&A, ops, &full, &tok, &d)) >= 0) return rc;
+    Opener op;
+    if ((rc = load_drafter(&A, ops, &full, &tok, &d, &op)) >= 0) return rc;
     char name[PROTO_NAME_MAX + 1];
     snprintf(name, sizeof name, "rootspec-draft (%s)", drafter_kind_name(spec_of(&A).kind));
     struct sigaction sa = {0};
@@ -209,7 +227,9 @@ int main(int argc, char **argv) {
     DraftServerOpts so = {.endpoint = A.bind, .insecure = A.rt.insecure, .curve_dir = A.rt.curve_dir,
                      .name = name,
                      .caps = ops == cuda_backend_ops_get() ? PROTO_CAP_CUDA : 0,
-                     .max_requests = A.max_req, .no_ahead = A.no_ahead, .stop = &g_stop};
+                     .max_requests = A.max_req, .no_ahead = A.no_ahead, .stop = &g_stop,
+                     .open_seq = open_seq, .open_arg = &op,
+                     .max_seqs = A.max_seqs ? A.max_seqs : 16};
     RsErr e = {0};
     rc = draft_server_run(d, tokenizer_identity(tok, full->cfg.vocab_size), &so, &e);
     if (rc) fprintf(stderr, "rootspec-draft: %s\n", e.msg);

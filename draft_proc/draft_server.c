@@ -1,8 +1,8 @@
 /* Drafter request loop. ROUTER framing: [peer identity, payload]; the payload is one
  * proto message. Anything else (extra frames, garbage, wrong version, a request outside
  * the current session) gets an ERROR reply to that peer; the loop never exits on bad input.
- * The state lives in one Session; each message type has its handler (on_*), and the loop
- * only reads a request and dispatches it. */
+ * The state lives in one Session, one Seq per sequence id it holds; each message type has
+ * its handler (on_*), and the loop only reads a request and dispatches it. */
 #include "draft_server.h"
 #include "proto/proto.h"
 #include "proto/secure.h"
@@ -14,9 +14,24 @@
 #include <unistd.h>
 #include <zmq.h>
 
+/* A sequence of the session: its drafter and whether its context is known. */
+typedef struct {
+    uint32_t sid;
+    int used;    /* holds sequence sid */
+    Drafter *d;  /* seqs[0]: the borrowed drafter, kept while unused; others: open_seq's,
+                    freed with the sequence */
+    /* Set when the context may differ from the target's: a COMMIT_GROW or RESET that
+     * failed, or a frame of the sequence that could not be decoded (its tokens are lost).
+     * COMMIT_GROW is refused until RESET or HELLO starts the context again. */
+    int ctx_lost;
+    char ctx_lost_why[256];
+} Seq;
+
 typedef struct {
     /* the service */
-    Drafter *d;
+    Seq *seqs; // (n_seqs)
+    int n_seqs;
+    Seq *cur;  /* the request's sequence (its handler's) */
     const DrafterInfo *info;
     uint64_t tok_hash;
     const DraftServerOpts *o;
@@ -39,11 +54,6 @@ typedef struct {
     uint8_t sess_peer[256];
     size_t sess_peer_len;
     uint64_t session;
-    /* Set when the session's context may differ from the target's: a COMMIT_GROW or RESET
-     * that failed, or a frame of the session that could not be decoded (its tokens are
-     * lost). COMMIT_GROW is refused until RESET or HELLO starts the context again. */
-    int ctx_lost;
-    char ctx_lost_why[256];
 } Session;
 
 /* Sends m to the current request's peer. */
@@ -73,13 +83,64 @@ static ProtoMsg *start_reply(Session *s, ProtoType type) {
     s->rep.type = type;
     s->rep.session = s->req.session;
     s->rep.seq = s->req.seq;
+    s->rep.sid = s->req.sid;
     return &s->rep;
 }
 
 static void lose_context(Session *s, const char *what) {
-    s->ctx_lost = 1;
-    snprintf(s->ctx_lost_why, sizeof s->ctx_lost_why, "%s seq %" PRIu64 " failed", what,
-             s->req.seq);
+    s->cur->ctx_lost = 1;
+    snprintf(s->cur->ctx_lost_why, sizeof s->cur->ctx_lost_why, "%s seq %" PRIu64 " failed",
+             what, s->req.seq);
+}
+
+/* ---- the session's sequences ------------------------------------------------------------- */
+
+/* Frees sequence q: an opened drafter goes, the borrowed one is reset for the next. */
+static void seq_free(Seq *q) {
+    RsErr ignored = {0};
+    if (q->d && q->used) drafter_reset(q->d, NULL, 0, NULL, 0, &ignored);
+    q->used = 0;
+    q->ctx_lost = 0;
+}
+
+static void seqs_free_all(Session *s) {
+    for (int i = 0; i < s->n_seqs; i++) {
+        seq_free(&s->seqs[i]);
+        if (i > 0) drafter_destroy(&s->seqs[i].d);
+    }
+}
+
+static Seq *seq_find(Session *s, uint32_t sid) {
+    for (int i = 0; i < s->n_seqs; i++)
+        if (s->seqs[i].used && s->seqs[i].sid == sid) return &s->seqs[i];
+    return NULL;
+}
+
+/* The request's sequence, made on its first message; NULL (after an ERROR reply) when the
+ * session holds max_seqs already or the drafter cannot be made. */
+static Seq *seq_get(Session *s) {
+    uint32_t sid = s->req.sid;
+    Seq *q = seq_find(s, sid);
+    for (int i = 0; !q && i < s->n_seqs; i++)
+        if (!s->seqs[i].used) q = &s->seqs[i];
+    if (!q) {
+        char t[300];
+        snprintf(t, sizeof t, "sequence %" PRIu32 ": the drafter holds %d sequences already "
+                 "(rootspec-draft --max-seqs %d): CLOSE one first", sid, s->n_seqs, s->n_seqs);
+        reply_error(s, &s->req, RS_EFULL, t);
+        return NULL;
+    }
+    if (!q->used && !q->d) {
+        RsErr oe = {0};
+        if (s->o->open_seq(s->o->open_arg, &q->d, &oe)) {
+            char t[1100];
+            snprintf(t, sizeof t, "sequence %" PRIu32 ": cannot open its drafter: %s", sid, oe.msg);
+            reply_error(s, &s->req, oe.code ? oe.code : RS_EIO, t);
+            return NULL;
+        }
+    }
+    if (!q->used) *q = (Seq){.sid = sid, .used = 1, .d = q->d};
+    return q;
 }
 
 /* ---- one handler per message type ------------------------------------------------------- */
@@ -118,11 +179,10 @@ static void on_hello(Session *s) {
     s->sess_peer_len = s->peer_len;
     s->session = s->req.session;
     s->have_session = 1;
-    s->ctx_lost = 0;
+    seqs_free_all(s); /* the new peer's sequences start empty */
     RsErr re = {0};
-    int rc = drafter_reset(s->d, NULL, 0, NULL, 0, &re);
+    int rc = drafter_reset(s->seqs[0].d, NULL, 0, NULL, 0, &re);
     if (rc) { /* a remote drafter behind this one may fail; a model drafter cannot */
-        lose_context(s, "HELLO's reset");
         reply_error(s, &s->req, rc, re.msg);
         return;
     }
@@ -138,11 +198,14 @@ static void on_hello(Session *s) {
     send_reply(s, &s->rep);
 }
 
-/* RESET and COMMIT_GROW belong to the session; 0 (after an ERROR reply) when not. */
+/* RESET, APPEND and COMMIT_GROW belong to the session and to a sequence, which s->cur
+ * names; 0 (after an ERROR reply) when not. */
 static int in_session(Session *s) {
-    if (s->same_peer && s->req.session == s->session) return 1;
-    reply_error(s, &s->req, RS_EPROTO, draft_server_guard_no_session(s->guard, s->req.session));
-    return 0;
+    if (!(s->same_peer && s->req.session == s->session)) {
+        reply_error(s, &s->req, RS_EPROTO, draft_server_guard_no_session(s->guard, s->req.session));
+        return 0;
+    }
+    return (s->cur = seq_get(s)) != NULL;
 }
 
 /* The request's features as f32 in s->feat (*bytes 0 and NULL when it has none). */
@@ -164,14 +227,15 @@ static const float *request_features(Session *s, size_t *bytes) {
 /* RESET: drops the context and prefills the new prompt; no reply unless it fails. */
 static void on_reset(Session *s) {
     if (!in_session(s)) return;
-    s->ctx_lost = 0;
+    Drafter *d = s->cur->d;
+    s->cur->ctx_lost = 0;
     RsErr ge = {0};
     size_t fb;
     const float *f = request_features(s, &fb);
-    int rc = drafter_reset(s->d, s->req.u.tokens.ids, s->req.u.tokens.n, f, fb, &ge);
+    int rc = drafter_reset(d, s->req.u.tokens.ids, s->req.u.tokens.n, f, fb, &ge);
     if (rc) {
         RsErr ignored = {0};
-        drafter_reset(s->d, NULL, 0, NULL, 0, &ignored); /* no unknown prefix left behind */
+        drafter_reset(d, NULL, 0, NULL, 0, &ignored); /* no unknown prefix left behind */
         lose_context(s, "RESET");
         reply_error(s, &s->req, rc, ge.msg);
     }
@@ -179,10 +243,10 @@ static void on_reset(Session *s) {
 
 /* 1 (after an ERROR reply) when an earlier failure lost the context: only RESET helps. */
 static int refuse_lost(Session *s) {
-    if (!s->ctx_lost) return 0;
+    if (!s->cur->ctx_lost) return 0;
     char t[400];
     snprintf(t, sizeof t, "drafter context lost (%s): send RESET with the prompt, then %s",
-             s->ctx_lost_why, proto_type_name(s->req.type));
+             s->cur->ctx_lost_why, proto_type_name(s->req.type));
     reply_error(s, &s->req, RS_EPROTO, t);
     return 1;
 }
@@ -193,7 +257,7 @@ static void on_append(Session *s) {
     RsErr ge = {0};
     size_t fb;
     const float *f = request_features(s, &fb);
-    int rc = drafter_append(s->d, s->req.u.tokens.ids, s->req.u.tokens.n, f, fb, &ge);
+    int rc = drafter_append(s->cur->d, s->req.u.tokens.ids, s->req.u.tokens.n, f, fb, &ge);
     if (rc) {
         lose_context(s, "APPEND");
         reply_error(s, &s->req, rc, ge.msg);
@@ -214,9 +278,10 @@ static void on_commit_grow(Session *s) {
     RsErr ge = {0};
     size_t fb;
     const float *f = request_features(s, &fb);
+    Drafter *d = s->cur->d;
     int depth = s->req.u.tokens.depth, width = s->req.u.tokens.width;
-    drafter_set_shape(s->d, depth ? depth : POOL_MAX_DEPTH, width ? width : POOL_EXPAND);
-    int rc = drafter_grow(s->d, s->req.u.tokens.ids, s->req.u.tokens.n, f, fb, s->pool, &ge);
+    drafter_set_shape(d, depth ? depth : POOL_MAX_DEPTH, width ? width : POOL_EXPAND);
+    int rc = drafter_grow(d, s->req.u.tokens.ids, s->req.u.tokens.n, f, fb, s->pool, &ge);
     if (rc) {
         lose_context(s, "COMMIT_GROW");
         reply_error(s, &s->req, rc, ge.msg);
@@ -225,7 +290,20 @@ static void on_commit_grow(Session *s) {
     ProtoMsg *r = start_reply(s, PROTO_POOL);
     r->u.pool.pool = s->pool;
     r->u.pool.commit_pass_ns = s->pool->commit_pass_ns;
-    if (send_reply(s, r) == RS_OK && !s->o->no_ahead) drafter_ahead(s->d, request_waiting, s);
+    if (send_reply(s, r) == RS_OK && !s->o->no_ahead) drafter_ahead(d, request_waiting, s);
+}
+
+/* CLOSE: the sequence ended; its drafter goes (a sequence not held is not an error, so a
+ * target may close after a takeover or a failure without knowing what the drafter kept). */
+static void on_close(Session *s) {
+    if (!(s->same_peer && s->req.session == s->session)) {
+        reply_error(s, &s->req, RS_EPROTO, draft_server_guard_no_session(s->guard, s->req.session));
+        return;
+    }
+    Seq *q = seq_find(s, s->req.sid);
+    if (!q) return;
+    seq_free(q);
+    if (q != &s->seqs[0]) drafter_destroy(&q->d);
 }
 
 /* BYE: answered with BYE; ends the session when it is the session's peer's. */
@@ -243,9 +321,10 @@ static void on_unexpected(Session *s) {
 /* A frame that did not decode: ERROR reply; if it was the session's, its tokens are lost. */
 static void on_bad_frame(Session *s, int rc, const RsErr *de) {
     fprintf(stderr, "rootspec-draft: rejected frame: %s\n", de->msg);
-    if (s->same_peer && s->req.session == s->session && !s->ctx_lost) {
-        s->ctx_lost = 1;
-        snprintf(s->ctx_lost_why, sizeof s->ctx_lost_why, "a frame was rejected (seq %" PRIu64 ")",
+    Seq *q = s->same_peer && s->req.session == s->session ? seq_find(s, s->req.sid) : NULL;
+    if (q && !q->ctx_lost) {
+        q->ctx_lost = 1;
+        snprintf(q->ctx_lost_why, sizeof q->ctx_lost_why, "a frame was rejected (seq %" PRIu64 ")",
                  s->req.seq);
     }
     reply_error(s, &s->req, rc, de->msg);
@@ -258,6 +337,7 @@ static void dispatch(Session *s) {
     case PROTO_COMMIT_GROW: on_commit_grow(s); break;
     case PROTO_APPEND: on_append(s); break;
     case PROTO_BYE: on_bye(s); break;
+    case PROTO_CLOSE: on_close(s); break;
     default: on_unexpected(s);
     }
 }
@@ -377,10 +457,14 @@ static void announce(const Session *s) {
 int draft_server_run(Drafter *d, uint64_t tok_hash, const DraftServerOpts *o, RsErr *e) {
     int rc = secure_check_endpoint(o->endpoint, o->insecure, o->curve_dir, e);
     if (rc) return rc;
-    Session s = {.d = d, .info = drafter_info(d), .tok_hash = tok_hash, .o = o};
+    Session s = {.info = drafter_info(d), .tok_hash = tok_hash, .o = o};
+    s.n_seqs = o->open_seq && o->max_seqs > 1 ? o->max_seqs : 1;
+    s.seqs = rs_xcalloc((size_t)s.n_seqs, sizeof *s.seqs);
+    s.seqs[0].d = d;
     rc = open_socket(&s, e);
     if (rc) {
         close_socket(&s);
+        free(s.seqs);
         return rc;
     }
     msgpack_sbuffer_init(&s.sb);
@@ -394,6 +478,8 @@ int draft_server_run(Drafter *d, uint64_t tok_hash, const DraftServerOpts *o, Rs
         dispatch(&s);
         if (o->max_requests > 0 && s.served >= o->max_requests) break;
     }
+    seqs_free_all(&s);
+    free(s.seqs);
     free(s.pool);
     free(s.feat);
     proto_msg_clear(&s.req);

@@ -3,18 +3,36 @@
  * messages, as do a long commit's leading parts); grow_begin sends COMMIT_GROW and returns at once so the
  * target's root pass overlaps the drafting; grow_end waits for the POOL whose seq matches,
  * discarding stale replies from an earlier timeout. After a failure the next reset
- * re-handshakes (the drafter may have restarted). */
+ * re-handshakes (the drafter may have restarted).
+ *
+ * One connection (a Remote, the session) serves several Drafter handles, one sequence id
+ * each (drafter_remote_share), used from threads of their own: a lock guards the socket,
+ * and whichever handle waits in grow_end reads the replies, handing each POOL or ERROR to
+ * the handle its sid names. A re-handshake starts a new session, in which the drafter holds
+ * no sequence: the other handles' contexts are gone, so their next grow fails (their decodes
+ * finish autoregressively) and their next reset starts them again. */
 #include "remote_drafter.h"
 #include "draft_proc/drafter_impl.h"
 #include "proto/proto.h"
 #include "proto/secure.h"
 #include "common/textsafe.h"
 #include <inttypes.h>
+#include <pthread.h>
+#include <sched.h>
 #include <string.h>
 #include <unistd.h>
 #include <zmq.h>
 
+typedef struct RemoteSeq RemoteSeq;
+
 typedef struct {
+    pthread_mutex_t mu; /* the socket, the counters, every handle's reply fields */
+    pthread_cond_t cv;  /* a reply was handed to its handle */
+    int refs;           /* handles */
+    uint32_t next_sid;
+    uint64_t generation; /* handshakes so far: a handle's context lives in one */
+    RemoteSeq **seqs;   // (n_seqs) the handles, for routing replies
+    int n_seqs;
     void *ctx, *sock;
     char endpoint[512];
     int timeout_ms, insecure;
@@ -24,15 +42,28 @@ typedef struct {
     uint64_t tok_hash;
     uint64_t session, seq, pending_seq;
     int healthy;
-    int depth, width; /* drafter_set_shape's, sent with each COMMIT_GROW; 0: never set */
     char fingerprint[PROTO_FP_MAX + 1]; /* the drafter's, from its last HELLO_OK */
     ProtoMsg in;
     msgpack_sbuffer sb;
     uint16_t *feat; // (feat_cap) bf16 features of the message being sent
     size_t feat_cap;
-    DrafterInfo *info; /* the handle's, for the feature layers of a later HELLO_OK */
+    int began; /* a handshake succeeded: a later HELLO_OK must want the same layers */
     int n_feat_layers, feat_layers[DRAFTER_MAX_FEATURE_LAYERS]; /* from HELLO_OK */
 } Remote;
+
+/* One sequence on a Remote: the Drafter handle's ctx. Its reply fields are under r->mu. */
+struct RemoteSeq {
+    Remote *r;
+    uint32_t sid;
+    uint64_t generation; /* the session its context lives in; 0: none yet */
+    int depth, width; /* drafter_set_shape's, sent with each COMMIT_GROW; 0: never set */
+    uint64_t pending_seq; /* the COMMIT_GROW whose POOL grow_end waits for */
+    int replied;          /* its reply came: rc, err and (on success) got */
+    int rc;
+    RsErr err;
+    Pool *got;
+    uint64_t commit_pass_ns;
+};
 
 /* Puts the f32 features (n rows, feat_bytes in all) on m as bf16; RS_EINVAL when they do not
  * split into n rows or exceed the protocol's bound (named). */
@@ -135,13 +166,15 @@ static int handshake(Remote *r, RsErr *e) {
                       r->endpoint, h->vocab_size, h->tokenizer_hash, r->target->cfg.vocab_size,
                       r->tok_hash);
     snprintf(r->fingerprint, sizeof r->fingerprint, "%s", h->fingerprint);
-    if (r->info && (h->n_feat_layers != r->n_feat_layers ||
+    if (r->began && (h->n_feat_layers != r->n_feat_layers ||
                     memcmp(h->feat_layers, r->feat_layers, sizeof(int) * (size_t)h->n_feat_layers)))
         return rs_err(e, RS_EPEER, "drafter at %s restarted wanting features of %d layers, the "
                       "session began with %d", r->endpoint, h->n_feat_layers, r->n_feat_layers);
     r->n_feat_layers = h->n_feat_layers;
     memcpy(r->feat_layers, h->feat_layers, sizeof(int) * (size_t)h->n_feat_layers);
     r->healthy = 1;
+    r->began = 1;
+    r->generation++;
     return RS_OK;
 }
 
@@ -152,11 +185,13 @@ void remote_set_feat_chunk_bytes(size_t bytes) {
     g_chunk_bytes = bytes >= 2 && bytes <= PROTO_MAX_FEAT_BYTES ? bytes : PROTO_MAX_FEAT_BYTES;
 }
 
+
 /* Sends tokens [0, n) with their f32 features in as many messages as the payload bound
  * needs: `type` (RESET, APPEND or COMMIT_GROW) says what the whole list is; a RESET starts
- * with a RESET, a COMMIT_GROW ends with one, every other part is an APPEND. */
-static int send_tokens(Remote *r, ProtoType type, const int *tokens, int n, const void *features,
-                       size_t feat_bytes, RsErr *e) {
+ * with a RESET, a COMMIT_GROW ends with one, every other part is an APPEND. Under r->mu. */
+static int send_tokens(RemoteSeq *q, ProtoType type, const int *tokens, int n,
+                       const void *features, size_t feat_bytes, RsErr *e) {
+    Remote *r = q->r;
     size_t width = features && n > 0 ? feat_bytes / sizeof(float) / (size_t)n : 0;
     if (features && (n <= 0 || feat_bytes % (sizeof(float) * (size_t)n) || width < 1 ||
                      width > PROTO_FEAT_WIDTH_MAX))
@@ -169,13 +204,13 @@ static int send_tokens(Remote *r, ProtoType type, const int *tokens, int n, cons
         ProtoMsg msg = {0};
         msg.type = type == PROTO_RESET && off == 0 ? PROTO_RESET
                    : type == PROTO_COMMIT_GROW && last ? PROTO_COMMIT_GROW : PROTO_APPEND;
+        msg.sid = q->sid;
         msg.u.tokens.ids = (const int32_t *)tokens + off;
         msg.u.tokens.n = m;
         if (msg.type == PROTO_COMMIT_GROW) {
-            msg.u.tokens.depth = r->depth;
-            /* the full width is the default: a drafter that predates the field still
-             * serves a target that never narrows its pools */
-            msg.u.tokens.width = r->width == POOL_EXPAND ? 0 : r->width;
+            msg.u.tokens.depth = q->depth;
+            /* the full width is the default: it is left out when not narrowed */
+            msg.u.tokens.width = q->width == POOL_EXPAND ? 0 : q->width;
         }
         const float *f = features ? (const float *)features + (size_t)off * width : NULL;
         int rc = attach_features(r, &msg, m, f, f ? (size_t)m * width * sizeof(float) : 0, e);
@@ -189,50 +224,135 @@ static int send_tokens(Remote *r, ProtoType type, const int *tokens, int n, cons
     return RS_OK;
 }
 
+/* RS_OK when q's context lives in the current session (under r->mu). */
+static int seq_live(const RemoteSeq *q, RsErr *e) {
+    const Remote *r = q->r;
+    if (q->generation == r->generation && r->healthy) return RS_OK;
+    return rs_err(e, RS_EPEER, "drafter at %s: sequence %u lost its context (the session was "
+                  "restarted%s); reset it", r->endpoint, q->sid,
+                  r->healthy ? " for another sequence" : " after a failure");
+}
+
 static int remote_reset(void *ctx, const int *prompt, int n, const void *features,
                         size_t feat_bytes, RsErr *e) {
-    Remote *r = ctx;
-    int rc;
-    if (!r->healthy && (rc = handshake(r, e))) return rc;
-    return send_tokens(r, PROTO_RESET, prompt, n, features, feat_bytes, e);
+    RemoteSeq *q = ctx;
+    Remote *r = q->r;
+    pthread_mutex_lock(&r->mu);
+    int rc = r->healthy ? RS_OK : handshake(r, e);
+    if (!rc) rc = send_tokens(q, PROTO_RESET, prompt, n, features, feat_bytes, e);
+    if (!rc) q->generation = r->generation;
+    pthread_mutex_unlock(&r->mu);
+    return rc;
 }
 
 static int remote_append(void *ctx, const int *tokens, int n, const void *features,
                          size_t feat_bytes, RsErr *e) {
-    return send_tokens(ctx, PROTO_APPEND, tokens, n, features, feat_bytes, e);
+    RemoteSeq *q = ctx;
+    pthread_mutex_lock(&q->r->mu);
+    int rc = seq_live(q, e);
+    if (!rc) rc = send_tokens(q, PROTO_APPEND, tokens, n, features, feat_bytes, e);
+    pthread_mutex_unlock(&q->r->mu);
+    return rc;
 }
 
 static int remote_grow_begin(void *ctx, const int *tokens, int n, const void *features,
                              size_t feat_bytes, RsErr *e) {
-    Remote *r = ctx;
-    int rc = send_tokens(r, PROTO_COMMIT_GROW, tokens, n, features, feat_bytes, e);
-    if (rc) return rc;
-    r->pending_seq = r->seq;
-    return RS_OK;
+    RemoteSeq *q = ctx;
+    Remote *r = q->r;
+    pthread_mutex_lock(&r->mu);
+    int rc = seq_live(q, e);
+    if (!rc) rc = send_tokens(q, PROTO_COMMIT_GROW, tokens, n, features, feat_bytes, e);
+    if (!rc) {
+        q->pending_seq = r->seq;
+        q->replied = 0;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+/* Hands the reply in r->in to the handle waiting for it (a reply nobody waits for, from
+ * before a timeout, is dropped). Under r->mu. */
+static void route_reply(Remote *r) {
+    const ProtoMsg *in = &r->in;
+    if (in->session != r->session) return;
+    for (int i = 0; i < r->n_seqs; i++) {
+        RemoteSeq *q = r->seqs[i];
+        if (q->sid != in->sid || q->replied || q->pending_seq != in->seq) continue;
+        char esc[4 * PROTO_MSG_MAX + 4]; /* the drafter's text: escaped (textsafe.h) */
+        q->replied = 1;
+        q->rc = RS_OK;
+        if (in->type == PROTO_POOL) {
+            memcpy(q->got, in->u.pool.pool, sizeof(Pool));
+            q->commit_pass_ns = in->u.pool.commit_pass_ns;
+        } else if (in->type == PROTO_ERROR)
+            q->rc = rs_err(&q->err, RS_EPEER, "drafter at %s refused: %s", r->endpoint,
+                           rs_escape_str(esc, sizeof esc, in->u.error.message));
+        else
+            q->rc = rs_err(&q->err, RS_EPROTO, "drafter at %s sent %s (seq %" PRIu64 "), "
+                           "expected POOL", r->endpoint, proto_type_name(in->type), in->seq);
+        pthread_cond_broadcast(&r->cv);
+        return;
+    }
+}
+
+/* Waits for q's POOL, reading replies for every handle meanwhile. Under r->mu; a reader
+ * that shares the socket gives the lock up between 1 ms polls, so the other handles can
+ * send. */
+static int await_pool(RemoteSeq *q, RsErr *e) {
+    Remote *r = q->r;
+    uint64_t deadline = rs_now_ns() + (uint64_t)r->timeout_ms * 1000000ull;
+    while (!q->replied) {
+        int rc = seq_live(q, e);
+        if (rc) return rc;
+        uint64_t now = rs_now_ns();
+        if (now >= deadline) {
+            r->healthy = 0;
+            return rs_err(e, RS_ETIMEOUT, "drafter at %s did not answer within %d ms",
+                          r->endpoint, r->timeout_ms);
+        }
+        int wait = r->refs > 1 ? 1 : (int)((deadline - now) / 1000000ull) + 1;
+        RsErr re = {0};
+        rc = proto_recv(r->sock, &r->in, wait, &re);
+        if (rc == RS_ETIMEOUT) {
+            pthread_mutex_unlock(&r->mu);
+            sched_yield();
+            pthread_mutex_lock(&r->mu);
+            continue;
+        }
+        if (rc) {
+            r->healthy = 0;
+            return rs_err(e, rc, "bad reply from drafter at %s: %s", r->endpoint, re.msg);
+        }
+        route_reply(r);
+    }
+    q->replied = 0;
+    if (q->rc && e) *e = q->err;
+    return q->rc;
 }
 
 static int remote_grow_end(void *ctx, Pool *out, RsErr *e) {
-    Remote *r = ctx;
-    r->in.pool_into = out;
-    int rc = wait_reply(r, r->pending_seq, PROTO_POOL, e);
-    r->in.pool_into = NULL;
-    if (!rc) out->commit_pass_ns = r->in.u.pool.commit_pass_ns;
-    if (rc) r->healthy = 0;
+    RemoteSeq *q = ctx;
+    pthread_mutex_lock(&q->r->mu);
+    int rc = await_pool(q, e);
+    if (!rc) {
+        memcpy(out, q->got, sizeof(Pool));
+        out->commit_pass_ns = q->commit_pass_ns;
+    }
+    pthread_mutex_unlock(&q->r->mu);
     return rc;
 }
 
 static void remote_set_shape(void *ctx, int depth, int width) {
-    Remote *r = ctx;
-    r->depth = depth;
-    r->width = width;
+    RemoteSeq *q = ctx;
+    q->depth = depth;
+    q->width = width;
 }
 
-/* Says BYE when the session is healthy, so the drafter can take the next target at once. */
-static void remote_destroy(void *ctx) {
-    Remote *r = ctx;
+/* The connection goes with its last handle; says BYE when the session is healthy, so the
+ * drafter can take the next target at once. */
+static void remote_free(Remote *r) {
     if (r->sock && r->healthy) {
-        ProtoMsg m = {0};
-        m.type = PROTO_BYE;
+        ProtoMsg m = {.type = PROTO_BYE};
         RsErr e;
         int hwm_ms = 200;
         zmq_setsockopt(r->sock, ZMQ_LINGER, &hwm_ms, sizeof hwm_ms);
@@ -241,8 +361,30 @@ static void remote_destroy(void *ctx) {
     if (r->sock) zmq_close(r->sock);
     zmq_ctx_term(r->ctx);
     proto_msg_clear(&r->in);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r->seqs);
     free(r->feat);
     free(r);
+}
+
+/* A handle's end: CLOSE frees its sequence at the drafter (others may go on). */
+static void remote_destroy(void *ctx) {
+    RemoteSeq *q = ctx;
+    Remote *r = q->r;
+    pthread_mutex_lock(&r->mu);
+    for (int i = 0; i < r->n_seqs; i++)
+        if (r->seqs[i] == q) r->seqs[i] = r->seqs[--r->n_seqs];
+    if (r->sock && r->healthy && q->generation == r->generation) {
+        ProtoMsg m = {.type = PROTO_CLOSE, .sid = q->sid};
+        RsErr e;
+        send_msg(r, &m, &e);
+    }
+    int last = --r->refs == 0;
+    pthread_mutex_unlock(&r->mu);
+    free(q->got);
+    free(q);
+    if (last) remote_free(r);
 }
 
 static const DrafterOps remote_ops = {
@@ -254,6 +396,32 @@ static const DrafterOps remote_ops = {
     .set_shape = remote_set_shape,
 };
 
+/* A new handle on r, with the next sequence id (under r->mu or before r is shared). */
+static RemoteSeq *seq_add(Remote *r) {
+    RemoteSeq *q = rs_xcalloc(1, sizeof *q);
+    q->r = r;
+    q->sid = r->next_sid++;
+    q->got = rs_xmalloc(sizeof(Pool));
+    RemoteSeq **seqs = rs_xcalloc((size_t)r->n_seqs + 1, sizeof *seqs);
+    if (r->n_seqs) memcpy(seqs, r->seqs, sizeof *seqs * (size_t)r->n_seqs);
+    free(r->seqs);
+    r->seqs = seqs;
+    r->seqs[r->n_seqs++] = q;
+    r->refs++;
+    return q;
+}
+
+static Drafter *seq_wrap(RemoteSeq *q) {
+    const Remote *r = q->r;
+    /* vocab_size: the handshake refuses a drafter whose vocabulary differs from target's */
+    DrafterInfo info = {.vocab_size = r->target->cfg.vocab_size,
+                        .fingerprint = r->fingerprint,
+                        .name = r->endpoint,
+                        .n_feature_layers = r->n_feat_layers};
+    memcpy(info.feature_layers, r->feat_layers, sizeof info.feature_layers);
+    return drafter_wrap(&remote_ops, q, &info);
+}
+
 int drafter_remote_create(const char *endpoint, const Model *target, uint64_t tok_hash,
                           int timeout_ms, int insecure, const char *curve_dir, Drafter **out,
                           RsErr *e) {
@@ -261,6 +429,8 @@ int drafter_remote_create(const char *endpoint, const Model *target, uint64_t to
     int rc = secure_check_endpoint(endpoint, insecure, curve_dir, e);
     if (rc) return rc;
     Remote *r = rs_xcalloc(1, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
     snprintf(r->endpoint, sizeof r->endpoint, "%s", endpoint);
     r->timeout_ms = timeout_ms > 0 ? timeout_ms : 10000;
     r->insecure = insecure;
@@ -270,18 +440,27 @@ int drafter_remote_create(const char *endpoint, const Model *target, uint64_t to
     r->tok_hash = tok_hash;
     r->in.vocab_size = target->cfg.vocab_size;
     r->ctx = zmq_ctx_new();
+    RemoteSeq *q = seq_add(r);
     rc = handshake(r, e);
     if (rc) {
-        remote_destroy(r);
+        remote_destroy(q);
         return rc;
     }
-    /* vocab_size: the handshake refuses a drafter whose vocabulary differs from target's */
-    DrafterInfo info = {.vocab_size = target->cfg.vocab_size,
-                        .fingerprint = r->fingerprint,
-                        .name = r->endpoint,
-                        .n_feature_layers = r->n_feat_layers};
-    memcpy(info.feature_layers, r->feat_layers, sizeof info.feature_layers);
-    *out = drafter_wrap(&remote_ops, r, &info);
-    r->info = &(*out)->info; /* a re-handshake must find the same layers */
+    q->generation = r->generation;
+    *out = seq_wrap(q);
+    return RS_OK;
+}
+
+int drafter_remote_share(Drafter *d, Drafter **out, RsErr *e) {
+    *out = NULL;
+    if (d->ops != &remote_ops)
+        return rs_err(e, RS_EINVAL, "drafter %s is not a remote one: it has no connection to "
+                      "share", d->info.name ? d->info.name : "?");
+    Remote *r = ((RemoteSeq *)d->ctx)->r;
+    pthread_mutex_lock(&r->mu);
+    RemoteSeq *q = seq_add(r);
+    q->generation = r->generation; /* a new sequence: its context starts empty */
+    pthread_mutex_unlock(&r->mu);
+    *out = seq_wrap(q);
     return RS_OK;
 }

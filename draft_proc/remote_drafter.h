@@ -14,6 +14,13 @@ int drafter_remote_create(const char *endpoint, const Model *target, uint64_t to
                           int timeout_ms, int insecure, const char *curve_dir, Drafter **out,
                           RsErr *e);
 
+/* Another sequence on d's connection (d must be of this kind): a handle with a sequence id
+ * of its own (protocol v4), whose context the drafter keeps apart from the others'; its
+ * first reset starts it. Handles may be used from threads of their own; the connection
+ * closes with the last one, and each handle's destroy CLOSEs its sequence. RS_EINVAL when
+ * d is not remote. */
+int drafter_remote_share(Drafter *d, Drafter **out, RsErr *e);
+
 /* Test hook: the feature payload bound at which the remote kind splits a message (RESET /
  * COMMIT_GROW into RESET + APPEND... / APPEND... + COMMIT_GROW); 0 restores
  * PROTO_MAX_FEAT_BYTES. Process-wide. */

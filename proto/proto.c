@@ -294,7 +294,7 @@ static int rd_bin_raw(Rd *r, const char *name, long idx, uint32_t max, const cha
 
 static const char *const type_names[] = {"NONE",        "HELLO", "HELLO_OK", "RESET",
                                          "COMMIT_GROW", "POOL",  "ERROR",    "BYE",
-                                         "APPEND"};
+                                         "APPEND", "CLOSE"};
 
 const char *proto_type_name(int type) {
     if (type < 0 || type > PROTO_TYPE_LAST) return "UNKNOWN";
@@ -501,8 +501,9 @@ static int dec_error(Rd *r, ProtoError *er) {
 
 /* What the versions after `ver` added, for the message that refuses an older peer. */
 static const char *proto_version_news(uint64_t ver) {
-    return ver == 1 ? "target features for EAGLE-3 drafters, then the pool width"
-                    : "the pool width in COMMIT_GROW";
+    return ver == 1   ? "target features for EAGLE-3 drafters, the pool width, then sequence ids"
+           : ver == 2 ? "the pool width in COMMIT_GROW, then sequence ids"
+                      : "a sequence id in every frame, CLOSE";
 }
 
 static int dec_header(Rd *r, ProtoMsg *out, uint64_t *type) {
@@ -510,7 +511,9 @@ static int dec_header(Rd *r, ProtoMsg *out, uint64_t *type) {
     uint32_t n;
     if (rd_peek(r, "frame", -1, &b)) return -1;
     if (rd_arr(r, "frame", -1, 0xffffffffu, &n)) return -1;
-    if (n != 6) return rd_fail(r, RS_EPROTO, "frame is an array of %u elements, expected 6", n);
+    /* an older peer's 6-element frame is judged by its version below */
+    if (n != 6 && n != 7)
+        return rd_fail(r, RS_EPROTO, "frame is an array of %u elements, expected 7", n);
     /* magic */
     if (rd_peek(r, "magic", -1, &b)) return -1;
     if (is_str(b)) {
@@ -546,6 +549,10 @@ static int dec_header(Rd *r, ProtoMsg *out, uint64_t *type) {
     if (ver != PROTO_VERSION)
         return rd_fail(r, RS_EUNSUPPORTED, "protocol version %llu, expected %d",
                        (unsigned long long)ver, PROTO_VERSION);
+    if (n != 7) return rd_fail(r, RS_EPROTO, "frame is an array of %u elements, expected 7", n);
+    uint64_t sid;
+    if (rd_u64(r, "sid", -1, 0, UINT32_MAX, &sid)) return -1;
+    out->sid = (uint32_t)sid;
     if (*type < PROTO_HELLO || *type > PROTO_TYPE_LAST)
         return rd_fail(r, RS_EPROTO, "unknown message type %llu", (unsigned long long)*type);
     return 0;
@@ -556,6 +563,7 @@ int proto_decode(const void *buf, size_t len, ProtoMsg *out, RsErr *e) {
     Rd r = {.p = buf, .len = len, .off = 0, .ctx = NULL, .e = e, .code = RS_OK};
     out->type = PROTO_NONE;
     out->session = out->seq = 0;
+    out->sid = 0;
     memset(&out->u, 0, sizeof out->u);
     uint64_t type = 0;
     int rc = -1;
@@ -569,7 +577,8 @@ int proto_decode(const void *buf, size_t len, ProtoMsg *out, RsErr *e) {
     case PROTO_APPEND: rc = dec_tokens(&r, out, 1, 0); break;
     case PROTO_POOL: rc = dec_pool(&r, out); break;
     case PROTO_ERROR: rc = dec_error(&r, &out->u.error); break;
-    case PROTO_BYE: rc = rd_arr_exact(&r, "body", 0); break;
+    case PROTO_BYE:
+    case PROTO_CLOSE: rc = rd_arr_exact(&r, "body", 0); break;
     default: RS_ASSERT(0);
     }
     if (rc) goto fail;
@@ -735,7 +744,8 @@ static int enc_body(msgpack_packer *pk, const ProtoMsg *m, RsErr *e) {
         rc |= msgpack_pack_array(pk, 2) | msgpack_pack_int32(pk, m->u.error.code);
         rc |= enc_str(pk, m->u.error.message, (size_t)l1);
         break;
-    case PROTO_BYE: rc |= msgpack_pack_array(pk, 0); break;
+    case PROTO_BYE:
+    case PROTO_CLOSE: rc |= msgpack_pack_array(pk, 0); break;
     default: return rs_err(e, RS_EINVAL, "proto: cannot encode message type %d", (int)m->type);
     }
     return rc ? rs_err(e, RS_ENOMEM, "proto: out of memory encoding %s", proto_type_name(m->type))
@@ -749,9 +759,10 @@ int proto_encode(const ProtoMsg *m, msgpack_sbuffer *out, RsErr *e) {
     msgpack_packer_init(&pk, out, msgpack_sbuffer_write);
     if (m->type < PROTO_HELLO || m->type > PROTO_TYPE_LAST)
         return rs_err(e, RS_EINVAL, "proto: cannot encode message type %d", (int)m->type);
-    int rc = msgpack_pack_array(&pk, 6) | enc_str(&pk, PROTO_MAGIC, 4);
+    int rc = msgpack_pack_array(&pk, 7) | enc_str(&pk, PROTO_MAGIC, 4);
     rc |= msgpack_pack_uint32(&pk, PROTO_VERSION) | msgpack_pack_uint32(&pk, (uint32_t)m->type);
     rc |= msgpack_pack_uint64(&pk, m->session) | msgpack_pack_uint64(&pk, m->seq);
+    rc |= msgpack_pack_uint32(&pk, m->sid);
     int st = rc ? rs_err(e, RS_ENOMEM, "proto: out of memory encoding a header")
                 : enc_body(&pk, m, e);
     if (st != RS_OK) out->size = start; /* leave no half message behind */
@@ -761,7 +772,8 @@ int proto_encode(const ProtoMsg *m, msgpack_sbuffer *out, RsErr *e) {
 /* ---------------------------------------------------------------- helpers */
 
 int proto_msg_equal(const ProtoMsg *a, const ProtoMsg *b) {
-    if (a->type != b->type || a->session != b->session || a->seq != b->seq) return 0;
+    if (a->type != b->type || a->session != b->session || a->seq != b->seq || a->sid != b->sid)
+        return 0;
     switch (a->type) {
     case PROTO_HELLO: {
         const ProtoHello *x = &a->u.hello, *y = &b->u.hello;
@@ -818,6 +830,7 @@ void proto_error_reply(ProtoMsg *out, const ProtoMsg *req, const RsErr *cause) {
     out->type = PROTO_ERROR;
     out->session = session;
     out->seq = seq;
+    out->sid = req ? req->sid : 0;
     memset(&out->u, 0, sizeof out->u);
     out->u.error.code = code;
     memcpy(out->u.error.message, msg, sizeof msg);

@@ -1,15 +1,20 @@
-/* The target <-> drafter wire protocol, version 3: codec (msgpack) and ZeroMQ helpers.
- * Version 3 adds the pool width to COMMIT_GROW; version 2 added the target's per-token
- * features for EAGLE-3 heads. An older peer is refused at HELLO, naming both versions.
+/* The target <-> drafter wire protocol, version 4: codec (msgpack) and ZeroMQ helpers.
+ * Version 4 adds a sequence id to every frame and CLOSE, so one session drafts for several
+ * sequences (a batch); version 3 added the pool width to COMMIT_GROW; version 2 the
+ * target's per-token features for EAGLE-3 heads. An older peer is refused at HELLO,
+ * naming both versions.
  *
- * Every message is ONE ZeroMQ frame holding ONE msgpack array of 6 elements:
+ * Every message is ONE ZeroMQ frame holding ONE msgpack array of 7 elements:
  *
- *   [ magic, version, type, session, seq, body ]
+ *   [ magic, version, type, session, seq, sid, body ]
  *     magic    str "RSPC" (decoder also accepts uint 0x52535043)
- *     version  uint, 3 (an older one is refused with a message naming both versions)
+ *     version  uint, 4 (an older one is refused with a message naming both versions)
  *     type     uint, ProtoType below
  *     session  uint64, chosen by the target in HELLO and echoed in every later message
  *     seq      uint64, the target numbers its requests; a reply echoes its request's seq
+ *     sid      uint32, the sequence a RESET, APPEND, COMMIT_GROW, POOL or CLOSE is about
+ *              (the drafter keeps one context per sid); a reply echoes its request's sid;
+ *              0 in HELLO, HELLO_OK and BYE
  *     body     array, per type (positional fields; ints use any msgpack int width, the
  *              encoder always writes the shortest form, as msgpack-c and Python do):
  *
@@ -53,6 +58,8 @@
  *                  first chunk, APPENDs the next ones in order, then COMMIT_GROW the last
  *                  (or the next round). [tokens [int32 >= 0, ...] (1 .. 1<<20), features]
  *                  no reply unless it fails (then the context is lost, as for RESET).
+ *   CLOSE       9  target -> drafter: the sequence sid ended; the drafter frees its context.
+ *                  []   no reply unless it fails (a sid it does not hold is not a failure)
  *
  * Sockets: one frame per message, so use ZMQ_PAIR (recommended: the drafter binds, the
  * target connects) or DEALER<->DEALER; a ROUTER must strip its envelope itself and call
@@ -74,7 +81,7 @@
 
 #define PROTO_MAGIC "RSPC"
 #define PROTO_MAGIC_U32 0x52535043u
-#define PROTO_VERSION 3
+#define PROTO_VERSION 4
 #define PROTO_MAX_TOKENS (1 << 20) /* longest RESET / COMMIT_GROW token list */
 #define PROTO_FP_MAX 64            /* fingerprint bytes (Model.fingerprint is char[65]) */
 #define PROTO_NAME_MAX 63          /* drafter name bytes */
@@ -104,8 +111,9 @@ typedef enum {
     PROTO_ERROR = 6,
     PROTO_BYE = 7,
     PROTO_APPEND = 8,
+    PROTO_CLOSE = 9,
 } ProtoType;
-#define PROTO_TYPE_LAST PROTO_APPEND
+#define PROTO_TYPE_LAST PROTO_CLOSE
 
 /* Capability bits (HELLO / HELLO_OK). */
 #define PROTO_CAP_POOL_V1 (1u << 0) /* grows EAGLE-3-shaped pools (DESIGN.md §2) */
@@ -163,6 +171,7 @@ typedef struct {
     ProtoType type;
     uint64_t session;
     uint64_t seq;
+    uint32_t sid; /* the sequence (RESET, APPEND, COMMIT_GROW, POOL, CLOSE, their ERROR) */
     union {
         ProtoHello hello;       /* PROTO_HELLO */
         ProtoHelloOk hello_ok;  /* PROTO_HELLO_OK */

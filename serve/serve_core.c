@@ -1,6 +1,7 @@
 /* The decode worker, its queue and the jobs (serve_core.h). */
 #include "serve_core.h"
 #include "draft_proc/drafter_open.h"
+#include "draft_proc/remote_drafter.h"
 #include "draft_proc/suffix_drafter.h"
 #include <errno.h>
 #include <pthread.h>
@@ -37,6 +38,7 @@ struct ServeCore {
     SuffixIndex *shared; /* cfg.suffix_global > 0: the earlier outputs the drafters search */
     pthread_mutex_t log_mu; /* cfg.round_log: one writer at a time, whole lines */
     int log_failed;         /* under log_mu: a write failed (said once) */
+    Model *draft_model;  /* parallel > 1 with a model drafter: its weights, loaded once */
 };
 
 struct ServeJob {
@@ -516,6 +518,35 @@ static int shared_make(ServeCore *c, RsErr *e) {
     return rc;
 }
 
+/* A batched worker's drafter, a sequence of its own: an in-process kind opened anew, or
+ * another sequence on the engine's remote drafter's connection (one session, one drafter
+ * context per sequence id at the drafter process). */
+static int slot_drafter_open(ServeCore *c, const BackendOps *ops, Drafter **out, RsErr *e) {
+    Engine *en = c->en;
+    const DrafterSpec *spec = c->cfg.slot_drafter;
+    if (drafter_spec_kind(spec) != DRAFTER_KIND_REMOTE) {
+        DrafterHost host = {.model = en->target_model, .tok = en->tok, .ops = ops,
+                            .backend = c->cfg.batch.backend};
+        DrafterSpec s = *spec;
+        if (drafter_spec_kind(spec) == DRAFTER_KIND_MODEL && spec->model_path) {
+            /* the workers share the weights (the engine's drafter checked its tokenizer) */
+            int rc = c->draft_model ? RS_OK
+                                    : backend_model_load(ops, spec->model_path, &host.backend,
+                                                         &c->draft_model, e);
+            if (rc) return rc;
+            s.model = c->draft_model;
+            s.model_path = NULL;
+        }
+        return drafter_open(&s, &host, out, e);
+    }
+    if (!en->drafter) return RS_OK; /* it did not answer: requests are refused as with one */
+    if (drafter_info(en->drafter)->n_feature_layers > 0)
+        return rs_err(e, RS_EINVAL, "--parallel %d: the remote drafter %s needs the target's "
+                      "features (an EAGLE-3 head), which batched decodes do not send: use "
+                      "--parallel 1", c->n_slots, drafter_info(en->drafter)->name);
+    return drafter_remote_share(en->drafter, out, e);
+}
+
 /* The workers' targets, planners and drafters: the engine's own for parallel 1. */
 static int slots_make(ServeCore *c, RsErr *e) {
     Engine *en = c->en;
@@ -541,8 +572,7 @@ static int slots_make(ServeCore *c, RsErr *e) {
         sl->planner = planner_create();
         if (!rc) batcher_plan(sl->t, sl->planner);
         planner_share_accept(sl->planner, en->planner);
-        DrafterHost host = {.model = en->target_model, .tok = en->tok, .backend = c->cfg.batch.backend};
-        if (!rc && c->cfg.slot_drafter) rc = drafter_open(c->cfg.slot_drafter, &host, &sl->d, e);
+        if (!rc && c->cfg.slot_drafter) rc = slot_drafter_open(c, ops, &sl->d, e);
     }
     return rc ? rc : shared_make(c, e);
 }
@@ -556,6 +586,7 @@ static void slots_free(ServeCore *c) {
         target_destroy(&c->slots[i].t);
     }
     batcher_destroy(&c->bt);
+    model_destroy(&c->draft_model); /* after the drafters that borrow it */
     suffix_index_destroy(&c->shared);
     free(c->slots);
     c->slots = NULL;

@@ -2,8 +2,9 @@
  * connection threads create jobs, submit them and wait for their output. With parallel 1
  * one worker owns the engine's target and runs one job at a time; with parallel N, N
  * workers each decode on a view of a batcher (batch.h), whose passes carry the rows of
- * every running decode (continuous batching), each with a planner and a suffix drafter
- * of its own. A job is shared by its connection and the core (reference counted), so
+ * every running decode (continuous batching), each with a planner and a drafter of its
+ * own (a suffix, self or model drafter, or a sequence of the engine's remote drafter's
+ * session). A job is shared by its connection and the core (reference counted), so
  * either side may go first: a client that disconnects cancels its job, which the worker
  * skips if it is still queued or stops before its next round. */
 #ifndef ROOTSPEC_SERVE_CORE_H
@@ -18,7 +19,8 @@ typedef struct {
     DecodeOpts dflt;   /* rule, budget, temp, seed, max_new when a request omits them */
     int parallel;      /* decodes at once (>= 1); > 1 runs them on a batcher */
     BatchOpts batch;   /* parallel > 1: the batcher's sizes (batch.parallel = parallel) */
-    /* parallel > 1 with a drafter: each worker's own (the suffix kind); NULL: none */
+    /* parallel > 1 with a drafter: what each worker opens (not an EAGLE-3 head; a remote
+     * spec shares the engine's connection, a sequence per worker); NULL: none */
     const DrafterSpec *slot_drafter;
     /* > 0: the workers' suffix drafters also search the last suffix_global tokens of the
      * earlier requests' outputs (one index they share); 0: each request sees its own */

@@ -24,8 +24,11 @@ static void usage(FILE *f) {
             "                        (default 16)\n"
             "  --parallel N          decodes at once, batched into shared passes (default: as many\n"
             "                        --ctx sequences as half the available memory holds, at most\n"
-            "                        4; 1 where batching is not possible: a drafter other than\n"
-            "                        suffix, or a backend of one sequence)\n"
+            "                        4 with --drafter suffix or --decoder ar; otherwise 1). Each\n"
+            "                        request keeps a drafter of its own: a suffix, self or\n"
+            "                        model drafter per worker (sharing the weights),\n"
+            "                        or a sequence of the remote drafter's session\n"
+            "                        (rootspec-draft --max-seqs); not an EAGLE-3 head\n"
             "  --batch-rows N        --parallel: most rows one pass carries (default 64)\n"
             "  --prefill-chunk N     --parallel: prompt rows a request adds to one pass, so a long\n"
             "                        prompt holds running decodes back by one chunk (default 32)\n"
@@ -93,7 +96,8 @@ static DrafterSpec slot_spec(const Args *A) {
                          .endpoint = A->eo.draft_endpoint};
 }
 
-/* Whether requests may share passes: AR, or each request a suffix drafter of its own. */
+/* Whether --parallel defaults above 1: AR, or each request a suffix drafter of its own (a
+ * model drafter per request costs a KV cache and CPU beside the batch: asked for only). */
 static int batchable(const Args *A) {
     DrafterSpec s = slot_spec(A);
     return A->d.decoder == DECODER_AR || drafter_spec_kind(&s) == DRAFTER_KIND_SUFFIX;
@@ -109,10 +113,10 @@ static int batch_args(Args *A, RsErr *e) {
         return rs_err(e, RS_EINVAL, "--suffix-global %d: needs --drafter suffix and a speculative "
                       "--decoder", A->suffix_global);
     if (A->parallel <= 1) return RS_OK;
-    if (!batchable(A))
-        return rs_err(e, RS_EINVAL, "--parallel %d: a batch decodes with --drafter suffix (each "
-                      "request keeps its own) or --decoder ar, not a %s drafter", A->parallel,
-                      drafter_kind_name(drafter_spec_kind(&s)));
+    if (A->d.decoder != DECODER_AR && drafter_spec_kind(&s) == DRAFTER_KIND_EAGLE3)
+        return rs_err(e, RS_EINVAL, "--parallel %d: an EAGLE-3 head drafts from the target's "
+                      "features, which batched decodes do not send: use --parallel 1, or a "
+                      "suffix, self, model or remote drafter", A->parallel);
     if (A->kv_entries && A->kv_entries < A->eo.ctx)
         return rs_err(e, RS_EINVAL, "--kv-entries %d is below --ctx %d (one request must fit)",
                       A->kv_entries, A->eo.ctx);

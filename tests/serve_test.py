@@ -1197,6 +1197,45 @@ def test_batched():
     check("the batched server stops with status 0 on SIGTERM", s.stop() == 0)
 
 
+def test_batched_drafters():
+    """Model and remote drafters under --parallel: each request keeps a drafter of its own (a
+    self-drafter or a model drafter per worker, the latter sharing its weights; or one rootspec-draft session holding a sequence id per request),
+    so every T=0 text equals its solo rootspec-target text, no decode falls back to AR, and a
+    seeded T=1 request samples under load what a --parallel 1 server with that drafter does.
+    (Texts are exact whatever the pools; that each decode gets its own sequence's pools is
+    checked by the batch Check suite, which compares rounds and accepted nodes.)"""
+    prompts = BATCH_PROMPTS[:6]
+    refs = [target_text("--prompt", p, "--chat", "--max-new", "24") for p in prompts]
+    sock = tempfile.mktemp(prefix="rs-serve-", suffix=".sock")
+    ep = f"ipc://{sock}"
+    d = subprocess.Popen([f"{BUILD}/rootspec-draft", "--model", MODEL, "--draft-layers", "0-14",
+                          "--max-seqs", "4", "--bind", ep], stderr=subprocess.DEVNULL)
+    seeded = {"temperature": 1, "seed": 11}
+    for label, args in (("--drafter self", ("--drafter", "self")),
+                        ("a --draft-model", ("--draft-model", MODEL)),
+                        ("a remote drafter", ("--draft-endpoint", ep))):
+        spec = ("--decoder", "rootdraw", "--budget", "8", *args)
+        s = Server("--parallel", "3", "--queue", "64", *spec)
+        out = run_all(s.port, [((p, 24), {}) for p in prompts], 4)
+        bad = [i for i, (t, _) in enumerate(out) if t != refs[i]]
+        check(f"--parallel 3 with {label}: 6 prompts at concurrency 4, each T=0 text equals its "
+              "solo rootspec-target text", not bad, str([(out[i], refs[i]) for i in bad[:2]]))
+        load = [((p, 24), {}) for p in prompts[:4]] + [((prompts[2], 20, seeded), {})]
+        out = run_all(s.port, load, 5)
+        check(f"--parallel 3 with {label}: no request fell back to AR",
+              s.metric("rootspec_drafter_fallbacks_total") == 0)
+        s.stop()
+        one = Server("--parallel", "1", *spec)
+        alone = stream_raw(one.port, prompts[2], 20, seeded)
+        one.stop()
+        check(f"--parallel 3 with {label}: a seeded T=1 request samples under load what a "
+              "--parallel 1 server samples", out[-1] == alone and alone[0], f"{out[-1]} vs {alone}")
+    d.kill()
+    d.wait()
+    if os.path.exists(sock):
+        os.unlink(sock)
+
+
 def test_preempt():
     prompts = [f"Write a very long story about a {w}." for w in ("dragon", "ship", "robot", "garden")]
     refs = [target_text("--prompt", p, "--chat", "--max-new", "200", "--ctx", "256") for p in prompts]
@@ -1399,6 +1438,7 @@ def main():
     test_sampling_flood()
     test_nonfinite_model()
     test_batched()
+    test_batched_drafters()
     test_preempt()
     test_prefix_cache()
     test_n_shared()

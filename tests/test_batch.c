@@ -2,14 +2,21 @@
  * on threads of their own, joining mid-decode, with prompts of different lengths, chunked
  * prefill, a row budget that splits passes and a KV cache too small for all of them
  * (preemption and restart), must emit exactly the tokens of the same decode run alone on a
- * target of its own: AR and the draft rule with a suffix drafter, T=0 and seeded T=1. */
+ * target of its own: AR and the draft rule with a suffix drafter, T=0 and seeded T=1.
+ * Model and remote drafters keep one context per sequence: a self-drafter per view, and
+ * one rootspec-draft session (a server thread here) holding a sequence per view, must give
+ * every decode the pools of its solo run, so its tokens, rounds and accepted counts match. */
 #include "testutil.h"
 #include "common/rng.h"
+#include "draft_proc/draft_server.h"
+#include "draft_proc/model_drafter.h"
+#include "draft_proc/remote_drafter.h"
 #include "draft_proc/suffix_drafter.h"
 #include "target_proc/batch.h"
 #include "target_proc/decode.h"
 #include <pthread.h>
 #include <string.h>
+#include <unistd.h>
 
 #define VOCAB 48
 #define NREQ 8
@@ -20,6 +27,8 @@ typedef struct {
     DecodeOpts o;
     int out[MAXNEW + ROUND_MAX_EMIT], n_out;
     int restarts;
+    int rounds;
+    long accepted;
 } Req;
 
 /* Request i: a prompt of 3..42 tokens made of a few repeated runs (so the suffix drafter
@@ -37,21 +46,26 @@ static void req_make(Req *r, int i) {
     if (kind % 2) r->o.sampling = (Sampling){.temperature = 1.0};
 }
 
-/* One decode on t with a fresh suffix drafter; RS_EFULL when preempted. */
-static int req_run(Target *t, Req *r, RsErr *e) {
+/* One decode on t with `keep` (a view's drafter, kept between its decodes), or else a fresh
+ * suffix drafter; RS_EFULL when preempted. */
+static int req_run(Target *t, Drafter *keep, Req *r, RsErr *e) {
     Drafter *d = NULL;
-    if (r->o.decoder != DECODER_AR)
+    if (r->o.decoder != DECODER_AR && !keep)
         ck_assert_int_eq(drafter_suffix_create(VOCAB, NULL, 0, NULL, &d, e), RS_OK);
     DecodeResult res = {.tokens = r->out, .cap = MAXNEW + ROUND_MAX_EMIT};
-    int rc = decode_run(t, d, r->prompt, r->n_prompt, &r->o, NULL, &res, e);
+    int rc = decode_run(t, keep ? keep : d, r->prompt, r->n_prompt, &r->o, NULL, &res, e);
     drafter_destroy(&d);
     r->n_out = res.n_tokens;
+    r->rounds = res.rounds;
+    r->accepted = res.accepted_total;
     return rc;
 }
 
 typedef struct {
     Batcher *bt;
     Req *reqs;
+    int n_reqs;
+    Drafter *d; /* the view's drafter; NULL: a suffix drafter per request */
     int first, step;
     int fail;
     char why[1100];
@@ -68,10 +82,10 @@ static void *worker_main(void *arg) {
         w->fail = 1;
         return NULL;
     }
-    for (int i = w->first; i < NREQ && !w->fail; i += w->step) {
+    for (int i = w->first; i < w->n_reqs && !w->fail; i += w->step) {
         Req *r = &w->reqs[i];
         for (;;) {
-            int rc = req_run(t, r, &e);
+            int rc = req_run(t, w->d, r, &e);
             batcher_leave(t);
             if (rc == RS_EFULL && batcher_preempted(t)) {
                 r->restarts++;
@@ -95,7 +109,7 @@ static void solo_all(Model *m, Req *want) {
     ck_assert_int_eq(target_create(m, &cpu_backend_ops, TU_BP(128, 1), NULL, 0, &t, &e), RS_OK);
     for (int i = 0; i < NREQ; i++) {
         req_make(&want[i], i);
-        ck_assert_msg(req_run(t, &want[i], &e) == RS_OK, "solo %d: %s", i, e.msg);
+        ck_assert_msg(req_run(t, NULL, &want[i], &e) == RS_OK, "solo %d: %s", i, e.msg);
     }
     target_destroy(&t);
 }
@@ -114,7 +128,7 @@ static void batch_check_all(int parallel, int budget, int chunk, int kv, int wan
     Worker w[8];
     pthread_t th[8];
     for (int k = 0; k < parallel; k++) {
-        w[k] = (Worker){.bt = bt, .reqs = got, .first = k, .step = parallel};
+        w[k] = (Worker){.bt = bt, .reqs = got, .n_reqs = NREQ, .first = k, .step = parallel};
         ck_assert_int_eq(pthread_create(&th[k], NULL, worker_main, &w[k]), 0);
     }
     for (int k = 0; k < parallel; k++) pthread_join(th[k], NULL);
@@ -151,6 +165,180 @@ END_TEST
 START_TEST(test_batch_preempt) { batch_check_all(4, 64, 16, 5 * BACKEND_KV_BLOCK, 1); }
 END_TEST
 
+/* ---- model and remote drafters, one context per sequence ---- */
+
+#define NSPEC 7      /* requests */
+#define NVIEW 3      /* views (sequences at once) */
+#define DLAYERS "0"  /* the self-drafter: the first of the model's two layers */
+#define TOKHASH 42   /* the random model has no tokenizer: both ends agree on this */
+
+/* Request i: prompts of 3..38 tokens, draft or rootdraw selection (a root pass between the
+ * drafter's request and its pool), T=0 or seeded T=1. */
+static void spec_make(Req *r, int i) {
+    req_make(r, i);
+    r->n_prompt = 3 + (i * 11) % 36;
+    r->o.decoder = i % 3 == 2 ? DECODER_ROOTDRAW : DECODER_DRAFT;
+    r->o.sampling = (Sampling){.temperature = i % 2 ? 1.0 : 0.0};
+    r->o.max_new = MAXNEW - i % 4;
+}
+
+static int self_open(void *arg, Drafter **out, RsErr *e) {
+    return drafter_self_create(arg, DLAYERS, &cpu_backend_ops, TU_BP(256, 1), out, e);
+}
+
+/* A rootspec-draft server on a thread of its own, drafting with self-drafters of m. */
+typedef struct {
+    Model *m;
+    Drafter *first;
+    char ep[128];
+    int max_seqs;
+    volatile int stop;
+    pthread_t th;
+} Server;
+
+static void *server_main(void *arg) {
+    Server *s = arg;
+    DraftServerOpts o = {.endpoint = s->ep, .stop = &s->stop, .open_seq = self_open,
+                         .open_arg = s->m, .max_seqs = s->max_seqs};
+    RsErr e = {0};
+    ck_assert_msg(draft_server_run(s->first, TOKHASH, &o, &e) == RS_OK, "%s", e.msg);
+    return NULL;
+}
+
+static void server_start(Server *s, Model *m, int max_seqs) {
+    RsErr e = {0};
+    *s = (Server){.m = m, .max_seqs = max_seqs};
+    snprintf(s->ep, sizeof s->ep, "ipc:///tmp/rs-batch-%d-%d.sock", (int)getpid(), max_seqs);
+    ck_assert_int_eq(self_open(m, &s->first, &e), RS_OK);
+    ck_assert_int_eq(pthread_create(&s->th, NULL, server_main, s), 0);
+}
+
+static void server_stop(Server *s) {
+    s->stop = 1;
+    pthread_join(s->th, NULL);
+    drafter_destroy(&s->first);
+}
+
+/* NVIEW views decode the NSPEC requests, each view with drafters[k], and every request must
+ * match its solo run with a self-drafter of its own: the same tokens, rounds and accepted
+ * nodes (the drafter's pools decide those). */
+static void spec_check(Model *m, Drafter **drafters) {
+    static Req want[NSPEC], got[NSPEC];
+    RsErr e = {0};
+    Target *t = NULL;
+    Drafter *solo = NULL;
+    ck_assert_int_eq(target_create(m, &cpu_backend_ops, TU_BP(128, 1), NULL, 0, &t, &e), RS_OK);
+    ck_assert_int_eq(self_open(m, &solo, &e), RS_OK);
+    for (int i = 0; i < NSPEC; i++) {
+        spec_make(&want[i], i);
+        ck_assert_msg(req_run(t, solo, &want[i], &e) == RS_OK, "solo %d: %s", i, e.msg);
+    }
+    drafter_destroy(&solo);
+    target_destroy(&t);
+    BatchOpts o = {.parallel = NVIEW, .row_budget = 64, .prefill_chunk = 8, .kv_entries = 1024,
+                   .seq_capacity = 128, .backend = {.threads = 2}};
+    Batcher *bt = NULL;
+    ck_assert_msg(batcher_create(m, &cpu_backend_ops, &o, &bt, &e) == RS_OK, "%s", e.msg);
+    for (int i = 0; i < NSPEC; i++) spec_make(&got[i], i);
+    Worker w[NVIEW];
+    pthread_t th[NVIEW];
+    for (int k = 0; k < NVIEW; k++) {
+        w[k] = (Worker){.bt = bt, .reqs = got, .n_reqs = NSPEC, .d = drafters[k], .first = k,
+                        .step = NVIEW};
+        ck_assert_int_eq(pthread_create(&th[k], NULL, worker_main, &w[k]), 0);
+    }
+    for (int k = 0; k < NVIEW; k++) pthread_join(th[k], NULL);
+    for (int k = 0; k < NVIEW; k++) ck_assert_msg(!w[k].fail, "%s", w[k].why);
+    for (int i = 0; i < NSPEC; i++) {
+        const Req *g = &got[i], *s = &want[i];
+        ck_assert_int_eq(g->n_out, s->n_out);
+        for (int j = 0; j < s->n_out; j++)
+            ck_assert_msg(g->out[j] == s->out[j], "request %d (%s, T=%g) token %d: batched %d, "
+                          "solo %d", i, decoder_name(g->o.decoder), g->o.sampling.temperature, j,
+                          g->out[j], s->out[j]);
+        ck_assert_msg(g->rounds == s->rounds && g->accepted == s->accepted,
+                      "request %d (%s, T=%g): batched %d rounds, %ld accepted; solo %d, %ld: its "
+                      "drafter's pools differ", i, decoder_name(g->o.decoder), g->o.sampling.temperature,
+                      g->rounds, g->accepted, s->rounds, s->accepted);
+    }
+    long acc = 0;
+    for (int i = 0; i < NSPEC; i++) acc += want[i].accepted;
+    ck_assert_msg(acc > 0, "the self-drafter never had a node accepted: the test sees nothing");
+    batcher_destroy(&bt);
+}
+
+/* In process: a self-drafter per view. */
+START_TEST(test_batch_model_drafters) {
+    Model *m = tu_random_model(ARCH_LLAMA, 32, 64, 2, 4, 2, VOCAB, 77);
+    Drafter *d[NVIEW] = {0};
+    RsErr e = {0};
+    for (int k = 0; k < NVIEW; k++) ck_assert_int_eq(self_open(m, &d[k], &e), RS_OK);
+    spec_check(m, d);
+    for (int k = 0; k < NVIEW; k++) drafter_destroy(&d[k]);
+    model_destroy(&m);
+}
+END_TEST
+
+/* One drafter process session, a sequence id per view (drafter_remote_share). */
+START_TEST(test_batch_remote_drafter) {
+    Model *m = tu_random_model(ARCH_LLAMA, 32, 64, 2, 4, 2, VOCAB, 77);
+    Server srv;
+    server_start(&srv, m, NVIEW);
+    Drafter *d[NVIEW] = {0};
+    RsErr e = {0};
+    ck_assert_msg(drafter_remote_create(srv.ep, m, TOKHASH, 20000, 0, NULL, &d[0], &e) == RS_OK,
+                  "%s", e.msg);
+    for (int k = 1; k < NVIEW; k++) ck_assert_int_eq(drafter_remote_share(d[0], &d[k], &e), RS_OK);
+    spec_check(m, d);
+    for (int k = NVIEW - 1; k >= 0; k--) drafter_destroy(&d[k]);
+    server_stop(&srv);
+    model_destroy(&m);
+}
+END_TEST
+
+/* The drafter holds at most max_seqs sequences: one more is refused by name (its decode
+ * would go on autoregressively) until a handle's destroy CLOSEs its sequence, or another
+ * client's HELLO frees them all. */
+START_TEST(test_remote_sequence_bound) {
+    Model *m = tu_random_model(ARCH_LLAMA, 32, 64, 2, 4, 2, VOCAB, 77);
+    Server srv;
+    server_start(&srv, m, 2);
+    Drafter *d[3] = {0};
+    RsErr e = {0};
+    ck_assert_msg(drafter_remote_create(srv.ep, m, TOKHASH, 20000, 0, NULL, &d[0], &e) == RS_OK,
+                  "%s", e.msg);
+    for (int k = 1; k < 3; k++) ck_assert_int_eq(drafter_remote_share(d[0], &d[k], &e), RS_OK);
+    static Pool pool;
+    const int prompt[] = {1, 2, 3, 4, 5};
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(drafter_grow_begin(d[k], prompt, 5, 1, NULL, 0, &e), RS_OK);
+        ck_assert_msg(drafter_grow_end(d[k], &pool, &e) == RS_OK, "%s", e.msg);
+        ck_assert_int_gt(pool.n, 0);
+    }
+    ck_assert_int_eq(drafter_grow_begin(d[2], prompt, 5, 1, NULL, 0, &e), RS_OK);
+    ck_assert_int_eq(drafter_grow_end(d[2], &pool, &e), RS_EPEER);
+    ck_assert_msg(strstr(e.msg, "sequence 2: the drafter holds 2 sequences already "
+                                "(rootspec-draft --max-seqs 2)"), "%s", e.msg);
+    drafter_destroy(&d[0]); /* CLOSE sequence 0 */
+    ck_assert_int_eq(drafter_grow_begin(d[2], prompt, 5, 1, NULL, 0, &e), RS_OK);
+    ck_assert_msg(drafter_grow_end(d[2], &pool, &e) == RS_OK, "%s", e.msg);
+    ck_assert_int_gt(pool.n, 0);
+    /* another client's HELLO frees the sequences the session held: its two fit */
+    Drafter *o[2] = {0};
+    ck_assert_int_eq(drafter_remote_create(srv.ep, m, TOKHASH, 20000, 0, NULL, &o[0], &e), RS_OK);
+    ck_assert_int_eq(drafter_remote_share(o[0], &o[1], &e), RS_OK);
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(drafter_grow_begin(o[k], prompt, 5, 1, NULL, 0, &e), RS_OK);
+        ck_assert_msg(drafter_grow_end(o[k], &pool, &e) == RS_OK, "%s", e.msg);
+    }
+    for (int k = 0; k < 2; k++) drafter_destroy(&o[k]);
+    drafter_destroy(&d[2]);
+    drafter_destroy(&d[1]);
+    server_stop(&srv);
+    model_destroy(&m);
+}
+END_TEST
+
 START_TEST(test_batch_options) {
     Model *m = tu_random_model(ARCH_LLAMA, 32, 64, 2, 4, 2, VOCAB, 77);
     BatchOpts o = {.parallel = 2, .row_budget = 4, .prefill_chunk = 8, .kv_entries = 256,
@@ -185,6 +373,9 @@ Suite *suite_batch(void) {
     tcase_add_test(tc, test_batch_chunks);
     tcase_add_test(tc, test_batch_preempt);
     tcase_add_test(tc, test_batch_options);
+    tcase_add_test(tc, test_batch_model_drafters);
+    tcase_add_test(tc, test_batch_remote_drafter);
+    tcase_add_test(tc, test_remote_sequence_bound);
     suite_add_tcase(s, tc);
     return s;
 }

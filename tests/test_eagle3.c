@@ -1072,7 +1072,7 @@ static void *old_drafter(void *arg) {
     msgpack_pack_uint32(&pk, PROTO_CAP_POOL_V1);
     msgpack_pack_str(&pk, 3);
     msgpack_pack_str_body(&pk, "old", 3);
-    if (od->version == 2) msgpack_pack_array(&pk, 0); /* no feature layers */
+    if (od->version >= 2) msgpack_pack_array(&pk, 0); /* no feature layers */
     zmq_send(s, id, (size_t)il, ZMQ_SNDMORE);
     zmq_send(s, sb.data, sb.size, 0);
     msgpack_sbuffer_destroy(&sb);
@@ -1081,9 +1081,11 @@ static void *old_drafter(void *arg) {
 
 START_TEST(test_old_drafter_refused) {
     static const char *const want[] = {
-        NULL, "the peer speaks protocol version 1, this end version 3 (target features",
-        "the peer speaks protocol version 2, this end version 3 (the pool width in "
-        "COMMIT_GROW): run the same rootspec release on both ends"};
+        NULL, "the peer speaks protocol version 1, this end version 4 (target features",
+        "the peer speaks protocol version 2, this end version 4 (the pool width in "
+        "COMMIT_GROW, then sequence ids): run the same rootspec release on both ends",
+        "the peer speaks protocol version 3, this end version 4 (a sequence id in every frame, "
+        "CLOSE): run the same rootspec release on both ends"};
     unsigned version = (unsigned)_i;
     Model *t;
     RsErr e = {0};
@@ -1124,7 +1126,7 @@ Suite *suite_eagle3(void) {
     tcase_add_test(tc, test_embeddings_by_row);
     tcase_add_test(tc, test_threads_and_family);
     tcase_add_loop_test(tc, test_eagle3_over_protocol, 0, 2);
-    tcase_add_loop_test(tc, test_old_drafter_refused, 1, 3);
+    tcase_add_loop_test(tc, test_old_drafter_refused, 1, 4);
     suite_add_tcase(s, tc);
     return s;
 }

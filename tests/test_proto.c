@@ -126,6 +126,7 @@ static void make_vector(int type, ProtoMsg *m) {
         break;
     case PROTO_RESET:
         m->seq = 2;
+        m->sid = 7; /* the version-4 sequence id */
         m->u.tokens.ids = reset_ids;
         m->u.tokens.n = (int)(sizeof reset_ids / sizeof reset_ids[0]);
         m->u.tokens.feat_type = PROTO_FEAT_BF16;
@@ -134,6 +135,7 @@ static void make_vector(int type, ProtoMsg *m) {
         break;
     case PROTO_COMMIT_GROW:
         m->seq = 3;
+        m->sid = 7;
         m->u.tokens.ids = grow_ids;
         m->u.tokens.n = 3;
         m->u.tokens.feat_type = PROTO_FEAT_F16;
@@ -144,6 +146,7 @@ static void make_vector(int type, ProtoMsg *m) {
         break;
     case PROTO_POOL:
         m->seq = 3;
+        m->sid = 7;
         make_pool(&g_pool);
         m->u.pool.pool = &g_pool;
         m->u.pool.commit_pass_ns = 4567890;
@@ -194,14 +197,16 @@ static void frame_init(Frame *f) {
     msgpack_packer_init(&f->pk, &f->sb, msgpack_sbuffer_write);
 }
 
+/* A version-4 header has the sequence id (0 here); older ones are 6 elements. */
 static void frame_header(Frame *f, const char *magic, unsigned version, unsigned type) {
-    msgpack_pack_array(&f->pk, 6);
+    msgpack_pack_array(&f->pk, version >= 4 ? 7 : 6);
     msgpack_pack_str(&f->pk, strlen(magic));
     msgpack_pack_str_body(&f->pk, magic, strlen(magic));
     msgpack_pack_uint32(&f->pk, version);
     msgpack_pack_uint32(&f->pk, type);
     msgpack_pack_uint64(&f->pk, 77);
     msgpack_pack_uint64(&f->pk, 3);
+    if (version >= 4) msgpack_pack_uint32(&f->pk, 0);
 }
 
 /* k nils: fills the rest of a body whose earlier field is the one under test. */
@@ -562,12 +567,59 @@ START_TEST(test_pool_optional_host_fields) {
     ck_assert_int_eq(into.draft_rows, 0);
     /* the optional pair with draft_rows 0 (found by fuzz-short: it decoded, then lost
      * draft_host_ns = 85 on re-encoding) is refused by name */
-    static const uint8_t zero_rows[] = {0x96, 0xa4, 'R', 'S', 'P', 'C', 0x03, 0x05, 0x08, 0x02, 0x9b,
+    static const uint8_t zero_rows[] = {0x97, 0xa4, 'R', 'S', 'P', 'C', 0x04, 0x05, 0x08, 0x02, 0x00, 0x9b,
                                         0x00, 0x90, 0x90, 0x90, 0x90, 0x00, 0x50, 0x38, 0x44, 0x55, 0x00};
     RsErr e = {0};
     ck_assert_int_eq(proto_decode(zero_rows, sizeof zero_rows, &got, &e), RS_EPROTO);
     ck_assert_msg(strstr(e.msg, "draft_rows is 0"), "%s", e.msg);
     proto_msg_clear(&got);
+    msgpack_sbuffer_destroy(&sb);
+}
+END_TEST
+
+/* Version 4's sequence id: in the header of every frame, echoed by replies; CLOSE ends a
+ * sequence. Hand-assembled bytes, then a round trip and the id's bound. */
+START_TEST(test_sequence_id) {
+    ProtoMsg m = {0}, back = {0};
+    m.type = PROTO_CLOSE;
+    m.session = 5;
+    m.seq = 9;
+    m.sid = 70000;
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    encode_ok(&m, &sb);
+    const uint8_t want[] = {0x97, 0xa4, 'R', 'S', 'P', 'C', 0x04, 0x09, 0x05, 0x09,
+                            0xce, 0x00, 0x01, 0x11, 0x70, 0x90};
+    ck_assert_uint_eq(sb.size, sizeof want);
+    ck_assert(memcmp(sb.data, want, sizeof want) == 0);
+    RsErr e = {0};
+    ck_assert_msg(proto_decode(sb.data, sb.size, &back, &e) == RS_OK, "%s", e.msg);
+    ck_assert_int_eq(back.type, PROTO_CLOSE);
+    ck_assert_uint_eq(back.sid, 70000);
+    ck_assert(proto_msg_equal(&m, &back));
+    /* a POOL names its sequence; a different sid is a different message */
+    make_vector(PROTO_POOL, &m);
+    msgpack_sbuffer_clear(&sb);
+    encode_ok(&m, &sb);
+    ck_assert_msg(proto_decode(sb.data, sb.size, &back, &e) == RS_OK, "%s", e.msg);
+    ck_assert_uint_eq(back.sid, 7);
+    ck_assert(proto_msg_equal(&m, &back));
+    back.sid = 8;
+    ck_assert(!proto_msg_equal(&m, &back));
+    /* an ERROR reply echoes the request's sid */
+    ProtoMsg rep = {0};
+    RsErr cause = {.code = RS_EPROTO, .msg = "x"};
+    proto_error_reply(&rep, &m, &cause);
+    ck_assert_uint_eq(rep.sid, 7);
+    /* the id is a uint32 */
+    uint8_t big[sizeof want + 4];
+    memcpy(big, want, 10);
+    const uint8_t u64[] = {0xcf, 0, 0, 0, 1, 0, 0, 0, 0};
+    memcpy(big + 10, u64, sizeof u64);
+    big[19] = 0x90;
+    ck_assert_int_eq(proto_decode(big, 20, &back, &e), RS_EPROTO);
+    ck_assert_msg(strstr(e.msg, "sid is 4294967296"), "%s", e.msg);
+    proto_msg_clear(&back);
     msgpack_sbuffer_destroy(&sb);
 }
 END_TEST
@@ -581,7 +633,7 @@ START_TEST(test_exact_bytes) {
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
     encode_ok(&m, &sb);
-    const uint8_t want[] = {0x96, 0xa4, 'R', 'S', 'P', 'C', 0x03, 0x07, 0x05, 0xcd, 0x01, 0x2c, 0x90};
+    const uint8_t want[] = {0x97, 0xa4, 'R', 'S', 'P', 'C', 0x04, 0x07, 0x05, 0xcd, 0x01, 0x2c, 0x00, 0x90};
     ck_assert_uint_eq(sb.size, sizeof want);
     ck_assert(memcmp(sb.data, want, sizeof want) == 0);
     /* COMMIT_GROW [-> body [[1, 200, 70000], []]] */
@@ -591,7 +643,7 @@ START_TEST(test_exact_bytes) {
     m.u.tokens.ids = ids;
     m.u.tokens.n = 3;
     encode_ok(&m, &sb);
-    const uint8_t want2[] = {0x96, 0xa4, 'R',  'S',  'P',  'C',  0x03, 0x04, 0x05, 0x01, 0x92,
+    const uint8_t want2[] = {0x97, 0xa4, 'R',  'S',  'P',  'C',  0x04, 0x04, 0x05, 0x01, 0x00, 0x92,
                              0x93, 0x01, 0xcc, 0xc8, 0xce, 0x00, 0x01, 0x11, 0x70, 0x90};
     ck_assert_uint_eq(sb.size, sizeof want2);
     ck_assert(memcmp(sb.data, want2, sizeof want2) == 0);
@@ -601,7 +653,7 @@ START_TEST(test_exact_bytes) {
     m.u.tokens.feat_width = 1;
     m.u.tokens.feat = fv;
     encode_ok(&m, &sb);
-    const uint8_t want3[] = {0x96, 0xa4, 'R',  'S',  'P',  'C',  0x03, 0x04, 0x05, 0x01,
+    const uint8_t want3[] = {0x97, 0xa4, 'R',  'S',  'P',  'C',  0x04, 0x04, 0x05, 0x01, 0x00,
                              0x92, 0x93, 0x01, 0xcc, 0xc8, 0xce, 0x00, 0x01, 0x11, 0x70,
                              0x93, 0x01, 0x01, 0xc4, 0x06, 0x80, 0x3f, 0x20, 0xc0, 0x02, 0x01};
     ck_assert_uint_eq(sb.size, sizeof want3);
@@ -612,7 +664,7 @@ START_TEST(test_exact_bytes) {
     m.u.tokens.feat = NULL;
     m.u.tokens.depth = 3;
     encode_ok(&m, &sb);
-    const uint8_t want4[] = {0x96, 0xa4, 'R',  'S',  'P',  'C',  0x03, 0x04, 0x05, 0x01, 0x93,
+    const uint8_t want4[] = {0x97, 0xa4, 'R',  'S',  'P',  'C',  0x04, 0x04, 0x05, 0x01, 0x00, 0x93,
                              0x93, 0x01, 0xcc, 0xc8, 0xce, 0x00, 0x01, 0x11, 0x70, 0x90, 0x03};
     ck_assert_uint_eq(sb.size, sizeof want4);
     ck_assert(memcmp(sb.data, want4, sizeof want4) == 0);
@@ -625,7 +677,7 @@ START_TEST(test_exact_bytes) {
     /* ... and the pool width 1 (a chain): a fourth; never without a depth */
     m.u.tokens.width = 1;
     encode_ok(&m, &sb);
-    const uint8_t want5[] = {0x96, 0xa4, 'R',  'S',  'P',  'C',  0x03, 0x04, 0x05, 0x01, 0x94,
+    const uint8_t want5[] = {0x97, 0xa4, 'R',  'S',  'P',  'C',  0x04, 0x04, 0x05, 0x01, 0x00, 0x94,
                              0x93, 0x01, 0xcc, 0xc8, 0xce, 0x00, 0x01, 0x11, 0x70, 0x90, 0x03,
                              0x01};
     ck_assert_uint_eq(sb.size, sizeof want5);
@@ -650,7 +702,7 @@ START_TEST(test_exact_bytes) {
     ck_assert_msg(strstr(de.msg, "pool depth 3"), "%s", de.msg);
     memset(&m.u, 0, sizeof m.u);
     /* The uint32 magic form is accepted too. */
-    const uint8_t alt[] = {0x96, 0xce, 0x52, 0x53, 0x50, 0x43, 0x03, 0x07, 0x05, 0x01, 0x90};
+    const uint8_t alt[] = {0x97, 0xce, 0x52, 0x53, 0x50, 0x43, 0x04, 0x07, 0x05, 0x01, 0x00, 0x90};
     ProtoMsg got = {0};
     RsErr e = {0};
     ck_assert_msg(proto_decode(alt, sizeof alt, &got, &e) == RS_OK, "%s", e.msg);
@@ -877,11 +929,14 @@ START_TEST(test_malformed_header) {
     /* an older peer is refused naming both versions; an unknown version by number */
     static const char *const older[] = {
         NULL,
-        "the peer speaks protocol version 1, this end version 3 (target features for EAGLE-3 "
-        "drafters, then the pool width): run the same rootspec release on both ends",
-        "the peer speaks protocol version 2, this end version 3 (the pool width in "
-        "COMMIT_GROW): run the same rootspec release on both ends"};
-    for (unsigned v = 1; v <= 2; v++) {
+        "the peer speaks protocol version 1, this end version 4 (target features for EAGLE-3 "
+        "drafters, the pool width, then sequence ids): run the same rootspec release on both "
+        "ends",
+        "the peer speaks protocol version 2, this end version 4 (the pool width in "
+        "COMMIT_GROW, then sequence ids): run the same rootspec release on both ends",
+        "the peer speaks protocol version 3, this end version 4 (a sequence id in every "
+        "frame, CLOSE): run the same rootspec release on both ends"};
+    for (unsigned v = 1; v <= 3; v++) {
         frame_init(&f);
         frame_header(&f, "RSPC", v, PROTO_HELLO);
         msgpack_pack_array(&f.pk, 0);
@@ -889,9 +944,9 @@ START_TEST(test_malformed_header) {
         msgpack_sbuffer_destroy(&f.sb);
     }
     frame_init(&f);
-    frame_header(&f, "RSPC", 4, PROTO_BYE);
+    frame_header(&f, "RSPC", 5, PROTO_BYE);
     msgpack_pack_array(&f.pk, 0);
-    expect_fail(f.sb.data, f.sb.size, RS_EUNSUPPORTED, "protocol version 4, expected 3");
+    expect_fail(f.sb.data, f.sb.size, RS_EUNSUPPORTED, "protocol version 5, expected 4");
     /* ... and proto_error_reply still answers with its session and seq */
     {
         ProtoMsg req = {0}, rep = {0}, back = {0};
@@ -908,7 +963,7 @@ START_TEST(test_malformed_header) {
         ck_assert_uint_eq(back.session, 77);
         ck_assert_uint_eq(back.seq, 3);
         ck_assert_int_eq(back.u.error.code, RS_EUNSUPPORTED);
-        ck_assert_str_eq(back.u.error.message, "proto: protocol version 4, expected 3");
+        ck_assert_str_eq(back.u.error.message, "proto: protocol version 5, expected 4");
         msgpack_sbuffer_destroy(&sb);
     }
     msgpack_sbuffer_destroy(&f.sb);
@@ -927,7 +982,7 @@ START_TEST(test_malformed_header) {
     const uint8_t map[] = {0x80};
     expect_fail(map, 1, RS_EPROTO, "frame is a map, expected array");
     const uint8_t five[] = {0x95, 0xa4, 'R', 'S', 'P', 'C', 1, 7, 0, 0};
-    expect_fail(five, sizeof five, RS_EPROTO, "frame is an array of 5 elements, expected 6");
+    expect_fail(five, sizeof five, RS_EPROTO, "frame is an array of 5 elements, expected 7");
     const uint8_t negseq[] = {0x96, 0xa4, 'R', 'S', 'P', 'C', 1, 7, 0, 0xff, 0x90};
     expect_fail(negseq, sizeof negseq, RS_EPROTO, "seq is -1, expected 0..");
     const uint8_t huge[] = {0xdd, 0xff, 0xff, 0xff, 0xff, 0xc0};
@@ -1327,7 +1382,7 @@ START_TEST(test_zmq_pair) {
     ck_assert_int_eq(proto_recv(a, &got, 2000, &e), RS_EPROTO);
     ck_assert_str_eq(e.msg, "proto: multi-part message (3 frames), expected one frame");
     /* A garbage frame is answered with ERROR, which the sender decodes. */
-    const uint8_t bad[] = {0x96, 0xa4, 'R', 'S', 'P', 'C', 3, 99, 0x2a, 0x07, 0x90};
+    const uint8_t bad[] = {0x97, 0xa4, 'R', 'S', 'P', 'C', 4, 99, 0x2a, 0x07, 0x00, 0x90};
     zmq_send(b, bad, sizeof bad, 0);
     ck_assert_int_eq(proto_recv(a, &got, 2000, &e), RS_EPROTO);
     ProtoMsg rep = {0};
@@ -1538,7 +1593,8 @@ START_TEST(test_append_roundtrip) {
     ck_assert_int_eq(got.type, PROTO_APPEND);
     ck_assert(proto_msg_equal(&m, &got));
     ck_assert_str_eq(proto_type_name(PROTO_APPEND), "APPEND");
-    ck_assert_str_eq(proto_type_name(PROTO_APPEND + 1), "UNKNOWN");
+    ck_assert_str_eq(proto_type_name(PROTO_CLOSE), "CLOSE");
+    ck_assert_str_eq(proto_type_name(PROTO_CLOSE + 1), "UNKNOWN");
     m.u.tokens.n = 0;
     m.u.tokens.feat_type = PROTO_FEAT_NONE, m.u.tokens.feat_width = 0, m.u.tokens.feat = NULL;
     msgpack_sbuffer_clear(&sb);
@@ -1552,9 +1608,9 @@ START_TEST(test_append_roundtrip) {
     expect_fail(f.sb.data, f.sb.size, RS_EPROTO, "APPEND tokens has 0 entries, expected at least 1");
     msgpack_sbuffer_destroy(&f.sb);
     frame_init(&f);
-    frame_header(&f, "RSPC", PROTO_VERSION, PROTO_APPEND + 1);
+    frame_header(&f, "RSPC", PROTO_VERSION, PROTO_CLOSE + 1);
     msgpack_pack_array(&f.pk, 0);
-    expect_fail(f.sb.data, f.sb.size, RS_EPROTO, "unknown message type 9");
+    expect_fail(f.sb.data, f.sb.size, RS_EPROTO, "unknown message type 10");
     msgpack_sbuffer_destroy(&f.sb);
     ck_assert_int_eq(proto_feat_chunk_rows(3 * 4096, PROTO_MAX_FEAT_BYTES), 2730);
     ck_assert_int_eq(proto_feat_chunk_rows(1, PROTO_MAX_FEAT_BYTES), PROTO_MAX_TOKENS);
@@ -1577,6 +1633,7 @@ Suite *suite_proto(void) {
     tcase_add_test(tc, test_roundtrip_edge_values);
     tcase_add_test(tc, test_pool_optional_host_fields);
     tcase_add_test(tc, test_exact_bytes);
+    tcase_add_test(tc, test_sequence_id);
     tcase_add_test(tc, test_encode_errors);
     tcase_add_test(tc, test_features);
     tcase_add_test(tc, test_truncation_every_offset);

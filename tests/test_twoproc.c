@@ -280,14 +280,18 @@ START_TEST(test_bad_frames_to_drafter) {
     ck_assert(v && (size_t)(v - sb.data) == 6); /* array header + fixstr "RSPC" */
     *v = 1; /* an older target's HELLO: refused naming both versions */
     send_raw(s, sb.data, sb.size);
-    expect_error(s, "the peer speaks protocol version 1, this end version 3 (target features");
+    expect_error(s, "the peer speaks protocol version 1, this end version 4 (target features");
     *v = 2;
     send_raw(s, sb.data, sb.size);
-    expect_error(s, "the peer speaks protocol version 2, this end version 3 (the pool width in "
-                    "COMMIT_GROW): run the same rootspec release on both ends");
-    *v = 4;
+    expect_error(s, "the peer speaks protocol version 2, this end version 4 (the pool width in "
+                    "COMMIT_GROW, then sequence ids): run the same rootspec release on both ends");
+    *v = 3; /* a target without sequence ids */
     send_raw(s, sb.data, sb.size);
-    expect_error(s, "protocol version 4, expected 3");
+    expect_error(s, "the peer speaks protocol version 3, this end version 4 (a sequence id in "
+                    "every frame, CLOSE): run the same rootspec release on both ends");
+    *v = 5;
+    send_raw(s, sb.data, sb.size);
+    expect_error(s, "protocol version 5, expected 4");
     /* wrong vocabulary */
     encode_hello(&sb, 999, 0);
     send_raw(s, sb.data, sb.size);

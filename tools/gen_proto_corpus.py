@@ -5,7 +5,8 @@ encoder's, see tests/fixtures/proto/vectors.bin), plus a small pool and the uint
 header form so the fuzzer starts from every decoder branch; protocol v2 adds feature payloads
 (bf16 and f16, with and without), a HELLO_OK without feature layers, v1 and v2 frames
 (refused naming both versions), and an APPEND (the later parts of a context too long for one
-message); the COMMIT_GROW vector carries the v3 pool depth and width."""
+message); the COMMIT_GROW vector carries the v3 pool depth and width; v4 frames carry a
+sequence id, a v3 frame is refused, and CLOSE ends a sequence."""
 import os
 import sys
 
@@ -17,13 +18,15 @@ import proto_client as pc  # noqa: E402
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/fuzz_corpus/proto"
     os.makedirs(out, exist_ok=True)
-    frames = {name: pc.encode(t, s, q, b) for name, t, s, q, b in pc.vectors()}
+    frames = {name: pc.encode(t, s, q, b, sid) for name, t, s, q, sid, b in pc.vectors()}
     # A 3-node pool (root child with two children) and the empty pool.
     frames["pool_small"] = pc.encode(pc.POOL, 9, 2, [3, [5, 6, 7], [-1, 0, 0],
                                                      [-0.5, -1.0, -2.0], [1, 2, 2],
                                                      1000, 10, 1, 1])
     frames["pool_empty"] = pc.encode(pc.POOL, 9, 2, [0, [], [], [], [], 0, 0, 0, 0])
-    frames["bye_u32_magic"] = msgpack.packb([pc.MAGIC_U32, pc.VERSION, pc.BYE, 1, 2, []])
+    frames["bye_u32_magic"] = msgpack.packb([pc.MAGIC_U32, pc.VERSION, pc.BYE, 1, 2, 0, []])
+    frames["reset_v3"] = msgpack.packb([pc.MAGIC, 3, pc.RESET, 1, 2, [[1, 2], []]])
+    frames["close"] = pc.encode(pc.CLOSE, 9, 6, [], 3)
     frames["bye_v1"] = msgpack.packb([pc.MAGIC, 1, pc.BYE, 1, 2, []])
     frames["hello_v2"] = msgpack.packb([pc.MAGIC, 2, pc.HELLO, 1, 2, []])
     frames["reset_nofeat"] = pc.encode(pc.RESET, 9, 3, [[1, 2, 3], []])

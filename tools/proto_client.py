@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Dev-time client for the rootspec target<->drafter protocol v3 (proto/PROTOCOL.md).
+"""Dev-time client for the rootspec target<->drafter protocol v4 (proto/PROTOCOL.md).
 
 Modes:
   proto_client.py ENDPOINT [--tokens 42,1000,2] [--prompt 1,2,3] [--fingerprint FP
@@ -32,15 +32,16 @@ import zmq
 
 MAGIC = "RSPC"
 MAGIC_U32 = 0x52535043
-VERSION = 3
+VERSION = 4
 # What the versions after an older peer's added, as the C decoder words it.
-VERSION_NEWS = {False: "the pool width in COMMIT_GROW",
-                True: "target features for EAGLE-3 drafters, then the pool width"}
-HELLO, HELLO_OK, RESET, COMMIT_GROW, POOL, ERROR, BYE, APPEND = range(1, 9)
+VERSION_NEWS = {1: "target features for EAGLE-3 drafters, the pool width, then sequence ids",
+                2: "the pool width in COMMIT_GROW, then sequence ids",
+                3: "a sequence id in every frame, CLOSE"}
+HELLO, HELLO_OK, RESET, COMMIT_GROW, POOL, ERROR, BYE, APPEND, CLOSE = range(1, 10)
 TYPE_NAMES = {1: "HELLO", 2: "HELLO_OK", 3: "RESET", 4: "COMMIT_GROW", 5: "POOL", 6: "ERROR",
-              7: "BYE", 8: "APPEND"}
+              7: "BYE", 8: "APPEND", 9: "CLOSE"}
 BODY_FIELDS = {HELLO: 5, HELLO_OK: 6, RESET: 2, COMMIT_GROW: 2, POOL: 9, ERROR: 2, BYE: 0,
-               APPEND: 2}
+               APPEND: 2, CLOSE: 0}
 CAP_POOL_V1, CAP_CUDA, CAP_FEATURES = 1, 2, 4
 FEAT_BF16, FEAT_F16 = 1, 2
 FEAT_LAYERS_MAX, FEAT_WIDTH_MAX, MAX_FEAT_BYTES = 8, 1 << 17, 64 << 20
@@ -54,9 +55,10 @@ class ProtoError(Exception):
 
 # ------------------------------------------------------------------ codec
 
-def encode(mtype, session, seq, body):
-    """body: the per-type field list (see PROTOCOL.md); logq must be Python floats."""
-    return msgpack.packb([MAGIC, VERSION, mtype, session, seq, body], use_bin_type=True,
+def encode(mtype, session, seq, body, sid=0):
+    """body: the per-type field list (see PROTOCOL.md); logq must be Python floats; sid: the
+    sequence the message is about."""
+    return msgpack.packb([MAGIC, VERSION, mtype, session, seq, sid, body], use_bin_type=True,
                          use_single_float=True)
 
 
@@ -86,21 +88,32 @@ def _arr(v, what, n=None):
 
 def decode(buf):
     """Returns (type, session, seq, body) with the body checked field by field."""
+    mtype, session, seq, _sid, body = decode_sid(buf)
+    return mtype, session, seq, body
+
+
+def decode_sid(buf):
+    """Returns (type, session, seq, sid, body) with the body checked field by field."""
     try:
         msg = msgpack.unpackb(buf, raw=False, use_list=True, strict_map_key=False,
                               unicode_errors="replace")
     except Exception as ex:  # msgpack raises several types for malformed input
         raise ProtoError(f"not a msgpack message: {ex}")
-    _arr(msg, "frame", 6)
-    magic, ver, mtype, session, seq, body = msg
+    _arr(msg, "frame")
+    if len(msg) not in (6, 7):
+        raise ProtoError(f"frame has {len(msg)} elements, expected 7")
+    magic, ver = msg[0], msg[1]
     if magic != MAGIC and magic != MAGIC_U32:
         raise ProtoError(f"bad magic {magic!r}")
     _int(ver, "version", 0, U64)
     if 1 <= ver < VERSION:
         raise ProtoError(f"the peer speaks protocol version {ver}, this end version {VERSION} "
-                         f"({VERSION_NEWS[ver == 1]}): run the same rootspec release on both ends")
+                         f"({VERSION_NEWS[ver]}): run the same rootspec release on both ends")
     if ver != VERSION:
         raise ProtoError(f"protocol version {ver}, expected {VERSION}")
+    _arr(msg, "frame", 7)
+    _, _, mtype, session, seq, sid, body = msg
+    _int(sid, "sid", 0, (1 << 32) - 1)
     _int(mtype, "type", 0, U64)
     if mtype not in TYPE_NAMES:
         raise ProtoError(f"unknown message type {mtype}")
@@ -173,7 +186,7 @@ def decode(buf):
     elif mtype == ERROR:
         _int(body[0], "code", -2**31, 2**31 - 1)
         _str(body[1], "message", 511)
-    return mtype, session, seq, body
+    return mtype, session, seq, sid, body
 
 
 def check_pool(body, vocab=0, expect_full=True):
@@ -262,19 +275,20 @@ def f32_to_bf16(values):
 
 
 def vectors():
-    """(name, type, session, seq, body) for the seven canonical messages."""
+    """(name, type, session, seq, sid, body) for the seven canonical messages."""
     return [
-        ("hello", HELLO, SESSION, 1, [FP, TOK_HASH, 49152, CAP_POOL_V1, [10, 8, 10]]),
-        ("hello_ok", HELLO_OK, SESSION, 1,
+        ("hello", HELLO, SESSION, 1, 0, [FP, TOK_HASH, 49152, CAP_POOL_V1, [10, 8, 10]]),
+        ("hello_ok", HELLO_OK, SESSION, 1, 0,
          [FP, TOK_HASH, 49152, CAP_POOL_V1 | CAP_CUDA | CAP_FEATURES, "rootspec-drafter/cpu",
           [2, 16, 300]]),
-        ("reset", RESET, SESSION, 2, [[1, 9690, 28, 49151, 0, 127, 128, 255, 256, 32767, 32768],
-                                      [FEAT_BF16, 2, u16le(RESET_FEAT)]]),
-        ("commit_grow", COMMIT_GROW, SESSION, 3, [[42, 1000, 2], [FEAT_F16, 4, u16le(GROW_FEAT)],
-                                               5, 1]),
-        ("pool", POOL, SESSION, 3, vector_pool()),
-        ("error", ERROR, SESSION, 4, [-5, "proto: unknown message type 99"]),
-        ("bye", BYE, SESSION, 5, []),
+        ("reset", RESET, SESSION, 2, 7,
+         [[1, 9690, 28, 49151, 0, 127, 128, 255, 256, 32767, 32768],
+          [FEAT_BF16, 2, u16le(RESET_FEAT)]]),
+        ("commit_grow", COMMIT_GROW, SESSION, 3, 7,
+         [[42, 1000, 2], [FEAT_F16, 4, u16le(GROW_FEAT)], 5, 1]),
+        ("pool", POOL, SESSION, 3, 7, vector_pool()),
+        ("error", ERROR, SESSION, 4, 0, [-5, "proto: unknown message type 99"]),
+        ("bye", BYE, SESSION, 5, 0, []),
     ]
 
 
@@ -304,7 +318,7 @@ def read_vector_file(path):
 def check_vectors(path):
     got = dict(read_vector_file(path))
     fails = 0
-    for name, mtype, session, seq, body in vectors():
+    for name, mtype, session, seq, sid, body in vectors():
         before = fails
         if name not in got:
             print(f"FAIL {name}: missing from {path}")
@@ -312,15 +326,15 @@ def check_vectors(path):
             continue
         frame = got[name]
         try:
-            dec = decode(frame)
+            dec = decode_sid(frame)
         except ProtoError as ex:
             print(f"FAIL {name}: {ex}")
             fails += 1
             continue
-        if dec != (mtype, session, seq, body):
+        if dec != (mtype, session, seq, sid, body):
             print(f"FAIL {name}: decoded content differs from the expected message")
             fails += 1
-        mine = encode(mtype, session, seq, body)
+        mine = encode(mtype, session, seq, body, sid)
         if mine != frame:
             i = next((k for k in range(min(len(mine), len(frame))) if mine[k] != frame[k]),
                      min(len(mine), len(frame)))
@@ -458,7 +472,7 @@ def serve_mock(sock, bad_pool=None, vocab=49152, router=False, want_features=Fal
             reply(encode(ERROR, 0, 0, [-5, f"multi-part message ({len(frame)} frames)"]))
             continue
         try:
-            mtype, session, seq, body = decode(frame[0])
+            mtype, session, seq, sid, body = decode_sid(frame[0])
         except ProtoError as ex:
             reply(encode(ERROR, 0, 0, [-5, f"proto: {ex}"[:511]]))
             continue
@@ -466,7 +480,7 @@ def serve_mock(sock, bad_pool=None, vocab=49152, router=False, want_features=Fal
             reply(encode(HELLO_OK, session, seq, ["mock-fingerprint", body[1], body[2] or vocab,
                                                   caps, "mock-drafter", layers]))
             vocab = body[2] or vocab
-        elif mtype in (RESET, APPEND):
+        elif mtype in (RESET, APPEND, CLOSE):
             appends[0] += mtype == APPEND
         elif mtype == COMMIT_GROW and want_features and not body[1]:
             reply(encode(ERROR, session, seq, [-4, "COMMIT_GROW without features"]))
@@ -479,7 +493,7 @@ def serve_mock(sock, bad_pool=None, vocab=49152, router=False, want_features=Fal
                 pool[3][100] = 0.5
             elif bad_pool == "short":
                 pool = [9] + [x[:9] for x in pool[1:5]] + pool[5:]
-            reply(encode(POOL, session, seq, pool))
+            reply(encode(POOL, session, seq, pool, sid))
         elif mtype == BYE:
             reply(encode(BYE, session, seq, []))
             return
