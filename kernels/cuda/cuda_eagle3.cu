@@ -279,7 +279,7 @@ static void stage(Eagle3Layer *r, const Eagle3Batch *b) {
         mask = r->h_causal;
     }
     cuk_pack_mask(mask, n, stride, r->h_mask);
-    CuMeta meta = {n, b->n_committed + b->n_pending, b->n_committed, stride};
+    CuMeta meta = {n, b->n_committed + b->n_pending, b->n_committed, stride, NULL};
     size_t mbytes = (size_t)n * ((stride + 63) / 64) * 8, D = r->dims.dim;
     /* pageable sources: each copy completes before the call returns to the host */
     CUDA_CHECK(cudaMemcpyAsync(r->d_meta, &meta, sizeof meta, cudaMemcpyHostToDevice, r->s));
