@@ -8,8 +8,13 @@
  *   the CPU backend running the very same batches (cu_compare_logits), and with
  *   --batch-invariant bitwise against each sequence run alone on a backend of its own;
  * - blocks: a batch that does not fit is RS_EFULL and changes nothing; every block comes
- *   back when the sequences close. */
+ *   back when the sequences close;
+ * - the batcher (target_proc/batch.h, what rootspec-serve --parallel runs) on the CUDA
+ *   backend with --batch-invariant: decodes on several views at once, preempted and
+ *   restarted when blocks run out, emit exactly their solo decodes' tokens (AR and the
+ *   draft rule with a suffix drafter, T=0 and seeded T=1). */
 #include <cuda_runtime_api.h>
+#include <pthread.h>
 #include <string.h>
 #include "common/randmodel.h"
 #include "common/rng.h"
@@ -18,6 +23,9 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "draft_proc/suffix_drafter.h"
+#include "target_proc/batch.h"
+#include "target_proc/decode.h"
 #include "tests/testutil.h"
 
 static void *dput(const void *h, size_t bytes) {
@@ -442,6 +450,133 @@ START_TEST(test_cuda_seq_blocks) {
 }
 END_TEST
 
+/* ---- the batcher on the CUDA backend ---- */
+
+#define NREQ 6
+#define MAXNEW 16
+
+typedef struct {
+    int prompt[48], n_prompt, vocab;
+    DecodeOpts o;
+    int out[MAXNEW + ROUND_MAX_EMIT], n_out;
+    int restarts;
+} Req;
+
+/* Request i: a prompt of 3..38 tokens of repeated runs (the suffix drafter finds
+ * continuations), one of four decoders. */
+static void req_make(Req *r, int i, int V) {
+    Rng g;
+    rng_seed(&g, 950 + i);
+    memset(r, 0, sizeof *r);
+    r->vocab = V;
+    r->n_prompt = 3 + (i * 13) % 36;
+    for (int k = 0; k < r->n_prompt; k++)
+        r->prompt[k] = k >= 5 && rng_next(&g) % 3 ? r->prompt[k - 5] : (int)(rng_next(&g) % (uint64_t)V);
+    int kind = i % 4;
+    r->o = (DecodeOpts){.rule = kind < 2 ? RULE_AR : RULE_DRAFT, .budget = 6, .seed = 5 + i,
+                        .max_new = MAXNEW - i % 3, .ignore_eos = 1};
+    if (kind % 2) r->o.sampling = (Sampling){.temperature = 1.0};
+}
+
+static int req_run(Target *t, Req *r, RsErr *e) {
+    Drafter *d = NULL;
+    if (r->o.rule != RULE_AR)
+        ck_assert_int_eq(drafter_suffix_create(r->vocab, NULL, 0, NULL, &d, e), RS_OK);
+    DecodeResult res = {.tokens = r->out, .cap = MAXNEW + ROUND_MAX_EMIT};
+    int rc = decode_run(t, d, r->prompt, r->n_prompt, &r->o, NULL, &res, e);
+    drafter_destroy(&d);
+    r->n_out = res.n_tokens;
+    return rc;
+}
+
+typedef struct {
+    Batcher *bt;
+    Req *reqs;
+    int first, step, fail;
+    char why[1100];
+} Worker;
+
+/* A view's decodes first, first + step, ...; a preempted one restarts once blocks free. */
+static void *worker_main(void *arg) {
+    Worker *w = arg;
+    Target *t = NULL;
+    RsErr e = {0};
+    if (batcher_target(w->bt, NULL, 0, &t, &e)) {
+        snprintf(w->why, sizeof w->why, "%s", e.msg);
+        w->fail = 1;
+        return NULL;
+    }
+    for (int i = w->first; i < NREQ && !w->fail; i += w->step) {
+        Req *r = &w->reqs[i];
+        for (;;) {
+            int rc = req_run(t, r, &e);
+            batcher_leave(t);
+            if (rc == RS_EFULL && batcher_preempted(t)) {
+                r->restarts++;
+                batcher_wait_blocks(w->bt, backend_kv_blocks_for(r->n_prompt + 8), 1000);
+                continue;
+            }
+            if (rc) {
+                snprintf(w->why, sizeof w->why, "request %d: %s", i, e.msg);
+                w->fail = 1;
+            }
+            break;
+        }
+    }
+    target_destroy(&t);
+    return NULL;
+}
+
+START_TEST(test_cuda_batcher_exact) {
+    CU_REQUIRE_DEVICE();
+    Model *m = load(cuda_backend_ops_get());
+    int V = m->cfg.vocab_size, parallel = 3;
+    static Req want[NREQ], got[NREQ];
+    Target *t = NULL;
+    RsErr e = {0};
+    BackendParams bp = {.kv_capacity = 128, .threads = 1, .batch_invariant = 1};
+    ck_assert_msg(target_create(m, cuda_backend_ops_get(), &bp, NULL, 0, &t, &e) == RS_OK, "%s", e.msg);
+    for (int i = 0; i < NREQ; i++) {
+        req_make(&want[i], i, V);
+        ck_assert_msg(req_run(t, &want[i], &e) == RS_OK, "solo %d: %s", i, e.msg);
+    }
+    target_destroy(&t);
+    /* 6 blocks for 3 decodes of up to 4 blocks each: some are preempted and restart */
+    BatchOpts o = {.parallel = parallel, .row_budget = 64, .prefill_chunk = 16,
+                   .kv_entries = 6 * BACKEND_KV_BLOCK, .seq_capacity = 6 * BACKEND_KV_BLOCK,
+                   .backend = {.threads = 1, .batch_invariant = 1}};
+    Batcher *bt = NULL;
+    ck_assert_msg(batcher_create(m, cuda_backend_ops_get(), &o, &bt, &e) == RS_OK, "%s", e.msg);
+    for (int i = 0; i < NREQ; i++) req_make(&got[i], i, V);
+    Worker w[3];
+    pthread_t th[3];
+    for (int k = 0; k < parallel; k++) {
+        w[k] = (Worker){.bt = bt, .reqs = got, .first = k, .step = parallel};
+        ck_assert_int_eq(pthread_create(&th[k], NULL, worker_main, &w[k]), 0);
+    }
+    for (int k = 0; k < parallel; k++) pthread_join(th[k], NULL);
+    for (int k = 0; k < parallel; k++) ck_assert_msg(!w[k].fail, "%s", w[k].why);
+    int restarts = 0;
+    for (int i = 0; i < NREQ; i++) {
+        ck_assert_int_eq(got[i].n_out, want[i].n_out);
+        for (int j = 0; j < want[i].n_out; j++)
+            ck_assert_msg(got[i].out[j] == want[i].out[j],
+                          "request %d (%s, T=%g) token %d: batched %d, solo %d", i,
+                          rule_name(got[i].o.rule), got[i].o.sampling.temperature, j,
+                          got[i].out[j], want[i].out[j]);
+        restarts += got[i].restarts;
+    }
+    BatchStats st = batcher_stats(bt);
+    fprintf(stderr, "cuda batcher: %llu passes, %llu rows, %llu preemptions, %d restarts\n",
+            (unsigned long long)st.passes, (unsigned long long)st.rows,
+            (unsigned long long)st.preemptions, restarts);
+    ck_assert_int_eq(st.blocks_used, 0);
+    ck_assert_msg(st.rows > st.passes, "passes never carried several rows");
+    batcher_destroy(&bt);
+    model_destroy(&m);
+}
+END_TEST
+
 Suite *suite_cuda_seqs(void) {
     Suite *s = suite_create("cuda_seqs");
     TCase *tc = tcase_create("seqs");
@@ -449,6 +584,7 @@ Suite *suite_cuda_seqs(void) {
     tcase_add_test(tc, test_cuda_paged_attention);
     tcase_add_loop_test(tc, test_cuda_forward_batch, 0, 2);
     tcase_add_test(tc, test_cuda_seq_blocks);
+    tcase_add_test(tc, test_cuda_batcher_exact);
     suite_add_tcase(s, tc);
     return s;
 }
