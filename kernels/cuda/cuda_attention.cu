@@ -11,7 +11,10 @@
  * rows are read 8 bf16 (16 bytes) at a time, ATT_KU (keys) or ATT_VU (values) loads issued
  * before the first is used. Per slot tile of ATT_C slots: warp w scores query vectors w,
  * w + 4, ... against one slot per lane, an online softmax per query vector, then the
- * output items (query vector, 8 dims) accumulate p * v. Splits leave
+ * output items (query vector, 8 dims) accumulate p * v, the tile's slots split among 2 or 4
+ * groups of threads when the items alone would leave threads idle (default mode). In a
+ * paged call (CuMeta.paged) a block's rows come from the call's tile list, all of one
+ * sequence, and its entries are read through that sequence's block table. Splits leave
  * (max, sum, acc) partials; the last of a tile's split blocks to finish (a counter per tile
  * in the scratch) merges them in split order, so the combine costs no second launch; with
  * one split the block writes the output itself.
@@ -45,10 +48,22 @@ __device__ __forceinline__ int mask_bit(const uint64_t *mask, int words, int row
  * sequence's block table (tables + table; NULL: entry i is slot i). */
 typedef struct {
     int r0, nr, nw, h0, nhb, nq, lo, hi, nc, words, table, skip;
+    int vs; /* slot groups of the value phase (att_vgroups) */
     const int *tables;
 } AttTile;
 
-__device__ AttTile att_tile(const CuMeta *meta, int nb, int n_heads, int n_kv_heads, AttGeom g) {
+/* Slot groups of the value phase for `items` output items (query vector, 8 dims): a tile of
+ * few query vectors (a one-row decode: its GQA group) would leave threads idle, so the
+ * tile's slots are split among 2 or 4 groups of threads whose partial sums are added at
+ * the end. Only in the default mode: the grouping depends on the tile's rows, which
+ * batch-invariant results must not. */
+__device__ __forceinline__ int att_vgroups(int items) {
+    if (items <= 0) return 1;
+    return items * 4 <= ATT_THREADS ? 4 : items * 2 <= ATT_THREADS ? 2 : 1;
+}
+
+__device__ AttTile att_tile(const CuMeta *meta, int nb, int n_heads, int n_kv_heads, int hd,
+                            AttGeom g) {
     AttTile t;
     int G = n_heads / n_kv_heads, kvh = blockIdx.y / g.n_hgroups, hg = blockIdx.y % g.n_hgroups;
     const CuPaged *pg = meta->paged;
@@ -80,6 +95,7 @@ __device__ AttTile att_tile(const CuMeta *meta, int nb, int n_heads, int n_kv_he
     t.lo = blockIdx.x * chunk;
     t.hi = min(t.lo + chunk, n_ctx);
     t.words = (meta->mask_stride + 63) >> 6;
+    t.vs = g.chunk ? 1 : att_vgroups(t.nq * (hd / 8));
     return t;
 }
 
@@ -157,21 +173,28 @@ __device__ void att_scores(const AttTile &T, int t0, const float *q_sh, const bf
     }
 }
 
-/* acc (ATT_IT items of 8 dims) *= alpha, += p * v over the entry tile at t0. */
+/* acc (ATT_IT items of 8 dims) *= alpha, += p * v over the entry tile at t0 (with T.vs
+ * slot groups: this thread's group's share of the tile, its one item's partial sum). */
 __device__ void att_values(const AttTile &T, int t0, const bf16 *vc, int kv_dim, int kvh,
                            int hd, float (*p_sh)[ATT_C], const float *a_sh, const int *sl_sh,
                            float (*acc)[8]) {
-    int per = hd / 8;
+    int per = hd / 8, items = T.nq * per;
 #pragma unroll
     for (int k = 0; k < ATT_IT; k++) {
-        int it = threadIdx.x + ATT_THREADS * k, qv = it / per, d8 = (it % per) * 8;
+        int it = threadIdx.x + ATT_THREADS * k, sg = 0;
+        if (T.vs > 1) { /* items * vs <= ATT_THREADS: k = 0 only */
+            sg = it / items;
+            it -= sg * items;
+            if (sg >= T.vs) break;
+        }
+        int qv = it / per, d8 = (it % per) * 8;
         if (qv >= T.nq) break;
         float al = a_sh[qv];
 #pragma unroll
         for (int e = 0; e < 8; e++) acc[k][e] *= al;
-        int nt = min(ATT_C, T.hi - t0);
+        int gs = ATT_C / T.vs, nt = min(min(ATT_C, T.hi - t0), (sg + 1) * gs);
         const bf16 *vr = vc + (size_t)kvh * hd + d8;
-        for (int j0 = 0; j0 < nt; j0 += ATT_VU) {
+        for (int j0 = sg * gs; j0 < nt; j0 += ATT_VU) {
             /* the value chunks of ATT_VU slots loaded before any is used, each predicated
              * on its weight (a masked slot is never read: a stale one may hold NaN), then
              * accumulated in slot order: the sums of one slot at a time */
@@ -193,6 +216,19 @@ __device__ void att_values(const AttTile &T, int t0, const bf16 *vc, int kv_dim,
             }
         }
     }
+}
+
+/* With slot groups (T.vs > 1): the groups' partial sums added, in group order, into group
+ * 0's threads (which then hold items 0.. as without groups), through the q buffer. */
+__device__ void att_vgroups_merge(const AttTile &T, int hd, float (*acc)[8], float *buf) {
+    int items = T.nq * (hd / 8), sg = threadIdx.x / max(items, 1), it = threadIdx.x - sg * items;
+    __syncthreads(); /* the q buffer is read no more */
+    if (sg > 0 && sg < T.vs)
+        for (int e = 0; e < 8; e++) buf[((size_t)(sg - 1) * items + it) * 8 + e] = acc[0][e];
+    __syncthreads();
+    if (sg == 0)
+        for (int g = 1; g < T.vs; g++)
+            for (int e = 0; e < 8; e++) acc[0][e] += buf[((size_t)(g - 1) * items + it) * 8 + e];
 }
 
 /* Output of one block: partials, or with one split the normalised rows (zeros for padding
@@ -274,7 +310,7 @@ k_attention(const float *q, int q_stride, const bf16 *kc, const bf16 *vc, const 
     __shared__ float p_sh[ATT_QV][ATT_C];
     __shared__ float m_sh[ATT_QV], l_sh[ATT_QV], a_sh[ATT_QV];
     __shared__ int sl_sh[ATT_C];
-    AttTile T = att_tile(meta, nb, n_heads, n_kv_heads, g);
+    AttTile T = att_tile(meta, nb, n_heads, n_kv_heads, hd, g);
     if (T.skip) return; /* block-uniform: past a paged call's tiles */
     for (int i = threadIdx.x; i < T.nq * hd; i += ATT_THREADS) {
         int qv = i / hd, d = i % hd;
@@ -299,6 +335,7 @@ k_attention(const float *q, int q_stride, const bf16 *kc, const bf16 *vc, const 
         att_values(T, t0, vc, kv_dim, kvh, hd, p_sh, a_sh, sl_sh, acc);
         __syncthreads();
     }
+    if (T.vs > 1) att_vgroups_merge(T, hd, acc, q_sh);
     att_write(T, g, nb, n_heads, hd, m_sh, l_sh, acc, part, ob, of);
     if (g.splits == 1) return;
     /* Publish the partials, then count this split in; the block that completes the count

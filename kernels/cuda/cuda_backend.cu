@@ -4,10 +4,11 @@
  * block tables live on the host, cuda_pages.h, and each call stages the rows' slots, row
  * tiles and tables, CuPaged), activations and softmax are f32. q/k/v and gate/up are
  * concatenated into one matrix each, so a layer has 4 projections over the whole batch:
- * by default o, gate|up and down are cublasGemmEx (bf16 in, f32 accumulate, f32 out) and
- * in a one-row call q|k|v is one fused kernel with its RMSNorm and everything up to the KV
- * store, 7 launches a layer (9 with more rows, q|k|v on cuBLAS; docs/DESIGN.md lists them);
- * the batch-invariant mode uses its own GEMMs, 5.
+ * by default, in calls of several rows, q|k|v, o, gate|up and down are cublasGemmEx (bf16
+ * in, f32 accumulate, f32 out), 9 launches a layer; a one-row call runs q|k|v as one fused
+ * kernel with its RMSNorm and everything up to the KV store, o and down on the own GEMV and
+ * gate|up on the own GEMM with the FFN RMSNorm and SwiGLU fused in, 5 launches a layer
+ * (docs/DESIGN.md lists them), as the batch-invariant mode in every call.
  *
  * Every buffer is allocated in create(); forward() only enqueues work. Calls of at most
  * 65 tokens are padded to a bucket (1, 2, 4, 8, 16, 32, 48, 65) and, unless
@@ -134,6 +135,7 @@ typedef struct {
     uint8_t *keep_seen; // (max_pending)
     int use_graphs;
     int fused_qkv;      // default mode: largest call (rows) that takes k_qkv_fused
+    int own_gemv;       // default mode: one-row calls and one-row heads on cuk_gemv
     int graph_kernel_nodes, graph_nodes; // of the graph the last forward replayed; -1: eager
     CuGraph graphs[N_BUCKETS];
     uint64_t n_captures, n_graph_replays, n_eager_launches;
@@ -448,6 +450,10 @@ static CudaBackend *backend_new(const Model *m, const BackendParams *p) {
     env = getenv("ROOTSPEC_CUDA_FUSED_QKV");
     b->fused_qkv = env && !strcmp(env, "0") ? 0 : env && !strcmp(env, "all") ? GRAPH_MAX_TOKENS : 1;
     if (c->dim > CUK_NORM_GEMM_MAX_IN) b->fused_qkv = 0;
+    /* one-row calls: the own GEMV for o, down and a one-row head, the FFN RMSNorm and
+     * SwiGLU fused into gate|up's own GEMM; "0" puts them back on cuBLAS (A/B on a GPU) */
+    env = getenv("ROOTSPEC_CUDA_GEMV");
+    b->own_gemv = !(env && !strcmp(env, "0")) && c->dim <= CUK_NORM_GEMM_MAX_IN;
     b->batch_inv = p->batch_invariant != 0;
     cu_pages_init(&b->pages, p->max_seqs, p->kv_capacity);
     b->slots = b->pages.blocks_total * CUK_KV_BLOCK;
@@ -674,17 +680,27 @@ static void layer_attn_in(CudaBackend *b, int l, int nb) {
                         b->att, NULL);
 }
 
-/* One layer in the default mode, 7 launches in a one-row call (9 with more rows): the
+/* One layer in the default mode, 5 launches in a one-row call (9 with more rows): the
  * attention half, then cuBLAS for the o, gate|up and down projections, the o and down ones
  * adding into the residual stream themselves (beta = 1), with the FFN RMSNorm and SwiGLU
  * between them. A cuBLAS GEMM cannot take the RMSNorm, and between two cuBLAS GEMMs at
  * least one kernel must turn the f32 result into the next bf16 input, so four cuBLAS
- * GEMMs cost at least 8 launches a layer; the fused q|k|v kernel saves two. */
+ * GEMMs cost at least 8 launches a layer; the fused q|k|v kernel saves two. A one-row call
+ * reads each weight once whatever the kernel, so there o and down run on the own GEMV
+ * (8 16-byte weight loads in flight per lane) and gate|up on the own GEMM with the RMSNorm
+ * in its prologue and SwiGLU in its epilogue (the batch-invariant mode's kernels). */
 static void layer_blas(CudaBackend *b, int l, int nb) {
     const ModelDims *d = &b->dims;
     cudaStream_t s = b->stream;
     const CuLayer *L = &b->layers[l];
     layer_attn_in(b, l, nb);
+    if (nb == 1 && b->own_gemv) {
+        cuk_gemv(s, L->wo, d->dim, d->qd, b->att, 1, b->x);
+        cuk_gemm_bi(s, L->wgu, d->hidden, d->dim, nb, NULL, b->x, NULL, L->ffn_norm, b->eps, 1,
+                    0, NULL, b->hb);
+        cuk_gemv(s, L->wdown, d->dim, d->hidden, b->hb, 1, b->x);
+        return;
+    }
     gemm(b, L->wo, d->dim, d->qd, b->att, nb, b->x, 1.0f);
     cuk_rmsnorm(s, b->x, NULL, L->ffn_norm, nb, d->dim, b->eps, NULL, b->xb);
     gemm(b, L->wgu, 2 * d->hidden, d->dim, b->xb, nb, b->gu, 0.0f);
@@ -737,7 +753,8 @@ static void enqueue_forward(CudaBackend *b, int nb) {
 }
 
 /* Final norm and output head of the n_out rows d_rows names, only those: 1 launch in
- * batch-invariant mode, 2 otherwise, none when no logits are wanted. */
+ * batch-invariant mode, 2 otherwise (a one-row head on the own GEMV), none when no logits
+ * are wanted. */
 static int head(CudaBackend *b, int n_out) {
     const ModelDims *d = &b->dims;
     if (n_out <= 0) return 0;
@@ -747,7 +764,8 @@ static int head(CudaBackend *b, int n_out) {
                     b->final_norm, b->eps, 0, 0, b->logits, NULL);
     } else {
         cuk_rmsnorm(b->stream, b->x, b->d_rows, b->final_norm, n_out, d->dim, b->eps, NULL, b->xb);
-        gemm(b, b->wcls, d->vocab, d->dim, b->xb, n_out, b->logits, 0.0f);
+        if (n_out == 1 && b->own_gemv) cuk_gemv(b->stream, b->wcls, d->vocab, d->dim, b->xb, 0, b->logits);
+        else gemm(b, b->wcls, d->vocab, d->dim, b->xb, n_out, b->logits, 0.0f);
     }
     return (int)(cuk_launch_count() - c0);
 }

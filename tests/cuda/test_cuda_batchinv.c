@@ -1,5 +1,5 @@
 /* Launch counts and the batch-invariant mode of the CUDA backend:
- * - kernel launches per layer and per pass, from the backend's counters (exactly 7 a layer
+ * - kernel launches per layer and per pass, from the backend's counters (exactly 5 a layer
  *   in a default-mode one-row call, 9 with more rows, 5 batch-invariant) and from the kernel
  *   nodes of the captured graphs; no output head without wanted logits;
  * - batch-invariant mode against the CPU reference (cu_compare_logits tolerance) and bitwise:
@@ -34,7 +34,7 @@ static Model *load(const BackendOps *ops, const char *spec) {
     return m;
 }
 
-/* Launch budget: per layer 7 with cuBLAS in a one-row call (fused q|k|v), 9 with more rows
+/* Launch budget: per layer 5 in a one-row call (fused q|k|v, own GEMV and GEMM), 9 with more rows
  * (RMSNorm + cuBLAS q|k|v + k_qkv_post), 5 batch-invariant, whatever the split-KV count
  * (n = 1 splits the cache, 65 rows do not); per pass: rope table + embedding + layers +
  * head (2, or 1 batch-invariant, 0 without logits). A replayed graph holds as many kernel
@@ -59,7 +59,7 @@ START_TEST(test_cuda_launches_per_layer) {
                 cuda_backend_launches(b, &layer, &pass);
                 fprintf(stderr, "launches: bi=%d graphs=%d n=%d: %d a layer, %d a pass (%d layers)\n",
                         bi, graphs, sizes[k], layer, pass, nl);
-                ck_assert_int_eq(layer, bi ? 5 : sizes[k] == 1 ? 7 : 9);
+                ck_assert_int_eq(layer, bi ? 5 : sizes[k] == 1 ? 5 : 9);
                 ck_assert_int_le(pass, 2 + nl * layer + (bi ? 1 : 2));
                 double g_layer;
                 int g_kern, g_nodes;
@@ -79,17 +79,19 @@ START_TEST(test_cuda_launches_per_layer) {
             backend_destroy(&b);
         }
     /* The A/B switches: q|k|v on RMSNorm + cuBLAS + k_qkv_post in one-row calls too
-     * ("0", 2 launches more), or fused in every call a graph serves ("all"). */
-    const char *mode[2] = {"0", "all"};
-    for (int k = 0; k < 2; k++) {
-        setenv("ROOTSPEC_CUDA_FUSED_QKV", mode[k], 1);
+     * ("0", 2 launches more), or fused in every call a graph serves ("all"); a one-row
+     * call's o, gate|up and down on cuBLAS with RMSNorm and SwiGLU kernels (GEMV "0"). */
+    const char *var[3] = {"ROOTSPEC_CUDA_FUSED_QKV", "ROOTSPEC_CUDA_FUSED_QKV", "ROOTSPEC_CUDA_GEMV"};
+    const char *mode[3] = {"0", "all", "0"};
+    for (int k = 0; k < 3; k++) {
+        setenv(var[k], mode[k], 1);
         Backend *b = make(m, 256, 65, 130, 0);
-        unsetenv("ROOTSPEC_CUDA_FUSED_QKV");
+        unsetenv(var[k]);
         RsErr e = {0};
-        int n = k ? 65 : 1, layer = 0, pass = 0;
+        int n = k == 1 ? 65 : 1, layer = 0, pass = 0;
         ck_assert_int_eq(backend_forward(b, tok, pos, n, NULL, rows, 1, lg, &e), RS_OK);
         cuda_backend_launches(b, &layer, &pass);
-        ck_assert_int_eq(layer, k ? 7 : 9);
+        ck_assert_int_eq(layer, 7);
         backend_destroy(&b);
     }
     free(lg);
