@@ -100,6 +100,7 @@ typedef struct {
     /* rows_topk results, packed for one copy: ids (n, k), logq (n, k), lse (n), sized
      * for rows x BACKEND_TOPK_MAX */
     void *d_red, *h_red;
+    void *topk_scratch; // (cuk_topk_scratch_bytes(rows, vocab)) zeroed at create
     float *cos_t, *sin_t; // (rows, hd/2)
     rs_bf16 *kc, *vc;  // (nl, slots, kv_dim)
     CuPages pages;     // the sequences and their block tables
@@ -264,7 +265,7 @@ static void cuda_destroy(Backend **pb) {
     DFREE(b->x); DFREE(b->xb); DFREE(b->qkv); DFREE(b->att); DFREE(b->tmp); DFREE(b->gu);
     DFREE(b->hb); DFREE(b->logits); DFREE(b->cos_t); DFREE(b->sin_t);
     DFREE(b->kc); DFREE(b->vc); DFREE(b->kv_scratch);
-    DFREE(b->d_red); HFREE(b->h_red);
+    DFREE(b->d_red); HFREE(b->h_red); DFREE(b->topk_scratch);
     DFREE(b->d_in); DFREE(b->d_keep); DFREE(b->att_scratch); DFREE(b->att_cnt); DFREE(b->qkv_cnt); DFREE(b->blas_ws);
     HFREE(b->h_in); HFREE(b->h_keep);
     DFREE(b->feat_pend); DFREE(b->feat_out); HFREE(b->h_feat);
@@ -605,6 +606,9 @@ static int cuda_create(const Model *m, const BackendParams *p, Backend **out, Rs
     size_t red_bytes = (size_t)b->rows * (2 * BACKEND_TOPK_MAX + 1) * 4;
     if (!rc) rc = dalloc(&b->d_red, red_bytes, "row reductions", e);
     if (!rc) rc = halloc(&b->h_red, red_bytes, "row reductions (host)", e);
+    size_t tk_bytes = cuk_topk_scratch_bytes(b->rows, b->dims.vocab);
+    if (!rc) rc = dalloc(&b->topk_scratch, tk_bytes, "top-k chunk partials", e);
+    if (!rc) CUDA_CHECK(cudaMemset(b->topk_scratch, 0, tk_bytes));
     if (!rc) {
         CUBLAS_CHECK(cublasSetWorkspace(b->blas, b->blas_ws, b->blas_ws_bytes));
         b->keep_seen = (uint8_t *)rs_xcalloc((size_t)p->max_pending, 1);
@@ -1022,7 +1026,7 @@ static int cuda_rows_topk(Backend *bb, int k, int *ids, float *logq, float *lse,
     size_t nk = (size_t)n * k;
     int *d_ids = (int *)b->d_red;
     float *d_logq = (float *)b->d_red + nk, *d_lse = (float *)b->d_red + 2 * nk;
-    cuk_topk(b->stream, b->logits, n, b->dims.vocab, k, d_ids, d_logq, d_lse);
+    cuk_topk(b->stream, b->logits, n, b->dims.vocab, k, b->topk_scratch, d_ids, d_logq, d_lse);
     CUDA_CHECK(cudaMemcpyAsync(b->h_red, b->d_red, (2 * nk + n) * 4, cudaMemcpyDeviceToHost,
                                b->stream));
     CUDA_CHECK(cudaStreamSynchronize(b->stream));
