@@ -15,7 +15,9 @@
 #   pass1     the Llama-3.1-8B-shaped one-row pass at a 512-token context (the headline figure)
 #   gemv      the own one-row bf16 GEMV (cuk_gemv) beside cuBLAS on the 8B decode matrices
 #   qkv       8B pass times for 1 and 65 rows with the q|k|v projection in the fused kernel
-#             and on cuBLAS (rootspec-cuda-bench, ROOTSPEC_CUDA_FUSED_QKV)
+#             and on cuBLAS (rootspec-cuda-bench, ROOTSPEC_CUDA_FUSED_QKV), and the one-row
+#             pass with o, gate|up, down and the head on the own GEMV/GEMM and on cuBLAS
+#             (ROOTSPEC_CUDA_GEMV)
 #   seqs      the paged multi-sequence path: one decode row of each of 8 sequences (512-token
 #             contexts of their own) in one pass against one pass per sequence, default and
 #             --batch-invariant (rootspec-cuda-bench --seqs): ms, ratio, largest logits
@@ -256,6 +258,9 @@ bench_field() {
 bench_kv() { local v; v=$(bench_field "$2" "$3" "$4"); kv "$1" "${v:-n/a}"; }
 recap_qkv() {
     local n f c fast="" sep=""
+    f=$(bench_field "$OUTDIR/qkv-fused.log" 1 graph_nout1_ms)
+    c=$(bench_field "$OUTDIR/onerow-cublas.log" 1 graph_nout1_ms)
+    kv onerow_ms_n1 "own:${f:-n/a},cublas:${c:-n/a}"
     for n in 1 65; do
         f=$(bench_field "$OUTDIR/qkv-fused.log" $n graph_nout1_ms)
         c=$(bench_field "$OUTDIR/qkv-cublas.log" $n graph_nout1_ms)
@@ -427,9 +432,13 @@ STAGE=qkv
 say "qkv: rootspec-cuda-bench $QKV_ARGS --ns 1,65, q|k|v fused, then on cuBLAS"
 ROOTSPEC_CUDA_FUSED_QKV=all run_bench "$OUTDIR/qkv-fused.log" 60 $QKV_ARGS --ns 1,65; s1=$RB
 ROOTSPEC_CUDA_FUSED_QKV=0 run_bench "$OUTDIR/qkv-cublas.log" 60 $QKV_ARGS --ns 1,65; s2=$RB
-grep -hE "^BENCH" "$OUTDIR/qkv-fused.log" "$OUTDIR/qkv-cublas.log"
+ROOTSPEC_CUDA_GEMV=0 run_bench "$OUTDIR/onerow-cublas.log" 45 $QKV_ARGS --ns 1; s3=$RB
+grep -hE "^BENCH" "$OUTDIR/qkv-fused.log" "$OUTDIR/qkv-cublas.log" "$OUTDIR/onerow-cublas.log"
 recap_qkv
-if [ "$s1" = ok ]; then stage_end qkv "$s2"; else stage_end qkv "$s1"; fi
+if [ "$s1" != ok ]; then stage_end qkv "$s1"
+elif [ "$s2" != ok ]; then stage_end qkv "$s2"
+else stage_end qkv "$s3"
+fi
 
 # ---- seqs: rows of several sequences in one pass against a pass per sequence ----
 STAGE=seqs
