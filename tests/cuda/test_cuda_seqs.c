@@ -6,7 +6,8 @@
  * - backend_forward_batch: sequences of different lengths joining and leaving, prefill
  *   chunks and tree passes with tree commits in one pass per round, every kept row against
  *   the CPU backend running the very same batches (cu_compare_logits), and with
- *   --batch-invariant bitwise against each sequence run alone on a backend of its own;
+ *   --batch-invariant bitwise against each sequence run alone on a backend of its own, also
+ *   over a 600-entry context (several split-KV blocks per row);
  * - blocks: a batch that does not fit is RS_EFULL and changes nothing; every block comes
  *   back when the sequences close;
  * - the batcher (target_proc/batch.h, what rootspec-serve --parallel runs) on the CUDA
@@ -450,6 +451,75 @@ START_TEST(test_cuda_seq_blocks) {
 }
 END_TEST
 
+/* Batch-invariant rows over long contexts (several split-KV blocks per row): a sequence of
+ * 600 committed entries and one of 20, a tree of three rows and a chunk of four in one pass,
+ * each row the bits of its sequence alone and within tolerance of the CPU backend's batch. */
+static Backend *make_long(const BackendOps *ops, const Model *m, int cap, int seqs) {
+    BackendParams p = {.kv_capacity = cap, .max_batch = 600, .max_pending = 600, .threads = 1,
+                       .batch_invariant = 1, .max_seqs = seqs};
+    Backend *b = NULL;
+    RsErr e = {0};
+    ck_assert_msg(backend_create(ops, m, &p, &b, &e) == RS_OK, "%s", e.msg);
+    return b;
+}
+
+/* Prefill of len tokens (seeded by k) on sequence seq of b, committed. */
+static void prefill(Backend *b, int seq, int len, int k, int V) {
+    static int tok[600], pos[600];
+    for (int i = 0; i < len; i++) tok[i] = (i * 37 + 11 * k + 5) % V, pos[i] = i;
+    BackendSeg g = {seq, tok, pos, len, NULL};
+    int last = len - 1;
+    RsErr e = {0};
+    ck_assert_msg(backend_forward_batch(b, &g, 1, &last, 0, NULL, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(backend_seq_commit(b, seq, pos, len, &e) == RS_OK, "%s", e.msg);
+}
+
+START_TEST(test_cuda_forward_batch_long) {
+    CU_REQUIRE_DEVICE();
+    setenv("ROOTSPEC_CUDA_GRAPHS", "0", 1); /* a 600-row prefill bucket is eager anyway */
+    const BackendOps *cu = cuda_backend_ops_get();
+    Model *dev = load(cu), *host = load(&cpu_backend_ops);
+    int V = dev->cfg.vocab_size, a = 0, ca = 0, len[2] = {600, 20};
+    Backend *gpu = make_long(cu, dev, 1400, 3), *cpu = make_long(&cpu_backend_ops, host, 1400, 3);
+    Backend *solo[2] = {make_long(cu, dev, 704, 1), make_long(cu, dev, 704, 1)};
+    unsetenv("ROOTSPEC_CUDA_GRAPHS");
+    RsErr e = {0};
+    ck_assert_int_eq(backend_seq_open(gpu, &a, &e), RS_OK);
+    ck_assert_int_eq(backend_seq_open(cpu, &ca, &e), RS_OK);
+    ck_assert_int_eq(ca, a);
+    int ids[2] = {a, 0};
+    for (int k = 0; k < 2; k++) {
+        prefill(gpu, ids[k], len[k], k, V);
+        prefill(cpu, ids[k], len[k], k, V);
+        prefill(solo[k], 0, len[k], k, V);
+    }
+    int tok[7] = {3, 9, 27, 81, 243, 217, 139}, pos[7] = {600, 600, 601, 20, 21, 22, 23};
+    uint8_t mask[9] = {1, 0, 0, 0, 1, 0, 0, 1, 1}; /* two siblings, a child of the second */
+    BackendSeg g[2] = {{a, tok, pos, 3, mask}, {0, tok + 3, pos + 3, 4, NULL}};
+    int rows[7] = {6, 5, 4, 3, 2, 1, 0}, all[4] = {0, 1, 2, 3};
+    float *got = malloc(sizeof(float) * 7 * (size_t)V), *one = malloc(sizeof(float) * 4 * (size_t)V);
+    float *ref = malloc(sizeof(float) * 7 * (size_t)V), worst = 0;
+    ck_assert_msg(backend_forward_batch(gpu, g, 2, rows, 7, got, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(backend_forward_batch(cpu, g, 2, rows, 7, ref, &e) == RS_OK, "%s", e.msg);
+    int differ = cu_compare_logits("long contexts vs cpu", got, ref, 7, V, &worst) > 0;
+    for (int k = 0; k < 2; k++) {
+        ck_assert_msg(backend_forward_batch(solo[k], &(BackendSeg){0, g[k].tokens, g[k].pos, g[k].n, g[k].mask}, 1,
+                                            all, g[k].n, one, &e) == RS_OK, "%s", e.msg);
+        for (int j = 0; j < 7; j++) {
+            int i = rows[j] - (k ? 3 : 0);
+            if (i < 0 || i >= g[k].n) continue;
+            char label[80];
+            snprintf(label, sizeof label, "long seq %d row %d in the batch vs alone", k, i);
+            differ += cu_bits_report(label, got + (size_t)j * V, one + (size_t)i * V, 1, V) > 0;
+        }
+    }
+    ck_assert_msg(differ == 0, "%d comparisons differ (lines above)", differ);
+    free(got), free(one), free(ref);
+    backend_destroy(&gpu), backend_destroy(&cpu), backend_destroy(&solo[0]), backend_destroy(&solo[1]);
+    model_destroy(&dev), model_destroy(&host);
+}
+END_TEST
+
 /* ---- the batcher on the CUDA backend ---- */
 
 #define NREQ 6
@@ -583,6 +653,7 @@ Suite *suite_cuda_seqs(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_cuda_paged_attention);
     tcase_add_loop_test(tc, test_cuda_forward_batch, 0, 2);
+    tcase_add_test(tc, test_cuda_forward_batch_long);
     tcase_add_test(tc, test_cuda_seq_blocks);
     tcase_add_test(tc, test_cuda_batcher_exact);
     suite_add_tcase(s, tc);
