@@ -10,16 +10,25 @@
  *                       [--copy-mib N] [--device D] [--ns N,N,...] [--batch-invariant]
  *   rootspec-cuda-bench --preflight [--device D]
  *   rootspec-cuda-bench --gemv [--gemv-div N] [--iters N] [--device D]
+ *   rootspec-cuda-bench --seqs N [--ctx N] [--iters N] [--only ...] [--model SPEC]
+ *                       [--batch-invariant] [--device D]
  * --model times one other model instead (a file or random:PRESET, see common/randmodel.h).
  * --gemv times the own one-row GEMV (cuk_gemv) beside cuBLAS (cublasGemmEx, bf16 in, f32
  * out, as the backend calls it) on the Llama-3.1-8B matrices of a decode step (o, gate|up,
  * down, LM head; each dimension divided by --gemv-div): one GEMV line per shape with the
  * median microseconds and weight GB/s of each.
+ * --seqs N times the paged path (kernels/backend.h: Sequences): N sequences, each with its
+ * own committed context of --ctx tokens, one decode row each in one backend_forward_batch
+ * (graph replay), against the same rows one sequence per pass; one SEQS line per shape with
+ * both medians, their ratio (the aggregate gain of batching N users) and the largest
+ * |difference| of a row's logits between the two (with --batch-invariant: bitwise=same or
+ * differs, as the bits must be equal).
  * --preflight times nothing: it prints key=value lines of the driver's and the runtime's
  * CUDA versions, the cuBLAS version loaded and the device, and exits 3 when the driver is
  * older than the runtime linked in (nothing else could run), 1 without a usable device. */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,6 +203,96 @@ static int time_shape(const Shape *sh, int ctx, int iters, int device, double co
     return 0;
 }
 
+/* --seqs: one decode row of each of ns sequences (pos ctx); batch: one pass of them all,
+ * else one pass per sequence. Median ms of `iters` rounds; the pass is dropped again. The
+ * last round's logits (ns, vocab) land in out. */
+static double time_seq_rows(Backend *b, const int *ids, int ns, int ctx, int batch, int iters,
+                            float *out) {
+    int V = backend_model(b)->cfg.vocab_size, tok[64], pos[64], rows[64];
+    BackendSeg g[64];
+    for (int k = 0; k < ns; k++) {
+        tok[k] = (k * 977 + 5) % V, pos[k] = ctx, rows[k] = k;
+        g[k] = (BackendSeg){ids[k], &tok[k], &pos[k], 1, NULL};
+    }
+    RsErr e = {0};
+    double *t = (double *)malloc(sizeof(double) * iters);
+    for (int i = -3; i < iters; i++) {
+        uint64_t t0 = rs_now_ns();
+        for (int k = 0; k < (batch ? 1 : ns); k++) {
+            int rc = batch ? backend_forward_batch(b, g, ns, rows, ns, out, &e)
+                           : backend_forward_batch(b, &g[k], 1, rows, 1, out + (size_t)k * V, &e);
+            if (rc != RS_OK) {
+                fprintf(stderr, "rootspec-cuda-bench: forward_batch: %s\n", e.msg);
+                exit(1);
+            }
+        }
+        uint64_t t1 = rs_now_ns();
+        for (int k = 0; k < ns; k++)
+            if (backend_seq_commit(b, ids[k], NULL, 0, &e) != RS_OK) exit(1);
+        if (i >= 0) t[i] = (t1 - t0) * 1e-6;
+    }
+    qsort(t, iters, sizeof(double), cmp_double);
+    double med = t[iters / 2];
+    free(t);
+    return med;
+}
+
+/* Opens ns sequences (sequence 0 first) and prefills each with its own ctx tokens. */
+static int seqs_prefill(Backend *b, int *ids, int ns, int ctx, float *logits) {
+    int V = backend_model(b)->cfg.vocab_size, last = ctx - 1;
+    int *tok = (int *)malloc(sizeof(int) * ctx), *pos = (int *)malloc(sizeof(int) * ctx);
+    RsErr e = {0};
+    int rc = RS_OK;
+    for (int k = 0; k < ns && !rc; k++) {
+        ids[k] = 0;
+        if (k) rc = backend_seq_open(b, &ids[k], &e);
+        for (int i = 0; i < ctx; i++) tok[i] = (i * 31 + 7 * k + 7) % V, pos[i] = i;
+        BackendSeg g = {ids[k], tok, pos, ctx, NULL};
+        if (!rc) rc = backend_forward_batch(b, &g, 1, &last, 1, logits, &e);
+        if (!rc) rc = backend_seq_commit(b, ids[k], pos, ctx, &e);
+    }
+    if (rc) fprintf(stderr, "rootspec-cuda-bench: --seqs prefill: %s\n", e.msg);
+    free(tok), free(pos);
+    return rc;
+}
+
+static int time_seqs(const Shape *sh, int ns, int ctx, int iters, int device) {
+    Model *m = NULL;
+    RsErr e = {0};
+    if (backend_model_load(cuda_backend_ops_get(), sh->spec, NULL, &m, &e) != RS_OK) {
+        fprintf(stderr, "rootspec-cuda-bench: %s\n", e.msg);
+        return 2;
+    }
+    int V = m->cfg.vocab_size, big = ctx > 65 ? ctx : 65, ids[64];
+    BackendParams p = {.kv_capacity = ns * (ctx + 16), .max_batch = big, .max_pending = big,
+                       .device = device, .batch_invariant = g_batch_inv, .max_seqs = ns, .sw = g_sw};
+    Backend *b = NULL;
+    float *batch = NULL, *solo = NULL;
+    CUDA_CHECK(cudaMallocHost((void **)&batch, sizeof(float) * (size_t)ns * V));
+    CUDA_CHECK(cudaMallocHost((void **)&solo, sizeof(float) * (size_t)ns * V));
+    int rc = backend_create(cuda_backend_ops_get(), m, &p, &b, &e);
+    if (rc) fprintf(stderr, "rootspec-cuda-bench: %s: %s\n", sh->name, e.msg);
+    if (!rc) rc = seqs_prefill(b, ids, ns, ctx, batch);
+    if (!rc) {
+        double tb = time_seq_rows(b, ids, ns, ctx, 1, iters, batch);
+        double ts = time_seq_rows(b, ids, ns, ctx, 0, iters, solo);
+        double worst = 0;
+        size_t differ = 0;
+        for (size_t i = 0; i < (size_t)ns * V; i++) {
+            double d = fabs((double)batch[i] - (double)solo[i]);
+            differ += memcmp(&batch[i], &solo[i], 4) != 0;
+            if (d > worst || d != d) worst = d;
+        }
+        printf("SEQS model=%s bi=%d seqs=%d ctx=%d batch_ms=%.4f solo_ms=%.4f speedup=%.2f "
+               "max_abs_diff=%g bitwise=%s\n", sh->tag, g_batch_inv, ns, ctx, tb, ts, ts / tb,
+               worst, differ ? "differs" : "same");
+    }
+    backend_destroy(&b);
+    cudaFreeHost(batch), cudaFreeHost(solo);
+    model_destroy(&m);
+    return rc ? 1 : 0;
+}
+
 /* Median microseconds of `iters` launches of one GEMV (own kernel or cuBLAS), events
  * around each. */
 static double time_gemv(int own, cublasHandle_t h, const rs_bf16 *W, int out, int in,
@@ -302,7 +401,7 @@ static int preflight(int device) {
 int main(int argc, char **argv) {
     int iters = 20, ctx = 512, device = 0, copy_mib = 2048;
     const char *only = NULL, *model_spec = NULL;
-    int preflight_only = 0, gemv = 0, gemv_div = 1;
+    int preflight_only = 0, gemv = 0, gemv_div = 1, seqs = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) ctx = atoi(argv[++i]);
@@ -314,17 +413,20 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--preflight")) preflight_only = 1;
         else if (!strcmp(argv[i], "--gemv")) gemv = 1;
         else if (!strcmp(argv[i], "--gemv-div") && i + 1 < argc) gemv_div = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--seqs") && i + 1 < argc) seqs = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--ns") && i + 1 < argc && parse_ns(argv[i + 1])) i++;
         else {
             fprintf(stderr, "usage: %s [--iters N] [--ctx N] [--only target|drafter] "
                     "[--model SPEC] [--copy-mib N] [--device D] [--ns N,N,...] "
-                    "[--batch-invariant] | --preflight [--device D] | --gemv [--gemv-div N]\n", argv[0]);
+                    "[--batch-invariant] [--seqs N] | --preflight [--device D] | --gemv "
+                    "[--gemv-div N]\n", argv[0]);
             return 2;
         }
     }
-    if (iters < 1 || ctx < 1 || ctx > 8192 || copy_mib < 1 || copy_mib > 65536) {
-        fprintf(stderr, "rootspec-cuda-bench: --iters %d / --ctx %d / --copy-mib %d out of range\n",
-                iters, ctx, copy_mib);
+    if (iters < 1 || ctx < 1 || ctx > 8192 || copy_mib < 1 || copy_mib > 65536 || seqs < 0 ||
+        seqs > 64) {
+        fprintf(stderr, "rootspec-cuda-bench: --iters %d / --ctx %d / --copy-mib %d / --seqs %d "
+                "out of range\n", iters, ctx, copy_mib, seqs);
         return 2;
     }
     const char *kernels = NULL;
@@ -349,6 +451,15 @@ int main(int argc, char **argv) {
         }
         return bench_gemv(gemv_div, iters);
     }
+    Shape custom = {model_spec, model_spec, "model"};
+    const Shape *shapes = model_spec ? &custom : kShapes;
+    size_t n_shapes = model_spec ? 1 : sizeof kShapes / sizeof kShapes[0];
+    for (size_t si = 0; seqs && si < n_shapes; si++) {
+        if (only && !strstr(shapes[si].name, only)) continue;
+        int st = time_seqs(&shapes[si], seqs, ctx, iters, device);
+        if (st) return st;
+    }
+    if (seqs) return 0;
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     printf("device %d: %s, %d SMs, %.1f GiB, cc %d.%d\n", device, prop.name,
@@ -358,9 +469,6 @@ int main(int argc, char **argv) {
            copy_bw / 1e9, copy_mib);
     printf("context %d committed tokens; median of %d passes; logits of all n rows copied "
            "to the host unless noted\n", ctx, iters);
-    Shape custom = {model_spec, model_spec, "model"};
-    const Shape *shapes = model_spec ? &custom : kShapes;
-    size_t n_shapes = model_spec ? 1 : sizeof kShapes / sizeof kShapes[0];
     float *logits = NULL;
     size_t logits_cap = 0;
     for (size_t si = 0; si < n_shapes; si++) {

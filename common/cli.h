@@ -31,6 +31,8 @@ typedef struct {
     int cuda_fused_qkv; /* ROOTSPEC_CUDA_FUSED_QKV: 0 (unset or 1): one-row calls take the
                            fused q|k|v kernel, -1 (0): never, 1 (all): every call a graph
                            serves */
+    int cuda_blas_onerow; /* ROOTSPEC_CUDA_GEMV=0 (1: 0): a one-row call's o, gate|up, down
+                             and head on cuBLAS instead of the own GEMV kernels */
 } BackendSwitches;
 
 /* The options rootspec-target and rootspec-draft share, parsed alike: where the model runs

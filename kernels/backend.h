@@ -20,8 +20,8 @@
  * SOSP 2023). Sequence 0 is always open: the functions without a sequence argument act on
  * it, so a single-sequence caller sees one cache of kv_capacity entries as before. One
  * backend_forward_batch runs rows of many sequences; each row attends only to its own
- * sequence, and its logits are the same bits whatever else shares the pass (a backend
- * that cannot promise that refuses more than sequence 0). */
+ * sequence, and its logits are the same bits whatever else shares the pass (on CUDA with
+ * BackendParams.batch_invariant; without it within the tolerance of its tree passes). */
 #ifndef ROOTSPEC_BACKEND_H
 #define ROOTSPEC_BACKEND_H
 #include "../common/cli.h"
@@ -56,8 +56,7 @@ typedef struct {
     const char *cpu_kernels;
     /* The measuring and test switches (common/cli.h); zeroed: the product's choice. */
     BackendSwitches sw;
-    /* Sequences open at once, sequence 0 included (0: 1). A backend that runs one sequence
-     * only (CUDA) refuses more. */
+    /* Sequences open at once, sequence 0 included (0: 1). */
     int max_seqs;
     /* Optional: tokens per backend_prefill chunk (kernels/prefill.h; 0: the largest that
      * max_batch and max_pending allow). */

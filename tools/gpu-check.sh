@@ -15,7 +15,13 @@
 #   pass1     the Llama-3.1-8B-shaped one-row pass at a 512-token context (the headline figure)
 #   gemv      the own one-row bf16 GEMV (cuk_gemv) beside cuBLAS on the 8B decode matrices
 #   qkv       8B pass times for 1 and 65 rows with the q|k|v projection in the fused kernel
-#             and on cuBLAS (rootspec-cuda-bench, ROOTSPEC_CUDA_FUSED_QKV)
+#             and on cuBLAS (rootspec-cuda-bench, ROOTSPEC_CUDA_FUSED_QKV), and the one-row
+#             pass with o, gate|up, down and the head on the own GEMV/GEMM and on cuBLAS
+#             (ROOTSPEC_CUDA_GEMV)
+#   seqs      the paged multi-sequence path: one decode row of each of 8 sequences (512-token
+#             contexts of their own) in one pass against one pass per sequence, default and
+#             --batch-invariant (rootspec-cuda-bench --seqs): ms, ratio, largest logits
+#             difference, and with --batch-invariant whether the bits are the same
 #   suites    the CUDA Check suites, one at a time (kernels vs CPU references, forward
 #             parity, golden fixtures, graph replay == eager, batch-invariant mode); a line
 #             per suite as it ends
@@ -78,17 +84,19 @@ if [ "$EMU" = 1 ]; then
     MODEL_ARGS="--model random:tiny --copy-mib 8 --ctx 64 --iters 2"
     GEMV_ARGS="--gemv-div 16 --iters 2"
     PASS1_ARGS=$MODEL_ARGS QKV_ARGS=$MODEL_ARGS BI_ARGS=$MODEL_ARGS BENCH_ARGS=$MODEL_ARGS
+    SEQS_ARGS="--model random:tiny --ctx 64 --iters 2 --seqs 4"
     PIPE_T=random:tiny,seed=9 PIPE_D=random:tiny,seed=9,layers=1 PIPE_E3=random:eagle3-tiny
 else
     PASS1_ARGS="--only target --iters 10 --ctx 512 --copy-mib 1024" GEMV_ARGS="--iters 20"
     QKV_ARGS="--only target --iters 10 --ctx 512" BI_ARGS="--only target --iters 5 --ctx 512"
     BENCH_ARGS="--iters 20 --ctx 512"
+    SEQS_ARGS="--only target --iters 5 --ctx 512 --seqs 8"
     PIPE_T=random:llama3-8b,seed=1 PIPE_D=random:llama3-1b,seed=2 PIPE_E3=random:eagle3-llama3-8b
 fi
 SCALE=${GPU_CHECK_SCALE:-1}
 declare -A ST # stage -> ok | FAIL (...) | skipped (...) | timeout
 PIPE_DIR=/nonexistent # the pipeline's round logs, once it has run
-STAGES="preflight device pass1 gemv qkv suites memcheck bench pipeline batch_invariant racecheck synccheck"
+STAGES="preflight device pass1 gemv qkv seqs suites memcheck bench pipeline batch_invariant racecheck synccheck"
 STAGE=preflight # the stage running now
 # limit CAP: CAP * SCALE seconds, or what is left before the deadline if less; fails
 # (skip the stage) with under 15 s left.
@@ -250,6 +258,9 @@ bench_field() {
 bench_kv() { local v; v=$(bench_field "$2" "$3" "$4"); kv "$1" "${v:-n/a}"; }
 recap_qkv() {
     local n f c fast="" sep=""
+    f=$(bench_field "$OUTDIR/qkv-fused.log" 1 graph_nout1_ms)
+    c=$(bench_field "$OUTDIR/onerow-cublas.log" 1 graph_nout1_ms)
+    kv onerow_ms_n1 "own:${f:-n/a},cublas:${c:-n/a}"
     for n in 1 65; do
         f=$(bench_field "$OUTDIR/qkv-fused.log" $n graph_nout1_ms)
         c=$(bench_field "$OUTDIR/qkv-cublas.log" $n graph_nout1_ms)
@@ -273,6 +284,17 @@ recap_bench() {
         bench_kv "pass_ms_n${n}_bench" "$OUTDIR/cuda-bench.log" $n graph_nout1_ms
         bench_kv "share_n${n}_bench" "$OUTDIR/cuda-bench.log" $n share
     done
+}
+# seqs: one SEQS line per mode (rootspec-cuda-bench --seqs)
+recap_seqs() {
+    local l n
+    l=$(grep -m1 "^SEQS .* bi=0 " "$OUTDIR/seqs.log" 2>/dev/null)
+    n=$(echo "$l" | grep -o ' seqs=[0-9]*' | cut -d= -f2)
+    kv "seqs_ms_n${n:-N}" "batch:$(echo "$l" | grep -o 'batch_ms=[^ ]*' | cut -d= -f2),solo:$(echo "$l" | grep -o 'solo_ms=[^ ]*' | cut -d= -f2)"
+    kv "seqs_speedup_n${n:-N}" "$(echo "$l" | grep -o 'speedup=[^ ]*' | cut -d= -f2)"
+    kv seqs_max_abs_diff "$(echo "$l" | grep -o 'max_abs_diff=[^ ]*' | cut -d= -f2)"
+    l=$(grep -m1 "^SEQS .* bi=1 " "$OUTDIR/seqs-bi.log" 2>/dev/null)
+    kv seqs_bi "$(echo "$l" | grep -o 'bitwise=[^ ]*' | cut -d= -f2) (max |d| $(echo "$l" | grep -o 'max_abs_diff=[^ ]*' | cut -d= -f2), batch $(echo "$l" | grep -o 'batch_ms=[^ ]*' | cut -d= -f2) ms, solo $(echo "$l" | grep -o 'solo_ms=[^ ]*' | cut -d= -f2) ms)"
 }
 recap_bi() {
     local n
@@ -410,9 +432,26 @@ STAGE=qkv
 say "qkv: rootspec-cuda-bench $QKV_ARGS --ns 1,65, q|k|v fused, then on cuBLAS"
 ROOTSPEC_CUDA_FUSED_QKV=all run_bench "$OUTDIR/qkv-fused.log" 60 $QKV_ARGS --ns 1,65; s1=$RB
 ROOTSPEC_CUDA_FUSED_QKV=0 run_bench "$OUTDIR/qkv-cublas.log" 60 $QKV_ARGS --ns 1,65; s2=$RB
-grep -hE "^BENCH" "$OUTDIR/qkv-fused.log" "$OUTDIR/qkv-cublas.log"
+ROOTSPEC_CUDA_GEMV=0 run_bench "$OUTDIR/onerow-cublas.log" 45 $QKV_ARGS --ns 1; s3=$RB
+grep -hE "^BENCH" "$OUTDIR/qkv-fused.log" "$OUTDIR/qkv-cublas.log" "$OUTDIR/onerow-cublas.log"
 recap_qkv
-if [ "$s1" = ok ]; then stage_end qkv "$s2"; else stage_end qkv "$s1"; fi
+if [ "$s1" != ok ]; then stage_end qkv "$s1"
+elif [ "$s2" != ok ]; then stage_end qkv "$s2"
+else stage_end qkv "$s3"
+fi
+
+# ---- seqs: rows of several sequences in one pass against a pass per sequence ----
+STAGE=seqs
+say "seqs: rootspec-cuda-bench $SEQS_ARGS, then --batch-invariant"
+run_bench "$OUTDIR/seqs.log" 45 $SEQS_ARGS; s1=$RB
+run_bench "$OUTDIR/seqs-bi.log" 45 $SEQS_ARGS --batch-invariant; s2=$RB
+grep -h "^SEQS" "$OUTDIR/seqs.log" "$OUTDIR/seqs-bi.log"
+recap_seqs
+if [ "$s1" != ok ]; then stage_end seqs "$s1"
+elif [ "$s2" != ok ]; then stage_end seqs "$s2"
+elif grep -q "^SEQS .*bitwise=differs" "$OUTDIR/seqs-bi.log"; then stage_end seqs "FAIL (batch-invariant rows differ from alone)"
+else stage_end seqs ok
+fi
 
 # ---- suites: one at a time, each with its own limit: the runner cannot fork (a CUDA
 # context does not survive fork()), so Check's timeouts do not apply ----
@@ -442,6 +481,7 @@ for f in tests/cuda/test_cuda_*.c; do
         while read -r line; do kv "suite_${suite}_first_failure" "$line"; done
     [ "$rc" -ne 0 ] && failed="$failed $suite"
     [ "$suite" = cuda_batchinv ] && kv batch_invariant "$( [ "$rc" -eq 0 ] && echo ok || echo FAIL)"
+    [ "$suite" = cuda_seqs ] && kv multi_seq "$( [ "$rc" -eq 0 ] && echo ok || echo FAIL)"
 done
 if no_device "$OUTDIR/cuda-tests.log"; then stage_end suites "FAIL (no usable device)"
 elif [ -n "$failed" ]; then stage_end suites "FAIL (${failed# })"

@@ -11,7 +11,10 @@
  * rows are read 8 bf16 (16 bytes) at a time, ATT_KU (keys) or ATT_VU (values) loads issued
  * before the first is used. Per slot tile of ATT_C slots: warp w scores query vectors w,
  * w + 4, ... against one slot per lane, an online softmax per query vector, then the
- * output items (query vector, 8 dims) accumulate p * v. Splits leave
+ * output items (query vector, 8 dims) accumulate p * v, the tile's slots split among 2 or 4
+ * groups of threads when the items alone would leave threads idle (default mode). In a
+ * paged call (CuMeta.paged) a block's rows come from the call's tile list, all of one
+ * sequence, and its entries are read through that sequence's block table. Splits leave
  * (max, sum, acc) partials; the last of a tile's split blocks to finish (a counter per tile
  * in the scratch) merges them in split order, so the combine costs no second launch; with
  * one split the block writes the output itself.
@@ -40,17 +43,50 @@ __device__ __forceinline__ int mask_bit(const uint64_t *mask, int words, int row
     return (int)(mask[(size_t)row * words + (col >> 6)] >> (col & 63)) & 1;
 }
 
-/* Block coordinates of k_attention: the tile's rows, heads and slot range. */
+/* Block coordinates of k_attention: the tile's rows (nr real ones, nw written: padding
+ * rows of an unpaged call get zeros), heads, entry range and, in a paged call, its
+ * sequence's block table (tables + table; NULL: entry i is slot i). */
 typedef struct {
-    int r0, nr, h0, nhb, nq, lo, hi, nc, words;
+    int r0, nr, nw, h0, nhb, nq, lo, hi, nc, words, table, skip;
+    int vs; /* slot groups of the value phase (att_vgroups) */
+    const int *tables;
 } AttTile;
 
-__device__ AttTile att_tile(const CuMeta *meta, int n_heads, int n_kv_heads, AttGeom g) {
+/* Slot groups of the value phase for `items` output items (query vector, 8 dims): a tile of
+ * few query vectors (a one-row decode: its GQA group) would leave threads idle, so the
+ * tile's slots are split among 2 or 4 groups of threads whose partial sums are added at
+ * the end. Only in the default mode: the grouping depends on the tile's rows, which
+ * batch-invariant results must not. */
+__device__ __forceinline__ int att_vgroups(int items) {
+    if (items <= 0) return 1;
+    return items * 4 <= ATT_THREADS ? 4 : items * 2 <= ATT_THREADS ? 2 : 1;
+}
+
+__device__ AttTile att_tile(const CuMeta *meta, int nb, int n_heads, int n_kv_heads, int hd,
+                            AttGeom g) {
     AttTile t;
     int G = n_heads / n_kv_heads, kvh = blockIdx.y / g.n_hgroups, hg = blockIdx.y % g.n_hgroups;
-    int n = meta->n, n_ctx = meta->kv_base + n;
-    t.r0 = blockIdx.z * g.rows_pb;
-    t.nr = max(0, min(g.rows_pb, n - t.r0));
+    const CuPaged *pg = meta->paged;
+    int n_ctx;
+    t.skip = 0;
+    t.tables = NULL;
+    t.table = 0;
+    if (pg) { /* this block's tile from the list; blocks past the list have none */
+        t.skip = (int)blockIdx.z >= pg->n_tiles;
+        CuAttTile a = t.skip ? CuAttTile{0, 0, 0, 0, 0, 0} : pg->tiles[blockIdx.z];
+        t.r0 = a.r0;
+        t.nr = t.nw = a.nr;
+        t.nc = a.nc;
+        n_ctx = a.n_ctx;
+        t.tables = pg->tables;
+        t.table = a.table;
+    } else {
+        t.r0 = blockIdx.z * g.rows_pb;
+        t.nr = max(0, min(g.rows_pb, meta->n - t.r0));
+        t.nw = min(g.rows_pb, nb - t.r0);
+        t.nc = meta->n_committed;
+        n_ctx = meta->kv_base + meta->n;
+    }
     t.h0 = kvh * G + hg * g.heads_pb;
     t.nhb = min(g.heads_pb, G - hg * g.heads_pb);
     t.nq = t.nr * t.nhb;
@@ -58,22 +94,32 @@ __device__ AttTile att_tile(const CuMeta *meta, int n_heads, int n_kv_heads, Att
     if (!chunk) chunk = ((n_ctx + g.splits - 1) / g.splits + ATT_C - 1) / ATT_C * ATT_C;
     t.lo = blockIdx.x * chunk;
     t.hi = min(t.lo + chunk, n_ctx);
-    t.nc = meta->n_committed;
     t.words = (meta->mask_stride + 63) >> 6;
+    t.vs = g.chunk ? 1 : att_vgroups(t.nq * (hd / 8));
     return t;
 }
 
-/* Scores of slot tile t0 for this warp's query vectors, online-softmax state update;
- * leaves p in p_sh and each vector's rescale factor in a_sh. */
+/* Cache slot of the tile's entry j. */
+__device__ __forceinline__ int att_slot(const AttTile &T, int j) {
+    if (!T.tables) return j;
+    return T.tables[T.table + j / CUK_KV_BLOCK] * CUK_KV_BLOCK + j % CUK_KV_BLOCK;
+}
+
+/* Scores of entry tile t0 for this warp's query vectors, online-softmax state update;
+ * leaves p in p_sh, each vector's rescale factor in a_sh and the entries' cache slots in
+ * sl_sh. */
 __device__ void att_scores(const AttTile &T, int t0, const float *q_sh, const bf16 *kc,
                            int kv_dim, int kvh, int hd, float scale, const uint64_t *mask,
-                           float (*p_sh)[ATT_C], float *m_sh, float *l_sh, float *a_sh) {
+                           float (*p_sh)[ATT_C], float *m_sh, float *l_sh, float *a_sh,
+                           int *sl_sh) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, j = t0 + lane;
     float s[ATT_QW];
 #pragma unroll
     for (int k = 0; k < ATT_QW; k++) s[k] = 0.0f;
     if (j < T.hi) {
-        const bf16 *kr = kc + (size_t)j * kv_dim + (size_t)kvh * hd;
+        int slot = att_slot(T, j);
+        if (warp == 0) sl_sh[lane] = slot;
+        const bf16 *kr = kc + (size_t)slot * kv_dim + (size_t)kvh * hd;
         for (int d0 = 0; d0 < hd; d0 += 8 * ATT_KU) {
             /* ATT_KU 16-byte loads of the key row issued before any is used (predicated on
              * the head size), then consumed in dimension order: the sums are those of one
@@ -127,21 +173,28 @@ __device__ void att_scores(const AttTile &T, int t0, const float *q_sh, const bf
     }
 }
 
-/* acc (ATT_IT items of 8 dims) *= alpha, += p * v over the slot tile at t0. */
+/* acc (ATT_IT items of 8 dims) *= alpha, += p * v over the entry tile at t0 (with T.vs
+ * slot groups: this thread's group's share of the tile, its one item's partial sum). */
 __device__ void att_values(const AttTile &T, int t0, const bf16 *vc, int kv_dim, int kvh,
-                           int hd, float (*p_sh)[ATT_C], const float *a_sh,
+                           int hd, float (*p_sh)[ATT_C], const float *a_sh, const int *sl_sh,
                            float (*acc)[8]) {
-    int per = hd / 8;
+    int per = hd / 8, items = T.nq * per;
 #pragma unroll
     for (int k = 0; k < ATT_IT; k++) {
-        int it = threadIdx.x + ATT_THREADS * k, qv = it / per, d8 = (it % per) * 8;
+        int it = threadIdx.x + ATT_THREADS * k, sg = 0;
+        if (T.vs > 1) { /* items * vs <= ATT_THREADS: k = 0 only */
+            sg = it / items;
+            it -= sg * items;
+            if (sg >= T.vs) break;
+        }
+        int qv = it / per, d8 = (it % per) * 8;
         if (qv >= T.nq) break;
         float al = a_sh[qv];
 #pragma unroll
         for (int e = 0; e < 8; e++) acc[k][e] *= al;
-        int nt = min(ATT_C, T.hi - t0);
-        const bf16 *vr = vc + (size_t)t0 * kv_dim + (size_t)kvh * hd + d8;
-        for (int j0 = 0; j0 < nt; j0 += ATT_VU) {
+        int gs = ATT_C / T.vs, nt = min(min(ATT_C, T.hi - t0), (sg + 1) * gs);
+        const bf16 *vr = vc + (size_t)kvh * hd + d8;
+        for (int j0 = sg * gs; j0 < nt; j0 += ATT_VU) {
             /* the value chunks of ATT_VU slots loaded before any is used, each predicated
              * on its weight (a masked slot is never read: a stale one may hold NaN), then
              * accumulated in slot order: the sums of one slot at a time */
@@ -150,7 +203,8 @@ __device__ void att_values(const AttTile &T, int t0, const bf16 *vc, int kv_dim,
 #pragma unroll
             for (int u = 0; u < ATT_VU; u++) {
                 pu[u] = j0 + u < nt ? p_sh[qv][j0 + u] : 0.0f;
-                vr4[u] = pu[u] != 0.0f ? ld16g(vr + (size_t)(j0 + u) * kv_dim) : make_uint4(0, 0, 0, 0);
+                vr4[u] = pu[u] != 0.0f ? ld16g(vr + (size_t)sl_sh[j0 + u] * kv_dim)
+                                       : make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
             for (int u = 0; u < ATT_VU; u++) {
@@ -164,6 +218,19 @@ __device__ void att_values(const AttTile &T, int t0, const bf16 *vc, int kv_dim,
     }
 }
 
+/* With slot groups (T.vs > 1): the groups' partial sums added, in group order, into group
+ * 0's threads (which then hold items 0.. as without groups), through the q buffer. */
+__device__ void att_vgroups_merge(const AttTile &T, int hd, float (*acc)[8], float *buf) {
+    int items = T.nq * (hd / 8), sg = threadIdx.x / max(items, 1), it = threadIdx.x - sg * items;
+    __syncthreads(); /* the q buffer is read no more */
+    if (sg > 0 && sg < T.vs)
+        for (int e = 0; e < 8; e++) buf[((size_t)(sg - 1) * items + it) * 8 + e] = acc[0][e];
+    __syncthreads();
+    if (sg == 0)
+        for (int g = 1; g < T.vs; g++)
+            for (int e = 0; e < 8; e++) acc[0][e] += buf[((size_t)(g - 1) * items + it) * 8 + e];
+}
+
 /* Output of one block: partials, or with one split the normalised rows (zeros for padding
  * rows of the tile). */
 __device__ void att_write(const AttTile &T, AttGeom g, int nb, int n_heads, int hd,
@@ -174,7 +241,7 @@ __device__ void att_write(const AttTile &T, AttGeom g, int nb, int n_heads, int 
     for (int k = 0; k < ATT_IT; k++) {
         int it = threadIdx.x + ATT_THREADS * k, qv = it / per, d8 = (it % per) * 8;
         int r = qv / T.nhb, hh = qv % T.nhb;
-        if (r >= g.rows_pb || T.r0 + r >= nb) break;
+        if (r >= T.nw) break;
         int row = T.r0 + r, h = T.h0 + hh;
         int real = qv < T.nq;
         if (g.splits > 1) {
@@ -218,8 +285,8 @@ __device__ void att_combine_tile(const AttTile &T, AttGeom g, int nb, int n_head
         l_sh[qv] = L;
     }
     __syncthreads();
-    int nr = min(g.rows_pb, nb - T.r0), qd = n_heads * hd;
-    for (int i = threadIdx.x; i < nr * T.nhb * hd; i += ATT_THREADS) {
+    int qd = n_heads * hd;
+    for (int i = threadIdx.x; i < T.nw * T.nhb * hd; i += ATT_THREADS) {
         int qv = i / hd, d = i % hd, row = T.r0 + qv / T.nhb, h = T.h0 + qv % T.nhb;
         size_t pr = (size_t)row * n_heads + h;
         float o = 0.0f, L = qv < T.nq ? l_sh[qv] : 0.0f;
@@ -242,7 +309,9 @@ k_attention(const float *q, int q_stride, const bf16 *kc, const bf16 *vc, const 
     __shared__ int last;
     __shared__ float p_sh[ATT_QV][ATT_C];
     __shared__ float m_sh[ATT_QV], l_sh[ATT_QV], a_sh[ATT_QV];
-    AttTile T = att_tile(meta, n_heads, n_kv_heads, g);
+    __shared__ int sl_sh[ATT_C];
+    AttTile T = att_tile(meta, nb, n_heads, n_kv_heads, hd, g);
+    if (T.skip) return; /* block-uniform: past a paged call's tiles */
     for (int i = threadIdx.x; i < T.nq * hd; i += ATT_THREADS) {
         int qv = i / hd, d = i % hd;
         q_sh[i] = q[(size_t)(T.r0 + qv / T.nhb) * q_stride + (size_t)(T.h0 + qv % T.nhb) * hd + d];
@@ -261,11 +330,12 @@ k_attention(const float *q, int q_stride, const bf16 *kc, const bf16 *vc, const 
         /* the KV head read again each tile rather than kept across the tile's warp-sync
          * calls, around which sm_80 would spill it */
         int kvh = block_y() / g.n_hgroups, kv_dim = n_kv_heads * hd;
-        att_scores(T, t0, q_sh, kc, kv_dim, kvh, hd, scale, mask, p_sh, m_sh, l_sh, a_sh);
+        att_scores(T, t0, q_sh, kc, kv_dim, kvh, hd, scale, mask, p_sh, m_sh, l_sh, a_sh, sl_sh);
         __syncthreads();
-        att_values(T, t0, vc, kv_dim, kvh, hd, p_sh, a_sh, acc);
+        att_values(T, t0, vc, kv_dim, kvh, hd, p_sh, a_sh, sl_sh, acc);
         __syncthreads();
     }
+    if (T.vs > 1) att_vgroups_merge(T, hd, acc, q_sh);
     att_write(T, g, nb, n_heads, hd, m_sh, l_sh, acc, part, ob, of);
     if (g.splits == 1) return;
     /* Publish the partials, then count this split in; the block that completes the count
@@ -281,13 +351,20 @@ k_attention(const float *q, int q_stride, const bf16 *kc, const bf16 *vc, const 
     if (threadIdx.x == 0) *cnt = 0; /* ready for the next launch (graph replays included) */
 }
 
-static AttGeom att_geom(int nb, int n_heads, int n_kv_heads, int hd, int cap, int batch_inv) {
+/* Row tiles of a call of nb rows of up to max_seqs sequences: each sequence's rows are cut
+ * into tiles of rows_pb, so each but one more can end in a partial tile. */
+static int att_max_tiles(int nb, int rows_pb, int max_seqs) {
+    return (nb + rows_pb - 1) / rows_pb + min(max(max_seqs, 1), nb) - 1;
+}
+
+static AttGeom att_geom(int nb, int max_seqs, int n_heads, int n_kv_heads, int hd, int cap,
+                        int batch_inv) {
     AttGeom g;
     int G = n_heads / n_kv_heads;
     g.heads_pb = min(G, min(ATT_QV, ATT_QF / hd));
     g.n_hgroups = (G + g.heads_pb - 1) / g.heads_pb;
     g.rows_pb = max(1, min(nb, min(ATT_QV / g.heads_pb, ATT_QF / (g.heads_pb * hd))));
-    int tiles = (nb + g.rows_pb - 1) / g.rows_pb;
+    int tiles = att_max_tiles(nb, g.rows_pb, max_seqs);
     if (batch_inv) { /* bounds fixed by slot position alone */
         g.chunk = ATT_BI_CHUNK;
         g.splits = max(1, (cap + ATT_BI_CHUNK - 1) / ATT_BI_CHUNK);
@@ -303,8 +380,12 @@ extern "C" size_t cuk_attention_scratch_floats(int nb, int n_heads, int hd, int 
     return (size_t)splits * nb * n_heads * (hd + 2);
 }
 
-/* One per block tile; tiles never outnumber query vectors. */
-extern "C" size_t cuk_attention_counters(int nb, int n_heads) { return (size_t)nb * n_heads; }
+/* One per block tile: att_max_tiles is below 2 nb, the head blocks at most n_heads. */
+extern "C" size_t cuk_attention_counters(int nb, int n_heads) { return 2 * (size_t)nb * n_heads; }
+
+extern "C" int cuk_attention_tile_rows(int nb, int n_heads, int n_kv_heads, int hd) {
+    return att_geom(nb, 1, n_heads, n_kv_heads, hd, 0, 0).rows_pb;
+}
 
 extern "C" void cuk_pack_mask(const uint8_t *mask, int n, int stride, uint64_t *out) {
     int words = (stride + 63) / 64;
@@ -314,21 +395,31 @@ extern "C" void cuk_pack_mask(const uint8_t *mask, int n, int stride, uint64_t *
             if (mask[(size_t)t * stride + j]) out[(size_t)t * words + j / 64] |= 1ull << (j % 64);
 }
 
-extern "C" void cuk_attention(cudaStream_t s, const float *q, int q_stride, const rs_bf16 *kc,
-                              const rs_bf16 *vc, const uint64_t *mask, const CuMeta *meta, int nb,
-                              int n_heads, int n_kv_heads, int hd, int cap, int batch_inv,
-                              float *scratch, unsigned *counters, rs_bf16 *out_bf16,
-                              float *out_f32) {
+extern "C" void cuk_attention_paged(cudaStream_t s, const float *q, int q_stride,
+                                    const rs_bf16 *kc, const rs_bf16 *vc, const uint64_t *mask,
+                                    const CuMeta *meta, int nb, int max_seqs, int n_heads,
+                                    int n_kv_heads, int hd, int cap, int batch_inv,
+                                    float *scratch, unsigned *counters, rs_bf16 *out_bf16,
+                                    float *out_f32) {
     if (hd % 8 || hd > 256 || n_heads % n_kv_heads) {
         fprintf(stderr, "rootspec: cuk_attention needs head_dim %% 8 == 0 and <= 256 (got %d) "
                         "and n_heads %d a multiple of n_kv_heads %d\n", hd, n_heads, n_kv_heads);
         abort();
     }
-    AttGeom g = att_geom(nb, n_heads, n_kv_heads, hd, cap, batch_inv);
-    dim3 grid(g.splits, n_kv_heads * g.n_hgroups, (nb + g.rows_pb - 1) / g.rows_pb);
+    AttGeom g = att_geom(nb, max_seqs, n_heads, n_kv_heads, hd, cap, batch_inv);
+    dim3 grid(g.splits, n_kv_heads * g.n_hgroups, att_max_tiles(nb, g.rows_pb, max_seqs));
     float scale = 1.0f / sqrtf((float)hd);
     CUK_LAUNCH(k_attention, grid, ATT_THREADS, s, q, q_stride, (const bf16 *)kc,
                (const bf16 *)vc, mask, meta, nb, n_heads, n_kv_heads, hd, scale, g, scratch,
                counters, (bf16 *)out_bf16, out_f32);
     LAUNCH_CHECK();
+}
+
+extern "C" void cuk_attention(cudaStream_t s, const float *q, int q_stride, const rs_bf16 *kc,
+                              const rs_bf16 *vc, const uint64_t *mask, const CuMeta *meta, int nb,
+                              int n_heads, int n_kv_heads, int hd, int cap, int batch_inv,
+                              float *scratch, unsigned *counters, rs_bf16 *out_bf16,
+                              float *out_f32) {
+    cuk_attention_paged(s, q, q_stride, kc, vc, mask, meta, nb, 1, n_heads, n_kv_heads, hd, cap,
+                        batch_inv, scratch, counters, out_bf16, out_f32);
 }

@@ -1,11 +1,14 @@
 /* CUDA backend: the same forward as kernels/cpu/cpu_backend.c on an NVIDIA GPU. Weights are
  * bf16 (converted from the Model's f32 arrays at create), the KV cache is bf16
- * (layer, kv_capacity, kv_dim), activations and softmax are f32. q/k/v and gate/up are
+ * (layer, slot, kv_dim) and paged as the CPU backend's (kernels/backend.h: Sequences; the
+ * block tables live on the host, cuda_pages.h, and each call stages the rows' slots, row
+ * tiles and tables, CuPaged), activations and softmax are f32. q/k/v and gate/up are
  * concatenated into one matrix each, so a layer has 4 projections over the whole batch:
- * by default o, gate|up and down are cublasGemmEx (bf16 in, f32 accumulate, f32 out) and
- * in a one-row call q|k|v is one fused kernel with its RMSNorm and everything up to the KV
- * store, 7 launches a layer (9 with more rows, q|k|v on cuBLAS; docs/DESIGN.md lists them);
- * the batch-invariant mode uses its own GEMMs, 5.
+ * by default, in calls of several rows, q|k|v, o, gate|up and down are cublasGemmEx (bf16
+ * in, f32 accumulate, f32 out), 9 launches a layer; a one-row call runs q|k|v as one fused
+ * kernel with its RMSNorm and everything up to the KV store, o and down on the own GEMV and
+ * gate|up on the own GEMM with the FFN RMSNorm and SwiGLU fused in, 5 launches a layer
+ * (docs/DESIGN.md lists them), as the batch-invariant mode in every call.
  *
  * Every buffer is allocated in create(); forward() only enqueues work. Calls of at most
  * 65 tokens are padded to a bucket (1, 2, 4, 8, 16, 32, 48, 65) and, unless
@@ -24,6 +27,7 @@
 #include "cuda_backend.h"
 #include "cuda_feat.h"
 #include "cuda_kernels.h"
+#include "cuda_pages.h"
 #include "cuda_topk.h"
 #include "cuda_rowstats.h"
 extern "C" {
@@ -96,22 +100,32 @@ typedef struct {
     /* rows_topk results, packed for one copy: ids (n, k), logq (n, k), lse (n), sized
      * for rows x BACKEND_TOPK_MAX */
     void *d_red, *h_red;
+    void *topk_scratch; // (cuk_topk_scratch_bytes(rows, vocab)) zeroed at create
     float *cos_t, *sin_t; // (rows, hd/2)
-    rs_bf16 *kc, *vc;  // (nl, kv_capacity, kv_dim)
+    rs_bf16 *kc, *vc;  // (nl, slots, kv_dim)
+    CuPages pages;     // the sequences and their block tables
+    int slots;         // cache slots per layer: pages.blocks_total * CUK_KV_BLOCK
+    int max_tiles;     // attention row tiles the input block holds
     rs_bf16 *kv_scratch; // (nl, max_pending, kv_dim)
-    /* Per-call inputs, packed so one host-to-device copy carries them all: meta, tokens
-     * (rows), positions (rows), out rows (rows), then the ancestor bitmask (max_batch,
-     * mask_words). d_in / h_in (pinned) hold the block; the other pointers point into it. */
+    /* Per-call inputs, packed so one host-to-device copy carries them all: meta, the paged
+     * layout (CuPaged), tokens, positions, out rows and cache slots (rows each), the
+     * attention row tiles (max_tiles), the block tables (blocks_total), then the ancestor
+     * bitmask (max_batch, mask_words). d_in / h_in (pinned) hold the block; the other
+     * pointers point into it. */
     void *d_in, *h_in;
-    size_t in_mask_off, in_bytes;
-    int *d_tokens, *d_pos, *d_rows;
+    size_t in_tiles_off, in_tables_off, in_mask_off, in_bytes;
+    int *d_tokens, *d_pos, *d_rows, *d_slot, *d_tables;
     uint64_t *d_mask;
     CuMeta *d_meta;
-    int *h_tokens, *h_pos, *h_rows;
+    CuPaged *d_paged;
+    CuAttTile *d_tiles;
+    int *h_tokens, *h_pos, *h_rows, *h_slot, *h_tables;
     uint64_t *h_mask;
     CuMeta *h_meta;
-    int *d_keep, *h_keep; // (max_pending)
-    uint8_t *h_mask_bytes; // (max_batch, max_pending) causal default before packing
+    CuPaged *h_paged;
+    CuAttTile *h_tiles;
+    int *d_keep, *h_keep; // (3 * max_pending) a commit's keep list, then the slots it moves
+                          // from, then those it moves to
     float *att_scratch; // split-KV partials (cuk_attention_scratch_floats)
     unsigned *att_cnt;  // (cuk_attention_counters) split blocks done per attention tile
     unsigned *qkv_cnt;  // (cuk_qkv_counters) parts done per q|k|v head and row group
@@ -122,6 +136,7 @@ typedef struct {
     uint8_t *keep_seen; // (max_pending)
     int use_graphs;
     int fused_qkv;      // default mode: largest call (rows) that takes k_qkv_fused
+    int own_gemv;       // default mode: one-row calls and one-row heads on cuk_gemv
     int graph_kernel_nodes, graph_nodes; // of the graph the last forward replayed; -1: eager
     CuGraph graphs[N_BUCKETS];
     uint64_t n_captures, n_graph_replays, n_eager_launches;
@@ -152,6 +167,14 @@ static int cuda_set_features(Backend *bb, RsErr *e);
 static const void *cuda_read_features(Backend *bb, BackendFeatType *t);
 static int cuda_rows_topk(Backend *bb, int k, int *ids, float *logq, float *lse, RsErr *e);
 static void capture_all(CudaBackend *b);
+static void stage_meta(CudaBackend *b, int n, int kv_base, int nc, int n_tiles);
+static int cuda_seq_open(Backend *bb, int *seq, RsErr *e);
+static void cuda_seq_close(Backend *bb, int seq);
+static int cuda_forward_batch(Backend *bb, const BackendSeg *segs, int n_segs,
+                              const int *out_rows, int n_out, float *logits, RsErr *e);
+static int cuda_seq_commit(Backend *bb, int seq, const int *keep, int n_keep, RsErr *e);
+static void cuda_seq_counts(const Backend *bb, int seq, int *nc, int *np);
+static void cuda_kv_usage(const Backend *bb, BackendKvUsage *u);
 
 /* C++ has no tentative definitions: the table comes first, after the prototypes. */
 static const BackendOps cuda_ops = {
@@ -172,6 +195,12 @@ static const BackendOps cuda_ops = {
     .rows_stats = cuda_rows_stats,
     .rows_gather = cuda_rows_gather,
     .eagle3_layer = &cuda_eagle3_layer,
+    .seq_open = cuda_seq_open,
+    .seq_close = cuda_seq_close,
+    .forward_batch = cuda_forward_batch,
+    .seq_commit = cuda_seq_commit,
+    .seq_counts = cuda_seq_counts,
+    .kv_usage = cuda_kv_usage,
 };
 
 
@@ -236,12 +265,12 @@ static void cuda_destroy(Backend **pb) {
     DFREE(b->x); DFREE(b->xb); DFREE(b->qkv); DFREE(b->att); DFREE(b->tmp); DFREE(b->gu);
     DFREE(b->hb); DFREE(b->logits); DFREE(b->cos_t); DFREE(b->sin_t);
     DFREE(b->kc); DFREE(b->vc); DFREE(b->kv_scratch);
-    DFREE(b->d_red); HFREE(b->h_red);
+    DFREE(b->d_red); HFREE(b->h_red); DFREE(b->topk_scratch);
     DFREE(b->d_in); DFREE(b->d_keep); DFREE(b->att_scratch); DFREE(b->att_cnt); DFREE(b->qkv_cnt); DFREE(b->blas_ws);
     HFREE(b->h_in); HFREE(b->h_keep);
     DFREE(b->feat_pend); DFREE(b->feat_out); HFREE(b->h_feat);
     DFREE(b->d_rq); HFREE(b->h_rq); DFREE(b->d_csum);
-    free(b->h_mask_bytes);
+    cu_pages_free(&b->pages);
     free(b->keep_seen);
     if (b->blas) cublasDestroy(b->blas);
     if (b->in_copied) cudaEventDestroy(b->in_copied);
@@ -341,21 +370,38 @@ static void put_tensor(void *u, const RandTensor *t) {
     put_matrix(ws, mat, (rs_bf16 *)dst);
 }
 
-/* The fields of a packed per-call input block (d_in or h_in). */
-static void in_pointers(void *base, const CudaBackend *b, CuMeta **meta, int **tokens, int **pos,
-                        int **rows, uint64_t **mask) {
+/* The packed per-call input block (d_in or h_in) as pointers into it. */
+typedef struct {
+    CuMeta *meta;
+    CuPaged *paged;
+    int *tokens, *pos, *rows, *slot, *tables;
+    CuAttTile *tiles;
+    uint64_t *mask;
+} CuInputs;
+
+#define IN_HEAD 64 /* bytes of CuMeta and CuPaged at the block's start */
+
+static CuInputs in_pointers(void *base, const CudaBackend *b) {
     char *p = (char *)base;
     size_t R = (size_t)b->rows;
-    *meta = (CuMeta *)p;
-    *tokens = (int *)(p + 16);
-    *pos = (int *)(p + 16 + R * 4);
-    *rows = (int *)(p + 16 + 2 * R * 4);
-    *mask = (uint64_t *)(p + b->in_mask_off);
+    CuInputs in;
+    in.meta = (CuMeta *)p;
+    in.paged = (CuPaged *)(p + 32);
+    in.tokens = (int *)(p + IN_HEAD);
+    in.pos = (int *)(p + IN_HEAD + R * 4);
+    in.rows = (int *)(p + IN_HEAD + 2 * R * 4);
+    in.slot = (int *)(p + IN_HEAD + 3 * R * 4);
+    in.tiles = (CuAttTile *)(p + b->in_tiles_off);
+    in.tables = (int *)(p + b->in_tables_off);
+    in.mask = (uint64_t *)(p + b->in_mask_off);
+    return in;
 }
 
 /* Refuses what the kernels cannot run and selects the device, before anything is allocated,
  * so that bad sizes or a missing GPU are a status, not an abort. */
 static int check_and_select(const Config *c, const BackendParams *p, RsErr *e) {
+    if (p->max_seqs < 0 || p->max_seqs > 65536)
+        return rs_err(e, RS_EINVAL, "max_seqs %d outside [0, 65536]", p->max_seqs);
     if (p->kv_capacity <= 0 || p->max_batch <= 0 || p->max_pending <= 0)
         return rs_err(e, RS_EINVAL,
                       "backend sizes must be positive (kv_capacity %d, max_batch %d, "
@@ -404,7 +450,14 @@ static CudaBackend *backend_new(const Model *m, const BackendParams *p) {
     int qkv = p->sw.cuda_fused_qkv;
     b->fused_qkv = qkv < 0 ? 0 : qkv > 0 ? GRAPH_MAX_TOKENS : 1;
     if (c->dim > CUK_NORM_GEMM_MAX_IN) b->fused_qkv = 0;
+    /* one-row calls: the own GEMV for o, down and a one-row head, the FFN RMSNorm and
+     * SwiGLU fused into gate|up's own GEMM; cuda_blas_onerow puts them back on cuBLAS (A/B
+     * on a GPU) */
+    b->own_gemv = !p->sw.cuda_blas_onerow && c->dim <= CUK_NORM_GEMM_MAX_IN;
     b->batch_inv = p->batch_invariant != 0;
+    cu_pages_init(&b->pages, p->max_seqs, p->kv_capacity);
+    b->slots = b->pages.blocks_total * CUK_KV_BLOCK;
+    b->max_tiles = 2 * b->rows; /* cuk_attention_counters: below 2 nb for any nb <= rows */
     CUDA_CHECK(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&b->in_copied, cudaEventDisableTiming));
     CUBLAS_CHECK(cublasCreate(&b->blas));
@@ -451,7 +504,7 @@ static int alloc_weights(CudaBackend *b, const Model *m, int random, RsErr *e) {
 /* Activations for b->rows rows, the KV caches and the packed per-call input blocks. */
 static int alloc_buffers(CudaBackend *b, const BackendParams *p, RsErr *e) {
     const ModelDims *d = &b->dims;
-    size_t R = (size_t)b->rows, cap = (size_t)p->kv_capacity, P = (size_t)p->max_pending;
+    size_t R = (size_t)b->rows, cap = (size_t)b->slots, P = (size_t)p->max_pending;
     size_t dim = d->dim, half = d->hd / 2, nl = d->nl;
     int rc = RS_OK;
     DA(b->inv_freq, half * 4, "inv_freq");
@@ -469,12 +522,14 @@ static int alloc_buffers(CudaBackend *b, const BackendParams *p, RsErr *e) {
     DA(b->vc, nl * cap * d->kvd * 2, "value cache");
     DA(b->kv_scratch, nl * P * d->kvd * 2, "kv_commit scratch");
     b->mask_words = (int)((P + 63) / 64);
-    b->in_mask_off = (16 + 3 * R * 4 + 15) / 16 * 16;
+    b->in_tiles_off = (IN_HEAD + 4 * R * 4 + 15) / 16 * 16;
+    b->in_tables_off = b->in_tiles_off + (size_t)b->max_tiles * sizeof(CuAttTile);
+    b->in_mask_off = (b->in_tables_off + (size_t)b->pages.blocks_total * 4 + 15) / 16 * 16;
     b->in_bytes = b->in_mask_off + (size_t)p->max_batch * b->mask_words * 8;
     DA(b->d_in, b->in_bytes, "per-call inputs");
     HA(b->h_in, b->in_bytes, "per-call inputs (host)");
-    DA(b->d_keep, P * 4, "keep");
-    HA(b->h_keep, P * 4, "keep (host)");
+    DA(b->d_keep, 3 * P * 4, "keep");
+    HA(b->h_keep, 3 * P * 4, "keep (host)");
     DA(b->att_scratch, cuk_attention_scratch_floats(b->rows, d->nh, d->hd, (int)cap) * 4,
        "attention partials");
     DA(b->att_cnt, cuk_attention_counters(b->rows, d->nh) * 4, "attention tile counters");
@@ -483,8 +538,13 @@ static int alloc_buffers(CudaBackend *b, const BackendParams *p, RsErr *e) {
     HA(b->h_rq, sizeof(RowQuery), "row queries (host)");
     DA(b->d_csum, (size_t)ROWQ_STATS * row_chunks(d->vocab) * sizeof(double), "row chunk sums");
     if (!rc) {
-        in_pointers(b->d_in, b, &b->d_meta, &b->d_tokens, &b->d_pos, &b->d_rows, &b->d_mask);
-        in_pointers(b->h_in, b, &b->h_meta, &b->h_tokens, &b->h_pos, &b->h_rows, &b->h_mask);
+        CuInputs d = in_pointers(b->d_in, b), h = in_pointers(b->h_in, b);
+        b->d_meta = d.meta, b->d_paged = d.paged, b->d_tokens = d.tokens, b->d_pos = d.pos;
+        b->d_rows = d.rows, b->d_slot = d.slot, b->d_tiles = d.tiles, b->d_tables = d.tables;
+        b->d_mask = d.mask;
+        b->h_meta = h.meta, b->h_paged = h.paged, b->h_tokens = h.tokens, b->h_pos = h.pos;
+        b->h_rows = h.rows, b->h_slot = h.slot, b->h_tiles = h.tiles, b->h_tables = h.tables;
+        b->h_mask = h.mask;
     }
     return rc;
 }
@@ -497,8 +557,7 @@ static int alloc_buffers(CudaBackend *b, const BackendParams *p, RsErr *e) {
 static int upload_weights(CudaBackend *b, const Model *m, int random, RsErr *e) {
     const ModelDims *d = &b->dims;
     const Config *c = &m->cfg;
-    const BackendParams *p = &b->base.params;
-    size_t cap = (size_t)p->kv_capacity, half = d->hd / 2, nl = d->nl;
+    size_t cap = (size_t)b->slots, half = d->hd / 2, nl = d->nl;
     WeightSrc ws = {b, random ? NULL : m, NULL, NULL, 0};
     if (!random) {
         ws.stage_floats = (size_t)16 << 20; /* 64 MiB of f32 per upload */
@@ -519,6 +578,8 @@ static int upload_weights(CudaBackend *b, const Model *m, int random, RsErr *e) 
     CUDA_CHECK(cudaMemsetAsync(b->kc, 0, nl * cap * d->kvd * 2, b->stream));
     CUDA_CHECK(cudaMemsetAsync(b->vc, 0, nl * cap * d->kvd * 2, b->stream));
     CUDA_CHECK(cudaMemsetAsync(b->d_in, 0, b->in_bytes, b->stream));
+    /* padding rows' attention output is never written: finite from the start */
+    CUDA_CHECK(cudaMemsetAsync(b->att, 0, (size_t)b->rows * d->qd * 2, b->stream));
     CUDA_CHECK(cudaMemsetAsync(b->att_cnt, 0, cuk_attention_counters(b->rows, d->nh) * 4,
                                b->stream)); /* the attention tile counters start at zero */
     CUDA_CHECK(cudaMemsetAsync(b->qkv_cnt, 0, cuk_qkv_counters(b->rows, d->nh, d->nkv) * 4,
@@ -544,10 +605,12 @@ static int cuda_create(const Model *m, const BackendParams *p, Backend **out, Rs
     size_t red_bytes = (size_t)b->rows * (2 * BACKEND_TOPK_MAX + 1) * 4;
     if (!rc) rc = dalloc(&b->d_red, red_bytes, "row reductions", e);
     if (!rc) rc = halloc(&b->h_red, red_bytes, "row reductions (host)", e);
+    size_t tk_bytes = cuk_topk_scratch_bytes(b->rows, b->dims.vocab);
+    if (!rc) rc = dalloc(&b->topk_scratch, tk_bytes, "top-k chunk partials", e);
+    if (!rc) CUDA_CHECK(cudaMemset(b->topk_scratch, 0, tk_bytes));
     if (!rc) {
         CUBLAS_CHECK(cublasSetWorkspace(b->blas, b->blas_ws, b->blas_ws_bytes));
         b->keep_seen = (uint8_t *)rs_xcalloc((size_t)p->max_pending, 1);
-        b->h_mask_bytes = (uint8_t *)rs_xcalloc((size_t)p->max_batch * p->max_pending, 1);
         rc = upload_weights(b, m, random, e);
     }
     if (rc) {
@@ -603,7 +666,7 @@ static void layer_attn_in(CudaBackend *b, int l, int nb) {
     const ModelDims *d = &b->dims;
     cudaStream_t s = b->stream;
     const CuLayer *L = &b->layers[l];
-    int cap = b->base.params.kv_capacity;
+    int cap = b->slots;
     rs_bf16 *kc = b->kc + (size_t)l * cap * d->kvd, *vc = b->vc + (size_t)l * cap * d->kvd;
     if (b->batch_inv || nb <= b->fused_qkv) {
         cuk_qkv_fused(s, L->wqkv, b->x, L->attn_norm, d->dim, b->eps, nb, d->nh, d->nkv, d->hd,
@@ -615,21 +678,32 @@ static void layer_attn_in(CudaBackend *b, int l, int nb) {
         cuk_qkv_post(s, b->qkv, d->qkv_w, nb, d->nh, d->nkv, d->hd, L->bqkv, L->q_norm,
                      L->k_norm, b->eps, b->cos_t, b->sin_t, b->d_meta, kc, vc);
     }
-    cuk_attention(s, b->qkv, d->qkv_w, kc, vc, b->d_mask, b->d_meta, nb, d->nh, d->nkv, d->hd,
-                  cap, b->batch_inv, b->att_scratch, b->att_cnt, b->att, NULL);
+    cuk_attention_paged(s, b->qkv, d->qkv_w, kc, vc, b->d_mask, b->d_meta, nb, b->pages.n_seqs,
+                        d->nh, d->nkv, d->hd, cap, b->batch_inv, b->att_scratch, b->att_cnt,
+                        b->att, NULL);
 }
 
-/* One layer in the default mode, 7 launches in a one-row call (9 with more rows): the
+/* One layer in the default mode, 5 launches in a one-row call (9 with more rows): the
  * attention half, then cuBLAS for the o, gate|up and down projections, the o and down ones
  * adding into the residual stream themselves (beta = 1), with the FFN RMSNorm and SwiGLU
  * between them. A cuBLAS GEMM cannot take the RMSNorm, and between two cuBLAS GEMMs at
  * least one kernel must turn the f32 result into the next bf16 input, so four cuBLAS
- * GEMMs cost at least 8 launches a layer; the fused q|k|v kernel saves two. */
+ * GEMMs cost at least 8 launches a layer; the fused q|k|v kernel saves two. A one-row call
+ * reads each weight once whatever the kernel, so there o and down run on the own GEMV
+ * (8 16-byte weight loads in flight per lane) and gate|up on the own GEMM with the RMSNorm
+ * in its prologue and SwiGLU in its epilogue (the batch-invariant mode's kernels). */
 static void layer_blas(CudaBackend *b, int l, int nb) {
     const ModelDims *d = &b->dims;
     cudaStream_t s = b->stream;
     const CuLayer *L = &b->layers[l];
     layer_attn_in(b, l, nb);
+    if (nb == 1 && b->own_gemv) {
+        cuk_gemv(s, L->wo, d->dim, d->qd, b->att, 1, b->x);
+        cuk_gemm_bi(s, L->wgu, d->hidden, d->dim, nb, NULL, b->x, NULL, L->ffn_norm, b->eps, 1,
+                    0, NULL, b->hb);
+        cuk_gemv(s, L->wdown, d->dim, d->hidden, b->hb, 1, b->x);
+        return;
+    }
     gemm(b, L->wo, d->dim, d->qd, b->att, nb, b->x, 1.0f);
     cuk_rmsnorm(s, b->x, NULL, L->ffn_norm, nb, d->dim, b->eps, NULL, b->xb);
     gemm(b, L->wgu, 2 * d->hidden, d->dim, b->xb, nb, b->gu, 0.0f);
@@ -682,7 +756,8 @@ static void enqueue_forward(CudaBackend *b, int nb) {
 }
 
 /* Final norm and output head of the n_out rows d_rows names, only those: 1 launch in
- * batch-invariant mode, 2 otherwise, none when no logits are wanted. */
+ * batch-invariant mode, 2 otherwise (a one-row head on the own GEMV), none when no logits
+ * are wanted. */
 static int head(CudaBackend *b, int n_out) {
     const ModelDims *d = &b->dims;
     if (n_out <= 0) return 0;
@@ -692,7 +767,8 @@ static int head(CudaBackend *b, int n_out) {
                     b->final_norm, b->eps, 0, 0, b->logits, NULL);
     } else {
         cuk_rmsnorm(b->stream, b->x, b->d_rows, b->final_norm, n_out, d->dim, b->eps, NULL, b->xb);
-        gemm(b, b->wcls, d->vocab, d->dim, b->xb, n_out, b->logits, 0.0f);
+        if (n_out == 1 && b->own_gemv) cuk_gemv(b->stream, b->wcls, d->vocab, d->dim, b->xb, 0, b->logits);
+        else gemm(b, b->wcls, d->vocab, d->dim, b->xb, n_out, b->logits, 0.0f);
     }
     return (int)(cuk_launch_count() - c0);
 }
@@ -763,10 +839,8 @@ static void launch_graph(CudaBackend *b, int bi) {
 static void capture_all(CudaBackend *b) {
     int small = b->base.params.max_batch < GRAPH_MAX_TOKENS ? b->base.params.max_batch
                                                             : GRAPH_MAX_TOKENS;
-    CuMeta zero = {0, 0, 0, 1};
-    *b->h_meta = zero;
-    CUDA_CHECK(cudaMemcpyAsync(b->d_meta, b->h_meta, sizeof zero, cudaMemcpyHostToDevice,
-                               b->stream));
+    stage_meta(b, 0, 0, 0, 0);
+    CUDA_CHECK(cudaMemcpyAsync(b->d_in, b->h_in, IN_HEAD, cudaMemcpyHostToDevice, b->stream));
     for (int bi = 0; bi <= bucket_of(small); bi++) launch_graph(b, bi);
     CUDA_CHECK(cudaStreamSynchronize(b->stream));
 }
@@ -804,34 +878,85 @@ extern "C" void cuda_backend_launches(const Backend *bb, int *per_layer, int *pe
     *per_pass = b->launches_pass;
 }
 
-/* Fills the packed input block (host side) for one call; returns the bytes to copy. */
-static size_t stage_inputs(CudaBackend *b, const int *tokens, const int *pos, int n, int nb,
-                           const uint8_t *mask, const int *out_rows, int n_out) {
-    int nc = b->base.n_committed, np = b->base.n_pending, stride = np + n;
-    for (int i = 0; i < nb; i++) {
-        b->h_tokens[i] = i < n ? tokens[i] : 0;
-        b->h_pos[i] = i < n ? pos[i] : 0;
-    }
-    for (int i = 0; i < n_out; i++) b->h_rows[i] = out_rows[i];
-    if (!mask) { /* causal within the batch, every earlier pending entry visible */
-        for (int t = 0; t < n; t++)
-            for (int j = 0; j < stride; j++) b->h_mask_bytes[(size_t)t * stride + j] = j < np + t + 1;
-        mask = b->h_mask_bytes;
-    }
-    cuk_pack_mask(mask, n, stride, b->h_mask);
-    b->h_meta->n = n;
-    b->h_meta->kv_base = nc + np;
-    b->h_meta->n_committed = nc;
-    b->h_meta->mask_stride = stride;
-    return b->in_mask_off + (size_t)n * ((stride + 63) / 64) * 8;
+/* The block's head: meta (the rows, sequence 0's cache offsets for the EAGLE-3 feature
+ * rows, the mask row length in words * 64) and the paged layout's pointers and tile count. */
+static void stage_meta(CudaBackend *b, int n, int kv_base, int nc, int n_tiles) {
+    CuMeta m = {n, kv_base, nc, b->mask_words * 64, b->d_paged};
+    CuPaged pg = {b->d_slot, b->d_tiles, b->d_tables, n_tiles, 0};
+    *b->h_meta = m;
+    *b->h_paged = pg;
 }
 
-static int cuda_forward(Backend *bb, const int *tokens, const int *pos, int n,
-                        const uint8_t *mask, const int *out_rows, int n_out, float *logits,
-                        RsErr *e) {
+/* Rows r0.. of segment g: tokens, positions, cache slots (its sequence holds their blocks
+ * already), mask rows (mask_words words each; NULL: causal, every earlier pending entry
+ * visible), its block table at *ntab and its row tiles at *nt. */
+static void stage_segment(CudaBackend *b, const BackendSeg *g, int r0, int rows_pb, int *nt,
+                          int *ntab) {
+    const CuSeq *q = &b->pages.seqs[g->seq];
+    int np = q->np, stride = np + g->n, W = b->mask_words;
+    for (int t = 0; t < g->n; t++) {
+        b->h_tokens[r0 + t] = g->tokens[t];
+        b->h_pos[r0 + t] = g->pos[t];
+        b->h_slot[r0 + t] = cu_pages_slot(&b->pages, g->seq, q->nc + np + t);
+        uint64_t *row = b->h_mask + (size_t)(r0 + t) * W;
+        memset(row, 0, (size_t)W * 8);
+        for (int j = 0; j < stride; j++)
+            if (g->mask ? g->mask[(size_t)t * stride + j] : j < np + t + 1)
+                row[j / 64] |= 1ull << (j % 64);
+    }
+    memcpy(b->h_tables + *ntab, q->blocks, (size_t)q->n_blocks * sizeof(int));
+    for (int t0 = 0; t0 < g->n; t0 += rows_pb) {
+        RS_ASSERT(*nt < b->max_tiles);
+        CuAttTile a = {r0 + t0, g->n - t0 < rows_pb ? g->n - t0 : rows_pb, q->nc,
+                       q->nc + np + g->n, *ntab, 0};
+        b->h_tiles[(*nt)++] = a;
+    }
+    *ntab += q->n_blocks;
+}
+
+/* Fills the packed input block (host side) for one call of the segments' rows padded to
+ * nb; returns the bytes to copy. */
+static size_t stage_inputs(CudaBackend *b, const BackendSeg *segs, int n_segs, int nb,
+                           const int *out_rows, int n_out) {
+    const ModelDims *d = &b->dims;
+    int rows_pb = cuk_attention_tile_rows(nb, d->nh, d->nkv, d->hd), r = 0, nt = 0, ntab = 0;
+    for (int i = 0; i < n_segs; r += segs[i].n, i++)
+        stage_segment(b, &segs[i], r, rows_pb, &nt, &ntab);
+    for (int i = r; i < nb; i++) b->h_tokens[i] = b->h_pos[i] = b->h_slot[i] = 0;
+    for (int i = 0; i < n_out; i++) b->h_rows[i] = out_rows[i];
+    const CuSeq *q0 = &b->pages.seqs[segs[0].seq];
+    stage_meta(b, r, q0->nc + q0->np, q0->nc, nt);
+    return b->in_mask_off + (size_t)r * b->mask_words * 8;
+}
+
+/* Blocks the segments need beyond those their sequences hold. */
+static int batch_short(const CudaBackend *b, const BackendSeg *segs, int n_segs) {
+    int need = 0;
+    for (int i = 0; i < n_segs; i++) {
+        const CuSeq *q = &b->pages.seqs[segs[i].seq];
+        need += cu_pages_short(&b->pages, segs[i].seq, q->nc + q->np + segs[i].n);
+    }
+    return need;
+}
+
+/* Keeps the head's counters equal to sequence 0's (the single-sequence functions). */
+static void seq0_sync(CudaBackend *b) {
+    b->base.n_committed = b->pages.seqs[0].nc;
+    b->base.n_pending = b->pages.seqs[0].np;
+}
+
+/* The forward over checked segments (backend_forward_batch; backend_forward is one
+ * segment of sequence 0). */
+static int cuda_forward_batch(Backend *bb, const BackendSeg *segs, int n_segs,
+                              const int *out_rows, int n_out, float *logits, RsErr *e) {
     CudaBackend *b = (CudaBackend *)bb;
-    int rc = backend_check_forward(&b->base, tokens, pos, n, mask, out_rows, n_out, e);
-    if (rc) return rc;
+    int n = 0, need = batch_short(b, segs, n_segs);
+    for (int i = 0; i < n_segs; i++) n += segs[i].n;
+    if (bb->feat_n && (n_segs > 1 || segs[0].seq != 0))
+        return rs_err(e, RS_EUNSUPPORTED, "EAGLE-3 features are recorded for sequence 0 only");
+    if (need > b->pages.n_free)
+        return rs_err(e, RS_EFULL, "the batch needs %d more KV blocks; %d of %d are free", need,
+                      b->pages.n_free, b->pages.blocks_total);
     CUDA_CHECK(cudaSetDevice(bb->params.device));
     /* Small calls are padded to their bucket (graph or not, so replay == eager exactly). */
     int bi = n <= GRAPH_MAX_TOKENS ? bucket_of(n) : -1;
@@ -839,7 +964,11 @@ static int cuda_forward(Backend *bb, const int *tokens, const int *pos, int n,
     RS_ASSERT(nb <= b->rows);
     /* the previous call's input copy may still read the pinned block staged anew here */
     CUDA_CHECK(cudaEventSynchronize(b->in_copied));
-    size_t bytes = stage_inputs(b, tokens, pos, n, nb, mask, out_rows, n_out);
+    for (int i = 0; i < n_segs; i++) {
+        const CuSeq *q = &b->pages.seqs[segs[i].seq];
+        cu_pages_grow(&b->pages, segs[i].seq, q->nc + q->np + segs[i].n);
+    }
+    size_t bytes = stage_inputs(b, segs, n_segs, nb, out_rows, n_out);
     cudaStream_t s = b->stream;
     CUDA_CHECK(cudaMemcpyAsync(b->d_in, b->h_in, bytes, cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaEventRecord(b->in_copied, s));
@@ -860,8 +989,18 @@ static int cuda_forward(Backend *bb, const int *tokens, const int *pos, int n,
                                    cudaMemcpyDeviceToHost, s));
         CUDA_CHECK(cudaStreamSynchronize(s));
     }
-    bb->n_pending += n;
+    for (int i = 0; i < n_segs; i++) b->pages.seqs[segs[i].seq].np += segs[i].n;
+    seq0_sync(b);
     return RS_OK;
+}
+
+static int cuda_forward(Backend *bb, const int *tokens, const int *pos, int n,
+                        const uint8_t *mask, const int *out_rows, int n_out, float *logits,
+                        RsErr *e) {
+    int rc = backend_check_forward(bb, tokens, pos, n, mask, out_rows, n_out, e);
+    if (rc) return rc;
+    BackendSeg g = {0, tokens, pos, n, mask};
+    return cuda_forward_batch(bb, &g, 1, out_rows, n_out, logits, e);
 }
 
 /* One copy per run of consecutive kept rows (a whole pass's rows are usually one run). */
@@ -886,7 +1025,7 @@ static int cuda_rows_topk(Backend *bb, int k, int *ids, float *logq, float *lse,
     size_t nk = (size_t)n * k;
     int *d_ids = (int *)b->d_red;
     float *d_logq = (float *)b->d_red + nk, *d_lse = (float *)b->d_red + 2 * nk;
-    cuk_topk(b->stream, b->logits, n, b->dims.vocab, k, d_ids, d_logq, d_lse);
+    cuk_topk(b->stream, b->logits, n, b->dims.vocab, k, b->topk_scratch, d_ids, d_logq, d_lse);
     CUDA_CHECK(cudaMemcpyAsync(b->h_red, b->d_red, (2 * nk + n) * 4, cudaMemcpyDeviceToHost,
                                b->stream));
     CUDA_CHECK(cudaStreamSynchronize(b->stream));
@@ -896,30 +1035,74 @@ static int cuda_rows_topk(Backend *bb, int k, int *ids, float *logq, float *lse,
     return RS_OK;
 }
 
-static int cuda_kv_commit(Backend *bb, const int *keep, int n_keep, RsErr *e) {
+/* Keeps seq's pending entries keep[i] as its entries nc + i: the K/V rows move between
+ * their slots (none when keep is 0, 1, ...), sequence 0's feature rows are gathered in keep
+ * order, and the blocks past the committed entries go back. */
+static int cuda_seq_commit(Backend *bb, int seq, const int *keep, int n_keep, RsErr *e) {
     CudaBackend *b = (CudaBackend *)bb;
-    int nc = bb->n_committed, identity;
-    int rc = backend_check_commit(bb, keep, n_keep, b->keep_seen, &identity, e);
+    CuSeq *q = &b->pages.seqs[seq];
+    int identity, rc = backend_check_keep(q->np, keep, n_keep, b->keep_seen, &identity, e);
     if (rc) return rc;
-    /* entries already in place need no copy (e.g. a prefill commit); features always do */
-    if (!identity || bb->feat_n) {
+    int feats = bb->feat_n && seq == 0;
+    if (!identity || feats) {
         CUDA_CHECK(cudaSetDevice(bb->params.device));
-        memcpy(b->h_keep, keep, (size_t)n_keep * 4);
-        CUDA_CHECK(cudaMemcpyAsync(b->d_keep, b->h_keep, (size_t)n_keep * 4,
-                                   cudaMemcpyHostToDevice, b->stream));
-        int cap = bb->params.kv_capacity, nl = b->dims.nl, kvd = b->dims.kvd;
-        if (!identity) {
-            cuk_kv_compact(b->stream, b->kc, nl, cap, kvd, nc, b->d_keep, n_keep, b->kv_scratch);
-            cuk_kv_compact(b->stream, b->vc, nl, cap, kvd, nc, b->d_keep, n_keep, b->kv_scratch);
+        int P = bb->params.max_pending, nl = b->dims.nl, kvd = b->dims.kvd;
+        for (int i = 0; i < n_keep; i++) {
+            b->h_keep[i] = keep[i];
+            b->h_keep[P + i] = cu_pages_slot(&b->pages, seq, q->nc + keep[i]);
+            b->h_keep[2 * P + i] = cu_pages_slot(&b->pages, seq, q->nc + i);
         }
-        if (bb->feat_n)
+        CUDA_CHECK(cudaMemcpyAsync(b->d_keep, b->h_keep, (size_t)3 * P * 4,
+                                   cudaMemcpyHostToDevice, b->stream));
+        if (!identity) {
+            const int *from = b->d_keep + P, *to = b->d_keep + 2 * P;
+            cuk_kv_move(b->stream, b->kc, nl, b->slots, kvd, from, to, n_keep, b->kv_scratch);
+            cuk_kv_move(b->stream, b->vc, nl, b->slots, kvd, from, to, n_keep, b->kv_scratch);
+        }
+        if (feats)
             cuk_feat_gather(b->stream, b->feat_pend, b->d_keep, n_keep, bb->feat_n * b->dims.dim,
                             b->feat_out);
-        CUDA_CHECK(cudaStreamSynchronize(b->stream));
+        CUDA_CHECK(cudaStreamSynchronize(b->stream)); /* h_keep is staged anew next time */
     }
-    bb->n_committed += n_keep;
-    bb->n_pending = 0;
+    q->nc += n_keep;
+    q->np = 0;
+    cu_pages_shrink(&b->pages, seq, q->nc);
+    seq0_sync(b);
     return RS_OK;
+}
+
+static int cuda_kv_commit(Backend *bb, const int *keep, int n_keep, RsErr *e) {
+    return cuda_seq_commit(bb, 0, keep, n_keep, e);
+}
+
+static int cuda_seq_open(Backend *bb, int *seq, RsErr *e) {
+    CudaBackend *b = (CudaBackend *)bb;
+    int s = cu_pages_open(&b->pages);
+    if (s < 0) return rs_err(e, RS_EFULL, "all %d sequences are open (max_seqs)", b->pages.n_seqs);
+    *seq = s;
+    return RS_OK;
+}
+
+/* The blocks go back at once: later work on the stream that reuses them runs behind every
+ * kernel that read them. */
+static void cuda_seq_close(Backend *bb, int seq) {
+    CudaBackend *b = (CudaBackend *)bb;
+    cu_pages_close(&b->pages, seq);
+    seq0_sync(b);
+}
+
+static void cuda_seq_counts(const Backend *bb, int seq, int *nc, int *np) {
+    const CuSeq *q = &((const CudaBackend *)bb)->pages.seqs[seq];
+    *nc = q->open ? q->nc : -1;
+    *np = q->np;
+}
+
+static void cuda_kv_usage(const Backend *bb, BackendKvUsage *u) {
+    const CuPages *pg = &((const CudaBackend *)bb)->pages;
+    u->blocks_used = cu_pages_used(pg);
+    u->blocks_cached = 0;
+    u->seqs_open = 0;
+    for (int i = 0; i < pg->n_seqs; i++) u->seqs_open += pg->seqs[i].open;
 }
 
 /* Pinned, so forward()'s logits copy is one DMA at full speed (a tree pass returns up to
@@ -970,10 +1153,7 @@ static const void *cuda_read_features(Backend *bb, BackendFeatType *t) {
     return b->h_feat;
 }
 
-static void cuda_kv_reset(Backend *bb) {
-    bb->n_committed = 0;
-    bb->n_pending = 0;
-}
+static void cuda_kv_reset(Backend *bb) { cuda_seq_close(bb, 0); }
 
 /* ---- the verifier's row queries over the kept rows (b->logits, in out_rows order) ---- */
 

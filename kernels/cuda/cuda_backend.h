@@ -21,10 +21,10 @@ size_t cuda_backend_weight_bytes(const Backend *b);
 
 /* Kernel launches of the last forward(), counted on the host as they are enqueued: per
  * layer and for the whole pass (embedding, RoPE table, layers, final norm and head; a
- * replayed graph counts the kernels enqueued while it was captured). Default mode: 7 a
- * layer in a one-row call, 9 with more rows (BackendParams.sw.cuda_fused_qkv: -1 9 always,
- * 1 7 in every call of at most 65 rows); batch-invariant mode: 5
- * (docs/DESIGN.md §7). A cuBLAS call counts as one kernel. */
+ * replayed graph counts the kernels enqueued while it was captured). Default mode: 5 a
+ * layer in a one-row call, 9 with more rows (BackendParams.sw: cuda_fused_qkv -1 or
+ * cuda_blas_onerow make a one-row call 7, cuda_fused_qkv 1 makes calls of at most 65 rows
+ * 7); batch-invariant mode: 5 (docs/DESIGN.md §7). A cuBLAS call counts as one kernel. */
 void cuda_backend_launches(const Backend *b, int *per_layer, int *per_pass);
 /* The same counted in the CUDA graph the last forward() replayed (cudaGraphGetNodes):
  * its kernel nodes (cuBLAS's own extra kernels included), all its nodes, and per layer

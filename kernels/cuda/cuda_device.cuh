@@ -40,6 +40,12 @@ __device__ __forceinline__ int block_y(void) {
 #endif
 }
 
+/* Cache slot of row t's new k and v (cuda_kernels.h: CuMeta). */
+__device__ __forceinline__ size_t kv_row_slot(const CuMeta *meta, int t) {
+    const CuPaged *pg = meta->paged;
+    return pg ? (size_t)pg->row_slot[t] : (size_t)(meta->kv_base + t);
+}
+
 /* ---- reductions ---- */
 
 __device__ __forceinline__ float warp_sum(float v) {

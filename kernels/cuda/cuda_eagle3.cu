@@ -52,6 +52,7 @@ struct Eagle3Layer {
     int *top_ids;     // (maxb, BACKEND_TOPK_MAX) the topk op's results on the device
     float *top_logq;  // (maxb, BACKEND_TOPK_MAX)
     float *top_lse;   // (maxb)
+    void *top_scratch; // (cuk_topk_scratch_bytes(maxb, DV)) zeroed once
     float *cos_t, *sin_t; // (maxb, hd/2)
     float *att_scratch;
     unsigned *att_cnt; // (cuk_attention_counters) split blocks done per attention tile
@@ -72,7 +73,7 @@ static void e3_destroy(Eagle3Layer **pr) {
                    r->hid_norm, r->post_norm, r->norm, r->inv_freq, r->kc, r->vc, r->hs,
                    r->emb, r->feat, r->featb, r->xa, r->xh, r->xb, r->qkv, r->att, r->gu,
                    r->hb, r->logits, r->cos_t, r->sin_t, r->att_scratch, r->att_cnt, r->d_meta,
-                   r->d_pos, r->d_mask, r->top_ids, r->top_logq, r->top_lse};
+                   r->d_pos, r->d_mask, r->top_ids, r->top_logq, r->top_lse, r->top_scratch};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) DFREE(dev[i]);
     free(r->h_mask);
     free(r->h_causal);
@@ -127,6 +128,8 @@ static int alloc_all(Eagle3Layer *r, RsErr *e) {
     DA(r->top_ids, B * BACKEND_TOPK_MAX * 4, "top-k ids");
     DA(r->top_logq, B * BACKEND_TOPK_MAX * 4, "top-k log q");
     DA(r->top_lse, B * 4, "log-sum-exp");
+    DA(r->top_scratch, cuk_topk_scratch_bytes(r->maxb, r->DV), "top-k chunk partials");
+    if (!rc) CUDA_CHECK(cudaMemset(r->top_scratch, 0, cuk_topk_scratch_bytes(r->maxb, r->DV)));
     DA(r->cos_t, B * half * 4, "cos");
     DA(r->sin_t, B * half * 4, "sin");
     DA(r->att_scratch, cuk_attention_scratch_floats(r->maxb, d->nh, d->hd, r->cap) * 4,
@@ -279,7 +282,7 @@ static void stage(Eagle3Layer *r, const Eagle3Batch *b) {
         mask = r->h_causal;
     }
     cuk_pack_mask(mask, n, stride, r->h_mask);
-    CuMeta meta = {n, b->n_committed + b->n_pending, b->n_committed, stride};
+    CuMeta meta = {n, b->n_committed + b->n_pending, b->n_committed, stride, NULL};
     size_t mbytes = (size_t)n * ((stride + 63) / 64) * 8, D = r->dims.dim;
     /* pageable sources: each copy completes before the call returns to the host */
     CUDA_CHECK(cudaMemcpyAsync(r->d_meta, &meta, sizeof meta, cudaMemcpyHostToDevice, r->s));
@@ -341,7 +344,7 @@ static void e3_run(Eagle3Layer *r, const Eagle3Batch *b) {
 static void e3_topk(Eagle3Layer *r, int m, int k, int *ids, float *logq) {
     CUDA_CHECK(cudaSetDevice(r->device));
     RS_ASSERT(m >= 1 && m <= r->maxb && k >= 1 && k <= BACKEND_TOPK_MAX && k <= r->DV);
-    cuk_topk(r->s, r->logits, m, r->DV, k, r->top_ids, r->top_logq, r->top_lse);
+    cuk_topk(r->s, r->logits, m, r->DV, k, r->top_scratch, r->top_ids, r->top_logq, r->top_lse);
     CUDA_CHECK(cudaMemcpyAsync(ids, r->top_ids, (size_t)m * k * 4, cudaMemcpyDeviceToHost, r->s));
     CUDA_CHECK(cudaMemcpyAsync(logq, r->top_logq, (size_t)m * k * 4, cudaMemcpyDeviceToHost,
                                r->s));

@@ -205,7 +205,7 @@ __device__ void qkv_fused_post(const float *qkv, float (*head_sh)[256], int h, i
     for (int i = lane; i < hd; i += 32) qkv_out[off + i] = v[i];
     if (is_q || t >= meta->n) return;
     int kv_dim = n_kv_heads * hd;
-    bf16 *dst = (is_k ? kc : vc) + (size_t)(meta->kv_base + t) * kv_dim +
+    bf16 *dst = (is_k ? kc : vc) + kv_row_slot(meta, t) * kv_dim +
                 (size_t)(h - n_heads - (is_k ? 0 : n_kv_heads)) * hd;
     for (int i = lane; i < hd; i += 32) dst[i] = __float2bfloat16_rn(v[i]);
 }

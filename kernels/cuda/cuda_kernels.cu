@@ -208,7 +208,7 @@ __global__ void k_kv_store(const float *k, const float *v, int row_stride, int k
                            const CuMeta *meta, bf16 *kc, bf16 *vc) {
     int t = blockIdx.x;
     if (t >= meta->n) return;
-    size_t slot = (size_t)(meta->kv_base + t) * kv_dim;
+    size_t slot = kv_row_slot(meta, t) * kv_dim;
     for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
         kc[slot + i] = __float2bfloat16_rn(k[(size_t)t * row_stride + i]);
         vc[slot + i] = __float2bfloat16_rn(v[(size_t)t * row_stride + i]);
@@ -231,7 +231,7 @@ __global__ void k_qkv_post(float *qkv, int row_stride, int n_heads, int n_kv_hea
     int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int kv_dim = n_kv_heads * hd, live = t < meta->n;
     float *r = qkv + (size_t)t * row_stride;
-    size_t slot = (size_t)(meta->kv_base + t) * kv_dim;
+    size_t slot = live ? kv_row_slot(meta, t) * kv_dim : 0;
     for (int h = warp; h < n_heads + 2 * n_kv_heads; h += nw) {
         float *v = r + (size_t)h * hd;
         int is_q = h < n_heads, is_k = !is_q && h < n_heads + n_kv_heads;
@@ -275,6 +275,34 @@ extern "C" void cuk_kv_compact(cudaStream_t s, rs_bf16 *cache, int n_layers, int
                n_keep, (bf16 *)scratch);
     LAUNCH_CHECK();
     CUK_LAUNCH(k_kv_scatter, grid, 128, s, (bf16 *)cache, cap, kv_dim, n_committed, n_keep,
+               (const bf16 *)scratch);
+    LAUNCH_CHECK();
+}
+
+__global__ void k_kv_gather_slots(const bf16 *cache, int cap, int kv_dim, const int *from, int n,
+                                  bf16 *scratch) {
+    int l = blockIdx.y, i = blockIdx.x;
+    const bf16 *src = cache + ((size_t)l * cap + from[i]) * kv_dim;
+    bf16 *dst = scratch + ((size_t)l * n + i) * kv_dim;
+    for (int d = threadIdx.x; d < kv_dim; d += blockDim.x) dst[d] = src[d];
+}
+
+__global__ void k_kv_scatter_slots(bf16 *cache, int cap, int kv_dim, const int *to, int n,
+                                   const bf16 *scratch) {
+    int l = blockIdx.y, i = blockIdx.x;
+    const bf16 *src = scratch + ((size_t)l * n + i) * kv_dim;
+    bf16 *dst = cache + ((size_t)l * cap + to[i]) * kv_dim;
+    for (int d = threadIdx.x; d < kv_dim; d += blockDim.x) dst[d] = src[d];
+}
+
+extern "C" void cuk_kv_move(cudaStream_t s, rs_bf16 *cache, int n_layers, int cap, int kv_dim,
+                            const int *from, const int *to, int n, rs_bf16 *scratch) {
+    if (n <= 0) return;
+    dim3 grid(n, n_layers);
+    CUK_LAUNCH(k_kv_gather_slots, grid, 128, s, (const bf16 *)cache, cap, kv_dim, from, n,
+               (bf16 *)scratch);
+    LAUNCH_CHECK();
+    CUK_LAUNCH(k_kv_scatter_slots, grid, 128, s, (bf16 *)cache, cap, kv_dim, to, n,
                (const bf16 *)scratch);
     LAUNCH_CHECK();
 }

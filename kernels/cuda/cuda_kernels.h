@@ -26,11 +26,37 @@ extern "C" {
 
 typedef uint16_t rs_bf16; /* raw bfloat16 bits */
 
+/* Entries per block of a paged cache (backend.h: BACKEND_KV_BLOCK). */
+#define CUK_KV_BLOCK 16
+
+/* Query rows of one sequence that k_attention serves together (a row tile): rows
+ * [r0, r0 + nr) of the batch see that sequence's committed entries [0, nc) always and its
+ * entries [nc, n_ctx) (pending ones, then the rows' own) where their mask bits allow; its
+ * entry i lives in cache slot tables[table + i / CUK_KV_BLOCK] * CUK_KV_BLOCK +
+ * i % CUK_KV_BLOCK. */
+typedef struct {
+    int r0, nr, nc, n_ctx, table, pad_;
+} CuAttTile;
+
+/* Rows of several sequences over a paged cache (CuMeta.paged): rows of one sequence are
+ * consecutive and never share a tile with another's. */
+typedef struct {
+    const int *row_slot;    /* (n) cache slot each row's k and v go to */
+    const CuAttTile *tiles; /* (n_tiles) the rows' tiles, cuk_attention_tile_rows rows at most */
+    const int *tables;      /* the sequences' block tables, concatenated */
+    int n_tiles, pad_;
+} CuPaged;
+
 typedef struct {
     int n;           /* real tokens in this batch; rows [n, nb) are padding */
     int kv_base;     /* cache slot of this batch's first token (n_committed + n_pending) */
     int n_committed; /* committed entries: always visible */
-    int mask_stride; /* mask row length = pending before this batch + n */
+    int mask_stride; /* mask row length = pending before this batch + n (paged: words * 64) */
+    /* NULL: one sequence in contiguous slots (the fields above). Otherwise a device
+     * CuPaged: every row's slot, tile and visible entries come from it, the mask rows have
+     * mask_stride / 64 words each, and kv_base and n_committed serve only the EAGLE-3
+     * feature rows (sequence 0). */
+    const CuPaged *paged;
 } CuMeta;
 
 /* The one kernel-launch form of the .cu files. Under nvcc it is exactly the <<<>>> launch;
@@ -114,7 +140,8 @@ void cuk_rope_table(cudaStream_t s, const int *pos, const float *inv_freq, int n
 void cuk_rope(cudaStream_t s, float *x, int row_stride, int nb, int n_heads, int hd,
               const float *cos_t, const float *sin_t);
 /* Writes k and v rows t < meta->n (f32, at k / v with row_stride) as bf16 into cache slots
- * meta->kv_base + t of kc / vc (cap, kv_dim) (one layer). */
+ * meta->kv_base + t (paged: meta->paged->row_slot[t]) of kc / vc (cap, kv_dim) (one layer).
+ * cuk_qkv_post and cuk_qkv_fused store to the same slots. */
 void cuk_kv_store(cudaStream_t s, const float *k, const float *v, int row_stride, int nb,
                   int kv_dim, const CuMeta *meta, rs_bf16 *kc, rs_bf16 *vc);
 /* Attention of query rows t < meta->n over cache slots [0, kv_base + n): committed slots
@@ -131,7 +158,22 @@ void cuk_attention(cudaStream_t s, const float *q, int q_stride, const rs_bf16 *
                    const rs_bf16 *vc, const uint64_t *mask, const CuMeta *meta, int nb,
                    int n_heads, int n_kv_heads, int hd, int cap, int batch_inv, float *scratch,
                    unsigned *counters, rs_bf16 *out_bf16, float *out_f32);
+/* The same over a paged cache of rows of up to max_seqs sequences (meta->paged set; cap:
+ * the slots of the cache, which bounds a sequence's entries): the grid holds the most tiles
+ * nb rows of max_seqs sequences can need, and blocks past meta->paged->n_tiles return at
+ * once, so one captured graph serves every mix of sequences. Padding rows are not written.
+ * In batch-invariant mode the split bounds are fixed by entry index, so a row's output is
+ * the same bits whatever sequences and rows share the call. */
+void cuk_attention_paged(cudaStream_t s, const float *q, int q_stride, const rs_bf16 *kc,
+                         const rs_bf16 *vc, const uint64_t *mask, const CuMeta *meta, int nb,
+                         int max_seqs, int n_heads, int n_kv_heads, int hd, int cap,
+                         int batch_inv, float *scratch, unsigned *counters, rs_bf16 *out_bf16,
+                         float *out_f32);
+/* Rows of one tile of cuk_attention_paged (the host cuts each sequence's rows into tiles of
+ * at most this many). */
+int cuk_attention_tile_rows(int nb, int n_heads, int n_kv_heads, int hd);
 size_t cuk_attention_scratch_floats(int nb, int n_heads, int hd, int cap);
+/* Counters for any call of at most nb rows, paged or not. */
 size_t cuk_attention_counters(int nb, int n_heads);
 /* out (n, (stride + 63) / 64) = the bytes of mask (n, stride) as bits, bit j of word j / 64. */
 void cuk_pack_mask(const uint8_t *mask, int n, int stride, uint64_t *out);
@@ -190,6 +232,10 @@ size_t cuk_qkv_counters(int nb, int n_heads, int n_kv_heads);
  * staged through scratch (n_layers, n_keep, kv_dim) so any order is safe. */
 void cuk_kv_compact(cudaStream_t s, rs_bf16 *cache, int n_layers, int cap, int kv_dim,
                     int n_committed, const int *keep, int n_keep, rs_bf16 *scratch);
+/* The same between any slots (a paged cache): slot to[i] <- slot from[i], i < n (both
+ * lists on the device), staged through scratch (n_layers, n, kv_dim). */
+void cuk_kv_move(cudaStream_t s, rs_bf16 *cache, int n_layers, int cap, int kv_dim,
+                 const int *from, const int *to, int n, rs_bf16 *scratch);
 
 #ifdef __cplusplus
 }

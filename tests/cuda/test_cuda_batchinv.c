@@ -1,5 +1,5 @@
 /* Launch counts and the batch-invariant mode of the CUDA backend:
- * - kernel launches per layer and per pass, from the backend's counters (exactly 7 a layer
+ * - kernel launches per layer and per pass, from the backend's counters (exactly 5 a layer
  *   in a default-mode one-row call, 9 with more rows, 5 batch-invariant) and from the kernel
  *   nodes of the captured graphs; no output head without wanted logits;
  * - batch-invariant mode against the CPU reference (cu_compare_logits tolerance) and bitwise:
@@ -18,9 +18,9 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "tests/testutil.h"
 
-static Backend *make(const Model *m, int cap, int batch, int pend, int bi, int qkv) {
+static Backend *make(const Model *m, int cap, int batch, int pend, int bi, BackendSwitches sw) {
     BackendParams p = {.kv_capacity = cap, .max_batch = batch, .max_pending = pend,
-                       .threads = 1, .batch_invariant = bi, .sw = {.cuda_fused_qkv = qkv}};
+                       .threads = 1, .batch_invariant = bi, .sw = sw};
     Backend *b = NULL;
     RsErr e = {0};
     ck_assert_msg(backend_create(cuda_backend_ops_get(), m, &p, &b, &e) == RS_OK, "%s", e.msg);
@@ -34,7 +34,7 @@ static Model *load(const BackendOps *ops, const char *spec) {
     return m;
 }
 
-/* Launch budget: per layer 7 with cuBLAS in a one-row call (fused q|k|v), 9 with more rows
+/* Launch budget: per layer 5 in a one-row call (fused q|k|v, own GEMV and GEMM), 9 with more rows
  * (RMSNorm + cuBLAS q|k|v + k_qkv_post), 5 batch-invariant, whatever the split-KV count
  * (n = 1 splits the cache, 65 rows do not); per pass: rope table + embedding + layers +
  * head (2, or 1 batch-invariant, 0 without logits). A replayed graph holds as many kernel
@@ -49,7 +49,7 @@ START_TEST(test_cuda_launches_per_layer) {
     float *lg = malloc(sizeof(float) * (size_t)m->cfg.vocab_size);
     for (int bi = 0; bi < 2; bi++)
         for (int graphs = 0; graphs < 2; graphs++) {
-            Backend *b = make(m, 256, 65, 130, bi, 0);
+            Backend *b = make(m, 256, 65, 130, bi, (BackendSwitches){0});
             cuda_backend_set_graphs(b, graphs);
             int sizes[3] = {1, 9, 65};
             for (int k = 0; k < 3; k++) {
@@ -59,7 +59,7 @@ START_TEST(test_cuda_launches_per_layer) {
                 cuda_backend_launches(b, &layer, &pass);
                 fprintf(stderr, "launches: bi=%d graphs=%d n=%d: %d a layer, %d a pass (%d layers)\n",
                         bi, graphs, sizes[k], layer, pass, nl);
-                ck_assert_int_eq(layer, bi ? 5 : sizes[k] == 1 ? 7 : 9);
+                ck_assert_int_eq(layer, bi ? 5 : sizes[k] == 1 ? 5 : 9);
                 ck_assert_int_le(pass, 2 + nl * layer + (bi ? 1 : 2));
                 double g_layer;
                 int g_kern, g_nodes;
@@ -79,14 +79,18 @@ START_TEST(test_cuda_launches_per_layer) {
             backend_destroy(&b);
         }
     /* The A/B switches: q|k|v on RMSNorm + cuBLAS + k_qkv_post in one-row calls too
-     * (-1, 2 launches more), or fused in every call a graph serves (1). */
-    for (int k = 0; k < 2; k++) {
-        Backend *b = make(m, 256, 65, 130, 0, k ? 1 : -1);
+     * (cuda_fused_qkv -1, 2 launches more), or fused in every call a graph serves (1); a
+     * one-row call's o, gate|up and down on cuBLAS with RMSNorm and SwiGLU kernels
+     * (cuda_blas_onerow). */
+    const BackendSwitches sw[3] = {{.cuda_fused_qkv = -1}, {.cuda_fused_qkv = 1},
+                                   {.cuda_blas_onerow = 1}};
+    for (int k = 0; k < 3; k++) {
+        Backend *b = make(m, 256, 65, 130, 0, sw[k]);
         RsErr e = {0};
-        int n = k ? 65 : 1, layer = 0, pass = 0;
+        int n = k == 1 ? 65 : 1, layer = 0, pass = 0;
         ck_assert_int_eq(backend_forward(b, tok, pos, n, NULL, rows, 1, lg, &e), RS_OK);
         cuda_backend_launches(b, &layer, &pass);
-        ck_assert_int_eq(layer, k ? 7 : 9);
+        ck_assert_int_eq(layer, 7);
         backend_destroy(&b);
     }
     free(lg);

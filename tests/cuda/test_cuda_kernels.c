@@ -191,7 +191,7 @@ static void attention_case_mode(int hd, int nh, int nkv, int nc, int np, int n, 
     for (int t = 0; t < n; t++)
         for (int j = 0; j < stride; j++)
             mask[(size_t)t * stride + j] = j == np + t || (j < np + t && cu_randf(&st, 0, 1) < 0.5f);
-    CuMeta meta = {n, nc + np, nc, stride};
+    CuMeta meta = {n, nc + np, nc, stride, NULL};
     float *dq = dput(q, (size_t)nb * qs * 4), *dof = dnew((size_t)nb * qd * 4);
     rs_bf16 *dk = dput(kb, (size_t)cap * kvd * 2), *dv = dput(vb, (size_t)cap * kvd * 2);
     rs_bf16 *dob = dnew((size_t)nb * qd * 2);
@@ -260,7 +260,7 @@ START_TEST(test_cuda_attention_batch_invariant) {
     unsigned *cnt = dnew(cuk_attention_counters(n, nh) * 4);
     CUDA_CHECK(cudaMemset(cnt, 0, cuk_attention_counters(n, nh) * 4));
     uint64_t *dm = dmask_bits(mask, n, n);
-    CuMeta meta = {n, nc, nc, n};
+    CuMeta meta = {n, nc, nc, n, NULL};
     CuMeta *dmeta = dput(&meta, sizeof meta);
     cuk_attention(0, dq, qd, dk, dv, dm, dmeta, n, nh, nkv, hd, cap, 1, scr, cnt, NULL, dall);
     float *all = malloc((size_t)n * qd * 4), *one = malloc((size_t)qd * 4);
@@ -268,7 +268,7 @@ START_TEST(test_cuda_attention_batch_invariant) {
     int rows[4] = {0, 17, 37, 64}, differ = 0;
     for (int r = 0; r < 4; r++) {
         int t = rows[r];
-        CuMeta m1 = {1, nc + t, nc, t + 1};
+        CuMeta m1 = {1, nc + t, nc, t + 1, NULL};
         uint64_t *dm1 = dmask_bits(mask + (size_t)t * n, 1, t + 1);
         CUDA_CHECK(cudaMemcpy(dmeta, &m1, sizeof m1, cudaMemcpyHostToDevice));
         cuk_attention(0, dq + (size_t)t * qd, qd, dk, dv, dm1, dmeta, 1, nh, nkv, hd, cap, 1, scr,
@@ -313,7 +313,7 @@ static void qkv_fused_case(int dim, int nh, int nkv, int hd, int nb, int n, int 
     float *dqn = dput(qn, hd * 4), *dkn = dput(kn, hd * 4);
     float *dcs = dput(cs, (size_t)nb * half * 4), *dsn = dput(sn, (size_t)nb * half * 4);
     rs_bf16 *dw = dput(wb, (size_t)w * dim * 2);
-    CuMeta meta = {n, base, 2, n};
+    CuMeta meta = {n, base, 2, n, NULL};
     CuMeta *dmeta = dput(&meta, sizeof meta);
     float *dqa = dnew((size_t)nb * w * 4), *dqb = dnew((size_t)nb * w * 4);
     size_t cb = (size_t)cap * kvd * 2;
@@ -448,7 +448,7 @@ START_TEST(test_cuda_kv_store_swiglu_residual) {
     rs_bf16 *dk = dnew((size_t)cap * kvd * 2), *dv = dnew((size_t)cap * kvd * 2);
     CUDA_CHECK(cudaMemset(dk, 0, (size_t)cap * kvd * 2));
     CUDA_CHECK(cudaMemset(dv, 0, (size_t)cap * kvd * 2));
-    CuMeta meta = {n, base, 3, 20};
+    CuMeta meta = {n, base, 3, 20, NULL};
     CuMeta *dmeta = dput(&meta, sizeof meta);
     cuk_kv_store(0, dqkv + 2 * kvd, dqkv + 3 * kvd, stride, nb, kvd, dmeta, dk, dv);
     rs_bf16 *k = malloc((size_t)cap * kvd * 2), *v = malloc((size_t)cap * kvd * 2);

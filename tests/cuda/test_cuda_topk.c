@@ -51,7 +51,7 @@ END_TEST
  * -inf columns, one dominant column, all equal, a NaN row; widths around the block size. */
 START_TEST(test_cuda_topk_vs_cpu) {
     CU_REQUIRE_DEVICE();
-    static const int widths[] = {10, 127, 129, 5000};
+    static const int widths[] = {10, 127, 129, 5000, 70000}; /* 1, 2 and 16 chunks */
     int V = widths[_i], n = 6, k = V < 10 ? V : 10;
     float *rows = malloc(sizeof(float) * (size_t)n * V);
     uint64_t st = 4242 + V;
@@ -71,12 +71,25 @@ START_TEST(test_cuda_topk_vs_cpu) {
     ck_assert(cudaMalloc((void **)&d_lse, sizeof(float) * n) == cudaSuccess);
     ck_assert(cudaMemcpy(d_rows, rows, sizeof(float) * (size_t)n * V, cudaMemcpyHostToDevice) ==
               cudaSuccess);
-    cuk_topk(0, d_rows, n, V, k, d_ids, d_logq, d_lse);
+    void *scratch = NULL;
+    ck_assert(cudaMalloc(&scratch, cuk_topk_scratch_bytes(n, V)) == cudaSuccess);
+    ck_assert(cudaMemset(scratch, 0, cuk_topk_scratch_bytes(n, V)) == cudaSuccess);
+    cuk_topk(0, d_rows, n, V, k, scratch, d_ids, d_logq, d_lse);
     int ids[6 * 10], cids[6 * 10];
     float logq[6 * 10], lse[6], clogq[6 * 10], clse[6];
     ck_assert(cudaMemcpy(ids, d_ids, sizeof(int) * n * k, cudaMemcpyDeviceToHost) == cudaSuccess);
     ck_assert(cudaMemcpy(logq, d_logq, sizeof(float) * n * k, cudaMemcpyDeviceToHost) == cudaSuccess);
     ck_assert(cudaMemcpy(lse, d_lse, sizeof(float) * n, cudaMemcpyDeviceToHost) == cudaSuccess);
+    /* again on the same scratch: its counters were left ready, the result is the same bits */
+    int ids2[6 * 10];
+    float lse2[6];
+    ck_assert(cudaMemset(d_ids, 0xff, sizeof(int) * n * k) == cudaSuccess);
+    ck_assert(cudaMemset(d_lse, 0xff, sizeof(float) * n) == cudaSuccess);
+    cuk_topk(0, d_rows, n, V, k, scratch, d_ids, d_logq, d_lse);
+    ck_assert(cudaMemcpy(ids2, d_ids, sizeof(int) * n * k, cudaMemcpyDeviceToHost) == cudaSuccess);
+    ck_assert(cudaMemcpy(lse2, d_lse, sizeof(float) * n, cudaMemcpyDeviceToHost) == cudaSuccess);
+    ck_assert(memcmp(ids, ids2, sizeof(int) * n * k) == 0 && memcmp(lse, lse2, sizeof lse) == 0);
+    cudaFree(scratch);
     CpuTopkPart *parts = malloc(sizeof(CpuTopkPart) * (size_t)n);
     cpu_topk(NULL, rows, n, V, k, cids, clogq, clse, parts);
     for (int r = 0; r < n; r++) {
@@ -135,7 +148,7 @@ Suite *suite_cuda_topk(void) {
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_cuda_kept_rows_copy);
-    tcase_add_loop_test(tc, test_cuda_topk_vs_cpu, 0, 4);
+    tcase_add_loop_test(tc, test_cuda_topk_vs_cpu, 0, 5);
     tcase_add_test(tc, test_cuda_backend_topk);
     suite_add_tcase(s, tc);
     return s;
