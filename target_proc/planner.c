@@ -275,9 +275,9 @@ static int pool_width(const Planner *p) {
 PlanAsk planner_before_round(Planner *p, DecoderKind decoder, int temp, int n_pend) {
     double r = ref_rate(p, decoder, temp), best = -INFINITY;
     int t = temp != 0, best_d = 0, tried = 0;
-    /* a root-pass rule's depth-1 pool holds nothing below X1: never worth an ask */
-    for (int d = decoder_needs_root_pass(rule) ? 2 : 1; d <= POOL_MAX_DEPTH; d++) {
-        double g = depth_value(p, rule, t, d, &tried);
+    /* a root-pass decoder's depth-1 pool holds nothing below X1: never worth an ask */
+    for (int d = decoder_needs_root_pass(decoder) ? 2 : 1; d <= POOL_MAX_DEPTH; d++) {
+        double g = depth_value(p, decoder, t, d, &tried);
         if (isnan(g)) continue;
         double v = g - price(r, wait_cost(p, decoder, d, n_pend));
         /* near ties to the deeper: a level that costs nothing measurable may pay */

@@ -245,7 +245,7 @@ static void exactness_law(int kind, DecoderKind decoder, int B, const Sampling *
     }
     free(count);
     free(law);
-    g_ahead = drafter_ahead_stats(p.dc);
+    g_ahead = drafter_ahead_stats(p.front);
     pair_close(&p);
 }
 
@@ -1306,7 +1306,7 @@ static int ahead_identity(int wrong, DrafterAheadStats *st) {
                                   shapes[s][1], pr, i, got[i], ref[i]);
             }
     }
-    *st = drafter_ahead_stats(p.dc);
+    *st = drafter_ahead_stats(p.front);
     pair_close(&p);
     return bad;
 }
