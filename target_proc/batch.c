@@ -44,6 +44,9 @@ struct Batcher {
     pthread_t thread;
     /* the scheduler's scratch */
     View **pass;  // (parallel)
+    View **scratch; // (parallel)
+    BatchCand *cand; // (parallel)
+    int *picked;     // (parallel)
     BackendSeg *segs;
     int *out_rows; // (row budget + the largest request)
 };
@@ -52,27 +55,43 @@ extern const BackendOps batch_view_ops;
 
 /* ---- the scheduler ---- */
 
-/* The waiting views in the order they became active. */
-static int waiting_by_age(Batcher *bt, View **out) {
-    int n = 0;
-    for (int i = 0; i < bt->n_views; i++)
-        if (bt->views[i]->state == VIEW_WAITING) out[n++] = bt->views[i];
-    for (int i = 1; i < n; i++)
-        for (int k = i; k > 0 && out[k - 1]->ticket > out[k]->ticket; k--) {
-            View *t = out[k];
-            out[k] = out[k - 1];
-            out[k - 1] = t;
+int batch_pick(const BatchCand *c, int n, int row_budget, int *out) {
+    int rows = 0, k = 0;
+    for (int prefill = 1; prefill >= 0; prefill--)
+        for (;;) { /* the oldest candidate of this kind not yet picked that fits */
+            int best = -1;
+            for (int i = 0; i < n; i++) {
+                int taken = 0;
+                for (int j = 0; j < k && !taken; j++) taken = out[j] == i;
+                if (taken || !c[i].prefill != !prefill) continue;
+                if (k > 0 && rows + c[i].rows > row_budget) continue;
+                if (best < 0 || c[i].age < c[best].age) best = i;
+            }
+            if (best < 0) break;
+            rows += c[best].rows;
+            out[k++] = best;
         }
-    return n;
+    for (int i = 1; i < k; i++)
+        for (int j = i; j > 0 && c[out[j - 1]].age > c[out[j]].age; j--) {
+            int t = out[j];
+            out[j] = out[j - 1];
+            out[j - 1] = t;
+        }
+    return k;
 }
 
-/* The oldest waiting views whose rows fit the budget (the oldest always). */
+/* The waiting views batch_pick takes, into bt->pass oldest first. Returns how many. */
 static int pass_pick(Batcher *bt) {
-    int n = waiting_by_age(bt, bt->pass), rows = 0, k = 0;
-    for (; k < n; k++) {
-        if (k > 0 && rows + bt->pass[k]->seg.n > bt->o.row_budget) break;
-        rows += bt->pass[k]->seg.n;
+    int n = 0;
+    for (int i = 0; i < bt->n_views; i++) {
+        View *v = bt->views[i];
+        if (v->state != VIEW_WAITING) continue;
+        /* a prefill chunk keeps no logits; a decode's root or tree pass keeps its rows' */
+        bt->cand[n] = (BatchCand){v->seg.n, v->n_out == 0, v->ticket};
+        bt->scratch[n++] = v;
     }
+    int k = batch_pick(bt->cand, n, bt->o.row_budget, bt->picked);
+    for (int i = 0; i < k; i++) bt->pass[i] = bt->scratch[bt->picked[i]];
     return k;
 }
 
@@ -202,6 +221,9 @@ int batcher_create(const Model *m, const BackendOps *ops, const BatchOpts *o, Ba
     bt->o = *o;
     bt->views = rs_xcalloc((size_t)o->parallel, sizeof *bt->views);
     bt->pass = rs_xcalloc((size_t)o->parallel, sizeof *bt->pass);
+    bt->scratch = rs_xcalloc((size_t)o->parallel, sizeof *bt->scratch);
+    bt->cand = rs_xcalloc((size_t)o->parallel, sizeof *bt->cand);
+    bt->picked = rs_xcalloc((size_t)o->parallel, sizeof *bt->picked);
     bt->segs = rs_xcalloc((size_t)o->parallel, sizeof *bt->segs);
     bt->out_rows = rs_xcalloc((size_t)rows + TARGET_MAX_BATCH, sizeof(int));
     pthread_mutex_init(&bt->mu, NULL);
@@ -231,6 +253,9 @@ void batcher_destroy(Batcher **pb) {
     pthread_cond_destroy(&bt->blocks_cv);
     free(bt->views);
     free(bt->pass);
+    free(bt->scratch);
+    free(bt->cand);
+    free(bt->picked);
     free(bt->segs);
     free(bt->out_rows);
     free(bt);

@@ -11,6 +11,9 @@
  *
  * Chunked prefill (Sarathi-Serve, OSDI 2024): a view forwards a prompt prefill_chunk rows
  * at a time, so a new prompt holds the running decodes' passes back by one chunk at most.
+ * Prefill chunks go into a pass before decodes (batch_pick), so a request that arrives
+ * waits for the pass in flight, then its chunks and one root pass give its first token,
+ * however many decodes run.
  *
  * KV blocks. A pass whose sequences need more blocks than are free runs without its
  * youngest sequences (they wait); when even the oldest alone does not fit, the youngest
@@ -42,6 +45,19 @@ typedef struct {
     uint64_t pass_ns;        /* time the passes took (the rest: decodes' host work) */
     int last_rows;           /* rows of the last pass */
 } BatchStats;
+
+/* A waiting request's rows, as batch_pick sees them. */
+typedef struct {
+    int rows;     /* its segment's rows */
+    int prefill;  /* a prefill chunk (keeps no logits) rather than a decode's pass */
+    uint64_t age; /* when it joined: smaller is older */
+} BatchCand;
+
+/* The pass over c[0..n): the prefill chunks oldest first, then the decodes oldest first,
+ * each taken when it fits what row_budget has left (the first taken always: a lone
+ * larger request still runs). out (n) gets the taken indices, oldest first. Returns how
+ * many were taken (>= 1 when n >= 1). */
+int batch_pick(const BatchCand *c, int n, int row_budget, int *out);
 
 /* Creates the shared backend (ops over m) and the scheduler thread. */
 int batcher_create(const Model *m, const BackendOps *ops, const BatchOpts *o, Batcher **out,

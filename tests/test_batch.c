@@ -177,6 +177,36 @@ START_TEST(test_batch_options) {
 }
 END_TEST
 
+/* Picks k indices from c by batch_pick and compares them with want (oldest first). */
+static void pick_is(const BatchCand *c, int n, int budget, const int *want, int k) {
+    int out[8];
+    int got = batch_pick(c, n, budget, out);
+    ck_assert_int_eq(got, k);
+    for (int i = 0; i < k; i++) ck_assert_int_eq(out[i], want[i]);
+}
+
+/* A waiting prefill chunk goes before older decodes; whatever does not fit is skipped, not
+ * a stop; the first taken runs even when larger than the budget. */
+START_TEST(test_batch_pick) {
+    /* two decodes of 1 row, then two prompts' chunks of 8: budget 9 takes the older chunk
+     * and one decode (the oldest), not both decodes without any prompt */
+    BatchCand c[] = {{1, 0, 1}, {1, 0, 2}, {8, 1, 3}, {8, 1, 4}};
+    pick_is(c, 4, 9, (int[]){0, 2}, 2);
+    pick_is(c, 4, 10, (int[]){0, 1, 2}, 3);
+    pick_is(c, 4, 18, (int[]){0, 1, 2, 3}, 4);
+    pick_is(c, 4, 16, (int[]){2, 3}, 2);
+    /* a tree of 4 rows does not fit beside the chunk; the younger 1-row decode does */
+    BatchCand d[] = {{4, 0, 2}, {8, 1, 1}, {1, 0, 3}};
+    pick_is(d, 3, 10, (int[]){1, 2}, 2);
+    /* a lone request larger than the budget runs; beside a chunk it waits */
+    BatchCand e[] = {{20, 0, 1}};
+    pick_is(e, 1, 10, (int[]){0}, 1);
+    BatchCand f[] = {{20, 0, 1}, {8, 1, 2}};
+    pick_is(f, 2, 10, (int[]){1}, 1);
+    ck_assert_int_eq(batch_pick(f, 0, 10, (int[2]){0}), 0);
+}
+END_TEST
+
 Suite *suite_batch(void) {
     Suite *s = suite_create("batch");
     TCase *tc = tcase_create("core");
@@ -185,6 +215,7 @@ Suite *suite_batch(void) {
     tcase_add_test(tc, test_batch_chunks);
     tcase_add_test(tc, test_batch_preempt);
     tcase_add_test(tc, test_batch_options);
+    tcase_add_test(tc, test_batch_pick);
     suite_add_tcase(s, tc);
     return s;
 }
