@@ -28,6 +28,7 @@ typedef struct {
     int rc;
     RsErr err;
     int pass_rows, pass_seqs; /* the pass it ran in: all rows, sequences */
+    int pass_prefill;         /* of its rows, prefill chunks' */
     uint64_t pass_ns;
     Planner *planner; /* batcher_plan */
 } View;
@@ -150,8 +151,13 @@ static int pass_run(Batcher *bt, int n) {
         bt->st.passes++;
         bt->st.pass_ns += ns;
         bt->st.last_rows = 0;
-        for (int k = 0; k < n; k++) bt->st.last_rows += bt->pass[k]->seg.n;
+        int prefill = 0;
         for (int k = 0; k < n; k++) {
+            bt->st.last_rows += bt->pass[k]->seg.n;
+            prefill += bt->pass[k]->n_out == 0 ? bt->pass[k]->seg.n : 0;
+        }
+        for (int k = 0; k < n; k++) {
+            bt->pass[k]->pass_prefill = prefill;
             bt->pass[k]->pass_rows = bt->st.last_rows;
             bt->pass[k]->pass_seqs = n;
             bt->pass[k]->pass_ns = ns;
@@ -393,8 +399,12 @@ static int view_forward(Backend *bb, const int *tokens, const int *pos, int n,
     pthread_mutex_unlock(&bt->mu);
     if (!rc) bb->n_pending += n;
     if (!rc && v->planner) {
-        planner_observe_batch_pass(v->planner, v->pass_rows, v->pass_ns);
-        planner_set_batch(v->planner, v->pass_rows - n, v->pass_seqs);
+        /* The planner prices rows that keep logits: a prefill row keeps none and costs less,
+         * so passes that carried prompt chunks would bend the fitted cost of a row down. And
+         * a chunk passes, where the others' decodes stay. */
+        if (!v->pass_prefill) planner_observe_batch_pass(v->planner, v->pass_rows, v->pass_ns);
+        int others = v->pass_rows - v->pass_prefill - (n_out ? n : 0);
+        planner_set_batch(v->planner, others, v->pass_seqs);
     }
     return rc;
 }

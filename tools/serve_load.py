@@ -22,7 +22,7 @@ compared with the same prompt decoded alone afterwards (the batch must not chang
 
   python3 tools/serve_load.py [--workload short|mixed] [--concurrency 1,4,8,16]
       [--requests 16] [--per-conc K] [--max-tokens 64] [--decoders ar,draft] [--check]
-      [--peer-cmd 'llama-server -m M -np 8 --port 8091' --peer-port 8091]
+      [--llama-server PATH [--peer-np 8] | --peer-cmd 'llama-server ...' --peer-port 8091]
       -- --parallel 16 --decoder draft --drafter suffix --budget auto --threads 2
 """
 import argparse
@@ -143,7 +143,7 @@ def pct(xs, q):
 
 def summary(res, wall):
     toks = sum(r[2] for r in res)
-    return {"agg": toks / wall, "ttft50": pct([r[0] for r in res], .5),
+    return {"agg": toks / wall, "wall": wall, "ttft50": pct([r[0] for r in res], .5),
             "ttft90": pct([r[0] for r in res], .9),
             "req": pct([r[2] / r[1] for r in res if r[1] > 0], .5), "tokens": toks}
 
@@ -163,12 +163,15 @@ def load_prompts(path, workload):
 
 
 def level_prompts(prompts, levels, args):
-    """Each level's own prompts: max(--requests, --per-conc x concurrency) of them."""
+    """Each level's own prompts, max(--requests, --per-conc x concurrency) of them, for each
+    of --repeat passes over the levels: [repeat][level]."""
     out, k = [], 0
-    for conc in levels:
-        n = max(args.requests, args.per_conc * conc)
-        out.append(prompts[k:k + n])
-        k += n
+    for _ in range(args.repeat):
+        out.append([])
+        for conc in levels:
+            n = max(args.requests, args.per_conc * conc)
+            out[-1].append(prompts[k:k + n])
+            k += n
     return out, k
 
 
@@ -203,7 +206,7 @@ def check_solo(sides, levels, plevels, figs, max_tokens):
         for name, p, dec in sides:
             if name == "peer":
                 continue
-            for i, q in enumerate(plevels[li]):
+            for i, q in enumerate(q for rep in plevels for q in rep[li]):
                 solo = one_request(p, q, dec, max_tokens)[3]
                 checked += 1
                 if solo != figs[(name, conc)]["texts"][i]:
@@ -228,11 +231,25 @@ def main():
     ap.add_argument("--requests", type=int, default=16, help="requests a level (at least)")
     ap.add_argument("--per-conc", type=int, default=0,
                     help="a level has at least this many requests per concurrent client")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="passes over the levels (fresh prompts each); figures pool them")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--check", action="store_true", help="compare every text with its solo decode")
+    ap.add_argument("--llama-server", metavar="PATH",
+                    help="start this llama-server as the peer: the same model, --peer-np slots "
+                         "(continuous batching), the threads rootspec's --threads names, a "
+                         "context of 2048 a slot")
+    ap.add_argument("--peer-np", type=int, default=8)
     ap.add_argument("--peer-cmd", help="start a peer server (llama-server ...), same prompts")
     ap.add_argument("--peer-port", type=int, help="the peer's port")
     args = ap.parse_args(argv)
+    if args.llama_server:
+        threads = extra[extra.index("--threads") + 1] if "--threads" in extra else "2"
+        args.peer_port = args.peer_port or 8091
+        args.peer_cmd = (f"{args.llama_server} -m {args.model} -np {args.peer_np} -t {threads} "
+                         f"-tb {threads} -c {2048 * args.peer_np} --port {args.peer_port} "
+                         "--host 127.0.0.1")
+        print("peer:", args.peer_cmd, flush=True)
     os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     levels = [int(c) for c in args.concurrency.split(",")]
     decoders = [d for d in args.decoders.split(",") if d]
@@ -257,15 +274,24 @@ def main():
         print(f"{'side':6} {'conc':>4} {'reqs':>4} {'agg tok/s':>9} {'x c=1':>6} {'TTFT p50':>9} "
               f"{'p90':>7} {'req tok/s':>9} {'spec/ar':>7} {'/peer':>6} {'ttft/p':>6} {'rows':>5} "
               f"{'ms/pass':>6} {'fwd ms':>6}")
-        for li, conc in enumerate(levels):
-            for name, p, dec in sides:
-                m0 = metrics(p)
-                res, wall = run_level(p, plevels[li], dec, conc, args.max_tokens)
-                m1 = metrics(p)
-                f = figs[(name, conc)] = summary(res, wall)
-                f["n"], f["texts"] = len(res), [r[3] for r in res]
-                passes = m1[0] - m0[0] if m0 and m1 else 0
-                print(row(name, conc, f, figs, levels, passes, m0, m1, wall), flush=True)
+        runs = {}
+        for rep in range(args.repeat):
+            for li, conc in enumerate(levels):
+                for name, p, dec in sides:
+                    m0 = metrics(p)
+                    res, wall = run_level(p, plevels[rep][li], dec, conc, args.max_tokens)
+                    m1 = metrics(p)
+                    r = runs.setdefault((name, conc), {"res": [], "wall": 0.0, "m": [0, 0, 0]})
+                    r["res"] += res
+                    r["wall"] += wall
+                    if m0 and m1:
+                        r["m"] = [a + b1 - b0 for a, b0, b1 in zip(r["m"], m0, m1)]
+                    if rep + 1 < args.repeat:
+                        continue
+                    f = figs[(name, conc)] = summary(r["res"], r["wall"])
+                    f["n"], f["texts"] = len(r["res"]), [x[3] for x in r["res"]]
+                    print(row(name, conc, f, figs, levels, r["m"][0], [0, 0, 0], r["m"], r["wall"]),
+                          flush=True)
         if args.peer_port:
             peer_summary(figs, levels, [d for d in decoders])
         if args.check:
