@@ -318,10 +318,13 @@ static void view_reset(Backend *bb) {
 void batcher_leave(Target *t) {
     View *v = (View *)t->b;
     RS_ASSERT(v->base.ops == &batch_view_ops);
+    /* Blocks first: a pass that ran once the view stopped holding passes back, but before
+     * its blocks were free, could find the oldest decode short of blocks with nobody left
+     * to preempt. No pass runs meanwhile: the view is active and not waiting. */
+    view_reset(&v->base);
     pthread_mutex_lock(&v->bt->mu);
     view_deactivate(v);
     pthread_mutex_unlock(&v->bt->mu);
-    view_reset(&v->base);
 }
 
 void batcher_plan(Target *t, Planner *p) {
@@ -480,14 +483,15 @@ static void view_prefix_publish(Backend *bb, int seq, const int *tokens, int n) 
 static void view_destroy(Backend **pb) {
     View *v = (View *)*pb;
     Batcher *bt = v->bt;
+    /* blocks first, as batcher_leave */
+    pthread_mutex_lock(&bt->bk);
+    backend_seq_close(bt->b, v->seq);
+    pthread_mutex_unlock(&bt->bk);
     pthread_mutex_lock(&bt->mu);
     view_deactivate(v);
     for (int i = 0; i < bt->n_views; i++)
         if (bt->views[i] == v) bt->views[i] = bt->views[--bt->n_views];
     pthread_mutex_unlock(&bt->mu);
-    pthread_mutex_lock(&bt->bk);
-    backend_seq_close(bt->b, v->seq);
-    pthread_mutex_unlock(&bt->bk);
     pthread_cond_broadcast(&bt->blocks_cv);
     free(v);
     *pb = NULL;
