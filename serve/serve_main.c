@@ -10,6 +10,8 @@
 #include <signal.h>
 #include <string.h>
 
+#define PARALLEL_DEFAULT 16
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: rootspec-serve --model PATH [options]\n"
@@ -20,7 +22,8 @@ static void usage(FILE *f) {
             "  --max-tokens N        output cap of a request without max_tokens (default 512)\n"
             "  --queue N             requests that may wait while others decode; more get a 429\n"
             "                        (default 16)\n"
-            "  --parallel N          decodes at once, batched into shared passes (default 1)\n"
+            "  --parallel N          decodes at once, batched into shared passes (default 16 on\n"
+            "                        the CPU backend with --decoder ar or --drafter suffix, else 1)\n"
             "  --batch-rows N        --parallel: most rows one pass carries (default 64)\n"
             "  --prefill-chunk N     --parallel: prompt rows a request adds to one pass, so a long\n"
             "                        prompt holds running decodes back by one chunk (default 32)\n"
@@ -91,6 +94,10 @@ static int batch_args(Args *A, RsErr *e) {
     if (A->suffix_global && (A->d.rule == RULE_AR || drafter_spec_kind(&s) != DRAFTER_KIND_SUFFIX))
         return rs_err(e, RS_EINVAL, "--suffix-global %d: needs --drafter suffix and a speculative "
                       "--decoder", A->suffix_global);
+    if (!A->parallel) /* not given: batch where every request can have a view of its own */
+        A->parallel = !strcmp(A->eo.backend, "cpu") &&
+                              (A->d.rule == RULE_AR || drafter_spec_kind(&s) == DRAFTER_KIND_SUFFIX)
+                          ? PARALLEL_DEFAULT : 1;
     if (A->parallel <= 1) return RS_OK;
     if (A->d.rule != RULE_AR && drafter_spec_kind(&s) != DRAFTER_KIND_SUFFIX)
         return rs_err(e, RS_EINVAL, "--parallel %d: a batch decodes with --drafter suffix (each "
@@ -233,7 +240,7 @@ int main(int argc, char **argv) {
               .d = {.rule = RULE_AR, .budget = 59, .seed = 1, .max_new = 512},
               .http = {.host = "127.0.0.1", .port = 8080, .max_body = 1 << 20, .max_conn = 512,
                        .max_conn_ip = 16, .timeout = 60, .request_timeout = 10},
-              .queue = 16, .parallel = 1, .batch_rows = 64, .prefill_chunk = 32};
+              .queue = 16, .parallel = 0, .batch_rows = 64, .prefill_chunk = 32};
     A.rt.threads = 0; /* the CPUs this process may use, unless --threads says */
     RsErr e = {0};
     int rc = parse_args(argc, argv, &A, &e);
