@@ -226,7 +226,8 @@ def main():
     ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--prompts", default="../shared/data/spec_bench_question.jsonl")
     ap.add_argument("--workload", choices=("short", "mixed"), default="short")
-    ap.add_argument("--decoders", default="ar,draft")
+    ap.add_argument("--decoders", default="ar,draft",
+                    help="a server each; NAME#K: another server of the same decoder (noise floor)")
     ap.add_argument("--concurrency", default="1,4,8,16")
     ap.add_argument("--requests", type=int, default=16, help="requests a level (at least)")
     ap.add_argument("--per-conc", type=int, default=0,
@@ -265,7 +266,7 @@ def main():
         for d in decoders:
             server, port = start_rootspec(args.binary, args.model, extra)
             servers.append(server)
-            sides.append((d, port, d))
+            sides.append((d, port, d.split("#")[0]))  # "ar#2": a second AR server
         if args.peer_port:
             wait_port(args.peer_port)
             sides.append(("peer", args.peer_port, None))
