@@ -19,6 +19,7 @@ typedef struct {
     int active;   /* in a decode: holds passes back until it waits */
     uint64_t ticket; /* when it became active: older views go first */
     int preempted;
+    int answered; /* a pass kept logits of its since it became active */
     /* under mu: the forward it waits in, and what it returned */
     int state;
     BackendSeg seg;
@@ -58,13 +59,13 @@ extern const BackendOps batch_view_ops;
 
 int batch_pick(const BatchCand *c, int n, int row_budget, int *out) {
     int rows = 0, k = 0;
-    for (int prefill = 1; prefill >= 0; prefill--)
-        for (;;) { /* the oldest candidate of this kind not yet picked that fits */
+    for (int rank = 0; rank < BATCH_RANKS; rank++)
+        for (;;) { /* the oldest candidate of this rank not yet taken that fits */
             int best = -1;
             for (int i = 0; i < n; i++) {
                 int taken = 0;
                 for (int j = 0; j < k && !taken; j++) taken = out[j] == i;
-                if (taken || !c[i].prefill != !prefill) continue;
+                if (taken || c[i].rank != rank) continue;
                 if (k > 0 && rows + c[i].rows > row_budget) continue;
                 if (best < 0 || c[i].age < c[best].age) best = i;
             }
@@ -88,7 +89,8 @@ static int pass_pick(Batcher *bt) {
         View *v = bt->views[i];
         if (v->state != VIEW_WAITING) continue;
         /* a prefill chunk keeps no logits; a decode's root or tree pass keeps its rows' */
-        bt->cand[n] = (BatchCand){v->seg.n, v->n_out == 0, v->ticket};
+        int rank = v->n_out == 0 ? BATCH_PREFILL : v->answered ? BATCH_DECODE : BATCH_FIRST_TOKEN;
+        bt->cand[n] = (BatchCand){v->seg.n, rank, v->ticket};
         bt->scratch[n++] = v;
     }
     int k = batch_pick(bt->cand, n, bt->o.row_budget, bt->picked);
@@ -145,6 +147,7 @@ static int pass_run(Batcher *bt, int n) {
             v->rc = rc;
             v->err = e;
             v->state = VIEW_DONE;
+            v->answered |= !rc && v->n_out > 0;
             bt->st.rows += (uint64_t)v->seg.n;
         }
         bt->n_waiting -= n;
@@ -386,6 +389,7 @@ static int view_forward(Backend *bb, const int *tokens, const int *pos, int n,
     if (!v->active) {
         v->active = 1;
         v->preempted = 0;
+        v->answered = 0;
         v->ticket = ++bt->tickets;
         bt->n_active++;
     }
