@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <string.h>
 
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: rootspec-serve --model PATH [options]\n"
@@ -24,7 +25,7 @@ static void usage(FILE *f) {
             "                        (default 16)\n"
             "  --parallel N          decodes at once, batched into shared passes (default: as many\n"
             "                        --ctx sequences as half the available memory holds, at most\n"
-            "                        4 with --drafter suffix or --decoder ar; otherwise 1). Each\n"
+            "                        16 with --drafter suffix or --decoder ar; otherwise 1). Each\n"
             "                        request keeps a drafter of its own: a suffix, self or\n"
             "                        model drafter per worker (sharing the weights),\n"
             "                        or a sequence of the remote drafter's session\n"
@@ -123,7 +124,7 @@ static int batch_args(Args *A, RsErr *e) {
     return RS_OK;
 }
 
-#define PARALLEL_DEFAULT_MAX 4 /* decodes at once when --parallel is not given */
+#define PARALLEL_DEFAULT_MAX 16 /* decodes at once when --parallel is not given */
 #define MIB (1024.0 * 1024.0)
 
 /* Bytes one KV cache entry takes on the target's backend: K and V of every layer. */

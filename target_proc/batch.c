@@ -19,6 +19,7 @@ typedef struct {
     int active;   /* in a decode: holds passes back until it waits */
     uint64_t ticket; /* when it became active: older views go first */
     int preempted;
+    int answered; /* a pass kept logits of its since it became active */
     /* under mu: the forward it waits in, and what it returned */
     int state;
     BackendSeg seg;
@@ -28,6 +29,7 @@ typedef struct {
     int rc;
     RsErr err;
     int pass_rows, pass_seqs; /* the pass it ran in: all rows, sequences */
+    int pass_prefill;         /* of its rows, prefill chunks' */
     uint64_t pass_ns;
     Planner *planner; /* batcher_plan */
 } View;
@@ -44,6 +46,9 @@ struct Batcher {
     pthread_t thread;
     /* the scheduler's scratch */
     View **pass;  // (parallel)
+    View **scratch; // (parallel)
+    BatchCand *cand; // (parallel)
+    int *picked;     // (parallel)
     BackendSeg *segs;
     int *out_rows; // (row budget + the largest request)
 };
@@ -52,27 +57,44 @@ extern const BackendOps batch_view_ops;
 
 /* ---- the scheduler ---- */
 
-/* The waiting views in the order they became active. */
-static int waiting_by_age(Batcher *bt, View **out) {
-    int n = 0;
-    for (int i = 0; i < bt->n_views; i++)
-        if (bt->views[i]->state == VIEW_WAITING) out[n++] = bt->views[i];
-    for (int i = 1; i < n; i++)
-        for (int k = i; k > 0 && out[k - 1]->ticket > out[k]->ticket; k--) {
-            View *t = out[k];
-            out[k] = out[k - 1];
-            out[k - 1] = t;
+int batch_pick(const BatchCand *c, int n, int row_budget, int *out) {
+    int rows = 0, k = 0;
+    for (int rank = 0; rank < BATCH_RANKS; rank++)
+        for (;;) { /* the oldest candidate of this rank not yet taken that fits */
+            int best = -1;
+            for (int i = 0; i < n; i++) {
+                int taken = 0;
+                for (int j = 0; j < k && !taken; j++) taken = out[j] == i;
+                if (taken || c[i].rank != rank) continue;
+                if (k > 0 && rows + c[i].rows > row_budget) continue;
+                if (best < 0 || c[i].age < c[best].age) best = i;
+            }
+            if (best < 0) break;
+            rows += c[best].rows;
+            out[k++] = best;
         }
-    return n;
+    for (int i = 1; i < k; i++)
+        for (int j = i; j > 0 && c[out[j - 1]].age > c[out[j]].age; j--) {
+            int t = out[j];
+            out[j] = out[j - 1];
+            out[j - 1] = t;
+        }
+    return k;
 }
 
-/* The oldest waiting views whose rows fit the budget (the oldest always). */
+/* The waiting views batch_pick takes, into bt->pass oldest first. Returns how many. */
 static int pass_pick(Batcher *bt) {
-    int n = waiting_by_age(bt, bt->pass), rows = 0, k = 0;
-    for (; k < n; k++) {
-        if (k > 0 && rows + bt->pass[k]->seg.n > bt->o.row_budget) break;
-        rows += bt->pass[k]->seg.n;
+    int n = 0;
+    for (int i = 0; i < bt->n_views; i++) {
+        View *v = bt->views[i];
+        if (v->state != VIEW_WAITING) continue;
+        /* a prefill chunk keeps no logits; a decode's root or tree pass keeps its rows' */
+        int rank = v->n_out == 0 ? BATCH_PREFILL : v->answered ? BATCH_DECODE : BATCH_FIRST_TOKEN;
+        bt->cand[n] = (BatchCand){v->seg.n, rank, v->ticket};
+        bt->scratch[n++] = v;
     }
+    int k = batch_pick(bt->cand, n, bt->o.row_budget, bt->picked);
+    for (int i = 0; i < k; i++) bt->pass[i] = bt->scratch[bt->picked[i]];
     return k;
 }
 
@@ -125,14 +147,20 @@ static int pass_run(Batcher *bt, int n) {
             v->rc = rc;
             v->err = e;
             v->state = VIEW_DONE;
+            v->answered |= !rc && v->n_out > 0;
             bt->st.rows += (uint64_t)v->seg.n;
         }
         bt->n_waiting -= n;
         bt->st.passes++;
         bt->st.pass_ns += ns;
         bt->st.last_rows = 0;
-        for (int k = 0; k < n; k++) bt->st.last_rows += bt->pass[k]->seg.n;
+        int prefill = 0;
         for (int k = 0; k < n; k++) {
+            bt->st.last_rows += bt->pass[k]->seg.n;
+            prefill += bt->pass[k]->n_out == 0 ? bt->pass[k]->seg.n : 0;
+        }
+        for (int k = 0; k < n; k++) {
+            bt->pass[k]->pass_prefill = prefill;
             bt->pass[k]->pass_rows = bt->st.last_rows;
             bt->pass[k]->pass_seqs = n;
             bt->pass[k]->pass_ns = ns;
@@ -202,6 +230,9 @@ int batcher_create(const Model *m, const BackendOps *ops, const BatchOpts *o, Ba
     bt->o = *o;
     bt->views = rs_xcalloc((size_t)o->parallel, sizeof *bt->views);
     bt->pass = rs_xcalloc((size_t)o->parallel, sizeof *bt->pass);
+    bt->scratch = rs_xcalloc((size_t)o->parallel, sizeof *bt->scratch);
+    bt->cand = rs_xcalloc((size_t)o->parallel, sizeof *bt->cand);
+    bt->picked = rs_xcalloc((size_t)o->parallel, sizeof *bt->picked);
     bt->segs = rs_xcalloc((size_t)o->parallel, sizeof *bt->segs);
     bt->out_rows = rs_xcalloc((size_t)rows + TARGET_MAX_BATCH, sizeof(int));
     pthread_mutex_init(&bt->mu, NULL);
@@ -231,6 +262,9 @@ void batcher_destroy(Batcher **pb) {
     pthread_cond_destroy(&bt->blocks_cv);
     free(bt->views);
     free(bt->pass);
+    free(bt->scratch);
+    free(bt->cand);
+    free(bt->picked);
     free(bt->segs);
     free(bt->out_rows);
     free(bt);
@@ -287,10 +321,13 @@ static void view_reset(Backend *bb) {
 void batcher_leave(Target *t) {
     View *v = (View *)t->b;
     RS_ASSERT(v->base.ops == &batch_view_ops);
+    /* Blocks first: a pass that ran once the view stopped holding passes back, but before
+     * its blocks were free, could find the oldest decode short of blocks with nobody left
+     * to preempt. No pass runs meanwhile: the view is active and not waiting. */
+    view_reset(&v->base);
     pthread_mutex_lock(&v->bt->mu);
     view_deactivate(v);
     pthread_mutex_unlock(&v->bt->mu);
-    view_reset(&v->base);
 }
 
 void batcher_plan(Target *t, Planner *p) {
@@ -362,6 +399,7 @@ static int view_forward(Backend *bb, const int *tokens, const int *pos, int n,
     if (!v->active) {
         v->active = 1;
         v->preempted = 0;
+        v->answered = 0;
         v->ticket = ++bt->tickets;
         bt->n_active++;
     }
@@ -378,8 +416,12 @@ static int view_forward(Backend *bb, const int *tokens, const int *pos, int n,
     pthread_mutex_unlock(&bt->mu);
     if (!rc) bb->n_pending += n;
     if (!rc && v->planner) {
-        planner_observe_batch_pass(v->planner, v->pass_rows, v->pass_ns);
-        planner_set_batch(v->planner, v->pass_rows - n, v->pass_seqs);
+        /* The planner prices rows that keep logits: a prefill row keeps none and costs less,
+         * so passes that carried prompt chunks would bend the fitted cost of a row down. And
+         * a chunk passes, where the others' decodes stay. */
+        if (!v->pass_prefill) planner_observe_batch_pass(v->planner, v->pass_rows, v->pass_ns);
+        int others = v->pass_rows - v->pass_prefill - (n_out ? n : 0);
+        planner_set_batch(v->planner, others, v->pass_seqs);
     }
     return rc;
 }
@@ -455,14 +497,15 @@ static void view_prefix_publish(Backend *bb, int seq, const int *tokens, int n) 
 static void view_destroy(Backend **pb) {
     View *v = (View *)*pb;
     Batcher *bt = v->bt;
+    /* blocks first, as batcher_leave */
+    pthread_mutex_lock(&bt->bk);
+    backend_seq_close(bt->b, v->seq);
+    pthread_mutex_unlock(&bt->bk);
     pthread_mutex_lock(&bt->mu);
     view_deactivate(v);
     for (int i = 0; i < bt->n_views; i++)
         if (bt->views[i] == v) bt->views[i] = bt->views[--bt->n_views];
     pthread_mutex_unlock(&bt->mu);
-    pthread_mutex_lock(&bt->bk);
-    backend_seq_close(bt->b, v->seq);
-    pthread_mutex_unlock(&bt->bk);
     pthread_cond_broadcast(&bt->blocks_cv);
     free(v);
     *pb = NULL;

@@ -11,6 +11,10 @@
  *
  * Chunked prefill (Sarathi-Serve, OSDI 2024): a view forwards a prompt prefill_chunk rows
  * at a time, so a new prompt holds the running decodes' passes back by one chunk at most.
+ * A pass serves first the requests whose prompt is in (their first token), then prompt
+ * chunks, then the other decodes (batch_pick), so a request that arrives waits for the
+ * pass in flight, then its chunks and one more pass give its first token, however many
+ * decodes run; in a burst the prompts finish one after another, each answered at once.
  *
  * KV blocks. A pass whose sequences need more blocks than are free runs without its
  * youngest sequences (they wait); when even the oldest alone does not fit, the youngest
@@ -42,6 +46,27 @@ typedef struct {
     uint64_t pass_ns;        /* time the passes took (the rest: decodes' host work) */
     int last_rows;           /* rows of the last pass */
 } BatchStats;
+
+/* What a waiting request's rows are for, in the order batch_pick serves them. */
+enum {
+    BATCH_FIRST_TOKEN, /* the pass after its prompt's last chunk: its first token */
+    BATCH_PREFILL,     /* a prompt chunk (keeps no logits) */
+    BATCH_DECODE,      /* a later round's pass */
+    BATCH_RANKS
+};
+
+/* A waiting request's rows, as batch_pick sees them. */
+typedef struct {
+    int rows;     /* its segment's rows */
+    int rank;     /* BATCH_FIRST_TOKEN, BATCH_PREFILL or BATCH_DECODE */
+    uint64_t age; /* when it joined: smaller is older */
+} BatchCand;
+
+/* The pass over c[0..n): rank by rank, oldest first within a rank, each taken when it fits
+ * what row_budget has left (the first taken always: a lone larger request still runs).
+ * out (n) gets the taken indices, oldest first. Returns how many were taken (>= 1 when
+ * n >= 1). */
+int batch_pick(const BatchCand *c, int n, int row_budget, int *out);
 
 /* Creates the shared backend (ops over m) and the scheduler thread. */
 int batcher_create(const Model *m, const BackendOps *ops, const BatchOpts *o, Batcher **out,

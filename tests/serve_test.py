@@ -268,6 +268,8 @@ def test_speculative(ref, ar):
           f"{r.choices[0].message.content!r}")
     r = chat(s, max_tokens=24, temperature=0, extra_body={"rootspec": {"decoder": "ar"}})
     check("per-request decoder through the extension object", r.choices[0].message.content == ref)
+    check("a model drafter serves one request at a time by default (no batch)",
+          s.metric("rootspec_kv_blocks_free") is None)
     rounds = s.metric("rootspec_rounds_total")
     check("tokens per round counted", rounds is not None and 0 < rounds < 48, f"{rounds}")
     test_logprobs(ar, s)
@@ -515,7 +517,7 @@ def test_slow_clients():
 def test_shutdown():
     """SIGTERM with requests in flight: every waiting or decoding request gets a 503 error
     object, every stream ends with an error event and [DONE]."""
-    s = Server("--queue", "4")
+    s = Server("--queue", "4", "--parallel", "1")
     body = {"messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 1500,
             "temperature": 0}
     out = {}
@@ -1413,6 +1415,9 @@ def test_suffix_global():
 def main():
     ref = target_text("--prompt", PROMPT, "--chat", "--max-new", "24")
     s = Server()
+    # 16 decodes at once unless told (the free blocks of a cache of 16 x --ctx 2048 entries)
+    check("by default the server batches 16 decodes", s.metric("rootspec_kv_blocks_free") == 16 * 2048 / 16,
+          str(s.metric("rootspec_kv_blocks_free")))
     for t in (lambda: test_chat(s, ref), lambda: test_conversation(s), lambda: test_completions(s),
               lambda: test_stop(s, ref),
               lambda: test_models_health(s), lambda: test_concurrent(s, ref), lambda: test_disconnect(s),

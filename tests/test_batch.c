@@ -365,6 +365,41 @@ START_TEST(test_batch_options) {
 }
 END_TEST
 
+/* Picks k indices from c by batch_pick and compares them with want (oldest first). */
+static void pick_is(const BatchCand *c, int n, int budget, const int *want, int k) {
+    int out[8];
+    int got = batch_pick(c, n, budget, out);
+    ck_assert_int_eq(got, k);
+    for (int i = 0; i < k; i++) ck_assert_int_eq(out[i], want[i]);
+}
+
+/* A first token goes before prompt chunks, a chunk before older decodes; whatever does not
+ * fit is skipped, not a stop; the first taken runs even when larger than the budget. */
+START_TEST(test_batch_pick) {
+    enum { F = BATCH_FIRST_TOKEN, P = BATCH_PREFILL, D = BATCH_DECODE };
+    /* two decodes of 1 row, then two prompts' chunks of 8: budget 9 takes the older chunk
+     * and one decode (the oldest), not both decodes without any prompt */
+    BatchCand c[] = {{1, D, 1}, {1, D, 2}, {8, P, 3}, {8, P, 4}};
+    pick_is(c, 4, 9, (int[]){0, 2}, 2);
+    pick_is(c, 4, 10, (int[]){0, 1, 2}, 3);
+    pick_is(c, 4, 18, (int[]){0, 1, 2, 3}, 4);
+    pick_is(c, 4, 16, (int[]){2, 3}, 2);
+    /* a prompt just in gets its first token before the chunks of the others and the
+     * decodes: budget 9 takes it and the older chunk */
+    BatchCand g[] = {{1, D, 1}, {8, P, 2}, {8, P, 3}, {1, F, 4}};
+    pick_is(g, 4, 9, (int[]){1, 3}, 2);
+    /* a tree of 4 rows does not fit beside the chunk; the younger 1-row decode does */
+    BatchCand d[] = {{4, D, 2}, {8, P, 1}, {1, D, 3}};
+    pick_is(d, 3, 10, (int[]){1, 2}, 2);
+    /* a lone request larger than the budget runs; beside a chunk it waits */
+    BatchCand e[] = {{20, D, 1}};
+    pick_is(e, 1, 10, (int[]){0}, 1);
+    BatchCand f[] = {{20, D, 1}, {8, P, 2}};
+    pick_is(f, 2, 10, (int[]){1}, 1);
+    ck_assert_int_eq(batch_pick(f, 0, 10, (int[2]){0}), 0);
+}
+END_TEST
+
 Suite *suite_batch(void) {
     Suite *s = suite_create("batch");
     TCase *tc = tcase_create("core");
@@ -376,6 +411,7 @@ Suite *suite_batch(void) {
     tcase_add_test(tc, test_batch_model_drafters);
     tcase_add_test(tc, test_batch_remote_drafter);
     tcase_add_test(tc, test_remote_sequence_bound);
+    tcase_add_test(tc, test_batch_pick);
     suite_add_tcase(s, tc);
     return s;
 }
