@@ -59,7 +59,10 @@ static int parse(int argc, char **argv, Opts *o) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             exit(0);
-        } else if (!strcmp(a, "--model") && v) o->model = v;
+        } else if (!strcmp(a, "--model") && !v) {
+            fprintf(stderr, "rootspec-passes: --model needs a path\n");
+            return RS_EINVAL;
+        } else if (!strcmp(a, "--model")) o->model = v;
         else if (!strcmp(a, "--seqs")) rc = opt_int(a, v, 1, SEQS_MAX, &o->seqs);
         else if (!strcmp(a, "--ctx")) rc = opt_int(a, v, 1, 4096, &o->ctx);
         else if (!strcmp(a, "--threads")) rc = opt_int(a, v, 1, 256, &o->threads);
