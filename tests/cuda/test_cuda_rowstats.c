@@ -213,6 +213,36 @@ START_TEST(test_cuda_rows_split) {
 }
 END_TEST
 
+/* One call reduces all its rows in the same launches, however many: one when greedy, two
+ * for plain sampling, three with a filter (the cut's own pass). */
+START_TEST(test_cuda_rows_launches) {
+    CU_REQUIRE_DEVICE();
+    const int V = 70000, R = 40;
+    float *h = malloc(sizeof(float) * (size_t)V * R);
+    for (size_t i = 0; i < (size_t)V * R; i++) h[i] = (float)((i * 7919) % 1000) * 0.001f;
+    int rows[R];
+    for (int i = 0; i < R; i++) rows[i] = i;
+    float *dl = dcopy(h, sizeof(float) * (size_t)V * R);
+    int *dr = dcopy(rows, sizeof rows);
+    size_t sb = cuk_rows_stats_scratch_bytes(R, V);
+    void *dc = dcopy(NULL, sb);
+    CUDA_CHECK(cudaMemset(dc, 0, sb));
+    RowStats *ds = dcopy(NULL, sizeof(RowStats) * R);
+    const int want[N_LAWS] = {1, 2, 3, 3, 3};
+    for (int l = 0; l < N_LAWS; l++)
+        for (int n = 1; n <= R; n += R - 1) {
+            uint64_t before = cuk_launch_count();
+            cuk_rows_stats(0, dl, V, dr, n, &LAWS[l], NULL, dc, ds);
+            int got = (int)(cuk_launch_count() - before);
+            ck_assert_msg(got == want[l], "law %d, %d rows: %d launches, want %d", l, n, got,
+                          want[l]);
+        }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    cudaFree(dl), cudaFree(dr), cudaFree(dc), cudaFree(ds);
+    free(h);
+}
+END_TEST
+
 /* Queries longer than the backend stages at once (cuda_backend.cu's RowQuery holds 128
  * stats and 1024 gathers): every batch's results land at their own entries. full: the
  * (n_kept, V) rows a copying forward returned. */
@@ -339,6 +369,7 @@ Suite *suite_cuda_rowstats(void) {
     TCase *sp = tcase_create("split");
     tcase_set_timeout(sp, 300);
     tcase_add_test(sp, test_cuda_rows_split);
+    tcase_add_test(sp, test_cuda_rows_launches);
     suite_add_tcase(s, sp);
     return s;
 }
