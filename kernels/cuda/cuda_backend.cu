@@ -146,7 +146,7 @@ typedef struct {
     rs_bf16 *feat_out;  // (max_pending, feat_n*dim) device, the last commit's kept rows
     rs_bf16 *h_feat;    // (max_pending, feat_n*dim) pinned host copy of feat_out
     RowQuery *d_rq, *h_rq; /* the row queries' arguments and results (device, pinned) */
-    double *d_csum;        // (ROWQ_STATS, row_chunks(vocab)) chunk sums of rows_stats
+    void *d_rowq_scratch;  // (cuk_rows_stats_scratch_bytes(ROWQ_STATS, vocab)) zeroed at create
 } CudaBackend;
 
 static int cuda_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e);
@@ -269,7 +269,7 @@ static void cuda_destroy(Backend **pb) {
     DFREE(b->d_in); DFREE(b->d_keep); DFREE(b->att_scratch); DFREE(b->att_cnt); DFREE(b->qkv_cnt); DFREE(b->blas_ws);
     HFREE(b->h_in); HFREE(b->h_keep);
     DFREE(b->feat_pend); DFREE(b->feat_out); HFREE(b->h_feat);
-    DFREE(b->d_rq); HFREE(b->h_rq); DFREE(b->d_csum);
+    DFREE(b->d_rq); HFREE(b->h_rq); DFREE(b->d_rowq_scratch);
     cu_pages_free(&b->pages);
     free(b->keep_seen);
     if (b->blas) cublasDestroy(b->blas);
@@ -536,7 +536,9 @@ static int alloc_buffers(CudaBackend *b, const BackendParams *p, RsErr *e) {
     DA(b->qkv_cnt, cuk_qkv_counters(b->rows, d->nh, d->nkv) * 4, "q|k|v head counters");
     DA(b->d_rq, sizeof(RowQuery), "row queries");
     HA(b->h_rq, sizeof(RowQuery), "row queries (host)");
-    DA(b->d_csum, (size_t)ROWQ_STATS * row_chunks(d->vocab) * sizeof(double), "row chunk sums");
+    size_t rq_bytes = cuk_rows_stats_scratch_bytes(ROWQ_STATS, d->vocab);
+    DA(b->d_rowq_scratch, rq_bytes, "row statistics partials");
+    if (!rc) CUDA_CHECK(cudaMemset(b->d_rowq_scratch, 0, rq_bytes));
     if (!rc) {
         CuInputs d = in_pointers(b->d_in, b), h = in_pointers(b->h_in, b);
         b->d_meta = d.meta, b->d_paged = d.paged, b->d_tokens = d.tokens, b->d_pos = d.pos;
@@ -1204,7 +1206,7 @@ typedef struct {
 static void rows_stats_kernel(CudaBackend *b, RowQuery *d, int k, const void *arg) {
     const StatsArg *sa = (const StatsArg *)arg;
     cuk_rows_stats(b->stream, b->logits, b->dims.vocab, d->rows, k, sa->smp,
-                   sa->with_u ? d->u : NULL, b->d_csum, d->st);
+                   sa->with_u ? d->u : NULL, b->d_rowq_scratch, d->st);
 }
 
 static void cuda_rows_stats(Backend *bb, const int *rows, int n, const Sampling *smp,

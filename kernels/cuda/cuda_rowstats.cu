@@ -1,10 +1,17 @@
-/* Row queries on the device; see cuda_rowstats.h. One block per row: a strided maximum per
- * thread merged in a shared-memory tree (ties to the lower index, so the first argmax),
- * then (a filter on) the sampling law's cut by the radix select of common/logits.c's
- * row_cut, its histograms of integer counts and fixed-point masses added with atomics
- * (integer sums: any order gives the same bits), then whole ROW_CHUNK chunks per thread
- * summed in index order, then thread 0 adds the chunk sums in chunk order and draws: the
- * order of common/logits.c's row_stats. */
+/* Row queries on the device; see cuda_rowstats.h. CPU reference: common/logits.c's
+ * row_stats. A row is split into up to ROWQ_BLOCKS blocks of whole ROW_CHUNK chunks (about
+ * ROWQ_COLS columns each), in up to three launches over all the queried rows:
+ *  1. k_rows_max: each block the RowMax of its columns (strided, merged in a shared-memory
+ *     tree, ties and NaNs to the lower index, so the first argmax and the first NaN); the
+ *     row's last block to finish (a self-resetting counter per row) merges the blocks' parts
+ *     in block order and writes the row's greedy (or lawless) RowStats.
+ *  2. k_rows_cut (a filter on only): the sampling law's cut by the radix select of
+ *     common/logits.c's row_cut, one block per row (the select needs the whole row), its
+ *     histograms of integer counts and fixed-point masses added with atomics (integer sums:
+ *     any order gives the same bits).
+ *  3. k_rows_sums: each block's chunks summed in index order, a thread per chunk; the row's
+ *     last block adds the chunk sums in chunk order and draws: the order of row_stats, so
+ *     the bits do not depend on which block finishes when. */
 #include "cuda_rowstats.h"
 #include "cuda_kernels.h" /* CUDA_CHECK, cuk_count_launches */
 #include <cuda_runtime.h>
@@ -12,10 +19,32 @@
 #include <string.h>
 
 #define ROWQ_THREADS 256
+#define ROWQ_COLS 4096 /* columns per block, rounded up to whole chunks */
+#define ROWQ_BLOCKS 16 /* at most, per row */
+
+/* A row's scratch: the two passes' counters, the blocks' RowMax parts, the chunk sums. */
+typedef struct {
+    unsigned max_done, sums_done, pad[2];
+    RowMax part[ROWQ_BLOCKS];
+} RowqHead;
+
+static int rowq_blocks(int V) {
+    int b = (V + ROWQ_COLS - 1) / ROWQ_COLS;
+    return b < 1 ? 1 : b > ROWQ_BLOCKS ? ROWQ_BLOCKS : b;
+}
+
+__host__ __device__ static size_t rowq_row_bytes(int V) {
+    return sizeof(RowqHead) + (size_t)((V + ROW_CHUNK - 1) / ROW_CHUNK) * sizeof(double);
+}
 
 /* row_max_merge (common/logits.c) on the device: a NaN maximum wins, as there. */
 __device__ static void rowmax_merge(RowMax *acc, const RowMax *m) {
-    if (m->argmax < 0 || (acc->argmax >= 0 && acc->max != acc->max)) return;
+    int acc_nan = acc->argmax >= 0 && acc->max != acc->max;
+    if (acc_nan && m->max != m->max && m->argmax >= 0 && m->argmax < acc->argmax) {
+        *acc = *m; /* the first NaN of the row, as row_max_part stops at */
+        return;
+    }
+    if (m->argmax < 0 || acc_nan) return;
     if (acc->argmax < 0 || m->max != m->max) {
         *acc = *m;
         return;
@@ -29,17 +58,21 @@ __device__ static void rowmax_merge(RowMax *acc, const RowMax *m) {
     }
 }
 
-/* Block-wide RowMax of the row; the result in every thread. */
-__device__ static RowMax block_rowmax(const float *row, int V) {
+/* Block-wide RowMax of row[lo, hi); the result in every thread. */
+__device__ static RowMax block_rowmax(const float *row, int lo, int hi) {
     __shared__ RowMax part[ROWQ_THREADS];
     int t = threadIdx.x, nt = blockDim.x;
     RowMax m = {-INFINITY, -INFINITY, -1};
     /* Strided (coalesced) loads: the maximum, its first index and the runner-up do not
      * depend on the order entries are seen in, given ties merge to the lower index. */
-    for (int i = t; i < V; i += nt) {
-        if (m.max != m.max) break; /* a NaN: the row has no maximum (backend_rows_stats) */
+    for (int i = lo + t; i < hi; i += nt) {
         float v = row[i];
-        if (m.argmax < 0 || v > m.max || v != v) {
+        if (v != v) { /* a NaN: the row has no maximum (backend_rows_stats) */
+            m.max = m.second = v;
+            m.argmax = i;
+            break;
+        }
+        if (m.argmax < 0 || v > m.max) {
             m.second = m.max;
             m.max = v;
             m.argmax = i;
@@ -65,7 +98,7 @@ __device__ static int chunk_end(int c, int V) {
 
 /* The inverse-CDF draw over the chunk sums (common/logits.c: chunk_draw). */
 __device__ static int chunk_draw_dev(const float *row, int V, float mx, double scale, float cut,
-                                     const double *csum, double thr) {
+                                     const volatile double *csum, double thr) {
     int nc = (V + ROW_CHUNK - 1) / ROW_CHUNK, last_c = 0;
     double acc = 0.0;
     for (int c = 0; c < nc; c++) {
@@ -180,40 +213,106 @@ __device__ static float block_cut(const float *row, int V, float mx, const Sampl
 }
 
 
-__global__ void __launch_bounds__(ROWQ_THREADS)
-k_rows_stats(const float *logits, int V, const int *rows, Sampling smp, const double *u,
-             double *csum, RowStats *out) {
-    int r = blockIdx.x, nc = (V + ROW_CHUNK - 1) / ROW_CHUNK, greedy = greedy_dev(smp);
-    const float *row = logits + (size_t)rows[r] * V;
-    double *cs = csum + (size_t)r * nc;
-    RowMax m = block_rowmax(row, V);
-    float cut = greedy ? -INFINITY : block_cut(row, V, m.max, smp);
-    double scale = greedy ? NAN : 1.0 / smp.temperature;
-    if (!greedy)
-        for (int c = threadIdx.x; c < nc; c += blockDim.x) {
-            double s = 0.0;
-            for (int i = c * ROW_CHUNK; i < chunk_end(c, V); i++)
-                s += row_weight(row[i], m.max, scale, cut);
-            cs[c] = s;
-        }
-    __syncthreads();
-    if (threadIdx.x != 0) return;
+/* Row r's scratch (rowq_row_bytes). */
+__device__ static RowqHead *rowq_head(char *scratch, int V, int r) {
+    return (RowqHead *)(scratch + (size_t)r * rowq_row_bytes(V));
+}
+
+/* Block b's chunks [c0, c1) of a row split into `blocks` blocks. */
+__device__ static void rowq_span(int V, int blocks, int b, int *c0, int *c1) {
+    int nc = (V + ROW_CHUNK - 1) / ROW_CHUNK, per = (nc + blocks - 1) / blocks;
+    *c0 = min(nc, b * per);
+    *c1 = min(nc, *c0 + per);
+}
+
+/* The row's stats as far as the maximum goes: final when greedy or lawless. */
+__device__ static void rowq_write_max(RowStats *o, const RowMax *m, const Sampling &smp) {
+    int greedy = greedy_dev(smp);
     RowStats st;
-    st.argmax = m.argmax;
-    st.max = m.max;
-    st.second = m.second;
-    st.cut = cut;
-    st.scale = scale;
+    st.argmax = m->argmax;
+    st.max = m->max;
+    st.second = m->second;
+    st.cut = -INFINITY;
+    st.scale = greedy ? NAN : 1.0 / smp.temperature;
     st.lse = NAN;
-    st.draw = greedy ? m.argmax : -1;
-    if (!greedy) {
-        double total = 0.0;
-        for (int c = 0; c < nc; c++) total += cs[c];
-        st.lse = (double)m.max * scale + log(total);
-        double ur = u ? u[r] : -1.0;
-        if (ur >= 0) st.draw = chunk_draw_dev(row, V, m.max, scale, cut, cs, ur * total);
+    st.draw = greedy ? m->argmax : -1;
+    *o = st;
+}
+
+/* Counts this block of row r in (thread 0 published before); 1 in every thread of the
+ * row's last block (the threadFenceReduction pattern). */
+__device__ static int rowq_last(unsigned *done, int blocks) {
+    __shared__ int last;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(done, 1u) == (unsigned)blocks - 1;
     }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
+__global__ void __launch_bounds__(ROWQ_THREADS)
+k_rows_max(const float *logits, int V, const int *rows, Sampling smp, int blocks, char *scratch,
+           RowStats *out) {
+    int b = blockIdx.x, r = blockIdx.y, c0, c1;
+    rowq_span(V, blocks, b, &c0, &c1);
+    const float *row = logits + (size_t)rows[r] * V;
+    RowMax m = block_rowmax(row, c0 * ROW_CHUNK, min(V, c1 * ROW_CHUNK));
+    if (blocks == 1) {
+        if (threadIdx.x == 0) rowq_write_max(out + r, &m, smp);
+        return;
+    }
+    RowqHead *h = rowq_head(scratch, V, r);
+    if (threadIdx.x == 0) h->part[b] = m;
+    if (!rowq_last(&h->max_done, blocks) || threadIdx.x != 0) return;
+    const volatile RowqHead *vh = h;
+    RowMax acc = {-INFINITY, -INFINITY, -1};
+    for (int i = 0; i < blocks; i++) {
+        RowMax p = {vh->part[i].max, vh->part[i].second, vh->part[i].argmax};
+        rowmax_merge(&acc, &p);
+    }
+    rowq_write_max(out + r, &acc, smp);
+    h->max_done = 0; /* every block has counted: ready for the next launch */
+}
+
+__global__ void __launch_bounds__(ROWQ_THREADS)
+k_rows_cut(const float *logits, int V, const int *rows, Sampling smp, RowStats *out) {
+    int r = blockIdx.x;
+    float mx = out[r].max;
+    if (!isfinite(mx)) return; /* no law: row_stats leaves the cut at -inf */
+    float cut = block_cut(logits + (size_t)rows[r] * V, V, mx, smp);
+    if (threadIdx.x == 0) out[r].cut = cut;
+}
+
+__global__ void __launch_bounds__(ROWQ_THREADS)
+k_rows_sums(const float *logits, int V, const int *rows, const double *u, int blocks,
+            char *scratch, RowStats *out) {
+    int b = blockIdx.x, r = blockIdx.y, c0, c1;
+    RowStats st = out[r];
+    if (!isfinite(st.max)) return; /* every block of the row returns: its counter stays 0 */
+    rowq_span(V, blocks, b, &c0, &c1);
+    const float *row = logits + (size_t)rows[r] * V;
+    RowqHead *h = rowq_head(scratch, V, r);
+    double *cs = (double *)(h + 1);
+    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
+        double s = 0.0;
+        for (int i = c * ROW_CHUNK; i < chunk_end(c, V); i++)
+            s += row_weight(row[i], st.max, st.scale, st.cut);
+        cs[c] = s;
+    }
+    __threadfence(); /* every thread's sums before the block counts in */
+    __syncthreads();
+    if (!rowq_last(&h->sums_done, blocks) || threadIdx.x != 0) return;
+    const volatile double *vcs = cs;
+    int nc = (V + ROW_CHUNK - 1) / ROW_CHUNK;
+    double total = 0.0;
+    for (int c = 0; c < nc; c++) total += vcs[c];
+    st.lse = (double)st.max * st.scale + log(total);
+    double ur = u ? u[r] : -1.0;
+    if (ur >= 0) st.draw = chunk_draw_dev(row, V, st.max, st.scale, st.cut, vcs, ur * total);
     out[r] = st;
+    h->sums_done = 0;
 }
 
 __global__ void k_rows_gather(const float *logits, int V, const int *rows, const int *ids, int n,
@@ -222,13 +321,36 @@ __global__ void k_rows_gather(const float *logits, int V, const int *rows, const
     if (i < n) out[i] = logits[(size_t)rows[i] * V + ids[i]];
 }
 
+extern "C" size_t cuk_rows_stats_scratch_bytes(int n, int V) {
+    return (size_t)n * rowq_row_bytes(V);
+}
+
+/* A filter on: the cut needs its own pass (common/logits.c: row_cut). */
+static int rowq_filtered(const Sampling *s, int V) {
+    return (s->top_k > 0 && s->top_k < V) || (s->top_p > 0 && s->top_p < 1) || s->min_p > 0;
+}
+
 extern "C" void cuk_rows_stats(cudaStream_t s, const float *logits, int V, const int *rows,
-                               int n, const Sampling *smp, const double *u, double *csum,
+                               int n, const Sampling *smp, const double *u, void *scratch,
                                RowStats *out) {
     if (n <= 0) return;
-    CUK_KERNEL_LAUNCH(k_rows_stats, n, ROWQ_THREADS, s, logits, V, rows, *smp, u, csum, out);
-    cuk_count_launches(1);
+    int blocks = rowq_blocks(V), launches = 1;
+    dim3 grid(blocks, n);
+    CUK_KERNEL_LAUNCH(k_rows_max, grid, ROWQ_THREADS, s, logits, V, rows, *smp, blocks,
+                      (char *)scratch, out);
     CUDA_CHECK(cudaGetLastError());
+    if (!(smp->temperature == 0 || smp->top_k == 1)) { /* greedy_dev */
+        if (rowq_filtered(smp, V)) {
+            CUK_KERNEL_LAUNCH(k_rows_cut, n, ROWQ_THREADS, s, logits, V, rows, *smp, out);
+            CUDA_CHECK(cudaGetLastError());
+            launches++;
+        }
+        CUK_KERNEL_LAUNCH(k_rows_sums, grid, ROWQ_THREADS, s, logits, V, rows, u, blocks,
+                          (char *)scratch, out);
+        CUDA_CHECK(cudaGetLastError());
+        launches++;
+    }
+    cuk_count_launches(launches);
 }
 
 extern "C" void cuk_rows_gather(cudaStream_t s, const float *logits, int V, const int *rows,

@@ -12,12 +12,16 @@ extern "C" {
 #endif
 #include "common/logits.h"
 
+/* Bytes of cuk_rows_stats' scratch for n rows of V logits. */
+size_t cuk_rows_stats_scratch_bytes(int n, int V);
 /* out[i] = row_stats of logits row rows[i] (logits: (*, V) f32) under the sampling law
- * smp (a host pointer, passed by value); u: NULL or (n) uniforms (u[i] < 0: no draw). csum:
- * (n, row_chunks(V)) device scratch. One 256-thread block per row. The other pointers are
- * device memory. */
+ * smp (a host pointer, passed by value); u: NULL or (n) uniforms (u[i] < 0: no draw).
+ * scratch: cuk_rows_stats_scratch_bytes(n, V) device bytes, ZEROED once before the first
+ * use (each launch leaves its counters at zero). Up to 16 256-thread blocks per row; one
+ * launch when greedy, two or three (a filter on) when sampling, each over all n rows. The
+ * other pointers are device memory. */
 void cuk_rows_stats(cudaStream_t s, const float *logits, int V, const int *rows, int n,
-                    const Sampling *smp, const double *u, double *csum, RowStats *out);
+                    const Sampling *smp, const double *u, void *scratch, RowStats *out);
 /* out[i] = logits[rows[i] * V + ids[i]], i < n. */
 void cuk_rows_gather(cudaStream_t s, const float *logits, int V, const int *rows,
                      const int *ids, int n, float *out);

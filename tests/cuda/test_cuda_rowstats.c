@@ -78,7 +78,8 @@ START_TEST(test_cuda_rows_kernels) {
         float *dl = dcopy(h, sizeof(float) * (size_t)V * R);
         int *dr = dcopy(rows, sizeof rows);
         double *du = dcopy(u, sizeof u);
-        double *dc = dcopy(NULL, sizeof(double) * (size_t)n * row_chunks(V));
+        void *dc = dcopy(NULL, cuk_rows_stats_scratch_bytes(n, V));
+        CUDA_CHECK(cudaMemset(dc, 0, cuk_rows_stats_scratch_bytes(n, V)));
         RowStats *ds = dcopy(NULL, sizeof(RowStats) * n), got[12], want;
         double *cs = malloc(sizeof(double) * row_chunks(V));
         for (int l = 0; l < N_LAWS; l++) {
@@ -125,7 +126,9 @@ START_TEST(test_cuda_rows_nonfinite) {
     double u[5] = {0.5, 0.5, 0.5, 0.5, 0.5};
     float *dl = dcopy(h, sizeof(float) * V * R);
     int *dr = dcopy(rows, sizeof rows);
-    double *du = dcopy(u, sizeof u), *dc = dcopy(NULL, sizeof(double) * R * row_chunks(V));
+    double *du = dcopy(u, sizeof u);
+    void *dc = dcopy(NULL, cuk_rows_stats_scratch_bytes(R, V));
+    CUDA_CHECK(cudaMemset(dc, 0, cuk_rows_stats_scratch_bytes(R, V)));
     RowStats *ds = dcopy(NULL, sizeof(RowStats) * R), got[5];
     for (int l = 0; l < N_LAWS; l++) {
         int temp = sampling_temp(&LAWS[l]);
@@ -138,6 +141,104 @@ START_TEST(test_cuda_rows_nonfinite) {
         }
     }
     cudaFree(dl), cudaFree(dr), cudaFree(du), cudaFree(dc), cudaFree(ds);
+    free(h);
+}
+END_TEST
+
+/* Equal floats, NaN equal to NaN (a lawless row's maximum). */
+static int same_f(double a, double b) { return a == b || (isnan(a) && isnan(b)); }
+
+static void expect_stats_nf(const RowStats *got, const RowStats *want, const char *what, int i) {
+    ck_assert_msg(got->argmax == want->argmax && got->draw == want->draw &&
+                      same_f(got->max, want->max) && same_f(got->second, want->second) &&
+                      same_f(got->cut, want->cut) && same_f(got->scale, want->scale),
+                  "%s %d: argmax %d/%d draw %d/%d max %g/%g second %g/%g cut %g/%g", what, i,
+                  got->argmax, want->argmax, got->draw, want->draw, got->max, want->max,
+                  got->second, want->second, got->cut, want->cut);
+    ck_assert_msg(isnan(got->lse) == isnan(want->lse), "%s %d: lse %g, want %g", what, i,
+                  got->lse, want->lse);
+    if (!isnan(want->lse))
+        ck_assert_msg(fabs(got->lse - want->lse) <= LSE_RTOL * fabs(want->lse),
+                      "%s %d: lse %.17g vs %.17g", what, i, got->lse, want->lse);
+}
+
+/* Rows of 70,000 columns: split over the most blocks a row gets, their parts merged by
+ * the row's last block. The maximum in the last block, a tie across blocks and mass in
+ * the last ones, NaNs in two blocks and two in one (the first wins, as on the CPU), +inf
+ * in two blocks, all -inf: the whole RowStats as the CPU's, every law; twice, into
+ * poisoned outputs each time, so each launch's counters were left at zero by the last. */
+START_TEST(test_cuda_rows_split) {
+    CU_REQUIRE_DEVICE();
+    const int V = 70000, R = 6;
+    Rng r;
+    rng_seed(&r, 5);
+    float *h = malloc(sizeof(float) * (size_t)V * R);
+    for (size_t i = 0; i < (size_t)V * R; i++) h[i] = (float)(rng_uniform(&r) * 8 - 4);
+    h[(size_t)0 * V + 69500] = 9.0f; /* the maximum in the last block */
+    h[(size_t)1 * V + 65000] = h[(size_t)1 * V + 5000] = 30.0f;
+    for (int i = 60000; i < V; i++) h[(size_t)1 * V + i] += 6.0f;
+    h[(size_t)2 * V + 69999] = h[(size_t)2 * V + 40000] = NAN;
+    h[(size_t)3 * V + 60000] = h[(size_t)3 * V + 10] = INFINITY;
+    for (int i = 0; i < V; i++) h[(size_t)4 * V + i] = -INFINITY;
+    h[(size_t)5 * V + 4100] = NAN;
+    h[(size_t)5 * V + 300] = NAN; /* both in block 0; a lower thread meets the later */
+    int rows[8] = {0, 1, 2, 3, 4, 5, 1, 0}, n = 8;
+    double u[8];
+    for (int i = 0; i < n; i++) u[i] = rng_uniform(&r);
+    u[7] = 0.9999999999999999;
+    float *dl = dcopy(h, sizeof(float) * (size_t)V * R);
+    int *dr = dcopy(rows, sizeof rows);
+    double *du = dcopy(u, sizeof u);
+    size_t sb = cuk_rows_stats_scratch_bytes(n, V);
+    void *dc = dcopy(NULL, sb);
+    CUDA_CHECK(cudaMemset(dc, 0, sb));
+    RowStats *ds = dcopy(NULL, sizeof(RowStats) * n), got[8], want;
+    double *cs = malloc(sizeof(double) * row_chunks(V));
+    for (int pass = 0; pass < 2; pass++)
+        for (int l = 0; l < N_LAWS; l++) {
+            int temp = sampling_temp(&LAWS[l]);
+            char what[SAMPLING_STR + 16];
+            sampling_str(&LAWS[l], what, SAMPLING_STR);
+            strcat(what, pass ? " poisoned" : " split");
+            CUDA_CHECK(cudaMemset(ds, 0xff, sizeof(RowStats) * n));
+            cuk_rows_stats(0, dl, V, dr, n, &LAWS[l], temp ? du : NULL, dc, ds);
+            CUDA_CHECK(cudaMemcpy(got, ds, sizeof got, cudaMemcpyDeviceToHost));
+            for (int i = 0; i < n; i++) {
+                row_stats(h + (size_t)rows[i] * V, V, &LAWS[l], temp ? u[i] : -1, cs, &want);
+                expect_stats_nf(&got[i], &want, what, i);
+            }
+        }
+    cudaFree(dl), cudaFree(dr), cudaFree(du), cudaFree(dc), cudaFree(ds);
+    free(cs), free(h);
+}
+END_TEST
+
+/* One call reduces all its rows in the same launches, however many: one when greedy, two
+ * for plain sampling, three with a filter (the cut's own pass). */
+START_TEST(test_cuda_rows_launches) {
+    CU_REQUIRE_DEVICE();
+    const int V = 70000, R = 40;
+    float *h = malloc(sizeof(float) * (size_t)V * R);
+    for (size_t i = 0; i < (size_t)V * R; i++) h[i] = (float)((i * 7919) % 1000) * 0.001f;
+    int rows[R];
+    for (int i = 0; i < R; i++) rows[i] = i;
+    float *dl = dcopy(h, sizeof(float) * (size_t)V * R);
+    int *dr = dcopy(rows, sizeof rows);
+    size_t sb = cuk_rows_stats_scratch_bytes(R, V);
+    void *dc = dcopy(NULL, sb);
+    CUDA_CHECK(cudaMemset(dc, 0, sb));
+    RowStats *ds = dcopy(NULL, sizeof(RowStats) * R);
+    const int want[N_LAWS] = {1, 2, 3, 3, 3};
+    for (int l = 0; l < N_LAWS; l++)
+        for (int n = 1; n <= R; n += R - 1) {
+            uint64_t before = cuk_launch_count();
+            cuk_rows_stats(0, dl, V, dr, n, &LAWS[l], NULL, dc, ds);
+            int got = (int)(cuk_launch_count() - before);
+            ck_assert_msg(got == want[l], "law %d, %d rows: %d launches, want %d", l, n, got,
+                          want[l]);
+        }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    cudaFree(dl), cudaFree(dr), cudaFree(dc), cudaFree(ds);
     free(h);
 }
 END_TEST
@@ -265,5 +366,10 @@ Suite *suite_cuda_rowstats(void) {
     tcase_add_test(tc, test_cuda_rows_backend);
     tcase_add_test(tc, test_cuda_rowstats_decode);
     suite_add_tcase(s, tc);
+    TCase *sp = tcase_create("split");
+    tcase_set_timeout(sp, 300);
+    tcase_add_test(sp, test_cuda_rows_split);
+    tcase_add_test(sp, test_cuda_rows_launches);
+    suite_add_tcase(s, sp);
     return s;
 }
