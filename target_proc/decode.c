@@ -459,19 +459,19 @@ static void plan_size(Decode *dec, Round *r) {
 
 /* What the round measured, for the planner's next choices. */
 static void plan_observe(Decode *dec, const Round *r) {
-    Planner *p = dec->opts->planner;
+    Planner *pl = dec->opts->planner;
     const RoundInfo *ri = &r->info;
-    if (ri->t_root_end) planner_observe_pass(p, 1, ri->t_root_end - ri->t_root_start);
+    if (ri->t_root_end) planner_observe_pass(pl, 1, ri->t_root_end - ri->t_root_start);
     if (ri->t_tree_end && !dec->opts->score_all)
-        planner_observe_pass(p, dec->ps.n + r->with_root, ri->t_tree_end - ri->t_tree_start);
+        planner_observe_pass(pl, dec->ps.n + r->with_root, ri->t_tree_end - ri->t_tree_start);
     if (r->asked) {
         uint64_t own = ri->t_root_end > ri->t_grow_sent ? ri->t_root_end : ri->t_grow_sent;
-        planner_observe_pool(p, dec->t->pool, r->n_sent, ri->t_pool_recv - ri->t_grow_sent,
+        planner_observe_pool(pl, dec->t->pool, r->n_sent, ri->t_pool_recv - ri->t_grow_sent,
                              ri->t_pool_recv > own ? ri->t_pool_recv - own : 0);
-        planner_observe_accept(p, dec->opts->decoder, sampling_temp(&dec->opts->sampling),
+        planner_observe_accept(pl, dec->opts->decoder, sampling_temp(&dec->opts->sampling),
                                dec->t->pool, &r->sel, r->sel.t.n, r->acc, r->n_acc);
     }
-    planner_observe_round(p, dec->opts->decoder, sampling_temp(&dec->opts->sampling), r->n_emit,
+    planner_observe_round(pl, dec->opts->decoder, sampling_temp(&dec->opts->sampling), r->n_emit,
                           ri->t_commit - ri->t_round_start, r->asked);
 }
 

@@ -337,18 +337,18 @@ START_TEST(test_drafter_round_no_full_rows) {
     Drafter *d = NULL;
     RsErr e = {0};
     ck_assert(drafter_model_create(dm, &cpu_backend_ops, TU_BP(512, 2), &d, &e) == RS_OK);
-    Pool *pl = malloc(sizeof(Pool));
+    Pool *p = malloc(sizeof(Pool));
     int toks[5] = {3, 4, 5, 6, 7};
     for (int round = 0; round < 3; round++) {
-        ck_assert_msg(drafter_commit_grow(d, toks, round ? 2 : 5, pl, &e) == RS_OK, "%s", e.msg);
-        ck_assert_int_eq(pl->n, POOL_MAX);
-        ck_assert_int_eq(pl->draft_rows, 1 + POOL_N_EXPANDED);
-        ck_assert(pl->draft_host_ns > 0 && pl->draft_host_ns < pl->draft_ns);
+        ck_assert_msg(drafter_commit_grow(d, toks, round ? 2 : 5, p, &e) == RS_OK, "%s", e.msg);
+        ck_assert_int_eq(p->n, POOL_MAX);
+        ck_assert_int_eq(p->draft_rows, 1 + POOL_N_EXPANDED);
+        ck_assert(p->draft_host_ns > 0 && p->draft_host_ns < p->draft_ns);
     }
     BackendStats st = model_drafter_backend_stats(d);
     ck_assert_int_eq(st.d2h_full_rows, 0);
     ck_assert_int_eq(st.forwards, 3 * 8);
-    free(pl);
+    free(p);
     drafter_destroy(&d);
     model_destroy(&dm);
 }

@@ -527,7 +527,7 @@ END_TEST
 
 typedef struct {
     int prompt[48], n_prompt, vocab;
-    DecodeOpts o;
+    DecodeOpts opts;
     int out[MAXNEW + ROUND_MAX_EMIT], n_out;
     int restarts;
 } Req;
@@ -543,17 +543,17 @@ static void req_make(Req *r, int i, int V) {
     for (int k = 0; k < r->n_prompt; k++)
         r->prompt[k] = k >= 5 && rng_next(&g) % 3 ? r->prompt[k - 5] : (int)(rng_next(&g) % (uint64_t)V);
     int kind = i % 4;
-    r->o = (DecodeOpts){.decoder = kind < 2 ? DECODER_AR : DECODER_DRAFT, .budget = 6, .seed = 5 + i,
-                        .max_new = MAXNEW - i % 3, .ignore_eos = 1};
-    if (kind % 2) r->o.sampling = (Sampling){.temperature = 1.0};
+    r->opts = (DecodeOpts){.decoder = kind < 2 ? DECODER_AR : DECODER_DRAFT, .budget = 6, .seed = 5 + i,
+                           .max_new = MAXNEW - i % 3, .ignore_eos = 1};
+    if (kind % 2) r->opts.sampling = (Sampling){.temperature = 1.0};
 }
 
 static int req_run(Target *t, Req *r, RsErr *e) {
     Drafter *d = NULL;
-    if (r->o.decoder != DECODER_AR)
+    if (r->opts.decoder != DECODER_AR)
         ck_assert_int_eq(drafter_suffix_create(r->vocab, NULL, 0, NULL, &d, e), RS_OK);
     DecodeResult res = {.tokens = r->out, .cap = MAXNEW + ROUND_MAX_EMIT};
-    int rc = decode_run(t, d, r->prompt, r->n_prompt, &r->o, NULL, &res, e);
+    int rc = decode_run(t, d, r->prompt, r->n_prompt, &r->opts, NULL, &res, e);
     drafter_destroy(&d);
     r->n_out = res.n_tokens;
     return rc;
@@ -632,7 +632,7 @@ START_TEST(test_cuda_batcher_exact) {
         for (int j = 0; j < want[i].n_out; j++)
             ck_assert_msg(got[i].out[j] == want[i].out[j],
                           "request %d (%s, T=%g) token %d: batched %d, solo %d", i,
-                          decoder_name(got[i].o.decoder), got[i].o.sampling.temperature, j,
+                          decoder_name(got[i].opts.decoder), got[i].opts.sampling.temperature, j,
                           got[i].out[j], want[i].out[j]);
         restarts += got[i].restarts;
     }
