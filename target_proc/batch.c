@@ -511,7 +511,7 @@ static void view_destroy(Backend **pb) {
     *pb = NULL;
 }
 
-static int view_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
+static int view_create(const Model *m, const BackendParams *bp, Backend **out, RsErr *e) {
     *out = NULL;
     return rs_err(e, RS_EUNSUPPORTED, "a batcher view is made by batcher_target");
 }

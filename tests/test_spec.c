@@ -292,15 +292,15 @@ END_TEST
 
 /* ---- properties on real pools ---------------------------------------------------- */
 
-static int ancestor_closed(const Pool *p, const Selection *s) {
-    for (int k = 0; k < s->t.n; k++) {
-        int par = s->t.parent[k];
+static int ancestor_closed(const Pool *p, const Selection *sel) {
+    for (int k = 0; k < sel->t.n; k++) {
+        int par = sel->t.parent[k];
         if (par >= k) return 0; /* parents first */
-        if (k == 0 && s->rooted_at_x1) continue;
-        int u = s->t.node[k];
+        if (k == 0 && sel->rooted_at_x1) continue;
+        int u = sel->t.node[k];
         if (u < 0) return 0;
         int pu = p->parent[u];
-        if (par < 0 ? pu != -1 : s->t.node[par] != pu) return 0;
+        if (par < 0 ? pu != -1 : sel->t.node[par] != pu) return 0;
     }
     return 1;
 }
@@ -334,33 +334,33 @@ static void random_target(const Pool *p, Rng *r, double *rowp, double *path) {
 
 /* rootdraw's tree: X1 and min(B - 1, X1's descendants) when X1 is in the pool, else X1
  * alone (and PEARL's too). */
-static void check_rootdraw_size(const Pool *p, const Selection *s, int B) {
-    if (!s[DECODER_ROOTDRAW].x1_in_pool) {
-        ck_assert_int_eq(s[DECODER_ROOTDRAW].t.n, 1);
-        ck_assert_int_eq(s[DECODER_PEARL].t.n, 1);
+static void check_rootdraw_size(const Pool *p, const Selection *sel, int B) {
+    if (!sel[DECODER_ROOTDRAW].x1_in_pool) {
+        ck_assert_int_eq(sel[DECODER_ROOTDRAW].t.n, 1);
+        ck_assert_int_eq(sel[DECODER_PEARL].t.n, 1);
         return;
     }
-    int x1n = s[DECODER_ROOTDRAW].t.node[0], nd = 0;
+    int x1n = sel[DECODER_ROOTDRAW].t.node[0], nd = 0;
     for (int i = 0; i < p->n; i++) {
         int a = i;
         while (a >= 0 && a != x1n) a = p->parent[a];
         nd += a == x1n && i != x1n;
     }
-    ck_assert_int_eq(s[DECODER_ROOTDRAW].t.n, 1 + (nd < B - 1 ? nd : B - 1));
+    ck_assert_int_eq(sel[DECODER_ROOTDRAW].t.n, 1 + (nd < B - 1 ? nd : B - 1));
 }
 
 /* Expected acceptance of selection s under the target rows rowp (random_target). */
-static double selection_tau(const Pool *p, const Selection *s, const double *rowp, int x1) {
+static double selection_tau(const Pool *p, const Selection *sel, const double *rowp, int x1) {
     double tr[TREE_MAX];
-    for (int j = 0; j < s->t.n; j++) {
-        int u = s->t.node[j];
+    for (int j = 0; j < sel->t.n; j++) {
+        int u = sel->t.node[j];
         int tok = u < 0 ? x1 : p->token[u];
-        int par = s->t.parent[j];
-        int prow = par < 0 ? 0 : 1 + s->t.node[par];
-        if (j == 0 && s->rooted_at_x1) prow = 0;
+        int par = sel->t.parent[j];
+        int prow = par < 0 ? 0 : 1 + sel->t.node[par];
+        if (j == 0 && sel->rooted_at_x1) prow = 0;
         tr[j] = rowp[prow * 50 + tok];
     }
-    return tree_tau(s, tr);
+    return tree_tau(sel, tr);
 }
 
 /* Tie-breaking: the draft tree is exactly the first B of a brute-force ranking. */
@@ -382,22 +382,22 @@ static void check_rules(const Pool *p, const double *rowp, const double *path, i
                         int B, int round) {
     float p0[50];
     for (int v = 0; v < 50; v++) p0[v] = (float)rowp[v];
-    Selection s[DECODER_COUNT];
-    select_draft(p, B, &s[DECODER_DRAFT]);
-    select_pearl(p, B, x1, &s[DECODER_PEARL]);
-    select_rootdraw(p, B, x1, &s[DECODER_ROOTDRAW]);
-    select_root(p, B, p0, x1, &s[DECODER_ROOT]);
-    select_oracle(p, B, path, &s[DECODER_ORACLE]);
+    Selection sel[DECODER_COUNT];
+    select_draft(p, B, &sel[DECODER_DRAFT]);
+    select_pearl(p, B, x1, &sel[DECODER_PEARL]);
+    select_rootdraw(p, B, x1, &sel[DECODER_ROOTDRAW]);
+    select_root(p, B, p0, x1, &sel[DECODER_ROOT]);
+    select_oracle(p, B, path, &sel[DECODER_ORACLE]);
     for (int k = DECODER_DRAFT; k < DECODER_COUNT; k++)
-        ck_assert_msg(ancestor_closed(p, &s[k]), "%s tree not ancestor-closed",
+        ck_assert_msg(ancestor_closed(p, &sel[k]), "%s tree not ancestor-closed",
                       decoder_name((DecoderKind)k));
-    ck_assert_int_eq(s[DECODER_DRAFT].t.n, B);
-    ck_assert_int_eq(s[DECODER_ROOT].t.n, B);
-    ck_assert_int_eq(s[DECODER_ORACLE].t.n, B);
-    ck_assert_int_le(s[DECODER_PEARL].t.n, B);
-    check_rootdraw_size(p, s, B);
+    ck_assert_int_eq(sel[DECODER_DRAFT].t.n, B);
+    ck_assert_int_eq(sel[DECODER_ROOT].t.n, B);
+    ck_assert_int_eq(sel[DECODER_ORACLE].t.n, B);
+    ck_assert_int_le(sel[DECODER_PEARL].t.n, B);
+    check_rootdraw_size(p, sel, B);
     double tau[DECODER_COUNT];
-    for (int k = DECODER_DRAFT; k < DECODER_COUNT; k++) tau[k] = selection_tau(p, &s[k], rowp, x1);
+    for (int k = DECODER_DRAFT; k < DECODER_COUNT; k++) tau[k] = selection_tau(p, &sel[k], rowp, x1);
     ck_assert_msg(tau[DECODER_ROOTDRAW] >= tau[DECODER_PEARL] - 1e-12,
                   "round %d B=%d: rootdraw tau %g < pearl tau %g", round, B,
                   tau[DECODER_ROOTDRAW], tau[DECODER_PEARL]);
@@ -405,7 +405,7 @@ static void check_rules(const Pool *p, const double *rowp, const double *path, i
                   "round %d B=%d: draft tau %g > oracle tau %g", round, B, tau[DECODER_DRAFT],
                   tau[DECODER_ORACLE]);
     ck_assert_msg(tau[DECODER_ROOT] <= tau[DECODER_ORACLE] + 1e-12, "root tau > oracle");
-    check_draft_order(p, &s[DECODER_DRAFT], B);
+    check_draft_order(p, &sel[DECODER_DRAFT], B);
 }
 
 START_TEST(test_tree_properties) {
@@ -556,13 +556,13 @@ START_TEST(test_oracle_brute_force) {
                     }
                 if (ok && v > best) best = v;
             }
-            Selection s;
-            select_oracle(p, B, path, &s);
-            ck_assert_int_eq(s.t.n, B);
-            ck_assert(ancestor_closed(p, &s));
+            Selection sel;
+            select_oracle(p, B, path, &sel);
+            ck_assert_int_eq(sel.t.n, B);
+            ck_assert(ancestor_closed(p, &sel));
             double tr[TREE_MAX];
-            for (int k = 0; k < s.t.n; k++) tr[k] = trans[s.t.node[k]];
-            double got = tree_tau(&s, tr);
+            for (int k = 0; k < sel.t.n; k++) tr[k] = trans[sel.t.node[k]];
+            double got = tree_tau(&sel, tr);
             ck_assert_msg(fabs(got - best) <= 1e-12, "trial %d B=%d: oracle %g, best %g", trial,
                           B, got, best);
         }

@@ -241,11 +241,11 @@ END_TEST
 #define SPEC "random:tiny,seed=41,arch=qwen3"
 
 static Backend *make(const BackendOps *ops, const Model *m, int cap, int seqs, int bi) {
-    BackendParams p = {.kv_capacity = cap, .max_batch = 24, .max_pending = 24, .threads = 1,
-                       .batch_invariant = bi, .max_seqs = seqs};
+    BackendParams bp = {.kv_capacity = cap, .max_batch = 24, .max_pending = 24, .threads = 1,
+                        .batch_invariant = bi, .max_seqs = seqs};
     Backend *b = NULL;
     RsErr e = {0};
-    ck_assert_msg(backend_create(ops, m, &p, &b, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(backend_create(ops, m, &bp, &b, &e) == RS_OK, "%s", e.msg);
     return b;
 }
 
@@ -455,11 +455,11 @@ END_TEST
  * 600 committed entries and one of 20, a tree of three rows and a chunk of four in one pass,
  * each row the bits of its sequence alone and within tolerance of the CPU backend's batch. */
 static Backend *make_long(const BackendOps *ops, const Model *m, int cap, int seqs) {
-    BackendParams p = {.kv_capacity = cap, .max_batch = 600, .max_pending = 600, .threads = 1,
-                       .batch_invariant = 1, .max_seqs = seqs};
+    BackendParams bp = {.kv_capacity = cap, .max_batch = 600, .max_pending = 600, .threads = 1,
+                        .batch_invariant = 1, .max_seqs = seqs};
     Backend *b = NULL;
     RsErr e = {0};
-    ck_assert_msg(backend_create(ops, m, &p, &b, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(backend_create(ops, m, &bp, &b, &e) == RS_OK, "%s", e.msg);
     return b;
 }
 
