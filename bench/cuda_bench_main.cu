@@ -265,7 +265,7 @@ static int time_seqs(const Shape *sh, int ns, int ctx, int iters, int device) {
     }
     int V = m->cfg.vocab_size, big = ctx > 65 ? ctx : 65, ids[64];
     BackendParams bp = {.kv_capacity = ns * (ctx + 16), .max_batch = big, .max_pending = big,
-                        .device = device, .batch_invariant = g_batch_inv, .max_seqs = ns, .sw = g_sw};
+                        .device = device, .batch_invariant = g_batch_inv, .sw = g_sw, .max_seqs = ns};
     Backend *b = NULL;
     float *batch = NULL, *solo = NULL;
     CUDA_CHECK(cudaMallocHost((void **)&batch, sizeof(float) * (size_t)ns * V));

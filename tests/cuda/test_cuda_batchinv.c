@@ -127,7 +127,7 @@ START_TEST(test_cuda_batch_invariant_rows) {
     Model *host = load(&cpu_backend_ops, spec), *dev = load(cuda_backend_ops_get(), spec);
     int V = host->cfg.vocab_size, np = 20, n = 65;
     Backend *cpu = cu_backend_make(&cpu_backend_ops, host, 256, 65, 130);
-    Backend *gpu = make(dev, 256, 65, 130, 1, 0);
+    Backend *gpu = make(dev, 256, 65, 130, 1, (BackendSwitches){0});
     int ptok[20], ppos[20], tok[65], pos[65], rows[65];
     uint8_t *mask = malloc(65 * 65);
     for (int i = 0; i < np; i++) ptok[i] = (i * 41 + 3) % V, ppos[i] = i;
