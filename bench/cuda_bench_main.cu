@@ -153,12 +153,12 @@ static int time_shape(const Shape *sh, int ctx, int iters, int device, double co
         CUDA_CHECK(cudaMallocHost((void **)logits, need));
         *logits_cap = need;
     }
-    BackendParams p = {.kv_capacity = ctx + 128, .max_batch = ctx > 65 ? ctx : 65,
-                       .max_pending = ctx > 65 ? ctx : 65, .threads = 0, .device = device,
-                       .batch_invariant = g_batch_inv, .sw = g_sw};
+    BackendParams bp = {.kv_capacity = ctx + 128, .max_batch = ctx > 65 ? ctx : 65,
+                        .max_pending = ctx > 65 ? ctx : 65, .threads = 0, .device = device,
+                        .batch_invariant = g_batch_inv, .sw = g_sw};
     Backend *b = NULL;
     uint64_t t0 = rs_now_ns();
-    if (backend_create(cuda_backend_ops_get(), m, &p, &b, &e) != RS_OK) {
+    if (backend_create(cuda_backend_ops_get(), m, &bp, &b, &e) != RS_OK) {
         fprintf(stderr, "rootspec-cuda-bench: %s: %s\n", sh->name, e.msg);
         return 1;
     }
@@ -264,13 +264,13 @@ static int time_seqs(const Shape *sh, int ns, int ctx, int iters, int device) {
         return 2;
     }
     int V = m->cfg.vocab_size, big = ctx > 65 ? ctx : 65, ids[64];
-    BackendParams p = {.kv_capacity = ns * (ctx + 16), .max_batch = big, .max_pending = big,
-                       .device = device, .batch_invariant = g_batch_inv, .max_seqs = ns, .sw = g_sw};
+    BackendParams bp = {.kv_capacity = ns * (ctx + 16), .max_batch = big, .max_pending = big,
+                        .device = device, .batch_invariant = g_batch_inv, .sw = g_sw, .max_seqs = ns};
     Backend *b = NULL;
     float *batch = NULL, *solo = NULL;
     CUDA_CHECK(cudaMallocHost((void **)&batch, sizeof(float) * (size_t)ns * V));
     CUDA_CHECK(cudaMallocHost((void **)&solo, sizeof(float) * (size_t)ns * V));
-    int rc = backend_create(cuda_backend_ops_get(), m, &p, &b, &e);
+    int rc = backend_create(cuda_backend_ops_get(), m, &bp, &b, &e);
     if (rc) fprintf(stderr, "rootspec-cuda-bench: %s: %s\n", sh->name, e.msg);
     if (!rc) rc = seqs_prefill(b, ids, ns, ctx, batch);
     if (!rc) {

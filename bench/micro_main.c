@@ -471,17 +471,17 @@ static int rss_check(const Model *m, const Opts *o, double file_mb, RsErr *e) {
  * stream at each thread count, then the head's rounds (bench/micro_eagle3.c). */
 static int eagle3_main(const Opts *o) {
     RsErr e = {0};
-    Model *t = NULL;
-    int rc = model_load(o->model_path, &t, &e);
+    Model *m = NULL;
+    int rc = model_load(o->model_path, &m, &e);
     if (rc) {
         fprintf(stderr, "rootspec-micro: %s\n", e.msg);
         return cli_exit_status(rc);
     }
     double gbs[MAX_THREADS];
     for (int i = 0; i < o->n_threads; i++) gbs[i] = stream_gbs(o->threads[i], 0);
-    rc = micro_eagle3(o->eagle3, t, o->cpu_kernels, &o->sw, o->threads, gbs, o->n_threads,
+    rc = micro_eagle3(o->eagle3, m, o->cpu_kernels, &o->sw, o->threads, gbs, o->n_threads,
                       o->ctx, o->draft_rounds > 0 ? o->draft_rounds : 1, &e);
-    model_destroy(&t);
+    model_destroy(&m);
     if (rc) fprintf(stderr, "rootspec-micro: %s\n", e.msg);
     return rc ? cli_exit_status(rc) : 0;
 }

@@ -24,7 +24,7 @@ int model_load(const char *path, Model **out, RsErr *e) {
 typedef struct {
     const uint8_t *p; /* the matrix's bytes in a file mapping */
     size_t n;
-    QTensor *t;
+    QTensor *w;
 } Span;
 
 static int span_cmp(const void *a, const void *b) {
@@ -64,7 +64,7 @@ static int matrix_spans(Model *m, Span *sp) {
 static void copy_run(const Span *sp, int i, int j, const uint8_t *end, uint8_t *dst) {
     const uint8_t *start = sp[i].p;
     memcpy(dst, start, (size_t)(end - start));
-    for (int k = i; k < j; k++) sp[k].t->data = dst + (sp[k].p - start);
+    for (int k = i; k < j; k++) sp[k].w->data = dst + (sp[k].p - start);
     size_t pg = (size_t)sysconf(_SC_PAGESIZE);
     uintptr_t a = (uintptr_t)start & ~(uintptr_t)(pg - 1);
     uintptr_t z = ((uintptr_t)end + pg - 1) & ~(uintptr_t)(pg - 1);
@@ -198,7 +198,7 @@ void model_destroy(Model **pm) {
     *pm = NULL;
 }
 
-static size_t qt_bytes(const QTensor *t) { return (size_t)t->rows * t->row_bytes; }
+static size_t qt_bytes(const QTensor *w) { return (size_t)w->rows * w->row_bytes; }
 
 size_t model_weight_bytes(const Model *m) {
     const Config *c = &m->cfg;
@@ -217,42 +217,42 @@ size_t model_weight_bytes(const Model *m) {
 }
 
 /* The x4 tile holding row j of a packed matrix. */
-static const uint8_t *x4_tile(const QTensor *t, int j) {
-    return (const uint8_t *)t->data + (size_t)(j / QUANT_X4_ROWS) * QUANT_X4_ROWS * t->row_bytes;
+static const uint8_t *x4_tile(const QTensor *w, int j) {
+    return (const uint8_t *)w->data + (size_t)(j / QUANT_X4_ROWS) * QUANT_X4_ROWS * w->row_bytes;
 }
 
-void qtensor_row_bytes(const QTensor *t, int j, uint8_t *dst) {
-    RS_ASSERT(t->data && j >= 0 && j < t->rows);
-    if (!t->packed) {
-        memcpy(dst, qtensor_row(t, j), t->row_bytes);
+void qtensor_row_bytes(const QTensor *w, int j, uint8_t *dst) {
+    RS_ASSERT(w->data && j >= 0 && j < w->rows);
+    if (!w->packed) {
+        memcpy(dst, qtensor_row(w, j), w->row_bytes);
         return;
     }
     size_t be, bb;
-    RS_ASSERT(quant_type_geometry(t->type, &be, &bb) == 0);
-    for (size_t k = 0; k < (size_t)t->cols / be; k++)
-        quant_x4_block(t->type, (size_t)t->cols, x4_tile(t, j), j % QUANT_X4_ROWS, k, dst + k * bb);
+    RS_ASSERT(quant_type_geometry(w->type, &be, &bb) == 0);
+    for (size_t k = 0; k < (size_t)w->cols / be; k++)
+        quant_x4_block(w->type, (size_t)w->cols, x4_tile(w, j), j % QUANT_X4_ROWS, k, dst + k * bb);
 }
 
-void qtensor_dequantize_rows(const QTensor *t, int r0, int n, float *dst) {
-    RS_ASSERT(t->data && r0 >= 0 && n >= 0 && r0 + n <= t->rows);
+void qtensor_dequantize_rows(const QTensor *w, int r0, int n, float *dst) {
+    RS_ASSERT(w->data && r0 >= 0 && n >= 0 && r0 + n <= w->rows);
     for (int i = 0; i < n; i++) {
-        float *y = dst + (size_t)i * t->cols;
-        if (!t->packed) {
-            quant_dequantize(t->type, qtensor_row(t, r0 + i), y, (size_t)t->cols);
+        float *y = dst + (size_t)i * w->cols;
+        if (!w->packed) {
+            quant_dequantize(w->type, qtensor_row(w, r0 + i), y, (size_t)w->cols);
             continue;
         }
         uint8_t blk[256]; /* one block of an x4 type (210 bytes at most) */
         size_t be, bb;
-        RS_ASSERT(quant_type_geometry(t->type, &be, &bb) == 0 && bb <= sizeof blk);
-        for (size_t k = 0; k < (size_t)t->cols / be; k++) {
-            quant_x4_block(t->type, (size_t)t->cols, x4_tile(t, r0 + i), (r0 + i) % QUANT_X4_ROWS,
+        RS_ASSERT(quant_type_geometry(w->type, &be, &bb) == 0 && bb <= sizeof blk);
+        for (size_t k = 0; k < (size_t)w->cols / be; k++) {
+            quant_x4_block(w->type, (size_t)w->cols, x4_tile(w, r0 + i), (r0 + i) % QUANT_X4_ROWS,
                            k, blk);
-            quant_dequantize(t->type, blk, y + be * k, be);
+            quant_dequantize(w->type, blk, y + be * k, be);
         }
     }
 }
 
 QTensor qtensor_f32(const float *data, int rows, int cols) {
-    QTensor t = {QT_F32, data, rows, cols, (size_t)cols * sizeof(float), 0, 0};
-    return t;
+    QTensor w = {QT_F32, data, rows, cols, (size_t)cols * sizeof(float), 0, 0};
+    return w;
 }

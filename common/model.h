@@ -172,22 +172,22 @@ void model_destroy(Model **m);
  * random model without host weights counts f32. */
 size_t model_weight_bytes(const Model *m);
 
-/* Stored bytes of logical row j (0 <= j < t->rows) of a row-layout matrix (not packed:
+/* Stored bytes of logical row j (0 <= j < w->rows) of a row-layout matrix (not packed:
  * see qtensor_row_bytes). */
-static inline const uint8_t *qtensor_row(const QTensor *t, int j) {
-    RS_ASSERT(!t->packed);
+static inline const uint8_t *qtensor_row(const QTensor *w, int j) {
+    RS_ASSERT(!w->packed);
     int r = j;
-    if (t->perm_hd) { /* HF row h*hd + k came from GGUF row h*hd + 2k (k < hd/2) or 2(k-hd/2)+1 */
-        int hd = t->perm_hd, h = j / hd, k = j % hd, half = hd / 2;
+    if (w->perm_hd) { /* HF row h*hd + k came from GGUF row h*hd + 2k (k < hd/2) or 2(k-hd/2)+1 */
+        int hd = w->perm_hd, h = j / hd, k = j % hd, half = hd / 2;
         r = h * hd + (k < half ? 2 * k : 2 * (k - half) + 1);
     }
-    return (const uint8_t *)t->data + (size_t)r * t->row_bytes;
+    return (const uint8_t *)w->data + (size_t)r * w->row_bytes;
 }
 /* The stored bytes of logical row j as a row-layout matrix holds them, into dst
- * (row_bytes), whatever t's layout. */
-void qtensor_row_bytes(const QTensor *t, int j, uint8_t *dst);
+ * (row_bytes), whatever w's layout. */
+void qtensor_row_bytes(const QTensor *w, int j, uint8_t *dst);
 /* Logical rows [r0, r0 + n) expanded to f32 into dst (n, cols), any layout. */
-void qtensor_dequantize_rows(const QTensor *t, int r0, int n, float *dst);
+void qtensor_dequantize_rows(const QTensor *w, int r0, int n, float *dst);
 /* An f32 matrix descriptor over data (rows, cols), e.g. an arena slice. */
 QTensor qtensor_f32(const float *data, int rows, int cols);
 

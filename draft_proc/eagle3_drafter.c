@@ -106,7 +106,7 @@ static const DrafterOps eagle3_ops = {
 };
 
 int drafter_eagle3_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
-                             const BackendOps *backend, const BackendParams *p,
+                             const BackendOps *backend, const BackendParams *bp,
                              const int layers[EAGLE3_N_FEATURES], Drafter **out, RsErr *e) {
     *out = NULL;
     if (!layers) layers = h->cfg.feature_layers;
@@ -121,9 +121,9 @@ int drafter_eagle3_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
     if (!ops) return e ? e->code : RS_EUNSUPPORTED;
     Eagle3Drafter *d = rs_xcalloc(1, sizeof *d);
     d->h = h;
-    d->kv_capacity = p->kv_capacity;
-    BackendParams rp = {.kv_capacity = p->kv_capacity, .max_batch = EAGLE3_COMMIT_CHUNK,
-                        .threads = p->threads, .device = p->device};
+    d->kv_capacity = bp->kv_capacity;
+    BackendParams rp = {.kv_capacity = bp->kv_capacity, .max_batch = EAGLE3_COMMIT_CHUNK,
+                        .threads = bp->threads, .device = bp->device};
     int rc = eagle3_runner_create_on(h, embed, ops, &rp, &d->r, e);
     if (rc) {
         free(d);
@@ -142,8 +142,8 @@ int drafter_eagle3_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
 int drafter_eagle3_create(const Eagle3Head *h, const float *embed, int kv_capacity,
                           const int layers[EAGLE3_N_FEATURES], Drafter **out, RsErr *e) {
     Eagle3Embed em = {.table = qtensor_f32(embed, h->cfg.c.vocab_size, h->cfg.c.dim)};
-    BackendParams p = {.kv_capacity = kv_capacity, .threads = 1};
-    return drafter_eagle3_create_on(h, &em, NULL, &p, layers, out, e);
+    BackendParams bp = {.kv_capacity = kv_capacity, .threads = 1};
+    return drafter_eagle3_create_on(h, &em, NULL, &bp, layers, out, e);
 }
 
 int eagle3_head_open_for(const char *head_path, const Model *target, Eagle3LayerIds ids,
@@ -162,14 +162,14 @@ int eagle3_head_open_for(const char *head_path, const Model *target, Eagle3Layer
 }
 
 int drafter_eagle3_open(const char *head_path, const Model *target, Eagle3LayerIds ids,
-                        const BackendOps *backend, const BackendParams *p, Drafter **out,
+                        const BackendOps *backend, const BackendParams *bp, Drafter **out,
                         RsErr *e) {
     *out = NULL;
     Eagle3Head *h;
     int layers[EAGLE3_N_FEATURES];
     Eagle3Embed em;
     int rc = eagle3_head_open_for(head_path, target, ids, &h, layers, &em, e);
-    if (!rc) rc = drafter_eagle3_create_on(h, &em, backend, p, layers, out, e);
+    if (!rc) rc = drafter_eagle3_create_on(h, &em, backend, bp, layers, out, e);
     if (rc) {
         eagle3_head_destroy(&h);
         return rc;

@@ -24,11 +24,11 @@
 int drafter_eagle3_create(const Eagle3Head *h, const float *embed, int kv_capacity,
                           const int layers[EAGLE3_N_FEATURES], Drafter **out, RsErr *e);
 /* The same with the embeddings in any stored type (eagle3_forward.h) and the head's layer
- * on `backend` (NULL or cpu_backend_ops: the CPU, p->threads threads; cuda_backend_ops_get():
- * CUDA device p->device), p->kv_capacity as above (the rest of p is ignored).
+ * on `backend` (NULL or cpu_backend_ops: the CPU, bp->threads threads; cuda_backend_ops_get():
+ * CUDA device bp->device), bp->kv_capacity as above (the rest of bp is ignored).
  * RS_EUNSUPPORTED for another backend or a CUDA one this binary lacks. */
 int drafter_eagle3_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
-                             const BackendOps *backend, const BackendParams *p,
+                             const BackendOps *backend, const BackendParams *bp,
                              const int layers[EAGLE3_N_FEATURES], Drafter **out, RsErr *e);
 
 /* Loads the head at head_path (a directory or a random:eagle3-* preset), checks that it fits
@@ -47,7 +47,7 @@ int eagle3_head_open_for(const char *head_path, const Model *target, Eagle3Layer
  * `backend` with p (as drafter_eagle3_create_on); ids as eagle3_head_open_for's. The
  * drafter owns the head. */
 int drafter_eagle3_open(const char *head_path, const Model *target, Eagle3LayerIds ids,
-                        const BackendOps *backend, const BackendParams *p, Drafter **out,
+                        const BackendOps *backend, const BackendParams *bp, Drafter **out,
                         RsErr *e);
 
 #endif

@@ -35,17 +35,17 @@ const Eagle3LayerOps *eagle3_layer_for(const BackendOps *backend, RsErr *e) {
 }
 
 int eagle3_runner_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
-                            const Eagle3LayerOps *ops, const BackendParams *p,
+                            const Eagle3LayerOps *ops, const BackendParams *bp,
                             Eagle3Runner **out, RsErr *e) {
     *out = NULL;
-    RS_ASSERT(h && embed && ops && p && h->lm_head.data);
+    RS_ASSERT(h && embed && ops && bp && h->lm_head.data);
     RS_ASSERT(embed->table.rows == h->cfg.c.vocab_size && embed->table.cols == h->cfg.c.dim);
-    int kv_capacity = p->kv_capacity, max_batch = p->max_batch;
+    int kv_capacity = bp->kv_capacity, max_batch = bp->max_batch;
     if (kv_capacity < 1 || max_batch < 1 || max_batch > kv_capacity)
         return rs_err(e, RS_EINVAL, "EAGLE-3 runner: kv_capacity %d / max_batch %d",
                       kv_capacity, max_batch);
     Eagle3Layer *layer = NULL;
-    int rc = ops->create(h, p, &layer, e);
+    int rc = ops->create(h, bp, &layer, e);
     if (rc) return rc;
     Eagle3Runner *r = rs_xcalloc(1, sizeof *r);
     r->h = h;
@@ -68,8 +68,8 @@ int eagle3_runner_create(const Eagle3Head *h, const float *embed, int kv_capacit
                          int max_batch, Eagle3Runner **out, RsErr *e) {
     RS_ASSERT(embed);
     Eagle3Embed em = {.table = qtensor_f32(embed, h->cfg.c.vocab_size, h->cfg.c.dim)};
-    BackendParams p = {.kv_capacity = kv_capacity, .max_batch = max_batch, .threads = 1};
-    return eagle3_runner_create_on(h, &em, &cpu_eagle3_layer, &p, out, e);
+    BackendParams bp = {.kv_capacity = kv_capacity, .max_batch = max_batch, .threads = 1};
+    return eagle3_runner_create_on(h, &em, &cpu_eagle3_layer, &bp, out, e);
 }
 
 void eagle3_runner_destroy(Eagle3Runner **pr) {

@@ -47,11 +47,11 @@ void eagle3_embed_row(const Eagle3Embed *em, int token, float *dst);
 int eagle3_runner_create(const Eagle3Head *h, const float *embed, int kv_capacity,
                          int max_batch, Eagle3Runner **out, RsErr *e);
 /* The same on a backend's implementation of the layer (eagle3_layer_for: NULL or the CPU
- * backend's ops: the CPU's kernels on p->threads threads; the CUDA backend's: bf16 on
- * device p->device), with p->kv_capacity and p->max_batch as above. RS_EUNSUPPORTED for
+ * backend's ops: the CPU's kernels on bp->threads threads; the CUDA backend's: bf16 on
+ * device bp->device), with bp->kv_capacity and bp->max_batch as above. RS_EUNSUPPORTED for
  * another backend, or the implementation's error (no device, no memory). */
 int eagle3_runner_create_on(const Eagle3Head *h, const Eagle3Embed *embed,
-                            const Eagle3LayerOps *ops, const BackendParams *p,
+                            const Eagle3LayerOps *ops, const BackendParams *bp,
                             Eagle3Runner **out, RsErr *e);
 const Eagle3LayerOps *eagle3_layer_for(const BackendOps *backend, RsErr *e);
 /* "cpu" or "cuda". */

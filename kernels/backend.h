@@ -98,12 +98,12 @@ const BackendOps *backend_ops_by_name(const char *name, RsErr *e);
  * the backend makes its own; a backend that streams host weights (CPU) gets them resident
  * in huge pages (model_make_resident), laid out for its kernels (the CPU: x4 tiles,
  * model_pack_x4, for the kernel family p names; p NULL: defaults). *out as model_load. */
-int backend_model_load(const BackendOps *ops, const char *path, const BackendParams *p,
+int backend_model_load(const BackendOps *ops, const char *path, const BackendParams *bp,
                        Model **out, RsErr *e);
 
 /* Allocates every buffer once. The backend borrows `m`: keep it alive. *out = NULL on
  * error (RS_EINVAL for bad sizes, RS_ENOMEM when the KV cache does not fit, ...). */
-int backend_create(const BackendOps *ops, const Model *m, const BackendParams *p, Backend **out,
+int backend_create(const BackendOps *ops, const Model *m, const BackendParams *bp, Backend **out,
                    RsErr *e);
 /* Accepts NULL and a NULL *b; clears the caller's pointer. */
 void backend_destroy(Backend **b);

@@ -10,19 +10,19 @@
 
 int backend_check_segment(const Backend *b, int nc, int np, const int *tokens, const int *pos,
                           int n, const uint8_t *mask, RsErr *e) {
-    const BackendParams *p = &b->params;
+    const BackendParams *bp = &b->params;
     int vocab = b->model->cfg.vocab_size;
     if (n <= 0) return rs_err(e, RS_EINVAL, "forward of %d tokens: need at least 1", n);
-    if (n > p->max_batch)
+    if (n > bp->max_batch)
         return rs_err(e, RS_EINVAL, "batch of %d tokens exceeds max_batch %d (chunk the prefill)",
-                      n, p->max_batch);
-    if (nc + np + n > p->kv_capacity)
+                      n, bp->max_batch);
+    if (nc + np + n > bp->kv_capacity)
         return rs_err(e, RS_EINVAL,
                       "batch of %d tokens exceeds KV capacity %d (committed %d, pending %d)", n,
-                      p->kv_capacity, nc, np);
-    if (np + n > p->max_pending)
+                      bp->kv_capacity, nc, np);
+    if (np + n > bp->max_pending)
         return rs_err(e, RS_EINVAL, "batch of %d tokens exceeds max_pending %d (pending %d)", n,
-                      p->max_pending, np);
+                      bp->max_pending, np);
     for (int i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= vocab)
             return rs_err(e, RS_EINVAL, "token %d at batch index %d outside vocabulary [0, %d)",
@@ -51,13 +51,13 @@ int backend_check_forward(const Backend *b, const int *tokens, const int *pos, i
     return rc ? rc : check_out_rows(out_rows, n_out, n, e);
 }
 
-int backend_model_load(const BackendOps *ops, const char *path, const BackendParams *p,
+int backend_model_load(const BackendOps *ops, const char *path, const BackendParams *bp,
                        Model **out, RsErr *e) {
     int rc = model_load(path, out, e);
     if (rc) return rc;
     if ((*out)->random_weights && !ops->makes_random_weights) rc = model_random_materialize(*out, e);
     if (!rc && ops->streams_host_weights) rc = model_make_resident(*out, e);
-    if (!rc && ops->prepare_weights) rc = ops->prepare_weights(*out, p, e);
+    if (!rc && ops->prepare_weights) rc = ops->prepare_weights(*out, bp, e);
     if (rc) model_destroy(out);
     return rc;
 }
@@ -73,15 +73,15 @@ const BackendOps *backend_ops_by_name(const char *name, RsErr *e) {
     return NULL;
 }
 
-int backend_create(const BackendOps *ops, const Model *m, const BackendParams *p, Backend **out,
+int backend_create(const BackendOps *ops, const Model *m, const BackendParams *bp, Backend **out,
                    RsErr *e) {
-    RS_ASSERT(ops && m && p && out);
+    RS_ASSERT(ops && m && bp && out);
     *out = NULL;
-    if (p->topk_hint < 0 || p->topk_hint > BACKEND_TOPK_MAX || p->topk_hint > m->cfg.vocab_size)
-        return rs_err(e, RS_EINVAL, "topk_hint = %d outside [0, %d]", p->topk_hint,
+    if (bp->topk_hint < 0 || bp->topk_hint > BACKEND_TOPK_MAX || bp->topk_hint > m->cfg.vocab_size)
+        return rs_err(e, RS_EINVAL, "topk_hint = %d outside [0, %d]", bp->topk_hint,
                       m->cfg.vocab_size < BACKEND_TOPK_MAX ? m->cfg.vocab_size
                                                            : BACKEND_TOPK_MAX);
-    return ops->create(m, p, out, e);
+    return ops->create(m, bp, out, e);
 }
 
 void backend_destroy(Backend **b) {

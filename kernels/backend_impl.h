@@ -16,11 +16,11 @@ struct BackendOps {
      * huge pages (model_make_resident); a device backend copies them once instead. */
     int streams_host_weights;
     /* Optional: after model_make_resident, lays the resident weights out for the kernels
-     * (the CPU: x4 tiles, model_pack_x4, for p's kernel family; p may be NULL). An error
+     * (the CPU: x4 tiles, model_pack_x4, for bp's kernel family; bp may be NULL). An error
      * fails backend_model_load. */
-    int (*prepare_weights)(Model *m, const BackendParams *p, RsErr *e);
+    int (*prepare_weights)(Model *m, const BackendParams *bp, RsErr *e);
     /* As backend_create; sets the common head of a zeroed struct (ops, model, params). */
-    int (*create)(const Model *m, const BackendParams *p, Backend **out, RsErr *e);
+    int (*create)(const Model *m, const BackendParams *bp, Backend **out, RsErr *e);
     void (*destroy)(Backend **b);
     /* As backend_forward; must call backend_check_forward first and add n to n_pending.
      * Keeps the n_out rows' logits (kept rows 0..n_out-1) whatever `logits` is, and copies

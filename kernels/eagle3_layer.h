@@ -42,7 +42,7 @@ struct Eagle3LayerOps {
      * max_batch (most rows in one run), threads (the CPU's, 0 = 1) and device (the CUDA
      * ordinal); the rest is ignored. RS_EUNSUPPORTED / RS_ENOMEM / RS_EINVAL with a message
      * when the head cannot run there. */
-    int (*create)(const Eagle3Head *h, const BackendParams *p, Eagle3Layer **out, RsErr *e);
+    int (*create)(const Eagle3Head *h, const BackendParams *bp, Eagle3Layer **out, RsErr *e);
     /* Accepts NULL and a NULL *r; clears the caller's pointer. */
     void (*destroy)(Eagle3Layer **r);
     /* The caller checked the sizes (n <= max_batch, slots inside kv_capacity). Outputs

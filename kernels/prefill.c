@@ -1,10 +1,10 @@
 /* Chunked prefill; see prefill.h. */
 #include "prefill.h"
 
-int prefill_chunk(const BackendParams *p) {
-    int c = p->max_batch < p->max_pending ? p->max_batch : p->max_pending;
+int prefill_chunk(const BackendParams *bp) {
+    int c = bp->max_batch < bp->max_pending ? bp->max_batch : bp->max_pending;
     c = c < PREFILL_CHUNK_MAX ? c : PREFILL_CHUNK_MAX;
-    if (p->prefill_chunk > 0 && p->prefill_chunk < c) c = p->prefill_chunk;
+    if (bp->prefill_chunk > 0 && bp->prefill_chunk < c) c = bp->prefill_chunk;
     RS_ASSERT(c >= 1);
     return c;
 }

@@ -11,7 +11,7 @@
  * (at most max_batch tokens) whose entries stay pending until its commit (at most
  * max_pending), so the smaller of the two, capped at PREFILL_CHUNK_MAX and at
  * BackendParams.prefill_chunk when set. */
-int prefill_chunk(const BackendParams *p);
+int prefill_chunk(const BackendParams *bp);
 
 /* Forwards tokens[0..n) (n >= 0) at positions n_committed.. and commits them, chunk by
  * chunk; nothing may be pending. last_row != NULL: the last token's logits (vocab) go

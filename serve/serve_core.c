@@ -44,7 +44,7 @@ struct ServeCore {
 struct ServeJob {
     ServeRequest req;
     ServeMeta meta;
-    DecodeOpts d;
+    DecodeOpts opts;
     int *ids, n_ids;
     uint64_t t_arrival, seq;
     ServeCore *core;
@@ -151,32 +151,32 @@ static int job_prompt(ServeCore *c, ServeJob *j, ServeError *se) {
  * one round's reserve and the requested tokens. */
 static int job_options(ServeCore *c, ServeJob *j, ServeError *se) {
     const ServeRequest *r = &j->req;
-    j->d = c->cfg.dflt;
-    if (r->decoder >= 0) j->d.decoder = (DecoderKind)r->decoder;
-    if (r->budget) j->d.budget = r->budget;
-    if (j->d.decoder != DECODER_AR && !c->en->drafter)
+    j->opts = c->cfg.opts_default;
+    if (r->decoder >= 0) j->opts.decoder = (DecoderKind)r->decoder;
+    if (r->budget) j->opts.budget = r->budget;
+    if (j->opts.decoder != DECODER_AR && !c->en->drafter)
         return serve_error(se, 400, "rootspec.decoder",
                            "decoder '%s' needs a drafter; this server runs without one",
-                           decoder_name(j->d.decoder));
-    int rc = serve_sampling_map(r, &j->d, se);
+                           decoder_name(j->opts.decoder));
+    int rc = serve_sampling_map(r, &j->opts, se);
     if (rc) return rc;
-    if (j->d.budget == 0) { /* --budget auto: the engine's planner, up to the largest tree */
-        j->d.planner = c->en->planner;
-        j->d.budget = TREE_MAX;
+    if (j->opts.budget == 0) { /* --budget auto: the engine's planner, up to the largest tree */
+        j->opts.planner = c->en->planner;
+        j->opts.budget = TREE_MAX;
     }
     /* unseeded requests: a stream each; seeded: one per choice, the same on every call */
-    j->d.prompt_id = r->has_seed ? (uint64_t)r->choice : j->seq;
-    int room = target_kv_capacity(c->en->target) - decode_round_reserve(&j->d) - j->n_ids + 1;
+    j->opts.prompt_id = r->has_seed ? (uint64_t)r->choice : j->seq;
+    int room = target_kv_capacity(c->en->target) - decode_round_reserve(&j->opts) - j->n_ids + 1;
     if (room < 1 || (r->max_tokens && r->max_tokens > room)) {
         serve_error(se, 400, r->kind == SERVE_CHAT ? "messages" : "prompt",
                     "this model's context is %d tokens; the prompt has %d and %d more are "
                     "requested (a %s round reserves %d)", target_kv_capacity(c->en->target),
-                    j->n_ids, r->max_tokens ? r->max_tokens : 1, decoder_name(j->d.decoder),
-                    decode_round_reserve(&j->d));
+                    j->n_ids, r->max_tokens ? r->max_tokens : 1, decoder_name(j->opts.decoder),
+                    decode_round_reserve(&j->opts));
         se->code = "context_length_exceeded";
         return 400;
     }
-    j->d.max_new = r->max_tokens ? r->max_tokens : (c->cfg.dflt.max_new < room ? c->cfg.dflt.max_new : room);
+    j->opts.max_new = r->max_tokens ? r->max_tokens : (c->cfg.opts_default.max_new < room ? c->cfg.opts_default.max_new : room);
     return 0;
 }
 
@@ -296,7 +296,7 @@ static void on_tokens(void *u, const int *t, int n) {
 static void on_rows(void *u, const float *const *rows, const int *t, int n, int vocab) {
     ServeJob *j = u;
     pthread_mutex_lock(&j->mu);
-    for (int i = 0; i < n; i++) serve_logprobs_add(&j->lp, rows[i], vocab, &j->d.sampling, t[i]);
+    for (int i = 0; i < n; i++) serve_logprobs_add(&j->lp, rows[i], vocab, &j->opts.sampling, t[i]);
     pthread_mutex_unlock(&j->mu);
 }
 
@@ -335,7 +335,7 @@ static void log_begin(const Slot *sl, ServeJob *j, const DecodeOpts *opts, int r
                        .budget = opts->decoder == DECODER_AR ? 0
                                  : opts->planner       ? ROUNDLOG_BUDGET_AUTO
                                                      : opts->budget,
-                       .prompt_id = j->meta.id, .rep = rep, .sampling = &j->d.sampling};
+                       .prompt_id = j->meta.id, .rep = rep, .sampling = &j->opts.sampling};
     BackendStats st = backend_stats(target_backend(sl->t));
     roundlog_begin(&j->lg, &st);
 }
@@ -388,7 +388,7 @@ static int core_stopping(ServeCore *c) {
  * a fork gave its target (other decodes finish or grow); 0 when the job was cancelled
  * meanwhile. */
 static int job_admit(ServeCore *c, ServeJob *j, const Target *t, int n_prompt) {
-    int need = backend_kv_blocks_for(n_prompt + decode_round_reserve(&j->d)) -
+    int need = backend_kv_blocks_for(n_prompt + decode_round_reserve(&j->opts)) -
                backend_kv_blocks_for(t->n_forked);
     while (!batcher_wait_blocks(c->bt, need, 100))
         if (atomic_load(&j->cancelled)) return 0;
@@ -400,7 +400,7 @@ static int job_admit(ServeCore *c, ServeJob *j, const Target *t, int n_prompt) {
 static int job_decode(ServeCore *c, Slot *sl, ServeJob *j, DecodeResult *res, RsErr *e) {
     DecodeHooks h = {on_tokens, on_round, on_event, j, should_stop, j->req.logprobs ? on_rows : NULL,
                      j->n_echo ? on_prompt_rows : NULL};
-    DecodeOpts opts = j->d;
+    DecodeOpts opts = j->opts;
     if (opts.planner && sl->planner) opts.planner = sl->planner;
     int *ids = rs_xmalloc(sizeof(int) * (size_t)(j->n_ids + opts.max_new + ROUND_MAX_EMIT));
     memcpy(ids, j->ids, sizeof(int) * (size_t)j->n_ids);
@@ -414,7 +414,7 @@ static int job_decode(ServeCore *c, Slot *sl, ServeJob *j, DecodeResult *res, Rs
         }
         DecodeResult part = {.tokens = ids + n_ids, .cap = res->cap - done};
         if (done > 0) h.on_prompt_rows = NULL; /* the prompt's rows are all taken */
-        opts.max_new = j->d.max_new - done;
+        opts.max_new = j->opts.max_new - done;
         if (c->cfg.round_log) log_begin(sl, j, &opts, rep);
         rc = decode_run(sl->t, sl->d, ids, n_ids, &opts, &h, &part, e);
         serve_metrics_prompt(c->metrics, part.prompt_cached, n_ids - part.prompt_cached);
@@ -428,7 +428,7 @@ static int job_decode(ServeCore *c, Slot *sl, ServeJob *j, DecodeResult *res, Rs
         done += part.n_tokens;
         n_ids += part.n_tokens;
         res->hit_eos = part.hit_eos;
-        if (!(rc == RS_EFULL && c->bt && batcher_preempted(sl->t)) || done >= j->d.max_new) break;
+        if (!(rc == RS_EFULL && c->bt && batcher_preempted(sl->t)) || done >= j->opts.max_new) break;
         fprintf(stderr, "rootspec-serve: %s: preempted after %d tokens; recomputing\n",
                 j->meta.id, done);
     }
@@ -467,7 +467,7 @@ static void job_run(ServeCore *c, Slot *sl, ServeJob *j) {
         return;
     }
     DecodeResult res = {0};
-    res.cap = j->d.max_new + ROUND_MAX_EMIT;
+    res.cap = j->opts.max_new + ROUND_MAX_EMIT;
     RsErr e = {0};
     int rc = job_decode(c, sl, j, &res, &e);
     char why[1100];

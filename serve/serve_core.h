@@ -16,7 +16,7 @@
 typedef struct {
     const char *model_name;
     int queue_max;     /* jobs that may wait while one decodes */
-    DecodeOpts dflt;   /* rule, budget, temp, seed, max_new when a request omits them */
+    DecodeOpts opts_default;   /* decoder, budget, temp, seed, max_new when a request omits them */
     int parallel;      /* decodes at once (>= 1); > 1 runs them on a batcher */
     BatchOpts batch;   /* parallel > 1: the batcher's sizes (batch.parallel = parallel) */
     /* parallel > 1 with a drafter: what each worker opens (not an EAGLE-3 head; a remote

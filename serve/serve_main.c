@@ -78,7 +78,7 @@ static void usage(FILE *f) {
 typedef struct {
     EngineOpts eo;
     CliRuntime rt; /* copied into eo once parsed */
-    DecodeOpts d;
+    DecodeOpts opts;
     ServeHttpOpts http;
     const char *model_name;
     int queue;
@@ -101,7 +101,7 @@ static DrafterSpec slot_spec(const Args *A) {
  * model drafter per request costs a KV cache and CPU beside the batch: asked for only). */
 static int batchable(const Args *A) {
     DrafterSpec s = slot_spec(A);
-    return A->d.decoder == DECODER_AR || drafter_spec_kind(&s) == DRAFTER_KIND_SUFFIX;
+    return A->opts.decoder == DECODER_AR || drafter_spec_kind(&s) == DRAFTER_KIND_SUFFIX;
 }
 
 /* --parallel's sizes, and a drafter every worker can have of its own. */
@@ -110,11 +110,11 @@ static int batch_args(Args *A, RsErr *e) {
         return rs_err(e, RS_EINVAL, "--batch-rows %d is below --prefill-chunk %d", A->batch_rows,
                       A->prefill_chunk);
     DrafterSpec s = slot_spec(A);
-    if (A->suffix_global && (A->d.decoder == DECODER_AR || drafter_spec_kind(&s) != DRAFTER_KIND_SUFFIX))
+    if (A->suffix_global && (A->opts.decoder == DECODER_AR || drafter_spec_kind(&s) != DRAFTER_KIND_SUFFIX))
         return rs_err(e, RS_EINVAL, "--suffix-global %d: needs --drafter suffix and a speculative "
                       "--decoder", A->suffix_global);
     if (A->parallel <= 1) return RS_OK;
-    if (A->d.decoder != DECODER_AR && drafter_spec_kind(&s) == DRAFTER_KIND_EAGLE3)
+    if (A->opts.decoder != DECODER_AR && drafter_spec_kind(&s) == DRAFTER_KIND_EAGLE3)
         return rs_err(e, RS_EINVAL, "--parallel %d: an EAGLE-3 head drafts from the target's "
                       "features, which batched decodes do not send: use --parallel 1, or a "
                       "suffix, self, model or remote drafter", A->parallel);
@@ -178,7 +178,7 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
             return 1;
         }
         if ((rc = cli_runtime_option(argc, argv, &i, &A->rt, e)) != 0 ||
-            (rc = engine_cli_option(argc, argv, &i, &A->eo, &A->d, e)) != 0) {
+            (rc = engine_cli_option(argc, argv, &i, &A->eo, &A->opts, e)) != 0) {
             if (rc < 0) return rc;
             continue;
         }
@@ -210,7 +210,7 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
             if (!*v) return rs_err(e, RS_EINVAL, "--api-key is empty");
             serve_gate_add_key(&A->gate, v);
         } else if (!strcmp(a, "--api-key-file")) rc = serve_gate_key_file(&A->gate, v, e);
-        else if (!strcmp(a, "--max-tokens")) rc = cli_int(a, v, 1, 1 << 20, &A->d.max_new, e);
+        else if (!strcmp(a, "--max-tokens")) rc = cli_int(a, v, 1, 1 << 20, &A->opts.max_new, e);
         else if (!strcmp(a, "--queue")) rc = cli_int(a, v, 1, 4096, &A->queue, e);
         else if (!strcmp(a, "--parallel")) rc = cli_int(a, v, 1, 256, &A->parallel, e);
         else if (!strcmp(a, "--batch-rows")) rc = cli_int(a, v, 1, 4096, &A->batch_rows, e);
@@ -239,7 +239,7 @@ static int parse_args(int argc, char **argv, Args *A, RsErr *e) {
     A->http.gate = &A->gate;
     if (A->rt.threads == 0) A->rt.threads = cli_cpus_available(); /* --threads not given */
     rc = engine_cli_runtime(&A->eo, &A->rt, e);
-    if (!rc) rc = engine_cli_check(&A->eo, &A->d, e);
+    if (!rc) rc = engine_cli_check(&A->eo, &A->opts, e);
     return rc ? rc : batch_args(A, e);
 }
 
@@ -255,12 +255,12 @@ static int serve(Args *A, Engine *en, const sigset_t *sigs) {
     ServeMetrics *m = NULL;
     serve_metrics_create(&m);
     DrafterSpec spec = slot_spec(A);
-    ServeConfig cfg = {.model_name = model_id(A), .queue_max = A->queue, .dflt = A->d,
+    ServeConfig cfg = {.model_name = model_id(A), .queue_max = A->queue, .opts_default = A->opts,
                        .parallel = A->parallel,
                        .batch = {.row_budget = A->batch_rows, .prefill_chunk = A->prefill_chunk,
                                  .kv_entries = A->kv_entries, .seq_capacity = A->eo.ctx,
                                  .backend = engine_backend_params(&A->eo)},
-                       .slot_drafter = A->d.decoder != DECODER_AR ? &spec : NULL,
+                       .slot_drafter = A->opts.decoder != DECODER_AR ? &spec : NULL,
                        .suffix_global = A->suffix_global};
     if (A->log_path && !(cfg.round_log = fopen(A->log_path, "a"))) {
         fprintf(stderr, "rootspec-serve: cannot open --log-rounds '%s': %s\n", A->log_path,
@@ -282,11 +282,11 @@ static int serve(Args *A, Engine *en, const sigset_t *sigs) {
     if (rc) fprintf(stderr, "rootspec-serve: %s\n", e.msg);
     else {
         char smp[SAMPLING_STR], budget[16] = "auto";
-        if (A->d.budget) snprintf(budget, sizeof budget, "%d", A->d.budget);
+        if (A->opts.budget) snprintf(budget, sizeof budget, "%d", A->opts.budget);
         fprintf(stderr, "rootspec-serve: listening on http://%s:%d (model %s, context %d, decoder %s, "
                 "B=%s, %s, threads %d of %d CPUs available, %s)\n",
                 A->http.host, serve_http_port(http), cfg.model_name, serve_core_context(core),
-                decoder_name(A->d.decoder), budget, sampling_str(&A->d.sampling, smp, sizeof smp),
+                decoder_name(A->opts.decoder), budget, sampling_str(&A->opts.sampling, smp, sizeof smp),
                 A->eo.threads, cli_cpus_available(),
                 A->gate.n_keys ? "API key required" : "no API key");
         int sig = 0;
@@ -309,7 +309,7 @@ static int serve(Args *A, Engine *en, const sigset_t *sigs) {
 
 int main(int argc, char **argv) {
     Args A = {.eo = {.draft_timeout_ms = 10000, .prefix_cache = 1}, .rt = cli_runtime_defaults(),
-              .d = {.decoder = DECODER_AR, .budget = 59, .seed = 1, .max_new = 512},
+              .opts = {.decoder = DECODER_AR, .budget = 59, .seed = 1, .max_new = 512},
               .http = {.host = "127.0.0.1", .port = 8080, .max_body = 1 << 20, .max_conn = 512,
                        .max_conn_ip = 16, .timeout = 60, .request_timeout = 10},
               .queue = 16, .batch_rows = 64, .prefill_chunk = 32}; /* parallel 0: from memory */
@@ -329,7 +329,7 @@ int main(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL); /* before any thread starts: they inherit it */
     signal(SIGPIPE, SIG_IGN);                /* a client gone mid-write is an error, not death */
     Engine *en = NULL;
-    rc = engine_cli_open("rootspec-serve", &A.eo, &A.d, &en);
+    rc = engine_cli_open("rootspec-serve", &A.eo, &A.opts, &en);
     if (rc >= 0) return rc;
     if ((rc = memory_defaults(&A, en, &e))) {
         fprintf(stderr, "rootspec-serve: %s\n", e.msg);

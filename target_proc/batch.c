@@ -330,11 +330,11 @@ void batcher_leave(Target *t) {
     pthread_mutex_unlock(&v->bt->mu);
 }
 
-void batcher_plan(Target *t, Planner *p) {
+void batcher_plan(Target *t, Planner *pl) {
     View *v = (View *)t->b;
     RS_ASSERT(v->base.ops == &batch_view_ops);
-    v->planner = p;
-    if (p) planner_set_batch(p, 0, 1);
+    v->planner = pl;
+    if (pl) planner_set_batch(pl, 0, 1);
 }
 
 int batcher_preempted(const Target *t) {
@@ -511,7 +511,7 @@ static void view_destroy(Backend **pb) {
     *pb = NULL;
 }
 
-static int view_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
+static int view_create(const Model *m, const BackendParams *bp, Backend **out, RsErr *e) {
     *out = NULL;
     return rs_err(e, RS_EUNSUPPORTED, "a batcher view is made by batcher_target");
 }

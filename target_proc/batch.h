@@ -79,7 +79,7 @@ int batcher_target(Batcher *bt, const int *eog, int n_eog, Target **out, RsErr *
 /* Links a planner (--budget auto) to t's view: after each pass the view records the pass
  * by its total rows and tells the planner what the others brought (planner_set_batch), so
  * the decode prices its rows at the batch's cost and rate. */
-void batcher_plan(Target *t, Planner *p);
+void batcher_plan(Target *t, Planner *pl);
 /* The decode on t ended (or failed): its sequence is emptied and it stops holding passes
  * back until its next forward(). */
 void batcher_leave(Target *t);

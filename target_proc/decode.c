@@ -196,14 +196,14 @@ static void pass_add_node(TreePass *ps, const Pool *p, int u) {
 }
 
 /* Adds a selection's nodes to the pass (shared nodes once). */
-static void pass_add(TreePass *ps, const Pool *p, const Selection *s) {
-    for (int k = 0; k < s->t.n; k++) {
-        int u = s->t.node[k];
+static void pass_add(TreePass *ps, const Pool *p, const Selection *sel) {
+    for (int k = 0; k < sel->t.n; k++) {
+        int u = sel->t.node[k];
         if (u != TREE_X1_OFFPOOL) {
             pass_add_node(ps, p, u);
         } else if (ps->x1_slot < 0) {
             int i = ps->n++;
-            ps->token[i] = s->x1_token;
+            ps->token[i] = sel->x1_token;
             ps->parent[i] = -1;
             ps->depth[i] = 1;
             ps->pool_node[i] = u;
@@ -220,8 +220,8 @@ static void pass_add_expanded(TreePass *ps, const Pool *p) {
         if (p->n_children[u] > 0) pass_add_node(ps, p, u);
 }
 
-static int pass_slot(const TreePass *ps, const Selection *s, int k) {
-    int u = s->t.node[k];
+static int pass_slot(const TreePass *ps, const Selection *sel, int k) {
+    int u = sel->t.node[k];
     return u == TREE_X1_OFFPOOL ? ps->x1_slot : ps->slot_of_pool[u];
 }
 
@@ -229,11 +229,11 @@ static int pass_slot(const TreePass *ps, const Selection *s, int k) {
 
 /* The (slot, token) pairs a selection's tau reads: each node under its parent's row. */
 static void probe_add_selection(Probe *pr, const TreePass *ps, const Pool *pool,
-                                const Selection *s) {
-    for (int k = 0; k < s->t.n; k++) {
-        int pk = s->t.parent[k];
-        int tok = s->t.node[k] == TREE_X1_OFFPOOL ? s->x1_token : pool->token[s->t.node[k]];
-        probe_add(pr, pk < 0 ? -1 : pass_slot(ps, s, pk), tok);
+                                const Selection *sel) {
+    for (int k = 0; k < sel->t.n; k++) {
+        int pk = sel->t.parent[k];
+        int tok = sel->t.node[k] == TREE_X1_OFFPOOL ? sel->x1_token : pool->token[sel->t.node[k]];
+        probe_add(pr, pk < 0 ? -1 : pass_slot(ps, sel, pk), tok);
     }
 }
 
@@ -241,14 +241,14 @@ static void probe_add_selection(Probe *pr, const TreePass *ps, const Pool *pool,
  * with x1_node >= 0 (root selection's tree, X1 on its first level at that tree index) the
  * value given X1 (tree_tau_given_x1). */
 static double selection_tau(const Probe *pr, const TreePass *ps, const Pool *pool,
-                            const Selection *s, int x1_node) {
+                            const Selection *sel, int x1_node) {
     double trans[TREE_MAX];
-    for (int k = 0; k < s->t.n; k++) {
-        int pk = s->t.parent[k];
-        int tok = s->t.node[k] == TREE_X1_OFFPOOL ? s->x1_token : pool->token[s->t.node[k]];
-        trans[k] = probe_prob(pr, pk < 0 ? -1 : pass_slot(ps, s, pk), tok);
+    for (int k = 0; k < sel->t.n; k++) {
+        int pk = sel->t.parent[k];
+        int tok = sel->t.node[k] == TREE_X1_OFFPOOL ? sel->x1_token : pool->token[sel->t.node[k]];
+        trans[k] = probe_prob(pr, pk < 0 ? -1 : pass_slot(ps, sel, pk), tok);
     }
-    return x1_node >= 0 ? tree_tau_given_x1(s, trans, x1_node) : tree_tau(s, trans);
+    return x1_node >= 0 ? tree_tau_given_x1(sel, trans, x1_node) : tree_tau(sel, trans);
 }
 
 /* score_all: the tau of every rule's tree for this round's pool and X1, and the oracle's
@@ -261,18 +261,18 @@ static int score_rules(Decode *dec, int x1, RoundInfo *ri, RsErr *e) {
     const TreePass *ps = &dec->ps;
     Probe *pr = &dec->probe;
     int B = dec->opts->budget;
-    Selection s[DECODER_COUNT];
-    select_draft(pool, B, &s[DECODER_DRAFT]);
-    select_pearl(pool, B, x1, &s[DECODER_PEARL]);
-    select_rootdraw(pool, B, x1, &s[DECODER_ROOTDRAW]);
-    select_root_logp(pool, B, dec->root_logp, x1, &s[DECODER_ROOT]);
+    Selection sel[DECODER_COUNT];
+    select_draft(pool, B, &sel[DECODER_DRAFT]);
+    select_pearl(pool, B, x1, &sel[DECODER_PEARL]);
+    select_rootdraw(pool, B, x1, &sel[DECODER_ROOTDRAW]);
+    select_root_logp(pool, B, dec->root_logp, x1, &sel[DECODER_ROOT]);
     for (int u = 0; u < pool->n; u++) {
         int par = pool->parent[u];
         int slot = par < 0 ? -1 : ps->slot_of_pool[par];
         RS_ASSERT(par < 0 || slot >= 0);
         probe_add(pr, slot, pool->token[u]);
     }
-    for (int r = DECODER_DRAFT; r <= DECODER_ROOT; r++) probe_add_selection(pr, ps, pool, &s[r]);
+    for (int r = DECODER_DRAFT; r <= DECODER_ROOT; r++) probe_add_selection(pr, ps, pool, &sel[r]);
     int rc = probe_resolve(pr, t, &dec->opts->sampling, e);
     if (rc) return rc;
     double path[POOL_MAX]; /* p(u | c): product of target transitions along u's path */
@@ -281,11 +281,11 @@ static int score_rules(Decode *dec, int x1, RoundInfo *ri, RsErr *e) {
         int slot = par < 0 ? -1 : ps->slot_of_pool[par];
         path[u] = (par < 0 ? 1.0 : path[par]) * probe_prob(pr, slot, pool->token[u]);
     }
-    select_oracle(pool, B, path, &s[DECODER_ORACLE]);
+    select_oracle(pool, B, path, &sel[DECODER_ORACLE]);
     ri->have_tau_rule = 1;
     for (int r = DECODER_DRAFT; r <= DECODER_ORACLE; r++) {
-        ri->tau_rule[r] = selection_tau(pr, ps, pool, &s[r], -1);
-        ri->tree_size_rule[r] = s[r].t.n;
+        ri->tau_rule[r] = selection_tau(pr, ps, pool, &sel[r], -1);
+        ri->tree_size_rule[r] = sel[r].t.n;
     }
     return RS_OK;
 }
@@ -459,19 +459,19 @@ static void plan_size(Decode *dec, Round *r) {
 
 /* What the round measured, for the planner's next choices. */
 static void plan_observe(Decode *dec, const Round *r) {
-    Planner *p = dec->opts->planner;
+    Planner *pl = dec->opts->planner;
     const RoundInfo *ri = &r->info;
-    if (ri->t_root_end) planner_observe_pass(p, 1, ri->t_root_end - ri->t_root_start);
+    if (ri->t_root_end) planner_observe_pass(pl, 1, ri->t_root_end - ri->t_root_start);
     if (ri->t_tree_end && !dec->opts->score_all)
-        planner_observe_pass(p, dec->ps.n + r->with_root, ri->t_tree_end - ri->t_tree_start);
+        planner_observe_pass(pl, dec->ps.n + r->with_root, ri->t_tree_end - ri->t_tree_start);
     if (r->asked) {
         uint64_t own = ri->t_root_end > ri->t_grow_sent ? ri->t_root_end : ri->t_grow_sent;
-        planner_observe_pool(p, dec->t->pool, r->n_sent, ri->t_pool_recv - ri->t_grow_sent,
+        planner_observe_pool(pl, dec->t->pool, r->n_sent, ri->t_pool_recv - ri->t_grow_sent,
                              ri->t_pool_recv > own ? ri->t_pool_recv - own : 0);
-        planner_observe_accept(p, dec->opts->decoder, sampling_temp(&dec->opts->sampling),
+        planner_observe_accept(pl, dec->opts->decoder, sampling_temp(&dec->opts->sampling),
                                dec->t->pool, &r->sel, r->sel.t.n, r->acc, r->n_acc);
     }
-    planner_observe_round(p, dec->opts->decoder, sampling_temp(&dec->opts->sampling), r->n_emit,
+    planner_observe_round(pl, dec->opts->decoder, sampling_temp(&dec->opts->sampling), r->n_emit,
                           ri->t_commit - ri->t_round_start, r->asked);
 }
 

@@ -61,36 +61,36 @@ static void ewma_w(double *v, double x, int first, double w) { *v = first ? x : 
 static void ewma(double *v, double x, int first) { ewma_w(v, x, first, EWMA); }
 
 Planner *planner_create(void) {
-    Planner *p = rs_xcalloc(1, sizeof(Planner));
-    p->accept = p;
-    pthread_mutex_init(&p->mu, NULL);
-    return p;
+    Planner *pl = rs_xcalloc(1, sizeof(Planner));
+    pl->accept = pl;
+    pthread_mutex_init(&pl->mu, NULL);
+    return pl;
 }
 
-void planner_destroy(Planner **p) {
-    if (!p || !*p) return;
-    pthread_mutex_destroy(&(*p)->mu);
-    free(*p);
-    *p = NULL;
+void planner_destroy(Planner **pl) {
+    if (!pl || !*pl) return;
+    pthread_mutex_destroy(&(*pl)->mu);
+    free(*pl);
+    *pl = NULL;
 }
 
-void planner_fix_costs(Planner *p, double pass1_ns, double row_ns, double draft_ns) {
-    p->fixed = 1;
-    p->fix_pass1 = pass1_ns;
-    p->fix_row = row_ns;
-    p->fix_draft = draft_ns;
+void planner_fix_costs(Planner *pl, double pass1_ns, double row_ns, double draft_ns) {
+    pl->fixed = 1;
+    pl->fix_pass1 = pass1_ns;
+    pl->fix_row = row_ns;
+    pl->fix_draft = draft_ns;
 }
 
 /* ---- costs --------------------------------------------------------------------------- */
 
 /* Weighted least squares of the measured passes: a + b (n - 1); 0 when fewer than two
  * sizes were seen. */
-static int pass_fit(const Planner *p, double *a, double *b) {
+static int pass_fit(const Planner *pl, double *a, double *b) {
     double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
     int sizes = 0;
     for (int n = 1; n <= ROWS_MAX; n++) {
-        if (!p->pass_n[n]) continue;
-        double w = p->pass_n[n] < 8 ? p->pass_n[n] : 8, x = n - 1, y = p->pass_ns[n];
+        if (!pl->pass_n[n]) continue;
+        double w = pl->pass_n[n] < 8 ? pl->pass_n[n] : 8, x = n - 1, y = pl->pass_ns[n];
         sw += w, sx += w * x, sy += w * y, sxx += w * x * x, sxy += w * x * y, sizes++;
     }
     double det = sw * sxx - sx * sx;
@@ -104,62 +104,62 @@ static int pass_fit(const Planner *p, double *a, double *b) {
 /* Expected ns of a target pass of n rows. Before any pass was measured, in units of a
  * one-row pass (the reference rate is then 1 a unit: only ratios matter). In a batch, n
  * of the decode's own rows make a pass of n + others. */
-static double table_cost(const Planner *p, int n);
+static double table_cost(const Planner *pl, int n);
 
-static double pass_cost(const Planner *p, int n) { return table_cost(p, n + p->batch_others); }
+static double pass_cost(const Planner *pl, int n) { return table_cost(pl, n + pl->batch_others); }
 
 /* Expected ns of a pass of n rows in all. */
-static double table_cost(const Planner *p, int n) {
-    if (p->fixed) return p->fix_pass1 + (n - 1) * p->fix_row;
+static double table_cost(const Planner *pl, int n) {
+    if (pl->fixed) return pl->fix_pass1 + (n - 1) * pl->fix_row;
     /* In a batch a decision turns on the difference of two large passes a few rows apart,
      * which the per-size averages give mostly as noise: the fitted line instead. */
     double a, b;
-    if (p->batched && pass_fit(p, &a, &b)) return a + b * (n - 1);
+    if (pl->batched && pass_fit(pl, &a, &b)) return a + b * (n - 1);
     if (n > ROWS_MAX) n = ROWS_MAX;
-    if (p->pass_n[n] >= 3) return p->pass_ns[n];
+    if (pl->pass_n[n] >= 3) return pl->pass_ns[n];
     int lo = n, hi = n;
-    while (lo > 0 && !p->pass_n[lo]) lo--;
-    while (hi <= ROWS_MAX && !p->pass_n[hi]) hi++;
+    while (lo > 0 && !pl->pass_n[lo]) lo--;
+    while (hi <= ROWS_MAX && !pl->pass_n[hi]) hi++;
     if (lo > 0 && hi <= ROWS_MAX && lo != hi)
-        return p->pass_ns[lo] + (p->pass_ns[hi] - p->pass_ns[lo]) * (n - lo) / (hi - lo);
-    if (pass_fit(p, &a, &b)) return a + b * (n - 1);
+        return pl->pass_ns[lo] + (pl->pass_ns[hi] - pl->pass_ns[lo]) * (n - lo) / (hi - lo);
+    if (pass_fit(pl, &a, &b)) return a + b * (n - 1);
     int m = lo > 0 ? lo : hi; /* the one size seen */
     if (m < 1 || m > ROWS_MAX) return 1 + ROW_SLOPE * (n - 1);
-    return p->pass_ns[m] * (1 + ROW_SLOPE * (n - 1)) / (1 + ROW_SLOPE * (m - 1));
+    return pl->pass_ns[m] * (1 + ROW_SLOPE * (n - 1)) / (1 + ROW_SLOPE * (m - 1));
 }
 
 /* Expected ns the target waits for a pool of `depth` levels beyond its own work, when the
  * drafter has n_pend tokens to commit first (many after a run of AR steps: a long commit
  * costs like a prefill, which is what keeps an expensive drafter from being asked again
  * once it has lost). */
-static int pool_width(const Planner *p);
+static int pool_width(const Planner *pl);
 
 /* What a level of the pools asked next costs: a chain's once measured (until then a tenth
  * of a wide one: optimistic, and the next ask measures it), else a wide one's. */
-static double level_cost(const Planner *p) {
-    if (pool_width(p) > 1) return p->have_level ? p->level_ns : 0;
-    if (p->have_chain_level) return p->chain_level_ns;
-    return p->have_level ? p->level_ns / POOL_EXPAND : 0;
+static double level_cost(const Planner *pl) {
+    if (pool_width(pl) > 1) return pl->have_level ? pl->level_ns : 0;
+    if (pl->have_chain_level) return pl->chain_level_ns;
+    return pl->have_level ? pl->level_ns / POOL_EXPAND : 0;
 }
 
-static double wait_cost(const Planner *p, DecoderKind decoder, int depth, int n_pend) {
-    if (p->fixed) return p->fix_draft;
-    if (!p->have_pool) return NAN;
-    double commit = p->commit_tok_ns * n_pend > p->commit_ns ? p->commit_tok_ns * n_pend
-                                                              : p->commit_ns;
-    double d = commit + (depth - 1) * level_cost(p) + p->extra_ns;
-    if (decoder_needs_root_pass(decoder)) d -= pass_cost(p, 1); /* the root pass runs meanwhile */
+static double wait_cost(const Planner *pl, DecoderKind decoder, int depth, int n_pend) {
+    if (pl->fixed) return pl->fix_draft;
+    if (!pl->have_pool) return NAN;
+    double commit = pl->commit_tok_ns * n_pend > pl->commit_ns ? pl->commit_tok_ns * n_pend
+                                                              : pl->commit_ns;
+    double d = commit + (depth - 1) * level_cost(pl) + pl->extra_ns;
+    if (decoder_needs_root_pass(decoder)) d -= pass_cost(pl, 1); /* the root pass runs meanwhile */
     return d > 0 ? d : 0;
 }
 
 /* The reference rate, tokens per ns: an AR step's, or this rule's recent one if higher. */
-static double ref_rate(const Planner *p, DecoderKind decoder, int temp) {
+static double ref_rate(const Planner *pl, DecoderKind decoder, int temp) {
     /* a batch's rate is every sequence's; its AR step is a pass of one row a sequence (not
      * one row beside the others' trees: their speculation must not cheapen the rows) */
-    int seqs = p->batch_seqs > 1 ? p->batch_seqs : 1;
-    double c1 = p->batched ? table_cost(p, seqs) : pass_cost(p, 1), r = c1 > 0 ? 1 / c1 : 0;
-    if (p->fixed) return seqs * r; /* nothing measured may move a fixed planner */
-    double tok = p->rate_tok[decoder][temp != 0], ns = p->rate_ns[decoder][temp != 0];
+    int seqs = pl->batch_seqs > 1 ? pl->batch_seqs : 1;
+    double c1 = pl->batched ? table_cost(pl, seqs) : pass_cost(pl, 1), r = c1 > 0 ? 1 / c1 : 0;
+    if (pl->fixed) return seqs * r; /* nothing measured may move a fixed planner */
+    double tok = pl->rate_tok[decoder][temp != 0], ns = pl->rate_ns[decoder][temp != 0];
     if (ns > 0 && tok / ns > r) r = tok / ns;
     return seqs * r;
 }
@@ -177,10 +177,10 @@ static int bucket_of(double logq) {
 
 /* The probability that a candidate of draft log-probability logq is the target's draw
  * when its parent is reached: the drafter's q, scaled by what its bucket showed. */
-static double accept_prob(const Planner *p, int temp, double logq) {
+static double accept_prob(const Planner *pl, int temp, double logq) {
     int b = bucket_of(logq), t = temp != 0;
     double q = exp(logq);
-    Planner *a = p->accept;
+    Planner *a = pl->accept;
     pthread_mutex_lock(&a->mu);
     double v = q * (a->acc_a[t][b] + PRIOR_Q * q) / (a->acc_q[t][b] + PRIOR_Q * q);
     pthread_mutex_unlock(&a->mu);
@@ -190,13 +190,13 @@ static double accept_prob(const Planner *p, int temp, double logq) {
 /* ---- choosing the size ------------------------------------------------------------- */
 
 /* Per node of sel (rank order), the probability the walk reaches and accepts it. */
-static void path_probs(const Planner *p, DecoderKind decoder, int temp, const Pool *pool,
+static void path_probs(const Planner *pl, DecoderKind decoder, int temp, const Pool *pool,
                        const Selection *sel, int x1, double *pp) {
     for (int i = 0; i < sel->t.n; i++) {
         int u = sel->t.node[i], par = sel->t.parent[i];
         if (sel->rooted_at_x1 && i == 0) pp[i] = 1; /* X1, drawn already */
         else if (par < 0 && decoder == DECODER_ROOT) pp[i] = pool->token[u] == x1;
-        else pp[i] = (par < 0 ? 1 : pp[par]) * accept_prob(p, temp, pool->logq[u]);
+        else pp[i] = (par < 0 ? 1 : pp[par]) * accept_prob(pl, temp, pool->logq[u]);
     }
 }
 
@@ -207,46 +207,46 @@ static int node_depth(const Pool *pool, const Selection *sel, int i) {
 
 /* Expected ns of the tree pass over n nodes (0: none), given which rule verifies them;
  * root selection skips the pass when X1's node is not among them (x1_in). */
-static double tree_cost(const Planner *p, DecoderKind decoder, int n, int x1_in) {
-    if (decoder == DECODER_DRAFT) return pass_cost(p, 1 + n);
+static double tree_cost(const Planner *pl, DecoderKind decoder, int n, int x1_in) {
+    if (decoder == DECODER_DRAFT) return pass_cost(pl, 1 + n);
     if (n == 0 || (decoder == DECODER_ROOT && !x1_in)) return 0;
-    return pass_cost(p, n);
+    return pass_cost(pl, n);
 }
 
 /* The best prefix of sel's nodes of depth <= max_depth: *k nodes of the whole list (the
  * last one taken ends the prefix), value tokens - r * ns. */
-static double best_prefix(const Planner *p, DecoderKind decoder, const Pool *pool, const Selection *sel,
+static double best_prefix(const Planner *pl, DecoderKind decoder, const Pool *pool, const Selection *sel,
                           const double *pp, int x1, int max_depth, double r, PlanChoice *c) {
-    double tokens = 1, best = 1 - price(r, tree_cost(p, decoder, 0, 0));
+    double tokens = 1, best = 1 - price(r, tree_cost(pl, decoder, 0, 0));
     int n = 0, x1_in = 0;
-    *c = (PlanChoice){.k = 0, .tokens = 1, .ns = tree_cost(p, decoder, 0, 0)};
+    *c = (PlanChoice){.k = 0, .tokens = 1, .ns = tree_cost(pl, decoder, 0, 0)};
     for (int i = 0; i < sel->t.n; i++) {
         if (node_depth(pool, sel, i) > max_depth) continue;
         int u = sel->t.node[i];
         x1_in |= decoder == DECODER_ROOT && sel->t.parent[i] < 0 && pool->token[u] == x1;
         tokens += pp[i];
-        double ns = tree_cost(p, decoder, ++n, x1_in), v = tokens - price(r, ns);
+        double ns = tree_cost(pl, decoder, ++n, x1_in), v = tokens - price(r, ns);
         if (v > best + 1e-9) best = v, *c = (PlanChoice){.k = i + 1, .tokens = tokens, .ns = ns};
     }
     return best;
 }
 
-PlanChoice planner_choose(Planner *p, DecoderKind decoder, int temp, const Pool *pool,
+PlanChoice planner_choose(Planner *pl, DecoderKind decoder, int temp, const Pool *pool,
                           const Selection *sel, int x1, int depth) {
-    double pp[TREE_MAX], r = ref_rate(p, decoder, temp);
-    path_probs(p, decoder, temp, pool, sel, x1, pp);
+    double pp[TREE_MAX], r = ref_rate(pl, decoder, temp);
+    path_probs(pl, decoder, temp, pool, sel, x1, pp);
     /* what an AR step would have been worth instead of this round's tree */
-    double base = decoder == DECODER_DRAFT ? 1 - price(r, pass_cost(p, 1)) : 1;
+    double base = decoder == DECODER_DRAFT ? 1 - price(r, pass_cost(pl, 1)) : 1;
     PlanChoice best;
     for (int d = 1; d <= depth; d++) {
-        double v = best_prefix(p, decoder, pool, sel, pp, x1, d, r, &best);
-        int *n = &p->gain_n[decoder][temp != 0][d];
-        ewma(&p->gain[decoder][temp != 0][d], v - base, (*n)++ == 0);
+        double v = best_prefix(pl, decoder, pool, sel, pp, x1, d, r, &best);
+        int *n = &pl->gain_n[decoder][temp != 0][d];
+        ewma(&pl->gain[decoder][temp != 0][d], v - base, (*n)++ == 0);
     }
     /* every node counts here: a drafter may grow deeper than asked */
-    best_prefix(p, decoder, pool, sel, pp, x1, POOL_MAX_DEPTH, r, &best);
-    if (decoder_needs_root_pass(decoder)) best.ns += pass_cost(p, 1);
-    double w = wait_cost(p, decoder, depth, 0);
+    best_prefix(pl, decoder, pool, sel, pp, x1, POOL_MAX_DEPTH, r, &best);
+    if (decoder_needs_root_pass(decoder)) best.ns += pass_cost(pl, 1);
+    double w = wait_cost(pl, decoder, depth, 0);
     if (!isnan(w)) best.ns += w;
     return best;
 }
@@ -256,9 +256,9 @@ PlanChoice planner_choose(Planner *p, DecoderKind decoder, int temp, const Pool 
 /* What asking at depth d is worth, in tokens over an AR step, and the depth tried last at
  * or below d (*tried, 0: none). A depth never tried is worth what the deepest tried below it
  * showed: a deeper pool holds the shallower one, so that is a lower bound. */
-static double depth_value(const Planner *p, DecoderKind decoder, int t, int d, int *tried) {
-    if (p->gain_n[decoder][t][d]) *tried = d;
-    return *tried ? p->gain[decoder][t][*tried] : NAN;
+static double depth_value(const Planner *pl, DecoderKind decoder, int t, int d, int *tried) {
+    if (pl->gain_n[decoder][t][d]) *tried = d;
+    return *tried ? pl->gain[decoder][t][*tried] : NAN;
 }
 
 /* Nodes a pool level expands. All ten while a level costs little next to a target pass
@@ -267,96 +267,96 @@ static double depth_value(const Planner *p, DecoderKind decoder, int t, int d, i
  * target): its passes cost per row, and a confident drafter's best node carries most of
  * the acceptance, so the pool is a chain of best nodes with their siblings (DESIGN.md §2,
  * "Pool shape"). Unmeasured: the full width. */
-static int pool_width(const Planner *p) {
-    if (p->fixed || !p->have_level) return POOL_EXPAND;
-    return p->level_ns > CHAIN_LEVEL * pass_cost(p, 1) ? 1 : POOL_EXPAND;
+static int pool_width(const Planner *pl) {
+    if (pl->fixed || !pl->have_level) return POOL_EXPAND;
+    return pl->level_ns > CHAIN_LEVEL * pass_cost(pl, 1) ? 1 : POOL_EXPAND;
 }
 
-PlanAsk planner_before_round(Planner *p, DecoderKind decoder, int temp, int n_pend) {
-    double r = ref_rate(p, decoder, temp), best = -INFINITY;
+PlanAsk planner_before_round(Planner *pl, DecoderKind decoder, int temp, int n_pend) {
+    double r = ref_rate(pl, decoder, temp), best = -INFINITY;
     int t = temp != 0, best_d = 0, tried = 0;
     /* a root-pass decoder's depth-1 pool holds nothing below X1: never worth an ask */
     for (int d = decoder_needs_root_pass(decoder) ? 2 : 1; d <= POOL_MAX_DEPTH; d++) {
-        double g = depth_value(p, decoder, t, d, &tried);
+        double g = depth_value(pl, decoder, t, d, &tried);
         if (isnan(g)) continue;
-        double v = g - price(r, wait_cost(p, decoder, d, n_pend));
+        double v = g - price(r, wait_cost(pl, decoder, d, n_pend));
         /* near ties to the deeper: a level that costs nothing measurable may pay */
         if (v >= best - TIE_TOKENS) best_d = d, best = v > best ? v : best;
     }
     /* Nothing known: a shallow first ask (a commit and one level, whose costs it measures);
      * a deep one from a slow drafter would cost several passes before anything is known. */
-    int w = pool_width(p);
+    int w = pool_width(pl);
     if (!tried || isnan(best))
         return (PlanAsk){.ask = 1, .depth = FIRST_DEPTH, .width = w, .explore = 1};
     if (best > 0) {
-        int deeper = ++p->asks % DEEPEN_EVERY == 0 && best_d < POOL_MAX_DEPTH;
+        int deeper = ++pl->asks % DEEPEN_EVERY == 0 && best_d < POOL_MAX_DEPTH;
         return (PlanAsk){.ask = 1, .depth = best_d + deeper, .width = w, .explore = deeper};
     }
     /* Refresh the depth that came closest to paying. An ask costs only its wait: with a
      * useless pool the round still makes its AR step. */
-    double cost = wait_cost(p, decoder, best_d, n_pend);
-    if (p->skipped_ns >= EXPLORE_EVERY * (isnan(cost) ? 0 : cost))
+    double cost = wait_cost(pl, decoder, best_d, n_pend);
+    if (pl->skipped_ns >= EXPLORE_EVERY * (isnan(cost) ? 0 : cost))
         return (PlanAsk){.ask = 1, .depth = best_d, .width = w, .explore = 1};
     return (PlanAsk){.ask = 0, .depth = 0};
 }
 
 /* ---- observations ------------------------------------------------------------------ */
 
-void planner_share_accept(Planner *p, Planner *with) { p->accept = with ? with : p; }
+void planner_share_accept(Planner *pl, Planner *with) { pl->accept = with ? with : pl; }
 
-void planner_set_batch(Planner *p, int others, int seqs) {
-    p->batched = 1;
-    p->batch_others = others > 0 ? others : 0;
-    p->batch_seqs = seqs;
+void planner_set_batch(Planner *pl, int others, int seqs) {
+    pl->batched = 1;
+    pl->batch_others = others > 0 ? others : 0;
+    pl->batch_seqs = seqs;
 }
 
-static void observe_rows(Planner *p, int rows, uint64_t ns) {
+static void observe_rows(Planner *pl, int rows, uint64_t ns) {
     if (rows < 1) return;
     if (rows > ROWS_MAX) rows = ROWS_MAX;
-    ewma(&p->pass_ns[rows], (double)ns, p->pass_n[rows]++ == 0);
+    ewma(&pl->pass_ns[rows], (double)ns, pl->pass_n[rows]++ == 0);
 }
 
-void planner_observe_batch_pass(Planner *p, int total_rows, uint64_t ns) {
-    observe_rows(p, total_rows, ns);
+void planner_observe_batch_pass(Planner *pl, int total_rows, uint64_t ns) {
+    observe_rows(pl, total_rows, ns);
 }
 
-void planner_observe_pass(Planner *p, int rows, uint64_t ns) {
-    if (p->batched) return;
+void planner_observe_pass(Planner *pl, int rows, uint64_t ns) {
+    if (pl->batched) return;
     if (rows < 1) return;
     if (rows > ROWS_MAX) rows = ROWS_MAX;
-    ewma(&p->pass_ns[rows], (double)ns, p->pass_n[rows]++ == 0);
+    ewma(&pl->pass_ns[rows], (double)ns, pl->pass_n[rows]++ == 0);
 }
 
-void planner_observe_pool(Planner *p, const Pool *pool, int n_commit, uint64_t total_ns,
+void planner_observe_pool(Planner *pl, const Pool *pool, int n_commit, uint64_t total_ns,
                           uint64_t waited_ns) {
-    int first = !p->have_pool;
-    if (n_commit > 0) ewma(&p->commit_tok_ns, (double)pool->commit_pass_ns / n_commit, first);
+    int first = !pl->have_pool;
+    if (n_commit > 0) ewma(&pl->commit_tok_ns, (double)pool->commit_pass_ns / n_commit, first);
     /* A first pool after the prompt's prefill would price every later commit like that
      * prefill, and a drafter that costs a quarter of the target would never be asked
      * again; until a round's commit is measured, one token's share stands in (low: the
      * next ask measures it). */
     if (n_commit <= COMMIT_LONG) {
-        ewma(&p->commit_ns, (double)pool->commit_pass_ns, !p->have_commit);
-        p->have_commit = 1;
-    } else if (!p->have_commit) {
-        p->commit_ns = p->commit_tok_ns;
+        ewma(&pl->commit_ns, (double)pool->commit_pass_ns, !pl->have_commit);
+        pl->have_commit = 1;
+    } else if (!pl->have_commit) {
+        pl->commit_ns = pl->commit_tok_ns;
     }
     if (pool->n_passes > 1) {
         double lv = (double)(pool->draft_ns - pool->commit_pass_ns) / (pool->n_passes - 1);
         if (pool->n_expanded == pool->n_passes - 1) { /* one node a level: a chain */
-            ewma(&p->chain_level_ns, lv, !p->have_chain_level);
-            p->have_chain_level = 1;
+            ewma(&pl->chain_level_ns, lv, !pl->have_chain_level);
+            pl->have_chain_level = 1;
         } else {
-            ewma(&p->level_ns, lv, !p->have_level);
-            p->have_level = 1;
+            ewma(&pl->level_ns, lv, !pl->have_level);
+            pl->have_level = 1;
         }
     }
     /* the overhead shows only where the target really waited for the pool */
     if (first || waited_ns > 50000) {
         double extra = (double)total_ns - (double)pool->draft_ns;
-        ewma(&p->extra_ns, extra > 0 ? extra : 0, first);
+        ewma(&pl->extra_ns, extra > 0 ? extra : 0, first);
     }
-    p->have_pool = 1;
+    pl->have_pool = 1;
 }
 
 static int in_list(const int *a, int n, int v) {
@@ -365,7 +365,7 @@ static int in_list(const int *a, int n, int v) {
     return 0;
 }
 
-void planner_observe_accept(Planner *p, DecoderKind decoder, int temp, const Pool *pool,
+void planner_observe_accept(Planner *pl, DecoderKind decoder, int temp, const Pool *pool,
                             const Selection *sel, int k, const int *acc, int n_acc) {
     int t = temp != 0;
     for (int i = 0; i < k; i++) {
@@ -375,18 +375,18 @@ void planner_observe_accept(Planner *p, DecoderKind decoder, int temp, const Poo
         int reached = par < 0 || (sel->rooted_at_x1 && par == 0) || in_list(acc, n_acc, par);
         if (!reached) continue;
         int b = bucket_of(pool->logq[u]);
-        pthread_mutex_lock(&p->accept->mu);
-        p->accept->acc_a[t][b] += in_list(acc, n_acc, i);
-        p->accept->acc_q[t][b] += exp(pool->logq[u]);
-        pthread_mutex_unlock(&p->accept->mu);
+        pthread_mutex_lock(&pl->accept->mu);
+        pl->accept->acc_a[t][b] += in_list(acc, n_acc, i);
+        pl->accept->acc_q[t][b] += exp(pool->logq[u]);
+        pthread_mutex_unlock(&pl->accept->mu);
     }
 }
 
-void planner_observe_round(Planner *p, DecoderKind decoder, int temp, int tokens, uint64_t ns,
+void planner_observe_round(Planner *pl, DecoderKind decoder, int temp, int tokens, uint64_t ns,
                            int asked) {
-    double *tok = &p->rate_tok[decoder][temp != 0], *t_ns = &p->rate_ns[decoder][temp != 0];
+    double *tok = &pl->rate_tok[decoder][temp != 0], *t_ns = &pl->rate_ns[decoder][temp != 0];
     int first = *t_ns == 0;
     ewma_w(tok, tokens, first, RATE_EWMA);
     ewma_w(t_ns, (double)ns, first, RATE_EWMA);
-    p->skipped_ns = asked ? 0 : p->skipped_ns + (double)ns;
+    pl->skipped_ns = asked ? 0 : pl->skipped_ns + (double)ns;
 }

@@ -37,22 +37,22 @@ typedef struct {
 } PlanChoice;
 
 Planner *planner_create(void);
-/* Accepts NULL and a NULL *p; clears the pointer. */
-void planner_destroy(Planner **p);
+/* Accepts NULL and a NULL *pl; clears the pointer. */
+void planner_destroy(Planner **pl);
 
 /* Tests: costs fixed instead of measured (a pass of n rows: pass1_ns + (n-1) * row_ns; a
  * pool: draft_ns at any depth, none of it hidden), so every choice is reproducible. */
-void planner_fix_costs(Planner *p, double pass1_ns, double row_ns, double draft_ns);
+void planner_fix_costs(Planner *pl, double pass1_ns, double row_ns, double draft_ns);
 
 /* The round's first decision, for `rule` at temperature class temp (0 greedy, else 1);
  * n_pend: the tokens the drafter would commit before growing. */
-PlanAsk planner_before_round(Planner *p, DecoderKind decoder, int temp, int n_pend);
+PlanAsk planner_before_round(Planner *pl, DecoderKind decoder, int temp, int n_pend);
 
 /* The size to verify. sel: the rule's selection at the largest budget, nodes in rank order
  * (every prefix is a tree); x1: the round's first token when drawn already (root-pass
  * rules), else -1; depth: the pool depth asked. Records what each pool depth would have
  * been worth, for later planner_before_round calls. */
-PlanChoice planner_choose(Planner *p, DecoderKind decoder, int temp, const Pool *pool,
+PlanChoice planner_choose(Planner *pl, DecoderKind decoder, int temp, const Pool *pool,
                           const Selection *sel, int x1, int depth);
 
 /* A decode in a batch (batch.h) shares every pass with others: its rows cost what they
@@ -62,28 +62,28 @@ PlanChoice planner_choose(Planner *p, DecoderKind decoder, int temp, const Pool 
  * sharing it (1 and 0: alone). From the first call on, the decode's own
  * planner_observe_pass calls are ignored (they time a shared pass by one sequence's rows);
  * planner_observe_batch_pass records the passes by their total rows instead. */
-void planner_set_batch(Planner *p, int others, int seqs);
-/* p's acceptance calibration (how often a candidate of a given draft probability is
+void planner_set_batch(Planner *pl, int others, int seqs);
+/* pl's acceptance calibration (how often a candidate of a given draft probability is
  * accepted: a property of the drafter and the text, not of one decode) becomes with's, so
  * the planners of a batch's decodes learn it together instead of each from its own rounds.
- * Thread-safe on with; with must outlive p. NULL: p's own again. */
-void planner_share_accept(Planner *p, Planner *with);
-void planner_observe_batch_pass(Planner *p, int total_rows, uint64_t ns);
+ * Thread-safe on with; with must outlive pl. NULL: pl's own again. */
+void planner_share_accept(Planner *pl, Planner *with);
+void planner_observe_batch_pass(Planner *pl, int total_rows, uint64_t ns);
 
 /* Observations. A pass of `rows` rows took ns. */
-void planner_observe_pass(Planner *p, int rows, uint64_t ns);
+void planner_observe_pass(Planner *pl, int rows, uint64_t ns);
 /* A pool arrived after a commit of n_commit tokens: its own timings; total_ns from the
  * request to its arrival, of which waited_ns the target spent waiting after its own work
  * (the root pass) was done. */
-void planner_observe_pool(Planner *p, const Pool *pool, int n_commit, uint64_t total_ns,
+void planner_observe_pool(Planner *pl, const Pool *pool, int n_commit, uint64_t total_ns,
                           uint64_t waited_ns);
 /* Verification of the first k nodes of sel: acc[0..n_acc) are the tree indices accepted
  * (in path order; for X1-rooted trees node 0 is not a prediction and is left out). */
-void planner_observe_accept(Planner *p, DecoderKind decoder, int temp, const Pool *pool,
+void planner_observe_accept(Planner *pl, DecoderKind decoder, int temp, const Pool *pool,
                             const Selection *sel, int k, const int *acc, int n_acc);
 /* A whole round of `rule` at temp: tokens emitted in ns; asked: whether it asked the
  * drafter. */
-void planner_observe_round(Planner *p, DecoderKind decoder, int temp, int tokens, uint64_t ns,
+void planner_observe_round(Planner *pl, DecoderKind decoder, int temp, int tokens, uint64_t ns,
                            int asked);
 
 #endif

@@ -40,26 +40,26 @@ static void rank_sort(const Pool *p, const double *score, int *idx, int n) {
     qsort_r(idx, (size_t)n, sizeof(int), rank_cmp, &c);
 }
 
-/* Fills s->t from an ordered, ancestor-closed list of pool indices (parents first).
+/* Fills sel->t from an ordered, ancestor-closed list of pool indices (parents first).
  * If x1_root >= 0, that pool node must be list[0] and becomes the X1 root of the tree. */
-static void build_tree(const Pool *p, const int *list, int n, Selection *s) {
+static void build_tree(const Pool *p, const int *list, int n, Selection *sel) {
     int map[POOL_MAX];
     for (int i = 0; i < p->n; i++) map[i] = -1;
-    s->t.n = n;
+    sel->t.n = n;
     for (int k = 0; k < n; k++) {
         int u = list[k];
-        s->t.node[k] = u;
+        sel->t.node[k] = u;
         int par = p->parent[u];
-        if (k == 0 && s->rooted_at_x1) par = -1;
-        s->t.parent[k] = par < 0 ? -1 : map[par];
+        if (k == 0 && sel->rooted_at_x1) par = -1;
+        sel->t.parent[k] = par < 0 ? -1 : map[par];
         RS_ASSERT(par < 0 || map[par] >= 0); /* ancestor-closed, parents first */
         map[u] = k;
     }
 }
 
-static void sel_init(Selection *s) {
-    memset(s, 0, sizeof *s);
-    s->x1_token = -1;
+static void sel_init(Selection *sel) {
+    memset(sel, 0, sizeof *sel);
+    sel->x1_token = -1;
 }
 
 /* Top-B of the pool by `score` (NULL: the pool's own) into list; returns count. */
@@ -171,32 +171,32 @@ void select_oracle(const Pool *p, int B, const double *path_prob, Selection *out
     build_tree(p, list, top_b(p, path_prob, B, list), out);
 }
 
-int tree_child_with_token(const Pool *p, const Selection *s, int at, int token) {
-    for (int k = (at < 0 ? 0 : at + 1); k < s->t.n; k++) {
-        if (s->t.parent[k] != at) continue;
-        int u = s->t.node[k];
-        int tok = u == TREE_X1_OFFPOOL ? s->x1_token : p->token[u];
+int tree_child_with_token(const Pool *p, const Selection *sel, int at, int token) {
+    for (int k = (at < 0 ? 0 : at + 1); k < sel->t.n; k++) {
+        if (sel->t.parent[k] != at) continue;
+        int u = sel->t.node[k];
+        int tok = u == TREE_X1_OFFPOOL ? sel->x1_token : p->token[u];
         if (tok == token) return k;
     }
     return -1;
 }
 
-double tree_tau(const Selection *s, const double *trans) {
+double tree_tau(const Selection *sel, const double *trans) {
     double path[TREE_MAX], tau = 0;
-    for (int k = 0; k < s->t.n; k++) {
-        double par = s->t.parent[k] < 0 ? 1.0 : path[s->t.parent[k]];
-        path[k] = (k == 0 && s->rooted_at_x1) ? 1.0 : par * trans[k];
+    for (int k = 0; k < sel->t.n; k++) {
+        double par = sel->t.parent[k] < 0 ? 1.0 : path[sel->t.parent[k]];
+        path[k] = (k == 0 && sel->rooted_at_x1) ? 1.0 : par * trans[k];
         tau += path[k];
     }
     return tau;
 }
 
-double tree_tau_given_x1(const Selection *s, const double *trans, int k1) {
-    RS_ASSERT(k1 >= 0 && k1 < s->t.n && s->t.parent[k1] < 0);
+double tree_tau_given_x1(const Selection *sel, const double *trans, int k1) {
+    RS_ASSERT(k1 >= 0 && k1 < sel->t.n && sel->t.parent[k1] < 0);
     double path[TREE_MAX], tau = 0;
     int below[TREE_MAX]; /* parents come first, so one sweep marks k1's subtree */
-    for (int k = 0; k < s->t.n; k++) {
-        int par = s->t.parent[k];
+    for (int k = 0; k < sel->t.n; k++) {
+        int par = sel->t.parent[k];
         below[k] = k == k1 || (par >= 0 && below[par]);
         if (!below[k]) continue;
         path[k] = k == k1 ? 1.0 : path[par] * trans[k];

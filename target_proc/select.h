@@ -52,17 +52,17 @@ void select_oracle(const Pool *p, int B, const double *path_prob, Selection *out
 
 /* Index into sel->t.node of the child of tree node `at` (-1 = tree root) with `token`,
  * or -1. */
-int tree_child_with_token(const Pool *p, const Selection *s, int at, int token);
+int tree_child_with_token(const Pool *p, const Selection *sel, int at, int token);
 
 /* Expected acceptance of a selection. trans[i] = target probability of tree node i's token
  * given its parent's prefix (for rooted_at_x1 trees node 0's entry is ignored: X1 counts 1).
  * tau = sum over non-root nodes of the product of trans along the path. */
-double tree_tau(const Selection *s, const double *trans);
+double tree_tau(const Selection *sel, const double *trans);
 /* Expected acceptance given the round's first draw X1 when X1 labels first-level tree node
  * k1 (a root-row tree: root selection draws X1 before its tree pass): X1 counts 1, plus the
  * path mass of k1's descendants measured from X1. Averaged over X1 ~ p0 (0 when X1 lies off
  * the first level) it is tree_tau, and unlike tree_tau it is known in a round that skips
  * the tree pass, so a mean over every round matches realised acceptance (DESIGN.md §4). */
-double tree_tau_given_x1(const Selection *s, const double *trans, int k1);
+double tree_tau_given_x1(const Selection *sel, const double *trans, int k1);
 
 #endif

@@ -104,15 +104,23 @@ if [ -n "$issues" ]; then
   fail=1
 fi
 
-# Declarations only: `Decode *d`, `const DecodeOpts *o`, `DecodeOpts d = ...`, `Drafter *dc`.
+# Declarations only: `Decode *d`, `const DecodeOpts *o`, `DecodeOpts d = ...`, `Drafter *dc`,
+# `Planner *p`, `Pool *pl`, `Model *t`, `Selection *s`, `QTensor *t`, `BackendParams *p`,
+# `ThreadPool *p`; fields too (`DecodeOpts d;`).
 names_re='\bDecode \*+ ?(const )?(d|o|dc)\b|\bDecodeOpts \*+ ?(const )?(d|o|dp|dflt)\b'
 names_re+='|\bDecodeOpts (d|o|dp|dflt) ?[=,)]|\bDrafter \*+ ?(const )?(dc|dl)\b|\bDrafter \*\*(d|pd)\b'
 names_re+='|\bEngineOpts \*?(const )?o\b|\bTokenizer \*(const )?t\b|\bDecodeResult \*?r\b'
 names_re+='|\bRule\b|\bRULE_[A-Z]+\b|\brule_(name|parse|needs_root)\('
+names_re+='|\bPlanner \*(const )?p\b|\bPool \*?(const )?pl\b|\bModel \*(const )?t\b'
+names_re+='|\bDecodeOpts (d|o|dflt);'
+names_re+='|\bSelection \*?(const )?s\b|\bQTensor \*?(const )?t\b|\bBackendParams \*?(const )?p\b'
+names_re+='|\bThreadPool \*(const )?p\b'
 names=$(list_files | grep -zE '\.(c|h|cu|cuh)$' | xargs -0 grep -nE "$names_re" -- || true)
 if [ -n "$names" ]; then
   echo "check_repo: one name per type: Decode is dec, DecodeOpts opts, Drafter d (Drafter ** out)," \
-       "EngineOpts eo, Tokenizer tok, DecodeResult res; --decoder's type is DecoderKind:"
+       "EngineOpts eo, Tokenizer tok, DecodeResult res, Planner pl, Pool p, Model m," \
+       "Selection sel, QTensor w, BackendParams bp, ThreadPool tp;" \
+       "--decoder's type is DecoderKind:"
   echo "$names"
   fail=1
 fi

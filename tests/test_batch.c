@@ -24,7 +24,7 @@
 
 typedef struct {
     int prompt[64], n_prompt;
-    DecodeOpts o;
+    DecodeOpts opts;
     int out[MAXNEW + ROUND_MAX_EMIT], n_out;
     int restarts;
     int rounds;
@@ -41,19 +41,19 @@ static void req_make(Req *r, int i) {
     for (int k = 0; k < r->n_prompt; k++)
         r->prompt[k] = k >= 6 && rng_next(&g) % 3 ? r->prompt[k - 6] : (int)(rng_next(&g) % VOCAB);
     int kind = i % 4;
-    r->o = (DecodeOpts){.decoder = kind < 2 ? DECODER_AR : DECODER_DRAFT, .budget = 6, .seed = 5 + i,
-                        .max_new = MAXNEW - i % 5, .ignore_eos = 1};
-    if (kind % 2) r->o.sampling = (Sampling){.temperature = 1.0};
+    r->opts = (DecodeOpts){.decoder = kind < 2 ? DECODER_AR : DECODER_DRAFT, .budget = 6, .seed = 5 + i,
+                           .max_new = MAXNEW - i % 5, .ignore_eos = 1};
+    if (kind % 2) r->opts.sampling = (Sampling){.temperature = 1.0};
 }
 
 /* One decode on t with `keep` (a view's drafter, kept between its decodes), or else a fresh
  * suffix drafter; RS_EFULL when preempted. */
 static int req_run(Target *t, Drafter *keep, Req *r, RsErr *e) {
     Drafter *d = NULL;
-    if (r->o.decoder != DECODER_AR && !keep)
+    if (r->opts.decoder != DECODER_AR && !keep)
         ck_assert_int_eq(drafter_suffix_create(VOCAB, NULL, 0, NULL, &d, e), RS_OK);
     DecodeResult res = {.tokens = r->out, .cap = MAXNEW + ROUND_MAX_EMIT};
-    int rc = decode_run(t, keep ? keep : d, r->prompt, r->n_prompt, &r->o, NULL, &res, e);
+    int rc = decode_run(t, keep ? keep : d, r->prompt, r->n_prompt, &r->opts, NULL, &res, e);
     drafter_destroy(&d);
     r->n_out = res.n_tokens;
     r->rounds = res.rounds;
@@ -139,7 +139,7 @@ static void batch_check_all(int parallel, int budget, int chunk, int kv, int wan
         for (int j = 0; j < want[i].n_out; j++)
             ck_assert_msg(got[i].out[j] == want[i].out[j],
                           "request %d (%s, T=%g) token %d: batched %d, solo %d", i,
-                          decoder_name(got[i].o.decoder), got[i].o.sampling.temperature, j,
+                          decoder_name(got[i].opts.decoder), got[i].opts.sampling.temperature, j,
                           got[i].out[j], want[i].out[j]);
         restarts += got[i].restarts;
     }
@@ -177,9 +177,9 @@ END_TEST
 static void spec_make(Req *r, int i) {
     req_make(r, i);
     r->n_prompt = 3 + (i * 11) % 36;
-    r->o.decoder = i % 3 == 2 ? DECODER_ROOTDRAW : DECODER_DRAFT;
-    r->o.sampling = (Sampling){.temperature = i % 2 ? 1.0 : 0.0};
-    r->o.max_new = MAXNEW - i % 4;
+    r->opts.decoder = i % 3 == 2 ? DECODER_ROOTDRAW : DECODER_DRAFT;
+    r->opts.sampling = (Sampling){.temperature = i % 2 ? 1.0 : 0.0};
+    r->opts.max_new = MAXNEW - i % 4;
 }
 
 static int self_open(void *arg, Drafter **out, RsErr *e) {
@@ -254,11 +254,11 @@ static void spec_check(Model *m, Drafter **drafters) {
         ck_assert_int_eq(g->n_out, s->n_out);
         for (int j = 0; j < s->n_out; j++)
             ck_assert_msg(g->out[j] == s->out[j], "request %d (%s, T=%g) token %d: batched %d, "
-                          "solo %d", i, decoder_name(g->o.decoder), g->o.sampling.temperature, j,
+                          "solo %d", i, decoder_name(g->opts.decoder), g->opts.sampling.temperature, j,
                           g->out[j], s->out[j]);
         ck_assert_msg(g->rounds == s->rounds && g->accepted == s->accepted,
                       "request %d (%s, T=%g): batched %d rounds, %ld accepted; solo %d, %ld: its "
-                      "drafter's pools differ", i, decoder_name(g->o.decoder), g->o.sampling.temperature,
+                      "drafter's pools differ", i, decoder_name(g->opts.decoder), g->opts.sampling.temperature,
                       g->rounds, g->accepted, s->rounds, s->accepted);
     }
     long acc = 0;

@@ -40,11 +40,11 @@ static Model *case_model(int ci) {
 }
 
 static Backend *make_backend(const Model *m, int cap, int max_batch, int max_pending) {
-    BackendParams p = {.kv_capacity = cap, .max_batch = max_batch, .max_pending = max_pending,
-                       .threads = 1};
+    BackendParams bp = {.kv_capacity = cap, .max_batch = max_batch, .max_pending = max_pending,
+                        .threads = 1};
     Backend *b = NULL;
     RsErr e = {0};
-    int rc = backend_create(&cpu_backend_ops, m, &p, &b, &e);
+    int rc = backend_create(&cpu_backend_ops, m, &bp, &b, &e);
     ck_assert_msg(rc == RS_OK, "create: %s", e.msg);
     return b;
 }
@@ -293,8 +293,8 @@ START_TEST(test_capacity_errors) {
     backend_destroy(&b); /* NULL *b: no-op */
     backend_destroy(NULL);
 
-    BackendParams p = {.kv_capacity = 0, .max_batch = 4, .max_pending = 4};
-    expect_err(backend_create(&cpu_backend_ops, m, &p, &b, &e), &e, "kv_capacity 0");
+    BackendParams bp = {.kv_capacity = 0, .max_batch = 4, .max_pending = 4};
+    expect_err(backend_create(&cpu_backend_ops, m, &bp, &b, &e), &e, "kv_capacity 0");
     ck_assert_ptr_null(b);
     model_destroy(&m);
 }

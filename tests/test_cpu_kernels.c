@@ -188,13 +188,13 @@ START_TEST(test_kernels_q5_extremes) {
                 p[1] = 0x3c; /* d = 1.0 (f16), m = 0 */
                 memset(p + (one ? 4 : 2), r % 2 ? 0xff : 0x00, 4 + 16); /* qh and qs */
             }
-        QTensor t = {type, w, ROWS, IN, rb, 0, 0};
+        QTensor qt = {type, w, ROWS, IN, rb, 0, 0};
         float x[2 * IN], y[2 * ROWS], scratch[IN];
         for (int k = 0; k < IN; k++) x[k] = 1.0f, x[IN + k] = -1.0f;
         QkQ8 q8[2 * NB];
         qk_quantize_rows(x, 2, IN, q8);
         QkActs a = {.f32 = x, .q8 = q8, .n = 2, .in = IN};
-        qk_matmul_rows(f, &t, &a, y, ROWS, 0, ROWS, scratch);
+        qk_matmul_rows(f, &qt, &a, y, ROWS, 0, ROWS, scratch);
         for (int tk = 0; tk < 2; tk++)
             for (int r = 0; r < ROWS; r++) {
                 /* q8 of +-1.0 is exactly +-127 * (1/127); weights 31 or 0, Q5_0 minus 16 */
@@ -853,15 +853,15 @@ static void count_task(void *arg, int tid, int nth) {
 
 START_TEST(test_threadpool_runs_every_worker) {
     for (int n = 1; n <= 3; n++) {
-        ThreadPool *p = NULL;
+        ThreadPool *tp = NULL;
         RsErr e = {0};
-        ck_assert_int_eq(threadpool_create(n, 1, &p, &e), RS_OK);
-        ck_assert_int_eq(threadpool_size(p), n);
+        ck_assert_int_eq(threadpool_create(n, 1, &tp, &e), RS_OK);
+        ck_assert_int_eq(threadpool_size(tp), n);
         _Atomic int hits[4] = {0};
-        for (int k = 0; k < 200; k++) threadpool_run(p, count_task, hits);
+        for (int k = 0; k < 200; k++) threadpool_run(tp, count_task, hits);
         for (int t = 0; t < 4; t++) ck_assert_int_eq(hits[t], t < n ? 200 : 0);
-        threadpool_destroy(&p);
-        ck_assert_ptr_null(p);
+        threadpool_destroy(&tp);
+        ck_assert_ptr_null(tp);
     }
     int lo, hi, sum = 0;
     for (int t = 0; t < 3; t++) {
@@ -889,20 +889,20 @@ static void chunk_task(void *arg, int i, int n, int tid) {
 START_TEST(test_threadpool_chunks_each_once) {
     static const int counts[] = {1, 2, 5, 64, 1000};
     for (int n = 1; n <= 3; n++) {
-        ThreadPool *p = NULL;
+        ThreadPool *tp = NULL;
         RsErr e = {0};
-        ck_assert_int_eq(threadpool_create(n, 1, &p, &e), RS_OK);
+        ck_assert_int_eq(threadpool_create(n, 1, &tp, &e), RS_OK);
         for (int c = 0; c < 5; c++) {
             static ChunkHits h;
             memset(&h, 0, sizeof h);
             h.pool = n;
-            for (int k = 0; k < 50; k++) threadpool_run_chunks(p, chunk_task, &h, counts[c]);
+            for (int k = 0; k < 50; k++) threadpool_run_chunks(tp, chunk_task, &h, counts[c]);
             for (int i = 0; i < 1000; i++)
                 ck_assert_msg(h.hits[i] == (i < counts[c] ? 50 : 0),
                               "pool %d, %d chunks: chunk %d ran %d times", n, counts[c], i,
                               (int)h.hits[i]);
         }
-        threadpool_destroy(&p);
+        threadpool_destroy(&tp);
     }
 }
 END_TEST
@@ -913,11 +913,11 @@ END_TEST
 #define TREE 65
 
 static Backend *backend(const Model *m, int threads) {
-    BackendParams p = {.kv_capacity = 128, .max_batch = TREE, .max_pending = TREE,
-                       .threads = threads};
+    BackendParams bp = {.kv_capacity = 128, .max_batch = TREE, .max_pending = TREE,
+                        .threads = threads};
     Backend *b = NULL;
     RsErr e = {0};
-    ck_assert_msg(backend_create(&cpu_backend_ops, m, &p, &b, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(backend_create(&cpu_backend_ops, m, &bp, &b, &e) == RS_OK, "%s", e.msg);
     return b;
 }
 
@@ -1064,13 +1064,13 @@ START_TEST(test_pack_switch) {
     const char *path = "tests/fixtures/loader/tiny.gguf";
     Model *m = NULL;
     RsErr e = {0};
-    BackendParams p = {0};
-    ck_assert_msg(backend_model_load(&cpu_backend_ops, path, &p, &m, &e) == RS_OK, "%s", e.msg);
+    BackendParams bp = {0};
+    ck_assert_msg(backend_model_load(&cpu_backend_ops, path, &bp, &m, &e) == RS_OK, "%s", e.msg);
     int packs = qk_family_packs(qk_family_pick(NULL, &e), m->w.layers[0].w_up.type);
     ck_assert_int_eq(m->w.layers[0].w_up.packed != 0, packs != 0);
     model_destroy(&m);
-    p.sw.cpu_unpacked = 1;
-    ck_assert_msg(backend_model_load(&cpu_backend_ops, path, &p, &m, &e) == RS_OK, "%s", e.msg);
+    bp.sw.cpu_unpacked = 1;
+    ck_assert_msg(backend_model_load(&cpu_backend_ops, path, &bp, &m, &e) == RS_OK, "%s", e.msg);
     ck_assert(m->resident && !m->w.layers[0].w_up.packed && !m->w.wcls.packed);
     model_destroy(&m);
     if (!packs) fprintf(stderr, "cpu_kernels: this family packs no tiny.gguf matrix\n");

@@ -173,10 +173,10 @@ static void parity(const char *head_dir, int want_own_embed, uint32_t want_type,
     char hp[256], tp[256];
     snprintf(hp, sizeof hp, "%s", tu_fixture(head_dir));
     snprintf(tp, sizeof tp, "%s", tu_fixture("eagle3/target"));
-    Model *t;
+    Model *m;
     Eagle3Head *h;
     RsErr e = {0};
-    ck_assert_msg(model_load(tp, &t, &e) == 0, "%s", e.msg);
+    ck_assert_msg(model_load(tp, &m, &e) == 0, "%s", e.msg);
     ck_assert_msg(eagle3_head_load(hp, &h, &e) == 0, "%s", e.msg);
     ck_assert_int_eq(h->embed.data != NULL, want_own_embed);
     const QTensor *mats[EAGLE3_N_MATRICES + 1];
@@ -190,12 +190,12 @@ static void parity(const char *head_dir, int want_own_embed, uint32_t want_type,
         ck_assert(d > map && d + (size_t)mats[i]->rows * mats[i]->row_bytes <= map + h->map_sizes[0]);
     }
     int layers[3];
-    ck_assert_msg(eagle3_head_check(h, &t->cfg, layers, &e) == 0, "%s", e.msg);
+    ck_assert_msg(eagle3_head_check(h, &m->cfg, layers, &e) == 0, "%s", e.msg);
     ck_assert(layers[0] == 0 && layers[1] == 1 && layers[2] == 2);
-    float *temb = target_embeddings(tp, &t->cfg);
+    float *temb = target_embeddings(tp, &m->cfg);
     Run run = {.h = h};
-    Eagle3Embed em = {.table = h->embed.data ? h->embed : qtensor_f32(temb, t->cfg.vocab_size,
-                                                                       t->cfg.dim)};
+    Eagle3Embed em = {.table = h->embed.data ? h->embed : qtensor_f32(temb, m->cfg.vocab_size,
+                                                                       m->cfg.dim)};
     BackendParams bp = {.kv_capacity = 64, .max_batch = 4, .threads = threads};
     ck_assert_msg(eagle3_runner_create_on(h, &em, &cpu_eagle3_layer, &bp, &run.r, &e) == 0,
                   "%s", e.msg);
@@ -211,7 +211,7 @@ static void parity(const char *head_dir, int want_own_embed, uint32_t want_type,
     free(temb);
     eagle3_head_destroy(&h);
     ck_assert_ptr_null(h);
-    model_destroy(&t);
+    model_destroy(&m);
     cJSON_Delete(j);
 }
 
@@ -256,12 +256,12 @@ static float replay_logq(const Eagle3Head *h, const float *emb, const int *toks,
 START_TEST(test_grow_pool) {
     cJSON *j = load_expected();
     const cJSON *s0 = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "heads"), 0), "steps"), 0);
-    Model *t;
+    Model *m;
     Eagle3Head *h;
     RsErr e = {0};
-    ck_assert(model_load(tu_fixture("eagle3/target"), &t, &e) == 0);
+    ck_assert(model_load(tu_fixture("eagle3/target"), &m, &e) == 0);
     ck_assert(eagle3_head_load(tu_fixture("eagle3/head"), &h, &e) == 0);
-    float *emb = target_embeddings(tu_fixture("eagle3/target"), &t->cfg);
+    float *emb = target_embeddings(tu_fixture("eagle3/target"), &m->cfg);
     int toks[MAX_ROWS], F = 3 * h->cfg.target_hidden, D = h->cfg.c.dim, DV = h->cfg.draft_vocab;
     int n0 = flat_ints(cJSON_GetObjectItem(s0, "tokens"), toks, MAX_ROWS);
     float *feats = malloc(sizeof(float) * (size_t)n0 * F), *st = malloc(sizeof(float) * D);
@@ -304,7 +304,7 @@ START_TEST(test_grow_pool) {
     free(lg);
     free(emb);
     eagle3_head_destroy(&h);
-    model_destroy(&t);
+    model_destroy(&m);
     cJSON_Delete(j);
 }
 END_TEST
@@ -338,15 +338,15 @@ static void drafter_round(Drafter *d, const cJSON *steps, int si, int first, int
 START_TEST(test_drafter_kind) {
     cJSON *j = load_expected();
     const cJSON *steps = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "heads"), 0), "steps");
-    Model *t;
+    Model *m;
     Eagle3Head *h;
     Drafter *d;
     RsErr e = {0};
-    ck_assert(model_load(tu_fixture("eagle3/target"), &t, &e) == 0);
+    ck_assert(model_load(tu_fixture("eagle3/target"), &m, &e) == 0);
     ck_assert(eagle3_head_load(tu_fixture("eagle3/head"), &h, &e) == 0);
-    float *emb = target_embeddings(tu_fixture("eagle3/target"), &t->cfg);
+    float *emb = target_embeddings(tu_fixture("eagle3/target"), &m->cfg);
     int L[EAGLE3_N_FEATURES];
-    ck_assert_msg(eagle3_head_check(h, &t->cfg, L, &e) == 0, "%s", e.msg);
+    ck_assert_msg(eagle3_head_check(h, &m->cfg, L, &e) == 0, "%s", e.msg);
     ck_assert_msg(drafter_eagle3_create(h, emb, 96, L, &d, &e) == 0, "%s", e.msg);
     ck_assert_int_eq(drafter_info(d)->n_feature_layers, 3);
     ck_assert_int_eq(drafter_info(d)->feature_layers[2], L[2]);
@@ -389,7 +389,7 @@ START_TEST(test_drafter_kind) {
     ck_assert_ptr_null(d);
     free(emb);
     eagle3_head_destroy(&h);
-    model_destroy(&t);
+    model_destroy(&m);
     cJSON_Delete(j);
 }
 END_TEST
@@ -578,26 +578,26 @@ static void expect_misfit(const Eagle3Head *h, const Config *t, const char *n1, 
 }
 
 START_TEST(test_fit_to_target) {
-    Model *t;
+    Model *m;
     Eagle3Head *h, *he;
     RsErr e = {0};
-    ck_assert_msg(model_load(tu_fixture("eagle3/target"), &t, &e) == 0, "%s", e.msg);
+    ck_assert_msg(model_load(tu_fixture("eagle3/target"), &m, &e) == 0, "%s", e.msg);
     ck_assert_msg(eagle3_head_load(tu_fixture("eagle3/head"), &h, &e) == 0, "%s", e.msg);
     ck_assert_msg(eagle3_head_load(tu_fixture("eagle3/head_embed"), &he, &e) == 0, "%s", e.msg);
-    Config c = t->cfg;
+    Config c = m->cfg;
     c.dim = 48; /* the head borrows embeddings of width 32 and takes 32-wide features */
     expect_misfit(h, &c, "width 32", "hidden size is 48");
     expect_misfit(he, &c, "width 32", "hidden size is 48");
-    c = t->cfg;
+    c = m->cfg;
     c.vocab_size = 128;
     expect_misfit(h, &c, "vocab_size 96", "128 tokens");
-    c = t->cfg;
+    c = m->cfg;
     c.n_layers = 1;
     expect_misfit(h, &c, "entering layer 2", "has 1 layers");
     /* a config without layer ids gets the default (2, N/2, N-3) */
     Eagle3Head copy = *h;
     for (int i = 0; i < 3; i++) copy.cfg.feature_layers[i] = -1;
-    c = t->cfg;
+    c = m->cfg;
     c.n_layers = 32;
     int L[3];
     ck_assert_msg(eagle3_head_check(&copy, &c, L, &e) == 0, "%s", e.msg);
@@ -605,13 +605,13 @@ START_TEST(test_fit_to_target) {
     c.n_layers = 6; /* 2, 3, 3 */
     expect_misfit(&copy, &c, "2, 3, 3", "not strictly ascending");
     /* own embeddings: a head wider than the target fits it */
-    ck_assert_msg(eagle3_head_check(he, &t->cfg, L, &e) == 0, "%s", e.msg);
+    ck_assert_msg(eagle3_head_check(he, &m->cfg, L, &e) == 0, "%s", e.msg);
     Eagle3Head no_embed = *he; /* the same head without embed_tokens cannot borrow them */
     no_embed.embed.data = NULL;
-    expect_misfit(&no_embed, &t->cfg, "no embed_tokens and hidden_size 48", "width 32");
+    expect_misfit(&no_embed, &m->cfg, "no embed_tokens and hidden_size 48", "width 32");
     eagle3_head_destroy(&h);
     eagle3_head_destroy(&he);
-    model_destroy(&t);
+    model_destroy(&m);
 }
 END_TEST
 
@@ -720,25 +720,25 @@ START_TEST(test_topk_maps_draft_ids) {
 END_TEST
 
 START_TEST(test_random_presets) {
-    Model *t, *t8;
+    Model *m, *t8;
     Eagle3Head *h, *h8;
     RsErr e = {0};
-    ck_assert_msg(model_random_load("random:tiny", &t, &e) == 0, "%s", e.msg);
-    ck_assert_msg(model_random_materialize(t, &e) == 0, "%s", e.msg);
+    ck_assert_msg(model_random_load("random:tiny", &m, &e) == 0, "%s", e.msg);
+    ck_assert_msg(model_random_materialize(m, &e) == 0, "%s", e.msg);
     ck_assert_msg(eagle3_head_random("random:eagle3-tiny", 1, &h, &e) == 0, "%s", e.msg);
     int L[3];
-    ck_assert_msg(eagle3_head_check(h, &t->cfg, L, &e) == 0, "%s", e.msg);
+    ck_assert_msg(eagle3_head_check(h, &m->cfg, L, &e) == 0, "%s", e.msg);
     ck_assert(L[0] == 0 && L[1] == 1 && L[2] == 2);
-    uint8_t *seen = calloc((size_t)t->cfg.vocab_size, 1);
+    uint8_t *seen = calloc((size_t)m->cfg.vocab_size, 1);
     for (int d = 0; d < h->cfg.draft_vocab; d++) {
-        ck_assert(h->d2t[d] >= 0 && h->d2t[d] < t->cfg.vocab_size && !seen[h->d2t[d]]);
+        ck_assert(h->d2t[d] >= 0 && h->d2t[d] < m->cfg.vocab_size && !seen[h->d2t[d]]);
         seen[h->d2t[d]] = 1;
     }
     free(seen);
-    ck_assert_int_ge(h->d2t[h->cfg.draft_vocab - 1], t->cfg.vocab_size / 2); /* spread, not d */
+    ck_assert_int_ge(h->d2t[h->cfg.draft_vocab - 1], m->cfg.vocab_size / 2); /* spread, not d */
     /* one commit and one expansion run, finite, deterministic across two runners */
     Eagle3Runner *r;
-    ck_assert_msg(eagle3_runner_create(h, tu_f32(&t->w.tok_embeddings), 32, 10, &r, &e) == 0, "%s", e.msg);
+    ck_assert_msg(eagle3_runner_create(h, tu_f32(&m->w.tok_embeddings), 32, 10, &r, &e) == 0, "%s", e.msg);
     int F = 3 * h->cfg.target_hidden, D = h->cfg.c.dim, DV = h->cfg.draft_vocab;
     float *feats = malloc(sizeof(float) * 3 * F), st[64], lg[256], st2[2 * 64], lg2[2 * 256];
     for (int i = 0; i < 3 * F; i++) feats[i] = rs_rand_unit(7, (uint64_t)i);
@@ -755,7 +755,7 @@ START_TEST(test_random_presets) {
     ck_assert_int_eq(eagle3_n_pending(r), 2);
     /* a too-large expansion and an out-of-vocabulary token are refused, nothing changed */
     ck_assert_int_eq(eagle3_expand(r, nt, sin2, pos, sib, 11, lg2, st2, &e), RS_EINVAL);
-    int bad[1] = {t->cfg.vocab_size};
+    int bad[1] = {m->cfg.vocab_size};
     ck_assert_int_eq(eagle3_commit(r, bad, feats, 1, NULL, NULL, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "token id 512"), "%s", e.msg);
     ck_assert_int_eq(eagle3_n_pending(r), 2);
@@ -770,7 +770,7 @@ START_TEST(test_random_presets) {
     ck_assert_int_eq(h8->cfg.c.hidden_dim, 14336);
     ck_assert_msg(eagle3_head_check(h8, &t8->cfg, L, &e) == 0, "%s", e.msg);
     ck_assert(L[0] == 2 && L[1] == 16 && L[2] == 29);
-    expect_misfit(h8, &t->cfg, "vocab_size 128256", "512 tokens");
+    expect_misfit(h8, &m->cfg, "vocab_size 128256", "512 tokens");
     Eagle3Head *x = (Eagle3Head *)1;
     ck_assert_int_eq(eagle3_head_random("random:eagle3-huge", 0, &x, &e), RS_EINVAL);
     ck_assert_ptr_null(x);
@@ -779,7 +779,7 @@ START_TEST(test_random_presets) {
     eagle3_head_destroy(&h8);
     eagle3_head_destroy(&h);
     model_destroy(&t8);
-    model_destroy(&t);
+    model_destroy(&m);
 }
 END_TEST
 
@@ -879,14 +879,14 @@ START_TEST(test_embeddings_by_row) {
         ck_assert_msg(memcmp(ra, rb, sizeof(float) * D) == 0, "row %d differs", t);
     }
     Drafter *d, *dm, *dq, *df;
-    Pool *pl = malloc(sizeof *pl), *pm = malloc(sizeof *pm);
+    Pool *p = malloc(sizeof *p), *pm = malloc(sizeof *pm);
     ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", lazy, EAGLE3_IDS_AUTO,
                                       NULL, &bp, &d, &e) == 0, "%s", e.msg);
     ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny", mat, EAGLE3_IDS_AUTO,
                                       NULL, &bp, &dm, &e) == 0, "%s", e.msg);
-    grow_fixed(d, F, pl);
+    grow_fixed(d, F, p);
     grow_fixed(dm, F, pm);
-    pools_equal(pl, pm);
+    pools_equal(p, pm);
     /* Q8_0 rows (2 blocks of 32: f16 scale 2^-6 = 0x2400, 32 int8) of the same table */
     size_t rb_bytes = 2 * 34;
     uint8_t *q = calloc((size_t)V, rb_bytes);
@@ -910,12 +910,12 @@ START_TEST(test_embeddings_by_row) {
     ck_assert(eagle3_head_check(h, &mat->cfg, L, &e) == 0);
     ck_assert_msg(drafter_eagle3_create_on(h, &qe, &cpu_backend_ops, &bp, L, &dq, &e) == 0, "%s", e.msg);
     ck_assert(drafter_eagle3_create(h, deq, 256, L, &df, &e) == 0);
-    grow_fixed(dq, F, pl);
+    grow_fixed(dq, F, p);
     grow_fixed(df, F, pm);
-    pools_equal(pl, pm);
+    pools_equal(p, pm);
     drafter_destroy(&d), drafter_destroy(&dm), drafter_destroy(&dq), drafter_destroy(&df);
     eagle3_head_destroy(&h);
-    free(q), free(deq), free(pl), free(pm);
+    free(q), free(deq), free(p), free(pm);
     model_destroy(&lazy), model_destroy(&mat);
 }
 END_TEST
@@ -956,14 +956,14 @@ static const DrafterOps count_append_ops = {ca_reset, ca_grow_begin, ca_grow_end
  * as RESET + 2 APPENDs and the 3-token commit as APPEND + COMMIT_GROW; the pools must be
  * those of one message each. */
 START_TEST(test_eagle3_over_protocol) {
-    Model *t;
+    Model *tm;
     Eagle3Head *h;
     RsErr e = {0};
-    ck_assert(model_load(tu_fixture("eagle3/target"), &t, &e) == 0);
+    ck_assert(model_load(tu_fixture("eagle3/target"), &tm, &e) == 0);
     ck_assert(eagle3_head_load(tu_fixture("eagle3/head"), &h, &e) == 0);
-    float *emb = target_embeddings(tu_fixture("eagle3/target"), &t->cfg);
+    float *emb = target_embeddings(tu_fixture("eagle3/target"), &tm->cfg);
     int L[EAGLE3_N_FEATURES];
-    ck_assert_msg(eagle3_head_check(h, &t->cfg, L, &e) == 0, "%s", e.msg);
+    ck_assert_msg(eagle3_head_check(h, &tm->cfg, L, &e) == 0, "%s", e.msg);
     Drafter *served, *local, *remote;
     ck_assert(drafter_eagle3_create(h, emb, 256, L, &served, &e) == 0);
     ck_assert(drafter_eagle3_create(h, emb, 256, L, &local, &e) == 0);
@@ -974,7 +974,7 @@ START_TEST(test_eagle3_over_protocol) {
     char ep[128];
     snprintf(ep, sizeof ep, "ipc:///tmp/rs-e3-proto-%d.sock", (int)getpid());
     TuServer *st = tu_serve(served, ep, "e3-test");
-    ck_assert_msg(drafter_remote_create(ep, t, 42, 10000, 1, NULL, &remote, &e) == 0, "%s", e.msg);
+    ck_assert_msg(drafter_remote_create(ep, tm, 42, 10000, 1, NULL, &remote, &e) == 0, "%s", e.msg);
     const DrafterInfo *ri = drafter_info(remote);
     ck_assert_int_eq(ri->n_feature_layers, 3);
     for (int i = 0; i < 3; i++) ck_assert_int_eq(ri->feature_layers[i], L[i]);
@@ -1036,7 +1036,7 @@ START_TEST(test_eagle3_over_protocol) {
     drafter_destroy(&local);
     free(emb);
     eagle3_head_destroy(&h);
-    model_destroy(&t);
+    model_destroy(&tm);
 }
 END_TEST
 
@@ -1087,9 +1087,9 @@ START_TEST(test_old_drafter_refused) {
         "the peer speaks protocol version 3, this end version 4 (a sequence id in every frame, "
         "CLOSE): run the same rootspec release on both ends"};
     unsigned version = (unsigned)_i;
-    Model *t;
+    Model *m;
     RsErr e = {0};
-    ck_assert(model_load(tu_fixture("eagle3/target"), &t, &e) == 0);
+    ck_assert(model_load(tu_fixture("eagle3/target"), &m, &e) == 0);
     char ep[128];
     snprintf(ep, sizeof ep, "ipc:///tmp/rs-e3-v%u-%d.sock", version, (int)getpid());
     void *zc = zmq_ctx_new(), *s = zmq_socket(zc, ZMQ_ROUTER);
@@ -1098,13 +1098,13 @@ START_TEST(test_old_drafter_refused) {
     OldDrafter od = {s, version};
     ck_assert(pthread_create(&th, NULL, old_drafter, &od) == 0);
     Drafter *d = NULL;
-    ck_assert_int_eq(drafter_remote_create(ep, t, 42, 5000, 1, NULL, &d, &e), RS_EUNSUPPORTED);
+    ck_assert_int_eq(drafter_remote_create(ep, m, 42, 5000, 1, NULL, &d, &e), RS_EUNSUPPORTED);
     ck_assert_msg(strstr(e.msg, want[version]), "%s", e.msg);
     ck_assert_ptr_null(d);
     pthread_join(th, NULL);
     zmq_close(s);
     zmq_ctx_term(zc);
-    model_destroy(&t);
+    model_destroy(&m);
 }
 END_TEST
 

@@ -49,12 +49,12 @@ static const struct {
 #define N_FAMILIES 4
 
 static Backend *golden_backend(const Model *m, int n, int fi) {
-    BackendParams p = {.kv_capacity = n, .max_batch = n, .max_pending = n, .threads = 1,
-                       .cpu_kernels = kFamilies[fi].family,
-                       .sw = {.cpu_kv_f32 = !strcmp(kFamilies[fi].kv, "f32")}};
+    BackendParams bp = {.kv_capacity = n, .max_batch = n, .max_pending = n, .threads = 1,
+                        .cpu_kernels = kFamilies[fi].family,
+                        .sw = {.cpu_kv_f32 = !strcmp(kFamilies[fi].kv, "f32")}};
     Backend *b = NULL;
     RsErr e = {0};
-    int rc = backend_create(&cpu_backend_ops, m, &p, &b, &e);
+    int rc = backend_create(&cpu_backend_ops, m, &bp, &b, &e);
     ck_assert_msg(rc == RS_OK, "%s", e.msg);
     return b;
 }

@@ -118,9 +118,9 @@ static void family_dot(const QkFamily *f, int type, const uint8_t *w, int n, con
                        float *out) {
     size_t be, bb;
     quant_type_geometry((uint32_t)type, &be, &bb);
-    QTensor t = {(uint32_t)type, w, 1, n, n / be * bb, 0, 0};
+    QTensor qt = {(uint32_t)type, w, 1, n, n / be * bb, 0, 0};
     float *scratch = rs_xmalloc(sizeof(float) * n);
-    qk_matmul_rows(f, &t, a, out, 1, 0, 1, scratch);
+    qk_matmul_rows(f, &qt, a, out, 1, 0, 1, scratch);
     free(scratch);
 }
 

@@ -26,10 +26,10 @@ static void chain_pool(Pool *p, int n, double q, double qs) {
 }
 
 /* A chain pool (chain_pool) and the draft rule's selection of it at the cap. */
-static Pool *chain_selected(int n, double q, Selection *s) {
+static Pool *chain_selected(int n, double q, Selection *sel) {
     Pool *p = calloc(1, sizeof *p);
     chain_pool(p, n, q, 0);
-    select_draft(p, TREE_MAX, s);
+    select_draft(p, TREE_MAX, sel);
     return p;
 }
 
@@ -50,11 +50,11 @@ static Planner *measured_planner(void) {
 }
 
 START_TEST(test_planner_sure_chain) {
-    Selection s;
-    Pool *p = chain_selected(8, 0.99, &s);
+    Selection sel;
+    Pool *p = chain_selected(8, 0.99, &sel);
     /* rows cost a tenth of a pass: every node brings ~0.9 tokens, costs 0.1 */
     Planner *pl = fixed_planner(10e6, 1e6, 0);
-    PlanChoice c = planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
+    PlanChoice c = planner_choose(pl, DECODER_DRAFT, 0, p, &sel, -1, POOL_MAX_DEPTH);
     ck_assert_int_eq(c.k, 8);
     double want = 1;
     for (int i = 1; i <= 8; i++) want += pow(0.99, i);
@@ -63,7 +63,7 @@ START_TEST(test_planner_sure_chain) {
     planner_destroy(&pl);
     /* rows cost two passes each: no node pays for itself */
     pl = fixed_planner(10e6, 20e6, 0);
-    c = planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
+    c = planner_choose(pl, DECODER_DRAFT, 0, p, &sel, -1, POOL_MAX_DEPTH);
     ck_assert_int_eq(c.k, 0);
     ck_assert_double_eq_tol(c.tokens, 1, 1e-12);
     planner_destroy(&pl);
@@ -75,10 +75,10 @@ END_TEST
 START_TEST(test_planner_breakeven) {
     /* q = 0.5 a node: node i is reached and accepted with 0.5^i. With rows at 0.3 of a pass
      * the first node (0.5) pays, the second (0.25) does not: k = 1. */
-    Selection s;
-    Pool *p = chain_selected(4, 0.5, &s);
+    Selection sel;
+    Pool *p = chain_selected(4, 0.5, &sel);
     Planner *pl = fixed_planner(10e6, 3e6, 0);
-    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 1, p, &s, -1, POOL_MAX_DEPTH).k, 1);
+    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 1, p, &sel, -1, POOL_MAX_DEPTH).k, 1);
     planner_destroy(&pl);
     free(p);
 }
@@ -90,31 +90,31 @@ END_TEST
  * sequences, rate 6 / 22.5 ms) only beyond 0.667: 0.9, 0.81 and 0.729; with 15 others
  * (16 / 47.5 ms) beyond 0.842: the first node only. Alone again, the whole chain. */
 START_TEST(test_planner_batch_fades) {
-    Selection s;
-    Pool *p = chain_selected(8, 0.9, &s);
+    Selection sel;
+    Pool *p = chain_selected(8, 0.9, &sel);
     Planner *pl = fixed_planner(10e6, 2.5e6, 0);
-    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 0, p, &sel, -1, POOL_MAX_DEPTH).k, 8);
     planner_set_batch(pl, 5, 6);
-    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 3);
+    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 0, p, &sel, -1, POOL_MAX_DEPTH).k, 3);
     planner_set_batch(pl, 15, 16);
-    PlanChoice c = planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
+    PlanChoice c = planner_choose(pl, DECODER_DRAFT, 0, p, &sel, -1, POOL_MAX_DEPTH);
     ck_assert_int_eq(c.k, 1);
     ck_assert_double_eq_tol(c.ns, 10e6 + 16 * 2.5e6, 1); /* the whole pass it joins */
     /* the others' trees (45 rows for 15 sequences) make the pass dearer, not the rows
      * cheaper: the batch's AR step is still 16 rows */
     planner_set_batch(pl, 45, 16);
-    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 1);
+    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 0, p, &sel, -1, POOL_MAX_DEPTH).k, 1);
     planner_set_batch(pl, 0, 1);
-    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 0, p, &sel, -1, POOL_MAX_DEPTH).k, 8);
     planner_destroy(&pl);
     /* measured: a batched decode's own pass times (one sequence's rows of a shared pass)
      * are ignored, the batch's passes by their total rows count */
     pl = measured_planner(); /* 10 ms a row, 40 ms 9 rows */
     planner_set_batch(pl, 0, 1);
     for (int i = 0; i < 20; i++) planner_observe_pass(pl, 9, 400000000);
-    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 0, p, &sel, -1, POOL_MAX_DEPTH).k, 8);
     for (int i = 0; i < 20; i++) planner_observe_batch_pass(pl, 9, 400000000);
-    ck_assert_int_lt(planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    ck_assert_int_lt(planner_choose(pl, DECODER_DRAFT, 0, p, &sel, -1, POOL_MAX_DEPTH).k, 8);
     planner_destroy(&pl);
     /* noisy passes of 16 and 17 rows (20 ms apart): a batched decode prices its rows by
      * the line through all sizes (19.7 ms + 3.89 ms a row: at 16 / 78 ms a row costs 0.797
@@ -125,7 +125,7 @@ START_TEST(test_planner_batch_fades) {
     const int rows[4] = {1, 16, 17, 32};
     const uint64_t ms[4] = {20, 70, 90, 140};
     for (int i = 0; i < 12; i++) planner_observe_batch_pass(pl, rows[i % 4], ms[i % 4] * 1000000);
-    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 2);
+    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 0, p, &sel, -1, POOL_MAX_DEPTH).k, 2);
     planner_destroy(&pl);
     free(p);
 }
@@ -133,23 +133,23 @@ END_TEST
 
 START_TEST(test_planner_learns_rejections) {
     /* The drafter says 0.99, but 200 such nodes were all rejected: the chain stops paying. */
-    Selection s;
-    Pool *p = chain_selected(8, 0.99, &s);
+    Selection sel;
+    Pool *p = chain_selected(8, 0.99, &sel);
     Planner *pl = fixed_planner(10e6, 1e6, 0);
-    for (int i = 0; i < 200; i++) planner_observe_accept(pl, DECODER_DRAFT, 0, p, &s, 8, NULL, 0);
-    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 0);
+    for (int i = 0; i < 200; i++) planner_observe_accept(pl, DECODER_DRAFT, 0, p, &sel, 8, NULL, 0);
+    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 0, p, &sel, -1, POOL_MAX_DEPTH).k, 0);
     /* a T=1 decode keeps its own calibration */
-    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 1, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    ck_assert_int_eq(planner_choose(pl, DECODER_DRAFT, 1, p, &sel, -1, POOL_MAX_DEPTH).k, 8);
     planner_destroy(&pl);
     /* a batch's planners learn acceptance together: what one saw moves the other's
      * choices, and each keeps its own once unshared */
     Planner *a = fixed_planner(10e6, 1e6, 0), *b = fixed_planner(10e6, 1e6, 0);
     planner_share_accept(b, a);
-    for (int i = 0; i < 200; i++) planner_observe_accept(b, DECODER_DRAFT, 0, p, &s, 8, NULL, 0);
-    ck_assert_int_eq(planner_choose(a, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 0);
-    ck_assert_int_eq(planner_choose(b, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 0);
+    for (int i = 0; i < 200; i++) planner_observe_accept(b, DECODER_DRAFT, 0, p, &sel, 8, NULL, 0);
+    ck_assert_int_eq(planner_choose(a, DECODER_DRAFT, 0, p, &sel, -1, POOL_MAX_DEPTH).k, 0);
+    ck_assert_int_eq(planner_choose(b, DECODER_DRAFT, 0, p, &sel, -1, POOL_MAX_DEPTH).k, 0);
     planner_share_accept(b, NULL);
-    ck_assert_int_eq(planner_choose(b, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH).k, 8);
+    ck_assert_int_eq(planner_choose(b, DECODER_DRAFT, 0, p, &sel, -1, POOL_MAX_DEPTH).k, 8);
     planner_destroy(&b);
     planner_destroy(&a);
     free(p);
@@ -161,14 +161,14 @@ START_TEST(test_planner_root_rule_uses_x1) {
      * worth nothing, and with X1 on the chain the chain is verified. */
     Pool *p = calloc(1, sizeof *p);
     chain_pool(p, 6, 0.9, 0.05);
-    Selection s;
+    Selection sel;
     double lp1[POOL_TOPK] = {log(0.9), log(0.05)};
     Planner *pl = fixed_planner(10e6, 1e6, 0);
-    select_root_logp(p, TREE_MAX, lp1, 50, &s); /* X1 = the sibling, a leaf */
-    PlanChoice c = planner_choose(pl, DECODER_ROOT, 0, p, &s, 50, POOL_MAX_DEPTH);
+    select_root_logp(p, TREE_MAX, lp1, 50, &sel); /* X1 = the sibling, a leaf */
+    PlanChoice c = planner_choose(pl, DECODER_ROOT, 0, p, &sel, 50, POOL_MAX_DEPTH);
     ck_assert_double_le(c.tokens, 2.0 + 1e-9); /* X1 and the continuation at most */
-    select_root_logp(p, TREE_MAX, lp1, 1, &s);  /* X1 = the chain's head */
-    c = planner_choose(pl, DECODER_ROOT, 0, p, &s, 1, POOL_MAX_DEPTH);
+    select_root_logp(p, TREE_MAX, lp1, 1, &sel);  /* X1 = the chain's head */
+    c = planner_choose(pl, DECODER_ROOT, 0, p, &sel, 1, POOL_MAX_DEPTH);
     ck_assert_int_ge(c.k, 6);
     ck_assert_double_gt(c.tokens, 5.0);
     planner_destroy(&pl);
@@ -177,14 +177,14 @@ START_TEST(test_planner_root_rule_uses_x1) {
 END_TEST
 
 START_TEST(test_planner_asks_when_it_pays) {
-    Selection s;
-    Pool *p = chain_selected(8, 0.99, &s);
+    Selection sel;
+    Pool *p = chain_selected(8, 0.99, &sel);
     /* a free drafter: the first (exploring) ask is shallow; once a pool has shown what its
      * levels are worth, it keeps asking, for the deepest pool (free levels tie) */
     Planner *pl = fixed_planner(10e6, 1e6, 0);
     PlanAsk a = planner_before_round(pl, DECODER_DRAFT, 0, 1);
     ck_assert(a.ask && a.explore && a.depth == 2);
-    planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, a.depth);
+    planner_choose(pl, DECODER_DRAFT, 0, p, &sel, -1, a.depth);
     a = planner_before_round(pl, DECODER_DRAFT, 0, 1);
     ck_assert(a.ask && !a.explore);
     ck_assert_int_eq(a.depth, POOL_MAX_DEPTH);
@@ -197,14 +197,14 @@ START_TEST(test_planner_asks_when_it_pays) {
     p->commit_pass_ns = 1000000;
     p->draft_ns = 3000000;
     planner_observe_pool(pl, p, 1, 3000000, 3000000);
-    planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, 2);
+    planner_choose(pl, DECODER_DRAFT, 0, p, &sel, -1, 2);
     a = planner_before_round(pl, DECODER_DRAFT, 0, 1);
     ck_assert(a.ask && !a.explore);
     ck_assert_int_eq(a.depth, 2);
     planner_destroy(&pl);
     /* a drafter costing 100 passes: not asked, until AR steps have cost 40 times an ask */
     pl = fixed_planner(10e6, 1e6, 1000e6);
-    planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
+    planner_choose(pl, DECODER_DRAFT, 0, p, &sel, -1, POOL_MAX_DEPTH);
     a = planner_before_round(pl, DECODER_DRAFT, 0, 1);
     ck_assert(!a.ask);
     int steps = 0;
@@ -224,12 +224,12 @@ START_TEST(test_planner_long_commit_not_asked) {
     /* Measured: one-row passes of 10 ms, 9-row passes of 40 ms, a pool whose 2-token commit
      * took 2 ms. A sure chain pays with 2 pending tokens; with 2000 pending (a commit like a
      * prefill, ~2 s) it does not. */
-    Selection s;
-    Pool *p = chain_selected(8, 0.999, &s);
+    Selection sel;
+    Pool *p = chain_selected(8, 0.999, &sel);
     Planner *pl = measured_planner();
     p->commit_pass_ns = p->draft_ns = 2000000;
     planner_observe_pool(pl, p, 2, 2000000, 2000000);
-    planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
+    planner_choose(pl, DECODER_DRAFT, 0, p, &sel, -1, POOL_MAX_DEPTH);
     ck_assert(planner_before_round(pl, DECODER_DRAFT, 0, 2).ask);
     ck_assert(!planner_before_round(pl, DECODER_DRAFT, 0, 2000).ask);
     planner_destroy(&pl);
@@ -241,14 +241,14 @@ END_TEST
  * 2 ms, 10 ms target passes) does not price the next rounds' one-token commits like that
  * prefill: the planner asks again; a measured round commit then counts as it is. */
 START_TEST(test_planner_prefill_commit) {
-    Selection s;
-    Pool *p = chain_selected(8, 0.999, &s);
+    Selection sel;
+    Pool *p = chain_selected(8, 0.999, &sel);
     Planner *pl = measured_planner();
     p->n_passes = 2;
     p->commit_pass_ns = 100000000;
     p->draft_ns = 102000000;
     planner_observe_pool(pl, p, 50, 102000000, 92000000);
-    planner_choose(pl, DECODER_ROOTDRAW, 0, p, &s, 1, 2);
+    planner_choose(pl, DECODER_ROOTDRAW, 0, p, &sel, 1, 2);
     ck_assert(planner_before_round(pl, DECODER_ROOTDRAW, 0, 1).ask);
     p->commit_pass_ns = 60000000; /* a 2-token commit of 60 ms: six target passes */
     p->draft_ns = 62000000;
@@ -262,14 +262,14 @@ END_TEST
 START_TEST(test_planner_measured_costs) {
     /* Measured passes of 1 and 9 rows; a 5-row pass is interpolated between them, and the
      * choice follows: with 9 rows at 4 passes a sure chain of 8 pays (~8 tokens for 4). */
-    Selection s;
-    Pool *p = chain_selected(8, 0.999, &s);
+    Selection sel;
+    Pool *p = chain_selected(8, 0.999, &sel);
     Planner *pl = measured_planner();
-    PlanChoice c = planner_choose(pl, DECODER_DRAFT, 0, p, &s, -1, POOL_MAX_DEPTH);
+    PlanChoice c = planner_choose(pl, DECODER_DRAFT, 0, p, &sel, -1, POOL_MAX_DEPTH);
     ck_assert_int_eq(c.k, 8);
     ck_assert_double_eq_tol(c.ns, 40e6, 1);
-    Pool *short_pool = chain_selected(4, 0.999, &s); /* 5 rows: 25 ms, ~5 tokens: pays */
-    c = planner_choose(pl, DECODER_DRAFT, 0, short_pool, &s, -1, POOL_MAX_DEPTH);
+    Pool *short_pool = chain_selected(4, 0.999, &sel); /* 5 rows: 25 ms, ~5 tokens: pays */
+    c = planner_choose(pl, DECODER_DRAFT, 0, short_pool, &sel, -1, POOL_MAX_DEPTH);
     ck_assert_int_eq(c.k, 4);
     ck_assert_double_eq_tol(c.ns, 25e6, 1);
     planner_destroy(&pl);
@@ -282,8 +282,8 @@ END_TEST
  * most an eighth of a one-row target pass (10 ms here); one node a level once levels cost
  * more (a full-model drafter), and ten again when they turn cheap. */
 START_TEST(test_planner_pool_width) {
-    Selection s;
-    Pool *p = chain_selected(8, 0.99, &s);
+    Selection sel;
+    Pool *p = chain_selected(8, 0.99, &sel);
     Planner *pl = measured_planner();
     PlanAsk a = planner_before_round(pl, DECODER_ROOTDRAW, 0, 1);
     ck_assert(a.ask);
@@ -292,7 +292,7 @@ START_TEST(test_planner_pool_width) {
     p->commit_pass_ns = 1000000;
     p->draft_ns = 6000000;
     planner_observe_pool(pl, p, 1, 6000000, 0);
-    planner_choose(pl, DECODER_ROOTDRAW, 0, p, &s, 1, 2);
+    planner_choose(pl, DECODER_ROOTDRAW, 0, p, &sel, 1, 2);
     a = planner_before_round(pl, DECODER_ROOTDRAW, 0, 1);
     ck_assert(a.ask);
     ck_assert_int_eq(a.width, 1);
@@ -317,21 +317,21 @@ END_TEST
 START_TEST(test_planner_chain_levels) {
     Pool *p = calloc(1, sizeof *p);
     chain_pool(p, 8, 0.99, 0);
-    Selection s;
-    select_rootdraw(p, TREE_MAX, 1, &s);
+    Selection sel;
+    select_rootdraw(p, TREE_MAX, 1, &sel);
     Planner *pl = measured_planner();
     p->n_passes = 2, p->n_expanded = POOL_EXPAND; /* a commit of 1 ms, a wide level of 8 */
     p->commit_pass_ns = 1000000;
     p->draft_ns = 9000000;
     planner_observe_pool(pl, p, 1, 9000000, 0);
-    planner_choose(pl, DECODER_ROOTDRAW, 0, p, &s, 1, 2);
+    planner_choose(pl, DECODER_ROOTDRAW, 0, p, &sel, 1, 2);
     PlanAsk a = planner_before_round(pl, DECODER_ROOTDRAW, 0, 1);
     ck_assert_int_eq(a.width, 1);
     ck_assert_msg(a.ask && a.depth == POOL_MAX_DEPTH, "ask %d depth %d", a.ask, a.depth);
     p->n_passes = 8, p->n_expanded = 7; /* a chain: 1 ms and seven levels of 5 ms */
     p->draft_ns = 36000000;
     for (int i = 0; i < 30; i++) planner_observe_pool(pl, p, 1, 36000000, 16000000);
-    planner_choose(pl, DECODER_ROOTDRAW, 0, p, &s, 1, 8);
+    planner_choose(pl, DECODER_ROOTDRAW, 0, p, &sel, 1, 8);
     a = planner_before_round(pl, DECODER_ROOTDRAW, 0, 1);
     ck_assert_int_eq(a.width, 1);
     ck_assert(a.ask && a.depth >= 2);

@@ -17,11 +17,11 @@
 static Model *prefix_model(void) { return tu_random_model(ARCH_LLAMA, 32, 48, 2, 4, 2, VOCAB, 4242); }
 
 static Backend *prefix_backend(const Model *m, int cap, int seqs, int cache) {
-    BackendParams p = {.kv_capacity = cap, .max_batch = 16, .max_pending = 16, .threads = 2,
-                       .max_seqs = seqs, .prefix_cache = cache};
+    BackendParams bp = {.kv_capacity = cap, .max_batch = 16, .max_pending = 16, .threads = 2,
+                        .max_seqs = seqs, .prefix_cache = cache};
     Backend *b = NULL;
     RsErr e = {0};
-    ck_assert_msg(backend_create(&cpu_backend_ops, m, &p, &b, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(backend_create(&cpu_backend_ops, m, &bp, &b, &e) == RS_OK, "%s", e.msg);
     return b;
 }
 
@@ -234,12 +234,12 @@ static int decode_once(Target *t, const int *prompt, int n, int rule, int sample
  * what they emit on one without, and report the whole blocks they reused. */
 START_TEST(test_prefix_decodes_unchanged) {
     Model *m = prefix_model();
-    BackendParams p = {.kv_capacity = 256, .threads = 2, .prefix_cache = 1};
+    BackendParams bp = {.kv_capacity = 256, .threads = 2, .prefix_cache = 1};
     Target *on = NULL, *off = NULL;
     RsErr e = {0};
-    ck_assert_int_eq(target_create(m, &cpu_backend_ops, &p, NULL, 0, &on, &e), RS_OK);
-    p.prefix_cache = 0;
-    ck_assert_int_eq(target_create(m, &cpu_backend_ops, &p, NULL, 0, &off, &e), RS_OK);
+    ck_assert_int_eq(target_create(m, &cpu_backend_ops, &bp, NULL, 0, &on, &e), RS_OK);
+    bp.prefix_cache = 0;
+    ck_assert_int_eq(target_create(m, &cpu_backend_ops, &bp, NULL, 0, &off, &e), RS_OK);
     Rng r;
     rng_seed(&r, 31);
     int prompt[60];

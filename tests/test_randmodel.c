@@ -181,8 +181,8 @@ START_TEST(test_random_refusals) {
     ck_assert_msg(strstr(e.msg, "--draft-model random:"), "%s", e.msg);
     /* the CPU backend refuses a random model without host weights instead of crashing */
     Backend *b = NULL;
-    BackendParams p = {.kv_capacity = 64, .max_batch = 8, .max_pending = 8, .threads = 1};
-    ck_assert_int_eq(backend_create(&cpu_backend_ops, m, &p, &b, &e), RS_EINVAL);
+    BackendParams bp = {.kv_capacity = 64, .max_batch = 8, .max_pending = 8, .threads = 1};
+    ck_assert_int_eq(backend_create(&cpu_backend_ops, m, &bp, &b, &e), RS_EINVAL);
     ck_assert_ptr_null(b);
     model_destroy(&m);
     ck_assert_int_eq(backend_model_load(&cpu_backend_ops, "random:llama3-8b", NULL,
@@ -203,8 +203,8 @@ START_TEST(test_random_cpu_forward) {
     const Model *ms[2] = {m, v};
     for (int k = 0; k < 2; k++) {
         Backend *b = NULL;
-        BackendParams p = {.kv_capacity = 64, .max_batch = 8, .max_pending = 8, .threads = 1};
-        ck_assert_int_eq(backend_create(&cpu_backend_ops, ms[k], &p, &b, &e), RS_OK);
+        BackendParams bp = {.kv_capacity = 64, .max_batch = 8, .max_pending = 8, .threads = 1};
+        ck_assert_int_eq(backend_create(&cpu_backend_ops, ms[k], &bp, &b, &e), RS_OK);
         int tok[4] = {1, 200, 33, 511}, pos[4] = {0, 1, 2, 3}, rows[1] = {3};
         int V = m->cfg.vocab_size;
         float *lg = malloc(sizeof(float) * V);

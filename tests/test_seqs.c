@@ -18,11 +18,11 @@ static Model *seq_model(int ci) {
 }
 
 static Backend *seq_backend(const Model *m, int cap, int seqs, int batch) {
-    BackendParams p = {.kv_capacity = cap, .max_batch = batch, .max_pending = batch > 16 ? batch : 16,
-                       .threads = 2, .max_seqs = seqs};
+    BackendParams bp = {.kv_capacity = cap, .max_batch = batch, .max_pending = batch > 16 ? batch : 16,
+                        .threads = 2, .max_seqs = seqs};
     Backend *b = NULL;
     RsErr e = {0};
-    ck_assert_msg(backend_create(&cpu_backend_ops, m, &p, &b, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(backend_create(&cpu_backend_ops, m, &bp, &b, &e) == RS_OK, "%s", e.msg);
     return b;
 }
 

@@ -17,7 +17,7 @@
 static void serve_jobs(Engine *en, const DecodeOpts *opts, int parallel, FILE *log,
                        char ids[][48], int *tokens) {
     EngineOpts eo = {.ctx = 256, .threads = 1};
-    ServeConfig cfg = {.model_name = "m", .queue_max = LOG_JOBS, .dflt = *opts,
+    ServeConfig cfg = {.model_name = "m", .queue_max = LOG_JOBS, .opts_default = *opts,
                        .parallel = parallel, .round_log = log,
                        .batch = {.row_budget = 64, .prefill_chunk = 16, .kv_entries = 512,
                                  .seq_capacity = 256, .backend = engine_backend_params(&eo)}};

@@ -292,26 +292,26 @@ END_TEST
 
 /* ---- properties on real pools ---------------------------------------------------- */
 
-static int ancestor_closed(const Pool *pl, const Selection *s) {
-    for (int k = 0; k < s->t.n; k++) {
-        int par = s->t.parent[k];
+static int ancestor_closed(const Pool *p, const Selection *sel) {
+    for (int k = 0; k < sel->t.n; k++) {
+        int par = sel->t.parent[k];
         if (par >= k) return 0; /* parents first */
-        if (k == 0 && s->rooted_at_x1) continue;
-        int u = s->t.node[k];
+        if (k == 0 && sel->rooted_at_x1) continue;
+        int u = sel->t.node[k];
         if (u < 0) return 0;
-        int pu = pl->parent[u];
-        if (par < 0 ? pu != -1 : s->t.node[par] != pu) return 0;
+        int pu = p->parent[u];
+        if (par < 0 ? pu != -1 : sel->t.node[par] != pu) return 0;
     }
     return 1;
 }
 
 /* DESIGN.md §2 counts of a grown pool: 10 at depth 1, 100 at depths 2-8, 70 expanded. */
-static void check_pool_counts(const Pool *pl) {
-    ck_assert_int_eq(pl->n, POOL_MAX);
-    ck_assert_int_eq(pl->n_expanded, POOL_N_EXPANDED);
+static void check_pool_counts(const Pool *p) {
+    ck_assert_int_eq(p->n, POOL_MAX);
+    ck_assert_int_eq(p->n_expanded, POOL_N_EXPANDED);
     int per_depth[POOL_MAX_DEPTH + 1] = {0}, expanded = 0;
-    for (int i = 0; i < pl->n; i++) per_depth[pl->depth[i]]++;
-    for (int i = 0; i < pl->n; i++) expanded += pl->n_children[i] > 0;
+    for (int i = 0; i < p->n; i++) per_depth[p->depth[i]]++;
+    for (int i = 0; i < p->n; i++) expanded += p->n_children[i] > 0;
     ck_assert_int_eq(per_depth[1], 10);
     for (int dd = 2; dd <= 8; dd++) ck_assert_int_eq(per_depth[dd], 100);
     ck_assert_int_eq(expanded, 70);
@@ -319,56 +319,56 @@ static void check_pool_counts(const Pool *pl) {
 
 /* A random target: rowp (n + 1, 50) a distribution at the root (row 0) and below each
  * node i (row 1 + i); path[i] = the target probability of node i's whole path. */
-static void random_target(const Pool *pl, Rng *r, double *rowp, double *path) {
-    for (int i = 0; i <= pl->n; i++) {
+static void random_target(const Pool *p, Rng *r, double *rowp, double *path) {
+    for (int i = 0; i <= p->n; i++) {
         double z = 0;
         for (int v = 0; v < 50; v++) z += (rowp[i * 50 + v] = pow(rng_uniform(r), 3));
         for (int v = 0; v < 50; v++) rowp[i * 50 + v] /= z;
     }
-    for (int i = 0; i < pl->n; i++) {
-        int par = pl->parent[i];
-        double tp = rowp[(par + 1) * 50 + pl->token[i]];
+    for (int i = 0; i < p->n; i++) {
+        int par = p->parent[i];
+        double tp = rowp[(par + 1) * 50 + p->token[i]];
         path[i] = (par < 0 ? 1 : path[par]) * tp;
     }
 }
 
 /* rootdraw's tree: X1 and min(B - 1, X1's descendants) when X1 is in the pool, else X1
  * alone (and PEARL's too). */
-static void check_rootdraw_size(const Pool *pl, const Selection *s, int B) {
-    if (!s[DECODER_ROOTDRAW].x1_in_pool) {
-        ck_assert_int_eq(s[DECODER_ROOTDRAW].t.n, 1);
-        ck_assert_int_eq(s[DECODER_PEARL].t.n, 1);
+static void check_rootdraw_size(const Pool *p, const Selection *sel, int B) {
+    if (!sel[DECODER_ROOTDRAW].x1_in_pool) {
+        ck_assert_int_eq(sel[DECODER_ROOTDRAW].t.n, 1);
+        ck_assert_int_eq(sel[DECODER_PEARL].t.n, 1);
         return;
     }
-    int x1n = s[DECODER_ROOTDRAW].t.node[0], nd = 0;
-    for (int i = 0; i < pl->n; i++) {
+    int x1n = sel[DECODER_ROOTDRAW].t.node[0], nd = 0;
+    for (int i = 0; i < p->n; i++) {
         int a = i;
-        while (a >= 0 && a != x1n) a = pl->parent[a];
+        while (a >= 0 && a != x1n) a = p->parent[a];
         nd += a == x1n && i != x1n;
     }
-    ck_assert_int_eq(s[DECODER_ROOTDRAW].t.n, 1 + (nd < B - 1 ? nd : B - 1));
+    ck_assert_int_eq(sel[DECODER_ROOTDRAW].t.n, 1 + (nd < B - 1 ? nd : B - 1));
 }
 
 /* Expected acceptance of selection s under the target rows rowp (random_target). */
-static double selection_tau(const Pool *pl, const Selection *s, const double *rowp, int x1) {
+static double selection_tau(const Pool *p, const Selection *sel, const double *rowp, int x1) {
     double tr[TREE_MAX];
-    for (int j = 0; j < s->t.n; j++) {
-        int u = s->t.node[j];
-        int tok = u < 0 ? x1 : pl->token[u];
-        int par = s->t.parent[j];
-        int prow = par < 0 ? 0 : 1 + s->t.node[par];
-        if (j == 0 && s->rooted_at_x1) prow = 0;
+    for (int j = 0; j < sel->t.n; j++) {
+        int u = sel->t.node[j];
+        int tok = u < 0 ? x1 : p->token[u];
+        int par = sel->t.parent[j];
+        int prow = par < 0 ? 0 : 1 + sel->t.node[par];
+        if (j == 0 && sel->rooted_at_x1) prow = 0;
         tr[j] = rowp[prow * 50 + tok];
     }
-    return tree_tau(s, tr);
+    return tree_tau(sel, tr);
 }
 
 /* Tie-breaking: the draft tree is exactly the first B of a brute-force ranking. */
-static void check_draft_order(const Pool *pl, const Selection *draft, int B) {
+static void check_draft_order(const Pool *p, const Selection *draft, int B) {
     int idx[POOL_MAX];
-    for (int i = 0; i < pl->n; i++) idx[i] = i;
-    for (int i = 1; i < pl->n; i++) /* insertion sort by pool_rank_cmp */
-        for (int j = i; j > 0 && pool_rank_cmp(pl, idx[j], idx[j - 1]) < 0; j--) {
+    for (int i = 0; i < p->n; i++) idx[i] = i;
+    for (int i = 1; i < p->n; i++) /* insertion sort by pool_rank_cmp */
+        for (int j = i; j > 0 && pool_rank_cmp(p, idx[j], idx[j - 1]) < 0; j--) {
             int t = idx[j];
             idx[j] = idx[j - 1];
             idx[j - 1] = t;
@@ -378,26 +378,26 @@ static void check_draft_order(const Pool *pl, const Selection *draft, int B) {
 
 /* Every rule's tree at budget B against one pool and random target: ancestor-closed,
  * sized as DESIGN.md says, and ordered by expected acceptance where theory orders it. */
-static void check_rules(const Pool *pl, const double *rowp, const double *path, int x1,
+static void check_rules(const Pool *p, const double *rowp, const double *path, int x1,
                         int B, int round) {
     float p0[50];
     for (int v = 0; v < 50; v++) p0[v] = (float)rowp[v];
-    Selection s[DECODER_COUNT];
-    select_draft(pl, B, &s[DECODER_DRAFT]);
-    select_pearl(pl, B, x1, &s[DECODER_PEARL]);
-    select_rootdraw(pl, B, x1, &s[DECODER_ROOTDRAW]);
-    select_root(pl, B, p0, x1, &s[DECODER_ROOT]);
-    select_oracle(pl, B, path, &s[DECODER_ORACLE]);
+    Selection sel[DECODER_COUNT];
+    select_draft(p, B, &sel[DECODER_DRAFT]);
+    select_pearl(p, B, x1, &sel[DECODER_PEARL]);
+    select_rootdraw(p, B, x1, &sel[DECODER_ROOTDRAW]);
+    select_root(p, B, p0, x1, &sel[DECODER_ROOT]);
+    select_oracle(p, B, path, &sel[DECODER_ORACLE]);
     for (int k = DECODER_DRAFT; k < DECODER_COUNT; k++)
-        ck_assert_msg(ancestor_closed(pl, &s[k]), "%s tree not ancestor-closed",
+        ck_assert_msg(ancestor_closed(p, &sel[k]), "%s tree not ancestor-closed",
                       decoder_name((DecoderKind)k));
-    ck_assert_int_eq(s[DECODER_DRAFT].t.n, B);
-    ck_assert_int_eq(s[DECODER_ROOT].t.n, B);
-    ck_assert_int_eq(s[DECODER_ORACLE].t.n, B);
-    ck_assert_int_le(s[DECODER_PEARL].t.n, B);
-    check_rootdraw_size(pl, s, B);
+    ck_assert_int_eq(sel[DECODER_DRAFT].t.n, B);
+    ck_assert_int_eq(sel[DECODER_ROOT].t.n, B);
+    ck_assert_int_eq(sel[DECODER_ORACLE].t.n, B);
+    ck_assert_int_le(sel[DECODER_PEARL].t.n, B);
+    check_rootdraw_size(p, sel, B);
     double tau[DECODER_COUNT];
-    for (int k = DECODER_DRAFT; k < DECODER_COUNT; k++) tau[k] = selection_tau(pl, &s[k], rowp, x1);
+    for (int k = DECODER_DRAFT; k < DECODER_COUNT; k++) tau[k] = selection_tau(p, &sel[k], rowp, x1);
     ck_assert_msg(tau[DECODER_ROOTDRAW] >= tau[DECODER_PEARL] - 1e-12,
                   "round %d B=%d: rootdraw tau %g < pearl tau %g", round, B,
                   tau[DECODER_ROOTDRAW], tau[DECODER_PEARL]);
@@ -405,7 +405,7 @@ static void check_rules(const Pool *pl, const double *rowp, const double *path, 
                   "round %d B=%d: draft tau %g > oracle tau %g", round, B, tau[DECODER_DRAFT],
                   tau[DECODER_ORACLE]);
     ck_assert_msg(tau[DECODER_ROOT] <= tau[DECODER_ORACLE] + 1e-12, "root tau > oracle");
-    check_draft_order(pl, &s[DECODER_DRAFT], B);
+    check_draft_order(p, &sel[DECODER_DRAFT], B);
 }
 
 START_TEST(test_tree_properties) {
@@ -413,23 +413,23 @@ START_TEST(test_tree_properties) {
     Model *dm = tu_random_model(ARCH_LLAMA, 32, 64, 1, 4, 2, 50, 9);
     Drafter *d;
     ck_assert(drafter_model_create(dm, &cpu_backend_ops, TU_BP(512, 1), &d, &e) == 0);
-    Pool *pl = malloc(sizeof(Pool));
+    Pool *p = malloc(sizeof(Pool));
     Rng r;
     rng_seed(&r, 5);
     int toks[4] = {3, 4, 5, 6};
     double *rowp = malloc(sizeof(double) * 50 * (POOL_MAX + 1)), path[POOL_MAX];
     for (int round = 0; round < 30; round++) {
         toks[0] = (int)(rng_next(&r) % 50);
-        ck_assert_msg(drafter_commit_grow(d, toks, round == 0 ? 4 : 1, pl, &e) == 0, "%s",
+        ck_assert_msg(drafter_commit_grow(d, toks, round == 0 ? 4 : 1, p, &e) == 0, "%s",
                       e.msg);
-        check_pool_counts(pl);
-        random_target(pl, &r, rowp, path);
-        int x1 = round % 3 == 0 ? 49 - pl->token[0] % 5 : pl->token[round % 10];
+        check_pool_counts(p);
+        random_target(p, &r, rowp, path);
+        int x1 = round % 3 == 0 ? 49 - p->token[0] % 5 : p->token[round % 10];
         static const int budgets[] = {8, 59, 64};
-        for (int b = 0; b < 3; b++) check_rules(pl, rowp, path, x1, budgets[b], round);
+        for (int b = 0; b < 3; b++) check_rules(p, rowp, path, x1, budgets[b], round);
     }
     free(rowp);
-    free(pl);
+    free(p);
     drafter_destroy(&d);
     model_destroy(&dm);
 }
@@ -475,27 +475,27 @@ START_TEST(test_pool_growth_shape) {
     Drafter *d;
     ck_assert(drafter_model_create(dm, &counting_ops, TU_BP(512, 1), &d, &e) == 0);
     if (_i) drafter_set_shape(d, depth, width);
-    Pool *pl = malloc(sizeof(Pool));
+    Pool *p = malloc(sizeof(Pool));
     int toks[4] = {3, 4, 5, 6}, committed = 0;
     for (int round = 0; round < 6; round++) {
         int n = round == 0 ? 4 : 1 + round % 3;
         g_fwd_n = 0;
-        ck_assert_msg(drafter_commit_grow(d, toks, n, pl, &e) == 0, "%s", e.msg);
+        ck_assert_msg(drafter_commit_grow(d, toks, n, p, &e) == 0, "%s", e.msg);
         committed += n;
         ck_assert_int_eq(model_drafter_n_committed(d), committed);
         ck_assert_int_eq(g_fwd_n, depth);
         ck_assert_int_eq(g_fwd_tokens[0], n);
         for (int k = 1; k < depth; k++) ck_assert_int_eq(g_fwd_tokens[k], width);
-        ck_assert_int_eq(pl->n_passes, depth);
-        ck_assert_int_eq(pl->n_expanded, (depth - 1) * width);
-        ck_assert_int_eq(pl->n, POOL_TOPK + (depth - 1) * width * POOL_TOPK);
+        ck_assert_int_eq(p->n_passes, depth);
+        ck_assert_int_eq(p->n_expanded, (depth - 1) * width);
+        ck_assert_int_eq(p->n, POOL_TOPK + (depth - 1) * width * POOL_TOPK);
         for (int dep = 1; dep <= POOL_MAX_DEPTH; dep++) {
             int idx[POOL_MAX], m = 0;
-            for (int i = 0; i < pl->n; i++)
-                if (pl->depth[i] == dep) idx[m++] = i;
+            for (int i = 0; i < p->n; i++)
+                if (p->depth[i] == dep) idx[m++] = i;
             for (int i = 1; i < m; i++) /* insertion sort: score desc, pool index asc */
-                for (int j = i; j > 0 && (pl->score[idx[j]] > pl->score[idx[j - 1]] ||
-                                          (pl->score[idx[j]] == pl->score[idx[j - 1]] &&
+                for (int j = i; j > 0 && (p->score[idx[j]] > p->score[idx[j - 1]] ||
+                                          (p->score[idx[j]] == p->score[idx[j - 1]] &&
                                            idx[j] < idx[j - 1]));
                      j--) {
                     int t = idx[j];
@@ -504,16 +504,16 @@ START_TEST(test_pool_growth_shape) {
                 }
             for (int r = 0; r < m; r++) {
                 int want = dep < depth && r < width ? POOL_TOPK : 0;
-                ck_assert_msg(pl->n_children[idx[r]] == want,
+                ck_assert_msg(p->n_children[idx[r]] == want,
                               "depth %d rank %d (pool %d): %d children, want %d", dep, r, idx[r],
-                              pl->n_children[idx[r]], want);
+                              p->n_children[idx[r]], want);
             }
         }
         /* pool index = creation order: depth never decreases along the pool */
-        for (int i = 1; i < pl->n; i++) ck_assert_int_ge(pl->depth[i], pl->depth[i - 1]);
-        for (int k = 0; k < 4; k++) toks[k] = pl->token[(round * 7 + k) % 10];
+        for (int i = 1; i < p->n; i++) ck_assert_int_ge(p->depth[i], p->depth[i - 1]);
+        for (int k = 0; k < 4; k++) toks[k] = p->token[(round * 7 + k) % 10];
     }
-    free(pl);
+    free(p);
     drafter_destroy(&d);
     model_destroy(&dm);
 }
@@ -525,19 +525,19 @@ END_TEST
 START_TEST(test_oracle_brute_force) {
     static const int parent[] = {-1, -1, -1, -1, 0, 0, 0, 1, 1, 4, 4, 7, 9, 9, 12, 12};
     enum { N = 16 };
-    Pool *pl = calloc(1, sizeof(Pool));
+    Pool *p = calloc(1, sizeof(Pool));
     Rng r;
     rng_seed(&r, 8);
     for (int trial = 0; trial < 60; trial++) {
-        pl->n = N;
+        p->n = N;
         for (int i = 0; i < N; i++) {
-            pl->parent[i] = parent[i];
-            pl->depth[i] = parent[i] < 0 ? 1 : pl->depth[parent[i]] + 1;
-            pl->token[i] = i;
-            pl->logq[i] = (float)log(0.05 + rng_uniform(&r));
-            if (pl->logq[i] > 0) pl->logq[i] = 0;
+            p->parent[i] = parent[i];
+            p->depth[i] = parent[i] < 0 ? 1 : p->depth[parent[i]] + 1;
+            p->token[i] = i;
+            p->logq[i] = (float)log(0.05 + rng_uniform(&r));
+            if (p->logq[i] > 0) p->logq[i] = 0;
         }
-        ck_assert(pool_finalize(pl, 64, NULL) == 0);
+        ck_assert(pool_finalize(p, 64, NULL) == 0);
         double trans[N], path[N];
         for (int i = 0; i < N; i++) {
             trans[i] = trial % 3 == 2 ? (double)(rng_next(&r) % 2) : rng_uniform(&r);
@@ -556,18 +556,18 @@ START_TEST(test_oracle_brute_force) {
                     }
                 if (ok && v > best) best = v;
             }
-            Selection s;
-            select_oracle(pl, B, path, &s);
-            ck_assert_int_eq(s.t.n, B);
-            ck_assert(ancestor_closed(pl, &s));
+            Selection sel;
+            select_oracle(p, B, path, &sel);
+            ck_assert_int_eq(sel.t.n, B);
+            ck_assert(ancestor_closed(p, &sel));
             double tr[TREE_MAX];
-            for (int k = 0; k < s.t.n; k++) tr[k] = trans[s.t.node[k]];
-            double got = tree_tau(&s, tr);
+            for (int k = 0; k < sel.t.n; k++) tr[k] = trans[sel.t.node[k]];
+            double got = tree_tau(&sel, tr);
             ck_assert_msg(fabs(got - best) <= 1e-12, "trial %d B=%d: oracle %g, best %g", trial,
                           B, got, best);
         }
     }
-    free(pl);
+    free(p);
 }
 END_TEST
 
@@ -972,13 +972,13 @@ typedef struct {
 } OracleLog;
 static void oracle_round(void *u, const RoundInfo *r) {
     OracleLog *g = u;
-    const Pool *pl = &g->tap->last;
+    const Pool *p = &g->tap->last;
     const double *tr = r->tau_rule;
     g->rounds++;
     if (!r->have_tau_rule) {
         snprintf(g->why, sizeof g->why, "round %d: no tau_rule", r->round);
         g->bad++;
-    } else if (r->tree_size_rule[DECODER_ORACLE] != (g->B < pl->n ? g->B : pl->n)) {
+    } else if (r->tree_size_rule[DECODER_ORACLE] != (g->B < p->n ? g->B : p->n)) {
         snprintf(g->why, sizeof g->why, "round %d: oracle tree of %d nodes", r->round,
                  r->tree_size_rule[DECODER_ORACLE]);
         g->bad++;
@@ -993,10 +993,10 @@ static void oracle_round(void *u, const RoundInfo *r) {
     } else if (g->ar) {
         int at = -1, L = 0; /* follow the greedy tokens down the pool */
         while (L < g->B && g->pos + L < g->n_ar) {
-            int first = at < 0 ? pl->root_first_child : pl->first_child[at];
-            int nc = at < 0 ? pl->root_n_children : pl->n_children[at], next = -1;
+            int first = at < 0 ? p->root_first_child : p->first_child[at];
+            int nc = at < 0 ? p->root_n_children : p->n_children[at], next = -1;
             for (int k = first; k < first + nc && first >= 0; k++)
-                if (pl->token[k] == g->ar[g->pos + L]) next = k;
+                if (p->token[k] == g->ar[g->pos + L]) next = k;
             if (next < 0) break;
             at = next;
             L++;

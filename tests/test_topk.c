@@ -17,11 +17,11 @@
 #define VOCAB 96
 
 static Backend *make_backend(const Model *m, int threads) {
-    BackendParams p = {.kv_capacity = 64, .max_batch = 16, .max_pending = 32,
-                       .threads = threads};
+    BackendParams bp = {.kv_capacity = 64, .max_batch = 16, .max_pending = 32,
+                        .threads = threads};
     Backend *b = NULL;
     RsErr e = {0};
-    ck_assert_msg(backend_create(&cpu_backend_ops, m, &p, &b, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(backend_create(&cpu_backend_ops, m, &bp, &b, &e) == RS_OK, "%s", e.msg);
     return b;
 }
 
@@ -255,9 +255,9 @@ START_TEST(test_topk_fused_head) {
             float logq[2][100], lse[2][10];
             RsErr e = {0};
             for (int h = 0; h < 2; h++) {
-                BackendParams p = {.kv_capacity = 64, .max_batch = 16, .max_pending = 32,
-                                   .threads = threads, .topk_hint = h ? 10 : 0};
-                ck_assert_msg(backend_create(&cpu_backend_ops, m, &p, &b[h], &e) == RS_OK, "%s",
+                BackendParams bp = {.kv_capacity = 64, .max_batch = 16, .max_pending = 32,
+                                    .threads = threads, .topk_hint = h ? 10 : 0};
+                ck_assert_msg(backend_create(&cpu_backend_ops, m, &bp, &b[h], &e) == RS_OK, "%s",
                               e.msg);
                 ck_assert(backend_forward(b[h], tok, pos, 10, NULL, rows, n_out, NULL, &e) == 0);
                 ck_assert(backend_rows_topk(b[h], 10, ids[h], logq[h], lse[h], &e) == RS_OK);
@@ -298,9 +298,9 @@ START_TEST(test_topk_backend_and_fallback) {
     g_noop_topk = cpu_backend_ops;
     g_noop_topk.rows_topk = NULL;
     Backend *b[2] = {make_backend(m, 2), NULL};
-    BackendParams p = backend_params(b[0]);
+    BackendParams bp = backend_params(b[0]);
     RsErr e = {0};
-    ck_assert(backend_create(&g_noop_topk, m, &p, &b[1], &e) == RS_OK);
+    ck_assert(backend_create(&g_noop_topk, m, &bp, &b[1], &e) == RS_OK);
     b[1]->ops = &g_noop_topk; /* cpu create() set its own table */
     int tok[6] = {1, 5, 9, 2, 7, 3}, pos[6] = {0, 1, 2, 3, 4, 5}, rows[4] = {5, 0, 3, 1};
     int ids[2][4 * 10], ref[10];
@@ -337,18 +337,18 @@ START_TEST(test_drafter_round_no_full_rows) {
     Drafter *d = NULL;
     RsErr e = {0};
     ck_assert(drafter_model_create(dm, &cpu_backend_ops, TU_BP(512, 2), &d, &e) == RS_OK);
-    Pool *pl = malloc(sizeof(Pool));
+    Pool *p = malloc(sizeof(Pool));
     int toks[5] = {3, 4, 5, 6, 7};
     for (int round = 0; round < 3; round++) {
-        ck_assert_msg(drafter_commit_grow(d, toks, round ? 2 : 5, pl, &e) == RS_OK, "%s", e.msg);
-        ck_assert_int_eq(pl->n, POOL_MAX);
-        ck_assert_int_eq(pl->draft_rows, 1 + POOL_N_EXPANDED);
-        ck_assert(pl->draft_host_ns > 0 && pl->draft_host_ns < pl->draft_ns);
+        ck_assert_msg(drafter_commit_grow(d, toks, round ? 2 : 5, p, &e) == RS_OK, "%s", e.msg);
+        ck_assert_int_eq(p->n, POOL_MAX);
+        ck_assert_int_eq(p->draft_rows, 1 + POOL_N_EXPANDED);
+        ck_assert(p->draft_host_ns > 0 && p->draft_host_ns < p->draft_ns);
     }
     BackendStats st = model_drafter_backend_stats(d);
     ck_assert_int_eq(st.d2h_full_rows, 0);
     ck_assert_int_eq(st.forwards, 3 * 8);
-    free(pl);
+    free(p);
     drafter_destroy(&d);
     model_destroy(&dm);
 }

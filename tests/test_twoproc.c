@@ -1041,16 +1041,16 @@ START_TEST(test_eagle3_head_wiring) {
                     "--target-model", "random:tiny", NULL};
     pid_t d = spawn(argv, "e3draft");
     wait_serving(d, "e3draft");
-    Model *t;
+    Model *m;
     RsErr e = {0};
-    ck_assert(model_load("random:tiny", &t, &e) == 0);
+    ck_assert(model_load("random:tiny", &m, &e) == 0);
     Drafter *rd;
-    ck_assert_msg(drafter_remote_create(ep, t, tokenizer_identity(NULL, 512), 10000, 0, NULL,
+    ck_assert_msg(drafter_remote_create(ep, m, tokenizer_identity(NULL, 512), 10000, 0, NULL,
                                         &rd, &e) == 0, "%s", e.msg);
     const DrafterInfo *ri = drafter_info(rd);
     ck_assert_int_eq(ri->n_feature_layers, 3);
     ck_assert(ri->feature_layers[0] == 0 && ri->feature_layers[1] == 1 && ri->feature_layers[2] == 2);
-    int toks[4] = {5, 9, 200, 31}, F = 3 * t->cfg.dim;
+    int toks[4] = {5, 9, 200, 31}, F = 3 * m->cfg.dim;
     float *f = malloc(sizeof(float) * 4 * (size_t)F);
     for (int i = 0; i < 4 * F; i++) f[i] = (float)((i * 37) % 11) / 11.0f - 0.5f;
     Pool *p = malloc(sizeof *p);
@@ -1073,7 +1073,7 @@ START_TEST(test_eagle3_head_wiring) {
     ck_assert_msg(strstr(e.msg, "has vocab_size 96 but the target's vocabulary has 512"), "%s", e.msg);
     free(f);
     free(p);
-    model_destroy(&t);
+    model_destroy(&m);
 }
 END_TEST
 
@@ -1141,10 +1141,10 @@ START_TEST(test_settings_travel) {
     eo.cpu_kernels = "avx3";
     ck_assert_int_eq(engine_create(&eo, 0, &en, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "avx3"), "%s", e.msg);
-    Model *t = NULL;
-    ck_assert_msg(model_load(tu_fixture("eagle3/target"), &t, &e) == 0, "%s", e.msg);
+    Model *m = NULL;
+    ck_assert_msg(model_load(tu_fixture("eagle3/target"), &m, &e) == 0, "%s", e.msg);
     DrafterSpec s = {.kind = DRAFTER_KIND_EAGLE3, .model_path = tu_fixture("eagle3/head")};
-    DrafterHost h = {.model = t, .ops = &cpu_backend_ops,
+    DrafterHost h = {.model = m, .ops = &cpu_backend_ops,
                      .backend = {.kv_capacity = 64, .threads = 1}};
     Drafter *d = NULL;
     ck_assert_msg(drafter_open(&s, &h, &d, &e) == 0, "%s", e.msg);
@@ -1153,7 +1153,7 @@ START_TEST(test_settings_travel) {
     ck_assert_int_eq(drafter_open(&s, &h, &d, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "entering layer 3"), "%s", e.msg);
     ck_assert_ptr_null(d);
-    model_destroy(&t);
+    model_destroy(&m);
 }
 END_TEST
 

@@ -211,16 +211,16 @@ static void quantize_row(uint32_t type, const float *x, int n, uint8_t *o) {
 }
 
 /* Re-stores one f32 matrix as `type` at *p (advanced). */
-static void restore(QTensor *t, uint32_t type, uint8_t **p) {
+static void restore(QTensor *w, uint32_t type, uint8_t **p) {
     size_t be, bb;
-    RS_ASSERT(quant_type_geometry(type, &be, &bb) == 0 && t->cols % (int)be == 0);
-    size_t rb = (size_t)t->cols / be * bb;
-    for (int r = 0; r < t->rows; r++)
-        quantize_row(type, (const float *)t->data + (size_t)r * t->cols, t->cols, *p + r * rb);
-    t->type = type;
-    t->data = *p;
-    t->row_bytes = rb;
-    *p += (size_t)t->rows * rb;
+    RS_ASSERT(quant_type_geometry(type, &be, &bb) == 0 && w->cols % (int)be == 0);
+    size_t rb = (size_t)w->cols / be * bb;
+    for (int r = 0; r < w->rows; r++)
+        quantize_row(type, (const float *)w->data + (size_t)r * w->cols, w->cols, *p + r * rb);
+    w->type = type;
+    w->data = *p;
+    w->row_bytes = rb;
+    *p += (size_t)w->rows * rb;
 }
 
 Model *tu_random_model_typed(Arch arch, int dim, int hidden_dim, int n_layers, int n_heads,
@@ -246,14 +246,14 @@ Model *tu_random_model_typed(Arch arch, int dim, int hidden_dim, int n_layers, i
     return m;
 }
 
-float *tu_f32(const QTensor *t) {
+float *tu_f32(const QTensor *w) {
     static float *ring[16];
     static int k;
     k = (k + 1) % 16;
     free(ring[k]);
-    ring[k] = malloc((size_t)t->rows * t->cols * sizeof(float));
+    ring[k] = malloc((size_t)w->rows * w->cols * sizeof(float));
     RS_ASSERT(ring[k]);
-    qtensor_dequantize_rows(t, 0, t->rows, ring[k]);
+    qtensor_dequantize_rows(w, 0, w->rows, ring[k]);
     return ring[k];
 }
 

@@ -38,7 +38,7 @@ Model *tu_random_model_typed(Arch arch, int dim, int hidden_dim, int n_layers, i
 
 /* A matrix expanded to f32 (rows, cols) in logical row order. The buffer stays valid for
  * the next 15 calls (a ring the test never frees). */
-float *tu_f32(const QTensor *t);
+float *tu_f32(const QTensor *w);
 
 /* Golden logits written by tools/gen_golden.py: "RSGL", version 1, n, vocab, token ids,
  * then f32 logits for every position. Read with every size checked; fails the test on a

@@ -302,33 +302,33 @@ static void up_task(void *arg, int chunk, int n_chunks, int tid) {
 
 static void cpu_destroy(Backend **pb);
 
-/* Threads for p->threads == 0: the CPUs this process may run on. */
+/* Threads for bp->threads == 0: the CPUs this process may run on. */
 static int default_threads(void) {
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
     return 1;
 }
 
-static int cpu_check(const Model *m, const BackendParams *p, RsErr *e) {
+static int cpu_check(const Model *m, const BackendParams *bp, RsErr *e) {
     const Config *c = &m->cfg;
-    if (p->kv_capacity <= 0 || p->max_batch <= 0 || p->max_pending <= 0)
+    if (bp->kv_capacity <= 0 || bp->max_batch <= 0 || bp->max_pending <= 0)
         return rs_err(e, RS_EINVAL,
                       "backend sizes must be positive (kv_capacity %d, max_batch %d, "
                       "max_pending %d)",
-                      p->kv_capacity, p->max_batch, p->max_pending);
+                      bp->kv_capacity, bp->max_batch, bp->max_pending);
     if (c->head_dim % 2 || c->n_heads % c->n_kv_heads)
         return rs_err(e, RS_EUNSUPPORTED, "head_dim %d must be even and n_heads %d a multiple "
                       "of n_kv_heads %d", c->head_dim, c->n_heads, c->n_kv_heads);
     if (m->random_weights && !m->arena)
         return rs_err(e, RS_EINVAL, "random model '%s' has no host weights (load it with "
                       "backend_model_load)", m->path);
-    if (p->threads < 0 || p->threads > 1024)
-        return rs_err(e, RS_EINVAL, "CPU threads %d outside [0, 1024]", p->threads);
+    if (bp->threads < 0 || bp->threads > 1024)
+        return rs_err(e, RS_EINVAL, "CPU threads %d outside [0, 1024]", bp->threads);
     return RS_OK;
 }
 
-static void alloc_state(CpuBackend *b, const Config *c, const BackendParams *p, int nth) {
-    size_t B = (size_t)p->max_batch, cap = (size_t)p->kv_capacity, P = (size_t)p->max_pending;
+static void alloc_state(CpuBackend *b, const Config *c, const BackendParams *bp, int nth) {
+    size_t B = (size_t)bp->max_batch, cap = (size_t)bp->kv_capacity, P = (size_t)bp->max_pending;
     size_t half = (size_t)c->head_dim / 2, mc = (size_t)b->max_cols;
     RunState *s = &b->s;
     s->x = rs_xcalloc(B * c->dim, sizeof(float));
@@ -358,8 +358,8 @@ static void alloc_state(CpuBackend *b, const Config *c, const BackendParams *p, 
 }
 
 /* The sequences and the block free list; sets slots, which sizes the caches. */
-static void alloc_seqs(CpuBackend *b, const BackendParams *p) {
-    b->blocks_total = backend_kv_blocks_for(p->kv_capacity);
+static void alloc_seqs(CpuBackend *b, const BackendParams *bp) {
+    b->blocks_total = backend_kv_blocks_for(bp->kv_capacity);
     b->slots = b->blocks_total * BACKEND_KV_BLOCK;
     b->free_blocks = rs_xcalloc((size_t)b->blocks_total, sizeof(int));
     /* a stack: the lowest block ids go first */
@@ -368,10 +368,10 @@ static void alloc_seqs(CpuBackend *b, const BackendParams *p) {
     b->seqs = rs_xcalloc((size_t)b->n_seqs, sizeof(CpuSeq));
     for (int i = 0; i < b->n_seqs; i++) {
         b->seqs[i].blocks = rs_xcalloc((size_t)b->blocks_total, sizeof(int));
-        b->seqs[i].pend_pos = rs_xcalloc((size_t)p->max_pending, sizeof(int));
+        b->seqs[i].pend_pos = rs_xcalloc((size_t)bp->max_pending, sizeof(int));
     }
     b->seqs[0].open = 1;
-    b->prefix_on = p->prefix_cache != 0;
+    b->prefix_on = bp->prefix_cache != 0;
     b->ref = rs_xcalloc((size_t)b->blocks_total, sizeof(int));
     b->cached = rs_xcalloc((size_t)b->blocks_total, 1);
     b->hash = rs_xcalloc((size_t)b->blocks_total, sizeof(uint64_t));
@@ -379,35 +379,35 @@ static void alloc_seqs(CpuBackend *b, const BackendParams *p) {
     b->btok = rs_xcalloc((size_t)b->blocks_total * BACKEND_KV_BLOCK, sizeof(int));
 }
 
-static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
+static int cpu_create(const Model *m, const BackendParams *bp, Backend **out, RsErr *e) {
     *out = NULL;
     const Config *c = &m->cfg;
-    int rc = cpu_check(m, p, e);
+    int rc = cpu_check(m, bp, e);
     if (rc) return rc;
-    const QkFamily *fam = qk_family_pick(p->cpu_kernels, e);
+    const QkFamily *fam = qk_family_pick(bp->cpu_kernels, e);
     if (!fam) return e ? e->code : RS_EINVAL;
     CpuBackend *b = rs_xcalloc(1, sizeof *b);
     b->base.ops = &cpu_backend_ops;
     b->base.model = m;
-    b->base.params = *p;
+    b->base.params = *bp;
     b->fam = fam;
     ModelDims d = model_dims(c);
     b->q_dim = d.qd;
     b->kv_dim = d.kvd;
     int mc = c->dim > c->hidden_dim ? c->dim : c->hidden_dim;
     b->max_cols = mc > b->q_dim ? mc : b->q_dim;
-    int nth = p->threads > 0 ? p->threads : default_threads();
-    b->n_seqs = p->max_seqs > 1 ? p->max_seqs : 1;
+    int nth = bp->threads > 0 ? bp->threads : default_threads();
+    b->n_seqs = bp->max_seqs > 1 ? bp->max_seqs : 1;
     /* one sequence forwards at most max_pending rows; several fill max_batch */
-    b->max_kept = p->max_batch < p->max_pending || b->n_seqs > 1 ? p->max_batch : p->max_pending;
-    alloc_state(b, c, p, nth);
-    alloc_seqs(b, p);
+    b->max_kept = bp->max_batch < bp->max_pending || b->n_seqs > 1 ? bp->max_batch : bp->max_pending;
+    alloc_state(b, c, bp, nth);
+    alloc_seqs(b, bp);
     /* The KV cache grows with --ctx: a size the host cannot hold is an error, not an abort. */
     RunState *s = &b->s;
     size_t kv_n = (size_t)c->n_layers * b->slots * b->kv_dim;
     /* f16 where the family reads it; sw.cpu_kv_f32 keeps f32 (the golden tests hold the
      * f32 caches to tighter bounds) */
-    s->kv_es = qk_kv_f16(fam, c->head_dim, p->sw.cpu_kv_f32) ? 2 : sizeof(float);
+    s->kv_es = qk_kv_f16(fam, c->head_dim, bp->sw.cpu_kv_f32) ? 2 : sizeof(float);
     s->kv_bytes = kv_n * s->kv_es; /* huge pages: attention streams it (util.h) */
     s->key_cache = rs_huge_alloc(s->kv_bytes);
     s->value_cache = s->key_cache ? rs_huge_alloc(s->kv_bytes) : NULL;
@@ -417,9 +417,9 @@ static int cpu_create(const Model *m, const BackendParams *p, Backend **out, RsE
         return rs_err(e, RS_ENOMEM,
                       "cannot allocate the KV cache: %d entries x %d layers need %zu MiB "
                       "(lower --ctx)",
-                      p->kv_capacity, c->n_layers, 2 * s->kv_bytes >> 20);
+                      bp->kv_capacity, c->n_layers, 2 * s->kv_bytes >> 20);
     }
-    if ((rc = threadpool_create(nth, !p->sw.cpu_unpinned, &b->pool, e))) {
+    if ((rc = threadpool_create(nth, !bp->sw.cpu_unpinned, &b->pool, e))) {
         cpu_destroy(&bb);
         return rc;
     }
@@ -1039,9 +1039,9 @@ static int packs_type(uint32_t type, const void *fam) { return qk_family_packs(f
 
 /* BackendOps.prepare_weights: the resident matrices of every type the family has an x4
  * kernel for, packed (model_pack_x4); sw.cpu_unpacked keeps the file's row layout. */
-static int cpu_prepare_weights(Model *m, const BackendParams *p, RsErr *e) {
-    if (p && p->sw.cpu_unpacked) return RS_OK;
-    const QkFamily *fam = qk_family_pick(p ? p->cpu_kernels : NULL, e);
+static int cpu_prepare_weights(Model *m, const BackendParams *bp, RsErr *e) {
+    if (bp && bp->sw.cpu_unpacked) return RS_OK;
+    const QkFamily *fam = qk_family_pick(bp ? bp->cpu_kernels : NULL, e);
     if (!fam) return e && e->code ? e->code : RS_EINVAL;
     model_pack_x4(m, packs_type, fam);
     return RS_OK;

@@ -45,9 +45,9 @@ static int imax(int a, int b) { return a > b ? a : b; }
 
 /* The family and the pool; every matrix must take f32 activations in that family (the
  * loader gives F32, F16 and BF16 only). */
-static int cpu_engine(Eagle3Layer *r, const BackendParams *p, RsErr *e) {
+static int cpu_engine(Eagle3Layer *r, const BackendParams *bp, RsErr *e) {
     const Eagle3Head *h = r->h;
-    r->fam = qk_family_pick(p->cpu_kernels, e);
+    r->fam = qk_family_pick(bp->cpu_kernels, e);
     if (!r->fam) return e ? e->code : RS_EINVAL;
     const QTensor *ms[EAGLE3_N_MATRICES];
     eagle3_head_matrices(h, ms);
@@ -58,7 +58,7 @@ static int cpu_engine(Eagle3Layer *r, const BackendParams *p, RsErr *e) {
                           "(F32, F16 or BF16 expected)", h->path, (unsigned)ms[i]->type);
         r->max_in = imax(r->max_in, ms[i]->cols);
     }
-    int rc = threadpool_create(p->threads > 0 ? p->threads : 1, !p->sw.cpu_unpinned, &r->pool, e);
+    int rc = threadpool_create(bp->threads > 0 ? bp->threads : 1, !bp->sw.cpu_unpinned, &r->pool, e);
     if (rc) return rc;
     r->scratch = rs_xmalloc(sizeof(float) * (size_t)threadpool_size(r->pool) * r->max_in);
     return RS_OK;
@@ -66,16 +66,16 @@ static int cpu_engine(Eagle3Layer *r, const BackendParams *p, RsErr *e) {
 
 static void cpu_destroy(Eagle3Layer **pr);
 
-static int cpu_create(const Eagle3Head *h, const BackendParams *p, Eagle3Layer **out, RsErr *e) {
+static int cpu_create(const Eagle3Head *h, const BackendParams *bp, Eagle3Layer **out, RsErr *e) {
     *out = NULL;
-    RS_ASSERT(h && p);
+    RS_ASSERT(h && bp);
     const Config *c = &h->cfg.c;
     Eagle3Layer *r = rs_xcalloc(1, sizeof *r);
     r->h = h;
-    r->cap = p->kv_capacity;
-    r->max_batch = p->max_batch;
+    r->cap = bp->kv_capacity;
+    r->max_batch = bp->max_batch;
     r->dims = model_dims(c);
-    int rc = cpu_engine(r, p, e);
+    int rc = cpu_engine(r, bp, e);
     if (rc) {
         cpu_destroy(&r);
         return rc;

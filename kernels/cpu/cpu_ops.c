@@ -71,9 +71,9 @@ void cpu_rope(float *v, const float *cs, const float *sn, int half) {
 }
 
 void cpu_matmul(float *y, const float *x, const float *w, int n, int in, int out, int ldy) {
-    QTensor t = qtensor_f32(w, out, in);
+    QTensor qt = qtensor_f32(w, out, in);
     QkActs a = {.f32 = x, .n = n, .in = in};
-    qk_matmul_rows(&qk_family_scalar, &t, &a, y, ldy, 0, out, NULL); /* F32: no scratch */
+    qk_matmul_rows(&qk_family_scalar, &qt, &a, y, ldy, 0, out, NULL); /* F32: no scratch */
 }
 
 void cpu_attention_index(const uint8_t *mask, int n, int n_pending, int max_pending, int *idx,

@@ -62,19 +62,19 @@ static void futex_wake_all(_Atomic uint32_t *addr) {
 }
 
 /* Returns once gen differs from `seen`: spin first, then sleep. */
-static uint32_t wait_job(ThreadPool *p, uint32_t seen) {
+static uint32_t wait_job(ThreadPool *tp, uint32_t seen) {
     uint64_t t0 = 0;
     for (unsigned i = 1;; i++) {
-        uint32_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
+        uint32_t g = atomic_load_explicit(&tp->gen, memory_order_acquire);
         if (g != seen) return g;
         cpu_relax();
         if (i % 64) continue;
         uint64_t now = rs_now_ns();
         if (!t0) t0 = now;
         else if (now - t0 > SPIN_NS) {
-            atomic_fetch_add(&p->sleepers, 1);
-            futex_wait(&p->gen, seen);
-            atomic_fetch_sub(&p->sleepers, 1);
+            atomic_fetch_add(&tp->sleepers, 1);
+            futex_wait(&tp->gen, seen);
+            atomic_fetch_sub(&tp->sleepers, 1);
             t0 = 0;
         }
     }
@@ -83,26 +83,26 @@ static uint32_t wait_job(ThreadPool *p, uint32_t seen) {
 /* Claims and runs chunks of job `g` until none is left (or a newer job replaced it). A
  * successful claim keeps job g from finishing until its chunk is done, so fn and arg,
  * written before g's claim word, stay valid while it runs. */
-static void run_claims(ThreadPool *p, uint32_t g, int tid) {
-    uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
+static void run_claims(ThreadPool *tp, uint32_t g, int tid) {
+    uint64_t c = atomic_load_explicit(&tp->claim, memory_order_acquire);
     for (;;) {
         int n = (int)((c >> 2 * CB) & CM), lo = (int)((c >> CB) & CM), hi = (int)(c & CM);
         if ((uint32_t)(c >> 3 * CB) != (g & 0xfffff) || lo >= hi) return;
         int i = tid == 0 ? lo : hi - 1;
         uint64_t next = tid == 0 ? c + ((uint64_t)1 << CB) : c - 1;
-        if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, next, memory_order_acq_rel,
+        if (!atomic_compare_exchange_weak_explicit(&tp->claim, &c, next, memory_order_acq_rel,
                                                    memory_order_acquire))
             continue; /* c now holds the current word */
-        if (p->cfn) p->cfn(p->arg, i, n, tid);
-        else p->fn(p->arg, i, n);
-        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
-        c = atomic_load_explicit(&p->claim, memory_order_acquire);
+        if (tp->cfn) tp->cfn(tp->arg, i, n, tid);
+        else tp->fn(tp->arg, i, n);
+        atomic_fetch_add_explicit(&tp->done, 1, memory_order_release);
+        c = atomic_load_explicit(&tp->claim, memory_order_acquire);
     }
 }
 
 static void *worker_main(void *a) {
     Worker *w = a;
-    ThreadPool *p = w->pool;
+    ThreadPool *tp = w->pool;
     if (w->cpu >= 0) {
         cpu_set_t set;
         CPU_ZERO(&set);
@@ -111,9 +111,9 @@ static void *worker_main(void *a) {
     }
     uint32_t seen = 0;
     for (;;) {
-        seen = wait_job(p, seen);
-        if (atomic_load(&p->quit)) return NULL;
-        run_claims(p, seen, w->tid);
+        seen = wait_job(tp, seen);
+        if (atomic_load(&tp->quit)) return NULL;
+        run_claims(tp, seen, w->tid);
     }
 }
 
@@ -130,64 +130,64 @@ static int pin_cpu(int tid, int n) {
 int threadpool_create(int n_threads, int pin, ThreadPool **out, RsErr *e) {
     *out = NULL;
     RS_ASSERT(n_threads >= 1);
-    ThreadPool *p = rs_xcalloc(1, sizeof *p);
-    p->n = n_threads;
-    p->w = rs_xcalloc((size_t)n_threads, sizeof(Worker));
+    ThreadPool *tp = rs_xcalloc(1, sizeof *tp);
+    tp->n = n_threads;
+    tp->w = rs_xcalloc((size_t)n_threads, sizeof(Worker));
     for (int i = 1; i < n_threads; i++) {
-        Worker *w = &p->w[i];
-        w->pool = p;
+        Worker *w = &tp->w[i];
+        w->pool = tp;
         w->tid = i;
         w->cpu = pin ? pin_cpu(i, n_threads) : -1;
         int rc = pthread_create(&w->th, NULL, worker_main, w);
         if (rc) {
-            p->n = i; /* destroy joins the ones started */
-            threadpool_destroy(&p);
+            tp->n = i; /* destroy joins the ones started */
+            threadpool_destroy(&tp);
             return rs_err(e, RS_EIO, "cannot start CPU worker thread %d of %d: %s", i,
                           n_threads, strerror(rc));
         }
     }
-    *out = p;
+    *out = tp;
     return RS_OK;
 }
 
 void threadpool_destroy(ThreadPool **pp) {
     if (!pp || !*pp) return;
-    ThreadPool *p = *pp;
-    atomic_store(&p->quit, 1);
-    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
-    futex_wake_all(&p->gen);
-    for (int i = 1; i < p->n; i++) pthread_join(p->w[i].th, NULL);
-    free(p->w);
-    free(p);
+    ThreadPool *tp = *pp;
+    atomic_store(&tp->quit, 1);
+    atomic_fetch_add_explicit(&tp->gen, 1, memory_order_release);
+    futex_wake_all(&tp->gen);
+    for (int i = 1; i < tp->n; i++) pthread_join(tp->w[i].th, NULL);
+    free(tp->w);
+    free(tp);
     *pp = NULL;
 }
 
 /* Publishes a job of n chunks, takes part in it and returns once every chunk is done. */
-static void run_job(ThreadPool *p, TpFn fn, TpChunkFn cfn, void *arg, int n) {
+static void run_job(ThreadPool *tp, TpFn fn, TpChunkFn cfn, void *arg, int n) {
     RS_ASSERT(n >= 1 && n <= THREADPOOL_MAX_CHUNKS);
-    if (p->n == 1) {
+    if (tp->n == 1) {
         for (int i = 0; i < n; i++) cfn ? cfn(arg, i, n, 0) : fn(arg, i, n);
         return;
     }
-    p->fn = fn;
-    p->cfn = cfn;
-    p->arg = arg;
-    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
-    uint32_t g = atomic_load_explicit(&p->gen, memory_order_relaxed) + 1;
-    atomic_store_explicit(&p->claim, CLAIM(g, n, 0, n), memory_order_release);
-    atomic_store(&p->gen, g); /* seq_cst: ordered before the sleepers load */
-    if (atomic_load(&p->sleepers) > 0) futex_wake_all(&p->gen);
-    run_claims(p, g, 0);
-    for (unsigned i = 1; atomic_load_explicit(&p->done, memory_order_acquire) < n; i++) {
+    tp->fn = fn;
+    tp->cfn = cfn;
+    tp->arg = arg;
+    atomic_store_explicit(&tp->done, 0, memory_order_relaxed);
+    uint32_t g = atomic_load_explicit(&tp->gen, memory_order_relaxed) + 1;
+    atomic_store_explicit(&tp->claim, CLAIM(g, n, 0, n), memory_order_release);
+    atomic_store(&tp->gen, g); /* seq_cst: ordered before the sleepers load */
+    if (atomic_load(&tp->sleepers) > 0) futex_wake_all(&tp->gen);
+    run_claims(tp, g, 0);
+    for (unsigned i = 1; atomic_load_explicit(&tp->done, memory_order_acquire) < n; i++) {
         cpu_relax();
         if (i > 2048) sched_yield(); /* a descheduled worker may need this core */
     }
 }
 
-void threadpool_run(ThreadPool *p, TpFn fn, void *arg) { run_job(p, fn, NULL, arg, p->n); }
+void threadpool_run(ThreadPool *tp, TpFn fn, void *arg) { run_job(tp, fn, NULL, arg, tp->n); }
 
-void threadpool_run_chunks(ThreadPool *p, TpChunkFn fn, void *arg, int n_chunks) {
-    run_job(p, NULL, fn, arg, n_chunks);
+void threadpool_run_chunks(ThreadPool *tp, TpChunkFn fn, void *arg, int n_chunks) {
+    run_job(tp, NULL, fn, arg, n_chunks);
 }
 
-int threadpool_size(const ThreadPool *p) { return p->n; }
+int threadpool_size(const ThreadPool *tp) { return tp->n; }

@@ -28,9 +28,9 @@ typedef void (*TpChunkFn)(void *arg, int i, int n_chunks, int tid);
  * started. */
 int threadpool_create(int n_threads, int pin, ThreadPool **out, RsErr *e);
 void threadpool_destroy(ThreadPool **p);
-void threadpool_run(ThreadPool *p, TpFn fn, void *arg);
-void threadpool_run_chunks(ThreadPool *p, TpChunkFn fn, void *arg, int n_chunks);
-int threadpool_size(const ThreadPool *p);
+void threadpool_run(ThreadPool *tp, TpFn fn, void *arg);
+void threadpool_run_chunks(ThreadPool *tp, TpChunkFn fn, void *arg, int n_chunks);
+int threadpool_size(const ThreadPool *tp);
 
 /* [*lo, *hi): share tid's contiguous part of n items split n_threads ways. */
 static inline void threadpool_share(int n, int tid, int n_threads, int *lo, int *hi) {

@@ -149,7 +149,7 @@ typedef struct {
     void *d_rowq_scratch;  // (cuk_rows_stats_scratch_bytes(ROWQ_STATS, vocab)) zeroed at create
 } CudaBackend;
 
-static int cuda_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e);
+static int cuda_create(const Model *m, const BackendParams *bp, Backend **out, RsErr *e);
 static void cuda_destroy(Backend **pb);
 static int cuda_forward(Backend *bb, const int *tokens, const int *pos, int n,
                         const uint8_t *mask, const int *out_rows, int n_out, float *logits,
@@ -399,18 +399,18 @@ static CuInputs in_pointers(void *base, const CudaBackend *b) {
 
 /* Refuses what the kernels cannot run and selects the device, before anything is allocated,
  * so that bad sizes or a missing GPU are a status, not an abort. */
-static int check_and_select(const Config *c, const BackendParams *p, RsErr *e) {
-    if (p->max_seqs < 0 || p->max_seqs > 65536)
-        return rs_err(e, RS_EINVAL, "max_seqs %d outside [0, 65536]", p->max_seqs);
-    if (p->kv_capacity <= 0 || p->max_batch <= 0 || p->max_pending <= 0)
+static int check_and_select(const Config *c, const BackendParams *bp, RsErr *e) {
+    if (bp->max_seqs < 0 || bp->max_seqs > 65536)
+        return rs_err(e, RS_EINVAL, "max_seqs %d outside [0, 65536]", bp->max_seqs);
+    if (bp->kv_capacity <= 0 || bp->max_batch <= 0 || bp->max_pending <= 0)
         return rs_err(e, RS_EINVAL,
                       "backend sizes must be positive (kv_capacity %d, max_batch %d, "
                       "max_pending %d)",
-                      p->kv_capacity, p->max_batch, p->max_pending);
+                      bp->kv_capacity, bp->max_batch, bp->max_pending);
     if (c->head_dim % 2 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads)
         return rs_err(e, RS_EUNSUPPORTED, "head_dim %d must be even and n_heads %d a multiple "
                       "of n_kv_heads %d", c->head_dim, c->n_heads, c->n_kv_heads);
-    if (p->batch_invariant && c->dim > CUK_NORM_GEMM_MAX_IN)
+    if (bp->batch_invariant && c->dim > CUK_NORM_GEMM_MAX_IN)
         return rs_err(e, RS_EUNSUPPORTED, "dim %d is too wide for the batch-invariant kernels "
                       "(at most %d)", c->dim, CUK_NORM_GEMM_MAX_IN);
     if (c->head_dim > 256 || c->head_dim % 8)
@@ -423,39 +423,39 @@ static int check_and_select(const Config *c, const BackendParams *p, RsErr *e) {
         return rs_err(e, RS_EUNSUPPORTED, "no CUDA device (%s)",
                       crc != cudaSuccess ? cudaGetErrorString(crc) : "device count 0");
     }
-    if (p->device < 0 || p->device >= ndev)
-        return rs_err(e, RS_EINVAL, "CUDA device %d does not exist (%d device%s)", p->device, ndev,
+    if (bp->device < 0 || bp->device >= ndev)
+        return rs_err(e, RS_EINVAL, "CUDA device %d does not exist (%d device%s)", bp->device, ndev,
                       ndev == 1 ? "" : "s");
-    CUDA_CHECK(cudaSetDevice(p->device));
+    CUDA_CHECK(cudaSetDevice(bp->device));
     return RS_OK;
 }
 
 /* The backend's sizes, settings, stream and cuBLAS handle; no device memory yet, so every
  * later failure can go through cuda_destroy. */
-static CudaBackend *backend_new(const Model *m, const BackendParams *p) {
+static CudaBackend *backend_new(const Model *m, const BackendParams *bp) {
     const Config *c = &m->cfg;
     CudaBackend *b = (CudaBackend *)rs_xcalloc(1, sizeof *b);
     b->base.ops = &cuda_ops;
     b->base.model = m;
-    b->base.params = *p;
+    b->base.params = *bp;
     b->graph_kernel_nodes = b->graph_nodes = -1;
     b->dims = model_dims(c);
     b->eps = c->norm_eps;
     /* Padded batches of up to 65 rows need room for the whole bucket. */
-    int small = p->max_batch < GRAPH_MAX_TOKENS ? p->max_batch : GRAPH_MAX_TOKENS;
-    b->rows = p->max_batch > kBuckets[bucket_of(small)] ? p->max_batch : kBuckets[bucket_of(small)];
-    b->use_graphs = !p->sw.cuda_eager;
+    int small = bp->max_batch < GRAPH_MAX_TOKENS ? bp->max_batch : GRAPH_MAX_TOKENS;
+    b->rows = bp->max_batch > kBuckets[bucket_of(small)] ? bp->max_batch : kBuckets[bucket_of(small)];
+    b->use_graphs = !bp->sw.cuda_eager;
     /* q|k|v through k_qkv_fused in one-row calls; -1: never, 1: every call a graph serves
      * (the A/B switches for measuring on a GPU; a dim the kernel cannot stage: never) */
-    int qkv = p->sw.cuda_fused_qkv;
+    int qkv = bp->sw.cuda_fused_qkv;
     b->fused_qkv = qkv < 0 ? 0 : qkv > 0 ? GRAPH_MAX_TOKENS : 1;
     if (c->dim > CUK_NORM_GEMM_MAX_IN) b->fused_qkv = 0;
     /* one-row calls: the own GEMV for o, down and a one-row head, the FFN RMSNorm and
      * SwiGLU fused into gate|up's own GEMM; cuda_blas_onerow puts them back on cuBLAS (A/B
      * on a GPU) */
-    b->own_gemv = !p->sw.cuda_blas_onerow && c->dim <= CUK_NORM_GEMM_MAX_IN;
-    b->batch_inv = p->batch_invariant != 0;
-    cu_pages_init(&b->pages, p->max_seqs, p->kv_capacity);
+    b->own_gemv = !bp->sw.cuda_blas_onerow && c->dim <= CUK_NORM_GEMM_MAX_IN;
+    b->batch_inv = bp->batch_invariant != 0;
+    cu_pages_init(&b->pages, bp->max_seqs, bp->kv_capacity);
     b->slots = b->pages.blocks_total * CUK_KV_BLOCK;
     b->max_tiles = 2 * b->rows; /* cuk_attention_counters: below 2 nb for any nb <= rows */
     CUDA_CHECK(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking));
@@ -502,9 +502,9 @@ static int alloc_weights(CudaBackend *b, const Model *m, int random, RsErr *e) {
 }
 
 /* Activations for b->rows rows, the KV caches and the packed per-call input blocks. */
-static int alloc_buffers(CudaBackend *b, const BackendParams *p, RsErr *e) {
+static int alloc_buffers(CudaBackend *b, const BackendParams *bp, RsErr *e) {
     const ModelDims *d = &b->dims;
-    size_t R = (size_t)b->rows, cap = (size_t)b->slots, P = (size_t)p->max_pending;
+    size_t R = (size_t)b->rows, cap = (size_t)b->slots, P = (size_t)bp->max_pending;
     size_t dim = d->dim, half = d->hd / 2, nl = d->nl;
     int rc = RS_OK;
     DA(b->inv_freq, half * 4, "inv_freq");
@@ -525,7 +525,7 @@ static int alloc_buffers(CudaBackend *b, const BackendParams *p, RsErr *e) {
     b->in_tiles_off = (IN_HEAD + 4 * R * 4 + 15) / 16 * 16;
     b->in_tables_off = b->in_tiles_off + (size_t)b->max_tiles * sizeof(CuAttTile);
     b->in_mask_off = (b->in_tables_off + (size_t)b->pages.blocks_total * 4 + 15) / 16 * 16;
-    b->in_bytes = b->in_mask_off + (size_t)p->max_batch * b->mask_words * 8;
+    b->in_bytes = b->in_mask_off + (size_t)bp->max_batch * b->mask_words * 8;
     DA(b->d_in, b->in_bytes, "per-call inputs");
     HA(b->h_in, b->in_bytes, "per-call inputs (host)");
     DA(b->d_keep, 3 * P * 4, "keep");
@@ -596,14 +596,14 @@ static int upload_weights(CudaBackend *b, const Model *m, int random, RsErr *e) 
 
 /* A "random:" model without host weights gets them made on the device (no host copy of an
  * 8B model); one that has host weights (materialised, or a layer view) is uploaded. */
-static int cuda_create(const Model *m, const BackendParams *p, Backend **out, RsErr *e) {
+static int cuda_create(const Model *m, const BackendParams *bp, Backend **out, RsErr *e) {
     *out = NULL;
     int random = m->random_weights && !m->arena;
-    int rc = check_and_select(&m->cfg, p, e);
+    int rc = check_and_select(&m->cfg, bp, e);
     if (rc) return rc;
-    CudaBackend *b = backend_new(m, p);
+    CudaBackend *b = backend_new(m, bp);
     rc = alloc_weights(b, m, random, e);
-    if (!rc) rc = alloc_buffers(b, p, e);
+    if (!rc) rc = alloc_buffers(b, bp, e);
     size_t red_bytes = (size_t)b->rows * (2 * BACKEND_TOPK_MAX + 1) * 4;
     if (!rc) rc = dalloc(&b->d_red, red_bytes, "row reductions", e);
     if (!rc) rc = halloc(&b->h_red, red_bytes, "row reductions (host)", e);
@@ -612,7 +612,7 @@ static int cuda_create(const Model *m, const BackendParams *p, Backend **out, Rs
     if (!rc) CUDA_CHECK(cudaMemset(b->topk_scratch, 0, tk_bytes));
     if (!rc) {
         CUBLAS_CHECK(cublasSetWorkspace(b->blas, b->blas_ws, b->blas_ws_bytes));
-        b->keep_seen = (uint8_t *)rs_xcalloc((size_t)p->max_pending, 1);
+        b->keep_seen = (uint8_t *)rs_xcalloc((size_t)bp->max_pending, 1);
         rc = upload_weights(b, m, random, e);
     }
     if (rc) {

@@ -240,12 +240,12 @@ static Eagle3Layer *rows_new(const Eagle3Head *h, int cap, int maxb, int device)
     return r;
 }
 
-static int e3_create(const Eagle3Head *h, const BackendParams *p, Eagle3Layer **out, RsErr *e) {
+static int e3_create(const Eagle3Head *h, const BackendParams *bp, Eagle3Layer **out, RsErr *e) {
     *out = NULL;
-    RS_ASSERT(h && p && h->lm_head.data);
-    int rc = check_device(&h->cfg.c, p->device, e);
+    RS_ASSERT(h && bp && h->lm_head.data);
+    int rc = check_device(&h->cfg.c, bp->device, e);
     if (rc) return rc;
-    Eagle3Layer *r = rows_new(h, p->kv_capacity, p->max_batch, p->device);
+    Eagle3Layer *r = rows_new(h, bp->kv_capacity, bp->max_batch, bp->device);
     rc = alloc_all(r, e);
     if (!rc) {
         CUBLAS_CHECK(cublasSetWorkspace(r->blas, r->blas_ws, (size_t)32 << 20));

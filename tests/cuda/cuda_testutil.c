@@ -109,16 +109,16 @@ static BackendSwitches env_switches(void) {
 }
 
 Backend *cu_backend_make(const BackendOps *ops, const Model *m, int cap, int batch, int pend) {
-    BackendParams p = {.kv_capacity = cap, .max_batch = batch, .max_pending = pend, .threads = 1,
-                       .sw = env_switches()};
+    BackendParams bp = {.kv_capacity = cap, .max_batch = batch, .max_pending = pend, .threads = 1,
+                        .sw = env_switches()};
     Backend *b = NULL;
     RsErr e = {0};
-    p.cpu_kernels = ops == &cpu_backend_ops ? "ref" : NULL;
+    bp.cpu_kernels = ops == &cpu_backend_ops ? "ref" : NULL;
     /* The CPU reference is the f32 path: the fast CPU families multiply Q4/Q8 weights by
      * activations quantized to 8 bits, a rounding of their own that is not the CUDA
      * backend's (bf16 weights and activations). */
     int cpu = ops == &cpu_backend_ops;
-    int rc = ops ? backend_create(ops, m, &p, &b, &e) : RS_EINVAL;
+    int rc = ops ? backend_create(ops, m, &bp, &b, &e) : RS_EINVAL;
     ck_assert_msg(rc == RS_OK, "%s create: %s", !ops ? "cuda(NULL)" : cpu ? "cpu" : "cuda", e.msg);
     return b;
 }

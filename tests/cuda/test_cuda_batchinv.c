@@ -19,11 +19,11 @@
 #include "tests/testutil.h"
 
 static Backend *make(const Model *m, int cap, int batch, int pend, int bi, BackendSwitches sw) {
-    BackendParams p = {.kv_capacity = cap, .max_batch = batch, .max_pending = pend,
-                       .threads = 1, .batch_invariant = bi, .sw = sw};
+    BackendParams bp = {.kv_capacity = cap, .max_batch = batch, .max_pending = pend,
+                        .threads = 1, .batch_invariant = bi, .sw = sw};
     Backend *b = NULL;
     RsErr e = {0};
-    ck_assert_msg(backend_create(cuda_backend_ops_get(), m, &p, &b, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(backend_create(cuda_backend_ops_get(), m, &bp, &b, &e) == RS_OK, "%s", e.msg);
     return b;
 }
 

@@ -21,7 +21,7 @@
 #include "tests/testutil.h"
 
 typedef struct {
-    Model *t;
+    Model *m;
     Eagle3Head *h;
     Eagle3Runner *cpu, *gpu;
     int D, DV, F;
@@ -31,12 +31,12 @@ typedef struct {
 static void pair_open(Pair *p, int cap, int max_batch) {
     RsErr e = {0};
     memset(p, 0, sizeof *p);
-    ck_assert_msg(backend_model_load(&cpu_backend_ops, "random:tiny,seed=21", NULL, &p->t, &e) == 0,
+    ck_assert_msg(backend_model_load(&cpu_backend_ops, "random:tiny,seed=21", NULL, &p->m, &e) == 0,
                   "%s", e.msg);
     ck_assert_msg(eagle3_head_random("random:eagle3-tiny,seed=4", 1, &p->h, &e) == 0, "%s", e.msg);
     int layers[EAGLE3_N_FEATURES];
-    ck_assert_msg(eagle3_head_check(p->h, &p->t->cfg, layers, &e) == 0, "%s", e.msg);
-    Eagle3Embed em = {.table = p->t->w.tok_embeddings};
+    ck_assert_msg(eagle3_head_check(p->h, &p->m->cfg, layers, &e) == 0, "%s", e.msg);
+    Eagle3Embed em = {.table = p->m->w.tok_embeddings};
     const Eagle3LayerOps *cu = eagle3_layer_for(cuda_backend_ops_get(), &e);
     ck_assert_msg(cu != NULL, "%s", e.msg);
     ck_assert_str_eq(cu->name, "cuda");
@@ -54,7 +54,7 @@ static void pair_close(Pair *p) {
     eagle3_runner_destroy(&p->gpu);
     ck_assert_ptr_null(p->gpu);
     eagle3_head_destroy(&p->h);
-    model_destroy(&p->t);
+    model_destroy(&p->m);
 }
 
 /* rows of logits and states (CUDA vs CPU) and each row's top 10 draft ids: identical when
@@ -253,14 +253,14 @@ END_TEST
  * backend) and grows a full pool; a missing device ordinal is refused by name. */
 START_TEST(test_cuda_eagle3_drafter_backend) {
     CU_REQUIRE_DEVICE();
-    Model *t = NULL;
+    Model *m = NULL;
     Drafter *d = NULL;
     RsErr e = {0};
     /* the target as the CUDA backend loads it: no host weights, embedding rows from its seed */
-    ck_assert(backend_model_load(cuda_backend_ops_get(), "random:tiny,seed=21", NULL, &t, &e) == 0);
-    ck_assert_ptr_null(t->arena);
+    ck_assert(backend_model_load(cuda_backend_ops_get(), "random:tiny,seed=21", NULL, &m, &e) == 0);
+    ck_assert_ptr_null(m->arena);
     BackendParams bp = {.kv_capacity = 256, .device = 0};
-    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny,seed=4", t, EAGLE3_IDS_AUTO,
+    ck_assert_msg(drafter_eagle3_open("random:eagle3-tiny,seed=4", m, EAGLE3_IDS_AUTO,
                                       cuda_backend_ops_get(), &bp,
                                       &d, &e) == 0, "%s", e.msg);
     int tok[6] = {1, 2, 3, 4, 5, 6};
@@ -271,12 +271,12 @@ START_TEST(test_cuda_eagle3_drafter_backend) {
     ck_assert_int_eq(pool->n, POOL_MAX);
     drafter_destroy(&d);
     bp.device = 7;
-    ck_assert_int_eq(drafter_eagle3_open("random:eagle3-tiny", t, EAGLE3_IDS_AUTO,
+    ck_assert_int_eq(drafter_eagle3_open("random:eagle3-tiny", m, EAGLE3_IDS_AUTO,
                                          cuda_backend_ops_get(), &bp, &d,
                                          &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "CUDA device 7 does not exist"), "%s", e.msg);
     free(f), free(pool);
-    model_destroy(&t);
+    model_destroy(&m);
 }
 END_TEST
 

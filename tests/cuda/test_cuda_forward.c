@@ -192,13 +192,13 @@ START_TEST(test_cuda_errors) {
     CU_REQUIRE_DEVICE();
     Model *m = tu_random_model(ARCH_LLAMA, 64, 128, 1, 4, 2, 100, 6);
     const BackendOps *ops = cuda_backend_ops_get();
-    BackendParams p = {.kv_capacity = 8, .max_batch = 4, .max_pending = 6, .device = 999};
+    BackendParams bp = {.kv_capacity = 8, .max_batch = 4, .max_pending = 6, .device = 999};
     Backend *b = NULL;
     RsErr e = {0};
-    ck_assert_int_eq(backend_create(ops, m, &p, &b, &e), RS_EINVAL);
+    ck_assert_int_eq(backend_create(ops, m, &bp, &b, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "CUDA device 999 does not exist"), "%s", e.msg);
     ck_assert_ptr_null(b);
-    p.device = 0;
+    bp.device = 0;
     b = cu_backend_make(ops, m, 8, 4, 6);
     int tok[5] = {1, 2, 3, 4, 5}, pos[5] = {0, 1, 2, 3, 4}, rows[1] = {0};
     float lg[100];

@@ -241,11 +241,11 @@ END_TEST
 #define SPEC "random:tiny,seed=41,arch=qwen3"
 
 static Backend *make(const BackendOps *ops, const Model *m, int cap, int seqs, int bi) {
-    BackendParams p = {.kv_capacity = cap, .max_batch = 24, .max_pending = 24, .threads = 1,
-                       .batch_invariant = bi, .max_seqs = seqs};
+    BackendParams bp = {.kv_capacity = cap, .max_batch = 24, .max_pending = 24, .threads = 1,
+                        .batch_invariant = bi, .max_seqs = seqs};
     Backend *b = NULL;
     RsErr e = {0};
-    ck_assert_msg(backend_create(ops, m, &p, &b, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(backend_create(ops, m, &bp, &b, &e) == RS_OK, "%s", e.msg);
     return b;
 }
 
@@ -455,11 +455,11 @@ END_TEST
  * 600 committed entries and one of 20, a tree of three rows and a chunk of four in one pass,
  * each row the bits of its sequence alone and within tolerance of the CPU backend's batch. */
 static Backend *make_long(const BackendOps *ops, const Model *m, int cap, int seqs) {
-    BackendParams p = {.kv_capacity = cap, .max_batch = 600, .max_pending = 600, .threads = 1,
-                       .batch_invariant = 1, .max_seqs = seqs};
+    BackendParams bp = {.kv_capacity = cap, .max_batch = 600, .max_pending = 600, .threads = 1,
+                        .batch_invariant = 1, .max_seqs = seqs};
     Backend *b = NULL;
     RsErr e = {0};
-    ck_assert_msg(backend_create(ops, m, &p, &b, &e) == RS_OK, "%s", e.msg);
+    ck_assert_msg(backend_create(ops, m, &bp, &b, &e) == RS_OK, "%s", e.msg);
     return b;
 }
 
@@ -527,7 +527,7 @@ END_TEST
 
 typedef struct {
     int prompt[48], n_prompt, vocab;
-    DecodeOpts o;
+    DecodeOpts opts;
     int out[MAXNEW + ROUND_MAX_EMIT], n_out;
     int restarts;
 } Req;
@@ -543,17 +543,17 @@ static void req_make(Req *r, int i, int V) {
     for (int k = 0; k < r->n_prompt; k++)
         r->prompt[k] = k >= 5 && rng_next(&g) % 3 ? r->prompt[k - 5] : (int)(rng_next(&g) % (uint64_t)V);
     int kind = i % 4;
-    r->o = (DecodeOpts){.decoder = kind < 2 ? DECODER_AR : DECODER_DRAFT, .budget = 6, .seed = 5 + i,
-                        .max_new = MAXNEW - i % 3, .ignore_eos = 1};
-    if (kind % 2) r->o.sampling = (Sampling){.temperature = 1.0};
+    r->opts = (DecodeOpts){.decoder = kind < 2 ? DECODER_AR : DECODER_DRAFT, .budget = 6, .seed = 5 + i,
+                           .max_new = MAXNEW - i % 3, .ignore_eos = 1};
+    if (kind % 2) r->opts.sampling = (Sampling){.temperature = 1.0};
 }
 
 static int req_run(Target *t, Req *r, RsErr *e) {
     Drafter *d = NULL;
-    if (r->o.decoder != DECODER_AR)
+    if (r->opts.decoder != DECODER_AR)
         ck_assert_int_eq(drafter_suffix_create(r->vocab, NULL, 0, NULL, &d, e), RS_OK);
     DecodeResult res = {.tokens = r->out, .cap = MAXNEW + ROUND_MAX_EMIT};
-    int rc = decode_run(t, d, r->prompt, r->n_prompt, &r->o, NULL, &res, e);
+    int rc = decode_run(t, d, r->prompt, r->n_prompt, &r->opts, NULL, &res, e);
     drafter_destroy(&d);
     r->n_out = res.n_tokens;
     return rc;
@@ -632,7 +632,7 @@ START_TEST(test_cuda_batcher_exact) {
         for (int j = 0; j < want[i].n_out; j++)
             ck_assert_msg(got[i].out[j] == want[i].out[j],
                           "request %d (%s, T=%g) token %d: batched %d, solo %d", i,
-                          decoder_name(got[i].o.decoder), got[i].o.sampling.temperature, j,
+                          decoder_name(got[i].opts.decoder), got[i].opts.sampling.temperature, j,
                           got[i].out[j], want[i].out[j]);
         restarts += got[i].restarts;
     }

@@ -18,6 +18,6 @@ int model_pack_x4(Model *m, int (*want)(uint32_t type, const void *ctx), const v
 /* t (in memory the caller may rewrite) into the x4 layout in place, as model_pack_x4
  * does: 1, or 0 when t has no x4 layout, is packed already or its rows (or GGUF head size)
  * are not a multiple of 4. */
-int qtensor_pack_x4(QTensor *t);
+int qtensor_pack_x4(QTensor *w);
 
 #endif
