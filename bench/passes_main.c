@@ -85,11 +85,11 @@ typedef struct {
 
 /* Opens o->seqs sequences of o->ctx committed entries each. */
 static int bed_open(Bed *d, const Model *m, const Opts *o, RsErr *e) {
-    BackendParams p = {.kv_capacity = o->seqs * (o->ctx + 2 * BACKEND_KV_BLOCK) + 64,
-                       .max_batch = o->ctx > SEQS_MAX * ROWS_MAX ? o->ctx : SEQS_MAX * ROWS_MAX,
-                       .threads = o->threads, .max_seqs = o->seqs + 1};
-    p.max_pending = p.max_batch;
-    int rc = backend_create(&cpu_backend_ops, m, &p, &d->b, e);
+    BackendParams bp = {.kv_capacity = o->seqs * (o->ctx + 2 * BACKEND_KV_BLOCK) + 64,
+                        .max_batch = o->ctx > SEQS_MAX * ROWS_MAX ? o->ctx : SEQS_MAX * ROWS_MAX,
+                        .threads = o->threads, .max_seqs = o->seqs + 1};
+    bp.max_pending = bp.max_batch;
+    int rc = backend_create(&cpu_backend_ops, m, &bp, &d->b, e);
     int *tok = rs_xmalloc(sizeof(int) * (size_t)o->ctx), *pos = rs_xmalloc(sizeof(int) * (size_t)o->ctx);
     for (int i = 0; i < o->ctx; i++) tok[i] = 100 + (i * 37) % 1000, pos[i] = i;
     int last = o->ctx - 1;
