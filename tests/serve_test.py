@@ -854,7 +854,7 @@ def mem_available():
 def test_memory_defaults(s):
     """--parallel and --kv-entries from the available memory, printed at start: the entry
     size is the GGUF's K and V of every layer (f16 or f32), half the memory bounds the
-    cache, at most 4 decodes; a --kv-entries over the available memory is refused by name."""
+    cache, at most 16 decodes; a --kv-entries over the available memory is refused by name."""
     line = next((l for l in s.lines if "MiB of memory available" in l), "")
     m = re.search(r"(\d+) MiB of memory available, KV entries of (\d+) bytes: --parallel (\d+) \(default\), "
                   r"--kv-entries (\d+) = \d+ MiB \(default\)", line)
@@ -865,7 +865,7 @@ def test_memory_defaults(s):
         mib, per, par, kv = (int(x) for x in m.groups())
         fit = avail // 2 // per // 16 * 16
         ok = (per in (2 * layers * kvh * hd * 2, 2 * layers * kvh * hd * 4) and
-              abs(mib * 2**20 - avail) < 0.25 * avail and par == min(4, max(1, fit // 2048)) and
+              abs(mib * 2**20 - avail) < 0.25 * avail and par == min(16, max(1, fit // 2048)) and
               kv == min(par * 2048, fit))
     check("defaults from memory: --parallel and --kv-entries printed, sized from the GGUF and MemAvailable",
           ok, f"{line!r} (model {layers}x{kvh}x{hd}, {avail >> 20} MiB available)")
