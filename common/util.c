@@ -86,6 +86,15 @@ uint64_t rs_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+struct timespec rs_deadline_ms(long ms) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_nsec += (ms % 1000) * 1000000L;
+    dl.tv_sec += ms / 1000 + dl.tv_nsec / 1000000000L;
+    dl.tv_nsec %= 1000000000L;
+    return dl;
+}
+
 static const char *file_kind(mode_t m) {
     return S_ISDIR(m)    ? "a directory"
            : S_ISFIFO(m) ? "a FIFO"

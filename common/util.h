@@ -5,6 +5,7 @@
 #define ROOTSPEC_UTIL_H
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -62,6 +63,9 @@ void rs_huge_free(void *p, size_t bytes);
 
 /* Monotonic clock in nanoseconds (CLOCK_MONOTONIC). */
 uint64_t rs_now_ns(void);
+/* The wall-clock time ms milliseconds from now (CLOCK_REALTIME): the absolute deadline
+ * pthread_cond_timedwait takes. */
+struct timespec rs_deadline_ms(long ms);
 
 /* Opens path for reading only if it is a regular file: it is opened non-blocking and
  * checked with fstat, so a FIFO, device or directory is refused instead of blocking the

@@ -228,11 +228,7 @@ int serve_job_create(ServeCore *c, ServeRequest *r, ServeJob **out, ServeError *
 
 int serve_job_wait(ServeJob *j, int timeout_ms, ServeOutput *out) {
     memset(out, 0, sizeof *out);
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    dl.tv_sec += timeout_ms / 1000 + dl.tv_nsec / 1000000000L;
-    dl.tv_nsec %= 1000000000L;
+    struct timespec dl = rs_deadline_ms(timeout_ms);
     pthread_mutex_lock(&j->mu);
     while (!j->done && j->text.ready <= j->text.sent)
         if (pthread_cond_timedwait(&j->cv, &j->mu, &dl) == ETIMEDOUT) break;
@@ -447,11 +443,7 @@ static void job_follow_wait(ServeJob *j, Slot *sl) {
     pthread_mutex_lock(&l->mu);
     j->waiting = sl;
     while (!l->prefilled && !l->done && !atomic_load(&j->cancelled)) {
-        struct timespec dl;
-        clock_gettime(CLOCK_REALTIME, &dl);
-        dl.tv_nsec += 100 * 1000000L;
-        dl.tv_sec += dl.tv_nsec / 1000000000L;
-        dl.tv_nsec %= 1000000000L;
+        struct timespec dl = rs_deadline_ms(100);
         pthread_cond_timedwait(&l->cv, &l->mu, &dl);
     }
     j->waiting = NULL;

@@ -424,11 +424,7 @@ static void *watchdog_main(void *arg) {
     uint64_t limit = (uint64_t)h->o.request_timeout * 1000000000ull;
     pthread_mutex_lock(&h->mu);
     while (!h->stop) {
-        struct timespec dl;
-        clock_gettime(CLOCK_REALTIME, &dl);
-        dl.tv_nsec += WATCH_MS * 1000000L;
-        dl.tv_sec += dl.tv_nsec / 1000000000L;
-        dl.tv_nsec %= 1000000000L;
+        struct timespec dl = rs_deadline_ms(WATCH_MS);
         pthread_cond_timedwait(&h->cv, &h->mu, &dl);
         uint64_t now = rs_now_ns();
         for (Conn *k = h->conns; k; k = k->next)
@@ -558,11 +554,7 @@ void serve_http_drain(ServeHttp *h, int ms) {
     uint64_t end = rs_now_ns() + (uint64_t)ms * 1000000ull;
     pthread_mutex_lock(&h->mu);
     while (h->n_answering > 0 && rs_now_ns() < end) {
-        struct timespec dl;
-        clock_gettime(CLOCK_REALTIME, &dl);
-        dl.tv_nsec += WATCH_MS * 1000000L;
-        dl.tv_sec += dl.tv_nsec / 1000000000L;
-        dl.tv_nsec %= 1000000000L;
+        struct timespec dl = rs_deadline_ms(WATCH_MS);
         pthread_cond_timedwait(&h->cv, &h->mu, &dl);
     }
     pthread_mutex_unlock(&h->mu);

@@ -353,11 +353,7 @@ int batcher_fork(Target *dst, Target *src, int n, RsErr *e) {
 }
 
 int batcher_wait_blocks(Batcher *bt, int blocks, int timeout_ms) {
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    dl.tv_sec += timeout_ms / 1000 + dl.tv_nsec / 1000000000L;
-    dl.tv_nsec %= 1000000000L;
+    struct timespec dl = rs_deadline_ms(timeout_ms);
     pthread_mutex_lock(&bt->mu);
     int ok = 0;
     for (;;) {
