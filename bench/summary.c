@@ -55,6 +55,8 @@ static void dvec_push(DVec *d, double x) {
 typedef struct {
     const char *pid;
     double tok, ns;
+    double tau_sum; /* the rule's expected acceptance, summed over the prompt's rounds */
+    int tau_n;      /* rounds with a tau (every repetition's, not only the median's) */
 } Entry;
 
 enum { M_DRAFT, M_ROOT, M_TREE, M_RTT, M_SEL, M_ROUND, N_MED };
@@ -156,7 +158,7 @@ static void group_decodes(Analysis *an, const BenchDecode *d, int nd) {
         }
         g->e = realloc(g->e, (size_t)(g->n + 1) * sizeof *g->e);
         RS_ASSERT(g->e);
-        g->e[g->n++] = (Entry){x->prompt_id, (double)x->tokens, (double)x->time_ns};
+        g->e[g->n++] = (Entry){x->prompt_id, (double)x->tokens, (double)x->time_ns, 0, 0};
     }
     free(idx);
 }
@@ -218,12 +220,14 @@ static void analysis_build(Analysis *an, const BenchDecode *d, int nd, const Rou
             if (!strcmp(an->g[k].c.decoder, x->decoder) && an->g[k].c.temp == x->temp &&
                 an->g[k].c.budget == x->budget)
                 g = &an->g[k];
-        Entry key = {x->prompt_id, 0, 0};
-        if (!g || !bsearch(&key, g->e, (size_t)g->n, sizeof key, entry_cmp)) {
+        Entry key = {x->prompt_id, 0, 0, 0, 0};
+        Entry *en = g ? bsearch(&key, g->e, (size_t)g->n, sizeof key, entry_cmp) : NULL;
+        if (!en) {
             an->n_orphans++;
             continue;
         }
         group_add_round(g, x);
+        if (isfinite(x->tau)) en->tau_sum += x->tau, en->tau_n++;
     }
     for (int k = 0; k < an->ng; k++)
         for (int m = 0; m < N_MED; m++)
@@ -248,8 +252,10 @@ static const Group *find_group(const Analysis *an, const char *dec, int temp, in
     return NULL;
 }
 
-/* Pairs two groups on common prompt ids (merge of sorted lists). Arrays malloc'd (4 * n). */
-static int pair_groups(const Group *a, const Group *b, double **buf) {
+/* Pairs two groups on common prompt ids (merge of sorted lists): each side's tokens and
+ * time, or with `tau` its summed expected acceptance and rounds with one (prompts where
+ * either side has none are left out). Arrays malloc'd (4 * n). */
+static int pair_on(const Group *a, const Group *b, int tau, double **buf) {
     int cap = a->n < b->n ? a->n : b->n;
     double *v = rs_xmalloc((size_t)(4 * (cap ? cap : 1)) * sizeof *v);
     int i = 0, j = 0, n = 0;
@@ -257,9 +263,11 @@ static int pair_groups(const Group *a, const Group *b, double **buf) {
         int c = strcmp(a->e[i].pid, b->e[j].pid);
         if (c < 0) i++;
         else if (c > 0) j++;
+        else if (tau && (!a->e[i].tau_n || !b->e[j].tau_n)) i++, j++;
         else {
-            v[n] = a->e[i].tok, v[cap + n] = a->e[i].ns;
-            v[2 * cap + n] = b->e[j].tok, v[3 * cap + n] = b->e[j].ns;
+            const Entry *x = &a->e[i], *y = &b->e[j];
+            v[n] = tau ? x->tau_sum : x->tok, v[cap + n] = tau ? x->tau_n : x->ns;
+            v[2 * cap + n] = tau ? y->tau_sum : y->tok, v[3 * cap + n] = tau ? y->tau_n : y->ns;
             n++, i++, j++;
         }
     }
@@ -281,10 +289,15 @@ static void group_speed(const Group *g, BenchInterval *iv) {
     free(ns);
 }
 
-/* Gain of a over b on common prompts; returns the pair count (0: none). */
-static int group_gain(const Group *a, const Group *b, BenchInterval *iv) {
+static int pair_groups(const Group *a, const Group *b, double **buf) {
+    return pair_on(a, b, 0, buf);
+}
+
+/* Gain of a over b on common prompts, in speed or (tau) in expected acceptance a round;
+ * returns the pair count (0: none). */
+static int group_gain_on(const Group *a, const Group *b, int tau, BenchInterval *iv) {
     double *v;
-    int n = pair_groups(a, b, &v);
+    int n = pair_on(a, b, tau, &v);
     RsErr e;
     if (n == 0 || bench_gain_bootstrap(v, v + n, v + 2 * n, v + 3 * n, n, BENCH_RESAMPLES,
                                        BENCH_BOOT_SEED, iv, &e) != RS_OK) {
@@ -293,6 +306,10 @@ static int group_gain(const Group *a, const Group *b, BenchInterval *iv) {
     }
     free(v);
     return n;
+}
+
+static int group_gain(const Group *a, const Group *b, BenchInterval *iv) {
+    return group_gain_on(a, b, 0, iv);
 }
 
 static void put_num(FILE *f, const char *fmt, double x) {
@@ -392,10 +409,17 @@ static void write_speeds(FILE *f, const Analysis *an) {
 }
 
 /* Every decoder over draft selection at the same T and B, then rootdraw over pearl (the
- * paper's offline comparison, measured). */
-static void write_gains(FILE *f, const Analysis *an) {
-    fprintf(f, "\n## Gains over draft selection\n\n");
-    fprintf(f, "Gain of A over B = speed(A)/speed(B) - 1 on the prompts both ran.\n\n");
+ * paper's offline comparison, measured): in speed, or (tau) in the rules' expected
+ * acceptance a round, the paper's Table 2 quantity. */
+static void write_gains(FILE *f, const Analysis *an, int tau) {
+    if (tau) {
+        fprintf(f, "\n## Expected acceptance over draft selection\n\n");
+        fprintf(f, "Gain of A over B = tau(A)/tau(B) - 1, tau = the rule's expected accepted "
+                   "tokens a round (mean over the rounds of the prompts both ran).\n\n");
+    } else {
+        fprintf(f, "\n## Gains over draft selection\n\n");
+        fprintf(f, "Gain of A over B = speed(A)/speed(B) - 1 on the prompts both ran.\n\n");
+    }
     fprintf(f, "| T | B | comparison | prompts | gain [95%% CI] |\n|---|---|---|---|---|\n");
     int any = 0;
     for (int k = 0; k < an->ng; k++) {
@@ -413,7 +437,7 @@ static void write_gains(FILE *f, const Analysis *an) {
                     if (!b) continue;
                 }
                 BenchInterval gi;
-                int n = group_gain(a, b, &gi);
+                int n = group_gain_on(a, b, tau, &gi);
                 char bb[16];
                 fprintf(f, "| %d | %s | %s vs %s | %d | ", a->c.temp,
                         bench_budget_str(a->c.budget, bb), a->c.decoder, b->c.decoder, n);
@@ -494,8 +518,9 @@ int bench_summary_write(FILE *f, const BenchDecode *d, int nd, const RoundRecord
     analysis_build(&an, d, nd, r, nr);
     write_header(f, &an);
     write_speeds(f, &an);
-    write_gains(f, &an);
+    write_gains(f, &an, 0);
     write_acceptance(f, &an);
+    write_gains(f, &an, 1);
     write_timings(f, &an);
     write_breakdown(f, &an);
     analysis_free(&an);

@@ -807,6 +807,48 @@ START_TEST(test_summary_repeats) {
 }
 END_TEST
 
+/* Expected acceptance: each rule's tau pooled over its prompts' rounds, paired over
+ * prompts. q1: pearl tau 1.0, 1.0, rootdraw 1.5, 1.5; q2: pearl 2.0, 2.0, rootdraw 2.2, 2.2;
+ * pooled 7.4 / 4 over 6 / 4 = +23.33%, and every resample lies between q2's +10% and q1's
+ * +50%. A rootdraw round without a tau (NaN) does not count. */
+START_TEST(test_summary_tau_gain) {
+    BenchDecode d[6];
+    const char *dec[3] = {"draft", "pearl", "rootdraw"};
+    int n = 0;
+    for (int p = 0; p < 2; p++)
+        for (int k = 0; k < 3; k++) {
+            rep_row(&d[n], p ? "q2" : "q1", dec[k], 0, 50);
+            d[n++].temp = 1;
+        }
+    static const double tau[2][3] = {{1.0, 1.0, 1.5}, {2.0, 2.0, 2.2}};
+    RoundRecord r[2 * 3 * 3];
+    int m = 0;
+    for (int p = 0; p < 2; p++)
+        for (int k = 0; k < 3; k++)
+            for (int q = 0; q < 3; q++) {
+                r[m] = mk_round(dec[k], 1, 8, p ? "q2" : "q1", q, 1000000000LL * (m + 1));
+                r[m++].tau = q < 2 ? tau[p][k] : k == 2 ? NAN : tau[p][k];
+            }
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    RsErr e = {0};
+    ck_assert_msg(bench_summary_write(f, d, n, r, m, &e) == RS_OK, "%s", e.msg);
+    fclose(f);
+    const char *sec = strstr(buf, "## Expected acceptance over draft selection");
+    ck_assert_msg(sec, "%s", buf);
+    const char *row = strstr(sec, "| 1 | 8 | rootdraw vs pearl | 2 | +23.33% [");
+    ck_assert_msg(row, "%s", sec);
+    double lo, hi;
+    ck_assert_int_eq(sscanf(row + strlen("| 1 | 8 | rootdraw vs pearl | 2 | +23.33% ["),
+                            "%lf%%, %lf%%]", &lo, &hi), 2);
+    ck_assert_msg(lo >= 10.0 - 1e-9 && hi <= 50.0 + 1e-9 && lo < hi, "[%g, %g]", lo, hi);
+    ck_assert_msg(strstr(sec, "| 1 | 8 | pearl vs draft | 2 | +0.00% [+0.00%, +0.00%] |"), "%s",
+                  sec);
+    free(buf);
+}
+END_TEST
+
 START_TEST(test_plots) {
     unsetenv("ROOTSPEC_GNUPLOT");
     if (access("/usr/bin/gnuplot", X_OK) != 0) {
@@ -1075,6 +1117,7 @@ Suite *suite_bench_stats(void) {
     tcase_add_test(tc, test_analyze_refusals);
     tcase_add_test(tc, test_plots);
     tcase_add_test(tc, test_summary_repeats);
+    tcase_add_test(tc, test_summary_tau_gain);
     tcase_add_test(tc, test_prompts_formats);
     tcase_add_test(tc, test_utf8);
     tcase_add_test(tc, test_prompts_real_files);
