@@ -158,6 +158,26 @@ START_TEST(test_identity_across_processes) {
 }
 END_TEST
 
+/* Once decode "rd" (drafter d, reply timeout 700 ms) has emitted, sends sig to the drafter
+ * and checks that the target t finishes with exit 0, reports the fallback, and keeps AR's
+ * ids ("ar", T=0) for the first n; returns the ids "rd" printed. */
+static int fault_mid_decode(pid_t d, pid_t t, int sig, int n) {
+    for (int w = 0; w < 20000 && count_ids("rd") < 3; w += 5) usleep(5000);
+    ck_assert_msg(count_ids("rd") >= 3, "target emitted nothing");
+    kill(d, sig);
+    int rc = wait_exit(t, 60000);
+    char *err = slurp("rd", "err"), *got = slurp("rd", "out"), *ref = slurp("ar", "out");
+    ck_assert_msg(rc == 0, "target exited %d: %s", rc, err);
+    ck_assert_msg(strstr(err, "drafter failed") && strstr(err, "did not answer within 700 ms"),
+                  "no fallback event in: %s", err);
+    ck_assert_msg(ids_prefix(got, ref, n), "ids after the fault differ from AR:\n%s\nvs\n%s",
+                  got, ref);
+    free(err);
+    free(got);
+    free(ref);
+    return count_ids("rd");
+}
+
 /* kill -9 (i = 0) or SIGSTOP (i = 1) of the drafter mid-decode: the target finishes
  * autoregressively, keeps every token (T=0: same ids as AR) and reports the event. */
 START_TEST(test_drafter_dies_mid_decode) {
@@ -169,19 +189,8 @@ START_TEST(test_drafter_dies_mid_decode) {
     ck_assert_int_eq(run_target("ar", "ar", NULL, N + 80, NULL, NULL), 0);
     pid_t t;
     run_target("rd", "rootdraw", ep, N, "700", &t);
-    for (int w = 0; w < 20000 && count_ids("rd") < 3; w += 5) usleep(5000);
-    ck_assert_msg(count_ids("rd") >= 3, "target emitted nothing");
-    kill(d, _i == 0 ? SIGKILL : SIGSTOP);
-    int rc = wait_exit(t, 60000);
-    char *err = slurp("rd", "err"), *got = slurp("rd", "out"), *ref = slurp("ar", "out");
-    ck_assert_msg(rc == 0, "target exited %d: %s", rc, err);
-    ck_assert_msg(count_ids("rd") < N + 20, "too many ids");
-    ck_assert_msg(strstr(err, "drafter failed") && strstr(err, "did not answer within 700 ms"),
-                  "no fallback event in: %s", err);
-    ck_assert_msg(ids_prefix(got, ref, N), "ids after the fault differ from AR:\n%s\nvs\n%s", got, ref);
-    free(err);
-    free(got);
-    free(ref);
+    ck_assert_msg(fault_mid_decode(d, t, _i == 0 ? SIGKILL : SIGSTOP, N) < N + 20,
+                  "too many ids");
     if (_i == 1) kill(d, SIGCONT);
     stop(d);
 }
@@ -1237,20 +1246,8 @@ START_TEST(test_eagle3_drafter_killed) {
     ck_assert_int_eq(run_e3_target("ar", "ar", NULL, NULL, N + 80, NULL, NULL), 0);
     pid_t t;
     run_e3_target("rd", "rootdraw", ep, NULL, N, "700", &t);
-    for (int w = 0; w < 20000 && count_ids("rd") < 3; w += 5) usleep(5000);
-    ck_assert_msg(count_ids("rd") >= 3, "target emitted nothing");
-    kill(d, SIGKILL);
-    int rc = wait_exit(t, 60000);
-    char *err = slurp("rd", "err"), *got = slurp("rd", "out"), *ref = slurp("ar", "out");
-    ck_assert_msg(rc == 0, "target exited %d: %s", rc, err);
-    ck_assert_msg(strstr(err, "drafter failed") && strstr(err, "did not answer within 700 ms"),
-                  "no fallback event in: %s", err);
-    ck_assert_msg(count_ids("rd") == N, "%d ids, want %d", count_ids("rd"), N);
-    ck_assert_msg(ids_prefix(got, ref, N), "ids after the kill differ from AR:\n%s\nvs\n%s",
-                  got, ref);
-    free(err);
-    free(got);
-    free(ref);
+    int n = fault_mid_decode(d, t, SIGKILL, N);
+    ck_assert_msg(n == N, "%d ids, want %d", n, N);
     stop(d);
 }
 END_TEST
