@@ -554,7 +554,13 @@ static int walk_prefetch(Decode *dec, const Round *r, int base, Walk *w, RsErr *
     }
     RowStats st[TREE_MAX + 1];
     int rc = backend_rows_stats(dec->t->b, rows, n, smp, temp ? u : NULL, st, e);
-    for (int i = 0; !rc && i < n; i++) w->draw[at[i]] = st[i].draw;
+    for (int i = 0; !rc && i < n; i++) {
+        w->draw[at[i]] = st[i].draw;
+        /* the measurements read these rows' statistics too: no query of their own */
+        int slot = at[i] ? pass_slot(&dec->ps, sel, at[i] - 1) : -1;
+        dec->probe.have_st[1 + slot] = 1;
+        dec->probe.st[1 + slot] = st[i];
+    }
     return rc;
 }
 
@@ -633,20 +639,22 @@ static int round_accept(Decode *dec, Round *r, RsErr *e) {
 /* The tree pass and the walk down the tree (or, root rule with X1 off its tree, X1). */
 static int round_verify(Decode *dec, Round *r, RsErr *e) {
     r->keep[0] = 0; /* the root */
-    if (!r->skip || dec->opts->score_all) {
+    int pass = !r->skip || dec->opts->score_all, rc = RS_OK;
+    if (pass) {
         r->info.t_tree_start = dec_now(dec);
-        int rc = target_tree_pass(dec->t, &dec->ps, dec->root, r->with_root, e);
+        rc = target_tree_pass(dec->t, &dec->ps, dec->root, r->with_root, e);
         if (rc) return rc;
         r->info.t_tree_end = dec_now(dec);
-        OFF_CLOCK(dec, rc = round_measure(dec, r, e));
-        if (rc) return rc;
     }
     if (r->skip) {
         r->row[r->n_emit] = -1;
         r->emitted[r->n_emit++] = r->x1;
+    } else {
+        rc = round_accept(dec, r, e);
     }
-    else return round_accept(dec, r, e);
-    return RS_OK;
+    /* after the walk, whose batched query left its rows' statistics in the probe */
+    if (!rc && pass) OFF_CLOCK(dec, rc = round_measure(dec, r, e));
+    return rc;
 }
 
 static int round_speculative(Decode *dec, Round *r, RsErr *e) {

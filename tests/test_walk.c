@@ -3,11 +3,14 @@
  * backend (backend_batch_queries), against one call per draw, both on the CPU backend
  * (BackendParams.sw.rows_batched picks the path): the same tokens for every decoder, at
  * T=0 and at T=1 and under a filtered law for a seed, rounds after rounds (so the
- * generator must stand where one call per draw leaves it), and one call per walk where
- * batched (RoundInfo.walk_queries, counted through BackendStats.rows_stats_calls). */
+ * generator must stand where one call per draw leaves it), the same tau (the measurement
+ * reads the statistics the walk's call left), and one call per walk where batched
+ * (RoundInfo.walk_queries, counted through BackendStats.rows_stats_calls): a round's calls
+ * are then its root pass's, if any, and the walk's. */
 #include "draft_proc/model_drafter.h"
 #include "target_proc/decode.h"
 #include "testutil.h"
+#include <math.h>
 #include <string.h>
 
 #define N_DEC 4
@@ -19,7 +22,10 @@ typedef struct {
     int batched;       /* the target batches its walk's row queries */
     DecoderKind decoder;
     int walks, draws;  /* rounds that walked, draws they made */
+    int roots;         /* rounds that ran the root pass */
     int bad;           /* rounds whose walk_queries differ from the path's count */
+    uint64_t calls;    /* backend_rows_stats calls of the decodes */
+    double tau;        /* sum of the rounds' tau */
 } WalkCount;
 
 static void count_round(void *user, const RoundInfo *ri) {
@@ -36,6 +42,8 @@ static void count_round(void *user, const RoundInfo *ri) {
     }
     c->walks += walked;
     c->draws += draws;
+    c->roots += ri->t_root_end > 0;
+    if (!isnan(ri->tau)) c->tau += ri->tau;
 }
 
 static Target *walk_target(const Model *m, int rows_batched) {
@@ -56,7 +64,9 @@ static int walk_decode(Target *t, Drafter *d, DecoderKind dk, const Sampling *sm
     RsErr e = {0};
     c->decoder = dk;
     c->batched = backend_batch_queries(target_backend(t));
+    uint64_t calls0 = backend_stats(target_backend(t)).rows_stats_calls;
     ck_assert_msg(decode_run(t, d, prompt, n, &opts, &h, &res, &e) == 0, "%s", e.msg);
+    c->calls += backend_stats(target_backend(t)).rows_stats_calls - calls0;
     return res.n_tokens;
 }
 
@@ -89,6 +99,11 @@ START_TEST(test_walk_batched_identity) {
     ck_assert_int_eq(cb.bad, 0);
     ck_assert_int_gt(cb.walks, 50);
     ck_assert_int_gt(cb.draws, cb.walks + 20); /* walks that descend: a per-draw count differs */
+    ck_assert_msg(cb.tau == cp.tau, "tau sums %.17g batched, %.17g per draw", cb.tau, cp.tau);
+    ck_assert_int_eq(cb.roots, cp.roots);
+    ck_assert_msg(cb.calls == (uint64_t)(cb.roots + cb.walks), "batched: %d calls for %d root "
+                  "passes and %d walks", (int)cb.calls, cb.roots, cb.walks);
+    ck_assert_int_gt(cp.calls, cp.roots + cp.draws); /* and the measurements' own */
     target_destroy(&batched);
     target_destroy(&per_draw);
     drafter_destroy(&d);

@@ -360,18 +360,20 @@ START_TEST(test_cuda_rowstats_decode) {
 END_TEST
 
 /* The CUDA backend batches its row queries (backend_batch_queries): the walk down the tree
- * makes one backend_rows_stats call a round (RoundInfo.walk_queries), and its tokens equal
+ * makes one backend_rows_stats call a round (RoundInfo.walk_queries; with the root pass's,
+ * every call the decode makes: the measurements read the walk's), and its tokens equal
  * a CUDA target's that makes one call per draw (BackendParams.sw.rows_batched = -1), for
  * every decoder at T=0 and at T=1 with a seed: a row's draw does not depend on what else
  * the call reduces. The drafter is the target's model on the CPU, so walks descend. */
 typedef struct {
-    int walks, bad;
+    int walks, roots, bad;
 } WalkSeen;
 
 static void walk_round(void *user, const RoundInfo *ri) {
     WalkSeen *w = user;
     int walked = !ri->tree_pass_skipped && !ri->fallback_ar && ri->tree_size > 0;
     w->walks += walked;
+    w->roots += ri->t_root_end > 0;
     w->bad += ri->walk_queries != walked;
 }
 
@@ -394,6 +396,7 @@ START_TEST(test_cuda_walk_batched) {
     const DecoderKind rules[] = {DECODER_DRAFT, DECODER_PEARL, DECODER_ROOTDRAW, DECODER_ROOT};
     int prompt[4] = {7, 70, 170, 270}, buf[2][48];
     WalkSeen seen = {0};
+    uint64_t calls0 = backend_stats(target_backend(t[1])).rows_stats_calls;
     for (int k = 0; k < 4; k++)
         for (int l = 0; l < 2; l++) {
             DecodeOpts opts = {.decoder = rules[k], .budget = 8, .sampling = LAWS[l], .seed = 5,
@@ -411,6 +414,9 @@ START_TEST(test_cuda_walk_batched) {
     fprintf(stderr, "cuda walk: %d batched walks\n", seen.walks);
     ck_assert_int_gt(seen.walks, 8);
     ck_assert_msg(seen.bad == 0, "%d walks made other than one row query", seen.bad);
+    int calls = (int)(backend_stats(target_backend(t[1])).rows_stats_calls - calls0);
+    ck_assert_msg(calls == seen.roots + seen.walks, "%d row queries for %d root passes and %d "
+                  "walks", calls, seen.roots, seen.walks);
     drafter_destroy(&d);
     for (int k = 0; k < 2; k++) target_destroy(&t[k]);
     model_destroy(&tm);
