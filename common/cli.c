@@ -91,6 +91,11 @@ int cli_backend_env(const char **cpu_kernels, BackendSwitches *sw, RsErr *e) {
     if (!rc) rc = env_choice("ROOTSPEC_CPU_PIN", "1", "0", &sw->cpu_unpinned, e);
     if (!rc) rc = env_choice("ROOTSPEC_CUDA_GRAPHS", "1", "0", &sw->cuda_eager, e);
     if (!rc) rc = env_choice("ROOTSPEC_CUDA_GEMV", "1", "0", &sw->cuda_blas_onerow, e);
+    const char *rb = getenv("ROOTSPEC_ROWS_BATCHED");
+    if (!rc && rb) {
+        if (!strcmp(rb, "1") || !strcmp(rb, "0")) sw->rows_batched = rb[0] == '1' ? 1 : -1;
+        else return rs_err(e, RS_EINVAL, "ROOTSPEC_ROWS_BATCHED=%s: expected 1 or 0", rb);
+    }
     const char *qkv = getenv("ROOTSPEC_CUDA_FUSED_QKV");
     if (rc || !qkv || !strcmp(qkv, "1")) return rc;
     if (!strcmp(qkv, "0")) sw->cuda_fused_qkv = -1;

@@ -33,6 +33,9 @@ typedef struct {
                            serves */
     int cuda_blas_onerow; /* ROOTSPEC_CUDA_GEMV=0 (1: 0): a one-row call's o, gate|up, down
                              and head on cuBLAS instead of the own GEMV kernels */
+    int rows_batched;   /* ROOTSPEC_ROWS_BATCHED: 0 (unset): the backend's choice
+                           (backend_batch_queries), 1 (1): callers gather their row queries
+                           into one call, -1 (0): one call per row read */
 } BackendSwitches;
 
 /* The options rootspec-target and rootspec-draft share, parsed alike: where the model runs

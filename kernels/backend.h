@@ -83,6 +83,9 @@ typedef struct {
     /* CPU with BackendParams.topk_hint: the part of forward() spent reducing the output
      * head's tiles to top-k (work a rows_topk call would otherwise do after it). */
     uint64_t fused_topk_ns;
+    /* backend_rows_stats calls that reached the backend (n > 0): on a device, each is one
+     * round trip (backend_batch_queries). */
+    uint64_t rows_stats_calls;
 } BackendStats;
 
 extern const BackendOps cpu_backend_ops;
@@ -154,6 +157,12 @@ int backend_n_committed(const Backend *b); /* committed cache entries */
 int backend_n_pending(const Backend *b);   /* pending entries after the committed ones */
 int backend_kv_capacity(const Backend *b); /* committed + pending never exceed this */
 BackendStats backend_stats(const Backend *b);
+/* 1: each row query (backend_rows_stats, _gather, _topk) is a round trip to a device
+ * (tens of microseconds whatever its size), so a caller gathers what it may read into one
+ * call, rows it ends up not reading included; 0: a call is cheap and reduces only the rows
+ * asked for (the CPU), so one per row read costs least. BackendParams.sw.rows_batched
+ * overrides the backend's choice (tests compare both paths on one backend). */
+int backend_batch_queries(const Backend *b);
 
 /* ---- Sequences (see the top of this file) ---- */
 

@@ -81,7 +81,9 @@ int backend_create(const BackendOps *ops, const Model *m, const BackendParams *b
         return rs_err(e, RS_EINVAL, "topk_hint = %d outside [0, %d]", bp->topk_hint,
                       m->cfg.vocab_size < BACKEND_TOPK_MAX ? m->cfg.vocab_size
                                                            : BACKEND_TOPK_MAX);
-    return ops->create(m, bp, out, e);
+    int rc = ops->create(m, bp, out, e);
+    if (!rc) (*out)->dear_round_trip = ops->dear_round_trip;
+    return rc;
 }
 
 void backend_destroy(Backend **b) {
@@ -204,9 +206,14 @@ int backend_kv_truncate(Backend *b, int n_committed, RsErr *e) {
 
 BackendStats backend_stats(const Backend *b) {
     BackendStats st = {.forwards = b->n_forwards, .tokens = b->n_tokens,
-                       .d2h_full_rows = b->n_d2h_full_rows};
+                       .d2h_full_rows = b->n_d2h_full_rows, .rows_stats_calls = b->n_rows_stats};
     if (b->ops->stats) b->ops->stats(b, &st);
     return st;
+}
+
+int backend_batch_queries(const Backend *b) {
+    int sw = b->params.sw.rows_batched;
+    return sw ? sw > 0 : b->dear_round_trip;
 }
 
 void *backend_host_alloc(Backend *b, size_t bytes) {
@@ -316,7 +323,10 @@ int backend_rows_stats(Backend *b, const int *rows, int n, const Sampling *s, co
     for (int i = 0; u && i < n; i++)
         if (!(u[i] < 1.0) || isnan(u[i]))
             return rs_err(e, RS_EINVAL, "rows_stats: u[%d] = %g outside [0, 1)", i, u[i]);
-    if (n > 0) b->ops->rows_stats(b, rows, n, s, u, out);
+    if (n > 0) {
+        b->ops->rows_stats(b, rows, n, s, u, out);
+        b->n_rows_stats++;
+    }
     return rows_finite(rows, n, s, out, e);
 }
 

@@ -15,6 +15,8 @@ struct BackendOps {
     /* 1: the kernels stream the host weights, so backend_model_load makes them resident in
      * huge pages (model_make_resident); a device backend copies them once instead. */
     int streams_host_weights;
+    /* 1: every call reaches a device and waits for it (backend_batch_queries). */
+    int dear_round_trip;
     /* Optional: after model_make_resident, lays the resident weights out for the kernels
      * (the CPU: x4 tiles, model_pack_x4, for bp's kernel family; bp may be NULL). An error
      * fails backend_model_load. */
@@ -92,6 +94,8 @@ struct Backend {
     uint64_t n_forwards, n_tokens; /* kept by backend_forward */
     int n_kept;                    /* kept logits rows of the last forward */
     uint64_t n_d2h_full_rows;      /* BackendStats.d2h_full_rows */
+    uint64_t n_rows_stats;         /* BackendStats.rows_stats_calls */
+    int dear_round_trip;           /* the ops' flag (a view: its backend's), set at create */
     /* EAGLE-3 features: layers recorded (feat_n 0: none) and rows the last commit kept */
     int feat_n, feat_layers[BACKEND_MAX_FEATURE_LAYERS], feat_rows;
 };

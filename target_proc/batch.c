@@ -281,6 +281,7 @@ int batcher_target(Batcher *bt, const int *eog, int n_eog, Target **out, RsErr *
     v->base.ops = &batch_view_ops;
     v->base.model = backend_model(bt->b);
     v->base.params = backend_params(bt->b);
+    v->base.dear_round_trip = backend_batch_queries(bt->b);
     v->base.params.kv_capacity = bt->o.seq_capacity;
     v->base.params.max_batch = TARGET_MAX_BATCH;
     v->base.params.prefill_chunk = bt->o.prefill_chunk;

@@ -511,34 +511,118 @@ static int round_select(Decode *dec, Round *r, RsErr *e) {
     return RS_OK;
 }
 
-/* Exhaustive target sampling (DESIGN.md §4): draw from the target's row at the current node,
- * descend while the draw labels a child; the first draw that does not is the continuation. */
-static int round_accept(Decode *dec, Round *r, RsErr *e) {
-    const Target *t = dec->t;
+/* ---- the walk down the tree: exhaustive target sampling (DESIGN.md §4) ----------------
+ * Each step draws from the target's row at the current node (its argmax, or when sampling
+ * the draw at the decode's next uniform) and descends while the draw labels a child; the
+ * first draw that does not is the continuation. Where a row query is a device round trip
+ * (backend_batch_queries), one backend_rows_stats reduces every row the walk may visit
+ * before it starts, each at the uniform its step would take: the walk's k-th draw takes
+ * the k-th uniform, so a node at tree depth d gets uniform d - base (base 1 when the walk
+ * starts below the root: X1 accepted, or forced from the root row; 0 from the root row).
+ * The generator is then set back and advanced by the draws the walk made, so tokens and
+ * the stream of draws are those of one query per draw. */
+typedef struct {
+    int batched;             /* 1: draws from draw[], else one query per draw */
+    int draw[TREE_MAX + 1];  /* by 1 + tree index (0: the root row): the draw at its row */
+    Rng rng0;                /* the generator before the walk's first draw */
+    int n_draws;             /* draws the walk made */
+} Walk;
+
+/* The kept target row of tree node cur (-1: the root). */
+static int walk_row(const Decode *dec, const Round *r, int cur) {
+    return target_row(dec->t, cur < 0 ? -1 : pass_slot(&dec->ps, &r->sel, cur));
+}
+
+/* Fills w->draw with one query over the rows a walk starting at depth `base` may visit
+ * and draws the uniforms it may take (w->rng0: the generator before them). */
+static int walk_prefetch(Decode *dec, const Round *r, int base, Walk *w, RsErr *e) {
     const Selection *sel = &r->sel;
-    int cur = -1; /* tree index; -1 = root */
-    if (sel->rooted_at_x1) {
-        r->row[r->n_emit] = -1;
-        r->emitted[r->n_emit++] = r->x1;
-        r->accepted++;
-        cur = 0;
-        r->keep[r->n_emit] = 1 + pass_slot(&dec->ps, sel, 0);
+    const Sampling *smp = &dec->opts->sampling;
+    int rows[TREE_MAX + 1], at[TREE_MAX + 1], dep[TREE_MAX], n = 0, max_dep = base;
+    double u[TREE_MAX + 1], uu[TREE_MAX + 1];
+    for (int k = 0; k < sel->t.n; k++) {
+        dep[k] = sel->t.parent[k] < 0 ? 1 : dep[sel->t.parent[k]] + 1;
+        if (dep[k] > max_dep) max_dep = dep[k];
     }
-    int forced = dec->opts->decoder == DECODER_ROOT ? r->x1 : -1;
+    w->rng0 = dec->rng;
+    int temp = sampling_temp(smp);
+    for (int i = 0; i <= max_dep - base; i++) uu[i] = temp ? rng_uniform(&dec->rng) : -1.0;
+    for (int k = base ? 0 : -1; k < sel->t.n; k++) {
+        at[n] = 1 + k;
+        rows[n] = walk_row(dec, r, k);
+        u[n++] = uu[k < 0 ? 0 : dep[k] - base];
+    }
+    RowStats st[TREE_MAX + 1];
+    int rc = backend_rows_stats(dec->t->b, rows, n, smp, temp ? u : NULL, st, e);
+    for (int i = 0; !rc && i < n; i++) {
+        w->draw[at[i]] = st[i].draw;
+        /* the measurements read these rows' statistics too: no query of their own */
+        int slot = at[i] ? pass_slot(&dec->ps, sel, at[i] - 1) : -1;
+        dec->probe.have_st[1 + slot] = 1;
+        dec->probe.st[1 + slot] = st[i];
+    }
+    return rc;
+}
+
+/* The walk's next draw, from tree node cur's row (-1: the root). */
+static int walk_draw(Decode *dec, const Round *r, Walk *w, int cur, int *y, RsErr *e) {
+    w->n_draws++;
+    if (w->batched) {
+        *y = w->draw[1 + cur];
+        return RS_OK;
+    }
+    int row = walk_row(dec, r, cur), temp = sampling_temp(&dec->opts->sampling);
+    double u = temp ? rng_uniform(&dec->rng) : -1.0;
+    RowStats st;
+    int rc = backend_rows_stats(dec->t->b, &row, 1, &dec->opts->sampling, temp ? &u : NULL, &st, e);
+    *y = st.draw;
+    return rc;
+}
+
+/* Sets up the walk (batched where the backend wants it) and returns its first node: -1
+ * the root, or 0 when the tree is rooted at X1 (then X1 is emitted here). */
+static int walk_begin(Decode *dec, Round *r, Walk *w, int forced) {
+    const Selection *sel = &r->sel;
+    RS_ASSERT(!(sel->rooted_at_x1 && forced >= 0));
+    w->n_draws = 0;
+    w->batched = backend_batch_queries(dec->t->b);
+    if (w->batched) {
+        RsErr ignored = {0}; /* a row the walk may not read has no law: query per draw */
+        if (walk_prefetch(dec, r, sel->rooted_at_x1 || forced >= 0, w, &ignored)) {
+            dec->rng = w->rng0;
+            w->batched = 0;
+        }
+    }
+    if (!sel->rooted_at_x1) return -1;
+    r->row[r->n_emit] = -1;
+    r->emitted[r->n_emit++] = r->x1;
+    r->accepted++;
+    r->keep[r->n_emit] = 1 + pass_slot(&dec->ps, sel, 0);
+    return 0;
+}
+
+/* A batched walk's generator: as if each draw had taken its uniform as it went. */
+static void walk_end(Decode *dec, const Walk *w) {
+    if (!w->batched) return;
+    dec->rng = w->rng0;
+    if (sampling_temp(&dec->opts->sampling))
+        for (int i = 0; i < w->n_draws; i++) rng_uniform(&dec->rng);
+}
+
+static int round_accept(Decode *dec, Round *r, RsErr *e) {
+    const Selection *sel = &r->sel;
+    uint64_t calls0 = backend_stats(dec->t->b).rows_stats_calls;
+    int forced = dec->opts->decoder == DECODER_ROOT ? r->x1 : -1; /* X1, from the root row */
+    Walk w;
+    int cur = walk_begin(dec, r, &w, forced), rc = RS_OK;
     for (;;) {
-        int y = forced, row = -1; /* forced: X1, from the root row */
-        if (y < 0) { /* one reduction of the node's kept row: its argmax, or a draw at u */
-            row = target_row(t, cur < 0 ? -1 : pass_slot(&dec->ps, sel, cur));
-            int temp = sampling_temp(&dec->opts->sampling);
-            double u = temp ? rng_uniform(&dec->rng) : -1.0;
-            RowStats st;
-            const Sampling *smp = &dec->opts->sampling;
-            int rc = backend_rows_stats(t->b, &row, 1, smp, temp ? &u : NULL, &st, e);
-            if (rc) return rc;
-            y = st.draw;
+        int y = forced, row = -1;
+        if (y < 0) {
+            row = walk_row(dec, r, cur);
+            if ((rc = walk_draw(dec, r, &w, cur, &y, e))) break;
         }
         forced = -1;
-        int child = tree_child_with_token(t->pool, sel, cur, y);
+        int child = tree_child_with_token(dec->t->pool, sel, cur, y);
         r->row[r->n_emit] = row;
         r->emitted[r->n_emit++] = y;
         if (child < 0) break; /* y is the continuation */
@@ -547,26 +631,30 @@ static int round_accept(Decode *dec, Round *r, RsErr *e) {
         r->keep[r->n_emit] = 1 + pass_slot(&dec->ps, sel, child);
         cur = child;
     }
-    return RS_OK;
+    walk_end(dec, &w);
+    r->info.walk_queries = (int)(backend_stats(dec->t->b).rows_stats_calls - calls0);
+    return rc;
 }
 
 /* The tree pass and the walk down the tree (or, root rule with X1 off its tree, X1). */
 static int round_verify(Decode *dec, Round *r, RsErr *e) {
     r->keep[0] = 0; /* the root */
-    if (!r->skip || dec->opts->score_all) {
+    int pass = !r->skip || dec->opts->score_all, rc = RS_OK;
+    if (pass) {
         r->info.t_tree_start = dec_now(dec);
-        int rc = target_tree_pass(dec->t, &dec->ps, dec->root, r->with_root, e);
+        rc = target_tree_pass(dec->t, &dec->ps, dec->root, r->with_root, e);
         if (rc) return rc;
         r->info.t_tree_end = dec_now(dec);
-        OFF_CLOCK(dec, rc = round_measure(dec, r, e));
-        if (rc) return rc;
     }
     if (r->skip) {
         r->row[r->n_emit] = -1;
         r->emitted[r->n_emit++] = r->x1;
+    } else {
+        rc = round_accept(dec, r, e);
     }
-    else return round_accept(dec, r, e);
-    return RS_OK;
+    /* after the walk, whose batched query left its rows' statistics in the probe */
+    if (!rc && pass) OFF_CLOCK(dec, rc = round_measure(dec, r, e));
+    return rc;
 }
 
 static int round_speculative(Decode *dec, Round *r, RsErr *e) {

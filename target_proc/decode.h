@@ -75,6 +75,8 @@ typedef struct {
     uint64_t graph_replays, eager_launches; /* backend counters, cumulative */
     uint64_t d2h_full_rows; /* target backend: whole logits rows copied to the host,
                                cumulative (0: every row stayed where it was computed) */
+    int walk_queries; /* backend_rows_stats calls of the walk down the tree: 1 where the
+                         backend batches its row queries, else one per draw */
     int tokens[ROUND_MAX_EMIT];
 } RoundInfo;
 

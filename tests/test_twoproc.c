@@ -1127,8 +1127,8 @@ START_TEST(test_settings_travel) {
     engine_destroy(&en);
     const char *bad[][2] = {{"ROOTSPEC_CPU_PACK", "yes"}, {"ROOTSPEC_CPU_KV", "f8"},
                             {"ROOTSPEC_CPU_PIN", "on"}, {"ROOTSPEC_CUDA_GRAPHS", "off"},
-                            {"ROOTSPEC_CUDA_FUSED_QKV", "some"}};
-    for (int i = 0; i < 5; i++) {
+                            {"ROOTSPEC_CUDA_FUSED_QKV", "some"}, {"ROOTSPEC_ROWS_BATCHED", "2"}};
+    for (int i = 0; i < 6; i++) {
         char want[64];
         snprintf(want, sizeof want, "%s=%s", bad[i][0], bad[i][1]);
         setenv(bad[i][0], bad[i][1], 1);
@@ -1141,12 +1141,15 @@ START_TEST(test_settings_travel) {
     setenv("ROOTSPEC_CPU_PIN", "0", 1);
     setenv("ROOTSPEC_CUDA_GRAPHS", "0", 1);
     setenv("ROOTSPEC_CUDA_FUSED_QKV", "all", 1);
+    setenv("ROOTSPEC_ROWS_BATCHED", "0", 1);
     ck_assert_int_eq(cli_backend_env(&kernels, &sw, &e), RS_OK);
+    unsetenv("ROOTSPEC_ROWS_BATCHED");
     unsetenv("ROOTSPEC_CPU_PIN");
     unsetenv("ROOTSPEC_CUDA_GRAPHS");
     unsetenv("ROOTSPEC_CUDA_FUSED_QKV");
     ck_assert_ptr_null(kernels);
-    ck_assert(sw.cpu_unpinned && sw.cuda_eager && sw.cuda_fused_qkv == 1 && !sw.cpu_kv_f32);
+    ck_assert(sw.cpu_unpinned && sw.cuda_eager && sw.cuda_fused_qkv == 1 && !sw.cpu_kv_f32 &&
+              sw.rows_batched == -1);
     eo.cpu_kernels = "avx3";
     ck_assert_int_eq(engine_create(&eo, 0, &en, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "avx3"), "%s", e.msg);

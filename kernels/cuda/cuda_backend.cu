@@ -180,6 +180,7 @@ static void cuda_kv_usage(const Backend *bb, BackendKvUsage *u);
 static const BackendOps cuda_ops = {
     .name = "cuda",
     .makes_random_weights = 1,
+    .dear_round_trip = 1,
     .create = cuda_create,
     .destroy = cuda_destroy,
     .forward = cuda_forward,

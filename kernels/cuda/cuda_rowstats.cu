@@ -6,9 +6,11 @@
  *     row's last block to finish (a self-resetting counter per row) merges the blocks' parts
  *     in block order and writes the row's greedy (or lawless) RowStats.
  *  2. k_rows_cut (a filter on only): the sampling law's cut by the radix select of
- *     common/logits.c's row_cut, one block per row (the select needs the whole row), its
- *     histograms of integer counts and fixed-point masses added with atomics (integer sums:
- *     any order gives the same bits).
+ *     common/logits.c's row_cut, one launch per step (a digit of top-k's select, then of
+ *     top-p's; min-p rides on the first): every block adds its columns' part (histogram of
+ *     integer counts or fixed-point masses, top-p's total mass, min-p's least key) into the
+ *     row's scratch with integer atomics (any order gives the same bits), and the row's
+ *     last block takes the step's decision, which the next launch reads.
  *  3. k_rows_sums: each block's chunks summed in index order, a thread per chunk; the row's
  *     last block adds the chunk sums in chunk order and draws: the order of row_stats, so
  *     the bits do not depend on which block finishes when. */
@@ -22,10 +24,25 @@
 #define ROWQ_COLS 4096 /* columns per block, rounded up to whole chunks */
 #define ROWQ_BLOCKS 16 /* at most, per row */
 
-/* A row's scratch: the two passes' counters, the blocks' RowMax parts, the chunk sums. */
+/* A row's cut in the making (k_rows_cut): the select under way and what the steps so far
+ * decided. hist is zero between launches (the deciding block clears it). */
+typedef struct {
+    unsigned long long hist[256]; /* this digit's counts or fixed-point masses */
+    unsigned long long above;     /* of the entries above the digit being chosen */
+    unsigned long long z;         /* top-p: the mass of the keys >= floor */
+    uint32_t prefix, mask;        /* the select's digits chosen so far */
+    uint32_t floor;               /* top-k's key, below which top-p weighs nothing */
+    uint32_t cut;                 /* the largest key a finished select gave (0: none) */
+    uint32_t kmin;                /* min-p: the least key it keeps */
+    unsigned done;                /* blocks of this launch counted in */
+} RowqCut;
+
+/* A row's scratch: the passes' counters, the blocks' RowMax parts, the cut; then the chunk
+ * sums. */
 typedef struct {
     unsigned max_done, sums_done, pad[2];
     RowMax part[ROWQ_BLOCKS];
+    RowqCut cut;
 } RowqHead;
 
 static int rowq_blocks(int V) {
@@ -124,94 +141,81 @@ __device__ static int chunk_draw_dev(const float *row, int V, float mx, double s
 
 __device__ static int greedy_dev(const Sampling &s) { return s.temperature == 0 || s.top_k == 1; }
 
-/* common/logits.c's radix_select, block-wide; the result in every thread. */
-__device__ static uint32_t block_radix_select(const float *row, int V, float mx, double scale,
-                                              uint32_t floor, int by_mass, double need) {
+/* One launch of k_rows_cut: what its blocks add up and what the row's last block decides. */
+typedef struct {
+    int shift;   /* the digit's low bit (24, 16, 8, 0); -1: no digit this launch */
+    int by_mass; /* top-p's select (fixed-point masses), else top-k's (counts) */
+    int z;       /* also total the mass of the keys >= floor (top-p's first digit) */
+    int min_p;   /* also the least key min-p keeps */
+    int final;   /* write the cut */
+} CutStep;
+
+/* This block's part of a cut step over row[lo, hi), added into the row's RowqCut. */
+__device__ static void cut_block_part(const float *row, int lo, int hi, float mx,
+                                      const Sampling &smp, const CutStep &st, RowqCut *c) {
     __shared__ unsigned long long hist[256];
-    __shared__ uint32_t sh_prefix;
-    __shared__ unsigned long long sh_above;
-    int t = threadIdx.x, nt = blockDim.x;
-    uint32_t prefix = 0, mask = 0;
-    if (t == 0) sh_above = 0;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int b = t; b < 256; b += nt) hist[b] = 0;
-        __syncthreads();
-        for (int i = t; i < V; i += nt) {
-            uint32_t k = row_logit_key(row[i]);
-            if (k < floor || (k & mask) != prefix) continue;
-            atomicAdd(&hist[(k >> shift) & 255],
-                      by_mass ? row_fixed_weight(row[i], mx, scale) : 1ull);
-        }
-        __syncthreads();
-        if (t == 0) {
-            unsigned long long above = sh_above;
-            int b = 255;
-            for (; b > 0 && !((double)(above + hist[b]) >= need); b--) above += hist[b];
-            sh_above = above;
-            sh_prefix = prefix | (uint32_t)b << shift;
-        }
-        __syncthreads();
-        prefix = sh_prefix;
-        mask |= 0xffu << shift;
-    }
-    __syncthreads(); /* hist and sh_prefix are free for the next select */
-    return prefix;
-}
-
-/* Total fixed-point mass of the keys >= floor, in every thread. */
-__device__ static unsigned long long block_fixed_mass(const float *row, int V, float mx,
-                                                      double scale, uint32_t floor) {
-    __shared__ unsigned long long z;
-    if (threadIdx.x == 0) z = 0;
-    __syncthreads();
-    unsigned long long mine = 0;
-    for (int i = threadIdx.x; i < V; i += blockDim.x)
-        if (row_logit_key(row[i]) >= floor) mine += row_fixed_weight(row[i], mx, scale);
-    atomicAdd(&z, mine);
-    __syncthreads();
-    unsigned long long r = z;
-    __syncthreads();
-    return r;
-}
-
-/* Smallest key whose logit passes min-p, in every thread. */
-__device__ static uint32_t block_min_p_key(const float *row, int V, float mx, double scale,
-                                           double min_p) {
+    __shared__ unsigned long long zs;
     __shared__ unsigned kmin;
-    double lmin = log(min_p);
-    if (threadIdx.x == 0) kmin = row_logit_key(mx);
+    int t = threadIdx.x, nt = blockDim.x;
+    double scale = 1.0 / smp.temperature, lmin = st.min_p ? log(smp.min_p) : 0.0;
+    uint32_t prefix = c->prefix, mask = c->mask, floor = c->floor; /* the last launch's */
+    for (int b = t; b < 256; b += nt) hist[b] = 0;
+    if (t == 0) zs = 0, kmin = 0xffffffffu;
     __syncthreads();
-    unsigned mine = 0xffffffffu;
-    for (int i = threadIdx.x; i < V; i += blockDim.x)
-        if (((double)row[i] - mx) * scale >= lmin) {
-            unsigned k = row_logit_key(row[i]);
-            mine = k < mine ? k : mine;
-        }
-    atomicMin(&kmin, mine);
+    unsigned long long zm = 0;
+    unsigned km = 0xffffffffu;
+    for (int i = lo + t; i < hi; i += nt) {
+        float v = row[i];
+        uint32_t k = row_logit_key(v);
+        if (st.min_p && ((double)v - mx) * scale >= lmin && k < km) km = k;
+        if (k < floor) continue;
+        if (st.z) zm += row_fixed_weight(v, mx, scale);
+        if (st.shift >= 0 && (k & mask) == prefix)
+            atomicAdd(&hist[(k >> st.shift) & 255],
+                      st.by_mass ? row_fixed_weight(v, mx, scale) : 1ull);
+    }
+    if (st.z) atomicAdd(&zs, zm);
+    if (st.min_p) atomicMin(&kmin, km);
     __syncthreads();
-    unsigned r = kmin;
-    __syncthreads();
-    return r;
+    for (int b = t; st.shift >= 0 && b < 256; b += nt)
+        if (hist[b]) atomicAdd(&c->hist[b], hist[b]);
+    if (t == 0 && st.z) atomicAdd(&c->z, zs);
+    if (t == 0 && st.min_p) atomicMin(&c->kmin, kmin);
 }
 
-/* row_cut, block-wide; the result in every thread. */
-__device__ static float block_cut(const float *row, int V, float mx, const Sampling &s) {
-    double scale = 1.0 / s.temperature;
-    uint32_t cut = 0, floor = 0;
-    if (s.top_k > 0 && s.top_k < V)
-        cut = floor = block_radix_select(row, V, mx, scale, 0, 0, (double)s.top_k);
-    if (s.top_p > 0 && s.top_p < 1) {
-        unsigned long long z = block_fixed_mass(row, V, mx, scale, floor);
-        uint32_t k = block_radix_select(row, V, mx, scale, floor, 1, s.top_p * (double)z);
-        if (k > cut) cut = k;
+/* The row's last block: the step's digit (common/logits.c's radix_select), the select's key
+ * when it was the last digit, and with the final step the cut. */
+__device__ static void cut_decide(volatile RowqCut *c, const CutStep &st, const Sampling &smp,
+                                  RowStats *o) {
+    if (st.shift >= 0) {
+        double need = st.by_mass ? smp.top_p * (double)c->z : (double)smp.top_k;
+        unsigned long long above = c->above;
+        int b = 255;
+        for (; b > 0 && !((double)(above + c->hist[b]) >= need); b--) above += c->hist[b];
+        for (int i = 0; i < 256; i++) c->hist[i] = 0;
+        c->above = above;
+        c->prefix |= (uint32_t)b << st.shift;
+        c->mask |= 0xffu << st.shift;
     }
-    if (s.min_p > 0) {
-        uint32_t k = block_min_p_key(row, V, mx, scale, s.min_p);
-        if (k > cut) cut = k;
+    if (st.shift == 0) { /* the select is done: its key */
+        uint32_t k = c->prefix;
+        if (k > c->cut) c->cut = k;
+        if (!st.by_mass) c->floor = k;
+        c->prefix = c->mask = 0;
+        c->above = 0;
     }
-    return cut == 0 ? -INFINITY : row_key_logit(cut);
+    if (!st.final) return;
+    uint32_t cut = c->cut;
+    if (smp.min_p > 0 && c->kmin > cut) cut = c->kmin;
+    o->cut = cut == 0 ? -INFINITY : row_key_logit(cut);
 }
 
+/* A query's cut starts from nothing; min-p's least key from the maximum's, as row_cut. */
+__device__ static void cut_init(RowqCut *c, float mx) {
+    c->above = c->z = 0;
+    c->prefix = c->mask = c->floor = c->cut = 0;
+    c->kmin = row_logit_key(mx);
+}
 
 /* Row r's scratch (rowq_row_bytes). */
 __device__ static RowqHead *rowq_head(char *scratch, int V, int r) {
@@ -259,11 +263,11 @@ k_rows_max(const float *logits, int V, const int *rows, Sampling smp, int blocks
     rowq_span(V, blocks, b, &c0, &c1);
     const float *row = logits + (size_t)rows[r] * V;
     RowMax m = block_rowmax(row, c0 * ROW_CHUNK, min(V, c1 * ROW_CHUNK));
+    RowqHead *h = rowq_head(scratch, V, r);
     if (blocks == 1) {
-        if (threadIdx.x == 0) rowq_write_max(out + r, &m, smp);
+        if (threadIdx.x == 0) rowq_write_max(out + r, &m, smp), cut_init(&h->cut, m.max);
         return;
     }
-    RowqHead *h = rowq_head(scratch, V, r);
     if (threadIdx.x == 0) h->part[b] = m;
     if (!rowq_last(&h->max_done, blocks) || threadIdx.x != 0) return;
     const volatile RowqHead *vh = h;
@@ -273,16 +277,25 @@ k_rows_max(const float *logits, int V, const int *rows, Sampling smp, int blocks
         rowmax_merge(&acc, &p);
     }
     rowq_write_max(out + r, &acc, smp);
+    cut_init(&h->cut, acc.max);
     h->max_done = 0; /* every block has counted: ready for the next launch */
 }
 
 __global__ void __launch_bounds__(ROWQ_THREADS)
-k_rows_cut(const float *logits, int V, const int *rows, Sampling smp, RowStats *out) {
-    int r = blockIdx.x;
+k_rows_cut(const float *logits, int V, const int *rows, Sampling smp, CutStep st, int blocks,
+           char *scratch, RowStats *out) {
+    int b = blockIdx.x, r = blockIdx.y, c0, c1;
     float mx = out[r].max;
     if (!isfinite(mx)) return; /* no law: row_stats leaves the cut at -inf */
-    float cut = block_cut(logits + (size_t)rows[r] * V, V, mx, smp);
-    if (threadIdx.x == 0) out[r].cut = cut;
+    rowq_span(V, blocks, b, &c0, &c1);
+    RowqCut *c = &rowq_head(scratch, V, r)->cut;
+    cut_block_part(logits + (size_t)rows[r] * V, c0 * ROW_CHUNK, min(V, c1 * ROW_CHUNK), mx,
+                   smp, st, c);
+    __threadfence(); /* every thread's atomics before the block counts in */
+    __syncthreads();
+    if (!rowq_last(&c->done, blocks) || threadIdx.x != 0) return;
+    cut_decide(c, st, smp, out + r);
+    c->done = 0;
 }
 
 __global__ void __launch_bounds__(ROWQ_THREADS)
@@ -325,9 +338,36 @@ extern "C" size_t cuk_rows_stats_scratch_bytes(int n, int V) {
     return (size_t)n * rowq_row_bytes(V);
 }
 
-/* A filter on: the cut needs its own pass (common/logits.c: row_cut). */
+/* A filter on: the cut needs its own passes (common/logits.c: row_cut). */
 static int rowq_filtered(const Sampling *s, int V) {
     return (s->top_k > 0 && s->top_k < V) || (s->top_p > 0 && s->top_p < 1) || s->min_p > 0;
+}
+
+/* The cut's launches (a filter on): top-k's four digits, then top-p's (its total mass with
+ * the first), min-p's least key with the first launch; the last writes the cut. */
+static int rowq_cut(cudaStream_t s, const float *logits, int V, const int *rows, int n,
+                    const Sampling *smp, int blocks, char *scratch, RowStats *out) {
+    CutStep steps[8];
+    int ns = 0;
+    int on[2] = {smp->top_k > 0 && smp->top_k < V, smp->top_p > 0 && smp->top_p < 1};
+    for (int sel = 0; sel < 2; sel++)
+        for (int shift = 24; on[sel] && shift >= 0; shift -= 8) {
+            CutStep st = {shift, sel, sel && shift == 24, 0, 0};
+            steps[ns++] = st;
+        }
+    if (ns == 0) {
+        CutStep st = {-1, 0, 0, 0, 0};
+        steps[ns++] = st;
+    }
+    steps[0].min_p = smp->min_p > 0;
+    steps[ns - 1].final = 1;
+    dim3 grid(blocks, n);
+    for (int i = 0; i < ns; i++) {
+        CUK_KERNEL_LAUNCH(k_rows_cut, grid, ROWQ_THREADS, s, logits, V, rows, *smp, steps[i],
+                          blocks, scratch, out);
+        CUDA_CHECK(cudaGetLastError());
+    }
+    return ns;
 }
 
 extern "C" void cuk_rows_stats(cudaStream_t s, const float *logits, int V, const int *rows,
@@ -340,11 +380,8 @@ extern "C" void cuk_rows_stats(cudaStream_t s, const float *logits, int V, const
                       (char *)scratch, out);
     CUDA_CHECK(cudaGetLastError());
     if (!(smp->temperature == 0 || smp->top_k == 1)) { /* greedy_dev */
-        if (rowq_filtered(smp, V)) {
-            CUK_KERNEL_LAUNCH(k_rows_cut, n, ROWQ_THREADS, s, logits, V, rows, *smp, out);
-            CUDA_CHECK(cudaGetLastError());
-            launches++;
-        }
+        if (rowq_filtered(smp, V))
+            launches += rowq_cut(s, logits, V, rows, n, smp, blocks, (char *)scratch, out);
         CUK_KERNEL_LAUNCH(k_rows_sums, grid, ROWQ_THREADS, s, logits, V, rows, u, blocks,
                           (char *)scratch, out);
         CUDA_CHECK(cudaGetLastError());

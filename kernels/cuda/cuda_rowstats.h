@@ -18,8 +18,9 @@ size_t cuk_rows_stats_scratch_bytes(int n, int V);
  * smp (a host pointer, passed by value); u: NULL or (n) uniforms (u[i] < 0: no draw).
  * scratch: cuk_rows_stats_scratch_bytes(n, V) device bytes, ZEROED once before the first
  * use (each launch leaves its counters at zero). Up to 16 256-thread blocks per row; one
- * launch when greedy, two or three (a filter on) when sampling, each over all n rows. The
- * other pointers are device memory. */
+ * launch when greedy, two when sampling, and a filter's cut between them: four launches
+ * for each of top-k's and top-p's radix selects (min-p rides on the first, or has one of
+ * its own), each over all n rows. The other pointers are device memory. */
 void cuk_rows_stats(cudaStream_t s, const float *logits, int V, const int *rows, int n,
                     const Sampling *smp, const double *u, void *scratch, RowStats *out);
 /* out[i] = logits[rows[i] * V + ids[i]], i < n. */

@@ -5,8 +5,9 @@
  * multiply-adds round once) and on the emulator built with FMA contraction; gathers
  * exact. Then the backend: backend_rows_stats / backend_rows_gather over the rows a
  * keeping forward left on the device equal the reference over the rows a copying forward
- * of the same batch returns, also for queries longer than the backend stages at once; and
- * a CUDA target's decodes copy no whole row. */
+ * of the same batch returns, also for queries longer than the backend stages at once; a
+ * CUDA target's decodes copy no whole row, and its walk down the tree makes one row query a
+ * round with the tokens of one query per draw. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <string.h>
@@ -214,7 +215,8 @@ START_TEST(test_cuda_rows_split) {
 END_TEST
 
 /* One call reduces all its rows in the same launches, however many: one when greedy, two
- * for plain sampling, three with a filter (the cut's own pass). */
+ * for plain sampling, and with a filter the cut's steps between them (four a select of
+ * top-k or top-p, min-p riding on the first or alone in one). */
 START_TEST(test_cuda_rows_launches) {
     CU_REQUIRE_DEVICE();
     const int V = 70000, R = 40;
@@ -228,7 +230,7 @@ START_TEST(test_cuda_rows_launches) {
     void *dc = dcopy(NULL, sb);
     CUDA_CHECK(cudaMemset(dc, 0, sb));
     RowStats *ds = dcopy(NULL, sizeof(RowStats) * R);
-    const int want[N_LAWS] = {1, 2, 3, 3, 3};
+    const int want[N_LAWS] = {1, 2, 2 + 8, 2 + 4, 2 + 1};
     for (int l = 0; l < N_LAWS; l++)
         for (int n = 1; n <= R; n += R - 1) {
             uint64_t before = cuk_launch_count();
@@ -357,6 +359,70 @@ START_TEST(test_cuda_rowstats_decode) {
 }
 END_TEST
 
+/* The CUDA backend batches its row queries (backend_batch_queries): the walk down the tree
+ * makes one backend_rows_stats call a round (RoundInfo.walk_queries; with the root pass's,
+ * every call the decode makes: the measurements read the walk's), and its tokens equal
+ * a CUDA target's that makes one call per draw (BackendParams.sw.rows_batched = -1), for
+ * every decoder at T=0 and at T=1 with a seed: a row's draw does not depend on what else
+ * the call reduces. The drafter is the target's model on the CPU, so walks descend. */
+typedef struct {
+    int walks, roots, bad;
+} WalkSeen;
+
+static void walk_round(void *user, const RoundInfo *ri) {
+    WalkSeen *w = user;
+    int walked = !ri->tree_pass_skipped && !ri->fallback_ar && ri->tree_size > 0;
+    w->walks += walked;
+    w->roots += ri->t_root_end > 0;
+    w->bad += ri->walk_queries != walked;
+}
+
+START_TEST(test_cuda_walk_batched) {
+    CU_REQUIRE_DEVICE();
+    RsErr e = {0};
+    Model *tm = tu_random_model(ARCH_LLAMA, 64, 128, 2, 4, 2, 300, 61);
+    Target *t[2];
+    Drafter *d;
+    int eog = -1;
+    for (int k = 0; k < 2; k++) {
+        BackendParams bp = {.kv_capacity = 256, .threads = 1, .sw.rows_batched = k ? 0 : -1};
+        ck_assert_msg(target_create(tm, cuda_backend_ops_get(), &bp, &eog, 0, &t[k], &e) == 0,
+                      "%s", e.msg);
+    }
+    ck_assert_int_eq(backend_batch_queries(target_backend(t[0])), 0);
+    ck_assert_int_eq(backend_batch_queries(target_backend(t[1])), 1); /* CUDA's own choice */
+    ck_assert_msg(drafter_model_create(tm, &cpu_backend_ops, TU_BP(256, 1), &d, &e) == 0, "%s",
+                  e.msg);
+    const DecoderKind rules[] = {DECODER_DRAFT, DECODER_PEARL, DECODER_ROOTDRAW, DECODER_ROOT};
+    int prompt[4] = {7, 70, 170, 270}, buf[2][48];
+    WalkSeen seen = {0};
+    uint64_t calls0 = backend_stats(target_backend(t[1])).rows_stats_calls;
+    for (int k = 0; k < 4; k++)
+        for (int l = 0; l < 2; l++) {
+            DecodeOpts opts = {.decoder = rules[k], .budget = 8, .sampling = LAWS[l], .seed = 5,
+                               .max_new = 16};
+            DecodeResult res[2] = {{.tokens = buf[0], .cap = 48}, {.tokens = buf[1], .cap = 48}};
+            DecodeHooks h = {.on_round = walk_round, .user = &seen};
+            for (int b = 0; b < 2; b++)
+                ck_assert_msg(decode_run(t[b], d, prompt, 4, &opts, b ? &h : NULL, &res[b], &e) == 0,
+                              "%s", e.msg);
+            ck_assert_int_eq(res[0].n_tokens, res[1].n_tokens);
+            for (int i = 0; i < res[0].n_tokens; i++)
+                ck_assert_msg(buf[0][i] == buf[1][i], "%s law %d: token %d is %d batched, %d per "
+                              "draw", decoder_name(rules[k]), l, i, buf[1][i], buf[0][i]);
+        }
+    fprintf(stderr, "cuda walk: %d batched walks\n", seen.walks);
+    ck_assert_int_gt(seen.walks, 8);
+    ck_assert_msg(seen.bad == 0, "%d walks made other than one row query", seen.bad);
+    int calls = (int)(backend_stats(target_backend(t[1])).rows_stats_calls - calls0);
+    ck_assert_msg(calls == seen.roots + seen.walks, "%d row queries for %d root passes and %d "
+                  "walks", calls, seen.roots, seen.walks);
+    drafter_destroy(&d);
+    for (int k = 0; k < 2; k++) target_destroy(&t[k]);
+    model_destroy(&tm);
+}
+END_TEST
+
 Suite *suite_cuda_rowstats(void) {
     Suite *s = suite_create("cuda_rowstats");
     TCase *tc = tcase_create("rows");
@@ -371,5 +437,9 @@ Suite *suite_cuda_rowstats(void) {
     tcase_add_test(sp, test_cuda_rows_split);
     tcase_add_test(sp, test_cuda_rows_launches);
     suite_add_tcase(s, sp);
+    TCase *wk = tcase_create("walk");
+    tcase_set_timeout(wk, 300);
+    tcase_add_test(wk, test_cuda_walk_batched);
+    suite_add_tcase(s, wk);
     return s;
 }
