@@ -183,6 +183,7 @@ static int pass_run(Batcher *bt, int n) {
             bt->st.last_rows += v->take;
             prefill += v->n_out == 0 ? v->take : 0;
             bt->st.rows += (uint64_t)v->take;
+            bt->st.kept_rows += (uint64_t)v->n_out;
             v->done += rc ? 0 : v->take;
             if (!rc && v->done < v->seg.n) continue; /* the rest of its prompt waits */
             v->rc = rc;
@@ -192,6 +193,7 @@ static int pass_run(Batcher *bt, int n) {
             bt->n_waiting--;
         }
         bt->st.passes++;
+        bt->st.prompt_rows += (uint64_t)prefill;
         bt->st.pass_ns += ns;
         for (int k = 0; k < n; k++) {
             bt->pass[k]->pass_prefill = prefill;

@@ -54,6 +54,8 @@ typedef struct {
     int blocks_used, blocks_total;
     int blocks_cached; /* in the prefix cache, held or idle */
     uint64_t passes, rows;   /* passes run and the rows they carried */
+    uint64_t kept_rows;      /* of those rows, the ones that kept logits (output head) */
+    uint64_t prompt_rows;    /* of those rows, prompts' (no logits, no mask) */
     uint64_t preemptions;
     uint64_t pass_ns;        /* time the passes took (the rest: decodes' host work) */
     int last_rows;           /* rows of the last pass */
