@@ -76,7 +76,11 @@ static int pick_before(const BatchCand *a, const BatchCand *b) {
 
 int batch_pick(const BatchCand *c, int n, int row_budget, int *out, int *take) {
     int rows = 0, k = 0;
-    for (int rank = 0; rank < BATCH_RANKS; rank++)
+    for (int rank = 0; rank < BATCH_RANKS; rank++) {
+        /* A pass that gives first tokens (taken before) carries no prompt rows, so it stays
+         * short and the requests whose prompts are in are answered at once; the prompts'
+         * rows wait one short pass. */
+        if (rank == BATCH_PREFILL && k > 0) continue;
         for (;;) { /* the first candidate of this rank not yet taken that fits */
             int best = -1;
             for (int i = 0; i < n; i++) {
@@ -95,6 +99,7 @@ int batch_pick(const BatchCand *c, int n, int row_budget, int *out, int *take) {
             take[k] = r;
             out[k++] = best;
         }
+    }
     for (int i = 1; i < k; i++)
         for (int j = i; j > 0 && c[out[j - 1]].age > c[out[j]].age; j--) {
             int t = out[j], r = take[j];

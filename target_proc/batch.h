@@ -15,11 +15,13 @@
  * pass and the rest later: each row attends to the pending entries before it, as in one
  * forward), so no pass outgrows the budget whatever the prompts. A pass serves first the
  * requests whose prompt is in (their first token), then prompt rows, then the other
- * decodes (batch_pick). Prompt rows go shortest remaining first (SRPT, the rule that
+ * decodes (batch_pick); a pass that gives first tokens carries no prompt rows, so it is
+ * short and a request is answered right after its prompt's last pass, not a full pass
+ * later (a pass's fixed cost is small against its rows'). Prompt rows go shortest remaining first (SRPT, the rule that
  * minimises mean completion time): the prompt nearest its end takes all the rows it has
  * left, as many chunks' worth as the budget holds, and the next shortest the rest, so in a
  * burst the prompts finish one after another, the short ones first, each answered in the
- * next pass, instead of advancing side by side and finishing together late. A prompt that
+ * next (short) pass, instead of advancing side by side and finishing together late. A prompt that
  * has waited BATCH_PREFILL_AGE passes goes before the younger ones (oldest first), so a
  * stream of short prompts never starves a long one. The remaining rows the batcher sees are
  * those of the piece in hand (a prompt longer than prefill_chunk shows one piece at a time).
@@ -80,7 +82,8 @@ typedef struct {
     int waited;   /* passes run since it joined */
 } BatchCand;
 
-/* The pass over c[0..n): rank by rank. Within BATCH_PREFILL, those that waited
+/* The pass over c[0..n): rank by rank, BATCH_PREFILL only when no first token was taken.
+ * Within BATCH_PREFILL, those that waited
  * BATCH_PREFILL_AGE passes or more first, oldest first, then the fewest rows first (ties:
  * oldest), each taking what the budget has left, all its rows or a first part of them;
  * within the other ranks oldest first, each taken whole when it fits what row_budget has

@@ -391,9 +391,9 @@ static void pick_is(const BatchCand *c, int n, int budget, const int *want, cons
     }
 }
 
-/* A first token goes before prompt rows, prompt rows before older decodes; a decode that
- * does not fit is skipped, not a stop; the first taken runs even when larger than the
- * budget. */
+/* First tokens go before everything and keep prompt rows out of their pass, prompt rows
+ * go before older decodes; a decode that does not fit is skipped, not a stop; the first
+ * taken runs even when larger than the budget. */
 START_TEST(test_batch_pick) {
     enum { F = BATCH_FIRST_TOKEN, P = BATCH_PREFILL, D = BATCH_DECODE };
     /* two decodes of 1 row, then two prompts of 8 rows left: the prompts fill the budget,
@@ -403,10 +403,11 @@ START_TEST(test_batch_pick) {
     pick_is(c, 4, 10, (int[]){2, 3}, (int[]){8, 2}, 2);
     pick_is(c, 4, 18, (int[]){0, 1, 2, 3}, NULL, 4);
     pick_is(c, 4, 16, (int[]){2, 3}, NULL, 2);
-    /* a prompt just in gets its first token before the others' prompt rows and the
-     * decodes: budget 9 takes it and 8 prompt rows */
-    BatchCand g[] = {{1, D, 1, 0}, {8, P, 2, 0}, {8, P, 3, 0}, {1, F, 4, 0}};
-    pick_is(g, 4, 9, (int[]){1, 3}, NULL, 2);
+    /* a prompt just in gets its first token in a pass without prompt rows (short, so it
+     * is answered at once), with the decodes that fit */
+    BatchCand g[] = {{1, D, 1, 0}, {8, P, 2, 0}, {8, P, 3, 0}, {1, F, 4, 0}, {1, F, 5, 0}};
+    pick_is(g, 5, 9, (int[]){0, 3, 4}, NULL, 3);
+    pick_is(g, 5, 2, (int[]){3, 4}, NULL, 2);
     /* a tree of 4 rows does not fit beside the prompt; the younger 1-row decode does */
     BatchCand d[] = {{4, D, 2, 0}, {8, P, 1, 0}, {1, D, 3, 0}};
     pick_is(d, 3, 10, (int[]){1, 2}, NULL, 2);
@@ -475,7 +476,7 @@ static void sim_run(const int *len, const int *joined, int n, int budget, int n_
 }
 
 /* A burst of prompts at once: each gets its first token in the order of its length, the
- * shortest in its second pass, and the median long before the last. */
+ * shortest in the second pass, and the median long before the last. */
 START_TEST(test_batch_burst_order) {
     static const int len[] = {50, 12, 70, 30, 20, 90, 44, 26};
     int n = 8, joined[8] = {0}, first[8];
@@ -487,10 +488,10 @@ START_TEST(test_batch_burst_order) {
                           "at pass %d, one of %d at %d", len[i], first[i], len[j], first[j]);
     }
     ck_assert_int_eq(first[1], 1); /* 12 rows: pass 0, then its first token */
-    /* the four shortest (12 + 20 + 26 + 30 = 88 rows, and two first tokens) run in passes
-     * 0-2 and the fourth is answered in pass 3, where oldest first would have run the 50,
-     * 12 and 70 rows before the 30 */
-    ck_assert_int_eq(first[3], 3);
+    /* the four shortest (12 + 20 + 26 + 30 = 88 rows) take three prompt passes, each but
+     * the last followed by a first-token pass: the fourth is answered in pass 5, where
+     * oldest first would have run the 50, 12 and 70 rows before the 30 */
+    ck_assert_int_eq(first[3], 5);
 }
 END_TEST
 
