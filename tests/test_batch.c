@@ -149,6 +149,13 @@ static void batch_check_all(int parallel, int budget, int chunk, int kv, int wan
     ck_assert_msg(st.rows > st.passes, "passes never carried several rows (%llu rows, %llu passes)",
                   (unsigned long long)st.rows, (unsigned long long)st.passes);
     if (want_preempt) ck_assert_msg(st.preemptions > 0 && restarts > 0, "nothing was preempted");
+    long prompt = 0, rounds = 0;
+    for (int i = 0; i < NREQ; i++) prompt += got[i].n_prompt - 1, rounds += got[i].rounds;
+    /* every prompt row once (its last token is the first root pass's), unless recomputed;
+     * every round kept at least its root's row */
+    if (!want_preempt) ck_assert_int_eq((long)st.prompt_rows, prompt);
+    ck_assert_msg((long)st.kept_rows >= rounds, "%llu kept rows for %ld rounds",
+                  (unsigned long long)st.kept_rows, rounds);
     batcher_destroy(&bt);
     model_destroy(&m);
 }
