@@ -31,8 +31,9 @@ static void usage(FILE *f) {
             "                        or a sequence of the remote drafter's session\n"
             "                        (rootspec-draft --max-seqs); not an EAGLE-3 head\n"
             "  --batch-rows N        --parallel: most rows one pass carries (default 64)\n"
-            "  --prefill-chunk N     --parallel: prompt rows a request adds to one pass, so a long\n"
-            "                        prompt holds running decodes back by one chunk (default 32)\n"
+            "  --prefill-chunk N     --parallel: prompt rows a request hands the scheduler at once\n"
+            "                        (1..256; default 256), run over as many passes as --batch-rows\n"
+            "                        needs, the shortest remaining prompt first\n"
             "  --kv-entries N        --parallel: KV cache entries all requests share, in blocks of\n"
             "                        16 (default N x --ctx, capped at what half the available\n"
             "                        memory holds); a request holds what its length needs. A value\n"
@@ -106,9 +107,6 @@ static int batchable(const Args *A) {
 
 /* --parallel's sizes, and a drafter every worker can have of its own. */
 static int batch_args(Args *A, RsErr *e) {
-    if (A->batch_rows < A->prefill_chunk)
-        return rs_err(e, RS_EINVAL, "--batch-rows %d is below --prefill-chunk %d", A->batch_rows,
-                      A->prefill_chunk);
     DrafterSpec s = slot_spec(A);
     if (A->suffix_global && (A->opts.decoder == DECODER_AR || drafter_spec_kind(&s) != DRAFTER_KIND_SUFFIX))
         return rs_err(e, RS_EINVAL, "--suffix-global %d: needs --drafter suffix and a speculative "
@@ -312,7 +310,7 @@ int main(int argc, char **argv) {
               .opts = {.decoder = DECODER_AR, .budget = 59, .seed = 1, .max_new = 512},
               .http = {.host = "127.0.0.1", .port = 8080, .max_body = 1 << 20, .max_conn = 512,
                        .max_conn_ip = 16, .timeout = 60, .request_timeout = 10},
-              .queue = 16, .batch_rows = 64, .prefill_chunk = 32}; /* parallel 0: from memory */
+              .queue = 16, .batch_rows = 64, .prefill_chunk = 256}; /* parallel 0: from memory */
     A.rt.threads = 0; /* the CPUs this process may use, unless --threads says */
     RsErr e = {0};
     int rc = parse_args(argc, argv, &A, &e);

@@ -153,6 +153,11 @@ static void batch_print(FILE *f, int queued, const BatchStats *b) {
     counter_print(f, "rootspec_batch_passes_total", "Batched forward passes.", b->passes);
     counter_print(f, "rootspec_batch_rows_total",
                   "Rows those passes carried (rows per pass: its rate over the passes').", b->rows);
+    counter_print(f, "rootspec_batch_kept_rows_total",
+                  "Of those rows, the ones whose logits were kept (they pay the output head).",
+                  b->kept_rows);
+    counter_print(f, "rootspec_batch_prompt_rows_total", "Of those rows, prompts' rows.",
+                  b->prompt_rows);
     fprintf(f, "# HELP rootspec_batch_pass_seconds_total Time the passes took.\n"
                "# TYPE rootspec_batch_pass_seconds_total counter\nrootspec_batch_pass_seconds_total %.6f\n",
             b->pass_ns * 1e-9);

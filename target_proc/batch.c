@@ -6,6 +6,7 @@
 #include "kernels/backend_impl.h"
 #include "kernels/prefill.h"
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <string.h>
 #include <time.h>
@@ -18,11 +19,14 @@ typedef struct {
     int seq;      /* its sequence of the shared backend */
     int active;   /* in a decode: holds passes back until it waits */
     uint64_t ticket; /* when it became active: older views go first */
+    uint64_t joined; /* the passes run when it became active (a prompt's age, in passes) */
     int preempted;
     int answered; /* a pass kept logits of its since it became active */
     /* under mu: the forward it waits in, and what it returned */
     int state;
     BackendSeg seg;
+    int done;     /* rows of seg that earlier passes ran (a prompt split over passes) */
+    int take;     /* rows of seg the pass being built runs */
     const int *out_rows;
     int n_out;
     int kept0; /* its kept rows' first index in the pass's kept rows */
@@ -49,6 +53,7 @@ struct Batcher {
     View **scratch; // (parallel)
     BatchCand *cand; // (parallel)
     int *picked;     // (parallel)
+    int *taken;      // (parallel)
     BackendSeg *segs;
     int *out_rows; // (row budget + the largest request)
 };
@@ -57,27 +62,51 @@ extern const BackendOps batch_view_ops;
 
 /* ---- the scheduler ---- */
 
-int batch_pick(const BatchCand *c, int n, int row_budget, int *out) {
+/* Within a rank: a prompt waiting BATCH_PREFILL_AGE passes or more goes before the younger
+ * ones, oldest first; among the others the fewest rows left go first (shortest remaining
+ * prefill first), then the oldest. The other ranks: oldest first. */
+static int pick_before(const BatchCand *a, const BatchCand *b) {
+    if (a->rank == BATCH_PREFILL) {
+        int sa = a->waited >= BATCH_PREFILL_AGE, sb = b->waited >= BATCH_PREFILL_AGE;
+        if (sa != sb) return sa;
+        if (!sa && a->rows != b->rows) return a->rows < b->rows;
+    }
+    return a->age < b->age;
+}
+
+int batch_pick(const BatchCand *c, int n, int row_budget, int *out, int *take) {
     int rows = 0, k = 0;
-    for (int rank = 0; rank < BATCH_RANKS; rank++)
-        for (;;) { /* the oldest candidate of this rank not yet taken that fits */
+    for (int rank = 0; rank < BATCH_RANKS; rank++) {
+        /* A pass that gives first tokens (taken before) carries no prompt rows, so it stays
+         * short and the requests whose prompts are in are answered at once; the prompts'
+         * rows wait one short pass. */
+        if (rank == BATCH_PREFILL && k > 0) continue;
+        for (;;) { /* the first candidate of this rank not yet taken that fits */
             int best = -1;
             for (int i = 0; i < n; i++) {
                 int taken = 0;
                 for (int j = 0; j < k && !taken; j++) taken = out[j] == i;
                 if (taken || c[i].rank != rank) continue;
-                if (k > 0 && rows + c[i].rows > row_budget) continue;
-                if (best < 0 || c[i].age < c[best].age) best = i;
+                /* a prompt's rows fit in part while the budget has any left */
+                int fits = rank == BATCH_PREFILL ? rows < row_budget : rows + c[i].rows <= row_budget;
+                if (k > 0 && !fits) continue;
+                if (best < 0 || pick_before(&c[i], &c[best])) best = i;
             }
             if (best < 0) break;
-            rows += c[best].rows;
+            int r = c[best].rows;
+            if (rank == BATCH_PREFILL && rows + r > row_budget) r = row_budget - rows;
+            rows += r;
+            take[k] = r;
             out[k++] = best;
         }
+    }
     for (int i = 1; i < k; i++)
         for (int j = i; j > 0 && c[out[j - 1]].age > c[out[j]].age; j--) {
-            int t = out[j];
+            int t = out[j], r = take[j];
             out[j] = out[j - 1];
+            take[j] = take[j - 1];
             out[j - 1] = t;
+            take[j - 1] = r;
         }
     return k;
 }
@@ -88,13 +117,22 @@ static int pass_pick(Batcher *bt) {
     for (int i = 0; i < bt->n_views; i++) {
         View *v = bt->views[i];
         if (v->state != VIEW_WAITING) continue;
-        /* a prefill chunk keeps no logits; a decode's root or tree pass keeps its rows' */
-        int rank = v->n_out == 0 ? BATCH_PREFILL : v->answered ? BATCH_DECODE : BATCH_FIRST_TOKEN;
-        bt->cand[n] = (BatchCand){v->seg.n, rank, v->ticket};
+        /* A prompt's rows keep no logits and carry no mask, so any first part of them can
+         * run in one pass and the rest in later ones (each row attends to the pending
+         * entries before it: the same attention as in one forward); a decode's root or tree
+         * pass keeps its rows' and runs whole. */
+        int prompt = v->n_out == 0 && !v->seg.mask;
+        int rank = prompt ? BATCH_PREFILL : v->answered ? BATCH_DECODE : BATCH_FIRST_TOKEN;
+        uint64_t waited = bt->st.passes - v->joined;
+        bt->cand[n] = (BatchCand){v->seg.n - v->done, rank, v->ticket,
+                                  waited < INT_MAX ? (int)waited : INT_MAX};
         bt->scratch[n++] = v;
     }
-    int k = batch_pick(bt->cand, n, bt->o.row_budget, bt->picked);
-    for (int i = 0; i < k; i++) bt->pass[i] = bt->scratch[bt->picked[i]];
+    int k = batch_pick(bt->cand, n, bt->o.row_budget, bt->picked, bt->taken);
+    for (int i = 0; i < k; i++) {
+        bt->pass[i] = bt->scratch[bt->picked[i]];
+        bt->pass[i]->take = bt->taken[i];
+    }
     return k;
 }
 
@@ -125,14 +163,15 @@ static int preempt_youngest(Batcher *bt, const View *keep) {
 static int pass_run(Batcher *bt, int n) {
     RsErr e = {0};
     for (;;) {
-        int n_out = 0;
+        int n_out = 0, r0 = 0;
         for (int k = 0; k < n; k++) {
             View *v = bt->pass[k];
-            bt->segs[k] = v->seg;
+            RS_ASSERT(v->n_out == 0 || (v->done == 0 && v->take == v->seg.n));
+            bt->segs[k] = (BackendSeg){v->seq, v->seg.tokens + v->done, v->seg.pos + v->done,
+                                       v->take, v->seg.mask};
             v->kept0 = n_out;
-            int r0 = 0;
-            for (int j = 0; j < k; j++) r0 += bt->pass[j]->seg.n;
             for (int j = 0; j < v->n_out; j++) bt->out_rows[n_out++] = r0 + v->out_rows[j];
+            r0 += v->take;
         }
         uint64_t t0 = rs_now_ns();
         int rc = backend_forward_batch(bt->b, bt->segs, n, bt->out_rows, n_out, NULL, &e);
@@ -142,23 +181,25 @@ static int pass_run(Batcher *bt, int n) {
             continue;
         }
         if (rc == RS_EFULL && preempt_youngest(bt, bt->pass[0])) continue;
+        int prefill = 0;
+        bt->st.last_rows = 0;
         for (int k = 0; k < n; k++) {
             View *v = bt->pass[k];
+            bt->st.last_rows += v->take;
+            prefill += v->n_out == 0 ? v->take : 0;
+            bt->st.rows += (uint64_t)v->take;
+            bt->st.kept_rows += (uint64_t)v->n_out;
+            v->done += rc ? 0 : v->take;
+            if (!rc && v->done < v->seg.n) continue; /* the rest of its prompt waits */
             v->rc = rc;
             v->err = e;
             v->state = VIEW_DONE;
             v->answered |= !rc && v->n_out > 0;
-            bt->st.rows += (uint64_t)v->seg.n;
+            bt->n_waiting--;
         }
-        bt->n_waiting -= n;
         bt->st.passes++;
+        bt->st.prompt_rows += (uint64_t)prefill;
         bt->st.pass_ns += ns;
-        bt->st.last_rows = 0;
-        int prefill = 0;
-        for (int k = 0; k < n; k++) {
-            bt->st.last_rows += bt->pass[k]->seg.n;
-            prefill += bt->pass[k]->n_out == 0 ? bt->pass[k]->seg.n : 0;
-        }
         for (int k = 0; k < n; k++) {
             bt->pass[k]->pass_prefill = prefill;
             bt->pass[k]->pass_rows = bt->st.last_rows;
@@ -195,9 +236,8 @@ static int batch_check(const BatchOpts *o, RsErr *e) {
     if (o->prefill_chunk < 1 || o->prefill_chunk > PREFILL_CHUNK_MAX)
         return rs_err(e, RS_EINVAL, "--prefill-chunk %d outside [1, %d]", o->prefill_chunk,
                       PREFILL_CHUNK_MAX);
-    if (o->row_budget < o->prefill_chunk || o->row_budget > 4096)
-        return rs_err(e, RS_EINVAL, "--batch-rows %d outside [--prefill-chunk %d, 4096]",
-                      o->row_budget, o->prefill_chunk);
+    if (o->row_budget < 1 || o->row_budget > 4096)
+        return rs_err(e, RS_EINVAL, "--batch-rows %d outside [1, 4096]", o->row_budget);
     if (o->seq_capacity < 2 || o->kv_entries < o->seq_capacity)
         return rs_err(e, RS_EINVAL, "--kv-entries %d below --ctx %d (one sequence must fit)",
                       o->kv_entries, o->seq_capacity);
@@ -214,7 +254,8 @@ int batcher_create(const Model *m, const BackendOps *ops, const BatchOpts *o, Ba
     BackendParams bp = o->backend;
     bp.kv_capacity = o->kv_entries;
     bp.max_batch = rows;
-    bp.max_pending = TARGET_PASS_MAX + 2;
+    /* a round's passes, or a view's prompt piece: pending until its commit */
+    bp.max_pending = o->prefill_chunk > TARGET_PASS_MAX + 2 ? o->prefill_chunk : TARGET_PASS_MAX + 2;
     bp.max_seqs = o->parallel + 1;
     Batcher *bt = rs_xcalloc(1, sizeof *bt);
     if ((rc = backend_create(ops, m, &bp, &bt->b, e))) {
@@ -233,6 +274,7 @@ int batcher_create(const Model *m, const BackendOps *ops, const BatchOpts *o, Ba
     bt->scratch = rs_xcalloc((size_t)o->parallel, sizeof *bt->scratch);
     bt->cand = rs_xcalloc((size_t)o->parallel, sizeof *bt->cand);
     bt->picked = rs_xcalloc((size_t)o->parallel, sizeof *bt->picked);
+    bt->taken = rs_xcalloc((size_t)o->parallel, sizeof *bt->taken);
     bt->segs = rs_xcalloc((size_t)o->parallel, sizeof *bt->segs);
     bt->out_rows = rs_xcalloc((size_t)rows + TARGET_MAX_BATCH, sizeof(int));
     pthread_mutex_init(&bt->mu, NULL);
@@ -265,6 +307,7 @@ void batcher_destroy(Batcher **pb) {
     free(bt->scratch);
     free(bt->cand);
     free(bt->picked);
+    free(bt->taken);
     free(bt->segs);
     free(bt->out_rows);
     free(bt);
@@ -398,9 +441,11 @@ static int view_forward(Backend *bb, const int *tokens, const int *pos, int n,
         v->preempted = 0;
         v->answered = 0;
         v->ticket = ++bt->tickets;
+        v->joined = bt->st.passes;
         bt->n_active++;
     }
     v->seg = (BackendSeg){v->seq, tokens, pos, n, mask};
+    v->done = 0;
     v->out_rows = out_rows;
     v->n_out = n_out;
     v->state = VIEW_WAITING;

@@ -3,18 +3,31 @@
  * own whose backend is a *view*: a sequence of the shared backend whose forward() does not
  * run alone but joins the batcher's next pass. A scheduler thread runs a pass once every
  * decode that has joined is waiting in forward() (a round boundary: each has finished its
- * host work of the round), taking their rows oldest first up to a row budget; the rest
- * wait for the next pass. Rows, kept logits and the row queries are mapped between the
+ * host work of the round), taking their rows in batch_pick's order up to a row budget; the
+ * rest wait for the next pass. Rows, kept logits and the row queries are mapped between the
  * view and the shared pass, so every decode sees exactly what it would see alone, and the
  * backend's batch invariance makes its logits the same bits: a decode's output equals its
  * solo output whatever shares its passes.
  *
- * Chunked prefill (Sarathi-Serve, OSDI 2024): a view forwards a prompt prefill_chunk rows
- * at a time, so a new prompt holds the running decodes' passes back by one chunk at most.
- * A pass serves first the requests whose prompt is in (their first token), then prompt
- * chunks, then the other decodes (batch_pick), so a request that arrives waits for the
- * pass in flight, then its chunks and one more pass give its first token, however many
- * decodes run; in a burst the prompts finish one after another, each answered at once.
+ * Chunked prefill (Sarathi-Serve, OSDI 2024): a view forwards its prompt prefill_chunk rows
+ * at a time, and the batcher runs those rows over as many passes as the row budget needs
+ * (a prompt's rows keep no logits and carry no mask, so a first part of them can run in one
+ * pass and the rest later: each row attends to the pending entries before it, as in one
+ * forward), so no pass outgrows the budget whatever the prompts. A pass serves first the
+ * requests whose prompt is in (their first token), then prompt rows, then the other
+ * decodes (batch_pick); a pass that gives first tokens carries no prompt rows, so it is
+ * short and a request is answered right after its prompt's last pass, not a full pass
+ * later (a pass's fixed cost is small against its rows'). Prompt rows go shortest remaining first (SRPT, the rule that
+ * minimises mean completion time): the prompt nearest its end takes all the rows it has
+ * left, as many chunks' worth as the budget holds, and the next shortest the rest, so in a
+ * burst the prompts finish one after another, the short ones first, each answered in the
+ * next (short) pass, instead of advancing side by side and finishing together late. A prompt that
+ * has waited BATCH_PREFILL_AGE passes goes before the younger ones (oldest first), so a
+ * stream of short prompts never starves a long one. The remaining rows the batcher sees are
+ * those of the piece in hand (a prompt longer than prefill_chunk shows one piece at a time).
+ * A request that arrives while others decode waits for the pass in flight, then its
+ * prompt's passes and one more give its first token, however many decodes run; while
+ * prompts fill the budget, decodes wait.
  *
  * KV blocks. A pass whose sequences need more blocks than are free runs without its
  * youngest sequences (they wait); when even the oldest alone does not fit, the youngest
@@ -30,7 +43,8 @@ typedef struct Batcher Batcher;
 typedef struct {
     int parallel;      /* decodes at once (views), >= 1 */
     int row_budget;    /* most rows in one pass (a lone larger request still runs) */
-    int prefill_chunk; /* prompt rows a decode adds to one pass, 1..PREFILL_CHUNK_MAX */
+    int prefill_chunk; /* prompt rows a decode hands the batcher at once (one forward of its
+                          view, run over one or more passes), 1..PREFILL_CHUNK_MAX */
     int kv_entries;    /* the shared cache's entries (kv_capacity), all sequences together */
     int seq_capacity;  /* the most entries one sequence may hold (a decode's --ctx) */
     BackendParams backend; /* the shared backend's settings (threads, kernel family, ...);
@@ -42,6 +56,8 @@ typedef struct {
     int blocks_used, blocks_total;
     int blocks_cached; /* in the prefix cache, held or idle */
     uint64_t passes, rows;   /* passes run and the rows they carried */
+    uint64_t kept_rows;      /* of those rows, the ones that kept logits (output head) */
+    uint64_t prompt_rows;    /* of those rows, prompts' (no logits, no mask) */
     uint64_t preemptions;
     uint64_t pass_ns;        /* time the passes took (the rest: decodes' host work) */
     int last_rows;           /* rows of the last pass */
@@ -55,18 +71,26 @@ enum {
     BATCH_RANKS
 };
 
+/* Passes a prompt waits before its rows go ahead of younger prompts' whatever their length. */
+#define BATCH_PREFILL_AGE 16
+
 /* A waiting request's rows, as batch_pick sees them. */
 typedef struct {
-    int rows;     /* its segment's rows */
+    int rows;     /* its segment's rows not yet run */
     int rank;     /* BATCH_FIRST_TOKEN, BATCH_PREFILL or BATCH_DECODE */
     uint64_t age; /* when it joined: smaller is older */
+    int waited;   /* passes run since it joined */
 } BatchCand;
 
-/* The pass over c[0..n): rank by rank, oldest first within a rank, each taken when it fits
- * what row_budget has left (the first taken always: a lone larger request still runs).
- * out (n) gets the taken indices, oldest first. Returns how many were taken (>= 1 when
- * n >= 1). */
-int batch_pick(const BatchCand *c, int n, int row_budget, int *out);
+/* The pass over c[0..n): rank by rank, BATCH_PREFILL only when no first token was taken.
+ * Within BATCH_PREFILL, those that waited
+ * BATCH_PREFILL_AGE passes or more first, oldest first, then the fewest rows first (ties:
+ * oldest), each taking what the budget has left, all its rows or a first part of them;
+ * within the other ranks oldest first, each taken whole when it fits what row_budget has
+ * left. The first taken always runs (a lone larger decode whole, a prompt up to the budget).
+ * out (n) gets the taken indices, oldest first, and take (n) the rows each runs. Returns
+ * how many were taken (>= 1 when n >= 1). */
+int batch_pick(const BatchCand *c, int n, int row_budget, int *out, int *take);
 
 /* Creates the shared backend (ops over m) and the scheduler thread. */
 int batcher_create(const Model *m, const BackendOps *ops, const BatchOpts *o, Batcher **out,

@@ -149,6 +149,13 @@ static void batch_check_all(int parallel, int budget, int chunk, int kv, int wan
     ck_assert_msg(st.rows > st.passes, "passes never carried several rows (%llu rows, %llu passes)",
                   (unsigned long long)st.rows, (unsigned long long)st.passes);
     if (want_preempt) ck_assert_msg(st.preemptions > 0 && restarts > 0, "nothing was preempted");
+    long prompt = 0, rounds = 0;
+    for (int i = 0; i < NREQ; i++) prompt += got[i].n_prompt - 1, rounds += got[i].rounds;
+    /* every prompt row once (its last token is the first root pass's), unless recomputed;
+     * every round kept at least its root's row */
+    if (!want_preempt) ck_assert_int_eq((long)st.prompt_rows, prompt);
+    ck_assert_msg((long)st.kept_rows >= rounds, "%llu kept rows for %ld rounds",
+                  (unsigned long long)st.kept_rows, rounds);
     batcher_destroy(&bt);
     model_destroy(&m);
 }
@@ -158,6 +165,15 @@ END_TEST
 
 /* Prefill chunks of 3 rows and passes of at most 8: prompts interleave with decodes. */
 START_TEST(test_batch_chunks) { batch_check_all(3, 8, 3, 1024, 0); }
+END_TEST
+
+/* Prompts of up to 42 rows forwarded whole into passes of at most 7 rows: each runs over
+ * several passes, cut wherever the budget ends, beside other prompts and decodes. */
+START_TEST(test_batch_split_prompts) { batch_check_all(4, 7, 64, 1024, 0); }
+END_TEST
+
+/* The same with too few blocks: a prompt part-way through its passes can be preempted. */
+START_TEST(test_batch_split_preempt) { batch_check_all(4, 7, 64, 5 * BACKEND_KV_BLOCK, 1); }
 END_TEST
 
 /* 5 blocks for 4 decodes of up to 3 blocks each: passes shrink, decodes get preempted and
@@ -341,13 +357,17 @@ END_TEST
 
 START_TEST(test_batch_options) {
     Model *m = tu_random_model(ARCH_LLAMA, 32, 64, 2, 4, 2, VOCAB, 77);
-    BatchOpts o = {.parallel = 2, .row_budget = 4, .prefill_chunk = 8, .kv_entries = 256,
-                   .seq_capacity = 128, .backend = {.threads = 1}};
+    BatchOpts o = {.parallel = 2, .row_budget = 4, .prefill_chunk = PREFILL_CHUNK_MAX + 1,
+                   .kv_entries = 256, .seq_capacity = 128, .backend = {.threads = 1}};
     Batcher *bt = NULL;
     RsErr e = {0};
     ck_assert_int_eq(batcher_create(m, &cpu_backend_ops, &o, &bt, &e), RS_EINVAL);
-    ck_assert_msg(strstr(e.msg, "--batch-rows 4 outside [--prefill-chunk 8"), "%s", e.msg);
-    o.row_budget = 16;
+    ck_assert_msg(strstr(e.msg, "--prefill-chunk 257 outside [1, 256]"), "%s", e.msg);
+    o.prefill_chunk = 8; /* above the budget: a prompt's rows run over several passes */
+    o.row_budget = 0;
+    ck_assert_int_eq(batcher_create(m, &cpu_backend_ops, &o, &bt, &e), RS_EINVAL);
+    ck_assert_msg(strstr(e.msg, "--batch-rows 0 outside [1, 4096]"), "%s", e.msg);
+    o.row_budget = 4;
     o.kv_entries = 64;
     ck_assert_int_eq(batcher_create(m, &cpu_backend_ops, &o, &bt, &e), RS_EINVAL);
     ck_assert_msg(strstr(e.msg, "--kv-entries 64 below --ctx 128"), "%s", e.msg);
@@ -365,38 +385,135 @@ START_TEST(test_batch_options) {
 }
 END_TEST
 
-/* Picks k indices from c by batch_pick and compares them with want (oldest first). */
-static void pick_is(const BatchCand *c, int n, int budget, const int *want, int k) {
-    int out[8];
-    int got = batch_pick(c, n, budget, out);
+/* Picks k indices from c by batch_pick and compares them with want (oldest first) and the
+ * rows each runs with rows (NULL: every candidate's whole rows). */
+static void pick_is(const BatchCand *c, int n, int budget, const int *want, const int *rows,
+                    int k) {
+    int out[8], take[8];
+    int got = batch_pick(c, n, budget, out, take);
     ck_assert_int_eq(got, k);
-    for (int i = 0; i < k; i++) ck_assert_int_eq(out[i], want[i]);
+    for (int i = 0; i < k; i++) {
+        ck_assert_int_eq(out[i], want[i]);
+        ck_assert_int_eq(take[i], rows ? rows[i] : c[want[i]].rows);
+    }
 }
 
-/* A first token goes before prompt chunks, a chunk before older decodes; whatever does not
- * fit is skipped, not a stop; the first taken runs even when larger than the budget. */
+/* First tokens go before everything and keep prompt rows out of their pass, prompt rows
+ * go before older decodes; a decode that does not fit is skipped, not a stop; the first
+ * taken runs even when larger than the budget. */
 START_TEST(test_batch_pick) {
     enum { F = BATCH_FIRST_TOKEN, P = BATCH_PREFILL, D = BATCH_DECODE };
-    /* two decodes of 1 row, then two prompts' chunks of 8: budget 9 takes the older chunk
-     * and one decode (the oldest), not both decodes without any prompt */
-    BatchCand c[] = {{1, D, 1}, {1, D, 2}, {8, P, 3}, {8, P, 4}};
-    pick_is(c, 4, 9, (int[]){0, 2}, 2);
-    pick_is(c, 4, 10, (int[]){0, 1, 2}, 3);
-    pick_is(c, 4, 18, (int[]){0, 1, 2, 3}, 4);
-    pick_is(c, 4, 16, (int[]){2, 3}, 2);
-    /* a prompt just in gets its first token before the chunks of the others and the
-     * decodes: budget 9 takes it and the older chunk */
-    BatchCand g[] = {{1, D, 1}, {8, P, 2}, {8, P, 3}, {1, F, 4}};
-    pick_is(g, 4, 9, (int[]){1, 3}, 2);
-    /* a tree of 4 rows does not fit beside the chunk; the younger 1-row decode does */
-    BatchCand d[] = {{4, D, 2}, {8, P, 1}, {1, D, 3}};
-    pick_is(d, 3, 10, (int[]){1, 2}, 2);
-    /* a lone request larger than the budget runs; beside a chunk it waits */
-    BatchCand e[] = {{20, D, 1}};
-    pick_is(e, 1, 10, (int[]){0}, 1);
-    BatchCand f[] = {{20, D, 1}, {8, P, 2}};
-    pick_is(f, 2, 10, (int[]){1}, 1);
-    ck_assert_int_eq(batch_pick(f, 0, 10, (int[2]){0}), 0);
+    /* two decodes of 1 row, then two prompts of 8 rows left: the prompts fill the budget,
+     * the older first, the other as far as the budget goes */
+    BatchCand c[] = {{1, D, 1, 0}, {1, D, 2, 0}, {8, P, 3, 0}, {8, P, 4, 0}};
+    pick_is(c, 4, 9, (int[]){2, 3}, (int[]){8, 1}, 2);
+    pick_is(c, 4, 10, (int[]){2, 3}, (int[]){8, 2}, 2);
+    pick_is(c, 4, 18, (int[]){0, 1, 2, 3}, NULL, 4);
+    pick_is(c, 4, 16, (int[]){2, 3}, NULL, 2);
+    /* a prompt just in gets its first token in a pass without prompt rows (short, so it
+     * is answered at once), with the decodes that fit */
+    BatchCand g[] = {{1, D, 1, 0}, {8, P, 2, 0}, {8, P, 3, 0}, {1, F, 4, 0}, {1, F, 5, 0}};
+    pick_is(g, 5, 9, (int[]){0, 3, 4}, NULL, 3);
+    pick_is(g, 5, 2, (int[]){3, 4}, NULL, 2);
+    /* a tree of 4 rows does not fit beside the prompt; the younger 1-row decode does */
+    BatchCand d[] = {{4, D, 2, 0}, {8, P, 1, 0}, {1, D, 3, 0}};
+    pick_is(d, 3, 10, (int[]){1, 2}, NULL, 2);
+    /* a lone decode larger than the budget runs whole; beside a prompt it waits */
+    BatchCand e[] = {{20, D, 1, 0}};
+    pick_is(e, 1, 10, (int[]){0}, NULL, 1);
+    BatchCand f[] = {{20, D, 1, 0}, {8, P, 2, 0}};
+    pick_is(f, 2, 10, (int[]){1}, NULL, 1);
+    /* a lone prompt larger than the budget runs as much as the budget holds */
+    BatchCand l[] = {{40, P, 1, 0}};
+    pick_is(l, 1, 32, (int[]){0}, (int[]){32}, 1);
+    ck_assert_int_eq(batch_pick(f, 0, 10, (int[2]){0}, (int[2]){0}), 0);
+}
+END_TEST
+
+/* Prompt rows go shortest remaining first, the shortest all it has left; a prompt that has
+ * waited BATCH_PREFILL_AGE passes goes before younger ones whatever their length. */
+START_TEST(test_batch_pick_srpt) {
+    enum { P = BATCH_PREFILL, D = BATCH_DECODE };
+    BatchCand c[] = {{40, P, 1, 3}, {10, P, 2, 2}, {30, P, 3, 1}};
+    pick_is(c, 3, 32, (int[]){1, 2}, (int[]){10, 22}, 2);
+    pick_is(c, 3, 80, (int[]){0, 1, 2}, NULL, 3);
+    /* equal rows: the older */
+    BatchCand t[] = {{12, P, 5, 0}, {12, P, 4, 0}};
+    pick_is(t, 2, 12, (int[]){1}, NULL, 1);
+    /* an old long prompt goes first; a younger one of the same age rank waits */
+    BatchCand a[] = {{40, P, 1, BATCH_PREFILL_AGE}, {10, P, 2, 0}, {1, D, 0, 0}};
+    pick_is(a, 3, 32, (int[]){0}, (int[]){32}, 1);
+    pick_is(a, 3, 45, (int[]){0, 1}, (int[]){40, 5}, 2);
+    a[0].waited = BATCH_PREFILL_AGE - 1;
+    pick_is(a, 3, 32, (int[]){0, 1}, (int[]){22, 10}, 2);
+    /* two old ones: the older first, even when longer */
+    BatchCand o[] = {{10, P, 2, BATCH_PREFILL_AGE}, {40, P, 1, BATCH_PREFILL_AGE + 3}};
+    pick_is(o, 2, 32, (int[]){1}, (int[]){32}, 1);
+}
+END_TEST
+
+/* The scheduler's passes over requests that each go prompt -> first token -> decode (one
+ * row a pass, until the simulation ends), as pass_pick ranks them: joined[i] is the pass at
+ * which request i arrives with a prompt of len[i] rows. first[i] gets the pass that ran
+ * its first-token row (-1: none within n_passes). */
+#define SIM_MAX 64
+static void sim_run(const int *len, const int *joined, int n, int budget, int n_passes,
+                    int *first) {
+    int left[SIM_MAX], out[SIM_MAX], take[SIM_MAX], who[SIM_MAX];
+    BatchCand c[SIM_MAX];
+    ck_assert_int_le(n, SIM_MAX);
+    for (int i = 0; i < n; i++) left[i] = len[i], first[i] = -1;
+    for (int pass = 0; pass < n_passes; pass++) {
+        int m = 0;
+        for (int i = 0; i < n; i++) {
+            if (joined[i] > pass) continue;
+            int rank = left[i] ? BATCH_PREFILL : first[i] < 0 ? BATCH_FIRST_TOKEN : BATCH_DECODE;
+            c[m] = (BatchCand){left[i] ? left[i] : 1, rank, (uint64_t)i + 1, pass - joined[i]};
+            who[m++] = i;
+        }
+        int k = batch_pick(c, m, budget, out, take), rows = 0;
+        for (int j = 0; j < k; j++) {
+            int i = who[out[j]];
+            rows += take[j];
+            if (c[out[j]].rank == BATCH_PREFILL) left[i] -= take[j];
+            else if (c[out[j]].rank == BATCH_FIRST_TOKEN) first[i] = pass;
+        }
+        ck_assert_int_le(rows, budget);
+    }
+}
+
+/* A burst of prompts at once: each gets its first token in the order of its length, the
+ * shortest in the second pass, and the median long before the last. */
+START_TEST(test_batch_burst_order) {
+    static const int len[] = {50, 12, 70, 30, 20, 90, 44, 26};
+    int n = 8, joined[8] = {0}, first[8];
+    sim_run(len, joined, n, 32, 40, first);
+    for (int i = 0; i < n; i++) {
+        ck_assert_msg(first[i] >= 0, "request %d never answered", i);
+        for (int j = 0; j < n; j++)
+            ck_assert_msg(len[i] >= len[j] || first[i] <= first[j], "a prompt of %d rows answered "
+                          "at pass %d, one of %d at %d", len[i], first[i], len[j], first[j]);
+    }
+    ck_assert_int_eq(first[1], 1); /* 12 rows: pass 0, then its first token */
+    /* the four shortest (12 + 20 + 26 + 30 = 88 rows) take three prompt passes, each but
+     * the last followed by a first-token pass: the fourth is answered in pass 5, where
+     * oldest first would have run the 50, 12 and 70 rows before the 30 */
+    ck_assert_int_eq(first[3], 5);
+}
+END_TEST
+
+/* A long prompt among a stream of shorter ones that would fill every pass alone: after
+ * BATCH_PREFILL_AGE passes it goes first, and is answered once its rows have run. */
+START_TEST(test_batch_no_starving) {
+    enum { N = 48, BUDGET = 16, LONG = 100 };
+    int len[N], joined[N], first[N];
+    len[0] = LONG, joined[0] = 0;
+    for (int i = 1; i < N; i++) len[i] = BUDGET, joined[i] = i - 1; /* one a pass */
+    sim_run(len, joined, N, BUDGET, N + 20, first);
+    int bound = BATCH_PREFILL_AGE + (LONG + BUDGET - 1) / BUDGET + 1;
+    ck_assert_msg(first[0] >= 0 && first[0] <= bound, "the long prompt answered at pass %d "
+                  "(bound %d)", first[0], bound);
+    ck_assert_int_eq(first[1], 1); /* before it aged, the short ones went first */
 }
 END_TEST
 
@@ -406,12 +523,17 @@ Suite *suite_batch(void) {
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_batch_exact);
     tcase_add_test(tc, test_batch_chunks);
+    tcase_add_test(tc, test_batch_split_prompts);
+    tcase_add_test(tc, test_batch_split_preempt);
     tcase_add_test(tc, test_batch_preempt);
     tcase_add_test(tc, test_batch_options);
     tcase_add_test(tc, test_batch_model_drafters);
     tcase_add_test(tc, test_batch_remote_drafter);
     tcase_add_test(tc, test_remote_sequence_bound);
     tcase_add_test(tc, test_batch_pick);
+    tcase_add_test(tc, test_batch_pick_srpt);
+    tcase_add_test(tc, test_batch_burst_order);
+    tcase_add_test(tc, test_batch_no_starving);
     suite_add_tcase(s, tc);
     return s;
 }

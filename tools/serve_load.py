@@ -14,7 +14,8 @@ each side and level it prints
   TTFT        request sent to first content chunk, p50 and p90
   req tok/s   each request's tokens over its own time (first byte sent to last chunk), p50
 the rows per batched pass, the wall ms per pass and the ms its forward took (rootspec's
-/metrics, when batching; the difference is the decodes' host work between passes),
+/metrics, when batching; the difference is the decodes' host work between passes), and of
+a pass's rows those that kept logits (they pay the output head) and prompts' rows,
 and the ratios: aggregate over the same decoder's concurrency-1 figure, speculation over
 AR at the same level, and against the peer at the same level: aggregate over the peer's
 and TTFT p50 over the peer's (a summary table at the end). With --check every T=0 text under load is
@@ -131,9 +132,12 @@ def metrics(port):
         text = c.getresponse().read().decode()
     except OSError:
         return None
-    got = dict(re.findall(r"^(rootspec_batch_(?:passes|rows|pass_seconds)_total) (\S+)$", text, re.M))
-    return (float(got["rootspec_batch_passes_total"]), float(got["rootspec_batch_rows_total"]),
-            float(got["rootspec_batch_pass_seconds_total"])) if len(got) == 3 else None
+    got = dict(re.findall(r"^rootspec_batch_(\w+)_total (\S+)$", text, re.M))
+    if not all(k in got for k in ("passes", "rows", "pass_seconds")):
+        return None
+    # kept and prompt rows: NaN from a server that does not count them
+    return tuple(float(got.get(k, "nan")) for k in ("passes", "rows", "pass_seconds", "kept_rows",
+                                                    "prompt_rows"))
 
 
 def pct(xs, q):
@@ -185,7 +189,9 @@ def row(name, conc, f, figs, levels, passes, m0, m1, wall):
             f"{format(f['ttft50'] / pr['ttft50'], '6.2f') if vs_peer else '':>6} "
             f"{'' if not passes else format((m1[1] - m0[1]) / passes, '5.1f'):>5} "
             f"{'' if not passes else format(wall * 1e3 / passes, '6.1f'):>6} "
-            f"{'' if not passes else format((m1[2] - m0[2]) * 1e3 / passes, '6.1f'):>6}")
+            f"{'' if not passes else format((m1[2] - m0[2]) * 1e3 / passes, '6.1f'):>6} "
+            f"{'' if not passes else format((m1[3] - m0[3]) / passes, '5.1f'):>5} "
+            f"{'' if not passes else format((m1[4] - m0[4]) / passes, '6.1f'):>6}")
 
 
 def peer_summary(figs, levels, names):
@@ -274,7 +280,7 @@ def main():
             one_request(p, prompts[-1], dec, 8)  # warm-up (a prompt no level uses)
         print(f"{'side':6} {'conc':>4} {'reqs':>4} {'agg tok/s':>9} {'x c=1':>6} {'TTFT p50':>9} "
               f"{'p90':>7} {'req tok/s':>9} {'spec/ar':>7} {'/peer':>6} {'ttft/p':>6} {'rows':>5} "
-              f"{'ms/pass':>6} {'fwd ms':>6}")
+              f"{'ms/pass':>6} {'fwd ms':>6} {'kept':>5} {'prompt':>6}")
         runs = {}
         for rep in range(args.repeat):
             for li, conc in enumerate(levels):
@@ -282,7 +288,7 @@ def main():
                     m0 = metrics(p)
                     res, wall = run_level(p, plevels[rep][li], dec, conc, args.max_tokens)
                     m1 = metrics(p)
-                    r = runs.setdefault((name, conc), {"res": [], "wall": 0.0, "m": [0, 0, 0]})
+                    r = runs.setdefault((name, conc), {"res": [], "wall": 0.0, "m": [0] * 5})
                     r["res"] += res
                     r["wall"] += wall
                     if m0 and m1:
@@ -291,7 +297,7 @@ def main():
                         continue
                     f = figs[(name, conc)] = summary(r["res"], r["wall"])
                     f["n"], f["texts"] = len(r["res"]), [x[3] for x in r["res"]]
-                    print(row(name, conc, f, figs, levels, r["m"][0], [0, 0, 0], r["m"], r["wall"]),
+                    print(row(name, conc, f, figs, levels, r["m"][0], [0] * 5, r["m"], r["wall"]),
                           flush=True)
         if args.peer_port:
             peer_summary(figs, levels, [d for d in decoders])

@@ -611,8 +611,9 @@ START_TEST(test_cuda_batcher_exact) {
         ck_assert_msg(req_run(t, &want[i], &e) == RS_OK, "solo %d: %s", i, e.msg);
     }
     target_destroy(&t);
-    /* 6 blocks for 3 decodes of up to 4 blocks each: some are preempted and restart */
-    BatchOpts o = {.parallel = parallel, .row_budget = 64, .prefill_chunk = 16,
+    /* 6 blocks for 3 decodes of up to 4 blocks each: some are preempted and restart; in
+     * the second run prompts are forwarded whole and cut into passes of at most 7 rows */
+    BatchOpts o = {.parallel = parallel, .row_budget = _i ? 7 : 64, .prefill_chunk = _i ? 64 : 16,
                    .kv_entries = 6 * BACKEND_KV_BLOCK, .seq_capacity = 6 * BACKEND_KV_BLOCK,
                    .backend = {.threads = 1, .batch_invariant = 1}};
     Batcher *bt = NULL;
@@ -655,7 +656,7 @@ Suite *suite_cuda_seqs(void) {
     tcase_add_loop_test(tc, test_cuda_forward_batch, 0, 2);
     tcase_add_test(tc, test_cuda_forward_batch_long);
     tcase_add_test(tc, test_cuda_seq_blocks);
-    tcase_add_test(tc, test_cuda_batcher_exact);
+    tcase_add_loop_test(tc, test_cuda_batcher_exact, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }
