@@ -274,10 +274,11 @@ START_TEST(test_kernels_emu_bitwise_avx2) {
 }
 END_TEST
 
-/* The AVX-512 families' float tiles (512-bit registers, up to 8 tokens a read of the
- * weights) give the AVX2 family's bits for F32, F16 and BF16 at every token count of a
- * group and past it (21: groups of 8, 8 and 5), each token alone as in the batch, and with
- * rows that end in a half step and single columns; run where the CPU has them. */
+/* The AVX-512 families' float tiles (512-bit registers, up to 16 tokens a read of the
+ * weights in blocks of up to 6) give the AVX2 family's bits for F32, F16 and BF16 at every
+ * token count of a group and past it (21: groups of 16 and 5), each token alone as in the
+ * batch, and with rows that end in a half step and single columns; run where the CPU has
+ * them. */
 START_TEST(test_kernels_float_wide_bitwise) {
     const QkFamily *f2 = family("avx2"), *f5 = family(_i ? "amx" : "avx512");
     if (!f2 || !f5) return;
@@ -286,7 +287,7 @@ START_TEST(test_kernels_float_wide_bitwise) {
         uint8_t *buf;
         QTensor w = weights(kTypes[ti], 110 + ti, &m, &buf);
         int in = w.cols, out = w.rows;
-        for (int N = 1; N <= 21; N += N < 9 ? 1 : 12) {
+        for (int N = 1; N <= 21; N += N < 16 ? 1 : 5) {
             Rng r;
             rng_seed(&r, 120 + ti * 31 + N);
             float *x = rs_xmalloc(sizeof(float) * N * in), *scratch = rs_xmalloc(sizeof(float) * in);
@@ -306,7 +307,7 @@ START_TEST(test_kernels_float_wide_bitwise) {
         m = tu_random_model_typed(ARCH_LLAMA, 64, 76, 1, 4, 2, 64, 140 + ti, kTypes[ti]);
         w = m->w.layers[0].w_down;
         ck_assert_int_eq(w.cols, 76);
-        for (int N = 1; N <= 9; N += 4) {
+        for (int N = 1; N <= 13; N += 4) {
             Rng r;
             rng_seed(&r, 150 + ti * 31 + N);
             int in2 = w.cols, out2 = w.rows;
