@@ -274,10 +274,28 @@ START_TEST(test_kernels_emu_bitwise_avx2) {
 }
 END_TEST
 
-/* The AVX-512 families' float tiles (512-bit registers, up to 8 tokens a read of the
- * weights) give the AVX2 family's bits for F32, F16 and BF16 at every token count of a
- * group and past it (21: groups of 8, 8 and 5), each token alone as in the batch, and with
- * rows that end in a half step and single columns; run where the CPU has them. */
+/* y = w x through f2 and f5 for n random tokens: the same bits. */
+static void check_float_same(const QkFamily *f2, const QkFamily *f5, const QTensor *w, int n,
+                             uint64_t seed) {
+    int in = w->cols, out = w->rows;
+    Rng r;
+    rng_seed(&r, seed);
+    float *x = rs_xmalloc(sizeof(float) * n * in), *scratch = rs_xmalloc(sizeof(float) * in);
+    float *y2 = rs_xmalloc(sizeof(float) * n * out), *y5 = rs_xmalloc(sizeof(float) * n * out);
+    for (int i = 0; i < n * in; i++) x[i] = (float)(rng_uniform(&r) * 2 - 1);
+    QkActs a = {.f32 = x, .n = n, .in = in}; /* float weights take f32 rows only */
+    qk_matmul_rows(f2, w, &a, y2, out, 0, out, scratch);
+    qk_matmul_rows(f5, w, &a, y5, out, 0, out, scratch);
+    ck_assert_msg(memcmp(y2, y5, sizeof(float) * n * out) == 0, "%s %d columns n=%d: %s != avx2",
+                  quant_type_name(w->type), in, n, f5->name);
+    free(x), free(scratch), free(y2), free(y5);
+}
+
+/* The AVX-512 families' float tiles (512-bit registers, up to 16 tokens a read of the
+ * weights in blocks of up to 6) give the AVX2 family's bits for F32, F16 and BF16 at every
+ * token count of a group and past it (21: groups of 16 and 5), each token alone as in the
+ * batch, and with rows that end in a half step and single columns; run where the CPU has
+ * them. */
 START_TEST(test_kernels_float_wide_bitwise) {
     const QkFamily *f2 = family("avx2"), *f5 = family(_i ? "amx" : "avx512");
     if (!f2 || !f5) return;
@@ -286,7 +304,7 @@ START_TEST(test_kernels_float_wide_bitwise) {
         uint8_t *buf;
         QTensor w = weights(kTypes[ti], 110 + ti, &m, &buf);
         int in = w.cols, out = w.rows;
-        for (int N = 1; N <= 21; N += N < 9 ? 1 : 12) {
+        for (int N = 1; N <= 21; N += N < 16 ? 1 : 5) {
             Rng r;
             rng_seed(&r, 120 + ti * 31 + N);
             float *x = rs_xmalloc(sizeof(float) * N * in), *scratch = rs_xmalloc(sizeof(float) * in);
@@ -302,11 +320,21 @@ START_TEST(test_kernels_float_wide_bitwise) {
         }
         check_batch_invariant(f5, &w, 21, 13, 130 + ti);
         weights_free(&m, &buf);
+        /* rows whose tokens' activations fill L1: 1152 columns keep a tile's converted
+         * rows for up to 7 tokens, 1536 take 6+ tokens block by block over all the tiles */
+        static const int kCols[] = {1152, 1536}, kN[] = {5, 7, 8, 9, 16};
+        for (int ci = 0; ci < 2; ci++) {
+            m = tu_random_model_typed(ARCH_LLAMA, 64, kCols[ci], 1, 4, 2, 64, 160 + ti, kTypes[ti]);
+            w = m->w.layers[0].w_down;
+            for (int ni = 0; ni < 5; ni++) check_float_same(f2, f5, &w, kN[ni], 170 + ni);
+            check_batch_invariant(f5, &w, 16, 20, 180 + ti);
+            model_destroy(&m);
+        }
         /* 76 columns: four 16-column steps, a half step and 4 columns past it */
         m = tu_random_model_typed(ARCH_LLAMA, 64, 76, 1, 4, 2, 64, 140 + ti, kTypes[ti]);
         w = m->w.layers[0].w_down;
         ck_assert_int_eq(w.cols, 76);
-        for (int N = 1; N <= 9; N += 4) {
+        for (int N = 1; N <= 13; N += 4) {
             Rng r;
             rng_seed(&r, 150 + ti * 31 + N);
             int in2 = w.cols, out2 = w.rows;
