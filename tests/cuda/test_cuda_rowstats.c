@@ -430,15 +430,19 @@ Suite *suite_cuda_rowstats(void) {
     tcase_add_test(tc, test_cuda_rows_kernels);
     tcase_add_test(tc, test_cuda_rows_nonfinite);
     tcase_add_test(tc, test_cuda_rows_backend);
-    tcase_add_test(tc, test_cuda_rowstats_decode);
     suite_add_tcase(s, tc);
     TCase *sp = tcase_create("split");
     tcase_set_timeout(sp, 300);
     tcase_add_test(sp, test_cuda_rows_split);
     tcase_add_test(sp, test_cuda_rows_launches);
     suite_add_tcase(s, sp);
+    /* Whole decodes: the emulator's main run, not its ASan and FMA reruns of the kernels
+     * (tests/cuemu/cuemu.mk excludes the tag), where they would cost minutes and check the
+     * same kernels again. */
     TCase *wk = tcase_create("walk");
     tcase_set_timeout(wk, 300);
+    tcase_set_tags(wk, "decode");
+    tcase_add_test(wk, test_cuda_rowstats_decode);
     tcase_add_test(wk, test_cuda_walk_batched);
     suite_add_tcase(s, wk);
     return s;

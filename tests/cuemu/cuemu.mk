@@ -126,7 +126,7 @@ cuda-emu-fma-kernels:
 	@echo "cuda-emu-fma-kernels: the kernel-level suites with FMA contraction, blocks in random order"
 	set -e; for s in $(CUEMU_SAN_SUITES); do \
 	  CUEMU_BLOCKS=random CUEMU_SEED=$(CUEMU_SEED) OPENBLAS_NUM_THREADS=1 \
-	  CK_RUN_SUITE=$$s ./build/cuda-emu-fma/rootspec-cuda-tests; done
+	  CK_EXCLUDE_TAGS=decode CK_RUN_SUITE=$$s ./build/cuda-emu-fma/rootspec-cuda-tests; done
 
 cuda-emu-san-kernels:
 	$(MAKE) SAN=1 build/cuda-emu-san/rootspec-cuda-tests build/cuda-emu-san/cuemu-selftest
@@ -134,7 +134,7 @@ cuda-emu-san-kernels:
 	set -e; for s in $(CUEMU_SAN_SUITES); do \
 	  CUEMU_BLOCKS=random CUEMU_SEED=$(CUEMU_SEED) \
 	  OPENBLAS_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  CK_RUN_SUITE=$$s ./build/cuda-emu-san/rootspec-cuda-tests; done
+	  CK_EXCLUDE_TAGS=decode CK_RUN_SUITE=$$s ./build/cuda-emu-san/rootspec-cuda-tests; done
 
 -include $(CUEMU_OBJS:.o=.d) $(CUEMU_DIR)/bench/cuda_bench_main.d $(CUEMU_TEST_OBJS:.o=.d) \
          $(CUEMU_DIR)/tests/cuemu/cuemu_selftest.d
