@@ -7,7 +7,10 @@
  * --prefill-chunk at a time), one first-token row, then one row a pass until --new-tokens
  * tokens (an AR decode). A pass costs a + p x prompt rows + k x rows that keep logits, plus
  * h of host work between passes (--cost a,p,k,h in ms: fit them with rootspec-passes). */
+#include "bench/stats.h"
+#include "common/cli.h"
 #include "target_proc/batch.h"
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +47,7 @@ static void usage(FILE *f) {
 static int parse(int argc, char **argv, Opts *o) {
     *o = (Opts){.conc = 16, .budget = 64, .chunk = 256, .new_tokens = 64, .a = 1.56, .p = 0.89,
                 .k = 1.14, .h = 0.5};
+    RsErr e = {0};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--help")) {
@@ -55,6 +59,7 @@ static int parse(int argc, char **argv, Opts *o) {
             return 2;
         }
         i++;
+        int rc = 0;
         if (!strcmp(f, "--rows")) {
             for (char *s = (char *)v, *end; *s && o->n < REQ_MAX; s = *end ? end + 1 : end) {
                 o->rows[o->n++] = (int)strtol(s, &end, 10);
@@ -63,10 +68,10 @@ static int parse(int argc, char **argv, Opts *o) {
                     return 2;
                 }
             }
-        } else if (!strcmp(f, "--concurrency")) o->conc = atoi(v);
-        else if (!strcmp(f, "--batch-rows")) o->budget = atoi(v);
-        else if (!strcmp(f, "--prefill-chunk")) o->chunk = atoi(v);
-        else if (!strcmp(f, "--new-tokens")) o->new_tokens = atoi(v);
+        } else if (!strcmp(f, "--concurrency")) rc = cli_int(f, v, 1, REQ_MAX, &o->conc, &e);
+        else if (!strcmp(f, "--batch-rows")) rc = cli_int(f, v, 1, INT_MAX, &o->budget, &e);
+        else if (!strcmp(f, "--prefill-chunk")) rc = cli_int(f, v, 1, INT_MAX, &o->chunk, &e);
+        else if (!strcmp(f, "--new-tokens")) rc = cli_int(f, v, 1, INT_MAX, &o->new_tokens, &e);
         else if (!strcmp(f, "--cost")) {
             if (sscanf(v, "%lf,%lf,%lf,%lf", &o->a, &o->p, &o->k, &o->h) != 4) {
                 fprintf(stderr, "rootspec-schedsim: --cost '%s': want a,p,k,h\n", v);
@@ -77,19 +82,16 @@ static int parse(int argc, char **argv, Opts *o) {
             usage(stderr);
             return 2;
         }
+        if (rc) {
+            fprintf(stderr, "rootspec-schedsim: %s\n", e.msg);
+            return 2;
+        }
     }
-    if (o->n < 1 || o->conc < 1 || o->conc > REQ_MAX || o->budget < 1 || o->chunk < 1 ||
-        o->new_tokens < 1) {
-        fprintf(stderr, "rootspec-schedsim: need --rows, and counts >= 1 (concurrency <= %d)\n",
-                REQ_MAX);
+    if (o->n < 1) {
+        fprintf(stderr, "rootspec-schedsim: --rows is required\n");
         return 2;
     }
     return 0;
-}
-
-static int cmp_double(const void *x, const void *y) {
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
 }
 
 /* The candidates of the requests in flight, as the batcher's pass_pick ranks them. */
@@ -142,7 +144,7 @@ int main(int argc, char **argv) {
                 ended++;
             }
     }
-    qsort(ttft, (size_t)o.n, sizeof *ttft, cmp_double);
+    bench_sort(ttft, o.n);
     printf("schedsim requests=%d concurrency=%d batch_rows=%d prefill_chunk=%d ttft_p50_ms=%.0f "
            "ttft_p90_ms=%.0f agg_tok_s=%.1f passes=%d\n", o.n, o.conc, o.budget, o.chunk,
            ttft[o.n / 2], ttft[o.n * 9 / 10 < o.n ? o.n * 9 / 10 : o.n - 1],
