@@ -564,14 +564,14 @@ static int walk_prefetch(Decode *dec, const Round *r, int base, Walk *w, RsErr *
     return rc;
 }
 
-/* The walk's next draw, from tree node cur's row (-1: the root). */
-static int walk_draw(Decode *dec, const Round *r, Walk *w, int cur, int *y, RsErr *e) {
+/* The walk's next draw, from tree node cur's kept row `row` (cur -1: the root). */
+static int walk_draw(Decode *dec, Walk *w, int cur, int row, int *y, RsErr *e) {
     w->n_draws++;
     if (w->batched) {
         *y = w->draw[1 + cur];
         return RS_OK;
     }
-    int row = walk_row(dec, r, cur), temp = sampling_temp(&dec->opts->sampling);
+    int temp = sampling_temp(&dec->opts->sampling);
     double u = temp ? rng_uniform(&dec->rng) : -1.0;
     RowStats st;
     int rc = backend_rows_stats(dec->t->b, &row, 1, &dec->opts->sampling, temp ? &u : NULL, &st, e);
@@ -619,7 +619,7 @@ static int round_accept(Decode *dec, Round *r, RsErr *e) {
         int y = forced, row = -1;
         if (y < 0) {
             row = walk_row(dec, r, cur);
-            if ((rc = walk_draw(dec, r, &w, cur, &y, e))) break;
+            if ((rc = walk_draw(dec, &w, cur, row, &y, e))) break;
         }
         forced = -1;
         int child = tree_child_with_token(dec->t->pool, sel, cur, y);
