@@ -237,6 +237,9 @@ int main(int argc, char **argv) {
     if (st.guesses)
         fprintf(stderr, "rootspec-draft: ran ahead %ld times: %ld commits guessed (%ld pools ready), "
                 "%ld not\n", st.guesses, st.hits, st.pools_ready, st.misses);
+    if (st.rows_kept)
+        fprintf(stderr, "rootspec-draft: commits kept %ld rows from the pools' expansions, ran %ld\n",
+                st.rows_kept, st.rows_run);
     drafter_destroy(&d); /* before the model it borrows */
     tokenizer_destroy(&tok);
     model_destroy(&full);

@@ -108,6 +108,9 @@ typedef struct {
     long hits;        /* commits that were the guess */
     long misses;      /* commits that were not (the guess taken back) */
     long pools_ready; /* hits whose pool was grown whole before the commit came */
+    /* Committed tokens whose rows a model kind kept from the last pool's expansions, and
+     * those it ran in commit passes (prompts included). */
+    long rows_kept, rows_run;
 } DrafterAheadStats;
 /* What run-ahead did so far (zeros for a kind without it). */
 DrafterAheadStats drafter_ahead_stats(const Drafter *d);

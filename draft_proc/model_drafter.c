@@ -38,6 +38,7 @@ typedef struct {
     int ahead_ok;        /* its backend can take a guess back (backend_kv_truncate) */
     Pool *last;          /* the last pool grown, its expanded nodes pending from last_np0 */
     int have_last, last_np0;
+    int last_pending;    /* those rows are still pending (no commit, guess or reset since) */
     int guess_n, guess[POOL_MAX_DEPTH + 1]; /* the committed guess, 0: none */
     int guess_ids[POOL_TOPK];  /* the top 10 below the guess: the next pool's first level */
     float guess_lq[POOL_TOPK];
@@ -84,11 +85,21 @@ static int expand(void *ctx, const PoolPass *pass, int *ids, float *logq, RsErr 
     return rc ? rc : reduce(d, ids, logq, e);
 }
 
-/* Checks a commit of n tokens, drops last round's tree entries and appends the tokens to
- * the committed context (backend_prefill). want_row: the last token's row stays in the
- * backend as its kept row 0. */
-static int commit_tokens(ModelDrafter *d, const int *tokens, int n, int want_row, RsErr *e) {
+/* Pending row of each expanded node of the last pool, -1 for the others: its passes ran
+ * by depth, each in pool order, so the rows follow pool order. */
+static void last_slots(const ModelDrafter *d, int *slot_of) {
+    const Pool *p = d->last;
+    for (int u = 0, k = d->last_np0; u < p->n; u++) slot_of[u] = p->n_children[u] ? k++ : -1;
+}
+
+/* Checks a commit of n tokens, keeps the pending rows keep[0 .. n_keep) (the first n_keep
+ * tokens' rows, grown in the last pool), drops the rest of last round's tree entries and
+ * appends the other tokens to the committed context (backend_prefill). want_row: the last
+ * token's row stays in the backend as its kept row 0. */
+static int commit_tokens(ModelDrafter *d, const int *keep, int n_keep, const int *tokens, int n,
+                         int want_row, RsErr *e) {
     Backend *b = d->b;
+    RS_ASSERT(n_keep < n || (!want_row && n_keep == n));
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= d->vocab)
             return rs_err(e, RS_EINVAL, "token id %d at %d outside drafter vocabulary of %d",
@@ -100,16 +111,45 @@ static int commit_tokens(ModelDrafter *d, const int *tokens, int n, int want_row
                       "capacity %d",
                       backend_n_committed(b), n, POOL_N_EXPANDED, backend_kv_capacity(b));
     uint64_t t0 = rs_now_ns();
-    int rc = backend_kv_commit(b, NULL, 0, e); /* drop last round's tree entries */
+    d->last_pending = 0;
+    int rc = backend_kv_commit(b, keep, n_keep, e);
+    const int *run = tokens + n_keep;
+    int nr = n - n_keep;
     /* The commit pass; only the final row is needed. */
-    if (!rc)
-        rc = want_row ? backend_prefill_keep(b, tokens, n, e) : backend_prefill(b, tokens, n, NULL, e);
+    if (!rc && nr)
+        rc = want_row ? backend_prefill_keep(b, run, nr, e) : backend_prefill(b, run, nr, NULL, e);
     d->backend_ns += rs_now_ns() - t0;
+    d->st.rows_kept += n_keep;
+    d->st.rows_run += nr;
     return rc;
+}
+
+/* The pending rows of the last pool's expanded nodes that a commit of `tokens` keeps: the
+ * longest prefix, of at most n - 1 tokens (the last one's row is the commit pass's), that
+ * is a path of expanded nodes from the pool's root. Those rows are what a commit pass
+ * would compute for the same tokens (the same entries attended to in the same order), so
+ * the commit runs only the rest: a chain accepted to depth k costs a pass of one or two
+ * rows, not k + 1. Returns the prefix length, its rows in keep. */
+static int last_path(const ModelDrafter *d, const int *tokens, int n, int *keep) {
+    if (!d->last_pending) return 0;
+    const Pool *p = d->last;
+    int slot_of[POOL_MAX], m = 0, first = p->root_first_child, count = p->root_n_children;
+    last_slots(d, slot_of);
+    while (m < n - 1 && m < POOL_MAX_DEPTH) {
+        int u = -1;
+        for (int k = 0; k < count && u < 0; k++)
+            if (p->token[first + k] == tokens[m]) u = first + k;
+        if (u < 0 || slot_of[u] < 0) break;
+        keep[m++] = slot_of[u];
+        first = p->first_child[u];
+        count = p->n_children[u];
+    }
+    return m;
 }
 
 /* Takes a committed guess back to its first `keep` tokens (and drops what is pending). */
 static int guess_undo(ModelDrafter *d, int keep, RsErr *e) {
+    d->last_pending = 0;
     int rc = backend_kv_truncate(d->b, backend_n_committed(d->b) - d->guess_n + keep, e);
     d->guess_n = 0;
     d->next_depth = 0;
@@ -147,7 +187,8 @@ static int commit_first_level(ModelDrafter *d, const int *tokens, int n, int *id
         memcpy(lq, d->guess_lq, sizeof d->guess_lq);
         return RS_OK;
     }
-    rc = commit_tokens(d, tokens + skip, n - skip, 1, e);
+    int keep[POOL_MAX_DEPTH], nk = skip ? 0 : last_path(d, tokens, n, keep);
+    rc = commit_tokens(d, keep, nk, tokens + skip, n - skip, 1, e);
     return rc ? rc : reduce(d, ids, lq, e);
 }
 
@@ -178,7 +219,7 @@ static int grow(ModelDrafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
     if (rc) return rc;
     p->commit_pass_ns = commit_ns;
     memcpy(d->last, p, sizeof *p);
-    d->have_last = 1;
+    d->have_last = d->last_pending = 1;
     p->draft_ns = rs_now_ns() - t0;
     /* The top-k reduction is host work wherever it ran: in rows_topk, or (CPU backend)
      * fused into the forwards' output head. */
@@ -194,9 +235,9 @@ static int model_reset(void *ctx, const int *prompt, int n, const void *features
                        size_t feat_bytes, RsErr *e) {
     ModelDrafter *d = ctx;
     backend_kv_reset(d->b);
-    d->guess_n = d->have_last = d->next_depth = 0;
+    d->guess_n = d->have_last = d->last_pending = d->next_depth = 0;
     if (n < 0) return rs_err(e, RS_EINVAL, "prefill of %d tokens", n);
-    return n ? commit_tokens(d, prompt, n, 0, e) : RS_OK;
+    return n ? commit_tokens(d, NULL, 0, prompt, n, 0, e) : RS_OK;
 }
 
 static int model_append(void *ctx, const int *tokens, int n, const void *features,
@@ -204,7 +245,7 @@ static int model_append(void *ctx, const int *tokens, int n, const void *feature
     ModelDrafter *d = ctx;
     d->have_last = 0;
     int rc = d->guess_n ? guess_undo(d, 0, e) : RS_OK;
-    return rc ? rc : commit_tokens(d, tokens, n, 0, e);
+    return rc ? rc : commit_tokens(d, NULL, 0, tokens, n, 0, e);
 }
 
 /* Grows at once; the status waits for grow_end, as a worker thread's or a peer's would. */
@@ -218,13 +259,6 @@ static int model_grow_begin(void *ctx, const int *tokens, int n, const void *fea
 
 static int model_grow_end(void *ctx, Pool *out, RsErr *e) {
     return sync_growth_end(&((ModelDrafter *)ctx)->g, out, e);
-}
-
-/* Pending row of each expanded node of the last pool, -1 for the others: its passes ran
- * by depth, each in pool order, so the rows follow pool order. */
-static void last_slots(const ModelDrafter *d, int *slot_of) {
-    const Pool *p = d->last;
-    for (int u = 0, k = d->last_np0; u < p->n; u++) slot_of[u] = p->n_children[u] ? k++ : -1;
 }
 
 /* One token as pending row backend_n_pending(), attending to the committed context, the
@@ -266,6 +300,7 @@ static int guess_commit(ModelDrafter *d, RsErr *e) {
     if (rc) return rc;
     d->guess[na] = ids[0];
     anc[na++] = backend_n_pending(d->b) - 1;
+    d->last_pending = 0;
     rc = backend_kv_commit(d->b, anc, na, e);
     if (!rc) d->guess_n = na;
     return rc;
@@ -293,6 +328,7 @@ static void model_ahead(void *ctx, int (*stop)(void *), void *arg) {
     if (rc == AHEAD_STOPPED) rc = RS_OK;
     d->stop = NULL;
     if (rc && d->guess_n && guess_undo(d, 0, &e)) backend_kv_reset(d->b);
+    if (rc) d->last_pending = 0;
 }
 
 static void model_ahead_stats(const void *ctx, DrafterAheadStats *st) {

@@ -1,5 +1,5 @@
 /* Target-side decoding (DESIGN.md §3-§5), one round at a time, in named steps:
- *   round_request  send the drafter last round's tokens; it starts growing the pool
+ *   drafter_ask    send the drafter last round's tokens; it starts growing the pool
  *   round_root     [root-pass rules] forward the continuation alone, draw X1 from p0
  *   round_receive  wait for the pool
  *   round_select   pick the rule's tree and lay out the tree pass
@@ -46,6 +46,11 @@ typedef struct {
     int *pend;         // (pend_cap)
     int n_pend, pend_cap, synced;
     int depth, width;  /* the pool shape last set on the drafter, 0: none yet */
+    /* The growth asked for and not yet taken by a round: when, and how many tokens it
+     * committed (the first request goes out before the prefill, decode_ask_early). */
+    int asked;
+    uint64_t t_asked;
+    int n_asked;
     /* EAGLE-3 drafters: the target's features of the pending rows (row i: the token before
      * pend[i]); NULL for a drafter that needs none */
     float *feat;       // (feat_rows, feat_w)
@@ -319,11 +324,11 @@ static void drafter_failed(Decode *dec, const RsErr *e) {
 /* Sends the drafter the tokens it has not committed (the whole prompt first, resetting its
  * context) and lets it grow the next pool, `depth` levels deep, `width` nodes expanded a
  * level. 0: the drafter failed. */
-static int round_request(Decode *dec, Round *r, int depth, int width, RsErr *e) {
+static int drafter_ask(Decode *dec, int depth, int width, RsErr *e) {
     if (depth != dec->depth || width != dec->width) drafter_set_shape(dec->drafter, depth, width);
     dec->depth = depth;
     dec->width = width;
-    r->info.t_grow_sent = dec_now(dec);
+    dec->t_asked = dec_now(dec);
     size_t fb = dec->feat ? sizeof(float) * (size_t)dec->n_pend * dec->feat_w : 0;
     int rc = drafter_grow_begin(dec->drafter, dec->pend, dec->n_pend, !dec->synced,
                                 fb ? dec->feat : NULL, fb, e);
@@ -332,12 +337,46 @@ static int round_request(Decode *dec, Round *r, int depth, int width, RsErr *e) 
         return 0;
     }
     dec->synced = 1;
-    r->n_sent = dec->n_pend;
+    dec->n_asked = dec->n_pend;
     dec->n_pend = 0;
-    r->asked = 1;
-    r->info.plan_depth = depth;
-    r->info.plan_width = width;
+    dec->asked = 1;
     return 1;
+}
+
+/* The round takes the growth asked for. */
+static void round_take_ask(Decode *dec, Round *r) {
+    r->info.t_grow_sent = dec->t_asked;
+    r->n_sent = dec->n_asked;
+    r->asked = 1;
+    r->info.plan_depth = dec->depth;
+    r->info.plan_width = dec->width;
+    dec->asked = 0;
+}
+
+/* The pool shape --pool-shape fixes, the full shape where it does not. */
+static void fixed_shape(const Decode *dec, int *depth, int *width) {
+    *depth = dec->opts->pool_depth ? dec->opts->pool_depth : POOL_MAX_DEPTH;
+    *width = dec->opts->pool_width ? dec->opts->pool_width : POOL_EXPAND;
+}
+
+/* A drafter that needs nothing from the target's prefill (no features) gets its first
+ * request before that prefill: its own prefill of the prompt and the first pool then run
+ * while the target's prefill does, not after it. The pool is the same. Not with the
+ * planner, whose first round may go without the drafter. */
+static void decode_ask_early(Decode *dec, RsErr *e) {
+    if (!dec->use_drafter || dec->feat || dec->opts->planner) return;
+    int depth, width;
+    fixed_shape(dec, &depth, &width);
+    drafter_ask(dec, depth, width, e);
+}
+
+/* A growth asked for that no round took (the decode stopped before its first round, or
+ * failed): its pool is read and dropped, so the next decode finds the drafter idle. */
+static void drop_ask(Decode *dec) {
+    if (!dec->asked) return;
+    RsErr ignored = {0};
+    drafter_grow_end(dec->drafter, dec->t->pool, &ignored);
+    dec->asked = 0;
 }
 
 /* Waits for the pool into t->pool. 0: the drafter failed. */
@@ -659,16 +698,17 @@ static int round_verify(Decode *dec, Round *r, RsErr *e) {
 
 static int round_speculative(Decode *dec, Round *r, RsErr *e) {
     /* --pool-shape fixes what it gives; the planner picks the rest (DESIGN.md §5) */
-    int depth = dec->opts->pool_depth ? dec->opts->pool_depth : POOL_MAX_DEPTH;
-    int width = dec->opts->pool_width ? dec->opts->pool_width : POOL_EXPAND;
-    if (dec->opts->planner) {
+    int depth, width;
+    fixed_shape(dec, &depth, &width);
+    if (dec->opts->planner && !dec->asked) {
         PlanAsk a = planner_before_round(dec->opts->planner, dec->opts->decoder,
                                          sampling_temp(&dec->opts->sampling), dec->n_pend);
         if (!a.ask) return round_ar(dec, r, e); /* the drafter catches up next time */
         if (!dec->opts->pool_depth) depth = a.depth;
         if (!dec->opts->pool_width) width = a.width;
     }
-    if (!round_request(dec, r, depth, width, e)) return round_ar(dec, r, e);
+    if (!dec->asked && !drafter_ask(dec, depth, width, e)) return round_ar(dec, r, e);
+    round_take_ask(dec, r);
     if (decoder_needs_root_pass(dec->opts->decoder)) {
         int rc = round_root(dec, r, e);
         if (rc) { /* the growth asked for ends here, so the next decode finds the drafter idle */
@@ -923,6 +963,7 @@ int decode_run(Target *t, Drafter *d, const int *prompt, int n_prompt, const Dec
     if (!t->n_forked || t->n_forked > n_prompt - 1 || (h && h->on_prompt_rows)) target_reset(t);
     rc = feat_begin(dec, n_prompt, e);
     res->t_start = dec_now(dec);
+    if (!rc) decode_ask_early(dec, e);
     if (!rc) rc = feat_prefill(dec, prompt, n_prompt, e);
     res->prompt_cached = t->n_cached;
     /* a prefill of one chunk is a pass of that many rows: the planner's first cost */
@@ -936,6 +977,7 @@ int decode_run(Target *t, Drafter *d, const int *prompt, int n_prompt, const Dec
         rc = dec->use_drafter ? round_speculative(dec, &r, e) : round_ar(dec, &r, e);
         if (!rc) rc = round_commit(dec, &r, e);
     }
+    drop_ask(dec);
     if (!rc) decode_publish(t, prompt, n_prompt, res);
     /* Recording stays as set: the next decode's feat_begin sets it again (a no-op when
      * unchanged, where a change would re-capture the CUDA backend's graphs). */

@@ -1,10 +1,12 @@
-/* Run-ahead (drafter_ahead, DESIGN.md §5): a model drafter that guesses the next commit and
+/* Work a model drafter keeps between rounds. Run-ahead (drafter_ahead, DESIGN.md §5): a model drafter that guesses the next commit and
  * grows below it between requests must hand out exactly the pools a drafter without
  * run-ahead grows for the same commits: when the commit is the guess (pool ready, or only
  * the guess's first level ready because run-ahead was stopped or the shape changed), and
  * when it is not (the guess taken back to the prefix it shares with the commit, or all of
  * it). A reference drafter on the same model never runs ahead; a probe drafter finds the
- * guess's continuation so that the test can commit exactly the guess. */
+ * guess's continuation so that the test can commit exactly the guess. Commits that follow
+ * the last pool: the rows its expansions computed for the committed tokens are kept, and
+ * the pools must be those of a drafter given the whole context afresh. */
 #include "draft_proc/model_drafter.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "testutil.h"
@@ -151,12 +153,79 @@ START_TEST(test_kv_truncate) {
 }
 END_TEST
 
+/* The next commit below pool p, by kind: 0 down the best path through every expanded node
+ * then its first child (a chain accepted whole, plus the bonus token), 1 the best path's
+ * first `len` nodes then a sibling of the next (accepted to a depth, then a correction in
+ * the pool), 2 a token the pool does not hold. */
+static int path_commit(int kind, int len, const Pool *p, int *out) {
+    int n = 0, u = p->root_first_child;
+    if (kind == 2) {
+        for (int tok = 0;; tok++) {
+            int in = 0;
+            for (int k = 0; k < p->root_n_children; k++) in |= p->token[p->root_first_child + k] == tok;
+            if (!in) {
+                out[0] = tok;
+                out[1] = (tok + 7) % 64;
+                return 2;
+            }
+        }
+    }
+    for (; (kind == 0 || n < len) && p->n_children[u] > 0; u = p->first_child[u]) out[n++] = p->token[u];
+    if (kind == 0) {
+        out[n++] = p->token[u];
+        return n;
+    }
+    int sib = u + 1 < p->n && p->parent[u + 1] == p->parent[u] ? u + 1 : u;
+    out[n++] = p->token[sib];
+    out[n++] = (p->token[sib] + 3) % 64;
+    return n;
+}
+
+/* Commits along the last pool keep its expansions' rows: every pool equals, bit for bit,
+ * the pool of a drafter that gets the whole context afresh each round (no row kept), over
+ * chains and wider pools, commits accepted whole, to a depth, and off the pool. */
+START_TEST(test_commit_keeps_rows) {
+    static const int shapes[][2] = {{5, 1}, {5, 1}, {3, 2}, {8, 10}, {4, 3}};
+    RsErr e = {0};
+    Model *m = tu_random_model(ARCH_LLAMA, 32, 64, 2, 4, 2, 64, 4242);
+    Drafter *a = NULL, *r = NULL;
+    ck_assert_int_eq(drafter_model_create(m, &cpu_backend_ops, TU_BP(HIST_MAX + 128, 1), &a, &e), 0);
+    ck_assert_int_eq(drafter_model_create(m, &cpu_backend_ops, TU_BP(HIST_MAX + 128, 1), &r, &e), 0);
+    static int hist[HIST_MAX];
+    static Pool pa, pr;
+    int nh = 5, commit[16], nc = 0;
+    for (int i = 0; i < nh; i++) hist[i] = (i * 11 + 3) % 64;
+    for (int round = 0; round < 30; round++) {
+        const int *shape = shapes[round % 5];
+        drafter_set_shape(a, shape[0], shape[1]);
+        drafter_set_shape(r, shape[0], shape[1]);
+        const int *send = round ? commit : hist;
+        ck_assert_msg(drafter_grow_begin(a, send, round ? nc : nh, round == 0, NULL, 0, &e) == 0, "%s", e.msg);
+        ck_assert_msg(drafter_grow_end(a, &pa, &e) == 0, "%s", e.msg);
+        ck_assert_msg(drafter_grow_begin(r, hist, nh, 1, NULL, 0, &e) == 0, "%s", e.msg);
+        ck_assert_msg(drafter_grow_end(r, &pr, &e) == 0, "%s", e.msg);
+        check_same(&pa, &pr, round);
+        nc = path_commit(round % 3, 1 + round % 4, &pa, commit);
+        ck_assert(nh + nc < HIST_MAX);
+        memcpy(hist + nh, commit, sizeof(int) * (size_t)nc);
+        nh += nc;
+    }
+    DrafterAheadStats st = drafter_ahead_stats(a);
+    fprintf(stderr, "commits: %ld rows kept, %ld run\n", st.rows_kept, st.rows_run);
+    ck_assert_msg(st.rows_kept >= 30, "only %ld rows kept", st.rows_kept);
+    drafter_destroy(&a);
+    drafter_destroy(&r);
+    model_destroy(&m);
+}
+END_TEST
+
 Suite *suite_ahead(void) {
     Suite *s = suite_create("ahead");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_ahead_same_pools);
     tcase_add_test(tc, test_kv_truncate);
+    tcase_add_test(tc, test_commit_keeps_rows);
     suite_add_tcase(s, tc);
     return s;
 }

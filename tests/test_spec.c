@@ -462,9 +462,26 @@ static int counting_forward(Backend *b, const int *tokens, const int *pos, int n
 /* Pool shapes (depth, width), the full one first. */
 static const int SHAPES[][2] = {{8, 10}, {5, 1}, {4, 3}, {1, 10}};
 
+/* Tokens of a commit whose rows the drafter keeps from pool p: the longest prefix, short of
+ * the last token, that follows expanded nodes from the root. */
+static int expanded_prefix(const Pool *p, const int *toks, int n) {
+    int m = 0, first = p->root_first_child, count = p->root_n_children;
+    while (m < n - 1) {
+        int u = -1;
+        for (int k = 0; k < count && u < 0; k++)
+            if (p->token[first + k] == toks[m]) u = first + k;
+        if (u < 0 || !p->n_children[u]) break;
+        m++;
+        first = p->first_child[u];
+        count = p->n_children[u];
+    }
+    return m;
+}
+
 /* drafter_set_shape: depth - 1 expansion passes of `width` rows; the depth-1 level's
  * `width` best and then each level's `width` best by the ranking get 10 children each,
- * no other node any; every candidate of depth <= the asked depth. */
+ * no other node any; every candidate of depth <= the asked depth. The commit pass runs the
+ * tokens whose rows the last pool's expansions did not compute. */
 START_TEST(test_pool_growth_shape) {
     int depth = SHAPES[_i][0], width = SHAPES[_i][1];
     counting_ops = cpu_backend_ops;
@@ -476,15 +493,16 @@ START_TEST(test_pool_growth_shape) {
     ck_assert(drafter_model_create(dm, &counting_ops, TU_BP(512, 1), &d, &e) == 0);
     if (_i) drafter_set_shape(d, depth, width);
     Pool *p = malloc(sizeof(Pool));
-    int toks[4] = {3, 4, 5, 6}, committed = 0;
+    int toks[4] = {3, 4, 5, 6}, committed = 0, kept = 0;
     for (int round = 0; round < 6; round++) {
-        int n = round == 0 ? 4 : 1 + round % 3;
+        int n = round == 0 ? 4 : 1 + round % 3, keep = round ? expanded_prefix(p, toks, n) : 0;
+        kept += keep;
         g_fwd_n = 0;
         ck_assert_msg(drafter_commit_grow(d, toks, n, p, &e) == 0, "%s", e.msg);
         committed += n;
         ck_assert_int_eq(model_drafter_n_committed(d), committed);
         ck_assert_int_eq(g_fwd_n, depth);
-        ck_assert_int_eq(g_fwd_tokens[0], n);
+        ck_assert_int_eq(g_fwd_tokens[0], n - keep);
         for (int k = 1; k < depth; k++) ck_assert_int_eq(g_fwd_tokens[k], width);
         ck_assert_int_eq(p->n_passes, depth);
         ck_assert_int_eq(p->n_expanded, (depth - 1) * width);
@@ -513,6 +531,8 @@ START_TEST(test_pool_growth_shape) {
         for (int i = 1; i < p->n; i++) ck_assert_int_ge(p->depth[i], p->depth[i - 1]);
         for (int k = 0; k < 4; k++) toks[k] = p->token[(round * 7 + k) % 10];
     }
+    ck_assert_int_eq(drafter_ahead_stats(d).rows_kept, kept);
+    ck_assert_msg(kept > 0 || _i, "full pools: no commit followed an expansion");
     free(p);
     drafter_destroy(&d);
     model_destroy(&dm);
@@ -1163,6 +1183,63 @@ START_TEST(test_decode_errors) {
 }
 END_TEST
 
+typedef struct {
+    int rounds;
+    uint64_t sent0, start0; /* round 0's request and start */
+} AskLog;
+static void ask_round(void *u, const RoundInfo *r) {
+    AskLog *g = u;
+    if (g->rounds++ == 0) g->sent0 = r->t_grow_sent, g->start0 = r->t_round_start;
+}
+static int stop_now(void *u) {
+    (void)u;
+    return 1;
+}
+
+/* One rootdraw decode (chain pools, B = 5) of the pair with hooks; the result's tokens. */
+static DecodeResult ask_decode(Pair *p, Planner *pl, const DecodeHooks *h, const int *prompt,
+                               int n, int *buf) {
+    DecodeOpts opts = {.decoder = DECODER_ROOTDRAW, .budget = 5, .sampling = SAMPLING_GREEDY,
+                       .max_new = 24, .pool_depth = 5, .pool_width = 1, .planner = pl};
+    DecodeResult res = {.tokens = buf, .cap = 64};
+    RsErr e = {0};
+    ck_assert_msg(decode_run(p->t, p->front, prompt, n, &opts, h, &res, &e) == 0, "%s", e.msg);
+    return res;
+}
+
+/* A drafter that needs none of the target's features gets its first request before the
+ * target's prefill (its own prefill then runs beside the target's), and not with the
+ * planner, which may decode round 0 without it. A decode that stops before its first
+ * round leaves the drafter idle: the next decode's tokens are AR's. */
+START_TEST(test_first_request_early) {
+    Pair p;
+    pair_open(&p, 1, 64, 32, 71);
+    int prompt[24], ref[64], buf[64];
+    for (int i = 0; i < 24; i++) prompt[i] = (i * 7 + 1) % 64;
+    int nref = run(&p, DECODER_AR, 5, 0, 1, 0, prompt, 24, 24, ref, NULL, 0);
+    AskLog g = {0};
+    DecodeHooks h = {.on_round = ask_round, .user = &g};
+    DecodeResult res = ask_decode(&p, NULL, &h, prompt, 24, buf);
+    ck_assert_msg(g.sent0 >= res.t_start && g.sent0 < g.start0,
+                  "round 0 asked at %+.3f ms of its start, the decode began at %+.3f ms",
+                  ((double)g.sent0 - (double)g.start0) * 1e-6,
+                  ((double)res.t_start - (double)g.start0) * 1e-6);
+    Planner *pl = planner_create();
+    g = (AskLog){0};
+    ask_decode(&p, pl, &h, prompt, 24, buf);
+    ck_assert_msg(g.sent0 == 0 || g.sent0 >= g.start0, "the planner's round 0 asked before it");
+    planner_destroy(&pl);
+    DecodeHooks stop = {.should_stop = stop_now};
+    res = ask_decode(&p, NULL, &stop, prompt, 24, buf);
+    ck_assert_msg(res.stopped && res.rounds == 0, "%d rounds, stopped %d", res.rounds, res.stopped);
+    res = ask_decode(&p, NULL, NULL, prompt, 24, buf);
+    ck_assert_int_eq(res.n_tokens < 24 ? res.n_tokens : 24, nref);
+    for (int i = 0; i < nref; i++)
+        ck_assert_msg(buf[i] == ref[i], "after a stopped decode: token %d is %d, AR %d", i, buf[i], ref[i]);
+    pair_close(&p);
+}
+END_TEST
+
 static int cmp_desc(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
     return (x < y) - (x > y);
@@ -1450,6 +1527,7 @@ Suite *suite_spec(void) {
     tcase_add_test(tc, test_tree_properties);
     tcase_add_test(tc, test_realised_vs_tau);
     tcase_add_test(tc, test_decode_errors);
+    tcase_add_test(tc, test_first_request_early);
     tcase_add_test(tc, test_root_margin);
     suite_add_tcase(s, tc);
     TCase *ts = tcase_create("stop"); /* --max-new, EOS */
