@@ -9,7 +9,8 @@
 #     as the target (tools/setup.sh --pair) on core 0, its shipped Q4_1 file drafting in a
 #     process of its own on core 1 (deploy/launch.sh), pools a chain of best nodes with
 #     their siblings (--pool-shape). Both sets at T=0: AR with the F16 target alone, then
-#     draft, pearl, rootdraw and root; a table of speeds, ratio to AR, same text, tokens
+#     draft, pearl, rootdraw and root; a table of speeds and ratios to AR (whole decodes,
+#     and after the prompt's prefill, which both decoders share), same text, tokens
 #     per round, the share of the root pass hidden behind drafting and the share of rounds
 #     whose commit the drafter had guessed while the target verified (run-ahead, DESIGN.md
 #     §5; PAIR_AHEAD=0 turns it off); then the rules'
@@ -51,6 +52,8 @@ esac
 
 # "rootspec-target: N prompts, T tokens in S s: X tok/s" -> X
 speed() { sed -n 's/^rootspec-target: [0-9]* prompts, .*: \([0-9.]*\) tok\/s$/\1/p' "$1" | tail -1; }
+# "rootspec-target: after the prompts' prefill: T tokens in S s: X tok/s" -> X
+decode_speed() { sed -n "s/^rootspec-target: after the prompts' prefill: .*: \([0-9.]*\) tok\/s$/\1/p" "$1" | tail -1; }
 
 # run_set NAME FILE MAX_NEW [TARGET_ARGS...]: both decodes of one prompt set; leaves
 # $tmp/NAME.{ar,sd}.{out,err}.
@@ -110,25 +113,27 @@ guessed() { sed -n 's/^ *commits the drafter guessed ahead *\([0-9.]*\) %.*/\1/p
 # pair_set NAME FILE MAX_NEW: AR with the F16 target alone, then each decoder with the Q4_1
 # drafter in its own process; one table row each.
 pair_set() {
-  local name=$1 file=$2 max_new=$3 dec ar
+  local name=$1 file=$2 max_new=$3 dec ar ard
   local common=(--model "$pair_target" --prompts "$file" --temp 0 --max-new "$max_new")
   "${pin[@]}" build/rootspec-target "${common[@]}" --decoder ar \
     >"$tmp/p_$name.ar.out" 2>"$tmp/p_$name.ar.err" || { cat "$tmp/p_$name.ar.err" >&2; exit 1; }
-  ar=$(speed "$tmp/p_$name.ar.err")
-  printf "| %-9s | %-8s | %8.2f | %5.2fx | %-9s | %10s | %11s | %7s |\n" "$name" ar "${ar:-0}" 1 yes 1.00 - -
+  ar=$(speed "$tmp/p_$name.ar.err") ard=$(decode_speed "$tmp/p_$name.ar.err")
+  printf "| %-9s | %-8s | %8.2f | %5.2fx | %8.2f | %5.2fx | %-4s | %6s | %6s | %7s |\n" "$name" ar \
+    "${ar:-0}" 1 "${ard:-0}" 1 yes 1.00 - -
   for dec in $pair_decoders; do
     deploy/launch.sh --draft-model "$model" "${ahead[@]}" -- "${common[@]}" --decoder "$dec" \
       --budget "$pair_budget" --pool-shape "$pair_shape" --draft-timeout-ms 60000 \
       >"$tmp/p_$name.$dec.out" 2>"$tmp/p_$name.$dec.err" || { cat "$tmp/p_$name.$dec.err" >&2; exit 1; }
-    local sd same=NO
-    sd=$(speed "$tmp/p_$name.$dec.err")
+    local sd sdd same=NO
+    sd=$(speed "$tmp/p_$name.$dec.err") sdd=$(decode_speed "$tmp/p_$name.$dec.err")
     cmp -s "$tmp/p_$name.ar.out" "$tmp/p_$name.$dec.out" && same=yes
-    awk -v n="$name" -v d="$dec" -v a="${ar:-0}" -v s="${sd:-0}" -v same="$same" \
+    awk -v n="$name" -v d="$dec" -v a="${ar:-0}" -v s="${sd:-0}" -v ad="${ard:-0}" \
+      -v sdd="${sdd:-0}" -v same="$same" \
       -v tpr="$(per_round "$tmp/p_$name.$dec.err")" -v h="$(hidden "$tmp/p_$name.$dec.err")" \
       -v g="$(guessed "$tmp/p_$name.$dec.err")" \
-      'BEGIN { printf "| %-9s | %-8s | %8.2f | %5.2fx | %-9s | %10s | %11s | %7s |\n", n, d, s,
-               (a > 0 ? s / a : 0), same, tpr, (h == "" ? "-" : sprintf("%.1f%%", h)),
-               sprintf("%.0f%%", g == "" ? 0 : g) }'
+      'BEGIN { printf "| %-9s | %-8s | %8.2f | %5.2fx | %8.2f | %5.2fx | %-4s | %6s | %6s | %7s |\n",
+               n, d, s, (a > 0 ? s / a : 0), sdd, (ad > 0 ? sdd / ad : 0), same, tpr,
+               (h == "" ? "-" : sprintf("%.1f%%", h)), sprintf("%.0f%%", g == "" ? 0 : g) }'
   done
 }
 
@@ -164,8 +169,9 @@ if [ "${PAIR:-1}" != 0 ]; then
   echo
   echo "== the default pair in two processes: F16 target (core 0), Q4_1 drafter process (core 1),"
   echo "   T=0, B=$pair_budget, pools $pair_shape (depth,width); same text = the F16 target's AR text"
-  echo "| prompts   | decoder  | tok/s    | ratio  | same text | tok/round  | root hidden | guessed |"
-  echo "|-----------|----------|----------|--------|-----------|------------|-------------|---------|"
+  echo "   tok/s: the whole decode, prompt prefill included; decode: after the prompt's prefill"
+  echo "| prompts   | decoder  | tok/s    | ratio  | decode   | ratio  | same | tok/rd | hidden | guessed |"
+  echo "|-----------|----------|----------|--------|----------|--------|------|--------|--------|---------|"
   pair_set prompts deploy/prompts.jsonl "${MAX_NEW:-48}"
   pair_set code_edit deploy/code_edit.jsonl "${CODE_MAX_NEW:-128}"
   echo

@@ -965,6 +965,7 @@ int decode_run(Target *t, Drafter *d, const int *prompt, int n_prompt, const Dec
     res->t_start = dec_now(dec);
     if (!rc) decode_ask_early(dec, e);
     if (!rc) rc = feat_prefill(dec, prompt, n_prompt, e);
+    res->t_prefilled = dec_now(dec);
     res->prompt_cached = t->n_cached;
     /* a prefill of one chunk is a pass of that many rows: the planner's first cost */
     if (!rc && opts->planner && n_prompt > 1 && n_prompt - 1 <= DECODE_PASS_MAX)

@@ -111,6 +111,7 @@ typedef struct {
     long accepted_total;
     double tau_total;
     uint64_t t_start, t_end; /* prefill start, last commit */
+    uint64_t t_prefilled;    /* prefill end: what follows is decoding */
     int drafter_failed;
     int stopped; /* DecodeHooks.should_stop ended the decode */
     int prompt_cached; /* prompt entries the prefix cache supplied (target_prefill) */

@@ -202,6 +202,7 @@ typedef struct {
     int n_prompts;
     long tokens;
     uint64_t ns;
+    uint64_t ns_decode; /* of which after each prompt's prefill */
 } Totals;
 
 /* One prompt's summary line on stderr: what ran, how fast, and why it stopped. */
@@ -277,6 +278,7 @@ static int decode_prompts(const Args *A, Engine *en, const PromptSet *ps, Sink *
         }
         t->tokens += res.n_tokens;
         t->ns += res.t_end - res.t_start;
+        t->ns_decode += res.t_end - res.t_prefilled;
         print_prompt_summary(&opts, n, &res, s, en);
         s->taken_over = 0;
     }
@@ -293,6 +295,10 @@ static int finish(const Args *A, const PromptSet *ps, Sink *s, TimingAcc *timing
             fprintf(stderr, "rootspec-target: %d prompts, %ld tokens in %.3f s: %.2f tok/s\n",
                     t->n_prompts, t->tokens, t->ns * 1e-9,
                     t->ns ? t->tokens / (t->ns * 1e-9) : 0.0);
+        if (ps)
+            fprintf(stderr, "rootspec-target: after the prompts' prefill: %ld tokens in %.3f s: "
+                    "%.2f tok/s\n", t->tokens, t->ns_decode * 1e-9,
+                    t->ns_decode ? t->tokens / (t->ns_decode * 1e-9) : 0.0);
         timing_print(stderr, timing);
     }
     if (exit_code == 0) scores_print(stderr, s);
