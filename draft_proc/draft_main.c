@@ -240,6 +240,9 @@ int main(int argc, char **argv) {
     if (st.rows_kept)
         fprintf(stderr, "rootspec-draft: commits kept %ld rows from the pools' expansions, ran %ld\n",
                 st.rows_kept, st.rows_run);
+    if (st.ahead_passes || st.commits_free)
+        fprintf(stderr, "rootspec-draft: %ld passes of growth ahead; %ld commits needed no "
+                "commit pass\n", st.ahead_passes, st.commits_free);
     drafter_destroy(&d); /* before the model it borrows */
     tokenizer_destroy(&tok);
     model_destroy(&full);

@@ -111,6 +111,9 @@ typedef struct {
     /* Committed tokens whose rows a model kind kept from the last pool's expansions, and
      * those it ran in commit passes (prompts included). */
     long rows_kept, rows_run;
+    /* Passes of growth ahead of the last pool (while guesses seldom hit), and commits
+     * that ran no commit pass: they ended on a node whose row had run. */
+    long ahead_passes, commits_free;
 } DrafterAheadStats;
 /* What run-ahead did so far (zeros for a kind without it). */
 DrafterAheadStats drafter_ahead_stats(const Drafter *d);

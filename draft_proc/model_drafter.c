@@ -12,7 +12,10 @@
  * next commit either is the guess (the pool, or at least the commit pass, is ready) or is
  * not: the guess is taken back (backend_kv_truncate) to the prefix it shares with the
  * commit, and the commit runs as ever. The pool is what the commit alone would have grown:
- * rows a guess computed are the rows its commit would compute. */
+ * rows a guess computed are the rows its commit would compute. While guesses seldom hit,
+ * it grows the last pool ahead instead (its own copy: best unexpanded nodes first, a few
+ * rows a pass), and a commit keeps the rows of every committed token that ran in the pool
+ * or ahead of it: one that ends on such a node needs no commit pass at all. */
 #include "model_drafter.h"
 #include "drafter_impl.h"
 #include "kernels/prefill.h"
@@ -22,6 +25,11 @@
 
 /* Most tokens in one forward(): the prefill chunk (prefill_chunk()). */
 #define MAX_BATCH 64
+/* Nodes a pass of growth ahead expands: up to 4 rows cost about one on the CPU kernels
+ * (QK_GROUP), more a second pass over the weights. */
+#define AHEAD_ROWS 4
+/* Pending rows at most: a pool's expansions and a commit chunk, or growth ahead. */
+#define MAX_PENDING (POOL_N_EXPANDED + MAX_BATCH)
 
 typedef struct {
     const Model *m;
@@ -36,9 +44,10 @@ typedef struct {
     SyncGrowth g;       /* grow_begin's outcome for grow_end */
     /* run-ahead */
     int ahead_ok;        /* its backend can take a guess back (backend_kv_truncate) */
-    Pool *last;          /* the last pool grown, its expanded nodes pending from last_np0 */
+    Pool *last;          /* the last pool grown (and grown ahead, below) */
     int have_last, last_np0;
-    int last_pending;    /* those rows are still pending (no commit, guess or reset since) */
+    int last_pending;    /* its rows are still pending (no commit, guess or reset since) */
+    int *slot;           /* (POOL_MAX) pending row of each node of last whose row ran, -1 */
     int guess_n, guess[POOL_MAX_DEPTH + 1]; /* the committed guess, 0: none */
     int guess_ids[POOL_TOPK];  /* the top 10 below the guess: the next pool's first level */
     float guess_lq[POOL_TOPK];
@@ -85,11 +94,15 @@ static int expand(void *ctx, const PoolPass *pass, int *ids, float *logq, RsErr 
     return rc ? rc : reduce(d, ids, logq, e);
 }
 
-/* Pending row of each expanded node of the last pool, -1 for the others: its passes ran
- * by depth, each in pool order, so the rows follow pool order. */
-static void last_slots(const ModelDrafter *d, int *slot_of) {
+/* The last pool's rows stop being pending (a commit, a guess, a reset): nothing of it is
+ * kept from here on. */
+static void forget_last(ModelDrafter *d) { d->last_pending = 0; }
+
+/* After a growth: the pending row of each expanded node of the last pool, -1 for the
+ * others (its passes ran by depth, each in pool order, so the rows follow pool order). */
+static void last_slots(ModelDrafter *d) {
     const Pool *p = d->last;
-    for (int u = 0, k = d->last_np0; u < p->n; u++) slot_of[u] = p->n_children[u] ? k++ : -1;
+    for (int u = 0, k = d->last_np0; u < p->n; u++) d->slot[u] = p->n_children[u] ? k++ : -1;
 }
 
 /* Checks a commit of n tokens, keeps the pending rows keep[0 .. n_keep) (the first n_keep
@@ -111,7 +124,7 @@ static int commit_tokens(ModelDrafter *d, const int *keep, int n_keep, const int
                       "capacity %d",
                       backend_n_committed(b), n, POOL_N_EXPANDED, backend_kv_capacity(b));
     uint64_t t0 = rs_now_ns();
-    d->last_pending = 0;
+    forget_last(d);
     int rc = backend_kv_commit(b, keep, n_keep, e);
     const int *run = tokens + n_keep;
     int nr = n - n_keep;
@@ -125,22 +138,24 @@ static int commit_tokens(ModelDrafter *d, const int *keep, int n_keep, const int
 }
 
 /* The pending rows of the last pool's expanded nodes that a commit of `tokens` keeps: the
- * longest prefix, of at most n - 1 tokens (the last one's row is the commit pass's), that
- * is a path of expanded nodes from the pool's root. Those rows are what a commit pass
- * would compute for the same tokens (the same entries attended to in the same order), so
- * the commit runs only the rest: a chain accepted to depth k costs a pass of one or two
- * rows, not k + 1. Returns the prefix length, its rows in keep. */
-static int last_path(const ModelDrafter *d, const int *tokens, int n, int *keep) {
+ * longest prefix that is a path of expanded nodes from the pool's root. Those rows are
+ * what a commit pass would compute for the same tokens (the same entries attended to in
+ * the same order), so the commit runs only the rest: a chain accepted to depth k costs a
+ * pass of one or two rows, not k + 1, and none when the commit ends on an expanded node
+ * (its children in the pool are the top 10 of its row). Returns the prefix length, its
+ * rows in keep, and in *end the pool node it ends at (-1: the root). */
+static int last_path(const ModelDrafter *d, const int *tokens, int n, int *keep, int *end) {
+    *end = -1;
     if (!d->last_pending) return 0;
     const Pool *p = d->last;
-    int slot_of[POOL_MAX], m = 0, first = p->root_first_child, count = p->root_n_children;
-    last_slots(d, slot_of);
-    while (m < n - 1 && m < POOL_MAX_DEPTH) {
+    int m = 0, first = p->root_first_child, count = p->root_n_children;
+    while (m < n && m < POOL_MAX_DEPTH) {
         int u = -1;
         for (int k = 0; k < count && u < 0; k++)
             if (p->token[first + k] == tokens[m]) u = first + k;
-        if (u < 0 || slot_of[u] < 0) break;
-        keep[m++] = slot_of[u];
+        if (u < 0 || d->slot[u] < 0) break;
+        keep[m++] = d->slot[u];
+        *end = u;
         first = p->first_child[u];
         count = p->n_children[u];
     }
@@ -149,7 +164,7 @@ static int last_path(const ModelDrafter *d, const int *tokens, int n, int *keep)
 
 /* Takes a committed guess back to its first `keep` tokens (and drops what is pending). */
 static int guess_undo(ModelDrafter *d, int keep, RsErr *e) {
-    d->last_pending = 0;
+    forget_last(d);
     int rc = backend_kv_truncate(d->b, backend_n_committed(d->b) - d->guess_n + keep, e);
     d->guess_n = 0;
     d->next_depth = 0;
@@ -187,7 +202,16 @@ static int commit_first_level(ModelDrafter *d, const int *tokens, int n, int *id
         memcpy(lq, d->guess_lq, sizeof d->guess_lq);
         return RS_OK;
     }
-    int keep[POOL_MAX_DEPTH], nk = skip ? 0 : last_path(d, tokens, n, keep);
+    int keep[POOL_MAX_DEPTH + 1], end, nk = skip ? 0 : last_path(d, tokens, n, keep, &end);
+    if (nk == n) { /* ends on an expanded node: its children are the first level */
+        const Pool *p = d->last;
+        for (int k = 0; k < POOL_TOPK; k++) {
+            ids[k] = p->token[p->first_child[end] + k];
+            lq[k] = p->logq[p->first_child[end] + k];
+        }
+        d->st.commits_free++;
+        return commit_tokens(d, keep, nk, tokens, n, 0, e);
+    }
     rc = commit_tokens(d, keep, nk, tokens + skip, n - skip, 1, e);
     return rc ? rc : reduce(d, ids, lq, e);
 }
@@ -220,6 +244,7 @@ static int grow(ModelDrafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
     p->commit_pass_ns = commit_ns;
     memcpy(d->last, p, sizeof *p);
     d->have_last = d->last_pending = 1;
+    last_slots(d);
     p->draft_ns = rs_now_ns() - t0;
     /* The top-k reduction is host work wherever it ran: in rows_topk, or (CPU backend)
      * fused into the forwards' output head. */
@@ -235,7 +260,8 @@ static int model_reset(void *ctx, const int *prompt, int n, const void *features
                        size_t feat_bytes, RsErr *e) {
     ModelDrafter *d = ctx;
     backend_kv_reset(d->b);
-    d->guess_n = d->have_last = d->last_pending = d->next_depth = 0;
+    d->guess_n = d->have_last = d->next_depth = 0;
+    forget_last(d);
     if (n < 0) return rs_err(e, RS_EINVAL, "prefill of %d tokens", n);
     return n ? commit_tokens(d, NULL, 0, prompt, n, 0, e) : RS_OK;
 }
@@ -281,13 +307,12 @@ static int forward_one(ModelDrafter *d, int tok, int pos, const int *anc, int na
  * AHEAD_STOPPED when a request came first (nothing committed). */
 static int guess_commit(ModelDrafter *d, RsErr *e) {
     const Pool *p = d->last;
-    int slot_of[POOL_MAX], anc[POOL_MAX_DEPTH + 1], na = 0, ids[POOL_TOPK];
+    int anc[POOL_MAX_DEPTH + 1], na = 0, ids[POOL_TOPK];
     float lq[POOL_TOPK];
-    last_slots(d, slot_of);
     int u = p->root_first_child, nc = backend_n_committed(d->b);
-    for (; slot_of[u] >= 0; u = p->first_child[u]) {
+    for (; d->slot[u] >= 0; u = p->first_child[u]) {
         d->guess[na] = p->token[u];
-        anc[na++] = slot_of[u];
+        anc[na++] = d->slot[u];
     }
     if (nc + na + 2 + POOL_N_EXPANDED > backend_kv_capacity(d->b)) return AHEAD_STOPPED;
     if (d->stop(d->stop_arg)) return AHEAD_STOPPED;
@@ -300,26 +325,110 @@ static int guess_commit(ModelDrafter *d, RsErr *e) {
     if (rc) return rc;
     d->guess[na] = ids[0];
     anc[na++] = backend_n_pending(d->b) - 1;
-    d->last_pending = 0;
+    forget_last(d);
     rc = backend_kv_commit(d->b, anc, na, e);
     if (!rc) d->guess_n = na;
     return rc;
 }
 
-/* drafter_ahead: the guess, then the pool below it, until stop() says a request waits. A
- * failure takes the guess back; one that cannot be taken back forgets the context (the
- * next commit then fails and the target goes on without the drafter). */
+/* Up to AHEAD_ROWS best unexpanded nodes of the last pool by the pool's ranking, best
+ * first, that fit below POOL_MAX_DEPTH with their children: where the next commit most
+ * likely ends off the rows that ran, by the drafter's own law (the target's draw below
+ * the last node it verified: the best path's next node past a tree the budget cut short,
+ * or a correction where the target disagrees). */
+static int ahead_pick(const Pool *p, int *nodes) {
+    int n = 0;
+    for (int u = 0; u < p->n; u++) {
+        if (p->n_children[u] || p->depth[u] >= POOL_MAX_DEPTH) continue;
+        if (n == AHEAD_ROWS && pool_rank_cmp(p, u, nodes[n - 1]) > 0) continue;
+        int k = n < AHEAD_ROWS ? n++ : n - 1;
+        for (; k > 0 && pool_rank_cmp(p, u, nodes[k - 1]) < 0; k--) nodes[k] = nodes[k - 1];
+        nodes[k] = u;
+    }
+    while (n > 0 && p->n + n * POOL_TOPK > POOL_MAX) n--;
+    return n;
+}
+
+/* The nodes' rows' top 10 as their children in the last pool (its own copy: the target
+ * has the pool as sent), rows from row0 on. */
+static void ahead_add(ModelDrafter *d, const int *nodes, int n, int row0, const int *ids,
+                      const float *lq) {
+    Pool *p = d->last;
+    for (int k = 0; k < n; k++) {
+        int u = nodes[k];
+        d->slot[u] = row0 + k;
+        p->first_child[u] = p->n;
+        p->n_children[u] = POOL_TOPK;
+        for (int c = 0; c < POOL_TOPK; c++) {
+            int i = p->n++;
+            p->token[i] = ids[k * POOL_TOPK + c];
+            p->parent[i] = u;
+            p->logq[i] = lq[k * POOL_TOPK + c] > 0 ? 0 : lq[k * POOL_TOPK + c];
+            p->depth[i] = (uint8_t)(p->depth[u] + 1);
+            p->score[i] = p->score[u] + p->logq[i];
+            p->first_child[i] = -1;
+            p->n_children[i] = 0;
+            d->slot[i] = -1;
+        }
+    }
+}
+
+/* One pass of growth ahead: the best unexpanded nodes of the last pool run as pending rows
+ * after its others, under its tree mask, and their top 10 join it as their children. A
+ * commit that ends on a node whose row ran needs no commit pass (commit_first_level): its
+ * rows are those a commit pass would compute. AHEAD_STOPPED when a request came first or
+ * nothing more fits. */
+static int ahead_pass(ModelDrafter *d, RsErr *e) {
+    Pool *p = d->last;
+    Backend *b = d->b;
+    int nodes[AHEAD_ROWS], n = ahead_pick(p, nodes), np = backend_n_pending(b);
+    int nc = backend_n_committed(b), cols = np + n;
+    if (!n || cols > MAX_PENDING ||
+        nc + cols + POOL_MAX_DEPTH + 1 + POOL_N_EXPANDED > backend_kv_capacity(b))
+        return AHEAD_STOPPED;
+    int tok[AHEAD_ROWS], pos[AHEAD_ROWS], rows[AHEAD_ROWS];
+    uint8_t *m = rs_xcalloc((size_t)n * cols, 1);
+    for (int k = 0; k < n; k++) {
+        int u = nodes[k];
+        tok[k] = p->token[u];
+        pos[k] = nc - 1 + p->depth[u];
+        rows[k] = k;
+        m[(size_t)k * cols + np + k] = 1;
+        for (int a = p->parent[u]; a >= 0; a = p->parent[a]) m[(size_t)k * cols + d->slot[a]] = 1;
+    }
+    int ids[AHEAD_ROWS * POOL_TOPK], rc = AHEAD_STOPPED;
+    float lq[AHEAD_ROWS * POOL_TOPK];
+    if (!d->stop(d->stop_arg)) {
+        rc = backend_forward(b, tok, pos, n, m, rows, n, NULL, e);
+        if (!rc) rc = backend_rows_topk(b, POOL_TOPK, ids, lq, d->lse, e);
+    }
+    free(m);
+    if (rc) return rc;
+    ahead_add(d, nodes, n, np, ids, lq);
+    d->st.ahead_passes++;
+    return RS_OK;
+}
+
+/* drafter_ahead: the guess, then the pool below it, until stop() says a request waits;
+ * while guesses seldom hit, growth ahead of the last pool instead. A failure takes the guess back; one that
+ * cannot be taken back forgets the context (the next commit then fails and the target goes
+ * on without the drafter). */
 static void model_ahead(void *ctx, int (*stop)(void *), void *arg) {
     ModelDrafter *d = ctx;
     if (!d->ahead_ok || !d->have_last || d->guess_n) return;
     d->have_last = 0; /* one guess per pool */
-    if (d->hit_rate < HIT_MIN && ++d->skipped < PROBE_EVERY) return;
-    d->skipped = 0;
     d->stop = stop;
     d->stop_arg = arg;
     RsErr e = {0};
-    int rc = guess_commit(d, &e);
-    if (!rc) {
+    int rc;
+    if (d->hit_rate < HIT_MIN && ++d->skipped < PROBE_EVERY) {
+        rc = RS_OK;
+        while (!rc && d->last_pending) rc = ahead_pass(d, &e);
+    } else {
+        d->skipped = 0;
+        rc = guess_commit(d, &e);
+    }
+    if (!rc && d->guess_n) {
         d->st.guesses++;
         rc = pool_grow(d->next, d->guess_ids, d->guess_lq, 0, d->depth, d->width, expand, d,
                        d->vocab, "drafter", &e);
@@ -328,7 +437,7 @@ static void model_ahead(void *ctx, int (*stop)(void *), void *arg) {
     if (rc == AHEAD_STOPPED) rc = RS_OK;
     d->stop = NULL;
     if (rc && d->guess_n && guess_undo(d, 0, &e)) backend_kv_reset(d->b);
-    if (rc) d->last_pending = 0;
+    if (rc) forget_last(d);
 }
 
 static void model_ahead_stats(const void *ctx, DrafterAheadStats *st) {
@@ -347,6 +456,7 @@ static void md_destroy(void *ctx) {
     model_destroy(&d->view); /* after the backend that borrowed it */
     sync_growth_free(&d->g);
     free(d->last);
+    free(d->slot);
     free(d->next);
     free(d);
 }
@@ -379,7 +489,7 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
     d->width = POOL_EXPAND;
     BackendParams bp = *params;
     bp.max_batch = MAX_BATCH;
-    bp.max_pending = POOL_N_EXPANDED + MAX_BATCH;
+    bp.max_pending = MAX_PENDING;
     bp.topk_hint = POOL_TOPK; /* every pass is read by reduce() */
     int rc = backend_create(ops, m, &bp, &d->b, e);
     if (rc) {
@@ -389,6 +499,7 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
     }
     sync_growth_init(&d->g);
     d->last = rs_xcalloc(1, sizeof(Pool));
+    d->slot = rs_xcalloc(POOL_MAX, sizeof(int));
     d->next = rs_xcalloc(1, sizeof(Pool));
     RsErr te = {0};
     d->ahead_ok = backend_kv_truncate(d->b, 0, &te) == RS_OK;

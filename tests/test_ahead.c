@@ -112,8 +112,9 @@ static DrafterAheadStats same_pools(void) {
 
 START_TEST(test_ahead_same_pools) {
     DrafterAheadStats st = same_pools();
-    fprintf(stderr, "run-ahead: %ld guesses, %ld hits (%ld pools ready), %ld misses\n",
-            st.guesses, st.hits, st.pools_ready, st.misses);
+    fprintf(stderr, "run-ahead: %ld guesses, %ld hits (%ld pools ready), %ld misses; %ld passes "
+            "of growth ahead, %ld commits with no commit pass\n", st.guesses, st.hits,
+            st.pools_ready, st.misses, st.ahead_passes, st.commits_free);
     ck_assert_msg(st.hits >= 6 && st.pools_ready >= 3 && st.hits > st.pools_ready,
                   "the sequence did not reach every hit case: %ld hits, %ld pools ready",
                   st.hits, st.pools_ready);
@@ -219,6 +220,72 @@ START_TEST(test_commit_keeps_rows) {
 }
 END_TEST
 
+/* The best unexpanded node of p by the pool's ranking. */
+static int best_unexpanded(const Pool *p) {
+    int best = -1;
+    for (int u = 0; u < p->n; u++)
+        if (!p->n_children[u] && (best < 0 || pool_rank_cmp(p, u, best) < 0)) best = u;
+    return best;
+}
+
+/* Growth ahead (guesses that seldom hit): between rounds the drafter expands its last
+ * pool's best unexpanded nodes. Commits that end on them, or one token past them, must
+ * give the pools a drafter given the whole context afresh grows, bit for bit; the first
+ * ten commits leave the pool, so the guesses' hit rate falls and growth ahead takes over. */
+START_TEST(test_growth_ahead_same_pools) {
+    RsErr e = {0};
+    Model *m = tu_random_model(ARCH_LLAMA, 32, 64, 2, 4, 2, 64, 991);
+    Drafter *a = NULL, *r = NULL, *probe = NULL;
+    ck_assert_int_eq(drafter_model_create(m, &cpu_backend_ops, TU_BP(HIST_MAX + 128, 1), &a, &e), 0);
+    ck_assert_int_eq(drafter_model_create(m, &cpu_backend_ops, TU_BP(HIST_MAX + 128, 1), &r, &e), 0);
+    ck_assert_int_eq(drafter_model_create(m, &cpu_backend_ops, TU_BP(HIST_MAX + 128, 1), &probe, &e), 0);
+    static int hist[HIST_MAX], ctx[HIST_MAX];
+    static Pool pa, pr, q;
+    int nh = 5, commit[16], nc = 0;
+    for (int i = 0; i < nh; i++) hist[i] = (i * 5 + 2) % 64;
+    for (int round = 0; round < 36; round++) {
+        int shape = round % 4 == 3 ? 3 : 5; /* chains 5,1 and a narrow tree 3,2 */
+        drafter_set_shape(a, shape, shape == 5 ? 1 : 2);
+        drafter_set_shape(r, shape, shape == 5 ? 1 : 2);
+        ck_assert_msg(drafter_grow_begin(a, round ? commit : hist, round ? nc : nh, round == 0,
+                                         NULL, 0, &e) == 0, "%s", e.msg);
+        ck_assert_msg(drafter_grow_end(a, &pa, &e) == 0, "%s", e.msg);
+        ck_assert_msg(drafter_grow_begin(r, hist, nh, 1, NULL, 0, &e) == 0, "%s", e.msg);
+        ck_assert_msg(drafter_grow_end(r, &pr, &e) == 0, "%s", e.msg);
+        check_same(&pa, &pr, round);
+        int left = 1000;
+        drafter_ahead(a, stop_after, &left);
+        if (round < 10) {
+            nc = path_commit(2, 0, &pa, commit);
+        } else { /* the path to the best unexpanded node, then (every other round) its best child */
+            int u = best_unexpanded(&pa), n = 0, path[POOL_MAX_DEPTH + 1];
+            for (int v = u; v >= 0; v = pa.parent[v]) path[n++] = pa.token[v];
+            for (nc = 0; nc < n; nc++) commit[nc] = path[n - 1 - nc];
+            if (round % 2) {
+                memcpy(ctx, hist, sizeof(int) * (size_t)nh);
+                memcpy(ctx + nh, commit, sizeof(int) * (size_t)nc);
+                ck_assert_msg(drafter_grow_begin(probe, ctx, nh + nc, 1, NULL, 0, &e) == 0, "%s", e.msg);
+                ck_assert_msg(drafter_grow_end(probe, &q, &e) == 0, "%s", e.msg);
+                commit[nc++] = q.token[q.root_first_child];
+            }
+        }
+        ck_assert(nh + nc < HIST_MAX);
+        memcpy(hist + nh, commit, sizeof(int) * (size_t)nc);
+        nh += nc;
+    }
+    DrafterAheadStats st = drafter_ahead_stats(a);
+    fprintf(stderr, "growth ahead: %ld passes, %ld commits with no commit pass, %ld guesses\n",
+            st.ahead_passes, st.commits_free, st.guesses);
+    ck_assert_msg(st.ahead_passes >= 10 && st.commits_free >= 8,
+                  "growth ahead: %ld passes, %ld commits with no commit pass", st.ahead_passes,
+                  st.commits_free);
+    drafter_destroy(&a);
+    drafter_destroy(&r);
+    drafter_destroy(&probe);
+    model_destroy(&m);
+}
+END_TEST
+
 Suite *suite_ahead(void) {
     Suite *s = suite_create("ahead");
     TCase *tc = tcase_create("core");
@@ -226,6 +293,7 @@ Suite *suite_ahead(void) {
     tcase_add_test(tc, test_ahead_same_pools);
     tcase_add_test(tc, test_kv_truncate);
     tcase_add_test(tc, test_commit_keeps_rows);
+    tcase_add_test(tc, test_growth_ahead_same_pools);
     suite_add_tcase(s, tc);
     return s;
 }
