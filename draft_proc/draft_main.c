@@ -242,7 +242,8 @@ int main(int argc, char **argv) {
                 st.rows_kept, st.rows_run);
     if (st.ahead_passes || st.commits_free)
         fprintf(stderr, "rootspec-draft: %ld passes of growth ahead; %ld commits needed no "
-                "commit pass\n", st.ahead_passes, st.commits_free);
+                "commit pass, %ld expansions had run\n", st.ahead_passes, st.commits_free,
+                st.expansions_free);
     drafter_destroy(&d); /* before the model it borrows */
     tokenizer_destroy(&tok);
     model_destroy(&full);

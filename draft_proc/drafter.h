@@ -114,6 +114,7 @@ typedef struct {
     /* Passes of growth ahead of the last pool (while guesses seldom hit), and commits
      * that ran no commit pass: they ended on a node whose row had run. */
     long ahead_passes, commits_free;
+    long expansions_free; /* pool expansions taken from rows that ran ahead */
 } DrafterAheadStats;
 /* What run-ahead did so far (zeros for a kind without it). */
 DrafterAheadStats drafter_ahead_stats(const Drafter *d);

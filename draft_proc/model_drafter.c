@@ -31,6 +31,19 @@
 /* Pending rows at most: a pool's expansions and a commit chunk, or growth ahead. */
 #define MAX_PENDING (POOL_N_EXPANDED + MAX_BATCH)
 
+/* When the next request comes, so that growth ahead starts no pass that would still run
+ * then (the request would wait for it). The gap from a pool to the next request is learnt
+ * from requests that found a pass running (they came while it ran: its start plus half a
+ * pass, as a guess), and from the exact gap when the deadline stopped growth too early;
+ * with none yet, no deadline. */
+typedef struct {
+    uint64_t t_pool;       /* the last growth's end */
+    uint64_t t_pass;       /* the last pass ahead's start */
+    double gap_ns, pass_ns; /* running estimates, 0: none yet */
+    int ended;             /* how growth ahead ended: AHEAD_BY_* */
+} AheadClock;
+enum { AHEAD_BY_NONE, AHEAD_BY_REQUEST, AHEAD_BY_DEADLINE };
+
 typedef struct {
     const Model *m;
     Model *view;        /* a model it owns (m == view): the self-drafter's layer view, or
@@ -48,6 +61,13 @@ typedef struct {
     int have_last, last_np0;
     int last_pending;    /* its rows are still pending (no commit, guess or reset since) */
     int *slot;           /* (POOL_MAX) pending row of each node of last whose row ran, -1 */
+    int *grow_slot;      /* (POOL_MAX) the same for the pool being grown (expand() sets it) */
+    /* Rows that ran ahead below the last commit's end, kept pending for the growth of the
+     * next pool (commit_stay): stay_node[r] is the node of last whose row is pending row r
+     * (r < n_stay), stay_row the inverse (-1: none); stay_root the commit's end, -1: none. */
+    int stay_root, n_stay, stay_node[MAX_PENDING];
+    int *stay_row;       /* (POOL_MAX) */
+    AheadClock clock;
     int guess_n, guess[POOL_MAX_DEPTH + 1]; /* the committed guess, 0: none */
     int guess_ids[POOL_TOPK];  /* the top 10 below the guess: the next pool's first level */
     float guess_lq[POOL_TOPK];
@@ -76,12 +96,47 @@ static int reduce(ModelDrafter *d, int *ids, float *logq, RsErr *e) {
     return backend_rows_topk(d->b, POOL_TOPK, ids, logq, d->lse, e);
 }
 
+/* The node of the last pool a pass node of the pool being grown below stay_root stands
+ * for (the child with its token of the node its parent stands for), when its row stayed
+ * pending; -1 otherwise. */
+static int stayed(const ModelDrafter *d, int parent_row, int tok) {
+    int par = parent_row < 0 ? d->stay_root : parent_row < d->n_stay ? d->stay_node[parent_row] : -1;
+    if (par < 0 || d->slot[par] < 0) return -1;
+    const Pool *p = d->last;
+    for (int c = p->first_child[par]; c < p->first_child[par] + p->n_children[par]; c++)
+        if (p->token[c] == tok) return d->stay_row[c] >= 0 ? c : -1;
+    return -1;
+}
+
+/* When every node of the pass ran ahead (its row stayed pending, its top 10 are its
+ * children in the last pool): those rows and children, and 1; else 0. */
+static int reuse_pass(ModelDrafter *d, const PoolPass *pass, int *ids, float *logq) {
+    if (d->stay_root < 0) return 0;
+    int old[POOL_EXPAND];
+    for (int k = 0; k < pass->n; k++)
+        if ((old[k] = stayed(d, pass->parent_row[k], pass->token[k])) < 0) return 0;
+    const Pool *p = d->last;
+    for (int k = 0; k < pass->n; k++) {
+        pass->row[k] = d->stay_row[old[k]];
+        for (int c = 0; c < POOL_TOPK; c++) {
+            ids[k * POOL_TOPK + c] = p->token[p->first_child[old[k]] + c];
+            logq[k * POOL_TOPK + c] = p->logq[p->first_child[old[k]] + c];
+        }
+    }
+    return 1;
+}
+
 /* pool_grow's callback: runs a pass's nodes through the drafter under the pass's tree mask
- * and reads each row's top 10. */
+ * and reads each row's top 10, or takes what ran ahead. */
 static int expand(void *ctx, const PoolPass *pass, int *ids, float *logq, RsErr *e) {
     ModelDrafter *d = ctx;
     Backend *b = d->b;
     if (d->stop && d->stop(d->stop_arg)) return AHEAD_STOPPED;
+    if (reuse_pass(d, pass, ids, logq)) {
+        for (int k = 0; k < pass->n; k++) d->grow_slot[pass->node[k]] = pass->row[k];
+        d->st.expansions_free += pass->n;
+        return POOL_ROWS_REUSED;
+    }
     int n = pass->n, pos[POOL_EXPAND], rows[POOL_EXPAND];
     RS_ASSERT(n <= POOL_EXPAND && backend_n_pending(b) == pass->n_pending);
     for (int k = 0; k < n; k++) {
@@ -91,6 +146,7 @@ static int expand(void *ctx, const PoolPass *pass, int *ids, float *logq, RsErr 
     uint64_t t0 = rs_now_ns();
     int rc = backend_forward(b, pass->token, pos, n, pass->mask, rows, n, NULL, e);
     d->backend_ns += rs_now_ns() - t0;
+    for (int k = 0; !rc && k < n; k++) d->grow_slot[pass->node[k]] = pass->n_pending + k;
     return rc ? rc : reduce(d, ids, logq, e);
 }
 
@@ -98,12 +154,10 @@ static int expand(void *ctx, const PoolPass *pass, int *ids, float *logq, RsErr 
  * kept from here on. */
 static void forget_last(ModelDrafter *d) { d->last_pending = 0; }
 
-/* After a growth: the pending row of each expanded node of the last pool, -1 for the
- * others (its passes ran by depth, each in pool order, so the rows follow pool order). */
-static void last_slots(ModelDrafter *d) {
-    const Pool *p = d->last;
-    for (int u = 0, k = d->last_np0; u < p->n; u++) d->slot[u] = p->n_children[u] ? k++ : -1;
+static void slots_clear(int *slot) {
+    for (int u = 0; u < POOL_MAX; u++) slot[u] = -1;
 }
+
 
 /* Checks a commit of n tokens, keeps the pending rows keep[0 .. n_keep) (the first n_keep
  * tokens' rows, grown in the last pool), drops the rest of last round's tree entries and
@@ -162,6 +216,54 @@ static int last_path(const ModelDrafter *d, const int *tokens, int n, int *keep,
     return m;
 }
 
+/* Pending rows of the last pool's nodes below `end` whose rows ran, ascending (a node's
+ * ancestors come first), as many as leave room for a pool's expansions. */
+static int stay_rows(const ModelDrafter *d, int end, int *rows, int *nodes) {
+    const Pool *p = d->last;
+    int n = 0;
+    for (int u = 0; u < p->n; u++) {
+        if (d->slot[u] < 0 || u == end) continue;
+        int a = p->parent[u];
+        while (a >= 0 && a != end) a = p->parent[a];
+        if (a != end) continue;
+        int k = n++;
+        for (; k > 0 && rows[k - 1] > d->slot[u]; k--) rows[k] = rows[k - 1], nodes[k] = nodes[k - 1];
+        rows[k] = d->slot[u];
+        nodes[k] = u;
+    }
+    return n < MAX_PENDING - POOL_N_EXPANDED ? n : MAX_PENDING - POOL_N_EXPANDED;
+}
+
+/* A commit whose every token's row ran (keep, ending on node `end`): commits them, and the
+ * rows that ran below `end` stay pending for the next pool (the growth takes them instead
+ * of running them, expand()); a backend that cannot keep them drops them. */
+static int commit_stay(ModelDrafter *d, const int *keep, int nk, int end, RsErr *e) {
+    int rows[POOL_MAX], ns = stay_rows(d, end, rows, d->stay_node);
+    uint64_t t0 = rs_now_ns();
+    forget_last(d);
+    d->st.rows_kept += nk;
+    int rc = RS_EUNSUPPORTED;
+    if (ns && backend_n_committed(d->b) + nk + ns + POOL_N_EXPANDED <= backend_kv_capacity(d->b))
+        rc = backend_kv_commit_stay(d->b, keep, nk, rows, ns, e);
+    if (rc == RS_EUNSUPPORTED) {
+        d->backend_ns += rs_now_ns() - t0;
+        return backend_kv_commit(d->b, keep, nk, e);
+    }
+    d->backend_ns += rs_now_ns() - t0;
+    if (rc) return rc;
+    d->stay_root = end;
+    d->n_stay = ns;
+    for (int r = 0; r < ns; r++) d->stay_row[d->stay_node[r]] = r;
+    return RS_OK;
+}
+
+/* Forgets the rows that stayed for a growth, once it is over. */
+static void stay_clear(ModelDrafter *d) {
+    for (int r = 0; r < d->n_stay; r++) d->stay_row[d->stay_node[r]] = -1;
+    d->n_stay = 0;
+    d->stay_root = -1;
+}
+
 /* Takes a committed guess back to its first `keep` tokens (and drops what is pending). */
 static int guess_undo(ModelDrafter *d, int keep, RsErr *e) {
     forget_last(d);
@@ -210,21 +312,37 @@ static int commit_first_level(ModelDrafter *d, const int *tokens, int n, int *id
             lq[k] = p->logq[p->first_child[end] + k];
         }
         d->st.commits_free++;
-        return commit_tokens(d, keep, nk, tokens, n, 0, e);
+        return commit_stay(d, keep, nk, end, e);
     }
     rc = commit_tokens(d, keep, nk, tokens + skip, n - skip, 1, e);
     return rc ? rc : reduce(d, ids, lq, e);
 }
 
+/* A request came at t: what it says of the gap from a pool to the next request. */
+static void clock_request(AheadClock *c, uint64_t t) {
+    double g = 0;
+    if (c->ended == AHEAD_BY_REQUEST) g = (double)(c->t_pass - c->t_pool) + c->pass_ns / 2;
+    if (c->ended == AHEAD_BY_DEADLINE) g = (double)(t - c->t_pool);
+    if (g > 0) c->gap_ns = c->gap_ns > 0 ? c->gap_ns + 0.3 * (g - c->gap_ns) : g;
+    c->ended = AHEAD_BY_NONE;
+}
+
+/* 1 when a pass ahead started now would likely still run when the next request comes. */
+static int clock_late(const AheadClock *c, uint64_t now) {
+    return c->gap_ns > 0 && (double)(now - c->t_pool) + c->pass_ns > c->gap_ns;
+}
+
 /* Commits `tokens` and grows the pool below the last of them into *p. */
 static int grow(ModelDrafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
     uint64_t t0 = rs_now_ns(), fused0 = backend_stats(d->b).fused_topk_ns;
+    clock_request(&d->clock, t0);
     if (n < 1) return rs_err(e, RS_EINVAL, "commit of %d tokens: need at least one", n);
     d->have_last = 0;
     d->backend_ns = 0;
     d->rows = 0;
     int ids[POOL_TOPK], ahead;
     float lq[POOL_TOPK];
+    stay_clear(d);
     int rc = commit_first_level(d, tokens, n, ids, lq, &ahead, e);
     if (rc) return rc;
     uint64_t commit_ns = ahead ? 0 : rs_now_ns() - t0; /* 0: the guess was the commit */
@@ -235,17 +353,20 @@ static int grow(ModelDrafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
     } else {
         if (ahead) rc = backend_kv_commit(d->b, NULL, 0, e); /* a pool begun ahead, unfinished */
         d->last_np0 = backend_n_pending(d->b);
+        slots_clear(d->grow_slot);
         if (!rc)
             rc = pool_grow(p, ids, lq, d->last_np0, d->depth, d->width, expand, d, d->vocab,
                            "drafter", e);
     }
+    stay_clear(d);
     d->next_depth = 0;
     if (rc) return rc;
     p->commit_pass_ns = commit_ns;
     memcpy(d->last, p, sizeof *p);
+    memcpy(d->slot, d->grow_slot, sizeof(int) * POOL_MAX);
     d->have_last = d->last_pending = 1;
-    last_slots(d);
     p->draft_ns = rs_now_ns() - t0;
+    d->clock.t_pool = t0 + p->draft_ns;
     /* The top-k reduction is host work wherever it ran: in rows_topk, or (CPU backend)
      * fused into the forwards' output head. */
     uint64_t fwd = d->backend_ns - (backend_stats(d->b).fused_topk_ns - fused0);
@@ -398,9 +519,15 @@ static int ahead_pass(ModelDrafter *d, RsErr *e) {
     }
     int ids[AHEAD_ROWS * POOL_TOPK], rc = AHEAD_STOPPED;
     float lq[AHEAD_ROWS * POOL_TOPK];
-    if (!d->stop(d->stop_arg)) {
+    uint64_t t0 = rs_now_ns();
+    if (d->stop(d->stop_arg)) d->clock.ended = AHEAD_BY_REQUEST;
+    else if (clock_late(&d->clock, t0)) d->clock.ended = AHEAD_BY_DEADLINE;
+    else {
         rc = backend_forward(b, tok, pos, n, m, rows, n, NULL, e);
         if (!rc) rc = backend_rows_topk(b, POOL_TOPK, ids, lq, d->lse, e);
+        double took = (double)(rs_now_ns() - t0);
+        d->clock.pass_ns = d->clock.pass_ns > 0 ? d->clock.pass_ns + 0.3 * (took - d->clock.pass_ns) : took;
+        d->clock.t_pass = t0;
     }
     free(m);
     if (rc) return rc;
@@ -430,6 +557,7 @@ static void model_ahead(void *ctx, int (*stop)(void *), void *arg) {
     }
     if (!rc && d->guess_n) {
         d->st.guesses++;
+        slots_clear(d->grow_slot);
         rc = pool_grow(d->next, d->guess_ids, d->guess_lq, 0, d->depth, d->width, expand, d,
                        d->vocab, "drafter", &e);
         if (!rc) d->next_depth = d->depth, d->next_width = d->width;
@@ -457,6 +585,8 @@ static void md_destroy(void *ctx) {
     sync_growth_free(&d->g);
     free(d->last);
     free(d->slot);
+    free(d->grow_slot);
+    free(d->stay_row);
     free(d->next);
     free(d);
 }
@@ -500,6 +630,10 @@ static int model_kind_create(const Model *m, Model *view, const BackendOps *ops,
     sync_growth_init(&d->g);
     d->last = rs_xcalloc(1, sizeof(Pool));
     d->slot = rs_xcalloc(POOL_MAX, sizeof(int));
+    d->grow_slot = rs_xcalloc(POOL_MAX, sizeof(int));
+    d->stay_row = rs_xcalloc(POOL_MAX, sizeof(int));
+    slots_clear(d->stay_row);
+    d->stay_root = -1;
     d->next = rs_xcalloc(1, sizeof(Pool));
     RsErr te = {0};
     d->ahead_ok = backend_kv_truncate(d->b, 0, &te) == RS_OK;

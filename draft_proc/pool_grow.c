@@ -39,7 +39,8 @@ static void best_new(const Pool *p, int first, int width, int *nodes) {
 
 /* One pass over `nodes` (one depth): mask rows naming each node's pending ancestors and
  * itself, the kind's forward, then the nodes' children. slot_of: pending row of every
- * expanded node so far. */
+ * expanded node so far. Returns RS_OK (n rows added), POOL_ROWS_REUSED (none) or an
+ * error. */
 static int expand_pass(Pool *p, const int *nodes, int n, int np, int *slot_of, uint8_t *m,
                        PoolExpandFn expand, void *ctx, RsErr *e) {
     int cols = np + n, tokens[POOL_EXPAND], prow[POOL_EXPAND];
@@ -56,20 +57,21 @@ static int expand_pass(Pool *p, const int *nodes, int n, int np, int *slot_of, u
             m[(size_t)k * cols + slot_of[a]] = 1;
         }
     }
+    int row[POOL_EXPAND];
     PoolPass pass = {.n = n, .node = nodes, .token = tokens, .depth = p->depth[nodes[0]],
-                     .parent_row = prow, .mask = m, .n_pending = np};
+                     .parent_row = prow, .mask = m, .n_pending = np, .row = row};
     int rc = expand(ctx, &pass, ids, lq, e);
-    if (rc) return rc;
-    for (int k = 0; k < n; k++) slot_of[nodes[k]] = np + k;
+    if (rc != RS_OK && rc != POOL_ROWS_REUSED) return rc;
+    for (int k = 0; k < n; k++) slot_of[nodes[k]] = rc == POOL_ROWS_REUSED ? row[k] : np + k;
     for (int k = 0; k < n; k++)
         add_children(p, ids + k * POOL_TOPK, lq + k * POOL_TOPK, nodes[k], p->depth[nodes[k]] + 1);
-    return RS_OK;
+    return rc;
 }
 
 int pool_grow(Pool *p, const int *root_ids, const float *root_logq, int n_pending0,
               int max_depth, int width, PoolExpandFn expand, void *ctx, int vocab, const char *who,
               RsErr *e) {
-    int slot_of[POOL_MAX], nodes[POOL_EXPAND], passes = 1, expanded = 0;
+    int slot_of[POOL_MAX], nodes[POOL_EXPAND], passes = 1, expanded = 0, np = n_pending0;
     for (int i = 0; i < POOL_MAX; i++) slot_of[i] = -1;
     p->n = 0;
     add_children(p, root_ids, root_logq, -1, 1);
@@ -82,13 +84,14 @@ int pool_grow(Pool *p, const int *root_ids, const float *root_logq, int n_pendin
     RS_ASSERT(max_depth >= 1 && max_depth <= POOL_MAX_DEPTH);
     for (int depth = 1; depth < max_depth; depth++) {
         int first_new = p->n;
-        int rc = expand_pass(p, nodes, width, n_pending0 + expanded, slot_of, m, expand, ctx, e);
-        if (rc) {
+        int rc = expand_pass(p, nodes, width, np, slot_of, m, expand, ctx, e);
+        if (rc != RS_OK && rc != POOL_ROWS_REUSED) {
             if (m != mask) free(m);
             return rc;
         }
         passes++;
         expanded += width;
+        if (rc == RS_OK) np += width;
         if (depth + 1 < max_depth) best_new(p, first_new, width, nodes);
     }
     if (m != mask) free(m);

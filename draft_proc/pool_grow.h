@@ -21,11 +21,16 @@ typedef struct {
     const int *parent_row; // (n) pending row of each node's parent; -1: the root (depth 1)
     const uint8_t *mask;   // (n, n_pending + n) 1 = attend: each node's ancestors and itself
     int n_pending;         /* pending rows before the pass */
+    int *row;              // (n) out, with POOL_ROWS_REUSED: each node's pending row
 } PoolPass;
 
 /* Forwards the pass's nodes and returns, per node, the POOL_TOPK best next tokens (ids in
- * the pool's token space) and their log q (log-softmax), best first. An error stops the
- * growth and is returned as is. */
+ * the pool's token space) and their log q (log-softmax), best first: RS_OK, their rows
+ * then pending rows n_pending .. n_pending + n - 1. Or, when every node's row is pending
+ * already (run ahead), POOL_ROWS_REUSED with those rows in pass->row and no forward. Any
+ * other status (an error, or a positive one of the kind's own) stops the growth and is
+ * returned as is. */
+#define POOL_ROWS_REUSED 2
 typedef int (*PoolExpandFn)(void *ctx, const PoolPass *pass, int *top_ids /* (n, POOL_TOPK) */,
                             float *top_logq /* (n, POOL_TOPK) */, RsErr *e);
 

@@ -153,6 +153,12 @@ void backend_kv_reset(Backend *b);
  * n_committed <= backend_n_committed): a drafter that committed a guess takes it back.
  * RS_EINVAL for n outside that range; RS_EUNSUPPORTED for a backend without it (CUDA). */
 int backend_kv_truncate(Backend *b, int n_committed, RsErr *e);
+/* backend_kv_commit of keep, and the pending entries stay[0 .. n_stay) stay pending as
+ * entries 0 .. n_stay - 1 (each index in keep and stay at most once): a drafter that ran
+ * rows ahead below what is now committed keeps them for its next pool. RS_EUNSUPPORTED
+ * for a backend without it (CUDA) or while it records features. */
+int backend_kv_commit_stay(Backend *b, const int *keep, int n_keep, const int *stay, int n_stay,
+                           RsErr *e);
 int backend_n_committed(const Backend *b); /* committed cache entries */
 int backend_n_pending(const Backend *b);   /* pending entries after the committed ones */
 int backend_kv_capacity(const Backend *b); /* committed + pending never exceed this */

@@ -204,6 +204,16 @@ int backend_kv_truncate(Backend *b, int n_committed, RsErr *e) {
     return RS_OK;
 }
 
+int backend_kv_commit_stay(Backend *b, const int *keep, int n_keep, const int *stay, int n_stay,
+                           RsErr *e) {
+    if (!b->ops->kv_commit_stay || b->feat_n)
+        return rs_err(e, RS_EUNSUPPORTED, "the %s backend cannot keep entries pending across a "
+                      "commit%s", b->ops->name, b->feat_n ? " while it records features" : "");
+    int rc = b->ops->kv_commit_stay(b, keep, n_keep, stay, n_stay, e);
+    if (rc == RS_OK) b->n_kept = b->feat_rows = 0;
+    return rc;
+}
+
 BackendStats backend_stats(const Backend *b) {
     BackendStats st = {.forwards = b->n_forwards, .tokens = b->n_tokens,
                        .d2h_full_rows = b->n_d2h_full_rows, .rows_stats_calls = b->n_rows_stats};

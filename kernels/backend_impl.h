@@ -35,6 +35,9 @@ struct BackendOps {
     void (*kv_reset)(Backend *b);
     /* Optional: as backend_kv_truncate, n already checked (NULL: RS_EUNSUPPORTED). */
     void (*kv_truncate)(Backend *b, int n_committed);
+    /* Optional: as backend_kv_commit_stay, checks its lists (NULL: RS_EUNSUPPORTED). */
+    int (*kv_commit_stay)(Backend *b, const int *keep, int n_keep, const int *stay, int n_stay,
+                          RsErr *e);
     /* Optional (NULL: malloc/free); see backend_host_alloc. */
     void *(*host_alloc)(Backend *b, size_t bytes);
     void (*host_free)(Backend *b, void *p);

@@ -154,6 +154,43 @@ START_TEST(test_kv_truncate) {
 }
 END_TEST
 
+/* backend_kv_commit_stay: entries kept commit, staying ones stay pending with their
+ * positions (a token after them sees what it sees with the same tokens committed and
+ * pending afresh), and a list naming an entry twice or more entries than are pending is
+ * refused. */
+START_TEST(test_kv_commit_stay) {
+    RsErr e = {0};
+    Model *m = tu_random_model(ARCH_LLAMA, 32, 64, 2, 4, 2, 64, 6);
+    Backend *b = NULL;
+    BackendParams bp = {.kv_capacity = 64, .max_batch = 16, .max_pending = 16, .threads = 1};
+    ck_assert_int_eq(backend_create(&cpu_backend_ops, m, &bp, &b, &e), 0);
+    /* committed 1 2 3 4 at 0..3; pending: 5 at 4, below it 9 at 5 and 6 at 5, 7 at 6 below 6 */
+    int ctx[4] = {1, 2, 3, 4}, cpos[4] = {0, 1, 2, 3}, tok[4] = {5, 9, 6, 7}, pos[4] = {4, 5, 5, 6};
+    uint8_t mask[16] = {1, 0, 0, 0, 1, 1, 0, 0, 1, 0, 1, 0, 1, 0, 1, 1};
+    ck_assert_int_eq(backend_forward(b, ctx, cpos, 4, NULL, NULL, 0, NULL, &e), 0);
+    ck_assert_int_eq(backend_kv_commit(b, (int[]){0, 1, 2, 3}, 4, &e), 0);
+    ck_assert_int_eq(backend_forward(b, tok, pos, 4, mask, NULL, 0, NULL, &e), 0);
+    ck_assert_int_eq(backend_kv_commit_stay(b, (int[]){0}, 1, (int[]){0, 2}, 2, &e), RS_EINVAL);
+    ck_assert_int_eq(backend_kv_commit_stay(b, (int[]){0, 2}, 2, (int[]){3, 1, 0}, 3, &e), RS_EINVAL);
+    ck_assert_int_eq(backend_kv_commit_stay(b, (int[]){0}, 1, (int[]){3, 2}, 2, &e), 0);
+    ck_assert_int_eq(backend_n_committed(b), 5);
+    ck_assert_int_eq(backend_n_pending(b), 2);
+    /* token 8 at 7 below the staying rows: 7 at 6 (pending 0) and 6 at 5 (pending 1) */
+    int t8 = 8, p7 = 7, row = 0;
+    uint8_t m3[3] = {1, 1, 1};
+    float *l1 = malloc(sizeof(float) * 64), *l2 = malloc(sizeof(float) * 64);
+    ck_assert_int_eq(backend_forward(b, &t8, &p7, 1, m3, &row, 1, l1, &e), 0);
+    backend_kv_reset(b);
+    int all[8] = {1, 2, 3, 4, 5, 6, 7, 8}, apos[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    ck_assert_int_eq(backend_forward(b, all, apos, 8, NULL, (int[]){7}, 1, l2, &e), 0);
+    ck_assert_msg(!memcmp(l1, l2, sizeof(float) * 64), "logits after the staying entries differ");
+    free(l1);
+    free(l2);
+    backend_destroy(&b);
+    model_destroy(&m);
+}
+END_TEST
+
 /* The next commit below pool p, by kind: 0 down the best path through every expanded node
  * then its first child (a chain accepted whole, plus the bonus token), 1 the best path's
  * first `len` nodes then a sibling of the next (accepted to a depth, then a correction in
@@ -230,8 +267,10 @@ static int best_unexpanded(const Pool *p) {
 
 /* Growth ahead (guesses that seldom hit): between rounds the drafter expands its last
  * pool's best unexpanded nodes. Commits that end on them, or one token past them, must
- * give the pools a drafter given the whole context afresh grows, bit for bit; the first
- * ten commits leave the pool, so the guesses' hit rate falls and growth ahead takes over. */
+ * give the pools a drafter given the whole context afresh grows, bit for bit, also where
+ * the next pool's expansions are rows that ran ahead (kept pending across the commit,
+ * backend_kv_commit_stay); the first ten commits leave the pool, so the guesses' hit rate
+ * falls and growth ahead takes over. */
 START_TEST(test_growth_ahead_same_pools) {
     RsErr e = {0};
     Model *m = tu_random_model(ARCH_LLAMA, 32, 64, 2, 4, 2, 64, 991);
@@ -274,11 +313,12 @@ START_TEST(test_growth_ahead_same_pools) {
         nh += nc;
     }
     DrafterAheadStats st = drafter_ahead_stats(a);
-    fprintf(stderr, "growth ahead: %ld passes, %ld commits with no commit pass, %ld guesses\n",
-            st.ahead_passes, st.commits_free, st.guesses);
-    ck_assert_msg(st.ahead_passes >= 10 && st.commits_free >= 8,
-                  "growth ahead: %ld passes, %ld commits with no commit pass", st.ahead_passes,
-                  st.commits_free);
+    fprintf(stderr, "growth ahead: %ld passes, %ld commits with no commit pass, %ld expansions "
+            "taken from it, %ld guesses\n", st.ahead_passes, st.commits_free, st.expansions_free,
+            st.guesses);
+    ck_assert_msg(st.ahead_passes >= 10 && st.commits_free >= 8 && st.expansions_free >= 4,
+                  "growth ahead: %ld passes, %ld commits with no commit pass, %ld expansions "
+                  "taken", st.ahead_passes, st.commits_free, st.expansions_free);
     drafter_destroy(&a);
     drafter_destroy(&r);
     drafter_destroy(&probe);
@@ -292,6 +332,7 @@ Suite *suite_ahead(void) {
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_ahead_same_pools);
     tcase_add_test(tc, test_kv_truncate);
+    tcase_add_test(tc, test_kv_commit_stay);
     tcase_add_test(tc, test_commit_keeps_rows);
     tcase_add_test(tc, test_growth_ahead_same_pools);
     suite_add_tcase(s, tc);

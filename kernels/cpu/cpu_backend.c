@@ -866,6 +866,30 @@ static int cpu_kv_commit(Backend *bb, const int *keep, int n_keep, RsErr *e) {
     return cpu_seq_commit(bb, 0, keep, n_keep, e);
 }
 
+/* kv_compact of keep then stay: the first n_keep commit, the rest follow as pending. */
+static int cpu_kv_commit_stay(Backend *bb, const int *keep, int n_keep, const int *stay,
+                              int n_stay, RsErr *e) {
+    CpuBackend *b = (CpuBackend *)bb;
+    CpuSeq *q = &b->seqs[0];
+    if (n_keep < 0 || n_stay < 0 || n_keep + n_stay > q->np)
+        return rs_err(e, RS_EINVAL, "kv_commit of %d entries, %d staying, with %d pending",
+                      n_keep, n_stay, q->np);
+    int *all = rs_xmalloc(sizeof(int) * (size_t)(n_keep + n_stay + 1)), identity;
+    memcpy(all, keep, sizeof(int) * (size_t)n_keep);
+    memcpy(all + n_keep, stay, sizeof(int) * (size_t)n_stay);
+    int rc = backend_check_keep(q->np, all, n_keep + n_stay, b->s.keep_seen, &identity, e);
+    if (!rc && !identity) kv_compact(b, q, all, n_keep + n_stay);
+    for (int i = 0; !rc && i < n_stay; i++) all[i] = q->pend_pos[stay[i]];
+    if (!rc) memcpy(q->pend_pos, all, sizeof(int) * (size_t)n_stay); /* positions go along */
+    free(all);
+    if (rc) return rc;
+    q->nc += n_keep;
+    q->np = n_stay;
+    seq_shrink(b, q, q->nc + q->np);
+    seq0_sync(b);
+    return RS_OK;
+}
+
 static int cpu_seq_open(Backend *bb, int *seq, RsErr *e) {
     CpuBackend *b = (CpuBackend *)bb;
     for (int i = 1; i < b->n_seqs; i++)
@@ -1057,6 +1081,7 @@ const BackendOps cpu_backend_ops = {
     .kv_commit = cpu_kv_commit,
     .kv_reset = cpu_kv_reset,
     .kv_truncate = cpu_kv_truncate,
+    .kv_commit_stay = cpu_kv_commit_stay,
     .rows_copy = cpu_rows_copy,
     .set_features = cpu_set_features,
     .read_features = cpu_read_features,
