@@ -20,6 +20,11 @@
  * one-row pass measured faster this way (docs/PERF.md, the avx512 family natively). */
 #define QK_PF 8192
 #define QK_PF_HINT _MM_HINT_T1
+/* Groups of more tokens through cpu_qk_amx.inc's tile products, computed in 512-bit VNNI
+ * registers (QK_VTILE): a block's products for 16 rows a vpdpbusd, 16 tokens a load of the
+ * weights. */
+#define QK_AMX 1
+#define QK_VTILE 1
 #include "cpu_qk_x86.inc"
 #pragma GCC pop_options
 #else
