@@ -25,6 +25,9 @@
  * weights. */
 #define QK_AMX 1
 #define QK_VTILE 1
+/* Where the tile products win over the register tiles in a whole pass (docs/PERF.md, tile
+ * products in VNNI registers): from 9 tokens; below, the register tiles, 4 tokens a call. */
+#define QK_AMX_MIN(kind) 9
 #include "cpu_qk_x86.inc"
 #pragma GCC pop_options
 #else
