@@ -25,9 +25,10 @@
  * weights. */
 #define QK_AMX 1
 #define QK_VTILE 1
-/* Where the tile products win over the register tiles in a whole pass (docs/PERF.md, tile
- * products in VNNI registers): from 9 tokens; below, the register tiles, 4 tokens a call. */
-#define QK_AMX_MIN(kind) 9
+/* Where the tile products win over the register tiles (docs/PERF.md, tile products in
+ * VNNI registers): from 9 tokens, the K-quants (kinds 4-6) from 12; below, the register
+ * tiles, 4 tokens a call. */
+#define QK_AMX_MIN(kind) ((kind) >= 4 && (kind) <= 6 ? 12 : 9)
 #include "cpu_qk_x86.inc"
 #pragma GCC pop_options
 #else
