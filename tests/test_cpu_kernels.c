@@ -574,6 +574,52 @@ START_TEST(test_kernels_x4_bitwise) {
 }
 END_TEST
 
+/* The avx512 family natively against avx2, bit for bit, for every integer type in rows and
+ * in x4 tiles, at token counts on both sides of where groups leave the register tiles for
+ * the tile products in 512-bit VNNI registers (cpu_qk_amx.inc, QK_VTILE) and past a group
+ * of 16; odd block counts, rows past one span, a short last group of 16 rows. Reported,
+ * not passed, on a CPU without AVX-512 VNNI. */
+START_TEST(test_kernels_vtile_bitwise_avx2) {
+    const QkFamily *f2 = family("avx2"), *f5 = family("avx512");
+    if (!f2 || !f5) {
+        fprintf(stderr, "cpu_kernels: no AVX-512 VNNI on this CPU, the avx512 family's tile "
+                        "products not compared with avx2\n");
+        return;
+    }
+    static const int cols[] = {96, 4128}, kcols[] = {768, 4352}, ns[] = {1, 4, 5, 7, 8, 9, 12, 16, 17, 21, 33};
+    static const uint32_t types[] = {QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q4_K, QT_Q5_K, QT_Q6_K};
+    for (int ti = 0; ti < 8; ti++)
+        for (int ci = 0; ci < 2; ci++) {
+            uint8_t *buf, *pbuf;
+            QTensor w = ti >= N_X4 ? qk_weights(types[ti], 200 + ti, 72, kcols[ci], &buf)
+                                   : b32_weights(types[ti], 200 + ti, 72, cols[ci], &buf);
+            QTensor p = x4_copy(&w, &pbuf);
+            for (int ni = 0; ni < (int)(sizeof ns / sizeof ns[0]); ni++) {
+                int n = ns[ni], in = w.cols, out = w.rows;
+                Rng r;
+                rng_seed(&r, 210 + 16 * ti + ni);
+                float *x = rs_xmalloc(sizeof(float) * n * in), *scratch = rs_xmalloc(sizeof(float) * in);
+                float *y2 = rs_xmalloc(sizeof(float) * n * out), *y5 = rs_xmalloc(sizeof(float) * n * out);
+                for (int i = 0; i < n * in; i++) x[i] = (float)(rng_uniform(&r) * 2 - 1);
+                QkActs a = tu_acts(x, n, in);
+                qk_matmul_rows(f2, &w, &a, y2, out, 0, out, scratch);
+                for (int l = 0; l < 2; l++) {
+                    memset(y5, 0xff, sizeof(float) * n * out);
+                    qk_matmul_rows(f5, l ? &p : &w, &a, y5, out, 0, out, scratch);
+                    for (int i = 0; i < n * out; i++)
+                        ck_assert_msg(!memcmp(&y2[i], &y5[i], sizeof(float)),
+                                      "%s %s cols %d n=%d: token %d row %d: avx512 %.9g, avx2 %.9g",
+                                      quant_type_name(w.type), l ? "x4" : "rows", in, n, i / out,
+                                      i % out, y5[i], y2[i]);
+                }
+                free(x), free(scratch), free(y2), free(y5);
+                tu_acts_free(&a);
+            }
+            free(buf), free(pbuf);
+        }
+}
+END_TEST
+
 /* cpu_attention_head as one entry at a time in the plainest loops: scores with 8 lane
  * sums folded ((0+4)+(1+5))+((2+6)+(3+7)), then softmax, then o += p_j v_j in entry
  * order. The kernel takes entries four at a time and must give the same bits. */
@@ -1116,6 +1162,7 @@ Suite *suite_cpu_kernels(void) {
     tcase_add_test(tc, test_x4_layout_round_trip);
     tcase_add_test(tc, test_x4_layout_round_trip_k);
     tcase_add_loop_test(tc, test_kernels_x4_bitwise, 0, N_FAMS);
+    tcase_add_test(tc, test_kernels_vtile_bitwise_avx2);
     tcase_add_loop_test(tc, test_kernels_emu_bitwise_avx2, 0, 2);
     tcase_add_loop_test(tc, test_kernels_float_wide_bitwise, 0, 2);
     tcase_add_test(tc, test_family_pick);

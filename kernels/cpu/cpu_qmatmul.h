@@ -6,7 +6,9 @@
  *   scalar  portable C; integer weight types against Q8 activations
  *   avx2    AVX2+FMA+F16C
  *   avx512  AVX-512 F/BW/VL + VNNI: tested natively where the CPU has it, and on AVX2
- *           machines with vpdpbusd emulated (tests/qk_avx512_emu.c)
+ *           machines with vpdpbusd emulated (tests/qk_avx512_emu.c); groups of 9 or more
+ *           tokens (K-quants 12) of the integer types through cpu_qk_amx.inc's tile
+ *           structure with the tile products in 512-bit VNNI registers (QK_VTILE)
  *   amx     avx512 + AMX-INT8 tiles for groups of more than QK_GROUP tokens of every
  *           integer type (cpu_qk_amx.inc; bitwise avx512's results); likewise only
  *           tested with the tile instructions emulated (tests/qk_amx_emu.c)

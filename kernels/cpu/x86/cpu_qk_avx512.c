@@ -20,6 +20,15 @@
  * one-row pass measured faster this way (docs/PERF.md, the avx512 family natively). */
 #define QK_PF 8192
 #define QK_PF_HINT _MM_HINT_T1
+/* Groups of more tokens through cpu_qk_amx.inc's tile products, computed in 512-bit VNNI
+ * registers (QK_VTILE): a block's products for 16 rows a vpdpbusd, 16 tokens a load of the
+ * weights. */
+#define QK_AMX 1
+#define QK_VTILE 1
+/* Where the tile products win over the register tiles (docs/PERF.md, tile products in
+ * VNNI registers): from 9 tokens, the K-quants (kinds 4-6) from 12; below, the register
+ * tiles, 4 tokens a call. */
+#define QK_AMX_MIN(kind) ((kind) >= 4 && (kind) <= 6 ? 12 : 9)
 #include "cpu_qk_x86.inc"
 #pragma GCC pop_options
 #else
