@@ -32,10 +32,11 @@
 #define MAX_PENDING (POOL_N_EXPANDED + MAX_BATCH)
 
 /* When the next request comes, so that growth ahead starts no pass that would still run
- * then (the request would wait for it). The gap from a pool to the next request is learnt
- * from requests that found a pass running (they came while it ran: its start plus half a
- * pass, as a guess), and from the exact gap when the deadline stopped growth too early;
- * with none yet, no deadline. */
+ * then (the request would wait for it, and a request late by a pass costs the target
+ * more than a pass not run). The gap from a pool to the next request is learnt from
+ * requests that found a pass running (they came while it ran: its start plus half a pass,
+ * as a guess) and from the exact gap when the deadline had stopped growth; the estimate
+ * follows the gaps' lower edge. With none yet, no deadline. */
 typedef struct {
     uint64_t t_pool;       /* the last growth's end */
     uint64_t t_pass;       /* the last pass ahead's start */
@@ -94,6 +95,31 @@ typedef struct {
 static int reduce(ModelDrafter *d, int *ids, float *logq, RsErr *e) {
     d->rows += backend_n_kept(d->b);
     return backend_rows_topk(d->b, POOL_TOPK, ids, logq, d->lse, e);
+}
+
+/* A request came at t: what it says of the gap from a pool to the next request. */
+static void clock_request(AheadClock *c, uint64_t t) {
+    double g = 0;
+    if (c->ended == AHEAD_BY_REQUEST) g = (double)(c->t_pass - c->t_pool) + c->pass_ns / 2;
+    if (c->ended == AHEAD_BY_DEADLINE) g = (double)(t - c->t_pool);
+    /* the gaps' lower edge: down at once, up slowly, a new prompt's long gap ignored */
+    if (g > 0 && (c->gap_ns <= 0 || g < c->gap_ns)) c->gap_ns = g;
+    else if (g > 0 && g < 2 * c->gap_ns) c->gap_ns += 0.1 * (g - c->gap_ns);
+    c->ended = AHEAD_BY_NONE;
+}
+
+/* 1 when a pass ahead started now would likely still run when the next request comes. */
+static int clock_late(const AheadClock *c, uint64_t now) {
+    return c->gap_ns > 0 && (double)(now - c->t_pool) + c->pass_ns > c->gap_ns;
+}
+
+/* Before a pass ahead: 1 (and why, in the clock) when a request waits or the pass would
+ * likely still run when the next one comes. */
+static int ahead_stop(ModelDrafter *d) {
+    if (d->stop(d->stop_arg)) d->clock.ended = AHEAD_BY_REQUEST;
+    else if (clock_late(&d->clock, rs_now_ns())) d->clock.ended = AHEAD_BY_DEADLINE;
+    else return 0;
+    return 1;
 }
 
 /* The node of the last pool a pass node of the pool being grown below stay_root stands
@@ -318,20 +344,6 @@ static int commit_first_level(ModelDrafter *d, const int *tokens, int n, int *id
     return rc ? rc : reduce(d, ids, lq, e);
 }
 
-/* A request came at t: what it says of the gap from a pool to the next request. */
-static void clock_request(AheadClock *c, uint64_t t) {
-    double g = 0;
-    if (c->ended == AHEAD_BY_REQUEST) g = (double)(c->t_pass - c->t_pool) + c->pass_ns / 2;
-    if (c->ended == AHEAD_BY_DEADLINE) g = (double)(t - c->t_pool);
-    if (g > 0) c->gap_ns = c->gap_ns > 0 ? c->gap_ns + 0.3 * (g - c->gap_ns) : g;
-    c->ended = AHEAD_BY_NONE;
-}
-
-/* 1 when a pass ahead started now would likely still run when the next request comes. */
-static int clock_late(const AheadClock *c, uint64_t now) {
-    return c->gap_ns > 0 && (double)(now - c->t_pool) + c->pass_ns > c->gap_ns;
-}
-
 /* Commits `tokens` and grows the pool below the last of them into *p. */
 static int grow(ModelDrafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
     uint64_t t0 = rs_now_ns(), fused0 = backend_stats(d->b).fused_topk_ns;
@@ -520,9 +532,7 @@ static int ahead_pass(ModelDrafter *d, RsErr *e) {
     int ids[AHEAD_ROWS * POOL_TOPK], rc = AHEAD_STOPPED;
     float lq[AHEAD_ROWS * POOL_TOPK];
     uint64_t t0 = rs_now_ns();
-    if (d->stop(d->stop_arg)) d->clock.ended = AHEAD_BY_REQUEST;
-    else if (clock_late(&d->clock, t0)) d->clock.ended = AHEAD_BY_DEADLINE;
-    else {
+    if (!ahead_stop(d)) {
         rc = backend_forward(b, tok, pos, n, m, rows, n, NULL, e);
         if (!rc) rc = backend_rows_topk(b, POOL_TOPK, ids, lq, d->lse, e);
         double took = (double)(rs_now_ns() - t0);
