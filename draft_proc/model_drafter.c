@@ -2,9 +2,10 @@
  * Pool growth is draft_proc/pool_grow.h's (DESIGN.md §2): the commit pass gives the 10
  * depth-1 candidates, 7 expansion passes of 10 nodes run on the drafter's backend, 8 passes
  * in all counting the commit pass. Expanded nodes stay pending in the drafter's KV cache
- * for the round; the next commit drops them. A pass's logits stay in the backend (kept
- * rows): backend_rows_topk reduces each row to its 10 children where it lives, so no whole
- * row crosses to the host.
+ * for the round; the next commit keeps the rows of the tokens it commits and drops the
+ * rest (but for rows grown ahead below its end, which stay for the next pool). A pass's
+ * logits stay in the backend (kept rows): backend_rows_topk reduces each row to its 10
+ * children where it lives, so no whole row crosses to the host.
  *
  * Run-ahead (drafter_ahead, DESIGN.md §5): between a pool and the next commit the drafter
  * guesses that commit (the pool's best path to its first unexpanded node, then that node's
