@@ -60,7 +60,7 @@ typedef struct {
     /* run-ahead */
     int ahead_ok;        /* its backend can take a guess back (backend_kv_truncate) */
     Pool *last;          /* the last pool grown (and grown ahead, below) */
-    int have_last, last_np0;
+    int have_last;
     int last_pending;    /* its rows are still pending (no commit, guess or reset since) */
     int *slot;           /* (POOL_MAX) pending row of each node of last whose row ran, -1 */
     int *grow_slot;      /* (POOL_MAX) the same for the pool being grown (expand() sets it) */
@@ -123,6 +123,14 @@ static int ahead_stop(ModelDrafter *d) {
     return 1;
 }
 
+/* An expanded node's children: its row's top 10, ids and log q, best first. */
+static void node_children(const Pool *p, int u, int *ids, float *logq) {
+    for (int c = 0; c < POOL_TOPK; c++) {
+        ids[c] = p->token[p->first_child[u] + c];
+        logq[c] = p->logq[p->first_child[u] + c];
+    }
+}
+
 /* The node of the last pool a pass node of the pool being grown below stay_root stands
  * for (the child with its token of the node its parent stands for), when its row stayed
  * pending; -1 otherwise. */
@@ -145,10 +153,7 @@ static int reuse_pass(ModelDrafter *d, const PoolPass *pass, int *ids, float *lo
     const Pool *p = d->last;
     for (int k = 0; k < pass->n; k++) {
         pass->row[k] = d->stay_row[old[k]];
-        for (int c = 0; c < POOL_TOPK; c++) {
-            ids[k * POOL_TOPK + c] = p->token[p->first_child[old[k]] + c];
-            logq[k * POOL_TOPK + c] = p->logq[p->first_child[old[k]] + c];
-        }
+        node_children(p, old[k], ids + k * POOL_TOPK, logq + k * POOL_TOPK);
     }
     return 1;
 }
@@ -333,11 +338,7 @@ static int commit_first_level(ModelDrafter *d, const int *tokens, int n, int *id
     }
     int keep[POOL_MAX_DEPTH + 1], end, nk = skip ? 0 : last_path(d, tokens, n, keep, &end);
     if (nk == n) { /* ends on an expanded node: its children are the first level */
-        const Pool *p = d->last;
-        for (int k = 0; k < POOL_TOPK; k++) {
-            ids[k] = p->token[p->first_child[end] + k];
-            lq[k] = p->logq[p->first_child[end] + k];
-        }
+        node_children(d->last, end, ids, lq);
         d->st.commits_free++;
         return commit_stay(d, keep, nk, end, e);
     }
@@ -362,13 +363,12 @@ static int grow(ModelDrafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
     if (ahead && d->next_depth == d->depth && d->next_width == d->width) {
         memcpy(p, d->next, sizeof *p); /* grown ahead: its rows are pending from 0 */
         d->st.pools_ready++;
-        d->last_np0 = 0;
     } else {
         if (ahead) rc = backend_kv_commit(d->b, NULL, 0, e); /* a pool begun ahead, unfinished */
-        d->last_np0 = backend_n_pending(d->b);
+        int np0 = backend_n_pending(d->b);
         slots_clear(d->grow_slot);
         if (!rc)
-            rc = pool_grow(p, ids, lq, d->last_np0, d->depth, d->width, expand, d, d->vocab,
+            rc = pool_grow(p, ids, lq, np0, d->depth, d->width, expand, d, d->vocab,
                            "drafter", e);
     }
     stay_clear(d);
@@ -493,13 +493,8 @@ static void ahead_add(ModelDrafter *d, const int *nodes, int n, int row0, const 
         d->slot[u] = row0 + k;
         p->first_child[u] = p->n;
         p->n_children[u] = POOL_TOPK;
-        for (int c = 0; c < POOL_TOPK; c++) {
-            int i = p->n++;
-            p->token[i] = ids[k * POOL_TOPK + c];
-            p->parent[i] = u;
-            p->logq[i] = lq[k * POOL_TOPK + c] > 0 ? 0 : lq[k * POOL_TOPK + c];
-            p->depth[i] = (uint8_t)(p->depth[u] + 1);
-            p->score[i] = p->score[u] + p->logq[i];
+        pool_add_children(p, ids + k * POOL_TOPK, lq + k * POOL_TOPK, u, p->depth[u] + 1);
+        for (int i = p->n - POOL_TOPK; i < p->n; i++) {
             p->first_child[i] = -1;
             p->n_children[i] = 0;
             d->slot[i] = -1;

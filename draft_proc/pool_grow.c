@@ -3,8 +3,7 @@
 #include "pool_grow.h"
 #include <string.h>
 
-/* The row's top 10 as new candidates below `parent`. */
-static void add_children(Pool *p, const int *ids, const float *logq, int parent, int depth) {
+void pool_add_children(Pool *p, const int *ids, const float *logq, int parent, int depth) {
     for (int k = 0; k < POOL_TOPK; k++) {
         int i = p->n++;
         p->token[i] = ids[k];
@@ -64,7 +63,7 @@ static int expand_pass(Pool *p, const int *nodes, int n, int np, int *slot_of, u
     if (rc != RS_OK && rc != POOL_ROWS_REUSED) return rc;
     for (int k = 0; k < n; k++) slot_of[nodes[k]] = rc == POOL_ROWS_REUSED ? row[k] : np + k;
     for (int k = 0; k < n; k++)
-        add_children(p, ids + k * POOL_TOPK, lq + k * POOL_TOPK, nodes[k], p->depth[nodes[k]] + 1);
+        pool_add_children(p, ids + k * POOL_TOPK, lq + k * POOL_TOPK, nodes[k], p->depth[nodes[k]] + 1);
     return rc;
 }
 
@@ -74,7 +73,7 @@ int pool_grow(Pool *p, const int *root_ids, const float *root_logq, int n_pendin
     int slot_of[POOL_MAX], nodes[POOL_EXPAND], passes = 1, expanded = 0, np = n_pending0;
     for (int i = 0; i < POOL_MAX; i++) slot_of[i] = -1;
     p->n = 0;
-    add_children(p, root_ids, root_logq, -1, 1);
+    pool_add_children(p, root_ids, root_logq, -1, 1);
     RS_ASSERT(width >= 1 && width <= POOL_EXPAND);
     for (int k = 0; k < width; k++) nodes[k] = k; /* the root's top `width`, best first */
     uint8_t mask[POOL_EXPAND * POOL_N_EXPANDED];

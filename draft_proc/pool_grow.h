@@ -34,6 +34,10 @@ typedef struct {
 typedef int (*PoolExpandFn)(void *ctx, const PoolPass *pass, int *top_ids /* (n, POOL_TOPK) */,
                             float *top_logq /* (n, POOL_TOPK) */, RsErr *e);
 
+/* A row's top 10 (ids, log q, best first) as new candidates of `depth` below node `parent`
+ * (-1: the root), appended to p with their path scores; log q rounded above 0 is 0. */
+void pool_add_children(Pool *p, const int *ids, const float *logq, int parent, int depth);
+
 /* Grows *p from the root's top 10 (root_ids, root_logq: POOL_TOPK each, best first), the
  * kind's pending rows starting at n_pending0, down to depth max_depth (1..POOL_MAX_DEPTH:
  * max_depth - 1 expansion passes), expanding the `width` best nodes of each level (1..
