@@ -33,6 +33,7 @@ const char *rs_status_name(int code) {
     case RS_EPEER: return "peer";
     case RS_ENOMEM: return "nomem";
     case RS_EFULL: return "full";
+    case RS_ESTOPPED: return "stopped";
     default: return "unknown";
     }
 }

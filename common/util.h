@@ -28,6 +28,7 @@ typedef enum {
     RS_EPEER = -7,        /* peer reported an error or refused */
     RS_ENOMEM = -8,       /* allocation failed */
     RS_EFULL = -9,        /* a shared pool is used up for now (KV blocks): retry later */
+    RS_ESTOPPED = -10,    /* the caller's stop check ended the call (backend_set_stop) */
 } RsStatus;
 
 typedef struct {

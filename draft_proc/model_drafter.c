@@ -32,20 +32,6 @@
 /* Pending rows at most: a pool's expansions and a commit chunk, or growth ahead. */
 #define MAX_PENDING (POOL_N_EXPANDED + MAX_BATCH)
 
-/* When the next request comes, so that growth ahead starts no pass that would still run
- * then (the request would wait for it, and a request late by a pass costs the target
- * more than a pass not run). The gap from a pool to the next request is learnt from
- * requests that found a pass running (they came while it ran: its start plus half a pass,
- * as a guess) and from the exact gap when the deadline had stopped growth; the estimate
- * follows the gaps' lower edge. With none yet, no deadline. */
-typedef struct {
-    uint64_t t_pool;       /* the last growth's end */
-    uint64_t t_pass;       /* the last pass ahead's start */
-    double gap_ns, pass_ns; /* running estimates, 0: none yet */
-    int ended;             /* how growth ahead ended: AHEAD_BY_* */
-} AheadClock;
-enum { AHEAD_BY_NONE, AHEAD_BY_REQUEST, AHEAD_BY_DEADLINE };
-
 typedef struct {
     const Model *m;
     Model *view;        /* a model it owns (m == view): the self-drafter's layer view, or
@@ -69,7 +55,6 @@ typedef struct {
      * (r < n_stay), stay_row the inverse (-1: none); stay_root the commit's end, -1: none. */
     int stay_root, n_stay, stay_node[MAX_PENDING];
     int *stay_row;       /* (POOL_MAX) */
-    AheadClock clock;
     int guess_n, guess[POOL_MAX_DEPTH + 1]; /* the committed guess, 0: none */
     int guess_ids[POOL_TOPK];  /* the top 10 below the guess: the next pool's first level */
     float guess_lq[POOL_TOPK];
@@ -96,31 +81,6 @@ typedef struct {
 static int reduce(ModelDrafter *d, int *ids, float *logq, RsErr *e) {
     d->rows += backend_n_kept(d->b);
     return backend_rows_topk(d->b, POOL_TOPK, ids, logq, d->lse, e);
-}
-
-/* A request came at t: what it says of the gap from a pool to the next request. */
-static void clock_request(AheadClock *c, uint64_t t) {
-    double g = 0;
-    if (c->ended == AHEAD_BY_REQUEST) g = (double)(c->t_pass - c->t_pool) + c->pass_ns / 2;
-    if (c->ended == AHEAD_BY_DEADLINE) g = (double)(t - c->t_pool);
-    /* the gaps' lower edge: down at once, up slowly, a new prompt's long gap ignored */
-    if (g > 0 && (c->gap_ns <= 0 || g < c->gap_ns)) c->gap_ns = g;
-    else if (g > 0 && g < 2 * c->gap_ns) c->gap_ns += 0.1 * (g - c->gap_ns);
-    c->ended = AHEAD_BY_NONE;
-}
-
-/* 1 when a pass ahead started now would likely still run when the next request comes. */
-static int clock_late(const AheadClock *c, uint64_t now) {
-    return c->gap_ns > 0 && (double)(now - c->t_pool) + c->pass_ns > c->gap_ns;
-}
-
-/* Before a pass ahead: 1 (and why, in the clock) when a request waits or the pass would
- * likely still run when the next one comes. */
-static int ahead_stop(ModelDrafter *d) {
-    if (d->stop(d->stop_arg)) d->clock.ended = AHEAD_BY_REQUEST;
-    else if (clock_late(&d->clock, rs_now_ns())) d->clock.ended = AHEAD_BY_DEADLINE;
-    else return 0;
-    return 1;
 }
 
 /* An expanded node's children: its row's top 10, ids and log q, best first. */
@@ -178,6 +138,7 @@ static int expand(void *ctx, const PoolPass *pass, int *ids, float *logq, RsErr 
     uint64_t t0 = rs_now_ns();
     int rc = backend_forward(b, pass->token, pos, n, pass->mask, rows, n, NULL, e);
     d->backend_ns += rs_now_ns() - t0;
+    if (rc == RS_ESTOPPED) return AHEAD_STOPPED;
     for (int k = 0; !rc && k < n; k++) d->grow_slot[pass->node[k]] = pass->n_pending + k;
     return rc ? rc : reduce(d, ids, logq, e);
 }
@@ -349,7 +310,6 @@ static int commit_first_level(ModelDrafter *d, const int *tokens, int n, int *id
 /* Commits `tokens` and grows the pool below the last of them into *p. */
 static int grow(ModelDrafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
     uint64_t t0 = rs_now_ns(), fused0 = backend_stats(d->b).fused_topk_ns;
-    clock_request(&d->clock, t0);
     if (n < 1) return rs_err(e, RS_EINVAL, "commit of %d tokens: need at least one", n);
     d->have_last = 0;
     d->backend_ns = 0;
@@ -379,7 +339,6 @@ static int grow(ModelDrafter *d, const int *tokens, int n, Pool *p, RsErr *e) {
     memcpy(d->slot, d->grow_slot, sizeof(int) * POOL_MAX);
     d->have_last = d->last_pending = 1;
     p->draft_ns = rs_now_ns() - t0;
-    d->clock.t_pool = t0 + p->draft_ns;
     /* The top-k reduction is host work wherever it ran: in rows_topk, or (CPU backend)
      * fused into the forwards' output head. */
     uint64_t fwd = d->backend_ns - (backend_stats(d->b).fused_topk_ns - fused0);
@@ -433,6 +392,7 @@ static int forward_one(ModelDrafter *d, int tok, int pos, const int *anc, int na
     uint64_t t0 = rs_now_ns();
     int rc = backend_forward(d->b, &tok, &pos, 1, m, &row, 1, NULL, e);
     d->backend_ns += rs_now_ns() - t0;
+    if (rc == RS_ESTOPPED) return AHEAD_STOPPED;
     return rc ? rc : reduce(d, ids, lq, e);
 }
 
@@ -527,15 +487,12 @@ static int ahead_pass(ModelDrafter *d, RsErr *e) {
     }
     int ids[AHEAD_ROWS * POOL_TOPK], rc = AHEAD_STOPPED;
     float lq[AHEAD_ROWS * POOL_TOPK];
-    uint64_t t0 = rs_now_ns();
-    if (!ahead_stop(d)) {
+    if (!d->stop(d->stop_arg)) {
         rc = backend_forward(b, tok, pos, n, m, rows, n, NULL, e);
         if (!rc) rc = backend_rows_topk(b, POOL_TOPK, ids, lq, d->lse, e);
-        double took = (double)(rs_now_ns() - t0);
-        d->clock.pass_ns = d->clock.pass_ns > 0 ? d->clock.pass_ns + 0.3 * (took - d->clock.pass_ns) : took;
-        d->clock.t_pass = t0;
     }
     free(m);
+    if (rc == RS_ESTOPPED) return AHEAD_STOPPED;
     if (rc) return rc;
     ahead_add(d, nodes, n, np, ids, lq);
     d->st.ahead_passes++;
@@ -552,6 +509,7 @@ static void model_ahead(void *ctx, int (*stop)(void *), void *arg) {
     d->have_last = 0; /* one guess per pool */
     d->stop = stop;
     d->stop_arg = arg;
+    backend_set_stop(d->b, stop, arg); /* a request waits a layer, not a pass */
     RsErr e = {0};
     int rc;
     if (d->hit_rate < HIT_MIN && ++d->skipped < PROBE_EVERY) {
@@ -570,6 +528,7 @@ static void model_ahead(void *ctx, int (*stop)(void *), void *arg) {
     }
     if (rc == AHEAD_STOPPED) rc = RS_OK;
     d->stop = NULL;
+    backend_set_stop(d->b, NULL, NULL);
     if (rc && d->guess_n && guess_undo(d, 0, &e)) backend_kv_reset(d->b);
     if (rc) forget_last(d);
 }

@@ -127,6 +127,12 @@ BackendParams backend_params(const Backend *b);
  * a failed call changes nothing (the kept rows included). */
 int backend_forward(Backend *b, const int *tokens, const int *pos, int n, const uint8_t *mask,
                     const int *out_rows, int n_out, float *logits, RsErr *e);
+/* A caller's check that the forward() in progress is no longer wanted (a drafter growing
+ * ahead when the next request comes, which should wait for a layer, not a pass): forward()
+ * asks it before the pass and, on a backend that can stop one (the CPU's), between layers;
+ * nonzero ends the call with RS_ESTOPPED, changing nothing (as any failed call). NULL:
+ * none. */
+void backend_set_stop(Backend *b, int (*stop)(void *), void *arg);
 /* Rows the last forward() kept (its n_out; 0 after kv_reset or before any forward). */
 int backend_n_kept(const Backend *b);
 /* Copies kept rows rows[0..n) (each in [0, backend_n_kept)) whole to the host, logits

@@ -101,9 +101,20 @@ int backend_n_committed(const Backend *b) { return b->n_committed; }
 int backend_n_pending(const Backend *b) { return b->n_pending; }
 int backend_kv_capacity(const Backend *b) { return b->params.kv_capacity; }
 
+void backend_set_stop(Backend *b, int (*stop)(void *), void *arg) {
+    b->stop = stop;
+    b->stop_arg = arg;
+}
+
+int backend_stopped(const Backend *b, RsErr *e) {
+    if (!b->stop || !b->stop(b->stop_arg)) return RS_OK;
+    return rs_err(e, RS_ESTOPPED, "forward stopped: the caller no longer wants it");
+}
+
 int backend_forward(Backend *b, const int *tokens, const int *pos, int n, const uint8_t *mask,
                     const int *out_rows, int n_out, float *logits, RsErr *e) {
-    int rc = b->ops->forward(b, tokens, pos, n, mask, out_rows, n_out, logits, e);
+    int rc = backend_stopped(b, e);
+    if (!rc) rc = b->ops->forward(b, tokens, pos, n, mask, out_rows, n_out, logits, e);
     if (rc == RS_OK) {
         b->n_forwards++;
         b->n_tokens += (uint64_t)n;

@@ -101,7 +101,13 @@ struct Backend {
     int dear_round_trip;           /* the ops' flag (a view: its backend's), set at create */
     /* EAGLE-3 features: layers recorded (feat_n 0: none) and rows the last commit kept */
     int feat_n, feat_layers[BACKEND_MAX_FEATURE_LAYERS], feat_rows;
+    int (*stop)(void *); /* backend_set_stop's check, NULL: none */
+    void *stop_arg;
 };
+
+/* RS_ESTOPPED (and e) when the caller's stop check (backend_set_stop) says so, else RS_OK:
+ * a backend that can stop a pass asks it between layers, before anything is final. */
+int backend_stopped(const Backend *b, RsErr *e);
 
 /* Checks every forward() argument against the cache state before anything is touched, so
  * a failed call changes nothing (same messages on every backend). */

@@ -67,8 +67,9 @@ static int next_commit(int kind, Drafter *probe, const Pool *p, const int *hist,
 static const int SHAPE_SEQ[][2] = {{5, 1}, {5, 1}, {3, 2}, {8, 10}, {1, 10}, {5, 1}, {4, 3}};
 
 /* 28 rounds through every case (the shape changes every third round; run-ahead runs to the
- * end every fourth, else stops after 0 to 3 passes: before the guess, after its first row,
- * or during the pool below it); returns the run-ahead drafter's counters. */
+ * end every fourth, else stops after 0 to 12 checks of its stop: before the guess, inside a
+ * pass (the backend asks between layers), after the guess's first row, or during the pool
+ * below it); returns the run-ahead drafter's counters. */
 static DrafterAheadStats same_pools(void) {
     RsErr e = {0};
     Model *m = tu_random_model(ARCH_LLAMA, 32, 64, 2, 4, 2, 64, 777);
@@ -93,7 +94,7 @@ static DrafterAheadStats same_pools(void) {
         ck_assert_msg(drafter_grow_end(r, &pr, &e) == 0, "%s", e.msg);
         check_same(&pa, &pr, round);
         ck_assert_int_eq(model_drafter_n_committed(a), model_drafter_n_committed(r));
-        int left = round % 4 == 1 ? 1000 : (round / 4) % 4;
+        int left = round % 4 == 1 ? 1000 : (round / 4) % 7 * 2;
         drafter_ahead(a, stop_after, &left);
         if (round) {
             memcpy(hist + nh, commit, sizeof(int) * (size_t)nc);
@@ -187,6 +188,51 @@ START_TEST(test_kv_commit_stay) {
     free(l1);
     free(l2);
     backend_destroy(&b);
+    model_destroy(&m);
+}
+END_TEST
+
+/* A forward stopped by the caller's check (backend_set_stop), before the pass or between
+ * any two layers, changes nothing: the pending entries, the kept rows and the KV blocks
+ * stay as they were, and the pass run again gives the bits of a backend never stopped. */
+START_TEST(test_forward_stop) {
+    RsErr e = {0};
+    Model *m = tu_random_model(ARCH_LLAMA, 32, 64, 3, 4, 2, 64, 17);
+    Backend *b = NULL, *r = NULL;
+    BackendParams bp = {.kv_capacity = 64, .max_batch = 16, .max_pending = 32, .threads = 1};
+    ck_assert_int_eq(backend_create(&cpu_backend_ops, m, &bp, &b, &e), 0);
+    ck_assert_int_eq(backend_create(&cpu_backend_ops, m, &bp, &r, &e), 0);
+    int ctx[18], cpos[18];
+    for (int i = 0; i < 18; i++) ctx[i] = (i * 7 + 3) % 64, cpos[i] = i;
+    float *kept = malloc(sizeof(float) * 64), *l1 = malloc(sizeof(float) * 64 * 3),
+          *l2 = malloc(sizeof(float) * 64 * 3), *again = malloc(sizeof(float) * 64);
+    /* 15 pending rows kept as row 0; the next pass (3 rows) needs a second KV block */
+    ck_assert_int_eq(backend_forward(b, ctx, cpos, 15, NULL, (int[]){14}, 1, kept, &e), 0);
+    ck_assert_int_eq(backend_forward(r, ctx, cpos, 15, NULL, (int[]){14}, 1, NULL, &e), 0);
+    BackendKvUsage u0 = backend_kv_usage(b);
+    for (int left = 0; left <= 3; left++) { /* before the pass, before each of 3 layers */
+        int calls = left;
+        backend_set_stop(b, stop_after, &calls);
+        ck_assert_int_eq(backend_forward(b, ctx + 15, cpos + 15, 3, NULL, (int[]){0, 1, 2}, 3,
+                                         l1, &e), RS_ESTOPPED);
+        backend_set_stop(b, NULL, NULL);
+        BackendKvUsage u = backend_kv_usage(b);
+        ck_assert_int_eq(backend_n_pending(b), 15);
+        ck_assert_int_eq(backend_n_kept(b), 1);
+        ck_assert_int_eq(u.blocks_used, u0.blocks_used);
+        ck_assert_int_eq(backend_rows_copy(b, (int[]){0}, 1, again, &e), 0);
+        ck_assert_msg(!memcmp(kept, again, sizeof(float) * 64), "stop after %d checks: the "
+                      "kept row changed", left);
+    }
+    ck_assert_int_eq(backend_forward(b, ctx + 15, cpos + 15, 3, NULL, (int[]){0, 1, 2}, 3, l1, &e), 0);
+    ck_assert_int_eq(backend_forward(r, ctx + 15, cpos + 15, 3, NULL, (int[]){0, 1, 2}, 3, l2, &e), 0);
+    ck_assert_msg(!memcmp(l1, l2, sizeof(float) * 64 * 3), "logits after stopped passes differ");
+    free(kept);
+    free(l1);
+    free(l2);
+    free(again);
+    backend_destroy(&b);
+    backend_destroy(&r);
     model_destroy(&m);
 }
 END_TEST
@@ -333,6 +379,7 @@ Suite *suite_ahead(void) {
     tcase_add_test(tc, test_ahead_same_pools);
     tcase_add_test(tc, test_kv_truncate);
     tcase_add_test(tc, test_kv_commit_stay);
+    tcase_add_test(tc, test_forward_stop);
     tcase_add_test(tc, test_commit_keeps_rows);
     tcase_add_test(tc, test_growth_ahead_same_pools);
     suite_add_tcase(s, tc);

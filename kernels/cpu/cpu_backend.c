@@ -767,6 +767,17 @@ static int batch_short(const CpuBackend *b, const BackendSeg *segs, int n_segs) 
     return need;
 }
 
+/* A pass stopped between layers (backend_set_stop): the rows it wrote lie past the
+ * pending entries, which stay as they were, as do the kept rows; the blocks taken for it
+ * go back. */
+static int fwd_stop(CpuBackend *b, const BackendSeg *segs, int n_segs) {
+    for (int i = 0; i < n_segs; i++) {
+        CpuSeq *q = &b->seqs[segs[i].seq];
+        seq_shrink(b, q, q->nc + q->np);
+    }
+    return RS_ESTOPPED;
+}
+
 /* The whole forward over checked segments (backend_forward_batch). */
 static int cpu_forward_batch(Backend *bb, const BackendSeg *segs, int n_segs,
                              const int *out_rows, int n_out, float *logits, RsErr *e) {
@@ -786,6 +797,7 @@ static int cpu_forward_batch(Backend *bb, const BackendSeg *segs, int n_segs,
     if (rc) return rc;
     fwd_prepare(b, segs, n_segs);
     for (int l = 0; l < c->n_layers; l++) {
+        if ((rc = backend_stopped(bb, e))) return fwd_stop(b, segs, n_segs);
         if (bb->feat_n) feat_record(b, l, n);
         fwd_attention(b, l, n);
         fwd_mlp(b, l, n);
