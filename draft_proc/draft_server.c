@@ -416,7 +416,7 @@ static int ipc_in_use(const char *path) {
 /* The ROUTER socket, bound to o->endpoint (with CURVE on tcp:// when keys are given). */
 static int open_socket(Session *s, RsErr *e) {
     const DraftServerOpts *o = s->o;
-    s->zctx = zmq_ctx_new();
+    s->zctx = proto_ctx_new();
     s->sock = zmq_socket(s->zctx, ZMQ_ROUTER);
     int zero = 0, one = 1, rc;
     zmq_setsockopt(s->sock, ZMQ_LINGER, &zero, sizeof zero);

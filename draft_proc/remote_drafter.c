@@ -439,7 +439,7 @@ int drafter_remote_create(const char *endpoint, const Model *target, uint64_t to
     r->target = target;
     r->tok_hash = tok_hash;
     r->in.vocab_size = target->cfg.vocab_size;
-    r->ctx = zmq_ctx_new();
+    r->ctx = proto_ctx_new();
     RemoteSeq *q = seq_add(r);
     rc = handshake(r, e);
     if (rc) {

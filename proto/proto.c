@@ -11,7 +11,11 @@
 #include <math.h>
 #include <stdarg.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#endif
 
 /* ---------------------------------------------------------------- reader */
 
@@ -857,6 +861,58 @@ static void free_sbuf_data(void *data, void *hint) {
     (void)hint;
     free(data);
 }
+
+/* ---- the context ---- */
+
+#if defined(__linux__) && defined(SYS_sched_setattr) && defined(SYS_sched_getattr)
+/* The kernel's sched_attr (sched_setattr(2)); sched_runtime is a fair task's slice. */
+typedef struct {
+    uint32_t size, policy;
+    uint64_t flags;
+    int32_t nice;
+    uint32_t priority;
+    uint64_t runtime, deadline, period;
+} SchedAttr;
+
+/* Sets the calling thread's slice to `ns` (0: the default); the slice it had in *old. */
+static int slice_set(uint64_t ns, SchedAttr *old) {
+    if (syscall(SYS_sched_getattr, 0, old, sizeof *old, 0) != 0) return -1;
+    SchedAttr a = *old;
+    a.size = sizeof a;
+    a.runtime = ns;
+    return (int)syscall(SYS_sched_setattr, 0, &a, 0);
+}
+
+static void slice_restore(const SchedAttr *old) {
+    SchedAttr a = *old;
+    a.size = sizeof a;
+    (void)syscall(SYS_sched_setattr, 0, &a, 0);
+}
+#else
+typedef int SchedAttr;
+static int slice_set(uint64_t ns, SchedAttr *old) {
+    (void)ns;
+    (void)old;
+    return -1;
+}
+static void slice_restore(const SchedAttr *old) { (void)old; }
+#endif
+
+/* The shortest slice Linux grants (100 us). */
+#define IO_SLICE_NS 100000
+
+void *proto_ctx_new(void) {
+    SchedAttr old;
+    int set = slice_set(IO_SLICE_NS, &old) == 0;
+    void *ctx = zmq_ctx_new();
+    /* the I/O threads start with a context's first socket and take the slice then */
+    void *probe = ctx ? zmq_socket(ctx, ZMQ_PAIR) : NULL;
+    if (probe) zmq_close(probe);
+    if (set) slice_restore(&old);
+    return ctx;
+}
+
+/* ---- sending and receiving ---- */
 
 int proto_send(void *sock, const ProtoMsg *m, RsErr *e) {
     RS_ASSERT(sock && m);

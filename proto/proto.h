@@ -228,6 +228,11 @@ void proto_feat_to_f32(ProtoFeatType t, const uint16_t *src, float *dst, size_t 
  * returns RS_ETIMEOUT when nothing came, RS_EPROTO for a multi-part message (drained),
  * RS_EIO for socket errors, or proto_decode's error (the message is consumed). */
 int proto_send(void *sock, const ProtoMsg *m, RsErr *e);
+/* A ZeroMQ context whose I/O threads are running, started with the scheduler's shortest
+ * slice: a message that reaches a process whose threads compute moves on at once instead of
+ * after a computing thread's slice (Linux's EEVDF lets a waking task of shorter slice
+ * preempt; where slices cannot be asked for, a plain context). NULL when ZeroMQ fails. */
+void *proto_ctx_new(void);
 int proto_recv(void *sock, ProtoMsg *out, int timeout_ms, RsErr *e);
 
 #endif

@@ -10,8 +10,13 @@
 #include "testutil.h"
 #include <math.h>
 #include <string.h>
+#include <dirent.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#endif
 #include <zmq.h>
 
 /* ------------------------------------------------------------ fixtures */
@@ -1348,6 +1353,75 @@ END_TEST
 
 /* ------------------------------------------------------------ ZeroMQ */
 
+#if defined(__linux__) && defined(SYS_sched_getattr)
+typedef struct {
+    uint32_t size, policy;
+    uint64_t flags;
+    int32_t nice;
+    uint32_t priority;
+    uint64_t runtime, deadline, period;
+} TuSchedAttr;
+
+/* A thread's slice (sched_getattr's runtime of a fair task), -1 when unknown. */
+static long long thread_slice(int tid) {
+    TuSchedAttr a = {0};
+    if (syscall(SYS_sched_getattr, tid, &a, sizeof a, 0) != 0) return -1;
+    return (long long)a.runtime;
+}
+
+/* 1 when the kernel grants this thread a slice of its own (Linux 6.12+), left as it was. */
+static int slices_granted(void) {
+    TuSchedAttr a = {0}, b;
+    if (syscall(SYS_sched_getattr, 0, &a, sizeof a, 0) != 0) return 0;
+    b = a;
+    b.size = sizeof b;
+    b.runtime = 300000;
+    int ok = syscall(SYS_sched_setattr, 0, &b, 0) == 0 && thread_slice(0) == 300000;
+    a.size = sizeof a;
+    (void)syscall(SYS_sched_setattr, 0, &a, 0);
+    return ok;
+}
+
+/* The ZeroMQ I/O threads of this process (by name), and how many have the 100 us slice. */
+static void io_threads(int *io, int *short_slice) {
+    *io = *short_slice = 0;
+    DIR *d = opendir("/proc/self/task");
+    ck_assert_ptr_nonnull(d);
+    for (struct dirent *t; (t = readdir(d));) {
+        char path[300], comm[32] = {0};
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", t->d_name);
+        FILE *f = t->d_name[0] != '.' ? fopen(path, "r") : NULL;
+        if (!f) continue;
+        if (fgets(comm, sizeof comm, f) && strstr(comm, "ZMQbg/IO")) {
+            (*io)++;
+            *short_slice += thread_slice(atoi(t->d_name)) == 100000;
+        }
+        fclose(f);
+    }
+    closedir(d);
+}
+
+/* proto_ctx_new's I/O threads run with the shortest slice (100 us), and the caller keeps
+ * its own. Skipped where the kernel grants no slice of one's own. */
+START_TEST(test_ctx_io_slice) {
+    if (!slices_granted()) {
+        fprintf(stderr, "SKIP test_ctx_io_slice: the kernel grants no slice of one's own\n");
+        return;
+    }
+    long long mine = thread_slice(0);
+    void *ctx = proto_ctx_new();
+    ck_assert_ptr_nonnull(ctx);
+    ck_assert_int_eq(thread_slice(0), mine);
+    int io = 0, short_slice = 0;
+    /* the threads name themselves once running */
+    for (int tries = 0; tries < 200 && !io; tries++, usleep(5000)) io_threads(&io, &short_slice);
+    zmq_ctx_term(ctx);
+    ck_assert_msg(io > 0, "no ZeroMQ I/O thread running after proto_ctx_new");
+    ck_assert_msg(short_slice == io, "%d of %d I/O threads have the short slice", short_slice, io);
+}
+END_TEST
+#endif
+
 START_TEST(test_zmq_pair) {
     void *ctx = zmq_ctx_new();
     void *a = zmq_socket(ctx, ZMQ_PAIR), *b = zmq_socket(ctx, ZMQ_PAIR);
@@ -1646,6 +1720,9 @@ Suite *suite_proto(void) {
     tcase_add_test(tc, test_malformed_error_bye);
     tcase_add_test(tc, test_malformed_pool);
     tcase_add_test(tc, test_zmq_pair);
+#if defined(__linux__) && defined(SYS_sched_getattr)
+    tcase_add_test(tc, test_ctx_io_slice);
+#endif
     tcase_add_test(tc, test_vectors);
     tcase_add_test(tc, test_append_roundtrip);
     tcase_add_test(tc, test_secure_check_endpoint);
