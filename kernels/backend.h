@@ -233,7 +233,9 @@ BackendKvUsage backend_kv_usage(const Backend *b);
  * the first block). */
 uint64_t backend_prefix_hash(uint64_t prev, const int *tokens);
 /* seq must be empty. Attaches the longest published chain of whole blocks that tokens[0..n)
- * starts with; returns the entries now committed (a multiple of BACKEND_KV_BLOCK, <= n). */
+ * starts with, then the longest run of the next tokens that a published block following
+ * that chain starts with (those entries copied into a block of seq's own, when one is
+ * free); returns the entries now committed (<= n). */
 int backend_prefix_attach(Backend *b, int seq, const int *tokens, int n);
 /* tokens: seq's first n committed entries' tokens; publishes its whole blocks among them. */
 void backend_prefix_publish(Backend *b, int seq, const int *tokens, int n);

@@ -104,6 +104,52 @@ START_TEST(test_prefix_shared_rows_exact) {
 }
 END_TEST
 
+/* Past the whole blocks, a prompt takes the run of entries it shares with a published block
+ * that follows the same chain, copied into a block of its own: its rows stay exact, the
+ * published block stays shared, and without a free block for the copy only the whole
+ * blocks are attached. Every block comes back. */
+START_TEST(test_prefix_part_rows_exact) {
+    Model *m = prefix_model();
+    Backend *b = prefix_backend(m, 6 * BLK, 4, 1), *ref = prefix_backend(m, CAP, 1, 0);
+    Rng r;
+    rng_seed(&r, 13);
+    int a[3 * BLK], c[CAP], bad = 0;
+    random_tokens(&r, a, 3 * BLK);
+    memcpy(c, a, sizeof(int) * (BLK + 9)); /* one block and 9 tokens in common */
+    random_tokens(&r, c + BLK + 9, CAP - BLK - 9);
+    c[BLK + 9] = (a[BLK + 9] + 1) % VOCAB;
+    float got[VOCAB];
+    int sa = open_seq(b), sc = open_seq(b), sd = open_seq(b);
+    run_rows(b, sa, a, 3 * BLK, NULL);
+    backend_prefix_publish(b, sa, a, 3 * BLK);
+    ck_assert_int_eq(backend_prefix_attach(b, sc, c, 40), BLK + 9);
+    ck_assert_int_eq(backend_kv_usage(b).blocks_used, 4); /* a's 3 and c's copy */
+    run_rows(b, sc, c + BLK + 9, 40 - BLK - 9, got);
+    bad += same_bits("part attached", ref, c, 40, got);
+    ck_assert_int_eq(backend_prefix_attach(b, sd, a, 2 * BLK + 4), 2 * BLK + 4);
+    run_rows(b, sd, c + 50, 3, got); /* a's first 36 tokens, then 3 of c's */
+    int ad[2 * BLK + 7];
+    memcpy(ad, a, sizeof(int) * (2 * BLK + 4));
+    memcpy(ad + 2 * BLK + 4, c + 50, sizeof(int) * 3);
+    bad += same_bits("part of a full chain", ref, ad, 2 * BLK + 7, got);
+    ck_assert_int_eq(bad, 0);
+    backend_seq_close(b, sd);
+    int se = open_seq(b); /* holds the last free block: c's copy finds none */
+    run_rows(b, se, c + 60, BLK, NULL);
+    backend_seq_close(b, sc);
+    sc = open_seq(b);
+    run_rows(b, se, c + 60 + BLK, 2 * BLK, NULL); /* and the two c gave back */
+    ck_assert_int_eq(backend_prefix_attach(b, sc, c, 40), BLK);
+    backend_seq_close(b, sa);
+    backend_seq_close(b, sc);
+    backend_seq_close(b, se);
+    ck_assert_int_eq(backend_kv_usage(b).blocks_used, 0);
+    backend_destroy(&b);
+    backend_destroy(&ref);
+    model_destroy(&m);
+}
+END_TEST
+
 /* A prompt that is all cached blocks attaches all of them; its next row is still exact. */
 START_TEST(test_prefix_whole_prompt) {
     Model *m = prefix_model();
@@ -252,7 +298,7 @@ START_TEST(test_prefix_decodes_unchanged) {
         int nw = decode_once(off, prompt, n, rule, sample, want, &c_off);
         int ng = decode_once(on, prompt, n, rule, sample, got, &c_on);
         ck_assert_int_eq(c_off, 0);
-        ck_assert_int_eq(c_on, i == 0 ? 0 : 2 * BLK); /* the 40 shared tokens' whole blocks */
+        ck_assert_int_eq(c_on, i == 0 ? 0 : 40); /* 2 whole blocks, 8 entries copied */
         ck_assert_int_eq(ng, nw);
         ck_assert_msg(!memcmp(got, want, sizeof(int) * (size_t)nw), "decode %d differs", i);
     }
@@ -313,6 +359,7 @@ Suite *suite_prefix(void) {
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_prefix_shared_rows_exact);
+    tcase_add_test(tc, test_prefix_part_rows_exact);
     tcase_add_test(tc, test_prefix_whole_prompt);
     tcase_add_test(tc, test_prefix_off);
     tcase_add_test(tc, test_prefix_refcount_lru);

@@ -87,12 +87,13 @@ typedef struct {
     int blocks_total, n_free;
     int *free_blocks;   // (blocks_total) a stack of free block ids
     /* The prefix cache (backend.h: Prefix cache): per block, its holders, and when cached
-     * the hash chain and tokens it was published under and its last use. A cached block
-     * no sequence holds is idle: not on the free list, taken back least recently used. */
+     * the hash chain and tokens it was published under (and the chain before it) and its
+     * last use. A cached block no sequence holds is idle: not on the free list, taken back
+     * least recently used. */
     int prefix_on, n_idle;
     int *ref;           // (blocks_total) sequences holding the block
     uint8_t *cached;    // (blocks_total)
-    uint64_t *hash, *used; // (blocks_total)
+    uint64_t *hash, *phash, *used; // (blocks_total)
     int *btok;          // (blocks_total, BACKEND_KV_BLOCK)
     uint64_t tick;
     int slots;          /* blocks_total * BACKEND_KV_BLOCK: cache rows per (layer, KV head) */
@@ -375,6 +376,7 @@ static void alloc_seqs(CpuBackend *b, const BackendParams *bp) {
     b->ref = rs_xcalloc((size_t)b->blocks_total, sizeof(int));
     b->cached = rs_xcalloc((size_t)b->blocks_total, 1);
     b->hash = rs_xcalloc((size_t)b->blocks_total, sizeof(uint64_t));
+    b->phash = rs_xcalloc((size_t)b->blocks_total, sizeof(uint64_t));
     b->used = rs_xcalloc((size_t)b->blocks_total, sizeof(uint64_t));
     b->btok = rs_xcalloc((size_t)b->blocks_total * BACKEND_KV_BLOCK, sizeof(int));
 }
@@ -457,7 +459,7 @@ static void cpu_destroy(Backend **pb) {
                     s->hb2,     s->att,      s->scratch,     s->xq,       s->hq,  s->xqk,
                     s->kv_tmp, s->knew, s->vnew, s->inv_freq,  s->rope_cos, s->rope_sin,
                     s->att_idx, s->att_off, s->att_cnt,  s->keep_seen, s->pend_idx, s->row_slot, s->logits,
-                    b->seqs, b->free_blocks, b->ref, b->cached, b->hash, b->used, b->btok,
+                    b->seqs, b->free_blocks, b->ref, b->cached, b->hash, b->phash, b->used, b->btok,
                     s->feat_pend, s->feat_out, s->parts,
                     b->rows_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
@@ -983,22 +985,59 @@ static int prefix_find(const CpuBackend *b, uint64_t h, const int *tokens) {
     return -1;
 }
 
+/* The first `count` entries of block src copied into block dst, in every (layer, KV head). */
+static void block_copy(CpuBackend *b, int dst, int src, int count) {
+    const Config *c = &b->base.model->cfg;
+    size_t row = (size_t)c->head_dim * b->s.kv_es, cap = (size_t)b->slots;
+    for (int lh = 0; lh < c->n_layers * c->n_kv_heads; lh++) {
+        size_t base = (size_t)lh * cap * row, to = (size_t)dst * BACKEND_KV_BLOCK * row;
+        size_t from = (size_t)src * BACKEND_KV_BLOCK * row;
+        memcpy(b->s.key_cache + base + to, b->s.key_cache + base + from, count * row);
+        memcpy(b->s.value_cache + base + to, b->s.value_cache + base + from, count * row);
+    }
+}
+
+/* Past q's attached whole blocks (chain value h): the cached block after that chain that
+ * shares the longest run with tokens[0 .. min(n, BACKEND_KV_BLOCK)) gives that run's
+ * entries, copied into a block of q's own (K and V of a position depend only on the tokens
+ * up to it, so they are the bits a prefill would write). Returns the entries added. */
+static int prefix_attach_part(CpuBackend *b, CpuSeq *q, uint64_t h, const int *tokens, int n) {
+    int src = -1, best = 0, lim = n < BACKEND_KV_BLOCK ? n : BACKEND_KV_BLOCK;
+    for (int i = 0; i < b->blocks_total; i++) {
+        if (!b->cached[i] || b->phash[i] != h) continue;
+        const int *t = b->btok + (size_t)i * BACKEND_KV_BLOCK;
+        int m = 0;
+        while (m < lim && t[m] == tokens[m]) m++;
+        if (m > best) best = m, src = i;
+    }
+    if (src < 0 || b->n_free + b->n_idle - !b->ref[src] < 1) return 0;
+    if (!b->ref[src]++) b->n_idle--; /* held, so taking a block cannot evict it */
+    int blk = block_take(b);
+    block_copy(b, blk, src, best);
+    block_release(b, src);
+    b->used[src] = ++b->tick;
+    q->blocks[q->n_blocks++] = blk;
+    return best;
+}
+
 static int cpu_prefix_attach(Backend *bb, int seq, const int *tokens, int n) {
     CpuBackend *b = (CpuBackend *)bb;
     CpuSeq *q = &b->seqs[seq];
     RS_ASSERT(q->nc == 0 && q->np == 0 && q->n_blocks == 0);
     if (!b->prefix_on) return 0;
-    uint64_t h = 0;
+    uint64_t h = 0; /* the chain of the blocks attached */
     for (int k = 0; k < n / BACKEND_KV_BLOCK; k++) {
         const int *t = tokens + (size_t)k * BACKEND_KV_BLOCK;
-        h = backend_prefix_hash(h, t);
-        int blk = prefix_find(b, h, t);
+        uint64_t next = backend_prefix_hash(h, t);
+        int blk = prefix_find(b, next, t);
         if (blk < 0) break;
         if (!b->ref[blk]++) b->n_idle--;
         b->used[blk] = ++b->tick;
         q->blocks[q->n_blocks++] = blk;
+        h = next;
     }
     q->nc = q->n_blocks * BACKEND_KV_BLOCK;
+    if (q->nc < n) q->nc += prefix_attach_part(b, q, h, tokens + q->nc, n - q->nc);
     seq0_sync(b);
     return q->nc;
 }
@@ -1011,11 +1050,13 @@ static void cpu_prefix_publish(Backend *bb, int seq, const int *tokens, int n) {
     uint64_t h = 0;
     for (int k = 0; k < n / BACKEND_KV_BLOCK; k++) {
         const int *t = tokens + (size_t)k * BACKEND_KV_BLOCK;
+        uint64_t prev = h;
         h = backend_prefix_hash(h, t);
         int blk = q->blocks[k];
         if (b->cached[blk] || prefix_find(b, h, t) >= 0) continue; /* one copy is enough */
         b->cached[blk] = 1;
         b->hash[blk] = h;
+        b->phash[blk] = prev;
         memcpy(b->btok + (size_t)blk * BACKEND_KV_BLOCK, t, BACKEND_KV_BLOCK * sizeof(int));
         b->used[blk] = ++b->tick;
     }
@@ -1035,15 +1076,8 @@ static int cpu_seq_fork(Backend *bb, int src, int dst, int n, RsErr *e) {
         to->blocks[to->n_blocks++] = from->blocks[k];
     }
     if (part) {
-        int blk = block_take(b), sblk = from->blocks[whole];
-        size_t row = (size_t)bb->model->cfg.head_dim * b->s.kv_es, cap = (size_t)b->slots;
-        for (int lh = 0; lh < bb->model->cfg.n_layers * bb->model->cfg.n_kv_heads; lh++) {
-            size_t base = (size_t)lh * cap * row;
-            memcpy(b->s.key_cache + base + (size_t)blk * BACKEND_KV_BLOCK * row,
-                   b->s.key_cache + base + (size_t)sblk * BACKEND_KV_BLOCK * row, part * row);
-            memcpy(b->s.value_cache + base + (size_t)blk * BACKEND_KV_BLOCK * row,
-                   b->s.value_cache + base + (size_t)sblk * BACKEND_KV_BLOCK * row, part * row);
-        }
+        int blk = block_take(b);
+        block_copy(b, blk, from->blocks[whole], part);
         to->blocks[to->n_blocks++] = blk;
     }
     to->nc = n;
