@@ -365,6 +365,26 @@ START_TEST(test_kernels_float_wide_bitwise) {
 }
 END_TEST
 
+/* The same at the model sizes' columns, every n from 1 to 72 (groups of 16 and what is
+ * left, a block of 1 to 6 tokens reduced 4 at a time and in pairs): 576 columns keep a
+ * tile's converted rows for all 16 tokens of a group, 648 (a half step past 40 steps) up
+ * to 15 and take 16 over all the tiles, 579 end in single columns. */
+START_TEST(test_kernels_float_model_cols_bitwise) {
+    const QkFamily *f2 = family("avx2"), *f5 = family(_i ? "amx" : "avx512");
+    if (!f2 || !f5) return;
+    static const int kCols[] = {576, 648, 579};
+    for (int ti = 0; ti < 3; ti++)
+        for (int ci = 0; ci < 3; ci++) {
+            Model *m = tu_random_model_typed(ARCH_LLAMA, 64, kCols[ci], 1, 4, 2, 64, 190 + ti,
+                                             kTypes[ti]);
+            QTensor w = m->w.layers[0].w_down;
+            ck_assert_int_eq(w.cols, kCols[ci]);
+            for (int n = 1; n <= 72; n++) check_float_same(f2, f5, &w, n, 200 + n);
+            model_destroy(&m);
+        }
+}
+END_TEST
+
 /* qk_family_pick: each family by name, or a refusal naming it; the default is the first
  * of amx, avx512, avx2, scalar this CPU runs; a wrong name is refused with the list. */
 START_TEST(test_family_pick) {
@@ -1165,6 +1185,7 @@ Suite *suite_cpu_kernels(void) {
     tcase_add_test(tc, test_kernels_vtile_bitwise_avx2);
     tcase_add_loop_test(tc, test_kernels_emu_bitwise_avx2, 0, 2);
     tcase_add_loop_test(tc, test_kernels_float_wide_bitwise, 0, 2);
+    tcase_add_loop_test(tc, test_kernels_float_model_cols_bitwise, 0, 2);
     tcase_add_test(tc, test_family_pick);
     tcase_add_test(tc, test_threadpool_runs_every_worker);
     tcase_add_test(tc, test_threadpool_chunks_each_once);
