@@ -163,7 +163,8 @@ static void run_case(const QkFamily *f, uint32_t type, int n, size_t bytes, int 
     kweights_fill(type, data, (size_t)rows * row_bytes, r);
     QTensor w = {type, data, rows, cols, row_bytes, 0, 0};
     if (x4 && qk_family_packs(f, type)) qtensor_pack_x4(&w); /* as the CPU backend's load */
-    float *x = rs_xmalloc(sizeof(float) * n * cols), *y = rs_xmalloc(sizeof(float) * n * rows);
+    float *x = rs_xcalloc_lines((size_t)n * cols, sizeof(float)); /* as the backend's rows */
+    float *y = rs_xmalloc(sizeof(float) * n * rows);
     float *scratch = rs_xmalloc(sizeof(float) * cols);
     QkQ8 *q8 = rs_xmalloc(sizeof(QkQ8) * n * (cols / QK_BLOCK));
     QkQ8K *q8k = rs_xmalloc(sizeof(QkQ8K) * n * (cols / QK_K + 1));

@@ -81,6 +81,17 @@ void *rs_xcalloc(size_t n, size_t size) {
     return p;
 }
 
+void *rs_xcalloc_lines(size_t n, size_t size) {
+    size_t bytes = (n ? n : 1) * (size ? size : 1);
+    RS_ASSERT(bytes / (n ? n : 1) == (size ? size : 1));
+    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!p) {
+        fprintf(stderr, "rootspec: out of memory allocating %zu x %zu bytes\n", n, size);
+        abort();
+    }
+    return memset(p, 0, bytes);
+}
+
 uint64_t rs_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -53,6 +53,10 @@ const char *rs_status_name(int code);
 /* Allocation that aborts on failure (start-up buffers only). */
 void *rs_xmalloc(size_t n);
 void *rs_xcalloc(size_t n, size_t size);
+/* rs_xcalloc at a 64-byte (cache line) boundary, freed with free(): rows of activations a
+ * kernel loads 64 bytes at a time then never straddle two lines (calloc gives 16 bytes,
+ * which splits every such load of rows whose size is a multiple of 64). */
+void *rs_xcalloc_lines(size_t n, size_t size);
 
 /* Zeroed anonymous memory for `bytes` that the kernels stream, 2 MiB-aligned and advised
  * for transparent huge pages: one TLB entry then covers 2 MiB instead of 4 KiB (in a VM

@@ -291,11 +291,10 @@ static void check_float_same(const QkFamily *f2, const QkFamily *f5, const QTens
     free(x), free(scratch), free(y2), free(y5);
 }
 
-/* The AVX-512 families' float tiles (512-bit registers, up to 16 tokens a read of the
- * weights in blocks of up to 6) give the AVX2 family's bits for F32, F16 and BF16 at every
- * token count of a group and past it (21: groups of 16 and 5), each token alone as in the
- * batch, and with rows that end in a half step and single columns; run where the CPU has
- * them. */
+/* The AVX-512 families' float tiles (512-bit registers, a whole chunk of tokens a read of
+ * the weights in blocks of up to 6) give the AVX2 family's bits for F32, F16 and BF16 at
+ * every token count from 1 to 21, each token alone as in the batch, and with rows that end
+ * in a half step and single columns; run where the CPU has them. */
 START_TEST(test_kernels_float_wide_bitwise) {
     const QkFamily *f2 = family("avx2"), *f5 = family(_i ? "amx" : "avx512");
     if (!f2 || !f5) return;
@@ -320,8 +319,8 @@ START_TEST(test_kernels_float_wide_bitwise) {
         }
         check_batch_invariant(f5, &w, 21, 13, 130 + ti);
         weights_free(&m, &buf);
-        /* rows whose tokens' activations fill L1: 1152 columns keep a tile's converted
-         * rows for up to 7 tokens, 1536 take 6+ tokens block by block over all the tiles */
+        /* rows whose tokens' activations fill L1: F16 and BF16 keep a tile's converted
+         * rows for all the tokens, F32 takes them block by block over all the tiles */
         static const int kCols[] = {1152, 1536}, kN[] = {5, 7, 8, 9, 16};
         for (int ci = 0; ci < 2; ci++) {
             m = tu_random_model_typed(ARCH_LLAMA, 64, kCols[ci], 1, 4, 2, 64, 160 + ti, kTypes[ti]);
@@ -362,6 +361,29 @@ START_TEST(test_kernels_float_wide_bitwise) {
         }
         model_destroy(&m);
     }
+}
+END_TEST
+
+/* The same at the model's columns and around the float tiles' bounds: 576 and 579 (single
+ * columns past the last step) at every n from 1 to 72 (blocks of 1 to 6 tokens, reduced 4
+ * at a time and in pairs; F32 over all the tiles from 15 tokens) and past a call's 128
+ * tokens; 2048 columns keep a tile's converted rows for up to 64 tokens and take 65 over
+ * all the tiles; 2056 (a half step past the staged rows' columns) never keep them. */
+START_TEST(test_kernels_float_model_cols_bitwise) {
+    const QkFamily *f2 = family("avx2"), *f5 = family(_i ? "amx" : "avx512");
+    if (!f2 || !f5) return;
+    static const int kCols[] = {576, 579, 2048, 2056};
+    static const int kNs[][4] = {{129, 130, 0}, {129, 0}, {5, 63, 64, 65}, {5, 9, 16, 0}};
+    for (int ti = 0; ti < 3; ti++)
+        for (int ci = 0; ci < 4; ci++) {
+            Model *m = tu_random_model_typed(ARCH_LLAMA, 64, kCols[ci], 1, 4, 2, 64, 190 + ti,
+                                             kTypes[ti]);
+            QTensor w = m->w.layers[0].w_down;
+            ck_assert_int_eq(w.cols, kCols[ci]);
+            for (int n = 1; ci < 2 && n <= 72; n++) check_float_same(f2, f5, &w, n, 200 + n);
+            for (int i = 0; i < 4 && kNs[ci][i]; i++) check_float_same(f2, f5, &w, kNs[ci][i], 300 + i);
+            model_destroy(&m);
+        }
 }
 END_TEST
 
@@ -1165,6 +1187,7 @@ Suite *suite_cpu_kernels(void) {
     tcase_add_test(tc, test_kernels_vtile_bitwise_avx2);
     tcase_add_loop_test(tc, test_kernels_emu_bitwise_avx2, 0, 2);
     tcase_add_loop_test(tc, test_kernels_float_wide_bitwise, 0, 2);
+    tcase_add_loop_test(tc, test_kernels_float_model_cols_bitwise, 0, 2);
     tcase_add_test(tc, test_family_pick);
     tcase_add_test(tc, test_threadpool_runs_every_worker);
     tcase_add_test(tc, test_threadpool_chunks_each_once);

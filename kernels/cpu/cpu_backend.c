@@ -332,12 +332,13 @@ static void alloc_state(CpuBackend *b, const Config *c, const BackendParams *bp,
     size_t B = (size_t)bp->max_batch, cap = (size_t)bp->kv_capacity, P = (size_t)bp->max_pending;
     size_t half = (size_t)c->head_dim / 2, mc = (size_t)b->max_cols;
     RunState *s = &b->s;
-    s->x = rs_xcalloc(B * c->dim, sizeof(float));
-    s->xb = rs_xcalloc(B * c->dim, sizeof(float));
-    s->q = rs_xcalloc(B * b->q_dim, sizeof(float));
-    s->att_out = rs_xcalloc(B * b->q_dim, sizeof(float));
-    s->hb = rs_xcalloc(B * c->hidden_dim, sizeof(float));
-    s->hb2 = rs_xcalloc(B * c->hidden_dim, sizeof(float));
+    /* the activation rows the products and the elementwise kernels load */
+    s->x = rs_xcalloc_lines(B * c->dim, sizeof(float));
+    s->xb = rs_xcalloc_lines(B * c->dim, sizeof(float));
+    s->q = rs_xcalloc_lines(B * b->q_dim, sizeof(float));
+    s->att_out = rs_xcalloc_lines(B * b->q_dim, sizeof(float));
+    s->hb = rs_xcalloc_lines(B * c->hidden_dim, sizeof(float));
+    s->hb2 = rs_xcalloc_lines(B * c->hidden_dim, sizeof(float));
     s->att = rs_xcalloc((size_t)nth * QK_ATT_G * cap, sizeof(float));
     s->scratch = rs_xcalloc((size_t)nth * mc, sizeof(float));
     s->xq = rs_xcalloc(B * (mc / QK_BLOCK + 1), sizeof(QkQ8));

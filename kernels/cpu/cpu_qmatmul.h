@@ -92,7 +92,9 @@ typedef struct {
      * has one for a type gets that type's matrices packed at load (qk_family_packs). */
     QkPackedFn packed;
 } QkKernel;
-#define QK_GROUP_MAX 16
+/* Most tokens a kernel's group may be: the AVX-512 float tiles take a prefill chunk or a
+ * tree pass of up to this many in one call (their converted rows then serve them all). */
+#define QK_GROUP_MAX 128
 
 /* Softmax attention of g consecutive heads of one token that share a KV group: o (g, hd),
  * q (g, hd), the rest as cpu_attention_head (kernels/cpu/cpu_ops.h); att: scratch of g * len
