@@ -697,7 +697,8 @@ START_TEST(test_attention_matches_plain_loops) {
 END_TEST
 
 /* A family's own attention (FMA lanes) against the reference loops, within float
- * rounding: head sizes with a partial 64-column slice (40) and the reference fallback (36),
+ * rounding: head sizes with a partial 64-column slice (40, 48, 32, 16: the value pass's
+ * odd and even register counts) and the reference fallback (36),
  * contexts beyond one 512-row pass, masked pending entries, 1-3 heads a call; and each
  * head of a call bitwise as the same kernel alone (the backend groups heads freely). */
 START_TEST(test_family_attention_vs_reference) {
@@ -705,9 +706,9 @@ START_TEST(test_family_attention_vs_reference) {
     if (!f || !f->attn) return;
     Rng r;
     rng_seed(&r, 23);
-    static const int hds[] = {64, 128, 40, 36}, ncs[] = {0, 5, 130, 700};
-    for (int trial = 0; trial < 16; trial++) {
-        int hd = hds[trial % 4], kvd = 2 * hd, nc = ncs[trial / 4], np = 1 + trial % 5;
+    static const int hds[] = {64, 128, 40, 36, 48, 32, 16, 56}, ncs[] = {0, 5, 130, 700};
+    for (int trial = 0; trial < 32; trial++) {
+        int hd = hds[trial % 8], kvd = 2 * hd, nc = ncs[trial / 8], np = 1 + trial % 5;
         int g = 1 + trial % 3, idx[8], len = nc;
         for (int j = 0; j < np; j++)
             if (j == 0 || rng_next(&r) % 2) idx[len++ - nc] = j;

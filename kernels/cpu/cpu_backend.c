@@ -619,12 +619,13 @@ static void fwd_prepare(CpuBackend *b, const BackendSeg *segs, int n_segs) {
     }
 }
 
-/* Biases, q/k norms and RoPE of the batch's new q and k rows. */
-static void fwd_qk_post(CpuBackend *b, const LayerWeights *L, float *knew, float *vnew, int n) {
+/* Biases, q/k norms and RoPE of the batch's new q and k rows [t0, t1). */
+static void fwd_qk_post(CpuBackend *b, const LayerWeights *L, float *knew, float *vnew, int t0,
+                        int t1) {
     const Config *c = &b->base.model->cfg;
     RunState *s = &b->s;
     int hd = c->head_dim, half = hd / 2, qd = b->q_dim, kvd = b->kv_dim;
-    for (int t = 0; t < n; t++) {
+    for (int t = t0; t < t1; t++) {
         float *qt = s->q + (size_t)t * qd, *kt = knew + (size_t)t * kvd;
         float *vt = vnew + (size_t)t * kvd;
         if (L->bq) cpu_bias_add(qt, L->bq, qd);
@@ -644,61 +645,18 @@ static void fwd_qk_post(CpuBackend *b, const LayerWeights *L, float *knew, float
     }
 }
 
-/* Rows x (n, kv_dim) into their slots (row_slot) of a layer's cache (n_kv_heads, slots,
- * head_dim), converted to f16 for an f16 cache. */
-static void kv_store(const CpuBackend *b, uint8_t *cache, const float *x, int n) {
+/* Rows [t0, t1) of x (n, kv_dim) into their slots (row_slot) of a layer's cache
+ * (n_kv_heads, slots, head_dim), converted to f16 for an f16 cache. */
+static void kv_store(const CpuBackend *b, uint8_t *cache, const float *x, int t0, int t1) {
     int hd = b->base.model->cfg.head_dim, cap = b->slots;
     size_t es = b->s.kv_es;
     for (int h = 0; h < b->base.model->cfg.n_kv_heads; h++)
-        for (int t = 0; t < n; t++) {
+        for (int t = t0; t < t1; t++) {
             uint8_t *dst = cache + ((size_t)h * cap + b->s.row_slot[t]) * hd * es;
             const float *src = x + (size_t)t * b->kv_dim + h * hd;
             if (es == 2) b->fam->to_f16((uint16_t *)(void *)dst, src, hd);
             else memcpy(dst, src, sizeof(float) * hd);
         }
-}
-
-/* x += Wo attention(rmsnorm(x)) for layer l; new k/v rows land in the cache. */
-static void fwd_attention(CpuBackend *b, int l, int n) {
-    const Config *c = &b->base.model->cfg;
-    const LayerWeights *L = &b->base.model->w.layers[l];
-    RunState *s = &b->s;
-    int dim = c->dim, kvd = b->kv_dim;
-    size_t layer = (size_t)l * b->slots * kvd * s->kv_es;
-    uint8_t *kc = s->key_cache + layer;   // (n_kv_heads, slots, head_dim)
-    uint8_t *vc = s->value_cache + layer; // (n_kv_heads, slots, head_dim)
-    for (int t = 0; t < n; t++)
-        qk_rmsnorm(b->fam, s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim,
-                   c->norm_eps);
-    const QTensor *w[3] = {&L->wq, &L->wk, &L->wv};
-    float *y[3] = {s->q, s->knew, s->vnew};
-    matmul(b, s->xb, NULL, n, 3, w, y);
-    fwd_qk_post(b, L, s->knew, s->vnew, n);
-    kv_store(b, kc, s->knew, n);
-    kv_store(b, vc, s->vnew, n);
-    int oq = qk_wants_act(b->fam, L->wo.type) == QK_ACT_Q8 && c->head_dim % QK_BLOCK == 0;
-    AttnJob aj = {b, kc, vc, n, oq ? s->xq : NULL};
-    threadpool_run_chunks(b->pool, attn_task, &aj, attn_chunks(b, n));
-    matmul1(b, s->att_out, aj.oq, n, &L->wo, s->xb);
-    cpu_residual_add(s->x, s->xb, (size_t)n * dim);
-}
-
-/* x += W_down (silu(W_gate h) * W_up h), h = rmsnorm(x): the SwiGLU MLP of layer l. */
-static void fwd_mlp(CpuBackend *b, int l, int n) {
-    const Config *c = &b->base.model->cfg;
-    const LayerWeights *L = &b->base.model->w.layers[l];
-    RunState *s = &b->s;
-    int dim = c->dim;
-    for (int t = 0; t < n; t++)
-        qk_rmsnorm(b->fam, s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim,
-                   c->norm_eps);
-    UpJob uj = {b, L, {.f32 = s->xb, .n = n, .in = dim}, NULL};
-    qk_acts_quantize(b->fam, &uj.x, qk_wants_act(b->fam, L->w_gate.type) | qk_wants_act(b->fam, L->w_up.type),
-                     s->xq, s->xqk);
-    if (qk_wants_act(b->fam, L->w_down.type) == QK_ACT_Q8) uj.hq = s->hq;
-    threadpool_run_chunks(b->pool, up_task, &uj, region_chunks(b, c->hidden_dim / up_unit(b)));
-    matmul1(b, s->hb, uj.hq, n, &L->w_down, s->xb);
-    cpu_residual_add(s->x, s->xb, (size_t)n * dim);
 }
 
 /* EAGLE-3 features: the residual stream of the batch's rows, as it enters layer l (l ==
@@ -712,6 +670,115 @@ static void feat_record(CpuBackend *b, int l, int n) {
         for (int t = 0; t < n; t++)
             memcpy(dst + (size_t)t * W, b->s.x + (size_t)t * dim, sizeof(float) * (size_t)dim);
     }
+}
+
+/* ---- row regions: the per-row steps between the products ----
+ * Each row's operations are the serial loops' (a row depends on itself only), so a region
+ * gives the same bits however its rows are split; it spares the other threads waiting
+ * through those steps. Fewer than ROWS_PARALLEL rows run inline: a region's start and end
+ * cost more than the steps of a row or two. */
+#define ROWS_PARALLEL 4
+
+/* Rows [0, n) through fn(arg, chunk, n_chunks, tid), chunks of whole rows. */
+static void rows_run(CpuBackend *b, TpChunkFn fn, void *arg, int n) {
+    if (n < ROWS_PARALLEL) fn(arg, 0, 1, 0);
+    else threadpool_run_chunks(b->pool, fn, arg, region_chunks(b, n));
+}
+
+/* A layer half's entry: x += add (the previous half's output; NULL: none), xb =
+ * rmsnorm(x) and, with q8, xb quantized per 32 for the products that take it. */
+typedef struct {
+    CpuBackend *b;
+    const float *add, *norm;
+    QkQ8 *q8;
+    int n;
+} NormJob;
+
+static void norm_task(void *arg, int chunk, int n_chunks, int tid) {
+    NormJob *j = arg;
+    const Config *c = &j->b->base.model->cfg;
+    RunState *s = &j->b->s;
+    int dim = c->dim, lo, hi;
+    (void)tid;
+    threadpool_share(j->n, chunk, n_chunks, &lo, &hi);
+    for (int t = lo; t < hi; t++) {
+        float *x = s->x + (size_t)t * dim, *xb = s->xb + (size_t)t * dim;
+        if (j->add) cpu_residual_add(x, j->add + (size_t)t * dim, (size_t)dim);
+        qk_rmsnorm(j->b->fam, xb, x, j->norm, dim, c->norm_eps);
+        if (j->q8) qk_quantize(j->b->fam, xb, 1, dim, j->q8 + (size_t)t * (dim / QK_BLOCK));
+    }
+}
+
+/* x += add; xb = rmsnorm(x) with weights norm for the n rows; returns xb quantized per 32
+ * when one of the nw products wants it (else NULL: they take xb as it is). */
+static const QkQ8 *norm_rows(CpuBackend *b, const float *add, const float *norm, int n,
+                             const QTensor *const *w, int nw) {
+    int acts = 0;
+    NormJob j = {b, add, norm, NULL, n};
+    for (int i = 0; i < nw; i++) acts |= qk_wants_act(b->fam, w[i]->type);
+    if ((acts & QK_ACT_Q8) && b->base.model->cfg.dim % QK_BLOCK == 0) j.q8 = b->s.xq;
+    rows_run(b, norm_task, &j, n);
+    return j.q8;
+}
+
+/* The new q / k rows' post steps and both caches' stores (the attention reads them). */
+typedef struct {
+    CpuBackend *b;
+    const LayerWeights *L;
+    uint8_t *kc, *vc;
+    int n;
+} QkPostJob;
+
+static void qk_post_task(void *arg, int chunk, int n_chunks, int tid) {
+    QkPostJob *j = arg;
+    RunState *s = &j->b->s;
+    int lo, hi;
+    (void)tid;
+    threadpool_share(j->n, chunk, n_chunks, &lo, &hi);
+    fwd_qk_post(j->b, j->L, s->knew, s->vnew, lo, hi);
+    kv_store(j->b, j->kc, s->knew, lo, hi);
+    kv_store(j->b, j->vc, s->vnew, lo, hi);
+}
+
+/* x += add (the previous layer's MLP output, NULL for the first), then x += Wo
+ * attention(rmsnorm(x)) for layer l, Wo's output left in xb for the MLP to add; new k/v
+ * rows land in the cache. */
+static void fwd_attention(CpuBackend *b, int l, int n, const float *add) {
+    const Config *c = &b->base.model->cfg;
+    const LayerWeights *L = &b->base.model->w.layers[l];
+    RunState *s = &b->s;
+    int kvd = b->kv_dim;
+    size_t layer = (size_t)l * b->slots * kvd * s->kv_es;
+    uint8_t *kc = s->key_cache + layer;   // (n_kv_heads, slots, head_dim)
+    uint8_t *vc = s->value_cache + layer; // (n_kv_heads, slots, head_dim)
+    const QTensor *w[3] = {&L->wq, &L->wk, &L->wv};
+    float *y[3] = {s->q, s->knew, s->vnew};
+    const QkQ8 *xq = norm_rows(b, add, L->attn_norm, n, w, 3);
+    if (b->base.feat_n) feat_record(b, l, n); /* x as it enters layer l */
+    matmul(b, s->xb, xq, n, 3, w, y);
+    QkPostJob pj = {b, L, kc, vc, n};
+    rows_run(b, qk_post_task, &pj, n);
+    int oq = qk_wants_act(b->fam, L->wo.type) == QK_ACT_Q8 && c->head_dim % QK_BLOCK == 0;
+    AttnJob aj = {b, kc, vc, n, oq ? s->xq : NULL};
+    threadpool_run_chunks(b->pool, attn_task, &aj, attn_chunks(b, n));
+    matmul1(b, s->att_out, aj.oq, n, &L->wo, s->xb);
+}
+
+/* x += the attention's output (xb), then xb = W_down (silu(W_gate h) * W_up h), h =
+ * rmsnorm(x): the SwiGLU MLP of layer l, its output left in xb for the next layer (or the
+ * head) to add. */
+static void fwd_mlp(CpuBackend *b, int l, int n) {
+    const Config *c = &b->base.model->cfg;
+    const LayerWeights *L = &b->base.model->w.layers[l];
+    RunState *s = &b->s;
+    const QTensor *w[2] = {&L->w_gate, &L->w_up};
+    int acts = qk_wants_act(b->fam, L->w_gate.type) | qk_wants_act(b->fam, L->w_up.type);
+    UpJob uj = {b, L, {.f32 = s->xb, .n = n, .in = c->dim}, NULL};
+    uj.x.q8 = norm_rows(b, s->xb, L->ffn_norm, n, w, 2);
+    qk_acts_quantize(b->fam, &uj.x, uj.x.q8 ? acts & ~QK_ACT_Q8 : acts, s->xq, s->xqk);
+    if (qk_wants_act(b->fam, L->w_down.type) == QK_ACT_Q8) uj.hq = s->hq;
+    threadpool_run_chunks(b->pool, up_task, &uj, region_chunks(b, c->hidden_dim / up_unit(b)));
+    matmul1(b, s->hb, uj.hq, n, &L->w_down, s->xb);
 }
 
 static int cpu_set_features(Backend *bb, RsErr *e) {
@@ -801,10 +868,10 @@ static int cpu_forward_batch(Backend *bb, const BackendSeg *segs, int n_segs,
     fwd_prepare(b, segs, n_segs);
     for (int l = 0; l < c->n_layers; l++) {
         if ((rc = backend_stopped(bb, e))) return fwd_stop(b, segs, n_segs);
-        if (bb->feat_n) feat_record(b, l, n);
-        fwd_attention(b, l, n);
+        fwd_attention(b, l, n, l ? s->xb : NULL);
         fwd_mlp(b, l, n);
     }
+    cpu_residual_add(s->x, s->xb, (size_t)n * c->dim); /* the last MLP's output */
     if (bb->feat_n) feat_record(b, c->n_layers, n);
     /* Final norm and head only for the requested rows. */
     for (int r = 0; r < n_out; r++)
