@@ -66,6 +66,11 @@ void *rs_huge_alloc(size_t bytes) {
     return p;
 }
 
+void rs_huge_touch(void *p, size_t bytes) {
+    volatile uint8_t *b = p;
+    for (size_t o = 0; o < bytes; o += 4096) b[o] = 0; /* the mapping is zeroed already */
+}
+
 void rs_huge_free(void *p, size_t bytes) {
     if (!p) return;
     size_t len = (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);

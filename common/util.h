@@ -64,6 +64,9 @@ void *rs_xcalloc_lines(size_t n, size_t size);
  * dev machine). Pages still come in on first touch. NULL when the mapping fails; free
  * with rs_huge_free(p, bytes). Without THP (or "never") it is ordinary memory. */
 void *rs_huge_alloc(size_t bytes);
+/* Makes the kernel back all of rs_huge_alloc's `bytes` now (a write to every page), so
+ * that no later first touch pays a page fault. */
+void rs_huge_touch(void *p, size_t bytes);
 void rs_huge_free(void *p, size_t bytes);
 
 /* Monotonic clock in nanoseconds (CLOCK_MONOTONIC). */

@@ -422,6 +422,13 @@ static int cpu_create(const Model *m, const BackendParams *bp, Backend **out, Rs
                       "(lower --ctx)",
                       bp->kv_capacity, c->n_layers, 2 * s->kv_bytes >> 20);
     }
+    /* A cache many sequences share (a server's) is backed now: a block's entries lie in
+     * every layer's and KV head's region, so the first burst of requests would otherwise
+     * take page faults (each zeroing a 2 MiB page) inside its passes. */
+    if (b->n_seqs > 1) {
+        rs_huge_touch(s->key_cache, s->kv_bytes);
+        rs_huge_touch(s->value_cache, s->kv_bytes);
+    }
     if ((rc = threadpool_create(nth, !bp->sw.cpu_unpinned, &b->pool, e))) {
         cpu_destroy(&bb);
         return rc;
