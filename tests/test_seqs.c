@@ -202,12 +202,48 @@ START_TEST(test_seq_blocks) {
 }
 END_TEST
 
+/* Resident bytes of this process (/proc/self/statm), -1 where unknown. */
+static long long resident_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long long size, res = -1;
+    if (f && fscanf(f, "%lld %lld", &size, &res) != 2) res = -1;
+    if (f) fclose(f);
+    return res < 0 ? -1 : res * 4096;
+}
+
+/* A cache of many sequences (a server's) is resident from creation, so no pass takes its
+ * page faults; a single sequence's is backed as it fills. */
+START_TEST(test_seq_cache_resident) {
+    Model *m = tu_random_model(ARCH_LLAMA, 32, 64, 4, 4, 4, 64, 3);
+    long long kv = 2LL * 4 * 32 * 2 * 65536; /* K and V, 4 layers, 32 wide, f16, entries */
+    for (int seqs = 1; seqs <= 4; seqs += 3) {
+        BackendParams bp = {.kv_capacity = 65536, .max_batch = 16, .max_pending = 16,
+                            .threads = 1, .max_seqs = seqs};
+        Backend *b = NULL;
+        RsErr e = {0};
+        long long r0 = resident_bytes();
+        ck_assert_msg(backend_create(&cpu_backend_ops, m, &bp, &b, &e) == RS_OK, "%s", e.msg);
+        long long grew = resident_bytes() - r0;
+        if (r0 < 0) {
+            fprintf(stderr, "SKIP test_seq_cache_resident: no /proc/self/statm\n");
+        } else if (seqs > 1) {
+            ck_assert_msg(grew >= kv * 9 / 10, "%d sequences: %lld bytes resident of %lld", seqs, grew, kv);
+        } else {
+            ck_assert_msg(grew < kv / 2, "one sequence: %lld bytes resident already", grew);
+        }
+        backend_destroy(&b);
+    }
+    model_destroy(&m);
+}
+END_TEST
+
 Suite *suite_seqs(void) {
     Suite *s = suite_create("seqs");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_seq_batch, 0, 3);
     tcase_add_test(tc, test_seq_blocks);
+    tcase_add_test(tc, test_seq_cache_resident);
     suite_add_tcase(s, tc);
     return s;
 }
