@@ -485,12 +485,11 @@ static int ahead_pass(ModelDrafter *d, RsErr *e) {
         m[(size_t)k * cols + np + k] = 1;
         for (int a = p->parent[u]; a >= 0; a = p->parent[a]) m[(size_t)k * cols + d->slot[a]] = 1;
     }
-    int ids[AHEAD_ROWS * POOL_TOPK], rc = AHEAD_STOPPED;
+    int ids[AHEAD_ROWS * POOL_TOPK];
     float lq[AHEAD_ROWS * POOL_TOPK];
-    if (!d->stop(d->stop_arg)) {
-        rc = backend_forward(b, tok, pos, n, m, rows, n, NULL, e);
-        if (!rc) rc = backend_rows_topk(b, POOL_TOPK, ids, lq, d->lse, e);
-    }
+    /* a request that waits stops it (model_ahead set the backend's stop check) */
+    int rc = backend_forward(b, tok, pos, n, m, rows, n, NULL, e);
+    if (!rc) rc = backend_rows_topk(b, POOL_TOPK, ids, lq, d->lse, e);
     free(m);
     if (rc == RS_ESTOPPED) return AHEAD_STOPPED;
     if (rc) return rc;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <zmq.h>
 #ifdef __linux__
+#include <linux/sched/types.h>
 #include <sys/syscall.h>
 #endif
 
@@ -865,21 +866,15 @@ static void free_sbuf_data(void *data, void *hint) {
 /* ---- the context ---- */
 
 #if defined(__linux__) && defined(SYS_sched_setattr) && defined(SYS_sched_getattr)
-/* The kernel's sched_attr (sched_setattr(2)); sched_runtime is a fair task's slice. */
-typedef struct {
-    uint32_t size, policy;
-    uint64_t flags;
-    int32_t nice;
-    uint32_t priority;
-    uint64_t runtime, deadline, period;
-} SchedAttr;
+/* sched_setattr(2)'s attributes: sched_runtime is a fair task's slice. */
+typedef struct sched_attr SchedAttr;
 
 /* Sets the calling thread's slice to `ns` (0: the default); the slice it had in *old. */
 static int slice_set(uint64_t ns, SchedAttr *old) {
     if (syscall(SYS_sched_getattr, 0, old, sizeof *old, 0) != 0) return -1;
     SchedAttr a = *old;
     a.size = sizeof a;
-    a.runtime = ns;
+    a.sched_runtime = ns;
     return (int)syscall(SYS_sched_setattr, 0, &a, 0);
 }
 

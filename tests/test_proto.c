@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #ifdef __linux__
+#include <linux/sched/types.h>
 #include <sys/syscall.h>
 #endif
 #include <zmq.h>
@@ -1354,28 +1355,20 @@ END_TEST
 /* ------------------------------------------------------------ ZeroMQ */
 
 #if defined(__linux__) && defined(SYS_sched_getattr)
-typedef struct {
-    uint32_t size, policy;
-    uint64_t flags;
-    int32_t nice;
-    uint32_t priority;
-    uint64_t runtime, deadline, period;
-} TuSchedAttr;
-
 /* A thread's slice (sched_getattr's runtime of a fair task), -1 when unknown. */
 static long long thread_slice(int tid) {
-    TuSchedAttr a = {0};
+    struct sched_attr a = {0};
     if (syscall(SYS_sched_getattr, tid, &a, sizeof a, 0) != 0) return -1;
-    return (long long)a.runtime;
+    return (long long)a.sched_runtime;
 }
 
 /* 1 when the kernel grants this thread a slice of its own (Linux 6.12+), left as it was. */
 static int slices_granted(void) {
-    TuSchedAttr a = {0}, b;
+    struct sched_attr a = {0}, b;
     if (syscall(SYS_sched_getattr, 0, &a, sizeof a, 0) != 0) return 0;
     b = a;
     b.size = sizeof b;
-    b.runtime = 300000;
+    b.sched_runtime = 300000;
     int ok = syscall(SYS_sched_setattr, 0, &b, 0) == 0 && thread_slice(0) == 300000;
     a.size = sizeof a;
     (void)syscall(SYS_sched_setattr, 0, &a, 0);
