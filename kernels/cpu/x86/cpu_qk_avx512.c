@@ -25,10 +25,10 @@
  * weights. */
 #define QK_AMX 1
 #define QK_VTILE 1
-/* Where the tile products win over the register tiles (docs/PERF.md, tile products in
- * VNNI registers): from 9 tokens, the K-quants (kinds 4-6) from 12; below, the register
- * tiles, 4 tokens a call. */
-#define QK_AMX_MIN(kind) ((kind) >= 4 && (kind) <= 6 ? 12 : 9)
+/* Where the tile products win over the register tiles (docs/PERF.md, tile products from
+ * five tokens): Q4_0, Q4_1 and Q8_0 from 5 tokens, Q5_0 and Q5_1 (kinds 2-3) from 9, the
+ * K-quants (kinds 4-6) from 12; below, the register tiles, 4 tokens a call. */
+#define QK_AMX_MIN(kind) ((kind) >= 4 && (kind) <= 6 ? 12 : (kind) == 2 || (kind) == 3 ? 9 : 5)
 #include "cpu_qk_x86.inc"
 #pragma GCC pop_options
 #else
