@@ -297,6 +297,12 @@ void backend_read_features(Backend *b, BackendFeatType t, void *out);
  * naming it, so a model whose logits overflow fails its decode instead of the process. */
 int backend_rows_stats(Backend *b, const int *rows, int n, const Sampling *s, const double *u,
                        RowStats *out, RsErr *e);
+/* Kept row `row` (in [0, backend_n_kept)) where the host reads it in place: the CPU
+ * backend's own buffer, valid until the next forward() or kv_reset(). NULL on a backend
+ * whose rows live on a device, and for a row outside the kept ones. For callers that reduce
+ * a few rows on their own threads rather than through the backend's (a batch's decodes,
+ * each on its thread at once: target_proc/batch.c). */
+const float *backend_kept_row(const Backend *b, int row);
 /* out[i] = logit ids[i] of kept row rows[i] (log p = row_stats_logp of that row's stats). */
 int backend_rows_gather(Backend *b, const int *rows, const int *ids, int n, float *out,
                         RsErr *e);

@@ -351,6 +351,11 @@ int backend_rows_stats(Backend *b, const int *rows, int n, const Sampling *s, co
     return rows_finite(rows, n, s, out, e);
 }
 
+const float *backend_kept_row(const Backend *b, int row) {
+    if (!b->ops->kept_row || row < 0 || row >= b->n_kept) return NULL;
+    return b->ops->kept_row(b, row);
+}
+
 int backend_rows_gather(Backend *b, const int *rows, const int *ids, int n, float *out,
                         RsErr *e) {
     int rc = check_rows(b, "rows_gather", rows, n, e);

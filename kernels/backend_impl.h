@@ -62,6 +62,8 @@ struct BackendOps {
     void (*rows_stats)(Backend *b, const int *rows, int n, const Sampling *s, const double *u,
                        RowStats *out);
     void (*rows_gather)(Backend *b, const int *rows, const int *ids, int n, float *out);
+    /* Optional (NULL: the rows live on a device): backend_kept_row, row within n_kept. */
+    const float *(*kept_row)(const Backend *b, int row);
     /* Optional: an EAGLE-3 head's layer on this backend (kernels/eagle3_layer.h); NULL:
      * heads do not run here. */
     const Eagle3LayerOps *eagle3_layer;

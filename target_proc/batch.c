@@ -36,6 +36,7 @@ typedef struct {
     int pass_prefill;         /* of its rows, prefill chunks' */
     uint64_t pass_ns;
     Planner *planner; /* batcher_plan */
+    double *csum;     /* (row_chunks(vocab)) row_stats' scratch on the view's thread */
 } View;
 
 struct Batcher {
@@ -321,6 +322,7 @@ int batcher_target(Batcher *bt, const int *eog, int n_eog, Target **out, RsErr *
     pthread_mutex_unlock(&bt->mu);
     if (full) return rs_err(e, RS_EFULL, "all %d views are in use (--parallel)", bt->o.parallel);
     View *v = rs_xcalloc(1, sizeof *v);
+    v->csum = rs_xmalloc(sizeof(double) * (size_t)row_chunks(backend_model(bt->b)->cfg.vocab_size));
     v->base.ops = &batch_view_ops;
     v->base.model = backend_model(bt->b);
     v->base.params = backend_params(bt->b);
@@ -334,6 +336,7 @@ int batcher_target(Batcher *bt, const int *eog, int n_eog, Target **out, RsErr *
     int rc = backend_seq_open(bt->b, &v->seq, e);
     pthread_mutex_unlock(&bt->bk);
     if (rc) {
+        free(v->csum);
         free(v);
         return rc;
     }
@@ -496,11 +499,36 @@ static int view_rows_copy(Backend *bb, const int *rows, int n, float *logits, Rs
     return rc;
 }
 
+/* Rows the view reduces on its own thread, at most: a decode's root row or a few tree
+ * rows. More go through the shared backend's threads. */
+#define VIEW_LOCAL_ROWS 4
+
+/* A view's rows on its own thread where the shared backend keeps them in host memory: the
+ * batch's decodes then reduce theirs side by side after a pass, where one after another
+ * through the shared backend's thread pool (its lock and a pool call a decode) they held
+ * the next pass back. No pass runs until this view waits again, so the rows stay put.
+ * row_stats is the pool's reduction of one row (cpu_rows_stats: the same bits on any
+ * number of threads). 0 when the rows are not there to read. */
+static int rows_stats_here(View *v, const int *mapped, int n, const Sampling *s,
+                           const double *u, RowStats *out) {
+    int V = v->base.model->cfg.vocab_size;
+    const float *row[VIEW_LOCAL_ROWS];
+    if (n > VIEW_LOCAL_ROWS) return 0;
+    for (int i = 0; i < n; i++)
+        if (!(row[i] = backend_kept_row(v->bt->b, mapped[i]))) return 0;
+    for (int i = 0; i < n; i++) row_stats(row[i], V, s, u ? u[i] : -1.0, v->csum, &out[i]);
+    return 1;
+}
+
 static void view_rows_stats(Backend *bb, const int *rows, int n, const Sampling *s,
                             const double *u, RowStats *out) {
     View *v = (View *)bb;
     int *m = rs_xmalloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
     view_rows(v, rows, n, m);
+    if (rows_stats_here(v, m, n, s, u, out)) {
+        free(m);
+        return;
+    }
     pthread_mutex_lock(&v->bt->bk);
     RS_ASSERT(backend_rows_stats(v->bt->b, m, n, s, u, out, NULL) == RS_OK);
     pthread_mutex_unlock(&v->bt->bk);
@@ -549,6 +577,7 @@ static void view_destroy(Backend **pb) {
         if (bt->views[i] == v) bt->views[i] = bt->views[--bt->n_views];
     pthread_mutex_unlock(&bt->mu);
     pthread_cond_broadcast(&bt->blocks_cv);
+    free(v->csum);
     free(v);
     *pb = NULL;
 }

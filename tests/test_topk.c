@@ -1,6 +1,7 @@
 /* Kept logits rows on the CPU backend (kernels/backend.h) and their top-k: a forward
  * without a logits pointer keeps its rows inside the backend; backend_rows_copy reads them
- * back whole and BackendStats.d2h_full_rows counts every whole row that reaches the host;
+ * back whole and BackendStats.d2h_full_rows counts every whole row that reaches the host
+ * (backend_kept_row reads one in place);
  * backend_rows_topk (kernels/cpu/cpu_topk.h) reduces them where they are, checked against
  * the full-row reference of common/logits.h. */
 #include "testutil.h"
@@ -46,6 +47,16 @@ START_TEST(test_kept_rows_copy) {
         ck_assert_msg(memcmp(got + i * VOCAB, ref + want[i] * VOCAB, sizeof(float) * VOCAB) == 0,
                       "kept row %d differs from the copied one", want[i]);
     ck_assert_int_eq(backend_stats(b).d2h_full_rows, 6);
+    /* Read in place: the same bits, nothing counted; none outside the kept rows. */
+    for (int i = 0; i < 3; i++) {
+        const float *row = backend_kept_row(b, i);
+        ck_assert_ptr_nonnull(row);
+        ck_assert_msg(memcmp(row, ref + i * VOCAB, sizeof(float) * VOCAB) == 0,
+                      "kept row %d read in place differs", i);
+    }
+    ck_assert_ptr_null(backend_kept_row(b, 3));
+    ck_assert_ptr_null(backend_kept_row(b, -1));
+    ck_assert_int_eq(backend_stats(b).d2h_full_rows, 6);
     int bad = 3;
     ck_assert_int_eq(backend_rows_copy(b, &bad, 1, got, &e), RS_EINVAL);
     ck_assert_ptr_nonnull(strstr(e.msg, "rows[0] = 3 outside the 3 kept rows"));
@@ -57,6 +68,7 @@ START_TEST(test_kept_rows_copy) {
     ck_assert_msg(backend_forward(b, tok, p2, 1, NULL, NULL, 0, NULL, &e) == RS_OK, "%s", e.msg);
     ck_assert_int_eq(backend_n_kept(b), 0);
     ck_assert_int_eq(backend_rows_copy(b, want + 1, 1, got, &e), RS_EINVAL);
+    ck_assert_ptr_null(backend_kept_row(b, 0));
     backend_destroy(&b);
     model_destroy(&m);
 }

@@ -1174,6 +1174,10 @@ static void cpu_rows_stats_op(Backend *bb, const int *rows, int n, const Samplin
     }
 }
 
+static const float *cpu_kept_row(const Backend *bb, int row) {
+    return ((const CpuBackend *)bb)->s.logits + (size_t)row * bb->model->cfg.vocab_size;
+}
+
 static void cpu_rows_gather_op(Backend *bb, const int *rows, const int *ids, int n, float *out) {
     const CpuBackend *b = (const CpuBackend *)bb;
     size_t V = (size_t)bb->model->cfg.vocab_size;
@@ -1209,6 +1213,7 @@ const BackendOps cpu_backend_ops = {
     .rows_topk = cpu_rows_topk_op,
     .stats = cpu_stats,
     .rows_stats = cpu_rows_stats_op,
+    .kept_row = cpu_kept_row,
     .rows_gather = cpu_rows_gather_op,
     .eagle3_layer = &cpu_eagle3_layer,
     .seq_open = cpu_seq_open,
