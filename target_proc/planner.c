@@ -24,6 +24,7 @@
 #define COMMIT_LONG 16   /* a drafter commit of more tokens is a prefill (the prompt, or
                             the tokens of a run of AR steps): it tells what a committed token
                             costs, not what a round's commit pass does */
+#define BATCH_STEP_SEEN 8 /* passes of a size before its average may show a step */
 #define CHAIN_LEVEL 0.125 /* a pool level costing more than this share of a one-row target
                              pass is grown one node wide */
 
@@ -108,13 +109,32 @@ static double table_cost(const Planner *pl, int n);
 
 static double pass_cost(const Planner *pl, int n) { return table_cost(pl, n + pl->batch_others); }
 
+/* A batch's pass of n rows in all. A decision turns on the difference of two large passes
+ * a few rows apart, which the per-size averages of a few passes give mostly as noise: the
+ * fitted line a + b (n - 1). But a line through every size smooths over the steps the
+ * kernels make (four rows read the weights once, a fifth takes the tile products, at
+ * nearly twice the cost), and a tree priced below such a step costs the batch more than it
+ * brings. So where sizes between the pass the batch runs without this decode's tree
+ * (others + 1 rows) and n were each measured BATCH_STEP_SEEN times or more, the rows past
+ * it cost at least what those passes exceed the line's rise by: the largest excess up to
+ * n, so a pass never costs less for more rows. */
+static double batch_cost(const Planner *pl, int n, double a, double b) {
+    int m = pl->batch_others + 1;
+    double line = a + b * (n - 1), excess = 0;
+    if (m > ROWS_MAX || pl->pass_n[m] < BATCH_STEP_SEEN) return line;
+    for (int k = m + 1; k <= n && k <= ROWS_MAX; k++) {
+        if (pl->pass_n[k] < BATCH_STEP_SEEN) continue;
+        double over = pl->pass_ns[k] - pl->pass_ns[m] - b * (k - m);
+        if (over > excess) excess = over;
+    }
+    return line + excess;
+}
+
 /* Expected ns of a pass of n rows in all. */
 static double table_cost(const Planner *pl, int n) {
     if (pl->fixed) return pl->fix_pass1 + (n - 1) * pl->fix_row;
-    /* In a batch a decision turns on the difference of two large passes a few rows apart,
-     * which the per-size averages give mostly as noise: the fitted line instead. */
     double a, b;
-    if (pl->batched && pass_fit(pl, &a, &b)) return a + b * (n - 1);
+    if (pl->batched && pass_fit(pl, &a, &b)) return batch_cost(pl, n, a, b);
     if (n > ROWS_MAX) n = ROWS_MAX;
     if (pl->pass_n[n] >= 3) return pl->pass_ns[n];
     int lo = n, hi = n;

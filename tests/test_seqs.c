@@ -6,7 +6,11 @@
 #include "testutil.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
+#include <dirent.h>
+#include <sched.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #define VOCAB 96
 #define CAP 128
@@ -237,6 +241,58 @@ START_TEST(test_seq_cache_resident) {
 }
 END_TEST
 
+/* Threads of this process allowed on one CPU only: -1 without /proc. */
+static int pinned_threads(void) {
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *t; (t = readdir(d));) {
+        if (t->d_name[0] == '.') continue;
+        char path[300], line[256];
+        snprintf(path, sizeof path, "/proc/self/task/%s/status", t->d_name);
+        FILE *f = fopen(path, "r");
+        while (f && fgets(line, sizeof line, f))
+            if (!strncmp(line, "Cpus_allowed_list:", 18)) {
+                const char *v = line + 18;
+                while (*v == ' ' || *v == '\t') v++;
+                n += !strpbrk(v, ",-"); /* one CPU: no list, no range */
+            }
+        if (f) fclose(f);
+    }
+    closedir(d);
+    return n;
+}
+
+/* A backend of one sequence pins its worker threads; one many sequences share (a
+ * server's, beside a thread per sequence) leaves them to the scheduler. */
+START_TEST(test_seq_workers_unpinned) {
+    cpu_set_t set;
+    int before = pinned_threads();
+    if (before < 0 || sched_getaffinity(0, sizeof set, &set) || CPU_COUNT(&set) < 2) {
+        fprintf(stderr, "SKIP test_seq_workers_unpinned: fewer than 2 CPUs or no /proc\n");
+        return;
+    }
+    Model *m = tu_random_model(ARCH_LLAMA, 32, 64, 2, 4, 4, 64, 3);
+    for (int seqs = 1; seqs <= 4; seqs += 3) {
+        BackendParams bp = {.kv_capacity = 256, .max_batch = 16, .max_pending = 16,
+                            .threads = 2, .max_seqs = seqs};
+        Backend *b = NULL;
+        RsErr e = {0};
+        ck_assert_msg(backend_create(&cpu_backend_ops, m, &bp, &b, &e) == RS_OK, "%s", e.msg);
+        /* a worker pins itself once it runs: give it a moment (more where none should) */
+        usleep(seqs == 1 ? 0 : 100000);
+        int want = seqs == 1 ? 1 : 0, got = pinned_threads() - before;
+        for (int i = 0; i < 100 && got != want; i++) {
+            usleep(10000);
+            got = pinned_threads() - before;
+        }
+        ck_assert_msg(got == want, "%d sequences: %d worker threads pinned, want %d", seqs, got, want);
+        backend_destroy(&b);
+    }
+    model_destroy(&m);
+}
+END_TEST
+
 Suite *suite_seqs(void) {
     Suite *s = suite_create("seqs");
     TCase *tc = tcase_create("core");
@@ -244,6 +300,7 @@ Suite *suite_seqs(void) {
     tcase_add_loop_test(tc, test_seq_batch, 0, 3);
     tcase_add_test(tc, test_seq_blocks);
     tcase_add_test(tc, test_seq_cache_resident);
+    tcase_add_test(tc, test_seq_workers_unpinned);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -429,7 +429,11 @@ static int cpu_create(const Model *m, const BackendParams *bp, Backend **out, Rs
         rs_huge_touch(s->key_cache, s->kv_bytes);
         rs_huge_touch(s->value_cache, s->kv_bytes);
     }
-    if ((rc = threadpool_create(nth, !bp->sw.cpu_unpinned, &b->pool, e))) {
+    /* Workers are pinned to their cores, except in a backend many sequences share: its
+     * process runs a thread for each of them beside the passes (a server's), and a pinned
+     * worker would wait out whatever else runs on its core while the pass waits for it. */
+    int pin = !bp->sw.cpu_unpinned && b->n_seqs <= 1;
+    if ((rc = threadpool_create(nth, pin, &b->pool, e))) {
         cpu_destroy(&bb);
         return rc;
     }
