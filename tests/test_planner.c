@@ -131,6 +131,29 @@ START_TEST(test_planner_batch_fades) {
 }
 END_TEST
 
+/* A step in the measured passes (4 rows 4.5 ms, 5 rows 7 ms: four rows read the weights
+ * once, a fifth takes other kernels): the line through every size (3 + 0.8 ms a row or so)
+ * prices a row beside 3 others at ~0.75 tokens, so the 0.9 node pays; once both sizes
+ * were seen often enough for their averages to show the step, the first row costs ~2.2
+ * tokens and no node pays. */
+START_TEST(test_planner_batch_step) {
+    Selection sel;
+    Pool *p = chain_selected(8, 0.9, &sel);
+    for (int seen = 3; seen <= 10; seen += 7) {
+        Planner *pl = planner_create();
+        planner_set_batch(pl, 3, 4);
+        for (int i = 0; i < seen; i++)
+            for (int n = 1; n <= 8; n++)
+                planner_observe_batch_pass(pl, n, (uint64_t)((n <= 4 ? 3 + 0.5 * (n - 1) : 7 + 0.5 * (n - 5)) * 1e6));
+        int k = planner_choose(pl, DECODER_DRAFT, 0, p, &sel, -1, POOL_MAX_DEPTH).k;
+        if (seen < 8) ck_assert_msg(k >= 1, "the line alone: %d nodes", k);
+        else ck_assert_msg(k == 0, "the step seen: %d nodes verified", k);
+        planner_destroy(&pl);
+    }
+    free(p);
+}
+END_TEST
+
 START_TEST(test_planner_learns_rejections) {
     /* The drafter says 0.99, but 200 such nodes were all rejected: the chain stops paying. */
     Selection sel;
@@ -355,6 +378,7 @@ Suite *suite_planner(void) {
     tcase_add_test(tc, test_planner_sure_chain);
     tcase_add_test(tc, test_planner_breakeven);
     tcase_add_test(tc, test_planner_batch_fades);
+    tcase_add_test(tc, test_planner_batch_step);
     tcase_add_test(tc, test_planner_learns_rejections);
     tcase_add_test(tc, test_planner_root_rule_uses_x1);
     tcase_add_test(tc, test_planner_asks_when_it_pays);
