@@ -215,8 +215,8 @@ static long long resident_bytes(void) {
     return res < 0 ? -1 : res * 4096;
 }
 
-/* A cache of many sequences (a server's) is resident from creation, so no pass takes its
- * page faults; a single sequence's is backed as it fills. */
+/* A cache is resident from creation, one sequence's as many sequences' (a server's), so
+ * no pass (the first prompt's prefill, a server's first burst) takes its page faults. */
 START_TEST(test_seq_cache_resident) {
     Model *m = tu_random_model(ARCH_LLAMA, 32, 64, 4, 4, 4, 64, 3);
     long long kv = 2LL * 4 * 32 * 2 * 65536; /* K and V, 4 layers, 32 wide, f16, entries */
@@ -230,10 +230,8 @@ START_TEST(test_seq_cache_resident) {
         long long grew = resident_bytes() - r0;
         if (r0 < 0) {
             fprintf(stderr, "SKIP test_seq_cache_resident: no /proc/self/statm\n");
-        } else if (seqs > 1) {
-            ck_assert_msg(grew >= kv * 9 / 10, "%d sequences: %lld bytes resident of %lld", seqs, grew, kv);
         } else {
-            ck_assert_msg(grew < kv / 2, "one sequence: %lld bytes resident already", grew);
+            ck_assert_msg(grew >= kv * 9 / 10, "%d sequences: %lld bytes resident of %lld", seqs, grew, kv);
         }
         backend_destroy(&b);
     }

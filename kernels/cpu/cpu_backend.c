@@ -422,13 +422,11 @@ static int cpu_create(const Model *m, const BackendParams *bp, Backend **out, Rs
                       "(lower --ctx)",
                       bp->kv_capacity, c->n_layers, 2 * s->kv_bytes >> 20);
     }
-    /* A cache many sequences share (a server's) is backed now: a block's entries lie in
-     * every layer's and KV head's region, so the first burst of requests would otherwise
-     * take page faults (each zeroing a 2 MiB page) inside its passes. */
-    if (b->n_seqs > 1) {
-        rs_huge_touch(s->key_cache, s->kv_bytes);
-        rs_huge_touch(s->value_cache, s->kv_bytes);
-    }
+    /* The cache is backed now, at creation: a block's entries lie in every layer's and KV
+     * head's region, so the first prompt (a server's first burst) would otherwise take the
+     * page faults (each zeroing a 2 MiB page) inside its passes. */
+    rs_huge_touch(s->key_cache, s->kv_bytes);
+    rs_huge_touch(s->value_cache, s->kv_bytes);
     /* Workers are pinned to their cores, except in a backend many sequences share: its
      * process runs a thread for each of them beside the passes (a server's), and a pinned
      * worker would wait out whatever else runs on its core while the pass waits for it. */
