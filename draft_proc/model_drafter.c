@@ -409,12 +409,11 @@ static int guess_commit(ModelDrafter *d, RsErr *e) {
         anc[na++] = d->slot[u];
     }
     if (nc + na + 2 + POOL_N_EXPANDED > backend_kv_capacity(d->b)) return AHEAD_STOPPED;
-    if (d->stop(d->stop_arg)) return AHEAD_STOPPED;
+    /* a request that waits stops either forward (model_ahead set the backend's check) */
     int rc = forward_one(d, p->token[u], nc - 1 + p->depth[u], anc, na, ids, lq, e);
     if (rc) return rc;
     d->guess[na] = p->token[u];
     anc[na++] = backend_n_pending(d->b) - 1;
-    if (d->stop(d->stop_arg)) return AHEAD_STOPPED;
     rc = forward_one(d, ids[0], nc + p->depth[u], anc, na, d->guess_ids, d->guess_lq, e);
     if (rc) return rc;
     d->guess[na] = ids[0];
