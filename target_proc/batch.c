@@ -1,13 +1,17 @@
 /* The batcher and its views (batch.h). Two locks: mu guards the views' states and the
  * scheduler's bookkeeping; bk guards the shared backend, whose thread pool takes one caller
  * at a time (a pass, a view's row query, commit or reset). A pass runs only while every
- * active view waits in forward(), so no view reads kept rows while a pass replaces them. */
+ * active view waits in forward(), so no view reads kept rows while a pass replaces them.
+ * A view waits for its pass on a semaphore of its own, not on a condition of mu: woken
+ * together, the views would take mu back one after another, each waiting for the one
+ * before it to be scheduled, and the next pass would wait for the last of them. */
 #include "batch.h"
 #include "kernels/backend_impl.h"
 #include "kernels/prefill.h"
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <string.h>
 #include <time.h>
 
@@ -24,6 +28,8 @@ typedef struct {
     int answered; /* a pass kept logits of its since it became active */
     /* under mu: the forward it waits in, and what it returned */
     int state;
+    int wake;     /* its forward is answered: the scheduler posts reply after the pass */
+    sem_t reply;
     BackendSeg seg;
     int done;     /* rows of seg that earlier passes ran (a prompt split over passes) */
     int take;     /* rows of seg the pass being built runs */
@@ -43,7 +49,7 @@ struct Batcher {
     Backend *b; /* the shared backend */
     BatchOpts o;
     pthread_mutex_t mu, bk;
-    pthread_cond_t sched_cv, done_cv, blocks_cv;
+    pthread_cond_t sched_cv, blocks_cv;
     View **views; // (parallel)
     int n_views, n_active, n_waiting, quit;
     uint64_t tickets;
@@ -154,6 +160,7 @@ static int preempt_youngest(Batcher *bt, const View *keep) {
     bt->n_active--;
     v->rc = rs_err(&v->err, RS_EFULL, "preempted: the KV blocks went to older sequences");
     v->state = VIEW_DONE;
+    v->wake = 1;
     bt->n_waiting--;
     bt->st.preemptions++;
     return 1;
@@ -195,6 +202,7 @@ static int pass_run(Batcher *bt, int n) {
             v->rc = rc;
             v->err = e;
             v->state = VIEW_DONE;
+            v->wake = 1;
             v->answered |= !rc && v->n_out > 0;
             bt->n_waiting--;
         }
@@ -211,6 +219,15 @@ static int pass_run(Batcher *bt, int n) {
     }
 }
 
+/* Wakes the views whose forward the pass answered (under mu, after bk is free). */
+static void views_wake(Batcher *bt) {
+    for (int i = 0; i < bt->n_views; i++)
+        if (bt->views[i]->wake) {
+            bt->views[i]->wake = 0;
+            sem_post(&bt->views[i]->reply);
+        }
+}
+
 static void *sched_main(void *arg) {
     Batcher *bt = arg;
     pthread_mutex_lock(&bt->mu);
@@ -222,7 +239,7 @@ static void *sched_main(void *arg) {
         pthread_mutex_lock(&bt->bk);
         pass_run(bt, n);
         pthread_mutex_unlock(&bt->bk);
-        pthread_cond_broadcast(&bt->done_cv);
+        views_wake(bt);
         pthread_cond_broadcast(&bt->blocks_cv);
     }
     pthread_mutex_unlock(&bt->mu);
@@ -281,7 +298,6 @@ int batcher_create(const Model *m, const BackendOps *ops, const BatchOpts *o, Ba
     pthread_mutex_init(&bt->mu, NULL);
     pthread_mutex_init(&bt->bk, NULL);
     pthread_cond_init(&bt->sched_cv, NULL);
-    pthread_cond_init(&bt->done_cv, NULL);
     pthread_cond_init(&bt->blocks_cv, NULL);
     RS_ASSERT(pthread_create(&bt->thread, NULL, sched_main, bt) == 0);
     *out = bt;
@@ -301,7 +317,6 @@ void batcher_destroy(Batcher **pb) {
     pthread_mutex_destroy(&bt->mu);
     pthread_mutex_destroy(&bt->bk);
     pthread_cond_destroy(&bt->sched_cv);
-    pthread_cond_destroy(&bt->done_cv);
     pthread_cond_destroy(&bt->blocks_cv);
     free(bt->views);
     free(bt->pass);
@@ -340,6 +355,7 @@ int batcher_target(Batcher *bt, const int *eog, int n_eog, Target **out, RsErr *
         free(v);
         return rc;
     }
+    RS_ASSERT(sem_init(&v->reply, 0, 0) == 0);
     pthread_mutex_lock(&bt->mu);
     bt->views[bt->n_views++] = v;
     pthread_mutex_unlock(&bt->mu);
@@ -453,12 +469,11 @@ static int view_forward(Backend *bb, const int *tokens, const int *pos, int n,
     v->n_out = n_out;
     v->state = VIEW_WAITING;
     bt->n_waiting++;
-    pthread_cond_signal(&bt->sched_cv);
-    while (v->state == VIEW_WAITING) pthread_cond_wait(&bt->done_cv, &bt->mu);
-    v->state = VIEW_IDLE;
-    rc = v->rc;
-    if (rc && e) *e = v->err;
+    if (bt->n_waiting == bt->n_active) pthread_cond_signal(&bt->sched_cv); /* what it waits for */
     pthread_mutex_unlock(&bt->mu);
+    while (sem_wait(&v->reply)) RS_ASSERT(errno == EINTR);
+    rc = v->rc; /* written before the post */
+    if (rc && e) *e = v->err;
     if (!rc) bb->n_pending += n;
     if (!rc && v->planner) {
         /* The planner prices rows that keep logits: a prefill row keeps none and costs less,
@@ -577,6 +592,7 @@ static void view_destroy(Backend **pb) {
         if (bt->views[i] == v) bt->views[i] = bt->views[--bt->n_views];
     pthread_mutex_unlock(&bt->mu);
     pthread_cond_broadcast(&bt->blocks_cv);
+    sem_destroy(&v->reply);
     free(v->csum);
     free(v);
     *pb = NULL;
