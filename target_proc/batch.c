@@ -54,6 +54,7 @@ struct Batcher {
     int n_views, n_active, n_waiting, quit;
     uint64_t tickets;
     BatchStats st;
+    Planner *passes; /* the passes' costs by rows, which every view's planner reads */
     pthread_t thread;
     /* the scheduler's scratch */
     View **pass;  // (parallel)
@@ -207,6 +208,10 @@ static int pass_run(Batcher *bt, int n) {
             bt->n_waiting--;
         }
         bt->st.passes++;
+        /* The planners price rows that keep logits: a prefill row keeps none and costs
+         * less, so passes that carried prompt chunks would bend the fitted cost of a row
+         * down. */
+        if (!rc && !prefill) planner_observe_batch_pass(bt->passes, bt->st.last_rows, ns);
         bt->st.prompt_rows += (uint64_t)prefill;
         bt->st.pass_ns += ns;
         for (int k = 0; k < n; k++) {
@@ -299,6 +304,7 @@ int batcher_create(const Model *m, const BackendOps *ops, const BatchOpts *o, Ba
     pthread_mutex_init(&bt->bk, NULL);
     pthread_cond_init(&bt->sched_cv, NULL);
     pthread_cond_init(&bt->blocks_cv, NULL);
+    bt->passes = planner_create();
     RS_ASSERT(pthread_create(&bt->thread, NULL, sched_main, bt) == 0);
     *out = bt;
     return RS_OK;
@@ -314,6 +320,7 @@ void batcher_destroy(Batcher **pb) {
     pthread_mutex_unlock(&bt->mu);
     pthread_join(bt->thread, NULL);
     backend_destroy(&bt->b);
+    planner_destroy(&bt->passes);
     pthread_mutex_destroy(&bt->mu);
     pthread_mutex_destroy(&bt->bk);
     pthread_cond_destroy(&bt->sched_cv);
@@ -397,7 +404,9 @@ void batcher_plan(Target *t, Planner *pl) {
     View *v = (View *)t->b;
     RS_ASSERT(v->base.ops == &batch_view_ops);
     v->planner = pl;
-    if (pl) planner_set_batch(pl, 0, 1);
+    if (!pl) return;
+    planner_set_batch(pl, 0, 1);
+    planner_share_passes(pl, v->bt->passes);
 }
 
 int batcher_preempted(const Target *t) {
@@ -476,10 +485,7 @@ static int view_forward(Backend *bb, const int *tokens, const int *pos, int n,
     if (rc && e) *e = v->err;
     if (!rc) bb->n_pending += n;
     if (!rc && v->planner) {
-        /* The planner prices rows that keep logits: a prefill row keeps none and costs less,
-         * so passes that carried prompt chunks would bend the fitted cost of a row down. And
-         * a chunk passes, where the others' decodes stay. */
-        if (!v->pass_prefill) planner_observe_batch_pass(v->planner, v->pass_rows, v->pass_ns);
+        /* a chunk passes, where the others' decodes stay */
         int others = v->pass_rows - v->pass_prefill - (n_out ? n : 0);
         planner_set_batch(v->planner, others, v->pass_seqs);
     }

@@ -100,9 +100,10 @@ void batcher_destroy(Batcher **b);
 /* A Target whose backend is a view on a sequence of its own (up to o->parallel of them).
  * Destroy it with target_destroy. */
 int batcher_target(Batcher *bt, const int *eog, int n_eog, Target **out, RsErr *e);
-/* Links a planner (--budget auto) to t's view: after each pass the view records the pass
- * by its total rows and tells the planner what the others brought (planner_set_batch), so
- * the decode prices its rows at the batch's cost and rate. */
+/* Links a planner (--budget auto) to t's view: the planner reads the batch's pass costs,
+ * which the scheduler records once a pass by its total rows (planner_share_passes), and
+ * after each pass the view tells it what the others brought (planner_set_batch), so the
+ * decode prices its rows at the batch's cost and rate. */
 void batcher_plan(Target *t, Planner *pl);
 /* The decode on t ended (or failed): its sequence is emptied and it stops holding passes
  * back until its next forward(). */

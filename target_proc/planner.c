@@ -55,6 +55,9 @@ struct Planner {
     int batched, batch_others, batch_seqs; /* planner_set_batch */
     struct Planner *accept; /* where the acceptance calibration lives: itself, or the planner
                                planner_share_accept named (its mu guards it) */
+    struct Planner *passes; /* where a batch's pass costs come from: itself, or the planner
+                               planner_share_passes named (its mu guards them); copied into
+                               pass_ns / pass_n at each decision */
     pthread_mutex_t mu;
 };
 
@@ -64,6 +67,7 @@ static void ewma(double *v, double x, int first) { ewma_w(v, x, first, EWMA); }
 Planner *planner_create(void) {
     Planner *pl = rs_xcalloc(1, sizeof(Planner));
     pl->accept = pl;
+    pl->passes = pl;
     pthread_mutex_init(&pl->mu, NULL);
     return pl;
 }
@@ -83,6 +87,16 @@ void planner_fix_costs(Planner *pl, double pass1_ns, double row_ns, double draft
 }
 
 /* ---- costs --------------------------------------------------------------------------- */
+
+/* The shared pass costs into pl's own table, for one decision. */
+static void passes_sync(Planner *pl) {
+    Planner *t = pl->passes;
+    if (t == pl) return;
+    pthread_mutex_lock(&t->mu);
+    memcpy(pl->pass_ns, t->pass_ns, sizeof pl->pass_ns);
+    memcpy(pl->pass_n, t->pass_n, sizeof pl->pass_n);
+    pthread_mutex_unlock(&t->mu);
+}
 
 /* Weighted least squares of the measured passes: a + b (n - 1); 0 when fewer than two
  * sizes were seen. */
@@ -253,6 +267,7 @@ static double best_prefix(const Planner *pl, DecoderKind decoder, const Pool *po
 
 PlanChoice planner_choose(Planner *pl, DecoderKind decoder, int temp, const Pool *pool,
                           const Selection *sel, int x1, int depth) {
+    passes_sync(pl);
     double pp[TREE_MAX], r = ref_rate(pl, decoder, temp);
     path_probs(pl, decoder, temp, pool, sel, x1, pp);
     /* what an AR step would have been worth instead of this round's tree */
@@ -293,6 +308,7 @@ static int pool_width(const Planner *pl) {
 }
 
 PlanAsk planner_before_round(Planner *pl, DecoderKind decoder, int temp, int n_pend) {
+    passes_sync(pl);
     double r = ref_rate(pl, decoder, temp), best = -INFINITY;
     int t = temp != 0, best_d = 0, tried = 0;
     /* a root-pass decoder's depth-1 pool holds nothing below X1: never worth an ask */
@@ -324,6 +340,8 @@ PlanAsk planner_before_round(Planner *pl, DecoderKind decoder, int temp, int n_p
 
 void planner_share_accept(Planner *pl, Planner *with) { pl->accept = with ? with : pl; }
 
+void planner_share_passes(Planner *pl, Planner *with) { pl->passes = with ? with : pl; }
+
 void planner_set_batch(Planner *pl, int others, int seqs) {
     pl->batched = 1;
     pl->batch_others = others > 0 ? others : 0;
@@ -337,7 +355,9 @@ static void observe_rows(Planner *pl, int rows, uint64_t ns) {
 }
 
 void planner_observe_batch_pass(Planner *pl, int total_rows, uint64_t ns) {
+    pthread_mutex_lock(&pl->mu); /* it may be shared (planner_share_passes) */
     observe_rows(pl, total_rows, ns);
+    pthread_mutex_unlock(&pl->mu);
 }
 
 void planner_observe_pass(Planner *pl, int rows, uint64_t ns) {

@@ -68,6 +68,11 @@ void planner_set_batch(Planner *pl, int others, int seqs);
  * the planners of a batch's decodes learn it together instead of each from its own rounds.
  * Thread-safe on with; with must outlive pl. NULL: pl's own again. */
 void planner_share_accept(Planner *pl, Planner *with);
+/* pl's pass costs in a batch become with's: what a pass of the shared backend costs is a
+ * property of the batch, not of one decode, and a decode's planner alone would learn it
+ * again from few passes for every slot. planner_observe_batch_pass on with, once a pass,
+ * feeds them. Thread-safe on with; with must outlive pl. NULL: pl's own again. */
+void planner_share_passes(Planner *pl, Planner *with);
 void planner_observe_batch_pass(Planner *pl, int total_rows, uint64_t ns);
 
 /* Observations. A pass of `rows` rows took ns. */
