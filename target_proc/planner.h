@@ -71,7 +71,8 @@ void planner_share_accept(Planner *pl, Planner *with);
 /* pl's pass costs in a batch become with's: what a pass of the shared backend costs is a
  * property of the batch, not of one decode, and a decode's planner alone would learn it
  * again from few passes for every slot. planner_observe_batch_pass on with, once a pass,
- * feeds them. Thread-safe on with; with must outlive pl. NULL: pl's own again. */
+ * feeds them. Thread-safe on with; with must outlive pl. NULL: pl learns on from its
+ * last copy. */
 void planner_share_passes(Planner *pl, Planner *with);
 void planner_observe_batch_pass(Planner *pl, int total_rows, uint64_t ns);
 

@@ -154,6 +154,33 @@ START_TEST(test_planner_batch_step) {
 }
 END_TEST
 
+START_TEST(test_planner_batch_shared_passes) {
+    /* The step recorded in the batch's table (planner_share_passes) prices a decode's
+     * rows, whatever its own planner saw (a line alone, which lets the chain through a
+     * planner that reads its own). */
+    Selection sel;
+    Pool *p = chain_selected(8, 0.9, &sel);
+    Planner *batch = planner_create(), *pl = planner_create();
+    for (int i = 0; i < 10; i++)
+        for (int n = 1; n <= 8; n++)
+            planner_observe_batch_pass(batch, n, (uint64_t)((n <= 4 ? 3 + 0.5 * (n - 1) : 7 + 0.5 * (n - 5)) * 1e6));
+    for (int n = 1; n <= 8; n++) planner_observe_batch_pass(pl, n, (uint64_t)((3 + 0.5 * (n - 1)) * 1e6));
+    planner_set_batch(pl, 3, 4);
+    planner_share_passes(pl, batch);
+    int k = planner_choose(pl, DECODER_DRAFT, 0, p, &sel, -1, POOL_MAX_DEPTH).k;
+    ck_assert_msg(k == 0, "the batch's step seen: %d nodes verified", k);
+    Planner *own = planner_create();
+    for (int n = 1; n <= 8; n++) planner_observe_batch_pass(own, n, (uint64_t)((3 + 0.5 * (n - 1)) * 1e6));
+    planner_set_batch(own, 3, 4);
+    k = planner_choose(own, DECODER_DRAFT, 0, p, &sel, -1, POOL_MAX_DEPTH).k;
+    ck_assert_msg(k >= 1, "its own line: %d nodes", k);
+    planner_destroy(&own);
+    planner_destroy(&pl);
+    planner_destroy(&batch);
+    free(p);
+}
+END_TEST
+
 START_TEST(test_planner_learns_rejections) {
     /* The drafter says 0.99, but 200 such nodes were all rejected: the chain stops paying. */
     Selection sel;
@@ -379,6 +406,7 @@ Suite *suite_planner(void) {
     tcase_add_test(tc, test_planner_breakeven);
     tcase_add_test(tc, test_planner_batch_fades);
     tcase_add_test(tc, test_planner_batch_step);
+    tcase_add_test(tc, test_planner_batch_shared_passes);
     tcase_add_test(tc, test_planner_learns_rejections);
     tcase_add_test(tc, test_planner_root_rule_uses_x1);
     tcase_add_test(tc, test_planner_asks_when_it_pays);
