@@ -131,7 +131,10 @@ void row_topk(const float *vals, int n, int k, int *idx) {
 
 /* ---- fused row reductions (canonical order: see logits.h) ---- */
 
-void row_max_part(const float *row, int lo, int hi, RowMax *m) {
+/* RowMax by its definition: one pass, branching on every entry. row_max_part gives the
+ * same fields from loops the compiler vectorizes, and this where a NaN or a short range
+ * makes them no faster. */
+static void row_max_scan(const float *row, int lo, int hi, RowMax *m) {
     float a = -INFINITY, b = -INFINITY;
     int ai = -1;
     for (int i = lo; i < hi; i++) {
@@ -152,6 +155,86 @@ void row_max_part(const float *row, int lo, int hi, RowMax *m) {
     m->max = a;
     m->second = b;
     m->argmax = ai;
+}
+
+/* Four vectors of four floats a step (GNU C vectors: SSE registers on the baseline). */
+typedef float RowLanes __attribute__((vector_size(4 * sizeof(float))));
+typedef int RowMask __attribute__((vector_size(4 * sizeof(int))));
+
+static RowLanes lanes_max(RowLanes a, RowLanes v, RowMask *bad) {
+    RowMask gt = v > a;
+    *bad |= v != v;
+    return (RowLanes)(((RowMask)v & gt) | ((RowMask)a & ~gt));
+}
+
+/* The largest of row[lo, hi) (-INFINITY when empty), the lanes independent; *nan |= whether
+ * a NaN was seen. Equal values may come out as either zero's sign: callers take the bits
+ * from the row. */
+static float row_lanes_max(const float *row, int lo, int hi, int *nan) {
+    const RowLanes low = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    RowLanes m0 = low, m1 = low, m2 = low, m3 = low, v0, v1, v2, v3;
+    RowMask bad = {0, 0, 0, 0};
+    int i = lo;
+    for (; i + 16 <= hi; i += 16) { /* four chains: a max's latency per step, not four */
+        memcpy(&v0, row + i, sizeof v0);
+        memcpy(&v1, row + i + 4, sizeof v1);
+        memcpy(&v2, row + i + 8, sizeof v2);
+        memcpy(&v3, row + i + 12, sizeof v3);
+        m0 = lanes_max(m0, v0, &bad);
+        m1 = lanes_max(m1, v1, &bad);
+        m2 = lanes_max(m2, v2, &bad);
+        m3 = lanes_max(m3, v3, &bad);
+    }
+    m0 = lanes_max(lanes_max(m0, m1, &bad), lanes_max(m2, m3, &bad), &bad);
+    float r = -INFINITY;
+    int any = 0;
+    for (int k = 0; k < 4; k++) {
+        r = m0[k] > r ? m0[k] : r;
+        any |= bad[k];
+    }
+    for (; i < hi; i++) {
+        r = row[i] > r ? row[i] : r;
+        any |= row[i] != row[i];
+    }
+    *nan |= any;
+    return r;
+}
+
+/* The first i in [lo, hi), other than skip, whose entry equals v (-1: none); sixteen
+ * entries a compare until one matches. */
+static int row_find(const float *row, int lo, int hi, int skip, float v) {
+    const RowLanes w = {v, v, v, v};
+    int i = lo;
+    for (; i + 16 <= hi; i += 16) {
+        RowLanes v0, v1, v2, v3;
+        memcpy(&v0, row + i, sizeof v0);
+        memcpy(&v1, row + i + 4, sizeof v1);
+        memcpy(&v2, row + i + 8, sizeof v2);
+        memcpy(&v3, row + i + 12, sizeof v3);
+        RowMask eq = (v0 == w) | (v1 == w) | (v2 == w) | (v3 == w);
+        if (eq[0] | eq[1] | eq[2] | eq[3]) break;
+    }
+    for (; i < hi; i++)
+        if (row[i] == v && i != skip) return i;
+    return -1;
+}
+
+void row_max_part(const float *row, int lo, int hi, RowMax *m) {
+    int nan = 0;
+    float a = row_lanes_max(row, lo, hi, &nan);
+    if (nan || hi - lo < 2) { /* the first NaN wins, as the scan has it */
+        row_max_scan(row, lo, hi, m);
+        return;
+    }
+    /* as the scan, the first of equal entries: argmax the first maximum, the runner-up the
+     * first largest other entry (equal values differ only in a zero's sign: the row's bits) */
+    int ai = row_find(row, lo, hi, -1, a);
+    float b0 = row_lanes_max(row, lo, ai, &nan), b1 = row_lanes_max(row, ai + 1, hi, &nan);
+    float b = b1 > b0 ? b1 : b0;
+    int bi = b == 0.0f ? row_find(row, lo, hi, ai, b) : -1;
+    m->max = row[ai];
+    m->argmax = ai;
+    m->second = bi >= 0 ? row[bi] : b;
 }
 
 void row_max_merge(RowMax *acc, const RowMax *m) {

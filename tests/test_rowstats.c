@@ -83,6 +83,57 @@ START_TEST(test_rows_reference) {
 }
 END_TEST
 
+/* The scan that defines RowMax: one pass, the first of equal entries kept, the first NaN
+ * winning. */
+static void max_scan(const float *row, int lo, int hi, RowMax *m) {
+    float a = -INFINITY, b = -INFINITY;
+    int ai = -1;
+    for (int i = lo; i < hi; i++) {
+        float v = row[i];
+        if (isnan(v)) {
+            m->max = m->second = v;
+            m->argmax = i;
+            return;
+        }
+        if (ai < 0 || v > a) b = a, a = v, ai = i;
+        else if (v > b) b = v;
+    }
+    m->max = a, m->second = b, m->argmax = ai;
+}
+
+/* Values from a small set, so ties, zeros of both signs and infinities are common. */
+static float tie_value(Rng *r, int nan_ok) {
+    static const float vals[] = {1.5f, -2.0f, 0.0f, -0.0f, 3.25f, -INFINITY, INFINITY, 1.5f};
+    double u = rng_uniform(r);
+    if (nan_ok && u < 0.002) return NAN;
+    if (u < 0.5) return vals[(int)(rng_uniform(r) * 8)];
+    return (float)(rng_uniform(r) * 8.0 - 4.0);
+}
+
+START_TEST(test_row_max_part_scan) {
+    Rng r;
+    rng_seed(&r, 5);
+    float *row = malloc(sizeof(float) * 49152);
+    for (int rep = 0; rep < 3000; rep++) {
+        int n = rep % 10 == 0 ? 49152 : 1 + (int)(rng_uniform(&r) * 90);
+        int nan_ok = rep % 3 == 0;
+        for (int i = 0; i < n; i++) row[i] = tie_value(&r, nan_ok);
+        if (rep % 7 == 0) /* only zeros and smaller: the sign of a zero maximum matters */
+            for (int i = 0; i < n; i++) row[i] = row[i] > 0 ? -row[i] : row[i];
+        int lo = (int)(rng_uniform(&r) * n / 4), hi = n - (int)(rng_uniform(&r) * n / 4);
+        if (hi <= lo) hi = lo + 1;
+        RowMax want, got;
+        max_scan(row, lo, hi, &want);
+        row_max_part(row, lo, hi, &got);
+        ck_assert_msg(got.argmax == want.argmax && memcmp(&got.max, &want.max, sizeof(float)) == 0 &&
+                          memcmp(&got.second, &want.second, sizeof(float)) == 0,
+                      "rep %d [%d, %d): argmax %d max %g second %g, the scan %d %g %g", rep, lo, hi,
+                      got.argmax, got.max, got.second, want.argmax, want.max, want.second);
+    }
+    free(row);
+}
+END_TEST
+
 /* The sampling law on a row small enough to check by hand: sorted, l = 3, 2, 2, 1, 0, -5,
  * so at T=1 the weights exp(l - 3) are 1, e^-1 (twice), e^-2, e^-3, e^-8 (total 1.9213). */
 START_TEST(test_sampling_by_hand) {
@@ -340,6 +391,7 @@ Suite *suite_rowstats(void) {
     TCase *tc = tcase_create("rows");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_rows_reference);
+    tcase_add_test(tc, test_row_max_part_scan);
     tcase_add_test(tc, test_sampling_by_hand);
     tcase_add_test(tc, test_sampling_vs_reference);
     tcase_add_test(tc, test_rows_threaded);
