@@ -128,8 +128,8 @@ int micro_eagle3(const char *head_path, const Model *target, const char *family,
         double gbs = b.pass_gb / (pass_ms / 1e3), roof = b.roof_ms / threads[i];
         printf("eagle3 %d thread%s, %d-row context: round (commit %d + %d expansion passes) "
                "%.1f ms, pass %.1f ms: %.1f GB/s of matrices = %.0f%% of the %.1f GB/s read "
-               "stream; pass / compute roof %.2f\nmicro eagle3 threads=%d ctx=%d round_ms=%.1f "
-               "pass_ms=%.2f gbs=%.2f read_share=%.3f roof_ms=%.2f roof_ratio=%.3f\n",
+               "stream; pass / compute roof %.2f\nmicro eagle3 threads=%d ctx=%d round_ms=%.4f "
+               "pass_ms=%.4f gbs=%.2f read_share=%.3f roof_ms=%.2f roof_ratio=%.3f\n",
                threads[i], threads[i] == 1 ? "" : "s", ctx, E3_COMMIT, POOL_MAX_DEPTH - 1,
                round_ms, pass_ms, gbs, 100 * gbs / read_gbs[i], read_gbs[i], pass_ms / roof,
                threads[i], ctx, round_ms, pass_ms, gbs, gbs / read_gbs[i], roof, pass_ms / roof);

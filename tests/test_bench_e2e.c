@@ -516,6 +516,8 @@ START_TEST(test_e2e_micro_eagle3) {
         ck_assert_msg(l != NULL, "no %s line:\n%s", key, text);
         double round = atof(l + strlen(key)), pass = atof(strstr(l, "pass_ms=") + 8);
         double gbs = atof(strstr(l, "gbs=") + 4), roof = atof(strstr(l, "roof_ms=") + 8);
+        /* a round holds its expansion passes (medians of each: round >= 7 passes); the
+         * key=value line carries enough digits for a tiny head's fractions of a ms */
         ck_assert_msg(round > 6 * pass && pass > 0 && gbs > 0 && roof > 0, "%s", l);
     }
     ck_assert_msg(strstr(text, "AR ") == NULL && strstr(text, "ar_tok_s") == NULL,
