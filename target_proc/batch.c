@@ -40,7 +40,6 @@ typedef struct {
     RsErr err;
     int pass_rows, pass_seqs; /* the pass it ran in: all rows, sequences */
     int pass_prefill;         /* of its rows, prefill chunks' */
-    uint64_t pass_ns;
     Planner *planner; /* batcher_plan */
     double *csum;     /* (row_chunks(vocab)) row_stats' scratch on the view's thread */
 } View;
@@ -218,7 +217,6 @@ static int pass_run(Batcher *bt, int n) {
             bt->pass[k]->pass_prefill = prefill;
             bt->pass[k]->pass_rows = bt->st.last_rows;
             bt->pass[k]->pass_seqs = n;
-            bt->pass[k]->pass_ns = ns;
         }
         return n;
     }
@@ -485,7 +483,7 @@ static int view_forward(Backend *bb, const int *tokens, const int *pos, int n,
     if (rc && e) *e = v->err;
     if (!rc) bb->n_pending += n;
     if (!rc && v->planner) {
-        /* a chunk passes, where the others' decodes stay */
+        /* what the others bring next: their decodes' rows (a prompt chunk passes) */
         int others = v->pass_rows - v->pass_prefill - (n_out ? n : 0);
         planner_set_batch(v->planner, others, v->pass_seqs);
     }
